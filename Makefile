@@ -1,0 +1,100 @@
+# vfio-ntb: one plain Makefile.  `make check` installs dependencies, configures, builds, prepares
+# the testbed and runs every test; `make demo` shows a guest using a device served by vfio-ntb.
+
+-include config.mak
+
+# config.mak is remade (dependencies installed first) when missing; make then restarts.
+config.mak: configure scripts/install-deps
+	scripts/install-deps
+	./configure $(CONFIGURE_FLAGS)
+
+B := build
+PYTHON ?= /usr/bin/python3
+INC := -Ivfio-ntb -I.
+ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
+
+LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c)
+SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
+SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)
+UNIT_SRCS := $(wildcard tests/unit/check_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
+PROGS := $(B)/vfio-ntb-simdev
+
+.PHONY: all check check-unit check-e2e install clean demo testbed bench fuzz fuzz-run distclean
+
+all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
+
+$(B)/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+$(B)/libvfio-ntb.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/libsimdev.a: $(SIMDEV_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+
+$(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a \
+		$(B)/libvfio-ntb.a $(GLIB_LIBS) $(CHECK_LIBS)
+
+$(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
+
+# The decoder fuzzer needs clang's libFuzzer (Debian: libclang-rt-14-dev).
+FUZZ_CC ?= clang
+$(B)/fuzz/fuzz_wire: tests/fuzz/fuzz_wire.c $(LIB_SRCS) config.mak
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE $(INC) \
+		$(GLIB_CFLAGS) -o $@ tests/fuzz/fuzz_wire.c $(LIB_SRCS) $(GLIB_LIBS)
+
+fuzz: $(B)/fuzz/fuzz_wire
+
+# A bounded run (CI): FUZZ_SECONDS of libFuzzer on the wire decoder.
+FUZZ_SECONDS ?= 30
+fuzz-run: $(B)/fuzz/fuzz_wire
+	@mkdir -p $(B)/fuzz/corpus
+	$(B)/fuzz/fuzz_wire -max_total_time=$(FUZZ_SECONDS) -max_len=8192 \
+		$(B)/fuzz/corpus tests/fuzz/seeds >$(B)/fuzz/last.log 2>&1 \
+		|| { tail -n 40 $(B)/fuzz/last.log; exit 1; }
+	@grep -E '^(#[0-9]+.*DONE|Done)' $(B)/fuzz/last.log | tail -n 1
+
+testbed:
+	scripts/testbed-qemu >/dev/null
+	scripts/testbed-guest >/dev/null
+
+check-unit: all
+	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS)
+
+check-e2e: all testbed
+	@$(PYTHON) tests/run-checks --e2e
+
+# Unit tests, the fuzzer's bounded run and the end-to-end tests; ends with "N passed, N failed".
+check: all testbed fuzz
+	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --fuzz $(B)/fuzz/fuzz_wire --e2e
+
+bench: all testbed
+	@$(PYTHON) bench/run-bench
+
+demo: all testbed
+	@$(PYTHON) tests/e2e/demo.py
+
+install: $(PROGS)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+
+clean:
+	rm -rf $(B)
+
+distclean: clean
+	rm -f config.mak config.h

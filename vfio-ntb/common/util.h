@@ -1,0 +1,39 @@
+/*
+ * Small helpers shared by every vfio-ntb module.
+ */
+#ifndef VN_UTIL_H
+#define VN_UTIL_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Close *fd if it is open and set it to -1, so a second call is harmless. */
+void vn_util_close_fd(int *fd);
+
+/* Close every fd in fds[0..n) that is >= 0 and set it to -1. */
+void vn_util_close_fds(int *fds, size_t n);
+
+/* True when [off, off + len) lies inside [0, size) without overflow. */
+static inline bool vn_util_range_ok(uint64_t off, uint64_t len, uint64_t size)
+{
+    return off <= size && len <= size - off;
+}
+
+/*
+ * Tracing: one g_debug() per protocol message and state change, compiled in
+ * and cheap when off.  Enabled by G_MESSAGES_DEBUG (e.g. "all" or a domain);
+ * the check is made once per process, so the hot path pays one branch.
+ */
+bool vn_util_trace_on(void);
+#define VN_TRACE(...)                                                          \
+    do {                                                                       \
+        if (G_UNLIKELY(vn_util_trace_on())) {                                  \
+            g_debug(__VA_ARGS__);                                              \
+        }                                                                      \
+    } while (0)
+
+/* Monotonic time in nanoseconds. */
+uint64_t vn_util_now_ns(void);
+
+#endif /* VN_UTIL_H */

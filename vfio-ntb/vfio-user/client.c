@@ -1,0 +1,418 @@
+/*
+ * vfio-user client engine (see client.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.vfio-user"
+
+#include "client.h"
+
+#include "common/util.h"
+#include "transport.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct VnClient {
+    char *path;
+    VnTransport *t;
+    unsigned timeout_ms;
+    uint16_t next_id;
+    VnWireCaps caps;
+    GByteArray *out;
+};
+
+/* Wait for one whole message; the caller owns it. */
+static int recv_msg(VnClient *c, VnTransportMsg *msg)
+{
+    uint64_t deadline = vn_util_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+
+    for (;;) {
+        struct pollfd pfd = { .fd = vn_transport_fd(c->t), .events = POLLIN };
+        uint64_t now;
+        int ret = vn_transport_recv(c->t, msg);
+
+        if (ret != 0) {
+            return ret < 0 ? ret : 0;
+        }
+        now = vn_util_now_ns();
+        if (now >= deadline) {
+            return -ETIMEDOUT;
+        }
+        if (poll(&pfd, 1, (int)((deadline - now) / 1000000ull) + 1) < 0 && errno != EINTR) {
+            return -errno;
+        }
+    }
+}
+
+/*
+ * Send c->out and receive its reply.  Checks id and command; returns the
+ * server's -errno for an error reply.  @fds_out receives up to @max_fds fds.
+ */
+static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *reply)
+{
+    VnWireHdr req, hdr;
+    int ret;
+
+    memcpy(&req, c->out->data, sizeof(req));
+    ret = vn_transport_send(c->t, c->out->data, c->out->len, fds, nfds);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = recv_msg(c, reply);
+    if (ret < 0) {
+        return ret;
+    }
+    memcpy(&hdr, reply->data, sizeof(hdr));
+    if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_REPLY || hdr.id != req.id ||
+        hdr.cmd != req.cmd) {
+        vn_transport_msg_clear(reply);
+        return -EPROTO;
+    }
+    if (hdr.flags & VN_WIRE_FLAG_ERROR) {
+        int err = hdr.error > 0 && hdr.error < 4096 ? (int)hdr.error : EIO;
+
+        vn_transport_msg_clear(reply);
+        return -err;
+    }
+    return 0;
+}
+
+static void begin(VnClient *c, uint16_t cmd, uint32_t flags)
+{
+    vn_wire_begin(c->out, c->next_id++, cmd, flags);
+}
+
+static void append(VnClient *c, const void *p, size_t n)
+{
+    g_byte_array_append(c->out, p, (guint)n);
+}
+
+/* A command whose reply is a fixed struct copied to @out (may be NULL). */
+static int simple(VnClient *c, const int *fds, unsigned nfds, void *out, size_t out_len)
+{
+    VnTransportMsg reply = { 0 };
+    int ret;
+
+    vn_wire_finish(c->out);
+    ret = transact(c, fds, nfds, &reply);
+    if (ret < 0) {
+        return ret;
+    }
+    if (out != NULL) {
+        if (reply.len < VN_WIRE_HDR_SIZE + out_len) {
+            ret = -EPROTO;
+        } else {
+            memcpy(out, reply.data + VN_WIRE_HDR_SIZE, out_len);
+        }
+    }
+    vn_transport_msg_clear(&reply);
+    return ret;
+}
+
+static bool negotiate(VnClient *c, GError **error)
+{
+    g_autofree char *caps = vn_wire_caps_json();
+    VnWireVersion v = { VN_WIRE_VERSION_MAJOR, VN_WIRE_VERSION_MINOR };
+    VnTransportMsg reply = { 0 };
+    VnWireVersion got;
+    const char *json;
+    size_t json_len;
+    int ret;
+
+    begin(c, VN_CMD_VERSION, 0);
+    append(c, &v, sizeof(v));
+    append(c, caps, strlen(caps) + 1);
+    vn_wire_finish(c->out);
+    ret = transact(c, NULL, 0, &reply);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "socket %s: VERSION failed: %s", c->path, g_strerror(-ret));
+        return false;
+    }
+    if (reply.len < VN_WIRE_HDR_SIZE + sizeof(got)) {
+        vn_transport_msg_clear(&reply);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "socket %s: VERSION reply too short", c->path);
+        return false;
+    }
+    memcpy(&got, reply.data + VN_WIRE_HDR_SIZE, sizeof(got));
+    json = (const char *)reply.data + VN_WIRE_HDR_SIZE + sizeof(got);
+    json_len = reply.len - VN_WIRE_HDR_SIZE - sizeof(got);
+    if (got.major != VN_WIRE_VERSION_MAJOR ||
+        (json_len > 0 && (json_len > VN_MAX_VERSION_JSON || json[json_len - 1] != '\0'))) {
+        vn_transport_msg_clear(&reply);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "socket %s: incompatible or corrupt VERSION reply", c->path);
+        return false;
+    }
+    if (!vn_wire_parse_caps(json_len > 0 ? json : NULL, &c->caps, error)) {
+        vn_transport_msg_clear(&reply);
+        g_prefix_error(error, "socket %s: ", c->path);
+        return false;
+    }
+    c->caps.max_data_xfer_size = MIN(c->caps.max_data_xfer_size, VN_MAX_DATA_XFER);
+    vn_transport_msg_clear(&reply);
+    return true;
+}
+
+VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError **error)
+{
+    g_autoptr(VnClient) c = g_new0(VnClient, 1);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd;
+
+    if (strlen(socket_path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "socket %s: path too long", socket_path);
+        return NULL;
+    }
+    c->path = g_strdup(socket_path);
+    c->timeout_ms = timeout_ms;
+    c->out = g_byte_array_sized_new(4096);
+    strcpy(addr.sun_path, socket_path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        int err = errno;
+
+        if (fd >= 0) {
+            close(fd);
+        }
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "socket %s: %s",
+                    socket_path, g_strerror(err));
+        return NULL;
+    }
+    c->t = vn_transport_new(fd);
+    if (!negotiate(c, error)) {
+        return NULL;
+    }
+    return g_steal_pointer(&c);
+}
+
+void vn_client_free(VnClient *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    vn_transport_free(c->t);
+    if (c->out != NULL) {
+        g_byte_array_unref(c->out);
+    }
+    g_free(c->path);
+    g_free(c);
+}
+
+const VnWireCaps *vn_client_caps(VnClient *c)
+{
+    return &c->caps;
+}
+
+int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info)
+{
+    VnWireDeviceInfo q = { .argsz = sizeof(q) };
+
+    begin(c, VN_CMD_DEVICE_GET_INFO, 0);
+    append(c, &q, sizeof(q));
+    return simple(c, NULL, 0, info, sizeof(*info));
+}
+
+static int region_info_once(VnClient *c, uint32_t index, uint32_t argsz,
+                            VnTransportMsg *reply)
+{
+    struct vfio_region_info q = { .argsz = argsz, .index = index };
+
+    begin(c, VN_CMD_DEVICE_GET_REGION_INFO, 0);
+    append(c, &q, sizeof(q));
+    vn_wire_finish(c->out);
+    return transact(c, NULL, 0, reply);
+}
+
+int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info,
+                              int *fd, struct vfio_region_sparse_mmap_area *sparse,
+                              uint32_t max_sparse, uint32_t *nr_sparse)
+{
+    VnTransportMsg reply = { 0 };
+    uint32_t argsz = sizeof(*info);
+    int ret;
+
+    *fd = -1;
+    if (nr_sparse != NULL) {
+        *nr_sparse = 0;
+    }
+    /* linux/vfio.h: ask with the fixed size, then again with what the
+     * server says it needs for the capabilities. */
+    for (int round = 0; round < 2; round++) {
+        ret = region_info_once(c, index, argsz, &reply);
+        if (ret < 0) {
+            return ret;
+        }
+        if (reply.len < VN_WIRE_HDR_SIZE + sizeof(*info) || reply.nfds > 1) {
+            vn_transport_msg_clear(&reply);
+            return -EPROTO;
+        }
+        memcpy(info, reply.data + VN_WIRE_HDR_SIZE, sizeof(*info));
+        if (info->argsz <= argsz || info->argsz > VN_MAX_REGION_INFO_ARGSZ || round == 1) {
+            break;
+        }
+        argsz = info->argsz;
+        vn_transport_msg_clear(&reply);
+    }
+    if ((info->flags & VFIO_REGION_INFO_FLAG_CAPS) && sparse != NULL &&
+        info->cap_offset >= sizeof(*info) &&
+        reply.len >= VN_WIRE_HDR_SIZE + (size_t)info->cap_offset +
+                         sizeof(struct vfio_region_info_cap_sparse_mmap)) {
+        struct vfio_region_info_cap_sparse_mmap cap;
+        const uint8_t *p = reply.data + VN_WIRE_HDR_SIZE + info->cap_offset;
+        size_t avail = reply.len - VN_WIRE_HDR_SIZE - info->cap_offset - sizeof(cap);
+
+        memcpy(&cap, p, sizeof(cap));
+        if (cap.header.id == VFIO_REGION_INFO_CAP_SPARSE_MMAP) {
+            uint32_t n = MIN(cap.nr_areas, max_sparse);
+
+            n = MIN(n, avail / sizeof(sparse[0]));
+            memcpy(sparse, p + sizeof(cap), n * sizeof(sparse[0]));
+            if (nr_sparse != NULL) {
+                *nr_sparse = n;
+            }
+        }
+    }
+    if (reply.nfds == 1) {
+        *fd = reply.fds[0];
+        reply.fds[0] = -1;
+    }
+    vn_transport_msg_clear(&reply);
+    return 0;
+}
+
+int vn_client_get_irq_info(VnClient *c, uint32_t index, struct vfio_irq_info *info)
+{
+    struct vfio_irq_info q = { .argsz = sizeof(q), .index = index };
+
+    begin(c, VN_CMD_DEVICE_GET_IRQ_INFO, 0);
+    append(c, &q, sizeof(q));
+    return simple(c, NULL, 0, info, sizeof(*info));
+}
+
+int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start,
+                       uint32_t count, const uint8_t *bools, const int *fds)
+{
+    struct vfio_irq_set s = { .argsz = sizeof(s), .flags = flags, .index = index,
+                              .start = start, .count = count };
+    bool with_bools = (flags & VFIO_IRQ_SET_DATA_BOOL) && bools != NULL;
+    unsigned nfds = ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && fds != NULL) ? count : 0;
+
+    if (nfds > VN_MAX_MSG_FDS || (with_bools && count > VN_MAX_IRQ_VECTORS)) {
+        return -EINVAL;
+    }
+    if (with_bools) {
+        s.argsz += count;
+    }
+    begin(c, VN_CMD_DEVICE_SET_IRQS, 0);
+    append(c, &s, sizeof(s));
+    if (with_bools) {
+        append(c, bools, count);
+    }
+    return simple(c, fds, nfds, NULL, 0);
+}
+
+int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf,
+                          uint32_t count)
+{
+    VnWireRegionRw rw = { .offset = offset, .region = region, .count = count };
+    VnTransportMsg reply = { 0 };
+    VnWireRegionRw got;
+    int ret;
+
+    if (count > c->caps.max_data_xfer_size) {
+        return -E2BIG;
+    }
+    begin(c, VN_CMD_REGION_READ, 0);
+    append(c, &rw, sizeof(rw));
+    vn_wire_finish(c->out);
+    ret = transact(c, NULL, 0, &reply);
+    if (ret < 0) {
+        return ret;
+    }
+    if (reply.len < VN_WIRE_HDR_SIZE + sizeof(got)) {
+        vn_transport_msg_clear(&reply);
+        return -EPROTO;
+    }
+    memcpy(&got, reply.data + VN_WIRE_HDR_SIZE, sizeof(got));
+    if (got.count > count || reply.len != VN_WIRE_HDR_SIZE + sizeof(got) + got.count) {
+        vn_transport_msg_clear(&reply);
+        return -EPROTO;
+    }
+    memcpy(buf, reply.data + VN_WIRE_HDR_SIZE + sizeof(got), got.count);
+    vn_transport_msg_clear(&reply);
+    return (int)got.count;
+}
+
+int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset,
+                           const void *buf, uint32_t count, bool posted)
+{
+    VnWireRegionRw rw = { .offset = offset, .region = region, .count = count };
+    int ret;
+
+    if (count > c->caps.max_data_xfer_size) {
+        return -E2BIG;
+    }
+    begin(c, VN_CMD_REGION_WRITE, posted ? VN_WIRE_FLAG_NO_REPLY : 0);
+    append(c, &rw, sizeof(rw));
+    append(c, buf, count);
+    vn_wire_finish(c->out);
+    if (posted) {
+        ret = vn_transport_send(c->t, c->out->data, c->out->len, NULL, 0);
+    } else {
+        ret = simple(c, NULL, 0, NULL, 0);
+    }
+    return ret < 0 ? ret : (int)count;
+}
+
+int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset,
+                      uint32_t prot, int fd)
+{
+    VnWireDmaMap m = { .argsz = sizeof(m), .flags = prot, .offset = offset,
+                       .iova = iova, .size = size };
+
+    begin(c, VN_CMD_DMA_MAP, 0);
+    append(c, &m, sizeof(m));
+    return simple(c, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, NULL, 0);
+}
+
+int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all)
+{
+    VnWireDmaUnmap u = { .argsz = sizeof(u), .flags = all ? VFIO_DMA_UNMAP_FLAG_ALL : 0,
+                         .iova = iova, .size = size };
+
+    begin(c, VN_CMD_DMA_UNMAP, 0);
+    append(c, &u, sizeof(u));
+    return simple(c, NULL, 0, NULL, 0);
+}
+
+int vn_client_reset(VnClient *c)
+{
+    begin(c, VN_CMD_DEVICE_RESET, 0);
+    return simple(c, NULL, 0, NULL, 0);
+}
+
+int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds,
+                  unsigned nfds, GByteArray **reply)
+{
+    VnTransportMsg r = { 0 };
+    int ret;
+
+    ret = vn_transport_send(c->t, msg, len, fds, nfds);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = recv_msg(c, &r);
+    if (ret < 0) {
+        return ret;
+    }
+    *reply = g_byte_array_new_take(g_steal_pointer(&r.data), r.len);
+    vn_transport_msg_clear(&r);
+    return 0;
+}

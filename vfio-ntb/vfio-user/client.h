@@ -1,0 +1,69 @@
+/*
+ * vfio-user client engine: connects to a device server and issues commands
+ * synchronously (one outstanding request at a time, plus posted writes).
+ *
+ * Used by the lender to drive vfio-user devices, by tests and by benches.
+ * The server is a peer like any other: every reply is checked against the
+ * request (id, command, sizes, fd count) before it is used.
+ *
+ * Errors: -errno (the server's errno for an error reply, -ETIMEDOUT when no
+ * reply came within the timeout, -EPROTO for a malformed reply).
+ * Threads: one thread at a time.
+ */
+#ifndef VN_CLIENT_H
+#define VN_CLIENT_H
+
+#include "wire.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnClient VnClient;
+
+/* Connect and negotiate VERSION.  @timeout_ms bounds every later reply. */
+VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError **error);
+void vn_client_free(VnClient *c);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnClient, vn_client_free)
+
+/* The server's capabilities from VERSION. */
+const VnWireCaps *vn_client_caps(VnClient *c);
+
+int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info);
+
+/*
+ * GET_REGION_INFO with the argsz retry.  On success *info is filled, *fd is
+ * the region's mmap fd or -1 (caller owns it), and when @sparse is not NULL
+ * up to @max_sparse sparse areas are stored and their number in *nr_sparse.
+ */
+int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info,
+                              int *fd, struct vfio_region_sparse_mmap_area *sparse,
+                              uint32_t max_sparse, uint32_t *nr_sparse);
+
+int vn_client_get_irq_info(VnClient *c, uint32_t index, struct vfio_irq_info *info);
+
+/* SET_IRQS; @fds (borrowed) has count eventfds for DATA_EVENTFD, or NULL. */
+int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start,
+                       uint32_t count, const uint8_t *bools, const int *fds);
+
+/* Returns bytes read, or -errno. */
+int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf,
+                          uint32_t count);
+/* With @posted the write goes NO_REPLY and the call returns at once. */
+int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset,
+                           const void *buf, uint32_t count, bool posted);
+
+/* @fd is borrowed (-1 for none). */
+int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset,
+                      uint32_t prot, int fd);
+int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all);
+int vn_client_reset(VnClient *c);
+
+/*
+ * Send raw bytes (a whole message, or garbage) with fds and wait for one
+ * reply; for tests of malformed input.  The reply (owned) goes to *reply.
+ */
+int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds,
+                  unsigned nfds, GByteArray **reply);
+
+#endif /* VN_CLIENT_H */

@@ -1,0 +1,261 @@
+/*
+ * A client's DMA mappings (see dma.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.vfio-user"
+
+#include "dma.h"
+
+#include "common/util.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct Entry {
+    VnDmaMapping m;
+    void *map_base;      /* what mmap returned (page aligned) */
+    size_t map_len;
+} Entry;
+
+struct VnDma {
+    GRWLock lock;
+    GArray *entries;     /* Entry, sorted by iova, never overlapping */
+};
+
+VnDma *vn_dma_new(void)
+{
+    VnDma *dma = g_new0(VnDma, 1);
+
+    g_rw_lock_init(&dma->lock);
+    dma->entries = g_array_new(FALSE, TRUE, sizeof(Entry));
+    return dma;
+}
+
+static void entry_release(Entry *e)
+{
+    if (e->map_base != NULL) {
+        munmap(e->map_base, e->map_len);
+        e->map_base = NULL;
+    }
+    vn_util_close_fd(&e->m.fd);
+}
+
+void vn_dma_free(VnDma *dma)
+{
+    if (dma == NULL) {
+        return;
+    }
+    vn_dma_unmap(dma, 0, 0, true);
+    g_array_free(dma->entries, TRUE);
+    g_rw_lock_clear(&dma->lock);
+    g_free(dma);
+}
+
+/* Index of the first entry whose end is above @iova (caller holds the lock). */
+static guint lower_bound(VnDma *dma, uint64_t iova)
+{
+    guint lo = 0, hi = dma->entries->len;
+
+    while (lo < hi) {
+        guint mid = lo + (hi - lo) / 2;
+        Entry *e = &g_array_index(dma->entries, Entry, mid);
+
+        if (e->m.iova + e->m.size <= iova) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+static int entry_mmap(Entry *e)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t aligned = e->m.offset & ~(uint64_t)(pg - 1);
+    uint64_t delta = e->m.offset - aligned;
+    int prot = PROT_READ;
+
+    if (e->m.prot & VFIO_DMA_MAP_FLAG_WRITE) {
+        prot |= PROT_WRITE;
+    }
+    e->map_len = e->m.size + delta;
+    e->map_base = mmap(NULL, e->map_len, prot, MAP_SHARED, e->m.fd, (off_t)aligned);
+    if (e->map_base == MAP_FAILED) {
+        int err = errno;
+
+        e->map_base = NULL;
+        return -err;
+    }
+    e->m.host = (uint8_t *)e->map_base + delta;
+    return 0;
+}
+
+int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,
+               uint32_t prot, int fd)
+{
+    Entry e = { .m = { .iova = iova, .size = size, .offset = offset,
+                       .prot = prot, .fd = fd } };
+    guint pos;
+    int ret;
+
+    if (size == 0 || iova + size < iova || offset + size < offset ||
+        size > (uint64_t)SIZE_MAX / 2) {
+        vn_util_close_fd(&e.m.fd);
+        return -EINVAL;
+    }
+    if (fd >= 0) {
+        ret = entry_mmap(&e);
+        if (ret < 0) {
+            vn_util_close_fd(&e.m.fd);
+            return ret;
+        }
+    }
+
+    g_rw_lock_writer_lock(&dma->lock);
+    pos = lower_bound(dma, iova);
+    if (dma->entries->len >= VN_MAX_DMA_MAPS) {
+        ret = -ENOSPC;
+    } else if (pos < dma->entries->len &&
+               g_array_index(dma->entries, Entry, pos).m.iova < iova + size) {
+        ret = -EEXIST;
+    } else {
+        g_array_insert_val(dma->entries, pos, e);
+        ret = 0;
+    }
+    g_rw_lock_writer_unlock(&dma->lock);
+
+    if (ret < 0) {
+        entry_release(&e);
+    }
+    return ret;
+}
+
+int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
+{
+    g_autoptr(GArray) gone = g_array_new(FALSE, FALSE, sizeof(Entry));
+    uint64_t end = iova + size;
+    int64_t bytes = 0;
+    guint first, last;
+
+    g_rw_lock_writer_lock(&dma->lock);
+    if (all) {
+        first = 0;
+        last = dma->entries->len;
+    } else {
+        first = lower_bound(dma, iova);
+        last = first;
+        /* vfio type1: an unmap may not cut a mapping in two */
+        while (last < dma->entries->len &&
+               g_array_index(dma->entries, Entry, last).m.iova < end) {
+            Entry *e = &g_array_index(dma->entries, Entry, last);
+
+            if (e->m.iova < iova || e->m.iova + e->m.size > end) {
+                g_rw_lock_writer_unlock(&dma->lock);
+                return -ENOENT;
+            }
+            last++;
+        }
+    }
+    for (guint i = first; i < last; i++) {
+        Entry *e = &g_array_index(dma->entries, Entry, i);
+
+        bytes += (int64_t)e->m.size;
+        g_array_append_val(gone, *e);
+    }
+    if (last > first) {
+        g_array_remove_range(dma->entries, first, last - first);
+    }
+    g_rw_lock_writer_unlock(&dma->lock);
+
+    /* munmap outside the lock: the entries are unreachable already. */
+    for (guint i = 0; i < gone->len; i++) {
+        entry_release(&g_array_index(gone, Entry, i));
+    }
+    if (!all && gone->len == 0) {
+        return -ENOENT;
+    }
+    return bytes;
+}
+
+/* Copy @len bytes at @iova to or from @buf; the read lock is held. */
+static int dma_access(VnDma *dma, uint64_t iova, void *buf, size_t len, bool write)
+{
+    uint8_t *p = buf;
+    uint32_t need = write ? VFIO_DMA_MAP_FLAG_WRITE : VFIO_DMA_MAP_FLAG_READ;
+    guint i;
+
+    if (len == 0) {
+        return 0;
+    }
+    if (iova + len < iova) {
+        return -EFAULT;
+    }
+    i = lower_bound(dma, iova);
+    while (len > 0) {
+        Entry *e;
+        uint64_t off, n;
+
+        if (i >= dma->entries->len) {
+            return -EFAULT;
+        }
+        e = &g_array_index(dma->entries, Entry, i);
+        if (e->m.iova > iova || e->m.host == NULL || !(e->m.prot & need)) {
+            return -EFAULT;
+        }
+        off = iova - e->m.iova;
+        n = MIN((uint64_t)len, e->m.size - off);
+        if (write) {
+            memcpy(e->m.host + off, p, n);
+        } else {
+            memcpy(p, e->m.host + off, n);
+        }
+        p += n;
+        iova += n;
+        len -= n;
+        i++;
+    }
+    return 0;
+}
+
+int vn_dma_read(VnDma *dma, uint64_t iova, void *buf, size_t len)
+{
+    int ret;
+
+    g_rw_lock_reader_lock(&dma->lock);
+    ret = dma_access(dma, iova, buf, len, false);
+    g_rw_lock_reader_unlock(&dma->lock);
+    return ret;
+}
+
+int vn_dma_write(VnDma *dma, uint64_t iova, const void *buf, size_t len)
+{
+    int ret;
+
+    g_rw_lock_reader_lock(&dma->lock);
+    ret = dma_access(dma, iova, (void *)buf, len, true);
+    g_rw_lock_reader_unlock(&dma->lock);
+    return ret;
+}
+
+unsigned vn_dma_count(VnDma *dma)
+{
+    unsigned n;
+
+    g_rw_lock_reader_lock(&dma->lock);
+    n = dma->entries->len;
+    g_rw_lock_reader_unlock(&dma->lock);
+    return n;
+}
+
+void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
+                    void *opaque)
+{
+    g_rw_lock_reader_lock(&dma->lock);
+    for (guint i = 0; i < dma->entries->len; i++) {
+        fn(&g_array_index(dma->entries, Entry, i).m, opaque);
+    }
+    g_rw_lock_reader_unlock(&dma->lock);
+}

@@ -1,0 +1,69 @@
+/*
+ * A client's DMA mappings: the table of guest memory a device may reach.
+ *
+ * The vfio-user server fills it from DMA_MAP/DMA_UNMAP; a device model
+ * reads and writes guest memory only through vn_dma_read()/vn_dma_write(),
+ * which check that the whole range lies in mappings with the right
+ * permission.  An address outside them is an error the device reports to its
+ * driver (e.g. an NVMe data-transfer error), never a stray access.
+ *
+ * Threads: the table is shared between the thread that serves the socket
+ * (map/unmap) and a device's engine thread (read/write).  A GRWLock guards
+ * it; an access holds the read lock for the whole copy, so when
+ * vn_dma_unmap() returns no access to the unmapped memory is still running.
+ */
+#ifndef VN_DMA_H
+#define VN_DMA_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnDma VnDma;
+
+typedef struct VnDmaMapping {
+    uint64_t iova;
+    uint64_t size;
+    uint64_t offset;     /* into fd */
+    uint32_t prot;       /* VFIO_DMA_MAP_FLAG_READ | _WRITE */
+    int fd;              /* owned by the table; -1 when the client sent none */
+    uint8_t *host;       /* mmap of [offset, offset + size) of fd, or NULL */
+} VnDmaMapping;
+
+VnDma *vn_dma_new(void);
+void vn_dma_free(VnDma *dma);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDma, vn_dma_free)
+
+/*
+ * Add a mapping.  Takes ownership of @fd (closed on failure too); with
+ * fd < 0 the range is recorded but not accessible (QEMU maps BARs that way).
+ * Returns 0, -EEXIST if it overlaps a mapping, -ENOSPC above
+ * VN_MAX_DMA_MAPS, or -errno from mmap.
+ */
+int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,
+               uint32_t prot, int fd);
+
+/*
+ * Remove mappings.  With @all, every mapping; otherwise exactly the
+ * mappings inside [iova, iova + size), which must start at @iova and end at
+ * iova + size (vfio type1 semantics: no splitting).  Returns the number of
+ * bytes unmapped, or -ENOENT when nothing matches.
+ */
+int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all);
+
+/* Copy between guest memory at @iova and @buf.  0, or -EFAULT when any part
+ * of the range is unmapped, inaccessible or lacks the permission. */
+int vn_dma_read(VnDma *dma, uint64_t iova, void *buf, size_t len);
+int vn_dma_write(VnDma *dma, uint64_t iova, const void *buf, size_t len);
+
+/* Number of mappings (for tests and counters). */
+unsigned vn_dma_count(VnDma *dma);
+
+/*
+ * Call @fn for every mapping under the read lock (fn must not call back into
+ * the table).  Used to hand mappings on, e.g. to export them.
+ */
+void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
+                    void *opaque);
+
+#endif /* VN_DMA_H */

@@ -1,0 +1,610 @@
+/*
+ * vfio-user server engine (see server.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.vfio-user"
+
+#include "server.h"
+
+#include "common/util.h"
+#include "transport.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct VnServer {
+    char *path;
+    GMainContext *ctx;
+    int listen_fd;
+    GSource *listen_src;        /* attached only while no client is connected */
+    VnDeviceInfo info;
+    const VnDeviceOps *ops;
+    void *opaque;
+    VnDma *dma;
+    VnIrqs *irqs;
+    VnTransport *client;
+    GSource *client_src;
+    bool versioned;             /* the client's VERSION was accepted */
+    VnWireCaps caps;            /* the client's capabilities */
+    GByteArray *out;            /* reply being built */
+    VnServerStats stats;
+};
+
+bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error)
+{
+    const char *missing = NULL;
+
+    if (ops == NULL) {
+        missing = "the table";
+    } else if (ops->region_read == NULL) {
+        missing = "region_read";
+    } else if (ops->region_write == NULL) {
+        missing = "region_write";
+    }
+    if (missing != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device ops: %s is required", missing);
+        return false;
+    }
+    return true;
+}
+
+static bool info_valid(const VnDeviceInfo *info, GError **error)
+{
+    if (info->num_regions > VN_MAX_REGIONS || info->num_irqs > VN_MAX_IRQ_INDEXES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device info: %u regions / %u irq indexes is above the limit",
+                    info->num_regions, info->num_irqs);
+        return false;
+    }
+    for (uint32_t i = 0; i < info->num_regions; i++) {
+        const VnRegion *r = &info->regions[i];
+
+        if (r->nr_sparse > VN_MAX_SPARSE_AREAS) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "device info: region %u has too many sparse areas", i);
+            return false;
+        }
+        for (uint32_t a = 0; a < r->nr_sparse; a++) {
+            if (!vn_util_range_ok(r->sparse[a].offset, r->sparse[a].size, r->size)) {
+                g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                            "device info: region %u sparse area %u is outside it", i, a);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static gboolean on_listen(int fd, GIOCondition cond, gpointer data);
+static gboolean on_client(int fd, GIOCondition cond, gpointer data);
+
+static void listen_arm(VnServer *s)
+{
+    if (s->listen_src != NULL) {
+        return;
+    }
+    s->listen_src = g_unix_fd_source_new(s->listen_fd, G_IO_IN);
+    g_source_set_callback(s->listen_src, G_SOURCE_FUNC(on_listen), s, NULL);
+    g_source_attach(s->listen_src, s->ctx);
+}
+
+static void listen_disarm(VnServer *s)
+{
+    if (s->listen_src != NULL) {
+        g_source_destroy(s->listen_src);
+        g_clear_pointer(&s->listen_src, g_source_unref);
+    }
+}
+
+static void client_drop(VnServer *s, const char *why)
+{
+    if (s->client == NULL) {
+        return;
+    }
+    g_info("socket %s: client disconnected (%s)", s->path, why);
+    g_source_destroy(s->client_src);
+    g_clear_pointer(&s->client_src, g_source_unref);
+    g_clear_pointer(&s->client, vn_transport_free);
+    s->versioned = false;
+
+    /* The device must stop using guest memory and interrupts before they
+     * go: a new client gets a clean device. */
+    if (s->ops->dma_unmapping != NULL) {
+        s->ops->dma_unmapping(s->opaque, 0, 0, true);
+    }
+    vn_dma_unmap(s->dma, 0, 0, true);
+    vn_irqs_reset(s->irqs);
+    if (s->ops->reset != NULL) {
+        s->ops->reset(s->opaque);
+    }
+    if (s->ops->client_gone != NULL) {
+        s->ops->client_gone(s->opaque);
+    }
+    listen_arm(s);
+}
+
+static gboolean on_listen(int fd, GIOCondition cond, gpointer data)
+{
+    VnServer *s = data;
+    int cfd;
+
+    cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+    if (cfd < 0) {
+        if (errno != EAGAIN && errno != EINTR) {
+            g_warning("socket %s: accept failed: %s", s->path, g_strerror(errno));
+        }
+        return G_SOURCE_CONTINUE;
+    }
+    s->client = vn_transport_new(cfd);
+    s->client_src = g_unix_fd_source_new(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
+    g_source_attach(s->client_src, s->ctx);
+    s->stats.clients++;
+    g_info("socket %s: client connected", s->path);
+    if (s->ops->client_new != NULL) {
+        s->ops->client_new(s->opaque);
+    }
+    /* One client at a time: the next waits in the backlog until this one
+     * goes (that is how a hot-unplugged and re-plugged device reconnects). */
+    s->listen_src = NULL;
+    return G_SOURCE_REMOVE;
+}
+
+/* Send the reply in s->out, with fds, unless the command asked for none. */
+static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigned nfds)
+{
+    VnWireHdr *hdr = (VnWireHdr *)s->out->data;
+
+    if (req->flags & VN_WIRE_FLAG_NO_REPLY) {
+        return 0;
+    }
+    if (hdr->flags & VN_WIRE_FLAG_ERROR) {
+        s->stats.errors++;
+    }
+    VN_TRACE("socket %s: -> id %u %s reply size %u error %u", s->path, hdr->id,
+             vn_wire_cmd_to_string(hdr->cmd), hdr->size, hdr->error);
+    return vn_transport_send(s->client, s->out->data, s->out->len, fds, nfds);
+}
+
+static int reply_error(VnServer *s, const VnWireHdr *req, int err)
+{
+    if (req->flags & VN_WIRE_FLAG_NO_REPLY) {
+        s->stats.errors++;
+        g_info("socket %s: id %u %s failed: %s (no reply requested)", s->path,
+               req->id, vn_wire_cmd_to_string(req->cmd), g_strerror(-err));
+        return 0;
+    }
+    vn_wire_error_reply(s->out, req, err);
+    return reply_send(s, req, NULL, 0);
+}
+
+static int handle_version(VnServer *s, const VnWireRequest *req)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *caps = NULL;
+    VnWireVersion v = { VN_WIRE_VERSION_MAJOR, VN_WIRE_VERSION_MINOR };
+
+    if (req->u.version.major != VN_WIRE_VERSION_MAJOR) {
+        g_info("socket %s: client speaks vfio-user %u.%u, we speak %u.%u", s->path,
+               req->u.version.major, req->u.version.minor, VN_WIRE_VERSION_MAJOR,
+               VN_WIRE_VERSION_MINOR);
+        return reply_error(s, &req->hdr, -ENOTSUP);
+    }
+    if (!vn_wire_parse_caps(req->u.version.json, &s->caps, &error)) {
+        g_info("socket %s: VERSION: %s", s->path, error->message);
+        return reply_error(s, &req->hdr, -EINVAL);
+    }
+    caps = vn_wire_caps_json();
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)&v, sizeof(v));
+    /* vfio-user.rst: VERSION: QEMU receives the reply into a buffer the size
+     * of its request, so a reply must never be longer than the request. */
+    if (s->out->len + strlen(caps) + 1 <= req->hdr.size) {
+        g_byte_array_append(s->out, (const guint8 *)caps, strlen(caps) + 1);
+    } else if (s->out->len + 3 <= req->hdr.size) {
+        g_byte_array_append(s->out, (const guint8 *)"{}", 3);
+    }
+    vn_wire_finish(s->out);
+    s->versioned = true;
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg)
+{
+    const VnWireDmaMap *m = &req->u.dma_map;
+    int fd = -1;
+    int ret;
+
+    if (msg->nfds == 1) {
+        fd = msg->fds[0];
+        msg->fds[0] = -1;
+    }
+    /* the table takes the fd, on failure too */
+    ret = vn_dma_map(s->dma, m->iova, m->size, m->offset, m->flags, fd);
+    VN_TRACE("socket %s: DMA_MAP iova 0x%" G_GINT64_MODIFIER "x size 0x%"
+             G_GINT64_MODIFIER "x fd %s: %d", s->path, m->iova, m->size,
+             fd >= 0 ? "yes" : "no", ret);
+    if (ret < 0) {
+        return reply_error(s, &req->hdr, ret);
+    }
+    s->stats.dma_maps++;
+    if (s->ops->dma_mapped != NULL) {
+        VnDmaMapping view = { .iova = m->iova, .size = m->size, .offset = m->offset,
+                              .prot = m->flags, .fd = -1 };
+
+        s->ops->dma_mapped(s->opaque, &view);
+    }
+    vn_wire_begin_reply(s->out, &req->hdr);
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
+{
+    const VnWireDmaUnmap *u = &req->u.dma_unmap;
+    bool all = u->flags & VFIO_DMA_UNMAP_FLAG_ALL;
+    int64_t ret;
+
+    if (s->ops->dma_unmapping != NULL) {
+        s->ops->dma_unmapping(s->opaque, u->iova, u->size, all);
+    }
+    ret = vn_dma_unmap(s->dma, u->iova, u->size, all);
+    VN_TRACE("socket %s: DMA_UNMAP iova 0x%" G_GINT64_MODIFIER "x size 0x%"
+             G_GINT64_MODIFIER "x all %d: %" G_GINT64_FORMAT, s->path, u->iova,
+             u->size, all, ret);
+    if (ret < 0) {
+        return reply_error(s, &req->hdr, (int)ret);
+    }
+    s->stats.dma_unmaps++;
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)u, sizeof(*u));
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_device_info(VnServer *s, const VnWireRequest *req)
+{
+    VnWireDeviceInfo di = {
+        .argsz = sizeof(di),
+        .flags = s->info.flags,
+        .num_regions = s->info.num_regions,
+        .num_irqs = s->info.num_irqs,
+    };
+
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)&di, sizeof(di));
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_region_info(VnServer *s, const VnWireRequest *req)
+{
+    const struct vfio_region_info *q = &req->u.region_info;
+    struct vfio_region_info ri = { 0 };
+    struct vfio_region_info_cap_sparse_mmap cap = { 0 };
+    const VnRegion *r;
+    uint32_t full;
+    int fd = -1;
+
+    if (q->index >= s->info.num_regions) {
+        return reply_error(s, &req->hdr, -EINVAL);
+    }
+    r = &s->info.regions[q->index];
+    ri.index = q->index;
+    ri.size = r->size;
+    ri.flags = r->flags;
+    full = sizeof(ri);
+    if ((r->flags & VFIO_REGION_INFO_FLAG_MMAP) && r->mmap_fd >= 0) {
+        fd = r->mmap_fd;
+        ri.offset = r->mmap_offset;
+        if (r->nr_sparse > 0) {
+            ri.flags |= VFIO_REGION_INFO_FLAG_CAPS;
+            ri.cap_offset = sizeof(ri);
+            full += sizeof(cap) + r->nr_sparse * sizeof(struct vfio_region_sparse_mmap_area);
+        }
+    } else {
+        /* No fd, no mmap: QEMU would otherwise warn and trap anyway. */
+        ri.flags &= ~(uint32_t)VFIO_REGION_INFO_FLAG_MMAP;
+    }
+    ri.argsz = full;
+
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)&ri, sizeof(ri));
+    /* linux/vfio.h: when argsz is too small for the capabilities, return the
+     * fixed part with the size needed; the client asks again (QEMU does). */
+    if (full > sizeof(ri) && q->argsz >= full) {
+        cap.header.id = VFIO_REGION_INFO_CAP_SPARSE_MMAP;
+        cap.header.version = 1;
+        cap.nr_areas = r->nr_sparse;
+        g_byte_array_append(s->out, (const guint8 *)&cap, sizeof(cap));
+        for (uint32_t a = 0; a < r->nr_sparse; a++) {
+            struct vfio_region_sparse_mmap_area area = {
+                .offset = r->sparse[a].offset, .size = r->sparse[a].size,
+            };
+
+            g_byte_array_append(s->out, (const guint8 *)&area, sizeof(area));
+        }
+    }
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+}
+
+static int handle_irq_info(VnServer *s, const VnWireRequest *req)
+{
+    struct vfio_irq_info ii = { .argsz = sizeof(ii) };
+    uint32_t index = req->u.irq_info.index;
+
+    if (index >= s->info.num_irqs) {
+        return reply_error(s, &req->hdr, -EINVAL);
+    }
+    ii.index = index;
+    ii.flags = s->info.irq_flags[index];
+    ii.count = s->info.irq_count[index];
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)&ii, sizeof(ii));
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg)
+{
+    const struct vfio_irq_set *set = &req->u.irq_set.set;
+    int ret;
+
+    ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
+                      req->u.irq_set.bools, msg->fds, msg->nfds);
+    VN_TRACE("socket %s: SET_IRQS index %u start %u count %u flags 0x%x fds %u: %d",
+             s->path, set->index, set->start, set->count, set->flags, msg->nfds, ret);
+    if (ret < 0) {
+        return reply_error(s, &req->hdr, ret);
+    }
+    if (s->ops->irqs_changed != NULL) {
+        s->ops->irqs_changed(s->opaque, set->index);
+    }
+    vn_wire_begin_reply(s->out, &req->hdr);
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
+{
+    const VnWireRegionRw *rw = &req->u.region.rw;
+    const VnRegion *r;
+    uint32_t need = write ? VFIO_REGION_INFO_FLAG_WRITE : VFIO_REGION_INFO_FLAG_READ;
+    int ret;
+
+    if (rw->region >= s->info.num_regions) {
+        return reply_error(s, &req->hdr, -EINVAL);
+    }
+    r = &s->info.regions[rw->region];
+    if (!(r->flags & need) || !vn_util_range_ok(rw->offset, rw->count, r->size)) {
+        return reply_error(s, &req->hdr, -EINVAL);
+    }
+    if (rw->count > s->caps.max_data_xfer_size) {
+        return reply_error(s, &req->hdr, -E2BIG);
+    }
+    s->stats.per_region_rw[rw->region]++;
+    vn_wire_begin_reply(s->out, &req->hdr);
+    g_byte_array_append(s->out, (const guint8 *)rw, sizeof(*rw));
+    if (write) {
+        s->stats.region_writes++;
+        ret = s->ops->region_write(s->opaque, rw->region, rw->offset,
+                                   req->u.region.data, rw->count);
+    } else {
+        size_t at = s->out->len;
+
+        s->stats.region_reads++;
+        g_byte_array_set_size(s->out, at + rw->count);
+        ret = s->ops->region_read(s->opaque, rw->region, rw->offset,
+                                  s->out->data + at, rw->count);
+    }
+    if (ret < 0) {
+        return reply_error(s, &req->hdr, ret);
+    }
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+static int handle_reset(VnServer *s, const VnWireRequest *req)
+{
+    int ret = 0;
+
+    g_info("socket %s: device reset requested", s->path);
+    if (s->ops->reset != NULL) {
+        ret = s->ops->reset(s->opaque);
+    }
+    if (ret < 0) {
+        return reply_error(s, &req->hdr, ret);
+    }
+    vn_wire_begin_reply(s->out, &req->hdr);
+    vn_wire_finish(s->out);
+    return reply_send(s, &req->hdr, NULL, 0);
+}
+
+/* Handle one message; returns < 0 when the client must be dropped. */
+static int handle_msg(VnServer *s, VnTransportMsg *msg)
+{
+    VnWireRequest req;
+    int ret;
+
+    s->stats.messages++;
+    ret = vn_wire_decode_request(msg->data, msg->len, msg->nfds, &req);
+    if (ret == 0 && msg->fds_overflow) {
+        ret = -EINVAL;
+    }
+    if (ret < 0 && msg->len >= VN_WIRE_HDR_SIZE) {
+        VnWireHdr hdr;
+
+        memcpy(&hdr, msg->data, sizeof(hdr));
+        if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_COMMAND) {
+            /* We never send commands, so a reply is a confused peer. */
+            g_info("socket %s: unexpected reply id %u from client", s->path, hdr.id);
+            return -EPROTO;
+        }
+        g_info("socket %s: id %u %s (%u) rejected: %s", s->path, hdr.id,
+               vn_wire_cmd_to_string(hdr.cmd), hdr.cmd, g_strerror(-ret));
+        return reply_error(s, &hdr, ret);
+    }
+    VN_TRACE("socket %s: <- id %u %s size %u fds %u", s->path, req.hdr.id,
+             vn_wire_cmd_to_string(req.hdr.cmd), req.hdr.size, msg->nfds);
+
+    if (!s->versioned && req.hdr.cmd != VN_CMD_VERSION) {
+        /* vfio-user.rst: VERSION is the first message of a session. */
+        return reply_error(s, &req.hdr, -EINVAL);
+    }
+    switch (req.hdr.cmd) {
+    case VN_CMD_VERSION:
+        return handle_version(s, &req);
+    case VN_CMD_DMA_MAP:
+        return handle_dma_map(s, &req, msg);
+    case VN_CMD_DMA_UNMAP:
+        return handle_dma_unmap(s, &req);
+    case VN_CMD_DEVICE_GET_INFO:
+        return handle_device_info(s, &req);
+    case VN_CMD_DEVICE_GET_REGION_INFO:
+        return handle_region_info(s, &req);
+    case VN_CMD_DEVICE_GET_IRQ_INFO:
+        return handle_irq_info(s, &req);
+    case VN_CMD_DEVICE_SET_IRQS:
+        return handle_set_irqs(s, &req, msg);
+    case VN_CMD_REGION_READ:
+        return handle_region_rw(s, &req, false);
+    case VN_CMD_REGION_WRITE:
+        return handle_region_rw(s, &req, true);
+    case VN_CMD_DEVICE_RESET:
+        return handle_reset(s, &req);
+    default:
+        return reply_error(s, &req.hdr, -ENOTSUP);
+    }
+}
+
+static gboolean on_client(int fd, GIOCondition cond, gpointer data)
+{
+    VnServer *s = data;
+
+    /* Bounded per wake-up so one busy client cannot starve the loop. */
+    for (int i = 0; i < 64; i++) {
+        VnTransportMsg msg = { 0 };
+        int ret = vn_transport_recv(s->client, &msg);
+
+        if (ret == 0) {
+            return G_SOURCE_CONTINUE;
+        }
+        if (ret < 0) {
+            client_drop(s, ret == -ECONNRESET ? "closed" : g_strerror(-ret));
+            return G_SOURCE_REMOVE;
+        }
+        ret = handle_msg(s, &msg);
+        vn_transport_msg_clear(&msg);
+        if (ret < 0) {
+            client_drop(s, g_strerror(-ret));
+            return G_SOURCE_REMOVE;
+        }
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
+                        const VnDeviceOps *ops, void *opaque, GMainContext *ctx,
+                        GError **error)
+{
+    g_autoptr(VnServer) s = NULL;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+
+    if (!vn_device_ops_valid(ops, error) || !info_valid(info, error)) {
+        return NULL;
+    }
+    if (strlen(socket_path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "socket %s: path too long", socket_path);
+        return NULL;
+    }
+    s = g_new0(VnServer, 1);
+    s->listen_fd = -1;
+    s->path = g_strdup(socket_path);
+    s->ctx = g_main_context_ref(ctx != NULL ? ctx : g_main_context_default());
+    s->info = *info;
+    s->ops = ops;
+    s->opaque = opaque;
+    s->dma = vn_dma_new();
+    s->irqs = vn_irqs_new(info->irq_count, info->num_irqs);
+    s->out = g_byte_array_sized_new(4096);
+    vn_wire_parse_caps(NULL, &s->caps, NULL);
+
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s->listen_fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
+                    "socket %s: %s", socket_path, g_strerror(errno));
+        return NULL;
+    }
+    strcpy(addr.sun_path, socket_path);
+    if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        chmod(socket_path, 0600) < 0 || listen(s->listen_fd, 4) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
+                    "socket %s: %s", socket_path, g_strerror(errno));
+        if (errno != EADDRINUSE) {
+            unlink(socket_path);
+        }
+        g_clear_pointer(&s->path, g_free);   /* not ours to unlink on free */
+        return NULL;
+    }
+    listen_arm(s);
+    g_info("socket %s: listening", socket_path);
+    return g_steal_pointer(&s);
+}
+
+void vn_server_free(VnServer *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->ops != NULL && s->client != NULL) {
+        client_drop(s, "server stopping");
+    }
+    listen_disarm(s);
+    vn_util_close_fd(&s->listen_fd);
+    if (s->path != NULL) {
+        unlink(s->path);
+    }
+    vn_irqs_free(s->irqs);
+    vn_dma_free(s->dma);
+    if (s->out != NULL) {
+        g_byte_array_unref(s->out);
+    }
+    if (s->ctx != NULL) {
+        g_main_context_unref(s->ctx);
+    }
+    g_free(s->path);
+    g_free(s);
+}
+
+VnDma *vn_server_dma(VnServer *s)
+{
+    return s->dma;
+}
+
+VnIrqs *vn_server_irqs(VnServer *s)
+{
+    return s->irqs;
+}
+
+bool vn_server_has_client(VnServer *s)
+{
+    return s->client != NULL;
+}
+
+void vn_server_disconnect(VnServer *s)
+{
+    client_drop(s, "dropped by the server");
+}
+
+void vn_server_stats(VnServer *s, VnServerStats *out)
+{
+    *out = s->stats;
+}

@@ -1,0 +1,118 @@
+/*
+ * vfio-user server engine: listens on a UNIX socket, serves one client at a
+ * time, decodes each command and dispatches it to a device through a const
+ * VnDeviceOps table.
+ *
+ * The engine owns the protocol: VERSION negotiation, GET_INFO,
+ * GET_REGION_INFO (with the argsz retry and the sparse-mmap capability),
+ * GET_IRQ_INFO, the DMA table (VnDma) and the interrupt table (VnIrqs),
+ * range checks of every region access.  The device only sees accesses that
+ * are in range and events it asked for.
+ *
+ * A malformed message gets an error reply (or, when the stream can no longer
+ * be trusted, a logged disconnect); the server then accepts the next client.
+ * When a client goes, its DMA mappings and eventfds are dropped before the
+ * device's client_gone is called.
+ *
+ * Threads: everything here runs in the GMainContext given to
+ * vn_server_new() (the default one when NULL).  vn_server_dma() and
+ * vn_server_irqs() may be used from other threads (they lock).
+ */
+#ifndef VN_SERVER_H
+#define VN_SERVER_H
+
+#include "dma.h"
+#include "irqs.h"
+#include "wire.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnSparseArea {
+    uint64_t offset;
+    uint64_t size;
+} VnSparseArea;
+
+typedef struct VnRegion {
+    uint64_t size;            /* 0: the region does not exist */
+    uint32_t flags;           /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
+    int mmap_fd;              /* borrowed from the device; -1 if none */
+    uint64_t mmap_offset;     /* offset of the region in mmap_fd */
+    uint32_t nr_sparse;       /* <= VN_MAX_SPARSE_AREAS; 0 = whole region */
+    VnSparseArea sparse[VN_MAX_SPARSE_AREAS];
+} VnRegion;
+
+typedef struct VnDeviceInfo {
+    uint32_t flags;           /* VFIO_DEVICE_FLAGS_PCI | _RESET */
+    uint32_t num_regions;     /* <= VN_MAX_REGIONS */
+    VnRegion regions[VN_MAX_REGIONS];
+    uint32_t num_irqs;        /* <= VN_MAX_IRQ_INDEXES */
+    uint32_t irq_count[VN_MAX_IRQ_INDEXES];
+    uint32_t irq_flags[VN_MAX_IRQ_INDEXES];  /* VFIO_IRQ_INFO_* */
+} VnDeviceInfo;
+
+/*
+ * A device served by the engine.  Return values are 0 or -errno; an error
+ * is sent back to the client as the reply's errno.
+ */
+typedef struct VnDeviceOps {
+    /* Required.  [offset, offset + count) is inside the region. */
+    int (*region_read)(void *opaque, uint32_t index, uint64_t offset, void *buf,
+                       uint32_t count);
+    int (*region_write)(void *opaque, uint32_t index, uint64_t offset,
+                        const void *buf, uint32_t count);
+    /* Optional: after a mapping was added to the DMA table. */
+    void (*dma_mapped)(void *opaque, const VnDmaMapping *m);
+    /* Optional: before [iova, iova + size) is removed (all: everything);
+     * when it returns the device must not touch that memory again. */
+    void (*dma_unmapping)(void *opaque, uint64_t iova, uint64_t size, bool all);
+    /* Optional: after SET_IRQS changed index @index. */
+    void (*irqs_changed)(void *opaque, uint32_t index);
+    /* Optional: DEVICE_RESET (also called when a client goes). */
+    int (*reset)(void *opaque);
+    /* Optional: a client connected / went away (after DMA and irqs were
+     * dropped and reset called). */
+    void (*client_new)(void *opaque);
+    void (*client_gone)(void *opaque);
+} VnDeviceOps;
+
+/* Names the missing required member in @error. */
+bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error);
+
+typedef struct VnServer VnServer;
+
+/* Counters, read with vn_server_stats(). */
+typedef struct VnServerStats {
+    uint64_t clients;          /* accepted connections */
+    uint64_t messages;         /* commands received */
+    uint64_t errors;           /* error replies sent */
+    uint64_t region_reads;
+    uint64_t region_writes;
+    uint64_t dma_maps;
+    uint64_t dma_unmaps;
+    uint64_t per_region_rw[VN_MAX_REGIONS];
+} VnServerStats;
+
+/*
+ * Create a server for a device described by @info (copied; the mmap fds in
+ * it stay the device's) and listen on @socket_path, which must not exist.
+ * @ops is validated here.  @ctx may be NULL for the default context.
+ */
+VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
+                        const VnDeviceOps *ops, void *opaque, GMainContext *ctx,
+                        GError **error);
+/* Disconnects the client, removes the socket file. */
+void vn_server_free(VnServer *server);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnServer, vn_server_free)
+
+/* The client's DMA table and interrupt table (valid for the server's life). */
+VnDma *vn_server_dma(VnServer *server);
+VnIrqs *vn_server_irqs(VnServer *server);
+
+bool vn_server_has_client(VnServer *server);
+/* Drop the current client as if it had disconnected. */
+void vn_server_disconnect(VnServer *server);
+void vn_server_stats(VnServer *server, VnServerStats *out);
+
+#endif /* VN_SERVER_H */

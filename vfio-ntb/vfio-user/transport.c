@@ -1,0 +1,208 @@
+/*
+ * vfio-user socket transport (see transport.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.vfio-user"
+
+#include "transport.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+struct VnTransport {
+    int fd;
+    VnWireHdr hdr;           /* the header being received */
+    size_t hdr_got;
+    uint8_t *buf;            /* the message being received, hdr.size bytes */
+    size_t got;
+    int fds[VN_MAX_MSG_FDS];
+    unsigned nfds;
+    bool fds_overflow;
+};
+
+void vn_transport_msg_clear(VnTransportMsg *msg)
+{
+    vn_util_close_fds(msg->fds, msg->nfds);
+    msg->nfds = 0;
+    g_clear_pointer(&msg->data, g_free);
+    msg->len = 0;
+    msg->fds_overflow = false;
+}
+
+VnTransport *vn_transport_new(int fd)
+{
+    VnTransport *t = g_new0(VnTransport, 1);
+    struct timeval tv = { .tv_sec = VN_TRANSPORT_SEND_TIMEOUT_S };
+
+    t->fd = fd;
+    /* Failure only loses the bound on a stuck peer; sending still works. */
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+        g_warning("transport fd %d: cannot set a send timeout: %s", fd,
+                  g_strerror(errno));
+    }
+    return t;
+}
+
+void vn_transport_free(VnTransport *t)
+{
+    if (t == NULL) {
+        return;
+    }
+    vn_util_close_fds(t->fds, t->nfds);
+    g_free(t->buf);
+    vn_util_close_fd(&t->fd);
+    g_free(t);
+}
+
+int vn_transport_fd(VnTransport *t)
+{
+    return t->fd;
+}
+
+/* Keep the fds of one control message, closing those beyond our limit. */
+static void take_fds(VnTransport *t, struct msghdr *mh)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c)) {
+        size_t n;
+        int *in;
+
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        in = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+
+            memcpy(&fd, &in[i], sizeof(fd));
+            if (t->nfds < VN_MAX_MSG_FDS) {
+                t->fds[t->nfds++] = fd;
+            } else {
+                close(fd);
+                t->fds_overflow = true;
+            }
+        }
+    }
+    if (mh->msg_flags & MSG_CTRUNC) {
+        /* The kernel closed what did not fit. */
+        t->fds_overflow = true;
+    }
+}
+
+/* One non-blocking recvmsg into @dst; returns bytes, 0 for EAGAIN, -errno. */
+static ssize_t recv_some(VnTransport *t, void *dst, size_t len)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * VN_MAX_MSG_FDS)];
+        struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = { .iov_base = dst, .iov_len = len };
+    struct msghdr mh = {
+        .msg_iov = &iov,
+        .msg_iovlen = 1,
+        .msg_control = cbuf.buf,
+        .msg_controllen = sizeof(cbuf.buf),
+    };
+    ssize_t n;
+
+    do {
+        n = recvmsg(t->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
+    }
+    if (n == 0) {
+        return -ECONNRESET;
+    }
+    take_fds(t, &mh);
+    return n;
+}
+
+int vn_transport_recv(VnTransport *t, VnTransportMsg *msg)
+{
+    ssize_t n;
+    int ret;
+
+    while (t->hdr_got < VN_WIRE_HDR_SIZE) {
+        n = recv_some(t, (uint8_t *)&t->hdr + t->hdr_got, VN_WIRE_HDR_SIZE - t->hdr_got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        t->hdr_got += (size_t)n;
+    }
+    if (t->buf == NULL) {
+        ret = vn_wire_check_hdr(&t->hdr);
+        if (ret < 0) {
+            return ret;
+        }
+        t->buf = g_malloc(t->hdr.size);
+        memcpy(t->buf, &t->hdr, VN_WIRE_HDR_SIZE);
+        t->got = VN_WIRE_HDR_SIZE;
+    }
+    while (t->got < t->hdr.size) {
+        n = recv_some(t, t->buf + t->got, t->hdr.size - t->got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        t->got += (size_t)n;
+    }
+
+    msg->data = g_steal_pointer(&t->buf);
+    msg->len = t->hdr.size;
+    memcpy(msg->fds, t->fds, sizeof(int) * t->nfds);
+    msg->nfds = t->nfds;
+    msg->fds_overflow = t->fds_overflow;
+    t->nfds = 0;
+    t->fds_overflow = false;
+    t->hdr_got = 0;
+    t->got = 0;
+    return 1;
+}
+
+int vn_transport_send(VnTransport *t, const void *data, size_t len,
+                      const int *fds, unsigned nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * VN_MAX_MSG_FDS)];
+        struct cmsghdr align;
+    } cbuf;
+    const uint8_t *p = data;
+    bool first = true;
+
+    if (nfds > VN_MAX_MSG_FDS) {
+        return -EINVAL;
+    }
+    while (len > 0) {
+        struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        ssize_t n;
+
+        if (first && nfds > 0) {
+            struct cmsghdr *c;
+
+            memset(cbuf.buf, 0, sizeof(cbuf.buf));
+            mh.msg_control = cbuf.buf;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+            c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+        }
+        n = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        first = false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
