@@ -1,0 +1,545 @@
+/*
+ * Unit tests of the vfio-user server engine over a real socket, driven by
+ * our client engine (vfio-ntb/vfio-user/server.c, client.c, transport.c).
+ */
+#include "vfio-user/client.h"
+#include "vfio-user/server.h"
+
+#include "vfio-user/transport.h"
+
+#include <check.h>
+#include <gio/gio.h>
+#include <glib/gstdio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define BAR0_SIZE 0x4000u
+#define CFG_SIZE 256u
+
+/* A tiny device: BAR0 is a memfd also reachable by message, CONFIG is RAM. */
+typedef struct Fake {
+    int bar_fd;
+    uint8_t *bar;
+    uint8_t cfg[CFG_SIZE];
+    int resets;
+    int irq_changes;
+} Fake;
+
+static int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
+{
+    Fake *f = opaque;
+
+    if (index == VFIO_PCI_BAR0_REGION_INDEX) {
+        memcpy(buf, f->bar + off, n);
+    } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
+        memcpy(buf, f->cfg + off, n);
+    } else {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *buf,
+                      uint32_t n)
+{
+    Fake *f = opaque;
+
+    if (index == VFIO_PCI_BAR0_REGION_INDEX) {
+        memcpy(f->bar + off, buf, n);
+    } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
+        memcpy(f->cfg + off, buf, n);
+    } else {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int fake_reset(void *opaque)
+{
+    ((Fake *)opaque)->resets++;
+    return 0;
+}
+
+static void fake_irqs_changed(void *opaque, uint32_t index)
+{
+    ((Fake *)opaque)->irq_changes++;
+}
+
+static const VnDeviceOps fake_ops = {
+    .region_read = fake_read,
+    .region_write = fake_write,
+    .reset = fake_reset,
+    .irqs_changed = fake_irqs_changed,
+};
+
+typedef struct Rig {
+    char *dir;
+    char *path;
+    Fake fake;
+    GMainContext *ctx;
+    GMainLoop *loop;
+    GThread *thread;
+    VnServer *server;
+} Rig;
+
+static Rig rig;
+
+static gpointer serve(gpointer data)
+{
+    g_main_context_push_thread_default(rig.ctx);
+    g_main_loop_run(rig.loop);
+    g_main_context_pop_thread_default(rig.ctx);
+    return NULL;
+}
+
+static void setup(void)
+{
+    VnDeviceInfo info = { .flags = VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET,
+                          .num_regions = VFIO_PCI_NUM_REGIONS,
+                          .num_irqs = VFIO_PCI_NUM_IRQS };
+    g_autoptr(GError) error = NULL;
+
+    memset(&rig, 0, sizeof(rig));
+    rig.dir = g_dir_make_tmp("vn-server-XXXXXX", NULL);
+    rig.path = g_build_filename(rig.dir, "dev.sock", NULL);
+    rig.fake.bar_fd = memfd_create("bar0", MFD_CLOEXEC);
+    ck_assert_int_ge(rig.fake.bar_fd, 0);
+    ck_assert_int_eq(ftruncate(rig.fake.bar_fd, BAR0_SIZE), 0);
+    rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                        rig.fake.bar_fd, 0);
+    for (uint32_t i = 0; i < info.num_regions; i++) {
+        info.regions[i].mmap_fd = -1;
+    }
+    info.regions[0] = (VnRegion){ .size = BAR0_SIZE,
+                                  .flags = VFIO_REGION_INFO_FLAG_READ |
+                                           VFIO_REGION_INFO_FLAG_WRITE |
+                                           VFIO_REGION_INFO_FLAG_MMAP,
+                                  .mmap_fd = rig.fake.bar_fd, .nr_sparse = 2,
+                                  .sparse = { { 0, 0x1000 }, { 0x2000, 0x2000 } } };
+    info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
+        (VnRegion){ .size = CFG_SIZE, .mmap_fd = -1,
+                    .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
+    info.irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
+    info.irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = 4;
+    info.irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
+
+    rig.ctx = g_main_context_new();
+    rig.loop = g_main_loop_new(rig.ctx, FALSE);
+    rig.server = vn_server_new(rig.path, &info, &fake_ops, &rig.fake, rig.ctx, &error);
+    ck_assert_msg(rig.server != NULL, "%s", error ? error->message : "");
+    rig.thread = g_thread_new("server", serve, NULL);
+}
+
+static gboolean quit_loop(gpointer data)
+{
+    g_main_loop_quit(rig.loop);
+    return G_SOURCE_REMOVE;
+}
+
+static void teardown(void)
+{
+    g_main_context_invoke(rig.ctx, quit_loop, NULL);
+    g_thread_join(rig.thread);
+    vn_server_free(rig.server);
+    ck_assert(!g_file_test(rig.path, G_FILE_TEST_EXISTS));   /* socket removed */
+    g_main_loop_unref(rig.loop);
+    g_main_context_unref(rig.ctx);
+    munmap(rig.fake.bar, BAR0_SIZE);
+    close(rig.fake.bar_fd);
+    g_rmdir(rig.dir);
+    g_free(rig.path);
+    g_free(rig.dir);
+}
+
+static VnClient *connect_ok(void)
+{
+    g_autoptr(GError) error = NULL;
+    VnClient *c = vn_client_connect(rig.path, 2000, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    return c;
+}
+
+/* Wait (bounded) until the server has dropped its client. */
+static void wait_no_client(void)
+{
+    for (int i = 0; i < 200 && vn_server_has_client(rig.server); i++) {
+        g_usleep(5000);
+    }
+    ck_assert(!vn_server_has_client(rig.server));
+}
+
+START_TEST(test_info_and_regions)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    VnWireDeviceInfo di;
+    struct vfio_region_info ri;
+    struct vfio_region_sparse_mmap_area areas[4];
+    uint32_t nr = 0;
+    int fd = -1;
+    uint8_t *map;
+    uint32_t val = 0;
+
+    ck_assert_int_eq(vn_client_get_info(c, &di), 0);
+    ck_assert_uint_eq(di.num_regions, VFIO_PCI_NUM_REGIONS);
+    ck_assert_uint_eq(di.num_irqs, VFIO_PCI_NUM_IRQS);
+    ck_assert(di.flags & VFIO_DEVICE_FLAGS_RESET);
+
+    ck_assert_int_eq(vn_client_get_region_info(c, 0, &ri, &fd, areas, 4, &nr), 0);
+    ck_assert_uint_eq(ri.size, BAR0_SIZE);
+    ck_assert(ri.flags & VFIO_REGION_INFO_FLAG_MMAP);
+    ck_assert(ri.flags & VFIO_REGION_INFO_FLAG_CAPS);
+    ck_assert_uint_eq(ri.argsz, 32 + 16 + 2 * 16);
+    ck_assert_uint_eq(nr, 2);
+    ck_assert_uint_eq(areas[1].offset, 0x2000);
+    ck_assert_uint_eq(areas[1].size, 0x2000);
+    ck_assert_int_ge(fd, 0);
+
+    /* The fd is the BAR: a store through it is what a message read sees. */
+    map = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ck_assert(map != MAP_FAILED);
+    memcpy(map + 0x2004, "\x78\x56\x34\x12", 4);
+    ck_assert_int_eq(vn_client_region_read(c, 0, 0x2004, &val, 4), 4);
+    ck_assert_uint_eq(val, 0x12345678);
+    munmap(map, BAR0_SIZE);
+    close(fd);
+
+    /* The config region has no fd and no caps. */
+    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_CONFIG_REGION_INDEX, &ri, &fd,
+                                               areas, 4, &nr), 0);
+    ck_assert_int_eq(fd, -1);
+    ck_assert(!(ri.flags & VFIO_REGION_INFO_FLAG_MMAP));
+    ck_assert_uint_eq(ri.size, CFG_SIZE);
+}
+END_TEST
+
+START_TEST(test_region_errors)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    uint8_t buf[8];
+    struct vfio_region_info ri;
+    int fd;
+
+    ck_assert_int_eq(vn_client_region_read(c, 12, 0, buf, 4), -EINVAL);   /* no region */
+    ck_assert_int_eq(vn_client_region_read(c, 1, 0, buf, 4), -EINVAL);    /* size 0 */
+    ck_assert_int_eq(vn_client_region_read(c, 0, BAR0_SIZE - 2, buf, 4), -EINVAL);
+    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, CFG_SIZE,
+                                            buf, 1, false), -EINVAL);
+    ck_assert_int_eq(vn_client_get_region_info(c, 99, &ri, &fd, NULL, 0, NULL), -EINVAL);
+    /* and the session goes on */
+    ck_assert_int_eq(vn_client_region_read(c, 0, 0, buf, 4), 4);
+}
+END_TEST
+
+START_TEST(test_posted_writes_keep_order)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    uint32_t v, got = 0;
+
+    /* Posted writes get no reply; a read after them sees the last one. */
+    for (v = 1; v <= 100; v++) {
+        ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &v,
+                                                4, true), 4);
+    }
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &got, 4),
+                     4);
+    ck_assert_uint_eq(got, 100);
+}
+END_TEST
+
+START_TEST(test_dma_table)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    VnDma *dma = vn_server_dma(rig.server);
+    int mem = memfd_create("guest", MFD_CLOEXEC);
+    uint8_t *ram;
+    char out[6] = { 0 };
+
+    ck_assert_int_eq(ftruncate(mem, 0x10000), 0);
+    ram = mmap(NULL, 0x10000, PROT_READ | PROT_WRITE, MAP_SHARED, mem, 0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, 0x8000,
+                                       VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+                                       mem), 0);
+    ck_assert_uint_eq(vn_dma_count(dma), 1);
+    /* the device reaches guest memory at iova, through the fd's offset */
+    ck_assert_int_eq(vn_dma_write(dma, 0x100010, "hello", 5), 0);
+    ck_assert_mem_eq(ram + 0x8010, "hello", 5);
+    ck_assert_int_eq(vn_dma_read(dma, 0x100010, out, 5), 0);
+    ck_assert_str_eq(out, "hello");
+    /* outside the mapping: refused, not a stray access */
+    ck_assert_int_eq(vn_dma_read(dma, 0x108000 - 2, out, 4), -EFAULT);
+    ck_assert_int_eq(vn_dma_write(dma, 0x200000, "x", 1), -EFAULT);
+
+    /* overlapping map refused; a map without fd is recorded, not reachable */
+    ck_assert_int_eq(vn_client_dma_map(c, 0x104000, 0x8000, 0, 3, mem), -EEXIST);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x40000000, 0x1000, 0, 3, -1), 0);
+    ck_assert_int_eq(vn_dma_read(dma, 0x40000000, out, 1), -EFAULT);
+    /* read-only mapping cannot be written by the device */
+    ck_assert_int_eq(vn_client_dma_map(c, 0x300000, 0x1000, 0, VFIO_DMA_MAP_FLAG_READ, mem),
+                     0);
+    ck_assert_int_eq(vn_dma_write(dma, 0x300000, "x", 1), -EFAULT);
+    ck_assert_int_eq(vn_dma_read(dma, 0x300000, out, 1), 0);
+
+    /* unmap: unknown range, a range that splits a mapping, exact, all */
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x500000, 0x1000, false), -ENOENT);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), -ENOENT);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x8000, false), 0);
+    ck_assert_int_eq(vn_dma_read(dma, 0x100010, out, 1), -EFAULT);
+    ck_assert_uint_eq(vn_dma_count(dma), 2);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0, 0, true), 0);
+    ck_assert_uint_eq(vn_dma_count(dma), 0);
+
+    /* a disconnect drops every mapping */
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, 0, 3, mem), 0);
+    vn_client_free(g_steal_pointer(&c));
+    wait_no_client();
+    ck_assert_uint_eq(vn_dma_count(dma), 0);
+    munmap(ram, 0x10000);
+    close(mem);
+}
+END_TEST
+
+static uint64_t drain(int efd)
+{
+    uint64_t n = 0;
+
+    if (read(efd, &n, sizeof(n)) != sizeof(n)) {
+        return 0;
+    }
+    return n;
+}
+
+START_TEST(test_irqs)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    VnIrqs *irqs = vn_server_irqs(rig.server);
+    int efd[2] = { eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC),
+                   eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) };
+    const uint32_t EV = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    const uint32_t NONE_TRIG = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
+    uint8_t bools[2] = { 0, 1 };
+
+    /* assign vectors 2 and 3 */
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 2, 2, NULL, efd), 0);
+    ck_assert(vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 0));
+    ck_assert(vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
+    ck_assert_uint_eq(drain(efd[1]), 1);
+    /* loopback trigger (DATA_NONE) and DATA_BOOL */
+    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 2, 1, NULL,
+                                        NULL), 0);
+    ck_assert_uint_eq(drain(efd[0]), 1);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_BOOL |
+                                        VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 2, 2, bools, NULL), 0);
+    ck_assert_uint_eq(drain(efd[0]), 0);
+    ck_assert_uint_eq(drain(efd[1]), 1);
+    /* masked: held pending, delivered on unmask */
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
+    ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
+    ck_assert_uint_eq(drain(efd[1]), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE |
+                                        VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
+    ck_assert_uint_eq(drain(efd[1]), 1);
+    /* de-assign one vector (no fds), then disable the index (count 0) */
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
+    ck_assert(vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
+    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, NULL,
+                                        NULL), 0);
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
+    /* out of range for the device, unsupported unmask-eventfd */
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 3, 2, NULL, efd),
+                     -EINVAL);
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, 7, 0, 1, NULL, efd), -EINVAL);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
+                                        VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, efd), -ENOTSUP);
+    close(efd[0]);
+    close(efd[1]);
+}
+END_TEST
+
+START_TEST(test_reset)
+{
+    g_autoptr(VnClient) c = connect_ok();
+
+    ck_assert_int_eq(vn_client_reset(c), 0);
+    ck_assert_int_ge(rig.fake.resets, 1);
+}
+END_TEST
+
+/* Send raw bytes; return the reply's errno (0 for success), or -1 if none. */
+static int raw_errno(VnClient *c, const void *msg, size_t len, const int *fds,
+                     unsigned nfds)
+{
+    g_autoptr(GByteArray) reply = NULL;
+    VnWireHdr hdr;
+
+    if (vn_client_raw(c, msg, len, fds, nfds, &reply) < 0 || reply->len < 16) {
+        return -1;
+    }
+    memcpy(&hdr, reply->data, sizeof(hdr));
+    return (hdr.flags & VN_WIRE_FLAG_ERROR) ? (int)hdr.error : 0;
+}
+
+START_TEST(test_malformed_over_socket)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnWireDeviceInfo di;
+    int fds[VN_MAX_MSG_FDS + 1];
+    VnWireRegionRw rw = { .offset = 0, .region = 0, .count = VN_MAX_DATA_XFER + 1 };
+
+    /* unknown command: ENOTSUP, session goes on */
+    vn_wire_begin(m, 900, 77, 0);
+    vn_wire_finish(m);
+    ck_assert_int_eq(raw_errno(c, m->data, m->len, NULL, 0), ENOTSUP);
+    /* fds where none belong: EINVAL, and the fd is not kept */
+    vn_wire_begin(m, 901, VN_CMD_DEVICE_RESET, 0);
+    vn_wire_finish(m);
+    fds[0] = eventfd(0, EFD_CLOEXEC);
+    ck_assert_int_eq(raw_errno(c, m->data, m->len, fds, 1), EINVAL);
+    close(fds[0]);
+    /* count above max_data_xfer_size */
+    vn_wire_begin(m, 902, VN_CMD_REGION_READ, 0);
+    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
+    vn_wire_finish(m);
+    ck_assert_int_eq(raw_errno(c, m->data, m->len, NULL, 0), E2BIG);
+    /* too many fds for one message */
+    for (unsigned i = 0; i < G_N_ELEMENTS(fds); i++) {
+        fds[i] = eventfd(0, EFD_CLOEXEC);
+    }
+    vn_wire_begin(m, 903, VN_CMD_DEVICE_GET_INFO, 0);
+    di = (VnWireDeviceInfo){ .argsz = sizeof(di) };
+    g_byte_array_append(m, (const guint8 *)&di, sizeof(di));
+    vn_wire_finish(m);
+    ck_assert_int_eq(raw_errno(c, m->data, m->len, fds, VN_MAX_MSG_FDS), EINVAL);
+    for (unsigned i = 0; i < G_N_ELEMENTS(fds); i++) {
+        close(fds[i]);
+    }
+    ck_assert_int_eq(vn_client_get_info(c, &di), 0);
+    ck_assert_uint_eq(di.num_regions, VFIO_PCI_NUM_REGIONS);
+}
+END_TEST
+
+START_TEST(test_untrusted_stream_disconnects_and_next_client_served)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    g_autoptr(VnClient) c2 = NULL;
+    VnWireHdr huge = { .id = 1, .cmd = VN_CMD_REGION_WRITE, .size = 0x7fffffff };
+    g_autoptr(GByteArray) reply = NULL;
+    VnWireDeviceInfo di;
+
+    /* A size we will not buffer: the stream cannot be resynchronised, so
+     * the client is dropped; the server lives on for the next one. */
+    ck_assert_int_lt(vn_client_raw(c, &huge, sizeof(huge), NULL, 0, &reply), 0);
+    wait_no_client();
+    c2 = connect_ok();
+    ck_assert_int_eq(vn_client_get_info(c2, &di), 0);
+}
+END_TEST
+
+START_TEST(test_command_before_version)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    g_autoptr(VnTransport) t = NULL;
+    VnWireDeviceInfo di = { .argsz = sizeof(di) };
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnTransportMsg reply = { 0 };
+    VnWireHdr hdr;
+    int ret = 0;
+
+    g_strlcpy(addr.sun_path, rig.path, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    t = vn_transport_new(fd);
+    /* vfio-user.rst: VERSION comes first; anything else is refused */
+    vn_wire_begin(m, 5, VN_CMD_DEVICE_GET_INFO, 0);
+    g_byte_array_append(m, (const guint8 *)&di, sizeof(di));
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_transport_send(t, m->data, m->len, NULL, 0), 0);
+    for (int i = 0; i < 400 && ret == 0; i++) {
+        ret = vn_transport_recv(t, &reply);
+        if (ret == 0) {
+            g_usleep(5000);
+        }
+    }
+    ck_assert_int_eq(ret, 1);
+    memcpy(&hdr, reply.data, sizeof(hdr));
+    ck_assert_uint_eq(hdr.id, 5);
+    ck_assert(hdr.flags & VN_WIRE_FLAG_ERROR);
+    ck_assert_uint_eq(hdr.error, EINVAL);
+    vn_transport_msg_clear(&reply);
+}
+END_TEST
+
+START_TEST(test_queued_client_served_after_first_leaves)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    g_autoptr(GError) error = NULL;
+    VnClient *c2;
+    VnWireDeviceInfo di;
+
+    /* The second connects but is not served while the first holds the
+     * device: its VERSION times out. */
+    c2 = vn_client_connect(rig.path, 300, &error);
+    ck_assert_ptr_null(c2);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT));
+    vn_client_free(g_steal_pointer(&c));
+    wait_no_client();
+    c = connect_ok();
+    ck_assert_int_eq(vn_client_get_info(c, &di), 0);
+}
+END_TEST
+
+static Suite *server_suite(void)
+{
+    Suite *s = suite_create("server");
+    TCase *tc;
+
+    tc = tcase_create("protocol");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_info_and_regions);
+    tcase_add_test(tc, test_region_errors);
+    tcase_add_test(tc, test_posted_writes_keep_order);
+    tcase_add_test(tc, test_reset);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("dma");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_dma_table);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("irqs");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_irqs);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("untrusted");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_malformed_over_socket);
+    tcase_add_test(tc, test_untrusted_stream_disconnects_and_next_client_served);
+    tcase_add_test(tc, test_command_before_version);
+    tcase_add_test(tc, test_queued_client_served_after_first_leaves);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(server_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
