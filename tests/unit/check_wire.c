@@ -68,7 +68,7 @@ END_TEST
 
 START_TEST(test_set_irqs_forms)
 {
-    struct vfio_irq_set s = { .argsz = sizeof(s), .index = VFIO_PCI_MSIX_IRQ_INDEX,
+    VnWireIrqSet s = { .argsz = sizeof(s), .index = VFIO_PCI_MSIX_IRQ_INDEX,
                               .start = 2, .count = 3,
                               .flags = VFIO_IRQ_SET_DATA_EVENTFD |
                                        VFIO_IRQ_SET_ACTION_TRIGGER };
@@ -168,14 +168,14 @@ static const VnWireDmaMap map_badflags = { 32, 0x80, 0, 0x1000, 0x1000 };
 static const VnWireDmaMap map_unaligned = { 32, 3, 0, 0x1001, 0x1000 };
 static const VnWireDmaUnmap unmap_all_range = { 24, VFIO_DMA_UNMAP_FLAG_ALL, 0x1000, 0x1000 };
 static const VnWireDmaUnmap unmap_dirty = { 24, VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP, 0, 0x1000 };
-static const struct vfio_irq_set irq_overflow = { 20, VFIO_IRQ_SET_DATA_NONE |
+static const VnWireIrqSet irq_overflow = { 20, VFIO_IRQ_SET_DATA_NONE |
                                                   VFIO_IRQ_SET_ACTION_TRIGGER,
                                                   2, 0xffffffffu, 2 };
-static const struct vfio_irq_set irq_two_types = { 20, VFIO_IRQ_SET_DATA_NONE |
+static const VnWireIrqSet irq_two_types = { 20, VFIO_IRQ_SET_DATA_NONE |
                                                    VFIO_IRQ_SET_DATA_BOOL |
                                                    VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1 };
-static const struct vfio_irq_set irq_no_action = { 20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1 };
-static const struct vfio_irq_set irq_huge = { 20, VFIO_IRQ_SET_DATA_NONE |
+static const VnWireIrqSet irq_no_action = { 20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1 };
+static const VnWireIrqSet irq_huge = { 20, VFIO_IRQ_SET_DATA_NONE |
                                               VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 100000 };
 static const VnWireRegionRw rw_big = { 0, 0, VN_MAX_DATA_XFER + 1 };
 static const VnWireRegionRw rw_wrap = { UINT64_MAX - 1, 0, 4 };

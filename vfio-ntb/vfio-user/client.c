@@ -299,7 +299,7 @@ int vn_client_get_irq_info(VnClient *c, uint32_t index, struct vfio_irq_info *in
 int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start,
                        uint32_t count, const uint8_t *bools, const int *fds)
 {
-    struct vfio_irq_set s = { .argsz = sizeof(s), .flags = flags, .index = index,
+    VnWireIrqSet s = { .argsz = sizeof(s), .flags = flags, .index = index,
                               .start = start, .count = count };
     bool with_bools = (flags & VFIO_IRQ_SET_DATA_BOOL) && bools != NULL;
     unsigned nfds = ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && fds != NULL) ? count : 0;

@@ -354,7 +354,7 @@ static int handle_irq_info(VnServer *s, const VnWireRequest *req)
 
 static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg)
 {
-    const struct vfio_irq_set *set = &req->u.irq_set.set;
+    const VnWireIrqSet *set = &req->u.irq_set.set;
     int ret;
 
     ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,

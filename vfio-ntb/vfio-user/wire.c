@@ -18,7 +18,7 @@ G_STATIC_ASSERT(sizeof(VnWireDeviceInfo) == 16);
 G_STATIC_ASSERT(sizeof(VnWireRegionRw) == 16);
 G_STATIC_ASSERT(sizeof(struct vfio_region_info) == 32);
 G_STATIC_ASSERT(sizeof(struct vfio_irq_info) == 16);
-G_STATIC_ASSERT(sizeof(struct vfio_irq_set) == 20);
+G_STATIC_ASSERT(sizeof(VnWireIrqSet) == 20);
 
 /* DMA is managed in pages of this size; we advertise it as pgsizes. */
 #define VN_WIRE_PAGE_SIZE 4096u
@@ -144,7 +144,7 @@ static int decode_dma_unmap(const uint8_t *body, size_t len, unsigned nfds,
 static int decode_irq_set(const uint8_t *body, size_t len, unsigned nfds,
                           VnWireRequest *req)
 {
-    struct vfio_irq_set *s = &req->u.irq_set.set;
+    VnWireIrqSet *s = &req->u.irq_set.set;
     uint32_t data, action;
 
     if (len < VN_WIRE_IRQ_SET_SIZE) {

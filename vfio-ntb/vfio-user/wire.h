@@ -120,8 +120,17 @@ typedef struct VnWireRegionRw {
     /* followed by count data bytes (write request, read reply) */
 } VnWireRegionRw;
 
-/* The fixed part of vfio_irq_set (no data[]). */
-#define VN_WIRE_IRQ_SET_SIZE ((uint32_t)sizeof(struct vfio_irq_set))
+/* vfio-user.rst: VFIO_USER_DEVICE_SET_IRQS: vfio_irq_set without data[]
+ * (a flexible array member cannot sit inside our request union). */
+typedef struct VnWireIrqSet {
+    uint32_t argsz;
+    uint32_t flags;
+    uint32_t index;
+    uint32_t start;
+    uint32_t count;
+} VnWireIrqSet;
+
+#define VN_WIRE_IRQ_SET_SIZE ((uint32_t)sizeof(VnWireIrqSet))
 
 /* A decoded request.  Pointers point into the message buffer. */
 typedef struct VnWireRequest {
@@ -138,7 +147,7 @@ typedef struct VnWireRequest {
         struct vfio_region_info region_info;
         struct vfio_irq_info irq_info;
         struct {
-            struct vfio_irq_set set;
+            VnWireIrqSet set;
             const uint8_t *bools;  /* DATA_BOOL: set.count bytes */
         } irq_set;
         struct {
