@@ -1,0 +1,191 @@
+/*
+ * Unit tests of the simulated NVMe controller's I/O path
+ * (vfio-ntb/simdev/nvme-io.c): PRPs and PRP lists (chained, unaligned, at
+ * MDTS), Read/Write/Flush/Write Zeroes against the backing file, every
+ * guest-controlled value that must fail (LBA range, MDTS, namespace, PRP
+ * offsets, addresses outside guest memory), and the backing file itself.
+ * The rig is in nvme-rig.h.
+ */
+#include "nvme-rig.h"
+
+START_TEST(test_io_roundtrip)
+{
+    VnNvmeStats st;
+
+    enable();
+    create_io_queues();
+    irq_count(R.msix[1]);
+    roundtrip(0, 512, 0, 0, 1);                     /* one block, PRP1 only */
+    ck_assert_uint_ge(irq_count(R.msix[1]), 1);     /* CQ 1 uses vector 1 */
+    ck_assert_uint_eq(irq_count(R.msix[2]), 0);
+    roundtrip(8, 8192, 0, 0, 2);                    /* two pages: PRP2 page */
+    roundtrip(40, 4096, 0x200, 0, 3);               /* offset: spans 2 pages */
+    roundtrip(64, 65536, 0, 0, 4);                  /* PRP list */
+    roundtrip(200, 65536, 0x600, 0, 5);             /* list, unaligned start */
+    roundtrip(1000, 1u << 20, 0x200, 0, 6);         /* MDTS, 257 pages */
+    roundtrip(5000, 65536, 0, PG - 3 * 8, 7);       /* list chains after 2 */
+    roundtrip(NS_BLOCKS - 8, 4096, 0, 0, 8);        /* last blocks */
+
+    /* Flush and Write Zeroes */
+    ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x00, .nsid = 1 })), 0);
+    ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x00, .nsid = 0xffffffff })), 0);
+    ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x08, .nsid = 1, .cdw10 = 64,
+                                               .cdw12 = 127 })), 0);
+    {
+        uint64_t rp[16];
+        unsigned nr = pages_of(rp, O_RDATA, 65536, 0, false);
+        uint8_t *back = g_malloc(65536);
+        uint8_t *zero = g_malloc0(65536);
+
+        memset(R.ram + O_RDATA, 0xaa, 65536);
+        ck_assert_uint_eq(SC(rw(0x02, 64, 128, rp, nr, 0, 0)), 0);
+        gather(back, rp, 0, 65536);
+        ck_assert_mem_eq(back, zero, 65536);
+        g_free(back);
+        g_free(zero);
+    }
+    vn_nvme_stats(R.n, &st);
+    ck_assert_uint_eq(st.errors, 0);
+    ck_assert_uint_ge(st.blocks_written, 2048 + 128);
+}
+END_TEST
+
+START_TEST(test_io_errors)
+{
+    uint64_t pages[4] = { RAM_IOVA + O_WDATA, RAM_IOVA + O_WDATA + PG,
+                          RAM_IOVA + O_WDATA + 2 * PG, RAM_IOVA + O_WDATA + 3 * PG };
+    Cqe e;
+
+    enable();
+    create_io_queues();
+    /* LBA range past the end, and NLB reaching past it */
+    ck_assert_uint_eq(SC(rw(0x02, NS_BLOCKS, 1, pages, 1, 0, 0)), 0x80);
+    ck_assert_uint_eq(SC(rw(0x01, NS_BLOCKS - 4, 8, pages, 1, 0, 0)), 0x80);
+    ck_assert_uint_eq(SC(rw(0x02, NS_BLOCKS - 4, 5, pages, 2, 0, 0)), 0x80);
+    ck_assert_uint_eq(SC(rw(0x02, NS_BLOCKS - 4, 4, pages, 1, 0, 0)), 0);
+    ck_assert_uint_eq(SC(rw(0x02, 1ull << 40, 1, pages, 1, 0, 0)), 0x80);
+    /* Above MDTS (1 MiB): 2049 blocks */
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 2048,
+                              .prp1 = pages[0], .prp2 = RAM_IOVA + O_LIST });
+    ck_assert_uint_eq(SC(e), 0x02);
+    /* Wrong namespace, unknown opcode, SGL requested */
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 2, .prp1 = pages[0] });
+    ck_assert_uint_eq(SC(e), 0x0b);
+    ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x7f, .nsid = 1 })), 0x01);
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .flags = 0x40, .prp1 = pages[0] });
+    ck_assert_uint_eq(SC(e), 0x02);
+
+    /* A PRP outside guest memory: Data Transfer Error, nothing touched. */
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .prp1 = OUTSIDE });
+    ck_assert_uint_eq(SC(e), 0x04);
+    e = submit(&R.ioq, (Sqe){ .opc = 0x01, .nsid = 1, .prp1 = OUTSIDE });
+    ck_assert_uint_eq(SC(e), 0x04);
+    /* ... straddling the end of the mapping */
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 15,
+                              .prp1 = RAM_IOVA + RAM_SIZE - PG, .prp2 = RAM_IOVA + RAM_SIZE });
+    ck_assert_uint_eq(SC(e), 0x04);
+    /* ... a PRP list that is itself outside */
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0],
+                              .prp2 = OUTSIDE });
+    ck_assert_uint_eq(SC(e), 0x04);
+    /* ... an entry of a good list pointing outside */
+    {
+        uint64_t bad[3] = { pages[0], pages[1], OUTSIDE };
+
+        ck_assert_uint_eq(SC(rw(0x02, 0, 24, bad, 3, 0, 0)), 0x04);
+    }
+    /* A list entry with an offset, a list pointer not qword aligned */
+    {
+        uint64_t bad[3] = { pages[0], pages[1], pages[2] + 0x10 };
+
+        ck_assert_uint_eq(SC(rw(0x02, 0, 24, bad, 3, 0, 0)), 0x13);
+    }
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0],
+                              .prp2 = RAM_IOVA + O_LIST + 4 });
+    ck_assert_uint_eq(SC(e), 0x13);
+
+    /* The controller is still healthy. */
+    ck_assert_uint_eq(reg(CSTS) & 2, 0);
+    roundtrip(16, 16384, 0, 0, 9);
+}
+END_TEST
+
+START_TEST(test_backing_file)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(R.dir, rig_files[1], NULL);
+    g_autofree uint8_t *bar0 = g_malloc0(VN_NVME_BAR0_SIZE);
+    VnNvmeParams np = { .backing = path, .size = 1 << 20, .serial = "S2", .vectors = 2,
+                        .io_queues = 1 };
+    struct stat st;
+    VnNvme *n2;
+    int fd;
+
+    /* Existing data is kept and the file extended, not cut. */
+    fd = open(path, O_CREAT | O_RDWR, 0644);
+    ck_assert_int_eq(pwrite(fd, "keep", 4, 0), 4);
+    close(fd);
+    n2 = vn_nvme_new(&np, bar0, R.cfg, &error);
+    ck_assert_msg(n2 != NULL, "%s", error ? error->message : "");
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_size, 1 << 20);
+    vn_nvme_free(n2);
+    fd = open(path, O_RDONLY);
+    {
+        char buf[4];
+
+        ck_assert_int_eq(pread(fd, buf, 4, 0), 4);
+        ck_assert_mem_eq(buf, "keep", 4);
+    }
+    close(fd);
+
+    /* The same file twice at once is refused (our rig holds R.backing). */
+    np.backing = R.backing;
+    ck_assert_ptr_null(vn_nvme_new(&np, bar0, R.cfg, &error));
+    ck_assert_ptr_nonnull(error);
+    g_clear_error(&error);
+
+    /* Bad parameters */
+    np.backing = path;
+    np.size = 1000;
+    ck_assert_ptr_null(vn_nvme_new(&np, bar0, R.cfg, &error));
+    g_clear_error(&error);
+    np.size = 1 << 20;
+    np.serial = "a serial that is much too long";
+    ck_assert_ptr_null(vn_nvme_new(&np, bar0, R.cfg, &error));
+    g_clear_error(&error);
+    unlink(path);
+}
+END_TEST
+
+static Suite *nvme_io_suite(void)
+{
+    Suite *s = suite_create("nvme_io");
+    TCase *tc;
+
+    tc = rig_tcase("transfers");
+    tcase_add_test(tc, test_io_roundtrip);
+    tcase_set_timeout(tc, 30);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase("errors");
+    tcase_add_test(tc, test_io_errors);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase("namespace");
+    tcase_add_test(tc, test_backing_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(nvme_io_suite());
+    int failed;
+
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,240 @@
+/*
+ * Unit tests of the simulated device's PCI configuration space
+ * (vfio-ntb/simdev/pcicfg.c): identity, capability chain, write masks, BAR
+ * sizing, MSI-X/command state bits, reset, and parameter checks.
+ */
+#include "simdev/pcicfg.h"
+
+#include <check.h>
+#include <errno.h>
+#include <linux/pci_regs.h>
+#include <string.h>
+
+static const VnPciCfgParams good = {
+    .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
+    .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
+    .bar0_size = 16384, .bar4_size = 4096, .msix_vectors = 9, .msix_bir = 4,
+    .msix_table_offset = 0, .msix_pba_offset = 0x800,
+};
+
+static VnPciCfg *mk(void)
+{
+    g_autoptr(GError) error = NULL;
+    VnPciCfg *cfg = vn_pcicfg_new(&good, &error);
+
+    ck_assert_msg(cfg != NULL, "%s", error ? error->message : "");
+    return cfg;
+}
+
+static uint32_t rd(VnPciCfg *cfg, unsigned off, unsigned len)
+{
+    uint32_t v = 0;
+
+    ck_assert_int_eq(vn_pcicfg_read(cfg, off, &v, len), 0);
+    return v;
+}
+
+static void wr(VnPciCfg *cfg, unsigned off, uint32_t v, unsigned len)
+{
+    ck_assert_int_eq(vn_pcicfg_write(cfg, off, &v, len), 0);
+}
+
+START_TEST(test_identity)
+{
+    g_autoptr(VnPciCfg) cfg = mk();
+
+    ck_assert_uint_eq(rd(cfg, PCI_VENDOR_ID, 2), 0x1de1);
+    ck_assert_uint_eq(rd(cfg, PCI_DEVICE_ID, 2), 0x5601);
+    ck_assert_uint_eq(rd(cfg, PCI_CLASS_REVISION, 4), 0x01080201);
+    ck_assert_uint_eq(rd(cfg, PCI_HEADER_TYPE, 1), 0);
+    ck_assert_uint_eq(rd(cfg, PCI_INTERRUPT_PIN, 1), 1);
+    ck_assert_uint_eq(rd(cfg, PCI_STATUS, 2) & PCI_STATUS_CAP_LIST, PCI_STATUS_CAP_LIST);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_0, 4), PCI_BASE_ADDRESS_MEM_TYPE_64);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_4, 4), 0);
+    /* read-only: a write changes nothing */
+    wr(cfg, PCI_VENDOR_ID, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_VENDOR_ID, 4), 0x56011de1);
+}
+END_TEST
+
+START_TEST(test_capabilities)
+{
+    g_autoptr(VnPciCfg) cfg = mk();
+    unsigned ids[8], n = 0;
+    unsigned pos = rd(cfg, PCI_CAPABILITY_LIST, 1);
+
+    /* Walk the list like a driver: PM, MSI-X, PCI Express, end. */
+    while (pos != 0 && n < G_N_ELEMENTS(ids)) {
+        ids[n++] = rd(cfg, pos, 1);
+        pos = rd(cfg, pos + 1, 1);
+    }
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(ids[0], PCI_CAP_ID_PM);
+    ck_assert_uint_eq(ids[1], PCI_CAP_ID_MSIX);
+    ck_assert_uint_eq(ids[2], PCI_CAP_ID_EXP);
+    /* MSI-X: table size N-1, table and PBA in BAR4 */
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 2), 8);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, 4), 0x000 | 4);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_PBA, 4), 0x800 | 4);
+    /* PCIe: version 2 endpoint, FLR capable */
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_FLAGS, 2), 0x0002);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_DEVCAP, 4) & PCI_EXP_DEVCAP_FLR,
+                      PCI_EXP_DEVCAP_FLR);
+    /* Extended space: zeros, writes dropped */
+    ck_assert_uint_eq(rd(cfg, 0x100, 4), 0);
+    wr(cfg, 0x100, 0x12345678, 4);
+    ck_assert_uint_eq(rd(cfg, 0x100, 4), 0);
+    ck_assert_uint_eq(rd(cfg, 0xffc, 4), 0);
+}
+END_TEST
+
+START_TEST(test_write_masks)
+{
+    g_autoptr(VnPciCfg) cfg = mk();
+
+    wr(cfg, PCI_COMMAND, 0xffff, 2);
+    ck_assert_uint_eq(rd(cfg, PCI_COMMAND, 2),
+                      PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_PARITY |
+                      PCI_COMMAND_SERR | PCI_COMMAND_INTX_DISABLE);
+    ck_assert(vn_pcicfg_bus_master(cfg));
+    ck_assert(vn_pcicfg_mem_enabled(cfg));
+    ck_assert(vn_pcicfg_intx_disabled(cfg));
+    wr(cfg, PCI_COMMAND, PCI_COMMAND_MEMORY, 2);
+    ck_assert(!vn_pcicfg_bus_master(cfg));
+    ck_assert(!vn_pcicfg_intx_disabled(cfg));
+
+    /* BAR sizing (PCI 3.0 6.2.5.1): all ones reads back the size mask. */
+    wr(cfg, PCI_BASE_ADDRESS_0, 0xffffffff, 4);
+    wr(cfg, PCI_BASE_ADDRESS_1, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_0, 4), 0xffffc000 | PCI_BASE_ADDRESS_MEM_TYPE_64);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_1, 4), 0xffffffff);
+    wr(cfg, PCI_BASE_ADDRESS_4, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_4, 4), 0xfffff000);
+    wr(cfg, PCI_BASE_ADDRESS_2, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_2, 4), 0);
+    wr(cfg, PCI_ROM_ADDRESS, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_ROM_ADDRESS, 4), 0);
+    wr(cfg, PCI_BASE_ADDRESS_0, 0xfebf0000, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_0, 4), 0xfebf0004);
+
+    /* MSI-X control: only Enable and Function Mask */
+    wr(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 0xffff, 2);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 2), 0xc008);
+    ck_assert(vn_pcicfg_msix_enabled(cfg));
+    ck_assert(vn_pcicfg_msix_masked(cfg));
+    /* a byte write to the upper half alone */
+    wr(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS + 1, 0x80, 1);
+    ck_assert(vn_pcicfg_msix_enabled(cfg));
+    ck_assert(!vn_pcicfg_msix_masked(cfg));
+    wr(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, 4), 4);
+
+    /* PM: D3hot accepted, D1 (unsupported) ignored */
+    wr(cfg, VN_PCICFG_CAP_PM + PCI_PM_CTRL, 3, 2);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_PM + PCI_PM_CTRL, 2) & 3, 3);
+    wr(cfg, VN_PCICFG_CAP_PM + PCI_PM_CTRL, 1, 2);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_PM + PCI_PM_CTRL, 2) & 3, 3);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_PM + PCI_PM_CTRL, 2) & PCI_PM_CTRL_NO_SOFT_RESET,
+                      PCI_PM_CTRL_NO_SOFT_RESET);
+
+    /* Initiate FLR: reads 0, reported once; other Device Control bits stay */
+    ck_assert(!vn_pcicfg_take_flr(cfg));
+    wr(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_DEVCTL, PCI_EXP_DEVCTL_BCR_FLR | 0x2810, 2);
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_DEVCTL, 2), 0x2810);
+    ck_assert(vn_pcicfg_take_flr(cfg));
+    ck_assert(!vn_pcicfg_take_flr(cfg));
+    wr(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_DEVCTL, 0xffff & ~PCI_EXP_DEVCTL_BCR_FLR, 2);
+    ck_assert(!vn_pcicfg_take_flr(cfg));
+    ck_assert_uint_eq(rd(cfg, VN_PCICFG_CAP_EXP + PCI_EXP_DEVCTL, 2), 0x79ff);
+
+    /* Interrupt Line is for software, Interrupt Pin is not */
+    wr(cfg, PCI_INTERRUPT_LINE, 0x020b, 2);
+    ck_assert_uint_eq(rd(cfg, PCI_INTERRUPT_LINE, 2), 0x010b);
+}
+END_TEST
+
+START_TEST(test_reset_and_bounds)
+{
+    g_autoptr(VnPciCfg) cfg = mk();
+    uint8_t buf[8];
+
+    wr(cfg, PCI_COMMAND, PCI_COMMAND_MASTER, 2);
+    wr(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE, 2);
+    wr(cfg, PCI_BASE_ADDRESS_4, 0xfe000000, 4);
+    vn_pcicfg_reset(cfg);
+    ck_assert_uint_eq(rd(cfg, PCI_COMMAND, 2), 0);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_4, 4), 0);
+    ck_assert(!vn_pcicfg_bus_master(cfg));
+    ck_assert(!vn_pcicfg_msix_enabled(cfg));
+
+    ck_assert_int_eq(vn_pcicfg_read(cfg, VN_PCICFG_SIZE - 4, buf, 8), -EINVAL);
+    ck_assert_int_eq(vn_pcicfg_write(cfg, VN_PCICFG_SIZE, buf, 1), -EINVAL);
+    ck_assert_int_eq(vn_pcicfg_read(cfg, UINT64_MAX - 2, buf, 4), -EINVAL);
+}
+END_TEST
+
+/* Parameters that must be refused. */
+static const struct {
+    const char *why;
+    uint64_t bar0;
+    uint32_t bar4, vectors, table, pba;
+    uint8_t bir;
+} bad[] = {
+    { "bar0 not a power of two", 12288, 4096, 9, 0, 0x800, 4 },
+    { "bar4 too small", 16384, 2048, 9, 0, 0x800, 4 },
+    { "no vectors", 16384, 4096, 0, 0, 0x800, 4 },
+    { "too many vectors", 16384, 4096, 4096, 0, 0x800, 4 },
+    { "table overlaps PBA", 16384, 4096, 200, 0, 0x800, 4 },
+    { "PBA outside the BAR", 16384, 4096, 9, 0, 0x1000, 4 },
+    { "table misaligned", 16384, 4096, 9, 4, 0x800, 4 },
+    { "wrong BIR", 16384, 4096, 9, 0, 0x800, 0 },
+};
+
+START_TEST(test_bad_params)
+{
+    g_autoptr(GError) error = NULL;
+    VnPciCfgParams p = good;
+
+    p.bar0_size = bad[_i].bar0;
+    p.bar4_size = bad[_i].bar4;
+    p.msix_vectors = bad[_i].vectors;
+    p.msix_table_offset = bad[_i].table;
+    p.msix_pba_offset = bad[_i].pba;
+    p.msix_bir = bad[_i].bir;
+    ck_assert_msg(vn_pcicfg_new(&p, &error) == NULL, "accepted: %s", bad[_i].why);
+    ck_assert_ptr_nonnull(error);
+}
+END_TEST
+
+static Suite *pcicfg_suite(void)
+{
+    Suite *s = suite_create("pcicfg");
+    TCase *tc;
+
+    tc = tcase_create("layout");
+    tcase_add_test(tc, test_identity);
+    tcase_add_test(tc, test_capabilities);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("writes");
+    tcase_add_test(tc, test_write_masks);
+    tcase_add_test(tc, test_reset_and_bounds);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("params");
+    tcase_add_loop_test(tc, test_bad_params, 0, G_N_ELEMENTS(bad));
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(pcicfg_suite());
+    int failed;
+
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,351 @@
+/*
+ * PCI configuration space of the simulated device (see pcicfg.h).
+ *
+ * Layout (fixed; the capability list is walked by the guest and by QEMU's
+ * vfio code, which reads the MSI-X capability to find table and PBA):
+ *
+ *   0x00  type 0 header (PCI 3.0 6.1), BAR0 64-bit memory, BAR4 32-bit memory
+ *   0x40  Power Management, version 3 (PCI PM 1.2 3.2)
+ *   0x50  MSI-X (PCIe r5.0 7.7.2)
+ *   0x60  PCI Express, version 2, endpoint (PCIe r5.0 7.5.3)
+ *   0x100 extended space: all zeros, no extended capabilities
+ *
+ * Every register has a write mask: a byte written to the space becomes
+ * (old & ~mask) | (new & mask), the same rule QEMU's hw/pci uses for its
+ * emulated devices.  No register of ours has write-1-to-clear bits: we
+ * never set status bits that would need them.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.simdev"
+
+#include "pcicfg.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <linux/pci_regs.h>
+#include <string.h>
+
+/* Bits mirrored for other threads (see pcicfg.h). */
+enum {
+    STATE_BUS_MASTER = 1 << 0,
+    STATE_MEM_ENABLE = 1 << 1,
+    STATE_INTX_DISABLE = 1 << 2,
+    STATE_MSIX_ENABLE = 1 << 3,
+    STATE_MSIX_MASKALL = 1 << 4,
+};
+
+/* Length of the PCI Express capability structure, version 2 (PCIe r5.0
+ * 7.5.3: up to and including Slot Status 2 at 3Ah). */
+#define EXP_CAP_LEN 0x3cu
+/* Length of the MSI-X and PM capabilities. */
+#define MSIX_CAP_LEN 12u
+#define PM_CAP_LEN 8u
+
+struct VnPciCfg {
+    VnPciCfgParams params;
+    uint8_t bytes[VN_PCICFG_STD_SIZE];     /* current values (socket thread) */
+    uint8_t wmask[VN_PCICFG_STD_SIZE];     /* writable bits */
+    uint8_t defaults[VN_PCICFG_STD_SIZE];  /* power-on image */
+    gint state;                            /* STATE_*, atomic */
+    bool flr_pending;                      /* Initiate FLR was written */
+};
+
+static void set8(VnPciCfg *cfg, unsigned off, uint8_t val, uint8_t mask)
+{
+    cfg->bytes[off] = val;
+    cfg->wmask[off] = mask;
+}
+
+static void set16(VnPciCfg *cfg, unsigned off, uint16_t val, uint16_t mask)
+{
+    set8(cfg, off, val & 0xff, mask & 0xff);
+    set8(cfg, off + 1, val >> 8, mask >> 8);
+}
+
+static void set32(VnPciCfg *cfg, unsigned off, uint32_t val, uint32_t mask)
+{
+    set16(cfg, off, val & 0xffff, mask & 0xffff);
+    set16(cfg, off + 2, val >> 16, mask >> 16);
+}
+
+static uint16_t get16(const VnPciCfg *cfg, unsigned off)
+{
+    return (uint16_t)(cfg->bytes[off] | cfg->bytes[off + 1] << 8);
+}
+
+static bool is_pow2(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+static bool params_valid(const VnPciCfgParams *p, GError **error)
+{
+    uint64_t table_len, pba_len;
+
+    if (!is_pow2(p->bar0_size) || p->bar0_size < 4096 || !is_pow2(p->bar4_size) ||
+        p->bar4_size < 4096) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "config space: BAR sizes must be powers of two of at least 4 KiB");
+        return false;
+    }
+    if (p->msix_vectors == 0 || p->msix_vectors > VN_PCICFG_MAX_VECTORS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "config space: %u MSI-X vectors (1..%u)", p->msix_vectors,
+                    VN_PCICFG_MAX_VECTORS);
+        return false;
+    }
+    /* PCIe r5.0 7.7.2.3/7.7.2.4: the offsets are QWORD aligned, the BIR
+     * names the BAR; we only place them in BAR4, the 32-bit one. */
+    table_len = (uint64_t)p->msix_vectors * VN_PCICFG_MSIX_ENTRY_SIZE;
+    pba_len = ((uint64_t)p->msix_vectors + 63) / 64 * 8;
+    if (p->msix_bir != 4 || (p->msix_table_offset & 7) || (p->msix_pba_offset & 7) ||
+        !vn_util_range_ok(p->msix_table_offset, table_len, p->bar4_size) ||
+        !vn_util_range_ok(p->msix_pba_offset, pba_len, p->bar4_size) ||
+        (p->msix_table_offset < p->msix_pba_offset + pba_len &&
+         p->msix_pba_offset < p->msix_table_offset + table_len)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "config space: MSI-X table (%u vectors at 0x%x) and PBA (0x%x) "
+                    "do not fit BAR%u", p->msix_vectors, p->msix_table_offset,
+                    p->msix_pba_offset, p->msix_bir);
+        return false;
+    }
+    return true;
+}
+
+static void build_header(VnPciCfg *cfg)
+{
+    const VnPciCfgParams *p = &cfg->params;
+    uint32_t bar0_mask = (uint32_t)~(p->bar0_size - 1) & PCI_BASE_ADDRESS_MEM_MASK;
+    uint32_t bar0_hi_mask = (uint32_t)(~(p->bar0_size - 1) >> 32);
+    uint32_t bar4_mask = ~(p->bar4_size - 1) & PCI_BASE_ADDRESS_MEM_MASK;
+
+    /* PCI 3.0 6.2.1: identification, all read-only */
+    set16(cfg, PCI_VENDOR_ID, p->vendor_id, 0);
+    set16(cfg, PCI_DEVICE_ID, p->device_id, 0);
+    /* PCI 3.0 6.2.2 / PCIe r5.0 7.5.1.1.3: we have no I/O BAR, so I/O
+     * Space stays 0; Memory Space, Bus Master, Parity Error Response, SERR#
+     * Enable and Interrupt Disable are the writable bits of a PCIe function. */
+    set16(cfg, PCI_COMMAND, 0,
+          PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_PARITY |
+          PCI_COMMAND_SERR | PCI_COMMAND_INTX_DISABLE);
+    /* Capabilities List: we have a list at 0x40 (PCIe requires one). */
+    set16(cfg, PCI_STATUS, PCI_STATUS_CAP_LIST, 0);
+    set8(cfg, PCI_REVISION_ID, p->revision, 0);
+    set8(cfg, PCI_CLASS_PROG, p->class_code & 0xff, 0);
+    set16(cfg, PCI_CLASS_DEVICE, (uint16_t)(p->class_code >> 8), 0);
+    /* Cache Line Size is RW for software's use (PCIe r5.0 7.5.1.1.7);
+     * Latency Timer is hardwired 0 on PCIe. */
+    set8(cfg, PCI_CACHE_LINE_SIZE, 0, 0xff);
+    set8(cfg, PCI_HEADER_TYPE, PCI_HEADER_TYPE_NORMAL, 0);
+
+    /* PCI 3.0 6.2.5.1: the low bits say what the BAR is; the size follows
+     * from which address bits are writable. */
+    set32(cfg, PCI_BASE_ADDRESS_0, PCI_BASE_ADDRESS_MEM_TYPE_64, bar0_mask);
+    set32(cfg, PCI_BASE_ADDRESS_1, 0, bar0_hi_mask);
+    set32(cfg, PCI_BASE_ADDRESS_4, PCI_BASE_ADDRESS_MEM_TYPE_32, bar4_mask);
+    /* BAR2, BAR3, BAR5 and the expansion ROM BAR do not exist: zero, RO. */
+
+    set16(cfg, PCI_SUBSYSTEM_VENDOR_ID, p->subsys_vendor_id, 0);
+    set16(cfg, PCI_SUBSYSTEM_ID, p->subsys_id, 0);
+    set8(cfg, PCI_CAPABILITY_LIST, VN_PCICFG_CAP_PM, 0);
+    /* Interrupt Line is for software; Interrupt Pin 1 = INTA#. */
+    set8(cfg, PCI_INTERRUPT_LINE, 0, 0xff);
+    set8(cfg, PCI_INTERRUPT_PIN, 1, 0);
+}
+
+static void build_caps(VnPciCfg *cfg)
+{
+    const VnPciCfgParams *p = &cfg->params;
+    unsigned pm = VN_PCICFG_CAP_PM, msix = VN_PCICFG_CAP_MSIX, exp = VN_PCICFG_CAP_EXP;
+
+    G_STATIC_ASSERT(VN_PCICFG_CAP_PM + PM_CAP_LEN <= VN_PCICFG_CAP_MSIX);
+    G_STATIC_ASSERT(VN_PCICFG_CAP_MSIX + MSIX_CAP_LEN <= VN_PCICFG_CAP_EXP);
+    G_STATIC_ASSERT(VN_PCICFG_CAP_EXP + EXP_CAP_LEN <= VN_PCICFG_STD_SIZE);
+
+    /* PCI PM 1.2 3.2.3: version 3, no PME, no D1/D2.  PMCSR (3.2.4):
+     * PowerState is RW; No_Soft_Reset = 1 because leaving D3hot does not
+     * reset our state (PCIe requires functions to say so). */
+    set8(cfg, pm + PCI_CAP_LIST_ID, PCI_CAP_ID_PM, 0);
+    set8(cfg, pm + PCI_CAP_LIST_NEXT, (uint8_t)msix, 0);
+    set16(cfg, pm + PCI_PM_PMC, 3, 0);
+    set16(cfg, pm + PCI_PM_CTRL, PCI_PM_CTRL_NO_SOFT_RESET, PCI_PM_CTRL_STATE_MASK);
+
+    /* PCIe r5.0 7.7.2.2: Table Size is N - 1 (RO); MSI-X Enable and
+     * Function Mask are RW.  7.7.2.3/4: offset | BIR, read-only. */
+    set8(cfg, msix + PCI_CAP_LIST_ID, PCI_CAP_ID_MSIX, 0);
+    set8(cfg, msix + PCI_CAP_LIST_NEXT, (uint8_t)exp, 0);
+    set16(cfg, msix + PCI_MSIX_FLAGS, (uint16_t)(p->msix_vectors - 1),
+          PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL);
+    set32(cfg, msix + PCI_MSIX_TABLE, p->msix_table_offset | p->msix_bir, 0);
+    set32(cfg, msix + PCI_MSIX_PBA, p->msix_pba_offset | p->msix_bir, 0);
+
+    /* PCIe r5.0 7.5.3.2: capability version 2, Device/Port Type 0000b
+     * (PCI Express Endpoint); last in the list. */
+    set8(cfg, exp + PCI_CAP_LIST_ID, PCI_CAP_ID_EXP, 0);
+    set8(cfg, exp + PCI_CAP_LIST_NEXT, 0, 0);
+    set16(cfg, exp + PCI_EXP_FLAGS, 2 | (PCI_EXP_TYPE_ENDPOINT << 4), 0);
+    /* 7.5.3.3: Max_Payload_Size Supported 128 bytes, Role-Based Error
+     * Reporting (must be 1), Function Level Reset capable: without FLR (and
+     * with No_Soft_Reset set, and on QEMU's root bus where there is no
+     * secondary bus to reset) a guest has no way to reset the function, and
+     * Linux offers no /sys/.../reset.  QEMU still resets us with
+     * DEVICE_RESET when it has FLR (hw/vfio/pci.c vfio_pci_reset). */
+    set32(cfg, exp + PCI_EXP_DEVCAP, PCI_EXP_DEVCAP_RBER | PCI_EXP_DEVCAP_FLR, 0);
+    /* 7.5.3.4: error reporting enables, Relaxed Ordering, MPS, Extended
+     * Tag, No Snoop and Max_Read_Request_Size are RW; Phantom Functions and
+     * Aux Power are unsupported, hardwired 0.  Initiate FLR (bit 15) is
+     * not stored: it always reads 0 and a write of 1 starts an FLR, see
+     * vn_pcicfg_write().  Defaults: RO and NS set, MRRS 512 bytes. */
+    set16(cfg, exp + PCI_EXP_DEVCTL,
+          PCI_EXP_DEVCTL_RELAX_EN | PCI_EXP_DEVCTL_NOSNOOP_EN | PCI_EXP_DEVCTL_READRQ_512B,
+          PCI_EXP_DEVCTL_CERE | PCI_EXP_DEVCTL_NFERE | PCI_EXP_DEVCTL_FERE |
+          PCI_EXP_DEVCTL_URRE | PCI_EXP_DEVCTL_RELAX_EN | PCI_EXP_DEVCTL_PAYLOAD |
+          PCI_EXP_DEVCTL_EXT_TAG | PCI_EXP_DEVCTL_NOSNOOP_EN | PCI_EXP_DEVCTL_READRQ);
+    /* 7.5.3.6-7.5.3.8: a x1 link at 2.5 GT/s, trained.  Link Control's
+     * ASPM, RCB, Common Clock and Extended Synch are RW for endpoints. */
+    set32(cfg, exp + PCI_EXP_LNKCAP, PCI_EXP_LNKCAP_SLS_2_5GB | (1u << 4), 0);
+    set16(cfg, exp + PCI_EXP_LNKCTL, 0,
+          PCI_EXP_LNKCTL_ASPMC | PCI_EXP_LNKCTL_RCB | PCI_EXP_LNKCTL_CCC |
+          PCI_EXP_LNKCTL_ES);
+    set16(cfg, exp + PCI_EXP_LNKSTA, PCI_EXP_LNKSTA_CLS_2_5GB | (1u << 4), 0);
+    /* 7.5.3.15-7.5.3.19: no optional v2 features; 2.5 GT/s supported. */
+    set32(cfg, exp + PCI_EXP_LNKCAP2, PCI_EXP_LNKCAP2_SLS_2_5GB, 0);
+    set16(cfg, exp + PCI_EXP_LNKCTL2, 1, 0);
+}
+
+static void state_update(VnPciCfg *cfg)
+{
+    uint16_t cmd = get16(cfg, PCI_COMMAND);
+    uint16_t msix = get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS);
+    gint st = 0;
+
+    if (cmd & PCI_COMMAND_MASTER) {
+        st |= STATE_BUS_MASTER;
+    }
+    if (cmd & PCI_COMMAND_MEMORY) {
+        st |= STATE_MEM_ENABLE;
+    }
+    if (cmd & PCI_COMMAND_INTX_DISABLE) {
+        st |= STATE_INTX_DISABLE;
+    }
+    if (msix & PCI_MSIX_FLAGS_ENABLE) {
+        st |= STATE_MSIX_ENABLE;
+    }
+    if (msix & PCI_MSIX_FLAGS_MASKALL) {
+        st |= STATE_MSIX_MASKALL;
+    }
+    g_atomic_int_set(&cfg->state, st);
+}
+
+VnPciCfg *vn_pcicfg_new(const VnPciCfgParams *params, GError **error)
+{
+    VnPciCfg *cfg;
+
+    if (!params_valid(params, error)) {
+        return NULL;
+    }
+    cfg = g_new0(VnPciCfg, 1);
+    cfg->params = *params;
+    build_header(cfg);
+    build_caps(cfg);
+    memcpy(cfg->defaults, cfg->bytes, sizeof(cfg->defaults));
+    state_update(cfg);
+    return cfg;
+}
+
+void vn_pcicfg_free(VnPciCfg *cfg)
+{
+    g_free(cfg);
+}
+
+int vn_pcicfg_read(VnPciCfg *cfg, uint64_t offset, void *buf, uint32_t count)
+{
+    uint8_t *out = buf;
+
+    if (!vn_util_range_ok(offset, count, VN_PCICFG_SIZE)) {
+        return -EINVAL;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t a = offset + i;
+
+        out[i] = a < VN_PCICFG_STD_SIZE ? cfg->bytes[a] : 0;
+    }
+    return 0;
+}
+
+int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t count)
+{
+    const uint8_t *in = buf;
+    unsigned pmcsr = VN_PCICFG_CAP_PM + PCI_PM_CTRL;
+    uint8_t old_state = cfg->bytes[pmcsr] & PCI_PM_CTRL_STATE_MASK;
+
+    if (!vn_util_range_ok(offset, count, VN_PCICFG_SIZE)) {
+        return -EINVAL;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t a = offset + i;
+
+        if (a >= VN_PCICFG_STD_SIZE) {
+            break;      /* extended space: no registers, writes are dropped */
+        }
+        cfg->bytes[a] = (uint8_t)((cfg->bytes[a] & ~cfg->wmask[a]) | (in[i] & cfg->wmask[a]));
+        /* PCIe r5.0 7.5.3.4: Initiate Function Level Reset, high byte bit 7
+         * of Device Control. */
+        if (a == VN_PCICFG_CAP_EXP + PCI_EXP_DEVCTL + 1 &&
+            (in[i] & (PCI_EXP_DEVCTL_BCR_FLR >> 8))) {
+            cfg->flr_pending = true;
+        }
+    }
+    /* PCI PM 1.2 3.2.4: a write of an unsupported state (D1, D2: our PMC
+     * says neither is supported) must leave PowerState unchanged. */
+    if ((cfg->bytes[pmcsr] & PCI_PM_CTRL_STATE_MASK) == 1 ||
+        (cfg->bytes[pmcsr] & PCI_PM_CTRL_STATE_MASK) == 2) {
+        cfg->bytes[pmcsr] = (uint8_t)((cfg->bytes[pmcsr] & ~PCI_PM_CTRL_STATE_MASK) | old_state);
+    }
+    state_update(cfg);
+    VN_TRACE("device config: write 0x%" G_GINT64_MODIFIER "x+%u command 0x%04x "
+             "msix 0x%04x", offset, count, get16(cfg, PCI_COMMAND),
+             get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS));
+    return 0;
+}
+
+void vn_pcicfg_reset(VnPciCfg *cfg)
+{
+    memcpy(cfg->bytes, cfg->defaults, sizeof(cfg->bytes));
+    cfg->flr_pending = false;
+    state_update(cfg);
+}
+
+bool vn_pcicfg_take_flr(VnPciCfg *cfg)
+{
+    bool flr = cfg->flr_pending;
+
+    cfg->flr_pending = false;
+    return flr;
+}
+
+bool vn_pcicfg_bus_master(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_BUS_MASTER;
+}
+
+bool vn_pcicfg_mem_enabled(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_MEM_ENABLE;
+}
+
+bool vn_pcicfg_intx_disabled(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_INTX_DISABLE;
+}
+
+bool vn_pcicfg_msix_enabled(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_MSIX_ENABLE;
+}
+
+bool vn_pcicfg_msix_masked(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_MSIX_MASKALL;
+}

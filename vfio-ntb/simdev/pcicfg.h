@@ -1,0 +1,95 @@
+/*
+ * PCI configuration space of the simulated device: a type 0 header with
+ * two memory BARs, PM, MSI-X and PCI Express capabilities, and write masks
+ * so that a write changes only the bits the PCI specifications make
+ * writable.
+ *
+ * The model is the vfio region VFIO_PCI_CONFIG_REGION_INDEX: 4096 bytes,
+ * the first 256 the conventional header and capabilities, the rest the
+ * PCIe extended space, which is all zeros (no extended capabilities; PCIe
+ * r5.0 7.6.3 allows a zero header at 100h).
+ *
+ * Threads: vn_pcicfg_read/write/reset/take_flr run in the socket thread only.  The
+ * bits other code acts on (bus master, INTx disable, MSI-X enable and
+ * function mask) are mirrored into one atomic word after every write, so
+ * the query functions may be called from any thread without a lock.
+ */
+#ifndef VN_PCICFG_H
+#define VN_PCICFG_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Size of the vfio config region (PCIe: 4 KiB of configuration space). */
+#define VN_PCICFG_SIZE 4096u
+/* Conventional configuration space: header and capability list. */
+#define VN_PCICFG_STD_SIZE 256u
+/* MSI-X allows 2048 vectors (PCIe r5.0 7.7.2.2: Table Size is 11 bits). */
+#define VN_PCICFG_MAX_VECTORS 2048u
+/* One MSI-X table entry (PCIe r5.0 7.7.2.5) and one 64-bit PBA word. */
+#define VN_PCICFG_MSIX_ENTRY_SIZE 16u
+
+/* Offsets of our capabilities (fixed layout, see pcicfg.c). */
+#define VN_PCICFG_CAP_PM 0x40u
+#define VN_PCICFG_CAP_MSIX 0x50u
+#define VN_PCICFG_CAP_EXP 0x60u
+
+typedef struct VnPciCfgParams {
+    uint16_t vendor_id;
+    uint16_t device_id;
+    uint16_t subsys_vendor_id;
+    uint16_t subsys_id;
+    uint8_t revision;
+    uint32_t class_code;        /* 24 bits: base class, sub class, prog-if */
+    uint64_t bar0_size;         /* 64-bit memory BAR, power of two >= 4 KiB */
+    uint32_t bar4_size;         /* 32-bit memory BAR, power of two >= 4 KiB */
+    uint32_t msix_vectors;      /* 1..VN_PCICFG_MAX_VECTORS */
+    uint8_t msix_bir;           /* BAR holding table and PBA: must be 4 */
+    uint32_t msix_table_offset; /* 8-byte aligned, inside the BAR */
+    uint32_t msix_pba_offset;   /* 8-byte aligned, inside the BAR */
+} VnPciCfgParams;
+
+typedef struct VnPciCfg VnPciCfg;
+
+/*
+ * Build the power-on configuration space for @params (copied).  Returns
+ * NULL with @error set when a size is not a power of two, the MSI-X table
+ * or PBA does not fit its BAR or overlaps the other, or a count is out of
+ * range.
+ */
+VnPciCfg *vn_pcicfg_new(const VnPciCfgParams *params, GError **error);
+void vn_pcicfg_free(VnPciCfg *cfg);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnPciCfg, vn_pcicfg_free)
+
+/*
+ * Config space accesses of any size and alignment inside
+ * [0, VN_PCICFG_SIZE).  Writes go through the write masks; bits that are
+ * not writable keep their value, writes above 0xff are ignored.  Returns 0
+ * or -EINVAL for a range outside the space.
+ */
+int vn_pcicfg_read(VnPciCfg *cfg, uint64_t offset, void *buf, uint32_t count);
+int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t count);
+
+/* Back to the power-on state (a conventional reset: PCIe r5.0 7.5.1.1.1
+ * and 7.5.1.2.1 give every register's value after reset).  We have no
+ * sticky or HwInit bits, so a Function Level Reset (PCIe r5.0 6.6.2) is
+ * the same. */
+void vn_pcicfg_reset(VnPciCfg *cfg);
+
+/* True once after a write set Initiate Function Level Reset in the PCI
+ * Express Device Control register: the owner must then reset the function
+ * (device state and, with vn_pcicfg_reset(), the config space). */
+bool vn_pcicfg_take_flr(VnPciCfg *cfg);
+
+/* Any thread: the command register's Bus Master Enable (PCI 3.0 6.2.2). */
+bool vn_pcicfg_bus_master(VnPciCfg *cfg);
+/* Any thread: Memory Space Enable. */
+bool vn_pcicfg_mem_enabled(VnPciCfg *cfg);
+/* Any thread: Interrupt Disable (INTx may not be asserted). */
+bool vn_pcicfg_intx_disabled(VnPciCfg *cfg);
+/* Any thread: MSI-X Enable and Function Mask (PCIe r5.0 7.7.2.2). */
+bool vn_pcicfg_msix_enabled(VnPciCfg *cfg);
+bool vn_pcicfg_msix_masked(VnPciCfg *cfg);
+
+#endif /* VN_PCICFG_H */

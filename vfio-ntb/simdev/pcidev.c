@@ -1,0 +1,377 @@
+/*
+ * The simulated PCIe NVMe device behind the vfio-user server (see pcidev.h).
+ *
+ * BAR0 is a memfd: the client maps it (GET_REGION_INFO hands out the fd with
+ * a sparse-mmap capability), so the guest's register and doorbell writes
+ * land in our mapping without a message, and the engine thread polls them.
+ * QEMU may still access BAR0 by REGION_READ/WRITE (before it maps, or when
+ * mapping failed); those accesses go to the same memory and kick the engine.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.simdev"
+
+#include "pcidev.h"
+
+#include "common/util.h"
+#include "engine.h"
+#include "pcicfg.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <linux/vfio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct VnPciDev {
+    char *serial;                           /* names the device in messages */
+    VnDeviceInfo info;
+    int bar0_fd;
+    uint8_t *bar0;                          /* mmap of bar0_fd, shared */
+    uint8_t bar4[VN_PCIDEV_BAR4_SIZE];      /* MSI-X table + PBA storage */
+    uint32_t vectors;
+    VnPciCfg *cfg;
+    VnNvme *nvme;
+    VnEngine *engine;                       /* NULL unless started */
+};
+
+/* PCIe r5.0 7.7.2.5: after reset every vector is masked (Vector Control
+ * bit 0 = 1); address and data are undefined, we use 0.  PBA: nothing
+ * pending. */
+static void bar4_reset(VnPciDev *d)
+{
+    memset(d->bar4, 0, sizeof(d->bar4));
+    for (uint32_t v = 0; v < d->vectors; v++) {
+        d->bar4[VN_PCIDEV_MSIX_TABLE + v * VN_PCICFG_MSIX_ENTRY_SIZE + 12] = 1;
+    }
+}
+
+static void function_reset(VnPciDev *d)
+{
+    vn_nvme_reset(d->nvme);
+    vn_pcicfg_reset(d->cfg);
+    bar4_reset(d);
+}
+
+static void kick(VnPciDev *d)
+{
+    if (d->engine != NULL) {
+        vn_engine_kick(d->engine);
+    }
+}
+
+/* BAR0 by message: dword accesses are atomic like the guest's own. */
+static void bar0_read(VnPciDev *d, uint64_t off, uint8_t *buf, uint32_t count)
+{
+    if (off % 4 == 0 && count % 4 == 0) {
+        for (uint32_t i = 0; i < count; i += 4) {
+            uint32_t v = __atomic_load_n((uint32_t *)(void *)(d->bar0 + off + i),
+                                         __ATOMIC_ACQUIRE);
+
+            memcpy(buf + i, &v, 4);
+        }
+    } else {
+        memcpy(buf, d->bar0 + off, count);
+    }
+}
+
+static void bar0_write(VnPciDev *d, uint64_t off, const uint8_t *buf, uint32_t count)
+{
+    if (off % 4 == 0 && count % 4 == 0) {
+        for (uint32_t i = 0; i < count; i += 4) {
+            uint32_t v;
+
+            memcpy(&v, buf + i, 4);
+            __atomic_store_n((uint32_t *)(void *)(d->bar0 + off + i), v, __ATOMIC_RELEASE);
+        }
+    } else {
+        memcpy(d->bar0 + off, buf, count);
+    }
+}
+
+static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
+                          uint32_t count)
+{
+    VnPciDev *d = opaque;
+
+    /* The server checked the range against our sizes; check again, it is
+     * cheap and this is peer input. */
+    if (index >= d->info.num_regions ||
+        !vn_util_range_ok(offset, count, d->info.regions[index].size)) {
+        return -EINVAL;
+    }
+    switch (index) {
+    case VFIO_PCI_CONFIG_REGION_INDEX:
+        return vn_pcicfg_read(d->cfg, offset, buf, count);
+    case VFIO_PCI_BAR0_REGION_INDEX:
+        bar0_read(d, offset, buf, count);
+        return 0;
+    case VFIO_PCI_BAR4_REGION_INDEX:
+        memcpy(buf, d->bar4 + offset, count);
+        return 0;
+    default:
+        return -EINVAL;
+    }
+}
+
+static int op_region_write(void *opaque, uint32_t index, uint64_t offset,
+                           const void *buf, uint32_t count)
+{
+    VnPciDev *d = opaque;
+    uint64_t table_end = VN_PCIDEV_MSIX_TABLE +
+                         (uint64_t)d->vectors * VN_PCICFG_MSIX_ENTRY_SIZE;
+    int ret;
+
+    if (index >= d->info.num_regions ||
+        !vn_util_range_ok(offset, count, d->info.regions[index].size)) {
+        return -EINVAL;
+    }
+    switch (index) {
+    case VFIO_PCI_CONFIG_REGION_INDEX:
+        ret = vn_pcicfg_write(d->cfg, offset, buf, count);
+        if (vn_pcicfg_take_flr(d->cfg)) {
+            /* PCIe r5.0 6.6.2: the guest asked for an FLR; it waits 100 ms
+             * and restores the config space itself. */
+            g_info("device nvme %s: function level reset", d->serial);
+            function_reset(d);
+        }
+        kick(d);        /* e.g. Bus Master Enable lets waiting commands run */
+        return ret;
+    case VFIO_PCI_BAR0_REGION_INDEX:
+        bar0_write(d, offset, buf, count);
+        kick(d);
+        return 0;
+    case VFIO_PCI_BAR4_REGION_INDEX:
+        /* The table is read-write storage; the PBA is read-only (PCIe r5.0
+         * 7.7.2.6) and the rest of the BAR is reserved: writes are dropped. */
+        if (offset < table_end) {
+            uint64_t n = MIN((uint64_t)count, table_end - offset);
+
+            memcpy(d->bar4 + offset, buf, n);
+        }
+        return 0;
+    default:
+        return -EINVAL;
+    }
+}
+
+static void op_irqs_changed(void *opaque, uint32_t index)
+{
+    kick(opaque);
+}
+
+/* DEVICE_RESET, the server's reset when a client goes, and FLR: the
+ * controller, config space and MSI-X storage go back to power-on values
+ * (the namespace's data stays).  The controller lock in vn_nvme_reset()
+ * waits for a poll pass in progress, so no DMA follows. */
+static int op_reset(void *opaque)
+{
+    function_reset(opaque);
+    return 0;
+}
+
+static void op_client_new(void *opaque)
+{
+    VnPciDev *d = opaque;
+
+    g_info("device nvme %s: client connected", d->serial);
+}
+
+static void op_client_gone(void *opaque)
+{
+    VnPciDev *d = opaque;
+    VnNvmeStats st;
+    int ret;
+
+    /* The server already reset us; the namespace stays for the next client,
+     * but what the last one wrote should be on disk now. */
+    ret = vn_nvme_flush(d->nvme);
+    if (ret < 0) {
+        g_warning("device nvme %s: flush after disconnect: %s", d->serial,
+                  g_strerror(-ret));
+    }
+    vn_nvme_stats(d->nvme, &st);
+    g_info("device nvme %s: client gone; so far %" G_GUINT64_FORMAT " admin and %"
+           G_GUINT64_FORMAT " I/O commands (%" G_GUINT64_FORMAT " errors, %"
+           G_GUINT64_FORMAT " interrupts)", d->serial, st.admin_cmds, st.io_cmds, st.errors,
+           st.irqs);
+}
+
+const VnDeviceOps vn_pcidev_ops = {
+    .region_read = op_region_read,
+    .region_write = op_region_write,
+    .irqs_changed = op_irqs_changed,
+    .reset = op_reset,
+    .client_new = op_client_new,
+    .client_gone = op_client_gone,
+};
+
+static void info_build(VnPciDev *d)
+{
+    VnDeviceInfo *i = &d->info;
+    VnRegion *bar0 = &i->regions[VFIO_PCI_BAR0_REGION_INDEX];
+
+    memset(i, 0, sizeof(*i));
+    i->flags = VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET;
+    i->num_regions = VFIO_PCI_NUM_REGIONS;
+    for (uint32_t r = 0; r < VN_MAX_REGIONS; r++) {
+        i->regions[r].mmap_fd = -1;
+    }
+    bar0->size = VN_NVME_BAR0_SIZE;
+    bar0->flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE |
+                  VFIO_REGION_INFO_FLAG_MMAP;
+    bar0->mmap_fd = d->bar0_fd;
+    bar0->mmap_offset = 0;
+    bar0->nr_sparse = 1;
+    bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
+    i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
+        .size = VN_PCIDEV_BAR4_SIZE, .mmap_fd = -1,
+        .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
+    };
+    i->regions[VFIO_PCI_CONFIG_REGION_INDEX] = (VnRegion){
+        .size = VN_PCICFG_SIZE, .mmap_fd = -1,
+        .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
+    };
+
+    i->num_irqs = VFIO_PCI_NUM_IRQS;
+    i->irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
+    i->irq_flags[VFIO_PCI_INTX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
+    i->irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = d->vectors;
+    i->irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE;
+    /* Linux's vfio-pci reports one ERR vector for every PCIe function
+     * (vfio_pci_get_irq_count); QEMU warns "Could not enable error recovery"
+     * for any other count.  We never signal it: we have no AER errors. */
+    i->irq_count[VFIO_PCI_ERR_IRQ_INDEX] = 1;
+    i->irq_flags[VFIO_PCI_ERR_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
+}
+
+static bool bar0_create(VnPciDev *d, GError **error)
+{
+    d->bar0_fd = memfd_create("vfio-ntb-simdev-bar0", MFD_CLOEXEC);
+    if (d->bar0_fd < 0 || ftruncate(d->bar0_fd, VN_NVME_BAR0_SIZE) < 0) {
+        int err = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
+                    "device nvme %s: BAR0 memfd: %s", d->serial, g_strerror(err));
+        return false;
+    }
+    d->bar0 = mmap(NULL, VN_NVME_BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   d->bar0_fd, 0);
+    if (d->bar0 == MAP_FAILED) {
+        int err = errno;
+
+        d->bar0 = NULL;
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
+                    "device nvme %s: BAR0 mmap: %s", d->serial, g_strerror(err));
+        return false;
+    }
+    return true;
+}
+
+VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
+{
+    g_autoptr(VnPciDev) d = g_new0(VnPciDev, 1);
+    VnPciCfgParams cp = {
+        .vendor_id = VN_PCIDEV_VENDOR_ID,
+        .device_id = VN_PCIDEV_DEVICE_ID,
+        .subsys_vendor_id = VN_PCIDEV_VENDOR_ID,
+        .subsys_id = VN_PCIDEV_DEVICE_ID,
+        .revision = 1,
+        .class_code = VN_PCIDEV_CLASS,
+        .bar0_size = VN_NVME_BAR0_SIZE,
+        .bar4_size = VN_PCIDEV_BAR4_SIZE,
+        .msix_vectors = params->vectors,
+        .msix_bir = 4,
+        .msix_table_offset = VN_PCIDEV_MSIX_TABLE,
+        .msix_pba_offset = VN_PCIDEV_MSIX_PBA,
+    };
+    VnNvmeParams np = {
+        .backing = params->backing,
+        .size = params->size,
+        .serial = params->serial,
+        .vectors = params->vectors,
+        .io_queues = MIN(params->vectors - 1, VN_NVME_MAX_IO_QUEUES),
+        .pci_vendor_id = VN_PCIDEV_VENDOR_ID,
+        .pci_subsys_vendor_id = VN_PCIDEV_VENDOR_ID,
+    };
+
+    d->bar0_fd = -1;
+    d->serial = g_strdup(params->serial != NULL ? params->serial : "?");
+    if (params->vectors < VN_PCIDEV_MIN_VECTORS || params->vectors > VN_PCIDEV_MAX_VECTORS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device nvme %s: %u MSI-X vectors (%u..%u)", d->serial, params->vectors,
+                    VN_PCIDEV_MIN_VECTORS, VN_PCIDEV_MAX_VECTORS);
+        return NULL;
+    }
+    d->vectors = params->vectors;
+    if (!bar0_create(d, error)) {
+        return NULL;
+    }
+    d->cfg = vn_pcicfg_new(&cp, error);
+    if (d->cfg == NULL) {
+        return NULL;
+    }
+    d->nvme = vn_nvme_new(&np, d->bar0, d->cfg, error);
+    if (d->nvme == NULL) {
+        return NULL;
+    }
+    bar4_reset(d);
+    info_build(d);
+    return g_steal_pointer(&d);
+}
+
+void vn_pcidev_free(VnPciDev *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    vn_pcidev_stop(d);
+    vn_nvme_free(d->nvme);          /* before BAR0 goes: it points into it */
+    vn_pcicfg_free(d->cfg);
+    if (d->bar0 != NULL) {
+        munmap(d->bar0, VN_NVME_BAR0_SIZE);
+    }
+    vn_util_close_fd(&d->bar0_fd);
+    g_free(d->serial);
+    g_free(d);
+}
+
+const VnDeviceInfo *vn_pcidev_info(VnPciDev *d)
+{
+    return &d->info;
+}
+
+static VnEnginePoll engine_poll(void *opaque)
+{
+    VnPciDev *d = opaque;
+
+    if (vn_nvme_poll_once(d->nvme)) {
+        return VN_ENGINE_BUSY;
+    }
+    /* Disabled (no client, or a driver not loaded): only CC can change,
+     * and the host allows CAP.TO for that. */
+    return vn_nvme_ready(d->nvme) ? VN_ENGINE_IDLE : VN_ENGINE_DORMANT;
+}
+
+bool vn_pcidev_start(VnPciDev *d, VnDma *dma, VnIrqs *irqs, GError **error)
+{
+    if (d->engine != NULL) {
+        return true;
+    }
+    vn_nvme_attach(d->nvme, dma, irqs);
+    d->engine = vn_engine_new("simdev-nvme", engine_poll, d, error);
+    if (d->engine == NULL) {
+        g_prefix_error(error, "device nvme %s: ", d->serial);
+        return false;
+    }
+    return true;
+}
+
+void vn_pcidev_stop(VnPciDev *d)
+{
+    g_clear_pointer(&d->engine, vn_engine_free);
+}
+
+VnNvme *vn_pcidev_nvme(VnPciDev *d)
+{
+    return d->nvme;
+}

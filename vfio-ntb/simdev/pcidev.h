@@ -1,0 +1,77 @@
+/*
+ * The simulated PCIe NVMe device as the vfio-user server engine sees it:
+ * its VnDeviceInfo (regions, irqs) and its VnDeviceOps, tying together the
+ * config space (pcicfg.c), the NVMe controller (nvme*.c), BAR0 in a memfd
+ * the client maps, BAR4 with the MSI-X table, and the engine thread that
+ * polls BAR0 (engine.c).
+ *
+ * Regions (linux/vfio.h indexes): BAR0 16 KiB, READ|WRITE|MMAP from a memfd
+ * with one sparse area over all of it; BAR4 4 KiB READ|WRITE, trapped (QEMU
+ * emulates the MSI-X table itself and keeps the BAR unmapped); CONFIG 4 KiB.
+ * Irqs: INTx 1, MSI 0, MSI-X @vectors (NORESIZE), ERR 1 (never signalled,
+ * as the kernel's vfio-pci reports it), REQ 0.
+ *
+ * Threads: the ops run in the server's GMainContext (the socket thread).
+ * The engine thread runs vn_nvme_poll_once() only.  Who owns what:
+ *   config space   socket thread (the engine reads its atomic state bits)
+ *   BAR4 storage   socket thread only
+ *   BAR0 memory    shared with the guest; registers by the NVMe controller
+ *   NVMe state     the controller's own lock (engine polls, socket resets)
+ * reset, client_gone and a guest's FLR (Initiate FLR written to config
+ * space) take the controller lock, so when they return the controller is
+ * disabled and issues no DMA until the guest enables it again.
+ */
+#ifndef VN_PCIDEV_H
+#define VN_PCIDEV_H
+
+#include "nvme.h"
+#include "vfio-user/server.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Our own ids (Linux's nvme driver binds by class 01:08:02, any id works;
+ * QEMU's 1b36:0010 would make us indistinguishable from its nvme). */
+#define VN_PCIDEV_VENDOR_ID 0x1de1u
+#define VN_PCIDEV_DEVICE_ID 0x5601u
+/* Class 01h mass storage, 08h non-volatile memory, 02h NVM Express. */
+#define VN_PCIDEV_CLASS 0x010802u
+#define VN_PCIDEV_BAR4_SIZE 4096u
+#define VN_PCIDEV_MSIX_TABLE 0x000u
+#define VN_PCIDEV_MSIX_PBA 0x800u
+/* MSI-X vectors: the table (16 bytes each) must end before the PBA at
+ * 0x800, so at most 128; at least 2 (admin queue + one I/O queue). */
+#define VN_PCIDEV_MIN_VECTORS 2u
+#define VN_PCIDEV_MAX_VECTORS (VN_PCIDEV_MSIX_PBA / VN_PCICFG_MSIX_ENTRY_SIZE)
+
+typedef struct VnPciDevParams {
+    const char *backing;    /* namespace file */
+    uint64_t size;          /* namespace bytes */
+    const char *serial;
+    uint32_t vectors;       /* MSI-X vectors; I/O queues = vectors - 1 (<= 64) */
+} VnPciDevParams;
+
+typedef struct VnPciDev VnPciDev;
+
+/* Build the device (config space, BAR0 memfd, controller, namespace file).
+ * NULL with @error set on a bad parameter or a system error. */
+VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error);
+/* Stops the engine if it still runs. */
+void vn_pcidev_free(VnPciDev *d);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnPciDev, vn_pcidev_free)
+
+/* What to give vn_server_new() (valid for the device's life; BAR0's memfd
+ * stays the device's). */
+const VnDeviceInfo *vn_pcidev_info(VnPciDev *d);
+extern const VnDeviceOps vn_pcidev_ops;
+
+/* Attach the server's DMA and irq tables (borrowed: the server must outlive
+ * vn_pcidev_stop) and start the engine thread. */
+bool vn_pcidev_start(VnPciDev *d, VnDma *dma, VnIrqs *irqs, GError **error);
+/* Stop the engine thread; call before freeing the server. */
+void vn_pcidev_stop(VnPciDev *d);
+
+VnNvme *vn_pcidev_nvme(VnPciDev *d);
+
+#endif /* VN_PCIDEV_H */

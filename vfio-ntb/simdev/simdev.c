@@ -1,0 +1,173 @@
+/*
+ * vfio-ntb-simdev: a simulated PCIe NVMe controller served over vfio-user.
+ *
+ *   vfio-ntb-simdev --socket PATH --backing FILE --size-mib N
+ *                   [--serial S] [--vectors N] [--verbose]
+ *
+ * QEMU's vfio-user-pci client connects to PATH; the guest's stock nvme driver
+ * binds to the device and its I/O lands in FILE (created, or extended to N
+ * MiB keeping its data).  One client at a time; after a disconnect the next
+ * may connect and finds the same namespace.  SIGTERM/SIGINT end the process
+ * cleanly and remove the socket.
+ *
+ * This file only parses arguments and wires the pieces: the device model
+ * (pcidev.c) behind the server engine (vfio-user/server.c) in the default
+ * GMainContext, with the device's engine thread started in between.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.simdev"
+
+#include "config.h"
+#include "pcidev.h"
+#include "vfio-user/server.h"
+
+#include <glib-unix.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Largest --size-mib: the NVMe model's 16 TiB limit. */
+#define VN_SIMDEV_MAX_SIZE_MIB (VN_NVME_MAX_SIZE >> 20)
+#define VN_SIMDEV_DEFAULT_SERIAL "VNSIMDEV0001"
+/* Admin queue + 8 I/O queues, each with its own vector. */
+#define VN_SIMDEV_DEFAULT_VECTORS 9
+
+typedef struct Options {
+    char *socket;
+    char *backing;
+    gint64 size_mib;
+    char *serial;
+    gint vectors;
+    gboolean verbose;
+} Options;
+
+static void options_clear(Options *o)
+{
+    g_free(o->socket);
+    g_free(o->backing);
+    g_free(o->serial);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Options, options_clear)
+
+static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
+{
+    GOptionEntry entries[] = {
+        { "socket", 0, 0, G_OPTION_ARG_FILENAME, &o->socket,
+          "vfio-user socket to listen on (must not exist)", "PATH" },
+        { "backing", 0, 0, G_OPTION_ARG_FILENAME, &o->backing,
+          "namespace backing file (created or extended)", "FILE" },
+        { "size-mib", 0, 0, G_OPTION_ARG_INT64, &o->size_mib,
+          "namespace size in MiB", "N" },
+        { "serial", 0, 0, G_OPTION_ARG_STRING, &o->serial,
+          "controller serial number (1-20 ASCII characters)", "S" },
+        { "vectors", 0, 0, G_OPTION_ARG_INT, &o->vectors,
+          "MSI-X vectors (2-128, default 9: admin + 8 I/O queues)", "N" },
+        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose,
+          "log every message and state change", NULL },
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(GOptionContext) ctx = g_option_context_new("- simulated NVMe over vfio-user");
+
+    o->vectors = VN_SIMDEV_DEFAULT_VECTORS;
+    o->size_mib = -1;                   /* "not given", unlike an explicit 0 */
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    if (!g_option_context_parse(ctx, argc, argv, error)) {
+        return false;
+    }
+    if (*argc > 1) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_FAILED,
+                    "unexpected argument '%s'", (*argv)[1]);
+        return false;
+    }
+    if (o->socket == NULL || o->backing == NULL || o->size_mib == -1) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_FAILED,
+                    "--socket, --backing and --size-mib are required");
+        return false;
+    }
+    /* CLI input is checked like any peer's: named bounds, no overflow. */
+    if (o->size_mib < 1 || (guint64)o->size_mib > VN_SIMDEV_MAX_SIZE_MIB) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                    "--size-mib %" G_GINT64_FORMAT " is outside 1..%" G_GUINT64_FORMAT,
+                    o->size_mib, (guint64)VN_SIMDEV_MAX_SIZE_MIB);
+        return false;
+    }
+    if (o->vectors < (gint)VN_PCIDEV_MIN_VECTORS || o->vectors > (gint)VN_PCIDEV_MAX_VECTORS) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                    "--vectors %d is outside %u..%u", o->vectors, VN_PCIDEV_MIN_VECTORS,
+                    VN_PCIDEV_MAX_VECTORS);
+        return false;
+    }
+    if (o->serial == NULL) {
+        o->serial = g_strdup(VN_SIMDEV_DEFAULT_SERIAL);
+    }
+    return true;
+}
+
+static gboolean on_signal(gpointer data)
+{
+    GMainLoop *loop = data;
+
+    g_info("simdev: signal received, stopping");
+    g_main_loop_quit(loop);
+    return G_SOURCE_CONTINUE;
+}
+
+int main(int argc, char **argv)
+{
+    g_auto(Options) opt = { 0 };
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnPciDev) dev = NULL;
+    g_autoptr(VnServer) server = NULL;
+    g_autoptr(GMainLoop) loop = NULL;
+    VnPciDevParams params;
+    guint sig_term, sig_int;
+
+    if (!options_parse(&opt, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
+        return 2;
+    }
+    if (opt.verbose) {
+        /* Before the first message: tracing checks this once. */
+        g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
+    }
+    /* A client that vanishes mid-reply must not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+
+    params = (VnPciDevParams){
+        .backing = opt.backing,
+        .size = (uint64_t)opt.size_mib << 20,
+        .serial = opt.serial,
+        .vectors = (uint32_t)opt.vectors,
+    };
+    dev = vn_pcidev_new(&params, &error);
+    if (dev == NULL) {
+        g_printerr("vfio-ntb-simdev: %s\n", error->message);
+        return 1;
+    }
+    server = vn_server_new(opt.socket, vn_pcidev_info(dev), &vn_pcidev_ops, dev, NULL, &error);
+    if (server == NULL) {
+        g_printerr("vfio-ntb-simdev: %s\n", error->message);
+        return 1;
+    }
+    if (!vn_pcidev_start(dev, vn_server_dma(server), vn_server_irqs(server), &error)) {
+        g_printerr("vfio-ntb-simdev: %s\n", error->message);
+        return 1;
+    }
+
+    loop = g_main_loop_new(NULL, FALSE);
+    sig_term = g_unix_signal_add(SIGTERM, on_signal, loop);
+    sig_int = g_unix_signal_add(SIGINT, on_signal, loop);
+    g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, %d vectors) on %s",
+              VN_VERSION, opt.backing, opt.size_mib, opt.serial, opt.vectors, opt.socket);
+    g_main_loop_run(loop);
+    g_source_remove(sig_term);
+    g_source_remove(sig_int);
+
+    /* The engine uses the server's DMA and irq tables: stop it first, then
+     * the server (drops the client, resets the device, removes the socket),
+     * then the device. */
+    vn_pcidev_stop(dev);
+    g_clear_pointer(&server, vn_server_free);
+    g_clear_pointer(&dev, vn_pcidev_free);
+    g_message("simdev: stopped");
+    return 0;
+}
