@@ -1,6 +1,8 @@
 # vfio-ntb: one plain Makefile.  `make check` installs dependencies, configures, builds, prepares
 # the testbed and runs every test; `make demo` shows a guest using a device served by vfio-ntb.
 
+.DEFAULT_GOAL := all
+
 -include config.mak
 
 # config.mak is remade (dependencies installed first) when missing; make then restarts.
@@ -13,7 +15,8 @@ PYTHON ?= /usr/bin/python3
 INC := -Ivfio-ntb -I.
 ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
 
-LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c)
+LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
+	$(wildcard vfio-ntb/fabric/*.c)
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
 SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)

@@ -38,6 +38,7 @@ typedef struct Options {
     char *serial;
     gint vectors;
     gboolean verbose;
+    char *stats_file;
 } Options;
 
 static void options_clear(Options *o)
@@ -45,6 +46,7 @@ static void options_clear(Options *o)
     g_free(o->socket);
     g_free(o->backing);
     g_free(o->serial);
+    g_free(o->stats_file);
 }
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Options, options_clear)
 
@@ -61,6 +63,8 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "controller serial number (1-20 ASCII characters)", "S" },
         { "vectors", 0, 0, G_OPTION_ARG_INT, &o->vectors,
           "MSI-X vectors (2-128, default 9: admin + 8 I/O queues)", "N" },
+        { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
+          "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose,
           "log every message and state change", NULL },
         G_OPTION_ENTRY_NULL,
@@ -102,6 +106,32 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
     return true;
 }
 
+typedef struct Stats {
+    VnServer *server;
+    const char *path;
+} Stats;
+
+/* Written atomically (rename) so a reader never sees half a file. */
+static void stats_write(const Stats *st)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = NULL;
+
+    if (st->path == NULL) {
+        return;
+    }
+    json = vn_server_stats_json(st->server);
+    if (!g_file_set_contents(st->path, json, -1, &error)) {
+        g_warning("simdev: stats file: %s", error->message);
+    }
+}
+
+static gboolean on_usr1(gpointer data)
+{
+    stats_write(data);
+    return G_SOURCE_CONTINUE;
+}
+
 static gboolean on_signal(gpointer data)
 {
     GMainLoop *loop = data;
@@ -119,7 +149,8 @@ int main(int argc, char **argv)
     g_autoptr(VnServer) server = NULL;
     g_autoptr(GMainLoop) loop = NULL;
     VnPciDevParams params;
-    guint sig_term, sig_int;
+    guint sig_term, sig_int, sig_usr1;
+    Stats stats = { 0 };
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
         fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
@@ -156,16 +187,20 @@ int main(int argc, char **argv)
     loop = g_main_loop_new(NULL, FALSE);
     sig_term = g_unix_signal_add(SIGTERM, on_signal, loop);
     sig_int = g_unix_signal_add(SIGINT, on_signal, loop);
+    stats = (Stats){ .server = server, .path = opt.stats_file };
+    sig_usr1 = g_unix_signal_add(SIGUSR1, on_usr1, &stats);
     g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, %d vectors) on %s",
               VN_VERSION, opt.backing, opt.size_mib, opt.serial, opt.vectors, opt.socket);
     g_main_loop_run(loop);
     g_source_remove(sig_term);
     g_source_remove(sig_int);
+    g_source_remove(sig_usr1);
 
     /* The engine uses the server's DMA and irq tables: stop it first, then
      * the server (drops the client, resets the device, removes the socket),
      * then the device. */
     vn_pcidev_stop(dev);
+    stats_write(&stats);
     g_clear_pointer(&server, vn_server_free);
     g_clear_pointer(&dev, vn_pcidev_free);
     g_message("simdev: stopped");

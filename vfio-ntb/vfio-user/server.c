@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
+#include <json-glib/json-glib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -390,6 +391,8 @@ static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
         return reply_error(s, &req->hdr, -E2BIG);
     }
     s->stats.per_region_rw[rw->region]++;
+    VN_TRACE("socket %s: %s region %u offset 0x%" G_GINT64_MODIFIER "x count %u", s->path,
+             write ? "write" : "read", rw->region, rw->offset, rw->count);
     vn_wire_begin_reply(s->out, &req->hdr);
     g_byte_array_append(s->out, (const guint8 *)rw, sizeof(*rw));
     if (write) {
@@ -607,4 +610,42 @@ void vn_server_disconnect(VnServer *s)
 void vn_server_stats(VnServer *s, VnServerStats *out)
 {
     *out = s->stats;
+}
+
+char *vn_server_stats_json(VnServer *s)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "clients");
+    json_builder_add_int_value(b, (gint64)s->stats.clients);
+    json_builder_set_member_name(b, "messages");
+    json_builder_add_int_value(b, (gint64)s->stats.messages);
+    json_builder_set_member_name(b, "errors");
+    json_builder_add_int_value(b, (gint64)s->stats.errors);
+    json_builder_set_member_name(b, "region_reads");
+    json_builder_add_int_value(b, (gint64)s->stats.region_reads);
+    json_builder_set_member_name(b, "region_writes");
+    json_builder_add_int_value(b, (gint64)s->stats.region_writes);
+    json_builder_set_member_name(b, "region_rw");
+    json_builder_begin_object(b);
+    for (uint32_t i = 0; i < s->info.num_regions; i++) {
+        g_autofree char *key = g_strdup_printf("%u", i);
+
+        json_builder_set_member_name(b, key);
+        json_builder_add_int_value(b, (gint64)s->stats.per_region_rw[i]);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "dma_maps");
+    json_builder_add_int_value(b, (gint64)s->stats.dma_maps);
+    json_builder_set_member_name(b, "dma_unmaps");
+    json_builder_add_int_value(b, (gint64)s->stats.dma_unmaps);
+    json_builder_set_member_name(b, "dma_mappings_now");
+    json_builder_add_int_value(b, (gint64)vn_dma_count(s->dma));
+    json_builder_set_member_name(b, "irqs_signalled");
+    json_builder_add_int_value(b, (gint64)vn_irqs_signalled(s->irqs));
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    return json_to_string(root, FALSE);
 }

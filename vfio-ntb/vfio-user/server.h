@@ -114,5 +114,8 @@ bool vn_server_has_client(VnServer *server);
 /* Drop the current client as if it had disconnected. */
 void vn_server_disconnect(VnServer *server);
 void vn_server_stats(VnServer *server, VnServerStats *out);
+/* The counters as a JSON object (region_rw keyed by region index, plus the
+ * interrupts signalled and the DMA mappings now in place); g_free it. */
+char *vn_server_stats_json(VnServer *server);
 
 #endif /* VN_SERVER_H */
