@@ -259,3 +259,18 @@ void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
     }
     g_rw_lock_reader_unlock(&dma->lock);
 }
+
+bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out)
+{
+    bool found = false;
+    guint i;
+
+    g_rw_lock_reader_lock(&dma->lock);
+    i = lower_bound(dma, iova);
+    if (i < dma->entries->len && g_array_index(dma->entries, Entry, i).m.iova == iova) {
+        *out = g_array_index(dma->entries, Entry, i).m;
+        found = true;
+    }
+    g_rw_lock_reader_unlock(&dma->lock);
+    return found;
+}

@@ -66,4 +66,10 @@ unsigned vn_dma_count(VnDma *dma);
 void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
                     void *opaque);
 
+/*
+ * Copy the mapping that starts at @iova into *out (fd and host pointer are
+ * the table's, borrowed).  Returns false when no mapping starts there.
+ */
+bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out);
+
 #endif /* VN_DMA_H */

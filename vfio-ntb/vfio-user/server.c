@@ -234,13 +234,18 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
-    s->stats.dma_maps++;
     if (s->ops->dma_mapped != NULL) {
         VnDmaMapping view = { .iova = m->iova, .size = m->size, .offset = m->offset,
                               .prot = m->flags, .fd = -1 };
 
-        s->ops->dma_mapped(s->opaque, &view);
+        vn_dma_lookup(s->dma, m->iova, &view);
+        ret = s->ops->dma_mapped(s->opaque, &view);
+        if (ret < 0) {
+            vn_dma_unmap(s->dma, m->iova, m->size, false);
+            return reply_error(s, &req->hdr, ret);
+        }
     }
+    s->stats.dma_maps++;
     vn_wire_begin_reply(s->out, &req->hdr);
     vn_wire_finish(s->out);
     return reply_send(s, &req->hdr, NULL, 0);
@@ -358,8 +363,15 @@ static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg
     const VnWireIrqSet *set = &req->u.irq_set.set;
     int ret;
 
-    ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
-                      req->u.irq_set.bools, msg->fds, msg->nfds);
+    if (set->index >= s->info.num_irqs) {
+        ret = -EINVAL;
+    } else if (s->ops->set_irqs != NULL) {
+        ret = s->ops->set_irqs(s->opaque, set->flags, set->index, set->start, set->count,
+                               req->u.irq_set.bools, msg->fds, msg->nfds);
+    } else {
+        ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
+                          req->u.irq_set.bools, msg->fds, msg->nfds);
+    }
     VN_TRACE("socket %s: SET_IRQS index %u start %u count %u flags 0x%x fds %u: %d",
              s->path, set->index, set->start, set->count, set->flags, msg->nfds, ret);
     if (ret < 0) {

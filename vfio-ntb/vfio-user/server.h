@@ -62,13 +62,21 @@ typedef struct VnDeviceOps {
                        uint32_t count);
     int (*region_write)(void *opaque, uint32_t index, uint64_t offset,
                         const void *buf, uint32_t count);
-    /* Optional: after a mapping was added to the DMA table. */
-    void (*dma_mapped)(void *opaque, const VnDmaMapping *m);
+    /* Optional: after a mapping was added to the DMA table.  m->fd is the
+     * table's (borrowed: dup it to keep it).  An error undoes the mapping
+     * and is the client's reply. */
+    int (*dma_mapped)(void *opaque, const VnDmaMapping *m);
     /* Optional: before [iova, iova + size) is removed (all: everything);
      * when it returns the device must not touch that memory again. */
     void (*dma_unmapping)(void *opaque, uint64_t iova, uint64_t size, bool all);
     /* Optional: after SET_IRQS changed index @index. */
     void (*irqs_changed)(void *opaque, uint32_t index);
+    /* Optional: handle SET_IRQS instead of the server's VnIrqs table (a
+     * device that forwards the eventfds elsewhere).  Arguments as for
+     * vn_irqs_set(), already checked by the decoder; fds consumed are set
+     * to -1, the rest are closed by the server. */
+    int (*set_irqs)(void *opaque, uint32_t flags, uint32_t index, uint32_t start,
+                    uint32_t count, const uint8_t *bools, int *fds, unsigned nfds);
     /* Optional: DEVICE_RESET (also called when a client goes). */
     int (*reset)(void *opaque);
     /* Optional: a client connected / went away (after DMA and irqs were
