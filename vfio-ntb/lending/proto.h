@@ -1,0 +1,137 @@
+/*
+ * The lending protocol: what a borrower and a lender say to each other over
+ * the fabric (vfio-ntb/fabric/fabric.h messages) about one lent device.
+ *
+ * It mirrors vfio-user, but the device is named, memory travels as fabric
+ * segments instead of fds of the borrower's process, and interrupts either
+ * travel as eventfds (fd mode: the device signals the VM's irqfd directly)
+ * or are relayed by doorbells (relay mode: one hop through the lender).
+ *
+ *   request       JSON                                      binary / fds
+ *   ATTACH        {"device","irq_mode":"fd"|"relay"}        -> reply: device description
+ *   DETACH        {}
+ *   REGION_RW     {"region","offset","count","write"}       write data; reply: read data
+ *   DMA_MAP       {"iova","size","segment","offset","prot"} (segment: the borrower's export)
+ *   DMA_UNMAP     {"iova","size","all"}
+ *   SET_IRQS      {"flags","index","start","count","relay"} DATA_BOOL bytes; eventfds (fd mode)
+ *   RESET         {}
+ * Relay mode: doorbell bit v (v < VN_PROTO_RELAY_VECTORS) is vector v of the
+ * vector index in use (MSI-X or MSI), bit VN_PROTO_DOORBELL_INTX is INTx.
+ *
+ * Every request's JSON also names the device ("device"), so a lender node
+ * that lends several devices to one borrower routes each message.
+ * Every field is checked on decode against the vfio-user limits (wire.h);
+ * a message that fails gets an error reply and changes nothing.
+ */
+#ifndef VN_PROTO_H
+#define VN_PROTO_H
+
+#include "vfio-user/server.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum VnProtoType {
+    VN_PROTO_INVALID = 0,
+    VN_PROTO_ATTACH = 1,
+    VN_PROTO_DETACH,
+    VN_PROTO_REGION_RW,
+    VN_PROTO_DMA_MAP,
+    VN_PROTO_DMA_UNMAP,
+    VN_PROTO_SET_IRQS,
+    VN_PROTO_RESET,
+    VN_PROTO_LAST
+} VnProtoType;
+
+const char *vn_proto_type_to_string(uint32_t type);
+
+typedef enum VnIrqMode {
+    VN_IRQ_MODE_FD = 0,
+    VN_IRQ_MODE_RELAY,
+    VN_IRQ_MODE_LAST
+} VnIrqMode;
+
+const char *vn_irq_mode_to_string(VnIrqMode mode);
+/* Returns false for an unknown name. */
+bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode);
+
+/* Doorbells carry vectors 0..30 and INTx in relay mode. */
+#define VN_PROTO_RELAY_VECTORS 31u
+#define VN_PROTO_DOORBELL_INTX 31u
+/* Device names: [A-Za-z0-9_.-], at most this long. */
+#define VN_PROTO_MAX_DEVICE_NAME 63
+
+/* One region as the lender describes it. */
+typedef struct VnProtoRegion {
+    uint64_t size;
+    uint32_t flags;               /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
+    uint64_t segment;             /* > 0: mappable through this fabric segment */
+    uint32_t nr_sparse;
+    VnSparseArea sparse[VN_MAX_SPARSE_AREAS];
+} VnProtoRegion;
+
+typedef struct VnProtoDevice {
+    uint32_t flags;               /* VFIO_DEVICE_FLAGS_* */
+    uint32_t num_regions;         /* <= VN_MAX_REGIONS */
+    VnProtoRegion regions[VN_MAX_REGIONS];
+    uint32_t num_irqs;            /* <= VN_MAX_IRQ_INDEXES */
+    uint32_t irq_count[VN_MAX_IRQ_INDEXES];
+    uint32_t irq_flags[VN_MAX_IRQ_INDEXES];
+} VnProtoDevice;
+
+char *vn_proto_device_to_json(const VnProtoDevice *d);
+bool vn_proto_device_from_json(const char *json, VnProtoDevice *d, GError **error);
+
+typedef struct VnProtoAttach {
+    char device[VN_PROTO_MAX_DEVICE_NAME + 1];
+    VnIrqMode irq_mode;
+} VnProtoAttach;
+
+typedef struct VnProtoRegionRw {
+    uint32_t region;
+    uint64_t offset;
+    uint32_t count;               /* <= VN_MAX_DATA_XFER */
+    bool write;
+} VnProtoRegionRw;
+
+typedef struct VnProtoDmaMap {
+    uint64_t iova;
+    uint64_t size;
+    uint64_t segment;
+    uint64_t offset;              /* into the segment */
+    uint32_t prot;
+} VnProtoDmaMap;
+
+typedef struct VnProtoDmaUnmap {
+    uint64_t iova;
+    uint64_t size;
+    bool all;
+} VnProtoDmaUnmap;
+
+typedef struct VnProtoSetIrqs {
+    uint32_t flags;
+    uint32_t index;
+    uint32_t start;
+    uint32_t count;
+    bool relay;                   /* DATA_EVENTFD without fds: lender makes its own */
+} VnProtoSetIrqs;
+
+/* A request naming only the device (DETACH, RESET). */
+char *vn_proto_device_only_to_json(const char *device);
+/* The "device" member of any request, validated, into @out. */
+bool vn_proto_device_name(const char *json, char out[VN_PROTO_MAX_DEVICE_NAME + 1],
+                          GError **error);
+
+char *vn_proto_attach_to_json(const VnProtoAttach *a);
+bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **error);
+char *vn_proto_region_rw_to_json(const char *device, const VnProtoRegionRw *r);
+bool vn_proto_region_rw_from_json(const char *json, VnProtoRegionRw *r, GError **error);
+char *vn_proto_dma_map_to_json(const char *device, const VnProtoDmaMap *m);
+bool vn_proto_dma_map_from_json(const char *json, VnProtoDmaMap *m, GError **error);
+char *vn_proto_dma_unmap_to_json(const char *device, const VnProtoDmaUnmap *u);
+bool vn_proto_dma_unmap_from_json(const char *json, VnProtoDmaUnmap *u, GError **error);
+char *vn_proto_set_irqs_to_json(const char *device, const VnProtoSetIrqs *s);
+bool vn_proto_set_irqs_from_json(const char *json, VnProtoSetIrqs *s, GError **error);
+
+#endif /* VN_PROTO_H */
