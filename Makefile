@@ -16,7 +16,7 @@ INC := -Ivfio-ntb -I.
 ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
-	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c)
+	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(wildcard vfio-ntb/borrower/*.c)
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
 SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)

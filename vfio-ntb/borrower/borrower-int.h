@@ -1,0 +1,57 @@
+/*
+ * Borrower internals shared by borrower.c and mediate.c.
+ */
+#ifndef VN_BORROWER_INT_H
+#define VN_BORROWER_INT_H
+
+#include "borrower.h"
+#include "vfio-user/server.h"
+
+/* Where the device keeps its MSI-X table and PBA (from its capability). */
+typedef struct VnMsixLayout {
+    bool present;
+    uint32_t vectors;
+    uint32_t table_bar;
+    uint64_t table_offset;
+    uint32_t pba_bar;
+    uint64_t pba_offset;
+} VnMsixLayout;
+
+/* Config-space mediation state (mediate.c). */
+typedef struct VnMediate {
+    uint8_t exp_cap;            /* PCI Express capability offset, 0 if none */
+    uint8_t int_line;           /* virtualized Interrupt Line */
+    VnMsixLayout msix;
+} VnMediate;
+
+struct VnBorrower {
+    VnFabric *fab;              /* borrowed */
+    char *lender;
+    char *device;
+    VnIrqMode mode;
+    bool attached;
+    VnDeviceInfo info;
+    VnFabricWindow *windows[VN_MAX_REGIONS];   /* mapped BARs */
+    VnServer *server;
+    VnIrqs *irqs;               /* the VM's eventfds in relay mode */
+    uint32_t relay_index;       /* MSI-X or MSI: what doorbell bits mean */
+    GList *segments;            /* Segment: guest memory exported */
+    GList *mappings;            /* Mapping: DMA forwarded */
+    VnMediate med;
+    VnBorrowerStats stats;
+};
+
+/* A lending request to our lender; see vn_fabric_request_sync(). */
+int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
+                     size_t len, const int *fds, unsigned nfds, VnFabricMsg **reply);
+/* A forwarded region access. */
+int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
+                          uint32_t count, bool write);
+
+/* Read the device's capabilities (after ATTACH). */
+bool vn_mediate_init(VnBorrower *b, GError **error);
+/* Config-space accesses from QEMU, in range of the config region. */
+int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count);
+int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count);
+
+#endif /* VN_BORROWER_INT_H */

@@ -1,0 +1,561 @@
+/*
+ * The borrower: a vfio-user server for a device on another node (see
+ * borrower.h).  Config-space mediation is in mediate.c.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.borrower"
+
+#include "borrower.h"
+
+#include "borrower-int.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <json-glib/json-glib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A guest-memory fd exported to the lender: one per memory backend. */
+typedef struct Segment {
+    dev_t dev;
+    ino_t ino;
+    uint64_t id;
+    unsigned refs;              /* forwarded DMA mappings into it */
+} Segment;
+
+/* A DMA mapping forwarded to the lender. */
+typedef struct Mapping {
+    uint64_t iova;
+    uint64_t size;
+    Segment *seg;
+} Mapping;
+
+static void segment_put(VnBorrower *b, Segment *seg)
+{
+    if (--seg->refs > 0) {
+        return;
+    }
+    vn_fabric_segment_unexport(b->fab, seg->id);
+    b->segments = g_list_remove(b->segments, seg);
+    g_free(seg);
+}
+
+/* ---- requests to the lender ---- */
+
+int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
+                     size_t len, const int *fds, unsigned nfds, VnFabricMsg **reply)
+{
+    g_autoptr(VnFabricMsg) r = NULL;
+    int ret;
+
+    if (b->stats.lender_lost) {
+        return -ENOTCONN;
+    }
+    b->stats.fabric_requests++;
+    ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, fds, nfds, &r);
+    if (ret < 0) {
+        VN_TRACE("borrower %s: %s to %s failed: %s", b->device, vn_proto_type_to_string(type),
+                 b->lender, g_strerror(-ret));
+        return ret;
+    }
+    if (reply != NULL) {
+        *reply = g_steal_pointer(&r);
+    }
+    return 0;
+}
+
+int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
+                          uint32_t count, bool write)
+{
+    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = write };
+    g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
+    g_autoptr(VnFabricMsg) reply = NULL;
+    int ret;
+
+    ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL,
+                           write ? count : 0, NULL, 0, &reply);
+    if (ret < 0) {
+        return ret;
+    }
+    if (!write) {
+        if (reply->data_len != count) {
+            return -EPROTO;
+        }
+        memcpy(buf, reply->data, count);
+    }
+    return 0;
+}
+
+/* ---- the device ops QEMU's requests reach ---- */
+
+static VnFabricWindow *window_of(VnBorrower *b, uint32_t index)
+{
+    return index < VN_MAX_REGIONS ? b->windows[index] : NULL;
+}
+
+static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
+                          uint32_t count)
+{
+    VnBorrower *b = opaque;
+    VnFabricWindow *w = window_of(b, index);
+
+    if (b->stats.lender_lost) {
+        /* Like a PCIe read of a device that went away: all-ones. */
+        memset(buf, 0xff, count);
+        return 0;
+    }
+    if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
+        return vn_mediate_read(b, offset, buf, count);
+    }
+    if (w != NULL) {
+        /* QEMU traps a mapped BAR at times (INTx emulation): the window is
+         * the same memory, so no message crosses the fabric. */
+        memcpy(buf, w->host + offset, count);
+        return 0;
+    }
+    b->stats.region_forwarded++;
+    return vn_borrower_region_rw(b, index, offset, buf, count, false);
+}
+
+static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const void *buf,
+                           uint32_t count)
+{
+    VnBorrower *b = opaque;
+    VnFabricWindow *w = window_of(b, index);
+
+    if (b->stats.lender_lost) {
+        return 0;   /* dropped, as a write to a vanished device is */
+    }
+    if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
+        return vn_mediate_write(b, offset, buf, count);
+    }
+    if (w != NULL) {
+        memcpy(w->host + offset, buf, count);
+        return 0;
+    }
+    b->stats.region_forwarded++;
+    return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+}
+
+static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
+{
+    g_autoptr(GError) error = NULL;
+    struct stat st;
+    Segment *seg;
+
+    if (fstat(fd, &st) < 0) {
+        *err = -errno;
+        return NULL;
+    }
+    for (GList *l = b->segments; l != NULL; l = l->next) {
+        seg = l->data;
+        if (seg->dev == st.st_dev && seg->ino == st.st_ino) {
+            return seg;
+        }
+    }
+    seg = g_new0(Segment, 1);
+    seg->dev = st.st_dev;
+    seg->ino = st.st_ino;
+    seg->id = vn_fabric_segment_export(b->fab, fd, (uint64_t)st.st_size, b->lender, &error);
+    if (seg->id == 0) {
+        g_info("borrower %s: cannot export guest memory: %s", b->device, error->message);
+        g_free(seg);
+        *err = -ENOSPC;
+        return NULL;
+    }
+    b->segments = g_list_prepend(b->segments, seg);
+    return seg;
+}
+
+static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
+{
+    VnBorrower *b = opaque;
+    VnProtoDmaMap pm = { .iova = m->iova, .size = m->size, .offset = m->offset,
+                         .prot = m->prot };
+    g_autofree char *json = NULL;
+    Mapping *map;
+    Segment *seg;
+    int ret = 0;
+
+    if (m->fd < 0) {
+        /* QEMU maps the device's own BARs without an fd (peer-to-peer
+         * offers): nothing the device could reach, nothing to forward. */
+        return 0;
+    }
+    seg = segment_for_fd(b, m->fd, &ret);
+    if (seg == NULL) {
+        return ret;
+    }
+    seg->refs++;
+    pm.segment = seg->id;
+    json = vn_proto_dma_map_to_json(b->device, &pm);
+    ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL, 0, NULL);
+    if (ret < 0) {
+        g_info("borrower %s: lender refused DMA_MAP iova 0x%" G_GINT64_MODIFIER "x: %s",
+               b->device, m->iova, g_strerror(-ret));
+        segment_put(b, seg);
+        return ret;
+    }
+    map = g_new0(Mapping, 1);
+    *map = (Mapping){ .iova = m->iova, .size = m->size, .seg = seg };
+    b->mappings = g_list_prepend(b->mappings, map);
+    b->stats.dma_maps++;
+    return 0;
+}
+
+static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool all)
+{
+    VnBorrower *b = opaque;
+    VnProtoDmaUnmap u = { .iova = iova, .size = size, .all = all };
+    g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &u);
+    bool forwarded = false;
+    GList *l = b->mappings;
+
+    while (l != NULL) {
+        GList *next = l->next;
+        Mapping *m = l->data;
+
+        if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
+            forwarded = true;
+            segment_put(b, m->seg);
+            b->mappings = g_list_delete_link(b->mappings, l);
+            g_free(m);
+        }
+        l = next;
+    }
+    if (!forwarded) {
+        return;
+    }
+    /* Synchronous: QEMU's unmap completes only after the lender's device
+     * has lost access.  If the lender is gone there is nothing to undo. */
+    if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL, 0, NULL) == 0) {
+        b->stats.dma_unmaps++;
+    }
+}
+
+static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start,
+                       uint32_t count, const uint8_t *bools, int *fds, unsigned nfds)
+{
+    VnBorrower *b = opaque;
+    VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count };
+    bool eventfd = (flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
+    g_autofree char *json = NULL;
+    int ret;
+
+    if (index >= b->info.num_irqs || (uint64_t)start + count > b->info.irq_count[index]) {
+        return -EINVAL;
+    }
+    if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
+        if (index != VFIO_PCI_INTX_IRQ_INDEX && start + count > VN_PROTO_RELAY_VECTORS) {
+            return -ENOSPC;
+        }
+        /* Keep the VM's eventfds here; the lender's device gets its own. */
+        ret = vn_irqs_set(b->irqs, flags, index, start, count, NULL, fds, nfds);
+        if (ret < 0) {
+            return ret;
+        }
+        s.relay = true;
+        if (index != VFIO_PCI_INTX_IRQ_INDEX) {
+            b->relay_index = index;
+        }
+        fds = NULL;
+        nfds = 0;
+    } else if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
+        vn_irqs_set(b->irqs, flags, index, start, count, NULL, NULL, 0);
+    }
+    json = vn_proto_set_irqs_to_json(b->device, &s);
+    ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json,
+                           (flags & VFIO_IRQ_SET_DATA_BOOL) ? bools : NULL,
+                           (flags & VFIO_IRQ_SET_DATA_BOOL) ? count : 0, fds, nfds, NULL);
+    /* The fabric sent copies of the fds; ours are closed by the server. */
+    return ret;
+}
+
+static int op_reset(void *opaque)
+{
+    VnBorrower *b = opaque;
+    g_autofree char *json = vn_proto_device_only_to_json(b->device);
+
+    return vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL, 0, NULL);
+}
+
+static void op_client_gone(void *opaque)
+{
+    VnBorrower *b = opaque;
+
+    /* The VM went (or unplugged the device): the server already unmapped
+     * its DMA and reset the device; make sure no interrupt stays wired to
+     * eventfds nobody reads. */
+    for (uint32_t i = 0; i < b->info.num_irqs; i++) {
+        VnProtoSetIrqs s = { .flags = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+                             .index = i };
+        g_autofree char *json = NULL;
+
+        if (b->info.irq_count[i] == 0) {
+            continue;
+        }
+        json = vn_proto_set_irqs_to_json(b->device, &s);
+        vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL, 0, NULL);
+    }
+    vn_irqs_reset(b->irqs);
+    g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
+}
+
+static const VnDeviceOps borrower_ops = {
+    .region_read = op_region_read,
+    .region_write = op_region_write,
+    .dma_mapped = op_dma_mapped,
+    .dma_unmapping = op_dma_unmapping,
+    .set_irqs = op_set_irqs,
+    .reset = op_reset,
+    .client_gone = op_client_gone,
+};
+
+/* ---- setup ---- */
+
+/* Remove [h0, h1) from a region's sparse areas (areas may split in two). */
+static void carve(VnRegion *r, uint64_t h0, uint64_t h1)
+{
+    VnSparseArea out[VN_MAX_SPARSE_AREAS];
+    uint32_t n = 0;
+
+    for (uint32_t a = 0; a < r->nr_sparse; a++) {
+        uint64_t s = r->sparse[a].offset, e = s + r->sparse[a].size;
+
+        if (e <= h0 || s >= h1) {
+            out[n++] = r->sparse[a];
+            continue;
+        }
+        if (s < h0 && n < VN_MAX_SPARSE_AREAS) {
+            out[n++] = (VnSparseArea){ s, h0 - s };
+        }
+        if (e > h1 && n < VN_MAX_SPARSE_AREAS) {
+            out[n++] = (VnSparseArea){ h1, e - h1 };
+        }
+    }
+    memcpy(r->sparse, out, sizeof(out[0]) * n);
+    r->nr_sparse = n;
+}
+
+static bool map_bars(VnBorrower *b, const VnProtoDevice *d, GError **error)
+{
+    b->info.flags = d->flags;
+    b->info.num_regions = d->num_regions;
+    b->info.num_irqs = d->num_irqs;
+    memcpy(b->info.irq_count, d->irq_count, sizeof(d->irq_count));
+    memcpy(b->info.irq_flags, d->irq_flags, sizeof(d->irq_flags));
+    for (uint32_t i = 0; i < d->num_regions; i++) {
+        const VnProtoRegion *pr = &d->regions[i];
+        VnRegion *r = &b->info.regions[i];
+
+        r->size = pr->size;
+        r->flags = pr->flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
+        r->mmap_fd = -1;
+        if (pr->segment == 0 || !(pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
+            continue;
+        }
+        b->windows[i] = vn_fabric_window_map(b->fab, b->lender, pr->segment, error);
+        if (b->windows[i] == NULL) {
+            g_prefix_error(error, "borrower %s: BAR%u: ", b->device, i);
+            return false;
+        }
+        if (b->windows[i]->size < pr->size) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                        "borrower %s: BAR%u window smaller than the BAR", b->device, i);
+            return false;
+        }
+        r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
+        r->mmap_fd = b->windows[i]->fd;
+        r->mmap_offset = 0;
+        r->nr_sparse = pr->nr_sparse;
+        memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
+        if (r->nr_sparse == 0) {
+            r->sparse[0] = (VnSparseArea){ 0, pr->size };
+            r->nr_sparse = 1;
+        }
+    }
+    return true;
+}
+
+/* QEMU emulates the MSI-X table and PBA: leave them out of the mapped areas
+ * (page-rounded, since a mapping cannot cover part of a page). */
+static void carve_msix(VnBorrower *b)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    const VnMsixLayout *x = &b->med.msix;
+    uint64_t t0, t1, p0, p1;
+
+    if (!x->present) {
+        return;
+    }
+    t0 = x->table_offset & ~(uint64_t)(pg - 1);
+    t1 = (x->table_offset + (uint64_t)x->vectors * 16 + pg - 1) & ~(uint64_t)(pg - 1);
+    p0 = x->pba_offset & ~(uint64_t)(pg - 1);
+    p1 = (x->pba_offset + ((uint64_t)x->vectors + 63) / 64 * 8 + pg - 1) & ~(uint64_t)(pg - 1);
+    if (x->table_bar < b->info.num_regions) {
+        carve(&b->info.regions[x->table_bar], t0, t1);
+    }
+    if (x->pba_bar < b->info.num_regions) {
+        carve(&b->info.regions[x->pba_bar], p0, p1);
+    }
+}
+
+VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device,
+                            VnIrqMode mode, const char *socket_path, GMainContext *ctx,
+                            GError **error)
+{
+    g_autoptr(VnBorrower) b = g_new0(VnBorrower, 1);
+    VnProtoAttach at = { .irq_mode = mode };
+    g_autofree char *json = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    VnProtoDevice d;
+    int ret;
+
+    b->fab = fab;
+    b->lender = g_strdup(lender);
+    b->device = g_strdup(device);
+    b->mode = mode;
+    b->relay_index = VFIO_PCI_MSIX_IRQ_INDEX;
+    if (strlen(device) > VN_PROTO_MAX_DEVICE_NAME) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "borrower: device name %s too long", device);
+        return NULL;
+    }
+    g_strlcpy(at.device, device, sizeof(at.device));
+    if (!vn_fabric_connect(fab, lender, error)) {
+        return NULL;
+    }
+    json = vn_proto_attach_to_json(&at);
+    ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, NULL, 0, &reply);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "borrower %s: %s refused to lend it: %s", device, lender,
+                    g_strerror(-ret));
+        return NULL;
+    }
+    b->attached = true;
+    if (!vn_proto_device_from_json(reply->json, &d, error)) {
+        g_prefix_error(error, "borrower %s: from %s: ", device, lender);
+        return NULL;
+    }
+    if (!map_bars(b, &d, error) || !vn_mediate_init(b, error)) {
+        return NULL;
+    }
+    carve_msix(b);
+    b->irqs = vn_irqs_new(b->info.irq_count, b->info.num_irqs);
+    b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
+    if (b->server == NULL) {
+        return NULL;
+    }
+    g_message("borrower %s: borrowed from %s (%s interrupts), serving %s", device, lender,
+              vn_irq_mode_to_string(mode), socket_path);
+    return g_steal_pointer(&b);
+}
+
+void vn_borrower_free(VnBorrower *b)
+{
+    if (b == NULL) {
+        return;
+    }
+    g_clear_pointer(&b->server, vn_server_free);
+    if (b->attached && !b->stats.lender_lost) {
+        g_autofree char *json = vn_proto_device_only_to_json(b->device);
+
+        vn_borrower_call(b, VN_PROTO_DETACH, json, NULL, 0, NULL, 0, NULL);
+    }
+    for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
+        if (b->windows[i] != NULL) {
+            vn_fabric_window_unmap(b->fab, b->windows[i]);
+        }
+    }
+    g_list_free_full(b->mappings, g_free);
+    for (GList *l = b->segments; l != NULL; l = l->next) {
+        vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);
+    }
+    g_list_free_full(b->segments, g_free);
+    vn_irqs_free(b->irqs);
+    g_free(b->lender);
+    g_free(b->device);
+    g_free(b);
+}
+
+const char *vn_borrower_lender(VnBorrower *b)
+{
+    return b->lender;
+}
+
+const char *vn_borrower_device(VnBorrower *b)
+{
+    return b->device;
+}
+
+void vn_borrower_doorbell(VnBorrower *b, uint32_t bit)
+{
+    if (b->mode != VN_IRQ_MODE_RELAY) {
+        return;
+    }
+    if (bit == VN_PROTO_DOORBELL_INTX) {
+        vn_irqs_signal(b->irqs, VFIO_PCI_INTX_IRQ_INDEX, 0);
+    } else {
+        vn_irqs_signal(b->irqs, b->relay_index, bit);
+    }
+    b->stats.relayed_irqs++;
+}
+
+void vn_borrower_lender_down(VnBorrower *b)
+{
+    if (b->stats.lender_lost) {
+        return;
+    }
+    b->stats.lender_lost = true;
+    g_warning("borrower %s: lender %s lost: reads now return all-ones, writes are dropped "
+              "(stock QEMU keeps the device; the guest's driver sees a dead device)",
+              b->device, b->lender);
+}
+
+void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out)
+{
+    *out = b->stats;
+}
+
+char *vn_borrower_stats_json(VnBorrower *b)
+{
+    g_autoptr(JsonBuilder) jb = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autofree char *server = b->server ? vn_server_stats_json(b->server) : NULL;
+    const struct {
+        const char *name;
+        uint64_t v;
+    } c[] = {
+        { "region_forwarded", b->stats.region_forwarded },
+        { "config_forwarded", b->stats.config_forwarded },
+        { "config_virtualized", b->stats.config_virtualized },
+        { "relayed_irqs", b->stats.relayed_irqs },
+        { "fabric_requests", b->stats.fabric_requests },
+        { "dma_maps", b->stats.dma_maps },
+        { "dma_unmaps", b->stats.dma_unmaps },
+    };
+
+    json_builder_begin_object(jb);
+    json_builder_set_member_name(jb, "device");
+    json_builder_add_string_value(jb, b->device);
+    json_builder_set_member_name(jb, "lender");
+    json_builder_add_string_value(jb, b->lender);
+    json_builder_set_member_name(jb, "irq_mode");
+    json_builder_add_string_value(jb, vn_irq_mode_to_string(b->mode));
+    json_builder_set_member_name(jb, "lender_lost");
+    json_builder_add_boolean_value(jb, b->stats.lender_lost);
+    for (size_t i = 0; i < G_N_ELEMENTS(c); i++) {
+        json_builder_set_member_name(jb, c[i].name);
+        json_builder_add_int_value(jb, (gint64)c[i].v);
+    }
+    if (server != NULL && json_parser_load_from_data(p, server, -1, NULL)) {
+        json_builder_set_member_name(jb, "vfio_user");
+        json_builder_add_value(jb, json_node_copy(json_parser_get_root(p)));
+    }
+    json_builder_end_object(jb);
+    root = json_builder_get_root(jb);
+    return json_to_string(root, FALSE);
+}

@@ -1,0 +1,70 @@
+/*
+ * The borrower side of one lent device: a vfio-user server that presents a
+ * device living on another node to one QEMU.
+ *
+ * - BARs the lender exports as fabric segments are mapped through fabric
+ *   windows and offered to QEMU as region fds with sparse-mmap areas that
+ *   leave out the MSI-X table and PBA (QEMU emulates those): the guest's
+ *   loads and stores reach the device with no software in the path.
+ * - Config space is mediated: the ROM BAR, BAR registers, the interrupt
+ *   line, FLR and the extended capabilities (which cannot be honoured across
+ *   the fabric) are virtualized; the rest is forwarded to the lender.
+ * - DMA_MAP exports the guest-memory fd as a fabric segment (one per memory
+ *   backend, shared by its sections) and asks the lender to map it at the
+ *   guest-physical IOVA; DMA_UNMAP is forwarded and completes only when the
+ *   device can no longer reach the memory.
+ * - Interrupts: in fd mode QEMU's eventfds travel to the lender's device,
+ *   which then signals the VM directly; in relay mode the borrower keeps them
+ *   and signals them on the lender's doorbells.
+ * - On lender loss, reads return all-ones and writes are dropped (no stale
+ *   data), and the loss is logged and counted.
+ *
+ * Threads: one GMainContext, shared with the fabric; lending requests are
+ * synchronous on the lender's link (see vn_fabric_request_sync()).
+ */
+#ifndef VN_BORROWER_H
+#define VN_BORROWER_H
+
+#include "fabric/fabric.h"
+#include "lending/proto.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnBorrower VnBorrower;
+
+typedef struct VnBorrowerStats {
+    uint64_t region_forwarded;   /* trapped BAR accesses forwarded to the lender */
+    uint64_t config_forwarded;   /* config accesses forwarded */
+    uint64_t config_virtualized; /* config accesses answered here */
+    uint64_t relayed_irqs;       /* doorbells turned into VM interrupts */
+    uint64_t fabric_requests;    /* lending requests sent */
+    uint64_t dma_maps;           /* forwarded to the lender */
+    uint64_t dma_unmaps;
+    bool lender_lost;
+} VnBorrowerStats;
+
+/*
+ * Borrow @device from node @lender (ATTACH), map its BARs and serve it on
+ * @socket_path (which must not exist) in @ctx.
+ */
+VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device,
+                            VnIrqMode mode, const char *socket_path, GMainContext *ctx,
+                            GError **error);
+/* Stops serving, DETACHes (if the lender is there), unmaps the windows. */
+void vn_borrower_free(VnBorrower *b);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnBorrower, vn_borrower_free)
+
+const char *vn_borrower_lender(VnBorrower *b);
+const char *vn_borrower_device(VnBorrower *b);
+
+/* Fabric events for this borrower's lender. */
+void vn_borrower_doorbell(VnBorrower *b, uint32_t bit);
+void vn_borrower_lender_down(VnBorrower *b);
+
+void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out);
+/* Counters (ours and the vfio-user server's) as a JSON object. */
+char *vn_borrower_stats_json(VnBorrower *b);
+
+#endif /* VN_BORROWER_H */

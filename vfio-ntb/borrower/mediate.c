@@ -1,0 +1,196 @@
+/*
+ * Config-space mediation for a borrowed device.
+ *
+ * Most of config space is the device's and is forwarded to the lender.  What
+ * cannot be honoured across the fabric, or belongs to the borrower's side of
+ * the bus, is answered here:
+ *   BAR registers   reads forwarded (QEMU learns the BAR types), writes
+ *                   dropped: the device's addresses are the lender's business
+ *   ROM BAR         reads 0, writes dropped: no option ROM is lent
+ *   Interrupt Line  a local byte (firmware writes it, nothing uses it)
+ *   Initiate FLR    turned into a RESET of the lent device (PCIe r5.0 6.6.2)
+ *   extended space  reads 0 (PCIe r5.0 7.6.3: a zero header ends the list):
+ *                   AER, ATS, SR-IOV and friends act on the lender's fabric
+ */
+#define G_LOG_DOMAIN "vfio-ntb.borrower"
+
+#include "borrower-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <linux/pci_regs.h>
+#include <string.h>
+
+/* A capability list longer than this is a loop (48 = (256 - 64) / 4). */
+#define VN_MEDIATE_MAX_CAPS 48
+
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+bool vn_mediate_init(VnBorrower *b, GError **error)
+{
+    uint8_t cfg[PCI_CFG_SPACE_SIZE];
+    VnMediate *m = &b->med;
+    unsigned pos;
+    int ret;
+
+    memset(m, 0, sizeof(*m));
+    ret = vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, sizeof(cfg), false);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "borrower %s: cannot read config space: %s", b->device, g_strerror(-ret));
+        return false;
+    }
+    m->int_line = cfg[PCI_INTERRUPT_LINE];
+    if (!(cfg[PCI_STATUS] & PCI_STATUS_CAP_LIST)) {
+        return true;
+    }
+    /* The lender is a peer like any other: a bad list ends the walk. */
+    pos = cfg[PCI_CAPABILITY_LIST] & ~3u;
+    for (int n = 0; n < VN_MEDIATE_MAX_CAPS && pos >= 0x40 && pos < 0xfc; n++) {
+        uint8_t id = cfg[pos];
+
+        if (id == PCI_CAP_ID_EXP) {
+            m->exp_cap = (uint8_t)pos;
+        } else if (id == PCI_CAP_ID_MSIX && pos + 12 <= sizeof(cfg)) {
+            uint16_t flags = (uint16_t)(cfg[pos + 2] | cfg[pos + 3] << 8);
+            uint32_t table = le32(&cfg[pos + PCI_MSIX_TABLE]);
+            uint32_t pba = le32(&cfg[pos + PCI_MSIX_PBA]);
+
+            m->msix.present = true;
+            m->msix.vectors = (flags & PCI_MSIX_FLAGS_QSIZE) + 1u;
+            m->msix.table_bar = table & PCI_MSIX_TABLE_BIR;
+            m->msix.table_offset = table & PCI_MSIX_TABLE_OFFSET;
+            m->msix.pba_bar = pba & PCI_MSIX_PBA_BIR;
+            m->msix.pba_offset = pba & PCI_MSIX_PBA_OFFSET;
+        }
+        pos = cfg[pos + PCI_CAP_LIST_NEXT] & ~3u;
+    }
+    return true;
+}
+
+/* What the borrower does with one config byte. */
+typedef enum Rule {
+    RULE_FORWARD,       /* the device's */
+    RULE_ZERO,          /* reads 0, writes dropped */
+    RULE_READ_ONLY,     /* reads forwarded, writes dropped */
+    RULE_LOCAL,         /* a byte kept here */
+} Rule;
+
+static Rule rule_of(const VnMediate *m, uint64_t a)
+{
+    if (a >= PCI_CFG_SPACE_SIZE) {
+        return RULE_ZERO;
+    }
+    if (a >= PCI_BASE_ADDRESS_0 && a <= PCI_BASE_ADDRESS_5 + 3) {
+        return RULE_READ_ONLY;
+    }
+    if (a >= PCI_ROM_ADDRESS && a < PCI_ROM_ADDRESS + 4) {
+        return RULE_ZERO;
+    }
+    if (a == PCI_INTERRUPT_LINE) {
+        return RULE_LOCAL;
+    }
+    return RULE_FORWARD;
+}
+
+int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
+{
+    uint8_t *p = buf;
+    uint64_t end = offset + count;
+    uint64_t fwd_end = MIN(end, (uint64_t)PCI_CFG_SPACE_SIZE);
+    int ret;
+
+    /* One forwarded read for the conventional part (QEMU reads all of config
+     * space at once when the device is added), then patch our bytes. */
+    if (offset < fwd_end) {
+        ret = vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, offset, p,
+                                    (uint32_t)(fwd_end - offset), false);
+        if (ret < 0) {
+            return ret;
+        }
+        b->stats.config_forwarded++;
+    } else {
+        b->stats.config_virtualized++;
+    }
+    for (uint64_t a = offset; a < end; a++) {
+        switch (rule_of(&b->med, a)) {
+        case RULE_ZERO:
+            p[a - offset] = 0;
+            break;
+        case RULE_LOCAL:
+            p[a - offset] = b->med.int_line;
+            break;
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
+/* Forward the bytes [s, e) of a write that the device should see. */
+static int forward_run(VnBorrower *b, uint64_t offset, const uint8_t *p, uint64_t s,
+                       uint64_t e)
+{
+    b->stats.config_forwarded++;
+    return vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, s,
+                                 (void *)(p + (s - offset)), (uint32_t)(e - s), true);
+}
+
+int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count)
+{
+    const VnMediate *m = &b->med;
+    uint8_t data[PCI_CFG_SPACE_SIZE];
+    uint64_t end = offset + count;
+    uint64_t run = UINT64_MAX;
+    bool flr = false;
+    int ret = 0;
+
+    if (offset >= PCI_CFG_SPACE_SIZE) {
+        b->stats.config_virtualized++;
+        return 0;
+    }
+    end = MIN(end, (uint64_t)PCI_CFG_SPACE_SIZE);
+    memcpy(data, buf, end - offset);
+    /* Initiate FLR (bit 15 of Device Control) becomes a RESET request. */
+    if (m->exp_cap != 0) {
+        uint64_t hi = m->exp_cap + PCI_EXP_DEVCTL + 1;
+
+        if (hi >= offset && hi < end && (data[hi - offset] & 0x80)) {
+            data[hi - offset] &= 0x7f;
+            flr = true;
+        }
+    }
+    for (uint64_t a = offset; a <= end; a++) {
+        Rule r = a < end ? rule_of(m, a) : RULE_ZERO;
+
+        if (r == RULE_FORWARD) {
+            if (run == UINT64_MAX) {
+                run = a;
+            }
+            continue;
+        }
+        if (run != UINT64_MAX) {
+            ret = forward_run(b, offset, data, run, a);
+            run = UINT64_MAX;
+            if (ret < 0) {
+                return ret;
+            }
+        }
+        if (a < end && r == RULE_LOCAL) {
+            b->med.int_line = data[a - offset];
+            b->stats.config_virtualized++;
+        }
+    }
+    if (flr) {
+        g_autofree char *json = vn_proto_device_only_to_json(b->device);
+
+        g_info("borrower %s: guest requested FLR: resetting the lent device", b->device);
+        ret = vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL, 0, NULL);
+    }
+    return ret;
+}

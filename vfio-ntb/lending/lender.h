@@ -1,0 +1,79 @@
+/*
+ * The lender side of one lent device.
+ *
+ * A lender drives a local device through a backend -- this version's
+ * backend is a vfio-user client (vfio-user/client.h) connected to any
+ * vfio-user device server (vfio-ntb-simdev, QEMU's x-remote, a
+ * libvfio-user server) -- and exports it to one borrower at a time over the
+ * fabric with the lending protocol (proto.h):
+ *
+ * - ATTACH: connects to the device server, describes the device, and
+ *   exports every mappable BAR as a fabric segment that only the borrower
+ *   may map (its own sparse areas kept).  A second borrower gets EBUSY.
+ * - REGION_RW: forwarded to the device in order (trapped regions, config).
+ * - DMA_MAP: maps the borrower's segment through a fabric window (one
+ *   window per segment, shared by every mapping into it) and maps it at the
+ *   IOVA in the device's DMA space.  DMA_UNMAP unmaps from the device before
+ *   the reply, so when the borrower's unmap completes the device can no
+ *   longer reach that memory; a window no mapping uses is unmapped.
+ * - SET_IRQS: in fd mode the VM's eventfds (carried by the fabric) go to
+ *   the device itself, so it signals the VM with no hop; in relay mode the
+ *   lender gives the device its own eventfds, watches them and rings the
+ *   borrower's doorbell (proto.h: bit = vector).
+ * - RESET, DETACH; and on borrower loss (link down): fence -- unmap all
+ *   DMA, disable every interrupt, reset the device, withdraw the segments,
+ *   disconnect from the device server -- so a new borrower can attach.
+ *
+ * Threads: the lender lives in its fabric's GMainContext.
+ */
+#ifndef VN_LENDER_H
+#define VN_LENDER_H
+
+#include "fabric/fabric.h"
+#include "proto.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnLender VnLender;
+
+typedef struct VnLenderStats {
+    uint64_t requests;        /* lending-protocol requests handled */
+    uint64_t region_rw;       /* forwarded region accesses, config included */
+    uint64_t config_rw;       /* forwarded config-space accesses */
+    uint64_t relayed_irqs;    /* interrupts relayed by doorbell */
+    uint64_t dma_maps;
+    uint64_t dma_unmaps;
+    uint64_t resets;
+    uint64_t fences;          /* borrower losses and detaches cleaned up */
+    uint32_t windows;         /* fabric windows mapped now */
+} VnLenderStats;
+
+/*
+ * Lend device @name (proto.h name rules) whose vfio-user server listens on
+ * @device_socket.  Nothing connects until a borrower attaches.
+ */
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_socket,
+                        GError **error);
+/* Fences first if a borrower holds the device. */
+void vn_lender_free(VnLender *l);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnLender, vn_lender_free)
+
+const char *vn_lender_name(VnLender *l);
+/* The node holding the device, or NULL. */
+const char *vn_lender_borrower(VnLender *l);
+
+/*
+ * Handle a lending-protocol request (msg->type a VnProtoType) whose
+ * "device" is ours; answers it exactly once through vn_fabric_reply*().
+ * A request from a node other than the borrower (except ATTACH) gets EPERM.
+ */
+void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token);
+/* A doorbell or link event for the lender's borrower. */
+void vn_lender_peer_down(VnLender *l, const char *peer);
+
+void vn_lender_stats(VnLender *l, VnLenderStats *out);
+char *vn_lender_stats_json(VnLender *l);
+
+#endif /* VN_LENDER_H */
