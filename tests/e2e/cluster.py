@@ -1,0 +1,108 @@
+"""Nodes of an emulated NTB cluster for e2e tests: vfio-ntbd processes on one shm fabric.
+
+    fab = procs.tempdir("vn-fabric-")
+    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": simdev.socket_path}).start()
+    b = Daemon(procs, wd, "hostb", fab, borrows={"nvme0": ("hosta", wd / "vm.sock", "fd")})
+    b.start(wait_sockets=True)
+    b.stats()   # the daemon's counters (SIGUSR1 -> stats file)
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import harness as h
+
+VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
+
+
+class Daemon:
+    def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
+                 fabric_params=None, verbose=False):
+        self.procs = procs
+        self.name = name
+        self.wd = Path(workdir)
+        self.fabric_dir = Path(fabric_dir)
+        self.lends = dict(lends or {})
+        self.borrows = dict(borrows or {})   # name -> (lender, socket, irq_mode)
+        self.fabric_params = dict(fabric_params or {})
+        self.verbose = verbose
+        self.conf = self.wd / f"{name}.conf"
+        self.stats_path = self.wd / f"{name}.stats"
+        self.log_path = self.wd / f"{name}.log"
+        self.proc = None
+
+    def config_text(self):
+        lines = ["[node]", f"name = {self.name}", "fabric = shm",
+                 f"fabric-dir = {self.fabric_dir}", f"stats-file = {self.stats_path}"]
+        if self.fabric_params:
+            lines += ["", "[fabric]"] + [f"{k} = {v}" for k, v in self.fabric_params.items()]
+        for dev, sock in self.lends.items():
+            lines += ["", f"[lend {dev}]", f"socket = {sock}"]
+        for dev, (lender, sock, mode) in self.borrows.items():
+            lines += ["", f"[borrow {dev}]", f"lender = {lender}", f"socket = {sock}",
+                      f"irq-mode = {mode}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self, wait_sockets=False, timeout=20.0):
+        self.conf.write_text(self.config_text())
+        argv = [VFIO_NTBD, "--config", self.conf] + (["--verbose"] if self.verbose else [])
+        for _, (_, sock, _) in self.borrows.items():
+            self.procs.track(Path(sock))
+        with open(self.log_path, "ab") as log:
+            self.proc = self.procs.start(f"vfio-ntbd-{self.name}", argv, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        sock = self.fabric_dir / f"{self.name}.sock"
+        waits = [sock] + ([Path(s) for _, s, _ in self.borrows.values()] if wait_sockets else [])
+        while not all(p.exists() for p in waits):
+            if self.proc.poll() is not None:
+                raise h.HarnessError(f"vfio-ntbd {self.name} exited ({self.proc.returncode}):\n"
+                                     f"{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise h.Timeout(f"vfio-ntbd {self.name}: {waits} not ready in {timeout} s\n"
+                                f"{self.log()[-3000:]}")
+            time.sleep(0.02)
+        return self
+
+    def stats(self, timeout=5.0):
+        """Ask for the counters (SIGUSR1) and return them once the file is rewritten."""
+        before = self.stats_path.stat().st_mtime_ns if self.stats_path.exists() else 0
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.stats_path.exists() and self.stats_path.stat().st_mtime_ns != before:
+                try:
+                    return json.loads(self.stats_path.read_text())
+                except json.JSONDecodeError:
+                    pass   # not possible with rename, but never trust timing
+            if time.monotonic() > deadline:
+                raise h.Timeout(f"vfio-ntbd {self.name}: no stats in {timeout} s")
+            time.sleep(0.01)
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+
+    def stop(self):
+        if self.proc:
+            self.procs.stop(self.proc)
+
+    def log(self):
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def simdev_stats(sd):
+    """Ask vfio-ntb-simdev for its counters (SIGUSR1 -> its --stats-file)."""
+    path = sd.socket_path.with_suffix(".stats")
+    before = path.stat().st_mtime_ns if path.exists() else 0
+    sd.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_mtime_ns != before:
+            return json.loads(path.read_text())
+        time.sleep(0.01)
+    raise h.Timeout("simdev: no stats")

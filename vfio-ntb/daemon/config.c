@@ -1,0 +1,242 @@
+/*
+ * vfio-ntbd's configuration file (see config.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "config.h"
+
+#include <gio/gio.h>
+#include <string.h>
+
+static void lend_free(gpointer p)
+{
+    VnLendConf *l = p;
+
+    g_free(l->name);
+    g_free(l->socket);
+    g_free(l);
+}
+
+static void borrow_free(gpointer p)
+{
+    VnBorrowConf *b = p;
+
+    g_free(b->name);
+    g_free(b->lender);
+    g_free(b->device);
+    g_free(b->socket);
+    g_free(b);
+}
+
+void vn_config_free(VnConfig *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    g_free(c->node);
+    g_free(c->fabric);
+    g_free(c->stats_file);
+    g_clear_pointer(&c->fabric_params, g_hash_table_unref);
+    g_clear_pointer(&c->lends, g_ptr_array_unref);
+    g_clear_pointer(&c->borrows, g_ptr_array_unref);
+    g_free(c);
+}
+
+static bool keys_known(GKeyFile *kf, const char *group, const char *const *known,
+                       GError **error)
+{
+    g_auto(GStrv) keys = g_key_file_get_keys(kf, group, NULL, error);
+
+    if (keys == NULL) {
+        return false;
+    }
+    for (char **k = keys; *k != NULL; k++) {
+        if (known != NULL && !g_strv_contains(known, *k)) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+                        "[%s]: unknown key \"%s\"", group, *k);
+            return false;
+        }
+    }
+    return true;
+}
+
+static char *need(GKeyFile *kf, const char *group, const char *key, GError **error)
+{
+    g_autofree char *v = g_key_file_get_string(kf, group, key, NULL);
+
+    if (v == NULL || v[0] == '\0') {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+                    "[%s]: \"%s\" is required", group, key);
+        return NULL;
+    }
+    return g_steal_pointer(&v);
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+
+    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
+{
+    static const char *const known[] = { "socket", NULL };
+    VnLendConf *l;
+
+    if (!keys_known(kf, group, known, error)) {
+        return false;
+    }
+    l = g_new0(VnLendConf, 1);
+    g_ptr_array_add(c->lends, l);
+    l->name = g_strdup(group + strlen("lend "));
+    l->socket = need(kf, group, "socket", error);
+    return l->socket != NULL;
+}
+
+static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
+{
+    static const char *const known[] = { "lender", "device", "socket", "irq-mode", NULL };
+    g_autofree char *mode = NULL;
+    VnBorrowConf *b;
+
+    if (!keys_known(kf, group, known, error)) {
+        return false;
+    }
+    b = g_new0(VnBorrowConf, 1);
+    g_ptr_array_add(c->borrows, b);
+    b->name = g_strdup(group + strlen("borrow "));
+    if (!(b->lender = need(kf, group, "lender", error)) ||
+        !(b->socket = need(kf, group, "socket", error))) {
+        return false;
+    }
+    b->device = g_key_file_get_string(kf, group, "device", NULL);
+    if (b->device == NULL) {
+        b->device = g_strdup(b->name);
+    }
+    if (!name_ok(b->device)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: device \"%s\" must be 1-%d of [A-Za-z0-9_.-]", group, b->device,
+                    VN_PROTO_MAX_DEVICE_NAME);
+        return false;
+    }
+    mode = g_key_file_get_string(kf, group, "irq-mode", NULL);
+    if (mode != NULL && !vn_irq_mode_from_string(mode, &b->irq_mode)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: irq-mode must be fd or relay, not \"%s\"", group, mode);
+        return false;
+    }
+    return true;
+}
+
+static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
+{
+    static const char *const node_keys[] = { "name", "fabric", "fabric-dir", "stats-file", NULL };
+    g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
+    g_autofree char *dir = NULL;
+
+    if (!g_key_file_has_group(kf, "node")) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_GROUP_NOT_FOUND,
+                    "[node] is required");
+        return false;
+    }
+    if (!keys_known(kf, "node", node_keys, error) ||
+        !(c->node = need(kf, "node", "name", error)) ||
+        !(dir = need(kf, "node", "fabric-dir", error))) {
+        return false;
+    }
+    c->fabric = g_key_file_get_string(kf, "node", "fabric", NULL);
+    if (c->fabric == NULL) {
+        c->fabric = g_strdup("shm");
+    }
+    c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
+    g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
+
+    for (char **g = groups; *g != NULL; g++) {
+        const char *name = strchr(*g, ' ') ? strchr(*g, ' ') + 1 : "";
+
+        if (strcmp(*g, "node") == 0) {
+            continue;
+        }
+        if (strcmp(*g, "fabric") == 0) {
+            g_auto(GStrv) keys = g_key_file_get_keys(kf, *g, NULL, NULL);
+
+            for (char **k = keys; k != NULL && *k != NULL; k++) {
+                g_hash_table_insert(c->fabric_params, g_strdup(*k),
+                                    g_key_file_get_string(kf, *g, *k, NULL));
+            }
+            continue;
+        }
+        if (c->lends->len + c->borrows->len >= VN_CONFIG_MAX_DEVICES) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "more than %d devices", VN_CONFIG_MAX_DEVICES);
+            return false;
+        }
+        if (g_str_has_prefix(*g, "lend ") && name_ok(name)) {
+            if (!parse_lend(kf, *g, c, error)) {
+                return false;
+            }
+        } else if (g_str_has_prefix(*g, "borrow ") && name_ok(name)) {
+            if (!parse_borrow(kf, *g, c, error)) {
+                return false;
+            }
+        } else {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_GROUP_NOT_FOUND,
+                        "unknown group [%s] (expected [node], [fabric], [lend NAME], "
+                        "[borrow NAME])", *g);
+            return false;
+        }
+    }
+    return true;
+}
+
+static VnConfig *config_new(void)
+{
+    VnConfig *c = g_new0(VnConfig, 1);
+
+    c->fabric_params = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    c->lends = g_ptr_array_new_with_free_func(lend_free);
+    c->borrows = g_ptr_array_new_with_free_func(borrow_free);
+    return c;
+}
+
+VnConfig *vn_config_parse(const char *text, GError **error)
+{
+    g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autoptr(VnConfig) c = config_new();
+
+    if (!g_key_file_load_from_data(kf, text, (gsize)-1, G_KEY_FILE_NONE, error) ||
+        !parse(kf, c, error)) {
+        return NULL;
+    }
+    return g_steal_pointer(&c);
+}
+
+VnConfig *vn_config_load(const char *path, GError **error)
+{
+    g_autofree char *text = NULL;
+    gsize len;
+    VnConfig *c;
+
+    /* A config file is small; a huge one is a mistake, not a config. */
+    if (!g_file_get_contents(path, &text, &len, error)) {
+        return NULL;
+    }
+    if (len > 1024 * 1024) {
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: larger than 1 MiB", path);
+        return NULL;
+    }
+    c = vn_config_parse(text, error);
+    if (c == NULL) {
+        g_prefix_error(error, "%s: ", path);
+    }
+    return c;
+}

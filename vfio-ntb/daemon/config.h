@@ -1,0 +1,63 @@
+/*
+ * vfio-ntbd's configuration file (GKeyFile):
+ *
+ *   [node]
+ *   name = hosta                  # this node on the fabric
+ *   fabric = shm                  # backend
+ *   fabric-dir = /run/vfio-ntb/fabric
+ *   stats-file = /run/vfio-ntb/hosta.stats   # counters, on SIGUSR1 and at exit
+ *
+ *   [fabric]                      # optional backend limits, passed through
+ *   max-windows = 8
+ *
+ *   [lend nvme0]                  # a device this node lends
+ *   socket = /run/vfio-ntb/nvme0-device.sock # its vfio-user device server
+ *
+ *   [borrow nvme0]                # a device this node borrows for a VM
+ *   lender = hosta
+ *   device = nvme0                # the lender's name for it (default: the section's)
+ *   socket = /run/vfio-ntb/vm1-nvme0.sock    # what QEMU's vfio-user-pci connects to
+ *   irq-mode = fd                 # or relay
+ *
+ * Every value is checked; an unknown group or key is an error, so a typo
+ * does not silently change what a host lends.
+ */
+#ifndef VN_CONFIG_H
+#define VN_CONFIG_H
+
+#include "lending/proto.h"
+
+#include <glib.h>
+#include <stdbool.h>
+
+/* Devices one daemon lends or borrows (each is a socket and a few fds). */
+#define VN_CONFIG_MAX_DEVICES 64
+
+typedef struct VnLendConf {
+    char *name;
+    char *socket;
+} VnLendConf;
+
+typedef struct VnBorrowConf {
+    char *name;
+    char *lender;
+    char *device;
+    char *socket;
+    VnIrqMode irq_mode;
+} VnBorrowConf;
+
+typedef struct VnConfig {
+    char *node;
+    char *fabric;
+    GHashTable *fabric_params;   /* char* -> char*, "dir" and limits */
+    char *stats_file;            /* may be NULL */
+    GPtrArray *lends;            /* VnLendConf */
+    GPtrArray *borrows;          /* VnBorrowConf */
+} VnConfig;
+
+VnConfig *vn_config_load(const char *path, GError **error);
+VnConfig *vn_config_parse(const char *text, GError **error);
+void vn_config_free(VnConfig *c);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnConfig, vn_config_free)
+
+#endif /* VN_CONFIG_H */
