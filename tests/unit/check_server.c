@@ -221,7 +221,7 @@ END_TEST
 START_TEST(test_region_errors)
 {
     g_autoptr(VnClient) c = connect_ok();
-    uint8_t buf[8];
+    uint8_t buf[8] = { 0 };
     struct vfio_region_info ri;
     int fd;
 

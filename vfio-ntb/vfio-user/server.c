@@ -153,7 +153,7 @@ static gboolean on_listen(int fd, GIOCondition cond, gpointer data)
     }
     /* One client at a time: the next waits in the backlog until this one
      * goes (that is how a hot-unplugged and re-plugged device reconnects). */
-    s->listen_src = NULL;
+    g_clear_pointer(&s->listen_src, g_source_unref);
     return G_SOURCE_REMOVE;
 }
 
