@@ -1,0 +1,710 @@
+/*
+ * Unit tests of the NTB fabric over its shm backend (vfio-ntb/fabric/):
+ * links, messages, failures, segments and windows, doorbells.  Refused
+ * parameters and malformed input from peers are in check_fabric_untrusted.c;
+ * the rig is in fabric-rig.h.
+ */
+#include "fabric-rig.h"
+
+/* ---- link --------------------------------------------------------------- */
+
+START_TEST(test_link_up_down)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GError) error = NULL;
+    gint64 t0;
+
+    ck_assert(vn_fabric_connect(a->fab, "b", &error));
+    /* True at once; on_link runs from the loop, not inside connect. */
+    ck_assert(vn_fabric_link_up(a->fab, "b"));
+    ck_assert_uint_eq(log_count(a, "up:"), 0);
+    WAIT_FOR(log_has(a, "up:b") && log_has(b, "up:a"));
+    ck_assert(vn_fabric_link_up(b->fab, "a"));
+    /* Idempotent, from either side: still one link. */
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert(vn_fabric_connect(b->fab, "a", NULL));
+    spin(50);
+    ck_assert_uint_eq(log_count(a, "up:"), 1);
+    ck_assert_uint_eq(log_count(b, "up:"), 1);
+
+    t0 = now_ms();
+    node_close(b);
+    WAIT_FOR(log_has(a, "down:b"));
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert(!vn_fabric_link_up(a->fab, "b"));
+}
+END_TEST
+
+START_TEST(test_simultaneous_connect)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Reply r1 = { 0 }, r2 = { 0 };
+
+    /* Both connect before either has read anything: two sockets, and both
+     * ends must settle on the same one without the link flapping. */
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert(vn_fabric_connect(b->fab, "a", NULL));
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"n\":1}", NULL, 0, NULL, 0,
+                                       on_reply, &r1), 0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"n\":2}", NULL, 0, NULL, 0,
+                                       on_reply, &r2), 0);
+    WAIT_FOR(r1.done && r2.done);
+    ck_assert_int_eq(r1.err, 0);
+    ck_assert_int_eq(r2.err, 0);
+    spin(100);
+    ck_assert_uint_eq(log_count(a, "up:"), 1);
+    ck_assert_uint_eq(log_count(b, "up:"), 1);
+    ck_assert_uint_eq(log_count(a, "down:"), 0);
+    ck_assert_uint_eq(log_count(b, "down:"), 0);
+    reply_clear(&r1);
+    reply_clear(&r2);
+    /* ...and the one left carries traffic both ways. */
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, "x", 1, NULL, 0, on_reply,
+                                       &r1), 0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, NULL, "y", 1, NULL, 0, on_reply,
+                                       &r2), 0);
+    WAIT_FOR(r1.done && r2.done);
+    ck_assert_int_eq(r1.err + r2.err, 0);
+    reply_clear(&r1);
+    reply_clear(&r2);
+}
+END_TEST
+
+START_TEST(test_connect_errors)
+{
+    Node *a = node_open("a", false);
+    g_autoptr(GError) error = NULL;
+
+    ck_assert(!vn_fabric_connect(a->fab, "nobody", &error));
+    ck_assert_ptr_nonnull(error);
+    g_clear_error(&error);
+    ck_assert(!vn_fabric_connect(a->fab, "a", &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT));
+    g_clear_error(&error);
+    ck_assert(!vn_fabric_connect(a->fab, "../etc", &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT));
+    ck_assert(!vn_fabric_link_up(a->fab, "nobody"));
+}
+END_TEST
+
+static void *bogus_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    return NULL;
+}
+
+START_TEST(test_register)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricOps ops = { .name = "bogus", .open = bogus_open };
+    static const VnFabricOps shm_again = { .name = "shm" };
+
+    node_open("a", false);      /* the built-in backend is registered now */
+    ck_assert(!vn_fabric_ops_valid(NULL, &error));
+    g_clear_error(&error);
+    ck_assert(!vn_fabric_register(&ops, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "close"));
+    g_clear_error(&error);
+    ck_assert(!vn_fabric_register(&shm_again, &error));
+    g_clear_error(&error);
+    /* The built-in registers itself: a second one by that name is refused. */
+    ck_assert(!vn_fabric_register(&vn_shm_ops, &error));
+    ck_assert(vn_fabric_name_valid("node-7"));
+    ck_assert(!vn_fabric_name_valid("Node"));
+    ck_assert(!vn_fabric_name_valid(NULL));
+}
+END_TEST
+
+/* ---- messages ----------------------------------------------------------- */
+
+START_TEST(test_request_reply)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+    const uint8_t bin[5] = { 0, 1, 2, 0xfe, 0xff };
+    Reply r = { 0 };
+    char buf[8] = { 0 };
+    VnFabricStats sa, sb;
+
+    link_nodes(a, b);
+    /* JSON + binary + an fd; the handler writes through the fd it got. */
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_WRITE_FD, "{\"hello\":\"world\"}", bin,
+                                       sizeof(bin), &memfd, 1, on_reply, &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, 0);
+    ck_assert_str_eq(r.json, "{\"wrote\":4}");
+    ck_assert(log_has(b, "req:2:{\"hello\":\"world\"}:5:1"));
+    ck_assert_mem_eq(map, "pong", 4);
+    reply_clear(&r);
+
+    /* An echo brings all three back; the fd is the same file. */
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"k\":[1,2]}", bin, sizeof(bin),
+                                       &memfd, 1, on_reply, &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, 0);
+    ck_assert_str_eq(r.json, "{\"k\":[1,2]}");
+    ck_assert_uint_eq(r.data->len, sizeof(bin));
+    ck_assert_mem_eq(r.data->data, bin, sizeof(bin));
+    ck_assert_uint_eq(r.nfds, 1);
+    ck_assert_int_eq(pwrite(r.fds[0], "echo", 4, 8), 4);
+    ck_assert_int_eq(pread(memfd, buf, 4, 8), 4);
+    ck_assert_str_eq(buf, "echo");
+    ck_assert_int_eq(r.calls, 1);
+    reply_clear(&r);
+
+    sa = stats_of(a);
+    sb = stats_of(b);
+    ck_assert_uint_eq(sa.msgs_sent, 2);
+    ck_assert_uint_eq(sa.msgs_received, 2);
+    ck_assert_uint_eq(sb.msgs_received, 2);
+    ck_assert_uint_eq(sb.msgs_sent, 2);
+    ck_assert_uint_eq(sa.bad_messages + sb.bad_messages, 0);
+    munmap(map, 4096);
+    close(memfd);
+}
+END_TEST
+
+START_TEST(test_event)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, "{\"x\":1}", "abc", 3, &memfd, 1), 0);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 10, NULL, NULL, 0, NULL, 0), 0);
+    WAIT_FOR(log_has(b, "ev:10:-:0:0"));
+    /* In order, with what they carried; the fd reached the same file. */
+    ck_assert(log_has(b, "ev:9:{\"x\":1}:3:1"));
+    ck_assert_str_eq(b->log->pdata[b->log->len - 2], "ev:9:{\"x\":1}:3:1");
+    ck_assert_mem_eq(map, "seen", 4);
+    ck_assert_uint_eq(stats_of(b).msgs_received, 2);
+    munmap(map, 4096);
+    close(memfd);
+}
+END_TEST
+
+START_TEST(test_error_reply)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Reply r = { 0 };
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_FAIL, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, -EPERM);
+    ck_assert_ptr_nonnull(r.json);
+    ck_assert_ptr_nonnull(strstr(r.json, "not allowed here"));
+    reply_clear(&r);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", 999, NULL, NULL, 0, NULL, 0, on_reply, &r),
+                     0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, -ENOTSUP);
+    reply_clear(&r);
+    /* A token that was never handed out. */
+    ck_assert_int_eq(vn_fabric_reply(b->fab, 4242, NULL, NULL, 0, NULL, 0), -ENOENT);
+    ck_assert_uint_eq(stats_of(a).bad_messages, 0);
+}
+END_TEST
+
+START_TEST(test_message_args)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    g_autofree uint8_t *big = g_malloc0(VN_FABRIC_MAX_PAYLOAD + 1);
+    Reply r = { 0 };
+
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r), -ENOTCONN);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 1, NULL, NULL, 0, NULL, 0), -ENOTCONN);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 1), -ENOTCONN);
+    link_nodes(a, b);
+    for (unsigned i = 0; i < G_N_ELEMENTS(fds); i++) {
+        fds[i] = 0;
+    }
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", VN_FABRIC_TYPE_RESERVED, NULL, NULL, 0,
+                                       NULL, 0, on_reply, &r), -EINVAL);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0, NULL,
+                                     0), -EINVAL);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, fds,
+                                       G_N_ELEMENTS(fds), on_reply, &r), -EINVAL);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, big,
+                                       VN_FABRIC_MAX_PAYLOAD + 1, NULL, 0, on_reply, &r),
+                     -EMSGSIZE);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{}", big, VN_FABRIC_MAX_PAYLOAD,
+                                       NULL, 0, on_reply, &r), -EMSGSIZE);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_MAP, NULL, NULL, 0,
+                                            NULL, 0, NULL), -EINVAL);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS), -EINVAL);
+    spin(20);
+    ck_assert(!r.done);                 /* refused requests never call back */
+    ck_assert_uint_eq(stats_of(a).msgs_sent, 0);
+    ck_assert_uint_eq(log_count(b, "req:"), 0);
+}
+END_TEST
+
+START_TEST(test_sync_request)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    VnFabricMsg *none = (VnFabricMsg *)&none;
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3,
+                                            NULL, 0, &reply), 0);
+    ck_assert_ptr_nonnull(reply);
+    ck_assert_str_eq(reply->json, "{\"s\":\"sync\"}");
+    ck_assert_str_eq(reply->peer, "b");
+    ck_assert_uint_eq(reply->data_len, 3);
+    ck_assert_mem_eq(reply->data, "xyz", 3);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, NULL, 0, &none),
+                     -EPERM);
+    ck_assert_ptr_null(none);
+    /* on_link(up) was queued, not run inside the calls above. */
+    ck_assert_uint_eq(log_count(a, "up:"), 0);
+    WAIT_FOR(log_has(a, "up:b"));
+}
+END_TEST
+
+START_TEST(test_sync_queues_others)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(VnFabricMsg) reply = NULL;
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    /* b sends an event before its reply: it must not run inside the call. */
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0, NULL, 0,
+                                            &reply), 0);
+    ck_assert_str_eq(reply->json, "{\"second\":true}");
+    ck_assert_uint_eq(log_count(a, "ev:"), 0);
+    /* Let event 8 arrive behind the queued ones before the loop runs: it
+     * must still come after them. */
+    g_usleep(100 * 1000);
+    WAIT_FOR(log_has(a, "ev:8:-:0:0"));
+    ck_assert_uint_eq(a->log->len, 3);
+    ck_assert_str_eq(a->log->pdata[0], "up:b");
+    ck_assert_str_eq(a->log->pdata[1], "ev:7:{\"first\":true}:0:0");
+    ck_assert_str_eq(a->log->pdata[2], "ev:8:-:0:0");
+}
+END_TEST
+
+START_TEST(test_sync_map_while_waiting)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    uint8_t *map;
+    int memfd = memfd_new(8192, &map);
+    uint64_t seg;
+
+    node_start(b);
+    a = node_open("a", false);
+    seg = vn_fabric_segment_export(a->fab, memfd, 8192, "b", NULL);
+    ck_assert_uint_ne(seg, 0);
+    memcpy(map, "a's data", 8);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    /* a blocks on b; b's handler maps a's segment, which a must answer
+     * while it waits, or both would sit out the timeout. */
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg),
+                                            NULL, 0, &reply), 0);
+    ck_assert_uint_eq(reply->data_len, 8);
+    ck_assert_mem_eq(reply->data, "a's data", 8);
+    munmap(map, 8192);
+    close(memfd);
+}
+END_TEST
+
+/* ---- failures ----------------------------------------------------------- */
+
+START_TEST(test_request_timeout)
+{
+    static const char *const fast[] = { "request-timeout-ms", "200", NULL };
+    Node *a = node_open_kv("a", false, fast);
+    Node *b = node_open("b", false);
+    Node *c = node_open("c", true);
+    g_autoptr(VnFabricMsg) reply = NULL;
+    Reply r = { 0 };
+    gint64 t0;
+
+    node_start(c);
+    link_nodes(a, b);
+    t0 = now_ms();
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, -ETIMEDOUT);
+    ck_assert_int_ge(now_ms() - t0, 150);
+    ck_assert_int_eq(r.calls, 1);
+    /* The synchronous form times out the same way. */
+    ck_assert(vn_fabric_connect(a->fab, "c", NULL));
+    t0 = now_ms();
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0, NULL, 0,
+                                            &reply), -ETIMEDOUT);
+    ck_assert_int_ge(now_ms() - t0, 150);
+    ck_assert_int_lt(now_ms() - t0, 2000);
+    ck_assert_ptr_null(reply);
+    spin(50);
+    ck_assert_int_eq(r.calls, 1);
+}
+END_TEST
+
+START_TEST(test_reset_on_peer_close)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Reply r1 = { 0 }, r2 = { 0 };
+    gint64 t0;
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r1), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r2), 0);
+    WAIT_FOR(log_count(b, "req:") == 2);
+    t0 = now_ms();
+    node_close(b);
+    WAIT_FOR(r1.done && r2.done);
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert_int_eq(r1.err, -ECONNRESET);
+    ck_assert_int_eq(r2.err, -ECONNRESET);
+    WAIT_FOR(log_has(a, "down:b"));
+    ck_assert_int_eq(r1.calls + r2.calls, 2);
+}
+END_TEST
+
+START_TEST(test_sync_reset_on_peer_close)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    gint64 t0;
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    t0 = now_ms();
+    /* b stops and closes while a waits. */
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, NULL, 0,
+                                            &reply), -ECONNRESET);
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert(!vn_fabric_link_up(a->fab, "b"));
+    WAIT_FOR(log_has(a, "down:b"));
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0, NULL, 0,
+                                            &reply), -ENOTCONN);
+}
+END_TEST
+
+START_TEST(test_close_cancels)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Reply r = { 0 };
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r), 0);
+    node_close(a);
+    ck_assert(r.done);
+    ck_assert_int_eq(r.err, -ECANCELED);
+    ck_assert_int_eq(r.calls, 1);
+}
+END_TEST
+
+/* ---- segments and windows ----------------------------------------------- */
+
+START_TEST(test_window_map)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(GError) error = NULL;
+    uint8_t *map;
+    int memfd = memfd_new(16384, &map);
+    VnFabricWindow *w;
+    uint64_t seg;
+    char buf[16] = { 0 };
+
+    seg = vn_fabric_segment_export(b->fab, memfd, 16384, "a", &error);
+    ck_assert_msg(seg != 0, "%s", error ? error->message : "");
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    w = vn_fabric_window_map(a->fab, "b", seg, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    ck_assert_str_eq(w->peer, "b");
+    ck_assert_uint_eq(w->segment, seg);
+    ck_assert_uint_eq(w->size, 16384);
+    ck_assert_uint_eq(w->window_size, 16384);
+    ck_assert_int_ge(w->fd, 0);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
+    ck_assert_uint_eq(stats_of(a).windows_mapped, 1);
+
+    /* Stores through the window land in the exporter's memfd... */
+    memcpy(w->host + 100, "through-window", 14);
+    ck_assert_mem_eq(map + 100, "through-window", 14);
+    ck_assert_int_eq(pread(memfd, buf, 14, 100), 14);
+    ck_assert_str_eq(buf, "through-window");
+    /* ...and the exporter's stores show in the window. */
+    ck_assert_int_eq(pwrite(memfd, "from-owner", 10, 16000), 10);
+    ck_assert_mem_eq(w->host + 16000, "from-owner", 10);
+
+    vn_fabric_window_unmap(a->fab, w);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    munmap(map, 16384);
+    close(memfd);
+}
+END_TEST
+
+START_TEST(test_map_not_granted)
+{
+    Node *b = node_open("b", true);
+    Node *a, *c;
+    g_autoptr(GError) error = NULL;
+    int memfd = memfd_new(4096, NULL);
+    VnFabricWindow *w;
+    uint64_t seg, gone;
+
+    seg = vn_fabric_segment_export(b->fab, memfd, 4096, "c", NULL);
+    gone = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+    ck_assert_uint_ne(seg, 0);
+    vn_fabric_segment_unexport(b->fab, gone);
+    node_start(b);
+    a = node_open("a", false);
+    c = node_open("c", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert(vn_fabric_connect(c->fab, "b", NULL));
+
+    /* Exported to c, not to a. */
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", seg, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    ck_assert_uint_eq(stats_of(a).windows_mapped, 0);
+    g_clear_error(&error);
+    /* Unknown and withdrawn ids. */
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", 999, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", gone, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", 0, &error));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "nobody", seg, &error));
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    ck_assert_uint_eq(stats_of(a).bad_messages, 0);
+
+    /* c may. */
+    w = vn_fabric_window_map(c->fab, "b", seg, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    vn_fabric_window_unmap(c->fab, w);
+    close(memfd);
+}
+END_TEST
+
+START_TEST(test_window_limits)
+{
+    static const char *const small[] = { "max-windows", "2", "max-window-size", "8192", NULL };
+    static const char *const coarse[] = { "xlat-granularity", "8192", NULL };
+    Node *b = node_open("b", true);
+    Node *a, *d;
+    g_autoptr(GError) error = NULL;
+    int fd5 = memfd_new(5 * 1024, NULL);
+    int fd1 = memfd_new(1024, NULL);
+    int fd9 = memfd_new(9 * 1024, NULL);
+    uint64_t s5, s1, s9, s1b, s1d;
+    VnFabricWindow *w5, *w1, *w1b;
+
+    s5 = vn_fabric_segment_export(b->fab, fd5, 5 * 1024, "a", NULL);
+    s1 = vn_fabric_segment_export(b->fab, fd1, 1024, "a", NULL);
+    s9 = vn_fabric_segment_export(b->fab, fd9, 9 * 1024, "a", NULL);
+    s1b = vn_fabric_segment_export(b->fab, fd1, 1024, "a", NULL);
+    s1d = vn_fabric_segment_export(b->fab, fd1, 1024, "d", NULL);
+    ck_assert(s5 && s1 && s9 && s1b && s1d);
+    node_start(b);
+    a = node_open_kv("a", false, small);
+    d = node_open_kv("d", false, coarse);
+    ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_windows, 2);
+    ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_window_size, 8192);
+    ck_assert_uint_eq(vn_fabric_limits(d->fab)->xlat_granularity, 8192);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert(vn_fabric_connect(d->fab, "b", NULL));
+
+    /* A 5 KiB segment takes an 8 KiB window. */
+    w5 = vn_fabric_window_map(a->fab, "b", s5, &error);
+    ck_assert_msg(w5 != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(w5->size, 5 * 1024);
+    ck_assert_uint_eq(w5->window_size, 8192);
+    /* 9 KiB would need 16 KiB: above the limit, nothing mapped. */
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", s9, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
+    /* 1 KiB takes the 4 KiB granularity. */
+    w1 = vn_fabric_window_map(a->fab, "b", s1, &error);
+    ck_assert_msg(w1 != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(w1->window_size, 4096);
+    /* Both windows in use: a third is refused. */
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", s1b, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 2);
+    /* Freeing one makes room. */
+    vn_fabric_window_unmap(a->fab, w1);
+    w1b = vn_fabric_window_map(a->fab, "b", s1b, &error);
+    ck_assert_msg(w1b != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(stats_of(a).windows_mapped, 3);
+    /* A coarser granularity rounds 1 KiB up to 8 KiB. */
+    w1 = vn_fabric_window_map(d->fab, "b", s1d, &error);
+    ck_assert_msg(w1 != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(w1->window_size, 8192);
+    /* Windows stay until unmapped; closing the node unmaps what is left. */
+    vn_fabric_window_unmap(a->fab, w5);
+    close(fd5);
+    close(fd1);
+    close(fd9);
+}
+END_TEST
+
+START_TEST(test_window_outlives_link)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    int memfd = memfd_new(4096, NULL);
+    VnFabricWindow *w;
+    uint64_t seg = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+    char buf[4];
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    w = vn_fabric_window_map(a->fab, "b", seg, NULL);
+    ck_assert_ptr_nonnull(w);
+    node_close(b);
+    WAIT_FOR(log_has(a, "down:b"));
+    /* The mapping is the user's to drop, and still reaches the memory. */
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
+    memcpy(w->host, "live", 4);
+    ck_assert_int_eq(pread(memfd, buf, 4, 0), 4);
+    ck_assert_mem_eq(buf, "live", 4);
+    vn_fabric_window_unmap(a->fab, w);
+    close(memfd);
+}
+END_TEST
+
+START_TEST(test_export_errors)
+{
+    Node *a = node_open("a", false);
+    g_autoptr(GError) error = NULL;
+    int memfd = memfd_new(4096, NULL);
+    int sv[2];
+
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, memfd, 0, "b", &error), 0);
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, memfd, 8192, "b", &error), 0);
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, memfd, 4096, "B", &error), 0);
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, -1, 4096, "b", &error), 0);
+    g_clear_error(&error);
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, sv[0], 4096, "b", &error), 0);
+    ck_assert_ptr_nonnull(error);
+    ck_assert_uint_ne(vn_fabric_segment_export(a->fab, memfd, 4096, "b", NULL), 0);
+    vn_fabric_segment_unexport(a->fab, 12345);        /* unknown: nothing */
+    close(sv[0]);
+    close(sv[1]);
+    close(memfd);
+}
+END_TEST
+
+/* ---- doorbells ---------------------------------------------------------- */
+
+START_TEST(test_doorbells)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 5), 0);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS - 1), 0);
+    ck_assert_int_eq(vn_fabric_doorbell(b->fab, "a", 0), 0);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS), -EINVAL);
+    WAIT_FOR(log_has(b, "db:a:31") && log_has(a, "db:b:0"));
+    ck_assert(log_has(b, "db:a:5"));
+    ck_assert_uint_eq(stats_of(a).doorbells_sent, 2);
+    ck_assert_uint_eq(stats_of(b).doorbells_received, 2);
+    ck_assert_uint_eq(stats_of(b).msgs_received, 0);
+}
+END_TEST
+
+static Suite *fabric_suite(void)
+{
+    Suite *s = suite_create("fabric");
+    TCase *tc;
+
+    tc = tcase_create("link");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_link_up_down);
+    tcase_add_test(tc, test_simultaneous_connect);
+    tcase_add_test(tc, test_connect_errors);
+    tcase_add_test(tc, test_register);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("messages");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_request_reply);
+    tcase_add_test(tc, test_event);
+    tcase_add_test(tc, test_error_reply);
+    tcase_add_test(tc, test_message_args);
+    tcase_add_test(tc, test_sync_request);
+    tcase_add_test(tc, test_sync_queues_others);
+    tcase_add_test(tc, test_sync_map_while_waiting);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("failures");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_request_timeout);
+    tcase_add_test(tc, test_reset_on_peer_close);
+    tcase_add_test(tc, test_sync_reset_on_peer_close);
+    tcase_add_test(tc, test_close_cancels);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("windows");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_window_map);
+    tcase_add_test(tc, test_map_not_granted);
+    tcase_add_test(tc, test_window_limits);
+    tcase_add_test(tc, test_window_outlives_link);
+    tcase_add_test(tc, test_export_errors);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("doorbells");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_doorbells);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(fabric_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,669 @@
+/*
+ * Unit tests of the NTB fabric against untrusted input: parameters and names
+ * vn_fabric_open() must refuse, and a raw socket that speaks the shm wire
+ * format by hand sending malformed frames, handshakes and streams to a node,
+ * which must count each, close its fds, answer a bad request with an error,
+ * change nothing else and keep serving its good peer.  The rig is in
+ * fabric-rig.h.
+ */
+#include "fabric-rig.h"
+
+/* ---- parameters ---------------------------------------------------------- */
+
+/* Parameters or names vn_fabric_open() must refuse: the node, then key,
+ * value pairs over the test's {"dir": tmpdir} (a NULL value removes). */
+static const struct {
+    const char *node;
+    const char *kv[5];
+} open_bad[] = {
+    { "a", { "dir", NULL } },
+    { "a", { "dir", "" } },
+    { "A", { NULL } },
+    { "-a", { NULL } },
+    { "", { NULL } },
+    { "a_b", { NULL } },
+    { "abcdefghijklmnopqrstuvwxyz012345", { NULL } },     /* 32 characters */
+    { "a", { "max-windows", "0" } },
+    { "a", { "max-windows", "257" } },
+    { "a", { "max-windows", "two" } },
+    { "a", { "max-windows", "-1" } },
+    { "a", { "max-window-size", "12345" } },
+    { "a", { "max-window-size", "1024" } },
+    { "a", { "max-window-size", "2199023255552" } },       /* 2 TiB */
+    { "a", { "window-align", "0" } },
+    { "a", { "window-align", "6000" } },
+    { "a", { "xlat-granularity", "3000" } },
+    { "a", { "max-window-size", "65536", "xlat-granularity", "131072" } },
+    { "a", { "colour", "blue" } },
+    { "a", { "request-timeout-ms", "0" } },
+    { "a", { "request-timeout-ms", "soon" } },
+};
+
+START_TEST(test_open_refused)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *sock = NULL;
+    VnFabric *fab;
+
+    g_hash_table_insert(params, "dir", tmpdir);
+    for (const char *const *kv = open_bad[_i].kv; kv[0] != NULL; kv += 2) {
+        if (kv[1] == NULL) {
+            g_hash_table_remove(params, kv[0]);
+        } else {
+            g_hash_table_insert(params, (char *)kv[0], (char *)kv[1]);
+        }
+    }
+    fab = vn_fabric_open("shm", open_bad[_i].node, params, &handlers, NULL, ctx, &error);
+    ck_assert_ptr_null(fab);
+    ck_assert_ptr_nonnull(error);
+    ck_assert_ptr_nonnull(error->message);
+    sock = g_build_filename(tmpdir, "a.sock", NULL);
+    ck_assert(!g_file_test(sock, G_FILE_TEST_EXISTS));
+}
+END_TEST
+
+START_TEST(test_open_dir_and_names)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+    g_autofree char *gw = g_build_filename(tmpdir, "gw", NULL);
+    g_autofree char *fresh = g_build_filename(tmpdir, "new", "sub", NULL);
+    g_autofree char *stale = g_build_filename(tmpdir, "c.sock", NULL);
+    g_autofree char *plain = g_build_filename(tmpdir, "d.sock", NULL);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct stat st;
+    VnFabric *fab;
+    Node *a, *b;
+    int fd;
+
+    /* A group-writable directory is refused. */
+    ck_assert_int_eq(g_mkdir(gw, 0700), 0);
+    ck_assert_int_eq(chmod(gw, 0770), 0);
+    g_hash_table_insert(params, "dir", gw);
+    fab = vn_fabric_open("shm", "a", params, &handlers, NULL, ctx, &error);
+    ck_assert_ptr_null(fab);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
+    g_clear_error(&error);
+
+    /* A missing one is created, 0700. */
+    g_hash_table_insert(params, "dir", fresh);
+    fab = vn_fabric_open("shm", "a", params, &handlers, NULL, ctx, &error);
+    ck_assert_msg(fab != NULL, "%s", error ? error->message : "");
+    ck_assert_int_eq(stat(fresh, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 0777, 0700);
+    vn_fabric_close(fab);
+
+    /* A live node's name is taken; the first node keeps working. */
+    a = node_open("a", false);
+    g_hash_table_insert(params, "dir", tmpdir);
+    fab = vn_fabric_open("shm", "a", params, &handlers, NULL, ctx, &error);
+    ck_assert_ptr_null(fab);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_EXISTS));
+    g_clear_error(&error);
+    b = node_open("b", false);
+    link_nodes(b, a);
+
+    /* A dead node's socket file is replaced. */
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    g_strlcpy(addr.sun_path, stale, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    close(fd);
+    node_open("c", false);
+
+    /* A file that is not a socket is left alone. */
+    ck_assert(g_file_set_contents(plain, "keep", -1, NULL));
+    fab = vn_fabric_open("shm", "d", params, &handlers, NULL, ctx, &error);
+    ck_assert_ptr_null(fab);
+    ck_assert(g_file_test(plain, G_FILE_TEST_IS_REGULAR));
+
+    /* No such backend. */
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_fabric_open("ntb", "e", params, &handlers, NULL, ctx, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
+}
+END_TEST
+
+/* ---- frames ------------------------------------------------------------ */
+
+/* Send one shm record by hand: length, bytes, fds on the first byte. */
+static void raw_record(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 64)];
+        struct cmsghdr align;
+    } cbuf;
+    uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
+    struct iovec iov[2] = { { &prefix, 4 }, { (void *)buf, len } };
+    struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len > 0 ? 2 : 1 };
+
+    ck_assert_uint_le(nfds, 64);
+    if (nfds > 0) {
+        struct cmsghdr *cm;
+
+        memset(cbuf.buf, 0, sizeof(cbuf.buf));
+        mh.msg_control = cbuf.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+    }
+    ck_assert_int_eq(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)(4 + len));
+}
+
+static int raw_connect(const char *node)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *path = g_strdup_printf("%s/%s.sock", tmpdir, node);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    return fd;
+}
+
+static void raw_hello(int fd, const char *name)
+{
+    VnShmHello h = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
+
+    g_strlcpy(h.node, name, sizeof(h.node));
+    raw_record(fd, &h, sizeof(h), NULL, 0);
+}
+
+/* Receive one record, iterating the shared context meanwhile: 1 with @out
+ * filled, 0 on timeout, -1 at EOF. */
+static int raw_recv(int fd, GByteArray *out, int timeout_ms)
+{
+    gint64 end = now_ms() + timeout_ms;
+    uint32_t len = 0;
+
+    g_byte_array_set_size(out, 0);
+    while (now_ms() < end) {
+        uint8_t buf[4096];
+        ssize_t n;
+        size_t want;
+
+        if (out->len >= 4) {
+            memcpy(&len, out->data, 4);
+            if (out->len >= 4 + (size_t)len) {
+                g_byte_array_remove_range(out, 0, 4);
+                g_byte_array_set_size(out, len);
+                return 1;
+            }
+            want = 4 + len - out->len;
+        } else {
+            want = 4 - out->len;
+        }
+        n = recv(fd, buf, MIN(want, sizeof(buf)), MSG_DONTWAIT);
+        if (n == 0) {
+            return -1;
+        }
+        if (n > 0) {
+            g_byte_array_append(out, buf, (guint)n);
+            continue;
+        }
+        if (!g_main_context_iteration(ctx, FALSE)) {
+            g_usleep(500);
+        }
+    }
+    return 0;
+}
+
+static void frame(GByteArray *m, uint16_t flags, uint32_t type, uint64_t id, const char *json,
+                  const void *data, size_t len, unsigned nfds)
+{
+    ck_assert_int_eq(vn_fabric_frame_encode(m, flags, type, id, 0, json, data, len, nfds), 0);
+}
+
+static VnFabricFrameHdr *hdr_of(GByteArray *m)
+{
+    return (VnFabricFrameHdr *)m->data;
+}
+
+/* A good request over the raw socket is answered: the node still serves
+ * this peer, and nothing (no stray error reply) came before the answer. */
+static void raw_echo_ok(int fd, uint64_t id)
+{
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnFabricFrameHdr h;
+
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"ok\":true}", NULL, 0, 0);
+    raw_record(fd, m->data, m->len, NULL, 0);
+    ck_assert_int_eq(raw_recv(fd, m, 3000), 1);
+    ck_assert_uint_ge(m->len, sizeof(h));
+    memcpy(&h, m->data, sizeof(h));
+    ck_assert_uint_eq(h.id, id);
+    ck_assert_uint_eq(h.flags, VN_FABRIC_FLAG_REPLY);
+}
+
+/* The good peer is still served. */
+static void good_peer_ok(Node *b)
+{
+    Reply r = { 0 };
+
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0, NULL, 0,
+                                       on_reply, &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, 0);
+    ck_assert_str_eq(r.json, "{\"still\":1}");
+    reply_clear(&r);
+}
+
+/* True once every copy of a pipe's write end is closed. */
+static bool pipe_closed(int rd)
+{
+    struct pollfd p = { .fd = rd, .events = POLLIN };
+
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
+enum {
+    BAD_MAGIC, BAD_VERSION, BAD_SHORT, BAD_EMPTY, BAD_JSON_LEN_HUGE, BAD_DATA_LEN_HUGE,
+    BAD_LEN_MISMATCH, BAD_JSON_NO_NUL, BAD_JSON_NUL_INSIDE, BAD_JSON_ARRAY, BAD_JSON_SYNTAX,
+    BAD_JSON_UTF8, BAD_JSON_DEEP, BAD_REPLY_UNKNOWN_ID, BAD_FDS_OVERFLOW, BAD_FDS_UNCOUNTED,
+    BAD_FDS_MISSING, BAD_RESERVED_TYPE, BAD_RESERVED_EVENT, BAD_FLAGS, BAD_NO_KIND,
+    BAD_ERROR_ON_REQUEST, BAD_RESERVED_FIELD, BAD_ID_ZERO, BAD_DOORBELL_BIT, BAD_DOORBELL_JSON,
+    BAD_MAP_BODY, BAD_MAP_FD, BAD_LAST
+};
+
+/* Each is counted bad, its fds are closed, a request among them gets an
+ * error reply (errno here; 0: no reply), and nothing else happens. */
+static const struct {
+    const char *name;
+    int reply;
+    unsigned nfds;
+} bad_frames[BAD_LAST] = {
+    [BAD_MAGIC] = { "bad magic", 0, 1 },
+    [BAD_VERSION] = { "another version", EPROTONOSUPPORT, 0 },
+    [BAD_SHORT] = { "shorter than a header", 0, 0 },
+    [BAD_EMPTY] = { "an empty record", 0, 0 },
+    [BAD_JSON_LEN_HUGE] = { "json_len beyond the payload limit", EMSGSIZE, 0 },
+    [BAD_DATA_LEN_HUGE] = { "data_len beyond the payload limit", EMSGSIZE, 0 },
+    [BAD_LEN_MISMATCH] = { "lengths that do not add up", EINVAL, 0 },
+    [BAD_JSON_NO_NUL] = { "JSON not NUL-terminated", EINVAL, 0 },
+    [BAD_JSON_NUL_INSIDE] = { "JSON with a NUL inside", EINVAL, 0 },
+    [BAD_JSON_ARRAY] = { "JSON that is not an object", EINVAL, 0 },
+    [BAD_JSON_SYNTAX] = { "JSON that does not parse", EINVAL, 0 },
+    [BAD_JSON_UTF8] = { "JSON that is not UTF-8", EINVAL, 0 },
+    [BAD_JSON_DEEP] = { "JSON nested too deep", EINVAL, 0 },
+    [BAD_REPLY_UNKNOWN_ID] = { "a reply with an unknown id", 0, 1 },
+    [BAD_FDS_OVERFLOW] = { "more fds than the limit", EINVAL, VN_FABRIC_MAX_FDS + 3 },
+    [BAD_FDS_UNCOUNTED] = { "fds the header does not count", EINVAL, 2 },
+    [BAD_FDS_MISSING] = { "fds the header counts but did not come", EINVAL, 0 },
+    [BAD_RESERVED_TYPE] = { "a request of an unknown reserved type", ENOTSUP, 1 },
+    [BAD_RESERVED_EVENT] = { "an event of an unknown reserved type", 0, 0 },
+    [BAD_FLAGS] = { "unknown flag bits", 0, 0 },
+    [BAD_NO_KIND] = { "two kinds at once", 0, 0 },
+    [BAD_ERROR_ON_REQUEST] = { "the error flag on a request", EINVAL, 0 },
+    [BAD_RESERVED_FIELD] = { "the reserved field set", EINVAL, 0 },
+    [BAD_ID_ZERO] = { "a request with id 0", 0, 0 },
+    [BAD_DOORBELL_BIT] = { "doorbell bit 99", 0, 0 },
+    [BAD_DOORBELL_JSON] = { "a doorbell with JSON", 0, 0 },
+    [BAD_MAP_BODY] = { "MAP with a 3-byte body", EINVAL, 0 },
+    [BAD_MAP_FD] = { "MAP with an fd", EINVAL, 1 },
+};
+
+static void build_bad(int which, GByteArray *m, unsigned nfds)
+{
+    const uint64_t id = 900 + (uint64_t)which;
+    const uint8_t latin1[] = "{\"k\":\"\xe9t\xe9\"}";
+    uint32_t bit = 99;
+    uint8_t three[3] = { 1, 2, 3 };
+    GString *deep = NULL;
+
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":1}", "bin", 3,
+          nfds <= VN_FABRIC_MAX_FDS ? nfds : 0);
+    switch (which) {
+    case BAD_MAGIC:
+        hdr_of(m)->magic = 0xdeadbeef;
+        break;
+    case BAD_VERSION:
+        hdr_of(m)->version = 2;
+        break;
+    case BAD_SHORT:
+        g_byte_array_set_size(m, 10);
+        break;
+    case BAD_EMPTY:
+        g_byte_array_set_size(m, 0);
+        break;
+    case BAD_JSON_LEN_HUGE:
+        hdr_of(m)->json_len = VN_FABRIC_MAX_PAYLOAD + 1;
+        break;
+    case BAD_DATA_LEN_HUGE:
+        hdr_of(m)->data_len = 0xffffffffu;
+        break;
+    case BAD_LEN_MISMATCH:
+        hdr_of(m)->data_len = 2;
+        break;
+    case BAD_JSON_NO_NUL:
+        m->data[VN_FABRIC_FRAME_HDR_SIZE + hdr_of(m)->json_len - 1] = ' ';
+        break;
+    case BAD_JSON_NUL_INSIDE:
+        m->data[VN_FABRIC_FRAME_HDR_SIZE + 3] = '\0';
+        break;
+    case BAD_JSON_ARRAY:
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "[1,2]", NULL, 0, nfds);
+        break;
+    case BAD_JSON_SYNTAX:
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":", NULL, 0, nfds);
+        break;
+    case BAD_JSON_UTF8:
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, (const char *)latin1, NULL, 0, nfds);
+        break;
+    case BAD_JSON_DEEP:
+        /* Well-formed, so only the depth bound refuses it (deep enough
+         * to overflow a recursive parser's stack without one). */
+        deep = g_string_new("{\"a\":");
+        for (int i = 0; i < 30000; i++) {
+            g_string_append_c(deep, '[');
+        }
+        for (int i = 0; i < 30000; i++) {
+            g_string_append_c(deep, ']');
+        }
+        g_string_append_c(deep, '}');
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, deep->str, NULL, 0, nfds);
+        g_string_free(deep, TRUE);
+        break;
+    case BAD_REPLY_UNKNOWN_ID:
+        frame(m, VN_FABRIC_FLAG_REPLY, T_ECHO, 4242, NULL, NULL, 0, nfds);
+        break;
+    case BAD_FDS_OVERFLOW:
+        hdr_of(m)->nfds = nfds;
+        break;
+    case BAD_FDS_UNCOUNTED:
+        hdr_of(m)->nfds = 0;
+        break;
+    case BAD_FDS_MISSING:
+        hdr_of(m)->nfds = 1;
+        break;
+    case BAD_RESERVED_TYPE:
+        hdr_of(m)->type = VN_FABRIC_TYPE_RESERVED + 0x7f;
+        break;
+    case BAD_RESERVED_EVENT:
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_RESERVED, 0, NULL, NULL, 0, nfds);
+        break;
+    case BAD_FLAGS:
+        hdr_of(m)->flags |= 0x100;
+        break;
+    case BAD_NO_KIND:
+        hdr_of(m)->flags = VN_FABRIC_FLAG_REQUEST | VN_FABRIC_FLAG_EVENT;
+        break;
+    case BAD_ERROR_ON_REQUEST:
+        hdr_of(m)->flags |= VN_FABRIC_FLAG_ERROR;
+        hdr_of(m)->error = EIO;
+        break;
+    case BAD_RESERVED_FIELD:
+        hdr_of(m)->reserved = 1;
+        break;
+    case BAD_ID_ZERO:
+        hdr_of(m)->id = 0;
+        break;
+    case BAD_DOORBELL_BIT:
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, NULL, &bit, sizeof(bit),
+              nfds);
+        break;
+    case BAD_DOORBELL_JSON:
+        bit = 1;
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, "{}", &bit, sizeof(bit),
+              nfds);
+        break;
+    case BAD_MAP_BODY:
+        frame(m, VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_MAP, id, NULL, three, sizeof(three),
+              nfds);
+        break;
+    case BAD_MAP_FD:
+        frame(m, VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_MAP, id, NULL, &id, sizeof(id), nfds);
+        break;
+    }
+}
+
+START_TEST(test_bad_frame)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    unsigned nfds = bad_frames[_i].nfds;
+    int fds[VN_FABRIC_MAX_FDS + 3];
+    VnFabricStats before, after;
+    VnFabricFrameHdr h;
+    int raw, pipefd[2];
+
+    link_nodes(b, a);
+    raw = raw_connect("a");
+    raw_hello(raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+    before = stats_of(a);
+
+    ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+    for (unsigned i = 0; i < nfds; i++) {
+        fds[i] = pipefd[1];
+    }
+    build_bad(_i, m, nfds);
+    raw_record(raw, m->data, m->len, fds, nfds);
+    close(pipefd[1]);
+
+    WAIT_FOR(stats_of(a).bad_messages == before.bad_messages + 1);
+    ck_assert_msg(stats_of(a).msgs_received == before.msgs_received, "%s", bad_frames[_i].name);
+    if (bad_frames[_i].reply != 0) {
+        ck_assert_int_eq(raw_recv(raw, m, 3000), 1);
+        memcpy(&h, m->data, sizeof(h));
+        ck_assert_uint_eq(h.magic, VN_FABRIC_FRAME_MAGIC);
+        ck_assert_uint_eq(h.flags, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR);
+        ck_assert_uint_eq(h.id, 900 + (uint64_t)_i);
+        ck_assert_int_eq(h.error, bad_frames[_i].reply);
+    }
+    /* Every fd that came with it was closed. */
+    WAIT_FOR(pipe_closed(pipefd[0]));
+    close(pipefd[0]);
+    raw_echo_ok(raw, 77);
+    good_peer_ok(b);
+
+    after = stats_of(a);
+    ck_assert_uint_eq(after.bad_messages, before.bad_messages + 1);
+    ck_assert_uint_eq(after.msgs_received, before.msgs_received + 2);   /* the two echoes */
+    ck_assert_uint_eq(after.doorbells_received, 0);
+    ck_assert_uint_eq(log_count(a, "req:"), 2);
+    ck_assert_uint_eq(log_count(a, "ev:") + log_count(a, "db:"), 0);
+    ck_assert_uint_eq(log_count(a, "down:"), 0);
+    close(raw);
+}
+END_TEST
+
+enum {
+    HELLO_UPPER, HELLO_DASH_FIRST, HELLO_EMPTY, HELLO_UNTERMINATED, HELLO_SELF, HELLO_MAGIC,
+    HELLO_VERSION, HELLO_SHORT, HELLO_LONG, HELLO_FDS, HELLO_LAST
+};
+
+static const char *const hello_names[HELLO_LAST] = {
+    [HELLO_UPPER] = "a name in capitals",
+    [HELLO_DASH_FIRST] = "a name starting with a dash",
+    [HELLO_EMPTY] = "an empty name",
+    [HELLO_UNTERMINATED] = "a name with no NUL",
+    [HELLO_SELF] = "the node's own name",
+    [HELLO_MAGIC] = "bad magic",
+    [HELLO_VERSION] = "another version",
+    [HELLO_SHORT] = "a short HELLO",
+    [HELLO_LONG] = "a HELLO of 1 GiB",
+    [HELLO_FDS] = "a HELLO with an fd",
+};
+
+START_TEST(test_bad_hello)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnShmHello h = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
+    VnFabricStats before;
+    uint32_t huge = GUINT32_TO_LE(1u << 30);
+    int raw, pipefd[2];
+
+    link_nodes(b, a);
+    before = stats_of(a);
+    ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+    raw = raw_connect("a");
+    g_strlcpy(h.node, "evil", sizeof(h.node));
+    switch (_i) {
+    case HELLO_UPPER:
+        g_strlcpy(h.node, "Evil", sizeof(h.node));
+        break;
+    case HELLO_DASH_FIRST:
+        g_strlcpy(h.node, "-evil", sizeof(h.node));
+        break;
+    case HELLO_EMPTY:
+        h.node[0] = '\0';
+        break;
+    case HELLO_UNTERMINATED:
+        memset(h.node, 'e', sizeof(h.node));
+        break;
+    case HELLO_SELF:
+        g_strlcpy(h.node, "a", sizeof(h.node));
+        break;
+    case HELLO_MAGIC:
+        h.magic = 0;
+        break;
+    case HELLO_VERSION:
+        h.version = 9;
+        break;
+    }
+    if (_i == HELLO_SHORT) {
+        raw_record(raw, &h, sizeof(h) - 1, NULL, 0);
+    } else if (_i == HELLO_LONG) {
+        ck_assert_int_eq(send(raw, &huge, sizeof(huge), MSG_NOSIGNAL), 4);
+    } else {
+        raw_record(raw, &h, sizeof(h), &pipefd[1], _i == HELLO_FDS ? 1 : 0);
+    }
+    close(pipefd[1]);
+
+    /* Counted, the connection closed, no link for it. */
+    WAIT_FOR(stats_of(a).bad_messages == before.bad_messages + 1);
+    ck_assert_msg(stats_of(a).bad_messages == before.bad_messages + 1, "%s", hello_names[_i]);
+    ck_assert_int_eq(raw_recv(raw, m, 3000), -1);
+    WAIT_FOR(pipe_closed(pipefd[0]));
+    ck_assert_uint_eq(log_count(a, "up:"), 1);
+    ck_assert(!vn_fabric_link_up(a->fab, "evil"));
+    good_peer_ok(b);
+    close(pipefd[0]);
+    close(raw);
+}
+END_TEST
+
+START_TEST(test_reply_from_another_peer)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    static Reply r;
+    int raw;
+
+    link_nodes(a, b);
+    raw = raw_connect("a");
+    raw_hello(raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+    /* a's first request to b has id 1: evil answers it in b's place. */
+    memset(&r, 0, sizeof(r));
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+                                       &r), 0);
+    frame(m, VN_FABRIC_FLAG_REPLY, T_HOLD, 1, "{\"forged\":true}", NULL, 0, 0);
+    raw_record(raw, m->data, m->len, NULL, 0);
+    WAIT_FOR(stats_of(a).bad_messages == 1);
+    spin(20);
+    ck_assert(!r.done);
+    node_close(a);
+    ck_assert_int_eq(r.err, -ECANCELED);
+    reply_clear(&r);
+    close(raw);
+}
+END_TEST
+
+START_TEST(test_stream_faults)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    uint32_t huge = GUINT32_TO_LE(VN_FABRIC_MAX_FRAME + 1);
+    int raw, quiet;
+
+    link_nodes(b, a);
+    raw = raw_connect("a");
+    raw_hello(raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+
+    /* Half a frame stalls nobody; the rest completes it later. */
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, 5, "{\"half\":true}", "0123456789", 10, 0);
+    {
+        uint32_t prefix = GUINT32_TO_LE(m->len);
+
+        ck_assert_int_eq(send(raw, &prefix, 4, MSG_NOSIGNAL), 4);
+        ck_assert_int_eq(send(raw, m->data, 20, MSG_NOSIGNAL), 20);
+        good_peer_ok(b);
+        ck_assert_int_eq(send(raw, m->data + 20, m->len - 20, MSG_NOSIGNAL),
+                         (ssize_t)m->len - 20);
+    }
+    ck_assert_int_eq(raw_recv(raw, m, 3000), 1);
+    ck_assert_uint_eq(((VnFabricFrameHdr *)m->data)->id, 5);
+
+    /* A second connection under a name that is connected is refused; the
+     * first goes on. */
+    quiet = raw_connect("a");
+    raw_hello(quiet, "evil");
+    ck_assert_int_eq(raw_recv(quiet, m, 3000), -1);
+    close(quiet);
+    ck_assert_uint_eq(log_count(a, "up:evil"), 1);
+    raw_echo_ok(raw, 6);
+
+    /* A connection that never says HELLO holds nothing up either. */
+    quiet = raw_connect("a");
+    good_peer_ok(b);
+
+    /* A record length no frame can have: that link is dropped. */
+    ck_assert_int_eq(send(raw, &huge, sizeof(huge), MSG_NOSIGNAL), 4);
+    WAIT_FOR(log_has(a, "down:evil"));
+    ck_assert_int_eq(raw_recv(raw, m, 3000), -1);
+    ck_assert_uint_eq(stats_of(a).bad_messages, 1);
+    good_peer_ok(b);
+    close(raw);
+    close(quiet);
+}
+END_TEST
+
+static Suite *fabric_untrusted_suite(void)
+{
+    Suite *s = suite_create("fabric-untrusted");
+    TCase *tc;
+
+    tc = tcase_create("params");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_open_refused, 0, G_N_ELEMENTS(open_bad));
+    tcase_add_test(tc, test_open_dir_and_names);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("frames");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_bad_frame, 0, BAD_LAST);
+    tcase_add_test(tc, test_reply_from_another_peer);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("handshake");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_bad_hello, 0, HELLO_LAST);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("stream");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_stream_faults);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(fabric_untrusted_suite());
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

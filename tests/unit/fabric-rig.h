@@ -1,0 +1,404 @@
+/*
+ * The rig of the fabric unit tests (check_fabric.c, check_fabric_untrusted.c):
+ * nodes in this process, each test in a fabric directory of its own.
+ *
+ * Most nodes share the test's GMainContext, iterated by the test (WAIT_FOR,
+ * spin); a node that must answer while another blocks (window maps and
+ * request_sync are synchronous) runs its own context in a thread
+ * (node_start), after which only that thread touches it.  Each node logs
+ * what its handlers saw ("up:b", "req:1:{json}:3:1", "ev:...", "db:a:3").
+ */
+#ifndef VN_CHECK_FABRIC_RIG_H
+#define VN_CHECK_FABRIC_RIG_H
+
+#include "fabric/fabric.h"
+#include "fabric/frame.h"
+#include "fabric/shm.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <gio/gio.h>
+#include <glib/gstdio.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* Message types the test nodes answer (see on_request). */
+enum {
+    T_ECHO = 1,         /* reply with the request's JSON, data and fds */
+    T_WRITE_FD,         /* write "pong" into the request's fd */
+    T_FAIL,             /* error reply EPERM */
+    T_HOLD,             /* keep the token, never answer */
+    T_HOLD_QUIT,        /* keep the token, stop the node's thread (it closes) */
+    T_EVENT_FIRST,      /* send event 7, reply, event 8 some 30 ms later */
+    T_MAP_BACK,         /* map the asker's segment (id in data), reply its bytes */
+};
+
+typedef struct Node {
+    char name[VN_FABRIC_MAX_NAME + 1];
+    VnFabric *fab;
+    GMainContext *ctx;
+    GMainLoop *loop;            /* threaded nodes */
+    GThread *thread;
+    bool close_in_thread;
+    GMutex lock;                /* log: written by the node's thread */
+    GPtrArray *log;             /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
+    char asker[VN_FABRIC_MAX_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
+} Node;
+
+static char *tmpdir;
+static GMainContext *ctx;       /* the shared one, iterated by the test */
+static GPtrArray *nodes;
+
+/* ---- rig ---------------------------------------------------------------- */
+
+static inline void log_add(Node *n, char *entry)
+{
+    g_mutex_lock(&n->lock);
+    g_ptr_array_add(n->log, entry);
+    g_mutex_unlock(&n->lock);
+}
+
+static inline unsigned log_count(Node *n, const char *prefix)
+{
+    unsigned count = 0;
+
+    g_mutex_lock(&n->lock);
+    for (guint i = 0; i < n->log->len; i++) {
+        count += g_str_has_prefix(n->log->pdata[i], prefix);
+    }
+    g_mutex_unlock(&n->lock);
+    return count;
+}
+
+static inline bool log_has(Node *n, const char *entry)
+{
+    bool found = false;
+
+    g_mutex_lock(&n->lock);
+    for (guint i = 0; i < n->log->len && !found; i++) {
+        found = strcmp(n->log->pdata[i], entry) == 0;
+    }
+    g_mutex_unlock(&n->lock);
+    return found;
+}
+
+static inline void on_link(void *opaque, const char *peer, bool up)
+{
+    log_add(opaque, g_strdup_printf("%s:%s", up ? "up" : "down", peer));
+}
+
+static inline gboolean send_event_8(gpointer data)
+{
+    Node *n = data;
+
+    vn_fabric_event(n->fab, n->asker, 8, NULL, NULL, 0, NULL, 0);
+    return G_SOURCE_REMOVE;
+}
+
+static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    Node *n = opaque;
+    uint8_t head[8] = { 0 };
+
+    log_add(n, g_strdup_printf("req:%u:%s:%zu:%u", msg->type, msg->json ? msg->json : "-",
+                               msg->data_len, msg->nfds));
+    switch (msg->type) {
+    case T_ECHO:
+        vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len, msg->fds,
+                        msg->nfds);
+        break;
+    case T_WRITE_FD:
+        if (msg->nfds != 1 || pwrite(msg->fds[0], "pong", 4, 0) != 4) {
+            vn_fabric_reply_error(n->fab, token, -EINVAL, "no fd to write");
+        } else {
+            vn_fabric_reply(n->fab, token, "{\"wrote\":4}", NULL, 0, NULL, 0);
+        }
+        break;
+    case T_FAIL:
+        vn_fabric_reply_error(n->fab, token, -EPERM, "not allowed here");
+        break;
+    case T_HOLD:
+        break;
+    case T_HOLD_QUIT:
+        n->close_in_thread = true;
+        g_main_loop_quit(n->loop);
+        break;
+    case T_EVENT_FIRST:
+        vn_fabric_event(n->fab, msg->peer, 7, "{\"first\":true}", NULL, 0, NULL, 0);
+        vn_fabric_reply(n->fab, token, "{\"second\":true}", NULL, 0, NULL, 0);
+        g_strlcpy(n->asker, msg->peer, sizeof(n->asker));
+        {
+            GSource *later = g_timeout_source_new(30);
+
+            g_source_set_callback(later, send_event_8, n, NULL);
+            g_source_attach(later, n->ctx);
+            g_source_unref(later);
+        }
+        break;
+    case T_MAP_BACK: {
+        g_autoptr(GError) error = NULL;
+        VnFabricWindow *w = NULL;
+        uint64_t id = 0;
+
+        if (msg->data_len == sizeof(id)) {
+            memcpy(&id, msg->data, sizeof(id));
+            w = vn_fabric_window_map(n->fab, msg->peer, id, &error);
+        }
+        if (w == NULL) {
+            vn_fabric_reply_error(n->fab, token, -EIO, error ? error->message : "no id");
+            break;
+        }
+        memcpy(head, w->host, sizeof(head));
+        vn_fabric_window_unmap(n->fab, w);
+        vn_fabric_reply(n->fab, token, NULL, head, sizeof(head), NULL, 0);
+        break;
+    }
+    default:
+        vn_fabric_reply_error(n->fab, token, -ENOTSUP, NULL);
+        break;
+    }
+}
+
+static inline void on_event(void *opaque, VnFabricMsg *msg)
+{
+    Node *n = opaque;
+
+    if (msg->nfds == 1) {
+        ck_assert_int_eq(pwrite(msg->fds[0], "seen", 4, 0), 4);
+    }
+    log_add(n, g_strdup_printf("ev:%u:%s:%zu:%u", msg->type, msg->json ? msg->json : "-",
+                               msg->data_len, msg->nfds));
+}
+
+static inline void on_doorbell(void *opaque, const char *peer, uint32_t bit)
+{
+    log_add(opaque, g_strdup_printf("db:%s:%u", peer, bit));
+}
+
+static const VnFabricHandlers handlers = {
+    .on_link = on_link,
+    .on_request = on_request,
+    .on_event = on_event,
+    .on_doorbell = on_doorbell,
+};
+
+/* Open node @name; @kv are extra parameters (key, value, ..., NULL). */
+static inline Node *node_open_kv(const char *name, bool threaded, const char *const *kv)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+    Node *n = g_new0(Node, 1);
+
+    g_strlcpy(n->name, name, sizeof(n->name));
+    g_mutex_init(&n->lock);
+    n->log = g_ptr_array_new_with_free_func(g_free);
+    n->ctx = threaded ? g_main_context_new() : g_main_context_ref(ctx);
+    g_hash_table_insert(params, "dir", tmpdir);
+    for (; kv != NULL && kv[0] != NULL; kv += 2) {
+        g_hash_table_insert(params, (char *)kv[0], (char *)kv[1]);
+    }
+    n->fab = vn_fabric_open("shm", name, params, &handlers, n, n->ctx, &error);
+    ck_assert_msg(n->fab != NULL, "%s", error ? error->message : "");
+    g_ptr_array_add(nodes, n);
+    return n;
+}
+
+static inline Node *node_open(const char *name, bool threaded)
+{
+    return node_open_kv(name, threaded, NULL);
+}
+
+static inline gpointer node_thread(gpointer data)
+{
+    Node *n = data;
+
+    g_main_context_push_thread_default(n->ctx);
+    g_main_loop_run(n->loop);
+    if (n->close_in_thread) {
+        g_clear_pointer(&n->fab, vn_fabric_close);
+    }
+    g_main_context_pop_thread_default(n->ctx);
+    return NULL;
+}
+
+/* Run a threaded node's loop; from here on only its thread touches it. */
+static inline void node_start(Node *n)
+{
+    n->loop = g_main_loop_new(n->ctx, FALSE);
+    n->thread = g_thread_new(n->name, node_thread, n);
+}
+
+static inline gboolean quit_loop(gpointer data)
+{
+    g_main_loop_quit(data);
+    return G_SOURCE_REMOVE;
+}
+
+static inline void node_close(Node *n)
+{
+    if (n->thread != NULL) {
+        g_main_context_invoke(n->ctx, quit_loop, n->loop);
+        g_thread_join(n->thread);
+        n->thread = NULL;
+    }
+    g_clear_pointer(&n->fab, vn_fabric_close);
+    g_clear_pointer(&n->loop, g_main_loop_unref);
+    g_main_context_unref(n->ctx);
+    g_ptr_array_unref(n->log);
+    g_mutex_clear(&n->lock);
+    g_ptr_array_remove(nodes, n);
+    g_free(n);
+}
+
+static inline void rm_rf(const char *path)
+{
+    GDir *d = g_dir_open(path, 0, NULL);
+    const char *name;
+
+    if (d != NULL) {
+        while ((name = g_dir_read_name(d)) != NULL) {
+            g_autofree char *sub = g_build_filename(path, name, NULL);
+
+            rm_rf(sub);
+        }
+        g_dir_close(d);
+        g_rmdir(path);
+    } else {
+        g_unlink(path);
+    }
+}
+
+static inline void setup(void)
+{
+    tmpdir = g_dir_make_tmp("vn-fabric-XXXXXX", NULL);
+    ck_assert_ptr_nonnull(tmpdir);
+    ctx = g_main_context_new();
+    nodes = g_ptr_array_new();
+}
+
+static inline void teardown(void)
+{
+    while (nodes->len > 0) {
+        node_close(nodes->pdata[nodes->len - 1]);
+    }
+    g_ptr_array_unref(nodes);
+    /* Drain what closing left behind (sources already destroyed). */
+    while (g_main_context_iteration(ctx, FALSE)) {
+    }
+    g_main_context_unref(ctx);
+    rm_rf(tmpdir);
+    g_free(tmpdir);
+}
+
+static inline gint64 now_ms(void)
+{
+    return g_get_monotonic_time() / 1000;
+}
+
+/* Iterate the shared context until @cond holds (bounded), then assert it. */
+#define WAIT_FOR(cond)                                                         \
+    do {                                                                       \
+        gint64 end_ = now_ms() + 3000;                                         \
+        while (!(cond) && now_ms() < end_) {                                   \
+            if (!g_main_context_iteration(ctx, FALSE)) {                       \
+                g_usleep(500);                                                 \
+            }                                                                  \
+        }                                                                      \
+        ck_assert_msg((cond), "timed out waiting for: %s", #cond);             \
+    } while (0)
+
+/* Iterate the shared context for @ms (to see that something does NOT
+ * happen). */
+static inline void spin(int ms)
+{
+    gint64 end = now_ms() + ms;
+
+    while (now_ms() < end) {
+        if (!g_main_context_iteration(ctx, FALSE)) {
+            g_usleep(500);
+        }
+    }
+}
+
+static inline void link_nodes(Node *a, Node *b)
+{
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_msg(vn_fabric_connect(a->fab, b->name, &error), "%s",
+                  error ? error->message : "");
+    if (b->thread == NULL) {
+        WAIT_FOR(vn_fabric_link_up(b->fab, a->name));
+    }
+    WAIT_FOR(log_count(a, "up:") > 0);
+}
+
+/* A memfd of @size bytes and a mapping of it. */
+static inline int memfd_new(size_t size, uint8_t **map)
+{
+    int fd = memfd_create("check-fabric", MFD_CLOEXEC);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+    if (map != NULL) {
+        *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        ck_assert(*map != MAP_FAILED);
+    }
+    return fd;
+}
+
+static inline VnFabricStats stats_of(Node *n)
+{
+    VnFabricStats st;
+
+    vn_fabric_stats(n->fab, &st);
+    return st;
+}
+
+/* What an async request got back. */
+typedef struct Reply {
+    bool done;
+    int calls;
+    int err;
+    char *json;
+    GByteArray *data;
+    int fds[VN_FABRIC_MAX_FDS];
+    unsigned nfds;
+} Reply;
+
+static inline void on_reply(void *opaque, VnFabricMsg *msg, int err)
+{
+    Reply *r = opaque;
+
+    r->done = true;
+    r->calls++;
+    r->err = err;
+    if (msg != NULL) {
+        r->json = g_strdup(msg->json);
+        r->data = g_byte_array_new();
+        g_byte_array_append(r->data, msg->data, (guint)msg->data_len);
+        for (unsigned i = 0; i < msg->nfds; i++) {
+            r->fds[r->nfds++] = msg->fds[i];
+            msg->fds[i] = -1;           /* taken */
+        }
+    }
+}
+
+static inline void reply_clear(Reply *r)
+{
+    g_free(r->json);
+    if (r->data != NULL) {
+        g_byte_array_unref(r->data);
+    }
+    for (unsigned i = 0; i < r->nfds; i++) {
+        close(r->fds[i]);
+    }
+    memset(r, 0, sizeof(*r));
+}
+
+#endif /* VN_CHECK_FABRIC_RIG_H */

@@ -1,0 +1,149 @@
+/*
+ * Inside the fabric layer: the VnFabric struct and the calls between
+ * fabric.c (node, links, receive path), msg.c (requests, replies, events,
+ * doorbells) and window.c (segments and windows).  Not for other layers.
+ *
+ * Threads: everything here belongs to the fabric's GMainContext thread.
+ */
+#ifndef VN_FABRIC_INT_H
+#define VN_FABRIC_INT_H
+
+#include "fabric.h"
+#include "frame.h"
+
+/* Requests one peer may have waiting for our handler's answer; beyond it a
+ * request gets -EBUSY, so a flooding peer cannot grow the token table. */
+#define VN_FABRIC_MAX_INFLIGHT 256
+/* Largest segment exported: 1 TiB, above any window a supported adapter
+ * (or the shm backend's max-window-size) offers. */
+#define VN_FABRIC_MAX_SEGMENT_SIZE (UINT64_C(1) << 40)
+/* Bound of "request-timeout-ms" (10 minutes). */
+#define VN_FABRIC_MAX_TIMEOUT_MS 600000
+/* Queued frames and link changes handled per idle dispatch, so a burst
+ * that queued up during a synchronous request cannot starve the loop. */
+#define VN_FABRIC_DEFERRED_BATCH 64
+
+/* A peer whose link is up.  @gen is unique per link-up in this fabric, so
+ * anything recorded against an earlier link of the same name is told apart. */
+typedef struct VnFabricPeer {
+    char *name;
+    uint64_t gen;
+    unsigned inflight;       /* tokens of this link not yet answered */
+} VnFabricPeer;
+
+/* A request we sent and wait for (async). */
+typedef struct VnFabricPending {
+    uint64_t id;             /* key */
+    VnFabric *fab;
+    char *peer;
+    uint64_t gen;
+    uint32_t type;
+    VnFabricReplyFn done;
+    void *opaque;
+    GSource *timeout;
+} VnFabricPending;
+
+/* A request we received and owe a reply to. */
+typedef struct VnFabricToken {
+    uint64_t token;          /* key */
+    char *peer;
+    uint64_t gen;
+    uint64_t id;
+    uint32_t type;
+} VnFabricToken;
+
+/* The one synchronous request being waited for (on the caller's stack). */
+typedef struct VnFabricSync {
+    const char *peer;
+    uint64_t id;
+    bool done;
+    int err;
+    VnFabricMsg *reply;      /* owned */
+} VnFabricSync;
+
+typedef struct VnFabricSegment {
+    uint64_t id;             /* key */
+    int fd;                  /* our dup */
+    uint64_t size;
+    char *peer;              /* the one peer allowed to map it */
+} VnFabricSegment;
+
+struct VnFabric {
+    char *node;
+    const VnFabricOps *ops;
+    void *backend;           /* NULL once closing */
+    VnFabricHandlers handlers;
+    void *opaque;
+    GMainContext *ctx;
+    VnFabricLimits limits;
+    int request_timeout_ms;
+
+    GHashTable *peers;       /* name -> VnFabricPeer, links that are up */
+    uint64_t last_gen;
+    GHashTable *pending;     /* &id -> VnFabricPending */
+    uint64_t last_id;
+    GHashTable *tokens;      /* &token -> VnFabricToken */
+    uint64_t last_token;
+    VnFabricSync *sync;
+
+    /*
+     * Deferral: while > 0 (inside a backend call made from our API, e.g.
+     * ops->wait of a synchronous request) or while the queue is not empty
+     * (to keep order), what the backend reports is queued and handled from
+     * an idle source, never inside the caller's call.
+     */
+    int defer;
+    GQueue deferred;         /* VnFabricDeferred */
+    GSource *deferred_src;
+
+    GHashTable *segments;    /* &id -> VnFabricSegment */
+    uint64_t last_segment;
+    VnFabricWindow **windows;   /* limits.max_windows slots */
+    uint32_t windows_in_use;
+
+    GByteArray *out;         /* frame being sent */
+    VnFabricStats stats;
+};
+
+/* fabric.c */
+VnFabricPeer *vn_fabric_peer(VnFabric *fab, const char *name);
+/* Count and log a bad frame, close its fds, answer it when it was a request. */
+void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
+                         int *fds, unsigned nfds, const char *why);
+/* A borrowed view of a received frame for a handler (fds are the caller's). */
+void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f,
+                        int *fds, unsigned nfds);
+
+/* msg.c */
+int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
+                         uint64_t id, int32_t error, const char *json, const void *data,
+                         size_t len, const int *fds, unsigned nfds);
+/* Answer request @id of @peer with an error (@message may be NULL). */
+int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type,
+                         int err, const char *message);
+/* Like vn_fabric_request_sync(), for any type, and an error reply is given
+ * back in *reply too. */
+int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
+                               const char *json, const void *data, size_t len,
+                               const int *fds, unsigned nfds, VnFabricMsg **reply);
+/* An owned copy of a received frame; takes the fds. */
+VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f, int *fds,
+                                unsigned nfds);
+/* A frame of @peer's link @gen (which may be gone by now). */
+void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
+                              const VnFabricFrame *f, int *fds, unsigned nfds);
+void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
+                                const VnFabricFrame *f, int *fds, unsigned nfds);
+void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
+                              int *fds, unsigned nfds);
+/* A link went down: its requests fail with -ECONNRESET, its tokens go. */
+void vn_fabric_link_lost(VnFabric *fab, uint64_t gen);
+void vn_fabric_msgs_close(VnFabric *fab);
+
+/* window.c */
+void vn_fabric_map_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
+                            int *fds, unsigned nfds);
+void vn_fabric_windows_init(VnFabric *fab);
+void vn_fabric_windows_close(VnFabric *fab);
+
+#endif /* VN_FABRIC_INT_H */

@@ -1,0 +1,587 @@
+/*
+ * The NTB fabric (see fabric.h): the backend registry, a node's life, its
+ * links, and the receive path that checks every frame before anything acts
+ * on it.  Requests, replies, events and doorbells are in msg.c; segments and
+ * windows in window.c; the frame codec in frame.c.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "fabric-int.h"
+#include "shm.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <inttypes.h>
+#include <string.h>
+
+/* ---- backend registry ------------------------------------------------- */
+
+/* Registration may come from any thread; lookups take the same lock. */
+static GMutex registry_lock;
+static GHashTable *registry;     /* name -> const VnFabricOps * */
+
+bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
+{
+    const char *missing = NULL;
+
+    if (ops == NULL) {
+        missing = "the table";
+    } else if (ops->name == NULL || ops->name[0] == '\0') {
+        missing = "name";
+    } else if (ops->open == NULL) {
+        missing = "open";
+    } else if (ops->close == NULL) {
+        missing = "close";
+    } else if (ops->connect == NULL) {
+        missing = "connect";
+    } else if (ops->send == NULL) {
+        missing = "send";
+    } else if (ops->wait == NULL) {
+        missing = "wait";
+    }
+    /* ping is optional. */
+    if (missing != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "fabric ops: %s is required", missing);
+        return false;
+    }
+    return true;
+}
+
+bool vn_fabric_register(const VnFabricOps *ops, GError **error)
+{
+    bool ok = true;
+
+    if (!vn_fabric_ops_valid(ops, error)) {
+        return false;
+    }
+    g_mutex_lock(&registry_lock);
+    if (registry == NULL) {
+        registry = g_hash_table_new(g_str_hash, g_str_equal);
+    }
+    if (g_hash_table_contains(registry, ops->name)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                    "fabric backend %s is already registered", ops->name);
+        ok = false;
+    } else {
+        g_hash_table_insert(registry, (gpointer)ops->name, (gpointer)ops);
+    }
+    g_mutex_unlock(&registry_lock);
+    return ok;
+}
+
+static gpointer register_builtin(gpointer data)
+{
+    /* Fails only when the program registered its own "shm" first: then
+     * that one is used, which is what it asked for. */
+    vn_fabric_register(&vn_shm_ops, NULL);
+    return NULL;
+}
+
+static const VnFabricOps *backend_lookup(const char *name)
+{
+    static GOnce once = G_ONCE_INIT;
+    const VnFabricOps *ops;
+
+    g_once(&once, register_builtin, NULL);
+    g_mutex_lock(&registry_lock);
+    ops = name != NULL ? g_hash_table_lookup(registry, name) : NULL;
+    g_mutex_unlock(&registry_lock);
+    return ops;
+}
+
+/* ---- small things ----------------------------------------------------- */
+
+bool vn_fabric_name_valid(const char *name)
+{
+    size_t n;
+
+    if (name == NULL) {
+        return false;
+    }
+    n = strnlen(name, VN_FABRIC_MAX_NAME + 1);
+    if (n == 0 || n > VN_FABRIC_MAX_NAME) {
+        return false;
+    }
+    if (!g_ascii_islower(name[0]) && !g_ascii_isdigit(name[0])) {
+        return false;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if (!g_ascii_islower(name[i]) && !g_ascii_isdigit(name[i]) && name[i] != '-') {
+            return false;
+        }
+    }
+    return true;
+}
+
+void vn_fabric_limits_default(VnFabricLimits *l)
+{
+    *l = (VnFabricLimits){
+        .max_windows = 8,
+        .max_window_size = 4ull << 30,
+        .window_align = 4096,
+        .xlat_granularity = 4096,
+    };
+}
+
+const char *vn_fabric_node(VnFabric *fab)
+{
+    return fab->node;
+}
+
+const VnFabricLimits *vn_fabric_limits(VnFabric *fab)
+{
+    return &fab->limits;
+}
+
+void vn_fabric_stats(VnFabric *fab, VnFabricStats *out)
+{
+    *out = fab->stats;
+}
+
+VnFabricPeer *vn_fabric_peer(VnFabric *fab, const char *name)
+{
+    return g_hash_table_lookup(fab->peers, name);
+}
+
+bool vn_fabric_link_up(VnFabric *fab, const char *peer)
+{
+    return peer != NULL && vn_fabric_peer(fab, peer) != NULL;
+}
+
+GMainContext *vn_fabric_backend_context(VnFabric *fab)
+{
+    return fab->ctx;
+}
+
+void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits)
+{
+    /* Only during ops->open: the window slots are sized from it after. */
+    g_return_if_fail(fab->windows == NULL);
+    fab->limits = *limits;
+}
+
+void vn_fabric_backend_rejected(VnFabric *fab, const char *what)
+{
+    fab->stats.bad_messages++;
+    g_info("node %s: rejected %s", fab->node, what);
+}
+
+static void peer_free(gpointer data)
+{
+    VnFabricPeer *p = data;
+
+    g_free(p->name);
+    g_free(p);
+}
+
+/* ---- the receive path ------------------------------------------------- */
+
+void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f,
+                        int *fds, unsigned nfds)
+{
+    memset(msg, 0, sizeof(*msg));
+    msg->peer = peer;
+    msg->type = f->hdr.type;
+    msg->json = f->json;
+    msg->data = f->data;
+    msg->data_len = f->hdr.data_len;
+    /* nfds was checked against VN_FABRIC_MAX_FDS by the decoder. */
+    msg->nfds = nfds;
+    for (unsigned i = 0; i < nfds; i++) {
+        msg->fds[i] = fds[i];
+        fds[i] = -1;
+    }
+}
+
+void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
+                         int *fds, unsigned nfds, const char *why)
+{
+    g_autofree char *message = g_strdup_printf("%s: %s", why, g_strerror(-err));
+
+    fab->stats.bad_messages++;
+    g_info("node %s: bad frame from %s (%s id %" PRIu64 " type 0x%x): %s", fab->node, peer,
+           vn_fabric_kind_to_string(f->hdr.flags), f->hdr.id, f->hdr.type, message);
+    vn_util_close_fds(fds, nfds);
+    if (vn_fabric_frame_replyable(f)) {
+        vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, err, message);
+    }
+}
+
+/* Handle one frame of @peer's link @gen (perhaps a link already gone, when
+ * the frame was queued before its link went down: it still counts). */
+static void process_frame(VnFabric *fab, const char *peer, uint64_t gen, const uint8_t *buf,
+                          size_t len, int *fds, unsigned nfds)
+{
+    VnFabricFrame f;
+    int ret;
+
+    ret = vn_fabric_frame_decode(buf, len, nfds, &f);
+    if (ret < 0) {
+        vn_fabric_bad_frame(fab, peer, &f, ret, fds, nfds, "malformed frame");
+        return;
+    }
+    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u fds %u",
+             fab->node, peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
+             vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len, f.hdr.data_len, nfds);
+
+    switch (f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK) {
+    case VN_FABRIC_FLAG_REPLY:
+        vn_fabric_reply_received(fab, peer, gen, &f, fds, nfds);
+        break;
+    case VN_FABRIC_FLAG_REQUEST:
+        if (f.hdr.type == VN_FABRIC_TYPE_MAP) {
+            vn_fabric_map_received(fab, peer, &f, fds, nfds);
+        } else {
+            vn_fabric_request_received(fab, peer, gen, &f, fds, nfds);
+        }
+        break;
+    default:
+        vn_fabric_event_received(fab, peer, &f, fds, nfds);
+        break;
+    }
+}
+
+/* What the backend reported while we could not act on it. */
+typedef enum VnFabricDeferredKind {
+    VN_FABRIC_DEFERRED_FRAME,
+    VN_FABRIC_DEFERRED_LINK_UP,
+    VN_FABRIC_DEFERRED_LINK_DOWN,
+    VN_FABRIC_DEFERRED_LAST
+} VnFabricDeferredKind;
+
+typedef struct VnFabricDeferred {
+    VnFabricDeferredKind kind;
+    char peer[VN_FABRIC_MAX_NAME + 1];
+    uint64_t gen;
+    uint8_t *buf;
+    size_t len;
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    unsigned nfds;
+} VnFabricDeferred;
+
+static void deferred_free(gpointer data)
+{
+    VnFabricDeferred *d = data;
+
+    vn_util_close_fds(d->fds, d->nfds);
+    g_free(d->buf);
+    g_free(d);
+}
+
+static void handle_link(VnFabric *fab, const char *peer, uint64_t gen, bool up)
+{
+    if (!up) {
+        vn_fabric_link_lost(fab, gen);
+    }
+    if (fab->handlers.on_link != NULL) {
+        fab->handlers.on_link(fab->opaque, peer, up);
+    }
+}
+
+static gboolean deferred_dispatch(gpointer data)
+{
+    VnFabric *fab = data;
+
+    for (int i = 0; i < VN_FABRIC_DEFERRED_BATCH && fab->defer == 0; i++) {
+        VnFabricDeferred *d = g_queue_pop_head(&fab->deferred);
+
+        if (d == NULL) {
+            break;
+        }
+        if (d->kind == VN_FABRIC_DEFERRED_FRAME) {
+            process_frame(fab, d->peer, d->gen, d->buf, d->len, d->fds, d->nfds);
+        } else {
+            handle_link(fab, d->peer, d->gen, d->kind == VN_FABRIC_DEFERRED_LINK_UP);
+        }
+        deferred_free(d);
+    }
+    if (g_queue_is_empty(&fab->deferred)) {
+        g_clear_pointer(&fab->deferred_src, g_source_unref);
+        return G_SOURCE_REMOVE;
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+static bool deferring(VnFabric *fab)
+{
+    return fab->defer > 0 || !g_queue_is_empty(&fab->deferred);
+}
+
+static VnFabricDeferred *defer_item(VnFabric *fab, VnFabricDeferredKind kind,
+                                    const char *peer, uint64_t gen)
+{
+    VnFabricDeferred *d = g_new0(VnFabricDeferred, 1);
+
+    d->kind = kind;
+    g_strlcpy(d->peer, peer, sizeof(d->peer));
+    d->gen = gen;
+    g_queue_push_tail(&fab->deferred, d);
+    if (fab->deferred_src == NULL) {
+        /* Default priority, not idle: fd sources must not starve it, or
+         * what is queued would wait behind a busy peer. */
+        fab->deferred_src = g_idle_source_new();
+        g_source_set_priority(fab->deferred_src, G_PRIORITY_DEFAULT);
+        g_source_set_callback(fab->deferred_src, deferred_dispatch, fab, NULL);
+        g_source_attach(fab->deferred_src, fab->ctx);
+    }
+    return d;
+}
+
+/*
+ * While deferring, a few frames cannot wait for the idle source: the reply
+ * the synchronous request is blocked on, and MAP requests, which touch only
+ * the segment table (no handler runs) and are answered at once so two nodes
+ * mapping each other's segments at the same time do not deadlock.
+ */
+static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len,
+                      int *fds, unsigned nfds)
+{
+    VnFabricSync *sync = fab->sync;
+    VnFabricFrame f;
+    uint16_t kind;
+
+    if (vn_fabric_frame_decode(buf, len, nfds, &f) < 0) {
+        return false;
+    }
+    kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
+    if (kind == VN_FABRIC_FLAG_REPLY && sync != NULL && !sync->done &&
+        f.hdr.id == sync->id && strcmp(peer, sync->peer) == 0) {
+        VN_TRACE("node %s: <- %s %s id %" PRIu64 " (synchronous)", fab->node, peer,
+                 vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
+        fab->stats.msgs_received++;
+        sync->reply = vn_fabric_msg_copy(peer, &f, fds, nfds);
+        sync->err = (f.hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f.hdr.error : 0;
+        sync->done = true;
+        return true;
+    }
+    if (kind == VN_FABRIC_FLAG_REQUEST && f.hdr.type == VN_FABRIC_TYPE_MAP) {
+        vn_fabric_map_received(fab, peer, &f, fds, nfds);
+        return true;
+    }
+    return false;
+}
+
+void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
+                                size_t len, int *fds, unsigned nfds)
+{
+    char name[VN_FABRIC_MAX_NAME + 1];
+    VnFabricPeer *p = peer != NULL ? vn_fabric_peer(fab, peer) : NULL;
+    VnFabricDeferred *d;
+
+    if (p == NULL || fab->backend == NULL) {
+        /* A backend bug (frames before link up), or a closing node. */
+        g_warning("node %s: frame from %s, whose link is not up, dropped", fab->node,
+                  peer != NULL ? peer : "(null)");
+        vn_util_close_fds(fds, nfds);
+        return;
+    }
+    if (!deferring(fab)) {
+        /* A copy of the name: a handler may end the link and free @p. */
+        g_strlcpy(name, p->name, sizeof(name));
+        process_frame(fab, name, p->gen, buf, len, fds, nfds);
+        return;
+    }
+    if (intercept(fab, peer, buf, len, fds, nfds)) {
+        return;
+    }
+    d = defer_item(fab, VN_FABRIC_DEFERRED_FRAME, peer, p->gen);
+    d->buf = g_memdup2(buf, len);
+    d->len = len;
+    /* Keep at most one fd beyond the limit: enough for the decoder to
+     * refuse the frame later. */
+    d->nfds = MIN(nfds, VN_FABRIC_MAX_FDS + 1);
+    memcpy(d->fds, fds, sizeof(int) * d->nfds);
+    for (unsigned i = 0; i < d->nfds; i++) {
+        fds[i] = -1;
+    }
+    vn_util_close_fds(fds, nfds);
+}
+
+void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
+{
+    VnFabricPeer *p;
+    uint64_t gen;
+
+    if (fab->backend == NULL || !vn_fabric_name_valid(peer)) {
+        g_warning("node %s: link report for \"%s\" ignored", fab->node,
+                  peer != NULL ? peer : "(null)");
+        return;
+    }
+    p = vn_fabric_peer(fab, peer);
+    if (up) {
+        if (p != NULL) {
+            return;
+        }
+        p = g_new0(VnFabricPeer, 1);
+        p->name = g_strdup(peer);
+        p->gen = ++fab->last_gen;
+        gen = p->gen;
+        g_hash_table_insert(fab->peers, p->name, p);
+    } else {
+        if (p == NULL) {
+            return;
+        }
+        gen = p->gen;
+        /* link_up() must tell the truth at once; what depends on the link
+         * going (failing its requests, on_link) follows in order. */
+        g_hash_table_remove(fab->peers, peer);
+        if (fab->sync != NULL && !fab->sync->done && strcmp(fab->sync->peer, peer) == 0) {
+            fab->sync->err = -ECONNRESET;
+            fab->sync->done = true;
+        }
+    }
+    g_info("node %s: link to %s %s", fab->node, peer, up ? "up" : "down");
+    if (deferring(fab)) {
+        defer_item(fab, up ? VN_FABRIC_DEFERRED_LINK_UP : VN_FABRIC_DEFERRED_LINK_DOWN, peer,
+                   gen);
+    } else {
+        char name[VN_FABRIC_MAX_NAME + 1];
+
+        g_strlcpy(name, peer, sizeof(name));
+        handle_link(fab, name, gen, up);
+    }
+}
+
+/* ---- a node's life ---------------------------------------------------- */
+
+/* The fabric's own parameters; the rest go to the backend. */
+static bool take_params(VnFabric *fab, GHashTable *params, GHashTable *rest, GError **error)
+{
+    GHashTableIter it;
+    gpointer key, value;
+
+    if (params == NULL) {
+        return true;
+    }
+    g_hash_table_iter_init(&it, params);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        if (strcmp(key, "request-timeout-ms") == 0) {
+            guint64 ms;
+
+            if (!g_ascii_string_to_unsigned(value, 10, 1, VN_FABRIC_MAX_TIMEOUT_MS, &ms,
+                                            error)) {
+                g_prefix_error(error, "node %s: request-timeout-ms: ", fab->node);
+                return false;
+            }
+            fab->request_timeout_ms = (int)ms;
+        } else {
+            g_hash_table_insert(rest, key, value);
+        }
+    }
+    return true;
+}
+
+VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,
+                         const VnFabricHandlers *handlers, void *opaque,
+                         GMainContext *ctx, GError **error)
+{
+    g_autoptr(VnFabric) fab = NULL;
+    g_autoptr(GHashTable) rest = g_hash_table_new(g_str_hash, g_str_equal);
+    const VnFabricOps *ops = backend_lookup(backend);
+
+    if (ops == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND, "no fabric backend \"%s\"",
+                    backend != NULL ? backend : "(null)");
+        return NULL;
+    }
+    if (!vn_fabric_name_valid(node)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node name \"%s\" is invalid (want [a-z0-9][a-z0-9-]*, at most %d)",
+                    node != NULL ? node : "(null)", VN_FABRIC_MAX_NAME);
+        return NULL;
+    }
+    fab = g_new0(VnFabric, 1);
+    fab->node = g_strdup(node);
+    fab->ops = ops;
+    if (handlers != NULL) {
+        fab->handlers = *handlers;
+    }
+    fab->opaque = opaque;
+    fab->ctx = g_main_context_ref(ctx != NULL ? ctx : g_main_context_default());
+    vn_fabric_limits_default(&fab->limits);
+    fab->request_timeout_ms = VN_FABRIC_REQUEST_TIMEOUT_MS;
+    fab->peers = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, peer_free);
+    fab->pending = g_hash_table_new(g_int64_hash, g_int64_equal);
+    fab->tokens = g_hash_table_new(g_int64_hash, g_int64_equal);
+    fab->segments = g_hash_table_new(g_int64_hash, g_int64_equal);
+    g_queue_init(&fab->deferred);
+    fab->out = g_byte_array_new();
+
+    if (!take_params(fab, params, rest, error)) {
+        return NULL;
+    }
+    fab->backend = ops->open(fab, node, rest, error);
+    if (fab->backend == NULL) {
+        return NULL;
+    }
+    vn_fabric_windows_init(fab);
+    g_info("node %s: attached to the %s fabric (%u windows of at most %" PRIu64 " bytes)",
+           node, ops->name, fab->limits.max_windows, fab->limits.max_window_size);
+    return g_steal_pointer(&fab);
+}
+
+void vn_fabric_close(VnFabric *fab)
+{
+    void *backend;
+
+    if (fab == NULL) {
+        return;
+    }
+    backend = g_steal_pointer(&fab->backend);
+    if (backend != NULL) {
+        fab->ops->close(backend);
+        g_info("node %s: detached from the fabric", fab->node);
+    }
+    if (fab->deferred_src != NULL) {
+        g_source_destroy(fab->deferred_src);
+        g_clear_pointer(&fab->deferred_src, g_source_unref);
+    }
+    g_queue_clear_full(&fab->deferred, deferred_free);
+    vn_fabric_msgs_close(fab);
+    vn_fabric_windows_close(fab);
+    g_clear_pointer(&fab->peers, g_hash_table_unref);
+    g_clear_pointer(&fab->pending, g_hash_table_unref);
+    g_clear_pointer(&fab->tokens, g_hash_table_unref);
+    g_clear_pointer(&fab->segments, g_hash_table_unref);
+    if (fab->out != NULL) {
+        g_byte_array_unref(fab->out);
+    }
+    if (fab->ctx != NULL) {
+        g_main_context_unref(fab->ctx);
+    }
+    g_free(fab->node);
+    g_free(fab);
+}
+
+bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
+{
+    int ret;
+
+    if (!vn_fabric_name_valid(peer) || strcmp(peer, fab->node) == 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: cannot connect to \"%s\"", fab->node,
+                    peer != NULL ? peer : "(null)");
+        return false;
+    }
+    if (fab->backend == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_CLOSED, "node %s: closing", fab->node);
+        return false;
+    }
+    if (vn_fabric_link_up(fab, peer)) {
+        return true;
+    }
+    /* The backend reports the link up from inside; on_link then runs from
+     * the main loop, not inside the caller's call. */
+    fab->defer++;
+    ret = fab->ops->connect(fab->backend, peer);
+    fab->defer--;
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "node %s: cannot connect to %s: %s", fab->node, peer, g_strerror(-ret));
+        return false;
+    }
+    return true;
+}

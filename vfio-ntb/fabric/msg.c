@@ -1,0 +1,534 @@
+/*
+ * Fabric messages (see fabric.h): requests with ids, replies by token,
+ * events and doorbells; the synchronous request that waits on one link.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "fabric-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <json-glib/json-glib.h>
+#include <string.h>
+
+/* Past this the send buffer is dropped after use rather than kept: one
+ * large region access must not pin a megabyte per node. */
+#define VN_FABRIC_OUT_KEEP (64u * 1024u)
+
+/* An owned message: the view, then the sender's name and the payload. */
+typedef struct VnFabricMsgOwned {
+    VnFabricMsg msg;
+    char peer[VN_FABRIC_MAX_NAME + 1];
+    uint8_t payload[];
+} VnFabricMsgOwned;
+
+VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f, int *fds,
+                                unsigned nfds)
+{
+    /* Both lengths were bounded by VN_FABRIC_MAX_PAYLOAD in the decoder. */
+    size_t n = (size_t)f->hdr.json_len + f->hdr.data_len;
+    VnFabricMsgOwned *o = g_malloc0(sizeof(*o) + n);
+
+    vn_fabric_msg_view(&o->msg, o->peer, f, fds, nfds);
+    g_strlcpy(o->peer, peer, sizeof(o->peer));
+    if (f->json != NULL) {
+        memcpy(o->payload, f->json, f->hdr.json_len);
+        o->msg.json = (const char *)o->payload;
+    }
+    if (f->data != NULL) {
+        memcpy(o->payload + f->hdr.json_len, f->data, f->hdr.data_len);
+        o->msg.data = o->payload + f->hdr.json_len;
+    }
+    return &o->msg;
+}
+
+void vn_fabric_msg_free(VnFabricMsg *msg)
+{
+    if (msg == NULL) {
+        return;
+    }
+    vn_util_close_fds(msg->fds, msg->nfds);
+    g_free((VnFabricMsgOwned *)msg);
+}
+
+/* ---- sending ---------------------------------------------------------- */
+
+int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
+                         uint64_t id, int32_t error, const char *json, const void *data,
+                         size_t len, const int *fds, unsigned nfds)
+{
+    int ret;
+
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    ret = vn_fabric_frame_encode(fab->out, flags, type, id, error, json, data, len, nfds);
+    if (ret == 0) {
+        fab->defer++;
+        ret = fab->ops->send(fab->backend, peer, fab->out->data, fab->out->len, fds, nfds);
+        fab->defer--;
+    }
+    VN_TRACE("node %s: -> %s %s id %" PRIu64 " type 0x%x (%s) data %zu fds %u: %d", fab->node,
+             peer, vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type),
+             len, nfds, ret);
+    if (fab->out->len > VN_FABRIC_OUT_KEEP) {
+        g_byte_array_unref(fab->out);
+        fab->out = g_byte_array_new();
+    }
+    if (ret < 0) {
+        return ret;
+    }
+    if (type == VN_FABRIC_TYPE_DOORBELL && (flags & VN_FABRIC_FLAG_EVENT)) {
+        fab->stats.doorbells_sent++;
+    } else {
+        fab->stats.msgs_sent++;
+    }
+    return 0;
+}
+
+int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type,
+                         int err, const char *message)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    g_autoptr(JsonNode) root = NULL;
+    g_autofree char *text = NULL;
+    g_autofree char *json = NULL;
+    int e = err < 0 ? -err : err;
+
+    if (e <= 0 || e > VN_FABRIC_MAX_ERRNO) {
+        e = EIO;
+    }
+    /* The peer checks our JSON as we check its: it must be valid UTF-8. */
+    text = g_utf8_make_valid(message != NULL ? message : g_strerror(e), -1);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "error");
+    json_builder_add_string_value(b, text);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    json_generator_set_root(gen, root);
+    json = json_generator_to_data(gen, NULL);
+    return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type,
+                                id, e, json, NULL, 0, NULL, 0);
+}
+
+/* ---- requests we send ------------------------------------------------- */
+
+static void pending_free(VnFabricPending *pend)
+{
+    if (pend->timeout != NULL) {
+        g_source_destroy(pend->timeout);
+        g_source_unref(pend->timeout);
+    }
+    g_free(pend->peer);
+    g_free(pend);
+}
+
+/* Take @pend out of the table, call its callback once, free it. */
+static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *reply, int err)
+{
+    g_hash_table_remove(fab->pending, &pend->id);
+    VN_TRACE("node %s: request id %" PRIu64 " to %s done: %d", fab->node, pend->id,
+             pend->peer, err);
+    pend->done(pend->opaque, reply, err);
+    pending_free(pend);
+}
+
+static gboolean pending_timeout(gpointer data)
+{
+    VnFabricPending *pend = data;
+
+    g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", pend->fab->node,
+           pend->id, pend->type, pend->peer);
+    /* The source is being dispatched and goes when we return REMOVE. */
+    g_clear_pointer(&pend->timeout, g_source_unref);
+    pending_complete(pend->fab, pend, NULL, -ETIMEDOUT);
+    return G_SOURCE_REMOVE;
+}
+
+int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char *json,
+                      const void *data, size_t len, const int *fds, unsigned nfds,
+                      VnFabricReplyFn done, void *opaque)
+{
+    VnFabricPeer *p;
+    VnFabricPending *pend;
+    uint64_t id, gen;
+    int ret;
+
+    if (type >= VN_FABRIC_TYPE_RESERVED || done == NULL || peer == NULL) {
+        return -EINVAL;
+    }
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    p = vn_fabric_peer(fab, peer);
+    if (p == NULL) {
+        return -ENOTCONN;
+    }
+    gen = p->gen;
+    id = ++fab->last_id;
+    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data, len,
+                               fds, nfds);
+    if (ret < 0) {
+        return ret;
+    }
+    /* No reply can be handled before we return: nothing runs the loop. */
+    pend = g_new0(VnFabricPending, 1);
+    pend->id = id;
+    pend->fab = fab;
+    pend->peer = g_strdup(peer);
+    pend->gen = gen;
+    pend->type = type;
+    pend->done = done;
+    pend->opaque = opaque;
+    pend->timeout = g_timeout_source_new((guint)fab->request_timeout_ms);
+    g_source_set_callback(pend->timeout, pending_timeout, pend, NULL);
+    g_source_attach(pend->timeout, fab->ctx);
+    g_hash_table_insert(fab->pending, &pend->id, pend);
+    return 0;
+}
+
+int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
+                               const char *json, const void *data, size_t len,
+                               const int *fds, unsigned nfds, VnFabricMsg **reply)
+{
+    VnFabricSync sync = { .peer = peer };
+    gint64 deadline;
+    int ret;
+
+    *reply = NULL;
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    /* Handlers never run during a wait, so this is a backend calling us
+     * back from inside ops->wait: refuse rather than recurse. */
+    if (fab->sync != NULL) {
+        return -EDEADLK;
+    }
+    if (peer == NULL || vn_fabric_peer(fab, peer) == NULL) {
+        return -ENOTCONN;
+    }
+    sync.id = ++fab->last_id;
+    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, sync.id, 0, json, data,
+                               len, fds, nfds);
+    if (ret < 0) {
+        return ret;
+    }
+    /* Wait on this link alone: the backend feeds us its frames; the reply
+     * completes @sync (see intercept() in fabric.c), the rest is queued. */
+    fab->sync = &sync;
+    fab->defer++;
+    deadline = g_get_monotonic_time() + (gint64)fab->request_timeout_ms * 1000;
+    while (!sync.done) {
+        gint64 left = deadline - g_get_monotonic_time();
+
+        if (left <= 0) {
+            sync.err = -ETIMEDOUT;
+            break;
+        }
+        ret = fab->ops->wait(fab->backend, peer, (int)((left + 999) / 1000));
+        if (!sync.done && ret < 0 && ret != -ETIMEDOUT && ret != -EINTR && ret != -EAGAIN) {
+            sync.err = ret;
+            break;
+        }
+    }
+    fab->defer--;
+    fab->sync = NULL;
+    VN_TRACE("node %s: synchronous request id %" PRIu64 " type 0x%x to %s: %d", fab->node,
+             sync.id, type, peer, sync.err);
+    if (sync.err == -ETIMEDOUT) {
+        g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", fab->node, sync.id,
+               type, peer);
+    }
+    *reply = sync.reply;
+    return sync.err;
+}
+
+int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
+                           const char *json, const void *data, size_t len,
+                           const int *fds, unsigned nfds, VnFabricMsg **reply)
+{
+    g_autoptr(VnFabricMsg) r = NULL;
+    int ret;
+
+    if (reply != NULL) {
+        *reply = NULL;
+    }
+    if (type >= VN_FABRIC_TYPE_RESERVED) {
+        return -EINVAL;
+    }
+    ret = vn_fabric_request_sync_any(fab, peer, type, json, data, len, fds, nfds, &r);
+    if (ret == 0 && reply != NULL) {
+        *reply = g_steal_pointer(&r);
+    }
+    return ret;
+}
+
+void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
+                              const VnFabricFrame *f, int *fds, unsigned nfds)
+{
+    VnFabricPending *pend = g_hash_table_lookup(fab->pending, &f->hdr.id);
+    VnFabricMsg msg;
+    int err;
+
+    /* Only an answer to what we asked this very link counts; a late reply
+     * (after its timeout) is as unknown as a forged one. */
+    if (pend == NULL || pend->gen != gen || strcmp(pend->peer, peer) != 0) {
+        vn_fabric_bad_frame(fab, peer, f, -ENOENT, fds, nfds, "reply to no request of ours");
+        return;
+    }
+    fab->stats.msgs_received++;
+    err = (f->hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f->hdr.error : 0;
+    vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+    pending_complete(fab, pend, &msg, err);
+    vn_util_close_fds(msg.fds, msg.nfds);
+}
+
+/* ---- requests we answer ----------------------------------------------- */
+
+static void token_free(gpointer data)
+{
+    VnFabricToken *tok = data;
+
+    g_free(tok->peer);
+    g_free(tok);
+}
+
+void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
+                                const VnFabricFrame *f, int *fds, unsigned nfds)
+{
+    VnFabricPeer *p = vn_fabric_peer(fab, peer);
+    VnFabricToken *tok;
+    VnFabricMsg msg;
+
+    if (p == NULL || p->gen != gen) {
+        /* Queued before its link went: no answer could reach the asker. */
+        VN_TRACE("node %s: request id %" PRIu64 " from %s's old link dropped", fab->node,
+                 f->hdr.id, peer);
+        vn_util_close_fds(fds, nfds);
+        return;
+    }
+    fab->stats.msgs_received++;
+    if (fab->handlers.on_request == NULL || p->inflight >= VN_FABRIC_MAX_INFLIGHT) {
+        int err = fab->handlers.on_request == NULL ? -ENOTSUP : -EBUSY;
+
+        vn_util_close_fds(fds, nfds);
+        vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, err, NULL);
+        return;
+    }
+    tok = g_new0(VnFabricToken, 1);
+    tok->token = ++fab->last_token;
+    tok->peer = g_strdup(peer);
+    tok->gen = gen;
+    tok->id = f->hdr.id;
+    tok->type = f->hdr.type;
+    g_hash_table_insert(fab->tokens, &tok->token, tok);
+    p->inflight++;
+    vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+    /* The handler may answer in here and free @tok. */
+    fab->handlers.on_request(fab->opaque, &msg, tok->token);
+    vn_util_close_fds(msg.fds, msg.nfds);
+}
+
+/* Take the token out; NULL with *err when it is unknown or its link gone. */
+static VnFabricToken *token_take(VnFabric *fab, uint64_t token, int *err)
+{
+    VnFabricToken *tok = g_hash_table_lookup(fab->tokens, &token);
+    VnFabricPeer *p;
+
+    if (tok == NULL) {
+        *err = -ENOENT;
+        return NULL;
+    }
+    g_hash_table_steal(fab->tokens, &token);
+    p = vn_fabric_peer(fab, tok->peer);
+    if (p == NULL || p->gen != tok->gen) {
+        token_free(tok);
+        *err = -ENOTCONN;
+        return NULL;
+    }
+    p->inflight--;
+    return tok;
+}
+
+int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data,
+                    size_t len, const int *fds, unsigned nfds)
+{
+    VnFabricToken *tok;
+    int ret;
+
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    tok = token_take(fab, token, &ret);
+    if (tok == NULL) {
+        return ret;
+    }
+    ret = vn_fabric_send_frame(fab, tok->peer, VN_FABRIC_FLAG_REPLY, tok->type, tok->id, 0,
+                               json, data, len, fds, nfds);
+    if (ret == -EMSGSIZE || ret == -EINVAL) {
+        /* The asker still gets its one answer rather than a timeout. */
+        vn_fabric_send_error(fab, tok->peer, tok->id, tok->type, ret, "reply not sendable");
+    }
+    token_free(tok);
+    return ret;
+}
+
+int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *message)
+{
+    VnFabricToken *tok;
+    int ret;
+
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    tok = token_take(fab, token, &ret);
+    if (tok == NULL) {
+        return ret;
+    }
+    /* Either sign is taken: -EPERM and EPERM both answer EPERM. */
+    ret = vn_fabric_send_error(fab, tok->peer, tok->id, tok->type, err, message);
+    token_free(tok);
+    return ret;
+}
+
+/* ---- events and doorbells --------------------------------------------- */
+
+int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
+                    const void *data, size_t len, const int *fds, unsigned nfds)
+{
+    if (type >= VN_FABRIC_TYPE_RESERVED || peer == NULL) {
+        return -EINVAL;
+    }
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    if (vn_fabric_peer(fab, peer) == NULL) {
+        return -ENOTCONN;
+    }
+    /* Events get an id too: it names them in traces on both sides. */
+    return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_EVENT, type, ++fab->last_id, 0, json,
+                                data, len, fds, nfds);
+}
+
+int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit)
+{
+    uint32_t le = GUINT32_TO_LE(bit);
+
+    if (bit >= VN_FABRIC_DOORBELLS || peer == NULL) {
+        return -EINVAL;
+    }
+    if (fab->backend == NULL) {
+        return -ESHUTDOWN;
+    }
+    if (vn_fabric_peer(fab, peer) == NULL) {
+        return -ENOTCONN;
+    }
+    return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL,
+                                ++fab->last_id, 0, NULL, &le, sizeof(le), NULL, 0);
+}
+
+void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
+                              int *fds, unsigned nfds)
+{
+    VnFabricMsg msg;
+
+    if (f->hdr.type == VN_FABRIC_TYPE_DOORBELL) {
+        uint32_t bit;
+
+        if (f->hdr.data_len != sizeof(bit) || f->json != NULL || nfds != 0) {
+            vn_fabric_bad_frame(fab, peer, f, -EINVAL, fds, nfds, "doorbell frame");
+            return;
+        }
+        memcpy(&bit, f->data, sizeof(bit));
+        bit = GUINT32_FROM_LE(bit);
+        if (bit >= VN_FABRIC_DOORBELLS) {
+            vn_fabric_bad_frame(fab, peer, f, -EINVAL, fds, nfds, "doorbell bit");
+            return;
+        }
+        fab->stats.doorbells_received++;
+        VN_TRACE("node %s: doorbell %u rung by %s", fab->node, bit, peer);
+        if (fab->handlers.on_doorbell != NULL) {
+            fab->handlers.on_doorbell(fab->opaque, peer, bit);
+        }
+        return;
+    }
+    fab->stats.msgs_received++;
+    if (fab->handlers.on_event != NULL) {
+        vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+        fab->handlers.on_event(fab->opaque, &msg);
+        vn_util_close_fds(msg.fds, msg.nfds);
+    } else {
+        vn_util_close_fds(fds, nfds);
+    }
+}
+
+/* ---- links going, the node closing ------------------------------------ */
+
+static gint pending_by_id(gconstpointer a, gconstpointer b)
+{
+    const VnFabricPending *x = *(VnFabricPending *const *)a;
+    const VnFabricPending *y = *(VnFabricPending *const *)b;
+
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Fail every pending request of link @gen (0: all) with @err, oldest first.
+ * They leave the table before any callback runs, so callbacks may send. */
+static void pending_fail(VnFabric *fab, uint64_t gen, int err)
+{
+    g_autoptr(GPtrArray) victims = g_ptr_array_new();
+    GHashTableIter it;
+    gpointer value;
+
+    g_hash_table_iter_init(&it, fab->pending);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        VnFabricPending *pend = value;
+
+        if (gen == 0 || pend->gen == gen) {
+            g_ptr_array_add(victims, pend);
+            g_hash_table_iter_steal(&it);
+        }
+    }
+    g_ptr_array_sort(victims, pending_by_id);
+    for (guint i = 0; i < victims->len; i++) {
+        VnFabricPending *pend = victims->pdata[i];
+
+        VN_TRACE("node %s: request id %" PRIu64 " to %s failed: %s", fab->node, pend->id,
+                 pend->peer, g_strerror(-err));
+        pend->done(pend->opaque, NULL, err);
+        pending_free(pend);
+    }
+}
+
+static gboolean token_of_gen(gpointer key, gpointer value, gpointer data)
+{
+    VnFabricToken *tok = value;
+    uint64_t gen = *(uint64_t *)data;
+
+    if (gen != 0 && tok->gen != gen) {
+        return FALSE;
+    }
+    token_free(tok);
+    return TRUE;
+}
+
+void vn_fabric_link_lost(VnFabric *fab, uint64_t gen)
+{
+    g_hash_table_foreach_remove(fab->tokens, token_of_gen, &gen);
+    pending_fail(fab, gen, -ECONNRESET);
+}
+
+void vn_fabric_msgs_close(VnFabric *fab)
+{
+    uint64_t all = 0;
+
+    if (fab->pending != NULL) {
+        pending_fail(fab, 0, -ECANCELED);
+    }
+    if (fab->tokens != NULL) {
+        g_hash_table_foreach_remove(fab->tokens, token_of_gen, &all);
+    }
+}

@@ -1,0 +1,793 @@
+/*
+ * The `shm` fabric backend (see shm.h): node sockets in a fabric directory,
+ * length-prefixed records with SCM_RIGHTS fds, link up/down from the
+ * sockets themselves.
+ *
+ * Receiving never blocks (MSG_DONTWAIT, one record's state per connection),
+ * so a peer that sends half a record stalls nothing; sending blocks at most
+ * VN_SHM_SEND_TIMEOUT_S (SO_SNDTIMEO), after which the link is dropped.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "shm.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+G_STATIC_ASSERT(sizeof(VnShmHello) == 40);
+
+typedef struct VnShm VnShm;
+
+/* One socket to a peer.  Refcounted: a record handed up may lead (through
+ * a synchronous request's wait) to this very connection being read again,
+ * or dropped, while its reader is still on the stack. */
+typedef struct VnShmConn {
+    int ref;
+    VnShm *shm;
+    int fd;                      /* -1 once dropped */
+    GSource *src;
+    GSource *hello_timer;        /* until named (accepted connections) */
+    char peer[VN_FABRIC_MAX_NAME + 1];   /* "" until named */
+    bool outgoing;               /* we opened it */
+    bool draining;               /* lost a tie: read to EOF, never send */
+    /* the record being received */
+    uint8_t len_buf[4];
+    size_t len_got;
+    uint8_t *buf;                /* need bytes, once the length is in */
+    uint32_t need;
+    size_t got;
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    unsigned nfds;
+    bool fds_overflow;
+} VnShmConn;
+
+struct VnShm {
+    VnFabric *fab;
+    GMainContext *ctx;
+    char *node;
+    char *path;                  /* our socket */
+    bool bound;                  /* the socket file is ours to unlink */
+    int listen_fd;
+    GSource *listen_src;
+    GPtrArray *conns;            /* every VnShmConn, one ref each */
+    GHashTable *active;          /* peer -> VnShmConn carrying its link */
+    bool closing;
+};
+
+static void conn_unref(gpointer data)
+{
+    VnShmConn *c = data;
+
+    if (--c->ref > 0) {
+        return;
+    }
+    vn_util_close_fds(c->fds, c->nfds);
+    g_free(c->buf);
+    g_free(c);
+}
+
+static void conn_drop(VnShmConn *c, const char *why)
+{
+    VnShm *shm = c->shm;
+    bool was_active;
+
+    if (c->fd < 0) {
+        return;
+    }
+    c->ref++;
+    g_clear_pointer(&c->src, g_source_destroy);
+    g_clear_pointer(&c->hello_timer, g_source_destroy);
+    vn_util_close_fd(&c->fd);
+    was_active = c->peer[0] != '\0' && g_hash_table_lookup(shm->active, c->peer) == c;
+    if (was_active) {
+        g_hash_table_remove(shm->active, c->peer);
+    }
+    g_ptr_array_remove_fast(shm->conns, c);
+    if (c->peer[0] != '\0') {
+        g_info("socket %s: connection with %s closed (%s)", shm->path, c->peer, why);
+    }
+    /* Link down last, with our tables consistent: its handler may connect
+     * again at once. */
+    if (was_active && !shm->closing) {
+        vn_fabric_backend_link(shm->fab, c->peer, false);
+    }
+    conn_unref(c);
+}
+
+/* Keep the fds of one control message, one beyond the limit at most: that
+ * is enough for the fabric to refuse the record. */
+static void take_fds(VnShmConn *c, struct msghdr *mh)
+{
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL; cm = CMSG_NXTHDR(mh, cm)) {
+        size_t n;
+
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+            if (c->nfds < G_N_ELEMENTS(c->fds)) {
+                c->fds[c->nfds++] = fd;
+            } else {
+                close(fd);
+                c->fds_overflow = true;
+            }
+        }
+    }
+    if (mh->msg_flags & MSG_CTRUNC) {
+        c->fds_overflow = true;      /* the kernel closed what did not fit */
+    }
+}
+
+/* One non-blocking recvmsg; bytes read, 0 when none yet, or -errno. */
+static ssize_t recv_some(VnShmConn *c, void *dst, size_t len)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * (VN_FABRIC_MAX_FDS + 1))];
+        struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = { .iov_base = dst, .iov_len = len };
+    struct msghdr mh = {
+        .msg_iov = &iov,
+        .msg_iovlen = 1,
+        .msg_control = cbuf.buf,
+        .msg_controllen = sizeof(cbuf.buf),
+    };
+    ssize_t n;
+
+    do {
+        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
+    }
+    if (n == 0) {
+        return -ECONNRESET;
+    }
+    take_fds(c, &mh);
+    return n;
+}
+
+/* Send one record (length, bytes, fds on the first byte) on a blocking
+ * socket bounded by SO_SNDTIMEO; 0 or -errno. */
+static int send_record(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * VN_FABRIC_MAX_FDS)];
+        struct cmsghdr align;
+    } cbuf;
+    uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
+    size_t total = sizeof(prefix) + len;
+    size_t sent = 0;
+
+    if (len > VN_FABRIC_MAX_FRAME || nfds > VN_FABRIC_MAX_FDS) {
+        return len > VN_FABRIC_MAX_FRAME ? -EMSGSIZE : -EINVAL;
+    }
+    while (sent < total) {
+        struct iovec iov[2];
+        struct msghdr mh = { .msg_iov = iov };
+        ssize_t n;
+
+        if (sent < sizeof(prefix)) {
+            iov[0] = (struct iovec){ (uint8_t *)&prefix + sent, sizeof(prefix) - sent };
+            iov[1] = (struct iovec){ (void *)buf, len };
+            mh.msg_iovlen = len > 0 ? 2 : 1;
+        } else {
+            iov[0] = (struct iovec){ (uint8_t *)buf + (sent - sizeof(prefix)),
+                                     total - sent };
+            mh.msg_iovlen = 1;
+        }
+        if (sent == 0 && nfds > 0) {
+            struct cmsghdr *cm;
+
+            memset(cbuf.buf, 0, sizeof(cbuf.buf));
+            mh.msg_control = cbuf.buf;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+            cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+            memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+        }
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        sent += (size_t)n;
+    }
+    return 0;
+}
+
+/*
+ * Of two live connections with one peer (each node opened one), both ends
+ * must keep the same one: the one opened by the node whose name sorts
+ * first.
+ */
+static VnShmConn *tie_break(VnShm *shm, VnShmConn *old, VnShmConn *c)
+{
+    if (strcmp(shm->node, c->peer) < 0) {
+        return old->outgoing ? old : c;
+    }
+    return old->outgoing ? c : old;
+}
+
+static int conn_service(VnShmConn *c, int max_records);
+
+/* @c (accepted) has just been named: make it the link, unless a live one
+ * exists. */
+static void conn_named(VnShmConn *c)
+{
+    VnShm *shm = c->shm;
+    VnShmConn *old = g_hash_table_lookup(shm->active, c->peer);
+    VnShmConn *keep, *drain;
+
+    if (old != NULL) {
+        /* A restarted peer's old connection may not have been read to its
+         * EOF yet: read what it holds first (that may end it). */
+        conn_service(old, VN_SHM_RECORDS_PER_WAKEUP);
+        old = g_hash_table_lookup(shm->active, c->peer);
+    }
+    if (old == NULL && g_hash_table_size(shm->active) >= VN_FABRIC_MAX_PEERS) {
+        conn_drop(c, "too many peers");
+        return;
+    }
+    if (old == NULL) {
+        g_hash_table_replace(shm->active, c->peer, c);
+        g_info("socket %s: %s connected", shm->path, c->peer);
+        vn_fabric_backend_link(shm->fab, c->peer, true);
+        return;
+    }
+    if (!old->outgoing) {
+        /* Both opened by the peer while the first is alive: an impostor or
+         * a confused peer; the established link stays. */
+        g_info("socket %s: a second connection from %s refused", shm->path, c->peer);
+        conn_drop(c, "a second connection");
+        return;
+    }
+    keep = tie_break(shm, old, c);
+    drain = keep == c ? old : c;
+    g_info("socket %s: two connections with %s; keeping the one %s opened", shm->path,
+           c->peer, keep->outgoing ? shm->node : c->peer);
+    g_hash_table_replace(shm->active, keep->peer, keep);
+    drain->draining = true;
+    /* Only the side that opened the loser ends it, once it knows it lost;
+     * an EOF from us could reach the peer while that connection is still
+     * its link.  Frames already sent on it are read before the EOF. */
+    if (drain->outgoing) {
+        shutdown(drain->fd, SHUT_WR);
+    }
+}
+
+/* The first record of an accepted connection; false to drop it. */
+static bool conn_hello(VnShmConn *c, const uint8_t *buf, size_t len, unsigned nfds,
+                       bool overflow)
+{
+    VnShm *shm = c->shm;
+    g_autofree char *what = NULL;
+    VnShmHello h;
+
+    if (len != sizeof(h) || nfds > 0 || overflow) {
+        what = g_strdup_printf("socket %s: a HELLO of %zu bytes with %u fds", shm->path, len,
+                               nfds);
+    } else {
+        memcpy(&h, buf, sizeof(h));
+        if (h.magic != VN_SHM_HELLO_MAGIC || h.version != VN_SHM_HELLO_VERSION) {
+            what = g_strdup_printf("socket %s: a HELLO of magic 0x%x version %u", shm->path,
+                                   h.magic, h.version);
+        } else if (memchr(h.node, '\0', sizeof(h.node)) == NULL ||
+                   !vn_fabric_name_valid(h.node) || strcmp(h.node, shm->node) == 0) {
+            what = g_strdup_printf("socket %s: a HELLO naming an invalid node", shm->path);
+        }
+    }
+    if (what != NULL) {
+        vn_fabric_backend_rejected(shm->fab, what);
+        return false;
+    }
+    g_clear_pointer(&c->hello_timer, g_source_destroy);
+    g_strlcpy(c->peer, h.node, sizeof(c->peer));
+    conn_named(c);
+    return true;
+}
+
+/* Read toward one record; 1 when one was handled, 0 when the socket has no
+ * more for now, -errno when the connection must go. */
+static int conn_step(VnShmConn *c)
+{
+    VnShm *shm = c->shm;
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    unsigned nfds;
+    bool overflow;
+    g_autofree uint8_t *buf = NULL;
+    uint32_t len;
+    ssize_t n;
+
+    while (c->len_got < sizeof(c->len_buf)) {
+        n = recv_some(c, c->len_buf + c->len_got, sizeof(c->len_buf) - c->len_got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        c->len_got += (size_t)n;
+    }
+    if (c->buf == NULL) {
+        memcpy(&len, c->len_buf, sizeof(len));
+        len = GUINT32_FROM_LE(len);
+        if (c->peer[0] == '\0' ? len != sizeof(VnShmHello) : len > VN_FABRIC_MAX_FRAME) {
+            /* The stream cannot be trusted past a length like this. */
+            g_autofree char *what = g_strdup_printf(
+                "socket %s: a record of %u bytes from %s", shm->path, len,
+                c->peer[0] != '\0' ? c->peer : "an unnamed connection");
+
+            vn_fabric_backend_rejected(shm->fab, what);
+            return -EPROTO;
+        }
+        c->need = len;
+        c->buf = g_malloc(MAX(len, 1));
+        c->got = 0;
+    }
+    while (c->got < c->need) {
+        n = recv_some(c, c->buf + c->got, c->need - c->got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        c->got += (size_t)n;
+    }
+
+    /* A whole record.  Reset the state before handing it up: the handler
+     * may read this connection again. */
+    buf = g_steal_pointer(&c->buf);
+    len = c->need;
+    nfds = c->nfds;
+    memcpy(fds, c->fds, sizeof(int) * nfds);
+    overflow = c->fds_overflow;
+    c->nfds = 0;
+    c->fds_overflow = false;
+    c->len_got = 0;
+    c->need = 0;
+    c->got = 0;
+
+    if (c->peer[0] == '\0') {
+        vn_util_close_fds(fds, nfds);
+        return conn_hello(c, buf, len, nfds, overflow) ? 1 : -EPROTO;
+    }
+    if (!g_hash_table_contains(shm->active, c->peer)) {
+        /* A drained connection outliving its peer's link: nobody to tell. */
+        vn_util_close_fds(fds, nfds);
+        return 1;
+    }
+    if (overflow) {
+        for (; nfds < G_N_ELEMENTS(fds); nfds++) {
+            fds[nfds] = -1;
+        }
+    }
+    vn_fabric_backend_received(shm->fab, c->peer, buf, len, fds, nfds);
+    return 1;
+}
+
+/* Read what @c holds (up to @max_records); 0, or -errno once it is gone. */
+static int conn_service(VnShmConn *c, int max_records)
+{
+    int ret = 0;
+
+    c->ref++;
+    for (int i = 0; i < max_records && c->fd >= 0; i++) {
+        ret = conn_step(c);
+        if (ret <= 0) {
+            break;
+        }
+    }
+    if (c->fd < 0) {
+        ret = -ECONNRESET;           /* dropped by whoever we called */
+    } else if (ret < 0) {
+        conn_drop(c, ret == -ECONNRESET ? "closed by the peer" : g_strerror(-ret));
+    } else {
+        ret = 0;
+    }
+    conn_unref(c);
+    return ret;
+}
+
+static gboolean on_conn(int fd, GIOCondition cond, gpointer data)
+{
+    conn_service(data, VN_SHM_RECORDS_PER_WAKEUP);
+    return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_hello_timeout(gpointer data)
+{
+    VnShmConn *c = data;
+
+    g_info("socket %s: a connection said no HELLO in %d ms", c->shm->path,
+           VN_SHM_HELLO_TIMEOUT_MS);
+    conn_drop(c, "no HELLO");
+    return G_SOURCE_REMOVE;
+}
+
+static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
+{
+    VnShmConn *c = g_new0(VnShmConn, 1);
+    struct timeval tv = { .tv_sec = VN_SHM_SEND_TIMEOUT_S };
+
+    c->ref = 1;
+    c->shm = shm;
+    c->fd = fd;
+    c->outgoing = outgoing;
+    /* Also bounds connect() when the listener's backlog is full. */
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+        g_warning("socket %s: cannot set a send timeout: %s", shm->path, g_strerror(errno));
+    }
+    c->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(c->src, G_SOURCE_FUNC(on_conn), c, NULL);
+    g_source_attach(c->src, shm->ctx);
+    g_source_unref(c->src);          /* the context holds it until destroyed */
+    if (peer != NULL) {
+        g_strlcpy(c->peer, peer, sizeof(c->peer));
+    } else {
+        c->hello_timer = g_timeout_source_new(VN_SHM_HELLO_TIMEOUT_MS);
+        g_source_set_callback(c->hello_timer, on_hello_timeout, c, NULL);
+        g_source_attach(c->hello_timer, shm->ctx);
+        g_source_unref(c->hello_timer);
+    }
+    g_ptr_array_add(shm->conns, c);
+    return c;
+}
+
+static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
+{
+    VnShm *shm = data;
+
+    for (int i = 0; i < VN_SHM_MAX_UNNAMED; i++) {
+        struct ucred cred;
+        socklen_t clen = sizeof(cred);
+        int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+
+        if (cfd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED) {
+                g_warning("socket %s: accept failed: %s", shm->path, g_strerror(errno));
+            }
+            break;
+        }
+        /* The directory is 0700 already; this also stops root-owned
+         * mistakes: only our user (or root) may be a node. */
+        if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+            (cred.uid != geteuid() && cred.uid != 0)) {
+            g_info("socket %s: connection from another user refused", shm->path);
+            close(cfd);
+            continue;
+        }
+        /* Connections without a link: unnamed (and the odd draining one). */
+        if (shm->conns->len - g_hash_table_size(shm->active) >= VN_SHM_MAX_UNNAMED ||
+            shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
+            g_info("socket %s: connection refused: too many", shm->path);
+            close(cfd);
+            continue;
+        }
+        conn_new(shm, cfd, false, NULL);
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+/* ---- ops -------------------------------------------------------------- */
+
+static int shm_connect(void *backend, const char *peer)
+{
+    VnShm *shm = backend;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *dir = g_path_get_dirname(shm->path);
+    g_autofree char *path = g_strdup_printf("%s/%s.sock", dir, peer);
+    struct timeval tv = { .tv_sec = VN_SHM_SEND_TIMEOUT_S };
+    VnShmHello hello = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
+    VnShmConn *c;
+    int fd, ret;
+
+    if (g_hash_table_contains(shm->active, peer)) {
+        return 0;
+    }
+    if (g_hash_table_size(shm->active) >= VN_FABRIC_MAX_PEERS ||
+        shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
+        return -EMFILE;
+    }
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return -ENAMETOOLONG;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        ret = -errno;
+        close(fd);
+        return ret;
+    }
+    g_strlcpy(hello.node, shm->node, sizeof(hello.node));
+    ret = send_record(fd, &hello, sizeof(hello), NULL, 0);
+    if (ret < 0) {
+        close(fd);
+        return ret;
+    }
+    c = conn_new(shm, fd, true, peer);
+    g_hash_table_replace(shm->active, c->peer, c);
+    g_info("socket %s: connected to %s", shm->path, peer);
+    vn_fabric_backend_link(shm->fab, peer, true);
+    return 0;
+}
+
+static int shm_send(void *backend, const char *peer, const void *buf, size_t len,
+                    const int *fds, unsigned nfds)
+{
+    VnShm *shm = backend;
+    VnShmConn *c = g_hash_table_lookup(shm->active, peer);
+    int ret;
+
+    if (c == NULL) {
+        return -ENOTCONN;
+    }
+    ret = send_record(c->fd, buf, len, fds, nfds);
+    if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
+        /* Part of a record may be out: the stream is lost.  The socket's
+         * HUP then reports the link down from the main loop (or from a
+         * synchronous wait), never from inside this call. */
+        g_info("socket %s: send to %s failed: %s; dropping the link", shm->path, peer,
+               g_strerror(-ret));
+        shutdown(c->fd, SHUT_RDWR);
+    }
+    return ret;
+}
+
+static int shm_wait(void *backend, const char *peer, int timeout_ms)
+{
+    VnShm *shm = backend;
+    VnShmConn *c = g_hash_table_lookup(shm->active, peer);
+    struct pollfd pfd;
+    int n;
+
+    if (c == NULL) {
+        return -ENOTCONN;
+    }
+    pfd = (struct pollfd){ .fd = c->fd, .events = POLLIN };
+    n = poll(&pfd, 1, timeout_ms);
+    if (n < 0) {
+        return -errno;
+    }
+    if (n == 0) {
+        return -ETIMEDOUT;
+    }
+    return conn_service(c, VN_SHM_RECORDS_PER_WAKEUP);
+}
+
+static void shm_close(void *backend)
+{
+    VnShm *shm = backend;
+
+    shm->closing = true;
+    if (shm->listen_src != NULL) {
+        g_source_destroy(shm->listen_src);
+        g_source_unref(shm->listen_src);
+    }
+    vn_util_close_fd(&shm->listen_fd);
+    if (shm->bound) {
+        unlink(shm->path);
+    }
+    while (shm->conns->len > 0) {
+        conn_drop(shm->conns->pdata[shm->conns->len - 1], "node closing");
+    }
+    g_ptr_array_unref(shm->conns);
+    g_hash_table_unref(shm->active);
+    g_main_context_unref(shm->ctx);
+    g_free(shm->path);
+    g_free(shm->node);
+    g_free(shm);
+}
+
+/* ---- open: parameters, directory, socket ------------------------------ */
+
+static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool pow2,
+                      uint64_t max, uint64_t *out, GError **error)
+{
+    const char *s = g_hash_table_lookup(params, key);
+    guint64 v;
+
+    if (s == NULL) {
+        return true;
+    }
+    if (!g_ascii_string_to_unsigned(s, 10, min, max, &v, error)) {
+        g_prefix_error(error, "shm fabric: %s: ", key);
+        return false;
+    }
+    if (pow2 && (v & (v - 1)) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "shm fabric: %s: %s is not a power of two", key, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool params_parse(GHashTable *params, VnFabricLimits *l, GError **error)
+{
+    static const char *const known[] = { "dir", "max-windows", "max-window-size",
+                                         "window-align", "xlat-granularity", NULL };
+    GHashTableIter it;
+    gpointer key;
+    uint64_t windows;
+
+    g_hash_table_iter_init(&it, params);
+    while (g_hash_table_iter_next(&it, &key, NULL)) {
+        if (!g_strv_contains((const char *const *)known, key) ||
+            !g_utf8_validate(key, -1, NULL)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
+                        "max-window-size, window-align, xlat-granularity)", (char *)key);
+            return false;
+        }
+    }
+    vn_fabric_limits_default(l);
+    windows = l->max_windows;
+    if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, error) ||
+        !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true,
+                   VN_SHM_MAX_WINDOW_SIZE, &l->max_window_size, error) ||
+        !param_u64(params, "window-align", VN_SHM_MIN_WINDOW_SIZE, true,
+                   VN_SHM_MAX_WINDOW_SIZE, &l->window_align, error) ||
+        !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true,
+                   VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error)) {
+        return false;
+    }
+    l->max_windows = (uint32_t)windows;
+    if (l->xlat_granularity > l->max_window_size || l->window_align > l->max_window_size) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "shm fabric: window-align and xlat-granularity must not exceed "
+                    "max-window-size");
+        return false;
+    }
+    return true;
+}
+
+/* Other users must not be able to plant or replace node sockets. */
+static bool dir_ok(const char *dir, GError **error)
+{
+    struct stat st;
+    int e;
+
+    if (g_mkdir_with_parents(dir, 0700) < 0 || lstat(dir, &st) < 0) {
+        e = errno;
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "shm fabric: %s: %s", dir,
+                    g_strerror(e));
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED,
+                    "shm fabric: %s must be a directory of ours that group and others "
+                    "cannot write", dir);
+        return false;
+    }
+    return true;
+}
+
+/* Bind our socket; a file already there is another node's if it answers,
+ * else stale (a node that died) and replaced. */
+static bool shm_listen(VnShm *shm, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct stat st;
+    int e;
+
+    strcpy(addr.sun_path, shm->path);
+    shm->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (shm->listen_fd < 0) {
+        goto fail;
+    }
+    if (bind(shm->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        int probe;
+
+        if (errno != EADDRINUSE) {
+            goto fail;
+        }
+        if (lstat(shm->path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                        "shm fabric: %s exists and is not a node socket", shm->path);
+            return false;
+        }
+        probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (probe < 0) {
+            goto fail;
+        }
+        e = connect(probe, (struct sockaddr *)&addr, sizeof(addr)) == 0 ? 0 : errno;
+        close(probe);
+        if (e != ECONNREFUSED) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                        "shm fabric: node %s is already attached (%s is live)", shm->node,
+                        shm->path);
+            return false;
+        }
+        g_info("socket %s: removing the stale socket of a node that is gone", shm->path);
+        if (unlink(shm->path) < 0 ||
+            bind(shm->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+            goto fail;
+        }
+    }
+    shm->bound = true;
+    if (chmod(shm->path, 0600) < 0 || listen(shm->listen_fd, 16) < 0) {
+        goto fail;
+    }
+    shm->listen_src = g_unix_fd_source_new(shm->listen_fd, G_IO_IN);
+    g_source_set_callback(shm->listen_src, G_SOURCE_FUNC(on_accept), shm, NULL);
+    g_source_attach(shm->listen_src, shm->ctx);
+    return true;
+
+fail:
+    e = errno;
+    g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "shm fabric: %s: %s", shm->path,
+                g_strerror(e));
+    return false;
+}
+
+static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    struct sockaddr_un addr;
+    VnFabricLimits limits;
+    const char *dir;
+    VnShm *shm;
+
+    if (!params_parse(params, &limits, error)) {
+        return NULL;
+    }
+    dir = g_hash_table_lookup(params, "dir");
+    if (dir == NULL || dir[0] == '\0') {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "shm fabric: the \"dir\" parameter is required");
+        return NULL;
+    }
+    if (!dir_ok(dir, error)) {
+        return NULL;
+    }
+    shm = g_new0(VnShm, 1);
+    shm->fab = fab;
+    shm->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
+    shm->node = g_strdup(node);
+    shm->path = g_strdup_printf("%s/%s.sock", dir, node);
+    shm->listen_fd = -1;
+    shm->conns = g_ptr_array_new_with_free_func(conn_unref);
+    shm->active = g_hash_table_new(g_str_hash, g_str_equal);
+    if (strlen(shm->path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FILENAME_TOO_LONG,
+                    "shm fabric: %s: path too long for a socket", shm->path);
+        shm_close(shm);
+        return NULL;
+    }
+    if (!shm_listen(shm, error)) {
+        shm_close(shm);
+        return NULL;
+    }
+    vn_fabric_backend_set_limits(fab, &limits);
+    g_info("socket %s: node %s listening", shm->path, node);
+    return shm;
+}
+
+const VnFabricOps vn_shm_ops = {
+    .name = "shm",
+    .open = shm_open,
+    .close = shm_close,
+    .connect = shm_connect,
+    .send = shm_send,
+    .wait = shm_wait,
+    /* no ping: the socket's HUP is all the liveness shm has */
+};

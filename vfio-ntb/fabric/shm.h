@@ -1,0 +1,62 @@
+/*
+ * The `shm` fabric backend: every node is a process (or a thread) on one
+ * machine.  A fabric directory holds each node's UNIX socket, DIR/NODE.sock;
+ * segments are memfds and mapping a window passes the segment's fd.
+ *
+ * Parameters: "dir" (required; created 0700 when missing; refused when not
+ * ours or writable by group or others) and the window limits as decimal
+ * strings: "max-windows" (1..VN_SHM_MAX_WINDOWS), "max-window-size",
+ * "window-align", "xlat-granularity" (powers of two from a page to
+ * VN_SHM_MAX_WINDOW_SIZE, the last two at most max-window-size).
+ *
+ * Wire: on a node socket every record is a u32 little-endian length, then
+ * that many bytes, with the record's fds (SCM_RIGHTS) on its first byte.  A
+ * connecting node's first record is a VnShmHello naming it; every later
+ * record is one fabric frame (fabric/frame.h).
+ *
+ * One connection carries a link.  If two nodes connect to each other at
+ * once, both ends keep the connection opened by the node whose name sorts
+ * first; the other is half-closed by the node that opened it once it has
+ * learnt so, and read to its EOF by both (no frame is lost, no link flaps).
+ * A second connection from a peer whose first is still alive is refused:
+ * the established one stays (a restarted peer's old connection has reached
+ * EOF by then; an impostor gets nothing).  Node identity is not
+ * authenticated beyond the directory's permissions and SO_PEERCRED (same
+ * user or root).
+ *
+ * Threads: all of it runs in the fabric's GMainContext.
+ */
+#ifndef VN_SHM_H
+#define VN_SHM_H
+
+#include "fabric.h"
+
+#include <stdint.h>
+
+/* The backend's table; vn_fabric_open() registers it as "shm". */
+extern const VnFabricOps vn_shm_ops;
+
+#define VN_SHM_HELLO_MAGIC 0x4c484e56u      /* "VNHL" on the wire */
+#define VN_SHM_HELLO_VERSION 1u
+
+typedef struct VnShmHello {
+    uint32_t magic;
+    uint32_t version;
+    char node[VN_FABRIC_MAX_NAME + 1];      /* NUL-terminated */
+} VnShmHello;
+
+/* A connection that has not said HELLO by then is closed. */
+#define VN_SHM_HELLO_TIMEOUT_MS 2000
+/* Accepted connections not yet named: a flood of them is refused. */
+#define VN_SHM_MAX_UNNAMED 16
+/* A peer that does not drain its socket for this long loses its link. */
+#define VN_SHM_SEND_TIMEOUT_S 5
+/* Records read per wake-up, so one busy peer cannot starve the others. */
+#define VN_SHM_RECORDS_PER_WAKEUP 64
+/* Bounds of the limits: real adapters have 2..64 windows of at most a few
+ * hundred GiB; a page is the smallest thing mmap maps. */
+#define VN_SHM_MAX_WINDOWS 256
+#define VN_SHM_MIN_WINDOW_SIZE 4096u
+#define VN_SHM_MAX_WINDOW_SIZE (UINT64_C(1) << 40)
+
+#endif /* VN_SHM_H */
