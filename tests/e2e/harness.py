@@ -749,7 +749,8 @@ def cmd_simdev_smoke(args):
     with Procs() as procs:
         wd = _workdir(procs, args)
         img = make_backing(wd / "disk.img", args.size_mib)
-        sd = Simdev(procs, wd / "nvme.sock", img, args.size_mib, serial="VN-SIMDEV-1").start()
+        sd = Simdev(procs, wd / "nvme.sock", img, args.size_mib, serial="VN-SIMDEV-1",
+                    extra_args=args.simdev_arg).start()
         dev = VfioUserDevice(sd.socket_path, bus="rp1" if args.hotplug else None)
         checks = args.checks + (",hotplug-wait" if args.hotplug else "")
         q = Qemu(procs, checks, [dev], params=_params(args), root_port=args.hotplug,
@@ -778,6 +779,8 @@ def main(argv=None):
     p = sub.add_parser("simdev-smoke", help="guest checks against build/vfio-ntb-simdev")
     p.add_argument("--checks", default="probe,data,reset")
     p.add_argument("--hotplug", action="store_true", help="also hot-unplug/replug it")
+    p.add_argument("--simdev-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for vfio-ntb-simdev, e.g. --simdev-arg=--interrupts=msi")
     _common(p)
     p.set_defaults(func=cmd_simdev_smoke)
     args = ap.parse_args(argv)

@@ -1,7 +1,8 @@
 /*
  * Unit tests of the simulated NVMe controller (vfio-ntb/simdev/nvme.c,
  * nvme-admin.c): enable/disable and resets, Identify, queue management,
- * interrupts and bus mastering, features, log pages, AERs.  The rig is in
+ * interrupts (MSI-X, INTx, MSI) and bus mastering, features, log pages,
+ * AERs.  The rig is in
  * nvme-rig.h; I/O and PRPs are in check_nvme_io.c.
  */
 #include "nvme-rig.h"
@@ -358,6 +359,126 @@ START_TEST(test_intx)
 }
 END_TEST
 
+/* --- MSI mode (rig_tcase_msi: 8 vectors, all enabled) --------------------------- */
+
+/* Signals on each MSI vector since the last call, as a bit set. */
+static uint32_t msi_fired(void)
+{
+    uint32_t got = 0;
+
+    for (unsigned v = 0; v < MSI_VECTORS; v++) {
+        if (irq_count(R.msi[v]) != 0) {
+            got |= 1u << v;
+        }
+    }
+    return got;
+}
+
+static void msi_enable(unsigned log2)
+{
+    cfg16(MSI_CAP + PCI_MSI_FLAGS, (uint16_t)(PCI_MSI_FLAGS_ENABLE | log2 << 4));
+}
+
+/* I/O queue pair 2 on interrupt vector @iv (queue 1 is the rig's, vector 1). */
+static Q create_q2(uint32_t iv)
+{
+    Q q = { .qid = 2, .sq_off = 0xc000, .cq_off = 0xd000, .entries = 64, .phase = 1 };
+
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + q.cq_off,
+                                      .cdw10 = (63u << 16) | 2, .cdw11 = iv << 16 | 3 })), 0);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x01, .prp1 = RAM_IOVA + q.sq_off,
+                                      .cdw10 = (63u << 16) | 2,
+                                      .cdw11 = (2u << 16) | 1 })), 0);
+    return q;
+}
+
+static const Sqe flush = { .opc = 0x00, .nsid = 1 };
+
+START_TEST(test_msi_vectors)
+{
+    Q q2;
+
+    enable();
+    msi_fired();
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x06 })), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 0);                /* admin CQ: vector 0 */
+    ck_assert_uint_eq(irq_count(R.intx), 0);
+
+    /* Create I/O CQ checks the IV against the 8 MSI vectors (not the 9
+     * the MSI-X mode would have). */
+    admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = (7u << 16) | 7u });
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ,
+                                      .cdw10 = (63u << 16) | 1,
+                                      .cdw11 = (MSI_VECTORS << 16) | 3 })), 0x108);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09,
+                                      .cdw11 = MSI_VECTORS })), 0x02);
+    q2 = create_q2(MSI_VECTORS - 1);
+    msi_fired();
+    ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 7);
+
+    /* PCI 3.0 6.8.3.4: with 4 enabled the device may only change the low 2
+     * bits: IV 7 signals vector 3; with 1, everything is vector 0. */
+    msi_enable(2);
+    ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 3);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x06 })), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 0);
+    msi_enable(0);
+    ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 0);
+
+    /* MSI off: pin-based */
+    cfg16(MSI_CAP + PCI_MSI_FLAGS, 0);
+    ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
+    ck_assert_uint_eq(msi_fired(), 0);
+    ck_assert_uint_eq(irq_count(R.intx), 1);
+}
+END_TEST
+
+START_TEST(test_msi_masks)
+{
+    Sqe c = { .opc = 0x0a, .cdw10 = 0x06 };
+    Q q2;
+    Cqe e;
+
+    enable();
+    admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = (7u << 16) | 7u });
+    q2 = create_q2(5);
+    msi_fired();
+
+    /* PCI 3.0 6.8.3.5: vector 5 masked: no message, Pending set; other
+     * vectors still go; on unmask the message is sent, Pending cleared. */
+    cfg32(MSI_CAP + PCI_MSI_MASK_64, 1u << 5);
+    ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
+    ck_assert_uint_eq(msi_fired(), 0);
+    ck_assert_uint_eq(cfgrd32(MSI_CAP + PCI_MSI_PENDING_64), 1u << 5);
+    ck_assert_uint_eq(SC(admin(c)), 0);
+    ck_assert_uint_eq(msi_fired(), 1u << 0);
+    poll();
+    ck_assert_uint_eq(msi_fired(), 0);                      /* still masked */
+    cfg32(MSI_CAP + PCI_MSI_MASK_64, 0);
+    poll();
+    ck_assert_uint_eq(msi_fired(), 1u << 5);
+    ck_assert_uint_eq(cfgrd32(MSI_CAP + PCI_MSI_PENDING_64), 0);
+    poll();
+    ck_assert_uint_eq(msi_fired(), 0);                      /* sent once */
+
+    /* NVMe 1.4 3.1.3: INTMS bit 5 masks vector 5 too; INTMC sends it for
+     * the completion still unread. */
+    setreg(INTMS, 1u << 5);
+    poll();
+    sq_push(&q2, (Sqe[]){ flush });
+    poll();
+    ck_assert_uint_eq(msi_fired(), 0);
+    setreg(INTMC, 1u << 5);
+    poll();
+    ck_assert_uint_eq(msi_fired(), 1u << 5);
+    ck_assert(cq_pop(&q2, &e));
+    ck_assert_uint_eq(SC(e), 0);
+}
+END_TEST
+
 /* --- features, logs, AER ------------------------------------------------------ */
 
 START_TEST(test_features)
@@ -510,6 +631,11 @@ static Suite *nvme_suite(void)
     tc = rig_tcase("interrupts");
     tcase_add_test(tc, test_bus_master);
     tcase_add_test(tc, test_intx);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase_msi("msi");
+    tcase_add_test(tc, test_msi_vectors);
+    tcase_add_test(tc, test_msi_masks);
     suite_add_tcase(s, tc);
 
     tc = rig_tcase("features");

@@ -1,7 +1,8 @@
 /*
  * Unit tests of the simulated device's PCI configuration space
  * (vfio-ntb/simdev/pcicfg.c): identity, capability chain, write masks, BAR
- * sizing, MSI-X/command state bits, reset, and parameter checks.
+ * sizing, MSI-X/command state bits, reset, parameter checks, and the MSI
+ * mode (its capability, masks, pending bits, no BAR4).
  */
 #include "simdev/pcicfg.h"
 
@@ -17,13 +18,25 @@ static const VnPciCfgParams good = {
     .msix_table_offset = 0, .msix_pba_offset = 0x800,
 };
 
-static VnPciCfg *mk(void)
+/* MSI mode as pcidev builds it: no BAR4, 8 vectors. */
+static const VnPciCfgParams good_msi = {
+    .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
+    .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
+    .bar0_size = 16384, .bar4_size = 0, .irq_mode = VN_PCICFG_IRQ_MSI, .msi_vectors = 8,
+};
+
+static VnPciCfg *mk_with(const VnPciCfgParams *p)
 {
     g_autoptr(GError) error = NULL;
-    VnPciCfg *cfg = vn_pcicfg_new(&good, &error);
+    VnPciCfg *cfg = vn_pcicfg_new(p, &error);
 
     ck_assert_msg(cfg != NULL, "%s", error ? error->message : "");
     return cfg;
+}
+
+static VnPciCfg *mk(void)
+{
+    return mk_with(&good);
 }
 
 static uint32_t rd(VnPciCfg *cfg, unsigned off, unsigned len)
@@ -173,6 +186,173 @@ START_TEST(test_reset_and_bounds)
 }
 END_TEST
 
+/* --- MSI mode ------------------------------------------------------------ */
+
+#define MSI VN_PCICFG_CAP_MSI
+
+START_TEST(test_msi_layout)
+{
+    g_autoptr(VnPciCfg) cfg = mk_with(&good_msi);
+    unsigned ids[8], offs[8], n = 0;
+    unsigned pos = rd(cfg, PCI_CAPABILITY_LIST, 1);
+
+    while (pos != 0 && n < G_N_ELEMENTS(ids)) {
+        offs[n] = pos;
+        ids[n++] = rd(cfg, pos, 1);
+        pos = rd(cfg, pos + 1, 1);
+    }
+    /* PM, MSI where MSI-X sits in the other mode, PCI Express; no MSI-X */
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(ids[0], PCI_CAP_ID_PM);
+    ck_assert_uint_eq(ids[1], PCI_CAP_ID_MSI);
+    ck_assert_uint_eq(offs[1], 0x50);
+    ck_assert_uint_eq(ids[2], PCI_CAP_ID_EXP);
+    /* the 24-byte MSI capability ends before the next one starts */
+    ck_assert_uint_ge(offs[2], offs[1] + 24);
+    /* PCI 3.0 6.8.1.3: 64-bit, per-vector masking, 8 vectors capable
+     * (MMC 011b), disabled, 1 vector enabled */
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_FLAGS, 2),
+                      PCI_MSI_FLAGS_64BIT | PCI_MSI_FLAGS_MASKBIT | (3 << 1));
+    for (unsigned off = MSI + PCI_MSI_ADDRESS_LO; off < MSI + 24; off += 4) {
+        ck_assert_uint_eq(rd(cfg, off, 4), 0);
+    }
+    ck_assert(!vn_pcicfg_msi_enabled(cfg));
+    ck_assert(!vn_pcicfg_msix_enabled(cfg));
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), 1);
+
+    /* BAR4 absent: reads 0, sizing finds no writable bit */
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_4, 4), 0);
+    wr(cfg, PCI_BASE_ADDRESS_4, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_4, 4), 0);
+    /* BAR0 is still there */
+    wr(cfg, PCI_BASE_ADDRESS_0, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, PCI_BASE_ADDRESS_0, 4), 0xffffc000 | PCI_BASE_ADDRESS_MEM_TYPE_64);
+}
+END_TEST
+
+START_TEST(test_msi_write_masks)
+{
+    g_autoptr(VnPciCfg) cfg = mk_with(&good_msi);
+    uint32_t ro = PCI_MSI_FLAGS_64BIT | PCI_MSI_FLAGS_MASKBIT | (3 << 1);
+
+    /* Control: only MSI Enable and Multiple Message Enable; MME 111b (more
+     * than the 8 capable) is held to 011b */
+    wr(cfg, MSI + PCI_MSI_FLAGS, 0xffff, 2);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_FLAGS, 2), ro | PCI_MSI_FLAGS_ENABLE | (3 << 4));
+    ck_assert(vn_pcicfg_msi_enabled(cfg));
+    ck_assert(!vn_pcicfg_msix_enabled(cfg));
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), 8);
+    /* MME 001b: 2 vectors; a write of the capable field changes nothing */
+    wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (1 << 4) | PCI_MSI_FLAGS_QMASK, 2);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_FLAGS, 2), ro | PCI_MSI_FLAGS_ENABLE | (1 << 4));
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), 2);
+    /* MME 010b with a byte write: 4 vectors; then disable */
+    wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (2 << 4), 1);
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), 4);
+    wr(cfg, MSI + PCI_MSI_FLAGS, 2 << 4, 2);
+    ck_assert(!vn_pcicfg_msi_enabled(cfg));
+
+    /* Address: DWORD aligned, 64 bits; data: 16 bits, extended data RO */
+    wr(cfg, MSI + PCI_MSI_ADDRESS_LO, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_ADDRESS_LO, 4), 0xfffffffc);
+    wr(cfg, MSI + PCI_MSI_ADDRESS_HI, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_ADDRESS_HI, 4), 0xffffffff);
+    wr(cfg, MSI + PCI_MSI_DATA_64, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_DATA_64, 4), 0xffff);
+    /* Mask bits: one per capable vector; pending: read-only */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_MASK_64, 4), 0xff);
+    wr(cfg, MSI + PCI_MSI_PENDING_64, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0);
+    /* the capability header and the capable bits are read-only */
+    wr(cfg, MSI, 0xffff, 2);
+    ck_assert_uint_eq(rd(cfg, MSI, 1), PCI_CAP_ID_MSI);
+    ck_assert_uint_eq(rd(cfg, MSI + 1, 1), VN_PCICFG_CAP_EXP);
+
+    /* Reset: all back, pending included */
+    wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (3 << 4), 2);
+    ck_assert(vn_pcicfg_msi_hold(cfg, 2));
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0x04);
+    vn_pcicfg_reset(cfg);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_FLAGS, 2), ro);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_MASK_64, 4), 0);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_ADDRESS_HI, 4), 0);
+    ck_assert(!vn_pcicfg_msi_enabled(cfg));
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), 1);
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);
+}
+END_TEST
+
+/* PCI 3.0 6.8.3.5: a masked vector's message is held as a Pending bit and
+ * sent when the vector is unmasked. */
+START_TEST(test_msi_pending)
+{
+    g_autoptr(VnPciCfg) cfg = mk_with(&good_msi);
+
+    wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (3 << 4), 2);
+    ck_assert(!vn_pcicfg_msi_hold(cfg, 1));             /* not masked: send */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0x0a, 4);            /* mask 1 and 3 */
+    ck_assert(vn_pcicfg_msi_hold(cfg, 1));
+    ck_assert(vn_pcicfg_msi_hold(cfg, 3));
+    ck_assert(!vn_pcicfg_msi_hold(cfg, 2));
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0x0a);
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);     /* still masked */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0x08, 4);            /* unmask 1 */
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0x02);
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);     /* once */
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0x08);
+    wr(cfg, MSI + PCI_MSI_MASK_64 + 1, 0, 1);           /* no-op byte write */
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0, 1);               /* unmask 3 */
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0x08);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0);
+    /* out-of-range vectors are never held */
+    ck_assert(!vn_pcicfg_msi_hold(cfg, 32));
+}
+END_TEST
+
+/* Every capable count: Multiple Message Capable is log2 of it, and exactly
+ * its mask bits are writable (32 vectors: all of them). */
+static const uint32_t msi_counts[] = { 1, 2, 4, 8, 16, 32 };
+
+START_TEST(test_msi_counts)
+{
+    VnPciCfgParams p = good_msi;
+    uint32_t n = msi_counts[_i];
+    g_autoptr(VnPciCfg) cfg = NULL;
+
+    p.msi_vectors = n;
+    cfg = mk_with(&p);
+    ck_assert_uint_eq((rd(cfg, MSI + PCI_MSI_FLAGS, 2) & PCI_MSI_FLAGS_QMASK) >> 1,
+                      (uint32_t)g_bit_nth_lsf(n, -1));
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0xffffffff, 4);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_MASK_64, 4),
+                      n == 32 ? 0xffffffffu : (1u << n) - 1);
+    /* asking for all 32 gets the capable count */
+    wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (5 << 4), 2);
+    ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), n);
+    ck_assert(vn_pcicfg_msi_hold(cfg, n - 1));
+}
+END_TEST
+
+START_TEST(test_irq_mode_names)
+{
+    VnPciCfgIrqMode m = VN_PCICFG_IRQ_LAST;
+
+    ck_assert(vn_pcicfg_irq_mode_from_string("msi", &m));
+    ck_assert_int_eq(m, VN_PCICFG_IRQ_MSI);
+    ck_assert(vn_pcicfg_irq_mode_from_string("msix", &m));
+    ck_assert_int_eq(m, VN_PCICFG_IRQ_MSIX);
+    ck_assert(!vn_pcicfg_irq_mode_from_string("MSI", &m));
+    ck_assert(!vn_pcicfg_irq_mode_from_string("", &m));
+    ck_assert(!vn_pcicfg_irq_mode_from_string(NULL, &m));
+    ck_assert_int_eq(m, VN_PCICFG_IRQ_MSIX);                    /* untouched */
+    ck_assert_str_eq(vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_MSI), "msi");
+    ck_assert_str_eq(vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_LAST), "?");
+}
+END_TEST
+
 /* Parameters that must be refused. */
 static const struct {
     const char *why;
@@ -188,6 +368,7 @@ static const struct {
     { "PBA outside the BAR", 16384, 4096, 9, 0, 0x1000, 4 },
     { "table misaligned", 16384, 4096, 9, 4, 0x800, 4 },
     { "wrong BIR", 16384, 4096, 9, 0, 0x800, 0 },
+    { "MSI-X without BAR4", 16384, 0, 9, 0, 0x800, 4 },
 };
 
 START_TEST(test_bad_params)
@@ -202,6 +383,30 @@ START_TEST(test_bad_params)
     p.msix_pba_offset = bad[_i].pba;
     p.msix_bir = bad[_i].bir;
     ck_assert_msg(vn_pcicfg_new(&p, &error) == NULL, "accepted: %s", bad[_i].why);
+    ck_assert_ptr_nonnull(error);
+}
+END_TEST
+
+static const struct {
+    const char *why;
+    uint32_t mode, vectors, bar4;
+} bad_msi[] = {
+    { "no MSI vectors", VN_PCICFG_IRQ_MSI, 0, 0 },
+    { "MSI vectors not a power of two", VN_PCICFG_IRQ_MSI, 6, 0 },
+    { "more than 32 MSI vectors", VN_PCICFG_IRQ_MSI, 64, 0 },
+    { "BAR4 not a power of two", VN_PCICFG_IRQ_MSI, 8, 3000 },
+    { "unknown mode", VN_PCICFG_IRQ_LAST, 8, 0 },
+};
+
+START_TEST(test_bad_msi_params)
+{
+    g_autoptr(GError) error = NULL;
+    VnPciCfgParams p = good_msi;
+
+    p.irq_mode = (VnPciCfgIrqMode)bad_msi[_i].mode;
+    p.msi_vectors = bad_msi[_i].vectors;
+    p.bar4_size = bad_msi[_i].bar4;
+    ck_assert_msg(vn_pcicfg_new(&p, &error) == NULL, "accepted: %s", bad_msi[_i].why);
     ck_assert_ptr_nonnull(error);
 }
 END_TEST
@@ -221,8 +426,17 @@ static Suite *pcicfg_suite(void)
     tcase_add_test(tc, test_reset_and_bounds);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("msi");
+    tcase_add_test(tc, test_msi_layout);
+    tcase_add_test(tc, test_msi_write_masks);
+    tcase_add_test(tc, test_msi_pending);
+    tcase_add_loop_test(tc, test_msi_counts, 0, G_N_ELEMENTS(msi_counts));
+    tcase_add_test(tc, test_irq_mode_names);
+    suite_add_tcase(s, tc);
+
     tc = tcase_create("params");
     tcase_add_loop_test(tc, test_bad_params, 0, G_N_ELEMENTS(bad));
+    tcase_add_loop_test(tc, test_bad_msi_params, 0, G_N_ELEMENTS(bad_msi));
     suite_add_tcase(s, tc);
     return s;
 }

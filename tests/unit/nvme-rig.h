@@ -5,7 +5,8 @@
  * threads: BAR0 is a plain buffer, "guest RAM" is a memfd mapped into a real
  * VnDma (so addresses outside it are really unmapped), interrupts are
  * eventfds in a real VnIrqs, and each doorbell write is followed by one
- * vn_nvme_poll_once().  Commands, completions and register offsets are
+ * vn_nvme_poll_once().  rig_tcase() builds the MSI-X device, rig_tcase_msi()
+ * the MSI one (MSI_VECTORS vectors, all enabled).  Commands, completions and register offsets are
  * written out here from the NVMe 1.4 specification, not taken from the
  * model's headers, so the tests check the model against the spec.
  *
@@ -60,6 +61,8 @@ G_STATIC_ASSERT(sizeof(Cqe) == 16);
 /* --- The rig --------------------------------------------------------------- */
 
 #define VECTORS 9u
+#define MSI_VECTORS 8u
+#define MSI_CAP VN_PCICFG_CAP_MSI
 #define NS_BLOCKS 16384u                    /* 8 MiB namespace */
 #define RAM_IOVA 0x40000000ull
 #define RAM_SIZE (8u << 20)
@@ -86,7 +89,8 @@ static struct {
     VnNvme *n;
     int ramfd;
     uint8_t *ram;
-    int msix[VECTORS];
+    int msix[VECTORS];          /* MSI-X mode */
+    int msi[MSI_VECTORS];       /* MSI mode */
     int intx;
     uint16_t cid;
     uint32_t next_list;
@@ -112,6 +116,19 @@ static inline void setreg64(uint32_t off, uint64_t v)
 static inline void cfg16(unsigned off, uint16_t v)
 {
     ck_assert_int_eq(vn_pcicfg_write(R.cfg, off, &v, 2), 0);
+}
+
+static inline void cfg32(unsigned off, uint32_t v)
+{
+    ck_assert_int_eq(vn_pcicfg_write(R.cfg, off, &v, 4), 0);
+}
+
+static inline uint32_t cfgrd32(unsigned off)
+{
+    uint32_t v = 0;
+
+    ck_assert_int_eq(vn_pcicfg_read(R.cfg, off, &v, 4), 0);
+    return v;
 }
 
 /* Signals counted by an eventfd since the last call. */
@@ -153,22 +170,38 @@ static inline void rig_dir_remove(void)
     g_clear_pointer(&rig_dir, g_free);
 }
 
-static inline void setup(void)
+/* Eventfds for @n vectors of @index, kept in @keep. */
+static inline void rig_irqs(uint32_t index, int *keep, unsigned n)
 {
-    uint32_t counts[VFIO_PCI_NUM_IRQS] = { 1, 0, VECTORS, 0, 0 };
+    int fds[VECTORS];
+
+    for (unsigned v = 0; v < n; v++) {
+        keep[v] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        fds[v] = dup(keep[v]);
+    }
+    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD |
+                                 VFIO_IRQ_SET_ACTION_TRIGGER, index, 0, n, NULL, fds, n), 0);
+}
+
+static inline void rig_setup(VnPciCfgIrqMode mode)
+{
+    bool msi = mode == VN_PCICFG_IRQ_MSI;
+    uint32_t counts[VFIO_PCI_NUM_IRQS] = { 1, msi ? MSI_VECTORS : 0, msi ? 0 : VECTORS, 0, 0 };
     VnPciCfgParams cp = {
         .vendor_id = 0x1de1, .device_id = 0x5601, .class_code = 0x010802,
-        .bar0_size = VN_NVME_BAR0_SIZE, .bar4_size = 4096, .msix_vectors = VECTORS,
-        .msix_bir = 4, .msix_table_offset = 0, .msix_pba_offset = 0x800,
+        .bar0_size = VN_NVME_BAR0_SIZE, .bar4_size = msi ? 0 : 4096, .irq_mode = mode,
+        .msix_vectors = VECTORS, .msix_bir = 4, .msix_table_offset = 0,
+        .msix_pba_offset = 0x800, .msi_vectors = MSI_VECTORS,
     };
     VnNvmeParams np = {
         .size = (uint64_t)NS_BLOCKS * 512, .serial = "TEST-SERIAL-1",
-        .vectors = VECTORS, .io_queues = VECTORS - 1, .pci_vendor_id = 0x1de1,
-        .pci_subsys_vendor_id = 0x1de1,
+        .vectors = msi ? MSI_VECTORS : VECTORS, .io_queues = VECTORS - 1,
+        .pci_vendor_id = 0x1de1, .pci_subsys_vendor_id = 0x1de1,
     };
     g_autoptr(GError) error = NULL;
-    int fds[VECTORS];
     int ifd;
+
+    G_STATIC_ASSERT(MSI_VECTORS <= VECTORS);
 
     memset(&R, 0, sizeof(R));
     ck_assert_ptr_nonnull(rig_dir);
@@ -193,13 +226,13 @@ static inline void setup(void)
                                 dup(R.ramfd)), 0);
 
     R.irqs = vn_irqs_new(counts, VFIO_PCI_NUM_IRQS);
-    for (unsigned v = 0; v < VECTORS; v++) {
-        R.msix[v] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        fds[v] = dup(R.msix[v]);
+    memset(R.msix, -1, sizeof(R.msix));
+    memset(R.msi, -1, sizeof(R.msi));
+    if (msi) {
+        rig_irqs(VFIO_PCI_MSI_IRQ_INDEX, R.msi, MSI_VECTORS);
+    } else {
+        rig_irqs(VFIO_PCI_MSIX_IRQ_INDEX, R.msix, VECTORS);
     }
-    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD |
-                                 VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_PCI_MSIX_IRQ_INDEX,
-                                 0, VECTORS, NULL, fds, VECTORS), 0);
     R.intx = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ifd = dup(R.intx);
     ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD |
@@ -207,9 +240,14 @@ static inline void setup(void)
                                  0, 1, NULL, &ifd, 1), 0);
     vn_nvme_attach(R.n, R.dma, R.irqs);
 
-    /* What the guest's PCI core does before the driver touches BAR0. */
+    /* What the guest's PCI core does before the driver touches BAR0: with
+     * MSI, all 8 vectors (Multiple Message Enable 011b). */
     cfg16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
-    cfg16(VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
+    if (msi) {
+        cfg16(MSI_CAP + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (3u << 4));
+    } else {
+        cfg16(VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, PCI_MSIX_FLAGS_ENABLE);
+    }
 
     R.aq = (Q){ .qid = 0, .sq_off = O_ASQ, .cq_off = O_ACQ, .entries = 64, .phase = 1 };
     R.ioq = (Q){ .qid = 1, .sq_off = O_IOSQ, .cq_off = O_IOCQ, .entries = 64, .phase = 1 };
@@ -225,7 +263,14 @@ static inline void teardown(void)
     munmap(R.ram, RAM_SIZE);
     close(R.ramfd);
     for (unsigned v = 0; v < VECTORS; v++) {
-        close(R.msix[v]);
+        if (R.msix[v] >= 0) {
+            close(R.msix[v]);
+        }
+    }
+    for (unsigned v = 0; v < MSI_VECTORS; v++) {
+        if (R.msi[v] >= 0) {
+            close(R.msi[v]);
+        }
     }
     close(R.intx);
     g_free(R.bar0);
@@ -447,6 +492,16 @@ static inline void roundtrip(uint64_t slba, uint32_t len, uint32_t off, uint32_t
     g_free(file);
 }
 
+static inline void setup(void)
+{
+    rig_setup(VN_PCICFG_IRQ_MSIX);
+}
+
+static inline void setup_msi(void)
+{
+    rig_setup(VN_PCICFG_IRQ_MSI);
+}
+
 /* A TCase with the rig: temp dir per TCase (parent), rig per test (child). */
 static inline TCase *rig_tcase(const char *name)
 {
@@ -454,6 +509,16 @@ static inline TCase *rig_tcase(const char *name)
 
     tcase_add_unchecked_fixture(tc, rig_dir_create, rig_dir_remove);
     tcase_add_checked_fixture(tc, setup, teardown);
+    return tc;
+}
+
+/* The same with the device in MSI mode. */
+static inline TCase *rig_tcase_msi(const char *name)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, rig_dir_create, rig_dir_remove);
+    tcase_add_checked_fixture(tc, setup_msi, teardown);
     return tc;
 }
 

@@ -151,13 +151,63 @@ static void cc_changed(VnNvme *n, uint32_t old, uint32_t cc)
     }
 }
 
-/* Raise the interrupt of @cq (7.5: MSI-X vector IV, or INTx). */
+/*
+ * The MSI vector of a CQ's IV: PCI 3.0 6.8.3.4 lets the function modify
+ * only the low log2(enabled) bits of the message data, so with fewer
+ * vectors enabled than IVs in use, IVs share them (NVMe 1.4 7.5.1.2).
+ */
+static uint32_t msi_vector(VnNvme *n, const VnNvmeCq *cq)
+{
+    return cq->vector & (vn_pcicfg_msi_vectors(n->cfg) - 1);
+}
+
+/* NVMe 1.4 3.1.3: with MSI, INTMS bit N masks vector N; with pin-based
+ * interrupts bit 0 masks INTx (with MSI-X the register is undefined: bit
+ * 0, as before). */
+static uint32_t intm_bit(VnNvme *n, const VnNvmeCq *cq)
+{
+    return vn_pcicfg_msi_enabled(n->cfg) ? 1u << msi_vector(n, cq) : 1u;
+}
+
+/* Send the messages the host held back with MSI mask bits and has since
+ * unmasked (PCI 3.0 6.8.3.5); pcidev kicks us after every config write. */
+static void msi_release(VnNvme *n)
+{
+    uint32_t released;
+
+    if (!vn_pcicfg_msi_enabled(n->cfg)) {
+        return;
+    }
+    released = vn_pcicfg_msi_take_released(n->cfg);
+    while (released != 0) {
+        uint32_t v = (uint32_t)g_bit_nth_lsf(released, -1);
+
+        released &= released - 1;
+        vn_irqs_signal(n->irqs, VFIO_PCI_MSI_IRQ_INDEX, v);
+    }
+}
+
+/* Raise the interrupt of @cq (7.5: MSI vector, MSI-X vector IV, or INTx). */
 static void irq_raise(VnNvme *n, VnNvmeCq *cq)
 {
     if (!cq->ien) {
         return;
     }
     n->stats.irqs++;
+    if (vn_pcicfg_msi_enabled(n->cfg)) {
+        uint32_t v = msi_vector(n, cq);
+
+        /* A CQ left with unread entries is notified again on INTMC. */
+        if (n->intms & (1u << v)) {
+            return;
+        }
+        /* QEMU emulates MSI (and its masks) itself and signals the guest
+         * from our eventfd; our own mask bits are what it wrote through. */
+        if (!vn_pcicfg_msi_hold(n->cfg, v)) {
+            vn_irqs_signal(n->irqs, VFIO_PCI_MSI_IRQ_INDEX, v);
+        }
+        return;
+    }
     if (vn_pcicfg_msix_enabled(n->cfg)) {
         /* The vfio-user client emulates the MSI-X table and its masks
          * (function mask included) and applies them to our eventfd
@@ -180,8 +230,9 @@ static void irq_raise(VnNvme *n, VnNvmeCq *cq)
  * a value other than the mask is a write, whose bits are set.  INTMC is
  * kept 0: any non-zero value is a write, whose bits are cleared (so INTMC
  * reads 0, not the mask: the one deviation).  A compare-and-swap keeps a
- * write that races ours for the next pass.  Linux never uses them with
- * MSI-X, which 3.1.3 says is undefined anyway.
+ * write that races ours for the next pass.  Bit 0 masks INTx, bit N MSI
+ * vector N.  Linux never uses them with MSI-X, which 3.1.3 says is
+ * undefined anyway.
  */
 static bool intm_poll(VnNvme *n)
 {
@@ -203,16 +254,19 @@ static bool intm_poll(VnNvme *n)
     if (c != 0) {
         if (__atomic_compare_exchange_n(mc, &c, 0, false, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
-            uint32_t was = n->intms;
+            uint32_t cleared = n->intms & c;
 
             n->intms &= ~c;
             vn_nvme_reg_store(n, VN_NVME_REG_INTMS, n->intms);
             /* Unmasked with completions still unread: INTx is a level, so
-             * it asserts again. */
-            if ((was & 1) && !(n->intms & 1) && n->enabled) {
+             * it asserts again; an MSI vector sends the message it held
+             * back (7.5.1.1/7.5.1.2). */
+            if (cleared != 0 && n->enabled) {
                 for (unsigned q = 0; q < VN_NVME_MAX_QUEUES; q++) {
-                    if (n->cq[q].valid && n->cq[q].head != n->cq[q].tail) {
-                        n->cq[q].notify = true;
+                    VnNvmeCq *cq = &n->cq[q];
+
+                    if (cq->valid && cq->head != cq->tail && (cleared & intm_bit(n, cq))) {
+                        cq->notify = true;
                     }
                 }
             }
@@ -385,6 +439,7 @@ bool vn_nvme_poll_once(VnNvme *n)
 
     g_mutex_lock(&n->lock);
     if (n->dma != NULL && n->irqs != NULL) {
+        msi_release(n);
         busy = regs_poll(n);
         /* PCI 3.0 6.2.2: without Bus Master Enable the function may not
          * issue memory requests, so commands wait (their doorbells stay). */

@@ -45,7 +45,7 @@ typedef struct VnNvmeParams {
     const char *backing;       /* namespace file: created or extended */
     uint64_t size;             /* namespace bytes, multiple of the LBA size */
     const char *serial;        /* printable ASCII, <= VN_NVME_SERIAL_LEN */
-    uint32_t vectors;          /* MSI-X vectors (CQ interrupt vectors < this) */
+    uint32_t vectors;          /* MSI-X or MSI vectors (CQ interrupt vectors < this) */
     uint32_t io_queues;        /* 1..VN_NVME_MAX_IO_QUEUES */
     uint16_t pci_vendor_id;    /* reported in Identify Controller VID/SSVID */
     uint16_t pci_subsys_vendor_id;
@@ -70,8 +70,9 @@ typedef struct VnNvmeStats {
  * Open (create or extend, keeping the data) the backing file and build a
  * disabled controller whose registers live in @bar0 (VN_NVME_BAR0_SIZE
  * bytes, borrowed, shared with the guest) and which asks @cfg (borrowed)
- * whether bus mastering, MSI-X and INTx are enabled.  Returns NULL with
- * @error set on a bad parameter or a file error.
+ * whether bus mastering, MSI-X, MSI and INTx are enabled (and, for MSI, its
+ * per-vector masks).  Returns NULL with @error set on a bad parameter or a
+ * file error.
  */
 VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
                     GError **error);

@@ -2,13 +2,19 @@
  * PCI configuration space of the simulated device (see pcicfg.h).
  *
  * Layout (fixed; the capability list is walked by the guest and by QEMU's
- * vfio code, which reads the MSI-X capability to find table and PBA):
+ * vfio code, which reads the MSI-X capability to find table and PBA, or the
+ * MSI capability's control word to build its own copy with msi_init()):
  *
- *   0x00  type 0 header (PCI 3.0 6.1), BAR0 64-bit memory, BAR4 32-bit memory
+ *   0x00  type 0 header (PCI 3.0 6.1), BAR0 64-bit memory, BAR4 32-bit
+ *         memory (absent when its size is 0)
  *   0x40  Power Management, version 3 (PCI PM 1.2 3.2)
- *   0x50  MSI-X (PCIe r5.0 7.7.2)
- *   0x60  PCI Express, version 2, endpoint (PCIe r5.0 7.5.3)
+ *   0x50  MSI-X (PCIe r5.0 7.7.2), 12 bytes, or
+ *         MSI (PCI 3.0 6.8.1), 64-bit with per-vector masking, 24 bytes
+ *   0x70  PCI Express, version 2, endpoint (PCIe r5.0 7.5.3)
  *   0x100 extended space: all zeros, no extended capabilities
+ *
+ * The PCI Express capability sits after the longer of the two, so both
+ * modes share one layout (QEMU refuses capabilities that overlap).
  *
  * Every register has a write mask: a byte written to the space becomes
  * (old & ~mask) | (new & mask), the same rule QEMU's hw/pci uses for its
@@ -33,13 +39,19 @@ enum {
     STATE_INTX_DISABLE = 1 << 2,
     STATE_MSIX_ENABLE = 1 << 3,
     STATE_MSIX_MASKALL = 1 << 4,
+    STATE_MSI_ENABLE = 1 << 5,
+    /* bits 8-10: log2 of the enabled MSI vectors (Multiple Message Enable) */
+    STATE_MSI_LOG2_SHIFT = 8,
+    STATE_MSI_LOG2_MASK = 7 << STATE_MSI_LOG2_SHIFT,
 };
 
 /* Length of the PCI Express capability structure, version 2 (PCIe r5.0
  * 7.5.3: up to and including Slot Status 2 at 3Ah). */
 #define EXP_CAP_LEN 0x3cu
-/* Length of the MSI-X and PM capabilities. */
+/* Length of the MSI-X, MSI (64-bit address, per-vector masking: PCI 3.0
+ * 6.8.1, up to and including Pending Bits at 14h) and PM capabilities. */
 #define MSIX_CAP_LEN 12u
+#define MSI_CAP_LEN 24u
 #define PM_CAP_LEN 8u
 
 struct VnPciCfg {
@@ -48,8 +60,35 @@ struct VnPciCfg {
     uint8_t wmask[VN_PCICFG_STD_SIZE];     /* writable bits */
     uint8_t defaults[VN_PCICFG_STD_SIZE];  /* power-on image */
     gint state;                            /* STATE_*, atomic */
+    uint32_t msi_mask;                     /* MSI Mask Bits mirror, atomic */
+    uint32_t msi_pending;                  /* MSI Pending Bits, atomic: set and
+                                            * cleared by the signalling thread,
+                                            * cleared by reset; the bytes of
+                                            * the register are filled in on
+                                            * read */
     bool flr_pending;                      /* Initiate FLR was written */
 };
+
+static const char *const irq_mode_names[VN_PCICFG_IRQ_LAST] = {
+    [VN_PCICFG_IRQ_MSIX] = "msix",
+    [VN_PCICFG_IRQ_MSI] = "msi",
+};
+
+const char *vn_pcicfg_irq_mode_to_string(VnPciCfgIrqMode mode)
+{
+    return (unsigned)mode < VN_PCICFG_IRQ_LAST ? irq_mode_names[mode] : "?";
+}
+
+bool vn_pcicfg_irq_mode_from_string(const char *s, VnPciCfgIrqMode *mode)
+{
+    for (unsigned m = 0; m < VN_PCICFG_IRQ_LAST; m++) {
+        if (s != NULL && strcmp(s, irq_mode_names[m]) == 0) {
+            *mode = (VnPciCfgIrqMode)m;
+            return true;
+        }
+    }
+    return false;
+}
 
 static void set8(VnPciCfg *cfg, unsigned off, uint8_t val, uint8_t mask)
 {
@@ -74,6 +113,16 @@ static uint16_t get16(const VnPciCfg *cfg, unsigned off)
     return (uint16_t)(cfg->bytes[off] | cfg->bytes[off + 1] << 8);
 }
 
+static uint32_t get32(const VnPciCfg *cfg, unsigned off)
+{
+    return get16(cfg, off) | (uint32_t)get16(cfg, off + 2) << 16;
+}
+
+static bool is_msi(const VnPciCfg *cfg)
+{
+    return cfg->params.irq_mode == VN_PCICFG_IRQ_MSI;
+}
+
 static bool is_pow2(uint64_t v)
 {
     return v != 0 && (v & (v - 1)) == 0;
@@ -83,11 +132,25 @@ static bool params_valid(const VnPciCfgParams *p, GError **error)
 {
     uint64_t table_len, pba_len;
 
-    if (!is_pow2(p->bar0_size) || p->bar0_size < 4096 || !is_pow2(p->bar4_size) ||
-        p->bar4_size < 4096) {
+    if (!is_pow2(p->bar0_size) || p->bar0_size < 4096 ||
+        (p->bar4_size != 0 && (!is_pow2(p->bar4_size) || p->bar4_size < 4096))) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "config space: BAR sizes must be powers of two of at least 4 KiB");
         return false;
+    }
+    if ((unsigned)p->irq_mode >= VN_PCICFG_IRQ_LAST) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "config space: unknown interrupt mode %u", (unsigned)p->irq_mode);
+        return false;
+    }
+    if (p->irq_mode == VN_PCICFG_IRQ_MSI) {
+        if (!is_pow2(p->msi_vectors) || p->msi_vectors > VN_PCICFG_MAX_MSI_VECTORS) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "config space: %u MSI vectors (a power of two up to %u)",
+                        p->msi_vectors, VN_PCICFG_MAX_MSI_VECTORS);
+            return false;
+        }
+        return true;
     }
     if (p->msix_vectors == 0 || p->msix_vectors > VN_PCICFG_MAX_VECTORS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -118,7 +181,8 @@ static void build_header(VnPciCfg *cfg)
     const VnPciCfgParams *p = &cfg->params;
     uint32_t bar0_mask = (uint32_t)~(p->bar0_size - 1) & PCI_BASE_ADDRESS_MEM_MASK;
     uint32_t bar0_hi_mask = (uint32_t)(~(p->bar0_size - 1) >> 32);
-    uint32_t bar4_mask = ~(p->bar4_size - 1) & PCI_BASE_ADDRESS_MEM_MASK;
+    uint32_t bar4_mask = p->bar4_size != 0 ? ~(p->bar4_size - 1) & PCI_BASE_ADDRESS_MEM_MASK
+                                           : 0;
 
     /* PCI 3.0 6.2.1: identification, all read-only */
     set16(cfg, PCI_VENDOR_ID, p->vendor_id, 0);
@@ -143,8 +207,12 @@ static void build_header(VnPciCfg *cfg)
      * from which address bits are writable. */
     set32(cfg, PCI_BASE_ADDRESS_0, PCI_BASE_ADDRESS_MEM_TYPE_64, bar0_mask);
     set32(cfg, PCI_BASE_ADDRESS_1, 0, bar0_hi_mask);
-    set32(cfg, PCI_BASE_ADDRESS_4, PCI_BASE_ADDRESS_MEM_TYPE_32, bar4_mask);
-    /* BAR2, BAR3, BAR5 and the expansion ROM BAR do not exist: zero, RO. */
+    if (p->bar4_size != 0) {
+        set32(cfg, PCI_BASE_ADDRESS_4, PCI_BASE_ADDRESS_MEM_TYPE_32, bar4_mask);
+    }
+    /* BAR2, BAR3, BAR5, the expansion ROM BAR and BAR4 without a size do
+     * not exist: zero, RO (6.2.5.1: a BAR whose bits are all read-only zero
+     * is not implemented). */
 
     set16(cfg, PCI_SUBSYSTEM_VENDOR_ID, p->subsys_vendor_id, 0);
     set16(cfg, PCI_SUBSYSTEM_ID, p->subsys_id, 0);
@@ -154,31 +222,71 @@ static void build_header(VnPciCfg *cfg)
     set8(cfg, PCI_INTERRUPT_PIN, 1, 0);
 }
 
-static void build_caps(VnPciCfg *cfg)
+/* PCIe r5.0 7.7.2.2: Table Size is N - 1 (RO); MSI-X Enable and Function
+ * Mask are RW.  7.7.2.3/4: offset | BIR, read-only. */
+static void build_msix(VnPciCfg *cfg, unsigned msix, unsigned next)
 {
     const VnPciCfgParams *p = &cfg->params;
-    unsigned pm = VN_PCICFG_CAP_PM, msix = VN_PCICFG_CAP_MSIX, exp = VN_PCICFG_CAP_EXP;
 
+    set8(cfg, msix + PCI_CAP_LIST_ID, PCI_CAP_ID_MSIX, 0);
+    set8(cfg, msix + PCI_CAP_LIST_NEXT, (uint8_t)next, 0);
+    set16(cfg, msix + PCI_MSIX_FLAGS, (uint16_t)(p->msix_vectors - 1),
+          PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL);
+    set32(cfg, msix + PCI_MSIX_TABLE, p->msix_table_offset | p->msix_bir, 0);
+    set32(cfg, msix + PCI_MSIX_PBA, p->msix_pba_offset | p->msix_bir, 0);
+}
+
+/* PCI 3.0 6.8.1: MSI with a 64-bit Message Address (PCIe r5.0 7.7.1
+ * requires it of PCI Express functions) and per-vector masking. */
+static void build_msi(VnPciCfg *cfg, unsigned msi, unsigned next)
+{
+    uint32_t n = cfg->params.msi_vectors;
+    uint16_t mmc = (uint16_t)g_bit_nth_lsf(n, -1);       /* log2, n is a power of two */
+    uint32_t mask_bits = n == 32 ? 0xffffffffu : (1u << n) - 1;
+
+    set8(cfg, msi + PCI_CAP_LIST_ID, PCI_CAP_ID_MSI, 0);
+    set8(cfg, msi + PCI_CAP_LIST_NEXT, (uint8_t)next, 0);
+    /* 6.8.1.3: MSI Enable and Multiple Message Enable are RW; Multiple
+     * Message Capable, 64 bit address capable and Per-vector masking
+     * capable are RO.  (PCIe's Extended Message Data bits 9/10 stay 0.) */
+    set16(cfg, msi + PCI_MSI_FLAGS,
+          (uint16_t)(mmc << 1) | PCI_MSI_FLAGS_64BIT | PCI_MSI_FLAGS_MASKBIT,
+          PCI_MSI_FLAGS_ENABLE | PCI_MSI_FLAGS_QSIZE);
+    /* 6.8.1.4-6.8.1.6: the address is DWORD aligned (bits 1:0 RO 0); the
+     * data is 16 bits (the upper word, Extended Message Data, RO 0). */
+    set32(cfg, msi + PCI_MSI_ADDRESS_LO, 0, 0xfffffffcu);
+    set32(cfg, msi + PCI_MSI_ADDRESS_HI, 0, 0xffffffffu);
+    set16(cfg, msi + PCI_MSI_DATA_64, 0, 0xffff);
+    set16(cfg, msi + PCI_MSI_DATA_64 + 2, 0, 0);
+    /* 6.8.1.7/6.8.1.8: one mask and one pending bit per capable vector,
+     * the rest reserved; Pending is read-only (we fill it in on read). */
+    set32(cfg, msi + PCI_MSI_MASK_64, 0, mask_bits);
+    set32(cfg, msi + PCI_MSI_PENDING_64, 0, 0);
+}
+
+static void build_caps(VnPciCfg *cfg)
+{
+    unsigned pm = VN_PCICFG_CAP_PM, irq = VN_PCICFG_CAP_MSIX, exp = VN_PCICFG_CAP_EXP;
+
+    G_STATIC_ASSERT(VN_PCICFG_CAP_MSI == VN_PCICFG_CAP_MSIX);
     G_STATIC_ASSERT(VN_PCICFG_CAP_PM + PM_CAP_LEN <= VN_PCICFG_CAP_MSIX);
     G_STATIC_ASSERT(VN_PCICFG_CAP_MSIX + MSIX_CAP_LEN <= VN_PCICFG_CAP_EXP);
+    G_STATIC_ASSERT(VN_PCICFG_CAP_MSI + MSI_CAP_LEN <= VN_PCICFG_CAP_EXP);
     G_STATIC_ASSERT(VN_PCICFG_CAP_EXP + EXP_CAP_LEN <= VN_PCICFG_STD_SIZE);
 
     /* PCI PM 1.2 3.2.3: version 3, no PME, no D1/D2.  PMCSR (3.2.4):
      * PowerState is RW; No_Soft_Reset = 1 because leaving D3hot does not
      * reset our state (PCIe requires functions to say so). */
     set8(cfg, pm + PCI_CAP_LIST_ID, PCI_CAP_ID_PM, 0);
-    set8(cfg, pm + PCI_CAP_LIST_NEXT, (uint8_t)msix, 0);
+    set8(cfg, pm + PCI_CAP_LIST_NEXT, (uint8_t)irq, 0);
     set16(cfg, pm + PCI_PM_PMC, 3, 0);
     set16(cfg, pm + PCI_PM_CTRL, PCI_PM_CTRL_NO_SOFT_RESET, PCI_PM_CTRL_STATE_MASK);
 
-    /* PCIe r5.0 7.7.2.2: Table Size is N - 1 (RO); MSI-X Enable and
-     * Function Mask are RW.  7.7.2.3/4: offset | BIR, read-only. */
-    set8(cfg, msix + PCI_CAP_LIST_ID, PCI_CAP_ID_MSIX, 0);
-    set8(cfg, msix + PCI_CAP_LIST_NEXT, (uint8_t)exp, 0);
-    set16(cfg, msix + PCI_MSIX_FLAGS, (uint16_t)(p->msix_vectors - 1),
-          PCI_MSIX_FLAGS_ENABLE | PCI_MSIX_FLAGS_MASKALL);
-    set32(cfg, msix + PCI_MSIX_TABLE, p->msix_table_offset | p->msix_bir, 0);
-    set32(cfg, msix + PCI_MSIX_PBA, p->msix_pba_offset | p->msix_bir, 0);
+    if (is_msi(cfg)) {
+        build_msi(cfg, irq, exp);
+    } else {
+        build_msix(cfg, irq, exp);
+    }
 
     /* PCIe r5.0 7.5.3.2: capability version 2, Device/Port Type 0000b
      * (PCI Express Endpoint); last in the list. */
@@ -214,10 +322,27 @@ static void build_caps(VnPciCfg *cfg)
     set16(cfg, exp + PCI_EXP_LNKCTL2, 1, 0);
 }
 
+/* PCI 3.0 6.8.1.3: software must not enable more vectors than the function
+ * is capable of; if it does, hold it to the capable count (QEMU's
+ * msi_write_config() does the same to its copy), so what the register
+ * says and what we signal agree. */
+static void msi_clamp(VnPciCfg *cfg)
+{
+    unsigned off = VN_PCICFG_CAP_MSI + PCI_MSI_FLAGS;
+    uint16_t ctl = get16(cfg, off);
+    uint16_t mmc = (ctl & PCI_MSI_FLAGS_QMASK) >> 1;
+    uint16_t mme = (ctl & PCI_MSI_FLAGS_QSIZE) >> 4;
+
+    if (mme > mmc) {
+        ctl = (uint16_t)((ctl & ~PCI_MSI_FLAGS_QSIZE) | mmc << 4);
+        cfg->bytes[off] = (uint8_t)ctl;
+    }
+}
+
 static void state_update(VnPciCfg *cfg)
 {
     uint16_t cmd = get16(cfg, PCI_COMMAND);
-    uint16_t msix = get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS);
+    uint16_t irq = get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS);
     gint st = 0;
 
     if (cmd & PCI_COMMAND_MASTER) {
@@ -229,11 +354,20 @@ static void state_update(VnPciCfg *cfg)
     if (cmd & PCI_COMMAND_INTX_DISABLE) {
         st |= STATE_INTX_DISABLE;
     }
-    if (msix & PCI_MSIX_FLAGS_ENABLE) {
-        st |= STATE_MSIX_ENABLE;
-    }
-    if (msix & PCI_MSIX_FLAGS_MASKALL) {
-        st |= STATE_MSIX_MASKALL;
+    if (is_msi(cfg)) {
+        if (irq & PCI_MSI_FLAGS_ENABLE) {
+            st |= STATE_MSI_ENABLE;
+        }
+        st |= ((irq & PCI_MSI_FLAGS_QSIZE) >> 4) << STATE_MSI_LOG2_SHIFT;
+        __atomic_store_n(&cfg->msi_mask, get32(cfg, VN_PCICFG_CAP_MSI + PCI_MSI_MASK_64),
+                         __ATOMIC_SEQ_CST);
+    } else {
+        if (irq & PCI_MSIX_FLAGS_ENABLE) {
+            st |= STATE_MSIX_ENABLE;
+        }
+        if (irq & PCI_MSIX_FLAGS_MASKALL) {
+            st |= STATE_MSIX_MASKALL;
+        }
     }
     g_atomic_int_set(&cfg->state, st);
 }
@@ -265,6 +399,11 @@ int vn_pcicfg_read(VnPciCfg *cfg, uint64_t offset, void *buf, uint32_t count)
 
     if (!vn_util_range_ok(offset, count, VN_PCICFG_SIZE)) {
         return -EINVAL;
+    }
+    if (is_msi(cfg)) {
+        /* Read-only to the host, so the write path leaves it alone. */
+        set32(cfg, VN_PCICFG_CAP_MSI + PCI_MSI_PENDING_64,
+              __atomic_load_n(&cfg->msi_pending, __ATOMIC_SEQ_CST), 0);
     }
     for (uint32_t i = 0; i < count; i++) {
         uint64_t a = offset + i;
@@ -303,9 +442,13 @@ int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t co
         (cfg->bytes[pmcsr] & PCI_PM_CTRL_STATE_MASK) == 2) {
         cfg->bytes[pmcsr] = (uint8_t)((cfg->bytes[pmcsr] & ~PCI_PM_CTRL_STATE_MASK) | old_state);
     }
+    if (is_msi(cfg)) {
+        msi_clamp(cfg);
+    }
     state_update(cfg);
     VN_TRACE("device config: write 0x%" G_GINT64_MODIFIER "x+%u command 0x%04x "
-             "msix 0x%04x", offset, count, get16(cfg, PCI_COMMAND),
+             "%s 0x%04x", offset, count, get16(cfg, PCI_COMMAND),
+             vn_pcicfg_irq_mode_to_string(cfg->params.irq_mode),
              get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS));
     return 0;
 }
@@ -314,6 +457,7 @@ void vn_pcicfg_reset(VnPciCfg *cfg)
 {
     memcpy(cfg->bytes, cfg->defaults, sizeof(cfg->bytes));
     cfg->flr_pending = false;
+    __atomic_store_n(&cfg->msi_pending, 0, __ATOMIC_SEQ_CST);
     state_update(cfg);
 }
 
@@ -348,4 +492,56 @@ bool vn_pcicfg_msix_enabled(VnPciCfg *cfg)
 bool vn_pcicfg_msix_masked(VnPciCfg *cfg)
 {
     return g_atomic_int_get(&cfg->state) & STATE_MSIX_MASKALL;
+}
+
+bool vn_pcicfg_msi_enabled(VnPciCfg *cfg)
+{
+    return g_atomic_int_get(&cfg->state) & STATE_MSI_ENABLE;
+}
+
+uint32_t vn_pcicfg_msi_vectors(VnPciCfg *cfg)
+{
+    return 1u << ((g_atomic_int_get(&cfg->state) & STATE_MSI_LOG2_MASK) >>
+                  STATE_MSI_LOG2_SHIFT);
+}
+
+/* PCI 3.0 6.8.3.5: "While a vector is masked, the function is prohibited
+ * from sending the associated message, and the function must set the
+ * associated Pending bit whenever the function would otherwise send the
+ * message."  QEMU emulates the mask too (hw/pci/msi.c msi_notify()), but
+ * it writes the mask bits through to us as well, and a client without
+ * that emulation (or KVM's irqfd, which bypasses it) relies on ours. */
+bool vn_pcicfg_msi_hold(VnPciCfg *cfg, uint32_t vector)
+{
+    uint32_t bit;
+
+    if (vector >= VN_PCICFG_MAX_MSI_VECTORS) {
+        return false;
+    }
+    bit = 1u << vector;
+    if (!(__atomic_load_n(&cfg->msi_mask, __ATOMIC_SEQ_CST) & bit)) {
+        return false;
+    }
+    __atomic_fetch_or(&cfg->msi_pending, bit, __ATOMIC_SEQ_CST);
+    return true;
+}
+
+/* "When software unmasks a vector whose associated Pending bit is set, the
+ * function must schedule sending the associated message, and clear the
+ * Pending bit as soon as the message has been sent." */
+uint32_t vn_pcicfg_msi_take_released(VnPciCfg *cfg)
+{
+    uint32_t pending = __atomic_load_n(&cfg->msi_pending, __ATOMIC_SEQ_CST);
+    uint32_t released;
+
+    if (pending == 0) {
+        return 0;
+    }
+    released = pending & ~__atomic_load_n(&cfg->msi_mask, __ATOMIC_SEQ_CST);
+    if (released == 0) {
+        return 0;
+    }
+    /* Only our caller's thread sets bits and only it clears them (but for
+     * reset, which may take them first): what was set and is still set. */
+    return __atomic_fetch_and(&cfg->msi_pending, ~released, __ATOMIC_SEQ_CST) & released;
 }

@@ -1,7 +1,7 @@
 /*
  * PCI configuration space of the simulated device: a type 0 header with
- * two memory BARs, PM, MSI-X and PCI Express capabilities, and write masks
- * so that a write changes only the bits the PCI specifications make
+ * memory BARs, PM, MSI-X or MSI, and PCI Express capabilities, and write
+ * masks so that a write changes only the bits the PCI specifications make
  * writable.
  *
  * The model is the vfio region VFIO_PCI_CONFIG_REGION_INDEX: 4096 bytes,
@@ -11,8 +11,11 @@
  *
  * Threads: vn_pcicfg_read/write/reset/take_flr run in the socket thread only.  The
  * bits other code acts on (bus master, INTx disable, MSI-X enable and
- * function mask) are mirrored into one atomic word after every write, so
- * the query functions may be called from any thread without a lock.
+ * function mask, MSI enable, enabled MSI vectors and mask bits) are
+ * mirrored into atomic words after every write, so the query functions may
+ * be called from any thread without a lock.  MSI pending bits are the
+ * exception that goes the other way: one signalling thread sets and clears
+ * them (vn_pcicfg_msi_hold/take_released), config reads show them.
  */
 #ifndef VN_PCICFG_H
 #define VN_PCICFG_H
@@ -29,11 +32,28 @@
 #define VN_PCICFG_MAX_VECTORS 2048u
 /* One MSI-X table entry (PCIe r5.0 7.7.2.5) and one 64-bit PBA word. */
 #define VN_PCICFG_MSIX_ENTRY_SIZE 16u
+/* MSI allows 32 vectors (PCI 3.0 6.8.1.3: Multiple Message Capable is at
+ * most 101b); the mask and pending registers are 32 bits. */
+#define VN_PCICFG_MAX_MSI_VECTORS 32u
 
-/* Offsets of our capabilities (fixed layout, see pcicfg.c). */
+/* Offsets of our capabilities (fixed layout, see pcicfg.c).  MSI-X and MSI
+ * take the same place: a function has one or the other. */
 #define VN_PCICFG_CAP_PM 0x40u
 #define VN_PCICFG_CAP_MSIX 0x50u
-#define VN_PCICFG_CAP_EXP 0x60u
+#define VN_PCICFG_CAP_MSI 0x50u
+#define VN_PCICFG_CAP_EXP 0x70u
+
+/* Which message-signalled interrupt capability the function has. */
+typedef enum VnPciCfgIrqMode {
+    VN_PCICFG_IRQ_MSIX,         /* MSI-X, table and PBA in BAR4 (the default) */
+    VN_PCICFG_IRQ_MSI,          /* MSI: 64-bit, per-vector masking, no table */
+    VN_PCICFG_IRQ_LAST
+} VnPciCfgIrqMode;
+
+/* "msix", "msi" (the CLI's spelling); "?" for a value out of range. */
+const char *vn_pcicfg_irq_mode_to_string(VnPciCfgIrqMode mode);
+/* The inverse; false (and @mode untouched) for anything else. */
+bool vn_pcicfg_irq_mode_from_string(const char *s, VnPciCfgIrqMode *mode);
 
 typedef struct VnPciCfgParams {
     uint16_t vendor_id;
@@ -43,11 +63,16 @@ typedef struct VnPciCfgParams {
     uint8_t revision;
     uint32_t class_code;        /* 24 bits: base class, sub class, prog-if */
     uint64_t bar0_size;         /* 64-bit memory BAR, power of two >= 4 KiB */
-    uint32_t bar4_size;         /* 32-bit memory BAR, power of two >= 4 KiB */
+    uint32_t bar4_size;         /* 32-bit memory BAR, power of two >= 4 KiB;
+                                 * 0 = no BAR4 (not with MSI-X) */
+    VnPciCfgIrqMode irq_mode;   /* 0 = MSI-X */
+    /* VN_PCICFG_IRQ_MSIX only: */
     uint32_t msix_vectors;      /* 1..VN_PCICFG_MAX_VECTORS */
     uint8_t msix_bir;           /* BAR holding table and PBA: must be 4 */
     uint32_t msix_table_offset; /* 8-byte aligned, inside the BAR */
     uint32_t msix_pba_offset;   /* 8-byte aligned, inside the BAR */
+    /* VN_PCICFG_IRQ_MSI only: */
+    uint32_t msi_vectors;       /* power of two, 1..VN_PCICFG_MAX_MSI_VECTORS */
 } VnPciCfgParams;
 
 typedef struct VnPciCfg VnPciCfg;
@@ -55,8 +80,8 @@ typedef struct VnPciCfg VnPciCfg;
 /*
  * Build the power-on configuration space for @params (copied).  Returns
  * NULL with @error set when a size is not a power of two, the MSI-X table
- * or PBA does not fit its BAR or overlaps the other, or a count is out of
- * range.
+ * or PBA does not fit its BAR or overlaps the other, a count is out of
+ * range, or the mode is unknown.
  */
 VnPciCfg *vn_pcicfg_new(const VnPciCfgParams *params, GError **error);
 void vn_pcicfg_free(VnPciCfg *cfg);
@@ -91,5 +116,25 @@ bool vn_pcicfg_intx_disabled(VnPciCfg *cfg);
 /* Any thread: MSI-X Enable and Function Mask (PCIe r5.0 7.7.2.2). */
 bool vn_pcicfg_msix_enabled(VnPciCfg *cfg);
 bool vn_pcicfg_msix_masked(VnPciCfg *cfg);
+/* Any thread: MSI Enable (PCI 3.0 6.8.1.3); always false in MSI-X mode. */
+bool vn_pcicfg_msi_enabled(VnPciCfg *cfg);
+/* Any thread: the vectors software allocated, 2^Multiple Message Enable
+ * (1..the capable count: a larger value written is taken as the capable
+ * count, as QEMU's hw/pci/msi.c does); 1 in MSI-X mode.  Only meaningful
+ * while MSI is enabled. */
+uint32_t vn_pcicfg_msi_vectors(VnPciCfg *cfg);
+
+/*
+ * Per-vector masking (PCI 3.0 6.8.3.5), for the one thread that sends MSI
+ * messages.  vn_pcicfg_msi_hold(): if @vector (< the enabled count) is
+ * masked, set its Pending bit and return true: the caller must not send it
+ * now.  vn_pcicfg_msi_take_released(): the vectors whose Pending bit is set
+ * and that are no longer masked, with their Pending bits cleared: the
+ * caller must send each now.  Call it after a config write (the owner is
+ * told by its region_write); a vector unmasked between hold's check and its
+ * setting Pending is caught by the next call.  A reset clears Pending.
+ */
+bool vn_pcicfg_msi_hold(VnPciCfg *cfg, uint32_t vector);
+uint32_t vn_pcicfg_msi_take_released(VnPciCfg *cfg);
 
 #endif /* VN_PCICFG_H */

@@ -28,7 +28,8 @@ struct VnPciDev {
     int bar0_fd;
     uint8_t *bar0;                          /* mmap of bar0_fd, shared */
     uint8_t bar4[VN_PCIDEV_BAR4_SIZE];      /* MSI-X table + PBA storage */
-    uint32_t vectors;
+    VnPciCfgIrqMode irq_mode;
+    uint32_t vectors;                       /* MSI-X or MSI vectors offered */
     VnPciCfg *cfg;
     VnNvme *nvme;
     VnEngine *engine;                       /* NULL unless started */
@@ -40,6 +41,9 @@ struct VnPciDev {
 static void bar4_reset(VnPciDev *d)
 {
     memset(d->bar4, 0, sizeof(d->bar4));
+    if (d->irq_mode != VN_PCICFG_IRQ_MSIX) {
+        return;
+    }
     for (uint32_t v = 0; v < d->vectors; v++) {
         d->bar4[VN_PCIDEV_MSIX_TABLE + v * VN_PCICFG_MSIX_ENTRY_SIZE + 12] = 1;
     }
@@ -106,6 +110,7 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
         bar0_read(d, offset, buf, count);
         return 0;
     case VFIO_PCI_BAR4_REGION_INDEX:
+        /* In MSI mode its size is 0: the range check refused already. */
         memcpy(buf, d->bar4 + offset, count);
         return 0;
     default:
@@ -223,10 +228,12 @@ static void info_build(VnPciDev *d)
     bar0->mmap_offset = 0;
     bar0->nr_sparse = 1;
     bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
-    i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
-        .size = VN_PCIDEV_BAR4_SIZE, .mmap_fd = -1,
-        .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
-    };
+    if (d->irq_mode == VN_PCICFG_IRQ_MSIX) {
+        i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
+            .size = VN_PCIDEV_BAR4_SIZE, .mmap_fd = -1,
+            .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
+        };
+    }
     i->regions[VFIO_PCI_CONFIG_REGION_INDEX] = (VnRegion){
         .size = VN_PCICFG_SIZE, .mmap_fd = -1,
         .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
@@ -235,13 +242,30 @@ static void info_build(VnPciDev *d)
     i->num_irqs = VFIO_PCI_NUM_IRQS;
     i->irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
     i->irq_flags[VFIO_PCI_INTX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
-    i->irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = d->vectors;
-    i->irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE;
+    if (d->irq_mode == VN_PCICFG_IRQ_MSI) {
+        /* QEMU asks for 2^Multiple Message Enable of them (vfio_msi_enable). */
+        i->irq_count[VFIO_PCI_MSI_IRQ_INDEX] = d->vectors;
+        i->irq_flags[VFIO_PCI_MSI_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
+    } else {
+        i->irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = d->vectors;
+        i->irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE;
+    }
     /* Linux's vfio-pci reports one ERR vector for every PCIe function
      * (vfio_pci_get_irq_count); QEMU warns "Could not enable error recovery"
      * for any other count.  We never signal it: we have no AER errors. */
     i->irq_count[VFIO_PCI_ERR_IRQ_INDEX] = 1;
     i->irq_flags[VFIO_PCI_ERR_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
+}
+
+/* PCI 3.0 6.8.1.3: MSI offers a power of two, at most 32. */
+static uint32_t msi_vectors_for(uint32_t vectors)
+{
+    uint32_t n = 1;
+
+    while (n * 2 <= vectors && n * 2 <= VN_PCICFG_MAX_MSI_VECTORS) {
+        n *= 2;
+    }
+    return n;
 }
 
 static bool bar0_create(VnPciDev *d, GError **error)
@@ -279,6 +303,7 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
         .class_code = VN_PCIDEV_CLASS,
         .bar0_size = VN_NVME_BAR0_SIZE,
         .bar4_size = VN_PCIDEV_BAR4_SIZE,
+        .irq_mode = params->irq_mode,
         .msix_vectors = params->vectors,
         .msix_bir = 4,
         .msix_table_offset = VN_PCIDEV_MSIX_TABLE,
@@ -288,7 +313,6 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
         .backing = params->backing,
         .size = params->size,
         .serial = params->serial,
-        .vectors = params->vectors,
         .io_queues = MIN(params->vectors - 1, VN_NVME_MAX_IO_QUEUES),
         .pci_vendor_id = VN_PCIDEV_VENDOR_ID,
         .pci_subsys_vendor_id = VN_PCIDEV_VENDOR_ID,
@@ -298,11 +322,26 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
     d->serial = g_strdup(params->serial != NULL ? params->serial : "?");
     if (params->vectors < VN_PCIDEV_MIN_VECTORS || params->vectors > VN_PCIDEV_MAX_VECTORS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "device nvme %s: %u MSI-X vectors (%u..%u)", d->serial, params->vectors,
+                    "device nvme %s: %u vectors (%u..%u)", d->serial, params->vectors,
                     VN_PCIDEV_MIN_VECTORS, VN_PCIDEV_MAX_VECTORS);
         return NULL;
     }
-    d->vectors = params->vectors;
+    if ((unsigned)params->irq_mode >= VN_PCICFG_IRQ_LAST) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device nvme %s: unknown interrupt mode %u", d->serial,
+                    (unsigned)params->irq_mode);
+        return NULL;
+    }
+    d->irq_mode = params->irq_mode;
+    if (d->irq_mode == VN_PCICFG_IRQ_MSI) {
+        d->vectors = msi_vectors_for(params->vectors);
+        cp.msi_vectors = d->vectors;
+        cp.bar4_size = 0;
+    } else {
+        d->vectors = params->vectors;
+    }
+    /* Create I/O CQ checks the IV against the vectors of this mode. */
+    np.vectors = d->vectors;
     if (!bar0_create(d, error)) {
         return NULL;
     }
@@ -333,6 +372,11 @@ void vn_pcidev_free(VnPciDev *d)
     vn_util_close_fd(&d->bar0_fd);
     g_free(d->serial);
     g_free(d);
+}
+
+uint32_t vn_pcidev_vectors(VnPciDev *d)
+{
+    return d->vectors;
 }
 
 const VnDeviceInfo *vn_pcidev_info(VnPciDev *d)

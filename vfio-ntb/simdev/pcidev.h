@@ -5,16 +5,25 @@
  * the client maps, BAR4 with the MSI-X table, and the engine thread that
  * polls BAR0 (engine.c).
  *
+ * Two interrupt modes (VnPciDevParams.irq_mode):
+ *   MSI-X (default, what NVMe controllers have): an MSI-X capability with
+ *     @vectors vectors, table and PBA in BAR4.
+ *   MSI: an MSI capability with the largest power of two <= @vectors
+ *     (at most 32) and no BAR4.  Stock QEMU 11.1's vfio-user-pci aborts
+ *     when a device with MSI-X is hot-unplugged (vfio_user_msix_teardown()
+ *     deletes a subregion QOM already unparented); without MSI-X it can.
+ *
  * Regions (linux/vfio.h indexes): BAR0 16 KiB, READ|WRITE|MMAP from a memfd
  * with one sparse area over all of it; BAR4 4 KiB READ|WRITE, trapped (QEMU
- * emulates the MSI-X table itself and keeps the BAR unmapped); CONFIG 4 KiB.
- * Irqs: INTx 1, MSI 0, MSI-X @vectors (NORESIZE), ERR 1 (never signalled,
- * as the kernel's vfio-pci reports it), REQ 0.
+ * emulates the MSI-X table itself and keeps the BAR unmapped), size 0 in
+ * MSI mode; CONFIG 4 KiB.
+ * Irqs: INTx 1, MSI 0 or the MSI vectors, MSI-X @vectors (NORESIZE) or 0,
+ * ERR 1 (never signalled, as the kernel's vfio-pci reports it), REQ 0.
  *
  * Threads: the ops run in the server's GMainContext (the socket thread).
  * The engine thread runs vn_nvme_poll_once() only.  Who owns what:
  *   config space   socket thread (the engine reads its atomic state bits)
- *   BAR4 storage   socket thread only
+ *   BAR4 storage   socket thread only (MSI-X mode)
  *   BAR0 memory    shared with the guest; registers by the NVMe controller
  *   NVMe state     the controller's own lock (engine polls, socket resets)
  * reset, client_gone and a guest's FLR (Initiate FLR written to config
@@ -49,7 +58,10 @@ typedef struct VnPciDevParams {
     const char *backing;    /* namespace file */
     uint64_t size;          /* namespace bytes */
     const char *serial;
-    uint32_t vectors;       /* MSI-X vectors; I/O queues = vectors - 1 (<= 64) */
+    /* VN_PCIDEV_MIN_VECTORS..VN_PCIDEV_MAX_VECTORS, whatever the mode; I/O
+     * queues = vectors - 1 (<= 64), vectors shared when MSI has fewer. */
+    uint32_t vectors;
+    VnPciCfgIrqMode irq_mode;   /* 0 = MSI-X */
 } VnPciDevParams;
 
 typedef struct VnPciDev VnPciDev;
@@ -60,6 +72,10 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error);
 /* Stops the engine if it still runs. */
 void vn_pcidev_free(VnPciDev *d);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnPciDev, vn_pcidev_free)
+
+/* Vectors the device offers in its mode (MSI-X: params.vectors; MSI: the
+ * largest power of two not above it, at most VN_PCICFG_MAX_MSI_VECTORS). */
+uint32_t vn_pcidev_vectors(VnPciDev *d);
 
 /* What to give vn_server_new() (valid for the device's life; BAR0's memfd
  * stays the device's). */

@@ -2,13 +2,17 @@
  * vfio-ntb-simdev: a simulated PCIe NVMe controller served over vfio-user.
  *
  *   vfio-ntb-simdev --socket PATH --backing FILE --size-mib N
- *                   [--serial S] [--vectors N] [--verbose]
+ *                   [--serial S] [--vectors N] [--interrupts msix|msi]
+ *                   [--stats-file PATH] [--verbose]
  *
  * QEMU's vfio-user-pci client connects to PATH; the guest's stock nvme driver
  * binds to the device and its I/O lands in FILE (created, or extended to N
  * MiB keeping its data).  One client at a time; after a disconnect the next
  * may connect and finds the same namespace.  SIGTERM/SIGINT end the process
  * cleanly and remove the socket.
+ *
+ * --interrupts msi replaces MSI-X by MSI (fewer vectors, no BAR4): stock
+ * QEMU 11.1 aborts when it hot-unplugs a vfio-user device with MSI-X.
  *
  * This file only parses arguments and wires the pieces: the device model
  * (pcidev.c) behind the server engine (vfio-user/server.c) in the default
@@ -37,6 +41,8 @@ typedef struct Options {
     gint64 size_mib;
     char *serial;
     gint vectors;
+    char *interrupts;
+    VnPciCfgIrqMode irq_mode;           /* parsed from interrupts */
     gboolean verbose;
     char *stats_file;
 } Options;
@@ -46,6 +52,7 @@ static void options_clear(Options *o)
     g_free(o->socket);
     g_free(o->backing);
     g_free(o->serial);
+    g_free(o->interrupts);
     g_free(o->stats_file);
 }
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Options, options_clear)
@@ -62,7 +69,11 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         { "serial", 0, 0, G_OPTION_ARG_STRING, &o->serial,
           "controller serial number (1-20 ASCII characters)", "S" },
         { "vectors", 0, 0, G_OPTION_ARG_INT, &o->vectors,
-          "MSI-X vectors (2-128, default 9: admin + 8 I/O queues)", "N" },
+          "interrupt vectors (2-128, default 9: admin + 8 I/O queues; MSI offers the "
+          "largest power of two not above N, at most 32)", "N" },
+        { "interrupts", 0, 0, G_OPTION_ARG_STRING, &o->interrupts,
+          "msix (default, as NVMe controllers have) or msi (stock QEMU can hot-unplug it)",
+          "MODE" },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose,
@@ -98,6 +109,14 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
                     "--vectors %d is outside %u..%u", o->vectors, VN_PCIDEV_MIN_VECTORS,
                     VN_PCIDEV_MAX_VECTORS);
+        return false;
+    }
+    o->irq_mode = VN_PCICFG_IRQ_MSIX;
+    if (o->interrupts != NULL && !vn_pcicfg_irq_mode_from_string(o->interrupts, &o->irq_mode)) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                    "--interrupts '%s' is neither %s nor %s", o->interrupts,
+                    vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_MSIX),
+                    vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_MSI));
         return false;
     }
     if (o->serial == NULL) {
@@ -168,6 +187,7 @@ int main(int argc, char **argv)
         .size = (uint64_t)opt.size_mib << 20,
         .serial = opt.serial,
         .vectors = (uint32_t)opt.vectors,
+        .irq_mode = opt.irq_mode,
     };
     dev = vn_pcidev_new(&params, &error);
     if (dev == NULL) {
@@ -189,8 +209,9 @@ int main(int argc, char **argv)
     sig_int = g_unix_signal_add(SIGINT, on_signal, loop);
     stats = (Stats){ .server = server, .path = opt.stats_file };
     sig_usr1 = g_unix_signal_add(SIGUSR1, on_usr1, &stats);
-    g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, %d vectors) on %s",
-              VN_VERSION, opt.backing, opt.size_mib, opt.serial, opt.vectors, opt.socket);
+    g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, interrupts %s, "
+              "%u vectors) on %s", VN_VERSION, opt.backing, opt.size_mib, opt.serial,
+              vn_pcicfg_irq_mode_to_string(opt.irq_mode), vn_pcidev_vectors(dev), opt.socket);
     g_main_loop_run(loop);
     g_source_remove(sig_term);
     g_source_remove(sig_int);
