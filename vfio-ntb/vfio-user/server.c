@@ -111,7 +111,6 @@ static void client_drop(VnServer *s, const char *why)
     g_info("socket %s: client disconnected (%s)", s->path, why);
     g_source_destroy(s->client_src);
     g_clear_pointer(&s->client_src, g_source_unref);
-    g_clear_pointer(&s->client, vn_transport_free);
     s->versioned = false;
 
     /* The device must stop using guest memory and interrupts before they
@@ -127,6 +126,8 @@ static void client_drop(VnServer *s, const char *why)
     if (s->ops->client_gone != NULL) {
         s->ops->client_gone(s->opaque);
     }
+    /* Last: vn_server_has_client() turns false only once all is undone. */
+    g_clear_pointer(&s->client, vn_transport_free);
     listen_arm(s);
 }
 

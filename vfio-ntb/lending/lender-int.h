@@ -1,0 +1,74 @@
+/*
+ * Inside the lender: the VnLender struct and the calls between lender.c
+ * (attach, fence, dispatch, region access, DMA) and lender-irq.c (SET_IRQS
+ * and the doorbell relay).  Not for other layers.
+ *
+ * Threads: everything here belongs to the lender's fabric's GMainContext.
+ */
+#ifndef VN_LENDER_INT_H
+#define VN_LENDER_INT_H
+
+#include "lender.h"
+
+#include "vfio-user/client.h"
+
+/* How long one command to the device server may take. */
+#define VN_LENDER_DEVICE_TIMEOUT_MS 5000
+/* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,
+ * linux/vfio.h).  ERR and REQ have no doorbell meaning in proto.h. */
+#define VN_LENDER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
+
+/* One relayed vector: the lender's eventfd the device signals. */
+typedef struct VnLenderRelay {
+    VnLender *l;
+    int fd;
+    GSource *src;
+    uint32_t index;
+    uint32_t vector;
+    uint32_t bit;               /* doorbell bit (proto.h) */
+} VnLenderRelay;
+
+/* A fabric window onto one of the borrower's segments, shared by every DMA
+ * mapping into that segment. */
+typedef struct VnLenderWindow {
+    VnFabricWindow *w;
+    uint32_t refs;              /* mappings using it */
+} VnLenderWindow;
+
+/* A DMA mapping the device holds for the borrower. */
+typedef struct VnLenderMap {
+    uint64_t iova;
+    uint64_t size;
+    uint64_t segment;
+} VnLenderMap;
+
+struct VnLender {
+    VnFabric *fab;
+    GMainContext *ctx;          /* the fabric's: relay watches go there */
+    char *name;
+    char *device_socket;
+
+    /* While lent (borrower != NULL). */
+    char *borrower;
+    VnIrqMode irq_mode;
+    VnClient *client;
+    VnProtoDevice dev;          /* as described to the borrower */
+    GPtrArray *windows;         /* VnLenderWindow, owned */
+    GArray *maps;               /* VnLenderMap */
+    VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
+
+    VnLenderStats stats;
+};
+
+/* lender.c: answer @token with @err (either sign) and a message that
+ * starts with the device's name. */
+void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+/* lender-irq.c */
+void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token);
+/* Stop relaying @index's vectors [start, start + count); count 0: all. */
+void vn_lender_relay_drop(VnLender *l, uint32_t index, uint32_t start, uint32_t count);
+void vn_lender_relay_drop_all(VnLender *l);
+
+#endif /* VN_LENDER_INT_H */

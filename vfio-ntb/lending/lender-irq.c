@@ -1,0 +1,256 @@
+/*
+ * The lender's interrupts (see lender.h): SET_IRQS forwarded to the device,
+ * with the VM's eventfds in fd mode, or with the lender's own eventfds in
+ * relay mode, each watched in the fabric's context and turned into a
+ * doorbell of the borrower (proto.h: bit = vector, INTx its own bit).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.lending"
+
+#include "lender-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <glib-unix.h>
+#include <inttypes.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* ---- relay ------------------------------------------------------------- */
+
+static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
+{
+    VnLenderRelay *r = data;
+    VnLender *l = r->l;
+    uint64_t n;
+    int ret;
+
+    /* One doorbell per wake-up: signals that came together are one
+     * interrupt, as an edge-triggered MSI would be. */
+    if (read(fd, &n, sizeof(n)) != sizeof(n)) {
+        return G_SOURCE_CONTINUE;   /* EAGAIN: another read got it */
+    }
+    ret = vn_fabric_doorbell(l->fab, l->borrower, r->bit);
+    if (ret == 0) {
+        l->stats.relayed_irqs++;
+    }
+    VN_TRACE("lender %s: index %u vector %u -> %s's doorbell %u: %d", l->name, r->index,
+             r->vector, l->borrower, r->bit, ret);
+    return G_SOURCE_CONTINUE;
+}
+
+static VnLenderRelay *relay_new(VnLender *l, uint32_t index, uint32_t vector, int *err)
+{
+    VnLenderRelay *r;
+    int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+
+    if (fd < 0) {
+        *err = -errno;
+        return NULL;
+    }
+    r = g_new0(VnLenderRelay, 1);
+    r->l = l;
+    r->fd = fd;
+    r->index = index;
+    r->vector = vector;
+    r->bit = index == VFIO_PCI_INTX_IRQ_INDEX ? VN_PROTO_DOORBELL_INTX : vector;
+    /* Attached to the context only once the device has taken the fd. */
+    r->src = g_unix_fd_source_new(fd, G_IO_IN);
+    g_source_set_callback(r->src, G_SOURCE_FUNC(relay_ready), r, NULL);
+    return r;
+}
+
+static void relay_free(VnLenderRelay *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    g_source_destroy(r->src);
+    g_source_unref(r->src);
+    vn_util_close_fd(&r->fd);
+    g_free(r);
+}
+
+void vn_lender_relay_drop(VnLender *l, uint32_t index, uint32_t start, uint32_t count)
+{
+    uint32_t end;
+
+    if (index >= VN_LENDER_RELAY_INDEXES || start >= VN_PROTO_RELAY_VECTORS) {
+        return;
+    }
+    end = count == 0 ? VN_PROTO_RELAY_VECTORS
+                     : (uint32_t)MIN((uint64_t)start + count, VN_PROTO_RELAY_VECTORS);
+    for (uint32_t v = start; v < end; v++) {
+        g_clear_pointer(&l->relay[index][v], relay_free);
+    }
+}
+
+void vn_lender_relay_drop_all(VnLender *l)
+{
+    for (uint32_t i = 0; i < VN_LENDER_RELAY_INDEXES; i++) {
+        vn_lender_relay_drop(l, i, 0, 0);
+    }
+}
+
+/*
+ * Give the device eventfds of ours for [start, start + count) of @index.
+ * The client carries VN_MAX_MSG_FDS fds per message, so a larger range goes
+ * in chunks; when a later chunk fails, the range is de-assigned on the
+ * device (its earlier eventfds are replaced already) and the error returned.
+ */
+static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
+{
+    VnLenderRelay *fresh[VN_PROTO_RELAY_VECTORS] = { NULL };
+    int fds[VN_PROTO_RELAY_VECTORS];
+    uint32_t done = 0;
+    int ret = 0;
+
+    for (uint32_t i = 0; i < s->count; i++) {
+        fresh[i] = relay_new(l, s->index, s->start + i, &ret);
+        if (fresh[i] == NULL) {
+            vn_lender_fail(l, token, ret, "SET_IRQS: no eventfd: %s", g_strerror(-ret));
+            goto free;
+        }
+        fds[i] = fresh[i]->fd;
+    }
+    while (done < s->count) {
+        uint32_t n = MIN(s->count - done, VN_MAX_MSG_FDS);
+
+        ret = vn_client_set_irqs(l->client, s->flags, s->index, s->start + done, n, NULL,
+                                 fds + done);
+        if (ret < 0) {
+            break;
+        }
+        done += n;
+    }
+    if (ret < 0) {
+        if (done > 0) {
+            vn_client_set_irqs(l->client, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                               s->index, s->start, done, NULL, NULL);
+            vn_lender_relay_drop(l, s->index, s->start, done);
+        }
+        vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
+        goto free;
+    }
+    vn_lender_relay_drop(l, s->index, s->start, s->count);
+    for (uint32_t i = 0; i < s->count; i++) {
+        l->relay[s->index][s->start + i] = g_steal_pointer(&fresh[i]);
+        g_source_attach(l->relay[s->index][s->start + i]->src, l->ctx);
+    }
+    VN_TRACE("lender %s: relaying index %u vectors %u..%u to %s", l->name, s->index, s->start,
+             s->start + s->count - 1, l->borrower);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+free:
+    for (uint32_t i = 0; i < s->count; i++) {
+        relay_free(fresh[i]);
+    }
+}
+
+/* ---- SET_IRQS ---------------------------------------------------------- */
+
+/* True when exactly one bit of @mask is set in @flags (linux/vfio.h: one
+ * data type, one action). */
+static bool one_of(uint32_t flags, uint32_t mask)
+{
+    uint32_t v = flags & mask;
+
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+/* Check a relayed assignment; 0 or the errno for the borrower. */
+static int relay_check(VnLender *l, const VnProtoSetIrqs *s, const char **why)
+{
+    if (s->flags != (VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER)) {
+        *why = "relay is for DATA_EVENTFD|ACTION_TRIGGER";
+        return EINVAL;
+    }
+    if (l->irq_mode != VN_IRQ_MODE_RELAY) {
+        *why = "attached with fd interrupts, not relay";
+        return EINVAL;
+    }
+    if (s->index >= VN_LENDER_RELAY_INDEXES) {
+        *why = "only INTx, MSI and MSI-X can be relayed";
+        return ENOTSUP;
+    }
+    if (s->index == VFIO_PCI_INTX_IRQ_INDEX && (s->start != 0 || s->count != 1)) {
+        *why = "INTx is one vector";
+        return EINVAL;
+    }
+    /* A lender limit, whatever the device has: one doorbell per vector. */
+    if ((uint64_t)s->start + s->count > VN_PROTO_RELAY_VECTORS) {
+        *why = "vectors beyond the relay's doorbells";
+        return ENOSPC;
+    }
+    if (s->count == 0 || (uint64_t)s->start + s->count > l->dev.irq_count[s->index]) {
+        *why = "vectors beyond the device's";
+        return EINVAL;
+    }
+    return 0;
+}
+
+void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    uint32_t data, action;
+    VnProtoSetIrqs s;
+    const char *why = NULL;
+    int ret;
+
+    if (!vn_proto_set_irqs_from_json(msg->json, &s, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        return;
+    }
+    data = s.flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
+    action = s.flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
+    if (!one_of(data, VFIO_IRQ_SET_DATA_TYPE_MASK) ||
+        !one_of(action, VFIO_IRQ_SET_ACTION_TYPE_MASK)) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: flags 0x%x: one data type and one action",
+                       s.flags);
+        return;
+    }
+    if (s.index >= l->dev.num_irqs) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: no interrupt index %u", s.index);
+        return;
+    }
+    if (msg->data_len != (data == VFIO_IRQ_SET_DATA_BOOL ? s.count : 0)) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %zu data bytes for %u vectors",
+                       msg->data_len, s.count);
+        return;
+    }
+    if (s.relay) {
+        ret = relay_check(l, &s, &why);
+        if (ret != 0 || msg->nfds != 0) {
+            vn_lender_fail(l, token, ret != 0 ? ret : EINVAL, "SET_IRQS: %s (index %u, %u+%u)",
+                           why != NULL ? why : "relay carries no fds", s.index, s.start,
+                           s.count);
+            return;
+        }
+        relay_assign(l, &s, token);
+        return;
+    }
+    /* The VM's eventfds: all of the range, or none (de-assign). */
+    if (msg->nfds != 0 && (data != VFIO_IRQ_SET_DATA_EVENTFD || msg->nfds != s.count ||
+                           l->irq_mode != VN_IRQ_MODE_FD)) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %u fds for %u vectors%s", msg->nfds,
+                       s.count, l->irq_mode != VN_IRQ_MODE_FD ? " in relay mode" : "");
+        return;
+    }
+    ret = vn_client_set_irqs(l->client, s.flags, s.index, s.start, s.count,
+                             data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
+                             msg->nfds > 0 ? msg->fds : NULL);
+    if (ret < 0) {
+        vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
+        return;
+    }
+    /* The device no longer signals our eventfds there. */
+    if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_EVENTFD &&
+        s.count > 0) {
+        vn_lender_relay_drop(l, s.index, s.start, s.count);
+    } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_NONE &&
+               s.count == 0) {
+        vn_lender_relay_drop(l, s.index, 0, 0);     /* linux/vfio.h: disable the index */
+    }
+    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u fds %u", l->name, s.flags, s.index,
+             s.start, s.count, msg->nfds);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+}

@@ -1,0 +1,653 @@
+/*
+ * The lender of one device (see lender.h): attach, fence, the dispatch of
+ * lending-protocol requests, forwarded region accesses and DMA mappings of
+ * the borrower's segments.  Interrupts are in lender-irq.c.
+ *
+ * The device is driven through the synchronous vfio-user client, so every
+ * request is answered before the next one is looked at: the device sees the
+ * borrower's requests in the order the borrower sent them.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.lending"
+
+#include "lender-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <inttypes.h>
+#include <json-glib/json-glib.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- helpers ----------------------------------------------------------- */
+
+void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...)
+{
+    g_autofree char *what = NULL;
+    g_autofree char *message = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    what = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    message = g_strdup_printf("%s: %s", l->name, what);
+    VN_TRACE("lender %s: error reply %d: %s", l->name, err < 0 ? -err : err, what);
+    vn_fabric_reply_error(l->fab, token, err, message);
+}
+
+/* The errno behind a GError of ours or of the layers below (they build
+ * G_IO_ERRORs with g_io_error_from_errno()). */
+static int errno_of(const GError *error)
+{
+    if (error == NULL || error->domain != G_IO_ERROR) {
+        return EIO;
+    }
+    switch (error->code) {
+    case G_IO_ERROR_NOT_FOUND:
+        return ENOENT;
+    case G_IO_ERROR_PERMISSION_DENIED:
+        return EACCES;
+    case G_IO_ERROR_NO_SPACE:
+        return ENOSPC;
+    case G_IO_ERROR_INVALID_ARGUMENT:
+        return EINVAL;
+    case G_IO_ERROR_CONNECTION_REFUSED:
+        return ECONNREFUSED;
+    case G_IO_ERROR_TIMED_OUT:
+        return ETIMEDOUT;
+    case G_IO_ERROR_BUSY:
+        return EBUSY;
+    case G_IO_ERROR_NOT_SUPPORTED:
+        return ENOTSUP;
+    case G_IO_ERROR_INVALID_DATA:
+        return EPROTO;
+    case G_IO_ERROR_CANCELLED:
+        return ECANCELED;
+    case G_IO_ERROR_CONNECTION_CLOSED:
+        return ECONNRESET;
+    case G_IO_ERROR_NOT_CONNECTED:
+        return ENOTCONN;
+    default:
+        return EIO;
+    }
+}
+
+static void reply_ok(VnLender *l, uint64_t token)
+{
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+}
+
+/* ---- life -------------------------------------------------------------- */
+
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_socket,
+                        GError **error)
+{
+    g_autofree char *json = NULL;
+    char checked[VN_PROTO_MAX_DEVICE_NAME + 1];
+    VnLender *l;
+
+    if (fab == NULL || name == NULL || device_socket == NULL || device_socket[0] == '\0') {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "lender: a fabric, a device name and a device socket are needed");
+        return NULL;
+    }
+    /* The one place the name rules live is the protocol's decoder. */
+    json = vn_proto_device_only_to_json(name);
+    if (!vn_proto_device_name(json, checked, NULL) || strcmp(checked, name) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "lender: \"%s\" is not a device name (1-%d of [A-Za-z0-9_.-])", name,
+                    VN_PROTO_MAX_DEVICE_NAME);
+        return NULL;
+    }
+    l = g_new0(VnLender, 1);
+    l->fab = fab;
+    l->ctx = vn_fabric_backend_context(fab);
+    l->name = g_strdup(name);
+    l->device_socket = g_strdup(device_socket);
+    l->windows = g_ptr_array_new();
+    l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
+    return l;
+}
+
+const char *vn_lender_name(VnLender *l)
+{
+    return l->name;
+}
+
+const char *vn_lender_borrower(VnLender *l)
+{
+    return l->borrower;
+}
+
+/* ---- windows and DMA mappings ------------------------------------------ */
+
+static VnLenderWindow *window_find(VnLender *l, uint64_t segment)
+{
+    for (guint i = 0; i < l->windows->len; i++) {
+        VnLenderWindow *lw = l->windows->pdata[i];
+
+        if (lw->w->segment == segment) {
+            return lw;
+        }
+    }
+    return NULL;
+}
+
+static void window_release(VnLender *l, VnLenderWindow *lw)
+{
+    g_ptr_array_remove_fast(l->windows, lw);
+    vn_fabric_window_unmap(l->fab, lw->w);
+    g_free(lw);
+}
+
+/* Drop a reference; the window goes with its last mapping. */
+static void window_unref(VnLender *l, uint64_t segment)
+{
+    VnLenderWindow *lw = window_find(l, segment);
+
+    if (lw != NULL && --lw->refs == 0) {
+        window_release(l, lw);
+    }
+}
+
+static void windows_release_all(VnLender *l)
+{
+    while (l->windows->len > 0) {
+        window_release(l, l->windows->pdata[l->windows->len - 1]);
+    }
+}
+
+static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    VnLenderMap map;
+    VnLenderWindow *lw;
+    VnProtoDmaMap m;
+    int ret;
+
+    if (!vn_proto_dma_map_from_json(msg->json, &m, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        return;
+    }
+    if (m.segment == 0) {
+        vn_lender_fail(l, token, EINVAL, "DMA_MAP: no segment");
+        return;
+    }
+    if (l->maps->len >= VN_MAX_DMA_MAPS) {
+        vn_lender_fail(l, token, ENOSPC, "DMA_MAP: already %u mappings", VN_MAX_DMA_MAPS);
+        return;
+    }
+    lw = window_find(l, m.segment);
+    if (lw == NULL) {
+        VnFabricWindow *w = vn_fabric_window_map(l->fab, l->borrower, m.segment, &error);
+
+        if (w == NULL) {
+            vn_lender_fail(l, token, errno_of(error), "DMA_MAP: %s", error->message);
+            return;
+        }
+        lw = g_new0(VnLenderWindow, 1);
+        lw->w = w;
+        g_ptr_array_add(l->windows, lw);
+    }
+    if (!vn_util_range_ok(m.offset, m.size, lw->w->size)) {
+        vn_lender_fail(l, token, EINVAL,
+                       "DMA_MAP: [0x%" PRIx64 ", +0x%" PRIx64 ") lies outside segment %"
+                       PRIu64 " (0x%" PRIx64 " bytes)", m.offset, m.size, m.segment,
+                       lw->w->size);
+        goto unused;
+    }
+    ret = vn_client_dma_map(l->client, m.iova, m.size, m.offset, m.prot, lw->w->fd);
+    if (ret < 0) {
+        vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
+                       m.iova, g_strerror(-ret));
+        goto unused;
+    }
+    lw->refs++;
+    map = (VnLenderMap){ .iova = m.iova, .size = m.size, .segment = m.segment };
+    g_array_append_val(l->maps, map);
+    l->stats.dma_maps++;
+    VN_TRACE("lender %s: iova 0x%" PRIx64 " +0x%" PRIx64 " -> %s's segment %" PRIu64
+             " +0x%" PRIx64, l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
+    reply_ok(l, token);
+    return;
+
+unused:
+    if (lw->refs == 0) {
+        window_release(l, lw);
+    }
+}
+
+/* Forget the mappings the device dropped (all, or those inside the range:
+ * vfio type1 semantics, which the device server applies too). */
+static void maps_forget(VnLender *l, uint64_t iova, uint64_t size, bool all)
+{
+    for (guint i = l->maps->len; i-- > 0;) {
+        VnLenderMap *m = &g_array_index(l->maps, VnLenderMap, i);
+
+        if (all || (m->iova >= iova && m->size <= size && m->iova - iova <= size - m->size)) {
+            uint64_t segment = m->segment;
+
+            g_array_remove_index_fast(l->maps, i);
+            window_unref(l, segment);
+        }
+    }
+}
+
+static void handle_dma_unmap(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    VnProtoDmaUnmap u;
+    int ret;
+
+    if (!vn_proto_dma_unmap_from_json(msg->json, &u, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        return;
+    }
+    if (!u.all && (u.size == 0 || u.iova + u.size < u.iova)) {
+        vn_lender_fail(l, token, EINVAL, "DMA_UNMAP: empty or wrapping range");
+        return;
+    }
+    /* The device lets go first: once the borrower has our reply, nothing
+     * of the lender's can reach that memory (vfio-user.rst: DMA_UNMAP). */
+    ret = vn_client_dma_unmap(l->client, u.all ? 0 : u.iova, u.all ? 0 : u.size, u.all);
+    if (ret < 0) {
+        vn_lender_fail(l, token, ret, "DMA_UNMAP failed on the device: %s", g_strerror(-ret));
+        return;
+    }
+    maps_forget(l, u.iova, u.size, u.all);
+    l->stats.dma_unmaps++;
+    VN_TRACE("lender %s: unmapped %s0x%" PRIx64 " +0x%" PRIx64 "; %u mappings, %u windows",
+             l->name, u.all ? "all, " : "", u.iova, u.size, l->maps->len, l->windows->len);
+    reply_ok(l, token);
+}
+
+/* ---- region accesses --------------------------------------------------- */
+
+static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree uint8_t *buf = NULL;
+    VnProtoRegionRw r;
+    int ret;
+
+    if (!vn_proto_region_rw_from_json(msg->json, &r, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        return;
+    }
+    if (r.region >= l->dev.num_regions) {
+        vn_lender_fail(l, token, EINVAL, "REGION_RW: no region %u (the device has %u)",
+                       r.region, l->dev.num_regions);
+        return;
+    }
+    if (msg->data_len != (r.write ? r.count : 0)) {
+        vn_lender_fail(l, token, EINVAL, "REGION_RW: %zu data bytes for a %u-byte %s",
+                       msg->data_len, r.count, r.write ? "write" : "read");
+        return;
+    }
+    l->stats.region_rw++;
+    if (r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
+        l->stats.config_rw++;
+    }
+    /* Not posted: the borrower waits for each answer anyway, and an error
+     * must reach it. */
+    if (r.write) {
+        ret = vn_client_region_write(l->client, r.region, r.offset, msg->data, r.count, false);
+    } else {
+        buf = g_malloc(MAX(r.count, 1));
+        ret = vn_client_region_read(l->client, r.region, r.offset, buf, r.count);
+        if (ret >= 0 && (uint32_t)ret != r.count) {
+            ret = -EIO;
+        }
+    }
+    if (ret < 0) {
+        vn_lender_fail(l, token, ret, "%s of region %u at 0x%" PRIx64 " failed on the device: %s",
+                       r.write ? "write" : "read", r.region, r.offset, g_strerror(-ret));
+        return;
+    }
+    if (r.write) {
+        reply_ok(l, token);
+    } else {
+        vn_fabric_reply(l->fab, token, NULL, buf, r.count, NULL, 0);
+    }
+}
+
+/* ---- attach and fence -------------------------------------------------- */
+
+/* Withdraw what an attach set up locally (no device commands). */
+static void release(VnLender *l)
+{
+    maps_forget(l, 0, 0, true);
+    windows_release_all(l);
+    for (uint32_t i = 0; i < l->dev.num_regions; i++) {
+        if (l->dev.regions[i].segment != 0) {
+            vn_fabric_segment_unexport(l->fab, l->dev.regions[i].segment);
+            l->dev.regions[i].segment = 0;
+        }
+    }
+    vn_lender_relay_drop_all(l);
+    g_clear_pointer(&l->client, vn_client_free);
+    memset(&l->dev, 0, sizeof(l->dev));
+    g_clear_pointer(&l->borrower, g_free);
+}
+
+/*
+ * Take the device back from its borrower: the device first (no DMA, no
+ * interrupt, reset), then the fabric (windows, segments), then the
+ * connection.  Each step goes on when one fails: a dead device server must
+ * not leave the borrower's memory mapped.
+ */
+static void fence(VnLender *l, const char *why)
+{
+    int ret;
+
+    if (l->borrower == NULL) {
+        return;
+    }
+    g_info("lender %s: fencing %s (%s)", l->name, l->borrower, why);
+    if (l->client != NULL) {
+        ret = vn_client_dma_unmap(l->client, 0, 0, true);
+        g_info("lender %s: fence: DMA unmapped (%u mappings): %s", l->name, l->maps->len,
+               ret < 0 ? g_strerror(-ret) : "ok");
+        for (uint32_t i = 0; i < l->dev.num_irqs; i++) {
+            if (l->dev.irq_count[i] == 0) {
+                continue;
+            }
+            ret = vn_client_set_irqs(l->client,
+                                     VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, i,
+                                     0, 0, NULL, NULL);
+            g_info("lender %s: fence: interrupts of index %u disabled: %s", l->name, i,
+                   ret < 0 ? g_strerror(-ret) : "ok");
+        }
+        ret = vn_client_reset(l->client);
+        g_info("lender %s: fence: device reset: %s", l->name,
+               ret < 0 ? g_strerror(-ret) : "ok");
+    }
+    g_info("lender %s: fence: %u windows unmapped", l->name, l->windows->len);
+    maps_forget(l, 0, 0, true);
+    windows_release_all(l);
+    for (uint32_t i = 0; i < l->dev.num_regions; i++) {
+        if (l->dev.regions[i].segment != 0) {
+            g_info("lender %s: fence: segment %" PRIu64 " (region %u) withdrawn", l->name,
+                   l->dev.regions[i].segment, i);
+            vn_fabric_segment_unexport(l->fab, l->dev.regions[i].segment);
+            l->dev.regions[i].segment = 0;
+        }
+    }
+    g_info("lender %s: fence: relay eventfds closed", l->name);
+    vn_lender_relay_drop_all(l);
+    g_info("lender %s: fence: disconnecting from %s", l->name, l->device_socket);
+    release(l);
+    l->stats.fences++;
+    g_info("lender %s: free", l->name);
+}
+
+/* Describe region @i and export it when it can be mapped. */
+static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoRegion *r,
+                           GError **error)
+{
+    struct vfio_region_sparse_mmap_area areas[VN_MAX_SPARSE_AREAS];
+    struct vfio_region_info ri;
+    uint32_t nr = 0;
+    bool mappable;
+    int fd = -1;
+    int ret;
+
+    ret = vn_client_get_region_info(l->client, i, &ri, &fd, areas, VN_MAX_SPARSE_AREAS, &nr);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "region %u info: %s", i, g_strerror(-ret));
+        return ret;
+    }
+    r->size = ri.size;
+    r->flags = ri.flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE |
+                           VFIO_REGION_INFO_FLAG_MMAP);
+    for (uint32_t a = 0; a < nr; a++) {
+        /* The device server is a peer too: an area outside its region would
+         * be refused by the borrower's decoder. */
+        if (!vn_util_range_ok(areas[a].offset, areas[a].size, ri.size)) {
+            nr = 0;
+            break;
+        }
+        r->sparse[a] = (VnSparseArea){ .offset = areas[a].offset, .size = areas[a].size };
+    }
+    r->nr_sparse = nr;
+    /* A segment is a whole fd from 0: a region at another offset in its fd
+     * stays trapped (fabric segments carry no offset). */
+    mappable = (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && fd >= 0 && ri.offset == 0 &&
+               ri.size > 0;
+    if (mappable) {
+        g_autoptr(GError) local = NULL;
+
+        r->segment = vn_fabric_segment_export(l->fab, fd, ri.size, peer, &local);
+        if (r->segment == 0) {
+            g_info("lender %s: region %u stays trapped: %s", l->name, i, local->message);
+            mappable = false;
+        } else {
+            VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is segment %" PRIu64 " for %s",
+                     l->name, i, r->size, r->segment, peer);
+        }
+    }
+    if (!mappable) {
+        r->flags &= ~(uint32_t)VFIO_REGION_INFO_FLAG_MMAP;
+        r->nr_sparse = 0;
+    }
+    vn_util_close_fd(&fd);
+    return 0;
+}
+
+/* Connect to the device server and describe the device for @peer. */
+static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error)
+{
+    VnWireDeviceInfo info;
+    int ret;
+
+    l->client = vn_client_connect(l->device_socket, VN_LENDER_DEVICE_TIMEOUT_MS, error);
+    if (l->client == NULL) {
+        return false;
+    }
+    l->borrower = g_strdup(peer);
+    l->irq_mode = mode;
+    ret = vn_client_get_info(l->client, &info);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "device info: %s",
+                    g_strerror(-ret));
+        return false;
+    }
+    if (info.num_regions > VN_MAX_REGIONS || info.num_irqs > VN_MAX_IRQ_INDEXES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "the device has %u regions and %u interrupt indexes (at most %u and %u)",
+                    info.num_regions, info.num_irqs, VN_MAX_REGIONS, VN_MAX_IRQ_INDEXES);
+        return false;
+    }
+    l->dev.flags = info.flags;
+    for (uint32_t i = 0; i < info.num_regions; i++) {
+        /* Counted as we go, so release() withdraws what was exported. */
+        l->dev.num_regions = i + 1;
+        if (describe_region(l, i, peer, &l->dev.regions[i], error) < 0) {
+            return false;
+        }
+    }
+    for (uint32_t i = 0; i < info.num_irqs; i++) {
+        struct vfio_irq_info ii;
+
+        ret = vn_client_get_irq_info(l->client, i, &ii);
+        if (ret < 0 || ii.count > VN_MAX_IRQ_VECTORS) {
+            ret = ret < 0 ? ret : -EPROTO;
+            g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                        "interrupt index %u info: %s", i, g_strerror(-ret));
+            return false;
+        }
+        l->dev.irq_count[i] = ii.count;
+        l->dev.irq_flags[i] = ii.flags;
+    }
+    l->dev.num_irqs = info.num_irqs;
+    return true;
+}
+
+static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = NULL;
+    VnProtoAttach a;
+
+    if (!vn_proto_attach_from_json(msg->json, &a, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        return;
+    }
+    if (l->borrower != NULL && strcmp(l->borrower, msg->peer) != 0) {
+        vn_lender_fail(l, token, EBUSY, "lent to %s", l->borrower);
+        return;
+    }
+    if (l->borrower != NULL) {
+        /* The borrower starts over (e.g. its VM restarted): fresh state. */
+        fence(l, "attached again");
+    }
+    if (!attach(l, msg->peer, a.irq_mode, &error)) {
+        release(l);
+        vn_lender_fail(l, token, errno_of(error), "ATTACH: %s", error->message);
+        return;
+    }
+    g_info("lender %s: lent to %s (%s interrupts)", l->name, l->borrower,
+           vn_irq_mode_to_string(l->irq_mode));
+    json = vn_proto_device_to_json(&l->dev);
+    vn_fabric_reply(l->fab, token, json, NULL, 0, NULL, 0);
+}
+
+/* ---- dispatch ---------------------------------------------------------- */
+
+void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(GError) error = NULL;
+    char device[VN_PROTO_MAX_DEVICE_NAME + 1];
+
+    l->stats.requests++;
+    VN_TRACE("lender %s: request %s (token %" PRIu64 ") from %s, data %zu, fds %u", l->name,
+             vn_proto_type_to_string(msg->type), token, msg->peer, msg->data_len, msg->nfds);
+    if (!vn_proto_device_name(msg->json, device, &error)) {
+        vn_lender_fail(l, token, EINVAL, "%s", error->message);
+        goto out;
+    }
+    if (strcmp(device, l->name) != 0) {
+        vn_lender_fail(l, token, ENODEV, "request for device %s", device);
+        goto out;
+    }
+    if (msg->type != VN_PROTO_ATTACH &&
+        (l->borrower == NULL || strcmp(l->borrower, msg->peer) != 0)) {
+        vn_lender_fail(l, token, EPERM, "not lent to %s", msg->peer);
+        goto out;
+    }
+    if (msg->nfds > 0 && msg->type != VN_PROTO_SET_IRQS) {
+        vn_lender_fail(l, token, EINVAL, "%s carries no fds", vn_proto_type_to_string(msg->type));
+        goto out;
+    }
+    if (msg->data_len > 0 && msg->type != VN_PROTO_SET_IRQS &&
+        msg->type != VN_PROTO_REGION_RW) {
+        vn_lender_fail(l, token, EINVAL, "%s carries no data", vn_proto_type_to_string(msg->type));
+        goto out;
+    }
+    switch (msg->type) {
+    case VN_PROTO_ATTACH:
+        handle_attach(l, msg, token);
+        break;
+    case VN_PROTO_DETACH:
+        fence(l, "detached");
+        reply_ok(l, token);
+        break;
+    case VN_PROTO_REGION_RW:
+        handle_region_rw(l, msg, token);
+        break;
+    case VN_PROTO_DMA_MAP:
+        handle_dma_map(l, msg, token);
+        break;
+    case VN_PROTO_DMA_UNMAP:
+        handle_dma_unmap(l, msg, token);
+        break;
+    case VN_PROTO_SET_IRQS:
+        vn_lender_set_irqs(l, msg, token);
+        break;
+    case VN_PROTO_RESET: {
+        int ret = vn_client_reset(l->client);
+
+        if (ret < 0) {
+            vn_lender_fail(l, token, ret, "reset failed on the device: %s", g_strerror(-ret));
+        } else {
+            l->stats.resets++;
+            reply_ok(l, token);
+        }
+        break;
+    }
+    default:
+        vn_lender_fail(l, token, ENOTSUP, "unknown request type %u", msg->type);
+        break;
+    }
+out:
+    /* Whatever fds the handlers did not consume are closed here. */
+    vn_util_close_fds(msg->fds, msg->nfds);
+}
+
+void vn_lender_peer_down(VnLender *l, const char *peer)
+{
+    if (l->borrower != NULL && peer != NULL && strcmp(l->borrower, peer) == 0) {
+        fence(l, "link down");
+    }
+}
+
+void vn_lender_free(VnLender *l)
+{
+    if (l == NULL) {
+        return;
+    }
+    fence(l, "lender closing");
+    release(l);
+    g_ptr_array_unref(l->windows);
+    g_array_unref(l->maps);
+    g_free(l->name);
+    g_free(l->device_socket);
+    g_free(l);
+}
+
+/* ---- counters ---------------------------------------------------------- */
+
+void vn_lender_stats(VnLender *l, VnLenderStats *out)
+{
+    *out = l->stats;
+    out->windows = l->windows->len;
+}
+
+static void add_counter(JsonBuilder *b, const char *name, uint64_t v)
+{
+    json_builder_set_member_name(b, name);
+    json_builder_add_int_value(b, (gint64)MIN(v, (uint64_t)G_MAXINT64));
+}
+
+char *vn_lender_stats_json(VnLender *l)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+    VnLenderStats st;
+
+    vn_lender_stats(l, &st);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "device");
+    json_builder_add_string_value(b, l->name);
+    json_builder_set_member_name(b, "borrower");
+    if (l->borrower != NULL) {
+        json_builder_add_string_value(b, l->borrower);
+    } else {
+        json_builder_add_null_value(b);
+    }
+    add_counter(b, "requests", st.requests);
+    add_counter(b, "region_rw", st.region_rw);
+    add_counter(b, "config_rw", st.config_rw);
+    add_counter(b, "relayed_irqs", st.relayed_irqs);
+    add_counter(b, "dma_maps", st.dma_maps);
+    add_counter(b, "dma_unmaps", st.dma_unmaps);
+    add_counter(b, "resets", st.resets);
+    add_counter(b, "fences", st.fences);
+    add_counter(b, "windows", st.windows);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    return json_to_string(root, FALSE);
+}
