@@ -42,7 +42,8 @@ typedef struct VnLenderStats {
     uint64_t requests;        /* lending-protocol requests handled */
     uint64_t region_rw;       /* forwarded region accesses, config included */
     uint64_t config_rw;       /* forwarded config-space accesses */
-    uint64_t relayed_irqs;    /* interrupts relayed by doorbell */
+    uint64_t relayed_irqs;    /* device interrupts relayed (one doorbell may carry
+                               * several that coalesced in the eventfd) */
     uint64_t dma_maps;
     uint64_t dma_unmaps;
     uint64_t resets;
