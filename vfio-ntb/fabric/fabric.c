@@ -556,6 +556,14 @@ void vn_fabric_close(VnFabric *fab)
     g_free(fab);
 }
 
+GPtrArray *vn_fabric_discover(VnFabric *fab)
+{
+    if (fab->backend == NULL || fab->ops->discover == NULL) {
+        return g_ptr_array_new_with_free_func(g_free);
+    }
+    return fab->ops->discover(fab->backend);
+}
+
 bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
 {
     int ret;

@@ -120,6 +120,9 @@ typedef struct VnFabricOps {
     int (*wait)(void *backend, const char *peer, int timeout_ms);
     /* Optional: a peer's liveness check beyond the transport's own. */
     int (*ping)(void *backend, const char *peer);
+    /* Optional: the names of the nodes attached now (not us), at most
+     * VN_FABRIC_MAX_PEERS, as a new GPtrArray of strings. */
+    GPtrArray *(*discover)(void *backend);
 } VnFabricOps;
 
 /* Checks a table, naming the missing required member. */
@@ -165,6 +168,9 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabric, vn_fabric_close)
 
 const char *vn_fabric_node(VnFabric *fab);
 const VnFabricLimits *vn_fabric_limits(VnFabric *fab);
+
+/* The nodes the backend can see now (empty when it cannot tell); owned. */
+GPtrArray *vn_fabric_discover(VnFabric *fab);
 
 /* Open the link to @peer (idempotent); link up is reported by on_link. */
 bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error);

@@ -782,6 +782,30 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     return shm;
 }
 
+/* The nodes are the sockets in the fabric directory. */
+static GPtrArray *shm_discover(void *backend)
+{
+    VnShm *shm = backend;
+    GPtrArray *out = g_ptr_array_new_with_free_func(g_free);
+    g_autofree char *dir = g_path_get_dirname(shm->path);
+    g_autofree char *self = g_path_get_basename(shm->path);
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    const char *e;
+
+    while (d != NULL && (e = g_dir_read_name(d)) != NULL && out->len < VN_FABRIC_MAX_PEERS) {
+        g_autofree char *name = NULL;
+
+        if (!g_str_has_suffix(e, ".sock") || strcmp(e, self) == 0) {
+            continue;
+        }
+        name = g_strndup(e, strlen(e) - strlen(".sock"));
+        if (vn_fabric_name_valid(name)) {
+            g_ptr_array_add(out, g_steal_pointer(&name));
+        }
+    }
+    return out;
+}
+
 const VnFabricOps vn_shm_ops = {
     .name = "shm",
     .open = shm_open,
@@ -789,5 +813,6 @@ const VnFabricOps vn_shm_ops = {
     .connect = shm_connect,
     .send = shm_send,
     .wait = shm_wait,
+    .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */
 };
