@@ -20,7 +20,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
-                 fabric_params=None, verbose=False):
+                 fabric_params=None, verbose=False, allow=None):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -29,6 +29,10 @@ class Daemon:
         self.borrows = dict(borrows or {})   # name -> (lender, socket, irq_mode)
         self.fabric_params = dict(fabric_params or {})
         self.verbose = verbose
+        self.allow = dict(allow or {})      # lent device -> "hostb;hostc" (default "*")
+        self.control = self.wd / f"{name}.control"
+        self.state_dir = self.wd / f"{name}.state"
+        self.run_dir = self.wd / f"{name}.run"
         self.conf = self.wd / f"{name}.conf"
         self.stats_path = self.wd / f"{name}.stats"
         self.log_path = self.wd / f"{name}.log"
@@ -36,11 +40,14 @@ class Daemon:
 
     def config_text(self):
         lines = ["[node]", f"name = {self.name}", "fabric = shm",
-                 f"fabric-dir = {self.fabric_dir}", f"stats-file = {self.stats_path}"]
+                 f"fabric-dir = {self.fabric_dir}", f"stats-file = {self.stats_path}",
+                 f"control-socket = {self.control}", f"state-dir = {self.state_dir}",
+                 f"run-dir = {self.run_dir}"]
         if self.fabric_params:
             lines += ["", "[fabric]"] + [f"{k} = {v}" for k, v in self.fabric_params.items()]
         for dev, sock in self.lends.items():
-            lines += ["", f"[lend {dev}]", f"socket = {sock}"]
+            lines += ["", f"[lend {dev}]", f"socket = {sock}",
+                      f"allow = {self.allow.get(dev, '*')}"]
         for dev, (lender, sock, mode) in self.borrows.items():
             lines += ["", f"[borrow {dev}]", f"lender = {lender}", f"socket = {sock}",
                       f"irq-mode = {mode}"]

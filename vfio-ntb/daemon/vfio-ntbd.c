@@ -10,7 +10,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "borrower/borrower.h"
-#include "config.h"
+#include "conf.h"
 #include "lending/lender.h"
 
 #include <errno.h>
@@ -255,7 +255,7 @@ int main(int argc, char **argv)
         g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
     }
     signal(SIGPIPE, SIG_IGN);
-    d.conf = vn_config_load(config_path ? config_path : "/etc/vfio-ntb/vfio-ntbd.conf", &error);
+    d.conf = vn_conf_load(config_path ? config_path : "/etc/vfio-ntb/vfio-ntbd.conf", &error);
     if (d.conf == NULL) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
@@ -305,6 +305,6 @@ out:
     g_clear_pointer(&d.lenders, g_ptr_array_unref);
     g_clear_pointer(&d.fab, vn_fabric_close);
     g_clear_pointer(&d.loop, g_main_loop_unref);
-    vn_config_free(d.conf);
+    vn_conf_free(d.conf);
     return rc;
 }

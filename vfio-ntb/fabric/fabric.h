@@ -212,7 +212,8 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
  * link alone, at most VN_FABRIC_REQUEST_TIMEOUT_MS, and queues any other
  * message that arrives meanwhile for normal dispatch.  The reply (owned,
  * free with vn_fabric_msg_free) goes to *reply; an error reply gives its
- * -errno.  MAP requests from peers are still answered while waiting (they
+ * -errno and leaves the error message in *reply when the peer sent one
+ * (vn_fabric_error_message()).  MAP requests from peers are still answered while waiting (they
  * run no handler), so two nodes mapping each other's segments at once do
  * not deadlock.  A peer served by the calling thread cannot answer: the
  * call times out.
@@ -226,6 +227,8 @@ int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *me
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
                     const void *data, size_t len, const int *fds, unsigned nfds);
 void vn_fabric_msg_free(VnFabricMsg *msg);
+/* The peer's explanation in an error reply ("error" member), or NULL. */
+char *vn_fabric_error_message(const VnFabricMsg *reply);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabricMsg, vn_fabric_msg_free)
 
 /* Ring doorbell @bit (< VN_FABRIC_DOORBELLS) of @peer. */

@@ -260,7 +260,7 @@ int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
         return -EINVAL;
     }
     ret = vn_fabric_request_sync_any(fab, peer, type, json, data, len, fds, nfds, &r);
-    if (ret == 0 && reply != NULL) {
+    if (reply != NULL) {
         *reply = g_steal_pointer(&r);
     }
     return ret;

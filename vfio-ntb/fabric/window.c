@@ -149,8 +149,7 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
     return w;
 }
 
-/* The "error" member of an error reply, if it has one. */
-static char *reply_message(const VnFabricMsg *reply)
+char *vn_fabric_error_message(const VnFabricMsg *reply)
 {
     g_autoptr(JsonParser) parser = json_parser_new_immutable();
     JsonNode *root;
@@ -196,7 +195,7 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     ret = vn_fabric_request_sync_any(fab, peer, VN_FABRIC_TYPE_MAP, NULL, &id_le,
                                      sizeof(id_le), NULL, 0, &reply);
     if (ret < 0) {
-        g_autofree char *why = reply_message(reply);
+        g_autofree char *why = vn_fabric_error_message(reply);
 
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
                     "node %s: cannot map %s's segment %" PRIu64 ": %s", fab->node, peer, id,

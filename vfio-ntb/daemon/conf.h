@@ -6,12 +6,16 @@
  *   fabric = shm                  # backend
  *   fabric-dir = /run/vfio-ntb/fabric
  *   stats-file = /run/vfio-ntb/hosta.stats   # counters, on SIGUSR1 and at exit
+ *   state-dir = /var/lib/vfio-ntb             # leases, persisted (default: none)
+ *   control-socket = /run/vfio-ntb/control.sock  # ntbctl's (default: this path)
+ *   run-dir = /run/vfio-ntb                   # sockets made for QEMU (default)
  *
  *   [fabric]                      # optional backend limits, passed through
  *   max-windows = 8
  *
  *   [lend nvme0]                  # a device this node lends
  *   socket = /run/vfio-ntb/nvme0-device.sock # its vfio-user device server
+ *   allow = hostb;hostc           # who may borrow it ("*": any node); required
  *
  *   [borrow nvme0]                # a device this node borrows for a VM
  *   lender = hosta
@@ -22,8 +26,8 @@
  * Every value is checked; an unknown group or key is an error, so a typo
  * does not silently change what a host lends.
  */
-#ifndef VN_CONFIG_H
-#define VN_CONFIG_H
+#ifndef VN_CONF_H
+#define VN_CONF_H
 
 #include "lending/proto.h"
 
@@ -31,12 +35,16 @@
 #include <stdbool.h>
 
 /* Devices one daemon lends or borrows (each is a socket and a few fds). */
-#define VN_CONFIG_MAX_DEVICES 64
+#define VN_CONF_MAX_DEVICES 64
 
 typedef struct VnLendConf {
     char *name;
     char *socket;
+    GStrv allow;                 /* node names, or the single entry "*" */
 } VnLendConf;
+
+/* True when @node may borrow the device. */
+bool vn_lend_conf_allows(const VnLendConf *l, const char *node);
 
 typedef struct VnBorrowConf {
     char *name;
@@ -51,13 +59,16 @@ typedef struct VnConfig {
     char *fabric;
     GHashTable *fabric_params;   /* char* -> char*, "dir" and limits */
     char *stats_file;            /* may be NULL */
+    char *state_dir;             /* may be NULL: nothing persisted */
+    char *control_socket;
+    char *run_dir;
     GPtrArray *lends;            /* VnLendConf */
     GPtrArray *borrows;          /* VnBorrowConf */
 } VnConfig;
 
-VnConfig *vn_config_load(const char *path, GError **error);
-VnConfig *vn_config_parse(const char *text, GError **error);
-void vn_config_free(VnConfig *c);
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnConfig, vn_config_free)
+VnConfig *vn_conf_load(const char *path, GError **error);
+VnConfig *vn_conf_parse(const char *text, GError **error);
+void vn_conf_free(VnConfig *c);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnConfig, vn_conf_free)
 
-#endif /* VN_CONFIG_H */
+#endif /* VN_CONF_H */

@@ -3,7 +3,9 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "config.h"
+#include "conf.h"
+
+#include "fabric/fabric.h"
 
 #include <gio/gio.h>
 #include <string.h>
@@ -14,6 +16,7 @@ static void lend_free(gpointer p)
 
     g_free(l->name);
     g_free(l->socket);
+    g_strfreev(l->allow);
     g_free(l);
 }
 
@@ -28,7 +31,7 @@ static void borrow_free(gpointer p)
     g_free(b);
 }
 
-void vn_config_free(VnConfig *c)
+void vn_conf_free(VnConfig *c)
 {
     if (c == NULL) {
         return;
@@ -36,6 +39,9 @@ void vn_config_free(VnConfig *c)
     g_free(c->node);
     g_free(c->fabric);
     g_free(c->stats_file);
+    g_free(c->state_dir);
+    g_free(c->control_socket);
+    g_free(c->run_dir);
     g_clear_pointer(&c->fabric_params, g_hash_table_unref);
     g_clear_pointer(&c->lends, g_ptr_array_unref);
     g_clear_pointer(&c->borrows, g_ptr_array_unref);
@@ -89,8 +95,10 @@ static bool name_ok(const char *s)
 
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "socket", NULL };
+    static const char *const known[] = { "socket", "allow", NULL };
+    g_autoptr(GError) local = NULL;
     VnLendConf *l;
+    gsize n = 0;
 
     if (!keys_known(kf, group, known, error)) {
         return false;
@@ -98,8 +106,26 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     l = g_new0(VnLendConf, 1);
     g_ptr_array_add(c->lends, l);
     l->name = g_strdup(group + strlen("lend "));
-    l->socket = need(kf, group, "socket", error);
-    return l->socket != NULL;
+    if ((l->socket = need(kf, group, "socket", error)) == NULL) {
+        return false;
+    }
+    /* Who may borrow is a decision, not a default: say it. */
+    l->allow = g_key_file_get_string_list(kf, group, "allow", &n, &local);
+    if (l->allow == NULL || n == 0) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+                    "[%s]: \"allow\" is required: the nodes that may borrow it, "
+                    "separated by ';', or * for any", group);
+        return false;
+    }
+    for (gsize i = 0; i < n; i++) {
+        g_strstrip(l->allow[i]);
+        if (strcmp(l->allow[i], "*") != 0 && !vn_fabric_name_valid(l->allow[i])) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "[%s]: allow: \"%s\" is not a node name", group, l->allow[i]);
+            return false;
+        }
+    }
+    return true;
 }
 
 static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
@@ -139,7 +165,9 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
 
 static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name", "fabric", "fabric-dir", "stats-file", NULL };
+    static const char *const node_keys[] = { "name", "fabric", "fabric-dir", "stats-file",
+                                              "state-dir", "control-socket", "run-dir",
+                                              NULL };
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL;
 
@@ -158,6 +186,21 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         c->fabric = g_strdup("shm");
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
+    c->state_dir = g_key_file_get_string(kf, "node", "state-dir", NULL);
+    c->control_socket = g_key_file_get_string(kf, "node", "control-socket", NULL);
+    if (c->control_socket == NULL) {
+        c->control_socket = g_strdup("/run/vfio-ntb/control.sock");
+    }
+    c->run_dir = g_key_file_get_string(kf, "node", "run-dir", NULL);
+    if (c->run_dir == NULL) {
+        c->run_dir = g_strdup("/run/vfio-ntb");
+    }
+    if (!vn_fabric_name_valid(c->node)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[node]: name \"%s\" must be [a-z0-9][a-z0-9-]*, at most %d", c->node,
+                    VN_FABRIC_MAX_NAME);
+        return false;
+    }
     g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
 
     for (char **g = groups; *g != NULL; g++) {
@@ -175,9 +218,9 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
             }
             continue;
         }
-        if (c->lends->len + c->borrows->len >= VN_CONFIG_MAX_DEVICES) {
+        if (c->lends->len + c->borrows->len >= VN_CONF_MAX_DEVICES) {
             g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "more than %d devices", VN_CONFIG_MAX_DEVICES);
+                        "more than %d devices", VN_CONF_MAX_DEVICES);
             return false;
         }
         if (g_str_has_prefix(*g, "lend ") && name_ok(name)) {
@@ -208,7 +251,17 @@ static VnConfig *config_new(void)
     return c;
 }
 
-VnConfig *vn_config_parse(const char *text, GError **error)
+bool vn_lend_conf_allows(const VnLendConf *l, const char *node)
+{
+    for (char **a = l->allow; a != NULL && *a != NULL; a++) {
+        if (strcmp(*a, "*") == 0 || strcmp(*a, node) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+VnConfig *vn_conf_parse(const char *text, GError **error)
 {
     g_autoptr(GKeyFile) kf = g_key_file_new();
     g_autoptr(VnConfig) c = config_new();
@@ -220,7 +273,7 @@ VnConfig *vn_config_parse(const char *text, GError **error)
     return g_steal_pointer(&c);
 }
 
-VnConfig *vn_config_load(const char *path, GError **error)
+VnConfig *vn_conf_load(const char *path, GError **error)
 {
     g_autofree char *text = NULL;
     gsize len;
@@ -234,7 +287,7 @@ VnConfig *vn_config_load(const char *path, GError **error)
         g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: larger than 1 MiB", path);
         return NULL;
     }
-    c = vn_config_parse(text, error);
+    c = vn_conf_parse(text, error);
     if (c == NULL) {
         g_prefix_error(error, "%s: ", path);
     }

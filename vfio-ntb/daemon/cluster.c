@@ -1,0 +1,502 @@
+/*
+ * Daemon to daemon: who is there, what they lend, and leases.
+ *
+ * Every node announces its lendable devices (state, borrower, lease) to
+ * every linked peer every VN_DAEMON_HEARTBEAT_MS and on each change; peers
+ * are found through the fabric (vn_fabric_discover) on the same beat.  A
+ * lease is granted by the lending node alone, one request at a time from its
+ * main loop, so of concurrent BORROWs exactly one wins.  A lease ends when
+ * the borrower returns it, when the lender revokes it (after a grace period
+ * in which a cooperative borrower lets go), or when the borrower's link
+ * goes down (its daemon died): the lender then fences the device.
+ *
+ * Peers are untrusted: every field of their messages is checked, and a node
+ * can only return or hold a lease that is its own.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <stdarg.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static JsonObject *parse(JsonParser *p, const char *json)
+{
+    JsonNode *root;
+
+    if (json == NULL || !json_parser_load_from_data(p, json, -1, NULL)) {
+        return NULL;
+    }
+    root = json_parser_get_root(p);
+    return (root != NULL && JSON_NODE_HOLDS_OBJECT(root)) ? json_node_get_object(root) : NULL;
+}
+
+static const char *str_member(JsonObject *o, const char *name)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    return (n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
+            json_node_get_value_type(n) == G_TYPE_STRING) ? json_node_get_string(n) : NULL;
+}
+
+static bool uint_member(JsonObject *o, const char *name, uint64_t *out)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
+        json_node_get_int(n) < 0) {
+        return false;
+    }
+    *out = (uint64_t)json_node_get_int(n);
+    return true;
+}
+
+static void emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
+                 const char *node)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    if (device != NULL) {
+        json_builder_set_member_name(b, "device");
+        json_builder_add_string_value(b, device);
+    }
+    if (lease != 0) {
+        json_builder_set_member_name(b, "lease");
+        json_builder_add_int_value(b, (gint64)lease);
+    }
+    if (node != NULL) {
+        json_builder_set_member_name(b, "node");
+        json_builder_add_string_value(b, node);
+    }
+    json_builder_end_object(b);
+    vn_control_event(d->control, event, json_builder_get_root(b));
+}
+
+static void save(VnDaemon *d)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!vn_state_save(d, &error)) {
+        g_warning("node %s: %s", d->conf->node, error->message);
+    }
+}
+
+/* ---- announcements ---- */
+
+static char *announcement(VnDaemon *d)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    json_builder_set_member_name(b, "devices");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, ld->conf->name);
+        json_builder_set_member_name(b, "state");
+        json_builder_add_string_value(b, ld->borrower ? "lent" : "available");
+        json_builder_set_member_name(b, "borrower");
+        if (ld->borrower) {
+            json_builder_add_string_value(b, ld->borrower);
+        } else {
+            json_builder_add_null_value(b);
+        }
+        json_builder_set_member_name(b, "lease");
+        if (ld->borrower) {
+            json_builder_add_int_value(b, (gint64)ld->lease);
+        } else {
+            json_builder_add_null_value(b);
+        }
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    return json_to_string(root, FALSE);
+}
+
+void vn_cluster_announce(VnDaemon *d)
+{
+    g_autofree char *json = announcement(d);
+    GHashTableIter it;
+    VnRemoteNode *n;
+
+    g_hash_table_iter_init(&it, d->nodes);
+    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        if (n->link_up) {
+            vn_fabric_event(d->fab, n->name, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
+        }
+    }
+}
+
+static VnRemoteNode *node_get(VnDaemon *d, const char *name)
+{
+    VnRemoteNode *n = g_hash_table_lookup(d->nodes, name);
+
+    if (n == NULL && g_hash_table_size(d->nodes) < VN_FABRIC_MAX_PEERS) {
+        n = g_new0(VnRemoteNode, 1);
+        n->name = g_strdup(name);
+        g_hash_table_insert(d->nodes, n->name, n);
+    }
+    return n;
+}
+
+static gboolean on_heartbeat(gpointer data)
+{
+    VnDaemon *d = data;
+    g_autoptr(GPtrArray) seen = vn_fabric_discover(d->fab);
+
+    for (guint i = 0; i < seen->len; i++) {
+        const char *peer = seen->pdata[i];
+
+        if (!vn_fabric_link_up(d->fab, peer)) {
+            /* A socket without a live node behind it fails here; quietly. */
+            vn_fabric_connect(d->fab, peer, NULL);
+        }
+    }
+    vn_cluster_announce(d);
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_cluster_start(VnDaemon *d)
+{
+    on_heartbeat(d);
+    d->heartbeat = g_timeout_add(VN_DAEMON_HEARTBEAT_MS, on_heartbeat, d);
+}
+
+/* An announcement's devices are kept as sent, after checking their shape:
+ * a node reports its own devices only, with bounded names and counts. */
+static bool announcement_valid(JsonObject *o, const char *peer)
+{
+    const char *node = str_member(o, "node");
+    JsonNode *devs = json_object_get_member(o, "devices");
+    JsonArray *a;
+
+    if (node == NULL || strcmp(node, peer) != 0 || devs == NULL || !JSON_NODE_HOLDS_ARRAY(devs)) {
+        return false;
+    }
+    a = json_node_get_array(devs);
+    if (json_array_get_length(a) > VN_CONF_MAX_DEVICES) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonNode *e = json_array_get_element(a, i);
+        const char *name, *state;
+
+        if (!JSON_NODE_HOLDS_OBJECT(e) ||
+            !(name = str_member(json_node_get_object(e), "name")) ||
+            strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !(state = str_member(json_node_get_object(e), "state")) ||
+            (strcmp(state, "lent") != 0 && strcmp(state, "available") != 0)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    JsonObject *o = parse(p, msg->json);
+    VnRemoteNode *n;
+
+    if (o == NULL) {
+        g_info("node %s: unreadable event %u from %s", d->conf->node, msg->type, msg->peer);
+        return;
+    }
+    if (msg->type == VN_CLUSTER_ANNOUNCE) {
+        if (!announcement_valid(o, msg->peer) || (n = node_get(d, msg->peer)) == NULL) {
+            g_info("node %s: bad announcement from %s ignored", d->conf->node, msg->peer);
+            return;
+        }
+        if (n->devices != NULL) {
+            json_node_unref(n->devices);
+        }
+        n->devices = json_node_copy(json_object_get_member(o, "devices"));
+        n->link_up = true;
+    } else if (msg->type == VN_CLUSTER_REVOKE) {
+        g_autofree char *device = NULL;
+        const char *name = str_member(o, "device");
+        uint64_t lease = 0;
+        VnBorrowed *b;
+
+        if (name == NULL || !uint_member(o, "lease", &lease)) {
+            return;
+        }
+        device = g_strdup_printf("%s/%s", msg->peer, name);
+        b = vn_daemon_borrowed(d, device);
+        if (b == NULL || b->lease != lease) {
+            return;   /* not ours: a confused or malicious peer */
+        }
+        g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back",
+                  d->conf->node, msg->peer, device, lease);
+        emit(d, "LEASE_REVOKED", device, lease, NULL);
+        /* A cooperative borrower: detach from the VM and return at once. */
+        vn_cluster_return(d, b, NULL);
+    }
+}
+
+/* ---- leases, lender side ---- */
+
+void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
+{
+    g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    uint64_t lease = ld->lease;
+
+    if (ld->borrower == NULL) {
+        return;
+    }
+    g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
+              d->conf->node, lease, device, ld->borrower, why);
+    /* The lender fences on its own when the borrower's link goes; for a
+     * return or a revoke, tell it the borrower is gone now. */
+    vn_lender_peer_down(ld->lender, ld->borrower);
+    g_clear_pointer(&ld->borrower, g_free);
+    ld->lease = 0;
+    if (ld->revoke_timer != 0) {
+        g_source_remove(ld->revoke_timer);
+        ld->revoke_timer = 0;
+    }
+    if (ld->revoke_reply != NULL) {
+        g_autoptr(JsonBuilder) b = json_builder_new();
+
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "forced");
+        json_builder_add_boolean_value(b, strcmp(why, "revoked, grace period over") == 0);
+        json_builder_end_object(b);
+        vn_control_return(ld->revoke_reply, json_builder_get_root(b));
+        ld->revoke_reply = NULL;
+    }
+    emit(d, strcmp(why, "returned") == 0 ? "LEASE_RETURNED" : "LEASE_EXPIRED", device, lease,
+         NULL);
+    save(d);
+    vn_cluster_announce(d);
+}
+
+static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
+{
+    g_autofree char *msg = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    vn_fabric_reply_error(d->fab, token, err, msg);
+}
+
+void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    JsonObject *o = parse(p, msg->json);
+    const char *name = o ? str_member(o, "device") : NULL;
+    VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
+    g_autofree char *json = NULL;
+    uint64_t lease = 0;
+
+    if (name == NULL) {
+        reply_err(d, token, EINVAL, "a request needs \"device\"");
+        return;
+    }
+    if (ld == NULL) {
+        reply_err(d, token, ENODEV, "%s lends no device \"%.64s\"", d->conf->node, name);
+        return;
+    }
+    switch (msg->type) {
+    case VN_CLUSTER_BORROW:
+        if (!vn_lend_conf_allows(ld->conf, msg->peer)) {
+            g_autofree char *acl = g_strjoinv(";", ld->conf->allow);
+
+            reply_err(d, token, EACCES, "%s/%s may not be borrowed by %s (its access list: %s)",
+                      d->conf->node, name, msg->peer, acl);
+            return;
+        }
+        if (ld->borrower != NULL) {
+            reply_err(d, token, EBUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
+                      "); use `ntbctl revoke %s/%s` on %s", d->conf->node, name, ld->borrower,
+                      ld->lease, d->conf->node, name, d->conf->node);
+            return;
+        }
+        ld->borrower = g_strdup(msg->peer);
+        ld->lease = ++d->next_lease;
+        save(d);
+        g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, name,
+                  msg->peer, ld->lease);
+        json = g_strdup_printf("{\"lease\":%" G_GUINT64_FORMAT "}", ld->lease);
+        vn_fabric_reply(d->fab, token, json, NULL, 0, NULL, 0);
+        vn_cluster_announce(d);
+        return;
+    case VN_CLUSTER_RETURN:
+        if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||
+            strcmp(ld->borrower, msg->peer) != 0 || ld->lease != lease) {
+            reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
+                      d->conf->node, name, lease, msg->peer);
+            return;
+        }
+        vn_cluster_lease_end(d, ld, "returned");
+        vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
+        return;
+    default:
+        reply_err(d, token, ENOTSUP, "unknown request %u", msg->type);
+    }
+}
+
+typedef struct Revoke {
+    VnDaemon *d;
+    VnLocalDevice *ld;
+} Revoke;
+
+static gboolean on_grace_over(gpointer data)
+{
+    Revoke *rv = data;
+
+    rv->ld->revoke_timer = 0;
+    vn_cluster_lease_end(rv->d, rv->ld, "revoked, grace period over");
+    return G_SOURCE_REMOVE;
+}
+
+void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r)
+{
+    g_autofree char *json = NULL;
+    Revoke *rv;
+
+    if (ld->borrower == NULL) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node,
+                         ld->conf->name);
+        return;
+    }
+    if (ld->revoke_reply != NULL) {
+        vn_control_error(r, VN_ERR_BUSY, "%s/%s is being revoked already", d->conf->node,
+                         ld->conf->name);
+        return;
+    }
+    ld->revoke_reply = r;
+    json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT
+                           ",\"grace_ms\":%u}", ld->conf->name, ld->lease, grace_ms);
+    g_message("node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)",
+              d->conf->node, ld->conf->name, ld->borrower, ld->lease, grace_ms);
+    vn_fabric_event(d->fab, ld->borrower, VN_CLUSTER_REVOKE, json, NULL, 0, NULL, 0);
+    rv = g_new0(Revoke, 1);
+    rv->d = d;
+    rv->ld = ld;
+    ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, grace_ms, on_grace_over, rv,
+                                          g_free);
+}
+
+/* ---- leases, borrower side ---- */
+
+bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorrowed **out,
+                       const char **klass, GError **error)
+{
+    g_autoptr(VnFabricMsg) reply = NULL;
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\"}", name);
+    JsonObject *o;
+    VnBorrowed *b;
+    uint64_t lease;
+    int ret;
+
+    *klass = VN_ERR_UNREACHABLE;
+    if (!vn_fabric_connect(d->fab, lender, error)) {
+        return false;
+    }
+    ret = vn_fabric_request_sync(d->fab, lender, VN_CLUSTER_BORROW, json, NULL, 0, NULL, 0,
+                                 &reply);
+    if (ret < 0) {
+        *klass = ret == -EACCES ? VN_ERR_ACCESS : ret == -EBUSY ? VN_ERR_BUSY
+               : ret == -ENODEV ? VN_ERR_NODEV : VN_ERR_GENERIC;
+        g_autofree char *why = vn_fabric_error_message(reply);
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "%s",
+                    why != NULL ? why : g_strerror(-ret));
+        return false;
+    }
+    o = parse(p, reply->json);
+    if (o == NULL || !uint_member(o, "lease", &lease) || lease == 0) {
+        *klass = VN_ERR_GENERIC;
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s answered BORROW with something that is not a lease", lender);
+        return false;
+    }
+    b = g_new0(VnBorrowed, 1);
+    b->device = g_strdup_printf("%s/%s", lender, name);
+    b->lender = g_strdup(lender);
+    b->name = g_strdup(name);
+    b->lease = lease;
+    g_ptr_array_add(d->borrowed, b);
+    save(d);
+    *out = b;
+    return true;
+}
+
+bool vn_cluster_return(VnDaemon *d, VnBorrowed *b, GError **error)
+{
+    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT "}",
+                                            b->name, b->lease);
+    g_autoptr(VnFabricMsg) reply = NULL;
+    int ret = 0;
+
+    vn_daemon_detach(d, b);
+    if (!b->lost) {
+        ret = vn_fabric_request_sync(d->fab, b->lender, VN_CLUSTER_RETURN, json, NULL, 0, NULL,
+                                     0, &reply);
+    }
+    /* Whatever the lender said, the device is not ours any more. */
+    g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
+              b->lease);
+    g_ptr_array_remove(d->borrowed, b);
+    save(d);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "the lender did not acknowledge the return: %s", g_strerror(-ret));
+        return false;
+    }
+    return true;
+}
+
+void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
+{
+    VnRemoteNode *n = node_get(d, peer);
+
+    if (n != NULL) {
+        n->link_up = up;
+    }
+    emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer);
+    if (up) {
+        vn_cluster_announce(d);
+        return;
+    }
+    /* Lender side: a borrower's daemon died; its leases end. */
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->borrower != NULL && strcmp(ld->borrower, peer) == 0) {
+            vn_cluster_lease_end(d, ld, "borrower lost");
+        }
+    }
+    /* Borrower side: a lender died; its devices are lost. */
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (strcmp(b->lender, peer) == 0 && !b->lost) {
+            b->lost = true;
+            if (b->borrower != NULL) {
+                vn_borrower_lender_down(b->borrower);
+            }
+            emit(d, "DEVICE_LOST", b->device, b->lease, peer);
+        }
+    }
+}

@@ -1,0 +1,401 @@
+/*
+ * vfio-ntbd's control socket: QMP-style JSON lines (docs/control.md).
+ *
+ * Clients are untrusted: a line is at most VN_CONTROL_MAX_LINE bytes, there
+ * are at most VN_CONTROL_MAX_CLIENTS of them, every request is checked
+ * (object, "execute" string, "arguments" object with known names only)
+ * before a command runs, and a bad request gets an error answer and changes
+ * nothing.  Writes are bounded by a send timeout so a client that stops
+ * reading cannot stall the daemon for long.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include "common/util.h"
+#include "config.h"
+#include "conf.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* One request line; generous for any argument we take. */
+#define VN_CONTROL_MAX_LINE (64 * 1024)
+/* ntbctl, hooks and scripts: a handful at a time. */
+#define VN_CONTROL_MAX_CLIENTS 64
+/* Answers waiting per client (a revoke waits its grace period). */
+#define VN_CONTROL_MAX_PENDING 16
+#define VN_CONTROL_SEND_TIMEOUT_S 1
+
+typedef struct Client {
+    VnControl *ctl;
+    int fd;
+    guint watch;
+    GString *in;
+    bool events;
+    unsigned pending;           /* replies not yet answered */
+    unsigned refs;              /* the client and each pending reply */
+} Client;
+
+struct VnControlReply {
+    Client *client;             /* NULL once the client went */
+    JsonNode *id;
+};
+
+struct VnControl {
+    VnDaemon *d;
+    char *path;
+    int fd;
+    guint watch;
+    GPtrArray *clients;
+};
+
+static void client_unref(Client *c)
+{
+    if (--c->refs == 0) {
+        g_string_free(c->in, TRUE);
+        g_free(c);
+    }
+}
+
+static void client_close(Client *c)
+{
+    if (c->fd < 0) {
+        return;
+    }
+    g_source_remove(c->watch);
+    vn_util_close_fd(&c->fd);
+    g_ptr_array_remove(c->ctl->clients, c);
+    client_unref(c);
+}
+
+static void send_node(Client *c, JsonNode *node)
+{
+    g_autofree char *text = json_to_string(node, FALSE);
+    g_autofree char *line = g_strconcat(text, "\n", NULL);
+    size_t len = strlen(line), off = 0;
+
+    while (c->fd >= 0 && off < len) {
+        ssize_t n = send(c->fd, line + off, len - off, MSG_NOSIGNAL);
+
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            g_info("control: client stopped reading (%s); dropped", g_strerror(errno));
+            client_close(c);
+            return;
+        }
+        off += (size_t)n;
+    }
+}
+
+static void reply_free(VnControlReply *r)
+{
+    if (r->client != NULL) {
+        r->client->pending--;
+        client_unref(r->client);
+    }
+    if (r->id != NULL) {
+        json_node_unref(r->id);
+    }
+    g_free(r);
+}
+
+static void reply_send(VnControlReply *r, const char *member, JsonNode *value)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, member);
+    json_builder_add_value(b, value);
+    if (r->id != NULL) {
+        json_builder_set_member_name(b, "id");
+        json_builder_add_value(b, json_node_copy(r->id));
+    }
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    if (r->client != NULL) {
+        send_node(r->client, root);
+    }
+    reply_free(r);
+}
+
+void vn_control_return(VnControlReply *r, JsonNode *value)
+{
+    if (value == NULL) {
+        value = json_node_init_object(json_node_alloc(), json_object_new());
+    }
+    reply_send(r, "return", value);
+}
+
+void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autofree char *desc = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    desc = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "class");
+    json_builder_add_string_value(b, klass);
+    json_builder_set_member_name(b, "desc");
+    json_builder_add_string_value(b, desc);
+    json_builder_end_object(b);
+    reply_send(r, "error", json_builder_get_root(b));
+}
+
+void vn_control_event(VnControl *ctl, const char *name, JsonNode *data)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+    gint64 now = g_get_real_time();
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "event");
+    json_builder_add_string_value(b, name);
+    json_builder_set_member_name(b, "data");
+    json_builder_add_value(b, data);
+    json_builder_set_member_name(b, "timestamp");
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "seconds");
+    json_builder_add_int_value(b, now / G_USEC_PER_SEC);
+    json_builder_set_member_name(b, "microseconds");
+    json_builder_add_int_value(b, now % G_USEC_PER_SEC);
+    json_builder_end_object(b);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    g_info("event %s", name);
+    /* Backwards: send_node may drop a client from the array. */
+    for (guint i = ctl->clients->len; i > 0; i--) {
+        Client *c = ctl->clients->pdata[i - 1];
+
+        if (c->events) {
+            send_node(c, root);
+        }
+    }
+}
+
+/* Check a request and run its command. */
+static void dispatch(Client *c, const char *line)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(GError) error = NULL;
+    VnControlReply *r = g_new0(VnControlReply, 1);
+    const char *const *allowed = NULL;
+    g_autoptr(JsonObject) args = NULL;
+    g_autoptr(GList) members = NULL;
+    JsonObject *req;
+    JsonNode *root, *exe, *argn;
+    const char *name;
+    VnCommandFn fn;
+
+    r->client = c;
+    c->refs++;
+    c->pending++;
+    if (!json_parser_load_from_data(p, line, -1, &error) ||
+        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+        vn_control_error(r, VN_ERR_PARAM, "malformed request: %s",
+                         error ? error->message : "not a JSON object");
+        return;
+    }
+    req = json_node_get_object(root);
+    if (json_object_has_member(req, "id")) {
+        r->id = json_node_copy(json_object_get_member(req, "id"));
+    }
+    exe = json_object_get_member(req, "execute");
+    if (exe == NULL || !JSON_NODE_HOLDS_VALUE(exe) ||
+        json_node_get_value_type(exe) != G_TYPE_STRING) {
+        vn_control_error(r, VN_ERR_PARAM, "a request needs \"execute\": a command name");
+        return;
+    }
+    name = json_node_get_string(exe);
+    fn = vn_commands_lookup(name, &allowed);
+    if (fn == NULL) {
+        vn_control_error(r, VN_ERR_COMMAND, "unknown command \"%.64s\"", name);
+        return;
+    }
+    argn = json_object_get_member(req, "arguments");
+    if (argn != NULL && !JSON_NODE_HOLDS_OBJECT(argn)) {
+        vn_control_error(r, VN_ERR_PARAM, "\"arguments\" must be an object");
+        return;
+    }
+    args = argn != NULL ? json_object_ref(json_node_get_object(argn)) : json_object_new();
+    members = json_object_get_members(args);
+    for (GList *it = members; it != NULL; it = it->next) {
+        if (allowed == NULL || !g_strv_contains(allowed, it->data)) {
+            vn_control_error(r, VN_ERR_PARAM, "%s: unknown argument \"%.64s\"", name,
+                             (const char *)it->data);
+            return;
+        }
+    }
+    if (strcmp(name, "subscribe-events") == 0) {
+        c->events = true;
+    }
+    fn(c->ctl->d, args, r);
+}
+
+static gboolean on_client(int fd, GIOCondition cond, gpointer data)
+{
+    Client *c = data;
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    char *nl;
+
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        /* Answers still pending keep the Client; they are dropped unsent. */
+        vn_util_close_fd(&c->fd);
+        g_ptr_array_remove(c->ctl->clients, c);
+        client_unref(c);
+        return G_SOURCE_REMOVE;
+    }
+    if (n < 0) {
+        return G_SOURCE_CONTINUE;
+    }
+    g_string_append_len(c->in, buf, n);
+    c->refs++;                     /* dispatch may close the client */
+    while (c->fd >= 0 && (nl = memchr(c->in->str, '\n', c->in->len)) != NULL) {
+        g_autofree char *line = g_strndup(c->in->str, (gsize)(nl - c->in->str));
+
+        g_string_erase(c->in, 0, nl - c->in->str + 1);
+        if (line[0] == '\0') {
+            continue;
+        }
+        if (c->pending >= VN_CONTROL_MAX_PENDING) {
+            VnControlReply *r = g_new0(VnControlReply, 1);
+
+            r->client = c;
+            c->refs++;
+            c->pending++;
+            vn_control_error(r, VN_ERR_GENERIC, "too many requests in flight");
+            continue;
+        }
+        dispatch(c, line);
+    }
+    if (c->fd >= 0 && c->in->len > VN_CONTROL_MAX_LINE) {
+        VnControlReply *r = g_new0(VnControlReply, 1);
+
+        r->client = c;
+        c->refs++;
+        c->pending++;
+        vn_control_error(r, VN_ERR_PARAM, "request longer than %d bytes", VN_CONTROL_MAX_LINE);
+        client_close(c);
+    }
+    client_unref(c);
+    return G_SOURCE_CONTINUE;
+}
+
+static void greet(VnControl *ctl, Client *c)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "vfio-ntbd");
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "version");
+    json_builder_add_string_value(b, VN_VERSION);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, ctl->d->conf->node);
+    json_builder_end_object(b);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    send_node(c, root);
+}
+
+static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
+{
+    VnControl *ctl = data;
+    struct timeval tv = { .tv_sec = VN_CONTROL_SEND_TIMEOUT_S };
+    int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+    Client *c;
+
+    if (cfd < 0) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (ctl->clients->len >= VN_CONTROL_MAX_CLIENTS) {
+        g_info("control: %d clients already; refusing one", VN_CONTROL_MAX_CLIENTS);
+        close(cfd);
+        return G_SOURCE_CONTINUE;
+    }
+    setsockopt(cfd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    c = g_new0(Client, 1);
+    c->ctl = ctl;
+    c->fd = cfd;
+    c->refs = 1;
+    c->in = g_string_new(NULL);
+    c->watch = g_unix_fd_add(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR, on_client, c);
+    g_ptr_array_add(ctl->clients, c);
+    greet(ctl, c);
+    return G_SOURCE_CONTINUE;
+}
+
+VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *dir = g_path_get_dirname(path);
+    VnControl *ctl;
+    mode_t old;
+    int fd;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "control socket %s: path too long", path);
+        return NULL;
+    }
+    if (g_mkdir_with_parents(dir, 0700) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
+                    "control socket %s: %s", path, g_strerror(errno));
+        return NULL;
+    }
+    /* A socket left by a dead daemon: nobody answers on it. */
+    unlink(path);
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    old = umask(0177);          /* root-only from the start, no chmod race */
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0) {
+        int e = errno;
+
+        umask(old);
+        if (fd >= 0) {
+            close(fd);
+        }
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s",
+                    path, g_strerror(e));
+        return NULL;
+    }
+    umask(old);
+    ctl = g_new0(VnControl, 1);
+    ctl->d = d;
+    ctl->path = g_strdup(path);
+    ctl->fd = fd;
+    ctl->clients = g_ptr_array_new();
+    ctl->watch = g_unix_fd_add(fd, G_IO_IN, on_accept, ctl);
+    return ctl;
+}
+
+void vn_control_free(VnControl *ctl)
+{
+    if (ctl == NULL) {
+        return;
+    }
+    while (ctl->clients->len > 0) {
+        client_close(ctl->clients->pdata[0]);
+    }
+    g_ptr_array_unref(ctl->clients);
+    g_source_remove(ctl->watch);
+    close(ctl->fd);
+    unlink(ctl->path);
+    g_free(ctl->path);
+    g_free(ctl);
+}

@@ -1,0 +1,138 @@
+/*
+ * vfio-ntbd internals: the daemon's state, shared by its files.
+ *
+ *   vfio-ntbd.c   main, fabric event routing, signals
+ *   control.c     the control socket (framing, dispatch, events)
+ *   commands.c    the control commands
+ *   cluster.c     daemon-to-daemon protocol: announcements, leases
+ *   state.c       persisted state (leases) in the state directory
+ *
+ * Threads: one GMainContext (the default); every field is the main
+ * thread's.
+ */
+#ifndef VN_DAEMON_INT_H
+#define VN_DAEMON_INT_H
+
+#include "borrower/borrower.h"
+#include "conf.h"
+#include "lending/lender.h"
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct VnControl VnControl;
+typedef struct VnControlReply VnControlReply;
+
+/* A device this node lends. */
+typedef struct VnLocalDevice {
+    VnLendConf *conf;           /* borrowed from the config */
+    VnLender *lender;
+    char *borrower;             /* lease holder, NULL when available */
+    uint64_t lease;
+    guint revoke_timer;         /* a revoke waiting out its grace period */
+    VnControlReply *revoke_reply;
+} VnLocalDevice;
+
+/* A device this node borrows. */
+typedef struct VnBorrowed {
+    char *device;               /* "host/name" */
+    char *lender;
+    char *name;
+    uint64_t lease;
+    VnIrqMode irq_mode;
+    char *domain;               /* set while attached */
+    char *socket;
+    char *qmp;                  /* the VM's QMP socket, optional */
+    VnBorrower *borrower;       /* the vfio-user server while attached */
+    bool lost;                  /* the lender went away */
+} VnBorrowed;
+
+/* What another node announced. */
+typedef struct VnRemoteNode {
+    char *name;
+    bool link_up;
+    JsonNode *devices;          /* the array it announced */
+} VnRemoteNode;
+
+typedef struct VnDaemon {
+    VnConfig *conf;
+    VnFabric *fab;
+    GPtrArray *local;           /* VnLocalDevice */
+    GPtrArray *borrowed;        /* VnBorrowed */
+    GHashTable *nodes;          /* name -> VnRemoteNode */
+    uint64_t next_lease;
+    VnControl *control;
+    GMainLoop *loop;
+    guint heartbeat;
+} VnDaemon;
+
+/* Fabric message types of the daemon-to-daemon protocol (cluster.c);
+ * the lending protocol (lending/proto.h) uses 1..VN_PROTO_LAST. */
+enum {
+    VN_CLUSTER_ANNOUNCE = 0x100,  /* event: {"node", "devices": [...]} */
+    VN_CLUSTER_BORROW,            /* request: {"device": name} -> {"lease"} */
+    VN_CLUSTER_RETURN,            /* request: {"device", "lease"} -> {} */
+    VN_CLUSTER_REVOKE,            /* event: {"device", "lease", "grace_ms"} */
+    VN_CLUSTER_LAST
+};
+
+/* Announcements go out this often, and on every change. */
+#define VN_DAEMON_HEARTBEAT_MS 1000
+/* A revoke's default grace period. */
+#define VN_DAEMON_REVOKE_GRACE_MS 5000
+#define VN_DAEMON_MAX_GRACE_MS 600000
+
+/* ---- control.c ---- */
+/* Error classes of docs/control.md. */
+#define VN_ERR_COMMAND "CommandNotFound"
+#define VN_ERR_PARAM "InvalidParameter"
+#define VN_ERR_NODEV "DeviceNotFound"
+#define VN_ERR_ACCESS "AccessDenied"
+#define VN_ERR_BUSY "DeviceBusy"
+#define VN_ERR_NOTBORROWED "NotBorrowed"
+#define VN_ERR_UNREACHABLE "NodeUnreachable"
+#define VN_ERR_GENERIC "GenericError"
+
+VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error);
+void vn_control_free(VnControl *c);
+/* Answer a request (takes @value; NULL means {}), or fail it.  Each reply
+ * is answered exactly once; it may be kept and answered later. */
+void vn_control_return(VnControlReply *r, JsonNode *value);
+void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...)
+    G_GNUC_PRINTF(3, 4);
+/* To every client that subscribed; takes @data. */
+void vn_control_event(VnControl *c, const char *name, JsonNode *data);
+
+/* ---- commands.c ---- */
+typedef void (*VnCommandFn)(VnDaemon *d, JsonObject *args, VnControlReply *r);
+/* The handler of @name, or NULL. @allowed lists the argument names. */
+VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
+
+/* ---- cluster.c ---- */
+void vn_cluster_start(VnDaemon *d);
+void vn_cluster_announce(VnDaemon *d);
+void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
+void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
+void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
+/* Borrow / return / revoke, for the commands.  Borrow and return talk to
+ * the lender synchronously; revoke answers @r when the device is free. */
+bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorrowed **out,
+                       const char **klass, GError **error);
+bool vn_cluster_return(VnDaemon *d, VnBorrowed *b, GError **error);
+void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
+/* Lender side: the lease ends (returned, revoked, expired); fences. */
+void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why);
+
+VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name);
+VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device);
+void vn_borrowed_free(VnBorrowed *b);
+/* Stop a borrowed device's vfio-user server (the lease stays). */
+void vn_daemon_detach(VnDaemon *d, VnBorrowed *b);
+
+/* ---- state.c ---- */
+bool vn_state_save(VnDaemon *d, GError **error);
+bool vn_state_load(VnDaemon *d, GError **error);
+
+#endif /* VN_DAEMON_INT_H */
