@@ -25,8 +25,7 @@ def counters(a, b, sd):
         "MMIO forwarded": bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"],
         "config forwarded": bor["config_forwarded"],
         "interrupts relayed": lent["relayed_irqs"],
-        "fabric messages": sum(s["fabric"][k] for s in (sa, sb)
-                               for k in ("msgs_sent", "msgs_received")),
+        "fabric messages": bor["fabric_requests"] + lent["requests"],
         "device interrupts": dev["irqs_signalled"],
     }
 

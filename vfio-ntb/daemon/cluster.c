@@ -165,12 +165,22 @@ static gboolean on_heartbeat(gpointer data)
             vn_fabric_connect(d->fab, peer, NULL);
         }
     }
+    if (g_get_monotonic_time() - d->started_us > VN_DAEMON_RESTORE_GRACE_MS * 1000) {
+        for (guint i = 0; i < d->local->len; i++) {
+            VnLocalDevice *ld = d->local->pdata[i];
+
+            if (ld->borrower != NULL && !vn_fabric_link_up(d->fab, ld->borrower)) {
+                vn_cluster_lease_end(d, ld, "borrower did not come back");
+            }
+        }
+    }
     vn_cluster_announce(d);
     return G_SOURCE_CONTINUE;
 }
 
 void vn_cluster_start(VnDaemon *d)
 {
+    d->started_us = g_get_monotonic_time();
     on_heartbeat(d);
     d->heartbeat = g_timeout_add(VN_DAEMON_HEARTBEAT_MS, on_heartbeat, d);
 }

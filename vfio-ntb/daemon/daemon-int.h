@@ -66,6 +66,7 @@ typedef struct VnDaemon {
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;
+    gint64 started_us;          /* monotonic; restored leases wait from here */
 } VnDaemon;
 
 /* Fabric message types of the daemon-to-daemon protocol (cluster.c);
@@ -83,6 +84,9 @@ enum {
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
 #define VN_DAEMON_MAX_GRACE_MS 600000
+/* A lease restored from the state file expires if its borrower's daemon is
+ * not back (linked) this long after we start. */
+#define VN_DAEMON_RESTORE_GRACE_MS 10000
 
 /* ---- control.c ---- */
 /* Error classes of docs/control.md. */

@@ -1,102 +1,154 @@
 /*
- * vfio-ntbd: one per host.  This first, static form attaches the node to the
- * fabric, lends the devices its config file names and borrows the ones it
- * names, each borrowed device exposed as a vfio-user socket for QEMU.
+ * vfio-ntbd: one per host.  Attaches the node to the fabric, lends the
+ * devices its config file names to the nodes their access lists allow,
+ * borrows devices for VMs on request (control socket, see docs/control.md)
+ * or from its config file, and keeps leases with the other daemons.
  *
- *   vfio-ntbd --config FILE [--verbose]
+ *   vfio-ntbd [--config FILE] [--verbose]
  *
  * SIGUSR1 writes the counters to the stats file; SIGTERM/SIGINT stop.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "borrower/borrower.h"
-#include "conf.h"
-#include "lending/lender.h"
+#include "daemon-int.h"
+
+#include "config.h"
 
 #include <errno.h>
 #include <glib-unix.h>
-#include <json-glib/json-glib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
-/* A borrow waits this long for its lender node to come up. */
+/* Static borrows retry this often until their lender is up. */
 #define VN_DAEMON_BORROW_RETRY_MS 200
 #define VN_DAEMON_BORROW_WARN_EVERY 25
 
-typedef struct Daemon {
-    VnConfig *conf;
-    VnFabric *fab;
-    GPtrArray *lenders;         /* VnLender */
-    GPtrArray *borrowers;       /* VnBorrower, NULL until borrowed */
-    GMainLoop *loop;
-    guint retry_src;
-    unsigned retries;
-} Daemon;
-
-static VnLender *lender_for(Daemon *d, const char *device)
+VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name)
 {
-    for (guint i = 0; i < d->lenders->len; i++) {
-        VnLender *l = d->lenders->pdata[i];
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
 
-        if (strcmp(vn_lender_name(l), device) == 0) {
-            return l;
+        if (strcmp(ld->conf->name, name) == 0) {
+            return ld;
         }
     }
     return NULL;
 }
 
+VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
+{
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (strcmp(b->device, device) == 0) {
+            return b;
+        }
+    }
+    return NULL;
+}
+
+void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
+{
+    if (b->borrower == NULL) {
+        return;
+    }
+    g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
+    g_clear_pointer(&b->borrower, vn_borrower_free);
+    g_clear_pointer(&b->domain, g_free);
+    g_clear_pointer(&b->qmp, g_free);
+}
+
+void vn_borrowed_free(VnBorrowed *b)
+{
+    vn_borrower_free(b->borrower);
+    g_free(b->device);
+    g_free(b->lender);
+    g_free(b->name);
+    g_free(b->domain);
+    g_free(b->socket);
+    g_free(b->qmp);
+    g_free(b);
+}
+
+static void local_free(gpointer p)
+{
+    VnLocalDevice *ld = p;
+
+    if (ld->revoke_timer != 0) {
+        g_source_remove(ld->revoke_timer);
+    }
+    if (ld->revoke_reply != NULL) {
+        vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
+    }
+    vn_lender_free(ld->lender);
+    g_free(ld->borrower);
+    g_free(ld);
+}
+
+/* ---- fabric events ---- */
+
 static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 {
-    Daemon *d = opaque;
-    char device[VN_PROTO_MAX_DEVICE_NAME + 1];
+    VnDaemon *d = opaque;
+    char name[VN_PROTO_MAX_DEVICE_NAME + 1];
     g_autoptr(GError) error = NULL;
-    VnLender *l;
+    VnLocalDevice *ld;
 
-    if (!vn_proto_device_name(msg->json, device, &error)) {
+    if (msg->type >= VN_CLUSTER_ANNOUNCE) {
+        vn_cluster_request(d, msg, token);
+        return;
+    }
+    if (!vn_proto_device_name(msg->json, name, &error)) {
         vn_fabric_reply_error(d->fab, token, EINVAL, error->message);
         return;
     }
-    l = lender_for(d, device);
-    if (l == NULL) {
+    ld = vn_daemon_local(d, name);
+    if (ld == NULL) {
         g_autofree char *why = g_strdup_printf("node %s lends no device \"%s\"",
-                                               d->conf->node, device);
+                                               d->conf->node, name);
 
         vn_fabric_reply_error(d->fab, token, ENODEV, why);
         return;
     }
-    vn_lender_request(l, msg, token);
+    /* Only the lease holder reaches the device. */
+    if (ld->borrower == NULL || strcmp(ld->borrower, msg->peer) != 0) {
+        g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
+                                               "first", d->conf->node, name, msg->peer);
+
+        vn_fabric_reply_error(d->fab, token, EACCES, why);
+        return;
+    }
+    vn_lender_request(ld->lender, msg, token);
+}
+
+static void on_event(void *opaque, VnFabricMsg *msg)
+{
+    vn_cluster_event(opaque, msg);
 }
 
 static void on_link(void *opaque, const char *peer, bool up)
 {
-    Daemon *d = opaque;
+    VnDaemon *d = opaque;
 
     g_message("node %s: link to %s %s", d->conf->node, peer, up ? "up" : "down");
-    if (up) {
-        return;
-    }
-    for (guint i = 0; i < d->lenders->len; i++) {
-        vn_lender_peer_down(d->lenders->pdata[i], peer);
-    }
-    for (guint i = 0; i < d->borrowers->len; i++) {
-        VnBorrower *b = d->borrowers->pdata[i];
-
-        if (b != NULL && strcmp(vn_borrower_lender(b), peer) == 0) {
-            vn_borrower_lender_down(b);
+    if (!up) {
+        for (guint i = 0; i < d->local->len; i++) {
+            vn_lender_peer_down(((VnLocalDevice *)d->local->pdata[i])->lender, peer);
         }
     }
+    vn_cluster_link(d, peer, up);
 }
 
 static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
 {
-    Daemon *d = opaque;
+    VnDaemon *d = opaque;
 
-    for (guint i = 0; i < d->borrowers->len; i++) {
-        VnBorrower *b = d->borrowers->pdata[i];
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
 
-        if (b != NULL && strcmp(vn_borrower_lender(b), peer) == 0) {
-            vn_borrower_doorbell(b, bit);
+        if (b->borrower != NULL && strcmp(b->lender, peer) == 0) {
+            vn_borrower_doorbell(b->borrower, bit);
         }
     }
 }
@@ -104,57 +156,69 @@ static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
 static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
+    .on_event = on_event,
     .on_doorbell = on_doorbell,
 };
 
-/* Borrow what is not borrowed yet; true when everything is. */
-static bool borrow_pending(Daemon *d)
+/* ---- borrows named in the config file ---- */
+
+typedef struct Static {
+    VnDaemon *d;
+    guint src;
+    unsigned tries;
+} Static;
+
+static bool static_borrows(Static *st)
 {
+    VnDaemon *d = st->d;
     bool all = true;
 
     for (guint i = 0; i < d->conf->borrows->len; i++) {
         VnBorrowConf *bc = d->conf->borrows->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", bc->lender, bc->device);
         g_autoptr(GError) error = NULL;
+        const char *klass;
+        VnBorrowed *b = vn_daemon_borrowed(d, dev);
 
-        if (d->borrowers->pdata[i] != NULL) {
+        if (b != NULL && b->borrower != NULL) {
             continue;
         }
-        d->borrowers->pdata[i] = vn_borrower_new(d->fab, bc->lender, bc->device, bc->irq_mode,
-                                                 bc->socket, NULL, &error);
-        if (d->borrowers->pdata[i] == NULL) {
+        if (b == NULL && !vn_cluster_borrow(d, bc->lender, bc->device, &b, &klass, &error)) {
             all = false;
-            if (d->retries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
-                g_message("node %s: borrow %s from %s: %s (retrying)", d->conf->node,
-                          bc->device, bc->lender, error->message);
+        } else {
+            b->irq_mode = bc->irq_mode;
+            g_free(b->socket);
+            b->socket = g_strdup(bc->socket);
+            b->domain = g_strdup(bc->name);
+            b->borrower = vn_borrower_new(d->fab, bc->lender, bc->device, bc->irq_mode,
+                                          bc->socket, NULL, &error);
+            if (b->borrower == NULL) {
+                g_clear_pointer(&b->domain, g_free);
+                all = false;
             }
+        }
+        if (!all && error != NULL && st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+            g_message("node %s: borrow %s: %s (retrying)", d->conf->node, dev, error->message);
         }
     }
     return all;
 }
 
-static gboolean on_retry(gpointer data)
+static gboolean on_static_retry(gpointer data)
 {
-    Daemon *d = data;
+    Static *st = data;
 
-    d->retries++;
-    if (borrow_pending(d)) {
-        d->retry_src = 0;
+    st->tries++;
+    if (static_borrows(st)) {
+        st->src = 0;
         return G_SOURCE_REMOVE;
     }
     return G_SOURCE_CONTINUE;
 }
 
-static void add_json(JsonBuilder *b, char *json)
-{
-    g_autoptr(JsonParser) p = json_parser_new();
+/* ---- counters to a file (SIGUSR1) ---- */
 
-    if (json_parser_load_from_data(p, json, -1, NULL)) {
-        json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
-    }
-    g_free(json);
-}
-
-static void stats_write(Daemon *d)
+static void stats_write(VnDaemon *d)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
@@ -184,22 +248,31 @@ static void stats_write(Daemon *d)
     json_builder_end_object(b);
     json_builder_set_member_name(b, "lent");
     json_builder_begin_array(b);
-    for (guint i = 0; i < d->lenders->len; i++) {
-        add_json(b, vn_lender_stats_json(d->lenders->pdata[i]));
+    for (guint i = 0; i < d->local->len; i++) {
+        g_autoptr(JsonParser) p = json_parser_new();
+        g_autofree char *s = vn_lender_stats_json(((VnLocalDevice *)d->local->pdata[i])->lender);
+
+        if (json_parser_load_from_data(p, s, -1, NULL)) {
+            json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
+        }
     }
     json_builder_end_array(b);
     json_builder_set_member_name(b, "borrowed");
     json_builder_begin_array(b);
-    for (guint i = 0; i < d->borrowers->len; i++) {
-        if (d->borrowers->pdata[i] != NULL) {
-            add_json(b, vn_borrower_stats_json(d->borrowers->pdata[i]));
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *bw = d->borrowed->pdata[i];
+        g_autoptr(JsonParser) p = json_parser_new();
+        g_autofree char *s = bw->borrower ? vn_borrower_stats_json(bw->borrower) : NULL;
+
+        if (s != NULL && json_parser_load_from_data(p, s, -1, NULL)) {
+            json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
         }
     }
     json_builder_end_array(b);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     text = json_to_string(root, TRUE);
-    /* g_file_set_contents renames into place: readers see whole files. */
+    /* renamed into place: readers see whole files */
     if (!g_file_set_contents(d->conf->stats_file, text, -1, &error)) {
         g_warning("node %s: stats file: %s", d->conf->node, error->message);
     }
@@ -213,36 +286,84 @@ static gboolean on_usr1(gpointer data)
 
 static gboolean on_stop(gpointer data)
 {
-    Daemon *d = data;
+    VnDaemon *d = data;
 
     g_message("node %s: stopping", d->conf->node);
     g_main_loop_quit(d->loop);
     return G_SOURCE_CONTINUE;
 }
 
-static void borrower_free0(gpointer p)
+static void remote_free(gpointer p)
 {
-    vn_borrower_free(p);
+    VnRemoteNode *n = p;
+
+    if (n->devices != NULL) {
+        json_node_unref(n->devices);
+    }
+    g_free(n->name);
+    g_free(n);
 }
 
-static void lender_free0(gpointer p)
+static bool daemon_start(VnDaemon *d, GError **error)
 {
-    vn_lender_free(p);
+    d->local = g_ptr_array_new_with_free_func(local_free);
+    d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_borrowed_free);
+    d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
+    d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers,
+                            d, NULL, error);
+    if (d->fab == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < d->conf->lends->len; i++) {
+        VnLendConf *lc = d->conf->lends->pdata[i];
+        VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
+
+        ld->conf = lc;
+        g_ptr_array_add(d->local, ld);
+        ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
+        if (ld->lender == NULL) {
+            return false;
+        }
+        g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
+    }
+    if (!vn_state_load(d, error)) {
+        return false;
+    }
+    d->control = vn_control_new(d, d->conf->control_socket, error);
+    return d->control != NULL;
+}
+
+static void daemon_stop(VnDaemon *d)
+{
+    if (d->heartbeat != 0) {
+        g_source_remove(d->heartbeat);
+    }
+    /* Borrowers first: they detach from lenders that may be this node's. */
+    for (guint i = 0; d->borrowed != NULL && i < d->borrowed->len; i++) {
+        vn_daemon_detach(d, d->borrowed->pdata[i]);
+    }
+    g_clear_pointer(&d->borrowed, g_ptr_array_unref);
+    g_clear_pointer(&d->control, vn_control_free);
+    g_clear_pointer(&d->local, g_ptr_array_unref);
+    g_clear_pointer(&d->fab, vn_fabric_close);
+    g_clear_pointer(&d->nodes, g_hash_table_unref);
 }
 
 int main(int argc, char **argv)
 {
     g_autofree char *config_path = NULL;
-    gboolean verbose = FALSE;
+    gboolean verbose = FALSE, version = FALSE;
     GOptionEntry entries[] = {
         { "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_path,
           "configuration file (default /etc/vfio-ntb/vfio-ntbd.conf)", "FILE" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose, "trace every message", NULL },
+        { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print the version", NULL },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- vfio-ntb host daemon");
     g_autoptr(GError) error = NULL;
-    Daemon d = { 0 };
+    VnDaemon d = { 0 };
+    Static st = { .d = &d };
     guint sigs[3];
     int rc = 0;
 
@@ -250,6 +371,10 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
+    }
+    if (version) {
+        printf("vfio-ntbd %s\n", VN_VERSION);
+        return 0;
     }
     if (verbose) {
         g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
@@ -260,50 +385,32 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }
-    d.lenders = g_ptr_array_new_with_free_func(lender_free0);
-    d.borrowers = g_ptr_array_new_with_free_func(borrower_free0);
-    d.fab = vn_fabric_open(d.conf->fabric, d.conf->node, d.conf->fabric_params, &handlers, &d,
-                           NULL, &error);
-    if (d.fab == NULL) {
+    d.loop = g_main_loop_new(NULL, FALSE);
+    if (!daemon_start(&d, &error)) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         rc = 1;
         goto out;
     }
-    for (guint i = 0; i < d.conf->lends->len; i++) {
-        VnLendConf *lc = d.conf->lends->pdata[i];
-        VnLender *l = vn_lender_new(d.fab, lc->name, lc->socket, &error);
-
-        if (l == NULL) {
-            fprintf(stderr, "vfio-ntbd: %s\n", error->message);
-            rc = 1;
-            goto out;
-        }
-        g_ptr_array_add(d.lenders, l);
-        g_message("node %s: lending %s (device server %s)", d.conf->node, lc->name, lc->socket);
-    }
-    g_ptr_array_set_size(d.borrowers, (gint)d.conf->borrows->len);
-    d.loop = g_main_loop_new(NULL, FALSE);
-    if (!borrow_pending(&d)) {
-        d.retry_src = g_timeout_add(VN_DAEMON_BORROW_RETRY_MS, on_retry, &d);
+    vn_cluster_start(&d);
+    if (!static_borrows(&st)) {
+        st.src = g_timeout_add(VN_DAEMON_BORROW_RETRY_MS, on_static_retry, &st);
     }
     sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &d);
     sigs[1] = g_unix_signal_add(SIGINT, on_stop, &d);
     sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &d);
-    g_message("node %s: up on fabric %s", d.conf->node, d.conf->fabric);
+    g_message("node %s: up on fabric %s, control socket %s", d.conf->node, d.conf->fabric,
+              d.conf->control_socket);
     g_main_loop_run(d.loop);
     for (int i = 0; i < 3; i++) {
         g_source_remove(sigs[i]);
     }
-    if (d.retry_src != 0) {
-        g_source_remove(d.retry_src);
+    if (st.src != 0) {
+        g_source_remove(st.src);
     }
     stats_write(&d);
 
 out:
-    /* Borrowers first: they DETACH from lenders that may be this node's. */
-    g_clear_pointer(&d.borrowers, g_ptr_array_unref);
-    g_clear_pointer(&d.lenders, g_ptr_array_unref);
-    g_clear_pointer(&d.fab, vn_fabric_close);
+    daemon_stop(&d);
     g_clear_pointer(&d.loop, g_main_loop_unref);
     vn_conf_free(d.conf);
     return rc;

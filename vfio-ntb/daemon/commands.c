@@ -1,0 +1,504 @@
+/*
+ * vfio-ntbd's control commands (docs/control.md).  Each checks its
+ * arguments before it changes anything.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include "config.h"
+
+#include <gio/gio.h>
+#include <string.h>
+
+/* ---- argument helpers ---- */
+
+static const char *arg_string(JsonObject *a, const char *name)
+{
+    JsonNode *n = json_object_get_member(a, name);
+
+    return (n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
+            json_node_get_value_type(n) == G_TYPE_STRING) ? json_node_get_string(n) : NULL;
+}
+
+/* "host/name" split and checked; false answers @r. */
+static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
+{
+    const char *dev = arg_string(a, "device");
+    const char *slash = dev ? strchr(dev, '/') : NULL;
+
+    if (dev == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "\"device\" (a string, host/name) is required");
+        return false;
+    }
+    if (slash == NULL || strchr(slash + 1, '/') != NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
+        return false;
+    }
+    *node = g_strndup(dev, (gsize)(slash - dev));
+    *name = g_strdup(slash + 1);
+    if (!vn_fabric_name_valid(*node) || strlen(*name) == 0 ||
+        strlen(*name) > VN_PROTO_MAX_DEVICE_NAME) {
+        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
+        g_clear_pointer(node, g_free);
+        g_clear_pointer(name, g_free);
+        return false;
+    }
+    return true;
+}
+
+static void add_str_or_null(JsonBuilder *b, const char *member, const char *v)
+{
+    json_builder_set_member_name(b, member);
+    if (v != NULL) {
+        json_builder_add_string_value(b, v);
+    } else {
+        json_builder_add_null_value(b);
+    }
+}
+
+static void add_device(JsonBuilder *b, const char *node, const char *name, const char *state,
+                       const char *borrower, uint64_t lease)
+{
+    g_autofree char *dev = g_strdup_printf("%s/%s", node, name);
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "device");
+    json_builder_add_string_value(b, dev);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, node);
+    json_builder_set_member_name(b, "name");
+    json_builder_add_string_value(b, name);
+    json_builder_set_member_name(b, "state");
+    json_builder_add_string_value(b, state);
+    add_str_or_null(b, "borrower", borrower);
+    json_builder_set_member_name(b, "lease");
+    if (lease != 0) {
+        json_builder_add_int_value(b, (gint64)lease);
+    } else {
+        json_builder_add_null_value(b);
+    }
+    json_builder_end_object(b);
+}
+
+/* Every device of the cluster as known here: ours, then announced ones. */
+static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
+{
+    GHashTableIter it;
+    VnRemoteNode *n;
+
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+        if (only == NULL || strcmp(only, dev) == 0) {
+            add_device(b, d->conf->node, ld->conf->name, ld->borrower ? "lent" : "available",
+                       ld->borrower, ld->lease);
+        }
+    }
+    g_hash_table_iter_init(&it, d->nodes);
+    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        JsonArray *a = n->devices ? json_node_get_array(n->devices) : NULL;
+
+        for (guint i = 0; a != NULL && i < json_array_get_length(a); i++) {
+            JsonObject *o = json_array_get_object_element(a, i);
+            const char *name = json_object_get_string_member(o, "name");
+            const char *state = json_object_get_string_member(o, "state");
+            JsonNode *bn = json_object_get_member(o, "borrower");
+            JsonNode *ln = json_object_get_member(o, "lease");
+            g_autofree char *dev = g_strdup_printf("%s/%s", n->name, name);
+            const char *borrower = NULL;
+            uint64_t lease = 0;
+
+            if (bn != NULL && JSON_NODE_HOLDS_VALUE(bn) &&
+                json_node_get_value_type(bn) == G_TYPE_STRING) {
+                borrower = json_node_get_string(bn);
+            }
+            if (ln != NULL && JSON_NODE_HOLDS_VALUE(ln) &&
+                json_node_get_value_type(ln) == G_TYPE_INT64 && json_node_get_int(ln) > 0) {
+                lease = (uint64_t)json_node_get_int(ln);
+            }
+            if (only == NULL || strcmp(only, dev) == 0) {
+                add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower,
+                           lease);
+            }
+        }
+    }
+}
+
+/* ---- commands ---- */
+
+static void cmd_version(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "version");
+    json_builder_add_string_value(b, VN_VERSION);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    json_builder_end_object(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
+static void cmd_subscribe(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    vn_control_return(r, NULL);   /* control.c flags the client */
+}
+
+static void cmd_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    GHashTableIter it;
+    VnRemoteNode *n;
+
+    json_builder_begin_array(b);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    json_builder_set_member_name(b, "link");
+    json_builder_add_string_value(b, "self");
+    json_builder_set_member_name(b, "devices");
+    json_builder_add_int_value(b, d->local->len);
+    json_builder_end_object(b);
+    g_hash_table_iter_init(&it, d->nodes);
+    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "node");
+        json_builder_add_string_value(b, n->name);
+        json_builder_set_member_name(b, "link");
+        json_builder_add_string_value(b, n->link_up ? "up" : "down");
+        json_builder_set_member_name(b, "devices");
+        json_builder_add_int_value(b, n->devices ? json_array_get_length(
+                                                       json_node_get_array(n->devices)) : 0);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
+static void cmd_devices(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_array(b);
+    build_devices(d, b, NULL);
+    json_builder_end_array(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
+static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) arr = NULL;
+    JsonArray *found;
+    JsonObject *o;
+    VnLocalDevice *ld;
+    VnBorrowed *bw;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    json_builder_begin_array(b);
+    build_devices(d, b, dev);
+    json_builder_end_array(b);
+    arr = json_builder_get_root(b);
+    found = json_node_get_array(arr);
+    if (json_array_get_length(found) == 0) {
+        vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
+        return;
+    }
+    o = json_array_get_object_element(found, 0);
+    ld = strcmp(node, d->conf->node) == 0 ? vn_daemon_local(d, name) : NULL;
+    if (ld != NULL) {
+        JsonArray *allow = json_array_new();
+
+        for (char **s = ld->conf->allow; *s != NULL; s++) {
+            json_array_add_string_element(allow, *s);
+        }
+        json_object_set_array_member(o, "allow", allow);
+    }
+    bw = vn_daemon_borrowed(d, dev);
+    if (bw != NULL) {
+        json_object_set_string_member(o, "attached_to", bw->domain);
+        json_object_set_string_member(o, "socket", bw->socket);
+        json_object_set_boolean_member(o, "lost", bw->lost);
+    }
+    vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
+}
+
+static void add_json_text(JsonBuilder *b, char *text)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+
+    if (json_parser_load_from_data(p, text, -1, NULL)) {
+        json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
+    } else {
+        json_builder_add_null_value(b);
+    }
+    g_free(text);
+}
+
+static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    const char *only = arg_string(a, "device");
+    VnFabricStats fs;
+
+    if (json_object_has_member(a, "device") && only == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
+        return;
+    }
+    vn_fabric_stats(d->fab, &fs);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    json_builder_set_member_name(b, "fabric");
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "msgs_sent");
+    json_builder_add_int_value(b, (gint64)fs.msgs_sent);
+    json_builder_set_member_name(b, "msgs_received");
+    json_builder_add_int_value(b, (gint64)fs.msgs_received);
+    json_builder_set_member_name(b, "doorbells_sent");
+    json_builder_add_int_value(b, (gint64)fs.doorbells_sent);
+    json_builder_set_member_name(b, "doorbells_received");
+    json_builder_add_int_value(b, (gint64)fs.doorbells_received);
+    json_builder_set_member_name(b, "bad_messages");
+    json_builder_add_int_value(b, (gint64)fs.bad_messages);
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "lent");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+        if (only == NULL || strcmp(only, dev) == 0) {
+            add_json_text(b, vn_lender_stats_json(ld->lender));
+        }
+    }
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "borrowed");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *bw = d->borrowed->pdata[i];
+
+        if (bw->borrower != NULL && (only == NULL || strcmp(only, bw->device) == 0)) {
+            add_json_text(b, vn_borrower_stats_json(bw->borrower));
+        }
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
+static void return_lease(VnControlReply *r, const char *device, uint64_t lease,
+                         const char *socket)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "device");
+    json_builder_add_string_value(b, device);
+    json_builder_set_member_name(b, "lease");
+    json_builder_add_int_value(b, (gint64)lease);
+    if (socket != NULL) {
+        json_builder_set_member_name(b, "socket");
+        json_builder_add_string_value(b, socket);
+    }
+    json_builder_end_object(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
+/* Borrow @node/@name for this node, or find it borrowed already. */
+static VnBorrowed *borrow(VnDaemon *d, const char *node, const char *name, VnControlReply *r)
+{
+    g_autofree char *dev = g_strdup_printf("%s/%s", node, name);
+    g_autoptr(GError) error = NULL;
+    const char *klass = VN_ERR_GENERIC;
+    VnBorrowed *b = vn_daemon_borrowed(d, dev);
+
+    if (b != NULL) {
+        return b;
+    }
+    if (strcmp(node, d->conf->node) == 0) {
+        vn_control_error(r, VN_ERR_PARAM, "%s is this node's own device: give it to a VM "
+                         "directly, there is nothing to borrow", dev);
+        return NULL;
+    }
+    if (!vn_cluster_borrow(d, node, name, &b, &klass, &error)) {
+        vn_control_error(r, klass, "%s", error->message);
+        return NULL;
+    }
+    return b;
+}
+
+static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL;
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name) || (b = borrow(d, node, name, r)) == NULL) {
+        return;
+    }
+    return_lease(r, b->device, b->lease, NULL);
+}
+
+static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    g_autoptr(GError) error = NULL;
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (b == NULL) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s does not hold %s", d->conf->node, dev);
+        return;
+    }
+    if (!vn_cluster_return(d, b, &error)) {
+        /* The lease is gone here either way; say what the lender did not. */
+        vn_control_error(r, VN_ERR_GENERIC, "%s returned, but: %s", dev, error->message);
+        return;
+    }
+    vn_control_return(r, NULL);
+}
+
+static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL;
+    JsonNode *gn = json_object_get_member(a, "grace-ms");
+    uint32_t grace = VN_DAEMON_REVOKE_GRACE_MS;
+    VnLocalDevice *ld;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    if (gn != NULL) {
+        if (!JSON_NODE_HOLDS_VALUE(gn) || json_node_get_value_type(gn) != G_TYPE_INT64 ||
+            json_node_get_int(gn) < 0 || json_node_get_int(gn) > VN_DAEMON_MAX_GRACE_MS) {
+            vn_control_error(r, VN_ERR_PARAM, "\"grace-ms\" must be 0..%d",
+                             VN_DAEMON_MAX_GRACE_MS);
+            return;
+        }
+        grace = (uint32_t)json_node_get_int(gn);
+    }
+    if (strcmp(node, d->conf->node) != 0) {
+        vn_control_error(r, VN_ERR_PARAM, "only the lending node revokes: run `ntbctl revoke "
+                         "%s/%s` on %s", node, name, node);
+        return;
+    }
+    ld = vn_daemon_local(d, name);
+    if (ld == NULL) {
+        vn_control_error(r, VN_ERR_NODEV, "%s lends no device %s", node, name);
+        return;
+    }
+    vn_cluster_revoke(d, ld, grace, r);
+}
+
+static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL;
+    g_autoptr(GError) error = NULL;
+    const char *domain = arg_string(a, "domain");
+    const char *qmp = arg_string(a, "qmp");
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    if (domain == NULL || !vn_fabric_name_valid(domain)) {
+        vn_control_error(r, VN_ERR_PARAM, "\"domain\" ([a-z0-9][a-z0-9-]*, at most %d) is "
+                         "required", VN_FABRIC_MAX_NAME);
+        return;
+    }
+    if (json_object_has_member(a, "qmp") && (qmp == NULL || qmp[0] != '/')) {
+        vn_control_error(r, VN_ERR_PARAM, "\"qmp\" must be an absolute socket path");
+        return;
+    }
+    if ((b = borrow(d, node, name, r)) == NULL) {
+        return;
+    }
+    if (b->borrower != NULL) {
+        if (strcmp(b->domain, domain) != 0) {
+            vn_control_error(r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
+                             b->device, b->domain);
+            return;
+        }
+        return_lease(r, b->device, b->lease, b->socket);
+        return;
+    }
+    if (b->lost) {
+        vn_control_error(r, VN_ERR_UNREACHABLE, "%s's lender is gone; return it", b->device);
+        return;
+    }
+    g_free(b->socket);
+    b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, domain, node, name);
+    g_mkdir_with_parents(d->conf->run_dir, 0700);
+    b->borrower = vn_borrower_new(d->fab, node, name, b->irq_mode, b->socket, NULL, &error);
+    if (b->borrower == NULL) {
+        vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
+        return;
+    }
+    g_free(b->domain);
+    b->domain = g_strdup(domain);
+    g_free(b->qmp);
+    b->qmp = g_strdup(qmp);
+    if (!vn_state_save(d, &error)) {
+        g_warning("node %s: %s", d->conf->node, error->message);
+    }
+    return_lease(r, b->device, b->lease, b->socket);
+}
+
+static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (b == NULL || b->borrower == NULL) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
+        return;
+    }
+    vn_daemon_detach(d, b);
+    vn_control_return(r, NULL);
+}
+
+typedef struct Command {
+    const char *name;
+    VnCommandFn fn;
+    const char *const args[4];
+} Command;
+
+static const Command commands[] = {
+    { "query-version", cmd_version, { NULL } },
+    { "query-nodes", cmd_nodes, { NULL } },
+    { "query-devices", cmd_devices, { NULL } },
+    { "query-device", cmd_device, { "device", NULL } },
+    { "query-stats", cmd_stats, { "device", NULL } },
+    { "borrow", cmd_borrow, { "device", NULL } },
+    { "return", cmd_return, { "device", NULL } },
+    { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
+    { "attach", cmd_attach, { "device", "domain", "qmp", NULL } },
+    { "detach", cmd_detach, { "device", NULL } },
+    { "subscribe-events", cmd_subscribe, { NULL } },
+};
+
+VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
+        if (strcmp(commands[i].name, name) == 0) {
+            *allowed = commands[i].args;
+            return commands[i].fn;
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,179 @@
+/*
+ * vfio-ntbd's persisted state: the leases this node granted and holds, and
+ * the next lease id, in STATE-DIR/state.json.  Written whole and renamed
+ * into place (g_file_set_contents), so a crash leaves the old or the new
+ * file, never half of one.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include <gio/gio.h>
+#include <string.h>
+
+/* A state file is small; a large one is not ours. */
+#define VN_STATE_MAX_SIZE (1024 * 1024)
+
+static char *state_path(VnDaemon *d)
+{
+    return d->conf->state_dir ? g_build_filename(d->conf->state_dir, "state.json", NULL) : NULL;
+}
+
+bool vn_state_save(VnDaemon *d, GError **error)
+{
+    g_autofree char *path = state_path(d);
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    g_autoptr(JsonNode) root = NULL;
+    g_autofree char *text = NULL;
+
+    if (path == NULL) {
+        return true;
+    }
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    json_builder_set_member_name(b, "next_lease");
+    json_builder_add_int_value(b, (gint64)d->next_lease);
+    json_builder_set_member_name(b, "lent");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->borrower == NULL) {
+            continue;
+        }
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, ld->conf->name);
+        json_builder_set_member_name(b, "borrower");
+        json_builder_add_string_value(b, ld->borrower);
+        json_builder_set_member_name(b, "lease");
+        json_builder_add_int_value(b, (gint64)ld->lease);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "borrowed");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *bw = d->borrowed->pdata[i];
+
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "lender");
+        json_builder_add_string_value(b, bw->lender);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, bw->name);
+        json_builder_set_member_name(b, "lease");
+        json_builder_add_int_value(b, (gint64)bw->lease);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    text = json_to_string(root, TRUE);
+    if (g_mkdir_with_parents(d->conf->state_dir, 0700) < 0 ||
+        !g_file_set_contents(path, text, -1, error)) {
+        if (error != NULL && *error == NULL) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "state dir %s: cannot create",
+                        d->conf->state_dir);
+        }
+        g_prefix_error(error, "saving state: ");
+        return false;
+    }
+    return true;
+}
+
+static bool get_lease(JsonObject *o, uint64_t *lease)
+{
+    JsonNode *n = json_object_get_member(o, "lease");
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
+        json_node_get_int(n) <= 0) {
+        return false;
+    }
+    *lease = (uint64_t)json_node_get_int(n);
+    return true;
+}
+
+static const char *get_str(JsonObject *o, const char *m)
+{
+    JsonNode *n = json_object_get_member(o, m);
+
+    return (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING)
+               ? json_node_get_string(n) : NULL;
+}
+
+bool vn_state_load(VnDaemon *d, GError **error)
+{
+    g_autofree char *path = state_path(d);
+    g_autofree char *text = NULL;
+    g_autoptr(JsonParser) p = json_parser_new();
+    JsonObject *o;
+    JsonNode *root, *n;
+    gsize len;
+
+    if (path == NULL || !g_file_test(path, G_FILE_TEST_EXISTS)) {
+        return true;
+    }
+    if (!g_file_get_contents(path, &text, &len, error)) {
+        return false;
+    }
+    if (len > VN_STATE_MAX_SIZE || !json_parser_load_from_data(p, text, (gssize)len, NULL) ||
+        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s: not a vfio-ntbd state file; move it away to start afresh", path);
+        return false;
+    }
+    o = json_node_get_object(root);
+    n = json_object_get_member(o, "next_lease");
+    if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
+        json_node_get_int(n) > 0) {
+        d->next_lease = (uint64_t)json_node_get_int(n);
+    }
+    n = json_object_get_member(o, "lent");
+    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
+                                                            json_node_get_array(n)); i++) {
+        JsonNode *e = json_array_get_element(json_node_get_array(n), i);
+        const char *name, *borrower;
+        VnLocalDevice *ld;
+        uint64_t lease;
+
+        if (!JSON_NODE_HOLDS_OBJECT(e) || !(name = get_str(json_node_get_object(e), "name")) ||
+            !(borrower = get_str(json_node_get_object(e), "borrower")) ||
+            !vn_fabric_name_valid(borrower) || !get_lease(json_node_get_object(e), &lease) ||
+            (ld = vn_daemon_local(d, name)) == NULL) {
+            continue;   /* a device no longer configured: its lease is void */
+        }
+        /* The borrower has until its link comes back to keep it; if it is
+         * not there by the first heartbeat, the lease expires. */
+        ld->borrower = g_strdup(borrower);
+        ld->lease = lease;
+        d->next_lease = MAX(d->next_lease, lease);
+        g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
+                  d->conf->node, lease, name, borrower);
+    }
+    n = json_object_get_member(o, "borrowed");
+    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
+                                                            json_node_get_array(n)); i++) {
+        JsonNode *e = json_array_get_element(json_node_get_array(n), i);
+        const char *lender, *name;
+        VnBorrowed *b;
+        uint64_t lease;
+
+        if (!JSON_NODE_HOLDS_OBJECT(e) ||
+            !(lender = get_str(json_node_get_object(e), "lender")) ||
+            !(name = get_str(json_node_get_object(e), "name")) ||
+            !vn_fabric_name_valid(lender) || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !get_lease(json_node_get_object(e), &lease)) {
+            continue;
+        }
+        b = g_new0(VnBorrowed, 1);
+        b->lender = g_strdup(lender);
+        b->name = g_strdup(name);
+        b->device = g_strdup_printf("%s/%s", lender, name);
+        b->lease = lease;
+        g_ptr_array_add(d->borrowed, b);
+        g_message("node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
+                  lease);
+    }
+    return true;
+}
