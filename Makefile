@@ -17,7 +17,8 @@ ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(wildcard vfio-ntb/borrower/*.c) \
-	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c))
+	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
+	$(filter-out vfio-ntb/ctl/ntbctl.c,$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
 SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)
@@ -25,7 +26,7 @@ UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
-PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd
+PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/ntbctl
 
 .PHONY: all check check-unit check-e2e install clean demo testbed bench fuzz fuzz-run distclean
 
@@ -47,6 +48,9 @@ $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfi
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+
+$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a

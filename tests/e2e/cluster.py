@@ -20,7 +20,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
-                 fabric_params=None, verbose=False, allow=None):
+                 fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -30,6 +30,7 @@ class Daemon:
         self.fabric_params = dict(fabric_params or {})
         self.verbose = verbose
         self.allow = dict(allow or {})      # lent device -> "hostb;hostc" (default "*")
+        self.lease_timeout_ms = lease_timeout_ms
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
         self.run_dir = self.wd / f"{name}.run"
@@ -42,7 +43,7 @@ class Daemon:
         lines = ["[node]", f"name = {self.name}", "fabric = shm",
                  f"fabric-dir = {self.fabric_dir}", f"stats-file = {self.stats_path}",
                  f"control-socket = {self.control}", f"state-dir = {self.state_dir}",
-                 f"run-dir = {self.run_dir}"]
+                 f"run-dir = {self.run_dir}", f"lease-timeout-ms = {self.lease_timeout_ms}"]
         if self.fabric_params:
             lines += ["", "[fabric]"] + [f"{k} = {v}" for k, v in self.fabric_params.items()]
         for dev, sock in self.lends.items():
@@ -55,6 +56,10 @@ class Daemon:
 
     def start(self, wait_sockets=False, timeout=20.0):
         self.conf.write_text(self.config_text())
+        # A killed daemon leaves its control socket; the new one replaces it once it is up,
+        # so the file's presence says nothing until it is gone.
+        if self.control.exists():
+            self.control.unlink()
         argv = [VFIO_NTBD, "--config", self.conf] + (["--verbose"] if self.verbose else [])
         for _, (_, sock, _) in self.borrows.items():
             self.procs.track(Path(sock))
@@ -62,8 +67,8 @@ class Daemon:
             self.proc = self.procs.start(f"vfio-ntbd-{self.name}", argv, stdout=log,
                                          stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        sock = self.fabric_dir / f"{self.name}.sock"
-        waits = [sock] + ([Path(s) for _, s, _ in self.borrows.values()] if wait_sockets else [])
+        waits = [self.control] + ([Path(s) for _, s, _ in self.borrows.values()]
+                                  if wait_sockets else [])
         while not all(p.exists() for p in waits):
             if self.proc.poll() is not None:
                 raise h.HarnessError(f"vfio-ntbd {self.name} exited ({self.proc.returncode}):\n"

@@ -269,7 +269,14 @@ START_TEST(test_sync_request)
     ck_assert_mem_eq(reply->data, "xyz", 3);
     ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, NULL, 0, &none),
                      -EPERM);
-    ck_assert_ptr_null(none);
+    /* An error reply leaves the peer's explanation. */
+    ck_assert_ptr_nonnull(none);
+    {
+        g_autofree char *why = vn_fabric_error_message(none);
+
+        ck_assert_str_eq(why, "not allowed here");
+        vn_fabric_msg_free(none);
+    }
     /* on_link(up) was queued, not run inside the calls above. */
     ck_assert_uint_eq(log_count(a, "up:"), 0);
     WAIT_FOR(log_has(a, "up:b"));

@@ -121,9 +121,55 @@ static char *announcement(VnDaemon *d)
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
+    /* The leases we hold, so each lender can drop one we no longer claim
+     * (returned while it was down, or lost in our restart). */
+    json_builder_set_member_name(b, "holds");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *bw = d->borrowed->pdata[i];
+
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "lender");
+        json_builder_add_string_value(b, bw->lender);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, bw->name);
+        json_builder_set_member_name(b, "lease");
+        json_builder_add_int_value(b, (gint64)bw->lease);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);
+}
+
+/* Does @peer's announcement claim lease @lease on our device @name? */
+static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
+{
+    JsonNode *hn = json_object_get_member(o, "holds");
+    JsonArray *a;
+
+    if (hn == NULL || !JSON_NODE_HOLDS_ARRAY(hn)) {
+        return false;
+    }
+    a = json_node_get_array(hn);
+    for (guint i = 0; i < json_array_get_length(a) && i < VN_CONF_MAX_DEVICES; i++) {
+        JsonNode *e = json_array_get_element(a, i);
+        const char *lender, *n;
+        uint64_t l;
+
+        if (!JSON_NODE_HOLDS_OBJECT(e)) {
+            continue;
+        }
+        lender = str_member(json_node_get_object(e), "lender");
+        n = str_member(json_node_get_object(e), "name");
+        if (lender != NULL && n != NULL && strcmp(lender, d->conf->node) == 0 &&
+            strcmp(n, name) == 0 && uint_member(json_node_get_object(e), "lease", &l) &&
+            l == lease) {
+            return true;
+        }
+    }
+    return false;
 }
 
 void vn_cluster_announce(VnDaemon *d)
@@ -165,13 +211,13 @@ static gboolean on_heartbeat(gpointer data)
             vn_fabric_connect(d->fab, peer, NULL);
         }
     }
-    if (g_get_monotonic_time() - d->started_us > VN_DAEMON_RESTORE_GRACE_MS * 1000) {
-        for (guint i = 0; i < d->local->len; i++) {
-            VnLocalDevice *ld = d->local->pdata[i];
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        gint64 now = g_get_monotonic_time();
 
-            if (ld->borrower != NULL && !vn_fabric_link_up(d->fab, ld->borrower)) {
-                vn_cluster_lease_end(d, ld, "borrower did not come back");
-            }
+        if (ld->borrower != NULL && ld->orphan_since_us != 0 &&
+            now - ld->orphan_since_us > (gint64)d->conf->lease_timeout_ms * 1000) {
+            vn_cluster_lease_end(d, ld, "the borrower did not come back");
         }
     }
     vn_cluster_announce(d);
@@ -215,6 +261,44 @@ static bool announcement_valid(JsonObject *o, const char *peer)
     return true;
 }
 
+/* Borrower side: a lease the lender no longer shows as ours is gone
+ * (expired or revoked while we were away). */
+static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
+{
+    JsonArray *a = json_node_get_array(devices);
+
+    for (guint i = d->borrowed->len; i > 0; i--) {
+        VnBorrowed *b = d->borrowed->pdata[i - 1];
+        bool held = false;
+
+        /* An announcement may have been on its way while we borrowed:
+         * judge only leases older than two heartbeats. */
+        if (strcmp(b->lender, lender) != 0 ||
+            g_get_monotonic_time() - b->since_us < 2 * VN_DAEMON_HEARTBEAT_MS * 1000) {
+            continue;
+        }
+        for (guint j = 0; j < json_array_get_length(a); j++) {
+            JsonObject *e = json_array_get_object_element(a, j);
+            const char *borrower = str_member(e, "borrower");
+            uint64_t lease = 0;
+
+            if (strcmp(str_member(e, "name"), b->name) == 0 && borrower != NULL &&
+                strcmp(borrower, d->conf->node) == 0 && uint_member(e, "lease", &lease) &&
+                lease == b->lease) {
+                held = true;
+            }
+        }
+        if (!held) {
+            g_message("node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")",
+                      d->conf->node, lender, b->device, b->lease);
+            emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL);
+            vn_daemon_detach(d, b);
+            g_ptr_array_remove_index(d->borrowed, i - 1);
+            save(d);
+        }
+    }
+}
+
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 {
     g_autoptr(JsonParser) p = json_parser_new();
@@ -235,6 +319,19 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         }
         n->devices = json_node_copy(json_object_get_member(o, "devices"));
         n->link_up = true;
+        for (guint i = 0; i < d->local->len; i++) {
+            VnLocalDevice *ld = d->local->pdata[i];
+
+            if (ld->borrower == NULL || strcmp(ld->borrower, msg->peer) != 0) {
+                continue;
+            }
+            if (claims(d, o, ld->conf->name, ld->lease)) {
+                ld->orphan_since_us = 0;
+            } else {
+                vn_cluster_lease_end(d, ld, "the borrower no longer holds it");
+            }
+        }
+        reconcile_held(d, msg->peer, json_object_get_member(o, "devices"));
     } else if (msg->type == VN_CLUSTER_REVOKE) {
         g_autofree char *device = NULL;
         const char *name = str_member(o, "device");
@@ -446,6 +543,7 @@ bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorr
     b->lender = g_strdup(lender);
     b->name = g_strdup(name);
     b->lease = lease;
+    b->since_us = g_get_monotonic_time();
     g_ptr_array_add(d->borrowed, b);
     save(d);
     *out = b;
@@ -489,12 +587,17 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         vn_cluster_announce(d);
         return;
     }
-    /* Lender side: a borrower's daemon died; its leases end. */
+    /* Lender side: a borrower's daemon went away.  Its VM's device is
+     * fenced now (the lender did that on the link going down); the lease
+     * waits lease-timeout-ms for the daemon to come back and claim it. */
     for (guint i = 0; i < d->local->len; i++) {
         VnLocalDevice *ld = d->local->pdata[i];
 
         if (ld->borrower != NULL && strcmp(ld->borrower, peer) == 0) {
-            vn_cluster_lease_end(d, ld, "borrower lost");
+            ld->orphan_since_us = g_get_monotonic_time();
+            g_message("node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
+                      "expires in %u ms unless it comes back", d->conf->node, peer, ld->lease,
+                      ld->conf->name, d->conf->lease_timeout_ms);
         }
     }
     /* Borrower side: a lender died; its devices are lost. */

@@ -167,7 +167,7 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
 {
     static const char *const node_keys[] = { "name", "fabric", "fabric-dir", "stats-file",
                                               "state-dir", "control-socket", "run-dir",
-                                              NULL };
+                                              "lease-timeout-ms", NULL };
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL;
 
@@ -194,6 +194,19 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
     c->run_dir = g_key_file_get_string(kf, "node", "run-dir", NULL);
     if (c->run_dir == NULL) {
         c->run_dir = g_strdup("/run/vfio-ntb");
+    }
+    c->lease_timeout_ms = 10000;
+    if (g_key_file_has_key(kf, "node", "lease-timeout-ms", NULL)) {
+        g_autoptr(GError) local = NULL;
+        gint64 v = g_key_file_get_int64(kf, "node", "lease-timeout-ms", &local);
+
+        /* Bounded: 0 would expire leases on every blip, a day is surely a typo. */
+        if (local != NULL || v < 100 || v > 86400000) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "[node]: lease-timeout-ms must be 100..86400000");
+            return false;
+        }
+        c->lease_timeout_ms = (uint32_t)v;
     }
     if (!vn_fabric_name_valid(c->node)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,

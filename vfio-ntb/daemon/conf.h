@@ -9,6 +9,7 @@
  *   state-dir = /var/lib/vfio-ntb             # leases, persisted (default: none)
  *   control-socket = /run/vfio-ntb/control.sock  # ntbctl's (default: this path)
  *   run-dir = /run/vfio-ntb                   # sockets made for QEMU (default)
+ *   lease-timeout-ms = 10000      # a lease outlives its borrower's daemon this long
  *
  *   [fabric]                      # optional backend limits, passed through
  *   max-windows = 8
@@ -33,6 +34,7 @@
 
 #include <glib.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 /* Devices one daemon lends or borrows (each is a socket and a few fds). */
 #define VN_CONF_MAX_DEVICES 64
@@ -62,6 +64,7 @@ typedef struct VnConfig {
     char *state_dir;             /* may be NULL: nothing persisted */
     char *control_socket;
     char *run_dir;
+    uint32_t lease_timeout_ms;
     GPtrArray *lends;            /* VnLendConf */
     GPtrArray *borrows;          /* VnBorrowConf */
 } VnConfig;

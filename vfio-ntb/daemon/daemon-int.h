@@ -32,6 +32,7 @@ typedef struct VnLocalDevice {
     char *borrower;             /* lease holder, NULL when available */
     uint64_t lease;
     guint revoke_timer;         /* a revoke waiting out its grace period */
+    gint64 orphan_since_us;     /* the holder's link is down since (0: it is up) */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
 
@@ -47,6 +48,7 @@ typedef struct VnBorrowed {
     char *qmp;                  /* the VM's QMP socket, optional */
     VnBorrower *borrower;       /* the vfio-user server while attached */
     bool lost;                  /* the lender went away */
+    gint64 since_us;            /* when we got (or restored) the lease */
 } VnBorrowed;
 
 /* What another node announced. */
@@ -84,9 +86,10 @@ enum {
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
 #define VN_DAEMON_MAX_GRACE_MS 600000
-/* A lease restored from the state file expires if its borrower's daemon is
- * not back (linked) this long after we start. */
-#define VN_DAEMON_RESTORE_GRACE_MS 10000
+/* A lease whose borrower's daemon went away (or that was restored from the
+ * state file) expires if that daemon is not back and claiming it within
+ * [node] lease-timeout-ms (default): a daemon restart keeps its leases. */
+#define VN_DAEMON_LEASE_TIMEOUT_MS 10000
 
 /* ---- control.c ---- */
 /* Error classes of docs/control.md. */

@@ -143,10 +143,10 @@ bool vn_state_load(VnDaemon *d, GError **error)
             (ld = vn_daemon_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
         }
-        /* The borrower has until its link comes back to keep it; if it is
-         * not there by the first heartbeat, the lease expires. */
+        /* Orphaned until its borrower's daemon claims it again. */
         ld->borrower = g_strdup(borrower);
         ld->lease = lease;
+        ld->orphan_since_us = g_get_monotonic_time();
         d->next_lease = MAX(d->next_lease, lease);
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);
@@ -171,6 +171,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         b->name = g_strdup(name);
         b->device = g_strdup_printf("%s/%s", lender, name);
         b->lease = lease;
+        b->since_us = g_get_monotonic_time();
         g_ptr_array_add(d->borrowed, b);
         g_message("node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
                   lease);

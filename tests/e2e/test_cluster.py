@@ -1,0 +1,297 @@
+#!/usr/bin/python3
+"""End-to-end: a three-node cluster (hosta lends, hostb and hostc borrow; hostd is not on the
+access list), driven through the daemons' control sockets as ntbctl and scripts drive them.
+
+What a user would check: every node sees the others and the device; borrow/return cycles;
+of two concurrent borrows exactly one wins; the access list refuses hostd; revoke with a
+cooperative borrower and without one (its daemon frozen); the lender killed (the borrower
+reports the device lost); the borrower killed (the lender gets the device back); leases
+survive a daemon restart; bad requests get clear errors and change nothing; and a guest
+uses a device attached through the control socket.
+"""
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+from cluster import Daemon  # noqa: E402
+from control import Control, ControlError  # noqa: E402
+
+DEV = "hosta/nvme0"
+
+
+def result(name, ok, **detail):
+    kv = " ".join(f"{k}={v}" for k, v in detail.items())
+    print(f"RESULT {name} {'PASS' if ok else 'FAIL'} {kv}".rstrip(), flush=True)
+    return ok
+
+
+def wait_for(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    return pred()
+
+
+class Cluster:
+    def __init__(self, procs, size_mib=64):
+        self.procs = procs
+        self.wd = procs.tempdir()
+        self.fab = procs.tempdir("vn-fabric-")
+        self.img = h.make_backing(self.wd / "a.img", size_mib)
+        self.sd = h.Simdev(procs, self.wd / "dev.sock", self.img, size_mib,
+                           serial="VN-CLUSTER-01").start()
+        self.d = {
+            "hosta": Daemon(procs, self.wd, "hosta", self.fab,
+                            lends={"nvme0": self.sd.socket_path},
+                            allow={"nvme0": "hostb;hostc"}),
+            "hostb": Daemon(procs, self.wd, "hostb", self.fab),
+            "hostc": Daemon(procs, self.wd, "hostc", self.fab),
+            "hostd": Daemon(procs, self.wd, "hostd", self.fab),
+        }
+        for d in self.d.values():
+            d.start()
+        self.c = {}
+        # Everyone has announced within a heartbeat or two.
+        wait_for(lambda: all(len(self.ctl(n).execute("query-devices")) == 1 for n in self.d), 5)
+
+    def ctl(self, node):
+        if node not in self.c:
+            self.c[node] = Control(self.d[node].control)
+        return self.c[node]
+
+    def restart(self, node):
+        self.c.pop(node, None)
+        self.d[node].kill()
+        self.d[node].start()
+
+    def state(self, node="hosta"):
+        return self.ctl(node).execute("query-device", device=DEV)
+
+
+def test_listing_and_cycles(cl):
+    nodes = {n["node"]: n["link"] for n in cl.ctl("hostc").execute("query-nodes")}
+    devs = cl.ctl("hostb").execute("query-devices")
+    ok = result("cluster-listing", nodes == {"hostc": "self", "hosta": "up", "hostb": "up",
+                                             "hostd": "up"}
+                and devs[0]["device"] == DEV and devs[0]["state"] == "available",
+                nodes=len(nodes), devices=len(devs))
+    leases = []
+    for i in range(5):
+        for node in ("hostb", "hostc"):
+            leases.append(cl.ctl(node).execute("borrow", device=DEV)["lease"])
+            st = cl.state()
+            good = st["state"] == "lent" and st["borrower"] == node
+            cl.ctl(node).execute("return", device=DEV)
+            good &= cl.state()["state"] == "available"
+            if not good:
+                return result("borrow-return-cycles", False, round=i, node=node)
+    return ok & result("borrow-return-cycles", len(set(leases)) == len(leases),
+                       cycles=len(leases), leases_unique=len(set(leases)) == len(leases))
+
+
+def test_race(cl):
+    wins = []
+    for _ in range(10):
+        out = {}
+
+        def go(node):
+            try:
+                out[node] = Control(cl.d[node].control).execute("borrow", device=DEV)["lease"]
+            except ControlError as e:
+                out[node] = e.klass
+
+        ts = [threading.Thread(target=go, args=(n,)) for n in ("hostb", "hostc")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(15)
+        winners = [n for n, v in out.items() if isinstance(v, int)]
+        losers = [v for v in out.values() if not isinstance(v, int)]
+        if len(winners) != 1 or losers != ["DeviceBusy"]:
+            return result("borrow-race-one-winner", False, outcome=json.dumps(out))
+        wins.append(winners[0])
+        cl.ctl(winners[0]).execute("return", device=DEV)
+    return result("borrow-race-one-winner", True, rounds=len(wins),
+                  b_wins=wins.count("hostb"), c_wins=wins.count("hostc"))
+
+
+def test_access_list(cl):
+    try:
+        cl.ctl("hostd").execute("borrow", device=DEV)
+        return result("access-list-refusal", False, why="hostd got it")
+    except ControlError as e:
+        return result("access-list-refusal", e.klass == "AccessDenied" and "hostd" in e.desc
+                      and cl.state()["state"] == "available", klass=e.klass)
+
+
+def test_revoke(cl):
+    c = cl.ctl("hostc")
+    c.execute("subscribe-events")
+    c.execute("attach", device=DEV, domain="vm1")
+    t0 = time.monotonic()
+    r = cl.ctl("hosta").execute("revoke", device=DEV, **{"grace-ms": 5000})
+    coop_s = time.monotonic() - t0
+    ev = c.wait_event("LEASE_REVOKED", 5)
+    ok = result("revoke-cooperative", r == {"forced": False} and coop_s < 2
+                and cl.state()["state"] == "available" and ev["data"]["device"] == DEV
+                and wait_for(lambda: cl.ctl("hostc").execute("query-devices")[0]["state"]
+                             == "available", 3),
+                seconds=f"{coop_s:.2f}")
+    # Without cooperation: hostc's daemon is frozen, so only the grace period ends it.
+    cl.ctl("hostc").execute("borrow", device=DEV)
+    cl.d["hostc"].proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = cl.ctl("hosta").execute("revoke", device=DEV, **{"grace-ms": 700})
+        forced_s = time.monotonic() - t0
+        ok &= result("revoke-uncooperative", r == {"forced": True} and 0.6 < forced_s < 3
+                     and cl.state()["state"] == "available", seconds=f"{forced_s:.2f}")
+    finally:
+        cl.d["hostc"].proc.send_signal(signal.SIGCONT)
+    return ok
+
+
+def test_peer_deaths(cl):
+    a = cl.ctl("hosta")
+    a.execute("subscribe-events")
+    cl.ctl("hostc").execute("borrow", device=DEV)
+    t0 = time.monotonic()
+    cl.d["hostc"].kill()
+    cl.c.pop("hostc", None)
+    # The VM's device is fenced at once; the lease waits lease-timeout-ms (3 s here) for
+    # the borrower's daemon to come back, then expires.
+    back = wait_for(lambda: a.execute("query-device", device=DEV)["state"] == "available", 8)
+    took = time.monotonic() - t0
+    ok = result("borrower-killed-lease-expires", bool(back) and 2.5 < took < 5.5,
+                seconds=f"{took:.2f}", lease_timeout_s=3)
+    cl.d["hostc"].start()
+    b = cl.ctl("hostb")
+    b.execute("subscribe-events")
+    b.execute("borrow", device=DEV)
+    t0 = time.monotonic()
+    cl.d["hosta"].kill()
+    cl.c.pop("hosta", None)
+    ev = b.wait_event("DEVICE_LOST", 5)
+    lost_s = time.monotonic() - t0
+    ok &= result("lender-killed-device-lost", ev["data"]["device"] == DEV and lost_s < 1.0
+                 and b.execute("query-device", device=DEV).get("lost") is True,
+                 seconds=f"{lost_s:.2f}")
+    b.execute("return", device=DEV)
+    cl.d["hosta"].start()
+    return ok
+
+
+def test_restart_keeps_leases(cl):
+    cl.ctl("hostb").execute("borrow", device=DEV)
+    lease = cl.state()["lease"]
+    cl.restart("hosta")
+    after_a = wait_for(lambda: cl.state().get("borrower") == "hostb", 5)
+    cl.restart("hostb")
+    held = wait_for(lambda: any(d["device"] == DEV for d in
+                                cl.ctl("hostb").execute("query-devices")), 5)
+    st = cl.state()
+    ok = result("restart-keeps-leases", bool(after_a) and bool(held) and st["lease"] == lease
+                and st["borrower"] == "hostb", lease=lease)
+    cl.ctl("hostb").execute("return", device=DEV)
+    return ok & result("return-after-restart", cl.state()["state"] == "available")
+
+
+BAD = [
+    ("not JSON", "garbage\n", "InvalidParameter"),
+    ("not an object", "[1,2]\n", "InvalidParameter"),
+    ("no execute", '{"arguments":{}}\n', "InvalidParameter"),
+    ("unknown command", '{"execute":"format-disk"}\n', "CommandNotFound"),
+    ("wrong type", '{"execute":"borrow","arguments":{"device":7}}\n', "InvalidParameter"),
+    ("arguments not an object", '{"execute":"borrow","arguments":"x"}\n', "InvalidParameter"),
+    ("unknown argument", '{"execute":"borrow","arguments":{"device":"hosta/nvme0","x":1}}\n',
+     "InvalidParameter"),
+    ("bad device name", '{"execute":"borrow","arguments":{"device":"hosta//x"}}\n',
+     "InvalidParameter"),
+    ("unknown device", '{"execute":"borrow","arguments":{"device":"hosta/nvme9"}}\n',
+     "DeviceNotFound"),
+    ("unknown node", '{"execute":"borrow","arguments":{"device":"nohost/nvme0"}}\n',
+     "NodeUnreachable"),
+    ("return what is not held", '{"execute":"return","arguments":{"device":"hosta/nvme0"}}\n',
+     "NotBorrowed"),
+    ("revoke on the wrong node", '{"execute":"revoke","arguments":{"device":"hosta/nvme0"}}\n',
+     "InvalidParameter"),
+    ("bad grace", '{"execute":"revoke","arguments":{"device":"hostb/x","grace-ms":-1}}\n',
+     "InvalidParameter"),
+    ("attach without domain", '{"execute":"attach","arguments":{"device":"hosta/nvme0"}}\n',
+     "InvalidParameter"),
+    ("relative qmp path", '{"execute":"attach","arguments":{"device":"hosta/nvme0",'
+     '"domain":"vm1","qmp":"q.sock"}}\n', "InvalidParameter"),
+]
+
+
+def test_bad_input(cl):
+    c = cl.ctl("hostd")      # holds nothing, ever
+    before = c.execute("query-devices")
+    bad = []
+    for what, line, klass in BAD:
+        ans = c.raw(line)
+        if ans.get("error", {}).get("class") != klass:
+            bad.append(f"{what}:{ans}")
+    # A foreign lease: hostb holds it, hostd tries to return it.
+    cl.ctl("hostb").execute("borrow", device=DEV)
+    try:
+        c.execute("return", device=DEV)
+        bad.append("hostc returned hostb's lease")
+    except ControlError as e:
+        if e.klass != "NotBorrowed":
+            bad.append(f"foreign return: {e}")
+    cl.ctl("hostb").execute("return", device=DEV)
+    # Oversized: an error, then the daemon closes that connection and serves others.
+    ans = Control(cl.d["hostd"].control).raw("{" + " " * (70 * 1024) + "\n")
+    if ans.get("error", {}).get("class") != "InvalidParameter":
+        bad.append(f"oversized: {ans}")
+    after = c.execute("query-devices")
+    return result("control-bad-input", not bad and before == after, cases=len(BAD) + 2,
+                  failures=";".join(bad)[:300] or "none")
+
+
+def test_guest_on_attached_device(cl):
+    r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
+    q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
+               params={"seed": 31, "data_mib": 16}, workdir=cl.procs.tempdir()).start()
+    run = q.wait_done()
+    q.stop()
+    cl.ctl("hostb").execute("detach", device=DEV)
+    cl.ctl("hostb").execute("return", device=DEV)
+    ver = h.verify_backing(cl.img, run.data)
+    return result("guest-on-attached-device", run.ok and len(ver) > 0
+                  and all(v["ok"] for v in ver) and cl.state()["state"] == "available",
+                  serial=run.results.get("probe", {}).get("serial"), regions=len(ver))
+
+
+def main():
+    ok = True
+    tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
+             test_peer_deaths, test_restart_keeps_leases, test_bad_input,
+             test_guest_on_attached_device)
+    with h.Procs() as procs:
+        try:
+            cl = Cluster(procs)
+        except h.HarnessError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 1
+        for test in tests:
+            try:
+                ok &= test(cl)
+            except (h.HarnessError, ControlError, TimeoutError, KeyError, ConnectionError) as e:
+                print(f"{test.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
+                result(test.__name__, False, error=type(e).__name__)
+                ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

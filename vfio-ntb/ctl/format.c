@@ -1,0 +1,500 @@
+/*
+ * ntbctl's human output (format.h).  Tables are aligned on the display
+ * width of sanitized UTF-8 text; the last column is not padded, so lines
+ * carry no trailing blanks.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.ctl"
+
+#include "ctl/format.h"
+
+#include "ctl/ctl-client.h"
+
+#include <string.h>
+
+/* Blanks between two table columns. */
+#define VN_CTL_COLUMN_GAP 2
+
+char *vn_ctl_format_sanitize(const char *s)
+{
+    g_autofree char *valid = g_utf8_make_valid(s, -1);
+    GString *out = g_string_sized_new(strlen(valid));
+
+    for (const char *p = valid; *p != '\0'; p = g_utf8_next_char(p)) {
+        gunichar ch = g_utf8_get_char(p);
+
+        /* g_unichar_iscntrl covers C0, DEL and C1 (U+0080-U+009F, which some
+         * terminals take as CSI and friends). */
+        if (g_unichar_iscntrl(ch)) {
+            g_string_append_c(out, '?');
+        } else {
+            g_string_append_unichar(out, ch);
+        }
+    }
+    return g_string_free(out, FALSE);
+}
+
+void vn_ctl_format_json(GString *out, JsonNode *ret)
+{
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    g_autofree char *text = NULL;
+
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, ret);
+    text = json_generator_to_data(gen, NULL);
+    g_string_append(out, text);
+    g_string_append_c(out, '\n');
+}
+
+/* ---- values and shapes ---------------------------------------------------- */
+
+static void malformed(GError **error, const char *cmd, guint index, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+/* index G_MAXUINT: the answer is not a list, so there is no entry to name. */
+static void malformed(GError **error, const char *cmd, guint index, const char *fmt, ...)
+{
+    g_autofree char *msg = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (index == G_MAXUINT) {
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL,
+                    "malformed answer to %s: %s", cmd, msg);
+    } else {
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL,
+                    "malformed answer to %s: entry %u: %s", cmd, index, msg);
+    }
+}
+
+/* A value as table text: null and missing "-", booleans yes/no, arrays
+ * joined with ", ", objects as compact JSON; always sanitized. */
+static char *value_text(JsonNode *n)
+{
+    if (n == NULL || JSON_NODE_HOLDS_NULL(n)) {
+        return g_strdup("-");
+    }
+    if (JSON_NODE_HOLDS_ARRAY(n)) {
+        JsonArray *a = json_node_get_array(n);
+        GString *s = g_string_new(NULL);
+
+        for (guint i = 0; i < json_array_get_length(a); i++) {
+            g_autofree char *t = value_text(json_array_get_element(a, i));
+
+            g_string_append_printf(s, "%s%s", i > 0 ? ", " : "", t);
+        }
+        if (s->len == 0) {
+            g_string_append_c(s, '-');
+        }
+        return g_string_free(s, FALSE);
+    }
+    if (JSON_NODE_HOLDS_OBJECT(n)) {
+        g_autofree char *json = json_to_string(n, FALSE);
+
+        return vn_ctl_format_sanitize(json);
+    }
+    switch (json_node_get_value_type(n)) {
+    case G_TYPE_STRING:
+        return vn_ctl_format_sanitize(json_node_get_string(n));
+    case G_TYPE_INT64:
+        return g_strdup_printf("%" G_GINT64_FORMAT, json_node_get_int(n));
+    case G_TYPE_DOUBLE:
+        return g_strdup_printf("%g", json_node_get_double(n));
+    case G_TYPE_BOOLEAN:
+        return g_strdup(json_node_get_boolean(n) ? "yes" : "no");
+    default:
+        return g_strdup("?");
+    }
+}
+
+/* o's member name is of type (G_TYPE_STRING, G_TYPE_INT64, G_TYPE_BOOLEAN),
+ * or null / missing when nullable. */
+static bool member_is(JsonObject *o, const char *name, GType type, bool nullable,
+                      const char *cmd, guint index, GError **error)
+{
+    JsonNode *n = json_object_get_member(o, name);
+    const char *tname = type == G_TYPE_STRING ? "a string"
+                        : type == G_TYPE_INT64 ? "an integer" : "a boolean";
+
+    if (n == NULL || JSON_NODE_HOLDS_NULL(n)) {
+        if (nullable) {
+            return true;
+        }
+        malformed(error, cmd, index, "\"%s\" is missing", name);
+        return false;
+    }
+    if (json_node_get_value_type(n) != type) {
+        malformed(error, cmd, index, "\"%s\" is not %s%s", name, tname,
+                  nullable ? " or null" : "");
+        return false;
+    }
+    return true;
+}
+
+static JsonObject *want_object(JsonNode *n, const char *cmd, guint index, GError **error)
+{
+    if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n)) {
+        malformed(error, cmd, index, "not a JSON object");
+        return NULL;
+    }
+    return json_node_get_object(n);
+}
+
+static JsonArray *want_array(JsonNode *n, const char *cmd, GError **error)
+{
+    if (n == NULL || !JSON_NODE_HOLDS_ARRAY(n)) {
+        malformed(error, cmd, G_MAXUINT, "not a JSON array");
+        return NULL;
+    }
+    return json_node_get_array(n);
+}
+
+static char *member_text(JsonObject *o, const char *name)
+{
+    return value_text(json_object_get_member(o, name));
+}
+
+/* ---- tables ------------------------------------------------------------ */
+
+typedef struct Table {
+    guint ncols;
+    GPtrArray *cells;           /* char *, row-major; the header is row 0 */
+} Table;
+
+static Table *table_new(guint ncols, const char *const *header)
+{
+    Table *t = g_new0(Table, 1);
+
+    t->ncols = ncols;
+    t->cells = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < ncols; i++) {
+        g_ptr_array_add(t->cells, g_strdup(header[i]));
+    }
+    return t;
+}
+
+static void table_free(Table *t)
+{
+    g_ptr_array_unref(t->cells);
+    g_free(t);
+}
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(Table, table_free)
+
+/* Append one cell; takes ownership of text. */
+static void table_add(Table *t, char *text)
+{
+    g_ptr_array_add(t->cells, text);
+}
+
+static void table_render(GString *out, const Table *t)
+{
+    g_autofree glong *width = g_new0(glong, t->ncols);
+
+    for (guint i = 0; i < t->cells->len; i++) {
+        glong w = g_utf8_strlen(t->cells->pdata[i], -1);
+
+        width[i % t->ncols] = MAX(width[i % t->ncols], w);
+    }
+    for (guint i = 0; i < t->cells->len; i++) {
+        guint col = i % t->ncols;
+        const char *text = t->cells->pdata[i];
+
+        g_string_append(out, text);
+        if (col + 1 == t->ncols) {
+            g_string_append_c(out, '\n');
+        } else {
+            glong pad = width[col] - g_utf8_strlen(text, -1) + VN_CTL_COLUMN_GAP;
+
+            for (glong p = 0; p < pad; p++) {
+                g_string_append_c(out, ' ');
+            }
+        }
+    }
+}
+
+/* ---- queries -------------------------------------------------------------- */
+
+bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
+{
+    static const char *const header[] = { "NODE", "LINK", "DEVICES" };
+    static const char cmd[] = "query-nodes";
+    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    JsonArray *a = want_array(ret, cmd, error);
+
+    if (a == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = want_object(json_array_get_element(a, i), cmd, i, error);
+
+        if (o == NULL || !member_is(o, "node", G_TYPE_STRING, false, cmd, i, error) ||
+            !member_is(o, "link", G_TYPE_STRING, false, cmd, i, error) ||
+            !member_is(o, "devices", G_TYPE_INT64, false, cmd, i, error)) {
+            return false;
+        }
+        table_add(t, member_text(o, "node"));
+        table_add(t, member_text(o, "link"));
+        table_add(t, member_text(o, "devices"));
+    }
+    table_render(out, t);
+    return true;
+}
+
+bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
+{
+    static const char *const header[] = { "DEVICE", "STATE", "BORROWER", "LEASE" };
+    static const char cmd[] = "query-devices";
+    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    JsonArray *a = want_array(ret, cmd, error);
+
+    if (a == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = want_object(json_array_get_element(a, i), cmd, i, error);
+
+        if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, i, error) ||
+            !member_is(o, "state", G_TYPE_STRING, false, cmd, i, error) ||
+            !member_is(o, "borrower", G_TYPE_STRING, true, cmd, i, error) ||
+            !member_is(o, "lease", G_TYPE_INT64, true, cmd, i, error)) {
+            return false;
+        }
+        table_add(t, member_text(o, "device"));
+        table_add(t, member_text(o, "state"));
+        table_add(t, member_text(o, "borrower"));
+        table_add(t, member_text(o, "lease"));
+    }
+    table_render(out, t);
+    return true;
+}
+
+bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "query-device";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+    g_autoptr(GList) names = NULL;
+    glong width = 0;
+
+    if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "state", G_TYPE_STRING, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "borrower", G_TYPE_STRING, true, cmd, G_MAXUINT, error) ||
+        !member_is(o, "lease", G_TYPE_INT64, true, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    /* Every member, in the daemon's order: what it adds later shows up
+     * without a new ntbctl. */
+    names = json_object_get_members(o);
+    for (GList *l = names; l != NULL; l = l->next) {
+        g_autofree char *key = vn_ctl_format_sanitize(l->data);
+
+        width = MAX(width, g_utf8_strlen(key, -1));
+    }
+    for (GList *l = names; l != NULL; l = l->next) {
+        g_autofree char *key = vn_ctl_format_sanitize(l->data);
+        g_autofree char *val = member_text(o, l->data);
+
+        g_string_append_printf(out, "%s:%*s %s\n", key,
+                               (int)(width - g_utf8_strlen(key, -1)), "", val);
+    }
+    return true;
+}
+
+/* One counters row per member of o but "device"; nested objects (the
+ * vfio-user server's counters) become "prefix.name" rows. */
+static void stats_rows(Table *t, JsonObject *o, const char *prefix)
+{
+    g_autoptr(GList) names = json_object_get_members(o);
+
+    for (GList *l = names; l != NULL; l = l->next) {
+        const char *name = l->data;
+        JsonNode *n = json_object_get_member(o, name);
+        g_autofree char *full = prefix != NULL ? g_strdup_printf("%s.%s", prefix, name)
+                                               : g_strdup(name);
+
+        if (prefix == NULL && strcmp(name, "device") == 0) {
+            continue;
+        }
+        if (JSON_NODE_HOLDS_OBJECT(n)) {
+            stats_rows(t, json_node_get_object(n), full);
+            continue;
+        }
+        table_add(t, vn_ctl_format_sanitize(full));
+        table_add(t, value_text(n));
+    }
+}
+
+static void stats_block(GString *out, const char *title, JsonObject *o)
+{
+    static const char *const header[] = { "COUNTER", "VALUE" };
+    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autofree char *clean = vn_ctl_format_sanitize(title);
+
+    if (out->len > 0) {
+        g_string_append_c(out, '\n');  /* a blank line between blocks */
+    }
+    g_string_append_printf(out, "%s\n", clean);
+    stats_rows(t, o, NULL);
+    table_render(out, t);
+}
+
+/* A list of per-device counter objects; side ("lent") goes in the titles. */
+static bool stats_devices(GString *out, JsonNode *list, const char *side, GError **error)
+{
+    static const char cmd[] = "query-stats";
+    JsonArray *a = want_array(list, cmd, error);
+
+    if (a == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = want_object(json_array_get_element(a, i), cmd, i, error);
+        g_autofree char *title = NULL;
+        const char *dev;
+
+        if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, i, error)) {
+            return false;
+        }
+        dev = json_object_get_string_member(o, "device");
+        title = side != NULL ? g_strdup_printf("%s (%s)", dev, side) : g_strdup(dev);
+        stats_block(out, title, o);
+    }
+    return true;
+}
+
+/*
+ * docs/control.md leaves the shape open ("counters per local device, lender
+ * and borrower side"); accept what the daemon's stats file holds
+ * ({"node", "fabric": {...}, "lent": [...], "borrowed": [...]}), a bare
+ * list of per-device objects, or one device's object.
+ */
+bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "query-stats";
+    g_autoptr(GString) text = g_string_new(NULL);
+    JsonObject *o;
+    JsonNode *n;
+    bool known = false;
+
+    if (ret != NULL && JSON_NODE_HOLDS_ARRAY(ret)) {
+        if (!stats_devices(text, ret, NULL, error)) {
+            return false;
+        }
+        known = true;
+    } else if ((o = want_object(ret, cmd, G_MAXUINT, error)) == NULL) {
+        return false;
+    } else if (json_object_has_member(o, "device")) {
+        if (!member_is(o, "device", G_TYPE_STRING, false, cmd, G_MAXUINT, error)) {
+            return false;
+        }
+        stats_block(text, json_object_get_string_member(o, "device"), o);
+        known = true;
+    } else {
+        if ((n = json_object_get_member(o, "fabric")) != NULL) {
+            if (!JSON_NODE_HOLDS_OBJECT(n)) {
+                malformed(error, cmd, G_MAXUINT, "\"fabric\" is not an object");
+                return false;
+            }
+            stats_block(text, "fabric", json_node_get_object(n));
+            known = true;
+        }
+        if ((n = json_object_get_member(o, "lent")) != NULL) {
+            if (!stats_devices(text, n, "lent", error)) {
+                return false;
+            }
+            known = true;
+        }
+        if ((n = json_object_get_member(o, "borrowed")) != NULL) {
+            if (!stats_devices(text, n, "borrowed", error)) {
+                return false;
+            }
+            known = true;
+        }
+    }
+    if (!known) {
+        malformed(error, cmd, G_MAXUINT, "no \"device\", \"fabric\", \"lent\" or \"borrowed\"");
+        return false;
+    }
+    if (text->len == 0) {
+        g_string_append(text, "no counters\n");
+    }
+    g_string_append_len(out, text->str, (gssize)text->len);
+    return true;
+}
+
+/* ---- actions ------------------------------------------------------------ */
+
+bool vn_ctl_format_borrow(GString *out, const char *node, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "borrow";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+    g_autofree char *dev = NULL;
+
+    if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "lease", G_TYPE_INT64, false, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    dev = member_text(o, "device");
+    g_string_append_printf(out, "%s holds %s (lease %" G_GINT64_FORMAT ")\n", node, dev,
+                           json_object_get_int_member(o, "lease"));
+    return true;
+}
+
+bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "attach";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+    g_autofree char *dev = NULL;
+    g_autofree char *sock = NULL;
+    g_autofree char *dom = NULL;
+
+    if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "lease", G_TYPE_INT64, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "socket", G_TYPE_STRING, false, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    dev = member_text(o, "device");
+    sock = member_text(o, "socket");
+    dom = vn_ctl_format_sanitize(domain);
+    g_string_append_printf(out, "attached %s to %s (lease %" G_GINT64_FORMAT
+                           "): QEMU socket %s\n", dev, dom,
+                           json_object_get_int_member(o, "lease"), sock);
+    return true;
+}
+
+bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "revoke";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+
+    if (o == NULL || !member_is(o, "forced", G_TYPE_BOOLEAN, false, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    if (json_object_get_boolean_member(o, "forced")) {
+        g_string_append_printf(out, "revoked %s: the borrower did not let go within the "
+                               "grace period, so the lender fenced it\n", device);
+    } else {
+        g_string_append_printf(out, "revoked %s: the borrower let go\n", device);
+    }
+    return true;
+}
+
+bool vn_ctl_format_return(GString *out, const char *device, JsonNode *ret, GError **error)
+{
+    if (want_object(ret, "return", G_MAXUINT, error) == NULL) {
+        return false;
+    }
+    g_string_append_printf(out, "returned %s\n", device);
+    return true;
+}
+
+bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GError **error)
+{
+    if (want_object(ret, "detach", G_MAXUINT, error) == NULL) {
+        return false;
+    }
+    g_string_append_printf(out, "detached %s (still borrowed: `ntbctl return %s` gives it "
+                           "back)\n", device, device);
+    return true;
+}

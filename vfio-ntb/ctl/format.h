@@ -1,0 +1,46 @@
+/*
+ * ntbctl's human output: the daemon's "return" values (docs/control.md
+ * "Commands") as aligned tables and sentences.  Pure functions: they append
+ * to a GString and do no I/O, so tests compare text.
+ *
+ * Each checks the shape it is given (the daemon is a peer like any other)
+ * and fails with VN_CTL_ERROR_PROTOCOL naming the command and the member
+ * that is wrong, appending nothing useful to rely on in that case.
+ * Text that came from the daemon passes through vn_ctl_format_sanitize(),
+ * so a hostile string cannot drive the operator's terminal.
+ * Missing values and JSON null are shown as "-".
+ */
+#ifndef VN_CTL_FORMAT_H
+#define VN_CTL_FORMAT_H
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <stdbool.h>
+
+/* s with every control character (C0, DEL, C1) replaced by '?' and invalid
+ * UTF-8 by U+FFFD.  The caller frees the result. */
+char *vn_ctl_format_sanitize(const char *s);
+
+/* ret as pretty JSON (what --json prints), with a final newline. */
+void vn_ctl_format_json(GString *out, JsonNode *ret);
+
+/* query-nodes: NODE LINK DEVICES. */
+bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error);
+/* query-devices: DEVICE STATE BORROWER LEASE. */
+bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error);
+/* query-device: "key: value" lines, in the daemon's order. */
+bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error);
+/* query-stats: one COUNTER VALUE table per device (and the fabric's). */
+bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error);
+
+/* borrow: "hostb holds hosta/nvme0 (lease 17)"; node is the local node. */
+bool vn_ctl_format_borrow(GString *out, const char *node, JsonNode *ret, GError **error);
+/* attach: "attached hosta/nvme0 to vm1 (lease 17): QEMU socket /run/..." */
+bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GError **error);
+/* revoke: whether the borrower let go within the grace period. */
+bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GError **error);
+/* return / detach: {} -> "returned hosta/nvme0" / "detached hosta/nvme0 ...". */
+bool vn_ctl_format_return(GString *out, const char *device, JsonNode *ret, GError **error);
+bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GError **error);
+
+#endif /* VN_CTL_FORMAT_H */

@@ -1,0 +1,379 @@
+/*
+ * ntbctl: the operator's view of one vfio-ntbd, over its control socket
+ * (docs/control.md).
+ *
+ *   ntbctl [--socket PATH] [--json] [--timeout-ms N] COMMAND [ARGS]
+ *
+ * One command per run: connect, one request, print, exit with the code
+ * docs/control.md "ntbctl exit codes" names.  Everything typed is checked
+ * here before anything is sent, so a typo is a usage error (2), never a
+ * round trip.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.ctl"
+
+#include "config.h"
+#include "ctl/ctl-client.h"
+#include "ctl/format.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/un.h>
+
+/* docs/control.md "ntbctl exit codes" */
+enum {
+    EXIT_DONE = 0,
+    EXIT_REFUSED = 1,
+    EXIT_USAGE = 2,
+    EXIT_UNREACHABLE = 3,
+};
+
+/* --timeout-ms and --grace-ms: a wait longer than a day is a typo (ms
+ * taken for s), and it keeps the value an int for poll(). */
+#define NTBCTL_MAX_WAIT_MS (24 * 3600 * 1000)
+/* --domain: libvirt keeps domain names as file names (<= 255 bytes). */
+#define NTBCTL_MAX_DOMAIN 255
+/* --qmp: a UNIX socket path the daemon connects to (sun_path, with NUL). */
+#define NTBCTL_MAX_QMP (sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1)
+
+typedef enum ArgKind {
+    ARG_NONE,
+    ARG_DEV,
+    ARG_DEV_OPTIONAL,
+} ArgKind;
+
+/* What the user asked for, checked. */
+typedef struct Invocation {
+    const char *device;         /* NULL when the command takes none */
+    const char *domain;         /* attach */
+    const char *qmp;            /* attach, optional */
+    gint64 grace_ms;            /* revoke, -1: the daemon's default */
+    const char *node;           /* the daemon's, from its greeting */
+} Invocation;
+
+typedef struct Command {
+    const char *name;           /* ntbctl's */
+    const char *execute;        /* the daemon's */
+    ArgKind arg;
+    bool (*format)(GString *out, const Invocation *inv, JsonNode *ret, GError **error);
+} Command;
+
+static bool fmt_nodes(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_nodes(out, ret, error);
+}
+
+static bool fmt_list(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_devices(out, ret, error);
+}
+
+static bool fmt_show(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_device(out, ret, error);
+}
+
+static bool fmt_stats(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_stats(out, ret, error);
+}
+
+static bool fmt_borrow(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_borrow(out, inv->node, ret, error);
+}
+
+static bool fmt_return(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_return(out, inv->device, ret, error);
+}
+
+static bool fmt_revoke(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_revoke(out, inv->device, ret, error);
+}
+
+static bool fmt_attach(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_attach(out, inv->domain, ret, error);
+}
+
+static bool fmt_detach(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_detach(out, inv->device, ret, error);
+}
+
+static const Command commands[] = {
+    { "nodes", "query-nodes", ARG_NONE, fmt_nodes },
+    { "list", "query-devices", ARG_NONE, fmt_list },
+    { "show", "query-device", ARG_DEV, fmt_show },
+    { "borrow", "borrow", ARG_DEV, fmt_borrow },
+    { "return", "return", ARG_DEV, fmt_return },
+    { "revoke", "revoke", ARG_DEV, fmt_revoke },
+    { "attach", "attach", ARG_DEV, fmt_attach },
+    { "detach", "detach", ARG_DEV, fmt_detach },
+    { "stats", "query-stats", ARG_DEV_OPTIONAL, fmt_stats },
+};
+
+#define SYNOPSIS "usage: ntbctl [--socket PATH] [--json] [--timeout-ms N] COMMAND [ARGS]\n"
+
+static const char commands_text[] =
+    "commands:\n"
+    "  nodes                               fabric nodes and their links\n"
+    "  list                                devices and who holds them\n"
+    "  show DEV                            one device in detail\n"
+    "  borrow DEV                          borrow DEV for this node\n"
+    "  return DEV                          give back a device this node borrowed\n"
+    "  revoke DEV [--grace-ms N]           take back a lent device (on its lender)\n"
+    "  attach DEV --domain D [--qmp PATH]  serve DEV to VM D (borrowing it if needed)\n"
+    "  detach DEV                          stop serving DEV (it stays borrowed)\n"
+    "  stats [DEV]                         counters of this node's devices\n"
+    "DEV is host/name, e.g. hosta/nvme0.  Exit: 0 done, 1 refused, 2 usage, 3 unreachable.\n";
+
+static int usage_error(const char *fmt, ...) G_GNUC_PRINTF(1, 2);
+
+/* Report a usage error; returns the exit code.  The command list only when
+ * the command itself is what is wrong: otherwise it buries the message. */
+static int usage_error(const char *fmt, ...)
+{
+    g_autofree char *msg = NULL;
+    g_autofree char *clean = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    clean = vn_ctl_format_sanitize(msg);
+    fprintf(stderr, "ntbctl: %s\n" SYNOPSIS, clean);
+    if (g_str_has_prefix(msg, "no command") || g_str_has_prefix(msg, "unknown command")) {
+        fputs(commands_text, stderr);
+    } else {
+        fputs("`ntbctl --help` lists the commands and options\n", stderr);
+    }
+    return EXIT_USAGE;
+}
+
+static int exit_code(const GError *error)
+{
+    if (error->domain != VN_CTL_ERROR) {
+        return EXIT_REFUSED;
+    }
+    switch (error->code) {
+    case VN_CTL_ERROR_USAGE:
+        return EXIT_USAGE;
+    case VN_CTL_ERROR_UNREACHABLE:
+    case VN_CTL_ERROR_TIMEOUT:
+        return EXIT_UNREACHABLE;
+    default:
+        return EXIT_REFUSED;
+    }
+}
+
+/* main() reports; the daemon's desc goes out verbatim (but sanitized: it is
+ * a peer's text on the operator's terminal), with a hint where we have one. */
+static int report(const GError *error)
+{
+    g_autofree char *clean = vn_ctl_format_sanitize(error->message);
+
+    fprintf(stderr, "ntbctl: %s\n", clean);
+    if (error->domain == VN_CTL_ERROR && error->code == VN_CTL_ERROR_UNREACHABLE) {
+        fprintf(stderr, "ntbctl: is vfio-ntbd running?  Start it with `systemctl start "
+                "vfio-ntbd`, or point --socket (or $%s) at its control-socket\n",
+                VN_CTL_SOCKET_ENV);
+    } else if (error->domain == VN_CTL_ERROR && error->code == VN_CTL_ERROR_TIMEOUT) {
+        fprintf(stderr, "ntbctl: the daemon may be stuck (`systemctl status vfio-ntbd`); "
+                "--timeout-ms waits longer\n");
+    }
+    return exit_code(error);
+}
+
+static bool parse_ms(const char *opt, const char *text, gint64 min, gint64 *out)
+{
+    guint64 v = 0;
+
+    /* g_ascii_string_to_unsigned refuses signs, blanks and trailing junk. */
+    if (!g_ascii_string_to_unsigned(text, 10, (guint64)min, NTBCTL_MAX_WAIT_MS, &v, NULL)) {
+        usage_error("%s wants milliseconds, %" G_GINT64_FORMAT "-%d, not \"%s\"", opt, min,
+                    NTBCTL_MAX_WAIT_MS, text);
+        return false;
+    }
+    *out = (gint64)v;
+    return true;
+}
+
+static bool check_domain(const char *domain)
+{
+    size_t len = strnlen(domain, NTBCTL_MAX_DOMAIN + 1);
+
+    if (len == 0 || len > NTBCTL_MAX_DOMAIN || !g_utf8_validate(domain, -1, NULL)) {
+        usage_error("--domain wants a libvirt domain name, 1-%d bytes of UTF-8",
+                    NTBCTL_MAX_DOMAIN);
+        return false;
+    }
+    for (const char *p = domain; *p != '\0'; p = g_utf8_next_char(p)) {
+        if (g_unichar_iscntrl(g_utf8_get_char(p))) {
+            usage_error("--domain: a domain name has no control characters");
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool check_qmp(const char *qmp)
+{
+    /* The daemon opens it, from its own working directory. */
+    if (qmp[0] != '/' || strlen(qmp) > NTBCTL_MAX_QMP || !g_utf8_validate(qmp, -1, NULL)) {
+        usage_error("--qmp wants the absolute path of the VM's QMP socket (at most %zu "
+                    "bytes of UTF-8)", NTBCTL_MAX_QMP);
+        return false;
+    }
+    return true;
+}
+
+static JsonObject *build_arguments(const Command *cmd, const Invocation *inv)
+{
+    JsonObject *args = json_object_new();
+
+    if (inv->device != NULL) {
+        json_object_set_string_member(args, "device", inv->device);
+    }
+    if (inv->grace_ms >= 0) {
+        json_object_set_int_member(args, "grace-ms", inv->grace_ms);
+    }
+    if (inv->domain != NULL) {
+        json_object_set_string_member(args, "domain", inv->domain);
+    }
+    if (inv->qmp != NULL) {
+        json_object_set_string_member(args, "qmp", inv->qmp);
+    }
+    if (json_object_get_size(args) == 0) {
+        json_object_unref(args);
+        return NULL;
+    }
+    return args;
+}
+
+/* Connect, execute, print; returns the exit code. */
+static int run(const Command *cmd, Invocation *inv, const char *socket_path, int timeout_ms,
+               bool json)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnCtlClient) c = NULL;
+    g_autoptr(JsonObject) args = build_arguments(cmd, inv);
+    g_autoptr(JsonNode) ret = NULL;
+    g_autoptr(GString) out = g_string_new(NULL);
+
+    c = vn_ctl_client_connect(socket_path, timeout_ms, &error);
+    if (c == NULL) {
+        return report(error);
+    }
+    inv->node = vn_ctl_client_node(c);
+    ret = vn_ctl_client_execute(c, cmd->execute, args, &error);
+    if (ret == NULL) {
+        return report(error);
+    }
+    if (json) {
+        vn_ctl_format_json(out, ret);
+    } else if (!cmd->format(out, inv, ret, &error)) {
+        g_prefix_error(&error, "vfio-ntbd at %s: ", socket_path);
+        return report(error);
+    }
+    fputs(out->str, stdout);
+    if (fflush(stdout) != 0) {
+        return EXIT_REFUSED;    /* stdout closed or full: the output is lost */
+    }
+    return EXIT_DONE;
+}
+
+int main(int argc, char **argv)
+{
+    g_autofree char *socket_path = NULL;
+    g_autofree char *timeout_text = NULL;
+    g_autofree char *grace_text = NULL;
+    g_autofree char *domain = NULL;
+    g_autofree char *qmp = NULL;
+    gboolean json = FALSE;
+    gboolean version = FALSE;
+    const GOptionEntry entries[] = {
+        { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket_path,
+          "the daemon's control socket (default $" VN_CTL_SOCKET_ENV " or "
+          VN_CTL_DEFAULT_SOCKET ")", "PATH" },
+        { "json", 0, 0, G_OPTION_ARG_NONE, &json, "print the daemon's answer as JSON", NULL },
+        { "timeout-ms", 0, 0, G_OPTION_ARG_STRING, &timeout_text,
+          "how long to wait for the daemon (default 10000)", "N" },
+        { "grace-ms", 0, 0, G_OPTION_ARG_STRING, &grace_text,
+          "revoke: the borrower's time to let go (default: the daemon's, 5000)", "N" },
+        { "domain", 0, 0, G_OPTION_ARG_STRING, &domain, "attach: the libvirt domain", "D" },
+        { "qmp", 0, 0, G_OPTION_ARG_FILENAME, &qmp, "attach: the VM's QMP socket", "PATH" },
+        { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(GOptionContext) ctx = g_option_context_new("COMMAND [ARGS]");
+    g_autoptr(GError) error = NULL;
+    Invocation inv = { .grace_ms = -1 };
+    const Command *cmd = NULL;
+    gint64 timeout_ms = VN_CTL_DEFAULT_TIMEOUT_MS;
+
+    /* stdout carries tables and --json only; any log line goes to stderr. */
+    g_log_writer_default_set_use_stderr(TRUE);
+    g_option_context_add_main_entries(ctx, entries, NULL);
+    g_option_context_set_description(ctx, commands_text);
+    if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        return usage_error("%s", error->message);
+    }
+    if (version) {
+        printf("ntbctl %s\n", VN_VERSION);
+        return EXIT_DONE;
+    }
+    if (argc < 2) {
+        return usage_error("no command given");
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            cmd = &commands[i];
+        }
+    }
+    if (cmd == NULL) {
+        return usage_error("unknown command \"%s\"", argv[1]);
+    }
+    if (argc > 3 || (argc == 3 && cmd->arg == ARG_NONE)) {
+        return usage_error("%s: unexpected argument \"%s\"", cmd->name,
+                           argv[cmd->arg == ARG_NONE ? 2 : 3]);
+    }
+    if (argc == 2 && cmd->arg == ARG_DEV) {
+        return usage_error("%s: which device? (host/name, e.g. hosta/nvme0)", cmd->name);
+    }
+    if (argc == 3) {
+        if (!vn_ctl_device_valid(argv[2], &error)) {
+            return usage_error("%s: %s", cmd->name, error->message);
+        }
+        inv.device = argv[2];
+    }
+    if (grace_text != NULL && strcmp(cmd->name, "revoke") != 0) {
+        return usage_error("--grace-ms is for revoke, not %s", cmd->name);
+    }
+    if ((domain != NULL || qmp != NULL) && strcmp(cmd->name, "attach") != 0) {
+        return usage_error("--%s is for attach, not %s", domain != NULL ? "domain" : "qmp",
+                           cmd->name);
+    }
+    if (strcmp(cmd->name, "attach") == 0) {
+        if (domain == NULL) {
+            return usage_error("attach: which VM? (--domain D)");
+        }
+        if (!check_domain(domain) || (qmp != NULL && !check_qmp(qmp))) {
+            return EXIT_USAGE;
+        }
+        inv.domain = domain;
+        inv.qmp = qmp;
+    }
+    if ((grace_text != NULL && !parse_ms("--grace-ms", grace_text, 0, &inv.grace_ms)) ||
+        (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {
+        return EXIT_USAGE;
+    }
+    if (socket_path == NULL) {
+        socket_path = g_strdup(vn_ctl_default_socket());
+    }
+    if (*socket_path == '\0') {
+        return usage_error("--socket wants a path");
+    }
+    return run(cmd, &inv, socket_path, (int)timeout_ms, json);
+}
