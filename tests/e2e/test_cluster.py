@@ -11,6 +11,7 @@ uses a device attached through the control socket.
 """
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -185,8 +186,11 @@ def test_peer_deaths(cl):
                  and b.execute("query-device", device=DEV).get("lost") is True,
                  seconds=f"{lost_s:.2f}")
     b.execute("return", device=DEV)
+    # hosta comes back with the lease in its state file; hostb's announcements no longer
+    # claim it, so hosta lets it go within a few heartbeats.
     cl.d["hosta"].start()
-    return ok
+    freed = wait_for(lambda: cl.state()["state"] == "available", 6)
+    return ok & result("lender-restart-reconciles", bool(freed))
 
 
 def test_restart_keeps_leases(cl):
@@ -258,6 +262,51 @@ def test_bad_input(cl):
                   failures=";".join(bad)[:300] or "none")
 
 
+def ntbctl(node, *args):
+    p = subprocess.run([str(h.REPO / "build" / "ntbctl"), "--socket", str(node.control), *args],
+                       capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_ntbctl(cl):
+    """What a script relies on: --json output, exit codes, messages that say what to do."""
+    b, c = cl.d["hostb"], cl.d["hostc"]
+    bad = []
+    rc, out, _ = ntbctl(b, "--json", "nodes")
+    nodes = {n["node"] for n in json.loads(out)} if rc == 0 else set()
+    if nodes != {"hosta", "hostb", "hostc", "hostd"}:
+        bad.append(f"nodes:{rc}:{out[:80]}")
+    rc, out, _ = ntbctl(b, "--json", "list")
+    if rc != 0 or json.loads(out)[0]["device"] != DEV:
+        bad.append(f"list:{rc}")
+    rc, out, _ = ntbctl(b, "--json", "borrow", DEV)
+    lease = json.loads(out)["lease"] if rc == 0 else None
+    rc, out, err = ntbctl(c, "borrow", DEV)
+    if rc != 1 or f"lent to hostb (lease {lease})" not in err or "ntbctl revoke" not in err:
+        bad.append(f"busy:{rc}:{err.strip()}")
+    rc, out, _ = ntbctl(b, "--json", "show", DEV)
+    if rc != 0 or json.loads(out)["borrower"] != "hostb":
+        bad.append(f"show:{rc}")
+    if ntbctl(b, "return", DEV)[0] != 0:
+        bad.append("return")
+    for args, want in ((("frobnicate",), 2), (("show",), 2), (("show", "nohost"), 2),
+                       (("borrow", "HostA/nvme0"), 2), (("revoke", DEV, "--grace-ms", "x"), 2),
+                       (("show", "hosta/nvme9"), 1), (("return", DEV), 1)):
+        rc = ntbctl(b, *args)[0]
+        if rc != want:
+            bad.append(f"{' '.join(args)}:{rc}!={want}")
+    p = subprocess.run([str(h.REPO / "build" / "ntbctl"), "--socket", "/nonexistent/x.sock",
+                        "list"], capture_output=True, text=True, timeout=30)
+    if p.returncode != 3 or "/nonexistent/x.sock" not in p.stderr:
+        bad.append(f"unreachable:{p.returncode}")
+    p = subprocess.run([str(h.REPO / "build" / "ntbctl"), "--version"], capture_output=True,
+                       text=True, timeout=30)
+    if p.returncode != 0 or "ntbctl" not in p.stdout:
+        bad.append("version")
+    return result("ntbctl-json-and-exit-codes", not bad and cl.state()["state"] == "available",
+                  failures=";".join(bad)[:300] or "none")
+
+
 def test_guest_on_attached_device(cl):
     r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
     q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
@@ -275,7 +324,7 @@ def test_guest_on_attached_device(cl):
 def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
-             test_peer_deaths, test_restart_keeps_leases, test_bad_input,
+             test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
              test_guest_on_attached_device)
     with h.Procs() as procs:
         try:

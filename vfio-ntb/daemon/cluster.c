@@ -327,7 +327,11 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
             }
             if (claims(d, o, ld->conf->name, ld->lease)) {
                 ld->orphan_since_us = 0;
-            } else {
+            } else if (g_get_monotonic_time() - ld->granted_us >
+                       2 * VN_DAEMON_HEARTBEAT_MS * 1000) {
+                /* Older than two heartbeats: not an announcement that
+                 * crossed the grant on its way (links may reorder across a
+                 * reconnect). */
                 vn_cluster_lease_end(d, ld, "the borrower no longer holds it");
             }
         }
@@ -439,6 +443,8 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         }
         ld->borrower = g_strdup(msg->peer);
         ld->lease = ++d->next_lease;
+        ld->granted_us = g_get_monotonic_time();
+        ld->orphan_since_us = 0;
         save(d);
         g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, name,
                   msg->peer, ld->lease);

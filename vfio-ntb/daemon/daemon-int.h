@@ -33,6 +33,7 @@ typedef struct VnLocalDevice {
     uint64_t lease;
     guint revoke_timer;         /* a revoke waiting out its grace period */
     gint64 orphan_since_us;     /* the holder's link is down since (0: it is up) */
+    gint64 granted_us;          /* when the lease was granted (or restored) */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
 

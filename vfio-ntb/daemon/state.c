@@ -147,6 +147,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->borrower = g_strdup(borrower);
         ld->lease = lease;
         ld->orphan_since_us = g_get_monotonic_time();
+        ld->granted_us = ld->orphan_since_us;
         d->next_lease = MAX(d->next_lease, lease);
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);
