@@ -16,7 +16,7 @@ INC := -Ivfio-ntb -I.
 ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
-	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(wildcard vfio-ntb/borrower/*.c) \
+	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
 	$(filter-out vfio-ntb/ctl/ntbctl.c,$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
@@ -26,7 +26,7 @@ UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
-PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/ntbctl
+PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl
 
 .PHONY: all check check-unit check-e2e install clean demo testbed bench fuzz fuzz-run distclean
 
@@ -45,6 +45,9 @@ $(B)/libsimdev.a: $(SIMDEV_OBJS)
 	ar rcs $@ $^
 
 $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+
+$(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a

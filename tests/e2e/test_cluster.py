@@ -307,6 +307,34 @@ def test_ntbctl(cl):
                   failures=";".join(bad)[:300] or "none")
 
 
+def test_daemon_restart_with_running_guest(cl):
+    """kill -9 the borrower's daemon while its VM does I/O, start it again: the VM's device
+    (served by the borrower worker) keeps working and the new daemon adopts it."""
+    r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm2")
+    q = h.Qemu(cl.procs, "probe,data,pause,data,data", [h.VfioUserDevice(r["socket"])],
+               params={"seed": 41, "data_mib": 8, "pause_s": 1},
+               workdir=cl.procs.tempdir()).start()
+    q.wait_line("VNREADY", "pause")              # first data check done
+    cl.d["hostb"].kill()
+    cl.c.pop("hostb", None)
+    time.sleep(2)                                # the second data check runs without a daemon
+    cl.d["hostb"].start()
+    st = wait_for(lambda: cl.ctl("hostb").execute("query-device", device=DEV), 5)
+    run = q.wait_done()
+    q.stop()
+    stats = cl.ctl("hostb").execute("query-stats", device=DEV)["borrowed"]
+    datas = [line for _, line in run.lines if line.startswith("VNRESULT data ")]
+    ver = h.verify_backing(cl.img, run.data)
+    ok = result("daemon-restart-running-guest",
+                run.ok and len(datas) == 3 and all(" PASS" in x for x in datas)
+                and all(v["ok"] for v in ver) and st.get("attached_to") == "vm2"
+                and len(stats) == 1,
+                data_checks=len(datas), adopted=st.get("attached_to"), regions=len(ver))
+    cl.ctl("hostb").execute("detach", device=DEV)
+    cl.ctl("hostb").execute("return", device=DEV)
+    return ok & result("detach-after-restart", cl.state()["state"] == "available")
+
+
 def test_guest_on_attached_device(cl):
     r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
     q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
@@ -325,7 +353,7 @@ def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
-             test_guest_on_attached_device)
+             test_guest_on_attached_device, test_daemon_restart_with_running_guest)
     with h.Procs() as procs:
         try:
             cl = Cluster(procs)

@@ -373,6 +373,10 @@ void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
     /* The lender fences on its own when the borrower's link goes; for a
      * return or a revoke, tell it the borrower is gone now. */
     vn_lender_peer_down(ld->lender, ld->borrower);
+    if (ld->worker != NULL) {
+        vn_lender_peer_down(ld->lender, ld->worker);
+    }
+    g_clear_pointer(&ld->worker, g_free);
     g_clear_pointer(&ld->borrower, g_free);
     ld->lease = 0;
     if (ld->revoke_timer != 0) {
@@ -462,6 +466,29 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         vn_cluster_lease_end(d, ld, "returned");
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
+    case VN_CLUSTER_AUTHORIZE: {
+        const char *worker = str_member(o, "worker");
+
+        if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||
+            strcmp(ld->borrower, msg->peer) != 0 || ld->lease != lease) {
+            reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
+                      d->conf->node, name, lease, msg->peer);
+            return;
+        }
+        if (worker == NULL || !vn_fabric_name_valid(worker)) {
+            reply_err(d, token, EINVAL, "AUTHORIZE needs \"worker\": a node name");
+            return;
+        }
+        /* One worker per lease: a new one replaces (and fences) the old. */
+        if (ld->worker != NULL && strcmp(ld->worker, worker) != 0) {
+            vn_lender_peer_down(ld->lender, ld->worker);
+        }
+        g_free(ld->worker);
+        ld->worker = g_strdup(worker);
+        save(d);
+        vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
+        return;
+    }
     default:
         reply_err(d, token, ENOTSUP, "unknown request %u", msg->type);
     }
@@ -611,10 +638,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         VnBorrowed *b = d->borrowed->pdata[i];
 
         if (strcmp(b->lender, peer) == 0 && !b->lost) {
-            b->lost = true;
-            if (b->borrower != NULL) {
-                vn_borrower_lender_down(b->borrower);
-            }
+            b->lost = true;   /* its worker sees the same link go and acts */
             emit(d, "DEVICE_LOST", b->device, b->lease, peer);
         }
     }

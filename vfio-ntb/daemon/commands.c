@@ -163,6 +163,9 @@ static void cmd_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
     json_builder_end_object(b);
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        if (n->devices == NULL) {
+            continue;   /* never announced: a borrower worker, not a host */
+        }
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "node");
         json_builder_add_string_value(b, n->name);
@@ -284,8 +287,11 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *bw = d->borrowed->pdata[i];
 
-        if (bw->borrower != NULL && (only == NULL || strcmp(only, bw->device) == 0)) {
-            add_json_text(b, vn_borrower_stats_json(bw->borrower));
+        char *text;
+
+        if ((only == NULL || strcmp(only, bw->device) == 0) &&
+            (text = vn_spawn_stats(bw)) != NULL) {
+            add_json_text(b, text);
         }
     }
     json_builder_end_array(b);
@@ -423,7 +429,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if ((b = borrow(d, node, name, r)) == NULL) {
         return;
     }
-    if (b->borrower != NULL) {
+    if (b->worker_pid > 0) {
         if (strcmp(b->domain, domain) != 0) {
             vn_control_error(r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
                              b->device, b->domain);
@@ -439,13 +445,13 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_free(b->socket);
     b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, domain, node, name);
     g_mkdir_with_parents(d->conf->run_dir, 0700);
-    b->borrower = vn_borrower_new(d->fab, node, name, b->irq_mode, b->socket, NULL, &error);
-    if (b->borrower == NULL) {
+    g_free(b->domain);
+    b->domain = g_strdup(domain);
+    if (!vn_spawn_start(d, b, &error)) {
+        g_clear_pointer(&b->domain, g_free);
         vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
         return;
     }
-    g_free(b->domain);
-    b->domain = g_strdup(domain);
     g_free(b->qmp);
     b->qmp = g_strdup(qmp);
     if (!vn_state_save(d, &error)) {
@@ -464,7 +470,7 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_daemon_borrowed(d, dev);
-    if (b == NULL || b->borrower == NULL) {
+    if (b == NULL || b->worker_pid <= 0) {
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
         return;
     }

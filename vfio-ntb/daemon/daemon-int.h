@@ -34,6 +34,7 @@ typedef struct VnLocalDevice {
     guint revoke_timer;         /* a revoke waiting out its grace period */
     gint64 orphan_since_us;     /* the holder's link is down since (0: it is up) */
     gint64 granted_us;          /* when the lease was granted (or restored) */
+    char *worker;               /* the holder's worker node, may reach the device */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
 
@@ -47,7 +48,12 @@ typedef struct VnBorrowed {
     char *domain;               /* set while attached */
     char *socket;
     char *qmp;                  /* the VM's QMP socket, optional */
-    VnBorrower *borrower;       /* the vfio-user server while attached */
+    /* While attached, the vfio-user server runs in its own process (spawn.c)
+     * so that it outlives this daemon. */
+    GPid worker_pid;            /* 0 when detached */
+    char *worker_node;          /* its fabric node */
+    char *stats_path;
+    guint child_watch;          /* 0 for a worker adopted after a restart */
     bool lost;                  /* the lender went away */
     gint64 since_us;            /* when we got (or restored) the lease */
 } VnBorrowed;
@@ -79,6 +85,7 @@ enum {
     VN_CLUSTER_BORROW,            /* request: {"device": name} -> {"lease"} */
     VN_CLUSTER_RETURN,            /* request: {"device", "lease"} -> {} */
     VN_CLUSTER_REVOKE,            /* event: {"device", "lease", "grace_ms"} */
+    VN_CLUSTER_AUTHORIZE,         /* request: {"device", "lease", "worker"} -> {} */
     VN_CLUSTER_LAST
 };
 
@@ -138,6 +145,17 @@ VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device);
 void vn_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays). */
 void vn_daemon_detach(VnDaemon *d, VnBorrowed *b);
+
+/* ---- spawn.c: borrower workers ---- */
+/* Start the worker serving @b on b->socket (b->domain set); false with
+ * @error when it did not come up. */
+bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
+/* SIGTERM, wait (bounded), SIGKILL if need be. */
+void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
+/* Its counters (JSON), or NULL. */
+char *vn_spawn_stats(VnBorrowed *b);
+/* After a restart: is the recorded worker still there? */
+bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);

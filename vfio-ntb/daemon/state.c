@@ -10,6 +10,7 @@
 
 #include <gio/gio.h>
 #include <string.h>
+#include <sys/types.h>
 
 /* A state file is small; a large one is not ours. */
 #define VN_STATE_MAX_SIZE (1024 * 1024)
@@ -49,6 +50,10 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, ld->borrower);
         json_builder_set_member_name(b, "lease");
         json_builder_add_int_value(b, (gint64)ld->lease);
+        if (ld->worker != NULL) {
+            json_builder_set_member_name(b, "worker");
+            json_builder_add_string_value(b, ld->worker);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -64,6 +69,23 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, bw->name);
         json_builder_set_member_name(b, "lease");
         json_builder_add_int_value(b, (gint64)bw->lease);
+        json_builder_set_member_name(b, "irq_mode");
+        json_builder_add_string_value(b, vn_irq_mode_to_string(bw->irq_mode));
+        if (bw->worker_pid > 0) {
+            json_builder_set_member_name(b, "worker");
+            json_builder_begin_object(b);
+            json_builder_set_member_name(b, "pid");
+            json_builder_add_int_value(b, bw->worker_pid);
+            json_builder_set_member_name(b, "node");
+            json_builder_add_string_value(b, bw->worker_node);
+            json_builder_set_member_name(b, "socket");
+            json_builder_add_string_value(b, bw->socket);
+            json_builder_set_member_name(b, "domain");
+            json_builder_add_string_value(b, bw->domain ? bw->domain : "");
+            json_builder_set_member_name(b, "stats");
+            json_builder_add_string_value(b, bw->stats_path);
+            json_builder_end_object(b);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -100,6 +122,40 @@ static const char *get_str(JsonObject *o, const char *m)
 
     return (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING)
                ? json_node_get_string(n) : NULL;
+}
+
+/* A worker that served this device before our restart: adopt it if it is
+ * still the process we started. */
+static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
+{
+    JsonObject *w;
+    JsonNode *pid;
+    const char *node, *socket, *domain, *stats;
+
+    if (wn == NULL || !JSON_NODE_HOLDS_OBJECT(wn)) {
+        return;
+    }
+    w = json_node_get_object(wn);
+    pid = json_object_get_member(w, "pid");
+    node = get_str(w, "node");
+    socket = get_str(w, "socket");
+    domain = get_str(w, "domain");
+    stats = get_str(w, "stats");
+    if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
+        json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
+        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_fabric_name_valid(node) ||
+        socket == NULL || socket[0] != '/' || domain == NULL || stats == NULL) {
+        return;
+    }
+    b->worker_pid = (GPid)json_node_get_int(pid);
+    b->worker_node = g_strdup(node);
+    b->socket = g_strdup(socket);
+    b->domain = g_strdup(domain);
+    b->stats_path = g_strdup(stats);
+    if (!vn_spawn_adopt(d, b)) {
+        g_message("node %s: the worker that served %s is gone", d->conf->node, b->device);
+        g_clear_pointer(&b->domain, g_free);
+    }
 }
 
 bool vn_state_load(VnDaemon *d, GError **error)
@@ -148,6 +204,10 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->lease = lease;
         ld->orphan_since_us = g_get_monotonic_time();
         ld->granted_us = ld->orphan_since_us;
+        if (get_str(json_node_get_object(e), "worker") != NULL &&
+            vn_fabric_name_valid(get_str(json_node_get_object(e), "worker"))) {
+            ld->worker = g_strdup(get_str(json_node_get_object(e), "worker"));
+        }
         d->next_lease = MAX(d->next_lease, lease);
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);
@@ -173,7 +233,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         b->device = g_strdup_printf("%s/%s", lender, name);
         b->lease = lease;
         b->since_us = g_get_monotonic_time();
+        vn_irq_mode_from_string(get_str(json_node_get_object(e), "irq_mode"), &b->irq_mode);
         g_ptr_array_add(d->borrowed, b);
+        restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
         g_message("node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
                   lease);
     }

@@ -50,18 +50,23 @@ VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
 
 void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
 {
-    if (b->borrower == NULL) {
+    if (b->worker_pid <= 0) {
         return;
     }
+    vn_spawn_stop(d, b);
     g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
-    g_clear_pointer(&b->borrower, vn_borrower_free);
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
 }
 
+/* Leaves a running worker alone: it serves a VM and outlives us. */
 void vn_borrowed_free(VnBorrowed *b)
 {
-    vn_borrower_free(b->borrower);
+    if (b->child_watch != 0) {
+        g_source_remove(b->child_watch);
+    }
+    g_free(b->worker_node);
+    g_free(b->stats_path);
     g_free(b->device);
     g_free(b->lender);
     g_free(b->name);
@@ -83,6 +88,7 @@ static void local_free(gpointer p)
     }
     vn_lender_free(ld->lender);
     g_free(ld->borrower);
+    g_free(ld->worker);
     g_free(ld);
 }
 
@@ -111,8 +117,9 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply_error(d->fab, token, ENODEV, why);
         return;
     }
-    /* Only the lease holder reaches the device. */
-    if (ld->borrower == NULL || strcmp(ld->borrower, msg->peer) != 0) {
+    /* Only the lease holder, or the worker it authorized, reaches the device. */
+    if (ld->borrower == NULL || (strcmp(ld->borrower, msg->peer) != 0 &&
+                                 (ld->worker == NULL || strcmp(ld->worker, msg->peer) != 0))) {
         g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
                                                "first", d->conf->node, name, msg->peer);
 
@@ -140,24 +147,11 @@ static void on_link(void *opaque, const char *peer, bool up)
     vn_cluster_link(d, peer, up);
 }
 
-static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
-{
-    VnDaemon *d = opaque;
-
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *b = d->borrowed->pdata[i];
-
-        if (b->borrower != NULL && strcmp(b->lender, peer) == 0) {
-            vn_borrower_doorbell(b->borrower, bit);
-        }
-    }
-}
-
 static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
     .on_event = on_event,
-    .on_doorbell = on_doorbell,
+    /* doorbells go to the borrower workers' own nodes */
 };
 
 /* ---- borrows named in the config file ---- */
@@ -180,7 +174,7 @@ static bool static_borrows(Static *st)
         const char *klass;
         VnBorrowed *b = vn_daemon_borrowed(d, dev);
 
-        if (b != NULL && b->borrower != NULL) {
+        if (b != NULL && b->worker_pid > 0) {
             continue;
         }
         if (b == NULL && !vn_cluster_borrow(d, bc->lender, bc->device, &b, &klass, &error)) {
@@ -189,12 +183,13 @@ static bool static_borrows(Static *st)
             b->irq_mode = bc->irq_mode;
             g_free(b->socket);
             b->socket = g_strdup(bc->socket);
+            g_free(b->domain);
             b->domain = g_strdup(bc->name);
-            b->borrower = vn_borrower_new(d->fab, bc->lender, bc->device, bc->irq_mode,
-                                          bc->socket, NULL, &error);
-            if (b->borrower == NULL) {
+            if (!vn_spawn_start(d, b, &error)) {
                 g_clear_pointer(&b->domain, g_free);
                 all = false;
+            } else {
+                vn_state_save(d, NULL);
             }
         }
         if (!all && error != NULL && st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
@@ -262,7 +257,7 @@ static void stats_write(VnDaemon *d)
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *bw = d->borrowed->pdata[i];
         g_autoptr(JsonParser) p = json_parser_new();
-        g_autofree char *s = bw->borrower ? vn_borrower_stats_json(bw->borrower) : NULL;
+        g_autofree char *s = vn_spawn_stats(bw);
 
         if (s != NULL && json_parser_load_from_data(p, s, -1, NULL)) {
             json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
@@ -338,10 +333,8 @@ static void daemon_stop(VnDaemon *d)
     if (d->heartbeat != 0) {
         g_source_remove(d->heartbeat);
     }
-    /* Borrowers first: they detach from lenders that may be this node's. */
-    for (guint i = 0; d->borrowed != NULL && i < d->borrowed->len; i++) {
-        vn_daemon_detach(d, d->borrowed->pdata[i]);
-    }
+    /* Borrower workers keep serving their VMs; a restarted daemon adopts
+     * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
     g_clear_pointer(&d->control, vn_control_free);
     g_clear_pointer(&d->local, g_ptr_array_unref);

@@ -1,0 +1,160 @@
+/*
+ * vfio-ntb-borrower: one borrowed device's vfio-user server, in a process
+ * of its own so that it outlives vfio-ntbd: QEMU cannot reconnect to a
+ * vfio-user server, so a daemon restart must not take the server down.
+ *
+ *   vfio-ntb-borrower --fabric-dir DIR --node NAME --lender NODE --device NAME
+ *                     --socket PATH [--irq-mode fd|relay] [--stats-file PATH]
+ *                     [--fabric-param KEY=VALUE]...
+ *
+ * It attaches to the fabric as its own node (vfio-ntbd authorized that name
+ * with the lender for its lease), borrows the device's data path from the
+ * lender and serves it on PATH until SIGTERM, when it detaches cleanly.
+ * SIGUSR1 writes its counters to the stats file.  vfio-ntbd starts it for
+ * `attach` and stops it for `detach`, and a restarted vfio-ntbd adopts the
+ * ones still running.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.borrower"
+
+#include "borrower.h"
+#include "config.h"
+
+#include <glib-unix.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct Worker {
+    VnFabric *fab;
+    VnBorrower *b;
+    char *lender;
+    char *stats_file;
+    GMainLoop *loop;
+} Worker;
+
+static void on_link(void *opaque, const char *peer, bool up)
+{
+    Worker *w = opaque;
+
+    if (!up && w->b != NULL && strcmp(peer, w->lender) == 0) {
+        vn_borrower_lender_down(w->b);
+    }
+}
+
+static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
+{
+    Worker *w = opaque;
+
+    if (w->b != NULL && strcmp(peer, w->lender) == 0) {
+        vn_borrower_doorbell(w->b, bit);
+    }
+}
+
+static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    Worker *w = opaque;
+
+    /* A worker lends nothing and answers nobody. */
+    vn_fabric_reply_error(w->fab, token, 95 /* EOPNOTSUPP */, "a borrower worker");
+}
+
+static const VnFabricHandlers handlers = {
+    .on_link = on_link,
+    .on_request = on_request,
+    .on_doorbell = on_doorbell,
+};
+
+static gboolean on_usr1(gpointer data)
+{
+    Worker *w = data;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = NULL;
+
+    if (w->stats_file == NULL || w->b == NULL) {
+        return G_SOURCE_CONTINUE;
+    }
+    json = vn_borrower_stats_json(w->b);
+    if (!g_file_set_contents(w->stats_file, json, -1, &error)) {
+        g_warning("borrower worker: stats: %s", error->message);
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_stop(gpointer data)
+{
+    g_main_loop_quit(((Worker *)data)->loop);
+    return G_SOURCE_CONTINUE;
+}
+
+int main(int argc, char **argv)
+{
+    g_autofree char *dir = NULL, *node = NULL, *lender = NULL, *device = NULL;
+    g_autofree char *socket = NULL, *mode = NULL, *stats = NULL;
+    g_auto(GStrv) params = NULL;
+    GOptionEntry entries[] = {
+        { "fabric-dir", 0, 0, G_OPTION_ARG_FILENAME, &dir, "shm fabric directory", "DIR" },
+        { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this worker's fabric node", "NAME" },
+        { "lender", 0, 0, G_OPTION_ARG_STRING, &lender, "the lending node", "NODE" },
+        { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lender's device", "NAME" },
+        { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket, "vfio-user socket for QEMU", "PATH" },
+        { "irq-mode", 0, 0, G_OPTION_ARG_STRING, &mode, "fd or relay", "MODE" },
+        { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &stats, "counters on SIGUSR1", "PATH" },
+        { "fabric-param", 0, 0, G_OPTION_ARG_STRING_ARRAY, &params, "fabric limit", "K=V" },
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(GOptionContext) oc = g_option_context_new("- one borrowed device's server");
+    g_autoptr(GHashTable) fp = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    g_autoptr(GError) error = NULL;
+    VnIrqMode irq_mode = VN_IRQ_MODE_FD;
+    Worker w = { 0 };
+    guint sigs[3];
+
+    g_option_context_add_main_entries(oc, entries, NULL);
+    if (!g_option_context_parse(oc, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        return 2;
+    }
+    if (dir == NULL || node == NULL || lender == NULL || device == NULL || socket == NULL ||
+        (mode != NULL && !vn_irq_mode_from_string(mode, &irq_mode))) {
+        fprintf(stderr, "vfio-ntb-borrower: --fabric-dir, --node, --lender, --device and "
+                        "--socket are required; --irq-mode is fd or relay\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    g_hash_table_insert(fp, g_strdup("dir"), g_strdup(dir));
+    for (char **p = params; p != NULL && *p != NULL; p++) {
+        const char *eq = strchr(*p, '=');
+
+        if (eq == NULL) {
+            fprintf(stderr, "vfio-ntb-borrower: --fabric-param %s is not KEY=VALUE\n", *p);
+            return 2;
+        }
+        g_hash_table_insert(fp, g_strndup(*p, (gsize)(eq - *p)), g_strdup(eq + 1));
+    }
+    w.lender = lender;
+    w.stats_file = stats;
+    w.loop = g_main_loop_new(NULL, FALSE);
+    w.fab = vn_fabric_open("shm", node, fp, &handlers, &w, NULL, &error);
+    if (w.fab == NULL) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        return 1;
+    }
+    w.b = vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
+    if (w.b == NULL) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        vn_fabric_close(w.fab);
+        return 1;
+    }
+    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
+    sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
+    sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &w);
+    g_main_loop_run(w.loop);
+    for (int i = 0; i < 3; i++) {
+        g_source_remove(sigs[i]);
+    }
+    on_usr1(&w);
+    g_clear_pointer(&w.b, vn_borrower_free);
+    vn_fabric_close(w.fab);
+    g_main_loop_unref(w.loop);
+    return 0;
+}

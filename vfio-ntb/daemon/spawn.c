@@ -1,0 +1,230 @@
+/*
+ * Borrower workers: each attached device's vfio-user server runs in a
+ * vfio-ntb-borrower process, so that a restart of vfio-ntbd (a crash, an
+ * upgrade) leaves running VMs their devices; QEMU cannot reconnect to a
+ * vfio-user server.  The daemon starts a worker on attach, stops it on
+ * detach, asks it for counters (SIGUSR1 -> its stats file), and after a
+ * restart adopts the workers its state file names that still run.
+ *
+ * The worker is a fabric node of its own; the lender lets it reach the
+ * device because this daemon, the lease holder, authorized it by name.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A worker has this long to borrow the device's data path and listen. */
+#define VN_SPAWN_START_TIMEOUT_MS 10000
+#define VN_SPAWN_STOP_TIMEOUT_MS 5000
+#define VN_SPAWN_STATS_TIMEOUT_MS 1000
+#define VN_SPAWN_BINARY "vfio-ntb-borrower"
+
+/* Next to our own binary (build/ or the install's bin/), else on PATH. */
+static char *worker_binary(void)
+{
+    g_autofree char *self = g_file_read_link("/proc/self/exe", NULL);
+    g_autofree char *dir = self ? g_path_get_dirname(self) : NULL;
+    g_autofree char *near = dir ? g_build_filename(dir, VN_SPAWN_BINARY, NULL) : NULL;
+
+    if (near != NULL && g_file_test(near, G_FILE_TEST_IS_EXECUTABLE)) {
+        return g_steal_pointer(&near);
+    }
+    return g_find_program_in_path(VN_SPAWN_BINARY);
+}
+
+static void on_child_exit(GPid pid, gint status, gpointer data)
+{
+    VnBorrowed *b = data;
+
+    g_spawn_close_pid(pid);
+    if (b->worker_pid != pid) {
+        return;
+    }
+    g_message("borrower worker for %s (pid %d) exited (status %d)", b->device, pid, status);
+    b->worker_pid = 0;
+    b->child_watch = 0;
+}
+
+static bool authorize(VnDaemon *d, VnBorrowed *b, GError **error)
+{
+    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT
+                                            ",\"worker\":\"%s\"}", b->name, b->lease,
+                                            b->worker_node);
+    g_autoptr(VnFabricMsg) reply = NULL;
+    int ret;
+
+    ret = vn_fabric_request_sync(d->fab, b->lender, VN_CLUSTER_AUTHORIZE, json, NULL, 0, NULL,
+                                 0, &reply);
+    if (ret < 0) {
+        g_autofree char *why = vn_fabric_error_message(reply);
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "%s: %s", b->lender,
+                    why ? why : g_strerror(-ret));
+        return false;
+    }
+    return true;
+}
+
+bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
+{
+    g_autofree char *bin = worker_binary();
+    g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
+    GHashTableIter it;
+    gpointer k, v;
+    gint64 deadline;
+
+    if (bin == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                    "%s is not installed next to vfio-ntbd nor on PATH", VN_SPAWN_BINARY);
+        return false;
+    }
+    /* Unique per lease; the node name limit keeps the prefix short. */
+    g_free(b->worker_node);
+    b->worker_node = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
+                                     (guint64)(b->lease % 1000000000u));
+    g_free(b->stats_path);
+    b->stats_path = g_strdup_printf("%s/%s.stats", d->conf->run_dir, b->worker_node);
+    if (!authorize(d, b, error)) {
+        return false;
+    }
+    g_ptr_array_add(argv, g_strdup(bin));
+    g_ptr_array_add(argv, g_strdup("--fabric-dir"));
+    g_ptr_array_add(argv, g_strdup(g_hash_table_lookup(d->conf->fabric_params, "dir")));
+    g_hash_table_iter_init(&it, d->conf->fabric_params);
+    while (g_hash_table_iter_next(&it, &k, &v)) {
+        if (strcmp(k, "dir") != 0) {
+            g_ptr_array_add(argv, g_strdup_printf("--fabric-param=%s=%s", (char *)k,
+                                                  (char *)v));
+        }
+    }
+    g_ptr_array_add(argv, g_strdup_printf("--node=%s", b->worker_node));
+    g_ptr_array_add(argv, g_strdup_printf("--lender=%s", b->lender));
+    g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
+    g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
+    g_ptr_array_add(argv, g_strdup_printf("--irq-mode=%s", vn_irq_mode_to_string(b->irq_mode)));
+    g_ptr_array_add(argv, g_strdup_printf("--stats-file=%s", b->stats_path));
+    g_ptr_array_add(argv, NULL);
+    unlink(b->socket);
+    if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
+                       &b->worker_pid, error)) {
+        g_prefix_error(error, "starting %s: ", VN_SPAWN_BINARY);
+        return false;
+    }
+    b->child_watch = g_child_watch_add(b->worker_pid, on_child_exit, b);
+    /* Wait for its socket: then QEMU can be started.  The worker talks to
+     * the lender itself, so blocking here deadlocks nothing. */
+    deadline = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
+    while (!g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
+        int status;
+
+        if (waitpid(b->worker_pid, &status, WNOHANG) == b->worker_pid) {
+            g_source_remove(b->child_watch);
+            b->child_watch = 0;
+            b->worker_pid = 0;
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED,
+                        "the borrower worker for %s exited (status %d); its messages are in "
+                        "this daemon's log", b->device, status);
+            return false;
+        }
+        if (g_get_monotonic_time() > deadline) {
+            vn_spawn_stop(d, b);
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
+                        "the borrower worker for %s did not come up in %d ms", b->device,
+                        VN_SPAWN_START_TIMEOUT_MS);
+            return false;
+        }
+        g_usleep(5000);
+    }
+    g_message("node %s: %s served on %s by worker %s (pid %d)", d->conf->node, b->device,
+              b->socket, b->worker_node, b->worker_pid);
+    return true;
+}
+
+static bool alive(GPid pid)
+{
+    return pid > 0 && kill(pid, 0) == 0;
+}
+
+void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
+{
+    gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
+    GPid pid = b->worker_pid;
+
+    if (pid <= 0) {
+        return;
+    }
+    if (b->child_watch != 0) {
+        g_source_remove(b->child_watch);
+        b->child_watch = 0;
+    }
+    kill(pid, SIGTERM);
+    while (g_get_monotonic_time() < deadline) {
+        /* Our child: reap it.  Adopted: it is init's; watch it go. */
+        if (waitpid(pid, NULL, WNOHANG) == pid || (errno == ECHILD && !alive(pid))) {
+            pid = 0;
+            break;
+        }
+        g_usleep(5000);
+    }
+    if (pid != 0) {
+        g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
+                  b->device, pid);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    b->worker_pid = 0;
+    if (b->stats_path != NULL) {
+        unlink(b->stats_path);
+    }
+}
+
+char *vn_spawn_stats(VnBorrowed *b)
+{
+    struct stat st;
+    gint64 before = 0, deadline;
+    char *text = NULL;
+
+    if (!alive(b->worker_pid) || b->stats_path == NULL) {
+        return NULL;
+    }
+    if (stat(b->stats_path, &st) == 0) {
+        before = (gint64)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    }
+    kill(b->worker_pid, SIGUSR1);
+    deadline = g_get_monotonic_time() + VN_SPAWN_STATS_TIMEOUT_MS * 1000;
+    while (g_get_monotonic_time() < deadline) {
+        if (stat(b->stats_path, &st) == 0 &&
+            (gint64)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != before &&
+            g_file_get_contents(b->stats_path, &text, NULL, NULL)) {
+            return text;
+        }
+        g_usleep(2000);
+    }
+    return NULL;
+}
+
+bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b)
+{
+    g_autofree char *cmdline = NULL;
+    g_autofree char *proc = g_strdup_printf("/proc/%d/cmdline", b->worker_pid);
+    gsize len = 0;
+
+    /* The pid must still be a worker of ours, for this device's socket. */
+    if (!alive(b->worker_pid) || !g_file_get_contents(proc, &cmdline, &len, NULL) ||
+        len == 0 || strstr(cmdline, VN_SPAWN_BINARY) == NULL ||
+        !g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
+        b->worker_pid = 0;
+        return false;
+    }
+    g_message("node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node,
+              b->worker_node, b->worker_pid, b->device, b->socket);
+    return true;
+}
