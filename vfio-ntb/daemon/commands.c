@@ -444,7 +444,6 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     g_free(b->socket);
     b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, domain, node, name);
-    g_mkdir_with_parents(d->conf->run_dir, 0700);
     g_free(b->domain);
     b->domain = g_strdup(domain);
     if (!vn_spawn_start(d, b, &error)) {

@@ -92,6 +92,11 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
                                      (guint64)(b->lease % 1000000000u));
     g_free(b->stats_path);
     b->stats_path = g_strdup_printf("%s/%s.stats", d->conf->run_dir, b->worker_node);
+    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
+                    d->conf->run_dir, g_strerror(errno));
+        return false;
+    }
     if (!authorize(d, b, error)) {
         return false;
     }
