@@ -575,6 +575,28 @@ def hotplug_cycle(q, dev, timeout=60.0):
 
 
 # --------------------------------------------------------------------------------------------
+# Test helpers shared by tests/e2e/test_*.py
+
+
+def result(name, ok, **detail):
+    """Print the line tests/run-checks counts: RESULT <name> PASS|FAIL key=value..."""
+    kv = " ".join(f"{k}={v}" for k, v in detail.items())
+    print(f"RESULT {name} {'PASS' if ok else 'FAIL'} {kv}".rstrip(), flush=True)
+    return ok
+
+
+def wait_for(pred, timeout):
+    """Poll pred() until it is truthy or timeout seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    return pred()
+
+
+# --------------------------------------------------------------------------------------------
 # Backing-file verification
 
 

@@ -19,26 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 DEV = "hosta/nvme0"
-
-
-def result(name, ok, **detail):
-    kv = " ".join(f"{k}={v}" for k, v in detail.items())
-    print(f"RESULT {name} {'PASS' if ok else 'FAIL'} {kv}".rstrip(), flush=True)
-    return ok
-
-
-def wait_for(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    return pred()
 
 
 class Cluster:

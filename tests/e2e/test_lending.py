@@ -19,13 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from harness import result, wait_for  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
-
-
-def result(name, ok, **detail):
-    kv = " ".join(f"{k}={v}" for k, v in detail.items())
-    print(f"RESULT {name} {'PASS' if ok else 'FAIL'} {kv}".rstrip(), flush=True)
-    return ok
 
 
 def cluster(procs, mode, size_mib=256):
@@ -107,16 +102,6 @@ def test_relay_mode(procs):
                  device=d["device_interrupts"], relayed=d["relayed_irqs_lender"],
                  doorbells=d["fabric_doorbells"], borrower=d["relayed_irqs_borrower"])
     return ok
-
-
-def wait_for(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    return pred()
 
 
 def test_qemu_killed_then_new_vm(procs):

@@ -13,15 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+from harness import result, wait_for  # noqa: E402
 
 SERIAL = "VN-E2E-0001"
 MODEL = "vfio-ntb_simulated_NVMe"   # the guest's report replaces spaces by _
-
-
-def result(name, ok, **detail):
-    kv = " ".join(f"{k}={v}" for k, v in detail.items())
-    print(f"RESULT {name} {'PASS' if ok else 'FAIL'} {kv}".rstrip(), flush=True)
-    return ok
 
 
 def simdev_stats(sd):

@@ -244,32 +244,31 @@ static void add_json_text(JsonBuilder *b, char *text)
     g_free(text);
 }
 
-static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
+JsonNode *vn_daemon_stats(VnDaemon *d, const char *only)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
-    const char *only = arg_string(a, "device");
     VnFabricStats fs;
+    const struct {
+        const char *name;
+        uint64_t *v;
+    } fields[] = {
+        { "msgs_sent", &fs.msgs_sent },
+        { "msgs_received", &fs.msgs_received },
+        { "doorbells_sent", &fs.doorbells_sent },
+        { "doorbells_received", &fs.doorbells_received },
+        { "bad_messages", &fs.bad_messages },
+    };
 
-    if (json_object_has_member(a, "device") && only == NULL) {
-        vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
-        return;
-    }
     vn_fabric_stats(d->fab, &fs);
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "node");
     json_builder_add_string_value(b, d->conf->node);
     json_builder_set_member_name(b, "fabric");
     json_builder_begin_object(b);
-    json_builder_set_member_name(b, "msgs_sent");
-    json_builder_add_int_value(b, (gint64)fs.msgs_sent);
-    json_builder_set_member_name(b, "msgs_received");
-    json_builder_add_int_value(b, (gint64)fs.msgs_received);
-    json_builder_set_member_name(b, "doorbells_sent");
-    json_builder_add_int_value(b, (gint64)fs.doorbells_sent);
-    json_builder_set_member_name(b, "doorbells_received");
-    json_builder_add_int_value(b, (gint64)fs.doorbells_received);
-    json_builder_set_member_name(b, "bad_messages");
-    json_builder_add_int_value(b, (gint64)fs.bad_messages);
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        json_builder_set_member_name(b, fields[i].name);
+        json_builder_add_int_value(b, (gint64)*fields[i].v);
+    }
     json_builder_end_object(b);
     json_builder_set_member_name(b, "lent");
     json_builder_begin_array(b);
@@ -286,7 +285,6 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
     json_builder_begin_array(b);
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *bw = d->borrowed->pdata[i];
-
         char *text;
 
         if ((only == NULL || strcmp(only, bw->device) == 0) &&
@@ -296,7 +294,18 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     json_builder_end_array(b);
     json_builder_end_object(b);
-    vn_control_return(r, json_builder_get_root(b));
+    return json_builder_get_root(b);
+}
+
+static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    const char *only = arg_string(a, "device");
+
+    if (json_object_has_member(a, "device") && only == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
+        return;
+    }
+    vn_control_return(r, vn_daemon_stats(d, only));
 }
 
 static void return_lease(VnControlReply *r, const char *device, uint64_t lease,

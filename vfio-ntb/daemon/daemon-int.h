@@ -124,6 +124,9 @@ void vn_control_event(VnControl *c, const char *name, JsonNode *data);
 typedef void (*VnCommandFn)(VnDaemon *d, JsonObject *args, VnControlReply *r);
 /* The handler of @name, or NULL. @allowed lists the argument names. */
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
+/* Counters of this node (fabric, lent and borrowed devices; @only: one
+ * device "host/name" or NULL for all), as `query-stats` returns them. */
+JsonNode *vn_daemon_stats(VnDaemon *d, const char *only);
 
 /* ---- cluster.c ---- */
 void vn_cluster_start(VnDaemon *d);

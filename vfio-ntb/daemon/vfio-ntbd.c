@@ -215,57 +215,14 @@ static gboolean on_static_retry(gpointer data)
 
 static void stats_write(VnDaemon *d)
 {
-    g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
     g_autoptr(GError) error = NULL;
     g_autofree char *text = NULL;
-    VnFabricStats fs;
 
     if (d->conf->stats_file == NULL) {
         return;
     }
-    vn_fabric_stats(d->fab, &fs);
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, d->conf->node);
-    json_builder_set_member_name(b, "fabric");
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "msgs_sent");
-    json_builder_add_int_value(b, (gint64)fs.msgs_sent);
-    json_builder_set_member_name(b, "msgs_received");
-    json_builder_add_int_value(b, (gint64)fs.msgs_received);
-    json_builder_set_member_name(b, "doorbells_sent");
-    json_builder_add_int_value(b, (gint64)fs.doorbells_sent);
-    json_builder_set_member_name(b, "doorbells_received");
-    json_builder_add_int_value(b, (gint64)fs.doorbells_received);
-    json_builder_set_member_name(b, "bad_messages");
-    json_builder_add_int_value(b, (gint64)fs.bad_messages);
-    json_builder_end_object(b);
-    json_builder_set_member_name(b, "lent");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->local->len; i++) {
-        g_autoptr(JsonParser) p = json_parser_new();
-        g_autofree char *s = vn_lender_stats_json(((VnLocalDevice *)d->local->pdata[i])->lender);
-
-        if (json_parser_load_from_data(p, s, -1, NULL)) {
-            json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
-        }
-    }
-    json_builder_end_array(b);
-    json_builder_set_member_name(b, "borrowed");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *bw = d->borrowed->pdata[i];
-        g_autoptr(JsonParser) p = json_parser_new();
-        g_autofree char *s = vn_spawn_stats(bw);
-
-        if (s != NULL && json_parser_load_from_data(p, s, -1, NULL)) {
-            json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
-        }
-    }
-    json_builder_end_array(b);
-    json_builder_end_object(b);
-    root = json_builder_get_root(b);
+    root = vn_daemon_stats(d, NULL);
     text = json_to_string(root, TRUE);
     /* renamed into place: readers see whole files */
     if (!g_file_set_contents(d->conf->stats_file, text, -1, &error)) {
