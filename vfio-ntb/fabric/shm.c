@@ -552,25 +552,54 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
     return ret;
 }
 
+/*
+ * Wait for @peer alone -- but on every connection that may carry its bytes:
+ * when both ends connect at once, the peer may answer on the connection it
+ * opened, which we have not even accepted yet.  So the listening socket,
+ * unnamed connections (their HELLO may name @peer) and every connection
+ * named @peer are polled; other peers' connections wait for the main loop.
+ */
 static int shm_wait(void *backend, const char *peer, int timeout_ms)
 {
     VnShm *shm = backend;
-    VnShmConn *c = g_hash_table_lookup(shm->active, peer);
-    struct pollfd pfd;
-    int n;
+    struct pollfd pfd[VN_SHM_MAX_UNNAMED + 8];
+    VnShmConn *conn[G_N_ELEMENTS(pfd)];
+    unsigned n = 0;
+    int ready, ret = 0;
 
-    if (c == NULL) {
+    if (!g_hash_table_contains(shm->active, peer)) {
         return -ENOTCONN;
     }
-    pfd = (struct pollfd){ .fd = c->fd, .events = POLLIN };
-    n = poll(&pfd, 1, timeout_ms);
-    if (n < 0) {
-        return -errno;
+    pfd[n] = (struct pollfd){ .fd = shm->listen_fd, .events = POLLIN };
+    conn[n++] = NULL;
+    for (guint i = 0; i < shm->conns->len && n < G_N_ELEMENTS(pfd); i++) {
+        VnShmConn *c = shm->conns->pdata[i];
+
+        if (c->fd >= 0 && (c->peer[0] == '\0' || strcmp(c->peer, peer) == 0)) {
+            pfd[n] = (struct pollfd){ .fd = c->fd, .events = POLLIN };
+            conn[n++] = c;
+            c->ref++;            /* servicing one may drop another */
+        }
     }
-    if (n == 0) {
-        return -ETIMEDOUT;
+    ready = poll(pfd, n, timeout_ms);
+    if (ready < 0) {
+        ret = -errno;
+    } else if (ready == 0) {
+        ret = -ETIMEDOUT;
     }
-    return conn_service(c, VN_SHM_RECORDS_PER_WAKEUP);
+    for (unsigned i = 0; i < n; i++) {
+        if (ret == 0 && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (conn[i] == NULL) {
+                on_accept(shm->listen_fd, G_IO_IN, shm);
+            } else if (conn[i]->fd >= 0) {
+                conn_service(conn[i], VN_SHM_RECORDS_PER_WAKEUP);
+            }
+        }
+        if (conn[i] != NULL) {
+            conn_unref(conn[i]);
+        }
+    }
+    return ret;
 }
 
 static void shm_close(void *backend)
