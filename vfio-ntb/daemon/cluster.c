@@ -271,10 +271,8 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
         VnBorrowed *b = d->borrowed->pdata[i - 1];
         bool held = false;
 
-        /* An announcement may have been on its way while we borrowed:
-         * judge only leases older than two heartbeats. */
-        if (strcmp(b->lender, lender) != 0 ||
-            g_get_monotonic_time() - b->since_us < 2 * VN_DAEMON_HEARTBEAT_MS * 1000) {
+        /* Only a lease in doubt is judged (see VnBorrowed.unconfirmed). */
+        if (strcmp(b->lender, lender) != 0 || !b->unconfirmed) {
             continue;
         }
         for (guint j = 0; j < json_array_get_length(a); j++) {
@@ -288,7 +286,14 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
                 held = true;
             }
         }
-        if (!held) {
+        if (held) {
+            b->unconfirmed = false;
+            if (b->lost) {
+                b->lost = false;
+                g_message("node %s: %s is back and still lends us %s", d->conf->node, lender,
+                          b->device);
+            }
+        } else {
             g_message("node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")",
                       d->conf->node, lender, b->device, b->lease);
             emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL);
@@ -325,13 +330,12 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
             if (ld->borrower == NULL || strcmp(ld->borrower, msg->peer) != 0) {
                 continue;
             }
+            /* Only a lease in doubt is judged by announcements: a fresh
+             * grant may cross an announcement built before it. */
             if (claims(d, o, ld->conf->name, ld->lease)) {
                 ld->orphan_since_us = 0;
-            } else if (g_get_monotonic_time() - ld->granted_us >
-                       2 * VN_DAEMON_HEARTBEAT_MS * 1000) {
-                /* Older than two heartbeats: not an announcement that
-                 * crossed the grant on its way (links may reorder across a
-                 * reconnect). */
+                ld->unconfirmed = false;
+            } else if (ld->unconfirmed || ld->orphan_since_us != 0) {
                 vn_cluster_lease_end(d, ld, "the borrower no longer holds it");
             }
         }
@@ -447,7 +451,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         }
         ld->borrower = g_strdup(msg->peer);
         ld->lease = ++d->next_lease;
-        ld->granted_us = g_get_monotonic_time();
+        ld->unconfirmed = false;
         ld->orphan_since_us = 0;
         save(d);
         g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, name,
@@ -576,7 +580,6 @@ bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorr
     b->lender = g_strdup(lender);
     b->name = g_strdup(name);
     b->lease = lease;
-    b->since_us = g_get_monotonic_time();
     g_ptr_array_add(d->borrowed, b);
     save(d);
     *out = b;
@@ -639,6 +642,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
 
         if (strcmp(b->lender, peer) == 0 && !b->lost) {
             b->lost = true;   /* its worker sees the same link go and acts */
+            b->unconfirmed = true;
             emit(d, "DEVICE_LOST", b->device, b->lease, peer);
         }
     }

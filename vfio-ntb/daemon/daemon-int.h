@@ -33,7 +33,8 @@ typedef struct VnLocalDevice {
     uint64_t lease;
     guint revoke_timer;         /* a revoke waiting out its grace period */
     gint64 orphan_since_us;     /* the holder's link is down since (0: it is up) */
-    gint64 granted_us;          /* when the lease was granted (or restored) */
+    bool unconfirmed;           /* restored from the state file: the holder must
+                                 * claim it in an announcement, or it ends */
     char *worker;               /* the holder's worker node, may reach the device */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
@@ -55,7 +56,8 @@ typedef struct VnBorrowed {
     char *stats_path;
     guint child_watch;          /* 0 for a worker adopted after a restart */
     bool lost;                  /* the lender went away */
-    gint64 since_us;            /* when we got (or restored) the lease */
+    bool unconfirmed;           /* restored, or the lender's link went down: the
+                                 * lender's next announcement keeps or drops it */
 } VnBorrowed;
 
 /* What another node announced. */

@@ -203,7 +203,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->borrower = g_strdup(borrower);
         ld->lease = lease;
         ld->orphan_since_us = g_get_monotonic_time();
-        ld->granted_us = ld->orphan_since_us;
+        ld->unconfirmed = true;
         if (get_str(json_node_get_object(e), "worker") != NULL &&
             vn_fabric_name_valid(get_str(json_node_get_object(e), "worker"))) {
             ld->worker = g_strdup(get_str(json_node_get_object(e), "worker"));
@@ -232,7 +232,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         b->name = g_strdup(name);
         b->device = g_strdup_printf("%s/%s", lender, name);
         b->lease = lease;
-        b->since_us = g_get_monotonic_time();
+        b->unconfirmed = true;
         vn_irq_mode_from_string(get_str(json_node_get_object(e), "irq_mode"), &b->irq_mode);
         g_ptr_array_add(d->borrowed, b);
         restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
