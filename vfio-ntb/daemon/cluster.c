@@ -304,6 +304,12 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
     }
 }
 
+static void returned_quietly(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                             void *opaque)
+{
+    /* on_return_reply logged a failure already */
+}
+
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 {
     g_autoptr(JsonParser) p = json_parser_new();
@@ -358,7 +364,7 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
                   d->conf->node, msg->peer, device, lease);
         emit(d, "LEASE_REVOKED", device, lease, NULL);
         /* A cooperative borrower: detach from the VM and return at once. */
-        vn_cluster_return(d, b, NULL);
+        vn_cluster_return(d, b, returned_quietly, NULL);
     }
 }
 
@@ -542,73 +548,148 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
 
 /* ---- leases, borrower side ---- */
 
-bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorrowed **out,
-                       const char **klass, GError **error)
+/*
+ * Borrow and return are asynchronous: a daemon waiting on another daemon
+ * must still answer it, or two daemons borrowing from each other at once
+ * would each hold the other's request until both time out.
+ */
+typedef struct Pending {
+    VnDaemon *d;
+    char *lender;
+    char *name;
+    uint64_t lease;             /* return: the lease given back */
+    VnClusterDone done;
+    void *opaque;
+} Pending;
+
+static void pending_free(Pending *p)
 {
-    g_autoptr(VnFabricMsg) reply = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
-    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\"}", name);
+    g_free(p->lender);
+    g_free(p->name);
+    g_free(p);
+}
+
+static const char *klass_of(int err)
+{
+    switch (-err) {
+    case EACCES:
+        return VN_ERR_ACCESS;
+    case EBUSY:
+        return VN_ERR_BUSY;
+    case ENODEV:
+        return VN_ERR_NODEV;
+    case ECONNRESET:
+    case ENOTCONN:
+    case ETIMEDOUT:
+        return VN_ERR_UNREACHABLE;
+    default:
+        return VN_ERR_GENERIC;
+    }
+}
+
+static void finish(Pending *p, VnBorrowed *b, const char *klass, const char *msg)
+{
+    p->done(p->d, b, klass, msg, p->opaque);
+    pending_free(p);
+}
+
+static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
+{
+    Pending *p = opaque;
+    VnDaemon *d = p->d;
+    g_autoptr(JsonParser) parser = json_parser_new();
+    g_autofree char *device = g_strdup_printf("%s/%s", p->lender, p->name);
     JsonObject *o;
     VnBorrowed *b;
     uint64_t lease;
-    int ret;
 
-    *klass = VN_ERR_UNREACHABLE;
-    if (!vn_fabric_connect(d->fab, lender, error)) {
-        return false;
-    }
-    ret = vn_fabric_request_sync(d->fab, lender, VN_CLUSTER_BORROW, json, NULL, 0, NULL, 0,
-                                 &reply);
-    if (ret < 0) {
-        *klass = ret == -EACCES ? VN_ERR_ACCESS : ret == -EBUSY ? VN_ERR_BUSY
-               : ret == -ENODEV ? VN_ERR_NODEV : VN_ERR_GENERIC;
+    if (err < 0) {
         g_autofree char *why = vn_fabric_error_message(reply);
 
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "%s",
-                    why != NULL ? why : g_strerror(-ret));
-        return false;
+        finish(p, NULL, klass_of(err), why != NULL ? why : g_strerror(-err));
+        return;
     }
-    o = parse(p, reply->json);
+    o = parse(parser, reply->json);
     if (o == NULL || !uint_member(o, "lease", &lease) || lease == 0) {
-        *klass = VN_ERR_GENERIC;
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s answered BORROW with something that is not a lease", lender);
-        return false;
+        finish(p, NULL, VN_ERR_GENERIC, "the lender answered BORROW with no lease");
+        return;
     }
-    b = g_new0(VnBorrowed, 1);
-    b->device = g_strdup_printf("%s/%s", lender, name);
-    b->lender = g_strdup(lender);
-    b->name = g_strdup(name);
+    if (d->borrowed == NULL) {
+        finish(p, NULL, VN_ERR_GENERIC, "the daemon is stopping");
+        return;
+    }
+    b = vn_daemon_borrowed(d, device);
+    if (b == NULL) {
+        b = g_new0(VnBorrowed, 1);
+        b->device = g_steal_pointer(&device);
+        b->lender = g_strdup(p->lender);
+        b->name = g_strdup(p->name);
+        g_ptr_array_add(d->borrowed, b);
+    }
     b->lease = lease;
-    g_ptr_array_add(d->borrowed, b);
     save(d);
-    *out = b;
-    return true;
+    finish(p, b, NULL, NULL);
 }
 
-bool vn_cluster_return(VnDaemon *d, VnBorrowed *b, GError **error)
+void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClusterDone done,
+                       void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\"}", name);
+    Pending *p = g_new0(Pending, 1);
+    int ret;
+
+    *p = (Pending){ .d = d, .lender = g_strdup(lender), .name = g_strdup(name), .done = done,
+                    .opaque = opaque };
+    if (!vn_fabric_connect(d->fab, lender, &error)) {
+        finish(p, NULL, VN_ERR_UNREACHABLE, error->message);
+        return;
+    }
+    ret = vn_fabric_request(d->fab, lender, VN_CLUSTER_BORROW, json, NULL, 0, NULL, 0,
+                            on_borrow_reply, p);
+    if (ret < 0) {
+        finish(p, NULL, klass_of(ret), g_strerror(-ret));
+    }
+}
+
+static void on_return_reply(void *opaque, VnFabricMsg *reply, int err)
+{
+    Pending *p = opaque;
+    g_autofree char *why = err < 0 ? vn_fabric_error_message(reply) : NULL;
+    g_autofree char *msg = NULL;
+
+    if (err < 0) {
+        msg = g_strdup_printf("returned here, but %s did not acknowledge lease %"
+                              G_GUINT64_FORMAT ": %s", p->lender, p->lease,
+                              why != NULL ? why : g_strerror(-err));
+        g_message("node %s: %s", p->d->conf->node, msg);
+    }
+    finish(p, NULL, err < 0 ? VN_ERR_GENERIC : NULL, msg);
+}
+
+void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque)
 {
     g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT "}",
                                             b->name, b->lease);
-    g_autoptr(VnFabricMsg) reply = NULL;
+    Pending *p = g_new0(Pending, 1);
+    bool lost = b->lost;
     int ret = 0;
 
+    *p = (Pending){ .d = d, .lender = g_strdup(b->lender), .name = g_strdup(b->name),
+                    .lease = b->lease, .done = done, .opaque = opaque };
     vn_daemon_detach(d, b);
-    if (!b->lost) {
-        ret = vn_fabric_request_sync(d->fab, b->lender, VN_CLUSTER_RETURN, json, NULL, 0, NULL,
-                                     0, &reply);
-    }
-    /* Whatever the lender said, the device is not ours any more. */
+    /* Whatever the lender says, the device is not ours any more. */
     g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
               b->lease);
     g_ptr_array_remove(d->borrowed, b);
     save(d);
-    if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "the lender did not acknowledge the return: %s", g_strerror(-ret));
-        return false;
+    if (!lost) {
+        ret = vn_fabric_request(d->fab, p->lender, VN_CLUSTER_RETURN, json, NULL, 0, NULL, 0,
+                                on_return_reply, p);
     }
-    return true;
+    if (lost || ret < 0) {
+        on_return_reply(p, NULL, lost ? 0 : ret);
+    }
 }
 
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up)

@@ -326,44 +326,59 @@ static void return_lease(VnControlReply *r, const char *device, uint64_t lease,
     vn_control_return(r, json_builder_get_root(b));
 }
 
-/* Borrow @node/@name for this node, or find it borrowed already. */
-static VnBorrowed *borrow(VnDaemon *d, const char *node, const char *name, VnControlReply *r)
+static void borrowed_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                           void *opaque)
 {
-    g_autofree char *dev = g_strdup_printf("%s/%s", node, name);
-    g_autoptr(GError) error = NULL;
-    const char *klass = VN_ERR_GENERIC;
-    VnBorrowed *b = vn_daemon_borrowed(d, dev);
+    VnControlReply *r = opaque;
 
-    if (b != NULL) {
-        return b;
-    }
-    if (strcmp(node, d->conf->node) == 0) {
-        vn_control_error(r, VN_ERR_PARAM, "%s is this node's own device: give it to a VM "
-                         "directly, there is nothing to borrow", dev);
-        return NULL;
-    }
-    if (!vn_cluster_borrow(d, node, name, &b, &klass, &error)) {
-        vn_control_error(r, klass, "%s", error->message);
-        return NULL;
-    }
-    return b;
-}
-
-static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
-{
-    g_autofree char *node = NULL, *name = NULL;
-    VnBorrowed *b;
-
-    if (!arg_device(a, r, &node, &name) || (b = borrow(d, node, name, r)) == NULL) {
+    if (b == NULL) {
+        vn_control_error(r, klass, "%s", msg);
         return;
     }
     return_lease(r, b->device, b->lease, NULL);
 }
 
+/* Is @node/@name one we can borrow?  Answers @r when not. */
+static bool borrowable(VnDaemon *d, const char *node, const char *name, VnControlReply *r)
+{
+    if (strcmp(node, d->conf->node) == 0) {
+        vn_control_error(r, VN_ERR_PARAM, "%s/%s is this node's own device: give it to a VM "
+                         "directly, there is nothing to borrow", node, name);
+        return false;
+    }
+    return true;
+}
+
+static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name) || !borrowable(d, node, name, r)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (b != NULL) {
+        return_lease(r, b->device, b->lease, NULL);
+        return;
+    }
+    vn_cluster_borrow(d, node, name, borrowed_reply, r);
+}
+
+static void returned_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                           void *opaque)
+{
+    if (klass != NULL) {
+        vn_control_error(opaque, klass, "%s", msg);
+    } else {
+        vn_control_return(opaque, NULL);
+    }
+}
+
 static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
-    g_autoptr(GError) error = NULL;
     VnBorrowed *b;
 
     if (!arg_device(a, r, &node, &name)) {
@@ -375,12 +390,7 @@ static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s does not hold %s", d->conf->node, dev);
         return;
     }
-    if (!vn_cluster_return(d, b, &error)) {
-        /* The lease is gone here either way; say what the lender did not. */
-        vn_control_error(r, VN_ERR_GENERIC, "%s returned, but: %s", dev, error->message);
-        return;
-    }
-    vn_control_return(r, NULL);
+    vn_cluster_return(d, b, returned_reply, r);
 }
 
 static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
@@ -415,12 +425,63 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_cluster_revoke(d, ld, grace, r);
 }
 
+typedef struct Attach {
+    VnControlReply *r;
+    char *domain;
+    char *qmp;
+} Attach;
+
+static void attach_free(Attach *at)
+{
+    g_free(at->domain);
+    g_free(at->qmp);
+    g_free(at);
+}
+
+/* The device is borrowed: serve it to the domain (a worker process). */
+static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                            void *opaque)
+{
+    Attach *at = opaque;
+    g_autoptr(GError) error = NULL;
+
+    if (b == NULL) {
+        vn_control_error(at->r, klass, "%s", msg);
+    } else if (b->worker_pid > 0 && strcmp(b->domain, at->domain) != 0) {
+        vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
+                         b->device, b->domain);
+    } else if (b->worker_pid > 0) {
+        return_lease(at->r, b->device, b->lease, b->socket);
+    } else if (b->lost) {
+        vn_control_error(at->r, VN_ERR_UNREACHABLE, "%s's lender is gone; return it",
+                         b->device);
+    } else {
+        g_free(b->socket);
+        b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, at->domain,
+                                    b->lender, b->name);
+        g_free(b->domain);
+        b->domain = g_strdup(at->domain);
+        if (!vn_spawn_start(d, b, &error)) {
+            g_clear_pointer(&b->domain, g_free);
+            vn_control_error(at->r, VN_ERR_GENERIC, "%s", error->message);
+        } else {
+            g_free(b->qmp);
+            b->qmp = g_strdup(at->qmp);
+            if (!vn_state_save(d, &error)) {
+                g_warning("node %s: %s", d->conf->node, error->message);
+            }
+            return_lease(at->r, b->device, b->lease, b->socket);
+        }
+    }
+    attach_free(at);
+}
+
 static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    g_autofree char *node = NULL, *name = NULL;
-    g_autoptr(GError) error = NULL;
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     const char *domain = arg_string(a, "domain");
     const char *qmp = arg_string(a, "qmp");
+    Attach *at;
     VnBorrowed *b;
 
     if (!arg_device(a, r, &node, &name)) {
@@ -435,37 +496,18 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"qmp\" must be an absolute socket path");
         return;
     }
-    if ((b = borrow(d, node, name, r)) == NULL) {
+    if (!borrowable(d, node, name, r)) {
         return;
     }
-    if (b->worker_pid > 0) {
-        if (strcmp(b->domain, domain) != 0) {
-            vn_control_error(r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
-                             b->device, b->domain);
-            return;
-        }
-        return_lease(r, b->device, b->lease, b->socket);
-        return;
+    at = g_new0(Attach, 1);
+    *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp) };
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (b != NULL) {
+        attach_borrowed(d, b, NULL, NULL, at);
+    } else {
+        vn_cluster_borrow(d, node, name, attach_borrowed, at);
     }
-    if (b->lost) {
-        vn_control_error(r, VN_ERR_UNREACHABLE, "%s's lender is gone; return it", b->device);
-        return;
-    }
-    g_free(b->socket);
-    b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, domain, node, name);
-    g_free(b->domain);
-    b->domain = g_strdup(domain);
-    if (!vn_spawn_start(d, b, &error)) {
-        g_clear_pointer(&b->domain, g_free);
-        vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
-        return;
-    }
-    g_free(b->qmp);
-    b->qmp = g_strdup(qmp);
-    if (!vn_state_save(d, &error)) {
-        g_warning("node %s: %s", d->conf->node, error->message);
-    }
-    return_lease(r, b->device, b->lease, b->socket);
 }
 
 static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)

@@ -136,11 +136,17 @@ void vn_cluster_announce(VnDaemon *d);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
-/* Borrow / return / revoke, for the commands.  Borrow and return talk to
- * the lender synchronously; revoke answers @r when the device is free. */
-bool vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnBorrowed **out,
-                       const char **klass, GError **error);
-bool vn_cluster_return(VnDaemon *d, VnBorrowed *b, GError **error);
+/*
+ * Borrow / return, asynchronous: @done runs once, later or at once, with
+ * the borrowed device (borrow) or NULL, and on failure an error class of
+ * docs/control.md and a message.  Return detaches and forgets the device
+ * before it asks the lender.  Revoke answers @r when the device is free.
+ */
+typedef void (*VnClusterDone)(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                              void *opaque);
+void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClusterDone done,
+                       void *opaque);
+void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque);
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
 /* Lender side: the lease ends (returned, revoked, expired); fences. */
 void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why);

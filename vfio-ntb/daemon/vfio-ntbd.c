@@ -160,8 +160,52 @@ typedef struct Static {
     VnDaemon *d;
     guint src;
     unsigned tries;
+    unsigned pending;           /* borrows in flight */
 } Static;
 
+static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned tries)
+{
+    g_autoptr(GError) error = NULL;
+
+    b->irq_mode = bc->irq_mode;
+    g_free(b->socket);
+    b->socket = g_strdup(bc->socket);
+    g_free(b->domain);
+    b->domain = g_strdup(bc->name);
+    if (!vn_spawn_start(d, b, &error)) {
+        g_clear_pointer(&b->domain, g_free);
+        if (tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+            g_message("node %s: serving %s: %s (retrying)", d->conf->node, b->device,
+                      error->message);
+        }
+        return;
+    }
+    vn_state_save(d, NULL);
+}
+
+typedef struct StaticBorrow {
+    Static *st;
+    VnBorrowConf *bc;
+} StaticBorrow;
+
+static void static_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                            void *opaque)
+{
+    StaticBorrow *sb = opaque;
+
+    sb->st->pending--;
+    if (b == NULL) {
+        if (sb->st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+            g_message("node %s: borrow %s/%s: %s (retrying)", d->conf->node, sb->bc->lender,
+                      sb->bc->device, msg);
+        }
+    } else if (d->borrowed != NULL) {
+        static_attach(d, b, sb->bc, sb->st->tries);
+    }
+    g_free(sb);
+}
+
+/* Borrow and serve what the config names; true once everything is served. */
 static bool static_borrows(Static *st)
 {
     VnDaemon *d = st->d;
@@ -170,30 +214,20 @@ static bool static_borrows(Static *st)
     for (guint i = 0; i < d->conf->borrows->len; i++) {
         VnBorrowConf *bc = d->conf->borrows->pdata[i];
         g_autofree char *dev = g_strdup_printf("%s/%s", bc->lender, bc->device);
-        g_autoptr(GError) error = NULL;
-        const char *klass;
         VnBorrowed *b = vn_daemon_borrowed(d, dev);
 
         if (b != NULL && b->worker_pid > 0) {
             continue;
         }
-        if (b == NULL && !vn_cluster_borrow(d, bc->lender, bc->device, &b, &klass, &error)) {
-            all = false;
-        } else {
-            b->irq_mode = bc->irq_mode;
-            g_free(b->socket);
-            b->socket = g_strdup(bc->socket);
-            g_free(b->domain);
-            b->domain = g_strdup(bc->name);
-            if (!vn_spawn_start(d, b, &error)) {
-                g_clear_pointer(&b->domain, g_free);
-                all = false;
-            } else {
-                vn_state_save(d, NULL);
-            }
-        }
-        if (!all && error != NULL && st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
-            g_message("node %s: borrow %s: %s (retrying)", d->conf->node, dev, error->message);
+        all = false;
+        if (b != NULL) {
+            static_attach(d, b, bc, st->tries);
+        } else if (st->pending == 0) {
+            StaticBorrow *sb = g_new0(StaticBorrow, 1);
+
+            *sb = (StaticBorrow){ .st = st, .bc = bc };
+            st->pending++;
+            vn_cluster_borrow(d, bc->lender, bc->device, static_borrowed, sb);
         }
     }
     return all;
@@ -342,7 +376,7 @@ int main(int argc, char **argv)
         goto out;
     }
     vn_cluster_start(&d);
-    if (!static_borrows(&st)) {
+    if (d.conf->borrows->len > 0) {
         st.src = g_timeout_add(VN_DAEMON_BORROW_RETRY_MS, on_static_retry, &st);
     }
     sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &d);
