@@ -172,6 +172,8 @@ static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
     return false;
 }
 
+/* To the daemons among our peers (the nodes that announced themselves);
+ * borrower workers hear it once, when their link comes up. */
 void vn_cluster_announce(VnDaemon *d)
 {
     g_autofree char *json = announcement(d);
@@ -180,10 +182,17 @@ void vn_cluster_announce(VnDaemon *d)
 
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        if (n->link_up) {
+        if (n->link_up && n->devices != NULL) {
             vn_fabric_event(d->fab, n->name, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
         }
     }
+}
+
+static void announce_to(VnDaemon *d, const char *peer)
+{
+    g_autofree char *json = announcement(d);
+
+    vn_fabric_event(d->fab, peer, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
 }
 
 static VnRemoteNode *node_get(VnDaemon *d, const char *name)
@@ -220,7 +229,12 @@ static gboolean on_heartbeat(gpointer data)
             vn_cluster_lease_end(d, ld, "the borrower did not come back");
         }
     }
-    vn_cluster_announce(d);
+    /* Changes are announced when they happen; the periodic one only heals
+     * what a lost message left behind, so it need not be every beat: with n
+     * daemons each one costs n - 1 messages. */
+    if (++d->beats % VN_DAEMON_ANNOUNCE_EVERY == 0) {
+        vn_cluster_announce(d);
+    }
     return G_SOURCE_CONTINUE;
 }
 
@@ -701,7 +715,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
     }
     emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer);
     if (up) {
-        vn_cluster_announce(d);
+        announce_to(d, peer);
         return;
     }
     /* Lender side: a borrower's daemon went away.  Its VM's device is

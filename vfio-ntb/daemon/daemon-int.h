@@ -77,6 +77,7 @@ typedef struct VnDaemon {
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;
+    unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
 } VnDaemon;
 
@@ -91,8 +92,10 @@ enum {
     VN_CLUSTER_LAST
 };
 
-/* Announcements go out this often, and on every change. */
+/* Peers are looked for this often; announcements go out on every change,
+ * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */
 #define VN_DAEMON_HEARTBEAT_MS 1000
+#define VN_DAEMON_ANNOUNCE_EVERY 5
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
 #define VN_DAEMON_MAX_GRACE_MS 600000

@@ -1,7 +1,7 @@
 /*
  * vfio-ntbd's persisted state: the leases this node granted and holds, and
  * the next lease id, in STATE-DIR/state.json.  Written whole and renamed
- * into place (g_file_set_contents), so a crash leaves the old or the new
+ * into place (g_file_set_contents_full), so a crash leaves the old or the new
  * file, never half of one.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
@@ -93,7 +93,11 @@ bool vn_state_save(VnDaemon *d, GError **error)
     root = json_builder_get_root(b);
     text = json_to_string(root, TRUE);
     if (g_mkdir_with_parents(d->conf->state_dir, 0700) < 0 ||
-        !g_file_set_contents(path, text, -1, error)) {
+        /* Atomic (rename) but not fsync'd: a lease change costs no disk
+         * flush on the attach path, and a power cut that loses the last
+         * change is healed by the peers' announcements (leases in doubt). */
+        !g_file_set_contents_full(path, text, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600,
+                                  error)) {
         if (error != NULL && *error == NULL) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "state dir %s: cannot create",
                         d->conf->state_dir);
