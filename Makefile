@@ -104,9 +104,20 @@ bench: all testbed
 demo: all testbed
 	@$(PYTHON) tests/e2e/demo.py
 
+# systemd's unit and tmpfiles.d directories (systemd also reads them under /usr/local/lib).
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+DOCDIR ?= $(PREFIX)/share/doc/vfio-ntb
+
 install: $(PROGS)
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
+	sed 's|^ExecStart=/usr/bin/|ExecStart=$(PREFIX)/bin/|' systemd/vfio-ntbd.service \
+		>$(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
+	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
+	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
+	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/
 
 clean:
 	rm -rf $(B)
