@@ -30,8 +30,11 @@ enum {
 /* --timeout-ms and --grace-ms: a wait longer than a day is a typo (ms
  * taken for s), and it keeps the value an int for poll(). */
 #define NTBCTL_MAX_WAIT_MS (24 * 3600 * 1000)
-/* --domain: libvirt keeps domain names as file names (<= 255 bytes). */
-#define NTBCTL_MAX_DOMAIN 255
+/* --domain: the daemon names the VM's socket after it, so it takes what
+ * it takes for device names (docs/control.md): [A-Za-z0-9_.-], 1-63. */
+#define NTBCTL_MAX_DOMAIN 63
+/* --grace-ms: the daemon's bound (VN_DAEMON_MAX_GRACE_MS). */
+#define NTBCTL_MAX_GRACE_MS 600000
 /* --qmp: a UNIX socket path the daemon connects to (sun_path, with NUL). */
 #define NTBCTL_MAX_QMP (sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1)
 
@@ -204,16 +207,16 @@ static bool check_domain(const char *domain)
 {
     size_t len = strnlen(domain, NTBCTL_MAX_DOMAIN + 1);
 
-    if (len == 0 || len > NTBCTL_MAX_DOMAIN || !g_utf8_validate(domain, -1, NULL)) {
-        usage_error("--domain wants a libvirt domain name, 1-%d bytes of UTF-8",
-                    NTBCTL_MAX_DOMAIN);
-        return false;
-    }
-    for (const char *p = domain; *p != '\0'; p = g_utf8_next_char(p)) {
-        if (g_unichar_iscntrl(g_utf8_get_char(p))) {
-            usage_error("--domain: a domain name has no control characters");
-            return false;
+    for (size_t i = 0; i < len; i++) {
+        if (!g_ascii_isalnum(domain[i]) && domain[i] != '_' && domain[i] != '.' &&
+            domain[i] != '-') {
+            len = 0;
+            break;
         }
+    }
+    if (len == 0 || len > NTBCTL_MAX_DOMAIN) {
+        usage_error("--domain wants 1-%d of [A-Za-z0-9_.-] (the VM's name)", NTBCTL_MAX_DOMAIN);
+        return false;
     }
     return true;
 }
@@ -368,6 +371,9 @@ int main(int argc, char **argv)
     if ((grace_text != NULL && !parse_ms("--grace-ms", grace_text, 0, &inv.grace_ms)) ||
         (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {
         return EXIT_USAGE;
+    }
+    if (inv.grace_ms > NTBCTL_MAX_GRACE_MS) {
+        return usage_error("--grace-ms is at most %d", NTBCTL_MAX_GRACE_MS);
     }
     if (socket_path == NULL) {
         socket_path = g_strdup(vn_ctl_default_socket());

@@ -302,7 +302,9 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
         }
         if (held) {
             b->unconfirmed = false;
-            if (b->lost) {
+            /* An attached device's worker lost its data path for good (QEMU
+             * cannot reconnect): it stays lost until detached. */
+            if (b->lost && b->worker_pid <= 0) {
                 b->lost = false;
                 g_message("node %s: %s is back and still lends us %s", d->conf->node, lender,
                           b->device);

@@ -13,6 +13,22 @@
 
 /* ---- argument helpers ---- */
 
+/* Device and domain names: they end up in file names. */
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+
+    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME || strcmp(s, ".") == 0 || strcmp(s, "..") == 0) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
+            return false;
+        }
+    }
+    return true;
+}
+
 static const char *arg_string(JsonObject *a, const char *name)
 {
     JsonNode *n = json_object_get_member(a, name);
@@ -37,8 +53,7 @@ static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **nam
     }
     *node = g_strndup(dev, (gsize)(slash - dev));
     *name = g_strdup(slash + 1);
-    if (!vn_fabric_name_valid(*node) || strlen(*name) == 0 ||
-        strlen(*name) > VN_PROTO_MAX_DEVICE_NAME) {
+    if (!vn_fabric_name_valid(*node) || !name_ok(*name)) {
         vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
         g_clear_pointer(node, g_free);
         g_clear_pointer(name, g_free);
@@ -225,7 +240,7 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     bw = vn_daemon_borrowed(d, dev);
     if (bw != NULL) {
-        json_object_set_string_member(o, "attached_to", bw->domain);
+        json_object_set_string_member(o, "attached_to", bw->worker_pid > 0 ? bw->domain : NULL);
         json_object_set_string_member(o, "socket", bw->socket);
         json_object_set_boolean_member(o, "lost", bw->lost);
     }
@@ -447,14 +462,14 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
 
     if (b == NULL) {
         vn_control_error(at->r, klass, "%s", msg);
+    } else if (b->lost) {
+        vn_control_error(at->r, VN_ERR_UNREACHABLE, "%s's lender went away and its data path "
+                         "with it; detach and return it, then borrow it again", b->device);
     } else if (b->worker_pid > 0 && strcmp(b->domain, at->domain) != 0) {
         vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
                          b->device, b->domain);
     } else if (b->worker_pid > 0) {
         return_lease(at->r, b->device, b->lease, b->socket);
-    } else if (b->lost) {
-        vn_control_error(at->r, VN_ERR_UNREACHABLE, "%s's lender is gone; return it",
-                         b->device);
     } else {
         g_free(b->socket);
         b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, at->domain,
@@ -487,9 +502,9 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (!arg_device(a, r, &node, &name)) {
         return;
     }
-    if (domain == NULL || !vn_fabric_name_valid(domain)) {
-        vn_control_error(r, VN_ERR_PARAM, "\"domain\" ([a-z0-9][a-z0-9-]*, at most %d) is "
-                         "required", VN_FABRIC_MAX_NAME);
+    if (domain == NULL || !name_ok(domain)) {
+        vn_control_error(r, VN_ERR_PARAM, "\"domain\" (the VM's name: 1-%d of "
+                         "[A-Za-z0-9_.-]) is required", VN_PROTO_MAX_DEVICE_NAME);
         return;
     }
     if (json_object_has_member(a, "qmp") && (qmp == NULL || qmp[0] != '/')) {

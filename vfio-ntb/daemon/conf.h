@@ -1,5 +1,6 @@
 /*
- * vfio-ntbd's configuration file (GKeyFile):
+ * vfio-ntbd's configuration file (GKeyFile; comments are whole lines
+ * starting with #, shown here beside the keys for brevity):
  *
  *   [node]
  *   name = hosta                  # this node on the fabric

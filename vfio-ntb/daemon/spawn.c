@@ -48,9 +48,11 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     if (b->worker_pid != pid) {
         return;
     }
-    g_message("borrower worker for %s (pid %d) exited (status %d)", b->device, pid, status);
+    g_message("borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device,
+              pid, status, b->device);
     b->worker_pid = 0;
     b->child_watch = 0;
+    g_clear_pointer(&b->domain, g_free);
 }
 
 static bool authorize(VnDaemon *d, VnBorrowed *b, GError **error)
