@@ -23,12 +23,12 @@ from harness import result, wait_for  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
 
 
-def cluster(procs, mode, size_mib=256):
+def cluster(procs, mode, size_mib=256, simdev_args=()):
     wd = procs.tempdir()
     fab = procs.tempdir("vn-fabric-")
     img = h.make_backing(wd / "disk.img", size_mib)
     sd = h.Simdev(procs, wd / "dev.sock", img, size_mib, serial="VN-LENT-0001",
-                  extra_args=["--stats-file", str(wd / "dev.stats")]).start()
+                  extra_args=["--stats-file", str(wd / "dev.stats"), *simdev_args]).start()
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}).start()
     b = Daemon(procs, wd, "hostb", fab,
                borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", mode)}).start(wait_sockets=True)
@@ -128,6 +128,28 @@ def test_qemu_killed_then_new_vm(procs):
     return ok
 
 
+def test_reset_and_hotplug(procs):
+    """The guest's PCI reset (FLR, turned into a RESET of the lent device) and a hot-unplug +
+    re-plug on a pcie-root-port, over the lending path.  The simdev offers MSI here: stock
+    QEMU aborts hot-unplugging any vfio-user-pci device with MSI-X (docs/lending.md)."""
+    wd, img, sd, a, b = cluster(procs, "fd", size_mib=128, simdev_args=["--interrupts", "msi"])
+    dev = h.VfioUserDevice(b.borrows["nvme0"][1], bus="rp1")
+    q = h.Qemu(procs, "probe,reset,hotplug-wait", [dev], params={"seed": 12, "data_mib": 8},
+               root_port=True, workdir=wd).start()
+    t = h.hotplug_cycle(q, dev)
+    run = q.wait_done()
+    q.stop()
+    ver = h.verify_backing(img, run.data)
+    resets = a.stats()["lent"][0]["resets"]
+    ok = result("lending-reset", run.results.get("reset", {}).get("status") == "PASS"
+                and resets >= 1, method=run.results.get("reset", {}).get("method"),
+                lender_resets=resets)
+    return ok & result("lending-hotplug", run.results.get("hotplug-wait", {}).get("status")
+                       == "PASS" and len(ver) > 0 and all(v["ok"] for v in ver),
+                       deleted_s=f"{t['device_deleted_s']:.2f}",
+                       readded_s=f"{t['guest_added_s']:.2f}")
+
+
 def test_lender_killed(procs):
     wd, img, sd, a, b = cluster(procs, "fd")
     q = h.Qemu(procs, "probe,data", [h.VfioUserDevice(b.borrows["nvme0"][1])],
@@ -146,7 +168,7 @@ def test_lender_killed(procs):
 def main():
     ok = True
     for test in (test_fd_mode, test_relay_mode, test_qemu_killed_then_new_vm,
-                 test_lender_killed):
+                 test_reset_and_hotplug, test_lender_killed):
         with h.Procs() as procs:
             try:
                 ok &= test(procs)
