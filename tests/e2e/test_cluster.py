@@ -292,6 +292,39 @@ def test_ntbctl(cl):
                   failures=";".join(bad)[:300] or "none")
 
 
+def test_lend_unlend(cl):
+    """Lend a device at run time on hostc, borrow it from hostb, unlend refused while lent,
+    then allowed; a runtime lend survives hostc's restart."""
+    sd = h.Simdev(cl.procs, cl.wd / "c-dev.sock", h.make_backing(cl.wd / "c.img", 16), 16).start()
+    c = cl.ctl("hostc")
+    c.execute("lend", name="ssd1", socket=str(sd.socket_path), allow=["hostb"])
+    seen = wait_for(lambda: any(d["device"] == "hostc/ssd1" for d in
+                                cl.ctl("hostb").execute("query-devices")), 7)
+    cl.ctl("hostb").execute("borrow", device="hostc/ssd1")
+    try:
+        c.execute("unlend", name="ssd1")
+        busy = False
+    except ControlError as e:
+        busy = e.klass == "DeviceBusy"
+    cl.ctl("hostb").execute("return", device="hostc/ssd1")
+    cl.restart("hostc")
+    kept = any(d["device"] == "hostc/ssd1" for d in cl.ctl("hostc").execute("query-devices"))
+    cl.ctl("hostc").execute("unlend", name="ssd1")
+    gone = not any(d["device"] == "hostc/ssd1" for d in cl.ctl("hostc").execute("query-devices"))
+    bad = 0
+    for args in ({"name": "x y", "socket": "/s", "allow": ["*"]},
+                 {"name": "ok", "socket": "rel.sock", "allow": ["*"]},
+                 {"name": "ok", "socket": "/s", "allow": "hostb"},
+                 {"name": "ok", "socket": "/s", "allow": ["Bad Node"]}):
+        try:
+            cl.ctl("hostc").execute("lend", **args)
+        except ControlError as e:
+            bad += e.klass == "InvalidParameter"
+    return result("lend-unlend-at-run-time", bool(seen) and busy and kept and gone and bad == 4,
+                  seen=bool(seen), unlend_refused_while_lent=busy, kept_across_restart=kept,
+                  bad_args_refused=bad)
+
+
 def test_daemon_restart_with_running_guest(cl):
     """kill -9 the borrower's daemon while its VM does I/O, start it again: the VM's device
     (served by the borrower worker) keeps working and the new daemon adopts it."""
@@ -338,6 +371,7 @@ def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
+             test_lend_unlend,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest)
     with h.Procs() as procs:
         try:

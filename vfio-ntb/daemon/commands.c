@@ -543,6 +543,83 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_control_return(r, NULL);
 }
 
+static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    const char *name = arg_string(a, "name");
+    const char *socket = arg_string(a, "socket");
+    JsonNode *an = json_object_get_member(a, "allow");
+    g_autoptr(GPtrArray) allow = g_ptr_array_new();
+    g_autoptr(GError) error = NULL;
+    VnLendConf *lc;
+
+    if (name == NULL || socket == NULL || an == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "lend needs \"name\", \"socket\" (the device "
+                         "server's) and \"allow\" (node names, or [\"*\"])");
+        return;
+    }
+    if (!JSON_NODE_HOLDS_ARRAY(an) || json_array_get_length(json_node_get_array(an)) > 256) {
+        vn_control_error(r, VN_ERR_PARAM, "\"allow\" must be an array of node names");
+        return;
+    }
+    for (guint i = 0; i < json_array_get_length(json_node_get_array(an)); i++) {
+        JsonNode *e = json_array_get_element(json_node_get_array(an), i);
+
+        if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_STRING) {
+            vn_control_error(r, VN_ERR_PARAM, "\"allow\" must be an array of node names");
+            return;
+        }
+        g_ptr_array_add(allow, (gpointer)json_node_get_string(e));
+    }
+    g_ptr_array_add(allow, NULL);
+    if (vn_daemon_local(d, name) != NULL) {
+        vn_control_error(r, VN_ERR_BUSY, "%s/%s is lendable already", d->conf->node, name);
+        return;
+    }
+    if (d->local->len >= VN_CONF_MAX_DEVICES) {
+        vn_control_error(r, VN_ERR_PARAM, "this node lends %d devices already",
+                         VN_CONF_MAX_DEVICES);
+        return;
+    }
+    lc = vn_conf_lend_new(name, socket, (const char *const *)allow->pdata, &error);
+    if (lc == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "lend: %s", error->message);
+        return;
+    }
+    g_ptr_array_add(d->conf->lends, lc);
+    if (vn_daemon_lend(d, lc, &error) == NULL) {
+        g_ptr_array_remove(d->conf->lends, lc);
+        vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
+        return;
+    }
+    vn_state_save(d, NULL);
+    vn_cluster_announce(d);
+    vn_control_return(r, NULL);
+}
+
+static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    const char *name = arg_string(a, "name");
+    VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
+
+    if (name == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "unlend needs \"name\"");
+        return;
+    }
+    if (ld == NULL) {
+        vn_control_error(r, VN_ERR_NODEV, "%s lends no device %.64s", d->conf->node, name);
+        return;
+    }
+    if (ld->borrower != NULL) {
+        vn_control_error(r, VN_ERR_BUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
+                         "); revoke it first", d->conf->node, name, ld->borrower, ld->lease);
+        return;
+    }
+    vn_daemon_unlend(d, ld);
+    vn_state_save(d, NULL);
+    vn_cluster_announce(d);
+    vn_control_return(r, NULL);
+}
+
 typedef struct Command {
     const char *name;
     VnCommandFn fn;
@@ -560,6 +637,8 @@ static const Command commands[] = {
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
     { "attach", cmd_attach, { "device", "domain", "qmp", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
+    { "lend", cmd_lend, { "name", "socket", "allow", NULL } },
+    { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { NULL } },
 };
 

@@ -10,6 +10,49 @@
 #include <gio/gio.h>
 #include <string.h>
 
+static void lend_free(gpointer p);
+static bool name_ok(const char *s);
+
+void vn_conf_lend_free(VnLendConf *l)
+{
+    lend_free(l);
+}
+
+VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *const *allow,
+                             GError **error)
+{
+    VnLendConf *l;
+
+    if (!name_ok(name)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "a device name is 1-%d of [A-Za-z0-9_.-]", VN_PROTO_MAX_DEVICE_NAME);
+        return NULL;
+    }
+    if (socket == NULL || socket[0] != '/' || strlen(socket) > 107) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "the device server's socket must be an absolute path (at most 107 bytes)");
+        return NULL;
+    }
+    if (allow == NULL || allow[0] == NULL || g_strv_length((char **)allow) > 256) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "an access list names 1-256 nodes, or *");
+        return NULL;
+    }
+    for (const char *const *a = allow; *a != NULL; a++) {
+        if (strcmp(*a, "*") != 0 && !vn_fabric_name_valid(*a)) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "access list: \"%.40s\" is not a node name", *a);
+            return NULL;
+        }
+    }
+    l = g_new0(VnLendConf, 1);
+    l->name = g_strdup(name);
+    l->socket = g_strdup(socket);
+    l->allow = g_strdupv((char **)allow);
+    l->runtime = true;
+    return l;
+}
+
 static void lend_free(gpointer p)
 {
     VnLendConf *l = p;

@@ -44,7 +44,14 @@ typedef struct VnLendConf {
     char *name;
     char *socket;
     GStrv allow;                 /* node names, or the single entry "*" */
+    bool runtime;                /* added with `lend`, persisted in the state file */
 } VnLendConf;
+
+/* A lendable device added at run time; NULL with @error for a bad name,
+ * a relative socket path or a bad access list. */
+VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *const *allow,
+                             GError **error);
+void vn_conf_lend_free(VnLendConf *l);
 
 /* True when @node may borrow the device. */
 bool vn_lend_conf_allows(const VnLendConf *l, const char *node);

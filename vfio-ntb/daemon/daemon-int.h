@@ -155,6 +155,9 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
 void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why);
 
 VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name);
+/* Lend @lc (which d->conf->lends then owns) / stop lending a free device. */
+VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error);
+void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld);
 VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device);
 void vn_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays). */

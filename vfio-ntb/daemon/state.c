@@ -35,6 +35,29 @@ bool vn_state_save(VnDaemon *d, GError **error)
     json_builder_add_string_value(b, d->conf->node);
     json_builder_set_member_name(b, "next_lease");
     json_builder_add_int_value(b, (gint64)d->next_lease);
+    /* Devices lent with `lend` (the config file's come from the config). */
+    json_builder_set_member_name(b, "lendable");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLendConf *lc = ((VnLocalDevice *)d->local->pdata[i])->conf;
+
+        if (!lc->runtime) {
+            continue;
+        }
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "name");
+        json_builder_add_string_value(b, lc->name);
+        json_builder_set_member_name(b, "socket");
+        json_builder_add_string_value(b, lc->socket);
+        json_builder_set_member_name(b, "allow");
+        json_builder_begin_array(b);
+        for (char **a = lc->allow; *a != NULL; a++) {
+            json_builder_add_string_value(b, *a);
+        }
+        json_builder_end_array(b);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
     json_builder_set_member_name(b, "lent");
     json_builder_begin_array(b);
     for (guint i = 0; i < d->local->len; i++) {
@@ -188,6 +211,43 @@ bool vn_state_load(VnDaemon *d, GError **error)
     if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
         json_node_get_int(n) > 0) {
         d->next_lease = (uint64_t)json_node_get_int(n);
+    }
+    n = json_object_get_member(o, "lendable");
+    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
+                                                            json_node_get_array(n)) &&
+                      d->local->len < VN_CONF_MAX_DEVICES; i++) {
+        JsonNode *e = json_array_get_element(json_node_get_array(n), i);
+        g_autoptr(GPtrArray) allow = g_ptr_array_new();
+        g_autoptr(GError) local = NULL;
+        const char *name, *socket;
+        JsonNode *an;
+        VnLendConf *lc;
+
+        if (!JSON_NODE_HOLDS_OBJECT(e) || !(name = get_str(json_node_get_object(e), "name")) ||
+            !(socket = get_str(json_node_get_object(e), "socket")) ||
+            vn_daemon_local(d, name) != NULL ||
+            !(an = json_object_get_member(json_node_get_object(e), "allow")) ||
+            !JSON_NODE_HOLDS_ARRAY(an)) {
+            continue;
+        }
+        for (guint j = 0; j < json_array_get_length(json_node_get_array(an)) && j < 256; j++) {
+            JsonNode *x = json_array_get_element(json_node_get_array(an), j);
+
+            if (JSON_NODE_HOLDS_VALUE(x) && json_node_get_value_type(x) == G_TYPE_STRING) {
+                g_ptr_array_add(allow, (gpointer)json_node_get_string(x));
+            }
+        }
+        g_ptr_array_add(allow, NULL);
+        lc = vn_conf_lend_new(name, socket, (const char *const *)allow->pdata, &local);
+        if (lc == NULL) {
+            g_message("node %s: state file: lendable %s skipped: %s", d->conf->node, name,
+                      local->message);
+            continue;
+        }
+        g_ptr_array_add(d->conf->lends, lc);
+        if (vn_daemon_lend(d, lc, &local) == NULL) {
+            g_ptr_array_remove(d->conf->lends, lc);
+        }
     }
     n = json_object_get_member(o, "lent");
     for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(

@@ -60,6 +60,30 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
 }
 
 /* Leaves a running worker alone: it serves a VM and outlives us. */
+VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error)
+{
+    VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
+
+    ld->conf = lc;
+    ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
+    if (ld->lender == NULL) {
+        g_free(ld);
+        return NULL;
+    }
+    g_ptr_array_add(d->local, ld);
+    g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
+    return ld;
+}
+
+void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld)
+{
+    VnLendConf *lc = ld->conf;
+
+    g_message("node %s: no longer lending %s", d->conf->node, lc->name);
+    g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
+    g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
+}
+
 void vn_borrowed_free(VnBorrowed *b)
 {
     if (b->child_watch != 0) {
@@ -301,16 +325,9 @@ static bool daemon_start(VnDaemon *d, GError **error)
         return false;
     }
     for (guint i = 0; i < d->conf->lends->len; i++) {
-        VnLendConf *lc = d->conf->lends->pdata[i];
-        VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
-
-        ld->conf = lc;
-        g_ptr_array_add(d->local, ld);
-        ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
-        if (ld->lender == NULL) {
+        if (vn_daemon_lend(d, d->conf->lends->pdata[i], error) == NULL) {
             return false;
         }
-        g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
     }
     if (!vn_state_load(d, error)) {
         return false;
