@@ -325,6 +325,41 @@ def test_lend_unlend(cl):
                   bad_args_refused=bad)
 
 
+def test_revoke_unplugs_from_vm(cl):
+    """attach with the VM's QMP socket: a revoke takes the device out of the running VM
+    (device_del, the guest lets go) before the lease ends, and the VM keeps running.  The
+    simdev offers MSI here: stock QEMU aborts unplugging a vfio-user-pci device with MSI-X."""
+    sd = h.Simdev(cl.procs, cl.wd / "msi-dev.sock", h.make_backing(cl.wd / "msi.img", 16), 16,
+                  extra_args=["--interrupts", "msi"]).start()
+    cl.ctl("hosta").execute("lend", name="nvme1", socket=str(sd.socket_path), allow=["hostb"])
+    wait_for(lambda: any(d["device"] == "hosta/nvme1" for d in
+                         cl.ctl("hostb").execute("query-devices")), 7)
+    wd = cl.procs.tempdir()
+    qmp = wd / "qmp.sock"
+    r = cl.ctl("hostb").execute("attach", device="hosta/nvme1", domain="vm3", qmp=str(qmp),
+                                **{"qdev-id": "d0"})
+    dev = h.VfioUserDevice(r["socket"], id="d0", bus="rp1")
+    q = h.Qemu(cl.procs, "probe,pause", [dev], params={"pause_s": 120}, root_port=True,
+               workdir=wd).start()
+    q.wait_line("VNREADY", "pause")
+    q.qmp.close()           # QEMU's QMP socket takes one client: the daemon's now
+    q.qmp = None
+    t0 = time.monotonic()
+    ans = cl.ctl("hosta").execute("revoke", device="hosta/nvme1", **{"grace-ms": 8000})
+    took = time.monotonic() - t0
+    q.qmp = h.QMP(q.qmp_path)
+    pci = json.dumps(q.qmp.execute("query-pci"))
+    alive = q.proc.poll() is None
+    q.stop()
+    ok = result("revoke-unplugs-from-vm", ans == {"forced": False} and took < 8 and alive
+                and '"qdev_id": "d0"' not in pci
+                and cl.state()["state"] == "available" and
+                cl.ctl("hosta").execute("query-device", device="hosta/nvme1")["state"]
+                == "available", seconds=f"{took:.2f}", vm_running=alive)
+    cl.ctl("hosta").execute("unlend", name="nvme1")
+    return ok
+
+
 def test_daemon_restart_with_running_guest(cl):
     """kill -9 the borrower's daemon while its VM does I/O, start it again: the VM's device
     (served by the borrower worker) keeps working and the new daemon adopts it."""
@@ -371,7 +406,7 @@ def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
-             test_lend_unlend,
+             test_lend_unlend, test_revoke_unplugs_from_vm,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest)
     with h.Procs() as procs:
         try:

@@ -49,6 +49,7 @@ typedef struct Invocation {
     const char *device;         /* NULL when the command takes none */
     const char *domain;         /* attach */
     const char *qmp;            /* attach, optional */
+    const char *qdev_id;        /* attach, with qmp */
     gint64 grace_ms;            /* revoke, -1: the daemon's default */
     const char *node;           /* the daemon's, from its greeting */
 } Invocation;
@@ -127,7 +128,10 @@ static const char commands_text[] =
     "  borrow DEV                          borrow DEV for this node\n"
     "  return DEV                          give back a device this node borrowed\n"
     "  revoke DEV [--grace-ms N]           take back a lent device (on its lender)\n"
-    "  attach DEV --domain D [--qmp PATH]  serve DEV to VM D (borrowing it if needed)\n"
+    "  attach DEV --domain D [--qmp PATH --qdev-id ID]\n"
+    "                                      serve DEV to VM D (borrowing it if needed); with\n"
+    "                                      the VM's QMP socket and the device's id there, the\n"
+    "                                      daemon unplugs it on revoke or loss\n"
     "  detach DEV                          stop serving DEV (it stays borrowed)\n"
     "  stats [DEV]                         counters of this node's devices\n"
     "DEV is host/name, e.g. hosta/nvme0.  Exit: 0 done, 1 refused, 2 usage, 3 unreachable.\n";
@@ -247,6 +251,7 @@ static JsonObject *build_arguments(const Command *cmd, const Invocation *inv)
     }
     if (inv->qmp != NULL) {
         json_object_set_string_member(args, "qmp", inv->qmp);
+        json_object_set_string_member(args, "qdev-id", inv->qdev_id);
     }
     if (json_object_get_size(args) == 0) {
         json_object_unref(args);
@@ -294,6 +299,7 @@ int main(int argc, char **argv)
     g_autofree char *grace_text = NULL;
     g_autofree char *domain = NULL;
     g_autofree char *qmp = NULL;
+    g_autofree char *qdev_id = NULL;
     gboolean json = FALSE;
     gboolean version = FALSE;
     const GOptionEntry entries[] = {
@@ -307,6 +313,8 @@ int main(int argc, char **argv)
           "revoke: the borrower's time to let go (default: the daemon's, 5000)", "N" },
         { "domain", 0, 0, G_OPTION_ARG_STRING, &domain, "attach: the libvirt domain", "D" },
         { "qmp", 0, 0, G_OPTION_ARG_FILENAME, &qmp, "attach: the VM's QMP socket", "PATH" },
+        { "qdev-id", 0, 0, G_OPTION_ARG_STRING, &qdev_id, "attach: the device's id in the VM",
+          "ID" },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
         G_OPTION_ENTRY_NULL,
     };
@@ -354,7 +362,7 @@ int main(int argc, char **argv)
     if (grace_text != NULL && strcmp(cmd->name, "revoke") != 0) {
         return usage_error("--grace-ms is for revoke, not %s", cmd->name);
     }
-    if ((domain != NULL || qmp != NULL) && strcmp(cmd->name, "attach") != 0) {
+    if ((domain != NULL || qmp != NULL || qdev_id != NULL) && strcmp(cmd->name, "attach") != 0) {
         return usage_error("--%s is for attach, not %s", domain != NULL ? "domain" : "qmp",
                            cmd->name);
     }
@@ -365,8 +373,13 @@ int main(int argc, char **argv)
         if (!check_domain(domain) || (qmp != NULL && !check_qmp(qmp))) {
             return EXIT_USAGE;
         }
+        if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !check_domain(qdev_id))) {
+            return usage_error("--qmp and --qdev-id go together (the device's id: 1-63 of "
+                               "[A-Za-z0-9_.-])");
+        }
         inv.domain = domain;
         inv.qmp = qmp;
+        inv.qdev_id = qdev_id;
     }
     if ((grace_text != NULL && !parse_ms("--grace-ms", grace_text, 0, &inv.grace_ms)) ||
         (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {

@@ -379,7 +379,14 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back",
                   d->conf->node, msg->peer, device, lease);
         emit(d, "LEASE_REVOKED", device, lease, NULL);
-        /* A cooperative borrower: detach from the VM and return at once. */
+        /* A cooperative borrower: take it out of the VM (the guest's driver
+         * releases it cleanly), detach and return, within the grace period. */
+        {
+            uint64_t grace = 0;
+
+            uint_member(o, "grace_ms", &grace);
+            vn_daemon_unplug(d, b, (unsigned)MIN(grace / 2, 10000u));
+        }
         vn_cluster_return(d, b, returned_quietly, NULL);
     }
 }
@@ -740,6 +747,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         if (strcmp(b->lender, peer) == 0 && !b->lost) {
             b->lost = true;   /* its worker sees the same link go and acts */
             b->unconfirmed = true;
+            vn_daemon_unplug(d, b, 0);   /* a dead device is better out of the VM */
             emit(d, "DEVICE_LOST", b->device, b->lease, peer);
         }
     }

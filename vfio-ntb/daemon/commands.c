@@ -444,12 +444,14 @@ typedef struct Attach {
     VnControlReply *r;
     char *domain;
     char *qmp;
+    char *qdev_id;
 } Attach;
 
 static void attach_free(Attach *at)
 {
     g_free(at->domain);
     g_free(at->qmp);
+    g_free(at->qdev_id);
     g_free(at);
 }
 
@@ -482,6 +484,8 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         } else {
             g_free(b->qmp);
             b->qmp = g_strdup(at->qmp);
+            g_free(b->qdev_id);
+            b->qdev_id = g_strdup(at->qdev_id);
             if (!vn_state_save(d, &error)) {
                 g_warning("node %s: %s", d->conf->node, error->message);
             }
@@ -496,6 +500,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     const char *domain = arg_string(a, "domain");
     const char *qmp = arg_string(a, "qmp");
+    const char *qdev_id = arg_string(a, "qdev-id");
     Attach *at;
     VnBorrowed *b;
 
@@ -511,11 +516,17 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"qmp\" must be an absolute socket path");
         return;
     }
+    if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !name_ok(qdev_id))) {
+        vn_control_error(r, VN_ERR_PARAM, "\"qmp\" and \"qdev-id\" (the device's id in the "
+                         "VM, 1-63 of [A-Za-z0-9_.-]) go together");
+        return;
+    }
     if (!borrowable(d, node, name, r)) {
         return;
     }
     at = g_new0(Attach, 1);
-    *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp) };
+    *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp),
+                    .qdev_id = g_strdup(qdev_id) };
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_daemon_borrowed(d, dev);
     if (b != NULL) {
@@ -623,7 +634,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 typedef struct Command {
     const char *name;
     VnCommandFn fn;
-    const char *const args[4];
+    const char *const args[5];
 } Command;
 
 static const Command commands[] = {
@@ -635,7 +646,7 @@ static const Command commands[] = {
     { "borrow", cmd_borrow, { "device", NULL } },
     { "return", cmd_return, { "device", NULL } },
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
-    { "attach", cmd_attach, { "device", "domain", "qmp", NULL } },
+    { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },

@@ -49,6 +49,7 @@ typedef struct VnBorrowed {
     char *domain;               /* set while attached */
     char *socket;
     char *qmp;                  /* the VM's QMP socket, optional */
+    char *qdev_id;              /* the device's id in that VM (with qmp) */
     /* While attached, the vfio-user server runs in its own process (spawn.c)
      * so that it outlives this daemon. */
     GPid worker_pid;            /* 0 when detached */
@@ -173,6 +174,13 @@ void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
 char *vn_spawn_stats(VnBorrowed *b);
 /* After a restart: is the recorded worker still there? */
 bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
+
+/* ---- qmp.c ---- */
+/* device_del @id in the VM whose QMP socket is @path; with @wait_ms, wait
+ * (bounded) for DEVICE_DELETED.  False with @error if QEMU refused. */
+bool vn_qmp_device_del(const char *path, const char *id, unsigned wait_ms, GError **error);
+/* Take @b out of its VM if attach named the VM's QMP socket. */
+void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);

@@ -57,6 +57,23 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
     g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
+    g_clear_pointer(&b->qdev_id, g_free);
+}
+
+void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (b->qmp == NULL || b->qdev_id == NULL || b->worker_pid <= 0) {
+        return;
+    }
+    if (!vn_qmp_device_del(b->qmp, b->qdev_id, wait_ms, &error)) {
+        g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
+                  b->qdev_id, b->domain, error->message);
+        return;
+    }
+    g_message("node %s: unplugged %s (%s) from %s", d->conf->node, b->device, b->qdev_id,
+              b->domain);
 }
 
 /* Leaves a running worker alone: it serves a VM and outlives us. */
@@ -97,6 +114,7 @@ void vn_borrowed_free(VnBorrowed *b)
     g_free(b->domain);
     g_free(b->socket);
     g_free(b->qmp);
+    g_free(b->qdev_id);
     g_free(b);
 }
 

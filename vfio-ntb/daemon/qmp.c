@@ -1,0 +1,153 @@
+/*
+ * Just enough QMP for vfio-ntbd to take a borrowed device out of a VM when
+ * the device is revoked or its lender is lost: connect to the VM's QMP
+ * socket, negotiate, device_del, and optionally wait for DEVICE_DELETED
+ * (the guest released the device).  QEMU is a peer like any other: every
+ * wait is bounded and every line is checked.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* QMP lines we accept (greetings and events are small). */
+#define VN_QMP_MAX_LINE (64 * 1024)
+
+typedef struct Qmp {
+    int fd;
+    GString *in;
+    gint64 deadline;
+} Qmp;
+
+/* The next line as a JSON object (owned by @p), or NULL on timeout/error. */
+static JsonObject *next_object(Qmp *q, JsonParser *p, GError **error)
+{
+    for (;;) {
+        char *nl = memchr(q->in->str, '\n', q->in->len);
+        struct pollfd pfd = { .fd = q->fd, .events = POLLIN };
+        char buf[4096];
+        gint64 left;
+        ssize_t n;
+
+        if (nl != NULL) {
+            g_autofree char *line = g_strndup(q->in->str, (gsize)(nl - q->in->str));
+            JsonNode *root;
+
+            g_string_erase(q->in, 0, nl - q->in->str + 1);
+            if (!json_parser_load_from_data(p, line, -1, NULL) ||
+                (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+                continue;   /* not ours to understand; keep reading */
+            }
+            return json_node_get_object(root);
+        }
+        if (q->in->len > VN_QMP_MAX_LINE) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "QMP line too long");
+            return NULL;
+        }
+        left = (q->deadline - g_get_monotonic_time()) / 1000;
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT, "QEMU did not answer");
+            return NULL;
+        }
+        n = recv(q->fd, buf, sizeof(buf), 0);
+        if (n <= 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED, "QMP socket closed");
+            return NULL;
+        }
+        g_string_append_len(q->in, buf, n);
+    }
+}
+
+/* Send @cmd and wait for its "return" (events in between are skipped). */
+static bool execute(Qmp *q, const char *cmd, GError **error)
+{
+    size_t len = strlen(cmd);
+
+    if (send(q->fd, cmd, len, MSG_NOSIGNAL) != (ssize_t)len) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP: %s",
+                    g_strerror(errno));
+        return false;
+    }
+    for (;;) {
+        g_autoptr(JsonParser) p = json_parser_new();
+        JsonObject *o = next_object(q, p, error);
+
+        if (o == NULL) {
+            return false;
+        }
+        if (json_object_has_member(o, "return")) {
+            return true;
+        }
+        if (json_object_has_member(o, "error")) {
+            JsonNode *e = json_object_get_member(o, "error");
+            const char *desc = JSON_NODE_HOLDS_OBJECT(e)
+                ? json_object_get_string_member_with_default(json_node_get_object(e), "desc", "")
+                : "";
+
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "QEMU: %s", desc);
+            return false;
+        }
+    }
+}
+
+bool vn_qmp_device_del(const char *path, const char *id, unsigned wait_ms, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *cmd = NULL;
+    Qmp q = { .fd = -1 };
+    bool ok = false;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "QMP path too long");
+        return false;
+    }
+    strcpy(addr.sun_path, path);
+    q.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    q.in = g_string_new(NULL);
+    q.deadline = g_get_monotonic_time() + (gint64)(2000 + wait_ms) * 1000;
+    if (q.fd < 0 || connect(q.fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP %s: %s", path,
+                    g_strerror(errno));
+        goto out;
+    }
+    {
+        g_autoptr(JsonParser) p = json_parser_new();
+
+        if (next_object(&q, p, error) == NULL) {   /* the greeting */
+            goto out;
+        }
+    }
+    cmd = g_strdup_printf("{\"execute\":\"device_del\",\"arguments\":{\"id\":\"%s\"}}\n", id);
+    if (!execute(&q, "{\"execute\":\"qmp_capabilities\"}\n", error) ||
+        !execute(&q, cmd, error)) {
+        goto out;
+    }
+    ok = true;
+    /* The guest has to let go (ACPI hot-plug): wait for it, bounded. */
+    while (wait_ms > 0) {
+        g_autoptr(JsonParser) p = json_parser_new();
+        JsonObject *o = next_object(&q, p, NULL);
+        const char *ev;
+
+        if (o == NULL) {
+            break;
+        }
+        ev = json_object_get_string_member_with_default(o, "event", "");
+        if (strcmp(ev, "DEVICE_DELETED") == 0) {
+            break;
+        }
+    }
+out:
+    if (q.fd >= 0) {
+        close(q.fd);
+    }
+    g_string_free(q.in, TRUE);
+    return ok;
+}
