@@ -148,7 +148,7 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
                         VN_SPAWN_START_TIMEOUT_MS);
             return false;
         }
-        g_usleep(5000);
+        g_usleep(1000);   /* attach latency: QEMU waits on this */
     }
     g_message("node %s: %s served on %s by worker %s (pid %d)", d->conf->node, b->device,
               b->socket, b->worker_node, b->worker_pid);
