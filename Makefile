@@ -56,7 +56,7 @@ $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
 $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
-$(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
+$(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a \
 		$(B)/libvfio-ntb.a $(GLIB_LIBS) $(CHECK_LIBS)

@@ -5,6 +5,8 @@
  */
 #include "simdev/engine.h"
 
+#include "check-main.h"
+
 #include <check.h>
 
 typedef struct Probe {
@@ -110,12 +112,5 @@ static Suite *engine_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(engine_suite());
-    int failed;
-
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(engine_suite());
 }

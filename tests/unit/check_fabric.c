@@ -4,6 +4,7 @@
  * parameters and malformed input from peers are in check_fabric_untrusted.c;
  * the rig is in fabric-rig.h.
  */
+#include "check-main.h"
 #include "fabric-rig.h"
 
 /* ---- link --------------------------------------------------------------- */
@@ -707,11 +708,5 @@ static Suite *fabric_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fabric_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(fabric_suite());
 }

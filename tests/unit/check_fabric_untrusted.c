@@ -6,6 +6,7 @@
  * change nothing else and keep serving its good peer.  The rig is in
  * fabric-rig.h.
  */
+#include "check-main.h"
 #include "fabric-rig.h"
 
 /* ---- parameters ---------------------------------------------------------- */
@@ -659,11 +660,5 @@ static Suite *fabric_untrusted_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fabric_untrusted_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(fabric_untrusted_suite());
 }

@@ -18,6 +18,8 @@
 #include "lending/proto.h"
 #include "vfio-user/server.h"
 
+#include "check-main.h"
+
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1310,11 +1312,5 @@ static Suite *lender_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(lender_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(lender_suite());
 }

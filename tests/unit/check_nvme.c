@@ -5,6 +5,7 @@
  * AERs.  The rig is in
  * nvme-rig.h; I/O and PRPs are in check_nvme_io.c.
  */
+#include "check-main.h"
 #include "nvme-rig.h"
 
 /* --- enable / disable ------------------------------------------------------ */
@@ -648,12 +649,5 @@ static Suite *nvme_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(nvme_suite());
-    int failed;
-
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(nvme_suite());
 }

@@ -6,6 +6,7 @@
  * offsets, addresses outside guest memory), and the backing file itself.
  * The rig is in nvme-rig.h.
  */
+#include "check-main.h"
 #include "nvme-rig.h"
 
 START_TEST(test_io_roundtrip)
@@ -180,12 +181,5 @@ static Suite *nvme_io_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(nvme_io_suite());
-    int failed;
-
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(nvme_io_suite());
 }

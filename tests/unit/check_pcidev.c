@@ -6,6 +6,8 @@
  */
 #include "simdev/pcidev.h"
 
+#include "check-main.h"
+
 #include <check.h>
 #include <errno.h>
 #include <linux/pci_regs.h>
@@ -158,12 +160,5 @@ static Suite *pcidev_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(pcidev_suite());
-    int failed;
-
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(pcidev_suite());
 }

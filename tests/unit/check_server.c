@@ -7,6 +7,8 @@
 
 #include "vfio-user/transport.h"
 
+#include "check-main.h"
+
 #include <check.h>
 #include <gio/gio.h>
 #include <glib/gstdio.h>
@@ -535,11 +537,5 @@ static Suite *server_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(server_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(server_suite());
 }

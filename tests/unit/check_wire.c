@@ -3,6 +3,8 @@
  */
 #include "vfio-user/wire.h"
 
+#include "check-main.h"
+
 #include <check.h>
 #include <errno.h>
 #include <string.h>
@@ -287,11 +289,5 @@ static Suite *wire_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(wire_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return vn_check_main(wire_suite());
 }
