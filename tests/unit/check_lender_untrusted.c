@@ -1,0 +1,173 @@
+/*
+ * Unit tests of the lender against untrusted borrowers: malformed or foreign
+ * requests get errors and change nothing.  The rig is lender-rig.h.
+ */
+#include "lender-rig.h"
+
+/* ---- untrusted requests ------------------------------------------------- */
+
+#define TRIG "\"flags\":36"      /* DATA_EVENTFD | ACTION_TRIGGER */
+
+/* Each is refused with @err and changes nothing (see test_refused). */
+static const struct {
+    const char *name;
+    bool from_c;                 /* sent by a node that is not the borrower */
+    uint32_t type;
+    const char *json;
+    size_t data_len;
+    unsigned nfds;
+    int err;
+} refused[] = {
+    /* The fabric refuses this one before the lender sees it. */
+    { "JSON that does not parse", false, VN_PROTO_REGION_RW, "{\"device\":", 0, 0, EINVAL },
+    { "no JSON", false, VN_PROTO_REGION_RW, NULL, 0, 0, EINVAL },
+    { "no device", false, VN_PROTO_RESET, "{}", 0, 0, EINVAL },
+    { "a bad device name", false, VN_PROTO_RESET, "{\"device\":\"../x\"}", 0, 0, EINVAL },
+    { "an unknown device", false, VN_PROTO_RESET, "{\"device\":\"sda\"}", 0, 0, ENODEV },
+    { "an unknown type", false, 99, "{\"device\":\"" DEV "\"}", 0, 0, ENOTSUP },
+    { "REGION_RW from a non-borrower", true, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 0, 0,
+      EPERM },
+    { "DETACH from a non-borrower", true, VN_PROTO_DETACH, "{\"device\":\"" DEV "\"}", 0, 0,
+      EPERM },
+    { "DMA_UNMAP from a non-borrower", true, VN_PROTO_DMA_UNMAP,
+      "{\"device\":\"" DEV "\",\"iova\":0,\"size\":0,\"all\":true}", 0, 0, EPERM },
+    { "a region the device lacks", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":9,\"offset\":0,\"count\":4,\"write\":false}", 0, 0,
+      EINVAL },
+    { "a region beyond the protocol", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":16,\"offset\":0,\"count\":4,\"write\":false}", 0, 0,
+      EINVAL },
+    { "a write shorter than its count", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":true}", 3, 0,
+      EINVAL },
+    { "a read with data", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 4, 0,
+      EINVAL },
+    { "a count above the transfer limit", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":0,\"offset\":0,\"count\":1048577,\"write\":false}",
+      0, 0, EINVAL },
+    { "a negative offset", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":-1,\"count\":4,\"write\":false}", 0, 0,
+      EINVAL },
+    { "an fd with REGION_RW", false, VN_PROTO_REGION_RW,
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 0, 1,
+      EINVAL },
+    { "DMA_MAP of segment 0", false, VN_PROTO_DMA_MAP,
+      "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":4096,\"segment\":0,\"offset\":0,"
+      "\"prot\":3}", 0, 0, EINVAL },
+    { "an empty DMA_MAP", false, VN_PROTO_DMA_MAP,
+      "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":0,\"segment\":1,\"offset\":0,"
+      "\"prot\":3}", 0, 0, EINVAL },
+    { "DMA_MAP with unknown prot bits", false, VN_PROTO_DMA_MAP,
+      "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":4096,\"segment\":1,\"offset\":0,"
+      "\"prot\":4}", 0, 0, EINVAL },
+    { "an empty DMA_UNMAP", false, VN_PROTO_DMA_UNMAP,
+      "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":0,\"all\":false}", 0, 0, EINVAL },
+    { "SET_IRQS with two data types", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\",\"flags\":35,\"index\":2,\"start\":0,\"count\":1,"
+      "\"relay\":false}", 0, 0, EINVAL },
+    { "SET_IRQS with fewer fds than vectors", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":2,"
+      "\"relay\":false}", 0, 1, EINVAL },
+    { "SET_IRQS with fds and no DATA_EVENTFD", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\",\"flags\":33,\"index\":2,\"start\":0,\"count\":1,"
+      "\"relay\":false}", 0, 1, EINVAL },
+    { "SET_IRQS DATA_BOOL of the wrong length", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\",\"flags\":10,\"index\":2,\"start\":0,\"count\":2,"
+      "\"relay\":false}", 1, 0, EINVAL },
+    { "SET_IRQS of an index the device lacks", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\"," TRIG ",\"index\":7,\"start\":0,\"count\":1,"
+      "\"relay\":false}", 0, 1, EINVAL },
+    { "SET_IRQS relay in fd mode", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
+      "\"relay\":true}", 0, 0, EINVAL },
+    { "ATTACH with an unknown irq_mode", true, VN_PROTO_ATTACH,
+      "{\"device\":\"" DEV "\",\"irq_mode\":\"carrier-pigeon\"}", 0, 0, EINVAL },
+    { "RESET with data", false, VN_PROTO_RESET, "{\"device\":\"" DEV "\"}", 8, 0, EINVAL },
+};
+
+/* True once every copy of a pipe's write end is closed. */
+static bool pipe_closed(int rd)
+{
+    struct pollfd p = { .fd = rd, .events = POLLIN };
+
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
+START_TEST(test_refused)
+{
+    Borrower *b = borrower(0);
+    Borrower *c = borrower(1);
+    Mem m = mem_export(b, "lender");
+    uint8_t data[8] = { 0 };
+    uint8_t cfg[CFG_SIZE];
+    int fds[2] = { -1, -1 };
+    g_autofree char *message = NULL;
+    uint64_t messages;
+    Snap before, after;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(dma_map(b, 0x100000, MEM_SIZE, m.segment, 0), 0);
+    before = snap();
+    messages = device_messages();
+    memcpy(cfg, rig.fake.cfg, CFG_SIZE);
+    ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+
+    ck_assert_msg(req_msg(refused[_i].from_c ? c : b, refused[_i].type, refused[_i].json,
+                          refused[_i].data_len ? data : NULL, refused[_i].data_len, &fds[1],
+                          refused[_i].nfds, &message) == -refused[_i].err,
+                  "%s: not refused with %s", refused[_i].name, g_strerror(refused[_i].err));
+    ck_assert_msg(message != NULL && strlen(message) > 0, "%s: no message", refused[_i].name);
+
+    /* Nothing changed: no device traffic, same state, same counters. */
+    after = snap();
+    ck_assert_uint_eq(device_messages(), messages);
+    ck_assert_str_eq(after.borrower, "b");
+    ck_assert_uint_eq(after.st.requests, before.st.requests + (_i == 0 ? 0 : 1));
+    after.st.requests = before.st.requests;
+    ck_assert_msg(memcmp(&after.st, &before.st, sizeof(before.st)) == 0, "%s: counters",
+                  refused[_i].name);
+    ck_assert_uint_eq(device_dma_count(), 1);
+    ck_assert_int_eq(memcmp(cfg, rig.fake.cfg, CFG_SIZE), 0);
+    /* An fd that came with it was closed. */
+    close(fds[1]);
+    WAIT_FOR(pipe_closed(fds[0]));
+    close(fds[0]);
+    /* And the borrower is still served. */
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, data, 4, false), 0);
+    snap_clear(&before);
+    snap_clear(&after);
+    mem_free(&m);
+}
+END_TEST
+
+START_TEST(test_not_attached)
+{
+    Borrower *b = borrower(0);
+    uint8_t buf[4];
+
+    /* Nothing is lent yet: only ATTACH is heard. */
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, buf, 4, false), -EPERM);
+    ck_assert_int_eq(simple(b, VN_PROTO_DETACH), -EPERM);
+    ck_assert_int_eq(device_messages(), 0);
+}
+END_TEST
+
+static Suite *lender_untrusted_suite(void)
+{
+    Suite *s = suite_create("lender-untrusted");
+    TCase *tc;
+
+    tc = tcase_create("untrusted");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_refused, 0, G_N_ELEMENTS(refused));
+    tcase_add_test(tc, test_not_attached);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(lender_untrusted_suite());
+}
