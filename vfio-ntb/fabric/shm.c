@@ -11,6 +11,7 @@
 
 #include "shm.h"
 
+#include "common/fdpass.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -104,71 +105,18 @@ static void conn_drop(VnShmConn *c, const char *why)
     conn_unref(c);
 }
 
-/* Keep the fds of one control message, one beyond the limit at most: that
- * is enough for the fabric to refuse the record. */
-static void take_fds(VnShmConn *c, struct msghdr *mh)
-{
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL; cm = CMSG_NXTHDR(mh, cm)) {
-        size_t n;
-
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
-            if (c->nfds < G_N_ELEMENTS(c->fds)) {
-                c->fds[c->nfds++] = fd;
-            } else {
-                close(fd);
-                c->fds_overflow = true;
-            }
-        }
-    }
-    if (mh->msg_flags & MSG_CTRUNC) {
-        c->fds_overflow = true;      /* the kernel closed what did not fit */
-    }
-}
-
-/* One non-blocking recvmsg; bytes read, 0 when none yet, or -errno. */
+/* One non-blocking read; bytes, 0 when none yet, or -errno.  One fd beyond
+ * the limit is kept: that is enough for the fabric to refuse the record. */
 static ssize_t recv_some(VnShmConn *c, void *dst, size_t len)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * (VN_FABRIC_MAX_FDS + 1))];
-        struct cmsghdr align;
-    } cbuf;
-    struct iovec iov = { .iov_base = dst, .iov_len = len };
-    struct msghdr mh = {
-        .msg_iov = &iov,
-        .msg_iovlen = 1,
-        .msg_control = cbuf.buf,
-        .msg_controllen = sizeof(cbuf.buf),
-    };
-    ssize_t n;
-
-    do {
-        n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
-    }
-    if (n == 0) {
-        return -ECONNRESET;
-    }
-    take_fds(c, &mh);
-    return n;
+    return vn_fdpass_recv(c->fd, dst, len, c->fds, G_N_ELEMENTS(c->fds), &c->nfds,
+                          &c->fds_overflow);
 }
 
 /* Send one record (length, bytes, fds on the first byte) on a blocking
  * socket bounded by SO_SNDTIMEO; 0 or -errno. */
 static int send_record(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * VN_FABRIC_MAX_FDS)];
-        struct cmsghdr align;
-    } cbuf;
     uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
     size_t total = sizeof(prefix) + len;
     size_t sent = 0;
@@ -178,36 +126,20 @@ static int send_record(int fd, const void *buf, size_t len, const int *fds, unsi
     }
     while (sent < total) {
         struct iovec iov[2];
-        struct msghdr mh = { .msg_iov = iov };
+        int iovcnt;
         ssize_t n;
 
         if (sent < sizeof(prefix)) {
             iov[0] = (struct iovec){ (uint8_t *)&prefix + sent, sizeof(prefix) - sent };
             iov[1] = (struct iovec){ (void *)buf, len };
-            mh.msg_iovlen = len > 0 ? 2 : 1;
+            iovcnt = len > 0 ? 2 : 1;
         } else {
-            iov[0] = (struct iovec){ (uint8_t *)buf + (sent - sizeof(prefix)),
-                                     total - sent };
-            mh.msg_iovlen = 1;
+            iov[0] = (struct iovec){ (uint8_t *)buf + (sent - sizeof(prefix)), total - sent };
+            iovcnt = 1;
         }
-        if (sent == 0 && nfds > 0) {
-            struct cmsghdr *cm;
-
-            memset(cbuf.buf, 0, sizeof(cbuf.buf));
-            mh.msg_control = cbuf.buf;
-            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-            cm = CMSG_FIRSTHDR(&mh);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-            memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-        }
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        n = vn_fdpass_send(fd, iov, iovcnt, fds, sent == 0 ? nfds : 0);
         if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return -errno;
+            return (int)n;
         }
         sent += (size_t)n;
     }

@@ -5,6 +5,7 @@
 
 #include "transport.h"
 
+#include "common/fdpass.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -63,63 +64,11 @@ int vn_transport_fd(VnTransport *t)
     return t->fd;
 }
 
-/* Keep the fds of one control message, closing those beyond our limit. */
-static void take_fds(VnTransport *t, struct msghdr *mh)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c)) {
-        size_t n;
-        int *in;
-
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        in = (int *)CMSG_DATA(c);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-
-            memcpy(&fd, &in[i], sizeof(fd));
-            if (t->nfds < VN_MAX_MSG_FDS) {
-                t->fds[t->nfds++] = fd;
-            } else {
-                close(fd);
-                t->fds_overflow = true;
-            }
-        }
-    }
-    if (mh->msg_flags & MSG_CTRUNC) {
-        /* The kernel closed what did not fit. */
-        t->fds_overflow = true;
-    }
-}
-
-/* One non-blocking recvmsg into @dst; returns bytes, 0 for EAGAIN, -errno. */
+/* One non-blocking read into @dst; bytes, 0 for none yet, or -errno. */
 static ssize_t recv_some(VnTransport *t, void *dst, size_t len)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * VN_MAX_MSG_FDS)];
-        struct cmsghdr align;
-    } cbuf;
-    struct iovec iov = { .iov_base = dst, .iov_len = len };
-    struct msghdr mh = {
-        .msg_iov = &iov,
-        .msg_iovlen = 1,
-        .msg_control = cbuf.buf,
-        .msg_controllen = sizeof(cbuf.buf),
-    };
-    ssize_t n;
-
-    do {
-        n = recvmsg(t->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
-    }
-    if (n == 0) {
-        return -ECONNRESET;
-    }
-    take_fds(t, &mh);
-    return n;
+    return vn_fdpass_recv(t->fd, dst, len, t->fds, VN_MAX_MSG_FDS, &t->nfds,
+                          &t->fds_overflow);
 }
 
 int vn_transport_recv(VnTransport *t, VnTransportMsg *msg)
@@ -166,10 +115,6 @@ int vn_transport_recv(VnTransport *t, VnTransportMsg *msg)
 int vn_transport_send(VnTransport *t, const void *data, size_t len,
                       const int *fds, unsigned nfds)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * VN_MAX_MSG_FDS)];
-        struct cmsghdr align;
-    } cbuf;
     const uint8_t *p = data;
     bool first = true;
 
@@ -178,27 +123,11 @@ int vn_transport_send(VnTransport *t, const void *data, size_t len,
     }
     while (len > 0) {
         struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-        ssize_t n;
+        /* the fds ride on the first piece only */
+        ssize_t n = vn_fdpass_send(t->fd, &iov, 1, fds, first ? nfds : 0);
 
-        if (first && nfds > 0) {
-            struct cmsghdr *c;
-
-            memset(cbuf.buf, 0, sizeof(cbuf.buf));
-            mh.msg_control = cbuf.buf;
-            mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-            c = CMSG_FIRSTHDR(&mh);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-            memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-        }
-        n = sendmsg(t->fd, &mh, MSG_NOSIGNAL);
         if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return -errno;
+            return (int)n;
         }
         first = false;
         p += n;
