@@ -33,7 +33,6 @@ struct VnBorrower {
     VnDeviceInfo info;
     VnFabricWindow *windows[VN_MAX_REGIONS];   /* mapped BARs */
     VnServer *server;
-    VnIrqs *irqs;               /* the VM's eventfds in relay mode */
     uint32_t relay_index;       /* MSI-X or MSI: what doorbell bits mean */
     GList *segments;            /* Segment: guest memory exported */
     GList *mappings;            /* Mapping: DMA forwarded */

@@ -251,7 +251,7 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
             return -ENOSPC;
         }
         /* Keep the VM's eventfds here; the lender's device gets its own. */
-        ret = vn_irqs_set(b->irqs, flags, index, start, count, NULL, fds, nfds);
+        ret = vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, fds, nfds);
         if (ret < 0) {
             return ret;
         }
@@ -262,7 +262,7 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         fds = NULL;
         nfds = 0;
     } else if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
-        vn_irqs_set(b->irqs, flags, index, start, count, NULL, NULL, 0);
+        vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, NULL, 0);
     }
     json = vn_proto_set_irqs_to_json(b->device, &s);
     ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json,
@@ -298,7 +298,7 @@ static void op_client_gone(void *opaque)
         json = vn_proto_set_irqs_to_json(b->device, &s);
         vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL, 0, NULL);
     }
-    vn_irqs_reset(b->irqs);
+    /* (the server drops the VM's eventfds itself) */
     g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
 }
 
@@ -443,7 +443,6 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
         return NULL;
     }
     carve_msix(b);
-    b->irqs = vn_irqs_new(b->info.irq_count, b->info.num_irqs);
     b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
     if (b->server == NULL) {
         return NULL;
@@ -474,7 +473,6 @@ void vn_borrower_free(VnBorrower *b)
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);
     }
     g_list_free_full(b->segments, g_free);
-    vn_irqs_free(b->irqs);
     g_free(b->lender);
     g_free(b->device);
     g_free(b);
@@ -492,13 +490,13 @@ const char *vn_borrower_device(VnBorrower *b)
 
 void vn_borrower_doorbell(VnBorrower *b, uint32_t bit)
 {
-    if (b->mode != VN_IRQ_MODE_RELAY) {
+    if (b->mode != VN_IRQ_MODE_RELAY || b->server == NULL) {
         return;
     }
     if (bit == VN_PROTO_DOORBELL_INTX) {
-        vn_irqs_signal(b->irqs, VFIO_PCI_INTX_IRQ_INDEX, 0);
+        vn_irqs_signal(vn_server_irqs(b->server), VFIO_PCI_INTX_IRQ_INDEX, 0);
     } else {
-        vn_irqs_signal(b->irqs, b->relay_index, bit);
+        vn_irqs_signal(vn_server_irqs(b->server), b->relay_index, bit);
     }
     b->stats.relayed_irqs++;
 }
