@@ -368,7 +368,8 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         uint64_t lease = 0;
         VnBorrowed *b;
 
-        if (name == NULL || !uint_member(o, "lease", &lease)) {
+        if (name == NULL || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !uint_member(o, "lease", &lease)) {
             return;
         }
         device = g_strdup_printf("%s/%s", msg->peer, name);
