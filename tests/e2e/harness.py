@@ -151,9 +151,9 @@ for _sig in (signal.SIGTERM, signal.SIGHUP):
 # Testbed pieces
 
 
-def _script_output(script):
-    out = subprocess.run([str(REPO / "scripts" / script)], check=True, stdout=subprocess.PIPE,
-                         text=True, timeout=1800).stdout.strip()
+def _script_output(script, *args):
+    out = subprocess.run([str(REPO / "scripts" / script), *args], check=True,
+                         stdout=subprocess.PIPE, text=True, timeout=3600).stdout.strip()
     if not out:
         raise HarnessError(f"scripts/{script} printed nothing")
     return out
@@ -162,10 +162,28 @@ def _script_output(script):
 _cache = {}
 
 
-def testbed_qemu():
+def stock_qemu():
+    """Debian's QEMU >= 10.1 as it ships (scripts/testbed-qemu)."""
     if "qemu" not in _cache:
         _cache["qemu"] = _script_output("testbed-qemu")
     return _cache["qemu"]
+
+
+def patched_qemu():
+    """QEMU built from Debian's source with qemu-patches/series (scripts/build-qemu)."""
+    if "patched" not in _cache:
+        # VN_PATCHED_QEMU: a binary of your own (e.g. a QEMU tree you are changing).
+        _cache["patched"] = (os.environ.get("VN_PATCHED_QEMU") or
+                             _script_output("build-qemu", "--print-path"))
+    return _cache["patched"]
+
+
+def testbed_qemu():
+    """The QEMU tests run by default: VN_QEMU=stock (default) or patched."""
+    kind = os.environ.get("VN_QEMU", "stock")
+    if kind not in ("stock", "patched"):
+        raise HarnessError(f"VN_QEMU must be stock or patched, not {kind!r}")
+    return patched_qemu() if kind == "patched" else stock_qemu()
 
 
 def testbed_guest():
@@ -176,7 +194,7 @@ def testbed_guest():
 
 def testbed_qemu_img():
     # testbed-qemu's wrapper qemu-RECIPE has a sibling qemu-img-RECIPE.
-    q = Path(testbed_qemu())
+    q = Path(stock_qemu())
     sib = q.with_name(q.name.replace("qemu-", "qemu-img-", 1))
     return str(sib) if sib.exists() else shutil.which("qemu-img")
 
@@ -387,8 +405,10 @@ class Qemu:
 
     def __init__(self, procs, checks, devices=(), params=None, root_port=False, timeout=300.0,
                  workdir=None, memory_mib=512, kernel=None, echo=False, extra_args=(),
-                 append_extra=""):
+                 append_extra="", qemu=None):
+        """qemu: the binary (default testbed_qemu(): VN_QEMU picks stock or patched)."""
         self.procs = procs
+        self.qemu = qemu
         self.checks = checks if isinstance(checks, str) else ",".join(checks)
         self.devices = list(devices)
         self.params = dict(params or {})
@@ -420,7 +440,7 @@ class Qemu:
         if self.append_extra:
             append += " " + self.append_extra
         m = self.memory_mib
-        a = [testbed_qemu(),
+        a = [self.qemu or testbed_qemu(),
              "-machine", "q35,accel=tcg,memory-backend=mem", "-cpu", "max", "-smp", "1",
              "-m", f"{m}M",
              # vfio-user needs guest RAM in a shareable fd (DMA_MAP passes it to the server).

@@ -246,6 +246,11 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
     if (index >= b->info.num_irqs || (uint64_t)start + count > b->info.irq_count[index]) {
         return -EINVAL;
     }
+    if (index == VFIO_PCI_REQ_IRQ_INDEX) {
+        /* Ours, not the device's: see vn_borrower_request_unplug(). */
+        return vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, bools, fds,
+                           nfds);
+    }
     if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
         if (index != VFIO_PCI_INTX_IRQ_INDEX && start + count > VN_PROTO_RELAY_VECTORS) {
             return -ENOSPC;
@@ -292,7 +297,7 @@ static void op_client_gone(void *opaque)
                              .index = i };
         g_autofree char *json = NULL;
 
-        if (b->info.irq_count[i] == 0) {
+        if (b->info.irq_count[i] == 0 || i == VFIO_PCI_REQ_IRQ_INDEX) {
             continue;
         }
         json = vn_proto_set_irqs_to_json(b->device, &s);
@@ -345,6 +350,13 @@ static bool map_bars(VnBorrower *b, const VnProtoDevice *d, GError **error)
     b->info.num_irqs = d->num_irqs;
     memcpy(b->info.irq_count, d->irq_count, sizeof(d->irq_count));
     memcpy(b->info.irq_flags, d->irq_flags, sizeof(d->irq_flags));
+    /* The device-request interrupt belongs to the borrower whatever the device
+     * has: it is how we ask QEMU to give the device back (revoke, lender
+     * lost).  A QEMU that supports it (vfio-user-pci with x-req, see
+     * qemu-patches/) registers an eventfd for it; stock QEMU does not. */
+    b->info.num_irqs = MAX(b->info.num_irqs, VFIO_PCI_REQ_IRQ_INDEX + 1);
+    b->info.irq_count[VFIO_PCI_REQ_IRQ_INDEX] = 1;
+    b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
     for (uint32_t i = 0; i < d->num_regions; i++) {
         const VnProtoRegion *pr = &d->regions[i];
         VnRegion *r = &b->info.regions[i];
@@ -501,15 +513,34 @@ void vn_borrower_doorbell(VnBorrower *b, uint32_t bit)
     b->stats.relayed_irqs++;
 }
 
+bool vn_borrower_can_request_unplug(VnBorrower *b)
+{
+    return vn_server_has_client(b->server) &&
+           vn_irqs_enabled(vn_server_irqs(b->server), VFIO_PCI_REQ_IRQ_INDEX, 0);
+}
+
+bool vn_borrower_request_unplug(VnBorrower *b)
+{
+    if (!vn_borrower_can_request_unplug(b) ||
+        !vn_irqs_signal(vn_server_irqs(b->server), VFIO_PCI_REQ_IRQ_INDEX, 0)) {
+        return false;
+    }
+    b->stats.unplug_requests++;
+    g_message("borrower %s: asked QEMU to unplug the device (device request)", b->device);
+    return true;
+}
+
 void vn_borrower_lender_down(VnBorrower *b)
 {
     if (b->stats.lender_lost) {
         return;
     }
     b->stats.lender_lost = true;
-    g_warning("borrower %s: lender %s lost: reads now return all-ones, writes are dropped "
-              "(stock QEMU keeps the device; the guest's driver sees a dead device)",
+    g_warning("borrower %s: lender %s lost: reads now return all-ones, writes are dropped",
               b->device, b->lender);
+    /* Stock QEMU keeps the dead device (the guest's driver gives up on it);
+     * one that takes device requests unplugs it. */
+    vn_borrower_request_unplug(b);
 }
 
 void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out)
@@ -534,6 +565,7 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "fabric_requests", b->stats.fabric_requests },
         { "dma_maps", b->stats.dma_maps },
         { "dma_unmaps", b->stats.dma_unmaps },
+        { "unplug_requests", b->stats.unplug_requests },
     };
 
     json_builder_begin_object(jb);
@@ -545,6 +577,10 @@ char *vn_borrower_stats_json(VnBorrower *b)
     json_builder_add_string_value(jb, vn_irq_mode_to_string(b->mode));
     json_builder_set_member_name(jb, "lender_lost");
     json_builder_add_boolean_value(jb, b->stats.lender_lost);
+    json_builder_set_member_name(jb, "client_connected");
+    json_builder_add_boolean_value(jb, b->server != NULL && vn_server_has_client(b->server));
+    json_builder_set_member_name(jb, "unplug_request_supported");
+    json_builder_add_boolean_value(jb, b->server != NULL && vn_borrower_can_request_unplug(b));
     for (size_t i = 0; i < G_N_ELEMENTS(c); i++) {
         json_builder_set_member_name(jb, c[i].name);
         json_builder_add_int_value(jb, (gint64)c[i].v);

@@ -17,7 +17,8 @@
  *   which then signals the VM directly; in relay mode the borrower keeps them
  *   and signals them on the lender's doorbells.
  * - On lender loss, reads return all-ones and writes are dropped (no stale
- *   data), and the loss is logged and counted.
+ *   data), the loss is logged and counted, and a QEMU that takes device
+ *   requests is asked to unplug the device.
  *
  * Threads: one GMainContext, shared with the fabric; lending requests are
  * synchronous on the lender's link (see vn_fabric_request_sync()).
@@ -42,6 +43,7 @@ typedef struct VnBorrowerStats {
     uint64_t fabric_requests;    /* lending requests sent */
     uint64_t dma_maps;           /* forwarded to the lender */
     uint64_t dma_unmaps;
+    uint64_t unplug_requests;    /* device requests signalled to QEMU */
     bool lender_lost;
 } VnBorrowerStats;
 
@@ -62,6 +64,16 @@ const char *vn_borrower_device(VnBorrower *b);
 /* Fabric events for this borrower's lender. */
 void vn_borrower_doorbell(VnBorrower *b, uint32_t bit);
 void vn_borrower_lender_down(VnBorrower *b);
+
+/*
+ * Ask QEMU to take the device out of the VM through the device-request
+ * interrupt (the guest's driver releases it, then QEMU disconnects).  Only
+ * a QEMU that registered an eventfd for it can be asked (vfio-user-pci with
+ * x-req, qemu-patches/0003); returns false otherwise, and the caller falls
+ * back to QMP device_del.
+ */
+bool vn_borrower_can_request_unplug(VnBorrower *b);
+bool vn_borrower_request_unplug(VnBorrower *b);
 
 void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out);
 /* Counters (ours and the vfio-user server's) as a JSON object. */

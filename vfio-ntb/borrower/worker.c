@@ -10,7 +10,9 @@
  * It attaches to the fabric as its own node (vfio-ntbd authorized that name
  * with the lender for its lease), borrows the device's data path from the
  * lender and serves it on PATH until SIGTERM, when it detaches cleanly.
- * SIGUSR1 writes its counters to the stats file.  vfio-ntbd starts it for
+ * SIGUSR1 writes its counters to the stats file; SIGUSR2 asks QEMU to unplug
+ * the device through the device-request interrupt (when QEMU registered one,
+ * which the stats say) and then writes the counters.  vfio-ntbd starts it for
  * `attach` and stops it for `detach`, and a restarted vfio-ntbd adopts the
  * ones still running.
  */
@@ -80,6 +82,16 @@ static gboolean on_usr1(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+static gboolean on_usr2(gpointer data)
+{
+    Worker *w = data;
+
+    if (w->b != NULL && !vn_borrower_request_unplug(w->b)) {
+        g_message("borrower worker: QEMU takes no device requests; nothing sent");
+    }
+    return on_usr1(data);
+}
+
 static gboolean on_stop(gpointer data)
 {
     g_main_loop_quit(((Worker *)data)->loop);
@@ -107,7 +119,7 @@ int main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
     Worker w = { 0 };
-    guint sigs[3];
+    guint sigs[4];
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
@@ -148,8 +160,9 @@ int main(int argc, char **argv)
     sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
     sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
     sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &w);
+    sigs[3] = g_unix_signal_add(SIGUSR2, on_usr2, &w);
     g_main_loop_run(w.loop);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         g_source_remove(sigs[i]);
     }
     on_usr1(&w);

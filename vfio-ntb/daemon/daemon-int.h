@@ -172,6 +172,10 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
 /* Its counters (JSON), or NULL. */
 char *vn_spawn_stats(VnBorrowed *b);
+/* Ask the VM to release @b through the device-request interrupt and wait
+ * (bounded by @wait_ms) until QEMU has disconnected.  False, with nothing
+ * done, when the VM's QEMU takes no device requests. */
+bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 /* After a restart: is the recorded worker still there? */
 bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 
@@ -179,7 +183,8 @@ bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 /* device_del @id in the VM whose QMP socket is @path; with @wait_ms, wait
  * (bounded) for DEVICE_DELETED.  False with @error if QEMU refused. */
 bool vn_qmp_device_del(const char *path, const char *id, unsigned wait_ms, GError **error);
-/* Take @b out of its VM if attach named the VM's QMP socket. */
+/* Take @b out of its VM: through the device request when its QEMU takes
+ * them, else with device_del if attach named the VM's QMP socket. */
 void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
 /* ---- state.c ---- */

@@ -218,6 +218,47 @@ char *vn_spawn_stats(VnBorrowed *b)
     return NULL;
 }
 
+/* A boolean member of the worker's counters; false when absent or unreadable. */
+static bool stats_flag(VnBorrowed *b, const char *member)
+{
+    g_autofree char *text = vn_spawn_stats(b);
+    g_autoptr(JsonParser) p = json_parser_new();
+    JsonNode *root, *m;
+
+    if (text == NULL || !json_parser_load_from_data(p, text, -1, NULL) ||
+        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root) ||
+        (m = json_object_get_member(json_node_get_object(root), member)) == NULL ||
+        json_node_get_value_type(m) != G_TYPE_BOOLEAN) {
+        return false;
+    }
+    return json_node_get_boolean(m);
+}
+
+bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)wait_ms * 1000;
+
+    if (!alive(b->worker_pid) || !stats_flag(b, "unplug_request_supported")) {
+        return false;
+    }
+    kill(b->worker_pid, SIGUSR2);
+    g_message("node %s: asked the VM %s to release %s (device request)", d->conf->node,
+              b->domain ? b->domain : "?", b->device);
+    /* Released when QEMU has let go of the worker's socket. */
+    while (g_get_monotonic_time() < deadline) {
+        if (!stats_flag(b, "client_connected")) {
+            g_message("node %s: the VM released %s", d->conf->node, b->device);
+            return true;
+        }
+        g_usleep(20000);
+    }
+    if (wait_ms > 0) {
+        g_message("node %s: the VM did not release %s within %u ms", d->conf->node, b->device,
+                  wait_ms);
+    }
+    return true;
+}
+
 bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b)
 {
     g_autofree char *cmdline = NULL;

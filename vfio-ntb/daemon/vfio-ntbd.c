@@ -64,7 +64,14 @@ void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
 {
     g_autoptr(GError) error = NULL;
 
-    if (b->qmp == NULL || b->qdev_id == NULL || b->worker_pid <= 0) {
+    if (b->worker_pid <= 0) {
+        return;
+    }
+    /* The lender lost: the worker saw it too and already asked, if it could. */
+    if (!b->lost && vn_spawn_request_unplug(d, b, wait_ms)) {
+        return;
+    }
+    if (b->qmp == NULL || b->qdev_id == NULL) {
         return;
     }
     if (!vn_qmp_device_del(b->qmp, b->qdev_id, wait_ms, &error)) {
