@@ -12,6 +12,11 @@
 
 #include "vfio-user/client.h"
 
+/* Where assign_bars() puts the device's memory and I/O BARs (in the device
+ * server's own view; nothing else sees these addresses). */
+#define VN_LENDER_BAR_BASE 0xc0000000ull
+#define VN_LENDER_IO_BASE 0x1000ull
+#define VN_LENDER_BAR_MAX (1ull << 40)
 /* How long one command to the device server may take. */
 #define VN_LENDER_DEVICE_TIMEOUT_MS 5000
 /* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,

@@ -17,6 +17,7 @@
 #include <gio/gio.h>
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
+#include <linux/pci_regs.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
@@ -383,6 +384,59 @@ static void fence(VnLender *l, const char *why)
     g_info("lender %s: free", l->name);
 }
 
+/*
+ * Give the device's BARs addresses, as the lending host's firmware would.
+ * The borrower keeps the guest's BAR writes to itself (the device's
+ * addresses are the lender's business), but a server that decodes accesses
+ * by address, such as QEMU's x-remote, ignores a BAR that has none.  The
+ * addresses mean nothing outside the server, so each BAR simply gets its own
+ * naturally aligned range.  Done at attach and after every reset (a reset
+ * clears them).
+ */
+static void assign_bars(VnLender *l)
+{
+    uint64_t next_mem = VN_LENDER_BAR_BASE, next_io = VN_LENDER_IO_BASE;
+
+    for (uint32_t i = VFIO_PCI_BAR0_REGION_INDEX;
+         i <= VFIO_PCI_BAR5_REGION_INDEX && i < l->dev.num_regions; i++) {
+        uint32_t reg = PCI_BASE_ADDRESS_0 + 4 * i, bar = 0, lo;
+        uint64_t size = l->dev.regions[i].size, addr;
+        bool is64;
+
+        /* BAR sizes are powers of two; anything else, or absurdly large, is left alone. */
+        if (size == 0 || (size & (size - 1)) != 0 || size > VN_LENDER_BAR_MAX ||
+            vn_client_region_read(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &bar, 4) != 4) {
+            continue;
+        }
+        bar = GUINT32_FROM_LE(bar);
+        if (bar & PCI_BASE_ADDRESS_SPACE_IO) {
+            if (size > 0x10000) {
+                continue;
+            }
+            addr = (next_io + size - 1) & ~(size - 1);
+            next_io = addr + size;
+            lo = GUINT32_TO_LE((uint32_t)addr);
+            vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &lo, 4, false);
+            continue;
+        }
+        is64 = (bar & PCI_BASE_ADDRESS_MEM_TYPE_MASK) == PCI_BASE_ADDRESS_MEM_TYPE_64;
+        addr = (next_mem + size - 1) & ~(size - 1);
+        if (!is64 && addr + size > (1ull << 32)) {
+            continue;
+        }
+        next_mem = addr + size;
+        lo = GUINT32_TO_LE((uint32_t)addr);
+        vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &lo, 4, false);
+        if (is64 && i < VFIO_PCI_BAR5_REGION_INDEX) {
+            uint32_t hi = GUINT32_TO_LE((uint32_t)(addr >> 32));
+
+            vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg + 4, &hi, 4,
+                                   false);
+            i++;
+        }
+    }
+}
+
 /* Describe region @i and export it when it can be mapped. */
 static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoRegion *r,
                            GError **error)
@@ -483,6 +537,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
         l->dev.irq_flags[i] = ii.flags;
     }
     l->dev.num_irqs = info.num_irqs;
+    assign_bars(l);
     return true;
 }
 
@@ -574,6 +629,7 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
             vn_lender_fail(l, token, ret, "reset failed on the device: %s", g_strerror(-ret));
         } else {
             l->stats.resets++;
+            assign_bars(l);
             reply_ok(l, token);
         }
         break;
