@@ -28,7 +28,7 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl
 
-.PHONY: all check check-unit check-e2e install clean demo testbed bench fuzz fuzz-run distclean
+.PHONY: all check check-unit check-e2e install clean demo testbed qemu bench fuzz fuzz-run distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -84,9 +84,14 @@ fuzz-run: $(B)/fuzz/fuzz_wire
 		|| { tail -n 40 $(B)/fuzz/last.log; exit 1; }
 	@grep -E '^(#[0-9]+.*DONE|Done)' $(B)/fuzz/last.log | tail -n 1
 
-testbed:
+# Stock Debian QEMU, the patched QEMU (qemu-patches/, about 15 minutes the first time) and the
+# guest, all cached under /var/cache/vfio-ntb.
+testbed: qemu
 	scripts/testbed-qemu >/dev/null
 	scripts/testbed-guest >/dev/null
+
+qemu:
+	scripts/build-qemu >/dev/null
 
 check-unit: all
 	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS)

@@ -4,6 +4,10 @@
  */
 #include "lender-rig.h"
 
+#include "lending/lender-int.h"
+
+#include <linux/pci_regs.h>
+
 /* ---- attach ------------------------------------------------------------- */
 
 START_TEST(test_attach_describes)
@@ -189,6 +193,28 @@ START_TEST(test_region_rw)
     ck_assert_uint_eq(s.st.config_rw, 3);
     ck_assert_uint_eq(s.st.resets, 1);
     snap_clear(&s);
+}
+END_TEST
+
+/* A server that decodes BAR accesses by address (QEMU's x-remote) needs the
+ * device's BARs to have addresses: the lender assigns them, again after a reset. */
+START_TEST(test_bars_assigned)
+{
+    Borrower *b = borrower(0);
+    uint32_t bar0;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_0, 4);
+    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_LENDER_BAR_BASE);
+    ck_assert_uint_eq(VN_LENDER_BAR_BASE % BAR0_SIZE, 0);
+
+    memset(rig.fake.cfg + PCI_BASE_ADDRESS_0, 0, 4);   /* what a device reset does */
+    ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
+    memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_0, 4);
+    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_LENDER_BAR_BASE);
+    /* BAR1 has no region: left alone. */
+    memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_1, 4);
+    ck_assert_uint_eq(bar0, 0);
 }
 END_TEST
 
@@ -512,6 +538,7 @@ static Suite *lender_suite(void)
     tc = tcase_create("region");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_region_rw);
+    tcase_add_test(tc, test_bars_assigned);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("dma");
