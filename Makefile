@@ -13,20 +13,24 @@ config.mak: configure scripts/install-deps
 B := build
 PYTHON ?= /usr/bin/python3
 INC := -Ivfio-ntb -I.
-ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS)
+ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
 	$(filter-out vfio-ntb/ctl/ntbctl.c,$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
+# libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
+VIRT_SRCS := $(filter-out vfio-ntb/libvirt/hook.c,$(wildcard vfio-ntb/libvirt/*.c))
+VIRT_OBJS := $(VIRT_SRCS:%.c=$(B)/%.o)
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
 SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
-PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl
+PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl \
+	$(B)/vfio-ntb-libvirt-hook
 
 .PHONY: all check check-unit check-e2e install clean demo testbed qemu bench fuzz fuzz-run distclean
 
@@ -44,6 +48,10 @@ $(B)/libsimdev.a: $(SIMDEV_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(B)/libvn-libvirt.a: $(VIRT_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
@@ -53,13 +61,18 @@ $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
-$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 
-$(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.a
+# libvirt's qemu hook: talks to vfio-ntbd only (never to libvirt), so no libvirt library.
+$(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS)
+
+$(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvn-libvirt.a \
+		$(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a \
-		$(B)/libvfio-ntb.a $(GLIB_LIBS) $(CHECK_LIBS)
+		$(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) $(CHECK_LIBS)
 
 $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
+#include "libvirt/domxml.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -134,6 +135,8 @@ static const char commands_text[] =
     "                                      daemon unplugs it on revoke or loss\n"
     "  detach DEV                          stop serving DEV (it stays borrowed)\n"
     "  stats [DEV]                         counters of this node's devices\n"
+    "  xml DEV [--alias A] [--bus B]       libvirt domain XML that declares DEV (docs/libvirt.md)\n"
+    "  xml --check FILE                    check a domain's vfio-ntb declarations\n"
     "DEV is host/name, e.g. hosta/nvme0.  Exit: 0 done, 1 refused, 2 usage, 3 unreachable.\n";
 
 static int usage_error(const char *fmt, ...) G_GNUC_PRINTF(1, 2);
@@ -261,6 +264,74 @@ static JsonObject *build_arguments(const Command *cmd, const Invocation *inv)
 }
 
 /* Connect, execute, print; returns the exit code. */
+/* ntbctl xml --check FILE: exit 0 and a summary, or 1 and what is wrong. */
+static int xml_check(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = NULL;
+    g_autoptr(VnDomain) dom = NULL;
+    gsize len = 0;
+
+    if (!g_file_get_contents(path, &text, &len, &error)) {
+        fprintf(stderr, "ntbctl: %s\n", error->message);
+        return EXIT_REFUSED;
+    }
+    dom = vn_domxml_parse(text, len, &error);
+    if (dom == NULL) {
+        fprintf(stderr, "ntbctl: %s: %s\n", path, error->message);
+        return EXIT_REFUSED;
+    }
+    printf("%s: domain %s declares %u vfio-ntb device%s\n", path, dom->name, dom->devices->len,
+           dom->devices->len == 1 ? "" : "s");
+    for (guint i = 0; i < dom->devices->len; i++) {
+        const VnDomDevice *d = dom->devices->pdata[i];
+
+        printf("  %s as %s on %s%s%s\n", d->device, d->alias, d->socket,
+               d->bus ? ", bus " : "", d->bus ? d->bus : "");
+    }
+    return EXIT_DONE;
+}
+
+/* ntbctl xml DEV: the socket goes in the daemon's run-dir, named after the
+ * device (one host borrows a device once, so the name is unique there). */
+static int xml_print(const char *device, const char *alias, const char *bus,
+                     const char *socket_path, int timeout_ms)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(socket_path, timeout_ms, &error);
+    g_autoptr(JsonNode) ver = c ? vn_ctl_client_execute(c, "query-version", NULL, &error) : NULL;
+    g_autofree char *file = g_strdelimit(g_strdup(device), "/", '-');
+    g_autofree char *dflt = g_strdup_printf("ntb-%s", file);
+    g_autofree char *sock = NULL, *text = NULL;
+    const char *run_dir;
+
+    if (ver == NULL) {
+        return report(error);
+    }
+    run_dir = JSON_NODE_HOLDS_OBJECT(ver)
+                  ? json_object_get_string_member_with_default(json_node_get_object(ver),
+                                                               "run-dir", NULL)
+                  : NULL;
+    if (run_dir == NULL || run_dir[0] != '/') {
+        fprintf(stderr, "ntbctl: the daemon did not say where its sockets go (an old "
+                        "vfio-ntbd?)\n");
+        return EXIT_REFUSED;
+    }
+    sock = g_strdup_printf("%s/%s.sock", run_dir, file);
+    if (strlen(sock) > VN_DOMXML_MAX_SOCKET) {
+        fprintf(stderr, "ntbctl: %s is too long for a socket path\n", sock);
+        return EXIT_REFUSED;
+    }
+    if (alias == NULL && !vn_domxml_alias_valid(dflt)) {
+        fprintf(stderr, "ntbctl: %s is too long to be the device's id: give one with --alias\n",
+                dflt);
+        return EXIT_USAGE;
+    }
+    text = vn_domxml_snippets(device, alias ? alias : dflt, sock, bus);
+    fputs(text, stdout);
+    return EXIT_DONE;
+}
+
 static int run(const Command *cmd, Invocation *inv, const char *socket_path, int timeout_ms,
                bool json)
 {
@@ -300,6 +371,9 @@ int main(int argc, char **argv)
     g_autofree char *domain = NULL;
     g_autofree char *qmp = NULL;
     g_autofree char *qdev_id = NULL;
+    g_autofree char *alias = NULL;
+    g_autofree char *bus = NULL;
+    g_autofree char *check = NULL;
     gboolean json = FALSE;
     gboolean version = FALSE;
     const GOptionEntry entries[] = {
@@ -315,6 +389,11 @@ int main(int argc, char **argv)
         { "qmp", 0, 0, G_OPTION_ARG_FILENAME, &qmp, "attach: the VM's QMP socket", "PATH" },
         { "qdev-id", 0, 0, G_OPTION_ARG_STRING, &qdev_id, "attach: the device's id in the VM",
           "ID" },
+        { "alias", 0, 0, G_OPTION_ARG_STRING, &alias,
+          "xml: the device's id in the domain (default ntb-HOST-NAME)", "A" },
+        { "bus", 0, 0, G_OPTION_ARG_STRING, &bus, "xml: a spare pcie-root-port (pci.N)", "B" },
+        { "check", 0, 0, G_OPTION_ARG_FILENAME, &check, "xml: check a domain's XML file",
+          "FILE" },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
         G_OPTION_ENTRY_NULL,
     };
@@ -337,6 +416,32 @@ int main(int argc, char **argv)
     }
     if (argc < 2) {
         return usage_error("no command given");
+    }
+    if ((alias != NULL || bus != NULL || check != NULL) && strcmp(argv[1], "xml") != 0) {
+        return usage_error("--alias, --bus and --check are for xml, not %s", argv[1]);
+    }
+    if (strcmp(argv[1], "xml") == 0) {
+        if (check != NULL) {
+            return argc == 2 && alias == NULL && bus == NULL
+                       ? xml_check(check)
+                       : usage_error("xml --check FILE takes nothing else");
+        }
+        if (argc != 3) {
+            return usage_error("xml: which device? (ntbctl xml host/name [--alias A])");
+        }
+        if (!vn_ctl_device_valid(argv[2], &error)) {
+            return usage_error("xml: %s", error->message);
+        }
+        if ((alias != NULL && !vn_domxml_alias_valid(alias)) ||
+            (bus != NULL && !vn_domxml_alias_valid(bus))) {
+            return usage_error("xml: --alias and --bus are QEMU ids: a letter, then up to %u "
+                               "of [A-Za-z0-9_.-]", VN_DOMXML_MAX_ALIAS - 1);
+        }
+        if ((timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {
+            return EXIT_USAGE;
+        }
+        return xml_print(argv[2], alias, bus, socket_path ? socket_path : vn_ctl_default_socket(),
+                         (int)timeout_ms);
     }
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
         if (strcmp(argv[1], commands[i].name) == 0) {

@@ -152,6 +152,8 @@ static void cmd_version(VnDaemon *d, JsonObject *a, VnControlReply *r)
     json_builder_add_string_value(b, VN_VERSION);
     json_builder_set_member_name(b, "node");
     json_builder_add_string_value(b, d->conf->node);
+    json_builder_set_member_name(b, "run-dir");
+    json_builder_add_string_value(b, d->conf->run_dir);
     json_builder_end_object(b);
     vn_control_return(r, json_builder_get_root(b));
 }
@@ -445,10 +447,14 @@ typedef struct Attach {
     char *domain;
     char *qmp;
     char *qdev_id;
+    char *socket;               /* NULL: the default name in run-dir */
+    bool has_irq_mode;
+    VnIrqMode irq_mode;
 } Attach;
 
 static void attach_free(Attach *at)
 {
+    g_free(at->socket);
     g_free(at->domain);
     g_free(at->qmp);
     g_free(at->qdev_id);
@@ -470,12 +476,19 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     } else if (b->worker_pid > 0 && strcmp(b->domain, at->domain) != 0) {
         vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
                          b->device, b->domain);
+    } else if (b->worker_pid > 0 && at->socket != NULL && strcmp(at->socket, b->socket) != 0) {
+        vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s on %s; detach it first",
+                         b->device, b->domain, b->socket);
     } else if (b->worker_pid > 0) {
         return_lease(at->r, b->device, b->lease, b->socket);
     } else {
         g_free(b->socket);
-        b->socket = g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir, at->domain,
-                                    b->lender, b->name);
+        b->socket = at->socket != NULL ? g_strdup(at->socket)
+                                       : g_strdup_printf("%s/%s-%s-%s.sock", d->conf->run_dir,
+                                                         at->domain, b->lender, b->name);
+        if (at->has_irq_mode) {
+            b->irq_mode = at->irq_mode;
+        }
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
         if (!vn_spawn_start(d, b, &error)) {
@@ -495,12 +508,31 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     attach_free(at);
 }
 
+/*
+ * An attach may name its socket (the libvirt hook takes it from the domain's
+ * XML): a file directly in run-dir, so that a domain definition cannot make
+ * the daemon create sockets anywhere else.
+ */
+static bool socket_arg_ok(VnDaemon *d, const char *socket)
+{
+    size_t dl = strlen(d->conf->run_dir);
+    const char *base = socket + dl + 1;
+
+    return strlen(socket) <= VN_DAEMON_MAX_SOCKET_PATH &&
+           strncmp(socket, d->conf->run_dir, dl) == 0 && socket[dl] == '/' &&
+           name_ok(base) && g_str_has_suffix(base, ".sock") &&
+           !g_file_test(socket, G_FILE_TEST_EXISTS);
+}
+
 static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     const char *domain = arg_string(a, "domain");
     const char *qmp = arg_string(a, "qmp");
     const char *qdev_id = arg_string(a, "qdev-id");
+    const char *socket = arg_string(a, "socket");
+    const char *mode = arg_string(a, "irq-mode");
+    VnIrqMode irq_mode = VN_IRQ_MODE_FD;
     Attach *at;
     VnBorrowed *b;
 
@@ -521,12 +553,23 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          "VM, 1-63 of [A-Za-z0-9_.-]) go together");
         return;
     }
+    if (json_object_has_member(a, "socket") && (socket == NULL || !socket_arg_ok(d, socket))) {
+        vn_control_error(r, VN_ERR_PARAM, "\"socket\" must be a new file NAME.sock directly in "
+                         "%s (NAME: [A-Za-z0-9_.-])", d->conf->run_dir);
+        return;
+    }
+    if (json_object_has_member(a, "irq-mode") &&
+        (mode == NULL || !vn_irq_mode_from_string(mode, &irq_mode))) {
+        vn_control_error(r, VN_ERR_PARAM, "\"irq-mode\" is \"fd\" or \"relay\"");
+        return;
+    }
     if (!borrowable(d, node, name, r)) {
         return;
     }
     at = g_new0(Attach, 1);
     *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp),
-                    .qdev_id = g_strdup(qdev_id) };
+                    .qdev_id = g_strdup(qdev_id), .socket = g_strdup(socket),
+                    .has_irq_mode = mode != NULL, .irq_mode = irq_mode };
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_daemon_borrowed(d, dev);
     if (b != NULL) {
@@ -634,7 +677,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 typedef struct Command {
     const char *name;
     VnCommandFn fn;
-    const char *const args[5];
+    const char *const args[7];
 } Command;
 
 static const Command commands[] = {
@@ -646,7 +689,7 @@ static const Command commands[] = {
     { "borrow", cmd_borrow, { "device", NULL } },
     { "return", cmd_return, { "device", NULL } },
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
-    { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", NULL } },
+    { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },

@@ -99,6 +99,8 @@ enum {
 #define VN_DAEMON_ANNOUNCE_EVERY 5
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
+/* sun_path holds 108 bytes with the NUL. */
+#define VN_DAEMON_MAX_SOCKET_PATH 107
 #define VN_DAEMON_MAX_GRACE_MS 600000
 /* A lease whose borrower's daemon went away (or that was restored from the
  * state file) expires if that daemon is not back and claiming it within

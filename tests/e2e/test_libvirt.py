@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""End-to-end with a real libvirt daemon (bookworm's libvirtd 9.0 driving the testbed's QEMU):
+domains that declare borrowed devices in their XML (docs/libvirt.md).
+
+What a user would check: `ntbctl xml` prints what a domain needs and `ntbctl xml --check`
+accepts it; `virsh start` of such a domain borrows and attaches the device through our hook, and
+its guest passes the data checks on the lent NVMe; when the domain goes, the lease is returned
+and the device is available again; a start that cannot get its devices is refused with a
+message saying why and leaves no lease and no half-attached device behind (malformed metadata,
+an unknown device, a device already lent, an access-list refusal); a migration is refused;
+the hook given unexpected arguments says so.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+import libvirt as lvt  # noqa: E402
+from harness import result, wait_for  # noqa: E402
+from cluster import Daemon  # noqa: E402
+from control import Control  # noqa: E402
+
+NTBCTL = h.REPO / "build" / "ntbctl"
+
+
+def ntbctl(daemon, *args):
+    return subprocess.run([str(NTBCTL), "--socket", str(daemon.control), *map(str, args)],
+                          capture_output=True, text=True, timeout=30)
+
+
+class Site:
+    """hosta lends nvme0 (to hostb) and nvme1 (to hostc only); hostb runs libvirt."""
+
+    def __init__(self, procs):
+        self.procs = procs
+        self.wd = procs.tempdir()
+        fab = procs.tempdir("vn-fabric-")
+        self.img = h.make_backing(self.wd / "a.img", 64)
+        self.sd0 = h.Simdev(procs, self.wd / "d0.sock", self.img, 64, serial="VN-LV-0").start()
+        self.sd1 = h.Simdev(procs, self.wd / "d1.sock", h.make_backing(self.wd / "b.img", 16),
+                            16, serial="VN-LV-1").start()
+        self.a = Daemon(procs, self.wd, "hosta", fab,
+                        lends={"nvme0": self.sd0.socket_path, "nvme1": self.sd1.socket_path},
+                        allow={"nvme0": "hostb;hostc", "nvme1": "hostc"}).start()
+        self.b = Daemon(procs, self.wd, "hostb", fab).start()
+        self.c = Daemon(procs, self.wd, "hostc", fab).start()
+        self.ca, self.cb, self.cc = (Control(d.control) for d in (self.a, self.b, self.c))
+        wait_for(lambda: len(self.cb.execute("query-devices")) == 2, 10)
+        self.lv = lvt.Libvirtd(procs, "hostb", self.b.control).start()
+
+    def state(self, dev="hosta/nvme0"):
+        return self.ca.execute("query-device", device=dev)["state"]
+
+    def held_by_hostb(self):
+        return [d["device"] for d in self.cb.execute("query-devices") if d["borrower"] == "hostb"]
+
+    def define(self, name, checks, snippets, params=None):
+        serial = self.wd / f"{name}.serial"
+        xml = lvt.domain_xml(name, serial, checks, params=params, snippets=snippets)
+        path = self.wd / f"{name}.xml"
+        path.write_text(xml)
+        self.lv.virsh("define", path)
+        q = lvt.domain(self.lv, self.procs, name, self.procs.tempdir(), checks)
+        q.serial_path = serial
+        return path, q
+
+
+def snippets(site, dev, alias="ntb0", bus="pci.1"):
+    p = ntbctl(site.b, "xml", dev, "--alias", alias, "--bus", bus)
+    if p.returncode != 0:
+        raise h.HarnessError(f"ntbctl xml {dev}: {p.stderr}")
+    return p.stdout
+
+
+def test_start_use_destroy(site):
+    path, q = site.define("vm1", "probe,data", snippets(site, "hosta/nvme0"), {"seed": 31})
+    chk = ntbctl(site.b, "xml", "--check", path)
+    ok = result("ntbctl-xml-check", chk.returncode == 0 and "hosta/nvme0 as ntb0" in chk.stdout,
+                output=chk.stdout.strip().splitlines()[0] if chk.stdout else chk.stderr.strip())
+    site.lv.virsh("start", "vm1")
+    attached = site.state() == "lent" and site.held_by_hostb() == ["hosta/nvme0"]
+    run = q.wait_done()
+    # The guest powered off: libvirt ran release/end, which returned the device.
+    returned = wait_for(lambda: site.state() == "available", 15)
+    ver = h.verify_backing(site.img, run.data)
+    ok &= result("libvirt-start-data-destroy", run.results.get("probe", {}).get("status") ==
+                 "PASS" and run.results.get("data", {}).get("status") == "PASS" and attached
+                 and len(ver) >= 4 and all(v["ok"] for v in ver) and bool(returned)
+                 and site.held_by_hostb() == [],
+                 serial=run.results.get("probe", {}).get("serial"), attached_at_start=attached,
+                 returned=bool(returned))
+    site.lv.virsh("undefine", "vm1")
+    return ok
+
+
+def refused(site, name, snip, expect, checks="probe"):
+    """Define a domain and start it: the start must fail naming why, leaving nothing held."""
+    path, _ = site.define(name, checks, snip)
+    p = site.lv.virsh("start", name, check=False)
+    running = name in site.lv.domains()
+    site.lv.virsh("destroy", name, check=False)
+    site.lv.virsh("undefine", name, check=False)
+    return (p.returncode != 0 and expect in p.stderr and not running
+            and site.held_by_hostb() == []), p.stderr.strip().splitlines()[-1:]
+
+
+def test_refusals(site):
+    ok = True
+    good = snippets(site, "hosta/nvme0")
+    bad_meta = good.replace("alias='ntb0'", "alias='0bad'")
+    cases = [
+        ("malformed-metadata", bad_meta, "alias"),
+        ("unknown-device", snippets(site, "hosta/nope", alias="ntbx"), "hosta/nope"),
+        ("access-list", snippets(site, "hosta/nvme1", alias="ntb1"), "hosta/nvme1"),
+    ]
+    for n, (what, snip, expect) in enumerate(cases):
+        good_start, msg = refused(site, f"bad{n}", snip, expect)
+        ok &= result(f"libvirt-refuses-{what}", good_start and site.state() == "available",
+                     message=msg)
+    # Already lent: hostc holds nvme0.
+    site.cc.execute("borrow", device="hosta/nvme0")
+    good_start, msg = refused(site, "busy", good, "hosta/nvme0")
+    site.cc.execute("return", device="hosta/nvme0")
+    ok &= result("libvirt-refuses-device-already-lent", good_start, message=msg)
+    # Two devices, the second refused: the first goes back too (nothing half-attached).
+    two = snippets(site, "hosta/nvme0") + snippets(site, "hosta/nvme1", alias="ntb1",
+                                                   bus="pci.2")
+    two = _merge_two(two)
+    good_start, msg = refused(site, "half", two, "hosta/nvme1")
+    sockets = list((site.b.run_dir).glob("*.sock"))
+    ok &= result("libvirt-refusal-leaves-nothing", good_start and site.state() == "available"
+                 and sockets == [], message=msg, sockets_left=len(sockets))
+    return ok
+
+
+def _merge_two(text):
+    """Two `ntbctl xml` outputs -> one set of snippets (both devices in one metadata block,
+    both -device args in one commandline)."""
+    meta, _, cmd = lvt._split_snippets(text)
+    second = text[text.rfind("<metadata>"):]
+    meta2, _, cmd2 = lvt._split_snippets(second)
+    dev2 = meta2[meta2.find("<vn:device "):meta2.find("</vn:devices>")]
+    args2 = cmd2[cmd2.find("<qemu:arg"):cmd2.find("</qemu:commandline>")]
+    meta = meta.replace("</vn:devices>", dev2 + "</vn:devices>")
+    cmd = cmd.replace("</qemu:commandline>", args2 + "</qemu:commandline>")
+    return meta + "\n<memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n" + cmd
+
+
+def test_hook_arguments(site):
+    """The hook as libvirt runs it, with what libvirt should never send and a migration."""
+    xml = lvt.domain_xml("vm9", site.wd / "vm9.serial", "probe",
+                         snippets=snippets(site, "hosta/nvme0", alias="ntb9"))
+    env = {"VFIO_NTB_CONTROL": str(site.b.control), "PATH": "/usr/bin:/bin"}
+
+    def hook(*args, stdin=xml):
+        return subprocess.run([str(lvt.HOOK), *args], input=stdin, capture_output=True,
+                              text=True, env=env, timeout=30)
+    few = hook("vm9", "prepare")
+    mig = hook("vm9", "migrate", "begin", "-")
+    other = hook("vm8", "prepare", "begin", "-")
+    garbage = hook("vm9", "release", "end", "-", stdin="<domain><name>vm9</name>")
+    ok = result("hook-unexpected-arguments", few.returncode != 0 and
+                "expected NAME OP SUBOP EXTRA" in few.stderr and other.returncode != 0
+                and "XML of domain vm9" in other.stderr and site.held_by_hostb() == [],
+                message=few.stderr.strip())
+    ok &= result("hook-refuses-migration", mig.returncode != 0 and "cannot migrate" in
+                 mig.stderr, message=mig.stderr.strip())
+    ok &= result("hook-release-logs-bad-xml", garbage.returncode == 0 and
+                 "does not parse" in garbage.stderr, message=garbage.stderr.strip())
+    return ok
+
+
+def main():
+    ok = True
+    with h.Procs() as procs:
+        try:
+            site = Site(procs)
+            try:
+                for test in (test_start_use_destroy, test_refusals, test_hook_arguments):
+                    try:
+                        ok &= test(site)
+                    except h.HarnessError as e:
+                        print(f"{test.__name__}: {e}", file=sys.stderr)
+                        result(test.__name__, False, error="harness")
+                        ok = False
+            finally:
+                site.lv.stop()
+        except h.HarnessError as e:
+            print(f"libvirt site: {e}", file=sys.stderr)
+            result("libvirt-site", False, error="harness")
+            ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,550 @@
+/*
+ * vfio-ntb's libvirt domain XML convention (domxml.h): read a domain with
+ * libxml2 by walking the tree (the few elements we read sit at fixed places,
+ * so XPath would only add a second language to get wrong), and print the
+ * snippets ntbctl xml suggests.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.libvirt"
+
+#include "libvirt/domxml.h"
+
+#include "ctl/ctl-client.h"
+
+#include <json-glib/json-glib.h>
+#include <libxml/parser.h>
+#include <libxml/tree.h>
+#include <stdarg.h>
+#include <string.h>
+
+/* How much of a value that failed its check an error message repeats. */
+#define VN_DOMXML_SHOWN 64
+/* json-glib's parser recurses once per nesting level and has no limit of its
+ * own: 4 MiB of '[' would exhaust the stack.  Our -device is two levels deep;
+ * nobody's device properties come near this. */
+#define VN_DOMXML_MAX_JSON_DEPTH 32
+
+/* Sets a rule violation and returns false, so that a check is one statement. */
+static bool G_GNUC_PRINTF(2, 3) fail(GError **error, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    g_propagate_error(error, g_error_new_valist(G_MARKUP_ERROR,
+                                                G_MARKUP_ERROR_INVALID_CONTENT, fmt, ap));
+    va_end(ap);
+    return false;
+}
+
+static void dom_device_free(VnDomDevice *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    g_free(d->device);
+    g_free(d->alias);
+    g_free(d->irq_mode);
+    g_free(d->socket);
+    g_free(d->bus);
+    g_free(d);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(xmlDoc, xmlFreeDoc)
+
+void vn_domain_free(VnDomain *dom)
+{
+    if (dom == NULL) {
+        return;
+    }
+    g_free(dom->name);
+    g_clear_pointer(&dom->devices, g_ptr_array_unref);
+    g_free(dom);
+}
+
+const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device)
+{
+    for (guint i = 0; dom != NULL && device != NULL && i < dom->devices->len; i++) {
+        const VnDomDevice *d = g_ptr_array_index(dom->devices, i);
+
+        if (strcmp(d->device, device) == 0) {
+            return d;
+        }
+    }
+    return NULL;
+}
+
+/* 1..max characters of [A-Za-z0-9_.-]. */
+static bool word_valid(const char *s, size_t max)
+{
+    size_t n = strnlen(s, max + 1);
+
+    for (size_t i = 0; i < n; i++) {
+        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
+            return false;
+        }
+    }
+    return n > 0 && n <= max;
+}
+
+bool vn_domxml_alias_valid(const char *alias)
+{
+    /* qdev ids must start with a letter (QEMU's id_wellformed()). */
+    return alias != NULL && g_ascii_isalpha(alias[0]) && word_valid(alias, VN_DOMXML_MAX_ALIAS);
+}
+
+/* ---- tree helpers --------------------------------------------------------- */
+
+/* libxml2 strings are freed with xmlFree, ours with g_free: convert once. */
+static char *take_xml_string(xmlChar *x)
+{
+    char *s = g_strdup((const char *)x);
+
+    if (x != NULL) {
+        xmlFree(x);
+    }
+    return s;
+}
+
+/* An attribute in no namespace (the only kind we read), or NULL. */
+static char *prop(xmlNode *el, const char *name)
+{
+    return take_xml_string(xmlGetNoNsProp(el, (const xmlChar *)name));
+}
+
+static bool in_ns(const xmlNode *n, const char *ns)
+{
+    return n->type == XML_ELEMENT_NODE && n->ns != NULL && n->ns->href != NULL &&
+           strcmp((const char *)n->ns->href, ns) == 0;
+}
+
+/* An element called @name in namespace @ns (NULL: in none). */
+static bool is_element(const xmlNode *n, const char *ns, const char *name)
+{
+    if (n->type != XML_ELEMENT_NODE || strcmp((const char *)n->name, name) != 0) {
+        return false;
+    }
+    return ns == NULL ? n->ns == NULL : in_ns(n, ns);
+}
+
+/* ---- <metadata>: our device list ------------------------------------------ */
+
+/* One <vn:device> into @d; @index counts from 1, for messages before a name. */
+static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **error)
+{
+    g_autoptr(GError) local = NULL;
+
+    for (const xmlAttr *a = el->properties; a != NULL; a = a->next) {
+        const char *an = (const char *)a->name;
+
+        if (a->ns != NULL || (strcmp(an, "name") != 0 && strcmp(an, "alias") != 0 &&
+                              strcmp(an, "irq-mode") != 0)) {
+            const char *prefix = a->ns != NULL && a->ns->prefix != NULL ?
+                                 (const char *)a->ns->prefix : NULL;
+
+            return fail(error, "<vn:device> %u: unknown attribute \"%s%s%.*s\" (name, alias "
+                        "and irq-mode are known)", index, prefix != NULL ? prefix : "",
+                        prefix != NULL ? ":" : "", VN_DOMXML_SHOWN, an);
+        }
+    }
+    d->device = prop(el, "name");
+    d->alias = prop(el, "alias");
+    d->irq_mode = prop(el, "irq-mode");
+    if (d->device == NULL) {
+        return fail(error, "<vn:device> %u has no name attribute (host/name)", index);
+    }
+    if (!vn_ctl_device_valid(d->device, &local)) {
+        return fail(error, "<vn:device> %u: %s", index, local->message);
+    }
+    if (d->alias == NULL) {
+        return fail(error, "device %s has no alias attribute (its -device id)", d->device);
+    }
+    if (!vn_domxml_alias_valid(d->alias)) {
+        return fail(error, "device %s: alias \"%.*s\" is not a QEMU id: a letter, then "
+                    "letters, digits, '_', '.' or '-', at most %u characters", d->device,
+                    VN_DOMXML_SHOWN, d->alias, VN_DOMXML_MAX_ALIAS);
+    }
+    if (d->irq_mode != NULL && strcmp(d->irq_mode, "fd") != 0 &&
+        strcmp(d->irq_mode, "relay") != 0) {
+        return fail(error, "device %s: irq-mode is \"%.*s\", not fd or relay", d->device,
+                    VN_DOMXML_SHOWN, d->irq_mode);
+    }
+    return true;
+}
+
+static bool parse_devices(xmlNode *list, GPtrArray *devs, GError **error)
+{
+    for (xmlNode *n = list->children; n != NULL; n = n->next) {
+        VnDomDevice *d;
+
+        if ((n->type == XML_TEXT_NODE || n->type == XML_CDATA_SECTION_NODE) &&
+            !xmlIsBlankNode(n)) {
+            return fail(error, "text inside <vn:devices>: only <vn:device> belongs there");
+        }
+        if (n->type != XML_ELEMENT_NODE) {
+            continue;   /* blanks, comments, processing instructions */
+        }
+        if (!is_element(n, VN_DOMXML_NS, "device")) {
+            return fail(error, "unknown element <%.*s> inside <vn:devices>: only <vn:device> "
+                        "belongs there", VN_DOMXML_SHOWN, (const char *)n->name);
+        }
+        if (devs->len >= VN_DOMXML_MAX_DEVICES) {
+            return fail(error, "more than %u devices in <vn:devices>", VN_DOMXML_MAX_DEVICES);
+        }
+        /* Owned by the array from here, whatever the checks find. */
+        d = g_new0(VnDomDevice, 1);
+        g_ptr_array_add(devs, d);
+        if (!parse_device(n, devs->len, d, error)) {
+            return false;
+        }
+        for (guint i = 0; i + 1 < devs->len; i++) {
+            const VnDomDevice *e = g_ptr_array_index(devs, i);
+
+            if (strcmp(e->alias, d->alias) == 0) {
+                return fail(error, "devices %s and %s have the same alias %s", e->device,
+                            d->device, d->alias);
+            }
+            if (strcmp(e->device, d->device) == 0) {
+                return fail(error, "device %s is declared twice (aliases %s and %s)",
+                            d->device, e->alias, d->alias);
+            }
+        }
+    }
+    return true;
+}
+
+static bool parse_metadata(xmlNode *root, GPtrArray *devs, GError **error)
+{
+    xmlNode *found = NULL;
+
+    for (xmlNode *md = root->children; md != NULL; md = md->next) {
+        if (!is_element(md, NULL, "metadata")) {
+            continue;
+        }
+        for (xmlNode *n = md->children; n != NULL; n = n->next) {
+            if (!in_ns(n, VN_DOMXML_NS)) {
+                continue;   /* another application's metadata */
+            }
+            if (strcmp((const char *)n->name, "devices") != 0) {
+                return fail(error, "unknown element <%.*s> of namespace %s in <metadata>: "
+                            "only <vn:devices> belongs there", VN_DOMXML_SHOWN,
+                            (const char *)n->name, VN_DOMXML_NS);
+            }
+            if (found != NULL) {
+                return fail(error, "more than one <vn:devices> in <metadata>: list every "
+                            "device in one");
+            }
+            found = n;
+        }
+    }
+    return found == NULL || parse_devices(found, devs, error);
+}
+
+/* ---- what the devices need of the rest of the domain ---------------------- */
+
+/* vfio-user hands guest RAM to the device as fds: it must be memfd, shared. */
+static bool check_memory(xmlNode *root, GError **error)
+{
+    bool memfd = false, shared = false;
+
+    for (xmlNode *mb = root->children; mb != NULL; mb = mb->next) {
+        if (!is_element(mb, NULL, "memoryBacking")) {
+            continue;
+        }
+        for (xmlNode *n = mb->children; n != NULL; n = n->next) {
+            if (is_element(n, NULL, "source")) {
+                g_autofree char *type = prop(n, "type");
+
+                memfd = memfd || g_strcmp0(type, "memfd") == 0;
+            } else if (is_element(n, NULL, "access")) {
+                g_autofree char *mode = prop(n, "mode");
+
+                shared = shared || g_strcmp0(mode, "shared") == 0;
+            }
+        }
+    }
+    if (!memfd) {
+        return fail(error, "vfio-user devices need guest memory QEMU can share: add "
+                    "<memoryBacking><source type='memfd'/><access mode='shared'/>"
+                    "</memoryBacking> to <domain>");
+    }
+    if (!shared) {
+        return fail(error, "guest memory is memfd but not shared: add <access mode='shared'/> "
+                    "to <memoryBacking>");
+    }
+    return true;
+}
+
+/* Checked before json-glib sees the text; brackets inside strings do not count. */
+static bool json_depth_ok(const char *s, unsigned max)
+{
+    unsigned depth = 0;
+    bool in_str = false;
+
+    for (; *s != '\0'; s++) {
+        if (in_str && *s == '\\' && s[1] != '\0') {
+            s++;
+        } else if (*s == '"') {
+            in_str = !in_str;
+        } else if (!in_str && (*s == '{' || *s == '[') && ++depth > max) {
+            return false;
+        } else if (!in_str && (*s == '}' || *s == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return true;
+}
+
+/* A string member, or NULL when it is absent or not a string. */
+static const char *member_string(JsonObject *o, const char *name)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING) {
+        return NULL;
+    }
+    return json_node_get_string(n);
+}
+
+/* The -device whose id is @d's alias: check it, take its socket and bus. */
+static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
+{
+    const char *driver = member_string(o, "driver");
+    const char *path = NULL, *bus = member_string(o, "bus");
+    JsonNode *sock = json_object_get_member(o, "socket");
+
+    if (g_strcmp0(driver, "vfio-user-pci") != 0) {
+        return fail(error, "its -device has driver \"%.*s\", not vfio-user-pci",
+                    VN_DOMXML_SHOWN, driver != NULL ? driver : "(none)");
+    }
+    if (sock != NULL && JSON_NODE_HOLDS_OBJECT(sock) &&
+        g_strcmp0(member_string(json_node_get_object(sock), "type"), "unix") == 0) {
+        path = member_string(json_node_get_object(sock), "path");
+    }
+    if (path == NULL) {
+        return fail(error, "its -device needs \"socket\":{\"type\":\"unix\",\"path\":...}");
+    }
+    if (path[0] != '/') {
+        return fail(error, "socket path \"%.*s\" is not absolute", VN_DOMXML_SHOWN, path);
+    }
+    if (strlen(path) > VN_DOMXML_MAX_SOCKET) {
+        return fail(error, "socket path \"%.*s...\" is longer than %u bytes (sun_path)",
+                    VN_DOMXML_SHOWN, path, VN_DOMXML_MAX_SOCKET);
+    }
+    /* Checked as text, not resolved (the socket does not exist yet): a ".."
+     * could leave the directory the path appears to name.  The path is
+     * absolute, so every component follows a '/'. */
+    if (strstr(path, "/../") != NULL || g_str_has_suffix(path, "/..")) {
+        return fail(error, "socket path \"%s\" has a \"..\" component", path);
+    }
+    if (json_object_has_member(o, "bus") && bus == NULL) {
+        return fail(error, "its -device has a \"bus\" that is not a string");
+    }
+    d->socket = g_strdup(path);
+    d->bus = g_strdup(bus);
+    return true;
+}
+
+/* One JSON -device argument: ours when its id is one of our aliases. */
+static bool match_json(const char *text, GPtrArray *devs, GError **error)
+{
+    g_autoptr(JsonParser) parser = json_parser_new();
+    g_autoptr(GError) local = NULL;
+    JsonNode *root;
+    const char *id;
+
+    if (!json_depth_ok(text, VN_DOMXML_MAX_JSON_DEPTH)) {
+        return fail(error, "a -device argument nests deeper than %u levels",
+                    VN_DOMXML_MAX_JSON_DEPTH);
+    }
+    /* QEMU would refuse it too: better said here than as a failed start. */
+    if (!json_parser_load_from_data(parser, text, -1, &local)) {
+        return fail(error, "a -device argument is not JSON: %s", local->message);
+    }
+    root = json_parser_get_root(parser);
+    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+        return fail(error, "a -device argument is not a JSON object");
+    }
+    id = member_string(json_node_get_object(root), "id");
+    for (guint i = 0; id != NULL && i < devs->len; i++) {
+        VnDomDevice *d = g_ptr_array_index(devs, i);
+
+        if (strcmp(d->alias, id) != 0) {
+            continue;
+        }
+        if (d->socket != NULL) {
+            return fail(error, "device %s: two -device arguments have id %s", d->device, id);
+        }
+        if (!take_device_arg(json_node_get_object(root), d, error)) {
+            g_prefix_error(error, "device %s (alias %s): ", d->device, d->alias);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool match_args(xmlNode *root, GPtrArray *devs, GError **error)
+{
+    g_autoptr(GPtrArray) args = g_ptr_array_new_with_free_func(g_free);
+
+    /* libvirt appends every <qemu:commandline>'s args in order: read them so. */
+    for (xmlNode *cl = root->children; cl != NULL; cl = cl->next) {
+        if (!is_element(cl, VN_DOMXML_QEMU_NS, "commandline")) {
+            continue;
+        }
+        for (xmlNode *a = cl->children; a != NULL; a = a->next) {
+            char *value;
+
+            if (!is_element(a, VN_DOMXML_QEMU_NS, "arg")) {
+                continue;
+            }
+            if (args->len >= VN_DOMXML_MAX_ARGS) {
+                return fail(error, "more than %u <qemu:arg> elements", VN_DOMXML_MAX_ARGS);
+            }
+            value = prop(a, "value");
+            g_ptr_array_add(args, value != NULL ? value : g_strdup(""));
+        }
+    }
+    for (guint i = 0; i + 1 < args->len; i++) {
+        const char *next = g_ptr_array_index(args, i + 1);
+
+        if (strcmp(g_ptr_array_index(args, i), "-device") == 0 && next[0] == '{') {
+            i++;
+            if (!match_json(next, devs, error)) {
+                return false;
+            }
+        }
+    }
+    for (guint i = 0; i < devs->len; i++) {
+        const VnDomDevice *d = g_ptr_array_index(devs, i);
+
+        if (d->socket == NULL) {
+            return fail(error, "no <qemu:arg> -device has id %s (device %s): `ntbctl xml %s "
+                        "--alias %s` prints one", d->alias, d->device, d->device, d->alias);
+        }
+        for (guint j = 0; j < i; j++) {
+            const VnDomDevice *e = g_ptr_array_index(devs, j);
+
+            if (strcmp(e->socket, d->socket) == 0) {
+                return fail(error, "devices %s and %s use the same socket %s", e->device,
+                            d->device, d->socket);
+            }
+        }
+    }
+    return true;
+}
+
+/* ---- the domain ----------------------------------------------------------- */
+
+static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
+{
+    xmlNode *name = NULL;
+
+    if (root == NULL || !is_element(root, NULL, "domain")) {
+        return fail(error, "domain XML: the root element is <%.*s>%s, not <domain>",
+                    VN_DOMXML_SHOWN, root != NULL ? (const char *)root->name : "",
+                    root != NULL && root->ns != NULL ? " in a namespace" : "");
+    }
+    for (xmlNode *n = root->children; n != NULL && name == NULL; n = n->next) {
+        name = is_element(n, NULL, "name") ? n : NULL;
+    }
+    dom->name = name != NULL ? take_xml_string(xmlNodeGetContent(name)) : NULL;
+    if (dom->name == NULL || !word_valid(dom->name, VN_DOMXML_MAX_NAME)) {
+        return fail(error, "domain XML: the <name> \"%.*s\" is not 1-%u letters, digits, '_', "
+                    "'.' or '-'", VN_DOMXML_SHOWN, dom->name != NULL ? dom->name : "",
+                    VN_DOMXML_MAX_NAME);
+    }
+    /* No devices of ours: nothing else to require (hooks see every domain). */
+    if (!parse_metadata(root, dom->devices, error) ||
+        (dom->devices->len > 0 && (!check_memory(root, error) ||
+                                   !match_args(root, dom->devices, error)))) {
+        g_prefix_error(error, "domain %s: ", dom->name);
+        return false;
+    }
+    return true;
+}
+
+VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
+{
+    g_autoptr(xmlDoc) doc = NULL;
+    g_autoptr(VnDomain) dom = NULL;
+
+    if (len > VN_DOMXML_MAX_BYTES) {
+        fail(error, "domain XML is %zu bytes, more than the %u accepted", len,
+             VN_DOMXML_MAX_BYTES);
+        return NULL;
+    }
+    /* No NOENT, no DTDLOAD: entities stay unexpanded and nothing is fetched. */
+    xmlResetLastError();
+    doc = xmlReadMemory(xml, (int)len, "domain.xml", NULL,
+                        XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
+    if (doc == NULL) {
+        const xmlError *e = xmlGetLastError();
+        g_autofree char *msg = g_strdup(e != NULL && e->message ? e->message : "no XML document");
+
+        g_set_error(error, G_MARKUP_ERROR, G_MARKUP_ERROR_PARSE,
+                    "domain XML does not parse: line %d: %s", e != NULL ? e->line : 0,
+                    g_strchomp(msg));
+        return NULL;
+    }
+    /* libvirt never writes one; refusing it means no entity is ever expanded,
+     * not even by xmlGetNoNsProp or xmlNodeGetContent. */
+    if (doc->intSubset != NULL || doc->extSubset != NULL) {
+        fail(error, "domain XML: a <!DOCTYPE> is not accepted");
+        return NULL;
+    }
+    dom = g_new0(VnDomain, 1);
+    dom->devices = g_ptr_array_new_with_free_func((GDestroyNotify)dom_device_free);
+    if (!parse_root(xmlDocGetRootElement(doc), dom, error)) {
+        return NULL;
+    }
+    return g_steal_pointer(&dom);
+}
+
+/* ---- ntbctl xml ----------------------------------------------------------- */
+
+char *vn_domxml_snippets(const char *device, const char *alias, const char *socket,
+                         const char *bus)
+{
+    g_autoptr(JsonObject) arg = json_object_new();
+    g_autoptr(JsonObject) sock = json_object_new();
+    g_autoptr(JsonNode) root = json_node_new(JSON_NODE_OBJECT);
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    g_autofree char *json = NULL;
+    g_autofree char *json_attr = NULL;
+    g_autofree char *entry = NULL;
+
+    /* Built, not printed, so that any socket path comes out as valid JSON. */
+    json_object_set_string_member(arg, "driver", "vfio-user-pci");
+    json_object_set_string_member(arg, "id", alias);
+    if (bus != NULL) {
+        json_object_set_string_member(arg, "bus", bus);
+    }
+    json_object_set_string_member(sock, "type", "unix");
+    json_object_set_string_member(sock, "path", socket);
+    json_object_set_object_member(arg, "socket", g_steal_pointer(&sock));
+    json_node_set_object(root, arg);
+    json_generator_set_root(gen, root);
+    json = json_generator_to_data(gen, NULL);
+    /* Escapes both quote kinds; libvirt unescapes before QEMU sees it. */
+    json_attr = g_markup_escape_text(json, -1);
+    entry = g_markup_printf_escaped("<vn:device name='%s' alias='%s'/>", device, alias);
+
+    return g_strdup_printf(
+        "<!-- Inside <domain>.  If it has a <metadata> already, put <vn:devices> inside\n"
+        "     that <metadata>; if it has a <vn:devices>, add just the <vn:device>. -->\n"
+        "<metadata>\n"
+        "  <vn:devices xmlns:vn='" VN_DOMXML_NS "'>\n"
+        "    %s\n"
+        "  </vn:devices>\n"
+        "</metadata>\n"
+        "<!-- Inside <domain>, once: vfio-user shares guest memory with the device. -->\n"
+        "<memoryBacking>\n"
+        "  <source type='memfd'/>\n"
+        "  <access mode='shared'/>\n"
+        "</memoryBacking>\n"
+        "<!-- Inside <domain>, and the <domain> element needs\n"
+        "     xmlns:qemu='" VN_DOMXML_QEMU_NS "'. -->\n"
+        "<qemu:commandline>\n"
+        "  <qemu:arg value='-device'/>\n"
+        "  <qemu:arg value='%s'/>\n"
+        "</qemu:commandline>\n",
+        entry, json_attr);
+}

@@ -1,0 +1,215 @@
+/*
+ * vfio-ntb-libvirt-hook: libvirt's qemu hook for domains that borrow devices,
+ * installed as the drop-in /etc/libvirt/hooks/qemu.d/vfio-ntb.
+ *
+ *   vfio-ntb NAME OP SUBOP EXTRA   < the domain's XML
+ *
+ *   prepare begin    borrow and attach every device the domain declares
+ *                    (domxml.h), each on the socket its <qemu:commandline>
+ *                    names, so the sockets exist before QEMU starts.  A
+ *                    refusal undoes what this run did and fails the start
+ *                    (exit 1) with a message libvirt shows the user.
+ *   release end      return every declared device (a return detaches
+ *                    first), whatever the reason the domain stopped.
+ *                    Failures are logged; the exit status is 0.
+ *   migrate begin    refused: QEMU cannot migrate vfio-user devices.
+ *   reconnect begin  (libvirtd restarted) attach again, which is a no-op for
+ *                    a device the daemon still serves to this domain, so the
+ *                    daemon and the domain agree on who holds what.
+ *   anything else    nothing.
+ *
+ * Domains that declare no device are left alone without contacting the
+ * daemon.  The hook talks only to vfio-ntbd's control socket
+ * ($VFIO_NTB_CONTROL, else /run/vfio-ntb/control.sock) and never to libvirt:
+ * libvirt waits for its hooks, so calling back would deadlock.  Output goes
+ * to stderr, which libvirt logs and, for a failed start, reports.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.libvirt"
+
+#include "ctl/ctl-client.h"
+#include "libvirt/domxml.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HOOK "vfio-ntb hook"
+
+/* Read all of stdin, at most VN_DOMXML_MAX_BYTES + 1 (so domxml sees "too big"). */
+static GByteArray *read_stdin(GError **error)
+{
+    g_autoptr(GByteArray) in = g_byte_array_new();
+    guint8 buf[65536];
+
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+
+        if (n == 0) {
+            return g_steal_pointer(&in);
+        }
+        if (n < 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "reading the domain XML: %s",
+                        g_strerror(errno));
+            return NULL;
+        }
+        g_byte_array_append(in, buf, (guint)MIN((size_t)n, VN_DOMXML_MAX_BYTES + 1 - in->len));
+        if (in->len > VN_DOMXML_MAX_BYTES) {
+            return g_steal_pointer(&in);   /* domxml refuses it with the limit */
+        }
+    }
+}
+
+static JsonObject *device_args(const VnDomDevice *dev)
+{
+    JsonObject *a = json_object_new();
+
+    json_object_set_string_member(a, "device", dev->device);
+    return a;
+}
+
+static bool attach(VnCtlClient *c, const VnDomain *dom, const VnDomDevice *dev, GError **error)
+{
+    g_autoptr(JsonObject) a = device_args(dev);
+    g_autoptr(JsonNode) ret = NULL;
+
+    json_object_set_string_member(a, "domain", dom->name);
+    json_object_set_string_member(a, "socket", dev->socket);
+    if (dev->irq_mode != NULL) {
+        json_object_set_string_member(a, "irq-mode", dev->irq_mode);
+    }
+    ret = vn_ctl_client_execute(c, "attach", a, error);
+    return ret != NULL;
+}
+
+/* Give @dev back; a device this node does not hold is not an error here. */
+static bool give_back(VnCtlClient *c, const VnDomDevice *dev, GError **error)
+{
+    g_autoptr(JsonObject) a = device_args(dev);
+    g_autoptr(JsonNode) ret = vn_ctl_client_execute(c, "return", a, error);
+
+    if (ret == NULL && g_error_matches(*error, VN_CTL_ERROR, VN_CTL_ERROR_NOT_BORROWED)) {
+        g_clear_error(error);
+        return true;
+    }
+    return ret != NULL;
+}
+
+static int prepare(VnCtlClient *c, const VnDomain *dom)
+{
+    for (guint i = 0; i < dom->devices->len; i++) {
+        const VnDomDevice *dev = dom->devices->pdata[i];
+        g_autoptr(GError) error = NULL;
+
+        if (attach(c, dom, dev, &error)) {
+            fprintf(stderr, HOOK ": domain %s: %s attached on %s\n", dom->name, dev->device,
+                    dev->socket);
+            continue;
+        }
+        fprintf(stderr, HOOK ": domain %s cannot start: %s (%s): %s\n", dom->name, dev->device,
+                dev->alias, error->message);
+        /* Leave nothing half-done: what this run borrowed goes back. */
+        for (guint j = 0; j < i; j++) {
+            g_autoptr(GError) e2 = NULL;
+
+            if (!give_back(c, dom->devices->pdata[j], &e2)) {
+                fprintf(stderr, HOOK ": domain %s: returning %s: %s\n", dom->name,
+                        ((VnDomDevice *)dom->devices->pdata[j])->device, e2->message);
+            }
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static int release(VnCtlClient *c, const VnDomain *dom)
+{
+    for (guint i = 0; i < dom->devices->len; i++) {
+        const VnDomDevice *dev = dom->devices->pdata[i];
+        g_autoptr(GError) error = NULL;
+
+        if (give_back(c, dev, &error)) {
+            fprintf(stderr, HOOK ": domain %s: %s returned\n", dom->name, dev->device);
+        } else {
+            fprintf(stderr, HOOK ": domain %s: returning %s failed: %s\n", dom->name,
+                    dev->device, error->message);
+        }
+    }
+    return 0;
+}
+
+static int reconnect(VnCtlClient *c, const VnDomain *dom)
+{
+    for (guint i = 0; i < dom->devices->len; i++) {
+        const VnDomDevice *dev = dom->devices->pdata[i];
+        g_autoptr(GError) error = NULL;
+
+        if (!attach(c, dom, dev, &error)) {
+            fprintf(stderr, HOOK ": domain %s: %s is not served to it any more: %s\n",
+                    dom->name, dev->device, error->message);
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GByteArray) xml = NULL;
+    g_autoptr(VnDomain) dom = NULL;
+    g_autoptr(VnCtlClient) c = NULL;
+    const char *name, *op, *subop;
+    bool starting;
+
+    if (argc != 5) {
+        fprintf(stderr, HOOK ": expected NAME OP SUBOP EXTRA from libvirt, got %d argument%s\n",
+                argc - 1, argc == 2 ? "" : "s");
+        return 1;
+    }
+    name = argv[1];
+    op = argv[2];
+    subop = argv[3];
+    starting = strcmp(op, "prepare") == 0 && strcmp(subop, "begin") == 0;
+    if (!(starting || (strcmp(op, "release") == 0 && strcmp(subop, "end") == 0) ||
+          (strcmp(op, "migrate") == 0 && strcmp(subop, "begin") == 0) ||
+          (strcmp(op, "reconnect") == 0 && strcmp(subop, "begin") == 0))) {
+        return 0;
+    }
+    xml = read_stdin(&error);
+    dom = xml ? vn_domxml_parse((const char *)xml->data, xml->len, &error) : NULL;
+    if (dom == NULL) {
+        /* domxml names the domain itself once it has read <name>. */
+        if (g_str_has_prefix(error->message, "domain ")) {
+            fprintf(stderr, HOOK ": %s\n", error->message);
+        } else {
+            fprintf(stderr, HOOK ": domain %s: %s\n", name, error->message);
+        }
+        return starting ? 1 : 0;
+    }
+    if (dom->devices->len == 0) {
+        return 0;
+    }
+    if (strcmp(dom->name, name) != 0) {
+        fprintf(stderr, HOOK ": called for domain %s with the XML of domain %s\n", name,
+                dom->name);
+        return starting ? 1 : 0;
+    }
+    if (strcmp(op, "migrate") == 0) {
+        fprintf(stderr, HOOK ": domain %s cannot migrate: it uses %u borrowed device%s (%s%s) "
+                "and QEMU cannot migrate vfio-user devices; detach them first\n", name,
+                dom->devices->len, dom->devices->len == 1 ? "" : "s",
+                ((VnDomDevice *)dom->devices->pdata[0])->device,
+                dom->devices->len > 1 ? ", ..." : "");
+        return 1;
+    }
+    c = vn_ctl_client_connect(vn_ctl_default_socket(), VN_CTL_DEFAULT_TIMEOUT_MS, &error);
+    if (c == NULL) {
+        fprintf(stderr, HOOK ": domain %s: %s\n", name, error->message);
+        return starting ? 1 : 0;
+    }
+    if (starting) {
+        return prepare(c, dom);
+    }
+    return strcmp(op, "release") == 0 ? release(c, dom) : reconnect(c, dom);
+}
