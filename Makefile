@@ -13,12 +13,12 @@ config.mak: configure scripts/install-deps
 B := build
 PYTHON ?= /usr/bin/python3
 INC := -Ivfio-ntb -I.
-ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
+ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
-	$(filter-out vfio-ntb/ctl/ntbctl.c,$(wildcard vfio-ntb/ctl/*.c))
+	$(filter-out vfio-ntb/ctl/ntbctl.c vfio-ntb/ctl/ntbctl-virt.c,$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
 # libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
 VIRT_SRCS := $(filter-out vfio-ntb/libvirt/hook.c,$(wildcard vfio-ntb/libvirt/*.c))
@@ -61,7 +61,8 @@ $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
-$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
+$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
+		$(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 
 # libvirt's qemu hook: talks to vfio-ntbd only (never to libvirt), so no libvirt library.

@@ -84,7 +84,8 @@ class Libvirtd:
         mounts = [f"mkdir -p {dst} && mount --bind {src} {dst}" for dst, src in self.dirs.items()]
         mounts += [f"mount --bind {self.state / 'passwd'} /etc/passwd",
                    f"mount --bind {self.state / 'group'} /etc/group"]
-        script = " && ".join(mounts + [f"exec {binary}"])
+        # Its own pid file: /run/libvirtd.pid would be one per machine.
+        script = " && ".join(mounts + [f"exec {binary} --pid-file {self.state / 'libvirtd.pid'}"])
         with open(self.log_path, "ab") as log:
             self.proc = self.procs.start(f"libvirtd-{self.name}",
                                          ["unshare", "--mount", "--propagation", "private",

@@ -12,6 +12,7 @@ the hook given unexpected arguments says so.
 """
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,7 +38,9 @@ class Site:
         self.wd = procs.tempdir()
         fab = procs.tempdir("vn-fabric-")
         self.img = h.make_backing(self.wd / "a.img", 64)
-        self.sd0 = h.Simdev(procs, self.wd / "d0.sock", self.img, 64, serial="VN-LV-0").start()
+        # MSI: stock QEMU aborts unplugging a vfio-user device with MSI-X (qemu-patches/0002).
+        self.sd0 = h.Simdev(procs, self.wd / "d0.sock", self.img, 64, serial="VN-LV-0",
+                            extra_args=["--interrupts", "msi"]).start()
         self.sd1 = h.Simdev(procs, self.wd / "d1.sock", h.make_backing(self.wd / "b.img", 16),
                             16, serial="VN-LV-1").start()
         self.a = Daemon(procs, self.wd, "hosta", fab,
@@ -147,6 +150,82 @@ def _merge_two(text):
     return meta + "\n<memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n" + cmd
 
 
+def test_hot_attach_detach(site):
+    """ntbctl attach/detach --domain on a running domain: hot-plug on a free root port, the
+    guest uses it, then unplug (the guest lets go), and the lease goes back."""
+    _, q = site.define("vm2", "plug-wait,unplug-wait", "", {"hotplug_timeout": 60})
+    site.lv.virsh("start", "vm2")
+    q.wait_line("VNREADY", "plug")
+    t0 = time.monotonic()
+    att = ntbctl(site.b, "attach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri)
+    q.wait_line("VNEVENT", "added", timeout=60)
+    ready_s = time.monotonic() - t0
+    q.wait_line("VNREADY", "unplug", timeout=90)
+    det = ntbctl(site.b, "detach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri)
+    run = q.wait_done(timeout=90)
+    site.lv.virsh("undefine", "vm2", check=False)
+    pw, uw = run.results.get("plug-wait", {}), run.results.get("unplug-wait", {})
+    return result("libvirt-hot-attach-detach", att.returncode == 0 and det.returncode == 0
+                  and "plugged into hostb:vm2" in att.stdout and "returned by hostb" in det.stdout
+                  and pw.get("status") == "PASS" and pw.get("serial") == "VN-LV-0"
+                  and uw.get("status") == "PASS" and uw.get("kernel_errors") == "0"
+                  and site.state() == "available",
+                  attach_to_ready_s=f"{ready_s:.2f}", removed_ms=uw.get("removed_ms"),
+                  attach=att.stdout.strip().splitlines()[-1:] or att.stderr.strip())
+
+
+def test_reassign(site):
+    """A device declared by vm3 (on hostb) moves to vm4 on hostc with one ntbctl reassign:
+    vm4's guest passes the data checks while vm3 keeps running; destroying vm4 returns it."""
+    lvc = lvt.Libvirtd(site.procs, "hostc", site.c.control).start()
+    hosts = site.wd / "hosts.conf"
+    hosts.write_text(f"[hostb]\ncontrol = {site.b.control}\nlibvirt = {site.lv.uri}\n\n"
+                     f"[hostc]\ncontrol = {site.c.control}\nlibvirt = {lvc.uri}\n")
+    try:
+        _, q3 = site.define("vm3", "probe,unplug-wait,pause", snippets(site, "hosta/nvme0"),
+                            {"pause_s": 120, "hotplug_timeout": 90})
+        site.lv.virsh("start", "vm3")
+        q3.wait_line("VNREADY", "unplug")
+        serial4 = site.wd / "vm4.serial"
+        x4 = site.wd / "vm4.xml"
+        x4.write_text(lvt.domain_xml("vm4", serial4, "plug-wait,data,pause",
+                                     params={"data_mib": 16, "seed": 44, "pause_s": 120,
+                                             "hotplug_timeout": 90}))
+        lvc.virsh("define", x4)
+        q4 = lvt.domain(lvc, site.procs, "vm4", site.procs.tempdir(), "plug-wait,data,pause")
+        q4.serial_path = serial4
+        lvc.virsh("start", "vm4")
+        q4.wait_line("VNREADY", "plug")
+        t0 = time.monotonic()
+        p = ntbctl(site.c, "reassign", "hosta/nvme0", "--to", "hostc:vm4", "--hosts", hosts,
+                   "--connect", lvc.uri)
+        took = time.monotonic() - t0
+        print(p.stdout + p.stderr, file=sys.stderr)
+        q3.wait_line("VNRESULT", "unplug-wait", timeout=30)
+        q4.wait_line("VNREADY", "pause", timeout=180)
+        vm3_running = "vm3" in site.lv.domains()
+        held = [d["borrower"] for d in site.ca.execute("query-devices")
+                if d["device"] == "hosta/nvme0"]
+        lvc.virsh("destroy", "vm4")
+        returned = wait_for(lambda: site.state() == "available", 15)
+        run4 = q4.run
+        ver = h.verify_backing(site.img, run4.data)
+        ok = result("libvirt-reassign", p.returncode == 0 and "done" in p.stdout and vm3_running
+                    and held == ["hostc"] and run4.results.get("plug-wait", {}).get("status")
+                    == "PASS" and run4.results.get("data", {}).get("status") == "PASS"
+                    and len(ver) > 0 and all(v["ok"] for v in ver)
+                    and q3.run.results.get("unplug-wait", {}).get("status") == "PASS",
+                    reassign_s=f"{took:.2f}", vm3_kept_running=vm3_running, holder=held)
+        ok &= result("libvirt-destroy-returns", bool(returned) and site.held_by_hostb() == [],
+                     state=site.state())
+        site.lv.virsh("destroy", "vm3", check=False)
+        for lv, name in ((site.lv, "vm3"), (lvc, "vm4")):
+            lv.virsh("undefine", name, check=False)
+        return ok
+    finally:
+        lvc.stop()
+
+
 def test_hook_arguments(site):
     """The hook as libvirt runs it, with what libvirt should never send and a migration."""
     xml = lvt.domain_xml("vm9", site.wd / "vm9.serial", "probe",
@@ -177,7 +256,8 @@ def main():
         try:
             site = Site(procs)
             try:
-                for test in (test_start_use_destroy, test_refusals, test_hook_arguments):
+                for test in (test_start_use_destroy, test_refusals, test_hook_arguments,
+                             test_hot_attach_detach, test_reassign):
                     try:
                         ok &= test(site)
                     except h.HarnessError as e:

@@ -14,7 +14,9 @@
 #include "config.h"
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
+#include "ctl/ntbctl-virt.h"
 #include "libvirt/domxml.h"
+#include "libvirt/virt.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -129,12 +131,16 @@ static const char commands_text[] =
     "  borrow DEV                          borrow DEV for this node\n"
     "  return DEV                          give back a device this node borrowed\n"
     "  revoke DEV [--grace-ms N]           take back a lent device (on its lender)\n"
-    "  attach DEV --domain D [--qmp PATH --qdev-id ID]\n"
-    "                                      serve DEV to VM D (borrowing it if needed); with\n"
-    "                                      the VM's QMP socket and the device's id there, the\n"
-    "                                      daemon unplugs it on revoke or loss\n"
-    "  detach DEV                          stop serving DEV (it stays borrowed)\n"
+    "  attach DEV --domain D [--alias A]   borrow DEV and hot-plug it into running libvirt\n"
+    "                                      domain D (a free pcie-root-port); for a VM libvirt\n"
+    "                                      does not run, serve DEV for it (prints the socket);\n"
+    "                                      --qmp PATH --qdev-id ID: the VM's QMP socket and the\n"
+    "                                      device's id there, for unplugging on revoke or loss\n"
+    "  detach DEV [--domain D]             stop serving DEV (it stays borrowed); with --domain,\n"
+    "                                      unplug it from libvirt domain D and return it\n"
     "  stats [DEV]                         counters of this node's devices\n"
+    "  reassign DEV --to [HOST:]DOMAIN     move DEV from the libvirt domain that holds it into\n"
+    "                                      DOMAIN (on HOST: see --hosts), rolling back on failure\n"
     "  xml DEV [--alias A] [--bus B]       libvirt domain XML that declares DEV (docs/libvirt.md)\n"
     "  xml --check FILE                    check a domain's vfio-ntb declarations\n"
     "DEV is host/name, e.g. hosta/nvme0.  Exit: 0 done, 1 refused, 2 usage, 3 unreachable.\n";
@@ -164,6 +170,9 @@ static int usage_error(const char *fmt, ...)
 
 static int exit_code(const GError *error)
 {
+    if (error->domain == VN_VIRT_ERROR && error->code == VN_VIRT_ERROR_UNREACHABLE) {
+        return EXIT_UNREACHABLE;
+    }
     if (error->domain != VN_CTL_ERROR) {
         return EXIT_REFUSED;
     }
@@ -264,74 +273,6 @@ static JsonObject *build_arguments(const Command *cmd, const Invocation *inv)
 }
 
 /* Connect, execute, print; returns the exit code. */
-/* ntbctl xml --check FILE: exit 0 and a summary, or 1 and what is wrong. */
-static int xml_check(const char *path)
-{
-    g_autoptr(GError) error = NULL;
-    g_autofree char *text = NULL;
-    g_autoptr(VnDomain) dom = NULL;
-    gsize len = 0;
-
-    if (!g_file_get_contents(path, &text, &len, &error)) {
-        fprintf(stderr, "ntbctl: %s\n", error->message);
-        return EXIT_REFUSED;
-    }
-    dom = vn_domxml_parse(text, len, &error);
-    if (dom == NULL) {
-        fprintf(stderr, "ntbctl: %s: %s\n", path, error->message);
-        return EXIT_REFUSED;
-    }
-    printf("%s: domain %s declares %u vfio-ntb device%s\n", path, dom->name, dom->devices->len,
-           dom->devices->len == 1 ? "" : "s");
-    for (guint i = 0; i < dom->devices->len; i++) {
-        const VnDomDevice *d = dom->devices->pdata[i];
-
-        printf("  %s as %s on %s%s%s\n", d->device, d->alias, d->socket,
-               d->bus ? ", bus " : "", d->bus ? d->bus : "");
-    }
-    return EXIT_DONE;
-}
-
-/* ntbctl xml DEV: the socket goes in the daemon's run-dir, named after the
- * device (one host borrows a device once, so the name is unique there). */
-static int xml_print(const char *device, const char *alias, const char *bus,
-                     const char *socket_path, int timeout_ms)
-{
-    g_autoptr(GError) error = NULL;
-    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(socket_path, timeout_ms, &error);
-    g_autoptr(JsonNode) ver = c ? vn_ctl_client_execute(c, "query-version", NULL, &error) : NULL;
-    g_autofree char *file = g_strdelimit(g_strdup(device), "/", '-');
-    g_autofree char *dflt = g_strdup_printf("ntb-%s", file);
-    g_autofree char *sock = NULL, *text = NULL;
-    const char *run_dir;
-
-    if (ver == NULL) {
-        return report(error);
-    }
-    run_dir = JSON_NODE_HOLDS_OBJECT(ver)
-                  ? json_object_get_string_member_with_default(json_node_get_object(ver),
-                                                               "run-dir", NULL)
-                  : NULL;
-    if (run_dir == NULL || run_dir[0] != '/') {
-        fprintf(stderr, "ntbctl: the daemon did not say where its sockets go (an old "
-                        "vfio-ntbd?)\n");
-        return EXIT_REFUSED;
-    }
-    sock = g_strdup_printf("%s/%s.sock", run_dir, file);
-    if (strlen(sock) > VN_DOMXML_MAX_SOCKET) {
-        fprintf(stderr, "ntbctl: %s is too long for a socket path\n", sock);
-        return EXIT_REFUSED;
-    }
-    if (alias == NULL && !vn_domxml_alias_valid(dflt)) {
-        fprintf(stderr, "ntbctl: %s is too long to be the device's id: give one with --alias\n",
-                dflt);
-        return EXIT_USAGE;
-    }
-    text = vn_domxml_snippets(device, alias ? alias : dflt, sock, bus);
-    fputs(text, stdout);
-    return EXIT_DONE;
-}
-
 static int run(const Command *cmd, Invocation *inv, const char *socket_path, int timeout_ms,
                bool json)
 {
@@ -374,6 +315,9 @@ int main(int argc, char **argv)
     g_autofree char *alias = NULL;
     g_autofree char *bus = NULL;
     g_autofree char *check = NULL;
+    g_autofree char *connect_uri = NULL;
+    g_autofree char *hosts = NULL;
+    g_autofree char *to = NULL;
     gboolean json = FALSE;
     gboolean version = FALSE;
     const GOptionEntry entries[] = {
@@ -394,6 +338,12 @@ int main(int argc, char **argv)
         { "bus", 0, 0, G_OPTION_ARG_STRING, &bus, "xml: a spare pcie-root-port (pci.N)", "B" },
         { "check", 0, 0, G_OPTION_ARG_FILENAME, &check, "xml: check a domain's XML file",
           "FILE" },
+        { "connect", 0, 0, G_OPTION_ARG_STRING, &connect_uri,
+          "libvirt URI for attach, detach and reassign (default: libvirt's)", "URI" },
+        { "hosts", 0, 0, G_OPTION_ARG_FILENAME, &hosts,
+          "reassign: other hosts' control sockets and libvirt URIs (default $" NTBCTL_HOSTS_ENV
+          " or " NTBCTL_DEFAULT_HOSTS ")", "FILE" },
+        { "to", 0, 0, G_OPTION_ARG_STRING, &to, "reassign: [HOST:]DOMAIN", "TARGET" },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
         G_OPTION_ENTRY_NULL,
     };
@@ -417,13 +367,43 @@ int main(int argc, char **argv)
     if (argc < 2) {
         return usage_error("no command given");
     }
-    if ((alias != NULL || bus != NULL || check != NULL) && strcmp(argv[1], "xml") != 0) {
-        return usage_error("--alias, --bus and --check are for xml, not %s", argv[1]);
+    if ((bus != NULL || check != NULL) && strcmp(argv[1], "xml") != 0) {
+        return usage_error("--bus and --check are for xml, not %s", argv[1]);
+    }
+    if (alias != NULL && strcmp(argv[1], "xml") != 0 && strcmp(argv[1], "attach") != 0) {
+        return usage_error("--alias is for xml and attach, not %s", argv[1]);
+    }
+    if (alias != NULL && !vn_domxml_alias_valid(alias)) {
+        return usage_error("--alias is a QEMU id: a letter, then up to %u of [A-Za-z0-9_.-]",
+                           VN_DOMXML_MAX_ALIAS - 1);
+    }
+    if (socket_path == NULL) {
+        socket_path = g_strdup(vn_ctl_default_socket());
+    }
+    if ((to != NULL || hosts != NULL) && strcmp(argv[1], "reassign") != 0) {
+        return usage_error("--to and --hosts are for reassign, not %s", argv[1]);
+    }
+    if (strcmp(argv[1], "reassign") == 0) {
+        if (argc != 3 || to == NULL || to[0] == '\0') {
+            return usage_error("reassign DEV --to [HOST:]DOMAIN");
+        }
+        if (!vn_ctl_device_valid(argv[2], &error)) {
+            return usage_error("reassign: %s", error->message);
+        }
+        if (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms)) {
+            return EXIT_USAGE;
+        }
+        if (hosts == NULL) {
+            hosts = g_strdup(g_getenv(NTBCTL_HOSTS_ENV) ? g_getenv(NTBCTL_HOSTS_ENV)
+                                                         : NTBCTL_DEFAULT_HOSTS);
+        }
+        return ntbctl_reassign(argv[2], to, hosts, connect_uri, socket_path, (int)timeout_ms,
+                               &error) ? EXIT_DONE : report(error);
     }
     if (strcmp(argv[1], "xml") == 0) {
         if (check != NULL) {
             return argc == 2 && alias == NULL && bus == NULL
-                       ? xml_check(check)
+                       ? ntbctl_xml_check(check)
                        : usage_error("xml --check FILE takes nothing else");
         }
         if (argc != 3) {
@@ -440,8 +420,8 @@ int main(int argc, char **argv)
         if ((timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {
             return EXIT_USAGE;
         }
-        return xml_print(argv[2], alias, bus, socket_path ? socket_path : vn_ctl_default_socket(),
-                         (int)timeout_ms);
+        return ntbctl_xml_print(argv[2], alias, bus, socket_path, (int)timeout_ms, &error)
+                   ? EXIT_DONE : report(error);
     }
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
         if (strcmp(argv[1], commands[i].name) == 0) {
@@ -467,9 +447,15 @@ int main(int argc, char **argv)
     if (grace_text != NULL && strcmp(cmd->name, "revoke") != 0) {
         return usage_error("--grace-ms is for revoke, not %s", cmd->name);
     }
-    if ((domain != NULL || qmp != NULL || qdev_id != NULL) && strcmp(cmd->name, "attach") != 0) {
-        return usage_error("--%s is for attach, not %s", domain != NULL ? "domain" : "qmp",
-                           cmd->name);
+    if ((qmp != NULL || qdev_id != NULL) && strcmp(cmd->name, "attach") != 0) {
+        return usage_error("--qmp is for attach, not %s", cmd->name);
+    }
+    if (domain != NULL && strcmp(cmd->name, "attach") != 0 && strcmp(cmd->name, "detach") != 0) {
+        return usage_error("--domain is for attach and detach, not %s", cmd->name);
+    }
+    if (connect_uri != NULL && strcmp(cmd->name, "attach") != 0 &&
+        strcmp(cmd->name, "detach") != 0) {
+        return usage_error("--connect is for attach, detach and reassign, not %s", cmd->name);
     }
     if (strcmp(cmd->name, "attach") == 0) {
         if (domain == NULL) {
@@ -498,6 +484,23 @@ int main(int argc, char **argv)
     }
     if (*socket_path == '\0') {
         return usage_error("--socket wants a path");
+    }
+    /* A domain libvirt runs gets the device hot-plugged; any other VM is served only. */
+    if (strcmp(cmd->name, "attach") == 0 && qmp == NULL) {
+        int r = ntbctl_virt_attach(inv.device, domain, alias, connect_uri, socket_path,
+                                   (int)timeout_ms, &error);
+
+        if (r == NTBCTL_VIRT_DONE) {
+            return EXIT_DONE;
+        }
+        if (r == NTBCTL_VIRT_FAILED) {
+            return report(error);
+        }
+    }
+    if (strcmp(cmd->name, "detach") == 0 && domain != NULL) {
+        return ntbctl_virt_detach(inv.device, connect_uri, socket_path, (int)timeout_ms, &error)
+                   ? EXIT_DONE
+                   : report(error);
     }
     return run(cmd, &inv, socket_path, (int)timeout_ms, json);
 }

@@ -244,6 +244,7 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (bw != NULL) {
         json_object_set_string_member(o, "attached_to", bw->worker_pid > 0 ? bw->domain : NULL);
         json_object_set_string_member(o, "socket", bw->socket);
+        json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
         json_object_set_boolean_member(o, "lost", bw->lost);
     }
     vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
@@ -548,9 +549,9 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"qmp\" must be an absolute socket path");
         return;
     }
-    if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !name_ok(qdev_id))) {
-        vn_control_error(r, VN_ERR_PARAM, "\"qmp\" and \"qdev-id\" (the device's id in the "
-                         "VM, 1-63 of [A-Za-z0-9_.-]) go together");
+    if ((qmp != NULL && qdev_id == NULL) || (qdev_id != NULL && !name_ok(qdev_id))) {
+        vn_control_error(r, VN_ERR_PARAM, "\"qmp\" needs \"qdev-id\" (the device's id in the "
+                         "VM, 1-63 of [A-Za-z0-9_.-])");
         return;
     }
     if (json_object_has_member(a, "socket") && (socket == NULL || !socket_arg_ok(d, socket))) {

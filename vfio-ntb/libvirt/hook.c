@@ -9,8 +9,10 @@
  *                    names, so the sockets exist before QEMU starts.  A
  *                    refusal undoes what this run did and fails the start
  *                    (exit 1) with a message libvirt shows the user.
- *   release end      return every declared device (a return detaches
- *                    first), whatever the reason the domain stopped.
+ *   release end      return every declared device, and every device the
+ *                    daemon served to this domain (hot-plugged ones are in
+ *                    no XML), whatever the reason the domain stopped (a
+ *                    return detaches first).
  *                    Failures are logged; the exit status is 0.
  *   migrate begin    refused: QEMU cannot migrate vfio-user devices.
  *   reconnect begin  (libvirtd restarted) attach again, which is a no-op for
@@ -36,6 +38,8 @@
 #include <unistd.h>
 
 #define HOOK "vfio-ntb hook"
+/* Devices looked at in query-devices: a cluster lends a few hundred at most. */
+#define VN_HOOK_MAX_DEVICES 4096u
 
 /* Read all of stdin, at most VN_DOMXML_MAX_BYTES + 1 (so domxml sees "too big"). */
 static GByteArray *read_stdin(GError **error)
@@ -76,6 +80,7 @@ static bool attach(VnCtlClient *c, const VnDomain *dom, const VnDomDevice *dev, 
 
     json_object_set_string_member(a, "domain", dom->name);
     json_object_set_string_member(a, "socket", dev->socket);
+    json_object_set_string_member(a, "qdev-id", dev->alias);
     if (dev->irq_mode != NULL) {
         json_object_set_string_member(a, "irq-mode", dev->irq_mode);
     }
@@ -123,17 +128,72 @@ static int prepare(VnCtlClient *c, const VnDomain *dom)
     return 0;
 }
 
-static int release(VnCtlClient *c, const VnDomain *dom)
+/*
+ * The devices this node serves to domain @name, declared or not: `ntbctl
+ * attach` and `reassign` hot-plug devices the XML does not list.
+ */
+static GPtrArray *served_to(VnCtlClient *c, const char *name, GError **error)
 {
+    g_autoptr(JsonNode) all = vn_ctl_client_execute(c, "query-devices", NULL, error);
+    g_autoptr(GPtrArray) out = g_ptr_array_new_with_free_func(g_free);
+    JsonArray *arr = all && JSON_NODE_HOLDS_ARRAY(all) ? json_node_get_array(all) : NULL;
+
+    if (arr == NULL) {
+        return all == NULL ? NULL : g_steal_pointer(&out);
+    }
+    for (guint i = 0; i < json_array_get_length(arr) && i < VN_HOOK_MAX_DEVICES; i++) {
+        JsonNode *e = json_array_get_element(arr, i);
+        JsonObject *o = JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
+        const char *dev = o ? json_object_get_string_member_with_default(o, "device", NULL) : NULL;
+        const char *by = o ? json_object_get_string_member_with_default(o, "borrower", NULL) : NULL;
+        g_autoptr(JsonObject) a = NULL;
+        g_autoptr(JsonNode) one = NULL;
+        const char *to;
+
+        if (dev == NULL || by == NULL || strcmp(by, vn_ctl_client_node(c)) != 0) {
+            continue;
+        }
+        a = json_object_new();
+        json_object_set_string_member(a, "device", dev);
+        one = vn_ctl_client_execute(c, "query-device", a, NULL);
+        to = one && JSON_NODE_HOLDS_OBJECT(one)
+                 ? json_object_get_string_member_with_default(json_node_get_object(one),
+                                                              "attached_to", NULL)
+                 : NULL;
+        if (to != NULL && strcmp(to, name) == 0) {
+            g_ptr_array_add(out, g_strdup(dev));
+        }
+    }
+    return g_steal_pointer(&out);
+}
+
+static int release(VnCtlClient *c, const char *name, const VnDomain *dom)
+{
+    g_autoptr(GError) qerr = NULL;
+    g_autoptr(GPtrArray) hot = served_to(c, name, &qerr);
+    g_autoptr(GPtrArray) all = g_ptr_array_new();
+
     for (guint i = 0; i < dom->devices->len; i++) {
-        const VnDomDevice *dev = dom->devices->pdata[i];
+        g_ptr_array_add(all, ((VnDomDevice *)dom->devices->pdata[i])->device);
+    }
+    for (guint i = 0; hot != NULL && i < hot->len; i++) {
+        if (vn_domain_find(dom, hot->pdata[i]) == NULL) {
+            g_ptr_array_add(all, hot->pdata[i]);
+        }
+    }
+    if (hot == NULL) {
+        fprintf(stderr, HOOK ": domain %s: which devices it was served: %s\n", name,
+                qerr->message);
+    }
+    for (guint i = 0; i < all->len; i++) {
+        VnDomDevice dev = { .device = all->pdata[i] };
         g_autoptr(GError) error = NULL;
 
-        if (give_back(c, dev, &error)) {
-            fprintf(stderr, HOOK ": domain %s: %s returned\n", dom->name, dev->device);
+        if (give_back(c, &dev, &error)) {
+            fprintf(stderr, HOOK ": domain %s: %s returned\n", name, dev.device);
         } else {
-            fprintf(stderr, HOOK ": domain %s: returning %s failed: %s\n", dom->name,
-                    dev->device, error->message);
+            fprintf(stderr, HOOK ": domain %s: returning %s failed: %s\n", name, dev.device,
+                    error->message);
         }
     }
     return 0;
@@ -179,15 +239,18 @@ int main(int argc, char **argv)
     xml = read_stdin(&error);
     dom = xml ? vn_domxml_parse((const char *)xml->data, xml->len, &error) : NULL;
     if (dom == NULL) {
+        g_autofree char *named = g_strdup_printf("domain %s: ", name);
+
         /* domxml names the domain itself once it has read <name>. */
-        if (g_str_has_prefix(error->message, "domain ")) {
+        if (g_str_has_prefix(error->message, named)) {
             fprintf(stderr, HOOK ": %s\n", error->message);
         } else {
             fprintf(stderr, HOOK ": domain %s: %s\n", name, error->message);
         }
         return starting ? 1 : 0;
     }
-    if (dom->devices->len == 0) {
+    /* Undeclared devices can only have been hot-plugged while it ran: ask at release. */
+    if (dom->devices->len == 0 && strcmp(op, "release") != 0) {
         return 0;
     }
     if (strcmp(dom->name, name) != 0) {
@@ -205,11 +268,14 @@ int main(int argc, char **argv)
     }
     c = vn_ctl_client_connect(vn_ctl_default_socket(), VN_CTL_DEFAULT_TIMEOUT_MS, &error);
     if (c == NULL) {
-        fprintf(stderr, HOOK ": domain %s: %s\n", name, error->message);
+        /* No daemon and nothing declared: nothing of ours can be in this domain. */
+        if (dom->devices->len > 0) {
+            fprintf(stderr, HOOK ": domain %s: %s\n", name, error->message);
+        }
         return starting ? 1 : 0;
     }
     if (starting) {
         return prepare(c, dom);
     }
-    return strcmp(op, "release") == 0 ? release(c, dom) : reconnect(c, dom);
+    return strcmp(op, "release") == 0 ? release(c, name, dom) : reconnect(c, dom);
 }
