@@ -48,6 +48,7 @@ class Site:
                         allow={"nvme0": "hostb;hostc", "nvme1": "hostc"}).start()
         self.b = Daemon(procs, self.wd, "hostb", fab).start()
         self.c = Daemon(procs, self.wd, "hostc", fab).start()
+        self.d = Daemon(procs, self.wd, "hostd", fab).start()   # on no access list
         self.ca, self.cb, self.cc = (Control(d.control) for d in (self.a, self.b, self.c))
         wait_for(lambda: len(self.cb.execute("query-devices")) == 2, 10)
         self.lv = lvt.Libvirtd(procs, "hostb", self.b.control).start()
@@ -179,8 +180,11 @@ def test_reassign(site):
     vm4's guest passes the data checks while vm3 keeps running; destroying vm4 returns it."""
     lvc = lvt.Libvirtd(site.procs, "hostc", site.c.control).start()
     hosts = site.wd / "hosts.conf"
+    # hostd shares hostc's libvirt here; its daemon is on no access list, so a reassign to it
+    # fails after the source let go and must roll back.
     hosts.write_text(f"[hostb]\ncontrol = {site.b.control}\nlibvirt = {site.lv.uri}\n\n"
-                     f"[hostc]\ncontrol = {site.c.control}\nlibvirt = {lvc.uri}\n")
+                     f"[hostc]\ncontrol = {site.c.control}\nlibvirt = {lvc.uri}\n\n"
+                     f"[hostd]\ncontrol = {site.d.control}\nlibvirt = {lvc.uri}\n")
     try:
         _, q3 = site.define("vm3", "probe,unplug-wait,pause", snippets(site, "hosta/nvme0"),
                             {"pause_s": 120, "hotplug_timeout": 90})
@@ -206,6 +210,16 @@ def test_reassign(site):
         vm3_running = "vm3" in site.lv.domains()
         held = [d["borrower"] for d in site.ca.execute("query-devices")
                 if d["device"] == "hosta/nvme0"]
+        # A reassign that fails half-way puts the device back where it was.
+        rb = ntbctl(site.c, "reassign", "hosta/nvme0", "--to", "hostd:vm4", "--hosts", hosts,
+                    "--connect", lvc.uri)
+        back = [d["borrower"] for d in site.ca.execute("query-devices")
+                if d["device"] == "hosta/nvme0"]
+        plugged = ntbctl(site.c, "show", "hosta/nvme0", "--json").stdout
+        ok_rb = result("libvirt-reassign-rolls-back", rb.returncode != 0
+                       and "rolled back to hostc:vm4" in rb.stderr and back == ["hostc"]
+                       and '"attached_to":"vm4"' in plugged.replace(" ", ""),
+                       message=rb.stderr.strip().splitlines()[-1:])
         lvc.virsh("destroy", "vm4")
         returned = wait_for(lambda: site.state() == "available", 15)
         run4 = q4.run
@@ -216,6 +230,7 @@ def test_reassign(site):
                     and len(ver) > 0 and all(v["ok"] for v in ver)
                     and q3.run.results.get("unplug-wait", {}).get("status") == "PASS",
                     reassign_s=f"{took:.2f}", vm3_kept_running=vm3_running, holder=held)
+        ok &= ok_rb
         ok &= result("libvirt-destroy-returns", bool(returned) and site.held_by_hostb() == [],
                      state=site.state())
         site.lv.virsh("destroy", "vm3", check=False)
