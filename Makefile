@@ -32,7 +32,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: all check check-unit check-e2e install clean demo testbed qemu bench fuzz fuzz-run distclean
+.PHONY: all check check-unit check-e2e install clean demo testbed testbed-stock qemu bench fuzz fuzz-run distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -98,11 +98,14 @@ fuzz-run: $(B)/fuzz/fuzz_wire
 		|| { tail -n 40 $(B)/fuzz/last.log; exit 1; }
 	@grep -E '^(#[0-9]+.*DONE|Done)' $(B)/fuzz/last.log | tail -n 1
 
-# Stock Debian QEMU, the patched QEMU (qemu-patches/, about 15 minutes the first time) and the
-# guest, all cached under /var/cache/vfio-ntb.
-testbed: qemu
+# Stock Debian QEMU, the guest and libvirtd (what the demo needs), plus for the tests the
+# patched QEMU (qemu-patches/, about 15 minutes the first time); cached under /var/cache/vfio-ntb.
+testbed-stock:
 	scripts/testbed-qemu >/dev/null
 	scripts/testbed-guest >/dev/null
+	scripts/testbed-libvirt >/dev/null
+
+testbed: testbed-stock qemu
 
 qemu:
 	scripts/build-qemu >/dev/null
@@ -120,7 +123,7 @@ check: all testbed fuzz
 bench: all testbed
 	@$(PYTHON) bench/run-bench
 
-demo: all testbed
+demo: all testbed-stock
 	@$(PYTHON) tests/e2e/demo.py
 
 # systemd's unit and tmpfiles.d directories (systemd also reads them under /usr/local/lib).
@@ -128,9 +131,18 @@ SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 DOCDIR ?= $(PREFIX)/share/doc/vfio-ntb
 
+# libvirt's hooks directory; the drop-in runs the hook binary from libexec.
+LIBVIRT_HOOKDIR ?= /etc/libvirt/hooks
+LIBEXECDIR ?= $(PREFIX)/libexec/vfio-ntb
+
 install: $(PROGS)
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d
+	install -m 0755 $(filter-out $(B)/vfio-ntb-libvirt-hook,$(PROGS)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(B)/vfio-ntb-libvirt-hook $(DESTDIR)$(LIBEXECDIR)/
+	sed 's|@HOOK@|$(LIBEXECDIR)/vfio-ntb-libvirt-hook|' libvirt-hooks/qemu.d/vfio-ntb \
+		>$(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
+	chmod 0755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
+	install -m 0755 scripts/vfio-ntb-rebalance $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
 	sed 's|^ExecStart=/usr/bin/|ExecStart=$(PREFIX)/bin/|' systemd/vfio-ntbd.service \
 		>$(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service

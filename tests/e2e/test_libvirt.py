@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
-import libvirt as lvt  # noqa: E402
+import libvirtd as lvt  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402

@@ -629,7 +629,14 @@ START_TEST(test_ntbctl_usage_and_version)
     USAGE("revoke", "hosta/nvme0", "--grace-ms", "soon");
     USAGE("attach", "hosta/nvme0");
     USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--qmp", "relative.sock");
-    USAGE("detach", "hosta/nvme0", "--domain", "vm1");
+    USAGE("list", "--domain", "vm1");
+    USAGE("show", "hosta/nvme0", "--to", "hostc:vm1");
+    USAGE("reassign", "hosta/nvme0");
+    USAGE("reassign", "hosta/nvme0", "--to", "hostc:vm1", "--bus", "pci.1");
+    USAGE("xml");
+    USAGE("xml", "hosta/nvme0", "--alias", "1bad");
+    USAGE("xml", "--check", "f.xml", "hosta/nvme0");
+    USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--alias", "has space");
     USAGE("--timeout-ms", "0", "list");
 #undef USAGE
     g_clear_pointer(&out, g_free);

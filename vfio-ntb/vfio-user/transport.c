@@ -9,6 +9,7 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -48,10 +49,43 @@ VnTransport *vn_transport_new(int fd)
     return t;
 }
 
+/*
+ * Closing a socket with unread data in it sends a reset, not an end of file,
+ * and QEMU's vfio-user client (10.2 to 11.1) aborts the whole VM on a reset
+ * (qemu-patches/0005).  So: FIN first, then read until the peer's end of
+ * file or the linger time, so nothing is left unread when we close.  Fds in
+ * what we drop are closed by the kernel (no control buffer).
+ */
+static void linger(int fd)
+{
+    gint64 deadline = g_get_monotonic_time() + VN_TRANSPORT_LINGER_MS * 1000;
+    char buf[4096];
+
+    if (shutdown(fd, SHUT_WR) < 0) {
+        return;   /* not connected any more */
+    }
+    for (;;) {
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        ssize_t n;
+
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0) {
+            return;
+        }
+        n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            return;   /* end of file (or the peer is gone) */
+        }
+    }
+}
+
 void vn_transport_free(VnTransport *t)
 {
     if (t == NULL) {
         return;
+    }
+    if (t->fd >= 0) {
+        linger(t->fd);
     }
     vn_util_close_fds(t->fds, t->nfds);
     g_free(t->buf);

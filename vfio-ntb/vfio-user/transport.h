@@ -20,6 +20,9 @@
 
 /* A peer that does not drain its socket for this long is dropped. */
 #define VN_TRANSPORT_SEND_TIMEOUT_S 5
+/* How long a close waits for what the peer still had in flight (see
+ * vn_transport_free()). */
+#define VN_TRANSPORT_LINGER_MS 200
 
 typedef struct VnTransport VnTransport;
 
@@ -37,6 +40,9 @@ void vn_transport_msg_clear(VnTransportMsg *msg);
 
 /* Takes ownership of the connected socket @fd. */
 VnTransport *vn_transport_new(int fd);
+/* Closes like a well-behaved peer: end-of-file first, then the peer's
+ * in-flight bytes (and fds) are read and dropped for at most
+ * VN_TRANSPORT_LINGER_MS, then the socket is closed. */
 void vn_transport_free(VnTransport *t);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnTransport, vn_transport_free)
 

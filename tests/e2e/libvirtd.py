@@ -195,7 +195,7 @@ def domain_xml(name, serial_path, checks, params=None, snippets="", root_ports=2
   <on_reboot>destroy</on_reboot>
   <on_crash>destroy</on_crash>
   <devices>
-    <emulator>{emulator or h.stock_qemu()}</emulator>
+    <emulator>{emulator or h.testbed_qemu()}</emulator>
     <controller type='pci' index='0' model='pcie-root'/>
 {ports}
     <controller type='usb' model='none'/>
