@@ -132,7 +132,47 @@ def test_revoke_by_device_request(procs, kind):
                   kernel_errors=uw.get("kernel_errors"), forced=ans.get("forced"), state=state)
 
 
-# ---- 0005: the device's server lost mid-I/O ------------------------------------------------
+# ---- 0005: a server that resets the connection ------------------------------------------------
+
+
+def test_server_reset(procs, kind):
+    """A vfio-user server that closes its socket with QEMU's message unread (a reset): QEMU
+    must refuse the device, not abort.  Deterministic: the server reads nothing."""
+    import socket
+    import threading
+    wd = procs.tempdir()
+    path = wd / "reset.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve():
+        try:
+            conn, _ = srv.accept()
+            time.sleep(0.5)            # QEMU's VERSION is in our receive queue now
+            conn.close()               # unread data: the kernel sends a reset
+        except OSError:
+            pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    q = h.Qemu(procs, "pause", [], params={"pause_s": 60}, root_port=True, workdir=wd,
+               qemu=qemu_for(kind), timeout=120).start()
+    q.wait_line("VNREADY", "pause")
+    refused = ""
+    try:
+        q.qmp.execute("device_add", h.VfioUserDevice(path, id="rst", bus="rp1").qmp_args())
+    except h.HarnessError as e:
+        refused = str(e)
+    died = qemu_died(q, 5)
+    q.stop()
+    srv.close()
+    if kind == "stock":
+        return result("server-reset-stock", died and "Assertion" in stderr_of(q), qemu_died=died)
+    return result("server-reset-patched", not died and "device_add" in refused,
+                  refused=json.dumps(refused[-100:]))
+
+
+# ---- 0006: the device's server lost mid-I/O ------------------------------------------------
 
 
 def survive_vm(procs, wd, lost_dev, kind, keep_img):
@@ -244,7 +284,7 @@ def test_migration_blocked(procs, kind):
                   refused=json.dumps(refused[:120]), after_unplug=st)
 
 
-# ---- 0006: QEMU's x-remote NVMe as a lent device ----------------------------------------------
+# ---- 0007: QEMU's x-remote NVMe as a lent device ----------------------------------------------
 
 
 def start_xremote(procs, wd, img, serial):
@@ -289,6 +329,7 @@ def test_xremote_interop(procs, kind):
 TESTS = [
     (test_msix_unplug, KINDS),
     (test_revoke_by_device_request, KINDS),
+    (test_server_reset, KINDS),
     (test_server_lost, KINDS),
     (test_lender_lost, ("patched",)),
     (test_migration_blocked, KINDS),

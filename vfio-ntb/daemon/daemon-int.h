@@ -170,7 +170,8 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b);
 /* Start the worker serving @b on b->socket (b->domain set); false with
  * @error when it did not come up. */
 bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
-/* SIGTERM, wait (bounded), SIGKILL if need be. */
+/* Wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the worker's
+ * socket, SIGTERM, wait (bounded), SIGKILL if need be. */
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
 /* Its counters (JSON), or NULL. */
 char *vn_spawn_stats(VnBorrowed *b);

@@ -24,6 +24,8 @@
 /* A worker has this long to borrow the device's data path and listen. */
 #define VN_SPAWN_START_TIMEOUT_MS 10000
 #define VN_SPAWN_STOP_TIMEOUT_MS 5000
+/* How long a stop waits for QEMU to close a just-unplugged device's socket. */
+#define VN_SPAWN_CLIENT_GONE_MS 1500
 #define VN_SPAWN_STATS_TIMEOUT_MS 1000
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
@@ -160,13 +162,23 @@ static bool alive(GPid pid)
     return pid > 0 && kill(pid, 0) == 0;
 }
 
+static bool stats_flag(VnBorrowed *b, const char *member);
+
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
 {
     gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
+    gint64 gone_by = g_get_monotonic_time() + VN_SPAWN_CLIENT_GONE_MS * 1000;
     GPid pid = b->worker_pid;
 
     if (pid <= 0) {
         return;
+    }
+    /* A device just unplugged is finalized by QEMU a little later, and only then
+     * does QEMU close its socket.  Stopping the server before that leaves QEMU
+     * with a dead server under a live object (stock QEMU then stalls or
+     * aborts: qemu-patches/0005, 0006), so give it a moment. */
+    while (alive(pid) && g_get_monotonic_time() < gone_by && stats_flag(b, "client_connected")) {
+        g_usleep(20000);
     }
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
