@@ -66,9 +66,8 @@ def run():
         lvb = lvt.Libvirtd(procs, "hostb", b.control).start()
         lvc = lvt.Libvirtd(procs, "hostc", c.control).start()
         try:
-            hosts = wd / "hosts.conf"
-            hosts.write_text(f"[hostb]\ncontrol = {b.control}\nlibvirt = {lvb.uri}\n\n"
-                             f"[hostc]\ncontrol = {c.control}\nlibvirt = {lvc.uri}\n")
+            hosts = lvt.hosts_file(wd / "hosts.conf", ("hostb", b.control, lvb.uri),
+                                   ("hostc", c.control, lvc.uri))
             qa = cycling_domain(procs, lvb, "vmA", wd, 2 * ROUNDS)
             qb = cycling_domain(procs, lvc, "vmB", wd, ROUNDS)
             # attach-to-ready: hot attach, guest ready, hot detach.

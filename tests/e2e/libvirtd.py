@@ -207,6 +207,13 @@ def domain_xml(name, serial_path, checks, params=None, snippets="", root_ports=2
 """
 
 
+def hosts_file(path, *hosts):
+    """An ntbctl --hosts file: hosts are (node, control socket, libvirt URI)."""
+    Path(path).write_text("\n".join(f"[{n}]\ncontrol = {c}\nlibvirt = {u}\n"
+                                    for n, c, u in hosts))
+    return path
+
+
 def _split_snippets(text):
     """ntbctl xml prints three elements; pick them out by their start tags."""
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)   # comments name the elements too

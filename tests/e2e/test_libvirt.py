@@ -10,6 +10,7 @@ message saying why and leaves no lease and no half-attached device behind (malfo
 an unknown device, a device already lent, an access-list refusal); a migration is refused;
 the hook given unexpected arguments says so.
 """
+import os
 import subprocess
 import sys
 import time
@@ -179,12 +180,10 @@ def test_reassign(site):
     """A device declared by vm3 (on hostb) moves to vm4 on hostc with one ntbctl reassign:
     vm4's guest passes the data checks while vm3 keeps running; destroying vm4 returns it."""
     lvc = lvt.Libvirtd(site.procs, "hostc", site.c.control).start()
-    hosts = site.wd / "hosts.conf"
     # hostd shares hostc's libvirt here; its daemon is on no access list, so a reassign to it
     # fails after the source let go and must roll back.
-    hosts.write_text(f"[hostb]\ncontrol = {site.b.control}\nlibvirt = {site.lv.uri}\n\n"
-                     f"[hostc]\ncontrol = {site.c.control}\nlibvirt = {lvc.uri}\n\n"
-                     f"[hostd]\ncontrol = {site.d.control}\nlibvirt = {lvc.uri}\n")
+    hosts = lvt.hosts_file(site.wd / "hosts.conf", ("hostb", site.b.control, site.lv.uri),
+                           ("hostc", site.c.control, lvc.uri), ("hostd", site.d.control, lvc.uri))
     try:
         _, q3 = site.define("vm3", "probe,unplug-wait,pause", snippets(site, "hosta/nvme0"),
                             {"pause_s": 120, "hotplug_timeout": 90})
@@ -233,7 +232,19 @@ def test_reassign(site):
         ok &= ok_rb
         ok &= result("libvirt-destroy-returns", bool(returned) and site.held_by_hostb() == [],
                      state=site.state())
+        # scripts/vfio-ntb-rebalance: a list of moves (here one: back into vm3, still running).
+        reb = subprocess.run([str(h.REPO / "scripts" / "vfio-ntb-rebalance"), "--socket",
+                              str(site.b.control), "--hosts", str(hosts), "--connect",
+                              site.lv.uri], input="# rebalance\nhosta/nvme0 hostb:vm3\n",
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "NTBCTL": str(NTBCTL)})
+        shown = site.cb.execute("query-device", device="hosta/nvme0")
+        ok &= result("rebalance-script", reb.returncode == 0 and "1 move(s) done" in reb.stdout
+                     and shown.get("attached_to") == "vm3",
+                     output=reb.stdout.strip().splitlines()[-1:] or reb.stderr.strip())
         site.lv.virsh("destroy", "vm3", check=False)
+        ok &= result("libvirt-destroy-returns-hot-plugged",
+                     bool(wait_for(lambda: site.state() == "available", 15)), state=site.state())
         for lv, name in ((site.lv, "vm3"), (lvc, "vm4")):
             lv.virsh("undefine", name, check=False)
         return ok

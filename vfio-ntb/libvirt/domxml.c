@@ -500,6 +500,36 @@ VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
 
 /* ---- ntbctl xml ----------------------------------------------------------- */
 
+/*
+ * For a value in single quotes: escape what XML requires there, and keep the
+ * JSON's double quotes readable (g_markup_escape_text would turn every one
+ * into &quot;).
+ */
+static char *attr_escape(const char *text)
+{
+    GString *out = g_string_new(NULL);
+
+    for (const char *p = text; *p != '\0'; p++) {
+        switch (*p) {
+        case '&':
+            g_string_append(out, "&amp;");
+            break;
+        case '<':
+            g_string_append(out, "&lt;");
+            break;
+        case '>':
+            g_string_append(out, "&gt;");
+            break;
+        case '\'':
+            g_string_append(out, "&apos;");
+            break;
+        default:
+            g_string_append_c(out, *p);
+        }
+    }
+    return g_string_free(out, FALSE);
+}
+
 char *vn_domxml_snippets(const char *device, const char *alias, const char *socket,
                          const char *bus)
 {
@@ -523,8 +553,7 @@ char *vn_domxml_snippets(const char *device, const char *alias, const char *sock
     json_node_set_object(root, arg);
     json_generator_set_root(gen, root);
     json = json_generator_to_data(gen, NULL);
-    /* Escapes both quote kinds; libvirt unescapes before QEMU sees it. */
-    json_attr = g_markup_escape_text(json, -1);
+    json_attr = attr_escape(json);
     entry = g_markup_printf_escaped("<vn:device name='%s' alias='%s'/>", device, alias);
 
     return g_strdup_printf(

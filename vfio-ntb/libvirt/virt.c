@@ -27,9 +27,13 @@ static void quiet(void *opaque, virErrorPtr err)
 
 static const char *last_error(void)
 {
-    const char *m = virGetLastErrorMessage();
+    virErrorPtr e = virGetLastError();
 
-    return m != NULL ? m : "unknown libvirt error";
+    /* Seen when the domain's QEMU exited during the call: libvirt sets no error. */
+    if (e == NULL || e->code == VIR_ERR_OK || e->message == NULL) {
+        return "no answer from the domain's QEMU (did it exit?)";
+    }
+    return e->message;
 }
 
 VnVirt *vn_virt_open(const char *uri, GError **error)
