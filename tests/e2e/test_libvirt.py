@@ -21,7 +21,7 @@ import harness as h  # noqa: E402
 import libvirtd as lvt  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
-from control import Control  # noqa: E402
+from control import Control, ControlError  # noqa: E402
 
 NTBCTL = h.REPO / "build" / "ntbctl"
 
@@ -273,6 +273,16 @@ def test_hook_arguments(site):
                  mig.stderr, message=mig.stderr.strip())
     ok &= result("hook-release-logs-bad-xml", garbage.returncode == 0 and
                  "does not parse" in garbage.stderr, message=garbage.stderr.strip())
+    # A domain's XML names the socket: the daemon creates it only in its run-dir.
+    bad = 0
+    for sock in ("/tmp/elsewhere.sock", f"{site.b.run_dir}/../x.sock",
+                 f"{site.b.run_dir}/sub/x.sock", f"{site.b.run_dir}/x.txt"):
+        try:
+            site.cb.execute("attach", device="hosta/nvme0", domain="vm9", socket=sock)
+        except ControlError as e:
+            bad += e.klass == "InvalidParameter"
+    ok &= result("attach-socket-confined-to-run-dir", bad == 4 and site.held_by_hostb() == [],
+                 refused=bad)
     return ok
 
 

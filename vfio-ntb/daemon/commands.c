@@ -517,11 +517,12 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
 static bool socket_arg_ok(VnDaemon *d, const char *socket)
 {
     size_t dl = strlen(d->conf->run_dir);
-    const char *base = socket + dl + 1;
 
-    return strlen(socket) <= VN_DAEMON_MAX_SOCKET_PATH &&
-           strncmp(socket, d->conf->run_dir, dl) == 0 && socket[dl] == '/' &&
-           name_ok(base) && g_str_has_suffix(base, ".sock") &&
+    if (strlen(socket) > VN_DAEMON_MAX_SOCKET_PATH || strncmp(socket, d->conf->run_dir, dl) != 0 ||
+        socket[dl] != '/') {
+        return false;
+    }
+    return name_ok(socket + dl + 1) && g_str_has_suffix(socket, ".sock") &&
            !g_file_test(socket, G_FILE_TEST_EXISTS);
 }
 
