@@ -231,12 +231,14 @@ int main(int argc, char **argv)
     op = argv[2];
     subop = argv[3];
     starting = strcmp(op, "prepare") == 0 && strcmp(subop, "begin") == 0;
+    /* Read the XML even for events we ignore: libvirt writes all of it, and a
+     * large domain's XML does not fit in a pipe we never read. */
+    xml = read_stdin(&error);
     if (!(starting || (strcmp(op, "release") == 0 && strcmp(subop, "end") == 0) ||
           (strcmp(op, "migrate") == 0 && strcmp(subop, "begin") == 0) ||
           (strcmp(op, "reconnect") == 0 && strcmp(subop, "begin") == 0))) {
         return 0;
     }
-    xml = read_stdin(&error);
     dom = xml ? vn_domxml_parse((const char *)xml->data, xml->len, &error) : NULL;
     if (dom == NULL) {
         g_autofree char *named = g_strdup_printf("domain %s: ", name);
