@@ -5,6 +5,7 @@
 #define VN_UTIL_H
 
 #include <glib.h>
+#include <json-glib/json-glib.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -32,6 +33,21 @@ bool vn_util_trace_on(void);
             g_debug(__VA_ARGS__);                                              \
         }                                                                      \
     } while (0)
+
+/*
+ * Member @name of @o (which may be NULL) if it is a string; NULL when it is
+ * absent, null or of another type.  For JSON from peers: json-glib's own
+ * json_object_get_string_member_with_default() emits a critical when the
+ * member is an array or an object.
+ */
+static inline const char *vn_util_json_string(JsonObject *o, const char *name)
+{
+    JsonNode *n = o != NULL ? json_object_get_member(o, name) : NULL;
+
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING
+               ? json_node_get_string(n)
+               : NULL;
+}
 
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);

@@ -332,17 +332,6 @@ static JsonObject *parse_line(VnCtlClient *c, JsonParser *p, const char *line, g
     return json_node_get_object(root);
 }
 
-/* The member as a string, or NULL when missing or of another type. */
-static const char *member_string(JsonObject *o, const char *name)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    if (n == NULL || json_node_get_value_type(n) != G_TYPE_STRING) {
-        return NULL;
-    }
-    return json_node_get_string(n);
-}
-
 /* ---- connect and greeting -------------------------------------------------- */
 
 static bool do_connect(VnCtlClient *c, gint64 deadline, GError **error)
@@ -412,8 +401,8 @@ static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
     }
     g = json_object_get_member(o, "vfio-ntbd");
     if (g == NULL || !JSON_NODE_HOLDS_OBJECT(g) ||
-        !(version = member_string(json_node_get_object(g), "version")) ||
-        !(node = member_string(json_node_get_object(g), "node"))) {
+        !(version = vn_util_json_string(json_node_get_object(g), "version")) ||
+        !(node = vn_util_json_string(json_node_get_object(g), "node"))) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
                    "not a vfio-ntbd greeting (is this the daemon's control socket?)");
         return false;
@@ -507,8 +496,8 @@ static void answer_error(VnCtlClient *c, JsonNode *err, const char *command, GEr
 {
     JsonObject *o = err != NULL && JSON_NODE_HOLDS_OBJECT(err) ? json_node_get_object(err)
                                                                 : NULL;
-    const char *cls = o != NULL ? member_string(o, "class") : NULL;
-    const char *desc = o != NULL ? member_string(o, "desc") : NULL;
+    const char *cls = o != NULL ? vn_util_json_string(o, "class") : NULL;
+    const char *desc = o != NULL ? vn_util_json_string(o, "desc") : NULL;
 
     if (cls == NULL || desc == NULL) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
@@ -563,7 +552,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         if (json_object_has_member(o, "event")) {
             /* subscribe-events output; this client waits for its answer. */
             VN_TRACE("control %s: skipped event %s", c->path,
-                     member_string(o, "event") ? member_string(o, "event") : "?");
+                     vn_util_json_string(o, "event") ? vn_util_json_string(o, "event") : "?");
             continue;
         }
         idn = json_object_get_member(o, "id");

@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
 #include "ntbctl-virt.h"
+#include "common/util.h"
 
 #include "ctl/ctl-client.h"
 #include "libvirt/domxml.h"
@@ -58,10 +59,8 @@ bool ntbctl_xml_print(const char *device, const char *alias, const char *bus,
     if (ver == NULL) {
         return false;
     }
-    run_dir = JSON_NODE_HOLDS_OBJECT(ver)
-                  ? json_object_get_string_member_with_default(json_node_get_object(ver),
-                                                               "run-dir", NULL)
-                  : NULL;
+    run_dir = vn_util_json_string(JSON_NODE_HOLDS_OBJECT(ver) ? json_node_get_object(ver) : NULL,
+                                  "run-dir");
     if (run_dir == NULL || run_dir[0] != '/') {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
                     "the daemon did not say where its sockets go (an old vfio-ntbd?)");

@@ -16,6 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -33,14 +34,6 @@ static JsonObject *parse(JsonParser *p, const char *json)
     }
     root = json_parser_get_root(p);
     return (root != NULL && JSON_NODE_HOLDS_OBJECT(root)) ? json_node_get_object(root) : NULL;
-}
-
-static const char *str_member(JsonObject *o, const char *name)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    return (n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
-            json_node_get_value_type(n) == G_TYPE_STRING) ? json_node_get_string(n) : NULL;
 }
 
 static bool uint_member(JsonObject *o, const char *name, uint64_t *out)
@@ -161,8 +154,8 @@ static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
         if (!JSON_NODE_HOLDS_OBJECT(e)) {
             continue;
         }
-        lender = str_member(json_node_get_object(e), "lender");
-        n = str_member(json_node_get_object(e), "name");
+        lender = vn_util_json_string(json_node_get_object(e), "lender");
+        n = vn_util_json_string(json_node_get_object(e), "name");
         if (lender != NULL && n != NULL && strcmp(lender, d->conf->node) == 0 &&
             strcmp(n, name) == 0 && uint_member(json_node_get_object(e), "lease", &l) &&
             l == lease) {
@@ -249,7 +242,7 @@ void vn_cluster_start(VnDaemon *d)
  * a node reports its own devices only, with bounded names and counts. */
 static bool announcement_valid(JsonObject *o, const char *peer)
 {
-    const char *node = str_member(o, "node");
+    const char *node = vn_util_json_string(o, "node");
     JsonNode *devs = json_object_get_member(o, "devices");
     JsonArray *a;
 
@@ -265,9 +258,9 @@ static bool announcement_valid(JsonObject *o, const char *peer)
         const char *name, *state;
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
-            !(name = str_member(json_node_get_object(e), "name")) ||
+            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
-            !(state = str_member(json_node_get_object(e), "state")) ||
+            !(state = vn_util_json_string(json_node_get_object(e), "state")) ||
             (strcmp(state, "lent") != 0 && strcmp(state, "available") != 0)) {
             return false;
         }
@@ -291,10 +284,10 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
         }
         for (guint j = 0; j < json_array_get_length(a); j++) {
             JsonObject *e = json_array_get_object_element(a, j);
-            const char *borrower = str_member(e, "borrower");
+            const char *borrower = vn_util_json_string(e, "borrower");
             uint64_t lease = 0;
 
-            if (strcmp(str_member(e, "name"), b->name) == 0 && borrower != NULL &&
+            if (strcmp(vn_util_json_string(e, "name"), b->name) == 0 && borrower != NULL &&
                 strcmp(borrower, d->conf->node) == 0 && uint_member(e, "lease", &lease) &&
                 lease == b->lease) {
                 held = true;
@@ -364,7 +357,7 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         reconcile_held(d, msg->peer, json_object_get_member(o, "devices"));
     } else if (msg->type == VN_CLUSTER_REVOKE) {
         g_autofree char *device = NULL;
-        const char *name = str_member(o, "device");
+        const char *name = vn_util_json_string(o, "device");
         uint64_t lease = 0;
         VnBorrowed *b;
 
@@ -451,7 +444,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(JsonParser) p = json_parser_new();
     JsonObject *o = parse(p, msg->json);
-    const char *name = o ? str_member(o, "device") : NULL;
+    const char *name = o ? vn_util_json_string(o, "device") : NULL;
     VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
     g_autofree char *json = NULL;
     uint64_t lease = 0;
@@ -501,7 +494,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
     case VN_CLUSTER_AUTHORIZE: {
-        const char *worker = str_member(o, "worker");
+        const char *worker = vn_util_json_string(o, "worker");
 
         if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||
             strcmp(ld->borrower, msg->peer) != 0 || ld->lease != lease) {

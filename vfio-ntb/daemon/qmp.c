@@ -8,6 +8,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -87,11 +88,10 @@ static bool execute(Qmp *q, const char *cmd, GError **error)
         }
         if (json_object_has_member(o, "error")) {
             JsonNode *e = json_object_get_member(o, "error");
-            const char *desc = JSON_NODE_HOLDS_OBJECT(e)
-                ? json_object_get_string_member_with_default(json_node_get_object(e), "desc", "")
-                : "";
+            const char *desc = vn_util_json_string(
+                JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL, "desc");
 
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "QEMU: %s", desc);
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "QEMU: %s", desc != NULL ? desc : "");
             return false;
         }
     }
@@ -139,7 +139,8 @@ bool vn_qmp_device_del(const char *path, const char *id, unsigned wait_ms, GErro
         if (o == NULL) {
             break;
         }
-        ev = json_object_get_string_member_with_default(o, "event", "");
+        ev = vn_util_json_string(o, "event");
+        ev = ev != NULL ? ev : "";
         if (strcmp(ev, "DEVICE_DELETED") == 0) {
             break;
         }

@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/util.h"
 
 #include <gio/gio.h>
 #include <string.h>
@@ -143,14 +144,6 @@ static bool get_lease(JsonObject *o, uint64_t *lease)
     return true;
 }
 
-static const char *get_str(JsonObject *o, const char *m)
-{
-    JsonNode *n = json_object_get_member(o, m);
-
-    return (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING)
-               ? json_node_get_string(n) : NULL;
-}
-
 /* A worker that served this device before our restart: adopt it if it is
  * still the process we started. */
 static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
@@ -164,10 +157,10 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     }
     w = json_node_get_object(wn);
     pid = json_object_get_member(w, "pid");
-    node = get_str(w, "node");
-    socket = get_str(w, "socket");
-    domain = get_str(w, "domain");
-    stats = get_str(w, "stats");
+    node = vn_util_json_string(w, "node");
+    socket = vn_util_json_string(w, "socket");
+    domain = vn_util_json_string(w, "domain");
+    stats = vn_util_json_string(w, "stats");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
         json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_fabric_name_valid(node) ||
@@ -223,8 +216,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         JsonNode *an;
         VnLendConf *lc;
 
-        if (!JSON_NODE_HOLDS_OBJECT(e) || !(name = get_str(json_node_get_object(e), "name")) ||
-            !(socket = get_str(json_node_get_object(e), "socket")) ||
+        if (!JSON_NODE_HOLDS_OBJECT(e) ||
+            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
+            !(socket = vn_util_json_string(json_node_get_object(e), "socket")) ||
             vn_daemon_local(d, name) != NULL ||
             !(an = json_object_get_member(json_node_get_object(e), "allow")) ||
             !JSON_NODE_HOLDS_ARRAY(an)) {
@@ -257,8 +251,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         VnLocalDevice *ld;
         uint64_t lease;
 
-        if (!JSON_NODE_HOLDS_OBJECT(e) || !(name = get_str(json_node_get_object(e), "name")) ||
-            !(borrower = get_str(json_node_get_object(e), "borrower")) ||
+        if (!JSON_NODE_HOLDS_OBJECT(e) ||
+            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
+            !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
             !vn_fabric_name_valid(borrower) || !get_lease(json_node_get_object(e), &lease) ||
             (ld = vn_daemon_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
@@ -268,9 +263,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->lease = lease;
         ld->orphan_since_us = g_get_monotonic_time();
         ld->unconfirmed = true;
-        if (get_str(json_node_get_object(e), "worker") != NULL &&
-            vn_fabric_name_valid(get_str(json_node_get_object(e), "worker"))) {
-            ld->worker = g_strdup(get_str(json_node_get_object(e), "worker"));
+        if (vn_util_json_string(json_node_get_object(e), "worker") != NULL &&
+            vn_fabric_name_valid(vn_util_json_string(json_node_get_object(e), "worker"))) {
+            ld->worker = g_strdup(vn_util_json_string(json_node_get_object(e), "worker"));
         }
         d->next_lease = MAX(d->next_lease, lease);
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
@@ -285,8 +280,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
         uint64_t lease;
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
-            !(lender = get_str(json_node_get_object(e), "lender")) ||
-            !(name = get_str(json_node_get_object(e), "name")) ||
+            !(lender = vn_util_json_string(json_node_get_object(e), "lender")) ||
+            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !vn_fabric_name_valid(lender) || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
             !get_lease(json_node_get_object(e), &lease)) {
             continue;
@@ -297,7 +292,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
         b->device = g_strdup_printf("%s/%s", lender, name);
         b->lease = lease;
         b->unconfirmed = true;
-        vn_irq_mode_from_string(get_str(json_node_get_object(e), "irq_mode"), &b->irq_mode);
+        vn_irq_mode_from_string(vn_util_json_string(json_node_get_object(e), "irq_mode"),
+                                &b->irq_mode);
         g_ptr_array_add(d->borrowed, b);
         restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
         g_message("node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,

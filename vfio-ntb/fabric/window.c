@@ -163,7 +163,7 @@ char *vn_fabric_error_message(const VnFabricMsg *reply)
     if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         return NULL;
     }
-    s = json_object_get_string_member_with_default(json_node_get_object(root), "error", NULL);
+    s = vn_util_json_string(json_node_get_object(root), "error");
     return g_strdup(s);
 }
 

@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "libvirt/domxml.h"
+#include "common/util.h"
 
 #include "ctl/ctl-client.h"
 
@@ -292,22 +293,11 @@ static bool json_depth_ok(const char *s, unsigned max)
     return true;
 }
 
-/* A string member, or NULL when it is absent or not a string. */
-static const char *member_string(JsonObject *o, const char *name)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING) {
-        return NULL;
-    }
-    return json_node_get_string(n);
-}
-
 /* The -device whose id is @d's alias: check it, take its socket and bus. */
 static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
 {
-    const char *driver = member_string(o, "driver");
-    const char *path = NULL, *bus = member_string(o, "bus");
+    const char *driver = vn_util_json_string(o, "driver");
+    const char *path = NULL, *bus = vn_util_json_string(o, "bus");
     JsonNode *sock = json_object_get_member(o, "socket");
 
     if (g_strcmp0(driver, "vfio-user-pci") != 0) {
@@ -315,8 +305,8 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
                     VN_DOMXML_SHOWN, driver != NULL ? driver : "(none)");
     }
     if (sock != NULL && JSON_NODE_HOLDS_OBJECT(sock) &&
-        g_strcmp0(member_string(json_node_get_object(sock), "type"), "unix") == 0) {
-        path = member_string(json_node_get_object(sock), "path");
+        g_strcmp0(vn_util_json_string(json_node_get_object(sock), "type"), "unix") == 0) {
+        path = vn_util_json_string(json_node_get_object(sock), "path");
     }
     if (path == NULL) {
         return fail(error, "its -device needs \"socket\":{\"type\":\"unix\",\"path\":...}");
@@ -362,7 +352,7 @@ static bool match_json(const char *text, GPtrArray *devs, GError **error)
     if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         return fail(error, "a -device argument is not a JSON object");
     }
-    id = member_string(json_node_get_object(root), "id");
+    id = vn_util_json_string(json_node_get_object(root), "id");
     for (guint i = 0; id != NULL && i < devs->len; i++) {
         VnDomDevice *d = g_ptr_array_index(devs, i);
 

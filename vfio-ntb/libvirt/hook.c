@@ -29,6 +29,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "ctl/ctl-client.h"
+#include "common/util.h"
 #include "libvirt/domxml.h"
 
 #include <errno.h>
@@ -144,8 +145,8 @@ static GPtrArray *served_to(VnCtlClient *c, const char *name, GError **error)
     for (guint i = 0; i < json_array_get_length(arr) && i < VN_HOOK_MAX_DEVICES; i++) {
         JsonNode *e = json_array_get_element(arr, i);
         JsonObject *o = JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
-        const char *dev = o ? json_object_get_string_member_with_default(o, "device", NULL) : NULL;
-        const char *by = o ? json_object_get_string_member_with_default(o, "borrower", NULL) : NULL;
+        const char *dev = vn_util_json_string(o, "device");
+        const char *by = vn_util_json_string(o, "borrower");
         g_autoptr(JsonObject) a = NULL;
         g_autoptr(JsonNode) one = NULL;
         const char *to;
@@ -156,10 +157,8 @@ static GPtrArray *served_to(VnCtlClient *c, const char *name, GError **error)
         a = json_object_new();
         json_object_set_string_member(a, "device", dev);
         one = vn_ctl_client_execute(c, "query-device", a, NULL);
-        to = one && JSON_NODE_HOLDS_OBJECT(one)
-                 ? json_object_get_string_member_with_default(json_node_get_object(one),
-                                                              "attached_to", NULL)
-                 : NULL;
+        to = vn_util_json_string(one && JSON_NODE_HOLDS_OBJECT(one) ? json_node_get_object(one)
+                                                                   : NULL, "attached_to");
         if (to != NULL && strcmp(to, name) == 0) {
             g_ptr_array_add(out, g_strdup(dev));
         }

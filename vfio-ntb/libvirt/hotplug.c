@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "hotplug.h"
+#include "common/util.h"
 
 #include "ctl/ctl-client.h"
 #include "libvirt/domxml.h"
@@ -125,15 +126,6 @@ static JsonObject *device_state(const VnHotplugHost *h, const char *device, Json
     return json_node_get_object(*keep);
 }
 
-static const char *member(JsonObject *o, const char *name)
-{
-    JsonNode *n = o ? json_object_get_member(o, name) : NULL;
-
-    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING
-               ? json_node_get_string(n)
-               : NULL;
-}
-
 /* Serve @device to @domain on @h (borrowing it if need be); the socket, newly allocated. */
 static char *serve(const VnHotplugHost *h, const char *device, const char *domain,
                    const char *alias, GError **error)
@@ -145,7 +137,8 @@ static char *serve(const VnHotplugHost *h, const char *device, const char *domai
     json_object_set_string_member(a, "domain", domain);
     json_object_set_string_member(a, "qdev-id", alias);
     ret = call(h, "attach", a, error);
-    sock = ret && JSON_NODE_HOLDS_OBJECT(ret) ? member(json_node_get_object(ret), "socket") : NULL;
+    sock = vn_util_json_string(ret && JSON_NODE_HOLDS_OBJECT(ret) ? json_node_get_object(ret)
+                                                                  : NULL, "socket");
     if (ret != NULL && sock == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "%s: attach did not say where it serves %s", h->node, device);
@@ -215,7 +208,7 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
     if (st == NULL) {
         return false;
     }
-    borrower = member(st, "borrower");
+    borrower = vn_util_json_string(st, "borrower");
     return plug_in(h, v, device, domain, alias ? alias : dflt,
                    borrower != NULL && strcmp(borrower, h->node) == 0, &s, error);
 }
@@ -228,7 +221,8 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progres
     g_autoptr(VnVirt) v = NULL;
     g_autoptr(JsonNode) keep = NULL;
     JsonObject *st = device_state(h, device, &keep, error);
-    const char *domain = member(st, "attached_to"), *id = member(st, "qdev_id");
+    const char *domain = vn_util_json_string(st, "attached_to");
+    const char *id = vn_util_json_string(st, "qdev_id");
 
     if (st == NULL) {
         return false;
@@ -267,7 +261,7 @@ static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *
 {
     g_autoptr(JsonNode) k1 = NULL, k2 = NULL;
     JsonObject *st = device_state(to, device, &k1, error);
-    const char *node = member(st, "borrower");
+    const char *node = vn_util_json_string(st, "borrower");
     g_autoptr(VnVirt) v = NULL;
 
     if (st == NULL) {
@@ -286,8 +280,8 @@ static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *
     if (st == NULL) {
         return false;
     }
-    w->domain = g_strdup(member(st, "attached_to"));
-    w->id = g_strdup(member(st, "qdev_id"));
+    w->domain = g_strdup(vn_util_json_string(st, "attached_to"));
+    w->id = g_strdup(vn_util_json_string(st, "qdev_id"));
     if (w->domain != NULL && w->id != NULL) {
         v = vn_virt_open(w->host->libvirt_uri, error);
         w->bus = v ? vn_virt_device_bus(v, w->domain, w->id, error) : NULL;

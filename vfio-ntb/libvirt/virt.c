@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "virt.h"
+#include "common/util.h"
 
 #include <libvirt/libvirt-qemu.h>
 #include <libvirt/libvirt.h>
@@ -141,13 +142,11 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
     o = json_node_get_object(root);
     if (json_object_has_member(o, "error")) {
         JsonNode *e = json_object_get_member(o, "error");
-        const char *desc = JSON_NODE_HOLDS_OBJECT(e)
-                               ? json_object_get_string_member_with_default(
-                                     json_node_get_object(e), "desc", "no description")
-                               : "no description";
+        const char *desc = vn_util_json_string(
+            JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL, "desc");
 
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: %s: %s", domain,
-                    command, desc);
+                    command, desc != NULL ? desc : "no description");
         return NULL;
     }
     if (!json_object_has_member(o, "return")) {
@@ -174,15 +173,6 @@ static JsonArray *root_devices(JsonNode *ret)
         }
     }
     return NULL;
-}
-
-static const char *str_member(JsonObject *o, const char *name)
-{
-    JsonNode *n = o ? json_object_get_member(o, name) : NULL;
-
-    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING
-               ? json_node_get_string(n)
-               : NULL;
 }
 
 /* The devices behind a root port (its pci_bridge's), or NULL if it is not a bridge. */
@@ -215,7 +205,7 @@ static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GErr
         JsonNode *dn = json_array_get_element(devs, i);
         JsonObject *dev = JSON_NODE_HOLDS_OBJECT(dn) ? json_node_get_object(dn) : NULL;
         JsonArray *behind = dev ? bridge_devices(dev) : NULL;
-        const char *port = str_member(dev, "qdev_id");
+        const char *port = vn_util_json_string(dev, "qdev_id");
 
         if (behind == NULL || port == NULL || port[0] == '\0') {
             continue;
@@ -225,8 +215,8 @@ static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GErr
         }
         for (guint j = 0; want_id != NULL && j < json_array_get_length(behind); j++) {
             JsonNode *cn = json_array_get_element(behind, j);
-            const char *id = str_member(JSON_NODE_HOLDS_OBJECT(cn) ? json_node_get_object(cn)
-                                                                   : NULL, "qdev_id");
+            JsonObject *co = JSON_NODE_HOLDS_OBJECT(cn) ? json_node_get_object(cn) : NULL;
+            const char *id = vn_util_json_string(co, "qdev_id");
 
             if (id != NULL && strcmp(id, want_id) == 0) {
                 return g_strdup(port);
