@@ -18,6 +18,7 @@ patch).  What a user would check:
 """
 import json
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def qemu_died(q, timeout):
     try:
         q.proc.wait(timeout)
         return True
-    except Exception:   # subprocess.TimeoutExpired
+    except subprocess.TimeoutExpired:
         return False
 
 

@@ -632,6 +632,9 @@ START_TEST(test_ntbctl_usage_and_version)
     USAGE("list", "--domain", "vm1");
     USAGE("show", "hosta/nvme0", "--to", "hostc:vm1");
     USAGE("reassign", "hosta/nvme0");
+    USAGE("reassign", "hosta/nvme0", "--to", "hostc:");
+    USAGE("reassign", "hosta/nvme0", "--to", "Host C:vm1");
+    USAGE("reassign", "hosta/nvme0", "--to", "hostc:vm/1");
     USAGE("reassign", "hosta/nvme0", "--to", "hostc:vm1", "--bus", "pci.1");
     USAGE("xml");
     USAGE("xml", "hosta/nvme0", "--alias", "1bad");

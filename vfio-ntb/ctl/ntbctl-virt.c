@@ -52,7 +52,7 @@ bool ntbctl_xml_print(const char *device, const char *alias, const char *bus,
     g_autoptr(VnCtlClient) c = vn_ctl_client_connect(socket_path, timeout_ms, error);
     g_autoptr(JsonNode) ver = c ? vn_ctl_client_execute(c, "query-version", NULL, error) : NULL;
     g_autofree char *file = g_strdelimit(g_strdup(device), "/", '-');
-    g_autofree char *dflt = g_strdup_printf("ntb-%s", file);
+    g_autofree char *dflt = vn_domxml_default_alias(device);
     g_autofree char *sock = NULL, *text = NULL;
     const char *run_dir;
 

@@ -219,18 +219,22 @@ static bool parse_ms(const char *opt, const char *text, gint64 min, gint64 *out)
     return true;
 }
 
-static bool check_domain(const char *domain)
+/* 1-NTBCTL_MAX_DOMAIN of [A-Za-z0-9_.-]: a VM's name, or a device's id in it. */
+static bool name_valid(const char *name)
 {
-    size_t len = strnlen(domain, NTBCTL_MAX_DOMAIN + 1);
+    size_t len = strnlen(name, NTBCTL_MAX_DOMAIN + 1);
 
     for (size_t i = 0; i < len; i++) {
-        if (!g_ascii_isalnum(domain[i]) && domain[i] != '_' && domain[i] != '.' &&
-            domain[i] != '-') {
-            len = 0;
-            break;
+        if (!g_ascii_isalnum(name[i]) && name[i] != '_' && name[i] != '.' && name[i] != '-') {
+            return false;
         }
     }
-    if (len == 0 || len > NTBCTL_MAX_DOMAIN) {
+    return len > 0 && len <= NTBCTL_MAX_DOMAIN;
+}
+
+static bool check_domain(const char *domain)
+{
+    if (!name_valid(domain)) {
         usage_error("--domain wants 1-%d of [A-Za-z0-9_.-] (the VM's name)", NTBCTL_MAX_DOMAIN);
         return false;
     }
@@ -390,6 +394,18 @@ int main(int argc, char **argv)
         if (!vn_ctl_device_valid(argv[2], &error)) {
             return usage_error("reassign: %s", error->message);
         }
+        {
+            /* HOST follows the host part of device names; DOMAIN, --domain's rules. */
+            const char *colon = strchr(to, ':');
+            g_autofree char *as_dev = colon ? g_strdup_printf("%.*s/x", (int)(colon - to), to)
+                                            : NULL;
+
+            if ((as_dev != NULL && !vn_ctl_device_valid(as_dev, NULL)) ||
+                !name_valid(colon ? colon + 1 : to)) {
+                return usage_error("reassign: --to HOST:DOMAIN, HOST a node name, DOMAIN 1-%d of "
+                                   "[A-Za-z0-9_.-]", NTBCTL_MAX_DOMAIN);
+            }
+        }
         if (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms)) {
             return EXIT_USAGE;
         }
@@ -464,7 +480,7 @@ int main(int argc, char **argv)
         if (!check_domain(domain) || (qmp != NULL && !check_qmp(qmp))) {
             return EXIT_USAGE;
         }
-        if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !check_domain(qdev_id))) {
+        if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !name_valid(qdev_id))) {
             return usage_error("--qmp and --qdev-id go together (the device's id: 1-63 of "
                                "[A-Za-z0-9_.-])");
         }

@@ -162,12 +162,11 @@ static bool alive(GPid pid)
     return pid > 0 && kill(pid, 0) == 0;
 }
 
-static bool stats_flag(VnBorrowed *b, const char *member);
+static bool client_gone(VnBorrowed *b, unsigned wait_ms);
 
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
 {
     gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
-    gint64 gone_by = g_get_monotonic_time() + VN_SPAWN_CLIENT_GONE_MS * 1000;
     GPid pid = b->worker_pid;
 
     if (pid <= 0) {
@@ -177,9 +176,7 @@ void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
      * does QEMU close its socket.  Stopping the server before that leaves QEMU
      * with a dead server under a live object (stock QEMU then stalls or
      * aborts: qemu-patches/0005, 0006), so give it a moment. */
-    while (alive(pid) && g_get_monotonic_time() < gone_by && stats_flag(b, "client_connected")) {
-        g_usleep(20000);
-    }
+    client_gone(b, VN_SPAWN_CLIENT_GONE_MS);
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
         b->child_watch = 0;
@@ -246,25 +243,34 @@ static bool stats_flag(VnBorrowed *b, const char *member)
     return json_node_get_boolean(m);
 }
 
-bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+/* Wait, at most @wait_ms, until QEMU has let go of the worker's socket (or the
+ * worker is gone); true if it has. */
+static bool client_gone(VnBorrowed *b, unsigned wait_ms)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)wait_ms * 1000;
 
+    for (;;) {
+        if (!alive(b->worker_pid) || !stats_flag(b, "client_connected")) {
+            return true;
+        }
+        if (g_get_monotonic_time() >= deadline) {
+            return false;
+        }
+        g_usleep(20000);
+    }
+}
+
+bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
     if (!alive(b->worker_pid) || !stats_flag(b, "unplug_request_supported")) {
         return false;
     }
     kill(b->worker_pid, SIGUSR2);
     g_message("node %s: asked the VM %s to release %s (device request)", d->conf->node,
               b->domain ? b->domain : "?", b->device);
-    /* Released when QEMU has let go of the worker's socket. */
-    while (g_get_monotonic_time() < deadline) {
-        if (!stats_flag(b, "client_connected")) {
-            g_message("node %s: the VM released %s", d->conf->node, b->device);
-            return true;
-        }
-        g_usleep(20000);
-    }
-    if (wait_ms > 0) {
+    if (client_gone(b, wait_ms)) {
+        g_message("node %s: the VM released %s", d->conf->node, b->device);
+    } else if (wait_ms > 0) {
         g_message("node %s: the VM did not release %s within %u ms", d->conf->node, b->device,
                   wait_ms);
     }

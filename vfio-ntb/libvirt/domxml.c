@@ -490,6 +490,13 @@ VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
 
 /* ---- ntbctl xml ----------------------------------------------------------- */
 
+char *vn_domxml_default_alias(const char *device)
+{
+    g_autofree char *flat = g_strdelimit(g_strdup(device), "/", '-');
+
+    return g_strdup_printf("ntb-%s", flat);
+}
+
 /*
  * For a value in single quotes: escape what XML requires there, and keep the
  * JSON's double quotes readable (g_markup_escape_text would turn every one

@@ -85,6 +85,11 @@ const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device);
 /* True for a QEMU device id we accept as an alias. */
 bool vn_domxml_alias_valid(const char *alias);
 
+/* The id ntbctl gives @device ("host/name") in a domain when none is chosen:
+ * "ntb-host-name", newly allocated.  A long device name makes it longer than
+ * an alias may be: check it with vn_domxml_alias_valid(). */
+char *vn_domxml_default_alias(const char *device);
+
 /*
  * The snippets that declare @device in a domain (ntbctl xml): the
  * <metadata> element, the <memoryBacking> element and the

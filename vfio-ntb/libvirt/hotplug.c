@@ -154,13 +154,6 @@ static bool give_back(const VnHotplugHost *h, const char *device, GError **error
     return ret != NULL;
 }
 
-static char *default_alias(const char *device)
-{
-    g_autofree char *flat = g_strdelimit(g_strdup(device), "/", '-');
-
-    return g_strdup_printf("ntb-%s", flat);
-}
-
 /* ---- the operations ---- */
 
 /* Serve and plug; on failure undo what this call did. */
@@ -194,13 +187,19 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
                        const char *alias, FILE *progress, GError **error)
 {
     g_autofree char *what = g_strdup_printf("attach %s", device);
-    g_autofree char *dflt = default_alias(device);
+    g_autofree char *dflt = vn_domxml_default_alias(device);
     Step s = { progress, what, g_get_monotonic_time() };
-    g_autoptr(VnVirt) v = vn_virt_open(h->libvirt_uri, error);
+    g_autoptr(VnVirt) v = NULL;
     g_autoptr(JsonNode) keep = NULL;
     JsonObject *st;
     const char *borrower;
 
+    if (alias == NULL && !vn_domxml_alias_valid(dflt)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "%s is too long to be the device's id: give one with --alias", dflt);
+        return false;
+    }
+    v = vn_virt_open(h->libvirt_uri, error);
     if (v == NULL || !vn_virt_domain_running(v, domain, error)) {
         return false;
     }
@@ -283,9 +282,13 @@ static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *
     w->domain = g_strdup(vn_util_json_string(st, "attached_to"));
     w->id = g_strdup(vn_util_json_string(st, "qdev_id"));
     if (w->domain != NULL && w->id != NULL) {
-        v = vn_virt_open(w->host->libvirt_uri, error);
-        w->bus = v ? vn_virt_device_bus(v, w->domain, w->id, error) : NULL;
-        if (v == NULL || (w->bus == NULL && error != NULL && *error != NULL)) {
+        g_autoptr(GError) local = NULL;
+
+        /* A NULL bus without an error: attached, but not plugged into the domain. */
+        v = vn_virt_open(w->host->libvirt_uri, &local);
+        w->bus = v ? vn_virt_device_bus(v, w->domain, w->id, &local) : NULL;
+        if (local != NULL) {
+            g_propagate_error(error, g_steal_pointer(&local));
             return false;
         }
     }
@@ -296,7 +299,7 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
                          const char *domain, FILE *progress, GError **error)
 {
     g_autofree char *what = g_strdup_printf("reassign %s", device);
-    g_autofree char *dflt = default_alias(device);
+    g_autofree char *dflt = vn_domxml_default_alias(device);
     Step s = { progress, what, g_get_monotonic_time() };
     g_autoptr(VnVirt) tv = vn_virt_open(to->libvirt_uri, error);
     g_autoptr(VnVirt) fv = NULL;
@@ -306,6 +309,11 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
     bool ok = false;
 
     /* Check the target first: until the source lets go, nothing has changed. */
+    if (!vn_domxml_alias_valid(dflt)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "%s is too long to be the device's id in %s", dflt, domain);
+        goto out;
+    }
     if (tv == NULL || !vn_virt_domain_running(tv, domain, error) ||
         (port = vn_virt_free_root_port(tv, domain, error)) == NULL ||
         !find_holder(hosts, to, device, &w, error)) {
