@@ -1,7 +1,6 @@
 /*
  * Unit tests of the libvirt domain XML convention (vfio-ntb/libvirt/domxml.c).
  */
-#include "common/util.h"
 #include "libvirt/domxml.h"
 
 #include "check-main.h"
@@ -428,31 +427,6 @@ START_TEST(test_snippets_escaping)
 }
 END_TEST
 
-/* Peer JSON whose member is of the wrong type is "no such string", never a
- * critical (json-glib's own getter emits one for arrays and objects). */
-START_TEST(test_json_string_member)
-{
-    g_autoptr(JsonParser) p = json_parser_new();
-    const char *names[] = { "n", "a", "o", "z", "s", "b", "missing" };
-    JsonObject *o;
-
-    g_log_set_always_fatal(G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_WARNING);
-    ck_assert(json_parser_load_from_data(
-        p, "{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}", -1, NULL));
-    o = json_node_get_object(json_parser_get_root(p));
-    for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
-        const char *v = vn_util_json_string(o, names[i]);
-
-        if (strcmp(names[i], "s") == 0) {
-            ck_assert_str_eq(v, "x");
-        } else {
-            ck_assert_ptr_null(v);
-        }
-    }
-    ck_assert_ptr_null(vn_util_json_string(NULL, "s"));
-}
-END_TEST
-
 static Suite *domxml_suite(void)
 {
     Suite *s = suite_create("domxml");
@@ -469,10 +443,6 @@ static Suite *domxml_suite(void)
     tc = tcase_create("parse-bad");
     tcase_add_loop_test(tc, test_malformed, 0, G_N_ELEMENTS(bad));
     tcase_add_test(tc, test_too_many_args);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("json");
-    tcase_add_test(tc, test_json_string_member);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("snippets");

@@ -19,6 +19,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
 #include "borrower.h"
+#include "common/util.h"
 #include "config.h"
 
 #include <glib-unix.h>
@@ -76,7 +77,7 @@ static gboolean on_usr1(gpointer data)
         return G_SOURCE_CONTINUE;
     }
     json = vn_borrower_stats_json(w->b);
-    if (!g_file_set_contents(w->stats_file, json, -1, &error)) {
+    if (!vn_util_write_snapshot(w->stats_file, json, &error)) {
         g_warning("borrower worker: stats: %s", error->message);
     }
     return G_SOURCE_CONTINUE;

@@ -3,6 +3,8 @@
  */
 #include "util.h"
 
+#include <errno.h>
+#include <glib/gstdio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +29,24 @@ uint64_t vn_util_now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
+{
+    g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);
+
+    if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, 0644, error)) {
+        return false;
+    }
+    if (g_rename(tmp, path) != 0) {
+        int err = errno;
+
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "rename %s to %s: %s",
+                    tmp, path, g_strerror(err));
+        (void)g_unlink(tmp);
+        return false;
+    }
+    return true;
 }
 
 bool vn_util_trace_on(void)

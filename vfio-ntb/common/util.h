@@ -52,4 +52,12 @@ static inline const char *vn_util_json_string(JsonObject *o, const char *name)
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 
+/*
+ * Replace @path with @text by writing PATH.tmp and renaming it, so a reader
+ * sees the old or the new file, never half of one.  For counters snapshots:
+ * unlike g_file_set_contents() there is no fsync, which under heavy disk I/O
+ * stalled the writer's main loop for seconds, and a lost snapshot is harmless.
+ */
+bool vn_util_write_snapshot(const char *path, const char *text, GError **error);
+
 #endif /* VN_UTIL_H */

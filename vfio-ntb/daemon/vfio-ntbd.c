@@ -12,6 +12,7 @@
 
 #include "daemon-int.h"
 
+#include "common/util.h"
 #include "config.h"
 
 #include <errno.h>
@@ -307,8 +308,7 @@ static void stats_write(VnDaemon *d)
     }
     root = vn_daemon_stats(d, NULL);
     text = json_to_string(root, TRUE);
-    /* renamed into place: readers see whole files */
-    if (!g_file_set_contents(d->conf->stats_file, text, -1, &error)) {
+    if (!vn_util_write_snapshot(d->conf->stats_file, text, &error)) {
         g_warning("node %s: stats file: %s", d->conf->node, error->message);
     }
 }

@@ -20,6 +20,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.simdev"
 
+#include "common/util.h"
 #include "config.h"
 #include "pcidev.h"
 #include "vfio-user/server.h"
@@ -140,7 +141,7 @@ static void stats_write(const Stats *st)
         return;
     }
     json = vn_server_stats_json(st->server);
-    if (!g_file_set_contents(st->path, json, -1, &error)) {
+    if (!vn_util_write_snapshot(st->path, json, &error)) {
         g_warning("simdev: stats file: %s", error->message);
     }
 }

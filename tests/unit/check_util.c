@@ -1,0 +1,90 @@
+/*
+ * Unit tests of the helpers every module shares (vfio-ntb/common/util.c).
+ */
+#include "common/util.h"
+
+#include "check-main.h"
+
+#include <check.h>
+#include <glib/gstdio.h>
+#include <string.h>
+
+/* Peer JSON whose member is of the wrong type is "no such string", never a
+ * critical (json-glib's own getter emits one for arrays and objects). */
+START_TEST(test_json_string_member)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    const char *names[] = { "n", "a", "o", "z", "s", "b", "missing" };
+    JsonObject *o;
+
+    g_log_set_always_fatal(G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_WARNING);
+    ck_assert(json_parser_load_from_data(
+        p, "{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}", -1, NULL));
+    o = json_node_get_object(json_parser_get_root(p));
+    for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
+        const char *v = vn_util_json_string(o, names[i]);
+
+        if (strcmp(names[i], "s") == 0) {
+            ck_assert_str_eq(v, "x");
+        } else {
+            ck_assert_ptr_null(v);
+        }
+    }
+    ck_assert_ptr_null(vn_util_json_string(NULL, "s"));
+}
+END_TEST
+
+/* A snapshot replaces the file whole and leaves no temporary behind. */
+START_TEST(test_snapshot_replaces)
+{
+    g_autofree char *dir = g_dir_make_tmp("vn-util-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "stats.json", NULL);
+    g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);
+    g_autofree char *first = NULL;
+    g_autofree char *second = NULL;
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_ptr_nonnull(dir);
+    ck_assert(vn_util_write_snapshot(path, "{\"n\":1,\"longer\":true}", &error));
+    ck_assert(g_file_get_contents(path, &first, NULL, NULL));
+    ck_assert_str_eq(first, "{\"n\":1,\"longer\":true}");
+    ck_assert(vn_util_write_snapshot(path, "{\"n\":2}", &error));
+    ck_assert(g_file_get_contents(path, &second, NULL, NULL));
+    ck_assert_str_eq(second, "{\"n\":2}");
+    ck_assert(!g_file_test(tmp, G_FILE_TEST_EXISTS));
+    g_unlink(path);
+    g_rmdir(dir);
+}
+END_TEST
+
+/* A directory that does not exist is an error with a message, not a crash. */
+START_TEST(test_snapshot_error)
+{
+    g_autoptr(GError) error = NULL;
+
+    ck_assert(!vn_util_write_snapshot("/nonexistent-vn-dir/stats.json", "{}", &error));
+    ck_assert_ptr_nonnull(error);
+    ck_assert_ptr_nonnull(strstr(error->message, "nonexistent-vn-dir"));
+}
+END_TEST
+
+static Suite *util_suite(void)
+{
+    Suite *s = suite_create("util");
+    TCase *tc;
+
+    tc = tcase_create("json");
+    tcase_add_test(tc, test_json_string_member);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("snapshot");
+    tcase_add_test(tc, test_snapshot_replaces);
+    tcase_add_test(tc, test_snapshot_error);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(util_suite());
+}
