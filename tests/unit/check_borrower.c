@@ -1,0 +1,313 @@
+/*
+ * Unit tests of the borrower (vfio-ntb/borrower/borrower.c): what QEMU sees of
+ * a borrowed device, the device-request interrupt it may register, and what
+ * happens when the lender goes.  The device and the lender are lender-rig.h's;
+ * the borrower gets a thread of its own ("borrower": fabric node "b" and the
+ * VnBorrower share its context), because the test plays QEMU with the
+ * blocking vfio-user client.
+ */
+#include "lender-rig.h"
+
+#include "borrower/borrower.h"
+#include "vfio-user/client.h"
+
+#define VM_SOCK_NAME "vm.sock"
+
+static struct {
+    Loop loop;
+    VnFabric *fab;
+    VnBorrower *b;
+    char *sock;
+} bor;
+
+static void bor_on_link(void *opaque, const char *peer, bool up)
+{
+    if (!up && bor.b != NULL && strcmp(peer, vn_borrower_lender(bor.b)) == 0) {
+        vn_borrower_lender_down(bor.b);
+    }
+}
+
+static const VnFabricHandlers bor_handlers = {
+    .on_link = bor_on_link,
+};
+
+static void bor_open(void *data)
+{
+    g_autoptr(GError) error = NULL;
+
+    bor.fab = node_open("b", &bor_handlers, NULL, bor.loop.ctx);
+    ck_assert_msg(vn_fabric_connect(bor.fab, "lender", &error), "%s",
+                  error ? error->message : "");
+    bor.b = vn_borrower_new(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, bor.loop.ctx,
+                            &error);
+    ck_assert_msg(bor.b != NULL, "%s", error ? error->message : "");
+}
+
+static void bor_close(void *data)
+{
+    g_clear_pointer(&bor.b, vn_borrower_free);
+    g_clear_pointer(&bor.fab, vn_fabric_close);
+}
+
+static void bor_setup(void)
+{
+    setup();
+    memset(&bor, 0, sizeof(bor));
+    bor.sock = g_build_filename(rig.dir, VM_SOCK_NAME, NULL);
+    bor.loop.ctx = g_main_context_new();
+    loop_start(&bor.loop, "borrower");
+    on_loop(&bor.loop, bor_open, NULL);
+}
+
+static void bor_teardown(void)
+{
+    on_loop(&bor.loop, bor_close, NULL);
+    loop_stop(&bor.loop);
+    g_free(bor.sock);
+    teardown();
+}
+
+/* QEMU's side: connected, or failing the test. */
+static VnClient *qemu_connect(void)
+{
+    g_autoptr(GError) error = NULL;
+    VnClient *c = vn_client_connect(bor.sock, 3000, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    return c;
+}
+
+/* Calls into the borrower, in its thread. */
+typedef struct Ask {
+    bool can, sent;
+    VnBorrowerStats st;
+} Ask;
+
+static void ask_fn(void *data)
+{
+    Ask *a = data;
+
+    a->can = vn_borrower_can_request_unplug(bor.b);
+    vn_borrower_stats(bor.b, &a->st);
+}
+
+static void request_fn(void *data)
+{
+    Ask *a = data;
+
+    a->sent = vn_borrower_request_unplug(bor.b);
+    ask_fn(data);
+}
+
+static Ask ask(void)
+{
+    Ask a = { 0 };
+
+    on_loop(&bor.loop, ask_fn, &a);
+    return a;
+}
+
+static Ask request_unplug(void)
+{
+    Ask a = { 0 };
+
+    on_loop(&bor.loop, request_fn, &a);
+    return a;
+}
+
+/* The eventfd's count, waiting at most @ms for it to be signalled (0 if not). */
+static uint64_t req_count(int fd, int ms)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    uint64_t n = 0;
+
+    if (poll(&p, 1, ms) == 1 && read(fd, &n, sizeof(n)) != sizeof(n)) {
+        n = 0;
+    }
+    return n;
+}
+
+static int req_register(VnClient *c, int fd)
+{
+    return vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                              VFIO_PCI_REQ_IRQ_INDEX, 0, 1, NULL, &fd);
+}
+
+/* ---- what QEMU sees ----------------------------------------------------- */
+
+/* The device's own interrupts and regions, plus one device-request vector
+ * that the borrower offers whatever the device has. */
+START_TEST(test_describes_device)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    struct vfio_irq_info irq = { 0 };
+    struct vfio_region_info reg = { 0 };
+    VnWireDeviceInfo info = { 0 };
+    int fd = -1;
+
+    ck_assert_int_eq(vn_client_get_info(c, &info), 0);
+    ck_assert(info.flags & VFIO_DEVICE_FLAGS_PCI);
+    ck_assert_uint_gt(info.num_irqs, VFIO_PCI_REQ_IRQ_INDEX);
+    ck_assert_int_eq(vn_client_get_irq_info(c, VFIO_PCI_MSIX_IRQ_INDEX, &irq), 0);
+    ck_assert_uint_eq(irq.count, MSIX_VECTORS);
+    ck_assert_int_eq(vn_client_get_irq_info(c, VFIO_PCI_REQ_IRQ_INDEX, &irq), 0);
+    ck_assert_uint_eq(irq.count, 1);
+    ck_assert(irq.flags & VFIO_IRQ_INFO_EVENTFD);
+    /* BAR0 is offered as the fabric window's fd: QEMU maps the device. */
+    ck_assert_int_eq(vn_client_get_region_info(c, 0, &reg, &fd, NULL, 0, NULL), 0);
+    ck_assert_uint_eq(reg.size, BAR0_SIZE);
+    ck_assert(reg.flags & VFIO_REGION_INFO_FLAG_MMAP);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+END_TEST
+
+/* ---- the device request ------------------------------------------------- */
+
+/* Only a QEMU that registered the REQ eventfd can be asked; asking signals
+ * it once and is counted; the lender's device never hears of REQ. */
+START_TEST(test_request_unplug)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    Ask a;
+
+    ck_assert_int_ge(efd, 0);
+    a = request_unplug();
+    ck_assert(!a.can);
+    ck_assert(!a.sent);
+    ck_assert_uint_eq(a.st.unplug_requests, 0);
+
+    ck_assert_int_eq(req_register(c, efd), 0);
+    a = ask();
+    ck_assert(a.can);
+    a = request_unplug();
+    ck_assert(a.sent);
+    ck_assert_uint_eq(a.st.unplug_requests, 1);
+    ck_assert_uint_eq(req_count(efd, 1000), 1);
+    ck_assert_int_eq(g_atomic_int_get(&rig.fake.irq_changes[VFIO_PCI_REQ_IRQ_INDEX]), 0);
+
+    /* QEMU takes the eventfd back (DATA_NONE, count 0): nothing to ask. */
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_REQ_IRQ_INDEX, 0, 0, NULL, NULL),
+                     0);
+    a = request_unplug();
+    ck_assert(!a.can);
+    ck_assert(!a.sent);
+    ck_assert_uint_eq(req_count(efd, 50), 0);
+    close(efd);
+}
+END_TEST
+
+/* Out-of-range REQ vectors are refused and change nothing. */
+START_TEST(test_request_bad_range)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    int efd[2] = { eventfd(0, EFD_CLOEXEC), eventfd(0, EFD_CLOEXEC) };
+
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
+                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_REQ_IRQ_INDEX, 0, 2, NULL, efd),
+                     0);
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
+                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_REQ_IRQ_INDEX, 1, 1, NULL, efd),
+                     0);
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
+                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_REQ_IRQ_INDEX, UINT32_MAX, 1, NULL, efd),
+                     0);
+    ck_assert(!ask().can);
+    close(efd[0]);
+    close(efd[1]);
+}
+END_TEST
+
+/* A QEMU that goes away takes its registration with it. */
+START_TEST(test_request_after_disconnect)
+{
+    VnClient *c = qemu_connect();
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    gint64 end;
+
+    ck_assert_int_eq(req_register(c, efd), 0);
+    ck_assert(ask().can);
+    vn_client_free(c);
+    end = now_ms() + 3000;
+    while (ask().can && now_ms() < end) {
+        g_usleep(2000);
+    }
+    ck_assert(!request_unplug().sent);
+    ck_assert_uint_eq(req_count(efd, 50), 0);
+    close(efd);
+}
+END_TEST
+
+/* ---- losing the lender -------------------------------------------------- */
+
+/* The lender's node goes: reads of what the borrower serves become
+ * all-ones, writes are dropped, the loss is counted, and the QEMU that takes
+ * device requests is asked to unplug the device. */
+START_TEST(test_lender_lost)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    uint32_t v = 0;
+    gint64 end;
+    Ask a;
+
+    ck_assert_int_eq(req_register(c, efd), 0);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, &v, 4), 4);
+    ck_assert_uint_ne(v, 0xffffffffu);
+
+    on_loop(&rig.lend, lender_close, NULL);
+    end = now_ms() + 5000;
+    while (!(a = ask()).st.lender_lost && now_ms() < end) {
+        g_usleep(5000);
+    }
+    ck_assert(a.st.lender_lost);
+    ck_assert_uint_eq(a.st.unplug_requests, 1);
+    ck_assert_uint_eq(req_count(efd, 1000), 1);
+
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, &v, 4), 4);
+    ck_assert_uint_eq(v, 0xffffffffu);
+    ck_assert_int_eq(vn_client_region_read(c, 0, 0x10, &v, 4), 4);
+    ck_assert_uint_eq(v, 0xffffffffu);
+    v = 0x12345678;
+    ck_assert_int_ge(vn_client_region_write(c, 0, 0x10, &v, 4, false), 0);
+    ck_assert_uint_ne(rig.fake.bar[0x10], 0x78);
+    /* Asked once: a second loss report changes nothing. */
+    on_loop(&bor.loop, (void (*)(void *))vn_borrower_lender_down, bor.b);
+    ck_assert_uint_eq(ask().st.unplug_requests, 1);
+    close(efd);
+}
+END_TEST
+
+static Suite *borrower_suite(void)
+{
+    Suite *s = suite_create("borrower");
+    TCase *tc;
+
+    tc = tcase_create("describe");
+    tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
+    tcase_add_test(tc, test_describes_device);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("device-request");
+    tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
+    tcase_add_test(tc, test_request_unplug);
+    tcase_add_test(tc, test_request_bad_range);
+    tcase_add_test(tc, test_request_after_disconnect);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("lender-lost");
+    tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
+    tcase_add_test(tc, test_lender_lost);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(borrower_suite());
+}
