@@ -81,18 +81,7 @@ class Daemon:
 
     def stats(self, timeout=5.0):
         """Ask for the counters (SIGUSR1) and return them once the file is rewritten."""
-        before = self.stats_path.stat().st_mtime_ns if self.stats_path.exists() else 0
-        self.proc.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.stats_path.exists() and self.stats_path.stat().st_mtime_ns != before:
-                try:
-                    return json.loads(self.stats_path.read_text())
-                except json.JSONDecodeError:
-                    pass   # not possible with rename, but never trust timing
-            if time.monotonic() > deadline:
-                raise h.Timeout(f"vfio-ntbd {self.name}: no stats in {timeout} s")
-            time.sleep(0.01)
+        return read_stats_file(self.proc, self.stats_path, f"vfio-ntbd {self.name}", timeout)
 
     def kill(self, sig=signal.SIGKILL):
         if self.proc and self.proc.poll() is None:
@@ -107,14 +96,23 @@ class Daemon:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def read_stats_file(proc, path, who, timeout=5.0):
+    """Signal @proc (SIGUSR1) to write its counters to @path and return them.  The old file
+    is removed first: the writers rename a new one into place, so the file's reappearance is
+    the answer (an mtime comparison can miss a rewrite within one timestamp tick)."""
+    path.unlink(missing_ok=True)
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            raise h.Timeout(f"{who}: no stats in {timeout} s")
+        time.sleep(0.01)
+
+
 def simdev_stats(sd):
     """Ask vfio-ntb-simdev for its counters (SIGUSR1 -> its --stats-file)."""
-    path = sd.socket_path.with_suffix(".stats")
-    before = path.stat().st_mtime_ns if path.exists() else 0
-    sd.proc.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if path.exists() and path.stat().st_mtime_ns != before:
-            return json.loads(path.read_text())
-        time.sleep(0.01)
-    raise h.Timeout("simdev: no stats")
+    return read_stats_file(sd.proc, sd.socket_path.with_suffix(".stats"), "simdev")

@@ -17,7 +17,6 @@
 #include <gio/gio.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -204,22 +203,19 @@ void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
 
 char *vn_spawn_stats(VnBorrowed *b)
 {
-    struct stat st;
-    gint64 before = 0, deadline;
+    gint64 deadline;
     char *text = NULL;
 
     if (!alive(b->worker_pid) || b->stats_path == NULL) {
         return NULL;
     }
-    if (stat(b->stats_path, &st) == 0) {
-        before = (gint64)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    }
+    /* The worker renames a fresh file into place: its reappearance is the
+     * answer (comparing mtimes can miss a rewrite within one timestamp tick). */
+    unlink(b->stats_path);
     kill(b->worker_pid, SIGUSR1);
     deadline = g_get_monotonic_time() + VN_SPAWN_STATS_TIMEOUT_MS * 1000;
     while (g_get_monotonic_time() < deadline) {
-        if (stat(b->stats_path, &st) == 0 &&
-            (gint64)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != before &&
-            g_file_get_contents(b->stats_path, &text, NULL, NULL)) {
+        if (g_file_get_contents(b->stats_path, &text, NULL, NULL)) {
             return text;
         }
         g_usleep(2000);
