@@ -210,6 +210,9 @@ BAD = [
      "NodeUnreachable"),
     ("return what is not held", '{"execute":"return","arguments":{"device":"hosta/nvme0"}}\n',
      "NotBorrowed"),
+    ("unplug what is not attached", '{"execute":"unplug","arguments":{"device":"hosta/nvme0"}}\n',
+     "NotBorrowed"),
+    ("unplug without device", '{"execute":"unplug"}\n', "InvalidParameter"),
     ("revoke on the wrong node", '{"execute":"revoke","arguments":{"device":"hosta/nvme0"}}\n',
      "InvalidParameter"),
     ("bad grace", '{"execute":"revoke","arguments":{"device":"hostb/x","grace-ms":-1}}\n',
@@ -342,6 +345,8 @@ def test_revoke_unplugs_from_vm(cl):
     q = h.Qemu(cl.procs, "probe,pause", [dev], params={"pause_s": 120}, root_port=True,
                workdir=wd).start()
     q.wait_line("VNREADY", "pause")
+    # Stock QEMU registers no device-request eventfd: nothing to ask, the caller must QMP.
+    asked = cl.ctl("hostb").execute("unplug", device="hosta/nvme1")
     q.qmp.close()           # QEMU's QMP socket takes one client: the daemon's now
     q.qmp = None
     t0 = time.monotonic()
@@ -352,6 +357,7 @@ def test_revoke_unplugs_from_vm(cl):
     alive = q.proc.poll() is None
     q.stop()
     ok = result("revoke-unplugs-from-vm", ans == {"forced": False} and took < 8 and alive
+                and asked == {"requested": False}
                 and '"qdev_id": "d0"' not in pci
                 and cl.state()["state"] == "available" and
                 cl.ctl("hosta").execute("query-device", device="hosta/nvme1")["state"]

@@ -60,9 +60,10 @@ class Site:
     def held_by_hostb(self):
         return [d["device"] for d in self.cb.execute("query-devices") if d["borrower"] == "hostb"]
 
-    def define(self, name, checks, snippets, params=None):
+    def define(self, name, checks, snippets, params=None, emulator=None):
         serial = self.wd / f"{name}.serial"
-        xml = lvt.domain_xml(name, serial, checks, params=params, snippets=snippets)
+        xml = lvt.domain_xml(name, serial, checks, params=params, snippets=snippets,
+                             emulator=emulator)
         path = self.wd / f"{name}.xml"
         path.write_text(xml)
         self.lv.virsh("define", path)
@@ -154,8 +155,11 @@ def _merge_two(text):
 
 def test_hot_attach_detach(site):
     """ntbctl attach/detach --domain on a running domain: hot-plug on a free root port, the
-    guest uses it, then unplug (the guest lets go), and the lease goes back."""
-    _, q = site.define("vm2", "plug-wait,unplug-wait", "", {"hotplug_timeout": 60})
+    guest uses it, then unplug (the guest lets go), and the lease goes back.  The domain runs
+    the patched QEMU, so the unplug goes through the device request (test_reassign's stock
+    QEMU takes the device_del path)."""
+    _, q = site.define("vm2", "plug-wait,unplug-wait", "", {"hotplug_timeout": 60},
+                       emulator=h.patched_qemu())
     site.lv.virsh("start", "vm2")
     q.wait_line("VNREADY", "plug")
     t0 = time.monotonic()
@@ -169,11 +173,13 @@ def test_hot_attach_detach(site):
     pw, uw = run.results.get("plug-wait", {}), run.results.get("unplug-wait", {})
     return result("libvirt-hot-attach-detach", att.returncode == 0 and det.returncode == 0
                   and "plugged into hostb:vm2" in att.stdout and "returned by hostb" in det.stdout
+                  and "(device request)" in det.stdout
                   and pw.get("status") == "PASS" and pw.get("serial") == "VN-LV-0"
                   and uw.get("status") == "PASS" and uw.get("kernel_errors") == "0"
                   and site.state() == "available",
                   attach_to_ready_s=f"{ready_s:.2f}", removed_ms=uw.get("removed_ms"),
-                  attach=att.stdout.strip().splitlines()[-1:] or att.stderr.strip())
+                  attach=att.stdout.strip().splitlines()[-1:] or att.stderr.strip(),
+                  detach=det.stdout.strip().splitlines()[:1] or det.stderr.strip())
 
 
 def test_reassign(site):
@@ -224,6 +230,7 @@ def test_reassign(site):
         run4 = q4.run
         ver = h.verify_backing(site.img, run4.data)
         ok = result("libvirt-reassign", p.returncode == 0 and "done" in p.stdout and vm3_running
+                    and "unplugged from hostb:vm3 (device_del)" in p.stdout
                     and held == ["hostc"] and run4.results.get("plug-wait", {}).get("status")
                     == "PASS" and run4.results.get("data", {}).get("status") == "PASS"
                     and len(ver) > 0 and all(v["ok"] for v in ver)

@@ -138,6 +138,8 @@ START_TEST(test_format_actions)
     g_autoptr(JsonNode) forced = json("{\"forced\": true}");
     g_autoptr(JsonNode) clean = json("{\"forced\": false}");
     g_autoptr(JsonNode) empty = json("{}");
+    g_autoptr(JsonNode) asked = json("{\"requested\": true}");
+    g_autoptr(JsonNode) not_asked = json("{\"requested\": false}");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
@@ -147,6 +149,8 @@ START_TEST(test_format_actions)
     ck_assert(vn_ctl_format_revoke(out, "hosta/nvme0", clean, &error));
     ck_assert(vn_ctl_format_return(out, "hosta/nvme0", empty, &error));
     ck_assert(vn_ctl_format_detach(out, "hosta/nvme0", empty, &error));
+    ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", asked, &error));
+    ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", not_asked, &error));
     ck_assert_str_eq(out->str,
                      "hostb holds hosta/nvme0 (lease 17)\n"
                      "attached hosta/nvme0 to vm1 (lease 17): QEMU socket "
@@ -156,7 +160,12 @@ START_TEST(test_format_actions)
                      "revoked hosta/nvme0: the borrower let go\n"
                      "returned hosta/nvme0\n"
                      "detached hosta/nvme0 (still borrowed: `ntbctl return hosta/nvme0` "
-                     "gives it back)\n");
+                     "gives it back)\n"
+                     "asked the VM to release hosta/nvme0 (device request); it is out once the "
+                     "guest lets go\n"
+                     "hosta/nvme0: its QEMU takes no device requests, nothing was sent; unplug "
+                     "it with QMP device_del (under libvirt: `ntbctl detach hosta/nvme0 "
+                     "--domain D`)\n");
 }
 END_TEST
 
@@ -186,7 +195,8 @@ START_TEST(test_format_json_and_sanitize)
 }
 END_TEST
 
-enum { F_NODES, F_DEVICES, F_SHOW, F_STATS, F_BORROW, F_ATTACH, F_REVOKE, F_RETURN, F_DETACH };
+enum { F_NODES, F_DEVICES, F_SHOW, F_STATS, F_BORROW, F_ATTACH, F_REVOKE, F_RETURN, F_DETACH,
+       F_UNPLUG };
 
 static const struct {
     int fmt;
@@ -218,6 +228,8 @@ static const struct {
     { F_REVOKE, "{}", "\"forced\" is missing" },
     { F_RETURN, "[]", "not a JSON object" },
     { F_DETACH, "null", "not a JSON object" },
+    { F_UNPLUG, "{}", "\"requested\" is missing" },
+    { F_UNPLUG, "{\"requested\": 1}", "\"requested\" is not a boolean" },
 };
 
 START_TEST(test_format_malformed)
@@ -237,6 +249,7 @@ START_TEST(test_format_malformed)
     case F_REVOKE: ok = vn_ctl_format_revoke(out, "a/b", ret, &error); break;
     case F_RETURN: ok = vn_ctl_format_return(out, "a/b", ret, &error); break;
     case F_DETACH: ok = vn_ctl_format_detach(out, "a/b", ret, &error); break;
+    case F_UNPLUG: ok = vn_ctl_format_unplug(out, "a/b", ret, &error); break;
     }
     ck_assert_msg(!ok, "accepted %s", bad_answers[_i].json);
     ck_assert(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL));

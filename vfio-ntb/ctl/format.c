@@ -498,3 +498,22 @@ bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GErro
                            "back)\n", device, device);
     return true;
 }
+
+bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "unplug";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+
+    if (o == NULL || !member_is(o, "requested", G_TYPE_BOOLEAN, false, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    if (json_object_get_boolean_member(o, "requested")) {
+        g_string_append_printf(out, "asked the VM to release %s (device request); it is out "
+                               "once the guest lets go\n", device);
+    } else {
+        g_string_append_printf(out, "%s: its QEMU takes no device requests, nothing was sent; "
+                               "unplug it with QMP device_del (under libvirt: `ntbctl detach "
+                               "%s --domain D`)\n", device, device);
+    }
+    return true;
+}

@@ -109,6 +109,11 @@ static bool fmt_detach(GString *out, const Invocation *inv, JsonNode *ret, GErro
     return vn_ctl_format_detach(out, inv->device, ret, error);
 }
 
+static bool fmt_unplug(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    return vn_ctl_format_unplug(out, inv->device, ret, error);
+}
+
 static const Command commands[] = {
     { "nodes", "query-nodes", ARG_NONE, fmt_nodes },
     { "list", "query-devices", ARG_NONE, fmt_list },
@@ -118,6 +123,7 @@ static const Command commands[] = {
     { "revoke", "revoke", ARG_DEV, fmt_revoke },
     { "attach", "attach", ARG_DEV, fmt_attach },
     { "detach", "detach", ARG_DEV, fmt_detach },
+    { "unplug", "unplug", ARG_DEV, fmt_unplug },
     { "stats", "query-stats", ARG_DEV_OPTIONAL, fmt_stats },
 };
 
@@ -138,6 +144,8 @@ static const char commands_text[] =
     "                                      device's id there, for unplugging on revoke or loss\n"
     "  detach DEV [--domain D]             stop serving DEV (it stays borrowed); with --domain,\n"
     "                                      unplug it from libvirt domain D and return it\n"
+    "  unplug DEV                          ask the VM to release DEV (device request; needs\n"
+    "                                      the patched QEMU, qemu-patches/0003)\n"
     "  stats [DEV]                         counters of this node's devices\n"
     "  reassign DEV --to [HOST:]DOMAIN     move DEV from the libvirt domain that holds it into\n"
     "                                      DOMAIN (on HOST: see --hosts), rolling back on failure\n"

@@ -599,6 +599,31 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_control_return(r, NULL);
 }
 
+/* Ask the VM to release the device through the device-request interrupt; does
+ * not wait.  "requested": false when its QEMU takes no device requests (stock
+ * QEMU): the caller unplugs it through QMP then (libvirt owns the monitor). */
+static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    g_autoptr(JsonBuilder) jb = json_builder_new();
+    VnBorrowed *b;
+
+    if (!arg_device(a, r, &node, &name)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (b == NULL || b->worker_pid <= 0) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
+        return;
+    }
+    json_builder_begin_object(jb);
+    json_builder_set_member_name(jb, "requested");
+    json_builder_add_boolean_value(jb, !b->lost && vn_spawn_request_unplug(d, b, 0));
+    json_builder_end_object(jb);
+    vn_control_return(r, json_builder_get_root(jb));
+}
+
 static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     const char *name = arg_string(a, "name");
@@ -693,6 +718,7 @@ static const Command commands[] = {
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
     { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
+    { "unplug", cmd_unplug, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { NULL } },

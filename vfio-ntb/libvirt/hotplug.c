@@ -154,6 +154,35 @@ static bool give_back(const VnHotplugHost *h, const char *device, GError **error
     return ret != NULL;
 }
 
+/*
+ * Take @id out of @domain, which runs on @h: through the device request when
+ * its QEMU takes one (the daemon signals it: qemu-patches/0003), else with
+ * QMP device_del; either way the guest's driver releases the device.  Then
+ * wait until QEMU no longer has it.
+ */
+static bool unplug(const VnHotplugHost *h, VnVirt *v, const char *device, const char *domain,
+                   const char *id, Step *s, GError **error)
+{
+    g_autoptr(JsonObject) a = dev_args(device);
+    g_autoptr(GError) ignored = NULL;   /* an older daemon: device_del does it */
+    g_autoptr(JsonNode) ret = call(h, "unplug", a, &ignored);
+    JsonNode *m = ret != NULL && JSON_NODE_HOLDS_OBJECT(ret)
+                      ? json_object_get_member(json_node_get_object(ret), "requested")
+                      : NULL;
+    bool requested = m != NULL && JSON_NODE_HOLDS_VALUE(m) &&
+                     json_node_get_value_type(m) == G_TYPE_BOOLEAN && json_node_get_boolean(m);
+
+    if (!requested && !vn_virt_device_del(v, domain, id, error)) {
+        return false;
+    }
+    if (!vn_virt_wait_removed(v, domain, id, VN_VIRT_UNPLUG_TIMEOUT_MS, error)) {
+        return false;
+    }
+    say(s, "unplugged from %s:%s (%s)", h->node, domain,
+        requested ? "device request" : "device_del");
+    return true;
+}
+
 /* ---- the operations ---- */
 
 /* Serve and plug; on failure undo what this call did. */
@@ -228,10 +257,9 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progres
     }
     if (domain != NULL && id != NULL) {
         v = vn_virt_open(h->libvirt_uri, error);
-        if (v == NULL || !vn_virt_unplug(v, domain, id, VN_VIRT_UNPLUG_TIMEOUT_MS, error)) {
+        if (v == NULL || !unplug(h, v, device, domain, id, &s, error)) {
             return false;
         }
-        say(&s, "unplugged from %s:%s", h->node, domain);
     }
     if (!give_back(h, device, error)) {
         return false;
@@ -330,10 +358,9 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
     }
     if (w.host != NULL && w.bus != NULL) {
         fv = vn_virt_open(w.host->libvirt_uri, error);
-        if (fv == NULL || !vn_virt_unplug(fv, w.domain, w.id, VN_VIRT_UNPLUG_TIMEOUT_MS, error)) {
+        if (fv == NULL || !unplug(w.host, fv, device, w.domain, w.id, &s, error)) {
             goto out;
         }
-        say(&s, "unplugged from %s:%s", w.host->node, w.domain);
     }
     if (w.host != NULL) {
         if (!give_back(w.host, device, error)) {

@@ -267,23 +267,26 @@ bool vn_virt_plug(VnVirt *v, const char *domain, const char *id, const char *bus
     return qmp(v, domain, "device_add", args, &p, error) != NULL;
 }
 
-bool vn_virt_unplug(VnVirt *v, const char *domain, const char *id, int timeout_ms,
-                    GError **error)
+bool vn_virt_device_del(VnVirt *v, const char *domain, const char *id, GError **error)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) args = NULL;
     g_autoptr(JsonParser) p = NULL;
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
 
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "id");
     json_builder_add_string_value(b, id);
     json_builder_end_object(b);
     args = json_builder_get_root(b);
-    if (qmp(v, domain, "device_del", args, &p, error) == NULL) {
-        return false;
-    }
-    /* device_del only asks the guest; the device is gone when QEMU no longer lists it. */
+    return qmp(v, domain, "device_del", args, &p, error) != NULL;
+}
+
+bool vn_virt_wait_removed(VnVirt *v, const char *domain, const char *id, int timeout_ms,
+                          GError **error)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+
+    /* An unplug only asks the guest; the device is gone when QEMU no longer lists it. */
     for (;;) {
         g_autoptr(GError) local = NULL;
         g_autofree char *bus = vn_virt_device_bus(v, domain, id, &local);

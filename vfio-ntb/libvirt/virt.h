@@ -58,10 +58,11 @@ char *vn_virt_device_bus(VnVirt *v, const char *domain, const char *id, GError *
 bool vn_virt_plug(VnVirt *v, const char *domain, const char *id, const char *bus,
                   const char *socket, GError **error);
 
-/* device_del @id and wait until QEMU no longer has it (the guest released
- * it), at most @timeout_ms. */
-bool vn_virt_unplug(VnVirt *v, const char *domain, const char *id, int timeout_ms,
-                    GError **error);
+/* Ask QEMU to unplug @id (QMP device_del): the guest is told to release it. */
+bool vn_virt_device_del(VnVirt *v, const char *domain, const char *id, GError **error);
+/* Wait until QEMU no longer has @id (the guest released it), at most @timeout_ms. */
+bool vn_virt_wait_removed(VnVirt *v, const char *domain, const char *id, int timeout_ms,
+                          GError **error);
 
 /* The live domain's XML (for its vfio-ntb metadata), newly allocated. */
 char *vn_virt_domain_xml(VnVirt *v, const char *domain, GError **error);
