@@ -6,7 +6,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
-#include "libvirt/domxml.h"
+#include "libvirt/domxml-int.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -48,7 +48,6 @@ static void dom_device_free(VnDomDevice *d)
     g_free(d->bus);
     g_free(d);
 }
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(xmlDoc, xmlFreeDoc)
 
 void vn_domain_free(VnDomain *dom)
 {
@@ -116,8 +115,7 @@ static bool in_ns(const xmlNode *n, const char *ns)
            strcmp((const char *)n->ns->href, ns) == 0;
 }
 
-/* An element called @name in namespace @ns (NULL: in none). */
-static bool is_element(const xmlNode *n, const char *ns, const char *name)
+bool vn_domxml_is_element(const xmlNode *n, const char *ns, const char *name)
 {
     if (n->type != XML_ELEMENT_NODE || strcmp((const char *)n->name, name) != 0) {
         return false;
@@ -182,7 +180,7 @@ static bool parse_devices(xmlNode *list, GPtrArray *devs, GError **error)
         if (n->type != XML_ELEMENT_NODE) {
             continue;   /* blanks, comments, processing instructions */
         }
-        if (!is_element(n, VN_DOMXML_NS, "device")) {
+        if (!vn_domxml_is_element(n, VN_DOMXML_NS, "device")) {
             return fail(error, "unknown element <%.*s> inside <vn:devices>: only <vn:device> "
                         "belongs there", VN_DOMXML_SHOWN, (const char *)n->name);
         }
@@ -216,7 +214,7 @@ static bool parse_metadata(xmlNode *root, GPtrArray *devs, GError **error)
     xmlNode *found = NULL;
 
     for (xmlNode *md = root->children; md != NULL; md = md->next) {
-        if (!is_element(md, NULL, "metadata")) {
+        if (!vn_domxml_is_element(md, NULL, "metadata")) {
             continue;
         }
         for (xmlNode *n = md->children; n != NULL; n = n->next) {
@@ -246,15 +244,15 @@ static bool check_memory(xmlNode *root, GError **error)
     bool memfd = false, shared = false;
 
     for (xmlNode *mb = root->children; mb != NULL; mb = mb->next) {
-        if (!is_element(mb, NULL, "memoryBacking")) {
+        if (!vn_domxml_is_element(mb, NULL, "memoryBacking")) {
             continue;
         }
         for (xmlNode *n = mb->children; n != NULL; n = n->next) {
-            if (is_element(n, NULL, "source")) {
+            if (vn_domxml_is_element(n, NULL, "source")) {
                 g_autofree char *type = prop(n, "type");
 
                 memfd = memfd || g_strcmp0(type, "memfd") == 0;
-            } else if (is_element(n, NULL, "access")) {
+            } else if (vn_domxml_is_element(n, NULL, "access")) {
                 g_autofree char *mode = prop(n, "mode");
 
                 shared = shared || g_strcmp0(mode, "shared") == 0;
@@ -376,13 +374,13 @@ static bool match_args(xmlNode *root, GPtrArray *devs, GError **error)
 
     /* libvirt appends every <qemu:commandline>'s args in order: read them so. */
     for (xmlNode *cl = root->children; cl != NULL; cl = cl->next) {
-        if (!is_element(cl, VN_DOMXML_QEMU_NS, "commandline")) {
+        if (!vn_domxml_is_element(cl, VN_DOMXML_QEMU_NS, "commandline")) {
             continue;
         }
         for (xmlNode *a = cl->children; a != NULL; a = a->next) {
             char *value;
 
-            if (!is_element(a, VN_DOMXML_QEMU_NS, "arg")) {
+            if (!vn_domxml_is_element(a, VN_DOMXML_QEMU_NS, "arg")) {
                 continue;
             }
             if (args->len >= VN_DOMXML_MAX_ARGS) {
@@ -427,13 +425,13 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
 {
     xmlNode *name = NULL;
 
-    if (root == NULL || !is_element(root, NULL, "domain")) {
+    if (root == NULL || !vn_domxml_is_element(root, NULL, "domain")) {
         return fail(error, "domain XML: the root element is <%.*s>%s, not <domain>",
                     VN_DOMXML_SHOWN, root != NULL ? (const char *)root->name : "",
                     root != NULL && root->ns != NULL ? " in a namespace" : "");
     }
     for (xmlNode *n = root->children; n != NULL && name == NULL; n = n->next) {
-        name = is_element(n, NULL, "name") ? n : NULL;
+        name = vn_domxml_is_element(n, NULL, "name") ? n : NULL;
     }
     dom->name = name != NULL ? take_xml_string(xmlNodeGetContent(name)) : NULL;
     if (dom->name == NULL || !word_valid(dom->name, VN_DOMXML_MAX_NAME)) {
@@ -451,10 +449,9 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
     return true;
 }
 
-VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
+xmlDoc *vn_domxml_read(const char *xml, size_t len, GError **error)
 {
     g_autoptr(xmlDoc) doc = NULL;
-    g_autoptr(VnDomain) dom = NULL;
 
     if (len > VN_DOMXML_MAX_BYTES) {
         fail(error, "domain XML is %zu bytes, more than the %u accepted", len,
@@ -478,6 +475,17 @@ VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
      * not even by xmlGetNoNsProp or xmlNodeGetContent. */
     if (doc->intSubset != NULL || doc->extSubset != NULL) {
         fail(error, "domain XML: a <!DOCTYPE> is not accepted");
+        return NULL;
+    }
+    return g_steal_pointer(&doc);
+}
+
+VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
+{
+    g_autoptr(xmlDoc) doc = vn_domxml_read(xml, len, error);
+    g_autoptr(VnDomain) dom = NULL;
+
+    if (doc == NULL) {
         return NULL;
     }
     dom = g_new0(VnDomain, 1);
@@ -527,16 +535,12 @@ static char *attr_escape(const char *text)
     return g_string_free(out, FALSE);
 }
 
-char *vn_domxml_snippets(const char *device, const char *alias, const char *socket,
-                         const char *bus)
+char *vn_domxml_device_arg(const char *alias, const char *socket, const char *bus)
 {
     g_autoptr(JsonObject) arg = json_object_new();
     g_autoptr(JsonObject) sock = json_object_new();
     g_autoptr(JsonNode) root = json_node_new(JSON_NODE_OBJECT);
     g_autoptr(JsonGenerator) gen = json_generator_new();
-    g_autofree char *json = NULL;
-    g_autofree char *json_attr = NULL;
-    g_autofree char *entry = NULL;
 
     /* Built, not printed, so that any socket path comes out as valid JSON. */
     json_object_set_string_member(arg, "driver", "vfio-user-pci");
@@ -549,9 +553,16 @@ char *vn_domxml_snippets(const char *device, const char *alias, const char *sock
     json_object_set_object_member(arg, "socket", g_steal_pointer(&sock));
     json_node_set_object(root, arg);
     json_generator_set_root(gen, root);
-    json = json_generator_to_data(gen, NULL);
-    json_attr = attr_escape(json);
-    entry = g_markup_printf_escaped("<vn:device name='%s' alias='%s'/>", device, alias);
+    return json_generator_to_data(gen, NULL);
+}
+
+char *vn_domxml_snippets(const char *device, const char *alias, const char *socket,
+                         const char *bus)
+{
+    g_autofree char *json = vn_domxml_device_arg(alias, socket, bus);
+    g_autofree char *json_attr = attr_escape(json);
+    g_autofree char *entry =
+        g_markup_printf_escaped("<vn:device name='%s' alias='%s'/>", device, alias);
 
     return g_strdup_printf(
         "<!-- Inside <domain>.  If it has a <metadata> already, put <vn:devices> inside\n"
