@@ -11,6 +11,7 @@ an unknown device, a device already lent, an access-list refusal); a migration i
 the hook given unexpected arguments says so.
 """
 import os
+import re
 import subprocess
 import sys
 import time
@@ -153,6 +154,16 @@ def _merge_two(text):
     return meta + "\n<memoryBacking><source type='memfd'/><access mode='shared'/></memoryBacking>\n" + cmd
 
 
+def declared_devices(site, lv, name):
+    """How many devices domain @name's persistent definition declares, as `ntbctl xml
+    --check` counts them (None when the check fails)."""
+    f = site.wd / f"{name}-inactive.xml"
+    f.write_text(lv.virsh("dumpxml", "--inactive", name).stdout)
+    chk = ntbctl(site.b, "xml", "--check", f)
+    m = re.search(r"declares (\d+) vfio-ntb device", chk.stdout)
+    return int(m.group(1)) if chk.returncode == 0 and m else None
+
+
 def test_hot_attach_detach(site):
     """ntbctl attach/detach --domain on a running domain: hot-plug on a free root port, the
     guest uses it, then unplug (the guest lets go), and the lease goes back.  The domain runs
@@ -163,21 +174,26 @@ def test_hot_attach_detach(site):
     site.lv.virsh("start", "vm2")
     q.wait_line("VNREADY", "plug")
     t0 = time.monotonic()
-    att = ntbctl(site.b, "attach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri)
+    att = ntbctl(site.b, "attach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri,
+                 "--config")
     q.wait_line("VNEVENT", "added", timeout=60)
     ready_s = time.monotonic() - t0
+    declared = [declared_devices(site, site.lv, "vm2")]
     q.wait_line("VNREADY", "unplug", timeout=90)
-    det = ntbctl(site.b, "detach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri)
+    det = ntbctl(site.b, "detach", "hosta/nvme0", "--domain", "vm2", "--connect", site.lv.uri,
+                 "--config")
+    declared.append(declared_devices(site, site.lv, "vm2"))
     run = q.wait_done(timeout=90)
     site.lv.virsh("undefine", "vm2", check=False)
     pw, uw = run.results.get("plug-wait", {}), run.results.get("unplug-wait", {})
     return result("libvirt-hot-attach-detach", att.returncode == 0 and det.returncode == 0
                   and "plugged into hostb:vm2" in att.stdout and "returned by hostb" in det.stdout
-                  and "(device request)" in det.stdout
+                  and "(device request)" in det.stdout and declared == [1, 0]
                   and pw.get("status") == "PASS" and pw.get("serial") == "VN-LV-0"
                   and uw.get("status") == "PASS" and uw.get("kernel_errors") == "0"
                   and site.state() == "available",
                   attach_to_ready_s=f"{ready_s:.2f}", removed_ms=uw.get("removed_ms"),
+                  declared_after_attach_detach=declared,
                   attach=att.stdout.strip().splitlines()[-1:] or att.stderr.strip(),
                   detach=det.stdout.strip().splitlines()[:1] or det.stderr.strip())
 
@@ -207,9 +223,12 @@ def test_reassign(site):
         q4.wait_line("VNREADY", "plug")
         t0 = time.monotonic()
         p = ntbctl(site.c, "reassign", "hosta/nvme0", "--to", "hostc:vm4", "--hosts", hosts,
-                   "--connect", lvc.uri)
+                   "--connect", lvc.uri, "--config")
         took = time.monotonic() - t0
         print(p.stdout + p.stderr, file=sys.stderr)
+        # --config: the definitions follow, so vm3 can start again while vm4 has the device.
+        defs = {"vm3": declared_devices(site, site.lv, "vm3"),
+                "vm4": declared_devices(site, lvc, "vm4")}
         q3.wait_line("VNRESULT", "unplug-wait", timeout=30)
         q4.wait_line("VNREADY", "pause", timeout=180)
         vm3_running = "vm3" in site.lv.domains()
@@ -239,6 +258,20 @@ def test_reassign(site):
         ok &= ok_rb
         ok &= result("libvirt-destroy-returns", bool(returned) and site.held_by_hostb() == [],
                      state=site.state())
+        # vm4 now declares the device: starting it again borrows it (the hook), as it would
+        # after a host reboot.
+        lvc.virsh("start", "vm4")
+        at_start = site.cc.execute("query-device", device="hosta/nvme0")
+        lvc.virsh("destroy", "vm4")
+        ok &= result("libvirt-reassign-config",
+                     "removed from hostb:vm3's configuration" in p.stdout
+                     and "declared in hostc:vm4's configuration" in p.stdout
+                     and defs == {"vm3": 0, "vm4": 1}
+                     and at_start.get("borrower") == "hostc"
+                     and at_start.get("attached_to") == "vm4"
+                     and bool(wait_for(lambda: site.state() == "available", 15)),
+                     declared=defs,
+                     attached_at_start=at_start.get("attached_to"))
         # scripts/vfio-ntb-rebalance: a list of moves (here one: back into vm3, still running).
         reb = subprocess.run([str(h.REPO / "scripts" / "vfio-ntb-rebalance"), "--socket",
                               str(site.b.control), "--hosts", str(hosts), "--connect",

@@ -654,6 +654,10 @@ START_TEST(test_ntbctl_usage_and_version)
     USAGE("xml", "--check", "f.xml", "hosta/nvme0");
     USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--alias", "has space");
     USAGE("--timeout-ms", "0", "list");
+    USAGE("list", "--config");
+    USAGE("detach", "hosta/nvme0", "--config");
+    USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--qmp", "/q.sock", "--qdev-id", "d0",
+          "--config");
 #undef USAGE
     g_clear_pointer(&out, g_free);
     g_clear_pointer(&err, g_free);

@@ -91,7 +91,8 @@ static char *local_node(const char *socket_path, int timeout_ms, GError **error)
 }
 
 int ntbctl_virt_attach(const char *device, const char *domain, const char *alias,
-                       const char *uri, const char *socket_path, int timeout_ms, GError **error)
+                       const char *uri, bool config, const char *socket_path, int timeout_ms,
+                       GError **error)
 {
     g_autoptr(GError) probe = NULL;
     g_autoptr(VnVirt) v = vn_virt_open(uri, &probe);
@@ -109,21 +110,23 @@ int ntbctl_virt_attach(const char *device, const char *domain, const char *alias
         return NTBCTL_VIRT_FAILED;
     }
     h.node = node;
-    return vn_hotplug_attach(&h, device, domain, alias, stdout, error) ? NTBCTL_VIRT_DONE
-                                                                       : NTBCTL_VIRT_FAILED;
+    return vn_hotplug_attach(&h, device, domain, alias, config, stdout, error)
+               ? NTBCTL_VIRT_DONE
+               : NTBCTL_VIRT_FAILED;
 }
 
-bool ntbctl_virt_detach(const char *device, const char *uri, const char *socket_path,
-                        int timeout_ms, GError **error)
+bool ntbctl_virt_detach(const char *device, const char *uri, bool config,
+                        const char *socket_path, int timeout_ms, GError **error)
 {
     g_autofree char *node = local_node(socket_path, timeout_ms, error);
     VnHotplugHost h = { node, socket_path, uri };
 
-    return node != NULL && vn_hotplug_detach(&h, device, stdout, error);
+    return node != NULL && vn_hotplug_detach(&h, device, config, stdout, error);
 }
 
 bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,
-                     const char *uri, const char *socket_path, int timeout_ms, GError **error)
+                     const char *uri, bool config, const char *socket_path, int timeout_ms,
+                     GError **error)
 {
     g_autoptr(GHashTable) hosts = NULL;
     g_autofree char *node = local_node(socket_path, timeout_ms, error);
@@ -152,5 +155,5 @@ bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,
             return false;
         }
     }
-    return vn_hotplug_reassign(hosts, target, device, domain, stdout, error);
+    return vn_hotplug_reassign(hosts, target, device, domain, config, stdout, error);
 }

@@ -24,12 +24,14 @@ bool ntbctl_xml_print(const char *device, const char *alias, const char *bus,
                       const char *socket_path, int timeout_ms, GError **error);
 /* ntbctl attach DEV --domain D, when libvirt runs D: hot-plug it. */
 int ntbctl_virt_attach(const char *device, const char *domain, const char *alias,
-                       const char *uri, const char *socket_path, int timeout_ms, GError **error);
+                       const char *uri, bool config, const char *socket_path, int timeout_ms,
+                       GError **error);
 /* ntbctl detach DEV --domain D: unplug from the running domain, then return. */
-bool ntbctl_virt_detach(const char *device, const char *uri, const char *socket_path,
-                        int timeout_ms, GError **error);
+bool ntbctl_virt_detach(const char *device, const char *uri, bool config,
+                        const char *socket_path, int timeout_ms, GError **error);
 /* ntbctl reassign DEV --to [HOST:]DOMAIN */
 bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,
-                     const char *uri, const char *socket_path, int timeout_ms, GError **error);
+                     const char *uri, bool config, const char *socket_path, int timeout_ms,
+                     GError **error);
 
 #endif /* NTBCTL_VIRT_H */

@@ -149,6 +149,8 @@ static const char commands_text[] =
     "  stats [DEV]                         counters of this node's devices\n"
     "  reassign DEV --to [HOST:]DOMAIN     move DEV from the libvirt domain that holds it into\n"
     "                                      DOMAIN (on HOST: see --hosts), rolling back on failure\n"
+    "                                      --config (also attach/detach --domain): the domains'\n"
+    "                                      persistent definitions follow the move\n"
     "  xml DEV [--alias A] [--bus B]       libvirt domain XML that declares DEV (docs/libvirt.md)\n"
     "  xml --check FILE                    check a domain's vfio-ntb declarations\n"
     "DEV is host/name, e.g. hosta/nvme0.  Exit: 0 done, 1 refused, 2 usage, 3 unreachable.\n";
@@ -332,6 +334,7 @@ int main(int argc, char **argv)
     g_autofree char *to = NULL;
     gboolean json = FALSE;
     gboolean version = FALSE;
+    gboolean config = FALSE;
     const GOptionEntry entries[] = {
         { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket_path,
           "the daemon's control socket (default $" VN_CTL_SOCKET_ENV " or "
@@ -356,6 +359,9 @@ int main(int argc, char **argv)
           "reassign: other hosts' control sockets and libvirt URIs (default $" NTBCTL_HOSTS_ENV
           " or " NTBCTL_DEFAULT_HOSTS ")", "FILE" },
         { "to", 0, 0, G_OPTION_ARG_STRING, &to, "reassign: [HOST:]DOMAIN", "TARGET" },
+        { "config", 0, 0, G_OPTION_ARG_NONE, &config,
+          "attach, detach --domain, reassign: the domains' persistent definitions follow",
+          NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
         G_OPTION_ENTRY_NULL,
     };
@@ -395,6 +401,12 @@ int main(int argc, char **argv)
     if ((to != NULL || hosts != NULL) && strcmp(argv[1], "reassign") != 0) {
         return usage_error("--to and --hosts are for reassign, not %s", argv[1]);
     }
+    if (config && strcmp(argv[1], "reassign") != 0 &&
+        ((strcmp(argv[1], "attach") != 0 && strcmp(argv[1], "detach") != 0) || domain == NULL ||
+         qmp != NULL)) {
+        return usage_error("--config is for reassign, and attach or detach with --domain of a "
+                           "libvirt domain");
+    }
     if (strcmp(argv[1], "reassign") == 0) {
         if (argc != 3 || to == NULL || to[0] == '\0') {
             return usage_error("reassign DEV --to [HOST:]DOMAIN");
@@ -421,8 +433,8 @@ int main(int argc, char **argv)
             hosts = g_strdup(g_getenv(NTBCTL_HOSTS_ENV) ? g_getenv(NTBCTL_HOSTS_ENV)
                                                          : NTBCTL_DEFAULT_HOSTS);
         }
-        return ntbctl_reassign(argv[2], to, hosts, connect_uri, socket_path, (int)timeout_ms,
-                               &error) ? EXIT_DONE : report(error);
+        return ntbctl_reassign(argv[2], to, hosts, connect_uri, config, socket_path,
+                               (int)timeout_ms, &error) ? EXIT_DONE : report(error);
     }
     if (strcmp(argv[1], "xml") == 0) {
         if (check != NULL) {
@@ -511,7 +523,7 @@ int main(int argc, char **argv)
     }
     /* A domain libvirt runs gets the device hot-plugged; any other VM is served only. */
     if (strcmp(cmd->name, "attach") == 0 && qmp == NULL) {
-        int r = ntbctl_virt_attach(inv.device, domain, alias, connect_uri, socket_path,
+        int r = ntbctl_virt_attach(inv.device, domain, alias, connect_uri, config, socket_path,
                                    (int)timeout_ms, &error);
 
         if (r == NTBCTL_VIRT_DONE) {
@@ -520,9 +532,13 @@ int main(int argc, char **argv)
         if (r == NTBCTL_VIRT_FAILED) {
             return report(error);
         }
+        if (config) {
+            return usage_error("--config: libvirt runs no domain %s here", domain);
+        }
     }
     if (strcmp(cmd->name, "detach") == 0 && domain != NULL) {
-        return ntbctl_virt_detach(inv.device, connect_uri, socket_path, (int)timeout_ms, &error)
+        return ntbctl_virt_detach(inv.device, connect_uri, config, socket_path, (int)timeout_ms,
+                                  &error)
                    ? EXIT_DONE
                    : report(error);
     }

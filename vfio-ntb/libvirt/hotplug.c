@@ -8,6 +8,7 @@
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
+#include "libvirt/domedit.h"
 #include "libvirt/domxml.h"
 #include "libvirt/virt.h"
 
@@ -185,9 +186,53 @@ static bool unplug(const VnHotplugHost *h, VnVirt *v, const char *device, const 
 
 /* ---- the operations ---- */
 
-/* Serve and plug; on failure undo what this call did. */
+/* Where plug_in() put a device. */
+typedef struct Plugged {
+    char *sock;
+    char *port;
+} Plugged;
+
+static void plugged_clear(Plugged *p)
+{
+    g_free(p->sock);
+    g_free(p->port);
+}
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Plugged, plugged_clear)
+
+/*
+ * --config: make @domain's definition on @h declare @device as @alias,
+ * served on @p's socket and plugged on its port (@p NULL: not declare it).
+ */
+static bool persist(const VnHotplugHost *h, VnVirt *v, const char *domain, const char *device,
+                    const char *alias, const Plugged *p, Step *s, GError **error)
+{
+    g_autofree char *xml = vn_virt_domain_config(v, domain, error);
+    g_autofree char *edited = NULL;
+
+    if (xml == NULL) {
+        g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
+        return false;
+    }
+    if (p != NULL) {
+        edited = vn_domedit_declare(xml, strlen(xml), device, alias, p->sock, p->port, error);
+    } else if (vn_domedit_undeclare(xml, strlen(xml), device, &edited, error) &&
+               edited == NULL) {
+        say(s, "%s:%s's configuration does not declare it", h->node, domain);
+        return true;
+    }
+    if (edited == NULL || !vn_virt_domain_define(v, domain, edited, error)) {
+        g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
+        return false;
+    }
+    say(s, "%s %s:%s's configuration", p != NULL ? "declared in" : "removed from", h->node,
+        domain);
+    return true;
+}
+
+/* Serve and plug, saying where in @where (may be NULL); on failure undo what
+ * this call did. */
 static bool plug_in(const VnHotplugHost *h, VnVirt *v, const char *device, const char *domain,
-                    const char *alias, bool was_ours, Step *s, GError **error)
+                    const char *alias, bool was_ours, Plugged *where, Step *s, GError **error)
 {
     g_autofree char *port = vn_virt_free_root_port(v, domain, error);
     g_autofree char *sock = port ? serve(h, device, domain, alias, error) : NULL;
@@ -201,6 +246,10 @@ static bool plug_in(const VnHotplugHost *h, VnVirt *v, const char *device, const
     say(s, "%s serves it on %s", h->node, sock);
     if (vn_virt_plug(v, domain, alias, port, sock, error)) {
         say(s, "plugged into %s:%s as %s on %s", h->node, domain, alias, port);
+        if (where != NULL) {
+            where->sock = g_steal_pointer(&sock);
+            where->port = g_steal_pointer(&port);
+        }
         return true;
     }
     /* Leave the device as we found it: returned if we borrowed it, else just detached. */
@@ -213,8 +262,9 @@ static bool plug_in(const VnHotplugHost *h, VnVirt *v, const char *device, const
 }
 
 bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *domain,
-                       const char *alias, FILE *progress, GError **error)
+                       const char *alias, bool config, FILE *progress, GError **error)
 {
+    g_auto(Plugged) where = { 0 };
     g_autofree char *what = g_strdup_printf("attach %s", device);
     g_autofree char *dflt = vn_domxml_default_alias(device);
     Step s = { progress, what, g_get_monotonic_time() };
@@ -238,11 +288,12 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
     }
     borrower = vn_util_json_string(st, "borrower");
     return plug_in(h, v, device, domain, alias ? alias : dflt,
-                   borrower != NULL && strcmp(borrower, h->node) == 0, &s, error);
+                   borrower != NULL && strcmp(borrower, h->node) == 0, &where, &s, error) &&
+           (!config || persist(h, v, domain, device, alias ? alias : dflt, &where, &s, error));
 }
 
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progress,
-                       GError **error)
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, bool config,
+                       FILE *progress, GError **error)
 {
     g_autofree char *what = g_strdup_printf("detach %s", device);
     Step s = { progress, what, g_get_monotonic_time() };
@@ -265,7 +316,8 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progres
         return false;
     }
     say(&s, "returned by %s", h->node);
-    return true;
+    /* (v is open when a libvirt domain had it) */
+    return !config || v == NULL || persist(h, v, domain, device, NULL, NULL, &s, error);
 }
 
 /* Where @device is now: its holder's node, domain, id and root port. */
@@ -324,8 +376,9 @@ static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *
 }
 
 bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char *device,
-                         const char *domain, FILE *progress, GError **error)
+                         const char *domain, bool config, FILE *progress, GError **error)
 {
+    g_auto(Plugged) where = { 0 };
     g_autofree char *what = g_strdup_printf("reassign %s", device);
     g_autofree char *dflt = vn_domxml_default_alias(device);
     Step s = { progress, what, g_get_monotonic_time() };
@@ -368,8 +421,11 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
         }
         say(&s, "returned by %s", w.host->node);
     }
-    if (plug_in(to, tv, device, domain, dflt, false, &s, &failure)) {
-        ok = true;
+    if (plug_in(to, tv, device, domain, dflt, false, &where, &s, &failure)) {
+        /* Live, it has moved: from here on a failure is reported, not rolled back. */
+        ok = !config || ((w.domain == NULL || fv == NULL ||
+                          persist(w.host, fv, w.domain, device, NULL, NULL, &s, error)) &&
+                         persist(to, tv, domain, device, dflt, &where, &s, error));
         goto out;
     }
     g_propagate_error(error, g_steal_pointer(&failure));

@@ -12,6 +12,12 @@
  * NULL) with the time since it started, is bounded (every wait has a
  * limit), and undoes what it did when a later step fails: a failed reassign
  * puts the device back into the domain it came from.
+ *
+ * With @config (ntbctl's --config, as virsh's) the domains' persistent
+ * definitions follow the move once the live part succeeded: the domain the
+ * device went into declares it, the one it left no longer does (else it
+ * could not start while the device is elsewhere).  A failure there is
+ * reported as an error; the live move stands.
  */
 #ifndef VN_HOTPLUG_H
 #define VN_HOTPLUG_H
@@ -33,12 +39,12 @@ GHashTable *vn_hotplug_hosts_load(const char *path, GError **error);
 /* Borrow @device on @h, serve it and plug it into running domain @domain with
  * id @alias (NULL: ntb-HOST-NAME). */
 bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *domain,
-                       const char *alias, FILE *progress, GError **error);
+                       const char *alias, bool config, FILE *progress, GError **error);
 
 /* Unplug @device from the domain it is attached to on @h (the guest lets
  * go, bounded), then return it. */
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progress,
-                       GError **error);
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, bool config,
+                       FILE *progress, GError **error);
 
 /*
  * Move @device into domain @domain on @to.  @hosts resolves the node that
@@ -47,6 +53,6 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, FILE *progres
  * free root port.
  */
 bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char *device,
-                         const char *domain, FILE *progress, GError **error);
+                         const char *domain, bool config, FILE *progress, GError **error);
 
 #endif /* VN_HOTPLUG_H */

@@ -308,6 +308,51 @@ bool vn_virt_wait_removed(VnVirt *v, const char *domain, const char *id, int tim
     }
 }
 
+char *vn_virt_domain_config(VnVirt *v, const char *domain, GError **error)
+{
+    virDomainPtr d = virDomainLookupByName(v->conn, domain);
+    char *xml = NULL, *copy;
+    int persistent;
+
+    if (d == NULL) {
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_NO_DOMAIN, "libvirt has no domain %s",
+                    domain);
+        return NULL;
+    }
+    persistent = virDomainIsPersistent(d);
+    if (persistent == 1) {
+        /* SECURE: what a define must get back (passwords of graphics, say). */
+        xml = virDomainGetXMLDesc(d, VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE);
+    }
+    virDomainFree(d);
+    if (persistent == 0) {
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_TRANSIENT,
+                    "domain %s is transient: it has no definition to change", domain);
+        return NULL;
+    }
+    if (xml == NULL) {
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_DEFINE,
+                    "domain %s: its definition: %s", domain, last_error());
+        return NULL;
+    }
+    copy = g_strdup(xml);
+    free(xml);
+    return copy;
+}
+
+bool vn_virt_domain_define(VnVirt *v, const char *domain, const char *xml, GError **error)
+{
+    virDomainPtr d = virDomainDefineXML(v->conn, xml);
+
+    if (d == NULL) {
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_DEFINE,
+                    "domain %s: libvirt refused its new definition: %s", domain, last_error());
+        return false;
+    }
+    virDomainFree(d);
+    return true;
+}
+
 char *vn_virt_domain_xml(VnVirt *v, const char *domain, GError **error)
 {
     virDomainPtr d = running_domain(v, domain, error);

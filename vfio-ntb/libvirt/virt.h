@@ -28,6 +28,8 @@ typedef enum VnVirtError {
     VN_VIRT_ERROR_NO_PORT,        /* no free pcie-root-port */
     VN_VIRT_ERROR_QMP,            /* QEMU refused a command, or answered nonsense */
     VN_VIRT_ERROR_TIMEOUT,        /* the guest did not let go of a device in time */
+    VN_VIRT_ERROR_TRANSIENT,      /* the domain has no persistent definition */
+    VN_VIRT_ERROR_DEFINE,         /* libvirt would not read or take a definition */
     VN_VIRT_ERROR_LAST
 } VnVirtError;
 
@@ -63,6 +65,13 @@ bool vn_virt_device_del(VnVirt *v, const char *domain, const char *id, GError **
 /* Wait until QEMU no longer has @id (the guest released it), at most @timeout_ms. */
 bool vn_virt_wait_removed(VnVirt *v, const char *domain, const char *id, int timeout_ms,
                           GError **error);
+
+/* The persistent definition of @domain (running or not), newly allocated;
+ * VN_VIRT_ERROR_TRANSIENT when it has none. */
+char *vn_virt_domain_config(VnVirt *v, const char *domain, GError **error);
+/* Replace @domain's persistent definition with @xml (it takes effect at its
+ * next start). */
+bool vn_virt_domain_define(VnVirt *v, const char *domain, const char *xml, GError **error);
 
 /* The live domain's XML (for its vfio-ntb metadata), newly allocated. */
 char *vn_virt_domain_xml(VnVirt *v, const char *domain, GError **error);
