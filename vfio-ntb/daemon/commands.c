@@ -581,22 +581,33 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
 }
 
-static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
+/* The "device" argument, which must be attached here (its worker runs); NULL
+ * once an error is set on @r. */
+static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
     if (!arg_device(a, r, &node, &name)) {
-        return;
+        return NULL;
     }
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_daemon_borrowed(d, dev);
     if (b == NULL || b->worker_pid <= 0) {
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
-        return;
+        return NULL;
     }
-    vn_daemon_detach(d, b);
-    vn_control_return(r, NULL);
+    return b;
+}
+
+static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    VnBorrowed *b = arg_attached(d, a, r);
+
+    if (b != NULL) {
+        vn_daemon_detach(d, b);
+        vn_control_return(r, NULL);
+    }
 }
 
 /* Ask the VM to release the device through the device-request interrupt; does
@@ -604,17 +615,10 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
  * QEMU): the caller unplugs it through QMP then (libvirt owns the monitor). */
 static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     g_autoptr(JsonBuilder) jb = json_builder_new();
-    VnBorrowed *b;
+    VnBorrowed *b = arg_attached(d, a, r);
 
-    if (!arg_device(a, r, &node, &name)) {
-        return;
-    }
-    dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
-    if (b == NULL || b->worker_pid <= 0) {
-        vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
+    if (b == NULL) {
         return;
     }
     json_builder_begin_object(jb);
