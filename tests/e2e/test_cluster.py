@@ -366,6 +366,53 @@ def test_revoke_unplugs_from_vm(cl):
     return ok
 
 
+def test_revoke_waits_without_blocking(cl):
+    """A revoked borrower gives its VM half the grace period to let go.  Here the VM is paused
+    and never lets go: meanwhile the borrower's daemon still answers (it waits with a timer,
+    not in a loop), and once the time is up it returns the device anyway."""
+    sd = h.Simdev(cl.procs, cl.wd / "stuck-dev.sock", h.make_backing(cl.wd / "stuck.img", 16),
+                  16, extra_args=["--interrupts", "msi"]).start()
+    cl.ctl("hosta").execute("lend", name="nvme2", socket=str(sd.socket_path), allow=["hostb"])
+    wait_for(lambda: any(d["device"] == "hosta/nvme2" for d in
+                         cl.ctl("hostb").execute("query-devices")), 7)
+    wd = cl.procs.tempdir()
+    r = cl.ctl("hostb").execute("attach", device="hosta/nvme2", domain="vm4",
+                                qmp=str(wd / "qmp.sock"), **{"qdev-id": "d2"})
+    q = h.Qemu(cl.procs, "probe,pause", [h.VfioUserDevice(r["socket"], id="d2", bus="rp1")],
+               params={"pause_s": 120}, root_port=True, workdir=wd).start()
+    q.wait_line("VNREADY", "pause")
+    q.qmp.execute("stop")       # a guest that cannot answer the unplug
+    q.qmp.close()
+    q.qmp = None
+    answer = {}
+
+    def revoke():
+        try:
+            answer["revoke"] = Control(cl.d["hosta"].control, timeout=60).execute(
+                "revoke", device="hosta/nvme2", **{"grace-ms": 16000})
+        except (ControlError, OSError) as e:
+            answer["revoke"] = repr(e)
+
+    t = threading.Thread(target=revoke)
+    t.start()
+    seen = {}
+    try:
+        time.sleep(1.5)         # the borrower is now waiting for the VM (8 s)
+        seen = Control(cl.d["hostb"].control, timeout=3).execute("query-device",
+                                                                  device="hosta/nvme2")
+    except (ControlError, OSError) as e:
+        seen = {"error": repr(e)}
+    t.join(60)
+    q.stop()
+    ok = result("revoke-waits-without-blocking", seen.get("borrower") == "hostb"
+                and seen.get("attached_to") == "vm4" and answer.get("revoke") == {"forced": False}
+                and cl.ctl("hosta").execute("query-device", device="hosta/nvme2")["state"]
+                == "available", answered_while_waiting=sorted(seen)[:3] if "error" not in seen
+                else seen["error"], revoke=answer.get("revoke"))
+    cl.ctl("hosta").execute("unlend", name="nvme2")
+    return ok
+
+
 def test_daemon_restart_with_running_guest(cl):
     """kill -9 the borrower's daemon while its VM does I/O, start it again: the VM's device
     (served by the borrower worker) keeps working and the new daemon adopts it."""
@@ -412,7 +459,7 @@ def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
-             test_lend_unlend, test_revoke_unplugs_from_vm,
+             test_lend_unlend, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest)
     with h.Procs() as procs:
         try:

@@ -313,12 +313,6 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
     }
 }
 
-static void returned_quietly(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
-                             void *opaque)
-{
-    /* on_return_reply logged a failure already */
-}
-
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 {
     g_autoptr(JsonParser) p = json_parser_new();
@@ -379,9 +373,8 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
             uint64_t grace = 0;
 
             uint_member(o, "grace_ms", &grace);
-            vn_daemon_unplug(d, b, (unsigned)MIN(grace / 2, 10000u));
+            vn_daemon_release(d, b, (unsigned)MIN(grace / 2, VN_DAEMON_MAX_RELEASE_MS));
         }
-        vn_cluster_return(d, b, returned_quietly, NULL);
     }
 }
 
@@ -606,7 +599,9 @@ static const char *klass_of(int err)
 
 static void finish(Pending *p, VnBorrowed *b, const char *klass, const char *msg)
 {
-    p->done(p->d, b, klass, msg, p->opaque);
+    if (p->done != NULL) {
+        p->done(p->d, b, klass, msg, p->opaque);
+    }
     pending_free(p);
 }
 
@@ -741,7 +736,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         if (strcmp(b->lender, peer) == 0 && !b->lost) {
             b->lost = true;   /* its worker sees the same link go and acts */
             b->unconfirmed = true;
-            vn_daemon_unplug(d, b, 0);   /* a dead device is better out of the VM */
+            vn_daemon_unplug(d, b);   /* a dead device is better out of the VM */
             emit(d, "DEVICE_LOST", b->device, b->lease, peer);
         }
     }

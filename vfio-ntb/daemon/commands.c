@@ -623,7 +623,7 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     json_builder_begin_object(jb);
     json_builder_set_member_name(jb, "requested");
-    json_builder_add_boolean_value(jb, !b->lost && vn_spawn_request_unplug(d, b, 0));
+    json_builder_add_boolean_value(jb, !b->lost && vn_spawn_request_unplug(d, b));
     json_builder_end_object(jb);
     vn_control_return(r, json_builder_get_root(jb));
 }

@@ -59,6 +59,7 @@ typedef struct VnBorrowed {
     bool lost;                  /* the lender went away */
     bool unconfirmed;           /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
+    guint release_timer;        /* vn_daemon_release() waits for the VM */
 } VnBorrowed;
 
 /* What another node announced. */
@@ -99,6 +100,10 @@ enum {
 #define VN_DAEMON_ANNOUNCE_EVERY 5
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
+/* A revoked borrower gives its VM half the grace period, at most this, to let
+ * go of the device, and looks whether it has this often. */
+#define VN_DAEMON_MAX_RELEASE_MS 10000
+#define VN_DAEMON_RELEASE_POLL_MS 50
 /* sun_path holds 108 bytes with the NUL. */
 #define VN_DAEMON_MAX_SOCKET_PATH 107
 #define VN_DAEMON_MAX_GRACE_MS 600000
@@ -145,8 +150,9 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
 /*
  * Borrow / return, asynchronous: @done runs once, later or at once, with
  * the borrowed device (borrow) or NULL, and on failure an error class of
- * docs/control.md and a message.  Return detaches and forgets the device
- * before it asks the lender.  Revoke answers @r when the device is free.
+ * docs/control.md and a message (@done may be NULL: nobody waits).  Return
+ * detaches and forgets the device before it asks the lender.  Revoke answers
+ * @r when the device is free.
  */
 typedef void (*VnClusterDone)(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
                               void *opaque);
@@ -175,20 +181,26 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
 /* Its counters (JSON), or NULL. */
 char *vn_spawn_stats(VnBorrowed *b);
-/* Ask the VM to release @b through the device-request interrupt and wait
- * (bounded by @wait_ms) until QEMU has disconnected.  False, with nothing
- * done, when the VM's QEMU takes no device requests. */
-bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
+/* Ask the VM to release @b through the device-request interrupt (does not
+ * wait).  False, with nothing done, when the VM's QEMU takes no device
+ * requests. */
+bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b);
+/* Is a QEMU connected to @b's worker (the device still in a VM)? */
+bool vn_spawn_client_connected(VnBorrowed *b);
 /* After a restart: is the recorded worker still there? */
 bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 
 /* ---- qmp.c ---- */
-/* device_del @id in the VM whose QMP socket is @path; with @wait_ms, wait
- * (bounded) for DEVICE_DELETED.  False with @error if QEMU refused. */
-bool vn_qmp_device_del(const char *path, const char *id, unsigned wait_ms, GError **error);
-/* Take @b out of its VM: through the device request when its QEMU takes
- * them, else with device_del if attach named the VM's QMP socket. */
-void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
+/* device_del @id in the VM whose QMP socket is @path (bounded; does not wait
+ * for the guest).  False with @error if QEMU refused. */
+bool vn_qmp_device_del(const char *path, const char *id, GError **error);
+/* Ask @b's VM to let go of it: through the device request when its QEMU
+ * takes them, else with device_del if attach named the VM's QMP socket.
+ * True when it was asked (the guest releases the device in its own time). */
+bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b);
+/* Take @b out of its VM, then return it: the guest gets up to @wait_ms to
+ * let go, waited for by a timer (the daemon keeps serving meanwhile). */
+void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);

@@ -245,18 +245,16 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)wait_ms * 1000;
 
-    for (;;) {
-        if (!alive(b->worker_pid) || !stats_flag(b, "client_connected")) {
-            return true;
-        }
+    while (vn_spawn_client_connected(b)) {
         if (g_get_monotonic_time() >= deadline) {
             return false;
         }
         g_usleep(20000);
     }
+    return true;
 }
 
-bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
 {
     if (!alive(b->worker_pid) || !stats_flag(b, "unplug_request_supported")) {
         return false;
@@ -264,13 +262,12 @@ bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
     kill(b->worker_pid, SIGUSR2);
     g_message("node %s: asked the VM %s to release %s (device request)", d->conf->node,
               b->domain ? b->domain : "?", b->device);
-    if (client_gone(b, wait_ms)) {
-        g_message("node %s: the VM released %s", d->conf->node, b->device);
-    } else if (wait_ms > 0) {
-        g_message("node %s: the VM did not release %s within %u ms", d->conf->node, b->device,
-                  wait_ms);
-    }
     return true;
+}
+
+bool vn_spawn_client_connected(VnBorrowed *b)
+{
+    return alive(b->worker_pid) && stats_flag(b, "client_connected");
 }
 
 bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b)

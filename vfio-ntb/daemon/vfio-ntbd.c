@@ -61,27 +61,88 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->qdev_id, g_free);
 }
 
-void vn_daemon_unplug(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
 {
     g_autoptr(GError) error = NULL;
 
     if (b->worker_pid <= 0) {
-        return;
+        return false;
     }
     /* The lender lost: the worker saw it too and already asked, if it could. */
-    if (!b->lost && vn_spawn_request_unplug(d, b, wait_ms)) {
-        return;
+    if (!b->lost && vn_spawn_request_unplug(d, b)) {
+        return true;
     }
     if (b->qmp == NULL || b->qdev_id == NULL) {
-        return;
+        return false;
     }
-    if (!vn_qmp_device_del(b->qmp, b->qdev_id, wait_ms, &error)) {
+    if (!vn_qmp_device_del(b->qmp, b->qdev_id, &error)) {
         g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
                   b->qdev_id, b->domain, error->message);
+        return false;
+    }
+    g_message("node %s: asked %s to unplug %s (%s)", d->conf->node, b->domain, b->device,
+              b->qdev_id);
+    return true;
+}
+
+/* A release in progress: which lease of which device, and until when. */
+typedef struct Release {
+    VnDaemon *d;
+    char *device;
+    uint64_t lease;
+    gint64 deadline_us;
+    unsigned wait_ms;
+} Release;
+
+static void release_free(gpointer p)
+{
+    Release *r = p;
+
+    g_free(r->device);
+    g_free(r);
+}
+
+static gboolean release_poll(gpointer data)
+{
+    Release *r = data;
+    VnBorrowed *b = vn_daemon_borrowed(r->d, r->device);
+    bool gone;
+
+    if (b == NULL || b->lease != r->lease) {
+        return G_SOURCE_REMOVE;     /* returned meanwhile (vn_borrowed_free ends us) */
+    }
+    gone = !vn_spawn_client_connected(b);
+    if (!gone && g_get_monotonic_time() < r->deadline_us) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (gone) {
+        g_message("node %s: the VM released %s", r->d->conf->node, b->device);
+    } else {
+        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node,
+                  b->device, r->wait_ms);
+    }
+    b->release_timer = 0;           /* this source ends with the return below */
+    vn_cluster_return(r->d, b, NULL, NULL);
+    return G_SOURCE_REMOVE;
+}
+
+void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
+    Release *r;
+
+    if (b->release_timer != 0) {
+        return;                     /* already on its way out */
+    }
+    if (wait_ms == 0 || !vn_daemon_unplug(d, b)) {
+        vn_cluster_return(d, b, NULL, NULL);
         return;
     }
-    g_message("node %s: unplugged %s (%s) from %s", d->conf->node, b->device, b->qdev_id,
-              b->domain);
+    r = g_new0(Release, 1);
+    *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+                    .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
+                    .wait_ms = wait_ms };
+    b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
+                                          release_poll, r, release_free);
 }
 
 /* Leaves a running worker alone: it serves a VM and outlives us. */
@@ -113,6 +174,9 @@ void vn_borrowed_free(VnBorrowed *b)
 {
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
+    }
+    if (b->release_timer != 0) {
+        g_source_remove(b->release_timer);
     }
     g_free(b->worker_node);
     g_free(b->stats_path);
