@@ -143,9 +143,10 @@ def libvirt_part(procs, wd, a, b, c):
         q2.serial_path = wd / "batch1.serial"
         lvc.virsh("start", "batch1")
         q2.wait_line("VNREADY", "plug")
-        say("9. one command moves the drive from web1 (host B) to batch1 (host C), live")
+        say("9. one command moves the drive from web1 (host B) to batch1 (host C), live; with")
+        say("   --config the domains' definitions follow (web1 can restart without it)")
         ntbctl(c, "reassign", "hosta/nvme0", "--to", "hostc:batch1", "--hosts", str(hosts),
-               "--connect", lvc.uri)
+               "--connect", lvc.uri, "--config")
         q2.wait_line("VNREADY", "pause", timeout=120)
         pw = q2.run.results.get("plug-wait", {})
         q1.wait_line("VNEVENT", "removed", timeout=30)
