@@ -142,21 +142,20 @@ static xmlNode *commandline(xmlNode *root, GError **error)
     return xmlNewChild(root, ns, X("commandline"), NULL);
 }
 
-char *vn_domedit_declare(const char *xml, size_t len, const char *device, const char *alias,
-                         const char *socket, const char *bus, GError **error)
+bool vn_domedit_declare(const char *xml, size_t len, const char *device, const char *alias,
+                        const char *socket, const char *bus, char **out, GError **error)
 {
     g_autoptr(VnDomain) dom = vn_domxml_parse(xml, len, error);
     g_autoptr(xmlDoc) doc = NULL;
     g_autofree char *json = NULL;
     xmlNode *root, *list, *cl, *entry, *flag, *arg;
 
+    *out = NULL;
     if (dom == NULL) {
-        return NULL;
+        return false;
     }
     if (vn_domain_find(dom, device) != NULL) {
-        g_set_error(error, G_MARKUP_ERROR, G_MARKUP_ERROR_INVALID_CONTENT,
-                    "domain %s declares %s already", dom->name, device);
-        return NULL;
+        return true;
     }
     for (guint i = 0; i < dom->devices->len; i++) {
         const VnDomDevice *d = g_ptr_array_index(dom->devices, i);
@@ -164,18 +163,18 @@ char *vn_domedit_declare(const char *xml, size_t len, const char *device, const 
         if (strcmp(d->alias, alias) == 0) {
             g_set_error(error, G_MARKUP_ERROR, G_MARKUP_ERROR_INVALID_CONTENT,
                         "domain %s: alias %s is %s's already", dom->name, alias, d->device);
-            return NULL;
+            return false;
         }
     }
     doc = vn_domxml_read(xml, len, error);
     if (doc == NULL) {
-        return NULL;
+        return false;
     }
     root = xmlDocGetRootElement(doc);
     list = device_list(root, error);
     cl = list != NULL ? commandline(root, error) : NULL;
     if (cl == NULL) {
-        return NULL;
+        return false;
     }
     entry = xmlNewChild(list, list->ns, X("device"), NULL);
     json = vn_domxml_device_arg(alias, socket, bus);
@@ -189,9 +188,10 @@ char *vn_domedit_declare(const char *xml, size_t len, const char *device, const 
         xmlNewProp(arg, X("value"), X(json)) == NULL) {
         g_set_error(error, G_MARKUP_ERROR, G_MARKUP_ERROR_INVALID_CONTENT,
                     "domain %s: could not add %s", dom->name, device);
-        return NULL;
+        return false;
     }
-    return finish(doc, error);
+    *out = finish(doc, error);
+    return *out != NULL;
 }
 
 /* ---- undeclare ------------------------------------------------------------ */

@@ -21,12 +21,13 @@
  * metadata (<metadata> and <vn:devices> made when missing) and the matching
  * "-device" pair in a <qemu:commandline> (qemu namespace declared on
  * <domain> when missing).  @bus may be NULL.  The domain must already have
- * the shared memfd memory backing (hot-plug needs it too).  Refused, with
- * @error, when the domain declares @device or uses @alias already.  Newly
- * allocated.
+ * the shared memfd memory backing (hot-plug needs it too).  True with *@out
+ * NULL when the domain declares @device already (that declaration stays);
+ * true with *@out newly allocated when it did not; refused, with @error,
+ * when another device of the domain has @alias.
  */
-char *vn_domedit_declare(const char *xml, size_t len, const char *device, const char *alias,
-                         const char *socket, const char *bus, GError **error);
+bool vn_domedit_declare(const char *xml, size_t len, const char *device, const char *alias,
+                        const char *socket, const char *bus, char **out, GError **error);
 
 /*
  * @xml without @device's declaration: its <vn:device> (and the <vn:devices>

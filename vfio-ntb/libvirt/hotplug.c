@@ -213,14 +213,18 @@ static bool persist(const VnHotplugHost *h, VnVirt *v, const char *domain, const
         g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
         return false;
     }
-    if (p != NULL) {
-        edited = vn_domedit_declare(xml, strlen(xml), device, alias, p->sock, p->port, error);
-    } else if (vn_domedit_undeclare(xml, strlen(xml), device, &edited, error) &&
-               edited == NULL) {
-        say(s, "%s:%s's configuration does not declare it", h->node, domain);
+    if (!(p != NULL ? vn_domedit_declare(xml, strlen(xml), device, alias, p->sock, p->port,
+                                         &edited, error)
+                    : vn_domedit_undeclare(xml, strlen(xml), device, &edited, error))) {
+        g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
+        return false;
+    }
+    if (edited == NULL) {
+        say(s, "%s:%s's configuration %s it already", h->node, domain,
+            p != NULL ? "declares" : "does not declare");
         return true;
     }
-    if (edited == NULL || !vn_virt_domain_define(v, domain, edited, error)) {
+    if (!vn_virt_domain_define(v, domain, edited, error)) {
         g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
         return false;
     }
