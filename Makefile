@@ -72,8 +72,9 @@ $(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(
 $(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a \
-		$(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) $(CHECK_LIBS)
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) -o $@ $< \
+		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) \
+		$(CHECK_LIBS)
 
 $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)

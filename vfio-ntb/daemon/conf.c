@@ -13,6 +13,14 @@
 static void lend_free(gpointer p);
 static bool name_ok(const char *s);
 
+/* UNIX socket paths: absolute (the daemon and its workers change no
+ * directory, but a relative path in a config is a mistake waiting for one)
+ * and short enough for sun_path. */
+static bool socket_path_ok(const char *path)
+{
+    return path != NULL && path[0] == '/' && strlen(path) <= VN_CONF_MAX_SOCKET_PATH;
+}
+
 void vn_conf_lend_free(VnLendConf *l)
 {
     lend_free(l);
@@ -28,14 +36,16 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *c
                     "a device name is 1-%d of [A-Za-z0-9_.-]", VN_PROTO_MAX_DEVICE_NAME);
         return NULL;
     }
-    if (socket == NULL || socket[0] != '/' || strlen(socket) > 107) {
+    if (!socket_path_ok(socket)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "the device server's socket must be an absolute path (at most 107 bytes)");
+                    "the device server's socket must be an absolute path (at most %d bytes)",
+                    VN_CONF_MAX_SOCKET_PATH);
         return NULL;
     }
-    if (allow == NULL || allow[0] == NULL || g_strv_length((char **)allow) > 256) {
+    if (allow == NULL || allow[0] == NULL ||
+        g_strv_length((char **)allow) > VN_CONF_MAX_ALLOW) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "an access list names 1-256 nodes, or *");
+                    "an access list names 1-%d nodes, or *", VN_CONF_MAX_ALLOW);
         return NULL;
     }
     for (const char *const *a = allow; *a != NULL; a++) {
@@ -139,35 +149,34 @@ static bool name_ok(const char *s)
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
     static const char *const known[] = { "socket", "allow", NULL };
-    g_autoptr(GError) local = NULL;
+    g_autofree char *socket = NULL;
+    g_auto(GStrv) allow = NULL;
     VnLendConf *l;
     gsize n = 0;
 
-    if (!keys_known(kf, group, known, error)) {
-        return false;
-    }
-    l = g_new0(VnLendConf, 1);
-    g_ptr_array_add(c->lends, l);
-    l->name = g_strdup(group + strlen("lend "));
-    if ((l->socket = need(kf, group, "socket", error)) == NULL) {
+    if (!keys_known(kf, group, known, error) ||
+        (socket = need(kf, group, "socket", error)) == NULL) {
         return false;
     }
     /* Who may borrow is a decision, not a default: say it. */
-    l->allow = g_key_file_get_string_list(kf, group, "allow", &n, &local);
-    if (l->allow == NULL || n == 0) {
+    allow = g_key_file_get_string_list(kf, group, "allow", &n, NULL);
+    if (allow == NULL || n == 0) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
                     "[%s]: \"allow\" is required: the nodes that may borrow it, "
                     "separated by ';', or * for any", group);
         return false;
     }
     for (gsize i = 0; i < n; i++) {
-        g_strstrip(l->allow[i]);
-        if (strcmp(l->allow[i], "*") != 0 && !vn_fabric_name_valid(l->allow[i])) {
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "[%s]: allow: \"%s\" is not a node name", group, l->allow[i]);
-            return false;
-        }
+        g_strstrip(allow[i]);
     }
+    /* The same checks as a device lent at run time (`ntbctl lend`). */
+    l = vn_conf_lend_new(group + strlen("lend "), socket, (const char *const *)allow, error);
+    if (l == NULL) {
+        g_prefix_error(error, "[%s]: ", group);
+        return false;
+    }
+    l->runtime = false;
+    g_ptr_array_add(c->lends, l);
     return true;
 }
 
@@ -185,6 +194,17 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
     b->name = g_strdup(group + strlen("borrow "));
     if (!(b->lender = need(kf, group, "lender", error)) ||
         !(b->socket = need(kf, group, "socket", error))) {
+        return false;
+    }
+    if (!vn_fabric_name_valid(b->lender)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: lender \"%.40s\" is not a node name", group, b->lender);
+        return false;
+    }
+    if (!socket_path_ok(b->socket)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: socket must be an absolute path (at most %d bytes)", group,
+                    VN_CONF_MAX_SOCKET_PATH);
         return false;
     }
     b->device = g_key_file_get_string(kf, group, "device", NULL);
@@ -237,6 +257,29 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
     c->run_dir = g_key_file_get_string(kf, "node", "run-dir", NULL);
     if (c->run_dir == NULL) {
         c->run_dir = g_strdup("/run/vfio-ntb");
+    }
+    if (!socket_path_ok(c->control_socket)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[node]: control-socket must be an absolute path (at most %d bytes)",
+                    VN_CONF_MAX_SOCKET_PATH);
+        return false;
+    }
+    {
+        /* The daemon confines QEMU's sockets to run-dir by comparing paths:
+         * every place it is told about must be absolute. */
+        const struct {
+            const char *key, *value;
+        } paths[] = { { "fabric-dir", dir }, { "run-dir", c->run_dir },
+                      { "state-dir", c->state_dir }, { "stats-file", c->stats_file } };
+
+        for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
+            if (paths[i].value != NULL && paths[i].value[0] != '/') {
+                g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                            "[node]: %s \"%.60s\" must be an absolute path", paths[i].key,
+                            paths[i].value);
+                return false;
+            }
+        }
     }
     c->lease_timeout_ms = 10000;
     if (g_key_file_has_key(kf, "node", "lease-timeout-ms", NULL)) {

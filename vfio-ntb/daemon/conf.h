@@ -39,6 +39,10 @@
 
 /* Devices one daemon lends or borrows (each is a socket and a few fds). */
 #define VN_CONF_MAX_DEVICES 64
+/* Nodes one access list names. */
+#define VN_CONF_MAX_ALLOW 256
+/* sun_path holds 108 bytes with the NUL. */
+#define VN_CONF_MAX_SOCKET_PATH 107
 
 typedef struct VnLendConf {
     char *name;

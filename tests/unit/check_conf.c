@@ -1,0 +1,228 @@
+/*
+ * Unit tests of vfio-ntbd's configuration file (vfio-ntb/daemon/conf.c): what
+ * an operator writes is read as written, defaults are what conf.h says, and
+ * every mistake is refused with a message that names it.
+ */
+#include "daemon/conf.h"
+
+#include "check-main.h"
+
+#include <check.h>
+#include <string.h>
+
+#define NODE "[node]\nname = hosta\nfabric-dir = /run/vfio-ntb/fabric\n"
+
+static VnConfig *parse_ok(const char *text)
+{
+    g_autoptr(GError) error = NULL;
+    VnConfig *c = vn_conf_parse(text, &error);
+
+    ck_assert_msg(c != NULL, "%s\n%s", error != NULL ? error->message : "", text);
+    return c;
+}
+
+/* ---- accepted ----------------------------------------------------------- */
+
+/* The example configuration we install parses, as it reads. */
+START_TEST(test_shipped_example)
+{
+    g_autofree char *path = g_build_filename(VN_SOURCE_DIR, "systemd",
+                                             "vfio-ntbd.conf.example", NULL);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_load(path, &error);
+    VnLendConf *l;
+
+    ck_assert_msg(c != NULL, "%s", error != NULL ? error->message : "");
+    ck_assert_str_eq(c->node, "hosta");
+    ck_assert_str_eq(c->state_dir, "/var/lib/vfio-ntb");
+    ck_assert_uint_eq(c->lends->len, 1);
+    l = g_ptr_array_index(c->lends, 0);
+    ck_assert_str_eq(l->name, "nvme0");
+    ck_assert(!l->runtime);
+    ck_assert(vn_lend_conf_allows(l, "hostb"));
+    ck_assert(vn_lend_conf_allows(l, "hostc"));
+    ck_assert(!vn_lend_conf_allows(l, "hostd"));
+}
+END_TEST
+
+START_TEST(test_defaults)
+{
+    g_autoptr(VnConfig) c = parse_ok(NODE);
+
+    ck_assert_str_eq(c->fabric, "shm");
+    ck_assert_str_eq(c->control_socket, "/run/vfio-ntb/control.sock");
+    ck_assert_str_eq(c->run_dir, "/run/vfio-ntb");
+    ck_assert_ptr_null(c->state_dir);
+    ck_assert_ptr_null(c->stats_file);
+    ck_assert_uint_eq(c->lease_timeout_ms, 10000);
+    ck_assert_str_eq(g_hash_table_lookup(c->fabric_params, "dir"), "/run/vfio-ntb/fabric");
+    ck_assert_uint_eq(c->lends->len, 0);
+    ck_assert_uint_eq(c->borrows->len, 0);
+}
+END_TEST
+
+START_TEST(test_everything)
+{
+    g_autoptr(VnConfig) c = parse_ok(
+        "# a comment\n" NODE "lease-timeout-ms = 3000\nrun-dir = /srv/vn\n"
+        "[fabric]\nmax-windows = 8\n"
+        "[lend gpu.0]\nsocket = /run/g.sock\nallow = *\n"
+        "[lend nvme0]\nsocket = /run/n.sock\nallow = hostb ; hostc\n"
+        "[borrow disk]\nlender = hostz\ndevice = nvme9\nsocket = /run/vm.sock\n"
+        "irq-mode = relay\n"
+        "[borrow nvme1]\nlender = hostz\nsocket = /run/vm2.sock\n");
+    VnBorrowConf *b;
+    VnLendConf *any = NULL, *some = NULL;
+
+    ck_assert_uint_eq(c->lease_timeout_ms, 3000);
+    ck_assert_str_eq(c->run_dir, "/srv/vn");
+    ck_assert_str_eq(g_hash_table_lookup(c->fabric_params, "max-windows"), "8");
+    ck_assert_uint_eq(c->lends->len, 2);
+    for (guint i = 0; i < c->lends->len; i++) {
+        VnLendConf *l = g_ptr_array_index(c->lends, i);
+
+        *(strcmp(l->name, "gpu.0") == 0 ? &any : &some) = l;
+    }
+    ck_assert(vn_lend_conf_allows(any, "anyone"));
+    ck_assert(vn_lend_conf_allows(some, "hostc"));     /* spaces around ';' stripped */
+    ck_assert(!vn_lend_conf_allows(some, "hostd"));
+    ck_assert_uint_eq(c->borrows->len, 2);
+    b = g_ptr_array_index(c->borrows, 0);
+    ck_assert_str_eq(b->device, strcmp(b->name, "disk") == 0 ? "nvme9" : "nvme1");
+    b = g_ptr_array_index(c->borrows, strcmp(b->name, "disk") == 0 ? 0 : 1);
+    ck_assert_int_eq(b->irq_mode, VN_IRQ_MODE_RELAY);
+    ck_assert_str_eq(b->lender, "hostz");
+}
+END_TEST
+
+/* ---- refused -------------------------------------------------------------- */
+
+/* 111 bytes: more than sun_path holds. */
+#define LONG_SOCK "/run/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" \
+                  "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock"
+
+static const struct {
+    const char *text;
+    const char *why;            /* in the error message */
+} bad[] = {
+    { "", "[node] is required" },
+    { "[node]\nfabric-dir = /f\n", "\"name\" is required" },
+    { "[node]\nname = hosta\n", "\"fabric-dir\" is required" },
+    { NODE "colour = blue\n", "unknown key \"colour\"" },
+    { NODE "[lend]\nsocket = /s\nallow = *\n", "unknown group [lend]" },
+    { NODE "[lend a b]\nsocket = /s\nallow = *\n", "unknown group [lend a b]" },
+    { NODE "[lender x]\n", "unknown group" },
+    { "[node]\nname = Host_A\nfabric-dir = /f\n", "must be [a-z0-9][a-z0-9-]*" },
+    { NODE "lease-timeout-ms = 0\n", "lease-timeout-ms must be 100..86400000" },
+    { NODE "lease-timeout-ms = soon\n", "lease-timeout-ms must be" },
+    { NODE "lease-timeout-ms = 99999999999\n", "lease-timeout-ms must be" },
+    { "[node]\nname = hosta\nfabric-dir = fabric\n",
+      "fabric-dir \"fabric\" must be an absolute path" },
+    { NODE "run-dir = run\n", "run-dir \"run\" must be an absolute path" },
+    { NODE "state-dir = ./state\n", "state-dir \"./state\" must be an absolute path" },
+    { NODE "stats-file = s.json\n", "stats-file" },
+    { NODE "control-socket = c.sock\n", "control-socket must be an absolute path" },
+    { NODE "control-socket = " LONG_SOCK "\n", "at most 107 bytes" },
+    { NODE "[lend n]\nallow = *\n", "\"socket\" is required" },
+    { NODE "[lend n]\nsocket = /s\n", "\"allow\" is required" },
+    { NODE "[lend n]\nsocket = /s\nallow = hostb;Bad Node\n", "\"Bad Node\" is not a node name" },
+    { NODE "[lend n]\nsocket = s.sock\nallow = *\n", "[lend n]: the device server's socket" },
+    { NODE "[lend n]\nsocket = " LONG_SOCK "\nallow = *\n", "at most 107 bytes" },
+    { NODE "[lend n]\nsocket = /s\nallow = *\nmode = fast\n", "unknown key \"mode\"" },
+    { NODE "[borrow b]\nsocket = /s\n", "\"lender\" is required" },
+    { NODE "[borrow b]\nlender = hostz\n", "\"socket\" is required" },
+    { NODE "[borrow b]\nlender = Host Z\nsocket = /s\n", "lender \"Host Z\" is not a node name" },
+    { NODE "[borrow b]\nlender = hostz\nsocket = vm.sock\n", "socket must be an absolute path" },
+    { NODE "[borrow b]\nlender = hostz\nsocket = /s\ndevice = a/b\n", "device \"a/b\" must be" },
+    { NODE "[borrow b]\nlender = hostz\nsocket = /s\nirq-mode = msi\n",
+      "irq-mode must be fd or relay, not \"msi\"" },
+    { "[node\nname = x\n", "" },                        /* GKeyFile's own message */
+};
+
+START_TEST(test_refused)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_parse(bad[_i].text, &error);
+
+    ck_assert_msg(c == NULL, "accepted:\n%s", bad[_i].text);
+    ck_assert_ptr_nonnull(error);
+    ck_assert_msg(strstr(error->message, bad[_i].why) != NULL, "%s\nsays: %s", bad[_i].text,
+                  error->message);
+}
+END_TEST
+
+/* A config of more devices than a daemon serves is refused, not truncated. */
+START_TEST(test_too_many_devices)
+{
+    g_autoptr(GString) text = g_string_new(NODE);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = NULL;
+
+    for (int i = 0; i <= VN_CONF_MAX_DEVICES; i++) {
+        g_string_append_printf(text, "[lend d%d]\nsocket = /run/d%d.sock\nallow = *\n", i, i);
+    }
+    c = vn_conf_parse(text->str, &error);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(error->message, "more than 64 devices"));
+}
+END_TEST
+
+/* An access list is bounded like one given at run time. */
+START_TEST(test_long_access_list)
+{
+    g_autoptr(GString) text = g_string_new(NODE "[lend n]\nsocket = /s\nallow = ");
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = NULL;
+
+    for (int i = 0; i <= VN_CONF_MAX_ALLOW; i++) {
+        g_string_append_printf(text, "host%d;", i);
+    }
+    g_string_append_c(text, '\n');
+    c = vn_conf_parse(text->str, &error);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(error->message, "1-256 nodes"));
+}
+END_TEST
+
+/* A device added at run time: the same rules. */
+START_TEST(test_runtime_lend)
+{
+    const char *ok[] = { "hostb", NULL };
+    const char *none[] = { NULL };
+    g_autoptr(GError) error = NULL;
+    VnLendConf *l = vn_conf_lend_new("nvme0", "/run/n.sock", ok, &error);
+
+    ck_assert_ptr_nonnull(l);
+    ck_assert(l->runtime);
+    ck_assert(vn_lend_conf_allows(l, "hostb"));
+    vn_conf_lend_free(l);
+    ck_assert_ptr_null(vn_conf_lend_new("nv me0", "/run/n.sock", ok, NULL));
+    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "n.sock", ok, NULL));
+    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "/run/n.sock", none, NULL));
+}
+END_TEST
+
+static Suite *conf_suite(void)
+{
+    Suite *s = suite_create("conf");
+    TCase *tc;
+
+    tc = tcase_create("accepted");
+    tcase_add_test(tc, test_shipped_example);
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_everything);
+    tcase_add_test(tc, test_runtime_lend);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("refused");
+    tcase_add_loop_test(tc, test_refused, 0, G_N_ELEMENTS(bad));
+    tcase_add_test(tc, test_too_many_devices);
+    tcase_add_test(tc, test_long_access_list);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(conf_suite());
+}
