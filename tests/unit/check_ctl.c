@@ -150,7 +150,6 @@ START_TEST(test_format_actions)
     ck_assert(vn_ctl_format_return(out, "hosta/nvme0", empty, &error));
     ck_assert(vn_ctl_format_detach(out, "hosta/nvme0", empty, &error));
     ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", asked, &error));
-    ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", not_asked, &error));
     ck_assert_str_eq(out->str,
                      "hostb holds hosta/nvme0 (lease 17)\n"
                      "attached hosta/nvme0 to vm1 (lease 17): QEMU socket "
@@ -162,10 +161,11 @@ START_TEST(test_format_actions)
                      "detached hosta/nvme0 (still borrowed: `ntbctl return hosta/nvme0` "
                      "gives it back)\n"
                      "asked the VM to release hosta/nvme0 (device request); it is out once the "
-                     "guest lets go\n"
-                     "hosta/nvme0: its QEMU takes no device requests, nothing was sent; unplug "
-                     "it with QMP device_del (under libvirt: `ntbctl detach hosta/nvme0 "
-                     "--domain D`)\n");
+                     "guest lets go\n");
+    /* Not asked is not done: an error that says what to do instead. */
+    ck_assert(!vn_ctl_format_unplug(out, "hosta/nvme0", not_asked, &error));
+    ck_assert(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_GENERIC));
+    ck_assert_ptr_nonnull(strstr(error->message, "takes no device requests"));
 }
 END_TEST
 
@@ -693,6 +693,8 @@ START_TEST(test_ntbctl_answers)
         "\"borrower\": null, \"lease\": null}], \"id\": %ID%}\n", NULL };
     static const char *const busy[] = { ANSWER_BUSY, NULL };
     static const char *const bad[] = { "{\"return\": 7, \"id\": %ID%}\n", NULL };
+    static const char *const not_asked[] = { "{\"return\": {\"requested\": false}, "
+                                             "\"id\": %ID%}\n", NULL };
     g_autoptr(CtlFake) f = ctl_fake_new();
     g_autoptr(JsonNode) got = NULL;
     g_autoptr(JsonNode) want = json("[{\"device\": \"hosta/nvme0\", \"state\": \"available\","
@@ -733,6 +735,16 @@ START_TEST(test_ntbctl_answers)
     ck_assert_ptr_nonnull(strstr(err, "malformed answer to query-nodes"));
     ctl_fake_stop(f);
 
+    /* An unplug QEMU could not be asked for is refused (exit 1), saying what to do. */
+    f->answers = not_asked;
+    ctl_fake_start(f);
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "unplug", "hosta/nvme0", NULL), 1);
+    ck_assert(g_str_has_prefix(err, "ntbctl: hosta/nvme0: its QEMU takes no device requests"));
+    ck_assert_str_eq(out, "");
+    ctl_fake_stop(f);
+
     f->answers = NULL;
     f->hold = true;
     ctl_fake_start(f);
@@ -741,7 +753,7 @@ START_TEST(test_ntbctl_answers)
     ck_assert_int_eq(ntbctl(f->path, &out, &err, "--timeout-ms", "200", "stats", NULL), 3);
     ck_assert_ptr_nonnull(strstr(err, "the answer to query-stats did not come within 200 ms"));
     ctl_fake_stop(f);
-    ck_assert_uint_eq(f->conns, 5);
+    ck_assert_uint_eq(f->conns, 6);
 }
 END_TEST
 

@@ -507,13 +507,15 @@ bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GErro
     if (o == NULL || !member_is(o, "requested", G_TYPE_BOOLEAN, false, cmd, G_MAXUINT, error)) {
         return false;
     }
-    if (json_object_get_boolean_member(o, "requested")) {
-        g_string_append_printf(out, "asked the VM to release %s (device request); it is out "
-                               "once the guest lets go\n", device);
-    } else {
-        g_string_append_printf(out, "%s: its QEMU takes no device requests, nothing was sent; "
-                               "unplug it with QMP device_del (under libvirt: `ntbctl detach "
-                               "%s --domain D`)\n", device, device);
+    if (!json_object_get_boolean_member(o, "requested")) {
+        /* Not done, so not a success: a script can fall back on the exit code. */
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_GENERIC,
+                    "%s: its QEMU takes no device requests, nothing was sent; unplug it with "
+                    "QMP device_del (under libvirt: `ntbctl detach %s --domain D`)", device,
+                    device);
+        return false;
     }
+    g_string_append_printf(out, "asked the VM to release %s (device request); it is out once "
+                           "the guest lets go\n", device);
     return true;
 }

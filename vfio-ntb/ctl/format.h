@@ -42,7 +42,8 @@ bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GErro
 /* return / detach: {} -> "returned hosta/nvme0" / "detached hosta/nvme0 ...". */
 bool vn_ctl_format_return(GString *out, const char *device, JsonNode *ret, GError **error);
 bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GError **error);
-/* unplug: {"requested": bool} -> whether the VM was asked to release the device. */
+/* unplug: {"requested": true} -> the VM was asked to release the device;
+ * false is an error (VN_CTL_ERROR_GENERIC) saying what to do instead. */
 bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GError **error);
 
 #endif /* VN_CTL_FORMAT_H */

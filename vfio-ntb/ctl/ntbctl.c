@@ -308,7 +308,9 @@ static int run(const Command *cmd, Invocation *inv, const char *socket_path, int
     if (json) {
         vn_ctl_format_json(out, ret);
     } else if (!cmd->format(out, inv, ret, &error)) {
-        g_prefix_error(&error, "vfio-ntbd at %s: ", socket_path);
+        if (g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL)) {
+            g_prefix_error(&error, "vfio-ntbd at %s: ", socket_path);
+        }
         return report(error);
     }
     fputs(out->str, stdout);
