@@ -605,6 +605,13 @@ def result(name, ok, **detail):
     return ok
 
 
+def error_text(e, limit=200):
+    """An exception as one short line, for a FAIL result's detail: CI keeps only the tail of
+    the output, where tests/run-checks repeats the failed results."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}"[:limit]
+
+
 def wait_for(pred, timeout):
     """Poll pred() until it is truthy or timeout seconds pass; return its last value."""
     deadline = time.monotonic() + timeout

@@ -174,7 +174,7 @@ def main():
                 ok &= test(procs)
             except (h.HarnessError, AssertionError, KeyError, IndexError) as e:
                 print(f"{test.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
-                result(test.__name__, False, error=type(e).__name__)
+                result(test.__name__, False, error=h.error_text(e))
                 ok = False
     return 0 if ok else 1
 

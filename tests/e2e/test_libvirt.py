@@ -338,13 +338,13 @@ def main():
                         ok &= test(site)
                     except h.HarnessError as e:
                         print(f"{test.__name__}: {e}", file=sys.stderr)
-                        result(test.__name__, False, error="harness")
+                        result(test.__name__, False, error=h.error_text(e))
                         ok = False
             finally:
                 site.lv.stop()
         except h.HarnessError as e:
             print(f"libvirt site: {e}", file=sys.stderr)
-            result("libvirt-site", False, error="harness")
+            result("libvirt-site", False, error=h.error_text(e))
             ok = False
     return 0 if ok else 1
 

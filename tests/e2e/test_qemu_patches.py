@@ -351,7 +351,7 @@ def main(argv):
                     ok &= test(procs, kind)
                 except h.HarnessError as e:
                     print(f"{name}: {e}", file=sys.stderr)
-                    result(name, False, error="harness")
+                    result(name, False, error=h.error_text(e))
                     ok = False
     return 0 if ok else 1
 

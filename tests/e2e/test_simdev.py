@@ -95,7 +95,7 @@ def main():
                 ok &= test(procs)
             except h.HarnessError as e:
                 print(f"{test.__name__}: {e}", file=sys.stderr)
-                result(test.__name__, False, error="harness")
+                result(test.__name__, False, error=h.error_text(e))
                 ok = False
     return 0 if ok else 1
 
