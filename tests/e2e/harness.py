@@ -605,11 +605,13 @@ def result(name, ok, **detail):
     return ok
 
 
-def error_text(e, limit=200):
-    """An exception as one short line, for a FAIL result's detail: CI keeps only the tail of
-    the output, where tests/run-checks repeats the failed results."""
+def failed(name, e):
+    """A test that raised: its whole error on stderr, and a FAIL line whose detail is the
+    error's first line (CI keeps only the tail of the output, where tests/run-checks repeats
+    the FAIL lines).  Returns False, for ok &= ..."""
+    print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}"[:limit]
+    return result(name, False, error=f"{type(e).__name__}: {first}"[:200])
 
 
 def wait_for(pred, timeout):

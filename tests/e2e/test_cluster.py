@@ -471,9 +471,7 @@ def main():
             try:
                 ok &= test(cl)
             except (h.HarnessError, ControlError, TimeoutError, KeyError, ConnectionError) as e:
-                print(f"{test.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
-                result(test.__name__, False, error=h.error_text(e))
-                ok = False
+                ok = h.failed(test.__name__, e)
     return 0 if ok else 1
 
 

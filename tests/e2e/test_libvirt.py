@@ -337,15 +337,11 @@ def main():
                     try:
                         ok &= test(site)
                     except h.HarnessError as e:
-                        print(f"{test.__name__}: {e}", file=sys.stderr)
-                        result(test.__name__, False, error=h.error_text(e))
-                        ok = False
+                        ok = h.failed(test.__name__, e)
             finally:
                 site.lv.stop()
         except h.HarnessError as e:
-            print(f"libvirt site: {e}", file=sys.stderr)
-            result("libvirt-site", False, error=h.error_text(e))
-            ok = False
+            ok = h.failed("libvirt-site", e)
     return 0 if ok else 1
 
 

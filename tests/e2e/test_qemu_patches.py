@@ -350,9 +350,7 @@ def main(argv):
                 try:
                     ok &= test(procs, kind)
                 except h.HarnessError as e:
-                    print(f"{name}: {e}", file=sys.stderr)
-                    result(name, False, error=h.error_text(e))
-                    ok = False
+                    ok = h.failed(name, e)
     return 0 if ok else 1
 
 

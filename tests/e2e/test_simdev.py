@@ -94,9 +94,7 @@ def main():
             try:
                 ok &= test(procs)
             except h.HarnessError as e:
-                print(f"{test.__name__}: {e}", file=sys.stderr)
-                result(test.__name__, False, error=h.error_text(e))
-                ok = False
+                ok = h.failed(test.__name__, e)
     return 0 if ok else 1
 
 
