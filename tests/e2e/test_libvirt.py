@@ -87,6 +87,14 @@ def test_start_use_destroy(site):
                 output=chk.stdout.strip().splitlines()[0] if chk.stdout else chk.stderr.strip())
     site.lv.virsh("start", "vm1")
     attached = site.state() == "lent" and site.held_by_hostb() == ["hosta/nvme0"]
+    # What libvirtd restarting does: the hook's reconnect finds the device still served.
+    rc = subprocess.run([str(lvt.HOOK), "vm1", "reconnect", "begin", "-"],
+                        input=site.lv.virsh("dumpxml", "vm1").stdout, capture_output=True,
+                        text=True, timeout=30,
+                        env={"VFIO_NTB_CONTROL": str(site.b.control), "PATH": "/usr/bin:/bin"})
+    ok &= result("hook-reconnect-keeps-served", rc.returncode == 0 and rc.stderr == ""
+                 and site.held_by_hostb() == ["hosta/nvme0"],
+                 message=rc.stderr.strip().splitlines()[-1:])
     run = q.wait_done()
     # The guest powered off: libvirt ran release/end, which returned the device.
     returned = wait_for(lambda: site.state() == "available", 15)

@@ -6,6 +6,7 @@
 
 #include "daemon-int.h"
 
+#include "common/util.h"
 #include "config.h"
 
 #include <gio/gio.h>
@@ -29,18 +30,10 @@ static bool name_ok(const char *s)
     return true;
 }
 
-static const char *arg_string(JsonObject *a, const char *name)
-{
-    JsonNode *n = json_object_get_member(a, name);
-
-    return (n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
-            json_node_get_value_type(n) == G_TYPE_STRING) ? json_node_get_string(n) : NULL;
-}
-
 /* "host/name" split and checked; false answers @r. */
 static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
 {
-    const char *dev = arg_string(a, "device");
+    const char *dev = vn_util_json_string(a, "device");
     const char *slash = dev ? strchr(dev, '/') : NULL;
 
     if (dev == NULL) {
@@ -317,7 +310,7 @@ JsonNode *vn_daemon_stats(VnDaemon *d, const char *only)
 
 static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    const char *only = arg_string(a, "device");
+    const char *only = vn_util_json_string(a, "device");
 
     if (json_object_has_member(a, "device") && only == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
@@ -514,26 +507,29 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
  * XML): a file directly in run-dir, so that a domain definition cannot make
  * the daemon create sockets anywhere else.
  */
-static bool socket_arg_ok(VnDaemon *d, const char *socket)
+static bool socket_arg_ok(VnDaemon *d, const char *socket, const VnBorrowed *served)
 {
     size_t dl = strlen(d->conf->run_dir);
 
-    if (strlen(socket) > VN_DAEMON_MAX_SOCKET_PATH || strncmp(socket, d->conf->run_dir, dl) != 0 ||
+    if (strlen(socket) > VN_CONF_MAX_SOCKET_PATH || strncmp(socket, d->conf->run_dir, dl) != 0 ||
         socket[dl] != '/') {
         return false;
     }
+    /* It must be new, unless it is the one this device is served on already
+     * (the hook's reconnect attaches again; attach_borrowed answers it). */
     return name_ok(socket + dl + 1) && g_str_has_suffix(socket, ".sock") &&
-           !g_file_test(socket, G_FILE_TEST_EXISTS);
+           (!g_file_test(socket, G_FILE_TEST_EXISTS) ||
+            (served != NULL && served->worker_pid > 0 && g_strcmp0(served->socket, socket) == 0));
 }
 
 static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
-    const char *domain = arg_string(a, "domain");
-    const char *qmp = arg_string(a, "qmp");
-    const char *qdev_id = arg_string(a, "qdev-id");
-    const char *socket = arg_string(a, "socket");
-    const char *mode = arg_string(a, "irq-mode");
+    const char *domain = vn_util_json_string(a, "domain");
+    const char *qmp = vn_util_json_string(a, "qmp");
+    const char *qdev_id = vn_util_json_string(a, "qdev-id");
+    const char *socket = vn_util_json_string(a, "socket");
+    const char *mode = vn_util_json_string(a, "irq-mode");
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
     Attach *at;
     VnBorrowed *b;
@@ -555,7 +551,10 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          "VM, 1-63 of [A-Za-z0-9_.-])");
         return;
     }
-    if (json_object_has_member(a, "socket") && (socket == NULL || !socket_arg_ok(d, socket))) {
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_daemon_borrowed(d, dev);
+    if (json_object_has_member(a, "socket") &&
+        (socket == NULL || !socket_arg_ok(d, socket, b))) {
         vn_control_error(r, VN_ERR_PARAM, "\"socket\" must be a new file NAME.sock directly in "
                          "%s (NAME: [A-Za-z0-9_.-])", d->conf->run_dir);
         return;
@@ -572,8 +571,6 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp),
                     .qdev_id = g_strdup(qdev_id), .socket = g_strdup(socket),
                     .has_irq_mode = mode != NULL, .irq_mode = irq_mode };
-    dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
     if (b != NULL) {
         attach_borrowed(d, b, NULL, NULL, at);
     } else {
@@ -630,8 +627,8 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    const char *name = arg_string(a, "name");
-    const char *socket = arg_string(a, "socket");
+    const char *name = vn_util_json_string(a, "name");
+    const char *socket = vn_util_json_string(a, "socket");
     JsonNode *an = json_object_get_member(a, "allow");
     g_autoptr(GPtrArray) allow = g_ptr_array_new();
     g_autoptr(GError) error = NULL;
@@ -683,7 +680,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    const char *name = arg_string(a, "name");
+    const char *name = vn_util_json_string(a, "name");
     VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
 
     if (name == NULL) {

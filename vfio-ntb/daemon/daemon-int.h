@@ -104,8 +104,6 @@ enum {
  * go of the device, and looks whether it has this often. */
 #define VN_DAEMON_MAX_RELEASE_MS 10000
 #define VN_DAEMON_RELEASE_POLL_MS 50
-/* sun_path holds 108 bytes with the NUL. */
-#define VN_DAEMON_MAX_SOCKET_PATH 107
 #define VN_DAEMON_MAX_GRACE_MS 600000
 /* A lease whose borrower's daemon went away (or that was restored from the
  * state file) expires if that daemon is not back and claiming it within

@@ -1,9 +1,9 @@
 /*
  * Just enough QMP for vfio-ntbd to take a borrowed device out of a VM when
  * the device is revoked or its lender is lost: connect to the VM's QMP
- * socket, negotiate, device_del, and optionally wait for DEVICE_DELETED
- * (the guest released the device).  QEMU is a peer like any other: every
- * wait is bounded and every line is checked.
+ * socket, negotiate and device_del (the caller watches for the guest
+ * releasing the device).  QEMU is a peer like any other: every wait is
+ * bounded and every line is checked.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
