@@ -115,13 +115,13 @@ int ntbctl_virt_attach(const char *device, const char *domain, const char *alias
                : NTBCTL_VIRT_FAILED;
 }
 
-bool ntbctl_virt_detach(const char *device, const char *uri, bool config,
+bool ntbctl_virt_detach(const char *device, const char *domain, const char *uri, bool config,
                         const char *socket_path, int timeout_ms, GError **error)
 {
     g_autofree char *node = local_node(socket_path, timeout_ms, error);
     VnHotplugHost h = { node, socket_path, uri };
 
-    return node != NULL && vn_hotplug_detach(&h, device, config, stdout, error);
+    return node != NULL && vn_hotplug_detach(&h, device, domain, config, stdout, error);
 }
 
 bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,

@@ -27,7 +27,7 @@ int ntbctl_virt_attach(const char *device, const char *domain, const char *alias
                        const char *uri, bool config, const char *socket_path, int timeout_ms,
                        GError **error);
 /* ntbctl detach DEV --domain D: unplug from the running domain, then return. */
-bool ntbctl_virt_detach(const char *device, const char *uri, bool config,
+bool ntbctl_virt_detach(const char *device, const char *domain, const char *uri, bool config,
                         const char *socket_path, int timeout_ms, GError **error);
 /* ntbctl reassign DEV --to [HOST:]DOMAIN */
 bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,

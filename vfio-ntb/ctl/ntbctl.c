@@ -539,8 +539,11 @@ int main(int argc, char **argv)
         }
     }
     if (strcmp(cmd->name, "detach") == 0 && domain != NULL) {
-        return ntbctl_virt_detach(inv.device, connect_uri, config, socket_path, (int)timeout_ms,
-                                  &error)
+        if (!check_domain(domain)) {
+            return EXIT_USAGE;
+        }
+        return ntbctl_virt_detach(inv.device, domain, connect_uri, config, socket_path,
+                                  (int)timeout_ms, &error)
                    ? EXIT_DONE
                    : report(error);
     }

@@ -290,14 +290,20 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
     if (st == NULL) {
         return false;
     }
+    /* Attached to it already: device_add would fail on the id, and the undo
+     * would stop the worker the VM uses. */
+    if (g_strcmp0(vn_util_json_string(st, "attached_to"), domain) == 0) {
+        say(&s, "already in %s:%s", h->node, domain);
+        return true;
+    }
     borrower = vn_util_json_string(st, "borrower");
     return plug_in(h, v, device, domain, alias ? alias : dflt,
                    borrower != NULL && strcmp(borrower, h->node) == 0, &where, &s, error) &&
            (!config || persist(h, v, domain, device, alias ? alias : dflt, &where, &s, error));
 }
 
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, bool config,
-                       FILE *progress, GError **error)
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from,
+                       bool config, FILE *progress, GError **error)
 {
     g_autofree char *what = g_strdup_printf("detach %s", device);
     Step s = { progress, what, g_get_monotonic_time() };
@@ -308,6 +314,13 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, bool config,
     const char *id = vn_util_json_string(st, "qdev_id");
 
     if (st == NULL) {
+        return false;
+    }
+    if (from != NULL && g_strcmp0(domain, from) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "%s is %s%s, not to %s: nothing changed", device,
+                    domain != NULL ? "attached to " : "not attached",
+                    domain != NULL ? domain : "", from);
         return false;
     }
     if (domain != NULL && id != NULL) {

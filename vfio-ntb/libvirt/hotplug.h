@@ -42,9 +42,10 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
                        const char *alias, bool config, FILE *progress, GError **error);
 
 /* Unplug @device from the domain it is attached to on @h (the guest lets
- * go, bounded), then return it. */
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, bool config,
-                       FILE *progress, GError **error);
+ * go, bounded), then return it.  With @from, refused (nothing changed) unless
+ * that is the domain it is attached to. */
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from,
+                       bool config, FILE *progress, GError **error);
 
 /*
  * Move @device into domain @domain on @to.  @hosts resolves the node that

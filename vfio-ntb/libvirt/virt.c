@@ -190,7 +190,9 @@ static JsonArray *bridge_devices(JsonObject *dev)
 
 /*
  * Walk the root ports: with @want_id NULL return the first empty one's id;
- * otherwise the id of the port that holds device @want_id.
+ * otherwise the id of the port that holds device @want_id, or "pcie.0" when
+ * it sits on the root bus itself (declared in the XML without a bus): a
+ * device found nowhere is one QEMU no longer has.
  */
 static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GError **error)
 {
@@ -207,6 +209,9 @@ static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GErr
         JsonArray *behind = dev ? bridge_devices(dev) : NULL;
         const char *port = vn_util_json_string(dev, "qdev_id");
 
+        if (want_id != NULL && g_strcmp0(port, want_id) == 0) {
+            return g_strdup("pcie.0");
+        }
         if (behind == NULL || port == NULL || port[0] == '\0') {
             continue;
         }
@@ -351,24 +356,4 @@ bool vn_virt_domain_define(VnVirt *v, const char *domain, const char *xml, GErro
     }
     virDomainFree(d);
     return true;
-}
-
-char *vn_virt_domain_xml(VnVirt *v, const char *domain, GError **error)
-{
-    virDomainPtr d = running_domain(v, domain, error);
-    char *xml, *copy;
-
-    if (d == NULL) {
-        return NULL;
-    }
-    xml = virDomainGetXMLDesc(d, 0);
-    virDomainFree(d);
-    if (xml == NULL) {
-        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: its XML: %s", domain,
-                    last_error());
-        return NULL;
-    }
-    copy = g_strdup(xml);
-    free(xml);
-    return copy;
 }

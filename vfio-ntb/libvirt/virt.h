@@ -52,8 +52,8 @@ bool vn_virt_domain_running(VnVirt *v, const char *domain, GError **error);
  * (newly allocated), or NULL with NO_PORT. */
 char *vn_virt_free_root_port(VnVirt *v, const char *domain, GError **error);
 
-/* The bus (root port alias) of device @id in @domain, newly allocated; NULL
- * without an error when no such device is plugged. */
+/* The bus (root port alias, or "pcie.0") of device @id in @domain, newly
+ * allocated; NULL without an error when no such device is plugged. */
 char *vn_virt_device_bus(VnVirt *v, const char *domain, const char *id, GError **error);
 
 /* device_add a vfio-user-pci with id @id on @bus, served on @socket. */
@@ -73,7 +73,5 @@ char *vn_virt_domain_config(VnVirt *v, const char *domain, GError **error);
  * next start). */
 bool vn_virt_domain_define(VnVirt *v, const char *domain, const char *xml, GError **error);
 
-/* The live domain's XML (for its vfio-ntb metadata), newly allocated. */
-char *vn_virt_domain_xml(VnVirt *v, const char *domain, GError **error);
 
 #endif /* VN_VIRT_H */
