@@ -259,6 +259,10 @@ static const Bad bad[] = {
                                              "\"bus\":1,\"socket\":{\"type\":\"unix\","
                                              "\"path\":\"/a\"}}"),
       .code = INVALID, .expect = "\"bus\" that is not a string" },
+    { "bus with an escape", .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
+                                               "\"bus\":\"pci\\u001b[2J\",\"socket\":{"
+                                               "\"type\":\"unix\",\"path\":\"/a\"}}"),
+      .code = INVALID, .expect = "\"bus\" is not 1-63 printable characters" },
     { "relative socket path", .args = DEVICE_ARG(VFIO_USER("ntb0", "run/a.sock")),
       .code = INVALID, .expect = "socket path \"run/a.sock\" is not absolute" },
     { "socket path with ..", .args = DEVICE_ARG(VFIO_USER("ntb0", "/run/../tmp/a.sock")),

@@ -8,38 +8,50 @@
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
+#include "ctl/format.h"
 #include "libvirt/domxml.h"
 #include "libvirt/hotplug.h"
 #include "libvirt/virt.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <gio/gio.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ntbctl xml --check FILE: exit 0 and a summary, or 1 and what is wrong. */
 int ntbctl_xml_check(const char *path)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *text = NULL;
+    g_autoptr(GByteArray) text = NULL;
     g_autoptr(VnDomain) dom = NULL;
-    gsize len = 0;
+    g_autofree char *shown = vn_ctl_format_sanitize(path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
 
-    if (!g_file_get_contents(path, &text, &len, &error)) {
-        fprintf(stderr, "ntbctl: %s\n", error->message);
+    if (fd < 0) {
+        fprintf(stderr, "ntbctl: %s: %s\n", shown, g_strerror(errno));
         return 1;
     }
-    dom = vn_domxml_parse(text, len, &error);
+    /* Bounded: --check /dev/zero is refused by the size limit, not by memory. */
+    text = vn_domxml_read_fd(fd, &error);
+    close(fd);
+    dom = text != NULL ? vn_domxml_parse((const char *)text->data, text->len, &error) : NULL;
     if (dom == NULL) {
-        fprintf(stderr, "ntbctl: %s: %s\n", path, error->message);
+        g_autofree char *msg = vn_ctl_format_sanitize(error->message);
+
+        fprintf(stderr, "ntbctl: %s: %s\n", shown, msg);
         return 1;
     }
-    printf("%s: domain %s declares %u vfio-ntb device%s\n", path, dom->name, dom->devices->len,
+    printf("%s: domain %s declares %u vfio-ntb device%s\n", shown, dom->name, dom->devices->len,
            dom->devices->len == 1 ? "" : "s");
     for (guint i = 0; i < dom->devices->len; i++) {
         const VnDomDevice *d = dom->devices->pdata[i];
+        /* name, alias and bus are checked words; the socket path is any text */
+        g_autofree char *sock = vn_ctl_format_sanitize(d->socket);
 
-        printf("  %s as %s on %s%s%s\n", d->device, d->alias, d->socket,
-               d->bus ? ", bus " : "", d->bus ? d->bus : "");
+        printf("  %s as %s on %s%s%s\n", d->device, d->alias, sock, d->bus ? ", bus " : "",
+               d->bus ? d->bus : "");
     }
     return 0;
 }

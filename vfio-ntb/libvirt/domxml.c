@@ -14,8 +14,11 @@
 #include <json-glib/json-glib.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
+#include <errno.h>
+#include <gio/gio.h>
 #include <stdarg.h>
 #include <string.h>
+#include <unistd.h>
 
 /* How much of a value that failed its check an error message repeats. */
 #define VN_DOMXML_SHOWN 64
@@ -291,6 +294,19 @@ static bool json_depth_ok(const char *s, unsigned max)
     return true;
 }
 
+/* 1..@max printable ASCII characters: what a bus name printed back may hold. */
+static bool printable_word(const char *s, size_t max)
+{
+    size_t n = strnlen(s, max + 1);
+
+    for (size_t i = 0; i < n; i++) {
+        if (!g_ascii_isgraph(s[i])) {
+            return false;
+        }
+    }
+    return n >= 1 && n <= max;
+}
+
 /* The -device whose id is @d's alias: check it, take its socket and bus. */
 static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
 {
@@ -324,6 +340,10 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
     }
     if (json_object_has_member(o, "bus") && bus == NULL) {
         return fail(error, "its -device has a \"bus\" that is not a string");
+    }
+    if (bus != NULL && !printable_word(bus, VN_DOMXML_MAX_ALIAS)) {
+        return fail(error, "its -device \"bus\" is not 1-%u printable characters (a root "
+                    "port's alias, such as pci.1)", VN_DOMXML_MAX_ALIAS);
     }
     d->socket = g_strdup(path);
     d->bus = g_strdup(bus);
@@ -447,6 +467,30 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
         return false;
     }
     return true;
+}
+
+GByteArray *vn_domxml_read_fd(int fd, GError **error)
+{
+    g_autoptr(GByteArray) in = g_byte_array_new();
+    guint8 buf[65536];
+
+    while (in->len <= VN_DOMXML_MAX_BYTES) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+
+        if (n == 0) {
+            break;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
+                        "reading the domain XML: %s", g_strerror(errno));
+            return NULL;
+        }
+        g_byte_array_append(in, buf, (guint)MIN((size_t)n, VN_DOMXML_MAX_BYTES + 1 - in->len));
+    }
+    return g_steal_pointer(&in);
 }
 
 xmlDoc *vn_domxml_read(const char *xml, size_t len, GError **error)

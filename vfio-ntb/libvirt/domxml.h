@@ -77,6 +77,10 @@ typedef struct VnDomain {
  */
 VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error);
 void vn_domain_free(VnDomain *dom);
+
+/* Read @fd to its end, keeping at most VN_DOMXML_MAX_BYTES + 1 bytes (enough
+ * for vn_domxml_parse() to refuse a larger document with its limit). */
+GByteArray *vn_domxml_read_fd(int fd, GError **error);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDomain, vn_domain_free)
 
 /* The device named @device ("host/name") in @dom, or NULL. */

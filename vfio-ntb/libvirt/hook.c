@@ -43,29 +43,6 @@
 #define VN_HOOK_MAX_DEVICES 4096u
 
 /* Read all of stdin, at most VN_DOMXML_MAX_BYTES + 1 (so domxml sees "too big"). */
-static GByteArray *read_stdin(GError **error)
-{
-    g_autoptr(GByteArray) in = g_byte_array_new();
-    guint8 buf[65536];
-
-    for (;;) {
-        ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
-
-        if (n == 0) {
-            return g_steal_pointer(&in);
-        }
-        if (n < 0) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "reading the domain XML: %s",
-                        g_strerror(errno));
-            return NULL;
-        }
-        g_byte_array_append(in, buf, (guint)MIN((size_t)n, VN_DOMXML_MAX_BYTES + 1 - in->len));
-        if (in->len > VN_DOMXML_MAX_BYTES) {
-            return g_steal_pointer(&in);   /* domxml refuses it with the limit */
-        }
-    }
-}
-
 static JsonObject *device_args(const VnDomDevice *dev)
 {
     JsonObject *a = json_object_new();
@@ -232,7 +209,7 @@ int main(int argc, char **argv)
     starting = strcmp(op, "prepare") == 0 && strcmp(subop, "begin") == 0;
     /* Read the XML even for events we ignore: libvirt writes all of it, and a
      * large domain's XML does not fit in a pipe we never read. */
-    xml = read_stdin(&error);
+    xml = vn_domxml_read_fd(STDIN_FILENO, &error);
     if (!(starting || (strcmp(op, "release") == 0 && strcmp(subop, "end") == 0) ||
           (strcmp(op, "migrate") == 0 && strcmp(subop, "begin") == 0) ||
           (strcmp(op, "reconnect") == 0 && strcmp(subop, "begin") == 0))) {
