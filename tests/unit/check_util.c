@@ -34,6 +34,22 @@ START_TEST(test_json_string_member)
 }
 END_TEST
 
+/* Depth counts objects and arrays, not brackets inside strings; closing
+ * brackets first do not buy extra levels. */
+START_TEST(test_json_depth)
+{
+    static const char ok[] = "{\"a\":[{\"b\":\"[[[[[[\"}]}";
+    static const char deep[] = "[[[[[";
+    static const char sneaky[] = "]]]][[[[[";
+
+    ck_assert(vn_util_json_depth_ok(ok, strlen(ok), 3));
+    ck_assert(!vn_util_json_depth_ok(ok, strlen(ok), 2));
+    ck_assert(vn_util_json_depth_ok(deep, strlen(deep), 5));
+    ck_assert(!vn_util_json_depth_ok(deep, strlen(deep), 4));
+    ck_assert(!vn_util_json_depth_ok(sneaky, strlen(sneaky), 4));
+}
+END_TEST
+
 /* A snapshot replaces the file whole and leaves no temporary behind. */
 START_TEST(test_snapshot_replaces)
 {
@@ -75,6 +91,7 @@ static Suite *util_suite(void)
 
     tc = tcase_create("json");
     tcase_add_test(tc, test_json_string_member);
+    tcase_add_test(tc, test_json_depth);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("snapshot");

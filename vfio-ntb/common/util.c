@@ -31,6 +31,31 @@ uint64_t vn_util_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max)
+{
+    bool in_string = false;
+    unsigned depth = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+
+        if (in_string) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if ((c == '{' || c == '[') && ++depth > max) {
+            return false;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return true;
+}
+
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
     g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);

@@ -49,6 +49,14 @@ static inline const char *vn_util_json_string(JsonObject *o, const char *name)
                : NULL;
 }
 
+/*
+ * True when JSON text @s (@len bytes) nests at most @max levels of objects
+ * and arrays, strings skipped.  json-glib's parser recurses once per level
+ * with no limit of its own, so peer JSON is checked with this first;
+ * malformed text is left to the parser.
+ */
+bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max);
+
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 

@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "frame.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <json-glib/json-glib.h>
@@ -76,44 +77,14 @@ int vn_fabric_frame_encode(GByteArray *out, uint16_t flags, uint32_t type, uint6
     return 0;
 }
 
-/*
- * Nesting depth of JSON text, strings skipped; false when above the limit.
- * Malformed text is left to the parser: this only bounds its recursion.
- */
-static bool json_depth_ok(const char *s, size_t len)
-{
-    bool in_string = false;
-    int depth = 0;
-
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-
-        if (in_string) {
-            if (c == '\\') {
-                i++;
-            } else if (c == '"') {
-                in_string = false;
-            }
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '{' || c == '[') {
-            if (++depth > VN_FABRIC_MAX_JSON_DEPTH) {
-                return false;
-            }
-        } else if (c == '}' || c == ']') {
-            depth--;
-        }
-    }
-    return true;
-}
-
 /* @s is @len bytes followed by a NUL (checked by the caller). */
 static bool json_object_ok(const char *s, size_t len)
 {
     g_autoptr(JsonParser) parser = NULL;
     JsonNode *root;
 
-    if (!g_utf8_validate(s, (gssize)len, NULL) || !json_depth_ok(s, len)) {
+    if (!g_utf8_validate(s, (gssize)len, NULL) ||
+        !vn_util_json_depth_ok(s, len, VN_FABRIC_MAX_JSON_DEPTH)) {
         return false;
     }
     parser = json_parser_new_immutable();

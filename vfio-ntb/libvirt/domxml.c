@@ -274,26 +274,6 @@ static bool check_memory(xmlNode *root, GError **error)
     return true;
 }
 
-/* Checked before json-glib sees the text; brackets inside strings do not count. */
-static bool json_depth_ok(const char *s, unsigned max)
-{
-    unsigned depth = 0;
-    bool in_str = false;
-
-    for (; *s != '\0'; s++) {
-        if (in_str && *s == '\\' && s[1] != '\0') {
-            s++;
-        } else if (*s == '"') {
-            in_str = !in_str;
-        } else if (!in_str && (*s == '{' || *s == '[') && ++depth > max) {
-            return false;
-        } else if (!in_str && (*s == '}' || *s == ']') && depth > 0) {
-            depth--;
-        }
-    }
-    return true;
-}
-
 /* 1..@max printable ASCII characters: what a bus name printed back may hold. */
 static bool printable_word(const char *s, size_t max)
 {
@@ -358,7 +338,7 @@ static bool match_json(const char *text, GPtrArray *devs, GError **error)
     JsonNode *root;
     const char *id;
 
-    if (!json_depth_ok(text, VN_DOMXML_MAX_JSON_DEPTH)) {
+    if (!vn_util_json_depth_ok(text, strlen(text), VN_DOMXML_MAX_JSON_DEPTH)) {
         return fail(error, "a -device argument nests deeper than %u levels",
                     VN_DOMXML_MAX_JSON_DEPTH);
     }
