@@ -34,6 +34,19 @@ START_TEST(test_json_string_member)
 }
 END_TEST
 
+START_TEST(test_name_valid)
+{
+    ck_assert(vn_util_name_valid("nvme0", 63));
+    ck_assert(vn_util_name_valid("a-b_c.d", 7));
+    ck_assert(!vn_util_name_valid("a-b_c.d", 6));
+    ck_assert(!vn_util_name_valid("", 63));
+    ck_assert(!vn_util_name_valid(NULL, 63));
+    ck_assert(!vn_util_name_valid("a/b", 63));
+    ck_assert(!vn_util_name_valid("a b", 63));
+    ck_assert(!vn_util_name_valid("\x1b[2J", 63));
+}
+END_TEST
+
 /* Depth counts objects and arrays, not brackets inside strings; closing
  * brackets first do not buy extra levels. */
 START_TEST(test_json_depth)
@@ -92,6 +105,7 @@ static Suite *util_suite(void)
     tc = tcase_create("json");
     tcase_add_test(tc, test_json_string_member);
     tcase_add_test(tc, test_json_depth);
+    tcase_add_test(tc, test_name_valid);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("snapshot");

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <glib/gstdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +30,18 @@ uint64_t vn_util_now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool vn_util_name_valid(const char *s, size_t max)
+{
+    size_t n = s != NULL ? strnlen(s, max + 1) : 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
+            return false;
+        }
+    }
+    return n >= 1 && n <= max;
 }
 
 bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max)

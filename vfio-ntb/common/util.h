@@ -57,6 +57,10 @@ static inline const char *vn_util_json_string(JsonObject *o, const char *name)
  */
 bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max);
 
+/* True when @s is 1..@max characters of [A-Za-z0-9_.-]: the names of devices,
+ * domains and sockets that travel between peers and become file names. */
+bool vn_util_name_valid(const char *s, size_t max);
+
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 

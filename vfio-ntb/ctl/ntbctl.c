@@ -11,6 +11,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
+#include "common/util.h"
 #include "config.h"
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
@@ -232,14 +233,7 @@ static bool parse_ms(const char *opt, const char *text, gint64 min, gint64 *out)
 /* 1-NTBCTL_MAX_DOMAIN of [A-Za-z0-9_.-]: a VM's name, or a device's id in it. */
 static bool name_valid(const char *name)
 {
-    size_t len = strnlen(name, NTBCTL_MAX_DOMAIN + 1);
-
-    for (size_t i = 0; i < len; i++) {
-        if (!g_ascii_isalnum(name[i]) && name[i] != '_' && name[i] != '.' && name[i] != '-') {
-            return false;
-        }
-    }
-    return len > 0 && len <= NTBCTL_MAX_DOMAIN;
+    return vn_util_name_valid(name, NTBCTL_MAX_DOMAIN);
 }
 
 static bool check_domain(const char *domain)

@@ -17,17 +17,9 @@
 /* Device and domain names: they end up in file names. */
 static bool name_ok(const char *s)
 {
-    size_t n = strlen(s);
-
-    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME || strcmp(s, ".") == 0 || strcmp(s, "..") == 0) {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return true;
+    /* Names become file names in run-dir: never "." or "..". */
+    return vn_util_name_valid(s, VN_PROTO_MAX_DEVICE_NAME) && strcmp(s, ".") != 0 &&
+           strcmp(s, "..") != 0;
 }
 
 /* "host/name" split and checked; false answers @r. */

@@ -5,6 +5,7 @@
 
 #include "conf.h"
 
+#include "common/util.h"
 #include "fabric/fabric.h"
 
 #include <gio/gio.h>
@@ -133,17 +134,7 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
 
 static bool name_ok(const char *s)
 {
-    size_t n = strlen(s);
-
-    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME) {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return true;
+    return vn_util_name_valid(s, VN_PROTO_MAX_DEVICE_NAME);
 }
 
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)

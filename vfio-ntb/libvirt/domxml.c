@@ -74,23 +74,10 @@ const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device)
     return NULL;
 }
 
-/* 1..max characters of [A-Za-z0-9_.-]. */
-static bool word_valid(const char *s, size_t max)
-{
-    size_t n = strnlen(s, max + 1);
-
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return n > 0 && n <= max;
-}
-
 bool vn_domxml_alias_valid(const char *alias)
 {
     /* qdev ids must start with a letter (QEMU's id_wellformed()). */
-    return alias != NULL && g_ascii_isalpha(alias[0]) && word_valid(alias, VN_DOMXML_MAX_ALIAS);
+    return alias != NULL && g_ascii_isalpha(alias[0]) && vn_util_name_valid(alias, VN_DOMXML_MAX_ALIAS);
 }
 
 /* ---- tree helpers --------------------------------------------------------- */
@@ -434,7 +421,7 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
         name = vn_domxml_is_element(n, NULL, "name") ? n : NULL;
     }
     dom->name = name != NULL ? take_xml_string(xmlNodeGetContent(name)) : NULL;
-    if (dom->name == NULL || !word_valid(dom->name, VN_DOMXML_MAX_NAME)) {
+    if (dom->name == NULL || !vn_util_name_valid(dom->name, VN_DOMXML_MAX_NAME)) {
         return fail(error, "domain XML: the <name> \"%.*s\" is not 1-%u letters, digits, '_', "
                     "'.' or '-'", VN_DOMXML_SHOWN, dom->name != NULL ? dom->name : "",
                     VN_DOMXML_MAX_NAME);
