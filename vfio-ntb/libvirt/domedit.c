@@ -59,7 +59,7 @@ static char *finish(xmlDoc *doc, GError **error)
     }
     text = g_strndup((const char *)buf, (gsize)size);
     xmlFree(buf);
-    check = vn_domxml_parse(text, strlen(text), error);
+    check = vn_domxml_parse(text, (size_t)size, error);
     if (check == NULL) {
         g_prefix_error(error, "the edited definition would be invalid: ");
         return NULL;
@@ -145,8 +145,9 @@ static xmlNode *commandline(xmlNode *root, GError **error)
 bool vn_domedit_declare(const char *xml, size_t len, const char *device, const char *alias,
                         const char *socket, const char *bus, char **out, GError **error)
 {
-    g_autoptr(VnDomain) dom = vn_domxml_parse(xml, len, error);
-    g_autoptr(xmlDoc) doc = NULL;
+    /* Read once: checked as it is, then edited. */
+    g_autoptr(xmlDoc) doc = vn_domxml_read(xml, len, error);
+    g_autoptr(VnDomain) dom = doc != NULL ? vn_domxml_parse_doc(doc, error) : NULL;
     g_autofree char *json = NULL;
     xmlNode *root, *list, *cl, *entry, *flag, *arg;
 
@@ -165,10 +166,6 @@ bool vn_domedit_declare(const char *xml, size_t len, const char *device, const c
                         "domain %s: alias %s is %s's already", dom->name, alias, d->device);
             return false;
         }
-    }
-    doc = vn_domxml_read(xml, len, error);
-    if (doc == NULL) {
-        return false;
     }
     root = xmlDocGetRootElement(doc);
     list = device_list(root, error);
@@ -269,8 +266,9 @@ static void drop_args(xmlNode *root, const char *alias)
 bool vn_domedit_undeclare(const char *xml, size_t len, const char *device, char **out,
                           GError **error)
 {
-    g_autoptr(VnDomain) dom = vn_domxml_parse(xml, len, error);
-    g_autoptr(xmlDoc) doc = NULL;
+    /* Read once: checked as it is, then edited. */
+    g_autoptr(xmlDoc) doc = vn_domxml_read(xml, len, error);
+    g_autoptr(VnDomain) dom = doc != NULL ? vn_domxml_parse_doc(doc, error) : NULL;
     const VnDomDevice *d;
     xmlNode *root;
 
@@ -281,10 +279,6 @@ bool vn_domedit_undeclare(const char *xml, size_t len, const char *device, char 
     d = vn_domain_find(dom, device);
     if (d == NULL) {
         return true;
-    }
-    doc = vn_domxml_read(xml, len, error);
-    if (doc == NULL) {
-        return false;
     }
     root = xmlDocGetRootElement(doc);
     drop_entry(root, device);

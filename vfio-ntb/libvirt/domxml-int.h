@@ -18,6 +18,10 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(xmlDoc, xmlFreeDoc)
  */
 xmlDoc *vn_domxml_read(const char *xml, size_t len, GError **error);
 
+/* vn_domxml_parse() of a document read with vn_domxml_read() (which stays
+ * the caller's, unchanged). */
+VnDomain *vn_domxml_parse_doc(xmlDoc *doc, GError **error);
+
 /* An element called @name in namespace @ns (NULL: in none). */
 bool vn_domxml_is_element(const xmlNode *n, const char *ns, const char *name);
 

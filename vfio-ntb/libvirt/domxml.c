@@ -491,20 +491,22 @@ xmlDoc *vn_domxml_read(const char *xml, size_t len, GError **error)
     return g_steal_pointer(&doc);
 }
 
-VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
+VnDomain *vn_domxml_parse_doc(xmlDoc *doc, GError **error)
 {
-    g_autoptr(xmlDoc) doc = vn_domxml_read(xml, len, error);
-    g_autoptr(VnDomain) dom = NULL;
+    g_autoptr(VnDomain) dom = g_new0(VnDomain, 1);
 
-    if (doc == NULL) {
-        return NULL;
-    }
-    dom = g_new0(VnDomain, 1);
     dom->devices = g_ptr_array_new_with_free_func((GDestroyNotify)dom_device_free);
     if (!parse_root(xmlDocGetRootElement(doc), dom, error)) {
         return NULL;
     }
     return g_steal_pointer(&dom);
+}
+
+VnDomain *vn_domxml_parse(const char *xml, size_t len, GError **error)
+{
+    g_autoptr(xmlDoc) doc = vn_domxml_read(xml, len, error);
+
+    return doc != NULL ? vn_domxml_parse_doc(doc, error) : NULL;
 }
 
 /* ---- ntbctl xml ----------------------------------------------------------- */
