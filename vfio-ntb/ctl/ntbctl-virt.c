@@ -111,6 +111,12 @@ int ntbctl_virt_attach(const char *device, const char *domain, const char *alias
     g_autofree char *node = NULL;
     VnHotplugHost h = { NULL, socket_path, uri };
 
+    /* A libvirt named with --connect must answer: a typo must not turn a
+     * hot-plug into only serving the device. */
+    if (v == NULL && uri != NULL) {
+        g_propagate_error(error, g_steal_pointer(&probe));
+        return NTBCTL_VIRT_FAILED;
+    }
     /* A VM libvirt does not run (or no libvirt here): the daemon only serves it. */
     if (v == NULL || (!vn_virt_domain_running(v, domain, &probe) &&
                       g_error_matches(probe, VN_VIRT_ERROR, VN_VIRT_ERROR_NO_DOMAIN))) {

@@ -394,6 +394,9 @@ int main(int argc, char **argv)
     if (socket_path == NULL) {
         socket_path = g_strdup(vn_ctl_default_socket());
     }
+    if (*socket_path == '\0') {
+        return usage_error("--socket wants a path");
+    }
     if ((to != NULL || hosts != NULL) && strcmp(argv[1], "reassign") != 0) {
         return usage_error("--to and --hosts are for reassign, not %s", argv[1]);
     }
@@ -510,12 +513,6 @@ int main(int argc, char **argv)
     }
     if (inv.grace_ms > NTBCTL_MAX_GRACE_MS) {
         return usage_error("--grace-ms is at most %d", NTBCTL_MAX_GRACE_MS);
-    }
-    if (socket_path == NULL) {
-        socket_path = g_strdup(vn_ctl_default_socket());
-    }
-    if (*socket_path == '\0') {
-        return usage_error("--socket wants a path");
     }
     /* A domain libvirt runs gets the device hot-plugged; any other VM is served only. */
     if (strcmp(cmd->name, "attach") == 0 && qmp == NULL) {
