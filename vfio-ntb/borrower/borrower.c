@@ -578,9 +578,9 @@ char *vn_borrower_stats_json(VnBorrower *b)
     json_builder_set_member_name(jb, "lender_lost");
     json_builder_add_boolean_value(jb, b->stats.lender_lost);
     json_builder_set_member_name(jb, "client_connected");
-    json_builder_add_boolean_value(jb, b->server != NULL && vn_server_has_client(b->server));
+    json_builder_add_boolean_value(jb, vn_server_has_client(b->server));
     json_builder_set_member_name(jb, "unplug_request_supported");
-    json_builder_add_boolean_value(jb, b->server != NULL && vn_borrower_can_request_unplug(b));
+    json_builder_add_boolean_value(jb, vn_borrower_can_request_unplug(b));
     for (size_t i = 0; i < G_N_ELEMENTS(c); i++) {
         json_builder_set_member_name(jb, c[i].name);
         json_builder_add_int_value(jb, (gint64)c[i].v);

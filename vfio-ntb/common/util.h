@@ -49,6 +49,15 @@ static inline const char *vn_util_json_string(JsonObject *o, const char *name)
                : NULL;
 }
 
+/* Member @name of @o (which may be NULL) if it is a boolean, else false. */
+static inline bool vn_util_json_bool(JsonObject *o, const char *name)
+{
+    JsonNode *n = o != NULL ? json_object_get_member(o, name) : NULL;
+
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
+           json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
+}
+
 /*
  * True when JSON text @s (@len bytes) nests at most @max levels of objects
  * and arrays, strings skipped.  json-glib's parser recurses once per level

@@ -13,6 +13,8 @@
 
 #include "daemon-int.h"
 
+#include "common/util.h"
+
 #include <errno.h>
 #include <gio/gio.h>
 #include <signal.h>
@@ -228,15 +230,11 @@ static bool stats_flag(VnBorrowed *b, const char *member)
 {
     g_autofree char *text = vn_spawn_stats(b);
     g_autoptr(JsonParser) p = json_parser_new();
-    JsonNode *root, *m;
+    JsonNode *root;
 
-    if (text == NULL || !json_parser_load_from_data(p, text, -1, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root) ||
-        (m = json_object_get_member(json_node_get_object(root), member)) == NULL ||
-        json_node_get_value_type(m) != G_TYPE_BOOLEAN) {
-        return false;
-    }
-    return json_node_get_boolean(m);
+    return text != NULL && json_parser_load_from_data(p, text, -1, NULL) &&
+           (root = json_parser_get_root(p)) != NULL && JSON_NODE_HOLDS_OBJECT(root) &&
+           vn_util_json_bool(json_node_get_object(root), member);
 }
 
 /* Wait, at most @wait_ms, until QEMU has let go of the worker's socket (or the

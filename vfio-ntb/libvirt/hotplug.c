@@ -167,11 +167,8 @@ static bool unplug(const VnHotplugHost *h, VnVirt *v, const char *device, const 
     g_autoptr(JsonObject) a = dev_args(device);
     g_autoptr(GError) ignored = NULL;   /* an older daemon: device_del does it */
     g_autoptr(JsonNode) ret = call(h, "unplug", a, &ignored);
-    JsonNode *m = ret != NULL && JSON_NODE_HOLDS_OBJECT(ret)
-                      ? json_object_get_member(json_node_get_object(ret), "requested")
-                      : NULL;
-    bool requested = m != NULL && JSON_NODE_HOLDS_VALUE(m) &&
-                     json_node_get_value_type(m) == G_TYPE_BOOLEAN && json_node_get_boolean(m);
+    bool requested = ret != NULL && JSON_NODE_HOLDS_OBJECT(ret) &&
+                     vn_util_json_bool(json_node_get_object(ret), "requested");
 
     if (!requested && !vn_virt_device_del(v, domain, id, error)) {
         return false;
