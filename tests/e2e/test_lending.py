@@ -22,6 +22,9 @@ import harness as h  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
 
+# tests/run-checks counts a result this file did not print as failed.
+EXPECTED_RESULTS = 9
+
 
 def cluster(procs, mode, size_mib=256, simdev_args=()):
     wd = procs.tempdir()

@@ -24,6 +24,9 @@ from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
+# tests/run-checks counts a result this file did not print as failed.
+EXPECTED_RESULTS = 19
+
 NTBCTL = h.REPO / "build" / "ntbctl"
 
 
