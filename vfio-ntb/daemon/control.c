@@ -132,7 +132,9 @@ static void reply_send(VnControlReply *r, const char *member, JsonNode *value)
 void vn_control_return(VnControlReply *r, JsonNode *value)
 {
     if (value == NULL) {
-        value = json_node_init_object(json_node_alloc(), json_object_new());
+        /* take: json_node_init_object() would add a reference of its own */
+        value = json_node_new(JSON_NODE_OBJECT);
+        json_node_take_object(value, json_object_new());
     }
     reply_send(r, "return", value);
 }
