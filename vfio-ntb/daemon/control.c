@@ -205,7 +205,7 @@ static void dispatch(Client *c, const char *line)
     r->client = c;
     c->refs++;
     c->pending++;
-    if (!json_parser_load_from_data(p, line, -1, &error) ||
+    if (!vn_util_json_load(p, line, -1, &error) ||
         (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         vn_control_error(r, VN_ERR_PARAM, "malformed request: %s",
                          error ? error->message : "not a JSON object");

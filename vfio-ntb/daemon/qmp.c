@@ -42,7 +42,7 @@ static JsonObject *next_object(Qmp *q, JsonParser *p, GError **error)
             JsonNode *root;
 
             g_string_erase(q->in, 0, nl - q->in->str + 1);
-            if (!json_parser_load_from_data(p, line, -1, NULL) ||
+            if (!vn_util_json_load(p, line, -1, NULL) ||
                 (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
                 continue;   /* not ours to understand; keep reading */
             }
