@@ -32,7 +32,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: all check check-unit check-e2e install clean demo testbed testbed-stock qemu bench fuzz fuzz-run distclean
+.PHONY: all check check-unit check-e2e install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -80,24 +80,48 @@ $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
 
-# The decoder fuzzer needs clang's libFuzzer (Debian: libclang-rt-14-dev).
+# libFuzzer targets, one per decoder a peer reaches: tests/fuzz/fuzz_NAME.c with its seeds in
+# tests/fuzz/seeds/NAME/.  Each links a clang-built copy (build/fuzz/obj/) of the sources it
+# needs, listed below.  clang's libFuzzer: Debian's libclang-rt-14-dev.
 FUZZ_CC ?= clang
-FUZZ_SRCS := vfio-ntb/vfio-user/wire.c vfio-ntb/common/util.c
-$(B)/fuzz/fuzz_wire: tests/fuzz/fuzz_wire.c $(FUZZ_SRCS) config.mak
+FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
+	$(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
+FUZZ_NAMES := wire frame shm proto control qmp domxml
+FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
+fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
+FUZZ_FABRIC := $(wildcard vfio-ntb/fabric/*.c) vfio-ntb/common/fdpass.c vfio-ntb/common/util.c
+
+$(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_shm: $(call fuzz_objs,$(FUZZ_FABRIC))
+$(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
+	$(FUZZ_FABRIC))
+
+$(B)/fuzz/obj/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE $(INC) \
-		$(GLIB_CFLAGS) -o $@ tests/fuzz/fuzz_wire.c $(FUZZ_SRCS) $(GLIB_LIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
-fuzz: $(B)/fuzz/fuzz_wire
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak $(wildcard vfio-ntb/*/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
+		$(GLIB_LIBS) $(XML_LIBS)
 
-# A bounded run (CI): FUZZ_SECONDS of libFuzzer on the wire decoder.
-FUZZ_SECONDS ?= 30
-fuzz-run: $(B)/fuzz/fuzz_wire
-	@mkdir -p $(B)/fuzz/corpus
-	$(B)/fuzz/fuzz_wire -max_total_time=$(FUZZ_SECONDS) -max_len=8192 \
-		$(B)/fuzz/corpus tests/fuzz/seeds >$(B)/fuzz/last.log 2>&1 \
-		|| { tail -n 40 $(B)/fuzz/last.log; exit 1; }
-	@grep -E '^(#[0-9]+.*DONE|Done)' $(B)/fuzz/last.log | tail -n 1
+fuzz: $(FUZZ_BINS)
+
+# The seeds come from our own encoders; rerun after a format change and commit the output.
+fuzz-seeds: $(B)/fuzz/gen-seeds
+	$(B)/fuzz/gen-seeds tests/fuzz/seeds
+
+$(B)/fuzz/gen-seeds: tests/fuzz/gen-seeds.c $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a \
+		$(GLIB_LIBS) $(XML_LIBS)
+
+# A bounded run of every target (FUZZ_SECONDS each; corpora in build/fuzz/NAME/corpus).
+fuzz-run: fuzz
+	@$(PYTHON) tests/run-checks --fuzz $(FUZZ_BINS)
 
 # Stock Debian QEMU, the guest and libvirtd (what the demo needs), plus for the tests the
 # patched QEMU (qemu-patches/, about 15 minutes the first time); cached under /var/cache/vfio-ntb.
@@ -117,9 +141,9 @@ check-unit: all
 check-e2e: all testbed
 	@$(PYTHON) tests/run-checks --e2e
 
-# Unit tests, the fuzzer's bounded run and the end-to-end tests; ends with "N passed, N failed".
+# Unit tests, the fuzzers' bounded runs and the end-to-end tests; ends with "N passed, N failed".
 check: all testbed fuzz
-	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --fuzz $(B)/fuzz/fuzz_wire --e2e
+	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --fuzz $(FUZZ_BINS) --e2e
 
 bench: all testbed
 	@$(PYTHON) bench/run-bench

@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <glib/gstdio.h>
+#include <malloc.h>
 #include <string.h>
 
 /* Peer JSON whose member is of the wrong type is "no such string", never a
@@ -97,6 +98,56 @@ START_TEST(test_snapshot_error)
 }
 END_TEST
 
+/* One object or array and only whitespace after it; the rest is refused
+ * before json-glib sees it. */
+static const struct {
+    const char *text;
+    bool ok;
+} json_load[] = {
+    { "{}", true },
+    { " \n[1, {\"a\": \"}\"}]\r\n", true },
+    { "{\"a\":\"x\\\"}\"}", true },
+    { "{} x", false },
+    { "{\"a\":1}{\"b\":2}", false },
+    { "[1] [2]", false },
+    { "7{}", false },
+    { "\"s\"", false },
+    { "", false },
+};
+
+START_TEST(test_json_load)
+{
+    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(GError) error = NULL;
+    bool ok = vn_util_json_load(p, json_load[_i].text, -1, &error);
+
+    ck_assert_msg(ok == json_load[_i].ok, "%s: %s", json_load[_i].text,
+                  error != NULL ? error->message : "accepted");
+    ck_assert(ok == (error == NULL));
+}
+END_TEST
+
+/* Found by the proto, control and QMP fuzz targets: json-glib 1.6 leaks
+ * what it parsed when text follows the value; refused, nothing stays. */
+START_TEST(test_json_load_trailing_frees)
+{
+    enum { WARMUP = 100, ROUNDS = 2000 };
+    size_t before = 0;
+
+    for (int i = 0; i < WARMUP + ROUNDS; i++) {
+        g_autoptr(JsonParser) p = json_parser_new();
+
+        ck_assert(!vn_util_json_load(p, "{\"a\":{\"b\":[1,2]}} {\"c\":3}", -1, NULL));
+        if (i == WARMUP) {
+            before = mallinfo2().uordblks;
+        }
+    }
+    ck_assert_msg(mallinfo2().uordblks < before + 64 * 1024,
+                  "%zu bytes more in use after %d refusals", mallinfo2().uordblks - before,
+                  ROUNDS);
+}
+END_TEST
+
 static Suite *util_suite(void)
 {
     Suite *s = suite_create("util");
@@ -106,6 +157,8 @@ static Suite *util_suite(void)
     tcase_add_test(tc, test_json_string_member);
     tcase_add_test(tc, test_json_depth);
     tcase_add_test(tc, test_name_valid);
+    tcase_add_loop_test(tc, test_json_load, 0, G_N_ELEMENTS(json_load));
+    tcase_add_test(tc, test_json_load_trailing_frees);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("snapshot");

@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <gio/gio.h>
 #include <glib/gstdio.h>
 #include <string.h>
 #include <time.h>
@@ -67,6 +68,55 @@ bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max)
         }
     }
     return true;
+}
+
+/* @s is one object or array and then only whitespace (an unclosed one is
+ * left to the parser to refuse). */
+static bool json_single(const char *s, size_t len)
+{
+    bool in_string = false;
+    unsigned depth = 0;
+    size_t i = 0;
+
+    while (i < len && g_ascii_isspace(s[i])) {
+        i++;
+    }
+    if (i == len || (s[i] != '{' && s[i] != '[')) {
+        return false;
+    }
+    for (; i < len; i++) {
+        char c = s[i];
+
+        if (in_string) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            break;
+        }
+    }
+    while (++i < len) {
+        if (!g_ascii_isspace(s[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool vn_util_json_load(JsonParser *p, const char *s, gssize len, GError **error)
+{
+    if (!json_single(s, len < 0 ? strlen(s) : (size_t)len)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "not one JSON object or array");
+        return false;
+    }
+    return json_parser_load_from_data(p, s, len, error);
 }
 
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)

@@ -66,6 +66,15 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
  */
 bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max);
 
+/*
+ * json_parser_load_from_data() for text from a peer: @s (@len bytes, or -1
+ * for NUL-terminated) must be one JSON object or array with nothing but
+ * whitespace after it, else it is refused (G_IO_ERROR_INVALID_DATA) unparsed.
+ * json-glib 1.6 leaks the value it parsed when more text follows ("{} x",
+ * "7{}"): a peer repeating that would grow us without bound.
+ */
+bool vn_util_json_load(JsonParser *p, const char *s, gssize len, GError **error);
+
 /* True when @s is 1..@max characters of [A-Za-z0-9_.-]: the names of devices,
  * domains and sockets that travel between peers and become file names. */
 bool vn_util_name_valid(const char *s, size_t max);

@@ -132,7 +132,9 @@ static void reply_send(VnControlReply *r, const char *member, JsonNode *value)
 void vn_control_return(VnControlReply *r, JsonNode *value)
 {
     if (value == NULL) {
-        value = json_node_init_object(json_node_alloc(), json_object_new());
+        /* take: json_node_init_object() would add a reference of its own */
+        value = json_node_new(JSON_NODE_OBJECT);
+        json_node_take_object(value, json_object_new());
     }
     reply_send(r, "return", value);
 }
@@ -203,7 +205,7 @@ static void dispatch(Client *c, const char *line)
     r->client = c;
     c->refs++;
     c->pending++;
-    if (!json_parser_load_from_data(p, line, -1, &error) ||
+    if (!vn_util_json_load(p, line, -1, &error) ||
         (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         vn_control_error(r, VN_ERR_PARAM, "malformed request: %s",
                          error ? error->message : "not a JSON object");

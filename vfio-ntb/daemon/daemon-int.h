@@ -192,6 +192,8 @@ bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 /* device_del @id in the VM whose QMP socket is @path (bounded; does not wait
  * for the guest).  False with @error if QEMU refused. */
 bool vn_qmp_device_del(const char *path, const char *id, GError **error);
+/* The same on @fd, a connected QMP socket (borrowed; the fuzzer's seam). */
+bool vn_qmp_device_del_fd(int fd, const char *id, GError **error);
 /* Ask @b's VM to let go of it: through the device request when its QEMU
  * takes them, else with device_del if attach named the VM's QMP socket.
  * True when it was asked (the guest releases the device in its own time). */

@@ -42,7 +42,7 @@ static JsonObject *next_object(Qmp *q, JsonParser *p, GError **error)
             JsonNode *root;
 
             g_string_erase(q->in, 0, nl - q->in->str + 1);
-            if (!json_parser_load_from_data(p, line, -1, NULL) ||
+            if (!vn_util_json_load(p, line, -1, NULL) ||
                 (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
                 continue;   /* not ours to understand; keep reading */
             }
@@ -97,26 +97,14 @@ static bool execute(Qmp *q, const char *cmd, GError **error)
     }
 }
 
-bool vn_qmp_device_del(const char *path, const char *id, GError **error)
+bool vn_qmp_device_del_fd(int fd, const char *id, GError **error)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *cmd = NULL;
-    Qmp q = { .fd = -1 };
+    Qmp q = { .fd = fd };
     bool ok = false;
 
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "QMP path too long");
-        return false;
-    }
-    strcpy(addr.sun_path, path);
-    q.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     q.in = g_string_new(NULL);
     q.deadline = g_get_monotonic_time() + 2000 * 1000;
-    if (q.fd < 0 || connect(q.fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP %s: %s", path,
-                    g_strerror(errno));
-        goto out;
-    }
     {
         g_autoptr(JsonParser) p = json_parser_new();
 
@@ -133,9 +121,31 @@ bool vn_qmp_device_del(const char *path, const char *id, GError **error)
      * the caller watches the device's socket for QEMU letting go of it. */
     ok = true;
 out:
-    if (q.fd >= 0) {
-        close(q.fd);
-    }
     g_string_free(q.in, TRUE);
+    return ok;
+}
+
+bool vn_qmp_device_del(const char *path, const char *id, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    bool ok;
+    int fd;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "QMP path too long");
+        return false;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP %s: %s", path,
+                    g_strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return false;
+    }
+    ok = vn_qmp_device_del_fd(fd, id, error);
+    close(fd);
     return ok;
 }

@@ -88,7 +88,7 @@ static bool json_object_ok(const char *s, size_t len)
         return false;
     }
     parser = json_parser_new_immutable();
-    if (!json_parser_load_from_data(parser, s, (gssize)len, NULL)) {
+    if (!vn_util_json_load(parser, s, (gssize)len, NULL)) {
         return false;
     }
     root = json_parser_get_root(parser);

@@ -41,15 +41,7 @@ typedef struct VnShmConn {
     char peer[VN_FABRIC_MAX_NAME + 1];   /* "" until named */
     bool outgoing;               /* we opened it */
     bool draining;               /* lost a tie: read to EOF, never send */
-    /* the record being received */
-    uint8_t len_buf[4];
-    size_t len_got;
-    uint8_t *buf;                /* need bytes, once the length is in */
-    uint32_t need;
-    size_t got;
-    int fds[VN_FABRIC_MAX_FDS + 1];
-    unsigned nfds;
-    bool fds_overflow;
+    VnShmReader rx;              /* the record being received */
 } VnShmConn;
 
 struct VnShm {
@@ -72,8 +64,7 @@ static void conn_unref(gpointer data)
     if (--c->ref > 0) {
         return;
     }
-    vn_util_close_fds(c->fds, c->nfds);
-    g_free(c->buf);
+    vn_shm_reader_clear(&c->rx);
     g_free(c);
 }
 
@@ -107,10 +98,80 @@ static void conn_drop(VnShmConn *c, const char *why)
 
 /* One non-blocking read; bytes, 0 when none yet, or -errno.  One fd beyond
  * the limit is kept: that is enough for the fabric to refuse the record. */
-static ssize_t recv_some(VnShmConn *c, void *dst, size_t len)
+static ssize_t recv_some(VnShmReader *r, int fd, void *dst, size_t len)
 {
-    return vn_fdpass_recv(c->fd, dst, len, c->fds, G_N_ELEMENTS(c->fds), &c->nfds,
-                          &c->fds_overflow);
+    return vn_fdpass_recv(fd, dst, len, r->fds, G_N_ELEMENTS(r->fds), &r->nfds,
+                          &r->fds_overflow);
+}
+
+int vn_shm_reader_step(VnShmReader *r, int fd, bool hello, VnShmRecord *out)
+{
+    uint32_t len;
+    ssize_t n;
+
+    while (r->len_got < sizeof(r->len_buf)) {
+        n = recv_some(r, fd, r->len_buf + r->len_got, sizeof(r->len_buf) - r->len_got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        r->len_got += (size_t)n;
+    }
+    if (r->buf == NULL) {
+        memcpy(&len, r->len_buf, sizeof(len));
+        r->need = GUINT32_FROM_LE(len);
+        if (hello ? r->need != sizeof(VnShmHello) : r->need > VN_FABRIC_MAX_FRAME) {
+            return -EMSGSIZE;
+        }
+        r->buf = g_malloc(MAX(r->need, 1));
+        r->got = 0;
+    }
+    while (r->got < r->need) {
+        n = recv_some(r, fd, r->buf + r->got, r->need - r->got);
+        if (n <= 0) {
+            return (int)n;
+        }
+        r->got += (size_t)n;
+    }
+
+    /* A whole record: hand it over and start the next. */
+    out->buf = g_steal_pointer(&r->buf);
+    out->len = r->need;
+    out->nfds = r->nfds;
+    memcpy(out->fds, r->fds, sizeof(int) * r->nfds);
+    out->overflow = r->fds_overflow;
+    r->nfds = 0;
+    r->fds_overflow = false;
+    r->len_got = 0;
+    r->need = 0;
+    r->got = 0;
+    return 1;
+}
+
+void vn_shm_reader_clear(VnShmReader *r)
+{
+    vn_util_close_fds(r->fds, r->nfds);
+    r->nfds = 0;
+    g_clear_pointer(&r->buf, g_free);
+}
+
+char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
+                         const char *self, char peer[VN_FABRIC_MAX_NAME + 1])
+{
+    VnShmHello h;
+
+    if (len != sizeof(h) || nfds > 0 || overflow) {
+        return g_strdup_printf("a HELLO of %zu bytes with %u fds", len, nfds);
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != VN_SHM_HELLO_MAGIC || h.version != VN_SHM_HELLO_VERSION) {
+        return g_strdup_printf("a HELLO of magic 0x%x version %u", h.magic, h.version);
+    }
+    if (memchr(h.node, '\0', sizeof(h.node)) == NULL || !vn_fabric_name_valid(h.node) ||
+        strcmp(h.node, self) == 0) {
+        return g_strdup("a HELLO naming an invalid node");
+    }
+    g_strlcpy(peer, h.node, VN_FABRIC_MAX_NAME + 1);
+    return NULL;
 }
 
 /* Send one record (length, bytes, fds on the first byte) on a blocking
@@ -207,32 +268,19 @@ static void conn_named(VnShmConn *c)
 }
 
 /* The first record of an accepted connection; false to drop it. */
-static bool conn_hello(VnShmConn *c, const uint8_t *buf, size_t len, unsigned nfds,
-                       bool overflow)
+static bool conn_hello(VnShmConn *c, const VnShmRecord *rec)
 {
     VnShm *shm = c->shm;
-    g_autofree char *what = NULL;
-    VnShmHello h;
+    g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds, rec->overflow,
+                                              shm->node, c->peer);
 
-    if (len != sizeof(h) || nfds > 0 || overflow) {
-        what = g_strdup_printf("socket %s: a HELLO of %zu bytes with %u fds", shm->path, len,
-                               nfds);
-    } else {
-        memcpy(&h, buf, sizeof(h));
-        if (h.magic != VN_SHM_HELLO_MAGIC || h.version != VN_SHM_HELLO_VERSION) {
-            what = g_strdup_printf("socket %s: a HELLO of magic 0x%x version %u", shm->path,
-                                   h.magic, h.version);
-        } else if (memchr(h.node, '\0', sizeof(h.node)) == NULL ||
-                   !vn_fabric_name_valid(h.node) || strcmp(h.node, shm->node) == 0) {
-            what = g_strdup_printf("socket %s: a HELLO naming an invalid node", shm->path);
-        }
-    }
-    if (what != NULL) {
+    if (why != NULL) {
+        g_autofree char *what = g_strdup_printf("socket %s: %s", shm->path, why);
+
         vn_fabric_backend_rejected(shm->fab, what);
         return false;
     }
     g_clear_pointer(&c->hello_timer, g_source_destroy);
-    g_strlcpy(c->peer, h.node, sizeof(c->peer));
     conn_named(c);
     return true;
 }
@@ -242,72 +290,40 @@ static bool conn_hello(VnShmConn *c, const uint8_t *buf, size_t len, unsigned nf
 static int conn_step(VnShmConn *c)
 {
     VnShm *shm = c->shm;
-    int fds[VN_FABRIC_MAX_FDS + 1];
-    unsigned nfds;
-    bool overflow;
+    VnShmRecord rec;
     g_autofree uint8_t *buf = NULL;
-    uint32_t len;
-    ssize_t n;
+    int ret = vn_shm_reader_step(&c->rx, c->fd, c->peer[0] == '\0', &rec);
 
-    while (c->len_got < sizeof(c->len_buf)) {
-        n = recv_some(c, c->len_buf + c->len_got, sizeof(c->len_buf) - c->len_got);
-        if (n <= 0) {
-            return (int)n;
-        }
-        c->len_got += (size_t)n;
+    if (ret == -EMSGSIZE) {
+        /* The stream cannot be trusted past a length like this. */
+        g_autofree char *what = g_strdup_printf(
+            "socket %s: a record of %u bytes from %s", shm->path, c->rx.need,
+            c->peer[0] != '\0' ? c->peer : "an unnamed connection");
+
+        vn_fabric_backend_rejected(shm->fab, what);
+        return -EPROTO;
     }
-    if (c->buf == NULL) {
-        memcpy(&len, c->len_buf, sizeof(len));
-        len = GUINT32_FROM_LE(len);
-        if (c->peer[0] == '\0' ? len != sizeof(VnShmHello) : len > VN_FABRIC_MAX_FRAME) {
-            /* The stream cannot be trusted past a length like this. */
-            g_autofree char *what = g_strdup_printf(
-                "socket %s: a record of %u bytes from %s", shm->path, len,
-                c->peer[0] != '\0' ? c->peer : "an unnamed connection");
-
-            vn_fabric_backend_rejected(shm->fab, what);
-            return -EPROTO;
-        }
-        c->need = len;
-        c->buf = g_malloc(MAX(len, 1));
-        c->got = 0;
+    if (ret <= 0) {
+        return ret;
     }
-    while (c->got < c->need) {
-        n = recv_some(c, c->buf + c->got, c->need - c->got);
-        if (n <= 0) {
-            return (int)n;
-        }
-        c->got += (size_t)n;
-    }
-
-    /* A whole record.  Reset the state before handing it up: the handler
-     * may read this connection again. */
-    buf = g_steal_pointer(&c->buf);
-    len = c->need;
-    nfds = c->nfds;
-    memcpy(fds, c->fds, sizeof(int) * nfds);
-    overflow = c->fds_overflow;
-    c->nfds = 0;
-    c->fds_overflow = false;
-    c->len_got = 0;
-    c->need = 0;
-    c->got = 0;
-
+    /* The reader is ready for the next record already: the handler may
+     * read this connection again. */
+    buf = rec.buf;
     if (c->peer[0] == '\0') {
-        vn_util_close_fds(fds, nfds);
-        return conn_hello(c, buf, len, nfds, overflow) ? 1 : -EPROTO;
+        vn_util_close_fds(rec.fds, rec.nfds);
+        return conn_hello(c, &rec) ? 1 : -EPROTO;
     }
     if (!g_hash_table_contains(shm->active, c->peer)) {
         /* A drained connection outliving its peer's link: nobody to tell. */
-        vn_util_close_fds(fds, nfds);
+        vn_util_close_fds(rec.fds, rec.nfds);
         return 1;
     }
-    if (overflow) {
-        for (; nfds < G_N_ELEMENTS(fds); nfds++) {
-            fds[nfds] = -1;
+    if (rec.overflow) {
+        for (; rec.nfds < G_N_ELEMENTS(rec.fds); rec.nfds++) {
+            rec.fds[rec.nfds] = -1;
         }
     }
-    vn_fabric_backend_received(shm->fab, c->peer, buf, len, fds, nfds);
+    vn_fabric_backend_received(shm->fab, c->peer, buf, rec.len, rec.fds, rec.nfds);
     return 1;
 }
 

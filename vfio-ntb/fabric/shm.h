@@ -45,6 +45,48 @@ typedef struct VnShmHello {
     char node[VN_FABRIC_MAX_NAME + 1];      /* NUL-terminated */
 } VnShmHello;
 
+/* A record as it arrived: @buf (len bytes) and @fds are the receiver's.
+ * @overflow: more fds came than fds[] holds (those beyond were closed). */
+typedef struct VnShmRecord {
+    uint8_t *buf;
+    uint32_t len;
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    unsigned nfds;
+    bool overflow;
+} VnShmRecord;
+
+/* One connection's record in progress; zero-initialised to start. */
+typedef struct VnShmReader {
+    uint8_t len_buf[4];
+    size_t len_got;
+    uint8_t *buf;                /* need bytes, once the length is in */
+    uint32_t need;
+    size_t got;
+    int fds[VN_FABRIC_MAX_FDS + 1];
+    unsigned nfds;
+    bool fds_overflow;
+} VnShmReader;
+
+/*
+ * Read toward one record from the non-blocking socket @fd.  A record's
+ * length is checked before its bytes are read: a connection's first record
+ * (@hello) must be a VnShmHello, any other at most VN_FABRIC_MAX_FRAME.
+ * Returns 1 with the record in @out (@r is ready for the next), 0 when @fd
+ * has no more for now, -EMSGSIZE for a length against that rule (in
+ * r->need; the stream cannot be trusted past it), or -errno (-ECONNRESET at
+ * the end of the stream).
+ */
+int vn_shm_reader_step(VnShmReader *r, int fd, bool hello, VnShmRecord *out);
+/* Free what a record in progress holds. */
+void vn_shm_reader_clear(VnShmReader *r);
+
+/*
+ * Check a HELLO record received by node @self; NULL with the node's name in
+ * @peer, or what is wrong with it (newly allocated).
+ */
+char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
+                         const char *self, char peer[VN_FABRIC_MAX_NAME + 1]);
+
 /* A connection that has not said HELLO by then is closed. */
 #define VN_SHM_HELLO_TIMEOUT_MS 2000
 /* Accepted connections not yet named: a flood of them is refused. */

@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
 #include "proto.h"
+#include "common/util.h"
 
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
@@ -57,7 +58,7 @@ static JsonObject *parse_object(JsonParser *p, const char *json, const char *wha
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: no JSON", what);
         return NULL;
     }
-    if (!json_parser_load_from_data(p, json, -1, error)) {
+    if (!vn_util_json_load(p, json, -1, error)) {
         g_prefix_error(error, "%s: ", what);
         return NULL;
     }

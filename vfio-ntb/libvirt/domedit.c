@@ -74,7 +74,7 @@ static char *device_arg_id(const char *value)
     JsonNode *root;
 
     /* vn_domxml_parse() has bounded this value's nesting already. */
-    if (value == NULL || value[0] != '{' || !json_parser_load_from_data(p, value, -1, NULL) ||
+    if (value == NULL || value[0] != '{' || !vn_util_json_load(p, value, -1, NULL) ||
         (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         return NULL;
     }

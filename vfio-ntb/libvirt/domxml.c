@@ -330,7 +330,7 @@ static bool match_json(const char *text, GPtrArray *devs, GError **error)
                     VN_DOMXML_MAX_JSON_DEPTH);
     }
     /* QEMU would refuse it too: better said here than as a failed start. */
-    if (!json_parser_load_from_data(parser, text, -1, &local)) {
+    if (!vn_util_json_load(parser, text, -1, &local)) {
         return fail(error, "a -device argument is not JSON: %s", local->message);
     }
     root = json_parser_get_root(parser);

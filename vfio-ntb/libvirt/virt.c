@@ -131,7 +131,7 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
         return NULL;
     }
     if (answer == NULL || strlen(answer) > VN_VIRT_MAX_ANSWER ||
-        !json_parser_load_from_data(p, answer, -1, NULL) ||
+        !vn_util_json_load(p, answer, -1, NULL) ||
         (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
         free(answer);
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP,

@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.vfio-user"
 
 #include "wire.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -345,7 +346,7 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
     if (json == NULL || json[0] == '\0') {
         return true;
     }
-    if (!json_parser_load_from_data(parser, json, -1, error)) {
+    if (!vn_util_json_load(parser, json, -1, error)) {
         g_prefix_error(error, "capabilities: ");
         return false;
     }

@@ -1,0 +1,124 @@
+/*
+ * libFuzzer target for the shm fabric's record reader (fabric/shm.c): what
+ * a connecting node sends on a node socket, a HELLO record and then
+ * length-prefixed frames with fds.  The bytes go through a real socketpair,
+ * in chunks, some with fds attached, and are read the way a connection
+ * reads them: vn_shm_reader_step() after every chunk, the first record
+ * checked as a HELLO, the others decoded as frames.  Nothing may crash,
+ * leak an fd or hand up a record beyond the limits.
+ *
+ * Input: byte 0 fds per attachment, byte 1 chunk size (0: all at once),
+ * byte 2 which chunks carry fds (bit i for chunk i mod 8), then the stream.
+ */
+#include "common/fdpass.h"
+#include "common/util.h"
+#include "fabric/frame.h"
+#include "fabric/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Two more than a record may carry: one to notice, one beyond. */
+#define MAX_SENT_FDS (VN_FABRIC_MAX_FDS + 2)
+
+typedef struct Reader {
+    VnShmReader r;
+    int fd;
+    bool named;
+    bool gone;           /* the connection would have been dropped */
+} Reader;
+
+static void handle(Reader *rd, VnShmRecord *rec)
+{
+    VnFabricFrame f;
+
+    if (rec->len > VN_FABRIC_MAX_FRAME || rec->nfds > G_N_ELEMENTS(rec->fds) ||
+        (!rd->named && rec->len != sizeof(VnShmHello))) {
+        abort();                 /* the reader let through what it must refuse */
+    }
+    if (!rd->named) {
+        char peer[VN_FABRIC_MAX_NAME + 1];
+        g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds,
+                                                  rec->overflow, "fuzz", peer);
+
+        rd->named = why == NULL;
+        rd->gone = why != NULL;
+    } else {
+        /* As the fabric does: an overflow is more fds than any frame has. */
+        (void)vn_fabric_frame_decode(rec->buf, rec->len,
+                                     rec->overflow ? VN_FABRIC_MAX_FDS + 1 : rec->nfds, &f);
+    }
+    vn_util_close_fds(rec->fds, rec->nfds);
+    g_free(rec->buf);
+}
+
+/* Read what the socket holds, as one wake-up of the connection would. */
+static void drain(Reader *rd)
+{
+    while (!rd->gone) {
+        VnShmRecord rec;
+        int ret = vn_shm_reader_step(&rd->r, rd->fd, !rd->named, &rec);
+
+        if (ret <= 0) {
+            rd->gone = ret < 0;
+            return;
+        }
+        handle(rd, &rec);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int devnull = -1;
+    int fds[MAX_SENT_FDS];
+    unsigned nfds;
+    size_t chunk;
+    uint8_t mask;
+    Reader rd = { .fd = -1 };
+    int sv[2];
+
+    if (size < 3) {
+        return 0;
+    }
+    if (devnull < 0) {
+        devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    nfds = data[0] % (MAX_SENT_FDS + 1);
+    chunk = data[1] != 0 ? data[1] : size;
+    mask = data[2];
+    data += 3;
+    size -= 3;
+    for (unsigned i = 0; i < nfds; i++) {
+        fds[i] = devnull;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0) {
+        abort();
+    }
+    rd.fd = sv[1];
+    for (size_t off = 0, i = 0; off < size && !rd.gone; off += chunk, i++) {
+        struct iovec iov = { (void *)(data + off), MIN(chunk, size - off) };
+        bool with_fds = mask & (1u << (i % 8));
+
+        if (vn_fdpass_send(sv[0], &iov, 1, fds, with_fds ? nfds : 0) != (ssize_t)iov.iov_len) {
+            abort();             /* a drained socket takes a chunk this small */
+        }
+        drain(&rd);
+    }
+    /* The peer goes: what is left is read to the end of the stream. */
+    shutdown(sv[0], SHUT_WR);
+    drain(&rd);
+    if (!rd.gone) {
+        abort();                 /* the end of the stream must end the reader */
+    }
+    vn_shm_reader_clear(&rd.r);
+    close(sv[0]);
+    close(sv[1]);
+    return 0;
+}
