@@ -179,6 +179,9 @@ bool vn_fabric_link_up(VnFabric *fab, const char *peer);
 /*
  * Export @size bytes of @fd (borrowed; the fabric keeps its own dup) as a
  * segment that only @peer may map.  Returns the id (> 0), or 0 with @error.
+ * @fd must be a memfd sealed against shrinking, at least @size bytes long
+ * (vn_peerfd_memory()): what a mapper accepts, since a segment that could
+ * shrink under a window would SIGBUS the mapper.
  */
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error);
@@ -189,7 +192,9 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
 /*
  * Map @peer's segment @id through a memory window (synchronous, see
  * vn_fabric_request_sync()).  Fails for an unknown or not-exported-to-us segment, or when no
- * window is free or the segment exceeds the window limits.
+ * window is free or the segment exceeds the window limits, and for a
+ * segment whose fd (the peer's) is not a memfd sealed against shrinking that
+ * holds the size it claims: anything else could shrink under the mapping.
  */
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
                                      GError **error);

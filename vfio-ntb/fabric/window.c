@@ -12,6 +12,7 @@
 
 #include "fabric-int.h"
 
+#include "common/peerfd.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -31,20 +32,11 @@ static void segment_free(VnFabricSegment *seg)
     g_free(seg);
 }
 
-/* A segment must really hold @size bytes: mapping past the end of a file
- * makes every access there a SIGBUS in the mapper. */
-static bool fd_holds(int fd, uint64_t size)
-{
-    struct stat st;
-
-    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0 &&
-           (uint64_t)st.st_size >= size;
-}
-
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error)
 {
     VnFabricSegment *seg;
+    const char *why;
     int copy;
 
     if (!vn_fabric_name_valid(peer)) {
@@ -64,10 +56,11 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
                     "node %s: already %u segments exported", fab->node, VN_FABRIC_MAX_SEGMENTS);
         return 0;
     }
-    if (!fd_holds(fd, size)) {
+    /* Only what the mapper will accept (see fabric.h: sealed memfds). */
+    if (vn_peerfd_memory(fd, 0, size, &why) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "node %s: fd %d is not a file of at least %" PRIu64 " bytes", fab->node,
-                    fd, size);
+                    "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node,
+                    size, fd, why);
         return 0;
     }
     copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -173,6 +166,7 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     g_autoptr(VnFabricMsg) reply = NULL;
     uint64_t id_le = GUINT64_TO_LE(id);
     uint64_t size, wsize;
+    const char *fault;
     VnFabricWindow *w;
     uint32_t slot;
     void *host;
@@ -219,11 +213,13 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
                     fab->limits.max_window_size);
         return NULL;
     }
-    if (!fd_holds(reply->fds[0], size)) {
+    /* Mapping past the end of a file makes every access there a SIGBUS in
+     * the mapper, now or once the peer shrank it: sealed memfds only. */
+    if (vn_peerfd_memory(reply->fds[0], 0, size, &fault) < 0) {
         fab->stats.bad_messages++;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "node %s: %s's segment %" PRIu64 " is not a file of %" PRIu64 " bytes",
-                    fab->node, peer, id, size);
+                    "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes refused: its fd %s",
+                    fab->node, peer, id, size, fault);
         return NULL;
     }
     host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fds[0], 0);
