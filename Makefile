@@ -82,7 +82,7 @@ $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 
 # The decoder fuzzer needs clang's libFuzzer (Debian: libclang-rt-14-dev).
 FUZZ_CC ?= clang
-FUZZ_SRCS := vfio-ntb/vfio-user/wire.c vfio-ntb/common/util.c
+FUZZ_SRCS := vfio-ntb/vfio-user/wire.c vfio-ntb/common/util.c vfio-ntb/common/json.c
 $(B)/fuzz/fuzz_wire: tests/fuzz/fuzz_wire.c $(FUZZ_SRCS) config.mak
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE $(INC) \

@@ -15,10 +15,10 @@ static char *ntbctl_path;
 
 static JsonNode *json(const char *text)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
+    JsonNode *n = vn_json_parse(text, -1, VN_CTL_MAX_LINE, NULL);
 
-    ck_assert_msg(json_parser_load_from_data(p, text, -1, NULL), "bad test JSON %s", text);
-    return json_node_copy(json_parser_get_root(p));
+    ck_assert_msg(n != NULL, "bad test JSON %s", text);
+    return n;
 }
 
 /* ---- format ------------------------------------------------------------- */
@@ -432,6 +432,9 @@ static const struct {
     { "{\"return\": {\"device\": \"hosta/nvme0\", \"lea", "in the middle of" },
     { "", "closed the connection before" },
     { "{\"return\": {}, \"id\": %ID%}\xff\n", "not valid UTF-8" },
+    /* 33 levels: refused before json-glib recurses into them */
+    { "{\"return\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]], "
+      "\"id\": %ID%}\n", "nested deeper than 32" },
     { NULL, "line limit" },
 };
 

@@ -283,7 +283,7 @@ static const Bad bad[] = {
     { "-device JSON nested too deep",
       .args = DEVICE_ARG("{\"id\":\"ntb0\",\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]"
                          "]]]]]]]]]]]]]]]]]]]]]]]]}"),
-      .code = INVALID, .expect = "nests deeper than 32" },
+      .code = INVALID, .expect = "nested deeper than 32" },
     { "too many devices (17)", .gen = GEN_17_DEVICES, .code = INVALID,
       .expect = "more than 16 devices" },
     { "oversized input", .gen = GEN_OVERSIZED, .code = INVALID,

@@ -1,6 +1,7 @@
 /*
  * Unit tests of the helpers every module shares (vfio-ntb/common/util.c).
  */
+#include "common/json.h"
 #include "common/util.h"
 
 #include "check-main.h"
@@ -13,14 +14,13 @@
  * critical (json-glib's own getter emits one for arrays and objects). */
 START_TEST(test_json_string_member)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *names[] = { "n", "a", "o", "z", "s", "b", "missing" };
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
 
     g_log_set_always_fatal(G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_WARNING);
-    ck_assert(json_parser_load_from_data(
-        p, "{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}", -1, NULL));
-    o = json_node_get_object(json_parser_get_root(p));
+    o = vn_json_parse_object("{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}",
+                             -1, 4096, NULL);
+    ck_assert_ptr_nonnull(o);
     for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
         const char *v = vn_util_json_string(o, names[i]);
 
@@ -44,22 +44,6 @@ START_TEST(test_name_valid)
     ck_assert(!vn_util_name_valid("a/b", 63));
     ck_assert(!vn_util_name_valid("a b", 63));
     ck_assert(!vn_util_name_valid("\x1b[2J", 63));
-}
-END_TEST
-
-/* Depth counts objects and arrays, not brackets inside strings; closing
- * brackets first do not buy extra levels. */
-START_TEST(test_json_depth)
-{
-    static const char ok[] = "{\"a\":[{\"b\":\"[[[[[[\"}]}";
-    static const char deep[] = "[[[[[";
-    static const char sneaky[] = "]]]][[[[[";
-
-    ck_assert(vn_util_json_depth_ok(ok, strlen(ok), 3));
-    ck_assert(!vn_util_json_depth_ok(ok, strlen(ok), 2));
-    ck_assert(vn_util_json_depth_ok(deep, strlen(deep), 5));
-    ck_assert(!vn_util_json_depth_ok(deep, strlen(deep), 4));
-    ck_assert(!vn_util_json_depth_ok(sneaky, strlen(sneaky), 4));
 }
 END_TEST
 
@@ -104,7 +88,6 @@ static Suite *util_suite(void)
 
     tc = tcase_create("json");
     tcase_add_test(tc, test_json_string_member);
-    tcase_add_test(tc, test_json_depth);
     tcase_add_test(tc, test_name_valid);
     suite_add_tcase(s, tc);
 

@@ -16,6 +16,7 @@
 #ifndef VN_LENDER_RIG_H
 #define VN_LENDER_RIG_H
 
+#include "common/json.h"
 #include "common/peerfd.h"
 #include "fabric/fabric.h"
 #include "lending/lender.h"

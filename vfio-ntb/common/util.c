@@ -44,31 +44,6 @@ bool vn_util_name_valid(const char *s, size_t max)
     return n >= 1 && n <= max;
 }
 
-bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max)
-{
-    bool in_string = false;
-    unsigned depth = 0;
-
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-
-        if (in_string) {
-            if (c == '\\') {
-                i++;
-            } else if (c == '"') {
-                in_string = false;
-            }
-        } else if (c == '"') {
-            in_string = true;
-        } else if ((c == '{' || c == '[') && ++depth > max) {
-            return false;
-        } else if ((c == '}' || c == ']') && depth > 0) {
-            depth--;
-        }
-    }
-    return true;
-}
-
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
     g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);

@@ -58,14 +58,6 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
            json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
 }
 
-/*
- * True when JSON text @s (@len bytes) nests at most @max levels of objects
- * and arrays, strings skipped.  json-glib's parser recurses once per level
- * with no limit of its own, so peer JSON is checked with this first;
- * malformed text is left to the parser.
- */
-bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max);
-
 /* True when @s is 1..@max characters of [A-Za-z0-9_.-]: the names of devices,
  * domains and sockets that travel between peers and become file names. */
 bool vn_util_name_valid(const char *s, size_t max);

@@ -8,6 +8,7 @@
 
 #include "ctl/ctl-client.h"
 
+#include "common/json.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/proto.h"
@@ -303,15 +304,12 @@ static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code,
     return NULL;
 }
 
-/*
- * Parse a line into its object (owned by p).  A 64 KiB line bounds
- * json-glib's recursion to a depth an ordinary stack takes.
- */
-static JsonObject *parse_line(VnCtlClient *c, JsonParser *p, const char *line, guint len,
-                              const char *what, GError **error)
+/* Parse a line into its object (owned). */
+static JsonObject *parse_line(VnCtlClient *c, const char *line, guint len, const char *what,
+                              GError **error)
 {
     g_autoptr(GError) local = NULL;
-    JsonNode *root;
+    JsonObject *o;
 
     /* With a length, g_utf8_validate() also refuses NUL bytes, which would
      * otherwise cut the line short for the parser and hide what follows. */
@@ -319,17 +317,16 @@ static JsonObject *parse_line(VnCtlClient *c, JsonParser *p, const char *line, g
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not valid UTF-8 text", what);
         return NULL;
     }
-    if (!json_parser_load_from_data(p, line, -1, &local)) {
+    o = vn_json_parse_object(line, (gssize)len, VN_CTL_MAX_LINE, &local);
+    if (o == NULL && local->domain == JSON_PARSER_ERROR) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not JSON: %s", what,
                    local->message);
-        return NULL;
-    }
-    root = json_parser_get_root(p);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+    } else if (o == NULL && g_error_matches(local, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE)) {
+        set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is refused: %s", what, local->message);
+    } else if (o == NULL) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not a JSON object", what);
-        return NULL;
     }
-    return json_node_get_object(root);
+    return o;
 }
 
 /* ---- connect and greeting -------------------------------------------------- */
@@ -388,15 +385,14 @@ static bool do_connect(VnCtlClient *c, gint64 deadline, GError **error)
 /* {"vfio-ntbd": {"version": "0.1.0", "node": "hosta"}} */
 static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     g_autofree char *line = NULL;
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
     JsonNode *g;
     const char *version, *node;
     guint len = 0;
 
     line = read_line(c, deadline, VN_CTL_ERROR_UNREACHABLE, "the greeting", &len, error);
-    if (line == NULL || !(o = parse_line(c, p, line, len, "the greeting", error))) {
+    if (line == NULL || !(o = parse_line(c, line, len, "the greeting", error))) {
         return false;
     }
     g = json_object_get_member(o, "vfio-ntbd");
@@ -538,15 +534,14 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         return NULL;
     }
     for (;;) {
-        g_autoptr(JsonParser) p = json_parser_new();
         g_autofree char *line = NULL;
         g_autofree char *what = g_strdup_printf("the answer to %s", command);
-        JsonObject *o;
+        g_autoptr(JsonObject) o = NULL;
         JsonNode *idn, *ret, *err;
         guint len_in = 0;
 
         line = read_line(c, deadline, VN_CTL_ERROR_TIMEOUT, what, &len_in, error);
-        if (line == NULL || !(o = parse_line(c, p, line, len_in, what, error))) {
+        if (line == NULL || !(o = parse_line(c, line, len_in, what, error))) {
             return NULL;
         }
         if (json_object_has_member(o, "event")) {

@@ -16,6 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -25,15 +26,10 @@
 
 /* ---- helpers ---- */
 
-static JsonObject *parse(JsonParser *p, const char *json)
+/* A peer's message as an object (owned), or NULL. */
+static JsonObject *parse(const char *json)
 {
-    JsonNode *root;
-
-    if (json == NULL || !json_parser_load_from_data(p, json, -1, NULL)) {
-        return NULL;
-    }
-    root = json_parser_get_root(p);
-    return (root != NULL && JSON_NODE_HOLDS_OBJECT(root)) ? json_node_get_object(root) : NULL;
+    return vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
 }
 
 static bool uint_member(JsonObject *o, const char *name, uint64_t *out)
@@ -315,8 +311,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
 
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o = parse(p, msg->json);
+    g_autoptr(JsonObject) o = parse(msg->json);
     VnRemoteNode *n;
 
     if (o == NULL) {
@@ -435,8 +430,7 @@ static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...
 
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o = parse(p, msg->json);
+    g_autoptr(JsonObject) o = parse(msg->json);
     const char *name = o ? vn_util_json_string(o, "device") : NULL;
     VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
     g_autofree char *json = NULL;
@@ -609,9 +603,8 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
 {
     Pending *p = opaque;
     VnDaemon *d = p->d;
-    g_autoptr(JsonParser) parser = json_parser_new();
     g_autofree char *device = g_strdup_printf("%s/%s", p->lender, p->name);
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
     VnBorrowed *b;
     uint64_t lease;
 
@@ -621,7 +614,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         finish(p, NULL, klass_of(err), why != NULL ? why : g_strerror(-err));
         return;
     }
-    o = parse(parser, reply->json);
+    o = parse(reply->json);
     if (o == NULL || !uint_member(o, "lease", &lease) || lease == 0) {
         finish(p, NULL, VN_ERR_GENERIC, "the lender answered BORROW with no lease");
         return;

@@ -6,6 +6,7 @@
 
 #include "daemon-int.h"
 
+#include "common/json.h"
 #include "common/util.h"
 #include "config.h"
 
@@ -235,12 +236,13 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
 }
 
+/* Counters a worker (or our lender) wrote; takes @text. */
 static void add_json_text(JsonBuilder *b, char *text)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
+    JsonNode *n = vn_json_parse(text, -1, VN_SPAWN_MAX_STATS, NULL);
 
-    if (json_parser_load_from_data(p, text, -1, NULL)) {
-        json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
+    if (n != NULL) {
+        json_builder_add_value(b, n);
     } else {
         json_builder_add_null_value(b);
     }

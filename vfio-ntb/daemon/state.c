@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include <gio/gio.h>
@@ -182,9 +183,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
 {
     g_autofree char *path = state_path(d);
     g_autofree char *text = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o;
-    JsonNode *root, *n;
+    g_autoptr(JsonObject) o = NULL;
+    g_autoptr(GError) why = NULL;
+    JsonNode *n;
     gsize len;
 
     if (path == NULL || !g_file_test(path, G_FILE_TEST_EXISTS)) {
@@ -193,13 +194,13 @@ bool vn_state_load(VnDaemon *d, GError **error)
     if (!g_file_get_contents(path, &text, &len, error)) {
         return false;
     }
-    if (len > VN_STATE_MAX_SIZE || !json_parser_load_from_data(p, text, (gssize)len, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+    o = vn_json_parse_object(text, (gssize)len, VN_STATE_MAX_SIZE, &why);
+    if (o == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: not a vfio-ntbd state file; move it away to start afresh", path);
+                    "%s: not a vfio-ntbd state file (%s); move it away to start afresh", path,
+                    why->message);
         return false;
     }
-    o = json_node_get_object(root);
     n = json_object_get_member(o, "next_lease");
     if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
         json_node_get_int(n) > 0) {

@@ -12,6 +12,7 @@
 
 #include "fabric-int.h"
 
+#include "common/json.h"
 #include "common/peerfd.h"
 #include "common/util.h"
 
@@ -144,20 +145,13 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
 
 char *vn_fabric_error_message(const VnFabricMsg *reply)
 {
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    JsonNode *root;
-    const char *s;
+    g_autoptr(JsonObject) o = NULL;
 
-    if (reply == NULL || reply->json == NULL ||
-        !json_parser_load_from_data(parser, reply->json, -1, NULL)) {
+    if (reply == NULL || reply->json == NULL) {
         return NULL;
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        return NULL;
-    }
-    s = vn_util_json_string(json_node_get_object(root), "error");
-    return g_strdup(s);
+    o = vn_json_parse_object(reply->json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
+    return g_strdup(vn_util_json_string(o, "error"));
 }
 
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,

@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "libvirt/domxml-int.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -22,11 +23,6 @@
 
 /* How much of a value that failed its check an error message repeats. */
 #define VN_DOMXML_SHOWN 64
-/* json-glib's parser recurses once per nesting level and has no limit of its
- * own: 4 MiB of '[' would exhaust the stack.  Our -device is two levels deep;
- * nobody's device properties come near this. */
-#define VN_DOMXML_MAX_JSON_DEPTH 32
-
 /* Sets a rule violation and returns false, so that a check is one statement. */
 static bool G_GNUC_PRINTF(2, 3) fail(GError **error, const char *fmt, ...)
 {
@@ -320,24 +316,18 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
 /* One JSON -device argument: ours when its id is one of our aliases. */
 static bool match_json(const char *text, GPtrArray *devs, GError **error)
 {
-    g_autoptr(JsonParser) parser = json_parser_new();
     g_autoptr(GError) local = NULL;
-    JsonNode *root;
+    g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_DOMXML_MAX_BYTES, &local);
     const char *id;
 
-    if (!vn_util_json_depth_ok(text, strlen(text), VN_DOMXML_MAX_JSON_DEPTH)) {
-        return fail(error, "a -device argument nests deeper than %u levels",
-                    VN_DOMXML_MAX_JSON_DEPTH);
-    }
     /* QEMU would refuse it too: better said here than as a failed start. */
-    if (!json_parser_load_from_data(parser, text, -1, &local)) {
+    if (o == NULL && local->domain == JSON_PARSER_ERROR) {
         return fail(error, "a -device argument is not JSON: %s", local->message);
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        return fail(error, "a -device argument is not a JSON object");
+    if (o == NULL) {
+        return fail(error, "a -device argument is refused: %s", local->message);
     }
-    id = vn_util_json_string(json_node_get_object(root), "id");
+    id = vn_util_json_string(o, "id");
     for (guint i = 0; id != NULL && i < devs->len; i++) {
         VnDomDevice *d = g_ptr_array_index(devs, i);
 
@@ -347,7 +337,7 @@ static bool match_json(const char *text, GPtrArray *devs, GError **error)
         if (d->socket != NULL) {
             return fail(error, "device %s: two -device arguments have id %s", d->device, id);
         }
-        if (!take_device_arg(json_node_get_object(root), d, error)) {
+        if (!take_device_arg(o, d, error)) {
             g_prefix_error(error, "device %s (alias %s): ", d->device, d->alias);
             return false;
         }

@@ -5,6 +5,8 @@
 
 #include "wire.h"
 
+#include "common/json.h"
+
 #include <errno.h>
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
@@ -332,9 +334,7 @@ static bool caps_uint(JsonObject *obj, const char *name, uint64_t *out, GError *
 
 bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
 {
-    g_autoptr(JsonParser) parser = json_parser_new();
-    JsonNode *root;
-    JsonObject *obj;
+    g_autoptr(JsonObject) obj = NULL;
     JsonNode *capn;
 
     /* vfio-user.rst: VERSION: defaults when a capability is absent */
@@ -345,17 +345,11 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
     if (json == NULL || json[0] == '\0') {
         return true;
     }
-    if (!json_parser_load_from_data(parser, json, -1, error)) {
+    obj = vn_json_parse_object(json, -1, VN_MAX_MSG_SIZE, error);
+    if (obj == NULL) {
         g_prefix_error(error, "capabilities: ");
         return false;
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "capabilities: not a JSON object");
-        return false;
-    }
-    obj = json_node_get_object(root);
     capn = json_object_get_member(obj, "capabilities");
     if (capn == NULL) {
         return true;
