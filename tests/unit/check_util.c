@@ -34,19 +34,6 @@ START_TEST(test_json_string_member)
 }
 END_TEST
 
-START_TEST(test_name_valid)
-{
-    ck_assert(vn_util_name_valid("nvme0", 63));
-    ck_assert(vn_util_name_valid("a-b_c.d", 7));
-    ck_assert(!vn_util_name_valid("a-b_c.d", 6));
-    ck_assert(!vn_util_name_valid("", 63));
-    ck_assert(!vn_util_name_valid(NULL, 63));
-    ck_assert(!vn_util_name_valid("a/b", 63));
-    ck_assert(!vn_util_name_valid("a b", 63));
-    ck_assert(!vn_util_name_valid("\x1b[2J", 63));
-}
-END_TEST
-
 /* A snapshot replaces the file whole and leaves no temporary behind. */
 START_TEST(test_snapshot_replaces)
 {
@@ -88,7 +75,6 @@ static Suite *util_suite(void)
 
     tc = tcase_create("json");
     tcase_add_test(tc, test_json_string_member);
-    tcase_add_test(tc, test_name_valid);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("snapshot");

@@ -41,7 +41,7 @@ enum {
 };
 
 typedef struct Node {
-    char name[VN_FABRIC_MAX_NAME + 1];
+    char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
     GMainContext *ctx;
     GMainLoop *loop;            /* threaded nodes */
@@ -49,7 +49,7 @@ typedef struct Node {
     bool close_in_thread;
     GMutex lock;                /* log: written by the node's thread */
     GPtrArray *log;             /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
-    char asker[VN_FABRIC_MAX_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
+    char asker[VN_MAX_NODE_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
 } Node;
 
 static char *tmpdir;

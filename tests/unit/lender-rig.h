@@ -112,7 +112,7 @@ typedef struct Loop {
 } Loop;
 
 typedef struct Borrower {
-    char name[VN_FABRIC_MAX_NAME + 1];
+    char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
     unsigned doorbells[VN_FABRIC_DOORBELLS];    /* rung, per bit (test thread) */
 } Borrower;
@@ -400,7 +400,7 @@ static inline void teardown(void)
 
 typedef struct Snap {
     VnLenderStats st;
-    char borrower[VN_FABRIC_MAX_NAME + 1];     /* "" when free */
+    char borrower[VN_MAX_NODE_NAME + 1];     /* "" when free */
     char *json;
 } Snap;
 

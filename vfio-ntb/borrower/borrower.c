@@ -8,6 +8,7 @@
 
 #include "borrower-int.h"
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -430,9 +431,10 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     b->device = g_strdup(device);
     b->mode = mode;
     b->relay_index = VFIO_PCI_MSIX_IRQ_INDEX;
-    if (strlen(device) > VN_PROTO_MAX_DEVICE_NAME) {
+    if (!vn_name_valid(VN_NAME_DEVICE, device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "borrower: device name %s too long", device);
+                    "borrower: device name \"%.80s\" is not %s", device,
+                    vn_name_rule(VN_NAME_DEVICE));
         return NULL;
     }
     g_strlcpy(at.device, device, sizeof(at.device));

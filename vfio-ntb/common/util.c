@@ -32,18 +32,6 @@ uint64_t vn_util_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-bool vn_util_name_valid(const char *s, size_t max)
-{
-    size_t n = s != NULL ? strnlen(s, max + 1) : 0;
-
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return n >= 1 && n <= max;
-}
-
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
     g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);

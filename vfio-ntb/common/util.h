@@ -58,10 +58,6 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
            json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
 }
 
-/* True when @s is 1..@max characters of [A-Za-z0-9_.-]: the names of devices,
- * domains and sockets that travel between peers and become file names. */
-bool vn_util_name_valid(const char *s, size_t max);
-
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 

@@ -9,6 +9,7 @@
 #include "ctl/ctl-client.h"
 
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/proto.h"
@@ -21,11 +22,6 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-/* The host part is a fabric node name, the name part a lent device's name:
- * keep ntbctl's early check in step with what the daemon will accept. */
-G_STATIC_ASSERT(VN_CTL_MAX_HOST == VN_FABRIC_MAX_NAME);
-G_STATIC_ASSERT(VN_CTL_MAX_NAME == VN_PROTO_MAX_DEVICE_NAME);
 
 /* Bytes asked of recv() at once; a 64 KiB line takes a few calls. */
 #define VN_CTL_READ_CHUNK 16384
@@ -82,16 +78,11 @@ VnCtlError vn_ctl_error_from_class(const char *cls)
 
 /* ---- device names --------------------------------------------------------- */
 
-static bool name_char_ok(char ch)
-{
-    return g_ascii_isalnum(ch) || ch == '_' || ch == '.' || ch == '-';
-}
-
 bool vn_ctl_device_valid(const char *dev, GError **error)
 {
     const char *slash;
-    size_t host_len, name_len;
-    char host[VN_CTL_MAX_HOST + 1];
+    size_t host_len;
+    char host[VN_MAX_NODE_NAME + 1];
 
     if (dev == NULL || *dev == '\0') {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
@@ -106,35 +97,26 @@ bool vn_ctl_device_valid(const char *dev, GError **error)
         return false;
     }
     host_len = (size_t)(slash - dev);
-    name_len = strnlen(slash + 1, VN_CTL_MAX_NAME + 1);
-    if (host_len > VN_CTL_MAX_HOST) {
+    if (host_len > VN_MAX_NODE_NAME) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
                     "device host \"%.*s...\" is longer than %d characters",
-                    VN_CTL_MAX_HOST, dev, VN_CTL_MAX_HOST);
+                    VN_MAX_NODE_NAME, dev, VN_MAX_NODE_NAME);
         return false;
     }
     memcpy(host, dev, host_len);
     host[host_len] = '\0';
-    if (!vn_fabric_name_valid(host)) {
+    if (!vn_name_valid(VN_NAME_NODE, host)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device host \"%s\" is not a node name: [a-z0-9][a-z0-9-]*, "
-                    "at most %d characters", host, VN_CTL_MAX_HOST);
+                    "device host \"%s\" is not a node name: %s", host,
+                    vn_name_rule(VN_NAME_NODE));
         return false;
     }
-    if (name_len == 0 || name_len > VN_CTL_MAX_NAME) {
+    /* The offending text may be anything (a second '/', a control
+     * character): say which rule, not the raw bytes. */
+    if (!vn_name_valid(VN_NAME_DEVICE, slash + 1)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device name after \"%s/\" must be 1-%d characters", host,
-                    VN_CTL_MAX_NAME);
+                    "device name after \"%s/\" must be %s", host, vn_name_rule(VN_NAME_DEVICE));
         return false;
-    }
-    for (size_t i = 0; i < name_len; i++) {
-        if (!name_char_ok(slash[1 + i])) {
-            /* The offending text may be anything (a second '/', a control
-             * character): say which rule, not the raw bytes. */
-            g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                        "device name after \"%s/\" may only use [A-Za-z0-9_.-]", host);
-            return false;
-        }
     }
     return true;
 }
@@ -403,7 +385,7 @@ static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
                    "not a vfio-ntbd greeting (is this the daemon's control socket?)");
         return false;
     }
-    if (!vn_fabric_name_valid(node) || strlen(version) > VN_CTL_MAX_VERSION) {
+    if (!vn_name_valid(VN_NAME_NODE, node) || strlen(version) > VN_CTL_MAX_VERSION) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
                    "the greeting names an invalid node or version");
         return false;

@@ -17,6 +17,7 @@
 
 #include "daemon-int.h"
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -255,7 +256,7 @@ static bool announcement_valid(JsonObject *o, const char *peer)
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !vn_name_valid(VN_NAME_DEVICE, name) ||
             !(state = vn_util_json_string(json_node_get_object(e), "state")) ||
             (strcmp(state, "lent") != 0 && strcmp(state, "available") != 0)) {
             return false;
@@ -350,7 +351,7 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         uint64_t lease = 0;
         VnBorrowed *b;
 
-        if (name == NULL || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+        if (!vn_name_valid(VN_NAME_DEVICE, name) ||
             !uint_member(o, "lease", &lease)) {
             return;
         }
@@ -489,7 +490,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, lease, msg->peer);
             return;
         }
-        if (worker == NULL || !vn_fabric_name_valid(worker)) {
+        if (worker == NULL || !vn_name_valid(VN_NAME_NODE, worker)) {
             reply_err(d, token, EINVAL, "AUTHORIZE needs \"worker\": a node name");
             return;
         }

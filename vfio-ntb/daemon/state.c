@@ -8,6 +8,7 @@
 
 #include "daemon-int.h"
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <gio/gio.h>
@@ -164,8 +165,9 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     stats = vn_util_json_string(w, "stats");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
-        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_fabric_name_valid(node) ||
-        socket == NULL || socket[0] != '/' || domain == NULL || stats == NULL) {
+        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_name_valid(VN_NAME_NODE, node) ||
+        socket == NULL || socket[0] != '/' || !vn_name_valid(VN_NAME_DOMAIN, domain) ||
+        stats == NULL) {
         return;
     }
     b->worker_pid = (GPid)json_node_get_int(pid);
@@ -255,7 +257,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
-            !vn_fabric_name_valid(borrower) || !get_lease(json_node_get_object(e), &lease) ||
+            !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease) ||
             (ld = vn_daemon_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
         }
@@ -265,7 +267,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->orphan_since_us = g_get_monotonic_time();
         ld->unconfirmed = true;
         if (vn_util_json_string(json_node_get_object(e), "worker") != NULL &&
-            vn_fabric_name_valid(vn_util_json_string(json_node_get_object(e), "worker"))) {
+            vn_name_valid(VN_NAME_NODE, vn_util_json_string(json_node_get_object(e), "worker"))) {
             ld->worker = g_strdup(vn_util_json_string(json_node_get_object(e), "worker"));
         }
         d->next_lease = MAX(d->next_lease, lease);
@@ -283,7 +285,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(lender = vn_util_json_string(json_node_get_object(e), "lender")) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            !vn_fabric_name_valid(lender) || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !vn_name_valid(VN_NAME_NODE, lender) || !vn_name_valid(VN_NAME_DEVICE, name) ||
             !get_lease(json_node_get_object(e), &lease)) {
             continue;
         }

@@ -28,12 +28,12 @@
 #ifndef VN_FABRIC_H
 #define VN_FABRIC_H
 
+#include "common/name.h"
+
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Node names: [a-z0-9][a-z0-9-]*, at most this long. */
-#define VN_FABRIC_MAX_NAME 31
 /* Nodes one node will talk to. */
 #define VN_FABRIC_MAX_PEERS 256
 /* Segments one node exports. */
@@ -53,9 +53,6 @@
  * or hostile stream. */
 #define VN_FABRIC_MAX_FRAME (VN_FABRIC_MAX_PAYLOAD + 64u)
 
-/* True for a valid node name (see VN_FABRIC_MAX_NAME). */
-bool vn_fabric_name_valid(const char *name);
-
 typedef struct VnFabric VnFabric;
 
 /* NTB-like limits the backend enforces on windows (configurable). */
@@ -71,7 +68,7 @@ void vn_fabric_limits_default(VnFabricLimits *l);
 
 /* A mapped window onto a peer's segment. */
 typedef struct VnFabricWindow {
-    char peer[VN_FABRIC_MAX_NAME + 1];
+    char peer[VN_MAX_NODE_NAME + 1];
     uint64_t segment;
     uint64_t size;               /* the segment's size (window rounded up to 2^n) */
     uint64_t window_size;        /* the window it occupies: 2^n >= size and

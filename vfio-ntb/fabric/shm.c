@@ -12,6 +12,7 @@
 #include "shm.h"
 
 #include "common/fdpass.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -38,7 +39,7 @@ typedef struct VnShmConn {
     int fd;                      /* -1 once dropped */
     GSource *src;
     GSource *hello_timer;        /* until named (accepted connections) */
-    char peer[VN_FABRIC_MAX_NAME + 1];   /* "" until named */
+    char peer[VN_MAX_NODE_NAME + 1];   /* "" until named */
     bool outgoing;               /* we opened it */
     bool draining;               /* lost a tie: read to EOF, never send */
     /* the record being received */
@@ -223,7 +224,7 @@ static bool conn_hello(VnShmConn *c, const uint8_t *buf, size_t len, unsigned nf
             what = g_strdup_printf("socket %s: a HELLO of magic 0x%x version %u", shm->path,
                                    h.magic, h.version);
         } else if (memchr(h.node, '\0', sizeof(h.node)) == NULL ||
-                   !vn_fabric_name_valid(h.node) || strcmp(h.node, shm->node) == 0) {
+                   !vn_name_valid(VN_NAME_NODE, h.node) || strcmp(h.node, shm->node) == 0) {
             what = g_strdup_printf("socket %s: a HELLO naming an invalid node", shm->path);
         }
     }
@@ -760,7 +761,7 @@ static GPtrArray *shm_discover(void *backend)
             continue;
         }
         name = g_strndup(e, strlen(e) - strlen(".sock"));
-        if (vn_fabric_name_valid(name)) {
+        if (vn_name_valid(VN_NAME_NODE, name)) {
             g_ptr_array_add(out, g_steal_pointer(&name));
         }
     }

@@ -42,7 +42,7 @@ extern const VnFabricOps vn_shm_ops;
 typedef struct VnShmHello {
     uint32_t magic;
     uint32_t version;
-    char node[VN_FABRIC_MAX_NAME + 1];      /* NUL-terminated */
+    char node[VN_MAX_NODE_NAME + 1];      /* NUL-terminated */
 } VnShmHello;
 
 /* A connection that has not said HELLO by then is closed. */

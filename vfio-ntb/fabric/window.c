@@ -13,6 +13,7 @@
 #include "fabric-int.h"
 
 #include "common/json.h"
+#include "common/name.h"
 #include "common/peerfd.h"
 #include "common/util.h"
 
@@ -40,7 +41,7 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
     const char *why;
     int copy;
 
-    if (!vn_fabric_name_valid(peer)) {
+    if (!vn_name_valid(VN_NAME_NODE, peer)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export a segment to \"%s\": not a node name", fab->node,
                     peer != NULL ? peer : "(null)");
@@ -166,7 +167,7 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     void *host;
     int ret;
 
-    if (!vn_fabric_name_valid(peer) || id == 0) {
+    if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: no segment %" PRIu64 " of \"%s\" to map", fab->node, id,
                     peer != NULL ? peer : "(null)");

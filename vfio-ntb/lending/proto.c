@@ -6,6 +6,7 @@
 #include "proto.h"
 
 #include "common/json.h"
+#include "common/name.h"
 #include "fabric/fabric.h"
 
 #include <gio/gio.h>
@@ -179,21 +180,6 @@ static void add_device(JsonBuilder *b, const char *device)
 /* Largest value we accept for an address or size: 2^63 - 1. */
 #define U63 ((uint64_t)INT64_MAX)
 
-static bool device_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-
-    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME) {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* ---- device description ---- */
 
 char *vn_proto_device_to_json(const VnProtoDevice *d)
@@ -307,7 +293,7 @@ char *vn_proto_device_only_to_json(const char *device)
     return finish(b);
 }
 
-bool vn_proto_device_name(const char *json, char out[VN_PROTO_MAX_DEVICE_NAME + 1],
+bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
                           GError **error)
 {
     const char *what = "request";
@@ -317,13 +303,12 @@ bool vn_proto_device_name(const char *json, char out[VN_PROTO_MAX_DEVICE_NAME + 
     if (o == NULL || !(dev = get_string(o, "device", what, error))) {
         return false;
     }
-    if (!device_name_ok(dev)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be 1-%d of [A-Za-z0-9_.-]", what,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
-    g_strlcpy(out, dev, VN_PROTO_MAX_DEVICE_NAME + 1);
+    g_strlcpy(out, dev, VN_MAX_DEVICE_NAME + 1);
     return true;
 }
 
@@ -349,10 +334,9 @@ bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **erro
         !(mode = get_string(o, "irq_mode", what, error))) {
         return false;
     }
-    if (!device_name_ok(dev)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be 1-%d of [A-Za-z0-9_.-]", what,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     if (!vn_irq_mode_from_string(mode, &a->irq_mode)) {

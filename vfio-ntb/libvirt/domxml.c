@@ -8,6 +8,7 @@
 
 #include "libvirt/domxml-int.h"
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -68,12 +69,6 @@ const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device)
         }
     }
     return NULL;
-}
-
-bool vn_domxml_alias_valid(const char *alias)
-{
-    /* qdev ids must start with a letter (QEMU's id_wellformed()). */
-    return alias != NULL && g_ascii_isalpha(alias[0]) && vn_util_name_valid(alias, VN_DOMXML_MAX_ALIAS);
 }
 
 /* ---- tree helpers --------------------------------------------------------- */
@@ -141,10 +136,9 @@ static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **erro
     if (d->alias == NULL) {
         return fail(error, "device %s has no alias attribute (its -device id)", d->device);
     }
-    if (!vn_domxml_alias_valid(d->alias)) {
-        return fail(error, "device %s: alias \"%.*s\" is not a QEMU id: a letter, then "
-                    "letters, digits, '_', '.' or '-', at most %u characters", d->device,
-                    VN_DOMXML_SHOWN, d->alias, VN_DOMXML_MAX_ALIAS);
+    if (!vn_name_valid(VN_NAME_QDEV_ID, d->alias)) {
+        return fail(error, "device %s: alias \"%.*s\" is not a QEMU id: %s", d->device,
+                    VN_DOMXML_SHOWN, d->alias, vn_name_rule(VN_NAME_QDEV_ID));
     }
     if (d->irq_mode != NULL && strcmp(d->irq_mode, "fd") != 0 &&
         strcmp(d->irq_mode, "relay") != 0) {
@@ -304,9 +298,9 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
     if (json_object_has_member(o, "bus") && bus == NULL) {
         return fail(error, "its -device has a \"bus\" that is not a string");
     }
-    if (bus != NULL && !printable_word(bus, VN_DOMXML_MAX_ALIAS)) {
+    if (bus != NULL && !printable_word(bus, VN_MAX_QDEV_ID)) {
         return fail(error, "its -device \"bus\" is not 1-%u printable characters (a root "
-                    "port's alias, such as pci.1)", VN_DOMXML_MAX_ALIAS);
+                    "port's alias, such as pci.1)", VN_MAX_QDEV_ID);
     }
     d->socket = g_strdup(path);
     d->bus = g_strdup(bus);
@@ -411,10 +405,9 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
         name = vn_domxml_is_element(n, NULL, "name") ? n : NULL;
     }
     dom->name = name != NULL ? take_xml_string(xmlNodeGetContent(name)) : NULL;
-    if (dom->name == NULL || !vn_util_name_valid(dom->name, VN_DOMXML_MAX_NAME)) {
-        return fail(error, "domain XML: the <name> \"%.*s\" is not 1-%u letters, digits, '_', "
-                    "'.' or '-'", VN_DOMXML_SHOWN, dom->name != NULL ? dom->name : "",
-                    VN_DOMXML_MAX_NAME);
+    if (!vn_name_valid(VN_NAME_DOMAIN, dom->name)) {
+        return fail(error, "domain XML: the <name> \"%.*s\" is not %s", VN_DOMXML_SHOWN,
+                    dom->name != NULL ? dom->name : "", vn_name_rule(VN_NAME_DOMAIN));
     }
     /* No devices of ours: nothing else to require (hooks see every domain). */
     if (!parse_metadata(root, dom->devices, error) ||
