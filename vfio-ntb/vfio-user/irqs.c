@@ -63,11 +63,15 @@ static void trigger_unref(Trigger *t)
     }
 }
 
-/* Drop @v's eventfd (the lock is held; an in-flight signal keeps it open
- * until it is done). */
-static void vector_clear(Vector *v)
+/* Take @v's eventfd off it (the lock is held) into @dropped, whose
+ * references the caller drops once the lock is released: the close(2) of
+ * the last one runs outside it too, and an in-flight signal keeps the fd
+ * open until it is done. */
+static void vector_clear(Vector *v, GPtrArray *dropped)
 {
-    g_clear_pointer(&v->trig, trigger_unref);
+    if (v->trig != NULL) {
+        g_ptr_array_add(dropped, g_steal_pointer(&v->trig));
+    }
     v->pending = false;
 }
 
@@ -134,7 +138,7 @@ static bool deliver(VnIrqs *irqs, Trigger *t)
 }
 
 static int set_trigger(uint32_t data, Vector *vec, uint32_t count, const uint8_t *bools,
-                       int *fds, unsigned nfds, GPtrArray *fired)
+                       int *fds, unsigned nfds, GPtrArray *fired, GPtrArray *dropped)
 {
     switch (data) {
     case VFIO_IRQ_SET_DATA_NONE:
@@ -151,7 +155,7 @@ static int set_trigger(uint32_t data, Vector *vec, uint32_t count, const uint8_t
         return 0;
     default: /* DATA_EVENTFD: assign, or de-assign without fds */
         for (uint32_t i = 0; i < count; i++) {
-            vector_clear(&vec[i]);
+            vector_clear(&vec[i], dropped);
             if (nfds != 0) {
                 vec[i].trig = trigger_new(fds[i]);
                 fds[i] = -1;
@@ -188,6 +192,7 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
     uint32_t data = flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
     uint32_t action = flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
     g_autoptr(GPtrArray) fired = NULL;
+    g_autoptr(GPtrArray) dropped = NULL;
     int ret;
 
     if (index >= irqs->n) {
@@ -201,13 +206,14 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
     }
 
     fired = g_ptr_array_new();
+    dropped = g_ptr_array_new_with_free_func((GDestroyNotify)trigger_unref);
     g_mutex_lock(&irqs->lock);
     if (count == 0) {
         /* linux/vfio.h: DATA_NONE|ACTION_TRIGGER with count 0 disables
          * the index; nothing else is meaningful without vectors. */
         if (data == VFIO_IRQ_SET_DATA_NONE && action == VFIO_IRQ_SET_ACTION_TRIGGER) {
             for (uint32_t v = 0; v < irqs->count[index]; v++) {
-                vector_clear(&irqs->vec[index][v]);
+                vector_clear(&irqs->vec[index][v], dropped);
                 irqs->vec[index][v].masked = false;
             }
             ret = 0;
@@ -215,7 +221,8 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
             ret = -EINVAL;
         }
     } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER) {
-        ret = set_trigger(data, &irqs->vec[index][start], count, bools, fds, nfds, fired);
+        ret = set_trigger(data, &irqs->vec[index][start], count, bools, fds, nfds, fired,
+                          dropped);
     } else {
         ret = set_mask(data, action == VFIO_IRQ_SET_ACTION_MASK, &irqs->vec[index][start],
                        count, bools, fired);
@@ -255,10 +262,12 @@ bool vn_irqs_enabled(VnIrqs *irqs, uint32_t index, uint32_t vector)
 
 void vn_irqs_reset(VnIrqs *irqs)
 {
+    g_autoptr(GPtrArray) dropped = g_ptr_array_new_with_free_func((GDestroyNotify)trigger_unref);
+
     g_mutex_lock(&irqs->lock);
     for (uint32_t i = 0; i < irqs->n; i++) {
         for (uint32_t v = 0; v < irqs->count[i]; v++) {
-            vector_clear(&irqs->vec[i][v]);
+            vector_clear(&irqs->vec[i][v], dropped);
             irqs->vec[i][v].masked = false;
         }
     }
