@@ -89,14 +89,15 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_G
 FUZZ_NAMES := wire frame shm proto control qmp domxml
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
-FUZZ_FABRIC := $(wildcard vfio-ntb/fabric/*.c) vfio-ntb/common/fdpass.c vfio-ntb/common/util.c
+FUZZ_COMMON := $(wildcard vfio-ntb/common/*.c)
+FUZZ_FABRIC := $(wildcard vfio-ntb/fabric/*.c) $(FUZZ_COMMON)
 
-$(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c vfio-ntb/common/util.c)
-$(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c $(FUZZ_COMMON))
+$(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_shm: $(call fuzz_objs,$(FUZZ_FABRIC))
-$(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c vfio-ntb/common/util.c)
-$(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c vfio-ntb/common/util.c)
-$(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c vfio-ntb/common/util.c)
+$(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c $(FUZZ_COMMON))
+$(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
+$(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
 	$(FUZZ_FABRIC))
 

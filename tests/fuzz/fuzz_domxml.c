@@ -3,6 +3,7 @@
  * libvirt hook runs on the XML libvirt gives it: any bytes must parse to a
  * checked domain or be refused with an error, never crash.
  */
+#include "common/name.h"
 #include "libvirt/domxml.h"
 
 #include <stdint.h>
@@ -26,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (guint i = 0; dom != NULL && i < dom->devices->len; i++) {
         const VnDomDevice *d = dom->devices->pdata[i];
 
-        if (vn_domain_find(dom, d->device) == NULL || !vn_domxml_alias_valid(d->alias)) {
+        if (vn_domain_find(dom, d->device) == NULL || !vn_name_valid(VN_NAME_QDEV_ID, d->alias)) {
             abort();             /* what was accepted must hold up */
         }
     }

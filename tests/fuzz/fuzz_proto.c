@@ -18,7 +18,7 @@ typedef char *(*Codec)(const char *json, GError **error);
     static char *name##_rt(const char *json, GError **error)                       \
     {                                                                              \
         type v;                                                                    \
-        char dev[VN_PROTO_MAX_DEVICE_NAME + 1] = "dev";                           \
+        char dev[VN_MAX_DEVICE_NAME + 1] = "dev";                           \
                                                                                    \
         memset(&v, 0, sizeof(v));                                                  \
         if (!vn_proto_##name##_from_json(json, &v, error)) {                       \
@@ -49,7 +49,7 @@ static char *attach_rt(const char *json, GError **error)
 
 static char *device_name_rt(const char *json, GError **error)
 {
-    char dev[VN_PROTO_MAX_DEVICE_NAME + 1];
+    char dev[VN_MAX_DEVICE_NAME + 1];
 
     return vn_proto_device_name(json, dev, error) ? vn_proto_device_only_to_json(dev) : NULL;
 }

@@ -44,7 +44,7 @@ static void handle(Reader *rd, VnShmRecord *rec)
         abort();                 /* the reader let through what it must refuse */
     }
     if (!rd->named) {
-        char peer[VN_FABRIC_MAX_NAME + 1];
+        char peer[VN_MAX_NODE_NAME + 1];
         g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds,
                                                   rec->overflow, "fuzz", peer);
 

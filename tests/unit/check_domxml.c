@@ -148,21 +148,21 @@ END_TEST
 
 START_TEST(test_alias_valid)
 {
-    char a[VN_DOMXML_MAX_ALIAS + 2];
+    char a[VN_MAX_QDEV_ID + 2];
 
-    ck_assert(vn_domxml_alias_valid("a"));
-    ck_assert(vn_domxml_alias_valid("Ntb_0.a-b"));
-    ck_assert(!vn_domxml_alias_valid(NULL));
-    ck_assert(!vn_domxml_alias_valid(""));
-    ck_assert(!vn_domxml_alias_valid("1x"));
-    ck_assert(!vn_domxml_alias_valid("_x"));
-    ck_assert(!vn_domxml_alias_valid("x y"));
-    ck_assert(!vn_domxml_alias_valid("x,y"));
+    ck_assert(vn_name_valid(VN_NAME_QDEV_ID, "a"));
+    ck_assert(vn_name_valid(VN_NAME_QDEV_ID, "Ntb_0.a-b"));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, NULL));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, ""));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, "1x"));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, "_x"));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, "x y"));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, "x,y"));
     memset(a, 'a', sizeof(a) - 1);
     a[sizeof(a) - 1] = '\0';
-    ck_assert(!vn_domxml_alias_valid(a));
-    a[VN_DOMXML_MAX_ALIAS] = '\0';
-    ck_assert(vn_domxml_alias_valid(a));
+    ck_assert(!vn_name_valid(VN_NAME_QDEV_ID, a));
+    a[VN_MAX_QDEV_ID] = '\0';
+    ck_assert(vn_name_valid(VN_NAME_QDEV_ID, a));
 }
 END_TEST
 
@@ -283,7 +283,7 @@ static const Bad bad[] = {
     { "-device JSON nested too deep",
       .args = DEVICE_ARG("{\"id\":\"ntb0\",\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]"
                          "]]]]]]]]]]]]]]]]]]]]]]]]}"),
-      .code = INVALID, .expect = "nests deeper than 32" },
+      .code = INVALID, .expect = "nested deeper than 32" },
     { "too many devices (17)", .gen = GEN_17_DEVICES, .code = INVALID,
       .expect = "more than 16 devices" },
     { "oversized input", .gen = GEN_OVERSIZED, .code = INVALID,

@@ -111,9 +111,9 @@ START_TEST(test_register)
     g_clear_error(&error);
     /* The built-in registers itself: a second one by that name is refused. */
     ck_assert(!vn_fabric_register(&vn_shm_ops, &error));
-    ck_assert(vn_fabric_name_valid("node-7"));
-    ck_assert(!vn_fabric_name_valid("Node"));
-    ck_assert(!vn_fabric_name_valid(NULL));
+    ck_assert(vn_name_valid(VN_NAME_NODE, "node-7"));
+    ck_assert(!vn_name_valid(VN_NAME_NODE, "Node"));
+    ck_assert(!vn_name_valid(VN_NAME_NODE, NULL));
 }
 END_TEST
 

@@ -629,6 +629,143 @@ START_TEST(test_stream_faults)
 }
 END_TEST
 
+/* ---- segment fds ------------------------------------------------------- */
+
+/* Memory no segment may be: it could shrink under a window (SIGBUS in the
+ * mapper), or does not hold the size claimed, or is no memory at all. */
+enum { SEG_UNSEALED, SEG_FILE, SEG_SHORT, SEG_PIPE, SEG_LAST };
+
+static const char *const seg_names[SEG_LAST] = {
+    [SEG_UNSEALED] = "a memfd not sealed against shrinking",
+    [SEG_FILE] = "a plain file",
+    [SEG_SHORT] = "a sealed memfd smaller than the segment",
+    [SEG_PIPE] = "a pipe",
+};
+
+#define SEG_SIZE 16384u
+
+static int bad_segment_fd(int kind, int *keep)
+{
+    g_autofree char *path = g_build_filename(tmpdir, "segment", NULL);
+    int fd, p[2];
+
+    *keep = -1;
+    switch (kind) {
+    case SEG_UNSEALED:
+        fd = memfd_create("unsealed", MFD_CLOEXEC);
+        ck_assert_int_eq(ftruncate(fd, SEG_SIZE), 0);
+        return fd;
+    case SEG_FILE:
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_eq(ftruncate(fd, SEG_SIZE), 0);
+        unlink(path);
+        return fd;
+    case SEG_SHORT:
+        return vn_peerfd_memfd_new("short", SEG_SIZE / 2);
+    default:
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        *keep = p[1];
+        return p[0];
+    }
+}
+
+START_TEST(test_export_refuses_bad_fd)
+{
+    Node *a = node_open("a", false);
+    g_autoptr(GError) error = NULL;
+    int keep;
+    int fd = bad_segment_fd(_i, &keep);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_msg(vn_fabric_segment_export(a->fab, fd, SEG_SIZE, "b", &error) == 0,
+                  "%s exported", seg_names[_i]);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT));
+    close(fd);
+    if (keep >= 0) {
+        close(keep);
+    }
+}
+END_TEST
+
+/* evil's side of a MAP: read the request, answer SEG_SIZE bytes with @fd. */
+typedef struct MapAnswer {
+    int raw;
+    int fd;
+} MapAnswer;
+
+static bool read_full(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+
+        if (n <= 0) {
+            return false;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+static gpointer answer_map(gpointer data)
+{
+    MapAnswer *ans = data;
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    uint64_t size = GUINT64_TO_LE(SEG_SIZE);
+    VnFabricFrameHdr h;
+    uint32_t len;
+
+    if (!read_full(ans->raw, &len, sizeof(len))) {
+        return NULL;
+    }
+    len = GUINT32_FROM_LE(len);
+    g_byte_array_set_size(m, len);
+    if (len < sizeof(h) || !read_full(ans->raw, m->data, len)) {
+        return NULL;
+    }
+    memcpy(&h, m->data, sizeof(h));
+    if (h.type != VN_FABRIC_TYPE_MAP) {
+        return NULL;
+    }
+    frame(m, VN_FABRIC_FLAG_REPLY, VN_FABRIC_TYPE_MAP, h.id, NULL, &size, sizeof(size), 1);
+    raw_record(ans->raw, m->data, m->len, &ans->fd, 1);
+    return NULL;
+}
+
+START_TEST(test_map_refuses_bad_fd)
+{
+    Node *a = node_open("a", false);
+    g_autoptr(GError) error = NULL;
+    MapAnswer ans;
+    GThread *t;
+    int keep;
+
+    ans.raw = raw_connect("a");
+    raw_hello(ans.raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+    ans.fd = bad_segment_fd(_i, &keep);
+    ck_assert_int_ge(ans.fd, 0);
+    t = g_thread_new("evil", answer_map, &ans);
+
+    /* evil answers the MAP of its "segment 1" with the bad fd. */
+    ck_assert_msg(vn_fabric_window_map(a->fab, "evil", 1, &error) == NULL, "%s mapped",
+                  seg_names[_i]);
+    g_thread_join(t);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA));
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    ck_assert_uint_eq(stats_of(a).bad_messages, 1);
+    /* evil is still a peer (the error is the map's, not the link's). */
+    raw_echo_ok(ans.raw, 9);
+    close(ans.fd);
+    if (keep >= 0) {
+        close(keep);
+    }
+    close(ans.raw);
+}
+END_TEST
+
 static Suite *fabric_untrusted_suite(void)
 {
     Suite *s = suite_create("fabric-untrusted");
@@ -654,6 +791,12 @@ static Suite *fabric_untrusted_suite(void)
     tc = tcase_create("stream");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_stream_faults);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("segment-fds");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_export_refuses_bad_fd, 0, SEG_LAST);
+    tcase_add_loop_test(tc, test_map_refuses_bad_fd, 0, SEG_LAST);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,10 +15,9 @@ START_TEST(test_attach_describes)
     Borrower *b = borrower(0);
     Borrower *c = borrower(1);
     g_autoptr(GError) error = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
     VnFabricWindow *w;
     VnProtoDevice d;
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
     Snap s;
 
     attach_ok(b, VN_IRQ_MODE_FD, &d);
@@ -54,8 +53,8 @@ START_TEST(test_attach_describes)
     s = snap();
     ck_assert_str_eq(s.borrower, "b");
     ck_assert_uint_eq(s.st.requests, 1);
-    ck_assert(json_parser_load_from_data(p, s.json, -1, NULL));
-    o = json_node_get_object(json_parser_get_root(p));
+    o = vn_json_parse_object(s.json, -1, 65536, NULL);
+    ck_assert_ptr_nonnull(o);
     ck_assert_str_eq(json_object_get_string_member(o, "device"), DEV);
     ck_assert_str_eq(json_object_get_string_member(o, "borrower"), "b");
     ck_assert_int_eq(json_object_get_int_member(o, "requests"), 1);
@@ -71,7 +70,7 @@ START_TEST(test_attach_busy_detach)
     g_autoptr(GError) error = NULL;
     g_autofree char *json = attach_json(VN_IRQ_MODE_FD);
     g_autofree char *message = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
+    g_autoptr(JsonObject) o = NULL;
     VnFabricWindow *w;
     VnProtoDevice d;
     Snap s;
@@ -90,9 +89,8 @@ START_TEST(test_attach_busy_detach)
     s = snap();
     ck_assert_str_eq(s.borrower, "");
     ck_assert_uint_eq(s.st.fences, 1);
-    ck_assert(json_parser_load_from_data(p, s.json, -1, NULL));
-    ck_assert(json_object_get_null_member(json_node_get_object(json_parser_get_root(p)),
-                                          "borrower"));
+    o = vn_json_parse_object(s.json, -1, 65536, NULL);
+    ck_assert(o != NULL && json_object_get_null_member(o, "borrower"));
     snap_clear(&s);
     w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segment, &error);
     ck_assert_ptr_null(w);

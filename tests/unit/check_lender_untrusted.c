@@ -70,6 +70,10 @@ static const struct {
     { "SET_IRQS with fewer fds than vectors", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":2,"
       "\"relay\":false}", 0, 1, EINVAL },
+    /* The fd every nfds entry carries is a pipe: never an eventfd. */
+    { "SET_IRQS with a pipe for an eventfd", false, VN_PROTO_SET_IRQS,
+      "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
+      "\"relay\":false}", 0, 1, EINVAL },
     { "SET_IRQS with fds and no DATA_EVENTFD", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":33,\"index\":2,\"start\":0,\"count\":1,"
       "\"relay\":false}", 0, 1, EINVAL },

@@ -2,6 +2,7 @@
  * Unit tests of the vfio-user server engine over a real socket, driven by
  * our client engine (vfio-ntb/vfio-user/server.c, client.c, transport.c).
  */
+#include "common/peerfd.h"
 #include "vfio-user/client.h"
 #include "vfio-user/server.h"
 
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -109,9 +111,8 @@ static void setup(void)
     memset(&rig, 0, sizeof(rig));
     rig.dir = g_dir_make_tmp("vn-server-XXXXXX", NULL);
     rig.path = g_build_filename(rig.dir, "dev.sock", NULL);
-    rig.fake.bar_fd = memfd_create("bar0", MFD_CLOEXEC);
+    rig.fake.bar_fd = vn_peerfd_memfd_new("bar0", BAR0_SIZE);
     ck_assert_int_ge(rig.fake.bar_fd, 0);
-    ck_assert_int_eq(ftruncate(rig.fake.bar_fd, BAR0_SIZE), 0);
     rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
                         rig.fake.bar_fd, 0);
     for (uint32_t i = 0; i < info.num_regions; i++) {
@@ -258,11 +259,10 @@ START_TEST(test_dma_table)
 {
     g_autoptr(VnClient) c = connect_ok();
     VnDma *dma = vn_server_dma(rig.server);
-    int mem = memfd_create("guest", MFD_CLOEXEC);
+    int mem = vn_peerfd_memfd_new("guest", 0x10000);   /* sealed, as QEMU's */
     uint8_t *ram;
     char out[6] = { 0 };
 
-    ck_assert_int_eq(ftruncate(mem, 0x10000), 0);
     ram = mmap(NULL, 0x10000, PROT_READ | PROT_WRITE, MAP_SHARED, mem, 0);
     ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, 0x8000,
                                        VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
@@ -303,6 +303,66 @@ START_TEST(test_dma_table)
     ck_assert_uint_eq(vn_dma_count(dma), 0);
     munmap(ram, 0x10000);
     close(mem);
+}
+END_TEST
+
+/* Guest memory a client may not map: a memfd not sealed against shrinking
+ * (it could shrink under the device), a plain file (it could be truncated),
+ * a sealed memfd smaller than offset + size, something that is no file. */
+enum { BAD_MEM_UNSEALED, BAD_MEM_FILE, BAD_MEM_SHORT, BAD_MEM_OFFSET, BAD_MEM_PIPE,
+       BAD_MEM_LAST };
+
+static int bad_memory(int kind, int *keep)
+{
+    g_autofree char *path = NULL;
+    int fd, p[2];
+
+    *keep = -1;
+    switch (kind) {
+    case BAD_MEM_UNSEALED:
+        fd = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        ck_assert_int_eq(ftruncate(fd, 0x10000), 0);
+        return fd;
+    case BAD_MEM_FILE:
+        path = g_build_filename(rig.dir, "ram", NULL);
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_eq(ftruncate(fd, 0x10000), 0);
+        unlink(path);
+        return fd;
+    case BAD_MEM_SHORT:
+        return vn_peerfd_memfd_new("short", 0x4000);
+    case BAD_MEM_OFFSET:
+        return vn_peerfd_memfd_new("offset", 0x10000);
+    default:
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        *keep = p[1];
+        return p[0];
+    }
+}
+
+START_TEST(test_dma_map_refuses_bad_memory)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    VnDma *dma = vn_server_dma(rig.server);
+    int keep;
+    int fd = bad_memory(_i, &keep);
+    /* 0x8000 bytes: beyond a 0x4000 memfd; at 0xc000, beyond a 0x10000 one */
+    uint64_t offset = _i == BAD_MEM_OFFSET ? 0xc000 : 0;
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, offset,
+                                       VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, fd),
+                     -EINVAL);
+    ck_assert_uint_eq(vn_dma_count(dma), 0);
+    close(fd);
+    if (keep >= 0) {
+        close(keep);
+    }
+    /* The session goes on, and a sealed memfd that holds the range maps. */
+    fd = vn_peerfd_memfd_new("good", 0x8000);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, 0, VFIO_DMA_MAP_FLAG_READ, fd), 0);
+    ck_assert_uint_eq(vn_dma_count(dma), 1);
+    close(fd);
 }
 END_TEST
 
@@ -366,6 +426,111 @@ START_TEST(test_irqs)
                                         VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, efd), -ENOTSUP);
     close(efd[0]);
     close(efd[1]);
+}
+END_TEST
+
+/* fds a client may not pass as interrupt eventfds: each could block the
+ * engine thread that signals it (a pipe nobody reads, a socket) or is no
+ * counter at all. */
+enum { NOT_EVENTFD_PIPE, NOT_EVENTFD_SOCKET, NOT_EVENTFD_MEMFD, NOT_EVENTFD_LAST };
+
+static int not_an_eventfd(int kind, int *keep)
+{
+    int p[2];
+
+    switch (kind) {
+    case NOT_EVENTFD_PIPE:
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        *keep = p[0];
+        return p[1];
+    case NOT_EVENTFD_SOCKET:
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p), 0);
+        *keep = p[0];
+        return p[1];
+    default:
+        *keep = -1;
+        return vn_peerfd_memfd_new("not-an-eventfd", 4096);
+    }
+}
+
+START_TEST(test_set_irqs_refuses_non_eventfds)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    VnIrqs *irqs = vn_server_irqs(rig.server);
+    const uint32_t EV = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    int keep = -1;
+    int fds[2] = { eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), not_an_eventfd(_i, &keep) };
+
+    ck_assert_int_ge(fds[1], 0);
+    /* Refused at SET_IRQS, the good one beside it too: nothing assigned. */
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 0, 2, NULL, fds),
+                     -EINVAL);
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 0));
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1));
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, &fds[1]),
+                     -EINVAL);
+    ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_INTX_IRQ_INDEX, 0));
+    /* And a real eventfd is still taken. */
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, fds), 0);
+    ck_assert(vn_irqs_enabled(irqs, VFIO_PCI_INTX_IRQ_INDEX, 0));
+    close(fds[0]);
+    close(fds[1]);
+    if (keep >= 0) {
+        close(keep);
+    }
+}
+END_TEST
+
+/* A signal while the engine would block, run off the test's thread so a
+ * hang is a failed test (the timeout), not a lost suite. */
+typedef struct Signaller {
+    VnIrqs *irqs;
+    gint done;
+    bool written;
+} Signaller;
+
+static gpointer signal_once(gpointer data)
+{
+    Signaller *s = data;
+
+    s->written = vn_irqs_signal(s->irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1);
+    g_atomic_int_set(&s->done, 1);
+    return NULL;
+}
+
+START_TEST(test_saturated_eventfd_does_not_block)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    const uint32_t EV = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    uint64_t most = UINT64_C(0xfffffffffffffffe);   /* eventfd(2): the counter's top */
+    Signaller sig = { .irqs = vn_server_irqs(rig.server) };
+    /* A blocking eventfd: a write to it waits while the counter is full. */
+    int efd = eventfd(0, EFD_CLOEXEC);
+    GThread *t;
+
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, &efd), 0);
+    /* The client saturates it and never reads. */
+    ck_assert_int_eq(write(efd, &most, sizeof(most)), sizeof(most));
+    t = g_thread_new("signal", signal_once, &sig);
+    for (int i = 0; i < 2000 && !g_atomic_int_get(&sig.done); i++) {
+        g_usleep(1000);
+    }
+    ck_assert_msg(g_atomic_int_get(&sig.done), "the signal blocked on a full eventfd");
+    g_thread_join(t);
+    ck_assert(!sig.written);                        /* dropped, not queued */
+    /* The server is not wedged: SET_IRQS is answered, and once the client
+     * reads its counter, signals flow again. */
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE |
+                                        VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL), 0);
+    ck_assert_uint_eq(drain(efd), most);
+    ck_assert(vn_irqs_signal(sig.irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1));
+    ck_assert_uint_eq(drain(efd), 1);
+    /* How: the server made it non-blocking (our open file is the same). */
+    ck_assert(fcntl(efd, F_GETFL) & O_NONBLOCK);
+    close(efd);
 }
 END_TEST
 
@@ -518,11 +683,14 @@ static Suite *server_suite(void)
     tc = tcase_create("dma");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_dma_table);
+    tcase_add_loop_test(tc, test_dma_map_refuses_bad_memory, 0, BAD_MEM_LAST);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("irqs");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_irqs);
+    tcase_add_loop_test(tc, test_set_irqs_refuses_non_eventfds, 0, NOT_EVENTFD_LAST);
+    tcase_add_test(tc, test_saturated_eventfd_does_not_block);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("untrusted");

@@ -1,6 +1,7 @@
 /*
  * Unit tests of the vfio-user wire codec (vfio-ntb/vfio-user/wire.c).
  */
+#include "common/json.h"
 #include "vfio-user/wire.h"
 
 #include "check-main.h"
@@ -129,6 +130,21 @@ START_TEST(test_version_and_caps)
     ck_assert(!vn_wire_parse_caps("[1,2]", &caps, &error));
     g_clear_error(&error);
     ck_assert(!vn_wire_parse_caps("{\"capabilities\":", &caps, &error));
+    g_clear_error(&error);
+    /* A peer's VERSION nested past VN_MAX_JSON_DEPTH never reaches json-glib. */
+    {
+        g_autoptr(GString) deep = g_string_new("{\"capabilities\":");
+
+        for (unsigned i = 0; i < VN_MAX_JSON_DEPTH; i++) {
+            g_string_append(deep, "{\"x\":");
+        }
+        g_string_append(deep, "1");
+        for (unsigned i = 0; i <= VN_MAX_JSON_DEPTH; i++) {
+            g_string_append_c(deep, '}');
+        }
+        ck_assert(!vn_wire_parse_caps(deep->str, &caps, &error));
+        ck_assert_ptr_nonnull(strstr(error->message, "nested deeper"));
+    }
 }
 END_TEST
 

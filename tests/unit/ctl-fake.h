@@ -18,6 +18,8 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
+
+#include "common/json.h"
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -83,16 +85,12 @@ static void fake_send(int fd, const char *text)
 
 static char *fake_request_id(const char *line)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonNode *root;
+    g_autoptr(JsonObject) o = vn_json_parse_object(line, -1, VN_CTL_MAX_LINE, NULL);
 
-    if (!json_parser_load_from_data(p, line, -1, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root) ||
-        !json_object_has_member(json_node_get_object(root), "id")) {
+    if (o == NULL || !json_object_has_member(o, "id")) {
         return g_strdup("null");
     }
-    return g_strdup_printf("%" G_GINT64_FORMAT,
-                           json_object_get_int_member(json_node_get_object(root), "id"));
+    return g_strdup_printf("%" G_GINT64_FORMAT, json_object_get_int_member(o, "id"));
 }
 
 static void fake_serve(CtlFake *f, int fd)

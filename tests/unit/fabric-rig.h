@@ -11,6 +11,7 @@
 #ifndef VN_CHECK_FABRIC_RIG_H
 #define VN_CHECK_FABRIC_RIG_H
 
+#include "common/peerfd.h"
 #include "fabric/fabric.h"
 #include "fabric/frame.h"
 #include "fabric/shm.h"
@@ -40,7 +41,7 @@ enum {
 };
 
 typedef struct Node {
-    char name[VN_FABRIC_MAX_NAME + 1];
+    char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
     GMainContext *ctx;
     GMainLoop *loop;            /* threaded nodes */
@@ -48,7 +49,7 @@ typedef struct Node {
     bool close_in_thread;
     GMutex lock;                /* log: written by the node's thread */
     GPtrArray *log;             /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
-    char asker[VN_FABRIC_MAX_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
+    char asker[VN_MAX_NODE_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
 } Node;
 
 static char *tmpdir;
@@ -341,10 +342,9 @@ static inline void link_nodes(Node *a, Node *b)
 /* A memfd of @size bytes and a mapping of it. */
 static inline int memfd_new(size_t size, uint8_t **map)
 {
-    int fd = memfd_create("check-fabric", MFD_CLOEXEC);
+    int fd = vn_peerfd_memfd_new("check-fabric", size);
 
     ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
     if (map != NULL) {
         *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         ck_assert(*map != MAP_FAILED);

@@ -16,6 +16,8 @@
 #ifndef VN_LENDER_RIG_H
 #define VN_LENDER_RIG_H
 
+#include "common/json.h"
+#include "common/peerfd.h"
 #include "fabric/fabric.h"
 #include "lending/lender.h"
 #include "lending/proto.h"
@@ -110,7 +112,7 @@ typedef struct Loop {
 } Loop;
 
 typedef struct Borrower {
-    char name[VN_FABRIC_MAX_NAME + 1];
+    char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
     unsigned doorbells[VN_FABRIC_DOORBELLS];    /* rung, per bit (test thread) */
 } Borrower;
@@ -330,9 +332,8 @@ static inline void setup(void)
     ck_assert_int_eq(g_mkdir(rig.fabric_dir, 0700), 0);
     rig.sock = g_build_filename(rig.dir, "dev.sock", NULL);
 
-    rig.fake.bar_fd = memfd_create("bar0", MFD_CLOEXEC);
+    rig.fake.bar_fd = vn_peerfd_memfd_new("bar0", BAR0_SIZE);
     ck_assert_int_ge(rig.fake.bar_fd, 0);
-    ck_assert_int_eq(ftruncate(rig.fake.bar_fd, BAR0_SIZE), 0);
     rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
                         rig.fake.bar_fd, 0);
     ck_assert(rig.fake.bar != MAP_FAILED);
@@ -399,7 +400,7 @@ static inline void teardown(void)
 
 typedef struct Snap {
     VnLenderStats st;
-    char borrower[VN_FABRIC_MAX_NAME + 1];     /* "" when free */
+    char borrower[VN_MAX_NODE_NAME + 1];     /* "" when free */
     char *json;
 } Snap;
 
@@ -591,9 +592,8 @@ static inline Mem mem_export(Borrower *b, const char *to)
     g_autoptr(GError) error = NULL;
     Mem m;
 
-    m.fd = memfd_create("guest-ram", MFD_CLOEXEC);
+    m.fd = vn_peerfd_memfd_new("guest-ram", MEM_SIZE);   /* sealed, as QEMU's */
     ck_assert_int_ge(m.fd, 0);
-    ck_assert_int_eq(ftruncate(m.fd, MEM_SIZE), 0);
     m.map = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
     ck_assert(m.map != MAP_FAILED);
     m.segment = vn_fabric_segment_export(b->fab, m.fd, MEM_SIZE, to, &error);

@@ -16,6 +16,7 @@
 #ifndef VN_TEST_NVME_RIG_H
 #define VN_TEST_NVME_RIG_H
 
+#include "common/peerfd.h"
 #include "simdev/nvme.h"
 #include "simdev/pcicfg.h"
 
@@ -215,9 +216,8 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     R.n = vn_nvme_new(&np, R.bar0, R.cfg, &error);
     ck_assert_msg(R.n != NULL, "%s", error ? error->message : "");
 
-    R.ramfd = memfd_create("guest-ram", MFD_CLOEXEC);
+    R.ramfd = vn_peerfd_memfd_new("guest-ram", RAM_SIZE);   /* sealed, as QEMU's */
     ck_assert_int_ge(R.ramfd, 0);
-    ck_assert_int_eq(ftruncate(R.ramfd, RAM_SIZE), 0);
     R.ram = mmap(NULL, RAM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, R.ramfd, 0);
     ck_assert(R.ram != MAP_FAILED);
     R.dma = vn_dma_new();

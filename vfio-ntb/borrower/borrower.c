@@ -7,6 +7,8 @@
 #include "borrower.h"
 
 #include "borrower-int.h"
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -429,9 +431,10 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     b->device = g_strdup(device);
     b->mode = mode;
     b->relay_index = VFIO_PCI_MSIX_IRQ_INDEX;
-    if (strlen(device) > VN_PROTO_MAX_DEVICE_NAME) {
+    if (!vn_name_valid(VN_NAME_DEVICE, device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "borrower: device name %s too long", device);
+                    "borrower: device name \"%.80s\" is not %s", device,
+                    vn_name_rule(VN_NAME_DEVICE));
         return NULL;
     }
     g_strlcpy(at.device, device, sizeof(at.device));
@@ -552,8 +555,9 @@ char *vn_borrower_stats_json(VnBorrower *b)
 {
     g_autoptr(JsonBuilder) jb = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
     g_autofree char *server = b->server ? vn_server_stats_json(b->server) : NULL;
+    /* Our own server's counters: a few hundred bytes. */
+    g_autoptr(JsonNode) vu = vn_json_parse(server, -1, VN_MAX_MSG_SIZE, NULL);
     const struct {
         const char *name;
         uint64_t v;
@@ -585,9 +589,9 @@ char *vn_borrower_stats_json(VnBorrower *b)
         json_builder_set_member_name(jb, c[i].name);
         json_builder_add_int_value(jb, (gint64)c[i].v);
     }
-    if (server != NULL && json_parser_load_from_data(p, server, -1, NULL)) {
+    if (vu != NULL) {
         json_builder_set_member_name(jb, "vfio_user");
-        json_builder_add_value(jb, json_node_copy(json_parser_get_root(p)));
+        json_builder_add_value(jb, g_steal_pointer(&vu));
     }
     json_builder_end_object(jb);
     root = json_builder_get_root(jb);

@@ -58,27 +58,6 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
            json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
 }
 
-/*
- * True when JSON text @s (@len bytes) nests at most @max levels of objects
- * and arrays, strings skipped.  json-glib's parser recurses once per level
- * with no limit of its own, so peer JSON is checked with this first;
- * malformed text is left to the parser.
- */
-bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max);
-
-/*
- * json_parser_load_from_data() for text from a peer: @s (@len bytes, or -1
- * for NUL-terminated) must be one JSON object or array with nothing but
- * whitespace after it, else it is refused (G_IO_ERROR_INVALID_DATA) unparsed.
- * json-glib 1.6 leaks the value it parsed when more text follows ("{} x",
- * "7{}"): a peer repeating that would grow us without bound.
- */
-bool vn_util_json_load(JsonParser *p, const char *s, gssize len, GError **error);
-
-/* True when @s is 1..@max characters of [A-Za-z0-9_.-]: the names of devices,
- * domains and sockets that travel between peers and become file names. */
-bool vn_util_name_valid(const char *s, size_t max);
-
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 

@@ -8,6 +8,8 @@
 
 #include "ctl/ctl-client.h"
 
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/proto.h"
@@ -20,11 +22,6 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-/* The host part is a fabric node name, the name part a lent device's name:
- * keep ntbctl's early check in step with what the daemon will accept. */
-G_STATIC_ASSERT(VN_CTL_MAX_HOST == VN_FABRIC_MAX_NAME);
-G_STATIC_ASSERT(VN_CTL_MAX_NAME == VN_PROTO_MAX_DEVICE_NAME);
 
 /* Bytes asked of recv() at once; a 64 KiB line takes a few calls. */
 #define VN_CTL_READ_CHUNK 16384
@@ -81,16 +78,11 @@ VnCtlError vn_ctl_error_from_class(const char *cls)
 
 /* ---- device names --------------------------------------------------------- */
 
-static bool name_char_ok(char ch)
-{
-    return g_ascii_isalnum(ch) || ch == '_' || ch == '.' || ch == '-';
-}
-
 bool vn_ctl_device_valid(const char *dev, GError **error)
 {
     const char *slash;
-    size_t host_len, name_len;
-    char host[VN_CTL_MAX_HOST + 1];
+    size_t host_len;
+    char host[VN_MAX_NODE_NAME + 1];
 
     if (dev == NULL || *dev == '\0') {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
@@ -105,35 +97,26 @@ bool vn_ctl_device_valid(const char *dev, GError **error)
         return false;
     }
     host_len = (size_t)(slash - dev);
-    name_len = strnlen(slash + 1, VN_CTL_MAX_NAME + 1);
-    if (host_len > VN_CTL_MAX_HOST) {
+    if (host_len > VN_MAX_NODE_NAME) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
                     "device host \"%.*s...\" is longer than %d characters",
-                    VN_CTL_MAX_HOST, dev, VN_CTL_MAX_HOST);
+                    VN_MAX_NODE_NAME, dev, VN_MAX_NODE_NAME);
         return false;
     }
     memcpy(host, dev, host_len);
     host[host_len] = '\0';
-    if (!vn_fabric_name_valid(host)) {
+    if (!vn_name_valid(VN_NAME_NODE, host)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device host \"%s\" is not a node name: [a-z0-9][a-z0-9-]*, "
-                    "at most %d characters", host, VN_CTL_MAX_HOST);
+                    "device host \"%s\" is not a node name: %s", host,
+                    vn_name_rule(VN_NAME_NODE));
         return false;
     }
-    if (name_len == 0 || name_len > VN_CTL_MAX_NAME) {
+    /* The offending text may be anything (a second '/', a control
+     * character): say which rule, not the raw bytes. */
+    if (!vn_name_valid(VN_NAME_DEVICE, slash + 1)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device name after \"%s/\" must be 1-%d characters", host,
-                    VN_CTL_MAX_NAME);
+                    "device name after \"%s/\" must be %s", host, vn_name_rule(VN_NAME_DEVICE));
         return false;
-    }
-    for (size_t i = 0; i < name_len; i++) {
-        if (!name_char_ok(slash[1 + i])) {
-            /* The offending text may be anything (a second '/', a control
-             * character): say which rule, not the raw bytes. */
-            g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                        "device name after \"%s/\" may only use [A-Za-z0-9_.-]", host);
-            return false;
-        }
     }
     return true;
 }
@@ -303,15 +286,12 @@ static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code,
     return NULL;
 }
 
-/*
- * Parse a line into its object (owned by p).  A 64 KiB line bounds
- * json-glib's recursion to a depth an ordinary stack takes.
- */
-static JsonObject *parse_line(VnCtlClient *c, JsonParser *p, const char *line, guint len,
-                              const char *what, GError **error)
+/* Parse a line into its object (owned). */
+static JsonObject *parse_line(VnCtlClient *c, const char *line, guint len, const char *what,
+                              GError **error)
 {
     g_autoptr(GError) local = NULL;
-    JsonNode *root;
+    JsonObject *o;
 
     /* With a length, g_utf8_validate() also refuses NUL bytes, which would
      * otherwise cut the line short for the parser and hide what follows. */
@@ -319,17 +299,16 @@ static JsonObject *parse_line(VnCtlClient *c, JsonParser *p, const char *line, g
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not valid UTF-8 text", what);
         return NULL;
     }
-    if (!json_parser_load_from_data(p, line, -1, &local)) {
+    o = vn_json_parse_object(line, (gssize)len, VN_CTL_MAX_LINE, &local);
+    if (o == NULL && local->domain == JSON_PARSER_ERROR) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not JSON: %s", what,
                    local->message);
-        return NULL;
-    }
-    root = json_parser_get_root(p);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+    } else if (o == NULL && g_error_matches(local, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE)) {
+        set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is refused: %s", what, local->message);
+    } else if (o == NULL) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not a JSON object", what);
-        return NULL;
     }
-    return json_node_get_object(root);
+    return o;
 }
 
 /* ---- connect and greeting -------------------------------------------------- */
@@ -388,15 +367,14 @@ static bool do_connect(VnCtlClient *c, gint64 deadline, GError **error)
 /* {"vfio-ntbd": {"version": "0.1.0", "node": "hosta"}} */
 static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     g_autofree char *line = NULL;
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
     JsonNode *g;
     const char *version, *node;
     guint len = 0;
 
     line = read_line(c, deadline, VN_CTL_ERROR_UNREACHABLE, "the greeting", &len, error);
-    if (line == NULL || !(o = parse_line(c, p, line, len, "the greeting", error))) {
+    if (line == NULL || !(o = parse_line(c, line, len, "the greeting", error))) {
         return false;
     }
     g = json_object_get_member(o, "vfio-ntbd");
@@ -407,7 +385,7 @@ static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
                    "not a vfio-ntbd greeting (is this the daemon's control socket?)");
         return false;
     }
-    if (!vn_fabric_name_valid(node) || strlen(version) > VN_CTL_MAX_VERSION) {
+    if (!vn_name_valid(VN_NAME_NODE, node) || strlen(version) > VN_CTL_MAX_VERSION) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
                    "the greeting names an invalid node or version");
         return false;
@@ -538,15 +516,14 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         return NULL;
     }
     for (;;) {
-        g_autoptr(JsonParser) p = json_parser_new();
         g_autofree char *line = NULL;
         g_autofree char *what = g_strdup_printf("the answer to %s", command);
-        JsonObject *o;
+        g_autoptr(JsonObject) o = NULL;
         JsonNode *idn, *ret, *err;
         guint len_in = 0;
 
         line = read_line(c, deadline, VN_CTL_ERROR_TIMEOUT, what, &len_in, error);
-        if (line == NULL || !(o = parse_line(c, p, line, len_in, what, error))) {
+        if (line == NULL || !(o = parse_line(c, line, len_in, what, error))) {
             return NULL;
         }
         if (json_object_has_member(o, "event")) {

@@ -23,6 +23,8 @@
 #ifndef VN_CTL_CLIENT_H
 #define VN_CTL_CLIENT_H
 
+#include "common/name.h"
+
 #include <glib.h>
 #include <json-glib/json-glib.h>
 #include <stdbool.h>
@@ -35,12 +37,8 @@
 /* docs/control.md "Framing": at most 64 KiB per line, here counted without
  * the '\n'.  A longer line in either direction is a broken or hostile peer. */
 #define VN_CTL_MAX_LINE (64 * 1024)
-/* Device names are host/name: the host a fabric node name
- * (VN_FABRIC_MAX_NAME), the name a lending device name
- * (VN_PROTO_MAX_DEVICE_NAME); checked equal in client.c. */
-#define VN_CTL_MAX_HOST 31
-#define VN_CTL_MAX_NAME 63
-#define VN_CTL_MAX_DEVICE (VN_CTL_MAX_HOST + 1 + VN_CTL_MAX_NAME)
+/* Device names are host/name: a node name and a device name (common/name.h). */
+#define VN_CTL_MAX_DEVICE (VN_MAX_NODE_NAME + 1 + VN_MAX_DEVICE_NAME)
 
 #define VN_CTL_ERROR (vn_ctl_error_quark())
 GQuark vn_ctl_error_quark(void);
@@ -70,7 +68,7 @@ VnCtlError vn_ctl_error_from_class(const char *cls);
 
 /*
  * True for a device name "host/name" (host: [a-z0-9][a-z0-9-]*, at most
- * VN_CTL_MAX_HOST; name: [A-Za-z0-9_.-], 1..VN_CTL_MAX_NAME).  Otherwise
+ * VN_MAX_NODE_NAME; name: [A-Za-z0-9_.-], 1..VN_MAX_DEVICE_NAME).  Otherwise
  * VN_CTL_ERROR_USAGE saying what is wrong.
  */
 bool vn_ctl_device_valid(const char *dev, GError **error);

@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
 #include "ntbctl-virt.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -84,7 +85,7 @@ bool ntbctl_xml_print(const char *device, const char *alias, const char *bus,
                     "%s is too long for a socket path", sock);
         return false;
     }
-    if (alias == NULL && !vn_domxml_alias_valid(dflt)) {
+    if (alias == NULL && !vn_name_valid(VN_NAME_QDEV_ID, dflt)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
                     "%s is too long to be the device's id: give one with --alias", dflt);
         return false;

@@ -11,6 +11,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
+#include "common/name.h"
 #include "common/util.h"
 #include "config.h"
 #include "ctl/ctl-client.h"
@@ -34,9 +35,6 @@ enum {
 /* --timeout-ms and --grace-ms: a wait longer than a day is a typo (ms
  * taken for s), and it keeps the value an int for poll(). */
 #define NTBCTL_MAX_WAIT_MS (24 * 3600 * 1000)
-/* --domain: the daemon names the VM's socket after it, so it takes what
- * it takes for device names (docs/control.md): [A-Za-z0-9_.-], 1-63. */
-#define NTBCTL_MAX_DOMAIN 63
 /* --grace-ms: the daemon's bound (VN_DAEMON_MAX_GRACE_MS). */
 #define NTBCTL_MAX_GRACE_MS 600000
 /* --qmp: a UNIX socket path the daemon connects to (sun_path, with NUL). */
@@ -230,16 +228,10 @@ static bool parse_ms(const char *opt, const char *text, gint64 min, gint64 *out)
     return true;
 }
 
-/* 1-NTBCTL_MAX_DOMAIN of [A-Za-z0-9_.-]: a VM's name, or a device's id in it. */
-static bool name_valid(const char *name)
-{
-    return vn_util_name_valid(name, NTBCTL_MAX_DOMAIN);
-}
-
 static bool check_domain(const char *domain)
 {
-    if (!name_valid(domain)) {
-        usage_error("--domain wants 1-%d of [A-Za-z0-9_.-] (the VM's name)", NTBCTL_MAX_DOMAIN);
+    if (!vn_name_valid(VN_NAME_DOMAIN, domain)) {
+        usage_error("--domain wants the VM's name: %s", vn_name_rule(VN_NAME_DOMAIN));
         return false;
     }
     return true;
@@ -387,9 +379,8 @@ int main(int argc, char **argv)
     if (alias != NULL && strcmp(argv[1], "xml") != 0 && strcmp(argv[1], "attach") != 0) {
         return usage_error("--alias is for xml and attach, not %s", argv[1]);
     }
-    if (alias != NULL && !vn_domxml_alias_valid(alias)) {
-        return usage_error("--alias is a QEMU id: a letter, then up to %u of [A-Za-z0-9_.-]",
-                           VN_DOMXML_MAX_ALIAS - 1);
+    if (alias != NULL && !vn_name_valid(VN_NAME_QDEV_ID, alias)) {
+        return usage_error("--alias is a QEMU id: %s", vn_name_rule(VN_NAME_QDEV_ID));
     }
     if (socket_path == NULL) {
         socket_path = g_strdup(vn_ctl_default_socket());
@@ -420,9 +411,9 @@ int main(int argc, char **argv)
                                             : NULL;
 
             if ((as_dev != NULL && !vn_ctl_device_valid(as_dev, NULL)) ||
-                !name_valid(colon ? colon + 1 : to)) {
-                return usage_error("reassign: --to HOST:DOMAIN, HOST a node name, DOMAIN 1-%d of "
-                                   "[A-Za-z0-9_.-]", NTBCTL_MAX_DOMAIN);
+                !vn_name_valid(VN_NAME_DOMAIN, colon ? colon + 1 : to)) {
+                return usage_error("reassign: --to HOST:DOMAIN, HOST a node name, DOMAIN %s",
+                                   vn_name_rule(VN_NAME_DOMAIN));
             }
         }
         if (timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms)) {
@@ -447,10 +438,10 @@ int main(int argc, char **argv)
         if (!vn_ctl_device_valid(argv[2], &error)) {
             return usage_error("xml: %s", error->message);
         }
-        if ((alias != NULL && !vn_domxml_alias_valid(alias)) ||
-            (bus != NULL && !vn_domxml_alias_valid(bus))) {
-            return usage_error("xml: --alias and --bus are QEMU ids: a letter, then up to %u "
-                               "of [A-Za-z0-9_.-]", VN_DOMXML_MAX_ALIAS - 1);
+        if ((alias != NULL && !vn_name_valid(VN_NAME_QDEV_ID, alias)) ||
+            (bus != NULL && !vn_name_valid(VN_NAME_QDEV_ID, bus))) {
+            return usage_error("xml: --alias and --bus are QEMU ids: %s",
+                               vn_name_rule(VN_NAME_QDEV_ID));
         }
         if ((timeout_text != NULL && !parse_ms("--timeout-ms", timeout_text, 1, &timeout_ms))) {
             return EXIT_USAGE;
@@ -499,9 +490,10 @@ int main(int argc, char **argv)
         if (!check_domain(domain) || (qmp != NULL && !check_qmp(qmp))) {
             return EXIT_USAGE;
         }
-        if ((qmp != NULL) != (qdev_id != NULL) || (qdev_id != NULL && !name_valid(qdev_id))) {
-            return usage_error("--qmp and --qdev-id go together (the device's id: 1-63 of "
-                               "[A-Za-z0-9_.-])");
+        if ((qmp != NULL) != (qdev_id != NULL) ||
+            (qdev_id != NULL && !vn_name_valid(VN_NAME_QDEV_ID, qdev_id))) {
+            return usage_error("--qmp and --qdev-id go together (the device's id: %s)",
+                               vn_name_rule(VN_NAME_QDEV_ID));
         }
         inv.domain = domain;
         inv.qmp = qmp;

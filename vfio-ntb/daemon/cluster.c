@@ -16,6 +16,8 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -25,15 +27,10 @@
 
 /* ---- helpers ---- */
 
-static JsonObject *parse(JsonParser *p, const char *json)
+/* A peer's message as an object (owned), or NULL. */
+static JsonObject *parse(const char *json)
 {
-    JsonNode *root;
-
-    if (json == NULL || !json_parser_load_from_data(p, json, -1, NULL)) {
-        return NULL;
-    }
-    root = json_parser_get_root(p);
-    return (root != NULL && JSON_NODE_HOLDS_OBJECT(root)) ? json_node_get_object(root) : NULL;
+    return vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
 }
 
 static bool uint_member(JsonObject *o, const char *name, uint64_t *out)
@@ -259,7 +256,7 @@ static bool announcement_valid(JsonObject *o, const char *peer)
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !vn_name_valid(VN_NAME_DEVICE, name) ||
             !(state = vn_util_json_string(json_node_get_object(e), "state")) ||
             (strcmp(state, "lent") != 0 && strcmp(state, "available") != 0)) {
             return false;
@@ -315,8 +312,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
 
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o = parse(p, msg->json);
+    g_autoptr(JsonObject) o = parse(msg->json);
     VnRemoteNode *n;
 
     if (o == NULL) {
@@ -355,7 +351,7 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         uint64_t lease = 0;
         VnBorrowed *b;
 
-        if (name == NULL || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+        if (!vn_name_valid(VN_NAME_DEVICE, name) ||
             !uint_member(o, "lease", &lease)) {
             return;
         }
@@ -435,8 +431,7 @@ static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...
 
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o = parse(p, msg->json);
+    g_autoptr(JsonObject) o = parse(msg->json);
     const char *name = o ? vn_util_json_string(o, "device") : NULL;
     VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
     g_autofree char *json = NULL;
@@ -495,7 +490,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, lease, msg->peer);
             return;
         }
-        if (worker == NULL || !vn_fabric_name_valid(worker)) {
+        if (worker == NULL || !vn_name_valid(VN_NAME_NODE, worker)) {
             reply_err(d, token, EINVAL, "AUTHORIZE needs \"worker\": a node name");
             return;
         }
@@ -609,9 +604,8 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
 {
     Pending *p = opaque;
     VnDaemon *d = p->d;
-    g_autoptr(JsonParser) parser = json_parser_new();
     g_autofree char *device = g_strdup_printf("%s/%s", p->lender, p->name);
-    JsonObject *o;
+    g_autoptr(JsonObject) o = NULL;
     VnBorrowed *b;
     uint64_t lease;
 
@@ -621,7 +615,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         finish(p, NULL, klass_of(err), why != NULL ? why : g_strerror(-err));
         return;
     }
-    o = parse(parser, reply->json);
+    o = parse(reply->json);
     if (o == NULL || !uint_member(o, "lease", &lease) || lease == 0) {
         finish(p, NULL, VN_ERR_GENERIC, "the lender answered BORROW with no lease");
         return;

@@ -6,6 +6,8 @@
 
 #include "daemon-int.h"
 
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 #include "config.h"
 
@@ -13,14 +15,6 @@
 #include <string.h>
 
 /* ---- argument helpers ---- */
-
-/* Device and domain names: they end up in file names. */
-static bool name_ok(const char *s)
-{
-    /* Names become file names in run-dir: never "." or "..". */
-    return vn_util_name_valid(s, VN_PROTO_MAX_DEVICE_NAME) && strcmp(s, ".") != 0 &&
-           strcmp(s, "..") != 0;
-}
 
 /* "host/name" split and checked; false answers @r. */
 static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
@@ -38,7 +32,7 @@ static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **nam
     }
     *node = g_strndup(dev, (gsize)(slash - dev));
     *name = g_strdup(slash + 1);
-    if (!vn_fabric_name_valid(*node) || !name_ok(*name)) {
+    if (!vn_name_valid(VN_NAME_NODE, *node) || !vn_name_valid(VN_NAME_DEVICE, *name)) {
         vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
         g_clear_pointer(node, g_free);
         g_clear_pointer(name, g_free);
@@ -235,12 +229,13 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
 }
 
+/* Counters a worker (or our lender) wrote; takes @text. */
 static void add_json_text(JsonBuilder *b, char *text)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
+    JsonNode *n = vn_json_parse(text, -1, VN_SPAWN_MAX_STATS, NULL);
 
-    if (json_parser_load_from_data(p, text, -1, NULL)) {
-        json_builder_add_value(b, json_node_copy(json_parser_get_root(p)));
+    if (n != NULL) {
+        json_builder_add_value(b, n);
     } else {
         json_builder_add_null_value(b);
     }
@@ -509,7 +504,7 @@ static bool socket_arg_ok(VnDaemon *d, const char *socket, const VnBorrowed *ser
     }
     /* It must be new, unless it is the one this device is served on already
      * (the hook's reconnect attaches again; attach_borrowed answers it). */
-    return name_ok(socket + dl + 1) && g_str_has_suffix(socket, ".sock") &&
+    return vn_name_valid(VN_NAME_SOCKET, socket + dl + 1) &&
            (!g_file_test(socket, G_FILE_TEST_EXISTS) ||
             (served != NULL && served->worker_pid > 0 && g_strcmp0(served->socket, socket) == 0));
 }
@@ -529,18 +524,19 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (!arg_device(a, r, &node, &name)) {
         return;
     }
-    if (domain == NULL || !name_ok(domain)) {
-        vn_control_error(r, VN_ERR_PARAM, "\"domain\" (the VM's name: 1-%d of "
-                         "[A-Za-z0-9_.-]) is required", VN_PROTO_MAX_DEVICE_NAME);
+    if (domain == NULL || !vn_name_valid(VN_NAME_DOMAIN, domain)) {
+        vn_control_error(r, VN_ERR_PARAM, "\"domain\" (the VM's name: %s) is required",
+                         vn_name_rule(VN_NAME_DOMAIN));
         return;
     }
     if (json_object_has_member(a, "qmp") && (qmp == NULL || qmp[0] != '/')) {
         vn_control_error(r, VN_ERR_PARAM, "\"qmp\" must be an absolute socket path");
         return;
     }
-    if ((qmp != NULL && qdev_id == NULL) || (qdev_id != NULL && !name_ok(qdev_id))) {
+    if ((qmp != NULL && qdev_id == NULL) ||
+        (qdev_id != NULL && !vn_name_valid(VN_NAME_QDEV_ID, qdev_id))) {
         vn_control_error(r, VN_ERR_PARAM, "\"qmp\" needs \"qdev-id\" (the device's id in the "
-                         "VM, 1-63 of [A-Za-z0-9_.-])");
+                         "VM: %s)", vn_name_rule(VN_NAME_QDEV_ID));
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);

@@ -5,6 +5,7 @@
 
 #include "conf.h"
 
+#include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 
@@ -12,7 +13,6 @@
 #include <string.h>
 
 static void lend_free(gpointer p);
-static bool name_ok(const char *s);
 
 /* UNIX socket paths: absolute (the daemon and its workers change no
  * directory, but a relative path in a config is a mistake waiting for one)
@@ -32,9 +32,9 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *c
 {
     VnLendConf *l;
 
-    if (!name_ok(name)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, name)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "a device name is 1-%d of [A-Za-z0-9_.-]", VN_PROTO_MAX_DEVICE_NAME);
+                    "a device name is %s", vn_name_rule(VN_NAME_DEVICE));
         return NULL;
     }
     if (!socket_path_ok(socket)) {
@@ -50,7 +50,7 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *c
         return NULL;
     }
     for (const char *const *a = allow; *a != NULL; a++) {
-        if (strcmp(*a, "*") != 0 && !vn_fabric_name_valid(*a)) {
+        if (strcmp(*a, "*") != 0 && !vn_name_valid(VN_NAME_NODE, *a)) {
             g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                         "access list: \"%.40s\" is not a node name", *a);
             return NULL;
@@ -132,11 +132,6 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
     return g_steal_pointer(&v);
 }
 
-static bool name_ok(const char *s)
-{
-    return vn_util_name_valid(s, VN_PROTO_MAX_DEVICE_NAME);
-}
-
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
     static const char *const known[] = { "socket", "allow", NULL };
@@ -187,7 +182,7 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
         !(b->socket = need(kf, group, "socket", error))) {
         return false;
     }
-    if (!vn_fabric_name_valid(b->lender)) {
+    if (!vn_name_valid(VN_NAME_NODE, b->lender)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "[%s]: lender \"%.40s\" is not a node name", group, b->lender);
         return false;
@@ -202,10 +197,10 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
     if (b->device == NULL) {
         b->device = g_strdup(b->name);
     }
-    if (!name_ok(b->device)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, b->device)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[%s]: device \"%s\" must be 1-%d of [A-Za-z0-9_.-]", group, b->device,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    "[%s]: device \"%.80s\" must be %s", group, b->device,
+                    vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     mode = g_key_file_get_string(kf, group, "irq-mode", NULL);
@@ -285,10 +280,9 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         }
         c->lease_timeout_ms = (uint32_t)v;
     }
-    if (!vn_fabric_name_valid(c->node)) {
+    if (!vn_name_valid(VN_NAME_NODE, c->node)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[node]: name \"%s\" must be [a-z0-9][a-z0-9-]*, at most %d", c->node,
-                    VN_FABRIC_MAX_NAME);
+                    "[node]: name \"%.80s\" must be %s", c->node, vn_name_rule(VN_NAME_NODE));
         return false;
     }
     g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
@@ -313,11 +307,19 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
                         "more than %d devices", VN_CONF_MAX_DEVICES);
             return false;
         }
-        if (g_str_has_prefix(*g, "lend ") && name_ok(name)) {
+        if ((g_str_has_prefix(*g, "lend ") || g_str_has_prefix(*g, "borrow ")) &&
+            !vn_name_valid(VN_NAME_DEVICE, name)) {
+            /* A name lent here must be one every peer can borrow. */
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "[%.80s]: the device name must be %s", *g,
+                        vn_name_rule(VN_NAME_DEVICE));
+            return false;
+        }
+        if (g_str_has_prefix(*g, "lend ")) {
             if (!parse_lend(kf, *g, c, error)) {
                 return false;
             }
-        } else if (g_str_has_prefix(*g, "borrow ") && name_ok(name)) {
+        } else if (g_str_has_prefix(*g, "borrow ")) {
             if (!parse_borrow(kf, *g, c, error)) {
                 return false;
             }

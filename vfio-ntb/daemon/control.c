@@ -12,6 +12,7 @@
 
 #include "daemon-int.h"
 
+#include "common/json.h"
 #include "common/util.h"
 #include "config.h"
 #include "conf.h"
@@ -191,27 +192,24 @@ void vn_control_event(VnControl *ctl, const char *name, JsonNode *data)
 /* Check a request and run its command. */
 static void dispatch(Client *c, const char *line)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     g_autoptr(GError) error = NULL;
     VnControlReply *r = g_new0(VnControlReply, 1);
     const char *const *allowed = NULL;
     g_autoptr(JsonObject) args = NULL;
     g_autoptr(GList) members = NULL;
-    JsonObject *req;
-    JsonNode *root, *exe, *argn;
+    g_autoptr(JsonObject) req = NULL;
+    JsonNode *exe, *argn;
     const char *name;
     VnCommandFn fn;
 
     r->client = c;
     c->refs++;
     c->pending++;
-    if (!vn_util_json_load(p, line, -1, &error) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        vn_control_error(r, VN_ERR_PARAM, "malformed request: %s",
-                         error ? error->message : "not a JSON object");
+    req = vn_json_parse_object(line, -1, VN_CONTROL_MAX_LINE, &error);
+    if (req == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "malformed request: %s", error->message);
         return;
     }
-    req = json_node_get_object(root);
     if (json_object_has_member(req, "id")) {
         r->id = json_node_copy(json_object_get_member(req, "id"));
     }

@@ -177,7 +177,10 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
 /* Wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the worker's
  * socket, SIGTERM, wait (bounded), SIGKILL if need be. */
 void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
-/* Its counters (JSON), or NULL. */
+/* A worker's counters: some thirty members, a few KiB; a longer file is not
+ * one the worker wrote, and is not parsed. */
+#define VN_SPAWN_MAX_STATS (64 * 1024)
+/* Its counters (JSON, untrusted: the worker wrote them), or NULL. */
 char *vn_spawn_stats(VnBorrowed *b);
 /* Ask the VM to release @b through the device-request interrupt (does not
  * wait).  False, with nothing done, when the VM's QEMU takes no device

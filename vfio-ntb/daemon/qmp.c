@@ -8,6 +8,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -27,8 +28,9 @@ typedef struct Qmp {
     gint64 deadline;
 } Qmp;
 
-/* The next line as a JSON object (owned by @p), or NULL on timeout/error. */
-static JsonObject *next_object(Qmp *q, JsonParser *p, GError **error)
+/* The next line that is a JSON object (owned), or NULL on timeout/error.
+ * Lines that are not (or nest too deep) are skipped. */
+static JsonObject *next_object(Qmp *q, GError **error)
 {
     for (;;) {
         char *nl = memchr(q->in->str, '\n', q->in->len);
@@ -39,14 +41,14 @@ static JsonObject *next_object(Qmp *q, JsonParser *p, GError **error)
 
         if (nl != NULL) {
             g_autofree char *line = g_strndup(q->in->str, (gsize)(nl - q->in->str));
-            JsonNode *root;
+            JsonObject *o;
 
             g_string_erase(q->in, 0, nl - q->in->str + 1);
-            if (!vn_util_json_load(p, line, -1, NULL) ||
-                (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+            o = vn_json_parse_object(line, -1, VN_QMP_MAX_LINE, NULL);
+            if (o == NULL) {
                 continue;   /* not ours to understand; keep reading */
             }
-            return json_node_get_object(root);
+            return o;
         }
         if (q->in->len > VN_QMP_MAX_LINE) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "QMP line too long");
@@ -77,8 +79,7 @@ static bool execute(Qmp *q, const char *cmd, GError **error)
         return false;
     }
     for (;;) {
-        g_autoptr(JsonParser) p = json_parser_new();
-        JsonObject *o = next_object(q, p, error);
+        g_autoptr(JsonObject) o = next_object(q, error);
 
         if (o == NULL) {
             return false;
@@ -106,9 +107,9 @@ bool vn_qmp_device_del_fd(int fd, const char *id, GError **error)
     q.in = g_string_new(NULL);
     q.deadline = g_get_monotonic_time() + 2000 * 1000;
     {
-        g_autoptr(JsonParser) p = json_parser_new();
+        g_autoptr(JsonObject) greeting = next_object(&q, error);
 
-        if (next_object(&q, p, error) == NULL) {   /* the greeting */
+        if (greeting == NULL) {
             goto out;
         }
     }

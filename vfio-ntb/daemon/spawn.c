@@ -13,6 +13,7 @@
 
 #include "daemon-int.h"
 
+#include "common/json.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -229,12 +230,9 @@ char *vn_spawn_stats(VnBorrowed *b)
 static bool stats_flag(VnBorrowed *b, const char *member)
 {
     g_autofree char *text = vn_spawn_stats(b);
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonNode *root;
+    g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
 
-    return text != NULL && json_parser_load_from_data(p, text, -1, NULL) &&
-           (root = json_parser_get_root(p)) != NULL && JSON_NODE_HOLDS_OBJECT(root) &&
-           vn_util_json_bool(json_node_get_object(root), member);
+    return vn_util_json_bool(o, member);
 }
 
 /* Wait, at most @wait_ms, until QEMU has let go of the worker's socket (or the

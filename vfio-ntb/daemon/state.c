@@ -7,6 +7,8 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <gio/gio.h>
@@ -163,8 +165,9 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     stats = vn_util_json_string(w, "stats");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
-        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_fabric_name_valid(node) ||
-        socket == NULL || socket[0] != '/' || domain == NULL || stats == NULL) {
+        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_name_valid(VN_NAME_NODE, node) ||
+        socket == NULL || socket[0] != '/' || !vn_name_valid(VN_NAME_DOMAIN, domain) ||
+        stats == NULL) {
         return;
     }
     b->worker_pid = (GPid)json_node_get_int(pid);
@@ -182,9 +185,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
 {
     g_autofree char *path = state_path(d);
     g_autofree char *text = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonObject *o;
-    JsonNode *root, *n;
+    g_autoptr(JsonObject) o = NULL;
+    g_autoptr(GError) why = NULL;
+    JsonNode *n;
     gsize len;
 
     if (path == NULL || !g_file_test(path, G_FILE_TEST_EXISTS)) {
@@ -193,13 +196,13 @@ bool vn_state_load(VnDaemon *d, GError **error)
     if (!g_file_get_contents(path, &text, &len, error)) {
         return false;
     }
-    if (len > VN_STATE_MAX_SIZE || !json_parser_load_from_data(p, text, (gssize)len, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+    o = vn_json_parse_object(text, (gssize)len, VN_STATE_MAX_SIZE, &why);
+    if (o == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: not a vfio-ntbd state file; move it away to start afresh", path);
+                    "%s: not a vfio-ntbd state file (%s); move it away to start afresh", path,
+                    why->message);
         return false;
     }
-    o = json_node_get_object(root);
     n = json_object_get_member(o, "next_lease");
     if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
         json_node_get_int(n) > 0) {
@@ -254,7 +257,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
-            !vn_fabric_name_valid(borrower) || !get_lease(json_node_get_object(e), &lease) ||
+            !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease) ||
             (ld = vn_daemon_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
         }
@@ -264,7 +267,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         ld->orphan_since_us = g_get_monotonic_time();
         ld->unconfirmed = true;
         if (vn_util_json_string(json_node_get_object(e), "worker") != NULL &&
-            vn_fabric_name_valid(vn_util_json_string(json_node_get_object(e), "worker"))) {
+            vn_name_valid(VN_NAME_NODE, vn_util_json_string(json_node_get_object(e), "worker"))) {
             ld->worker = g_strdup(vn_util_json_string(json_node_get_object(e), "worker"));
         }
         d->next_lease = MAX(d->next_lease, lease);
@@ -282,7 +285,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(lender = vn_util_json_string(json_node_get_object(e), "lender")) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            !vn_fabric_name_valid(lender) || strlen(name) > VN_PROTO_MAX_DEVICE_NAME ||
+            !vn_name_valid(VN_NAME_NODE, lender) || !vn_name_valid(VN_NAME_DEVICE, name) ||
             !get_lease(json_node_get_object(e), &lease)) {
             continue;
         }

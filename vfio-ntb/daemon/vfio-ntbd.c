@@ -12,6 +12,7 @@
 
 #include "daemon-int.h"
 
+#include "common/name.h"
 #include "common/util.h"
 #include "config.h"
 
@@ -211,7 +212,7 @@ static void local_free(gpointer p)
 static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 {
     VnDaemon *d = opaque;
-    char name[VN_PROTO_MAX_DEVICE_NAME + 1];
+    char name[VN_MAX_DEVICE_NAME + 1];
     g_autoptr(GError) error = NULL;
     VnLocalDevice *ld;
 

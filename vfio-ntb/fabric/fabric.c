@@ -9,6 +9,7 @@
 #include "fabric-int.h"
 #include "shm.h"
 
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -93,28 +94,6 @@ static const VnFabricOps *backend_lookup(const char *name)
 }
 
 /* ---- small things ----------------------------------------------------- */
-
-bool vn_fabric_name_valid(const char *name)
-{
-    size_t n;
-
-    if (name == NULL) {
-        return false;
-    }
-    n = strnlen(name, VN_FABRIC_MAX_NAME + 1);
-    if (n == 0 || n > VN_FABRIC_MAX_NAME) {
-        return false;
-    }
-    if (!g_ascii_islower(name[0]) && !g_ascii_isdigit(name[0])) {
-        return false;
-    }
-    for (size_t i = 1; i < n; i++) {
-        if (!g_ascii_islower(name[i]) && !g_ascii_isdigit(name[i]) && name[i] != '-') {
-            return false;
-        }
-    }
-    return true;
-}
 
 void vn_fabric_limits_default(VnFabricLimits *l)
 {
@@ -254,7 +233,7 @@ typedef enum VnFabricDeferredKind {
 
 typedef struct VnFabricDeferred {
     VnFabricDeferredKind kind;
-    char peer[VN_FABRIC_MAX_NAME + 1];
+    char peer[VN_MAX_NODE_NAME + 1];
     uint64_t gen;
     uint8_t *buf;
     size_t len;
@@ -367,7 +346,7 @@ static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_
 void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
                                 size_t len, int *fds, unsigned nfds)
 {
-    char name[VN_FABRIC_MAX_NAME + 1];
+    char name[VN_MAX_NODE_NAME + 1];
     VnFabricPeer *p = peer != NULL ? vn_fabric_peer(fab, peer) : NULL;
     VnFabricDeferred *d;
 
@@ -405,7 +384,7 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
     VnFabricPeer *p;
     uint64_t gen;
 
-    if (fab->backend == NULL || !vn_fabric_name_valid(peer)) {
+    if (fab->backend == NULL || !vn_name_valid(VN_NAME_NODE, peer)) {
         g_warning("node %s: link report for \"%s\" ignored", fab->node,
                   peer != NULL ? peer : "(null)");
         return;
@@ -438,7 +417,7 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
         defer_item(fab, up ? VN_FABRIC_DEFERRED_LINK_UP : VN_FABRIC_DEFERRED_LINK_DOWN, peer,
                    gen);
     } else {
-        char name[VN_FABRIC_MAX_NAME + 1];
+        char name[VN_MAX_NODE_NAME + 1];
 
         g_strlcpy(name, peer, sizeof(name));
         handle_link(fab, name, gen, up);
@@ -487,10 +466,10 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
                     backend != NULL ? backend : "(null)");
         return NULL;
     }
-    if (!vn_fabric_name_valid(node)) {
+    if (!vn_name_valid(VN_NAME_NODE, node)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node name \"%s\" is invalid (want [a-z0-9][a-z0-9-]*, at most %d)",
-                    node != NULL ? node : "(null)", VN_FABRIC_MAX_NAME);
+                    node != NULL ? node : "(null)", VN_MAX_NODE_NAME);
         return NULL;
     }
     fab = g_new0(VnFabric, 1);
@@ -568,7 +547,7 @@ bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
 {
     int ret;
 
-    if (!vn_fabric_name_valid(peer) || strcmp(peer, fab->node) == 0) {
+    if (!vn_name_valid(VN_NAME_NODE, peer) || strcmp(peer, fab->node) == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot connect to \"%s\"", fab->node,
                     peer != NULL ? peer : "(null)");

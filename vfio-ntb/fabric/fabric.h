@@ -28,12 +28,12 @@
 #ifndef VN_FABRIC_H
 #define VN_FABRIC_H
 
+#include "common/name.h"
+
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Node names: [a-z0-9][a-z0-9-]*, at most this long. */
-#define VN_FABRIC_MAX_NAME 31
 /* Nodes one node will talk to. */
 #define VN_FABRIC_MAX_PEERS 256
 /* Segments one node exports. */
@@ -53,9 +53,6 @@
  * or hostile stream. */
 #define VN_FABRIC_MAX_FRAME (VN_FABRIC_MAX_PAYLOAD + 64u)
 
-/* True for a valid node name (see VN_FABRIC_MAX_NAME). */
-bool vn_fabric_name_valid(const char *name);
-
 typedef struct VnFabric VnFabric;
 
 /* NTB-like limits the backend enforces on windows (configurable). */
@@ -71,7 +68,7 @@ void vn_fabric_limits_default(VnFabricLimits *l);
 
 /* A mapped window onto a peer's segment. */
 typedef struct VnFabricWindow {
-    char peer[VN_FABRIC_MAX_NAME + 1];
+    char peer[VN_MAX_NODE_NAME + 1];
     uint64_t segment;
     uint64_t size;               /* the segment's size (window rounded up to 2^n) */
     uint64_t window_size;        /* the window it occupies: 2^n >= size and
@@ -179,6 +176,9 @@ bool vn_fabric_link_up(VnFabric *fab, const char *peer);
 /*
  * Export @size bytes of @fd (borrowed; the fabric keeps its own dup) as a
  * segment that only @peer may map.  Returns the id (> 0), or 0 with @error.
+ * @fd must be a memfd sealed against shrinking, at least @size bytes long
+ * (vn_peerfd_memory()): what a mapper accepts, since a segment that could
+ * shrink under a window would SIGBUS the mapper.
  */
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error);
@@ -189,7 +189,9 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
 /*
  * Map @peer's segment @id through a memory window (synchronous, see
  * vn_fabric_request_sync()).  Fails for an unknown or not-exported-to-us segment, or when no
- * window is free or the segment exceeds the window limits.
+ * window is free or the segment exceeds the window limits, and for a
+ * segment whose fd (the peer's) is not a memfd sealed against shrinking that
+ * holds the size it claims: anything else could shrink under the mapping.
  */
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
                                      GError **error);

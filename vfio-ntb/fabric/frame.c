@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "frame.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -80,19 +81,13 @@ int vn_fabric_frame_encode(GByteArray *out, uint16_t flags, uint32_t type, uint6
 /* @s is @len bytes followed by a NUL (checked by the caller). */
 static bool json_object_ok(const char *s, size_t len)
 {
-    g_autoptr(JsonParser) parser = NULL;
-    JsonNode *root;
+    g_autoptr(JsonObject) o = NULL;
 
-    if (!g_utf8_validate(s, (gssize)len, NULL) ||
-        !vn_util_json_depth_ok(s, len, VN_FABRIC_MAX_JSON_DEPTH)) {
+    if (!g_utf8_validate(s, (gssize)len, NULL)) {
         return false;
     }
-    parser = json_parser_new_immutable();
-    if (!vn_util_json_load(parser, s, (gssize)len, NULL)) {
-        return false;
-    }
-    root = json_parser_get_root(parser);
-    return root != NULL && JSON_NODE_HOLDS_OBJECT(root);
+    o = vn_json_parse_object(s, (gssize)len, VN_FABRIC_MAX_PAYLOAD, NULL);
+    return o != NULL;
 }
 
 static int check_kind(const VnFabricFrameHdr *h)

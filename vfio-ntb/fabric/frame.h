@@ -48,9 +48,6 @@ typedef enum VnFabricOwnType {
     VN_FABRIC_TYPE_LAST
 } VnFabricOwnType;
 
-/* Deepest JSON nesting accepted: json-glib parses recursively, so a 1 MiB
- * "[[[[..." would otherwise be a stack overflow for a hostile peer. */
-#define VN_FABRIC_MAX_JSON_DEPTH 32
 /* Largest errno value an error reply may carry (MAX_ERRNO in Linux). */
 #define VN_FABRIC_MAX_ERRNO 4095
 

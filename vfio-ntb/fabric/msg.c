@@ -6,6 +6,7 @@
 
 #include "fabric-int.h"
 
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -20,7 +21,7 @@
 /* An owned message: the view, then the sender's name and the payload. */
 typedef struct VnFabricMsgOwned {
     VnFabricMsg msg;
-    char peer[VN_FABRIC_MAX_NAME + 1];
+    char peer[VN_MAX_NODE_NAME + 1];
     uint8_t payload[];
 } VnFabricMsgOwned;
 

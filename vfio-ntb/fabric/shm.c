@@ -12,6 +12,7 @@
 #include "shm.h"
 
 #include "common/fdpass.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -38,7 +39,7 @@ typedef struct VnShmConn {
     int fd;                      /* -1 once dropped */
     GSource *src;
     GSource *hello_timer;        /* until named (accepted connections) */
-    char peer[VN_FABRIC_MAX_NAME + 1];   /* "" until named */
+    char peer[VN_MAX_NODE_NAME + 1];   /* "" until named */
     bool outgoing;               /* we opened it */
     bool draining;               /* lost a tie: read to EOF, never send */
     VnShmReader rx;              /* the record being received */
@@ -155,7 +156,7 @@ void vn_shm_reader_clear(VnShmReader *r)
 }
 
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_FABRIC_MAX_NAME + 1])
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1])
 {
     VnShmHello h;
 
@@ -166,11 +167,11 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
     if (h.magic != VN_SHM_HELLO_MAGIC || h.version != VN_SHM_HELLO_VERSION) {
         return g_strdup_printf("a HELLO of magic 0x%x version %u", h.magic, h.version);
     }
-    if (memchr(h.node, '\0', sizeof(h.node)) == NULL || !vn_fabric_name_valid(h.node) ||
+    if (memchr(h.node, '\0', sizeof(h.node)) == NULL || !vn_name_valid(VN_NAME_NODE, h.node) ||
         strcmp(h.node, self) == 0) {
         return g_strdup("a HELLO naming an invalid node");
     }
-    g_strlcpy(peer, h.node, VN_FABRIC_MAX_NAME + 1);
+    g_strlcpy(peer, h.node, VN_MAX_NODE_NAME + 1);
     return NULL;
 }
 
@@ -776,7 +777,7 @@ static GPtrArray *shm_discover(void *backend)
             continue;
         }
         name = g_strndup(e, strlen(e) - strlen(".sock"));
-        if (vn_fabric_name_valid(name)) {
+        if (vn_name_valid(VN_NAME_NODE, name)) {
             g_ptr_array_add(out, g_steal_pointer(&name));
         }
     }

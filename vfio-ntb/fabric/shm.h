@@ -42,7 +42,7 @@ extern const VnFabricOps vn_shm_ops;
 typedef struct VnShmHello {
     uint32_t magic;
     uint32_t version;
-    char node[VN_FABRIC_MAX_NAME + 1];      /* NUL-terminated */
+    char node[VN_MAX_NODE_NAME + 1];      /* NUL-terminated */
 } VnShmHello;
 
 /* A record as it arrived: @buf (len bytes) and @fds are the receiver's.
@@ -85,7 +85,7 @@ void vn_shm_reader_clear(VnShmReader *r);
  * @peer, or what is wrong with it (newly allocated).
  */
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_FABRIC_MAX_NAME + 1]);
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1]);
 
 /* A connection that has not said HELLO by then is closed. */
 #define VN_SHM_HELLO_TIMEOUT_MS 2000

@@ -12,6 +12,9 @@
 
 #include "fabric-int.h"
 
+#include "common/json.h"
+#include "common/name.h"
+#include "common/peerfd.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -31,23 +34,14 @@ static void segment_free(VnFabricSegment *seg)
     g_free(seg);
 }
 
-/* A segment must really hold @size bytes: mapping past the end of a file
- * makes every access there a SIGBUS in the mapper. */
-static bool fd_holds(int fd, uint64_t size)
-{
-    struct stat st;
-
-    return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0 &&
-           (uint64_t)st.st_size >= size;
-}
-
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error)
 {
     VnFabricSegment *seg;
+    const char *why;
     int copy;
 
-    if (!vn_fabric_name_valid(peer)) {
+    if (!vn_name_valid(VN_NAME_NODE, peer)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export a segment to \"%s\": not a node name", fab->node,
                     peer != NULL ? peer : "(null)");
@@ -64,10 +58,11 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
                     "node %s: already %u segments exported", fab->node, VN_FABRIC_MAX_SEGMENTS);
         return 0;
     }
-    if (!fd_holds(fd, size)) {
+    /* Only what the mapper will accept (see fabric.h: sealed memfds). */
+    if (vn_peerfd_memory(fd, 0, size, &why) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "node %s: fd %d is not a file of at least %" PRIu64 " bytes", fab->node,
-                    fd, size);
+                    "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node,
+                    size, fd, why);
         return 0;
     }
     copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -151,20 +146,13 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
 
 char *vn_fabric_error_message(const VnFabricMsg *reply)
 {
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    JsonNode *root;
-    const char *s;
+    g_autoptr(JsonObject) o = NULL;
 
-    if (reply == NULL || reply->json == NULL ||
-        !json_parser_load_from_data(parser, reply->json, -1, NULL)) {
+    if (reply == NULL || reply->json == NULL) {
         return NULL;
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        return NULL;
-    }
-    s = vn_util_json_string(json_node_get_object(root), "error");
-    return g_strdup(s);
+    o = vn_json_parse_object(reply->json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
+    return g_strdup(vn_util_json_string(o, "error"));
 }
 
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
@@ -173,12 +161,13 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     g_autoptr(VnFabricMsg) reply = NULL;
     uint64_t id_le = GUINT64_TO_LE(id);
     uint64_t size, wsize;
+    const char *fault;
     VnFabricWindow *w;
     uint32_t slot;
     void *host;
     int ret;
 
-    if (!vn_fabric_name_valid(peer) || id == 0) {
+    if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: no segment %" PRIu64 " of \"%s\" to map", fab->node, id,
                     peer != NULL ? peer : "(null)");
@@ -219,11 +208,13 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
                     fab->limits.max_window_size);
         return NULL;
     }
-    if (!fd_holds(reply->fds[0], size)) {
+    /* Mapping past the end of a file makes every access there a SIGBUS in
+     * the mapper, now or once the peer shrank it: sealed memfds only. */
+    if (vn_peerfd_memory(reply->fds[0], 0, size, &fault) < 0) {
         fab->stats.bad_messages++;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "node %s: %s's segment %" PRIu64 " is not a file of %" PRIu64 " bytes",
-                    fab->node, peer, id, size);
+                    "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes refused: its fd %s",
+                    fab->node, peer, id, size, fault);
         return NULL;
     }
     host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fds[0], 0);

@@ -8,6 +8,7 @@
 
 #include "lender-int.h"
 
+#include "common/peerfd.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -236,6 +237,15 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, EINVAL, "SET_IRQS: %u fds for %u vectors%s", msg->nfds,
                        s.count, l->irq_mode != VN_IRQ_MODE_FD ? " in relay mode" : "");
         return;
+    }
+    /* The device server would signal them from its engine: a pipe passed
+     * as an "eventfd" could wedge it.  Refused before the device sees it. */
+    for (unsigned i = 0; i < msg->nfds; i++) {
+        if (vn_peerfd_eventfd(msg->fds[i]) < 0) {
+            vn_lender_fail(l, token, EINVAL, "SET_IRQS: fd %u of %u is not an eventfd", i,
+                           msg->nfds);
+            return;
+        }
     }
     ret = vn_client_set_irqs(l->client, s.flags, s.index, s.start, s.count,
                              data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,

@@ -11,6 +11,7 @@
 
 #include "lender-int.h"
 
+#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -86,7 +87,7 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_sock
                         GError **error)
 {
     g_autofree char *json = NULL;
-    char checked[VN_PROTO_MAX_DEVICE_NAME + 1];
+    char checked[VN_MAX_DEVICE_NAME + 1];
     VnLender *l;
 
     if (fab == NULL || name == NULL || device_socket == NULL || device_socket[0] == '\0') {
@@ -99,7 +100,7 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_sock
     if (!vn_proto_device_name(json, checked, NULL) || strcmp(checked, name) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "lender: \"%s\" is not a device name (1-%d of [A-Za-z0-9_.-])", name,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    VN_MAX_DEVICE_NAME);
         return NULL;
     }
     l = g_new0(VnLender, 1);
@@ -575,7 +576,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
-    char device[VN_PROTO_MAX_DEVICE_NAME + 1];
+    char device[VN_MAX_DEVICE_NAME + 1];
 
     l->stats.requests++;
     VN_TRACE("lender %s: request %s (token %" PRIu64 ") from %s, data %zu, fds %u", l->name,

@@ -6,6 +6,10 @@
 #include "proto.h"
 #include "common/util.h"
 
+#include "common/json.h"
+#include "common/name.h"
+#include "fabric/fabric.h"
+
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
 #include <string.h>
@@ -49,25 +53,16 @@ bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode)
 
 /* ---- decoding helpers: every member is checked, nothing is trusted ---- */
 
-static JsonObject *parse_object(JsonParser *p, const char *json, const char *what,
-                                GError **error)
+/* @json as an object (owned); it came over the fabric, so its bound is a
+ * fabric message's. */
+static JsonObject *parse_object(const char *json, const char *what, GError **error)
 {
-    JsonNode *root;
+    JsonObject *o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
 
-    if (json == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: no JSON", what);
-        return NULL;
-    }
-    if (!vn_util_json_load(p, json, -1, error)) {
+    if (o == NULL) {
         g_prefix_error(error, "%s: ", what);
-        return NULL;
     }
-    root = json_parser_get_root(p);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: not a JSON object", what);
-        return NULL;
-    }
-    return json_node_get_object(root);
+    return o;
 }
 
 /* An unsigned integer member no larger than @max.  JSON numbers are int64
@@ -186,21 +181,6 @@ static void add_device(JsonBuilder *b, const char *device)
 /* Largest value we accept for an address or size: 2^63 - 1. */
 #define U63 ((uint64_t)INT64_MAX)
 
-static bool device_name_ok(const char *s)
-{
-    size_t n = strlen(s);
-
-    if (n == 0 || n > VN_PROTO_MAX_DEVICE_NAME) {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!g_ascii_isalnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* ---- device description ---- */
 
 char *vn_proto_device_to_json(const VnProtoDevice *d)
@@ -272,9 +252,8 @@ static bool region_from_json(JsonObject *o, VnProtoRegion *r, GError **error)
 
 bool vn_proto_device_from_json(const char *json, VnProtoDevice *d, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "device description";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
     JsonArray *regions, *irqs;
 
     memset(d, 0, sizeof(*d));
@@ -315,24 +294,22 @@ char *vn_proto_device_only_to_json(const char *device)
     return finish(b);
 }
 
-bool vn_proto_device_name(const char *json, char out[VN_PROTO_MAX_DEVICE_NAME + 1],
+bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
                           GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "request";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
     const char *dev;
 
     if (o == NULL || !(dev = get_string(o, "device", what, error))) {
         return false;
     }
-    if (!device_name_ok(dev)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be 1-%d of [A-Za-z0-9_.-]", what,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
-    g_strlcpy(out, dev, VN_PROTO_MAX_DEVICE_NAME + 1);
+    g_strlcpy(out, dev, VN_MAX_DEVICE_NAME + 1);
     return true;
 }
 
@@ -350,19 +327,17 @@ char *vn_proto_attach_to_json(const VnProtoAttach *a)
 
 bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "ATTACH";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
     const char *dev, *mode;
 
     if (o == NULL || !(dev = get_string(o, "device", what, error)) ||
         !(mode = get_string(o, "irq_mode", what, error))) {
         return false;
     }
-    if (!device_name_ok(dev)) {
+    if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be 1-%d of [A-Za-z0-9_.-]", what,
-                    VN_PROTO_MAX_DEVICE_NAME);
+                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     if (!vn_irq_mode_from_string(mode, &a->irq_mode)) {
@@ -389,9 +364,8 @@ char *vn_proto_region_rw_to_json(const char *device, const VnProtoRegionRw *r)
 
 bool vn_proto_region_rw_from_json(const char *json, VnProtoRegionRw *r, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "REGION_RW";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
 
     return o != NULL && get_u32(o, "region", VN_MAX_REGIONS - 1, &r->region, what, error) &&
            get_uint(o, "offset", U63, &r->offset, what, error) &&
@@ -415,9 +389,8 @@ char *vn_proto_dma_map_to_json(const char *device, const VnProtoDmaMap *m)
 
 bool vn_proto_dma_map_from_json(const char *json, VnProtoDmaMap *m, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "DMA_MAP";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
 
     if (o == NULL || !get_uint(o, "iova", U63, &m->iova, what, error) ||
         !get_uint(o, "size", U63, &m->size, what, error) ||
@@ -449,9 +422,8 @@ char *vn_proto_dma_unmap_to_json(const char *device, const VnProtoDmaUnmap *u)
 
 bool vn_proto_dma_unmap_from_json(const char *json, VnProtoDmaUnmap *u, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "DMA_UNMAP";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
 
     return o != NULL && get_uint(o, "iova", U63, &u->iova, what, error) &&
            get_uint(o, "size", U63, &u->size, what, error) &&
@@ -474,9 +446,8 @@ char *vn_proto_set_irqs_to_json(const char *device, const VnProtoSetIrqs *s)
 
 bool vn_proto_set_irqs_from_json(const char *json, VnProtoSetIrqs *s, GError **error)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
     const char *what = "SET_IRQS";
-    JsonObject *o = parse_object(p, json, what, error);
+    g_autoptr(JsonObject) o = parse_object(json, what, error);
 
     if (o == NULL ||
         !get_u32(o, "flags", VFIO_IRQ_SET_DATA_TYPE_MASK | VFIO_IRQ_SET_ACTION_TYPE_MASK,

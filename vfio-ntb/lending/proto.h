@@ -26,6 +26,7 @@
 #ifndef VN_PROTO_H
 #define VN_PROTO_H
 
+#include "common/name.h"
 #include "vfio-user/server.h"
 
 #include <glib.h>
@@ -59,8 +60,6 @@ bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode);
 /* Doorbells carry vectors 0..30 and INTx in relay mode. */
 #define VN_PROTO_RELAY_VECTORS 31u
 #define VN_PROTO_DOORBELL_INTX 31u
-/* Device names: [A-Za-z0-9_.-], at most this long. */
-#define VN_PROTO_MAX_DEVICE_NAME 63
 
 /* One region as the lender describes it. */
 typedef struct VnProtoRegion {
@@ -84,7 +83,7 @@ char *vn_proto_device_to_json(const VnProtoDevice *d);
 bool vn_proto_device_from_json(const char *json, VnProtoDevice *d, GError **error);
 
 typedef struct VnProtoAttach {
-    char device[VN_PROTO_MAX_DEVICE_NAME + 1];
+    char device[VN_MAX_DEVICE_NAME + 1];
     VnIrqMode irq_mode;
 } VnProtoAttach;
 
@@ -120,7 +119,7 @@ typedef struct VnProtoSetIrqs {
 /* A request naming only the device (DETACH, RESET). */
 char *vn_proto_device_only_to_json(const char *device);
 /* The "device" member of any request, validated, into @out. */
-bool vn_proto_device_name(const char *json, char out[VN_PROTO_MAX_DEVICE_NAME + 1],
+bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
                           GError **error);
 
 char *vn_proto_attach_to_json(const VnProtoAttach *a);

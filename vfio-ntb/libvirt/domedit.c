@@ -6,6 +6,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "libvirt/domedit.h"
+#include "common/json.h"
 #include "common/util.h"
 #include "libvirt/domxml-int.h"
 
@@ -70,15 +71,13 @@ static char *finish(xmlDoc *doc, GError **error)
 /* The "id" of a JSON -device argument, newly allocated, or NULL. */
 static char *device_arg_id(const char *value)
 {
-    g_autoptr(JsonParser) p = json_parser_new();
-    JsonNode *root;
+    g_autoptr(JsonObject) o = NULL;
 
-    /* vn_domxml_parse() has bounded this value's nesting already. */
-    if (value == NULL || value[0] != '{' || !vn_util_json_load(p, value, -1, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+    if (value == NULL || value[0] != '{') {
         return NULL;
     }
-    return g_strdup(vn_util_json_string(json_node_get_object(root), "id"));
+    o = vn_json_parse_object(value, -1, VN_DOMXML_MAX_BYTES, NULL);
+    return g_strdup(vn_util_json_string(o, "id"));
 }
 
 static bool arg_is(xmlNode *arg, const char *value)

@@ -7,6 +7,8 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "libvirt/domxml-int.h"
+#include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -22,11 +24,6 @@
 
 /* How much of a value that failed its check an error message repeats. */
 #define VN_DOMXML_SHOWN 64
-/* json-glib's parser recurses once per nesting level and has no limit of its
- * own: 4 MiB of '[' would exhaust the stack.  Our -device is two levels deep;
- * nobody's device properties come near this. */
-#define VN_DOMXML_MAX_JSON_DEPTH 32
-
 /* Sets a rule violation and returns false, so that a check is one statement. */
 static bool G_GNUC_PRINTF(2, 3) fail(GError **error, const char *fmt, ...)
 {
@@ -72,12 +69,6 @@ const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device)
         }
     }
     return NULL;
-}
-
-bool vn_domxml_alias_valid(const char *alias)
-{
-    /* qdev ids must start with a letter (QEMU's id_wellformed()). */
-    return alias != NULL && g_ascii_isalpha(alias[0]) && vn_util_name_valid(alias, VN_DOMXML_MAX_ALIAS);
 }
 
 /* ---- tree helpers --------------------------------------------------------- */
@@ -145,10 +136,9 @@ static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **erro
     if (d->alias == NULL) {
         return fail(error, "device %s has no alias attribute (its -device id)", d->device);
     }
-    if (!vn_domxml_alias_valid(d->alias)) {
-        return fail(error, "device %s: alias \"%.*s\" is not a QEMU id: a letter, then "
-                    "letters, digits, '_', '.' or '-', at most %u characters", d->device,
-                    VN_DOMXML_SHOWN, d->alias, VN_DOMXML_MAX_ALIAS);
+    if (!vn_name_valid(VN_NAME_QDEV_ID, d->alias)) {
+        return fail(error, "device %s: alias \"%.*s\" is not a QEMU id: %s", d->device,
+                    VN_DOMXML_SHOWN, d->alias, vn_name_rule(VN_NAME_QDEV_ID));
     }
     if (d->irq_mode != NULL && strcmp(d->irq_mode, "fd") != 0 &&
         strcmp(d->irq_mode, "relay") != 0) {
@@ -308,9 +298,9 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
     if (json_object_has_member(o, "bus") && bus == NULL) {
         return fail(error, "its -device has a \"bus\" that is not a string");
     }
-    if (bus != NULL && !printable_word(bus, VN_DOMXML_MAX_ALIAS)) {
+    if (bus != NULL && !printable_word(bus, VN_MAX_QDEV_ID)) {
         return fail(error, "its -device \"bus\" is not 1-%u printable characters (a root "
-                    "port's alias, such as pci.1)", VN_DOMXML_MAX_ALIAS);
+                    "port's alias, such as pci.1)", VN_MAX_QDEV_ID);
     }
     d->socket = g_strdup(path);
     d->bus = g_strdup(bus);
@@ -320,24 +310,18 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
 /* One JSON -device argument: ours when its id is one of our aliases. */
 static bool match_json(const char *text, GPtrArray *devs, GError **error)
 {
-    g_autoptr(JsonParser) parser = json_parser_new();
     g_autoptr(GError) local = NULL;
-    JsonNode *root;
+    g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_DOMXML_MAX_BYTES, &local);
     const char *id;
 
-    if (!vn_util_json_depth_ok(text, strlen(text), VN_DOMXML_MAX_JSON_DEPTH)) {
-        return fail(error, "a -device argument nests deeper than %u levels",
-                    VN_DOMXML_MAX_JSON_DEPTH);
-    }
     /* QEMU would refuse it too: better said here than as a failed start. */
-    if (!vn_util_json_load(parser, text, -1, &local)) {
+    if (o == NULL && local->domain == JSON_PARSER_ERROR) {
         return fail(error, "a -device argument is not JSON: %s", local->message);
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        return fail(error, "a -device argument is not a JSON object");
+    if (o == NULL) {
+        return fail(error, "a -device argument is refused: %s", local->message);
     }
-    id = vn_util_json_string(json_node_get_object(root), "id");
+    id = vn_util_json_string(o, "id");
     for (guint i = 0; id != NULL && i < devs->len; i++) {
         VnDomDevice *d = g_ptr_array_index(devs, i);
 
@@ -347,7 +331,7 @@ static bool match_json(const char *text, GPtrArray *devs, GError **error)
         if (d->socket != NULL) {
             return fail(error, "device %s: two -device arguments have id %s", d->device, id);
         }
-        if (!take_device_arg(json_node_get_object(root), d, error)) {
+        if (!take_device_arg(o, d, error)) {
             g_prefix_error(error, "device %s (alias %s): ", d->device, d->alias);
             return false;
         }
@@ -421,10 +405,9 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
         name = vn_domxml_is_element(n, NULL, "name") ? n : NULL;
     }
     dom->name = name != NULL ? take_xml_string(xmlNodeGetContent(name)) : NULL;
-    if (dom->name == NULL || !vn_util_name_valid(dom->name, VN_DOMXML_MAX_NAME)) {
-        return fail(error, "domain XML: the <name> \"%.*s\" is not 1-%u letters, digits, '_', "
-                    "'.' or '-'", VN_DOMXML_SHOWN, dom->name != NULL ? dom->name : "",
-                    VN_DOMXML_MAX_NAME);
+    if (!vn_name_valid(VN_NAME_DOMAIN, dom->name)) {
+        return fail(error, "domain XML: the <name> \"%.*s\" is not %s", VN_DOMXML_SHOWN,
+                    dom->name != NULL ? dom->name : "", vn_name_rule(VN_NAME_DOMAIN));
     }
     /* No devices of ours: nothing else to require (hooks see every domain). */
     if (!parse_metadata(root, dom->devices, error) ||

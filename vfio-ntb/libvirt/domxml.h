@@ -25,7 +25,7 @@
  *
  * <vn:device> attributes: name (required, "host/name" as ntbctl takes it),
  * alias (required: the -device id, [A-Za-z][A-Za-z0-9_.-]*, at most
- * VN_DOMXML_MAX_ALIAS), irq-mode (optional: "fd" or "relay").
+ * VN_MAX_QDEV_ID), irq-mode (optional: "fd" or "relay").
  *
  * The XML comes from libvirt (a hook's stdin) or an operator's file and is
  * untrusted: its size and every count are bounded, DTDs and entities are
@@ -35,6 +35,8 @@
  */
 #ifndef VN_DOMXML_H
 #define VN_DOMXML_H
+
+#include "common/name.h"
 
 #include <glib.h>
 #include <stdbool.h>
@@ -47,11 +49,8 @@
 #define VN_DOMXML_MAX_DEVICES 16u
 /* <qemu:arg> elements looked at (each -device is two). */
 #define VN_DOMXML_MAX_ARGS 512u
-/* QEMU ids (qdev) are short; the socket path must fit sun_path. */
-#define VN_DOMXML_MAX_ALIAS 63u
+/* The socket path must fit sun_path. */
 #define VN_DOMXML_MAX_SOCKET 107u
-/* Domain names we accept (libvirt allows more, but they become file names). */
-#define VN_DOMXML_MAX_NAME 63u
 
 typedef struct VnDomDevice {
     char *device;       /* "host/name" */
@@ -62,7 +61,7 @@ typedef struct VnDomDevice {
 } VnDomDevice;
 
 typedef struct VnDomain {
-    char *name;         /* <name>, [A-Za-z0-9_.-]{1,VN_DOMXML_MAX_NAME} */
+    char *name;         /* <name>, [A-Za-z0-9_.-]{1,VN_MAX_DOMAIN_NAME} */
     GPtrArray *devices; /* VnDomDevice *, owned; in document order */
 } VnDomain;
 
@@ -86,12 +85,9 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDomain, vn_domain_free)
 /* The device named @device ("host/name") in @dom, or NULL. */
 const VnDomDevice *vn_domain_find(const VnDomain *dom, const char *device);
 
-/* True for a QEMU device id we accept as an alias. */
-bool vn_domxml_alias_valid(const char *alias);
-
 /* The id ntbctl gives @device ("host/name") in a domain when none is chosen:
  * "ntb-host-name", newly allocated.  A long device name makes it longer than
- * an alias may be: check it with vn_domxml_alias_valid(). */
+ * an alias may be: check it with vn_name_valid(VN_NAME_QDEV_ID, ...). */
 char *vn_domxml_default_alias(const char *device);
 
 /*

@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "hotplug.h"
+#include "common/name.h"
 #include "common/util.h"
 
 #include "ctl/ctl-client.h"
@@ -274,7 +275,7 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
     JsonObject *st;
     const char *borrower;
 
-    if (alias == NULL && !vn_domxml_alias_valid(dflt)) {
+    if (alias == NULL && !vn_name_valid(VN_NAME_QDEV_ID, dflt)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "%s is too long to be the device's id: give one with --alias", dflt);
         return false;
@@ -404,7 +405,7 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
     bool ok = false;
 
     /* Check the target first: until the source lets go, nothing has changed. */
-    if (!vn_domxml_alias_valid(dflt)) {
+    if (!vn_name_valid(VN_NAME_QDEV_ID, dflt)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "%s is too long to be the device's id in %s", dflt, domain);
         goto out;

@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
 #include "virt.h"
+#include "common/json.h"
 #include "common/util.h"
 
 #include <libvirt/libvirt-qemu.h>
@@ -93,20 +94,18 @@ bool vn_virt_domain_running(VnVirt *v, const char *domain, GError **error)
 }
 
 /*
- * Run one QMP command in @domain's QEMU; the parser owning the answer's
- * "return" value is handed back in @parser.
+ * Run one QMP command in @domain's QEMU; the answer, which owns its
+ * "return" value, is handed back in @answer_out.
  */
 static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNode *args,
-                     JsonParser **parser, GError **error)
+                     JsonObject **answer_out, GError **error)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) req = NULL;
-    g_autoptr(JsonParser) p = json_parser_new();
     g_autofree char *text = NULL;
     char *answer = NULL;
     virDomainPtr d;
-    JsonObject *o;
-    JsonNode *root;
+    g_autoptr(JsonObject) o = NULL;
     int ret;
 
     d = running_domain(v, domain, error);
@@ -130,16 +129,15 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
                     command, last_error());
         return NULL;
     }
-    if (answer == NULL || strlen(answer) > VN_VIRT_MAX_ANSWER ||
-        !vn_util_json_load(p, answer, -1, NULL) ||
-        (root = json_parser_get_root(p)) == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        free(answer);
+    o = vn_json_parse_object(answer, -1, VN_VIRT_MAX_ANSWER, NULL);
+    free(answer);
+    if (o == NULL) {
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP,
-                    "domain %s: %s: QEMU's answer is not a JSON object", domain, command);
+                    "domain %s: %s: QEMU's answer is not a JSON object (of at most %u bytes, "
+                    "%u levels)", domain, command, (unsigned)VN_VIRT_MAX_ANSWER,
+                    VN_MAX_JSON_DEPTH);
         return NULL;
     }
-    free(answer);
-    o = json_node_get_object(root);
     if (json_object_has_member(o, "error")) {
         JsonNode *e = json_object_get_member(o, "error");
         const char *desc = vn_util_json_string(
@@ -154,7 +152,7 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
                     "domain %s: %s: QEMU's answer has no \"return\"", domain, command);
         return NULL;
     }
-    *parser = g_steal_pointer(&p);
+    *answer_out = json_object_ref(o);
     return json_object_get_member(o, "return");
 }
 
@@ -196,7 +194,7 @@ static JsonArray *bridge_devices(JsonObject *dev)
  */
 static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GError **error)
 {
-    g_autoptr(JsonParser) p = NULL;
+    g_autoptr(JsonObject) p = NULL;
     JsonNode *ret = qmp(v, domain, "query-pci", NULL, &p, error);
     JsonArray *devs = ret ? root_devices(ret) : NULL;
 
@@ -251,7 +249,7 @@ bool vn_virt_plug(VnVirt *v, const char *domain, const char *id, const char *bus
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) args = NULL;
-    g_autoptr(JsonParser) p = NULL;
+    g_autoptr(JsonObject) p = NULL;
 
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "driver");
@@ -276,7 +274,7 @@ bool vn_virt_device_del(VnVirt *v, const char *domain, const char *id, GError **
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) args = NULL;
-    g_autoptr(JsonParser) p = NULL;
+    g_autoptr(JsonObject) p = NULL;
 
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "id");

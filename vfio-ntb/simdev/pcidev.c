@@ -11,6 +11,7 @@
 
 #include "pcidev.h"
 
+#include "common/peerfd.h"
 #include "common/util.h"
 #include "engine.h"
 #include "pcicfg.h"
@@ -270,10 +271,12 @@ static uint32_t msi_vectors_for(uint32_t vectors)
 
 static bool bar0_create(VnPciDev *d, GError **error)
 {
-    d->bar0_fd = memfd_create("vfio-ntb-simdev-bar0", MFD_CLOEXEC);
-    if (d->bar0_fd < 0 || ftruncate(d->bar0_fd, VN_NVME_BAR0_SIZE) < 0) {
-        int err = errno;
+    /* Sealed: the lender exports it as a fabric segment, which must be. */
+    d->bar0_fd = vn_peerfd_memfd_new("vfio-ntb-simdev-bar0", VN_NVME_BAR0_SIZE);
+    if (d->bar0_fd < 0) {
+        int err = -d->bar0_fd;
 
+        d->bar0_fd = -1;
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
                     "device nvme %s: BAR0 memfd: %s", d->serial, g_strerror(err));
         return false;

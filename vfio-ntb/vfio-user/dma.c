@@ -5,6 +5,7 @@
 
 #include "dma.h"
 
+#include "common/peerfd.h"
 #include "common/util.h"
 #include "wire.h"
 
@@ -107,6 +108,12 @@ int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,
         return -EINVAL;
     }
     if (fd >= 0) {
+        /* Sealed memfds only, covering the range: see dma.h. */
+        ret = vn_peerfd_memory(fd, offset, size, NULL);
+        if (ret < 0) {
+            vn_util_close_fd(&e.m.fd);
+            return ret;
+        }
         ret = entry_mmap(&e);
         if (ret < 0) {
             vn_util_close_fd(&e.m.fd);

@@ -7,6 +7,14 @@
  * permission.  An address outside them is an error the device reports to its
  * driver (e.g. an NVMe data-transfer error), never a stray access.
  *
+ * Guest memory fds (DMA_MAP) must be memfds sealed against shrinking whose
+ * size covers [offset, offset + size) (vn_peerfd_memory()): the device's
+ * engine thread touches the mapping at any time, and a file the client
+ * shrank later would turn that into a SIGBUS of the whole device server.
+ * A plain file (QEMU's memory-backend-file) is refused even when its size
+ * covers the range, since its owner may truncate it at any time; vfio-user
+ * QEMU needs memory-backend-memfd anyway, which seals by default.
+ *
  * Threads: the table is shared between the thread that serves the socket
  * (map/unmap) and a device's engine thread (read/write).  A GRWLock guards
  * it; an access holds the read lock for the whole copy, so when
@@ -37,7 +45,8 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDma, vn_dma_free)
 /*
  * Add a mapping.  Takes ownership of @fd (closed on failure too); with
  * fd < 0 the range is recorded but not accessible (QEMU maps BARs that way).
- * Returns 0, -EEXIST if it overlaps a mapping, -ENOSPC above
+ * Returns 0, -EINVAL for an fd that is not a sealed memfd covering
+ * [offset, offset + size), -EEXIST if it overlaps a mapping, -ENOSPC above
  * VN_MAX_DMA_MAPS, or -errno from mmap.
  */
 int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,

@@ -8,7 +8,10 @@
  * pending and delivered on unmask.
  *
  * Threads: signalled from a device's engine thread while the socket thread
- * reconfigures it; a GMutex guards the table.
+ * reconfigures it; a GMutex guards the table, but no eventfd is written
+ * under it: a signal takes a reference on the vector's eventfd, drops the
+ * lock, then writes (irqs.c), so a slow or hostile consumer cannot hold up
+ * reconfiguration or other vectors.
  */
 #ifndef VN_IRQS_H
 #define VN_IRQS_H
@@ -27,7 +30,9 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnIrqs, vn_irqs_free)
 /*
  * Apply one SET_IRQS request (already decoded by vn_wire_decode_request).
  * @fds holds @nfds eventfds for DATA_EVENTFD (nfds == 0 de-assigns the
- * range); they are consumed on success and left to the caller on failure.
+ * range), already checked with vn_peerfd_eventfd() (so non-blocking: the
+ * server does it for what a client sends); they are consumed on success and
+ * left to the caller on failure.
  * @bools holds count bytes for DATA_BOOL.  Returns 0 or -EINVAL for an
  * index or range the device does not have.
  */
@@ -35,7 +40,9 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
                 uint32_t count, const uint8_t *bools, int *fds, unsigned nfds);
 
 /* Signal vector @vector of @index: writes its eventfd unless masked (then
- * it stays pending).  Returns true if an eventfd was written. */
+ * it stays pending), never blocking.  Returns true if an eventfd was
+ * written (false also when its counter was saturated: that signal is
+ * dropped). */
 bool vn_irqs_signal(VnIrqs *irqs, uint32_t index, uint32_t vector);
 
 /* True if @index/@vector has an eventfd assigned. */

@@ -5,6 +5,7 @@
 
 #include "server.h"
 
+#include "common/peerfd.h"
 #include "common/util.h"
 #include "transport.h"
 
@@ -362,9 +363,17 @@ static int handle_irq_info(VnServer *s, const VnWireRequest *req)
 static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg)
 {
     const VnWireIrqSet *set = &req->u.irq_set.set;
-    int ret;
+    int ret = 0;
 
-    if (set->index >= s->info.num_irqs) {
+    /* Checked here, once, whoever consumes them (our table or a device
+     * that forwards them): anything but an eventfd could block the thread
+     * that signals it; an eventfd is made non-blocking. */
+    for (unsigned i = 0; i < msg->nfds && ret == 0; i++) {
+        ret = vn_peerfd_eventfd(msg->fds[i]) < 0 ? -EINVAL : 0;
+    }
+    if (ret < 0) {
+        /* refused below (the trace says so) */
+    } else if (set->index >= s->info.num_irqs) {
         ret = -EINVAL;
     } else if (s->ops->set_irqs != NULL) {
         ret = s->ops->set_irqs(s->opaque, set->flags, set->index, set->start, set->count,

@@ -6,6 +6,8 @@
 #include "wire.h"
 #include "common/util.h"
 
+#include "common/json.h"
+
 #include <errno.h>
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
@@ -333,9 +335,8 @@ static bool caps_uint(JsonObject *obj, const char *name, uint64_t *out, GError *
 
 bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
 {
-    g_autoptr(JsonParser) parser = json_parser_new();
-    JsonNode *root;
-    JsonObject *obj;
+    g_autoptr(JsonObject) obj = NULL;
+    JsonObject *cap;
     JsonNode *capn;
 
     /* vfio-user.rst: VERSION: defaults when a capability is absent */
@@ -346,17 +347,11 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
     if (json == NULL || json[0] == '\0') {
         return true;
     }
-    if (!vn_util_json_load(parser, json, -1, error)) {
+    obj = vn_json_parse_object(json, -1, VN_MAX_MSG_SIZE, error);
+    if (obj == NULL) {
         g_prefix_error(error, "capabilities: ");
         return false;
     }
-    root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "capabilities: not a JSON object");
-        return false;
-    }
-    obj = json_node_get_object(root);
     capn = json_object_get_member(obj, "capabilities");
     if (capn == NULL) {
         return true;
@@ -366,9 +361,9 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
                     "capabilities: \"capabilities\" is not an object");
         return false;
     }
-    obj = json_node_get_object(capn);
-    return caps_uint(obj, "max_msg_fds", &caps->max_msg_fds, error) &&
-           caps_uint(obj, "max_data_xfer_size", &caps->max_data_xfer_size, error) &&
-           caps_uint(obj, "pgsizes", &caps->pgsizes, error) &&
-           caps_uint(obj, "max_dma_maps", &caps->max_dma_maps, error);
+    cap = json_node_get_object(capn);   /* borrowed from obj */
+    return caps_uint(cap, "max_msg_fds", &caps->max_msg_fds, error) &&
+           caps_uint(cap, "max_data_xfer_size", &caps->max_data_xfer_size, error) &&
+           caps_uint(cap, "pgsizes", &caps->pgsizes, error) &&
+           caps_uint(cap, "max_dma_maps", &caps->max_dma_maps, error);
 }
