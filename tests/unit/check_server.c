@@ -63,8 +63,14 @@ static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *bu
     return 0;
 }
 
+/* A reset that takes this long stalls the server past a short client timeout. */
+static unsigned reset_stall_ms;
+
 static int fake_reset(void *opaque)
 {
+    if (reset_stall_ms > 0) {
+        g_usleep(reset_stall_ms * 1000ull);
+    }
     ((Fake *)opaque)->resets++;
     return 0;
 }
@@ -667,6 +673,83 @@ START_TEST(test_queued_client_served_after_first_leaves)
 }
 END_TEST
 
+typedef struct Heard {
+    int timed_out;
+    int late;
+    uint16_t cmd;
+} Heard;
+
+static void heard(void *opaque, VnClientEvent ev, uint16_t cmd, uint64_t ms)
+{
+    Heard *h = opaque;
+
+    if (ev == VN_CLIENT_TIMED_OUT) {
+        h->timed_out++;
+    } else if (ev == VN_CLIENT_LATE_REPLY) {
+        h->late++;
+        ck_assert_uint_ge(ms, 100);
+    }
+    h->cmd = cmd;
+}
+
+/*
+ * A server that stalls past the client's timeout answers later, in order:
+ * that late answer is dropped, and the next request gets its own answer,
+ * not the one before (which failed every later request with -EPROTO, each
+ * getting its predecessor's reply).
+ */
+START_TEST(test_client_stall_late_reply)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnClient) c = vn_client_connect(rig.path, 100, &error);
+    VnWireDeviceInfo info;
+    VnClientStats st;
+    uint8_t cfg[4];
+    Heard h = { 0 };
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "?");
+    vn_client_set_observer(c, heard, &h);
+    reset_stall_ms = 400;
+    ck_assert_int_eq(vn_client_reset(c), -ETIMEDOUT);
+    vn_client_stats(c, &st);
+    ck_assert_uint_eq(st.timeouts, 1);
+    ck_assert_uint_eq(st.awaiting, 1);
+    ck_assert_int_eq(h.timed_out, 1);
+    reset_stall_ms = 0;
+    g_usleep(500 * 1000);        /* the reset's answer is in the socket now */
+    ck_assert_int_eq(vn_client_get_info(c, &info), 0);
+    ck_assert_uint_eq(info.num_regions, VFIO_PCI_NUM_REGIONS);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4), 4);
+    ck_assert_int_eq(rig.fake.resets, 1);
+    vn_client_stats(c, &st);
+    ck_assert_uint_eq(st.late_replies, 1);
+    ck_assert_uint_eq(st.awaiting, 0);
+    ck_assert_int_eq(h.late, 1);
+    ck_assert_uint_eq(h.cmd, VN_CMD_DEVICE_RESET);
+}
+END_TEST
+
+/* Two requests in a row time out while the server stalls; both answers are
+ * dropped when they come and the third request gets its own. */
+START_TEST(test_client_stall_answer_before_next)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnClient) c = vn_client_connect(rig.path, 100, &error);
+    VnWireDeviceInfo info;
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "?");
+    reset_stall_ms = 400;
+    ck_assert_int_eq(vn_client_reset(c), -ETIMEDOUT);
+    /* Still stalled when the next request goes: that one times out too, and
+     * both answers are dropped when they come. */
+    ck_assert_int_eq(vn_client_get_info(c, &info), -ETIMEDOUT);
+    reset_stall_ms = 0;
+    g_usleep(600 * 1000);
+    ck_assert_int_eq(vn_client_get_info(c, &info), 0);
+    ck_assert_uint_eq(info.num_regions, VFIO_PCI_NUM_REGIONS);
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -678,6 +761,12 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_region_errors);
     tcase_add_test(tc, test_posted_writes_keep_order);
     tcase_add_test(tc, test_reset);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("stall");
+    tcase_add_test(tc, test_client_stall_late_reply);
+    tcase_add_test(tc, test_client_stall_answer_before_next);
+    tcase_add_checked_fixture(tc, setup, teardown);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("dma");

@@ -218,6 +218,8 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
             json_array_add_string_element(allow, *s);
         }
         json_object_set_array_member(o, "allow", allow);
+        json_object_set_string_member(o, "device_server", vn_lender_device_state(ld->lender));
+        json_object_set_string_member(o, "last_stall", vn_lender_last_stall(ld->lender));
     }
     bw = vn_daemon_borrowed(d, dev);
     if (bw != NULL) {

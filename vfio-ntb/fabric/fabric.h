@@ -46,8 +46,10 @@
 /* Doorbell bits per node (Intel NTBs have 16; IDT 32). */
 #define VN_FABRIC_DOORBELLS 32
 /* A request not answered in this time fails with -ETIMEDOUT (the default;
- * see "request-timeout-ms" at vn_fabric_open()). */
-#define VN_FABRIC_REQUEST_TIMEOUT_MS 5000
+ * see "request-timeout-ms" at vn_fabric_open()).  Under QEMU's 5 s for a
+ * vfio-user reply, over the lender's 3 s for its device (lending/lender-int.h):
+ * a borrower answers QEMU before QEMU gives up. */
+#define VN_FABRIC_REQUEST_TIMEOUT_MS 4000
 /* The largest frame a backend carries: the payload plus the fabric's own
  * frame header (fabric/frame.h), rounded up.  Anything longer is a broken
  * or hostile stream. */

@@ -17,8 +17,17 @@
 #define VN_LENDER_BAR_BASE 0xc0000000ull
 #define VN_LENDER_IO_BASE 0x1000ull
 #define VN_LENDER_BAR_MAX (1ull << 40)
-/* How long one command to the device server may take. */
-#define VN_LENDER_DEVICE_TIMEOUT_MS 5000
+/*
+ * How long one command to the device server may take.  Shorter than the
+ * borrower's wait for our answer (VN_FABRIC_REQUEST_TIMEOUT_MS), which is
+ * shorter than QEMU's for the borrower's (vfio-user-pci x-msg-timeout, 5 s):
+ * each layer answers before the one above gives up, so no answer ever comes
+ * after its asker stopped waiting (QEMU 10.2 takes a reply it no longer
+ * waits for as a broken stream).
+ */
+#define VN_LENDER_DEVICE_TIMEOUT_MS 3000
+/* The last stall described, for ntbctl show. */
+#define VN_LENDER_STALL_TEXT 160
 /* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,
  * linux/vfio.h).  ERR and REQ have no doorbell meaning in proto.h. */
 #define VN_LENDER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
@@ -63,6 +72,10 @@ struct VnLender {
     VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
 
     VnLenderStats stats;
+    /* The device server's last stall and its outcome ("" if none), set by
+     * the client's observer; whether it answers now is the client's
+     * VnClientStats.awaiting. */
+    char last_stall[VN_LENDER_STALL_TEXT];
 };
 
 /* lender.c: answer @token with @err (either sign) and a message that

@@ -492,6 +492,36 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoReg
     return 0;
 }
 
+/*
+ * The device server stalled: a command got no answer in time, or an answer
+ * came after that (the client dropped it, so later commands get their own).
+ * Logged at the default level and kept for ntbctl show: a stall is what an
+ * operator needs to see to tell a slow device server from a broken fabric.
+ */
+static void on_device_stall(void *opaque, VnClientEvent ev, uint16_t cmd, uint64_t ms)
+{
+    VnLender *l = opaque;
+    g_autoptr(GDateTime) now = g_date_time_new_now_local();
+    g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
+    const char *what = vn_wire_cmd_to_string(cmd);
+
+    if (ev == VN_CLIENT_TIMED_OUT) {
+        l->stats.device_timeouts++;
+        g_warning("lender %s: device server %s did not answer %s within %" PRIu64
+                  " ms; the borrower's request failed", l->name, l->device_socket, what, ms);
+        g_snprintf(l->last_stall, sizeof(l->last_stall), "%s: %s not answered within %" PRIu64
+                   " ms", at, what, ms);
+    } else {
+        l->stats.device_late++;
+        g_warning("lender %s: device server %s answered %s %" PRIu64
+                  " ms after it was sent; that late answer was dropped", l->name,
+                  l->device_socket, what, ms);
+        g_snprintf(l->last_stall, sizeof(l->last_stall),
+                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)",
+                   at, what, ms);
+    }
+}
+
 /* Connect to the device server and describe the device for @peer. */
 static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error)
 {
@@ -502,6 +532,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
     if (l->client == NULL) {
         return false;
     }
+    vn_client_set_observer(l->client, on_device_stall, l);
     l->borrower = g_strdup(peer);
     l->irq_mode = mode;
     ret = vn_client_get_info(l->client, &info);
@@ -671,6 +702,29 @@ void vn_lender_stats(VnLender *l, VnLenderStats *out)
 {
     *out = l->stats;
     out->windows = l->windows->len;
+    out->device_awaiting = 0;
+    if (l->client != NULL) {
+        VnClientStats cs;
+
+        vn_client_stats(l->client, &cs);
+        out->device_awaiting = cs.awaiting;
+    }
+}
+
+const char *vn_lender_device_state(VnLender *l)
+{
+    VnLenderStats st;
+
+    if (l->client == NULL) {
+        return "not connected";
+    }
+    vn_lender_stats(l, &st);
+    return st.device_awaiting > 0 ? "stalled (commands unanswered)" : "answering";
+}
+
+const char *vn_lender_last_stall(VnLender *l)
+{
+    return l->last_stall[0] != '\0' ? l->last_stall : NULL;
 }
 
 static void add_counter(JsonBuilder *b, const char *name, uint64_t v)
@@ -704,6 +758,8 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "resets", st.resets);
     add_counter(b, "fences", st.fences);
     add_counter(b, "windows", st.windows);
+    add_counter(b, "device_timeouts", st.device_timeouts);
+    add_counter(b, "device_late_replies", st.device_late);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);

@@ -23,13 +23,64 @@ struct VnClient {
     uint16_t next_id;
     VnWireCaps caps;
     GByteArray *out;
+    VnClientStats stats;
+    VnClientObserver observe;
+    void *observe_opaque;
+    /* Requests that timed out, oldest first (VN_CLIENT_MAX_LATE): their
+     * replies may still come, and must not be taken for a later request's. */
+    struct {
+        uint16_t id;
+        uint16_t cmd;
+        uint64_t sent_ns;
+    } late[VN_CLIENT_MAX_LATE];
+    unsigned nlate;
 };
 
-/* Wait for one whole message; the caller owns it. */
-static int recv_msg(VnClient *c, VnTransportMsg *msg)
+static void observe(VnClient *c, VnClientEvent ev, uint16_t cmd, uint64_t ms)
 {
-    uint64_t deadline = vn_util_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    if (c->observe != NULL) {
+        c->observe(c->observe_opaque, ev, cmd, ms);
+    }
+}
 
+/* Request @id (@cmd, sent at @sent_ns) got no reply in time. */
+static void late_add(VnClient *c, uint16_t id, uint16_t cmd, uint64_t sent_ns)
+{
+    if (c->nlate == VN_CLIENT_MAX_LATE) {
+        memmove(&c->late[0], &c->late[1], sizeof(c->late[0]) * (VN_CLIENT_MAX_LATE - 1));
+        c->nlate--;
+    }
+    c->late[c->nlate].id = id;
+    c->late[c->nlate].cmd = cmd;
+    c->late[c->nlate].sent_ns = sent_ns;
+    c->nlate++;
+    c->stats.timeouts++;
+    observe(c, VN_CLIENT_TIMED_OUT, cmd, c->timeout_ms);
+}
+
+/* True (and forgotten) when @id is a request that timed out: its reply
+ * came late and is dropped. */
+static bool late_take(VnClient *c, uint16_t id)
+{
+    for (unsigned i = 0; i < c->nlate; i++) {
+        if (c->late[i].id == id) {
+            uint64_t ms = (vn_util_now_ns() - c->late[i].sent_ns) / 1000000ull;
+            uint16_t cmd = c->late[i].cmd;
+
+            memmove(&c->late[i], &c->late[i + 1], sizeof(c->late[0]) * (c->nlate - i - 1));
+            c->nlate--;
+            c->stats.late_replies++;
+            observe(c, VN_CLIENT_LATE_REPLY, cmd, ms);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Wait until @deadline (vn_util_now_ns()) for one whole message; the caller
+ * owns it. */
+static int recv_msg(VnClient *c, VnTransportMsg *msg, uint64_t deadline)
+{
     for (;;) {
         struct pollfd pfd = { .fd = vn_transport_fd(c->t), .events = POLLIN };
         uint64_t now;
@@ -54,6 +105,8 @@ static int recv_msg(VnClient *c, VnTransportMsg *msg)
  */
 static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *reply)
 {
+    uint64_t sent = vn_util_now_ns();
+    uint64_t deadline = sent + (uint64_t)c->timeout_ms * 1000000ull;
     VnWireHdr req, hdr;
     int ret;
 
@@ -62,11 +115,24 @@ static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *
     if (ret < 0) {
         return ret;
     }
-    ret = recv_msg(c, reply);
-    if (ret < 0) {
-        return ret;
+    for (;;) {
+        ret = recv_msg(c, reply, deadline);
+        if (ret == -ETIMEDOUT) {
+            late_add(c, req.id, req.cmd, sent);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+        memcpy(&hdr, reply->data, sizeof(hdr));
+        /* A stalled server answers what we gave up on, in order, before it
+         * answers this request: match by id and drop those. */
+        if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) == VN_WIRE_FLAG_REPLY && hdr.id != req.id &&
+            late_take(c, hdr.id)) {
+            vn_transport_msg_clear(reply);
+            continue;
+        }
+        break;
     }
-    memcpy(&hdr, reply->data, sizeof(hdr));
     if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_REPLY || hdr.id != req.id ||
         hdr.cmd != req.cmd) {
         vn_transport_msg_clear(reply);
@@ -208,6 +274,18 @@ void vn_client_free(VnClient *c)
 const VnWireCaps *vn_client_caps(VnClient *c)
 {
     return &c->caps;
+}
+
+void vn_client_stats(VnClient *c, VnClientStats *out)
+{
+    *out = c->stats;
+    out->awaiting = c->nlate;
+}
+
+void vn_client_set_observer(VnClient *c, VnClientObserver fn, void *opaque)
+{
+    c->observe = fn;
+    c->observe_opaque = opaque;
 }
 
 int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info)
@@ -408,7 +486,7 @@ int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds,
     if (ret < 0) {
         return ret;
     }
-    ret = recv_msg(c, &r);
+    ret = recv_msg(c, &r, vn_util_now_ns() + (uint64_t)c->timeout_ms * 1000000ull);
     if (ret < 0) {
         return ret;
     }

@@ -8,6 +8,12 @@
  *
  * Errors: -errno (the server's errno for an error reply, -ETIMEDOUT when no
  * reply came within the timeout, -EPROTO for a malformed reply).
+ *
+ * A server that stalls (stopped, swapping, blocked) past the timeout answers
+ * later, in order.  Replies are matched by id: the ones that come for a
+ * request that already timed out are dropped (counted, and told to the
+ * observer), so the next request gets its own reply and the connection
+ * stays usable.  What a timed-out request did on the device is unknown.
  * Threads: one thread at a time.
  */
 #ifndef VN_CLIENT_H
@@ -21,6 +27,25 @@
 
 typedef struct VnClient VnClient;
 
+/* Timed-out requests whose late replies are recognised (and dropped).  A
+ * reply to an older one than this reads as a reply to nothing: -EPROTO. */
+#define VN_CLIENT_MAX_LATE 16
+
+typedef struct VnClientStats {
+    uint64_t timeouts;       /* requests that got no reply in time */
+    uint64_t late_replies;   /* replies that came after that, dropped */
+    uint32_t awaiting;       /* timed-out requests not answered yet */
+} VnClientStats;
+
+typedef enum VnClientEvent {
+    VN_CLIENT_TIMED_OUT,     /* @ms: the timeout */
+    VN_CLIENT_LATE_REPLY,    /* @ms: how long after it was sent the reply came */
+    VN_CLIENT_EVENT_LAST
+} VnClientEvent;
+
+/* Told of each timeout and late reply, from inside the call that saw it. */
+typedef void (*VnClientObserver)(void *opaque, VnClientEvent ev, uint16_t cmd, uint64_t ms);
+
 /* Connect and negotiate VERSION.  @timeout_ms bounds every later reply. */
 VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError **error);
 void vn_client_free(VnClient *c);
@@ -28,6 +53,10 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnClient, vn_client_free)
 
 /* The server's capabilities from VERSION. */
 const VnWireCaps *vn_client_caps(VnClient *c);
+
+void vn_client_stats(VnClient *c, VnClientStats *out);
+/* @fn (NULL: none) hears of stalls; @opaque is passed back. */
+void vn_client_set_observer(VnClient *c, VnClientObserver fn, void *opaque);
 
 int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info);
 
