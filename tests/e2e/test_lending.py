@@ -9,7 +9,10 @@ to a TCG guest through QEMU's stock vfio-user-pci.  What a user would check:
   every device interrupt is relayed once;
 - QEMU killed: the lender unmaps DMA, disables interrupts and resets the device within 1 s,
   and a new VM can use the device;
-- lender killed mid-I/O: the borrower reports the loss within 1 s.
+- lender killed mid-I/O: the borrower reports the loss within 1 s and the VM keeps running;
+- the device server stalled (SIGSTOP) past the lender's device timeout during guest I/O: the
+  I/O completes and verifies, later device commands (a reset) get their own answers, and the
+  stall is logged and shown by `ntbctl show` on the lending host.
 """
 import json
 import signal
@@ -21,20 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
+from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 9
+EXPECTED_RESULTS = 12
 
 
-def cluster(procs, mode, size_mib=256, simdev_args=()):
+def cluster(procs, mode, size_mib=256, simdev_args=(), **daemon_args):
     wd = procs.tempdir()
     fab = procs.tempdir("vn-fabric-")
     img = h.make_backing(wd / "disk.img", size_mib)
     sd = h.Simdev(procs, wd / "dev.sock", img, size_mib, serial="VN-LENT-0001",
                   extra_args=["--stats-file", str(wd / "dev.stats"), *simdev_args]).start()
-    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}).start()
-    b = Daemon(procs, wd, "hostb", fab,
-               borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", mode)}).start(wait_sockets=True)
+    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}, **daemon_args).start()
+    b = Daemon(procs, wd, "hostb", fab, borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", mode)},
+               **daemon_args).start(wait_sockets=True)
     return wd, img, sd, a, b
 
 
@@ -42,7 +46,12 @@ def counters(a, b, sd):
     sa, sb, sdv = a.stats(), b.stats(), simdev_stats(sd)
     lent = sa["lent"][0]
     bor = sb["borrowed"][0]
+    vu = bor["vfio_user"]
     return {
+        # The first hop: what QEMU asks of the borrower's own vfio-user server, including
+        # the trapped accesses it answers itself from the BAR's window.
+        "borrower_vfio_user_messages": vu["messages"],
+        "borrower_region_accesses": vu["region_reads"] + vu["region_writes"],
         "forwarded_mmio": bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"],
         "forwarded_config": bor["config_forwarded"] + lent["config_rw"],
         "relayed_irqs_lender": lent["relayed_irqs"],
@@ -84,8 +93,9 @@ def test_fd_mode(procs):
                 and probe.get("serial") == "VN-LENT-0001" and len(ver) > 0
                 and all(v["ok"] for v in ver), serial=probe.get("serial"),
                 regions=len(ver), write_4k_mbps=run.results.get("data", {}).get("write_4k_mbps"))
-    zero = ("forwarded_mmio", "forwarded_config", "relayed_irqs_lender",
-            "relayed_irqs_borrower", "fabric_messages", "device_messages")
+    zero = ("borrower_vfio_user_messages", "borrower_region_accesses", "forwarded_mmio",
+            "forwarded_config", "relayed_irqs_lender", "relayed_irqs_borrower",
+            "fabric_messages", "device_messages")
     ok &= result("zero-software-data-path", d["device_interrupts"] > 1000
                  and all(d[k] == 0 for k in zero),
                  **{k: d[k] for k in zero + ("device_interrupts",)})
@@ -113,13 +123,21 @@ def test_qemu_killed_then_new_vm(procs):
     q = h.Qemu(procs, "probe,data", [h.VfioUserDevice(sock)], params={"seed": 5},
                workdir=wd).start()
     q.wait_line("VNINFO", "data region=")           # mid-I/O
-    assert simdev_stats(sd)["dma_mappings_now"] > 0
+    live = simdev_stats(sd)
+    assert live["dma_mappings_now"] > 0 and live["irq_vectors_armed"] > 0
     t0 = time.monotonic()
     q.proc.send_signal(signal.SIGKILL)
-    fenced = wait_for(lambda: simdev_stats(sd)["dma_mappings_now"] == 0, 5.0)
+
+    def fenced_now():
+        st = simdev_stats(sd)
+        return (st if st["dma_mappings_now"] == 0 and st["irq_vectors_armed"] == 0
+                and st["resets"] > live["resets"] else None)
+    fenced = wait_for(fenced_now, 5.0)
     t_fence = time.monotonic() - t0
+    # The fence as the device saw it: no DMA mapping, no interrupt eventfd, a reset.
     ok = result("qemu-killed-dma-unmapped", bool(fenced) and t_fence <= 1.0,
-                seconds=f"{t_fence:.2f}")
+                seconds=f"{t_fence:.2f}", irq_vectors=(fenced or {}).get("irq_vectors_armed"),
+                resets=(fenced or {}).get("resets"))
     q.stop()
     q2 = h.Qemu(procs, "probe,data", [h.VfioUserDevice(sock)], params={"seed": 6},
                 workdir=procs.tempdir()).start()
@@ -164,14 +182,57 @@ def test_lender_killed(procs):
     t_lost = time.monotonic() - t0
     alive = q.proc.poll() is None
     q.stop()
-    return result("lender-killed-link-down", bool(lost) and t_lost <= 1.0,
+    return result("lender-killed-link-down", bool(lost) and t_lost <= 1.0 and alive,
                   seconds=f"{t_lost:.2f}", vm_still_running=alive)
+
+
+STALL_S = 4.5   # longer than the lender's 3 s for one device command
+
+
+def test_device_server_stall(procs):
+    """The device server stops answering (SIGSTOP, not dead) for longer than the lender's
+    device timeout while the guest reads config space and does I/O, then goes on."""
+    wd, img, sd, a, b = cluster(procs, "fd", lease_timeout_ms=20000)
+    q = h.Qemu(procs, "probe,stall,reset", [h.VfioUserDevice(b.borrows["nvme0"][1])],
+               params={"seed": 31}, workdir=wd).start()
+    q.wait_line("VNREADY", "stall")
+    sd.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(STALL_S)
+    finally:
+        sd.proc.send_signal(signal.SIGCONT)
+    run = q.wait_done()
+    q.stop()
+    ver = h.verify_backing(img, run.data)
+    stall = run.results.get("stall", {})
+    # The I/O was in flight across the stall: it took at least the stall's length.
+    ok = result("device-server-stall-io", stall.get("status") == "PASS" and len(ver) > 0
+                and all(v["ok"] for v in ver) and int(stall.get("io_ms", 0)) >= STALL_S * 1000,
+                io_ms=stall.get("io_ms"), regions=len(ver))
+    lent = a.stats()["lent"][0]
+    reset = run.results.get("reset", {})
+    ok &= result("device-server-stall-commands-in-step",
+                 reset.get("status") == "PASS" and lent["resets"] >= 1
+                 and lent["device_timeouts"] >= 1 and lent["device_late_replies"] >= 1,
+                 reset=reset.get("status"), timeouts=lent["device_timeouts"],
+                 late=lent["device_late_replies"])
+    ctl = Control(a.control)
+    try:
+        shown = ctl.execute("query-device", device="hosta/nvme0")
+    finally:
+        ctl.close()
+    logged = "did not answer" in a.log() and "late answer was dropped" in a.log()
+    return ok & result("device-server-stall-shown",
+                       shown.get("device_server") == "answering" and logged
+                       and "answered after" in (shown.get("last_stall") or ""),
+                       device_server=shown.get("device_server"), logged=logged,
+                       last_stall=(shown.get("last_stall") or "-").replace(" ", "_")[:80])
 
 
 def main():
     ok = True
     for test in (test_fd_mode, test_relay_mode, test_qemu_killed_then_new_vm,
-                 test_reset_and_hotplug, test_lender_killed):
+                 test_reset_and_hotplug, test_lender_killed, test_device_server_stall):
         with h.Procs() as procs:
             try:
                 ok &= test(procs)

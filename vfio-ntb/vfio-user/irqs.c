@@ -260,6 +260,20 @@ bool vn_irqs_enabled(VnIrqs *irqs, uint32_t index, uint32_t vector)
     return ret;
 }
 
+uint32_t vn_irqs_armed(VnIrqs *irqs)
+{
+    uint32_t n = 0;
+
+    g_mutex_lock(&irqs->lock);
+    for (uint32_t i = 0; i < irqs->n; i++) {
+        for (uint32_t v = 0; v < irqs->count[i]; v++) {
+            n += irqs->vec[i][v].trig != NULL;
+        }
+    }
+    g_mutex_unlock(&irqs->lock);
+    return n;
+}
+
 void vn_irqs_reset(VnIrqs *irqs)
 {
     g_autoptr(GPtrArray) dropped = g_ptr_array_new_with_free_func((GDestroyNotify)trigger_unref);

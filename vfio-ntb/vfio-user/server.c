@@ -447,6 +447,7 @@ static int handle_reset(VnServer *s, const VnWireRequest *req)
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
+    s->stats.resets++;
     vn_wire_begin_reply(s->out, &req->hdr);
     vn_wire_finish(s->out);
     return reply_send(s, &req->hdr, NULL, 0);
@@ -667,6 +668,10 @@ char *vn_server_stats_json(VnServer *s)
     json_builder_add_int_value(b, (gint64)vn_dma_count(s->dma));
     json_builder_set_member_name(b, "irqs_signalled");
     json_builder_add_int_value(b, (gint64)vn_irqs_signalled(s->irqs));
+    json_builder_set_member_name(b, "irq_vectors_armed");
+    json_builder_add_int_value(b, (gint64)vn_irqs_armed(s->irqs));
+    json_builder_set_member_name(b, "resets");
+    json_builder_add_int_value(b, (gint64)s->stats.resets);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);

@@ -99,6 +99,7 @@ typedef struct VnServerStats {
     uint64_t region_writes;
     uint64_t dma_maps;
     uint64_t dma_unmaps;
+    uint64_t resets;           /* DEVICE_RESETs the device carried out */
     uint64_t per_region_rw[VN_MAX_REGIONS];
 } VnServerStats;
 
