@@ -199,6 +199,13 @@ static const VnWireRegionRw rw_big = { 0, 0, VN_MAX_DATA_XFER + 1 };
 static const VnWireRegionRw rw_wrap = { UINT64_MAX - 1, 0, 4 };
 static const VnWireRegionRw rw_zero = { 0, 0, 0 };
 static const VnWireRegionRw rw_4 = { 0, 0, 4 };
+/* A well-formed 4-byte read, and then data a read has no business carrying:
+ * only the data makes it wrong (test_read_with_data_control decodes the
+ * same read without it). */
+static const struct __attribute__((packed)) {
+    VnWireRegionRw rw;
+    uint8_t data[4];
+} rw_read_with_data = { { 0, 0, 4 }, { 1, 2, 3, 4 } };
 static const uint8_t version_noterm[] = { 0, 0, 0, 0, '{', '}' };
 static const uint8_t version_embedded_nul[] = { 0, 0, 0, 0, '{', 0, '}', 0 };
 static const struct vfio_region_info ri_small = { .argsz = 8 };
@@ -236,8 +243,8 @@ static const Bad bad[] = {
     { "REGION_READ wraps", VN_CMD_REGION_READ, 0, &rw_wrap, 16, 0, -1, -EINVAL },
     { "REGION_READ of nothing", VN_CMD_REGION_READ, 0, &rw_zero, 16, 0, -1, -EINVAL },
     { "REGION_WRITE without its data", VN_CMD_REGION_WRITE, 0, &rw_4, 16, 0, -1, -EINVAL },
-    { "REGION_READ with data", VN_CMD_REGION_READ, 0, &version_embedded_nul, 8, 0, -1,
-      -EINVAL },
+    { "REGION_READ with data", VN_CMD_REGION_READ, 0, &rw_read_with_data,
+      sizeof(rw_read_with_data), 0, -1, -EINVAL },
     { "VERSION without NUL", VN_CMD_VERSION, 0, version_noterm, 6, 0, -1, -EINVAL },
     { "VERSION with an embedded NUL", VN_CMD_VERSION, 0, version_embedded_nul, 8, 0, -1,
       -EINVAL },
@@ -266,6 +273,19 @@ START_TEST(test_malformed)
     ck_assert_msg(vn_wire_decode_request(m->data, len, b->nfds, &req) == b->expect,
                   "%s: got %d, want %d", b->what,
                   vn_wire_decode_request(m->data, len, b->nfds, &req), b->expect);
+}
+END_TEST
+
+/* The "REGION_READ with data" entry above is refused for its data alone. */
+START_TEST(test_read_with_data_control)
+{
+    g_autoptr(GByteArray) m = mk(VN_CMD_REGION_READ, 0, &rw_read_with_data.rw,
+                                 sizeof(rw_read_with_data.rw));
+    VnWireRequest req;
+
+    G_STATIC_ASSERT(sizeof(rw_read_with_data) == sizeof(VnWireRegionRw) + 4);
+    ck_assert_int_eq(decode(m, 0, &req), 0);
+    ck_assert_uint_eq(req.u.region.rw.count, 4);
 }
 END_TEST
 
@@ -299,6 +319,7 @@ static Suite *wire_suite(void)
     tc = tcase_create("malformed");
     tcase_add_loop_test(tc, test_malformed, 0, G_N_ELEMENTS(bad));
     tcase_add_test(tc, test_oversized_version_json);
+    tcase_add_test(tc, test_read_with_data_control);
     suite_add_tcase(s, tc);
     return s;
 }
