@@ -10,10 +10,14 @@ config.mak: configure scripts/install-deps
 	scripts/install-deps
 	./configure $(CONFIGURE_FLAGS)
 
-B := build
+# The build directory; the sanitizer and coverage builds use their own (check-asan etc.).
+B ?= build
+# Extra compiler and linker flags of those builds.
+SAN_CFLAGS ?=
+SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
 INC := -Ivfio-ntb -I.
-ALL_CFLAGS = $(CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS)
+ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(wildcard vfio-ntb/lending/*.c) $(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
@@ -32,7 +36,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: all check check-unit check-e2e install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: all check check-unit check-e2e check-asan check-tsan asan-build tsan-build install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -53,32 +57,32 @@ $(B)/libvn-libvirt.a: $(VIRT_OBJS)
 	ar rcs $@ $^
 
 $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
 
 $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 
 # libvirt's qemu hook: talks to vfio-ntbd only (never to libvirt), so no libvirt library.
 $(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS)
 
 $(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) -o $@ $< \
+	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
 
 $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
 
 # libFuzzer targets, one per decoder a peer reaches: tests/fuzz/fuzz_NAME.c with its seeds in
 # tests/fuzz/seeds/NAME/.  Each links a clang-built copy (build/fuzz/obj/) of the sources it
@@ -117,7 +121,7 @@ fuzz-seeds: $(B)/fuzz/gen-seeds
 	$(B)/fuzz/gen-seeds tests/fuzz/seeds
 
 $(B)/fuzz/gen-seeds: tests/fuzz/gen-seeds.c $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a \
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a \
 		$(GLIB_LIBS) $(XML_LIBS)
 
 # A bounded run of every target (FUZZ_SECONDS each; corpora in build/fuzz/NAME/corpus).
@@ -142,9 +146,38 @@ check-unit: all
 check-e2e: all testbed
 	@$(PYTHON) tests/run-checks --e2e
 
-# Unit tests, the fuzzers' bounded runs and the end-to-end tests; ends with "N passed, N failed".
-check: all testbed fuzz
-	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --fuzz $(FUZZ_BINS) --e2e
+# The unit suites again under AddressSanitizer + UBSan, leaks checked, and the suites whose code
+# runs on more than one thread (the simulated device's engine, the DMA and irq tables it shares
+# with the server) under ThreadSanitizer; each build in a directory of its own.
+ASAN_B := build/asan
+TSAN_B := build/tsan
+ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+# -Wno-tsan: the one fence TSan cannot model (simdev/nvme.c) orders a completion's bytes for
+# the guest, in another process, not anything between our threads.
+TSAN_FLAGS := -O1 -fsanitize=thread -Wno-tsan
+TSAN_SUITES := check_engine check_nvme check_nvme_io check_server
+ASAN_UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(ASAN_B)/tests/%)
+TSAN_UNIT_BINS = $(TSAN_SUITES:%=$(TSAN_B)/tests/%)
+
+asan-build:
+	@$(MAKE) --no-print-directory B=$(ASAN_B) SAN_CFLAGS="$(ASAN_FLAGS)" \
+		SAN_LDFLAGS="-fsanitize=address,undefined" $(PROGS:$(B)/%=$(ASAN_B)/%) $(ASAN_UNIT_BINS)
+
+tsan-build:
+	@$(MAKE) --no-print-directory B=$(TSAN_B) SAN_CFLAGS="$(TSAN_FLAGS)" \
+		SAN_LDFLAGS="-fsanitize=thread" $(TSAN_UNIT_BINS)
+
+check-asan: asan-build
+	@$(PYTHON) tests/run-checks --asan $(ASAN_UNIT_BINS)
+
+check-tsan: tsan-build
+	@$(PYTHON) tests/run-checks --tsan $(TSAN_UNIT_BINS)
+
+# Unit tests (plain, ASan + UBSan, TSan), the fuzzers' bounded runs and the end-to-end tests;
+# ends with "N passed, N failed".
+check: all asan-build tsan-build testbed fuzz
+	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --asan $(ASAN_UNIT_BINS) \
+		--tsan $(TSAN_UNIT_BINS) --fuzz $(FUZZ_BINS) --e2e
 
 bench: all testbed
 	@$(PYTHON) bench/run-bench

@@ -30,8 +30,8 @@ typedef struct Fake {
     int bar_fd;
     uint8_t *bar;
     uint8_t cfg[CFG_SIZE];
-    int resets;
-    int irq_changes;
+    gint resets;                /* written on the server thread: atomic */
+    gint irq_changes;
 } Fake;
 
 static int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
@@ -64,20 +64,23 @@ static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *bu
 }
 
 /* A reset that takes this long stalls the server past a short client timeout. */
-static unsigned reset_stall_ms;
+static gint reset_stall_ms;
 
+/* Runs on the server's thread; the test reads the count with g_atomic_int_get(). */
 static int fake_reset(void *opaque)
 {
-    if (reset_stall_ms > 0) {
-        g_usleep(reset_stall_ms * 1000ull);
+    gint ms = g_atomic_int_get(&reset_stall_ms);
+
+    if (ms > 0) {
+        g_usleep(ms * 1000ull);
     }
-    ((Fake *)opaque)->resets++;
+    g_atomic_int_inc(&((Fake *)opaque)->resets);
     return 0;
 }
 
 static void fake_irqs_changed(void *opaque, uint32_t index)
 {
-    ((Fake *)opaque)->irq_changes++;
+    g_atomic_int_inc(&((Fake *)opaque)->irq_changes);
 }
 
 static const VnDeviceOps fake_ops = {
@@ -174,13 +177,32 @@ static VnClient *connect_ok(void)
     return c;
 }
 
+/* vn_server_has_client() asked on the server's own thread, as its callers do. */
+static gboolean ask_has_client(gpointer data)
+{
+    g_atomic_int_set((gint *)data, vn_server_has_client(rig.server) ? 1 : 0);
+    return G_SOURCE_REMOVE;
+}
+
+static bool server_has_client(void)
+{
+    gint answer = -1;
+
+    g_main_context_invoke(rig.ctx, ask_has_client, &answer);
+    for (int i = 0; i < 1000 && g_atomic_int_get(&answer) < 0; i++) {
+        g_usleep(1000);
+    }
+    ck_assert_int_ge(g_atomic_int_get(&answer), 0);
+    return g_atomic_int_get(&answer) == 1;
+}
+
 /* Wait (bounded) until the server has dropped its client. */
 static void wait_no_client(void)
 {
-    for (int i = 0; i < 200 && vn_server_has_client(rig.server); i++) {
+    for (int i = 0; i < 200 && server_has_client(); i++) {
         g_usleep(5000);
     }
-    ck_assert(!vn_server_has_client(rig.server));
+    ck_assert(!server_has_client());
 }
 
 START_TEST(test_info_and_regions)
@@ -545,7 +567,7 @@ START_TEST(test_reset)
     g_autoptr(VnClient) c = connect_ok();
 
     ck_assert_int_eq(vn_client_reset(c), 0);
-    ck_assert_int_ge(rig.fake.resets, 1);
+    ck_assert_int_ge(g_atomic_int_get(&rig.fake.resets), 1);
 }
 END_TEST
 
@@ -709,18 +731,18 @@ START_TEST(test_client_stall_late_reply)
 
     ck_assert_msg(c != NULL, "%s", error ? error->message : "?");
     vn_client_set_observer(c, heard, &h);
-    reset_stall_ms = 400;
+    g_atomic_int_set(&reset_stall_ms, 400);
     ck_assert_int_eq(vn_client_reset(c), -ETIMEDOUT);
     vn_client_stats(c, &st);
     ck_assert_uint_eq(st.timeouts, 1);
     ck_assert_uint_eq(st.awaiting, 1);
     ck_assert_int_eq(h.timed_out, 1);
-    reset_stall_ms = 0;
+    g_atomic_int_set(&reset_stall_ms, 0);
     g_usleep(500 * 1000);        /* the reset's answer is in the socket now */
     ck_assert_int_eq(vn_client_get_info(c, &info), 0);
     ck_assert_uint_eq(info.num_regions, VFIO_PCI_NUM_REGIONS);
     ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4), 4);
-    ck_assert_int_eq(rig.fake.resets, 1);
+    ck_assert_int_eq(g_atomic_int_get(&rig.fake.resets), 1);
     vn_client_stats(c, &st);
     ck_assert_uint_eq(st.late_replies, 1);
     ck_assert_uint_eq(st.awaiting, 0);
@@ -738,12 +760,12 @@ START_TEST(test_client_stall_answer_before_next)
     VnWireDeviceInfo info;
 
     ck_assert_msg(c != NULL, "%s", error ? error->message : "?");
-    reset_stall_ms = 400;
+    g_atomic_int_set(&reset_stall_ms, 400);
     ck_assert_int_eq(vn_client_reset(c), -ETIMEDOUT);
     /* Still stalled when the next request goes: that one times out too, and
      * both answers are dropped when they come. */
     ck_assert_int_eq(vn_client_get_info(c, &info), -ETIMEDOUT);
-    reset_stall_ms = 0;
+    g_atomic_int_set(&reset_stall_ms, 0);
     g_usleep(600 * 1000);
     ck_assert_int_eq(vn_client_get_info(c, &info), 0);
     ck_assert_uint_eq(info.num_regions, VFIO_PCI_NUM_REGIONS);

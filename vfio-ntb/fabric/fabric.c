@@ -6,6 +6,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
+#include "common/lock.h"
 #include "fabric-int.h"
 #include "shm.h"
 
@@ -20,7 +21,7 @@
 /* ---- backend registry ------------------------------------------------- */
 
 /* Registration may come from any thread; lookups take the same lock. */
-static GMutex registry_lock;
+static VnMutex registry_lock = VN_MUTEX_INIT;
 static GHashTable *registry;     /* name -> const VnFabricOps * */
 
 bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
@@ -58,7 +59,7 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error)
     if (!vn_fabric_ops_valid(ops, error)) {
         return false;
     }
-    g_mutex_lock(&registry_lock);
+    vn_mutex_lock(&registry_lock);
     if (registry == NULL) {
         registry = g_hash_table_new(g_str_hash, g_str_equal);
     }
@@ -69,7 +70,7 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error)
     } else {
         g_hash_table_insert(registry, (gpointer)ops->name, (gpointer)ops);
     }
-    g_mutex_unlock(&registry_lock);
+    vn_mutex_unlock(&registry_lock);
     return ok;
 }
 
@@ -87,9 +88,9 @@ static const VnFabricOps *backend_lookup(const char *name)
     const VnFabricOps *ops;
 
     g_once(&once, register_builtin, NULL);
-    g_mutex_lock(&registry_lock);
+    vn_mutex_lock(&registry_lock);
     ops = name != NULL ? g_hash_table_lookup(registry, name) : NULL;
-    g_mutex_unlock(&registry_lock);
+    vn_mutex_unlock(&registry_lock);
     return ops;
 }
 

@@ -9,6 +9,8 @@
 
 #include "engine.h"
 
+#include "common/lock.h"
+
 #include <gio/gio.h>
 #include <sched.h>
 
@@ -26,8 +28,8 @@ struct VnEngine {
     void *opaque;
     GThread *thread;
 
-    GMutex lock;
-    GCond cond;
+    VnMutex lock;
+    VnCond cond;
     gint stop;              /* atomic too: read while spinning */
     bool kicked;
     VnEngineStats stats;
@@ -59,17 +61,17 @@ static bool engine_sleep(VnEngine *e, gint64 us, bool *kicked)
     gint64 until = g_get_monotonic_time() + us;
     bool stop;
 
-    g_mutex_lock(&e->lock);
+    vn_mutex_lock(&e->lock);
     e->stats.sleeps++;
     while (!e->stop && !e->kicked) {
-        if (!g_cond_wait_until(&e->cond, &e->lock, until)) {
+        if (!vn_cond_wait_until(&e->cond, &e->lock, until)) {
             break;
         }
     }
     *kicked = e->kicked;
     e->kicked = false;
     stop = e->stop;
-    g_mutex_unlock(&e->lock);
+    vn_mutex_unlock(&e->lock);
     return stop;
 }
 
@@ -112,10 +114,10 @@ static gpointer engine_main(gpointer data)
                                                          ? VN_ENGINE_DORMANT_SLEEP_US
                                                          : VN_ENGINE_SLEEP_MAX_US);
         /* Publish counters once per sleep: cheap, and fresh enough. */
-        g_mutex_lock(&e->lock);
+        vn_mutex_lock(&e->lock);
         e->stats.polls += polls;
         e->stats.busy_polls += busy_polls;
-        g_mutex_unlock(&e->lock);
+        vn_mutex_unlock(&e->lock);
         polls = busy_polls = 0;
         if (engine_sleep(e, sleep_us, &kicked)) {
             break;
@@ -125,10 +127,10 @@ static gpointer engine_main(gpointer data)
             sleep_us = 0;
         }
     }
-    g_mutex_lock(&e->lock);
+    vn_mutex_lock(&e->lock);
     e->stats.polls += polls;
     e->stats.busy_polls += busy_polls;
-    g_mutex_unlock(&e->lock);
+    vn_mutex_unlock(&e->lock);
     g_info("engine %s: stopped", e->name);
     return NULL;
 }
@@ -141,13 +143,13 @@ VnEngine *vn_engine_new(const char *name, VnEnginePollFn fn, void *opaque,
     e->name = g_strdup(name);
     e->fn = fn;
     e->opaque = opaque;
-    g_mutex_init(&e->lock);
-    g_cond_init(&e->cond);
+    vn_mutex_init(&e->lock);
+    vn_cond_init(&e->cond);
     e->thread = g_thread_try_new(name, engine_main, e, error);
     if (e->thread == NULL) {
         g_prefix_error(error, "engine %s: ", name);
-        g_cond_clear(&e->cond);
-        g_mutex_clear(&e->lock);
+        vn_cond_clear(&e->cond);
+        vn_mutex_clear(&e->lock);
         g_free(e->name);
         g_free(e);
         return NULL;
@@ -160,29 +162,29 @@ void vn_engine_free(VnEngine *e)
     if (e == NULL) {
         return;
     }
-    g_mutex_lock(&e->lock);
+    vn_mutex_lock(&e->lock);
     g_atomic_int_set(&e->stop, TRUE);
-    g_cond_signal(&e->cond);
-    g_mutex_unlock(&e->lock);
+    vn_cond_signal(&e->cond);
+    vn_mutex_unlock(&e->lock);
     g_thread_join(e->thread);
-    g_cond_clear(&e->cond);
-    g_mutex_clear(&e->lock);
+    vn_cond_clear(&e->cond);
+    vn_mutex_clear(&e->lock);
     g_free(e->name);
     g_free(e);
 }
 
 void vn_engine_kick(VnEngine *e)
 {
-    g_mutex_lock(&e->lock);
+    vn_mutex_lock(&e->lock);
     e->kicked = true;
     e->stats.kicks++;
-    g_cond_signal(&e->cond);
-    g_mutex_unlock(&e->lock);
+    vn_cond_signal(&e->cond);
+    vn_mutex_unlock(&e->lock);
 }
 
 void vn_engine_stats(VnEngine *e, VnEngineStats *out)
 {
-    g_mutex_lock(&e->lock);
+    vn_mutex_lock(&e->lock);
     *out = e->stats;
-    g_mutex_unlock(&e->lock);
+    vn_mutex_unlock(&e->lock);
 }

@@ -9,6 +9,7 @@
 #ifndef VN_NVME_INT_H
 #define VN_NVME_INT_H
 
+#include "common/lock.h"
 #include "nvme.h"
 
 #include <stdbool.h>
@@ -246,7 +247,7 @@ struct VnNvme {
     uint8_t *bounce;            /* VN_NVME_MAX_XFER bytes */
     VnNvmeSeg *segs;            /* VN_NVME_MAX_SEGS */
 
-    GMutex lock;
+    VnMutex lock;
     uint32_t cc;                /* CC as last acted upon */
     uint32_t csts;
     uint32_t intms;             /* INTx mask (3.1.3/3.1.4) */

@@ -437,7 +437,7 @@ bool vn_nvme_poll_once(VnNvme *n)
 {
     bool busy = false;
 
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     if (n->dma != NULL && n->irqs != NULL) {
         msi_release(n);
         busy = regs_poll(n);
@@ -447,7 +447,7 @@ bool vn_nvme_poll_once(VnNvme *n)
             busy |= queues_poll(n);
         }
     }
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
     return busy;
 }
 
@@ -468,18 +468,18 @@ bool vn_nvme_ready(VnNvme *n)
 {
     bool ready;
 
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     ready = n->enabled && !n->fatal;
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
     return ready;
 }
 
 void vn_nvme_reset(VnNvme *n)
 {
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     ctrl_reset(n);
     regs_reset(n);
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
     g_info("device nvme %s: reset", n->serial);
 }
 
@@ -490,17 +490,17 @@ int vn_nvme_flush(VnNvme *n)
 
 void vn_nvme_attach(VnNvme *n, VnDma *dma, VnIrqs *irqs)
 {
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     n->dma = dma;
     n->irqs = irqs;
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
 }
 
 void vn_nvme_stats(VnNvme *n, VnNvmeStats *out)
 {
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     *out = n->stats;
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
 }
 
 static bool serial_ok(const char *s)
@@ -553,7 +553,7 @@ VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
         return NULL;
     }
     n = g_new0(VnNvme, 1);
-    g_mutex_init(&n->lock);
+    vn_mutex_init(&n->lock);
     n->fd = -1;
     n->params = *params;
     n->params.backing = NULL;       /* not kept: the caller's string */
@@ -589,6 +589,6 @@ void vn_nvme_free(VnNvme *n)
     vn_nvme_ns_close(n);
     g_free(n->bounce);
     g_free(n->segs);
-    g_mutex_clear(&n->lock);
+    vn_mutex_clear(&n->lock);
     g_free(n);
 }

@@ -5,6 +5,8 @@
 
 #include "irqs.h"
 
+#include "common/lock.h"
+
 #include "common/peerfd.h"
 #include "common/util.h"
 #include "wire.h"
@@ -39,7 +41,7 @@ typedef struct Vector {
  * @signalled is atomic, counted after the write.
  */
 struct VnIrqs {
-    GMutex lock;
+    VnMutex lock;
     uint32_t n;
     uint32_t count[VN_MAX_IRQ_INDEXES];
     Vector *vec[VN_MAX_IRQ_INDEXES];
@@ -79,7 +81,7 @@ VnIrqs *vn_irqs_new(const uint32_t *counts, uint32_t n)
 {
     VnIrqs *irqs = g_new0(VnIrqs, 1);
 
-    g_mutex_init(&irqs->lock);
+    vn_mutex_init(&irqs->lock);
     irqs->n = MIN(n, VN_MAX_IRQ_INDEXES);
     for (uint32_t i = 0; i < irqs->n; i++) {
         irqs->count[i] = MIN(counts[i], VN_MAX_IRQ_VECTORS);
@@ -97,7 +99,7 @@ void vn_irqs_free(VnIrqs *irqs)
     for (uint32_t i = 0; i < irqs->n; i++) {
         g_free(irqs->vec[i]);
     }
-    g_mutex_clear(&irqs->lock);
+    vn_mutex_clear(&irqs->lock);
     g_free(irqs);
 }
 
@@ -207,7 +209,7 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
 
     fired = g_ptr_array_new();
     dropped = g_ptr_array_new_with_free_func((GDestroyNotify)trigger_unref);
-    g_mutex_lock(&irqs->lock);
+    vn_mutex_lock(&irqs->lock);
     if (count == 0) {
         /* linux/vfio.h: DATA_NONE|ACTION_TRIGGER with count 0 disables
          * the index; nothing else is meaningful without vectors. */
@@ -227,7 +229,7 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
         ret = set_mask(data, action == VFIO_IRQ_SET_ACTION_MASK, &irqs->vec[index][start],
                        count, bools, fired);
     }
-    g_mutex_unlock(&irqs->lock);
+    vn_mutex_unlock(&irqs->lock);
     for (guint i = 0; i < fired->len; i++) {
         deliver(irqs, fired->pdata[i]);
     }
@@ -241,9 +243,9 @@ bool vn_irqs_signal(VnIrqs *irqs, uint32_t index, uint32_t vector)
     if (index >= irqs->n || vector >= irqs->count[index]) {
         return false;
     }
-    g_mutex_lock(&irqs->lock);
+    vn_mutex_lock(&irqs->lock);
     t = fire(&irqs->vec[index][vector]);
-    g_mutex_unlock(&irqs->lock);
+    vn_mutex_unlock(&irqs->lock);
     return deliver(irqs, t);
 }
 
@@ -254,9 +256,9 @@ bool vn_irqs_enabled(VnIrqs *irqs, uint32_t index, uint32_t vector)
     if (index >= irqs->n || vector >= irqs->count[index]) {
         return false;
     }
-    g_mutex_lock(&irqs->lock);
+    vn_mutex_lock(&irqs->lock);
     ret = irqs->vec[index][vector].trig != NULL;
-    g_mutex_unlock(&irqs->lock);
+    vn_mutex_unlock(&irqs->lock);
     return ret;
 }
 
@@ -264,13 +266,13 @@ uint32_t vn_irqs_armed(VnIrqs *irqs)
 {
     uint32_t n = 0;
 
-    g_mutex_lock(&irqs->lock);
+    vn_mutex_lock(&irqs->lock);
     for (uint32_t i = 0; i < irqs->n; i++) {
         for (uint32_t v = 0; v < irqs->count[i]; v++) {
             n += irqs->vec[i][v].trig != NULL;
         }
     }
-    g_mutex_unlock(&irqs->lock);
+    vn_mutex_unlock(&irqs->lock);
     return n;
 }
 
@@ -278,14 +280,14 @@ void vn_irqs_reset(VnIrqs *irqs)
 {
     g_autoptr(GPtrArray) dropped = g_ptr_array_new_with_free_func((GDestroyNotify)trigger_unref);
 
-    g_mutex_lock(&irqs->lock);
+    vn_mutex_lock(&irqs->lock);
     for (uint32_t i = 0; i < irqs->n; i++) {
         for (uint32_t v = 0; v < irqs->count[i]; v++) {
             vector_clear(&irqs->vec[i][v], dropped);
             irqs->vec[i][v].masked = false;
         }
     }
-    g_mutex_unlock(&irqs->lock);
+    vn_mutex_unlock(&irqs->lock);
 }
 
 uint64_t vn_irqs_signalled(VnIrqs *irqs)

@@ -8,7 +8,7 @@
  * pending and delivered on unmask.
  *
  * Threads: signalled from a device's engine thread while the socket thread
- * reconfigures it; a GMutex guards the table, but no eventfd is written
+ * reconfigures it; a mutex (common/lock.h) guards the table, but no eventfd is written
  * under it: a signal takes a reference on the vector's eventfd, drops the
  * lock, then writes (irqs.c), so a slow or hostile consumer cannot hold up
  * reconfiguration or other vectors.
