@@ -71,9 +71,16 @@ bool vn_util_json_depth_ok(const char *s, size_t len, unsigned max)
 
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
+    return vn_util_write_replace(path, text, 0644, error);
+}
+
+bool vn_util_write_replace(const char *path, const char *text, int mode, GError **error)
+{
     g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);
 
-    if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, 0644, error)) {
+    /* NONE: no fsync.  (CONSISTENT would fsync the temporary file before
+     * the rename on every file system but btrfs.) */
+    if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, mode, error)) {
         return false;
     }
     if (g_rename(tmp, path) != 0) {

@@ -430,6 +430,9 @@ static void daemon_stop(VnDaemon *d)
     if (d->heartbeat != 0) {
         g_source_remove(d->heartbeat);
     }
+    if (d->announce_timer != 0) {
+        g_source_remove(d->announce_timer);
+    }
     /* Borrower workers keep serving their VMs; a restarted daemon adopts
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
