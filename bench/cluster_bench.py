@@ -8,17 +8,22 @@
   after one untimed warm-up.  The issue's goal is p99 <= 20 ms; reported, not asserted.  An
   attach that fails is counted (failed_attaches, first_failure) and left out of the samples.
 - scale-64x8: NODES daemons (env VN_BENCH_SCALE_NODES, default 64) on one fabric, each lending
-  DEVICES devices (VN_BENCH_SCALE_DEVICES, default 8) whose device servers do not exist:
-  borrow and return never reach a device server (only attach does), so the cluster's own
-  cost is measured.  converge_s: from the first daemon's start until every node lists every
-  device as reachable; then each daemon's VmRSS (goal <= 16 MiB, reported only) and what the
-  idle cluster costs in CPU (idle_cpu_pct, all daemons, % of one core); then a storm
-  of OPS borrow/return operations (VN_BENCH_SCALE_OPS, default 1000) from THREADS concurrent
-  clients (VN_BENCH_SCALE_THREADS, default 8), each a random node borrowing a random device
-  of another node and returning it.  A borrow refused with DeviceBusy (two clients wanted
-  the same device) is a valid outcome: counted apart, and timed like the others; other
-  refusals are counted by kind (storm_errors).  lent_after_storm: devices still lent once
-  the storm is over and the cluster had LENT_WAIT_S to settle (a leak when not 0).
+  DEVICES devices (VN_BENCH_SCALE_DEVICES, default 8).  The nvme0 of the first ATTACHED nodes
+  (VN_BENCH_SCALE_ATTACHED, default 4) is a real simdev, attached by the next node before the
+  storm, so borrower workers exist (attached, worker_rss_kib); the other devices' servers do
+  not exist: borrow and return never reach a device server (only attach does), so the
+  cluster's own cost is measured.  converge_s: from the first daemon's start until every node
+  lists every device as reachable; then each daemon's VmRSS (goal <= 16 MiB, reported only)
+  and what the idle cluster costs in CPU (idle_cpu_pct, all daemons, % of one core); then a
+  storm of OPS borrow/return operations (VN_BENCH_SCALE_OPS, default 1000) from THREADS
+  concurrent clients (VN_BENCH_SCALE_THREADS, default 8), each a random node borrowing a
+  random device of another node (never an attached one) and returning it.  Latencies are
+  reported by outcome: storm_borrow_* (granted borrows; storm_borrow_p99_ms, goal <= 50 ms),
+  storm_refused_* (refused borrows: DeviceBusy when two clients wanted the same device, a
+  valid outcome, counted in busy_refusals; other refusals by kind in storm_errors) and
+  storm_return_*, each with its count (_n), p50 and p99.  lent_after_storm: devices other
+  than the attached ones still lent once the storm is over and the cluster had LENT_WAIT_S
+  to settle (a leak when not 0).
 """
 import json
 import os
