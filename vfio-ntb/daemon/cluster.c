@@ -167,9 +167,8 @@ static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
 
 /* To the daemons among our peers (the nodes that announced themselves);
  * borrower workers hear it once, when their link comes up. */
-void vn_cluster_announce(VnDaemon *d)
+static void broadcast(VnDaemon *d, char *json)
 {
-    g_autofree char *json = announcement(d);
     GHashTableIter it;
     VnRemoteNode *n;
 
@@ -184,14 +183,27 @@ void vn_cluster_announce(VnDaemon *d)
             vn_fabric_event(d->fab, n->name, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
         }
     }
+    g_free(d->announced);
+    d->announced = json;        /* takes ownership */
+}
+
+void vn_cluster_announce(VnDaemon *d)
+{
+    broadcast(d, announcement(d));
 }
 
 static gboolean on_announce_due(gpointer data)
 {
     VnDaemon *d = data;
+    g_autofree char *json = announcement(d);
 
     d->announce_timer = 0;
-    vn_cluster_announce(d);
+    /* Changes that undid each other (a borrow and its return within the
+     * delay) leave the peers' view right as it is: nothing to send. */
+    if (d->announced != NULL && strcmp(json, d->announced) == 0) {
+        return G_SOURCE_REMOVE;
+    }
+    broadcast(d, g_steal_pointer(&json));
     return G_SOURCE_REMOVE;
 }
 

@@ -80,6 +80,7 @@ typedef struct VnDaemon {
     GMainLoop *loop;
     guint heartbeat;
     guint announce_timer;       /* a coalesced announcement is due */
+    char *announced;            /* the last announcement broadcast, or NULL */
     unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
 } VnDaemon;
@@ -103,9 +104,10 @@ enum {
  * meanwhile: each announcement goes to every peer (n - 1 messages, each
  * parsed by its receiver), so a burst of changes on one lender -- a borrow
  * and its return, a VM taking several devices -- costs one broadcast, not
- * one per change.  Third parties learn of a change this much later; the
- * borrower learns from the reply at once, and a lender refuses a lent
- * device whatever a third party believes. */
+ * one per change, and changes that undo each other (a borrow returned
+ * within the delay) cost none.  Third parties learn of a change this much
+ * later; the borrower learns from the reply at once, and a lender refuses a
+ * lent device whatever a third party believes. */
 #define VN_DAEMON_ANNOUNCE_DELAY_MS 50
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000

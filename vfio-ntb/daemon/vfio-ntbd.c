@@ -433,6 +433,7 @@ static void daemon_stop(VnDaemon *d)
     if (d->announce_timer != 0) {
         g_source_remove(d->announce_timer);
     }
+    g_clear_pointer(&d->announced, g_free);
     /* Borrower workers keep serving their VMs; a restarted daemon adopts
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
