@@ -205,6 +205,9 @@ def host_cpu():
     print(json.dumps({"bench": "host-cpu", "cpu_s_per_gib": v, "rounds": vr, "goal": 0,
                       "simdev_cpu_s_per_gib": s, "simdev_rounds": sr,
                       "gib_per_round": round(runs[0]["bytes"] / GIB, 3),
+                      # one clock tick of /proc/PID/stat, per GiB moved in a round
+                      "resolution_s_per_gib": round(1 / os.sysconf("SC_CLK_TCK") /
+                                                    (runs[0]["bytes"] / GIB), 4),
                       "processes": runs[0]["processes"],
                       "window": "VNEVENT bench-start .. bench-end (data phase only)"}),
           flush=True)
