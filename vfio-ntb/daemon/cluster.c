@@ -192,18 +192,28 @@ void vn_cluster_announce(VnDaemon *d)
     broadcast(d, announcement(d));
 }
 
+void vn_cluster_announce_changed(VnDaemon *d)
+{
+    g_autofree char *json = announcement(d);
+
+    /* Changes that undid each other (a borrow returned before its grant was
+     * announced) leave the peers' view right as it is: nothing to send. */
+    if (d->announced != NULL && strcmp(json, d->announced) == 0) {
+        if (d->announce_timer != 0) {
+            g_source_remove(d->announce_timer);
+            d->announce_timer = 0;
+        }
+        return;
+    }
+    broadcast(d, g_steal_pointer(&json));
+}
+
 static gboolean on_announce_due(gpointer data)
 {
     VnDaemon *d = data;
-    g_autofree char *json = announcement(d);
 
     d->announce_timer = 0;
-    /* Changes that undid each other (a borrow and its return within the
-     * delay) leave the peers' view right as it is: nothing to send. */
-    if (d->announced != NULL && strcmp(json, d->announced) == 0) {
-        return G_SOURCE_REMOVE;
-    }
-    broadcast(d, g_steal_pointer(&json));
+    vn_cluster_announce_changed(d);
     return G_SOURCE_REMOVE;
 }
 
@@ -449,7 +459,9 @@ void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
     emit(d, strcmp(why, "returned") == 0 ? "LEASE_RETURNED" : "LEASE_EXPIRED", device, lease,
          NULL);
     save(d);
-    vn_cluster_announce_soon(d);
+    /* At once: a third party about to take the device (a reassign) must see
+     * it free; a grant not yet announced makes this a no-op. */
+    vn_cluster_announce_changed(d);
 }
 
 static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)

@@ -100,14 +100,15 @@ enum {
  * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */
 #define VN_DAEMON_HEARTBEAT_MS 1000
 #define VN_DAEMON_ANNOUNCE_EVERY 5
-/* A lease change is announced this long after it, with every change made
+/* A grant is announced this long after it, with every change made
  * meanwhile: each announcement goes to every peer (n - 1 messages, each
- * parsed by its receiver), so a burst of changes on one lender -- a borrow
- * and its return, a VM taking several devices -- costs one broadcast, not
- * one per change, and changes that undo each other (a borrow returned
- * within the delay) cost none.  Third parties learn of a change this much
- * later; the borrower learns from the reply at once, and a lender refuses a
- * lent device whatever a third party believes. */
+ * parsed by its receiver), so a burst of grants on one lender -- a VM taking
+ * several devices -- costs one broadcast, and a grant returned within the
+ * delay costs none (the lease's end finds nothing to announce).  A lease's
+ * end is announced at once (a reassign's target must see the device free).
+ * Third parties learn of a grant this much later; the borrower learns from
+ * the reply at once, and a lender refuses a lent device whatever a third
+ * party believes. */
 #define VN_DAEMON_ANNOUNCE_DELAY_MS 50
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
@@ -155,6 +156,8 @@ void vn_cluster_start(VnDaemon *d);
 void vn_cluster_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
 void vn_cluster_announce_soon(VnDaemon *d);
+/* Announce now, unless nothing changed since the last broadcast. */
+void vn_cluster_announce_changed(VnDaemon *d);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
