@@ -46,7 +46,7 @@ int main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     VnClient *c[2] = { NULL, NULL };
     int rounds, n;
-    g_autofree uint64_t *all[2] = { NULL, NULL };
+    uint64_t *all[2] = { NULL, NULL };
     uint64_t p50[2][MAX_ROUNDS];
     double ratio_min = 0, ratio_max = 0;
     GString *out;
@@ -119,7 +119,9 @@ int main(int argc, char **argv)
                            "ratios\"}\n", ratio_max / (ratio_min > 0 ? ratio_min : 1));
     fputs(out->str, stdout);
     g_string_free(out, TRUE);
-    vn_client_free(c[0]);
-    vn_client_free(c[1]);
+    for (int s = 0; s < 2; s++) {
+        vn_client_free(c[s]);
+        g_free(all[s]);
+    }
     return 0;
 }
