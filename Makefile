@@ -80,7 +80,7 @@ $(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/li
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
 
-$(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
+$(B)/bench/%: bench/%.c $(wildcard bench/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
 

@@ -6,6 +6,7 @@
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+#include "common/util.h"
 
 /* ---- link --------------------------------------------------------------- */
 
@@ -658,6 +659,42 @@ START_TEST(test_doorbells)
 }
 END_TEST
 
+/* ---- crossing delay ----------------------------------------------------- */
+
+/* A delay the sender spins for before each record: the time taken is at
+ * least the delay times the records sent.  Only a lower bound is checked (a
+ * loaded machine makes anything slower, never faster). */
+START_TEST(test_crossing_delay)
+{
+    static const char *const kv[] = { "crossing-delay-ns", "200000", NULL };    /* 200 us */
+    const unsigned requests = 10, doorbells = 10;
+    Node *b = node_open_kv("b", true, kv);
+    Node *a;
+    uint64_t t0, elapsed;
+
+    node_start(b);
+    a = node_open_kv("a", false, kv);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    t0 = vn_util_now_ns();
+    for (unsigned i = 0; i < requests; i++) {
+        g_autoptr(VnFabricMsg) reply = NULL;
+
+        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0, NULL, 0,
+                                                &reply), 0);
+    }
+    /* a request and its reply: two crossings, one on each side */
+    elapsed = vn_util_now_ns() - t0;
+    ck_assert_uint_ge(elapsed, 2ull * requests * 200000);
+    t0 = vn_util_now_ns();
+    for (unsigned i = 0; i < doorbells; i++) {
+        ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", i), 0);
+    }
+    elapsed = vn_util_now_ns() - t0;
+    ck_assert_uint_ge(elapsed, (uint64_t)doorbells * 200000);
+    WAIT_FOR(log_has(b, "db:a:9"));
+}
+END_TEST
+
 static Suite *fabric_suite(void)
 {
     Suite *s = suite_create("fabric");
@@ -702,6 +739,11 @@ static Suite *fabric_suite(void)
     tc = tcase_create("doorbells");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_doorbells);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("crossing-delay");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_crossing_delay);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -35,9 +35,16 @@ uint64_t vn_util_now_ns(void)
 
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
+    return vn_util_write_replace(path, text, 0644, error);
+}
+
+bool vn_util_write_replace(const char *path, const char *text, int mode, GError **error)
+{
     g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);
 
-    if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, 0644, error)) {
+    /* NONE: no fsync.  (CONSISTENT would fsync the temporary file before
+     * the rename on every file system but btrfs.) */
+    if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, mode, error)) {
         return false;
     }
     if (g_rename(tmp, path) != 0) {

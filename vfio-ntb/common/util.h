@@ -68,5 +68,8 @@ uint64_t vn_util_now_ns(void);
  * stalled the writer's main loop for seconds, and a lost snapshot is harmless.
  */
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error);
+/* The same with the file's @mode (e.g. 0600), for state that must not be
+ * readable by others. */
+bool vn_util_write_replace(const char *path, const char *text, int mode, GError **error);
 
 #endif /* VN_UTIL_H */

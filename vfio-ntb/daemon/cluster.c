@@ -164,17 +164,60 @@ static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
 
 /* To the daemons among our peers (the nodes that announced themselves);
  * borrower workers hear it once, when their link comes up. */
-void vn_cluster_announce(VnDaemon *d)
+static void broadcast(VnDaemon *d, char *json)
 {
-    g_autofree char *json = announcement(d);
     GHashTableIter it;
     VnRemoteNode *n;
 
+    /* This one carries whatever a pending coalesced one would have. */
+    if (d->announce_timer != 0) {
+        g_source_remove(d->announce_timer);
+        d->announce_timer = 0;
+    }
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
         if (n->link_up && n->devices != NULL) {
             vn_fabric_event(d->fab, n->name, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
         }
+    }
+    g_free(d->announced);
+    d->announced = json;        /* takes ownership */
+}
+
+void vn_cluster_announce(VnDaemon *d)
+{
+    broadcast(d, announcement(d));
+}
+
+void vn_cluster_announce_changed(VnDaemon *d)
+{
+    g_autofree char *json = announcement(d);
+
+    /* Changes that undid each other (a borrow returned before its grant was
+     * announced) leave the peers' view right as it is: nothing to send. */
+    if (d->announced != NULL && strcmp(json, d->announced) == 0) {
+        if (d->announce_timer != 0) {
+            g_source_remove(d->announce_timer);
+            d->announce_timer = 0;
+        }
+        return;
+    }
+    broadcast(d, g_steal_pointer(&json));
+}
+
+static gboolean on_announce_due(gpointer data)
+{
+    VnDaemon *d = data;
+
+    d->announce_timer = 0;
+    vn_cluster_announce_changed(d);
+    return G_SOURCE_REMOVE;
+}
+
+void vn_cluster_announce_soon(VnDaemon *d)
+{
+    if (d->announce_timer == 0) {
+        d->announce_timer = g_timeout_add(VN_DAEMON_ANNOUNCE_DELAY_MS, on_announce_due, d);
     }
 }
 
@@ -412,7 +455,9 @@ void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
     emit(d, strcmp(why, "returned") == 0 ? "LEASE_RETURNED" : "LEASE_EXPIRED", device, lease,
          NULL);
     save(d);
-    vn_cluster_announce(d);
+    /* At once: a third party about to take the device (a reassign) must see
+     * it free; a grant not yet announced makes this a no-op. */
+    vn_cluster_announce_changed(d);
 }
 
 static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
@@ -469,7 +514,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                   msg->peer, ld->lease);
         json = g_strdup_printf("{\"lease\":%" G_GUINT64_FORMAT "}", ld->lease);
         vn_fabric_reply(d->fab, token, json, NULL, 0, NULL, 0);
-        vn_cluster_announce(d);
+        vn_cluster_announce_soon(d);
         return;
     case VN_CLUSTER_RETURN:
         if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||

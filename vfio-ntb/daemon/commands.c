@@ -75,7 +75,10 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
     json_builder_end_object(b);
 }
 
-/* Every device of the cluster as known here: ours, then announced ones. */
+/* Every device of the cluster as known here: ours, then announced ones.
+ * Where an announced device is one we hold, or says we hold it, our own
+ * leases win: the lender announces a change a moment after it
+ * (VN_DAEMON_ANNOUNCE_DELAY_MS), we learnt it from its reply. */
 static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
 {
     GHashTableIter it;
@@ -112,10 +115,23 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                 json_node_get_value_type(ln) == G_TYPE_INT64 && json_node_get_int(ln) > 0) {
                 lease = (uint64_t)json_node_get_int(ln);
             }
-            if (only == NULL || strcmp(only, dev) == 0) {
-                add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower,
-                           lease);
+            if (only != NULL && strcmp(only, dev) != 0) {
+                continue;
             }
+            if (n->link_up) {
+                VnBorrowed *held = vn_daemon_borrowed(d, dev);
+
+                if (held != NULL) {
+                    state = "lent";
+                    borrower = d->conf->node;
+                    lease = held->lease;
+                } else if (borrower != NULL && strcmp(borrower, d->conf->node) == 0) {
+                    state = "available";    /* returned here, not announced yet */
+                    borrower = NULL;
+                    lease = 0;
+                }
+            }
+            add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower, lease);
         }
     }
 }

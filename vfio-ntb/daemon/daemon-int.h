@@ -79,6 +79,8 @@ typedef struct VnDaemon {
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;
+    guint announce_timer;       /* a coalesced announcement is due */
+    char *announced;            /* the last announcement broadcast, or NULL */
     unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
 } VnDaemon;
@@ -98,6 +100,16 @@ enum {
  * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */
 #define VN_DAEMON_HEARTBEAT_MS 1000
 #define VN_DAEMON_ANNOUNCE_EVERY 5
+/* A grant is announced this long after it, with every change made
+ * meanwhile: each announcement goes to every peer (n - 1 messages, each
+ * parsed by its receiver), so a burst of grants on one lender -- a VM taking
+ * several devices -- costs one broadcast, and a grant returned within the
+ * delay costs none (the lease's end finds nothing to announce).  A lease's
+ * end is announced at once (a reassign's target must see the device free).
+ * Third parties learn of a grant this much later; the borrower learns from
+ * the reply at once, and a lender refuses a lent device whatever a third
+ * party believes. */
+#define VN_DAEMON_ANNOUNCE_DELAY_MS 50
 /* A revoke's default grace period. */
 #define VN_DAEMON_REVOKE_GRACE_MS 5000
 /* A revoked borrower gives its VM half the grace period, at most this, to let
@@ -142,6 +154,10 @@ JsonNode *vn_daemon_stats(VnDaemon *d, const char *only);
 /* ---- cluster.c ---- */
 void vn_cluster_start(VnDaemon *d);
 void vn_cluster_announce(VnDaemon *d);
+/* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
+void vn_cluster_announce_soon(VnDaemon *d);
+/* Announce now, unless nothing changed since the last broadcast. */
+void vn_cluster_announce_changed(VnDaemon *d);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);

@@ -431,6 +431,10 @@ static void daemon_stop(VnDaemon *d)
     if (d->heartbeat != 0) {
         g_source_remove(d->heartbeat);
     }
+    if (d->announce_timer != 0) {
+        g_source_remove(d->announce_timer);
+    }
+    g_clear_pointer(&d->announced, g_free);
     /* Borrower workers keep serving their VMs; a restarted daemon adopts
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);

@@ -153,7 +153,8 @@ void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits);
 /*
  * Attach node @node to the fabric of backend @backend ("shm") with its
  * parameters (for shm: "dir", and the limits "max-windows",
- * "max-window-size", "window-align", "xlat-granularity").  The fabric itself
+ * "max-window-size", "window-align", "xlat-granularity", and the modelled
+ * "crossing-delay-ns" of shm.h).  The fabric itself
  * takes "request-timeout-ms" (default VN_FABRIC_REQUEST_TIMEOUT_MS).
  */
 VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,

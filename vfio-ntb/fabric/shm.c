@@ -55,6 +55,7 @@ struct VnShm {
     GSource *listen_src;
     GPtrArray *conns;            /* every VnShmConn, one ref each */
     GHashTable *active;          /* peer -> VnShmConn carrying its link */
+    uint64_t crossing_delay_ns;  /* busy-wait before each send (shm.h) */
     bool closing;
 };
 
@@ -479,6 +480,27 @@ static int shm_connect(void *backend, const char *peer)
     return 0;
 }
 
+/*
+ * The modelled NTB crossing (shm.h, "crossing-delay-ns"): the sender spins
+ * for the delay, as a CPU stalls on a posted write or a doorbell register
+ * until the fabric has taken it.  A spin, not a sleep: timer slack would
+ * turn 400 ns into 50 us.  The delay is a lower bound (preemption only adds).
+ */
+static void crossing_delay(const VnShm *shm)
+{
+    uint64_t until;
+
+    if (shm->crossing_delay_ns == 0) {
+        return;
+    }
+    until = vn_util_now_ns() + shm->crossing_delay_ns;
+    while (vn_util_now_ns() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+}
+
 static int shm_send(void *backend, const char *peer, const void *buf, size_t len,
                     const int *fds, unsigned nfds)
 {
@@ -489,6 +511,7 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
     if (c == NULL) {
         return -ENOTCONN;
     }
+    crossing_delay(shm);
     ret = send_record(c->fd, buf, len, fds, nfds);
     if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
         /* Part of a record may be out: the stream is lost.  The socket's
@@ -599,10 +622,12 @@ static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool po
     return true;
 }
 
-static bool params_parse(GHashTable *params, VnFabricLimits *l, GError **error)
+static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
+                         GError **error)
 {
     static const char *const known[] = { "dir", "max-windows", "max-window-size",
-                                         "window-align", "xlat-granularity", NULL };
+                                         "window-align", "xlat-granularity",
+                                         "crossing-delay-ns", NULL };
     GHashTableIter it;
     gpointer key;
     uint64_t windows;
@@ -613,7 +638,8 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, GError **error)
             !g_utf8_validate(key, -1, NULL)) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
-                        "max-window-size, window-align, xlat-granularity)", (char *)key);
+                        "max-window-size, window-align, xlat-granularity, crossing-delay-ns)",
+                        (char *)key);
             return false;
         }
     }
@@ -625,7 +651,9 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, GError **error)
         !param_u64(params, "window-align", VN_SHM_MIN_WINDOW_SIZE, true,
                    VN_SHM_MAX_WINDOW_SIZE, &l->window_align, error) ||
         !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true,
-                   VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error)) {
+                   VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error) ||
+        !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS,
+                   delay_ns, error)) {
         return false;
     }
     l->max_windows = (uint32_t)windows;
@@ -722,10 +750,11 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
 {
     struct sockaddr_un addr;
     VnFabricLimits limits;
+    uint64_t delay_ns = 0;
     const char *dir;
     VnShm *shm;
 
-    if (!params_parse(params, &limits, error)) {
+    if (!params_parse(params, &limits, &delay_ns, error)) {
         return NULL;
     }
     dir = g_hash_table_lookup(params, "dir");
@@ -743,6 +772,7 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     shm->node = g_strdup(node);
     shm->path = g_strdup_printf("%s/%s.sock", dir, node);
     shm->listen_fd = -1;
+    shm->crossing_delay_ns = delay_ns;
     shm->conns = g_ptr_array_new_with_free_func(conn_unref);
     shm->active = g_hash_table_new(g_str_hash, g_str_equal);
     if (strlen(shm->path) >= sizeof(addr.sun_path)) {

@@ -24,11 +24,16 @@
 /* Admin queues may hold up to 4096 entries (AQA.ASQS/ACQS, 12 bits). */
 #define VN_NVME_MAX_ADMIN_ENTRIES 4096u
 /* Maximum Data Transfer Size as a power of two of pages: 1 MiB.  Linux
- * splits larger requests; the bounce buffer is this big. */
+ * splits larger requests; the bounce buffer (admin data, fallback) is this
+ * big. */
 #define VN_NVME_MDTS 8u
 #define VN_NVME_MAX_XFER (VN_NVME_PAGE_SIZE << VN_NVME_MDTS)
 /* Segments one transfer can need: one per page plus the unaligned start. */
 #define VN_NVME_MAX_SEGS (VN_NVME_MAX_XFER / VN_NVME_PAGE_SIZE + 1)
+/* Host iovecs of one zero-copy transfer: a segment split by a DMA mapping
+ * boundary takes two; beyond this (far below IOV_MAX) the bounce buffer is
+ * used instead. */
+#define VN_NVME_MAX_IOV (2 * VN_NVME_MAX_SEGS)
 /* Queue ids: the admin queue plus the I/O queues we can grant. */
 #define VN_NVME_MAX_QUEUES (VN_NVME_MAX_IO_QUEUES + 1)
 /* Outstanding Asynchronous Event Requests: Identify AERL is 0's based. */
@@ -204,10 +209,7 @@ typedef struct VnNvmeCq {
 } VnNvmeCq;
 
 /* One contiguous piece of a guest data buffer (from PRP1/PRP2/PRP lists). */
-typedef struct VnNvmeSeg {
-    uint64_t iova;
-    uint32_t len;
-} VnNvmeSeg;
+typedef VnDmaRange VnNvmeSeg;
 
 /* Current values of the features we keep (5.21.1). */
 typedef struct VnNvmeFeatures {
@@ -226,8 +228,8 @@ typedef struct VnNvmeFeatures {
 } VnNvmeFeatures;
 
 /*
- * Ownership: params, bar0, cfg, fd, nblocks, bounce and segs are set up
- * before the engine starts and not changed afterwards (bounce/segs are
+ * Ownership: params, bar0, cfg, fd, nblocks, bounce, segs and iov are set
+ * up before the engine starts and not changed afterwards (bounce/segs/iov are
  * scratch used under @lock).  Everything else below @lock is guarded by it;
  * in practice the engine thread holds it while polling and the socket
  * thread only for reset and flush.  dma and irqs are set by attach before
@@ -246,6 +248,7 @@ struct VnNvme {
     uint64_t nblocks;
     uint8_t *bounce;            /* VN_NVME_MAX_XFER bytes */
     VnNvmeSeg *segs;            /* VN_NVME_MAX_SEGS */
+    struct iovec *iov;          /* VN_NVME_MAX_IOV */
 
     VnMutex lock;
     uint32_t cc;                /* CC as last acted upon */

@@ -3,10 +3,14 @@
  * PRP walking (NVMe 1.4 4.3), Read, Write, Flush and Write Zeroes (NVM
  * Command Set, NVMe 1.4 section 6) on a raw backing file.
  *
- * Data moves through a bounce buffer of MDTS bytes: the guest buffer is
- * scattered over pages that only VnDma may touch, so a transfer is first
- * resolved into segments, then copied piecewise.  Any segment outside the
- * client's mappings ends the command with Data Transfer Error.
+ * Read and Write move data with one preadv()/pwritev() straight between the
+ * backing file and guest memory: the PRPs are resolved into segments, the
+ * segments into host iovecs over the client's DMA mappings
+ * (vn_dma_iov_call(), which holds the table's read lock meanwhile), so the
+ * stand-in for hardware costs one system call per command, not a copy per
+ * page.  Only a buffer that needs more than VN_NVME_MAX_IOV pieces goes
+ * through the MDTS-sized bounce buffer.  Any segment outside the client's
+ * mappings ends the command with Data Transfer Error.
  *
  * Runs in the engine thread with the controller lock held (nvme.c), except
  * vn_nvme_ns_open/close which run at creation and destruction.
@@ -24,6 +28,7 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define NSID_ALL 0xffffffffu
@@ -293,9 +298,80 @@ static uint16_t sync_data(VnNvme *n)
     return VN_NVME_SUCCESS;
 }
 
+/* A zero-copy transfer (vn_dma_iov_call's callback): the file range and
+ * the direction. */
+typedef struct FileXfer {
+    VnNvme *n;
+    uint64_t off;
+    bool to_file;
+} FileXfer;
+
+/* preadv/pwritev the whole of @iov at x->off; reads past the end of a
+ * shrunk file give zeros, as pread_full does.  0 or -errno. */
+static int file_iov(const struct iovec *iov_in, int cnt, void *opaque)
+{
+    FileXfer *x = opaque;
+    /* Our own scratch array (n->iov), shortened in place as it is done. */
+    struct iovec *iov = (struct iovec *)iov_in;
+    uint64_t off = x->off;
+    int i = 0;
+
+    while (i < cnt) {
+        ssize_t r = x->to_file ? pwritev(x->n->fd, iov + i, cnt - i, (off_t)off)
+                               : preadv(x->n->fd, iov + i, cnt - i, (off_t)off);
+
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return -errno;
+        }
+        if (r == 0) {
+            if (x->to_file) {
+                return -EIO;
+            }
+            for (; i < cnt; i++) {
+                memset(iov[i].iov_base, 0, iov[i].iov_len);
+            }
+            return 0;
+        }
+        off += (uint64_t)r;
+        /* Skip what was done; a partly done iovec is shortened. */
+        while (r > 0 && i < cnt) {
+            if ((size_t)r >= iov[i].iov_len) {
+                r -= (ssize_t)iov[i].iov_len;
+                i++;
+            } else {
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + r;
+                iov[i].iov_len -= (size_t)r;
+                r = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The old way, for buffers of more than VN_NVME_MAX_IOV pieces. */
+static int rw_bounce(VnNvme *n, const VnNvmeSqe *cmd, uint64_t off, uint64_t len, bool write,
+                     uint16_t *st)
+{
+    int ret;
+
+    if (write) {
+        *st = vn_nvme_prp_from_guest(n, cmd->prp1, cmd->prp2, n->bounce, (uint32_t)len);
+        return *st != VN_NVME_SUCCESS ? 0 : pwrite_full(n->fd, n->bounce, len, off);
+    }
+    ret = pread_full(n->fd, n->bounce, len, off);
+    *st = ret < 0 ? VN_NVME_SUCCESS
+                  : vn_nvme_prp_to_guest(n, cmd->prp1, cmd->prp2, n->bounce, (uint32_t)len);
+    return ret;
+}
+
 static uint16_t cmd_rw(VnNvme *n, const VnNvmeSqe *cmd, bool write)
 {
+    FileXfer x = { .n = n, .to_file = write };
     uint64_t off, len;
+    unsigned count;
     uint16_t st = lba_range(n, cmd, &off, &len);
     int ret;
 
@@ -307,35 +383,40 @@ static uint16_t cmd_rw(VnNvme *n, const VnNvmeSqe *cmd, bool write)
     }
     if (write) {
         n->stats.write_cmds++;
-        st = vn_nvme_prp_from_guest(n, cmd->prp1, cmd->prp2, n->bounce, (uint32_t)len);
+    } else {
+        n->stats.read_cmds++;
+    }
+    st = prp_map(n, cmd->prp1, cmd->prp2, (uint32_t)len, &count);
+    if (st != VN_NVME_SUCCESS) {
+        return st;
+    }
+    x.off = off;
+    /* A Read writes guest memory, a Write reads it. */
+    ret = vn_dma_iov_call(n->dma, n->segs, count, !write, n->iov, VN_NVME_MAX_IOV, file_iov,
+                          &x);
+    if (ret == -E2BIG) {
+        ret = rw_bounce(n, cmd, off, len, write, &st);
         if (st != VN_NVME_SUCCESS) {
             return st;
         }
-        ret = pwrite_full(n->fd, n->bounce, len, off);
-        if (ret < 0) {
-            g_warning("device nvme %s: write at %" G_GUINT64_FORMAT ": %s", n->serial, off,
-                      g_strerror(-ret));
-            return VN_NVME_SC_WRITE_FAULT;
-        }
-        n->stats.blocks_written += len / VN_NVME_LBA_SIZE;
-        /* FUA, or no volatile cache to hide behind: data must be durable. */
-        if ((cmd->cdw12 & RW_FUA) || !n->feat.wce) {
-            return sync_data(n);
-        }
+    } else if (ret == -EFAULT) {
+        return VN_NVME_SC_DATA_XFER_ERROR;
+    }
+    if (ret < 0) {
+        g_warning("device nvme %s: %s at %" G_GUINT64_FORMAT ": %s", n->serial,
+                  write ? "write" : "read", off, g_strerror(-ret));
+        return write ? VN_NVME_SC_WRITE_FAULT : VN_NVME_SC_READ_ERROR;
+    }
+    if (!write) {
+        n->stats.blocks_read += len / VN_NVME_LBA_SIZE;
         return VN_NVME_SUCCESS;
     }
-    n->stats.read_cmds++;
-    ret = pread_full(n->fd, n->bounce, len, off);
-    if (ret < 0) {
-        g_warning("device nvme %s: read at %" G_GUINT64_FORMAT ": %s", n->serial, off,
-                  g_strerror(-ret));
-        return VN_NVME_SC_READ_ERROR;
+    n->stats.blocks_written += len / VN_NVME_LBA_SIZE;
+    /* FUA, or no volatile cache to hide behind: data must be durable. */
+    if ((cmd->cdw12 & RW_FUA) || !n->feat.wce) {
+        return sync_data(n);
     }
-    st = vn_nvme_prp_to_guest(n, cmd->prp1, cmd->prp2, n->bounce, (uint32_t)len);
-    if (st == VN_NVME_SUCCESS) {
-        n->stats.blocks_read += len / VN_NVME_LBA_SIZE;
-    }
-    return st;
+    return VN_NVME_SUCCESS;
 }
 
 /* 6.16: Write Zeroes.  No data moves, so MDTS does not apply (WZSL = 0).

@@ -563,6 +563,7 @@ VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
     n->cfg = cfg;
     n->bounce = g_malloc(VN_NVME_MAX_XFER);
     n->segs = g_new0(VnNvmeSeg, VN_NVME_MAX_SEGS);
+    n->iov = g_new0(struct iovec, VN_NVME_MAX_IOV);
     n->power_on_ns = vn_util_now_ns();
 
     /* A stable namespace id from the serial (Identify NGUID, 7.10), so the
@@ -589,6 +590,7 @@ void vn_nvme_free(VnNvme *n)
     vn_nvme_ns_close(n);
     g_free(n->bounce);
     g_free(n->segs);
+    g_free(n->iov);
     vn_mutex_clear(&n->lock);
     g_free(n);
 }

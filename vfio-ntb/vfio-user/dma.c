@@ -247,6 +247,63 @@ int vn_dma_write(VnDma *dma, uint64_t iova, const void *buf, size_t len)
     return ret;
 }
 
+/* Append the host pieces of [iova, iova + len) to @iov; the read lock is held. */
+static int range_iov(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need,
+                     struct iovec *iov, unsigned max_iov, unsigned *count)
+{
+    guint i;
+
+    if (iova + len < iova) {
+        return -EFAULT;
+    }
+    i = lower_bound(dma, iova);
+    while (len > 0) {
+        Entry *e;
+        uint64_t off, n;
+        uint8_t *host;
+
+        if (i >= dma->entries->len) {
+            return -EFAULT;
+        }
+        e = &g_array_index(dma->entries, Entry, i);
+        if (e->m.iova > iova || e->m.host == NULL || !(e->m.prot & need)) {
+            return -EFAULT;
+        }
+        off = iova - e->m.iova;
+        n = MIN(len, e->m.size - off);
+        host = e->m.host + off;
+        if (*count > 0 && (uint8_t *)iov[*count - 1].iov_base + iov[*count - 1].iov_len == host) {
+            iov[*count - 1].iov_len += n;
+        } else if (*count >= max_iov) {
+            return -E2BIG;
+        } else {
+            iov[(*count)++] = (struct iovec){ .iov_base = host, .iov_len = n };
+        }
+        iova += n;
+        len -= n;
+        i++;
+    }
+    return 0;
+}
+
+int vn_dma_iov_call(VnDma *dma, const VnDmaRange *ranges, unsigned n, bool to_guest,
+                    struct iovec *iov, unsigned max_iov, VnDmaIovFn fn, void *opaque)
+{
+    uint32_t need = to_guest ? VFIO_DMA_MAP_FLAG_WRITE : VFIO_DMA_MAP_FLAG_READ;
+    unsigned count = 0;
+    int ret = 0;
+
+    g_rw_lock_reader_lock(&dma->lock);
+    for (unsigned r = 0; r < n && ret == 0; r++) {
+        ret = range_iov(dma, ranges[r].iova, ranges[r].len, need, iov, max_iov, &count);
+    }
+    if (ret == 0) {
+        ret = fn(iov, (int)count, opaque);
+    }
+    g_rw_lock_reader_unlock(&dma->lock);
+    return ret;
+}
+
 unsigned vn_dma_count(VnDma *dma)
 {
     unsigned n;

@@ -26,6 +26,7 @@
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 typedef struct VnDma VnDma;
 
@@ -64,6 +65,29 @@ int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all);
  * of the range is unmapped, inaccessible or lacks the permission. */
 int vn_dma_read(VnDma *dma, uint64_t iova, void *buf, size_t len);
 int vn_dma_write(VnDma *dma, uint64_t iova, const void *buf, size_t len);
+
+/* One contiguous range of guest addresses. */
+typedef struct VnDmaRange {
+    uint64_t iova;
+    uint64_t len;
+} VnDmaRange;
+
+typedef int (*VnDmaIovFn)(const struct iovec *iov, int iovcnt, void *opaque);
+
+/*
+ * Zero-copy access: resolve the @n guest ranges @ranges (in order) into host
+ * iovecs over the mappings, at most @max_iov of them in @iov (pieces that
+ * are adjacent in host memory are merged), and call @fn(iov, count,
+ * @opaque) with the read lock held, so a device can preadv()/pwritev()
+ * straight between a file and guest memory and an unmap waits for it.
+ * @to_guest: the device writes guest memory (needs WRITE permission), else
+ * it reads it (READ).  Returns fn's result; -EFAULT (fn not called) when
+ * any part is unmapped, inaccessible or lacks the permission; -E2BIG when
+ * more than @max_iov pieces would be needed (the caller may fall back to
+ * vn_dma_read/write).  @fn must not call back into the table.
+ */
+int vn_dma_iov_call(VnDma *dma, const VnDmaRange *ranges, unsigned n, bool to_guest,
+                    struct iovec *iov, unsigned max_iov, VnDmaIovFn fn, void *opaque);
 
 /* Number of mappings (for tests and counters). */
 unsigned vn_dma_count(VnDma *dma);
