@@ -36,7 +36,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: all check check-unit check-e2e check-asan check-tsan asan-build tsan-build install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -172,6 +172,17 @@ check-asan: asan-build
 
 check-tsan: tsan-build
 	@$(PYTHON) tests/run-checks --tsan $(TSAN_UNIT_BINS)
+
+# Line coverage of the unit suites, per directory (gcov; build/cov is a build of its own).
+COV_B := build/cov
+COV_UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(COV_B)/tests/%)
+
+coverage:
+	@find $(COV_B) -name '*.gcda' -delete 2>/dev/null || true
+	@$(MAKE) --no-print-directory B=$(COV_B) SAN_CFLAGS="-O0 --coverage" SAN_LDFLAGS="--coverage" \
+		$(PROGS:$(B)/%=$(COV_B)/%) $(COV_UNIT_BINS)
+	@$(PYTHON) tests/run-checks --unit $(COV_UNIT_BINS) | tail -n 1
+	@$(PYTHON) tests/coverage-report $(COV_B)
 
 # Unit tests (plain, ASan + UBSan, TSan), the fuzzers' bounded runs and the end-to-end tests;
 # ends with "N passed, N failed".
