@@ -6,10 +6,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
-#include "common/lock.h"
 #include "fabric-int.h"
 #include "shm.h"
 
+#include "common/lock.h"
 #include "common/name.h"
 #include "common/util.h"
 

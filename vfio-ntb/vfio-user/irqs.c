@@ -6,7 +6,6 @@
 #include "irqs.h"
 
 #include "common/lock.h"
-
 #include "common/peerfd.h"
 #include "common/util.h"
 #include "wire.h"
