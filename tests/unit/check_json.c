@@ -70,11 +70,11 @@ START_TEST(test_depth_scan)
     static const char deep[] = "[[[[[";
     static const char sneaky[] = "]]]][[[[[";
 
-    ck_assert(vn_json_depth_ok(ok, strlen(ok), 3));
-    ck_assert(!vn_json_depth_ok(ok, strlen(ok), 2));
-    ck_assert(vn_json_depth_ok(deep, strlen(deep), 5));
-    ck_assert(!vn_json_depth_ok(deep, strlen(deep), 4));
-    ck_assert(!vn_json_depth_ok(sneaky, strlen(sneaky), 4));
+    ck_assert_int_eq(vn_json_shape(ok, strlen(ok), 3), VN_JSON_ONE);
+    ck_assert_int_eq(vn_json_shape(ok, strlen(ok), 2), VN_JSON_TOO_DEEP);
+    ck_assert_int_eq(vn_json_shape(deep, strlen(deep), 5), VN_JSON_ONE);   /* unclosed */
+    ck_assert_int_eq(vn_json_shape(deep, strlen(deep), 4), VN_JSON_TOO_DEEP);
+    ck_assert_int_eq(vn_json_shape(sneaky, strlen(sneaky), 4), VN_JSON_NOT_ONE);
 }
 END_TEST
 

@@ -6,38 +6,7 @@
 #include <gio/gio.h>
 #include <string.h>
 
-bool vn_json_depth_ok(const char *s, size_t len, unsigned max)
-{
-    bool in_string = false;
-    unsigned depth = 0;
-
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-
-        if (in_string) {
-            if (c == '\\') {
-                i++;
-            } else if (c == '"') {
-                in_string = false;
-            }
-        } else if (c == '"') {
-            in_string = true;
-        } else if ((c == '{' || c == '[') && ++depth > max) {
-            return false;
-        } else if ((c == '}' || c == ']') && depth > 0) {
-            depth--;
-        }
-    }
-    return true;
-}
-
-/*
- * @s is one object or array and then only whitespace (an unclosed one is
- * left to the parser to refuse).  json-glib 1.6 keeps, and leaks, the value
- * it parsed when more text follows ("{} x", "[1] [2]", "7{}"): a peer
- * repeating that would grow us without bound.
- */
-static bool json_single(const char *s, size_t len)
+VnJsonShape vn_json_shape(const char *s, size_t len, unsigned max_depth)
 {
     bool in_string = false;
     unsigned depth = 0;
@@ -47,7 +16,7 @@ static bool json_single(const char *s, size_t len)
         i++;
     }
     if (i == len || (s[i] != '{' && s[i] != '[')) {
-        return false;
+        return VN_JSON_NOT_ONE;
     }
     for (; i < len; i++) {
         char c = s[i];
@@ -61,17 +30,20 @@ static bool json_single(const char *s, size_t len)
         } else if (c == '"') {
             in_string = true;
         } else if (c == '{' || c == '[') {
-            depth++;
+            if (++depth > max_depth) {
+                return VN_JSON_TOO_DEEP;
+            }
         } else if ((c == '}' || c == ']') && --depth == 0) {
             break;
         }
     }
+    /* Unclosed: the parser refuses it.  Closed: only whitespace may follow. */
     while (++i < len) {
         if (!g_ascii_isspace(s[i])) {
-            return false;
+            return VN_JSON_NOT_ONE;
         }
     }
-    return true;
+    return VN_JSON_ONE;
 }
 
 JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **error)
@@ -90,15 +62,17 @@ JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **e
                     "JSON text longer than %zu bytes", max_len);
         return NULL;
     }
-    if (!vn_json_depth_ok(text, n, VN_MAX_JSON_DEPTH)) {
+    switch (vn_json_shape(text, n, VN_MAX_JSON_DEPTH)) {
+    case VN_JSON_TOO_DEEP:
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE,
                     "JSON nested deeper than %u levels", VN_MAX_JSON_DEPTH);
         return NULL;
-    }
-    if (!json_single(text, n)) {
+    case VN_JSON_NOT_ONE:
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "not one JSON object or array");
         return NULL;
+    default:
+        break;
     }
     parser = json_parser_new();
     if (!json_parser_load_from_data(parser, text, (gssize)n, error)) {

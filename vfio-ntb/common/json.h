@@ -28,12 +28,22 @@
  */
 #define VN_MAX_JSON_DEPTH 32u
 
+/* What JSON text looks like before it is parsed. */
+typedef enum VnJsonShape {
+    VN_JSON_ONE,        /* one object or array (perhaps unclosed: the parser says) */
+    VN_JSON_TOO_DEEP,   /* objects and arrays nest deeper than the bound */
+    VN_JSON_NOT_ONE,    /* a bare value, or more than whitespace after the value */
+    VN_JSON_SHAPE_LAST
+} VnJsonShape;
+
 /*
- * True when JSON text @s (@len bytes) nests at most @max levels of objects
- * and arrays, strings skipped.  One pass, no recursion; malformed text is
- * left to the parser.
+ * The shape of @s (@len bytes) with at most @max_depth levels of objects
+ * and arrays allowed; brackets in strings (escapes included) do not count.
+ * One pass, no recursion: json-glib 1.6 recurses once per level with no
+ * limit of its own, and keeps (leaks) the value it parsed when more text
+ * follows ("{} x", "[1] [2]", "7{}"), so peer text is looked at first.
  */
-bool vn_json_depth_ok(const char *s, size_t len, unsigned max);
+VnJsonShape vn_json_shape(const char *s, size_t len, unsigned max_depth);
 
 /*
  * Parse @text (@len bytes, or -1 when NUL-terminated): one object or array,
