@@ -187,16 +187,16 @@ int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
     return bytes;
 }
 
-/* Copy @len bytes at @iova to or from @buf; the read lock is held. */
-static int dma_access(VnDma *dma, uint64_t iova, void *buf, size_t len, bool write)
+/*
+ * Hand @fn each host piece of [@iova, @iova + @len) in order, every byte of
+ * it mapped with @need; the read lock is held.  -EFAULT when a byte is not,
+ * or @fn's error.
+ */
+static int walk(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need,
+                int (*fn)(uint8_t *host, uint64_t n, void *opaque), void *opaque)
 {
-    uint8_t *p = buf;
-    uint32_t need = write ? VFIO_DMA_MAP_FLAG_WRITE : VFIO_DMA_MAP_FLAG_READ;
     guint i;
 
-    if (len == 0) {
-        return 0;
-    }
     if (iova + len < iova) {
         return -EFAULT;
     }
@@ -204,6 +204,7 @@ static int dma_access(VnDma *dma, uint64_t iova, void *buf, size_t len, bool wri
     while (len > 0) {
         Entry *e;
         uint64_t off, n;
+        int ret;
 
         if (i >= dma->entries->len) {
             return -EFAULT;
@@ -213,18 +214,43 @@ static int dma_access(VnDma *dma, uint64_t iova, void *buf, size_t len, bool wri
             return -EFAULT;
         }
         off = iova - e->m.iova;
-        n = MIN((uint64_t)len, e->m.size - off);
-        if (write) {
-            memcpy(e->m.host + off, p, n);
-        } else {
-            memcpy(p, e->m.host + off, n);
+        n = MIN(len, e->m.size - off);
+        ret = fn(e->m.host + off, n, opaque);
+        if (ret < 0) {
+            return ret;
         }
-        p += n;
         iova += n;
         len -= n;
         i++;
     }
     return 0;
+}
+
+typedef struct Copy {
+    uint8_t *p;
+    bool write;
+} Copy;
+
+static int copy_piece(uint8_t *host, uint64_t n, void *opaque)
+{
+    Copy *c = opaque;
+
+    if (c->write) {
+        memcpy(host, c->p, n);
+    } else {
+        memcpy(c->p, host, n);
+    }
+    c->p += n;
+    return 0;
+}
+
+/* Copy @len bytes at @iova to or from @buf; the read lock is held. */
+static int dma_access(VnDma *dma, uint64_t iova, void *buf, size_t len, bool write)
+{
+    Copy c = { .p = buf, .write = write };
+
+    return walk(dma, iova, len, write ? VFIO_DMA_MAP_FLAG_WRITE : VFIO_DMA_MAP_FLAG_READ,
+                copy_piece, &c);
 }
 
 int vn_dma_read(VnDma *dma, uint64_t iova, void *buf, size_t len)
@@ -247,43 +273,35 @@ int vn_dma_write(VnDma *dma, uint64_t iova, const void *buf, size_t len)
     return ret;
 }
 
+typedef struct Iov {
+    struct iovec *iov;
+    unsigned max;
+    unsigned *count;
+} Iov;
+
+/* One piece onto the iovec, merged with the last one where they touch. */
+static int iov_piece(uint8_t *host, uint64_t n, void *opaque)
+{
+    Iov *v = opaque;
+    struct iovec *last = *v->count > 0 ? &v->iov[*v->count - 1] : NULL;
+
+    if (last != NULL && (uint8_t *)last->iov_base + last->iov_len == host) {
+        last->iov_len += n;
+    } else if (*v->count >= v->max) {
+        return -E2BIG;
+    } else {
+        v->iov[(*v->count)++] = (struct iovec){ .iov_base = host, .iov_len = n };
+    }
+    return 0;
+}
+
 /* Append the host pieces of [iova, iova + len) to @iov; the read lock is held. */
 static int range_iov(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need,
                      struct iovec *iov, unsigned max_iov, unsigned *count)
 {
-    guint i;
+    Iov v = { .iov = iov, .max = max_iov, .count = count };
 
-    if (iova + len < iova) {
-        return -EFAULT;
-    }
-    i = lower_bound(dma, iova);
-    while (len > 0) {
-        Entry *e;
-        uint64_t off, n;
-        uint8_t *host;
-
-        if (i >= dma->entries->len) {
-            return -EFAULT;
-        }
-        e = &g_array_index(dma->entries, Entry, i);
-        if (e->m.iova > iova || e->m.host == NULL || !(e->m.prot & need)) {
-            return -EFAULT;
-        }
-        off = iova - e->m.iova;
-        n = MIN(len, e->m.size - off);
-        host = e->m.host + off;
-        if (*count > 0 && (uint8_t *)iov[*count - 1].iov_base + iov[*count - 1].iov_len == host) {
-            iov[*count - 1].iov_len += n;
-        } else if (*count >= max_iov) {
-            return -E2BIG;
-        } else {
-            iov[(*count)++] = (struct iovec){ .iov_base = host, .iov_len = n };
-        }
-        iova += n;
-        len -= n;
-        i++;
-    }
-    return 0;
+    return walk(dma, iova, len, need, iov_piece, &v);
 }
 
 int vn_dma_iov_call(VnDma *dma, const VnDmaRange *ranges, unsigned n, bool to_guest,
