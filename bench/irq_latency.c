@@ -31,6 +31,7 @@
  * each with signal and rtt p50/p99 and the per-round signal p50s.
  */
 #include "bench-stats.h"
+#include "common/peerfd.h"
 #include "common/util.h"
 #include "vfio-user/client.h"
 
@@ -126,9 +127,11 @@ static int side_open(Side *s, size_t samples)
         fprintf(stderr, "irq_latency: %s\n", error->message);
         return -1;
     }
-    memfd = memfd_create("irq-bench-ram", MFD_CLOEXEC);
-    if (memfd < 0 || ftruncate(memfd, RAM_SIZE) < 0) {
-        return fail(s, "memfd", errno);
+    /* Sealed as QEMU's memory-backend-memfd seals guest RAM: servers refuse
+     * memory that could shrink under them (common/peerfd.h). */
+    memfd = vn_peerfd_memfd_new("irq-bench-ram", RAM_SIZE);
+    if (memfd < 0) {
+        return fail(s, "memfd", -memfd);
     }
     s->ram = mmap(NULL, RAM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     if (s->ram == MAP_FAILED) {
