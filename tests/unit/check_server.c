@@ -736,6 +736,7 @@ START_TEST(test_client_stall_late_reply)
     vn_client_stats(c, &st);
     ck_assert_uint_eq(st.timeouts, 1);
     ck_assert_uint_eq(st.awaiting, 1);
+    ck_assert(st.stalled);
     ck_assert_int_eq(h.timed_out, 1);
     g_atomic_int_set(&reset_stall_ms, 0);
     g_usleep(500 * 1000);        /* the reset's answer is in the socket now */
@@ -746,6 +747,7 @@ START_TEST(test_client_stall_late_reply)
     vn_client_stats(c, &st);
     ck_assert_uint_eq(st.late_replies, 1);
     ck_assert_uint_eq(st.awaiting, 0);
+    ck_assert(!st.stalled);
     ck_assert_int_eq(h.late, 1);
     ck_assert_uint_eq(h.cmd, VN_CMD_DEVICE_RESET);
 }

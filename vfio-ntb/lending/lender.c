@@ -703,11 +703,13 @@ void vn_lender_stats(VnLender *l, VnLenderStats *out)
     *out = l->stats;
     out->windows = l->windows->len;
     out->device_awaiting = 0;
+    out->device_stalled = false;
     if (l->client != NULL) {
         VnClientStats cs;
 
         vn_client_stats(l->client, &cs);
         out->device_awaiting = cs.awaiting;
+        out->device_stalled = cs.stalled;
     }
 }
 
@@ -719,7 +721,7 @@ const char *vn_lender_device_state(VnLender *l)
         return "not connected";
     }
     vn_lender_stats(l, &st);
-    return st.device_awaiting > 0 ? "stalled (commands unanswered)" : "answering";
+    return st.device_stalled ? "stalled (its last command got no answer)" : "answering";
 }
 
 const char *vn_lender_last_stall(VnLender *l)

@@ -50,7 +50,8 @@ typedef struct VnLenderStats {
     uint64_t fences;          /* borrower losses and detaches cleaned up */
     uint64_t device_timeouts; /* commands the device server did not answer in time */
     uint64_t device_late;     /* answers to those that came later (dropped) */
-    uint32_t device_awaiting; /* timed-out commands still unanswered: it stalls now */
+    uint32_t device_awaiting; /* timed-out commands whose answers may still come */
+    bool device_stalled;      /* the last command timed out, none answered since */
     uint32_t windows;         /* fabric windows mapped now */
 } VnLenderStats;
 
@@ -78,7 +79,8 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token);
 void vn_lender_peer_down(VnLender *l, const char *peer);
 
 void vn_lender_stats(VnLender *l, VnLenderStats *out);
-/* "answering", "stalled (commands unanswered)" or "not connected" (not lent). */
+/* "answering", "stalled (its last command got no answer)" or "not connected"
+ * (not lent). */
 const char *vn_lender_device_state(VnLender *l);
 /* The device server's last stall and how it ended, or NULL: never stalled. */
 const char *vn_lender_last_stall(VnLender *l);

@@ -55,6 +55,7 @@ static void late_add(VnClient *c, uint16_t id, uint16_t cmd, uint64_t sent_ns)
     c->late[c->nlate].sent_ns = sent_ns;
     c->nlate++;
     c->stats.timeouts++;
+    c->stats.stalled = true;
     observe(c, VN_CLIENT_TIMED_OUT, cmd, c->timeout_ms);
 }
 
@@ -133,6 +134,7 @@ static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *
         }
         break;
     }
+    c->stats.stalled = false;   /* it answered; older answers may still come */
     if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_REPLY || hdr.id != req.id ||
         hdr.cmd != req.cmd) {
         vn_transport_msg_clear(reply);

@@ -35,6 +35,7 @@ typedef struct VnClientStats {
     uint64_t timeouts;       /* requests that got no reply in time */
     uint64_t late_replies;   /* replies that came after that, dropped */
     uint32_t awaiting;       /* timed-out requests not answered yet */
+    bool stalled;            /* the last request timed out: nothing answered since */
 } VnClientStats;
 
 typedef enum VnClientEvent {
