@@ -14,11 +14,32 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Samples one bench takes at most per side: 16 MiB of uint64_t. */
 #define VN_BENCH_MAX_SAMPLES 2000000
+/* Rounds of an A/B bench at most (per-round results are kept in arrays). */
+#define VN_BENCH_MAX_ROUNDS 64
+
+/*
+ * The optional [ROUNDS] [SAMPLES] that follow an A/B bench's two sockets
+ * (argv[3], argv[4]), with its defaults; false after saying what is allowed.
+ */
+static inline bool vn_bench_args(int argc, char **argv, const char *name, int def_rounds,
+                                 int def_samples, int *rounds, int *samples)
+{
+    *rounds = argc > 3 ? atoi(argv[3]) : def_rounds;
+    *samples = argc > 4 ? atoi(argv[4]) : def_samples;
+    if (*rounds < 1 || *rounds > VN_BENCH_MAX_ROUNDS || *samples < 10 ||
+        (uint64_t)*samples * (uint64_t)*rounds > VN_BENCH_MAX_SAMPLES) {
+        fprintf(stderr, "%s: ROUNDS 1..%d, SAMPLES >= 10, at most %d in all\n", name,
+                VN_BENCH_MAX_ROUNDS, VN_BENCH_MAX_SAMPLES);
+        return false;
+    }
+    return true;
+}
 
 static inline int vn_bench_cmp_u64(const void *a, const void *b)
 {

@@ -22,9 +22,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-/* Rounds at most: the JSON line stays short. */
-#define MAX_ROUNDS 64
-
 static int run(VnClient *c, uint64_t *lat, int n)
 {
     uint32_t v;
@@ -47,7 +44,7 @@ int main(int argc, char **argv)
     VnClient *c[2] = { NULL, NULL };
     int rounds, n;
     uint64_t *all[2] = { NULL, NULL };
-    uint64_t p50[2][MAX_ROUNDS];
+    uint64_t p50[2][VN_BENCH_MAX_ROUNDS];
     double ratio_min = 0, ratio_max = 0;
     GString *out;
 
@@ -56,12 +53,7 @@ int main(int argc, char **argv)
                         "[SAMPLES]\n");
         return 2;
     }
-    rounds = argc > 3 ? atoi(argv[3]) : 4;
-    n = argc > 4 ? atoi(argv[4]) : 2000;
-    if (rounds < 1 || rounds > MAX_ROUNDS || n < 10 ||
-        (uint64_t)n * (uint64_t)rounds > VN_BENCH_MAX_SAMPLES) {
-        fprintf(stderr, "forwarded_access: ROUNDS 1..%d, SAMPLES >= 10, at most %d in all\n",
-                MAX_ROUNDS, VN_BENCH_MAX_SAMPLES);
+    if (!vn_bench_args(argc, argv, "forwarded_access", 4, 2000, &rounds, &n)) {
         return 2;
     }
     for (int s = 0; s < 2; s++) {

@@ -44,7 +44,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_ROUNDS 64
 /* Guest RAM: the admin SQ and CQ pages at a page-aligned IOVA. */
 #define RAM_IOVA 0x40000000ull
 #define RAM_SIZE (64u * 1024u)
@@ -65,7 +64,7 @@ typedef struct Side {
     uint32_t tail, head;
     unsigned phase;
     uint64_t *signal, *rtt;
-    uint64_t round_p50[MAX_ROUNDS];
+    uint64_t round_p50[VN_BENCH_MAX_ROUNDS];
 } Side;
 
 static int fail(const Side *s, const char *what, int err)
@@ -253,12 +252,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: irq_latency SOCKET_A SOCKET_B [ROUNDS] [SAMPLES]\n");
         return 2;
     }
-    rounds = argc > 3 ? atoi(argv[3]) : 4;
-    n = argc > 4 ? atoi(argv[4]) : 1000;
-    if (rounds < 1 || rounds > MAX_ROUNDS || n < 10 ||
-        (uint64_t)n * (uint64_t)rounds > VN_BENCH_MAX_SAMPLES) {
-        fprintf(stderr, "irq_latency: ROUNDS 1..%d, SAMPLES >= 10, at most %d in all\n",
-                MAX_ROUNDS, VN_BENCH_MAX_SAMPLES);
+    if (!vn_bench_args(argc, argv, "irq_latency", 4, 1000, &rounds, &n)) {
         return 2;
     }
     total = (size_t)n * (size_t)rounds;
