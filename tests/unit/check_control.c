@@ -150,6 +150,71 @@ START_TEST(test_bad_requests)
 }
 END_TEST
 
+/* ---- the socket's path --------------------------------------------------- */
+
+static int listen_at(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(fd, 1), 0);
+    return fd;
+}
+
+/* A live daemon's socket is not taken over: refused, and it still answers.
+ * (It was unlinked and replaced, leaving the first daemon unreachable.) */
+START_TEST(test_live_socket_refused)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *dir = g_dir_make_tmp("vn-check-control-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "control.sock", NULL);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    VnConfig conf = { .node = (char *)"hosta" };
+    VnDaemon d = { .conf = &conf };
+    int live = listen_at(path);
+    int probe;
+
+    ck_assert_ptr_null(vn_control_new(&d, path, &error));
+    ck_assert_msg(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE), "%s",
+                  error ? error->message : "accepted");
+    ck_assert_ptr_nonnull(strstr(error->message, "a running vfio-ntbd answers"));
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_eq(connect(probe, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    close(probe);
+    close(live);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* A dead daemon's socket (the file, no listener) is replaced; a file that is
+ * not a socket is left alone and refused. */
+START_TEST(test_stale_socket_replaced_file_refused)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *dir = g_dir_make_tmp("vn-check-control-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "control.sock", NULL);
+    VnConfig conf = { .node = (char *)"hosta" };
+    VnDaemon d = { .conf = &conf };
+    VnControl *ctl;
+
+    close(listen_at(path));     /* the file stays, nobody listens */
+    ctl = vn_control_new(&d, path, &error);
+    ck_assert_msg(ctl != NULL, "%s", error ? error->message : "");
+    vn_control_free(ctl);
+    ck_assert(g_file_set_contents(path, "not a socket", -1, NULL));
+    ck_assert_ptr_null(vn_control_new(&d, path, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_EXISTS));
+    ck_assert(g_file_test(path, G_FILE_TEST_IS_REGULAR));
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("control");
@@ -157,6 +222,11 @@ int main(void)
 
     tcase_add_test(tc, test_empty_return_frees);
     tcase_add_test(tc, test_bad_requests);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("path");
+    tcase_add_test(tc, test_live_socket_refused);
+    tcase_add_test(tc, test_stale_socket_replaced_file_refused);
     suite_add_tcase(s, tc);
     return vn_check_main(s);
 }

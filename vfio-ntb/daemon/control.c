@@ -340,6 +340,47 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+bool vn_control_path_free(const char *path, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct stat st;
+    int fd, ret, e;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "control socket %s: path too long", path);
+        return false;
+    }
+    if (lstat(path, &st) < 0) {
+        return true;                /* nothing there (or unreadable: bind will say) */
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                    "control socket %s: exists and is not a socket; not replacing it", path);
+        return false;
+    }
+    /* A listener answers a connect at once (even with a full backlog: EAGAIN);
+     * a socket file left by a dead daemon refuses it. */
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        e = errno;
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s",
+                    path, g_strerror(e));
+        return false;
+    }
+    ret = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    e = errno;
+    close(fd);
+    if (ret == 0 || e == EAGAIN || e == EINPROGRESS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE,
+                    "control socket %s: a running vfio-ntbd answers on it; "
+                    "not starting a second one", path);
+        return false;
+    }
+    return true;
+}
+
 VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -358,7 +399,11 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error)
                     "control socket %s: %s", path, g_strerror(errno));
         return NULL;
     }
-    /* A socket left by a dead daemon: nobody answers on it. */
+    /* A socket left by a dead daemon (nobody answers on it) is replaced; a
+     * live daemon's is not. */
+    if (!vn_control_path_free(path, error)) {
+        return NULL;
+    }
     unlink(path);
     strcpy(addr.sun_path, path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

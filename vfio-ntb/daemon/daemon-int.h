@@ -133,6 +133,10 @@ enum {
 #define VN_ERR_UNREACHABLE "NodeUnreachable"
 #define VN_ERR_GENERIC "GenericError"
 
+/* False (G_IO_ERROR_ADDRESS_IN_USE) when a live daemon answers on @path, or
+ * G_IO_ERROR_EXISTS when @path is not a socket; true when it is free or a
+ * dead daemon's socket, which vn_control_new() replaces. */
+bool vn_control_path_free(const char *path, GError **error);
 VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error);
 void vn_control_free(VnControl *c);
 /* Answer a request (takes @value; NULL means {}), or fail it.  Each reply

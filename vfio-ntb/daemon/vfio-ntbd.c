@@ -406,6 +406,11 @@ static void remote_free(gpointer p)
 
 static bool daemon_start(VnDaemon *d, GError **error)
 {
+    /* Before anything else: a second daemon on a live one's control socket
+     * must not join the fabric under its name, nor take the socket over. */
+    if (!vn_control_path_free(d->conf->control_socket, error)) {
+        return false;
+    }
     d->local = g_ptr_array_new_with_free_func(local_free);
     d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_borrowed_free);
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
