@@ -24,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 19
+EXPECTED_RESULTS = 20
 
 DEV = "hosta/nvme0"
 
@@ -444,6 +444,24 @@ def test_daemon_restart_with_running_guest(cl):
     return ok & result("detach-after-restart", cl.state()["state"] == "available")
 
 
+def test_detach_saved(cl):
+    """A detach is in the state file at once: a daemon restarted after it must not find the
+    stopped worker there (and adopt whatever process has its pid by then)."""
+    cl.ctl("hostb").execute("attach", device=DEV, domain="vm5")
+    path = cl.d["hostb"].state_dir / "state.json"
+
+    def worker_recorded():
+        held = [e for e in json.loads(path.read_text()).get("borrowed", [])
+                if e.get("lender") == "hosta" and e.get("name") == DEV.split("/")[1]]
+        return bool(held) and "worker" in held[0]
+    before = worker_recorded()
+    cl.ctl("hostb").execute("detach", device=DEV)
+    after = worker_recorded()
+    cl.ctl("hostb").execute("return", device=DEV)
+    return result("detach-saved", before and not after, worker_before=before,
+                  worker_after=after)
+
+
 def test_guest_on_attached_device(cl):
     r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
     q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
@@ -463,7 +481,8 @@ def main():
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
              test_lend_unlend, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
-             test_guest_on_attached_device, test_daemon_restart_with_running_guest)
+             test_guest_on_attached_device, test_daemon_restart_with_running_guest,
+             test_detach_saved)
     with h.Procs() as procs:
         try:
             cl = Cluster(procs)

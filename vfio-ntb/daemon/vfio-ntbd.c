@@ -52,6 +52,8 @@ VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
 
 void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
 {
+    g_autoptr(GError) error = NULL;
+
     if (b->worker_pid <= 0) {
         return;
     }
@@ -60,6 +62,10 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);
+    /* At once: a restart must not find the stopped worker's pid to adopt. */
+    if (!vn_state_save(d, &error)) {
+        g_warning("node %s: %s", d->conf->node, error->message);
+    }
 }
 
 bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
