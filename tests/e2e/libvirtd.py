@@ -137,9 +137,14 @@ class _DomainProc:
         self.lv, self.name, self.returncode = lv, name, None
 
     def poll(self):
+        """0 once libvirt says the domain stopped (shut off, crashed, or gone when it was
+        transient).  A virsh call that fails for another reason (libvirtd busy) says nothing:
+        taking its empty answer for "stopped" ended waits while the guest still wrote."""
         if self.returncode is None:
-            st = self.lv.virsh("domstate", self.name, check=False).stdout.strip()
-            if st not in ("running", "paused", "in shutdown"):
+            p = self.lv.virsh("domstate", self.name, check=False)
+            st = p.stdout.strip()
+            gone = p.returncode != 0 and "failed to get domain" in p.stderr
+            if gone or (p.returncode == 0 and st in ("shut off", "crashed")):
                 self.returncode = 0
         return self.returncode
 
