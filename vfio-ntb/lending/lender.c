@@ -702,13 +702,11 @@ void vn_lender_stats(VnLender *l, VnLenderStats *out)
 {
     *out = l->stats;
     out->windows = l->windows->len;
-    out->device_awaiting = 0;
     out->device_stalled = false;
     if (l->client != NULL) {
         VnClientStats cs;
 
         vn_client_stats(l->client, &cs);
-        out->device_awaiting = cs.awaiting;
         out->device_stalled = cs.stalled;
     }
 }

@@ -50,7 +50,6 @@ typedef struct VnLenderStats {
     uint64_t fences;          /* borrower losses and detaches cleaned up */
     uint64_t device_timeouts; /* commands the device server did not answer in time */
     uint64_t device_late;     /* answers to those that came later (dropped) */
-    uint32_t device_awaiting; /* timed-out commands whose answers may still come */
     bool device_stalled;      /* the last command timed out, none answered since */
     uint32_t windows;         /* fabric windows mapped now */
 } VnLenderStats;
