@@ -536,8 +536,19 @@ class Qemu:
         while self.run.done is None or self.proc.poll() is None:
             self.poll()
             if self.proc.poll() is not None and self.run.done is None:
-                self.poll()
-                raise HarnessError(f"QEMU exited ({self.proc.returncode}) without VNDONE\n"
+                # The serial log may lag the exit we were told of (libvirt's domain state
+                # comes from another process): give the last bytes a moment to arrive.
+                read = self._serial_pos
+                deadline = time.monotonic() + 3.0
+                while self.run.done is None and time.monotonic() < deadline:
+                    self.poll()
+                    time.sleep(0.1)
+                if self.run.done is not None:
+                    print(f"note: VNDONE arrived after the exit was seen (serial log grew "
+                          f"from {read} to {self._serial_pos} bytes)", file=sys.stderr)
+                    continue
+                raise HarnessError(f"QEMU exited ({self.proc.returncode}) without VNDONE "
+                                   f"(serial log read to byte {self._serial_pos})\n"
                                    f"{self.diagnostics()}")
             if self.run.done is not None and self.proc.poll() is None:
                 # Power-off follows VNDONE within a second; allow a little slack.
@@ -562,7 +573,8 @@ class Qemu:
     def diagnostics(self):
         serial = self.serial_path.read_text(errors="replace") if self.serial_path.exists() else ""
         err = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-        return f"--- serial (tail) ---\n{_tail(serial)}\n--- qemu stderr (tail) ---\n{_tail(err)}"
+        return (f"--- serial (tail; {len(serial.encode())} bytes) ---\n{_tail(serial)}\n"
+                f"--- qemu stderr (tail) ---\n{_tail(err)}")
 
 
 def _tail(s, n=25):
