@@ -1,14 +1,16 @@
 /*
  * Daemon to daemon: who is there, what they lend, and leases.
  *
- * Every node announces its lendable devices (state, borrower, lease) to
- * every linked peer every VN_DAEMON_HEARTBEAT_MS and on each change; peers
- * are found through the fabric (vn_fabric_discover) on the same beat.  A
- * lease is granted by the lending node alone, one request at a time from its
- * main loop, so of concurrent BORROWs exactly one wins.  A lease ends when
- * the borrower returns it, when the lender revokes it (after a grace period
- * in which a cooperative borrower lets go), or when the borrower's link
- * goes down (its daemon died): the lender then fences the device.
+ * Every node announces its lendable devices (state, borrower, lease) and
+ * the leases it holds to every linked peer every VN_DAEMON_ANNOUNCE_EVERY
+ * beats and on each change; peers are found through the fabric
+ * (vn_fabric_discover) every VN_DAEMON_HEARTBEAT_MS.  A lease is granted by
+ * the lending node alone, one request at a time from its main loop, so of
+ * concurrent BORROWs exactly one wins.  The lease itself is leases.c's state
+ * machine: it ends when the borrower returns it, stops claiming it, or does
+ * not come back in time, or when the lender revokes it; this file's
+ * listener (vn_cluster_on_lease) then fences the device, answers the revoke,
+ * announces and emits the event.
  *
  * Peers are untrusted: every field of their messages is checked, and a node
  * can only return or hold a lease that is its own.
@@ -69,11 +71,7 @@ static void emit(VnDaemon *d, const char *event, const char *device, uint64_t le
 
 static void save(VnDaemon *d)
 {
-    g_autoptr(GError) error = NULL;
-
-    if (!vn_state_save(d, &error)) {
-        g_warning("node %s: %s", d->conf->node, error->message);
-    }
+    vn_state_save_or_report(d);
 }
 
 /* ---- announcements ---- */
@@ -90,21 +88,22 @@ static char *announcement(VnDaemon *d)
     json_builder_begin_array(b);
     for (guint i = 0; i < d->local->len; i++) {
         VnLocalDevice *ld = d->local->pdata[i];
+        bool lent = vn_lease_lent(ld->lease);
 
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "name");
         json_builder_add_string_value(b, ld->conf->name);
         json_builder_set_member_name(b, "state");
-        json_builder_add_string_value(b, ld->borrower ? "lent" : "available");
+        json_builder_add_string_value(b, lent ? "lent" : "available");
         json_builder_set_member_name(b, "borrower");
-        if (ld->borrower) {
-            json_builder_add_string_value(b, ld->borrower);
+        if (lent) {
+            json_builder_add_string_value(b, ld->lease->holder);
         } else {
             json_builder_add_null_value(b);
         }
         json_builder_set_member_name(b, "lease");
-        if (ld->borrower) {
-            json_builder_add_int_value(b, (gint64)ld->lease);
+        if (lent) {
+            json_builder_add_int_value(b, (gint64)ld->lease->id);
         } else {
             json_builder_add_null_value(b);
         }
@@ -133,17 +132,26 @@ static char *announcement(VnDaemon *d)
     return json_to_string(root, FALSE);
 }
 
-/* Does @peer's announcement claim lease @lease on our device @name? */
-static bool claims(VnDaemon *d, JsonObject *o, const char *name, uint64_t lease)
+/* An announcement being judged (claims()). */
+typedef struct Claims {
+    VnDaemon *d;
+    JsonObject *o;
+} Claims;
+
+/* Does a peer's announcement claim lease @lease on our device @name?  Its
+ * holds list was bounded by announcement_valid(). */
+static bool claims(void *opaque, const char *name, uint64_t lease)
 {
-    JsonNode *hn = json_object_get_member(o, "holds");
+    Claims *c = opaque;
+    VnDaemon *d = c->d;
+    JsonNode *hn = json_object_get_member(c->o, "holds");
     JsonArray *a;
 
     if (hn == NULL || !JSON_NODE_HOLDS_ARRAY(hn)) {
         return false;
     }
     a = json_node_get_array(hn);
-    for (guint i = 0; i < json_array_get_length(a) && i < VN_CONF_MAX_DEVICES; i++) {
+    for (guint i = 0; i < json_array_get_length(a); i++) {
         JsonNode *e = json_array_get_element(a, i);
         const char *lender, *n;
         uint64_t l;
@@ -228,10 +236,42 @@ static void announce_to(VnDaemon *d, const char *peer)
     vn_fabric_event(d->fab, peer, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
 }
 
-static VnRemoteNode *node_get(VnDaemon *d, const char *name)
+/* Forget hosts whose link has been down longer than @older_than_us, or,
+ * with @one, the one down longest (to make room). */
+static void nodes_forget(VnDaemon *d, gint64 older_than_us, bool one)
+{
+    gint64 now = g_get_monotonic_time();
+    VnRemoteNode *oldest = NULL;
+    GHashTableIter it;
+    VnRemoteNode *n;
+
+    g_hash_table_iter_init(&it, d->nodes);
+    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        if (n->link_up) {
+            continue;
+        }
+        if (!one && now - n->down_since_us > older_than_us) {
+            g_info("node %s: forgetting %s (link down %" G_GINT64_FORMAT " s)", d->conf->node,
+                   n->name, (now - n->down_since_us) / G_USEC_PER_SEC);
+            g_hash_table_iter_remove(&it);
+        } else if (one && (oldest == NULL || n->down_since_us < oldest->down_since_us)) {
+            oldest = n;
+        }
+    }
+    if (oldest != NULL) {
+        g_hash_table_remove(d->nodes, oldest->name);
+    }
+}
+
+/* The entry of a host that announced itself (new if need be), or NULL when
+ * the table is full of live hosts. */
+static VnRemoteNode *node_announced(VnDaemon *d, const char *name)
 {
     VnRemoteNode *n = g_hash_table_lookup(d->nodes, name);
 
+    if (n == NULL && g_hash_table_size(d->nodes) >= VN_FABRIC_MAX_PEERS) {
+        nodes_forget(d, 0, true);
+    }
     if (n == NULL && g_hash_table_size(d->nodes) < VN_FABRIC_MAX_PEERS) {
         n = g_new0(VnRemoteNode, 1);
         n->name = g_strdup(name);
@@ -253,15 +293,8 @@ static gboolean on_heartbeat(gpointer data)
             vn_fabric_connect(d->fab, peer, NULL);
         }
     }
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-        gint64 now = g_get_monotonic_time();
-
-        if (ld->borrower != NULL && ld->orphan_since_us != 0 &&
-            now - ld->orphan_since_us > (gint64)d->conf->lease_timeout_ms * 1000) {
-            vn_cluster_lease_end(d, ld, "the borrower did not come back");
-        }
-    }
+    vn_leases_tick(d->leases, g_get_monotonic_time());
+    nodes_forget(d, (gint64)VN_DAEMON_FORGET_NODE_MS * 1000, false);
     /* Changes are announced when they happen; the periodic one only heals
      * what a lost message left behind, so it need not be every beat: with n
      * daemons each one costs n - 1 messages. */
@@ -279,14 +312,23 @@ void vn_cluster_start(VnDaemon *d)
 }
 
 /* An announcement's devices are kept as sent, after checking their shape:
- * a node reports its own devices only, with bounded names and counts. */
+ * a node reports its own devices only, with bounded names and counts.  Its
+ * holds are bounded too: a node holds at most VN_CONF_MAX_DEVICES leases
+ * (vn_cluster_borrow), and a longer list is not read in part -- a lease past
+ * the part read would look given up. */
 static bool announcement_valid(JsonObject *o, const char *peer)
 {
     const char *node = vn_util_json_string(o, "node");
     JsonNode *devs = json_object_get_member(o, "devices");
+    JsonNode *holds = json_object_get_member(o, "holds");
     JsonArray *a;
 
     if (node == NULL || strcmp(node, peer) != 0 || devs == NULL || !JSON_NODE_HOLDS_ARRAY(devs)) {
+        return false;
+    }
+    if (holds != NULL && (!JSON_NODE_HOLDS_ARRAY(holds) ||
+                          json_array_get_length(json_node_get_array(holds)) >
+                          VN_CONF_MAX_DEVICES)) {
         return false;
     }
     a = json_node_get_array(devs);
@@ -363,8 +405,15 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         return;
     }
     if (msg->type == VN_CLUSTER_ANNOUNCE) {
-        if (!announcement_valid(o, msg->peer) || (n = node_get(d, msg->peer)) == NULL) {
+        Claims c = { .d = d, .o = o };
+
+        if (!announcement_valid(o, msg->peer)) {
             g_info("node %s: bad announcement from %s ignored", d->conf->node, msg->peer);
+            return;
+        }
+        if ((n = node_announced(d, msg->peer)) == NULL) {
+            g_info("node %s: announcement from %s ignored: %u hosts are up already",
+                   d->conf->node, msg->peer, VN_FABRIC_MAX_PEERS);
             return;
         }
         if (n->devices != NULL) {
@@ -372,21 +421,7 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
         }
         n->devices = json_node_copy(json_object_get_member(o, "devices"));
         n->link_up = true;
-        for (guint i = 0; i < d->local->len; i++) {
-            VnLocalDevice *ld = d->local->pdata[i];
-
-            if (ld->borrower == NULL || strcmp(ld->borrower, msg->peer) != 0) {
-                continue;
-            }
-            /* Only a lease in doubt is judged by announcements: a fresh
-             * grant may cross an announcement built before it. */
-            if (claims(d, o, ld->conf->name, ld->lease)) {
-                ld->orphan_since_us = 0;
-                ld->unconfirmed = false;
-            } else if (ld->unconfirmed || ld->orphan_since_us != 0) {
-                vn_cluster_lease_end(d, ld, "the borrower no longer holds it");
-            }
-        }
+        vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
         reconcile_held(d, msg->peer, json_object_get_member(o, "devices"));
     } else if (msg->type == VN_CLUSTER_REVOKE) {
         g_autofree char *device = NULL;
@@ -419,25 +454,20 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 
 /* ---- leases, lender side ---- */
 
-void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
+/* A lease ended: fence, answer a revoke waiting for it, tell everyone. */
+static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
 {
     g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
-    uint64_t lease = ld->lease;
 
-    if (ld->borrower == NULL) {
-        return;
-    }
     g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
-              d->conf->node, lease, device, ld->borrower, why);
+              d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     /* The lender fences on its own when the borrower's link goes; for a
      * return or a revoke, tell it the borrower is gone now. */
-    vn_lender_peer_down(ld->lender, ld->borrower);
+    vn_lender_peer_down(ld->lender, ch->old_holder);
     if (ld->worker != NULL) {
         vn_lender_peer_down(ld->lender, ld->worker);
     }
     g_clear_pointer(&ld->worker, g_free);
-    g_clear_pointer(&ld->borrower, g_free);
-    ld->lease = 0;
     if (ld->revoke_timer != 0) {
         g_source_remove(ld->revoke_timer);
         ld->revoke_timer = 0;
@@ -447,17 +477,46 @@ void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why)
 
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "forced");
-        json_builder_add_boolean_value(b, strcmp(why, "revoked, grace period over") == 0);
+        json_builder_add_boolean_value(b, ch->end == VN_LEASE_END_REVOKED);
         json_builder_end_object(b);
         vn_control_return(ld->revoke_reply, json_builder_get_root(b));
         ld->revoke_reply = NULL;
     }
-    emit(d, strcmp(why, "returned") == 0 ? "LEASE_RETURNED" : "LEASE_EXPIRED", device, lease,
-         NULL);
-    save(d);
+    emit(d, ch->end == VN_LEASE_END_RETURNED ? "LEASE_RETURNED" : "LEASE_EXPIRED", device,
+         ch->old_id, NULL);
     /* At once: a third party about to take the device (a reassign) must see
      * it free; a grant not yet announced makes this a no-op. */
     vn_cluster_announce_changed(d);
+}
+
+void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
+{
+    VnDaemon *d = opaque;
+    VnLocalDevice *ld = ch->lease->opaque;
+
+    switch (ch->lease->state) {
+    case VN_LEASE_FREE:
+        lease_ended(d, ld, ch);
+        break;
+    case VN_LEASE_GRANTED:
+        g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
+                  ld->conf->name, ch->lease->holder, ch->lease->id);
+        vn_cluster_announce_soon(d);
+        break;
+    case VN_LEASE_ORPHANED:
+        g_message("node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
+                  "expires in %u ms unless it comes back", d->conf->node, ch->lease->holder,
+                  ch->lease->id, ld->conf->name, d->conf->lease_timeout_ms);
+        break;
+    case VN_LEASE_HELD:
+        if (ch->from == VN_LEASE_ORPHANED || ch->from == VN_LEASE_RESTORED) {
+            g_message("node %s: %s claims lease %" G_GUINT64_FORMAT " on %s again",
+                      d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name);
+        }
+        break;
+    default:
+        break;
+    }
 }
 
 static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
@@ -499,38 +558,29 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, msg->peer, acl);
             return;
         }
-        if (ld->borrower != NULL) {
+        if (!vn_leases_grant(d->leases, ld->lease, msg->peer, g_get_monotonic_time())) {
             reply_err(d, token, EBUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
-                      "); use `ntbctl revoke %s/%s` on %s", d->conf->node, name, ld->borrower,
-                      ld->lease, d->conf->node, name, d->conf->node);
+                      "); use `ntbctl revoke %s/%s` on %s", d->conf->node, name,
+                      ld->lease->holder, ld->lease->id, d->conf->node, name, d->conf->node);
             return;
         }
-        ld->borrower = g_strdup(msg->peer);
-        ld->lease = ++d->next_lease;
-        ld->unconfirmed = false;
-        ld->orphan_since_us = 0;
-        save(d);
-        g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, name,
-                  msg->peer, ld->lease);
-        json = g_strdup_printf("{\"lease\":%" G_GUINT64_FORMAT "}", ld->lease);
+        json = g_strdup_printf("{\"lease\":%" G_GUINT64_FORMAT "}", ld->lease->id);
         vn_fabric_reply(d->fab, token, json, NULL, 0, NULL, 0);
-        vn_cluster_announce_soon(d);
         return;
     case VN_CLUSTER_RETURN:
-        if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||
-            strcmp(ld->borrower, msg->peer) != 0 || ld->lease != lease) {
+        if (!uint_member(o, "lease", &lease) ||
+            !vn_leases_return(d->leases, ld->lease, msg->peer, lease)) {
             reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
                       d->conf->node, name, lease, msg->peer);
             return;
         }
-        vn_cluster_lease_end(d, ld, "returned");
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
     case VN_CLUSTER_AUTHORIZE: {
         const char *worker = vn_util_json_string(o, "worker");
 
-        if (!uint_member(o, "lease", &lease) || ld->borrower == NULL ||
-            strcmp(ld->borrower, msg->peer) != 0 || ld->lease != lease) {
+        if (!uint_member(o, "lease", &lease) || !vn_lease_lent(ld->lease) ||
+            strcmp(ld->lease->holder, msg->peer) != 0 || ld->lease->id != lease) {
             reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
                       d->conf->node, name, lease, msg->peer);
             return;
@@ -564,7 +614,7 @@ static gboolean on_grace_over(gpointer data)
     Revoke *rv = data;
 
     rv->ld->revoke_timer = 0;
-    vn_cluster_lease_end(rv->d, rv->ld, "revoked, grace period over");
+    vn_leases_end(rv->d->leases, rv->ld->lease, VN_LEASE_END_REVOKED);
     return G_SOURCE_REMOVE;
 }
 
@@ -573,22 +623,22 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     g_autofree char *json = NULL;
     Revoke *rv;
 
-    if (ld->borrower == NULL) {
+    if (!vn_lease_lent(ld->lease)) {
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node,
                          ld->conf->name);
         return;
     }
-    if (ld->revoke_reply != NULL) {
+    if (!vn_leases_revoke(d->leases, ld->lease, g_get_monotonic_time())) {
         vn_control_error(r, VN_ERR_BUSY, "%s/%s is being revoked already", d->conf->node,
                          ld->conf->name);
         return;
     }
     ld->revoke_reply = r;
     json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT
-                           ",\"grace_ms\":%u}", ld->conf->name, ld->lease, grace_ms);
+                           ",\"grace_ms\":%u}", ld->conf->name, ld->lease->id, grace_ms);
     g_message("node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)",
-              d->conf->node, ld->conf->name, ld->borrower, ld->lease, grace_ms);
-    vn_fabric_event(d->fab, ld->borrower, VN_CLUSTER_REVOKE, json, NULL, 0, NULL, 0);
+              d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
+    vn_fabric_event(d->fab, ld->lease->holder, VN_CLUSTER_REVOKE, json, NULL, 0, NULL, 0);
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
@@ -679,6 +729,8 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     }
     b->lease = lease;
     save(d);
+    /* Our holds changed: the lender judges its grant by our claim of it. */
+    vn_cluster_announce_soon(d);
     finish(p, b, NULL, NULL);
 }
 
@@ -692,6 +744,15 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
 
     *p = (Pending){ .d = d, .lender = g_strdup(lender), .name = g_strdup(name), .done = done,
                     .opaque = opaque };
+    /* Our announcements list every lease held, and a lender reads at most
+     * this many (announcement_valid()). */
+    if (d->borrowed->len >= VN_CONF_MAX_DEVICES) {
+        g_autofree char *why = g_strdup_printf("%s holds %u devices, the most one node may",
+                                               d->conf->node, VN_CONF_MAX_DEVICES);
+
+        finish(p, NULL, VN_ERR_BUSY, why);
+        return;
+    }
     if (!vn_fabric_connect(d->fab, lender, &error)) {
         finish(p, NULL, VN_ERR_UNREACHABLE, error->message);
         return;
@@ -723,7 +784,9 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT "}",
                                             b->name, b->lease);
     Pending *p = g_new0(Pending, 1);
-    bool lost = b->lost;
+    /* A lender that went away and came back (b->lost stays set while the
+     * worker lives) must hear of it too, or it keeps the lease. */
+    bool reachable = vn_fabric_link_up(d->fab, b->lender);
     int ret = 0;
 
     *p = (Pending){ .d = d, .lender = g_strdup(b->lender), .name = g_strdup(b->name),
@@ -734,21 +797,27 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
               b->lease);
     g_ptr_array_remove(d->borrowed, b);
     save(d);
-    if (!lost) {
+    /* Should the RETURN not get there, our next announcement, without the
+     * lease, ends it at the lender all the same. */
+    vn_cluster_announce_soon(d);
+    if (reachable) {
         ret = vn_fabric_request(d->fab, p->lender, VN_CLUSTER_RETURN, json, NULL, 0, NULL, 0,
                                 on_return_reply, p);
     }
-    if (lost || ret < 0) {
-        on_return_reply(p, NULL, lost ? 0 : ret);
+    if (!reachable || ret < 0) {
+        on_return_reply(p, NULL, reachable ? ret : 0);
     }
 }
 
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
 {
-    VnRemoteNode *n = node_get(d, peer);
+    /* Only hosts that announced themselves are in the table: the link of
+     * a worker (never announced) leaves no trace here. */
+    VnRemoteNode *n = g_hash_table_lookup(d->nodes, peer);
 
-    if (n != NULL) {
-        n->link_up = up;
+    if (n != NULL && !up) {
+        n->link_up = false;
+        n->down_since_us = g_get_monotonic_time();
     }
     emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer);
     if (up) {
@@ -758,16 +827,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
     /* Lender side: a borrower's daemon went away.  Its VM's device is
      * fenced now (the lender did that on the link going down); the lease
      * waits lease-timeout-ms for the daemon to come back and claim it. */
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-
-        if (ld->borrower != NULL && strcmp(ld->borrower, peer) == 0) {
-            ld->orphan_since_us = g_get_monotonic_time();
-            g_message("node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
-                      "expires in %u ms unless it comes back", d->conf->node, peer, ld->lease,
-                      ld->conf->name, d->conf->lease_timeout_ms);
-        }
-    }
+    vn_leases_link_down(d->leases, peer, g_get_monotonic_time());
     /* Borrower side: a lender died; its devices are lost. */
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *b = d->borrowed->pdata[i];

@@ -89,8 +89,9 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
         if (only == NULL || strcmp(only, dev) == 0) {
-            add_device(b, d->conf->node, ld->conf->name, ld->borrower ? "lent" : "available",
-                       ld->borrower, ld->lease);
+            add_device(b, d->conf->node, ld->conf->name,
+                       vn_lease_lent(ld->lease) ? "lent" : "available", ld->lease->holder,
+                       ld->lease->id);
         }
     }
     g_hash_table_iter_init(&it, d->nodes);
@@ -498,9 +499,7 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
             b->qmp = g_strdup(at->qmp);
             g_free(b->qdev_id);
             b->qdev_id = g_strdup(at->qdev_id);
-            if (!vn_state_save(d, &error)) {
-                g_warning("node %s: %s", d->conf->node, error->message);
-            }
+            vn_state_save_or_report(d);
             return_lease(at->r, b->device, b->lease, b->socket);
         }
     }
@@ -679,7 +678,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
         return;
     }
-    vn_state_save(d, NULL);
+    vn_state_save_or_report(d);
     vn_cluster_announce(d);
     vn_control_return(r, NULL);
 }
@@ -697,13 +696,14 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_NODEV, "%s lends no device %.64s", d->conf->node, name);
         return;
     }
-    if (ld->borrower != NULL) {
+    if (vn_lease_lent(ld->lease)) {
         vn_control_error(r, VN_ERR_BUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
-                         "); revoke it first", d->conf->node, name, ld->borrower, ld->lease);
+                         "); revoke it first", d->conf->node, name, ld->lease->holder,
+                         ld->lease->id);
         return;
     }
     vn_daemon_unlend(d, ld);
-    vn_state_save(d, NULL);
+    vn_state_save_or_report(d);
     vn_cluster_announce(d);
     vn_control_return(r, NULL);
 }

@@ -5,6 +5,7 @@
  *   control.c     the control socket (framing, dispatch, events)
  *   commands.c    the control commands
  *   cluster.c     daemon-to-daemon protocol: announcements, leases
+ *   leases.c      the lender's lease state machine (no I/O; listeners act)
  *   state.c       persisted state (leases) in the state directory
  *
  * Threads: one GMainContext (the default); every field is the main
@@ -15,6 +16,7 @@
 
 #include "borrower/borrower.h"
 #include "conf.h"
+#include "leases.h"
 #include "lending/lender.h"
 
 #include <glib.h>
@@ -29,12 +31,8 @@ typedef struct VnControlReply VnControlReply;
 typedef struct VnLocalDevice {
     VnLendConf *conf;           /* borrowed from the config */
     VnLender *lender;
-    char *borrower;             /* lease holder, NULL when available */
-    uint64_t lease;
+    VnLease *lease;             /* its lease (d->leases owns it): holder, id, state */
     guint revoke_timer;         /* a revoke waiting out its grace period */
-    gint64 orphan_since_us;     /* the holder's link is down since (0: it is up) */
-    bool unconfirmed;           /* restored from the state file: the holder must
-                                 * claim it in an announcement, or it ends */
     char *worker;               /* the holder's worker node, may reach the device */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
@@ -62,10 +60,13 @@ typedef struct VnBorrowed {
     guint release_timer;        /* vn_daemon_release() waits for the VM */
 } VnBorrowed;
 
-/* What another node announced. */
+/* A host that announced itself (workers never do, so they are never here).
+ * Kept while its link is down, so its devices show as unreachable, until
+ * VN_DAEMON_FORGET_NODE_MS have passed or the table needs the room. */
 typedef struct VnRemoteNode {
     char *name;
     bool link_up;
+    gint64 down_since_us;       /* monotonic, while !link_up */
     JsonNode *devices;          /* the array it announced */
 } VnRemoteNode;
 
@@ -75,7 +76,8 @@ typedef struct VnDaemon {
     GPtrArray *local;           /* VnLocalDevice */
     GPtrArray *borrowed;        /* VnBorrowed */
     GHashTable *nodes;          /* name -> VnRemoteNode */
-    uint64_t next_lease;
+    VnLeases *leases;           /* of the devices in @local */
+    uint64_t save_errors;       /* state saves that failed (reported in query-stats) */
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;
@@ -121,6 +123,9 @@ enum {
  * state file) expires if that daemon is not back and claiming it within
  * [node] lease-timeout-ms (default): a daemon restart keeps its leases. */
 #define VN_DAEMON_LEASE_TIMEOUT_MS 10000
+/* A host whose link went down is listed (its devices unreachable) this long;
+ * then, or when the table is full, it is forgotten until it announces again. */
+#define VN_DAEMON_FORGET_NODE_MS (10 * 60 * 1000)
 
 /* ---- control.c ---- */
 /* Error classes of docs/control.md. */
@@ -178,8 +183,9 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
                        void *opaque);
 void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque);
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
-/* Lender side: the lease ends (returned, revoked, expired); fences. */
-void vn_cluster_lease_end(VnDaemon *d, VnLocalDevice *ld, const char *why);
+/* The lease listener that fences, answers revokes, announces and emits
+ * events (registered by vn_cluster_start's caller before leases change). */
+void vn_cluster_on_lease(void *opaque, const VnLeaseChange *change);
 
 VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name);
 /* Lend @lc (which d->conf->lends then owns) / stop lending a free device. */
@@ -228,5 +234,10 @@ void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);
 bool vn_state_load(VnDaemon *d, GError **error);
+/* The store, as a lease listener: saves when a lease's holder changed, and
+ * reports (logs, counts in d->save_errors) a save that failed. */
+void vn_state_on_lease(void *opaque, const VnLeaseChange *change);
+/* Save now, reporting a failure as vn_state_on_lease() does. */
+void vn_state_save_or_report(VnDaemon *d);
 
 #endif /* VN_DAEMON_INT_H */

@@ -37,7 +37,7 @@ bool vn_state_save(VnDaemon *d, GError **error)
     json_builder_set_member_name(b, "node");
     json_builder_add_string_value(b, d->conf->node);
     json_builder_set_member_name(b, "next_lease");
-    json_builder_add_int_value(b, (gint64)d->next_lease);
+    json_builder_add_int_value(b, (gint64)vn_leases_last_id(d->leases));
     /* Devices lent with `lend` (the config file's come from the config). */
     json_builder_set_member_name(b, "lendable");
     json_builder_begin_array(b);
@@ -66,16 +66,16 @@ bool vn_state_save(VnDaemon *d, GError **error)
     for (guint i = 0; i < d->local->len; i++) {
         VnLocalDevice *ld = d->local->pdata[i];
 
-        if (ld->borrower == NULL) {
+        if (!vn_lease_lent(ld->lease)) {
             continue;
         }
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "name");
         json_builder_add_string_value(b, ld->conf->name);
         json_builder_set_member_name(b, "borrower");
-        json_builder_add_string_value(b, ld->borrower);
+        json_builder_add_string_value(b, ld->lease->holder);
         json_builder_set_member_name(b, "lease");
-        json_builder_add_int_value(b, (gint64)ld->lease);
+        json_builder_add_int_value(b, (gint64)ld->lease->id);
         if (ld->worker != NULL) {
             json_builder_set_member_name(b, "worker");
             json_builder_add_string_value(b, ld->worker);
@@ -208,7 +208,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
     n = json_object_get_member(o, "next_lease");
     if (n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 &&
         json_node_get_int(n) > 0) {
-        d->next_lease = (uint64_t)json_node_get_int(n);
+        vn_leases_set_last_id(d->leases, (uint64_t)json_node_get_int(n));
     }
     n = json_object_get_member(o, "lendable");
     for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
@@ -263,16 +263,14 @@ bool vn_state_load(VnDaemon *d, GError **error)
             (ld = vn_daemon_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
         }
-        /* Orphaned until its borrower's daemon claims it again. */
-        ld->borrower = g_strdup(borrower);
-        ld->lease = lease;
-        ld->orphan_since_us = g_get_monotonic_time();
-        ld->unconfirmed = true;
+        /* In doubt until its borrower's daemon claims it again. */
+        if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
+            continue;   /* listed twice */
+        }
         if (vn_util_json_string(json_node_get_object(e), "worker") != NULL &&
             vn_name_valid(VN_NAME_NODE, vn_util_json_string(json_node_get_object(e), "worker"))) {
             ld->worker = g_strdup(vn_util_json_string(json_node_get_object(e), "worker"));
         }
-        d->next_lease = MAX(d->next_lease, lease);
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);
     }
@@ -305,4 +303,26 @@ bool vn_state_load(VnDaemon *d, GError **error)
                   lease);
     }
     return true;
+}
+
+void vn_state_save_or_report(VnDaemon *d)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!vn_state_save(d, &error)) {
+        d->save_errors++;
+        g_warning("node %s: %s", d->conf->node, error->message);
+    }
+}
+
+void vn_state_on_lease(void *opaque, const VnLeaseChange *ch)
+{
+    VnDaemon *d = opaque;
+
+    /* The file records holders and ids, not states: a claim changes nothing
+     * in it.  Restores come from the file itself. */
+    if (ch->from == VN_LEASE_FREE ? ch->lease->state != VN_LEASE_RESTORED
+                                  : ch->lease->state == VN_LEASE_FREE) {
+        vn_state_save_or_report(d);
+    }
 }

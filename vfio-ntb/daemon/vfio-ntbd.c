@@ -52,8 +52,6 @@ VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
 
 void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
 {
-    g_autoptr(GError) error = NULL;
-
     if (b->worker_pid <= 0) {
         return;
     }
@@ -63,9 +61,7 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);
     /* At once: a restart must not find the stopped worker's pid to adopt. */
-    if (!vn_state_save(d, &error)) {
-        g_warning("node %s: %s", d->conf->node, error->message);
-    }
+    vn_state_save_or_report(d);
 }
 
 bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
@@ -163,6 +159,7 @@ VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error)
         g_free(ld);
         return NULL;
     }
+    ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
     g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
     return ld;
@@ -173,6 +170,7 @@ void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld)
     VnLendConf *lc = ld->conf;
 
     g_message("node %s: no longer lending %s", d->conf->node, lc->name);
+    vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
     g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
     g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
 }
@@ -207,8 +205,9 @@ static void local_free(gpointer p)
     if (ld->revoke_reply != NULL) {
         vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
     }
+    /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
+     * its leases in the state file for the next one. */
     vn_lender_free(ld->lender);
-    g_free(ld->borrower);
     g_free(ld->worker);
     g_free(ld);
 }
@@ -239,8 +238,9 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         return;
     }
     /* Only the lease holder, or the worker it authorized, reaches the device. */
-    if (ld->borrower == NULL || (strcmp(ld->borrower, msg->peer) != 0 &&
-                                 (ld->worker == NULL || strcmp(ld->worker, msg->peer) != 0))) {
+    if (!vn_lease_lent(ld->lease) ||
+        (strcmp(ld->lease->holder, msg->peer) != 0 &&
+         (ld->worker == NULL || strcmp(ld->worker, msg->peer) != 0))) {
         g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
                                                "first", d->conf->node, name, msg->peer);
 
@@ -301,7 +301,7 @@ static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned
         }
         return;
     }
-    vn_state_save(d, NULL);
+    vn_state_save_or_report(d);
 }
 
 typedef struct StaticBorrow {
@@ -420,6 +420,11 @@ static bool daemon_start(VnDaemon *d, GError **error)
     d->local = g_ptr_array_new_with_free_func(local_free);
     d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_borrowed_free);
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
+    d->leases = vn_leases_new(d->conf->lease_timeout_ms);
+    /* Listeners before anything can change a lease: the cluster's (fence,
+     * answer revokes, announce, events), then the store. */
+    vn_leases_listen(d->leases, vn_cluster_on_lease, d);
+    vn_leases_listen(d->leases, vn_state_on_lease, d);
     d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers,
                             d, NULL, error);
     if (d->fab == NULL) {
@@ -451,6 +456,7 @@ static void daemon_stop(VnDaemon *d)
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
     g_clear_pointer(&d->control, vn_control_free);
     g_clear_pointer(&d->local, g_ptr_array_unref);
+    g_clear_pointer(&d->leases, vn_leases_free);
     g_clear_pointer(&d->fab, vn_fabric_close);
     g_clear_pointer(&d->nodes, g_hash_table_unref);
 }
