@@ -24,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 20
+EXPECTED_RESULTS = 23
 
 DEV = "hosta/nvme0"
 
@@ -40,7 +40,7 @@ class Cluster:
         self.d = {
             "hosta": Daemon(procs, self.wd, "hosta", self.fab,
                             lends={"nvme0": self.sd.socket_path},
-                            allow={"nvme0": "hostb;hostc"}),
+                            allow={"nvme0": "hostb;hostc;hoste"}),
             "hostb": Daemon(procs, self.wd, "hostb", self.fab),
             "hostc": Daemon(procs, self.wd, "hostc", self.fab),
             "hostd": Daemon(procs, self.wd, "hostd", self.fab),
@@ -462,6 +462,55 @@ def test_detach_saved(cl):
                   worker_after=after)
 
 
+def test_return_reaches_restarted_lender(cl):
+    """The stuck lease: hostb's device is attached, hosta's daemon dies and comes back
+    (hostb's device is lost for good, its worker still runs), then hostb returns it as the
+    tool advises.  hosta must end the lease, not keep it until a forced revoke."""
+    cl.ctl("hostb").execute("attach", device=DEV, domain="vm6")
+    cl.restart("hosta")
+    lost = wait_for(lambda: cl.ctl("hostb").execute("query-device", device=DEV).get("lost"), 5)
+    kept = wait_for(lambda: cl.state().get("borrower") == "hostb", 5)
+    t0 = time.monotonic()
+    cl.ctl("hostb").execute("return", device=DEV)
+    # Well within the lease timeout (3 s): it is ended, not left to expire.
+    freed = wait_for(lambda: cl.state()["state"] == "available", 2.5)
+    took = time.monotonic() - t0
+    return result("return-reaches-restarted-lender", bool(lost) and bool(kept) and bool(freed),
+                  lost=bool(lost), restored=bool(kept), freed_s=f"{took:.2f}")
+
+
+def test_many_workers_new_host(cl):
+    """300 attach/detach/return cycles (a worker, a fabric name and a lease each), then a new
+    host joins: it is listed and can borrow.  Meanwhile `nodes` lists hosts, never workers."""
+    cycles, listed_workers = 300, set()
+    t0 = time.monotonic()
+    for i in range(cycles):
+        cl.ctl("hostb").execute("attach", device=DEV, domain="vm7")
+        if i % 100 == 0:
+            for n in ("hosta", "hostb"):
+                listed_workers |= {x["node"] for x in cl.ctl(n).execute("query-nodes")
+                                   if x["node"] not in cl.d and x["node"] != "hoste"}
+        cl.ctl("hostb").execute("detach", device=DEV)
+        cl.ctl("hostb").execute("return", device=DEV)
+    cycles_s = time.monotonic() - t0
+    cl.d["hoste"] = Daemon(cl.procs, cl.wd, "hoste", cl.fab).start()
+    seen = wait_for(lambda: all("hoste" in [x["node"] for x in cl.ctl(n).execute("query-nodes")]
+                                for n in ("hosta", "hostb")), 8)
+    got = None
+    try:
+        wait_for(lambda: any(x["device"] == DEV for x in cl.ctl("hoste").execute("query-devices")),
+                 5)
+        got = cl.ctl("hoste").execute("borrow", device=DEV)
+        cl.ctl("hoste").execute("return", device=DEV)
+    except ControlError as e:
+        got = {"error": e.desc}
+    ok = result("many-workers-new-host", bool(seen) and got is not None and "lease" in got
+                and cl.state()["state"] == "available", cycles=cycles,
+                cycles_s=f"{cycles_s:.1f}", listed=bool(seen), borrow=got)
+    return ok & result("nodes-lists-hosts-only", not listed_workers,
+                       workers_listed=sorted(listed_workers)[:5])
+
+
 def test_guest_on_attached_device(cl):
     r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
     q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
@@ -482,7 +531,8 @@ def main():
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
              test_lend_unlend, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest,
-             test_detach_saved)
+             test_detach_saved, test_return_reaches_restarted_lender,
+             test_many_workers_new_host)
     with h.Procs() as procs:
         try:
             cl = Cluster(procs)
