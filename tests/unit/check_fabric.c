@@ -310,6 +310,32 @@ START_TEST(test_sync_queues_others)
 }
 END_TEST
 
+/* A peer that floods us while we wait on it loses its link once it has
+ * queued VN_FABRIC_MAX_DEFERRED_BYTES: it cannot grow us without bound. */
+START_TEST(test_sync_flood_capped)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    VnFabricStats st;
+    gint64 t0;
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    t0 = now_ms();
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0, NULL, 0,
+                                            &reply), -ECONNRESET);
+    ck_assert_int_lt(now_ms() - t0, VN_FABRIC_REQUEST_TIMEOUT_MS / 2);
+    vn_fabric_stats(a->fab, &st);
+    ck_assert_uint_ge(st.bad_messages, 1);
+    WAIT_FOR(log_has(a, "down:b"));
+    /* What was queued before the bound is still delivered, in order. */
+    ck_assert_uint_ge(log_count(a, "ev:9:"), 1);
+    ck_assert_uint_le(log_count(a, "ev:9:"), VN_FABRIC_MAX_DEFERRED_BYTES / (1 << 20));
+}
+END_TEST
+
 START_TEST(test_sync_map_while_waiting)
 {
     Node *b = node_open("b", true);
@@ -717,6 +743,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_sync_request);
     tcase_add_test(tc, test_sync_queues_others);
     tcase_add_test(tc, test_sync_map_while_waiting);
+    tcase_add_test(tc, test_sync_flood_capped);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("failures");

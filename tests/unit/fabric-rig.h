@@ -38,7 +38,10 @@ enum {
     T_HOLD_QUIT,        /* keep the token, stop the node's thread (it closes) */
     T_EVENT_FIRST,      /* send event 7, reply, event 8 some 30 ms later */
     T_MAP_BACK,         /* map the asker's segment (id in data), reply its bytes */
+    T_FLOOD,            /* send FLOOD_EVENTS events of 1 MiB, never answer */
 };
+
+#define FLOOD_EVENTS 300
 
 typedef struct Node {
     char name[VN_MAX_NODE_NAME + 1];
@@ -126,6 +129,17 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         break;
     case T_HOLD:
         break;
+    case T_FLOOD: {
+        g_autofree uint8_t *mib = g_malloc0(1 << 20);
+
+        /* Until the asker drops the link (a send then fails). */
+        for (int i = 0; i < FLOOD_EVENTS; i++) {
+            if (vn_fabric_event(n->fab, msg->peer, 9, NULL, mib, 1 << 20, NULL, 0) < 0) {
+                break;
+            }
+        }
+        break;
+    }
     case T_HOLD_QUIT:
         n->close_in_thread = true;
         g_main_loop_quit(n->loop);

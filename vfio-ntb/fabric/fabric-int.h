@@ -29,6 +29,9 @@ typedef struct VnFabricPeer {
     char *name;
     uint64_t gen;
     unsigned inflight;       /* tokens of this link not yet answered */
+    unsigned deferred_frames;    /* queued while deferring (VN_FABRIC_MAX_DEFERRED_*) */
+    size_t deferred_bytes;
+    bool dropping;           /* broke a bound: its frames are dropped until link down */
 } VnFabricPeer;
 
 /* A request we sent and wait for (async). */

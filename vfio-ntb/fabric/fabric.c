@@ -42,6 +42,8 @@ bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
         missing = "send";
     } else if (ops->wait == NULL) {
         missing = "wait";
+    } else if (ops->disconnect == NULL) {
+        missing = "disconnect";
     }
     /* ping is optional. */
     if (missing != NULL) {
@@ -236,6 +238,7 @@ typedef struct VnFabricDeferred {
     VnFabricDeferredKind kind;
     char peer[VN_MAX_NODE_NAME + 1];
     uint64_t gen;
+    VnFabric *fab;              /* for the peer's count */
     uint8_t *buf;
     size_t len;
     int fds[VN_FABRIC_MAX_FDS + 1];
@@ -245,6 +248,14 @@ typedef struct VnFabricDeferred {
 static void deferred_free(gpointer data)
 {
     VnFabricDeferred *d = data;
+    VnFabricPeer *p = d->kind == VN_FABRIC_DEFERRED_FRAME && d->fab != NULL
+                      ? vn_fabric_peer(d->fab, d->peer) : NULL;
+
+    /* The peer's count is of its current link's frames only. */
+    if (p != NULL && p->gen == d->gen) {
+        p->deferred_frames--;
+        p->deferred_bytes -= d->len;
+    }
 
     vn_util_close_fds(d->fds, d->nfds);
     g_free(d->buf);
@@ -367,9 +378,25 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
     if (intercept(fab, peer, buf, len, fds, nfds)) {
         return;
     }
+    if (p->dropping || p->deferred_frames >= VN_FABRIC_MAX_DEFERRED_FRAMES ||
+        p->deferred_bytes + len > VN_FABRIC_MAX_DEFERRED_BYTES) {
+        vn_util_close_fds(fds, nfds);
+        fab->stats.bad_messages++;
+        if (!p->dropping) {
+            g_warning("node %s: %s has %u frames (%zu bytes) queued while we wait on a "
+                      "request, the most a peer may; dropping its link", fab->node, p->name,
+                      p->deferred_frames, p->deferred_bytes);
+            p->dropping = true;
+            fab->ops->disconnect(fab->backend, p->name);
+        }
+        return;
+    }
     d = defer_item(fab, VN_FABRIC_DEFERRED_FRAME, peer, p->gen);
+    d->fab = fab;
     d->buf = g_memdup2(buf, len);
     d->len = len;
+    p->deferred_frames++;
+    p->deferred_bytes += len;
     /* Keep at most one fd beyond the limit: enough for the decoder to
      * refuse the frame later. */
     d->nfds = MIN(nfds, VN_FABRIC_MAX_FDS + 1);

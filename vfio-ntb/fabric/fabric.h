@@ -45,6 +45,12 @@
 #define VN_FABRIC_MAX_FDS 16
 /* Doorbell bits per node (Intel NTBs have 16; IDT 32). */
 #define VN_FABRIC_DOORBELLS 32
+/* What one peer may have queued for us while we cannot dispatch (inside a
+ * synchronous request, VN_FABRIC_REQUEST_TIMEOUT_MS at most): a few of the
+ * largest frames, or many small ones.  A peer past either has its link
+ * dropped -- else 300 frames of 1 MiB grow a daemon by 300 MiB. */
+#define VN_FABRIC_MAX_DEFERRED_BYTES (4u * VN_FABRIC_MAX_PAYLOAD)
+#define VN_FABRIC_MAX_DEFERRED_FRAMES 1024u
 /* A request not answered in this time fails with -ETIMEDOUT (the default;
  * see "request-timeout-ms" at vn_fabric_open()).  Under QEMU's 5 s for a
  * vfio-user reply, over the lender's 3 s for its device (lending/lender-int.h):
@@ -117,6 +123,10 @@ typedef struct VnFabricOps {
     /* Block until bytes from @peer arrived and were passed to
      * vn_fabric_backend_received(), or @timeout_ms passed (-ETIMEDOUT). */
     int (*wait)(void *backend, const char *peer, int timeout_ms);
+    /* End the link to @peer (a peer that broke a bound).  Its link down is
+     * reported later, from the backend's own source, never from inside this
+     * call; what it sent meanwhile may still arrive. */
+    void (*disconnect)(void *backend, const char *peer);
     /* Optional: a peer's liveness check beyond the transport's own. */
     int (*ping)(void *backend, const char *peer);
     /* Optional: the names of the nodes attached now (not us), at most

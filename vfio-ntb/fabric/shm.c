@@ -814,6 +814,19 @@ static GPtrArray *shm_discover(void *backend)
     return out;
 }
 
+/* Shut the socket down: its reader then sees the end of the stream and
+ * reports the link down from the main loop (or a synchronous wait). */
+static void shm_disconnect(void *backend, const char *peer)
+{
+    VnShm *shm = backend;
+    VnShmConn *c = g_hash_table_lookup(shm->active, peer);
+
+    if (c != NULL && c->fd >= 0) {
+        g_info("socket %s: dropping the link to %s", shm->path, peer);
+        shutdown(c->fd, SHUT_RDWR);
+    }
+}
+
 const VnFabricOps vn_shm_ops = {
     .name = "shm",
     .open = shm_open,
@@ -821,6 +834,7 @@ const VnFabricOps vn_shm_ops = {
     .connect = shm_connect,
     .send = shm_send,
     .wait = shm_wait,
+    .disconnect = shm_disconnect,
     .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */
 };
