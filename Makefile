@@ -90,7 +90,7 @@ $(B)/bench/%: bench/%.c $(wildcard bench/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.
 FUZZ_CC ?= clang
 FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
 	$(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
-FUZZ_NAMES := wire frame shm proto control qmp domxml
+FUZZ_NAMES := wire frame shm proto peers control qmp domxml
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
 FUZZ_COMMON := $(wildcard vfio-ntb/common/*.c)
@@ -100,6 +100,7 @@ $(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_shm: $(call fuzz_objs,$(FUZZ_FABRIC))
 $(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c $(FUZZ_COMMON))
+$(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \

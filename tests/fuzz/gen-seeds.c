@@ -6,6 +6,7 @@
 #include "common/util.h"
 #include "fabric/frame.h"
 #include "fabric/shm.h"
+#include "daemon/peers.h"
 #include "lending/proto.h"
 #include "libvirt/domxml.h"
 
@@ -151,6 +152,39 @@ static void gen_proto(void)
     proto(6, "set_irqs", vn_proto_set_irqs_to_json("nvme0", &s));
 }
 
+/* Takes @json. */
+static void peers(uint8_t pick, const char *name, char *json)
+{
+    put("peers", name, &pick, 1, json, strlen(json));
+    g_free(json);
+}
+
+static void gen_peers(void)
+{
+    g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
+    VnPeersRequest r = { .lease = 42, .grace_ms = 5000 };
+
+    g_strlcpy(a->node, "hosta", sizeof(a->node));
+    a->n_devices = 2;
+    g_strlcpy(a->devices[0].name, "nvme0", sizeof(a->devices[0].name));
+    a->devices[0].lent = true;
+    g_strlcpy(a->devices[0].borrower, "hostb", sizeof(a->devices[0].borrower));
+    a->devices[0].lease = 7;
+    g_strlcpy(a->devices[1].name, "gpu0", sizeof(a->devices[1].name));
+    a->n_holds = 1;
+    g_strlcpy(a->holds[0].lender, "hostc", sizeof(a->holds[0].lender));
+    g_strlcpy(a->holds[0].name, "nic0", sizeof(a->holds[0].name));
+    a->holds[0].lease = 12;
+    g_strlcpy(r.device, "nvme0", sizeof(r.device));
+    g_strlcpy(r.worker, "hostb-w42", sizeof(r.worker));
+    /* The first byte picks the decoder, in fuzz_peers.c's order. */
+    peers(0, "announce", vn_peers_announce_to_json(a));
+    peers(1, "borrow", vn_peers_request_to_json(VN_PEERS_BORROW, &r));
+    peers(2, "return", vn_peers_request_to_json(VN_PEERS_RETURN, &r));
+    peers(3, "revoke", vn_peers_request_to_json(VN_PEERS_REVOKE, &r));
+    peers(4, "authorize", vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &r));
+}
+
 /* A control request line as ntbctl sends it ({"execute", "arguments", "id"}). */
 static void request(GString *out, const char *cmd, const char *arg, const char *value, int id)
 {
@@ -240,6 +274,7 @@ int main(int argc, char **argv)
     top = argc > 1 ? argv[1] : "tests/fuzz/seeds";
     gen_frame_shm();
     gen_proto();
+    gen_peers();
     gen_control();
     gen_qmp();
     gen_domxml();

@@ -29,24 +29,6 @@
 
 /* ---- helpers ---- */
 
-/* A peer's message as an object (owned), or NULL. */
-static JsonObject *parse(const char *json)
-{
-    return vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
-}
-
-static bool uint_member(JsonObject *o, const char *name, uint64_t *out)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
-        json_node_get_int(n) < 0) {
-        return false;
-    }
-    *out = (uint64_t)json_node_get_int(n);
-    return true;
-}
-
 static void emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
                  const char *node)
 {
@@ -78,96 +60,45 @@ static void save(VnDaemon *d)
 
 static char *announcement(VnDaemon *d)
 {
-    g_autoptr(JsonBuilder) b = json_builder_new();
-    g_autoptr(JsonNode) root = NULL;
+    g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
 
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, d->conf->node);
-    json_builder_set_member_name(b, "devices");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->local->len; i++) {
+    g_strlcpy(a->node, d->conf->node, sizeof(a->node));
+    /* Both tables are bounded by VN_CONF_MAX_DEVICES (conf.c, lend,
+     * vn_cluster_borrow). */
+    for (guint i = 0; i < d->local->len && i < VN_CONF_MAX_DEVICES; i++) {
         VnLocalDevice *ld = d->local->pdata[i];
-        bool lent = vn_lease_lent(ld->lease);
+        VnPeersDevice *pd = &a->devices[a->n_devices++];
 
-        json_builder_begin_object(b);
-        json_builder_set_member_name(b, "name");
-        json_builder_add_string_value(b, ld->conf->name);
-        json_builder_set_member_name(b, "state");
-        json_builder_add_string_value(b, lent ? "lent" : "available");
-        json_builder_set_member_name(b, "borrower");
-        if (lent) {
-            json_builder_add_string_value(b, ld->lease->holder);
-        } else {
-            json_builder_add_null_value(b);
+        g_strlcpy(pd->name, ld->conf->name, sizeof(pd->name));
+        pd->lent = vn_lease_lent(ld->lease);
+        if (pd->lent) {
+            g_strlcpy(pd->borrower, ld->lease->holder, sizeof(pd->borrower));
+            pd->lease = ld->lease->id;
         }
-        json_builder_set_member_name(b, "lease");
-        if (lent) {
-            json_builder_add_int_value(b, (gint64)ld->lease->id);
-        } else {
-            json_builder_add_null_value(b);
-        }
-        json_builder_end_object(b);
     }
-    json_builder_end_array(b);
-    /* The leases we hold, so each lender can drop one we no longer claim
-     * (returned while it was down, or lost in our restart). */
-    json_builder_set_member_name(b, "holds");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->borrowed->len; i++) {
+    for (guint i = 0; i < d->borrowed->len && i < VN_CONF_MAX_DEVICES; i++) {
         VnBorrowed *bw = d->borrowed->pdata[i];
+        VnPeersHold *h = &a->holds[a->n_holds++];
 
-        json_builder_begin_object(b);
-        json_builder_set_member_name(b, "lender");
-        json_builder_add_string_value(b, bw->lender);
-        json_builder_set_member_name(b, "name");
-        json_builder_add_string_value(b, bw->name);
-        json_builder_set_member_name(b, "lease");
-        json_builder_add_int_value(b, (gint64)bw->lease);
-        json_builder_end_object(b);
+        g_strlcpy(h->lender, bw->lender, sizeof(h->lender));
+        g_strlcpy(h->name, bw->name, sizeof(h->name));
+        h->lease = bw->lease;
     }
-    json_builder_end_array(b);
-    json_builder_end_object(b);
-    root = json_builder_get_root(b);
-    return json_to_string(root, FALSE);
+    return vn_peers_announce_to_json(a);
 }
 
 /* An announcement being judged (claims()). */
 typedef struct Claims {
     VnDaemon *d;
-    JsonObject *o;
+    const VnPeersAnnounce *a;
 } Claims;
 
-/* Does a peer's announcement claim lease @lease on our device @name?  Its
- * holds list was bounded by announcement_valid(). */
+/* Does a peer's announcement claim lease @lease on our device @name? */
 static bool claims(void *opaque, const char *name, uint64_t lease)
 {
     Claims *c = opaque;
-    VnDaemon *d = c->d;
-    JsonNode *hn = json_object_get_member(c->o, "holds");
-    JsonArray *a;
 
-    if (hn == NULL || !JSON_NODE_HOLDS_ARRAY(hn)) {
-        return false;
-    }
-    a = json_node_get_array(hn);
-    for (guint i = 0; i < json_array_get_length(a); i++) {
-        JsonNode *e = json_array_get_element(a, i);
-        const char *lender, *n;
-        uint64_t l;
-
-        if (!JSON_NODE_HOLDS_OBJECT(e)) {
-            continue;
-        }
-        lender = vn_util_json_string(json_node_get_object(e), "lender");
-        n = vn_util_json_string(json_node_get_object(e), "name");
-        if (lender != NULL && n != NULL && strcmp(lender, d->conf->node) == 0 &&
-            strcmp(n, name) == 0 && uint_member(json_node_get_object(e), "lease", &l) &&
-            l == lease) {
-            return true;
-        }
-    }
-    return false;
+    return vn_peers_announce_holds(c->a, c->d->conf->node, name, lease);
 }
 
 /* To the daemons among our peers (the nodes that announced themselves);
@@ -184,8 +115,8 @@ static void broadcast(VnDaemon *d, char *json)
     }
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        if (n->link_up && n->devices != NULL) {
-            vn_fabric_event(d->fab, n->name, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
+        if (n->link_up) {
+            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, json, NULL, 0, NULL, 0);
         }
     }
     g_free(d->announced);
@@ -233,7 +164,7 @@ static void announce_to(VnDaemon *d, const char *peer)
 {
     g_autofree char *json = announcement(d);
 
-    vn_fabric_event(d->fab, peer, VN_CLUSTER_ANNOUNCE, json, NULL, 0, NULL, 0);
+    vn_fabric_event(d->fab, peer, VN_PEERS_ANNOUNCE, json, NULL, 0, NULL, 0);
 }
 
 /* Forget hosts whose link has been down longer than @older_than_us, or,
@@ -311,51 +242,10 @@ void vn_cluster_start(VnDaemon *d)
     d->heartbeat = g_timeout_add(VN_DAEMON_HEARTBEAT_MS, on_heartbeat, d);
 }
 
-/* An announcement's devices are kept as sent, after checking their shape:
- * a node reports its own devices only, with bounded names and counts.  Its
- * holds are bounded too: a node holds at most VN_CONF_MAX_DEVICES leases
- * (vn_cluster_borrow), and a longer list is not read in part -- a lease past
- * the part read would look given up. */
-static bool announcement_valid(JsonObject *o, const char *peer)
-{
-    const char *node = vn_util_json_string(o, "node");
-    JsonNode *devs = json_object_get_member(o, "devices");
-    JsonNode *holds = json_object_get_member(o, "holds");
-    JsonArray *a;
-
-    if (node == NULL || strcmp(node, peer) != 0 || devs == NULL || !JSON_NODE_HOLDS_ARRAY(devs)) {
-        return false;
-    }
-    if (holds != NULL && (!JSON_NODE_HOLDS_ARRAY(holds) ||
-                          json_array_get_length(json_node_get_array(holds)) >
-                          VN_CONF_MAX_DEVICES)) {
-        return false;
-    }
-    a = json_node_get_array(devs);
-    if (json_array_get_length(a) > VN_CONF_MAX_DEVICES) {
-        return false;
-    }
-    for (guint i = 0; i < json_array_get_length(a); i++) {
-        JsonNode *e = json_array_get_element(a, i);
-        const char *name, *state;
-
-        if (!JSON_NODE_HOLDS_OBJECT(e) ||
-            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            !vn_name_valid(VN_NAME_DEVICE, name) ||
-            !(state = vn_util_json_string(json_node_get_object(e), "state")) ||
-            (strcmp(state, "lent") != 0 && strcmp(state, "available") != 0)) {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Borrower side: a lease the lender no longer shows as ours is gone
  * (expired or revoked while we were away). */
-static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
+static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounce *a)
 {
-    JsonArray *a = json_node_get_array(devices);
-
     for (guint i = d->borrowed->len; i > 0; i--) {
         VnBorrowed *b = d->borrowed->pdata[i - 1];
         bool held = false;
@@ -364,14 +254,11 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
         if (strcmp(b->lender, lender) != 0 || !b->unconfirmed) {
             continue;
         }
-        for (guint j = 0; j < json_array_get_length(a); j++) {
-            JsonObject *e = json_array_get_object_element(a, j);
-            const char *borrower = vn_util_json_string(e, "borrower");
-            uint64_t lease = 0;
+        for (unsigned j = 0; j < a->n_devices; j++) {
+            const VnPeersDevice *pd = &a->devices[j];
 
-            if (strcmp(vn_util_json_string(e, "name"), b->name) == 0 && borrower != NULL &&
-                strcmp(borrower, d->conf->node) == 0 && uint_member(e, "lease", &lease) &&
-                lease == b->lease) {
+            if (strcmp(pd->name, b->name) == 0 && pd->lent &&
+                strcmp(pd->borrower, d->conf->node) == 0 && pd->lease == b->lease) {
                 held = true;
             }
         }
@@ -395,60 +282,63 @@ static void reconcile_held(VnDaemon *d, const char *lender, JsonNode *devices)
     }
 }
 
-void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
+static void on_announce(VnDaemon *d, VnFabricMsg *msg)
 {
-    g_autoptr(JsonObject) o = parse(msg->json);
+    g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
+    g_autoptr(GError) error = NULL;
+    Claims c = { .d = d, .a = a };
     VnRemoteNode *n;
 
-    if (o == NULL) {
-        g_info("node %s: unreadable event %u from %s", d->conf->node, msg->type, msg->peer);
+    if (!vn_peers_announce_from_json(msg->json, msg->peer, a, &error)) {
+        g_info("node %s: announcement from %s ignored: %s", d->conf->node, msg->peer,
+               error->message);
         return;
     }
-    if (msg->type == VN_CLUSTER_ANNOUNCE) {
-        Claims c = { .d = d, .o = o };
+    if ((n = node_announced(d, msg->peer)) == NULL) {
+        g_info("node %s: announcement from %s ignored: %u hosts are up already",
+               d->conf->node, msg->peer, VN_FABRIC_MAX_PEERS);
+        return;
+    }
+    g_free(n->ann);
+    n->ann = g_steal_pointer(&a);
+    n->link_up = true;
+    vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
+    reconcile_held(d, msg->peer, n->ann);
+}
 
-        if (!announcement_valid(o, msg->peer)) {
-            g_info("node %s: bad announcement from %s ignored", d->conf->node, msg->peer);
-            return;
-        }
-        if ((n = node_announced(d, msg->peer)) == NULL) {
-            g_info("node %s: announcement from %s ignored: %u hosts are up already",
-                   d->conf->node, msg->peer, VN_FABRIC_MAX_PEERS);
-            return;
-        }
-        if (n->devices != NULL) {
-            json_node_unref(n->devices);
-        }
-        n->devices = json_node_copy(json_object_get_member(o, "devices"));
-        n->link_up = true;
-        vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
-        reconcile_held(d, msg->peer, json_object_get_member(o, "devices"));
-    } else if (msg->type == VN_CLUSTER_REVOKE) {
-        g_autofree char *device = NULL;
-        const char *name = vn_util_json_string(o, "device");
-        uint64_t lease = 0;
-        VnBorrowed *b;
+static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *device = NULL;
+    VnPeersRequest rq;
+    VnBorrowed *b;
 
-        if (!vn_name_valid(VN_NAME_DEVICE, name) ||
-            !uint_member(o, "lease", &lease)) {
-            return;
-        }
-        device = g_strdup_printf("%s/%s", msg->peer, name);
-        b = vn_daemon_borrowed(d, device);
-        if (b == NULL || b->lease != lease) {
-            return;   /* not ours: a confused or malicious peer */
-        }
-        g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back",
-                  d->conf->node, msg->peer, device, lease);
-        emit(d, "LEASE_REVOKED", device, lease, NULL);
-        /* A cooperative borrower: take it out of the VM (the guest's driver
-         * releases it cleanly), detach and return, within the grace period. */
-        {
-            uint64_t grace = 0;
+    if (!vn_peers_request_from_json(VN_PEERS_REVOKE, msg->json, &rq, &error)) {
+        g_info("node %s: REVOKE from %s ignored: %s", d->conf->node, msg->peer,
+               error->message);
+        return;
+    }
+    device = g_strdup_printf("%s/%s", msg->peer, rq.device);
+    b = vn_daemon_borrowed(d, device);
+    if (b == NULL || b->lease != rq.lease) {
+        return;   /* not ours: a confused or malicious peer */
+    }
+    g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back",
+              d->conf->node, msg->peer, device, rq.lease);
+    emit(d, "LEASE_REVOKED", device, rq.lease, NULL);
+    /* A cooperative borrower: take it out of the VM (the guest's driver
+     * releases it cleanly), detach and return, within the grace period. */
+    vn_daemon_release(d, b, MIN(rq.grace_ms / 2, VN_DAEMON_MAX_RELEASE_MS));
+}
 
-            uint_member(o, "grace_ms", &grace);
-            vn_daemon_release(d, b, (unsigned)MIN(grace / 2, VN_DAEMON_MAX_RELEASE_MS));
-        }
+void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
+{
+    if (msg->type == VN_PEERS_ANNOUNCE) {
+        on_announce(d, msg);
+    } else if (msg->type == VN_PEERS_REVOKE) {
+        on_revoke(d, msg);
+    } else {
+        g_info("node %s: unknown event 0x%x from %s", d->conf->node, msg->type, msg->peer);
     }
 }
 
@@ -535,22 +425,29 @@ static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...
 
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 {
-    g_autoptr(JsonObject) o = parse(msg->json);
-    const char *name = o ? vn_util_json_string(o, "device") : NULL;
-    VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
+    g_autoptr(GError) error = NULL;
     g_autofree char *json = NULL;
-    uint64_t lease = 0;
+    const char *name;
+    VnPeersRequest rq;
+    VnLocalDevice *ld;
 
-    if (name == NULL) {
-        reply_err(d, token, EINVAL, "a request needs \"device\"");
+    if (msg->type == VN_PEERS_REVOKE || msg->type == VN_PEERS_ANNOUNCE ||
+        msg->type >= VN_PEERS_TYPE_LAST) {
+        reply_err(d, token, ENOTSUP, "unknown request 0x%x", msg->type);
         return;
     }
+    if (!vn_peers_request_from_json(msg->type, msg->json, &rq, &error)) {
+        reply_err(d, token, EINVAL, "%s", error->message);
+        return;
+    }
+    name = rq.device;
+    ld = vn_daemon_local(d, name);
     if (ld == NULL) {
-        reply_err(d, token, ENODEV, "%s lends no device \"%.64s\"", d->conf->node, name);
+        reply_err(d, token, ENODEV, "%s lends no device \"%s\"", d->conf->node, name);
         return;
     }
     switch (msg->type) {
-    case VN_CLUSTER_BORROW:
+    case VN_PEERS_BORROW:
         if (!vn_lend_conf_allows(ld->conf, msg->peer)) {
             g_autofree char *acl = g_strjoinv(";", ld->conf->allow);
 
@@ -564,43 +461,35 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       ld->lease->holder, ld->lease->id, d->conf->node, name, d->conf->node);
             return;
         }
-        json = g_strdup_printf("{\"lease\":%" G_GUINT64_FORMAT "}", ld->lease->id);
+        json = vn_peers_lease_to_json(ld->lease->id);
         vn_fabric_reply(d->fab, token, json, NULL, 0, NULL, 0);
         return;
-    case VN_CLUSTER_RETURN:
-        if (!uint_member(o, "lease", &lease) ||
-            !vn_leases_return(d->leases, ld->lease, msg->peer, lease)) {
+    case VN_PEERS_RETURN:
+        if (!vn_leases_return(d->leases, ld->lease, msg->peer, rq.lease)) {
             reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
-                      d->conf->node, name, lease, msg->peer);
+                      d->conf->node, name, rq.lease, msg->peer);
             return;
         }
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
-    case VN_CLUSTER_AUTHORIZE: {
-        const char *worker = vn_util_json_string(o, "worker");
-
-        if (!uint_member(o, "lease", &lease) || !vn_lease_lent(ld->lease) ||
-            strcmp(ld->lease->holder, msg->peer) != 0 || ld->lease->id != lease) {
+    case VN_PEERS_AUTHORIZE:
+        if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, msg->peer) != 0 ||
+            ld->lease->id != rq.lease) {
             reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
-                      d->conf->node, name, lease, msg->peer);
-            return;
-        }
-        if (worker == NULL || !vn_name_valid(VN_NAME_NODE, worker)) {
-            reply_err(d, token, EINVAL, "AUTHORIZE needs \"worker\": a node name");
+                      d->conf->node, name, rq.lease, msg->peer);
             return;
         }
         /* One worker per lease: a new one replaces (and fences) the old. */
-        if (ld->worker != NULL && strcmp(ld->worker, worker) != 0) {
+        if (ld->worker != NULL && strcmp(ld->worker, rq.worker) != 0) {
             vn_lender_peer_down(ld->lender, ld->worker);
         }
         g_free(ld->worker);
-        ld->worker = g_strdup(worker);
+        ld->worker = g_strdup(rq.worker);
         save(d);
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
-    }
     default:
-        reply_err(d, token, ENOTSUP, "unknown request %u", msg->type);
+        reply_err(d, token, ENOTSUP, "unknown request 0x%x", msg->type);
     }
 }
 
@@ -620,6 +509,7 @@ static gboolean on_grace_over(gpointer data)
 
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r)
 {
+    VnPeersRequest rq = { 0 };
     g_autofree char *json = NULL;
     Revoke *rv;
 
@@ -634,11 +524,13 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
         return;
     }
     ld->revoke_reply = r;
-    json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT
-                           ",\"grace_ms\":%u}", ld->conf->name, ld->lease->id, grace_ms);
+    rq.lease = ld->lease->id;
+    rq.grace_ms = grace_ms;
+    g_strlcpy(rq.device, ld->conf->name, sizeof(rq.device));
+    json = vn_peers_request_to_json(VN_PEERS_REVOKE, &rq);
     g_message("node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)",
               d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
-    vn_fabric_event(d->fab, ld->lease->holder, VN_CLUSTER_REVOKE, json, NULL, 0, NULL, 0);
+    vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0, NULL, 0);
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
@@ -700,7 +592,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     Pending *p = opaque;
     VnDaemon *d = p->d;
     g_autofree char *device = g_strdup_printf("%s/%s", p->lender, p->name);
-    g_autoptr(JsonObject) o = NULL;
+    g_autoptr(GError) error = NULL;
     VnBorrowed *b;
     uint64_t lease;
 
@@ -710,9 +602,8 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         finish(p, NULL, klass_of(err), why != NULL ? why : g_strerror(-err));
         return;
     }
-    o = parse(reply->json);
-    if (o == NULL || !uint_member(o, "lease", &lease) || lease == 0) {
-        finish(p, NULL, VN_ERR_GENERIC, "the lender answered BORROW with no lease");
+    if (!vn_peers_lease_from_json(reply->json, &lease, &error)) {
+        finish(p, NULL, VN_ERR_GENERIC, error->message);
         return;
     }
     if (d->borrowed == NULL) {
@@ -738,7 +629,8 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
                        void *opaque)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\"}", name);
+    VnPeersRequest rq = { 0 };
+    g_autofree char *json = NULL;
     Pending *p = g_new0(Pending, 1);
     int ret;
 
@@ -757,7 +649,9 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
         finish(p, NULL, VN_ERR_UNREACHABLE, error->message);
         return;
     }
-    ret = vn_fabric_request(d->fab, lender, VN_CLUSTER_BORROW, json, NULL, 0, NULL, 0,
+    g_strlcpy(rq.device, name, sizeof(rq.device));
+    json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
+    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0, NULL, 0,
                             on_borrow_reply, p);
     if (ret < 0) {
         finish(p, NULL, klass_of(ret), g_strerror(-ret));
@@ -781,8 +675,8 @@ static void on_return_reply(void *opaque, VnFabricMsg *reply, int err)
 
 void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque)
 {
-    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT "}",
-                                            b->name, b->lease);
+    VnPeersRequest rq = { .lease = b->lease };
+    g_autofree char *json = NULL;
     Pending *p = g_new0(Pending, 1);
     /* A lender that went away and came back (b->lost stays set while the
      * worker lives) must hear of it too, or it keeps the lease. */
@@ -801,7 +695,9 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
      * lease, ends it at the lender all the same. */
     vn_cluster_announce_soon(d);
     if (reachable) {
-        ret = vn_fabric_request(d->fab, p->lender, VN_CLUSTER_RETURN, json, NULL, 0, NULL, 0,
+        g_strlcpy(rq.device, b->name, sizeof(rq.device));
+        json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
+        ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, NULL, 0,
                                 on_return_reply, p);
     }
     if (!reachable || ret < 0) {

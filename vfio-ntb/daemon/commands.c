@@ -96,26 +96,14 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
     }
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        JsonArray *a = n->devices ? json_node_get_array(n->devices) : NULL;
-
-        for (guint i = 0; a != NULL && i < json_array_get_length(a); i++) {
-            JsonObject *o = json_array_get_object_element(a, i);
-            const char *name = json_object_get_string_member(o, "name");
-            const char *state = json_object_get_string_member(o, "state");
-            JsonNode *bn = json_object_get_member(o, "borrower");
-            JsonNode *ln = json_object_get_member(o, "lease");
+        for (unsigned i = 0; n->ann != NULL && i < n->ann->n_devices; i++) {
+            const VnPeersDevice *pd = &n->ann->devices[i];
+            const char *name = pd->name;
+            const char *state = pd->lent ? "lent" : "available";
             g_autofree char *dev = g_strdup_printf("%s/%s", n->name, name);
-            const char *borrower = NULL;
-            uint64_t lease = 0;
+            const char *borrower = pd->lent ? pd->borrower : NULL;
+            uint64_t lease = pd->lease;
 
-            if (bn != NULL && JSON_NODE_HOLDS_VALUE(bn) &&
-                json_node_get_value_type(bn) == G_TYPE_STRING) {
-                borrower = json_node_get_string(bn);
-            }
-            if (ln != NULL && JSON_NODE_HOLDS_VALUE(ln) &&
-                json_node_get_value_type(ln) == G_TYPE_INT64 && json_node_get_int(ln) > 0) {
-                lease = (uint64_t)json_node_get_int(ln);
-            }
             if (only != NULL && strcmp(only, dev) != 0) {
                 continue;
             }
@@ -176,17 +164,14 @@ static void cmd_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
     json_builder_end_object(b);
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        if (n->devices == NULL) {
-            continue;   /* never announced: a borrower worker, not a host */
-        }
+
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "node");
         json_builder_add_string_value(b, n->name);
         json_builder_set_member_name(b, "link");
         json_builder_add_string_value(b, n->link_up ? "up" : "down");
         json_builder_set_member_name(b, "devices");
-        json_builder_add_int_value(b, n->devices ? json_array_get_length(
-                                                       json_node_get_array(n->devices)) : 0);
+        json_builder_add_int_value(b, n->ann->n_devices);
         json_builder_end_object(b);
     }
     json_builder_end_array(b);

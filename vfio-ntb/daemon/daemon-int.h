@@ -17,6 +17,7 @@
 #include "borrower/borrower.h"
 #include "conf.h"
 #include "leases.h"
+#include "peers.h"
 #include "lending/lender.h"
 
 #include <glib.h>
@@ -67,7 +68,7 @@ typedef struct VnRemoteNode {
     char *name;
     bool link_up;
     gint64 down_since_us;       /* monotonic, while !link_up */
-    JsonNode *devices;          /* the array it announced */
+    VnPeersAnnounce *ann;       /* its last announcement (decoded, so valid) */
 } VnRemoteNode;
 
 typedef struct VnDaemon {
@@ -86,17 +87,6 @@ typedef struct VnDaemon {
     unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
 } VnDaemon;
-
-/* Fabric message types of the daemon-to-daemon protocol (cluster.c);
- * the lending protocol (lending/proto.h) uses 1..VN_PROTO_LAST. */
-enum {
-    VN_CLUSTER_ANNOUNCE = 0x100,  /* event: {"node", "devices": [...]} */
-    VN_CLUSTER_BORROW,            /* request: {"device": name} -> {"lease"} */
-    VN_CLUSTER_RETURN,            /* request: {"device", "lease"} -> {} */
-    VN_CLUSTER_REVOKE,            /* event: {"device", "lease", "grace_ms"} */
-    VN_CLUSTER_AUTHORIZE,         /* request: {"device", "lease", "worker"} -> {} */
-    VN_CLUSTER_LAST
-};
 
 /* Peers are looked for this often; announcements go out on every change,
  * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */

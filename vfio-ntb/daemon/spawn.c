@@ -61,13 +61,15 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
 
 static bool authorize(VnDaemon *d, VnBorrowed *b, GError **error)
 {
-    g_autofree char *json = g_strdup_printf("{\"device\":\"%s\",\"lease\":%" G_GUINT64_FORMAT
-                                            ",\"worker\":\"%s\"}", b->name, b->lease,
-                                            b->worker_node);
+    VnPeersRequest req = { .lease = b->lease };
+    g_autofree char *json = NULL;
     g_autoptr(VnFabricMsg) reply = NULL;
     int ret;
 
-    ret = vn_fabric_request_sync(d->fab, b->lender, VN_CLUSTER_AUTHORIZE, json, NULL, 0, NULL,
+    g_strlcpy(req.device, b->name, sizeof(req.device));
+    g_strlcpy(req.worker, b->worker_node, sizeof(req.worker));
+    json = vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &req);
+    ret = vn_fabric_request_sync(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0, NULL,
                                  0, &reply);
     if (ret < 0) {
         g_autofree char *why = vn_fabric_error_message(reply);

@@ -221,7 +221,7 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
     g_autoptr(GError) error = NULL;
     VnLocalDevice *ld;
 
-    if (msg->type >= VN_CLUSTER_ANNOUNCE) {
+    if (msg->type >= VN_PEERS_ANNOUNCE) {
         vn_cluster_request(d, msg, token);
         return;
     }
@@ -403,8 +403,8 @@ static void remote_free(gpointer p)
 {
     VnRemoteNode *n = p;
 
-    if (n->devices != NULL) {
-        json_node_unref(n->devices);
+    if (n->ann != NULL) {
+        g_free(n->ann);
     }
     g_free(n->name);
     g_free(n);

@@ -1,0 +1,346 @@
+/*
+ * The daemon-to-daemon protocol's codec (peers.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "peers.h"
+#include "common/json.h"
+#include "fabric/fabric.h"
+
+#include <gio/gio.h>
+#include <json-glib/json-glib.h>
+#include <string.h>
+
+/* Leases are JSON integers: at most 2^53, what any JSON reader keeps exact. */
+#define VN_PEERS_MAX_LEASE (UINT64_C(1) << 53)
+
+static const char *const type_names[] = {
+    [VN_PEERS_ANNOUNCE - VN_PEERS_ANNOUNCE] = "ANNOUNCE",
+    [VN_PEERS_BORROW - VN_PEERS_ANNOUNCE] = "BORROW",
+    [VN_PEERS_RETURN - VN_PEERS_ANNOUNCE] = "RETURN",
+    [VN_PEERS_REVOKE - VN_PEERS_ANNOUNCE] = "REVOKE",
+    [VN_PEERS_AUTHORIZE - VN_PEERS_ANNOUNCE] = "AUTHORIZE",
+};
+
+const char *vn_peers_type_to_string(uint32_t type)
+{
+    if (type < VN_PEERS_ANNOUNCE || type >= VN_PEERS_TYPE_LAST) {
+        return "?";
+    }
+    return type_names[type - VN_PEERS_ANNOUNCE];
+}
+
+/* ---- encoding ---- */
+
+static char *finish(JsonBuilder *b)
+{
+    g_autoptr(JsonNode) root = json_builder_get_root(b);
+
+    return json_to_string(root, FALSE);
+}
+
+static void add_str(JsonBuilder *b, const char *name, const char *value)
+{
+    json_builder_set_member_name(b, name);
+    json_builder_add_string_value(b, value);
+}
+
+static void add_uint(JsonBuilder *b, const char *name, uint64_t value)
+{
+    json_builder_set_member_name(b, name);
+    json_builder_add_int_value(b, (gint64)value);
+}
+
+char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    add_str(b, "node", a->node);
+    json_builder_set_member_name(b, "devices");
+    json_builder_begin_array(b);
+    for (unsigned i = 0; i < a->n_devices; i++) {
+        const VnPeersDevice *d = &a->devices[i];
+
+        json_builder_begin_object(b);
+        add_str(b, "name", d->name);
+        add_str(b, "state", d->lent ? "lent" : "available");
+        json_builder_set_member_name(b, "borrower");
+        if (d->lent) {
+            json_builder_add_string_value(b, d->borrower);
+        } else {
+            json_builder_add_null_value(b);
+        }
+        json_builder_set_member_name(b, "lease");
+        if (d->lent) {
+            json_builder_add_int_value(b, (gint64)d->lease);
+        } else {
+            json_builder_add_null_value(b);
+        }
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    /* The leases we hold, so each lender can end one we no longer claim. */
+    json_builder_set_member_name(b, "holds");
+    json_builder_begin_array(b);
+    for (unsigned i = 0; i < a->n_holds; i++) {
+        json_builder_begin_object(b);
+        add_str(b, "lender", a->holds[i].lender);
+        add_str(b, "name", a->holds[i].name);
+        add_uint(b, "lease", a->holds[i].lease);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    return finish(b);
+}
+
+char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    add_str(b, "device", r->device);
+    if (type != VN_PEERS_BORROW) {
+        add_uint(b, "lease", r->lease);
+    }
+    if (type == VN_PEERS_REVOKE) {
+        add_uint(b, "grace_ms", r->grace_ms);
+    }
+    if (type == VN_PEERS_AUTHORIZE) {
+        add_str(b, "worker", r->worker);
+    }
+    json_builder_end_object(b);
+    return finish(b);
+}
+
+char *vn_peers_lease_to_json(uint64_t lease)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    add_uint(b, "lease", lease);
+    json_builder_end_object(b);
+    return finish(b);
+}
+
+/* ---- decoding ---- */
+
+static bool bad(GError **error, const char *what, const char *member)
+{
+    g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: bad or missing \"%s\"", what,
+                member);
+    return false;
+}
+
+static JsonNode *member(JsonObject *o, const char *name)
+{
+    return o != NULL ? json_object_get_member(o, name) : NULL;
+}
+
+static bool get_name(JsonObject *o, const char *name, VnNameKind kind, char *out, size_t size,
+                     const char *what, GError **error)
+{
+    JsonNode *n = member(o, name);
+    const char *s;
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING ||
+        !vn_name_valid(kind, (s = json_node_get_string(n))) || strlen(s) >= size) {
+        return bad(error, what, name);
+    }
+    g_strlcpy(out, s, size);
+    return true;
+}
+
+static bool get_uint(JsonObject *o, const char *name, uint64_t min, uint64_t max,
+                     uint64_t *out, const char *what, GError **error)
+{
+    JsonNode *n = member(o, name);
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
+        json_node_get_int(n) < 0 || (uint64_t)json_node_get_int(n) < min ||
+        (uint64_t)json_node_get_int(n) > max) {
+        return bad(error, what, name);
+    }
+    *out = (uint64_t)json_node_get_int(n);
+    return true;
+}
+
+static bool is_null(JsonObject *o, const char *name)
+{
+    JsonNode *n = member(o, name);
+
+    return n != NULL && JSON_NODE_HOLDS_NULL(n);
+}
+
+static JsonArray *get_array(JsonObject *o, const char *name, const char *what, GError **error)
+{
+    JsonNode *n = member(o, name);
+
+    if (n == NULL || !JSON_NODE_HOLDS_ARRAY(n)) {
+        bad(error, what, name);
+        return NULL;
+    }
+    if (json_array_get_length(json_node_get_array(n)) > VN_CONF_MAX_DEVICES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s: \"%s\" lists %u entries, more than a node has (%d)", what, name,
+                    json_array_get_length(json_node_get_array(n)), VN_CONF_MAX_DEVICES);
+        return NULL;
+    }
+    return json_node_get_array(n);
+}
+
+static JsonObject *element(JsonArray *a, guint i)
+{
+    JsonNode *e = json_array_get_element(a, i);
+
+    return JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
+}
+
+static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
+{
+    const char *what = "announcement device";
+    JsonNode *st = member(o, "state");
+    const char *state;
+
+    if (o == NULL) {
+        return bad(error, what, "devices");
+    }
+    if (!get_name(o, "name", VN_NAME_DEVICE, d->name, sizeof(d->name), what, error)) {
+        return false;
+    }
+    if (st == NULL || !JSON_NODE_HOLDS_VALUE(st) ||
+        json_node_get_value_type(st) != G_TYPE_STRING) {
+        return bad(error, what, "state");
+    }
+    state = json_node_get_string(st);
+    d->lent = strcmp(state, "lent") == 0;
+    if (!d->lent && strcmp(state, "available") != 0) {
+        return bad(error, what, "state");
+    }
+    if (!d->lent) {
+        d->borrower[0] = '\0';
+        d->lease = 0;
+        /* absent or null: both mean none */
+        return (member(o, "borrower") == NULL || is_null(o, "borrower")) &&
+                       (member(o, "lease") == NULL || is_null(o, "lease"))
+                   ? true
+                   : bad(error, what, "borrower");
+    }
+    return get_name(o, "borrower", VN_NAME_NODE, d->borrower, sizeof(d->borrower), what,
+                    error) &&
+           get_uint(o, "lease", 1, VN_PEERS_MAX_LEASE, &d->lease, what, error);
+}
+
+bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnnounce *out,
+                                 GError **error)
+{
+    g_autoptr(JsonObject) o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
+    const char *what = "announcement";
+    JsonArray *devs, *holds = NULL;
+
+    if (o == NULL) {
+        g_prefix_error(error, "%s: ", what);
+        return false;
+    }
+    if (!get_name(o, "node", VN_NAME_NODE, out->node, sizeof(out->node), what, error)) {
+        return false;
+    }
+    if (strcmp(out->node, from) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s: %s speaks for another node (%s)", what, from, out->node);
+        return false;
+    }
+    if ((devs = get_array(o, "devices", what, error)) == NULL) {
+        return false;
+    }
+    /* "holds" is optional: an announcement from before leases were claimed. */
+    if (member(o, "holds") != NULL && (holds = get_array(o, "holds", what, error)) == NULL) {
+        return false;
+    }
+    out->n_devices = json_array_get_length(devs);
+    for (unsigned i = 0; i < out->n_devices; i++) {
+        if (!device_from_json(element(devs, i), &out->devices[i], error)) {
+            return false;
+        }
+        for (unsigned j = 0; j < i; j++) {
+            if (strcmp(out->devices[j].name, out->devices[i].name) == 0) {
+                return bad(error, what, "devices");     /* listed twice */
+            }
+        }
+    }
+    out->n_holds = holds != NULL ? json_array_get_length(holds) : 0;
+    for (unsigned i = 0; i < out->n_holds; i++) {
+        JsonObject *h = element(holds, i);
+        VnPeersHold *x = &out->holds[i];
+
+        if (h == NULL ||
+            !get_name(h, "lender", VN_NAME_NODE, x->lender, sizeof(x->lender), what, error) ||
+            !get_name(h, "name", VN_NAME_DEVICE, x->name, sizeof(x->name), what, error) ||
+            !get_uint(h, "lease", 1, VN_PEERS_MAX_LEASE, &x->lease, what, error)) {
+            return h == NULL ? bad(error, what, "holds") : false;
+        }
+    }
+    return true;
+}
+
+bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersRequest *out,
+                                GError **error)
+{
+    g_autoptr(JsonObject) o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
+    const char *what = vn_peers_type_to_string(type);
+    uint64_t grace = 0;
+
+    memset(out, 0, sizeof(*out));
+    if (o == NULL) {
+        g_prefix_error(error, "%s: ", what);
+        return false;
+    }
+    if (type == VN_PEERS_ANNOUNCE || type < VN_PEERS_ANNOUNCE || type >= VN_PEERS_TYPE_LAST) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "not a request type: 0x%x",
+                    type);
+        return false;
+    }
+    if (!get_name(o, "device", VN_NAME_DEVICE, out->device, sizeof(out->device), what,
+                  error)) {
+        return false;
+    }
+    if (type != VN_PEERS_BORROW &&
+        !get_uint(o, "lease", 1, VN_PEERS_MAX_LEASE, &out->lease, what, error)) {
+        return false;
+    }
+    if (type == VN_PEERS_REVOKE) {
+        if (!get_uint(o, "grace_ms", 0, VN_PEERS_MAX_GRACE_MS, &grace, what, error)) {
+            return false;
+        }
+        out->grace_ms = (uint32_t)grace;
+    }
+    if (type == VN_PEERS_AUTHORIZE &&
+        !get_name(o, "worker", VN_NAME_NODE, out->worker, sizeof(out->worker), what, error)) {
+        return false;
+    }
+    return true;
+}
+
+bool vn_peers_lease_from_json(const char *json, uint64_t *lease, GError **error)
+{
+    g_autoptr(JsonObject) o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
+
+    if (o == NULL) {
+        g_prefix_error(error, "BORROW reply: ");
+        return false;
+    }
+    return get_uint(o, "lease", 1, VN_PEERS_MAX_LEASE, lease, "BORROW reply", error);
+}
+
+bool vn_peers_announce_holds(const VnPeersAnnounce *a, const char *lender, const char *name,
+                             uint64_t lease)
+{
+    for (unsigned i = 0; i < a->n_holds; i++) {
+        if (a->holds[i].lease == lease && strcmp(a->holds[i].lender, lender) == 0 &&
+            strcmp(a->holds[i].name, name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}

@@ -1,0 +1,98 @@
+/*
+ * The daemon-to-daemon protocol's messages, typed and bounded: what hosts'
+ * vfio-ntbd say to each other over the fabric (cluster.c sends and handles
+ * them).  Pure encode/decode, no I/O, as lending/proto.c is for a device.
+ *
+ *   message     kind      JSON
+ *   ANNOUNCE    event     {"node", "devices": [{"name", "state": "lent"|"available",
+ *                          "borrower": node|null, "lease": n|null}],
+ *                          "holds": [{"lender", "name", "lease"}]}
+ *   BORROW      request   {"device"}                       -> {"lease"}
+ *   RETURN      request   {"device", "lease"}              -> {}
+ *   REVOKE      event     {"device", "lease", "grace_ms"}
+ *   AUTHORIZE   request   {"device", "lease", "worker"}    -> {}
+ *
+ * Peers are untrusted: a decoder checks every member (names by the one name
+ * rule, leases > 0, at most VN_CONF_MAX_DEVICES devices and holds, a lent
+ * device has its borrower and lease) and refuses the whole message, saying
+ * why, when one is wrong; nothing is read in part.
+ */
+#ifndef VN_PEERS_H
+#define VN_PEERS_H
+
+#include "common/name.h"
+#include "conf.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Fabric message types (the lending protocol, lending/proto.h, uses
+ * 1..VN_PROTO_LAST). */
+typedef enum VnPeersType {
+    VN_PEERS_ANNOUNCE = 0x100,
+    VN_PEERS_BORROW,
+    VN_PEERS_RETURN,
+    VN_PEERS_REVOKE,
+    VN_PEERS_AUTHORIZE,
+    VN_PEERS_TYPE_LAST
+} VnPeersType;
+
+/* A revoke's grace period is at most this (10 minutes). */
+#define VN_PEERS_MAX_GRACE_MS 600000u
+
+typedef struct VnPeersDevice {
+    char name[VN_MAX_DEVICE_NAME + 1];
+    bool lent;
+    char borrower[VN_MAX_NODE_NAME + 1];    /* "" when available */
+    uint64_t lease;                         /* 0 when available */
+} VnPeersDevice;
+
+typedef struct VnPeersHold {
+    char lender[VN_MAX_NODE_NAME + 1];
+    char name[VN_MAX_DEVICE_NAME + 1];
+    uint64_t lease;
+} VnPeersHold;
+
+/* What a host lends and holds (some 20 KiB: allocate it). */
+typedef struct VnPeersAnnounce {
+    char node[VN_MAX_NODE_NAME + 1];
+    unsigned n_devices;
+    VnPeersDevice devices[VN_CONF_MAX_DEVICES];
+    unsigned n_holds;
+    VnPeersHold holds[VN_CONF_MAX_DEVICES];
+} VnPeersAnnounce;
+
+/* One request or REVOKE: the fields its type uses (0 / "" otherwise). */
+typedef struct VnPeersRequest {
+    char device[VN_MAX_DEVICE_NAME + 1];    /* the lender's local name */
+    uint64_t lease;                         /* RETURN, REVOKE, AUTHORIZE */
+    uint32_t grace_ms;                      /* REVOKE */
+    char worker[VN_MAX_NODE_NAME + 1];      /* AUTHORIZE */
+} VnPeersRequest;
+
+const char *vn_peers_type_to_string(uint32_t type);
+
+/* Encoders take what our own code built (valid by construction); they
+ * return new JSON text. */
+char *vn_peers_announce_to_json(const VnPeersAnnounce *a);
+char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r);
+char *vn_peers_lease_to_json(uint64_t lease);
+
+/*
+ * Decoders.  @from is the sending node: an announcement must be its own.
+ * False with @error (G_IO_ERROR_INVALID_DATA, naming the member) and @out
+ * unspecified when anything is wrong.
+ */
+bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnnounce *out,
+                                 GError **error);
+bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersRequest *out,
+                                GError **error);
+/* BORROW's reply. */
+bool vn_peers_lease_from_json(const char *json, uint64_t *lease, GError **error);
+
+/* Does @a claim lease @lease on @lender's device @name? */
+bool vn_peers_announce_holds(const VnPeersAnnounce *a, const char *lender, const char *name,
+                             uint64_t lease);
+
+#endif /* VN_PEERS_H */
