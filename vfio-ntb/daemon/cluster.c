@@ -685,6 +685,7 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
 
     *p = (Pending){ .d = d, .lender = g_strdup(b->lender), .name = g_strdup(b->name),
                     .lease = b->lease, .done = done, .opaque = opaque };
+    g_strlcpy(rq.device, b->name, sizeof(rq.device));   /* b is freed below */
     vn_daemon_detach(d, b);
     /* Whatever the lender says, the device is not ours any more. */
     g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
@@ -695,7 +696,6 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
      * lease, ends it at the lender all the same. */
     vn_cluster_announce_soon(d);
     if (reachable) {
-        g_strlcpy(rq.device, b->name, sizeof(rq.device));
         json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
         ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, NULL, 0,
                                 on_return_reply, p);

@@ -1,7 +1,8 @@
 /*
  * vfio-ntbd internals: the daemon's state, shared by its files.
  *
- *   vfio-ntbd.c   main, fabric event routing, signals
+ *   vfio-ntbd.c   main: options, signals
+ *   daemon.c      the core (new/run/free), fabric event routing, devices
  *   control.c     the control socket (framing, dispatch, events)
  *   commands.c    the control commands
  *   cluster.c     daemon-to-daemon protocol: announcements, leases
@@ -71,6 +72,8 @@ typedef struct VnRemoteNode {
     VnPeersAnnounce *ann;       /* its last announcement (decoded, so valid) */
 } VnRemoteNode;
 
+typedef struct VnDaemonStatic VnDaemonStatic;
+
 typedef struct VnDaemon {
     VnConfig *conf;
     VnFabric *fab;
@@ -86,7 +89,24 @@ typedef struct VnDaemon {
     char *announced;            /* the last announcement broadcast, or NULL */
     unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
+    VnDaemonStatic *statics;    /* the borrows the config file names (daemon.c) */
 } VnDaemon;
+
+/* ---- daemon.c ---- */
+/*
+ * A daemon for @conf (which it takes, even on failure): probes the control
+ * socket, joins the fabric, lends, restores its state, opens the control
+ * socket and starts announcing.  NULL with @error when any of that fails.
+ * It runs in the thread-default main context (the default one).
+ */
+VnDaemon *vn_daemon_new(VnConfig *conf, GError **error);
+/* Serve until vn_daemon_quit(). */
+void vn_daemon_run(VnDaemon *d);
+void vn_daemon_quit(VnDaemon *d);
+/* Borrower workers keep serving their VMs (a new daemon adopts them). */
+void vn_daemon_free(VnDaemon *d);
+/* The counters to [node] stats-file, if set. */
+void vn_daemon_write_stats(VnDaemon *d);
 
 /* Peers are looked for this often; announcements go out on every change,
  * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */

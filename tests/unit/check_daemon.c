@@ -1,0 +1,404 @@
+/*
+ * Unit tests of the daemon core (vfio-ntb/daemon/daemon.c and its parts):
+ * real daemons in this process, on a shm fabric of their own, driven by
+ * iterating the one main context.  A third node ("evil", a bare fabric
+ * node) sends what a hostile or confused host could.  No worker is started
+ * here (borrow and return only): the e2e suites cover attach.
+ */
+#include "daemon/daemon-int.h"
+#include "fabric/shm.h"
+
+#include "check-main.h"
+
+#include <check.h>
+#include <gio/gio.h>
+#include <glib/gstdio.h>
+#include <string.h>
+
+#define LEASE_TIMEOUT_MS 1500
+
+static char *tmpdir;
+
+static void setup(void)
+{
+    tmpdir = g_dir_make_tmp("vn-check-daemon-XXXXXX", NULL);
+    ck_assert_ptr_nonnull(tmpdir);
+}
+
+static void teardown(void)
+{
+    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", tmpdir);
+
+    ck_assert_int_eq(system(cmd), 0);
+    g_clear_pointer(&tmpdir, g_free);
+}
+
+/* hosta lends nvme0 to hostb and hoste; the others lend nothing. */
+static VnDaemon *daemon_start(const char *node)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = g_strdup_printf(
+        "[node]\nname = %s\nfabric = shm\nfabric-dir = %s/fabric\n"
+        "control-socket = %s/%s.control\nstate-dir = %s/%s.state\nrun-dir = %s/%s.run\n"
+        "lease-timeout-ms = %d\n%s",
+        node, tmpdir, tmpdir, node, tmpdir, node, tmpdir, node, LEASE_TIMEOUT_MS,
+        strcmp(node, "hosta") == 0
+            ? "\n[lend nvme0]\nsocket = /nonexistent/dev.sock\nallow = hostb;hoste\n" : "");
+    g_autofree char *fabric = g_build_filename(tmpdir, "fabric", NULL);
+    VnConfig *conf = vn_conf_parse(text, &error);
+    VnDaemon *d;
+
+    ck_assert_msg(conf != NULL, "%s", error ? error->message : "");
+    g_mkdir_with_parents(fabric, 0700);
+    d = vn_daemon_new(conf, &error);
+    ck_assert_msg(d != NULL, "%s", error ? error->message : "");
+    return d;
+}
+
+typedef bool (*Cond)(void *opaque);
+
+/* Run the loop until @cond holds or @ms pass; its last answer. */
+static bool spin_until(Cond cond, void *opaque, int ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)ms * 1000;
+
+    while (!cond(opaque) && g_get_monotonic_time() < deadline) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    return cond(opaque);
+}
+
+static void spin(int ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)ms * 1000;
+
+    while (g_get_monotonic_time() < deadline) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+}
+
+typedef struct Pair {
+    VnDaemon *a, *b;
+} Pair;
+
+static bool knows_hosta(void *opaque)
+{
+    VnDaemon *b = opaque;
+    VnRemoteNode *n = g_hash_table_lookup(b->nodes, "hosta");
+
+    return n != NULL && n->link_up && n->ann != NULL;
+}
+
+static VnLease *lease_of(VnDaemon *a)
+{
+    return vn_daemon_local(a, "nvme0")->lease;
+}
+
+static bool held(void *opaque)
+{
+    return lease_of(opaque)->state == VN_LEASE_HELD;
+}
+
+static bool free_again(void *opaque)
+{
+    return lease_of(opaque)->state == VN_LEASE_FREE;
+}
+
+typedef struct Done {
+    bool done;
+    VnBorrowed *b;
+    char klass[64];
+    char msg[256];
+} Done;
+
+static void on_done(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                    void *opaque)
+{
+    Done *r = opaque;
+
+    r->done = true;
+    r->b = b;
+    g_strlcpy(r->klass, klass ? klass : "", sizeof(r->klass));
+    g_strlcpy(r->msg, msg ? msg : "", sizeof(r->msg));
+}
+
+static bool is_done(void *opaque)
+{
+    return ((Done *)opaque)->done;
+}
+
+/* hostb borrows hosta/nvme0; the lease is held (claimed) when this returns. */
+static uint64_t borrow(VnDaemon *a, VnDaemon *b)
+{
+    Done r = { 0 };
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    ck_assert(spin_until(is_done, &r, 5000));
+    ck_assert_msg(r.b != NULL, "%s: %s", r.klass, r.msg);
+    ck_assert_uint_eq(r.b->lease, lease_of(a)->id);
+    ck_assert_str_eq(lease_of(a)->holder, "hostb");
+    /* hostb's next announcement claims it. */
+    ck_assert(spin_until(held, a, 2000));
+    return r.b->lease;
+}
+
+START_TEST(test_borrow_return)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    uint64_t lease = borrow(a, b);
+    Done r = { 0 };
+
+    ck_assert_uint_gt(lease, 0);
+    vn_cluster_return(b, vn_daemon_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert_msg(r.klass[0] == '\0', "%s: %s", r.klass, r.msg);
+    ck_assert(free_again(a));
+    ck_assert_ptr_null(vn_daemon_borrowed(b, "hosta/nvme0"));
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* A RETURN that never reached the lender: hostb's announcements stop
+ * claiming the lease, and hosta ends it (it used to keep it for ever). */
+START_TEST(test_unclaimed_lease_ends)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+
+    borrow(a, b);
+    g_ptr_array_remove(b->borrowed, vn_daemon_borrowed(b, "hosta/nvme0"));
+    vn_cluster_announce(b);
+    ck_assert(spin_until(free_again, a, 1000));
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* The lender's daemon restarts; the holder claims the lease again, then
+ * returns it, and the new daemon ends it at once. */
+START_TEST(test_lender_restart_then_return)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    uint64_t lease = borrow(a, b);
+    Done r = { 0 };
+
+    vn_daemon_free(a);
+    a = daemon_start("hosta");
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_RESTORED);
+    ck_assert_uint_eq(lease_of(a)->id, lease);
+    ck_assert(spin_until(held, a, 4000));
+    vn_cluster_return(b, vn_daemon_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert(spin_until(free_again, a, 500));
+    /* Ids go on from the restored one. */
+    ck_assert_uint_ge(vn_leases_last_id(a->leases), lease);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* ---- a hostile node ---- */
+
+typedef struct Evil {
+    VnFabric *fab;
+    bool replied;
+    int err;
+    bool up;
+} Evil;
+
+static void evil_link(void *opaque, const char *peer, bool up)
+{
+    ((Evil *)opaque)->up = up;
+}
+
+static const VnFabricHandlers evil_handlers = { .on_link = evil_link };
+
+static void evil_open(Evil *e, const char *name)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autofree char *dir = g_build_filename(tmpdir, "fabric", NULL);
+    g_autoptr(GError) error = NULL;
+
+    g_hash_table_insert(params, "dir", dir);
+    e->fab = vn_fabric_open("shm", name, params, &evil_handlers, e, NULL, &error);
+    ck_assert_msg(e->fab != NULL, "%s", error ? error->message : "");
+}
+
+static bool evil_up(void *opaque)
+{
+    return ((Evil *)opaque)->up;
+}
+
+static void on_evil_reply(void *opaque, VnFabricMsg *reply, int err)
+{
+    Evil *e = opaque;
+
+    e->replied = true;
+    e->err = err;
+}
+
+static bool evil_replied(void *opaque)
+{
+    return ((Evil *)opaque)->replied;
+}
+
+static int evil_request(Evil *e, const char *to, uint32_t type, const char *json)
+{
+    e->replied = false;
+    ck_assert_int_eq(vn_fabric_request(e->fab, to, type, json, NULL, 0, NULL, 0, on_evil_reply,
+                                       e), 0);
+    ck_assert(spin_until(evil_replied, e, 3000));
+    return e->err;
+}
+
+START_TEST(test_hostile_peer)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    uint64_t lease = borrow(a, b);
+    g_autofree char *forged = NULL, *own = NULL, *revoke = NULL, *ret = NULL;
+    Evil e = { 0 };
+
+    evil_open(&e, "evil");
+    ck_assert(vn_fabric_connect(e.fab, "hosta", NULL));
+    ck_assert(vn_fabric_connect(e.fab, "hostb", NULL));
+    ck_assert(spin_until(evil_up, &e, 2000));
+    /* It speaks for hostb, without the lease: ignored (not hostb's link). */
+    forged = g_strdup("{\"node\":\"hostb\",\"devices\":[],\"holds\":[]}");
+    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, forged, NULL, 0, NULL, 0);
+    /* Its own announcement claims hostb's lease: that is not its lease. */
+    own = g_strdup_printf("{\"node\":\"evil\",\"devices\":[],\"holds\":[{\"lender\":\"hosta\","
+                          "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}]}", lease);
+    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, own, NULL, 0, NULL, 0);
+    /* A REVOKE of hosta's device sent to hostb by someone else than hosta. */
+    revoke = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                             ",\"grace_ms\":0}", lease);
+    vn_fabric_event(e.fab, "hostb", VN_PEERS_REVOKE, revoke, NULL, 0, NULL, 0);
+    /* Returning, borrowing and authorizing what is hostb's. */
+    ret = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}", lease);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_RETURN, ret), -EPERM);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"nvme0\"}"),
+                     -EACCES);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_AUTHORIZE, ret), -EINVAL);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"../x\"}"),
+                     -EINVAL);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_REVOKE, ret), -ENOTSUP);
+    spin(300);
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_HELD);
+    ck_assert_str_eq(lease_of(a)->holder, "hostb");
+    ck_assert_uint_eq(lease_of(a)->id, lease);
+    ck_assert_ptr_nonnull(vn_daemon_borrowed(b, "hosta/nvme0"));
+    /* The forged announcement did not replace what hostb said of itself. */
+    ck_assert_ptr_nonnull(g_hash_table_lookup(a->nodes, "hostb"));
+    ck_assert(((VnRemoteNode *)g_hash_table_lookup(a->nodes, "hostb"))->link_up);
+    vn_fabric_close(e.fab);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+static bool knows_hoste(void *opaque)
+{
+    VnRemoteNode *n = g_hash_table_lookup(((VnDaemon *)opaque)->nodes, "hoste");
+
+    return n != NULL && n->link_up;
+}
+
+/* 300 nodes that link and go (workers, or a scan) leave no trace in the
+ * node table: a host joining after them is listed. */
+START_TEST(test_transient_nodes_leave_no_trace)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb"), *e;
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    for (int i = 0; i < 300; i++) {
+        g_autofree char *name = g_strdup_printf("hostb-w%d", i);
+        Evil w = { 0 };
+
+        evil_open(&w, name);
+        ck_assert(vn_fabric_connect(w.fab, "hosta", NULL));
+        ck_assert(spin_until(evil_up, &w, 2000));
+        vn_fabric_close(w.fab);
+    }
+    spin(100);
+    ck_assert_uint_eq(g_hash_table_size(a->nodes), 1);      /* hostb */
+    e = daemon_start("hoste");
+    ck_assert(spin_until(knows_hoste, a, 5000));
+    vn_daemon_free(e);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* A node holds at most VN_CONF_MAX_DEVICES leases: its announcements must
+ * list them all. */
+START_TEST(test_borrow_cap)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    Done r = { 0 };
+
+    for (unsigned i = 0; i < VN_CONF_MAX_DEVICES; i++) {
+        VnBorrowed *x = g_new0(VnBorrowed, 1);
+
+        x->lender = g_strdup("hostc");
+        x->name = g_strdup_printf("d%u", i);
+        x->device = g_strdup_printf("hostc/d%u", i);
+        x->lease = i + 1;
+        g_ptr_array_add(b->borrowed, x);
+    }
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    ck_assert(r.done);
+    ck_assert_ptr_null(r.b);
+    ck_assert_str_eq(r.klass, VN_ERR_BUSY);
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_FREE);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* A second daemon on a live one's control socket refuses to start. */
+START_TEST(test_second_daemon_refused)
+{
+    VnDaemon *a = daemon_start("hosta");
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = g_strdup_printf(
+        "[node]\nname = hostz\nfabric = shm\nfabric-dir = %s/fabric\n"
+        "control-socket = %s/hosta.control\n", tmpdir, tmpdir);
+    VnConfig *conf = vn_conf_parse(text, &error);
+
+    ck_assert_ptr_nonnull(conf);
+    ck_assert_ptr_null(vn_daemon_new(conf, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE));
+    vn_daemon_free(a);
+}
+END_TEST
+
+static Suite *daemon_suite(void)
+{
+    Suite *s = suite_create("daemon");
+    TCase *tc = tcase_create("leases");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_borrow_return);
+    tcase_add_test(tc, test_unclaimed_lease_ends);
+    tcase_add_test(tc, test_lender_restart_then_return);
+    tcase_add_test(tc, test_borrow_cap);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("peers");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_hostile_peer);
+    tcase_add_test(tc, test_transient_nodes_leave_no_trace);
+    tcase_add_test(tc, test_second_daemon_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(daemon_suite());
+}

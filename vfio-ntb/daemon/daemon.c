@@ -1,0 +1,491 @@
+/*
+ * The daemon core: a VnDaemon owns the fabric node, the lent devices and
+ * their leases, the borrowed devices, the control socket and the timers, and
+ * routes fabric events to its parts (cluster.c, leases.c, the lenders).
+ * vfio-ntbd.c is main() around it; the unit tests run daemons in-process.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include "common/name.h"
+#include "common/util.h"
+#include "config.h"
+
+#include <errno.h>
+#include <glib-unix.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Static borrows retry this often until their lender is up. */
+#define VN_DAEMON_BORROW_RETRY_MS 200
+#define VN_DAEMON_BORROW_WARN_EVERY 25
+
+VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name)
+{
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (strcmp(ld->conf->name, name) == 0) {
+            return ld;
+        }
+    }
+    return NULL;
+}
+
+VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
+{
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (strcmp(b->device, device) == 0) {
+            return b;
+        }
+    }
+    return NULL;
+}
+
+void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
+{
+    if (b->worker_pid <= 0) {
+        return;
+    }
+    vn_spawn_stop(d, b);
+    g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
+    g_clear_pointer(&b->domain, g_free);
+    g_clear_pointer(&b->qmp, g_free);
+    g_clear_pointer(&b->qdev_id, g_free);
+    /* At once: a restart must not find the stopped worker's pid to adopt. */
+    vn_state_save_or_report(d);
+}
+
+bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (b->worker_pid <= 0) {
+        return false;
+    }
+    /* The lender lost: the worker saw it too and already asked, if it could. */
+    if (!b->lost && vn_spawn_request_unplug(d, b)) {
+        return true;
+    }
+    if (b->qmp == NULL || b->qdev_id == NULL) {
+        return false;
+    }
+    if (!vn_qmp_device_del(b->qmp, b->qdev_id, &error)) {
+        g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
+                  b->qdev_id, b->domain, error->message);
+        return false;
+    }
+    g_message("node %s: asked %s to unplug %s (%s)", d->conf->node, b->domain, b->device,
+              b->qdev_id);
+    return true;
+}
+
+/* A release in progress: which lease of which device, and until when. */
+typedef struct Release {
+    VnDaemon *d;
+    char *device;
+    uint64_t lease;
+    gint64 deadline_us;
+    unsigned wait_ms;
+} Release;
+
+static void release_free(gpointer p)
+{
+    Release *r = p;
+
+    g_free(r->device);
+    g_free(r);
+}
+
+static gboolean release_poll(gpointer data)
+{
+    Release *r = data;
+    VnBorrowed *b = vn_daemon_borrowed(r->d, r->device);
+    bool gone;
+
+    if (b == NULL || b->lease != r->lease) {
+        return G_SOURCE_REMOVE;     /* returned meanwhile (vn_borrowed_free ends us) */
+    }
+    gone = !vn_spawn_client_connected(b);
+    if (!gone && g_get_monotonic_time() < r->deadline_us) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (gone) {
+        g_message("node %s: the VM released %s", r->d->conf->node, b->device);
+    } else {
+        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node,
+                  b->device, r->wait_ms);
+    }
+    b->release_timer = 0;           /* this source ends with the return below */
+    vn_cluster_return(r->d, b, NULL, NULL);
+    return G_SOURCE_REMOVE;
+}
+
+void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
+    Release *r;
+
+    if (b->release_timer != 0) {
+        return;                     /* already on its way out */
+    }
+    if (wait_ms == 0 || !vn_daemon_unplug(d, b)) {
+        vn_cluster_return(d, b, NULL, NULL);
+        return;
+    }
+    r = g_new0(Release, 1);
+    *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+                    .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
+                    .wait_ms = wait_ms };
+    b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
+                                          release_poll, r, release_free);
+}
+
+/* Leaves a running worker alone: it serves a VM and outlives us. */
+VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error)
+{
+    VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
+
+    ld->conf = lc;
+    ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
+    if (ld->lender == NULL) {
+        g_free(ld);
+        return NULL;
+    }
+    ld->lease = vn_leases_add(d->leases, lc->name, ld);
+    g_ptr_array_add(d->local, ld);
+    g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
+    return ld;
+}
+
+void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld)
+{
+    VnLendConf *lc = ld->conf;
+
+    g_message("node %s: no longer lending %s", d->conf->node, lc->name);
+    vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
+    g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
+    g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
+}
+
+void vn_borrowed_free(VnBorrowed *b)
+{
+    if (b->child_watch != 0) {
+        g_source_remove(b->child_watch);
+    }
+    if (b->release_timer != 0) {
+        g_source_remove(b->release_timer);
+    }
+    g_free(b->worker_node);
+    g_free(b->stats_path);
+    g_free(b->device);
+    g_free(b->lender);
+    g_free(b->name);
+    g_free(b->domain);
+    g_free(b->socket);
+    g_free(b->qmp);
+    g_free(b->qdev_id);
+    g_free(b);
+}
+
+static void local_free(gpointer p)
+{
+    VnLocalDevice *ld = p;
+
+    if (ld->revoke_timer != 0) {
+        g_source_remove(ld->revoke_timer);
+    }
+    if (ld->revoke_reply != NULL) {
+        vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
+    }
+    /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
+     * its leases in the state file for the next one. */
+    vn_lender_free(ld->lender);
+    g_free(ld->worker);
+    g_free(ld);
+}
+
+/* ---- fabric events ---- */
+
+static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    VnDaemon *d = opaque;
+    char name[VN_MAX_DEVICE_NAME + 1];
+    g_autoptr(GError) error = NULL;
+    VnLocalDevice *ld;
+
+    if (msg->type >= VN_PEERS_ANNOUNCE) {
+        vn_cluster_request(d, msg, token);
+        return;
+    }
+    if (!vn_proto_device_name(msg->json, name, &error)) {
+        vn_fabric_reply_error(d->fab, token, EINVAL, error->message);
+        return;
+    }
+    ld = vn_daemon_local(d, name);
+    if (ld == NULL) {
+        g_autofree char *why = g_strdup_printf("node %s lends no device \"%s\"",
+                                               d->conf->node, name);
+
+        vn_fabric_reply_error(d->fab, token, ENODEV, why);
+        return;
+    }
+    /* Only the lease holder, or the worker it authorized, reaches the device. */
+    if (!vn_lease_lent(ld->lease) ||
+        (strcmp(ld->lease->holder, msg->peer) != 0 &&
+         (ld->worker == NULL || strcmp(ld->worker, msg->peer) != 0))) {
+        g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
+                                               "first", d->conf->node, name, msg->peer);
+
+        vn_fabric_reply_error(d->fab, token, EACCES, why);
+        return;
+    }
+    vn_lender_request(ld->lender, msg, token);
+}
+
+static void on_event(void *opaque, VnFabricMsg *msg)
+{
+    vn_cluster_event(opaque, msg);
+}
+
+static void on_link(void *opaque, const char *peer, bool up)
+{
+    VnDaemon *d = opaque;
+
+    g_message("node %s: link to %s %s", d->conf->node, peer, up ? "up" : "down");
+    if (!up) {
+        for (guint i = 0; i < d->local->len; i++) {
+            vn_lender_peer_down(((VnLocalDevice *)d->local->pdata[i])->lender, peer);
+        }
+    }
+    vn_cluster_link(d, peer, up);
+}
+
+static const VnFabricHandlers handlers = {
+    .on_link = on_link,
+    .on_request = on_request,
+    .on_event = on_event,
+    /* doorbells go to the borrower workers' own nodes */
+};
+
+/* ---- borrows named in the config file ---- */
+
+struct VnDaemonStatic {
+    VnDaemon *d;
+    guint src;
+    unsigned tries;
+    unsigned pending;           /* borrows in flight */
+};
+
+static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned tries)
+{
+    g_autoptr(GError) error = NULL;
+
+    b->irq_mode = bc->irq_mode;
+    g_free(b->socket);
+    b->socket = g_strdup(bc->socket);
+    g_free(b->domain);
+    b->domain = g_strdup(bc->name);
+    if (!vn_spawn_start(d, b, &error)) {
+        g_clear_pointer(&b->domain, g_free);
+        if (tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+            g_message("node %s: serving %s: %s (retrying)", d->conf->node, b->device,
+                      error->message);
+        }
+        return;
+    }
+    vn_state_save_or_report(d);
+}
+
+typedef struct StaticBorrow {
+    VnDaemonStatic *st;
+    VnBorrowConf *bc;
+} StaticBorrow;
+
+static void static_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
+                            void *opaque)
+{
+    StaticBorrow *sb = opaque;
+
+    sb->st->pending--;
+    if (b == NULL) {
+        if (sb->st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+            g_message("node %s: borrow %s/%s: %s (retrying)", d->conf->node, sb->bc->lender,
+                      sb->bc->device, msg);
+        }
+    } else if (d->borrowed != NULL) {
+        static_attach(d, b, sb->bc, sb->st->tries);
+    }
+    g_free(sb);
+}
+
+/* Borrow and serve what the config names; true once everything is served. */
+static bool static_borrows(VnDaemonStatic *st)
+{
+    VnDaemon *d = st->d;
+    bool all = true;
+
+    for (guint i = 0; i < d->conf->borrows->len; i++) {
+        VnBorrowConf *bc = d->conf->borrows->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", bc->lender, bc->device);
+        VnBorrowed *b = vn_daemon_borrowed(d, dev);
+
+        if (b != NULL && b->worker_pid > 0) {
+            continue;
+        }
+        all = false;
+        if (b != NULL) {
+            static_attach(d, b, bc, st->tries);
+        } else if (st->pending == 0) {
+            StaticBorrow *sb = g_new0(StaticBorrow, 1);
+
+            *sb = (StaticBorrow){ .st = st, .bc = bc };
+            st->pending++;
+            vn_cluster_borrow(d, bc->lender, bc->device, static_borrowed, sb);
+        }
+    }
+    return all;
+}
+
+static gboolean on_static_retry(gpointer data)
+{
+    VnDaemonStatic *st = data;
+
+    st->tries++;
+    if (static_borrows(st)) {
+        st->src = 0;
+        return G_SOURCE_REMOVE;
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+/* ---- counters to a file (SIGUSR1) ---- */
+
+void vn_daemon_write_stats(VnDaemon *d)
+{
+    g_autoptr(JsonNode) root = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = NULL;
+
+    if (d->conf->stats_file == NULL) {
+        return;
+    }
+    root = vn_daemon_stats(d, NULL);
+    text = json_to_string(root, TRUE);
+    if (!vn_util_write_snapshot(d->conf->stats_file, text, &error)) {
+        g_warning("node %s: stats file: %s", d->conf->node, error->message);
+    }
+}
+
+
+static void remote_free(gpointer p)
+{
+    VnRemoteNode *n = p;
+
+    if (n->ann != NULL) {
+        g_free(n->ann);
+    }
+    g_free(n->name);
+    g_free(n);
+}
+
+static bool daemon_start(VnDaemon *d, GError **error)
+{
+    /* Before anything else: a second daemon on a live one's control socket
+     * must not join the fabric under its name, nor take the socket over. */
+    if (!vn_control_path_free(d->conf->control_socket, error)) {
+        return false;
+    }
+    d->local = g_ptr_array_new_with_free_func(local_free);
+    d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_borrowed_free);
+    d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
+    d->leases = vn_leases_new(d->conf->lease_timeout_ms);
+    /* Listeners before anything can change a lease: the cluster's (fence,
+     * answer revokes, announce, events), then the store. */
+    vn_leases_listen(d->leases, vn_cluster_on_lease, d);
+    vn_leases_listen(d->leases, vn_state_on_lease, d);
+    d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers,
+                            d, NULL, error);
+    if (d->fab == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < d->conf->lends->len; i++) {
+        if (vn_daemon_lend(d, d->conf->lends->pdata[i], error) == NULL) {
+            return false;
+        }
+    }
+    if (!vn_state_load(d, error)) {
+        return false;
+    }
+    d->control = vn_control_new(d, d->conf->control_socket, error);
+    return d->control != NULL;
+}
+
+static void daemon_stop(VnDaemon *d)
+{
+    if (d->heartbeat != 0) {
+        g_source_remove(d->heartbeat);
+    }
+    if (d->announce_timer != 0) {
+        g_source_remove(d->announce_timer);
+    }
+    g_clear_pointer(&d->announced, g_free);
+    /* Borrower workers keep serving their VMs; a restarted daemon adopts
+     * them (`ntbctl detach` stops one). */
+    g_clear_pointer(&d->borrowed, g_ptr_array_unref);
+    g_clear_pointer(&d->control, vn_control_free);
+    g_clear_pointer(&d->local, g_ptr_array_unref);
+    g_clear_pointer(&d->leases, vn_leases_free);
+    g_clear_pointer(&d->fab, vn_fabric_close);
+    g_clear_pointer(&d->nodes, g_hash_table_unref);
+}
+
+VnDaemon *vn_daemon_new(VnConfig *conf, GError **error)
+{
+    VnDaemon *d = g_new0(VnDaemon, 1);
+
+    d->conf = conf;
+    d->loop = g_main_loop_new(NULL, FALSE);
+    if (!daemon_start(d, error)) {
+        vn_daemon_free(d);
+        return NULL;
+    }
+    vn_cluster_start(d);
+    d->statics = g_new0(VnDaemonStatic, 1);
+    d->statics->d = d;
+    if (d->conf->borrows->len > 0) {
+        d->statics->src = g_timeout_add(VN_DAEMON_BORROW_RETRY_MS, on_static_retry, d->statics);
+    }
+    g_message("node %s: up on fabric %s, control socket %s", d->conf->node, d->conf->fabric,
+              d->conf->control_socket);
+    return d;
+}
+
+void vn_daemon_run(VnDaemon *d)
+{
+    g_main_loop_run(d->loop);
+}
+
+void vn_daemon_quit(VnDaemon *d)
+{
+    g_message("node %s: stopping", d->conf->node);
+    g_main_loop_quit(d->loop);
+}
+
+void vn_daemon_free(VnDaemon *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    if (d->statics != NULL && d->statics->src != 0) {
+        g_source_remove(d->statics->src);
+    }
+    g_clear_pointer(&d->statics, g_free);
+    daemon_stop(d);
+    g_clear_pointer(&d->loop, g_main_loop_unref);
+    vn_conf_free(d->conf);
+    g_free(d);
+}
