@@ -3,7 +3,8 @@
  * real daemons in this process, on a shm fabric of their own, driven by
  * iterating the one main context.  A third node ("evil", a bare fabric
  * node) sends what a hostile or confused host could.  No worker is started
- * here (borrow and return only): the e2e suites cover attach.
+ * here: attach goes to a fake VnWorkerOps that records what it was asked;
+ * the e2e suites start real workers.
  */
 #include "daemon/daemon-int.h"
 #include "fabric/shm.h"
@@ -14,13 +15,78 @@
 #include <gio/gio.h>
 #include <glib/gstdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #define LEASE_TIMEOUT_MS 1500
 
 static char *tmpdir;
 
+/* ---- a fake worker launcher ---- */
+
+/* What the fake workers were asked, and which "run" (pids 1000 + lease). */
+static struct {
+    unsigned starts, stops, adopts;
+    GHashTable *running;        /* pid -> socket */
+} fake;
+
+static bool fake_start(VnDaemon *d, VnBorrowed *b, GError **error)
+{
+    fake.starts++;
+    b->worker_pid = (GPid)(1000 + b->lease);
+    g_free(b->worker_node);
+    b->worker_node = g_strdup_printf("%s-w%" G_GUINT64_FORMAT, d->conf->node, b->lease);
+    g_free(b->stats_path);
+    b->stats_path = g_strdup_printf("%s/%s.stats", d->conf->run_dir, b->worker_node);
+    g_hash_table_insert(fake.running, GINT_TO_POINTER(b->worker_pid), g_strdup(b->socket));
+    return true;
+}
+
+static void fake_stop(VnDaemon *d, VnBorrowed *b)
+{
+    fake.stops++;
+    g_hash_table_remove(fake.running, GINT_TO_POINTER(b->worker_pid));
+    b->worker_pid = 0;
+}
+
+static bool fake_adopt(VnDaemon *d, VnBorrowed *b)
+{
+    const char *sock = g_hash_table_lookup(fake.running, GINT_TO_POINTER(b->worker_pid));
+
+    fake.adopts++;
+    if (sock == NULL || strcmp(sock, b->socket) != 0) {
+        b->worker_pid = 0;
+        return false;
+    }
+    return true;
+}
+
+static char *fake_stats(VnDaemon *d, VnBorrowed *b)
+{
+    return g_strdup("{\"vfio_user_messages\":7}");
+}
+
+static bool fake_no(VnDaemon *d, VnBorrowed *b)
+{
+    return false;
+}
+
+static const VnWorkerOps fake_ops = {
+    .name = "fake",
+    .start = fake_start,
+    .stop = fake_stop,
+    .adopt = fake_adopt,
+    .stats = fake_stats,
+    .request_unplug = fake_no,
+    .client_connected = fake_no,
+};
+
+
 static void setup(void)
 {
+    memset(&fake, 0, sizeof(fake));
+    fake.running = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
     tmpdir = g_dir_make_tmp("vn-check-daemon-XXXXXX", NULL);
     ck_assert_ptr_nonnull(tmpdir);
 }
@@ -31,6 +97,7 @@ static void teardown(void)
 
     ck_assert_int_eq(system(cmd), 0);
     g_clear_pointer(&tmpdir, g_free);
+    g_clear_pointer(&fake.running, g_hash_table_unref);
 }
 
 /* hosta lends nvme0 to hostb and hoste; the others lend nothing. */
@@ -50,7 +117,7 @@ static VnDaemon *daemon_start(const char *node)
 
     ck_assert_msg(conf != NULL, "%s", error ? error->message : "");
     g_mkdir_with_parents(fabric, 0700);
-    d = vn_daemon_new(conf, &error);
+    d = vn_daemon_new(conf, &fake_ops, &error);
     ck_assert_msg(d != NULL, "%s", error ? error->message : "");
     return d;
 }
@@ -370,9 +437,107 @@ START_TEST(test_second_daemon_refused)
     VnConfig *conf = vn_conf_parse(text, &error);
 
     ck_assert_ptr_nonnull(conf);
-    ck_assert_ptr_null(vn_daemon_new(conf, &error));
+    ck_assert_ptr_null(vn_daemon_new(conf, NULL, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE));
     vn_daemon_free(a);
+}
+END_TEST
+
+/* ---- the control socket ---- */
+
+/* Send one request line to @d's control socket; the reply line (owned),
+ * after the greeting. */
+static char *control(VnDaemon *d, const char *line)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    GString *reply = g_string_new(NULL);
+    gint64 deadline = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    char c;
+
+    g_strlcpy(addr.sun_path, d->conf->control_socket, sizeof(addr.sun_path));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+    while (g_get_monotonic_time() < deadline) {
+        ssize_t n = read(fd, &c, 1);
+
+        if (n == 1 && c == '\n') {
+            if (g_str_has_prefix(reply->str, "{\"vfio-ntbd\"")) {
+                g_string_truncate(reply, 0);    /* the greeting */
+                continue;
+            }
+            break;
+        }
+        if (n == 1) {
+            g_string_append_c(reply, c);
+            continue;
+        }
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    close(fd);
+    return g_string_free(reply, FALSE);
+}
+
+/* attach borrows and starts a worker; a restarted daemon adopts it (and
+ * not a worker that is gone); detach stops it and saves that at once. */
+START_TEST(test_attach_adopt_detach)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    g_autofree char *att = NULL, *show = NULL, *det = NULL, *again = NULL, *state = NULL;
+    g_autofree char *path = g_build_filename(tmpdir, "hostb.state", "state.json", NULL);
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    att = control(b, "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
+                     "\"domain\":\"vm1\"},\"id\":1}\n");
+    ck_assert_msg(strstr(att, "\"return\"") != NULL && strstr(att, ".sock") != NULL, "%s", att);
+    ck_assert_uint_eq(fake.starts, 1);
+    ck_assert(spin_until(held, a, 2000));
+    /* A restart of hostb's daemon: the worker is adopted, the lease kept. */
+    vn_daemon_free(b);
+    ck_assert_uint_eq(fake.stops, 0);          /* workers outlive their daemon */
+    b = daemon_start("hostb");
+    ck_assert_uint_eq(fake.adopts, 1);
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    show = control(b, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
+                      "\"hosta/nvme0\"},\"id\":2}\n");
+    ck_assert_msg(strstr(show, "\"attached_to\":\"vm1\"") != NULL, "%s", show);
+    det = control(b, "{\"execute\":\"detach\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
+                     "\"id\":3}\n");
+    ck_assert_msg(strstr(det, "\"return\"") != NULL, "%s", det);
+    ck_assert_uint_eq(fake.stops, 1);
+    ck_assert(g_file_get_contents(path, &state, NULL, NULL));
+    ck_assert_msg(strstr(state, "\"worker\"") == NULL, "%s", state);
+    /* Attached again, and the worker dies while the daemon is away: the new
+     * daemon does not adopt what is gone. */
+    g_free(att);
+    att = control(b, "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
+                     "\"domain\":\"vm2\"},\"id\":4}\n");
+    ck_assert_msg(strstr(att, "\"return\"") != NULL, "%s", att);
+    vn_daemon_free(b);
+    g_hash_table_remove_all(fake.running);
+    b = daemon_start("hostb");
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    again = control(b, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
+                       "\"hosta/nvme0\"},\"id\":5}\n");
+    ck_assert_msg(strstr(again, "\"attached_to\":null") != NULL, "%s", again);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+START_TEST(test_worker_ops_valid)
+{
+    VnWorkerOps ops = fake_ops;
+    g_autoptr(GError) error = NULL;
+
+    ck_assert(vn_worker_ops_valid(&fake_ops, NULL));
+    ck_assert(vn_worker_ops_valid(&vn_spawn_ops, NULL));
+    ops.adopt = NULL;
+    ck_assert(!vn_worker_ops_valid(&ops, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "adopt"));
+    ck_assert(!vn_worker_ops_valid(NULL, NULL));
 }
 END_TEST
 
@@ -387,6 +552,12 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_lender_restart_then_return);
     tcase_add_test(tc, test_borrow_cap);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("workers");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_attach_adopt_detach);
+    tcase_add_test(tc, test_worker_ops_valid);
     suite_add_tcase(s, tc);
     tc = tcase_create("peers");
     tcase_add_checked_fixture(tc, setup, teardown);

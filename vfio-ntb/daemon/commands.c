@@ -290,7 +290,7 @@ JsonNode *vn_daemon_stats(VnDaemon *d, const char *only)
         char *text;
 
         if ((only == NULL || strcmp(only, bw->device) == 0) &&
-            (text = vn_spawn_stats(bw)) != NULL) {
+            (text = d->workers->stats(d, bw)) != NULL) {
             add_json_text(b, text);
         }
     }
@@ -476,7 +476,7 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         }
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
-        if (!vn_spawn_start(d, b, &error)) {
+        if (!d->workers->start(d, b, &error)) {
             g_clear_pointer(&b->domain, g_free);
             vn_control_error(at->r, VN_ERR_GENERIC, "%s", error->message);
         } else {
@@ -610,7 +610,7 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     json_builder_begin_object(jb);
     json_builder_set_member_name(jb, "requested");
-    json_builder_add_boolean_value(jb, !b->lost && vn_spawn_request_unplug(d, b));
+    json_builder_add_boolean_value(jb, !b->lost && d->workers->request_unplug(d, b));
     json_builder_end_object(jb);
     vn_control_return(r, json_builder_get_root(jb));
 }

@@ -73,6 +73,7 @@ typedef struct VnRemoteNode {
 } VnRemoteNode;
 
 typedef struct VnDaemonStatic VnDaemonStatic;
+typedef struct VnWorkerOps VnWorkerOps;
 
 typedef struct VnDaemon {
     VnConfig *conf;
@@ -90,16 +91,18 @@ typedef struct VnDaemon {
     unsigned beats;
     gint64 started_us;          /* monotonic; restored leases wait from here */
     VnDaemonStatic *statics;    /* the borrows the config file names (daemon.c) */
+    const VnWorkerOps *workers;
 } VnDaemon;
 
 /* ---- daemon.c ---- */
 /*
  * A daemon for @conf (which it takes, even on failure): probes the control
  * socket, joins the fabric, lends, restores its state, opens the control
- * socket and starts announcing.  NULL with @error when any of that fails.
+ * socket and starts announcing.  @workers serve attached devices (NULL:
+ * vn_spawn_ops, worker processes).  NULL with @error when any of that fails.
  * It runs in the thread-default main context (the default one).
  */
-VnDaemon *vn_daemon_new(VnConfig *conf, GError **error);
+VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **error);
 /* Serve until vn_daemon_quit(). */
 void vn_daemon_run(VnDaemon *d);
 void vn_daemon_quit(VnDaemon *d);
@@ -206,26 +209,42 @@ void vn_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays). */
 void vn_daemon_detach(VnDaemon *d, VnBorrowed *b);
 
-/* ---- spawn.c: borrower workers ---- */
-/* Start the worker serving @b on b->socket (b->domain set); false with
- * @error when it did not come up. */
-bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error);
-/* Wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the worker's
- * socket, SIGTERM, wait (bounded), SIGKILL if need be. */
-void vn_spawn_stop(VnDaemon *d, VnBorrowed *b);
-/* A worker's counters: some thirty members, a few KiB; a longer file is not
- * one the worker wrote, and is not parsed. */
+/* ---- workers: what serves an attached device's VM ---- */
+/*
+ * Behind this table so the daemon runs in unit tests with a fake one.  Every
+ * member is required (vn_worker_ops_valid()).
+ *
+ * start: serve @b on b->socket (b->domain set); sets b->worker_pid (> 0
+ *   while it runs), b->worker_node, b->stats_path; false with @error when it
+ *   did not come up.
+ * stop: wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the
+ *   socket, then end it (bounded); b->worker_pid is 0 after.
+ * adopt: after a restart, is the recorded worker still there (b->worker_pid
+ *   cleared if not)?
+ * stats: its counters (JSON, untrusted: the worker wrote them), or NULL;
+ *   at most VN_SPAWN_MAX_STATS bytes.
+ * request_unplug: ask the VM to release @b through the device-request
+ *   interrupt (does not wait); false, with nothing done, when its QEMU
+ *   takes no device requests.
+ * client_connected: is a QEMU connected (the device still in a VM)?
+ */
+struct VnWorkerOps {
+    const char *name;
+    bool (*start)(VnDaemon *d, VnBorrowed *b, GError **error);
+    void (*stop)(VnDaemon *d, VnBorrowed *b);
+    bool (*adopt)(VnDaemon *d, VnBorrowed *b);
+    char *(*stats)(VnDaemon *d, VnBorrowed *b);
+    bool (*request_unplug)(VnDaemon *d, VnBorrowed *b);
+    bool (*client_connected)(VnDaemon *d, VnBorrowed *b);
+};
+
+bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
+
+/* spawn.c: vfio-ntb-borrower processes, which outlive the daemon. */
+extern const VnWorkerOps vn_spawn_ops;
+/* Some thirty counters, a few KiB; a longer file is not one the worker
+ * wrote, and is not parsed. */
 #define VN_SPAWN_MAX_STATS (64 * 1024)
-/* Its counters (JSON, untrusted: the worker wrote them), or NULL. */
-char *vn_spawn_stats(VnBorrowed *b);
-/* Ask the VM to release @b through the device-request interrupt (does not
- * wait).  False, with nothing done, when the VM's QEMU takes no device
- * requests. */
-bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b);
-/* Is a QEMU connected to @b's worker (the device still in a VM)? */
-bool vn_spawn_client_connected(VnBorrowed *b);
-/* After a restart: is the recorded worker still there? */
-bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b);
 
 /* ---- qmp.c ---- */
 /* device_del @id in the VM whose QMP socket is @path (bounded; does not wait

@@ -51,7 +51,7 @@ void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
     if (b->worker_pid <= 0) {
         return;
     }
-    vn_spawn_stop(d, b);
+    d->workers->stop(d, b);
     g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
@@ -68,7 +68,7 @@ bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
         return false;
     }
     /* The lender lost: the worker saw it too and already asked, if it could. */
-    if (!b->lost && vn_spawn_request_unplug(d, b)) {
+    if (!b->lost && d->workers->request_unplug(d, b)) {
         return true;
     }
     if (b->qmp == NULL || b->qdev_id == NULL) {
@@ -110,7 +110,7 @@ static gboolean release_poll(gpointer data)
     if (b == NULL || b->lease != r->lease) {
         return G_SOURCE_REMOVE;     /* returned meanwhile (vn_borrowed_free ends us) */
     }
-    gone = !vn_spawn_client_connected(b);
+    gone = !r->d->workers->client_connected(r->d, b);
     if (!gone && g_get_monotonic_time() < r->deadline_us) {
         return G_SOURCE_CONTINUE;
     }
@@ -289,7 +289,7 @@ static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned
     b->socket = g_strdup(bc->socket);
     g_free(b->domain);
     b->domain = g_strdup(bc->name);
-    if (!vn_spawn_start(d, b, &error)) {
+    if (!d->workers->start(d, b, &error)) {
         g_clear_pointer(&b->domain, g_free);
         if (tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
             g_message("node %s: serving %s: %s (retrying)", d->conf->node, b->device,
@@ -443,11 +443,45 @@ static void daemon_stop(VnDaemon *d)
     g_clear_pointer(&d->nodes, g_hash_table_unref);
 }
 
-VnDaemon *vn_daemon_new(VnConfig *conf, GError **error)
+bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
+{
+    const char *missing = NULL;
+
+    if (ops == NULL) {
+        missing = "the table";
+    } else if (ops->name == NULL || ops->name[0] == '\0') {
+        missing = "name";
+    } else if (ops->start == NULL) {
+        missing = "start";
+    } else if (ops->stop == NULL) {
+        missing = "stop";
+    } else if (ops->adopt == NULL) {
+        missing = "adopt";
+    } else if (ops->stats == NULL) {
+        missing = "stats";
+    } else if (ops->request_unplug == NULL) {
+        missing = "request_unplug";
+    } else if (ops->client_connected == NULL) {
+        missing = "client_connected";
+    }
+    if (missing != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "worker ops: %s is required",
+                    missing);
+        return false;
+    }
+    return true;
+}
+
+VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **error)
 {
     VnDaemon *d = g_new0(VnDaemon, 1);
 
     d->conf = conf;
+    d->workers = workers != NULL ? workers : &vn_spawn_ops;
+    if (!vn_worker_ops_valid(d->workers, error)) {
+        vn_daemon_free(d);
+        return NULL;
+    }
     d->loop = g_main_loop_new(NULL, FALSE);
     if (!daemon_start(d, error)) {
         vn_daemon_free(d);

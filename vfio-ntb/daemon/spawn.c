@@ -8,6 +8,7 @@
  *
  * The worker is a fabric node of its own; the lender lets it reach the
  * device because this daemon, the lease holder, authorized it by name.
+ * This is vn_spawn_ops, the daemon's VnWorkerOps.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
@@ -81,7 +82,10 @@ static bool authorize(VnDaemon *d, VnBorrowed *b, GError **error)
     return true;
 }
 
-bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
+static void spawn_stop(VnDaemon *d, VnBorrowed *b);
+static bool spawn_client_connected(VnBorrowed *b);
+
+static bool spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
 {
     g_autofree char *bin = worker_binary();
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
@@ -148,7 +152,7 @@ bool vn_spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
             return false;
         }
         if (g_get_monotonic_time() > deadline) {
-            vn_spawn_stop(d, b);
+            spawn_stop(d, b);
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
                         "the borrower worker for %s did not come up in %d ms", b->device,
                         VN_SPAWN_START_TIMEOUT_MS);
@@ -168,7 +172,7 @@ static bool alive(GPid pid)
 
 static bool client_gone(VnBorrowed *b, unsigned wait_ms);
 
-void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
+static void spawn_stop(VnDaemon *d, VnBorrowed *b)
 {
     gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
     GPid pid = b->worker_pid;
@@ -206,7 +210,7 @@ void vn_spawn_stop(VnDaemon *d, VnBorrowed *b)
     }
 }
 
-char *vn_spawn_stats(VnBorrowed *b)
+static char *spawn_stats(VnBorrowed *b)
 {
     gint64 deadline;
     char *text = NULL;
@@ -231,7 +235,7 @@ char *vn_spawn_stats(VnBorrowed *b)
 /* A boolean member of the worker's counters; false when absent or unreadable. */
 static bool stats_flag(VnBorrowed *b, const char *member)
 {
-    g_autofree char *text = vn_spawn_stats(b);
+    g_autofree char *text = spawn_stats(b);
     g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
 
     return vn_util_json_bool(o, member);
@@ -243,7 +247,7 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)wait_ms * 1000;
 
-    while (vn_spawn_client_connected(b)) {
+    while (spawn_client_connected(b)) {
         if (g_get_monotonic_time() >= deadline) {
             return false;
         }
@@ -252,7 +256,7 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms)
     return true;
 }
 
-bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
+static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
 {
     if (!alive(b->worker_pid) || !stats_flag(b, "unplug_request_supported")) {
         return false;
@@ -263,12 +267,12 @@ bool vn_spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
     return true;
 }
 
-bool vn_spawn_client_connected(VnBorrowed *b)
+static bool spawn_client_connected(VnBorrowed *b)
 {
     return alive(b->worker_pid) && stats_flag(b, "client_connected");
 }
 
-bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b)
+static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
 {
     g_autofree char *cmdline = NULL;
     g_autofree char *proc = g_strdup_printf("/proc/%d/cmdline", b->worker_pid);
@@ -285,3 +289,23 @@ bool vn_spawn_adopt(VnDaemon *d, VnBorrowed *b)
               b->worker_node, b->worker_pid, b->device, b->socket);
     return true;
 }
+
+static char *ops_stats(VnDaemon *d, VnBorrowed *b)
+{
+    return spawn_stats(b);
+}
+
+static bool ops_client_connected(VnDaemon *d, VnBorrowed *b)
+{
+    return spawn_client_connected(b);
+}
+
+const VnWorkerOps vn_spawn_ops = {
+    .name = "process",
+    .start = spawn_start,
+    .stop = spawn_stop,
+    .adopt = spawn_adopt,
+    .stats = ops_stats,
+    .request_unplug = spawn_request_unplug,
+    .client_connected = ops_client_connected,
+};

@@ -177,7 +177,7 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     b->socket = g_strdup(socket);
     b->domain = g_strdup(domain);
     b->stats_path = g_strdup(stats);
-    if (!vn_spawn_adopt(d, b)) {
+    if (!d->workers->adopt(d, b)) {
         g_message("node %s: the worker that served %s is gone", d->conf->node, b->device);
         g_clear_pointer(&b->domain, g_free);
     }

@@ -66,7 +66,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }
-    d = vn_daemon_new(conf, &error);
+    d = vn_daemon_new(conf, NULL, &error);
     if (d == NULL) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 1;
