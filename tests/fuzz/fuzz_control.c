@@ -2,7 +2,7 @@
  * libFuzzer target for vfio-ntbd's control socket (daemon/control.c): a
  * client's bytes, split into JSON lines, checked and dispatched.  The real
  * socket code runs (vn_control_new() on a socket in a temporary directory);
- * the command table is this file's vn_commands_lookup(), harmless fakes
+ * the command table is this file's lookup(), harmless fakes
  * that answer at once, fail, echo their arguments or keep the reply to
  * answer after the client has gone.  Each input is one client: connect,
  * the bytes in chunks (the first byte picks their size) with the daemon's
@@ -63,7 +63,7 @@ static const struct {
     { "defer", cmd_defer, echo_args },
 };
 
-VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed)
+static VnCommandFn lookup(const char *name, const char *const **allowed)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
         if (strcmp(name, commands[i].name) == 0) {
@@ -91,7 +91,7 @@ static void setup(void)
 
     dir = g_dir_make_tmp("vn-fuzz-control-XXXXXX", &error);
     path = dir != NULL ? g_build_filename(dir, "control.sock", NULL) : NULL;
-    ctl = path != NULL ? vn_control_new(&daemon_state, path, &error) : NULL;
+    ctl = path != NULL ? vn_control_new(&daemon_state, path, lookup, &error) : NULL;
     if (ctl == NULL) {
         g_printerr("fuzz_control: %s\n", error->message);
         abort();

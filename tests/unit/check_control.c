@@ -2,7 +2,7 @@
  * Unit tests of vfio-ntbd's control socket (vfio-ntb/daemon/control.c): a
  * real socket, driven by a client in this process that runs the daemon's
  * main loop between its requests.  The command table is this file's
- * vn_commands_lookup() (commands.c needs the whole daemon): one command that
+ * lookup() (a table of its own, handed to vn_control_new()): one command that
  * answers {} as subscribe-events does.
  */
 #include "daemon/daemon-int.h"
@@ -21,7 +21,7 @@ static void cmd_empty(VnDaemon *d, JsonObject *args, VnControlReply *r)
     vn_control_return(r, NULL);
 }
 
-VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed)
+static VnCommandFn lookup(const char *name, const char *const **allowed)
 {
     *allowed = NULL;
     return strcmp(name, "subscribe-events") == 0 ? cmd_empty : NULL;
@@ -67,7 +67,7 @@ static void rig_start(Rig *r)
     r->dir = g_dir_make_tmp("vn-check-control-XXXXXX", &error);
     ck_assert_msg(r->dir != NULL, "%s", error ? error->message : "");
     r->path = g_build_filename(r->dir, "control.sock", NULL);
-    r->ctl = vn_control_new(&r->d, r->path, &error);
+    r->ctl = vn_control_new(&r->d, r->path, lookup, &error);
     ck_assert_msg(r->ctl != NULL, "%s", error ? error->message : "");
     g_strlcpy(addr.sun_path, r->path, sizeof(addr.sun_path));
     r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -177,7 +177,7 @@ START_TEST(test_live_socket_refused)
     int live = listen_at(path);
     int probe;
 
-    ck_assert_ptr_null(vn_control_new(&d, path, &error));
+    ck_assert_ptr_null(vn_control_new(&d, path, lookup, &error));
     ck_assert_msg(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE), "%s",
                   error ? error->message : "accepted");
     ck_assert_ptr_nonnull(strstr(error->message, "a running vfio-ntbd answers"));
@@ -203,11 +203,11 @@ START_TEST(test_stale_socket_replaced_file_refused)
     VnControl *ctl;
 
     close(listen_at(path));     /* the file stays, nobody listens */
-    ctl = vn_control_new(&d, path, &error);
+    ctl = vn_control_new(&d, path, lookup, &error);
     ck_assert_msg(ctl != NULL, "%s", error ? error->message : "");
     vn_control_free(ctl);
     ck_assert(g_file_set_contents(path, "not a socket", -1, NULL));
-    ck_assert_ptr_null(vn_control_new(&d, path, &error));
+    ck_assert_ptr_null(vn_control_new(&d, path, lookup, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_EXISTS));
     ck_assert(g_file_test(path, G_FILE_TEST_IS_REGULAR));
     unlink(path);

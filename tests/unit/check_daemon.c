@@ -160,7 +160,7 @@ static bool knows_hosta(void *opaque)
 
 static VnLease *lease_of(VnDaemon *a)
 {
-    return vn_daemon_local(a, "nvme0")->lease;
+    return vn_devices_local(a, "nvme0")->lease;
 }
 
 static bool held(void *opaque)
@@ -219,11 +219,11 @@ START_TEST(test_borrow_return)
     Done r = { 0 };
 
     ck_assert_uint_gt(lease, 0);
-    vn_cluster_return(b, vn_daemon_borrowed(b, "hosta/nvme0"), on_done, &r);
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
     ck_assert(spin_until(is_done, &r, 3000));
     ck_assert_msg(r.klass[0] == '\0', "%s: %s", r.klass, r.msg);
     ck_assert(free_again(a));
-    ck_assert_ptr_null(vn_daemon_borrowed(b, "hosta/nvme0"));
+    ck_assert_ptr_null(vn_devices_borrowed(b, "hosta/nvme0"));
     vn_daemon_free(b);
     vn_daemon_free(a);
 }
@@ -236,7 +236,7 @@ START_TEST(test_unclaimed_lease_ends)
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
 
     borrow(a, b);
-    g_ptr_array_remove(b->borrowed, vn_daemon_borrowed(b, "hosta/nvme0"));
+    g_ptr_array_remove(b->borrowed, vn_devices_borrowed(b, "hosta/nvme0"));
     vn_cluster_announce(b);
     ck_assert(spin_until(free_again, a, 1000));
     vn_daemon_free(b);
@@ -257,7 +257,7 @@ START_TEST(test_lender_restart_then_return)
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_RESTORED);
     ck_assert_uint_eq(lease_of(a)->id, lease);
     ck_assert(spin_until(held, a, 4000));
-    vn_cluster_return(b, vn_daemon_borrowed(b, "hosta/nvme0"), on_done, &r);
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
     ck_assert(spin_until(is_done, &r, 3000));
     ck_assert(spin_until(free_again, a, 500));
     /* Ids go on from the restored one. */
@@ -356,7 +356,7 @@ START_TEST(test_hostile_peer)
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_HELD);
     ck_assert_str_eq(lease_of(a)->holder, "hostb");
     ck_assert_uint_eq(lease_of(a)->id, lease);
-    ck_assert_ptr_nonnull(vn_daemon_borrowed(b, "hosta/nvme0"));
+    ck_assert_ptr_nonnull(vn_devices_borrowed(b, "hosta/nvme0"));
     /* The forged announcement did not replace what hostb said of itself. */
     ck_assert_ptr_nonnull(g_hash_table_lookup(a->nodes, "hostb"));
     ck_assert(((VnRemoteNode *)g_hash_table_lookup(a->nodes, "hostb"))->link_up);

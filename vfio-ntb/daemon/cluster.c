@@ -275,7 +275,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
             g_message("node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")",
                       d->conf->node, lender, b->device, b->lease);
             emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL);
-            vn_daemon_detach(d, b);
+            vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
             save(d);
         }
@@ -319,7 +319,7 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
         return;
     }
     device = g_strdup_printf("%s/%s", msg->peer, rq.device);
-    b = vn_daemon_borrowed(d, device);
+    b = vn_devices_borrowed(d, device);
     if (b == NULL || b->lease != rq.lease) {
         return;   /* not ours: a confused or malicious peer */
     }
@@ -328,7 +328,7 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     emit(d, "LEASE_REVOKED", device, rq.lease, NULL);
     /* A cooperative borrower: take it out of the VM (the guest's driver
      * releases it cleanly), detach and return, within the grace period. */
-    vn_daemon_release(d, b, MIN(rq.grace_ms / 2, VN_DAEMON_MAX_RELEASE_MS));
+    vn_cluster_release(d, b, MIN(rq.grace_ms / 2, VN_DAEMON_MAX_RELEASE_MS));
 }
 
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
@@ -441,7 +441,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         return;
     }
     name = rq.device;
-    ld = vn_daemon_local(d, name);
+    ld = vn_devices_local(d, name);
     if (ld == NULL) {
         reply_err(d, token, ENODEV, "%s lends no device \"%s\"", d->conf->node, name);
         return;
@@ -540,6 +540,67 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
 
 /* ---- leases, borrower side ---- */
 
+/* A release in progress: which lease of which device, and until when. */
+typedef struct Release {
+    VnDaemon *d;
+    char *device;
+    uint64_t lease;
+    gint64 deadline_us;
+    unsigned wait_ms;
+} Release;
+
+static void release_free(gpointer p)
+{
+    Release *r = p;
+
+    g_free(r->device);
+    g_free(r);
+}
+
+static gboolean release_poll(gpointer data)
+{
+    Release *r = data;
+    VnBorrowed *b = vn_devices_borrowed(r->d, r->device);
+    bool gone;
+
+    if (b == NULL || b->lease != r->lease) {
+        return G_SOURCE_REMOVE;     /* returned meanwhile (vn_devices_borrowed_free ends us) */
+    }
+    gone = !r->d->workers->client_connected(r->d, b);
+    if (!gone && g_get_monotonic_time() < r->deadline_us) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (gone) {
+        g_message("node %s: the VM released %s", r->d->conf->node, b->device);
+    } else {
+        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node,
+                  b->device, r->wait_ms);
+    }
+    b->release_timer = 0;           /* this source ends with the return below */
+    vn_cluster_return(r->d, b, NULL, NULL);
+    return G_SOURCE_REMOVE;
+}
+
+void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
+{
+    Release *r;
+
+    if (b->release_timer != 0) {
+        return;                     /* already on its way out */
+    }
+    if (wait_ms == 0 || !vn_devices_unplug(d, b)) {
+        vn_cluster_return(d, b, NULL, NULL);
+        return;
+    }
+    r = g_new0(Release, 1);
+    *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+                    .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
+                    .wait_ms = wait_ms };
+    b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
+                                          release_poll, r, release_free);
+}
+
+
 /*
  * Borrow and return are asynchronous: a daemon waiting on another daemon
  * must still answer it, or two daemons borrowing from each other at once
@@ -610,7 +671,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         finish(p, NULL, VN_ERR_GENERIC, "the daemon is stopping");
         return;
     }
-    b = vn_daemon_borrowed(d, device);
+    b = vn_devices_borrowed(d, device);
     if (b == NULL) {
         b = g_new0(VnBorrowed, 1);
         b->device = g_steal_pointer(&device);
@@ -686,7 +747,7 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     *p = (Pending){ .d = d, .lender = g_strdup(b->lender), .name = g_strdup(b->name),
                     .lease = b->lease, .done = done, .opaque = opaque };
     g_strlcpy(rq.device, b->name, sizeof(rq.device));   /* b is freed below */
-    vn_daemon_detach(d, b);
+    vn_devices_detach(d, b);
     /* Whatever the lender says, the device is not ours any more. */
     g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
               b->lease);
@@ -731,7 +792,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         if (strcmp(b->lender, peer) == 0 && !b->lost) {
             b->lost = true;   /* its worker sees the same link go and acts */
             b->unconfirmed = true;
-            vn_daemon_unplug(d, b);   /* a dead device is better out of the VM */
+            vn_devices_unplug(d, b);   /* a dead device is better out of the VM */
             emit(d, "DEVICE_LOST", b->device, b->lease, peer);
         }
     }

@@ -108,7 +108,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                 continue;
             }
             if (n->link_up) {
-                VnBorrowed *held = vn_daemon_borrowed(d, dev);
+                VnBorrowed *held = vn_devices_borrowed(d, dev);
 
                 if (held != NULL) {
                     state = "lent";
@@ -212,7 +212,7 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     o = json_array_get_object_element(found, 0);
-    ld = strcmp(node, d->conf->node) == 0 ? vn_daemon_local(d, name) : NULL;
+    ld = strcmp(node, d->conf->node) == 0 ? vn_devices_local(d, name) : NULL;
     if (ld != NULL) {
         JsonArray *allow = json_array_new();
 
@@ -223,7 +223,7 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_object_set_string_member(o, "device_server", vn_lender_device_state(ld->lender));
         json_object_set_string_member(o, "last_stall", vn_lender_last_stall(ld->lender));
     }
-    bw = vn_daemon_borrowed(d, dev);
+    bw = vn_devices_borrowed(d, dev);
     if (bw != NULL) {
         json_object_set_string_member(o, "attached_to", bw->worker_pid > 0 ? bw->domain : NULL);
         json_object_set_string_member(o, "socket", bw->socket);
@@ -246,7 +246,7 @@ static void add_json_text(JsonBuilder *b, char *text)
     g_free(text);
 }
 
-JsonNode *vn_daemon_stats(VnDaemon *d, const char *only)
+JsonNode *vn_commands_stats(VnDaemon *d, const char *only)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     VnFabricStats fs;
@@ -307,7 +307,7 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
         return;
     }
-    vn_control_return(r, vn_daemon_stats(d, only));
+    vn_control_return(r, vn_commands_stats(d, only));
 }
 
 static void return_lease(VnControlReply *r, const char *device, uint64_t lease,
@@ -360,7 +360,7 @@ static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
+    b = vn_devices_borrowed(d, dev);
     if (b != NULL) {
         return_lease(r, b->device, b->lease, NULL);
         return;
@@ -387,7 +387,7 @@ static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
+    b = vn_devices_borrowed(d, dev);
     if (b == NULL) {
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s does not hold %s", d->conf->node, dev);
         return;
@@ -419,7 +419,7 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          "%s/%s` on %s", node, name, node);
         return;
     }
-    ld = vn_daemon_local(d, name);
+    ld = vn_devices_local(d, name);
     if (ld == NULL) {
         vn_control_error(r, VN_ERR_NODEV, "%s lends no device %s", node, name);
         return;
@@ -542,7 +542,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
+    b = vn_devices_borrowed(d, dev);
     if (json_object_has_member(a, "socket") &&
         (socket == NULL || !socket_arg_ok(d, socket, b))) {
         vn_control_error(r, VN_ERR_PARAM, "\"socket\" must be a new file NAME.sock directly in "
@@ -579,7 +579,7 @@ static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return NULL;
     }
     dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_daemon_borrowed(d, dev);
+    b = vn_devices_borrowed(d, dev);
     if (b == NULL || b->worker_pid <= 0) {
         vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not attached on %s", dev, d->conf->node);
         return NULL;
@@ -592,7 +592,9 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     VnBorrowed *b = arg_attached(d, a, r);
 
     if (b != NULL) {
-        vn_daemon_detach(d, b);
+        vn_devices_detach(d, b);
+        /* At once: a restart must not find the stopped worker to adopt. */
+        vn_state_save_or_report(d);
         vn_control_return(r, NULL);
     }
 }
@@ -643,7 +645,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         g_ptr_array_add(allow, (gpointer)json_node_get_string(e));
     }
     g_ptr_array_add(allow, NULL);
-    if (vn_daemon_local(d, name) != NULL) {
+    if (vn_devices_local(d, name) != NULL) {
         vn_control_error(r, VN_ERR_BUSY, "%s/%s is lendable already", d->conf->node, name);
         return;
     }
@@ -658,7 +660,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     g_ptr_array_add(d->conf->lends, lc);
-    if (vn_daemon_lend(d, lc, &error) == NULL) {
+    if (vn_devices_lend(d, lc, &error) == NULL) {
         g_ptr_array_remove(d->conf->lends, lc);
         vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
         return;
@@ -671,7 +673,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     const char *name = vn_util_json_string(a, "name");
-    VnLocalDevice *ld = name ? vn_daemon_local(d, name) : NULL;
+    VnLocalDevice *ld = name ? vn_devices_local(d, name) : NULL;
 
     if (name == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "unlend needs \"name\"");
@@ -687,7 +689,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          ld->lease->id);
         return;
     }
-    vn_daemon_unlend(d, ld);
+    vn_devices_unlend(d, ld);
     vn_state_save_or_report(d);
     vn_cluster_announce(d);
     vn_control_return(r, NULL);

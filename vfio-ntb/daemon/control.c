@@ -52,6 +52,7 @@ struct VnControlReply {
 
 struct VnControl {
     VnDaemon *d;
+    VnCommandLookup lookup;     /* the command table (commands.c's, or a test's) */
     char *path;
     int fd;
     guint watch;
@@ -220,7 +221,7 @@ static void dispatch(Client *c, const char *line)
         return;
     }
     name = json_node_get_string(exe);
-    fn = vn_commands_lookup(name, &allowed);
+    fn = c->ctl->lookup(name, &allowed);
     if (fn == NULL) {
         vn_control_error(r, VN_ERR_COMMAND, "unknown command \"%.64s\"", name);
         return;
@@ -381,7 +382,8 @@ bool vn_control_path_free(const char *path, GError **error)
     return true;
 }
 
-VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error)
+VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
+                          GError **error)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *dir = g_path_get_dirname(path);
@@ -422,6 +424,7 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error)
     umask(old);
     ctl = g_new0(VnControl, 1);
     ctl->d = d;
+    ctl->lookup = lookup;
     ctl->path = g_strdup(path);
     ctl->fd = fd;
     ctl->clients = g_ptr_array_new();

@@ -2,7 +2,8 @@
  * vfio-ntbd internals: the daemon's state, shared by its files.
  *
  *   vfio-ntbd.c   main: options, signals
- *   daemon.c      the core (new/run/free), fabric event routing, devices
+ *   daemon.c      the core (new/run/free), fabric event routing
+ *   devices.c     the lent and borrowed devices: lookup, detach, lend
  *   control.c     the control socket (framing, dispatch, events)
  *   commands.c    the control commands
  *   cluster.c     daemon-to-daemon protocol: announcements, leases
@@ -59,7 +60,7 @@ typedef struct VnBorrowed {
     bool lost;                  /* the lender went away */
     bool unconfirmed;           /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
-    guint release_timer;        /* vn_daemon_release() waits for the VM */
+    guint release_timer;        /* vn_cluster_release() waits for the VM */
 } VnBorrowed;
 
 /* A host that announced itself (workers never do, so they are never here).
@@ -155,7 +156,14 @@ void vn_daemon_write_stats(VnDaemon *d);
  * G_IO_ERROR_EXISTS when @path is not a socket; true when it is free or a
  * dead daemon's socket, which vn_control_new() replaces. */
 bool vn_control_path_free(const char *path, GError **error);
-VnControl *vn_control_new(VnDaemon *d, const char *path, GError **error);
+/* A command's handler answers @r once, now or later. */
+typedef void (*VnCommandFn)(VnDaemon *d, JsonObject *args, VnControlReply *r);
+/* The handler of @name, or NULL; *@allowed lists its argument names. */
+typedef VnCommandFn (*VnCommandLookup)(const char *name, const char *const **allowed);
+/* The control socket at @path, dispatching through @lookup (transport only:
+ * it knows no command). */
+VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
+                          GError **error);
 void vn_control_free(VnControl *c);
 /* Answer a request (takes @value; NULL means {}), or fail it.  Each reply
  * is answered exactly once; it may be kept and answered later. */
@@ -166,12 +174,11 @@ void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...
 void vn_control_event(VnControl *c, const char *name, JsonNode *data);
 
 /* ---- commands.c ---- */
-typedef void (*VnCommandFn)(VnDaemon *d, JsonObject *args, VnControlReply *r);
-/* The handler of @name, or NULL. @allowed lists the argument names. */
+/* The daemon's command table (a VnCommandLookup). */
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
 /* Counters of this node (fabric, lent and borrowed devices; @only: one
  * device "host/name" or NULL for all), as `query-stats` returns them. */
-JsonNode *vn_daemon_stats(VnDaemon *d, const char *only);
+JsonNode *vn_commands_stats(VnDaemon *d, const char *only);
 
 /* ---- cluster.c ---- */
 void vn_cluster_start(VnDaemon *d);
@@ -199,15 +206,26 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
 /* The lease listener that fences, answers revokes, announces and emits
  * events (registered by vn_cluster_start's caller before leases change). */
 void vn_cluster_on_lease(void *opaque, const VnLeaseChange *change);
+/* Take @b out of its VM, then return it: the guest gets up to @wait_ms to
+ * let go, waited for by a timer (the daemon keeps serving meanwhile). */
+void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
-VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name);
+/* ---- devices.c ---- */
+VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
 /* Lend @lc (which d->conf->lends then owns) / stop lending a free device. */
-VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error);
-void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld);
-VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device);
-void vn_borrowed_free(VnBorrowed *b);
-/* Stop a borrowed device's vfio-user server (the lease stays). */
-void vn_daemon_detach(VnDaemon *d, VnBorrowed *b);
+VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
+void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
+/* The free function of d->local (a stopping daemon's lease stays). */
+void vn_devices_local_free(gpointer ld);
+VnBorrowed *vn_devices_borrowed(VnDaemon *d, const char *device);
+void vn_devices_borrowed_free(VnBorrowed *b);
+/* Stop a borrowed device's vfio-user server (the lease stays).  The caller
+ * saves the state (a restart must not find the stopped worker to adopt). */
+void vn_devices_detach(VnDaemon *d, VnBorrowed *b);
+/* Ask @b's VM to let go of it: through the device request when its QEMU
+ * takes them, else with device_del if attach named the VM's QMP socket.
+ * True when it was asked (the guest releases the device in its own time). */
+bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
 
 /* ---- workers: what serves an attached device's VM ---- */
 /*
@@ -252,14 +270,6 @@ extern const VnWorkerOps vn_spawn_ops;
 bool vn_qmp_device_del(const char *path, const char *id, GError **error);
 /* The same on @fd, a connected QMP socket (borrowed; the fuzzer's seam). */
 bool vn_qmp_device_del_fd(int fd, const char *id, GError **error);
-/* Ask @b's VM to let go of it: through the device request when its QEMU
- * takes them, else with device_del if attach named the VM's QMP socket.
- * True when it was asked (the guest releases the device in its own time). */
-bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b);
-/* Take @b out of its VM, then return it: the guest gets up to @wait_ms to
- * let go, waited for by a timer (the daemon keeps serving meanwhile). */
-void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
-
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);
 bool vn_state_load(VnDaemon *d, GError **error);

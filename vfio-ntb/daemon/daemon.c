@@ -22,191 +22,6 @@
 #define VN_DAEMON_BORROW_RETRY_MS 200
 #define VN_DAEMON_BORROW_WARN_EVERY 25
 
-VnLocalDevice *vn_daemon_local(VnDaemon *d, const char *name)
-{
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-
-        if (strcmp(ld->conf->name, name) == 0) {
-            return ld;
-        }
-    }
-    return NULL;
-}
-
-VnBorrowed *vn_daemon_borrowed(VnDaemon *d, const char *device)
-{
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *b = d->borrowed->pdata[i];
-
-        if (strcmp(b->device, device) == 0) {
-            return b;
-        }
-    }
-    return NULL;
-}
-
-void vn_daemon_detach(VnDaemon *d, VnBorrowed *b)
-{
-    if (b->worker_pid <= 0) {
-        return;
-    }
-    d->workers->stop(d, b);
-    g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
-    g_clear_pointer(&b->domain, g_free);
-    g_clear_pointer(&b->qmp, g_free);
-    g_clear_pointer(&b->qdev_id, g_free);
-    /* At once: a restart must not find the stopped worker's pid to adopt. */
-    vn_state_save_or_report(d);
-}
-
-bool vn_daemon_unplug(VnDaemon *d, VnBorrowed *b)
-{
-    g_autoptr(GError) error = NULL;
-
-    if (b->worker_pid <= 0) {
-        return false;
-    }
-    /* The lender lost: the worker saw it too and already asked, if it could. */
-    if (!b->lost && d->workers->request_unplug(d, b)) {
-        return true;
-    }
-    if (b->qmp == NULL || b->qdev_id == NULL) {
-        return false;
-    }
-    if (!vn_qmp_device_del(b->qmp, b->qdev_id, &error)) {
-        g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
-                  b->qdev_id, b->domain, error->message);
-        return false;
-    }
-    g_message("node %s: asked %s to unplug %s (%s)", d->conf->node, b->domain, b->device,
-              b->qdev_id);
-    return true;
-}
-
-/* A release in progress: which lease of which device, and until when. */
-typedef struct Release {
-    VnDaemon *d;
-    char *device;
-    uint64_t lease;
-    gint64 deadline_us;
-    unsigned wait_ms;
-} Release;
-
-static void release_free(gpointer p)
-{
-    Release *r = p;
-
-    g_free(r->device);
-    g_free(r);
-}
-
-static gboolean release_poll(gpointer data)
-{
-    Release *r = data;
-    VnBorrowed *b = vn_daemon_borrowed(r->d, r->device);
-    bool gone;
-
-    if (b == NULL || b->lease != r->lease) {
-        return G_SOURCE_REMOVE;     /* returned meanwhile (vn_borrowed_free ends us) */
-    }
-    gone = !r->d->workers->client_connected(r->d, b);
-    if (!gone && g_get_monotonic_time() < r->deadline_us) {
-        return G_SOURCE_CONTINUE;
-    }
-    if (gone) {
-        g_message("node %s: the VM released %s", r->d->conf->node, b->device);
-    } else {
-        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node,
-                  b->device, r->wait_ms);
-    }
-    b->release_timer = 0;           /* this source ends with the return below */
-    vn_cluster_return(r->d, b, NULL, NULL);
-    return G_SOURCE_REMOVE;
-}
-
-void vn_daemon_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
-{
-    Release *r;
-
-    if (b->release_timer != 0) {
-        return;                     /* already on its way out */
-    }
-    if (wait_ms == 0 || !vn_daemon_unplug(d, b)) {
-        vn_cluster_return(d, b, NULL, NULL);
-        return;
-    }
-    r = g_new0(Release, 1);
-    *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
-                    .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
-                    .wait_ms = wait_ms };
-    b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
-                                          release_poll, r, release_free);
-}
-
-/* Leaves a running worker alone: it serves a VM and outlives us. */
-VnLocalDevice *vn_daemon_lend(VnDaemon *d, VnLendConf *lc, GError **error)
-{
-    VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
-
-    ld->conf = lc;
-    ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
-    if (ld->lender == NULL) {
-        g_free(ld);
-        return NULL;
-    }
-    ld->lease = vn_leases_add(d->leases, lc->name, ld);
-    g_ptr_array_add(d->local, ld);
-    g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
-    return ld;
-}
-
-void vn_daemon_unlend(VnDaemon *d, VnLocalDevice *ld)
-{
-    VnLendConf *lc = ld->conf;
-
-    g_message("node %s: no longer lending %s", d->conf->node, lc->name);
-    vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
-    g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
-    g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
-}
-
-void vn_borrowed_free(VnBorrowed *b)
-{
-    if (b->child_watch != 0) {
-        g_source_remove(b->child_watch);
-    }
-    if (b->release_timer != 0) {
-        g_source_remove(b->release_timer);
-    }
-    g_free(b->worker_node);
-    g_free(b->stats_path);
-    g_free(b->device);
-    g_free(b->lender);
-    g_free(b->name);
-    g_free(b->domain);
-    g_free(b->socket);
-    g_free(b->qmp);
-    g_free(b->qdev_id);
-    g_free(b);
-}
-
-static void local_free(gpointer p)
-{
-    VnLocalDevice *ld = p;
-
-    if (ld->revoke_timer != 0) {
-        g_source_remove(ld->revoke_timer);
-    }
-    if (ld->revoke_reply != NULL) {
-        vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
-    }
-    /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
-     * its leases in the state file for the next one. */
-    vn_lender_free(ld->lender);
-    g_free(ld->worker);
-    g_free(ld);
-}
 
 /* ---- fabric events ---- */
 
@@ -225,7 +40,7 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply_error(d->fab, token, EINVAL, error->message);
         return;
     }
-    ld = vn_daemon_local(d, name);
+    ld = vn_devices_local(d, name);
     if (ld == NULL) {
         g_autofree char *why = g_strdup_printf("node %s lends no device \"%s\"",
                                                d->conf->node, name);
@@ -331,7 +146,7 @@ static bool static_borrows(VnDaemonStatic *st)
     for (guint i = 0; i < d->conf->borrows->len; i++) {
         VnBorrowConf *bc = d->conf->borrows->pdata[i];
         g_autofree char *dev = g_strdup_printf("%s/%s", bc->lender, bc->device);
-        VnBorrowed *b = vn_daemon_borrowed(d, dev);
+        VnBorrowed *b = vn_devices_borrowed(d, dev);
 
         if (b != NULL && b->worker_pid > 0) {
             continue;
@@ -373,7 +188,7 @@ void vn_daemon_write_stats(VnDaemon *d)
     if (d->conf->stats_file == NULL) {
         return;
     }
-    root = vn_daemon_stats(d, NULL);
+    root = vn_commands_stats(d, NULL);
     text = json_to_string(root, TRUE);
     if (!vn_util_write_snapshot(d->conf->stats_file, text, &error)) {
         g_warning("node %s: stats file: %s", d->conf->node, error->message);
@@ -399,8 +214,8 @@ static bool daemon_start(VnDaemon *d, GError **error)
     if (!vn_control_path_free(d->conf->control_socket, error)) {
         return false;
     }
-    d->local = g_ptr_array_new_with_free_func(local_free);
-    d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_borrowed_free);
+    d->local = g_ptr_array_new_with_free_func(vn_devices_local_free);
+    d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_devices_borrowed_free);
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
     d->leases = vn_leases_new(d->conf->lease_timeout_ms);
     /* Listeners before anything can change a lease: the cluster's (fence,
@@ -413,14 +228,14 @@ static bool daemon_start(VnDaemon *d, GError **error)
         return false;
     }
     for (guint i = 0; i < d->conf->lends->len; i++) {
-        if (vn_daemon_lend(d, d->conf->lends->pdata[i], error) == NULL) {
+        if (vn_devices_lend(d, d->conf->lends->pdata[i], error) == NULL) {
             return false;
         }
     }
     if (!vn_state_load(d, error)) {
         return false;
     }
-    d->control = vn_control_new(d, d->conf->control_socket, error);
+    d->control = vn_control_new(d, d->conf->control_socket, vn_commands_lookup, error);
     return d->control != NULL;
 }
 

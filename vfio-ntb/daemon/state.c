@@ -224,7 +224,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !(socket = vn_util_json_string(json_node_get_object(e), "socket")) ||
-            vn_daemon_local(d, name) != NULL ||
+            vn_devices_local(d, name) != NULL ||
             !(an = json_object_get_member(json_node_get_object(e), "allow")) ||
             !JSON_NODE_HOLDS_ARRAY(an)) {
             continue;
@@ -244,7 +244,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
             continue;
         }
         g_ptr_array_add(d->conf->lends, lc);
-        if (vn_daemon_lend(d, lc, &local) == NULL) {
+        if (vn_devices_lend(d, lc, &local) == NULL) {
             g_ptr_array_remove(d->conf->lends, lc);
         }
     }
@@ -260,7 +260,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
             !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease) ||
-            (ld = vn_daemon_local(d, name)) == NULL) {
+            (ld = vn_devices_local(d, name)) == NULL) {
             continue;   /* a device no longer configured: its lease is void */
         }
         /* In doubt until its borrower's daemon claims it again. */

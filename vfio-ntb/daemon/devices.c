@@ -1,0 +1,135 @@
+/*
+ * The daemon's devices: the ones it lends (each with its lender and lease)
+ * and the ones it borrows (each with the worker serving it to a VM), looked
+ * up by name; detaching, unplugging, lending and unlending one.  Below the
+ * protocol (cluster.c) and the commands, which call down to here.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+
+#include <string.h>
+
+VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name)
+{
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (strcmp(ld->conf->name, name) == 0) {
+            return ld;
+        }
+    }
+    return NULL;
+}
+
+VnBorrowed *vn_devices_borrowed(VnDaemon *d, const char *device)
+{
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (strcmp(b->device, device) == 0) {
+            return b;
+        }
+    }
+    return NULL;
+}
+
+void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
+{
+    if (b->worker_pid <= 0) {
+        return;
+    }
+    d->workers->stop(d, b);
+    g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
+    g_clear_pointer(&b->domain, g_free);
+    g_clear_pointer(&b->qmp, g_free);
+    g_clear_pointer(&b->qdev_id, g_free);
+}
+
+bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (b->worker_pid <= 0) {
+        return false;
+    }
+    /* The lender lost: the worker saw it too and already asked, if it could. */
+    if (!b->lost && d->workers->request_unplug(d, b)) {
+        return true;
+    }
+    if (b->qmp == NULL || b->qdev_id == NULL) {
+        return false;
+    }
+    if (!vn_qmp_device_del(b->qmp, b->qdev_id, &error)) {
+        g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
+                  b->qdev_id, b->domain, error->message);
+        return false;
+    }
+    g_message("node %s: asked %s to unplug %s (%s)", d->conf->node, b->domain, b->device,
+              b->qdev_id);
+    return true;
+}
+
+/* Leaves a running worker alone: it serves a VM and outlives us. */
+VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
+{
+    VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
+
+    ld->conf = lc;
+    ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
+    if (ld->lender == NULL) {
+        g_free(ld);
+        return NULL;
+    }
+    ld->lease = vn_leases_add(d->leases, lc->name, ld);
+    g_ptr_array_add(d->local, ld);
+    g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
+    return ld;
+}
+
+void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
+{
+    VnLendConf *lc = ld->conf;
+
+    g_message("node %s: no longer lending %s", d->conf->node, lc->name);
+    vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
+    g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
+    g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
+}
+
+void vn_devices_borrowed_free(VnBorrowed *b)
+{
+    if (b->child_watch != 0) {
+        g_source_remove(b->child_watch);
+    }
+    if (b->release_timer != 0) {
+        g_source_remove(b->release_timer);
+    }
+    g_free(b->worker_node);
+    g_free(b->stats_path);
+    g_free(b->device);
+    g_free(b->lender);
+    g_free(b->name);
+    g_free(b->domain);
+    g_free(b->socket);
+    g_free(b->qmp);
+    g_free(b->qdev_id);
+    g_free(b);
+}
+
+void vn_devices_local_free(gpointer p)
+{
+    VnLocalDevice *ld = p;
+
+    if (ld->revoke_timer != 0) {
+        g_source_remove(ld->revoke_timer);
+    }
+    if (ld->revoke_reply != NULL) {
+        vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
+    }
+    /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
+     * its leases in the state file for the next one. */
+    vn_lender_free(ld->lender);
+    g_free(ld->worker);
+    g_free(ld);
+}
