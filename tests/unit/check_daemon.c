@@ -426,6 +426,31 @@ START_TEST(test_borrow_cap)
 }
 END_TEST
 
+/* A state file that cannot be written is reported and counted, never
+ * dropped silently; the lease itself goes on. */
+START_TEST(test_save_error_counted)
+{
+    g_autofree char *blocker = g_build_filename(tmpdir, "hosta.state", NULL);
+    VnDaemon *a, *b;
+    g_autoptr(JsonNode) stats = NULL;
+    g_autofree char *text = NULL;
+
+    /* hosta's state dir is a file: every save fails. */
+    ck_assert(g_file_set_contents(blocker, "not a directory", -1, NULL));
+    a = daemon_start("hosta");
+    b = daemon_start("hostb");
+    borrow(a, b);
+    ck_assert_uint_ge(a->save_errors, 1);
+    stats = vn_commands_stats(a, NULL);
+    text = json_to_string(stats, FALSE);
+    ck_assert_msg(strstr(text, "\"state_save_errors\":0") == NULL &&
+                  strstr(text, "\"state_save_errors\":") != NULL, "%s", text);
+    ck_assert_uint_eq(b->save_errors, 0);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* A second daemon on a live one's control socket refuses to start. */
 START_TEST(test_second_daemon_refused)
 {
@@ -552,6 +577,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_lender_restart_then_return);
     tcase_add_test(tc, test_borrow_cap);
+    tcase_add_test(tc, test_save_error_counted);
     suite_add_tcase(s, tc);
     tc = tcase_create("workers");
     tcase_add_checked_fixture(tc, setup, teardown);

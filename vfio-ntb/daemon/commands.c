@@ -265,6 +265,9 @@ JsonNode *vn_commands_stats(VnDaemon *d, const char *only)
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "node");
     json_builder_add_string_value(b, d->conf->node);
+    /* Leases changed but not in the state file (the log says why). */
+    json_builder_set_member_name(b, "state_save_errors");
+    json_builder_add_int_value(b, (gint64)d->save_errors);
     json_builder_set_member_name(b, "fabric");
     json_builder_begin_object(b);
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
