@@ -110,7 +110,7 @@ $(B)/fuzz/obj/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
-$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak $(wildcard vfio-ntb/*/*.h)
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak $(wildcard vfio-ntb/*/*.h) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
 		$(GLIB_LIBS) $(XML_LIBS)
