@@ -37,8 +37,8 @@ static bool fake_start(VnDaemon *d, VnBorrowed *b, GError **error)
     b->worker_pid = (GPid)(1000 + b->lease);
     g_free(b->worker_node);
     b->worker_node = g_strdup_printf("%s-w%" G_GUINT64_FORMAT, d->conf->node, b->lease);
-    g_free(b->stats_path);
-    b->stats_path = g_strdup_printf("%s/%s.stats", d->conf->run_dir, b->worker_node);
+    g_free(b->channel_path);
+    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
     g_hash_table_insert(fake.running, GINT_TO_POINTER(b->worker_pid), g_strdup(b->socket));
     return true;
 }

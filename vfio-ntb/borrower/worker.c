@@ -4,24 +4,25 @@
  * vfio-user server, so a daemon restart must not take the server down.
  *
  *   vfio-ntb-borrower --fabric-dir DIR --node NAME --lender NODE --device NAME
- *                     --socket PATH [--irq-mode fd|relay] [--stats-file PATH]
+ *                     --socket PATH [--irq-mode fd|relay] [--control PATH]
  *                     [--fabric-param KEY=VALUE]...
  *
  * It attaches to the fabric as its own node (vfio-ntbd authorized that name
  * with the lender for its lease), borrows the device's data path from the
  * lender and serves it on PATH until SIGTERM, when it detaches cleanly.
- * SIGUSR1 writes its counters to the stats file; SIGUSR2 asks QEMU to unplug
- * the device through the device-request interrupt (when QEMU registered one,
- * which the stats say) and then writes the counters.  vfio-ntbd starts it for
+ * On its control channel (--control, wctl.h) it answers "stats" with its
+ * counters and "unplug" by asking QEMU to unplug the device through the
+ * device-request interrupt (when QEMU registered one).  vfio-ntbd starts it for
  * `attach` and stops it for `detach`, and a restarted vfio-ntbd adopts the
  * ones still running.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
 #include "borrower.h"
-#include "common/util.h"
+#include "wctl.h"
 #include "config.h"
 
+#include <gio/gio.h>
 #include <glib-unix.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,7 +32,6 @@ typedef struct Worker {
     VnFabric *fab;
     VnBorrower *b;
     char *lender;
-    char *stats_file;
     GMainLoop *loop;
 } Worker;
 
@@ -67,30 +67,28 @@ static const VnFabricHandlers handlers = {
     .on_doorbell = on_doorbell,
 };
 
-static gboolean on_usr1(gpointer data)
+/* The control channel's commands (wctl.h). */
+static char *on_command(void *opaque, const char *name, GError **error)
 {
-    Worker *w = data;
-    g_autoptr(GError) error = NULL;
-    g_autofree char *json = NULL;
+    Worker *w = opaque;
 
-    if (w->stats_file == NULL || w->b == NULL) {
-        return G_SOURCE_CONTINUE;
+    if (w->b == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_INITIALIZED, "not serving yet");
+        return NULL;
     }
-    json = vn_borrower_stats_json(w->b);
-    if (!vn_util_write_snapshot(w->stats_file, json, &error)) {
-        g_warning("borrower worker: stats: %s", error->message);
+    if (strcmp(name, "stats") == 0) {
+        return vn_borrower_stats_json(w->b);
     }
-    return G_SOURCE_CONTINUE;
-}
+    if (strcmp(name, "unplug") == 0) {
+        bool asked = vn_borrower_request_unplug(w->b);
 
-static gboolean on_usr2(gpointer data)
-{
-    Worker *w = data;
-
-    if (w->b != NULL && !vn_borrower_request_unplug(w->b)) {
-        g_message("borrower worker: QEMU takes no device requests; nothing sent");
+        if (!asked) {
+            g_message("borrower worker: QEMU takes no device requests; nothing sent");
+        }
+        return g_strdup_printf("{\"requested\":%s}", asked ? "true" : "false");
     }
-    return on_usr1(data);
+    g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "no command \"%.32s\"", name);
+    return NULL;
 }
 
 static gboolean on_stop(gpointer data)
@@ -102,7 +100,7 @@ static gboolean on_stop(gpointer data)
 int main(int argc, char **argv)
 {
     g_autofree char *dir = NULL, *node = NULL, *lender = NULL, *device = NULL;
-    g_autofree char *socket = NULL, *mode = NULL, *stats = NULL;
+    g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
     g_auto(GStrv) params = NULL;
     GOptionEntry entries[] = {
         { "fabric-dir", 0, 0, G_OPTION_ARG_FILENAME, &dir, "shm fabric directory", "DIR" },
@@ -111,7 +109,8 @@ int main(int argc, char **argv)
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lender's device", "NAME" },
         { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket, "vfio-user socket for QEMU", "PATH" },
         { "irq-mode", 0, 0, G_OPTION_ARG_STRING, &mode, "fd or relay", "MODE" },
-        { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &stats, "counters on SIGUSR1", "PATH" },
+        { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
+          "PATH" },
         { "fabric-param", 0, 0, G_OPTION_ARG_STRING_ARRAY, &params, "fabric limit", "K=V" },
         G_OPTION_ENTRY_NULL,
     };
@@ -119,8 +118,9 @@ int main(int argc, char **argv)
     g_autoptr(GHashTable) fp = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_autoptr(GError) error = NULL;
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
+    g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
-    guint sigs[4];
+    guint sigs[2];
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
@@ -145,28 +145,32 @@ int main(int argc, char **argv)
         g_hash_table_insert(fp, g_strndup(*p, (gsize)(eq - *p)), g_strdup(eq + 1));
     }
     w.lender = lender;
-    w.stats_file = stats;
     w.loop = g_main_loop_new(NULL, FALSE);
     w.fab = vn_fabric_open("shm", node, fp, &handlers, &w, NULL, &error);
     if (w.fab == NULL) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 1;
     }
+    /* Before the vfio-user socket: its appearance tells vfio-ntbd both are up. */
+    if (control != NULL && (wctl = vn_wctl_new(control, on_command, &w, &error)) == NULL) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        vn_fabric_close(w.fab);
+        return 1;
+    }
     w.b = vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
     if (w.b == NULL) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        g_clear_pointer(&wctl, vn_wctl_free);
         vn_fabric_close(w.fab);
         return 1;
     }
     sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
     sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
-    sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &w);
-    sigs[3] = g_unix_signal_add(SIGUSR2, on_usr2, &w);
     g_main_loop_run(w.loop);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 2; i++) {
         g_source_remove(sigs[i]);
     }
-    on_usr1(&w);
+    g_clear_pointer(&wctl, vn_wctl_free);
     g_clear_pointer(&w.b, vn_borrower_free);
     vn_fabric_close(w.fab);
     g_main_loop_unref(w.loop);

@@ -55,7 +55,7 @@ typedef struct VnBorrowed {
      * so that it outlives this daemon. */
     GPid worker_pid;            /* 0 when detached */
     char *worker_node;          /* its fabric node */
-    char *stats_path;
+    char *channel_path;         /* its control channel (borrower/wctl.h), in run-dir */
     guint child_watch;          /* 0 for a worker adopted after a restart */
     bool lost;                  /* the lender went away */
     bool unconfirmed;           /* restored, or the lender's link went down: the
@@ -233,7 +233,7 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  * member is required (vn_worker_ops_valid()).
  *
  * start: serve @b on b->socket (b->domain set); sets b->worker_pid (> 0
- *   while it runs), b->worker_node, b->stats_path; false with @error when it
+ *   while it runs), b->worker_node, b->channel_path; false with @error when it
  *   did not come up.
  * stop: wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the
  *   socket, then end it (bounded); b->worker_pid is 0 after.

@@ -106,7 +106,7 @@ void vn_devices_borrowed_free(VnBorrowed *b)
         g_source_remove(b->release_timer);
     }
     g_free(b->worker_node);
-    g_free(b->stats_path);
+    g_free(b->channel_path);
     g_free(b->device);
     g_free(b->lender);
     g_free(b->name);

@@ -3,8 +3,9 @@
  * vfio-ntb-borrower process, so that a restart of vfio-ntbd (a crash, an
  * upgrade) leaves running VMs their devices; QEMU cannot reconnect to a
  * vfio-user server.  The daemon starts a worker on attach, stops it on
- * detach, asks it for counters (SIGUSR1 -> its stats file), and after a
- * restart adopts the workers its state file names that still run.
+ * detach (SIGTERM), asks it for counters and unplugs over its control
+ * channel (borrower/wctl.h), and after a restart adopts the workers its
+ * state file names that still run.
  *
  * The worker is a fabric node of its own; the lender lets it reach the
  * device because this daemon, the lease holder, authorized it by name.
@@ -13,6 +14,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "borrower/wctl.h"
 
 #include "common/json.h"
 #include "common/util.h"
@@ -102,8 +104,8 @@ static bool spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
     g_free(b->worker_node);
     b->worker_node = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
                                      (guint64)(b->lease % 1000000000u));
-    g_free(b->stats_path);
-    b->stats_path = g_strdup_printf("%s/%s.stats", d->conf->run_dir, b->worker_node);
+    g_free(b->channel_path);
+    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
     if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
                     d->conf->run_dir, g_strerror(errno));
@@ -127,7 +129,7 @@ static bool spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
     g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
     g_ptr_array_add(argv, g_strdup_printf("--irq-mode=%s", vn_irq_mode_to_string(b->irq_mode)));
-    g_ptr_array_add(argv, g_strdup_printf("--stats-file=%s", b->stats_path));
+    g_ptr_array_add(argv, g_strdup_printf("--control=%s", b->channel_path));
     g_ptr_array_add(argv, NULL);
     unlink(b->socket);
     if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
@@ -205,31 +207,25 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
         waitpid(pid, NULL, 0);
     }
     b->worker_pid = 0;
-    if (b->stats_path != NULL) {
-        unlink(b->stats_path);
+    if (b->channel_path != NULL) {
+        unlink(b->channel_path);
     }
 }
 
 static char *spawn_stats(VnBorrowed *b)
 {
-    gint64 deadline;
-    char *text = NULL;
+    g_autoptr(GError) error = NULL;
+    char *text;
 
-    if (!alive(b->worker_pid) || b->stats_path == NULL) {
+    if (!alive(b->worker_pid) || b->channel_path == NULL) {
         return NULL;
     }
-    /* The worker renames a fresh file into place: its reappearance is the
-     * answer (comparing mtimes can miss a rewrite within one timestamp tick). */
-    unlink(b->stats_path);
-    kill(b->worker_pid, SIGUSR1);
-    deadline = g_get_monotonic_time() + VN_SPAWN_STATS_TIMEOUT_MS * 1000;
-    while (g_get_monotonic_time() < deadline) {
-        if (g_file_get_contents(b->stats_path, &text, NULL, NULL)) {
-            return text;
-        }
-        g_usleep(2000);
+    text = vn_wctl_call(b->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS, VN_SPAWN_MAX_STATS,
+                        &error);
+    if (text == NULL) {
+        g_info("worker for %s: %s", b->device, error->message);
     }
-    return NULL;
+    return text;
 }
 
 /* A boolean member of the worker's counters; false when absent or unreadable. */
@@ -258,10 +254,22 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms)
 
 static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
 {
-    if (!alive(b->worker_pid) || !stats_flag(b, "unplug_request_supported")) {
+    g_autoptr(GError) error = NULL;
+    g_autofree char *text = NULL;
+    g_autoptr(JsonObject) o = NULL;
+
+    if (!alive(b->worker_pid) || b->channel_path == NULL) {
         return false;
     }
-    kill(b->worker_pid, SIGUSR2);
+    text = vn_wctl_call(b->channel_path, "unplug", VN_SPAWN_STATS_TIMEOUT_MS,
+                        VN_SPAWN_MAX_STATS, &error);
+    o = text != NULL ? vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL) : NULL;
+    if (!vn_util_json_bool(o, "requested")) {
+        if (error != NULL) {
+            g_message("node %s: worker for %s: %s", d->conf->node, b->device, error->message);
+        }
+        return false;
+    }
     g_message("node %s: asked the VM %s to release %s (device request)", d->conf->node,
               b->domain ? b->domain : "?", b->device);
     return true;

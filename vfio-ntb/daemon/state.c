@@ -108,8 +108,8 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_add_string_value(b, bw->socket);
             json_builder_set_member_name(b, "domain");
             json_builder_add_string_value(b, bw->domain ? bw->domain : "");
-            json_builder_set_member_name(b, "stats");
-            json_builder_add_string_value(b, bw->stats_path);
+            json_builder_set_member_name(b, "channel");
+            json_builder_add_string_value(b, bw->channel_path);
             json_builder_end_object(b);
         }
         json_builder_end_object(b);
@@ -148,6 +148,17 @@ static bool get_lease(JsonObject *o, uint64_t *lease)
     return true;
 }
 
+/* The daemon talks to what the state file names: only a socket directly in
+ * its own run directory. */
+static bool in_run_dir(VnDaemon *d, const char *path)
+{
+    g_autofree char *dir = g_path_get_dirname(path);
+    g_autofree char *base = g_path_get_basename(path);
+
+    return d->conf->run_dir != NULL && strcmp(dir, d->conf->run_dir) == 0 &&
+           vn_name_valid(VN_NAME_SOCKET, base);
+}
+
 /* A worker that served this device before our restart: adopt it if it is
  * still the process we started. */
 static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
@@ -164,19 +175,19 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     node = vn_util_json_string(w, "node");
     socket = vn_util_json_string(w, "socket");
     domain = vn_util_json_string(w, "domain");
-    stats = vn_util_json_string(w, "stats");
+    stats = vn_util_json_string(w, "channel");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
         json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_name_valid(VN_NAME_NODE, node) ||
         socket == NULL || socket[0] != '/' || !vn_name_valid(VN_NAME_DOMAIN, domain) ||
-        stats == NULL) {
+        stats == NULL || !in_run_dir(d, stats)) {
         return;
     }
     b->worker_pid = (GPid)json_node_get_int(pid);
     b->worker_node = g_strdup(node);
     b->socket = g_strdup(socket);
     b->domain = g_strdup(domain);
-    b->stats_path = g_strdup(stats);
+    b->channel_path = g_strdup(stats);
     if (!d->workers->adopt(d, b)) {
         g_message("node %s: the worker that served %s is gone", d->conf->node, b->device);
         g_clear_pointer(&b->domain, g_free);

@@ -1,0 +1,194 @@
+/*
+ * Unit tests of the workers' control channel (vfio-ntb/borrower/wctl.c):
+ * a server on its own thread and context, as in a worker, and the daemon's
+ * bounded client: answers, errors, a worker that does not answer in time,
+ * and clients that send garbage or too much (the server drops them and goes
+ * on serving).
+ */
+#include "borrower/wctl.h"
+
+#include "check-main.h"
+
+#include <check.h>
+#include <gio/gio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+typedef struct Rig {
+    char *dir;
+    char *path;
+    GMainContext *ctx;
+    GMainLoop *loop;
+    GThread *thread;
+    VnWctl *w;
+    unsigned slow_ms;           /* the handler sleeps this long */
+    gint calls;
+} Rig;
+
+static char *handler(void *opaque, const char *name, GError **error)
+{
+    Rig *r = opaque;
+
+    g_atomic_int_inc(&r->calls);
+    if (r->slow_ms > 0) {
+        g_usleep(r->slow_ms * 1000);
+    }
+    if (strcmp(name, "stats") == 0) {
+        return g_strdup("{\"client_connected\":true,\"messages\":3}");
+    }
+    g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "no command \"%s\"", name);
+    return NULL;
+}
+
+static gpointer serve(gpointer data)
+{
+    Rig *r = data;
+    g_autoptr(GError) error = NULL;
+
+    g_main_context_push_thread_default(r->ctx);
+    r->w = vn_wctl_new(r->path, handler, r, &error);
+    ck_assert_msg(r->w != NULL, "%s", error ? error->message : "");
+    g_main_loop_run(r->loop);
+    vn_wctl_free(r->w);
+    g_main_context_pop_thread_default(r->ctx);
+    return NULL;
+}
+
+static void rig_start(Rig *r)
+{
+    r->dir = g_dir_make_tmp("vn-wctl-XXXXXX", NULL);
+    r->path = g_build_filename(r->dir, "w-channel.sock", NULL);
+    r->ctx = g_main_context_new();
+    r->loop = g_main_loop_new(r->ctx, FALSE);
+    r->thread = g_thread_new("wctl", serve, r);
+    while (!g_file_test(r->path, G_FILE_TEST_EXISTS)) {
+        g_usleep(1000);
+    }
+}
+
+static void rig_stop(Rig *r)
+{
+    g_main_loop_quit(r->loop);
+    g_main_context_wakeup(r->ctx);
+    g_thread_join(r->thread);
+    /* The server unlinks its socket when it stops. */
+    ck_assert(!g_file_test(r->path, G_FILE_TEST_EXISTS));
+    g_main_loop_unref(r->loop);
+    g_main_context_unref(r->ctx);
+    rmdir(r->dir);
+    g_free(r->path);
+    g_free(r->dir);
+}
+
+START_TEST(test_call)
+{
+    Rig r = { 0 };
+    g_autoptr(GError) error = NULL;
+    g_autofree char *stats = NULL, *none = NULL;
+
+    rig_start(&r);
+    stats = vn_wctl_call(r.path, "stats", 1000, 4096, &error);
+    ck_assert_msg(stats != NULL, "%s", error ? error->message : "");
+    ck_assert_str_eq(stats, "{\"client_connected\":true,\"messages\":3}");
+    none = vn_wctl_call(r.path, "format-disk", 1000, 4096, &error);
+    ck_assert_ptr_null(none);
+    ck_assert_ptr_nonnull(strstr(error->message, "no command"));
+    g_clear_error(&error);
+    /* A reply longer than the caller takes is refused, not read in full. */
+    ck_assert_ptr_null(vn_wctl_call(r.path, "stats", 1000, 8, &error));
+    ck_assert_ptr_nonnull(error);
+    rig_stop(&r);
+}
+END_TEST
+
+START_TEST(test_no_worker)
+{
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_ptr_null(vn_wctl_call("/nonexistent/w-channel.sock", "stats", 200, 4096, &error));
+    ck_assert_ptr_nonnull(error);
+}
+END_TEST
+
+/* A worker busy for longer than the caller waits: the call ends at its
+ * timeout, not when the worker gets round to it. */
+START_TEST(test_timeout)
+{
+    Rig r = { .slow_ms = 1500 };
+    g_autoptr(GError) error = NULL;
+    gint64 t0 = g_get_monotonic_time();
+
+    rig_start(&r);
+    ck_assert_ptr_null(vn_wctl_call(r.path, "stats", 300, 4096, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT));
+    ck_assert_int_lt(g_get_monotonic_time() - t0, 1000 * 1000);
+    rig_stop(&r);
+}
+END_TEST
+
+static int raw_connect(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    return fd;
+}
+
+/* Garbage, a line too long, and idle connections beyond the bound: each is
+ * answered with an error or dropped, and a good request still works. */
+START_TEST(test_hostile_clients)
+{
+    Rig r = { 0 };
+    g_autofree char *big = g_strnfill(VN_WCTL_MAX_REQUEST * 4, 'x');
+    g_autofree char *stats = NULL;
+    char buf[256] = { 0 };
+    int idle[VN_WCTL_MAX_CLIENTS + 4];
+    int fd;
+
+    rig_start(&r);
+    fd = raw_connect(r.path);
+    ck_assert_int_eq(write(fd, "not json\n", 9), 9);
+    ck_assert_int_gt(read(fd, buf, sizeof(buf) - 1), 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"error\""));
+    close(fd);
+    fd = raw_connect(r.path);
+    /* No newline within the bound: dropped unanswered. */
+    ck_assert_int_gt(write(fd, big, strlen(big)), 0);
+    ck_assert_int_le(read(fd, buf, sizeof(buf)), 0);
+    close(fd);
+    for (unsigned i = 0; i < G_N_ELEMENTS(idle); i++) {
+        idle[i] = raw_connect(r.path);
+    }
+    g_usleep(100 * 1000);
+    for (unsigned i = 0; i < G_N_ELEMENTS(idle); i++) {
+        close(idle[i]);
+    }
+    g_usleep(100 * 1000);
+    stats = vn_wctl_call(r.path, "stats", 1000, 4096, NULL);
+    ck_assert_ptr_nonnull(stats);
+    ck_assert_int_eq(g_atomic_int_get(&r.calls), 1);    /* garbage reached no handler */
+    rig_stop(&r);
+}
+END_TEST
+
+static Suite *wctl_suite(void)
+{
+    Suite *s = suite_create("wctl");
+    TCase *tc = tcase_create("channel");
+
+    tcase_add_test(tc, test_call);
+    tcase_add_test(tc, test_no_worker);
+    tcase_add_test(tc, test_timeout);
+    tcase_add_test(tc, test_hostile_clients);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(wctl_suite());
+}
