@@ -229,6 +229,24 @@ START_TEST(test_borrow_return)
 }
 END_TEST
 
+/* A borrow made before the lender's announcement arrived is claimed long
+ * before the lease timeout (a grant never claimed would end). */
+START_TEST(test_borrow_before_announcement)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    Done r = { 0 };
+
+    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert_msg(r.b != NULL, "%s: %s", r.klass, r.msg);
+    ck_assert(spin_until(held, a, LEASE_TIMEOUT_MS / 2));
+    spin(LEASE_TIMEOUT_MS + 200);
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_HELD);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* A RETURN that never reached the lender: hostb's announcements stop
  * claiming the lease, and hosta ends it (it used to keep it for ever). */
 START_TEST(test_unclaimed_lease_ends)
@@ -575,6 +593,7 @@ static Suite *daemon_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_borrow_return);
     tcase_add_test(tc, test_unclaimed_lease_ends);
+    tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
     tcase_add_test(tc, test_borrow_cap);
     tcase_add_test(tc, test_save_error_counted);

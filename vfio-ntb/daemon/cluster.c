@@ -681,7 +681,10 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     }
     b->lease = lease;
     save(d);
-    /* Our holds changed: the lender judges its grant by our claim of it. */
+    /* Our holds changed: the lender judges its grant by our claim of it.
+     * To it at once (it may not be in our table yet, if its announcement is
+     * still on the way), to the others soon. */
+    announce_to(d, p->lender);
     vn_cluster_announce_soon(d);
     finish(p, b, NULL, NULL);
 }
