@@ -27,11 +27,44 @@ static char *tmpdir;
 
 /* What the fake workers were asked, and which "run" (pids 1000 + lease). */
 static struct {
-    unsigned starts, stops, adopts;
+    unsigned starts, stops, adopts, cancels;
+    unsigned delay_ms;          /* a start calls back this much later */
     GHashTable *running;        /* pid -> socket */
 } fake;
 
-static bool fake_start(VnDaemon *d, VnBorrowed *b, GError **error)
+/* A start that calls back later (fake.delay_ms). */
+typedef struct FakeStart {
+    VnDaemon *d;
+    VnBorrowed *b;
+    VnWorkerStarted done;
+    void *opaque;
+    guint timer;
+} FakeStart;
+
+static gboolean fake_started(gpointer data)
+{
+    FakeStart *fs = data;
+
+    fs->b->starting = false;
+    fs->b->start_cancel = NULL;
+    fs->done(fs->d, fs->b, NULL, fs->opaque);
+    g_free(fs);
+    return G_SOURCE_REMOVE;
+}
+
+static void fake_cancel(void *data)
+{
+    FakeStart *fs = data;
+    g_autoptr(GError) error = g_error_new_literal(G_IO_ERROR, G_IO_ERROR_CANCELLED,
+                                                  "given back while starting");
+
+    fake.cancels++;
+    g_source_remove(fs->timer);
+    fs->done(fs->d, NULL, error, fs->opaque);
+    g_free(fs);
+}
+
+static void fake_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque)
 {
     fake.starts++;
     b->worker_pid = (GPid)(1000 + b->lease);
@@ -40,7 +73,17 @@ static bool fake_start(VnDaemon *d, VnBorrowed *b, GError **error)
     g_free(b->channel_path);
     b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
     g_hash_table_insert(fake.running, GINT_TO_POINTER(b->worker_pid), g_strdup(b->socket));
-    return true;
+    if (fake.delay_ms > 0) {
+        FakeStart *fs = g_new0(FakeStart, 1);
+
+        *fs = (FakeStart){ .d = d, .b = b, .done = done, .opaque = opaque };
+        fs->timer = g_timeout_add(fake.delay_ms, fake_started, fs);
+        b->starting = true;
+        b->start_cancel = fake_cancel;
+        b->start_data = fs;
+        return;
+    }
+    done(d, b, NULL, opaque);
 }
 
 static void fake_stop(VnDaemon *d, VnBorrowed *b)
@@ -570,6 +613,63 @@ START_TEST(test_attach_adopt_detach)
 }
 END_TEST
 
+/* A worker's start does not hold up the daemon: meanwhile it answers other
+ * requests, refuses a second attach of the device, and a return ends the
+ * start (its attach gets an error, the lease goes back). */
+START_TEST(test_attach_waits_without_blocking)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    g_autofree char *nodes = NULL, *second = NULL, *first = NULL, *ret = NULL;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    const char *att = "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
+                      "\"domain\":\"vm1\"},\"id\":1}\n";
+    GString *line = g_string_new(NULL);
+    gint64 deadline;
+    int fd;
+    char c;
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    fake.delay_ms = 60000;      /* a start that never finishes by itself */
+    /* The first attach, on a connection of its own, waits for its worker. */
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    g_strlcpy(addr.sun_path, b->conf->control_socket, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(write(fd, att, strlen(att)), (ssize_t)strlen(att));
+    ck_assert(spin_until(held, a, 2000));
+    ck_assert_uint_eq(fake.starts, 1);
+    nodes = control(b, "{\"execute\":\"query-nodes\",\"id\":2}\n");
+    ck_assert_msg(strstr(nodes, "\"return\"") != NULL, "%s", nodes);
+    second = control(b, att);
+    ck_assert_msg(strstr(second, "DeviceBusy") != NULL, "%s", second);
+    ret = control(b, "{\"execute\":\"return\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
+                     "\"id\":3}\n");
+    ck_assert_msg(strstr(ret, "\"return\"") != NULL, "%s", ret);
+    ck_assert_uint_eq(fake.cancels, 1);
+    /* The first attach was answered: with an error. */
+    deadline = g_get_monotonic_time() + 3 * G_USEC_PER_SEC;
+    while (g_get_monotonic_time() < deadline) {
+        if (read(fd, &c, 1) == 1) {
+            if (c != '\n') {
+                g_string_append_c(line, c);
+            } else if (g_str_has_prefix(line->str, "{\"vfio-ntbd\"")) {
+                g_string_truncate(line, 0);
+            } else {
+                break;
+            }
+            continue;
+        }
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    first = g_string_free(line, FALSE);
+    ck_assert_msg(strstr(first, "given back while starting") != NULL, "%s", first);
+    ck_assert(spin_until(free_again, a, 2000));
+    close(fd);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 START_TEST(test_worker_ops_valid)
 {
     VnWorkerOps ops = fake_ops;
@@ -602,6 +702,7 @@ static Suite *daemon_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_attach_adopt_detach);
+    tcase_add_test(tc, test_attach_waits_without_blocking);
     tcase_add_test(tc, test_worker_ops_valid);
     suite_add_tcase(s, tc);
     tc = tcase_create("peers");

@@ -449,15 +449,38 @@ static void attach_free(Attach *at)
     g_free(at);
 }
 
+/* The worker serves the device, or could not. */
+static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void *opaque)
+{
+    Attach *at = opaque;
+
+    if (error != NULL) {
+        if (b != NULL) {
+            g_clear_pointer(&b->domain, g_free);
+        }
+        vn_control_error(at->r, VN_ERR_GENERIC, "%s", error->message);
+    } else {
+        g_free(b->qmp);
+        b->qmp = g_strdup(at->qmp);
+        g_free(b->qdev_id);
+        b->qdev_id = g_strdup(at->qdev_id);
+        vn_state_save_or_report(d);
+        return_lease(at->r, b->device, b->lease, b->socket);
+    }
+    attach_free(at);
+}
+
 /* The device is borrowed: serve it to the domain (a worker process). */
 static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
                             void *opaque)
 {
     Attach *at = opaque;
-    g_autoptr(GError) error = NULL;
 
     if (b == NULL) {
         vn_control_error(at->r, klass, "%s", msg);
+    } else if (b->starting) {
+        vn_control_error(at->r, VN_ERR_BUSY, "%s is being attached to %s; try again",
+                         b->device, b->domain);
     } else if (b->lost) {
         vn_control_error(at->r, VN_ERR_UNREACHABLE, "%s's lender went away and its data path "
                          "with it; detach and return it, then borrow it again", b->device);
@@ -479,17 +502,8 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         }
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
-        if (!d->workers->start(d, b, &error)) {
-            g_clear_pointer(&b->domain, g_free);
-            vn_control_error(at->r, VN_ERR_GENERIC, "%s", error->message);
-        } else {
-            g_free(b->qmp);
-            b->qmp = g_strdup(at->qmp);
-            g_free(b->qdev_id);
-            b->qdev_id = g_strdup(at->qdev_id);
-            vn_state_save_or_report(d);
-            return_lease(at->r, b->device, b->lease, b->socket);
-        }
+        d->workers->start(d, b, attach_started, at);    /* answers and frees @at */
+        return;
     }
     attach_free(at);
 }

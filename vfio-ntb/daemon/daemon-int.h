@@ -61,6 +61,11 @@ typedef struct VnBorrowed {
     bool unconfirmed;           /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
     guint release_timer;        /* vn_cluster_release() waits for the VM */
+    /* A worker being started (VnWorkerOps.start has not called back yet);
+     * freeing @b ends the start through @start_cancel. */
+    bool starting;
+    void (*start_cancel)(void *start_data);
+    void *start_data;
 } VnBorrowed;
 
 /* A host that announced itself (workers never do, so they are never here).
@@ -233,8 +238,10 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  * member is required (vn_worker_ops_valid()).
  *
  * start: serve @b on b->socket (b->domain set); sets b->worker_pid (> 0
- *   while it runs), b->worker_node, b->channel_path; false with @error when it
- *   did not come up.
+ *   while it runs), b->worker_node, b->channel_path.  Asynchronous: @done
+ *   runs once, at once or later from the loop, with @error NULL when the
+ *   worker serves, else why not; b->starting is set meanwhile.  When @b is
+ *   freed first (returned), @done runs with b NULL and an error.
  * stop: wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the
  *   socket, then end it (bounded); b->worker_pid is 0 after.
  * adopt: after a restart, is the recorded worker still there (b->worker_pid
@@ -246,9 +253,12 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  *   takes no device requests.
  * client_connected: is a QEMU connected (the device still in a VM)?
  */
+typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
+                                void *opaque);
+
 struct VnWorkerOps {
     const char *name;
-    bool (*start)(VnDaemon *d, VnBorrowed *b, GError **error);
+    void (*start)(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque);
     void (*stop)(VnDaemon *d, VnBorrowed *b);
     bool (*adopt)(VnDaemon *d, VnBorrowed *b);
     char *(*stats)(VnDaemon *d, VnBorrowed *b);

@@ -95,24 +95,34 @@ struct VnDaemonStatic {
     unsigned pending;           /* borrows in flight */
 };
 
+static void static_started(VnDaemon *d, VnBorrowed *b, const GError *error, void *opaque)
+{
+    VnDaemonStatic *st = d->statics;
+
+    if (error == NULL) {
+        vn_state_save_or_report(d);
+        return;
+    }
+    if (b != NULL) {
+        g_clear_pointer(&b->domain, g_free);
+    }
+    if (st == NULL || st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
+        g_message("node %s: serving %s: %s (retrying)", d->conf->node,
+                  b != NULL ? b->device : "a borrowed device", error->message);
+    }
+}
+
 static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned tries)
 {
-    g_autoptr(GError) error = NULL;
-
+    if (b->starting) {
+        return;                 /* its start has not called back yet */
+    }
     b->irq_mode = bc->irq_mode;
     g_free(b->socket);
     b->socket = g_strdup(bc->socket);
     g_free(b->domain);
     b->domain = g_strdup(bc->name);
-    if (!d->workers->start(d, b, &error)) {
-        g_clear_pointer(&b->domain, g_free);
-        if (tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
-            g_message("node %s: serving %s: %s (retrying)", d->conf->node, b->device,
-                      error->message);
-        }
-        return;
-    }
-    vn_state_save_or_report(d);
+    d->workers->start(d, b, static_started, NULL);
 }
 
 typedef struct StaticBorrow {

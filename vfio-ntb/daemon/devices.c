@@ -99,6 +99,9 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
 
 void vn_devices_borrowed_free(VnBorrowed *b)
 {
+    if (b->start_cancel != NULL) {
+        b->start_cancel(b->start_data);     /* answers whoever waits for it */
+    }
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
     }

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <gio/gio.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,57 +63,128 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     g_clear_pointer(&b->domain, g_free);
 }
 
-static bool authorize(VnDaemon *d, VnBorrowed *b, GError **error)
-{
-    VnPeersRequest req = { .lease = b->lease };
-    g_autofree char *json = NULL;
-    g_autoptr(VnFabricMsg) reply = NULL;
-    int ret;
-
-    g_strlcpy(req.device, b->name, sizeof(req.device));
-    g_strlcpy(req.worker, b->worker_node, sizeof(req.worker));
-    json = vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &req);
-    ret = vn_fabric_request_sync(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0, NULL,
-                                 0, &reply);
-    if (ret < 0) {
-        g_autofree char *why = vn_fabric_error_message(reply);
-
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "%s: %s", b->lender,
-                    why ? why : g_strerror(-ret));
-        return false;
-    }
-    return true;
-}
-
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
 static bool spawn_client_connected(VnBorrowed *b);
 
-static bool spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
+/*
+ * A start in progress: AUTHORIZE with the lender (asynchronous), spawn, then
+ * a timer looks for the worker's socket every millisecond (attach latency:
+ * QEMU waits on it) until VN_SPAWN_START_TIMEOUT_MS.  The daemon's loop
+ * serves everything else meanwhile.
+ */
+typedef struct Start {
+    VnDaemon *d;
+    VnBorrowed *b;              /* NULL once finished or cancelled */
+    VnWorkerStarted done;
+    void *opaque;
+    guint timer;
+    gint64 deadline_us;
+    bool in_request;            /* AUTHORIZE's reply will still come (and free us) */
+} Start;
+
+/* @done runs once; the Start goes when nothing refers to it any more. */
+static void start_finish(Start *st, GError *error)
 {
+    VnBorrowed *b = st->b;
+    VnWorkerStarted done = st->done;
+
+    if (st->timer != 0) {
+        g_source_remove(st->timer);
+        st->timer = 0;
+    }
+    if (b != NULL) {
+        b->starting = false;
+        b->start_cancel = NULL;
+        b->start_data = NULL;
+    }
+    st->b = NULL;
+    st->done = NULL;
+    if (done != NULL) {
+        done(st->d, b, error, st->opaque);
+    }
+    if (!st->in_request) {
+        g_free(st);
+    }
+}
+
+static void start_fail(Start *st, GQuark domain, int code, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+static void start_fail(Start *st, GQuark domain, int code, const char *fmt, ...)
+{
+    g_autoptr(GError) error = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    error = g_error_new_valist(domain, code, fmt, ap);
+    va_end(ap);
+    start_finish(st, error);
+}
+
+/* @b is being freed (returned) while its worker starts. */
+static void start_cancel(void *data)
+{
+    Start *st = data;
+    VnBorrowed *b = st->b;
+
+    if (b != NULL && b->worker_pid > 0) {
+        spawn_stop(st->d, b);
+    }
+    st->b = NULL;
+    start_fail(st, G_IO_ERROR, G_IO_ERROR_CANCELLED,
+               "the device was given back while its worker started");
+}
+
+static gboolean on_start_poll(gpointer data)
+{
+    Start *st = data;
+    VnBorrowed *b = st->b;
+    int status;
+
+    if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
+        st->timer = 0;
+        g_message("node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node,
+                  b->device, b->socket, b->worker_node, b->worker_pid);
+        start_finish(st, NULL);
+        return G_SOURCE_REMOVE;
+    }
+    if (b->worker_pid <= 0 || waitpid(b->worker_pid, &status, WNOHANG) == b->worker_pid) {
+        st->timer = 0;
+        if (b->child_watch != 0) {
+            g_source_remove(b->child_watch);
+            b->child_watch = 0;
+        }
+        b->worker_pid = 0;
+        start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED,
+                   "the borrower worker for %s exited; its messages are in this daemon's log",
+                   b->device);
+        return G_SOURCE_REMOVE;
+    }
+    if (g_get_monotonic_time() > st->deadline_us) {
+        st->timer = 0;
+        spawn_stop(st->d, b);
+        start_fail(st, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
+                   "the borrower worker for %s did not come up in %d ms", b->device,
+                   VN_SPAWN_START_TIMEOUT_MS);
+        return G_SOURCE_REMOVE;
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+static void start_spawn(Start *st)
+{
+    VnDaemon *d = st->d;
+    VnBorrowed *b = st->b;
     g_autofree char *bin = worker_binary();
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GError) error = NULL;
     GHashTableIter it;
     gpointer k, v;
-    gint64 deadline;
 
     if (bin == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
-                    "%s is not installed next to vfio-ntbd nor on PATH", VN_SPAWN_BINARY);
-        return false;
-    }
-    /* Unique per lease; the node name limit keeps the prefix short. */
-    g_free(b->worker_node);
-    b->worker_node = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
-                                     (guint64)(b->lease % 1000000000u));
-    g_free(b->channel_path);
-    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
-    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
-                    d->conf->run_dir, g_strerror(errno));
-        return false;
-    }
-    if (!authorize(d, b, error)) {
-        return false;
+        start_fail(st, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                   "%s is not installed next to vfio-ntbd nor on PATH", VN_SPAWN_BINARY);
+        return;
     }
     g_ptr_array_add(argv, g_strdup(bin));
     g_ptr_array_add(argv, g_strdup("--fabric-dir"));
@@ -133,38 +205,70 @@ static bool spawn_start(VnDaemon *d, VnBorrowed *b, GError **error)
     g_ptr_array_add(argv, NULL);
     unlink(b->socket);
     if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
-                       &b->worker_pid, error)) {
-        g_prefix_error(error, "starting %s: ", VN_SPAWN_BINARY);
-        return false;
+                       &b->worker_pid, &error)) {
+        g_prefix_error(&error, "starting %s: ", VN_SPAWN_BINARY);
+        start_finish(st, error);
+        return;
     }
     b->child_watch = g_child_watch_add(b->worker_pid, on_child_exit, b);
-    /* Wait for its socket: then QEMU can be started.  The worker talks to
-     * the lender itself, so blocking here deadlocks nothing. */
-    deadline = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
-    while (!g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
-        int status;
+    st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
+    st->timer = g_timeout_add(1, on_start_poll, st);
+}
 
-        if (waitpid(b->worker_pid, &status, WNOHANG) == b->worker_pid) {
-            g_source_remove(b->child_watch);
-            b->child_watch = 0;
-            b->worker_pid = 0;
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED,
-                        "the borrower worker for %s exited (status %d); its messages are in "
-                        "this daemon's log", b->device, status);
-            return false;
-        }
-        if (g_get_monotonic_time() > deadline) {
-            spawn_stop(d, b);
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
-                        "the borrower worker for %s did not come up in %d ms", b->device,
-                        VN_SPAWN_START_TIMEOUT_MS);
-            return false;
-        }
-        g_usleep(1000);   /* attach latency: QEMU waits on this */
+/* The lender let the worker reach the device (or not). */
+static void on_authorized(void *opaque, VnFabricMsg *reply, int err)
+{
+    Start *st = opaque;
+
+    st->in_request = false;
+    if (st->b == NULL) {
+        g_free(st);             /* cancelled meanwhile: done ran already */
+        return;
     }
-    g_message("node %s: %s served on %s by worker %s (pid %d)", d->conf->node, b->device,
-              b->socket, b->worker_node, b->worker_pid);
-    return true;
+    if (err < 0) {
+        g_autofree char *why = vn_fabric_error_message(reply);
+
+        start_fail(st, G_IO_ERROR, g_io_error_from_errno(-err), "%s: %s", st->b->lender,
+                   why ? why : g_strerror(-err));
+        return;
+    }
+    start_spawn(st);
+}
+
+static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque)
+{
+    Start *st = g_new0(Start, 1);
+    VnPeersRequest req = { .lease = b->lease };
+    g_autofree char *json = NULL;
+    int ret;
+
+    *st = (Start){ .d = d, .b = b, .done = done, .opaque = opaque };
+    b->starting = true;
+    b->start_cancel = start_cancel;
+    b->start_data = st;
+    /* Unique per lease; the node name limit keeps the prefix short. */
+    g_free(b->worker_node);
+    b->worker_node = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
+                                     (guint64)(b->lease % 1000000000u));
+    g_free(b->channel_path);
+    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
+    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
+        start_fail(st, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
+                   d->conf->run_dir, g_strerror(errno));
+        return;
+    }
+    /* The lender must let the worker's node reach the device first. */
+    g_strlcpy(req.device, b->name, sizeof(req.device));
+    g_strlcpy(req.worker, b->worker_node, sizeof(req.worker));
+    json = vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &req);
+    ret = vn_fabric_request(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0, NULL, 0,
+                            on_authorized, st);
+    if (ret < 0) {
+        start_fail(st, G_IO_ERROR, g_io_error_from_errno(-ret), "%s: %s", b->lender,
+                   g_strerror(-ret));
+        return;
+    }
+    st->in_request = true;
 }
 
 static bool alive(GPid pid)
