@@ -682,10 +682,10 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     b->lease = lease;
     save(d);
     /* Our holds changed: the lender judges its grant by our claim of it.
-     * To it at once (it may not be in our table yet, if its announcement is
-     * still on the way), to the others soon. */
+     * To it alone, at once (it may not be in our table yet, if its
+     * announcement is still on the way): a hold concerns its lender only,
+     * and a broadcast per borrow costs every host a message. */
     announce_to(d, p->lender);
-    vn_cluster_announce_soon(d);
     finish(p, b, NULL, NULL);
 }
 
@@ -756,13 +756,14 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
               b->lease);
     g_ptr_array_remove(d->borrowed, b);
     save(d);
-    /* Should the RETURN not get there, our next announcement, without the
-     * lease, ends it at the lender all the same. */
-    vn_cluster_announce_soon(d);
+    /* Should the RETURN not get there, our announcement after it, without
+     * the lease, ends it at the lender all the same (messages on one link
+     * arrive in order). */
     if (reachable) {
         json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
         ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, NULL, 0,
                                 on_return_reply, p);
+        announce_to(d, p->lender);
     }
     if (!reachable || ret < 0) {
         on_return_reply(p, NULL, reachable ? ret : 0);
