@@ -490,6 +490,10 @@ def test_many_workers_new_host(cl):
             for n in ("hosta", "hostb"):
                 listed_workers |= {x["node"] for x in cl.ctl(n).execute("query-nodes")
                                    if x["node"] not in cl.d and x["node"] != "hoste"}
+                # What an operator sees: `ntbctl nodes`, while the device is attached.
+                rc, out, _ = ntbctl(cl.d[n], "nodes")
+                listed_workers |= {w for w in out.split() if "-w" in w and rc == 0}
+                listed_workers |= {"ntbctl-failed"} if rc != 0 else set()
         cl.ctl("hostb").execute("detach", device=DEV)
         cl.ctl("hostb").execute("return", device=DEV)
     cycles_s = time.monotonic() - t0
