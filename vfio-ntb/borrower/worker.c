@@ -82,8 +82,9 @@ static char *on_command(void *opaque, const char *name, GError **error)
     if (strcmp(name, "unplug") == 0) {
         bool asked = vn_borrower_request_unplug(w->b);
 
+        /* An answer, not news: the daemon falls back to QMP and says so. */
         if (!asked) {
-            g_message("borrower worker: QEMU takes no device requests; nothing sent");
+            g_info("borrower worker: QEMU takes no device requests; nothing sent");
         }
         return g_strdup_printf("{\"requested\":%s}", asked ? "true" : "false");
     }

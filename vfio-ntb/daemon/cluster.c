@@ -51,11 +51,6 @@ static void emit(VnDaemon *d, const char *event, const char *device, uint64_t le
     vn_control_event(d->control, event, json_builder_get_root(b));
 }
 
-static void save(VnDaemon *d)
-{
-    vn_state_save_or_report(d);
-}
-
 /* ---- announcements ---- */
 
 static char *announcement(VnDaemon *d)
@@ -277,7 +272,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
             emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL);
             vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
-            save(d);
+            vn_state_save_or_report(d);
         }
     }
 }
@@ -485,7 +480,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         }
         g_free(ld->worker);
         ld->worker = g_strdup(rq.worker);
-        save(d);
+        vn_state_save_or_report(d);
         vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
         return;
     default:
@@ -680,7 +675,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         g_ptr_array_add(d->borrowed, b);
     }
     b->lease = lease;
-    save(d);
+    vn_state_save_or_report(d);
     /* Our holds changed: the lender judges its grant by our claim of it.
      * To it alone, at once (it may not be in our table yet, if its
      * announcement is still on the way): a hold concerns its lender only,
@@ -755,7 +750,7 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
               b->lease);
     g_ptr_array_remove(d->borrowed, b);
-    save(d);
+    vn_state_save_or_report(d);
     /* Should the RETURN not get there, our announcement after it, without
      * the lease, ends it at the lender all the same (messages on one link
      * arrive in order). */

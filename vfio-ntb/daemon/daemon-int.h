@@ -137,7 +137,8 @@ void vn_daemon_write_stats(VnDaemon *d);
  * go of the device, and looks whether it has this often. */
 #define VN_DAEMON_MAX_RELEASE_MS 10000
 #define VN_DAEMON_RELEASE_POLL_MS 50
-#define VN_DAEMON_MAX_GRACE_MS 600000
+/* The most a revoke may give: what a REVOKE message may carry. */
+#define VN_DAEMON_MAX_GRACE_MS VN_PEERS_MAX_GRACE_MS
 /* A lease whose borrower's daemon went away (or that was restored from the
  * state file) expires if that daemon is not back and claiming it within
  * [node] lease-timeout-ms (default): a daemon restart keeps its leases. */

@@ -39,7 +39,7 @@ typedef enum VnPeersType {
 } VnPeersType;
 
 /* A revoke's grace period is at most this (10 minutes). */
-#define VN_PEERS_MAX_GRACE_MS 600000u
+#define VN_PEERS_MAX_GRACE_MS 600000
 
 typedef struct VnPeersDevice {
     char name[VN_MAX_DEVICE_NAME + 1];

@@ -362,9 +362,9 @@ static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
     g_autofree char *text = NULL;
     g_autoptr(JsonObject) o = NULL;
 
-    /* Its counters say whether its QEMU registered the device request. */
-    if (!alive(b->worker_pid) || b->channel_path == NULL ||
-        !stats_flag(b, "unplug_request_supported")) {
+    /* The worker answers false, doing nothing, when its QEMU registered no
+     * device request. */
+    if (!alive(b->worker_pid) || b->channel_path == NULL) {
         return false;
     }
     text = vn_wctl_call(b->channel_path, "unplug", VN_SPAWN_STATS_TIMEOUT_MS,
