@@ -1,8 +1,7 @@
 /*
  * libFuzzer target for the fabric frame decoder (fabric/frame.c): header,
- * JSON payload and fd count from a peer daemon.  Any bytes must decode or
- * be refused with -errno; what decodes must lie inside the buffer.
- * The first byte picks the fd count; the rest is the frame.
+ * JSON payload from a peer daemon.  Any bytes must decode or be refused
+ * with -errno; what decodes must lie inside the buffer.
  */
 #include "fabric/frame.h"
 
@@ -15,17 +14,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     VnFabricFrame f;
-    uint8_t *copy;
-    unsigned nfds;
-
-    if (size < 1) {
-        return 0;
-    }
-    nfds = data[0] % (VN_FABRIC_MAX_FDS + 2);
     /* An exact-size heap copy so ASan sees any read past the frame. */
-    copy = malloc(size - 1 ? size - 1 : 1);
-    memcpy(copy, data + 1, size - 1);
-    if (vn_fabric_frame_decode(copy, size - 1, nfds, &f) == 0) {
+    uint8_t *copy = malloc(size ? size : 1);
+
+    memcpy(copy, data, size);
+    if (vn_fabric_frame_decode(copy, size, &f) == 0) {
         volatile uint8_t sink = 0;
 
         if (f.json != NULL) {

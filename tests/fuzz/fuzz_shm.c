@@ -1,14 +1,17 @@
 /*
  * libFuzzer target for the shm fabric's record reader (fabric/shm.c): what
- * a connecting node sends on a node socket, a HELLO record and then
- * length-prefixed frames with fds.  The bytes go through a real socketpair,
- * in chunks, some with fds attached, and are read the way a connection
- * reads them: vn_shm_reader_step() after every chunk, the first record
- * checked as a HELLO, the others decoded as frames.  Nothing may crash,
- * leak an fd or hand up a record beyond the limits.
+ * a connecting node sends on a node socket (a HELLO or a FETCH record, then
+ * length-prefixed frames, which must come without fds), or what the
+ * answer to our own FETCH brings (one reply record, with an fd).  The bytes
+ * go through a real socketpair, in chunks, some with fds attached, and are
+ * read the way a connection reads them: vn_shm_reader_step() after every
+ * chunk, the first record checked as a HELLO, the others decoded as frames
+ * (or, for an answer, each checked as one).  Nothing may crash, leak an fd
+ * or hand up a record beyond the limits.
  *
  * Input: byte 0 fds per attachment, byte 1 chunk size (0: all at once),
- * byte 2 which chunks carry fds (bit i for chunk i mod 8), then the stream.
+ * byte 2 which chunks carry fds (bit i for chunk i mod 8), byte 3 bit 0:
+ * read as a fetch's answer, then the stream.
  */
 #include "common/fdpass.h"
 #include "common/util.h"
@@ -26,34 +29,49 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Two more than a record may carry: one to notice, one beyond. */
-#define MAX_SENT_FDS (VN_FABRIC_MAX_FDS + 2)
+#define MAX_SENT_FDS (VN_SHM_MAX_FDS + 2)
 
 typedef struct Reader {
     VnShmReader r;
     int fd;
+    bool answer;         /* a fetch's answer, not an accepted connection */
     bool named;
     bool gone;           /* the connection would have been dropped */
 } Reader;
+
+static VnShmRecordKind kind_of(const Reader *rd)
+{
+    if (rd->answer) {
+        return VN_SHM_RECORD_FETCH_REPLY;
+    }
+    return rd->named ? VN_SHM_RECORD_FRAME : VN_SHM_RECORD_FIRST;
+}
 
 static void handle(Reader *rd, VnShmRecord *rec)
 {
     VnFabricFrame f;
 
     if (rec->len > VN_FABRIC_MAX_FRAME || rec->nfds > G_N_ELEMENTS(rec->fds) ||
-        (!rd->named && rec->len != sizeof(VnShmHello))) {
+        (kind_of(rd) == VN_SHM_RECORD_FIRST && rec->len != sizeof(VnShmHello) &&
+         rec->len != sizeof(VnShmFetch)) ||
+        (rd->answer && rec->len != sizeof(VnShmFetchReply))) {
         abort();                 /* the reader let through what it must refuse */
     }
-    if (!rd->named) {
+    if (rd->answer) {
+        rd->gone = true;         /* one answer, then the connection is closed */
+    } else if (!rd->named) {
         char peer[VN_MAX_NODE_NAME + 1];
+        VnShmFetch fetch;
         g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds,
-                                                  rec->overflow, "fuzz", peer);
+                                                  rec->overflow, "fuzz", peer, &fetch);
 
-        rd->named = why == NULL;
-        rd->gone = why != NULL;
+        rd->named = why == NULL && fetch.hello.magic == 0;
+        /* A fetch is answered and closed. */
+        rd->gone = !rd->named;
+    } else if (rec->nfds > 0 || rec->overflow) {
+        rd->gone = true;         /* frames carry no fds: the link is dropped */
     } else {
-        /* As the fabric does: an overflow is more fds than any frame has. */
-        (void)vn_fabric_frame_decode(rec->buf, rec->len,
-                                     rec->overflow ? VN_FABRIC_MAX_FDS + 1 : rec->nfds, &f);
+        (void)vn_fabric_frame_decode(rec->buf, rec->len, &f);
     }
     vn_util_close_fds(rec->fds, rec->nfds);
     g_free(rec->buf);
@@ -64,7 +82,7 @@ static void drain(Reader *rd)
 {
     while (!rd->gone) {
         VnShmRecord rec;
-        int ret = vn_shm_reader_step(&rd->r, rd->fd, !rd->named, &rec);
+        int ret = vn_shm_reader_step(&rd->r, rd->fd, kind_of(rd), &rec);
 
         if (ret <= 0) {
             rd->gone = ret < 0;
@@ -84,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     Reader rd = { .fd = -1 };
     int sv[2];
 
-    if (size < 3) {
+    if (size < 4) {
         return 0;
     }
     if (devnull < 0) {
@@ -93,8 +111,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nfds = data[0] % (MAX_SENT_FDS + 1);
     chunk = data[1] != 0 ? data[1] : size;
     mask = data[2];
-    data += 3;
-    size -= 3;
+    rd.answer = data[3] & 1;
+    data += 4;
+    size -= 4;
     for (unsigned i = 0; i < nfds; i++) {
         fds[i] = devnull;
     }

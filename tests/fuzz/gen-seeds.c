@@ -36,11 +36,11 @@ static void put(const char *target, const char *name, const void *prefix, size_t
 
 /* A frame as the fabric sends it, newly allocated. */
 static GByteArray *frame(uint16_t flags, uint32_t type, uint64_t id, int32_t err,
-                         const char *json, const void *data, size_t len, unsigned nfds)
+                         const char *json, const void *data, size_t len)
 {
     GByteArray *f = g_byte_array_new();
 
-    if (vn_fabric_frame_encode(f, flags, type, id, err, json, data, len, nfds) < 0) {
+    if (vn_fabric_frame_encode(f, flags, type, id, err, json, data, len) < 0) {
         abort();
     }
     return f;
@@ -50,22 +50,16 @@ static void frames(GPtrArray *all)
 {
     VnProtoAttach a = { .device = "nvme0", .irq_mode = VN_IRQ_MODE_RELAY };
     g_autofree char *attach = vn_proto_attach_to_json(&a);
-    uint64_t seg = 7, size = 1 << 20;
     uint32_t bit = 3;
     uint8_t bytes[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REQUEST, VN_PROTO_ATTACH, 1, 0, attach, NULL, 0,
-                               0));
+    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REQUEST, VN_PROTO_ATTACH, 1, 0, attach, NULL, 0));
     g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY, VN_PROTO_REGION_RW, 2, 0, "{}", bytes,
-                               sizeof(bytes), 0));
+                               sizeof(bytes)));
     g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, VN_PROTO_DMA_MAP,
-                               3, EINVAL, NULL, NULL, 0, 0));
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_MAP, 4, 0, NULL, &seg,
-                               sizeof(seg), 0));
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY, VN_FABRIC_TYPE_MAP, 4, 0, NULL, &size,
-                               sizeof(size), 1));
+                               3, EINVAL, NULL, NULL, 0));
     g_ptr_array_add(all, frame(VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 0, 0, NULL, &bit,
-                               sizeof(bit), 0));
+                               sizeof(bit)));
 }
 
 static void record(GByteArray *out, const void *buf, size_t len)
@@ -80,16 +74,23 @@ static void gen_frame_shm(void)
 {
     g_autoptr(GPtrArray) all = g_ptr_array_new_with_free_func((GDestroyNotify)g_byte_array_unref);
     VnShmHello h = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
+    VnShmFetch fetch = {
+        .hello = { .magic = VN_SHM_FETCH_MAGIC, .version = VN_SHM_HELLO_VERSION },
+        .kind = VN_SHM_FETCH_SEGMENT,
+        .id = 3,
+    };
+    VnShmFetchReply answer = { .magic = VN_SHM_FETCH_MAGIC, .size = 1 << 20 };
     g_autoptr(GByteArray) stream = g_byte_array_new();
     g_autoptr(GByteArray) with_fd = g_byte_array_new();
-    const uint8_t all_at_once[3] = { 0, 0, 0 }, in_records[3] = { 1, sizeof(h) + 4, 0x02 };
-    const uint8_t trickle[3] = { 0, 5, 0 };
+    g_autoptr(GByteArray) asked = g_byte_array_new();
+    g_autoptr(GByteArray) answered = g_byte_array_new();
+    const uint8_t all_at_once[4] = { 0, 0, 0, 0 }, in_records[4] = { 1, sizeof(h) + 4, 0x02, 0 };
+    const uint8_t trickle[4] = { 0, 5, 0, 0 }, an_answer[4] = { 1, 0, 0x01, 1 };
 
     frames(all);
     for (guint i = 0; i < all->len; i++) {
         GByteArray *f = all->pdata[i];
         const VnFabricFrameHdr *hdr = (const VnFabricFrameHdr *)f->data;
-        uint8_t nfds = (uint8_t)hdr->nfds;
         g_autofree char *name = g_strdup_printf("%s-%s", vn_fabric_kind_to_string(hdr->flags),
                                                 hdr->type < VN_FABRIC_TYPE_RESERVED
                                                     ? vn_proto_type_to_string(hdr->type)
@@ -97,25 +98,33 @@ static void gen_frame_shm(void)
 
         VnFabricFrame check;
 
-        if (vn_fabric_frame_decode(f->data, f->len, nfds, &check) < 0) {
+        if (vn_fabric_frame_decode(f->data, f->len, &check) < 0) {
             abort();
         }
-        put("frame", name, &nfds, 1, f->data, f->len);
+        put("frame", name, NULL, 0, f->data, f->len);
     }
-    /* shm: a HELLO, then every frame without fds; then a HELLO and the
-     * frame with an fd, sent as a chunk of its own. */
+    /* shm: a HELLO, then every frame; a HELLO and a frame that brings an
+     * fd (refused), sent as a chunk of its own; a FETCH; an answer. */
     g_strlcpy(h.node, "hostb", sizeof(h.node));
+    g_strlcpy(fetch.hello.node, "hostb", sizeof(fetch.hello.node));
     record(stream, &h, sizeof(h));
     record(with_fd, &h, sizeof(h));
     for (guint i = 0; i < all->len; i++) {
         GByteArray *f = all->pdata[i];
 
-        record(((const VnFabricFrameHdr *)f->data)->nfds ? with_fd : stream, f->data, f->len);
+        record(stream, f->data, f->len);
+        if (i == 0) {
+            record(with_fd, f->data, f->len);
+        }
     }
-    put("shm", "hello-frames", all_at_once, 3, stream->data, stream->len);
-    put("shm", "hello-frames-trickle", trickle, 3, stream->data, stream->len);
-    put("shm", "hello-frame-fd", in_records, 3, with_fd->data, with_fd->len);
-    put("shm", "hello-only", all_at_once, 3, stream->data, sizeof(h) + 4);
+    record(asked, &fetch, sizeof(fetch));
+    record(answered, &answer, sizeof(answer));
+    put("shm", "hello-frames", all_at_once, 4, stream->data, stream->len);
+    put("shm", "hello-frames-trickle", trickle, 4, stream->data, stream->len);
+    put("shm", "hello-frame-fd", in_records, 4, with_fd->data, with_fd->len);
+    put("shm", "hello-only", all_at_once, 4, stream->data, sizeof(h) + 4);
+    put("shm", "fetch", all_at_once, 4, asked->data, asked->len);
+    put("shm", "fetch-answer", an_answer, 4, answered->data, answered->len);
 }
 
 /* Takes @json. */

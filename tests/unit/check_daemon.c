@@ -376,7 +376,7 @@ static bool evil_replied(void *opaque)
 static int evil_request(Evil *e, const char *to, uint32_t type, const char *json)
 {
     e->replied = false;
-    ck_assert_int_eq(vn_fabric_request(e->fab, to, type, json, NULL, 0, NULL, 0, on_evil_reply,
+    ck_assert_int_eq(vn_fabric_request(e->fab, to, type, json, NULL, 0, on_evil_reply,
                                        e), 0);
     ck_assert(spin_until(evil_replied, e, 3000));
     return e->err;
@@ -395,15 +395,15 @@ START_TEST(test_hostile_peer)
     ck_assert(spin_until(evil_up, &e, 2000));
     /* It speaks for hostb, without the lease: ignored (not hostb's link). */
     forged = g_strdup("{\"node\":\"hostb\",\"devices\":[],\"holds\":[]}");
-    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, forged, NULL, 0, NULL, 0);
+    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, forged, NULL, 0);
     /* Its own announcement claims hostb's lease: that is not its lease. */
     own = g_strdup_printf("{\"node\":\"evil\",\"devices\":[],\"holds\":[{\"lender\":\"hosta\","
                           "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}]}", lease);
-    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, own, NULL, 0, NULL, 0);
+    vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, own, NULL, 0);
     /* A REVOKE of hosta's device sent to hostb by someone else than hosta. */
     revoke = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
                              ",\"grace_ms\":0}", lease);
-    vn_fabric_event(e.fab, "hostb", VN_PEERS_REVOKE, revoke, NULL, 0, NULL, 0);
+    vn_fabric_event(e.fab, "hostb", VN_PEERS_REVOKE, revoke, NULL, 0);
     /* Returning, borrowing and authorizing what is hostb's. */
     ret = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}", lease);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_RETURN, ret), -EPERM);

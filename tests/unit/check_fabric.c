@@ -6,6 +6,9 @@
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
 #include "common/util.h"
 
 /* ---- link --------------------------------------------------------------- */
@@ -48,9 +51,9 @@ START_TEST(test_simultaneous_connect)
      * ends must settle on the same one without the link flapping. */
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     ck_assert(vn_fabric_connect(b->fab, "a", NULL));
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"n\":1}", NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"n\":1}", NULL, 0,
                                        on_reply, &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"n\":2}", NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"n\":2}", NULL, 0,
                                        on_reply, &r2), 0);
     WAIT_FOR(r1.done && r2.done);
     ck_assert_int_eq(r1.err, 0);
@@ -63,9 +66,9 @@ START_TEST(test_simultaneous_connect)
     reply_clear(&r1);
     reply_clear(&r2);
     /* ...and the one left carries traffic both ways. */
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, "x", 1, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, "x", 1, on_reply,
                                        &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, NULL, "y", 1, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, NULL, "y", 1, on_reply,
                                        &r2), 0);
     WAIT_FOR(r1.done && r2.done);
     ck_assert_int_eq(r1.err + r2.err, 0);
@@ -112,6 +115,25 @@ START_TEST(test_register)
     g_clear_error(&error);
     /* The built-in registers itself: a second one by that name is refused. */
     ck_assert(!vn_fabric_register(&vn_shm_ops, &error));
+    g_clear_error(&error);
+    /* Every backend maps segments; routes need their op; no unknown caps. */
+    ops = vn_shm_ops;
+    ops.name = "no-map";
+    ops.map_segment = NULL;
+    ck_assert(!vn_fabric_register(&ops, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "map_segment"));
+    g_clear_error(&error);
+    ops = vn_shm_ops;
+    ops.name = "no-route";
+    ops.open_route = NULL;
+    ck_assert(!vn_fabric_register(&ops, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "open_route"));
+    g_clear_error(&error);
+    ops = vn_shm_ops;
+    ops.name = "odd-caps";
+    ops.caps |= 0x80;
+    ck_assert(!vn_fabric_register(&ops, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "capability"));
     ck_assert(vn_name_valid(VN_NAME_NODE, "node-7"));
     ck_assert(!vn_name_valid(VN_NAME_NODE, "Node"));
     ck_assert(!vn_name_valid(VN_NAME_NODE, NULL));
@@ -124,36 +146,27 @@ START_TEST(test_request_reply)
 {
     Node *a = node_open("a", false);
     Node *b = node_open("b", false);
-    uint8_t *map;
-    int memfd = memfd_new(4096, &map);
     const uint8_t bin[5] = { 0, 1, 2, 0xfe, 0xff };
     Reply r = { 0 };
-    char buf[8] = { 0 };
     VnFabricStats sa, sb;
 
     link_nodes(a, b);
-    /* JSON + binary + an fd; the handler writes through the fd it got. */
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_WRITE_FD, "{\"hello\":\"world\"}", bin,
-                                       sizeof(bin), &memfd, 1, on_reply, &r), 0);
+    /* JSON + binary, handed to the handler as sent. */
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"hello\":\"world\"}", bin,
+                                       sizeof(bin), on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
-    ck_assert_str_eq(r.json, "{\"wrote\":4}");
-    ck_assert(log_has(b, "req:2:{\"hello\":\"world\"}:5:1"));
-    ck_assert_mem_eq(map, "pong", 4);
+    ck_assert(log_has(b, "req:1:{\"hello\":\"world\"}:5"));
     reply_clear(&r);
 
-    /* An echo brings all three back; the fd is the same file. */
+    /* An echo brings both back. */
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"k\":[1,2]}", bin, sizeof(bin),
-                                       &memfd, 1, on_reply, &r), 0);
+                                       on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
     ck_assert_str_eq(r.json, "{\"k\":[1,2]}");
     ck_assert_uint_eq(r.data->len, sizeof(bin));
     ck_assert_mem_eq(r.data->data, bin, sizeof(bin));
-    ck_assert_uint_eq(r.nfds, 1);
-    ck_assert_int_eq(pwrite(r.fds[0], "echo", 4, 8), 4);
-    ck_assert_int_eq(pread(memfd, buf, 4, 8), 4);
-    ck_assert_str_eq(buf, "echo");
     ck_assert_int_eq(r.calls, 1);
     reply_clear(&r);
 
@@ -164,8 +177,6 @@ START_TEST(test_request_reply)
     ck_assert_uint_eq(sb.msgs_received, 2);
     ck_assert_uint_eq(sb.msgs_sent, 2);
     ck_assert_uint_eq(sa.bad_messages + sb.bad_messages, 0);
-    munmap(map, 4096);
-    close(memfd);
 }
 END_TEST
 
@@ -173,20 +184,15 @@ START_TEST(test_event)
 {
     Node *a = node_open("a", false);
     Node *b = node_open("b", false);
-    uint8_t *map;
-    int memfd = memfd_new(4096, &map);
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, "{\"x\":1}", "abc", 3, &memfd, 1), 0);
-    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 10, NULL, NULL, 0, NULL, 0), 0);
-    WAIT_FOR(log_has(b, "ev:10:-:0:0"));
-    /* In order, with what they carried; the fd reached the same file. */
-    ck_assert(log_has(b, "ev:9:{\"x\":1}:3:1"));
-    ck_assert_str_eq(b->log->pdata[b->log->len - 2], "ev:9:{\"x\":1}:3:1");
-    ck_assert_mem_eq(map, "seen", 4);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, "{\"x\":1}", "abc", 3), 0);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 10, NULL, NULL, 0), 0);
+    WAIT_FOR(log_has(b, "ev:10:-:0"));
+    /* In order, with what they carried. */
+    ck_assert(log_has(b, "ev:9:{\"x\":1}:3"));
+    ck_assert_str_eq(b->log->pdata[b->log->len - 2], "ev:9:{\"x\":1}:3");
     ck_assert_uint_eq(stats_of(b).msgs_received, 2);
-    munmap(map, 4096);
-    close(memfd);
 }
 END_TEST
 
@@ -197,20 +203,20 @@ START_TEST(test_error_reply)
     Reply r = { 0 };
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_FAIL, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_FAIL, NULL, NULL, 0, on_reply,
                                        &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -EPERM);
     ck_assert_ptr_nonnull(r.json);
     ck_assert_ptr_nonnull(strstr(r.json, "not allowed here"));
     reply_clear(&r);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", 999, NULL, NULL, 0, NULL, 0, on_reply, &r),
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", 999, NULL, NULL, 0, on_reply, &r),
                      0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -ENOTSUP);
     reply_clear(&r);
     /* A token that was never handed out. */
-    ck_assert_int_eq(vn_fabric_reply(b->fab, 4242, NULL, NULL, 0, NULL, 0), -ENOENT);
+    ck_assert_int_eq(vn_fabric_reply(b->fab, 4242, NULL, NULL, 0), -ENOENT);
     ck_assert_uint_eq(stats_of(a).bad_messages, 0);
 }
 END_TEST
@@ -219,31 +225,24 @@ START_TEST(test_message_args)
 {
     Node *a = node_open("a", false);
     Node *b = node_open("b", false);
-    int fds[VN_FABRIC_MAX_FDS + 1];
     g_autofree uint8_t *big = g_malloc0(VN_FABRIC_MAX_PAYLOAD + 1);
     Reply r = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, on_reply,
                                        &r), -ENOTCONN);
-    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 1, NULL, NULL, 0, NULL, 0), -ENOTCONN);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 1, NULL, NULL, 0), -ENOTCONN);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 1), -ENOTCONN);
     link_nodes(a, b);
-    for (unsigned i = 0; i < G_N_ELEMENTS(fds); i++) {
-        fds[i] = 0;
-    }
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", VN_FABRIC_TYPE_RESERVED, NULL, NULL, 0,
-                                       NULL, 0, on_reply, &r), -EINVAL);
-    ck_assert_int_eq(vn_fabric_event(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0, NULL,
-                                     0), -EINVAL);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, fds,
-                                       G_N_ELEMENTS(fds), on_reply, &r), -EINVAL);
+                                       on_reply, &r), -EINVAL);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0),
+                     -EINVAL);
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, big,
-                                       VN_FABRIC_MAX_PAYLOAD + 1, NULL, 0, on_reply, &r),
-                     -EMSGSIZE);
+                                       VN_FABRIC_MAX_PAYLOAD + 1, on_reply, &r), -EMSGSIZE);
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{}", big, VN_FABRIC_MAX_PAYLOAD,
-                                       NULL, 0, on_reply, &r), -EMSGSIZE);
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_MAP, NULL, NULL, 0,
-                                            NULL, 0, NULL), -EINVAL);
+                                       on_reply, &r), -EMSGSIZE);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL,
+                                            0, NULL), -EINVAL);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS), -EINVAL);
     spin(20);
     ck_assert(!r.done);                 /* refused requests never call back */
@@ -262,14 +261,13 @@ START_TEST(test_sync_request)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3,
-                                            NULL, 0, &reply), 0);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
     ck_assert_ptr_nonnull(reply);
     ck_assert_str_eq(reply->json, "{\"s\":\"sync\"}");
     ck_assert_str_eq(reply->peer, "b");
     ck_assert_uint_eq(reply->data_len, 3);
     ck_assert_mem_eq(reply->data, "xyz", 3);
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, NULL, 0, &none),
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, &none),
                      -EPERM);
     /* An error reply leaves the peer's explanation. */
     ck_assert_ptr_nonnull(none);
@@ -295,18 +293,18 @@ START_TEST(test_sync_queues_others)
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     /* b sends an event before its reply: it must not run inside the call. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0,
                                             &reply), 0);
     ck_assert_str_eq(reply->json, "{\"second\":true}");
     ck_assert_uint_eq(log_count(a, "ev:"), 0);
     /* Let event 8 arrive behind the queued ones before the loop runs: it
      * must still come after them. */
     g_usleep(100 * 1000);
-    WAIT_FOR(log_has(a, "ev:8:-:0:0"));
+    WAIT_FOR(log_has(a, "ev:8:-:0"));
     ck_assert_uint_eq(a->log->len, 3);
     ck_assert_str_eq(a->log->pdata[0], "up:b");
-    ck_assert_str_eq(a->log->pdata[1], "ev:7:{\"first\":true}:0:0");
-    ck_assert_str_eq(a->log->pdata[2], "ev:8:-:0:0");
+    ck_assert_str_eq(a->log->pdata[1], "ev:7:{\"first\":true}:0");
+    ck_assert_str_eq(a->log->pdata[2], "ev:8:-:0");
 }
 END_TEST
 
@@ -324,7 +322,7 @@ START_TEST(test_sync_flood_capped)
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0,
                                             &reply), -ECONNRESET);
     ck_assert_int_lt(now_ms() - t0, VN_FABRIC_REQUEST_TIMEOUT_MS / 2);
     vn_fabric_stats(a->fab, &st);
@@ -353,8 +351,7 @@ START_TEST(test_sync_map_while_waiting)
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     /* a blocks on b; b's handler maps a's segment, which a must answer
      * while it waits, or both would sit out the timeout. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg),
-                                            NULL, 0, &reply), 0);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
     ck_assert_uint_eq(reply->data_len, 8);
     ck_assert_mem_eq(reply->data, "a's data", 8);
     munmap(map, 8192);
@@ -377,7 +374,7 @@ START_TEST(test_request_timeout)
     node_start(c);
     link_nodes(a, b);
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
                                        &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -ETIMEDOUT);
@@ -386,7 +383,7 @@ START_TEST(test_request_timeout)
     /* The synchronous form times out the same way. */
     ck_assert(vn_fabric_connect(a->fab, "c", NULL));
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0,
                                             &reply), -ETIMEDOUT);
     ck_assert_int_ge(now_ms() - t0, 150);
     ck_assert_int_lt(now_ms() - t0, 2000);
@@ -404,9 +401,9 @@ START_TEST(test_reset_on_peer_close)
     gint64 t0;
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
                                        &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
                                        &r2), 0);
     WAIT_FOR(log_count(b, "req:") == 2);
     t0 = now_ms();
@@ -432,12 +429,12 @@ START_TEST(test_sync_reset_on_peer_close)
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     t0 = now_ms();
     /* b stops and closes while a waits. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0,
                                             &reply), -ECONNRESET);
     ck_assert_int_lt(now_ms() - t0, 1000);
     ck_assert(!vn_fabric_link_up(a->fab, "b"));
     WAIT_FOR(log_has(a, "down:b"));
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0,
                                             &reply), -ENOTCONN);
 }
 END_TEST
@@ -449,7 +446,7 @@ START_TEST(test_close_cancels)
     Reply r = { 0 };
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
                                        &r), 0);
     node_close(a);
     ck_assert(r.done);
@@ -665,6 +662,125 @@ START_TEST(test_export_errors)
 }
 END_TEST
 
+/* ---- interrupt routes -------------------------------------------------- */
+
+static uint64_t route_id_le(uint64_t id)
+{
+    return GUINT64_TO_LE(id);
+}
+
+static bool readable(int fd)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+
+    return poll(&p, 1, 0) == 1;
+}
+
+/* a's eventfd, exported as a route to b; b's handler opens it and signals
+ * it; a sees the signal with nothing of a's in between. */
+START_TEST(test_route)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint64_t id, le, n = 0;
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_caps(a->fab) & VN_FABRIC_CAP_DIRECT_ROUTES);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    id = vn_fabric_route_export(a->fab, efd, "b", &error);
+    ck_assert_msg(id != 0, "%s", error ? error->message : "");
+    le = route_id_le(id);
+    /* a waits synchronously; its backend still answers b's open. */
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le,
+                                            sizeof(le), &reply), 0);
+    ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(stats_of(a).msgs_received, 1);     /* the reply, nothing else */
+    ck_assert_uint_eq(stats_of(a).bad_messages, 0);
+    vn_fabric_route_unexport(a->fab, id);
+    close(efd);
+}
+END_TEST
+
+START_TEST(test_route_not_granted)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint64_t to_c, gone, ids[3];
+
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    to_c = vn_fabric_route_export(a->fab, efd, "c", NULL);
+    gone = vn_fabric_route_export(a->fab, efd, "b", NULL);
+    ck_assert(to_c != 0 && gone != 0 && gone != to_c);
+    vn_fabric_route_unexport(a->fab, gone);
+    ids[0] = to_c;
+    ids[1] = gone;
+    ids[2] = 999;
+    for (unsigned i = 0; i < G_N_ELEMENTS(ids); i++) {
+        g_autoptr(VnFabricMsg) reply = NULL;
+        uint64_t le = route_id_le(ids[i]);
+
+        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le,
+                                                sizeof(le), &reply),
+                         i == 0 ? -EACCES : -ENOENT);
+    }
+    /* Nothing was signalled; each refusal was counted where it was asked. */
+    ck_assert(!readable(efd));
+    ck_assert_uint_eq(stats_of(a).bad_messages, 3);
+    /* Ids are never reused. */
+    ck_assert_uint_gt(vn_fabric_route_export(a->fab, efd, "b", NULL), gone);
+    close(efd);
+}
+END_TEST
+
+START_TEST(test_route_errors)
+{
+    static VnFabricOps plain;
+    Node *a = node_open("a", false);
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+    int efd = eventfd(0, EFD_CLOEXEC);
+    int memfd = memfd_new(4096, NULL);
+    VnFabric *f;
+
+    ck_assert_uint_eq(vn_fabric_route_export(a->fab, memfd, "b", &error), 0);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT));
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_route_export(a->fab, efd, "B", &error), 0);
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_route_export(a->fab, -1, "b", &error), 0);
+    g_clear_error(&error);
+    ck_assert_int_eq(vn_fabric_route_open(a->fab, "b", 1, &error), -ENOTCONN);
+    g_clear_error(&error);
+    vn_fabric_route_unexport(a->fab, 12345);          /* unknown: nothing */
+
+    /* A backend without the capability carries no routes at all. */
+    plain = vn_shm_ops;
+    plain.name = "shm-plain";
+    plain.caps = 0;
+    plain.open_route = NULL;
+    ck_assert(vn_fabric_register(&plain, NULL));
+    g_hash_table_insert(params, "dir", tmpdir);
+    f = vn_fabric_open("shm-plain", "p", params, &handlers, NULL, ctx, &error);
+    ck_assert_msg(f != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(vn_fabric_caps(f), 0);
+    ck_assert_uint_eq(vn_fabric_route_export(f, efd, "a", &error), 0);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED));
+    g_clear_error(&error);
+    ck_assert_int_eq(vn_fabric_route_open(f, "a", 1, &error), -ENOTSUP);
+    vn_fabric_close(f);
+    close(memfd);
+    close(efd);
+}
+END_TEST
+
 /* ---- doorbells ---------------------------------------------------------- */
 
 START_TEST(test_doorbells)
@@ -705,7 +821,7 @@ START_TEST(test_crossing_delay)
     for (unsigned i = 0; i < requests; i++) {
         g_autoptr(VnFabricMsg) reply = NULL;
 
-        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0, NULL, 0,
+        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0,
                                                 &reply), 0);
     }
     /* a request and its reply: two crossings, one on each side */
@@ -761,6 +877,9 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_window_limits);
     tcase_add_test(tc, test_window_outlives_link);
     tcase_add_test(tc, test_export_errors);
+    tcase_add_test(tc, test_route);
+    tcase_add_test(tc, test_route_not_granted);
+    tcase_add_test(tc, test_route_errors);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("doorbells");

@@ -216,9 +216,9 @@ static int raw_recv(int fd, GByteArray *out, int timeout_ms)
 }
 
 static void frame(GByteArray *m, uint16_t flags, uint32_t type, uint64_t id, const char *json,
-                  const void *data, size_t len, unsigned nfds)
+                  const void *data, size_t len)
 {
-    ck_assert_int_eq(vn_fabric_frame_encode(m, flags, type, id, 0, json, data, len, nfds), 0);
+    ck_assert_int_eq(vn_fabric_frame_encode(m, flags, type, id, 0, json, data, len), 0);
 }
 
 static VnFabricFrameHdr *hdr_of(GByteArray *m)
@@ -233,7 +233,7 @@ static void raw_echo_ok(int fd, uint64_t id)
     g_autoptr(GByteArray) m = g_byte_array_new();
     VnFabricFrameHdr h;
 
-    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"ok\":true}", NULL, 0, 0);
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"ok\":true}", NULL, 0);
     raw_record(fd, m->data, m->len, NULL, 0);
     ck_assert_int_eq(raw_recv(fd, m, 3000), 1);
     ck_assert_uint_ge(m->len, sizeof(h));
@@ -247,7 +247,7 @@ static void good_peer_ok(Node *b)
 {
     Reply r = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0, NULL, 0,
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0,
                                        on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
@@ -266,65 +266,58 @@ static bool pipe_closed(int rd)
 enum {
     BAD_MAGIC, BAD_VERSION, BAD_SHORT, BAD_EMPTY, BAD_JSON_LEN_HUGE, BAD_DATA_LEN_HUGE,
     BAD_LEN_MISMATCH, BAD_JSON_NO_NUL, BAD_JSON_NUL_INSIDE, BAD_JSON_ARRAY, BAD_JSON_SYNTAX,
-    BAD_JSON_UTF8, BAD_JSON_DEEP, BAD_REPLY_UNKNOWN_ID, BAD_FDS_OVERFLOW, BAD_FDS_UNCOUNTED,
-    BAD_FDS_MISSING, BAD_RESERVED_TYPE, BAD_RESERVED_EVENT, BAD_FLAGS, BAD_NO_KIND,
-    BAD_ERROR_ON_REQUEST, BAD_RESERVED_FIELD, BAD_ID_ZERO, BAD_DOORBELL_BIT, BAD_DOORBELL_JSON,
-    BAD_MAP_BODY, BAD_MAP_FD, BAD_LAST
+    BAD_JSON_UTF8, BAD_JSON_DEEP, BAD_REPLY_UNKNOWN_ID, BAD_RESERVED_TYPE, BAD_RESERVED_EVENT,
+    BAD_FLAGS, BAD_NO_KIND, BAD_ERROR_ON_REQUEST, BAD_RESERVED_FIELD, BAD_RESERVED0_FIELD,
+    BAD_ID_ZERO, BAD_DOORBELL_BIT, BAD_DOORBELL_JSON, BAD_DOORBELL_REQUEST, BAD_LAST
 };
 
-/* Each is counted bad, its fds are closed, a request among them gets an
- * error reply (errno here; 0: no reply), and nothing else happens. */
+/* Each is counted bad, a request among them gets an error reply (errno
+ * here; 0: no reply), and nothing else happens. */
 static const struct {
     const char *name;
     int reply;
-    unsigned nfds;
 } bad_frames[BAD_LAST] = {
-    [BAD_MAGIC] = { "bad magic", 0, 1 },
-    [BAD_VERSION] = { "another version", EPROTONOSUPPORT, 0 },
-    [BAD_SHORT] = { "shorter than a header", 0, 0 },
-    [BAD_EMPTY] = { "an empty record", 0, 0 },
-    [BAD_JSON_LEN_HUGE] = { "json_len beyond the payload limit", EMSGSIZE, 0 },
-    [BAD_DATA_LEN_HUGE] = { "data_len beyond the payload limit", EMSGSIZE, 0 },
-    [BAD_LEN_MISMATCH] = { "lengths that do not add up", EINVAL, 0 },
-    [BAD_JSON_NO_NUL] = { "JSON not NUL-terminated", EINVAL, 0 },
-    [BAD_JSON_NUL_INSIDE] = { "JSON with a NUL inside", EINVAL, 0 },
-    [BAD_JSON_ARRAY] = { "JSON that is not an object", EINVAL, 0 },
-    [BAD_JSON_SYNTAX] = { "JSON that does not parse", EINVAL, 0 },
-    [BAD_JSON_UTF8] = { "JSON that is not UTF-8", EINVAL, 0 },
-    [BAD_JSON_DEEP] = { "JSON nested too deep", EINVAL, 0 },
-    [BAD_REPLY_UNKNOWN_ID] = { "a reply with an unknown id", 0, 1 },
-    [BAD_FDS_OVERFLOW] = { "more fds than the limit", EINVAL, VN_FABRIC_MAX_FDS + 3 },
-    [BAD_FDS_UNCOUNTED] = { "fds the header does not count", EINVAL, 2 },
-    [BAD_FDS_MISSING] = { "fds the header counts but did not come", EINVAL, 0 },
-    [BAD_RESERVED_TYPE] = { "a request of an unknown reserved type", ENOTSUP, 1 },
-    [BAD_RESERVED_EVENT] = { "an event of an unknown reserved type", 0, 0 },
-    [BAD_FLAGS] = { "unknown flag bits", 0, 0 },
-    [BAD_NO_KIND] = { "two kinds at once", 0, 0 },
-    [BAD_ERROR_ON_REQUEST] = { "the error flag on a request", EINVAL, 0 },
-    [BAD_RESERVED_FIELD] = { "the reserved field set", EINVAL, 0 },
-    [BAD_ID_ZERO] = { "a request with id 0", 0, 0 },
-    [BAD_DOORBELL_BIT] = { "doorbell bit 99", 0, 0 },
-    [BAD_DOORBELL_JSON] = { "a doorbell with JSON", 0, 0 },
-    [BAD_MAP_BODY] = { "MAP with a 3-byte body", EINVAL, 0 },
-    [BAD_MAP_FD] = { "MAP with an fd", EINVAL, 1 },
+    [BAD_MAGIC] = { "bad magic", 0 },
+    [BAD_VERSION] = { "another version", EPROTONOSUPPORT },
+    [BAD_SHORT] = { "shorter than a header", 0 },
+    [BAD_EMPTY] = { "an empty record", 0 },
+    [BAD_JSON_LEN_HUGE] = { "json_len beyond the payload limit", EMSGSIZE },
+    [BAD_DATA_LEN_HUGE] = { "data_len beyond the payload limit", EMSGSIZE },
+    [BAD_LEN_MISMATCH] = { "lengths that do not add up", EINVAL },
+    [BAD_JSON_NO_NUL] = { "JSON not NUL-terminated", EINVAL },
+    [BAD_JSON_NUL_INSIDE] = { "JSON with a NUL inside", EINVAL },
+    [BAD_JSON_ARRAY] = { "JSON that is not an object", EINVAL },
+    [BAD_JSON_SYNTAX] = { "JSON that does not parse", EINVAL },
+    [BAD_JSON_UTF8] = { "JSON that is not UTF-8", EINVAL },
+    [BAD_JSON_DEEP] = { "JSON nested too deep", EINVAL },
+    [BAD_REPLY_UNKNOWN_ID] = { "a reply with an unknown id", 0 },
+    [BAD_RESERVED_TYPE] = { "a request of an unknown reserved type", ENOTSUP },
+    [BAD_RESERVED_EVENT] = { "an event of an unknown reserved type", 0 },
+    [BAD_FLAGS] = { "unknown flag bits", 0 },
+    [BAD_NO_KIND] = { "two kinds at once", 0 },
+    [BAD_ERROR_ON_REQUEST] = { "the error flag on a request", EINVAL },
+    [BAD_RESERVED_FIELD] = { "the reserved field set", EINVAL },
+    [BAD_RESERVED0_FIELD] = { "the first reserved field set", EINVAL },
+    [BAD_ID_ZERO] = { "a request with id 0", 0 },
+    [BAD_DOORBELL_BIT] = { "doorbell bit 99", 0 },
+    [BAD_DOORBELL_JSON] = { "a doorbell with JSON", 0 },
+    [BAD_DOORBELL_REQUEST] = { "a doorbell sent as a request", EINVAL },
 };
 
-static void build_bad(int which, GByteArray *m, unsigned nfds)
+static void build_bad(int which, GByteArray *m)
 {
     const uint64_t id = 900 + (uint64_t)which;
     const uint8_t latin1[] = "{\"k\":\"\xe9t\xe9\"}";
     uint32_t bit = 99;
-    uint8_t three[3] = { 1, 2, 3 };
     GString *deep = NULL;
 
-    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":1}", "bin", 3,
-          nfds <= VN_FABRIC_MAX_FDS ? nfds : 0);
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":1}", "bin", 3);
     switch (which) {
     case BAD_MAGIC:
         hdr_of(m)->magic = 0xdeadbeef;
         break;
     case BAD_VERSION:
-        hdr_of(m)->version = 2;
+        hdr_of(m)->version = VN_FABRIC_FRAME_VERSION + 1;
         break;
     case BAD_SHORT:
         g_byte_array_set_size(m, 10);
@@ -348,13 +341,13 @@ static void build_bad(int which, GByteArray *m, unsigned nfds)
         m->data[VN_FABRIC_FRAME_HDR_SIZE + 3] = '\0';
         break;
     case BAD_JSON_ARRAY:
-        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "[1,2]", NULL, 0, nfds);
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "[1,2]", NULL, 0);
         break;
     case BAD_JSON_SYNTAX:
-        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":", NULL, 0, nfds);
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, "{\"a\":", NULL, 0);
         break;
     case BAD_JSON_UTF8:
-        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, (const char *)latin1, NULL, 0, nfds);
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, (const char *)latin1, NULL, 0);
         break;
     case BAD_JSON_DEEP:
         /* Well-formed, so only the depth bound refuses it (deep enough
@@ -367,26 +360,17 @@ static void build_bad(int which, GByteArray *m, unsigned nfds)
             g_string_append_c(deep, ']');
         }
         g_string_append_c(deep, '}');
-        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, deep->str, NULL, 0, nfds);
+        frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, id, deep->str, NULL, 0);
         g_string_free(deep, TRUE);
         break;
     case BAD_REPLY_UNKNOWN_ID:
-        frame(m, VN_FABRIC_FLAG_REPLY, T_ECHO, 4242, NULL, NULL, 0, nfds);
-        break;
-    case BAD_FDS_OVERFLOW:
-        hdr_of(m)->nfds = nfds;
-        break;
-    case BAD_FDS_UNCOUNTED:
-        hdr_of(m)->nfds = 0;
-        break;
-    case BAD_FDS_MISSING:
-        hdr_of(m)->nfds = 1;
+        frame(m, VN_FABRIC_FLAG_REPLY, T_ECHO, 4242, NULL, NULL, 0);
         break;
     case BAD_RESERVED_TYPE:
         hdr_of(m)->type = VN_FABRIC_TYPE_RESERVED + 0x7f;
         break;
     case BAD_RESERVED_EVENT:
-        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_RESERVED, 0, NULL, NULL, 0, nfds);
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_RESERVED, 0, NULL, NULL, 0);
         break;
     case BAD_FLAGS:
         hdr_of(m)->flags |= 0x100;
@@ -401,24 +385,22 @@ static void build_bad(int which, GByteArray *m, unsigned nfds)
     case BAD_RESERVED_FIELD:
         hdr_of(m)->reserved = 1;
         break;
+    case BAD_RESERVED0_FIELD:
+        hdr_of(m)->reserved0 = 1;
+        break;
     case BAD_ID_ZERO:
         hdr_of(m)->id = 0;
         break;
     case BAD_DOORBELL_BIT:
-        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, NULL, &bit, sizeof(bit),
-              nfds);
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, NULL, &bit, sizeof(bit));
         break;
     case BAD_DOORBELL_JSON:
         bit = 1;
-        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, "{}", &bit, sizeof(bit),
-              nfds);
+        frame(m, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, "{}", &bit, sizeof(bit));
         break;
-    case BAD_MAP_BODY:
-        frame(m, VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_MAP, id, NULL, three, sizeof(three),
-              nfds);
-        break;
-    case BAD_MAP_FD:
-        frame(m, VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_MAP, id, NULL, &id, sizeof(id), nfds);
+    case BAD_DOORBELL_REQUEST:
+        bit = 1;
+        frame(m, VN_FABRIC_FLAG_REQUEST, VN_FABRIC_TYPE_DOORBELL, id, NULL, &bit, sizeof(bit));
         break;
     }
 }
@@ -428,11 +410,9 @@ START_TEST(test_bad_frame)
     Node *a = node_open("a", false);
     Node *b = node_open("b", false);
     g_autoptr(GByteArray) m = g_byte_array_new();
-    unsigned nfds = bad_frames[_i].nfds;
-    int fds[VN_FABRIC_MAX_FDS + 3];
     VnFabricStats before, after;
     VnFabricFrameHdr h;
-    int raw, pipefd[2];
+    int raw;
 
     link_nodes(b, a);
     raw = raw_connect("a");
@@ -440,13 +420,8 @@ START_TEST(test_bad_frame)
     WAIT_FOR(log_has(a, "up:evil"));
     before = stats_of(a);
 
-    ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
-    for (unsigned i = 0; i < nfds; i++) {
-        fds[i] = pipefd[1];
-    }
-    build_bad(_i, m, nfds);
-    raw_record(raw, m->data, m->len, fds, nfds);
-    close(pipefd[1]);
+    build_bad(_i, m);
+    raw_record(raw, m->data, m->len, NULL, 0);
 
     WAIT_FOR(stats_of(a).bad_messages == before.bad_messages + 1);
     ck_assert_msg(stats_of(a).msgs_received == before.msgs_received, "%s", bad_frames[_i].name);
@@ -458,9 +433,6 @@ START_TEST(test_bad_frame)
         ck_assert_uint_eq(h.id, 900 + (uint64_t)_i);
         ck_assert_int_eq(h.error, bad_frames[_i].reply);
     }
-    /* Every fd that came with it was closed. */
-    WAIT_FOR(pipe_closed(pipefd[0]));
-    close(pipefd[0]);
     raw_echo_ok(raw, 77);
     good_peer_ok(b);
 
@@ -567,9 +539,9 @@ START_TEST(test_reply_from_another_peer)
     WAIT_FOR(log_has(a, "up:evil"));
     /* a's first request to b has id 1: evil answers it in b's place. */
     memset(&r, 0, sizeof(r));
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, NULL, 0, on_reply,
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
                                        &r), 0);
-    frame(m, VN_FABRIC_FLAG_REPLY, T_HOLD, 1, "{\"forged\":true}", NULL, 0, 0);
+    frame(m, VN_FABRIC_FLAG_REPLY, T_HOLD, 1, "{\"forged\":true}", NULL, 0);
     raw_record(raw, m->data, m->len, NULL, 0);
     WAIT_FOR(stats_of(a).bad_messages == 1);
     spin(20);
@@ -595,7 +567,7 @@ START_TEST(test_stream_faults)
     WAIT_FOR(log_has(a, "up:evil"));
 
     /* Half a frame stalls nobody; the rest completes it later. */
-    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, 5, "{\"half\":true}", "0123456789", 10, 0);
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, 5, "{\"half\":true}", "0123456789", 10);
     {
         uint32_t prefix = GUINT32_TO_LE(m->len);
 
@@ -690,10 +662,13 @@ START_TEST(test_export_refuses_bad_fd)
 }
 END_TEST
 
-/* evil's side of a MAP: read the request, answer SEG_SIZE bytes with @fd. */
+/* evil's side of a map: a node socket of its own that answers the one
+ * FETCH it gets with SEG_SIZE bytes at @offset of @fd. */
 typedef struct MapAnswer {
-    int raw;
+    int listen;
     int fd;
+    uint64_t offset;
+    bool fetched;
 } MapAnswer;
 
 static bool read_full(int fd, void *buf, size_t len)
@@ -712,60 +687,126 @@ static bool read_full(int fd, void *buf, size_t len)
     return true;
 }
 
+static int raw_listen(const char *node)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *path = g_strdup_printf("%s/%s.sock", tmpdir, node);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(fd, 4), 0);
+    return fd;
+}
+
 static gpointer answer_map(gpointer data)
 {
     MapAnswer *ans = data;
-    g_autoptr(GByteArray) m = g_byte_array_new();
-    uint64_t size = GUINT64_TO_LE(SEG_SIZE);
-    VnFabricFrameHdr h;
+    VnShmFetchReply rep = { .magic = VN_SHM_FETCH_MAGIC, .size = GUINT64_TO_LE(SEG_SIZE),
+                            .offset = ans->offset };
+    VnShmFetch f;
     uint32_t len;
+    int c = accept4(ans->listen, NULL, NULL, SOCK_CLOEXEC);
 
-    if (!read_full(ans->raw, &len, sizeof(len))) {
+    if (c < 0) {
         return NULL;
     }
-    len = GUINT32_FROM_LE(len);
-    g_byte_array_set_size(m, len);
-    if (len < sizeof(h) || !read_full(ans->raw, m->data, len)) {
-        return NULL;
+    if (read_full(c, &len, sizeof(len)) && GUINT32_FROM_LE(len) == sizeof(f) &&
+        read_full(c, &f, sizeof(f)) && f.hello.magic == VN_SHM_FETCH_MAGIC &&
+        f.kind == VN_SHM_FETCH_SEGMENT && f.id == 1) {
+        ans->fetched = true;
+        raw_record(c, &rep, sizeof(rep), &ans->fd, 1);
     }
-    memcpy(&h, m->data, sizeof(h));
-    if (h.type != VN_FABRIC_TYPE_MAP) {
-        return NULL;
-    }
-    frame(m, VN_FABRIC_FLAG_REPLY, VN_FABRIC_TYPE_MAP, h.id, NULL, &size, sizeof(size), 1);
-    raw_record(ans->raw, m->data, m->len, &ans->fd, 1);
+    close(c);
     return NULL;
+}
+
+/* A map answered with @fd at @offset is refused as malformed; evil stays a
+ * peer (the error is the map's, not the link's). */
+static void map_refused(int fd, uint64_t offset, const char *what)
+{
+    Node *a = node_open("a", false);
+    g_autoptr(GError) error = NULL;
+    MapAnswer ans = { .fd = fd, .offset = offset };
+    int raw;
+    GThread *t;
+
+    ans.listen = raw_listen("evil");
+    raw = raw_connect("a");
+    raw_hello(raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+    t = g_thread_new("evil", answer_map, &ans);
+
+    ck_assert_msg(vn_fabric_window_map(a->fab, "evil", 1, &error) == NULL, "%s mapped", what);
+    g_thread_join(t);
+    ck_assert_msg(ans.fetched, "%s: no fetch came", what);
+    ck_assert_msg(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA), "%s: %s", what,
+                  error->message);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    ck_assert_uint_eq(stats_of(a).bad_messages, 1);
+    raw_echo_ok(raw, 9);
+    close(raw);
+    close(ans.listen);
 }
 
 START_TEST(test_map_refuses_bad_fd)
 {
-    Node *a = node_open("a", false);
-    g_autoptr(GError) error = NULL;
-    MapAnswer ans;
-    GThread *t;
     int keep;
+    int fd = bad_segment_fd(_i, &keep);
 
-    ans.raw = raw_connect("a");
-    raw_hello(ans.raw, "evil");
-    WAIT_FOR(log_has(a, "up:evil"));
-    ans.fd = bad_segment_fd(_i, &keep);
-    ck_assert_int_ge(ans.fd, 0);
-    t = g_thread_new("evil", answer_map, &ans);
-
-    /* evil answers the MAP of its "segment 1" with the bad fd. */
-    ck_assert_msg(vn_fabric_window_map(a->fab, "evil", 1, &error) == NULL, "%s mapped",
-                  seg_names[_i]);
-    g_thread_join(t);
-    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA));
-    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
-    ck_assert_uint_eq(stats_of(a).bad_messages, 1);
-    /* evil is still a peer (the error is the map's, not the link's). */
-    raw_echo_ok(ans.raw, 9);
-    close(ans.fd);
+    ck_assert_int_ge(fd, 0);
+    map_refused(fd, 0, seg_names[_i]);
+    close(fd);
     if (keep >= 0) {
         close(keep);
     }
-    close(ans.raw);
+}
+END_TEST
+
+/* A good memfd, but the segment is said to start where it would run past
+ * its end, or at an offset no window translates. */
+START_TEST(test_map_refuses_bad_offset)
+{
+    int fd = vn_peerfd_memfd_new("seg", SEG_SIZE);
+
+    map_refused(fd, SEG_SIZE, "a segment past the memfd's end");
+    close(fd);
+}
+END_TEST
+
+START_TEST(test_map_refuses_unaligned_offset)
+{
+    int fd = vn_peerfd_memfd_new("seg", 2 * SEG_SIZE);
+
+    map_refused(fd, 100, "a segment at an unaligned offset");
+    close(fd);
+}
+END_TEST
+
+/* Frames carry bytes only: a record with an fd ends the link, and the fd
+ * is closed. */
+START_TEST(test_frame_with_fd)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    int raw, pipefd[2];
+
+    link_nodes(b, a);
+    raw = raw_connect("a");
+    raw_hello(raw, "evil");
+    WAIT_FOR(log_has(a, "up:evil"));
+    ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+    frame(m, VN_FABRIC_FLAG_REQUEST, T_ECHO, 5, "{}", NULL, 0);
+    raw_record(raw, m->data, m->len, &pipefd[1], 1);
+    close(pipefd[1]);
+    WAIT_FOR(log_has(a, "down:evil"));
+    ck_assert_uint_eq(stats_of(a).bad_messages, 1);
+    ck_assert_uint_eq(log_count(a, "req:"), 0);
+    WAIT_FOR(pipe_closed(pipefd[0]));
+    close(pipefd[0]);
+    good_peer_ok(b);
+    close(raw);
 }
 END_TEST
 
@@ -800,6 +841,9 @@ static Suite *fabric_untrusted_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_export_refuses_bad_fd, 0, SEG_LAST);
     tcase_add_loop_test(tc, test_map_refuses_bad_fd, 0, SEG_LAST);
+    tcase_add_test(tc, test_map_refuses_bad_offset);
+    tcase_add_test(tc, test_map_refuses_unaligned_offset);
+    tcase_add_test(tc, test_frame_with_fd);
     suite_add_tcase(s, tc);
     return s;
 }

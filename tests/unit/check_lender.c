@@ -77,7 +77,7 @@ START_TEST(test_attach_busy_detach)
 
     attach_ok(b, VN_IRQ_MODE_FD, &d);
     /* Held: a second borrower is told by whom. */
-    ck_assert_int_eq(req_msg(c, VN_PROTO_ATTACH, json, NULL, 0, NULL, 0, &message), -EBUSY);
+    ck_assert_int_eq(req_msg(c, VN_PROTO_ATTACH, json, NULL, 0, &message), -EBUSY);
     ck_assert_ptr_nonnull(strstr(message, "lent to b"));
     ck_assert_int_eq(simple(c, VN_PROTO_DETACH), -EPERM);
     s = snap();
@@ -144,7 +144,7 @@ START_TEST(test_attach_no_device_server)
 
     /* A lender whose device server is not there refuses, and stays free. */
     on_loop(&rig.lend, lender_elsewhere_fn, NULL);
-    ck_assert_int_eq(req_msg(b, VN_PROTO_ATTACH, json, NULL, 0, NULL, 0, &message), -ENOENT);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_ATTACH, json, NULL, 0, &message), -ENOENT);
     ck_assert_ptr_nonnull(strstr(message, "nobody.sock"));
     s = snap();
     ck_assert_str_eq(s.borrower, "");
@@ -178,7 +178,7 @@ START_TEST(test_region_rw)
     ck_assert_uint_eq(got, v);
 
     /* The device's own refusal comes back with its errno. */
-    ck_assert_int_eq(req_msg(b, VN_PROTO_REGION_RW, json, NULL, 0, NULL, 0, &message),
+    ck_assert_int_eq(req_msg(b, VN_PROTO_REGION_RW, json, NULL, 0, &message),
                      -EINVAL);
     ck_assert_ptr_nonnull(strstr(message, "on the device"));
 
@@ -280,7 +280,7 @@ START_TEST(test_dma_refused)
 
     attach_ok(b, VN_IRQ_MODE_FD, NULL);
     /* Past the end of the segment: refused, no window kept. */
-    ck_assert_int_eq(req_msg(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL, 0, &message), -EINVAL);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_DMA_MAP, json, NULL, 0, &message), -EINVAL);
     ck_assert_ptr_nonnull(strstr(message, "outside segment"));
     /* A segment that is not there, or not ours to map. */
     ck_assert_int_eq(dma_map(b, 0x100000, 0x1000, 999, 0), -ENOENT);
@@ -378,7 +378,7 @@ START_TEST(test_irqs_relay)
     snap_clear(&s);
 
     /* Beyond the doorbells; fds in relay mode. */
-    ck_assert_int_eq(req_msg(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL, 0, &message),
+    ck_assert_int_eq(req_msg(b, VN_PROTO_SET_IRQS, json, NULL, 0, &message),
                      -ENOSPC);
     ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, false, NULL, &efd, 1),
                      -EINVAL);

@@ -31,8 +31,8 @@
 
 /* Message types the test nodes answer (see on_request). */
 enum {
-    T_ECHO = 1,         /* reply with the request's JSON, data and fds */
-    T_WRITE_FD,         /* write "pong" into the request's fd */
+    T_ECHO = 1,         /* reply with the request's JSON and data */
+    T_SIGNAL_ROUTE,     /* open the asker's route (id in data), signal it once */
     T_FAIL,             /* error reply EPERM */
     T_HOLD,             /* keep the token, never answer */
     T_HOLD_QUIT,        /* keep the token, stop the node's thread (it closes) */
@@ -101,7 +101,7 @@ static inline gboolean send_event_8(gpointer data)
 {
     Node *n = data;
 
-    vn_fabric_event(n->fab, n->asker, 8, NULL, NULL, 0, NULL, 0);
+    vn_fabric_event(n->fab, n->asker, 8, NULL, NULL, 0);
     return G_SOURCE_REMOVE;
 }
 
@@ -110,20 +110,31 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
     Node *n = opaque;
     uint8_t head[8] = { 0 };
 
-    log_add(n, g_strdup_printf("req:%u:%s:%zu:%u", msg->type, msg->json ? msg->json : "-",
-                               msg->data_len, msg->nfds));
+    log_add(n, g_strdup_printf("req:%u:%s:%zu", msg->type, msg->json ? msg->json : "-",
+                               msg->data_len));
     switch (msg->type) {
     case T_ECHO:
-        vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len, msg->fds,
-                        msg->nfds);
+        vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len);
         break;
-    case T_WRITE_FD:
-        if (msg->nfds != 1 || pwrite(msg->fds[0], "pong", 4, 0) != 4) {
-            vn_fabric_reply_error(n->fab, token, -EINVAL, "no fd to write");
-        } else {
-            vn_fabric_reply(n->fab, token, "{\"wrote\":4}", NULL, 0, NULL, 0);
+    case T_SIGNAL_ROUTE: {
+        g_autoptr(GError) error = NULL;
+        uint64_t id = 0, one = 1;
+        int fd = -1;
+
+        if (msg->data_len == sizeof(id)) {
+            memcpy(&id, msg->data, sizeof(id));
+            fd = vn_fabric_route_open(n->fab, msg->peer, id, &error);
         }
+        if (fd < 0) {
+            vn_fabric_reply_error(n->fab, token, fd < 0 ? fd : -EINVAL,
+                                  error != NULL ? error->message : "no route id");
+            break;
+        }
+        ck_assert_int_eq(write(fd, &one, sizeof(one)), sizeof(one));
+        close(fd);
+        vn_fabric_reply(n->fab, token, "{\"signalled\":1}", NULL, 0);
         break;
+    }
     case T_FAIL:
         vn_fabric_reply_error(n->fab, token, -EPERM, "not allowed here");
         break;
@@ -134,7 +145,7 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 
         /* Until the asker drops the link (a send then fails). */
         for (int i = 0; i < FLOOD_EVENTS; i++) {
-            if (vn_fabric_event(n->fab, msg->peer, 9, NULL, mib, 1 << 20, NULL, 0) < 0) {
+            if (vn_fabric_event(n->fab, msg->peer, 9, NULL, mib, 1 << 20) < 0) {
                 break;
             }
         }
@@ -145,8 +156,8 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         g_main_loop_quit(n->loop);
         break;
     case T_EVENT_FIRST:
-        vn_fabric_event(n->fab, msg->peer, 7, "{\"first\":true}", NULL, 0, NULL, 0);
-        vn_fabric_reply(n->fab, token, "{\"second\":true}", NULL, 0, NULL, 0);
+        vn_fabric_event(n->fab, msg->peer, 7, "{\"first\":true}", NULL, 0);
+        vn_fabric_reply(n->fab, token, "{\"second\":true}", NULL, 0);
         g_strlcpy(n->asker, msg->peer, sizeof(n->asker));
         {
             GSource *later = g_timeout_source_new(30);
@@ -171,7 +182,7 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         }
         memcpy(head, w->host, sizeof(head));
         vn_fabric_window_unmap(n->fab, w);
-        vn_fabric_reply(n->fab, token, NULL, head, sizeof(head), NULL, 0);
+        vn_fabric_reply(n->fab, token, NULL, head, sizeof(head));
         break;
     }
     default:
@@ -184,11 +195,8 @@ static inline void on_event(void *opaque, VnFabricMsg *msg)
 {
     Node *n = opaque;
 
-    if (msg->nfds == 1) {
-        ck_assert_int_eq(pwrite(msg->fds[0], "seen", 4, 0), 4);
-    }
-    log_add(n, g_strdup_printf("ev:%u:%s:%zu:%u", msg->type, msg->json ? msg->json : "-",
-                               msg->data_len, msg->nfds));
+    log_add(n, g_strdup_printf("ev:%u:%s:%zu", msg->type, msg->json ? msg->json : "-",
+                               msg->data_len));
 }
 
 static inline void on_doorbell(void *opaque, const char *peer, uint32_t bit)
@@ -381,8 +389,6 @@ typedef struct Reply {
     int err;
     char *json;
     GByteArray *data;
-    int fds[VN_FABRIC_MAX_FDS];
-    unsigned nfds;
 } Reply;
 
 static inline void on_reply(void *opaque, VnFabricMsg *msg, int err)
@@ -396,10 +402,6 @@ static inline void on_reply(void *opaque, VnFabricMsg *msg, int err)
         r->json = g_strdup(msg->json);
         r->data = g_byte_array_new();
         g_byte_array_append(r->data, msg->data, (guint)msg->data_len);
-        for (unsigned i = 0; i < msg->nfds; i++) {
-            r->fds[r->nfds++] = msg->fds[i];
-            msg->fds[i] = -1;           /* taken */
-        }
     }
 }
 
@@ -408,9 +410,6 @@ static inline void reply_clear(Reply *r)
     g_free(r->json);
     if (r->data != NULL) {
         g_byte_array_unref(r->data);
-    }
-    for (unsigned i = 0; i < r->nfds; i++) {
-        close(r->fds[i]);
     }
     memset(r, 0, sizeof(*r));
 }

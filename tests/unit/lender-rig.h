@@ -474,9 +474,9 @@ static inline bool lender_free_and_clean(void)
 /* ---- speaking the protocol ---------------------------------------------- */
 
 static inline int req(Borrower *b, uint32_t type, const char *json, const void *data, size_t len,
-               const int *fds, unsigned nfds, VnFabricMsg **reply)
+               VnFabricMsg **reply)
 {
-    return vn_fabric_request_sync(b->fab, "lender", type, json, data, len, fds, nfds, reply);
+    return vn_fabric_request_sync(b->fab, "lender", type, json, data, len, reply);
 }
 
 /* The asynchronous form, for the error message of a refusal. */
@@ -496,12 +496,12 @@ static inline void on_answer(void *opaque, VnFabricMsg *reply, int err)
 }
 
 static inline int req_msg(Borrower *b, uint32_t type, const char *json, const void *data,
-                   size_t len, const int *fds, unsigned nfds, char **message)
+                   size_t len, char **message)
 {
     Answer a = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(b->fab, "lender", type, json, data, len, fds, nfds,
-                                       on_answer, &a), 0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "lender", type, json, data, len, on_answer, &a),
+                     0);
     WAIT_FOR(a.done);
     *message = a.json;
     return a.err;
@@ -522,7 +522,7 @@ static inline void attach_ok(Borrower *b, VnIrqMode mode, VnProtoDevice *d)
     g_autofree char *json = attach_json(mode);
     VnProtoDevice local;
 
-    ck_assert_int_eq(req(b, VN_PROTO_ATTACH, json, NULL, 0, NULL, 0, &reply), 0);
+    ck_assert_int_eq(req(b, VN_PROTO_ATTACH, json, NULL, 0, &reply), 0);
     ck_assert_msg(vn_proto_device_from_json(reply->json, d ? d : &local, &error), "%s",
                   error ? error->message : "");
 }
@@ -535,7 +535,7 @@ static inline int region_rw(Borrower *b, uint32_t region, uint64_t offset, void 
     g_autoptr(VnFabricMsg) reply = NULL;
     int ret;
 
-    ret = req(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0, NULL, 0,
+    ret = req(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0,
               &reply);
     if (ret == 0 && !write) {
         ck_assert_uint_eq(reply->data_len, count);
@@ -551,7 +551,7 @@ static inline int dma_map(Borrower *b, uint64_t iova, uint64_t size, uint64_t se
                         .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
     g_autofree char *json = vn_proto_dma_map_to_json(DEV, &m);
 
-    return req(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL, 0, NULL);
+    return req(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL);
 }
 
 static inline int dma_unmap(Borrower *b, uint64_t iova, uint64_t size, bool all)
@@ -559,7 +559,7 @@ static inline int dma_unmap(Borrower *b, uint64_t iova, uint64_t size, bool all)
     VnProtoDmaUnmap u = { .iova = iova, .size = size, .all = all };
     g_autofree char *json = vn_proto_dma_unmap_to_json(DEV, &u);
 
-    return req(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL, 0, NULL);
+    return req(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL);
 }
 
 static inline int set_irqs(Borrower *b, uint32_t flags, uint32_t index, uint32_t start,
@@ -569,15 +569,32 @@ static inline int set_irqs(Borrower *b, uint32_t flags, uint32_t index, uint32_t
     VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count,
                          .relay = relay };
     g_autofree char *json = vn_proto_set_irqs_to_json(DEV, &s);
+    uint64_t routes[VN_MAX_MSG_FDS];
 
-    return req(b, VN_PROTO_SET_IRQS, json, bools, bools != NULL ? count : 0, fds, nfds, NULL);
+    /* As the borrower does: each eventfd becomes an interrupt route. */
+    ck_assert_uint_le(nfds, VN_MAX_MSG_FDS);
+    for (unsigned i = 0; i < nfds; i++) {
+        routes[i] = GUINT64_TO_LE(vn_fabric_route_export(b->fab, fds[i], "lender", NULL));
+        ck_assert_uint_ne(routes[i], 0);
+    }
+    if (nfds > 0) {
+        int ret = req(b, VN_PROTO_SET_IRQS, json, routes, nfds * sizeof(routes[0]), NULL);
+
+        /* Refused: the routes go again (granted ones stay, as the
+         * borrower's do). */
+        for (unsigned i = 0; ret < 0 && i < nfds; i++) {
+            vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(routes[i]));
+        }
+        return ret;
+    }
+    return req(b, VN_PROTO_SET_IRQS, json, bools, bools != NULL ? count : 0, NULL);
 }
 
 static inline int simple(Borrower *b, uint32_t type)
 {
     g_autofree char *json = vn_proto_device_only_to_json(DEV);
 
-    return req(b, type, json, NULL, 0, NULL, 0, NULL);
+    return req(b, type, json, NULL, 0, NULL);
 }
 
 /* A memfd of the borrower's, mapped, exported to the lender. */

@@ -34,6 +34,9 @@ struct VnBorrower {
     VnFabricWindow *windows[VN_MAX_REGIONS];   /* mapped BARs */
     VnServer *server;
     uint32_t relay_index;       /* MSI-X or MSI: what doorbell bits mean */
+    /* fd mode: the interrupt route of each vector given to the lender (0:
+     * none), per index, allocated when first used (irq_count entries). */
+    uint64_t *routes[VN_MAX_IRQ_INDEXES];
     GList *segments;            /* Segment: guest memory exported */
     GList *mappings;            /* Mapping: DMA forwarded */
     VnMediate med;
@@ -42,7 +45,7 @@ struct VnBorrower {
 
 /* A lending request to our lender; see vn_fabric_request_sync(). */
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
-                     size_t len, const int *fds, unsigned nfds, VnFabricMsg **reply);
+                     size_t len, VnFabricMsg **reply);
 /* A forwarded region access. */
 int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
                           uint32_t count, bool write);

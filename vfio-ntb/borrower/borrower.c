@@ -46,7 +46,7 @@ static void segment_put(VnBorrower *b, Segment *seg)
 /* ---- requests to the lender ---- */
 
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
-                     size_t len, const int *fds, unsigned nfds, VnFabricMsg **reply)
+                     size_t len, VnFabricMsg **reply)
 {
     g_autoptr(VnFabricMsg) r = NULL;
     int ret;
@@ -55,7 +55,7 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
         return -ENOTCONN;
     }
     b->stats.fabric_requests++;
-    ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, fds, nfds, &r);
+    ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, &r);
     if (ret < 0) {
         VN_TRACE("borrower %s: %s to %s failed: %s", b->device, vn_proto_type_to_string(type),
                  b->lender, g_strerror(-ret));
@@ -76,7 +76,7 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
     int ret;
 
     ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL,
-                           write ? count : 0, NULL, 0, &reply);
+                           write ? count : 0, &reply);
     if (ret < 0) {
         return ret;
     }
@@ -192,7 +192,7 @@ static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
     seg->refs++;
     pm.segment = seg->id;
     json = vn_proto_dma_map_to_json(b->device, &pm);
-    ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL, 0, NULL);
+    ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL);
     if (ret < 0) {
         g_info("borrower %s: lender refused DMA_MAP iova 0x%" G_GINT64_MODIFIER "x: %s",
                b->device, m->iova, g_strerror(-ret));
@@ -231,9 +231,42 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
     }
     /* Synchronous: QEMU's unmap completes only after the lender's device
      * has lost access.  If the lender is gone there is nothing to undo. */
-    if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL, 0, NULL) == 0) {
+    if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL) == 0) {
         b->stats.dma_unmaps++;
     }
+}
+
+/* Withdraw the routes of [start, start + count) of @index (count 0: all). */
+static void routes_drop(VnBorrower *b, uint32_t index, uint32_t start, uint32_t count)
+{
+    uint32_t end = count == 0 ? b->info.irq_count[index] : start + count;
+
+    for (uint32_t v = start; b->routes[index] != NULL && v < end; v++) {
+        if (b->routes[index][v] != 0) {
+            vn_fabric_route_unexport(b->fab, b->routes[index][v]);
+            b->routes[index][v] = 0;
+        }
+    }
+}
+
+/* fd mode: each of the VM's eventfds becomes an interrupt route of ours
+ * that the lender's device signals; their ids (LE) go to @ids. */
+static int routes_export(VnBorrower *b, const int *fds, unsigned nfds, uint64_t *ids)
+{
+    for (unsigned i = 0; i < nfds; i++) {
+        g_autoptr(GError) error = NULL;
+        uint64_t id = vn_fabric_route_export(b->fab, fds[i], b->lender, &error);
+
+        if (id == 0) {
+            g_info("borrower %s: %s", b->device, error->message);
+            for (unsigned j = 0; j < i; j++) {
+                vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(ids[j]));
+            }
+            return g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? -ENOSPC : -EINVAL;
+        }
+        ids[i] = GUINT64_TO_LE(id);
+    }
+    return 0;
 }
 
 static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start,
@@ -242,6 +275,9 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
     VnBorrower *b = opaque;
     VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count };
     bool eventfd = (flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
+    bool trigger = (flags & VFIO_IRQ_SET_ACTION_TRIGGER) != 0;
+    uint64_t ids[VN_MAX_MSG_FDS];
+    unsigned routed = 0;
     g_autofree char *json = NULL;
     int ret;
 
@@ -266,17 +302,46 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         if (index != VFIO_PCI_INTX_IRQ_INDEX) {
             b->relay_index = index;
         }
-        fds = NULL;
-        nfds = 0;
     } else if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
         vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, NULL, 0);
+    } else if (eventfd && nfds > 0) {
+        if (nfds != count || nfds > VN_MAX_MSG_FDS) {
+            return -EINVAL;
+        }
+        ret = routes_export(b, fds, nfds, ids);
+        if (ret < 0) {
+            return ret;
+        }
+        routed = nfds;
     }
     json = vn_proto_set_irqs_to_json(b->device, &s);
-    ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json,
-                           (flags & VFIO_IRQ_SET_DATA_BOOL) ? bools : NULL,
-                           (flags & VFIO_IRQ_SET_DATA_BOOL) ? count : 0, fds, nfds, NULL);
-    /* The fabric sent copies of the fds; ours are closed by the server. */
-    return ret;
+    if (flags & VFIO_IRQ_SET_DATA_BOOL) {
+        ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json, bools, count, NULL);
+    } else {
+        ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json, routed > 0 ? ids : NULL,
+                               routed * sizeof(ids[0]), NULL);
+    }
+    if (ret < 0) {
+        for (unsigned i = 0; i < routed; i++) {
+            vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(ids[i]));
+        }
+        return ret;
+    }
+    /* The device signals the new routes (or none) now: the old ones go. */
+    if (trigger && eventfd && count > 0) {
+        routes_drop(b, index, start, count);
+    } else if (trigger && (flags & VFIO_IRQ_SET_DATA_NONE) && count == 0) {
+        routes_drop(b, index, 0, 0);
+    }
+    if (routed > 0) {
+        if (b->routes[index] == NULL) {
+            b->routes[index] = g_new0(uint64_t, b->info.irq_count[index]);
+        }
+        for (unsigned i = 0; i < routed; i++) {
+            b->routes[index][start + i] = GUINT64_FROM_LE(ids[i]);
+        }
+    }
+    return 0;
 }
 
 static int op_reset(void *opaque)
@@ -284,7 +349,7 @@ static int op_reset(void *opaque)
     VnBorrower *b = opaque;
     g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
-    return vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL, 0, NULL);
+    return vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL);
 }
 
 static void op_client_gone(void *opaque)
@@ -303,7 +368,8 @@ static void op_client_gone(void *opaque)
             continue;
         }
         json = vn_proto_set_irqs_to_json(b->device, &s);
-        vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL, 0, NULL);
+        vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL);
+        routes_drop(b, i, 0, 0);
     }
     /* (the server drops the VM's eventfds itself) */
     g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
@@ -381,7 +447,7 @@ static bool map_bars(VnBorrower *b, const VnProtoDevice *d, GError **error)
         }
         r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
         r->mmap_fd = b->windows[i]->fd;
-        r->mmap_offset = 0;
+        r->mmap_offset = b->windows[i]->offset;
         r->nr_sparse = pr->nr_sparse;
         memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
         if (r->nr_sparse == 0) {
@@ -429,7 +495,15 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     b->fab = fab;
     b->lender = g_strdup(lender);
     b->device = g_strdup(device);
+    /* fd mode needs the fabric to carry interrupt routes; without them
+     * the lender relays interrupts as doorbells. */
+    if (mode == VN_IRQ_MODE_FD && !(vn_fabric_caps(fab) & VN_FABRIC_CAP_DIRECT_ROUTES)) {
+        g_info("borrower %s: the fabric carries no interrupt routes; interrupts are relayed",
+               device);
+        mode = VN_IRQ_MODE_RELAY;
+    }
     b->mode = mode;
+    at.irq_mode = mode;
     b->relay_index = VFIO_PCI_MSIX_IRQ_INDEX;
     if (!vn_name_valid(VN_NAME_DEVICE, device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -442,7 +516,7 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
         return NULL;
     }
     json = vn_proto_attach_to_json(&at);
-    ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, NULL, 0, &reply);
+    ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, &reply);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
                     "borrower %s: %s refused to lend it: %s", device, lender,
@@ -476,7 +550,7 @@ void vn_borrower_free(VnBorrower *b)
     if (b->attached && !b->stats.lender_lost) {
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
-        vn_borrower_call(b, VN_PROTO_DETACH, json, NULL, 0, NULL, 0, NULL);
+        vn_borrower_call(b, VN_PROTO_DETACH, json, NULL, 0, NULL);
     }
     for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
         if (b->windows[i] != NULL) {
@@ -488,6 +562,12 @@ void vn_borrower_free(VnBorrower *b)
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);
     }
     g_list_free_full(b->segments, g_free);
+    for (uint32_t i = 0; i < VN_MAX_IRQ_INDEXES; i++) {
+        if (i < b->info.num_irqs) {
+            routes_drop(b, i, 0, 0);
+        }
+        g_free(b->routes[i]);
+    }
     g_free(b->lender);
     g_free(b->device);
     g_free(b);

@@ -190,7 +190,7 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
         g_info("borrower %s: guest requested FLR: resetting the lent device", b->device);
-        ret = vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL, 0, NULL);
+        ret = vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL);
     }
     return ret;
 }

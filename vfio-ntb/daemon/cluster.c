@@ -111,7 +111,7 @@ static void broadcast(VnDaemon *d, char *json)
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
         if (n->link_up) {
-            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, json, NULL, 0, NULL, 0);
+            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, json, NULL, 0);
         }
     }
     g_free(d->announced);
@@ -159,7 +159,7 @@ static void announce_to(VnDaemon *d, const char *peer)
 {
     g_autofree char *json = announcement(d);
 
-    vn_fabric_event(d->fab, peer, VN_PEERS_ANNOUNCE, json, NULL, 0, NULL, 0);
+    vn_fabric_event(d->fab, peer, VN_PEERS_ANNOUNCE, json, NULL, 0);
 }
 
 /* Forget hosts whose link has been down longer than @older_than_us, or,
@@ -457,7 +457,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
             return;
         }
         json = vn_peers_lease_to_json(ld->lease->id);
-        vn_fabric_reply(d->fab, token, json, NULL, 0, NULL, 0);
+        vn_fabric_reply(d->fab, token, json, NULL, 0);
         return;
     case VN_PEERS_RETURN:
         if (!vn_leases_return(d->leases, ld->lease, msg->peer, rq.lease)) {
@@ -465,7 +465,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, rq.lease, msg->peer);
             return;
         }
-        vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
+        vn_fabric_reply(d->fab, token, NULL, NULL, 0);
         return;
     case VN_PEERS_AUTHORIZE:
         if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, msg->peer) != 0 ||
@@ -481,7 +481,7 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         g_free(ld->worker);
         ld->worker = g_strdup(rq.worker);
         vn_state_save_or_report(d);
-        vn_fabric_reply(d->fab, token, NULL, NULL, 0, NULL, 0);
+        vn_fabric_reply(d->fab, token, NULL, NULL, 0);
         return;
     default:
         reply_err(d, token, ENOTSUP, "unknown request 0x%x", msg->type);
@@ -525,7 +525,7 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     json = vn_peers_request_to_json(VN_PEERS_REVOKE, &rq);
     g_message("node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)",
               d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
-    vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0, NULL, 0);
+    vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0);
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
@@ -710,7 +710,7 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
     }
     g_strlcpy(rq.device, name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
-    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0, NULL, 0,
+    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0,
                             on_borrow_reply, p);
     if (ret < 0) {
         finish(p, NULL, klass_of(ret), g_strerror(-ret));
@@ -756,7 +756,7 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
      * arrive in order). */
     if (reachable) {
         json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
-        ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, NULL, 0,
+        ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0,
                                 on_return_reply, p);
         announce_to(d, p->lender);
     }

@@ -261,7 +261,7 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
     g_strlcpy(req.device, b->name, sizeof(req.device));
     g_strlcpy(req.worker, b->worker_node, sizeof(req.worker));
     json = vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &req);
-    ret = vn_fabric_request(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0, NULL, 0,
+    ret = vn_fabric_request(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0,
                             on_authorized, st);
     if (ret < 0) {
         start_fail(st, G_IO_ERROR, g_io_error_from_errno(-ret), "%s: %s", b->lender,

@@ -1,7 +1,8 @@
 /*
  * Inside the fabric layer: the VnFabric struct and the calls between
  * fabric.c (node, links, receive path), msg.c (requests, replies, events,
- * doorbells) and window.c (segments and windows).  Not for other layers.
+ * doorbells), window.c (segments and windows) and route.c (interrupt
+ * routes).  Not for other layers.
  *
  * Threads: everything here belongs to the fabric's GMainContext thread.
  */
@@ -64,10 +65,11 @@ typedef struct VnFabricSync {
     VnFabricMsg *reply;      /* owned */
 } VnFabricSync;
 
+/* An exported segment or route. */
 typedef struct VnFabricSegment {
     uint64_t id;             /* key */
     int fd;                  /* our dup */
-    uint64_t size;
+    uint64_t size;           /* 0 for a route */
     char *peer;              /* the one peer allowed to map it */
 } VnFabricSegment;
 
@@ -103,6 +105,8 @@ struct VnFabric {
     uint64_t last_segment;
     VnFabricWindow **windows;   /* limits.max_windows slots */
     uint32_t windows_in_use;
+    GHashTable *routes;      /* &id -> VnFabricSegment (size 0) */
+    uint64_t last_route;
 
     GByteArray *out;         /* frame being sent */
     VnFabricStats stats;
@@ -110,43 +114,43 @@ struct VnFabric {
 
 /* fabric.c */
 VnFabricPeer *vn_fabric_peer(VnFabric *fab, const char *name);
-/* Count and log a bad frame, close its fds, answer it when it was a request. */
+/* Count and log a bad frame, answer it when it was a request. */
 void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
-                         int *fds, unsigned nfds, const char *why);
-/* A borrowed view of a received frame for a handler (fds are the caller's). */
-void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f,
-                        int *fds, unsigned nfds);
+                         const char *why);
+/* A borrowed view of a received frame for a handler. */
+void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f);
 
 /* msg.c */
 int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
                          uint64_t id, int32_t error, const char *json, const void *data,
-                         size_t len, const int *fds, unsigned nfds);
+                         size_t len);
 /* Answer request @id of @peer with an error (@message may be NULL). */
 int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type,
                          int err, const char *message);
-/* Like vn_fabric_request_sync(), for any type, and an error reply is given
- * back in *reply too. */
-int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
-                               const char *json, const void *data, size_t len,
-                               const int *fds, unsigned nfds, VnFabricMsg **reply);
-/* An owned copy of a received frame; takes the fds. */
-VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f, int *fds,
-                                unsigned nfds);
+/* An owned copy of a received frame. */
+VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f);
 /* A frame of @peer's link @gen (which may be gone by now). */
 void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
-                              const VnFabricFrame *f, int *fds, unsigned nfds);
+                              const VnFabricFrame *f);
 void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
-                                const VnFabricFrame *f, int *fds, unsigned nfds);
-void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
-                              int *fds, unsigned nfds);
+                                const VnFabricFrame *f);
+void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f);
 /* A link went down: its requests fail with -ECONNRESET, its tokens go. */
 void vn_fabric_link_lost(VnFabric *fab, uint64_t gen);
 void vn_fabric_msgs_close(VnFabric *fab);
 
 /* window.c */
-void vn_fabric_map_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
-                            int *fds, unsigned nfds);
 void vn_fabric_windows_init(VnFabric *fab);
 void vn_fabric_windows_close(VnFabric *fab);
+/* An exported segment's or route's entry. */
+void vn_fabric_segment_free(VnFabricSegment *seg);
+/* The entry of @table (segments or routes) @peer may take, counting and
+ * logging a refusal; @what names the table's kind. */
+VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,
+                                    const char *peer, uint64_t id, int *err);
+
+/* route.c */
+void vn_fabric_routes_init(VnFabric *fab);
+void vn_fabric_routes_close(VnFabric *fab);
 
 #endif /* VN_FABRIC_INT_H */

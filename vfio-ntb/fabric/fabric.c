@@ -44,11 +44,21 @@ bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
         missing = "wait";
     } else if (ops->disconnect == NULL) {
         missing = "disconnect";
+    } else if (ops->map_segment == NULL) {
+        missing = "map_segment";
+    } else if ((ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) && ops->open_route == NULL) {
+        missing = "open_route (for VN_FABRIC_CAP_DIRECT_ROUTES)";
     }
-    /* ping is optional. */
+    /* ping and discover are optional. */
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "fabric ops: %s is required", missing);
+        return false;
+    }
+    if ((ops->caps & ~VN_FABRIC_CAPS_KNOWN) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "fabric ops %s: unknown capability flags 0x%x", ops->name,
+                    ops->caps & ~VN_FABRIC_CAPS_KNOWN);
         return false;
     }
     return true;
@@ -118,6 +128,11 @@ const VnFabricLimits *vn_fabric_limits(VnFabric *fab)
     return &fab->limits;
 }
 
+uint32_t vn_fabric_caps(VnFabric *fab)
+{
+    return fab->ops->caps;
+}
+
 void vn_fabric_stats(VnFabric *fab, VnFabricStats *out)
 {
     *out = fab->stats;
@@ -161,8 +176,7 @@ static void peer_free(gpointer data)
 
 /* ---- the receive path ------------------------------------------------- */
 
-void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f,
-                        int *fds, unsigned nfds)
+void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f)
 {
     memset(msg, 0, sizeof(*msg));
     msg->peer = peer;
@@ -170,23 +184,16 @@ void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame 
     msg->json = f->json;
     msg->data = f->data;
     msg->data_len = f->hdr.data_len;
-    /* nfds was checked against VN_FABRIC_MAX_FDS by the decoder. */
-    msg->nfds = nfds;
-    for (unsigned i = 0; i < nfds; i++) {
-        msg->fds[i] = fds[i];
-        fds[i] = -1;
-    }
 }
 
 void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
-                         int *fds, unsigned nfds, const char *why)
+                         const char *why)
 {
     g_autofree char *message = g_strdup_printf("%s: %s", why, g_strerror(-err));
 
     fab->stats.bad_messages++;
     g_info("node %s: bad frame from %s (%s id %" PRIu64 " type 0x%x): %s", fab->node, peer,
            vn_fabric_kind_to_string(f->hdr.flags), f->hdr.id, f->hdr.type, message);
-    vn_util_close_fds(fds, nfds);
     if (vn_fabric_frame_replyable(f)) {
         vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, err, message);
     }
@@ -195,33 +202,29 @@ void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f
 /* Handle one frame of @peer's link @gen (perhaps a link already gone, when
  * the frame was queued before its link went down: it still counts). */
 static void process_frame(VnFabric *fab, const char *peer, uint64_t gen, const uint8_t *buf,
-                          size_t len, int *fds, unsigned nfds)
+                          size_t len)
 {
     VnFabricFrame f;
     int ret;
 
-    ret = vn_fabric_frame_decode(buf, len, nfds, &f);
+    ret = vn_fabric_frame_decode(buf, len, &f);
     if (ret < 0) {
-        vn_fabric_bad_frame(fab, peer, &f, ret, fds, nfds, "malformed frame");
+        vn_fabric_bad_frame(fab, peer, &f, ret, "malformed frame");
         return;
     }
-    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u fds %u",
-             fab->node, peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
-             vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len, f.hdr.data_len, nfds);
+    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u", fab->node,
+             peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
+             vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len, f.hdr.data_len);
 
     switch (f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK) {
     case VN_FABRIC_FLAG_REPLY:
-        vn_fabric_reply_received(fab, peer, gen, &f, fds, nfds);
+        vn_fabric_reply_received(fab, peer, gen, &f);
         break;
     case VN_FABRIC_FLAG_REQUEST:
-        if (f.hdr.type == VN_FABRIC_TYPE_MAP) {
-            vn_fabric_map_received(fab, peer, &f, fds, nfds);
-        } else {
-            vn_fabric_request_received(fab, peer, gen, &f, fds, nfds);
-        }
+        vn_fabric_request_received(fab, peer, gen, &f);
         break;
     default:
-        vn_fabric_event_received(fab, peer, &f, fds, nfds);
+        vn_fabric_event_received(fab, peer, &f);
         break;
     }
 }
@@ -241,8 +244,6 @@ typedef struct VnFabricDeferred {
     VnFabric *fab;              /* for the peer's count */
     uint8_t *buf;
     size_t len;
-    int fds[VN_FABRIC_MAX_FDS + 1];
-    unsigned nfds;
 } VnFabricDeferred;
 
 static void deferred_free(gpointer data)
@@ -256,8 +257,6 @@ static void deferred_free(gpointer data)
         p->deferred_frames--;
         p->deferred_bytes -= d->len;
     }
-
-    vn_util_close_fds(d->fds, d->nfds);
     g_free(d->buf);
     g_free(d);
 }
@@ -283,7 +282,7 @@ static gboolean deferred_dispatch(gpointer data)
             break;
         }
         if (d->kind == VN_FABRIC_DEFERRED_FRAME) {
-            process_frame(fab, d->peer, d->gen, d->buf, d->len, d->fds, d->nfds);
+            process_frame(fab, d->peer, d->gen, d->buf, d->len);
         } else {
             handle_link(fab, d->peer, d->gen, d->kind == VN_FABRIC_DEFERRED_LINK_UP);
         }
@@ -321,20 +320,17 @@ static VnFabricDeferred *defer_item(VnFabric *fab, VnFabricDeferredKind kind,
     return d;
 }
 
-/*
- * While deferring, a few frames cannot wait for the idle source: the reply
- * the synchronous request is blocked on, and MAP requests, which touch only
- * the segment table (no handler runs) and are answered at once so two nodes
- * mapping each other's segments at the same time do not deadlock.
- */
-static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len,
-                      int *fds, unsigned nfds)
+/* While deferring, one frame cannot wait for the idle source: the reply
+ * the synchronous request is blocked on.  (Segment maps and route opens are
+ * the backend's, answered below this layer: two nodes mapping each other's
+ * segments at once do not deadlock.) */
+static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len)
 {
     VnFabricSync *sync = fab->sync;
     VnFabricFrame f;
     uint16_t kind;
 
-    if (vn_fabric_frame_decode(buf, len, nfds, &f) < 0) {
+    if (vn_fabric_frame_decode(buf, len, &f) < 0) {
         return false;
     }
     kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
@@ -343,20 +339,16 @@ static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_
         VN_TRACE("node %s: <- %s %s id %" PRIu64 " (synchronous)", fab->node, peer,
                  vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
         fab->stats.msgs_received++;
-        sync->reply = vn_fabric_msg_copy(peer, &f, fds, nfds);
+        sync->reply = vn_fabric_msg_copy(peer, &f);
         sync->err = (f.hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f.hdr.error : 0;
         sync->done = true;
-        return true;
-    }
-    if (kind == VN_FABRIC_FLAG_REQUEST && f.hdr.type == VN_FABRIC_TYPE_MAP) {
-        vn_fabric_map_received(fab, peer, &f, fds, nfds);
         return true;
     }
     return false;
 }
 
 void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
-                                size_t len, int *fds, unsigned nfds)
+                                size_t len)
 {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabricPeer *p = peer != NULL ? vn_fabric_peer(fab, peer) : NULL;
@@ -366,21 +358,19 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
         /* A backend bug (frames before link up), or a closing node. */
         g_warning("node %s: frame from %s, whose link is not up, dropped", fab->node,
                   peer != NULL ? peer : "(null)");
-        vn_util_close_fds(fds, nfds);
         return;
     }
     if (!deferring(fab)) {
         /* A copy of the name: a handler may end the link and free @p. */
         g_strlcpy(name, p->name, sizeof(name));
-        process_frame(fab, name, p->gen, buf, len, fds, nfds);
+        process_frame(fab, name, p->gen, buf, len);
         return;
     }
-    if (intercept(fab, peer, buf, len, fds, nfds)) {
+    if (intercept(fab, peer, buf, len)) {
         return;
     }
     if (p->dropping || p->deferred_frames >= VN_FABRIC_MAX_DEFERRED_FRAMES ||
         p->deferred_bytes + len > VN_FABRIC_MAX_DEFERRED_BYTES) {
-        vn_util_close_fds(fds, nfds);
         fab->stats.bad_messages++;
         if (!p->dropping) {
             g_warning("node %s: %s has %u frames (%zu bytes) queued while we wait on a "
@@ -397,14 +387,6 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
     d->len = len;
     p->deferred_frames++;
     p->deferred_bytes += len;
-    /* Keep at most one fd beyond the limit: enough for the decoder to
-     * refuse the frame later. */
-    d->nfds = MIN(nfds, VN_FABRIC_MAX_FDS + 1);
-    memcpy(d->fds, fds, sizeof(int) * d->nfds);
-    for (unsigned i = 0; i < d->nfds; i++) {
-        fds[i] = -1;
-    }
-    vn_util_close_fds(fds, nfds);
 }
 
 void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
@@ -525,6 +507,7 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
         return NULL;
     }
     vn_fabric_windows_init(fab);
+    vn_fabric_routes_init(fab);
     g_info("node %s: attached to the %s fabric (%u windows of at most %" PRIu64 " bytes)",
            node, ops->name, fab->limits.max_windows, fab->limits.max_window_size);
     return g_steal_pointer(&fab);
@@ -549,6 +532,7 @@ void vn_fabric_close(VnFabric *fab)
     g_queue_clear_full(&fab->deferred, deferred_free);
     vn_fabric_msgs_close(fab);
     vn_fabric_windows_close(fab);
+    vn_fabric_routes_close(fab);
     g_clear_pointer(&fab->peers, g_hash_table_unref);
     g_clear_pointer(&fab->pending, g_hash_table_unref);
     g_clear_pointer(&fab->tokens, g_hash_table_unref);

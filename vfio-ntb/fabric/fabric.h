@@ -6,16 +6,26 @@
  *   and go (link up / link down events).
  * - A node exports fd-backed local memory as a *segment* (an id), to named
  *   peers only.  A peer maps a segment through one of its scarce *memory
- *   windows*; the window gives it an fd and a mapping of that memory.
- * - Nodes exchange *messages*: framed requests with replies, and events;
- *   messages carry fds where the backend can (the shm backend can).
+ *   windows*; the window gives it a local fd and offset (what QEMU or VFIO
+ *   mmap) and a mapping of that memory.
+ * - Nodes exchange *messages*: framed requests with replies, and events.
+ *   Messages carry bytes only, never a file descriptor: no NTB can.
  * - *Doorbells*: a peer rings bit N of a node's doorbell register; the node's
  *   handler runs with the bit.
+ * - *Interrupt routes* (with VN_FABRIC_CAP_DIRECT_ROUTES): a node exports an
+ *   eventfd of its own (a VM's irqfd) as a route; the peer opens it and gets
+ *   a local fd that its device signals, as an MSI write through a window
+ *   into the node's host would (Linux's ntb_msi).  Without the capability,
+ *   interrupts travel as doorbells.
+ * - What a backend can do is said by capability flags (vn_fabric_caps()),
+ *   never by its name.
  *
  * Backends sit behind a const VnFabricOps table checked once at
  * registration.  The `shm` backend (the embedded default) runs every node as
  * a process on one machine: a fabric directory holds each node's UNIX
- * socket; mapping a window passes the segment's memfd.  It enforces NTB-like
+ * socket; mapping a window (or opening a route) passes the segment's memfd
+ * (the route's eventfd) between the two backends, below this API, which is
+ * how shm emulates a window onto a peer's memory.  It enforces NTB-like
  * limits (VnFabricLimits) so the layers above cope with what real adapters
  * force on them.
  *
@@ -41,8 +51,8 @@
 /* One message's payload (JSON part + binary part); a 1 MiB region access
  * plus its header fits. */
 #define VN_FABRIC_MAX_PAYLOAD (1024u * 1024u + 4096u)
-/* fds carried by one message (an MSI-X vector set in chunks). */
-#define VN_FABRIC_MAX_FDS 16
+/* Interrupt routes one node exports (every MSI-X vector of a few devices). */
+#define VN_FABRIC_MAX_ROUTES 8192
 /* Doorbell bits per node (Intel NTBs have 16; IDT 32). */
 #define VN_FABRIC_DOORBELLS 32
 /* What one peer may have queued for us while we cannot dispatch (inside a
@@ -82,21 +92,20 @@ typedef struct VnFabricWindow {
     uint64_t window_size;        /* the window it occupies: 2^n >= size and
                                   * >= xlat_granularity */
     int fd;                      /* owned by the fabric; valid until unmapped */
+    uint64_t offset;             /* where the segment's bytes start in @fd */
     uint8_t *host;               /* mapping of [0, size) */
 } VnFabricWindow;
 
-/* A received message.  fds are owned by the message until taken (-1). */
+/* A received message: bytes only. */
 typedef struct VnFabricMsg {
     const char *peer;            /* sender */
     uint32_t type;               /* user-defined, below VN_FABRIC_TYPE_RESERVED */
     const char *json;            /* NUL-terminated JSON object text, or NULL */
     const uint8_t *data;         /* binary part */
     size_t data_len;
-    int fds[VN_FABRIC_MAX_FDS];
-    unsigned nfds;
 } VnFabricMsg;
 
-/* Types at or above this are the fabric's own (segment maps, doorbells). */
+/* Types at or above this are the fabric's own (doorbells). */
 #define VN_FABRIC_TYPE_RESERVED 0xff00u
 
 /*
@@ -111,15 +120,24 @@ typedef struct VnFabricHandlers {
     void (*on_doorbell)(void *opaque, const char *peer, uint32_t bit);
 } VnFabricHandlers;
 
+/*
+ * Capability flags (VnFabricOps.caps, vn_fabric_caps()).
+ * DIRECT_ROUTES: a peer's device can signal an eventfd of ours with no
+ * software in between (an MSI write through a window into our host, as
+ * Linux's ntb_msi sets up); the backend has open_route.
+ */
+#define VN_FABRIC_CAP_DIRECT_ROUTES 0x1u
+#define VN_FABRIC_CAPS_KNOWN VN_FABRIC_CAP_DIRECT_ROUTES
+
 /* A backend. */
 typedef struct VnFabricOps {
     const char *name;
+    uint32_t caps;               /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
     /* Required. */
     void *(*open)(VnFabric *fab, const char *node, GHashTable *params, GError **error);
     void (*close)(void *backend);
     int (*connect)(void *backend, const char *peer);
-    int (*send)(void *backend, const char *peer, const void *buf, size_t len,
-                const int *fds, unsigned nfds);
+    int (*send)(void *backend, const char *peer, const void *buf, size_t len);
     /* Block until bytes from @peer arrived and were passed to
      * vn_fabric_backend_received(), or @timeout_ms passed (-ETIMEDOUT). */
     int (*wait)(void *backend, const char *peer, int timeout_ms);
@@ -127,6 +145,21 @@ typedef struct VnFabricOps {
      * reported later, from the backend's own source, never from inside this
      * call; what it sent meanwhile may still arrive. */
     void (*disconnect)(void *backend, const char *peer);
+    /*
+     * Map @peer's segment @id through an outbound window: returns a new fd
+     * of ours (or -errno) whose bytes from *@offset are the segment, and its
+     * size in *@size.  The peer's backend checks the segment with
+     * vn_fabric_backend_segment().  Synchronous, at most @timeout_ms; while
+     * it waits it keeps answering peers' own maps and route opens (two
+     * nodes mapping each other's segments at once must not deadlock), and
+     * what else arrives is reported as usual (the fabric queues it).
+     */
+    int (*map_segment)(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                       uint64_t *size, uint64_t *offset);
+    /* With VN_FABRIC_CAP_DIRECT_ROUTES: a new fd of ours that signals
+     * @peer's route @id (checked there by vn_fabric_backend_route()), or
+     * -errno; waits like map_segment. */
+    int (*open_route)(void *backend, const char *peer, uint64_t id, int timeout_ms);
     /* Optional: a peer's liveness check beyond the transport's own. */
     int (*ping)(void *backend, const char *peer);
     /* Optional: the names of the nodes attached now (not us), at most
@@ -143,14 +176,11 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error);
  * Backends report received bytes and link changes here.
  *
  * received: one call per whole frame (the backend does the framing, bounded
- * by VN_FABRIC_MAX_FRAME); @buf is borrowed; the fabric takes the fds (closes
- * them unless consumed).  A backend that got more fds than VN_FABRIC_MAX_FDS
- * with a frame passes nfds = VN_FABRIC_MAX_FDS + 1 (entries may be -1) so
- * the frame is rejected.  A peer's link is reported up before its first
- * frame.  Neither call may come from ops->close.
+ * by VN_FABRIC_MAX_FRAME); @buf is borrowed.  A peer's link is reported up
+ * before its first frame.  Neither call may come from ops->close.
  */
 void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
-                                size_t len, int *fds, unsigned nfds);
+                                size_t len);
 void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up);
 /* Bytes no frame owns were refused (a bad handshake, an impossible length):
  * counted in stats.bad_messages.  @what names the connection and the fault. */
@@ -159,6 +189,14 @@ void vn_fabric_backend_rejected(VnFabric *fab, const char *what);
  * limits (vn_fabric_limits_default() unless set). */
 GMainContext *vn_fabric_backend_context(VnFabric *fab);
 void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits);
+/*
+ * For a backend answering @peer's map of segment @id (or open of route @id):
+ * the fd to give (borrowed) and, for a segment, its size; -ENOENT for no
+ * such id, -EACCES when it is not exported to @peer.  Refusals are counted
+ * and logged here.
+ */
+int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size);
+int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id);
 
 /*
  * Attach node @node to the fabric of backend @backend ("shm") with its
@@ -178,6 +216,7 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabric, vn_fabric_close)
 
 const char *vn_fabric_node(VnFabric *fab);
 const VnFabricLimits *vn_fabric_limits(VnFabric *fab);
+uint32_t vn_fabric_caps(VnFabric *fab);
 
 /* The nodes the backend can see now (empty when it cannot tell); owned. */
 GPtrArray *vn_fabric_discover(VnFabric *fab);
@@ -200,11 +239,12 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
 
 /*
- * Map @peer's segment @id through a memory window (synchronous, see
- * vn_fabric_request_sync()).  Fails for an unknown or not-exported-to-us segment, or when no
- * window is free or the segment exceeds the window limits, and for a
- * segment whose fd (the peer's) is not a memfd sealed against shrinking that
- * holds the size it claims: anything else could shrink under the mapping.
+ * Map @peer's segment @id through a memory window (synchronous, at most the
+ * request timeout; no handler runs meanwhile).  Fails for an unknown or
+ * not-exported-to-us segment, or when no window is free or the segment
+ * exceeds the window limits, and for a window whose fd is not a memfd sealed
+ * against shrinking that holds the size claimed: anything else could shrink
+ * under the mapping.
  */
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
                                      GError **error);
@@ -212,15 +252,27 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w);
 uint32_t vn_fabric_windows_in_use(VnFabric *fab);
 
 /*
- * Messages.  @json may be NULL; @data/@len a binary part; @fds borrowed.
+ * Interrupt routes (VN_FABRIC_CAP_DIRECT_ROUTES; -ENOTSUP without).
+ * Export: @eventfd (borrowed; the fabric keeps a dup) may be signalled by
+ * @peer's devices; returns the route's id (> 0), or 0 with @error.  Ids are
+ * never reused.  Unexport: the peer cannot open it any more (what it opened
+ * already cannot be revoked by shm; see the lender's fencing).
+ * Open: a new eventfd of ours (the caller's to close) that signals @peer's
+ * route @id, or -errno with @error.  Synchronous, like vn_fabric_window_map().
+ */
+uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error);
+void vn_fabric_route_unexport(VnFabric *fab, uint64_t id);
+int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error);
+
+/*
+ * Messages.  @json may be NULL; @data/@len a binary part.
  * vn_fabric_request() calls @done(opaque, reply or NULL, -errno) once when
  * it returned 0 (never when it returned -errno).  The reply is borrowed for
  * the call; an error reply is passed too (its JSON {"error": "..."}).
  */
 typedef void (*VnFabricReplyFn)(void *opaque, VnFabricMsg *reply, int err);
 int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                      const void *data, size_t len, const int *fds, unsigned nfds,
-                      VnFabricReplyFn done, void *opaque);
+                      const void *data, size_t len, VnFabricReplyFn done, void *opaque);
 /*
  * Synchronous form.  It does not iterate the main context (that would let
  * other handlers run in the middle of the caller's): it waits on @peer's
@@ -228,19 +280,19 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
  * message that arrives meanwhile for normal dispatch.  The reply (owned,
  * free with vn_fabric_msg_free) goes to *reply; an error reply gives its
  * -errno and leaves the error message in *reply when the peer sent one
- * (vn_fabric_error_message()).  MAP requests from peers are still answered while waiting (they
- * run no handler), so two nodes mapping each other's segments at once do
- * not deadlock.  A peer served by the calling thread cannot answer: the
- * call times out.
+ * (vn_fabric_error_message()).  Peers' segment maps and route opens are
+ * still answered while waiting (by the backend; they run no handler), so
+ * two nodes mapping each other's segments at once do not deadlock.  A peer
+ * served by the calling thread cannot answer: the call times out.
  */
 int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
                            const char *json, const void *data, size_t len,
-                           const int *fds, unsigned nfds, VnFabricMsg **reply);
+                           VnFabricMsg **reply);
 int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data,
-                    size_t len, const int *fds, unsigned nfds);
+                    size_t len);
 int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *message);
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                    const void *data, size_t len, const int *fds, unsigned nfds);
+                    const void *data, size_t len);
 void vn_fabric_msg_free(VnFabricMsg *msg);
 /* The peer's explanation in an error reply ("error" member), or NULL. */
 char *vn_fabric_error_message(const VnFabricMsg *reply);
@@ -256,6 +308,7 @@ typedef struct VnFabricStats {
     uint64_t doorbells_sent;
     uint64_t doorbells_received;
     uint64_t windows_mapped;
+    uint64_t routes_opened;
     uint64_t bad_messages;
 } VnFabricStats;
 void vn_fabric_stats(VnFabric *fab, VnFabricStats *out);

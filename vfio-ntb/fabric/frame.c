@@ -19,8 +19,6 @@ G_STATIC_ASSERT(VN_FABRIC_MAX_PAYLOAD < G_MAXUINT32);
 const char *vn_fabric_type_to_string(uint32_t type)
 {
     switch (type) {
-    case VN_FABRIC_TYPE_MAP:
-        return "MAP";
     case VN_FABRIC_TYPE_DOORBELL:
         return "DOORBELL";
     default:
@@ -43,8 +41,7 @@ const char *vn_fabric_kind_to_string(uint16_t flags)
 }
 
 int vn_fabric_frame_encode(GByteArray *out, uint16_t flags, uint32_t type, uint64_t id,
-                           int32_t error, const char *json, const void *data, size_t len,
-                           unsigned nfds)
+                           int32_t error, const char *json, const void *data, size_t len)
 {
     size_t json_len = json != NULL ? strlen(json) + 1 : 0;
     VnFabricFrameHdr hdr = {
@@ -52,14 +49,10 @@ int vn_fabric_frame_encode(GByteArray *out, uint16_t flags, uint32_t type, uint6
         .version = VN_FABRIC_FRAME_VERSION,
         .flags = flags,
         .type = type,
-        .nfds = nfds,
         .id = id,
         .error = error,
     };
 
-    if (nfds > VN_FABRIC_MAX_FDS) {
-        return -EINVAL;
-    }
     /* Each term is checked before the sum so it cannot wrap. */
     if (json_len > VN_FABRIC_MAX_PAYLOAD || len > VN_FABRIC_MAX_PAYLOAD ||
         json_len + len > VN_FABRIC_MAX_PAYLOAD) {
@@ -115,9 +108,6 @@ static int check_kind(const VnFabricFrameHdr *h)
     }
     /* A reply's type echoes its request and is not interpreted. */
     if (kind != VN_FABRIC_FLAG_REPLY && h->type >= VN_FABRIC_TYPE_RESERVED) {
-        if (h->type == VN_FABRIC_TYPE_MAP) {
-            return kind == VN_FABRIC_FLAG_REQUEST ? 0 : -EINVAL;
-        }
         if (h->type == VN_FABRIC_TYPE_DOORBELL) {
             return kind == VN_FABRIC_FLAG_EVENT ? 0 : -EINVAL;
         }
@@ -126,7 +116,7 @@ static int check_kind(const VnFabricFrameHdr *h)
     return 0;
 }
 
-int vn_fabric_frame_decode(const uint8_t *buf, size_t len, unsigned nfds, VnFabricFrame *f)
+int vn_fabric_frame_decode(const uint8_t *buf, size_t len, VnFabricFrame *f)
 {
     const VnFabricFrameHdr *h = &f->hdr;
     uint64_t body;
@@ -143,7 +133,7 @@ int vn_fabric_frame_decode(const uint8_t *buf, size_t len, unsigned nfds, VnFabr
     if (h->version != VN_FABRIC_FRAME_VERSION) {
         return -EPROTONOSUPPORT;
     }
-    if (h->reserved != 0) {
+    if (h->reserved0 != 0 || h->reserved != 0) {
         return -EINVAL;
     }
     if (h->json_len > VN_FABRIC_MAX_PAYLOAD || h->data_len > VN_FABRIC_MAX_PAYLOAD ||
@@ -152,11 +142,6 @@ int vn_fabric_frame_decode(const uint8_t *buf, size_t len, unsigned nfds, VnFabr
     }
     body = (uint64_t)h->json_len + h->data_len;
     if (len - VN_FABRIC_FRAME_HDR_SIZE != body) {
-        return -EINVAL;
-    }
-    /* The header's count and what arrived must agree, so an fd can never be
-     * taken for another frame's; more than the limit is refused outright. */
-    if (nfds > VN_FABRIC_MAX_FDS || h->nfds != nfds) {
         return -EINVAL;
     }
     ret = check_kind(h);

@@ -3,8 +3,9 @@
  *
  * Nothing here does I/O.  A frame is this header, then json_len bytes of
  * NUL-terminated JSON object text (json_len 0: none), then data_len bytes of
- * binary data; nfds file descriptors ride along (how is the backend's
- * business).  Integers are little-endian; vfio-ntb builds for little-endian
+ * binary data.  No file descriptor rides along: an NTB carries bytes, and
+ * what it carries besides (memory, doorbells, interrupt routes) goes through
+ * the backend's own ops (fabric.h).  Integers are little-endian; vfio-ntb builds for little-endian
  * hosts only (checked in frame.c), so the header is used as laid out.
  */
 #ifndef VN_FABRIC_FRAME_H
@@ -16,14 +17,14 @@
 #include <stdint.h>
 
 #define VN_FABRIC_FRAME_MAGIC 0x4246564eu     /* "NVFB" on the wire */
-#define VN_FABRIC_FRAME_VERSION 1u
+#define VN_FABRIC_FRAME_VERSION 2u
 
 typedef struct VnFabricFrameHdr {
     uint32_t magic;
     uint16_t version;
     uint16_t flags;          /* one kind (VN_FABRIC_FLAG_KIND_MASK) + ERROR */
     uint32_t type;           /* user type, or a VnFabricOwnType */
-    uint32_t nfds;           /* fds sent with the frame */
+    uint32_t reserved0;      /* 0 */
     uint64_t id;             /* request id; a reply carries its request's */
     uint32_t json_len;       /* JSON text with its NUL, or 0 */
     uint32_t data_len;
@@ -41,10 +42,8 @@ typedef struct VnFabricFrameHdr {
 
 /* The fabric's own message types (at or above VN_FABRIC_TYPE_RESERVED). */
 typedef enum VnFabricOwnType {
-    /* request: data = u64 segment id; reply: data = u64 size, 1 fd */
-    VN_FABRIC_TYPE_MAP = VN_FABRIC_TYPE_RESERVED + 1,
     /* event: data = u32 doorbell bit */
-    VN_FABRIC_TYPE_DOORBELL,
+    VN_FABRIC_TYPE_DOORBELL = VN_FABRIC_TYPE_RESERVED + 1,
     VN_FABRIC_TYPE_LAST
 } VnFabricOwnType;
 
@@ -63,21 +62,19 @@ typedef struct VnFabricFrame {
 
 /*
  * Build a whole frame in @out (replacing its contents).  @json may be NULL.
- * Returns 0, -EMSGSIZE when the payload exceeds VN_FABRIC_MAX_PAYLOAD, or
- * -EINVAL for more than VN_FABRIC_MAX_FDS fds.
+ * Returns 0, or -EMSGSIZE when the payload exceeds VN_FABRIC_MAX_PAYLOAD.
  */
 int vn_fabric_frame_encode(GByteArray *out, uint16_t flags, uint32_t type, uint64_t id,
-                           int32_t error, const char *json, const void *data, size_t len,
-                           unsigned nfds);
+                           int32_t error, const char *json, const void *data, size_t len);
 
 /*
- * Check a received frame of @len bytes that arrived with @nfds fds, and fill
+ * Check a received frame of @len bytes, and fill
  * @f.  Returns 0, or -errno for the first fault found (-EMSGSIZE lengths
  * over the limits, -EPROTONOSUPPORT another version, -ENOTSUP an unknown
  * fabric type, -EINVAL anything else).  Whenever @len covers a header, f->hdr
  * holds it even on failure, so the caller can answer a bad request.
  */
-int vn_fabric_frame_decode(const uint8_t *buf, size_t len, unsigned nfds, VnFabricFrame *f);
+int vn_fabric_frame_decode(const uint8_t *buf, size_t len, VnFabricFrame *f);
 
 /* True when a frame whose decode failed still deserves an error reply: its
  * header is ours and says it is a request. */

@@ -6,6 +6,7 @@
 
 #include "fabric-int.h"
 
+#include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
 
@@ -25,14 +26,13 @@ typedef struct VnFabricMsgOwned {
     uint8_t payload[];
 } VnFabricMsgOwned;
 
-VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f, int *fds,
-                                unsigned nfds)
+VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f)
 {
     /* Both lengths were bounded by VN_FABRIC_MAX_PAYLOAD in the decoder. */
     size_t n = (size_t)f->hdr.json_len + f->hdr.data_len;
     VnFabricMsgOwned *o = g_malloc0(sizeof(*o) + n);
 
-    vn_fabric_msg_view(&o->msg, o->peer, f, fds, nfds);
+    vn_fabric_msg_view(&o->msg, o->peer, f);
     g_strlcpy(o->peer, peer, sizeof(o->peer));
     if (f->json != NULL) {
         memcpy(o->payload, f->json, f->hdr.json_len);
@@ -47,10 +47,6 @@ VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f, int *f
 
 void vn_fabric_msg_free(VnFabricMsg *msg)
 {
-    if (msg == NULL) {
-        return;
-    }
-    vn_util_close_fds(msg->fds, msg->nfds);
     g_free((VnFabricMsgOwned *)msg);
 }
 
@@ -58,22 +54,22 @@ void vn_fabric_msg_free(VnFabricMsg *msg)
 
 int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
                          uint64_t id, int32_t error, const char *json, const void *data,
-                         size_t len, const int *fds, unsigned nfds)
+                         size_t len)
 {
     int ret;
 
     if (fab->backend == NULL) {
         return -ESHUTDOWN;
     }
-    ret = vn_fabric_frame_encode(fab->out, flags, type, id, error, json, data, len, nfds);
+    ret = vn_fabric_frame_encode(fab->out, flags, type, id, error, json, data, len);
     if (ret == 0) {
         fab->defer++;
-        ret = fab->ops->send(fab->backend, peer, fab->out->data, fab->out->len, fds, nfds);
+        ret = fab->ops->send(fab->backend, peer, fab->out->data, fab->out->len);
         fab->defer--;
     }
-    VN_TRACE("node %s: -> %s %s id %" PRIu64 " type 0x%x (%s) data %zu fds %u: %d", fab->node,
-             peer, vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type),
-             len, nfds, ret);
+    VN_TRACE("node %s: -> %s %s id %" PRIu64 " type 0x%x (%s) data %zu: %d", fab->node, peer,
+             vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type), len,
+             ret);
     if (fab->out->len > VN_FABRIC_OUT_KEEP) {
         g_byte_array_unref(fab->out);
         fab->out = g_byte_array_new();
@@ -112,7 +108,7 @@ int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t 
     json_generator_set_root(gen, root);
     json = json_generator_to_data(gen, NULL);
     return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type,
-                                id, e, json, NULL, 0, NULL, 0);
+                                id, e, json, NULL, 0);
 }
 
 /* ---- requests we send ------------------------------------------------- */
@@ -150,8 +146,7 @@ static gboolean pending_timeout(gpointer data)
 }
 
 int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                      const void *data, size_t len, const int *fds, unsigned nfds,
-                      VnFabricReplyFn done, void *opaque)
+                      const void *data, size_t len, VnFabricReplyFn done, void *opaque)
 {
     VnFabricPeer *p;
     VnFabricPending *pend;
@@ -170,8 +165,8 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     }
     gen = p->gen;
     id = ++fab->last_id;
-    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data, len,
-                               fds, nfds);
+    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data,
+                               len);
     if (ret < 0) {
         return ret;
     }
@@ -191,15 +186,20 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     return 0;
 }
 
-int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
-                               const char *json, const void *data, size_t len,
-                               const int *fds, unsigned nfds, VnFabricMsg **reply)
+int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
+                           const char *json, const void *data, size_t len,
+                           VnFabricMsg **reply)
 {
     VnFabricSync sync = { .peer = peer };
     gint64 deadline;
     int ret;
 
-    *reply = NULL;
+    if (reply != NULL) {
+        *reply = NULL;
+    }
+    if (type >= VN_FABRIC_TYPE_RESERVED) {
+        return -EINVAL;
+    }
     if (fab->backend == NULL) {
         return -ESHUTDOWN;
     }
@@ -213,7 +213,7 @@ int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
     }
     sync.id = ++fab->last_id;
     ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, sync.id, 0, json, data,
-                               len, fds, nfds);
+                               len);
     if (ret < 0) {
         return ret;
     }
@@ -243,32 +243,16 @@ int vn_fabric_request_sync_any(VnFabric *fab, const char *peer, uint32_t type,
         g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", fab->node, sync.id,
                type, peer);
     }
-    *reply = sync.reply;
+    if (reply != NULL) {
+        *reply = sync.reply;
+    } else {
+        vn_fabric_msg_free(sync.reply);
+    }
     return sync.err;
 }
 
-int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
-                           const char *json, const void *data, size_t len,
-                           const int *fds, unsigned nfds, VnFabricMsg **reply)
-{
-    g_autoptr(VnFabricMsg) r = NULL;
-    int ret;
-
-    if (reply != NULL) {
-        *reply = NULL;
-    }
-    if (type >= VN_FABRIC_TYPE_RESERVED) {
-        return -EINVAL;
-    }
-    ret = vn_fabric_request_sync_any(fab, peer, type, json, data, len, fds, nfds, &r);
-    if (reply != NULL) {
-        *reply = g_steal_pointer(&r);
-    }
-    return ret;
-}
-
 void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
-                              const VnFabricFrame *f, int *fds, unsigned nfds)
+                              const VnFabricFrame *f)
 {
     VnFabricPending *pend = g_hash_table_lookup(fab->pending, &f->hdr.id);
     VnFabricMsg msg;
@@ -277,14 +261,24 @@ void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
     /* Only an answer to what we asked this very link counts; a late reply
      * (after its timeout) is as unknown as a forged one. */
     if (pend == NULL || pend->gen != gen || strcmp(pend->peer, peer) != 0) {
-        vn_fabric_bad_frame(fab, peer, f, -ENOENT, fds, nfds, "reply to no request of ours");
+        vn_fabric_bad_frame(fab, peer, f, -ENOENT, "reply to no request of ours");
         return;
     }
     fab->stats.msgs_received++;
     err = (f->hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f->hdr.error : 0;
-    vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+    vn_fabric_msg_view(&msg, peer, f);
     pending_complete(fab, pend, &msg, err);
-    vn_util_close_fds(msg.fds, msg.nfds);
+}
+
+char *vn_fabric_error_message(const VnFabricMsg *reply)
+{
+    g_autoptr(JsonObject) o = NULL;
+
+    if (reply == NULL || reply->json == NULL) {
+        return NULL;
+    }
+    o = vn_json_parse_object(reply->json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
+    return g_strdup(vn_util_json_string(o, "error"));
 }
 
 /* ---- requests we answer ----------------------------------------------- */
@@ -298,7 +292,7 @@ static void token_free(gpointer data)
 }
 
 void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
-                                const VnFabricFrame *f, int *fds, unsigned nfds)
+                                const VnFabricFrame *f)
 {
     VnFabricPeer *p = vn_fabric_peer(fab, peer);
     VnFabricToken *tok;
@@ -308,14 +302,12 @@ void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
         /* Queued before its link went: no answer could reach the asker. */
         VN_TRACE("node %s: request id %" PRIu64 " from %s's old link dropped", fab->node,
                  f->hdr.id, peer);
-        vn_util_close_fds(fds, nfds);
         return;
     }
     fab->stats.msgs_received++;
     if (fab->handlers.on_request == NULL || p->inflight >= VN_FABRIC_MAX_INFLIGHT) {
         int err = fab->handlers.on_request == NULL ? -ENOTSUP : -EBUSY;
 
-        vn_util_close_fds(fds, nfds);
         vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, err, NULL);
         return;
     }
@@ -327,10 +319,9 @@ void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
     tok->type = f->hdr.type;
     g_hash_table_insert(fab->tokens, &tok->token, tok);
     p->inflight++;
-    vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+    vn_fabric_msg_view(&msg, peer, f);
     /* The handler may answer in here and free @tok. */
     fab->handlers.on_request(fab->opaque, &msg, tok->token);
-    vn_util_close_fds(msg.fds, msg.nfds);
 }
 
 /* Take the token out; NULL with *err when it is unknown or its link gone. */
@@ -355,7 +346,7 @@ static VnFabricToken *token_take(VnFabric *fab, uint64_t token, int *err)
 }
 
 int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data,
-                    size_t len, const int *fds, unsigned nfds)
+                    size_t len)
 {
     VnFabricToken *tok;
     int ret;
@@ -368,7 +359,7 @@ int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void 
         return ret;
     }
     ret = vn_fabric_send_frame(fab, tok->peer, VN_FABRIC_FLAG_REPLY, tok->type, tok->id, 0,
-                               json, data, len, fds, nfds);
+                               json, data, len);
     if (ret == -EMSGSIZE || ret == -EINVAL) {
         /* The asker still gets its one answer rather than a timeout. */
         vn_fabric_send_error(fab, tok->peer, tok->id, tok->type, ret, "reply not sendable");
@@ -398,7 +389,7 @@ int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *me
 /* ---- events and doorbells --------------------------------------------- */
 
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                    const void *data, size_t len, const int *fds, unsigned nfds)
+                    const void *data, size_t len)
 {
     if (type >= VN_FABRIC_TYPE_RESERVED || peer == NULL) {
         return -EINVAL;
@@ -411,7 +402,7 @@ int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *
     }
     /* Events get an id too: it names them in traces on both sides. */
     return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_EVENT, type, ++fab->last_id, 0, json,
-                                data, len, fds, nfds);
+                                data, len);
 }
 
 int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit)
@@ -428,25 +419,24 @@ int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit)
         return -ENOTCONN;
     }
     return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL,
-                                ++fab->last_id, 0, NULL, &le, sizeof(le), NULL, 0);
+                                ++fab->last_id, 0, NULL, &le, sizeof(le));
 }
 
-void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
-                              int *fds, unsigned nfds)
+void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f)
 {
     VnFabricMsg msg;
 
     if (f->hdr.type == VN_FABRIC_TYPE_DOORBELL) {
         uint32_t bit;
 
-        if (f->hdr.data_len != sizeof(bit) || f->json != NULL || nfds != 0) {
-            vn_fabric_bad_frame(fab, peer, f, -EINVAL, fds, nfds, "doorbell frame");
+        if (f->hdr.data_len != sizeof(bit) || f->json != NULL) {
+            vn_fabric_bad_frame(fab, peer, f, -EINVAL, "doorbell frame");
             return;
         }
         memcpy(&bit, f->data, sizeof(bit));
         bit = GUINT32_FROM_LE(bit);
         if (bit >= VN_FABRIC_DOORBELLS) {
-            vn_fabric_bad_frame(fab, peer, f, -EINVAL, fds, nfds, "doorbell bit");
+            vn_fabric_bad_frame(fab, peer, f, -EINVAL, "doorbell bit");
             return;
         }
         fab->stats.doorbells_received++;
@@ -458,11 +448,8 @@ void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFra
     }
     fab->stats.msgs_received++;
     if (fab->handlers.on_event != NULL) {
-        vn_fabric_msg_view(&msg, peer, f, fds, nfds);
+        vn_fabric_msg_view(&msg, peer, f);
         fab->handlers.on_event(fab->opaque, &msg);
-        vn_util_close_fds(msg.fds, msg.nfds);
-    } else {
-        vn_util_close_fds(fds, nfds);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * The `shm` fabric backend (see shm.h): node sockets in a fabric directory,
- * length-prefixed records with SCM_RIGHTS fds, link up/down from the
- * sockets themselves.
+ * length-prefixed records, link up/down from the sockets themselves, and
+ * one-shot fetch connections that pass a segment's memfd or a route's
+ * eventfd (SCM_RIGHTS) from the exporting backend to the mapping one.
  *
  * Receiving never blocks (MSG_DONTWAIT, one record's state per connection),
  * so a peer that sends half a record stalls nothing; sending blocks at most
@@ -10,6 +11,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "shm.h"
+#include "frame.h"
 
 #include "common/fdpass.h"
 #include "common/name.h"
@@ -27,6 +29,8 @@
 #include <unistd.h>
 
 G_STATIC_ASSERT(sizeof(VnShmHello) == 40);
+G_STATIC_ASSERT(sizeof(VnShmFetch) == 56);
+G_STATIC_ASSERT(sizeof(VnShmFetchReply) == 24);
 
 typedef struct VnShm VnShm;
 
@@ -106,7 +110,20 @@ static ssize_t recv_some(VnShmReader *r, int fd, void *dst, size_t len)
                           &r->fds_overflow);
 }
 
-int vn_shm_reader_step(VnShmReader *r, int fd, bool hello, VnShmRecord *out)
+/* Whether a record of @len bytes may be read where @kind is expected. */
+static bool length_ok(VnShmRecordKind kind, uint32_t len)
+{
+    switch (kind) {
+    case VN_SHM_RECORD_FIRST:
+        return len == sizeof(VnShmHello) || len == sizeof(VnShmFetch);
+    case VN_SHM_RECORD_FETCH_REPLY:
+        return len == sizeof(VnShmFetchReply);
+    default:
+        return len <= VN_FABRIC_MAX_FRAME;
+    }
+}
+
+int vn_shm_reader_step(VnShmReader *r, int fd, VnShmRecordKind kind, VnShmRecord *out)
 {
     uint32_t len;
     ssize_t n;
@@ -121,7 +138,7 @@ int vn_shm_reader_step(VnShmReader *r, int fd, bool hello, VnShmRecord *out)
     if (r->buf == NULL) {
         memcpy(&len, r->len_buf, sizeof(len));
         r->need = GUINT32_FROM_LE(len);
-        if (hello ? r->need != sizeof(VnShmHello) : r->need > VN_FABRIC_MAX_FRAME) {
+        if (!length_ok(kind, r->need)) {
             return -EMSGSIZE;
         }
         r->buf = g_malloc(MAX(r->need, 1));
@@ -157,20 +174,34 @@ void vn_shm_reader_clear(VnShmReader *r)
 }
 
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_MAX_NODE_NAME + 1])
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1],
+                         VnShmFetch *fetch)
 {
     VnShmHello h;
 
-    if (len != sizeof(h) || nfds > 0 || overflow) {
+    memset(fetch, 0, sizeof(*fetch));
+    if ((len != sizeof(h) && len != sizeof(*fetch)) || nfds > 0 || overflow) {
         return g_strdup_printf("a HELLO of %zu bytes with %u fds", len, nfds);
     }
     memcpy(&h, buf, sizeof(h));
-    if (h.magic != VN_SHM_HELLO_MAGIC || h.version != VN_SHM_HELLO_VERSION) {
-        return g_strdup_printf("a HELLO of magic 0x%x version %u", h.magic, h.version);
+    if ((h.magic != (len == sizeof(h) ? VN_SHM_HELLO_MAGIC : VN_SHM_FETCH_MAGIC)) ||
+        h.version != VN_SHM_HELLO_VERSION) {
+        return g_strdup_printf("a HELLO of %zu bytes, magic 0x%x version %u", len, h.magic,
+                               h.version);
     }
     if (memchr(h.node, '\0', sizeof(h.node)) == NULL || !vn_name_valid(VN_NAME_NODE, h.node) ||
         strcmp(h.node, self) == 0) {
         return g_strdup("a HELLO naming an invalid node");
+    }
+    if (len == sizeof(*fetch)) {
+        VnShmFetch f;
+
+        memcpy(&f, buf, sizeof(f));
+        if ((f.kind != VN_SHM_FETCH_SEGMENT && f.kind != VN_SHM_FETCH_ROUTE) ||
+            f.reserved != 0 || f.id == 0) {
+            return g_strdup_printf("a FETCH of kind %u id %" G_GUINT64_FORMAT, f.kind, f.id);
+        }
+        *fetch = f;
     }
     g_strlcpy(peer, h.node, VN_MAX_NODE_NAME + 1);
     return NULL;
@@ -184,7 +215,7 @@ static int send_record(int fd, const void *buf, size_t len, const int *fds, unsi
     size_t total = sizeof(prefix) + len;
     size_t sent = 0;
 
-    if (len > VN_FABRIC_MAX_FRAME || nfds > VN_FABRIC_MAX_FDS) {
+    if (len > VN_FABRIC_MAX_FRAME || nfds > 1) {
         return len > VN_FABRIC_MAX_FRAME ? -EMSGSIZE : -EINVAL;
     }
     while (sent < total) {
@@ -269,12 +300,39 @@ static void conn_named(VnShmConn *c)
     }
 }
 
+/*
+ * Answer a FETCH from @node and close the connection.  The fd goes only to
+ * a node whose link is up, for what the fabric says was exported to it.
+ */
+static void conn_fetch(VnShmConn *c, const VnShmFetch *f, const char *node)
+{
+    VnShm *shm = c->shm;
+    VnShmFetchReply rep = { .magic = VN_SHM_FETCH_MAGIC };
+    int fd, ret;
+
+    if (!g_hash_table_contains(shm->active, node)) {
+        fd = -ENOTCONN;
+    } else if (f->kind == VN_SHM_FETCH_SEGMENT) {
+        fd = vn_fabric_backend_segment(shm->fab, node, f->id, &rep.size);
+    } else {
+        fd = vn_fabric_backend_route(shm->fab, node, f->id);
+    }
+    rep.status = fd < 0 ? -fd : 0;
+    ret = send_record(c->fd, &rep, sizeof(rep), fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    if (ret < 0) {
+        g_info("socket %s: cannot answer %s's fetch: %s", shm->path, node, g_strerror(-ret));
+    }
+    conn_drop(c, "fetch answered");
+}
+
 /* The first record of an accepted connection; false to drop it. */
 static bool conn_hello(VnShmConn *c, const VnShmRecord *rec)
 {
     VnShm *shm = c->shm;
+    char node[VN_MAX_NODE_NAME + 1];
+    VnShmFetch fetch;
     g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds, rec->overflow,
-                                              shm->node, c->peer);
+                                              shm->node, node, &fetch);
 
     if (why != NULL) {
         g_autofree char *what = g_strdup_printf("socket %s: %s", shm->path, why);
@@ -283,6 +341,11 @@ static bool conn_hello(VnShmConn *c, const VnShmRecord *rec)
         return false;
     }
     g_clear_pointer(&c->hello_timer, g_source_destroy);
+    if (fetch.hello.magic == VN_SHM_FETCH_MAGIC) {
+        conn_fetch(c, &fetch, node);
+        return true;
+    }
+    g_strlcpy(c->peer, node, sizeof(c->peer));
     conn_named(c);
     return true;
 }
@@ -294,7 +357,10 @@ static int conn_step(VnShmConn *c)
     VnShm *shm = c->shm;
     VnShmRecord rec;
     g_autofree uint8_t *buf = NULL;
-    int ret = vn_shm_reader_step(&c->rx, c->fd, c->peer[0] == '\0', &rec);
+    int ret = vn_shm_reader_step(&c->rx, c->fd,
+                                 c->peer[0] == '\0' ? VN_SHM_RECORD_FIRST
+                                                    : VN_SHM_RECORD_FRAME,
+                                 &rec);
 
     if (ret == -EMSGSIZE) {
         /* The stream cannot be trusted past a length like this. */
@@ -320,12 +386,16 @@ static int conn_step(VnShmConn *c)
         vn_util_close_fds(rec.fds, rec.nfds);
         return 1;
     }
-    if (rec.overflow) {
-        for (; rec.nfds < G_N_ELEMENTS(rec.fds); rec.nfds++) {
-            rec.fds[rec.nfds] = -1;
-        }
+    if (rec.nfds > 0 || rec.overflow) {
+        /* Frames carry bytes only: whoever sends fds is not one of us. */
+        g_autofree char *what = g_strdup_printf("socket %s: a frame with fds from %s",
+                                                shm->path, c->peer);
+
+        vn_util_close_fds(rec.fds, rec.nfds);
+        vn_fabric_backend_rejected(shm->fab, what);
+        return -EPROTO;
     }
-    vn_fabric_backend_received(shm->fab, c->peer, buf, rec.len, rec.fds, rec.nfds);
+    vn_fabric_backend_received(shm->fab, c->peer, buf, rec.len);
     return 1;
 }
 
@@ -435,24 +505,16 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 
 /* ---- ops -------------------------------------------------------------- */
 
-static int shm_connect(void *backend, const char *peer)
+/* A blocking socket connected to @peer's node socket (bounded by
+ * SO_SNDTIMEO), or -errno. */
+static int dial(VnShm *shm, const char *peer)
 {
-    VnShm *shm = backend;
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *dir = g_path_get_dirname(shm->path);
     g_autofree char *path = g_strdup_printf("%s/%s.sock", dir, peer);
     struct timeval tv = { .tv_sec = VN_SHM_SEND_TIMEOUT_S };
-    VnShmHello hello = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
-    VnShmConn *c;
     int fd, ret;
 
-    if (g_hash_table_contains(shm->active, peer)) {
-        return 0;
-    }
-    if (g_hash_table_size(shm->active) >= VN_FABRIC_MAX_PEERS ||
-        shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
-        return -EMFILE;
-    }
     if (strlen(path) >= sizeof(addr.sun_path)) {
         return -ENAMETOOLONG;
     }
@@ -466,6 +528,27 @@ static int shm_connect(void *backend, const char *peer)
         ret = -errno;
         close(fd);
         return ret;
+    }
+    return fd;
+}
+
+static int shm_connect(void *backend, const char *peer)
+{
+    VnShm *shm = backend;
+    VnShmHello hello = { .magic = VN_SHM_HELLO_MAGIC, .version = VN_SHM_HELLO_VERSION };
+    VnShmConn *c;
+    int fd, ret;
+
+    if (g_hash_table_contains(shm->active, peer)) {
+        return 0;
+    }
+    if (g_hash_table_size(shm->active) >= VN_FABRIC_MAX_PEERS ||
+        shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
+        return -EMFILE;
+    }
+    fd = dial(shm, peer);
+    if (fd < 0) {
+        return fd;
     }
     g_strlcpy(hello.node, shm->node, sizeof(hello.node));
     ret = send_record(fd, &hello, sizeof(hello), NULL, 0);
@@ -501,8 +584,7 @@ static void crossing_delay(const VnShm *shm)
     }
 }
 
-static int shm_send(void *backend, const char *peer, const void *buf, size_t len,
-                    const int *fds, unsigned nfds)
+static int shm_send(void *backend, const char *peer, const void *buf, size_t len)
 {
     VnShm *shm = backend;
     VnShmConn *c = g_hash_table_lookup(shm->active, peer);
@@ -512,7 +594,7 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
         return -ENOTCONN;
     }
     crossing_delay(shm);
-    ret = send_record(c->fd, buf, len, fds, nfds);
+    ret = send_record(c->fd, buf, len, NULL, 0);
     if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
         /* Part of a record may be out: the stream is lost.  The socket's
          * HUP then reports the link down from the main loop (or from a
@@ -525,29 +607,35 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
 }
 
 /*
- * Wait for @peer alone -- but on every connection that may carry its bytes:
- * when both ends connect at once, the peer may answer on the connection it
- * opened, which we have not even accepted yet.  So the listening socket,
- * unnamed connections (their HELLO may name @peer) and every connection
- * named @peer are polled; other peers' connections wait for the main loop.
+ * Wait at most @timeout_ms for @extra (when >= 0) to be readable, serving
+ * meanwhile what may not wait for the main loop: the listening socket and
+ * unnamed connections (a HELLO that may name @peer, or a peer's FETCH --
+ * two nodes mapping each other's segments at once must not deadlock), and
+ * every connection named @peer (when not NULL: when both ends connect at
+ * once, the peer may answer on the connection it opened, which we have not
+ * even accepted yet).  Other peers' connections wait for the main loop.
+ * Returns 1 when @extra is readable, 0 when something else was served,
+ * -ETIMEDOUT, or -errno.
  */
-static int shm_wait(void *backend, const char *peer, int timeout_ms)
+static int poll_serving(VnShm *shm, int extra, const char *peer, int timeout_ms)
 {
-    VnShm *shm = backend;
-    struct pollfd pfd[VN_SHM_MAX_UNNAMED + 8];
+    struct pollfd pfd[VN_SHM_MAX_UNNAMED + 9];
     VnShmConn *conn[G_N_ELEMENTS(pfd)];
-    unsigned n = 0;
+    unsigned n = 0, first = 0;
     int ready, ret = 0;
 
-    if (!g_hash_table_contains(shm->active, peer)) {
-        return -ENOTCONN;
+    if (extra >= 0) {
+        pfd[n] = (struct pollfd){ .fd = extra, .events = POLLIN };
+        conn[n++] = NULL;
+        first = 1;
     }
     pfd[n] = (struct pollfd){ .fd = shm->listen_fd, .events = POLLIN };
     conn[n++] = NULL;
     for (guint i = 0; i < shm->conns->len && n < G_N_ELEMENTS(pfd); i++) {
         VnShmConn *c = shm->conns->pdata[i];
 
-        if (c->fd >= 0 && (c->peer[0] == '\0' || strcmp(c->peer, peer) == 0)) {
+        if (c->fd >= 0 &&
+            (c->peer[0] == '\0' || (peer != NULL && strcmp(c->peer, peer) == 0))) {
             pfd[n] = (struct pollfd){ .fd = c->fd, .events = POLLIN };
             conn[n++] = c;
             c->ref++;            /* servicing one may drop another */
@@ -558,8 +646,10 @@ static int shm_wait(void *backend, const char *peer, int timeout_ms)
         ret = -errno;
     } else if (ready == 0) {
         ret = -ETIMEDOUT;
+    } else if (extra >= 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+        ret = 1;
     }
-    for (unsigned i = 0; i < n; i++) {
+    for (unsigned i = first; i < n; i++) {
         if (ret == 0 && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
             if (conn[i] == NULL) {
                 on_accept(shm->listen_fd, G_IO_IN, shm);
@@ -572,6 +662,100 @@ static int shm_wait(void *backend, const char *peer, int timeout_ms)
         }
     }
     return ret;
+}
+
+static int shm_wait(void *backend, const char *peer, int timeout_ms)
+{
+    VnShm *shm = backend;
+    int ret;
+
+    if (!g_hash_table_contains(shm->active, peer)) {
+        return -ENOTCONN;
+    }
+    ret = poll_serving(shm, -1, peer, timeout_ms);
+    return ret > 0 ? 0 : ret;
+}
+
+/*
+ * Ask @peer's backend for segment or route @id on a connection of its own
+ * (shm.h, "FETCH").  Returns the fd it sent, with its reply in @rep, or
+ * -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
+ */
+static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
+                 int timeout_ms, VnShmFetchReply *rep)
+{
+    VnShmFetch f = {
+        .hello = { .magic = VN_SHM_FETCH_MAGIC, .version = VN_SHM_HELLO_VERSION },
+        .kind = kind,
+        .id = id,
+    };
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+    VnShmReader rx = { 0 };
+    VnShmRecord rec = { 0 };
+    int fd, ret;
+
+    if (!g_hash_table_contains(shm->active, peer)) {
+        return -ENOTCONN;
+    }
+    fd = dial(shm, peer);
+    if (fd < 0) {
+        return fd;
+    }
+    g_strlcpy(f.hello.node, shm->node, sizeof(f.hello.node));
+    crossing_delay(shm);
+    ret = send_record(fd, &f, sizeof(f), NULL, 0);
+    if (ret == 0 && !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
+        ret = -errno;
+    }
+    while (ret == 0) {
+        gint64 left = deadline - g_get_monotonic_time();
+
+        ret = vn_shm_reader_step(&rx, fd, VN_SHM_RECORD_FETCH_REPLY, &rec);
+        if (ret != 0) {
+            break;
+        }
+        if (left <= 0) {
+            ret = -ETIMEDOUT;
+            break;
+        }
+        ret = poll_serving(shm, fd, NULL, (int)((left + 999) / 1000));
+        ret = ret == 1 || ret == 0 ? 0 : ret;
+    }
+    vn_shm_reader_clear(&rx);
+    close(fd);
+    if (ret < 0) {
+        return ret == -ECONNRESET ? -EPROTO : ret;
+    }
+    memcpy(rep, rec.buf, sizeof(*rep));
+    g_free(rec.buf);
+    if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 ||
+        rep->status > VN_FABRIC_MAX_ERRNO || rec.overflow ||
+        rec.nfds != (rep->status == 0 ? 1u : 0u)) {
+        vn_util_close_fds(rec.fds, rec.nfds);
+        vn_fabric_backend_rejected(shm->fab, "a malformed answer to a fetch");
+        return -EPROTO;
+    }
+    return rep->status == 0 ? rec.fds[0] : -rep->status;
+}
+
+static int shm_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                           uint64_t *size, uint64_t *offset)
+{
+    VnShmFetchReply rep;
+    int fd = fetch(backend, peer, VN_SHM_FETCH_SEGMENT, id, timeout_ms, &rep);
+
+    if (fd >= 0) {
+        *size = rep.size;
+        *offset = rep.offset;
+    }
+    return fd;
+}
+
+static int shm_open_route(void *backend, const char *peer, uint64_t id, int timeout_ms)
+{
+    VnShmFetchReply rep;
+
+    return fetch(backend, peer, VN_SHM_FETCH_ROUTE, id, timeout_ms, &rep);
 }
 
 static void shm_close(void *backend)
@@ -829,12 +1013,17 @@ static void shm_disconnect(void *backend, const char *peer)
 
 const VnFabricOps vn_shm_ops = {
     .name = "shm",
+    /* A route is the VM's eventfd in the device's hands: an MSI write
+     * through a window, emulated. */
+    .caps = VN_FABRIC_CAP_DIRECT_ROUTES,
     .open = shm_open,
     .close = shm_close,
     .connect = shm_connect,
     .send = shm_send,
     .wait = shm_wait,
     .disconnect = shm_disconnect,
+    .map_segment = shm_map_segment,
+    .open_route = shm_open_route,
     .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */
 };

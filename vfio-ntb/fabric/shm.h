@@ -1,7 +1,11 @@
 /*
  * The `shm` fabric backend: every node is a process (or a thread) on one
  * machine.  A fabric directory holds each node's UNIX socket, DIR/NODE.sock;
- * segments are memfds and mapping a window passes the segment's fd.
+ * segments are memfds and mapping a window passes the segment's fd; an
+ * interrupt route is an eventfd passed the same way (capability
+ * VN_FABRIC_CAP_DIRECT_ROUTES: the device signals the VM's irqfd, which is
+ * what an MSI write through a window into the borrower's host amounts to).
+ * Those fds pass between the two backends only: fabric messages carry bytes.
  *
  * Parameters: "dir" (required; created 0700 when missing; refused when not
  * ours or writable by group or others) and the window limits as decimal
@@ -17,9 +21,14 @@
  * delayed: mapped loads and stores do not go through the backend.
  *
  * Wire: on a node socket every record is a u32 little-endian length, then
- * that many bytes, with the record's fds (SCM_RIGHTS) on its first byte.  A
- * connecting node's first record is a VnShmHello naming it; every later
- * record is one fabric frame (fabric/frame.h).
+ * that many bytes.  A connecting node's first record is a VnShmHello naming
+ * it; every later record is one fabric frame (fabric/frame.h), with no fds:
+ * a record that brings one drops the link.  Or the first record is a
+ * VnShmFetch: the connection carries no link but asks for one segment's or
+ * route's fd, and gets one VnShmFetchReply record with the fd (SCM_RIGHTS,
+ * on its first byte) when the answer is yes; then it is closed.  A fetch is
+ * answered only to a node whose link is up and to which the segment or
+ * route was exported.
  *
  * One connection carries a link.  If two nodes connect to each other at
  * once, both ends keep the connection opened by the node whose name sorts
@@ -44,7 +53,8 @@
 extern const VnFabricOps vn_shm_ops;
 
 #define VN_SHM_HELLO_MAGIC 0x4c484e56u      /* "VNHL" on the wire */
-#define VN_SHM_HELLO_VERSION 1u
+#define VN_SHM_FETCH_MAGIC 0x54464e56u      /* "VNFT" */
+#define VN_SHM_HELLO_VERSION 2u
 
 typedef struct VnShmHello {
     uint32_t magic;
@@ -52,12 +62,35 @@ typedef struct VnShmHello {
     char node[VN_MAX_NODE_NAME + 1];      /* NUL-terminated */
 } VnShmHello;
 
+typedef enum VnShmFetchKind {
+    VN_SHM_FETCH_SEGMENT = 1,
+    VN_SHM_FETCH_ROUTE = 2,
+} VnShmFetchKind;
+
+/* A VnShmHello (magic VN_SHM_FETCH_MAGIC) and what it asks for. */
+typedef struct VnShmFetch {
+    VnShmHello hello;
+    uint32_t kind;               /* VnShmFetchKind */
+    uint32_t reserved;           /* 0 */
+    uint64_t id;
+} VnShmFetch;
+
+typedef struct VnShmFetchReply {
+    uint32_t magic;              /* VN_SHM_FETCH_MAGIC */
+    int32_t status;              /* 0, or the positive errno of a refusal */
+    uint64_t size;               /* a segment's bytes */
+    uint64_t offset;             /* where they start in the fd */
+} VnShmFetchReply;
+
+/* fds a record may bring: one (a fetch's answer); one more shows excess. */
+#define VN_SHM_MAX_FDS 2
+
 /* A record as it arrived: @buf (len bytes) and @fds are the receiver's.
  * @overflow: more fds came than fds[] holds (those beyond were closed). */
 typedef struct VnShmRecord {
     uint8_t *buf;
     uint32_t len;
-    int fds[VN_FABRIC_MAX_FDS + 1];
+    int fds[VN_SHM_MAX_FDS];
     unsigned nfds;
     bool overflow;
 } VnShmRecord;
@@ -69,30 +102,40 @@ typedef struct VnShmReader {
     uint8_t *buf;                /* need bytes, once the length is in */
     uint32_t need;
     size_t got;
-    int fds[VN_FABRIC_MAX_FDS + 1];
+    int fds[VN_SHM_MAX_FDS];
     unsigned nfds;
     bool fds_overflow;
 } VnShmReader;
 
+/* What a record may be: the first of an accepted connection (a VnShmHello
+ * or a VnShmFetch), a frame of a link, a fetch's answer. */
+typedef enum VnShmRecordKind {
+    VN_SHM_RECORD_FIRST,
+    VN_SHM_RECORD_FRAME,
+    VN_SHM_RECORD_FETCH_REPLY,
+} VnShmRecordKind;
+
 /*
  * Read toward one record from the non-blocking socket @fd.  A record's
- * length is checked before its bytes are read: a connection's first record
- * (@hello) must be a VnShmHello, any other at most VN_FABRIC_MAX_FRAME.
- * Returns 1 with the record in @out (@r is ready for the next), 0 when @fd
- * has no more for now, -EMSGSIZE for a length against that rule (in
- * r->need; the stream cannot be trusted past it), or -errno (-ECONNRESET at
- * the end of the stream).
+ * length is checked before its bytes are read, against what @kind allows:
+ * the size of a VnShmHello or a VnShmFetch, at most VN_FABRIC_MAX_FRAME, or
+ * the size of a VnShmFetchReply.  Returns 1 with the record in @out (@r is
+ * ready for the next), 0 when @fd has no more for now, -EMSGSIZE for a
+ * length against that rule (in r->need; the stream cannot be trusted past
+ * it), or -errno (-ECONNRESET at the end of the stream).
  */
-int vn_shm_reader_step(VnShmReader *r, int fd, bool hello, VnShmRecord *out);
+int vn_shm_reader_step(VnShmReader *r, int fd, VnShmRecordKind kind, VnShmRecord *out);
 /* Free what a record in progress holds. */
 void vn_shm_reader_clear(VnShmReader *r);
 
 /*
- * Check a HELLO record received by node @self; NULL with the node's name in
- * @peer, or what is wrong with it (newly allocated).
+ * Check the first record of a connection accepted by node @self (a HELLO or
+ * a FETCH); NULL with the node's name in @peer, or what is wrong with it
+ * (newly allocated).  For a FETCH, @fetch gets it (else its magic is 0).
  */
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_MAX_NODE_NAME + 1]);
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1],
+                         VnShmFetch *fetch);
 
 /* A connection that has not said HELLO by then is closed. */
 #define VN_SHM_HELLO_TIMEOUT_MS 2000

@@ -2,7 +2,8 @@
  * Segments and memory windows (see fabric.h).
  *
  * The exporter keeps a dup of each segment's fd and the one peer allowed to
- * map it, and answers MAP requests.  The mapper spends one of its scarce
+ * map it; its backend answers maps with vn_fabric_backend_segment().  The
+ * mapper's backend gives it a local fd and offset; the mapper spends one of its scarce
  * windows per mapping and enforces its NTB-like limits: a window is a power
  * of two of at least the translation granularity (Linux ntb_mw_get_align()
  * reports the same constraints of real adapters), no larger than
@@ -27,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void segment_free(VnFabricSegment *seg)
+void vn_fabric_segment_free(VnFabricSegment *seg)
 {
     vn_util_close_fd(&seg->fd);
     g_free(seg->peer);
@@ -95,38 +96,35 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
     }
     g_hash_table_remove(fab->segments, &id);
     VN_TRACE("node %s: segment %" PRIu64 " withdrawn from %s", fab->node, id, seg->peer);
-    segment_free(seg);
+    vn_fabric_segment_free(seg);
 }
 
-void vn_fabric_map_received(VnFabric *fab, const char *peer, const VnFabricFrame *f,
-                            int *fds, unsigned nfds)
+VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,
+                                    const char *peer, uint64_t id, int *err)
 {
-    g_autofree char *why = NULL;
-    VnFabricSegment *seg;
-    uint64_t id, size;
-    int ret;
+    VnFabricSegment *seg = g_hash_table_lookup(table, &id);
 
-    if (f->hdr.data_len != sizeof(id) || f->json != NULL || nfds != 0) {
-        vn_fabric_bad_frame(fab, peer, f, -EINVAL, fds, nfds, "MAP request");
-        return;
+    if (seg != NULL && peer != NULL && strcmp(seg->peer, peer) == 0) {
+        return seg;
     }
-    fab->stats.msgs_received++;
-    memcpy(&id, f->data, sizeof(id));
-    id = GUINT64_FROM_LE(id);
-    seg = g_hash_table_lookup(fab->segments, &id);
-    if (seg == NULL || strcmp(seg->peer, peer) != 0) {
-        ret = seg == NULL ? -ENOENT : -EACCES;
-        why = seg == NULL ? g_strdup_printf("no segment %" PRIu64, id)
-                          : g_strdup_printf("segment %" PRIu64 " is not exported to %s", id,
-                                            peer);
-        g_info("node %s: %s refused to map: %s", fab->node, peer, why);
-        vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, ret, why);
-        return;
+    *err = seg == NULL ? -ENOENT : -EACCES;
+    fab->stats.bad_messages++;
+    g_info("node %s: %s asked for %s %" PRIu64 ", which %s", fab->node, peer, what, id,
+           seg == NULL ? "we do not export" : "is not exported to it");
+    return NULL;
+}
+
+int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size)
+{
+    int err = 0;
+    VnFabricSegment *seg = vn_fabric_exported(fab, fab->segments, "segment", peer, id, &err);
+
+    if (seg == NULL) {
+        return err;
     }
-    size = GUINT64_TO_LE(seg->size);
-    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REPLY, f->hdr.type, f->hdr.id, 0, NULL,
-                               &size, sizeof(size), &seg->fd, 1);
-    VN_TRACE("node %s: segment %" PRIu64 " given to %s: %d", fab->node, id, peer, ret);
+    *size = seg->size;
+    VN_TRACE("node %s: segment %" PRIu64 " given to %s", fab->node, id, peer);
+    return seg->fd;
 }
 
 /* The window a segment of @size takes: 2^n >= size, >= @granularity (a
@@ -144,28 +142,15 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
     return w;
 }
 
-char *vn_fabric_error_message(const VnFabricMsg *reply)
-{
-    g_autoptr(JsonObject) o = NULL;
-
-    if (reply == NULL || reply->json == NULL) {
-        return NULL;
-    }
-    o = vn_json_parse_object(reply->json, -1, VN_FABRIC_MAX_PAYLOAD, NULL);
-    return g_strdup(vn_util_json_string(o, "error"));
-}
-
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
                                      GError **error)
 {
-    g_autoptr(VnFabricMsg) reply = NULL;
-    uint64_t id_le = GUINT64_TO_LE(id);
-    uint64_t size, wsize;
-    const char *fault;
+    uint64_t size = 0, offset = 0, wsize;
+    const char *fault = NULL;
     VnFabricWindow *w;
     uint32_t slot;
     void *host;
-    int ret;
+    int fd;
 
     if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -181,49 +166,58 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
                     " (all %u in use)", fab->node, peer, id, fab->limits.max_windows);
         return NULL;
     }
-    ret = vn_fabric_request_sync_any(fab, peer, VN_FABRIC_TYPE_MAP, NULL, &id_le,
-                                     sizeof(id_le), NULL, 0, &reply);
-    if (ret < 0) {
-        g_autofree char *why = vn_fabric_error_message(reply);
-
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+    if (fab->backend == NULL || vn_fabric_peer(fab, peer) == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
+                    "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node,
+                    peer, id);
+        return NULL;
+    }
+    /* No handler may run inside the wait: what the backend reports is
+     * queued until we are back. */
+    fab->defer++;
+    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size,
+                               &offset);
+    fab->defer--;
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
                     "node %s: cannot map %s's segment %" PRIu64 ": %s", fab->node, peer, id,
-                    why != NULL ? why : g_strerror(-ret));
+                    fd == -ENOENT   ? "it has no such segment"
+                    : fd == -EACCES ? "it is not exported to us"
+                                    : g_strerror(-fd));
         return NULL;
     }
-    if (reply->data_len != sizeof(size) || reply->nfds != 1 || reply->fds[0] < 0) {
-        fab->stats.bad_messages++;
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "node %s: %s answered MAP of segment %" PRIu64 " with a malformed reply",
-                    fab->node, peer, id);
-        return NULL;
-    }
-    memcpy(&size, reply->data, sizeof(size));
-    size = GUINT64_FROM_LE(size);
     wsize = window_size_for(size, fab->limits.xlat_granularity);
     if (size == 0 || wsize == 0 || wsize > fab->limits.max_window_size) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes needs a window "
                     "larger than the %" PRIu64 "-byte limit", fab->node, peer, id, size,
                     fab->limits.max_window_size);
+        close(fd);
         return NULL;
     }
     /* Mapping past the end of a file makes every access there a SIGBUS in
      * the mapper, now or once the peer shrank it: sealed memfds only. */
-    if (vn_peerfd_memory(reply->fds[0], 0, size, &fault) < 0) {
+    if (offset > UINT64_MAX - size) {
+        fault = "ends beyond 2^64";
+    } else if ((offset & (fab->limits.window_align - 1)) != 0) {
+        fault = "is not aligned to a window";
+    }
+    if (fault != NULL || vn_peerfd_memory(fd, offset, size, &fault) < 0) {
         fab->stats.bad_messages++;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes refused: its fd %s",
-                    fab->node, peer, id, size, fault);
+                    "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes at offset %" PRIu64
+                    " refused: its fd %s", fab->node, peer, id, size, offset, fault);
+        close(fd);
         return NULL;
     }
-    host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fds[0], 0);
+    host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     if (host == MAP_FAILED) {
         int e = errno;
 
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
                     "node %s: cannot map %s's segment %" PRIu64 ": %s", fab->node, peer, id,
                     g_strerror(e));
+        close(fd);
         return NULL;
     }
     w = g_new0(VnFabricWindow, 1);
@@ -231,8 +225,8 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     w->segment = id;
     w->size = size;
     w->window_size = wsize;
-    w->fd = reply->fds[0];
-    reply->fds[0] = -1;
+    w->fd = fd;
+    w->offset = offset;
     w->host = host;
     fab->windows[slot] = w;
     fab->windows_in_use++;
@@ -281,7 +275,7 @@ void vn_fabric_windows_init(VnFabric *fab)
 
 static gboolean segment_remove(gpointer key, gpointer value, gpointer data)
 {
-    segment_free(value);
+    vn_fabric_segment_free(value);
     return TRUE;
 }
 

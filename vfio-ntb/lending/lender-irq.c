@@ -1,19 +1,20 @@
 /*
  * The lender's interrupts (see lender.h): SET_IRQS forwarded to the device,
- * with the VM's eventfds in fd mode, or with the lender's own eventfds in
- * relay mode, each watched in the fabric's context and turned into a
- * doorbell of the borrower (proto.h: bit = vector, INTx its own bit).
+ * in fd mode with the fds of the borrower's interrupt routes (the fabric's:
+ * on shm the VM's own eventfds), or in relay mode with the lender's own
+ * eventfds, each watched in the fabric's context and turned into a doorbell
+ * of the borrower (proto.h: bit = vector, INTx its own bit).
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
 #include "lender-int.h"
 
-#include "common/peerfd.h"
 #include "common/util.h"
 
 #include <errno.h>
 #include <glib-unix.h>
 #include <inttypes.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -142,7 +143,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     }
     VN_TRACE("lender %s: relaying index %u vectors %u..%u to %s", l->name, s->index, s->start,
              s->start + s->count - 1, l->borrower);
-    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 free:
     for (uint32_t i = 0; i < s->count; i++) {
         relay_free(fresh[i]);
@@ -191,10 +192,38 @@ static int relay_check(VnLender *l, const VnProtoSetIrqs *s, const char **why)
     return 0;
 }
 
+/*
+ * Open the borrower's routes named in @msg's data (one u64 per vector) into
+ * @fds; false (answered) when one cannot be opened.  At most VN_MAX_MSG_FDS:
+ * what one vfio-user message of QEMU carries, and a bound on how long this
+ * may take.
+ */
+static bool routes_open(VnLender *l, VnFabricMsg *msg, const VnProtoSetIrqs *s, int *fds,
+                        uint64_t token)
+{
+    for (uint32_t i = 0; i < s->count; i++) {
+        g_autoptr(GError) error = NULL;
+        uint64_t id;
+
+        memcpy(&id, msg->data + i * sizeof(id), sizeof(id));
+        fds[i] = vn_fabric_route_open(l->fab, l->borrower, GUINT64_FROM_LE(id), &error);
+        if (fds[i] < 0) {
+            int err = -fds[i];
+
+            vn_util_close_fds(fds, i);
+            vn_lender_fail(l, token, err, "SET_IRQS: vector %u: %s", s->start + i,
+                           error->message);
+            return false;
+        }
+    }
+    return true;
+}
+
 void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
-    uint32_t data, action;
+    int fds[VN_MAX_MSG_FDS];
+    uint32_t data, action, nroutes;
     VnProtoSetIrqs s;
     const char *why = NULL;
     int ret;
@@ -215,41 +244,41 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, EINVAL, "SET_IRQS: no interrupt index %u", s.index);
         return;
     }
-    if (msg->data_len != (data == VFIO_IRQ_SET_DATA_BOOL ? s.count : 0)) {
-        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %zu data bytes for %u vectors",
-                       msg->data_len, s.count);
-        return;
-    }
     if (s.relay) {
         ret = relay_check(l, &s, &why);
-        if (ret != 0 || msg->nfds != 0) {
+        if (ret != 0 || msg->data_len != 0) {
             vn_lender_fail(l, token, ret != 0 ? ret : EINVAL, "SET_IRQS: %s (index %u, %u+%u)",
-                           why != NULL ? why : "relay carries no fds", s.index, s.start,
+                           why != NULL ? why : "relay carries no data", s.index, s.start,
                            s.count);
             return;
         }
         relay_assign(l, &s, token);
         return;
     }
-    /* The VM's eventfds: all of the range, or none (de-assign). */
-    if (msg->nfds != 0 && (data != VFIO_IRQ_SET_DATA_EVENTFD || msg->nfds != s.count ||
-                           l->irq_mode != VN_IRQ_MODE_FD)) {
-        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %u fds for %u vectors%s", msg->nfds,
-                       s.count, l->irq_mode != VN_IRQ_MODE_FD ? " in relay mode" : "");
+    /* DATA_BOOL: a byte per vector.  DATA_EVENTFD: a route id per vector
+     * (u64 LE), or nothing to de-assign. */
+    nroutes = data == VFIO_IRQ_SET_DATA_EVENTFD && msg->data_len > 0 ? s.count : 0;
+    if (msg->data_len != (data == VFIO_IRQ_SET_DATA_BOOL ? s.count
+                          : nroutes > 0                  ? (size_t)nroutes * sizeof(uint64_t)
+                                                         : 0)) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %zu data bytes for %u vectors",
+                       msg->data_len, s.count);
         return;
     }
-    /* The device server would signal them from its engine: a pipe passed
-     * as an "eventfd" could wedge it.  Refused before the device sees it. */
-    for (unsigned i = 0; i < msg->nfds; i++) {
-        if (vn_peerfd_eventfd(msg->fds[i]) < 0) {
-            vn_lender_fail(l, token, EINVAL, "SET_IRQS: fd %u of %u is not an eventfd", i,
-                           msg->nfds);
-            return;
-        }
+    if (nroutes > 0 && (l->irq_mode != VN_IRQ_MODE_FD || nroutes > VN_MAX_MSG_FDS)) {
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %u routes%s", nroutes,
+                       l->irq_mode != VN_IRQ_MODE_FD ? " in relay mode"
+                                                     : ", more than one message carries");
+        return;
+    }
+    if (nroutes > 0 && !routes_open(l, msg, &s, fds, token)) {
+        return;
     }
     ret = vn_client_set_irqs(l->client, s.flags, s.index, s.start, s.count,
                              data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
-                             msg->nfds > 0 ? msg->fds : NULL);
+                             nroutes > 0 ? fds : NULL);
+    /* The device server has its own copies now. */
+    vn_util_close_fds(fds, nroutes);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
         return;
@@ -262,7 +291,7 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
                s.count == 0) {
         vn_lender_relay_drop(l, s.index, 0, 0);     /* linux/vfio.h: disable the index */
     }
-    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u fds %u", l->name, s.flags, s.index,
-             s.start, s.count, msg->nfds);
-    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u routes %u", l->name, s.flags,
+             s.index, s.start, s.count, nroutes);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 }

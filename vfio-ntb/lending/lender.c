@@ -78,7 +78,7 @@ static int errno_of(const GError *error)
 
 static void reply_ok(VnLender *l, uint64_t token)
 {
-    vn_fabric_reply(l->fab, token, "{}", NULL, 0, NULL, 0);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 }
 
 /* ---- life -------------------------------------------------------------- */
@@ -200,7 +200,8 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
                        lw->w->size);
         goto unused;
     }
-    ret = vn_client_dma_map(l->client, m.iova, m.size, m.offset, m.prot, lw->w->fd);
+    ret = vn_client_dma_map(l->client, m.iova, m.size, lw->w->offset + m.offset, m.prot,
+                            lw->w->fd);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
                        m.iova, g_strerror(-ret));
@@ -311,7 +312,7 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
     if (r.write) {
         reply_ok(l, token);
     } else {
-        vn_fabric_reply(l->fab, token, NULL, buf, r.count, NULL, 0);
+        vn_fabric_reply(l->fab, token, NULL, buf, r.count);
     }
 }
 
@@ -599,7 +600,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
     g_info("lender %s: lent to %s (%s interrupts)", l->name, l->borrower,
            vn_irq_mode_to_string(l->irq_mode));
     json = vn_proto_device_to_json(&l->dev);
-    vn_fabric_reply(l->fab, token, json, NULL, 0, NULL, 0);
+    vn_fabric_reply(l->fab, token, json, NULL, 0);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
@@ -610,29 +611,25 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
     char device[VN_MAX_DEVICE_NAME + 1];
 
     l->stats.requests++;
-    VN_TRACE("lender %s: request %s (token %" PRIu64 ") from %s, data %zu, fds %u", l->name,
-             vn_proto_type_to_string(msg->type), token, msg->peer, msg->data_len, msg->nfds);
+    VN_TRACE("lender %s: request %s (token %" PRIu64 ") from %s, data %zu", l->name,
+             vn_proto_type_to_string(msg->type), token, msg->peer, msg->data_len);
     if (!vn_proto_device_name(msg->json, device, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
-        goto out;
+        return;
     }
     if (strcmp(device, l->name) != 0) {
         vn_lender_fail(l, token, ENODEV, "request for device %s", device);
-        goto out;
+        return;
     }
     if (msg->type != VN_PROTO_ATTACH &&
         (l->borrower == NULL || strcmp(l->borrower, msg->peer) != 0)) {
         vn_lender_fail(l, token, EPERM, "not lent to %s", msg->peer);
-        goto out;
-    }
-    if (msg->nfds > 0 && msg->type != VN_PROTO_SET_IRQS) {
-        vn_lender_fail(l, token, EINVAL, "%s carries no fds", vn_proto_type_to_string(msg->type));
-        goto out;
+        return;
     }
     if (msg->data_len > 0 && msg->type != VN_PROTO_SET_IRQS &&
         msg->type != VN_PROTO_REGION_RW) {
         vn_lender_fail(l, token, EINVAL, "%s carries no data", vn_proto_type_to_string(msg->type));
-        goto out;
+        return;
     }
     switch (msg->type) {
     case VN_PROTO_ATTACH:
@@ -670,9 +667,6 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, ENOTSUP, "unknown request type %u", msg->type);
         break;
     }
-out:
-    /* Whatever fds the handlers did not consume are closed here. */
-    vn_util_close_fds(msg->fds, msg->nfds);
 }
 
 void vn_lender_peer_down(VnLender *l, const char *peer)

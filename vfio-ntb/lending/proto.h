@@ -4,16 +4,21 @@
  *
  * It mirrors vfio-user, but the device is named, memory travels as fabric
  * segments instead of fds of the borrower's process, and interrupts either
- * travel as eventfds (fd mode: the device signals the VM's irqfd directly)
- * or are relayed by doorbells (relay mode: one hop through the lender).
+ * travel as fabric interrupt routes (fd mode, on fabrics with
+ * VN_FABRIC_CAP_DIRECT_ROUTES: the device signals the VM's irqfd with no
+ * hop) or are relayed by doorbells (relay mode: one hop through the lender).
+ * No message carries a file descriptor.
  *
- *   request       JSON                                      binary / fds
+ *   request       JSON                                      binary
  *   ATTACH        {"device","irq_mode":"fd"|"relay"}        -> reply: device description
  *   DETACH        {}
  *   REGION_RW     {"region","offset","count","write"}       write data; reply: read data
  *   DMA_MAP       {"iova","size","segment","offset","prot"} (segment: the borrower's export)
  *   DMA_UNMAP     {"iova","size","all"}
- *   SET_IRQS      {"flags","index","start","count","relay"} DATA_BOOL bytes; eventfds (fd mode)
+ *   SET_IRQS      {"flags","index","start","count","relay"} DATA_BOOL: a byte per vector;
+ *                                                           DATA_EVENTFD (fd mode): a route
+ *                                                           id (u64 LE) per vector, at most
+ *                                                           VN_MAX_MSG_FDS, or none
  *   RESET         {}
  * Relay mode: doorbell bit v (v < VN_PROTO_RELAY_VECTORS) is vector v of the
  * vector index in use (MSI-X or MSI), bit VN_PROTO_DOORBELL_INTX is INTx.
@@ -113,7 +118,7 @@ typedef struct VnProtoSetIrqs {
     uint32_t index;
     uint32_t start;
     uint32_t count;
-    bool relay;                   /* DATA_EVENTFD without fds: lender makes its own */
+    bool relay;                   /* DATA_EVENTFD without routes: lender makes its own */
 } VnProtoSetIrqs;
 
 /* A request naming only the device (DETACH, RESET). */

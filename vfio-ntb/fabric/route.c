@@ -1,0 +1,158 @@
+/*
+ * Interrupt routes (see fabric.h): the node that takes interrupts exports an
+ * eventfd of its own; its peer opens the route through the backend and gets
+ * a local fd that its device signals.  Only backends with
+ * VN_FABRIC_CAP_DIRECT_ROUTES carry them; everyone else relays interrupts
+ * as doorbells.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "fabric-int.h"
+
+#include "common/name.h"
+#include "common/peerfd.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gio/gio.h>
+#include <inttypes.h>
+#include <unistd.h>
+
+static bool routes_supported(VnFabric *fab, GError **error)
+{
+    if ((fab->ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) == 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "node %s: the %s fabric carries no interrupt routes (relay interrupts "
+                    "as doorbells)", fab->node, fab->ops->name);
+        return false;
+    }
+    return true;
+}
+
+uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error)
+{
+    VnFabricSegment *route;
+    int copy;
+
+    if (!routes_supported(fab, error)) {
+        return 0;
+    }
+    if (!vn_name_valid(VN_NAME_NODE, peer)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: cannot route interrupts from \"%s\": not a node name", fab->node,
+                    peer != NULL ? peer : "(null)");
+        return 0;
+    }
+    if (g_hash_table_size(fab->routes) >= VN_FABRIC_MAX_ROUTES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                    "node %s: already %u interrupt routes exported", fab->node,
+                    VN_FABRIC_MAX_ROUTES);
+        return 0;
+    }
+    /* The peer's device signals what we hand out; a pipe or a socket there
+     * could wedge it. */
+    if (vn_peerfd_eventfd(eventfd) < 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: fd %d is not an eventfd", fab->node, eventfd);
+        return 0;
+    }
+    copy = fcntl(eventfd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
+                    "node %s: cannot keep fd %d: %s", fab->node, eventfd, g_strerror(e));
+        return 0;
+    }
+    route = g_new0(VnFabricSegment, 1);
+    route->id = ++fab->last_route;
+    route->fd = copy;
+    route->peer = g_strdup(peer);
+    g_hash_table_insert(fab->routes, &route->id, route);
+    VN_TRACE("node %s: route %" PRIu64 " exported to %s", fab->node, route->id, peer);
+    return route->id;
+}
+
+void vn_fabric_route_unexport(VnFabric *fab, uint64_t id)
+{
+    VnFabricSegment *route = g_hash_table_lookup(fab->routes, &id);
+
+    if (route == NULL) {
+        return;
+    }
+    g_hash_table_steal(fab->routes, &id);
+    VN_TRACE("node %s: route %" PRIu64 " withdrawn from %s", fab->node, id, route->peer);
+    vn_fabric_segment_free(route);
+}
+
+int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id)
+{
+    int err = 0;
+    VnFabricSegment *route = vn_fabric_exported(fab, fab->routes, "route", peer, id, &err);
+
+    if (route == NULL) {
+        return err;
+    }
+    VN_TRACE("node %s: route %" PRIu64 " given to %s", fab->node, id, peer);
+    return route->fd;
+}
+
+int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error)
+{
+    int fd;
+
+    if (!routes_supported(fab, error)) {
+        return -ENOTSUP;
+    }
+    if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0 || fab->backend == NULL ||
+        vn_fabric_peer(fab, peer) == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
+                    "node %s: no route %" PRIu64 " of \"%s\" to open (no link)", fab->node, id,
+                    peer != NULL ? peer : "(null)");
+        return -ENOTCONN;
+    }
+    fab->defer++;
+    fd = fab->ops->open_route(fab->backend, peer, id, fab->request_timeout_ms);
+    fab->defer--;
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
+                    "node %s: cannot open %s's interrupt route %" PRIu64 ": %s", fab->node,
+                    peer, id,
+                    fd == -ENOENT   ? "it has no such route"
+                    : fd == -EACCES ? "it is not exported to us"
+                                    : g_strerror(-fd));
+        return fd;
+    }
+    /* What the device will signal from its own thread: an eventfd only. */
+    if (vn_peerfd_eventfd(fd) < 0) {
+        fab->stats.bad_messages++;
+        close(fd);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "node %s: %s's interrupt route %" PRIu64 " is not an eventfd", fab->node,
+                    peer, id);
+        return -EINVAL;
+    }
+    fab->stats.routes_opened++;
+    VN_TRACE("node %s: route %" PRIu64 " of %s opened", fab->node, id, peer);
+    return fd;
+}
+
+void vn_fabric_routes_init(VnFabric *fab)
+{
+    fab->routes = g_hash_table_new(g_int64_hash, g_int64_equal);
+}
+
+static gboolean route_remove(gpointer key, gpointer value, gpointer data)
+{
+    vn_fabric_segment_free(value);
+    return TRUE;
+}
+
+void vn_fabric_routes_close(VnFabric *fab)
+{
+    if (fab->routes != NULL) {
+        g_hash_table_foreach_remove(fab->routes, route_remove, NULL);
+        g_clear_pointer(&fab->routes, g_hash_table_unref);
+    }
+}
