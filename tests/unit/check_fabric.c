@@ -243,7 +243,7 @@ START_TEST(test_message_args)
                                        on_reply, &r), -EMSGSIZE);
     ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL,
                                             0, NULL), -EINVAL);
-    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS), -EINVAL);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_MAX_DOORBELLS), -EINVAL);
     spin(20);
     ck_assert(!r.done);                 /* refused requests never call back */
     ck_assert_uint_eq(stats_of(a).msgs_sent, 0);
@@ -790,14 +790,65 @@ START_TEST(test_doorbells)
 
     link_nodes(a, b);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 5), 0);
-    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS - 1), 0);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 31), 0);
     ck_assert_int_eq(vn_fabric_doorbell(b->fab, "a", 0), 0);
-    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_DOORBELLS), -EINVAL);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_MAX_DOORBELLS), -EINVAL);
     WAIT_FOR(log_has(b, "db:a:31") && log_has(a, "db:b:0"));
     ck_assert(log_has(b, "db:a:5"));
     ck_assert_uint_eq(stats_of(a).doorbells_sent, 2);
     ck_assert_uint_eq(stats_of(b).doorbells_received, 2);
     ck_assert_uint_eq(stats_of(b).msgs_received, 0);
+}
+END_TEST
+
+/* A bit beyond the receiver's register (32 by default) is refused there. */
+START_TEST(test_doorbell_beyond_register)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+
+    link_nodes(a, b);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 40), 0);
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 2), 0);
+    WAIT_FOR(log_has(b, "db:a:2"));
+    ck_assert(!log_has(b, "db:a:40"));
+    ck_assert_uint_eq(stats_of(b).doorbells_received, 1);
+    ck_assert_uint_eq(stats_of(b).bad_messages, 1);
+}
+END_TEST
+
+/* The host's bits are a budget: blocks are handed out once each. */
+START_TEST(test_doorbell_budget)
+{
+    static const char *const sixteen[] = { "doorbells", "16", NULL };
+    Node *a = node_open("a", false);
+    Node *s = node_open_kv("s", false, sixteen);
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_uint_eq(vn_fabric_limits(a->fab)->doorbells, 32);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 4, NULL), 0);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 2, NULL), 4);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 27, &error), -ENOSPC);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    ck_assert_ptr_nonnull(strstr(error->message, "has 32"));
+    g_clear_error(&error);
+    /* Freed bits are reused, first fit; a hole too small is skipped. */
+    vn_fabric_doorbells_free(a->fab, 1, 2);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(a->fab), 4);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 3, NULL), 6);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 2, NULL), 1);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 23, NULL), 9);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(a->fab), 32);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 1, NULL), -ENOSPC);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 0, NULL), -EINVAL);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 33, NULL), -EINVAL);
+    vn_fabric_doorbells_free(a->fab, 60, 10);         /* out of range: nothing */
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(a->fab), 32);
+
+    /* A node with 16 bits has 16. */
+    ck_assert_uint_eq(vn_fabric_limits(s->fab)->doorbells, 16);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(s->fab, 17, NULL), -EINVAL);
+    ck_assert_int_eq(vn_fabric_doorbells_alloc(s->fab, 16, NULL), 0);
 }
 END_TEST
 
@@ -885,6 +936,8 @@ static Suite *fabric_suite(void)
     tc = tcase_create("doorbells");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_doorbells);
+    tcase_add_test(tc, test_doorbell_beyond_register);
+    tcase_add_test(tc, test_doorbell_budget);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("crossing-delay");

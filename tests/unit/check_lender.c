@@ -364,22 +364,24 @@ START_TEST(test_irqs_relay)
 
     attach_ok(b, VN_IRQ_MODE_RELAY, NULL);
     fds_attached = count_fds();
-    ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, true,
-                              NULL, NULL, 0), 0);
-    ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_INTX_IRQ_INDEX, 0, 1, true, NULL, NULL, 0),
-                     0);
+    /* The borrower's bits: MSI-X from 4 on, INTx at 20. */
+    ck_assert_int_eq(relay_irqs(b, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, 4), 0);
+    ck_assert_int_eq(relay_irqs(b, VFIO_PCI_INTX_IRQ_INDEX, 0, 1, 20), 0);
     ck_assert(vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
-    WAIT_FOR(b->doorbells[3] == 1);
+    WAIT_FOR(b->doorbells[7] == 1);
     ck_assert(vn_irqs_signal(irqs, VFIO_PCI_INTX_IRQ_INDEX, 0));
-    WAIT_FOR(b->doorbells[VN_PROTO_DOORBELL_INTX] == 1);
-    ck_assert_uint_eq(b->doorbells[0] + b->doorbells[1] + b->doorbells[2], 0);
+    WAIT_FOR(b->doorbells[20] == 1);
+    ck_assert_uint_eq(b->doorbells[3] + b->doorbells[4] + b->doorbells[5] + b->doorbells[6],
+                      0);
     s = snap();
     ck_assert_uint_eq(s.st.relayed_irqs, 2);
     snap_clear(&s);
 
-    /* Beyond the doorbells; fds in relay mode. */
+    /* Vectors beyond the relay's, bits beyond any NTB's; fds in relay mode. */
     ck_assert_int_eq(req_msg(b, VN_PROTO_SET_IRQS, json, NULL, 0, &message),
                      -ENOSPC);
+    ck_assert_int_eq(relay_irqs(b, VFIO_PCI_MSIX_IRQ_INDEX, 0, 2, VN_FABRIC_MAX_DOORBELLS - 1),
+                     -EINVAL);
     ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, false, NULL, &efd, 1),
                      -EINVAL);
 
@@ -388,7 +390,7 @@ START_TEST(test_irqs_relay)
                               NULL, NULL, 0), 0);
     ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
     spin(50);
-    ck_assert_uint_eq(b->doorbells[3], 1);
+    ck_assert_uint_eq(b->doorbells[7], 1);
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
                               VFIO_PCI_INTX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0), 0);
     ck_assert(!device_irqs_any());
@@ -404,8 +406,7 @@ START_TEST(test_relay_needs_relay_mode)
     Borrower *b = borrower(0);
 
     attach_ok(b, VN_IRQ_MODE_FD, NULL);
-    ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, true, NULL, NULL, 0), -EINVAL);
+    ck_assert_int_eq(relay_irqs(b, VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, 0), -EINVAL);
     ck_assert(!device_irqs_any());
 }
 END_TEST

@@ -62,28 +62,28 @@ static const struct {
       "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":0,\"all\":false}", 0, EINVAL },
     { "SET_IRQS with two data types", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":35,\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false}", 0, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 0, EINVAL },
     { "SET_IRQS with fewer routes than vectors", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":2,"
-      "\"relay\":false}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
     { "SET_IRQS with a route never exported", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false}", 8, ENOENT },
+      "\"relay\":false,\"doorbell\":0}", 8, ENOENT },
     { "SET_IRQS with more routes than a message carries", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":17,"
-      "\"relay\":false}", 17 * 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 17 * 8, EINVAL },
     { "SET_IRQS with routes and no DATA_EVENTFD", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":33,\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
     { "SET_IRQS DATA_BOOL of the wrong length", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":10,\"index\":2,\"start\":0,\"count\":2,"
-      "\"relay\":false}", 1, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 1, EINVAL },
     { "SET_IRQS of an index the device lacks", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":7,\"start\":0,\"count\":1,"
-      "\"relay\":false}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
     { "SET_IRQS relay in fd mode", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":true}", 0, EINVAL },
+      "\"relay\":true,\"doorbell\":0}", 0, EINVAL },
     { "ATTACH with an unknown irq_mode", true, VN_PROTO_ATTACH,
       "{\"device\":\"" DEV "\",\"irq_mode\":\"carrier-pigeon\"}", 0, EINVAL },
     { "RESET with data", false, VN_PROTO_RESET, "{\"device\":\"" DEV "\"}", 8, EINVAL },

@@ -114,7 +114,7 @@ typedef struct Loop {
 typedef struct Borrower {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
-    unsigned doorbells[VN_FABRIC_DOORBELLS];    /* rung, per bit (test thread) */
+    unsigned doorbells[VN_FABRIC_MAX_DOORBELLS];    /* rung, per bit (test thread) */
 } Borrower;
 
 static struct {
@@ -588,6 +588,19 @@ static inline int set_irqs(Borrower *b, uint32_t flags, uint32_t index, uint32_t
         return ret;
     }
     return req(b, VN_PROTO_SET_IRQS, json, bools, bools != NULL ? count : 0, NULL);
+}
+
+/* A relayed DATA_EVENTFD|TRIGGER of [start, start + count): the lender rings
+ * bits from @doorbell on. */
+static inline int relay_irqs(Borrower *b, uint32_t index, uint32_t start, uint32_t count,
+                             uint32_t doorbell)
+{
+    VnProtoSetIrqs s = { .flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                         .index = index, .start = start, .count = count, .relay = true,
+                         .doorbell = doorbell };
+    g_autofree char *json = vn_proto_set_irqs_to_json(DEV, &s);
+
+    return req(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL);
 }
 
 static inline int simple(Borrower *b, uint32_t type)

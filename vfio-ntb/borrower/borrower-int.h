@@ -24,6 +24,9 @@ typedef struct VnMediate {
     VnMsixLayout msix;
 } VnMediate;
 
+/* The indexes relay mode carries: INTx, MSI, MSI-X. */
+#define VN_BORROWER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
+
 struct VnBorrower {
     VnFabric *fab;              /* borrowed */
     char *lender;
@@ -33,7 +36,14 @@ struct VnBorrower {
     VnDeviceInfo info;
     VnFabricWindow *windows[VN_MAX_REGIONS];   /* mapped BARs */
     VnServer *server;
-    uint32_t relay_index;       /* MSI-X or MSI: what doorbell bits mean */
+    /* relay mode: the doorbell bit of each relayed vector of INTx, MSI and
+     * MSI-X (bit + 1; 0: none), and what each of our bits stands for. */
+    uint8_t relay_bit[VN_BORROWER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
+    struct {
+        bool used;
+        uint8_t index;
+        uint8_t vector;
+    } doorbell_of[VN_FABRIC_MAX_DOORBELLS];
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];

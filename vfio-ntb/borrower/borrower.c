@@ -236,6 +236,24 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
     }
 }
 
+/* Give back the doorbell bits of the relayed vectors [start, start + count)
+ * of @index (count 0: all). */
+static void relay_unmap(VnBorrower *b, uint32_t index, uint32_t start, uint32_t count)
+{
+    uint32_t end = count == 0 ? VN_PROTO_RELAY_VECTORS
+                              : (uint32_t)MIN((uint64_t)start + count, VN_PROTO_RELAY_VECTORS);
+
+    for (uint32_t v = start; index < VN_BORROWER_RELAY_INDEXES && v < end; v++) {
+        if (b->relay_bit[index][v] != 0) {
+            uint32_t bit = b->relay_bit[index][v] - 1u;
+
+            b->doorbell_of[bit].used = false;
+            vn_fabric_doorbells_free(b->fab, bit, 1);
+            b->relay_bit[index][v] = 0;
+        }
+    }
+}
+
 /* Withdraw the routes of [start, start + count) of @index (count 0: all). */
 static void routes_drop(VnBorrower *b, uint32_t index, uint32_t start, uint32_t count)
 {
@@ -277,7 +295,7 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
     bool eventfd = (flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
     bool trigger = (flags & VFIO_IRQ_SET_ACTION_TRIGGER) != 0;
     uint64_t ids[VN_MAX_MSG_FDS];
-    unsigned routed = 0;
+    unsigned routed = 0, rung = 0;
     g_autofree char *json = NULL;
     int ret;
 
@@ -290,18 +308,31 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
                            nfds);
     }
     if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
-        if (index != VFIO_PCI_INTX_IRQ_INDEX && start + count > VN_PROTO_RELAY_VECTORS) {
+        g_autoptr(GError) error = NULL;
+        int first;
+
+        if (index >= VN_BORROWER_RELAY_INDEXES) {
+            return -ENOTSUP;
+        }
+        if ((uint64_t)start + count > VN_PROTO_RELAY_VECTORS) {
+            return -ENOSPC;
+        }
+        /* One doorbell bit of this host per vector, for the lender to ring. */
+        first = vn_fabric_doorbells_alloc(b->fab, count, &error);
+        if (first < 0) {
+            g_info("borrower %s: cannot relay %u vectors: %s", b->device, count,
+                   error->message);
             return -ENOSPC;
         }
         /* Keep the VM's eventfds here; the lender's device gets its own. */
         ret = vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, fds, nfds);
         if (ret < 0) {
+            vn_fabric_doorbells_free(b->fab, (uint32_t)first, count);
             return ret;
         }
         s.relay = true;
-        if (index != VFIO_PCI_INTX_IRQ_INDEX) {
-            b->relay_index = index;
-        }
+        s.doorbell = (uint32_t)first;
+        rung = count;
     } else if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
         vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, NULL, 0);
     } else if (eventfd && nfds > 0) {
@@ -325,13 +356,25 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         for (unsigned i = 0; i < routed; i++) {
             vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(ids[i]));
         }
+        if (rung > 0) {
+            vn_fabric_doorbells_free(b->fab, s.doorbell, rung);
+        }
         return ret;
     }
-    /* The device signals the new routes (or none) now: the old ones go. */
+    /* The device signals the new routes or doorbells (or none) now: the
+     * old ones go. */
     if (trigger && eventfd && count > 0) {
         routes_drop(b, index, start, count);
+        relay_unmap(b, index, start, count);
     } else if (trigger && (flags & VFIO_IRQ_SET_DATA_NONE) && count == 0) {
         routes_drop(b, index, 0, 0);
+        relay_unmap(b, index, 0, 0);
+    }
+    for (unsigned i = 0; i < rung; i++) {
+        b->relay_bit[index][start + i] = (uint8_t)(s.doorbell + i + 1);
+        b->doorbell_of[s.doorbell + i].used = true;
+        b->doorbell_of[s.doorbell + i].index = (uint8_t)index;
+        b->doorbell_of[s.doorbell + i].vector = (uint8_t)(start + i);
     }
     if (routed > 0) {
         if (b->routes[index] == NULL) {
@@ -370,6 +413,7 @@ static void op_client_gone(void *opaque)
         json = vn_proto_set_irqs_to_json(b->device, &s);
         vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL);
         routes_drop(b, i, 0, 0);
+        relay_unmap(b, i, 0, 0);
     }
     /* (the server drops the VM's eventfds itself) */
     g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
@@ -504,7 +548,6 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     }
     b->mode = mode;
     at.irq_mode = mode;
-    b->relay_index = VFIO_PCI_MSIX_IRQ_INDEX;
     if (!vn_name_valid(VN_NAME_DEVICE, device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "borrower: device name \"%.80s\" is not %s", device,
@@ -565,6 +608,7 @@ void vn_borrower_free(VnBorrower *b)
     for (uint32_t i = 0; i < VN_MAX_IRQ_INDEXES; i++) {
         if (i < b->info.num_irqs) {
             routes_drop(b, i, 0, 0);
+            relay_unmap(b, i, 0, 0);
         }
         g_free(b->routes[i]);
     }
@@ -588,11 +632,13 @@ void vn_borrower_doorbell(VnBorrower *b, uint32_t bit)
     if (b->mode != VN_IRQ_MODE_RELAY || b->server == NULL) {
         return;
     }
-    if (bit == VN_PROTO_DOORBELL_INTX) {
-        vn_irqs_signal(vn_server_irqs(b->server), VFIO_PCI_INTX_IRQ_INDEX, 0);
-    } else {
-        vn_irqs_signal(vn_server_irqs(b->server), b->relay_index, bit);
+    /* A bit we did not hand out for a vector is the lender's mistake. */
+    if (bit >= VN_FABRIC_MAX_DOORBELLS || !b->doorbell_of[bit].used) {
+        VN_TRACE("borrower %s: doorbell %u stands for no vector", b->device, bit);
+        return;
     }
+    vn_irqs_signal(vn_server_irqs(b->server), b->doorbell_of[bit].index,
+                   b->doorbell_of[bit].vector);
     b->stats.relayed_irqs++;
 }
 

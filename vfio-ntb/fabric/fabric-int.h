@@ -106,6 +106,7 @@ struct VnFabric {
     VnFabricWindow **windows;   /* limits.max_windows slots */
     uint32_t windows_in_use;
     GHashTable *routes;      /* &id -> VnFabricSegment (size 0) */
+    uint64_t doorbells_taken;    /* bit i: doorbell i handed out */
     uint64_t last_route;
 
     GByteArray *out;         /* frame being sent */

@@ -115,6 +115,7 @@ void vn_fabric_limits_default(VnFabricLimits *l)
         .max_window_size = 4ull << 30,
         .window_align = 4096,
         .xlat_granularity = 4096,
+        .doorbells = 32,
     };
 }
 

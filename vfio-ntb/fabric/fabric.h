@@ -11,7 +11,9 @@
  * - Nodes exchange *messages*: framed requests with replies, and events.
  *   Messages carry bytes only, never a file descriptor: no NTB can.
  * - *Doorbells*: a peer rings bit N of a node's doorbell register; the node's
- *   handler runs with the bit.
+ *   handler runs with the bit.  A node's bits are its host's scarce budget
+ *   (VnFabricLimits.doorbells): the layers above take blocks of them with
+ *   vn_fabric_doorbells_alloc() and tell the peer which to ring.
  * - *Interrupt routes* (with VN_FABRIC_CAP_DIRECT_ROUTES): a node exports an
  *   eventfd of its own (a VM's irqfd) as a route; the peer opens it and gets
  *   a local fd that its device signals, as an MSI write through a window
@@ -53,8 +55,9 @@
 #define VN_FABRIC_MAX_PAYLOAD (1024u * 1024u + 4096u)
 /* Interrupt routes one node exports (every MSI-X vector of a few devices). */
 #define VN_FABRIC_MAX_ROUTES 8192
-/* Doorbell bits per node (Intel NTBs have 16; IDT 32). */
-#define VN_FABRIC_DOORBELLS 32
+/* Doorbell bits a node may have (Intel NTBs have 16, IDT 32, Switchtec 64);
+ * how many it has is VnFabricLimits.doorbells. */
+#define VN_FABRIC_MAX_DOORBELLS 64u
 /* What one peer may have queued for us while we cannot dispatch (inside a
  * synchronous request, VN_FABRIC_REQUEST_TIMEOUT_MS at most): a few of the
  * largest frames, or many small ones.  A peer past either has its link
@@ -79,6 +82,7 @@ typedef struct VnFabricLimits {
     uint64_t max_window_size;    /* bytes (default 4 GiB) */
     uint64_t window_align;       /* window base/offset alignment (default 4 KiB) */
     uint64_t xlat_granularity;   /* translation granularity (default 4 KiB) */
+    uint32_t doorbells;          /* doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS (default 32) */
     /* window sizes are powers of two, at least xlat_granularity */
 } VnFabricLimits;
 
@@ -298,8 +302,19 @@ void vn_fabric_msg_free(VnFabricMsg *msg);
 char *vn_fabric_error_message(const VnFabricMsg *reply);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabricMsg, vn_fabric_msg_free)
 
-/* Ring doorbell @bit (< VN_FABRIC_DOORBELLS) of @peer. */
+/* Ring doorbell @bit (< VN_FABRIC_MAX_DOORBELLS) of @peer; a bit beyond the
+ * peer's register is refused there. */
 int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit);
+
+/*
+ * Take @count (1..limits.doorbells) consecutive doorbell bits of this node
+ * for the layer above: returns the first, or -ENOSPC (all taken: @error
+ * says how many the host has) / -EINVAL.  Give them back with
+ * vn_fabric_doorbells_free(); bits not taken are never handed out twice.
+ */
+int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error);
+void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count);
+uint32_t vn_fabric_doorbells_in_use(VnFabric *fab);
 
 /* Counters: messages sent/received, doorbells, windows mapped. */
 typedef struct VnFabricStats {

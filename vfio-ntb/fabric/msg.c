@@ -409,7 +409,7 @@ int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit)
 {
     uint32_t le = GUINT32_TO_LE(bit);
 
-    if (bit >= VN_FABRIC_DOORBELLS || peer == NULL) {
+    if (bit >= VN_FABRIC_MAX_DOORBELLS || peer == NULL) {
         return -EINVAL;
     }
     if (fab->backend == NULL) {
@@ -420,6 +420,50 @@ int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit)
     }
     return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL,
                                 ++fab->last_id, 0, NULL, &le, sizeof(le));
+}
+
+/* A mask of @count bits from @first (count <= 64, first + count <= 64). */
+static uint64_t doorbell_mask(uint32_t first, uint32_t count)
+{
+    return (count >= 64 ? ~UINT64_C(0) : ((UINT64_C(1) << count) - 1)) << first;
+}
+
+int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
+{
+    uint32_t n = fab->limits.doorbells;
+
+    if (count == 0 || count > n) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: %u doorbell bits asked for; the host has %u", fab->node, count, n);
+        return -EINVAL;
+    }
+    for (uint32_t first = 0; first + count <= n; first++) {
+        uint64_t m = doorbell_mask(first, count);
+
+        if ((fab->doorbells_taken & m) == 0) {
+            fab->doorbells_taken |= m;
+            VN_TRACE("node %s: doorbells %u..%u taken", fab->node, first, first + count - 1);
+            return (int)first;
+        }
+    }
+    g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                "node %s: no %u free doorbell bits in a row (the host has %u, %u in use)",
+                fab->node, count, n, (uint32_t)__builtin_popcountll(fab->doorbells_taken));
+    return -ENOSPC;
+}
+
+void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count)
+{
+    if (count == 0 || first >= VN_FABRIC_MAX_DOORBELLS ||
+        count > VN_FABRIC_MAX_DOORBELLS - first) {
+        return;
+    }
+    fab->doorbells_taken &= ~doorbell_mask(first, count);
+}
+
+uint32_t vn_fabric_doorbells_in_use(VnFabric *fab)
+{
+    return (uint32_t)__builtin_popcountll(fab->doorbells_taken);
 }
 
 void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f)
@@ -435,7 +479,7 @@ void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFra
         }
         memcpy(&bit, f->data, sizeof(bit));
         bit = GUINT32_FROM_LE(bit);
-        if (bit >= VN_FABRIC_DOORBELLS) {
+        if (bit >= fab->limits.doorbells) {
             vn_fabric_bad_frame(fab, peer, f, -EINVAL, "doorbell bit");
             return;
         }

@@ -811,10 +811,10 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
 {
     static const char *const known[] = { "dir", "max-windows", "max-window-size",
                                          "window-align", "xlat-granularity",
-                                         "crossing-delay-ns", NULL };
+                                         "crossing-delay-ns", "doorbells", NULL };
     GHashTableIter it;
     gpointer key;
-    uint64_t windows;
+    uint64_t windows, doorbells;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
@@ -822,13 +822,15 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
             !g_utf8_validate(key, -1, NULL)) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
-                        "max-window-size, window-align, xlat-granularity, crossing-delay-ns)",
+                        "max-window-size, window-align, xlat-granularity, crossing-delay-ns, "
+                        "doorbells)",
                         (char *)key);
             return false;
         }
     }
     vn_fabric_limits_default(l);
     windows = l->max_windows;
+    doorbells = l->doorbells;
     if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, error) ||
         !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true,
                    VN_SHM_MAX_WINDOW_SIZE, &l->max_window_size, error) ||
@@ -837,10 +839,12 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
         !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true,
                    VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error) ||
         !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS,
-                   delay_ns, error)) {
+                   delay_ns, error) ||
+        !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, error)) {
         return false;
     }
     l->max_windows = (uint32_t)windows;
+    l->doorbells = (uint32_t)doorbells;
     if (l->xlat_granularity > l->max_window_size || l->window_align > l->max_window_size) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "shm fabric: window-align and xlat-granularity must not exceed "

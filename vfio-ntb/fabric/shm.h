@@ -12,7 +12,8 @@
  * strings: "max-windows" (1..VN_SHM_MAX_WINDOWS), "max-window-size",
  * "window-align", "xlat-granularity" (powers of two from a page to
  * VN_SHM_MAX_WINDOW_SIZE, the last two at most max-window-size), and
- * "crossing-delay-ns" (0..VN_SHM_MAX_CROSSING_DELAY_NS, default 0): a model
+ * "doorbells" (the node's doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS, default
+ * 32), and "crossing-delay-ns" (0..VN_SHM_MAX_CROSSING_DELAY_NS, default 0): a model
  * of an NTB crossing for benches.  The sending node busy-waits that long
  * before each record it sends -- every fabric message (request, reply,
  * event, segment map) and every doorbell -- so a request-reply costs two

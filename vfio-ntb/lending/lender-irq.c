@@ -3,7 +3,7 @@
  * in fd mode with the fds of the borrower's interrupt routes (the fabric's:
  * on shm the VM's own eventfds), or in relay mode with the lender's own
  * eventfds, each watched in the fabric's context and turned into a doorbell
- * of the borrower (proto.h: bit = vector, INTx its own bit).
+ * of the borrower (proto.h: the bits the borrower named for the vectors).
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -43,7 +43,8 @@ static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-static VnLenderRelay *relay_new(VnLender *l, uint32_t index, uint32_t vector, int *err)
+static VnLenderRelay *relay_new(VnLender *l, uint32_t index, uint32_t vector, uint32_t bit,
+                                int *err)
 {
     VnLenderRelay *r;
     int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -57,7 +58,7 @@ static VnLenderRelay *relay_new(VnLender *l, uint32_t index, uint32_t vector, in
     r->fd = fd;
     r->index = index;
     r->vector = vector;
-    r->bit = index == VFIO_PCI_INTX_IRQ_INDEX ? VN_PROTO_DOORBELL_INTX : vector;
+    r->bit = bit;
     /* Attached to the context only once the device has taken the fd. */
     r->src = g_unix_fd_source_new(fd, G_IO_IN);
     g_source_set_callback(r->src, G_SOURCE_FUNC(relay_ready), r, NULL);
@@ -110,7 +111,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     int ret = 0;
 
     for (uint32_t i = 0; i < s->count; i++) {
-        fresh[i] = relay_new(l, s->index, s->start + i, &ret);
+        fresh[i] = relay_new(l, s->index, s->start + i, s->doorbell + i, &ret);
         if (fresh[i] == NULL) {
             vn_lender_fail(l, token, ret, "SET_IRQS: no eventfd: %s", g_strerror(-ret));
             goto free;
@@ -184,6 +185,10 @@ static int relay_check(VnLender *l, const VnProtoSetIrqs *s, const char **why)
     if ((uint64_t)s->start + s->count > VN_PROTO_RELAY_VECTORS) {
         *why = "vectors beyond the relay's doorbells";
         return ENOSPC;
+    }
+    if ((uint64_t)s->doorbell + s->count > VN_FABRIC_MAX_DOORBELLS) {
+        *why = "doorbell bits beyond any NTB's";
+        return EINVAL;
     }
     if (s->count == 0 || (uint64_t)s->start + s->count > l->dev.irq_count[s->index]) {
         *why = "vectors beyond the device's";

@@ -441,6 +441,7 @@ char *vn_proto_set_irqs_to_json(const char *device, const VnProtoSetIrqs *s)
     add_uint(b, "start", s->start);
     add_uint(b, "count", s->count);
     add_bool(b, "relay", s->relay);
+    add_uint(b, "doorbell", s->doorbell);
     return finish(b);
 }
 
@@ -455,7 +456,8 @@ bool vn_proto_set_irqs_from_json(const char *json, VnProtoSetIrqs *s, GError **e
         !get_u32(o, "index", VN_MAX_IRQ_INDEXES - 1, &s->index, what, error) ||
         !get_u32(o, "start", VN_MAX_IRQ_VECTORS, &s->start, what, error) ||
         !get_u32(o, "count", VN_MAX_IRQ_VECTORS, &s->count, what, error) ||
-        !get_bool(o, "relay", &s->relay, what, error)) {
+        !get_bool(o, "relay", &s->relay, what, error) ||
+        !get_u32(o, "doorbell", VN_FABRIC_MAX_DOORBELLS - 1, &s->doorbell, what, error)) {
         return false;
     }
     if ((uint64_t)s->start + s->count > VN_MAX_IRQ_VECTORS) {

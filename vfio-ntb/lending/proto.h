@@ -15,13 +15,15 @@
  *   REGION_RW     {"region","offset","count","write"}       write data; reply: read data
  *   DMA_MAP       {"iova","size","segment","offset","prot"} (segment: the borrower's export)
  *   DMA_UNMAP     {"iova","size","all"}
- *   SET_IRQS      {"flags","index","start","count","relay"} DATA_BOOL: a byte per vector;
+ *   SET_IRQS      {"flags","index","start","count","relay",  DATA_BOOL: a byte per vector;
+ *                  "doorbell"}
  *                                                           DATA_EVENTFD (fd mode): a route
  *                                                           id (u64 LE) per vector, at most
  *                                                           VN_MAX_MSG_FDS, or none
  *   RESET         {}
- * Relay mode: doorbell bit v (v < VN_PROTO_RELAY_VECTORS) is vector v of the
- * vector index in use (MSI-X or MSI), bit VN_PROTO_DOORBELL_INTX is INTx.
+ * Relay mode: the borrower takes doorbell bits of its host for the vectors of
+ * a relayed SET_IRQS (vectors below VN_PROTO_RELAY_VECTORS of INTx, MSI or
+ * MSI-X), and the lender rings bit "doorbell" + (v - "start") for vector v.
  *
  * Every request's JSON also names the device ("device"), so a lender node
  * that lends several devices to one borrower routes each message.
@@ -62,9 +64,8 @@ const char *vn_irq_mode_to_string(VnIrqMode mode);
 /* Returns false for an unknown name. */
 bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode);
 
-/* Doorbells carry vectors 0..30 and INTx in relay mode. */
-#define VN_PROTO_RELAY_VECTORS 31u
-#define VN_PROTO_DOORBELL_INTX 31u
+/* Relay mode carries vectors 0..31 of an index, each as a doorbell bit. */
+#define VN_PROTO_RELAY_VECTORS 32u
 
 /* One region as the lender describes it. */
 typedef struct VnProtoRegion {
@@ -119,6 +120,7 @@ typedef struct VnProtoSetIrqs {
     uint32_t start;
     uint32_t count;
     bool relay;                   /* DATA_EVENTFD without routes: lender makes its own */
+    uint32_t doorbell;            /* relay: the borrower's bit for vector @start */
 } VnProtoSetIrqs;
 
 /* A request naming only the device (DETACH, RESET). */
