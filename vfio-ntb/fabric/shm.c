@@ -12,6 +12,7 @@
 
 #include "shm.h"
 #include "frame.h"
+#include "record.h"
 
 #include "common/fdpass.h"
 #include "common/name.h"
@@ -46,7 +47,7 @@ typedef struct VnShmConn {
     char peer[VN_MAX_NODE_NAME + 1];   /* "" until named */
     bool outgoing;               /* we opened it */
     bool draining;               /* lost a tie: read to EOF, never send */
-    VnShmReader rx;              /* the record being received */
+    VnRecordReader rx;           /* the record being received */
 } VnShmConn;
 
 struct VnShm {
@@ -70,7 +71,7 @@ static void conn_unref(gpointer data)
     if (--c->ref > 0) {
         return;
     }
-    vn_shm_reader_clear(&c->rx);
+    vn_record_reader_clear(&c->rx);
     g_free(c);
 }
 
@@ -102,75 +103,16 @@ static void conn_drop(VnShmConn *c, const char *why)
     conn_unref(c);
 }
 
-/* One non-blocking read; bytes, 0 when none yet, or -errno.  One fd beyond
- * the limit is kept: that is enough for the fabric to refuse the record. */
-static ssize_t recv_some(VnShmReader *r, int fd, void *dst, size_t len)
-{
-    return vn_fdpass_recv(fd, dst, len, r->fds, G_N_ELEMENTS(r->fds), &r->nfds,
-                          &r->fds_overflow);
-}
-
-/* Whether a record of @len bytes may be read where @kind is expected. */
-static bool length_ok(VnShmRecordKind kind, uint32_t len)
+uint32_t vn_shm_record_max(VnShmRecordKind kind)
 {
     switch (kind) {
     case VN_SHM_RECORD_FIRST:
-        return len == sizeof(VnShmHello) || len == sizeof(VnShmFetch);
+        return sizeof(VnShmFetch);
     case VN_SHM_RECORD_FETCH_REPLY:
-        return len == sizeof(VnShmFetchReply);
+        return sizeof(VnShmFetchReply);
     default:
-        return len <= VN_FABRIC_MAX_FRAME;
+        return VN_FABRIC_MAX_FRAME;
     }
-}
-
-int vn_shm_reader_step(VnShmReader *r, int fd, VnShmRecordKind kind, VnShmRecord *out)
-{
-    uint32_t len;
-    ssize_t n;
-
-    while (r->len_got < sizeof(r->len_buf)) {
-        n = recv_some(r, fd, r->len_buf + r->len_got, sizeof(r->len_buf) - r->len_got);
-        if (n <= 0) {
-            return (int)n;
-        }
-        r->len_got += (size_t)n;
-    }
-    if (r->buf == NULL) {
-        memcpy(&len, r->len_buf, sizeof(len));
-        r->need = GUINT32_FROM_LE(len);
-        if (!length_ok(kind, r->need)) {
-            return -EMSGSIZE;
-        }
-        r->buf = g_malloc(MAX(r->need, 1));
-        r->got = 0;
-    }
-    while (r->got < r->need) {
-        n = recv_some(r, fd, r->buf + r->got, r->need - r->got);
-        if (n <= 0) {
-            return (int)n;
-        }
-        r->got += (size_t)n;
-    }
-
-    /* A whole record: hand it over and start the next. */
-    out->buf = g_steal_pointer(&r->buf);
-    out->len = r->need;
-    out->nfds = r->nfds;
-    memcpy(out->fds, r->fds, sizeof(int) * r->nfds);
-    out->overflow = r->fds_overflow;
-    r->nfds = 0;
-    r->fds_overflow = false;
-    r->len_got = 0;
-    r->need = 0;
-    r->got = 0;
-    return 1;
-}
-
-void vn_shm_reader_clear(VnShmReader *r)
-{
-    vn_util_close_fds(r->fds, r->nfds);
-    r->nfds = 0;
-    g_clear_pointer(&r->buf, g_free);
 }
 
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
@@ -207,37 +149,9 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
     return NULL;
 }
 
-/* Send one record (length, bytes, fds on the first byte) on a blocking
- * socket bounded by SO_SNDTIMEO; 0 or -errno. */
 static int send_record(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
 {
-    uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
-    size_t total = sizeof(prefix) + len;
-    size_t sent = 0;
-
-    if (len > VN_FABRIC_MAX_FRAME || nfds > 1) {
-        return len > VN_FABRIC_MAX_FRAME ? -EMSGSIZE : -EINVAL;
-    }
-    while (sent < total) {
-        struct iovec iov[2];
-        int iovcnt;
-        ssize_t n;
-
-        if (sent < sizeof(prefix)) {
-            iov[0] = (struct iovec){ (uint8_t *)&prefix + sent, sizeof(prefix) - sent };
-            iov[1] = (struct iovec){ (void *)buf, len };
-            iovcnt = len > 0 ? 2 : 1;
-        } else {
-            iov[0] = (struct iovec){ (uint8_t *)buf + (sent - sizeof(prefix)), total - sent };
-            iovcnt = 1;
-        }
-        n = vn_fdpass_send(fd, iov, iovcnt, fds, sent == 0 ? nfds : 0);
-        if (n < 0) {
-            return (int)n;
-        }
-        sent += (size_t)n;
-    }
-    return 0;
+    return vn_record_send(fd, buf, len, VN_FABRIC_MAX_FRAME, fds, nfds);
 }
 
 /*
@@ -326,7 +240,7 @@ static void conn_fetch(VnShmConn *c, const VnShmFetch *f, const char *node)
 }
 
 /* The first record of an accepted connection; false to drop it. */
-static bool conn_hello(VnShmConn *c, const VnShmRecord *rec)
+static bool conn_hello(VnShmConn *c, const VnRecord *rec)
 {
     VnShm *shm = c->shm;
     char node[VN_MAX_NODE_NAME + 1];
@@ -355,12 +269,12 @@ static bool conn_hello(VnShmConn *c, const VnShmRecord *rec)
 static int conn_step(VnShmConn *c)
 {
     VnShm *shm = c->shm;
-    VnShmRecord rec;
+    VnRecord rec;
     g_autofree uint8_t *buf = NULL;
-    int ret = vn_shm_reader_step(&c->rx, c->fd,
-                                 c->peer[0] == '\0' ? VN_SHM_RECORD_FIRST
-                                                    : VN_SHM_RECORD_FRAME,
-                                 &rec);
+    int ret = vn_record_step(&c->rx, c->fd,
+                             vn_shm_record_max(c->peer[0] == '\0' ? VN_SHM_RECORD_FIRST
+                                                           : VN_SHM_RECORD_FRAME),
+                             &rec);
 
     if (ret == -EMSGSIZE) {
         /* The stream cannot be trusted past a length like this. */
@@ -690,8 +604,8 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
         .id = id,
     };
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    VnShmReader rx = { 0 };
-    VnShmRecord rec = { 0 };
+    VnRecordReader rx = { 0 };
+    VnRecord rec = { 0 };
     int fd, ret;
 
     if (!g_hash_table_contains(shm->active, peer)) {
@@ -710,7 +624,7 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
     while (ret == 0) {
         gint64 left = deadline - g_get_monotonic_time();
 
-        ret = vn_shm_reader_step(&rx, fd, VN_SHM_RECORD_FETCH_REPLY, &rec);
+        ret = vn_record_step(&rx, fd, vn_shm_record_max(VN_SHM_RECORD_FETCH_REPLY), &rec);
         if (ret != 0) {
             break;
         }
@@ -721,12 +635,15 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
         ret = poll_serving(shm, fd, NULL, (int)((left + 999) / 1000));
         ret = ret == 1 || ret == 0 ? 0 : ret;
     }
-    vn_shm_reader_clear(&rx);
+    vn_record_reader_clear(&rx);
     close(fd);
     if (ret < 0) {
         return ret == -ECONNRESET ? -EPROTO : ret;
     }
-    memcpy(rep, rec.buf, sizeof(*rep));
+    memset(rep, 0, sizeof(*rep));
+    if (rec.len == sizeof(*rep)) {
+        memcpy(rep, rec.buf, sizeof(*rep));
+    }
     g_free(rec.buf);
     if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 ||
         rep->status > VN_FABRIC_MAX_ERRNO || rec.overflow ||

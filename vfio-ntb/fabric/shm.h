@@ -83,31 +83,6 @@ typedef struct VnShmFetchReply {
     uint64_t offset;             /* where they start in the fd */
 } VnShmFetchReply;
 
-/* fds a record may bring: one (a fetch's answer); one more shows excess. */
-#define VN_SHM_MAX_FDS 2
-
-/* A record as it arrived: @buf (len bytes) and @fds are the receiver's.
- * @overflow: more fds came than fds[] holds (those beyond were closed). */
-typedef struct VnShmRecord {
-    uint8_t *buf;
-    uint32_t len;
-    int fds[VN_SHM_MAX_FDS];
-    unsigned nfds;
-    bool overflow;
-} VnShmRecord;
-
-/* One connection's record in progress; zero-initialised to start. */
-typedef struct VnShmReader {
-    uint8_t len_buf[4];
-    size_t len_got;
-    uint8_t *buf;                /* need bytes, once the length is in */
-    uint32_t need;
-    size_t got;
-    int fds[VN_SHM_MAX_FDS];
-    unsigned nfds;
-    bool fds_overflow;
-} VnShmReader;
-
 /* What a record may be: the first of an accepted connection (a VnShmHello
  * or a VnShmFetch), a frame of a link, a fetch's answer. */
 typedef enum VnShmRecordKind {
@@ -116,18 +91,9 @@ typedef enum VnShmRecordKind {
     VN_SHM_RECORD_FETCH_REPLY,
 } VnShmRecordKind;
 
-/*
- * Read toward one record from the non-blocking socket @fd.  A record's
- * length is checked before its bytes are read, against what @kind allows:
- * the size of a VnShmHello or a VnShmFetch, at most VN_FABRIC_MAX_FRAME, or
- * the size of a VnShmFetchReply.  Returns 1 with the record in @out (@r is
- * ready for the next), 0 when @fd has no more for now, -EMSGSIZE for a
- * length against that rule (in r->need; the stream cannot be trusted past
- * it), or -errno (-ECONNRESET at the end of the stream).
- */
-int vn_shm_reader_step(VnShmReader *r, int fd, VnShmRecordKind kind, VnShmRecord *out);
-/* Free what a record in progress holds. */
-void vn_shm_reader_clear(VnShmReader *r);
+/* The longest record (fabric/record.h) @kind may be; its exact size is
+ * checked once it is in (vn_shm_hello_check(), the fetch's answer). */
+uint32_t vn_shm_record_max(VnShmRecordKind kind);
 
 /*
  * Check the first record of a connection accepted by node @self (a HELLO or

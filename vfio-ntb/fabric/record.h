@@ -1,0 +1,61 @@
+/*
+ * Length-prefixed records on a UNIX stream socket, with at most one fd each
+ * (SCM_RIGHTS on the record's first byte): the framing the shm backend
+ * speaks between nodes and the host backend between a worker and its
+ * daemon.  A record is a u32 little-endian length, then that many bytes.
+ *
+ * Reading never blocks (one record's state per connection), so a peer that
+ * sends half a record stalls nothing; lengths are checked before the bytes
+ * are read, so a peer cannot make us allocate more than the caller allows.
+ */
+#ifndef VN_RECORD_H
+#define VN_RECORD_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* fds a record may bring: one; the second slot shows a peer sent more. */
+#define VN_RECORD_MAX_FDS 2
+
+/* A record as it arrived: @buf (len bytes) and @fds are the receiver's.
+ * @overflow: more fds came than fds[] holds (those beyond were closed). */
+typedef struct VnRecord {
+    uint8_t *buf;
+    uint32_t len;
+    int fds[VN_RECORD_MAX_FDS];
+    unsigned nfds;
+    bool overflow;
+} VnRecord;
+
+/* One connection's record in progress; zero-initialised to start. */
+typedef struct VnRecordReader {
+    uint8_t len_buf[4];
+    size_t len_got;
+    uint8_t *buf;                /* need bytes, once the length is in */
+    uint32_t need;
+    size_t got;
+    int fds[VN_RECORD_MAX_FDS];
+    unsigned nfds;
+    bool fds_overflow;
+} VnRecordReader;
+
+/*
+ * Read toward one record from the non-blocking socket @fd.  Returns 1 with
+ * the record in @out (@r is ready for the next), 0 when @fd has no more for
+ * now, -EMSGSIZE for a length above @max_len (in r->need; the stream cannot
+ * be trusted past it), or -errno (-ECONNRESET at the end of the stream).
+ */
+int vn_record_step(VnRecordReader *r, int fd, uint32_t max_len, VnRecord *out);
+/* Free what a record in progress holds. */
+void vn_record_reader_clear(VnRecordReader *r);
+
+/*
+ * Send one record of @len bytes (at most @max_len) with @nfds (0 or 1) fds
+ * on a blocking socket bounded by SO_SNDTIMEO: 0, -EMSGSIZE, -EINVAL, or
+ * the socket's -errno (part of the record may be out then).
+ */
+int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const int *fds,
+                   unsigned nfds);
+
+#endif /* VN_RECORD_H */
