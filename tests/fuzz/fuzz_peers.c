@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The decoders, in the order the first byte picks them. */
 static const VnPeersType types[] = {
-    VN_PEERS_ANNOUNCE, VN_PEERS_BORROW, VN_PEERS_RETURN, VN_PEERS_REVOKE, VN_PEERS_AUTHORIZE,
+    VN_PEERS_ANNOUNCE, VN_PEERS_BORROW, VN_PEERS_RETURN, VN_PEERS_REVOKE,
 };
 
 static char *round_trip(VnPeersType type, const char *json, GError **error)

@@ -185,13 +185,11 @@ static void gen_peers(void)
     g_strlcpy(a->holds[0].name, "nic0", sizeof(a->holds[0].name));
     a->holds[0].lease = 12;
     g_strlcpy(r.device, "nvme0", sizeof(r.device));
-    g_strlcpy(r.worker, "hostb-w42", sizeof(r.worker));
     /* The first byte picks the decoder, in fuzz_peers.c's order. */
     peers(0, "announce", vn_peers_announce_to_json(a));
     peers(1, "borrow", vn_peers_request_to_json(VN_PEERS_BORROW, &r));
     peers(2, "return", vn_peers_request_to_json(VN_PEERS_RETURN, &r));
     peers(3, "revoke", vn_peers_request_to_json(VN_PEERS_REVOKE, &r));
-    peers(4, "authorize", vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &r));
 }
 
 /* A control request line as ntbctl sends it ({"execute", "arguments", "id"}). */

@@ -68,10 +68,12 @@ static void fake_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *o
 {
     fake.starts++;
     b->worker_pid = (GPid)(1000 + b->lease);
-    g_free(b->worker_node);
-    b->worker_node = g_strdup_printf("%s-w%" G_GUINT64_FORMAT, d->conf->node, b->lease);
+    g_free(b->worker_name);
+    b->worker_name = g_strdup_printf("%s-w%" G_GUINT64_FORMAT, d->conf->node, b->lease);
     g_free(b->channel_path);
-    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
+    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_name);
+    g_free(b->port_path);
+    b->port_path = g_strdup_printf("%s/%s-port.sock", d->conf->run_dir, b->worker_name);
     g_hash_table_insert(fake.running, GINT_TO_POINTER(b->worker_pid), g_strdup(b->socket));
     if (fake.delay_ms > 0) {
         FakeStart *fs = g_new0(FakeStart, 1);
@@ -404,12 +406,12 @@ START_TEST(test_hostile_peer)
     revoke = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
                              ",\"grace_ms\":0}", lease);
     vn_fabric_event(e.fab, "hostb", VN_PEERS_REVOKE, revoke, NULL, 0);
-    /* Returning, borrowing and authorizing what is hostb's. */
+    /* Returning and borrowing what is hostb's; a message type no one has. */
     ret = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}", lease);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_RETURN, ret), -EPERM);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"nvme0\"}"),
                      -EACCES);
-    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_AUTHORIZE, ret), -EINVAL);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_TYPE_LAST, ret), -ENOTSUP);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"../x\"}"),
                      -EINVAL);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_REVOKE, ret), -ENOTSUP);

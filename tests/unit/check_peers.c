@@ -133,13 +133,11 @@ END_TEST
 
 START_TEST(test_requests_round_trip)
 {
-    static const VnPeersType types[] = { VN_PEERS_BORROW, VN_PEERS_RETURN, VN_PEERS_REVOKE,
-                                         VN_PEERS_AUTHORIZE };
+    static const VnPeersType types[] = { VN_PEERS_BORROW, VN_PEERS_RETURN, VN_PEERS_REVOKE };
     VnPeersRequest rq = { .lease = 42, .grace_ms = 5000 }, got;
     uint64_t lease = 0;
 
     g_strlcpy(rq.device, "nvme0", sizeof(rq.device));
-    g_strlcpy(rq.worker, "hostb-w42", sizeof(rq.worker));
     for (unsigned i = 0; i < G_N_ELEMENTS(types); i++) {
         g_autofree char *json = vn_peers_request_to_json(types[i], &rq);
         g_autoptr(GError) error = NULL;
@@ -149,7 +147,6 @@ START_TEST(test_requests_round_trip)
         ck_assert_str_eq(got.device, "nvme0");
         ck_assert_uint_eq(got.lease, types[i] == VN_PEERS_BORROW ? 0 : 42);
         ck_assert_uint_eq(got.grace_ms, types[i] == VN_PEERS_REVOKE ? 5000 : 0);
-        ck_assert_str_eq(got.worker, types[i] == VN_PEERS_AUTHORIZE ? "hostb-w42" : "");
     }
     {
         g_autofree char *json = vn_peers_lease_to_json(9);
@@ -176,8 +173,6 @@ static const struct {
     { VN_PEERS_RETURN, "{\"device\":\"nvme0\",\"lease\":0}", "lease" },
     { VN_PEERS_REVOKE, "{\"device\":\"nvme0\",\"lease\":3}", "grace_ms" },
     { VN_PEERS_REVOKE, "{\"device\":\"nvme0\",\"lease\":3,\"grace_ms\":600001}", "grace_ms" },
-    { VN_PEERS_AUTHORIZE, "{\"device\":\"nvme0\",\"lease\":3}", "worker" },
-    { VN_PEERS_AUTHORIZE, "{\"device\":\"nvme0\",\"lease\":3,\"worker\":\"..\"}", "worker" },
     { VN_PEERS_ANNOUNCE, "{\"device\":\"nvme0\"}", "not a request" },
     { VN_PEERS_TYPE_LAST, "{\"device\":\"nvme0\"}", "not a request" },
     { VN_PEERS_BORROW, "nope", "" },

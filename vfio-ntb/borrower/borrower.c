@@ -584,6 +584,11 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     return g_steal_pointer(&b);
 }
 
+static void on_detached(void *opaque, VnFabricMsg *reply, int err)
+{
+    /* Whatever the answer: we are gone. */
+}
+
 void vn_borrower_free(VnBorrower *b)
 {
     if (b == NULL) {
@@ -593,7 +598,10 @@ void vn_borrower_free(VnBorrower *b)
     if (b->attached && !b->stats.lender_lost) {
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
-        vn_borrower_call(b, VN_PROTO_DETACH, json, NULL, 0, NULL);
+        /* Sent, not waited for: the lender fences the device when it reads
+         * it, and our daemon, stopping us, relays it only once we are gone
+         * (its loop waits for us meanwhile). */
+        vn_fabric_request(b->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL);
     }
     for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
         if (b->windows[i] != NULL) {

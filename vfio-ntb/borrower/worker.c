@@ -3,13 +3,13 @@
  * of its own so that it outlives vfio-ntbd: QEMU cannot reconnect to a
  * vfio-user server, so a daemon restart must not take the server down.
  *
- *   vfio-ntb-borrower --fabric-dir DIR --node NAME --lender NODE --device NAME
+ *   vfio-ntb-borrower --port PATH --node NAME --lender NODE --device NAME
  *                     --socket PATH [--irq-mode fd|relay] [--control PATH]
- *                     [--fabric-param KEY=VALUE]...
  *
- * It attaches to the fabric as its own node (vfio-ntbd authorized that name
- * with the lender for its lease), borrows the device's data path from the
- * lender and serves it on PATH until SIGTERM, when it detaches cleanly.
+ * It is not a fabric node: it speaks as its host (NAME, the lease holder)
+ * through vfio-ntbd's port for it (fabric/host.h), borrows the device's
+ * data path from the lender and serves it on PATH until SIGTERM, when it
+ * detaches cleanly.
  * On its control channel (--control, wctl.h) it answers "stats" with its
  * counters and "unplug" by asking QEMU to unplug the device through the
  * device-request interrupt (when QEMU registered one).  vfio-ntbd starts it for
@@ -100,19 +100,18 @@ static gboolean on_stop(gpointer data)
 
 int main(int argc, char **argv)
 {
-    g_autofree char *dir = NULL, *node = NULL, *lender = NULL, *device = NULL;
+    g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
-    g_auto(GStrv) params = NULL;
     GOptionEntry entries[] = {
-        { "fabric-dir", 0, 0, G_OPTION_ARG_FILENAME, &dir, "shm fabric directory", "DIR" },
-        { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this worker's fabric node", "NAME" },
+        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
+          "PATH" },
+        { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "lender", 0, 0, G_OPTION_ARG_STRING, &lender, "the lending node", "NODE" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lender's device", "NAME" },
         { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket, "vfio-user socket for QEMU", "PATH" },
         { "irq-mode", 0, 0, G_OPTION_ARG_STRING, &mode, "fd or relay", "MODE" },
         { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
           "PATH" },
-        { "fabric-param", 0, 0, G_OPTION_ARG_STRING_ARRAY, &params, "fabric limit", "K=V" },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one borrowed device's server");
@@ -128,26 +127,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 2;
     }
-    if (dir == NULL || node == NULL || lender == NULL || device == NULL || socket == NULL ||
+    if (port == NULL || node == NULL || lender == NULL || device == NULL || socket == NULL ||
         (mode != NULL && !vn_irq_mode_from_string(mode, &irq_mode))) {
-        fprintf(stderr, "vfio-ntb-borrower: --fabric-dir, --node, --lender, --device and "
+        fprintf(stderr, "vfio-ntb-borrower: --port, --node, --lender, --device and "
                         "--socket are required; --irq-mode is fd or relay\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    g_hash_table_insert(fp, g_strdup("dir"), g_strdup(dir));
-    for (char **p = params; p != NULL && *p != NULL; p++) {
-        const char *eq = strchr(*p, '=');
-
-        if (eq == NULL) {
-            fprintf(stderr, "vfio-ntb-borrower: --fabric-param %s is not KEY=VALUE\n", *p);
-            return 2;
-        }
-        g_hash_table_insert(fp, g_strndup(*p, (gsize)(eq - *p)), g_strdup(eq + 1));
-    }
+    g_hash_table_insert(fp, g_strdup("port"), g_strdup(port));
     w.lender = lender;
     w.loop = g_main_loop_new(NULL, FALSE);
-    w.fab = vn_fabric_open("shm", node, fp, &handlers, &w, NULL, &error);
+    w.fab = vn_fabric_open("host", node, fp, &handlers, &w, NULL, &error);
     if (w.fab == NULL) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 1;

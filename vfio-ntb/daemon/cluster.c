@@ -346,13 +346,10 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
 
     g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
               d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
-    /* The lender fences on its own when the borrower's link goes; for a
-     * return or a revoke, tell it the borrower is gone now. */
+    /* The device is fenced when its lease ends, not when the holder's link
+     * goes: a borrower's daemon that restarts (its link flaps) finds its
+     * VMs' data paths as they were. */
     vn_lender_peer_down(ld->lender, ch->old_holder);
-    if (ld->worker != NULL) {
-        vn_lender_peer_down(ld->lender, ld->worker);
-    }
-    g_clear_pointer(&ld->worker, g_free);
     if (ld->revoke_timer != 0) {
         g_source_remove(ld->revoke_timer);
         ld->revoke_timer = 0;
@@ -465,22 +462,6 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, rq.lease, msg->peer);
             return;
         }
-        vn_fabric_reply(d->fab, token, NULL, NULL, 0);
-        return;
-    case VN_PEERS_AUTHORIZE:
-        if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, msg->peer) != 0 ||
-            ld->lease->id != rq.lease) {
-            reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
-                      d->conf->node, name, rq.lease, msg->peer);
-            return;
-        }
-        /* One worker per lease: a new one replaces (and fences) the old. */
-        if (ld->worker != NULL && strcmp(ld->worker, rq.worker) != 0) {
-            vn_lender_peer_down(ld->lender, ld->worker);
-        }
-        g_free(ld->worker);
-        ld->worker = g_strdup(rq.worker);
-        vn_state_save_or_report(d);
         vn_fabric_reply(d->fab, token, NULL, NULL, 0);
         return;
     default:

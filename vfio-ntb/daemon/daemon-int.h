@@ -20,6 +20,7 @@
 #include "conf.h"
 #include "leases.h"
 #include "peers.h"
+#include "port.h"
 #include "lending/lender.h"
 
 #include <glib.h>
@@ -36,7 +37,6 @@ typedef struct VnLocalDevice {
     VnLender *lender;
     VnLease *lease;             /* its lease (d->leases owns it): holder, id, state */
     guint revoke_timer;         /* a revoke waiting out its grace period */
-    char *worker;               /* the holder's worker node, may reach the device */
     VnControlReply *revoke_reply;
 } VnLocalDevice;
 
@@ -54,8 +54,10 @@ typedef struct VnBorrowed {
     /* While attached, the vfio-user server runs in its own process (spawn.c)
      * so that it outlives this daemon. */
     GPid worker_pid;            /* 0 when detached */
-    char *worker_node;          /* its fabric node */
+    char *worker_name;          /* names its files in run-dir (not a fabric node) */
     char *channel_path;         /* its control channel (borrower/wctl.h), in run-dir */
+    char *port_path;            /* its port (port.h), in run-dir */
+    VnPort *port;               /* how it uses this host's node; NULL when detached */
     guint child_watch;          /* 0 for a worker adopted after a restart */
     bool lost;                  /* the lender went away */
     bool unconfirmed;           /* restored, or the lender's link went down: the
@@ -239,7 +241,7 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  * member is required (vn_worker_ops_valid()).
  *
  * start: serve @b on b->socket (b->domain set); sets b->worker_pid (> 0
- *   while it runs), b->worker_node, b->channel_path.  Asynchronous: @done
+ *   while it runs), b->worker_name, b->channel_path, b->port.  Asynchronous: @done
  *   runs once, at once or later from the loop, with @error NULL when the
  *   worker serves, else why not; b->starting is set meanwhile.  When @b is
  *   freed first (returned), @done runs with b NULL and an error.

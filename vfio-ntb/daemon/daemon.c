@@ -48,10 +48,9 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply_error(d->fab, token, ENODEV, why);
         return;
     }
-    /* Only the lease holder, or the worker it authorized, reaches the device. */
-    if (!vn_lease_lent(ld->lease) ||
-        (strcmp(ld->lease->holder, msg->peer) != 0 &&
-         (ld->worker == NULL || strcmp(ld->worker, msg->peer) != 0))) {
+    /* Only the lease holder's node (whichever of its workers speaks)
+     * reaches the device. */
+    if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, msg->peer) != 0) {
         g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
                                                "first", d->conf->node, name, msg->peer);
 
@@ -71,19 +70,38 @@ static void on_link(void *opaque, const char *peer, bool up)
     VnDaemon *d = opaque;
 
     g_message("node %s: link to %s %s", d->conf->node, peer, up ? "up" : "down");
-    if (!up) {
-        for (guint i = 0; i < d->local->len; i++) {
-            vn_lender_peer_down(((VnLocalDevice *)d->local->pdata[i])->lender, peer);
+    /* A device lent to @peer stays as it is until its lease ends (see
+     * leases.h: an orphaned lease waits lease-timeout for its holder). */
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (b->port != NULL) {
+            vn_port_link(b->port, peer, up);
         }
     }
     vn_cluster_link(d, peer, up);
+}
+
+/* The doorbell bits of this host are its workers'. */
+static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
+{
+    VnDaemon *d = opaque;
+
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (b->port != NULL && vn_port_doorbell(b->port, peer, bit)) {
+            return;
+        }
+    }
+    g_info("node %s: doorbell %u from %s is no worker's", d->conf->node, bit, peer);
 }
 
 static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
     .on_event = on_event,
-    /* doorbells go to the borrower workers' own nodes */
+    .on_doorbell = on_doorbell,
 };
 
 /* ---- borrows named in the config file ---- */

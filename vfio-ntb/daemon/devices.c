@@ -108,8 +108,11 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     if (b->release_timer != 0) {
         g_source_remove(b->release_timer);
     }
-    g_free(b->worker_node);
+    /* A worker that outlives us reconnects to our successor's port. */
+    vn_port_free(b->port, false);
+    g_free(b->worker_name);
     g_free(b->channel_path);
+    g_free(b->port_path);
     g_free(b->device);
     g_free(b->lender);
     g_free(b->name);
@@ -133,6 +136,5 @@ void vn_devices_local_free(gpointer p)
     /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
      * its leases in the state file for the next one. */
     vn_lender_free(ld->lender);
-    g_free(ld->worker);
     g_free(ld);
 }

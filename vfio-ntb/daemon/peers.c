@@ -19,7 +19,6 @@ static const char *const type_names[] = {
     [VN_PEERS_BORROW - VN_PEERS_ANNOUNCE] = "BORROW",
     [VN_PEERS_RETURN - VN_PEERS_ANNOUNCE] = "RETURN",
     [VN_PEERS_REVOKE - VN_PEERS_ANNOUNCE] = "REVOKE",
-    [VN_PEERS_AUTHORIZE - VN_PEERS_ANNOUNCE] = "AUTHORIZE",
 };
 
 const char *vn_peers_type_to_string(uint32_t type)
@@ -106,9 +105,6 @@ char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r)
     }
     if (type == VN_PEERS_REVOKE) {
         add_uint(b, "grace_ms", r->grace_ms);
-    }
-    if (type == VN_PEERS_AUTHORIZE) {
-        add_str(b, "worker", r->worker);
     }
     json_builder_end_object(b);
     return finish(b);
@@ -314,10 +310,6 @@ bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersReque
             return false;
         }
         out->grace_ms = (uint32_t)grace;
-    }
-    if (type == VN_PEERS_AUTHORIZE &&
-        !get_name(o, "worker", VN_NAME_NODE, out->worker, sizeof(out->worker), what, error)) {
-        return false;
     }
     return true;
 }

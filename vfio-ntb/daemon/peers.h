@@ -10,7 +10,9 @@
  *   BORROW      request   {"device"}                       -> {"lease"}
  *   RETURN      request   {"device", "lease"}              -> {}
  *   REVOKE      event     {"device", "lease", "grace_ms"}
- *   AUTHORIZE   request   {"device", "lease", "worker"}    -> {}
+ *
+ * A lease is the host's: the lender lets the holder's node (its one fabric
+ * identity) reach the device, whichever of its workers speaks.
  *
  * Peers are untrusted: a decoder checks every member (names by the one name
  * rule, leases > 0, at most VN_CONF_MAX_DEVICES devices and holds, a lent
@@ -34,7 +36,6 @@ typedef enum VnPeersType {
     VN_PEERS_BORROW,
     VN_PEERS_RETURN,
     VN_PEERS_REVOKE,
-    VN_PEERS_AUTHORIZE,
     VN_PEERS_TYPE_LAST
 } VnPeersType;
 
@@ -66,9 +67,8 @@ typedef struct VnPeersAnnounce {
 /* One request or REVOKE: the fields its type uses (0 / "" otherwise). */
 typedef struct VnPeersRequest {
     char device[VN_MAX_DEVICE_NAME + 1];    /* the lender's local name */
-    uint64_t lease;                         /* RETURN, REVOKE, AUTHORIZE */
+    uint64_t lease;                         /* RETURN, REVOKE */
     uint32_t grace_ms;                      /* REVOKE */
-    char worker[VN_MAX_NODE_NAME + 1];      /* AUTHORIZE */
 } VnPeersRequest;
 
 const char *vn_peers_type_to_string(uint32_t type);

@@ -7,14 +7,17 @@
  * channel (borrower/wctl.h), and after a restart adopts the workers its
  * state file names that still run.
  *
- * The worker is a fabric node of its own; the lender lets it reach the
- * device because this daemon, the lease holder, authorized it by name.
+ * The worker is not a fabric node: it speaks through its port (port.h,
+ * fabric/host.h), as this host, the lease holder, whom the lender lets
+ * reach the device.  The port outlives the worker's connection, and a
+ * restarted daemon opens it again at the path its state file names.
  * This is vn_spawn_ops, the daemon's VnWorkerOps.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
 #include "borrower/wctl.h"
+#include "lending/proto.h"
 
 #include "common/json.h"
 #include "common/util.h"
@@ -48,9 +51,40 @@ static char *worker_binary(void)
     return g_find_program_in_path(VN_SPAWN_BINARY);
 }
 
+typedef struct ChildWatch {
+    VnDaemon *d;
+    VnBorrowed *b;
+} ChildWatch;
+
+static void on_detached(void *opaque, VnFabricMsg *reply, int err)
+{
+    /* An error only says the device was fenced already. */
+}
+
+/*
+ * The worker is gone: what it sent before it went is relayed, its port
+ * closed, and the lender told to fence the device (a worker that crashed
+ * could not say so itself).
+ */
+static void worker_gone(VnDaemon *d, VnBorrowed *b)
+{
+    g_autofree char *json = vn_proto_device_only_to_json(b->name);
+
+    if (b->port != NULL) {
+        vn_port_drain(b->port);
+        g_clear_pointer(&b->port, vn_port_free_unlinked);
+    }
+    if (vn_fabric_request(d->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached,
+                          NULL) < 0) {
+        g_info("node %s: cannot tell %s that %s is detached; its lease's end will",
+               d->conf->node, b->lender, b->device);
+    }
+}
+
 static void on_child_exit(GPid pid, gint status, gpointer data)
 {
-    VnBorrowed *b = data;
+    ChildWatch *cw = data;
+    VnBorrowed *b = cw->b;
 
     g_spawn_close_pid(pid);
     if (b->worker_pid != pid) {
@@ -61,16 +95,17 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     b->worker_pid = 0;
     b->child_watch = 0;
     g_clear_pointer(&b->domain, g_free);
+    worker_gone(cw->d, b);
 }
 
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
 static bool spawn_client_connected(VnBorrowed *b);
 
 /*
- * A start in progress: AUTHORIZE with the lender (asynchronous), spawn, then
- * a timer looks for the worker's socket every millisecond (attach latency:
- * QEMU waits on it) until VN_SPAWN_START_TIMEOUT_MS.  The daemon's loop
- * serves everything else meanwhile.
+ * A start in progress: open the worker's port, spawn, then a timer looks for
+ * the worker's socket every millisecond (attach latency: QEMU waits on it)
+ * until VN_SPAWN_START_TIMEOUT_MS.  The daemon's loop serves everything
+ * else meanwhile -- the worker's own ATTACH among it, through its port.
  */
 typedef struct Start {
     VnDaemon *d;
@@ -79,7 +114,6 @@ typedef struct Start {
     void *opaque;
     guint timer;
     gint64 deadline_us;
-    bool in_request;            /* AUTHORIZE's reply will still come (and free us) */
 } Start;
 
 /* @done runs once; the Start goes when nothing refers to it any more. */
@@ -102,9 +136,7 @@ static void start_finish(Start *st, GError *error)
     if (done != NULL) {
         done(st->d, b, error, st->opaque);
     }
-    if (!st->in_request) {
-        g_free(st);
-    }
+    g_free(st);
 }
 
 static void start_fail(Start *st, GQuark domain, int code, const char *fmt, ...)
@@ -144,7 +176,7 @@ static gboolean on_start_poll(gpointer data)
     if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
         st->timer = 0;
         g_message("node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node,
-                  b->device, b->socket, b->worker_node, b->worker_pid);
+                  b->device, b->socket, b->worker_name, b->worker_pid);
         start_finish(st, NULL);
         return G_SOURCE_REMOVE;
     }
@@ -155,6 +187,7 @@ static gboolean on_start_poll(gpointer data)
             b->child_watch = 0;
         }
         b->worker_pid = 0;
+        worker_gone(st->d, b);
         start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED,
                    "the borrower worker for %s exited; its messages are in this daemon's log",
                    b->device);
@@ -178,8 +211,7 @@ static void start_spawn(Start *st)
     g_autofree char *bin = worker_binary();
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_autoptr(GError) error = NULL;
-    GHashTableIter it;
-    gpointer k, v;
+    ChildWatch *cw;
 
     if (bin == NULL) {
         start_fail(st, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
@@ -187,16 +219,8 @@ static void start_spawn(Start *st)
         return;
     }
     g_ptr_array_add(argv, g_strdup(bin));
-    g_ptr_array_add(argv, g_strdup("--fabric-dir"));
-    g_ptr_array_add(argv, g_strdup(g_hash_table_lookup(d->conf->fabric_params, "dir")));
-    g_hash_table_iter_init(&it, d->conf->fabric_params);
-    while (g_hash_table_iter_next(&it, &k, &v)) {
-        if (strcmp(k, "dir") != 0) {
-            g_ptr_array_add(argv, g_strdup_printf("--fabric-param=%s=%s", (char *)k,
-                                                  (char *)v));
-        }
-    }
-    g_ptr_array_add(argv, g_strdup_printf("--node=%s", b->worker_node));
+    g_ptr_array_add(argv, g_strdup_printf("--port=%s", b->port_path));
+    g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
     g_ptr_array_add(argv, g_strdup_printf("--lender=%s", b->lender));
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
     g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
@@ -210,65 +234,43 @@ static void start_spawn(Start *st)
         start_finish(st, error);
         return;
     }
-    b->child_watch = g_child_watch_add(b->worker_pid, on_child_exit, b);
+    cw = g_new0(ChildWatch, 1);
+    *cw = (ChildWatch){ d, b };
+    b->child_watch = g_child_watch_add_full(G_PRIORITY_DEFAULT, b->worker_pid, on_child_exit,
+                                            cw, g_free);
     st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
     st->timer = g_timeout_add(1, on_start_poll, st);
-}
-
-/* The lender let the worker reach the device (or not). */
-static void on_authorized(void *opaque, VnFabricMsg *reply, int err)
-{
-    Start *st = opaque;
-
-    st->in_request = false;
-    if (st->b == NULL) {
-        g_free(st);             /* cancelled meanwhile: done ran already */
-        return;
-    }
-    if (err < 0) {
-        g_autofree char *why = vn_fabric_error_message(reply);
-
-        start_fail(st, G_IO_ERROR, g_io_error_from_errno(-err), "%s: %s", st->b->lender,
-                   why ? why : g_strerror(-err));
-        return;
-    }
-    start_spawn(st);
 }
 
 static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque)
 {
     Start *st = g_new0(Start, 1);
-    VnPeersRequest req = { .lease = b->lease };
-    g_autofree char *json = NULL;
-    int ret;
+    g_autoptr(GError) error = NULL;
 
     *st = (Start){ .d = d, .b = b, .done = done, .opaque = opaque };
     b->starting = true;
     b->start_cancel = start_cancel;
     b->start_data = st;
-    /* Unique per lease; the node name limit keeps the prefix short. */
-    g_free(b->worker_node);
-    b->worker_node = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
+    /* Unique per lease; short enough for socket paths. */
+    g_free(b->worker_name);
+    b->worker_name = g_strdup_printf("%.18s-w%" G_GUINT64_FORMAT, d->conf->node,
                                      (guint64)(b->lease % 1000000000u));
     g_free(b->channel_path);
-    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_node);
+    b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_name);
+    g_free(b->port_path);
+    b->port_path = g_strdup_printf("%s/%s-port.sock", d->conf->run_dir, b->worker_name);
     if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
         start_fail(st, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
                    d->conf->run_dir, g_strerror(errno));
         return;
     }
-    /* The lender must let the worker's node reach the device first. */
-    g_strlcpy(req.device, b->name, sizeof(req.device));
-    g_strlcpy(req.worker, b->worker_node, sizeof(req.worker));
-    json = vn_peers_request_to_json(VN_PEERS_AUTHORIZE, &req);
-    ret = vn_fabric_request(d->fab, b->lender, VN_PEERS_AUTHORIZE, json, NULL, 0,
-                            on_authorized, st);
-    if (ret < 0) {
-        start_fail(st, G_IO_ERROR, g_io_error_from_errno(-ret), "%s: %s", b->lender,
-                   g_strerror(-ret));
+    g_clear_pointer(&b->port, vn_port_free_unlinked);
+    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, NULL, &error);
+    if (b->port == NULL) {
+        start_finish(st, error);
         return;
     }
-    st->in_request = true;
+    start_spawn(st);
 }
 
 static bool alive(GPid pid)
@@ -313,6 +315,11 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
     b->worker_pid = 0;
     if (b->channel_path != NULL) {
         unlink(b->channel_path);
+    }
+    /* What it said last (its DETACH) goes to the lender now. */
+    if (b->port != NULL) {
+        vn_port_drain(b->port);
+        g_clear_pointer(&b->port, vn_port_free_unlinked);
     }
 }
 
@@ -388,6 +395,7 @@ static bool spawn_client_connected(VnBorrowed *b)
 
 static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
 {
+    g_autoptr(GError) error = NULL;
     g_autofree char *cmdline = NULL;
     g_autofree char *proc = g_strdup_printf("/proc/%d/cmdline", b->worker_pid);
     gsize len = 0;
@@ -399,8 +407,14 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
         b->worker_pid = 0;
         return false;
     }
+    /* It reconnects to its port as soon as we listen on it again. */
+    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, NULL, &error);
+    if (b->port == NULL) {
+        g_warning("node %s: the worker serving %s cannot reach us: %s", d->conf->node,
+                  b->device, error->message);
+    }
     g_message("node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node,
-              b->worker_node, b->worker_pid, b->device, b->socket);
+              b->worker_name, b->worker_pid, b->device, b->socket);
     return true;
 }
 

@@ -76,10 +76,6 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, ld->lease->holder);
         json_builder_set_member_name(b, "lease");
         json_builder_add_int_value(b, (gint64)ld->lease->id);
-        if (ld->worker != NULL) {
-            json_builder_set_member_name(b, "worker");
-            json_builder_add_string_value(b, ld->worker);
-        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -102,14 +98,16 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_begin_object(b);
             json_builder_set_member_name(b, "pid");
             json_builder_add_int_value(b, bw->worker_pid);
-            json_builder_set_member_name(b, "node");
-            json_builder_add_string_value(b, bw->worker_node);
+            json_builder_set_member_name(b, "name");
+            json_builder_add_string_value(b, bw->worker_name);
             json_builder_set_member_name(b, "socket");
             json_builder_add_string_value(b, bw->socket);
             json_builder_set_member_name(b, "domain");
             json_builder_add_string_value(b, bw->domain ? bw->domain : "");
             json_builder_set_member_name(b, "channel");
             json_builder_add_string_value(b, bw->channel_path);
+            json_builder_set_member_name(b, "port");
+            json_builder_add_string_value(b, bw->port_path);
             json_builder_end_object(b);
         }
         json_builder_end_object(b);
@@ -165,26 +163,28 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
 {
     JsonObject *w;
     JsonNode *pid;
-    const char *node, *socket, *domain, *stats;
+    const char *name, *socket, *domain, *stats, *port;
 
     if (wn == NULL || !JSON_NODE_HOLDS_OBJECT(wn)) {
         return;
     }
     w = json_node_get_object(wn);
     pid = json_object_get_member(w, "pid");
-    node = vn_util_json_string(w, "node");
+    name = vn_util_json_string(w, "name");
+    port = vn_util_json_string(w, "port");
     socket = vn_util_json_string(w, "socket");
     domain = vn_util_json_string(w, "domain");
     stats = vn_util_json_string(w, "channel");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
-        json_node_get_int(pid) > G_MAXINT || node == NULL || !vn_name_valid(VN_NAME_NODE, node) ||
+        json_node_get_int(pid) > G_MAXINT || name == NULL || !vn_name_valid(VN_NAME_NODE, name) ||
         socket == NULL || socket[0] != '/' || !vn_name_valid(VN_NAME_DOMAIN, domain) ||
-        stats == NULL || !in_run_dir(d, stats)) {
+        stats == NULL || !in_run_dir(d, stats) || port == NULL || !in_run_dir(d, port)) {
         return;
     }
     b->worker_pid = (GPid)json_node_get_int(pid);
-    b->worker_node = g_strdup(node);
+    b->worker_name = g_strdup(name);
+    b->port_path = g_strdup(port);
     b->socket = g_strdup(socket);
     b->domain = g_strdup(domain);
     b->channel_path = g_strdup(stats);
@@ -277,10 +277,6 @@ bool vn_state_load(VnDaemon *d, GError **error)
         /* In doubt until its borrower's daemon claims it again. */
         if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
             continue;   /* listed twice */
-        }
-        if (vn_util_json_string(json_node_get_object(e), "worker") != NULL &&
-            vn_name_valid(VN_NAME_NODE, vn_util_json_string(json_node_get_object(e), "worker"))) {
-            ld->worker = g_strdup(vn_util_json_string(json_node_get_object(e), "worker"));
         }
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);

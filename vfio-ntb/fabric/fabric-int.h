@@ -81,6 +81,7 @@ struct VnFabric {
     void *opaque;
     GMainContext *ctx;
     VnFabricLimits limits;
+    uint32_t caps;           /* ops->caps, or fewer (vn_fabric_backend_set_caps()) */
     int request_timeout_ms;
 
     GHashTable *peers;       /* name -> VnFabricPeer, links that are up */

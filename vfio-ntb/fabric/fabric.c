@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "fabric-int.h"
+#include "host.h"
 #include "shm.h"
 
 #include "common/lock.h"
@@ -88,9 +89,10 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error)
 
 static gpointer register_builtin(gpointer data)
 {
-    /* Fails only when the program registered its own "shm" first: then
-     * that one is used, which is what it asked for. */
+    /* Fails only when the program registered its own "shm" or "host"
+     * first: then that one is used, which is what it asked for. */
     vn_fabric_register(&vn_shm_ops, NULL);
+    vn_fabric_register(&vn_host_ops, NULL);
     return NULL;
 }
 
@@ -131,7 +133,12 @@ const VnFabricLimits *vn_fabric_limits(VnFabric *fab)
 
 uint32_t vn_fabric_caps(VnFabric *fab)
 {
-    return fab->ops->caps;
+    return fab->caps;
+}
+
+void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps)
+{
+    fab->caps = caps & fab->ops->caps;
 }
 
 void vn_fabric_stats(VnFabric *fab, VnFabricStats *out)
@@ -486,6 +493,12 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     fab = g_new0(VnFabric, 1);
     fab->node = g_strdup(node);
     fab->ops = ops;
+    fab->caps = ops->caps;
+    /* Ids are never reused, not even by a node that restarted (a peer may
+     * still hold a window onto an old one): they start at the wall clock's
+     * microseconds, below 2^53 (exact as JSON numbers) for centuries. */
+    fab->last_segment = (uint64_t)g_get_real_time();
+    fab->last_route = fab->last_segment;
     if (handlers != NULL) {
         fab->handlers = *handlers;
     }

@@ -164,6 +164,21 @@ typedef struct VnFabricOps {
      * @peer's route @id (checked there by vn_fabric_backend_route()), or
      * -errno; waits like map_segment. */
     int (*open_route)(void *backend, const char *peer, uint64_t id, int timeout_ms);
+    /*
+     * Optional, for a backend whose node's resources someone else keeps (a
+     * worker's, kept by its daemon; fabric/host.h).  export: publish @fd
+     * (borrowed) as a segment of @size bytes (a route when @size is 0) for
+     * @peer and return its id, or 0 with @error; unexport withdraws it.
+     * unmap_segment: a window onto @peer's segment @id is gone.
+     * doorbells_alloc / _free: the host's budget (see
+     * vn_fabric_doorbells_alloc()).  Without them the fabric does all of it
+     * itself.
+     */
+    uint64_t (*export)(void *backend, int fd, uint64_t size, const char *peer, GError **error);
+    void (*unexport)(void *backend, bool route, uint64_t id);
+    void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
+    int (*doorbells_alloc)(void *backend, uint32_t count, GError **error);
+    void (*doorbells_free)(void *backend, uint32_t first, uint32_t count);
     /* Optional: a peer's liveness check beyond the transport's own. */
     int (*ping)(void *backend, const char *peer);
     /* Optional: the names of the nodes attached now (not us), at most
@@ -193,6 +208,9 @@ void vn_fabric_backend_rejected(VnFabric *fab, const char *what);
  * limits (vn_fabric_limits_default() unless set). */
 GMainContext *vn_fabric_backend_context(VnFabric *fab);
 void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits);
+/* For ops->open: this node can do less than the backend's ops->caps say
+ * (a worker's, what its host's fabric does): @caps within them. */
+void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps);
 /*
  * For a backend answering @peer's map of segment @id (or open of route @id):
  * the fd to give (borrowed) and, for a segment, its size; -ENOENT for no
@@ -314,6 +332,9 @@ int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit);
  */
 int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error);
 void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count);
+/* Take exactly bits [first, first + count) (a restarted daemon's worker
+ * claiming back what it had): 0, or -EBUSY / -EINVAL. */
+int vn_fabric_doorbells_claim(VnFabric *fab, uint32_t first, uint32_t count);
 uint32_t vn_fabric_doorbells_in_use(VnFabric *fab);
 
 /* Counters: messages sent/received, doorbells, windows mapped. */

@@ -432,6 +432,10 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
 {
     uint32_t n = fab->limits.doorbells;
 
+    if (fab->ops->doorbells_alloc != NULL) {
+        return fab->backend != NULL ? fab->ops->doorbells_alloc(fab->backend, count, error)
+                                    : -ESHUTDOWN;
+    }
     if (count == 0 || count > n) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: %u doorbell bits asked for; the host has %u", fab->node, count, n);
@@ -458,7 +462,29 @@ void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count)
         count > VN_FABRIC_MAX_DOORBELLS - first) {
         return;
     }
+    if (fab->ops->doorbells_free != NULL) {
+        if (fab->backend != NULL) {
+            fab->ops->doorbells_free(fab->backend, first, count);
+        }
+        return;
+    }
     fab->doorbells_taken &= ~doorbell_mask(first, count);
+}
+
+int vn_fabric_doorbells_claim(VnFabric *fab, uint32_t first, uint32_t count)
+{
+    uint64_t m;
+
+    if (count == 0 || first >= fab->limits.doorbells || count > fab->limits.doorbells - first ||
+        fab->ops->doorbells_alloc != NULL) {
+        return -EINVAL;
+    }
+    m = doorbell_mask(first, count);
+    if (fab->doorbells_taken & m) {
+        return -EBUSY;
+    }
+    fab->doorbells_taken |= m;
+    return 0;
 }
 
 uint32_t vn_fabric_doorbells_in_use(VnFabric *fab)

@@ -21,7 +21,7 @@
 
 static bool routes_supported(VnFabric *fab, GError **error)
 {
-    if ((fab->ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) == 0) {
+    if ((fab->caps & VN_FABRIC_CAP_DIRECT_ROUTES) == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
                     "node %s: the %s fabric carries no interrupt routes (relay interrupts "
                     "as doorbells)", fab->node, fab->ops->name);
@@ -66,7 +66,17 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
         return 0;
     }
     route = g_new0(VnFabricSegment, 1);
-    route->id = ++fab->last_route;
+    route->id = fab->ops->export != NULL
+                ? fab->ops->export(fab->backend, copy, 0, peer, error) : ++fab->last_route;
+    if (route->id == 0 || g_hash_table_contains(fab->routes, &route->id)) {
+        if (route->id != 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                        "node %s: route id %" PRIu64 " given twice", fab->node, route->id);
+        }
+        close(copy);
+        g_free(route);
+        return 0;
+    }
     route->fd = copy;
     route->peer = g_strdup(peer);
     g_hash_table_insert(fab->routes, &route->id, route);
@@ -82,6 +92,9 @@ void vn_fabric_route_unexport(VnFabric *fab, uint64_t id)
         return;
     }
     g_hash_table_steal(fab->routes, &id);
+    if (fab->ops->unexport != NULL && fab->backend != NULL) {
+        fab->ops->unexport(fab->backend, true, id);
+    }
     VN_TRACE("node %s: route %" PRIu64 " withdrawn from %s", fab->node, id, route->peer);
     vn_fabric_segment_free(route);
 }

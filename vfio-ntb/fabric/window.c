@@ -77,7 +77,17 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
     seg = g_new0(VnFabricSegment, 1);
     /* Ids are never reused, so a stale id names nothing rather than the
      * wrong memory. */
-    seg->id = ++fab->last_segment;
+    seg->id = fab->ops->export != NULL
+              ? fab->ops->export(fab->backend, copy, size, peer, error) : ++fab->last_segment;
+    if (seg->id == 0 || g_hash_table_contains(fab->segments, &seg->id)) {
+        if (seg->id != 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                        "node %s: segment id %" PRIu64 " given twice", fab->node, seg->id);
+        }
+        close(copy);
+        g_free(seg);
+        return 0;
+    }
     seg->fd = copy;
     seg->size = size;
     seg->peer = g_strdup(peer);
@@ -95,6 +105,9 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
         return;
     }
     g_hash_table_remove(fab->segments, &id);
+    if (fab->ops->unexport != NULL && fab->backend != NULL) {
+        fab->ops->unexport(fab->backend, false, id);
+    }
     VN_TRACE("node %s: segment %" PRIu64 " withdrawn from %s", fab->node, id, seg->peer);
     vn_fabric_segment_free(seg);
 }
@@ -260,6 +273,9 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
              w->peer, w->segment);
     fab->windows[slot] = NULL;
     fab->windows_in_use--;
+    if (fab->ops->unmap_segment != NULL && fab->backend != NULL) {
+        fab->ops->unmap_segment(fab->backend, w->peer, w->segment);
+    }
     window_free(w);
 }
 

@@ -1,0 +1,354 @@
+/*
+ * Unit tests of a worker speaking through its daemon's port (daemon/port.c,
+ * fabric/host.c): hosta lends (a threaded shm node), hostb is the daemon's
+ * node with a port on the test's context, and the worker opens the `host`
+ * backend in a thread of its own (its calls wait for the daemon, which the
+ * test thread runs).  The worker is never a node: hosta sees hostb.
+ */
+#include "check-main.h"
+#include "fabric-rig.h"
+#include "daemon/port.h"
+#include "fabric/host.h"
+
+#include <sys/eventfd.h>
+
+#define DEVICE_JSON "{\"device\":\"nvme0\"}"
+
+typedef struct Worker {
+    VnFabric *fab;
+    GMainContext *ctx;
+    char *port;
+    GMutex lock;
+    unsigned doorbells[VN_FABRIC_MAX_DOORBELLS];
+    unsigned downs;
+    /* one step at a time, run in the worker's thread */
+    void (*step)(struct Worker *w);
+    gint done;
+    int ret;
+    uint64_t id;
+    int fd;
+    VnFabricWindow *win;
+} Worker;
+
+static Worker *worker;
+static VnPort *port;
+
+static void w_on_link(void *opaque, const char *peer, bool up)
+{
+    Worker *w = opaque;
+
+    g_mutex_lock(&w->lock);
+    w->downs += !up;
+    g_mutex_unlock(&w->lock);
+}
+
+static void w_on_doorbell(void *opaque, const char *peer, uint32_t bit)
+{
+    Worker *w = opaque;
+
+    g_mutex_lock(&w->lock);
+    w->doorbells[bit]++;
+    g_mutex_unlock(&w->lock);
+}
+
+static const VnFabricHandlers worker_handlers = {
+    .on_link = w_on_link,
+    .on_doorbell = w_on_doorbell,
+};
+
+static gpointer step_thread(gpointer data)
+{
+    Worker *w = data;
+
+    g_main_context_push_thread_default(w->ctx);
+    w->step(w);
+    g_main_context_pop_thread_default(w->ctx);
+    g_atomic_int_set(&w->done, 1);
+    return NULL;
+}
+
+/* Run @step in the worker's thread while this one serves the daemon. */
+static void in_worker(void (*step)(Worker *w))
+{
+    GThread *t;
+
+    worker->step = step;
+    g_atomic_int_set(&worker->done, 0);
+    t = g_thread_new("worker", step_thread, worker);
+    WAIT_FOR(g_atomic_int_get(&worker->done));
+    g_thread_join(t);
+}
+
+static void step_open(Worker *w)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+
+    g_hash_table_insert(params, "port", w->port);
+    w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
+    ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
+    w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
+}
+
+static void step_echo(Worker *w)
+{
+    g_autoptr(VnFabricMsg) reply = NULL;
+
+    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_ECHO, DEVICE_JSON, "abc", 3, &reply);
+    if (w->ret == 0) {
+        ck_assert_str_eq(reply->json, DEVICE_JSON);
+        ck_assert_uint_eq(reply->data_len, 3);
+    }
+}
+
+static void step_echo_other_device(Worker *w)
+{
+    g_autoptr(VnFabricMsg) reply = NULL;
+
+    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_ECHO, "{\"device\":\"nic0\"}", NULL, 0,
+                                    &reply);
+}
+
+static void step_map(Worker *w)
+{
+    g_autoptr(GError) error = NULL;
+
+    w->win = vn_fabric_window_map(w->fab, "hosta", w->id, &error);
+    w->ret = w->win != NULL ? 0 : -1;
+}
+
+static void step_unmap(Worker *w)
+{
+    vn_fabric_window_unmap(w->fab, w->win);
+    w->win = NULL;
+}
+
+static void step_export(Worker *w)
+{
+    g_autoptr(GError) error = NULL;
+
+    w->id = vn_fabric_segment_export(w->fab, w->fd, 4096, "hosta", &error);
+    ck_assert_msg(w->id != 0, "%s", error ? error->message : "");
+}
+
+/* hosta maps the worker's segment: it reaches hostb's daemon, which has it. */
+static void step_map_back(Worker *w)
+{
+    g_autoptr(VnFabricMsg) reply = NULL;
+    g_autofree char *json = g_strdup(DEVICE_JSON);
+
+    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_MAP_BACK, json, &w->id, sizeof(w->id),
+                                    &reply);
+    if (w->ret == 0) {
+        ck_assert_uint_eq(reply->data_len, 8);
+        ck_assert_mem_eq(reply->data, "worker!!", 8);
+    }
+}
+
+static void step_route(Worker *w)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    uint64_t id, le;
+
+    id = vn_fabric_route_export(w->fab, w->fd, "hosta", &error);
+    ck_assert_msg(id != 0, "%s", error ? error->message : "");
+    le = GUINT64_TO_LE(id);
+    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le,
+                                    sizeof(le), &reply);
+}
+
+static void step_doorbells(Worker *w)
+{
+    w->ret = vn_fabric_doorbells_alloc(w->fab, 2, NULL);
+}
+
+/* Until doorbell @id arrived (or a second went by). */
+static void step_wait_doorbell(Worker *w)
+{
+    gint64 end = g_get_monotonic_time() + G_USEC_PER_SEC;
+
+    while (g_get_monotonic_time() < end) {
+        g_mutex_lock(&w->lock);
+        if (w->doorbells[w->id] > 0) {
+            g_mutex_unlock(&w->lock);
+            return;
+        }
+        g_mutex_unlock(&w->lock);
+        g_main_context_iteration(w->ctx, FALSE);
+        g_usleep(1000);
+    }
+}
+
+/* The worker's loop for half a second (it notices its daemon went, and
+ * reconnects, from its own sources). */
+static void step_run(Worker *w)
+{
+    gint64 end = g_get_monotonic_time() + G_USEC_PER_SEC / 2;
+
+    while (g_get_monotonic_time() < end) {
+        g_main_context_iteration(w->ctx, FALSE);
+        g_usleep(1000);
+    }
+}
+
+static void step_close(Worker *w)
+{
+    g_clear_pointer(&w->fab, vn_fabric_close);
+}
+
+static Node *lender;
+
+static void port_setup(void)
+{
+    Node *b;
+    g_autoptr(GError) error = NULL;
+
+    setup();
+    lender = node_open("hosta", true);
+    b = node_open("hostb", false);
+    worker = g_new0(Worker, 1);
+    worker->ctx = g_main_context_new();
+    worker->port = g_build_filename(tmpdir, "w1-port.sock", NULL);
+    g_mutex_init(&worker->lock);
+    port = vn_port_new(b->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+}
+
+static void port_teardown(void)
+{
+    if (worker->fab != NULL) {
+        in_worker(step_close);
+    }
+    vn_port_free(port, true);
+    g_main_context_unref(worker->ctx);
+    g_mutex_clear(&worker->lock);
+    g_free(worker->port);
+    g_free(worker);
+    teardown();
+}
+
+static VnFabric *hostb(void)
+{
+    return ((Node *)nodes->pdata[1])->fab;
+}
+
+START_TEST(test_relayed_as_the_host)
+{
+    node_start(lender);
+    in_worker(step_open);
+    ck_assert_int_eq(worker->ret, 0);
+    in_worker(step_echo);
+    ck_assert_int_eq(worker->ret, 0);
+    /* hosta saw hostb, and no worker node at all. */
+    ck_assert(log_has(lender, "up:hostb"));
+    ck_assert_uint_eq(log_count(lender, "up:"), 1);
+    /* Another device of this host is not this worker's to speak for. */
+    in_worker(step_echo_other_device);
+    ck_assert_int_eq(worker->ret, -EACCES);
+    ck_assert_uint_eq(vn_port_refused(port), 1);
+}
+END_TEST
+
+START_TEST(test_windows_segments_routes)
+{
+    uint8_t *map, *wmap;
+    int memfd = memfd_new(16384, &map);
+    int wfd = memfd_new(4096, &wmap);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint64_t n = 0;
+
+    worker->id = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
+    ck_assert_uint_ne(worker->id, 0);
+    node_start(lender);
+    in_worker(step_open);
+    /* The window is the host's: the daemon's node holds it. */
+    in_worker(step_map);
+    ck_assert_int_eq(worker->ret, 0);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
+    memcpy(worker->win->host + 10, "through", 7);
+    ck_assert_mem_eq(map + 10, "through", 7);
+    in_worker(step_unmap);
+    WAIT_FOR(vn_fabric_windows_in_use(hostb()) == 0);
+
+    /* The worker's memory, exported by the daemon: hosta maps it. */
+    memcpy(wmap, "worker!!", 8);
+    worker->fd = wfd;
+    in_worker(step_export);
+    in_worker(step_map_back);
+    ck_assert_int_eq(worker->ret, 0);
+
+    /* An interrupt route: hosta signals the worker's eventfd itself. */
+    worker->fd = efd;
+    in_worker(step_route);
+    ck_assert_int_eq(worker->ret, 0);
+    ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
+    ck_assert_uint_eq(n, 1);
+    munmap(map, 16384);
+    munmap(wmap, 4096);
+    close(memfd);
+    close(wfd);
+    close(efd);
+}
+END_TEST
+
+START_TEST(test_doorbells_and_restart)
+{
+    VnFabric *b = hostb();
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+    int first;
+
+    node_start(lender);
+    in_worker(step_open);
+    in_worker(step_doorbells);
+    first = worker->ret;
+    ck_assert_int_ge(first, 0);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 2);
+    /* hosta rings the worker's bit: the worker gets it, the daemon's
+     * handler does not; a bit nobody was given reaches no worker. */
+    ck_assert(vn_port_doorbell(port, "hosta", (uint32_t)first + 1));
+    ck_assert(!vn_port_doorbell(port, "hosta", 20));
+    ck_assert(!vn_port_doorbell(port, "hostc", (uint32_t)first));
+    worker->id = (uint64_t)first + 1;
+    in_worker(step_wait_doorbell);
+    ck_assert_uint_eq(worker->doorbells[first + 1], 1);
+
+    /* The daemon restarts: a new port at the same path; its bits were
+     * forgotten with it, the worker claims them back, and no link went
+     * down for it. */
+    vn_port_free(port, false);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    in_worker(step_run);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 2);
+    in_worker(step_echo);
+    ck_assert_int_eq(worker->ret, 0);
+    ck_assert_uint_eq(worker->downs, 0);
+
+    /* A port that goes takes back what its worker had. */
+    vn_port_free(port, true);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
+}
+END_TEST
+
+static Suite *port_suite(void)
+{
+    Suite *s = suite_create("port");
+    TCase *tc = tcase_create("port");
+
+    tcase_add_checked_fixture(tc, port_setup, port_teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_relayed_as_the_host);
+    tcase_add_test(tc, test_windows_segments_routes);
+    tcase_add_test(tc, test_doorbells_and_restart);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(port_suite());
+}

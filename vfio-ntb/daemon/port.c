@@ -1,0 +1,608 @@
+/*
+ * A worker's port (see port.h): the daemon relays for a worker that is not
+ * a fabric node.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "port.h"
+
+#include "common/util.h"
+#include "fabric/frame.h"
+#include "fabric/host.h"
+#include "fabric/record.h"
+#include "lending/proto.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* A request relayed for the worker, until its answer comes. */
+typedef struct VnPortRelay {
+    VnPort *port;               /* NULL once the port is gone */
+    uint64_t id;                /* the worker's frame id */
+    uint32_t type;
+} VnPortRelay;
+
+struct VnPort {
+    VnFabric *fab;
+    char *path;
+    char *lender;
+    char *device;
+    int listen_fd;
+    GSource *listen_src;
+    int fd;                     /* the worker's connection, or -1 */
+    GSource *src;
+    VnRecordReader rx;
+    GPtrArray *windows;         /* VnFabricWindow *, mapped for the worker */
+    GArray *segments;           /* uint64_t ids exported for it */
+    GArray *routes;
+    uint64_t doorbells;         /* bit i: the worker's */
+    GPtrArray *relays;          /* VnPortRelay *, in flight */
+    GByteArray *out;
+    uint64_t refused;
+    GMainContext *ctx;
+};
+
+const char *vn_port_path(VnPort *p)
+{
+    return p->path;
+}
+
+uint64_t vn_port_refused(VnPort *p)
+{
+    return p->refused;
+}
+
+static void refuse(VnPort *p, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static void refuse(VnPort *p, const char *fmt, ...)
+{
+    g_autofree char *why = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    why = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    p->refused++;
+    g_info("port %s: refused from the worker of %s/%s: %s", p->path, p->lender, p->device, why);
+}
+
+/* ---- to the worker ---------------------------------------------------- */
+
+static void conn_close(VnPort *p)
+{
+    if (p->src != NULL) {
+        g_source_destroy(p->src);
+        g_clear_pointer(&p->src, g_source_unref);
+    }
+    vn_record_reader_clear(&p->rx);
+    vn_util_close_fd(&p->fd);
+}
+
+static void to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
+                      uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+{
+    VnHostHdr hdr = { .op = op, .status = status, .seq = seq, .arg = arg, .arg2 = arg2 };
+    g_autofree uint8_t *buf = NULL;
+    int ret;
+
+    if (p->fd < 0) {
+        return;
+    }
+    if (peer != NULL) {
+        g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
+    }
+    buf = g_malloc(sizeof(hdr) + len);
+    memcpy(buf, &hdr, sizeof(hdr));
+    if (len > 0) {
+        memcpy(buf + sizeof(hdr), data, len);
+    }
+    ret = vn_record_send(p->fd, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
+                         fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    if (ret < 0) {
+        /* A worker that does not read its port for seconds is stuck: it
+         * reconnects when it is not. */
+        g_info("port %s: cannot reach the worker: %s", p->path, g_strerror(-ret));
+        conn_close(p);
+    }
+}
+
+static void reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t arg2, int fd)
+{
+    to_worker(p, VN_HOST_REPLY, h->seq, err < 0 ? -err : err, NULL, arg, arg2, NULL, 0, fd);
+}
+
+/* A frame for the worker, as if @lender had sent it to the worker's node. */
+static void frame_to_worker(VnPort *p, uint16_t flags, uint32_t type, uint64_t id, int32_t err,
+                            const char *json, const void *data, size_t len)
+{
+    if (vn_fabric_frame_encode(p->out, flags, type, id, err, json, data, len) < 0) {
+        /* Our own answer: it fits, or it becomes an error the worker gets. */
+        vn_fabric_frame_encode(p->out, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type, id,
+                               EMSGSIZE, NULL, NULL, 0);
+    }
+    to_worker(p, VN_HOST_RECV, 0, 0, p->lender, 0, 0, p->out->data, p->out->len, -1);
+}
+
+void vn_port_link(VnPort *p, const char *peer, bool up)
+{
+    if (strcmp(peer, p->lender) == 0) {
+        to_worker(p, VN_HOST_LINK, 0, 0, peer, up, 0, NULL, 0, -1);
+    }
+}
+
+bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit)
+{
+    uint32_t le = GUINT32_TO_LE(bit);
+
+    if (bit >= VN_FABRIC_MAX_DOORBELLS || !(p->doorbells & (UINT64_C(1) << bit)) ||
+        strcmp(peer, p->lender) != 0) {
+        return false;
+    }
+    frame_to_worker(p, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, 0, NULL, &le,
+                    sizeof(le));
+    return true;
+}
+
+/* ---- relaying the worker's frames ------------------------------------- */
+
+static void on_relayed(void *opaque, VnFabricMsg *msg, int err)
+{
+    VnPortRelay *r = opaque;
+    VnPort *p = r->port;
+
+    if (p != NULL) {
+        g_ptr_array_remove_fast(p->relays, r);
+        if (err < 0) {
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, r->type, r->id,
+                            -err, msg != NULL ? msg->json : NULL, NULL, 0);
+        } else {
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY, r->type, r->id, 0, msg->json, msg->data,
+                            msg->data_len);
+        }
+    }
+    g_free(r);
+}
+
+/* Only about the worker's own device (the lender checks the holder; this
+ * keeps one worker from speaking for another device of this host). */
+static bool names_its_device(VnPort *p, const VnFabricFrame *f)
+{
+    char name[VN_MAX_DEVICE_NAME + 1];
+
+    return f->json != NULL && vn_proto_device_name(f->json, name, NULL) &&
+           strcmp(name, p->device) == 0;
+}
+
+static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
+{
+    uint16_t kind;
+    VnFabricFrame f;
+    uint32_t bit;
+    int ret;
+
+    if (vn_fabric_frame_decode(buf, len, &f) < 0) {
+        refuse(p, "a malformed frame");
+        return;
+    }
+    kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
+    if (kind == VN_FABRIC_FLAG_EVENT && f.hdr.type == VN_FABRIC_TYPE_DOORBELL) {
+        if (f.hdr.data_len != sizeof(bit)) {
+            refuse(p, "a doorbell of %u bytes", f.hdr.data_len);
+            return;
+        }
+        memcpy(&bit, f.data, sizeof(bit));
+        vn_fabric_doorbell(p->fab, p->lender, GUINT32_FROM_LE(bit));
+        return;
+    }
+    if (kind == VN_FABRIC_FLAG_REPLY || f.hdr.type >= VN_FABRIC_TYPE_RESERVED ||
+        !names_its_device(p, &f)) {
+        refuse(p, "a %s of type 0x%x that is not about %s", vn_fabric_kind_to_string(f.hdr.flags),
+               f.hdr.type, p->device);
+        if (kind == VN_FABRIC_FLAG_REQUEST) {
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id,
+                            EACCES, NULL, NULL, 0);
+        }
+        return;
+    }
+    if (kind == VN_FABRIC_FLAG_EVENT) {
+        vn_fabric_event(p->fab, p->lender, f.hdr.type, f.json, f.data, f.hdr.data_len);
+        return;
+    }
+    if (p->relays->len >= VN_PORT_MAX_INFLIGHT) {
+        refuse(p, "more than %u requests in flight", VN_PORT_MAX_INFLIGHT);
+        frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id,
+                        EBUSY, NULL, NULL, 0);
+        return;
+    }
+    {
+        VnPortRelay *r = g_new0(VnPortRelay, 1);
+
+        r->port = p;
+        r->id = f.hdr.id;
+        r->type = f.hdr.type;
+        ret = vn_fabric_request(p->fab, p->lender, f.hdr.type, f.json, f.data, f.hdr.data_len,
+                                on_relayed, r);
+        if (ret < 0) {
+            g_free(r);
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type,
+                            f.hdr.id, -ret, NULL, NULL, 0);
+            return;
+        }
+        g_ptr_array_add(p->relays, r);
+    }
+}
+
+/* ---- the worker's other ops ------------------------------------------- */
+
+static bool array_take(GArray *a, uint64_t id)
+{
+    for (guint i = 0; i < a->len; i++) {
+        if (g_array_index(a, uint64_t, i) == id) {
+            g_array_remove_index_fast(a, i);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void op_export(VnPort *p, const VnHostHdr *h, int fd)
+{
+    g_autoptr(GError) error = NULL;
+    bool route = h->op == VN_HOST_EXPORT_ROUTE;
+    GArray *ids = route ? p->routes : p->segments;
+    uint64_t id;
+
+    if (fd < 0 || ids->len >= VN_PORT_MAX_EXPORTS) {
+        refuse(p, "an export %s", fd < 0 ? "without its fd" : "beyond the bound");
+        reply(p, h, fd < 0 ? EINVAL : ENOSPC, 0, 0, -1);
+        return;
+    }
+    id = route ? vn_fabric_route_export(p->fab, fd, p->lender, &error)
+               : vn_fabric_segment_export(p->fab, fd, h->arg, p->lender, &error);
+    if (id == 0) {
+        refuse(p, "%s", error->message);
+        reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    g_array_append_val(ids, id);
+    reply(p, h, 0, id, 0, -1);
+}
+
+static void op_map(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w;
+
+    if (p->windows->len >= VN_PORT_MAX_WINDOWS) {
+        refuse(p, "more than %u windows", VN_PORT_MAX_WINDOWS);
+        reply(p, h, ENOSPC, 0, 0, -1);
+        return;
+    }
+    /* Bounded by the fabric's request timeout; the lender answers from its
+     * backend, without running a handler. */
+    w = vn_fabric_window_map(p->fab, p->lender, h->arg, &error);
+    if (w == NULL) {
+        g_info("port %s: %s", p->path, error->message);
+        reply(p, h, g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? ENOSPC
+                    : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)  ? ENOENT
+                    : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED) ? EACCES
+                                                                                      : EIO,
+              0, 0, -1);
+        return;
+    }
+    g_ptr_array_add(p->windows, w);
+    reply(p, h, 0, w->size, w->offset, w->fd);
+}
+
+static void op_unmap(VnPort *p, const VnHostHdr *h)
+{
+    for (guint i = 0; i < p->windows->len; i++) {
+        VnFabricWindow *w = p->windows->pdata[i];
+
+        if (w->segment == h->arg) {
+            g_ptr_array_remove_index_fast(p->windows, i);
+            vn_fabric_window_unmap(p->fab, w);
+            return;
+        }
+    }
+    refuse(p, "an unmap of segment %" PRIu64 ", which it has no window onto", h->arg);
+}
+
+static uint64_t bits(uint64_t first, uint64_t count)
+{
+    if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 ||
+        count > VN_FABRIC_MAX_DOORBELLS - first) {
+        return 0;
+    }
+    return (count == 64 ? ~UINT64_C(0) : (UINT64_C(1) << count) - 1) << first;
+}
+
+static void op_doorbells(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    uint64_t m = bits(h->arg, h->arg2);
+    int first, ret;
+
+    switch (h->op) {
+    case VN_HOST_DOORBELLS_ALLOC:
+        first = h->arg <= VN_FABRIC_MAX_DOORBELLS
+                ? vn_fabric_doorbells_alloc(p->fab, (uint32_t)h->arg, &error) : -EINVAL;
+        if (first >= 0) {
+            p->doorbells |= bits((uint64_t)first, h->arg);
+        }
+        reply(p, h, first < 0 ? first : 0, first < 0 ? 0 : (uint64_t)first, 0, -1);
+        break;
+    case VN_HOST_DOORBELLS_CLAIM:
+        ret = m == 0 ? -EINVAL
+                     : vn_fabric_doorbells_claim(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
+        if (ret == 0) {
+            p->doorbells |= m;
+        }
+        reply(p, h, ret, 0, 0, -1);
+        break;
+    default:
+        if (m == 0 || (p->doorbells & m) != m) {
+            refuse(p, "doorbells %" PRIu64 "+%" PRIu64 " given back, not its", h->arg,
+                   h->arg2);
+            return;
+        }
+        p->doorbells &= ~m;
+        vn_fabric_doorbells_free(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
+        break;
+    }
+}
+
+static void op_open_route(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    int fd = vn_fabric_route_open(p->fab, p->lender, h->arg, &error);
+
+    if (fd < 0) {
+        g_info("port %s: %s", p->path, error->message);
+        reply(p, h, fd, 0, 0, -1);
+        return;
+    }
+    reply(p, h, 0, 0, 0, fd);
+    close(fd);
+}
+
+/* One record from the worker. */
+static void worker_record(VnPort *p, VnRecord *rec)
+{
+    g_autofree char *why = NULL;
+    const uint8_t *frame;
+    size_t frame_len;
+    VnHostHdr h;
+    int fd;
+
+    why = vn_host_record_check(rec->buf, rec->len, rec->nfds, rec->overflow, true, &h, &frame,
+                               &frame_len);
+    if (why != NULL) {
+        vn_util_close_fds(rec->fds, rec->nfds);
+        refuse(p, "%s", why);
+        conn_close(p);
+        return;
+    }
+    fd = rec->nfds == 1 ? rec->fds[0] : -1;
+    if (h.peer[0] != '\0' && strcmp(h.peer, p->lender) != 0) {
+        refuse(p, "%s for %s, not its lender %s", vn_host_op_to_string(h.op), h.peer,
+               p->lender);
+        if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT ||
+            h.op == VN_HOST_EXPORT_ROUTE || h.op == VN_HOST_OPEN_ROUTE) {
+            reply(p, &h, EACCES, 0, 0, -1);
+        }
+        vn_util_close_fd(&fd);
+        return;
+    }
+    switch (h.op) {
+    case VN_HOST_HELLO:
+        reply(p, &h, 0, vn_fabric_caps(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
+        break;
+    case VN_HOST_CONNECT:
+        vn_fabric_connect(p->fab, p->lender, NULL);
+        reply(p, &h, vn_fabric_link_up(p->fab, p->lender) ? 0 : ENOTCONN, 0, 0, -1);
+        break;
+    case VN_HOST_SEND:
+        relay_frame(p, frame, frame_len);
+        break;
+    case VN_HOST_MAP:
+        op_map(p, &h);
+        break;
+    case VN_HOST_UNMAP:
+        op_unmap(p, &h);
+        break;
+    case VN_HOST_EXPORT_SEGMENT:
+    case VN_HOST_EXPORT_ROUTE:
+        op_export(p, &h, fd);
+        break;
+    case VN_HOST_UNEXPORT_SEGMENT:
+    case VN_HOST_UNEXPORT_ROUTE:
+        if (!array_take(h.op == VN_HOST_UNEXPORT_ROUTE ? p->routes : p->segments, h.arg)) {
+            refuse(p, "an unexport of %" PRIu64 ", which is not its", h.arg);
+        } else if (h.op == VN_HOST_UNEXPORT_ROUTE) {
+            vn_fabric_route_unexport(p->fab, h.arg);
+        } else {
+            vn_fabric_segment_unexport(p->fab, h.arg);
+        }
+        break;
+    case VN_HOST_OPEN_ROUTE:
+        op_open_route(p, &h);
+        break;
+    default:
+        op_doorbells(p, &h);
+        break;
+    }
+    vn_util_close_fd(&fd);
+}
+
+static gboolean on_worker(int fd, GIOCondition cond, gpointer data)
+{
+    VnPort *p = data;
+
+    /* A bounded batch per wake-up: one chatty worker cannot starve the
+     * daemon's loop. */
+    for (int i = 0; i < 64 && p->fd >= 0; i++) {
+        VnRecord rec;
+        g_autofree uint8_t *buf = NULL;
+        int ret = vn_record_step(&p->rx, p->fd, VN_HOST_MAX_RECORD, &rec);
+
+        if (ret == 0) {
+            break;
+        }
+        if (ret < 0) {
+            if (ret != -ECONNRESET) {
+                refuse(p, "a broken stream (%s)", g_strerror(-ret));
+            }
+            conn_close(p);
+            break;
+        }
+        buf = rec.buf;
+        worker_record(p, &rec);
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_port_drain(VnPort *p)
+{
+    /* Bounded: a worker that exited has sent all it will. */
+    for (int i = 0; i < 16 && p->fd >= 0; i++) {
+        on_worker(p->fd, G_IO_IN, p);
+    }
+}
+
+static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
+{
+    VnPort *p = data;
+    struct timeval tv = { .tv_sec = 2 };
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+    if (c < 0) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+        (cred.uid != geteuid() && cred.uid != 0)) {
+        close(c);
+        return G_SOURCE_CONTINUE;
+    }
+    /* The worker again (it reconnected): its new connection replaces the
+     * old; what it holds stays. */
+    conn_close(p);
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    p->fd = c;
+    p->src = g_unix_fd_source_new(c, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(p->src, G_SOURCE_FUNC(on_worker), p, NULL);
+    g_source_attach(p->src, p->ctx);
+    return G_SOURCE_CONTINUE;
+}
+
+/* ---- life ------------------------------------------------------------- */
+
+static bool port_listen(VnPort *p, GError **error)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int e;
+
+    if (strlen(p->path) >= sizeof(addr.sun_path)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FILENAME_TOO_LONG,
+                    "port %s: too long for a socket", p->path);
+        return false;
+    }
+    strcpy(addr.sun_path, p->path);
+    p->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    /* A socket left by the daemon before us (adopting its worker): no one
+     * listens on it any more. */
+    unlink(p->path);
+    if (p->listen_fd < 0 || bind(p->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        chmod(p->path, 0600) < 0 || listen(p->listen_fd, 4) < 0) {
+        e = errno;
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "port %s: %s", p->path,
+                    g_strerror(e));
+        return false;
+    }
+    p->listen_src = g_unix_fd_source_new(p->listen_fd, G_IO_IN);
+    g_source_set_callback(p->listen_src, G_SOURCE_FUNC(on_accept), p, NULL);
+    g_source_attach(p->listen_src, p->ctx);
+    return true;
+}
+
+VnPort *vn_port_new(VnFabric *fab, const char *path, const char *lender, const char *device,
+                    GMainContext *ctx, GError **error)
+{
+    VnPort *p = g_new0(VnPort, 1);
+
+    p->ctx = ctx;
+
+    p->fab = fab;
+    p->path = g_strdup(path);
+    p->lender = g_strdup(lender);
+    p->device = g_strdup(device);
+    p->listen_fd = -1;
+    p->fd = -1;
+    p->windows = g_ptr_array_new();
+    p->segments = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    p->relays = g_ptr_array_new();
+    p->out = g_byte_array_new();
+    if (!port_listen(p, error)) {
+        vn_port_free(p, false);
+        return NULL;
+    }
+    return p;
+}
+
+void vn_port_free_unlinked(VnPort *p)
+{
+    vn_port_free(p, true);
+}
+
+void vn_port_free(VnPort *p, bool unlink_it)
+{
+    if (p == NULL) {
+        return;
+    }
+    conn_close(p);
+    if (p->listen_src != NULL) {
+        g_source_destroy(p->listen_src);
+        g_source_unref(p->listen_src);
+    }
+    if (p->listen_fd >= 0 && unlink_it) {
+        unlink(p->path);
+    }
+    vn_util_close_fd(&p->listen_fd);
+    for (guint i = 0; i < p->relays->len; i++) {
+        ((VnPortRelay *)p->relays->pdata[i])->port = NULL;   /* freed when answered */
+    }
+    for (guint i = 0; i < p->windows->len; i++) {
+        vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
+    }
+    for (guint i = 0; i < p->segments->len; i++) {
+        vn_fabric_segment_unexport(p->fab, g_array_index(p->segments, uint64_t, i));
+    }
+    for (guint i = 0; i < p->routes->len; i++) {
+        vn_fabric_route_unexport(p->fab, g_array_index(p->routes, uint64_t, i));
+    }
+    for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
+        if (p->doorbells & (UINT64_C(1) << b)) {
+            vn_fabric_doorbells_free(p->fab, b, 1);
+        }
+    }
+    g_ptr_array_unref(p->relays);
+    g_ptr_array_unref(p->windows);
+    g_array_unref(p->segments);
+    g_array_unref(p->routes);
+    g_byte_array_unref(p->out);
+    g_free(p->path);
+    g_free(p->lender);
+    g_free(p->device);
+    g_free(p);
+}

@@ -1,0 +1,684 @@
+/*
+ * The `host` fabric backend (see host.h): a worker speaks through its
+ * daemon's port.  One connection; records of a VnHostHdr and maybe a frame;
+ * ops that need an answer wait for their REPLY, handing up whatever else
+ * comes meanwhile (the fabric queues it: no handler runs inside a wait).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "host.h"
+#include "frame.h"
+#include "record.h"
+
+#include "common/name.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+G_STATIC_ASSERT(sizeof(VnHostHdr) == 64);
+
+/* How often a worker tries its daemon's port while the daemon restarts. */
+#define VN_HOST_RETRY_MS 100
+/* A daemon that cannot take a record for this long is gone. */
+#define VN_HOST_SEND_TIMEOUT_S 5
+
+typedef struct VnHost {
+    VnFabric *fab;
+    GMainContext *ctx;
+    char *path;
+    int fd;                      /* -1 while the daemon is away */
+    GSource *src;
+    GSource *retry;              /* reconnecting */
+    gint64 away_since_us;
+    VnRecordReader rx;
+    uint64_t seq;
+    GHashTable *wanted;          /* peers we asked for (asked again after a restart) */
+    GHashTable *up;              /* peers the daemon says are up */
+    uint64_t doorbells;          /* bit i: ours (claimed again after a restart) */
+    /* The one op waiting for its REPLY. */
+    uint64_t wait_seq;
+    bool wait_done;
+    VnHostHdr wait_hdr;
+    int wait_fd;
+} VnHost;
+
+static const char *const op_names[VN_HOST_OP_LAST] = {
+    [VN_HOST_HELLO] = "HELLO",
+    [VN_HOST_CONNECT] = "CONNECT",
+    [VN_HOST_SEND] = "SEND",
+    [VN_HOST_MAP] = "MAP",
+    [VN_HOST_UNMAP] = "UNMAP",
+    [VN_HOST_EXPORT_SEGMENT] = "EXPORT_SEGMENT",
+    [VN_HOST_EXPORT_ROUTE] = "EXPORT_ROUTE",
+    [VN_HOST_UNEXPORT_SEGMENT] = "UNEXPORT_SEGMENT",
+    [VN_HOST_UNEXPORT_ROUTE] = "UNEXPORT_ROUTE",
+    [VN_HOST_OPEN_ROUTE] = "OPEN_ROUTE",
+    [VN_HOST_DOORBELLS_ALLOC] = "DOORBELLS_ALLOC",
+    [VN_HOST_DOORBELLS_CLAIM] = "DOORBELLS_CLAIM",
+    [VN_HOST_DOORBELLS_FREE] = "DOORBELLS_FREE",
+    [VN_HOST_REPLY] = "REPLY",
+    [VN_HOST_LINK] = "LINK",
+    [VN_HOST_RECV] = "RECV",
+};
+
+const char *vn_host_op_to_string(uint32_t op)
+{
+    return op < VN_HOST_OP_LAST && op_names[op] != NULL ? op_names[op] : "unknown";
+}
+
+/* Whether @op names a peer, carries a frame, carries an fd. */
+static bool op_has_peer(uint32_t op)
+{
+    return op == VN_HOST_CONNECT || op == VN_HOST_SEND || op == VN_HOST_MAP ||
+           op == VN_HOST_UNMAP || op == VN_HOST_EXPORT_SEGMENT || op == VN_HOST_EXPORT_ROUTE ||
+           op == VN_HOST_OPEN_ROUTE || op == VN_HOST_LINK || op == VN_HOST_RECV;
+}
+
+static bool op_has_frame(uint32_t op)
+{
+    return op == VN_HOST_SEND || op == VN_HOST_RECV;
+}
+
+char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
+                           bool from_worker, VnHostHdr *hdr, const uint8_t **frame,
+                           size_t *frame_len)
+{
+    bool worker_op, fd_ok;
+
+    if (len < sizeof(*hdr) || len > VN_HOST_MAX_RECORD) {
+        return g_strdup_printf("a record of %zu bytes", len);
+    }
+    memcpy(hdr, buf, sizeof(*hdr));
+    worker_op = hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE;
+    if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
+        return g_strdup_printf("op %u where %s ops belong", hdr->op,
+                               from_worker ? "a worker's" : "a daemon's");
+    }
+    if (memchr(hdr->peer, '\0', sizeof(hdr->peer)) == NULL ||
+        (op_has_peer(hdr->op) ? !vn_name_valid(VN_NAME_NODE, hdr->peer) : hdr->peer[0] != 0)) {
+        return g_strdup_printf("%s with a bad peer name", vn_host_op_to_string(hdr->op));
+    }
+    if (hdr->status < 0 || hdr->status > 4095 || (hdr->op != VN_HOST_REPLY && hdr->status)) {
+        return g_strdup_printf("%s with status %d", vn_host_op_to_string(hdr->op),
+                               hdr->status);
+    }
+    if (op_has_frame(hdr->op) != (len > sizeof(*hdr)) && hdr->op != VN_HOST_HELLO &&
+        hdr->op != VN_HOST_REPLY) {
+        return g_strdup_printf("%s with %zu bytes after its header",
+                               vn_host_op_to_string(hdr->op), len - sizeof(*hdr));
+    }
+    fd_ok = hdr->op == VN_HOST_EXPORT_SEGMENT || hdr->op == VN_HOST_EXPORT_ROUTE ||
+            hdr->op == VN_HOST_REPLY;
+    if (overflow || nfds > 1 || (nfds == 1 && !fd_ok)) {
+        return g_strdup_printf("%s with %u fds", vn_host_op_to_string(hdr->op), nfds);
+    }
+    *frame = len > sizeof(*hdr) ? buf + sizeof(*hdr) : NULL;
+    *frame_len = len - sizeof(*hdr);
+    return NULL;
+}
+
+/* ---- sending ---------------------------------------------------------- */
+
+static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer,
+                            uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+{
+    VnHostHdr hdr = { .op = op, .seq = seq, .arg = arg, .arg2 = arg2 };
+    g_autofree uint8_t *buf = NULL;
+    int ret;
+
+    if (h->fd < 0) {
+        return -ENOTCONN;
+    }
+    if (peer != NULL) {
+        g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
+    }
+    buf = g_malloc(sizeof(hdr) + len);
+    memcpy(buf, &hdr, sizeof(hdr));
+    if (len > 0) {
+        memcpy(buf + sizeof(hdr), data, len);
+    }
+    ret = vn_record_send(h->fd, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
+                         fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
+        /* The stream is lost: the reader sees it end and reconnects. */
+        shutdown(h->fd, SHUT_RDWR);
+    }
+    return ret;
+}
+
+/* ---- receiving -------------------------------------------------------- */
+
+static void host_away(VnHost *h);
+
+/* Handle one record from the daemon; false when the connection must go. */
+static bool host_record(VnHost *h, VnRecord *rec)
+{
+    g_autofree char *why = NULL;
+    const uint8_t *frame;
+    size_t frame_len;
+    VnHostHdr hdr;
+
+    why = vn_host_record_check(rec->buf, rec->len, rec->nfds, rec->overflow, false, &hdr,
+                               &frame, &frame_len);
+    if (why != NULL) {
+        g_autofree char *what = g_strdup_printf("port %s: %s", h->path, why);
+
+        vn_util_close_fds(rec->fds, rec->nfds);
+        vn_fabric_backend_rejected(h->fab, what);
+        return false;
+    }
+    switch (hdr.op) {
+    case VN_HOST_REPLY:
+        if (hdr.seq == 0) {
+            return true;         /* to an op sent without waiting */
+        }
+        if (hdr.seq != h->wait_seq || h->wait_done) {
+            vn_util_close_fds(rec->fds, rec->nfds);
+            vn_fabric_backend_rejected(h->fab, "a REPLY to no op of ours");
+            return false;
+        }
+        h->wait_hdr = hdr;
+        h->wait_fd = rec->nfds == 1 ? rec->fds[0] : -1;
+        h->wait_done = true;
+        return true;
+    case VN_HOST_LINK:
+        if (hdr.arg) {
+            g_hash_table_add(h->up, g_strdup(hdr.peer));
+        } else {
+            g_hash_table_remove(h->up, hdr.peer);
+        }
+        vn_fabric_backend_link(h->fab, hdr.peer, hdr.arg != 0);
+        return true;
+    default: /* VN_HOST_RECV */
+        if (!g_hash_table_contains(h->up, hdr.peer)) {
+            vn_fabric_backend_rejected(h->fab, "a frame from a peer whose link is down");
+            return true;
+        }
+        vn_fabric_backend_received(h->fab, hdr.peer, frame, frame_len);
+        return true;
+    }
+}
+
+/* Read what the port holds; false once the daemon is gone. */
+static bool host_service(VnHost *h)
+{
+    for (int i = 0; i < 64 && h->fd >= 0; i++) {
+        VnRecord rec;
+        g_autofree uint8_t *buf = NULL;
+        int ret = vn_record_step(&h->rx, h->fd, VN_HOST_MAX_RECORD, &rec);
+
+        if (ret == 0) {
+            return true;
+        }
+        if (ret < 0) {
+            g_info("port %s: the daemon is gone (%s)", h->path, g_strerror(-ret));
+            host_away(h);
+            return false;
+        }
+        buf = rec.buf;
+        if (!host_record(h, &rec)) {
+            host_away(h);
+            return false;
+        }
+    }
+    return h->fd >= 0;
+}
+
+static gboolean on_port(int fd, GIOCondition cond, gpointer data)
+{
+    host_service(data);
+    return G_SOURCE_CONTINUE;
+}
+
+/* ---- the connection and its restarts ---------------------------------- */
+
+static int host_dial(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct timeval tv = { .tv_sec = VN_HOST_SEND_TIMEOUT_S };
+    int fd, e;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return -ENAMETOOLONG;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+/* Wait for the REPLY to op @seq (sent already); its status as -errno, the
+ * header in @rep, an fd that came with it in *fd (else -1). */
+static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000;
+
+    *fd = -1;
+    h->wait_seq = seq;
+    h->wait_done = false;
+    while (!h->wait_done && h->fd >= 0) {
+        struct pollfd p = { .fd = h->fd, .events = POLLIN };
+        gint64 left = deadline - g_get_monotonic_time();
+
+        if (left <= 0) {
+            h->wait_seq = 0;
+            g_info("port %s: no answer in %d ms; the daemon is stuck", h->path,
+                   VN_HOST_REPLY_TIMEOUT_MS);
+            shutdown(h->fd, SHUT_RDWR);
+            return -ETIMEDOUT;
+        }
+        if (poll(&p, 1, (int)((left + 999) / 1000)) > 0) {
+            host_service(h);
+        }
+    }
+    h->wait_seq = 0;
+    if (!h->wait_done) {
+        return -ENOTCONN;
+    }
+    *rep = h->wait_hdr;
+    *fd = h->wait_fd;
+    return -h->wait_hdr.status;
+}
+
+/* An op that gets a REPLY: send, wait. */
+static int host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                     const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in)
+{
+    uint64_t seq = ++h->seq;
+    int ret;
+
+    *fd_in = -1;
+    ret = host_send_record(h, op, seq, peer, arg, arg2, data, len, fd_out);
+    if (ret < 0) {
+        return ret;
+    }
+    return host_wait_reply(h, seq, rep, fd_in);
+}
+
+/* HELLO, then our links and doorbell bits again (after a restart). */
+static bool host_greet(VnHost *h, GError **error)
+{
+    VnFabricLimits limits;
+    GHashTableIter it;
+    gpointer peer;
+    VnHostHdr rep;
+    int fd, ret;
+
+    ret = host_call(h, VN_HOST_HELLO, NULL, 0, 0, NULL, 0, -1, &rep, &fd);
+    vn_util_close_fd(&fd);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "port %s: the daemon did not greet us: %s", h->path, g_strerror(-ret));
+        return false;
+    }
+    /* The host's limits and capabilities are the daemon's node's. */
+    vn_fabric_limits_default(&limits);
+    limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
+    limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
+    vn_fabric_backend_set_limits(h->fab, &limits);
+    vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg);
+    for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {
+        uint32_t count = 0;
+
+        while (first + count < VN_FABRIC_MAX_DOORBELLS &&
+               (h->doorbells & (UINT64_C(1) << (first + count)))) {
+            count++;
+        }
+        if (count == 0) {
+            continue;
+        }
+        ret = host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep,
+                        &fd);
+        vn_util_close_fd(&fd);
+        if (ret < 0) {
+            g_warning("port %s: doorbells %u+%u are not ours again: %s", h->path, first,
+                      count, g_strerror(-ret));
+        }
+        first += count;
+    }
+    /* Answers come as REPLYs we no longer wait for: a LINK follows each
+     * change, so ask with no answer. */
+    g_hash_table_iter_init(&it, h->wanted);
+    while (g_hash_table_iter_next(&it, &peer, NULL)) {
+        host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
+    }
+    return true;
+}
+
+static bool host_attach_fd(VnHost *h, int fd, GError **error)
+{
+    h->fd = fd;
+    memset(&h->rx, 0, sizeof(h->rx));
+    h->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(h->src, G_SOURCE_FUNC(on_port), h, NULL);
+    g_source_attach(h->src, h->ctx);
+    return host_greet(h, error);
+}
+
+static gboolean on_retry(gpointer data)
+{
+    VnHost *h = data;
+    g_autoptr(GError) error = NULL;
+    int fd = host_dial(h->path);
+
+    if (fd >= 0 && host_attach_fd(h, fd, &error)) {
+        g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
+               (g_get_monotonic_time() - h->away_since_us) / 1000);
+        g_clear_pointer(&h->retry, g_source_unref);
+        return G_SOURCE_REMOVE;
+    }
+    if (fd >= 0) {
+        host_away(h);            /* not greeted: try again */
+        return G_SOURCE_REMOVE;
+    }
+    if (g_get_monotonic_time() - h->away_since_us < (gint64)VN_HOST_RECONNECT_MS * 1000) {
+        return G_SOURCE_CONTINUE;
+    }
+    g_warning("port %s: the daemon did not come back in %d ms; every link is down", h->path,
+              VN_HOST_RECONNECT_MS);
+    g_clear_pointer(&h->retry, g_source_unref);
+    while (g_hash_table_size(h->up) > 0) {
+        GHashTableIter it;
+        gpointer key;
+        g_autofree char *peer = NULL;
+
+        g_hash_table_iter_init(&it, h->up);
+        g_hash_table_iter_next(&it, &key, NULL);
+        peer = g_strdup(key);
+        g_hash_table_remove(h->up, peer);
+        vn_fabric_backend_link(h->fab, peer, false);
+    }
+    return G_SOURCE_REMOVE;
+}
+
+/* The daemon went (or broke the protocol): drop the connection, keep the
+ * links, try again until VN_HOST_RECONNECT_MS. */
+static void host_away(VnHost *h)
+{
+    if (h->src != NULL) {
+        g_source_destroy(h->src);
+        g_clear_pointer(&h->src, g_source_unref);
+    }
+    vn_record_reader_clear(&h->rx);
+    vn_util_close_fd(&h->fd);
+    if (h->retry == NULL) {
+        if (h->away_since_us == 0 || g_hash_table_size(h->up) > 0) {
+            h->away_since_us = g_get_monotonic_time();
+        }
+        h->retry = g_timeout_source_new(VN_HOST_RETRY_MS);
+        g_source_set_callback(h->retry, on_retry, h, NULL);
+        g_source_attach(h->retry, h->ctx);
+    }
+}
+
+/* ---- ops -------------------------------------------------------------- */
+
+static void host_close(void *backend)
+{
+    VnHost *h = backend;
+
+    if (h->retry != NULL) {
+        g_source_destroy(h->retry);
+        g_source_unref(h->retry);
+    }
+    if (h->src != NULL) {
+        g_source_destroy(h->src);
+        g_source_unref(h->src);
+    }
+    vn_record_reader_clear(&h->rx);
+    vn_util_close_fd(&h->fd);
+    g_hash_table_unref(h->wanted);
+    g_hash_table_unref(h->up);
+    g_main_context_unref(h->ctx);
+    g_free(h->path);
+    g_free(h);
+}
+
+static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    const char *path = g_hash_table_lookup(params, "port");
+    GHashTableIter it;
+    gpointer key;
+    VnHost *h;
+    int fd;
+
+    g_hash_table_iter_init(&it, params);
+    while (g_hash_table_iter_next(&it, &key, NULL)) {
+        if (strcmp(key, "port") != 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "host fabric: unknown parameter \"%.40s\" (known: port)", (char *)key);
+            return NULL;
+        }
+    }
+    if (path == NULL || path[0] != '/') {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "host fabric: \"port\" must be the daemon's port, an absolute path");
+        return NULL;
+    }
+    fd = host_dial(path);
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
+                    "host fabric: cannot reach the daemon's port %s: %s", path,
+                    g_strerror(-fd));
+        return NULL;
+    }
+    h = g_new0(VnHost, 1);
+    h->fab = fab;
+    h->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
+    h->path = g_strdup(path);
+    h->wait_fd = -1;
+    h->wanted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    h->up = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    if (!host_attach_fd(h, fd, error)) {
+        host_close(h);
+        return NULL;
+    }
+    g_info("port %s: node %s speaks through its daemon", path, node);
+    return h;
+}
+
+static int host_connect(void *backend, const char *peer)
+{
+    VnHost *h = backend;
+    VnHostHdr rep;
+    int fd, ret;
+
+    if (g_hash_table_contains(h->up, peer)) {
+        return 0;
+    }
+    if (!g_hash_table_contains(h->wanted, peer)) {
+        if (g_hash_table_size(h->wanted) >= 8) {
+            return -EMFILE;      /* a worker talks to its lender, not the world */
+        }
+        g_hash_table_add(h->wanted, g_strdup(peer));
+    }
+    /* As shm does: the link is up when this returns 0. */
+    ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
+    vn_util_close_fd(&fd);
+    if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
+        g_hash_table_add(h->up, g_strdup(peer));
+        vn_fabric_backend_link(h->fab, peer, true);
+    }
+    return ret;
+}
+
+static int host_send(void *backend, const char *peer, const void *buf, size_t len)
+{
+    VnHost *h = backend;
+
+    if (!g_hash_table_contains(h->up, peer)) {
+        return -ENOTCONN;
+    }
+    return host_send_record(h, VN_HOST_SEND, 0, peer, 0, 0, buf, len, -1);
+}
+
+static int host_wait(void *backend, const char *peer, int timeout_ms)
+{
+    VnHost *h = backend;
+    struct pollfd p = { .fd = h->fd, .events = POLLIN };
+    int ready;
+
+    if (!g_hash_table_contains(h->up, peer)) {
+        return -ENOTCONN;
+    }
+    if (h->fd < 0) {
+        g_usleep((gulong)MIN(timeout_ms, VN_HOST_RETRY_MS) * 1000);
+        return -ETIMEDOUT;
+    }
+    ready = poll(&p, 1, timeout_ms);
+    if (ready < 0) {
+        return -errno;
+    }
+    if (ready == 0) {
+        return -ETIMEDOUT;
+    }
+    host_service(h);
+    return 0;
+}
+
+/* A worker does not end its host's links: it forgets the peer until the
+ * daemon reports it again. */
+static void host_disconnect(void *backend, const char *peer)
+{
+    VnHost *h = backend;
+
+    if (g_hash_table_remove(h->up, peer)) {
+        vn_fabric_backend_link(h->fab, peer, false);
+    }
+}
+
+static int host_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                            uint64_t *size, uint64_t *offset)
+{
+    VnHostHdr rep;
+    int fd, ret = host_call(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, -1, &rep, &fd);
+
+    if (ret == 0 && fd < 0) {
+        ret = -EPROTO;
+    }
+    if (ret < 0) {
+        vn_util_close_fd(&fd);
+        return ret;
+    }
+    *size = rep.arg;
+    *offset = rep.arg2;
+    return fd;
+}
+
+static int host_open_route(void *backend, const char *peer, uint64_t id, int timeout_ms)
+{
+    VnHostHdr rep;
+    int fd, ret = host_call(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, -1, &rep, &fd);
+
+    if (ret == 0 && fd < 0) {
+        ret = -EPROTO;
+    }
+    if (ret < 0) {
+        vn_util_close_fd(&fd);
+        return ret;
+    }
+    return fd;
+}
+
+static uint64_t host_export(void *backend, int fd, uint64_t size, const char *peer,
+                            GError **error)
+{
+    VnHost *h = backend;
+    VnHostHdr rep;
+    int got, ret;
+
+    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size, 0,
+                    NULL, 0, fd, &rep, &got);
+    vn_util_close_fd(&got);
+    if (ret == 0 && rep.arg == 0) {
+        ret = -EPROTO;
+    }
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "port %s: the daemon did not export the %s for %s: %s", h->path,
+                    size > 0 ? "segment" : "route", peer, g_strerror(-ret));
+        return 0;
+    }
+    return rep.arg;
+}
+
+static void host_unexport(void *backend, bool route, uint64_t id)
+{
+    host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0,
+                     NULL, id, 0, NULL, 0, -1);
+}
+
+static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
+{
+    host_send_record(backend, VN_HOST_UNMAP, 0, peer, id, 0, NULL, 0, -1);
+}
+
+static int host_doorbells_alloc(void *backend, uint32_t count, GError **error)
+{
+    VnHost *h = backend;
+    VnHostHdr rep;
+    int fd, ret;
+
+    ret = host_call(h, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, &rep, &fd);
+    vn_util_close_fd(&fd);
+    if (ret == 0 && (rep.arg >= VN_FABRIC_MAX_DOORBELLS ||
+                     count > VN_FABRIC_MAX_DOORBELLS - rep.arg)) {
+        ret = -EPROTO;
+    }
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "port %s: the host has no %u doorbell bits free%s", h->path, count,
+                    ret == -ENOSPC ? "" : " (the daemon did not answer)");
+        return ret;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        h->doorbells |= UINT64_C(1) << (rep.arg + i);
+    }
+    return (int)rep.arg;
+}
+
+static void host_doorbells_free(void *backend, uint32_t first, uint32_t count)
+{
+    VnHost *h = backend;
+
+    for (uint32_t i = 0; i < count; i++) {
+        h->doorbells &= ~(UINT64_C(1) << (first + i));
+    }
+    host_send_record(h, VN_HOST_DOORBELLS_FREE, 0, NULL, first, count, NULL, 0, -1);
+}
+
+const VnFabricOps vn_host_ops = {
+    .name = "host",
+    /* What the host's node can do; narrowed at HELLO to the daemon's. */
+    .caps = VN_FABRIC_CAP_DIRECT_ROUTES,
+    .open = host_open,
+    .close = host_close,
+    .connect = host_connect,
+    .send = host_send,
+    .wait = host_wait,
+    .disconnect = host_disconnect,
+    .map_segment = host_map_segment,
+    .open_route = host_open_route,
+    .export = host_export,
+    .unexport = host_unexport,
+    .unmap_segment = host_unmap_segment,
+    .doorbells_alloc = host_doorbells_alloc,
+    .doorbells_free = host_doorbells_free,
+};

@@ -1,0 +1,95 @@
+/*
+ * The `host` fabric backend: a worker's view of its host's fabric node.
+ *
+ * A host has one fabric identity, its daemon's node (an NTB adapter is one
+ * endpoint with one budget of windows and doorbell bits).  A worker (the
+ * vfio-user server of one borrowed device) is not a node: it opens a
+ * VnFabric on this backend, which speaks for it through its daemon's
+ * *port*, a UNIX socket of its own that the daemon listens on
+ * (daemon/port.h).  Its frames go out as the daemon's, its windows are the
+ * daemon's windows (the fd comes over the port), its segments and routes
+ * are exported by the daemon, its doorbell bits are the daemon's.  Within a
+ * host fds may pass (SCM_RIGHTS); nothing here crosses a host.
+ *
+ * Parameters: "port" (required), the socket's path.
+ *
+ * A daemon that restarts closes the port; the backend reconnects for up to
+ * VN_HOST_RECONNECT_MS without reporting any link down (the data path --
+ * mapped windows, routes -- does not go through the port), claims its
+ * doorbell bits back, and asks for its links again.  Requests sent while it
+ * is away fail (-ENOTCONN).  Past the bound every link is reported down.
+ *
+ * Wire: records (fabric/record.h) of a VnHostHdr, then for SEND and RECV
+ * one fabric frame (fabric/frame.h).  Ops a worker sends that get an answer
+ * carry a sequence number the REPLY echoes; the daemon answers them in
+ * order.  The daemon checks everything a worker sends (it is a peer like
+ * any other): only its lender, only its device, only its own segments,
+ * routes and bits.
+ *
+ * Threads: all of it runs in the fabric's GMainContext.
+ */
+#ifndef VN_HOST_H
+#define VN_HOST_H
+
+#include "fabric.h"
+
+#include <stdint.h>
+
+/* The backend's table; vn_fabric_open() registers it as "host". */
+extern const VnFabricOps vn_host_ops;
+
+typedef enum VnHostOp {
+    VN_HOST_INVALID = 0,
+    /* worker -> daemon; the ones marked "->" get a REPLY */
+    VN_HOST_HELLO = 1,           /* -> arg: the node's caps, arg2: its windows */
+    VN_HOST_CONNECT,             /* peer -> status: 0 once the link is up */
+    VN_HOST_SEND,                /* peer; data: one fabric frame (request or event) */
+    VN_HOST_MAP,                 /* peer, arg: segment -> arg: size, arg2: offset, 1 fd */
+    VN_HOST_UNMAP,               /* peer, arg: segment */
+    VN_HOST_EXPORT_SEGMENT,      /* peer, arg: size, 1 fd -> arg: id */
+    VN_HOST_EXPORT_ROUTE,        /* peer, 1 fd -> arg: id */
+    VN_HOST_UNEXPORT_SEGMENT,    /* arg: id */
+    VN_HOST_UNEXPORT_ROUTE,      /* arg: id */
+    VN_HOST_OPEN_ROUTE,          /* peer, arg: id -> 1 fd */
+    VN_HOST_DOORBELLS_ALLOC,     /* arg: count -> arg: first bit */
+    VN_HOST_DOORBELLS_CLAIM,     /* arg: first, arg2: count -> (back after a restart) */
+    VN_HOST_DOORBELLS_FREE,      /* arg: first, arg2: count */
+    /* daemon -> worker */
+    VN_HOST_REPLY,               /* seq: the op's; status; arg, arg2; maybe 1 fd */
+    VN_HOST_LINK,                /* peer, arg: 1 up, 0 down */
+    VN_HOST_RECV,                /* peer; data: one fabric frame */
+    VN_HOST_OP_LAST
+} VnHostOp;
+
+typedef struct VnHostHdr {
+    uint32_t op;                 /* VnHostOp */
+    int32_t status;              /* REPLY: 0 or the positive errno of a refusal */
+    uint64_t seq;                /* ops with a REPLY: the worker's number, echoed */
+    uint64_t arg;
+    uint64_t arg2;
+    char peer[VN_MAX_NODE_NAME + 1];   /* NUL-terminated, or "" */
+} VnHostHdr;
+
+/* The longest record on a port: a header and the largest frame. */
+#define VN_HOST_MAX_RECORD ((uint32_t)sizeof(VnHostHdr) + VN_FABRIC_MAX_FRAME)
+/* How long a worker waits for a restarted daemon. */
+#define VN_HOST_RECONNECT_MS 30000
+/* An op that gets a REPLY waits at most this long (the daemon answers at
+ * once; a map waits on the peer, bounded by the request timeout). */
+#define VN_HOST_REPLY_TIMEOUT_MS (VN_FABRIC_REQUEST_TIMEOUT_MS + 1000)
+
+const char *vn_host_op_to_string(uint32_t op);
+
+/*
+ * Check a record's header as its receiver: its length, the op (one a
+ * worker sends when @from_worker, else one a daemon sends), a NUL-terminated
+ * peer name that is a node name where the op needs one (or empty), and the
+ * fd count the op carries (1 or 0; @nfds, @overflow as read).  NULL with
+ * the header in @hdr and the frame's bytes in @frame / @frame_len, or what
+ * is wrong (newly allocated).
+ */
+char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
+                           bool from_worker, VnHostHdr *hdr, const uint8_t **frame,
+                           size_t *frame_len);
+
+#endif /* VN_HOST_H */
