@@ -94,8 +94,8 @@ def cpu_s(pid):
 
 def our_pids(marker, binary):
     """Pids of processes running @binary (a file name) whose command line mentions @marker
-    (a path of this run's, e.g. its fabric directory): workers are started by vfio-ntbd, not
-    by the harness, so they are found in /proc."""
+    (a path of this run's, e.g. the daemons' work directory, where their ports are): workers
+    are started by vfio-ntbd, not by the harness, so they are found in /proc."""
     pids = []
     for p in os.listdir("/proc"):
         if not p.isdigit():
@@ -361,7 +361,7 @@ def _scale(procs, wd, fab, daemons):
     time.sleep(IDLE_S)
     idle_pct = (sum(cpu_s(d.proc.pid) for d in daemons) - c0) / IDLE_S * 100
     attached = attach_some(daemons)
-    workers = our_pids(fab, "vfio-ntb-borrower")
+    workers = our_pids(wd, "vfio-ntb-borrower")
     if len(workers) != attached:
         raise h.HarnessError(f"scale: {attached} devices attached, {len(workers)} workers")
     worker_rss = max((rss_kib(p) for p in workers), default=0)

@@ -107,7 +107,7 @@ def guest_run(kind, mib=MIB, rounds=1):
                            ).start(wait_sockets=True)
                 dev = h.VfioUserDevice(b.borrows["nvme0"][1])
                 groups["vfio_ntb"] = lambda: [a.proc.pid, b.proc.pid] + \
-                    our_pids(fab, "vfio-ntb-borrower")
+                    our_pids(wd, "vfio-ntb-borrower")
         elif kind == "builtin":
             dev = h.BuiltinNvme(img, serial="VN-BENCH")
         elif kind == "nbd":
