@@ -89,23 +89,12 @@ static void conn_close(VnPort *p)
 static void to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
                       uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
 {
-    VnHostHdr hdr = { .op = op, .status = status, .seq = seq, .arg = arg, .arg2 = arg2 };
-    g_autofree uint8_t *buf = NULL;
     int ret;
 
     if (p->fd < 0) {
         return;
     }
-    if (peer != NULL) {
-        g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
-    }
-    buf = g_malloc(sizeof(hdr) + len);
-    memcpy(buf, &hdr, sizeof(hdr));
-    if (len > 0) {
-        memcpy(buf + sizeof(hdr), data, len);
-    }
-    ret = vn_record_send(p->fd, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
-                         fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    ret = vn_host_send(p->fd, op, seq, status, peer, arg, arg2, data, len, fd);
     if (ret < 0) {
         /* A worker that does not read its port for seconds is stuck: it
          * reconnects when it is not. */

@@ -19,8 +19,6 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 G_STATIC_ASSERT(sizeof(VnHostHdr) == 64);
@@ -127,26 +125,32 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
 
 /* ---- sending ---------------------------------------------------------- */
 
+int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer,
+                 uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+{
+    VnHostHdr hdr = { .op = op, .status = status, .seq = seq, .arg = arg, .arg2 = arg2 };
+    g_autofree uint8_t *buf = g_malloc(sizeof(hdr) + len);
+
+    if (peer != NULL) {
+        g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
+    }
+    memcpy(buf, &hdr, sizeof(hdr));
+    if (len > 0) {
+        memcpy(buf + sizeof(hdr), data, len);
+    }
+    return vn_record_send(sock, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
+                          fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+}
+
 static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer,
                             uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
 {
-    VnHostHdr hdr = { .op = op, .seq = seq, .arg = arg, .arg2 = arg2 };
-    g_autofree uint8_t *buf = NULL;
     int ret;
 
     if (h->fd < 0) {
         return -ENOTCONN;
     }
-    if (peer != NULL) {
-        g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
-    }
-    buf = g_malloc(sizeof(hdr) + len);
-    memcpy(buf, &hdr, sizeof(hdr));
-    if (len > 0) {
-        memcpy(buf + sizeof(hdr), data, len);
-    }
-    ret = vn_record_send(h->fd, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
-                         fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    ret = vn_host_send(h->fd, op, seq, 0, peer, arg, arg2, data, len, fd);
     if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
         /* The stream is lost: the reader sees it end and reconnects. */
         shutdown(h->fd, SHUT_RDWR);
@@ -242,22 +246,11 @@ static gboolean on_port(int fd, GIOCondition cond, gpointer data)
 
 static int host_dial(const char *path)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    struct timeval tv = { .tv_sec = VN_HOST_SEND_TIMEOUT_S };
-    int fd, e;
+    int fd = vn_record_dial(path, VN_HOST_SEND_TIMEOUT_S);
 
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        return -ENAMETOOLONG;
-    }
-    strcpy(addr.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return -errno;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
-        !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
-        e = errno;
+    if (fd >= 0 && !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
+        int e = errno;
+
         close(fd);
         return -e;
     }
@@ -564,11 +557,10 @@ static void host_disconnect(void *backend, const char *peer)
     }
 }
 
-static int host_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                            uint64_t *size, uint64_t *offset)
+/* An op answered with an fd (@peer's segment or route @id): the fd, or -errno. */
+static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t id, VnHostHdr *rep)
 {
-    VnHostHdr rep;
-    int fd, ret = host_call(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, -1, &rep, &fd);
+    int fd, ret = host_call(h, op, peer, id, 0, NULL, 0, -1, rep, &fd);
 
     if (ret == 0 && fd < 0) {
         ret = -EPROTO;
@@ -577,24 +569,27 @@ static int host_map_segment(void *backend, const char *peer, uint64_t id, int ti
         vn_util_close_fd(&fd);
         return ret;
     }
-    *size = rep.arg;
-    *offset = rep.arg2;
+    return fd;
+}
+
+static int host_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                            uint64_t *size, uint64_t *offset)
+{
+    VnHostHdr rep;
+    int fd = host_call_fd(backend, VN_HOST_MAP, peer, id, &rep);
+
+    if (fd >= 0) {
+        *size = rep.arg;
+        *offset = rep.arg2;
+    }
     return fd;
 }
 
 static int host_open_route(void *backend, const char *peer, uint64_t id, int timeout_ms)
 {
     VnHostHdr rep;
-    int fd, ret = host_call(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, -1, &rep, &fd);
 
-    if (ret == 0 && fd < 0) {
-        ret = -EPROTO;
-    }
-    if (ret < 0) {
-        vn_util_close_fd(&fd);
-        return ret;
-    }
-    return fd;
+    return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, &rep);
 }
 
 static uint64_t host_export(void *backend, int fd, uint64_t size, const char *peer,

@@ -80,6 +80,11 @@ typedef struct VnHostHdr {
 
 const char *vn_host_op_to_string(uint32_t op);
 
+/* Send one record (a header and @len bytes of frame, maybe @fd) on @sock:
+ * 0 or -errno, as vn_record_send(). */
+int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer,
+                 uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd);
+
 /*
  * Check a record's header as its receiver: its length, the op (one a
  * worker sends when @from_worker, else one a daemon sends), a NUL-terminated

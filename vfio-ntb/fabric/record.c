@@ -10,6 +10,10 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 /* One non-blocking read; bytes, 0 when none yet, or -errno.  One fd beyond
  * the limit is kept: that is enough for the caller to refuse the record. */
@@ -102,4 +106,27 @@ int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const in
         sent += (size_t)n;
     }
     return 0;
+}
+
+int vn_record_dial(const char *path, int send_timeout_s)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct timeval tv = { .tv_sec = send_timeout_s };
+    int fd, e;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return -ENAMETOOLONG;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
 }

@@ -58,4 +58,8 @@ void vn_record_reader_clear(VnRecordReader *r);
 int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const int *fds,
                    unsigned nfds);
 
+/* A blocking UNIX stream socket connected to @path, sends bounded by
+ * @send_timeout_s (SO_SNDTIMEO, which bounds connect() too), or -errno. */
+int vn_record_dial(const char *path, int send_timeout_s);
+
 #endif /* VN_RECORD_H */

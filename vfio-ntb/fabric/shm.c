@@ -423,27 +423,10 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
  * SO_SNDTIMEO), or -errno. */
 static int dial(VnShm *shm, const char *peer)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *dir = g_path_get_dirname(shm->path);
     g_autofree char *path = g_strdup_printf("%s/%s.sock", dir, peer);
-    struct timeval tv = { .tv_sec = VN_SHM_SEND_TIMEOUT_S };
-    int fd, ret;
 
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        return -ENAMETOOLONG;
-    }
-    strcpy(addr.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return -errno;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        ret = -errno;
-        close(fd);
-        return ret;
-    }
-    return fd;
+    return vn_record_dial(path, VN_SHM_SEND_TIMEOUT_S);
 }
 
 static int shm_connect(void *backend, const char *peer)
