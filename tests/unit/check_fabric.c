@@ -781,6 +781,29 @@ START_TEST(test_route_errors)
 }
 END_TEST
 
+/* Exports take the host's inbound windows: max-segments of them. */
+START_TEST(test_export_budget)
+{
+    static const char *const two[] = { "max-segments", "2", NULL };
+    Node *a = node_open_kv("a", false, two);
+    g_autoptr(GError) error = NULL;
+    int memfd = memfd_new(4096, NULL);
+    uint64_t first;
+
+    ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_segments, 2);
+    first = vn_fabric_segment_export(a->fab, memfd, 4096, "b", NULL);
+    ck_assert_uint_ne(first, 0);
+    ck_assert_uint_ne(vn_fabric_segment_export(a->fab, memfd, 4096, "c", NULL), 0);
+    ck_assert_uint_eq(vn_fabric_segment_export(a->fab, memfd, 4096, "b", &error), 0);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    ck_assert_ptr_nonnull(strstr(error->message, "max-segments"));
+    /* One given back makes room for one. */
+    vn_fabric_segment_unexport(a->fab, first);
+    ck_assert_uint_ne(vn_fabric_segment_export(a->fab, memfd, 4096, "b", NULL), 0);
+    close(memfd);
+}
+END_TEST
+
 /* ---- doorbells ---------------------------------------------------------- */
 
 START_TEST(test_doorbells)
@@ -928,6 +951,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_window_limits);
     tcase_add_test(tc, test_window_outlives_link);
     tcase_add_test(tc, test_export_errors);
+    tcase_add_test(tc, test_export_budget);
     tcase_add_test(tc, test_route);
     tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);

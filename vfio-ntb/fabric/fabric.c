@@ -118,6 +118,7 @@ void vn_fabric_limits_default(VnFabricLimits *l)
         .window_align = 4096,
         .xlat_granularity = 4096,
         .doorbells = 32,
+        .max_segments = 64,
     };
 }
 

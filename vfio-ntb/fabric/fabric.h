@@ -48,7 +48,7 @@
 
 /* Nodes one node will talk to. */
 #define VN_FABRIC_MAX_PEERS 256
-/* Segments one node exports. */
+/* Segments one node may export, whatever its limits say. */
 #define VN_FABRIC_MAX_SEGMENTS 1024
 /* One message's payload (JSON part + binary part); a 1 MiB region access
  * plus its header fits. */
@@ -83,6 +83,8 @@ typedef struct VnFabricLimits {
     uint64_t window_align;       /* window base/offset alignment (default 4 KiB) */
     uint64_t xlat_granularity;   /* translation granularity (default 4 KiB) */
     uint32_t doorbells;          /* doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS (default 32) */
+    uint32_t max_segments;       /* inbound windows: segments exported at once,
+                                  * 1..VN_FABRIC_MAX_SEGMENTS (default 64) */
     /* window sizes are powers of two, at least xlat_granularity */
 } VnFabricLimits;
 

@@ -324,7 +324,9 @@ static bool host_greet(VnHost *h, GError **error)
     /* The host's limits and capabilities are the daemon's node's. */
     vn_fabric_limits_default(&limits);
     limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
+    /* The daemon keeps the host's budgets: not counted twice here. */
     limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
+    limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
     vn_fabric_backend_set_limits(h->fab, &limits);
     vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg);
     for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {

@@ -711,10 +711,11 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
 {
     static const char *const known[] = { "dir", "max-windows", "max-window-size",
                                          "window-align", "xlat-granularity",
-                                         "crossing-delay-ns", "doorbells", NULL };
+                                         "crossing-delay-ns", "doorbells", "max-segments",
+                                         NULL };
     GHashTableIter it;
     gpointer key;
-    uint64_t windows, doorbells;
+    uint64_t windows, doorbells, segments;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
@@ -723,7 +724,7 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
                         "max-window-size, window-align, xlat-granularity, crossing-delay-ns, "
-                        "doorbells)",
+                        "doorbells, max-segments)",
                         (char *)key);
             return false;
         }
@@ -731,6 +732,7 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
     vn_fabric_limits_default(l);
     windows = l->max_windows;
     doorbells = l->doorbells;
+    segments = l->max_segments;
     if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, error) ||
         !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true,
                    VN_SHM_MAX_WINDOW_SIZE, &l->max_window_size, error) ||
@@ -740,11 +742,14 @@ static bool params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
                    VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error) ||
         !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS,
                    delay_ns, error) ||
-        !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, error)) {
+        !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, error) ||
+        !param_u64(params, "max-segments", 1, false, VN_FABRIC_MAX_SEGMENTS, &segments,
+                   error)) {
         return false;
     }
     l->max_windows = (uint32_t)windows;
     l->doorbells = (uint32_t)doorbells;
+    l->max_segments = (uint32_t)segments;
     if (l->xlat_granularity > l->max_window_size || l->window_align > l->max_window_size) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "shm fabric: window-align and xlat-granularity must not exceed "

@@ -13,7 +13,8 @@
  * "window-align", "xlat-granularity" (powers of two from a page to
  * VN_SHM_MAX_WINDOW_SIZE, the last two at most max-window-size), and
  * "doorbells" (the node's doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS, default
- * 32), and "crossing-delay-ns" (0..VN_SHM_MAX_CROSSING_DELAY_NS, default 0): a model
+ * 32), "max-segments" (its inbound windows: segments exported at once,
+ * 1..VN_FABRIC_MAX_SEGMENTS, default 64), and "crossing-delay-ns" (0..VN_SHM_MAX_CROSSING_DELAY_NS, default 0): a model
  * of an NTB crossing for benches.  The sending node busy-waits that long
  * before each record it sends -- every fabric message (request, reply,
  * event, segment map) and every doorbell -- so a request-reply costs two

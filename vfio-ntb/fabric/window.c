@@ -54,9 +54,12 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
                     size);
         return 0;
     }
-    if (g_hash_table_size(fab->segments) >= VN_FABRIC_MAX_SEGMENTS) {
+    /* Each export takes an inbound window (a translation) of the host's. */
+    if (g_hash_table_size(fab->segments) >= MIN(fab->limits.max_segments,
+                                                VN_FABRIC_MAX_SEGMENTS)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                    "node %s: already %u segments exported", fab->node, VN_FABRIC_MAX_SEGMENTS);
+                    "node %s: all %u inbound windows in use (segments exported; the "
+                    "fabric's max-segments)", fab->node, fab->limits.max_segments);
         return 0;
     }
     /* Only what the mapper will accept (see fabric.h: sealed memfds). */
