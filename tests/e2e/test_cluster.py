@@ -24,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 23
+EXPECTED_RESULTS = 24
 
 DEV = "hosta/nvme0"
 
@@ -168,11 +168,13 @@ def test_peer_deaths(cl):
     t0 = time.monotonic()
     cl.d["hosta"].kill()
     cl.c.pop("hosta", None)
-    ev = b.wait_event("DEVICE_LOST", 5)
+    # A lender's daemon may be restarting (its lender workers keep the data paths): the
+    # device is lost only if it is not back within lease-timeout-ms (3 s here).
+    ev = b.wait_event("DEVICE_LOST", 8)
     lost_s = time.monotonic() - t0
-    ok &= result("lender-killed-device-lost", ev["data"]["device"] == DEV and lost_s < 1.0
+    ok &= result("lender-killed-device-lost", ev["data"]["device"] == DEV and 2.5 < lost_s < 5.5
                  and b.execute("query-device", device=DEV).get("lost") is True,
-                 seconds=f"{lost_s:.2f}")
+                 seconds=f"{lost_s:.2f}", lease_timeout_s=3)
     b.execute("return", device=DEV)
     # hosta comes back with the lease in its state file; hostb's announcements no longer
     # claim it, so hosta lets it go within a few heartbeats.
@@ -444,6 +446,41 @@ def test_daemon_restart_with_running_guest(cl):
     return ok & result("detach-after-restart", cl.state()["state"] == "available")
 
 
+def test_lender_restart_keeps_io(cl):
+    """kill -9 the lender's daemon while the borrower's VM does I/O, start it again: the device's
+    lender worker keeps serving, the new daemon adopts it, the check passes and nothing was
+    fenced."""
+    r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm3")
+    q = h.Qemu(cl.procs, "probe,data,pause,data,data", [h.VfioUserDevice(r["socket"])],
+               params={"seed": 43, "data_mib": 8, "pause_s": 1},
+               workdir=cl.procs.tempdir()).start()
+    q.wait_line("VNREADY", "pause")
+    before = cl.ctl("hosta").execute("query-stats", device=DEV)["lent"][0]
+    log_before = len(cl.d["hosta"].log())
+    cl.d["hosta"].kill()
+    cl.c.pop("hosta", None)
+    time.sleep(1)                                # the VM's I/O runs without the lender's daemon
+    cl.d["hosta"].start()
+    adopted = wait_for(lambda: "adopted lender worker" in cl.d["hosta"].log()[log_before:], 5)
+    run = q.wait_done()
+    q.stop()
+    after = wait_for(lambda: cl.ctl("hosta").execute("query-stats", device=DEV)["lent"][0], 5)
+    lost = cl.ctl("hostb").execute("query-device", device=DEV).get("lost")
+    datas = [line for _, line in run.lines if line.startswith("VNRESULT data ")]
+    ver = h.verify_backing(cl.img, run.data)
+    ok = result("lender-restart-keeps-io",
+                run.ok and len(datas) == 3 and all(" PASS" in x for x in datas)
+                and all(v["ok"] for v in ver) and bool(adopted) and not lost
+                and after["fences"] == before["fences"] and after["requests"] >= before["requests"],
+                data_checks=len(datas), passed=sum(" PASS" in x for x in datas),
+                run_ok=run.ok, backing_ok=all(v["ok"] for v in ver), adopted=bool(adopted),
+                fences=after["fences"] - before["fences"],
+                resets=after["resets"] - before["resets"], lost=lost)
+    cl.ctl("hostb").execute("detach", device=DEV)
+    cl.ctl("hostb").execute("return", device=DEV)
+    return ok
+
+
 def test_detach_saved(cl):
     """A detach is in the state file at once: a daemon restarted after it must not find the
     stopped worker there (and adopt whatever process has its pid by then)."""
@@ -463,19 +500,19 @@ def test_detach_saved(cl):
 
 
 def test_return_reaches_restarted_lender(cl):
-    """The stuck lease: hostb's device is attached, hosta's daemon dies and comes back
-    (hostb's device is lost for good, its worker still runs), then hostb returns it as the
-    tool advises.  hosta must end the lease, not keep it until a forced revoke."""
+    """The stuck lease: hostb's device is attached, hosta's daemon dies and comes back (its
+    lender worker kept the device: hostb's is not lost), then hostb returns it.  hosta must
+    end the lease, not keep it until a forced revoke."""
     cl.ctl("hostb").execute("attach", device=DEV, domain="vm6")
     cl.restart("hosta")
-    lost = wait_for(lambda: cl.ctl("hostb").execute("query-device", device=DEV).get("lost"), 5)
     kept = wait_for(lambda: cl.state().get("borrower") == "hostb", 5)
+    lost = cl.ctl("hostb").execute("query-device", device=DEV).get("lost")
     t0 = time.monotonic()
     cl.ctl("hostb").execute("return", device=DEV)
     # Well within the lease timeout (3 s): it is ended, not left to expire.
     freed = wait_for(lambda: cl.state()["state"] == "available", 2.5)
     took = time.monotonic() - t0
-    return result("return-reaches-restarted-lender", bool(lost) and bool(kept) and bool(freed),
+    return result("return-reaches-restarted-lender", not lost and bool(kept) and bool(freed),
                   lost=bool(lost), restored=bool(kept), freed_s=f"{took:.2f}")
 
 
@@ -535,7 +572,7 @@ def main():
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
              test_lend_unlend, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest,
-             test_detach_saved, test_return_reaches_restarted_lender,
+             test_lender_restart_keeps_io, test_detach_saved, test_return_reaches_restarted_lender,
              test_many_workers_new_host)
     with h.Procs() as procs:
         try:

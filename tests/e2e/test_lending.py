@@ -178,12 +178,14 @@ def test_lender_killed(procs):
     q.wait_line("VNINFO", "data region=")
     t0 = time.monotonic()
     a.kill()
-    lost = wait_for(lambda: b.stats()["borrowed"][0]["lender_lost"], 5.0)
+    # The lender's daemon may be restarting (its lender worker keeps the data path): the
+    # borrower gives it lease-timeout-ms (3 s here) before the device is lost.
+    lost = wait_for(lambda: b.stats()["borrowed"][0]["lender_lost"], 8.0)
     t_lost = time.monotonic() - t0
     alive = q.proc.poll() is None
     q.stop()
-    return result("lender-killed-link-down", bool(lost) and t_lost <= 1.0 and alive,
-                  seconds=f"{t_lost:.2f}", vm_still_running=alive)
+    return result("lender-killed-link-down", bool(lost) and 2.5 <= t_lost <= 5.5 and alive,
+                  seconds=f"{t_lost:.2f}", lease_timeout_s=3, vm_still_running=alive)
 
 
 STALL_S = 4.5   # longer than the lender's 3 s for one device command

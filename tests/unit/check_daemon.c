@@ -27,9 +27,10 @@ static char *tmpdir;
 
 /* What the fake workers were asked, and which "run" (pids 1000 + lease). */
 static struct {
-    unsigned starts, stops, adopts, cancels;
+    unsigned starts, stops, adopts, cancels, lend_adopts;
     unsigned delay_ms;          /* a start calls back this much later */
     GHashTable *running;        /* pid -> socket */
+    GHashTable *lenders;        /* lender workers' pids */
 } fake;
 
 /* A start that calls back later (fake.delay_ms). */
@@ -117,8 +118,43 @@ static bool fake_no(VnDaemon *d, VnBorrowed *b)
     return false;
 }
 
+/* Lender workers: a pid that lives in fake.lenders as long as it "runs". */
+static bool fake_lend_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
+{
+    static GPid next = 20000;
+
+    ld->worker_pid = next++;
+    g_hash_table_add(fake.lenders, GINT_TO_POINTER(ld->worker_pid));
+    return true;
+}
+
+static void fake_lend_stop(VnDaemon *d, VnLocalDevice *ld)
+{
+    g_hash_table_remove(fake.lenders, GINT_TO_POINTER(ld->worker_pid));
+    ld->worker_pid = 0;
+}
+
+static bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld)
+{
+    fake.lend_adopts++;
+    if (!g_hash_table_contains(fake.lenders, GINT_TO_POINTER(ld->worker_pid))) {
+        ld->worker_pid = 0;
+        return false;
+    }
+    return true;
+}
+
+static char *fake_lend_stats(VnDaemon *d, VnLocalDevice *ld)
+{
+    return g_strdup("{\"requests\":3,\"device_server\":\"answering\"}");
+}
+
 static const VnWorkerOps fake_ops = {
     .name = "fake",
+    .lend_start = fake_lend_start,
+    .lend_stop = fake_lend_stop,
+    .lend_adopt = fake_lend_adopt,
+    .lend_stats = fake_lend_stats,
     .start = fake_start,
     .stop = fake_stop,
     .adopt = fake_adopt,
@@ -132,6 +168,7 @@ static void setup(void)
 {
     memset(&fake, 0, sizeof(fake));
     fake.running = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    fake.lenders = g_hash_table_new(g_direct_hash, g_direct_equal);
     tmpdir = g_dir_make_tmp("vn-check-daemon-XXXXXX", NULL);
     ck_assert_ptr_nonnull(tmpdir);
 }
@@ -143,6 +180,7 @@ static void teardown(void)
     ck_assert_int_eq(system(cmd), 0);
     g_clear_pointer(&tmpdir, g_free);
     g_clear_pointer(&fake.running, g_hash_table_unref);
+    g_clear_pointer(&fake.lenders, g_hash_table_unref);
 }
 
 /* hosta lends nvme0 to hostb and hoste; the others lend nothing. */
@@ -325,6 +363,40 @@ START_TEST(test_lender_restart_then_return)
     ck_assert(spin_until(free_again, a, 500));
     /* Ids go on from the restored one. */
     ck_assert_uint_ge(vn_leases_last_id(a->leases), lease);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* The lent device's backend is its worker's: a restarted lender adopts it
+ * and hands it the holder again; a lease's end is its holder going. */
+START_TEST(test_lender_worker_adopted)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLocalDevice *ld = vn_devices_local(a, "nvme0");
+    uint64_t lease;
+    GPid pid;
+    Done r = { 0 };
+
+    ck_assert_int_gt(ld->worker_pid, 0);
+    ck_assert_ptr_null(vn_port_peer(ld->port));
+    pid = ld->worker_pid;
+    lease = borrow(a, b);
+    ck_assert_str_eq(vn_port_peer(ld->port), "hostb");
+    vn_daemon_free(a);
+    /* Still "running": the next daemon takes it over, starts none. */
+    ck_assert(g_hash_table_contains(fake.lenders, GINT_TO_POINTER(pid)));
+    a = daemon_start("hosta");
+    ld = vn_devices_local(a, "nvme0");
+    ck_assert_uint_eq(fake.lend_adopts, 1);
+    ck_assert_int_eq(ld->worker_pid, pid);
+    ck_assert_uint_eq(g_hash_table_size(fake.lenders), 1);
+    ck_assert_str_eq(vn_port_peer(ld->port), "hostb");
+    ck_assert_uint_eq(lease_of(a)->id, lease);
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert(spin_until(free_again, a, 500));
+    ck_assert_ptr_null(vn_port_peer(ld->port));
     vn_daemon_free(b);
     vn_daemon_free(a);
 }
@@ -697,6 +769,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
+    tcase_add_test(tc, test_lender_worker_adopted);
     tcase_add_test(tc, test_borrow_cap);
     tcase_add_test(tc, test_save_error_counted);
     suite_add_tcase(s, tc);

@@ -211,7 +211,7 @@ static void port_setup(void)
     worker->ctx = g_main_context_new();
     worker->port = g_build_filename(tmpdir, "w1-port.sock", NULL);
     g_mutex_init(&worker->lock);
-    port = vn_port_new(b->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    port = vn_port_new(b->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
 }
 
@@ -319,7 +319,7 @@ START_TEST(test_doorbells_and_restart)
      * down for it. */
     vn_port_free(port, false);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
-    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
     in_worker(step_run);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 2);
@@ -329,7 +329,7 @@ START_TEST(test_doorbells_and_restart)
 
     /* A port that goes takes back what its worker had. */
     vn_port_free(port, true);
-    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", ctx, &error);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
 }
 END_TEST

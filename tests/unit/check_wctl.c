@@ -5,7 +5,7 @@
  * and clients that send garbage or too much (the server drops them and goes
  * on serving).
  */
-#include "borrower/wctl.h"
+#include "common/wctl.h"
 
 #include "check-main.h"
 

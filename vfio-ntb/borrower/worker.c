@@ -19,7 +19,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
 #include "borrower.h"
-#include "wctl.h"
+#include "common/wctl.h"
 #include "config.h"
 
 #include <gio/gio.h>

@@ -348,8 +348,11 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
               d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
-     * VMs' data paths as they were. */
-    vn_lender_peer_down(ld->lender, ch->old_holder);
+     * VMs' data paths as they were.  The worker fences on its peer's link
+     * going down. */
+    if (ld->port != NULL) {
+        vn_port_set_peer(ld->port, NULL);
+    }
     if (ld->revoke_timer != 0) {
         g_source_remove(ld->revoke_timer);
         ld->revoke_timer = 0;
@@ -376,6 +379,10 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
     VnDaemon *d = opaque;
     VnLocalDevice *ld = ch->lease->opaque;
 
+    /* The lender worker speaks with whoever holds the lease. */
+    if (ch->lease->state != VN_LEASE_FREE && ld->port != NULL) {
+        vn_port_set_peer(ld->port, ch->lease->holder);
+    }
     switch (ch->lease->state) {
     case VN_LEASE_FREE:
         lease_ended(d, ld, ch);
@@ -746,6 +753,30 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     }
 }
 
+typedef struct Away {
+    VnDaemon *d;
+    VnBorrowed *b;
+} Away;
+
+/* The lender did not come back in time: its devices are lost. */
+static gboolean on_lender_gone(gpointer data)
+{
+    Away *aw = data;
+    VnBorrowed *b = aw->b;
+
+    b->away_timer = 0;
+    b->lost = true;
+    g_message("node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node,
+              b->lender, aw->d->conf->lease_timeout_ms, b->device);
+    /* Its worker hears of it now: it answers QEMU that the device is gone. */
+    if (b->port != NULL) {
+        vn_port_set_peer(b->port, NULL);
+    }
+    vn_devices_unplug(aw->d, b);   /* a dead device is better out of the VM */
+    emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender);
+    return G_SOURCE_REMOVE;
+}
+
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
 {
     /* Only hosts that announced themselves are in the table: the link of
@@ -758,6 +789,18 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
     }
     emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer);
     if (up) {
+        /* A lender back in time: its announcement keeps or drops what we
+         * hold (reconcile_held()); nothing was lost. */
+        for (guint i = 0; i < d->borrowed->len; i++) {
+            VnBorrowed *b = d->borrowed->pdata[i];
+
+            if (strcmp(b->lender, peer) == 0 && b->away_timer != 0) {
+                g_source_remove(b->away_timer);
+                b->away_timer = 0;
+                g_message("node %s: %s is back; %s was not lost", d->conf->node, peer,
+                          b->device);
+            }
+        }
         announce_to(d, peer);
         return;
     }
@@ -765,15 +808,19 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
      * fenced now (the lender did that on the link going down); the lease
      * waits lease-timeout-ms for the daemon to come back and claim it. */
     vn_leases_link_down(d->leases, peer, g_get_monotonic_time());
-    /* Borrower side: a lender died; its devices are lost. */
+    /* Borrower side: a lender's link went.  Its daemon may be restarting
+     * (its lender workers keep the devices' data paths): the devices are
+     * lost only if it is not back within lease-timeout-ms. */
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *b = d->borrowed->pdata[i];
 
-        if (strcmp(b->lender, peer) == 0 && !b->lost) {
-            b->lost = true;   /* its worker sees the same link go and acts */
+        if (strcmp(b->lender, peer) == 0 && !b->lost && b->away_timer == 0) {
+            Away *aw = g_new0(Away, 1);
+
+            *aw = (Away){ d, b };
             b->unconfirmed = true;
-            vn_devices_unplug(d, b);   /* a dead device is better out of the VM */
-            emit(d, "DEVICE_LOST", b->device, b->lease, peer);
+            b->away_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, d->conf->lease_timeout_ms,
+                                               on_lender_gone, aw, g_free);
         }
     }
 }

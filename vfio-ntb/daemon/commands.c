@@ -220,8 +220,15 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
             json_array_add_string_element(allow, *s);
         }
         json_object_set_array_member(o, "allow", allow);
-        json_object_set_string_member(o, "device_server", vn_lender_device_state(ld->lender));
-        json_object_set_string_member(o, "last_stall", vn_lender_last_stall(ld->lender));
+        g_autofree char *text = d->workers->lend_stats(d, ld);
+        g_autoptr(JsonObject) st = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
+
+        /* What its lender worker says of its device server. */
+        json_object_set_string_member(o, "device_server",
+                                      st != NULL && vn_util_json_string(st, "device_server")
+                                          ? vn_util_json_string(st, "device_server")
+                                          : "unknown (its lender worker does not answer)");
+        json_object_set_string_member(o, "last_stall", vn_util_json_string(st, "last_stall"));
     }
     bw = vn_devices_borrowed(d, dev);
     if (bw != NULL) {
@@ -282,7 +289,7 @@ JsonNode *vn_commands_stats(VnDaemon *d, const char *only)
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
         if (only == NULL || strcmp(only, dev) == 0) {
-            add_json_text(b, vn_lender_stats_json(ld->lender));
+            add_json_text(b, d->workers->lend_stats(d, ld));
         }
     }
     json_builder_end_array(b);
@@ -641,6 +648,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     JsonNode *an = json_object_get_member(a, "allow");
     g_autoptr(GPtrArray) allow = g_ptr_array_new();
     g_autoptr(GError) error = NULL;
+    VnLocalDevice *ld;
     VnLendConf *lc;
 
     if (name == NULL || socket == NULL || an == NULL) {
@@ -677,8 +685,14 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     g_ptr_array_add(d->conf->lends, lc);
-    if (vn_devices_lend(d, lc, &error) == NULL) {
+    ld = vn_devices_lend(d, lc, &error);
+    if (ld == NULL) {
         g_ptr_array_remove(d->conf->lends, lc);
+        vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
+        return;
+    }
+    if (!d->workers->lend_start(d, ld, &error)) {
+        vn_devices_unlend(d, ld);
         vn_control_error(r, VN_ERR_GENERIC, "%s", error->message);
         return;
     }

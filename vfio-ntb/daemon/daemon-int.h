@@ -34,10 +34,18 @@ typedef struct VnControlReply VnControlReply;
 /* A device this node lends. */
 typedef struct VnLocalDevice {
     VnLendConf *conf;           /* borrowed from the config */
-    VnLender *lender;
     VnLease *lease;             /* its lease (d->leases owns it): holder, id, state */
     guint revoke_timer;         /* a revoke waiting out its grace period */
     VnControlReply *revoke_reply;
+    /* Its backend (lending/lender.h) runs in a vfio-ntb-lender process
+     * (lenders.c), which outlives this daemon, behind its port: the
+     * lease holder's requests go to it there. */
+    VnPort *port;
+    char *port_path;            /* in run-dir */
+    char *channel_path;         /* its control channel (common/wctl.h), in run-dir */
+    GPid worker_pid;            /* 0 while none runs */
+    guint child_watch;          /* 0 for an adopted one */
+    guint respawn_timer;        /* a worker that exited is started again */
 } VnLocalDevice;
 
 /* A device this node borrows. */
@@ -55,7 +63,7 @@ typedef struct VnBorrowed {
      * so that it outlives this daemon. */
     GPid worker_pid;            /* 0 when detached */
     char *worker_name;          /* names its files in run-dir (not a fabric node) */
-    char *channel_path;         /* its control channel (borrower/wctl.h), in run-dir */
+    char *channel_path;         /* its control channel (common/wctl.h), in run-dir */
     char *port_path;            /* its port (port.h), in run-dir */
     VnPort *port;               /* how it uses this host's node; NULL when detached */
     guint child_watch;          /* 0 for a worker adopted after a restart */
@@ -63,6 +71,8 @@ typedef struct VnBorrowed {
     bool unconfirmed;           /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
     guint release_timer;        /* vn_cluster_release() waits for the VM */
+    guint away_timer;           /* the lender's link is down: lost unless it is back
+                                 * within lease-timeout-ms (its daemon restarts) */
     /* A worker being started (VnWorkerOps.start has not called back yet);
      * freeing @b ends the start through @start_cancel. */
     bool starting;
@@ -259,8 +269,18 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
 typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
                                 void *opaque);
 
+/*
+ * lend_start: start @ld's lender worker (ld->worker_pid set), false with
+ *   @error; lend_stop: end it (bounded), fencing the device; lend_adopt:
+ *   after a restart, is the recorded one still there (pid cleared if not)?
+ *   lend_stats: its counters (JSON, untrusted), or NULL.
+ */
 struct VnWorkerOps {
     const char *name;
+    bool (*lend_start)(VnDaemon *d, VnLocalDevice *ld, GError **error);
+    void (*lend_stop)(VnDaemon *d, VnLocalDevice *ld);
+    bool (*lend_adopt)(VnDaemon *d, VnLocalDevice *ld);
+    char *(*lend_stats)(VnDaemon *d, VnLocalDevice *ld);
     void (*start)(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque);
     void (*stop)(VnDaemon *d, VnBorrowed *b);
     bool (*adopt)(VnDaemon *d, VnBorrowed *b);
@@ -271,11 +291,25 @@ struct VnWorkerOps {
 
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
 
-/* spawn.c: vfio-ntb-borrower processes, which outlive the daemon. */
+/* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
+ * the daemon. */
 extern const VnWorkerOps vn_spawn_ops;
+/* @name next to our own binary, else on PATH; NULL when neither. */
+char *vn_spawn_binary(const char *name);
+/* @pid runs and is @binary (a process of ours, not a reused pid). */
+bool vn_spawn_alive(GPid pid, const char *binary);
+/* SIGTERM, wait VN_SPAWN_STOP_TIMEOUT_MS, then SIGKILL. */
+void vn_spawn_end(VnDaemon *d, GPid pid, const char *what);
+/* lenders.c: the lender side of vn_spawn_ops. */
+bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
+void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);
+bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld);
+char *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld);
 /* Some thirty counters, a few KiB; a longer file is not one the worker
  * wrote, and is not parsed. */
 #define VN_SPAWN_MAX_STATS (64 * 1024)
+#define VN_SPAWN_STOP_TIMEOUT_MS 5000
+#define VN_SPAWN_STATS_TIMEOUT_MS 1000
 
 /* ---- qmp.c ---- */
 /* device_del @id in the VM whose QMP socket is @path (bounded; does not wait

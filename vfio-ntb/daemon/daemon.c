@@ -57,7 +57,10 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply_error(d->fab, token, EACCES, why);
         return;
     }
-    vn_lender_request(ld->lender, msg, token);
+    /* Its worker answers; queued at the port while it (re)starts. */
+    if (ld->port == NULL || !vn_port_request(ld->port, msg, token)) {
+        vn_fabric_reply_error(d->fab, token, EAGAIN, "the device's lender worker is not up");
+    }
 }
 
 static void on_event(void *opaque, VnFabricMsg *msg)
@@ -71,14 +74,9 @@ static void on_link(void *opaque, const char *peer, bool up)
 
     g_message("node %s: link to %s %s", d->conf->node, peer, up ? "up" : "down");
     /* A device lent to @peer stays as it is until its lease ends (see
-     * leases.h: an orphaned lease waits lease-timeout for its holder). */
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *b = d->borrowed->pdata[i];
-
-        if (b->port != NULL) {
-            vn_port_link(b->port, peer, up);
-        }
-    }
+     * leases.h: an orphaned lease waits lease-timeout for its holder); one
+     * borrowed from @peer until the lender is given up for lost
+     * (cluster.c).  Workers hear of it then, not of the flap. */
     vn_cluster_link(d, peer, up);
 }
 
@@ -263,6 +261,19 @@ static bool daemon_start(VnDaemon *d, GError **error)
     if (!vn_state_load(d, error)) {
         return false;
     }
+    /* Every lent device's backend runs in its worker: the adopted ones
+     * serve on, the others start now. */
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        g_autoptr(GError) local = NULL;
+
+        if (ld->worker_pid == 0 && !d->workers->lend_start(d, ld, &local)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "lending %s: %s",
+                        ld->conf->name, local->message);
+            return false;
+        }
+    }
+    vn_state_save_or_report(d);
     d->control = vn_control_new(d, d->conf->control_socket, vn_commands_lookup, error);
     return d->control != NULL;
 }
@@ -306,6 +317,9 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
         missing = "request_unplug";
     } else if (ops->client_connected == NULL) {
         missing = "client_connected";
+    } else if (ops->lend_start == NULL || ops->lend_stop == NULL || ops->lend_adopt == NULL ||
+               ops->lend_stats == NULL) {
+        missing = "lend_start, lend_stop, lend_adopt and lend_stats";
     }
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "worker ops: %s is required",

@@ -8,6 +8,8 @@
 
 #include "daemon-int.h"
 
+#include <errno.h>
+#include <gio/gio.h>
 #include <string.h>
 
 VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name)
@@ -76,9 +78,19 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
 
     ld->conf = lc;
-    ld->lender = vn_lender_new(d->fab, lc->name, lc->socket, error);
-    if (ld->lender == NULL) {
-        g_free(ld);
+    /* Its worker's port first: the holder's requests queue there while the
+     * worker (re)starts. */
+    ld->port_path = g_strdup_printf("%s/lend-%s-port.sock", d->conf->run_dir, lc->name);
+    ld->channel_path = g_strdup_printf("%s/lend-%s-channel.sock", d->conf->run_dir, lc->name);
+    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
+                    d->conf->run_dir, g_strerror(errno));
+        vn_devices_local_free(ld);
+        return NULL;
+    }
+    ld->port = vn_port_new(d->fab, ld->port_path, NULL, lc->name, true, NULL, error);
+    if (ld->port == NULL) {
+        vn_devices_local_free(ld);
         return NULL;
     }
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
@@ -93,6 +105,8 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
 
     g_message("node %s: no longer lending %s", d->conf->node, lc->name);
     vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
+    d->workers->lend_stop(d, ld);
+    g_clear_pointer(&ld->port, vn_port_free_unlinked);
     g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
     g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
 }
@@ -107,6 +121,9 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     }
     if (b->release_timer != 0) {
         g_source_remove(b->release_timer);
+    }
+    if (b->away_timer != 0) {
+        g_source_remove(b->away_timer);
     }
     /* A worker that outlives us reconnects to our successor's port. */
     vn_port_free(b->port, false);
@@ -134,7 +151,16 @@ void vn_devices_local_free(gpointer p)
         vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
     }
     /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
-     * its leases in the state file for the next one. */
-    vn_lender_free(ld->lender);
+     * its leases in the state file for the next one, and its lender
+     * workers serve on, reconnecting to the next one's port. */
+    if (ld->child_watch != 0) {
+        g_source_remove(ld->child_watch);
+    }
+    if (ld->respawn_timer != 0) {
+        g_source_remove(ld->respawn_timer);
+    }
+    vn_port_free(ld->port, false);
+    g_free(ld->port_path);
+    g_free(ld->channel_path);
     g_free(ld);
 }

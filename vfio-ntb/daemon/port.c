@@ -30,10 +30,18 @@ typedef struct VnPortRelay {
     uint32_t type;
 } VnPortRelay;
 
+/* A request of the peer's, passed to the worker, until it answers. */
+typedef struct VnPortIn {
+    uint64_t id;                /* the frame id the worker sees */
+    uint64_t token;             /* ours, for vn_fabric_reply() */
+    gint64 since_us;
+    GByteArray *frame;          /* not sent yet (the worker is away), else NULL */
+} VnPortIn;
+
 struct VnPort {
     VnFabric *fab;
     char *path;
-    char *lender;
+    char *peer;                 /* the one node the worker speaks with, or NULL */
     char *device;
     int listen_fd;
     GSource *listen_src;
@@ -45,9 +53,12 @@ struct VnPort {
     GArray *routes;
     uint64_t doorbells;         /* bit i: the worker's */
     GPtrArray *relays;          /* VnPortRelay *, in flight */
+    GPtrArray *ins;             /* VnPortIn *, the peer's requests at the worker */
+    uint64_t last_in;
     GByteArray *out;
     uint64_t refused;
     GMainContext *ctx;
+    bool inbound;               /* a lender's worker: it answers the peer's requests */
 };
 
 const char *vn_port_path(VnPort *p)
@@ -71,7 +82,7 @@ static void refuse(VnPort *p, const char *fmt, ...)
     why = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     p->refused++;
-    g_info("port %s: refused from the worker of %s/%s: %s", p->path, p->lender, p->device, why);
+    g_info("port %s: refused from the worker of %s/%s: %s", p->path, p->peer, p->device, why);
 }
 
 /* ---- to the worker ---------------------------------------------------- */
@@ -108,23 +119,133 @@ static void reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t
     to_worker(p, VN_HOST_REPLY, h->seq, err < 0 ? -err : err, NULL, arg, arg2, NULL, 0, fd);
 }
 
-/* A frame for the worker, as if @lender had sent it to the worker's node. */
+/* A frame for the worker, as if the peer had sent it to the worker's node. */
 static void frame_to_worker(VnPort *p, uint16_t flags, uint32_t type, uint64_t id, int32_t err,
                             const char *json, const void *data, size_t len)
 {
+    if (p->peer == NULL) {
+        return;
+    }
     if (vn_fabric_frame_encode(p->out, flags, type, id, err, json, data, len) < 0) {
         /* Our own answer: it fits, or it becomes an error the worker gets. */
         vn_fabric_frame_encode(p->out, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type, id,
                                EMSGSIZE, NULL, NULL, 0);
     }
-    to_worker(p, VN_HOST_RECV, 0, 0, p->lender, 0, 0, p->out->data, p->out->len, -1);
+    to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, p->out->data, p->out->len, -1);
 }
 
-void vn_port_link(VnPort *p, const char *peer, bool up)
+static bool is_peer(VnPort *p, const char *peer)
 {
-    if (strcmp(peer, p->lender) == 0) {
-        to_worker(p, VN_HOST_LINK, 0, 0, peer, up, 0, NULL, 0, -1);
+    return p->peer != NULL && peer != NULL && strcmp(peer, p->peer) == 0;
+}
+
+/* The peer's requests the worker has not answered: they fail now. */
+static void ins_fail(VnPort *p, int err, const char *why)
+{
+    for (guint i = 0; i < p->ins->len; i++) {
+        VnPortIn *in = p->ins->pdata[i];
+
+        vn_fabric_reply_error(p->fab, in->token, err, why);
+        if (in->frame != NULL) {
+            g_byte_array_unref(in->frame);
+        }
+        g_free(in);
     }
+    g_ptr_array_set_size(p->ins, 0);
+}
+
+void vn_port_set_peer(VnPort *p, const char *peer)
+{
+    if (p->peer != NULL && (peer == NULL || strcmp(peer, p->peer) != 0)) {
+        /* For the worker, its peer's link went: a borrower loses its lender,
+         * a lender fences the device. */
+        to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 0, 0, NULL, 0, -1);
+        ins_fail(p, ECONNRESET, "the lease ended");
+        g_clear_pointer(&p->peer, g_free);
+    }
+    if (peer != NULL && p->peer == NULL) {
+        p->peer = g_strdup(peer);
+        if (p->inbound) {
+            to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
+        }
+    }
+}
+
+const char *vn_port_peer(VnPort *p)
+{
+    return p->peer;
+}
+
+/* Pass the peer's requests the worker has not seen yet (it was away). */
+static void ins_flush(VnPort *p)
+{
+    for (guint i = 0; i < p->ins->len && p->fd >= 0; i++) {
+        VnPortIn *in = p->ins->pdata[i];
+
+        if (in->frame != NULL) {
+            to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, in->frame->data, in->frame->len,
+                      -1);
+            g_clear_pointer(&in->frame, g_byte_array_unref);
+        }
+    }
+}
+
+bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token)
+{
+    VnPortIn *in;
+
+    if (!p->inbound || !is_peer(p, msg->peer)) {
+        return false;
+    }
+    if (p->ins->len >= VN_PORT_MAX_INFLIGHT) {
+        /* The oldest has waited longer than any asker does. */
+        VnPortIn *old = g_ptr_array_steal_index(p->ins, 0);
+
+        vn_fabric_reply_error(p->fab, old->token, ETIMEDOUT, "the device's worker is stuck");
+        if (old->frame != NULL) {
+            g_byte_array_unref(old->frame);
+        }
+        g_free(old);
+    }
+    in = g_new0(VnPortIn, 1);
+    in->id = ++p->last_in;
+    in->token = token;
+    in->since_us = g_get_monotonic_time();
+    in->frame = g_byte_array_new();
+    if (vn_fabric_frame_encode(in->frame, VN_FABRIC_FLAG_REQUEST, msg->type, in->id, 0,
+                               msg->json, msg->data, msg->data_len) < 0) {
+        g_byte_array_unref(in->frame);
+        g_free(in);
+        return false;
+    }
+    g_ptr_array_add(p->ins, in);
+    ins_flush(p);
+    return true;
+}
+
+/* The worker's answer to the peer's request @id. */
+static void in_answered(VnPort *p, const VnFabricFrame *f)
+{
+    for (guint i = 0; i < p->ins->len; i++) {
+        VnPortIn *in = p->ins->pdata[i];
+        g_autofree char *why = NULL;
+
+        if (in->id != f->hdr.id || in->frame != NULL) {
+            continue;
+        }
+        g_ptr_array_remove_index(p->ins, i);
+        if (f->hdr.flags & VN_FABRIC_FLAG_ERROR) {
+            VnFabricMsg m = { .json = f->json };
+
+            why = vn_fabric_error_message(&m);
+            vn_fabric_reply_error(p->fab, in->token, f->hdr.error, why);
+        } else {
+            vn_fabric_reply(p->fab, in->token, f->json, f->data, f->hdr.data_len);
+        }
+        g_free(in);
+        return;
+    }
+    refuse(p, "an answer to no request of its peer's (id %" PRIu64 ")", f->hdr.id);
 }
 
 bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit)
@@ -132,7 +253,7 @@ bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit)
     uint32_t le = GUINT32_TO_LE(bit);
 
     if (bit >= VN_FABRIC_MAX_DOORBELLS || !(p->doorbells & (UINT64_C(1) << bit)) ||
-        strcmp(peer, p->lender) != 0) {
+        !is_peer(p, peer)) {
         return false;
     }
     frame_to_worker(p, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, 0, NULL, &le,
@@ -182,13 +303,21 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
         return;
     }
     kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
+    if (kind == VN_FABRIC_FLAG_REPLY && p->inbound) {
+        in_answered(p, &f);
+        return;
+    }
+    if (p->peer == NULL) {
+        refuse(p, "a %s with no peer to take it", vn_fabric_kind_to_string(f.hdr.flags));
+        return;
+    }
     if (kind == VN_FABRIC_FLAG_EVENT && f.hdr.type == VN_FABRIC_TYPE_DOORBELL) {
         if (f.hdr.data_len != sizeof(bit)) {
             refuse(p, "a doorbell of %u bytes", f.hdr.data_len);
             return;
         }
         memcpy(&bit, f.data, sizeof(bit));
-        vn_fabric_doorbell(p->fab, p->lender, GUINT32_FROM_LE(bit));
+        vn_fabric_doorbell(p->fab, p->peer, GUINT32_FROM_LE(bit));
         return;
     }
     if (kind == VN_FABRIC_FLAG_REPLY || f.hdr.type >= VN_FABRIC_TYPE_RESERVED ||
@@ -202,7 +331,7 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
         return;
     }
     if (kind == VN_FABRIC_FLAG_EVENT) {
-        vn_fabric_event(p->fab, p->lender, f.hdr.type, f.json, f.data, f.hdr.data_len);
+        vn_fabric_event(p->fab, p->peer, f.hdr.type, f.json, f.data, f.hdr.data_len);
         return;
     }
     if (p->relays->len >= VN_PORT_MAX_INFLIGHT) {
@@ -217,7 +346,7 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
         r->port = p;
         r->id = f.hdr.id;
         r->type = f.hdr.type;
-        ret = vn_fabric_request(p->fab, p->lender, f.hdr.type, f.json, f.data, f.hdr.data_len,
+        ret = vn_fabric_request(p->fab, p->peer, f.hdr.type, f.json, f.data, f.hdr.data_len,
                                 on_relayed, r);
         if (ret < 0) {
             g_free(r);
@@ -254,8 +383,8 @@ static void op_export(VnPort *p, const VnHostHdr *h, int fd)
         reply(p, h, fd < 0 ? EINVAL : ENOSPC, 0, 0, -1);
         return;
     }
-    id = route ? vn_fabric_route_export(p->fab, fd, p->lender, &error)
-               : vn_fabric_segment_export(p->fab, fd, h->arg, p->lender, &error);
+    id = route ? vn_fabric_route_export(p->fab, fd, p->peer, &error)
+               : vn_fabric_segment_export(p->fab, fd, h->arg, p->peer, &error);
     if (id == 0) {
         refuse(p, "%s", error->message);
         reply(p, h, EINVAL, 0, 0, -1);
@@ -277,7 +406,7 @@ static void op_map(VnPort *p, const VnHostHdr *h)
     }
     /* Bounded by the fabric's request timeout; the lender answers from its
      * backend, without running a handler. */
-    w = vn_fabric_window_map(p->fab, p->lender, h->arg, &error);
+    w = vn_fabric_window_map(p->fab, p->peer, h->arg, &error);
     if (w == NULL) {
         g_info("port %s: %s", p->path, error->message);
         reply(p, h, g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? ENOSPC
@@ -352,7 +481,7 @@ static void op_doorbells(VnPort *p, const VnHostHdr *h)
 static void op_open_route(VnPort *p, const VnHostHdr *h)
 {
     g_autoptr(GError) error = NULL;
-    int fd = vn_fabric_route_open(p->fab, p->lender, h->arg, &error);
+    int fd = vn_fabric_route_open(p->fab, p->peer, h->arg, &error);
 
     if (fd < 0) {
         g_info("port %s: %s", p->path, error->message);
@@ -381,9 +510,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
         return;
     }
     fd = rec->nfds == 1 ? rec->fds[0] : -1;
-    if (h.peer[0] != '\0' && strcmp(h.peer, p->lender) != 0) {
-        refuse(p, "%s for %s, not its lender %s", vn_host_op_to_string(h.op), h.peer,
-               p->lender);
+    if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
+        refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
+               p->peer != NULL ? p->peer : "(none)");
         if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT ||
             h.op == VN_HOST_EXPORT_ROUTE || h.op == VN_HOST_OPEN_ROUTE) {
             reply(p, &h, EACCES, 0, 0, -1);
@@ -394,10 +523,16 @@ static void worker_record(VnPort *p, VnRecord *rec)
     switch (h.op) {
     case VN_HOST_HELLO:
         reply(p, &h, 0, vn_fabric_caps(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
+        /* A lender's worker learns who holds the device, then gets what
+         * came while it was away. */
+        if (p->inbound && p->peer != NULL) {
+            to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
+            ins_flush(p);
+        }
         break;
     case VN_HOST_CONNECT:
-        vn_fabric_connect(p->fab, p->lender, NULL);
-        reply(p, &h, vn_fabric_link_up(p->fab, p->lender) ? 0 : ENOTCONN, 0, 0, -1);
+        vn_fabric_connect(p->fab, p->peer, NULL);
+        reply(p, &h, vn_fabric_link_up(p->fab, p->peer) ? 0 : ENOTCONN, 0, 0, -1);
         break;
     case VN_HOST_SEND:
         relay_frame(p, frame, frame_len);
@@ -524,16 +659,18 @@ static bool port_listen(VnPort *p, GError **error)
     return true;
 }
 
-VnPort *vn_port_new(VnFabric *fab, const char *path, const char *lender, const char *device,
-                    GMainContext *ctx, GError **error)
+VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const char *device,
+                    bool inbound, GMainContext *ctx, GError **error)
 {
     VnPort *p = g_new0(VnPort, 1);
 
     p->ctx = ctx;
+    p->inbound = inbound;
+    p->ins = g_ptr_array_new();
 
     p->fab = fab;
     p->path = g_strdup(path);
-    p->lender = g_strdup(lender);
+    p->peer = g_strdup(peer);
     p->device = g_strdup(device);
     p->listen_fd = -1;
     p->fd = -1;
@@ -571,6 +708,8 @@ void vn_port_free(VnPort *p, bool unlink_it)
     for (guint i = 0; i < p->relays->len; i++) {
         ((VnPortRelay *)p->relays->pdata[i])->port = NULL;   /* freed when answered */
     }
+    ins_fail(p, ECONNRESET, "the device's worker is gone");
+    g_ptr_array_unref(p->ins);
     for (guint i = 0; i < p->windows->len; i++) {
         vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
     }
@@ -591,7 +730,7 @@ void vn_port_free(VnPort *p, bool unlink_it)
     g_array_unref(p->routes);
     g_byte_array_unref(p->out);
     g_free(p->path);
-    g_free(p->lender);
+    g_free(p->peer);
     g_free(p->device);
     g_free(p);
 }

@@ -2,14 +2,20 @@
  * A worker's port: the daemon's end of the `host` fabric backend
  * (fabric/host.h has the wire and the worker's end).
  *
- * A borrower worker is not a fabric node: its frames go out as this
- * host's, and what it maps, exports and rings is this host's.  The port
- * relays for it without waiting on anyone (a request becomes an
- * asynchronous request of the daemon's, its reply is sent back when it
- * comes), and checks what the worker asks like any peer's input: only its
- * lender, only requests and events that name its device, only its own
- * segments, routes, windows and doorbell bits, a bounded number in flight.
- * Freeing the port takes back everything the worker had through it.
+ * A worker is not a fabric node: its frames go out as this host's, and
+ * what it maps, exports and rings is this host's.  It speaks with one peer:
+ * a borrower worker with its lender, a lender worker with its device's
+ * lease holder (set by the daemon as leases change).  The port relays for
+ * it without waiting on anyone (a request becomes an asynchronous request
+ * of the daemon's, its reply is sent back when it comes; for a lender
+ * worker, the peer's requests go to the worker, queued while it is away,
+ * and its answers back), and checks what the worker asks like any peer's
+ * input: only its peer, only requests and events that name its device,
+ * only its own segments, routes, windows and doorbell bits, a bounded
+ * number in flight.  The worker learns its peer's link is gone only when
+ * the daemon says so (the lease ended, the lender was lost), not when the
+ * link flaps.  Freeing the port takes back everything the worker had
+ * through it.
  *
  * One port per worker, a socket (0600) that only the worker connects to;
  * a worker that reconnects (its daemon restarted, or it lost the
@@ -34,12 +40,13 @@
 typedef struct VnPort VnPort;
 
 /*
- * Listen on @path for the worker serving @lender's device @device (its
- * name on the lender).  A file at @path is replaced when no one answers on
- * it.  Its sources go to @ctx (NULL: the default, the daemon's).  NULL with @error.
+ * Listen on @path for the worker serving device @device (its name on the
+ * lender) with @peer (NULL: none yet); @inbound for a lender's worker,
+ * which answers the peer's requests.  A file at @path is replaced.  Its
+ * sources go to @ctx (NULL: the default, the daemon's).  NULL with @error.
  */
-VnPort *vn_port_new(VnFabric *fab, const char *path, const char *lender, const char *device,
-                    GMainContext *ctx, GError **error);
+VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const char *device,
+                    bool inbound, GMainContext *ctx, GError **error);
 /* Unmaps, unexports, frees its bits, fails what it had in flight; unlinks
  * the socket when @unlink (not when a worker outlives this daemon). */
 void vn_port_free(VnPort *p, bool unlink);
@@ -50,9 +57,15 @@ void vn_port_free_unlinked(VnPort *p);
 void vn_port_drain(VnPort *p);
 const char *vn_port_path(VnPort *p);
 
-/* From the daemon's fabric handlers: the worker learns of its lender's
- * link; a doorbell that is the worker's (true) is passed on to it. */
-void vn_port_link(VnPort *p, const char *peer, bool up);
+/* The peer changes (NULL: none): the worker is told the old one's link is
+ * down (a lender fences, a borrower's device is lost), a lender's worker
+ * that the new one's is up; the old peer's requests at the worker fail. */
+void vn_port_set_peer(VnPort *p, const char *peer);
+const char *vn_port_peer(VnPort *p);
+/* A request of the peer's for a lender's worker: false (not taken: answer
+ * it yourself) when @msg is not from the peer or this is no lender's port. */
+bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token);
+/* A doorbell that is the worker's (true) is passed on to it. */
 bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit);
 
 /* What the port refused from its worker (counted, logged). */

@@ -4,7 +4,7 @@
  * upgrade) leaves running VMs their devices; QEMU cannot reconnect to a
  * vfio-user server.  The daemon starts a worker on attach, stops it on
  * detach (SIGTERM), asks it for counters and unplugs over its control
- * channel (borrower/wctl.h), and after a restart adopts the workers its
+ * channel (common/wctl.h), and after a restart adopts the workers its
  * state file names that still run.
  *
  * The worker is not a fabric node: it speaks through its port (port.h,
@@ -16,7 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
-#include "borrower/wctl.h"
+#include "common/wctl.h"
 #include "lending/proto.h"
 
 #include "common/json.h"
@@ -32,23 +32,48 @@
 
 /* A worker has this long to borrow the device's data path and listen. */
 #define VN_SPAWN_START_TIMEOUT_MS 10000
-#define VN_SPAWN_STOP_TIMEOUT_MS 5000
 /* How long a stop waits for QEMU to close a just-unplugged device's socket. */
 #define VN_SPAWN_CLIENT_GONE_MS 1500
-#define VN_SPAWN_STATS_TIMEOUT_MS 1000
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
-/* Next to our own binary (build/ or the install's bin/), else on PATH. */
-static char *worker_binary(void)
+char *vn_spawn_binary(const char *name)
 {
     g_autofree char *self = g_file_read_link("/proc/self/exe", NULL);
     g_autofree char *dir = self ? g_path_get_dirname(self) : NULL;
-    g_autofree char *near = dir ? g_build_filename(dir, VN_SPAWN_BINARY, NULL) : NULL;
+    g_autofree char *near = dir ? g_build_filename(dir, name, NULL) : NULL;
 
     if (near != NULL && g_file_test(near, G_FILE_TEST_IS_EXECUTABLE)) {
         return g_steal_pointer(&near);
     }
-    return g_find_program_in_path(VN_SPAWN_BINARY);
+    return g_find_program_in_path(name);
+}
+
+bool vn_spawn_alive(GPid pid, const char *binary)
+{
+    g_autofree char *cmdline = NULL;
+    g_autofree char *proc = g_strdup_printf("/proc/%d/cmdline", pid);
+    gsize len = 0;
+
+    return pid > 1 && kill(pid, 0) == 0 && g_file_get_contents(proc, &cmdline, &len, NULL) &&
+           len > 0 && strstr(cmdline, binary) != NULL;
+}
+
+void vn_spawn_end(VnDaemon *d, GPid pid, const char *what)
+{
+    gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
+
+    kill(pid, SIGTERM);
+    while (g_get_monotonic_time() < deadline) {
+        /* Our child: reap it.  Adopted: it is init's; watch it go. */
+        if (waitpid(pid, NULL, WNOHANG) == pid || (errno == ECHILD && kill(pid, 0) != 0)) {
+            return;
+        }
+        g_usleep(5000);
+    }
+    g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
+              what, pid);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
 }
 
 typedef struct ChildWatch {
@@ -208,7 +233,7 @@ static void start_spawn(Start *st)
 {
     VnDaemon *d = st->d;
     VnBorrowed *b = st->b;
-    g_autofree char *bin = worker_binary();
+    g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY);
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_autoptr(GError) error = NULL;
     ChildWatch *cw;
@@ -265,7 +290,7 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
         return;
     }
     g_clear_pointer(&b->port, vn_port_free_unlinked);
-    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, NULL, &error);
+    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
     if (b->port == NULL) {
         start_finish(st, error);
         return;
@@ -282,7 +307,6 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms);
 
 static void spawn_stop(VnDaemon *d, VnBorrowed *b)
 {
-    gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
     GPid pid = b->worker_pid;
 
     if (pid <= 0) {
@@ -297,21 +321,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
         g_source_remove(b->child_watch);
         b->child_watch = 0;
     }
-    kill(pid, SIGTERM);
-    while (g_get_monotonic_time() < deadline) {
-        /* Our child: reap it.  Adopted: it is init's; watch it go. */
-        if (waitpid(pid, NULL, WNOHANG) == pid || (errno == ECHILD && !alive(pid))) {
-            pid = 0;
-            break;
-        }
-        g_usleep(5000);
-    }
-    if (pid != 0) {
-        g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
-                  b->device, pid);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
+    vn_spawn_end(d, pid, b->device);
     b->worker_pid = 0;
     if (b->channel_path != NULL) {
         unlink(b->channel_path);
@@ -396,19 +406,15 @@ static bool spawn_client_connected(VnBorrowed *b)
 static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *cmdline = NULL;
-    g_autofree char *proc = g_strdup_printf("/proc/%d/cmdline", b->worker_pid);
-    gsize len = 0;
 
     /* The pid must still be a worker of ours, for this device's socket. */
-    if (!alive(b->worker_pid) || !g_file_get_contents(proc, &cmdline, &len, NULL) ||
-        len == 0 || strstr(cmdline, VN_SPAWN_BINARY) == NULL ||
+    if (!vn_spawn_alive(b->worker_pid, VN_SPAWN_BINARY) ||
         !g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
         b->worker_pid = 0;
         return false;
     }
     /* It reconnects to its port as soon as we listen on it again. */
-    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, NULL, &error);
+    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
     if (b->port == NULL) {
         g_warning("node %s: the worker serving %s cannot reach us: %s", d->conf->node,
                   b->device, error->message);
@@ -430,6 +436,10 @@ static bool ops_client_connected(VnDaemon *d, VnBorrowed *b)
 
 const VnWorkerOps vn_spawn_ops = {
     .name = "process",
+    .lend_start = vn_lenders_start,
+    .lend_stop = vn_lenders_stop,
+    .lend_adopt = vn_lenders_adopt,
+    .lend_stats = vn_lenders_stats,
     .start = spawn_start,
     .stop = spawn_stop,
     .adopt = spawn_adopt,

@@ -79,6 +79,23 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
+    /* Lender workers serve on through our restart; their paths follow
+     * from their devices' names. */
+    json_builder_set_member_name(b, "lender_workers");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->worker_pid > 0) {
+            json_builder_begin_object(b);
+            json_builder_set_member_name(b, "name");
+            json_builder_add_string_value(b, ld->conf->name);
+            json_builder_set_member_name(b, "pid");
+            json_builder_add_int_value(b, ld->worker_pid);
+            json_builder_end_object(b);
+        }
+    }
+    json_builder_end_array(b);
     json_builder_set_member_name(b, "borrowed");
     json_builder_begin_array(b);
     for (guint i = 0; i < d->borrowed->len; i++) {
@@ -280,6 +297,25 @@ bool vn_state_load(VnDaemon *d, GError **error)
         }
         g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
                   d->conf->node, lease, name, borrower);
+    }
+    n = json_object_get_member(o, "lender_workers");
+    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
+                                                            json_node_get_array(n)); i++) {
+        JsonNode *e = json_array_get_element(json_node_get_array(n), i);
+        JsonObject *w = JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
+        JsonNode *pid = w != NULL ? json_object_get_member(w, "pid") : NULL;
+        const char *name = w != NULL ? vn_util_json_string(w, "name") : NULL;
+        VnLocalDevice *ld = name != NULL ? vn_devices_local(d, name) : NULL;
+
+        if (ld == NULL || ld->worker_pid > 0 || pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
+            json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
+            json_node_get_int(pid) > G_MAXINT) {
+            continue;
+        }
+        ld->worker_pid = (GPid)json_node_get_int(pid);
+        if (!d->workers->lend_adopt(d, ld)) {
+            g_message("node %s: the lender worker of %s is gone", d->conf->node, name);
+        }
     }
     n = json_object_get_member(o, "borrowed");
     for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(

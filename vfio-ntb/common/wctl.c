@@ -2,9 +2,9 @@
  * A worker's control channel (wctl.h): a small JSON-line server in the
  * worker, and the daemon's bounded client.
  */
-#define G_LOG_DOMAIN "vfio-ntb.borrower"
+#define G_LOG_DOMAIN "vfio-ntb.common"
 
-#include "wctl.h"
+#include "common/wctl.h"
 #include "common/json.h"
 
 #include <errno.h>

@@ -1,0 +1,149 @@
+/*
+ * Lender workers: each lent device's backend (lending/lender.h) runs in a
+ * vfio-ntb-lender process, so that the daemon's loop never waits on a
+ * device and a restart of vfio-ntbd leaves every borrower's data path
+ * running: the device server keeps its one client, DMA mappings and
+ * interrupt routes.  The daemon starts one when it lends a device, ends it
+ * (fencing the device) when it stops lending it, starts it again when it
+ * exits, and after a restart adopts the one its state file names.  The
+ * worker speaks through its port (port.h): the lease holder's requests go
+ * to it there, and the end of a lease reaches it as its holder's link
+ * going down.  These are the lend_* members of vn_spawn_ops.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+#include "common/wctl.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define VN_LENDERS_BINARY "vfio-ntb-lender"
+/* A worker that exited is started again after this. */
+#define VN_LENDERS_RESPAWN_MS 1000
+
+typedef struct LendWatch {
+    VnDaemon *d;
+    VnLocalDevice *ld;
+} LendWatch;
+
+static gboolean on_respawn(gpointer data)
+{
+    LendWatch *lw = data;
+    g_autoptr(GError) error = NULL;
+
+    lw->ld->respawn_timer = 0;
+    if (!vn_lenders_start(lw->d, lw->ld, &error)) {
+        g_warning("node %s: %s: %s", lw->d->conf->node, lw->ld->conf->name, error->message);
+        return G_SOURCE_REMOVE;
+    }
+    vn_state_save_or_report(lw->d);     /* the next daemon adopts this one */
+    return G_SOURCE_REMOVE;
+}
+
+static void on_worker_exit(GPid pid, gint status, gpointer data)
+{
+    LendWatch *lw = data;
+    VnLocalDevice *ld = lw->ld;
+    LendWatch *again;
+
+    g_spawn_close_pid(pid);
+    if (ld->worker_pid != pid) {
+        return;
+    }
+    ld->worker_pid = 0;
+    ld->child_watch = 0;
+    /* Its device server saw its client go (and quiesced the device); the
+     * holder's requests wait in the port for the next worker. */
+    g_warning("node %s: the lender worker of %s (pid %d) exited (status %d); starting "
+              "another in %d ms", lw->d->conf->node, ld->conf->name, pid, status,
+              VN_LENDERS_RESPAWN_MS);
+    again = g_new0(LendWatch, 1);
+    *again = *lw;
+    ld->respawn_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS,
+                                           on_respawn, again, g_free);
+}
+
+bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
+{
+    g_autofree char *bin = vn_spawn_binary(VN_LENDERS_BINARY);
+    g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
+    LendWatch *lw;
+
+    if (bin == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                    "%s is not installed next to vfio-ntbd nor on PATH", VN_LENDERS_BINARY);
+        return false;
+    }
+    g_ptr_array_add(argv, g_strdup(bin));
+    g_ptr_array_add(argv, g_strdup_printf("--port=%s", ld->port_path));
+    g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
+    g_ptr_array_add(argv, g_strdup_printf("--device=%s", ld->conf->name));
+    g_ptr_array_add(argv, g_strdup_printf("--device-socket=%s", ld->conf->socket));
+    g_ptr_array_add(argv, g_strdup_printf("--control=%s", ld->channel_path));
+    g_ptr_array_add(argv, NULL);
+    if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
+                       &ld->worker_pid, error)) {
+        g_prefix_error(error, "starting %s: ", VN_LENDERS_BINARY);
+        return false;
+    }
+    lw = g_new0(LendWatch, 1);
+    *lw = (LendWatch){ d, ld };
+    ld->child_watch = g_child_watch_add_full(G_PRIORITY_DEFAULT, ld->worker_pid, on_worker_exit, lw,
+                                             g_free);
+    g_message("node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
+              ld->worker_pid);
+    return true;
+}
+
+void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
+{
+    if (ld->respawn_timer != 0) {
+        g_source_remove(ld->respawn_timer);
+        ld->respawn_timer = 0;
+    }
+    if (ld->child_watch != 0) {
+        g_source_remove(ld->child_watch);
+        ld->child_watch = 0;
+    }
+    if (ld->worker_pid > 0) {
+        /* It fences the device on SIGTERM. */
+        vn_spawn_end(d, ld->worker_pid, ld->conf->name);
+        ld->worker_pid = 0;
+    }
+    if (ld->channel_path != NULL) {
+        unlink(ld->channel_path);
+    }
+}
+
+bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
+{
+    /* It reconnects to its port, open again already, within 100 ms. */
+    if (!vn_spawn_alive(ld->worker_pid, VN_LENDERS_BINARY)) {
+        ld->worker_pid = 0;
+        return false;
+    }
+    g_message("node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
+              ld->conf->name);
+    return true;
+}
+
+char *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld)
+{
+    g_autoptr(GError) error = NULL;
+    char *text;
+
+    if (ld->worker_pid <= 0 || ld->channel_path == NULL) {
+        return NULL;
+    }
+    text = vn_wctl_call(ld->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                        VN_SPAWN_MAX_STATS, &error);
+    if (text == NULL) {
+        g_info("lender worker of %s: %s", ld->conf->name, error->message);
+    }
+    return text;
+}

@@ -1,0 +1,161 @@
+/*
+ * vfio-ntb-lender: one lent device's backend, in a process of its own so
+ * that it outlives vfio-ntbd: the device server sees one vfio-user client
+ * for as long as the device is lent, and a daemon restart (a crash, an
+ * upgrade) leaves every borrower's data path -- DMA, interrupts, the
+ * device's state -- as it was.
+ *
+ *   vfio-ntb-lender --port PATH --node NAME --device NAME --device-socket PATH
+ *                   [--control PATH]
+ *
+ * It is not a fabric node: it answers the lending protocol (lender.h) for
+ * its host (NAME) through vfio-ntbd's port for it (fabric/host.h), which
+ * passes it the requests of the device's lease holder and tells it when
+ * the lease ends (the holder's link goes down, for this worker): then it
+ * fences the device.  Its device operations run in its own loop, never in
+ * the daemon's.  On its control channel (--control, common/wctl.h) it
+ * answers "stats" with its counters.  SIGTERM fences and ends it.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.lending"
+
+#include "lender.h"
+
+#include "common/json.h"
+#include "common/wctl.h"
+
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <json-glib/json-glib.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct Worker {
+    VnFabric *fab;
+    VnLender *l;
+    GMainLoop *loop;
+} Worker;
+
+static void on_link(void *opaque, const char *peer, bool up)
+{
+    Worker *w = opaque;
+
+    /* The daemon reports the holder "down" when the lease ended. */
+    if (!up && w->l != NULL) {
+        vn_lender_peer_down(w->l, peer);
+    }
+}
+
+static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    Worker *w = opaque;
+
+    vn_lender_request(w->l, msg, token);
+}
+
+static const VnFabricHandlers handlers = {
+    .on_link = on_link,
+    .on_request = on_request,
+};
+
+/* "stats": the lender's counters and how its device server is doing. */
+static char *on_command(void *opaque, const char *name, GError **error)
+{
+    Worker *w = opaque;
+    g_autoptr(JsonObject) o = NULL;
+    g_autoptr(JsonNode) root = NULL;
+    g_autofree char *stats = NULL;
+    const char *borrower;
+
+    if (strcmp(name, "stats") != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "no command \"%.32s\"", name);
+        return NULL;
+    }
+    stats = vn_lender_stats_json(w->l);
+    o = vn_json_parse_object(stats, -1, 65536, error);
+    if (o == NULL) {
+        return NULL;
+    }
+    borrower = vn_lender_borrower(w->l);
+    json_object_set_string_member(o, "device_server", vn_lender_device_state(w->l));
+    json_object_set_string_member(o, "last_stall", vn_lender_last_stall(w->l));
+    if (borrower != NULL) {
+        json_object_set_string_member(o, "borrower", borrower);
+    } else {
+        json_object_set_null_member(o, "borrower");
+    }
+    root = json_node_new(JSON_NODE_OBJECT);
+    json_node_set_object(root, o);
+    return json_to_string(root, FALSE);
+}
+
+static gboolean on_stop(gpointer data)
+{
+    g_main_loop_quit(((Worker *)data)->loop);
+    return G_SOURCE_CONTINUE;
+}
+
+int main(int argc, char **argv)
+{
+    g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
+    g_autofree char *control = NULL;
+    GOptionEntry entries[] = {
+        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
+          "PATH" },
+        { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
+        { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lent device's name", "NAME" },
+        { "device-socket", 0, 0, G_OPTION_ARG_FILENAME, &dsock,
+          "the device server's vfio-user socket", "PATH" },
+        { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
+          "PATH" },
+        G_OPTION_ENTRY_NULL,
+    };
+    g_autoptr(GOptionContext) oc = g_option_context_new("- one lent device's backend");
+    g_autoptr(GHashTable) fp = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnWctl) wctl = NULL;
+    Worker w = { 0 };
+    guint sigs[2];
+
+    g_option_context_add_main_entries(oc, entries, NULL);
+    if (!g_option_context_parse(oc, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return 2;
+    }
+    if (port == NULL || node == NULL || device == NULL || dsock == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: --port, --node, --device and --device-socket are "
+                        "required\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    g_hash_table_insert(fp, g_strdup("port"), g_strdup(port));
+    w.loop = g_main_loop_new(NULL, FALSE);
+    w.fab = vn_fabric_open("host", node, fp, &handlers, &w, NULL, &error);
+    if (w.fab == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return 1;
+    }
+    w.l = vn_lender_new(w.fab, device, dsock, &error);
+    if (w.l == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        vn_fabric_close(w.fab);
+        return 1;
+    }
+    if (control != NULL && (wctl = vn_wctl_new(control, on_command, &w, &error)) == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        vn_lender_free(w.l);
+        vn_fabric_close(w.fab);
+        return 1;
+    }
+    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
+    sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
+    g_main_loop_run(w.loop);
+    for (int i = 0; i < 2; i++) {
+        g_source_remove(sigs[i]);
+    }
+    g_clear_pointer(&wctl, vn_wctl_free);
+    g_clear_pointer(&w.l, vn_lender_free);
+    vn_fabric_close(w.fab);
+    g_main_loop_unref(w.loop);
+    return 0;
+}
