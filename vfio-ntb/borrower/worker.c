@@ -19,6 +19,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
 #include "borrower.h"
+#include "common/util.h"
 #include "common/wctl.h"
 #include "config.h"
 
@@ -92,12 +93,6 @@ static char *on_command(void *opaque, const char *name, GError **error)
     return NULL;
 }
 
-static gboolean on_stop(gpointer data)
-{
-    g_main_loop_quit(((Worker *)data)->loop);
-    return G_SOURCE_CONTINUE;
-}
-
 int main(int argc, char **argv)
 {
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
@@ -120,7 +115,6 @@ int main(int argc, char **argv)
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
     g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
-    guint sigs[2];
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
@@ -155,12 +149,7 @@ int main(int argc, char **argv)
         vn_fabric_close(w.fab);
         return 1;
     }
-    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
-    sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
-    g_main_loop_run(w.loop);
-    for (int i = 0; i < 2; i++) {
-        g_source_remove(sigs[i]);
-    }
+    vn_util_run_until_signalled(w.loop);
     g_clear_pointer(&wctl, vn_wctl_free);
     g_clear_pointer(&w.b, vn_borrower_free);
     vn_fabric_close(w.fab);

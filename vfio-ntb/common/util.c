@@ -4,7 +4,9 @@
 #include "util.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <gio/gio.h>
+#include <glib-unix.h>
 #include <glib/gstdio.h>
 #include <string.h>
 #include <time.h>
@@ -68,4 +70,20 @@ bool vn_util_trace_on(void)
         g_once_init_leave(&once, 1);
     }
     return on;
+}
+
+static gboolean on_signal(gpointer data)
+{
+    g_main_loop_quit(data);
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_util_run_until_signalled(GMainLoop *loop)
+{
+    guint term = g_unix_signal_add(SIGTERM, on_signal, loop);
+    guint intr = g_unix_signal_add(SIGINT, on_signal, loop);
+
+    g_main_loop_run(loop);
+    g_source_remove(term);
+    g_source_remove(intr);
 }

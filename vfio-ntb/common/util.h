@@ -14,6 +14,9 @@ void vn_util_close_fd(int *fd);
 
 /* Close every fd in fds[0..n) that is >= 0 and set it to -1. */
 void vn_util_close_fds(int *fds, size_t n);
+/* Run @loop (the default context's) until SIGTERM or SIGINT: a worker's
+ * life between its start and its clean end. */
+void vn_util_run_until_signalled(GMainLoop *loop);
 
 /* True when [off, off + len) lies inside [0, size) without overflow. */
 static inline bool vn_util_range_ok(uint64_t off, uint64_t len, uint64_t size)

@@ -21,6 +21,7 @@
 #include "lender.h"
 
 #include "common/json.h"
+#include "common/util.h"
 #include "common/wctl.h"
 
 #include <gio/gio.h>
@@ -89,12 +90,6 @@ static char *on_command(void *opaque, const char *name, GError **error)
     return json_to_string(root, FALSE);
 }
 
-static gboolean on_stop(gpointer data)
-{
-    g_main_loop_quit(((Worker *)data)->loop);
-    return G_SOURCE_CONTINUE;
-}
-
 int main(int argc, char **argv)
 {
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
@@ -115,7 +110,6 @@ int main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
-    guint sigs[2];
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
@@ -147,12 +141,7 @@ int main(int argc, char **argv)
         vn_fabric_close(w.fab);
         return 1;
     }
-    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &w);
-    sigs[1] = g_unix_signal_add(SIGINT, on_stop, &w);
-    g_main_loop_run(w.loop);
-    for (int i = 0; i < 2; i++) {
-        g_source_remove(sigs[i]);
-    }
+    vn_util_run_until_signalled(w.loop);
     g_clear_pointer(&wctl, vn_wctl_free);
     g_clear_pointer(&w.l, vn_lender_free);
     vn_fabric_close(w.fab);
