@@ -50,6 +50,7 @@ struct VnBorrower {
     GList *segments;            /* Segment: guest memory exported */
     GList *mappings;            /* Mapping: DMA forwarded */
     VnMediate med;
+    bool client_leaving;        /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
 };
 

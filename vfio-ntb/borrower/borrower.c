@@ -45,6 +45,11 @@ static void segment_put(VnBorrower *b, Segment *seg)
 
 /* ---- requests to the lender ---- */
 
+static void on_answered(void *opaque, VnFabricMsg *reply, int err)
+{
+    /* A quiesce nobody waits for: the lender does it in order. */
+}
+
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
                      size_t len, VnFabricMsg **reply)
 {
@@ -55,6 +60,12 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
         return -ENOTCONN;
     }
     b->stats.fabric_requests++;
+    /* QEMU is gone: no one waits for these, and the lender takes them in
+     * order before anything a next client asks.  Not waiting keeps the
+     * worker answering its daemon, which may be stopping it. */
+    if (b->client_leaving && reply == NULL) {
+        return vn_fabric_request(b->fab, b->lender, type, json, data, len, on_answered, NULL);
+    }
     ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, &r);
     if (ret < 0) {
         VN_TRACE("borrower %s: %s to %s failed: %s", b->device, vn_proto_type_to_string(type),
@@ -395,6 +406,11 @@ static int op_reset(void *opaque)
     return vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL);
 }
 
+static void op_client_leaving(void *opaque)
+{
+    ((VnBorrower *)opaque)->client_leaving = true;
+}
+
 static void op_client_gone(void *opaque)
 {
     VnBorrower *b = opaque;
@@ -416,6 +432,7 @@ static void op_client_gone(void *opaque)
         relay_unmap(b, i, 0, 0);
     }
     /* (the server drops the VM's eventfds itself) */
+    b->client_leaving = false;
     g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
 }
 
@@ -426,6 +443,7 @@ static const VnDeviceOps borrower_ops = {
     .dma_unmapping = op_dma_unmapping,
     .set_irqs = op_set_irqs,
     .reset = op_reset,
+    .client_leaving = op_client_leaving,
     .client_gone = op_client_gone,
 };
 

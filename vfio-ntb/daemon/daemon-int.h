@@ -298,8 +298,9 @@ extern const VnWorkerOps vn_spawn_ops;
 char *vn_spawn_binary(const char *name);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
-/* SIGTERM, wait VN_SPAWN_STOP_TIMEOUT_MS, then SIGKILL. */
-void vn_spawn_end(VnDaemon *d, GPid pid, const char *what);
+/* SIGTERM, wait VN_SPAWN_STOP_TIMEOUT_MS (answering what the worker asks
+ * through @port meanwhile, when not NULL), then SIGKILL. */
+void vn_spawn_end(VnDaemon *d, GPid pid, const char *what, VnPort *port);
 /* lenders.c: the lender side of vn_spawn_ops. */
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);

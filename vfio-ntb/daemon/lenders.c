@@ -112,7 +112,7 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
     }
     if (ld->worker_pid > 0) {
         /* It fences the device on SIGTERM. */
-        vn_spawn_end(d, ld->worker_pid, ld->conf->name);
+        vn_spawn_end(d, ld->worker_pid, ld->conf->name, ld->port);
         ld->worker_pid = 0;
     }
     if (ld->channel_path != NULL) {

@@ -58,7 +58,7 @@ bool vn_spawn_alive(GPid pid, const char *binary)
            len > 0 && strstr(cmdline, binary) != NULL;
 }
 
-void vn_spawn_end(VnDaemon *d, GPid pid, const char *what)
+void vn_spawn_end(VnDaemon *d, GPid pid, const char *what, VnPort *port)
 {
     gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
 
@@ -67,6 +67,9 @@ void vn_spawn_end(VnDaemon *d, GPid pid, const char *what)
         /* Our child: reap it.  Adopted: it is init's; watch it go. */
         if (waitpid(pid, NULL, WNOHANG) == pid || (errno == ECHILD && kill(pid, 0) != 0)) {
             return;
+        }
+        if (port != NULL) {
+            vn_port_pump(port);      /* it may ask its lender something on its way out */
         }
         g_usleep(5000);
     }
@@ -321,7 +324,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
         g_source_remove(b->child_watch);
         b->child_watch = 0;
     }
-    vn_spawn_end(d, pid, b->device);
+    vn_spawn_end(d, pid, b->device, b->port);
     b->worker_pid = 0;
     if (b->channel_path != NULL) {
         unlink(b->channel_path);
@@ -367,6 +370,11 @@ static bool client_gone(VnBorrowed *b, unsigned wait_ms)
     while (spawn_client_connected(b)) {
         if (g_get_monotonic_time() >= deadline) {
             return false;
+        }
+        /* QEMU letting go makes the worker quiesce the device with its
+         * lender, through us. */
+        if (b->port != NULL) {
+            vn_port_pump(b->port);
         }
         g_usleep(20000);
     }

@@ -116,6 +116,9 @@ static void client_drop(VnServer *s, const char *why)
 
     /* The device must stop using guest memory and interrupts before they
      * go: a new client gets a clean device. */
+    if (s->ops->client_leaving != NULL) {
+        s->ops->client_leaving(s->opaque);
+    }
     if (s->ops->dma_unmapping != NULL) {
         s->ops->dma_unmapping(s->opaque, 0, 0, true);
     }

@@ -80,8 +80,10 @@ typedef struct VnDeviceOps {
     /* Optional: DEVICE_RESET (also called when a client goes). */
     int (*reset)(void *opaque);
     /* Optional: a client connected / went away (after DMA and irqs were
-     * dropped and reset called). */
+     * dropped and reset called).  client_leaving comes first, before that
+     * dropping: nobody waits for what follows until client_gone. */
     void (*client_new)(void *opaque);
+    void (*client_leaving)(void *opaque);
     void (*client_gone)(void *opaque);
 } VnDeviceOps;
 
