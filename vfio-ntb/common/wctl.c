@@ -193,6 +193,13 @@ void vn_wctl_free(VnWctl *w)
 char *vn_wctl_call(const char *path, const char *name, unsigned timeout_ms, size_t max_reply,
                    GError **error)
 {
+    return vn_wctl_call_serving(path, name, timeout_ms, max_reply, NULL, NULL, error);
+}
+
+char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_ms,
+                           size_t max_reply, void (*serve)(void *opaque), void *opaque,
+                           GError **error)
+{
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
     g_autoptr(GSocketAddress) addr = g_unix_socket_address_new(path);
     g_autoptr(GSocket) sock = NULL;
@@ -225,7 +232,13 @@ char *vn_wctl_call(const char *path, const char *name, unsigned timeout_ms, size
                         left <= 0 ? "no answer in time" : "answer too long");
             return NULL;
         }
-        if (!g_socket_condition_timed_wait(sock, G_IO_IN, left, NULL, NULL)) {
+        /* In slices, so @serve keeps the worker from waiting on us. */
+        if (!g_socket_condition_timed_wait(sock, G_IO_IN,
+                                           serve != NULL ? MIN(left, VN_WCTL_SERVE_US) : left,
+                                           NULL, NULL)) {
+            if (serve != NULL) {
+                serve(opaque);
+            }
             continue;           /* timed out: the next turn says so */
         }
         n = g_socket_receive(sock, chunk, sizeof(chunk), NULL, NULL);

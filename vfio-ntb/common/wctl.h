@@ -45,5 +45,12 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnWctl, vn_wctl_free)
  */
 char *vn_wctl_call(const char *path, const char *name, unsigned timeout_ms, size_t max_reply,
                    GError **error);
+/* The same, calling @serve every VN_WCTL_SERVE_US while it waits: a worker
+ * that needs its daemon to answer it before it can answer the call (it
+ * speaks through the daemon's port) is not left waiting. */
+#define VN_WCTL_SERVE_US 10000
+char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_ms,
+                           size_t max_reply, void (*serve)(void *opaque), void *opaque,
+                           GError **error);
 
 #endif /* VN_WCTL_H */

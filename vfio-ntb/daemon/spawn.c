@@ -336,6 +336,15 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
     }
 }
 
+static void pump(void *opaque)
+{
+    VnBorrowed *b = opaque;
+
+    if (b->port != NULL) {
+        vn_port_pump(b->port);
+    }
+}
+
 static char *spawn_stats(VnBorrowed *b)
 {
     g_autoptr(GError) error = NULL;
@@ -344,8 +353,10 @@ static char *spawn_stats(VnBorrowed *b)
     if (!alive(b->worker_pid) || b->channel_path == NULL) {
         return NULL;
     }
-    text = vn_wctl_call(b->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS, VN_SPAWN_MAX_STATS,
-                        &error);
+    /* The worker may be waiting on us (a request through its port) before
+     * it can answer: serve it meanwhile. */
+    text = vn_wctl_call_serving(b->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                                VN_SPAWN_MAX_STATS, pump, b, &error);
     if (text == NULL) {
         g_info("worker for %s: %s", b->device, error->message);
     }
@@ -392,8 +403,8 @@ static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
     if (!alive(b->worker_pid) || b->channel_path == NULL) {
         return false;
     }
-    text = vn_wctl_call(b->channel_path, "unplug", VN_SPAWN_STATS_TIMEOUT_MS,
-                        VN_SPAWN_MAX_STATS, &error);
+    text = vn_wctl_call_serving(b->channel_path, "unplug", VN_SPAWN_STATS_TIMEOUT_MS,
+                                VN_SPAWN_MAX_STATS, pump, b, &error);
     o = text != NULL ? vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL) : NULL;
     if (!vn_util_json_bool(o, "requested")) {
         if (error != NULL) {
