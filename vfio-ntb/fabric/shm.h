@@ -105,6 +105,15 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
                          const char *self, char peer[VN_MAX_NODE_NAME + 1],
                          VnShmFetch *fetch);
 
+/* The parameters of shm.h's list into @l (the limits) and @delay_ns
+ * ("crossing-delay-ns"); false with @error naming the parameter. */
+bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
+                         GError **error);
+/* @dir exists (made 0700 if not), is a directory of ours, and group and
+ * others cannot write it: other users must not plant or replace node
+ * sockets. */
+bool vn_shm_dir_ok(const char *dir, GError **error);
+
 /* A connection that has not said HELLO by then is closed. */
 #define VN_SHM_HELLO_TIMEOUT_MS 2000
 /* Accepted connections not yet named: a flood of them is refused. */
