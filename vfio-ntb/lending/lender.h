@@ -16,13 +16,17 @@
  *   IOVA in the device's DMA space.  DMA_UNMAP unmaps from the device before
  *   the reply, so when the borrower's unmap completes the device can no
  *   longer reach that memory; a window no mapping uses is unmapped.
- * - SET_IRQS: in fd mode the VM's eventfds (carried by the fabric) go to
- *   the device itself, so it signals the VM with no hop; in relay mode the
- *   lender gives the device its own eventfds, watches them and rings the
- *   borrower's doorbell (proto.h: bit = vector).
- * - RESET, DETACH; and on borrower loss (link down): fence -- unmap all
- *   DMA, disable every interrupt, reset the device, withdraw the segments,
- *   disconnect from the device server -- so a new borrower can attach.
+ * - SET_IRQS: in fd mode the borrower's interrupt routes (fabric.h; on shm
+ *   the VM's own eventfds) go to the device itself, so it signals the VM
+ *   with no hop; in relay mode the lender gives the device its own
+ *   eventfds, watches them and rings the doorbell bits the borrower named.
+ * - RESET, DETACH; and when the borrower is gone (vn_lender_peer_down(): its
+ *   lease ended): fence -- unmap all DMA, disable every interrupt, reset the
+ *   device, withdraw the segments, disconnect from the device server -- so
+ *   a new borrower can attach.
+ *
+ * It runs in a lender worker (worker.c), on the `host` fabric backend: the
+ * borrower is its host's lease holder.
  *
  * Threads: the lender lives in its fabric's GMainContext.
  */
