@@ -35,7 +35,6 @@ typedef struct VnPortRelay {
 typedef struct VnPortIn {
     uint64_t id;                /* the frame id the worker sees */
     uint64_t token;             /* ours, for vn_fabric_reply() */
-    gint64 since_us;
     GByteArray *frame;          /* not sent yet (the worker is away), else NULL */
 } VnPortIn;
 
@@ -212,7 +211,6 @@ bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token)
     in = g_new0(VnPortIn, 1);
     in->id = ++p->last_in;
     in->token = token;
-    in->since_us = g_get_monotonic_time();
     in->frame = g_byte_array_new();
     if (vn_fabric_frame_encode(in->frame, VN_FABRIC_FLAG_REQUEST, msg->type, in->id, 0,
                                msg->json, msg->data, msg->data_len) < 0) {
