@@ -499,6 +499,56 @@ START_TEST(test_window_map)
 }
 END_TEST
 
+typedef struct Mapped {
+    bool done;
+    VnFabricWindow *w;
+    int code;
+} Mapped;
+
+static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    Mapped *m = opaque;
+
+    m->done = true;
+    m->w = w;
+    m->code = error != NULL ? error->code : 0;
+}
+
+/* A map that does not wait: the call returns at once, the window comes on
+ * the loop; refusals come the same way. */
+START_TEST(test_window_map_async)
+{
+    Node *b = node_open("b", false);
+    Node *a = node_open("a", false);
+    uint8_t *map;
+    int memfd = memfd_new(16384, &map);
+    Mapped m = { 0 }, bad = { 0 };
+    uint64_t seg;
+
+    link_nodes(a, b);
+    seg = vn_fabric_segment_export(b->fab, memfd, 16384, "a", NULL);
+    ck_assert_uint_ne(seg, 0);
+    /* b answers from the same loop: only an asynchronous map can work. */
+    vn_fabric_window_map_async(a->fab, "b", seg, on_mapped, &m);
+    ck_assert(!m.done);
+    WAIT_FOR(m.done);
+    ck_assert_ptr_nonnull(m.w);
+    ck_assert_uint_eq(m.w->size, 16384);
+    memcpy(m.w->host + 5, "async", 5);
+    ck_assert_mem_eq(map + 5, "async", 5);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
+    vn_fabric_window_map_async(a->fab, "b", 999, on_mapped, &bad);
+    WAIT_FOR(bad.done);
+    ck_assert_ptr_null(bad.w);
+    ck_assert_int_eq(bad.code, G_IO_ERROR_NOT_FOUND);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
+    vn_fabric_window_unmap(a->fab, m.w);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
+    munmap(map, 16384);
+    close(memfd);
+}
+END_TEST
+
 START_TEST(test_map_not_granted)
 {
     Node *b = node_open("b", true);
@@ -947,6 +997,7 @@ static Suite *fabric_suite(void)
     tc = tcase_create("windows");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_window_map);
+    tcase_add_test(tc, test_window_map_async);
     tcase_add_test(tc, test_map_not_granted);
     tcase_add_test(tc, test_window_limits);
     tcase_add_test(tc, test_window_outlives_link);

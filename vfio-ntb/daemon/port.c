@@ -49,6 +49,7 @@ struct VnPort {
     GSource *src;
     VnRecordReader rx;
     GPtrArray *windows;         /* VnFabricWindow *, mapped for the worker */
+    GPtrArray *maps;            /* VnPortMap *, maps under way */
     GArray *segments;           /* uint64_t ids exported for it */
     GArray *routes;
     uint64_t doorbells;         /* bit i: the worker's */
@@ -407,30 +408,57 @@ static void op_export(VnPort *p, const VnHostHdr *h, int fd)
     reply(p, h, 0, id, 0, -1);
 }
 
+/* A map for the worker, until the peer's backend answered. */
+typedef struct VnPortMap {
+    VnPort *port;               /* NULL once the port is gone */
+    VnFabric *fab;
+    VnHostHdr h;
+} VnPortMap;
+
+static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    VnPortMap *m = opaque;
+    VnPort *p = m->port;
+
+    if (p == NULL) {
+        if (w != NULL) {
+            vn_fabric_window_unmap(m->fab, w);      /* nobody to give it to */
+        }
+        g_free(m);
+        return;
+    }
+    g_ptr_array_remove_fast(p->maps, m);
+    if (w == NULL) {
+        g_info("port %s: %s", p->path, error->message);
+        reply(p, &m->h, g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? ENOSPC
+                        : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)  ? ENOENT
+                        : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED)
+                            ? EACCES
+                            : EIO,
+              0, 0, -1);
+    } else {
+        g_ptr_array_add(p->windows, w);
+        reply(p, &m->h, 0, w->size, w->offset, w->fd);
+    }
+    g_free(m);
+}
+
 static void op_map(VnPort *p, const VnHostHdr *h)
 {
-    g_autoptr(GError) error = NULL;
-    VnFabricWindow *w;
+    VnPortMap *m;
 
-    if (p->windows->len >= VN_PORT_MAX_WINDOWS) {
+    if (p->windows->len + p->maps->len >= VN_PORT_MAX_WINDOWS) {
         refuse(p, "more than %u windows", VN_PORT_MAX_WINDOWS);
         reply(p, h, ENOSPC, 0, 0, -1);
         return;
     }
-    /* Bounded by the fabric's request timeout; the lender answers from its
-     * backend, without running a handler. */
-    w = vn_fabric_window_map(p->fab, p->peer, h->arg, &error);
-    if (w == NULL) {
-        g_info("port %s: %s", p->path, error->message);
-        reply(p, h, g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? ENOSPC
-                    : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)  ? ENOENT
-                    : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED) ? EACCES
-                                                                                      : EIO,
-              0, 0, -1);
-        return;
-    }
-    g_ptr_array_add(p->windows, w);
-    reply(p, h, 0, w->size, w->offset, w->fd);
+    /* Without waiting: the peer's backend answers on our loop. */
+    m = g_new0(VnPortMap, 1);
+    m->port = p;
+    m->fab = p->fab;
+    m->h = *h;
+    g_ptr_array_add(p->maps, m);
+    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, m);
 }
 
 static void op_unmap(VnPort *p, const VnHostHdr *h)
@@ -703,6 +731,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->listen_fd = -1;
     p->fd = -1;
     p->windows = g_ptr_array_new();
+    p->maps = g_ptr_array_new();
     p->segments = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->relays = g_ptr_array_new();
@@ -738,6 +767,10 @@ void vn_port_free(VnPort *p, bool unlink_it)
     }
     ins_fail(p, ECONNRESET, "the device's worker is gone");
     g_ptr_array_unref(p->ins);
+    for (guint i = 0; i < p->maps->len; i++) {
+        ((VnPortMap *)p->maps->pdata[i])->port = NULL;      /* freed when answered */
+    }
+    g_ptr_array_unref(p->maps);
     for (guint i = 0; i < p->windows->len; i++) {
         vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
     }

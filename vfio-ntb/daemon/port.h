@@ -7,7 +7,8 @@
  * a borrower worker with its lender, a lender worker with its device's
  * lease holder (set by the daemon as leases change).  The port relays for
  * it without waiting on anyone (a request becomes an asynchronous request
- * of the daemon's, its reply is sent back when it comes; for a lender
+ * of the daemon's, its reply is sent back when it comes; a window map an
+ * asynchronous map, answered when the peer's backend is; for a lender
  * worker, the peer's requests go to the worker, queued while it is away,
  * and its answers back), and checks what the worker asks like any peer's
  * input: only its peer, only requests and events that name its device,

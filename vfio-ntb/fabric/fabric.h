@@ -162,6 +162,13 @@ typedef struct VnFabricOps {
      */
     int (*map_segment)(void *backend, const char *peer, uint64_t id, int timeout_ms,
                        uint64_t *size, uint64_t *offset);
+    /* Optional: the same without waiting.  @done runs once, later, from the
+     * backend's sources (or from close, with -ECANCELED), with the fd (or
+     * -errno), the size and the offset. */
+    void (*map_segment_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                              void (*done)(void *opaque, int fd, uint64_t size,
+                                           uint64_t offset),
+                              void *opaque);
     /* With VN_FABRIC_CAP_DIRECT_ROUTES: a new fd of ours that signals
      * @peer's route @id (checked there by vn_fabric_backend_route()), or
      * -errno; waits like map_segment. */
@@ -272,6 +279,15 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
  */
 VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
                                      GError **error);
+/*
+ * The same without waiting (for a loop that must not: a daemon's): @done
+ * gets the window or an error, once, later (at once when the arguments or
+ * the budget refuse it, or when the backend cannot map without waiting).
+ * The window's slot is taken meanwhile.
+ */
+typedef void (*VnFabricMapFn)(void *opaque, VnFabricWindow *w, const GError *error);
+void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
+                                VnFabricMapFn done, void *opaque);
 void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w);
 uint32_t vn_fabric_windows_in_use(VnFabric *fab);
 

@@ -62,6 +62,7 @@ struct VnShm {
     GHashTable *active;          /* peer -> VnShmConn carrying its link */
     uint64_t crossing_delay_ns;  /* busy-wait before each send (shm.h) */
     bool closing;
+    GPtrArray *fetches;          /* VnShmFetching *, maps answered on the loop */
 };
 
 static void conn_unref(gpointer data)
@@ -532,17 +533,15 @@ static int shm_wait(void *backend, const char *peer, int timeout_ms)
  * (shm.h, "FETCH").  Returns the fd it sent, with its reply in @rep, or
  * -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
  */
-static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
-                 int timeout_ms, VnShmFetchReply *rep)
+/* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,
+ * the request sent), or -errno. */
+static int fetch_send(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id)
 {
     VnShmFetch f = {
         .hello = { .magic = VN_SHM_FETCH_MAGIC, .version = VN_SHM_HELLO_VERSION },
         .kind = kind,
         .id = id,
     };
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    VnRecordReader rx = { 0 };
-    VnRecord rec = { 0 };
     int fd, ret;
 
     if (!g_hash_table_contains(shm->active, peer)) {
@@ -557,6 +556,51 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
     ret = send_record(fd, &f, sizeof(f), NULL, 0);
     if (ret == 0 && !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
         ret = -errno;
+    }
+    if (ret < 0) {
+        close(fd);
+        return ret;
+    }
+    return fd;
+}
+
+/* The answer (@ret as vn_record_step() left it, @rec): the fd it brought,
+ * with the reply in @rep, or -errno. */
+static int fetch_result(VnShm *shm, int ret, VnRecord *rec, VnShmFetchReply *rep)
+{
+    if (ret < 0) {
+        return ret == -ECONNRESET ? -EPROTO : ret;
+    }
+    memset(rep, 0, sizeof(*rep));
+    if (rec->len == sizeof(*rep)) {
+        memcpy(rep, rec->buf, sizeof(*rep));
+    }
+    g_clear_pointer(&rec->buf, g_free);
+    if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 ||
+        rep->status > VN_FABRIC_MAX_ERRNO || rec->overflow ||
+        rec->nfds != (rep->status == 0 ? 1u : 0u)) {
+        vn_util_close_fds(rec->fds, rec->nfds);
+        vn_fabric_backend_rejected(shm->fab, "a malformed answer to a fetch");
+        return -EPROTO;
+    }
+    return rep->status == 0 ? rec->fds[0] : -rep->status;
+}
+
+/*
+ * Ask @peer's backend for segment or route @id on a connection of its own
+ * (shm.h, "FETCH"), waiting for the answer.  Returns the fd it sent, with
+ * its reply in @rep, or -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
+ */
+static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
+                 int timeout_ms, VnShmFetchReply *rep)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+    VnRecordReader rx = { 0 };
+    VnRecord rec = { 0 };
+    int fd = fetch_send(shm, peer, kind, id), ret = 0;
+
+    if (fd < 0) {
+        return fd;
     }
     while (ret == 0) {
         gint64 left = deadline - g_get_monotonic_time();
@@ -574,22 +618,80 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
     }
     vn_record_reader_clear(&rx);
     close(fd);
-    if (ret < 0) {
-        return ret == -ECONNRESET ? -EPROTO : ret;
+    return fetch_result(shm, ret, &rec, rep);
+}
+
+/* A segment map that does not wait: its answer comes on the loop. */
+typedef struct VnShmFetching {
+    VnShm *shm;
+    int fd;
+    VnRecordReader rx;
+    GSource *src;
+    GSource *timer;
+    void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset);
+    void *opaque;
+} VnShmFetching;
+
+static void fetching_end(VnShmFetching *op, int ret, VnRecord *rec)
+{
+    VnShmFetchReply rep = { 0 };
+    int fd;
+
+    g_ptr_array_remove_fast(op->shm->fetches, op);
+    g_source_destroy(op->src);
+    g_source_unref(op->src);
+    g_source_destroy(op->timer);
+    g_source_unref(op->timer);
+    vn_record_reader_clear(&op->rx);
+    vn_util_close_fd(&op->fd);
+    fd = fetch_result(op->shm, ret, rec, &rep);
+    op->done(op->opaque, fd, rep.size, rep.offset);
+    g_free(op);
+}
+
+static gboolean on_fetch_ready(int fd, GIOCondition cond, gpointer data)
+{
+    VnShmFetching *op = data;
+    VnRecord rec = { 0 };
+    int ret = vn_record_step(&op->rx, op->fd, vn_shm_record_max(VN_SHM_RECORD_FETCH_REPLY),
+                             &rec);
+
+    if (ret != 0) {
+        fetching_end(op, ret, &rec);
+        return G_SOURCE_REMOVE;
     }
-    memset(rep, 0, sizeof(*rep));
-    if (rec.len == sizeof(*rep)) {
-        memcpy(rep, rec.buf, sizeof(*rep));
+    return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_fetch_timeout(gpointer data)
+{
+    fetching_end(data, -ETIMEDOUT, &(VnRecord){ 0 });
+    return G_SOURCE_REMOVE;
+}
+
+static void shm_map_segment_async(void *backend, const char *peer, uint64_t id,
+                                  int timeout_ms,
+                                  void (*done)(void *opaque, int fd, uint64_t size,
+                                               uint64_t offset),
+                                  void *opaque)
+{
+    VnShm *shm = backend;
+    VnShmFetching *op;
+    int fd = fetch_send(shm, peer, VN_SHM_FETCH_SEGMENT, id);
+
+    if (fd < 0) {
+        done(opaque, fd, 0, 0);
+        return;
     }
-    g_free(rec.buf);
-    if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 ||
-        rep->status > VN_FABRIC_MAX_ERRNO || rec.overflow ||
-        rec.nfds != (rep->status == 0 ? 1u : 0u)) {
-        vn_util_close_fds(rec.fds, rec.nfds);
-        vn_fabric_backend_rejected(shm->fab, "a malformed answer to a fetch");
-        return -EPROTO;
-    }
-    return rep->status == 0 ? rec.fds[0] : -rep->status;
+    op = g_new0(VnShmFetching, 1);
+    *op = (VnShmFetching){ .shm = shm, .fd = fd, .done = done, .opaque = opaque };
+    op->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(op->src, G_SOURCE_FUNC(on_fetch_ready), op, NULL);
+    g_source_attach(op->src, shm->ctx);
+    op->timer = g_timeout_source_new((guint)timeout_ms);
+    g_source_set_callback(op->timer, on_fetch_timeout, op, NULL);
+    g_source_attach(op->timer, shm->ctx);
+    g_ptr_array_add(shm->fetches, op);
 }
 
 static int shm_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
@@ -617,6 +719,10 @@ static void shm_close(void *backend)
     VnShm *shm = backend;
 
     shm->closing = true;
+    while (shm->fetches->len > 0) {
+        fetching_end(shm->fetches->pdata[shm->fetches->len - 1], -ECANCELED, &(VnRecord){ 0 });
+    }
+    g_ptr_array_unref(shm->fetches);
     if (shm->listen_src != NULL) {
         g_source_destroy(shm->listen_src);
         g_source_unref(shm->listen_src);
@@ -724,6 +830,7 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     shm->listen_fd = -1;
     shm->crossing_delay_ns = delay_ns;
     shm->conns = g_ptr_array_new_with_free_func(conn_unref);
+    shm->fetches = g_ptr_array_new();
     shm->active = g_hash_table_new(g_str_hash, g_str_equal);
     if (strlen(shm->path) >= sizeof(addr.sun_path)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_FILENAME_TOO_LONG,
@@ -789,6 +896,7 @@ const VnFabricOps vn_shm_ops = {
     .wait = shm_wait,
     .disconnect = shm_disconnect,
     .map_segment = shm_map_segment,
+    .map_segment_async = shm_map_segment_async,
     .open_route = shm_open_route,
     .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */

@@ -158,42 +158,46 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
     return w;
 }
 
-VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
-                                     GError **error)
-{
-    uint64_t size = 0, offset = 0, wsize;
-    const char *fault = NULL;
-    VnFabricWindow *w;
-    uint32_t slot;
-    void *host;
-    int fd;
+/* A slot being filled by an asynchronous map. */
+static VnFabricWindow reserved;
 
+/* The arguments, the link and a free slot; false with @error. */
+static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *slot,
+                      GError **error)
+{
     if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: no segment %" PRIu64 " of \"%s\" to map", fab->node, id,
                     peer != NULL ? peer : "(null)");
-        return NULL;
+        return false;
     }
-    for (slot = 0; slot < fab->limits.max_windows && fab->windows[slot] != NULL; slot++) {
+    for (*slot = 0; *slot < fab->limits.max_windows && fab->windows[*slot] != NULL; (*slot)++) {
     }
-    if (slot == fab->limits.max_windows) {
+    if (*slot == fab->limits.max_windows) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: no memory window free for %s's segment %" PRIu64
                     " (all %u in use)", fab->node, peer, id, fab->limits.max_windows);
-        return NULL;
+        return false;
     }
     if (fab->backend == NULL || vn_fabric_peer(fab, peer) == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
                     "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node,
                     peer, id);
-        return NULL;
+        return false;
     }
-    /* No handler may run inside the wait: what the backend reports is
-     * queued until we are back. */
-    fab->defer++;
-    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size,
-                               &offset);
-    fab->defer--;
+    return true;
+}
+
+/* What the backend gave for @peer's segment @id (@fd, or -errno) into slot
+ * @slot: checked, mapped; NULL with @error (the fd closed). */
+static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer, uint64_t id,
+                                  int fd, uint64_t size, uint64_t offset, GError **error)
+{
+    const char *fault = NULL;
+    VnFabricWindow *w;
+    uint64_t wsize;
+    void *host;
+
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
                     "node %s: cannot map %s's segment %" PRIu64 ": %s", fab->node, peer, id,
@@ -252,6 +256,78 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     return w;
 }
 
+VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
+                                     GError **error)
+{
+    uint64_t size = 0, offset = 0;
+    uint32_t slot;
+    int fd;
+
+    if (!map_check(fab, peer, id, &slot, error)) {
+        return NULL;
+    }
+    /* No handler may run inside the wait: what the backend reports is
+     * queued until we are back. */
+    fab->defer++;
+    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size,
+                               &offset);
+    fab->defer--;
+    return map_finish(fab, slot, peer, id, fd, size, offset, error);
+}
+
+typedef struct VnFabricMapping {
+    VnFabric *fab;
+    uint32_t slot;
+    char peer[VN_MAX_NODE_NAME + 1];
+    uint64_t id;
+    VnFabricMapFn done;
+    void *opaque;
+} VnFabricMapping;
+
+static void map_done(void *opaque, int fd, uint64_t size, uint64_t offset)
+{
+    VnFabricMapping *m = opaque;
+    VnFabric *fab = m->fab;
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w = NULL;
+
+    if (fab->windows == NULL || fab->backend == NULL) {
+        /* Closing: nothing is mapped any more. */
+        vn_util_close_fd(&fd);
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
+    } else {
+        fab->windows[m->slot] = NULL;        /* the reservation */
+        w = map_finish(fab, m->slot, m->peer, m->id, fd, size, offset, &error);
+    }
+    m->done(m->opaque, w, error);
+    g_free(m);
+}
+
+void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
+                                VnFabricMapFn done, void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricMapping *m;
+    uint32_t slot;
+
+    if (fab->ops->map_segment_async == NULL) {
+        VnFabricWindow *w = vn_fabric_window_map(fab, peer, id, &error);
+
+        done(opaque, w, error);
+        return;
+    }
+    if (!map_check(fab, peer, id, &slot, &error)) {
+        done(opaque, NULL, error);
+        return;
+    }
+    m = g_new0(VnFabricMapping, 1);
+    *m = (VnFabricMapping){ .fab = fab, .slot = slot, .id = id, .done = done,
+                            .opaque = opaque };
+    g_strlcpy(m->peer, peer, sizeof(m->peer));
+    fab->windows[slot] = &reserved;
+    fab->ops->map_segment_async(fab->backend, peer, id, fab->request_timeout_ms, map_done, m);
+}
+
 static void window_free(VnFabricWindow *w)
 {
     munmap(w->host, w->size);
@@ -266,7 +342,8 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
     if (w == NULL) {
         return;
     }
-    for (slot = 0; slot < fab->limits.max_windows && fab->windows[slot] != w; slot++) {
+    for (slot = 0; slot < fab->limits.max_windows && (w == &reserved || fab->windows[slot] != w);
+         slot++) {
     }
     if (slot == fab->limits.max_windows) {
         g_warning("node %s: unmap of a window that is not mapped here", fab->node);
@@ -302,7 +379,7 @@ void vn_fabric_windows_close(VnFabric *fab)
 {
     if (fab->windows != NULL) {
         for (uint32_t i = 0; i < fab->limits.max_windows; i++) {
-            if (fab->windows[i] != NULL) {
+            if (fab->windows[i] != NULL && fab->windows[i] != &reserved) {
                 window_free(fab->windows[i]);
             }
         }
