@@ -20,7 +20,7 @@ typedef struct Worker {
     char *port;
     GMutex lock;
     unsigned doorbells[VN_FABRIC_MAX_DOORBELLS];
-    unsigned downs;
+    unsigned ups, downs;
     /* one step at a time, run in the worker's thread */
     void (*step)(struct Worker *w);
     gint done;
@@ -38,6 +38,7 @@ static void w_on_link(void *opaque, const char *peer, bool up)
     Worker *w = opaque;
 
     g_mutex_lock(&w->lock);
+    w->ups += up;
     w->downs += !up;
     g_mutex_unlock(&w->lock);
 }
@@ -88,6 +89,18 @@ static void step_open(Worker *w)
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
     w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
+}
+
+/* A lender's worker: it does not connect, its daemon says who holds the
+ * device. */
+static void step_open_inbound(Worker *w)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+
+    g_hash_table_insert(params, "port", w->port);
+    w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
+    ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
 }
 
 static void step_echo(Worker *w)
@@ -334,6 +347,26 @@ START_TEST(test_doorbells_and_restart)
 }
 END_TEST
 
+/* The holder was known before the worker started (a lend and a borrow at
+ * once): the daemon's greeting names it, and the worker's fabric, still
+ * opening then, has the link up once it runs. */
+START_TEST(test_holder_known_before_the_worker)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+    bool up;
+
+    vn_port_free(port, true);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    in_worker(step_open_inbound);
+    in_worker(step_run);
+    up = vn_fabric_link_up(worker->fab, "hosta");
+    ck_assert_msg(up, "the worker never heard its holder's link is up");
+    ck_assert_uint_eq(worker->ups, 1);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -344,6 +377,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_relayed_as_the_host);
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
+    tcase_add_test(tc, test_holder_known_before_the_worker);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -99,6 +99,7 @@ struct VnFabric {
      * an idle source, never inside the caller's call.
      */
     int defer;
+    bool opening;            /* inside ops->open: reports are deferred too */
     GQueue deferred;         /* VnFabricDeferred */
     GSource *deferred_src;
 

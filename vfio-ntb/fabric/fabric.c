@@ -304,6 +304,13 @@ static gboolean deferred_dispatch(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* A backend may report links and frames while it opens (the host backend
+ * hears of its lender's peer in its greeting): they wait for the open. */
+static bool attached(VnFabric *fab)
+{
+    return fab->backend != NULL || fab->opening;
+}
+
 static bool deferring(VnFabric *fab)
 {
     return fab->defer > 0 || !g_queue_is_empty(&fab->deferred);
@@ -363,7 +370,7 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
     VnFabricPeer *p = peer != NULL ? vn_fabric_peer(fab, peer) : NULL;
     VnFabricDeferred *d;
 
-    if (p == NULL || fab->backend == NULL) {
+    if (p == NULL || !attached(fab)) {
         /* A backend bug (frames before link up), or a closing node. */
         g_warning("node %s: frame from %s, whose link is not up, dropped", fab->node,
                   peer != NULL ? peer : "(null)");
@@ -403,7 +410,7 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
     VnFabricPeer *p;
     uint64_t gen;
 
-    if (fab->backend == NULL || !vn_name_valid(VN_NAME_NODE, peer)) {
+    if (!attached(fab) || !vn_name_valid(VN_NAME_NODE, peer)) {
         g_warning("node %s: link report for \"%s\" ignored", fab->node,
                   peer != NULL ? peer : "(null)");
         return;
@@ -517,7 +524,11 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     if (!take_params(fab, params, rest, error)) {
         return NULL;
     }
+    fab->defer++;
+    fab->opening = true;
     fab->backend = ops->open(fab, node, rest, error);
+    fab->opening = false;
+    fab->defer--;
     if (fab->backend == NULL) {
         return NULL;
     }

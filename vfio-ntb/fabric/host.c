@@ -44,6 +44,7 @@ typedef struct VnHost {
     /* The one op waiting for its REPLY. */
     uint64_t wait_seq;
     bool wait_done;
+    bool greeted;                /* by a daemon once: limits and caps set */
     VnHostHdr wait_hdr;
     int wait_fd;
 } VnHost;
@@ -321,14 +322,18 @@ static bool host_greet(VnHost *h, GError **error)
                     "port %s: the daemon did not greet us: %s", h->path, g_strerror(-ret));
         return false;
     }
-    /* The host's limits and capabilities are the daemon's node's. */
-    vn_fabric_limits_default(&limits);
-    limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
-    /* The daemon keeps the host's budgets: not counted twice here. */
-    limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
-    limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
-    vn_fabric_backend_set_limits(h->fab, &limits);
-    vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg);
+    /* The host's limits and capabilities are the daemon's node's, as the
+     * first daemon we met had them: our window slots are sized by then. */
+    if (!h->greeted) {
+        vn_fabric_limits_default(&limits);
+        limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
+        /* The daemon keeps the host's budgets: not counted twice here. */
+        limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
+        limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
+        vn_fabric_backend_set_limits(h->fab, &limits);
+        vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg);
+        h->greeted = true;
+    }
     for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {
         uint32_t count = 0;
 
