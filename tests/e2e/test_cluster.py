@@ -361,12 +361,14 @@ def test_revoke_unplugs_from_vm(cl):
     pci = json.dumps(q.qmp.execute("query-pci"))
     alive = q.proc.poll() is None
     q.stop()
+    in_vm = '"qdev_id": "d0"' in pci
+    seen_b = cl.ctl("hostb").execute("query-device", device="hosta/nvme1")["state"]
+    seen_a = cl.ctl("hosta").execute("query-device", device="hosta/nvme1")["state"]
     ok = result("revoke-unplugs-from-vm", ans == {"forced": False} and took < 8 and alive
-                and asked == {"requested": False}
-                and '"qdev_id": "d0"' not in pci
-                and cl.state()["state"] == "available" and
-                cl.ctl("hosta").execute("query-device", device="hosta/nvme1")["state"]
-                == "available", seconds=f"{took:.2f}", vm_running=alive)
+                and asked == {"requested": False} and not in_vm
+                and seen_b == "available" and seen_a == "available",
+                seconds=f"{took:.2f}", vm_running=alive, forced=ans.get("forced"),
+                still_in_vm=in_vm, borrower_sees=seen_b, lender_sees=seen_a)
     cl.ctl("hosta").execute("unlend", name="nvme1")
     return ok
 

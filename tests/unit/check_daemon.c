@@ -118,6 +118,11 @@ static bool fake_no(VnDaemon *d, VnBorrowed *b)
     return false;
 }
 
+static VnClientState fake_client_gone(VnDaemon *d, VnBorrowed *b, gint64 since_us)
+{
+    return VN_CLIENT_GONE;
+}
+
 /* Lender workers: a pid that lives in fake.lenders as long as it "runs". */
 static bool fake_lend_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 {
@@ -160,7 +165,7 @@ static const VnWorkerOps fake_ops = {
     .adopt = fake_adopt,
     .stats = fake_stats,
     .request_unplug = fake_no,
-    .client_connected = fake_no,
+    .client_state = fake_client_gone,
 };
 
 

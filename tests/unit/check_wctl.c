@@ -1,5 +1,5 @@
 /*
- * Unit tests of the workers' control channel (vfio-ntb/borrower/wctl.c):
+ * Unit tests of the workers' control channel (vfio-ntb/common/wctl.c):
  * a server on its own thread and context, as in a worker, and the daemon's
  * bounded client: answers, errors, a worker that does not answer in time,
  * and clients that send garbage or too much (the server drops them and goes
@@ -128,6 +128,78 @@ START_TEST(test_timeout)
 }
 END_TEST
 
+typedef struct Answer {
+    bool done;
+    char *text;
+    GError *error;
+} Answer;
+
+static void on_answer(char *answer, const GError *error, void *opaque)
+{
+    Answer *a = opaque;
+
+    a->done = true;
+    a->text = answer;
+    a->error = error != NULL ? g_error_copy(error) : NULL;
+}
+
+static gboolean tick(gpointer data)
+{
+    (*(unsigned *)data)++;
+    return G_SOURCE_CONTINUE;
+}
+
+/* The loop's side: the answer comes to a callback, the loop runs meanwhile
+ * (here a 10 ms timer ticks while a slow worker thinks), a slow worker's
+ * call ends at its timeout, and a cancelled call never calls back. */
+START_TEST(test_call_async)
+{
+    Rig r = { 0 };
+    Answer a = { 0 }, slow = { 0 }, cancelled = { 0 };
+    g_autoptr(GError) error = NULL;
+    unsigned ticks = 0;
+    guint timer;
+    VnWctlCall *c;
+
+    rig_start(&r);
+    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 1000, 4096, on_answer, &a,
+                                             &error));
+    while (!a.done) {
+        g_main_context_iteration(NULL, TRUE);
+    }
+    ck_assert_msg(a.text != NULL, "%s", a.error ? a.error->message : "");
+    ck_assert_str_eq(a.text, "{\"client_connected\":true,\"messages\":3}");
+
+    r.slow_ms = 700;
+    timer = g_timeout_add(10, tick, &ticks);
+    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 300, 4096, on_answer, &slow,
+                                             &error));
+    while (!slow.done) {
+        g_main_context_iteration(NULL, TRUE);
+    }
+    ck_assert(g_error_matches(slow.error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT));
+    ck_assert_uint_ge(ticks, 5);
+    g_source_remove(timer);
+
+    c = vn_wctl_call_async(r.path, "stats", 1000, 4096, on_answer, &cancelled, &error);
+    ck_assert_ptr_nonnull(c);
+    vn_wctl_call_cancel(c);
+    for (int i = 0; i < 100; i++) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(10000);
+    }
+    ck_assert(!cancelled.done);
+
+    ck_assert_ptr_null(vn_wctl_call_async("/nonexistent/w-channel.sock", "stats", 200, 4096,
+                                          on_answer, &a, &error));
+    ck_assert_ptr_nonnull(error);
+    rig_stop(&r);
+    g_free(a.text);
+    g_clear_error(&a.error);
+    g_clear_error(&slow.error);
+}
+END_TEST
+
 static int raw_connect(const char *path)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -183,6 +255,7 @@ static Suite *wctl_suite(void)
     tcase_add_test(tc, test_call);
     tcase_add_test(tc, test_no_worker);
     tcase_add_test(tc, test_timeout);
+    tcase_add_test(tc, test_call_async);
     tcase_add_test(tc, test_hostile_clients);
     suite_add_tcase(s, tc);
     return s;

@@ -190,6 +190,153 @@ void vn_wctl_free(VnWctl *w)
 
 /* ---- the daemon's side ---- */
 
+/* The "return" value of the answer line in @in (ends at its first newline). */
+static char *answer_parse(const char *path, GString *in, size_t max_reply, GError **error)
+{
+    g_autoptr(JsonObject) reply = NULL;
+    JsonNode *ret, *err;
+
+    g_string_truncate(in, (gsize)((char *)memchr(in->str, '\n', in->len) - in->str));
+    reply = vn_json_parse_object(in->str, (gssize)in->len, max_reply, error);
+    if (reply == NULL) {
+        g_prefix_error(error, "worker channel %s: ", path);
+        return NULL;
+    }
+    ret = json_object_get_member(reply, "return");
+    err = json_object_get_member(reply, "error");
+    if (ret == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "worker channel %s: %s", path,
+                    err != NULL && JSON_NODE_HOLDS_VALUE(err) &&
+                            json_node_get_value_type(err) == G_TYPE_STRING
+                        ? json_node_get_string(err) : "no \"return\" in the answer");
+        return NULL;
+    }
+    return json_to_string(ret, FALSE);
+}
+
+/* A connected socket with the request for @name sent, or NULL.  Never
+ * waits: a worker whose backlog is full is busy, not waited for. */
+static GSocket *call_open(const char *path, const char *name, GError **error)
+{
+    g_autoptr(GSocketAddress) addr = g_unix_socket_address_new(path);
+    g_autoptr(GSocket) sock = NULL;
+    g_autofree char *req = g_strdup_printf("{\"execute\":\"%s\"}\n", name);
+
+    sock = g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_DEFAULT,
+                        error);
+    if (sock != NULL) {
+        g_socket_set_blocking(sock, FALSE);
+    }
+    if (sock == NULL || !g_socket_connect(sock, addr, NULL, error) ||
+        g_socket_send(sock, req, strlen(req), NULL, error) != (gssize)strlen(req)) {
+        g_prefix_error(error, "worker channel %s: ", path);
+        return NULL;
+    }
+    return g_steal_pointer(&sock);
+}
+
+struct VnWctlCall {
+    char *path;
+    GSocket *sock;
+    GSource *io;
+    GSource *timer;
+    GString *in;
+    size_t max_reply;
+    VnWctlDone done;
+    void *opaque;
+};
+
+void vn_wctl_call_cancel(VnWctlCall *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    g_source_destroy(c->io);
+    g_source_unref(c->io);
+    g_source_destroy(c->timer);
+    g_source_unref(c->timer);
+    g_socket_close(c->sock, NULL);
+    g_object_unref(c->sock);
+    g_string_free(c->in, TRUE);
+    g_free(c->path);
+    g_free(c);
+}
+
+/* @done last: it may start the next call, or free what owns this one. */
+static void call_end(VnWctlCall *c, char *answer, GError *error)
+{
+    VnWctlDone done = c->done;
+    void *opaque = c->opaque;
+
+    vn_wctl_call_cancel(c);
+    done(answer, error, opaque);
+    g_clear_error(&error);
+}
+
+static gboolean on_call_timeout(gpointer data)
+{
+    VnWctlCall *c = data;
+    GError *error = g_error_new(G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
+                                "worker channel %s: no answer in time", c->path);
+
+    call_end(c, NULL, error);
+    return G_SOURCE_REMOVE;
+}
+
+static gboolean on_call_input(GSocket *sock, GIOCondition cond, gpointer data)
+{
+    VnWctlCall *c = data;
+    GError *error = NULL;
+    char chunk[4096];
+    gssize n = g_socket_receive(sock, chunk, sizeof(chunk), NULL, NULL);
+    char *answer;
+
+    if (n < 0 && errno == EAGAIN) {
+        return G_SOURCE_CONTINUE;
+    }
+    if (n <= 0) {
+        error = g_error_new(G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
+                            "worker channel %s: closed without an answer", c->path);
+        call_end(c, NULL, error);
+        return G_SOURCE_REMOVE;
+    }
+    g_string_append_len(c->in, chunk, n);
+    if (memchr(c->in->str, '\n', c->in->len) == NULL) {
+        if (c->in->len <= c->max_reply) {
+            return G_SOURCE_CONTINUE;
+        }
+        error = g_error_new(G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE,
+                            "worker channel %s: answer too long", c->path);
+        call_end(c, NULL, error);
+        return G_SOURCE_REMOVE;
+    }
+    answer = answer_parse(c->path, c->in, c->max_reply, &error);
+    call_end(c, answer, error);
+    return G_SOURCE_REMOVE;
+}
+
+VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned timeout_ms,
+                               size_t max_reply, VnWctlDone done, void *opaque,
+                               GError **error)
+{
+    GSocket *sock = call_open(path, name, error);
+    VnWctlCall *c;
+
+    if (sock == NULL) {
+        return NULL;
+    }
+    c = g_new0(VnWctlCall, 1);
+    *c = (VnWctlCall){ .path = g_strdup(path), .sock = sock, .in = g_string_new(NULL),
+                       .max_reply = max_reply, .done = done, .opaque = opaque };
+    c->io = g_socket_create_source(sock, G_IO_IN | G_IO_HUP | G_IO_ERR, NULL);
+    g_source_set_callback(c->io, (GSourceFunc)(void (*)(void))on_call_input, c, NULL);
+    g_source_attach(c->io, g_main_context_get_thread_default());
+    c->timer = g_timeout_source_new(timeout_ms);
+    g_source_set_callback(c->timer, on_call_timeout, c, NULL);
+    g_source_attach(c->timer, g_main_context_get_thread_default());
+    return c;
+}
+
 char *vn_wctl_call(const char *path, const char *name, unsigned timeout_ms, size_t max_reply,
                    GError **error)
 {
@@ -201,23 +348,10 @@ char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_
                            GError **error)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    g_autoptr(GSocketAddress) addr = g_unix_socket_address_new(path);
-    g_autoptr(GSocket) sock = NULL;
+    g_autoptr(GSocket) sock = call_open(path, name, error);
     g_autoptr(GString) in = g_string_new(NULL);
-    g_autoptr(JsonObject) reply = NULL;
-    g_autofree char *req = NULL;
-    JsonNode *ret, *err;
 
-    sock = g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_DEFAULT,
-                        error);
-    if (sock == NULL || !g_socket_connect(sock, addr, NULL, error)) {
-        g_prefix_error(error, "worker channel %s: ", path);
-        return NULL;
-    }
-    g_socket_set_blocking(sock, FALSE);
-    req = g_strdup_printf("{\"execute\":\"%s\"}\n", name);
-    if (g_socket_send(sock, req, strlen(req), NULL, error) != (gssize)strlen(req)) {
-        g_prefix_error(error, "worker channel %s: ", path);
+    if (sock == NULL) {
         return NULL;
     }
     while (memchr(in->str, '\n', in->len) == NULL) {
@@ -249,20 +383,5 @@ char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_
         }
         g_string_append_len(in, chunk, n);
     }
-    g_string_truncate(in, (gsize)((char *)memchr(in->str, '\n', in->len) - in->str));
-    reply = vn_json_parse_object(in->str, (gssize)in->len, max_reply, error);
-    if (reply == NULL) {
-        g_prefix_error(error, "worker channel %s: ", path);
-        return NULL;
-    }
-    ret = json_object_get_member(reply, "return");
-    err = json_object_get_member(reply, "error");
-    if (ret == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "worker channel %s: %s", path,
-                    err != NULL && JSON_NODE_HOLDS_VALUE(err) &&
-                            json_node_get_value_type(err) == G_TYPE_STRING
-                        ? json_node_get_string(err) : "no \"return\" in the answer");
-        return NULL;
-    }
-    return json_to_string(ret, FALSE);
+    return answer_parse(path, in, max_reply, error);
 }

@@ -53,4 +53,17 @@ char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_
                            size_t max_reply, void (*serve)(void *opaque), void *opaque,
                            GError **error);
 
+/*
+ * The same without waiting, for the daemon's loop: @done runs once, later,
+ * from the thread-default context, with the answer (the caller frees it) or
+ * NULL and @error (the callee frees it).  NULL with @error when there is no
+ * worker to ask.  A call cancelled before its answer never calls @done.
+ */
+typedef struct VnWctlCall VnWctlCall;
+typedef void (*VnWctlDone)(char *answer, const GError *error, void *opaque);
+VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned timeout_ms,
+                               size_t max_reply, VnWctlDone done, void *opaque,
+                               GError **error);
+void vn_wctl_call_cancel(VnWctlCall *c);
+
 #endif /* VN_WCTL_H */

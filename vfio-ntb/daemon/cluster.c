@@ -528,6 +528,7 @@ typedef struct Release {
     VnDaemon *d;
     char *device;
     uint64_t lease;
+    gint64 start_us;
     gint64 deadline_us;
     unsigned wait_ms;
 } Release;
@@ -549,7 +550,9 @@ static gboolean release_poll(gpointer data)
     if (b == NULL || b->lease != r->lease) {
         return G_SOURCE_REMOVE;     /* returned meanwhile (vn_devices_borrowed_free ends us) */
     }
-    gone = !r->d->workers->client_connected(r->d, b);
+    /* Asked without waiting: a worker busy with what its QEMU does while it
+     * lets go needs this loop to relay its requests. */
+    gone = r->d->workers->client_state(r->d, b, r->start_us) == VN_CLIENT_GONE;
     if (!gone && g_get_monotonic_time() < r->deadline_us) {
         return G_SOURCE_CONTINUE;
     }
@@ -577,6 +580,7 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
     }
     r = g_new0(Release, 1);
     *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+                    .start_us = g_get_monotonic_time(),
                     .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
                     .wait_ms = wait_ms };
     b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,

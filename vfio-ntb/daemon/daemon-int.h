@@ -21,6 +21,7 @@
 #include "leases.h"
 #include "peers.h"
 #include "port.h"
+#include "common/wctl.h"
 #include "lending/lender.h"
 
 #include <glib.h>
@@ -49,6 +50,13 @@ typedef struct VnLocalDevice {
 } VnLocalDevice;
 
 /* A device this node borrows. */
+/* A worker's answer to "is a QEMU connected?" */
+typedef enum VnClientState {
+    VN_CLIENT_UNKNOWN = 0,      /* not answered (yet) */
+    VN_CLIENT_CONNECTED,
+    VN_CLIENT_GONE,             /* QEMU let go, or the worker is gone */
+} VnClientState;
+
 typedef struct VnBorrowed {
     char *device;               /* "host/name" */
     char *lender;
@@ -67,6 +75,13 @@ typedef struct VnBorrowed {
     char *port_path;            /* its port (port.h), in run-dir */
     VnPort *port;               /* how it uses this host's node; NULL when detached */
     guint child_watch;          /* 0 for a worker adopted after a restart */
+    /* Does its QEMU still hold the socket?  Asked without waiting
+     * (VnWorkerOps.client_state): the call in flight, when it was asked,
+     * and the last answer with when its question was asked. */
+    VnWctlCall *client_call;
+    gint64 client_call_us;
+    VnClientState client_state;
+    gint64 client_state_us;
     bool lost;                  /* the lender went away */
     bool unconfirmed;           /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
@@ -264,7 +279,10 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  * request_unplug: ask the VM to release @b through the device-request
  *   interrupt (does not wait); false, with nothing done, when its QEMU
  *   takes no device requests.
- * client_connected: is a QEMU connected (the device still in a VM)?
+ * client_state: is a QEMU connected (the device still in a VM)?  Never
+ *   waits: the worker's answer to a question asked at or after @since_us
+ *   (monotonic), else VN_CLIENT_UNKNOWN, asking it when no question is in
+ *   flight.  A caller polls.
  */
 typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
                                 void *opaque);
@@ -286,7 +304,7 @@ struct VnWorkerOps {
     bool (*adopt)(VnDaemon *d, VnBorrowed *b);
     char *(*stats)(VnDaemon *d, VnBorrowed *b);
     bool (*request_unplug)(VnDaemon *d, VnBorrowed *b);
-    bool (*client_connected)(VnDaemon *d, VnBorrowed *b);
+    VnClientState (*client_state)(VnDaemon *d, VnBorrowed *b, gint64 since_us);
 };
 
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);

@@ -315,8 +315,8 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
         missing = "stats";
     } else if (ops->request_unplug == NULL) {
         missing = "request_unplug";
-    } else if (ops->client_connected == NULL) {
-        missing = "client_connected";
+    } else if (ops->client_state == NULL) {
+        missing = "client_state";
     } else if (ops->lend_start == NULL || ops->lend_stop == NULL || ops->lend_adopt == NULL ||
                ops->lend_stats == NULL) {
         missing = "lend_start, lend_stop, lend_adopt and lend_stats";

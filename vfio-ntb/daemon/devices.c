@@ -125,6 +125,7 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     if (b->away_timer != 0) {
         g_source_remove(b->away_timer);
     }
+    vn_wctl_call_cancel(b->client_call);
     /* A worker that outlives us reconnects to our successor's port. */
     vn_port_free(b->port, false);
     g_free(b->worker_name);

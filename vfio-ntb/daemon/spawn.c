@@ -320,6 +320,8 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
      * with a dead server under a live object (stock QEMU then stalls or
      * aborts: qemu-patches/0005, 0006), so give it a moment. */
     client_gone(b, VN_SPAWN_CLIENT_GONE_MS);
+    g_clear_pointer(&b->client_call, vn_wctl_call_cancel);
+    b->client_state = VN_CLIENT_UNKNOWN;
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
         b->child_watch = 0;
@@ -361,15 +363,6 @@ static char *spawn_stats(VnBorrowed *b)
         g_info("worker for %s: %s", b->device, error->message);
     }
     return text;
-}
-
-/* A boolean member of the worker's counters; false when absent or unreadable. */
-static bool stats_flag(VnBorrowed *b, const char *member)
-{
-    g_autofree char *text = spawn_stats(b);
-    g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-
-    return vn_util_json_bool(o, member);
 }
 
 /* Wait, at most @wait_ms, until QEMU has let go of the worker's socket (or the
@@ -417,9 +410,23 @@ static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
     return true;
 }
 
+/* Only the worker's answer, or its exit, says its QEMU let go: a worker
+ * busy tearing down what QEMU left (the guest's driver quiescing the device
+ * with the lender) may answer late, and its VM still holds the device. */
 static bool spawn_client_connected(VnBorrowed *b)
 {
-    return alive(b->worker_pid) && stats_flag(b, "client_connected");
+    g_autofree char *text = NULL;
+    g_autoptr(JsonObject) o = NULL;
+
+    if (!alive(b->worker_pid)) {
+        return false;
+    }
+    text = spawn_stats(b);
+    if (text == NULL) {
+        return true;
+    }
+    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
+    return vn_util_json_bool(o, "client_connected");
 }
 
 static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
@@ -448,9 +455,40 @@ static char *ops_stats(VnDaemon *d, VnBorrowed *b)
     return spawn_stats(b);
 }
 
-static bool ops_client_connected(VnDaemon *d, VnBorrowed *b)
+static void on_client_answer(char *answer, const GError *error, void *opaque)
 {
-    return spawn_client_connected(b);
+    VnBorrowed *b = opaque;
+    g_autofree char *text = answer;
+    g_autoptr(JsonObject) o = NULL;
+
+    b->client_call = NULL;
+    if (text == NULL) {
+        g_info("worker for %s: %s", b->device, error->message);
+        return;                 /* unknown still: asked again on the next poll */
+    }
+    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
+    b->client_state = vn_util_json_bool(o, "client_connected") ? VN_CLIENT_CONNECTED
+                                                              : VN_CLIENT_GONE;
+    b->client_state_us = b->client_call_us;
+}
+
+static VnClientState ops_client_state(VnDaemon *d, VnBorrowed *b, gint64 since_us)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!alive(b->worker_pid)) {
+        return VN_CLIENT_GONE;
+    }
+    if (b->client_call == NULL && b->channel_path != NULL) {
+        b->client_call_us = g_get_monotonic_time();
+        b->client_call = vn_wctl_call_async(b->channel_path, "stats",
+                                            VN_SPAWN_STATS_TIMEOUT_MS, VN_SPAWN_MAX_STATS,
+                                            on_client_answer, b, &error);
+        if (b->client_call == NULL) {
+            g_info("worker for %s: %s", b->device, error->message);
+        }
+    }
+    return b->client_state_us >= since_us ? b->client_state : VN_CLIENT_UNKNOWN;
 }
 
 const VnWorkerOps vn_spawn_ops = {
@@ -464,5 +502,5 @@ const VnWorkerOps vn_spawn_ops = {
     .adopt = spawn_adopt,
     .stats = ops_stats,
     .request_unplug = spawn_request_unplug,
-    .client_connected = ops_client_connected,
+    .client_state = ops_client_state,
 };
