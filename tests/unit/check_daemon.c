@@ -108,14 +108,16 @@ static bool fake_adopt(VnDaemon *d, VnBorrowed *b)
     return true;
 }
 
-static char *fake_stats(VnDaemon *d, VnBorrowed *b)
+static VnWctlCall *fake_stats(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque)
 {
-    return g_strdup("{\"vfio_user_messages\":7}");
+    done(g_strdup("{\"vfio_user_messages\":7}"), NULL, opaque);
+    return NULL;
 }
 
-static bool fake_no(VnDaemon *d, VnBorrowed *b)
+static VnWctlCall *fake_no_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque)
 {
-    return false;
+    done(g_strdup("{\"requested\":false}"), NULL, opaque);
+    return NULL;
 }
 
 static VnClientState fake_client_gone(VnDaemon *d, VnBorrowed *b, gint64 since_us)
@@ -149,9 +151,11 @@ static bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld)
     return true;
 }
 
-static char *fake_lend_stats(VnDaemon *d, VnLocalDevice *ld)
+static VnWctlCall *fake_lend_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done,
+                                   void *opaque)
 {
-    return g_strdup("{\"requests\":3,\"device_server\":\"answering\"}");
+    done(g_strdup("{\"requests\":3,\"device_server\":\"answering\"}"), NULL, opaque);
+    return NULL;
 }
 
 static const VnWorkerOps fake_ops = {
@@ -164,7 +168,7 @@ static const VnWorkerOps fake_ops = {
     .stop = fake_stop,
     .adopt = fake_adopt,
     .stats = fake_stats,
-    .request_unplug = fake_no,
+    .request_unplug = fake_no_unplug,
     .client_state = fake_client_gone,
 };
 
@@ -189,6 +193,8 @@ static void teardown(void)
 }
 
 /* hosta lends nvme0 to hostb and hoste; the others lend nothing. */
+static const VnWorkerOps *ops_in_use = &fake_ops;
+
 static VnDaemon *daemon_start(const char *node)
 {
     g_autoptr(GError) error = NULL;
@@ -205,7 +211,7 @@ static VnDaemon *daemon_start(const char *node)
 
     ck_assert_msg(conf != NULL, "%s", error ? error->message : "");
     g_mkdir_with_parents(fabric, 0700);
-    d = vn_daemon_new(conf, &fake_ops, &error);
+    d = vn_daemon_new(conf, ops_in_use, &error);
     ck_assert_msg(d != NULL, "%s", error ? error->message : "");
     return d;
 }
@@ -566,6 +572,11 @@ START_TEST(test_borrow_cap)
 }
 END_TEST
 
+static void keep_stats(VnDaemon *d, JsonNode *root, void *opaque)
+{
+    *(JsonNode **)opaque = root;
+}
+
 /* A state file that cannot be written is reported and counted, never
  * dropped silently; the lease itself goes on. */
 START_TEST(test_save_error_counted)
@@ -581,13 +592,114 @@ START_TEST(test_save_error_counted)
     b = daemon_start("hostb");
     borrow(a, b);
     ck_assert_uint_ge(a->save_errors, 1);
-    stats = vn_commands_stats(a, NULL);
+    ck_assert(vn_stats_gather(a, NULL, keep_stats, &stats));
+    ck_assert_ptr_nonnull(stats);     /* the fake workers answer at once */
     text = json_to_string(stats, FALSE);
     ck_assert_msg(strstr(text, "\"state_save_errors\":0") == NULL &&
                   strstr(text, "\"state_save_errors\":") != NULL, "%s", text);
     ck_assert_uint_eq(b->save_errors, 0);
     vn_daemon_free(b);
     vn_daemon_free(a);
+}
+END_TEST
+
+/* A lender worker that takes 600 ms to answer, on a thread of its own. */
+typedef struct SlowWorker {
+    char *path;
+    GMainContext *ctx;
+    GMainLoop *loop;
+    GThread *thread;
+} SlowWorker;
+
+static SlowWorker slow;
+
+static char *slow_answer(void *opaque, const char *name, GError **error)
+{
+    g_usleep(600 * 1000);
+    return g_strdup("{\"requests\":9,\"device_server\":\"slow\"}");
+}
+
+static gpointer slow_serve(gpointer data)
+{
+    g_autoptr(GError) error = NULL;
+    VnWctl *w;
+
+    g_main_context_push_thread_default(slow.ctx);
+    w = vn_wctl_new(slow.path, slow_answer, NULL, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    g_main_loop_run(slow.loop);
+    vn_wctl_free(w);
+    g_main_context_pop_thread_default(slow.ctx);
+    return NULL;
+}
+
+static VnWctlCall *slow_lend_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done,
+                                   void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    VnWctlCall *c = vn_wctl_call_async(slow.path, "stats", 2000, 4096, done, opaque, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    return c;
+}
+
+static gboolean tick(gpointer data)
+{
+    (*(unsigned *)data)++;
+    return G_SOURCE_CONTINUE;
+}
+
+/* Counters are asked of the workers without waiting: the loop runs while a
+ * slow one thinks (a 10 ms timer ticks), its answer is in the result, and
+ * a daemon that stops meanwhile still answers the caller. */
+START_TEST(test_stats_do_not_wait)
+{
+    VnWorkerOps ops = fake_ops;
+    JsonNode *stats = NULL, *cut = NULL;
+    g_autofree char *text = NULL;
+    unsigned ticks = 0;
+    guint timer;
+    gint64 t0;
+    VnDaemon *a;
+
+    slow.path = g_build_filename(tmpdir, "slow-channel.sock", NULL);
+    slow.ctx = g_main_context_new();
+    slow.loop = g_main_loop_new(slow.ctx, FALSE);
+    slow.thread = g_thread_new("slow", slow_serve, NULL);
+    while (!g_file_test(slow.path, G_FILE_TEST_EXISTS)) {
+        g_usleep(1000);
+    }
+    ops.lend_stats = slow_lend_stats;
+    ops_in_use = &ops;
+    a = daemon_start("hosta");
+    ops_in_use = &fake_ops;
+
+    timer = g_timeout_add(10, tick, &ticks);
+    t0 = g_get_monotonic_time();
+    ck_assert(vn_stats_gather(a, NULL, keep_stats, &stats));
+    ck_assert_int_lt(g_get_monotonic_time() - t0, 100 * 1000);
+    ck_assert_ptr_null(stats);
+    while (stats == NULL && g_get_monotonic_time() - t0 < 3 * G_USEC_PER_SEC) {
+        g_main_context_iteration(NULL, TRUE);
+    }
+    ck_assert_ptr_nonnull(stats);
+    ck_assert_uint_ge(ticks, 20);
+    text = json_to_string(stats, FALSE);
+    ck_assert_msg(strstr(text, "\"device_server\":\"slow\"") != NULL, "%s", text);
+    g_source_remove(timer);
+
+    /* Stopping while a question is out: the caller hears what there is. */
+    ck_assert(vn_stats_gather(a, NULL, keep_stats, &cut));
+    vn_daemon_free(a);
+    ck_assert_ptr_nonnull(cut);
+    json_node_unref(stats);
+    json_node_unref(cut);
+    g_main_loop_quit(slow.loop);
+    g_main_context_wakeup(slow.ctx);
+    g_thread_join(slow.thread);
+    g_main_loop_unref(slow.loop);
+    g_main_context_unref(slow.ctx);
+    g_clear_pointer(&slow.path, g_free);
 }
 END_TEST
 
@@ -791,6 +903,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_hostile_peer);
     tcase_add_test(tc, test_transient_nodes_leave_no_trace);
     tcase_add_test(tc, test_second_daemon_refused);
+    tcase_add_test(tc, test_stats_do_not_wait);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -82,52 +82,6 @@ static void rig_stop(Rig *r)
     g_free(r->dir);
 }
 
-START_TEST(test_call)
-{
-    Rig r = { 0 };
-    g_autoptr(GError) error = NULL;
-    g_autofree char *stats = NULL, *none = NULL;
-
-    rig_start(&r);
-    stats = vn_wctl_call(r.path, "stats", 1000, 4096, &error);
-    ck_assert_msg(stats != NULL, "%s", error ? error->message : "");
-    ck_assert_str_eq(stats, "{\"client_connected\":true,\"messages\":3}");
-    none = vn_wctl_call(r.path, "format-disk", 1000, 4096, &error);
-    ck_assert_ptr_null(none);
-    ck_assert_ptr_nonnull(strstr(error->message, "no command"));
-    g_clear_error(&error);
-    /* A reply longer than the caller takes is refused, not read in full. */
-    ck_assert_ptr_null(vn_wctl_call(r.path, "stats", 1000, 8, &error));
-    ck_assert_ptr_nonnull(error);
-    rig_stop(&r);
-}
-END_TEST
-
-START_TEST(test_no_worker)
-{
-    g_autoptr(GError) error = NULL;
-
-    ck_assert_ptr_null(vn_wctl_call("/nonexistent/w-channel.sock", "stats", 200, 4096, &error));
-    ck_assert_ptr_nonnull(error);
-}
-END_TEST
-
-/* A worker busy for longer than the caller waits: the call ends at its
- * timeout, not when the worker gets round to it. */
-START_TEST(test_timeout)
-{
-    Rig r = { .slow_ms = 1500 };
-    g_autoptr(GError) error = NULL;
-    gint64 t0 = g_get_monotonic_time();
-
-    rig_start(&r);
-    ck_assert_ptr_null(vn_wctl_call(r.path, "stats", 300, 4096, &error));
-    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT));
-    ck_assert_int_lt(g_get_monotonic_time() - t0, 1000 * 1000);
-    rig_stop(&r);
-}
-END_TEST
-
 typedef struct Answer {
     bool done;
     char *text;
@@ -142,6 +96,70 @@ static void on_answer(char *answer, const GError *error, void *opaque)
     a->text = answer;
     a->error = error != NULL ? g_error_copy(error) : NULL;
 }
+
+/* The daemon's call, its loop run here until the answer comes. */
+static char *call(const char *path, const char *name, unsigned timeout_ms, size_t max_reply,
+                  GError **error)
+{
+    Answer a = { 0 };
+
+    if (vn_wctl_call_async(path, name, timeout_ms, max_reply, on_answer, &a, error) == NULL) {
+        return NULL;
+    }
+    while (!a.done) {
+        g_main_context_iteration(NULL, TRUE);
+    }
+    if (a.error != NULL) {
+        g_propagate_error(error, a.error);
+    }
+    return a.text;
+}
+
+START_TEST(test_call)
+{
+    Rig r = { 0 };
+    g_autoptr(GError) error = NULL;
+    g_autofree char *stats = NULL, *none = NULL;
+
+    rig_start(&r);
+    stats = call(r.path, "stats", 1000, 4096, &error);
+    ck_assert_msg(stats != NULL, "%s", error ? error->message : "");
+    ck_assert_str_eq(stats, "{\"client_connected\":true,\"messages\":3}");
+    none = call(r.path, "format-disk", 1000, 4096, &error);
+    ck_assert_ptr_null(none);
+    ck_assert_ptr_nonnull(strstr(error->message, "no command"));
+    g_clear_error(&error);
+    /* A reply longer than the caller takes is refused, not read in full. */
+    ck_assert_ptr_null(call(r.path, "stats", 1000, 8, &error));
+    ck_assert_ptr_nonnull(error);
+    rig_stop(&r);
+}
+END_TEST
+
+START_TEST(test_no_worker)
+{
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_ptr_null(call("/nonexistent/w-channel.sock", "stats", 200, 4096, &error));
+    ck_assert_ptr_nonnull(error);
+}
+END_TEST
+
+/* A worker busy for longer than the caller waits: the call ends at its
+ * timeout, not when the worker gets round to it. */
+START_TEST(test_timeout)
+{
+    Rig r = { .slow_ms = 1500 };
+    g_autoptr(GError) error = NULL;
+    gint64 t0 = g_get_monotonic_time();
+
+    rig_start(&r);
+    ck_assert_ptr_null(call(r.path, "stats", 300, 4096, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT));
+    ck_assert_int_lt(g_get_monotonic_time() - t0, 1000 * 1000);
+    rig_stop(&r);
+}
+END_TEST
 
 static gboolean tick(gpointer data)
 {
@@ -240,7 +258,7 @@ START_TEST(test_hostile_clients)
         close(idle[i]);
     }
     g_usleep(100 * 1000);
-    stats = vn_wctl_call(r.path, "stats", 1000, 4096, NULL);
+    stats = call(r.path, "stats", 1000, 4096, NULL);
     ck_assert_ptr_nonnull(stats);
     ck_assert_int_eq(g_atomic_int_get(&r.calls), 1);    /* garbage reached no handler */
     rig_stop(&r);

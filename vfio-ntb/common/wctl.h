@@ -8,8 +8,9 @@
  * JSON line back ({"return": ...} or {"error": "..."}), then the worker
  * closes.  The worker's loop never waits on the daemon: a connection is
  * read as its bytes come, bounded by VN_WCTL_MAX_REQUEST, and a reply that
- * does not fit the socket's buffer at once is dropped.  The daemon's side
- * is bounded by a timeout.
+ * does not fit the socket's buffer at once is dropped.  Nor does the
+ * daemon's loop wait on the worker: it is answered from its loop, bounded
+ * by a timeout.
  *
  * Threads: a server lives in the GMainContext it was created in.
  */
@@ -37,27 +38,13 @@ void vn_wctl_free(VnWctl *w);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnWctl, vn_wctl_free)
 
 /*
- * The daemon's side: send command @name to the worker listening on @path
- * and return its "return" value as JSON text (at most @max_reply bytes), or
- * NULL with @error (no worker there, a timeout after @timeout_ms, an error
- * answer, a reply that is not one JSON object line).  Blocks the caller
- * at most @timeout_ms.
- */
-char *vn_wctl_call(const char *path, const char *name, unsigned timeout_ms, size_t max_reply,
-                   GError **error);
-/* The same, calling @serve every VN_WCTL_SERVE_US while it waits: a worker
- * that needs its daemon to answer it before it can answer the call (it
- * speaks through the daemon's port) is not left waiting. */
-#define VN_WCTL_SERVE_US 10000
-char *vn_wctl_call_serving(const char *path, const char *name, unsigned timeout_ms,
-                           size_t max_reply, void (*serve)(void *opaque), void *opaque,
-                           GError **error);
-
-/*
- * The same without waiting, for the daemon's loop: @done runs once, later,
- * from the thread-default context, with the answer (the caller frees it) or
- * NULL and @error (the callee frees it).  NULL with @error when there is no
- * worker to ask.  A call cancelled before its answer never calls @done.
+ * The daemon's side, which never waits: send command @name to the worker
+ * listening on @path; @done runs once, later, from the thread-default
+ * context, with the "return" value as JSON text (at most @max_reply bytes;
+ * @done frees it), or NULL and @error (no answer after @timeout_ms, an
+ * error answer, a reply that is not one JSON object line).  NULL with
+ * @error when there is no worker there to ask (or its backlog is full).  A
+ * call cancelled before its answer never calls @done.
  */
 typedef struct VnWctlCall VnWctlCall;
 typedef void (*VnWctlDone)(char *answer, const GError *error, void *opaque);

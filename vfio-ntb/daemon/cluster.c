@@ -567,6 +567,20 @@ static gboolean release_poll(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
+/* Nothing could ask the VM to let go: no point waiting for it. */
+static void release_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
+                          bool stopping, void *opaque)
+{
+    VnBorrowed *b = stopping || asked ? NULL : vn_devices_borrowed(d, device);
+
+    if (b == NULL || b->lease != lease || b->release_timer == 0) {
+        return;
+    }
+    g_source_remove(b->release_timer);
+    b->release_timer = 0;
+    vn_cluster_return(d, b, NULL, NULL);
+}
+
 void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
 {
     Release *r;
@@ -574,7 +588,7 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
     if (b->release_timer != 0) {
         return;                     /* already on its way out */
     }
-    if (wait_ms == 0 || !vn_devices_unplug(d, b)) {
+    if (wait_ms == 0 || b->worker_pid <= 0) {
         vn_cluster_return(d, b, NULL, NULL);
         return;
     }
@@ -585,6 +599,8 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
                     .wait_ms = wait_ms };
     b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
                                           release_poll, r, release_free);
+    /* Last: its answer may come at once, and return @b. */
+    vn_unplug_start(d, b, true, release_asked, NULL);
 }
 
 
@@ -776,7 +792,7 @@ static gboolean on_lender_gone(gpointer data)
     if (b->port != NULL) {
         vn_port_set_peer(b->port, NULL);
     }
-    vn_devices_unplug(aw->d, b);   /* a dead device is better out of the VM */
+    vn_unplug_start(aw->d, b, true, NULL, NULL);   /* a dead device is better out of the VM */
     emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender);
     return G_SOURCE_REMOVE;
 }

@@ -188,6 +188,33 @@ static void cmd_devices(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_control_return(r, json_builder_get_root(b));
 }
 
+typedef struct DeviceQuery {
+    VnControlReply *r;
+    JsonNode *device;           /* the answer, but for what its worker says */
+} DeviceQuery;
+
+static void device_ready(VnDaemon *d, JsonNode *root, void *opaque)
+{
+    DeviceQuery *dq = opaque;
+    g_autoptr(JsonNode) stats = root;
+    JsonObject *o = json_node_get_object(dq->device);
+    JsonObject *so = stats != NULL ? json_node_get_object(stats) : NULL;
+    JsonArray *lent = so != NULL ? json_object_get_array_member(so, "lent") : NULL;
+    JsonNode *first = lent != NULL && json_array_get_length(lent) > 0
+                          ? json_array_get_element(lent, 0) : NULL;
+    JsonObject *st = first != NULL && JSON_NODE_HOLDS_OBJECT(first)
+                         ? json_node_get_object(first) : NULL;
+    const char *server = st != NULL ? vn_util_json_string(st, "device_server") : NULL;
+
+    json_object_set_string_member(o, "device_server",
+                                  server != NULL ? server
+                                                 : "unknown (its lender worker does not answer)");
+    json_object_set_string_member(o, "last_stall",
+                                  st != NULL ? vn_util_json_string(st, "last_stall") : NULL);
+    vn_control_return(dq->r, dq->device);
+    g_free(dq);
+}
+
 static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
@@ -197,6 +224,7 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     JsonObject *o;
     VnLocalDevice *ld;
     VnBorrowed *bw;
+    DeviceQuery *dq;
 
     if (!arg_device(a, r, &node, &name)) {
         return;
@@ -220,15 +248,6 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
             json_array_add_string_element(allow, *s);
         }
         json_object_set_array_member(o, "allow", allow);
-        g_autofree char *text = d->workers->lend_stats(d, ld);
-        g_autoptr(JsonObject) st = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-
-        /* What its lender worker says of its device server. */
-        json_object_set_string_member(o, "device_server",
-                                      st != NULL && vn_util_json_string(st, "device_server")
-                                          ? vn_util_json_string(st, "device_server")
-                                          : "unknown (its lender worker does not answer)");
-        json_object_set_string_member(o, "last_stall", vn_util_json_string(st, "last_stall"));
     }
     bw = vn_devices_borrowed(d, dev);
     if (bw != NULL) {
@@ -237,76 +256,23 @@ static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
         json_object_set_boolean_member(o, "lost", bw->lost);
     }
-    vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
+    if (ld == NULL) {
+        vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
+        return;
+    }
+    /* What its lender worker says of its device server, asked without
+     * waiting. */
+    dq = g_new0(DeviceQuery, 1);
+    dq->r = r;
+    dq->device = json_node_copy(json_array_get_element(found, 0));
+    if (!vn_stats_gather(d, dev, device_ready, dq)) {
+        device_ready(d, NULL, dq);
+    }
 }
 
-/* Counters a worker (or our lender) wrote; takes @text. */
-static void add_json_text(JsonBuilder *b, char *text)
+static void stats_ready(VnDaemon *d, JsonNode *root, void *opaque)
 {
-    JsonNode *n = vn_json_parse(text, -1, VN_SPAWN_MAX_STATS, NULL);
-
-    if (n != NULL) {
-        json_builder_add_value(b, n);
-    } else {
-        json_builder_add_null_value(b);
-    }
-    g_free(text);
-}
-
-JsonNode *vn_commands_stats(VnDaemon *d, const char *only)
-{
-    g_autoptr(JsonBuilder) b = json_builder_new();
-    VnFabricStats fs;
-    const struct {
-        const char *name;
-        uint64_t *v;
-    } fields[] = {
-        { "msgs_sent", &fs.msgs_sent },
-        { "msgs_received", &fs.msgs_received },
-        { "doorbells_sent", &fs.doorbells_sent },
-        { "doorbells_received", &fs.doorbells_received },
-        { "bad_messages", &fs.bad_messages },
-    };
-
-    vn_fabric_stats(d->fab, &fs);
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, d->conf->node);
-    /* Leases changed but not in the state file (the log says why). */
-    json_builder_set_member_name(b, "state_save_errors");
-    json_builder_add_int_value(b, (gint64)d->save_errors);
-    json_builder_set_member_name(b, "fabric");
-    json_builder_begin_object(b);
-    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
-        json_builder_set_member_name(b, fields[i].name);
-        json_builder_add_int_value(b, (gint64)*fields[i].v);
-    }
-    json_builder_end_object(b);
-    json_builder_set_member_name(b, "lent");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
-
-        if (only == NULL || strcmp(only, dev) == 0) {
-            add_json_text(b, d->workers->lend_stats(d, ld));
-        }
-    }
-    json_builder_end_array(b);
-    json_builder_set_member_name(b, "borrowed");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *bw = d->borrowed->pdata[i];
-        char *text;
-
-        if ((only == NULL || strcmp(only, bw->device) == 0) &&
-            (text = d->workers->stats(d, bw)) != NULL) {
-            add_json_text(b, text);
-        }
-    }
-    json_builder_end_array(b);
-    json_builder_end_object(b);
-    return json_builder_get_root(b);
+    vn_control_return(opaque, root);
 }
 
 static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
@@ -317,7 +283,10 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
         return;
     }
-    vn_control_return(r, vn_commands_stats(d, only));
+    if (!vn_stats_gather(d, only, stats_ready, r)) {
+        vn_control_error(r, VN_ERR_BUSY, "%d counter queries are under way already",
+                         VN_STATS_MAX_GATHERS);
+    }
 }
 
 static void return_lease(VnControlReply *r, const char *device, uint64_t lease,
@@ -626,19 +595,29 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 /* Ask the VM to release the device through the device-request interrupt; does
  * not wait.  "requested": false when its QEMU takes no device requests (stock
  * QEMU): the caller unplugs it through QMP then (libvirt owns the monitor). */
-static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
+static void unplug_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
+                         bool stopping, void *opaque)
 {
     g_autoptr(JsonBuilder) jb = json_builder_new();
-    VnBorrowed *b = arg_attached(d, a, r);
 
-    if (b == NULL) {
+    if (stopping) {
+        vn_control_error(opaque, VN_ERR_GENERIC, "the daemon is stopping");
         return;
     }
     json_builder_begin_object(jb);
     json_builder_set_member_name(jb, "requested");
-    json_builder_add_boolean_value(jb, !b->lost && d->workers->request_unplug(d, b));
+    json_builder_add_boolean_value(jb, asked);
     json_builder_end_object(jb);
-    vn_control_return(r, json_builder_get_root(jb));
+    vn_control_return(opaque, json_builder_get_root(jb));
+}
+
+static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    VnBorrowed *b = arg_attached(d, a, r);
+
+    if (b != NULL) {
+        vn_unplug_start(d, b, false, unplug_asked, r);
+    }
 }
 
 static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
@@ -672,6 +651,13 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_ptr_array_add(allow, NULL);
     if (vn_devices_local(d, name) != NULL) {
         vn_control_error(r, VN_ERR_BUSY, "%s/%s is lendable already", d->conf->node, name);
+        return;
+    }
+    /* Its last worker would share the new one's port. */
+    if (vn_ending_busy(d, name)) {
+        vn_control_error(r, VN_ERR_BUSY, "the last lender worker of %s/%s is still stopping "
+                         "(at most %d s); lend it again then", d->conf->node, name,
+                         (VN_SPAWN_STOP_TIMEOUT_MS + 999) / 1000);
         return;
     }
     if (d->local->len >= VN_CONF_MAX_DEVICES) {

@@ -125,6 +125,9 @@ typedef struct VnDaemon {
     gint64 started_us;          /* monotonic; restored leases wait from here */
     VnDaemonStatic *statics;    /* the borrows the config file names (daemon.c) */
     const VnWorkerOps *workers;
+    GPtrArray *endings;         /* VnEnding: workers on their way out (ending.c) */
+    GPtrArray *gathers;         /* counters being asked of workers (stats.c) */
+    GPtrArray *unplugs;         /* VnUnplug: VMs being asked to let go (unplug.c) */
 } VnDaemon;
 
 /* ---- daemon.c ---- */
@@ -209,9 +212,21 @@ void vn_control_event(VnControl *c, const char *name, JsonNode *data);
 /* ---- commands.c ---- */
 /* The daemon's command table (a VnCommandLookup). */
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
-/* Counters of this node (fabric, lent and borrowed devices; @only: one
- * device "host/name" or NULL for all), as `query-stats` returns them. */
-JsonNode *vn_commands_stats(VnDaemon *d, const char *only);
+
+/* ---- stats.c ---- */
+/*
+ * Counters of this node (fabric, lent and borrowed devices; @only: one
+ * device "host/name" or NULL for all), as `query-stats` returns them: the
+ * workers are asked at once, and @ready gets the JSON (it takes it) when
+ * the last has answered or timed out, or the daemon stops.  False, with
+ * nothing started, when VN_STATS_MAX_GATHERS are under way.
+ */
+#define VN_STATS_MAX_GATHERS 8
+typedef void (*VnStatsReady)(VnDaemon *d, JsonNode *root, void *opaque);
+bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *opaque);
+GPtrArray *vn_stats_gathers_new(void);
+/* Each gather under way gets what it has so far. */
+void vn_stats_gathers_free(VnDaemon *d);
 
 /* ---- cluster.c ---- */
 void vn_cluster_start(VnDaemon *d);
@@ -255,10 +270,23 @@ void vn_devices_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays).  The caller
  * saves the state (a restart must not find the stopped worker to adopt). */
 void vn_devices_detach(VnDaemon *d, VnBorrowed *b);
-/* Ask @b's VM to let go of it: through the device request when its QEMU
- * takes them, else with device_del if attach named the VM's QMP socket.
- * True when it was asked (the guest releases the device in its own time). */
-bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
+
+/* ---- unplug.c ---- */
+/*
+ * Ask @b's VM to let go of it, without waiting: through the device request
+ * when its QEMU takes them, else (@via_qmp) with device_del if attach named
+ * the VM's QMP socket.  @done (may be NULL) runs once, from the loop or
+ * before this returns, with whether it was asked (the guest releases the
+ * device in its own time), or with @stopping set when the daemon stops
+ * first.  @b may be gone by then: @device and @lease say which it was.
+ */
+typedef void (*VnUnplugDone)(VnDaemon *d, const char *device, uint64_t lease, bool asked,
+                             bool stopping, void *opaque);
+typedef struct VnUnplug VnUnplug;
+void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
+                     void *opaque);
+GPtrArray *vn_unplugs_new(void);
+void vn_unplugs_free(VnDaemon *d);
 
 /* ---- workers: what serves an attached device's VM ---- */
 /*
@@ -270,15 +298,19 @@ bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b);
  *   runs once, at once or later from the loop, with @error NULL when the
  *   worker serves, else why not; b->starting is set meanwhile.  When @b is
  *   freed first (returned), @done runs with b NULL and an error.
- * stop: wait (at most VN_SPAWN_CLIENT_GONE_MS) for QEMU to let go of the
- *   socket, then end it (bounded); b->worker_pid is 0 after.
+ * stop: b->worker_pid is 0 and b->port NULL after, at once: the worker
+ *   ends in the background (it first waits for QEMU to let go of its
+ *   socket, bounded), and a start for the same device waits for that.
  * adopt: after a restart, is the recorded worker still there (b->worker_pid
  *   cleared if not)?
- * stats: its counters (JSON, untrusted: the worker wrote them), or NULL;
- *   at most VN_SPAWN_MAX_STATS bytes.
+ * stats, lend_stats: ask for its counters without waiting: @done runs
+ *   once, later from the loop or before this returns, with the JSON text
+ *   (untrusted: the worker wrote it; at most VN_SPAWN_MAX_STATS bytes; @done
+ *   frees it) or NULL.  Returns the call in flight, to cancel with
+ *   vn_wctl_call_cancel() (@done never runs then), or NULL once @done ran.
  * request_unplug: ask the VM to release @b through the device-request
- *   interrupt (does not wait); false, with nothing done, when its QEMU
- *   takes no device requests.
+ *   interrupt, as stats asks (@done's text: {"requested": false} when its
+ *   QEMU takes no device requests).
  * client_state: is a QEMU connected (the device still in a VM)?  Never
  *   waits: the worker's answer to a question asked at or after @since_us
  *   (monotonic), else VN_CLIENT_UNKNOWN, asking it when no question is in
@@ -291,23 +323,39 @@ typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
  * lend_start: start @ld's lender worker (ld->worker_pid set), false with
  *   @error; lend_stop: end it (bounded), fencing the device; lend_adopt:
  *   after a restart, is the recorded one still there (pid cleared if not)?
- *   lend_stats: its counters (JSON, untrusted), or NULL.
  */
 struct VnWorkerOps {
     const char *name;
     bool (*lend_start)(VnDaemon *d, VnLocalDevice *ld, GError **error);
     void (*lend_stop)(VnDaemon *d, VnLocalDevice *ld);
     bool (*lend_adopt)(VnDaemon *d, VnLocalDevice *ld);
-    char *(*lend_stats)(VnDaemon *d, VnLocalDevice *ld);
+    VnWctlCall *(*lend_stats)(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
     void (*start)(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque);
     void (*stop)(VnDaemon *d, VnBorrowed *b);
     bool (*adopt)(VnDaemon *d, VnBorrowed *b);
-    char *(*stats)(VnDaemon *d, VnBorrowed *b);
-    bool (*request_unplug)(VnDaemon *d, VnBorrowed *b);
+    VnWctlCall *(*stats)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
+    VnWctlCall *(*request_unplug)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
     VnClientState (*client_state)(VnDaemon *d, VnBorrowed *b, gint64 since_us);
 };
 
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
+
+/* ---- ending.c: workers on their way out, watched from the loop ---- */
+/*
+ * The ending takes @pid (its child watch removed by the caller), @port and
+ * @channel_path (both may be NULL), and returns at once.  It waits at most
+ * @client_wait_ms for the worker's QEMU to let go (0: not at all), then
+ * sends SIGTERM, and SIGKILL after @term_wait_ms.  @what names the device
+ * ("host/name" borrowed, a name lent): a new worker for it waits while
+ * vn_ending_busy() says one is still going.
+ */
+typedef struct VnEnding VnEnding;
+void vn_ending_start(VnDaemon *d, const char *what, GPid pid, VnPort *port, char *channel_path,
+                     unsigned client_wait_ms, unsigned term_wait_ms);
+bool vn_ending_busy(VnDaemon *d, const char *what);
+GPtrArray *vn_endings_new(void);
+/* At the daemon's end: each gets SIGTERM if it has not yet, none is waited for. */
+void vn_endings_free(GPtrArray *endings);
 
 /* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
  * the daemon. */
@@ -316,17 +364,15 @@ extern const VnWorkerOps vn_spawn_ops;
 char *vn_spawn_binary(const char *name);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
-/* SIGTERM, wait VN_SPAWN_STOP_TIMEOUT_MS (answering what the worker asks
- * through @port meanwhile, when not NULL), then SIGKILL. */
-void vn_spawn_end(VnDaemon *d, GPid pid, const char *what, VnPort *port);
 /* lenders.c: the lender side of vn_spawn_ops. */
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);
 bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld);
-char *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld);
+VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
 /* Some thirty counters, a few KiB; a longer file is not one the worker
  * wrote, and is not parsed. */
 #define VN_SPAWN_MAX_STATS (64 * 1024)
+/* SIGTERM, then SIGKILL this much later. */
 #define VN_SPAWN_STOP_TIMEOUT_MS 5000
 #define VN_SPAWN_STATS_TIMEOUT_MS 1000
 

@@ -205,19 +205,22 @@ static gboolean on_static_retry(gpointer data)
 
 /* ---- counters to a file (SIGUSR1) ---- */
 
-void vn_daemon_write_stats(VnDaemon *d)
+static void stats_file_ready(VnDaemon *d, JsonNode *root, void *opaque)
 {
-    g_autoptr(JsonNode) root = NULL;
+    g_autoptr(JsonNode) owned = root;
     g_autoptr(GError) error = NULL;
-    g_autofree char *text = NULL;
+    g_autofree char *text = json_to_string(root, TRUE);
 
-    if (d->conf->stats_file == NULL) {
-        return;
-    }
-    root = vn_commands_stats(d, NULL);
-    text = json_to_string(root, TRUE);
     if (!vn_util_write_snapshot(d->conf->stats_file, text, &error)) {
         g_warning("node %s: stats file: %s", d->conf->node, error->message);
+    }
+}
+
+void vn_daemon_write_stats(VnDaemon *d)
+{
+    if (d->conf->stats_file != NULL && !vn_stats_gather(d, NULL, stats_file_ready, NULL)) {
+        g_message("node %s: stats file not written: %d counter queries are under way",
+                  d->conf->node, VN_STATS_MAX_GATHERS);
     }
 }
 
@@ -242,6 +245,9 @@ static bool daemon_start(VnDaemon *d, GError **error)
     }
     d->local = g_ptr_array_new_with_free_func(vn_devices_local_free);
     d->borrowed = g_ptr_array_new_with_free_func((GDestroyNotify)vn_devices_borrowed_free);
+    d->endings = vn_endings_new();
+    d->gathers = vn_stats_gathers_new();
+    d->unplugs = vn_unplugs_new();
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
     d->leases = vn_leases_new(d->conf->lease_timeout_ms);
     /* Listeners before anything can change a lease: the cluster's (fence,
@@ -290,6 +296,9 @@ static void daemon_stop(VnDaemon *d)
     /* Borrower workers keep serving their VMs; a restarted daemon adopts
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
+    g_clear_pointer(&d->endings, vn_endings_free);
+    vn_stats_gathers_free(d);
+    vn_unplugs_free(d);
     g_clear_pointer(&d->control, vn_control_free);
     g_clear_pointer(&d->local, g_ptr_array_unref);
     g_clear_pointer(&d->leases, vn_leases_free);

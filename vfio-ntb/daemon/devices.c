@@ -48,30 +48,6 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->qdev_id, g_free);
 }
 
-bool vn_devices_unplug(VnDaemon *d, VnBorrowed *b)
-{
-    g_autoptr(GError) error = NULL;
-
-    if (b->worker_pid <= 0) {
-        return false;
-    }
-    /* The lender lost: the worker saw it too and already asked, if it could. */
-    if (!b->lost && d->workers->request_unplug(d, b)) {
-        return true;
-    }
-    if (b->qmp == NULL || b->qdev_id == NULL) {
-        return false;
-    }
-    if (!vn_qmp_device_del(b->qmp, b->qdev_id, &error)) {
-        g_message("node %s: could not unplug %s (%s) from %s: %s", d->conf->node, b->device,
-                  b->qdev_id, b->domain, error->message);
-        return false;
-    }
-    g_message("node %s: asked %s to unplug %s (%s)", d->conf->node, b->domain, b->device,
-              b->qdev_id);
-    return true;
-}
-
 /* Leaves a running worker alone: it serves a VM and outlives us. */
 VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
 {

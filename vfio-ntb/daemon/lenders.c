@@ -111,11 +111,12 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
         ld->child_watch = 0;
     }
     if (ld->worker_pid > 0) {
-        /* It fences the device on SIGTERM. */
-        vn_spawn_end(d, ld->worker_pid, ld->conf->name, ld->port);
+        /* It fences the device on SIGTERM, through a device server that may
+         * take its time: in the background, with its port. */
+        vn_ending_start(d, ld->conf->name, ld->worker_pid, g_steal_pointer(&ld->port),
+                        g_strdup(ld->channel_path), 0, VN_SPAWN_STOP_TIMEOUT_MS);
         ld->worker_pid = 0;
-    }
-    if (ld->channel_path != NULL) {
+    } else if (ld->channel_path != NULL) {
         unlink(ld->channel_path);
     }
 }
@@ -132,18 +133,20 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
     return true;
 }
 
-char *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld)
+VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
-    char *text;
+    VnWctlCall *c;
 
     if (ld->worker_pid <= 0 || ld->channel_path == NULL) {
+        done(NULL, NULL, opaque);
         return NULL;
     }
-    text = vn_wctl_call(ld->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
-                        VN_SPAWN_MAX_STATS, &error);
-    if (text == NULL) {
+    c = vn_wctl_call_async(ld->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                           VN_SPAWN_MAX_STATS, done, opaque, &error);
+    if (c == NULL) {
         g_info("lender worker of %s: %s", ld->conf->name, error->message);
+        done(NULL, error, opaque);
     }
-    return text;
+    return c;
 }

@@ -60,7 +60,6 @@ struct VnPort {
     uint64_t refused;
     GMainContext *ctx;
     bool inbound;               /* a lender's worker: it answers the peer's requests */
-    bool pumping;               /* vn_port_pump(): requests are relayed synchronously */
 };
 
 const char *vn_port_path(VnPort *p)
@@ -333,19 +332,6 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     }
     if (kind == VN_FABRIC_FLAG_EVENT) {
         vn_fabric_event(p->fab, p->peer, f.hdr.type, f.json, f.data, f.hdr.data_len);
-        return;
-    }
-    if (p->pumping) {
-        /* Our loop waits for the worker to stop: answer it here (the wait
-         * is on that one link; no handler of ours runs meanwhile). */
-        g_autoptr(VnFabricMsg) reply = NULL;
-
-        ret = vn_fabric_request_sync(p->fab, p->peer, f.hdr.type, f.json, f.data,
-                                     f.hdr.data_len, &reply);
-        frame_to_worker(p, VN_FABRIC_FLAG_REPLY | (ret < 0 ? VN_FABRIC_FLAG_ERROR : 0),
-                        f.hdr.type, f.hdr.id, ret < 0 ? -ret : 0,
-                        reply != NULL ? reply->json : NULL, ret < 0 ? NULL : reply->data,
-                        ret < 0 ? 0 : reply->data_len);
         return;
     }
     if (p->relays->len >= VN_PORT_MAX_INFLIGHT) {
@@ -633,21 +619,6 @@ static gboolean on_worker(int fd, GIOCondition cond, gpointer data)
         worker_record(p, &rec);
     }
     return G_SOURCE_CONTINUE;
-}
-
-void vn_port_pump(VnPort *p)
-{
-    struct pollfd pfd = { .fd = p->fd, .events = POLLIN };
-
-    if (p->fd < 0) {
-        return;
-    }
-    /* A worker that reconnects now is left for the loop. */
-    if (poll(&pfd, 1, 0) == 1) {
-        p->pumping = true;
-        on_worker(p->fd, G_IO_IN, p);
-        p->pumping = false;
-    }
 }
 
 void vn_port_drain(VnPort *p)

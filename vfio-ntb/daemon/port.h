@@ -56,10 +56,6 @@ void vn_port_free_unlinked(VnPort *p);
 /* Handle what the worker sent and we have not read yet (it has exited:
  * its last words, its DETACH, are relayed). */
 void vn_port_drain(VnPort *p);
-/* For a daemon whose loop waits for the worker to stop (bounded): handle
- * what the worker sent, relaying its requests synchronously, so a worker
- * that tidies up (QEMU let go of its device) is not left waiting on us. */
-void vn_port_pump(VnPort *p);
 const char *vn_port_path(VnPort *p);
 
 /* The peer changes (NULL: none): the worker is told the old one's link is

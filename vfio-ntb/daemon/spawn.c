@@ -34,6 +34,8 @@
 #define VN_SPAWN_START_TIMEOUT_MS 10000
 /* How long a stop waits for QEMU to close a just-unplugged device's socket. */
 #define VN_SPAWN_CLIENT_GONE_MS 1500
+/* A start that waits for the device's last worker looks this often. */
+#define VN_SPAWN_ENDING_POLL_MS 5
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
 char *vn_spawn_binary(const char *name)
@@ -56,27 +58,6 @@ bool vn_spawn_alive(GPid pid, const char *binary)
 
     return pid > 1 && kill(pid, 0) == 0 && g_file_get_contents(proc, &cmdline, &len, NULL) &&
            len > 0 && strstr(cmdline, binary) != NULL;
-}
-
-void vn_spawn_end(VnDaemon *d, GPid pid, const char *what, VnPort *port)
-{
-    gint64 deadline = g_get_monotonic_time() + VN_SPAWN_STOP_TIMEOUT_MS * 1000;
-
-    kill(pid, SIGTERM);
-    while (g_get_monotonic_time() < deadline) {
-        /* Our child: reap it.  Adopted: it is init's; watch it go. */
-        if (waitpid(pid, NULL, WNOHANG) == pid || (errno == ECHILD && kill(pid, 0) != 0)) {
-            return;
-        }
-        if (port != NULL) {
-            vn_port_pump(port);      /* it may ask its lender something on its way out */
-        }
-        g_usleep(5000);
-    }
-    g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
-              what, pid);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
 }
 
 typedef struct ChildWatch {
@@ -127,7 +108,6 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
 }
 
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
-static bool spawn_client_connected(VnBorrowed *b);
 
 /*
  * A start in progress: open the worker's port, spawn, then a timer looks for
@@ -270,10 +250,38 @@ static void start_spawn(Start *st)
     st->timer = g_timeout_add(1, on_start_poll, st);
 }
 
+/* Its port, then the process. */
+static void start_open(Start *st)
+{
+    VnBorrowed *b = st->b;
+    g_autoptr(GError) error = NULL;
+
+    g_clear_pointer(&b->port, vn_port_free_unlinked);
+    b->port = vn_port_new(st->d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
+    if (b->port == NULL) {
+        start_finish(st, error);
+        return;
+    }
+    start_spawn(st);
+}
+
+/* The device's last worker still ends (bounded): it shares this one's port
+ * path and lease. */
+static gboolean on_start_wait(gpointer data)
+{
+    Start *st = data;
+
+    if (vn_ending_busy(st->d, st->b->device)) {
+        return G_SOURCE_CONTINUE;
+    }
+    st->timer = 0;
+    start_open(st);
+    return G_SOURCE_REMOVE;
+}
+
 static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque)
 {
     Start *st = g_new0(Start, 1);
-    g_autoptr(GError) error = NULL;
 
     *st = (Start){ .d = d, .b = b, .done = done, .opaque = opaque };
     b->starting = true;
@@ -292,13 +300,12 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
                    d->conf->run_dir, g_strerror(errno));
         return;
     }
-    g_clear_pointer(&b->port, vn_port_free_unlinked);
-    b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
-    if (b->port == NULL) {
-        start_finish(st, error);
+    if (vn_ending_busy(d, b->device)) {
+        g_info("node %s: %s waits for its last worker to be gone", d->conf->node, b->device);
+        st->timer = g_timeout_add(VN_SPAWN_ENDING_POLL_MS, on_start_wait, st);
         return;
     }
-    start_spawn(st);
+    start_open(st);
 }
 
 static bool alive(GPid pid)
@@ -306,127 +313,53 @@ static bool alive(GPid pid)
     return pid > 0 && kill(pid, 0) == 0;
 }
 
-static bool client_gone(VnBorrowed *b, unsigned wait_ms);
-
 static void spawn_stop(VnDaemon *d, VnBorrowed *b)
 {
-    GPid pid = b->worker_pid;
-
-    if (pid <= 0) {
+    if (b->worker_pid <= 0) {
         return;
     }
-    /* A device just unplugged is finalized by QEMU a little later, and only then
-     * does QEMU close its socket.  Stopping the server before that leaves QEMU
-     * with a dead server under a live object (stock QEMU then stalls or
-     * aborts: qemu-patches/0005, 0006), so give it a moment. */
-    client_gone(b, VN_SPAWN_CLIENT_GONE_MS);
     g_clear_pointer(&b->client_call, vn_wctl_call_cancel);
     b->client_state = VN_CLIENT_UNKNOWN;
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
         b->child_watch = 0;
     }
-    vn_spawn_end(d, pid, b->device, b->port);
+    /* A device just unplugged is finalized by QEMU a little later, and only
+     * then does QEMU close its socket.  Stopping the server before that
+     * leaves QEMU with a dead server under a live object (stock QEMU then
+     * stalls or aborts: qemu-patches/0005, 0006), so the ending gives it a
+     * moment first. */
+    vn_ending_start(d, b->device, b->worker_pid, g_steal_pointer(&b->port),
+                    g_strdup(b->channel_path), VN_SPAWN_CLIENT_GONE_MS,
+                    VN_SPAWN_STOP_TIMEOUT_MS);
     b->worker_pid = 0;
-    if (b->channel_path != NULL) {
-        unlink(b->channel_path);
-    }
-    /* What it said last (its DETACH) goes to the lender now. */
-    if (b->port != NULL) {
-        vn_port_drain(b->port);
-        g_clear_pointer(&b->port, vn_port_free_unlinked);
-    }
 }
 
-static void pump(void *opaque)
-{
-    VnBorrowed *b = opaque;
-
-    if (b->port != NULL) {
-        vn_port_pump(b->port);
-    }
-}
-
-static char *spawn_stats(VnBorrowed *b)
+/* Command @name on the worker's control channel, answered from the loop. */
+static VnWctlCall *ask(VnBorrowed *b, const char *name, VnWctlDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
-    char *text;
+    VnWctlCall *c;
 
     if (!alive(b->worker_pid) || b->channel_path == NULL) {
+        done(NULL, NULL, opaque);
         return NULL;
     }
-    /* The worker may be waiting on us (a request through its port) before
-     * it can answer: serve it meanwhile. */
-    text = vn_wctl_call_serving(b->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
-                                VN_SPAWN_MAX_STATS, pump, b, &error);
-    if (text == NULL) {
+    c = vn_wctl_call_async(b->channel_path, name, VN_SPAWN_STATS_TIMEOUT_MS,
+                           VN_SPAWN_MAX_STATS, done, opaque, &error);
+    if (c == NULL) {
         g_info("worker for %s: %s", b->device, error->message);
+        done(NULL, error, opaque);
     }
-    return text;
+    return c;
 }
 
-/* Wait, at most @wait_ms, until QEMU has let go of the worker's socket (or the
- * worker is gone); true if it has. */
-static bool client_gone(VnBorrowed *b, unsigned wait_ms)
+/* The worker answers {"requested": false}, doing nothing, when its QEMU
+ * registered no device request. */
+static VnWctlCall *spawn_request_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone done,
+                                        void *opaque)
 {
-    gint64 deadline = g_get_monotonic_time() + (gint64)wait_ms * 1000;
-
-    while (spawn_client_connected(b)) {
-        if (g_get_monotonic_time() >= deadline) {
-            return false;
-        }
-        /* QEMU letting go makes the worker quiesce the device with its
-         * lender, through us. */
-        if (b->port != NULL) {
-            vn_port_pump(b->port);
-        }
-        g_usleep(20000);
-    }
-    return true;
-}
-
-static bool spawn_request_unplug(VnDaemon *d, VnBorrowed *b)
-{
-    g_autoptr(GError) error = NULL;
-    g_autofree char *text = NULL;
-    g_autoptr(JsonObject) o = NULL;
-
-    /* The worker answers false, doing nothing, when its QEMU registered no
-     * device request. */
-    if (!alive(b->worker_pid) || b->channel_path == NULL) {
-        return false;
-    }
-    text = vn_wctl_call_serving(b->channel_path, "unplug", VN_SPAWN_STATS_TIMEOUT_MS,
-                                VN_SPAWN_MAX_STATS, pump, b, &error);
-    o = text != NULL ? vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL) : NULL;
-    if (!vn_util_json_bool(o, "requested")) {
-        if (error != NULL) {
-            g_message("node %s: worker for %s: %s", d->conf->node, b->device, error->message);
-        }
-        return false;
-    }
-    g_message("node %s: asked the VM %s to release %s (device request)", d->conf->node,
-              b->domain ? b->domain : "?", b->device);
-    return true;
-}
-
-/* Only the worker's answer, or its exit, says its QEMU let go: a worker
- * busy tearing down what QEMU left (the guest's driver quiescing the device
- * with the lender) may answer late, and its VM still holds the device. */
-static bool spawn_client_connected(VnBorrowed *b)
-{
-    g_autofree char *text = NULL;
-    g_autoptr(JsonObject) o = NULL;
-
-    if (!alive(b->worker_pid)) {
-        return false;
-    }
-    text = spawn_stats(b);
-    if (text == NULL) {
-        return true;
-    }
-    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-    return vn_util_json_bool(o, "client_connected");
+    return ask(b, "unplug", done, opaque);
 }
 
 static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
@@ -450,9 +383,9 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
     return true;
 }
 
-static char *ops_stats(VnDaemon *d, VnBorrowed *b)
+static VnWctlCall *ops_stats(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque)
 {
-    return spawn_stats(b);
+    return ask(b, "stats", done, opaque);
 }
 
 static void on_client_answer(char *answer, const GError *error, void *opaque)

@@ -1,0 +1,206 @@
+/*
+ * Workers on their way out (daemon-int.h, "endings").
+ *
+ * Stopping a worker takes time the daemon's loop must not spend waiting: a
+ * borrower's QEMU finalizes an unplugged device a little after the guest
+ * let go, and only then closes the worker's socket; a lender worker fences
+ * its device on SIGTERM, through a device server that may be slow.  The
+ * device forgets its worker at once and an ending owns it from then on:
+ * it waits (asking the worker without blocking) for QEMU to let go, sends
+ * SIGTERM, watches the process go, and kills it when it takes too long.
+ * Its port stays open in the loop meanwhile, so what the worker says on
+ * its way out (a DETACH, its unmaps) still reaches the lender, and the
+ * answers reach the worker.  A new worker for the same device waits for
+ * the old one to be gone (vn_ending_busy()): two would share a port path
+ * and a lease.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+#include "common/json.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* How often an ending looks at its worker. */
+#define VN_ENDING_POLL_MS 20
+/* After SIGKILL: a process stuck in the kernel is left, not waited for. */
+#define VN_ENDING_KILL_WAIT_MS 5000
+
+typedef enum EndingPhase {
+    ENDING_CLIENT,              /* waiting for QEMU to let go */
+    ENDING_TERM,                /* SIGTERM sent */
+    ENDING_KILL,                /* SIGKILL sent */
+} EndingPhase;
+
+struct VnEnding {
+    VnDaemon *d;
+    char *what;
+    GPid pid;
+    VnPort *port;
+    char *channel_path;
+    EndingPhase phase;
+    gint64 phase_end_us;        /* monotonic: the phase's deadline */
+    unsigned term_wait_ms;
+    VnWctlCall *call;           /* "stats", while waiting for QEMU */
+    bool client_gone;
+    guint timer;
+};
+
+static void ending_free(gpointer p)
+{
+    VnEnding *e = p;
+
+    if (e->timer != 0) {
+        g_source_remove(e->timer);
+    }
+    vn_wctl_call_cancel(e->call);
+    if (e->port != NULL) {
+        /* What it said last goes out now. */
+        vn_port_drain(e->port);
+        vn_port_free_unlinked(e->port);
+    }
+    if (e->channel_path != NULL) {
+        unlink(e->channel_path);
+    }
+    g_free(e->channel_path);
+    g_free(e->what);
+    g_free(e);
+}
+
+/* Our child: reaped.  Adopted after a restart: init's; it is gone when it
+ * cannot be signalled. */
+static bool exited(GPid pid)
+{
+    pid_t r = waitpid(pid, NULL, WNOHANG);
+
+    return r == pid || (r < 0 && errno == ECHILD && kill(pid, 0) != 0);
+}
+
+static void on_client_answer(char *answer, const GError *error, void *opaque)
+{
+    VnEnding *e = opaque;
+    g_autofree char *text = answer;
+    g_autoptr(JsonObject) o = NULL;
+
+    e->call = NULL;
+    if (text == NULL) {
+        g_info("worker for %s: %s", e->what, error->message);
+        return;                 /* busy: asked again on the next look */
+    }
+    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
+    e->client_gone = !vn_util_json_bool(o, "client_connected");
+}
+
+static void terminate(VnEnding *e)
+{
+    vn_wctl_call_cancel(e->call);
+    e->call = NULL;
+    kill(e->pid, SIGTERM);
+    e->phase = ENDING_TERM;
+    e->phase_end_us = g_get_monotonic_time() + (gint64)e->term_wait_ms * 1000;
+}
+
+static gboolean on_look(gpointer data)
+{
+    VnEnding *e = data;
+    VnDaemon *d = e->d;
+    bool late = g_get_monotonic_time() >= e->phase_end_us;
+    g_autoptr(GError) error = NULL;
+
+    if (exited(e->pid)) {
+        g_info("node %s: the worker for %s (pid %d) is gone", d->conf->node, e->what, e->pid);
+        e->timer = 0;
+        g_ptr_array_remove(d->endings, e);
+        return G_SOURCE_REMOVE;
+    }
+    switch (e->phase) {
+    case ENDING_CLIENT:
+        if (e->client_gone || late) {
+            terminate(e);
+        } else if (e->call == NULL && e->channel_path != NULL) {
+            e->call = vn_wctl_call_async(e->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                                         VN_SPAWN_MAX_STATS, on_client_answer, e, &error);
+            /* No one listening there serves a QEMU either; a full backlog
+             * is a busy worker. */
+            if (e->call == NULL) {
+                g_info("worker for %s: %s", e->what, error->message);
+                e->client_gone = !g_error_matches(error, G_IO_ERROR, G_IO_ERROR_WOULD_BLOCK);
+            }
+        }
+        break;
+    case ENDING_TERM:
+        if (late) {
+            g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it",
+                      d->conf->node, e->what, e->pid);
+            kill(e->pid, SIGKILL);
+            e->phase = ENDING_KILL;
+            e->phase_end_us = g_get_monotonic_time() + VN_ENDING_KILL_WAIT_MS * 1000;
+        }
+        break;
+    case ENDING_KILL:
+        if (late) {
+            g_warning("node %s: worker for %s (pid %d) survives SIGKILL; leaving it",
+                      d->conf->node, e->what, e->pid);
+            e->timer = 0;
+            g_ptr_array_remove(d->endings, e);
+            return G_SOURCE_REMOVE;
+        }
+        break;
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_ending_start(VnDaemon *d, const char *what, GPid pid, VnPort *port, char *channel_path,
+                     unsigned client_wait_ms, unsigned term_wait_ms)
+{
+    VnEnding *e = g_new0(VnEnding, 1);
+
+    *e = (VnEnding){ .d = d, .what = g_strdup(what), .pid = pid, .port = port,
+                     .channel_path = channel_path, .term_wait_ms = term_wait_ms };
+    g_ptr_array_add(d->endings, e);
+    if (client_wait_ms > 0) {
+        e->phase = ENDING_CLIENT;
+        e->phase_end_us = g_get_monotonic_time() + (gint64)client_wait_ms * 1000;
+    } else {
+        terminate(e);
+    }
+    e->timer = g_timeout_add(VN_ENDING_POLL_MS, on_look, e);
+}
+
+bool vn_ending_busy(VnDaemon *d, const char *what)
+{
+    for (guint i = 0; i < d->endings->len; i++) {
+        if (strcmp(((VnEnding *)d->endings->pdata[i])->what, what) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+GPtrArray *vn_endings_new(void)
+{
+    return g_ptr_array_new_with_free_func(ending_free);
+}
+
+void vn_endings_free(GPtrArray *endings)
+{
+    if (endings == NULL) {
+        return;
+    }
+    /* The daemon stops: no one will watch them, so none is left waiting
+     * for its QEMU without having been told to go. */
+    for (guint i = 0; i < endings->len; i++) {
+        VnEnding *e = endings->pdata[i];
+
+        if (e->phase == ENDING_CLIENT) {
+            kill(e->pid, SIGTERM);
+        }
+    }
+    g_ptr_array_unref(endings);
+}

@@ -1,0 +1,199 @@
+/*
+ * This node's counters (daemon-int.h, "stats.c"): the daemon's own, and
+ * what each of its workers says, asked of every worker at once without
+ * waiting.  A worker that does not answer within VN_SPAWN_STATS_TIMEOUT_MS
+ * shows as null (lent) or is left out (borrowed); the loop serves
+ * everything else meanwhile, so one hung worker delays only its caller's
+ * answer, and a hundred of them no more than one.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+#include "common/json.h"
+
+#include <string.h>
+
+typedef struct Gather Gather;
+
+/* One worker's answer. */
+typedef struct Slot {
+    Gather *g;
+    bool lent;
+    char *text;
+    VnWctlCall *call;
+} Slot;
+
+struct Gather {
+    VnDaemon *d;
+    Slot *slots;
+    guint n;
+    guint pending;
+    bool asking;                /* still handing out questions */
+    VnStatsReady ready;
+    void *opaque;
+};
+
+/* Counters a worker wrote (untrusted): added parsed, else as null. */
+static void add_json_text(JsonBuilder *b, const char *text)
+{
+    JsonNode *n = vn_json_parse(text, -1, VN_SPAWN_MAX_STATS, NULL);
+
+    if (n != NULL) {
+        json_builder_add_value(b, n);
+    } else {
+        json_builder_add_null_value(b);
+    }
+}
+
+static JsonNode *build(VnDaemon *d, const Gather *g)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    VnFabricStats fs;
+    const struct {
+        const char *name;
+        uint64_t *v;
+    } fields[] = {
+        { "msgs_sent", &fs.msgs_sent },
+        { "msgs_received", &fs.msgs_received },
+        { "doorbells_sent", &fs.doorbells_sent },
+        { "doorbells_received", &fs.doorbells_received },
+        { "bad_messages", &fs.bad_messages },
+    };
+
+    vn_fabric_stats(d->fab, &fs);
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "node");
+    json_builder_add_string_value(b, d->conf->node);
+    /* Leases changed but not in the state file (the log says why). */
+    json_builder_set_member_name(b, "state_save_errors");
+    json_builder_add_int_value(b, (gint64)d->save_errors);
+    json_builder_set_member_name(b, "fabric");
+    json_builder_begin_object(b);
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        json_builder_set_member_name(b, fields[i].name);
+        json_builder_add_int_value(b, (gint64)*fields[i].v);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "lent");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < g->n; i++) {
+        if (g->slots[i].lent) {
+            add_json_text(b, g->slots[i].text);
+        }
+    }
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "borrowed");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < g->n; i++) {
+        if (!g->slots[i].lent && g->slots[i].text != NULL) {
+            add_json_text(b, g->slots[i].text);
+        }
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    return json_builder_get_root(b);
+}
+
+/* Every answer is in (or the daemon stops): build, hand over, free. */
+static void finish(Gather *g)
+{
+    VnDaemon *d = g->d;
+
+    g_ptr_array_remove_fast(d->gathers, g);
+    for (guint i = 0; i < g->n; i++) {
+        vn_wctl_call_cancel(g->slots[i].call);
+    }
+    g->ready(d, build(d, g), g->opaque);
+    for (guint i = 0; i < g->n; i++) {
+        g_free(g->slots[i].text);
+    }
+    g_free(g->slots);
+    g_free(g);
+}
+
+static void on_answer(char *answer, const GError *error, void *opaque)
+{
+    Slot *s = opaque;
+    Gather *g = s->g;
+
+    s->call = NULL;
+    s->text = answer;
+    g->pending--;
+    if (g->pending == 0 && !g->asking) {
+        finish(g);
+    }
+}
+
+bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *opaque)
+{
+    Gather *g;
+    guint n = 0;
+
+    if (d->gathers->len >= VN_STATS_MAX_GATHERS) {
+        return false;
+    }
+    g = g_new0(Gather, 1);
+    *g = (Gather){ .d = d, .ready = ready, .opaque = opaque, .asking = true };
+    g->slots = g_new0(Slot, d->local->len + d->borrowed->len);
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+        if (only == NULL || strcmp(only, dev) == 0) {
+            g->slots[n++] = (Slot){ .g = g, .lent = true };
+        }
+    }
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (only == NULL || strcmp(only, b->device) == 0) {
+            g->slots[n++] = (Slot){ .g = g, .lent = false };
+        }
+    }
+    g->n = n;
+    g_ptr_array_add(d->gathers, g);
+    /* Every question first (an answer may come at once), then: done? */
+    n = 0;
+    g->pending = g->n;
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+        if (only == NULL || strcmp(only, dev) == 0) {
+            Slot *s = &g->slots[n++];
+
+            s->call = d->workers->lend_stats(d, ld, on_answer, s);
+        }
+    }
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+
+        if (only == NULL || strcmp(only, b->device) == 0) {
+            Slot *s = &g->slots[n++];
+
+            s->call = d->workers->stats(d, b, on_answer, s);
+        }
+    }
+    g->asking = false;
+    if (g->pending == 0) {
+        finish(g);
+    }
+    return true;
+}
+
+GPtrArray *vn_stats_gathers_new(void)
+{
+    return g_ptr_array_new();
+}
+
+void vn_stats_gathers_free(VnDaemon *d)
+{
+    if (d->gathers == NULL) {
+        return;
+    }
+    /* Each caller gets what came in so far. */
+    while (d->gathers->len > 0) {
+        finish(d->gathers->pdata[0]);
+    }
+    g_clear_pointer(&d->gathers, g_ptr_array_unref);
+}

@@ -1,0 +1,181 @@
+/*
+ * Asking a VM to let go of a borrowed device (daemon-int.h, "unplug.c"),
+ * without waiting in the daemon's loop: first through the worker, which
+ * signals the device-request interrupt when its QEMU registered one; else,
+ * when attach named the VM's QMP socket, with device_del, which runs on a
+ * thread of GLib's pool (QEMU is a peer: its monitor may take its time, at
+ * most 2 s).  The guest releases the device in its own time; the caller
+ * watches for that.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "daemon-int.h"
+#include "common/json.h"
+#include "common/util.h"
+
+#include <gio/gio.h>
+
+struct VnUnplug {
+    VnDaemon *d;
+    char *device;
+    uint64_t lease;
+    char *domain;
+    char *qmp;                  /* NULL: the worker's way only */
+    char *qdev_id;
+    VnWctlCall *call;           /* the worker's answer, awaited */
+    GCancellable *cancel;       /* set while device_del runs on its thread */
+    bool cancelled;             /* the daemon stopped: only the thread's end frees us */
+    bool asking;                /* inside request_unplug, which may answer at once */
+    bool over;                  /* finished while asking: freed when it returns */
+    VnUnplugDone done;
+    void *opaque;
+};
+
+static void unplug_free(VnUnplug *u)
+{
+    vn_wctl_call_cancel(u->call);
+    g_clear_object(&u->cancel);
+    g_free(u->device);
+    g_free(u->domain);
+    g_free(u->qmp);
+    g_free(u->qdev_id);
+    g_free(u);
+}
+
+static void finish(VnUnplug *u, bool asked)
+{
+    g_ptr_array_remove_fast(u->d->unplugs, u);
+    if (u->done != NULL) {
+        u->done(u->d, u->device, u->lease, asked, false, u->opaque);
+    }
+    if (u->asking) {
+        u->over = true;
+    } else {
+        unplug_free(u);
+    }
+}
+
+static void device_del_thread(GTask *task, gpointer source, gpointer data,
+                              GCancellable *cancel)
+{
+    VnUnplug *u = data;
+    GError *error = NULL;
+
+    if (vn_qmp_device_del(u->qmp, u->qdev_id, &error)) {
+        g_task_return_boolean(task, TRUE);
+    } else {
+        g_task_return_error(task, error);
+    }
+}
+
+static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
+{
+    VnUnplug *u = data;
+    g_autoptr(GError) error = NULL;
+    bool ok = g_task_propagate_boolean(G_TASK(res), &error);
+
+    if (u->cancelled) {
+        unplug_free(u);
+        return;
+    }
+    if (ok) {
+        g_message("node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain,
+                  u->device, u->qdev_id);
+    } else {
+        g_message("node %s: could not unplug %s (%s) from %s: %s", u->d->conf->node, u->device,
+                  u->qdev_id, u->domain, error->message);
+    }
+    finish(u, ok);
+}
+
+static void device_del(VnUnplug *u)
+{
+    g_autoptr(GTask) task = NULL;
+
+    if (u->qmp == NULL || u->qdev_id == NULL) {
+        finish(u, false);
+        return;
+    }
+    u->cancel = g_cancellable_new();
+    /* Not cancelled by the task: the thread ends by itself, bounded. */
+    task = g_task_new(NULL, NULL, on_device_del, u);
+    g_task_set_check_cancellable(task, FALSE);
+    g_task_set_task_data(task, u, NULL);
+    g_task_run_in_thread(task, device_del_thread);
+}
+
+static void on_worker_answer(char *answer, const GError *error, void *opaque)
+{
+    VnUnplug *u = opaque;
+    g_autofree char *text = answer;
+    g_autoptr(JsonObject) o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
+
+    u->call = NULL;
+    if (vn_util_json_bool(o, "requested")) {
+        g_message("node %s: asked the VM %s to release %s (device request)", u->d->conf->node,
+                  u->domain != NULL ? u->domain : "?", u->device);
+        finish(u, true);
+        return;
+    }
+    if (error != NULL) {
+        g_message("node %s: worker for %s: %s", u->d->conf->node, u->device, error->message);
+    }
+    device_del(u);
+}
+
+void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
+                     void *opaque)
+{
+    VnUnplug *u = g_new0(VnUnplug, 1);
+    VnWctlCall *call;
+
+    *u = (VnUnplug){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+                     .domain = g_strdup(b->domain), .done = done, .opaque = opaque };
+    if (via_qmp) {
+        u->qmp = g_strdup(b->qmp);
+        u->qdev_id = g_strdup(b->qdev_id);
+    }
+    g_ptr_array_add(d->unplugs, u);
+    if (b->worker_pid <= 0) {
+        finish(u, false);
+        return;
+    }
+    /* The lender lost: the worker saw it too and already asked, if it could. */
+    if (b->lost) {
+        device_del(u);
+        return;
+    }
+    u->asking = true;
+    call = d->workers->request_unplug(d, b, on_worker_answer, u);
+    u->asking = false;
+    if (u->over) {
+        unplug_free(u);
+    } else {
+        u->call = call;
+    }
+}
+
+GPtrArray *vn_unplugs_new(void)
+{
+    return g_ptr_array_new();
+}
+
+void vn_unplugs_free(VnDaemon *d)
+{
+    if (d->unplugs == NULL) {
+        return;
+    }
+    while (d->unplugs->len > 0) {
+        VnUnplug *u = g_ptr_array_steal_index_fast(d->unplugs, d->unplugs->len - 1);
+
+        if (u->done != NULL) {
+            u->done(d, u->device, u->lease, false, true, u->opaque);
+        }
+        if (u->cancel != NULL) {
+            u->cancelled = true;    /* its thread's end frees it */
+        } else {
+            unplug_free(u);
+        }
+    }
+    g_clear_pointer(&d->unplugs, g_ptr_array_unref);
+}
