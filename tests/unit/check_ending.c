@@ -82,7 +82,7 @@ START_TEST(test_term_reaps)
     GPid pid = spawn("exec sleep 30");
     gint64 t0 = g_get_monotonic_time();
 
-    vn_ending_start(d, "hosta/nvme0", pid, NULL, NULL, 0, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, 0, 5000);
     ck_assert_int_lt(g_get_monotonic_time() - t0, 100 * 1000);
     ck_assert(vn_ending_busy(d, "hosta/nvme0"));
     ck_assert(!vn_ending_busy(d, "hosta/nvme1"));
@@ -101,7 +101,7 @@ START_TEST(test_term_ignored_kills)
     guint timer = g_timeout_add(10, tick, &ticks);
 
     g_usleep(100 * 1000);       /* the shell has set its trap */
-    vn_ending_start(d, "nvme0", pid, NULL, NULL, 0, 400);
+    vn_ending_start(d, "nvme0", pid, true, NULL, NULL, 0, 400);
     g_usleep(50 * 1000);
     spin_while_busy("nvme0", 250);
     ck_assert_msg(vn_ending_busy(d, "nvme0"), "gone before its SIGTERM wait ended");
@@ -138,7 +138,7 @@ START_TEST(test_waits_for_the_client)
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     client_connected = true;
     g_timeout_add(300, let_go, NULL);
-    vn_ending_start(d, "hosta/nvme0", pid, NULL, g_strdup(path), 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), 5000, 5000);
     took = spin_while_busy("hosta/nvme0", 4000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert_int_ge(took, 250);
@@ -157,11 +157,37 @@ START_TEST(test_no_channel_no_wait)
     GPid pid = spawn("exec sleep 30");
     gint64 took;
 
-    vn_ending_start(d, "hosta/nvme0", pid, NULL, g_strdup(path), 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), 5000, 5000);
     took = spin_while_busy("hosta/nvme0", 4000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert_int_lt(took, 2000);
     ck_assert(reaped(pid));
+}
+END_TEST
+
+/* A worker adopted after a restart is not our child: its exit is seen all
+ * the same (its pidfd), and it is not ours to reap. */
+START_TEST(test_adopted_worker)
+{
+    g_autofree char *out = NULL;
+    g_autoptr(GError) error = NULL;
+    GPid pid;
+    gint64 took;
+
+    ck_assert(g_spawn_command_line_sync("sh -c 'sleep 30 >/dev/null 2>&1 & echo $!'", &out,
+                                        NULL, NULL, &error));
+    pid = (GPid)g_ascii_strtoll(out, NULL, 10);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_int_eq(kill(pid, 0), 0);
+    vn_ending_start(d, "hosta/nvme0", pid, false, NULL, NULL, 0, 5000);
+    took = spin_while_busy("hosta/nvme0", 3000);
+    ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
+    ck_assert_int_lt(took, 2000);
+    /* init reaps it; a moment later it is gone for good. */
+    for (int i = 0; i < 200 && kill(pid, 0) == 0; i++) {
+        g_usleep(10000);
+    }
+    ck_assert_int_ne(kill(pid, 0), 0);
 }
 END_TEST
 
@@ -171,7 +197,7 @@ START_TEST(test_daemon_end_terminates)
     GPid pid = spawn("exec sleep 30");
     int status = 0;
 
-    vn_ending_start(d, "hosta/nvme0", pid, NULL, NULL, 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, 5000, 5000);
     g_clear_pointer(&d->endings, vn_endings_free);
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);
@@ -190,6 +216,7 @@ static Suite *ending_suite(void)
     tcase_add_test(tc, test_waits_for_the_client);
     tcase_add_test(tc, test_no_channel_no_wait);
     tcase_add_test(tc, test_daemon_end_terminates);
+    tcase_add_test(tc, test_adopted_worker);
     suite_add_tcase(s, tc);
     return s;
 }

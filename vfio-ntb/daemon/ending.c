@@ -22,12 +22,15 @@
 
 #include <errno.h>
 #include <gio/gio.h>
+#include <glib-unix.h>
 #include <signal.h>
-#include <string.h>
+#include <sys/pidfd.h>
 #include <sys/wait.h>
+#include <string.h>
 #include <unistd.h>
 
-/* How often an ending looks at its worker. */
+/* How often an ending looks at its deadlines (its worker's exit it hears of
+ * at once). */
 #define VN_ENDING_POLL_MS 20
 /* After SIGKILL: a process stuck in the kernel is left, not waited for. */
 #define VN_ENDING_KILL_WAIT_MS 5000
@@ -48,7 +51,9 @@ struct VnEnding {
     gint64 phase_end_us;        /* monotonic: the phase's deadline */
     unsigned term_wait_ms;
     VnWctlCall *call;           /* "stats", while waiting for QEMU */
-    bool client_gone;
+    bool child;                 /* ours to reap (else adopted after a restart) */
+    int pidfd;                  /* the process, not whatever gets its pid later */
+    guint exit_watch;           /* on @pidfd: it exited */
     guint timer;
 };
 
@@ -58,6 +63,12 @@ static void ending_free(gpointer p)
 
     if (e->timer != 0) {
         g_source_remove(e->timer);
+    }
+    if (e->exit_watch != 0) {
+        g_source_remove(e->exit_watch);
+    }
+    if (e->pidfd >= 0) {
+        close(e->pidfd);
     }
     vn_wctl_call_cancel(e->call);
     if (e->port != NULL) {
@@ -73,13 +84,38 @@ static void ending_free(gpointer p)
     g_free(e);
 }
 
-/* Our child: reaped.  Adopted after a restart: init's; it is gone when it
- * cannot be signalled. */
-static bool exited(GPid pid)
+/* Through the pidfd: a pid reused after the worker went is someone else. */
+static void send_signal(VnEnding *e, int sig)
 {
-    pid_t r = waitpid(pid, NULL, WNOHANG);
+    if (e->pidfd >= 0) {
+        pidfd_send_signal(e->pidfd, sig, NULL, 0);
+    }
+}
 
-    return r == pid || (r < 0 && errno == ECHILD && kill(pid, 0) != 0);
+static void gone(VnEnding *e)
+{
+    g_info("node %s: the worker for %s (pid %d) is gone", e->d->conf->node, e->what, e->pid);
+    if (e->child) {
+        waitpid(e->pid, NULL, WNOHANG);
+    }
+    g_ptr_array_remove(e->d->endings, e);
+}
+
+static gboolean on_worker_exit(int fd, GIOCondition cond, gpointer data)
+{
+    VnEnding *e = data;
+
+    e->exit_watch = 0;
+    gone(e);
+    return G_SOURCE_REMOVE;
+}
+
+static void terminate(VnEnding *e)
+{
+    g_clear_pointer(&e->call, vn_wctl_call_cancel);
+    send_signal(e, SIGTERM);
+    e->phase = ENDING_TERM;
+    e->phase_end_us = g_get_monotonic_time() + (gint64)e->term_wait_ms * 1000;
 }
 
 static void on_client_answer(char *answer, const GError *error, void *opaque)
@@ -94,16 +130,29 @@ static void on_client_answer(char *answer, const GError *error, void *opaque)
         return;                 /* busy: asked again on the next look */
     }
     o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-    e->client_gone = !vn_util_json_bool(o, "client_connected");
+    if (!vn_util_json_bool(o, "client_connected")) {
+        terminate(e);           /* QEMU let go: at once */
+    }
 }
 
-static void terminate(VnEnding *e)
+/* Is QEMU still connected?  No one listening on the channel serves a QEMU
+ * either; a full backlog is a busy worker. */
+static void ask_client(VnEnding *e)
 {
-    vn_wctl_call_cancel(e->call);
-    e->call = NULL;
-    kill(e->pid, SIGTERM);
-    e->phase = ENDING_TERM;
-    e->phase_end_us = g_get_monotonic_time() + (gint64)e->term_wait_ms * 1000;
+    g_autoptr(GError) error = NULL;
+
+    if (e->channel_path == NULL) {
+        terminate(e);
+        return;
+    }
+    e->call = vn_wctl_call_async(e->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                                 VN_SPAWN_MAX_STATS, on_client_answer, e, &error);
+    if (e->call == NULL) {
+        g_info("worker for %s: %s", e->what, error->message);
+        if (!g_error_matches(error, G_IO_ERROR, G_IO_ERROR_WOULD_BLOCK)) {
+            terminate(e);
+        }
+    }
 }
 
 static gboolean on_look(gpointer data)
@@ -111,34 +160,20 @@ static gboolean on_look(gpointer data)
     VnEnding *e = data;
     VnDaemon *d = e->d;
     bool late = g_get_monotonic_time() >= e->phase_end_us;
-    g_autoptr(GError) error = NULL;
 
-    if (exited(e->pid)) {
-        g_info("node %s: the worker for %s (pid %d) is gone", d->conf->node, e->what, e->pid);
-        e->timer = 0;
-        g_ptr_array_remove(d->endings, e);
-        return G_SOURCE_REMOVE;
-    }
     switch (e->phase) {
     case ENDING_CLIENT:
-        if (e->client_gone || late) {
+        if (late) {
             terminate(e);
-        } else if (e->call == NULL && e->channel_path != NULL) {
-            e->call = vn_wctl_call_async(e->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
-                                         VN_SPAWN_MAX_STATS, on_client_answer, e, &error);
-            /* No one listening there serves a QEMU either; a full backlog
-             * is a busy worker. */
-            if (e->call == NULL) {
-                g_info("worker for %s: %s", e->what, error->message);
-                e->client_gone = !g_error_matches(error, G_IO_ERROR, G_IO_ERROR_WOULD_BLOCK);
-            }
+        } else if (e->call == NULL) {
+            ask_client(e);
         }
         break;
     case ENDING_TERM:
         if (late) {
             g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it",
                       d->conf->node, e->what, e->pid);
-            kill(e->pid, SIGKILL);
+            send_signal(e, SIGKILL);
             e->phase = ENDING_KILL;
             e->phase_end_us = g_get_monotonic_time() + VN_ENDING_KILL_WAIT_MS * 1000;
         }
@@ -156,21 +191,31 @@ static gboolean on_look(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-void vn_ending_start(VnDaemon *d, const char *what, GPid pid, VnPort *port, char *channel_path,
-                     unsigned client_wait_ms, unsigned term_wait_ms)
+void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
+                     char *channel_path, unsigned client_wait_ms, unsigned term_wait_ms)
 {
     VnEnding *e = g_new0(VnEnding, 1);
 
     *e = (VnEnding){ .d = d, .what = g_strdup(what), .pid = pid, .port = port,
-                     .channel_path = channel_path, .term_wait_ms = term_wait_ms };
+                     .channel_path = channel_path, .term_wait_ms = term_wait_ms,
+                     .pidfd = -1 };
+    e->child = child;
     g_ptr_array_add(d->endings, e);
+    e->pidfd = pidfd_open(pid, 0);
+    if (e->pidfd < 0) {
+        gone(e);                /* ESRCH: gone already */
+        return;
+    }
+    /* Readable once it exits: at once, for our children and adopted ones. */
+    e->exit_watch = g_unix_fd_add(e->pidfd, G_IO_IN, on_worker_exit, e);
+    e->timer = g_timeout_add(VN_ENDING_POLL_MS, on_look, e);
     if (client_wait_ms > 0) {
         e->phase = ENDING_CLIENT;
         e->phase_end_us = g_get_monotonic_time() + (gint64)client_wait_ms * 1000;
+        ask_client(e);
     } else {
         terminate(e);
     }
-    e->timer = g_timeout_add(VN_ENDING_POLL_MS, on_look, e);
 }
 
 bool vn_ending_busy(VnDaemon *d, const char *what)
@@ -199,7 +244,7 @@ void vn_endings_free(GPtrArray *endings)
         VnEnding *e = endings->pdata[i];
 
         if (e->phase == ENDING_CLIENT) {
-            kill(e->pid, SIGTERM);
+            send_signal(e, SIGTERM);
         }
     }
     g_ptr_array_unref(endings);

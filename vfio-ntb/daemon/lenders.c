@@ -102,6 +102,8 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
 {
+    bool child = ld->child_watch != 0;  /* else adopted after a restart */
+
     if (ld->respawn_timer != 0) {
         g_source_remove(ld->respawn_timer);
         ld->respawn_timer = 0;
@@ -113,7 +115,7 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
     if (ld->worker_pid > 0) {
         /* It fences the device on SIGTERM, through a device server that may
          * take its time: in the background, with its port. */
-        vn_ending_start(d, ld->conf->name, ld->worker_pid, g_steal_pointer(&ld->port),
+        vn_ending_start(d, ld->conf->name, ld->worker_pid, child, g_steal_pointer(&ld->port),
                         g_strdup(ld->channel_path), 0, VN_SPAWN_STOP_TIMEOUT_MS);
         ld->worker_pid = 0;
     } else if (ld->channel_path != NULL) {

@@ -35,7 +35,7 @@
 /* How long a stop waits for QEMU to close a just-unplugged device's socket. */
 #define VN_SPAWN_CLIENT_GONE_MS 1500
 /* A start that waits for the device's last worker looks this often. */
-#define VN_SPAWN_ENDING_POLL_MS 5
+#define VN_SPAWN_ENDING_POLL_MS 1
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
 char *vn_spawn_binary(const char *name)
@@ -318,6 +318,8 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
     if (b->worker_pid <= 0) {
         return;
     }
+    bool child = b->child_watch != 0;   /* else adopted after a restart */
+
     g_clear_pointer(&b->client_call, vn_wctl_call_cancel);
     b->client_state = VN_CLIENT_UNKNOWN;
     if (b->child_watch != 0) {
@@ -329,7 +331,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
      * leaves QEMU with a dead server under a live object (stock QEMU then
      * stalls or aborts: qemu-patches/0005, 0006), so the ending gives it a
      * moment first. */
-    vn_ending_start(d, b->device, b->worker_pid, g_steal_pointer(&b->port),
+    vn_ending_start(d, b->device, b->worker_pid, child, g_steal_pointer(&b->port),
                     g_strdup(b->channel_path), VN_SPAWN_CLIENT_GONE_MS,
                     VN_SPAWN_STOP_TIMEOUT_MS);
     b->worker_pid = 0;
