@@ -361,6 +361,9 @@ void vn_endings_free(GPtrArray *endings);
 /* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
  * the daemon. */
 extern const VnWorkerOps vn_spawn_ops;
+/* What a borrower worker's counters (@stats, its "stats" answer; NULL: no
+ * answer) say of its QEMU. */
+VnClientState vn_spawn_client_of(const char *stats);
 /* @name next to our own binary, else on PATH; NULL when neither. */
 char *vn_spawn_binary(const char *name);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */

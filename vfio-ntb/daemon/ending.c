@@ -17,16 +17,13 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
-#include "common/json.h"
-#include "common/util.h"
 
-#include <errno.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/pidfd.h>
 #include <sys/wait.h>
-#include <string.h>
 #include <unistd.h>
 
 /* How often an ending looks at its deadlines (its worker's exit it hears of
@@ -122,15 +119,13 @@ static void on_client_answer(char *answer, const GError *error, void *opaque)
 {
     VnEnding *e = opaque;
     g_autofree char *text = answer;
-    g_autoptr(JsonObject) o = NULL;
 
     e->call = NULL;
     if (text == NULL) {
         g_info("worker for %s: %s", e->what, error->message);
         return;                 /* busy: asked again on the next look */
     }
-    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-    if (!vn_util_json_bool(o, "client_connected")) {
+    if (vn_spawn_client_of(text) == VN_CLIENT_GONE) {
         terminate(e);           /* QEMU let go: at once */
     }
 }

@@ -390,20 +390,28 @@ static VnWctlCall *ops_stats(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *
     return ask(b, "stats", done, opaque);
 }
 
+VnClientState vn_spawn_client_of(const char *stats)
+{
+    g_autoptr(JsonObject) o = NULL;
+
+    if (stats == NULL) {
+        return VN_CLIENT_UNKNOWN;
+    }
+    o = vn_json_parse_object(stats, -1, VN_SPAWN_MAX_STATS, NULL);
+    return vn_util_json_bool(o, "client_connected") ? VN_CLIENT_CONNECTED : VN_CLIENT_GONE;
+}
+
 static void on_client_answer(char *answer, const GError *error, void *opaque)
 {
     VnBorrowed *b = opaque;
     g_autofree char *text = answer;
-    g_autoptr(JsonObject) o = NULL;
 
     b->client_call = NULL;
     if (text == NULL) {
         g_info("worker for %s: %s", b->device, error->message);
         return;                 /* unknown still: asked again on the next poll */
     }
-    o = vn_json_parse_object(text, -1, VN_SPAWN_MAX_STATS, NULL);
-    b->client_state = vn_util_json_bool(o, "client_connected") ? VN_CLIENT_CONNECTED
-                                                              : VN_CLIENT_GONE;
+    b->client_state = vn_spawn_client_of(text);
     b->client_state_us = b->client_call_us;
 }
 
