@@ -132,7 +132,7 @@ static void lender_elsewhere_fn(void *data)
     g_autofree char *path = g_build_filename(rig.dir, "nobody.sock", NULL);
 
     vn_lender_free(rig.lender);
-    rig.lender = vn_lender_new(rig.lfab, DEV, path, NULL);
+    rig.lender = vn_lender_new(rig.lfab, DEV, &vn_backend_vfio_user, path, NULL);
 }
 
 START_TEST(test_attach_no_device_server)
@@ -195,7 +195,8 @@ START_TEST(test_region_rw)
 END_TEST
 
 /* A server that decodes BAR accesses by address (QEMU's x-remote) needs the
- * device's BARs to have addresses: the lender assigns them, again after a reset. */
+ * device's BARs to have addresses: the vfio-user backend assigns them,
+ * again after a reset. */
 START_TEST(test_bars_assigned)
 {
     Borrower *b = borrower(0);
@@ -203,13 +204,13 @@ START_TEST(test_bars_assigned)
 
     attach_ok(b, VN_IRQ_MODE_FD, NULL);
     memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_0, 4);
-    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_LENDER_BAR_BASE);
-    ck_assert_uint_eq(VN_LENDER_BAR_BASE % BAR0_SIZE, 0);
+    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_BACKEND_VFIO_USER_BAR_BASE);
+    ck_assert_uint_eq(VN_BACKEND_VFIO_USER_BAR_BASE % BAR0_SIZE, 0);
 
     memset(rig.fake.cfg + PCI_BASE_ADDRESS_0, 0, 4);   /* what a device reset does */
     ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
     memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_0, 4);
-    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_LENDER_BAR_BASE);
+    ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_BACKEND_VFIO_USER_BAR_BASE);
     /* BAR1 has no region: left alone. */
     memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_1, 4);
     ck_assert_uint_eq(bar0, 0);

@@ -10,13 +10,8 @@
 
 #include "lender.h"
 
-#include "vfio-user/client.h"
+#include "lending/backend.h"
 
-/* Where assign_bars() puts the device's memory and I/O BARs (in the device
- * server's own view; nothing else sees these addresses). */
-#define VN_LENDER_BAR_BASE 0xc0000000ull
-#define VN_LENDER_IO_BASE 0x1000ull
-#define VN_LENDER_BAR_MAX (1ull << 40)
 /*
  * How long one command to the device server may take.  Shorter than the
  * borrower's wait for our answer (VN_FABRIC_REQUEST_TIMEOUT_MS), which is
@@ -60,21 +55,21 @@ struct VnLender {
     VnFabric *fab;
     GMainContext *ctx;          /* the fabric's: relay watches go there */
     char *name;
-    char *device_socket;
+    const VnBackendOps *ops;     /* how the device is reached (backend.h) */
+    char *where;                /* what the backend opens: a socket path, ... */
 
     /* While lent (borrower != NULL). */
     char *borrower;
     VnIrqMode irq_mode;
-    VnClient *client;
+    void *device;               /* the backend's, while attached */
     VnProtoDevice dev;          /* as described to the borrower */
     GPtrArray *windows;         /* VnLenderWindow, owned */
     GArray *maps;               /* VnLenderMap */
     VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
 
     VnLenderStats stats;
-    /* The device server's last stall and its outcome ("" if none), set by
-     * the client's observer; whether it answers now is the client's
-     * VnClientStats.awaiting. */
+    /* The device's last stall and its outcome ("" if none), set by the
+     * backend's stall callback; whether it answers now is ops->stalled. */
     char last_stall[VN_LENDER_STALL_TEXT];
 };
 

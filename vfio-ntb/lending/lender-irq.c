@@ -99,8 +99,8 @@ void vn_lender_relay_drop_all(VnLender *l)
 
 /*
  * Give the device eventfds of ours for [start, start + count) of @index.
- * The client carries VN_MAX_MSG_FDS fds per message, so a larger range goes
- * in chunks; when a later chunk fails, the range is de-assigned on the
+ * A vfio-user message carries VN_MAX_MSG_FDS fds, so a larger range goes in
+ * chunks (any backend takes them); when a later chunk fails, the range is de-assigned on the
  * device (its earlier eventfds are replaced already) and the error returned.
  */
 static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
@@ -121,7 +121,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     while (done < s->count) {
         uint32_t n = MIN(s->count - done, VN_MAX_MSG_FDS);
 
-        ret = vn_client_set_irqs(l->client, s->flags, s->index, s->start + done, n, NULL,
+        ret = l->ops->set_irqs(l->device, s->flags, s->index, s->start + done, n, NULL,
                                  fds + done);
         if (ret < 0) {
             break;
@@ -130,7 +130,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     }
     if (ret < 0) {
         if (done > 0) {
-            vn_client_set_irqs(l->client, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+            l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
                                s->index, s->start, done, NULL, NULL);
             vn_lender_relay_drop(l, s->index, s->start, done);
         }
@@ -279,7 +279,7 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
     if (nroutes > 0 && !routes_open(l, msg, &s, fds, token)) {
         return;
     }
-    ret = vn_client_set_irqs(l->client, s.flags, s.index, s.start, s.count,
+    ret = l->ops->set_irqs(l->device, s.flags, s.index, s.start, s.count,
                              data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
                              nroutes > 0 ? fds : NULL);
     /* The device server has its own copies now. */

@@ -3,9 +3,10 @@
  * lending-protocol requests, forwarded region accesses and DMA mappings of
  * the borrower's segments.  Interrupts are in lender-irq.c.
  *
- * The device is driven through the synchronous vfio-user client, so every
- * request is answered before the next one is looked at: the device sees the
- * borrower's requests in the order the borrower sent them.
+ * The device is driven through its backend's ops (backend.h), whose calls
+ * are synchronous, so every request is answered before the next one is
+ * looked at: the device sees the borrower's requests in the order the
+ * borrower sent them.
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -83,16 +84,19 @@ static void reply_ok(VnLender *l, uint64_t token)
 
 /* ---- life -------------------------------------------------------------- */
 
-VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_socket,
-                        GError **error)
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops,
+                        const char *where, GError **error)
 {
     g_autofree char *json = NULL;
     char checked[VN_MAX_DEVICE_NAME + 1];
     VnLender *l;
 
-    if (fab == NULL || name == NULL || device_socket == NULL || device_socket[0] == '\0') {
+    if (fab == NULL || name == NULL || where == NULL || where[0] == '\0') {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "lender: a fabric, a device name and a device socket are needed");
+                    "lender: a fabric, a device name and the device's place are needed");
+        return NULL;
+    }
+    if (!vn_backend_ops_valid(ops, error)) {
         return NULL;
     }
     /* The one place the name rules live is the protocol's decoder. */
@@ -107,7 +111,8 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_sock
     l->fab = fab;
     l->ctx = vn_fabric_backend_context(fab);
     l->name = g_strdup(name);
-    l->device_socket = g_strdup(device_socket);
+    l->ops = ops;
+    l->where = g_strdup(where);
     l->windows = g_ptr_array_new();
     l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
     return l;
@@ -200,8 +205,8 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
                        lw->w->size);
         goto unused;
     }
-    ret = vn_client_dma_map(l->client, m.iova, m.size, lw->w->offset + m.offset, m.prot,
-                            lw->w->fd);
+    ret = l->ops->dma_map(l->device, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset,
+                          m.prot);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
                        m.iova, g_strerror(-ret));
@@ -254,7 +259,7 @@ static void handle_dma_unmap(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     /* The device lets go first: once the borrower has our reply, nothing
      * of the lender's can reach that memory (vfio-user.rst: DMA_UNMAP). */
-    ret = vn_client_dma_unmap(l->client, u.all ? 0 : u.iova, u.all ? 0 : u.size, u.all);
+    ret = l->ops->dma_unmap(l->device, u.all ? 0 : u.iova, u.all ? 0 : u.size, u.all);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "DMA_UNMAP failed on the device: %s", g_strerror(-ret));
         return;
@@ -296,10 +301,10 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
     /* Not posted: the borrower waits for each answer anyway, and an error
      * must reach it. */
     if (r.write) {
-        ret = vn_client_region_write(l->client, r.region, r.offset, msg->data, r.count, false);
+        ret = l->ops->region_write(l->device, r.region, r.offset, msg->data, r.count);
     } else {
         buf = g_malloc(MAX(r.count, 1));
-        ret = vn_client_region_read(l->client, r.region, r.offset, buf, r.count);
+        ret = l->ops->region_read(l->device, r.region, r.offset, buf, r.count);
         if (ret >= 0 && (uint32_t)ret != r.count) {
             ret = -EIO;
         }
@@ -330,7 +335,9 @@ static void release(VnLender *l)
         }
     }
     vn_lender_relay_drop_all(l);
-    g_clear_pointer(&l->client, vn_client_free);
+    if (l->device != NULL) {
+        l->ops->close(g_steal_pointer(&l->device));
+    }
     memset(&l->dev, 0, sizeof(l->dev));
     g_clear_pointer(&l->borrower, g_free);
 }
@@ -349,21 +356,21 @@ static void fence(VnLender *l, const char *why)
         return;
     }
     g_info("lender %s: fencing %s (%s)", l->name, l->borrower, why);
-    if (l->client != NULL) {
-        ret = vn_client_dma_unmap(l->client, 0, 0, true);
+    if (l->device != NULL) {
+        ret = l->ops->dma_unmap(l->device, 0, 0, true);
         g_info("lender %s: fence: DMA unmapped (%u mappings): %s", l->name, l->maps->len,
                ret < 0 ? g_strerror(-ret) : "ok");
         for (uint32_t i = 0; i < l->dev.num_irqs; i++) {
             if (l->dev.irq_count[i] == 0) {
                 continue;
             }
-            ret = vn_client_set_irqs(l->client,
+            ret = l->ops->set_irqs(l->device,
                                      VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, i,
                                      0, 0, NULL, NULL);
             g_info("lender %s: fence: interrupts of index %u disabled: %s", l->name, i,
                    ret < 0 ? g_strerror(-ret) : "ok");
         }
-        ret = vn_client_reset(l->client);
+        ret = l->ops->reset(l->device);
         g_info("lender %s: fence: device reset: %s", l->name,
                ret < 0 ? g_strerror(-ret) : "ok");
     }
@@ -380,63 +387,10 @@ static void fence(VnLender *l, const char *why)
     }
     g_info("lender %s: fence: relay eventfds closed", l->name);
     vn_lender_relay_drop_all(l);
-    g_info("lender %s: fence: disconnecting from %s", l->name, l->device_socket);
+    g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
     release(l);
     l->stats.fences++;
     g_info("lender %s: free", l->name);
-}
-
-/*
- * Give the device's BARs addresses, as the lending host's firmware would.
- * The borrower keeps the guest's BAR writes to itself (the device's
- * addresses are the lender's business), but a server that decodes accesses
- * by address, such as QEMU's x-remote, ignores a BAR that has none.  The
- * addresses mean nothing outside the server, so each BAR simply gets its own
- * naturally aligned range.  Done at attach and after every reset (a reset
- * clears them).
- */
-static void assign_bars(VnLender *l)
-{
-    uint64_t next_mem = VN_LENDER_BAR_BASE, next_io = VN_LENDER_IO_BASE;
-
-    for (uint32_t i = VFIO_PCI_BAR0_REGION_INDEX;
-         i <= VFIO_PCI_BAR5_REGION_INDEX && i < l->dev.num_regions; i++) {
-        uint32_t reg = PCI_BASE_ADDRESS_0 + 4 * i, bar = 0, lo;
-        uint64_t size = l->dev.regions[i].size, addr;
-        bool is64;
-
-        /* BAR sizes are powers of two; anything else, or absurdly large, is left alone. */
-        if (size == 0 || (size & (size - 1)) != 0 || size > VN_LENDER_BAR_MAX ||
-            vn_client_region_read(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &bar, 4) != 4) {
-            continue;
-        }
-        bar = GUINT32_FROM_LE(bar);
-        if (bar & PCI_BASE_ADDRESS_SPACE_IO) {
-            if (size > 0x10000) {
-                continue;
-            }
-            addr = (next_io + size - 1) & ~(size - 1);
-            next_io = addr + size;
-            lo = GUINT32_TO_LE((uint32_t)addr);
-            vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &lo, 4, false);
-            continue;
-        }
-        is64 = (bar & PCI_BASE_ADDRESS_MEM_TYPE_MASK) == PCI_BASE_ADDRESS_MEM_TYPE_64;
-        addr = (next_mem + size - 1) & ~(size - 1);
-        if (!is64 && addr + size > (1ull << 32)) {
-            continue;
-        }
-        next_mem = addr + size;
-        lo = GUINT32_TO_LE((uint32_t)addr);
-        vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg, &lo, 4, false);
-        if (is64 && i < VFIO_PCI_BAR5_REGION_INDEX) {
-            uint32_t hi = GUINT32_TO_LE((uint32_t)(addr >> 32));
-
-            vn_client_region_write(l->client, VFIO_PCI_CONFIG_REGION_INDEX, reg + 4, &hi, 4,
-                                   false);
-            i++;
-        }
-    }
 }
 
 /* Describe region @i and export it when it can be mapped. */
@@ -450,7 +404,7 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoReg
     int fd = -1;
     int ret;
 
-    ret = vn_client_get_region_info(l->client, i, &ri, &fd, areas, VN_MAX_SPARSE_AREAS, &nr);
+    ret = l->ops->get_region_info(l->device, i, &ri, &fd, areas, VN_MAX_SPARSE_AREAS, &nr);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
                     "region %u info: %s", i, g_strerror(-ret));
@@ -494,49 +448,47 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoReg
 }
 
 /*
- * The device server stalled: a command got no answer in time, or an answer
- * came after that (the client dropped it, so later commands get their own).
+ * The device stalled: a command got no answer in time, or an answer came
+ * after that (the backend dropped it, so later commands get their own).
  * Logged at the default level and kept for ntbctl show: a stall is what an
  * operator needs to see to tell a slow device server from a broken fabric.
  */
-static void on_device_stall(void *opaque, VnClientEvent ev, uint16_t cmd, uint64_t ms)
+static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
 {
     VnLender *l = opaque;
     g_autoptr(GDateTime) now = g_date_time_new_now_local();
     g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
-    const char *what = vn_wire_cmd_to_string(cmd);
 
-    if (ev == VN_CLIENT_TIMED_OUT) {
+    if (ev == VN_BACKEND_TIMED_OUT) {
         l->stats.device_timeouts++;
         g_warning("lender %s: device server %s did not answer %s within %" PRIu64
-                  " ms; the borrower's request failed", l->name, l->device_socket, what, ms);
+                  " ms; the borrower's request failed", l->name, l->where, what, ms);
         g_snprintf(l->last_stall, sizeof(l->last_stall), "%s: %s not answered within %" PRIu64
                    " ms", at, what, ms);
     } else {
         l->stats.device_late++;
         g_warning("lender %s: device server %s answered %s %" PRIu64
                   " ms after it was sent; that late answer was dropped", l->name,
-                  l->device_socket, what, ms);
+                  l->where, what, ms);
         g_snprintf(l->last_stall, sizeof(l->last_stall),
                    "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)",
                    at, what, ms);
     }
 }
 
-/* Connect to the device server and describe the device for @peer. */
+/* Open the device and describe it for @peer. */
 static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error)
 {
     VnWireDeviceInfo info;
     int ret;
 
-    l->client = vn_client_connect(l->device_socket, VN_LENDER_DEVICE_TIMEOUT_MS, error);
-    if (l->client == NULL) {
+    l->device = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
+    if (l->device == NULL) {
         return false;
     }
-    vn_client_set_observer(l->client, on_device_stall, l);
     l->borrower = g_strdup(peer);
     l->irq_mode = mode;
-    ret = vn_client_get_info(l->client, &info);
+    ret = l->ops->get_info(l->device, &info);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "device info: %s",
                     g_strerror(-ret));
@@ -559,7 +511,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
     for (uint32_t i = 0; i < info.num_irqs; i++) {
         struct vfio_irq_info ii;
 
-        ret = vn_client_get_irq_info(l->client, i, &ii);
+        ret = l->ops->get_irq_info(l->device, i, &ii);
         if (ret < 0 || ii.count > VN_MAX_IRQ_VECTORS) {
             ret = ret < 0 ? ret : -EPROTO;
             g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
@@ -570,7 +522,6 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
         l->dev.irq_flags[i] = ii.flags;
     }
     l->dev.num_irqs = info.num_irqs;
-    assign_bars(l);
     return true;
 }
 
@@ -652,13 +603,12 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_set_irqs(l, msg, token);
         break;
     case VN_PROTO_RESET: {
-        int ret = vn_client_reset(l->client);
+        int ret = l->ops->reset(l->device);
 
         if (ret < 0) {
             vn_lender_fail(l, token, ret, "reset failed on the device: %s", g_strerror(-ret));
         } else {
             l->stats.resets++;
-            assign_bars(l);
             reply_ok(l, token);
         }
         break;
@@ -686,7 +636,7 @@ void vn_lender_free(VnLender *l)
     g_ptr_array_unref(l->windows);
     g_array_unref(l->maps);
     g_free(l->name);
-    g_free(l->device_socket);
+    g_free(l->where);
     g_free(l);
 }
 
@@ -696,20 +646,14 @@ void vn_lender_stats(VnLender *l, VnLenderStats *out)
 {
     *out = l->stats;
     out->windows = l->windows->len;
-    out->device_stalled = false;
-    if (l->client != NULL) {
-        VnClientStats cs;
-
-        vn_client_stats(l->client, &cs);
-        out->device_stalled = cs.stalled;
-    }
+    out->device_stalled = l->device != NULL && l->ops->stalled(l->device);
 }
 
 const char *vn_lender_device_state(VnLender *l)
 {
     VnLenderStats st;
 
-    if (l->client == NULL) {
+    if (l->device == NULL) {
         return "not connected";
     }
     vn_lender_stats(l, &st);

@@ -34,6 +34,7 @@
 #define VN_LENDER_H
 
 #include "fabric/fabric.h"
+#include "lending/backend.h"
 #include "proto.h"
 
 #include <glib.h>
@@ -59,11 +60,12 @@ typedef struct VnLenderStats {
 } VnLenderStats;
 
 /*
- * Lend device @name (proto.h name rules) whose vfio-user server listens on
- * @device_socket.  Nothing connects until a borrower attaches.
+ * Lend device @name (proto.h name rules), reached through backend @ops
+ * (backend.h, checked here) at @where (a vfio-user socket, ...).  Nothing
+ * opens it until a borrower attaches.
  */
-VnLender *vn_lender_new(VnFabric *fab, const char *name, const char *device_socket,
-                        GError **error);
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops,
+                        const char *where, GError **error);
 /* Fences first if a borrower holds the device. */
 void vn_lender_free(VnLender *l);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnLender, vn_lender_free)

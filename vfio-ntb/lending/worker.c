@@ -93,14 +93,18 @@ static char *on_command(void *opaque, const char *name, GError **error)
 int main(int argc, char **argv)
 {
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
-    g_autofree char *control = NULL;
+    g_autofree char *control = NULL, *backend = NULL, *at = NULL;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
           "PATH" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lent device's name", "NAME" },
+        { "backend", 0, 0, G_OPTION_ARG_STRING, &backend,
+          "how the device is reached (default vfio-user)", "NAME" },
+        { "device-at", 0, 0, G_OPTION_ARG_FILENAME, &at,
+          "where the backend finds the device (vfio-user: the server's socket)", "PLACE" },
         { "device-socket", 0, 0, G_OPTION_ARG_FILENAME, &dsock,
-          "the device server's vfio-user socket", "PATH" },
+          "the same as --backend=vfio-user --device-at=PATH", "PATH" },
         { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
           "PATH" },
         G_OPTION_ENTRY_NULL,
@@ -110,15 +114,24 @@ int main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
+    const VnBackendOps *ops;
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }
-    if (port == NULL || node == NULL || device == NULL || dsock == NULL) {
-        fprintf(stderr, "vfio-ntb-lender: --port, --node, --device and --device-socket are "
+    if (dsock != NULL && (at != NULL || (backend != NULL && strcmp(backend, "vfio-user")))) {
+        fprintf(stderr, "vfio-ntb-lender: --device-socket is a vfio-user --device-at\n");
+        return 2;
+    }
+    if (port == NULL || node == NULL || device == NULL || (at == NULL && dsock == NULL)) {
+        fprintf(stderr, "vfio-ntb-lender: --port, --node, --device and --device-at are "
                         "required\n");
+        return 2;
+    }
+    if ((ops = vn_backend_find(backend != NULL ? backend : "vfio-user", &error)) == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -129,7 +142,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 1;
     }
-    w.l = vn_lender_new(w.fab, device, dsock, &error);
+    w.l = vn_lender_new(w.fab, device, ops, at != NULL ? at : dsock, &error);
     if (w.l == NULL) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         vn_fabric_close(w.fab);

@@ -1,0 +1,209 @@
+/*
+ * Unit tests of the seam between a lender and its device
+ * (vfio-ntb/lending/backend.[ch]): a backend's table is checked when it is
+ * chosen, backends are found by name, and the lender reaches its device
+ * through the table alone -- here a spy that forwards to vfio-user and
+ * counts, under the lender rig's borrower, lender and device server.
+ */
+#include "lender-rig.h"
+
+#include "check-main.h"
+
+/* Calls the lender made through the spy, by op. */
+static struct {
+    gint open, close, get_info, region_info, irq_info, set_irqs, read, write, map, unmap,
+        reset, stalled;
+} calls;
+
+static void *spy_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
+                      void *opaque, GError **error)
+{
+    g_atomic_int_inc(&calls.open);
+    return vn_backend_vfio_user.open(where, timeout_ms, stall, opaque, error);
+}
+
+static void spy_close(void *dev)
+{
+    g_atomic_int_inc(&calls.close);
+    vn_backend_vfio_user.close(dev);
+}
+
+static int spy_get_info(void *dev, VnWireDeviceInfo *info)
+{
+    g_atomic_int_inc(&calls.get_info);
+    return vn_backend_vfio_user.get_info(dev, info);
+}
+
+static int spy_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info,
+                               int *fd, struct vfio_region_sparse_mmap_area *sparse,
+                               uint32_t max_sparse, uint32_t *nr_sparse)
+{
+    g_atomic_int_inc(&calls.region_info);
+    return vn_backend_vfio_user.get_region_info(dev, index, info, fd, sparse, max_sparse,
+                                                nr_sparse);
+}
+
+static int spy_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *info)
+{
+    g_atomic_int_inc(&calls.irq_info);
+    return vn_backend_vfio_user.get_irq_info(dev, index, info);
+}
+
+static int spy_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start,
+                        uint32_t count, const uint8_t *bools, const int *fds)
+{
+    g_atomic_int_inc(&calls.set_irqs);
+    return vn_backend_vfio_user.set_irqs(dev, flags, index, start, count, bools, fds);
+}
+
+static int spy_read(void *dev, uint32_t region, uint64_t offset, void *buf, uint32_t count)
+{
+    g_atomic_int_inc(&calls.read);
+    return vn_backend_vfio_user.region_read(dev, region, offset, buf, count);
+}
+
+static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *buf,
+                     uint32_t count)
+{
+    g_atomic_int_inc(&calls.write);
+    return vn_backend_vfio_user.region_write(dev, region, offset, buf, count);
+}
+
+static int spy_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+                   uint32_t prot)
+{
+    g_atomic_int_inc(&calls.map);
+    return vn_backend_vfio_user.dma_map(dev, iova, size, fd, offset, prot);
+}
+
+static int spy_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
+{
+    g_atomic_int_inc(&calls.unmap);
+    return vn_backend_vfio_user.dma_unmap(dev, iova, size, all);
+}
+
+static int spy_reset(void *dev)
+{
+    g_atomic_int_inc(&calls.reset);
+    return vn_backend_vfio_user.reset(dev);
+}
+
+static bool spy_stalled(void *dev)
+{
+    g_atomic_int_inc(&calls.stalled);
+    return vn_backend_vfio_user.stalled(dev);
+}
+
+static const VnBackendOps spy = {
+    .name = "spy",
+    .open = spy_open,
+    .close = spy_close,
+    .get_info = spy_get_info,
+    .get_region_info = spy_get_region_info,
+    .get_irq_info = spy_get_irq_info,
+    .set_irqs = spy_set_irqs,
+    .region_read = spy_read,
+    .region_write = spy_write,
+    .dma_map = spy_map,
+    .dma_unmap = spy_unmap,
+    .reset = spy_reset,
+    .stalled = spy_stalled,
+};
+
+static void spy_setup(void)
+{
+    memset(&calls, 0, sizeof(calls));
+    rig_backend = &spy;
+    setup();
+}
+
+/* Each kind of request reaches the device through the table, and what the
+ * device did is what the borrower sees. */
+START_TEST(test_lender_uses_only_the_table)
+{
+    Borrower *b = borrower(0);
+    Mem m = mem_export(b, "lender");
+    uint32_t v = 0x5eed5eed;
+    uint8_t buf[8];
+    int before;
+    Snap s;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(g_atomic_int_get(&calls.open), 1);
+    ck_assert_int_ge(g_atomic_int_get(&calls.get_info), 1);
+    ck_assert_int_ge(g_atomic_int_get(&calls.region_info), 2);
+    ck_assert_int_ge(g_atomic_int_get(&calls.irq_info), 1);
+
+    before = g_atomic_int_get(&calls.write);
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &v, 4, true), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.write), before + 1);
+    ck_assert_int_eq(memcmp(rig.fake.cfg + 0x40, &v, 4), 0);
+    memcpy(rig.fake.bar + 0x80, "via spy!", 8);
+    before = g_atomic_int_get(&calls.read);
+    ck_assert_int_eq(region_rw(b, 0, 0x80, buf, 8, false), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.read), before + 1);
+    ck_assert_int_eq(memcmp(buf, "via spy!", 8), 0);
+
+    ck_assert_int_eq(dma_map(b, 0x100000, 4096, m.segment, 0), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.map), 1);
+    ck_assert_uint_eq(device_dma_count(), 1);
+    ck_assert_int_eq(dma_unmap(b, 0x100000, 4096, false), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.unmap), 1);
+    ck_assert_uint_eq(device_dma_count(), 0);
+
+    ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0), 0);
+    ck_assert_int_ge(g_atomic_int_get(&calls.set_irqs), 1);
+    ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.reset), 1);
+    s = snap();                 /* the counters ask whether the device answers */
+    ck_assert_int_ge(g_atomic_int_get(&calls.stalled), 1);
+    snap_clear(&s);
+
+    ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
+    ck_assert_int_eq(g_atomic_int_get(&calls.close), 1);
+    mem_free(&m);
+}
+END_TEST
+
+/* A table with a hole is refused when the lender is made, naming the hole;
+ * a backend is found by name, an unknown one refused with the known ones. */
+START_TEST(test_tables_checked)
+{
+    VnBackendOps holed = spy;
+    g_autoptr(GError) error = NULL;
+
+    ck_assert(vn_backend_ops_valid(&vn_backend_vfio_user, NULL));
+    ck_assert(vn_backend_ops_valid(&spy, NULL));
+    holed.dma_unmap = NULL;
+    ck_assert(!vn_backend_ops_valid(&holed, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "dma_unmap"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_lender_new(rig.lfab, "other", &holed, rig.sock, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "spy"));
+    g_clear_error(&error);
+    ck_assert(!vn_backend_ops_valid(NULL, NULL));
+
+    ck_assert_ptr_eq(vn_backend_find("vfio-user", NULL), &vn_backend_vfio_user);
+    ck_assert_ptr_null(vn_backend_find("vfio-pci-please", &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "known: vfio-user"));
+}
+END_TEST
+
+static Suite *backend_suite(void)
+{
+    Suite *s = suite_create("backend");
+    TCase *tc = tcase_create("backend");
+
+    tcase_add_checked_fixture(tc, spy_setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_lender_uses_only_the_table);
+    tcase_add_test(tc, test_tables_checked);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(backend_suite());
+}

@@ -1,0 +1,82 @@
+/*
+ * The seam between a lender and the device it lends.  The lender reaches
+ * its device only through a VnBackendOps table, checked when it is chosen:
+ *
+ *   vfio-user  a device some vfio-user server serves (our simulated NVMe,
+ *              QEMU's x-remote), reached through its socket
+ *              (backend-vfio-user.c)
+ *
+ * The calls are VFIO's device uAPI, as the vfio-user protocol carries it
+ * (linux/vfio.h structs, VFIO_PCI_*_INDEX regions and interrupt indexes),
+ * so nothing above the seam knows which backend drives the device.  The
+ * backend is a peer like any other (a device server, a device): what it
+ * answers is checked by the lender before it reaches the borrower.
+ *
+ * Errors: -errno (-ETIMEDOUT when the device gave no answer within the
+ * timeout it was opened with).  Threads: one thread at a time.
+ */
+#ifndef VN_BACKEND_H
+#define VN_BACKEND_H
+
+#include "vfio-user/wire.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum VnBackendStall {
+    VN_BACKEND_TIMED_OUT,        /* @ms: the timeout */
+    VN_BACKEND_LATE_ANSWER,      /* @ms: how long after the command its answer came */
+} VnBackendStall;
+
+/* A command to the device (@what names it) stalled; told from inside the
+ * call that saw it. */
+typedef void (*VnBackendStallFn)(void *opaque, VnBackendStall ev, const char *what, uint64_t ms);
+
+typedef struct VnBackendOps {
+    const char *name;
+    /*
+     * Reach the device @where names (what it is depends on the backend: a
+     * socket path for vfio-user) and make it ready to be described; every
+     * command answers within @timeout_ms.  @stall (may be NULL) hears of
+     * commands that did not.  The device, or NULL with @error.
+     */
+    void *(*open)(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
+                  void *opaque, GError **error);
+    void (*close)(void *dev);
+    int (*get_info)(void *dev, VnWireDeviceInfo *info);
+    /* *fd: the region's mmap fd or -1 (the caller owns it); up to
+     * @max_sparse sparse areas, their number in *nr_sparse. */
+    int (*get_region_info)(void *dev, uint32_t index, struct vfio_region_info *info, int *fd,
+                           struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                           uint32_t *nr_sparse);
+    int (*get_irq_info)(void *dev, uint32_t index, struct vfio_irq_info *info);
+    /* @fds (borrowed): count eventfds for DATA_EVENTFD, else NULL. */
+    int (*set_irqs)(void *dev, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                    const uint8_t *bools, const int *fds);
+    /* Bytes read or written, or -errno. */
+    int (*region_read)(void *dev, uint32_t region, uint64_t offset, void *buf, uint32_t count);
+    int (*region_write)(void *dev, uint32_t region, uint64_t offset, const void *buf,
+                        uint32_t count);
+    /* Guest memory at @iova for the device: @size bytes of @fd (borrowed)
+     * from @offset. */
+    int (*dma_map)(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+                   uint32_t prot);
+    int (*dma_unmap)(void *dev, uint64_t iova, uint64_t size, bool all);
+    /* The device as it came out of its reset, ready to be described again. */
+    int (*reset)(void *dev);
+    /* Its last command got no answer (nothing answered since). */
+    bool (*stalled)(void *dev);
+} VnBackendOps;
+
+extern const VnBackendOps vn_backend_vfio_user;
+/* Where vfio-user gives a server's first memory BAR its address (a server
+ * is not a host: nothing else would; backend-vfio-user.c). */
+#define VN_BACKEND_VFIO_USER_BAR_BASE 0xc0000000ull
+
+/* Every member is there; false with @error naming what is missing. */
+bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error);
+/* The backend called @name, or NULL with @error listing the known ones. */
+const VnBackendOps *vn_backend_find(const char *name, GError **error);
+
+#endif /* VN_BACKEND_H */
