@@ -3,7 +3,8 @@
  * (vfio-ntb/lending/backend.[ch]): a backend's table is checked when it is
  * chosen, backends are found by name, and the lender reaches its device
  * through the table alone -- here a spy that forwards to vfio-user and
- * counts, under the lender rig's borrower, lender and device server.
+ * counts, under the lender rig's borrower, lender and device server; and
+ * the vfio backend's refusals (its devices need a host with an IOMMU).
  */
 #include "lender-rig.h"
 
@@ -190,6 +191,35 @@ START_TEST(test_tables_checked)
 }
 END_TEST
 
+/* The vfio backend refuses what it cannot lend, saying why: a malformed
+ * address, a function this host does not have, one in no IOMMU group
+ * (this machine has PCI functions and no IOMMU). */
+START_TEST(test_vfio_refusals)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GDir) dir = g_dir_open("/sys/bus/pci/devices", 0, NULL);
+    const char *some = dir != NULL ? g_dir_read_name(dir) : NULL;
+
+    ck_assert(vn_backend_ops_valid(&vn_backend_vfio, NULL));
+    ck_assert_ptr_eq(vn_backend_find("vfio", NULL), &vn_backend_vfio);
+    ck_assert_ptr_null(vn_backend_vfio.open("0000:00:1f.8", 1000, NULL, NULL, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "not a PCI address"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_backend_vfio.open("00:1f.0", 1000, NULL, NULL, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "not a PCI address"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_backend_vfio.open("0000:7f:1f.7", 1000, NULL, NULL, &error));
+    ck_assert_msg(strstr(error->message, "no PCI function 0000:7f:1f.7") != NULL, "%s",
+                  error->message);
+    g_clear_error(&error);
+    if (some != NULL && !g_file_test("/sys/kernel/iommu_groups/0", G_FILE_TEST_EXISTS)) {
+        ck_assert_ptr_null(vn_backend_vfio.open(some, 1000, NULL, NULL, &error));
+        ck_assert_msg(strstr(error->message, "in no IOMMU group") != NULL, "%s",
+                      error->message);
+    }
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -199,6 +229,7 @@ static Suite *backend_suite(void)
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_lender_uses_only_the_table);
     tcase_add_test(tc, test_tables_checked);
+    tcase_add_test(tc, test_vfio_refusals);
     suite_add_tcase(s, tc);
     return s;
 }

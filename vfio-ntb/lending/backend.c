@@ -11,6 +11,7 @@
 
 static const VnBackendOps *const backends[] = {
     &vn_backend_vfio_user,
+    &vn_backend_vfio,
 };
 
 bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error)

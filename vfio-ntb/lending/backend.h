@@ -5,6 +5,9 @@
  *   vfio-user  a device some vfio-user server serves (our simulated NVMe,
  *              QEMU's x-remote), reached through its socket
  *              (backend-vfio-user.c)
+ *   vfio       a PCI function of this host bound to vfio-pci, reached
+ *              through Linux VFIO (type1) at its address DDDD:BB:DD.F
+ *              (backend-vfio.c)
  *
  * The calls are VFIO's device uAPI, as the vfio-user protocol carries it
  * (linux/vfio.h structs, VFIO_PCI_*_INDEX regions and interrupt indexes),
@@ -70,6 +73,7 @@ typedef struct VnBackendOps {
 } VnBackendOps;
 
 extern const VnBackendOps vn_backend_vfio_user;
+extern const VnBackendOps vn_backend_vfio;
 /* Where vfio-user gives a server's first memory BAR its address (a server
  * is not a host: nothing else would; backend-vfio-user.c). */
 #define VN_BACKEND_VFIO_USER_BAR_BASE 0xc0000000ull
