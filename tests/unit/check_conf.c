@@ -128,7 +128,7 @@ static const struct {
     { NODE "stats-file = s.json\n", "stats-file" },
     { NODE "control-socket = c.sock\n", "control-socket must be an absolute path" },
     { NODE "control-socket = " LONG_SOCK "\n", "at most 107 bytes" },
-    { NODE "[lend n]\nallow = *\n", "\"socket\" is required" },
+    { NODE "[lend n]\nallow = *\n", "\"socket\" (a vfio-user server's) or \"pci\"" },
     { NODE "[lend n]\nsocket = /s\n", "\"allow\" is required" },
     { NODE "[lend n]\nsocket = /s\nallow = hostb;Bad Node\n", "\"Bad Node\" is not a node name" },
     { NODE "[lend n]\nsocket = s.sock\nallow = *\n", "[lend n]: the device server's socket" },
@@ -195,15 +195,49 @@ START_TEST(test_runtime_lend)
     const char *ok[] = { "hostb", NULL };
     const char *none[] = { NULL };
     g_autoptr(GError) error = NULL;
-    VnLendConf *l = vn_conf_lend_new("nvme0", "/run/n.sock", ok, &error);
+    VnLendConf *l = vn_conf_lend_new("nvme0", "/run/n.sock", NULL, ok, &error);
 
     ck_assert_ptr_nonnull(l);
     ck_assert(l->runtime);
     ck_assert(vn_lend_conf_allows(l, "hostb"));
     vn_conf_lend_free(l);
-    ck_assert_ptr_null(vn_conf_lend_new("nv me0", "/run/n.sock", ok, NULL));
-    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "n.sock", ok, NULL));
-    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "/run/n.sock", none, NULL));
+    ck_assert_ptr_null(vn_conf_lend_new("nv me0", "/run/n.sock", NULL, ok, NULL));
+    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "n.sock", NULL, ok, NULL));
+    ck_assert_ptr_null(vn_conf_lend_new("nvme0", "/run/n.sock", NULL, none, NULL));
+}
+END_TEST
+
+/* A PCI function of this host is lent through VFIO: `pci = DDDD:BB:DD.F`,
+ * instead of a socket, never with one. */
+START_TEST(test_lend_pci)
+{
+    g_autoptr(GError) error = NULL;
+    VnConfig *c = vn_conf_parse("[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n"
+                                "[lend gpu0]\npci = 0000:3b:00.1\nallow = hostb\n", &error);
+    const char *ok[] = { "hostb", NULL };
+    const char *malformed[] = { "3b:00.1", "0000:3B:00.1", "0000:3b:00.8", "0000:3b:20.0",
+                          "0000-3b-00.1", "0000:3b:00.10" };
+    VnLendConf *l;
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    l = c->lends->pdata[0];
+    ck_assert_str_eq(l->pci, "0000:3b:00.1");
+    ck_assert_ptr_null(l->socket);
+    ck_assert_str_eq(vn_conf_lend_backend(l), "vfio");
+    ck_assert_str_eq(vn_conf_lend_where(l), "0000:3b:00.1");
+    vn_conf_free(c);
+    for (size_t i = 0; i < G_N_ELEMENTS(malformed); i++) {
+        ck_assert_msg(vn_conf_lend_new("gpu0", NULL, malformed[i], ok, &error) == NULL, "%s",
+                      malformed[i]);
+        ck_assert_ptr_nonnull(strstr(error->message, "not a PCI address"));
+        g_clear_error(&error);
+    }
+    ck_assert_ptr_null(vn_conf_lend_new("gpu0", "/run/g.sock", "0000:3b:00.1", ok, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "not both"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_conf_parse("[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n"
+                                     "[lend gpu0]\nallow = hostb\n", &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "\"pci\""));
 }
 END_TEST
 
@@ -217,6 +251,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_everything);
     tcase_add_test(tc, test_runtime_lend);
+    tcase_add_test(tc, test_lend_pci);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("refused");

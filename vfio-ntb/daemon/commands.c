@@ -624,15 +624,17 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     const char *name = vn_util_json_string(a, "name");
     const char *socket = vn_util_json_string(a, "socket");
+    const char *pci = vn_util_json_string(a, "pci");
     JsonNode *an = json_object_get_member(a, "allow");
     g_autoptr(GPtrArray) allow = g_ptr_array_new();
     g_autoptr(GError) error = NULL;
     VnLocalDevice *ld;
     VnLendConf *lc;
 
-    if (name == NULL || socket == NULL || an == NULL) {
+    if (name == NULL || (socket == NULL && pci == NULL) || an == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "lend needs \"name\", \"socket\" (the device "
-                         "server's) and \"allow\" (node names, or [\"*\"])");
+                         "server's) or \"pci\" (a function of this host), and \"allow\" "
+                         "(node names, or [\"*\"])");
         return;
     }
     if (!JSON_NODE_HOLDS_ARRAY(an) || json_array_get_length(json_node_get_array(an)) > 256) {
@@ -665,7 +667,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          VN_CONF_MAX_DEVICES);
         return;
     }
-    lc = vn_conf_lend_new(name, socket, (const char *const *)allow->pdata, &error);
+    lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &error);
     if (lc == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "lend: %s", error->message);
         return;
@@ -730,7 +732,7 @@ static const Command commands[] = {
     { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
     { "unplug", cmd_unplug, { "device", NULL } },
-    { "lend", cmd_lend, { "name", "socket", "allow", NULL } },
+    { "lend", cmd_lend, { "name", "socket", "pci", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { NULL } },
 };

@@ -8,6 +8,7 @@
 #include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
+#include "lending/backend.h"
 
 #include <gio/gio.h>
 #include <string.h>
@@ -27,8 +28,18 @@ void vn_conf_lend_free(VnLendConf *l)
     lend_free(l);
 }
 
-VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *const *allow,
-                             GError **error)
+const char *vn_conf_lend_backend(const VnLendConf *l)
+{
+    return l->pci != NULL ? "vfio" : "vfio-user";
+}
+
+const char *vn_conf_lend_where(const VnLendConf *l)
+{
+    return l->pci != NULL ? l->pci : l->socket;
+}
+
+VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *pci,
+                             const char *const *allow, GError **error)
 {
     VnLendConf *l;
 
@@ -37,10 +48,22 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *c
                     "a device name is %s", vn_name_rule(VN_NAME_DEVICE));
         return NULL;
     }
-    if (!socket_path_ok(socket)) {
+    if ((socket == NULL) == (pci == NULL)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "a lent device has a \"socket\" (its vfio-user server) or a \"pci\" "
+                    "address (a function of this host), not both");
+        return NULL;
+    }
+    if (socket != NULL && !socket_path_ok(socket)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "the device server's socket must be an absolute path (at most %d bytes)",
                     VN_CONF_MAX_SOCKET_PATH);
+        return NULL;
+    }
+    if (pci != NULL && !vn_backend_vfio_address_ok(pci)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "pci = \"%.40s\" is not a PCI address: DDDD:BB:DD.F in lower-case hex, "
+                    "as lspci -D shows it", pci);
         return NULL;
     }
     if (allow == NULL || allow[0] == NULL ||
@@ -59,6 +82,7 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *c
     l = g_new0(VnLendConf, 1);
     l->name = g_strdup(name);
     l->socket = g_strdup(socket);
+    l->pci = g_strdup(pci);
     l->allow = g_strdupv((char **)allow);
     l->runtime = true;
     return l;
@@ -70,6 +94,7 @@ static void lend_free(gpointer p)
 
     g_free(l->name);
     g_free(l->socket);
+    g_free(l->pci);
     g_strfreev(l->allow);
     g_free(l);
 }
@@ -134,14 +159,21 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
 
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "socket", "allow", NULL };
-    g_autofree char *socket = NULL;
+    static const char *const known[] = { "socket", "pci", "allow", NULL };
+    g_autofree char *socket = NULL, *pci = NULL;
     g_auto(GStrv) allow = NULL;
     VnLendConf *l;
     gsize n = 0;
 
-    if (!keys_known(kf, group, known, error) ||
-        (socket = need(kf, group, "socket", error)) == NULL) {
+    if (!keys_known(kf, group, known, error)) {
+        return false;
+    }
+    socket = g_key_file_get_string(kf, group, "socket", NULL);
+    pci = g_key_file_get_string(kf, group, "pci", NULL);
+    if (socket == NULL && pci == NULL) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+                    "[%s]: \"socket\" (a vfio-user server's) or \"pci\" (a function of "
+                    "this host, DDDD:BB:DD.F) is required", group);
         return false;
     }
     /* Who may borrow is a decision, not a default: say it. */
@@ -156,7 +188,8 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
         g_strstrip(allow[i]);
     }
     /* The same checks as a device lent at run time (`ntbctl lend`). */
-    l = vn_conf_lend_new(group + strlen("lend "), socket, (const char *const *)allow, error);
+    l = vn_conf_lend_new(group + strlen("lend "), socket, pci, (const char *const *)allow,
+                         error);
     if (l == NULL) {
         g_prefix_error(error, "[%s]: ", group);
         return false;

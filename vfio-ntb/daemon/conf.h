@@ -46,15 +46,21 @@
 
 typedef struct VnLendConf {
     char *name;
-    char *socket;
+    char *socket;               /* a vfio-user server's, or NULL ... */
+    char *pci;                  /* ... a function of this host, through VFIO */
     GStrv allow;                 /* node names, or the single entry "*" */
     bool runtime;                /* added with `lend`, persisted in the state file */
 } VnLendConf;
 
-/* A lendable device added at run time; NULL with @error for a bad name,
- * a relative socket path or a bad access list. */
-VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *const *allow,
-                             GError **error);
+/* A lendable device added at run time, served by a vfio-user server on
+ * @socket or a PCI function @pci of this host (exactly one of them); NULL
+ * with @error for a bad name, a relative socket path, a malformed PCI
+ * address or a bad access list. */
+VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *pci,
+                             const char *const *allow, GError **error);
+/* The backend that reaches it (lending/backend.h) and what it opens. */
+const char *vn_conf_lend_backend(const VnLendConf *l);
+const char *vn_conf_lend_where(const VnLendConf *l);
 void vn_conf_lend_free(VnLendConf *l);
 
 /* True when @node may borrow the device. */

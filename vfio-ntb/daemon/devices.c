@@ -71,7 +71,8 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     }
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
-    g_message("node %s: lending %s (device server %s)", d->conf->node, lc->name, lc->socket);
+    g_message("node %s: lending %s (%s %s)", d->conf->node, lc->name,
+              lc->pci != NULL ? "PCI function" : "device server", vn_conf_lend_where(lc));
     return ld;
 }
 

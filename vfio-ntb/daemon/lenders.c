@@ -83,8 +83,8 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     g_ptr_array_add(argv, g_strdup_printf("--port=%s", ld->port_path));
     g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", ld->conf->name));
-    g_ptr_array_add(argv, g_strdup("--backend=vfio-user"));
-    g_ptr_array_add(argv, g_strdup_printf("--device-at=%s", ld->conf->socket));
+    g_ptr_array_add(argv, g_strdup_printf("--backend=%s", vn_conf_lend_backend(ld->conf)));
+    g_ptr_array_add(argv, g_strdup_printf("--device-at=%s", vn_conf_lend_where(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", ld->channel_path));
     g_ptr_array_add(argv, NULL);
     if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,

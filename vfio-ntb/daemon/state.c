@@ -50,8 +50,8 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "name");
         json_builder_add_string_value(b, lc->name);
-        json_builder_set_member_name(b, "socket");
-        json_builder_add_string_value(b, lc->socket);
+        json_builder_set_member_name(b, lc->pci != NULL ? "pci" : "socket");
+        json_builder_add_string_value(b, vn_conf_lend_where(lc));
         json_builder_set_member_name(b, "allow");
         json_builder_begin_array(b);
         for (char **a = lc->allow; *a != NULL; a++) {
@@ -245,13 +245,14 @@ bool vn_state_load(VnDaemon *d, GError **error)
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         g_autoptr(GPtrArray) allow = g_ptr_array_new();
         g_autoptr(GError) local = NULL;
-        const char *name, *socket;
+        const char *name, *socket = NULL, *pci = NULL;
         JsonNode *an;
         VnLendConf *lc;
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            !(socket = vn_util_json_string(json_node_get_object(e), "socket")) ||
+            (!(socket = vn_util_json_string(json_node_get_object(e), "socket")) &&
+             !(pci = vn_util_json_string(json_node_get_object(e), "pci"))) ||
             vn_devices_local(d, name) != NULL ||
             !(an = json_object_get_member(json_node_get_object(e), "allow")) ||
             !JSON_NODE_HOLDS_ARRAY(an)) {
@@ -265,7 +266,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
             }
         }
         g_ptr_array_add(allow, NULL);
-        lc = vn_conf_lend_new(name, socket, (const char *const *)allow->pdata, &local);
+        lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &local);
         if (lc == NULL) {
             g_message("node %s: state file: lendable %s skipped: %s", d->conf->node, name,
                       local->message);

@@ -55,14 +55,15 @@ typedef struct Vfio {
     GArray *maps;               /* VfioMap */
 } Vfio;
 
-/* DDDD:BB:DD.F, lower-case hex, as sysfs names it. */
-static bool bdf_valid(const char *s)
+bool vn_backend_vfio_address_ok(const char *s)
 {
     unsigned dom, bus, dev, fn;
     char tail;
 
-    return strlen(s) == 12 && sscanf(s, "%4x:%2x:%2x.%1x%c", &dom, &bus, &dev, &fn, &tail) == 4 &&
-           dev < 32 && fn < 8 && strspn(s, "0123456789abcdef:.") == 12;
+    return s != NULL && strlen(s) == 12 &&
+           sscanf(s, "%4x:%2x:%2x.%1x%c", &dom, &bus, &dev, &fn, &tail) == 4 && dev < 32 &&
+           fn < 8 && strspn(s, "0123456789abcdef:.") == 12 && s[4] == ':' && s[7] == ':' &&
+           s[10] == '.';
 }
 
 static int group_of(const char *bdf, GError **error)
@@ -147,7 +148,7 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
     Vfio *v;
     int n;
 
-    if (where == NULL || !bdf_valid(where)) {
+    if (!vn_backend_vfio_address_ok(where)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "\"%.40s\" is not a PCI address (DDDD:BB:DD.F, lower-case hex)",
                     where != NULL ? where : "(null)");
@@ -256,6 +257,12 @@ static int vfio_get_region_info(void *dev, uint32_t index, struct vfio_region_in
     if (index >= VFIO_PCI_NUM_REGIONS) {
         return -EINVAL;
     }
+    if (index == VFIO_PCI_VGA_REGION_INDEX) {
+        /* VGA ranges are the lender host's (and most functions have none:
+         * VFIO says EINVAL). */
+        *info = (struct vfio_region_info){ .argsz = sizeof(*info), .index = index };
+        return 0;
+    }
     ri->argsz = VN_VFIO_INFO_MAX;
     ri->index = index;
     if (ioctl(v->device, VFIO_DEVICE_GET_REGION_INFO, ri) < 0) {
@@ -265,11 +272,6 @@ static int vfio_get_region_info(void *dev, uint32_t index, struct vfio_region_in
     info->argsz = sizeof(*info);
     info->cap_offset = 0;
     info->flags &= ~(uint32_t)VFIO_REGION_INFO_FLAG_CAPS;
-    if (index == VFIO_PCI_VGA_REGION_INDEX) {
-        info->size = 0;         /* VGA ranges are the lender host's */
-        info->flags = 0;
-        return 0;
-    }
     if ((ri->flags & VFIO_REGION_INFO_FLAG_CAPS) && ri->argsz <= VN_VFIO_INFO_MAX &&
         sparse != NULL) {
         for (uint32_t off = ri->cap_offset;

@@ -78,6 +78,10 @@ extern const VnBackendOps vn_backend_vfio;
  * is not a host: nothing else would; backend-vfio-user.c). */
 #define VN_BACKEND_VFIO_USER_BAR_BASE 0xc0000000ull
 
+/* @s is a PCI address as vfio's @where takes it: DDDD:BB:DD.F, lower-case
+ * hex, as sysfs names the function. */
+bool vn_backend_vfio_address_ok(const char *s);
+
 /* Every member is there; false with @error naming what is missing. */
 bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error);
 /* The backend called @name, or NULL with @error listing the known ones. */
