@@ -46,9 +46,11 @@ class Daemon:
                  f"run-dir = {self.run_dir}", f"lease-timeout-ms = {self.lease_timeout_ms}"]
         if self.fabric_params:
             lines += ["", "[fabric]"] + [f"{k} = {v}" for k, v in self.fabric_params.items()]
-        for dev, sock in self.lends.items():
-            lines += ["", f"[lend {dev}]", f"socket = {sock}",
-                      f"allow = {self.allow.get(dev, '*')}"]
+        # A lend is a device server's socket, or {"pci": "DDDD:BB:DD.F"} (VFIO).
+        for dev, where in self.lends.items():
+            keys = where if isinstance(where, dict) else {"socket": where}
+            lines += ["", f"[lend {dev}]"] + [f"{k} = {v}" for k, v in keys.items()]
+            lines += [f"allow = {self.allow.get(dev, '*')}"]
         for dev, (lender, sock, mode) in self.borrows.items():
             lines += ["", f"[borrow {dev}]", f"lender = {lender}", f"socket = {sock}",
                       f"irq-mode = {mode}"]

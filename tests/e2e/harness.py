@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -584,6 +585,27 @@ def _tail(s, n=25):
 def _shquote(s):
     s = str(s)
     return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+def qtest_command(q, cmd, timeout=30.0):
+    """One qtest command; returns its OK line's words."""
+    q.stdin.write(cmd + "\n")
+    q.stdin.flush()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([q.stdout], [], [], left)[0]:
+            raise Timeout(f"qtest: no answer to {cmd!r}")
+        chunk = os.read(q.stdout.fileno(), 4096)
+        if not chunk:
+            raise HarnessError(f"qtest: QEMU closed its stdout after {cmd!r}")
+        buf += chunk
+        for line in buf.decode(errors="replace").splitlines():
+            if line.startswith(("OK", "FAIL", "ERR")):
+                if not line.startswith("OK"):
+                    raise HarnessError(f"qtest: {cmd!r}: {line}")
+                return line.split()
 
 
 def hotplug_cycle(q, dev, timeout=60.0):

@@ -15,7 +15,6 @@ another build looks like to QEMU; loading one used to abort it).  What a user wo
 """
 import os
 import re
-import select
 import subprocess
 import sys
 from pathlib import Path
@@ -86,27 +85,6 @@ def test_foreign_modules(procs, wrapper, wd, nfakes):
     return ok
 
 
-def qtest_command(q, cmd, timeout=30.0):
-    """One qtest command; returns its OK line's words."""
-    q.stdin.write(cmd + "\n")
-    q.stdin.flush()
-    buf = b""
-    deadline = h.time.monotonic() + timeout
-    while True:
-        left = deadline - h.time.monotonic()
-        if left <= 0 or not select.select([q.stdout], [], [], left)[0]:
-            raise h.Timeout(f"qtest: no answer to {cmd!r}")
-        chunk = os.read(q.stdout.fileno(), 4096)
-        if not chunk:
-            raise h.HarnessError(f"qtest: QEMU closed its stdout after {cmd!r}")
-        buf += chunk
-        for line in buf.decode(errors="replace").splitlines():
-            if line.startswith(("OK", "FAIL", "ERR")):
-                if not line.startswith("OK"):
-                    raise h.HarnessError(f"qtest: {cmd!r}: {line}")
-                return line.split()
-
-
 def test_qtest_device(procs, wrapper, wd):
     sdir = procs.tempdir()
     sd = h.Simdev(procs, sdir / "nvme.sock", h.make_backing(sdir / "disk.img", 16), 16).start()
@@ -118,8 +96,8 @@ def test_qtest_device(procs, wrapper, wd):
     q = procs.start("qemu-qtest", foreign_host_argv(wd, argv), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        qtest_command(q, "outl 0xcf8 0x80001000")   # bus 0, device 2, function 0, offset 0
-        words = qtest_command(q, "inl 0xcfc")
+        h.qtest_command(q, "outl 0xcf8 0x80001000")   # bus 0, device 2, function 0, offset 0
+        words = h.qtest_command(q, "inl 0xcfc")
         ids = int(words[1], 16) if len(words) > 1 else 0
     finally:
         procs.stop(q)

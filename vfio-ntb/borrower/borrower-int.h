@@ -54,7 +54,8 @@ struct VnBorrower {
     VnBorrowerStats stats;
 };
 
-/* A lending request to our lender; see vn_fabric_request_sync(). */
+/* A lending request to our lender; see vn_fabric_request_sync().  On an
+ * error, *reply (when asked for) may hold the error reply: it says why. */
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
                      size_t len, VnFabricMsg **reply);
 /* A forwarded region access. */

@@ -70,12 +70,12 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
     if (ret < 0) {
         VN_TRACE("borrower %s: %s to %s failed: %s", b->device, vn_proto_type_to_string(type),
                  b->lender, g_strerror(-ret));
-        return ret;
     }
+    /* An error reply too: it says why. */
     if (reply != NULL) {
         *reply = g_steal_pointer(&r);
     }
-    return 0;
+    return ret;
 }
 
 int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
@@ -579,9 +579,11 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     json = vn_proto_attach_to_json(&at);
     ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, &reply);
     if (ret < 0) {
+        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
+
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
                     "borrower %s: %s refused to lend it: %s", device, lender,
-                    g_strerror(-ret));
+                    why != NULL ? why : g_strerror(-ret));
         return NULL;
     }
     b->attached = true;

@@ -97,6 +97,7 @@ int main(int argc, char **argv)
 {
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
+    gint status_fd = -1;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
           "PATH" },
@@ -107,6 +108,8 @@ int main(int argc, char **argv)
         { "irq-mode", 0, 0, G_OPTION_ARG_STRING, &mode, "fd or relay", "MODE" },
         { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
           "PATH" },
+        { "status-fd", 0, 0, G_OPTION_ARG_INT, &status_fd,
+          "where to say why, when the device cannot be served", "FD" },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one borrowed device's server");
@@ -145,6 +148,12 @@ int main(int argc, char **argv)
     w.b = vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
     if (w.b == NULL) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        /* vfio-ntbd answers the attach with it. */
+        if (status_fd >= 0) {
+            g_autofree char *line = g_strdup_printf("%s\n", error->message);
+
+            (void)!write(status_fd, line, strlen(line));
+        }
         g_clear_pointer(&wctl, vn_wctl_free);
         vn_fabric_close(w.fab);
         return 1;

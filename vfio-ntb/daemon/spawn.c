@@ -24,6 +24,8 @@
 
 #include <errno.h>
 #include <gio/gio.h>
+#include <fcntl.h>
+#include <glib-unix.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
@@ -36,6 +38,9 @@
 #define VN_SPAWN_CLIENT_GONE_MS 1500
 /* A start that waits for the device's last worker looks this often. */
 #define VN_SPAWN_ENDING_POLL_MS 1
+/* The worker's end of its status pipe, and how much of its reason we read. */
+#define VN_SPAWN_STATUS_FD 3
+#define VN_SPAWN_MAX_WHY 400
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
 char *vn_spawn_binary(const char *name)
@@ -122,6 +127,7 @@ typedef struct Start {
     void *opaque;
     guint timer;
     gint64 deadline_us;
+    int why_fd;                 /* the worker's --status-fd: why it gave up, if it did */
 } Start;
 
 /* @done runs once; the Start goes when nothing refers to it any more. */
@@ -141,6 +147,7 @@ static void start_finish(Start *st, GError *error)
     }
     st->b = NULL;
     st->done = NULL;
+    vn_util_close_fd(&st->why_fd);
     if (done != NULL) {
         done(st->d, b, error, st->opaque);
     }
@@ -175,10 +182,29 @@ static void start_cancel(void *data)
                "the device was given back while its worker started");
 }
 
+/* What a worker that gave up wrote on its status pipe: one line, bounded,
+ * printable (the worker is a peer too). */
+static char *worker_why(Start *st)
+{
+    char buf[VN_SPAWN_MAX_WHY + 1];
+    ssize_t n = st->why_fd >= 0 ? read(st->why_fd, buf, VN_SPAWN_MAX_WHY) : -1;
+
+    if (n <= 0) {
+        return NULL;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    for (char *c = buf; *c != '\0'; c++) {
+        *c = g_ascii_isprint(*c) ? *c : '?';
+    }
+    return buf[0] != '\0' ? g_strdup(buf) : NULL;
+}
+
 static gboolean on_start_poll(gpointer data)
 {
     Start *st = data;
     VnBorrowed *b = st->b;
+    g_autofree char *why = NULL;
     int status;
 
     if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
@@ -196,9 +222,9 @@ static gboolean on_start_poll(gpointer data)
         }
         b->worker_pid = 0;
         worker_gone(st->d, b);
-        start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED,
-                   "the borrower worker for %s exited; its messages are in this daemon's log",
-                   b->device);
+        why = worker_why(st);
+        start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED, "the borrower worker for %s exited: %s",
+                   b->device, why != NULL ? why : "its messages are in this daemon's log");
         return G_SOURCE_REMOVE;
     }
     if (g_get_monotonic_time() > st->deadline_us) {
@@ -219,7 +245,9 @@ static void start_spawn(Start *st)
     g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY);
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_autoptr(GError) error = NULL;
+    int pipefd[2] = { -1, -1 }, target = VN_SPAWN_STATUS_FD;
     ChildWatch *cw;
+    gboolean ok;
 
     if (bin == NULL) {
         start_fail(st, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
@@ -234,10 +262,23 @@ static void start_spawn(Start *st)
     g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
     g_ptr_array_add(argv, g_strdup_printf("--irq-mode=%s", vn_irq_mode_to_string(b->irq_mode)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", b->channel_path));
+    g_ptr_array_add(argv, g_strdup_printf("--status-fd=%d", VN_SPAWN_STATUS_FD));
     g_ptr_array_add(argv, NULL);
     unlink(b->socket);
-    if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
-                       &b->worker_pid, &error)) {
+    if (!g_unix_open_pipe(pipefd, FD_CLOEXEC, &error) ||
+        !g_unix_set_fd_nonblocking(pipefd[0], TRUE, &error)) {
+        g_prefix_error(&error, "starting %s: ", VN_SPAWN_BINARY);
+        vn_util_close_fds(pipefd, 2);
+        start_finish(st, error);
+        return;
+    }
+    st->why_fd = pipefd[0];
+    ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
+                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1,
+                                          &pipefd[1], &target, 1, &b->worker_pid, NULL, NULL,
+                                          NULL, &error);
+    vn_util_close_fd(&pipefd[1]);
+    if (!ok) {
         g_prefix_error(&error, "starting %s: ", VN_SPAWN_BINARY);
         start_finish(st, error);
         return;
@@ -283,7 +324,7 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
 {
     Start *st = g_new0(Start, 1);
 
-    *st = (Start){ .d = d, .b = b, .done = done, .opaque = opaque };
+    *st = (Start){ .d = d, .b = b, .done = done, .opaque = opaque, .why_fd = -1 };
     b->starting = true;
     b->start_cancel = start_cancel;
     b->start_data = st;

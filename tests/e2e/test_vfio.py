@@ -1,0 +1,40 @@
+"""Lending a physical PCI function through Linux VFIO, on a real kernel's VFIO and IOMMU: the
+lender host (lenderhost.py) runs both daemons and a qtest consumer (vfio_inner.py says what
+each result checks).  Its RESULT lines are this file's."""
+import sys
+
+import harness as h
+from lenderhost import LenderHost
+
+EXPECTED_RESULTS = 2
+NAMES = ("vfio-lend-qtest", "vfio-lend-refusals")
+
+
+def main():
+    with h.Procs() as procs:
+        lh = LenderHost(procs, "vfio_inner.py")
+        try:
+            lines = lh.run()
+        except (h.HarnessError, OSError, TimeoutError) as e:
+            print(f"lender host: {e}", file=sys.stderr)
+            for name in NAMES:
+                h.result(name, False, error=str(e).splitlines()[0][:120] if str(e) else "-")
+            return 1
+        seen = set()
+        ok = True
+        for ln in lines:
+            if ln.startswith("RESULT "):
+                print(ln, flush=True)
+                seen.add(ln.split()[1])
+                ok &= ln.split()[2] == "PASS"
+            elif ln.strip():
+                print(f"  [lender host] {ln}", file=sys.stderr)
+        for name in NAMES:
+            if name not in seen:
+                ok = h.result(name, False, error="the lender host did not report it")
+        print(f"  [lender host] {lh.seconds:.1f} s", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

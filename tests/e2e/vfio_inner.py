@@ -1,0 +1,161 @@
+"""Runs inside the lender host (lenderhost.py), as root, with real VFIO: lends its QEMU NVMe
+through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT lines.
+
+- vfio-lend-qtest: the NVMe bound to vfio-pci is lent by hosta (`pci = ...`) and borrowed
+  by hostb; a qtest QEMU (no guest CPU) with vfio-user-pci on hostb's socket reads the
+  device's config space (vendor:device) and BAR0's CAP register through the whole chain.
+  Both must equal what sysfs showed of the device before it was lent.
+- vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
+  refused at attach with the reason, and the lease is given back.
+"""
+import mmap
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import harness as h
+from cluster import Daemon
+from control import Control, ControlError
+
+NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
+
+
+def sysfs(bdf, name):
+    return (Path("/sys/bus/pci/devices") / bdf / name).read_text().strip()
+
+
+def find(vendor_device):
+    for d in sorted(Path("/sys/bus/pci/devices").iterdir()):
+        if f"{sysfs(d.name, 'vendor')}:{sysfs(d.name, 'device')}" == vendor_device:
+            return d.name
+    raise h.HarnessError(f"no {vendor_device} in the lender host")
+
+
+def bar0_cap(bdf):
+    """CAP (offset 0, 8 bytes) of the function's BAR0, read through sysfs before lending."""
+    with open(f"/sys/bus/pci/devices/{bdf}/resource0", "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4096)
+        try:
+            lo, hi = struct.unpack_from("<II", m, 0)
+        finally:
+            m.close()
+    return (hi << 32) | lo
+
+
+def bind_vfio(bdf):
+    dev = Path("/sys/bus/pci/devices") / bdf
+    (dev / "driver_override").write_text("vfio-pci")
+    if (dev / "driver").exists():
+        (dev / "driver" / "unbind").write_text(bdf)
+    Path("/sys/bus/pci/drivers_probe").write_text(bdf)
+    if not h.wait_for(lambda: (dev / "driver").exists() and
+                      os.path.basename(os.readlink(dev / "driver")) == "vfio-pci", 10):
+        raise h.HarnessError(f"{bdf} did not bind to vfio-pci")
+
+
+def qtest_qemu(procs, socket):
+    root = Path(h.stock_qemu()).read_text().split("R=", 1)[1].split("\n", 1)[0]
+    dev = ('{"driver":"vfio-user-pci","id":"d0","bus":"pcie.0","addr":"0x2",'
+           f'"socket":{{"type":"unix","path":"{socket}"}}}}')
+    argv = [h.stock_qemu(), "-machine", "q35,memory-backend=mem", "-accel", "qtest", "-qtest",
+            "stdio", "-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-m", "256M",
+            "-nodefaults", "-display", "none", "-device", dev]
+    env = dict(os.environ, QEMU_MODULE_DIR=f"{root}/usr/lib/x86_64-linux-gnu/qemu")
+    return procs.start("qemu-qtest", argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env=env)
+
+
+def consumer_view(q):
+    """(config id, BAR0 CAP) as the consumer reads them: bus 0, device 2."""
+    h.qtest_command(q, "outl 0xcf8 0x80001000")
+    ident = int(h.qtest_command(q, "inl 0xcfc")[1], 16)
+    h.qtest_command(q, "outl 0xcf8 0x80001010")         # BAR0
+    h.qtest_command(q, "outl 0xcfc 0xfe000000")
+    h.qtest_command(q, "outl 0xcf8 0x80001004")         # COMMAND: memory, bus master
+    h.qtest_command(q, "outl 0xcfc 0x00000006")
+    lo = int(h.qtest_command(q, "readl 0xfe000000")[1], 16)
+    hi = int(h.qtest_command(q, "readl 0xfe000004")[1], 16)
+    return ident, (hi << 32) | lo
+
+
+def test_lend(procs, wd, fab, bdf, cap):
+    want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
+    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
+    b = Daemon(procs, wd, "hostb", fab).start()
+    cb = Control(b.control)
+    h.wait_for(lambda: any(x["device"] == "hosta/nvme0" for x in cb.execute("query-devices")),
+               10)
+    r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
+    q = qtest_qemu(procs, r["socket"])
+    try:
+        ident, got_cap = consumer_view(q)
+    finally:
+        procs.stop(q)
+    cb.execute("detach", device="hosta/nvme0")
+    cb.execute("return", device="hosta/nvme0")
+    a.stop()
+    b.stop()
+    return h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
+                    config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
+                    cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+
+
+def test_refusals(procs, wd, fab, other):
+    """@other: a function bound to no vfio-pci (the host's own)."""
+    a = Daemon(procs, wd, "hostc", fab,
+               lends={"unbound": {"pci": other}, "absent": {"pci": "0000:00:1e.7"}}).start()
+    b = Daemon(procs, wd, "hostd", fab).start()
+    cb = Control(b.control)
+    h.wait_for(lambda: len([x for x in cb.execute("query-devices")
+                            if x["device"].startswith("hostc/")]) == 2, 10)
+    why = {}
+    for name in ("unbound", "absent"):
+        try:
+            cb.execute("attach", device=f"hostc/{name}", domain=f"vm-{name}")
+            why[name] = "attached"
+        except ControlError as e:
+            why[name] = e.desc
+        try:
+            cb.execute("return", device=f"hostc/{name}")
+        except ControlError:
+            pass
+    free = all(x["state"] == "available" for x in cb.execute("query-devices")
+               if x["device"].startswith("hostc/"))
+    a.stop()
+    b.stop()
+    return h.result("vfio-lend-refusals",
+                    "IOMMU group" in why["unbound"] and "vfio-pci" in why["unbound"] and
+                    "no PCI function 0000:00:1e.7" in why["absent"] and free,
+                    unbound=why["unbound"][-90:].replace(" ", "_"),
+                    absent=why["absent"][-60:].replace(" ", "_"), available_after=free)
+
+
+def main():
+    ok = True
+    with h.Procs() as procs:
+        try:
+            bdf = find(NVME_ID)
+            cap = bar0_cap(bdf)
+            bind_vfio(bdf)
+            wd = procs.tempdir()
+            fab = procs.tempdir("vn-fabric-")
+            # The host's own function to refuse: the host bridge (bound to no vfio-pci).
+            other = "0000:00:00.0"
+        except (h.HarnessError, OSError) as e:
+            print(f"lender host: {e}", file=sys.stderr)
+            h.result("vfio-lend-qtest", False, error=str(e)[:120])
+            h.result("vfio-lend-refusals", False, error="setup failed")
+            return 1
+        for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
+                     lambda: test_refusals(procs, wd, fab, other)):
+            try:
+                ok &= test()
+            except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError) as e:
+                ok = h.failed("vfio", e)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
