@@ -1,0 +1,211 @@
+/*
+ * Unit tests of asking a VM to let go of a borrowed device
+ * (vfio-ntb/daemon/unplug.c): the worker's device request first; when its
+ * QEMU takes none, device_del on the VM's QMP socket -- here a fake QEMU
+ * monitor on a thread of its own that answers slowly -- while the daemon's
+ * loop goes on; and a daemon that stops while a VM is being asked.
+ */
+#include "daemon-rig.h"
+
+#include "check-main.h"
+
+#include <sys/un.h>
+
+/* A QEMU monitor that greets, answers qmp_capabilities at once and
+ * device_del after @delay_ms. */
+typedef struct Monitor {
+    char *path;
+    int listener;
+    unsigned delay_ms;
+    GThread *thread;
+    char deleted[64];           /* the id device_del named */
+} Monitor;
+
+static gpointer monitor_serve(gpointer data)
+{
+    Monitor *m = data;
+    int fd = accept(m->listener, NULL, NULL);
+    char buf[4096];
+    size_t have = 0;
+    const char *greeting = "{\"QMP\":{\"version\":{},\"capabilities\":[]}}\n";
+
+    if (fd < 0) {
+        return NULL;
+    }
+    ck_assert_int_eq(write(fd, greeting, strlen(greeting)), (ssize_t)strlen(greeting));
+    for (;;) {
+        ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+        char *nl;
+
+        if (n <= 0) {
+            break;
+        }
+        have += (size_t)n;
+        buf[have] = '\0';
+        while ((nl = strchr(buf, '\n')) != NULL) {
+            const char *id = strstr(buf, "\"id\":\"");
+
+            *nl = '\0';
+            if (strstr(buf, "device_del") != NULL && id != NULL) {
+                g_strlcpy(m->deleted, id + 6, sizeof(m->deleted));
+                m->deleted[strcspn(m->deleted, "\"")] = '\0';
+                g_usleep(m->delay_ms * 1000);
+            }
+            ck_assert_int_eq(write(fd, "{\"return\":{}}\n", 14), 14);
+            have -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, have);
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+static void monitor_start(Monitor *m, unsigned delay_ms)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+
+    m->path = g_build_filename(tmpdir, "qmp.sock", NULL);
+    m->delay_ms = delay_ms;
+    m->listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    g_strlcpy(addr.sun_path, m->path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(m->listener, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(m->listener, 1), 0);
+    m->thread = g_thread_new("monitor", monitor_serve, m);
+}
+
+static void monitor_stop(Monitor *m)
+{
+    g_thread_join(m->thread);
+    close(m->listener);
+    unlink(m->path);
+    g_free(m->path);
+}
+
+typedef struct Asked {
+    int calls;
+    bool asked, stopping;
+    char device[64];
+} Asked;
+
+static void on_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
+                     bool stopping, void *opaque)
+{
+    Asked *a = opaque;
+
+    a->calls++;
+    a->asked = asked;
+    a->stopping = stopping;
+    g_strlcpy(a->device, device, sizeof(a->device));
+}
+
+static bool answered(void *opaque)
+{
+    return ((Asked *)opaque)->calls > 0;
+}
+
+static gboolean tick(gpointer data)
+{
+    (*(unsigned *)data)++;
+    return G_SOURCE_CONTINUE;
+}
+
+/* hostb holds hosta/nvme0, "attached" to vm1 whose monitor is @m. */
+static VnBorrowed *attached(VnDaemon *a, VnDaemon *b, Monitor *m)
+{
+    VnBorrowed *bw;
+
+    borrow(a, b);
+    bw = vn_devices_borrowed(b, "hosta/nvme0");
+    ck_assert_ptr_nonnull(bw);
+    bw->worker_pid = 4242;      /* a worker the fake launcher never ran */
+    bw->domain = g_strdup("vm1");
+    bw->qmp = m != NULL ? g_strdup(m->path) : NULL;
+    bw->qdev_id = g_strdup("dev0");
+    return bw;
+}
+
+/* The worker's QEMU takes no device requests: device_del on the VM's
+ * monitor, which takes 400 ms to answer while the loop goes on. */
+START_TEST(test_device_del_without_waiting)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    Monitor m = { 0 };
+    Asked got = { 0 };
+    unsigned ticks = 0;
+    guint timer;
+    gint64 t0;
+
+    monitor_start(&m, 400);
+    timer = g_timeout_add(10, tick, &ticks);
+    t0 = g_get_monotonic_time();
+    vn_unplug_start(b, attached(a, b, &m), true, on_asked, &got);
+    ck_assert_int_lt(g_get_monotonic_time() - t0, 100 * 1000);
+    ck_assert_int_eq(got.calls, 0);
+    ck_assert(spin_until(answered, &got, 3000));
+    ck_assert(got.asked && !got.stopping);
+    ck_assert_str_eq(got.device, "hosta/nvme0");
+    ck_assert_str_eq(m.deleted, "dev0");
+    ck_assert_uint_ge(ticks, 20);
+    g_source_remove(timer);
+    monitor_stop(&m);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* No device request and no monitor: nothing could ask, said at once. */
+START_TEST(test_no_way_to_ask)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    Asked got = { 0 };
+
+    vn_unplug_start(b, attached(a, b, NULL), true, on_asked, &got);
+    ck_assert_int_eq(got.calls, 1);
+    ck_assert(!got.asked && !got.stopping);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* The daemon stops while device_del waits on a slow monitor: the caller
+ * hears so at once, and the thread's late end touches nothing freed. */
+START_TEST(test_daemon_stops_meanwhile)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    Monitor m = { 0 };
+    Asked got = { 0 };
+
+    monitor_start(&m, 600);
+    vn_unplug_start(b, attached(a, b, &m), true, on_asked, &got);
+    spin(100);
+    vn_daemon_free(b);
+    ck_assert_int_eq(got.calls, 1);
+    ck_assert(got.stopping);
+    spin(1000);                 /* the thread ends, its answer comes to no one */
+    ck_assert_int_eq(got.calls, 1);
+    monitor_stop(&m);
+    vn_daemon_free(a);
+}
+END_TEST
+
+static Suite *unplug_suite(void)
+{
+    Suite *s = suite_create("unplug");
+    TCase *tc = tcase_create("unplug");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_device_del_without_waiting);
+    tcase_add_test(tc, test_no_way_to_ask);
+    tcase_add_test(tc, test_daemon_stops_meanwhile);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(unplug_suite());
+}
