@@ -28,7 +28,7 @@
 
 /* How often an ending looks at its deadlines (its worker's exit it hears of
  * at once). */
-#define VN_ENDING_POLL_MS 20
+#define VN_ENDING_POLL_MS 5
 /* After SIGKILL: a process stuck in the kernel is left, not waited for. */
 #define VN_ENDING_KILL_WAIT_MS 5000
 
