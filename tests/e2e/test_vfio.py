@@ -6,8 +6,8 @@ import sys
 import harness as h
 from lenderhost import LenderHost
 
-EXPECTED_RESULTS = 2
-NAMES = ("vfio-lend-qtest", "vfio-lend-refusals")
+EXPECTED_RESULTS = 3
+NAMES = ("vfio-lend-qtest", "vfio-dma-identify", "vfio-lend-refusals")
 
 
 def main():

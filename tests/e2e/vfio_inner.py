@@ -5,6 +5,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   by hostb; a qtest QEMU (no guest CPU) with vfio-user-pci on hostb's socket reads the
   device's config space (vendor:device) and BAR0's CAP register through the whole chain.
   Both must equal what sysfs showed of the device before it was lent.
+- vfio-dma-identify: the same consumer runs an NVMe Identify through the admin queue in its
+  own RAM (registers through the chain, no interrupts: it polls the completion); the device
+  DMAs the data there through VFIO's IOMMU mapping of the borrower's memory, and the serial
+  number it returns is the one the lender host gave the NVMe.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
 """
@@ -20,6 +24,7 @@ from cluster import Daemon
 from control import Control, ControlError
 
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
+SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
 
 
 def sysfs(bdf, name):
@@ -80,6 +85,41 @@ def consumer_view(q):
     return ident, (hi << 32) | lo
 
 
+# Where the consumer's NVMe admin queues and Identify buffer live in its guest RAM.
+ASQ, ACQ, IDENTIFY = 0x100000, 0x101000, 0x102000
+BAR = 0xfe000000
+
+
+def identify(q):
+    """Identify Controller through the admin queue, as a driver would: registers through the
+    chain, the command and its completion in guest RAM, the data DMAed there by the device
+    through VFIO's IOMMU.  Returns (the completion's status, the serial number)."""
+    def rd(off):
+        return int(h.qtest_command(q, f"readl {BAR + off:#x}")[1], 16)
+
+    def wr(off, v):
+        h.qtest_command(q, f"writel {BAR + off:#x} {v:#x}")
+
+    wr(0x14, 0)                                     # CC.EN = 0
+    h.wait_for(lambda: rd(0x1c) & 1 == 0, 10)
+    wr(0x24, 0x00010001)                            # AQA: 2-entry queues
+    wr(0x28, ASQ), wr(0x2c, 0), wr(0x30, ACQ), wr(0x34, 0)
+    wr(0x14, 0x00460001)                            # IOSQES 6, IOCQES 4, EN
+    if not h.wait_for(lambda: rd(0x1c) & 1 == 1, 10):
+        raise h.HarnessError(f"the NVMe did not get ready: CSTS {rd(0x1c):#x}")
+    sqe = struct.pack("<IIQQQQIIIIII", 0x06 | (1 << 16), 0, 0, 0, IDENTIFY, 0, 1, 0, 0, 0,
+                      0, 0)
+    h.qtest_command(q, f"write {ASQ:#x} 64 0x{sqe.hex()}")
+    wr(0x1000, 1)                                   # SQ0 tail
+    def cqe():
+        return bytes.fromhex(h.qtest_command(q, f"read {ACQ:#x} 16")[1][2:])
+    if not h.wait_for(lambda: struct.unpack_from("<I", cqe(), 12)[0] & 0x10000, 10):
+        raise h.HarnessError("no completion for Identify")
+    status = struct.unpack_from("<I", cqe(), 12)[0] >> 17
+    data = bytes.fromhex(h.qtest_command(q, f"read {IDENTIFY:#x} 64")[1][2:])
+    return status, data[4:24].decode(errors="replace").strip()
+
+
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
@@ -91,15 +131,21 @@ def test_lend(procs, wd, fab, bdf, cap):
     q = qtest_qemu(procs, r["socket"])
     try:
         ident, got_cap = consumer_view(q)
+        try:
+            status, serial = identify(q)
+        except h.HarnessError as e:
+            status, serial = -1, str(e)
     finally:
         procs.stop(q)
     cb.execute("detach", device="hosta/nvme0")
     cb.execute("return", device="hosta/nvme0")
     a.stop()
     b.stop()
-    return h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
-                    config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
-                    cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+    ok = h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
+                  config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
+                  cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+    return ok & h.result("vfio-dma-identify", status == 0 and serial == SERIAL,
+                         status=status, serial=serial.replace(" ", "_") or "-")
 
 
 def test_refusals(procs, wd, fab, other):
