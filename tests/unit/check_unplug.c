@@ -191,6 +191,56 @@ START_TEST(test_daemon_stops_meanwhile)
 }
 END_TEST
 
+/* A worker's channel that takes connections and never answers. */
+static char *silent_path;
+
+static VnWctlCall *silent_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque)
+{
+    return vn_wctl_call_async(silent_path, "unplug", 500, 4096, done, opaque, NULL);
+}
+
+/* Each VM being asked holds a socket or a thread: VN_UNPLUG_MAX at once,
+ * the next refused with nothing started; once they are answered (here:
+ * timed out, so not asked), there is room again. */
+START_TEST(test_bounded)
+{
+    VnWorkerOps ops = fake_ops;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int silent = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    Asked got[VN_UNPLUG_MAX + 1] = { 0 };
+    VnDaemon *a, *b;
+    VnBorrowed *bw;
+
+    silent_path = g_build_filename(tmpdir, "silent.sock", NULL);
+    g_strlcpy(addr.sun_path, silent_path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(silent, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(silent, 64), 0);
+    ops.request_unplug = silent_unplug;
+    ops_in_use = &ops;
+    a = daemon_start("hosta");
+    b = daemon_start("hostb");
+    ops_in_use = &fake_ops;
+    bw = attached(a, b, NULL);
+    for (int i = 0; i < VN_UNPLUG_MAX; i++) {
+        ck_assert(vn_unplug_start(b, bw, true, on_asked, &got[i]));
+    }
+    ck_assert(!vn_unplug_start(b, bw, true, on_asked, &got[VN_UNPLUG_MAX]));
+    ck_assert(spin_until(answered, &got[VN_UNPLUG_MAX - 1], 3000));
+    spin(50);
+    for (int i = 0; i < VN_UNPLUG_MAX; i++) {
+        ck_assert_int_eq(got[i].calls, 1);
+        ck_assert(!got[i].asked);
+    }
+    ck_assert_int_eq(got[VN_UNPLUG_MAX].calls, 0);
+    ck_assert(vn_unplug_start(b, bw, true, on_asked, &got[VN_UNPLUG_MAX]));
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+    close(silent);
+    unlink(silent_path);
+    g_clear_pointer(&silent_path, g_free);
+}
+END_TEST
+
 static Suite *unplug_suite(void)
 {
     Suite *s = suite_create("unplug");
@@ -201,6 +251,7 @@ static Suite *unplug_suite(void)
     tcase_add_test(tc, test_device_del_without_waiting);
     tcase_add_test(tc, test_no_way_to_ask);
     tcase_add_test(tc, test_daemon_stops_meanwhile);
+    tcase_add_test(tc, test_bounded);
     suite_add_tcase(s, tc);
     return s;
 }

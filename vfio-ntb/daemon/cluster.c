@@ -531,6 +531,7 @@ typedef struct Release {
     gint64 start_us;
     gint64 deadline_us;
     unsigned wait_ms;
+    bool asked;                 /* the VM is being asked (vn_unplug_start) */
 } Release;
 
 static void release_free(gpointer p)
@@ -539,6 +540,19 @@ static void release_free(gpointer p)
 
     g_free(r->device);
     g_free(r);
+}
+
+static void release_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
+                          bool stopping, void *opaque);
+
+/* Ask @b's VM to let go; VN_UNPLUG_MAX under way: again on the next poll.
+ * Last in its callers: the answer may come at once and free @r. */
+static void release_ask(Release *r, VnBorrowed *b)
+{
+    r->asked = true;
+    if (!vn_unplug_start(r->d, b, true, release_asked, NULL)) {
+        r->asked = false;
+    }
 }
 
 static gboolean release_poll(gpointer data)
@@ -554,6 +568,9 @@ static gboolean release_poll(gpointer data)
      * lets go needs this loop to relay its requests. */
     gone = r->d->workers->client_state(r->d, b, r->start_us) == VN_CLIENT_GONE;
     if (!gone && g_get_monotonic_time() < r->deadline_us) {
+        if (!r->asked) {
+            release_ask(r, b);
+        }
         return G_SOURCE_CONTINUE;
     }
     if (gone) {
@@ -599,8 +616,7 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
                     .wait_ms = wait_ms };
     b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
                                           release_poll, r, release_free);
-    /* Last: its answer may come at once, and return @b. */
-    vn_unplug_start(d, b, true, release_asked, NULL);
+    release_ask(r, b);
 }
 
 

@@ -615,8 +615,9 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     VnBorrowed *b = arg_attached(d, a, r);
 
-    if (b != NULL) {
-        vn_unplug_start(d, b, false, unplug_asked, r);
+    if (b != NULL && !vn_unplug_start(d, b, false, unplug_asked, r)) {
+        vn_control_error(r, VN_ERR_BUSY, "%d VMs are being asked to let go already; "
+                         "ask again in a moment", VN_UNPLUG_MAX);
     }
 }
 

@@ -221,7 +221,8 @@ VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
  * the last has answered or timed out, or the daemon stops.  False, with
  * nothing started, when VN_STATS_MAX_GATHERS are under way.
  */
-#define VN_STATS_MAX_GATHERS 8
+/* Each asks every worker at once: a socket per worker, 64 at most. */
+#define VN_STATS_MAX_GATHERS 4
 typedef void (*VnStatsReady)(VnDaemon *d, JsonNode *root, void *opaque);
 bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *opaque);
 GPtrArray *vn_stats_gathers_new(void);
@@ -279,11 +280,14 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b);
  * before this returns, with whether it was asked (the guest releases the
  * device in its own time), or with @stopping set when the daemon stops
  * first.  @b may be gone by then: @device and @lease say which it was.
+ * False, with nothing started and @done not called, when VN_UNPLUG_MAX are
+ * under way already (each holds a socket or a thread).
  */
+#define VN_UNPLUG_MAX 16
 typedef void (*VnUnplugDone)(VnDaemon *d, const char *device, uint64_t lease, bool asked,
                              bool stopping, void *opaque);
 typedef struct VnUnplug VnUnplug;
-void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
+bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
                      void *opaque);
 GPtrArray *vn_unplugs_new(void);
 void vn_unplugs_free(VnDaemon *d);

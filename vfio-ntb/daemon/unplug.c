@@ -123,12 +123,18 @@ static void on_worker_answer(char *answer, const GError *error, void *opaque)
     device_del(u);
 }
 
-void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
+bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
                      void *opaque)
 {
-    VnUnplug *u = g_new0(VnUnplug, 1);
+    VnUnplug *u;
     VnWctlCall *call;
 
+    if (d->unplugs->len >= VN_UNPLUG_MAX) {
+        g_message("node %s: %d VMs are being asked to let go of devices already; %s waits",
+                  d->conf->node, VN_UNPLUG_MAX, b->device);
+        return false;
+    }
+    u = g_new0(VnUnplug, 1);
     *u = (VnUnplug){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
                      .domain = g_strdup(b->domain), .done = done, .opaque = opaque };
     if (via_qmp) {
@@ -138,12 +144,12 @@ void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
     g_ptr_array_add(d->unplugs, u);
     if (b->worker_pid <= 0) {
         finish(u, false);
-        return;
+        return true;
     }
     /* The lender lost: the worker saw it too and already asked, if it could. */
     if (b->lost) {
         device_del(u);
-        return;
+        return true;
     }
     u->asking = true;
     call = d->workers->request_unplug(d, b, on_worker_answer, u);
@@ -153,6 +159,7 @@ void vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
     } else {
         u->call = call;
     }
+    return true;
 }
 
 GPtrArray *vn_unplugs_new(void)
