@@ -365,6 +365,10 @@ void vn_endings_free(GPtrArray *endings);
 /* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
  * the daemon. */
 extern const VnWorkerOps vn_spawn_ops;
+/* Command @name on the control channel @channel of worker @pid (@what: its
+ * device, for the log), answered from the loop as VnWorkerOps.stats says. */
+VnWctlCall *vn_spawn_ask(GPid pid, const char *channel, const char *what, const char *name,
+                         VnWctlDone done, void *opaque);
 /* What a borrower worker's counters (@stats, its "stats" answer; NULL: no
  * answer) say of its QEMU. */
 VnClientState vn_spawn_client_of(const char *stats);

@@ -138,18 +138,5 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
 
 VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque)
 {
-    g_autoptr(GError) error = NULL;
-    VnWctlCall *c;
-
-    if (ld->worker_pid <= 0 || ld->channel_path == NULL) {
-        done(NULL, NULL, opaque);
-        return NULL;
-    }
-    c = vn_wctl_call_async(ld->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
-                           VN_SPAWN_MAX_STATS, done, opaque, &error);
-    if (c == NULL) {
-        g_info("lender worker of %s: %s", ld->conf->name, error->message);
-        done(NULL, error, opaque);
-    }
-    return c;
+    return vn_spawn_ask(ld->worker_pid, ld->channel_path, ld->conf->name, "stats", done, opaque);
 }

@@ -379,22 +379,28 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
 }
 
 /* Command @name on the worker's control channel, answered from the loop. */
-static VnWctlCall *ask(VnBorrowed *b, const char *name, VnWctlDone done, void *opaque)
+VnWctlCall *vn_spawn_ask(GPid pid, const char *channel, const char *what, const char *name,
+                         VnWctlDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
     VnWctlCall *c;
 
-    if (!alive(b->worker_pid) || b->channel_path == NULL) {
+    if (!alive(pid) || channel == NULL) {
         done(NULL, NULL, opaque);
         return NULL;
     }
-    c = vn_wctl_call_async(b->channel_path, name, VN_SPAWN_STATS_TIMEOUT_MS,
-                           VN_SPAWN_MAX_STATS, done, opaque, &error);
+    c = vn_wctl_call_async(channel, name, VN_SPAWN_STATS_TIMEOUT_MS, VN_SPAWN_MAX_STATS, done,
+                           opaque, &error);
     if (c == NULL) {
-        g_info("worker for %s: %s", b->device, error->message);
+        g_info("worker for %s: %s", what, error->message);
         done(NULL, error, opaque);
     }
     return c;
+}
+
+static VnWctlCall *ask(VnBorrowed *b, const char *name, VnWctlDone done, void *opaque)
+{
+    return vn_spawn_ask(b->worker_pid, b->channel_path, b->device, name, done, opaque);
 }
 
 /* The worker answers {"requested": false}, doing nothing, when its QEMU
