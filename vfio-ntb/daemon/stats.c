@@ -19,6 +19,7 @@ typedef struct Gather Gather;
 typedef struct Slot {
     Gather *g;
     bool lent;
+    void *device;               /* its VnLocalDevice (lent) or VnBorrowed, while asking */
     char *text;
     VnWctlCall *call;
 } Slot;
@@ -140,39 +141,26 @@ bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *op
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
         if (only == NULL || strcmp(only, dev) == 0) {
-            g->slots[n++] = (Slot){ .g = g, .lent = true };
+            g->slots[n++] = (Slot){ .g = g, .lent = true, .device = ld };
         }
     }
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *b = d->borrowed->pdata[i];
 
         if (only == NULL || strcmp(only, b->device) == 0) {
-            g->slots[n++] = (Slot){ .g = g, .lent = false };
+            g->slots[n++] = (Slot){ .g = g, .lent = false, .device = b };
         }
     }
     g->n = n;
     g_ptr_array_add(d->gathers, g);
     /* Every question first (an answer may come at once), then: done? */
-    n = 0;
     g->pending = g->n;
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    for (guint i = 0; i < g->n; i++) {
+        Slot *s = &g->slots[i];
+        void *device = g_steal_pointer(&s->device);
 
-        if (only == NULL || strcmp(only, dev) == 0) {
-            Slot *s = &g->slots[n++];
-
-            s->call = d->workers->lend_stats(d, ld, on_answer, s);
-        }
-    }
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        VnBorrowed *b = d->borrowed->pdata[i];
-
-        if (only == NULL || strcmp(only, b->device) == 0) {
-            Slot *s = &g->slots[n++];
-
-            s->call = d->workers->stats(d, b, on_answer, s);
-        }
+        s->call = s->lent ? d->workers->lend_stats(d, device, on_answer, s)
+                          : d->workers->stats(d, device, on_answer, s);
     }
     g->asking = false;
     if (g->pending == 0) {
