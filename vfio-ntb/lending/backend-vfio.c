@@ -46,6 +46,7 @@ typedef struct Vfio {
     char bdf[16];
     int container;
     int group;
+    int group_id;               /* its IOMMU group's number */
     int device;
     struct vfio_device_info info;
     uint64_t region_offset[VFIO_PCI_NUM_REGIONS];
@@ -159,6 +160,7 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
     }
     v = g_new0(Vfio, 1);
     v->container = v->group = v->device = -1;
+    v->group_id = n;
     g_strlcpy(v->bdf, where, sizeof(v->bdf));
     v->maps = g_array_new(FALSE, FALSE, sizeof(VfioMap));
     group_path = g_strdup_printf("/dev/vfio/%d", n);
@@ -467,18 +469,16 @@ static int hot_reset(Vfio *v)
         struct vfio_pci_hot_reset r;
         int32_t fd;
     } reset = { .r = { .argsz = sizeof(reset), .count = 1 }, .fd = v->group };
-    int own;
 
     info->argsz = VN_VFIO_INFO_MAX;
     if (ioctl(v->device, VFIO_DEVICE_GET_PCI_HOT_RESET_INFO, info) < 0) {
         return -errno;
     }
-    own = group_of(v->bdf, NULL);
     if (info->count > (VN_VFIO_INFO_MAX - sizeof(*info)) / sizeof(info->devices[0])) {
         return -EPROTO;
     }
     for (uint32_t i = 0; i < info->count; i++) {
-        if ((int)info->devices[i].group_id != own) {
+        if ((int)info->devices[i].group_id != v->group_id) {
             return -EBUSY;      /* another group shares the bus */
         }
     }
