@@ -6,8 +6,9 @@ import sys
 import harness as h
 from lenderhost import LenderHost
 
-EXPECTED_RESULTS = 3
-NAMES = ("vfio-lend-qtest", "vfio-dma-identify", "vfio-lend-refusals")
+EXPECTED_RESULTS = 5
+NAMES = ("vfio-lend-qtest", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+         "vfio-lend-refusals")
 
 
 def main():

@@ -9,6 +9,13 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   own RAM (registers through the chain, no interrupts: it polls the completion); the device
   DMAs the data there through VFIO's IOMMU mapping of the borrower's memory, and the serial
   number it returns is the one the lender host gave the NVMe.
+- vfio-bar-mapped: every BAR access of the two above went through the borrower's mapping of
+  the device's BAR (VFIO's own, exported through the fabric): none was forwarded by the
+  borrower or served by the lender's backend.
+- vfio-iommu-isolation: after detach (the consumer gone, the group let go), the device (driven through sysfs by this script, as a
+  misbehaving device would act on its own) DMAs to the IOVAs the borrower had mapped: the
+  lender host's IOMMU blocks it (a DMAR fault naming the device) and the borrower's memory
+  there is unchanged.  (QEMU's nvme reports nothing of a blocked DMA: memory is the proof.)
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
 """
@@ -25,6 +32,7 @@ from control import Control, ControlError
 
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
 SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
+RAM_SIZE = 256 << 20            # the consumer's
 
 
 def sysfs(bdf, name):
@@ -50,10 +58,16 @@ def bar0_cap(bdf):
 
 
 def bind_vfio(bdf):
+    """Bind @bdf to vfio-pci, its IOMMU group translated: the lender host boots with
+    iommu=pt, under which a function no container holds would DMA untranslated; a "DMA"
+    group blocks it (docs/operations.md says the same to operators)."""
     dev = Path("/sys/bus/pci/devices") / bdf
     (dev / "driver_override").write_text("vfio-pci")
     if (dev / "driver").exists():
         (dev / "driver" / "unbind").write_text(bdf)
+    group = dev / "iommu_group" / "type"
+    if group.read_text().strip() != "DMA":
+        group.write_text("DMA")
     Path("/sys/bus/pci/drivers_probe").write_text(bdf)
     if not h.wait_for(lambda: (dev / "driver").exists() and
                       os.path.basename(os.readlink(dev / "driver")) == "vfio-pci", 10):
@@ -65,7 +79,8 @@ def qtest_qemu(procs, socket):
     dev = ('{"driver":"vfio-user-pci","id":"d0","bus":"pcie.0","addr":"0x2",'
            f'"socket":{{"type":"unix","path":"{socket}"}}}}')
     argv = [h.stock_qemu(), "-machine", "q35,memory-backend=mem", "-accel", "qtest", "-qtest",
-            "stdio", "-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-m", "256M",
+            "stdio", "-object", f"memory-backend-memfd,id=mem,size={RAM_SIZE},share=on",
+            "-m", f"{RAM_SIZE >> 20}M",
             "-nodefaults", "-display", "none", "-device", dev]
     env = dict(os.environ, QEMU_MODULE_DIR=f"{root}/usr/lib/x86_64-linux-gnu/qemu")
     return procs.start("qemu-qtest", argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -120,6 +135,115 @@ def identify(q):
     return status, data[4:24].decode(errors="replace").strip()
 
 
+def memfd_of(pid, size):
+    """An fd of ours onto process @pid's memfd of @size bytes (its RAM: QEMU names it
+    after the backend's type, not its id), once it made it; it outlives the process."""
+    def find():
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd).startswith("/memfd:") and os.stat(fd).st_size == size:
+                    return os.open(fd, os.O_RDWR) + 1
+            except OSError:
+                continue
+        return 0
+    fd = h.wait_for(find, 10)
+    if not fd:
+        raise h.HarnessError(f"process {pid} has no memfd of {size} bytes")
+    return fd - 1
+
+
+def kmsg_open():
+    """/dev/kmsg from now on (what the kernel logs after this call)."""
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    os.lseek(fd, 0, os.SEEK_END)
+    return fd
+
+
+def kmsg_read(fd):
+    lines = []
+    while True:
+        try:
+            rec = os.read(fd, 8192)
+        except BlockingIOError:
+            return lines
+        except OSError:            # EPIPE: records overwritten meanwhile
+            continue
+        lines.append(rec.decode(errors="replace").split(";", 1)[-1].strip())
+
+
+def group_free(bdf):
+    """True once nobody holds the function's VFIO group (its open is exclusive)."""
+    group = os.path.basename(os.readlink(f"/sys/bus/pci/devices/{bdf}/iommu_group"))
+    try:
+        os.close(os.open(f"/dev/vfio/{group}", os.O_RDWR))
+        return True
+    except OSError:
+        return False
+
+
+def rogue_dma(bdf, ram):
+    """Drive the function through sysfs as the borrower's driver did: an Identify whose
+    queues and buffer sit at the IOVAs the borrower had mapped (@ram: its memory).  Returns
+    (the kernel's DMAR fault lines for the function, memory unchanged, CSTS)."""
+    pattern = b"\xa5" * 4096
+    sqe = struct.pack("<IIQQQQIIIIII", 0x06 | (1 << 16), 0, 0, 0, IDENTIFY, 0, 1, 0, 0, 0,
+                      0, 0)
+    m = mmap.mmap(ram, 0x103000)
+    m[ASQ:ASQ + 64] = sqe
+    m[ACQ:ACQ + 4096] = pattern
+    m[IDENTIFY:IDENTIFY + 4096] = pattern
+    dev = Path("/sys/bus/pci/devices") / bdf
+    # vfio-pci suspends a function nobody holds (D3hot: no memory decoding); keep it awake.
+    power = dev / "power" / "control"
+    was = power.read_text().strip()
+    power.write_text("on")
+    kmsg = kmsg_open()
+    with open(dev / "config", "r+b", buffering=0) as cfg, \
+         open(dev / "resource0", "r+b") as res:
+        bar = mmap.mmap(res.fileno(), 0x2000)
+
+        def rd(off):
+            return struct.unpack_from("<I", bar, off)[0]
+
+        def wr(off, v):
+            struct.pack_into("<I", bar, off, v)
+        try:
+            cfg.seek(4)
+            cfg.write(struct.pack("<H", 0x0006))      # memory, bus master
+            wr(0x14, 0)
+            h.wait_for(lambda: rd(0x1c) & 1 == 0, 5)
+            wr(0x24, 0x00010001)
+            wr(0x28, ASQ), wr(0x2c, 0), wr(0x30, ACQ), wr(0x34, 0)
+            wr(0x14, 0x00460001)
+            h.wait_for(lambda: rd(0x1c) & 3 != 0, 5)  # ready (or failed)
+            wr(0x1000, 1)
+            faults = []
+            want = f"[{bdf[5:]}]"           # 6.1 names it bus:device.function
+
+            def seen():
+                faults.extend(ln for ln in kmsg_read(kmsg) if "DMAR" in ln and want in ln)
+                return faults
+            h.wait_for(seen, 10)
+            csts = rd(0x1c)
+            wr(0x14, 0)
+        finally:
+            cfg.seek(4)
+            cfg.write(struct.pack("<H", 0))
+            bar.close()
+            os.close(kmsg)
+            power.write_text(was)
+    unchanged = m[ACQ:ACQ + 4096] == pattern and m[IDENTIFY:IDENTIFY + 4096] == pattern
+    m.close()
+    return faults, unchanged, csts
+
+
+def bar_forwarded(a, b):
+    """BAR accesses that software of ours served: forwarded by the borrower, or read and
+    written by the lender's backend (its region accesses less config's)."""
+    lent, bor = a.stats()["lent"][0], b.stats()["borrowed"][0]
+    return bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"]
+
+
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
@@ -129,23 +253,39 @@ def test_lend(procs, wd, fab, bdf, cap):
                10)
     r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
     q = qtest_qemu(procs, r["socket"])
+    ram = -1
     try:
+        ram = memfd_of(q.pid, RAM_SIZE)
         ident, got_cap = consumer_view(q)
         try:
             status, serial = identify(q)
         except h.HarnessError as e:
             status, serial = -1, str(e)
+        forwarded = bar_forwarded(a, b)
+        cb.execute("detach", device="hosta/nvme0")
+        cb.execute("return", device="hosta/nvme0")
+        # On this one-machine fabric the consumer's QEMU holds the device's VFIO fd for
+        # the BAR mapping (fabric.h) until it lets the device go; a qtest QEMU cannot
+        # unplug it, so it is stopped (its memory stays, through @ram).
+        procs.stop(q)
+        free = h.wait_for(lambda: group_free(bdf), 15)
+        faults, unchanged, csts = rogue_dma(bdf, ram) if free else ([], False, -1)
     finally:
         procs.stop(q)
-    cb.execute("detach", device="hosta/nvme0")
-    cb.execute("return", device="hosta/nvme0")
+        if ram >= 0:
+            os.close(ram)
     a.stop()
     b.stop()
     ok = h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
                   config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
                   cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
-    return ok & h.result("vfio-dma-identify", status == 0 and serial == SERIAL,
-                         status=status, serial=serial.replace(" ", "_") or "-")
+    ok &= h.result("vfio-bar-mapped", forwarded == 0, bar_accesses_forwarded=forwarded)
+    ok &= h.result("vfio-dma-identify", status == 0 and serial == SERIAL,
+                   status=status, serial=serial.replace(" ", "_") or "-")
+    return ok & h.result("vfio-iommu-isolation", free and bool(faults) and unchanged,
+                         group_let_go=free, dmar_faults=len(faults), memory_unchanged=unchanged,
+                         csts=f"{csts:#x}",
+                         fault=(faults[0][-80:] if faults else "-").replace(" ", "_"))
 
 
 def test_refusals(procs, wd, fab, other):
@@ -192,7 +332,9 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            h.result("vfio-lend-refusals", False, error="setup failed")
+            for name in ("vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+                         "vfio-lend-refusals"):
+                h.result(name, False, error="setup failed")
             return 1
         for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
                      lambda: test_refusals(procs, wd, fab, other)):

@@ -516,6 +516,44 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 
 /* A map that does not wait: the call returns at once, the window comes on
  * the loop; refusals come the same way. */
+/* A segment from an offset of its fd (a BAR at its VFIO region's offset):
+ * the mapper's window starts there. */
+START_TEST(test_window_map_at_offset)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(GError) error = NULL;
+    uint8_t *map;
+    int memfd = memfd_new(3 * 4096, &map);
+    VnFabricWindow *w;
+    uint64_t seg;
+
+    /* Not on a window boundary: an NTB translates whole windows. */
+    ck_assert_uint_eq(vn_fabric_segment_export_at(b->fab, memfd, 100, 4096, "a", &error), 0);
+    ck_assert_ptr_nonnull(strstr(error->message, "not aligned"));
+    g_clear_error(&error);
+    /* Past the end of the fd. */
+    ck_assert_uint_eq(vn_fabric_segment_export_at(b->fab, memfd, 8192, 8192, "a", &error), 0);
+    ck_assert_ptr_nonnull(strstr(error->message, "smaller"));
+    g_clear_error(&error);
+    seg = vn_fabric_segment_export_at(b->fab, memfd, 8192, 4096, "a", &error);
+    ck_assert_msg(seg != 0, "%s", error ? error->message : "");
+    memcpy(map + 8192, "third page", 10);
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    w = vn_fabric_window_map(a->fab, "b", seg, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(w->size, 4096);
+    ck_assert_uint_eq(w->offset, 8192);
+    ck_assert(!w->device);
+    ck_assert_mem_eq(w->host, "third page", 10);
+    vn_fabric_window_unmap(a->fab, w);
+    munmap(map, 3 * 4096);
+    close(memfd);
+}
+END_TEST
+
 START_TEST(test_window_map_async)
 {
     Node *b = node_open("b", false);
@@ -997,6 +1035,7 @@ static Suite *fabric_suite(void)
     tc = tcase_create("windows");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_window_map);
+    tcase_add_test(tc, test_window_map_at_offset);
     tcase_add_test(tc, test_window_map_async);
     tcase_add_test(tc, test_map_not_granted);
     tcase_add_test(tc, test_window_limits);

@@ -87,6 +87,21 @@ START_TEST(test_memory_kinds)
     ck_assert_int_eq(vn_peerfd_memory(nosealing, 0, 0x1000, NULL), -EINVAL);
     ck_assert_int_eq(vn_peerfd_memory(file, 0, 0x1000, &why), -EINVAL);
     ck_assert_int_eq(vn_peerfd_memory(efd, 0, 8, NULL), -EINVAL);
+    /* A device's memory is a VFIO device fd's (the lender host's e2e tests
+     * map real ones); nothing else passes for one. */
+    ck_assert_int_eq(vn_peerfd_device_memory(sealed, 0, 0x1000, &why), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(why, "not a VFIO device"));
+    ck_assert_int_eq(vn_peerfd_device_memory(efd, 0, 8, NULL), -EINVAL);
+    ck_assert_int_eq(vn_peerfd_device_memory(-1, 0, 8, &why), -EBADF);
+    {
+        bool device = true;
+
+        ck_assert_int_eq(vn_peerfd_window(sealed, 0x8000, 0x8000, &device, &why), 0);
+        ck_assert(!device);
+        ck_assert_int_eq(vn_peerfd_window(unsealed, 0, 0x1000, &device, &why), -EINVAL);
+        ck_assert(!device);
+        ck_assert_ptr_nonnull(strstr(why, "F_SEAL_SHRINK"));
+    }
     /* Ours cannot be shrunk or grown, and the seals cannot be undone. */
     ck_assert_int_lt(ftruncate(sealed, 0x1000), 0);
     ck_assert_int_lt(ftruncate(sealed, 0x20000), 0);

@@ -121,9 +121,11 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         return vn_mediate_read(b, offset, buf, count);
     }
-    if (w != NULL) {
+    if (w != NULL && w->host != NULL) {
         /* QEMU traps a mapped BAR at times (INTx emulation): the window is
-         * the same memory, so no message crosses the fabric. */
+         * the same memory, so no message crosses the fabric.  A device's
+         * BAR is not touched here (it may fault: fabric.h); the lender's
+         * backend reads it, and a fault there is an error, not a crash. */
         memcpy(buf, w->host + offset, count);
         return 0;
     }
@@ -143,7 +145,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         return vn_mediate_write(b, offset, buf, count);
     }
-    if (w != NULL) {
+    if (w != NULL && w->host != NULL) {
         memcpy(w->host + offset, buf, count);
         return 0;
     }

@@ -7,8 +7,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/vfio.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,13 +18,19 @@
 /* What readlink(2) of /proc/self/fd/N says for an eventfd (fs/eventfd.c
  * names its anonymous inode "[eventfd]"). */
 #define EVENTFD_LINK "anon_inode:[eventfd]"
+/* And for a VFIO device fd from VFIO_GROUP_GET_DEVICE_FD (drivers/vfio). */
+#define VFIO_DEVICE_LINK "anon_inode:[vfio-device]"
+/* Regions looked through for the one a range lies in (vfio-pci has 9 and
+ * a few device-specific ones). */
+#define MAX_DEVICE_REGIONS 64u
 
-int vn_peerfd_eventfd(int fd)
+/* 0 when /proc/self/fd says @fd is the anonymous inode @want; -EINVAL when
+ * it is another file, -EBADF for no fd. */
+static int fd_is(int fd, const char *want)
 {
     char path[64];
-    char link[sizeof(EVENTFD_LINK) + 1];
+    char link[64];
     ssize_t n;
-    int flags;
 
     if (fd < 0) {
         return -EBADF;
@@ -32,8 +40,15 @@ int vn_peerfd_eventfd(int fd)
     if (n < 0) {
         return errno == ENOENT ? -EBADF : -errno;
     }
-    if ((size_t)n != strlen(EVENTFD_LINK) || memcmp(link, EVENTFD_LINK, (size_t)n) != 0) {
-        return -EINVAL;
+    return (size_t)n == strlen(want) && memcmp(link, want, (size_t)n) == 0 ? 0 : -EINVAL;
+}
+
+int vn_peerfd_eventfd(int fd)
+{
+    int flags, ret = fd_is(fd, EVENTFD_LINK);
+
+    if (ret < 0) {
+        return ret;
     }
     flags = fcntl(fd, F_GETFL);
     if (flags < 0) {
@@ -96,6 +111,55 @@ int vn_peerfd_memory(int fd, uint64_t offset, uint64_t size, const char **why)
         return -EINVAL;
     }
     return 0;
+}
+
+int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char **why)
+{
+    struct vfio_device_info info = { .argsz = sizeof(info) };
+    const char *dummy;
+    int ret;
+
+    if (why == NULL) {
+        why = &dummy;
+    }
+    *why = NULL;
+    ret = fd_is(fd, VFIO_DEVICE_LINK);
+    if (ret < 0) {
+        *why = ret == -EINVAL ? "is not a VFIO device" : "cannot be inspected";
+        return ret;
+    }
+    if (ioctl(fd, VFIO_DEVICE_GET_INFO, &info) < 0) {
+        int e = errno;
+
+        *why = "does not describe its device";
+        return -e;
+    }
+    for (uint32_t i = 0; i < MIN(info.num_regions, MAX_DEVICE_REGIONS); i++) {
+        /* argsz of the struct alone: no capabilities are read. */
+        struct vfio_region_info ri = { .argsz = sizeof(ri), .index = i };
+
+        if (ioctl(fd, VFIO_DEVICE_GET_REGION_INFO, &ri) < 0 || ri.size == 0 ||
+            offset < ri.offset || !vn_util_range_ok(offset - ri.offset, size, ri.size)) {
+            continue;
+        }
+        if (!(ri.flags & VFIO_REGION_INFO_FLAG_MMAP)) {
+            *why = "has that range in a region VFIO does not let be mapped";
+            return -EINVAL;
+        }
+        return 0;
+    }
+    *why = "has no region that holds the range";
+    return -EINVAL;
+}
+
+int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why)
+{
+    *device = false;
+    if (fd_is(fd, VFIO_DEVICE_LINK) == 0) {
+        *device = true;
+        return vn_peerfd_device_memory(fd, offset, size, why);
+    }
+    return vn_peerfd_memory(fd, offset, size, why);
 }
 
 int vn_peerfd_memfd_new(const char *name, uint64_t size)

@@ -25,6 +25,7 @@
 #ifndef VN_PEERFD_H
 #define VN_PEERFD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /*
@@ -50,6 +51,27 @@ int vn_peerfd_signal(int fd);
  * not NULL) is a static phrase naming the fault, for the refusal message.
  */
 int vn_peerfd_memory(int fd, uint64_t offset, uint64_t size, const char **why);
+
+/*
+ * 0 when [@offset, @offset + @size) of @fd may be mapped as a device's
+ * memory: @fd is a VFIO device fd (the type1 group interface's anonymous
+ * inode "[vfio-device]") and the range lies in one of its regions that VFIO
+ * lets be mapped.  Otherwise -EINVAL (-errno when it cannot be inspected),
+ * with *@why as for vn_peerfd_memory().  The regions are read with
+ * VFIO_DEVICE_GET_INFO and _GET_REGION_INFO, which change nothing.
+ *
+ * Such a mapping is not memory: VFIO makes an access fault (SIGBUS) while
+ * the device's memory decoding is off or it is being reset, so whoever
+ * checked it hands it on (to QEMU, which maps a BAR only while the guest
+ * lets it decode) and never touches it itself.
+ */
+int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char **why);
+
+/*
+ * What a memory window may map: vn_peerfd_memory(), or else
+ * vn_peerfd_device_memory() for a VFIO device fd, which sets *@device.
+ */
+int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why);
 
 /*
  * A memfd of @size bytes (close-on-exec), sealed against shrinking, growing

@@ -384,7 +384,7 @@ static void op_export(VnPort *p, const VnHostHdr *h, int fd)
         return;
     }
     id = route ? vn_fabric_route_export(p->fab, fd, p->peer, &error)
-               : vn_fabric_segment_export(p->fab, fd, h->arg, p->peer, &error);
+               : vn_fabric_segment_export_at(p->fab, fd, h->arg2, h->arg, p->peer, &error);
     if (id == 0) {
         refuse(p, "%s", error->message);
         reply(p, h, EINVAL, 0, 0, -1);

@@ -69,6 +69,7 @@ typedef struct VnFabricSync {
 typedef struct VnFabricSegment {
     uint64_t id;             /* key */
     int fd;                  /* our dup */
+    uint64_t offset;         /* where the segment starts in @fd */
     uint64_t size;           /* 0 for a route */
     char *peer;              /* the one peer allowed to map it */
 } VnFabricSegment;

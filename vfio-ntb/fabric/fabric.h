@@ -99,7 +99,11 @@ typedef struct VnFabricWindow {
                                   * >= xlat_granularity */
     int fd;                      /* owned by the fabric; valid until unmapped */
     uint64_t offset;             /* where the segment's bytes start in @fd */
-    uint8_t *host;               /* mapping of [0, size) */
+    /* Mapping of [0, size) of memory; NULL for a device's memory (@device),
+     * which is handed on (to QEMU) and never touched here: a device may
+     * make an access fault (vn_peerfd_device_memory()). */
+    uint8_t *host;
+    bool device;
 } VnFabricWindow;
 
 /* A received message: bytes only. */
@@ -175,15 +179,17 @@ typedef struct VnFabricOps {
     int (*open_route)(void *backend, const char *peer, uint64_t id, int timeout_ms);
     /*
      * Optional, for a backend whose node's resources someone else keeps (a
-     * worker's, kept by its daemon; fabric/host.h).  export: publish @fd
-     * (borrowed) as a segment of @size bytes (a route when @size is 0) for
-     * @peer and return its id, or 0 with @error; unexport withdraws it.
+     * worker's, kept by its daemon; fabric/host.h).  export: publish @size
+     * bytes of @fd (borrowed) from @offset as a segment (a route when @size
+     * is 0) for @peer and return its id, or 0 with @error; unexport
+     * withdraws it.
      * unmap_segment: a window onto @peer's segment @id is gone.
      * doorbells_alloc / _free: the host's budget (see
      * vn_fabric_doorbells_alloc()).  Without them the fabric does all of it
      * itself.
      */
-    uint64_t (*export)(void *backend, int fd, uint64_t size, const char *peer, GError **error);
+    uint64_t (*export)(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
+                       GError **error);
     void (*unexport)(void *backend, bool route, uint64_t id);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
     int (*doorbells_alloc)(void *backend, uint32_t count, GError **error);
@@ -222,11 +228,12 @@ void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits);
 void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps);
 /*
  * For a backend answering @peer's map of segment @id (or open of route @id):
- * the fd to give (borrowed) and, for a segment, its size; -ENOENT for no
- * such id, -EACCES when it is not exported to @peer.  Refusals are counted
- * and logged here.
+ * the fd to give (borrowed) and, for a segment, its size and where it starts
+ * in the fd; -ENOENT for no such id, -EACCES when it is not exported to
+ * @peer.  Refusals are counted and logged here.
  */
-int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size);
+int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size,
+                              uint64_t *offset);
 int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id);
 
 /*
@@ -265,6 +272,21 @@ bool vn_fabric_link_up(VnFabric *fab, const char *peer);
  */
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error);
+/*
+ * The same for @size bytes from @offset of @fd, which may also be a device's
+ * memory: a VFIO device fd's mappable region (a BAR), as an NTB's inbound
+ * window translated to the BAR's bus address would give it.  The mapper's
+ * window then reaches the device (VnFabricWindow.device).
+ *
+ * What shm cannot do that an NTB does: the mapper gets the device fd itself
+ * (a window onto a BAR must be an fd of the device on one machine), so the
+ * process it hands the window to (the borrower's QEMU) holds the device's
+ * VFIO fd, ioctls and all, and a withdrawn segment is not revoked from it.
+ * The emulated fabric is one machine's test bed; an NTB hands only the
+ * window's mapping.
+ */
+uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                     const char *peer, GError **error);
 /* Withdraw a segment: peers cannot map it any more (existing shm mappings
  * of a memfd cannot be revoked by this backend; see the lender's fencing). */
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);

@@ -599,15 +599,15 @@ static int host_open_route(void *backend, const char *peer, uint64_t id, int tim
     return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, &rep);
 }
 
-static uint64_t host_export(void *backend, int fd, uint64_t size, const char *peer,
-                            GError **error)
+static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size,
+                            const char *peer, GError **error)
 {
     VnHost *h = backend;
     VnHostHdr rep;
     int got, ret;
 
-    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size, 0,
-                    NULL, 0, fd, &rep, &got);
+    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size,
+                    offset, NULL, 0, fd, &rep, &got);
     vn_util_close_fd(&got);
     if (ret == 0 && rep.arg == 0) {
         ret = -EPROTO;

@@ -46,7 +46,7 @@ typedef enum VnHostOp {
     VN_HOST_SEND,                /* peer; data: one fabric frame (request or event) */
     VN_HOST_MAP,                 /* peer, arg: segment -> arg: size, arg2: offset, 1 fd */
     VN_HOST_UNMAP,               /* peer, arg: segment */
-    VN_HOST_EXPORT_SEGMENT,      /* peer, arg: size, 1 fd -> arg: id */
+    VN_HOST_EXPORT_SEGMENT,      /* peer, arg: size, arg2: offset, 1 fd -> arg: id */
     VN_HOST_EXPORT_ROUTE,        /* peer, 1 fd -> arg: id */
     VN_HOST_UNEXPORT_SEGMENT,    /* arg: id */
     VN_HOST_UNEXPORT_ROUTE,      /* arg: id */

@@ -67,7 +67,7 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
     }
     route = g_new0(VnFabricSegment, 1);
     route->id = fab->ops->export != NULL
-                ? fab->ops->export(fab->backend, copy, 0, peer, error) : ++fab->last_route;
+                ? fab->ops->export(fab->backend, copy, 0, 0, peer, error) : ++fab->last_route;
     if (route->id == 0 || g_hash_table_contains(fab->routes, &route->id)) {
         if (route->id != 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,

@@ -38,8 +38,15 @@ void vn_fabric_segment_free(VnFabricSegment *seg)
 uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const char *peer,
                                   GError **error)
 {
+    return vn_fabric_segment_export_at(fab, fd, 0, size, peer, error);
+}
+
+uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                     const char *peer, GError **error)
+{
     VnFabricSegment *seg;
     const char *why;
+    bool device;
     int copy;
 
     if (!vn_name_valid(VN_NAME_NODE, peer)) {
@@ -62,8 +69,15 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
                     "fabric's max-segments)", fab->node, fab->limits.max_segments);
         return 0;
     }
-    /* Only what the mapper will accept (see fabric.h: sealed memfds). */
-    if (vn_peerfd_memory(fd, 0, size, &why) < 0) {
+    /* Only what the mapper will accept (see fabric.h: sealed memfds, a
+     * device's mappable regions). */
+    if ((offset & (fab->limits.window_align - 1)) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: cannot export fd %d from offset 0x%" PRIx64 ": not aligned to "
+                    "a window", fab->node, fd, offset);
+        return 0;
+    }
+    if (vn_peerfd_window(fd, offset, size, &device, &why) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node,
                     size, fd, why);
@@ -81,7 +95,8 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
     /* Ids are never reused, so a stale id names nothing rather than the
      * wrong memory. */
     seg->id = fab->ops->export != NULL
-              ? fab->ops->export(fab->backend, copy, size, peer, error) : ++fab->last_segment;
+              ? fab->ops->export(fab->backend, copy, offset, size, peer, error)
+              : ++fab->last_segment;
     if (seg->id == 0 || g_hash_table_contains(fab->segments, &seg->id)) {
         if (seg->id != 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
@@ -92,11 +107,12 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
         return 0;
     }
     seg->fd = copy;
+    seg->offset = offset;
     seg->size = size;
     seg->peer = g_strdup(peer);
     g_hash_table_insert(fab->segments, &seg->id, seg);
-    VN_TRACE("node %s: segment %" PRIu64 " (%" PRIu64 " bytes) exported to %s", fab->node,
-             seg->id, size, peer);
+    VN_TRACE("node %s: segment %" PRIu64 " (%" PRIu64 " bytes%s) exported to %s", fab->node,
+             seg->id, size, device ? " of a device" : "", peer);
     return seg->id;
 }
 
@@ -130,7 +146,8 @@ VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char
     return NULL;
 }
 
-int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size)
+int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size,
+                              uint64_t *offset)
 {
     int err = 0;
     VnFabricSegment *seg = vn_fabric_exported(fab, fab->segments, "segment", peer, id, &err);
@@ -139,6 +156,7 @@ int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint
         return err;
     }
     *size = seg->size;
+    *offset = seg->offset;
     VN_TRACE("node %s: segment %" PRIu64 " given to %s", fab->node, id, peer);
     return seg->fd;
 }
@@ -195,8 +213,9 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
 {
     const char *fault = NULL;
     VnFabricWindow *w;
+    bool device = false;
     uint64_t wsize;
-    void *host;
+    void *host = NULL;
 
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
@@ -216,13 +235,14 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
         return NULL;
     }
     /* Mapping past the end of a file makes every access there a SIGBUS in
-     * the mapper, now or once the peer shrank it: sealed memfds only. */
+     * the mapper, now or once the peer shrank it: sealed memfds, or a
+     * device's region, which is not mapped here (see VnFabricWindow). */
     if (offset > UINT64_MAX - size) {
         fault = "ends beyond 2^64";
     } else if ((offset & (fab->limits.window_align - 1)) != 0) {
         fault = "is not aligned to a window";
     }
-    if (fault != NULL || vn_peerfd_memory(fd, offset, size, &fault) < 0) {
+    if (fault != NULL || vn_peerfd_window(fd, offset, size, &device, &fault) < 0) {
         fab->stats.bad_messages++;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes at offset %" PRIu64
@@ -230,7 +250,9 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
         close(fd);
         return NULL;
     }
-    host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    if (!device) {
+        host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    }
     if (host == MAP_FAILED) {
         int e = errno;
 
@@ -248,11 +270,12 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
     w->fd = fd;
     w->offset = offset;
     w->host = host;
+    w->device = device;
     fab->windows[slot] = w;
     fab->windows_in_use++;
     fab->stats.windows_mapped++;
-    VN_TRACE("node %s: window %u maps %s's segment %" PRIu64 " (%" PRIu64 " bytes, window %"
-             PRIu64 ")", fab->node, slot, peer, id, size, wsize);
+    VN_TRACE("node %s: window %u maps %s's segment %" PRIu64 " (%" PRIu64 " bytes%s, window %"
+             PRIu64 ")", fab->node, slot, peer, id, size, device ? " of a device" : "", wsize);
     return w;
 }
 
@@ -330,7 +353,9 @@ void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
 
 static void window_free(VnFabricWindow *w)
 {
-    munmap(w->host, w->size);
+    if (w->host != NULL) {
+        munmap(w->host, w->size);
+    }
     vn_util_close_fd(&w->fd);
     g_free(w);
 }

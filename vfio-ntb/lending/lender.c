@@ -423,14 +423,15 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoReg
         r->sparse[a] = (VnSparseArea){ .offset = areas[a].offset, .size = areas[a].size };
     }
     r->nr_sparse = nr;
-    /* A segment is a whole fd from 0: a region at another offset in its fd
-     * stays trapped (fabric segments carry no offset). */
-    mappable = (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && fd >= 0 && ri.offset == 0 &&
-               ri.size > 0;
+    /* The region's own memory (a memfd of a device server's, a physical
+     * BAR of the VFIO device fd at the region's offset) becomes a segment:
+     * the borrower's QEMU maps it and no software of ours sees the guest's
+     * loads and stores. */
+    mappable = (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && fd >= 0 && ri.size > 0;
     if (mappable) {
         g_autoptr(GError) local = NULL;
 
-        r->segment = vn_fabric_segment_export(l->fab, fd, ri.size, peer, &local);
+        r->segment = vn_fabric_segment_export_at(l->fab, fd, ri.offset, ri.size, peer, &local);
         if (r->segment == 0) {
             g_info("lender %s: region %u stays trapped: %s", l->name, i, local->message);
             mappable = false;
