@@ -6,8 +6,8 @@ import sys
 import harness as h
 from lenderhost import LenderHost
 
-EXPECTED_RESULTS = 5
-NAMES = ("vfio-lend-qtest", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+EXPECTED_RESULTS = 6
+NAMES = ("vfio-lend-qtest", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
          "vfio-lend-refusals")
 
 

@@ -9,6 +9,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   own RAM (registers through the chain, no interrupts: it polls the completion); the device
   DMAs the data there through VFIO's IOMMU mapping of the borrower's memory, and the serial
   number it returns is the one the lender host gave the NVMe.
+- vfio-msix: the consumer programs MSI-X vector 0 of the lent NVMe to write a known word into
+  its RAM and runs an Identify again with the admin queue's interrupt: the device's MSI-X goes
+  through VFIO_DEVICE_SET_IRQS straight to the consumer's eventfd, and the word lands.  No
+  interrupt was relayed by the lender or the borrower.
 - vfio-bar-mapped: every BAR access of the two above went through the borrower's mapping of
   the device's BAR (VFIO's own, exported through the fabric): none was forwarded by the
   borrower or served by the lender's backend.
@@ -103,6 +107,8 @@ def consumer_view(q):
 # Where the consumer's NVMe admin queues and Identify buffer live in its guest RAM.
 ASQ, ACQ, IDENTIFY = 0x100000, 0x101000, 0x102000
 BAR = 0xfe000000
+# Where the consumer's MSI-X vector 0 stores its message, and what it stores.
+MSI_ADDR, MSI_DATA = 0x110000, 0x00c0ffee
 
 
 def identify(q):
@@ -133,6 +139,38 @@ def identify(q):
     status = struct.unpack_from("<I", cqe(), 12)[0] >> 17
     data = bytes.fromhex(h.qtest_command(q, f"read {IDENTIFY:#x} 64")[1][2:])
     return status, data[4:24].decode(errors="replace").strip()
+
+
+def config_rw(q, off, value=None):
+    """A dword of the consumer's config space (bus 0, device 2): read, or write @value."""
+    h.qtest_command(q, f"outl 0xcf8 {0x80001000 | off:#x}")
+    if value is None:
+        return int(h.qtest_command(q, "inl 0xcfc")[1], 16)
+    h.qtest_command(q, f"outl 0xcfc {value:#x}")
+    return value
+
+
+def msix_identify(q):
+    """Identify again, its completion signalled by MSI-X vector 0, whose message is a store
+    of MSI_DATA to MSI_ADDR in the consumer's RAM.  Returns (the word found there, status)."""
+    cap = config_rw(q, 0x34) & 0xfc
+    for _ in range(48):                        # the capability list, bounded
+        if cap == 0 or (config_rw(q, cap) & 0xff) == 0x11:
+            break
+        cap = (config_rw(q, cap) >> 8) & 0xfc
+    if cap == 0:
+        raise h.HarnessError("the lent NVMe shows no MSI-X capability")
+    table = config_rw(q, cap + 4)
+    if table & 7 != 0:
+        raise h.HarnessError(f"MSI-X table in BAR{table & 7}, not BAR0")
+    entry = BAR + (table & ~7)
+    h.qtest_command(q, f"writel {MSI_ADDR:#x} 0")
+    for off, v in ((0, MSI_ADDR), (4, 0), (8, MSI_DATA), (12, 0)):   # unmasked
+        h.qtest_command(q, f"writel {entry + off:#x} {v:#x}")
+    config_rw(q, cap, config_rw(q, cap) | (1 << 31))      # MSI-X enable
+    status, _ = identify(q)
+    word = h.wait_for(lambda: int(h.qtest_command(q, f"readl {MSI_ADDR:#x}")[1], 16), 10)
+    return word, status
 
 
 def memfd_of(pid, size):
@@ -244,6 +282,11 @@ def bar_forwarded(a, b):
     return bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"]
 
 
+def irqs_relayed(a, b):
+    lent, bor = a.stats()["lent"][0], b.stats()["borrowed"][0]
+    return lent["relayed_irqs"] + bor["relayed_irqs"]
+
+
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
@@ -261,7 +304,12 @@ def test_lend(procs, wd, fab, bdf, cap):
             status, serial = identify(q)
         except h.HarnessError as e:
             status, serial = -1, str(e)
+        try:
+            msi_word, msi_status = msix_identify(q)
+        except h.HarnessError as e:
+            msi_word, msi_status = 0, str(e)
         forwarded = bar_forwarded(a, b)
+        relayed = irqs_relayed(a, b)
         cb.execute("detach", device="hosta/nvme0")
         cb.execute("return", device="hosta/nvme0")
         # On this one-machine fabric the consumer's QEMU holds the device's VFIO fd for
@@ -279,6 +327,9 @@ def test_lend(procs, wd, fab, bdf, cap):
     ok = h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
                   config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
                   cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+    ok &= h.result("vfio-msix", msi_word == MSI_DATA and msi_status == 0 and relayed == 0,
+                   msi_word=f"{msi_word:#x}", status=str(msi_status).replace(" ", "_"),
+                   relayed=relayed)
     ok &= h.result("vfio-bar-mapped", forwarded == 0, bar_accesses_forwarded=forwarded)
     ok &= h.result("vfio-dma-identify", status == 0 and serial == SERIAL,
                    status=status, serial=serial.replace(" ", "_") or "-")
@@ -332,7 +383,7 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+            for name in ("vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
                          "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")
             return 1
