@@ -6,9 +6,9 @@ import sys
 import harness as h
 from lenderhost import LenderHost
 
-EXPECTED_RESULTS = 6
+EXPECTED_RESULTS = 7
 NAMES = ("vfio-lend-qtest", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
-         "vfio-lend-refusals")
+         "vfio-device-request", "vfio-lend-refusals")
 
 
 def main():

@@ -20,6 +20,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   misbehaving device would act on its own) DMAs to the IOVAs the borrower had mapped: the
   lender host's IOMMU blocks it (a DMAR fault naming the device) and the borrower's memory
   there is unchanged.  (QEMU's nvme reports nothing of a blocked DMA: memory is the proof.)
+- vfio-device-request: while the NVMe is lent and in use, the lender host unbinds it from
+  vfio-pci (the host wants it back).  The kernel's device request reaches the lender, whose
+  daemon revokes the lease; once the consumer let go (it is stopped, as an unplug would close
+  its fds), the unbind completes.  The function is bound to vfio-pci again afterwards.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
 """
@@ -339,6 +343,45 @@ def test_lend(procs, wd, fab, bdf, cap):
                          fault=(faults[0][-80:] if faults else "-").replace(" ", "_"))
 
 
+def test_device_request(procs, wd, fab, bdf):
+    a = Daemon(procs, wd, "hoste", fab, lends={"nvme0": {"pci": bdf}}).start()
+    b = Daemon(procs, wd, "hostf", fab).start()
+    ca, cb = Control(a.control), Control(b.control)
+    h.wait_for(lambda: any(x["device"] == "hoste/nvme0" for x in cb.execute("query-devices")),
+               10)
+    r = cb.execute("attach", device="hoste/nvme0", domain="vm-req")
+    q = qtest_qemu(procs, r["socket"])
+    unbind = None
+    try:
+        ident, _ = consumer_view(q)
+        # The host takes its function back: the write blocks until VFIO lets it go.
+        unbind = subprocess.Popen(["sh", "-c", f"echo {bdf} > /sys/bus/pci/devices/{bdf}"
+                                   "/driver/unbind"])
+
+        def lent():
+            return [x for x in ca.execute("query-devices")
+                    if x["device"] == "hoste/nvme0"][0]["state"] != "available"
+        revoked = h.wait_for(lambda: not lent(), 30)
+        requests = a.stats()["lent"][0]["device_requests"] if revoked else 0
+        still_waiting = unbind.poll() is None
+    finally:
+        procs.stop(q)
+    try:
+        unbind.wait(30)
+        unbound = not (Path("/sys/bus/pci/devices") / bdf / "driver").exists()
+    except subprocess.TimeoutExpired:
+        unbind.kill()
+        unbound = False
+    alive = a.proc.poll() is None and b.proc.poll() is None
+    a.stop()
+    b.stop()
+    bind_vfio(bdf)
+    return h.result("vfio-device-request", ident != 0xffffffff and revoked and requests >= 1
+                    and still_waiting and unbound and alive, revoked=revoked,
+                    device_requests=requests, unbind_waited_for_consumer=still_waiting,
+                    unbound=unbound, daemons_alive=alive)
+
+
 def test_refusals(procs, wd, fab, other):
     """@other: a function bound to no vfio-pci (the host's own)."""
     a = Daemon(procs, wd, "hostc", fab,
@@ -383,11 +426,12 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
-                         "vfio-lend-refusals"):
+            for name in ("vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
+                         "vfio-iommu-isolation", "vfio-device-request", "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")
             return 1
         for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
+                     lambda: test_device_request(procs, wd, fab, bdf),
                      lambda: test_refusals(procs, wd, fab, other)):
             try:
                 ok &= test()

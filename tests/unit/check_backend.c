@@ -8,6 +8,8 @@
  */
 #include "lender-rig.h"
 
+#include "common/util.h"
+
 #include "check-main.h"
 
 /* Calls the lender made through the spy, by op. */
@@ -29,10 +31,20 @@ static void spy_close(void *dev)
     vn_backend_vfio_user.close(dev);
 }
 
+/* The device request (VFIO_PCI_REQ_IRQ_INDEX) as a VFIO device has it: the
+ * spy keeps the eventfd the lender gives it, to signal it as the host
+ * kernel would. */
+static int spy_req_fd = -1;
+
 static int spy_get_info(void *dev, VnWireDeviceInfo *info)
 {
+    int ret = vn_backend_vfio_user.get_info(dev, info);
+
     g_atomic_int_inc(&calls.get_info);
-    return vn_backend_vfio_user.get_info(dev, info);
+    if (ret == 0) {
+        info->num_irqs = MAX(info->num_irqs, VFIO_PCI_REQ_IRQ_INDEX + 1);
+    }
+    return ret;
 }
 
 static int spy_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info,
@@ -47,6 +59,11 @@ static int spy_get_region_info(void *dev, uint32_t index, struct vfio_region_inf
 static int spy_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *info)
 {
     g_atomic_int_inc(&calls.irq_info);
+    if (index == VFIO_PCI_REQ_IRQ_INDEX) {
+        *info = (struct vfio_irq_info){ .argsz = sizeof(*info), .index = index, .count = 1,
+                                        .flags = VFIO_IRQ_INFO_EVENTFD };
+        return 0;
+    }
     return vn_backend_vfio_user.get_irq_info(dev, index, info);
 }
 
@@ -54,6 +71,13 @@ static int spy_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t star
                         uint32_t count, const uint8_t *bools, const int *fds)
 {
     g_atomic_int_inc(&calls.set_irqs);
+    if (index == VFIO_PCI_REQ_IRQ_INDEX) {
+        vn_util_close_fd(&spy_req_fd);
+        if ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && count == 1 && fds[0] >= 0) {
+            spy_req_fd = dup(fds[0]);
+        }
+        return 0;
+    }
     return vn_backend_vfio_user.set_irqs(dev, flags, index, start, count, bools, fds);
 }
 
@@ -114,6 +138,7 @@ static const VnBackendOps spy = {
 static void spy_setup(void)
 {
     memset(&calls, 0, sizeof(calls));
+    vn_util_close_fd(&spy_req_fd);
     rig_backend = &spy;
     setup();
 }
@@ -164,6 +189,63 @@ START_TEST(test_lender_uses_only_the_table)
     ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
     ck_assert_int_eq(g_atomic_int_get(&calls.close), 1);
     mem_free(&m);
+}
+END_TEST
+
+static gint requests_heard;
+
+static void on_request(void *opaque)
+{
+    g_atomic_int_inc(&requests_heard);
+}
+
+static void hear_requests(void *data)
+{
+    vn_lender_on_device_request(rig.lender, on_request, NULL);
+}
+
+static void kernel_asks(void)
+{
+    uint64_t one = 1;
+
+    ck_assert_int_ge(spy_req_fd, 0);
+    ck_assert_int_eq(write(spy_req_fd, &one, sizeof(one)), sizeof(one));
+}
+
+/* The host kernel's device request: the lender registers an eventfd of its
+ * own for it at attach, tells whoever listens each time the kernel asks,
+ * fences by itself when the kernel keeps asking, and never lets the
+ * borrower take the index over. */
+START_TEST(test_device_request)
+{
+    Borrower *b = borrower(0);
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    Snap s;
+
+    g_atomic_int_set(&requests_heard, 0);
+    on_loop(&rig.lend, hear_requests, NULL);
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_ge(spy_req_fd, 0);
+    ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                              VFIO_PCI_REQ_IRQ_INDEX, 0, 1, false, NULL, &efd, 1), -EPERM);
+
+    kernel_asks();
+    WAIT_FOR(g_atomic_int_get(&requests_heard) == 1);
+    s = snap();
+    ck_assert_str_eq(s.borrower, "b");      /* a revoke is the daemon's to start */
+    ck_assert_uint_eq(s.st.device_requests, 1);
+    snap_clear(&s);
+    for (int i = 1; i < VN_LENDER_REQUESTS_BEFORE_FENCE; i++) {
+        kernel_asks();
+        WAIT_FOR((s = snap(), snap_clear(&s), s.st.device_requests == (uint64_t)i + 1));
+    }
+    /* Asked again and again: the lender let the device go by itself. */
+    s = snap();
+    ck_assert_str_eq(s.borrower, "");
+    ck_assert_uint_eq(s.st.fences, 1);
+    ck_assert_int_eq(g_atomic_int_get(&requests_heard), VN_LENDER_REQUESTS_BEFORE_FENCE - 1);
+    snap_clear(&s);
+    close(efd);
 }
 END_TEST
 
@@ -229,6 +311,7 @@ static Suite *backend_suite(void)
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_lender_uses_only_the_table);
     tcase_add_test(tc, test_tables_checked);
+    tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_vfio_refusals);
     suite_add_tcase(s, tc);
     return s;

@@ -367,6 +367,48 @@ START_TEST(test_holder_known_before_the_worker)
 }
 END_TEST
 
+static gint device_requests;
+
+static void on_device_request(void *opaque)
+{
+    g_atomic_int_inc(&device_requests);
+}
+
+static void step_device_request(Worker *w)
+{
+    w->ret = vn_host_device_request(w->fab) ? 0 : -1;
+}
+
+/* A lender's worker says the host wants the device back: its daemon hears
+ * it; a borrower's worker saying it is refused. */
+START_TEST(test_device_request)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+
+    g_atomic_int_set(&device_requests, 0);
+    vn_port_on_device_request(port, on_device_request, NULL);
+    in_worker(step_open);
+    in_worker(step_device_request);
+    ck_assert_int_eq(worker->ret, 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    ck_assert_int_eq(g_atomic_int_get(&device_requests), 0);
+    in_worker(step_close);
+
+    vn_port_free(port, true);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    vn_port_on_device_request(port, on_device_request, NULL);
+    in_worker(step_open_inbound);
+    in_worker(step_device_request);
+    ck_assert_int_eq(worker->ret, 0);
+    WAIT_FOR(g_atomic_int_get(&device_requests) == 1);
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+    /* Not a `host` node: nothing to tell. */
+    ck_assert(!vn_host_device_request(hb->fab));
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -378,6 +420,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
+    tcase_add_test(tc, test_device_request);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -521,6 +521,25 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
                                           g_free);
 }
 
+void vn_cluster_device_request(void *opaque)
+{
+    VnLocalDevice *ld = opaque;
+    VnDaemon *d = ld->d;
+
+    if (!vn_lease_lent(ld->lease)) {
+        g_message("node %s: the host wants %s back (VFIO device request); it is not lent",
+                  d->conf->node, ld->conf->name);
+        return;
+    }
+    if (ld->revoke_timer != 0) {
+        return;         /* the kernel asks again every few seconds: one revoke */
+    }
+    g_message("node %s: the host wants %s back (VFIO device request: an unbind or a removal "
+              "of %s waits); revoking it from %s", d->conf->node, ld->conf->name,
+              vn_conf_lend_where(ld->conf), ld->lease->holder);
+    vn_cluster_revoke(d, ld, VN_DAEMON_REVOKE_GRACE_MS, NULL);
+}
+
 /* ---- leases, borrower side ---- */
 
 /* A release in progress: which lease of which device, and until when. */

@@ -34,6 +34,7 @@ typedef struct VnControlReply VnControlReply;
 
 /* A device this node lends. */
 typedef struct VnLocalDevice {
+    struct VnDaemon *d;
     VnLendConf *conf;           /* borrowed from the config */
     VnLease *lease;             /* its lease (d->leases owns it): holder, id, state */
     guint revoke_timer;         /* a revoke waiting out its grace period */
@@ -252,6 +253,9 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
                        void *opaque);
 void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque);
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
+/* The host wants @ld back (its worker heard VFIO's device request: an
+ * unbind or a removal waits on it): a revoke with the usual grace, once. */
+void vn_cluster_device_request(void *ld);
 /* The lease listener that fences, answers revokes, announces and emits
  * events (registered by vn_cluster_start's caller before leases change). */
 void vn_cluster_on_lease(void *opaque, const VnLeaseChange *change);

@@ -53,6 +53,7 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
 {
     VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
 
+    ld->d = d;
     ld->conf = lc;
     /* Its worker's port first: the holder's requests queue there while the
      * worker (re)starts. */
@@ -69,6 +70,7 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
         vn_devices_local_free(ld);
         return NULL;
     }
+    vn_port_on_device_request(ld->port, vn_cluster_device_request, ld);
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
     g_message("node %s: lending %s (%s %s)", d->conf->node, lc->name,

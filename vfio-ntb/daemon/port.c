@@ -60,7 +60,15 @@ struct VnPort {
     uint64_t refused;
     GMainContext *ctx;
     bool inbound;               /* a lender's worker: it answers the peer's requests */
+    VnPortDeviceRequestFn device_request;
+    void *device_request_opaque;
 };
+
+void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque)
+{
+    p->device_request = fn;
+    p->device_request_opaque = opaque;
+}
 
 const char *vn_port_path(VnPort *p)
 {
@@ -586,6 +594,13 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_OPEN_ROUTE:
         op_open_route(p, &h);
+        break;
+    case VN_HOST_DEVICE_REQUEST:
+        if (!p->inbound) {
+            refuse(p, "a device request from a borrower's worker");
+        } else if (p->device_request != NULL) {
+            p->device_request(p->device_request_opaque);
+        }
         break;
     default:
         op_doorbells(p, &h);

@@ -69,6 +69,12 @@ bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token);
 /* A doorbell that is the worker's (true) is passed on to it. */
 bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit);
 
+/* A lender's worker says the host wants its device back (VFIO's device
+ * request; the kernel repeats it until the device is let go): @fn runs,
+ * from the port's context, each time. */
+typedef void (*VnPortDeviceRequestFn)(void *opaque);
+void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque);
+
 /* What the port refused from its worker (counted, logged). */
 uint64_t vn_port_refused(VnPort *p);
 

@@ -7,6 +7,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "host.h"
+#include "fabric-int.h"
 #include "frame.h"
 #include "record.h"
 
@@ -66,6 +67,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_REPLY] = "REPLY",
     [VN_HOST_LINK] = "LINK",
     [VN_HOST_RECV] = "RECV",
+    [VN_HOST_DEVICE_REQUEST] = "DEVICE_REQUEST",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -96,7 +98,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
         return g_strdup_printf("a record of %zu bytes", len);
     }
     memcpy(hdr, buf, sizeof(*hdr));
-    worker_op = hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE;
+    worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
+                hdr->op == VN_HOST_DEVICE_REQUEST;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -625,6 +628,15 @@ static void host_unexport(void *backend, bool route, uint64_t id)
 {
     host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0,
                      NULL, id, 0, NULL, 0, -1);
+}
+
+bool vn_host_device_request(VnFabric *fab)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return false;
+    }
+    return host_send_record(fab->backend, VN_HOST_DEVICE_REQUEST, 0, NULL, 0, 0, NULL, 0,
+                            -1) == 0;
 }
 
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)

@@ -38,6 +38,13 @@
 /* The backend's table; vn_fabric_open() registers it as "host". */
 extern const VnFabricOps vn_host_ops;
 
+/*
+ * For a lender worker on this backend: tell the daemon that the host wants
+ * its device back (VFIO's device request), so that it revokes the lease.
+ * False when @fab is not a `host` node or its daemon is away.
+ */
+bool vn_host_device_request(VnFabric *fab);
+
 typedef enum VnHostOp {
     VN_HOST_INVALID = 0,
     /* worker -> daemon; the ones marked "->" get a REPLY */
@@ -58,6 +65,8 @@ typedef enum VnHostOp {
     VN_HOST_REPLY,               /* seq: the op's; status; arg, arg2; maybe 1 fd */
     VN_HOST_LINK,                /* peer, arg: 1 up, 0 down */
     VN_HOST_RECV,                /* peer; data: one fabric frame */
+    /* worker -> daemon, appended so that the numbers above never change */
+    VN_HOST_DEVICE_REQUEST,      /* a lender's: the host wants the device back */
     VN_HOST_OP_LAST
 } VnHostOp;
 

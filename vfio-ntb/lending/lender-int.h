@@ -66,6 +66,12 @@ struct VnLender {
     GPtrArray *windows;         /* VnLenderWindow, owned */
     GArray *maps;               /* VnLenderMap */
     VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
+    int request_fd;             /* the device request's eventfd, or -1 */
+    GSource *request_src;
+    uint32_t requests;          /* asked this lending */
+
+    VnLenderRequestFn on_request;
+    void *on_request_opaque;
 
     VnLenderStats stats;
     /* The device's last stall and its outcome ("" if none), set by the
@@ -83,5 +89,10 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token);
 /* Stop relaying @index's vectors [start, start + count); count 0: all. */
 void vn_lender_relay_drop(VnLender *l, uint32_t index, uint32_t start, uint32_t count);
 void vn_lender_relay_drop_all(VnLender *l);
+/* Hear the device's REQ while lent (attach), and stop (release). */
+void vn_lender_request_watch(VnLender *l);
+void vn_lender_request_unwatch(VnLender *l);
+/* lender.c: take the device back now. */
+void vn_lender_fence(VnLender *l, const char *why);
 
 #endif /* VN_LENDER_INT_H */

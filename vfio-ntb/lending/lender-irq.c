@@ -18,6 +18,70 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+/* ---- the host's device request ------------------------------------------ */
+
+static gboolean request_ready(gint fd, GIOCondition cond, gpointer data)
+{
+    VnLender *l = data;
+    uint64_t n;
+
+    if (read(fd, &n, sizeof(n)) != sizeof(n)) {
+        return G_SOURCE_CONTINUE;
+    }
+    l->requests++;
+    l->stats.device_requests++;
+    g_message("lender %s: the host wants %s back (VFIO device request %u)", l->name, l->where,
+              l->requests);
+    if (l->on_request != NULL && l->requests < VN_LENDER_REQUESTS_BEFORE_FENCE) {
+        l->on_request(l->on_request_opaque);
+    } else if (l->borrower != NULL) {
+        vn_lender_fence(l, l->on_request != NULL ? "the host asked for the device again"
+                                                 : "the host wants the device back");
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_lender_request_watch(VnLender *l)
+{
+    const uint32_t req = VFIO_PCI_REQ_IRQ_INDEX;
+    int fd, ret;
+
+    if (l->request_fd >= 0 || l->dev.num_irqs <= req || l->dev.irq_count[req] == 0 ||
+        !(l->dev.irq_flags[req] & VFIO_IRQ_INFO_EVENTFD)) {
+        return;
+    }
+    fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+        g_warning("lender %s: no eventfd for the device request: %s", l->name,
+                  g_strerror(errno));
+        return;
+    }
+    ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                           req, 0, 1, NULL, &fd);
+    if (ret < 0) {
+        g_warning("lender %s: the host's device request cannot be heard (%s): an unbind "
+                  "or removal of %s would wait for the lease to end", l->name,
+                  g_strerror(-ret), l->where);
+        close(fd);
+        return;
+    }
+    l->request_fd = fd;
+    l->requests = 0;
+    l->request_src = g_unix_fd_source_new(fd, G_IO_IN);
+    g_source_set_callback(l->request_src, G_SOURCE_FUNC(request_ready), l, NULL);
+    g_source_attach(l->request_src, l->ctx);
+}
+
+/* After the device is closed (which drops VFIO's own reference). */
+void vn_lender_request_unwatch(VnLender *l)
+{
+    if (l->request_src != NULL) {
+        g_source_destroy(l->request_src);
+        g_clear_pointer(&l->request_src, g_source_unref);
+    }
+    vn_util_close_fd(&l->request_fd);
+}
+
 /* ---- relay ------------------------------------------------------------- */
 
 static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
@@ -247,6 +311,12 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     if (s.index >= l->dev.num_irqs) {
         vn_lender_fail(l, token, EINVAL, "SET_IRQS: no interrupt index %u", s.index);
+        return;
+    }
+    if (s.index == VFIO_PCI_REQ_IRQ_INDEX) {
+        /* The host's, not the borrower's (lender.h); its borrower has its
+         * own, towards QEMU. */
+        vn_lender_fail(l, token, EPERM, "SET_IRQS: the device request is the lender host's");
         return;
     }
     if (s.relay) {

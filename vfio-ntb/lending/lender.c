@@ -115,7 +115,14 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops
     l->where = g_strdup(where);
     l->windows = g_ptr_array_new();
     l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
+    l->request_fd = -1;
     return l;
+}
+
+void vn_lender_on_device_request(VnLender *l, VnLenderRequestFn fn, void *opaque)
+{
+    l->on_request = fn;
+    l->on_request_opaque = opaque;
 }
 
 const char *vn_lender_name(VnLender *l)
@@ -338,6 +345,7 @@ static void release(VnLender *l)
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
     }
+    vn_lender_request_unwatch(l);
     memset(&l->dev, 0, sizeof(l->dev));
     g_clear_pointer(&l->borrower, g_free);
 }
@@ -348,7 +356,7 @@ static void release(VnLender *l)
  * connection.  Each step goes on when one fails: a dead device server must
  * not leave the borrower's memory mapped.
  */
-static void fence(VnLender *l, const char *why)
+void vn_lender_fence(VnLender *l, const char *why)
 {
     int ret;
 
@@ -523,6 +531,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
         l->dev.irq_flags[i] = ii.flags;
     }
     l->dev.num_irqs = info.num_irqs;
+    vn_lender_request_watch(l);
     return true;
 }
 
@@ -542,7 +551,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     if (l->borrower != NULL) {
         /* The borrower starts over (e.g. its VM restarted): fresh state. */
-        fence(l, "attached again");
+        vn_lender_fence(l, "attached again");
     }
     if (!attach(l, msg->peer, a.irq_mode, &error)) {
         release(l);
@@ -588,7 +597,7 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
         handle_attach(l, msg, token);
         break;
     case VN_PROTO_DETACH:
-        fence(l, "detached");
+        vn_lender_fence(l, "detached");
         reply_ok(l, token);
         break;
     case VN_PROTO_REGION_RW:
@@ -623,7 +632,7 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
 void vn_lender_peer_down(VnLender *l, const char *peer)
 {
     if (l->borrower != NULL && peer != NULL && strcmp(l->borrower, peer) == 0) {
-        fence(l, "link down");
+        vn_lender_fence(l, "link down");
     }
 }
 
@@ -632,7 +641,7 @@ void vn_lender_free(VnLender *l)
     if (l == NULL) {
         return;
     }
-    fence(l, "lender closing");
+    vn_lender_fence(l, "lender closing");
     release(l);
     g_ptr_array_unref(l->windows);
     g_array_unref(l->maps);
@@ -697,6 +706,7 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "resets", st.resets);
     add_counter(b, "fences", st.fences);
     add_counter(b, "windows", st.windows);
+    add_counter(b, "device_requests", st.device_requests);
     add_counter(b, "device_timeouts", st.device_timeouts);
     add_counter(b, "device_late_replies", st.device_late);
     json_builder_end_object(b);

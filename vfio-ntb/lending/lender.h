@@ -57,6 +57,7 @@ typedef struct VnLenderStats {
     uint64_t device_late;     /* answers to those that came later (dropped) */
     bool device_stalled;      /* the last command timed out, none answered since */
     uint32_t windows;         /* fabric windows mapped now */
+    uint64_t device_requests; /* the host asked for the device back (VFIO's REQ) */
 } VnLenderStats;
 
 /*
@@ -68,6 +69,20 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops
                         const char *where, GError **error);
 /* Fences first if a borrower holds the device. */
 void vn_lender_free(VnLender *l);
+
+/*
+ * While lent, the lender hears the host's device request (a backend with
+ * VFIO_PCI_REQ_IRQ_INDEX: the kernel wants the function back, for an unbind
+ * or a removal, and waits until every fd of it is closed).  @fn is told
+ * each time the kernel asks (it asks again every few seconds), so that the
+ * lease is revoked gracefully; when the kernel has asked
+ * VN_LENDER_REQUESTS_BEFORE_FENCE times and the device is still lent, or
+ * when no @fn is set, the lender fences on its own.  The device request is
+ * the lender host's: a borrower's SET_IRQS of that index is refused.
+ */
+#define VN_LENDER_REQUESTS_BEFORE_FENCE 3
+typedef void (*VnLenderRequestFn)(void *opaque);
+void vn_lender_on_device_request(VnLender *l, VnLenderRequestFn fn, void *opaque);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnLender, vn_lender_free)
 
 const char *vn_lender_name(VnLender *l);

@@ -23,6 +23,7 @@
 #include "common/json.h"
 #include "common/util.h"
 #include "common/wctl.h"
+#include "fabric/host.h"
 
 #include <gio/gio.h>
 #include <glib-unix.h>
@@ -58,6 +59,18 @@ static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
 };
+
+/* The host wants the device back: the daemon revokes the lease (the
+ * lender fences by itself if the kernel keeps asking). */
+static void on_device_request(void *opaque)
+{
+    Worker *w = opaque;
+
+    if (!vn_host_device_request(w->fab)) {
+        g_warning("lender worker: the daemon is away; the host's device request waits for "
+                  "it (or for the lender's own fence)");
+    }
+}
 
 /* "stats": the lender's counters and how its device server is doing. */
 static char *on_command(void *opaque, const char *name, GError **error)
@@ -148,6 +161,7 @@ int main(int argc, char **argv)
         vn_fabric_close(w.fab);
         return 1;
     }
+    vn_lender_on_device_request(w.l, on_device_request, &w);
     if (control != NULL && (wctl = vn_wctl_new(control, on_command, &w, &error)) == NULL) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         vn_lender_free(w.l);
