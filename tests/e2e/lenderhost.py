@@ -17,6 +17,10 @@ import harness as h
 
 # An NVMe controller of QEMU's own for the lender host to lend (its disk is a sparse file).
 NVME = "nvme,serial=VN-VFIO-01,drive=nv0"
+# Two functions in one IOMMU group (behind a PCIe-to-PCI bridge), bound to the host's
+# virtio-pci driver: what `managed = yes` must refuse to take half of.
+SHARED_GROUP = ("pcie-pci-bridge,id=br1", "virtio-rng-pci,bus=br1,addr=0x1",
+                "virtio-rng-pci,bus=br1,addr=0x2")
 
 
 def lender_host_image():

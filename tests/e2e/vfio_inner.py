@@ -1,6 +1,12 @@
 """Runs inside the lender host (lenderhost.py), as root, with real VFIO: lends its QEMU NVMe
 through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT lines.
 
+- vfio-managed: `managed = yes` (lent with the control socket's `lend`): the NVMe, bound to
+  the host's nvme driver, is refused while its namespace is an active swap area (the message
+  names it); accepted once it is not, bound to vfio-pci, borrowed and read; given back to the
+  nvme driver when unlent.  A function whose IOMMU group holds another bound to a host driver
+  (two virtio-rng behind one PCIe-to-PCI bridge) is refused naming that one; an address the
+  host does not have is refused.
 - vfio-lend-qtest: the NVMe bound to vfio-pci is lent by hosta (`pci = ...`) and borrowed
   by hostb; a qtest QEMU (no guest CPU) with vfio-user-pci on hostb's socket reads the
   device's config space (vendor:device) and BAR0's CAP register through the whole chain.
@@ -20,6 +26,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   misbehaving device would act on its own) DMAs to the IOVAs the borrower had mapped: the
   lender host's IOMMU blocks it (a DMAR fault naming the device) and the borrower's memory
   there is unchanged.  (QEMU's nvme reports nothing of a blocked DMA: memory is the proof.)
+- vfio-nvme-guest: a nested TCG guest (the test VM, Debian's stock kernel and nvme driver) on
+  the same NVMe lent through VFIO passes the data check (its writes read back, and the lender
+  host's disk file holds them); over its data phase nothing of ours served it: no vfio-user
+  message from its QEMU, no access forwarded, no interrupt relayed, no fabric message.
 - vfio-device-request: while the NVMe is lent and in use, the lender host unbinds it from
   vfio-pci (the host wants it back).  The kernel's device request reaches the lender, whose
   daemon revokes the lease; once the consumer let go (it is stopped, as an unplug would close
@@ -41,6 +51,7 @@ from control import Control, ControlError
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
 SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
 RAM_SIZE = 256 << 20            # the consumer's
+DISK = "/tmp/share/nv0.img"     # the lender host's NVMe's disk (lenderhost.py), seen inside
 
 
 def sysfs(bdf, name):
@@ -63,6 +74,13 @@ def bar0_cap(bdf):
         finally:
             m.close()
     return (hi << 32) | lo
+
+
+def unbind(bdf):
+    """No driver (the host's nvme holds BAR0 busy, which sysfs then will not map)."""
+    dev = Path("/sys/bus/pci/devices") / bdf
+    if (dev / "driver").exists():
+        (dev / "driver" / "unbind").write_text(bdf)
 
 
 def bind_vfio(bdf):
@@ -291,6 +309,63 @@ def irqs_relayed(a, b):
     return lent["relayed_irqs"] + bor["relayed_irqs"]
 
 
+def driver_of(bdf):
+    link = Path("/sys/bus/pci/devices") / bdf / "driver"
+    return os.path.basename(os.readlink(link)) if link.exists() else ""
+
+
+def lend_error(c, **args):
+    try:
+        c.execute("lend", allow=["*"], managed=True, **args)
+        return None
+    except ControlError as e:
+        return e.desc
+
+
+def test_managed(procs, wd, fab, bdf, shared):
+    """@bdf: the NVMe, bound to nvme; @shared: two functions of one group."""
+    a = Daemon(procs, wd, "hostm", fab).start()
+    b = Daemon(procs, wd, "hostn", fab).start()
+    ca, cb = Control(a.control), Control(b.control)
+    before = driver_of(bdf)
+    disk = "/dev/" + next((Path("/sys/bus/pci/devices") / bdf / "nvme").glob("nvme*/nvme*n1")).name
+    subprocess.run(["mkswap", disk], check=True, capture_output=True)
+    subprocess.run(["swapon", disk], check=True, capture_output=True)
+    try:
+        in_use = lend_error(ca, name="m0", pci=bdf) or "accepted"
+    finally:
+        subprocess.run(["swapoff", disk], capture_output=True)
+    group = lend_error(ca, name="m1", pci=shared[0]) or "accepted"
+    absent = lend_error(ca, name="m2", pci="0000:00:1e.6") or "accepted"
+    lent = lend_error(ca, name="m0", pci=bdf) or "accepted"
+    bound = h.wait_for(lambda: driver_of(bdf) == "vfio-pci", 15)
+    ident = 0
+    if bound:
+        h.wait_for(lambda: any(x["device"] == "hostm/m0" for x in cb.execute("query-devices")),
+                   10)
+        r = cb.execute("attach", device="hostm/m0", domain="vm-m")
+        q = qtest_qemu(procs, r["socket"])
+        try:
+            ident, _ = consumer_view(q)
+        finally:
+            procs.stop(q)
+        cb.execute("detach", device="hostm/m0")
+        cb.execute("return", device="hostm/m0")
+        h.wait_for(lambda: group_free(bdf), 15)
+        ca.execute("unlend", name="m0")
+    back = h.wait_for(lambda: driver_of(bdf) == before, 15)
+    a.stop()
+    b.stop()
+    return h.result("vfio-managed",
+                    before == "nvme" and "swap area in use" in in_use and
+                    f"{shared[1]} (virtio-pci)" in group and "no PCI function" in absent and
+                    lent == "accepted" and bool(bound) and ident == 0x00101b36 and bool(back),
+                    driver_before=before or "-", in_use=in_use[-60:].replace(" ", "_"),
+                    group=group[-70:].replace(" ", "_"), absent=absent[-40:].replace(" ", "_"),
+                    bound_to_vfio=bool(bound), config_id=f"{ident:#010x}",
+                    given_back=driver_of(bdf) or "-")
+
+
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
@@ -341,6 +416,53 @@ def test_lend(procs, wd, fab, bdf, cap):
                          group_let_go=free, dmar_faults=len(faults), memory_unchanged=unchanged,
                          csts=f"{csts:#x}",
                          fault=(faults[0][-80:] if faults else "-").replace(" ", "_"))
+
+
+def data_counters(a, b):
+    """What software of ours did for the borrowed device (test_lending.py's, less the device
+    server's own counters: here the device is hardware)."""
+    sa, sb = a.stats(), b.stats()
+    lent, bor = sa["lent"][0], sb["borrowed"][0]
+    return {
+        "vfio_user_messages": bor["vfio_user"]["messages"],
+        "forwarded_mmio": bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"],
+        "forwarded_config": bor["config_forwarded"] + lent["config_rw"],
+        "relayed_irqs": lent["relayed_irqs"] + bor["relayed_irqs"],
+        "fabric_messages": (bor["fabric_requests"] + lent["requests"] +
+                            sa["fabric"]["doorbells_sent"]),
+    }
+
+
+def test_guest(procs, wd, fab, bdf, disk):
+    a = Daemon(procs, wd, "hostg", fab, lends={"nvme0": {"pci": bdf}}).start()
+    b = Daemon(procs, wd, "hosth", fab).start()
+    cb = Control(b.control)
+    h.wait_for(lambda: any(x["device"] == "hostg/nvme0" for x in cb.execute("query-devices")),
+               10)
+    r = cb.execute("attach", device="hostg/nvme0", domain="vm-guest")
+    q = h.Qemu(procs, "probe,pause,data,pause", [h.VfioUserDevice(r["socket"])],
+               params={"seed": 21, "pause_s": 3, "data_mib": 8}, workdir=procs.tempdir(),
+               timeout=900, qemu=h.stock_qemu()).start()
+    try:
+        q.wait_line("VNREADY", "pause")
+        before = data_counters(a, b)
+        q.wait_line("VNREADY", "pause")
+        after = data_counters(a, b)
+        run = q.wait_done()
+    finally:
+        q.stop()
+    cb.execute("detach", device="hostg/nvme0")
+    cb.execute("return", device="hostg/nvme0")
+    a.stop()
+    b.stop()
+    ver = h.verify_backing(disk, run.data)
+    d = {k: after[k] - before[k] for k in after}
+    probe = run.results.get("probe", {})
+    return h.result("vfio-nvme-guest", run.results.get("data", {}).get("status") == "PASS"
+                    and probe.get("serial") == SERIAL and len(ver) > 0
+                    and all(v["ok"] for v in ver) and all(v == 0 for v in d.values()),
+                    serial=probe.get("serial"), regions=len(ver),
+                    guest_up_s=round(run.t_boot, 1) if run.t_boot else "-", **d)
 
 
 def test_device_request(procs, wd, fab, bdf):
@@ -417,20 +539,32 @@ def main():
     with h.Procs() as procs:
         try:
             bdf = find(NVME_ID)
-            cap = bar0_cap(bdf)
-            bind_vfio(bdf)
+            shared = sorted(str(x.name) for x in Path("/sys/bus/pci/devices").iterdir()
+                            if sysfs(x.name, "vendor") == "0x1af4" and
+                            sysfs(x.name, "device") == "0x1005")
             wd = procs.tempdir()
             fab = procs.tempdir("vn-fabric-")
+            # First, while the host's nvme driver still has the NVMe.
+            try:
+                ok &= test_managed(procs, wd, fab, bdf, shared)
+            except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
+                    StopIteration, subprocess.CalledProcessError) as e:
+                ok = h.failed("vfio-managed", e)
+            unbind(bdf)
+            cap = bar0_cap(bdf)
+            bind_vfio(bdf)
             # The host's own function to refuse: the host bridge (bound to no vfio-pci).
             other = "0000:00:00.0"
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
-                         "vfio-iommu-isolation", "vfio-device-request", "vfio-lend-refusals"):
+            for name in ("vfio-managed", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
+                         "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request",
+                         "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")
             return 1
         for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
+                     lambda: test_guest(procs, wd, fab, bdf, Path(DISK)),
                      lambda: test_device_request(procs, wd, fab, bdf),
                      lambda: test_refusals(procs, wd, fab, other)):
             try:

@@ -241,6 +241,37 @@ START_TEST(test_lend_pci)
 }
 END_TEST
 
+/* managed = yes|no on a PCI function; anything else, or on a device
+ * server's device, refused naming the key. */
+START_TEST(test_lend_managed)
+{
+    static const char head[] = "[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n";
+    g_autoptr(GError) error = NULL;
+    g_autofree char *yes = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = yes\n"
+                                       "allow = *\n", NULL);
+    g_autofree char *no = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = no\n"
+                                      "allow = *\n", NULL);
+    g_autofree char *maybe = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\n"
+                                       "managed = maybe\nallow = *\n", NULL);
+    g_autofree char *sock = g_strconcat(head, "[lend nvme1]\nsocket = /run/d.sock\n"
+                                        "managed = yes\nallow = *\n", NULL);
+    VnConfig *c = vn_conf_parse(yes, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert(((VnLendConf *)c->lends->pdata[0])->managed);
+    vn_conf_free(c);
+    c = vn_conf_parse(no, &error);
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert(!((VnLendConf *)c->lends->pdata[0])->managed);
+    vn_conf_free(c);
+    ck_assert_ptr_null(vn_conf_parse(maybe, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "managed = \"maybe\": yes or no"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_conf_parse(sock, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "[lend nvme1]: managed = yes is for a PCI"));
+}
+END_TEST
+
 static Suite *conf_suite(void)
 {
     Suite *s = suite_create("conf");
@@ -250,6 +281,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_shipped_example);
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_everything);
+    tcase_add_test(tc, test_lend_managed);
     tcase_add_test(tc, test_runtime_lend);
     tcase_add_test(tc, test_lend_pci);
     suite_add_tcase(s, tc);

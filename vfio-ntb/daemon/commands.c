@@ -627,6 +627,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     const char *socket = vn_util_json_string(a, "socket");
     const char *pci = vn_util_json_string(a, "pci");
     JsonNode *an = json_object_get_member(a, "allow");
+    JsonNode *mn = json_object_get_member(a, "managed");
     g_autoptr(GPtrArray) allow = g_ptr_array_new();
     g_autoptr(GError) error = NULL;
     VnLocalDevice *ld;
@@ -668,11 +669,19 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          VN_CONF_MAX_DEVICES);
         return;
     }
+    if (mn != NULL && (!JSON_NODE_HOLDS_VALUE(mn) ||
+                       json_node_get_value_type(mn) != G_TYPE_BOOLEAN ||
+                       (json_node_get_boolean(mn) && pci == NULL))) {
+        vn_control_error(r, VN_ERR_PARAM, "\"managed\" is true or false, and true only "
+                         "with \"pci\"");
+        return;
+    }
     lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &error);
     if (lc == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "lend: %s", error->message);
         return;
     }
+    lc->managed = mn != NULL && json_node_get_boolean(mn);
     g_ptr_array_add(d->conf->lends, lc);
     ld = vn_devices_lend(d, lc, &error);
     if (ld == NULL) {
@@ -733,7 +742,7 @@ static const Command commands[] = {
     { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
     { "unplug", cmd_unplug, { "device", NULL } },
-    { "lend", cmd_lend, { "name", "socket", "pci", "allow", NULL } },
+    { "lend", cmd_lend, { "name", "socket", "pci", "managed", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { NULL } },
 };

@@ -13,6 +13,25 @@
 #include <gio/gio.h>
 #include <string.h>
 
+bool vn_conf_lend_managed(VnLendConf *l, const char *value, GError **error)
+{
+    bool yes = g_ascii_strcasecmp(value, "yes") == 0 || g_ascii_strcasecmp(value, "true") == 0;
+
+    if (!yes && g_ascii_strcasecmp(value, "no") != 0 && g_ascii_strcasecmp(value, "false") != 0) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "managed = \"%.20s\": yes or no", value);
+        return false;
+    }
+    if (yes && l->pci == NULL) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "managed = yes is for a PCI function (\"pci\"): a device server's "
+                    "device has no driver of ours to change");
+        return false;
+    }
+    l->managed = yes;
+    return true;
+}
+
 static void lend_free(gpointer p);
 
 /* UNIX socket paths: absolute (the daemon and its workers change no
@@ -159,8 +178,8 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
 
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "socket", "pci", "allow", NULL };
-    g_autofree char *socket = NULL, *pci = NULL;
+    static const char *const known[] = { "socket", "pci", "managed", "allow", NULL };
+    g_autofree char *socket = NULL, *pci = NULL, *managed = NULL;
     g_auto(GStrv) allow = NULL;
     VnLendConf *l;
     gsize n = 0;
@@ -195,6 +214,12 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
         return false;
     }
     l->runtime = false;
+    managed = g_key_file_get_string(kf, group, "managed", NULL);
+    if (managed != NULL && !vn_conf_lend_managed(l, g_strstrip(managed), error)) {
+        g_prefix_error(error, "[%s]: ", group);
+        lend_free(l);
+        return false;
+    }
     g_ptr_array_add(c->lends, l);
     return true;
 }

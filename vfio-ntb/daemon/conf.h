@@ -48,6 +48,7 @@ typedef struct VnLendConf {
     char *name;
     char *socket;               /* a vfio-user server's, or NULL ... */
     char *pci;                  /* ... a function of this host, through VFIO */
+    bool managed;               /* pci: bound to vfio-pci while lendable, then given back */
     GStrv allow;                 /* node names, or the single entry "*" */
     bool runtime;                /* added with `lend`, persisted in the state file */
 } VnLendConf;
@@ -58,6 +59,9 @@ typedef struct VnLendConf {
  * address or a bad access list. */
 VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *pci,
                              const char *const *allow, GError **error);
+/* `managed = yes|no` (also true/false): true or false, or false with @error
+ * for another word or a managed device without "pci". */
+bool vn_conf_lend_managed(VnLendConf *l, const char *value, GError **error);
 /* The backend that reaches it (lending/backend.h) and what it opens. */
 const char *vn_conf_lend_backend(const VnLendConf *l);
 const char *vn_conf_lend_where(const VnLendConf *l);

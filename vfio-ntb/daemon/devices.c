@@ -8,6 +8,8 @@
 
 #include "daemon-int.h"
 
+#include "lending/pcibind.h"
+
 #include <errno.h>
 #include <gio/gio.h>
 #include <string.h>
@@ -49,9 +51,46 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
 }
 
 /* Leaves a running worker alone: it serves a VM and outlives us. */
+/*
+ * Whether a `managed` function may be taken from the host: it exists, no
+ * one uses it through its driver, its IOMMU group has no member bound to a
+ * host driver.  Reads sysfs and procfs only (bounded), so it may run here.
+ */
+static bool managed_ok(VnDaemon *d, VnLendConf *lc, GError **error)
+{
+    g_autofree char *driver = vn_pcibind_driver("/sys", lc->pci, error);
+    g_autofree char *users = NULL, *group = NULL;
+
+    if (driver == NULL) {
+        g_prefix_error(error, "cannot lend %s: ", lc->name);
+        return false;
+    }
+    if (strcmp(driver, "vfio-pci") != 0 &&
+        (users = vn_pcibind_users("/sys", "/proc", lc->pci)) != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_BUSY,
+                    "cannot lend %s: this host uses %s (%s): %s", lc->name, lc->pci,
+                    driver[0] ? driver : "no driver", users);
+        return false;
+    }
+    group = vn_pcibind_group_conflicts("/sys", lc->pci);
+    if (group != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_BUSY,
+                    "cannot lend %s: %s's IOMMU group also holds %s, bound to host drivers "
+                    "(VFIO needs the whole group: bind them to vfio-pci or unbind them)",
+                    lc->name, lc->pci, group);
+        return false;
+    }
+    return true;
+}
+
 VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
 {
-    VnLocalDevice *ld = g_new0(VnLocalDevice, 1);
+    VnLocalDevice *ld;
+
+    if (lc->managed && !managed_ok(d, lc, error)) {
+        return NULL;
+    }
+    ld = g_new0(VnLocalDevice, 1);
 
     ld->d = d;
     ld->conf = lc;

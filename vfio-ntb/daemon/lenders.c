@@ -86,6 +86,12 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     g_ptr_array_add(argv, g_strdup_printf("--backend=%s", vn_conf_lend_backend(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--device-at=%s", vn_conf_lend_where(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", ld->channel_path));
+    if (ld->conf->managed) {
+        /* The worker binds it (a driver's unbind may take its time) and
+         * keeps the driver it had there, for when it is unlent. */
+        g_ptr_array_add(argv, g_strdup_printf("--managed-state=%s/lend-%s-driver",
+                                              d->conf->run_dir, ld->conf->name));
+    }
     g_ptr_array_add(argv, NULL);
     if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
                        &ld->worker_pid, error)) {

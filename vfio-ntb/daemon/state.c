@@ -52,6 +52,10 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, lc->name);
         json_builder_set_member_name(b, lc->pci != NULL ? "pci" : "socket");
         json_builder_add_string_value(b, vn_conf_lend_where(lc));
+        if (lc->managed) {
+            json_builder_set_member_name(b, "managed");
+            json_builder_add_boolean_value(b, TRUE);
+        }
         json_builder_set_member_name(b, "allow");
         json_builder_begin_array(b);
         for (char **a = lc->allow; *a != NULL; a++) {
@@ -272,6 +276,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
                       local->message);
             continue;
         }
+        lc->managed = pci != NULL && vn_util_json_bool(json_node_get_object(e), "managed");
         g_ptr_array_add(d->conf->lends, lc);
         if (vn_devices_lend(d, lc, &local) == NULL) {
             g_ptr_array_remove(d->conf->lends, lc);

@@ -24,6 +24,7 @@
 #include "common/util.h"
 #include "common/wctl.h"
 #include "fabric/host.h"
+#include "pcibind.h"
 
 #include <gio/gio.h>
 #include <glib-unix.h>
@@ -59,6 +60,45 @@ static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
 };
+
+/*
+ * managed = yes: bind @bdf to vfio-pci, the driver it had kept in @state
+ * (0600) so that a restarted worker gives it back to that one, not to
+ * vfio-pci.  The driver's name, or NULL (said on stderr).
+ */
+static char *managed_take(const char *bdf, const char *state)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *kept = NULL, *was = NULL;
+
+    if (g_file_get_contents(state, &kept, NULL, NULL)) {
+        g_strstrip(kept);
+    }
+    if (!vn_pcibind_to_vfio("/sys", bdf, &was, &error)) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return NULL;
+    }
+    if (kept != NULL && strlen(kept) <= 64 && g_regex_match_simple("^[A-Za-z0-9_.-]*$", kept,
+                                                                    0, 0)) {
+        return g_steal_pointer(&kept);
+    }
+    if (!g_file_set_contents_full(state, was, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600,
+                                  &error)) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+    }
+    return g_steal_pointer(&was);
+}
+
+static void managed_give_back(const char *bdf, const char *state, const char *driver)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (!vn_pcibind_restore("/sys", bdf, driver, &error)) {
+        g_warning("lender worker: %s", error->message);
+        return;
+    }
+    unlink(state);
+}
 
 /* The host wants the device back: the daemon revokes the lease (the
  * lender fences by itself if the kernel keeps asking). */
@@ -106,7 +146,8 @@ static char *on_command(void *opaque, const char *name, GError **error)
 int main(int argc, char **argv)
 {
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
-    g_autofree char *control = NULL, *backend = NULL, *at = NULL;
+    g_autofree char *control = NULL, *backend = NULL, *at = NULL, *managed = NULL;
+    g_autofree char *was = NULL;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
           "PATH" },
@@ -120,6 +161,9 @@ int main(int argc, char **argv)
           "the same as --backend=vfio-user --device-at=PATH", "PATH" },
         { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
           "PATH" },
+        { "managed-state", 0, 0, G_OPTION_ARG_FILENAME, &managed,
+          "bind the PCI function to vfio-pci, keeping its driver's name in PATH; give it "
+          "back to that driver on SIGTERM", "PATH" },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one lent device's backend");
@@ -147,6 +191,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }
+    if (managed != NULL && (strcmp(ops->name, "vfio") != 0 || at == NULL)) {
+        fprintf(stderr, "vfio-ntb-lender: --managed-state is for --backend=vfio\n");
+        return 2;
+    }
+    if (managed != NULL && (was = managed_take(at, managed)) == NULL) {
+        return 1;
+    }
     signal(SIGPIPE, SIG_IGN);
     g_hash_table_insert(fp, g_strdup("port"), g_strdup(port));
     w.loop = g_main_loop_new(NULL, FALSE);
@@ -173,5 +224,8 @@ int main(int argc, char **argv)
     g_clear_pointer(&w.l, vn_lender_free);
     vn_fabric_close(w.fab);
     g_main_loop_unref(w.loop);
+    if (was != NULL) {
+        managed_give_back(at, managed, was);
+    }
     return 0;
 }

@@ -1,0 +1,241 @@
+/*
+ * Unit tests of vfio-ntb/lending/pcibind.[ch] on a fake sysfs and procfs:
+ * who uses a function (mounts, swap, holders, up interfaces, open DRM
+ * nodes), what its IOMMU group holds, and what a bind writes.  Binds that
+ * the kernel carries out are tested in the lender host (e2e vfio-managed).
+ */
+#include "check-main.h"
+
+#include "lending/pcibind.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glib/gstdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#define BDF "0000:00:05.0"
+#define OTHER "0000:00:05.1"
+
+static char *root, *sys, *proc;
+
+static void put(const char *rel, const char *text)
+{
+    g_autofree char *path = g_build_filename(root, rel, NULL);
+    g_autofree char *dir = g_path_get_dirname(path);
+
+    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
+    ck_assert(g_file_set_contents(path, text, -1, NULL));
+}
+
+static void link_to(const char *rel, const char *target)
+{
+    g_autofree char *path = g_build_filename(root, rel, NULL);
+    g_autofree char *dir = g_path_get_dirname(path);
+
+    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
+    ck_assert_int_eq(symlink(target, path), 0);
+}
+
+static char *got(const char *rel)
+{
+    g_autofree char *path = g_build_filename(root, rel, NULL);
+    char *text = NULL;
+
+    return g_file_get_contents(path, &text, NULL, NULL) ? text : g_strdup("(none)");
+}
+
+/* Two functions in one group under a root port; the first has an NVMe
+ * with a partition, a network interface and a DRM card; a function on
+ * another bus has a disk of its own. */
+static void setup(void)
+{
+    root = g_dir_make_tmp("vn-pcibind-XXXXXX", NULL);
+    sys = g_build_filename(root, "sys", NULL);
+    proc = g_build_filename(root, "proc", NULL);
+    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/dev", "259:0\n");
+    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1/dev", "259:1\n");
+    put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1002\n");     /* down */
+    put("sys/devices/pci0000:00/" BDF "/drm/card3/dev", "226:3\n");
+    put("sys/devices/pci0000:00/" OTHER "/vendor", "0x8086\n");
+    put("sys/devices/pci0000:00/0000:00:06.0/block/vda/dev", "254:0\n");
+    put("sys/bus/pci/drivers/nvme/unbind", "");
+    put("sys/bus/pci/drivers/vfio-pci/unbind", "");
+    put("sys/bus/pci/drivers/igb/unbind", "");
+    put("sys/bus/pci/drivers_probe", "");
+    put("sys/devices/pci0000:00/" BDF "/driver_override", "(null)\n");
+    link_to("sys/bus/pci/devices/" BDF, "../../../devices/pci0000:00/" BDF);
+    link_to("sys/bus/pci/devices/" OTHER, "../../../devices/pci0000:00/" OTHER);
+    link_to("sys/class/block/nvme0n1", "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1");
+    link_to("sys/class/block/nvme0n1p1",
+            "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1");
+    link_to("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
+    link_to("sys/class/net/eth7", "../../devices/pci0000:00/" BDF "/net/eth7");
+    link_to("sys/class/drm/card3", "../../devices/pci0000:00/" BDF "/drm/card3");
+    link_to("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/nvme");
+    link_to("sys/devices/pci0000:00/" BDF "/iommu_group", "../../../kernel/iommu_groups/7");
+    link_to("sys/kernel/iommu_groups/7/devices/" BDF, "../../../../devices/pci0000:00/" BDF);
+    link_to("sys/kernel/iommu_groups/7/devices/" OTHER,
+            "../../../../devices/pci0000:00/" OTHER);
+    put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n");
+    put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
+}
+
+static void teardown(void)
+{
+    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", root);
+
+    ck_assert_int_eq(system(cmd), 0);
+    g_clear_pointer(&root, g_free);
+    g_clear_pointer(&sys, g_free);
+    g_clear_pointer(&proc, g_free);
+}
+
+START_TEST(test_driver)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *drv = vn_pcibind_driver(sys, BDF, NULL);
+    g_autofree char *none = vn_pcibind_driver(sys, OTHER, NULL);
+
+    ck_assert_str_eq(drv, "nvme");
+    ck_assert_str_eq(none, "");
+    ck_assert_ptr_null(vn_pcibind_driver(sys, "0000:00:1f.7", &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "no PCI function 0000:00:1f.7"));
+}
+END_TEST
+
+/* Nobody uses it: the other function's root disk is not its. */
+START_TEST(test_unused)
+{
+    ck_assert_ptr_null(vn_pcibind_users(sys, proc, BDF));
+}
+END_TEST
+
+START_TEST(test_users_named)
+{
+    g_autofree char *users = NULL;
+
+    put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n"
+                               "40 22 259:1 / /data rw,relatime - ext4 /dev/nvme0n1p1 rw\n");
+    put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n"
+                      "/dev/nvme0n1\tpartition\t1024\t0\t-2\n");
+    put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1003\n");
+    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/holders/dm-0/dev", "253:0\n");
+    users = vn_pcibind_users(sys, proc, BDF);
+    ck_assert_ptr_nonnull(users);
+    ck_assert_ptr_nonnull(strstr(users, "nvme0n1p1 is mounted on /data"));
+    ck_assert_ptr_nonnull(strstr(users, "nvme0n1 is a swap area in use"));
+    ck_assert_ptr_nonnull(strstr(users, "nvme0n1 is held by dm-0"));
+    ck_assert_ptr_nonnull(strstr(users, "network interface eth7 is up"));
+    ck_assert_ptr_null(strstr(users, "vda"));
+}
+END_TEST
+
+/* An open DRM node: a process whose fd is the card's character device
+ * (needs mknod, so root; skipped without). */
+START_TEST(test_drm_open)
+{
+    g_autofree char *node = g_build_filename(root, "card3-node", NULL);
+    g_autofree char *users = NULL;
+
+    if (mknod(node, S_IFCHR | 0600, makedev(226, 3)) < 0) {
+        return;
+    }
+    put("proc/4242/comm", "Xorg\n");
+    link_to("proc/4242/fd/9", node);
+    put("proc/4243/comm", "bash\n");
+    link_to("proc/4243/fd/0", "/dev/null");
+    users = vn_pcibind_users(sys, proc, BDF);
+    ck_assert_ptr_nonnull(users);
+    ck_assert_str_eq(users, "/dev/dri/card3 is open in process 4242 (Xorg)");
+}
+END_TEST
+
+START_TEST(test_group)
+{
+    g_autofree char *bad = NULL;
+
+    ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF));        /* no driver */
+    link_to("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/igb");
+    bad = vn_pcibind_group_conflicts(sys, BDF);
+    ck_assert_ptr_nonnull(bad);
+    ck_assert_str_eq(bad, OTHER " (igb)");
+    {
+        g_autofree char *drv = g_build_filename(root, "sys/devices/pci0000:00/" OTHER "/driver",
+                                                NULL);
+
+        ck_assert_int_eq(unlink(drv), 0);
+    }
+    link_to("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/vfio-pci");
+    ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF));
+}
+END_TEST
+
+/* What a bind asks of the kernel: vfio-pci as the override, an unbind from
+ * its driver, a probe; a fake kernel does not carry it out, so the bind
+ * says the function did not go to vfio-pci. */
+START_TEST(test_bind_writes)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *was = NULL;
+    g_autofree char *override = NULL, *unbind = NULL, *probed = NULL;
+
+    ck_assert(!vn_pcibind_to_vfio(sys, BDF, &was, &error));
+    ck_assert_str_eq(was, "nvme");
+    ck_assert_ptr_nonnull(strstr(error->message, "did not bind to vfio-pci"));
+    override = got("sys/devices/pci0000:00/" BDF "/driver_override");
+    unbind = got("sys/bus/pci/drivers/nvme/unbind");
+    probed = got("sys/bus/pci/drivers_probe");
+    ck_assert_str_eq(override, "vfio-pci");
+    ck_assert_str_eq(unbind, BDF);
+    ck_assert_str_eq(probed, BDF);
+}
+END_TEST
+
+/* Given back: override cleared, unbound from vfio-pci, probed; a function
+ * that was vfio-pci's to begin with is left alone. */
+START_TEST(test_restore_writes)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *override = NULL, *unbind = NULL;
+    g_autofree char *drv = g_build_filename(root, "sys/devices/pci0000:00/" BDF "/driver",
+                                            NULL);
+
+    ck_assert(vn_pcibind_restore(sys, BDF, "vfio-pci", NULL));
+    override = got("sys/devices/pci0000:00/" BDF "/driver_override");
+    ck_assert_str_eq(override, "(null)\n");
+    ck_assert_int_eq(unlink(drv), 0);
+    link_to("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/vfio-pci");
+    ck_assert(!vn_pcibind_restore(sys, BDF, "nvme", &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "not back to nvme"));
+    g_free(override);
+    override = got("sys/devices/pci0000:00/" BDF "/driver_override");
+    unbind = got("sys/bus/pci/drivers/vfio-pci/unbind");
+    ck_assert_str_eq(override, "\n");
+    ck_assert_str_eq(unbind, BDF);
+}
+END_TEST
+
+static Suite *pcibind_suite(void)
+{
+    Suite *s = suite_create("pcibind");
+    TCase *tc = tcase_create("pcibind");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_driver);
+    tcase_add_test(tc, test_unused);
+    tcase_add_test(tc, test_users_named);
+    tcase_add_test(tc, test_drm_open);
+    tcase_add_test(tc, test_group);
+    tcase_add_test(tc, test_bind_writes);
+    tcase_add_test(tc, test_restore_writes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(pcibind_suite());
+}
