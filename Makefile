@@ -17,7 +17,8 @@ SAN_CFLAGS ?=
 SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
 INC := -Ivfio-ntb -I.
-ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS)
+ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
+	$(PCI_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(filter-out vfio-ntb/lending/worker.c,$(wildcard vfio-ntb/lending/*.c)) \
@@ -58,35 +59,35 @@ $(B)/libvn-libvirt.a: $(VIRT_OBJS)
 	ar rcs $@ $^
 
 $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
 $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
 $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
 $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 
 # libvirt's qemu hook: talks to vfio-ntbd only (never to libvirt), so no libvirt library.
 $(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(XML_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
 $(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
-		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(XML_LIBS) \
+		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
 
 $(B)/bench/%: bench/%.c $(wildcard bench/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS)
+	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS)
 
 # libFuzzer targets, one per decoder a peer reaches: tests/fuzz/fuzz_NAME.c with its seeds in
 # tests/fuzz/seeds/NAME/.  Each links a clang-built copy (build/fuzz/obj/) of the sources it
@@ -117,7 +118,7 @@ $(B)/fuzz/obj/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
 $(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak $(wildcard vfio-ntb/*/*.h) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
-		$(GLIB_LIBS) $(XML_LIBS)
+		$(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
 fuzz: $(FUZZ_BINS)
 
@@ -127,7 +128,7 @@ fuzz-seeds: $(B)/fuzz/gen-seeds
 
 $(B)/fuzz/gen-seeds: tests/fuzz/gen-seeds.c $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a \
-		$(GLIB_LIBS) $(XML_LIBS)
+		$(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
 # A bounded run of every target (FUZZ_SECONDS each; corpora in build/fuzz/NAME/corpus).
 fuzz-run: fuzz

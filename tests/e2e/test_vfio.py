@@ -6,8 +6,8 @@ import sys
 import harness as h
 from lenderhost import NVME, SHARED_GROUP, LenderHost
 
-EXPECTED_RESULTS = 9
-NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+EXPECTED_RESULTS = 10
+NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
          "vfio-nvme-guest", "vfio-device-request", "vfio-lend-refusals")
 
 

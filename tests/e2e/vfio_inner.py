@@ -15,6 +15,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   own RAM (registers through the chain, no interrupts: it polls the completion); the device
   DMAs the data there through VFIO's IOMMU mapping of the borrower's memory, and the serial
   number it returns is the one the lender host gave the NVMe.
+- vfio-lender-restart: the lender's daemon is killed (SIGKILL) with the device in use; an
+  Identify works while it is dead (the data path is the lender worker's, VFIO's and the
+  IOMMU's), the daemon comes back, adopts its worker, still lends the device to the same
+  holder, and the next Identify works too.
 - vfio-msix: the consumer programs MSI-X vector 0 of the lent NVMe to write a known word into
   its RAM and runs an Identify again with the admin queue's interrupt: the device's MSI-X goes
   through VFIO_DEVICE_SET_IRQS straight to the consumer's eventfd, and the word lands.  No
@@ -304,6 +308,27 @@ def bar_forwarded(a, b):
     return bor["region_forwarded"] + lent["region_rw"] - lent["config_rw"]
 
 
+def lender_restart(a, q):
+    """Kill the lender's daemon under a working consumer, Identify, restart it, Identify."""
+    a.kill()
+    try:
+        dead = identify(q)
+    except h.HarnessError as e:
+        dead = (-1, str(e))
+    a.start()
+    ca = Control(a.control)
+
+    def holder():
+        x = [d for d in ca.execute("query-devices") if d["device"] == "hosta/nvme0"]
+        return x[0]["borrower"] if x else None
+    held = h.wait_for(lambda: holder() == "hostb", 10) and holder()
+    try:
+        back = identify(q)
+    except h.HarnessError as e:
+        back = (-1, str(e))
+    return {"dead": dead, "holder": held or "-", "back": back}
+
+
 def irqs_relayed(a, b):
     lent, bor = a.stats()["lent"][0], b.stats()["borrowed"][0]
     return lent["relayed_irqs"] + bor["relayed_irqs"]
@@ -383,6 +408,7 @@ def test_lend(procs, wd, fab, bdf, cap):
             status, serial = identify(q)
         except h.HarnessError as e:
             status, serial = -1, str(e)
+        restart = lender_restart(a, q)
         try:
             msi_word, msi_status = msix_identify(q)
         except h.HarnessError as e:
@@ -406,6 +432,10 @@ def test_lend(procs, wd, fab, bdf, cap):
     ok = h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
                   config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
                   cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+    ok &= h.result("vfio-lender-restart", restart["dead"] == (0, SERIAL) and
+                   restart["holder"] == "hostb" and restart["back"] == (0, SERIAL),
+                   identify_while_dead=restart["dead"][0], holder_after=restart["holder"],
+                   identify_after=restart["back"][0])
     ok &= h.result("vfio-msix", msi_word == MSI_DATA and msi_status == 0 and relayed == 0,
                    msi_word=f"{msi_word:#x}", status=str(msi_status).replace(" ", "_"),
                    relayed=relayed)
@@ -453,6 +483,7 @@ def test_guest(procs, wd, fab, bdf, disk):
         q.stop()
     cb.execute("detach", device="hostg/nvme0")
     cb.execute("return", device="hostg/nvme0")
+    h.wait_for(lambda: group_free(bdf), 15)     # the lender worker fenced and let go
     a.stop()
     b.stop()
     ver = h.verify_backing(disk, run.data)
@@ -558,7 +589,7 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-managed", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
+            for name in ("vfio-managed", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
                          "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request",
                          "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")

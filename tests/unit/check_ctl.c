@@ -28,7 +28,10 @@ START_TEST(test_format_devices)
 {
     g_autoptr(JsonNode) ret = json(
         "[{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
-        "  \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17},"
+        "  \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
+        "  \"id\": {\"pci\": \"0000:3b:00.0\", \"vendor\": 6966, \"device\": 16,"
+        "          \"class\": 67586, \"name\": \"Non-Volatile memory controller: X\","
+        "          \"size\": 68719476736}},"
         " {\"device\": \"hosta/gpu-long.1\", \"node\": \"hosta\", \"name\": \"gpu-long.1\","
         "  \"state\": \"available\", \"borrower\": null, \"lease\": null}]");
     g_autoptr(GString) out = g_string_new(NULL);
@@ -36,9 +39,10 @@ START_TEST(test_format_devices)
 
     ck_assert(vn_ctl_format_devices(out, ret, &error));
     ck_assert_str_eq(out->str,
-                     "DEVICE            STATE      BORROWER  LEASE\n"
-                     "hosta/nvme0       lent       hostb     17\n"
-                     "hosta/gpu-long.1  available  -         -\n");
+                     "DEVICE            STATE      BORROWER  LEASE  IDENTITY\n"
+                     "hosta/nvme0       lent       hostb     17     0000:3b:00.0 1b36:0010 "
+                     "Non-Volatile memory controller: X (64.0 GiB)\n"
+                     "hosta/gpu-long.1  available  -         -      -\n");
 }
 END_TEST
 
@@ -714,8 +718,8 @@ START_TEST(test_ntbctl_answers)
     f->answers = ok;
     ctl_fake_start(f);
     ck_assert_int_eq(ntbctl(f->path, &out, &err, "list", NULL), 0);
-    ck_assert_str_eq(out, "DEVICE       STATE      BORROWER  LEASE\n"
-                          "hosta/nvme0  available  -         -\n");
+    ck_assert_str_eq(out, "DEVICE       STATE      BORROWER  LEASE  IDENTITY\n"
+                          "hosta/nvme0  available  -         -      -\n");
     ck_assert_str_eq(err, "");
     g_clear_pointer(&out, g_free);
     g_clear_pointer(&err, g_free);

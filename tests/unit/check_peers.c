@@ -20,6 +20,10 @@ static VnPeersAnnounce *sample(void)
     a->devices[0].lent = true;
     g_strlcpy(a->devices[0].borrower, "hostb", sizeof(a->devices[0].borrower));
     a->devices[0].lease = 7;
+    a->devices[0].id = (VnIdentity){ .known = true, .pci = "0000:3b:00.0", .vendor = 0x1b36,
+                                     .device = 0x0010, .class_code = 0x010802,
+                                     .name = "Non-Volatile memory controller: QEMU",
+                                     .size = 64 << 20 };
     g_strlcpy(a->devices[1].name, "gpu0", sizeof(a->devices[1].name));
     a->n_holds = 1;
     g_strlcpy(a->holds[0].lender, "hostc", sizeof(a->holds[0].lender));
@@ -107,6 +111,18 @@ static const struct {
       "\"hostb\"}]}", "borrower" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\"},"
       "{\"name\":\"x\",\"state\":\"available\"}]}", "devices" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"id\":7}]}", "id" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"id\":{\"pci\":\"../../etc\",\"name\":\"n\",\"vendor\":1,\"device\":1,\"class\":1,"
+      "\"size\":0}}]}", "id" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"id\":{\"pci\":\"0000:3b:00.0\",\"name\":\"n\",\"vendor\":65536,\"device\":1,"
+      "\"class\":1,\"size\":0}}]}", "vendor" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"id\":{\"pci\":\"0000:3b:00.0\",\"name\":\"0123456789012345678901234567890123456789"
+      "01234567890123456789012345678901234567890123456789012345678901234567890123456789012345"
+      "6789\",\"vendor\":1,\"device\":1,\"class\":1,\"size\":0}}]}", "id" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":7}", "holds" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"hostb\",\"name\":\"x\"}]}",
       "lease" },

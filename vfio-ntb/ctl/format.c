@@ -216,6 +216,47 @@ static void table_render(GString *out, const Table *t)
 
 /* ---- queries -------------------------------------------------------------- */
 
+/* A device's "id" (where it is on its lender, what lspci calls it) in one
+ * line: "0000:3b:00.0 1b36:0010 Non-Volatile memory controller: ... (64 GiB)",
+ * or "-" when the daemon knows none (a device server's). */
+static gint64 int_member(JsonObject *o, const char *name)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64
+           ? json_node_get_int(n) : 0;
+}
+
+static char *identity_text(JsonObject *o)
+{
+    JsonNode *n = json_object_get_member(o, "id");
+    JsonObject *id = n != NULL && JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
+    g_autofree char *pci = NULL, *name = NULL, *bytes = NULL;
+    gint64 size;
+
+    if (id == NULL || !json_object_has_member(id, "vendor") ||
+        !json_object_has_member(id, "device")) {
+        return g_strdup("-");
+    }
+    pci = member_text(id, "pci");
+    name = member_text(id, "name");
+    size = int_member(id, "size");
+    bytes = size > 0 ? g_format_size_full((guint64)size, G_FORMAT_SIZE_IEC_UNITS) : NULL;
+    if (bytes != NULL) {
+        g_autofree char *sp = NULL;
+        g_auto(GStrv) parts = g_strsplit(bytes, "\u00a0", -1);   /* GLib's no-break space */
+
+        sp = g_strjoinv(" ", parts);
+        g_free(bytes);
+        bytes = g_steal_pointer(&sp);
+    }
+    return g_strdup_printf("%s %04x:%04x %s%s%s%s", pci,
+                           (unsigned)(int_member(id, "vendor") & 0xffff),
+                           (unsigned)(int_member(id, "device") & 0xffff), name,
+                           bytes != NULL ? " (" : "", bytes != NULL ? bytes : "",
+                           bytes != NULL ? ")" : "");
+}
+
 bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
 {
     static const char *const header[] = { "NODE", "LINK", "DEVICES" };
@@ -244,7 +285,7 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
 
 bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
 {
-    static const char *const header[] = { "DEVICE", "STATE", "BORROWER", "LEASE" };
+    static const char *const header[] = { "DEVICE", "STATE", "BORROWER", "LEASE", "IDENTITY" };
     static const char cmd[] = "query-devices";
     g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
     JsonArray *a = want_array(ret, cmd, error);
@@ -265,6 +306,7 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
         table_add(t, member_text(o, "state"));
         table_add(t, member_text(o, "borrower"));
         table_add(t, member_text(o, "lease"));
+        table_add(t, identity_text(o));
     }
     table_render(out, t);
     return true;
@@ -292,8 +334,10 @@ bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
         width = MAX(width, g_utf8_strlen(key, -1));
     }
     for (GList *l = names; l != NULL; l = l->next) {
-        g_autofree char *key = vn_ctl_format_sanitize(l->data);
-        g_autofree char *val = member_text(o, l->data);
+        g_autofree char *key = vn_ctl_format_sanitize(strcmp(l->data, "id") == 0 ? "identity"
+                                                                                 : l->data);
+        g_autofree char *val = strcmp(l->data, "id") == 0 ? identity_text(o)
+                                                          : member_text(o, l->data);
 
         g_string_append_printf(out, "%s:%*s %s\n", key,
                                (int)(width - g_utf8_strlen(key, -1)), "", val);

@@ -65,6 +65,7 @@ static char *announcement(VnDaemon *d)
         VnPeersDevice *pd = &a->devices[a->n_devices++];
 
         g_strlcpy(pd->name, ld->conf->name, sizeof(pd->name));
+        pd->id = ld->id;
         pd->lent = vn_lease_lent(ld->lease);
         if (pd->lent) {
             g_strlcpy(pd->borrower, ld->lease->holder, sizeof(pd->borrower));

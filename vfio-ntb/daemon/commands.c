@@ -52,7 +52,7 @@ static void add_str_or_null(JsonBuilder *b, const char *member, const char *v)
 }
 
 static void add_device(JsonBuilder *b, const char *node, const char *name, const char *state,
-                       const char *borrower, uint64_t lease)
+                       const char *borrower, uint64_t lease, const VnIdentity *id)
 {
     g_autofree char *dev = g_strdup_printf("%s/%s", node, name);
 
@@ -71,6 +71,9 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
         json_builder_add_int_value(b, (gint64)lease);
     } else {
         json_builder_add_null_value(b);
+    }
+    if (id->known) {
+        vn_peers_identity_add(b, id);
     }
     json_builder_end_object(b);
 }
@@ -91,7 +94,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
         if (only == NULL || strcmp(only, dev) == 0) {
             add_device(b, d->conf->node, ld->conf->name,
                        vn_lease_lent(ld->lease) ? "lent" : "available", ld->lease->holder,
-                       ld->lease->id);
+                       ld->lease->id, &ld->id);
         }
     }
     g_hash_table_iter_init(&it, d->nodes);
@@ -120,7 +123,8 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                     lease = 0;
                 }
             }
-            add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower, lease);
+            add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower, lease,
+                       &pd->id);
         }
     }
 }

@@ -48,6 +48,7 @@ typedef struct VnLocalDevice {
     GPid worker_pid;            /* 0 while none runs */
     guint child_watch;          /* 0 for an adopted one */
     guint respawn_timer;        /* a worker that exited is started again */
+    VnIdentity id;              /* read when it was lent (identity.h) */
 } VnLocalDevice;
 
 /* A device this node borrows. */

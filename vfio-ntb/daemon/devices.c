@@ -94,6 +94,10 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
 
     ld->d = d;
     ld->conf = lc;
+    /* Before a managed bind: the host's driver still shows its storage. */
+    if (lc->pci != NULL) {
+        vn_identity_of_pci("/sys", lc->pci, &ld->id);
+    }
     /* Its worker's port first: the holder's requests queue there while the
      * worker (re)starts. */
     ld->port_path = g_strdup_printf("%s/lend-%s-port.sock", d->conf->run_dir, lc->name);

@@ -6,6 +6,7 @@
 #include "peers.h"
 #include "common/json.h"
 #include "fabric/fabric.h"
+#include "lending/backend.h"
 
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
@@ -76,6 +77,9 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
         } else {
             json_builder_add_null_value(b);
         }
+        if (d->id.known) {
+            vn_peers_identity_add(b, &d->id);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -92,6 +96,19 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
     json_builder_end_array(b);
     json_builder_end_object(b);
     return finish(b);
+}
+
+void vn_peers_identity_add(JsonBuilder *b, const VnIdentity *id)
+{
+    json_builder_set_member_name(b, "id");
+    json_builder_begin_object(b);
+    add_str(b, "pci", id->pci);
+    add_uint(b, "vendor", id->vendor);
+    add_uint(b, "device", id->device);
+    add_uint(b, "class", id->class_code);
+    add_str(b, "name", id->name);
+    add_uint(b, "size", id->size);
+    json_builder_end_object(b);
 }
 
 char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r)
@@ -193,6 +210,37 @@ static JsonObject *element(JsonArray *a, guint i)
     return JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
 }
 
+/* A peer's "id": bounded numbers, a PCI address, printable text. */
+static bool identity_from_json(JsonObject *o, VnIdentity *id, const char *what, GError **error)
+{
+    JsonNode *pn = member(o, "pci"), *nn = member(o, "name");
+    uint64_t v, dv, c;
+    const char *s;
+
+    if (o == NULL || pn == NULL || !JSON_NODE_HOLDS_VALUE(pn) ||
+        json_node_get_value_type(pn) != G_TYPE_STRING ||
+        !vn_backend_vfio_address_ok((s = json_node_get_string(pn))) ||
+        nn == NULL || !JSON_NODE_HOLDS_VALUE(nn) ||
+        json_node_get_value_type(nn) != G_TYPE_STRING ||
+        strlen(json_node_get_string(nn)) > VN_IDENTITY_MAX_NAME) {
+        return bad(error, what, "id");
+    }
+    if (!get_uint(o, "vendor", 0, 0xffff, &v, what, error) ||
+        !get_uint(o, "device", 0, 0xffff, &dv, what, error) ||
+        !get_uint(o, "class", 0, 0xffffff, &c, what, error) ||
+        !get_uint(o, "size", 0, INT64_MAX, &id->size, what, error)) {
+        return false;
+    }
+    g_strlcpy(id->pci, s, sizeof(id->pci));
+    g_strlcpy(id->name, json_node_get_string(nn), sizeof(id->name));
+    vn_identity_clean_name(id->name);
+    id->vendor = (uint16_t)v;
+    id->device = (uint16_t)dv;
+    id->class_code = (uint32_t)c;
+    id->known = true;
+    return true;
+}
+
 static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
 {
     const char *what = "announcement device";
@@ -203,6 +251,13 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
         return bad(error, what, "devices");
     }
     if (!get_name(o, "name", VN_NAME_DEVICE, d->name, sizeof(d->name), what, error)) {
+        return false;
+    }
+    memset(&d->id, 0, sizeof(d->id));
+    if (member(o, "id") != NULL &&
+        !identity_from_json(JSON_NODE_HOLDS_OBJECT(member(o, "id"))
+                                ? json_node_get_object(member(o, "id")) : NULL,
+                            &d->id, what, error)) {
         return false;
     }
     if (st == NULL || !JSON_NODE_HOLDS_VALUE(st) ||

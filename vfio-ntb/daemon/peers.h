@@ -24,8 +24,10 @@
 
 #include "common/name.h"
 #include "conf.h"
+#include "identity.h"
 
 #include <glib.h>
+#include <json-glib/json-glib.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -47,6 +49,7 @@ typedef struct VnPeersDevice {
     bool lent;
     char borrower[VN_MAX_NODE_NAME + 1];    /* "" when available */
     uint64_t lease;                         /* 0 when available */
+    VnIdentity id;                          /* optional in an announcement ("id") */
 } VnPeersDevice;
 
 typedef struct VnPeersHold {
@@ -76,6 +79,8 @@ const char *vn_peers_type_to_string(uint32_t type);
 /* Encoders take what our own code built (valid by construction); they
  * return new JSON text. */
 char *vn_peers_announce_to_json(const VnPeersAnnounce *a);
+/* A device's "id" member (also in control answers). */
+void vn_peers_identity_add(JsonBuilder *b, const VnIdentity *id);
 char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r);
 char *vn_peers_lease_to_json(uint64_t lease);
 
