@@ -14,26 +14,10 @@ import sys
 import harness as h
 from cluster import Daemon
 from control import Control, ControlError
+from demo import ntbctl, say
 from vfio_inner import (MSI_DATA, NVME_ID, SERIAL, consumer_view, data_counters, driver_of,
-                        find, identify, msix_identify, qtest_qemu)
+                        find, identify, msix_identify, qtest_qemu, wait_listed)
 from vfio_inner import group_free as vfio_group_free
-
-NTBCTL = str(h.REPO / "build" / "ntbctl")
-
-
-def say(text=""):
-    print(text, flush=True)
-
-
-def ntbctl(node, *args):
-    say(f"   $ ntbctl {' '.join(args)}      # on {node.name}")
-    out = subprocess.run([NTBCTL, "--socket", str(node.control), *args], capture_output=True,
-                         text=True, timeout=30)
-    for line in (out.stdout + out.stderr).rstrip().splitlines():
-        say(f"     {line}")
-    if out.returncode != 0:
-        raise h.HarnessError(f"ntbctl {' '.join(args)} exited {out.returncode}")
-    return out.stdout
 
 
 def main():
@@ -51,8 +35,7 @@ def main():
         if not h.wait_for(lambda: driver_of(bdf) == "vfio-pci", 15):
             raise h.HarnessError(f"{bdf} did not go to vfio-pci")
         say(f"   managed: {bdf} is bound to '{driver_of(bdf)}' while it is lendable")
-        h.wait_for(lambda: any(x["device"] == "hosta/nvme1"
-                               for x in Control(b.control).execute("query-devices")), 10)
+        wait_listed(Control(b.control), "hosta/nvme1")
         ntbctl(b, "list")
         ntbctl(b, "attach", "hosta/nvme1", "--domain", "vm1")
         sock = b.run_dir / "vm1-hosta-nvme1.sock"

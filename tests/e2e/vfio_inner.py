@@ -334,6 +334,21 @@ def irqs_relayed(a, b):
     return lent["relayed_irqs"] + bor["relayed_irqs"]
 
 
+def wait_listed(c, device):
+    """Until @c's daemon lists @device (the lender's announcement came)."""
+    return h.wait_for(lambda: any(x["device"] == device for x in c.execute("query-devices")),
+                      10)
+
+
+def lend_pair(procs, wd, fab, lender, borrower, bdf):
+    """@lender lends @bdf as nvme0 (`pci = ...`); @borrower sees it.  (a, b, b's control)"""
+    a = Daemon(procs, wd, lender, fab, lends={"nvme0": {"pci": bdf}}).start()
+    b = Daemon(procs, wd, borrower, fab).start()
+    cb = Control(b.control)
+    wait_listed(cb, f"{lender}/nvme0")
+    return a, b, cb
+
+
 def driver_of(bdf):
     link = Path("/sys/bus/pci/devices") / bdf / "driver"
     return os.path.basename(os.readlink(link)) if link.exists() else ""
@@ -366,8 +381,7 @@ def test_managed(procs, wd, fab, bdf, shared):
     bound = h.wait_for(lambda: driver_of(bdf) == "vfio-pci", 15)
     ident = 0
     if bound:
-        h.wait_for(lambda: any(x["device"] == "hostm/m0" for x in cb.execute("query-devices")),
-                   10)
+        wait_listed(cb, "hostm/m0")
         r = cb.execute("attach", device="hostm/m0", domain="vm-m")
         q = qtest_qemu(procs, r["socket"])
         try:
@@ -393,11 +407,7 @@ def test_managed(procs, wd, fab, bdf, shared):
 
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
-    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": {"pci": bdf}}).start()
-    b = Daemon(procs, wd, "hostb", fab).start()
-    cb = Control(b.control)
-    h.wait_for(lambda: any(x["device"] == "hosta/nvme0" for x in cb.execute("query-devices")),
-               10)
+    a, b, cb = lend_pair(procs, wd, fab, "hosta", "hostb", bdf)
     r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
     q = qtest_qemu(procs, r["socket"])
     ram = -1
@@ -464,11 +474,7 @@ def data_counters(a, b):
 
 
 def test_guest(procs, wd, fab, bdf, disk):
-    a = Daemon(procs, wd, "hostg", fab, lends={"nvme0": {"pci": bdf}}).start()
-    b = Daemon(procs, wd, "hosth", fab).start()
-    cb = Control(b.control)
-    h.wait_for(lambda: any(x["device"] == "hostg/nvme0" for x in cb.execute("query-devices")),
-               10)
+    a, b, cb = lend_pair(procs, wd, fab, "hostg", "hosth", bdf)
     r = cb.execute("attach", device="hostg/nvme0", domain="vm-guest")
     q = h.Qemu(procs, "probe,pause,data,pause", [h.VfioUserDevice(r["socket"])],
                params={"seed": 21, "pause_s": 3, "data_mib": 8}, workdir=procs.tempdir(),
@@ -497,11 +503,8 @@ def test_guest(procs, wd, fab, bdf, disk):
 
 
 def test_device_request(procs, wd, fab, bdf):
-    a = Daemon(procs, wd, "hoste", fab, lends={"nvme0": {"pci": bdf}}).start()
-    b = Daemon(procs, wd, "hostf", fab).start()
-    ca, cb = Control(a.control), Control(b.control)
-    h.wait_for(lambda: any(x["device"] == "hoste/nvme0" for x in cb.execute("query-devices")),
-               10)
+    a, b, cb = lend_pair(procs, wd, fab, "hoste", "hostf", bdf)
+    ca = Control(a.control)
     r = cb.execute("attach", device="hoste/nvme0", domain="vm-req")
     q = qtest_qemu(procs, r["socket"])
     unbind = None

@@ -4,6 +4,7 @@
  * its storage size, and names from peers made printable.
  */
 #include "check-main.h"
+#include "fake-sysfs.h"
 
 #include "daemon/identity.h"
 
@@ -12,42 +13,21 @@
 #include <string.h>
 #include <unistd.h>
 
-static char *root, *sys;
-
-static void put(const char *rel, const char *text)
-{
-    g_autofree char *path = g_build_filename(root, rel, NULL);
-    g_autofree char *dir = g_path_get_dirname(path);
-
-    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
-    ck_assert(g_file_set_contents(path, text, -1, NULL));
-}
-
-static void link_to(const char *rel, const char *target)
-{
-    g_autofree char *path = g_build_filename(root, rel, NULL);
-    g_autofree char *dir = g_path_get_dirname(path);
-
-    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
-    ck_assert_int_eq(symlink(target, path), 0);
-}
+static char *sys;
 
 static void setup(void)
 {
-    root = g_dir_make_tmp("vn-identity-XXXXXX", NULL);
+    root = fake_root("identity");
     sys = g_build_filename(root, "sys", NULL);
-    put("sys/devices/pci0000:00/0000:00:05.0/vendor", "0x1b36\n");
-    put("sys/devices/pci0000:00/0000:00:05.0/device", "0x0010\n");
-    put("sys/devices/pci0000:00/0000:00:05.0/class", "0x010802\n");
-    link_to("sys/bus/pci/devices/0000:00:05.0", "../../../devices/pci0000:00/0000:00:05.0");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/vendor", "0x1b36\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/device", "0x0010\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/class", "0x010802\n");
+    fake_link("sys/bus/pci/devices/0000:00:05.0", "../../../devices/pci0000:00/0000:00:05.0");
 }
 
 static void teardown(void)
 {
-    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", root);
-
-    ck_assert_int_eq(system(cmd), 0);
-    g_clear_pointer(&root, g_free);
+    fake_remove();
     g_clear_pointer(&sys, g_free);
 }
 
@@ -75,15 +55,15 @@ START_TEST(test_storage_size)
 {
     VnIdentity id;
 
-    put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/size", "131072\n");
-    put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1/size", "2048\n");
-    put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1/partition", "1\n");
-    put("sys/devices/pci0000:00/0000:00:06.0/block/vda/size", "999\n");
-    link_to("sys/class/block/nvme0n1",
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/size", "131072\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1/size", "2048\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1/partition", "1\n");
+    fake_put("sys/devices/pci0000:00/0000:00:06.0/block/vda/size", "999\n");
+    fake_link("sys/class/block/nvme0n1",
             "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1");
-    link_to("sys/class/block/nvme0n1p1",
+    fake_link("sys/class/block/nvme0n1p1",
             "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1");
-    link_to("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
+    fake_link("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
     ck_assert(vn_identity_of_pci(sys, "0000:00:05.0", &id));
     ck_assert_uint_eq(id.size, 131072ull * 512);
 }
@@ -94,8 +74,8 @@ START_TEST(test_unknown_ids)
 {
     VnIdentity id;
 
-    put("sys/devices/pci0000:00/0000:00:05.0/device", "0xfff0\n");
-    put("sys/devices/pci0000:00/0000:00:05.0/class", "0xff0000\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/device", "0xfff0\n");
+    fake_put("sys/devices/pci0000:00/0000:00:05.0/class", "0xff0000\n");
     ck_assert(vn_identity_of_pci(sys, "0000:00:05.0", &id));
     ck_assert_msg(strstr(id.name, "Red Hat, Inc. Device fff0") != NULL, "%s", id.name);
 }

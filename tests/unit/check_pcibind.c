@@ -5,6 +5,7 @@
  * the kernel carries out are tested in the lender host (e2e vfio-managed).
  */
 #include "check-main.h"
+#include "fake-sysfs.h"
 
 #include "lending/pcibind.h"
 
@@ -19,25 +20,7 @@
 #define BDF "0000:00:05.0"
 #define OTHER "0000:00:05.1"
 
-static char *root, *sys, *proc;
-
-static void put(const char *rel, const char *text)
-{
-    g_autofree char *path = g_build_filename(root, rel, NULL);
-    g_autofree char *dir = g_path_get_dirname(path);
-
-    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
-    ck_assert(g_file_set_contents(path, text, -1, NULL));
-}
-
-static void link_to(const char *rel, const char *target)
-{
-    g_autofree char *path = g_build_filename(root, rel, NULL);
-    g_autofree char *dir = g_path_get_dirname(path);
-
-    ck_assert_int_eq(g_mkdir_with_parents(dir, 0700), 0);
-    ck_assert_int_eq(symlink(target, path), 0);
-}
+static char *sys, *proc;
 
 static char *got(const char *rel)
 {
@@ -52,43 +35,40 @@ static char *got(const char *rel)
  * another bus has a disk of its own. */
 static void setup(void)
 {
-    root = g_dir_make_tmp("vn-pcibind-XXXXXX", NULL);
+    root = fake_root("pcibind");
     sys = g_build_filename(root, "sys", NULL);
     proc = g_build_filename(root, "proc", NULL);
-    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/dev", "259:0\n");
-    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1/dev", "259:1\n");
-    put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1002\n");     /* down */
-    put("sys/devices/pci0000:00/" BDF "/drm/card3/dev", "226:3\n");
-    put("sys/devices/pci0000:00/" OTHER "/vendor", "0x8086\n");
-    put("sys/devices/pci0000:00/0000:00:06.0/block/vda/dev", "254:0\n");
-    put("sys/bus/pci/drivers/nvme/unbind", "");
-    put("sys/bus/pci/drivers/vfio-pci/unbind", "");
-    put("sys/bus/pci/drivers/igb/unbind", "");
-    put("sys/bus/pci/drivers_probe", "");
-    put("sys/devices/pci0000:00/" BDF "/driver_override", "(null)\n");
-    link_to("sys/bus/pci/devices/" BDF, "../../../devices/pci0000:00/" BDF);
-    link_to("sys/bus/pci/devices/" OTHER, "../../../devices/pci0000:00/" OTHER);
-    link_to("sys/class/block/nvme0n1", "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1");
-    link_to("sys/class/block/nvme0n1p1",
+    fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/dev", "259:0\n");
+    fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1/dev", "259:1\n");
+    fake_put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1002\n");     /* down */
+    fake_put("sys/devices/pci0000:00/" BDF "/drm/card3/dev", "226:3\n");
+    fake_put("sys/devices/pci0000:00/" OTHER "/vendor", "0x8086\n");
+    fake_put("sys/devices/pci0000:00/0000:00:06.0/block/vda/dev", "254:0\n");
+    fake_put("sys/bus/pci/drivers/nvme/unbind", "");
+    fake_put("sys/bus/pci/drivers/vfio-pci/unbind", "");
+    fake_put("sys/bus/pci/drivers/igb/unbind", "");
+    fake_put("sys/bus/pci/drivers_probe", "");
+    fake_put("sys/devices/pci0000:00/" BDF "/driver_override", "(null)\n");
+    fake_link("sys/bus/pci/devices/" BDF, "../../../devices/pci0000:00/" BDF);
+    fake_link("sys/bus/pci/devices/" OTHER, "../../../devices/pci0000:00/" OTHER);
+    fake_link("sys/class/block/nvme0n1", "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1");
+    fake_link("sys/class/block/nvme0n1p1",
             "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1");
-    link_to("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
-    link_to("sys/class/net/eth7", "../../devices/pci0000:00/" BDF "/net/eth7");
-    link_to("sys/class/drm/card3", "../../devices/pci0000:00/" BDF "/drm/card3");
-    link_to("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/nvme");
-    link_to("sys/devices/pci0000:00/" BDF "/iommu_group", "../../../kernel/iommu_groups/7");
-    link_to("sys/kernel/iommu_groups/7/devices/" BDF, "../../../../devices/pci0000:00/" BDF);
-    link_to("sys/kernel/iommu_groups/7/devices/" OTHER,
+    fake_link("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
+    fake_link("sys/class/net/eth7", "../../devices/pci0000:00/" BDF "/net/eth7");
+    fake_link("sys/class/drm/card3", "../../devices/pci0000:00/" BDF "/drm/card3");
+    fake_link("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/nvme");
+    fake_link("sys/devices/pci0000:00/" BDF "/iommu_group", "../../../kernel/iommu_groups/7");
+    fake_link("sys/kernel/iommu_groups/7/devices/" BDF, "../../../../devices/pci0000:00/" BDF);
+    fake_link("sys/kernel/iommu_groups/7/devices/" OTHER,
             "../../../../devices/pci0000:00/" OTHER);
-    put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n");
-    put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
+    fake_put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n");
+    fake_put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
 }
 
 static void teardown(void)
 {
-    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", root);
-
-    ck_assert_int_eq(system(cmd), 0);
-    g_clear_pointer(&root, g_free);
+    fake_remove();
     g_clear_pointer(&sys, g_free);
     g_clear_pointer(&proc, g_free);
 }
@@ -117,12 +97,12 @@ START_TEST(test_users_named)
 {
     g_autofree char *users = NULL;
 
-    put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n"
+    fake_put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n"
                                "40 22 259:1 / /data rw,relatime - ext4 /dev/nvme0n1p1 rw\n");
-    put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n"
+    fake_put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n"
                       "/dev/nvme0n1\tpartition\t1024\t0\t-2\n");
-    put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1003\n");
-    put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/holders/dm-0/dev", "253:0\n");
+    fake_put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1003\n");
+    fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/holders/dm-0/dev", "253:0\n");
     users = vn_pcibind_users(sys, proc, BDF);
     ck_assert_ptr_nonnull(users);
     ck_assert_ptr_nonnull(strstr(users, "nvme0n1p1 is mounted on /data"));
@@ -143,10 +123,10 @@ START_TEST(test_drm_open)
     if (mknod(node, S_IFCHR | 0600, makedev(226, 3)) < 0) {
         return;
     }
-    put("proc/4242/comm", "Xorg\n");
-    link_to("proc/4242/fd/9", node);
-    put("proc/4243/comm", "bash\n");
-    link_to("proc/4243/fd/0", "/dev/null");
+    fake_put("proc/4242/comm", "Xorg\n");
+    fake_link("proc/4242/fd/9", node);
+    fake_put("proc/4243/comm", "bash\n");
+    fake_link("proc/4243/fd/0", "/dev/null");
     users = vn_pcibind_users(sys, proc, BDF);
     ck_assert_ptr_nonnull(users);
     ck_assert_str_eq(users, "/dev/dri/card3 is open in process 4242 (Xorg)");
@@ -158,7 +138,7 @@ START_TEST(test_group)
     g_autofree char *bad = NULL;
 
     ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF));        /* no driver */
-    link_to("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/igb");
+    fake_link("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/igb");
     bad = vn_pcibind_group_conflicts(sys, BDF);
     ck_assert_ptr_nonnull(bad);
     ck_assert_str_eq(bad, OTHER " (igb)");
@@ -168,7 +148,7 @@ START_TEST(test_group)
 
         ck_assert_int_eq(unlink(drv), 0);
     }
-    link_to("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/vfio-pci");
+    fake_link("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/vfio-pci");
     ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF));
 }
 END_TEST
@@ -207,7 +187,7 @@ START_TEST(test_restore_writes)
     override = got("sys/devices/pci0000:00/" BDF "/driver_override");
     ck_assert_str_eq(override, "(null)\n");
     ck_assert_int_eq(unlink(drv), 0);
-    link_to("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/vfio-pci");
+    fake_link("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/vfio-pci");
     ck_assert(!vn_pcibind_restore(sys, BDF, "nvme", &error));
     ck_assert_ptr_nonnull(strstr(error->message, "not back to nvme"));
     g_free(override);
