@@ -123,8 +123,11 @@ def consumer_view(q):
     ident = int(h.qtest_command(q, "inl 0xcfc")[1], 16)
     h.qtest_command(q, "outl 0xcf8 0x80001010")         # BAR0
     h.qtest_command(q, "outl 0xcfc 0xfe000000")
-    h.qtest_command(q, "outl 0xcf8 0x80001004")         # COMMAND: memory, bus master
-    h.qtest_command(q, "outl 0xcfc 0x00000006")
+    # COMMAND: memory, bus master, INTx off.  The commands below poll; an INTx would make
+    # QEMU trap the BAR until the interrupt's end (how it emulates INTx without KVM), and
+    # with it lender-restart's accesses while the lender's daemon is away.
+    h.qtest_command(q, "outl 0xcf8 0x80001004")
+    h.qtest_command(q, "outl 0xcfc 0x00000406")
     lo = int(h.qtest_command(q, "readl 0xfe000000")[1], 16)
     hi = int(h.qtest_command(q, "readl 0xfe000004")[1], 16)
     return ident, (hi << 32) | lo
@@ -340,10 +343,11 @@ def wait_listed(c, device):
                       10)
 
 
-def lend_pair(procs, wd, fab, lender, borrower, bdf):
+def lend_pair(procs, wd, fab, lender, borrower, bdf, lease_timeout_ms=3000):
     """@lender lends @bdf as nvme0 (`pci = ...`); @borrower sees it.  (a, b, b's control)"""
-    a = Daemon(procs, wd, lender, fab, lends={"nvme0": {"pci": bdf}}).start()
-    b = Daemon(procs, wd, borrower, fab).start()
+    a = Daemon(procs, wd, lender, fab, lends={"nvme0": {"pci": bdf}},
+               lease_timeout_ms=lease_timeout_ms).start()
+    b = Daemon(procs, wd, borrower, fab, lease_timeout_ms=lease_timeout_ms).start()
     cb = Control(b.control)
     wait_listed(cb, f"{lender}/nvme0")
     return a, b, cb
@@ -407,7 +411,9 @@ def test_managed(procs, wd, fab, bdf, shared):
 
 def test_lend(procs, wd, fab, bdf, cap):
     want_id = int(sysfs(bdf, "device"), 16) << 16 | int(sysfs(bdf, "vendor"), 16)
-    a, b, cb = lend_pair(procs, wd, fab, "hosta", "hostb", bdf)
+    # A lender may be gone this long before its borrower calls the device lost: under TCG
+    # the restart below (an Identify meanwhile, then the daemon's start) takes seconds.
+    a, b, cb = lend_pair(procs, wd, fab, "hosta", "hostb", bdf, lease_timeout_ms=60000)
     r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
     q = qtest_qemu(procs, r["socket"])
     ram = -1
@@ -418,12 +424,12 @@ def test_lend(procs, wd, fab, bdf, cap):
             status, serial = identify(q)
         except h.HarnessError as e:
             status, serial = -1, str(e)
+        forwarded = bar_forwarded(a, b)
         restart = lender_restart(a, q)
         try:
             msi_word, msi_status = msix_identify(q)
         except h.HarnessError as e:
             msi_word, msi_status = 0, str(e)
-        forwarded = bar_forwarded(a, b)
         relayed = irqs_relayed(a, b)
         cb.execute("detach", device="hosta/nvme0")
         cb.execute("return", device="hosta/nvme0")
