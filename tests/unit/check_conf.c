@@ -272,6 +272,41 @@ START_TEST(test_lend_managed)
 }
 END_TEST
 
+/* sriov-vfs = N on a physical function; a count out of range, a device
+ * server's device, or VF names beyond the name rule refused. */
+START_TEST(test_lend_sriov)
+{
+    static const char head[] = "[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n";
+    static const struct {
+        const char *section;
+        const char *why;
+    } refused[] = {
+        { "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = 0\nallow = *\n", "1-32 virtual" },
+        { "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = 33\nallow = *\n", "1-32 virtual" },
+        { "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = two\nallow = *\n", "1-32 virtual" },
+        { "[lend nic0]\nsocket = /run/n.sock\nsriov-vfs = 2\nallow = *\n", "physical function" },
+        /* a 60-byte name is one; NAME-vf1 (64) is not */
+        { "[lend nic000000000000000000000000000000000000000000000000000000000]\n"
+          "pci = 0000:3b:00.0\nsriov-vfs = 2\nallow = *\n", "device names" },
+    };
+    g_autoptr(GError) error = NULL;
+    g_autofree char *ok = g_strconcat(head, "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = 4\n"
+                                      "allow = hostb;hostc\n", NULL);
+    VnConfig *c = vn_conf_parse(ok, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(((VnLendConf *)c->lends->pdata[0])->sriov_vfs, 4);
+    vn_conf_free(c);
+    for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
+        g_autofree char *text = g_strconcat(head, refused[i].section, NULL);
+
+        ck_assert_ptr_null(vn_conf_parse(text, &error));
+        ck_assert_msg(strstr(error->message, refused[i].why) != NULL, "%s", error->message);
+        g_clear_error(&error);
+    }
+}
+END_TEST
+
 static Suite *conf_suite(void)
 {
     Suite *s = suite_create("conf");
@@ -282,6 +317,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_everything);
     tcase_add_test(tc, test_lend_managed);
+    tcase_add_test(tc, test_lend_sriov);
     tcase_add_test(tc, test_runtime_lend);
     tcase_add_test(tc, test_lend_pci);
     suite_add_tcase(s, tc);

@@ -198,6 +198,40 @@ START_TEST(test_restore_writes)
 }
 END_TEST
 
+/* A physical function with SR-IOV: the count written (from 0), its VFs'
+ * addresses read from virtfnN; more than it has, or none, refused. */
+START_TEST(test_sriov)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(GPtrArray) vfs = NULL;
+    g_autofree char *numvfs = NULL;
+
+    fake_put("sys/devices/pci0000:00/" BDF "/sriov_totalvfs", "7\n");
+    fake_put("sys/devices/pci0000:00/" BDF "/sriov_numvfs", "0\n");
+    fake_link("sys/devices/pci0000:00/" BDF "/virtfn0", "../0000:00:10.0");
+    fake_link("sys/devices/pci0000:00/" BDF "/virtfn1", "../0000:00:10.2");
+    vfs = vn_pcibind_sriov_enable(sys, BDF, 2, &error);
+    ck_assert_msg(vfs != NULL, "%s", error ? error->message : "");
+    ck_assert_uint_eq(vfs->len, 2);
+    ck_assert_str_eq(vfs->pdata[0], "0000:00:10.0");
+    ck_assert_str_eq(vfs->pdata[1], "0000:00:10.2");
+    numvfs = got("sys/devices/pci0000:00/" BDF "/sriov_numvfs");
+    ck_assert_str_eq(numvfs, "2");
+    g_clear_pointer(&vfs, g_ptr_array_unref);
+    /* Asked again (a restart): the same VFs, the count left alone. */
+    vfs = vn_pcibind_sriov_enable(sys, BDF, 2, &error);
+    ck_assert_ptr_nonnull(vfs);
+    ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, BDF, 8, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "at most 7 virtual functions, not 8"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, BDF, 3, &error));   /* no virtfn2 */
+    ck_assert_ptr_nonnull(strstr(error->message, "no virtual function 2"));
+    g_clear_error(&error);
+    ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, OTHER, 1, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "no SR-IOV"));
+}
+END_TEST
+
 static Suite *pcibind_suite(void)
 {
     Suite *s = suite_create("pcibind");
@@ -211,6 +245,7 @@ static Suite *pcibind_suite(void)
     tcase_add_test(tc, test_group);
     tcase_add_test(tc, test_bind_writes);
     tcase_add_test(tc, test_restore_writes);
+    tcase_add_test(tc, test_sriov);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -176,9 +176,36 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
     return g_steal_pointer(&v);
 }
 
+/* sriov-vfs = N on a physical function: 1..VN_CONF_MAX_VFS, and each VF's
+ * name (NAME-vfK) must be a device name too. */
+static bool parse_sriov(GKeyFile *kf, const char *group, VnLendConf *l, GError **error)
+{
+    g_autofree char *text = g_key_file_get_string(kf, group, "sriov-vfs", NULL);
+    g_autofree char *last = NULL;
+    guint64 n = 0;
+
+    if (text == NULL || !g_ascii_string_to_unsigned(g_strstrip(text), 10, 1, VN_CONF_MAX_VFS, &n,
+                                                    NULL)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: sriov-vfs = \"%.20s\": 1-%d virtual functions", group,
+                    text != NULL ? text : "", VN_CONF_MAX_VFS);
+        return false;
+    }
+    last = g_strdup_printf("%s-vf%u", l->name, (unsigned)n - 1);
+    if (l->pci == NULL || !vn_name_valid(VN_NAME_DEVICE, last)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[%s]: sriov-vfs is for a physical function (\"pci\") whose VFs' names "
+                    "(%s) are device names", group, last);
+        return false;
+    }
+    l->sriov_vfs = (unsigned)n;
+    return true;
+}
+
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "socket", "pci", "managed", "allow", NULL };
+    static const char *const known[] = { "socket", "pci", "managed", "sriov-vfs", "allow",
+                                         NULL };
     g_autofree char *socket = NULL, *pci = NULL, *managed = NULL;
     g_auto(GStrv) allow = NULL;
     VnLendConf *l;
@@ -217,6 +244,10 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     managed = g_key_file_get_string(kf, group, "managed", NULL);
     if (managed != NULL && !vn_conf_lend_managed(l, g_strstrip(managed), error)) {
         g_prefix_error(error, "[%s]: ", group);
+        lend_free(l);
+        return false;
+    }
+    if (g_key_file_has_key(kf, group, "sriov-vfs", NULL) && !parse_sriov(kf, group, l, error)) {
         lend_free(l);
         return false;
     }

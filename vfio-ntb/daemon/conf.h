@@ -39,6 +39,8 @@
 
 /* Devices one daemon lends or borrows (each is a socket and a few fds). */
 #define VN_CONF_MAX_DEVICES 64
+/* Virtual functions one [lend] section may lend (sriov-vfs). */
+#define VN_CONF_MAX_VFS 32
 /* Nodes one access list names. */
 #define VN_CONF_MAX_ALLOW 256
 /* sun_path holds 108 bytes with the NUL. */
@@ -49,6 +51,8 @@ typedef struct VnLendConf {
     char *socket;               /* a vfio-user server's, or NULL ... */
     char *pci;                  /* ... a function of this host, through VFIO */
     bool managed;               /* pci: bound to vfio-pci while lendable, then given back */
+    unsigned sriov_vfs;         /* pci, a physical function: lend this many of its VFs,
+                                 * each as NAME-vfK (managed), not the function itself */
     GStrv allow;                 /* node names, or the single entry "*" */
     bool runtime;                /* added with `lend`, persisted in the state file */
 } VnLendConf;

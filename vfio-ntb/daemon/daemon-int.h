@@ -268,6 +268,9 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
 /* Lend @lc (which d->conf->lends then owns) / stop lending a free device. */
 VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
+/* sriov-vfs: create @pf's virtual functions (conf.h) and lend each as
+ * PF-vfK, managed; their confs join d->conf->lends. */
+bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error);
 void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
 /* The free function of d->local (a stopping daemon's lease stays). */
 void vn_devices_local_free(gpointer ld);

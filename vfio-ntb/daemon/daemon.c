@@ -259,8 +259,13 @@ static bool daemon_start(VnDaemon *d, GError **error)
     if (d->fab == NULL) {
         return false;
     }
-    for (guint i = 0; i < d->conf->lends->len; i++) {
-        if (vn_devices_lend(d, d->conf->lends->pdata[i], error) == NULL) {
+    /* A physical function with sriov-vfs is lent as its VFs, which join
+     * the list behind the config's own sections. */
+    for (guint i = 0, n = d->conf->lends->len; i < n; i++) {
+        VnLendConf *lc = d->conf->lends->pdata[i];
+
+        if (lc->sriov_vfs > 0 ? !vn_devices_lend_vfs(d, lc, error)
+                              : vn_devices_lend(d, lc, error) == NULL) {
             return false;
         }
     }

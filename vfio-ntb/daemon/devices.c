@@ -121,6 +121,47 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     return ld;
 }
 
+bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error)
+{
+    g_autoptr(GPtrArray) vfs = NULL;
+
+    if (d->local->len + pf->sriov_vfs > VN_CONF_MAX_DEVICES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                    "cannot lend %u virtual functions of %s: a node lends at most %d devices",
+                    pf->sriov_vfs, pf->name, VN_CONF_MAX_DEVICES);
+        return false;
+    }
+    vfs = vn_pcibind_sriov_enable("/sys", pf->pci, pf->sriov_vfs, error);
+    if (vfs == NULL) {
+        g_prefix_error(error, "cannot lend %s: ", pf->name);
+        return false;
+    }
+    for (guint i = 0; i < vfs->len; i++) {
+        g_autofree char *name = g_strdup_printf("%s-vf%u", pf->name, i);
+        VnLendConf *vc;
+
+        if (vn_devices_local(d, name) != NULL) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
+                        "cannot lend %s's virtual function %u as %s: that name is lent already",
+                        pf->name, i, name);
+            return false;
+        }
+        vc = vn_conf_lend_new(name, NULL, vfs->pdata[i], (const char *const *)pf->allow, error);
+        if (vc == NULL) {
+            return false;
+        }
+        vc->managed = true;         /* each VF goes to vfio-pci, and back after */
+        vc->runtime = false;        /* the config makes it again at every start */
+        g_ptr_array_add(d->conf->lends, vc);
+        if (vn_devices_lend(d, vc, error) == NULL) {
+            return false;
+        }
+        g_message("node %s: %s is %s's virtual function %u (%s)", d->conf->node, name,
+                  pf->name, i, (char *)vfs->pdata[i]);
+    }
+    return true;
+}
+
 void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
 {
     VnLendConf *lc = ld->conf;

@@ -335,6 +335,50 @@ bool vn_pcibind_to_vfio(const char *sys, const char *bdf, char **was, GError **e
     return true;
 }
 
+GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
+                                   GError **error)
+{
+    g_autofree char *dir = function_dir(sys, bdf);
+    g_autofree char *total = read_attr(dir, "sriov_totalvfs");
+    g_autofree char *now = read_attr(dir, "sriov_numvfs");
+    g_autofree char *want = g_strdup_printf("%u", n);
+    g_autoptr(GPtrArray) vfs = g_ptr_array_new_with_free_func(g_free);
+
+    if (total == NULL || now == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "%s has no SR-IOV capability (or no such function)", bdf);
+        return NULL;
+    }
+    if (n == 0 || n > g_ascii_strtoull(total, NULL, 10)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "%s has at most %s virtual functions, not %u", bdf, total, n);
+        return NULL;
+    }
+    /* The kernel takes a new count only from 0. */
+    if (strcmp(now, want) != 0 &&
+        ((strcmp(now, "0") != 0 && !attr_write(dir, "sriov_numvfs", "0", error)) ||
+         !attr_write(dir, "sriov_numvfs", want, error))) {
+        g_prefix_error(error, "creating %u virtual functions of %s (is its own driver bound?): ",
+                       n, bdf);
+        return NULL;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        g_autofree char *link = g_strdup_printf("virtfn%u", i);
+        g_autofree char *vf = link_name(dir, link);
+
+        if (vf[0] == '\0') {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "%s has no virtual function %u",
+                        bdf, i);
+            return NULL;
+        }
+        g_ptr_array_add(vfs, g_steal_pointer(&vf));
+    }
+    if (strcmp(now, want) != 0) {
+        g_message("%s: %u virtual functions created", bdf, n);
+    }
+    return g_steal_pointer(&vfs);
+}
+
 bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GError **error)
 {
     g_autofree char *dir = function_dir(sys, bdf);

@@ -50,4 +50,14 @@ bool vn_pcibind_to_vfio(const char *sys, const char *bdf, char **was, GError **e
  * False with @error. */
 bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GError **error);
 
+/*
+ * SR-IOV: physical function @bdf (bound to its own driver, which creates
+ * the VFs) has @n virtual functions afterwards: sriov_numvfs is written
+ * only when it holds another number (so a restart leaves VFs in use
+ * alone).  Their addresses in order, a new array of strings; NULL with
+ * @error (no SR-IOV, more than sriov_totalvfs, the driver refused).
+ */
+GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
+                                   GError **error);
+
 #endif /* VN_PCIBIND_H */
