@@ -21,6 +21,8 @@ NVME = "nvme,serial=VN-VFIO-01,drive=nv0"
 # virtio-pci driver: what `managed = yes` must refuse to take half of.
 SHARED_GROUP = ("pcie-pci-bridge,id=br1", "virtio-rng-pci,bus=br1,addr=0x1",
                 "virtio-rng-pci,bus=br1,addr=0x2")
+# An SR-IOV NIC (QEMU's igb: up to 7 VFs, at devfn PF + 0x80 + 2k, so slot 0x18 on).
+IGB = "igb,addr=0x8"
 
 
 def lender_host_image():

@@ -38,6 +38,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   vfio-pci (the host wants it back).  The kernel's device request reaches the lender, whose
   daemon revokes the lease; once the consumer let go (it is stopped, as an unplug would close
   its fds), the unbind completes.  The function is bound to vfio-pci again afterwards.
+- vfio-sriov-two-hosts: hosti lends an igb's physical function with `sriov-vfs = 2`: two
+  virtual functions, each its own device (nic0-vf0, nic0-vf1, bound to vfio-pci for it).
+  hostj borrows one and hostk the other, at once; each host's consumer sees a VF (8086:10ca)
+  and reads its registers through the mapped BAR, no access served by software.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
 """
@@ -544,6 +548,44 @@ def test_device_request(procs, wd, fab, bdf):
                     unbound=unbound, daemons_alive=alive)
 
 
+IGB_ID, IGBVF_ID = "0x8086:0x10c9", 0x10ca8086
+
+
+def test_sriov(procs, wd, fab):
+    pf = find(IGB_ID)
+    a = Daemon(procs, wd, "hosti", fab, lends={"nic0": {"pci": pf, "sriov-vfs": 2}}).start()
+    b = Daemon(procs, wd, "hostj", fab).start()
+    c = Daemon(procs, wd, "hostk", fab).start()
+    ca, cb, cc = Control(a.control), Control(b.control), Control(c.control)
+    wait_listed(cb, "hosti/nic0-vf0")
+    wait_listed(cc, "hosti/nic0-vf1")
+    r1 = cb.execute("attach", device="hosti/nic0-vf0", domain="vm-j")
+    r2 = cc.execute("attach", device="hosti/nic0-vf1", domain="vm-k")
+    q1, q2 = qtest_qemu(procs, r1["socket"]), qtest_qemu(procs, r2["socket"])
+    try:
+        (id1, _), (id2, _) = consumer_view(q1), consumer_view(q2)
+        holders = {x["device"]: x["borrower"] for x in ca.execute("query-devices")}
+        lent = a.stats()["lent"]
+        forwarded = sum(x["region_rw"] - x["config_rw"] for x in lent)
+    finally:
+        procs.stop(q1)
+        procs.stop(q2)
+    vfs = sorted(x.name for x in (Path("/sys/bus/pci/devices") / pf).glob("virtfn*"))
+    for cx, dev in ((cb, "hosti/nic0-vf0"), (cc, "hosti/nic0-vf1")):
+        cx.execute("detach", device=dev)
+        cx.execute("return", device=dev)
+    a.stop()
+    b.stop()
+    c.stop()
+    return h.result("vfio-sriov-two-hosts",
+                    len(vfs) == 2 and id1 == IGBVF_ID and id2 == IGBVF_ID and
+                    holders.get("hosti/nic0-vf0") == "hostj" and
+                    holders.get("hosti/nic0-vf1") == "hostk" and forwarded == 0,
+                    vfs=len(vfs), vf0_id=f"{id1:#010x}", vf1_id=f"{id2:#010x}",
+                    vf0_holder=holders.get("hosti/nic0-vf0"),
+                    vf1_holder=holders.get("hosti/nic0-vf1"), bar_accesses_forwarded=forwarded)
+
+
 def test_refusals(procs, wd, fab, other):
     """@other: a function bound to no vfio-pci (the host's own)."""
     a = Daemon(procs, wd, "hostc", fab,
@@ -600,12 +642,13 @@ def main():
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
             for name in ("vfio-managed", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
                          "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request",
-                         "vfio-lend-refusals"):
+                         "vfio-sriov-two-hosts", "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")
             return 1
         for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
                      lambda: test_guest(procs, wd, fab, bdf, Path(DISK)),
                      lambda: test_device_request(procs, wd, fab, bdf),
+                     lambda: test_sriov(procs, wd, fab),
                      lambda: test_refusals(procs, wd, fab, other)):
             try:
                 ok &= test()
