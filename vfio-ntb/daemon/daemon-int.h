@@ -231,11 +231,13 @@ GPtrArray *vn_stats_gathers_new(void);
 /* Each gather under way gets what it has so far. */
 void vn_stats_gathers_free(VnDaemon *d);
 
-/* ---- cluster.c ---- */
+/* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
 void vn_cluster_start(VnDaemon *d);
 void vn_cluster_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
 void vn_cluster_announce_soon(VnDaemon *d);
+/* Our announcement to @peer alone, now (it just came, or we owe it a return). */
+void vn_cluster_announce_to(VnDaemon *d, const char *peer);
 /* Announce now, unless nothing changed since the last broadcast. */
 void vn_cluster_announce_changed(VnDaemon *d);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
