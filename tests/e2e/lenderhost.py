@@ -15,8 +15,20 @@ from pathlib import Path
 
 import harness as h
 
-# An NVMe controller of QEMU's own for the lender host to lend (its disk is a sparse file).
-NVME = "nvme,serial=VN-VFIO-01,drive=nv0"
+# An NVMe controller of QEMU's own for the lender host to lend (its disk is a sparse file),
+# with an expansion ROM (ROM's bytes below; "{share}" is the host's shared directory).
+NVME = "nvme,serial=VN-VFIO-01,drive=nv0,romfile={share}/nvme.rom"
+ROM_MARK = b"VN-ROM-0001"
+
+
+def option_rom():
+    """4 KiB: the 0x55 0xAA signature, its size in 512-byte blocks, a far return at the init
+    entry, ROM_MARK at 0x100.  No PCI data structure (its pointer is 0), so firmware skips it
+    rather than run it."""
+    rom = bytearray(4096)
+    rom[0:4] = bytes([0x55, 0xAA, 4096 // 512, 0xCB])
+    rom[0x100:0x100 + len(ROM_MARK)] = ROM_MARK
+    return bytes(rom)
 # Two functions in one IOMMU group (behind a PCIe-to-PCI bridge), bound to the host's
 # virtio-pci driver: what `managed = yes` must refuse to take half of.
 SHARED_GROUP = ("pcie-pci-bridge,id=br1", "virtio-rng-pci,bus=br1,addr=0x1",
@@ -57,8 +69,9 @@ class LenderHost:
                 "-device", "virtio-9p-pci,fsdev=hr,mount_tag=hostroot",
                 "-fsdev", f"local,id=sh,path={self.share},security_model=none",
                 "-device", "virtio-9p-pci,fsdev=sh,mount_tag=share"]
+        (self.share / "nvme.rom").write_bytes(option_rom())
         for d in self.devices:
-            argv += ["-device", d]
+            argv += ["-device", d.format(share=self.share)]
         return argv
 
     def run(self):

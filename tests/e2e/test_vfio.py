@@ -6,8 +6,8 @@ import sys
 import harness as h
 from lenderhost import IGB, NVME, SHARED_GROUP, LenderHost
 
-EXPECTED_RESULTS = 11
-NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-lender-restart", "vfio-msix",
+EXPECTED_RESULTS = 12
+NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-rom", "vfio-lender-restart", "vfio-msix",
          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
          "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals")
 

@@ -19,6 +19,10 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   Identify works while it is dead (the data path is the lender worker's, VFIO's and the
   IOMMU's), the daemon comes back, adopts its worker, still lends the device to the same
   holder, and the next Identify works too.
+- vfio-rom: the NVMe's expansion ROM (lenderhost.option_rom) as the consumer sees it: the
+  consumer's QEMU sizes the ROM BAR (the borrower keeps it, sized like the lender's ROM
+  region) and serves its bytes, read through the chain from the function's ROM; the
+  signature and the mark are there.
 - vfio-msix: the consumer programs MSI-X vector 0 of the lent NVMe to write a known word into
   its RAM and runs an Identify again with the admin queue's interrupt: the device's MSI-X goes
   through VFIO_DEVICE_SET_IRQS straight to the consumer's eventfd, and the word lands.  No
@@ -55,6 +59,7 @@ from pathlib import Path
 import harness as h
 from cluster import Daemon
 from control import Control, ControlError
+from lenderhost import ROM_MARK
 
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
 SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
@@ -121,6 +126,14 @@ def qtest_qemu(procs, socket):
                        stderr=subprocess.PIPE, text=True, env=env)
 
 
+def rom_view(q, length=0x110):
+    """The first @length bytes of the consumer's expansion ROM, through its ROM BAR."""
+    config_rw(q, 0x30, ROM_BAR | 1)                  # address, enable
+    data = bytes.fromhex(h.qtest_command(q, f"read {ROM_BAR:#x} {length}")[1][2:])
+    config_rw(q, 0x30, 0)
+    return data
+
+
 def consumer_view(q):
     """(config id, BAR0 CAP) as the consumer reads them: bus 0, device 2."""
     h.qtest_command(q, "outl 0xcf8 0x80001000")
@@ -140,6 +153,7 @@ def consumer_view(q):
 # Where the consumer's NVMe admin queues and Identify buffer live in its guest RAM.
 ASQ, ACQ, IDENTIFY = 0x100000, 0x101000, 0x102000
 BAR = 0xfe000000
+ROM_BAR = 0xfd000000
 # Where the consumer's MSI-X vector 0 stores its message, and what it stores.
 MSI_ADDR, MSI_DATA = 0x110000, 0x00c0ffee
 
@@ -429,6 +443,7 @@ def test_lend(procs, wd, fab, bdf, cap):
         except h.HarnessError as e:
             status, serial = -1, str(e)
         forwarded = bar_forwarded(a, b)
+        rom = rom_view(q)           # read through messages (after the count: no BAR)
         restart = lender_restart(a, q)
         try:
             msi_word, msi_status = msix_identify(q)
@@ -452,6 +467,9 @@ def test_lend(procs, wd, fab, bdf, cap):
     ok = h.result("vfio-lend-qtest", ident == want_id and got_cap == cap,
                   config_id=f"{ident:#010x}", want_id=f"{want_id:#010x}",
                   cap=f"{got_cap:#018x}", sysfs_cap=f"{cap:#018x}")
+    ok &= h.result("vfio-rom", rom[:3] == bytes([0x55, 0xAA, 8]) and
+                   rom[0x100:0x100 + len(ROM_MARK)] == ROM_MARK,
+                   head=rom[:4].hex(), mark=rom[0x100:0x10b].decode(errors="replace"))
     ok &= h.result("vfio-lender-restart", restart["dead"] == (0, SERIAL) and
                    restart["holder"] == "hostb" and restart["back"] == (0, SERIAL),
                    identify_while_dead=restart["dead"][0], holder_after=restart["holder"],
@@ -640,7 +658,7 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-managed", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
+            for name in ("vfio-managed", "vfio-rom", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
                          "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request",
                          "vfio-sriov-two-hosts", "vfio-lend-refusals"):
                 h.result(name, False, error="setup failed")

@@ -94,10 +94,16 @@ static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *bu
     return vn_backend_vfio_user.region_write(dev, region, offset, buf, count);
 }
 
+/* Where the spy's IOMMU has a hole, as x86's has for MSI. */
+#define SPY_RESERVED 0xfee00000ull
+
 static int spy_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
                    uint32_t prot)
 {
     g_atomic_int_inc(&calls.map);
+    if (iova == SPY_RESERVED) {
+        return -ERANGE;
+    }
     return vn_backend_vfio_user.dma_map(dev, iova, size, fd, offset, prot);
 }
 
@@ -119,6 +125,11 @@ static bool spy_stalled(void *dev)
     return vn_backend_vfio_user.stalled(dev);
 }
 
+static const char *spy_last_error(void *dev)
+{
+    return "guest memory [0xfee00000, 0xfee00fff] collides with the IOMMU's reserved range";
+}
+
 static const VnBackendOps spy = {
     .name = "spy",
     .open = spy_open,
@@ -133,6 +144,7 @@ static const VnBackendOps spy = {
     .dma_unmap = spy_unmap,
     .reset = spy_reset,
     .stalled = spy_stalled,
+    .last_error = spy_last_error,
 };
 
 static void spy_setup(void)
@@ -249,6 +261,25 @@ START_TEST(test_device_request)
 }
 END_TEST
 
+/* A refusal the backend can say in words reaches the borrower in them. */
+START_TEST(test_refusal_in_words)
+{
+    Borrower *b = borrower(0);
+    Mem m = mem_export(b, "lender");
+    VnProtoDmaMap dm = { .iova = SPY_RESERVED, .size = 4096, .segment = m.segment,
+                         .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
+    g_autofree char *json = vn_proto_dma_map_to_json(DEV, &dm);
+    g_autofree char *message = NULL;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_DMA_MAP, json, NULL, 0, &message), -ERANGE);
+    ck_assert_msg(message != NULL && strstr(message, "collides with the IOMMU's reserved range"),
+                  "%s", message != NULL ? message : "(none)");
+    ck_assert_uint_eq(device_dma_count(), 0);
+    mem_free(&m);
+}
+END_TEST
+
 /* A table with a hole is refused when the lender is made, naming the hole;
  * a backend is found by name, an unknown one refused with the known ones. */
 START_TEST(test_tables_checked)
@@ -312,6 +343,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, test_lender_uses_only_the_table);
     tcase_add_test(tc, test_tables_checked);
     tcase_add_test(tc, test_device_request);
+    tcase_add_test(tc, test_refusal_in_words);
     tcase_add_test(tc, test_vfio_refusals);
     suite_add_tcase(s, tc);
     return s;

@@ -11,6 +11,8 @@
 #include "borrower/borrower.h"
 #include "vfio-user/client.h"
 
+#include <linux/pci_regs.h>
+
 #define VM_SOCK_NAME "vm.sock"
 
 static struct {
@@ -162,6 +164,43 @@ START_TEST(test_describes_device)
 }
 END_TEST
 
+/* The expansion ROM: QEMU sizes the ROM BAR (kept by the borrower, sized like
+ * the lender's ROM region) and reads the ROM's bytes through the ROM region;
+ * the device's own ROM BAR is never written. */
+START_TEST(test_expansion_rom)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    struct vfio_region_info reg = { 0 };
+    uint32_t v = 0xffffffffu, got = 0;
+    uint8_t head[4], tail[2];
+    int fd = -1;
+
+    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_ROM_REGION_INDEX, &reg, &fd, NULL, 0,
+                                               NULL), 0);
+    ck_assert_uint_eq(reg.size, ROM_SIZE);
+    ck_assert_int_lt(fd, 0);                    /* read through messages: rarely, once */
+    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
+                                            &v, 4, false), 4);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
+                                           &got, 4), 4);
+    ck_assert_uint_eq(got, ~(ROM_SIZE - 1) | PCI_ROM_ADDRESS_ENABLE);
+    v = 0xfeb00001u;
+    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
+                                            &v, 4, false), 4);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
+                                           &got, 4), 4);
+    ck_assert_uint_eq(got, 0xfeb00001u);
+    ck_assert_uint_eq(rig.fake.cfg[PCI_ROM_ADDRESS], 0);     /* the lender's alone */
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_ROM_REGION_INDEX, 0, head, 4), 4);
+    ck_assert_uint_eq(head[0], 0x55);
+    ck_assert_uint_eq(head[1], 0xaa);
+    ck_assert_uint_eq(head[2], (uint8_t)(2 * 7));
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_ROM_REGION_INDEX, ROM_SIZE - 2, tail, 2),
+                     2);
+    ck_assert_uint_eq(tail[1], (uint8_t)((ROM_SIZE - 1) * 7));
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -274,7 +313,7 @@ START_TEST(test_lender_lost)
     ck_assert_int_eq(vn_client_region_read(c, 0, 0x10, &v, 4), 4);
     ck_assert_uint_eq(v, 0xffffffffu);
     v = 0x12345678;
-    ck_assert_int_ge(vn_client_region_write(c, 0, 0x10, &v, 4, false), 0);
+    ck_assert_int_ge(vn_client_region_write(c, 0, 0x10, &v, 4, false), 4);
     ck_assert_uint_ne(rig.fake.bar[0x10], 0x78);
     /* Asked once: a second loss report changes nothing. */
     on_loop(&bor.loop, (void (*)(void *))vn_borrower_lender_down, bor.b);
@@ -291,6 +330,7 @@ static Suite *borrower_suite(void)
     tc = tcase_create("describe");
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_describes_device);
+    tcase_add_test(tc, test_expansion_rom);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");

@@ -41,6 +41,7 @@
 #define DEV "nvme0"
 #define BAR0_SIZE 0x4000u
 #define CFG_SIZE 256u
+#define ROM_SIZE 0x8000u         /* the expansion ROM (read-only, trapped) */
 #define MSIX_VECTORS 4u
 #define MEM_SIZE 0x10000u        /* a borrower's "guest RAM" segment */
 
@@ -50,6 +51,7 @@ typedef struct Fake {
     int bar_fd;
     uint8_t *bar;
     uint8_t cfg[CFG_SIZE];
+    uint8_t rom[ROM_SIZE];
     gint resets;                /* atomic: bumped in the device thread */
     gint irq_changes[VFIO_PCI_NUM_IRQS];    /* SET_IRQS per index, atomic */
 } Fake;
@@ -62,6 +64,8 @@ static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *bu
         memcpy(buf, f->bar + off, n);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         memcpy(buf, f->cfg + off, n);
+    } else if (index == VFIO_PCI_ROM_REGION_INDEX) {
+        memcpy(buf, f->rom + off, n);
     } else {
         return -EINVAL;
     }
@@ -352,6 +356,14 @@ static inline void setup(void)
     info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
         (VnRegion){ .size = CFG_SIZE, .mmap_fd = -1,
                     .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
+    info.regions[VFIO_PCI_ROM_REGION_INDEX] =
+        (VnRegion){ .size = ROM_SIZE, .mmap_fd = -1, .flags = VFIO_REGION_INFO_FLAG_READ };
+    /* An option ROM's signature, then a pattern (what QEMU shows a guest). */
+    rig.fake.rom[0] = 0x55;
+    rig.fake.rom[1] = 0xaa;
+    for (uint32_t i = 2; i < ROM_SIZE; i++) {
+        rig.fake.rom[i] = (uint8_t)(i * 7);
+    }
     info.irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
     info.irq_flags[VFIO_PCI_INTX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
     info.irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = MSIX_VECTORS;

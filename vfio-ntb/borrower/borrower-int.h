@@ -22,6 +22,10 @@ typedef struct VnMediate {
     uint8_t exp_cap;            /* PCI Express capability offset, 0 if none */
     uint8_t int_line;           /* virtualized Interrupt Line */
     VnMsixLayout msix;
+    /* The expansion ROM BAR, kept here: its size (the lender's ROM region,
+     * a power of two; 0: none) and what was written to it. */
+    uint64_t rom_size;
+    uint32_t rom_bar;
 } VnMediate;
 
 /* The indexes relay mode carries: INTx, MSI, MSI-X. */

@@ -6,7 +6,11 @@
  * the bus, is answered here:
  *   BAR registers   reads forwarded (QEMU learns the BAR types), writes
  *                   dropped: the device's addresses are the lender's business
- *   ROM BAR         reads 0, writes dropped: no option ROM is lent
+ *   ROM BAR         a local register sized like the lender's ROM region (0
+ *                   without one): QEMU sizes it and serves the guest the
+ *                   ROM's bytes, read from the ROM region (GPU drivers read
+ *                   their VBIOS there); the device's own ROM BAR stays the
+ *                   lender's
  *   Interrupt Line  a local byte (firmware writes it, nothing uses it)
  *   Initiate FLR    turned into a RESET of the lent device (PCIe r5.0 6.6.2)
  *   extended space  reads 0 (PCIe r5.0 7.6.3: a zero header ends the list):
@@ -25,6 +29,10 @@
 
 /* A capability list longer than this is a loop (48 = (256 - 64) / 4). */
 #define VN_MEDIATE_MAX_CAPS 48
+/* An expansion ROM is 2 KiB to 16 MiB (PCI r3.0 6.2.5.2 allows more; no
+ * device ships that). */
+#define VN_MEDIATE_MIN_ROM 2048u
+#define VN_MEDIATE_MAX_ROM (16u << 20)
 
 static uint32_t le32(const uint8_t *p)
 {
@@ -39,6 +47,15 @@ bool vn_mediate_init(VnBorrower *b, GError **error)
     int ret;
 
     memset(m, 0, sizeof(*m));
+    /* The lender is a peer: a ROM of an odd size is no ROM. */
+    if (b->info.num_regions > VFIO_PCI_ROM_REGION_INDEX) {
+        uint64_t rom = b->info.regions[VFIO_PCI_ROM_REGION_INDEX].size;
+
+        if (rom >= VN_MEDIATE_MIN_ROM && rom <= VN_MEDIATE_MAX_ROM && (rom & (rom - 1)) == 0 &&
+            (b->info.regions[VFIO_PCI_ROM_REGION_INDEX].flags & VFIO_REGION_INFO_FLAG_READ)) {
+            m->rom_size = rom;
+        }
+    }
     ret = vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, sizeof(cfg), false);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
@@ -79,7 +96,18 @@ typedef enum Rule {
     RULE_ZERO,          /* reads 0, writes dropped */
     RULE_READ_ONLY,     /* reads forwarded, writes dropped */
     RULE_LOCAL,         /* a byte kept here */
+    RULE_ROM,           /* a byte of the ROM BAR kept here */
 } Rule;
+
+/* The ROM BAR as read: the address bits the size leaves, the enable bit. */
+static uint32_t rom_bar(const VnMediate *m)
+{
+    if (m->rom_size == 0) {
+        return 0;
+    }
+    return (m->rom_bar & (uint32_t)~(m->rom_size - 1) & PCI_ROM_ADDRESS_MASK) |
+           (m->rom_bar & PCI_ROM_ADDRESS_ENABLE);
+}
 
 static Rule rule_of(const VnMediate *m, uint64_t a)
 {
@@ -90,7 +118,7 @@ static Rule rule_of(const VnMediate *m, uint64_t a)
         return RULE_READ_ONLY;
     }
     if (a >= PCI_ROM_ADDRESS && a < PCI_ROM_ADDRESS + 4) {
-        return RULE_ZERO;
+        return RULE_ROM;
     }
     if (a == PCI_INTERRUPT_LINE) {
         return RULE_LOCAL;
@@ -124,6 +152,9 @@ int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
             break;
         case RULE_LOCAL:
             p[a - offset] = b->med.int_line;
+            break;
+        case RULE_ROM:
+            p[a - offset] = (uint8_t)(rom_bar(&b->med) >> (8 * (a - PCI_ROM_ADDRESS)));
             break;
         default:
             break;
@@ -184,6 +215,11 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
         if (a < end && r == RULE_LOCAL) {
             b->med.int_line = data[a - offset];
             b->stats.config_virtualized++;
+        } else if (a < end && r == RULE_ROM) {
+            unsigned shift = 8 * (unsigned)(a - PCI_ROM_ADDRESS);
+
+            b->med.rom_bar = (b->med.rom_bar & ~(0xffu << shift)) |
+                             (uint32_t)data[a - offset] << shift;
         }
     }
     if (flr) {

@@ -54,6 +54,7 @@ typedef struct Vfio {
     struct vfio_iova_range ranges[VN_VFIO_MAX_RANGES];
     uint32_t nr_ranges;
     GArray *maps;               /* VfioMap */
+    char why[160];              /* the last refusal in words ("" none) */
 } Vfio;
 
 bool vn_backend_vfio_address_ok(const char *s)
@@ -390,13 +391,16 @@ static int iova_check(Vfio *v, uint64_t iova, uint64_t size)
     }
     for (uint32_t i = 0; i + 1 < v->nr_ranges; i++) {
         if (last > v->ranges[i].end && iova < v->ranges[i + 1].start) {
-            g_warning("vfio %s: guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] collides with the "
-                      "IOMMU's reserved range [0x%" PRIx64 ", 0x%" PRIx64 "]", v->bdf, iova,
-                      last, (uint64_t)v->ranges[i].end + 1,
-                      (uint64_t)v->ranges[i + 1].start - 1);
-            break;
+            g_snprintf(v->why, sizeof(v->why), "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] "
+                       "collides with the IOMMU's reserved range [0x%" PRIx64 ", 0x%" PRIx64
+                       "] of %s", iova, last, (uint64_t)v->ranges[i].end + 1,
+                       (uint64_t)v->ranges[i + 1].start - 1, v->bdf);
+            g_warning("vfio %s", v->why);
+            return -ERANGE;
         }
     }
+    g_snprintf(v->why, sizeof(v->why), "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] is "
+               "outside the IOMMU's usable addresses for %s", iova, last, v->bdf);
     return -ERANGE;
 }
 
@@ -412,6 +416,7 @@ static int vfio_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_
     if (fd < 0 || size == 0 || iova + size < iova || v->maps->len >= VN_VFIO_MAX_MAPS) {
         return -EINVAL;
     }
+    v->why[0] = '\0';
     if ((ret = iova_check(v, iova, size)) < 0) {
         return ret;
     }
@@ -433,6 +438,13 @@ static int vfio_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_
     map = (VfioMap){ .iova = iova, .size = size, .vaddr = vaddr };
     g_array_append_val(v->maps, map);
     return 0;
+}
+
+static const char *vfio_last_error(void *dev)
+{
+    Vfio *v = dev;
+
+    return v->why[0] != '\0' ? v->why : NULL;
 }
 
 static int vfio_dma_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
@@ -514,4 +526,5 @@ const VnBackendOps vn_backend_vfio = {
     .dma_unmap = vfio_dma_unmap,
     .reset = vfio_reset,
     .stalled = vfio_stalled,
+    .last_error = vfio_last_error,
 };

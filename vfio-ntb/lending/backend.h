@@ -70,6 +70,10 @@ typedef struct VnBackendOps {
     int (*reset)(void *dev);
     /* Its last command got no answer (nothing answered since). */
     bool (*stalled)(void *dev);
+    /* Optional: why the last call that failed did, in words the borrower
+     * may see ("guest memory [a, b] collides with the IOMMU's reserved range
+     * [c, d]"), or NULL when there is nothing to add to its errno. */
+    const char *(*last_error)(void *dev);
 } VnBackendOps;
 
 extern const VnBackendOps vn_backend_vfio_user;

@@ -215,8 +215,10 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     ret = l->ops->dma_map(l->device, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset,
                           m.prot);
     if (ret < 0) {
+        const char *why = l->ops->last_error != NULL ? l->ops->last_error(l->device) : NULL;
+
         vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
-                       m.iova, g_strerror(-ret));
+                       m.iova, why != NULL ? why : g_strerror(-ret));
         goto unused;
     }
     lw->refs++;
