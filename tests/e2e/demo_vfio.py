@@ -25,7 +25,7 @@ def main():
         bdf = find(NVME_ID)
         wd = procs.tempdir()
         fab = procs.tempdir("vn-fabric-")
-        before = driver_of(bdf)
+        before = h.wait_for(lambda: driver_of(bdf), 60)   # the nvme driver probes at boot
         say(f"   the lender host has an NVMe at {bdf}, driven by its '{before or 'no'}' driver")
         a = Daemon(procs, wd, "hosta", fab).start()
         b = Daemon(procs, wd, "hostb", fab).start()

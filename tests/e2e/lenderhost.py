@@ -9,6 +9,7 @@ test names a Python file of tests/e2e to run inside as root; its RESULT lines ar
     lh = LenderHost(procs, "vfio_inner.py", devices=[NVME])
     lines = lh.run()            # the inner script's output, after the VM powered off
 """
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -23,10 +24,14 @@ ROM_MARK = b"VN-ROM-0001"
 
 def option_rom():
     """4 KiB: the 0x55 0xAA signature, its size in 512-byte blocks, a far return at the init
-    entry, ROM_MARK at 0x100.  No PCI data structure (its pointer is 0), so firmware skips it
-    rather than run it."""
+    entry, a PCI data structure ("PCIR": Linux's pci_map_rom, and so VFIO, sees no ROM
+    without one) and ROM_MARK at 0x100.  The structure names vendor:device ffff:ffff and EFI
+    code, so firmware (SeaBIOS in a nested guest) skips the image rather than run it."""
     rom = bytearray(4096)
     rom[0:4] = bytes([0x55, 0xAA, 4096 // 512, 0xCB])
+    rom[0x18:0x1a] = struct.pack("<H", 0x1c)
+    rom[0x1c:0x1c + 0x18] = (b"PCIR" + struct.pack("<HHHHB", 0xffff, 0xffff, 0, 0x18, 0) +
+                             bytes(3) + struct.pack("<HHBB", 4096 // 512, 0, 3, 0x80) + bytes(2))
     rom[0x100:0x100 + len(ROM_MARK)] = ROM_MARK
     return bytes(rom)
 # Two functions in one IOMMU group (behind a PCIe-to-PCI bridge), bound to the host's

@@ -372,8 +372,11 @@ def lend_pair(procs, wd, fab, lender, borrower, bdf, lease_timeout_ms=3000):
 
 
 def driver_of(bdf):
-    link = Path("/sys/bus/pci/devices") / bdf / "driver"
-    return os.path.basename(os.readlink(link)) if link.exists() else ""
+    """The function's driver now ("" for none; a bind may be under way)."""
+    try:
+        return os.path.basename(os.readlink(Path("/sys/bus/pci/devices") / bdf / "driver"))
+    except OSError:
+        return ""
 
 
 def lend_error(c, **args):
@@ -389,7 +392,8 @@ def test_managed(procs, wd, fab, bdf, shared):
     a = Daemon(procs, wd, "hostm", fab).start()
     b = Daemon(procs, wd, "hostn", fab).start()
     ca, cb = Control(a.control), Control(b.control)
-    before = driver_of(bdf)
+    # The host's nvme driver probes it at boot (slowly, under TCG).
+    before = h.wait_for(lambda: driver_of(bdf), 60)
     disk = "/dev/" + next((Path("/sys/bus/pci/devices") / bdf / "nvme").glob("nvme*/nvme*n1")).name
     subprocess.run(["mkswap", disk], check=True, capture_output=True)
     subprocess.run(["swapon", disk], check=True, capture_output=True)

@@ -126,10 +126,15 @@ bool vn_identity_of_pci(const char *sys, const char *bdf, VnIdentity *id)
     /* Names only: no access method is initialised (pci_init would probe
      * the bus and exit the process on a failure). */
     if (pci_load_name_list(pa)) {
-        const char *c = pci_lookup_name(pa, cls, sizeof(cls), PCI_LOOKUP_CLASS |
-                                        PCI_LOOKUP_NO_NUMBERS, id->class_code >> 8);
-        const char *v = pci_lookup_name(pa, vd, sizeof(vd), PCI_LOOKUP_VENDOR |
-                                        PCI_LOOKUP_DEVICE, id->vendor, id->device);
+        /* pci.ids alone, not udev's hwdb: the same names, and libpci would
+         * leak the udev handle it opens for it. */
+        const int db = PCI_LOOKUP_NO_HWDB;
+        const char *c = pci_lookup_name(pa, cls, sizeof(cls),
+                                        PCI_LOOKUP_CLASS | PCI_LOOKUP_NO_NUMBERS | db,
+                                        id->class_code >> 8);
+        const char *v = pci_lookup_name(pa, vd, sizeof(vd),
+                                        PCI_LOOKUP_VENDOR | PCI_LOOKUP_DEVICE | db, id->vendor,
+                                        id->device);
 
         g_snprintf(id->name, sizeof(id->name), "%s%s%s", c != NULL ? c : "",
                    c != NULL ? ": " : "", v != NULL ? v : "");
