@@ -106,6 +106,7 @@ $(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_shm: $(call fuzz_objs,$(FUZZ_FABRIC))
 $(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c vfio-ntb/daemon/identity.c \
+	vfio-ntb/lending/pcibind.c \
 	vfio-ntb/lending/backend-vfio.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))

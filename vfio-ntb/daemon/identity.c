@@ -6,15 +6,14 @@
 
 #include "identity.h"
 
+#include "lending/pcibind.h"
+
 #include <glib.h>
 #include <pci/pci.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Block devices of one function looked through, at most. */
-#define MAX_BLOCK_ENTRIES 4096u
 
 /* libpci reports through these; its defaults exit the process on an
  * error, which a daemon must not. */
@@ -63,23 +62,17 @@ static uint64_t attr_hex(const char *dir, const char *name, bool *ok)
 /* Bytes of the whole disks under @bdf (partitions are in them). */
 static uint64_t storage_size(const char *sys, const char *bdf)
 {
-    g_autofree char *cdir = g_strdup_printf("%s/class/block", sys);
-    g_autofree char *needle = g_strdup_printf("/%s/", bdf);
-    g_autoptr(GDir) d = g_dir_open(cdir, 0, NULL);
-    const char *name;
+    g_autoptr(GPtrArray) disks = vn_pcibind_class_of(sys, "block", bdf);
     uint64_t total = 0;
-    unsigned n = 0;
 
-    while (d != NULL && (name = g_dir_read_name(d)) != NULL && n++ < MAX_BLOCK_ENTRIES) {
-        g_autofree char *entry = g_build_filename(cdir, name, NULL);
-        g_autofree char *real = realpath(entry, NULL);
-        g_autofree char *slashed = real != NULL ? g_strconcat(real, "/", NULL) : NULL;
+    for (guint i = 0; i < disks->len; i++) {
+        g_autofree char *entry = g_strdup_printf("%s/class/block/%s", sys,
+                                                 (char *)disks->pdata[i]);
         g_autofree char *part = g_build_filename(entry, "partition", NULL);
         g_autofree char *size = g_build_filename(entry, "size", NULL);
         g_autofree char *text = NULL;
 
-        if (slashed != NULL && strstr(slashed, needle) != NULL &&
-            !g_file_test(part, G_FILE_TEST_EXISTS) &&
+        if (!g_file_test(part, G_FILE_TEST_EXISTS) &&
             g_file_get_contents(size, &text, NULL, NULL)) {
             uint64_t sectors = g_ascii_strtoull(text, NULL, 10);
 

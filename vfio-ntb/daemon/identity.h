@@ -11,7 +11,6 @@
 #define VN_IDENTITY_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #define VN_IDENTITY_MAX_NAME 127

@@ -17,8 +17,6 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-/* Entries of one sysfs class directory looked through, at most. */
-#define MAX_CLASS_ENTRIES 4096u
 /* Lines of mountinfo or swaps read, at most. */
 #define MAX_TABLE_LINES 65536u
 /* Users named in one sentence, at most (the rest are counted). */
@@ -88,29 +86,40 @@ static void user(Users *u, const char *fmt, ...)
     u->named++;
 }
 
-/*
- * Calls @fn for each entry of class directory @sys/class/@cls whose device
- * is @bdf or below it (its link resolves through ".../@bdf/..."), with the
- * entry's directory.
- */
-static void for_class(const char *sys, const char *cls, const char *bdf, Users *u,
-                      void (*fn)(Users *u, const char *dir, const char *name, void *opaque),
-                      void *opaque)
+GPtrArray *vn_pcibind_class_of(const char *sys, const char *cls, const char *bdf)
 {
     g_autofree char *cdir = g_strdup_printf("%s/class/%s", sys, cls);
     g_autofree char *needle = g_strdup_printf("/%s/", bdf);
     g_autoptr(GDir) d = g_dir_open(cdir, 0, NULL);
+    GPtrArray *found = g_ptr_array_new_with_free_func(g_free);
     const char *name;
     unsigned n = 0;
 
-    while (d != NULL && (name = g_dir_read_name(d)) != NULL && n++ < MAX_CLASS_ENTRIES) {
+    while (d != NULL && (name = g_dir_read_name(d)) != NULL &&
+           n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
         g_autofree char *entry = g_build_filename(cdir, name, NULL);
         g_autofree char *real = realpath(entry, NULL);
         g_autofree char *slashed = real != NULL ? g_strconcat(real, "/", NULL) : NULL;
 
         if (slashed != NULL && strstr(slashed, needle) != NULL) {
-            fn(u, entry, name, opaque);
+            g_ptr_array_add(found, g_strdup(name));
         }
+    }
+    return found;
+}
+
+/* @fn for each of @bdf's entries of class @cls, with the entry's directory. */
+static void for_class(const char *sys, const char *cls, const char *bdf, Users *u,
+                      void (*fn)(Users *u, const char *dir, const char *name, void *opaque),
+                      void *opaque)
+{
+    g_autoptr(GPtrArray) names = vn_pcibind_class_of(sys, cls, bdf);
+
+    for (guint i = 0; i < names->len; i++) {
+        g_autofree char *entry = g_strdup_printf("%s/class/%s/%s", sys, cls,
+                                                 (char *)names->pdata[i]);
+
+        fn(u, entry, names->pdata[i], opaque);
     }
 }
 
@@ -253,7 +262,7 @@ char *vn_pcibind_group_conflicts(const char *sys, const char *bdf)
     const char *other;
     unsigned n = 0;
 
-    while (d != NULL && (other = g_dir_read_name(d)) != NULL && n++ < MAX_CLASS_ENTRIES) {
+    while (d != NULL && (other = g_dir_read_name(d)) != NULL && n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
         g_autofree char *odir = g_build_filename(gdir, other, NULL);
         g_autofree char *driver = link_name(odir, "driver");
 

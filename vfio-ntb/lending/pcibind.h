@@ -28,6 +28,14 @@
 #define VN_PCIBIND_MAX_PROCS 32768u
 #define VN_PCIBIND_MAX_FDS_PER_PROC 4096u
 
+/* Entries of a sysfs class directory looked through, at most. */
+#define VN_PCIBIND_MAX_CLASS_ENTRIES 4096u
+
+/* The entries of @sys/class/@cls ("block", "net", "drm") whose device is
+ * @bdf or below it (the link resolves through ".../@bdf/..."): a new array
+ * of their names. */
+GPtrArray *vn_pcibind_class_of(const char *sys, const char *cls, const char *bdf);
+
 /* The driver bound to @bdf now ("" for none), or NULL with @error when the
  * host has no such function. */
 char *vn_pcibind_driver(const char *sys, const char *bdf, GError **error);
