@@ -7,12 +7,10 @@
 
 #include "daemon-int.h"
 #include "common/json.h"
-#include "common/name.h"
 #include "common/util.h"
 
 #include <errno.h>
 #include <gio/gio.h>
-#include <stdarg.h>
 #include <string.h>
 
 /* ---- leases, borrower side ---- */

@@ -527,9 +527,11 @@ void vn_cluster_device_request(void *opaque)
     VnLocalDevice *ld = opaque;
     VnDaemon *d = ld->d;
 
+    /* Not at the default level: the worker is a peer, and nothing comes of
+     * this but a line. */
     if (!vn_lease_lent(ld->lease)) {
-        g_message("node %s: the host wants %s back (VFIO device request); it is not lent",
-                  d->conf->node, ld->conf->name);
+        g_info("node %s: the host wants %s back (VFIO device request); it is not lent",
+               d->conf->node, ld->conf->name);
         return;
     }
     if (ld->revoke_timer != 0) {
