@@ -143,7 +143,8 @@ static void gen_proto(void)
     VnProtoDmaUnmap u = { .iova = 0x100000, .size = 0x200000 };
     VnProtoSetIrqs s = { .flags = 0x24, .index = 2, .start = 0, .count = 4 };
 
-    d.regions[0] = (VnProtoRegion){ .size = 0x4000, .flags = 7, .segment = 5, .nr_sparse = 1 };
+    d.regions[0] = (VnProtoRegion){ .size = 0x4000, .flags = 7, .nr_segments = 1,
+                                    .segments = { 5 }, .nr_sparse = 1 };
     d.regions[0].sparse[0].offset = 0x2000;
     d.regions[0].sparse[0].size = 0x2000;
     d.regions[1] = (VnProtoRegion){ .size = 256, .flags = 3 };

@@ -20,6 +20,11 @@ static struct {
     VnFabric *fab;
     VnBorrower *b;
     char *sock;
+    /* The borrower's node's window limits ("max-window-size" and
+     * "max-windows"; NULL: the default), and why the borrower was not
+     * made, when it was not. */
+    const char *window_size, *windows;
+    char *refusal;
 } bor;
 
 static void bor_on_link(void *opaque, const char *peer, bool up)
@@ -35,14 +40,28 @@ static const VnFabricHandlers bor_handlers = {
 
 static void bor_open(void *data)
 {
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GError) error = NULL;
 
-    bor.fab = node_open("b", &bor_handlers, NULL, bor.loop.ctx);
+    g_hash_table_insert(params, "dir", rig.fabric_dir);
+    g_hash_table_insert(params, "request-timeout-ms", "3000");
+    if (bor.window_size != NULL) {
+        g_hash_table_insert(params, "max-window-size", (char *)bor.window_size);
+    }
+    if (bor.windows != NULL) {
+        g_hash_table_insert(params, "max-windows", (char *)bor.windows);
+    }
+    bor.fab = vn_fabric_open("shm", "b", params, &bor_handlers, NULL, bor.loop.ctx, &error);
+    ck_assert_msg(bor.fab != NULL, "%s", error ? error->message : "");
     ck_assert_msg(vn_fabric_connect(bor.fab, "lender", &error), "%s",
                   error ? error->message : "");
     bor.b = vn_borrower_new(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, bor.loop.ctx,
                             &error);
-    ck_assert_msg(bor.b != NULL, "%s", error ? error->message : "");
+    if (bor.windows == NULL) {
+        ck_assert_msg(bor.b != NULL, "%s", error ? error->message : "");
+    } else if (bor.b == NULL) {
+        bor.refusal = g_strdup(error->message);
+    }
 }
 
 static void bor_close(void *data)
@@ -51,14 +70,33 @@ static void bor_close(void *data)
     g_clear_pointer(&bor.fab, vn_fabric_close);
 }
 
-static void bor_setup(void)
+static void bor_setup_limited(const char *window_size, const char *windows)
 {
     setup();
     memset(&bor, 0, sizeof(bor));
+    bor.window_size = window_size;
+    bor.windows = windows;
     bor.sock = g_build_filename(rig.dir, VM_SOCK_NAME, NULL);
     bor.loop.ctx = g_main_context_new();
     loop_start(&bor.loop, "borrower");
     on_loop(&bor.loop, bor_open, NULL);
+}
+
+static void bor_setup(void)
+{
+    bor_setup_limited(NULL, NULL);
+}
+
+/* Windows of 4 KiB: BAR0 (16 KiB) takes 4 of them. */
+static void bor_setup_small_windows(void)
+{
+    bor_setup_limited("4096", NULL);
+}
+
+/* The same, with room for 2 windows only. */
+static void bor_setup_two_windows(void)
+{
+    bor_setup_limited("4096", "2");
 }
 
 static void bor_teardown(void)
@@ -66,6 +104,7 @@ static void bor_teardown(void)
     on_loop(&bor.loop, bor_close, NULL);
     loop_stop(&bor.loop);
     g_free(bor.sock);
+    g_free(bor.refusal);
     teardown();
 }
 
@@ -201,6 +240,61 @@ START_TEST(test_expansion_rom)
 }
 END_TEST
 
+/* ---- a BAR larger than a window ----------------------------------------- */
+
+/* QEMU gets one fd for the whole BAR although it crossed as 4 windows: a
+ * mapping of it reaches every part of the device's BAR; a trapped access
+ * inside one window is served from it, one across two goes to the lender. */
+START_TEST(test_large_bar_one_mapping)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    struct vfio_region_info reg = { 0 };
+    uint8_t got[4];
+    uint8_t *bar;
+    Ask a;
+    int fd = -1;
+
+    ck_assert_uint_eq(vn_fabric_windows_in_use(bor.fab), 4);
+    ck_assert_int_eq(vn_client_get_region_info(c, 0, &reg, &fd, NULL, 0, NULL), 0);
+    ck_assert(reg.flags & VFIO_REGION_INFO_FLAG_MMAP);
+    ck_assert_int_ge(fd, 0);
+    bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)reg.offset);
+    ck_assert(bar != MAP_FAILED);
+    for (uint32_t k = 0; k < 4; k++) {
+        bar[k * 0x1000 + 0x10] = (uint8_t)(0xc0 + k);
+        ck_assert_uint_eq(rig.fake.bar[k * 0x1000 + 0x10], 0xc0 + k);
+    }
+    rig.fake.bar[0x3ffc] = 0x77;
+    ck_assert_uint_eq(bar[0x3ffc], 0x77);
+    munmap(bar, BAR0_SIZE);
+    close(fd);
+
+    rig.fake.bar[0x1010] = 0x5e;
+    ck_assert_int_eq(vn_client_region_read(c, 0, 0x1010, got, 1), 1);
+    ck_assert_uint_eq(got[0], 0x5e);
+    a = ask();
+    ck_assert_uint_eq(a.st.region_forwarded, 0);
+    memcpy(&rig.fake.bar[0x0ffe], "\x01\x02\x03\x04", 4);
+    ck_assert_int_eq(vn_client_region_read(c, 0, 0x0ffe, got, 4), 4);
+    ck_assert_int_eq(memcmp(got, "\x01\x02\x03\x04", 4), 0);
+    a = ask();
+    ck_assert_uint_eq(a.st.region_forwarded, 1);
+}
+END_TEST
+
+/* A BAR that needs more windows than the host has: no device, and the
+ * refusal names the BAR, what it needs and the budget. */
+START_TEST(test_large_bar_over_budget)
+{
+    ck_assert_ptr_null(bor.b);
+    ck_assert_ptr_nonnull(bor.refusal);
+    ck_assert_msg(strstr(bor.refusal, "BAR0") != NULL &&
+                  strstr(bor.refusal, "needs 4 windows") != NULL &&
+                  strstr(bor.refusal, "max-windows") != NULL, "%s", bor.refusal);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(bor.fab), 0);
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -331,6 +425,15 @@ static Suite *borrower_suite(void)
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_describes_device);
     tcase_add_test(tc, test_expansion_rom);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("large-bar");
+    tcase_add_checked_fixture(tc, bor_setup_small_windows, bor_teardown);
+    tcase_add_test(tc, test_large_bar_one_mapping);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("window-budget");
+    tcase_add_checked_fixture(tc, bor_setup_two_windows, bor_teardown);
+    tcase_add_test(tc, test_large_bar_over_budget);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");

@@ -25,12 +25,12 @@ START_TEST(test_attach_describes)
     ck_assert_uint_eq(d.num_regions, VFIO_PCI_NUM_REGIONS);
     ck_assert_uint_eq(d.regions[0].size, BAR0_SIZE);
     ck_assert(d.regions[0].flags & VFIO_REGION_INFO_FLAG_MMAP);
-    ck_assert_uint_gt(d.regions[0].segment, 0);
+    ck_assert_uint_gt(d.regions[0].segments[0], 0);
     ck_assert_uint_eq(d.regions[0].nr_sparse, 2);
     ck_assert_uint_eq(d.regions[0].sparse[1].offset, 0x2000);
     ck_assert_uint_eq(d.regions[0].sparse[1].size, 0x2000);
     ck_assert_uint_eq(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].size, CFG_SIZE);
-    ck_assert_uint_eq(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].segment, 0);
+    ck_assert_uint_eq(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].segments[0], 0);
     ck_assert(!(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].flags & VFIO_REGION_INFO_FLAG_MMAP));
     ck_assert_uint_eq(d.regions[1].size, 0);
     ck_assert_uint_eq(d.num_irqs, VFIO_PCI_NUM_IRQS);
@@ -38,7 +38,7 @@ START_TEST(test_attach_describes)
     ck_assert_uint_eq(d.irq_flags[VFIO_PCI_MSIX_IRQ_INDEX], VFIO_IRQ_INFO_EVENTFD);
 
     /* The BAR's segment is the device's BAR memory, both ways. */
-    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segment, &error);
+    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w->size, BAR0_SIZE);
     w->host[0x2010] = 0xab;
@@ -47,7 +47,7 @@ START_TEST(test_attach_describes)
     ck_assert_uint_eq(w->host[0x18], 0x5a);
     vn_fabric_window_unmap(b->fab, w);
     /* ...and only the borrower may map it. */
-    ck_assert_ptr_null(vn_fabric_window_map(c->fab, "lender", d.regions[0].segment, &error));
+    ck_assert_ptr_null(vn_fabric_window_map(c->fab, "lender", d.regions[0].segments[0], &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
 
     s = snap();
@@ -60,6 +60,82 @@ START_TEST(test_attach_describes)
     ck_assert_int_eq(json_object_get_int_member(o, "requests"), 1);
     ck_assert_int_eq(json_object_get_int_member(o, "fences"), 0);
     snap_clear(&s);
+}
+END_TEST
+
+/* An ATTACH that names the borrower's largest window. */
+static int attach_windowed(Borrower *b, uint64_t max_window, VnProtoDevice *d, char **message)
+{
+    VnProtoAttach a = { .irq_mode = VN_IRQ_MODE_FD, .max_window = max_window };
+    g_autofree char *json = NULL;
+    g_autofree char *text = NULL;
+    g_autoptr(GError) error = NULL;
+    int ret;
+
+    g_strlcpy(a.device, DEV, sizeof(a.device));
+    json = vn_proto_attach_to_json(&a);
+    ret = req_msg(b, VN_PROTO_ATTACH, json, NULL, 0, &text);
+    if (ret == 0) {
+        ck_assert_msg(vn_proto_device_from_json(text, d, &error), "%s",
+                      error ? error->message : "");
+    } else if (message != NULL) {
+        *message = g_steal_pointer(&text);
+    }
+    return ret;
+}
+
+/* A BAR larger than the borrower's windows comes as slices of one window
+ * each (here 4 KiB windows, so BAR0's 16 KiB is 4), in order, and every
+ * one of them is withdrawn at the fence. */
+START_TEST(test_attach_cuts_large_bar)
+{
+    Borrower *b = borrower(0);
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[4];
+    VnProtoDevice d;
+
+    /* Not a power of two: cut to the one below. */
+    ck_assert_int_eq(attach_windowed(b, 0x1800, &d, NULL), 0);
+    ck_assert_uint_eq(d.regions[0].size, BAR0_SIZE);
+    ck_assert_uint_eq(d.regions[0].nr_segments, 4);
+    ck_assert_uint_eq(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].nr_segments, 0);
+    for (uint32_t k = 0; k < 4; k++) {
+        w[k] = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k], &error);
+        ck_assert_msg(w[k] != NULL, "%s", error ? error->message : "");
+        ck_assert_uint_eq(w[k]->size, 0x1000);
+        w[k]->host[0x10] = (uint8_t)(0xa0 + k);
+    }
+    for (uint32_t k = 0; k < 4; k++) {
+        ck_assert_uint_eq(rig.fake.bar[k * 0x1000 + 0x10], 0xa0 + k);
+        vn_fabric_window_unmap(b->fab, w[k]);
+    }
+    ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
+    ck_assert(lender_free_and_clean());
+    for (uint32_t k = 0; k < 4; k++) {
+        ck_assert_ptr_null(vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k],
+                                                &error));
+        g_clear_error(&error);
+    }
+    /* Windows as large as the BAR: one segment. */
+    ck_assert_int_eq(attach_windowed(b, BAR0_SIZE, &d, NULL), 0);
+    ck_assert_uint_eq(d.regions[0].nr_segments, 1);
+}
+END_TEST
+
+/* Windows smaller than a page cannot carry a BAR: refused, saying so, with
+ * nothing left exported. */
+START_TEST(test_attach_windows_too_small)
+{
+    Borrower *b = borrower(0);
+    g_autofree char *message = NULL;
+    VnProtoDevice d;
+
+    ck_assert_int_eq(attach_windowed(b, 0x800, &d, &message), -EINVAL);
+    ck_assert_msg(message != NULL && strstr(message, "smaller than a page") != NULL, "%s",
+                  message);
+    ck_assert(lender_free_and_clean());
+    attach_ok(b, VN_IRQ_MODE_FD, &d);
+    ck_assert_uint_eq(d.regions[0].nr_segments, 1);
 }
 END_TEST
 
@@ -92,7 +168,7 @@ START_TEST(test_attach_busy_detach)
     o = vn_json_parse_object(s.json, -1, 65536, NULL);
     ck_assert(o != NULL && json_object_get_null_member(o, "borrower"));
     snap_clear(&s);
-    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segment, &error);
+    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
     ck_assert_ptr_null(w);
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
     ck_assert_int_eq(simple(b, VN_PROTO_RESET), -EPERM);
@@ -117,7 +193,7 @@ START_TEST(test_reattach_fresh)
     ck_assert_uint_eq(device_dma_count(), 1);
     attach_ok(b, VN_IRQ_MODE_RELAY, &d2);
     ck_assert_uint_eq(device_dma_count(), 0);
-    ck_assert_uint_ne(d1.regions[0].segment, d2.regions[0].segment);
+    ck_assert_uint_ne(d1.regions[0].segments[0], d2.regions[0].segments[0]);
     s = snap();
     ck_assert_str_eq(s.borrower, "b");
     ck_assert_uint_eq(s.st.fences, 1);
@@ -530,6 +606,8 @@ static Suite *lender_suite(void)
     tc = tcase_create("attach");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_attach_describes);
+    tcase_add_test(tc, test_attach_cuts_large_bar);
+    tcase_add_test(tc, test_attach_windows_too_small);
     tcase_add_test(tc, test_attach_busy_detach);
     tcase_add_test(tc, test_reattach_fresh);
     tcase_add_test(tc, test_attach_no_device_server);

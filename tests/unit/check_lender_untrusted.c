@@ -87,6 +87,10 @@ static const struct {
     { "ATTACH with an unknown irq_mode", true, VN_PROTO_ATTACH,
       "{\"device\":\"" DEV "\",\"irq_mode\":\"carrier-pigeon\"}", 0, EINVAL },
     { "RESET with data", false, VN_PROTO_RESET, "{\"device\":\"" DEV "\"}", 8, EINVAL },
+    { "ATTACH with a max_window that is no number", true, VN_PROTO_ATTACH,
+      "{\"device\":\"" DEV "\",\"irq_mode\":\"fd\",\"max_window\":\"big\"}", 0, EINVAL },
+    { "ATTACH with a negative max_window", true, VN_PROTO_ATTACH,
+      "{\"device\":\"" DEV "\",\"irq_mode\":\"fd\",\"max_window\":-4096}", 0, EINVAL },
 };
 
 START_TEST(test_refused)
@@ -142,6 +146,43 @@ START_TEST(test_not_attached)
 }
 END_TEST
 
+/* A lender's description is a peer's too: a region's "segments" that do
+ * not agree with its "segment", or are too many, or not ids, are refused
+ * (the borrower would map what the lender never exported). */
+#define REGION(extra) "{\"flags\":0,\"irqs\":[],\"regions\":[{\"size\":16384,\"flags\":7," \
+                      "\"sparse\":[]," extra "}]}"
+static const struct {
+    const char *name;
+    const char *json;
+    uint32_t nr;                 /* segments when accepted; 0: refused */
+} descriptions[] = {
+    { "one segment", REGION("\"segment\":5"), 1 },
+    { "three segments", REGION("\"segment\":5,\"segments\":[5,6,7]"), 3 },
+    { "segments without a first", REGION("\"segment\":0,\"segments\":[5,6]"), 0 },
+    { "segments that start elsewhere", REGION("\"segment\":5,\"segments\":[6,7]"), 0 },
+    { "one segment as a list", REGION("\"segment\":5,\"segments\":[5]"), 0 },
+    { "a segment 0 in the list", REGION("\"segment\":5,\"segments\":[5,0]"), 0 },
+    { "a string in the list", REGION("\"segment\":5,\"segments\":[5,\"6\"]"), 0 },
+    { "segments not a list", REGION("\"segment\":5,\"segments\":6"), 0 },
+    { "17 segments", REGION("\"segment\":1,\"segments\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,"
+                            "15,16,17]"), 0 },
+};
+
+START_TEST(test_description_segments)
+{
+    g_autoptr(GError) error = NULL;
+    VnProtoDevice d;
+    bool ok = vn_proto_device_from_json(descriptions[_i].json, &d, &error);
+
+    ck_assert_msg(ok == (descriptions[_i].nr > 0), "%s: %s", descriptions[_i].name,
+                  ok ? "accepted" : error->message);
+    if (ok) {
+        ck_assert_uint_eq(d.regions[0].nr_segments, descriptions[_i].nr);
+        ck_assert_uint_eq(d.regions[0].segments[0], 5);
+    }
+}
+END_TEST
+
 static Suite *lender_untrusted_suite(void)
 {
     Suite *s = suite_create("lender-untrusted");
@@ -151,6 +192,9 @@ static Suite *lender_untrusted_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_refused, 0, G_N_ELEMENTS(refused));
     tcase_add_test(tc, test_not_attached);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("description");
+    tcase_add_loop_test(tc, test_description_segments, 0, G_N_ELEMENTS(descriptions));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -214,12 +214,15 @@ static Node *lender;
 
 static void port_setup(void)
 {
+    /* A window limit that is not the default, so a worker shows it learnt
+     * the host's. */
+    static const char *const limits[] = { "max-window-size", "2097152", NULL };
     Node *b;
     g_autoptr(GError) error = NULL;
 
     setup();
     lender = node_open("hosta", true);
-    b = node_open("hostb", false);
+    b = node_open_kv("hostb", false, limits);
     worker = g_new0(Worker, 1);
     worker->ctx = g_main_context_new();
     worker->port = g_build_filename(tmpdir, "w1-port.sock", NULL);
@@ -275,6 +278,11 @@ START_TEST(test_windows_segments_routes)
     ck_assert_uint_ne(worker->id, 0);
     node_start(lender);
     in_worker(step_open);
+    /* The host's windows: how many, and how large (what a borrower asks
+     * its lender to cut BARs to). */
+    ck_assert_uint_eq(vn_fabric_limits(worker->fab)->max_windows,
+                      vn_fabric_limits(hostb())->max_windows);
+    ck_assert_uint_eq(vn_fabric_limits(worker->fab)->max_window_size, 2u << 20);
     /* The window is the host's: the daemon's node holds it. */
     in_worker(step_map);
     ck_assert_int_eq(worker->ret, 0);

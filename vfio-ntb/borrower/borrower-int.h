@@ -38,7 +38,9 @@ struct VnBorrower {
     VnIrqMode mode;
     bool attached;
     VnDeviceInfo info;
-    VnFabricWindow *windows[VN_MAX_REGIONS];   /* mapped BARs */
+    /* Mapped BARs (bars.c): the windows of each region, in order. */
+    VnFabricWindow *windows[VN_MAX_REGIONS][VN_PROTO_MAX_REGION_SEGMENTS];
+    uint32_t nr_windows[VN_MAX_REGIONS];
     VnServer *server;
     /* relay mode: the doorbell bit of each relayed vector of INTx, MSI and
      * MSI-X (bit + 1; 0: none), and what each of our bits stands for. */
@@ -65,6 +67,18 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
 /* A forwarded region access. */
 int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
                           uint32_t count, bool write);
+
+/* BARs (bars.c).  Map the windows of the regions @d describes into
+ * b->info.regions; false with @error (a BAR larger than the window budget
+ * names the budget).  Unmap them all. */
+bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error);
+void vn_borrower_bars_unmap(VnBorrower *b);
+/* QEMU emulates the MSI-X table and PBA: take them out of the mapped areas. */
+void vn_borrower_bars_carve_msix(VnBorrower *b);
+/* Where a trapped access of @count bytes at @offset of region @index lies
+ * in our own mapping of the BAR's memory, or NULL (no window there, a
+ * device's window, or an access across two windows: the lender serves it). */
+uint8_t *vn_borrower_bar_memory(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count);
 
 /* Read the device's capabilities (after ATTACH). */
 bool vn_mediate_init(VnBorrower *b, GError **error);

@@ -102,16 +102,11 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
 
 /* ---- the device ops QEMU's requests reach ---- */
 
-static VnFabricWindow *window_of(VnBorrower *b, uint32_t index)
-{
-    return index < VN_MAX_REGIONS ? b->windows[index] : NULL;
-}
-
 static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
                           uint32_t count)
 {
     VnBorrower *b = opaque;
-    VnFabricWindow *w = window_of(b, index);
+    uint8_t *mem;
 
     if (b->stats.lender_lost) {
         /* Like a PCIe read of a device that went away: all-ones. */
@@ -121,12 +116,13 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         return vn_mediate_read(b, offset, buf, count);
     }
-    if (w != NULL && w->host != NULL) {
+    mem = vn_borrower_bar_memory(b, index, offset, count);
+    if (mem != NULL) {
         /* QEMU traps a mapped BAR at times (INTx emulation): the window is
          * the same memory, so no message crosses the fabric.  A device's
          * BAR is not touched here (it may fault: fabric.h); the lender's
          * backend reads it, and a fault there is an error, not a crash. */
-        memcpy(buf, w->host + offset, count);
+        memcpy(buf, mem, count);
         return 0;
     }
     b->stats.region_forwarded++;
@@ -137,7 +133,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
                            uint32_t count)
 {
     VnBorrower *b = opaque;
-    VnFabricWindow *w = window_of(b, index);
+    uint8_t *mem;
 
     if (b->stats.lender_lost) {
         return 0;   /* dropped, as a write to a vanished device is */
@@ -145,8 +141,9 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         return vn_mediate_write(b, offset, buf, count);
     }
-    if (w != NULL && w->host != NULL) {
-        memcpy(w->host + offset, buf, count);
+    mem = vn_borrower_bar_memory(b, index, offset, count);
+    if (mem != NULL) {
+        memcpy(mem, buf, count);
         return 0;
     }
     b->stats.region_forwarded++;
@@ -451,31 +448,8 @@ static const VnDeviceOps borrower_ops = {
 
 /* ---- setup ---- */
 
-/* Remove [h0, h1) from a region's sparse areas (areas may split in two). */
-static void carve(VnRegion *r, uint64_t h0, uint64_t h1)
-{
-    VnSparseArea out[VN_MAX_SPARSE_AREAS];
-    uint32_t n = 0;
-
-    for (uint32_t a = 0; a < r->nr_sparse; a++) {
-        uint64_t s = r->sparse[a].offset, e = s + r->sparse[a].size;
-
-        if (e <= h0 || s >= h1) {
-            out[n++] = r->sparse[a];
-            continue;
-        }
-        if (s < h0 && n < VN_MAX_SPARSE_AREAS) {
-            out[n++] = (VnSparseArea){ s, h0 - s };
-        }
-        if (e > h1 && n < VN_MAX_SPARSE_AREAS) {
-            out[n++] = (VnSparseArea){ h1, e - h1 };
-        }
-    }
-    memcpy(r->sparse, out, sizeof(out[0]) * n);
-    r->nr_sparse = n;
-}
-
-static bool map_bars(VnBorrower *b, const VnProtoDevice *d, GError **error)
+/* What QEMU is told of the device, besides its regions (bars.c). */
+static void describe(VnBorrower *b, const VnProtoDevice *d)
 {
     b->info.flags = d->flags;
     b->info.num_regions = d->num_regions;
@@ -489,60 +463,6 @@ static bool map_bars(VnBorrower *b, const VnProtoDevice *d, GError **error)
     b->info.num_irqs = MAX(b->info.num_irqs, VFIO_PCI_REQ_IRQ_INDEX + 1);
     b->info.irq_count[VFIO_PCI_REQ_IRQ_INDEX] = 1;
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
-    for (uint32_t i = 0; i < d->num_regions; i++) {
-        const VnProtoRegion *pr = &d->regions[i];
-        VnRegion *r = &b->info.regions[i];
-
-        r->size = pr->size;
-        r->flags = pr->flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
-        r->mmap_fd = -1;
-        if (pr->segment == 0 || !(pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
-            continue;
-        }
-        b->windows[i] = vn_fabric_window_map(b->fab, b->lender, pr->segment, error);
-        if (b->windows[i] == NULL) {
-            g_prefix_error(error, "borrower %s: BAR%u: ", b->device, i);
-            return false;
-        }
-        if (b->windows[i]->size < pr->size) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                        "borrower %s: BAR%u window smaller than the BAR", b->device, i);
-            return false;
-        }
-        r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
-        r->mmap_fd = b->windows[i]->fd;
-        r->mmap_offset = b->windows[i]->offset;
-        r->nr_sparse = pr->nr_sparse;
-        memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
-        if (r->nr_sparse == 0) {
-            r->sparse[0] = (VnSparseArea){ 0, pr->size };
-            r->nr_sparse = 1;
-        }
-    }
-    return true;
-}
-
-/* QEMU emulates the MSI-X table and PBA: leave them out of the mapped areas
- * (page-rounded, since a mapping cannot cover part of a page). */
-static void carve_msix(VnBorrower *b)
-{
-    long pg = sysconf(_SC_PAGESIZE);
-    const VnMsixLayout *x = &b->med.msix;
-    uint64_t t0, t1, p0, p1;
-
-    if (!x->present) {
-        return;
-    }
-    t0 = x->table_offset & ~(uint64_t)(pg - 1);
-    t1 = (x->table_offset + (uint64_t)x->vectors * 16 + pg - 1) & ~(uint64_t)(pg - 1);
-    p0 = x->pba_offset & ~(uint64_t)(pg - 1);
-    p1 = (x->pba_offset + ((uint64_t)x->vectors + 63) / 64 * 8 + pg - 1) & ~(uint64_t)(pg - 1);
-    if (x->table_bar < b->info.num_regions) {
-        carve(&b->info.regions[x->table_bar], t0, t1);
-    }
-    if (x->pba_bar < b->info.num_regions) {
-        carve(&b->info.regions[x->pba_bar], p0, p1);
-    }
 }
 
 VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device,
@@ -568,6 +488,7 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     }
     b->mode = mode;
     at.irq_mode = mode;
+    at.max_window = vn_fabric_limits(fab)->max_window_size;
     if (!vn_name_valid(VN_NAME_DEVICE, device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "borrower: device name \"%.80s\" is not %s", device,
@@ -593,10 +514,11 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
         g_prefix_error(error, "borrower %s: from %s: ", device, lender);
         return NULL;
     }
-    if (!map_bars(b, &d, error) || !vn_mediate_init(b, error)) {
+    describe(b, &d);
+    if (!vn_borrower_bars_map(b, &d, error) || !vn_mediate_init(b, error)) {
         return NULL;
     }
-    carve_msix(b);
+    vn_borrower_bars_carve_msix(b);
     b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
     if (b->server == NULL) {
         return NULL;
@@ -625,11 +547,7 @@ void vn_borrower_free(VnBorrower *b)
          * (its loop waits for us meanwhile). */
         vn_fabric_request(b->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL);
     }
-    for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
-        if (b->windows[i] != NULL) {
-            vn_fabric_window_unmap(b->fab, b->windows[i]);
-        }
-    }
+    vn_borrower_bars_unmap(b);
     g_list_free_full(b->mappings, g_free);
     for (GList *l = b->segments; l != NULL; l = l->next) {
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);

@@ -7,12 +7,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/kcmp.h>
 #include <linux/vfio.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* What readlink(2) of /proc/self/fd/N says for an eventfd (fs/eventfd.c
@@ -180,4 +182,12 @@ int vn_peerfd_memfd_new(const char *name, uint64_t size)
         return -e;
     }
     return fd;
+}
+
+int vn_peerfd_same_file(int a, int b)
+{
+    pid_t self = getpid();
+    long r = syscall(SYS_kcmp, self, self, KCMP_FILE, a, b);
+
+    return r < 0 ? -errno : r == 0;
 }

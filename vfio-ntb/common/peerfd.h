@@ -74,6 +74,15 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
 int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why);
 
 /*
+ * Whether two of our fds are one open file (kcmp(2) KCMP_FILE): 1, 0, or
+ * -errno when the kernel cannot tell.  Two fds a peer passed for what
+ * should be one memory (a BAR cut into several windows) are checked so,
+ * since device fds share one anonymous inode and fstat() cannot tell them
+ * apart.
+ */
+int vn_peerfd_same_file(int a, int b);
+
+/*
  * A memfd of @size bytes (close-on-exec), sealed against shrinking, growing
  * and further sealing: the memory our own exporters hand to peers, which
  * vn_peerfd_memory() accepts.  Returns the fd, or -errno.

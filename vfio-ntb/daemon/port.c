@@ -143,6 +143,15 @@ static void frame_to_worker(VnPort *p, uint16_t flags, uint32_t type, uint64_t i
     to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, p->out->data, p->out->len, -1);
 }
 
+/* HELLO's arg: our caps and our largest window (host.h). */
+static uint64_t hello_arg(VnFabric *fab)
+{
+    uint64_t w = vn_fabric_limits(fab)->max_window_size;
+
+    return vn_fabric_caps(fab) |
+           (w != 0 ? (uint64_t)(63 - __builtin_clzll(w)) << VN_HOST_HELLO_WINDOW_SHIFT : 0);
+}
+
 static bool is_peer(VnPort *p, const char *peer)
 {
     return p->peer != NULL && peer != NULL && strcmp(peer, p->peer) == 0;
@@ -557,7 +566,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
     }
     switch (h.op) {
     case VN_HOST_HELLO:
-        reply(p, &h, 0, vn_fabric_caps(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
+        reply(p, &h, 0, hello_arg(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
         /* A lender's worker learns who holds the device, then gets what
          * came while it was away. */
         if (p->inbound && p->peer != NULL) {

@@ -328,13 +328,21 @@ static bool host_greet(VnHost *h, GError **error)
     /* The host's limits and capabilities are the daemon's node's, as the
      * first daemon we met had them: our window slots are sized by then. */
     if (!h->greeted) {
+        unsigned window_log2 = (unsigned)(rep.arg >> VN_HOST_HELLO_WINDOW_SHIFT) &
+                               VN_HOST_HELLO_WINDOW_MASK;
+
         vn_fabric_limits_default(&limits);
         limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
+        /* What a borrower asks its lender to cut BARs to; the daemon's own
+         * maps still check it. */
+        if (window_log2 >= 12 && window_log2 <= 62) {
+            limits.max_window_size = UINT64_C(1) << window_log2;
+        }
         /* The daemon keeps the host's budgets: not counted twice here. */
         limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
         limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
         vn_fabric_backend_set_limits(h->fab, &limits);
-        vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg);
+        vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg & 0xffffffffu);
         h->greeted = true;
     }
     for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {

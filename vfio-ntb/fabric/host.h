@@ -45,10 +45,17 @@ extern const VnFabricOps vn_host_ops;
  */
 bool vn_host_device_request(VnFabric *fab);
 
+/* HELLO's arg: the caps in bits 0-31; in bits 32-39 the log2 of the
+ * node's largest window (its max-window-size rounded down to a power of
+ * two), 0 from a daemon that predates it (the default then). */
+#define VN_HOST_HELLO_WINDOW_SHIFT 32
+#define VN_HOST_HELLO_WINDOW_MASK 0xffu
+
 typedef enum VnHostOp {
     VN_HOST_INVALID = 0,
     /* worker -> daemon; the ones marked "->" get a REPLY */
-    VN_HOST_HELLO = 1,           /* -> arg: the node's caps, arg2: its windows */
+    VN_HOST_HELLO = 1,           /* -> arg: the node's caps | VN_HOST_HELLO_WINDOW,
+                                  * arg2: its windows */
     VN_HOST_CONNECT,             /* peer -> status: 0 once the link is up */
     VN_HOST_SEND,                /* peer; data: one fabric frame (request or event) */
     VN_HOST_MAP,                 /* peer, arg: segment -> arg: size, arg2: offset, 1 fd */

@@ -332,17 +332,30 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
 
 /* ---- attach and fence -------------------------------------------------- */
 
+/* Withdraw the segments of every region: the borrower's windows onto the
+ * device are gone (@why: logged, or NULL). */
+static void regions_unexport(VnLender *l, const char *why)
+{
+    for (uint32_t i = 0; i < l->dev.num_regions; i++) {
+        VnProtoRegion *r = &l->dev.regions[i];
+
+        if (why != NULL && r->nr_segments > 0) {
+            g_info("lender %s: %s: region %u's %u segment%s withdrawn", l->name, why, i,
+                   r->nr_segments, r->nr_segments == 1 ? "" : "s");
+        }
+        for (uint32_t k = 0; k < r->nr_segments; k++) {
+            vn_fabric_segment_unexport(l->fab, r->segments[k]);
+        }
+        r->nr_segments = 0;
+    }
+}
+
 /* Withdraw what an attach set up locally (no device commands). */
 static void release(VnLender *l)
 {
     maps_forget(l, 0, 0, true);
     windows_release_all(l);
-    for (uint32_t i = 0; i < l->dev.num_regions; i++) {
-        if (l->dev.regions[i].segment != 0) {
-            vn_fabric_segment_unexport(l->fab, l->dev.regions[i].segment);
-            l->dev.regions[i].segment = 0;
-        }
-    }
+    regions_unexport(l, NULL);
     vn_lender_relay_drop_all(l);
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
@@ -387,14 +400,7 @@ void vn_lender_fence(VnLender *l, const char *why)
     g_info("lender %s: fence: %u windows unmapped", l->name, l->windows->len);
     maps_forget(l, 0, 0, true);
     windows_release_all(l);
-    for (uint32_t i = 0; i < l->dev.num_regions; i++) {
-        if (l->dev.regions[i].segment != 0) {
-            g_info("lender %s: fence: segment %" PRIu64 " (region %u) withdrawn", l->name,
-                   l->dev.regions[i].segment, i);
-            vn_fabric_segment_unexport(l->fab, l->dev.regions[i].segment);
-            l->dev.regions[i].segment = 0;
-        }
-    }
+    regions_unexport(l, "fence");
     g_info("lender %s: fence: relay eventfds closed", l->name);
     vn_lender_relay_drop_all(l);
     g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
@@ -403,9 +409,65 @@ void vn_lender_fence(VnLender *l, const char *why)
     g_info("lender %s: free", l->name);
 }
 
+/*
+ * Export @size bytes of @fd from @offset for @peer as the segments of @r: one,
+ * or, past @max_window (the borrower's largest window; 0: none), slices of
+ * the largest power of two that fits it, one window each.  Returns 0, 1 when
+ * the one segment could not be exported (@why set: the region stays
+ * trapped), or -1 with @error (a region too large for the windows).
+ */
+static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint64_t size,
+                         const char *peer, uint64_t max_window, VnProtoRegion *r,
+                         GError **why, GError **error)
+{
+    g_autofree char *total = g_format_size_full(size, G_FORMAT_SIZE_IEC_UNITS);
+    g_autofree char *each = NULL;
+    uint64_t chunk = size;
+    uint32_t n;
+
+    if (max_window != 0 && size > max_window) {
+        chunk = UINT64_C(1) << (63 - __builtin_clzll(max_window));
+        if (chunk < vn_fabric_limits(l->fab)->window_align) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "region %u: the borrower's windows (%" PRIu64 " bytes) are smaller "
+                        "than a page", i, max_window);
+            return -1;
+        }
+    }
+    each = g_format_size_full(chunk, G_FORMAT_SIZE_IEC_UNITS);
+    n = (uint32_t)MIN((size + chunk - 1) / chunk, (uint64_t)VN_PROTO_MAX_REGION_SEGMENTS + 1);
+    if (n > VN_PROTO_MAX_REGION_SEGMENTS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                    "region %u (%s) needs more than %u of the borrower's %s windows (its "
+                    "max-window-size)", i, total, VN_PROTO_MAX_REGION_SEGMENTS, each);
+        return -1;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t len = MIN(chunk, size - (uint64_t)k * chunk);
+        g_autoptr(GError) local = NULL;
+        uint64_t id = vn_fabric_segment_export_at(l->fab, fd, offset + (uint64_t)k * chunk, len,
+                                                  peer, &local);
+
+        if (id == 0 && n == 1) {
+            g_propagate_error(why, g_steal_pointer(&local));
+            return 1;
+        }
+        if (id == 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                        "region %u (%s) needs %u windows of %s; slice %u: %s", i, total, n,
+                        each, k, local->message);
+            return -1;
+        }
+        r->segments[r->nr_segments++] = id;
+    }
+    VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is %u segment%s from %" PRIu64
+             " for %s", l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
+    return 0;
+}
+
 /* Describe region @i and export it when it can be mapped. */
-static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoRegion *r,
-                           GError **error)
+static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t max_window,
+                           VnProtoRegion *r, GError **error)
 {
     struct vfio_region_sparse_mmap_area areas[VN_MAX_SPARSE_AREAS];
     struct vfio_region_info ri;
@@ -439,15 +501,16 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, VnProtoReg
      * loads and stores. */
     mappable = (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && fd >= 0 && ri.size > 0;
     if (mappable) {
-        g_autoptr(GError) local = NULL;
+        g_autoptr(GError) why = NULL;
 
-        r->segment = vn_fabric_segment_export_at(l->fab, fd, ri.offset, ri.size, peer, &local);
-        if (r->segment == 0) {
-            g_info("lender %s: region %u stays trapped: %s", l->name, i, local->message);
+        ret = export_region(l, i, fd, ri.offset, ri.size, peer, max_window, r, &why, error);
+        if (ret < 0) {
+            vn_util_close_fd(&fd);
+            return -EINVAL;
+        }
+        if (ret > 0) {
+            g_info("lender %s: region %u stays trapped: %s", l->name, i, why->message);
             mappable = false;
-        } else {
-            VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is segment %" PRIu64 " for %s",
-                     l->name, i, r->size, r->segment, peer);
         }
     }
     if (!mappable) {
@@ -488,7 +551,8 @@ static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, u
 }
 
 /* Open the device and describe it for @peer. */
-static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error)
+static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_window,
+                   GError **error)
 {
     VnWireDeviceInfo info;
     int ret;
@@ -515,7 +579,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, GError **error
     for (uint32_t i = 0; i < info.num_regions; i++) {
         /* Counted as we go, so release() withdraws what was exported. */
         l->dev.num_regions = i + 1;
-        if (describe_region(l, i, peer, &l->dev.regions[i], error) < 0) {
+        if (describe_region(l, i, peer, max_window, &l->dev.regions[i], error) < 0) {
             return false;
         }
     }
@@ -555,7 +619,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
         /* The borrower starts over (e.g. its VM restarted): fresh state. */
         vn_lender_fence(l, "attached again");
     }
-    if (!attach(l, msg->peer, a.irq_mode, &error)) {
+    if (!attach(l, msg->peer, a.irq_mode, a.max_window, &error)) {
         release(l);
         vn_lender_fail(l, token, errno_of(error), "ATTACH: %s", error->message);
         return;

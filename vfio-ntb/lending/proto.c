@@ -197,7 +197,15 @@ char *vn_proto_device_to_json(const VnProtoDevice *d)
         json_builder_begin_object(b);
         add_uint(b, "size", r->size);
         add_uint(b, "flags", r->flags);
-        add_uint(b, "segment", r->segment);
+        add_uint(b, "segment", r->nr_segments > 0 ? r->segments[0] : 0);
+        if (r->nr_segments > 1) {
+            json_builder_set_member_name(b, "segments");
+            json_builder_begin_array(b);
+            for (uint32_t k = 0; k < r->nr_segments; k++) {
+                json_builder_add_int_value(b, (gint64)r->segments[k]);
+            }
+            json_builder_end_array(b);
+        }
         json_builder_set_member_name(b, "sparse");
         json_builder_begin_array(b);
         for (uint32_t a = 0; a < r->nr_sparse; a++) {
@@ -222,6 +230,40 @@ char *vn_proto_device_to_json(const VnProtoDevice *d)
     return finish(b);
 }
 
+/* "segments", when there: 2 or more ids, none 0, the first "segment". */
+static bool segments_from_json(JsonObject *o, VnProtoRegion *r, const char *what,
+                               GError **error)
+{
+    JsonArray *a;
+
+    if (!json_object_has_member(o, "segments")) {
+        return true;
+    }
+    if (!(a = get_array(o, "segments", VN_PROTO_MAX_REGION_SEGMENTS, what, error))) {
+        return false;
+    }
+    if (json_array_get_length(a) < 2 || r->nr_segments == 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s: \"segments\" lists 2 or more, after a \"segment\"", what);
+        return false;
+    }
+    for (guint k = 0; k < json_array_get_length(a); k++) {
+        JsonNode *n = json_array_get_element(a, k);
+
+        if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
+            json_node_get_int(n) <= 0 ||
+            (k == 0 && (uint64_t)json_node_get_int(n) != r->segments[0])) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                        "%s: \"segments\" element %u must be a segment id%s", what, k,
+                        k == 0 ? " (\"segment\")" : "");
+            return false;
+        }
+        r->segments[k] = (uint64_t)json_node_get_int(n);
+    }
+    r->nr_segments = json_array_get_length(a);
+    return true;
+}
+
 static bool region_from_json(JsonObject *o, VnProtoRegion *r, GError **error)
 {
     const char *what = "device description: region";
@@ -229,7 +271,11 @@ static bool region_from_json(JsonObject *o, VnProtoRegion *r, GError **error)
 
     if (!get_uint(o, "size", U63, &r->size, what, error) ||
         !get_u32(o, "flags", UINT32_MAX, &r->flags, what, error) ||
-        !get_uint(o, "segment", U63, &r->segment, what, error) ||
+        !get_uint(o, "segment", U63, &r->segments[0], what, error)) {
+        return false;
+    }
+    r->nr_segments = r->segments[0] != 0;
+    if (!segments_from_json(o, r, what, error) ||
         !(sparse = get_array(o, "sparse", VN_MAX_SPARSE_AREAS, what, error))) {
         return false;
     }
@@ -322,6 +368,9 @@ char *vn_proto_attach_to_json(const VnProtoAttach *a)
     json_builder_add_string_value(b, a->device);
     json_builder_set_member_name(b, "irq_mode");
     json_builder_add_string_value(b, vn_irq_mode_to_string(a->irq_mode));
+    if (a->max_window != 0) {
+        add_uint(b, "max_window", a->max_window);
+    }
     return finish(b);
 }
 
@@ -343,6 +392,11 @@ bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **erro
     if (!vn_irq_mode_from_string(mode, &a->irq_mode)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "%s: irq_mode must be \"fd\" or \"relay\"", what);
+        return false;
+    }
+    a->max_window = 0;
+    if (json_object_has_member(o, "max_window") &&
+        !get_uint(o, "max_window", U63, &a->max_window, what, error)) {
         return false;
     }
     g_strlcpy(a->device, dev, sizeof(a->device));

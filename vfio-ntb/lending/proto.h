@@ -10,7 +10,8 @@
  * No message carries a file descriptor.
  *
  *   request       JSON                                      binary
- *   ATTACH        {"device","irq_mode":"fd"|"relay"}        -> reply: device description
+ *   ATTACH        {"device","irq_mode":"fd"|"relay",        -> reply: device description
+ *                  "max_window"}
  *   DETACH        {}
  *   REGION_RW     {"region","offset","count","write"}       write data; reply: read data
  *   DMA_MAP       {"iova","size","segment","offset","prot"} (segment: the borrower's export)
@@ -67,11 +68,19 @@ bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode);
 /* Relay mode carries vectors 0..31 of an index, each as a doorbell bit. */
 #define VN_PROTO_RELAY_VECTORS 32u
 
-/* One region as the lender describes it. */
+/* A region larger than the borrower's largest window (a GPU's memory BAR)
+ * is exported as this many segments at most, each one window. */
+#define VN_PROTO_MAX_REGION_SEGMENTS 16u
+
+/* One region as the lender describes it.  A mappable region is
+ * @nr_segments segments, consecutive slices of one fd of the lender's
+ * (JSON: "segment" the first, or 0; "segments" all of them when more than
+ * one); every slice but the last is as large as the first. */
 typedef struct VnProtoRegion {
     uint64_t size;
     uint32_t flags;               /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
-    uint64_t segment;             /* > 0: mappable through this fabric segment */
+    uint32_t nr_segments;         /* 0: trapped */
+    uint64_t segments[VN_PROTO_MAX_REGION_SEGMENTS];
     uint32_t nr_sparse;
     VnSparseArea sparse[VN_MAX_SPARSE_AREAS];
 } VnProtoRegion;
@@ -91,6 +100,9 @@ bool vn_proto_device_from_json(const char *json, VnProtoDevice *d, GError **erro
 typedef struct VnProtoAttach {
     char device[VN_MAX_DEVICE_NAME + 1];
     VnIrqMode irq_mode;
+    /* The borrower's largest window (its fabric's max-window-size), so the
+     * lender cuts larger regions to fit; 0 (or absent): no limit. */
+    uint64_t max_window;
 } VnProtoAttach;
 
 typedef struct VnProtoRegionRw {

@@ -1,0 +1,220 @@
+/*
+ * The borrowed device's BARs: each mappable region is one or more fabric
+ * windows onto the lender's segments, and QEMU gets one fd for all of it.
+ *
+ * A BAR larger than the fabric's largest window (a GPU's memory) comes as
+ * several segments, consecutive slices of one fd of the lender's (it cut
+ * them to the max_window we sent with ATTACH).  The windows onto them are
+ * then slices of one open file of ours at consecutive offsets: over shm
+ * the fd travels by SCM_RIGHTS, which keeps the open file, and an NTB
+ * port's char device maps its windows at offsets of one file.  So QEMU
+ * maps the first window's fd across the whole BAR.  Windows that are not
+ * one file cannot make one mapping: that attach is refused.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.borrower"
+
+#include "borrower-int.h"
+
+#include "common/peerfd.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The window budget, for a refusal's message. */
+static char *budget(VnBorrower *b)
+{
+    const VnFabricLimits *lim = vn_fabric_limits(b->fab);
+    g_autofree char *each = g_format_size_full(lim->max_window_size, G_FORMAT_SIZE_IEC_UNITS);
+
+    return g_strdup_printf("this host's window budget: %u windows (max-windows) of at most "
+                           "%s (max-window-size)", lim->max_windows, each);
+}
+
+/* Whether region @i's @n windows are one memory of the region's @size:
+ * equal slices (the last may be shorter) of one open file, in order. */
+static bool windows_contiguous(VnBorrower *b, uint32_t i, uint64_t size, GError **error)
+{
+    VnFabricWindow *const *w = b->windows[i];
+    uint32_t n = b->nr_windows[i];
+    uint64_t chunk = w[0]->size;
+    const char *fault = NULL;
+    uint32_t k = 0;
+
+    /* n >= 2: every window but the last is full, the last is not empty. */
+    if (chunk == 0 || chunk > size / (n - 1) || (uint64_t)(n - 1) * chunk >= size ||
+        w[0]->offset > UINT64_MAX - size) {
+        fault = "do not add up to the BAR";
+    }
+    while (fault == NULL && ++k < n) {
+        uint64_t want = MIN(chunk, size - (uint64_t)k * chunk);
+        int same = vn_peerfd_same_file(w[0]->fd, w[k]->fd);
+
+        if (w[k]->size != want || w[k]->offset != w[0]->offset + (uint64_t)k * chunk ||
+            w[k]->device != w[0]->device) {
+            fault = "are not consecutive slices";
+        } else if (same < 0) {
+            fault = same == -ENOSYS ? "cannot be compared (no kcmp)" : "cannot be compared";
+        } else if (same == 0) {
+            fault = "are not one file";
+        }
+    }
+    if (fault != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "borrower %s: BAR%u: its %u windows %s (window %u)", b->device, i, n,
+                    fault, k);
+        return false;
+    }
+    return true;
+}
+
+/* Map region @i's segments; false with @error. */
+static bool map_region(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GError **error)
+{
+    VnFabricWindow **w = b->windows[i];
+
+    for (uint32_t k = 0; k < pr->nr_segments; k++) {
+        g_autoptr(GError) local = NULL;
+
+        w[k] = vn_fabric_window_map(b->fab, b->lender, pr->segments[k], &local);
+        if (w[k] == NULL) {
+            g_autofree char *limits = budget(b);
+            g_autofree char *size = g_format_size_full(pr->size, G_FORMAT_SIZE_IEC_UNITS);
+
+            if (pr->nr_segments == 1) {
+                g_set_error(error, local->domain, local->code, "borrower %s: BAR%u: %s (%s)",
+                            b->device, i, local->message, limits);
+            } else {
+                g_set_error(error, local->domain, local->code,
+                            "borrower %s: BAR%u (%s) needs %u windows; window %u: %s (%s)",
+                            b->device, i, size, pr->nr_segments, k, local->message, limits);
+            }
+            return false;
+        }
+        b->nr_windows[i] = k + 1;
+    }
+    if (pr->nr_segments == 1 && w[0]->size < pr->size) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "borrower %s: BAR%u window smaller than the BAR", b->device, i);
+        return false;
+    }
+    return pr->nr_segments == 1 || windows_contiguous(b, i, pr->size, error);
+}
+
+bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
+{
+    for (uint32_t i = 0; i < d->num_regions; i++) {
+        const VnProtoRegion *pr = &d->regions[i];
+        VnRegion *r = &b->info.regions[i];
+
+        r->size = pr->size;
+        r->flags = pr->flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
+        r->mmap_fd = -1;
+        if (pr->nr_segments == 0 || !(pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
+            continue;
+        }
+        if (!map_region(b, i, pr, error)) {
+            return false;
+        }
+        r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
+        r->mmap_fd = b->windows[i][0]->fd;
+        r->mmap_offset = b->windows[i][0]->offset;
+        r->nr_sparse = pr->nr_sparse;
+        memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
+        if (r->nr_sparse == 0) {
+            r->sparse[0] = (VnSparseArea){ 0, pr->size };
+            r->nr_sparse = 1;
+        }
+        if (b->nr_windows[i] > 1) {
+            g_autofree char *size = g_format_size_full(pr->size, G_FORMAT_SIZE_IEC_UNITS);
+
+            g_info("borrower %s: BAR%u (%s) mapped through %u windows", b->device, i, size,
+                   b->nr_windows[i]);
+        }
+    }
+    return true;
+}
+
+void vn_borrower_bars_unmap(VnBorrower *b)
+{
+    for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
+        for (uint32_t k = 0; k < b->nr_windows[i]; k++) {
+            vn_fabric_window_unmap(b->fab, b->windows[i][k]);
+            b->windows[i][k] = NULL;
+        }
+        b->nr_windows[i] = 0;
+    }
+}
+
+uint8_t *vn_borrower_bar_memory(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count)
+{
+    VnFabricWindow *w;
+    uint64_t chunk, k;
+
+    if (index >= VN_MAX_REGIONS || b->nr_windows[index] == 0) {
+        return NULL;
+    }
+    chunk = b->windows[index][0]->size;
+    k = offset / chunk;
+    if (k >= b->nr_windows[index]) {
+        return NULL;
+    }
+    w = b->windows[index][k];
+    offset -= k * chunk;
+    /* A device's window is handed on, never touched here (fabric.h); an
+     * access across two windows is the lender's to serve. */
+    if (w->host == NULL || offset > w->size || count > w->size - offset) {
+        return NULL;
+    }
+    return w->host + offset;
+}
+
+/* Remove [h0, h1) from a region's sparse areas (areas may split in two). */
+static void carve(VnRegion *r, uint64_t h0, uint64_t h1)
+{
+    VnSparseArea out[VN_MAX_SPARSE_AREAS];
+    uint32_t n = 0;
+
+    for (uint32_t a = 0; a < r->nr_sparse; a++) {
+        uint64_t s = r->sparse[a].offset, e = s + r->sparse[a].size;
+
+        if (e <= h0 || s >= h1) {
+            out[n++] = r->sparse[a];
+            continue;
+        }
+        if (s < h0 && n < VN_MAX_SPARSE_AREAS) {
+            out[n++] = (VnSparseArea){ s, h0 - s };
+        }
+        if (e > h1 && n < VN_MAX_SPARSE_AREAS) {
+            out[n++] = (VnSparseArea){ h1, e - h1 };
+        }
+    }
+    memcpy(r->sparse, out, sizeof(out[0]) * n);
+    r->nr_sparse = n;
+}
+
+/* QEMU emulates the MSI-X table and PBA: leave them out of the mapped areas
+ * (page-rounded, since a mapping cannot cover part of a page). */
+void vn_borrower_bars_carve_msix(VnBorrower *b)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    const VnMsixLayout *x = &b->med.msix;
+    uint64_t t0, t1, p0, p1;
+
+    if (!x->present) {
+        return;
+    }
+    t0 = x->table_offset & ~(uint64_t)(pg - 1);
+    t1 = (x->table_offset + (uint64_t)x->vectors * 16 + pg - 1) & ~(uint64_t)(pg - 1);
+    p0 = x->pba_offset & ~(uint64_t)(pg - 1);
+    p1 = (x->pba_offset + ((uint64_t)x->vectors + 63) / 64 * 8 + pg - 1) & ~(uint64_t)(pg - 1);
+    if (x->table_bar < b->info.num_regions) {
+        carve(&b->info.regions[x->table_bar], t0, t1);
+    }
+    if (x->pba_bar < b->info.num_regions) {
+        carve(&b->info.regions[x->pba_bar], p0, p1);
+    }
+}
