@@ -40,6 +40,10 @@ SHARED_GROUP = ("pcie-pci-bridge,id=br1", "virtio-rng-pci,bus=br1,addr=0x1",
                 "virtio-rng-pci,bus=br1,addr=0x2")
 # An SR-IOV NIC (QEMU's igb: up to 7 VFs, at devfn PF + 0x80 + 2k, so slot 0x18 on).
 IGB = "igb,addr=0x8"
+# GPU memory's stand-in: ivshmem-plain, whose BAR2 (64-bit, prefetchable) is its memory
+# backend, 1 GiB, a file of the share (so the test reads what the device holds).
+GPU_MEM = "memory-backend-file,id=gpumem,size=1G,share=on,mem-path={share}/gpumem"
+IVSHMEM = "ivshmem-plain,memdev=gpumem"
 
 
 def lender_host_image():
@@ -49,11 +53,13 @@ def lender_host_image():
 
 
 class LenderHost:
-    def __init__(self, procs, inner, args=(), devices=(NVME,), mem_mib=1536, timeout=300.0):
+    def __init__(self, procs, inner, args=(), devices=(NVME,), objects=(), mem_mib=1536,
+                 timeout=300.0):
         self.procs = procs
         self.inner = inner
         self.args = [str(a) for a in args]
         self.devices = list(devices)
+        self.objects = list(objects)        # -object arguments (the devices' backends)
         self.mem_mib = mem_mib
         self.timeout = timeout
         self.share = procs.tempdir("vn-lender-host-")
@@ -75,6 +81,8 @@ class LenderHost:
                 "-fsdev", f"local,id=sh,path={self.share},security_model=none",
                 "-device", "virtio-9p-pci,fsdev=sh,mount_tag=share"]
         (self.share / "nvme.rom").write_bytes(option_rom())
+        for o in self.objects:
+            argv += ["-object", o.format(share=self.share)]
         for d in self.devices:
             argv += ["-device", d.format(share=self.share)]
         return argv

@@ -4,18 +4,20 @@ each result checks).  Its RESULT lines are this file's."""
 import sys
 
 import harness as h
-from lenderhost import IGB, NVME, SHARED_GROUP, LenderHost
+from lenderhost import GPU_MEM, IGB, IVSHMEM, NVME, SHARED_GROUP, LenderHost
 
-EXPECTED_RESULTS = 12
+EXPECTED_RESULTS = 14
 NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-rom", "vfio-lender-restart", "vfio-msix",
          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
-         "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals")
+         "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals", "vfio-large-bar",
+         "vfio-device-removed")
 
 
 def main():
     with h.Procs() as procs:
         h.testbed_guest()           # the nested guest's image, built here (the host is read-only)
-        lh = LenderHost(procs, "vfio_inner.py", devices=(NVME, *SHARED_GROUP, IGB), timeout=1500)
+        lh = LenderHost(procs, "vfio_inner.py", devices=(NVME, *SHARED_GROUP, IGB, IVSHMEM),
+                        objects=(GPU_MEM,), timeout=1500)
         try:
             lines = lh.run()
         except (h.HarnessError, OSError, TimeoutError) as e:

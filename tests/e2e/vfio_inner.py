@@ -38,6 +38,11 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   the same NVMe lent through VFIO passes the data check (its writes read back, and the lender
   host's disk file holds them); over its data phase nothing of ours served it: no vfio-user
   message from its QEMU, no access forwarded, no interrupt relayed, no fabric message.
+- vfio-device-removed: in the same boot, while the nested guest reads from the device, the
+  lender host removes the function (sysfs remove).  The kernel's device request becomes a
+  revoke; the borrower asks the guest's QEMU (patched) to give the device back, the guest
+  sees it go and keeps running, the removal completes and the lease is over; no daemon,
+  worker or QEMU crashed.  A rescan brings the function back for what follows.
 - vfio-device-request: while the NVMe is lent and in use, the lender host unbinds it from
   vfio-pci (the host wants it back).  The kernel's device request reaches the lender, whose
   daemon revokes the lease; once the consumer let go (it is stopped, as an unplug would close
@@ -48,18 +53,21 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   and reads its registers through the mapped BAR, no access served by software.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
+- vfio-large-bar: see vfio_gpu.py.
 """
 import mmap
 import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import harness as h
 from cluster import Daemon
 from control import Control, ControlError
 from lenderhost import ROM_MARK
+import vfio_gpu
 
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
 SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
@@ -117,8 +125,11 @@ def qtest_qemu(procs, socket):
     root = Path(h.stock_qemu()).read_text().split("R=", 1)[1].split("\n", 1)[0]
     dev = ('{"driver":"vfio-user-pci","id":"d0","bus":"pcie.0","addr":"0x2",'
            f'"socket":{{"type":"unix","path":"{socket}"}}}}')
+    # -qtest-log: by default QEMU logs every qtest command and reply to its stderr, and
+    # blocks once that pipe (read by nobody) holds 64 KiB.
     argv = [h.stock_qemu(), "-machine", "q35,memory-backend=mem", "-accel", "qtest", "-qtest",
-            "stdio", "-object", f"memory-backend-memfd,id=mem,size={RAM_SIZE},share=on",
+            "stdio", "-qtest-log", "/dev/null",
+            "-object", f"memory-backend-memfd,id=mem,size={RAM_SIZE},share=on",
             "-m", f"{RAM_SIZE >> 20}M",
             "-nodefaults", "-display", "none", "-device", dev]
     env = dict(os.environ, QEMU_MODULE_DIR=f"{root}/usr/lib/x86_64-linux-gnu/qemu")
@@ -505,33 +516,82 @@ def data_counters(a, b):
     }
 
 
+def held_by(c, device):
+    """Who holds @device as @c's daemon lists it ("" for nobody)."""
+    return next((x.get("borrower") or "" for x in c.execute("query-devices")
+                 if x["device"] == device), "")
+
+
+def remove_function(bdf):
+    """The host removes the function (sysfs remove, as a hot-unplug or a failing card does);
+    the write blocks until VFIO lets it go.  The process doing it."""
+    return subprocess.Popen(["sh", "-c", f"echo 1 > /sys/bus/pci/devices/{bdf}/remove"])
+
+
+def rescan(bdf):
+    """The removed function back (its driver the host's own again), bound to vfio-pci."""
+    Path("/sys/bus/pci/rescan").write_text("1")
+    if not h.wait_for(lambda: (Path("/sys/bus/pci/devices") / bdf).exists(), 20):
+        raise h.HarnessError(f"{bdf} did not come back after a rescan")
+    bind_vfio(bdf)
+
+
 def test_guest(procs, wd, fab, bdf, disk):
+    """vfio-nvme-guest, then vfio-device-removed in the same boot of the nested guest (on the
+    patched QEMU, which unplugs a device its server asks it to give back)."""
     a, b, cb = lend_pair(procs, wd, fab, "hostg", "hosth", bdf)
     r = cb.execute("attach", device="hostg/nvme0", domain="vm-guest")
-    q = h.Qemu(procs, "probe,pause,data,pause", [h.VfioUserDevice(r["socket"])],
-               params={"seed": 21, "pause_s": 3, "data_mib": 8}, workdir=procs.tempdir(),
-               timeout=900, qemu=h.stock_qemu()).start()
+    q = h.Qemu(procs, "probe,pause,data,pause,survive",
+               [h.VfioUserDevice(r["socket"], bus="rp1")], root_port=True,
+               params={"seed": 21, "pause_s": 3, "data_mib": 8, "lost_serial": SERIAL,
+                       "keep_serial": "none", "hotplug_timeout": 120},
+               workdir=procs.tempdir(), timeout=900, qemu=h.patched_qemu()).start()
+    remover = None
     try:
         q.wait_line("VNREADY", "pause")
         before = data_counters(a, b)
         q.wait_line("VNREADY", "pause")
         after = data_counters(a, b)
+        q.wait_line("VNREADY", "survive")
+        t0 = time.monotonic()
+        remover = remove_function(bdf)
+        try:
+            q.wait_line("VNEVENT", "removed", timeout=180)
+            remover.wait(60)
+        except (h.HarnessError, subprocess.TimeoutExpired) as e:
+            print(f"device removal: {e}", file=sys.stderr)
+        removed_s = time.monotonic() - t0
+        gone = remover.poll() == 0 and not (Path("/sys/bus/pci/devices") / bdf).exists()
+        lease_over = h.wait_for(lambda: held_by(cb, "hostg/nvme0") == "", 20)
+        alive = q.proc.poll() is None and a.proc.poll() is None and b.proc.poll() is None
         run = q.wait_done()
     finally:
         q.stop()
-    cb.execute("detach", device="hostg/nvme0")
-    cb.execute("return", device="hostg/nvme0")
-    h.wait_for(lambda: group_free(bdf), 15)     # the lender worker fenced and let go
+        if remover is not None and remover.poll() is None:
+            remover.kill()
+    try:
+        cb.execute("detach", device="hostg/nvme0")
+        cb.execute("return", device="hostg/nvme0")
+    except ControlError:
+        pass                        # the revoke ended both already
     a.stop()
     b.stop()
+    rescan(bdf)
     ver = h.verify_backing(disk, run.data)
     d = {k: after[k] - before[k] for k in after}
     probe = run.results.get("probe", {})
-    return h.result("vfio-nvme-guest", run.results.get("data", {}).get("status") == "PASS"
-                    and probe.get("serial") == SERIAL and len(ver) > 0
-                    and all(v["ok"] for v in ver) and all(v == 0 for v in d.values()),
-                    serial=probe.get("serial"), regions=len(ver),
-                    guest_up_s=round(run.t_boot, 1) if run.t_boot else "-", **d)
+    survive = run.results.get("survive", {})
+    ok = h.result("vfio-nvme-guest", run.results.get("data", {}).get("status") == "PASS"
+                  and probe.get("serial") == SERIAL and len(ver) > 0
+                  and all(v["ok"] for v in ver) and all(v == 0 for v in d.values()),
+                  serial=probe.get("serial"), regions=len(ver),
+                  guest_up_s=round(run.t_boot, 1) if run.t_boot else "-", **d)
+    return ok & h.result("vfio-device-removed",
+                         survive.get("status") == "PASS" and gone and lease_over and alive,
+                         guest_saw_removal=survive.get("status"),
+                         guest_removed_ms=survive.get("removed_ms", "-"),
+                         function_removed=gone, seconds=f"{removed_s:.1f}",
+                         lease_ended=lease_over, nothing_crashed=alive)
 
 
 def test_device_request(procs, wd, fab, bdf):
@@ -662,16 +722,18 @@ def main():
         except (h.HarnessError, OSError) as e:
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
-            for name in ("vfio-managed", "vfio-rom", "vfio-lender-restart", "vfio-msix", "vfio-bar-mapped", "vfio-dma-identify",
-                         "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request",
-                         "vfio-sriov-two-hosts", "vfio-lend-refusals"):
+            for name in ("vfio-managed", "vfio-rom", "vfio-lender-restart", "vfio-msix",
+                         "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
+                         "vfio-nvme-guest", "vfio-device-request", "vfio-sriov-two-hosts",
+                         "vfio-lend-refusals", "vfio-large-bar", "vfio-device-removed"):
                 h.result(name, False, error="setup failed")
             return 1
         for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
                      lambda: test_guest(procs, wd, fab, bdf, Path(DISK)),
                      lambda: test_device_request(procs, wd, fab, bdf),
                      lambda: test_sriov(procs, wd, fab),
-                     lambda: test_refusals(procs, wd, fab, other)):
+                     lambda: test_refusals(procs, wd, fab, other),
+                     lambda: vfio_gpu.test_large_bar(procs, wd, fab)):
             try:
                 ok &= test()
             except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError) as e:

@@ -28,7 +28,7 @@
 static char *budget(VnBorrower *b)
 {
     const VnFabricLimits *lim = vn_fabric_limits(b->fab);
-    g_autofree char *each = g_format_size_full(lim->max_window_size, G_FORMAT_SIZE_IEC_UNITS);
+    g_autofree char *each = vn_util_size_text(lim->max_window_size);
 
     return g_strdup_printf("this host's window budget: %u windows (max-windows) of at most "
                            "%s (max-window-size)", lim->max_windows, each);
@@ -82,7 +82,7 @@ static bool map_region(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GErro
         w[k] = vn_fabric_window_map(b->fab, b->lender, pr->segments[k], &local);
         if (w[k] == NULL) {
             g_autofree char *limits = budget(b);
-            g_autofree char *size = g_format_size_full(pr->size, G_FORMAT_SIZE_IEC_UNITS);
+            g_autofree char *size = vn_util_size_text(pr->size);
 
             if (pr->nr_segments == 1) {
                 g_set_error(error, local->domain, local->code, "borrower %s: BAR%u: %s (%s)",
@@ -129,7 +129,7 @@ bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
             r->nr_sparse = 1;
         }
         if (b->nr_windows[i] > 1) {
-            g_autofree char *size = g_format_size_full(pr->size, G_FORMAT_SIZE_IEC_UNITS);
+            g_autofree char *size = vn_util_size_text(pr->size);
 
             g_info("borrower %s: BAR%u (%s) mapped through %u windows", b->device, i, size,
                    b->nr_windows[i]);

@@ -87,3 +87,11 @@ void vn_util_run_until_signalled(GMainLoop *loop)
     g_source_remove(term);
     g_source_remove(intr);
 }
+
+char *vn_util_size_text(uint64_t bytes)
+{
+    g_autofree char *text = g_format_size_full(bytes, G_FORMAT_SIZE_IEC_UNITS);
+    g_auto(GStrv) parts = g_strsplit(text, "\u00a0", -1);      /* GLib's no-break space */
+
+    return g_strjoinv(" ", parts);
+}

@@ -61,6 +61,10 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
            json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
 }
 
+/* @bytes as a person reads it ("256.0 MiB": GLib's IEC units with a plain
+ * space, so that logs and messages stay ASCII).  Free with g_free(). */
+char *vn_util_size_text(uint64_t bytes);
+
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 

@@ -7,6 +7,7 @@
 
 #include "ctl/format.h"
 
+#include "common/util.h"
 #include "ctl/ctl-client.h"
 
 #include <string.h>
@@ -241,15 +242,7 @@ static char *identity_text(JsonObject *o)
     pci = member_text(id, "pci");
     name = member_text(id, "name");
     size = int_member(id, "size");
-    bytes = size > 0 ? g_format_size_full((guint64)size, G_FORMAT_SIZE_IEC_UNITS) : NULL;
-    if (bytes != NULL) {
-        g_autofree char *sp = NULL;
-        g_auto(GStrv) parts = g_strsplit(bytes, "\u00a0", -1);   /* GLib's no-break space */
-
-        sp = g_strjoinv(" ", parts);
-        g_free(bytes);
-        bytes = g_steal_pointer(&sp);
-    }
+    bytes = size > 0 ? vn_util_size_text((uint64_t)size) : NULL;
     return g_strdup_printf("%s %04x:%04x %s%s%s%s", pci,
                            (unsigned)(int_member(id, "vendor") & 0xffff),
                            (unsigned)(int_member(id, "device") & 0xffff), name,

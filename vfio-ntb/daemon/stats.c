@@ -74,6 +74,10 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
         json_builder_set_member_name(b, fields[i].name);
         json_builder_add_int_value(b, (gint64)*fields[i].v);
     }
+    /* Of the host's budget (max-windows): what a large BAR or a new
+     * borrow needs to know is left. */
+    json_builder_set_member_name(b, "windows_in_use");
+    json_builder_add_int_value(b, vn_fabric_windows_in_use(d->fab));
     json_builder_end_object(b);
     json_builder_set_member_name(b, "lent");
     json_builder_begin_array(b);

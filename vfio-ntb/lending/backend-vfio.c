@@ -310,7 +310,17 @@ static int vfio_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *in
     Vfio *v = dev;
 
     *info = (struct vfio_irq_info){ .argsz = sizeof(*info), .index = index };
-    return ioctl(v->device, VFIO_DEVICE_GET_IRQ_INFO, info) < 0 ? -errno : 0;
+    if (ioctl(v->device, VFIO_DEVICE_GET_IRQ_INFO, info) == 0) {
+        return 0;
+    }
+    /* vfio-pci has the error index only for PCI Express functions (a
+     * conventional one, ivshmem or an older NIC, answers EINVAL): no
+     * vectors, as for a device without INTx. */
+    if (errno == EINVAL && index == VFIO_PCI_ERR_IRQ_INDEX) {
+        *info = (struct vfio_irq_info){ .argsz = sizeof(*info), .index = index };
+        return 0;
+    }
+    return -errno;
 }
 
 static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start,

@@ -420,7 +420,7 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
                          const char *peer, uint64_t max_window, VnProtoRegion *r,
                          GError **why, GError **error)
 {
-    g_autofree char *total = g_format_size_full(size, G_FORMAT_SIZE_IEC_UNITS);
+    g_autofree char *total = vn_util_size_text(size);
     g_autofree char *each = NULL;
     uint64_t chunk = size;
     uint32_t n;
@@ -434,7 +434,7 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
             return -1;
         }
     }
-    each = g_format_size_full(chunk, G_FORMAT_SIZE_IEC_UNITS);
+    each = vn_util_size_text(chunk);
     n = (uint32_t)MIN((size + chunk - 1) / chunk, (uint64_t)VN_PROTO_MAX_REGION_SEGMENTS + 1);
     if (n > VN_PROTO_MAX_REGION_SEGMENTS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
