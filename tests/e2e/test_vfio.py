@@ -1,23 +1,27 @@
 """Lending a physical PCI function through Linux VFIO, on a real kernel's VFIO and IOMMU: the
 lender host (lenderhost.py) runs both daemons and a qtest consumer (vfio_inner.py says what
 each result checks).  Its RESULT lines are this file's."""
+import shutil
 import sys
 
 import harness as h
-from lenderhost import GPU_MEM, IGB, IVSHMEM, NVME, SHARED_GROUP, LenderHost
+from lenderhost import DISPLAY, GPU_MEM, IGB, IVSHMEM, NVME, SHARED_GROUP, LenderHost
 
-EXPECTED_RESULTS = 14
+EXPECTED_RESULTS = 15
 NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-rom", "vfio-lender-restart", "vfio-msix",
          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
          "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals", "vfio-large-bar",
-         "vfio-device-removed")
+         "vfio-device-removed", "vfio-gpu-display")
+# What the lender host's display showed of the lent GPU (vfio_gpu.py), kept for a person.
+ARTIFACT = "vfio-gpu-display.png"
 
 
 def main():
     with h.Procs() as procs:
         h.testbed_guest()           # the nested guest's image, built here (the host is read-only)
-        lh = LenderHost(procs, "vfio_inner.py", devices=(NVME, *SHARED_GROUP, IGB, IVSHMEM),
-                        objects=(GPU_MEM,), timeout=1500)
+        lh = LenderHost(procs, "vfio_inner.py",
+                        devices=(NVME, *SHARED_GROUP, IGB, IVSHMEM, DISPLAY), objects=(GPU_MEM,),
+                        timeout=1500)
         try:
             lines = lh.run()
         except (h.HarnessError, OSError, TimeoutError) as e:
@@ -25,6 +29,9 @@ def main():
             for name in NAMES:
                 h.result(name, False, error=str(e).splitlines()[0][:120] if str(e) else "-")
             return 1
+        if (lh.share / ARTIFACT).exists():
+            (h.REPO / "build" / "artifacts").mkdir(parents=True, exist_ok=True)
+            shutil.copy(lh.share / ARTIFACT, h.REPO / "build" / "artifacts" / ARTIFACT)
         seen = set()
         ok = True
         for ln in lines:

@@ -68,6 +68,19 @@ START_TEST(test_snapshot_error)
 }
 END_TEST
 
+/* Sizes in messages are ASCII: GLib's no-break space becomes a plain one. */
+START_TEST(test_size_text)
+{
+    g_autofree char *mib = vn_util_size_text(256u << 20);
+    g_autofree char *gib = vn_util_size_text(UINT64_C(1) << 30);
+    g_autofree char *bytes = vn_util_size_text(100);
+
+    ck_assert_str_eq(mib, "256.0 MiB");
+    ck_assert_str_eq(gib, "1.0 GiB");
+    ck_assert_str_eq(bytes, "100 bytes");
+}
+END_TEST
+
 static Suite *util_suite(void)
 {
     Suite *s = suite_create("util");
@@ -80,6 +93,10 @@ static Suite *util_suite(void)
     tc = tcase_create("snapshot");
     tcase_add_test(tc, test_snapshot_replaces);
     tcase_add_test(tc, test_snapshot_error);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("size");
+    tcase_add_test(tc, test_size_text);
     suite_add_tcase(s, tc);
     return s;
 }
