@@ -8,6 +8,9 @@ import harness as h
 from lenderhost import DISPLAY, GPU_MEM, IGB, IVSHMEM, NVME, SHARED_GROUP, LenderHost
 
 EXPECTED_RESULTS = 15
+# The nested guest (TCG in TCG) and the 1 GiB BAR written and read through qtest take most of
+# it; tests/run-checks reads this.
+TIMEOUT_S = 3000
 NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-rom", "vfio-lender-restart", "vfio-msix",
          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
          "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals", "vfio-large-bar",
@@ -21,7 +24,7 @@ def main():
         h.testbed_guest()           # the nested guest's image, built here (the host is read-only)
         lh = LenderHost(procs, "vfio_inner.py",
                         devices=(NVME, *SHARED_GROUP, IGB, IVSHMEM, DISPLAY), objects=(GPU_MEM,),
-                        timeout=1500)
+                        timeout=2700)
         try:
             lines = lh.run()
         except (h.HarnessError, OSError, TimeoutError) as e:

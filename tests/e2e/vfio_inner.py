@@ -550,25 +550,25 @@ def test_guest(procs, wd, fab, bdf, disk):
     a, b, cb = lend_pair(procs, wd, fab, "hostg", "hosth", bdf, more={"gpu1": {"pci": gpu}})
     r = cb.execute("attach", device="hostg/nvme0", domain="vm-guest")
     rg = cb.execute("attach", device="hostg/gpu1", domain="vm-guest")
-    q = h.Qemu(procs, "probe,pause,data,pause,draw,survive",
+    q = h.Qemu(procs, "draw,probe,pause,data,pause,survive",
                [h.VfioUserDevice(r["socket"], bus="rp1"),
                 h.VfioUserDevice(rg["socket"], id="g0")], root_port=True,
-               params={"seed": 21, "pause_s": 3, "data_mib": 8, "lost_serial": SERIAL,
+               params={"seed": 21, "pause_s": 3, "data_mib": 4, "lost_serial": SERIAL,
                        "keep_serial": "none", "hotplug_timeout": 120},
-               workdir=procs.tempdir(), timeout=900, qemu=h.patched_qemu()).start()
+               workdir=procs.tempdir(), timeout=1500, qemu=h.patched_qemu()).start()
     remover = None
     display = {"size": "-", "rows_wrong": -1}
     try:
-        q.wait_line("VNREADY", "pause")
-        before = data_counters(a, b)
-        q.wait_line("VNREADY", "pause")
-        after = data_counters(a, b)
         drawn = q.wait_line("VNREADY", "draw")
         try:
             kv = dict(x.split("=", 1) for x in drawn.split()[1:] if "=" in x)
             display = vfio_gpu.display_check(int(kv["w"]), int(kv["h"]))
         except (h.HarnessError, OSError, KeyError, ValueError) as e:
             print(f"display: {e}", file=sys.stderr)
+        q.wait_line("VNREADY", "pause")
+        before = data_counters(a, b)
+        q.wait_line("VNREADY", "pause")
+        after = data_counters(a, b)
         q.wait_line("VNREADY", "survive")
         t0 = time.monotonic()
         remover = remove_function(bdf)
