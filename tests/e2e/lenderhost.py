@@ -8,13 +8,7 @@ test names a Python file of tests/e2e to run inside as root; its RESULT lines ar
 
     lh = LenderHost(procs, "vfio_inner.py", devices=[NVME])
     lines = lh.run()            # the inner script's output, after the VM powered off
-
-While it runs, the inner script may ask the machine outside for what only the lender host's
-QEMU can do (ask_outside(): a screendump of one of its displays), through two files of the
-share.
 """
-import json
-import os
 import struct
 import subprocess
 import time
@@ -50,31 +44,6 @@ IGB = "igb,addr=0x8"
 # backend, 1 GiB, a file of the share (so the test reads what the device holds).
 GPU_MEM = "memory-backend-file,id=gpumem,size=1G,share=on,mem-path={share}/gpumem"
 IVSHMEM = "ivshmem-plain,memdev=gpumem"
-# A display GPU: its VRAM (BAR0) is what the lender host's QEMU shows on its console, which
-# the outside screendumps by this id (ask_outside).
-DISPLAY_ID = "gpu1"
-DISPLAY = f"bochs-display,id={DISPLAY_ID}"
-
-
-# The share as the lender host sees it, and the files of a request to the outside.
-INSIDE_SHARE = Path("/tmp/share")
-REQUEST, ANSWER = "outside-request.json", "outside-answer.json"
-
-
-def ask_outside(request, timeout=60.0):
-    """From inside the lender host: have the outside do @request ({"screendump": FILE,
-    "device": QDEV-ID, "format": "ppm"|"png"}; FILE lands in the share).  Returns the
-    answer's dict; HarnessError when it says why not or does not come."""
-    (INSIDE_SHARE / ANSWER).unlink(missing_ok=True)
-    tmp = INSIDE_SHARE / (REQUEST + ".tmp")
-    tmp.write_text(json.dumps(request))
-    tmp.rename(INSIDE_SHARE / REQUEST)
-    if not h.wait_for(lambda: (INSIDE_SHARE / ANSWER).exists(), timeout):
-        raise h.HarnessError(f"the outside did not answer {request}")
-    answer = json.loads((INSIDE_SHARE / ANSWER).read_text())
-    if "error" in answer:
-        raise h.HarnessError(f"the outside refused {request}: {answer['error']}")
-    return answer
 
 
 def lender_host_image():
@@ -94,7 +63,6 @@ class LenderHost:
         self.mem_mib = mem_mib
         self.timeout = timeout
         self.share = procs.tempdir("vn-lender-host-")
-        self.qmp_path = procs.tempdir("vn-lender-qmp-") / "qmp.sock"
         self.console = ""
 
     def _argv(self):
@@ -103,7 +71,6 @@ class LenderHost:
         disk = h.make_backing(self.share / "nv0.img", 64)
         argv = [h.stock_qemu(), "-machine", "q35,kernel-irqchip=split", "-accel", "tcg",
                 "-m", str(self.mem_mib), "-smp", "1", "-nographic", "-no-reboot",
-                "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
                 "-kernel", str(kernel), "-initrd", str(img / "initrd.gz"),
                 "-append", f"console=ttyS0 quiet panic=-1 intel_iommu=on iommu=pt "
                            f"vn.timeout={int(self.timeout) - 20}",
@@ -130,20 +97,9 @@ class LenderHost:
                   " >/tmp/share/inner.log 2>&1\n")
         (self.share / "script.sh").write_text(script)
         t0 = time.monotonic()
-        log = self.qmp_path.parent / "console.log"
-        with open(log, "wb") as f:
-            p = self.procs.start("lender-host", self._argv(), stdin=subprocess.DEVNULL,
-                                 stdout=f, stderr=subprocess.STDOUT)
-        try:
-            while p.poll() is None:
-                if time.monotonic() - t0 > self.timeout:
-                    raise TimeoutError(f"the lender host ran past {self.timeout:.0f} s")
-                self._serve_request(p)
-                time.sleep(0.2)
-        finally:
-            self.procs.stop(p)
-            self.console = log.read_text(errors="replace")
-            log.unlink(missing_ok=True)
+        p = subprocess.run(self._argv(), stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, errors="replace", timeout=self.timeout)
+        self.console = p.stdout + p.stderr
         self.seconds = time.monotonic() - t0
         fails = [ln for ln in self.console.splitlines() if ln.startswith("VNHOST fail")]
         if "VNHOST up" not in self.console:
@@ -153,32 +109,3 @@ class LenderHost:
             raise h.HarnessError(f"the lender host's script did not finish: {fails}\n"
                                  f"{h._tail(out.read_text() if out.exists() else '')}")
         return out.read_text(errors="replace").splitlines() if out.exists() else []
-
-    def _serve_request(self, p):
-        """Answer the inner script's request to the outside (ask_outside), if it made one.
-        It is the test's own script, but a request is still checked: a file name only, a
-        known format."""
-        req = self.share / REQUEST
-        if not req.exists():
-            return
-        try:
-            r = json.loads(req.read_text())
-            name = str(r["screendump"])
-            fmt = r.get("format", "ppm")
-            if "/" in name or name.startswith(".") or fmt not in ("ppm", "png"):
-                raise ValueError(f"bad screendump request {r}")
-            qmp = h.QMP(self.qmp_path, timeout=10, alive=lambda: p.poll() is None)
-            try:
-                args = {"filename": str(self.share / name), "format": fmt}
-                if r.get("device"):
-                    args["device"] = str(r["device"])
-                qmp.execute("screendump", args)
-            finally:
-                qmp.close()
-            answer = {"file": name}
-        except (OSError, ValueError, KeyError, h.HarnessError) as e:
-            answer = {"error": str(e)}
-        req.unlink(missing_ok=True)
-        tmp = self.share / (ANSWER + ".tmp")
-        tmp.write_text(json.dumps(answer))
-        tmp.rename(self.share / ANSWER)
