@@ -588,19 +588,22 @@ def _shquote(s):
 
 
 def qtest_command(q, cmd, timeout=30.0):
-    """One qtest command; returns its OK line's words."""
+    """One qtest command; returns its OK line's words.  A reply may be one line of tens of
+    MB (b64read): it is read in large pieces and looked at once a piece ends a line."""
     q.stdin.write(cmd + "\n")
     q.stdin.flush()
-    buf = b""
+    buf = bytearray()
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([q.stdout], [], [], left)[0]:
             raise Timeout(f"qtest: no answer to {cmd!r}")
-        chunk = os.read(q.stdout.fileno(), 4096)
+        chunk = os.read(q.stdout.fileno(), 1 << 20)
         if not chunk:
             raise HarnessError(f"qtest: QEMU closed its stdout after {cmd!r}")
         buf += chunk
+        if b"\n" not in chunk:
+            continue
         for line in buf.decode(errors="replace").splitlines():
             if line.startswith(("OK", "FAIL", "ERR")):
                 if not line.startswith("OK"):

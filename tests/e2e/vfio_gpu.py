@@ -12,7 +12,6 @@
 """
 import base64
 import os
-import select
 import time
 
 import harness as h
@@ -37,24 +36,8 @@ def slice_bytes(k):
 
 
 def b64read(q, addr, size, timeout=120.0):
-    """@size bytes of the consumer's memory at @addr (qtest's b64read).  Not
-    harness.qtest_command: its reply is a line of tens of MB."""
-    q.stdin.write(f"b64read {addr:#x} {size:#x}\n")
-    q.stdin.flush()
-    parts, deadline = [], time.monotonic() + timeout
-    while not parts or not parts[-1].endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([q.stdout], [], [], left)[0]:
-            raise h.Timeout(f"qtest: no answer to b64read {addr:#x}")
-        chunk = os.read(q.stdout.fileno(), 1 << 20)
-        if not chunk:
-            raise h.HarnessError("qtest: QEMU closed its stdout during b64read")
-        parts.append(chunk)
-    line = b"".join(parts).strip().split(b"\n")[-1]
-    if not line.startswith(b"OK "):
-        raise h.HarnessError(f"qtest: b64read: {line[:80]!r}")
-    return base64.b64decode(line[3:])
-
+    """@size bytes of the consumer's memory at @addr (qtest's b64read)."""
+    return base64.b64decode(h.qtest_command(q, f"b64read {addr:#x} {size:#x}", timeout)[1])
 
 def place_bar2(q):
     """BAR2 (64-bit) at BAR2, memory decoding on."""
