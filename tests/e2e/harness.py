@@ -587,9 +587,11 @@ def _shquote(s):
     return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
-def qtest_command(q, cmd, timeout=30.0):
+def qtest_command(q, cmd, timeout=30.0, events=None):
     """One qtest command; returns its OK line's words.  A reply may be one line of tens of
-    MB (b64read): it is read in large pieces and looked at once a piece ends a line."""
+    MB (b64read): it is read in large pieces and looked at once a piece ends a line.
+    QEMU's own lines around the reply (`IRQ raise N` once `irq_intercept_in` is on) go to
+    the list @events when one is given."""
     q.stdin.write(cmd + "\n")
     q.stdin.flush()
     buf = bytearray()
@@ -604,8 +606,12 @@ def qtest_command(q, cmd, timeout=30.0):
         buf += chunk
         if b"\n" not in chunk:
             continue
-        for line in buf.decode(errors="replace").splitlines():
+        lines = buf.decode(errors="replace").splitlines()
+        for line in lines:
             if line.startswith(("OK", "FAIL", "ERR")):
+                if events is not None:      # before the reply or after it, whole lines
+                    whole = lines if buf.endswith(b"\n") else lines[:-1]
+                    events.extend(x for x in whole if x.startswith("IRQ "))
                 if not line.startswith("OK"):
                     raise HarnessError(f"qtest: {cmd!r}: {line}")
                 return line.split()

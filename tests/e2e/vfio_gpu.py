@@ -1,4 +1,12 @@
-"""A GPU-class BAR in the lender host (run from vfio_inner.py, with its helpers).
+"""GPU-class devices in the lender host (run from vfio_inner.py, with its helpers).
+
+- vfio-gpu-display: the lender host's bochs-display (lenderhost.DISPLAY), lent to the
+  nested guest of vfio-nvme-guest (the same boot): its stock DRM driver (bochs) binds, the
+  guest sets the display's preferred mode through DRM and fills the buffer it scans out with
+  four bands (red, green, blue, white; tests/guest/vn-draw.c), and a screendump of the
+  lender host's display of that device, taken by the outside, is exactly that picture: the
+  mode's registers went through the borrowed BAR2 and the pixels through the borrowed VRAM
+  (BAR0).  The PNG is kept (build/artifacts/vfio-gpu-display.png).
 
 - vfio-large-bar: an ivshmem-plain function whose 1 GiB memory BAR (64-bit, prefetchable:
   what a GPU's VRAM BAR is) stands in for GPU memory, its backing a file of the test's
@@ -17,10 +25,16 @@ import time
 import harness as h
 from cluster import Daemon
 from control import Control, ControlError
+from lenderhost import DISPLAY_ID, INSIDE_SHARE, ask_outside
 import vfio_inner as vi
 
 IVSHMEM_ID = "0x1af4:0x1110"
-
+# QEMU's bochs-display.  Its ids are those of QEMU's standard VGA too (the lender host has
+# one, its console): the class tells them apart.
+DISPLAY_PCI_ID, DISPLAY_CLASS = "0x1234:0x1111", "0x038000"
+# The guest's bands, top to bottom, as RGB (tests/guest/vn-draw.c).
+BANDS = (b"\xff\x00\x00", b"\x00\xff\x00", b"\x00\x00\xff", b"\xff\xff\xff")
+SCREEN = "vfio-gpu-display"
 GPU_MEM = "/tmp/share/gpumem"   # lenderhost.GPU_MEM's backing, seen inside
 BAR_SIZE = 1 << 30
 WINDOW = 256 << 20
@@ -118,3 +132,35 @@ def test_large_bar(procs, wd, fab):
                     bar_accesses_forwarded=forwarded, write_s=round(t_write, 1),
                     read_s=round(t_read, 1), over_budget=why[-100:].replace(" ", "_"))
 
+
+def read_ppm(path):
+    """(width, height, RGB bytes) of a binary PPM (QEMU's screendump)."""
+    data = path.read_bytes()
+    fields, pos = [], 0
+    while len(fields) < 4:                  # magic, width, height, maxval
+        while data[pos:pos + 1].isspace():
+            pos += 1
+        end = pos
+        while not data[end:end + 1].isspace():
+            end += 1
+        fields.append(data[pos:end])
+        pos = end
+    if fields[0] != b"P6" or fields[3] != b"255":
+        raise h.HarnessError(f"{path.name}: not a P6 PPM of 8-bit samples")
+    w, hgt = int(fields[1]), int(fields[2])
+    return w, hgt, data[pos + 1:pos + 1 + w * hgt * 3]
+
+
+def display_check(w, hgt):
+    """Screendump the lent display GPU (the outside does it) while the guest holds its
+    picture of @w x @hgt; how many of its rows differ from the bands, and its size."""
+    ask_outside({"screendump": f"{SCREEN}.ppm", "device": DISPLAY_ID, "format": "ppm"})
+    ask_outside({"screendump": f"{SCREEN}.png", "device": DISPLAY_ID, "format": "png"})
+    sw, sh, rgb = read_ppm(INSIDE_SHARE / f"{SCREEN}.ppm")
+    (INSIDE_SHARE / f"{SCREEN}.ppm").unlink()
+    if (sw, sh) != (w, hgt):
+        return {"size": f"{sw}x{sh}", "rows_wrong": hgt}
+    band = hgt // 4
+    wrong = sum(1 for y in range(hgt)
+                if rgb[y * w * 3:(y + 1) * w * 3] != BANDS[min(y // band, 3)] * w)
+    return {"size": f"{sw}x{sh}", "rows_wrong": wrong}

@@ -53,7 +53,7 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   and reads its registers through the mapped BAR, no access served by software.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
-- vfio-large-bar: see vfio_gpu.py.
+- vfio-large-bar, vfio-gpu-display: see vfio_gpu.py; vfio-intx: see vfio_intx.py.
 """
 import mmap
 import os
@@ -68,6 +68,7 @@ from cluster import Daemon
 from control import Control, ControlError
 from lenderhost import ROM_MARK
 import vfio_gpu
+import vfio_intx
 
 NVME_ID = "0x1b36:0x0010"       # QEMU's NVMe controller
 SERIAL = "VN-VFIO-01"           # lenderhost.NVME's
@@ -79,11 +80,14 @@ def sysfs(bdf, name):
     return (Path("/sys/bus/pci/devices") / bdf / name).read_text().strip()
 
 
-def find(vendor_device):
+def find(vendor_device, pci_class=None):
+    """The first function that is @vendor_device ("0x1b36:0x0010") and, when given, of
+    class @pci_class ("0x038000")."""
     for d in sorted(Path("/sys/bus/pci/devices").iterdir()):
-        if f"{sysfs(d.name, 'vendor')}:{sysfs(d.name, 'device')}" == vendor_device:
+        if f"{sysfs(d.name, 'vendor')}:{sysfs(d.name, 'device')}" == vendor_device and \
+                pci_class in (None, sysfs(d.name, "class")):
             return d.name
-    raise h.HarnessError(f"no {vendor_device} in the lender host")
+    raise h.HarnessError(f"no {vendor_device} {pci_class or ''} in the lender host")
 
 
 def bar0_cap(bdf):
@@ -372,13 +376,15 @@ def wait_listed(c, device):
                       10)
 
 
-def lend_pair(procs, wd, fab, lender, borrower, bdf, lease_timeout_ms=3000):
-    """@lender lends @bdf as nvme0 (`pci = ...`); @borrower sees it.  (a, b, b's control)"""
-    a = Daemon(procs, wd, lender, fab, lends={"nvme0": {"pci": bdf}},
-               lease_timeout_ms=lease_timeout_ms).start()
+def lend_pair(procs, wd, fab, lender, borrower, bdf, lease_timeout_ms=3000, more=None):
+    """@lender lends @bdf as nvme0 (`pci = ...`), and the @more lends ({name: {"pci": ...}});
+    @borrower sees them.  (a, b, b's control)"""
+    lends = {"nvme0": {"pci": bdf}, **(more or {})}
+    a = Daemon(procs, wd, lender, fab, lends=lends, lease_timeout_ms=lease_timeout_ms).start()
     b = Daemon(procs, wd, borrower, fab, lease_timeout_ms=lease_timeout_ms).start()
     cb = Control(b.control)
-    wait_listed(cb, f"{lender}/nvme0")
+    for name in lends:
+        wait_listed(cb, f"{lender}/{name}")
     return a, b, cb
 
 
@@ -537,17 +543,28 @@ def rescan(bdf):
 
 
 def test_guest(procs, wd, fab, bdf, disk):
-    """vfio-nvme-guest, then vfio-device-removed, in one boot of the nested guest (on the
-    patched QEMU, which unplugs a device its server asks it to give back)."""
-    a, b, cb = lend_pair(procs, wd, fab, "hostg", "hosth", bdf)
+    """vfio-nvme-guest, vfio-gpu-display, then vfio-device-removed, in one boot of the nested
+    guest (on the patched QEMU, which unplugs a device its server asks it to give back)."""
+    gpu = find(vfio_gpu.DISPLAY_PCI_ID, vfio_gpu.DISPLAY_CLASS)
+    bind_vfio(gpu)
+    a, b, cb = lend_pair(procs, wd, fab, "hostg", "hosth", bdf, more={"gpu1": {"pci": gpu}})
     r = cb.execute("attach", device="hostg/nvme0", domain="vm-guest")
-    q = h.Qemu(procs, "probe,pause,data,pause,survive",
-               [h.VfioUserDevice(r["socket"], bus="rp1")], root_port=True,
+    rg = cb.execute("attach", device="hostg/gpu1", domain="vm-guest")
+    q = h.Qemu(procs, "draw,probe,pause,data,pause,survive",
+               [h.VfioUserDevice(r["socket"], bus="rp1"),
+                h.VfioUserDevice(rg["socket"], id="g0")], root_port=True,
                params={"seed": 21, "pause_s": 3, "data_mib": 4, "lost_serial": SERIAL,
                        "keep_serial": "none", "hotplug_timeout": 120},
                workdir=procs.tempdir(), timeout=1500, qemu=h.patched_qemu()).start()
     remover = None
+    display = {"size": "-", "rows_wrong": -1}
     try:
+        drawn = q.wait_line("VNREADY", "draw")
+        try:
+            kv = dict(x.split("=", 1) for x in drawn.split()[1:] if "=" in x)
+            display = vfio_gpu.display_check(int(kv["w"]), int(kv["h"]))
+        except (h.HarnessError, OSError, KeyError, ValueError) as e:
+            print(f"display: {e}", file=sys.stderr)
         q.wait_line("VNREADY", "pause")
         before = data_counters(a, b)
         q.wait_line("VNREADY", "pause")
@@ -569,11 +586,12 @@ def test_guest(procs, wd, fab, bdf, disk):
         q.stop()
         if remover is not None and remover.poll() is None:
             remover.kill()
-    for op in ("detach", "return"):
-        try:
-            cb.execute(op, device="hostg/nvme0")
-        except ControlError:
-            pass                    # the revoke ended both already
+    for dev in ("hostg/nvme0", "hostg/gpu1"):
+        for op in ("detach", "return"):
+            try:
+                cb.execute(op, device=dev)
+            except ControlError:
+                pass                # nvme0: the revoke ended both already
     a.stop()
     b.stop()
     rescan(bdf)
@@ -581,7 +599,13 @@ def test_guest(procs, wd, fab, bdf, disk):
     d = {k: after[k] - before[k] for k in after}
     probe = run.results.get("probe", {})
     survive = run.results.get("survive", {})
-    ok = h.result("vfio-nvme-guest", run.results.get("data", {}).get("status") == "PASS"
+    draw = run.results.get("draw", {})
+    ok = h.result("vfio-gpu-display", draw.get("status") == "PASS" and
+                  draw.get("driver") == "bochs-drm" and display["rows_wrong"] == 0,
+                  guest_drew=draw.get("status"), driver=draw.get("driver"),
+                  screen=display["size"], rows_wrong=display["rows_wrong"],
+                  png=f"build/artifacts/{vfio_gpu.SCREEN}.png")
+    ok &= h.result("vfio-nvme-guest", run.results.get("data", {}).get("status") == "PASS"
                   and probe.get("serial") == SERIAL and len(ver) > 0
                   and all(v["ok"] for v in ver) and all(v == 0 for v in d.values()),
                   serial=probe.get("serial"), regions=len(ver),
@@ -698,7 +722,14 @@ def test_refusals(procs, wd, fab, other):
                     absent=why["absent"][-60:].replace(" ", "_"), available_after=free)
 
 
+# The groups of checks, in the order they run (VN_VFIO_ONLY names some of them).
+GROUPS = ("managed", "lend", "guest", "device-request", "sriov", "refusals", "large-bar",
+          "intx")
+
+
 def main():
+    only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv \
+        else set(GROUPS)
     ok = True
     with h.Procs() as procs:
         try:
@@ -709,11 +740,12 @@ def main():
             wd = procs.tempdir()
             fab = procs.tempdir("vn-fabric-")
             # First, while the host's nvme driver still has the NVMe.
-            try:
-                ok &= test_managed(procs, wd, fab, bdf, shared)
-            except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
-                    StopIteration, subprocess.CalledProcessError) as e:
-                ok = h.failed("vfio-managed", e)
+            if "managed" in only:
+                try:
+                    ok &= test_managed(procs, wd, fab, bdf, shared)
+                except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
+                        StopIteration, subprocess.CalledProcessError) as e:
+                    ok = h.failed("vfio-managed", e)
             unbind(bdf)
             cap = bar0_cap(bdf)
             bind_vfio(bdf)
@@ -725,17 +757,22 @@ def main():
             for name in ("vfio-managed", "vfio-rom", "vfio-lender-restart", "vfio-msix",
                          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
                          "vfio-nvme-guest", "vfio-device-request", "vfio-sriov-two-hosts",
-                         "vfio-lend-refusals", "vfio-large-bar", "vfio-device-removed"):
+                         "vfio-lend-refusals", "vfio-large-bar", "vfio-device-removed",
+                         "vfio-gpu-display", "vfio-intx"):
                 h.result(name, False, error="setup failed")
             return 1
-        for test in (lambda: test_lend(procs, wd, fab, bdf, cap),
-                     lambda: test_guest(procs, wd, fab, bdf, Path(DISK)),
-                     lambda: test_device_request(procs, wd, fab, bdf),
-                     lambda: test_sriov(procs, wd, fab),
-                     lambda: test_refusals(procs, wd, fab, other),
-                     lambda: vfio_gpu.test_large_bar(procs, wd, fab)):
+        tests = {"lend": lambda: test_lend(procs, wd, fab, bdf, cap),
+                 "guest": lambda: test_guest(procs, wd, fab, bdf, Path(DISK)),
+                 "device-request": lambda: test_device_request(procs, wd, fab, bdf),
+                 "sriov": lambda: test_sriov(procs, wd, fab),
+                 "refusals": lambda: test_refusals(procs, wd, fab, other),
+                 "large-bar": lambda: vfio_gpu.test_large_bar(procs, wd, fab),
+                 "intx": lambda: vfio_intx.test_intx(procs, wd, fab)}
+        for name in GROUPS[1:]:
+            if name not in only:
+                continue
             try:
-                ok &= test()
+                ok &= tests[name]()
             except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError) as e:
                 ok = h.failed("vfio", e)
     return 0 if ok else 1
