@@ -16,7 +16,8 @@
 static const VnPciCfgParams good = {
     .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
     .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
-    .bar0_size = 16384, .bar4_size = 4096, .msix_vectors = 9, .msix_bir = 4,
+    .bars = { [0] = { .size = 16384, .is64 = true }, [4] = { .size = 4096 } },
+    .msix_vectors = 9, .msix_bir = 4,
     .msix_table_offset = 0, .msix_pba_offset = 0x800,
 };
 
@@ -24,7 +25,8 @@ static const VnPciCfgParams good = {
 static const VnPciCfgParams good_msi = {
     .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
     .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
-    .bar0_size = 16384, .bar4_size = 0, .irq_mode = VN_PCICFG_IRQ_MSI, .msi_vectors = 8,
+    .bars = { [0] = { .size = 16384, .is64 = true } },
+    .irq_mode = VN_PCICFG_IRQ_MSI, .msi_vectors = 8,
 };
 
 static VnPciCfg *mk_with(const VnPciCfgParams *p)
@@ -369,8 +371,10 @@ static const struct {
     { "table overlaps PBA", 16384, 4096, 200, 0, 0x800, 4 },
     { "PBA outside the BAR", 16384, 4096, 9, 0, 0x1000, 4 },
     { "table misaligned", 16384, 4096, 9, 4, 0x800, 4 },
-    { "wrong BIR", 16384, 4096, 9, 0, 0x800, 0 },
+    { "table beyond BAR0", 16384, 4096, 2048, 0, 0x8000, 0 },
     { "MSI-X without BAR4", 16384, 0, 9, 0, 0x800, 4 },
+    { "MSI-X in a BAR that does not exist", 16384, 4096, 9, 0, 0x800, 2 },
+    { "BIR beyond BAR5", 16384, 4096, 9, 0, 0x800, 7 },
 };
 
 START_TEST(test_bad_params)
@@ -378,8 +382,8 @@ START_TEST(test_bad_params)
     g_autoptr(GError) error = NULL;
     VnPciCfgParams p = good;
 
-    p.bar0_size = bad[_i].bar0;
-    p.bar4_size = bad[_i].bar4;
+    p.bars[0].size = bad[_i].bar0;
+    p.bars[4].size = bad[_i].bar4;
     p.msix_vectors = bad[_i].vectors;
     p.msix_table_offset = bad[_i].table;
     p.msix_pba_offset = bad[_i].pba;
@@ -407,8 +411,69 @@ START_TEST(test_bad_msi_params)
 
     p.irq_mode = (VnPciCfgIrqMode)bad_msi[_i].mode;
     p.msi_vectors = bad_msi[_i].vectors;
-    p.bar4_size = bad_msi[_i].bar4;
+    p.bars[4].size = bad_msi[_i].bar4;
     ck_assert_msg(vn_pcicfg_new(&p, &error) == NULL, "accepted: %s", bad_msi[_i].why);
+    ck_assert_ptr_nonnull(error);
+}
+END_TEST
+
+/* The NTB model's layout: 32-bit BARs 0-2 (MSI-X in BAR1), BAR4 64-bit prefetchable. */
+static const VnPciCfgParams ntb_like = {
+    .vendor_id = 0x1957, .device_id = 0x0809, .class_code = 0x058000,
+    .bars = { [0] = { .size = 4096 }, [1] = { .size = 4096 }, [2] = { .size = 8192 },
+              [4] = { .size = 1ull << 32, .is64 = true, .prefetch = true } },
+    .msix_vectors = 32, .msix_bir = 1, .msix_table_offset = 0, .msix_pba_offset = 0x800,
+};
+
+/* Sizing (PCI 3.0 6.2.5.1): all ones written, the size read back from the low bits. */
+START_TEST(test_bar_layouts)
+{
+    g_autoptr(VnPciCfg) cfg = mk_with(&ntb_like);
+    static const struct {
+        unsigned bar;
+        uint32_t want;
+    } sized[] = {
+        { 0, 0xfffff000 }, { 1, 0xfffff000 }, { 2, 0xffffe000 }, { 3, 0 },
+        { 4, PCI_BASE_ADDRESS_MEM_TYPE_64 | PCI_BASE_ADDRESS_MEM_PREFETCH }, { 5, 0xffffffff },
+    };
+    uint32_t ones = 0xffffffff, v, msix_table;
+
+    for (unsigned i = 0; i < G_N_ELEMENTS(sized); i++) {
+        unsigned reg = PCI_BASE_ADDRESS_0 + 4 * sized[i].bar;
+
+        ck_assert_int_eq(vn_pcicfg_write(cfg, reg, &ones, 4), 0);
+        ck_assert_int_eq(vn_pcicfg_read(cfg, reg, &v, 4), 0);
+        ck_assert_msg(v == sized[i].want, "BAR%u reads 0x%08x, want 0x%08x", sized[i].bar, v,
+                      sized[i].want);
+    }
+    /* The MSI-X capability names BAR1. */
+    ck_assert_int_eq(vn_pcicfg_read(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, &msix_table, 4),
+                     0);
+    ck_assert_uint_eq(msix_table & PCI_MSIX_TABLE_BIR, 1);
+}
+END_TEST
+
+static const struct {
+    const char *why;
+    unsigned bar;
+    uint64_t size;
+    bool is64;
+} bad_bars[] = {
+    { "64-bit BAR5", 5, 4096, true },
+    { "64-bit BAR whose upper half is BAR2", 1, 4096, true },
+    { "32-bit BAR of 4 GiB", 3, 1ull << 32, false },
+    { "BAR smaller than a page", 3, 2048, false },
+    { "BAR not a power of two", 3, 12288, false },
+};
+
+START_TEST(test_bad_bars)
+{
+    g_autoptr(GError) error = NULL;
+    VnPciCfgParams p = ntb_like;
+
+    p.bars[bad_bars[_i].bar].size = bad_bars[_i].size;
+    p.bars[bad_bars[_i].bar].is64 = bad_bars[_i].is64;
+    ck_assert_msg(vn_pcicfg_new(&p, &error) == NULL, "accepted: %s", bad_bars[_i].why);
     ck_assert_ptr_nonnull(error);
 }
 END_TEST
@@ -421,6 +486,7 @@ static Suite *pcicfg_suite(void)
     tc = tcase_create("layout");
     tcase_add_test(tc, test_identity);
     tcase_add_test(tc, test_capabilities);
+    tcase_add_test(tc, test_bar_layouts);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("writes");
@@ -439,6 +505,7 @@ static Suite *pcicfg_suite(void)
     tc = tcase_create("params");
     tcase_add_loop_test(tc, test_bad_params, 0, G_N_ELEMENTS(bad));
     tcase_add_loop_test(tc, test_bad_msi_params, 0, G_N_ELEMENTS(bad_msi));
+    tcase_add_loop_test(tc, test_bad_bars, 0, G_N_ELEMENTS(bad_bars));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -190,7 +190,8 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     uint32_t counts[VFIO_PCI_NUM_IRQS] = { 1, msi ? MSI_VECTORS : 0, msi ? 0 : VECTORS, 0, 0 };
     VnPciCfgParams cp = {
         .vendor_id = 0x1de1, .device_id = 0x5601, .class_code = 0x010802,
-        .bar0_size = VN_NVME_BAR0_SIZE, .bar4_size = msi ? 0 : 4096, .irq_mode = mode,
+        .bars = { [0] = { .size = VN_NVME_BAR0_SIZE, .is64 = true },
+                  [4] = { .size = msi ? 0 : 4096 } }, .irq_mode = mode,
         .msix_vectors = VECTORS, .msix_bir = 4, .msix_table_offset = 0,
         .msix_pba_offset = 0x800, .msi_vectors = MSI_VECTORS,
     };

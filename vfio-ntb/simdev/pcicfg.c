@@ -1,12 +1,11 @@
 /*
- * PCI configuration space of the simulated device (see pcicfg.h).
+ * PCI configuration space of a simulated device (see pcicfg.h).
  *
  * Layout (fixed; the capability list is walked by the guest and by QEMU's
  * vfio code, which reads the MSI-X capability to find table and PBA, or the
  * MSI capability's control word to build its own copy with msi_init()):
  *
- *   0x00  type 0 header (PCI 3.0 6.1), BAR0 64-bit memory, BAR4 32-bit
- *         memory (absent when its size is 0)
+ *   0x00  type 0 header (PCI 3.0 6.1), memory BARs as the params say
  *   0x40  Power Management, version 3 (PCI PM 1.2 3.2)
  *   0x50  MSI-X (PCIe r5.0 7.7.2), 12 bytes, or
  *         MSI (PCI 3.0 6.8.1), 64-bit with per-vector masking, 24 bytes
@@ -128,14 +127,38 @@ static bool is_pow2(uint64_t v)
     return v != 0 && (v & (v - 1)) == 0;
 }
 
+static bool bars_valid(const VnPciCfgParams *p, GError **error)
+{
+    for (unsigned i = 0; i < VN_PCICFG_BARS; i++) {
+        const VnPciCfgBar *b = &p->bars[i];
+
+        if (b->size == 0) {
+            continue;
+        }
+        if (!is_pow2(b->size) || b->size < 4096 || (!b->is64 && b->size > (1ull << 31))) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "config space: BAR%u: %" G_GUINT64_FORMAT " bytes (a power of two "
+                        "of at least 4 KiB, at most 2 GiB for a 32-bit BAR)", i, b->size);
+            return false;
+        }
+        if (b->is64 && (i + 1 >= VN_PCICFG_BARS || p->bars[i + 1].size != 0)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "config space: BAR%u is 64-bit but BAR%u is not free for its upper "
+                        "half", i, i + 1);
+            return false;
+        }
+        if (b->is64) {
+            i++;
+        }
+    }
+    return true;
+}
+
 static bool params_valid(const VnPciCfgParams *p, GError **error)
 {
-    uint64_t table_len, pba_len;
+    uint64_t table_len, pba_len, msix_bar;
 
-    if (!is_pow2(p->bar0_size) || p->bar0_size < 4096 ||
-        (p->bar4_size != 0 && (!is_pow2(p->bar4_size) || p->bar4_size < 4096))) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "config space: BAR sizes must be powers of two of at least 4 KiB");
+    if (!bars_valid(p, error)) {
         return false;
     }
     if ((unsigned)p->irq_mode >= VN_PCICFG_IRQ_LAST) {
@@ -159,12 +182,13 @@ static bool params_valid(const VnPciCfgParams *p, GError **error)
         return false;
     }
     /* PCIe r5.0 7.7.2.3/7.7.2.4: the offsets are QWORD aligned, the BIR
-     * names the BAR; we only place them in BAR4, the 32-bit one. */
+     * names a BAR that exists. */
     table_len = (uint64_t)p->msix_vectors * VN_PCICFG_MSIX_ENTRY_SIZE;
     pba_len = ((uint64_t)p->msix_vectors + 63) / 64 * 8;
-    if (p->msix_bir != 4 || (p->msix_table_offset & 7) || (p->msix_pba_offset & 7) ||
-        !vn_util_range_ok(p->msix_table_offset, table_len, p->bar4_size) ||
-        !vn_util_range_ok(p->msix_pba_offset, pba_len, p->bar4_size) ||
+    msix_bar = p->msix_bir < VN_PCICFG_BARS ? p->bars[p->msix_bir].size : 0;
+    if (msix_bar == 0 || (p->msix_table_offset & 7) || (p->msix_pba_offset & 7) ||
+        !vn_util_range_ok(p->msix_table_offset, table_len, msix_bar) ||
+        !vn_util_range_ok(p->msix_pba_offset, pba_len, msix_bar) ||
         (p->msix_table_offset < p->msix_pba_offset + pba_len &&
          p->msix_pba_offset < p->msix_table_offset + table_len)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -176,13 +200,35 @@ static bool params_valid(const VnPciCfgParams *p, GError **error)
     return true;
 }
 
+/* PCI 3.0 6.2.5.1: the low bits say what the BAR is; the size follows
+ * from which address bits are writable.  A BAR whose bits are all read-only
+ * zero is not implemented (nor is the expansion ROM BAR). */
+static void build_bars(VnPciCfg *cfg)
+{
+    const VnPciCfgParams *p = &cfg->params;
+
+    for (unsigned i = 0; i < VN_PCICFG_BARS; i++) {
+        const VnPciCfgBar *b = &p->bars[i];
+        unsigned reg = PCI_BASE_ADDRESS_0 + 4 * i;
+        uint32_t type = b->is64 ? PCI_BASE_ADDRESS_MEM_TYPE_64 : PCI_BASE_ADDRESS_MEM_TYPE_32;
+
+        if (b->size == 0) {
+            continue;
+        }
+        if (b->prefetch) {
+            type |= PCI_BASE_ADDRESS_MEM_PREFETCH;
+        }
+        set32(cfg, reg, type, (uint32_t)~(b->size - 1) & PCI_BASE_ADDRESS_MEM_MASK);
+        if (b->is64) {
+            set32(cfg, reg + 4, 0, (uint32_t)(~(b->size - 1) >> 32));
+            i++;
+        }
+    }
+}
+
 static void build_header(VnPciCfg *cfg)
 {
     const VnPciCfgParams *p = &cfg->params;
-    uint32_t bar0_mask = (uint32_t)~(p->bar0_size - 1) & PCI_BASE_ADDRESS_MEM_MASK;
-    uint32_t bar0_hi_mask = (uint32_t)(~(p->bar0_size - 1) >> 32);
-    uint32_t bar4_mask = p->bar4_size != 0 ? ~(p->bar4_size - 1) & PCI_BASE_ADDRESS_MEM_MASK
-                                           : 0;
 
     /* PCI 3.0 6.2.1: identification, all read-only */
     set16(cfg, PCI_VENDOR_ID, p->vendor_id, 0);
@@ -203,17 +249,7 @@ static void build_header(VnPciCfg *cfg)
     set8(cfg, PCI_CACHE_LINE_SIZE, 0, 0xff);
     set8(cfg, PCI_HEADER_TYPE, PCI_HEADER_TYPE_NORMAL, 0);
 
-    /* PCI 3.0 6.2.5.1: the low bits say what the BAR is; the size follows
-     * from which address bits are writable. */
-    set32(cfg, PCI_BASE_ADDRESS_0, PCI_BASE_ADDRESS_MEM_TYPE_64, bar0_mask);
-    set32(cfg, PCI_BASE_ADDRESS_1, 0, bar0_hi_mask);
-    if (p->bar4_size != 0) {
-        set32(cfg, PCI_BASE_ADDRESS_4, PCI_BASE_ADDRESS_MEM_TYPE_32, bar4_mask);
-    }
-    /* BAR2, BAR3, BAR5, the expansion ROM BAR and BAR4 without a size do
-     * not exist: zero, RO (6.2.5.1: a BAR whose bits are all read-only zero
-     * is not implemented). */
-
+    build_bars(cfg);
     set16(cfg, PCI_SUBSYSTEM_VENDOR_ID, p->subsys_vendor_id, 0);
     set16(cfg, PCI_SUBSYSTEM_ID, p->subsys_id, 0);
     set8(cfg, PCI_CAPABILITY_LIST, VN_PCICFG_CAP_PM, 0);

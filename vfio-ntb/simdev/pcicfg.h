@@ -1,5 +1,5 @@
 /*
- * PCI configuration space of the simulated device: a type 0 header with
+ * PCI configuration space of a simulated device: a type 0 header with
  * memory BARs, PM, MSI-X or MSI, and PCI Express capabilities, and write
  * masks so that a write changes only the bits the PCI specifications make
  * writable.
@@ -45,7 +45,7 @@
 
 /* Which message-signalled interrupt capability the function has. */
 typedef enum VnPciCfgIrqMode {
-    VN_PCICFG_IRQ_MSIX,         /* MSI-X, table and PBA in BAR4 (the default) */
+    VN_PCICFG_IRQ_MSIX,         /* MSI-X, table and PBA in a BAR (the default) */
     VN_PCICFG_IRQ_MSI,          /* MSI: 64-bit, per-vector masking, no table */
     VN_PCICFG_IRQ_LAST
 } VnPciCfgIrqMode;
@@ -55,6 +55,17 @@ const char *vn_pcicfg_irq_mode_to_string(VnPciCfgIrqMode mode);
 /* The inverse; false (and @mode untouched) for anything else. */
 bool vn_pcicfg_irq_mode_from_string(const char *s, VnPciCfgIrqMode *mode);
 
+/* Base Address Registers of a type 0 header (PCI 3.0 6.2.5.1). */
+#define VN_PCICFG_BARS 6u
+
+/* One memory BAR (we have no I/O BARs). */
+typedef struct VnPciCfgBar {
+    uint64_t size;              /* 0: not implemented; else a power of two >= 4 KiB
+                                 * (32-bit BARs: at most 2 GiB) */
+    bool is64;                  /* 64-bit: takes the next BAR's slot too */
+    bool prefetch;              /* Prefetchable */
+} VnPciCfgBar;
+
 typedef struct VnPciCfgParams {
     uint16_t vendor_id;
     uint16_t device_id;
@@ -62,13 +73,12 @@ typedef struct VnPciCfgParams {
     uint16_t subsys_id;
     uint8_t revision;
     uint32_t class_code;        /* 24 bits: base class, sub class, prog-if */
-    uint64_t bar0_size;         /* 64-bit memory BAR, power of two >= 4 KiB */
-    uint32_t bar4_size;         /* 32-bit memory BAR, power of two >= 4 KiB;
-                                 * 0 = no BAR4 (not with MSI-X) */
+    /* A 64-bit BAR's next slot must have size 0 (BAR5 cannot be 64-bit). */
+    VnPciCfgBar bars[VN_PCICFG_BARS];
     VnPciCfgIrqMode irq_mode;   /* 0 = MSI-X */
     /* VN_PCICFG_IRQ_MSIX only: */
     uint32_t msix_vectors;      /* 1..VN_PCICFG_MAX_VECTORS */
-    uint8_t msix_bir;           /* BAR holding table and PBA: must be 4 */
+    uint8_t msix_bir;           /* BAR holding table and PBA (one that exists) */
     uint32_t msix_table_offset; /* 8-byte aligned, inside the BAR */
     uint32_t msix_pba_offset;   /* 8-byte aligned, inside the BAR */
     /* VN_PCICFG_IRQ_MSI only: */

@@ -304,8 +304,8 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
         .subsys_id = VN_PCIDEV_DEVICE_ID,
         .revision = 1,
         .class_code = VN_PCIDEV_CLASS,
-        .bar0_size = VN_NVME_BAR0_SIZE,
-        .bar4_size = VN_PCIDEV_BAR4_SIZE,
+        .bars = { [0] = { .size = VN_NVME_BAR0_SIZE, .is64 = true },
+                  [4] = { .size = VN_PCIDEV_BAR4_SIZE } },
         .irq_mode = params->irq_mode,
         .msix_vectors = params->vectors,
         .msix_bir = 4,
@@ -339,7 +339,7 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
     if (d->irq_mode == VN_PCICFG_IRQ_MSI) {
         d->vectors = msi_vectors_for(params->vectors);
         cp.msi_vectors = d->vectors;
-        cp.bar4_size = 0;
+        cp.bars[4].size = 0;
     } else {
         d->vectors = params->vectors;
     }
