@@ -25,7 +25,8 @@ LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
 	$(filter-out vfio-ntb/ctl/ntbctl.c vfio-ntb/ctl/ntbctl-virt.c,$(wildcard vfio-ntb/ctl/*.c))
-SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c,$(wildcard vfio-ntb/simdev/*.c))
+SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c vfio-ntb/simdev/ntbsim.c,\
+	$(wildcard vfio-ntb/simdev/*.c))
 # libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
 VIRT_SRCS := $(filter-out vfio-ntb/libvirt/hook.c,$(wildcard vfio-ntb/libvirt/*.c))
 VIRT_OBJS := $(VIRT_SRCS:%.c=$(B)/%.o)
@@ -35,10 +36,10 @@ UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
-PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
+PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: modules all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -59,6 +60,9 @@ $(B)/libvn-libvirt.a: $(VIRT_OBJS)
 	ar rcs $@ $^
 
 $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
+
+$(B)/vfio-ntb-ntbsim: $(B)/vfio-ntb/simdev/ntbsim.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
 $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
@@ -147,6 +151,11 @@ testbed: testbed-stock qemu
 
 qemu:
 	scripts/build-qemu >/dev/null
+
+# Linux's NTB modules (core, hardware drivers, test clients) for the running kernel when its
+# headers are installed, else for the test guest's kernel; prints where they are.
+modules:
+	@scripts/build-ntb-modules
 
 check-unit: all
 	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS)

@@ -1,0 +1,440 @@
+/*
+ * The simulated NTB's two ports (see epf.h): registers, commands, doorbells, the link and
+ * window translation, as ntb_hw_epf (Linux 6.1) expects them of the endpoint's firmware.
+ *
+ * Registers are 32-bit words; an access of any size is split into the words it touches,
+ * a write merging only the bytes it covers (writew of CMD_STATUS leaves LINK_STATUS, the
+ * other half of its word, alone).  A command runs when a write covers COMMAND's low byte.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.simdev"
+
+#include "epf.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <string.h>
+
+typedef struct EpfPort {
+    bool connected;
+    bool link_wanted;           /* CMD_LINK_UP seen, no CMD_LINK_DOWN since */
+    uint32_t argument;
+    uint16_t status;
+    uint32_t addr_lo, addr_hi, size_lo, size_hi;
+    uint32_t vectors;           /* CMD_CONFIGURE_DOORBELL's count; 0: none */
+    bool mw_valid;              /* CMD_CONFIGURE_MW's translation of the peer's window */
+    uint64_t mw_addr, mw_size;
+    uint32_t spad[VN_EPF_SPADS];
+    VnEpfStats stats;
+} EpfPort;
+
+struct VnEpf {
+    uint64_t window_size;
+    const VnEpfOps *ops;
+    void *opaque;
+    bool link;                  /* as last raised */
+    EpfPort port[2];
+};
+
+#define SPADS_END (VN_EPF_SPAD_OFFSET + 4 * VN_EPF_SPADS)
+#define PEER_SPADS_END (SPADS_END + 4 * VN_EPF_SPADS)
+G_STATIC_ASSERT(PEER_SPADS_END <= VN_EPF_CTRL_SIZE);
+G_STATIC_ASSERT(VN_EPF_REG_DB_OFFSET + 4 * VN_EPF_MAX_VECTORS <= VN_EPF_SPAD_OFFSET);
+
+static const char *const command_names[VN_EPF_CMD_LAST] = {
+    [VN_EPF_CMD_NONE] = "none",
+    [VN_EPF_CMD_CONFIGURE_DOORBELL] = "configure-doorbell",
+    [VN_EPF_CMD_TEARDOWN_DOORBELL] = "teardown-doorbell",
+    [VN_EPF_CMD_CONFIGURE_MW] = "configure-mw",
+    [VN_EPF_CMD_TEARDOWN_MW] = "teardown-mw",
+    [VN_EPF_CMD_LINK_UP] = "link-up",
+    [VN_EPF_CMD_LINK_DOWN] = "link-down",
+};
+
+const char *vn_epf_command_to_string(VnEpfCommand cmd)
+{
+    return (unsigned)cmd < VN_EPF_CMD_LAST ? command_names[cmd] : "?";
+}
+
+bool vn_epf_ops_valid(const VnEpfOps *ops, GError **error)
+{
+    const char *missing = ops == NULL              ? "the table"
+                          : ops->signal == NULL    ? "signal"
+                          : ops->dma_read == NULL  ? "dma_read"
+                          : ops->dma_write == NULL ? "dma_write"
+                                                   : NULL;
+
+    if (missing != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "NTB model ops: %s is required (optional: bus_master)", missing);
+        return false;
+    }
+    return true;
+}
+
+VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GError **error)
+{
+    VnEpf *epf;
+
+    if (!vn_epf_ops_valid(ops, error)) {
+        return NULL;
+    }
+    if (window_size < VN_EPF_MIN_WINDOW || window_size > VN_EPF_MAX_WINDOW ||
+        (window_size & (window_size - 1)) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "NTB model: a window of %" G_GUINT64_FORMAT " bytes (a power of two, "
+                    "%llu KiB to %llu GiB)", window_size, VN_EPF_MIN_WINDOW >> 10,
+                    VN_EPF_MAX_WINDOW >> 30);
+        return NULL;
+    }
+    epf = g_new0(VnEpf, 1);
+    epf->window_size = window_size;
+    epf->ops = ops;
+    epf->opaque = opaque;
+    return epf;
+}
+
+void vn_epf_free(VnEpf *epf)
+{
+    g_free(epf);
+}
+
+uint64_t vn_epf_window_size(VnEpf *epf)
+{
+    return epf->window_size;
+}
+
+bool vn_epf_link_up(VnEpf *epf)
+{
+    return epf->link;
+}
+
+void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out)
+{
+    *out = epf->port[port & 1].stats;
+}
+
+/* Raise the link vector where the link changed and a host listens. */
+static void update_link(VnEpf *e)
+{
+    bool up = e->port[0].connected && e->port[1].connected && e->port[0].link_wanted &&
+              e->port[1].link_wanted;
+
+    if (up == e->link) {
+        return;
+    }
+    e->link = up;
+    g_info("NTB model: link %s", up ? "up" : "down");
+    for (unsigned p = 0; p < 2; p++) {
+        if (e->port[p].connected && e->port[p].vectors > 0) {
+            e->port[p].stats.link_events++;
+            e->ops->signal(e->opaque, p, 0);
+        }
+    }
+}
+
+void vn_epf_reset(VnEpf *epf, unsigned port)
+{
+    EpfPort *p = &epf->port[port & 1];
+    bool connected = p->connected;
+    VnEpfStats stats = p->stats;
+
+    memset(p, 0, sizeof(*p));
+    p->connected = connected;
+    p->stats = stats;
+    update_link(epf);
+}
+
+void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected)
+{
+    EpfPort *p = &epf->port[port & 1];
+
+    if (!connected) {
+        vn_epf_reset(epf, port);
+    }
+    p->connected = connected;
+    g_info("NTB model: port %u %s", port & 1, connected ? "connected" : "disconnected");
+    update_link(epf);
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static bool configure_mw(VnEpf *e, EpfPort *p, uint32_t idx)
+{
+    uint64_t addr = (uint64_t)p->addr_hi << 32 | p->addr_lo;
+    uint64_t size = (uint64_t)p->size_hi << 32 | p->size_lo;
+
+    /* One window (MW_COUNT); ntb_hw_epf aligns the address to 4 KiB (mw_get_align) and
+     * keeps the size within the BAR. */
+    if (idx != 0 || size == 0 || size > e->window_size || (addr & (VN_EPF_MIN_WINDOW - 1)) ||
+        addr + size < addr) {
+        g_info("NTB model: refused window %u at 0x%" G_GINT64_MODIFIER "x size 0x%"
+               G_GINT64_MODIFIER "x", idx, addr, size);
+        return false;
+    }
+    p->mw_valid = true;
+    p->mw_addr = addr;
+    p->mw_size = size;
+    return true;
+}
+
+static void run_command(VnEpf *e, unsigned port, uint32_t cmd)
+{
+    EpfPort *p = &e->port[port];
+    uint32_t arg = p->argument;
+    bool ok = true;
+
+    switch (cmd) {
+    case VN_EPF_CMD_CONFIGURE_DOORBELL:
+        /* The count includes the link and the reserved vector (ntb_epf_init_isr). */
+        ok = (arg & 0xffff) >= 1 && (arg & 0xffff) <= VN_EPF_MAX_VECTORS;
+        if (ok) {
+            p->vectors = arg & 0xffff;
+        }
+        break;
+    case VN_EPF_CMD_TEARDOWN_DOORBELL:
+        p->vectors = 0;
+        break;
+    case VN_EPF_CMD_CONFIGURE_MW:
+        ok = configure_mw(e, p, arg);
+        break;
+    case VN_EPF_CMD_TEARDOWN_MW:
+        ok = arg == 0;
+        p->mw_valid = p->mw_valid && !ok;
+        break;
+    case VN_EPF_CMD_LINK_UP:
+    case VN_EPF_CMD_LINK_DOWN:
+        p->link_wanted = cmd == VN_EPF_CMD_LINK_UP;
+        break;
+    default:
+        ok = false;
+        break;
+    }
+    p->stats.commands++;
+    p->stats.command_errors += !ok;
+    p->status = ok ? VN_EPF_STATUS_OK : VN_EPF_STATUS_ERROR;
+    g_debug("NTB model: port %u: %s (0x%x): %s", port,
+            vn_epf_command_to_string(cmd < VN_EPF_CMD_LAST ? cmd : VN_EPF_CMD_LAST), arg,
+            ok ? "ok" : "error");
+    if (cmd == VN_EPF_CMD_LINK_UP || cmd == VN_EPF_CMD_LINK_DOWN) {
+        update_link(e);
+    }
+}
+
+/* ---- BAR0 -------------------------------------------------------------- */
+
+static uint32_t ctrl_read32(VnEpf *e, unsigned port, uint32_t off)
+{
+    EpfPort *p = &e->port[port], *peer = &e->port[port ^ 1];
+
+    if (off >= VN_EPF_SPAD_OFFSET && off < SPADS_END) {
+        return p->spad[(off - VN_EPF_SPAD_OFFSET) / 4];
+    }
+    if (off >= SPADS_END && off < PEER_SPADS_END) {
+        /* The peer's scratchpads: nothing answers while it is absent. */
+        return peer->connected ? peer->spad[(off - SPADS_END) / 4] : 0xffffffffu;
+    }
+    if (off >= VN_EPF_REG_DB_DATA && off < VN_EPF_REG_DB_OFFSET) {
+        return (off - VN_EPF_REG_DB_DATA) / 4;        /* any value: we only look at where */
+    }
+    switch (off) {
+    case VN_EPF_REG_ARGUMENT:
+        return p->argument;
+    case VN_EPF_REG_CMD_STATUS:
+        return p->status | (uint32_t)(e->link ? 1 : 0) << 16;
+    case VN_EPF_REG_LOWER_ADDR:
+        return p->addr_lo;
+    case VN_EPF_REG_UPPER_ADDR:
+        return p->addr_hi;
+    case VN_EPF_REG_LOWER_SIZE:
+        return p->size_lo;
+    case VN_EPF_REG_UPPER_SIZE:
+        return p->size_hi;
+    case VN_EPF_REG_MW_COUNT:
+        return 1;
+    case VN_EPF_REG_SPAD_OFFSET:
+        return VN_EPF_SPAD_OFFSET;
+    case VN_EPF_REG_SPAD_COUNT:
+        return VN_EPF_SPADS;
+    case VN_EPF_REG_DB_ENTRY_SIZE:
+        return VN_EPF_DB_ENTRY_SIZE;
+    default:                    /* COMMAND, TOPOLOGY, MW1_OFFSET, DB_OFFSET, reserved */
+        return 0;
+    }
+}
+
+static void merge(uint32_t *reg, uint32_t v, uint32_t mask)
+{
+    *reg = (*reg & ~mask) | (v & mask);
+}
+
+/* Write the bytes of @mask of the word at @off. */
+static void ctrl_write32(VnEpf *e, unsigned port, uint32_t off, uint32_t v, uint32_t mask)
+{
+    EpfPort *p = &e->port[port], *peer = &e->port[port ^ 1];
+    uint32_t status;
+
+    if (off >= VN_EPF_SPAD_OFFSET && off < SPADS_END) {
+        merge(&p->spad[(off - VN_EPF_SPAD_OFFSET) / 4], v, mask);
+        return;
+    }
+    if (off >= SPADS_END && off < PEER_SPADS_END) {
+        if (peer->connected) {
+            merge(&peer->spad[(off - SPADS_END) / 4], v, mask);
+        }
+        return;
+    }
+    switch (off) {
+    case VN_EPF_REG_COMMAND:
+        if (mask & 0xff) {
+            run_command(e, port, v & mask);
+        }
+        break;
+    case VN_EPF_REG_ARGUMENT:
+        merge(&p->argument, v, mask);
+        break;
+    case VN_EPF_REG_CMD_STATUS:
+        status = p->status;
+        merge(&status, v, mask & 0xffff);       /* LINK_STATUS, the upper half, is RO */
+        p->status = (uint16_t)status;
+        break;
+    case VN_EPF_REG_LOWER_ADDR:
+        merge(&p->addr_lo, v, mask);
+        break;
+    case VN_EPF_REG_UPPER_ADDR:
+        merge(&p->addr_hi, v, mask);
+        break;
+    case VN_EPF_REG_LOWER_SIZE:
+        merge(&p->size_lo, v, mask);
+        break;
+    case VN_EPF_REG_UPPER_SIZE:
+        merge(&p->size_hi, v, mask);
+        break;
+    default:                    /* read-only or reserved: dropped */
+        break;
+    }
+}
+
+static bool access_ok(uint64_t offset, uint32_t len, uint64_t size)
+{
+    return len >= 1 && len <= VN_EPF_MAX_ACCESS && vn_util_range_ok(offset, len, size);
+}
+
+int vn_epf_ctrl_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len)
+{
+    uint8_t *out = buf;
+
+    if (!access_ok(offset, len, VN_EPF_CTRL_SIZE)) {
+        return -EINVAL;
+    }
+    for (uint32_t i = 0; i < len; i++) {
+        uint32_t at = (uint32_t)offset + i;
+
+        out[i] = (uint8_t)(ctrl_read32(epf, port & 1, at & ~3u) >> (8 * (at & 3)));
+    }
+    return 0;
+}
+
+int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                      uint32_t len)
+{
+    const uint8_t *in = buf;
+    uint32_t i = 0;
+
+    if (!access_ok(offset, len, VN_EPF_CTRL_SIZE)) {
+        return -EINVAL;
+    }
+    /* Word by word, each with the bytes of it this access covers. */
+    while (i < len) {
+        uint32_t at = (uint32_t)offset + i, word = at & ~3u, v = 0, mask = 0;
+
+        for (; i < len && (((uint32_t)offset + i) & ~3u) == word; i++) {
+            unsigned shift = 8 * (((uint32_t)offset + i) & 3);
+
+            v |= (uint32_t)in[i] << shift;
+            mask |= 0xffu << shift;
+        }
+        ctrl_write32(epf, port & 1, word, v, mask);
+    }
+    return 0;
+}
+
+/* ---- BAR2 and BAR4 ----------------------------------------------------- */
+
+int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len)
+{
+    if (!access_ok(offset, len, VN_EPF_DB_SIZE)) {
+        return -EINVAL;
+    }
+    memset(buf, 0, len);
+    return 0;
+}
+
+int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                    uint32_t len)
+{
+    EpfPort *p = &epf->port[port & 1], *peer = &epf->port[(port & 1) ^ 1];
+    uint32_t vector = (uint32_t)(offset / VN_EPF_DB_ENTRY_SIZE);
+
+    if (!access_ok(offset, len, VN_EPF_DB_SIZE)) {
+        return -EINVAL;
+    }
+    if (!peer->connected || vector >= peer->vectors) {
+        p->stats.doorbells_lost++;
+        return 0;
+    }
+    p->stats.doorbells++;
+    epf->ops->signal(epf->opaque, (port & 1) ^ 1, vector);
+    return 0;
+}
+
+/* The peer port that @port's window reaches, when its function can do the DMA now: it is
+ * there, translates [offset, offset + len) and may master the bus.  -1 otherwise. */
+static int window_target(VnEpf *e, unsigned port, uint64_t offset, uint32_t len)
+{
+    unsigned q = port ^ 1;
+    EpfPort *peer = &e->port[q];
+
+    if (peer->connected && peer->mw_valid && vn_util_range_ok(offset, len, peer->mw_size) &&
+        (e->ops->bus_master == NULL || e->ops->bus_master(e->opaque, q))) {
+        return (int)q;
+    }
+    return -1;
+}
+
+int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len)
+{
+    EpfPort *p = &epf->port[port & 1];
+    int q;
+
+    if (!access_ok(offset, len, epf->window_size)) {
+        return -EINVAL;
+    }
+    p->stats.window_reads++;
+    q = window_target(epf, port & 1, offset, len);
+    if (q < 0 || epf->ops->dma_read(epf->opaque, (unsigned)q,
+                                    epf->port[q].mw_addr + offset, buf, len) < 0) {
+        p->stats.window_faults++;
+        memset(buf, 0xff, len);     /* a read that completes with nothing: all ones */
+    }
+    return 0;
+}
+
+int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                        uint32_t len)
+{
+    EpfPort *p = &epf->port[port & 1];
+    int q;
+
+    if (!access_ok(offset, len, epf->window_size)) {
+        return -EINVAL;
+    }
+    p->stats.window_writes++;
+    q = window_target(epf, port & 1, offset, len);
+    if (q < 0 || epf->ops->dma_write(epf->opaque, (unsigned)q,
+                                     epf->port[q].mw_addr + offset, buf, len) < 0) {
+        p->stats.window_faults++;   /* a posted write that reached nothing is lost */
+    }
+    return 0;
+}

@@ -1,0 +1,162 @@
+/*
+ * A simulated non-transparent bridge: two PCI functions ("ports", one in each host) joined
+ * by an NTB, with the register interface that Linux's unmodified ntb_hw_epf driver programs
+ * (drivers/ntb/hw/epf/ntb_hw_epf.c, the host side of a PCI endpoint NTB function; we take its
+ * Freescale 1957:0809 BAR map).  What the endpoint's firmware does on real hardware, this
+ * model does: it runs the commands, raises the interrupts and translates the windows.
+ *
+ * Each port has, as that driver expects:
+ *   BAR0  control registers (command, argument, status, link, window translation, counts,
+ *         the doorbell table) and the scratchpads: the port's own at VN_EPF_SPAD_OFFSET,
+ *         then the peer's (reading or writing there is reading or writing the peer's own).
+ *   BAR2  doorbells: a write to entry N (VN_EPF_DB_ENTRY_SIZE bytes each) raises the
+ *         peer's interrupt vector N.  Vector 0 is the link event, vector 1 is never used
+ *         (ntb_hw_epf skips it), vectors 2.. are doorbell bits 0...
+ *   BAR4  the memory window (64-bit, prefetchable): an access at offset O lands at the
+ *         peer's translation for it (CMD_CONFIGURE_MW on the peer: address A, size S) as a
+ *         DMA by the peer's function to A + O, when O is inside S.  That DMA goes through
+ *         the peer host's IOMMU like any device's (VnEpfOps.dma_read/dma_write).
+ *   and MSI-X (the caller's config space and table), up to VN_EPF_MAX_VECTORS vectors.
+ *
+ * The link is up while both ports are connected (a host is there) and both asked for it
+ * (CMD_LINK_UP); each change raises vector 0 on the ports that configured their doorbells.
+ *
+ * Everything a host writes is checked: bad commands answer COMMAND_STATUS_ERROR, accesses
+ * outside a window or to a peer that is absent read as all ones and drop writes, and each
+ * is counted.  No I/O here: interrupts and DMA go through VnEpfOps.
+ *
+ * Threads: one (the caller's); nothing here locks.
+ */
+#ifndef VN_EPF_H
+#define VN_EPF_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ntb_hw_epf binds to these (its mx8_map: config and peer scratchpads in BAR0, doorbells in
+ * BAR2, the window in BAR4), class memory controller / RAM (PCI_CLASS_MEMORY_RAM << 8). */
+#define VN_EPF_VENDOR_ID 0x1957u
+#define VN_EPF_DEVICE_ID 0x0809u
+#define VN_EPF_CLASS 0x050000u
+
+#define VN_EPF_CTRL_BAR 0u
+#define VN_EPF_MSIX_BAR 1u
+#define VN_EPF_DB_BAR 2u
+#define VN_EPF_WINDOW_BAR 4u
+
+#define VN_EPF_CTRL_SIZE 4096u
+#define VN_EPF_DB_SIZE 4096u
+/* Scratchpads: the port's own, then the peer's (ntb_hw_epf finds the peer's right after). */
+#define VN_EPF_SPAD_OFFSET 0x200u
+#define VN_EPF_SPADS 64u
+/* ntb_hw_epf asks for 4..32 vectors (link + reserved + doorbells); its table has 32. */
+#define VN_EPF_MAX_VECTORS 32u
+#define VN_EPF_DB_ENTRY_SIZE 4u
+/* Window sizes we accept: a page at least (the translation's alignment, mw_get_align), and
+ * at most what one host lends in a window (a 64-bit BAR). */
+#define VN_EPF_MIN_WINDOW (4ull << 10)
+#define VN_EPF_MAX_WINDOW (64ull << 30)
+/* The largest access a host makes at once (a trapped load or store). */
+#define VN_EPF_MAX_ACCESS 8u
+
+/* Registers of BAR0 (ntb_hw_epf.c's NTB_EPF_*). */
+enum {
+    VN_EPF_REG_COMMAND = 0x00,
+    VN_EPF_REG_ARGUMENT = 0x04,
+    VN_EPF_REG_CMD_STATUS = 0x08,     /* 16 bits */
+    VN_EPF_REG_LINK_STATUS = 0x0a,    /* 16 bits, read-only */
+    VN_EPF_REG_TOPOLOGY = 0x0c,
+    VN_EPF_REG_LOWER_ADDR = 0x10,
+    VN_EPF_REG_UPPER_ADDR = 0x14,
+    VN_EPF_REG_LOWER_SIZE = 0x18,
+    VN_EPF_REG_UPPER_SIZE = 0x1c,
+    VN_EPF_REG_MW_COUNT = 0x20,
+    VN_EPF_REG_MW1_OFFSET = 0x24,
+    VN_EPF_REG_SPAD_OFFSET = 0x28,
+    VN_EPF_REG_SPAD_COUNT = 0x2c,
+    VN_EPF_REG_DB_ENTRY_SIZE = 0x30,
+    VN_EPF_REG_DB_DATA = 0x34,        /* + 4 * n */
+    VN_EPF_REG_DB_OFFSET = 0xb4,      /* + 4 * n */
+};
+
+typedef enum VnEpfCommand {
+    VN_EPF_CMD_NONE = 0,
+    VN_EPF_CMD_CONFIGURE_DOORBELL = 1,
+    VN_EPF_CMD_TEARDOWN_DOORBELL = 2,
+    VN_EPF_CMD_CONFIGURE_MW = 3,
+    VN_EPF_CMD_TEARDOWN_MW = 4,
+    VN_EPF_CMD_LINK_UP = 5,
+    VN_EPF_CMD_LINK_DOWN = 6,
+    VN_EPF_CMD_LAST
+} VnEpfCommand;
+
+#define VN_EPF_STATUS_OK 1u
+#define VN_EPF_STATUS_ERROR 2u
+#define VN_EPF_ARG_MSIX 0x10000u
+
+const char *vn_epf_command_to_string(VnEpfCommand cmd);
+
+typedef struct VnEpfOps {
+    /* Raise interrupt @vector of @port (< the count it configured). */
+    void (*signal)(void *opaque, unsigned port, uint32_t vector);
+    /* A DMA by @port's function at @addr of its host (through its IOMMU): 0, or -errno
+     * when nothing is there. */
+    int (*dma_read)(void *opaque, unsigned port, uint64_t addr, void *buf, uint32_t len);
+    int (*dma_write)(void *opaque, unsigned port, uint64_t addr, const void *buf,
+                     uint32_t len);
+    /* Optional: may @port's function master the bus now (its Bus Master Enable)? */
+    bool (*bus_master)(void *opaque, unsigned port);
+} VnEpfOps;
+
+/* Names the missing required member in @error. */
+bool vn_epf_ops_valid(const VnEpfOps *ops, GError **error);
+
+/* Counters of one port. */
+typedef struct VnEpfStats {
+    uint64_t commands;          /* commands run (OK or not) */
+    uint64_t command_errors;
+    uint64_t doorbells;         /* doorbells this port rang on its peer */
+    uint64_t doorbells_lost;    /* rung at a vector the peer had not configured */
+    uint64_t window_reads;      /* accesses through this port's window ... */
+    uint64_t window_writes;
+    uint64_t window_faults;     /* ... that reached nothing (no translation, outside it,
+                                 * the peer absent or not mastering, or the DMA failed) */
+    uint64_t link_events;       /* link interrupts raised on this port */
+} VnEpfStats;
+
+typedef struct VnEpf VnEpf;
+
+/* A pair of ports whose windows are @window_size bytes (a power of two within
+ * VN_EPF_MIN_WINDOW..VN_EPF_MAX_WINDOW).  Both ports start disconnected. */
+VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GError **error);
+void vn_epf_free(VnEpf *epf);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnEpf, vn_epf_free)
+
+uint64_t vn_epf_window_size(VnEpf *epf);
+
+/* A host is there (its client connected) or gone.  Gone resets the port. */
+void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected);
+/* Power-on state of @port's registers, scratchpads, doorbells and translation (a reset or
+ * an FLR of its function); the link goes down if it was up. */
+void vn_epf_reset(VnEpf *epf, unsigned port);
+
+/* BAR0: any size 1..VN_EPF_MAX_ACCESS at any offset inside VN_EPF_CTRL_SIZE.
+ * 0, or -EINVAL outside. */
+int vn_epf_ctrl_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
+int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                      uint32_t len);
+/* BAR2: writes ring, reads return 0. */
+int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
+int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                    uint32_t len);
+/* BAR4: an access through @port's window (see above).  0 even when it reached nothing (a
+ * read then sees all ones); -EINVAL outside the BAR or larger than VN_EPF_MAX_ACCESS. */
+int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
+int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
+                        uint32_t len);
+
+bool vn_epf_link_up(VnEpf *epf);
+void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out);
+
+#endif /* VN_EPF_H */

@@ -1,0 +1,45 @@
+/*
+ * The simulated NTB (epf.h) as two vfio-user devices, one per port: each port's config space
+ * (pcicfg.h: vendor:device and class that ntb_hw_epf binds to, MSI-X in BAR1), its regions
+ * and the VnDeviceOps that the server engine calls.  Window accesses become DMA in the peer
+ * port's client's memory: the DMA table its QEMU filled, which follows that guest's IOMMU
+ * (QEMU maps what the guest's IOMMU maps for the device), so the peer's translation is the
+ * peer host's own, as an NTB's inbound translation is.
+ *
+ * Regions of each port: BAR0 (control, VN_EPF_CTRL_SIZE), BAR1 (MSI-X table and PBA: QEMU
+ * emulates the table; we keep the storage), BAR2 (doorbells), BAR4 (the window), CONFIG.
+ * All trapped: a window's target changes whenever the peer reprograms its translation.
+ * Irqs: INTx 1 (never raised), MSI-X VN_EPF_MAX_VECTORS, ERR 1 (as vfio-pci reports).
+ *
+ * Threads: everything runs in the servers' GMainContext (one for both ports).
+ */
+#ifndef VN_NTBDEV_H
+#define VN_NTBDEV_H
+
+#include "epf.h"
+#include "vfio-user/server.h"
+
+#include <glib.h>
+
+typedef struct VnNtbDev VnNtbDev;
+
+/* Both ports, windows of @window_size bytes (vn_epf_new's bounds). */
+VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error);
+void vn_ntbdev_free(VnNtbDev *d);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbDev, vn_ntbdev_free)
+
+/* What to give vn_server_new() for either port (the same for both), with
+ * vn_ntbdev_port(d, port) as the opaque of vn_ntbdev_ops. */
+const VnDeviceInfo *vn_ntbdev_info(VnNtbDev *d);
+void *vn_ntbdev_port(VnNtbDev *d, unsigned port);
+extern const VnDeviceOps vn_ntbdev_ops;
+
+/* Give @port its server's DMA and irq tables (borrowed: the server outlives the device's
+ * use of them; detach with NULL before freeing the server). */
+void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server);
+
+VnEpf *vn_ntbdev_epf(VnNtbDev *d);
+/* Both ports' counters and the link as JSON; g_free it. */
+char *vn_ntbdev_stats_json(VnNtbDev *d);
+
+#endif /* VN_NTBDEV_H */
