@@ -13,7 +13,7 @@ What each host does, in order:
   it wrote, and finds in its own buffer what the peer wrote;
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
-- host a powers off; host b measures how long until its link goes down.
+- our module, vfio_ntb: see ntb_kmod.py (which ends with host a's VM killed).
 """
 import argparse
 import os
@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import ntb_kmod
 
 SHARE = Path("/tmp/share")
 NTB_ID = ("0x1957", "0x0809")
@@ -187,20 +189,6 @@ def perf(role, mods, bdf):
     rmmod("ntb_perf")
 
 
-def peer_lost(role, mods, bdf):
-    """a powers off; b sees its link go down."""
-    insmod(mods, "ntb_tool")
-    d = Path("/sys/kernel/debug/ntb_tool") / bdf
-    wait_path(d / "link")
-    write(d / "link", "Y")
-    write(d / "peer0" / "link_event", "Y", timeout=120)
-    barrier(role, "relinked")
-    if role == "b":
-        t0 = time.monotonic()
-        write(d / "peer0" / "link_event", "N", timeout=120)
-        fact(link_down_after_s=round(time.monotonic() - t0, 2))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modules", required=True)
@@ -213,7 +201,8 @@ def main():
         tool(a.role, mods, bdf)
         pingpong(a.role, mods, bdf)
         perf(a.role, mods, bdf)
-        peer_lost(a.role, mods, bdf)
+        fd = ntb_kmod.run(a.role, mods, bdf, barrier, SHARE, fact)
+        ntb_kmod.peer_killed(a.role, fd, barrier, SHARE, fact)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
         fact(error=f"{type(e).__name__}:{str(e)[:200]}")
         return 1

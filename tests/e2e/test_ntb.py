@@ -9,7 +9,13 @@ says what each host does).  What a user would check:
   each host's doorbell rung by the other, 4 KiB written through each host's window landing
   in the buffer the other host allocated for it (and read back through the window);
   ntb_pingpong bounced at least 10 times each way; ntb_perf copied through the window and
-  printed its throughput; when one VM powers off, the other's link goes down.
+  printed its throughput.
+- ntb-kmod: our module (vfio-ntb/kmod/) on the same pair (ntb_kmod.py): each host's window
+  mmap'd and written both ways, one host's target its own pinned pages (export through its
+  IOMMU), the other's a buffer of the module's; doorbells as eventfds; a table of bad
+  arguments each refused with its errno; the module unloads once the device is closed; when
+  host a's VM is killed, b's link eventfd fires within 1 s, its link reads down, its window
+  all ones, and the module unloads there too.
 """
 import json
 import os
@@ -22,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 1
+EXPECTED_RESULTS = 2
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -64,38 +70,64 @@ def main():
                  for i, r in enumerate("ab")}
         for lh in hosts.values():
             lh.start()
+        # Host b asks for host a's VM to be killed (the peer lost, as a crash loses it).
+        deadline = time.monotonic() + 900
+        while not (share / "kill-a").exists() and time.monotonic() < deadline and \
+                all(lh.proc.poll() is None for lh in hosts.values()):
+            time.sleep(0.1)
+        if (share / "kill-a").exists():
+            hosts["a"].proc.kill()
+            (share / "killed-a").write_text("")
         seen = {}
         for r, lh in hosts.items():
             try:
                 seen[r] = facts(lh.finish())
             except (h.HarnessError, TimeoutError, OSError) as e:
-                print(f"host {r}: {e}", file=sys.stderr)
-                seen[r] = {"error": str(e).splitlines()[0][:100]}
+                # Host a is killed: what it printed until then is its part.
+                seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
+                if r != "a" or "kill-a" not in os.listdir(share):
+                    print(f"host {r}: {e}", file=sys.stderr)
+                    seen[r].setdefault("error", str(e).splitlines()[0][:100])
         os.kill(sim.pid, signal.SIGUSR1)
         h.wait_for(stats.exists, 5)
         counters = json.loads(stats.read_text()) if stats.exists() else {}
         procs.stop(sim)
     a, b = seen["a"], seen["b"]
+    p0, p1 = counters.get("port0", {}), counters.get("port1", {})
 
     def both(key, want="True"):
         return a.get(key) == want and b.get(key) == want
-    ok = (both("driver", "ntb_hw_epf") and both("iommu_domain", "DMA") and both("spad_ok")
-          and both("doorbell_ok") and both("window_readback_ok") and both("window_inbound_ok")
-          and min(int(a.get("pingpong_count", 0)), int(b.get("pingpong_count", 0))) >= 10
-          and a.get("perf_ok") == "True" and "link_down_after_s" in b
-          and both("done"))
-    p0, p1 = counters.get("port0", {}), counters.get("port1", {})
-    return h.result("ntb-linux-clients", ok, driver=a.get("driver"),
-                    iommu=a.get("iommu_domain"), link_up_s=a.get("link_up_s"),
-                    spads=f"{a.get('spad_ok')},{b.get('spad_ok')}",
-                    doorbells=f"{a.get('doorbell_ok')},{b.get('doorbell_ok')}",
-                    windows=f"{a.get('window_inbound_ok')},{b.get('window_inbound_ok')}",
-                    pingpong=f"{a.get('pingpong_count')},{b.get('pingpong_count')}",
-                    perf=a.get("perf", "-"), link_down_after_s=b.get("link_down_after_s"),
-                    window_writes=p0.get("window_writes", 0) + p1.get("window_writes", 0),
-                    window_faults=p0.get("window_faults", 0) + p1.get("window_faults", 0),
-                    error=a.get("error") or b.get("error") or "-")
-
+    ok = h.result("ntb-linux-clients",
+                  both("driver", "ntb_hw_epf") and both("iommu_domain", "DMA") and
+                  both("spad_ok") and both("doorbell_ok") and both("window_readback_ok") and
+                  both("window_inbound_ok") and
+                  min(int(a.get("pingpong_count", 0)), int(b.get("pingpong_count", 0))) >= 10
+                  and a.get("perf_ok") == "True",
+                  driver=a.get("driver"), iommu=a.get("iommu_domain"),
+                  link_up_s=a.get("link_up_s"),
+                  spads=f"{a.get('spad_ok')},{b.get('spad_ok')}",
+                  doorbells=f"{a.get('doorbell_ok')},{b.get('doorbell_ok')}",
+                  windows=f"{a.get('window_inbound_ok')},{b.get('window_inbound_ok')}",
+                  pingpong=f"{a.get('pingpong_count')},{b.get('pingpong_count')}",
+                  perf=a.get("perf", "-"),
+                  window_writes=p0.get("window_writes", 0) + p1.get("window_writes", 0),
+                  window_faults=p0.get("window_faults", 0) + p1.get("window_faults", 0),
+                  error=a.get("error") or b.get("error") or "-")
+    down_s = b.get("kmod_link_down_s", "none")
+    return ok & h.result(
+        "ntb-kmod",
+        both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
+        both("kmod_unloaded") and b.get("kmod_bad_args_wrong") == "none" and
+        int(b.get("kmod_bad_args", 0)) >= 20 and down_s != "none" and float(down_s) < 1.0
+        and b.get("kmod_link_down") == "True" and b.get("kmod_window_all_ones") == "True"
+        and b.get("kmod_unloaded_after_loss") == "True" and b.get("done") == "True",
+        info=a.get("kmod_info"), export_dma=a.get("kmod_export_dma"),
+        windows=f"{a.get('kmod_inbound_ok')},{b.get('kmod_inbound_ok')}",
+        doorbells=f"{a.get('kmod_doorbell_ok')},{b.get('kmod_doorbell_ok')}",
+        bad_args=b.get("kmod_bad_args"), bad_args_wrong=b.get("kmod_bad_args_wrong"),
+        unloaded=f"{a.get('kmod_unloaded')},{b.get('kmod_unloaded')}",
+        link_down_s=down_s, window_all_ones=b.get("kmod_window_all_ones"),
+        error=a.get("error") or b.get("error") or "-")
 
 if __name__ == "__main__":
     sys.exit(0 if main() else 1)

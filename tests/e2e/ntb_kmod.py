@@ -1,0 +1,292 @@
+"""Our NTB client module, vfio_ntb (vfio-ntb/kmod/), in each NTB host of test_ntb.py (run
+from ntb_inner.py, after Linux's own clients).  Drives /dev/vfio-ntb/<bdf> as vfio-ntbd
+will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
+
+- Host a exports 64 KiB of its own memory (pinned user pages, VN_NTB_MW_EXPORT) as the
+  target of b's window; host b gives a's window a buffer of the module's (VN_NTB_MW_ALLOC,
+  mmap'd).  Each maps its outbound window (mmap) and writes a pattern through it, reads it
+  back through it, and finds the other's pattern in its own target.
+- Doorbells: each registers an eventfd for one bit; the other rings it; the eventfd fires
+  and the bit is cleared.
+- Host b tries a table of bad arguments; each is refused with the errno it names, and a
+  second open is EBUSY, a window is not torn down while mapped (EBUSY).
+- Both close the device; the module unloads (nothing held).  Then they reopen it, bring the
+  link up again with a link eventfd, and host a's VM is killed (by test_ntb.py): b's
+  eventfd fires, the link reads down, and b's window reads all ones.
+"""
+import errno
+import fcntl
+import mmap
+import os
+import select
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+# vfio_ntb_uapi.h
+TYPE = 0xb7
+MAX_MWS = 8
+INFO_FMT = "<IIiiIIIIQ"               # argsz flags port peer_port mw peer_mw spad res db
+MW_INFO_FMT = "<IIQQQQQQQ"            # argsz index out_size out_off align salign max in_off in_size
+SPAD_FMT = "<II"
+DB_EV_FMT = "<iIQ"
+EXPORT_FMT = "<IIQQQ"                 # index res vaddr size dma
+ALLOC_FMT = "<IIQ"
+BAR_FMT = "<IHBBIIQQQ"                # index domain bus devfn bar res offset size dma
+MMAP_OUT, MMAP_IN = 1, 2
+BUF = 65536
+
+
+def _ioc(direction, nr, size):
+    return (direction << 30) | (size << 16) | (TYPE << 8) | nr
+
+
+def IOWR(nr, fmt):
+    return _ioc(3, nr, struct.calcsize(fmt))
+
+
+def IOW(nr, fmt):
+    return _ioc(1, nr, struct.calcsize(fmt))
+
+
+def IOR(nr, fmt):
+    return _ioc(2, nr, struct.calcsize(fmt))
+
+
+INFO = IOWR(0, INFO_FMT)
+MW_INFO = IOWR(1, MW_INFO_FMT)
+LINK = IOW(2, "<I")
+LINK_EVENTFD = IOW(3, "<i")
+SPAD_READ = IOWR(4, SPAD_FMT)
+SPAD_WRITE = IOW(5, SPAD_FMT)
+PEER_SPAD_READ = IOWR(6, SPAD_FMT)
+PEER_SPAD_WRITE = IOW(7, SPAD_FMT)
+PEER_DB_SET = IOW(8, "<Q")
+DB_EVENTFD = IOW(9, DB_EV_FMT)
+DB_READ = IOR(10, "<Q")
+MW_EXPORT = IOWR(11, EXPORT_FMT)
+MW_ALLOC = IOW(12, ALLOC_FMT)
+MW_EXPORT_BAR = IOWR(13, BAR_FMT)
+MW_CLEAR = IOW(14, "<I")
+
+
+def mmap_offset(kind, index):
+    return (kind << 56) | (index << 48)
+
+
+def call(fd, req, fmt, *args):
+    """One ioctl with a struct packed from @args; the struct as the module left it."""
+    buf = bytearray(struct.pack(fmt, *args))
+    fcntl.ioctl(fd, req, buf, True)
+    return struct.unpack(fmt, bytes(buf))
+
+
+def errno_of(fn):
+    try:
+        fn()
+        return 0
+    except OSError as e:
+        return e.errno
+
+
+def info(fd):
+    return call(fd, INFO, INFO_FMT, struct.calcsize(INFO_FMT), 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def mw_info(fd, idx):
+    return call(fd, MW_INFO, MW_INFO_FMT, struct.calcsize(MW_INFO_FMT), idx, 0, 0, 0, 0, 0,
+                0, 0)
+
+
+def wait_fd(fd, timeout):
+    """True when @fd became readable within @timeout s (and its count read)."""
+    if not select.select([fd], [], [], timeout)[0]:
+        return False
+    os.read(fd, 8)
+    return True
+
+
+def link_up(fd, timeout=60):
+    call(fd, LINK, "<I", 1)
+    deadline = time.monotonic() + timeout
+    while not info(fd)[1] & 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError("vfio_ntb: the link did not come up")
+        time.sleep(0.05)
+
+
+def bad_arguments(fd, dev, spads, in_max):
+    """(what, errno got, errno wanted) for each bad call; the module must refuse each."""
+    not_eventfd = os.open("/dev/null", os.O_RDONLY)
+    rows = [
+        ("info argsz 0", lambda: call(fd, INFO, INFO_FMT, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+         errno.EINVAL),
+        ("mw_info index 99", lambda: call(fd, MW_INFO, MW_INFO_FMT,
+                                          struct.calcsize(MW_INFO_FMT), 99, 0, 0, 0, 0, 0, 0, 0),
+         errno.EINVAL),
+        ("spad past the last", lambda: call(fd, SPAD_READ, SPAD_FMT, spads, 0), errno.EINVAL),
+        ("peer spad 2^32-1", lambda: call(fd, PEER_SPAD_WRITE, SPAD_FMT, 0xffffffff, 1),
+         errno.EINVAL),
+        ("peer doorbell 0", lambda: call(fd, PEER_DB_SET, "<Q", 0), errno.EINVAL),
+        ("peer doorbell bit 63", lambda: call(fd, PEER_DB_SET, "<Q", 1 << 63), errno.EINVAL),
+        ("doorbell eventfd -5", lambda: call(fd, DB_EVENTFD, DB_EV_FMT, -5, 0, 1), errno.EINVAL),
+        ("doorbell eventfd, no bits", lambda: call(fd, DB_EVENTFD, DB_EV_FMT, -1, 0, 0),
+         errno.EINVAL),
+        ("doorbell eventfd not an eventfd",
+         lambda: call(fd, DB_EVENTFD, DB_EV_FMT, not_eventfd, 0, 1), errno.EINVAL),
+        ("doorbell eventfd removed twice", lambda: call(fd, DB_EVENTFD, DB_EV_FMT, -1, 0, 0x4),
+         errno.ENOENT),
+        ("link 7", lambda: call(fd, LINK, "<I", 7), errno.EINVAL),
+        ("link eventfd -2", lambda: call(fd, LINK_EVENTFD, "<i", -2), errno.EINVAL),
+        ("export unaligned", lambda: call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, 0x1001, 4096, 0),
+         errno.EINVAL),
+        ("export 0 bytes", lambda: call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, 0x10000, 0, 0),
+         errno.EINVAL),
+        ("export unmapped memory", lambda: call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, 0x10000,
+                                                4096, 0), errno.EFAULT),
+        ("export wrapping around", lambda: call(fd, MW_EXPORT, EXPORT_FMT, 0, 0,
+                                                (1 << 64) - 4096, 8192, 0), errno.EINVAL),
+        ("alloc window 9", lambda: call(fd, MW_ALLOC, ALLOC_FMT, 9, 0, 4096), errno.EINVAL),
+        ("alloc beyond the window", lambda: call(fd, MW_ALLOC, ALLOC_FMT, 0, 0, in_max * 2),
+         errno.EINVAL),
+        ("BAR 7", lambda: call(fd, MW_EXPORT_BAR, BAR_FMT, 0, 0, 0, 8, 7, 0, 0, 4096, 0),
+         errno.EINVAL),
+        ("BAR of no device", lambda: call(fd, MW_EXPORT_BAR, BAR_FMT, 0, 0xfffe, 0xff, 0xff, 0,
+                                          0, 0, 4096, 0), errno.ENODEV),
+        ("clear window 8", lambda: call(fd, MW_CLEAR, "<I", 8), errno.EINVAL),
+        ("unknown command", lambda: fcntl.ioctl(fd, _ioc(0, 63, 0)), errno.ENOTTY),
+        ("mmap of kind 3", lambda: mmap.mmap(fd, 4096, offset=mmap_offset(3, 0)), errno.EINVAL),
+        ("mmap past the window", lambda: mmap.mmap(fd, in_max * 2,
+                                                  offset=mmap_offset(MMAP_OUT, 0)),
+         errno.EINVAL),
+        ("mmap private", lambda: mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE,
+                                          offset=mmap_offset(MMAP_OUT, 0)), errno.EINVAL),
+        ("a second open", lambda: os.close(os.open(dev, os.O_RDWR)), errno.EBUSY),
+    ]
+    out = [(what, errno_of(fn), want) for what, fn, want in rows]
+    os.close(not_eventfd)
+    return out
+
+
+def data_and_doorbells(role, fd, barrier, share, fact):
+    other = "b" if role == "a" else "a"
+    mi = mw_info(fd, 0)
+    out_size, out_off, in_max = mi[2], mi[3], mi[6]
+    # Our target for the peer's window.
+    if role == "a":
+        buf = mmap.mmap(-1, BUF)
+        buf[:8] = b"pinned!!"               # touch it: pinning needs pages
+        addr = _address_of(buf)
+        _, _, _, _, dma = call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, addr, BUF, 0)
+        target = buf
+        fact(kmod_export_dma=hex(dma))
+    else:
+        call(fd, MW_ALLOC, ALLOC_FMT, 0, 0, BUF)
+        in_off = mw_info(fd, 0)[7]
+        target = mmap.mmap(fd, BUF, offset=in_off)
+    barrier(role, "kmod-targets")
+    window = mmap.mmap(fd, min(BUF, out_size), offset=out_off)
+    pattern = role.encode() * 64 + os.urandom(4096 - 64)
+    t0 = time.monotonic()
+    window[:4096] = pattern
+    fact(kmod_window_write_s=round(time.monotonic() - t0, 2))
+    fact(kmod_readback_ok=window[:4096] == pattern)
+    (share / f"kpattern-{role}").write_bytes(pattern)
+    barrier(role, "kmod-written")
+    fact(kmod_inbound_ok=target[:4096] == (share / f"kpattern-{other}").read_bytes())
+
+    # Doorbells: a listens on bit 0 and b rings it; then b listens on bit 1 and a rings it.
+    ev = os.eventfd(0, os.EFD_NONBLOCK)
+    mine = 0x1 if role == "a" else 0x2
+    call(fd, DB_EVENTFD, DB_EV_FMT, ev, 0, mine)
+    barrier(role, "kmod-db-ready")
+    call(fd, PEER_DB_SET, "<Q", 0x2 if role == "a" else 0x1)
+    rung = wait_fd(ev, 20)
+    left = call(fd, DB_READ, "<Q", 0)[0]
+    fact(kmod_doorbell_ok=rung and not left & mine)
+    call(fd, DB_EVENTFD, DB_EV_FMT, -1, 0, mine)
+    os.close(ev)
+    barrier(role, "kmod-db-done")
+    return window, target, in_max
+
+
+def _address_of(m):
+    """The address of an mmap object's memory (ctypes reads it from the buffer)."""
+    import ctypes
+    return ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def run(role, mods, bdf, barrier, share, fact):
+    """The whole kmod phase; returns the open fd of the relinked device for the kill."""
+    subprocess.run(["insmod", str(mods / "vfio_ntb.ko")], check=True)
+    dev = f"/dev/vfio-ntb/{bdf}"
+    deadline = time.monotonic() + 10
+    while not os.path.exists(dev):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{dev} did not appear")
+        time.sleep(0.05)
+    fd = os.open(dev, os.O_RDWR)
+    i = info(fd)
+    fact(kmod_info=f"mw={i[4]},peer_mw={i[5]},spads={i[6]},db=0x{i[8]:x}")
+    link_up(fd)
+    barrier(role, "kmod-linked")
+    window, target, in_max = data_and_doorbells(role, fd, barrier, share, fact)
+    if role == "b":
+        # A window is not torn down under a mapping; unmapped, it is; then the table of
+        # bad calls, with window 0 free (so that each reaches the check it is about).
+        rows = [("clear while mapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)),
+                 errno.EBUSY)]
+        target.close()
+        rows.append(("clear once unmapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)), 0))
+        rows += bad_arguments(fd, dev, i[6], in_max)
+        wrong = [f"{w}:{got}!={want}" for w, got, want in rows if got != want]
+        fact(kmod_bad_args=len(rows), kmod_bad_args_wrong=";".join(wrong) or "none")
+    else:
+        target.close()
+    window.close()
+    os.close(fd)
+    barrier(role, "kmod-closed")
+    r = subprocess.run(["rmmod", "vfio_ntb"], capture_output=True, text=True)
+    fact(kmod_unloaded=r.returncode == 0)
+    subprocess.run(["insmod", str(mods / "vfio_ntb.ko")], check=True)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(dev):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{dev} did not come back")
+        time.sleep(0.05)
+    fd = os.open(dev, os.O_RDWR)
+    link_up(fd)
+    return fd
+
+
+def peer_killed(role, fd, barrier, share, fact):
+    """b: the link eventfd fires when a's VM is killed (test_ntb.py kills it once b says
+    it waits); the link then reads down and the window all ones.  a: waits to be killed."""
+    barrier(role, "kmod-relinked")
+    if role == "a":
+        time.sleep(600)
+        return
+    ev = os.eventfd(0, os.EFD_NONBLOCK)
+    call(fd, LINK_EVENTFD, "<i", ev)
+    window = mmap.mmap(fd, 4096, offset=mw_info(fd, 0)[3])
+    (share / "kill-a").write_text("")
+    marker = share / "killed-a"
+    seen = fired = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and fired is None:
+        if seen is None and marker.exists():
+            seen = time.monotonic()
+        if select.select([ev], [], [], 0.02)[0]:
+            fired = time.monotonic()
+    if seen is None and marker.exists():
+        seen = time.monotonic()
+    down = not info(fd)[1] & 1
+    ones = window[:8] == b"\xff" * 8
+    fact(kmod_link_down_s=round(max(0.0, fired - seen), 2) if fired and seen else "none",
+         kmod_link_down=down, kmod_window_all_ones=ones)
+    window.close()
+    os.close(ev)
+    os.close(fd)
+    r = subprocess.run(["rmmod", "vfio_ntb"], capture_output=True, text=True)
+    fact(kmod_unloaded_after_loss=r.returncode == 0)

@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/*
+ * The interface of the vfio_ntb kernel module (vfio-ntb/kmod/vfio_ntb.c) to userspace: one
+ * character device per NTB device, /dev/vfio-ntb/<its PCI name>, for the host's vfio-ntbd.
+ *
+ * What it gives, all through Linux's NTB API (so every NTB hardware driver Linux has works):
+ *   - the device's shape (VN_NTB_INFO, VN_NTB_MW_INFO): windows, scratchpads, doorbells;
+ *   - the link: enable/disable, its state, an eventfd signalled at each change;
+ *   - scratchpads, ours and the peer's;
+ *   - doorbells: ring the peer's; eventfds signalled when ours are rung;
+ *   - outbound windows mapped into the caller (mmap at VN_NTB_MW_INFO's offset): device
+ *     memory (VM_IO | VM_PFNMAP), so VFIO's type1 IOMMU driver can map it for a device;
+ *   - inbound windows: what the peer's window reaches here.  Three kinds of target:
+ *     the caller's own pages (VN_NTB_MW_EXPORT: pinned, mapped for the NTB's DMA device so
+ *     that they are contiguous behind the IOMMU), a buffer of the module's (VN_NTB_MW_ALLOC,
+ *     mmap-able), or a BAR of a local PCI function (VN_NTB_MW_EXPORT_BAR: the peer then
+ *     reaches that device's registers, peer to peer).
+ *
+ * One process at a time may open a device (a second open is EBUSY).  Everything it set up
+ * goes when it closes the file: translations cleared, pages unpinned, eventfds released.
+ * A window is never torn down while it is mapped (EBUSY); when the NTB device goes away
+ * (hot removal, module unload), the mappings are zapped and every call answers ENODEV.
+ *
+ * Every argument is checked: indexes against the device's counts, sizes against its
+ * alignment and maximum, argsz against the structure (EINVAL otherwise).
+ */
+#ifndef VFIO_NTB_UAPI_H
+#define VFIO_NTB_UAPI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define VN_NTB_TYPE 0xb7
+
+/* Bounds on what one device can have; a device reporting more is refused at probe. */
+#define VN_NTB_MAX_MWS 8
+#define VN_NTB_MAX_SPADS 256
+#define VN_NTB_MAX_DB_EVENTFDS 64
+
+/* Link state in vn_ntb_info.flags. */
+#define VN_NTB_INFO_LINK_UP (1u << 0)
+
+struct vn_ntb_info {
+    __u32 argsz;            /* in: sizeof(struct vn_ntb_info) */
+    __u32 flags;            /* VN_NTB_INFO_* */
+    __s32 port;             /* ntb_port_number() */
+    __s32 peer_port;        /* ntb_peer_port_number(0) */
+    __u32 mw_count;         /* inbound windows (ntb_mw_count) */
+    __u32 peer_mw_count;    /* outbound windows (ntb_peer_mw_count) */
+    __u32 spad_count;
+    __u32 reserved;
+    __u64 db_valid_mask;
+};
+
+struct vn_ntb_mw_info {
+    __u32 argsz;            /* in: sizeof(struct vn_ntb_mw_info) */
+    __u32 index;            /* in: window index */
+    /* Outbound (ours, to the peer): 0 size when index >= peer_mw_count. */
+    __u64 out_size;         /* bytes of the window (ntb_peer_mw_get_addr) */
+    __u64 out_mmap_offset;  /* mmap() it at this offset */
+    /* Inbound (the peer's, to us): 0 when index >= mw_count. */
+    __u64 in_addr_align;    /* ntb_mw_get_align() */
+    __u64 in_size_align;
+    __u64 in_size_max;
+    __u64 in_mmap_offset;   /* the VN_NTB_MW_ALLOC buffer, when there is one */
+    __u64 in_size;          /* the translation's size now; 0: none */
+};
+
+struct vn_ntb_spad {
+    __u32 index;
+    __u32 value;            /* in for writes, out for reads */
+};
+
+struct vn_ntb_db_eventfd {
+    __s32 fd;               /* an eventfd; -1 removes the registration of @bits */
+    __u32 reserved;
+    __u64 bits;             /* signalled (and those bits cleared) when any of them rings */
+};
+
+struct vn_ntb_mw_export {
+    __u32 index;            /* inbound window */
+    __u32 reserved;
+    __u64 vaddr;            /* page-aligned memory of the caller */
+    __u64 size;             /* a multiple of the page size, within in_size_max */
+    __u64 dma_addr;         /* out: where the NTB's DMA device sees it */
+};
+
+struct vn_ntb_mw_alloc {
+    __u32 index;
+    __u32 reserved;
+    __u64 size;             /* within in_size_max; rounded up to the alignment */
+};
+
+struct vn_ntb_mw_export_bar {
+    __u32 index;            /* inbound window */
+    __u16 domain;           /* the local PCI function */
+    __u8 bus;
+    __u8 devfn;
+    __u32 bar;              /* 0..5, a memory BAR */
+    __u32 reserved;
+    __u64 offset;           /* into the BAR, aligned as in_addr_align */
+    __u64 size;             /* within the BAR and in_size_max */
+    __u64 dma_addr;         /* out */
+};
+
+#define VN_NTB_INFO _IOWR(VN_NTB_TYPE, 0, struct vn_ntb_info)
+#define VN_NTB_MW_INFO _IOWR(VN_NTB_TYPE, 1, struct vn_ntb_mw_info)
+#define VN_NTB_LINK _IOW(VN_NTB_TYPE, 2, __u32)             /* 1: enable, 0: disable */
+#define VN_NTB_LINK_EVENTFD _IOW(VN_NTB_TYPE, 3, __s32)     /* -1 removes it */
+#define VN_NTB_SPAD_READ _IOWR(VN_NTB_TYPE, 4, struct vn_ntb_spad)
+#define VN_NTB_SPAD_WRITE _IOW(VN_NTB_TYPE, 5, struct vn_ntb_spad)
+#define VN_NTB_PEER_SPAD_READ _IOWR(VN_NTB_TYPE, 6, struct vn_ntb_spad)
+#define VN_NTB_PEER_SPAD_WRITE _IOW(VN_NTB_TYPE, 7, struct vn_ntb_spad)
+#define VN_NTB_PEER_DB_SET _IOW(VN_NTB_TYPE, 8, __u64)
+#define VN_NTB_DB_EVENTFD _IOW(VN_NTB_TYPE, 9, struct vn_ntb_db_eventfd)
+#define VN_NTB_DB_READ _IOR(VN_NTB_TYPE, 10, __u64)
+#define VN_NTB_MW_EXPORT _IOWR(VN_NTB_TYPE, 11, struct vn_ntb_mw_export)
+#define VN_NTB_MW_ALLOC _IOW(VN_NTB_TYPE, 12, struct vn_ntb_mw_alloc)
+#define VN_NTB_MW_EXPORT_BAR _IOWR(VN_NTB_TYPE, 13, struct vn_ntb_mw_export_bar)
+#define VN_NTB_MW_CLEAR _IOW(VN_NTB_TYPE, 14, __u32)        /* an inbound window's target */
+
+/* mmap offsets: kind in bits 56-59, window index in bits 48-55, then the offset into the
+ * window (page-aligned). */
+#define VN_NTB_MMAP_OUT 1ull
+#define VN_NTB_MMAP_IN 2ull
+#define VN_NTB_MMAP_OFFSET(kind, index) (((kind) << 56) | ((__u64)(index) << 48))
+
+#endif /* VFIO_NTB_UAPI_H */
