@@ -148,6 +148,10 @@ class LenderHost:
 
     def start(self):
         """Boot it; the inner script runs at once (finish() waits for it)."""
+        if Path("/tmp") in h.REPO.parents:
+            # The VM sees the machine's root with a tmpfs of its own on /tmp.
+            raise h.HarnessError(f"the checkout ({h.REPO}) is under /tmp, which the lender "
+                                 "host VM does not see: clone it elsewhere")
         # With a role, the one script of a shared directory picks its own line.
         role = "$(sed -n 's/.* vn[.]role=\\([a-z0-9]*\\).*/\\1/p' /proc/cmdline)"
         out = f"/tmp/share/inner-{role}.log" if self.role else "/tmp/share/inner.log"
