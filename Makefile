@@ -39,7 +39,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: modules all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: modules install-modules all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -157,6 +157,17 @@ qemu:
 modules:
 	@scripts/build-ntb-modules
 
+# Those modules (and ours, vfio_ntb) into /lib/modules/RELEASE/updates/vfio-ntb, which the
+# kernel prefers, then depmod: what DKMS would do, for one kernel (docs/ntb.md says how to
+# redo it after a kernel upgrade).  KERNEL_RELEASE picks another kernel than the default.
+install-modules:
+	@d=$$(scripts/build-ntb-modules $(if $(KERNEL_RELEASE),--release $(KERNEL_RELEASE))) && \
+	rel=$$(cat "$$d/release") && \
+	install -d "$(DESTDIR)/lib/modules/$$rel/updates/vfio-ntb" && \
+	install -m 0644 "$$d"/*.ko "$(DESTDIR)/lib/modules/$$rel/updates/vfio-ntb/" && \
+	if [ -z "$(DESTDIR)" ]; then depmod -a "$$rel"; fi && \
+	echo "installed $$(ls "$$d"/*.ko | wc -l) modules for $$rel"
+
 check-unit: all
 	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS)
 
@@ -236,6 +247,8 @@ install: $(PROGS)
 	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
 	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(PREFIX)/include/vfio-ntb
+	install -m 0644 vfio-ntb/kmod/vfio_ntb_uapi.h $(DESTDIR)$(PREFIX)/include/vfio-ntb/
 
 clean:
 	rm -rf $(B)
