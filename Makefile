@@ -39,13 +39,18 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: modules install-modules all check check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: modules install-modules all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
-$(B)/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
+# Each compile also writes which headers it read (-MMD, a .d beside its output; -MP: a
+# header removed later is no error), so a changed header rebuilds only what includes it.
+DEPFLAGS = -MMD -MP
+-include $(wildcard $(B)/*.d $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
+
+$(B)/%.o: %.c config.mak
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 $(B)/libvfio-ntb.a: $(LIB_OBJS)
 	@rm -f $@
@@ -82,16 +87,15 @@ $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/lib
 $(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
-$(B)/tests/%: tests/unit/%.c $(wildcard tests/unit/*.h) $(B)/libsimdev.a $(B)/libvn-libvirt.a \
-		$(B)/libvfio-ntb.a
+$(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
+	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
 
-$(B)/bench/%: bench/%.c $(wildcard bench/*.h) $(B)/libsimdev.a $(B)/libvfio-ntb.a
+$(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS)
+	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS)
 
 # libFuzzer targets, one per decoder a peer reaches: tests/fuzz/fuzz_NAME.c with its seeds in
 # tests/fuzz/seeds/NAME/.  Each links a clang-built copy (build/fuzz/obj/) of the sources it
@@ -117,13 +121,13 @@ $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
 	$(FUZZ_FABRIC))
 
-$(B)/fuzz/obj/%.o: %.c config.mak $(wildcard vfio-ntb/*/*.h)
+$(B)/fuzz/obj/%.o: %.c config.mak
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
-$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak $(wildcard vfio-ntb/*/*.h) $(wildcard tests/fuzz/*.h)
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
 		$(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
 fuzz: $(FUZZ_BINS)
@@ -170,6 +174,12 @@ install-modules:
 
 check-unit: all
 	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS)
+
+# The edit loop: the unit suites and a short run of each fuzzer (FUZZ_SECONDS, default 2),
+# no guests and no sanitizer builds; `make check` is everything.
+check-fast: all fuzz
+	@FUZZ_SECONDS=$${FUZZ_SECONDS:-2} $(PYTHON) tests/run-checks --unit $(UNIT_BINS) \
+		--fuzz $(FUZZ_BINS)
 
 check-e2e: all testbed
 	@$(PYTHON) tests/run-checks --e2e
