@@ -39,7 +39,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: modules install-modules all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: lint modules install-modules all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 
@@ -222,9 +222,16 @@ coverage:
 	@$(PYTHON) tests/run-checks --unit $(COV_UNIT_BINS) | tail -n 1
 	@$(PYTHON) tests/coverage-report $(COV_B)
 
+# Every shell script (the scripts, configure, the test guests' init), clean under Debian's
+# shellcheck: notes as well as warnings fail it.
+SHELL_SCRIPTS := configure $(wildcard scripts/*) tests/guest/init tests/lender-host/init \
+	libvirt-hooks/qemu.d/vfio-ntb
+lint:
+	shellcheck $(SHELL_SCRIPTS)
+
 # Unit tests (plain, ASan + UBSan, TSan), the fuzzers' bounded runs and the end-to-end tests;
-# ends with "N passed, N failed".
-check: all asan-build tsan-build testbed fuzz
+# ends with "N passed, N failed".  The lint comes first.
+check: lint all asan-build tsan-build testbed fuzz
 	@$(PYTHON) tests/run-checks --unit $(UNIT_BINS) --asan $(ASAN_UNIT_BINS) \
 		--tsan $(TSAN_UNIT_BINS) --fuzz $(FUZZ_BINS) --e2e
 
