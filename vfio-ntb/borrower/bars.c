@@ -175,7 +175,7 @@ uint8_t *vn_borrower_bar_memory(VnBorrower *b, uint32_t index, uint64_t offset, 
 /* Remove [h0, h1) from a region's sparse areas (areas may split in two). */
 static void carve(VnRegion *r, uint64_t h0, uint64_t h1)
 {
-    VnSparseArea out[VN_MAX_SPARSE_AREAS];
+    VnSparseArea out[VN_MAX_SPARSE_AREAS] = { { 0 } };
     uint32_t n = 0;
 
     for (uint32_t a = 0; a < r->nr_sparse; a++) {

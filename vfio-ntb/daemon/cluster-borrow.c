@@ -215,7 +215,7 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
      * this many (announcement_valid()). */
     if (d->borrowed->len >= VN_CONF_MAX_DEVICES) {
         g_autofree char *why = g_strdup_printf("%s holds %u devices, the most one node may",
-                                               d->conf->node, VN_CONF_MAX_DEVICES);
+                                               d->conf->node, (unsigned)VN_CONF_MAX_DEVICES);
 
         finish(p, NULL, VN_ERR_BUSY, why);
         return;

@@ -292,7 +292,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     }
     if ((n = node_announced(d, msg->peer)) == NULL) {
         g_info("node %s: announcement from %s ignored: %u hosts are up already",
-               d->conf->node, msg->peer, VN_FABRIC_MAX_PEERS);
+               d->conf->node, msg->peer, (unsigned)VN_FABRIC_MAX_PEERS);
         return;
     }
     g_free(n->ann);
@@ -520,6 +520,8 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     rv->ld = ld;
     ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, grace_ms, on_grace_over, rv,
                                           g_free);
+    /* @rv is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
 }
 
 void vn_cluster_device_request(void *opaque)

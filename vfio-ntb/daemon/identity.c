@@ -88,7 +88,7 @@ void vn_identity_clean_name(char *name)
 {
     size_t i;
 
-    for (i = 0; name[i] != '\0' && i < VN_IDENTITY_MAX_NAME; i++) {
+    for (i = 0; i < VN_IDENTITY_MAX_NAME && name[i] != '\0'; i++) {
         if (!g_ascii_isprint(name[i])) {
             name[i] = '?';
         }

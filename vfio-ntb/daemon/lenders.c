@@ -66,6 +66,8 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     *again = *lw;
     ld->respawn_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS,
                                            on_respawn, again, g_free);
+    /* @again is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
 }
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
@@ -104,6 +106,8 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
                                              g_free);
     g_message("node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
               ld->worker_pid);
+    /* @lw is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
     return true;
 }
 

@@ -289,6 +289,8 @@ static void start_spawn(Start *st)
                                             cw, g_free);
     st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
     st->timer = g_timeout_add(1, on_start_poll, st);
+    /* @cw is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
 }
 
 /* Its port, then the process. */

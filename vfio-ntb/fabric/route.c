@@ -47,7 +47,7 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
     if (g_hash_table_size(fab->routes) >= VN_FABRIC_MAX_ROUTES) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: already %u interrupt routes exported", fab->node,
-                    VN_FABRIC_MAX_ROUTES);
+                    (unsigned)VN_FABRIC_MAX_ROUTES);
         return 0;
     }
     /* The peer's device signals what we hand out; a pipe or a socket there

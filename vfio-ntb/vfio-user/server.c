@@ -198,8 +198,8 @@ static int handle_version(VnServer *s, const VnWireRequest *req)
 
     if (req->u.version.major != VN_WIRE_VERSION_MAJOR) {
         g_info("socket %s: client speaks vfio-user %u.%u, we speak %u.%u", s->path,
-               req->u.version.major, req->u.version.minor, VN_WIRE_VERSION_MAJOR,
-               VN_WIRE_VERSION_MINOR);
+               req->u.version.major, req->u.version.minor, (unsigned)VN_WIRE_VERSION_MAJOR,
+               (unsigned)VN_WIRE_VERSION_MINOR);
         return reply_error(s, &req->hdr, -ENOTSUP);
     }
     if (!vn_wire_parse_caps(req->u.version.json, &s->caps, &error)) {
