@@ -29,8 +29,7 @@ static int run(VnClient *c, uint64_t *lat, int n)
     for (int i = 0; i < n; i++) {
         uint64_t t0 = vn_util_now_ns();
 
-        if (vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, &v, sizeof(v)) !=
-            sizeof(v)) {
+        if (vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, &v, sizeof(v)) != sizeof(v)) {
             return -1;
         }
         lat[i] = vn_util_now_ns() - t0;
@@ -92,23 +91,25 @@ int main(int argc, char **argv)
         uint64_t a50 = vn_bench_pct(all[0], total, 50), a99 = vn_bench_pct(all[0], total, 99);
         uint64_t b50 = vn_bench_pct(all[1], total, 50), b99 = vn_bench_pct(all[1], total, 99);
 
-        g_string_append_printf(out, "{\"access\":\"REGION_READ config 0x0 4 B\","
+        g_string_append_printf(out,
+                               "{\"access\":\"REGION_READ config 0x0 4 B\","
                                "\"samples_per_round\":%d,\"order\":\"ABBA\","
                                "\"p50_ns\":%" PRIu64 ",\"p99_ns\":%" PRIu64
                                ",\"direct_p50_ns\":%" PRIu64 ",\"direct_p99_ns\":%" PRIu64
-                               ",\"ratio\":%.3f,\"rounds\":[", n, a50, a99, b50, b99,
-                               (double)a50 / (double)MAX(b50, 1));
+                               ",\"ratio\":%.3f,\"rounds\":[",
+                               n, a50, a99, b50, b99, (double)a50 / (double)MAX(b50, 1));
     }
     for (int r = 0; r < rounds; r++) {
-        g_string_append_printf(out, "%s{\"first\":\"%s\",\"p50_ns\":%" PRIu64
+        g_string_append_printf(out,
+                               "%s{\"first\":\"%s\",\"p50_ns\":%" PRIu64
                                ",\"direct_p50_ns\":%" PRIu64 ",\"ratio\":%.3f}",
-                               r ? "," : "", vn_bench_a_first((unsigned)r) ? "forwarded"
-                                                                            : "direct",
-                               p50[0][r], p50[1][r],
-                               (double)p50[0][r] / (double)MAX(p50[1][r], 1));
+                               r ? "," : "", vn_bench_a_first((unsigned)r) ? "forwarded" : "direct",
+                               p50[0][r], p50[1][r], (double)p50[0][r] / (double)MAX(p50[1][r], 1));
     }
-    g_string_append_printf(out, "],\"spread\":%.3f,\"spread_is\":\"max/min of per-round "
-                           "ratios\"}\n", ratio_max / (ratio_min > 0 ? ratio_min : 1));
+    g_string_append_printf(out,
+                           "],\"spread\":%.3f,\"spread_is\":\"max/min of per-round "
+                           "ratios\"}\n",
+                           ratio_max / (ratio_min > 0 ? ratio_min : 1));
     fputs(out->str, stdout);
     g_string_free(out, TRUE);
     for (int s = 0; s < 2; s++) {

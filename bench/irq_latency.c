@@ -49,9 +49,16 @@
 #define RAM_SIZE (64u * 1024u)
 #define QENTRIES 64u
 /* NVMe 1.4 3.1: registers and doorbells (CAP.DSTRD = 0) */
-enum { REG_CC = 0x14, REG_CSTS = 0x1c, REG_AQA = 0x24, REG_ASQ = 0x28, REG_ACQ = 0x30,
-       DB_SQ0 = 0x1000, DB_CQ0 = 0x1004 };
-#define CC_ENABLE (1u | (6u << 16) | (4u << 20))   /* EN, IOSQES 64 B, IOCQES 16 B */
+enum {
+    REG_CC = 0x14,
+    REG_CSTS = 0x1c,
+    REG_AQA = 0x24,
+    REG_ASQ = 0x28,
+    REG_ACQ = 0x30,
+    DB_SQ0 = 0x1000,
+    DB_CQ0 = 0x1004
+};
+#define CC_ENABLE (1u | (6u << 16) | (4u << 20)) /* EN, IOSQES 64 B, IOCQES 16 B */
 #define ADM_KEEP_ALIVE 0x18
 
 typedef struct Side {
@@ -69,15 +76,13 @@ typedef struct Side {
 
 static int fail(const Side *s, const char *what, int err)
 {
-    fprintf(stderr, "irq_latency: %s: %s: %s\n", s->socket, what, g_strerror(err < 0 ? -err
-                                                                                    : err));
+    fprintf(stderr, "irq_latency: %s: %s: %s\n", s->socket, what, g_strerror(err < 0 ? -err : err));
     return -1;
 }
 
 static int cfg_rw(Side *s, uint64_t off, void *buf, uint32_t n, bool write)
 {
-    int ret = write ? vn_client_region_write(s->c, VFIO_PCI_CONFIG_REGION_INDEX, off, buf, n,
-                                             false)
+    int ret = write ? vn_client_region_write(s->c, VFIO_PCI_CONFIG_REGION_INDEX, off, buf, n, false)
                     : vn_client_region_read(s->c, VFIO_PCI_CONFIG_REGION_INDEX, off, buf, n);
 
     return ret < 0 ? ret : 0;
@@ -261,7 +266,7 @@ int main(int argc, char **argv)
         if (side_open(&side[s], total) < 0) {
             return 1;
         }
-        for (unsigned i = 0; i < G_N_ELEMENTS(warm); i++) {     /* warm-up */
+        for (unsigned i = 0; i < G_N_ELEMENTS(warm); i++) { /* warm-up */
             if (one(&side[s], (uint16_t)i, &warm[i], &warm[i]) < 0) {
                 return 1;
             }

@@ -99,13 +99,13 @@ int main(int argc, char **argv)
         for (int j = 0; j < batch; j++) {
             sink ^= reg[0];
         }
-        lat[i] = (vn_util_now_ns() - t0) * 1000 / batch;   /* picoseconds */
+        lat[i] = (vn_util_now_ns() - t0) * 1000 / batch; /* picoseconds */
         (void)sink;
     }
     qsort(lat, (size_t)n, sizeof(lat[0]), cmp_u64);
     printf("{\"where\":\"%s\",\"backend\":\"%s\",\"samples\":%d,\"p50_ns\":%.3f,"
-           "\"p99_ns\":%.3f}\n", argv[a], ops->name, n, lat[n / 2] / 1000.0,
-           lat[(size_t)n * 99 / 100] / 1000.0);
+           "\"p99_ns\":%.3f}\n",
+           argv[a], ops->name, n, lat[n / 2] / 1000.0, lat[(size_t)n * 99 / 100] / 1000.0);
     munmap(map, ri.size);
     close(fd);
     ops->close(dev);

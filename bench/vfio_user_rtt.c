@@ -69,9 +69,10 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < info.num_regions; i++) {
         info.regions[i].mmap_fd = -1;
     }
-    info.regions[0] = (VnRegion){ .size = sizeof(regs), .mmap_fd = -1,
-                                  .flags = VFIO_REGION_INFO_FLAG_READ |
-                                           VFIO_REGION_INFO_FLAG_WRITE };
+    info.regions[0] =
+        (VnRegion){ .size = sizeof(regs),
+                    .mmap_fd = -1,
+                    .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
     loop = g_main_loop_new(ctx, FALSE);
     server = vn_server_new(path, &info, &ops, NULL, ctx, &error);
     if (server == NULL) {
@@ -84,7 +85,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench: %s\n", error->message);
         return 1;
     }
-    for (int i = 0; i < 1000; i++) {   /* warm-up */
+    for (int i = 0; i < 1000; i++) { /* warm-up */
         vn_client_region_read(client, 0, 0, &v, 4);
     }
     t0 = vn_util_now_ns();

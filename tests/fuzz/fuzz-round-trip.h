@@ -32,11 +32,11 @@ static inline int vn_fuzz_round_trip(VnFuzzCodec codec, unsigned n, const uint8_
     if (once != NULL) {
         twice = codec(pick, once, NULL);
         if (twice == NULL || strcmp(once, twice) != 0) {
-            abort();             /* our own encoding must decode to itself */
+            abort(); /* our own encoding must decode to itself */
         }
         g_free(twice);
     } else if (error == NULL) {
-        abort();                 /* a refusal says why */
+        abort(); /* a refusal says why */
     }
     g_clear_error(&error);
     g_free(once);

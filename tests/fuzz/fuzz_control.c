@@ -56,10 +56,8 @@ static const struct {
     VnCommandFn fn;
     const char *const *args;
 } commands[] = {
-    { "query-status", cmd_ok, NULL },
-    { "subscribe-events", cmd_ok, NULL },
-    { "echo", cmd_echo, echo_args },
-    { "fail", cmd_fail, fail_args },
+    { "query-status", cmd_ok, NULL },  { "subscribe-events", cmd_ok, NULL },
+    { "echo", cmd_echo, echo_args },   { "fail", cmd_fail, fail_args },
     { "defer", cmd_defer, echo_args },
 };
 
@@ -144,13 +142,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     settle();
     if (drain(fd) == 0) {
-        abort();                 /* no greeting: the last client is still there */
+        abort(); /* no greeting: the last client is still there */
     }
     for (size_t off = 0; off < size; off += chunk) {
         size_t len = MIN(chunk, size - off);
 
         if (send(fd, data + off, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len) {
-            break;               /* the daemon hung up (a line too long) */
+            break; /* the daemon hung up (a line too long) */
         }
         settle();
         drain(fd);

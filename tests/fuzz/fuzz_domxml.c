@@ -22,13 +22,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(copy, data, size);
     dom = vn_domxml_parse(copy, size, &error);
     if (dom == NULL && error == NULL) {
-        abort();                 /* a refusal says why */
+        abort(); /* a refusal says why */
     }
     for (guint i = 0; dom != NULL && i < dom->devices->len; i++) {
         const VnDomDevice *d = dom->devices->pdata[i];
 
         if (vn_domain_find(dom, d->device) == NULL || !vn_name_valid(VN_NAME_QDEV_ID, d->alias)) {
-            abort();             /* what was accepted must hold up */
+            abort(); /* what was accepted must hold up */
         }
     }
     free(copy);

@@ -12,7 +12,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The decoders, in the order the first byte picks them. */
 static const VnPeersType types[] = {
-    VN_PEERS_ANNOUNCE, VN_PEERS_BORROW, VN_PEERS_RETURN, VN_PEERS_REVOKE,
+    VN_PEERS_ANNOUNCE,
+    VN_PEERS_BORROW,
+    VN_PEERS_RETURN,
+    VN_PEERS_REVOKE,
 };
 
 static char *round_trip(VnPeersType type, const char *json, GError **error)
@@ -20,13 +23,14 @@ static char *round_trip(VnPeersType type, const char *json, GError **error)
     if (type == VN_PEERS_ANNOUNCE) {
         g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
 
-        return vn_peers_announce_from_json(json, "hosta", a, error)
-                   ? vn_peers_announce_to_json(a) : NULL;
+        return vn_peers_announce_from_json(json, "hosta", a, error) ? vn_peers_announce_to_json(a)
+                                                                    : NULL;
     } else {
         VnPeersRequest r;
 
         return vn_peers_request_from_json(type, json, &r, error)
-                   ? vn_peers_request_to_json(type, &r) : NULL;
+                   ? vn_peers_request_to_json(type, &r)
+                   : NULL;
     }
 }
 

@@ -11,18 +11,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef char *(*Codec)(const char *json, GError **error);
 
-#define CODEC(name, type)                                                          \
-    static char *name##_rt(const char *json, GError **error)                       \
-    {                                                                              \
-        type v;                                                                    \
-        char dev[VN_MAX_DEVICE_NAME + 1] = "dev";                           \
-                                                                                   \
-        memset(&v, 0, sizeof(v));                                                  \
-        if (!vn_proto_##name##_from_json(json, &v, error)) {                       \
-            return NULL;                                                           \
-        }                                                                          \
-        (void)vn_proto_device_name(json, dev, NULL);                               \
-        return vn_proto_##name##_to_json(dev, &v);                                 \
+#define CODEC(name, type)                                    \
+    static char *name##_rt(const char *json, GError **error) \
+    {                                                        \
+        type v;                                              \
+        char dev[VN_MAX_DEVICE_NAME + 1] = "dev";            \
+                                                             \
+        memset(&v, 0, sizeof(v));                            \
+        if (!vn_proto_##name##_from_json(json, &v, error)) { \
+            return NULL;                                     \
+        }                                                    \
+        (void)vn_proto_device_name(json, dev, NULL);         \
+        return vn_proto_##name##_to_json(dev, &v);           \
     }
 
 CODEC(region_rw, VnProtoRegionRw)

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     shutdown(sv[1], SHUT_WR);
     if (!vn_qmp_device_del_fd(sv[0], "ntb0", &error) && error == NULL) {
-        abort();                 /* a failure says why */
+        abort(); /* a failure says why */
     }
     close(sv[0]);
     close(sv[1]);

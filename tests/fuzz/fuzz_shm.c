@@ -35,9 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 typedef struct Reader {
     VnRecordReader r;
     int fd;
-    bool answer;         /* a fetch's answer, not an accepted connection */
+    bool answer; /* a fetch's answer, not an accepted connection */
     bool named;
-    bool gone;           /* the connection would have been dropped */
+    bool gone; /* the connection would have been dropped */
 } Reader;
 
 static VnShmRecordKind kind_of(const Reader *rd)
@@ -53,21 +53,21 @@ static void handle(Reader *rd, VnRecord *rec)
     VnFabricFrame f;
 
     if (rec->len > vn_shm_record_max(kind_of(rd)) || rec->nfds > G_N_ELEMENTS(rec->fds)) {
-        abort();                 /* the reader let through what it must refuse */
+        abort(); /* the reader let through what it must refuse */
     }
     if (rd->answer) {
-        rd->gone = true;         /* one answer, then the connection is closed */
+        rd->gone = true; /* one answer, then the connection is closed */
     } else if (!rd->named) {
         char peer[VN_MAX_NODE_NAME + 1];
         VnShmFetch fetch;
-        g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds,
-                                                  rec->overflow, "fuzz", peer, &fetch);
+        g_autofree char *why =
+            vn_shm_hello_check(rec->buf, rec->len, rec->nfds, rec->overflow, "fuzz", peer, &fetch);
 
         rd->named = why == NULL && fetch.hello.magic == 0;
         /* A fetch is answered and closed. */
         rd->gone = !rd->named;
     } else if (rec->nfds > 0 || rec->overflow) {
-        rd->gone = true;         /* frames carry no fds: the link is dropped */
+        rd->gone = true; /* frames carry no fds: the link is dropped */
     } else {
         (void)vn_fabric_frame_decode(rec->buf, rec->len, &f);
     }
@@ -124,7 +124,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         bool with_fds = mask & (1u << (i % 8));
 
         if (vn_fdpass_send(sv[0], &iov, 1, fds, with_fds ? nfds : 0) != (ssize_t)iov.iov_len) {
-            abort();             /* a drained socket takes a chunk this small */
+            abort(); /* a drained socket takes a chunk this small */
         }
         drain(&rd);
     }
@@ -132,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shutdown(sv[0], SHUT_WR);
     drain(&rd);
     if (!rd.gone) {
-        abort();                 /* the end of the stream must end the reader */
+        abort(); /* the end of the stream must end the reader */
     }
     vn_record_reader_clear(&rd.r);
     close(sv[0]);

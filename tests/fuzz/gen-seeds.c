@@ -35,8 +35,8 @@ static void put(const char *target, const char *name, const void *prefix, size_t
 }
 
 /* A frame as the fabric sends it, newly allocated. */
-static GByteArray *frame(uint16_t flags, uint32_t type, uint64_t id, int32_t err,
-                         const char *json, const void *data, size_t len)
+static GByteArray *frame(uint16_t flags, uint32_t type, uint64_t id, int32_t err, const char *json,
+                         const void *data, size_t len)
 {
     GByteArray *f = g_byte_array_new();
 
@@ -54,12 +54,12 @@ static void frames(GPtrArray *all)
     uint8_t bytes[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
 
     g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REQUEST, VN_PROTO_ATTACH, 1, 0, attach, NULL, 0));
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY, VN_PROTO_REGION_RW, 2, 0, "{}", bytes,
-                               sizeof(bytes)));
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, VN_PROTO_DMA_MAP,
-                               3, EINVAL, NULL, NULL, 0));
-    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 0, 0, NULL, &bit,
-                               sizeof(bit)));
+    g_ptr_array_add(
+        all, frame(VN_FABRIC_FLAG_REPLY, VN_PROTO_REGION_RW, 2, 0, "{}", bytes, sizeof(bytes)));
+    g_ptr_array_add(all, frame(VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, VN_PROTO_DMA_MAP, 3,
+                               EINVAL, NULL, NULL, 0));
+    g_ptr_array_add(
+        all, frame(VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 0, 0, NULL, &bit, sizeof(bit)));
 }
 
 static void record(GByteArray *out, const void *buf, size_t len)
@@ -143,8 +143,9 @@ static void gen_proto(void)
     VnProtoDmaUnmap u = { .iova = 0x100000, .size = 0x200000 };
     VnProtoSetIrqs s = { .flags = 0x24, .index = 2, .start = 0, .count = 4 };
 
-    d.regions[0] = (VnProtoRegion){ .size = 0x4000, .flags = 7, .nr_segments = 1,
-                                    .segments = { 5 }, .nr_sparse = 1 };
+    d.regions[0] = (VnProtoRegion){
+        .size = 0x4000, .flags = 7, .nr_segments = 1, .segments = { 5 }, .nr_sparse = 1
+    };
     d.regions[0].sparse[0].offset = 0x2000;
     d.regions[0].sparse[0].size = 0x2000;
     d.regions[1] = (VnProtoRegion){ .size = 256, .flags = 3 };
@@ -257,8 +258,8 @@ static void gen_qmp(void)
 
 static void gen_domxml(void)
 {
-    g_autofree char *snip = vn_domxml_snippets("hosta/nvme0", "ntb0",
-                                               "/run/vfio-ntb/hosta-nvme0.sock", "pci.1");
+    g_autofree char *snip =
+        vn_domxml_snippets("hosta/nvme0", "ntb0", "/run/vfio-ntb/hosta-nvme0.sock", "pci.1");
     g_autofree char *xml = g_strdup_printf(
         "<domain type='qemu' xmlns:qemu='" VN_DOMXML_QEMU_NS "'>\n  <name>vm1</name>\n"
         "  <memory unit='KiB'>1048576</memory>\n%s\n  <devices><emulator>/usr/bin/qemu"

@@ -64,7 +64,7 @@ static int connector_mode(int fd, uint32_t id, struct drm_mode_get_connector *co
     if (drm_ioctl(fd, DRM_IOCTL_MODE_GETCONNECTOR, conn) < 0) {
         return -1;
     }
-    if (conn->connection != 1 || conn->count_modes == 0) {      /* 1: connected */
+    if (conn->connection != 1 || conn->count_modes == 0) { /* 1: connected */
         return -1;
     }
     if (conn->count_modes > MAX_MODES) {
@@ -90,8 +90,8 @@ static int connector_mode(int fd, uint32_t id, struct drm_mode_get_connector *co
 }
 
 /* A CRTC the connector's encoders can drive: index into crtcs, or -1. */
-static int pick_crtc(int fd, const struct drm_mode_get_connector *conn,
-                     const uint32_t *encoders, uint32_t ncrtcs)
+static int pick_crtc(int fd, const struct drm_mode_get_connector *conn, const uint32_t *encoders,
+                     uint32_t ncrtcs)
 {
     for (uint32_t i = 0; i < conn->count_encoders && i < MAX_IDS; i++) {
         struct drm_mode_get_encoder enc = { .encoder_id = encoders[i] };
@@ -145,8 +145,8 @@ int main(int argc, char **argv)
         return fail("GETRESOURCES");
     }
     if (res.count_connectors > MAX_IDS || res.count_crtcs > MAX_IDS) {
-        fprintf(stderr, "vn-draw: %u connectors, %u crtcs: more than %d\n",
-                res.count_connectors, res.count_crtcs, MAX_IDS);
+        fprintf(stderr, "vn-draw: %u connectors, %u crtcs: more than %d\n", res.count_connectors,
+                res.count_crtcs, MAX_IDS);
         return 1;
     }
     res.count_fbs = res.count_encoders = 0;
@@ -165,22 +165,29 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    struct drm_mode_create_dumb dumb = { .width = mode.hdisplay, .height = mode.vdisplay,
+    struct drm_mode_create_dumb dumb = { .width = mode.hdisplay,
+                                         .height = mode.vdisplay,
                                          .bpp = 32 };
     if (drm_ioctl(fd, DRM_IOCTL_MODE_CREATE_DUMB, &dumb) < 0) {
         return fail("CREATE_DUMB");
     }
-    struct drm_mode_fb_cmd fb = { .width = mode.hdisplay, .height = mode.vdisplay,
-                                  .pitch = dumb.pitch, .bpp = 32, .depth = 24,
+    struct drm_mode_fb_cmd fb = { .width = mode.hdisplay,
+                                  .height = mode.vdisplay,
+                                  .pitch = dumb.pitch,
+                                  .bpp = 32,
+                                  .depth = 24,
                                   .handle = dumb.handle };
     if (drm_ioctl(fd, DRM_IOCTL_MODE_ADDFB, &fb) < 0) {
         return fail("ADDFB");
     }
     /* Scan it out first: the driver then places the buffer in the device's memory, so the
      * bands below are written straight into it. */
-    struct drm_mode_crtc set = { .crtc_id = crtcs[crtc], .fb_id = fb.fb_id,
+    struct drm_mode_crtc set = { .crtc_id = crtcs[crtc],
+                                 .fb_id = fb.fb_id,
                                  .set_connectors_ptr = (uintptr_t)&conn.connector_id,
-                                 .count_connectors = 1, .mode = mode, .mode_valid = 1 };
+                                 .count_connectors = 1,
+                                 .mode = mode,
+                                 .mode_valid = 1 };
     if (drm_ioctl(fd, DRM_IOCTL_MODE_SETCRTC, &set) < 0) {
         return fail("SETCRTC");
     }
@@ -188,8 +195,8 @@ int main(int argc, char **argv)
     if (drm_ioctl(fd, DRM_IOCTL_MODE_MAP_DUMB, &map) < 0) {
         return fail("MAP_DUMB");
     }
-    uint8_t *pixels = mmap(NULL, dumb.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                           (off_t)map.offset);
+    uint8_t *pixels =
+        mmap(NULL, dumb.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)map.offset);
     if (pixels == MAP_FAILED) {
         return fail("mmap");
     }

@@ -14,12 +14,12 @@
 
 /* Calls the lender made through the spy, by op. */
 static struct {
-    gint open, close, get_info, region_info, irq_info, set_irqs, read, write, map, unmap,
-        reset, stalled;
+    gint open, close, get_info, region_info, irq_info, set_irqs, read, write, map, unmap, reset,
+        stalled;
 } calls;
 
-static void *spy_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
-                      void *opaque, GError **error)
+static void *spy_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                      GError **error)
 {
     g_atomic_int_inc(&calls.open);
     return vn_backend_vfio_user.open(where, timeout_ms, stall, opaque, error);
@@ -47,9 +47,9 @@ static int spy_get_info(void *dev, VnWireDeviceInfo *info)
     return ret;
 }
 
-static int spy_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info,
-                               int *fd, struct vfio_region_sparse_mmap_area *sparse,
-                               uint32_t max_sparse, uint32_t *nr_sparse)
+static int spy_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info, int *fd,
+                               struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                               uint32_t *nr_sparse)
 {
     g_atomic_int_inc(&calls.region_info);
     return vn_backend_vfio_user.get_region_info(dev, index, info, fd, sparse, max_sparse,
@@ -60,15 +60,16 @@ static int spy_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *inf
 {
     g_atomic_int_inc(&calls.irq_info);
     if (index == VFIO_PCI_REQ_IRQ_INDEX) {
-        *info = (struct vfio_irq_info){ .argsz = sizeof(*info), .index = index, .count = 1,
-                                        .flags = VFIO_IRQ_INFO_EVENTFD };
+        *info = (struct vfio_irq_info){
+            .argsz = sizeof(*info), .index = index, .count = 1, .flags = VFIO_IRQ_INFO_EVENTFD
+        };
         return 0;
     }
     return vn_backend_vfio_user.get_irq_info(dev, index, info);
 }
 
-static int spy_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start,
-                        uint32_t count, const uint8_t *bools, const int *fds)
+static int spy_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                        const uint8_t *bools, const int *fds)
 {
     g_atomic_int_inc(&calls.set_irqs);
     if (index == VFIO_PCI_REQ_IRQ_INDEX) {
@@ -87,8 +88,7 @@ static int spy_read(void *dev, uint32_t region, uint64_t offset, void *buf, uint
     return vn_backend_vfio_user.region_read(dev, region, offset, buf, count);
 }
 
-static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *buf,
-                     uint32_t count)
+static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *buf, uint32_t count)
 {
     g_atomic_int_inc(&calls.write);
     return vn_backend_vfio_user.region_write(dev, region, offset, buf, count);
@@ -97,8 +97,7 @@ static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *bu
 /* Where the spy's IOMMU has a hole, as x86's has for MSI. */
 #define SPY_RESERVED 0xfee00000ull
 
-static int spy_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
-                   uint32_t prot)
+static int spy_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset, uint32_t prot)
 {
     g_atomic_int_inc(&calls.map);
     if (iova == SPY_RESERVED) {
@@ -190,11 +189,12 @@ START_TEST(test_lender_uses_only_the_table)
     ck_assert_uint_eq(device_dma_count(), 0);
 
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0), 0);
+                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0),
+                     0);
     ck_assert_int_ge(g_atomic_int_get(&calls.set_irqs), 1);
     ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
     ck_assert_int_eq(g_atomic_int_get(&calls.reset), 1);
-    s = snap();                 /* the counters ask whether the device answers */
+    s = snap(); /* the counters ask whether the device answers */
     ck_assert_int_ge(g_atomic_int_get(&calls.stalled), 1);
     snap_clear(&s);
 
@@ -239,12 +239,13 @@ START_TEST(test_device_request)
     attach_ok(b, VN_IRQ_MODE_FD, NULL);
     ck_assert_int_ge(spy_req_fd, 0);
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_REQ_IRQ_INDEX, 0, 1, false, NULL, &efd, 1), -EPERM);
+                              VFIO_PCI_REQ_IRQ_INDEX, 0, 1, false, NULL, &efd, 1),
+                     -EPERM);
 
     kernel_asks();
     WAIT_FOR(g_atomic_int_get(&requests_heard) == 1);
     s = snap();
-    ck_assert_str_eq(s.borrower, "b");      /* a revoke is the daemon's to start */
+    ck_assert_str_eq(s.borrower, "b"); /* a revoke is the daemon's to start */
     ck_assert_uint_eq(s.st.device_requests, 1);
     snap_clear(&s);
     for (int i = 1; i < VN_LENDER_REQUESTS_BEFORE_FENCE; i++) {
@@ -266,7 +267,9 @@ START_TEST(test_refusal_in_words)
 {
     Borrower *b = borrower(0);
     Mem m = mem_export(b, "lender");
-    VnProtoDmaMap dm = { .iova = SPY_RESERVED, .size = 4096, .segment = m.segment,
+    VnProtoDmaMap dm = { .iova = SPY_RESERVED,
+                         .size = 4096,
+                         .segment = m.segment,
                          .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
     g_autofree char *json = vn_proto_dma_map_to_json(DEV, &dm);
     g_autofree char *message = NULL;
@@ -327,8 +330,7 @@ START_TEST(test_vfio_refusals)
     g_clear_error(&error);
     if (some != NULL && !g_file_test("/sys/kernel/iommu_groups/0", G_FILE_TEST_EXISTS)) {
         ck_assert_ptr_null(vn_backend_vfio.open(some, 1000, NULL, NULL, &error));
-        ck_assert_msg(strstr(error->message, "in no IOMMU group") != NULL, "%s",
-                      error->message);
+        ck_assert_msg(strstr(error->message, "in no IOMMU group") != NULL, "%s", error->message);
     }
 }
 END_TEST

@@ -53,10 +53,8 @@ static void bor_open(void *data)
     }
     bor.fab = vn_fabric_open("shm", "b", params, &bor_handlers, NULL, bor.loop.ctx, &error);
     ck_assert_msg(bor.fab != NULL, "%s", error ? error->message : "");
-    ck_assert_msg(vn_fabric_connect(bor.fab, "lender", &error), "%s",
-                  error ? error->message : "");
-    bor.b = vn_borrower_new(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, bor.loop.ctx,
-                            &error);
+    ck_assert_msg(vn_fabric_connect(bor.fab, "lender", &error), "%s", error ? error->message : "");
+    bor.b = vn_borrower_new(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, bor.loop.ctx, &error);
     if (bor.windows == NULL) {
         ck_assert_msg(bor.b != NULL, "%s", error ? error->message : "");
     } else if (bor.b == NULL) {
@@ -214,28 +212,27 @@ START_TEST(test_expansion_rom)
     uint8_t head[4], tail[2];
     int fd = -1;
 
-    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_ROM_REGION_INDEX, &reg, &fd, NULL, 0,
-                                               NULL), 0);
+    ck_assert_int_eq(
+        vn_client_get_region_info(c, VFIO_PCI_ROM_REGION_INDEX, &reg, &fd, NULL, 0, NULL), 0);
     ck_assert_uint_eq(reg.size, ROM_SIZE);
-    ck_assert_int_lt(fd, 0);                    /* read through messages: rarely, once */
-    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
-                                            &v, 4, false), 4);
-    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
-                                           &got, 4), 4);
+    ck_assert_int_lt(fd, 0); /* read through messages: rarely, once */
+    ck_assert_int_eq(
+        vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS, &v, 4, false), 4);
+    ck_assert_int_eq(
+        vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS, &got, 4), 4);
     ck_assert_uint_eq(got, ~(ROM_SIZE - 1) | PCI_ROM_ADDRESS_ENABLE);
     v = 0xfeb00001u;
-    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
-                                            &v, 4, false), 4);
-    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS,
-                                           &got, 4), 4);
+    ck_assert_int_eq(
+        vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS, &v, 4, false), 4);
+    ck_assert_int_eq(
+        vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, PCI_ROM_ADDRESS, &got, 4), 4);
     ck_assert_uint_eq(got, 0xfeb00001u);
-    ck_assert_uint_eq(rig.fake.cfg[PCI_ROM_ADDRESS], 0);     /* the lender's alone */
+    ck_assert_uint_eq(rig.fake.cfg[PCI_ROM_ADDRESS], 0); /* the lender's alone */
     ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_ROM_REGION_INDEX, 0, head, 4), 4);
     ck_assert_uint_eq(head[0], 0x55);
     ck_assert_uint_eq(head[1], 0xaa);
     ck_assert_uint_eq(head[2], (uint8_t)(2 * 7));
-    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_ROM_REGION_INDEX, ROM_SIZE - 2, tail, 2),
-                     2);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_ROM_REGION_INDEX, ROM_SIZE - 2, tail, 2), 2);
     ck_assert_uint_eq(tail[1], (uint8_t)((ROM_SIZE - 1) * 7));
 }
 END_TEST
@@ -289,8 +286,9 @@ START_TEST(test_large_bar_over_budget)
     ck_assert_ptr_null(bor.b);
     ck_assert_ptr_nonnull(bor.refusal);
     ck_assert_msg(strstr(bor.refusal, "BAR0") != NULL &&
-                  strstr(bor.refusal, "needs 4 windows") != NULL &&
-                  strstr(bor.refusal, "max-windows") != NULL, "%s", bor.refusal);
+                      strstr(bor.refusal, "needs 4 windows") != NULL &&
+                      strstr(bor.refusal, "max-windows") != NULL,
+                  "%s", bor.refusal);
     ck_assert_uint_eq(vn_fabric_windows_in_use(bor.fab), 0);
 }
 END_TEST
@@ -338,16 +336,13 @@ START_TEST(test_request_bad_range)
     g_autoptr(VnClient) c = qemu_connect();
     int efd[2] = { eventfd(0, EFD_CLOEXEC), eventfd(0, EFD_CLOEXEC) };
 
-    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
-                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
                                         VFIO_PCI_REQ_IRQ_INDEX, 0, 2, NULL, efd),
                      0);
-    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
-                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
                                         VFIO_PCI_REQ_IRQ_INDEX, 1, 1, NULL, efd),
                      0);
-    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
-                                               VFIO_IRQ_SET_ACTION_TRIGGER,
+    ck_assert_int_lt(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
                                         VFIO_PCI_REQ_IRQ_INDEX, UINT32_MAX, 1, NULL, efd),
                      0);
     ck_assert(!ask().can);

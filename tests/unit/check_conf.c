@@ -26,8 +26,8 @@ static VnConfig *parse_ok(const char *text)
 /* The example configuration we install parses, as it reads. */
 START_TEST(test_shipped_example)
 {
-    g_autofree char *path = g_build_filename(VN_SOURCE_DIR, "systemd",
-                                             "vfio-ntbd.conf.example", NULL);
+    g_autofree char *path =
+        g_build_filename(VN_SOURCE_DIR, "systemd", "vfio-ntbd.conf.example", NULL);
     g_autoptr(GError) error = NULL;
     g_autoptr(VnConfig) c = vn_conf_load(path, &error);
     VnLendConf *l;
@@ -63,14 +63,14 @@ END_TEST
 
 START_TEST(test_everything)
 {
-    g_autoptr(VnConfig) c = parse_ok(
-        "# a comment\n" NODE "lease-timeout-ms = 3000\nrun-dir = /srv/vn\n"
-        "[fabric]\nmax-windows = 8\n"
-        "[lend gpu.0]\nsocket = /run/g.sock\nallow = *\n"
-        "[lend nvme0]\nsocket = /run/n.sock\nallow = hostb ; hostc\n"
-        "[borrow disk]\nlender = hostz\ndevice = nvme9\nsocket = /run/vm.sock\n"
-        "irq-mode = relay\n"
-        "[borrow nvme1]\nlender = hostz\nsocket = /run/vm2.sock\n");
+    g_autoptr(VnConfig) c =
+        parse_ok("# a comment\n" NODE "lease-timeout-ms = 3000\nrun-dir = /srv/vn\n"
+                 "[fabric]\nmax-windows = 8\n"
+                 "[lend gpu.0]\nsocket = /run/g.sock\nallow = *\n"
+                 "[lend nvme0]\nsocket = /run/n.sock\nallow = hostb ; hostc\n"
+                 "[borrow disk]\nlender = hostz\ndevice = nvme9\nsocket = /run/vm.sock\n"
+                 "irq-mode = relay\n"
+                 "[borrow nvme1]\nlender = hostz\nsocket = /run/vm2.sock\n");
     VnBorrowConf *b;
     VnLendConf *any = NULL, *some = NULL;
 
@@ -84,7 +84,7 @@ START_TEST(test_everything)
         *(strcmp(l->name, "gpu.0") == 0 ? &any : &some) = l;
     }
     ck_assert(vn_lend_conf_allows(any, "anyone"));
-    ck_assert(vn_lend_conf_allows(some, "hostc"));     /* spaces around ';' stripped */
+    ck_assert(vn_lend_conf_allows(some, "hostc")); /* spaces around ';' stripped */
     ck_assert(!vn_lend_conf_allows(some, "hostd"));
     ck_assert_uint_eq(c->borrows->len, 2);
     b = g_ptr_array_index(c->borrows, 0);
@@ -98,12 +98,13 @@ END_TEST
 /* ---- refused -------------------------------------------------------------- */
 
 /* 111 bytes: more than sun_path holds. */
-#define LONG_SOCK "/run/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" \
-                  "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock"
+#define LONG_SOCK                                              \
+    "/run/xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" \
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock"
 
 static const struct {
     const char *text;
-    const char *why;            /* in the error message */
+    const char *why; /* in the error message */
 } bad[] = {
     { "", "[node] is required" },
     { "[node]\nfabric-dir = /f\n", "\"name\" is required" },
@@ -141,7 +142,7 @@ static const struct {
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\ndevice = a/b\n", "device \"a/b\" must be" },
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\nirq-mode = msi\n",
       "irq-mode must be fd or relay, not \"msi\"" },
-    { "[node\nname = x\n", "" },                        /* GKeyFile's own message */
+    { "[node\nname = x\n", "" }, /* GKeyFile's own message */
 };
 
 START_TEST(test_refused)
@@ -213,10 +214,11 @@ START_TEST(test_lend_pci)
 {
     g_autoptr(GError) error = NULL;
     VnConfig *c = vn_conf_parse("[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n"
-                                "[lend gpu0]\npci = 0000:3b:00.1\nallow = hostb\n", &error);
+                                "[lend gpu0]\npci = 0000:3b:00.1\nallow = hostb\n",
+                                &error);
     const char *ok[] = { "hostb", NULL };
-    const char *malformed[] = { "3b:00.1", "0000:3B:00.1", "0000:3b:00.8", "0000:3b:20.0",
-                          "0000-3b-00.1", "0000:3b:00.10" };
+    const char *malformed[] = { "3b:00.1",      "0000:3B:00.1", "0000:3b:00.8",
+                                "0000:3b:20.0", "0000-3b-00.1", "0000:3b:00.10" };
     VnLendConf *l;
 
     ck_assert_msg(c != NULL, "%s", error ? error->message : "");
@@ -236,7 +238,8 @@ START_TEST(test_lend_pci)
     ck_assert_ptr_nonnull(strstr(error->message, "not both"));
     g_clear_error(&error);
     ck_assert_ptr_null(vn_conf_parse("[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n"
-                                     "[lend gpu0]\nallow = hostb\n", &error));
+                                     "[lend gpu0]\nallow = hostb\n",
+                                     &error));
     ck_assert_ptr_nonnull(strstr(error->message, "\"pci\""));
 }
 END_TEST
@@ -247,14 +250,22 @@ START_TEST(test_lend_managed)
 {
     static const char head[] = "[node]\nname = hosta\nfabric = shm\nfabric-dir = /f\n";
     g_autoptr(GError) error = NULL;
-    g_autofree char *yes = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = yes\n"
-                                       "allow = *\n", NULL);
-    g_autofree char *no = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = no\n"
-                                      "allow = *\n", NULL);
-    g_autofree char *maybe = g_strconcat(head, "[lend nvme1]\npci = 0000:3b:00.0\n"
-                                       "managed = maybe\nallow = *\n", NULL);
-    g_autofree char *sock = g_strconcat(head, "[lend nvme1]\nsocket = /run/d.sock\n"
-                                        "managed = yes\nallow = *\n", NULL);
+    g_autofree char *yes = g_strconcat(head,
+                                       "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = yes\n"
+                                       "allow = *\n",
+                                       NULL);
+    g_autofree char *no = g_strconcat(head,
+                                      "[lend nvme1]\npci = 0000:3b:00.0\nmanaged = no\n"
+                                      "allow = *\n",
+                                      NULL);
+    g_autofree char *maybe = g_strconcat(head,
+                                         "[lend nvme1]\npci = 0000:3b:00.0\n"
+                                         "managed = maybe\nallow = *\n",
+                                         NULL);
+    g_autofree char *sock = g_strconcat(head,
+                                        "[lend nvme1]\nsocket = /run/d.sock\n"
+                                        "managed = yes\nallow = *\n",
+                                        NULL);
     VnConfig *c = vn_conf_parse(yes, &error);
 
     ck_assert_msg(c != NULL, "%s", error ? error->message : "");
@@ -287,11 +298,14 @@ START_TEST(test_lend_sriov)
         { "[lend nic0]\nsocket = /run/n.sock\nsriov-vfs = 2\nallow = *\n", "physical function" },
         /* a 60-byte name is one; NAME-vf1 (64) is not */
         { "[lend nic000000000000000000000000000000000000000000000000000000000]\n"
-          "pci = 0000:3b:00.0\nsriov-vfs = 2\nallow = *\n", "device names" },
+          "pci = 0000:3b:00.0\nsriov-vfs = 2\nallow = *\n",
+          "device names" },
     };
     g_autoptr(GError) error = NULL;
-    g_autofree char *ok = g_strconcat(head, "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = 4\n"
-                                      "allow = hostb;hostc\n", NULL);
+    g_autofree char *ok = g_strconcat(head,
+                                      "[lend nic0]\npci = 0000:3b:00.0\nsriov-vfs = 4\n"
+                                      "allow = hostb;hostc\n",
+                                      NULL);
     VnConfig *c = vn_conf_parse(ok, &error);
 
     ck_assert_msg(c != NULL, "%s", error ? error->message : "");

@@ -33,7 +33,7 @@ typedef struct Rig {
     VnControl *ctl;
     char *dir;
     char *path;
-    int fd;                      /* the client */
+    int fd; /* the client */
 } Rig;
 
 static void rig_settle(void)
@@ -107,8 +107,7 @@ START_TEST(test_empty_return_frees)
 
     rig_start(&r);
     for (int i = 0; i < WARMUP + ROUNDS; i++) {
-        g_autofree char *req = g_strdup_printf("{\"execute\":\"subscribe-events\",\"id\":%d}\n",
-                                               i);
+        g_autofree char *req = g_strdup_printf("{\"execute\":\"subscribe-events\",\"id\":%d}\n", i);
         g_autofree char *want = g_strdup_printf("{\"return\":{},\"id\":%d}", i);
         g_autofree char *got = rig_ask(&r, req);
 
@@ -119,8 +118,8 @@ START_TEST(test_empty_return_frees)
     }
     /* Leaking one object per answer is 100+ bytes each: 200 KiB and more. */
     ck_assert_msg(mallinfo2().uordblks < before + 64 * 1024,
-                  "%zu bytes more in use after %d empty answers",
-                  mallinfo2().uordblks - before, ROUNDS);
+                  "%zu bytes more in use after %d empty answers", mallinfo2().uordblks - before,
+                  ROUNDS);
     rig_stop(&r);
 }
 END_TEST
@@ -129,7 +128,9 @@ END_TEST
 START_TEST(test_bad_requests)
 {
     static const char *const bad[] = {
-        "[1]\n", "{\"execute\":7}\n", "{\"execute\":\"nope\"}\n",
+        "[1]\n",
+        "{\"execute\":7}\n",
+        "{\"execute\":\"nope\"}\n",
         "{\"execute\":\"subscribe-events\",\"arguments\":[]}\n",
         "{\"execute\":\"subscribe-events\",\"arguments\":{\"x\":1}}\n",
     };
@@ -202,7 +203,7 @@ START_TEST(test_stale_socket_replaced_file_refused)
     VnDaemon d = { .conf = &conf };
     VnControl *ctl;
 
-    close(listen_at(path));     /* the file stays, nobody listens */
+    close(listen_at(path)); /* the file stays, nobody listens */
     ctl = vn_control_new(&d, path, lookup, &error);
     ck_assert_msg(ctl != NULL, "%s", error ? error->message : "");
     vn_control_free(ctl);

@@ -26,14 +26,14 @@ static JsonNode *json(const char *text)
 
 START_TEST(test_format_devices)
 {
-    g_autoptr(JsonNode) ret = json(
-        "[{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
-        "  \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
-        "  \"id\": {\"pci\": \"0000:3b:00.0\", \"vendor\": 6966, \"device\": 16,"
-        "          \"class\": 67586, \"name\": \"Non-Volatile memory controller: X\","
-        "          \"size\": 68719476736}},"
-        " {\"device\": \"hosta/gpu-long.1\", \"node\": \"hosta\", \"name\": \"gpu-long.1\","
-        "  \"state\": \"available\", \"borrower\": null, \"lease\": null}]");
+    g_autoptr(JsonNode) ret =
+        json("[{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
+             "  \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
+             "  \"id\": {\"pci\": \"0000:3b:00.0\", \"vendor\": 6966, \"device\": 16,"
+             "          \"class\": 67586, \"name\": \"Non-Volatile memory controller: X\","
+             "          \"size\": 68719476736}},"
+             " {\"device\": \"hosta/gpu-long.1\", \"node\": \"hosta\", \"name\": \"gpu-long.1\","
+             "  \"state\": \"available\", \"borrower\": null, \"lease\": null}]");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
@@ -55,10 +55,9 @@ START_TEST(test_format_nodes)
     g_autoptr(GError) error = NULL;
 
     ck_assert(vn_ctl_format_nodes(out, ret, &error));
-    ck_assert_str_eq(out->str,
-                     "NODE    LINK  DEVICES\n"
-                     "hosta   self  2\n"
-                     "hostbb  down  0\n");
+    ck_assert_str_eq(out->str, "NODE    LINK  DEVICES\n"
+                               "hosta   self  2\n"
+                               "hostbb  down  0\n");
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_nodes(out, none, &error));
     ck_assert_str_eq(out->str, "NODE  LINK  DEVICES\n");
@@ -67,65 +66,62 @@ END_TEST
 
 START_TEST(test_format_show)
 {
-    g_autoptr(JsonNode) lent = json(
-        "{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
-        " \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
-        " \"allow\": [\"hostb\", \"hostc\"]}");
-    g_autoptr(JsonNode) avail = json(
-        "{\"device\": \"hosta/nvme0\", \"state\": \"available\", \"borrower\": null,"
-        " \"lease\": null, \"allow\": []}");
+    g_autoptr(JsonNode) lent =
+        json("{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
+             " \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
+             " \"allow\": [\"hostb\", \"hostc\"]}");
+    g_autoptr(JsonNode) avail =
+        json("{\"device\": \"hosta/nvme0\", \"state\": \"available\", \"borrower\": null,"
+             " \"lease\": null, \"allow\": []}");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
     ck_assert(vn_ctl_format_device(out, lent, &error));
-    ck_assert_str_eq(out->str,
-                     "device:   hosta/nvme0\n"
-                     "node:     hosta\n"
-                     "name:     nvme0\n"
-                     "state:    lent\n"
-                     "borrower: hostb\n"
-                     "lease:    17\n"
-                     "allow:    hostb, hostc\n");
+    ck_assert_str_eq(out->str, "device:   hosta/nvme0\n"
+                               "node:     hosta\n"
+                               "name:     nvme0\n"
+                               "state:    lent\n"
+                               "borrower: hostb\n"
+                               "lease:    17\n"
+                               "allow:    hostb, hostc\n");
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_device(out, avail, &error));
-    ck_assert_str_eq(out->str,
-                     "device:   hosta/nvme0\n"
-                     "state:    available\n"
-                     "borrower: -\n"
-                     "lease:    -\n"
-                     "allow:    -\n");
+    ck_assert_str_eq(out->str, "device:   hosta/nvme0\n"
+                               "state:    available\n"
+                               "borrower: -\n"
+                               "lease:    -\n"
+                               "allow:    -\n");
 }
 END_TEST
 
 START_TEST(test_format_stats)
 {
     /* The shape of the daemon's stats file (vfio-ntbd.c stats_write). */
-    g_autoptr(JsonNode) file = json(
-        "{\"node\": \"hosta\", \"fabric\": {\"msgs_sent\": 3, \"bad_messages\": 0},"
-        " \"lent\": [{\"device\": \"hosta/nvme0\", \"borrower\": null, \"requests\": 120}],"
-        " \"borrowed\": [{\"device\": \"hostc/disk\", \"lender_lost\": false,"
-        "                 \"vfio_user\": {\"requests\": 9}}]}");
+    g_autoptr(JsonNode) file =
+        json("{\"node\": \"hosta\", \"fabric\": {\"msgs_sent\": 3, \"bad_messages\": 0},"
+             " \"lent\": [{\"device\": \"hosta/nvme0\", \"borrower\": null, \"requests\": 120}],"
+             " \"borrowed\": [{\"device\": \"hostc/disk\", \"lender_lost\": false,"
+             "                 \"vfio_user\": {\"requests\": 9}}]}");
     g_autoptr(JsonNode) list = json("[{\"device\": \"hosta/nvme0\", \"fences\": 1}]");
     g_autoptr(JsonNode) empty = json("{\"lent\": [], \"borrowed\": []}");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
     ck_assert(vn_ctl_format_stats(out, file, &error));
-    ck_assert_str_eq(out->str,
-                     "fabric\n"
-                     "COUNTER       VALUE\n"
-                     "msgs_sent     3\n"
-                     "bad_messages  0\n"
-                     "\n"
-                     "hosta/nvme0 (lent)\n"
-                     "COUNTER   VALUE\n"
-                     "borrower  -\n"
-                     "requests  120\n"
-                     "\n"
-                     "hostc/disk (borrowed)\n"
-                     "COUNTER             VALUE\n"
-                     "lender_lost         no\n"
-                     "vfio_user.requests  9\n");
+    ck_assert_str_eq(out->str, "fabric\n"
+                               "COUNTER       VALUE\n"
+                               "msgs_sent     3\n"
+                               "bad_messages  0\n"
+                               "\n"
+                               "hosta/nvme0 (lent)\n"
+                               "COUNTER   VALUE\n"
+                               "borrower  -\n"
+                               "requests  120\n"
+                               "\n"
+                               "hostc/disk (borrowed)\n"
+                               "COUNTER             VALUE\n"
+                               "lender_lost         no\n"
+                               "vfio_user.requests  9\n");
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_stats(out, list, &error));
     ck_assert_str_eq(out->str, "hosta/nvme0\nCOUNTER  VALUE\nfences   1\n");
@@ -186,7 +182,7 @@ START_TEST(test_format_json_and_sanitize)
 
     vn_ctl_format_json(out, ret);
     ck_assert(g_str_has_suffix(out->str, "}\n"));
-    ck_assert_ptr_nonnull(strstr(out->str, "\n  \"lease\" : 17"));      /* pretty */
+    ck_assert_ptr_nonnull(strstr(out->str, "\n  \"lease\" : 17")); /* pretty */
     back = json(out->str);
     ck_assert(json_node_equal(back, ret));
 
@@ -200,13 +196,23 @@ START_TEST(test_format_json_and_sanitize)
 }
 END_TEST
 
-enum { F_NODES, F_DEVICES, F_SHOW, F_STATS, F_BORROW, F_ATTACH, F_REVOKE, F_RETURN, F_DETACH,
-       F_UNPLUG };
+enum {
+    F_NODES,
+    F_DEVICES,
+    F_SHOW,
+    F_STATS,
+    F_BORROW,
+    F_ATTACH,
+    F_REVOKE,
+    F_RETURN,
+    F_DETACH,
+    F_UNPLUG
+};
 
 static const struct {
     int fmt;
     const char *json;
-    const char *why;            /* in the error message */
+    const char *why; /* in the error message */
 } bad_answers[] = {
     { F_NODES, "{}", "not a JSON array" },
     { F_NODES, "[1]", "entry 0: not a JSON object" },
@@ -245,16 +251,36 @@ START_TEST(test_format_malformed)
     bool ok = true;
 
     switch (bad_answers[_i].fmt) {
-    case F_NODES: ok = vn_ctl_format_nodes(out, ret, &error); break;
-    case F_DEVICES: ok = vn_ctl_format_devices(out, ret, &error); break;
-    case F_SHOW: ok = vn_ctl_format_device(out, ret, &error); break;
-    case F_STATS: ok = vn_ctl_format_stats(out, ret, &error); break;
-    case F_BORROW: ok = vn_ctl_format_borrow(out, "hostb", ret, &error); break;
-    case F_ATTACH: ok = vn_ctl_format_attach(out, "vm1", ret, &error); break;
-    case F_REVOKE: ok = vn_ctl_format_revoke(out, "a/b", ret, &error); break;
-    case F_RETURN: ok = vn_ctl_format_return(out, "a/b", ret, &error); break;
-    case F_DETACH: ok = vn_ctl_format_detach(out, "a/b", ret, &error); break;
-    case F_UNPLUG: ok = vn_ctl_format_unplug(out, "a/b", ret, &error); break;
+    case F_NODES:
+        ok = vn_ctl_format_nodes(out, ret, &error);
+        break;
+    case F_DEVICES:
+        ok = vn_ctl_format_devices(out, ret, &error);
+        break;
+    case F_SHOW:
+        ok = vn_ctl_format_device(out, ret, &error);
+        break;
+    case F_STATS:
+        ok = vn_ctl_format_stats(out, ret, &error);
+        break;
+    case F_BORROW:
+        ok = vn_ctl_format_borrow(out, "hostb", ret, &error);
+        break;
+    case F_ATTACH:
+        ok = vn_ctl_format_attach(out, "vm1", ret, &error);
+        break;
+    case F_REVOKE:
+        ok = vn_ctl_format_revoke(out, "a/b", ret, &error);
+        break;
+    case F_RETURN:
+        ok = vn_ctl_format_return(out, "a/b", ret, &error);
+        break;
+    case F_DETACH:
+        ok = vn_ctl_format_detach(out, "a/b", ret, &error);
+        break;
+    case F_UNPLUG:
+        ok = vn_ctl_format_unplug(out, "a/b", ret, &error);
+        break;
     }
     ck_assert_msg(!ok, "accepted %s", bad_answers[_i].json);
     ck_assert(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL));
@@ -274,7 +300,7 @@ static const struct {
     { "a/b", true },
     { "0/x", true },
     { "host-1/Name_with.dots-and-dash", true },
-    { "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/x", true },               /* host: 31 */
+    { "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/x", true },                                 /* host: 31 */
     { "h/nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn", true }, /* 63 */
     { "", false },
     { "nvme0", false },
@@ -284,7 +310,7 @@ static const struct {
     { "-host/x", false },
     { "host_a/x", false },
     { "host a/x", false },
-    { "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/x", false },              /* host: 32 */
+    { "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/x", false },                                 /* host: 32 */
     { "h/nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn", false }, /* 64 */
     { "hosta/nv me0", false },
     { "hosta/a/b", false },
@@ -326,14 +352,15 @@ END_TEST
 /* ---- client against the fake daemon ---------------------------------- */
 
 #define ANSWER_OK "{\"return\": {\"device\": \"hosta/nvme0\", \"lease\": 17}, \"id\": %ID%}\n"
-#define ANSWER_BUSY "{\"error\": {\"class\": \"DeviceBusy\", \"desc\": \"hosta/nvme0 is lent " \
+#define ANSWER_BUSY                                                            \
+    "{\"error\": {\"class\": \"DeviceBusy\", \"desc\": \"hosta/nvme0 is lent " \
     "to hostc (lease 17); use `ntbctl revoke` on hosta\"}, \"id\": %ID%}\n"
-#define EVENT_LINE "{\"event\": \"LINK_DOWN\", \"data\": {\"node\": \"hostc\"}, " \
+#define EVENT_LINE                                                 \
+    "{\"event\": \"LINK_DOWN\", \"data\": {\"node\": \"hostc\"}, " \
     "\"timestamp\": {\"seconds\": 1764460000, \"microseconds\": 12}}\n"
 
 /* Start a fake with these answers and borrow hosta/nvme0 from it. */
-static JsonNode *borrow_from(CtlFake *f, const char *const *answers, int timeout_ms,
-                             GError **error)
+static JsonNode *borrow_from(CtlFake *f, const char *const *answers, int timeout_ms, GError **error)
 {
     g_autoptr(VnCtlClient) c = NULL;
     g_autoptr(JsonObject) args = json_object_new();
@@ -399,8 +426,7 @@ START_TEST(test_client_refused)
 {
     static const char *const busy[] = { ANSWER_BUSY, NULL };
     static const char *const odd[] = {
-        "{\"error\": {\"class\": \"SomethingNew\", \"desc\": \"try later\"}, \"id\": %ID%}\n",
-        NULL
+        "{\"error\": {\"class\": \"SomethingNew\", \"desc\": \"try later\"}, \"id\": %ID%}\n", NULL
     };
     g_autoptr(CtlFake) f = ctl_fake_new();
     g_autoptr(CtlFake) g = ctl_fake_new();
@@ -421,7 +447,7 @@ END_TEST
 
 /* Answers the client must refuse as malformed (VN_CTL_ERROR_PROTOCOL). */
 static const struct {
-    const char *answer;         /* NULL: a line over VN_CTL_MAX_LINE */
+    const char *answer; /* NULL: a line over VN_CTL_MAX_LINE */
     const char *why;
 } malformed_answers[] = {
     /* refused before json-glib reads it: one object or array, nothing else */
@@ -442,7 +468,8 @@ static const struct {
     { "{\"return\": {}, \"id\": %ID%}\xff\n", "not valid UTF-8" },
     /* 33 levels: refused before json-glib recurses into them */
     { "{\"return\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]], "
-      "\"id\": %ID%}\n", "nested deeper than 32" },
+      "\"id\": %ID%}\n",
+      "nested deeper than 32" },
     { NULL, "line limit" },
 };
 
@@ -470,8 +497,7 @@ START_TEST(test_client_malformed)
     ck_assert_ptr_null(ret);
     ck_assert_msg(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL), "%s: %s",
                   vn_ctl_error_to_string(error->code), error->message);
-    ck_assert_msg(strstr(error->message, malformed_answers[_i].why) != NULL, "%s",
-                  error->message);
+    ck_assert_msg(strstr(error->message, malformed_answers[_i].why) != NULL, "%s", error->message);
     ck_assert_msg(strstr(error->message, f->path) != NULL, "%s", error->message);
     /* the stream is out of step: nothing more goes over it */
     g_clear_error(&error);
@@ -519,8 +545,7 @@ START_TEST(test_client_timeout)
     ret = borrow_from(f, NULL, 200, &error);
     ms = (g_get_monotonic_time() - t0) / 1000;
     ck_assert_ptr_null(ret);
-    ck_assert_msg(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_TIMEOUT), "%s",
-                  error->message);
+    ck_assert_msg(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_TIMEOUT), "%s", error->message);
     ck_assert_ptr_nonnull(strstr(error->message, "did not come within 200 ms"));
     ck_assert_int_ge(ms, 200);
     ck_assert_int_lt(ms, 2000);
@@ -617,8 +642,9 @@ static int ntbctl(const char *env_sock, char **out, char **err, ...)
     g_ptr_array_add(argv, NULL);
     envp = env_sock != NULL ? g_environ_setenv(envp, VN_CTL_SOCKET_ENV, env_sock, TRUE)
                             : g_environ_unsetenv(envp, VN_CTL_SOCKET_ENV);
-    ck_assert_msg(g_spawn_sync(NULL, (char **)argv->pdata, envp, G_SPAWN_DEFAULT, NULL, NULL,
-                               out, err, &status, &error), "%s", error ? error->message : "");
+    ck_assert_msg(g_spawn_sync(NULL, (char **)argv->pdata, envp, G_SPAWN_DEFAULT, NULL, NULL, out,
+                               err, &status, &error),
+                  "%s", error ? error->message : "");
     ck_assert_msg(WIFEXITED(status), "ntbctl died: status %d", status);
     return WEXITSTATUS(status);
 }
@@ -635,14 +661,14 @@ START_TEST(test_ntbctl_usage_and_version)
 
     /* every usage error leaves the daemon alone */
     ctl_fake_start(f);
-#define USAGE(...)                                                                           \
-    do {                                                                                     \
-        g_clear_pointer(&out, g_free);                                                       \
-        g_clear_pointer(&err, g_free);                                                       \
-        ck_assert_int_eq(ntbctl(f->path, &out, &err, __VA_ARGS__, NULL), 2);                 \
-        ck_assert(g_str_has_prefix(err, "ntbctl: "));                                        \
-        ck_assert_ptr_nonnull(strstr(err, "usage: ntbctl"));                                 \
-        ck_assert_str_eq(out, "");                                                           \
+#define USAGE(...)                                                           \
+    do {                                                                     \
+        g_clear_pointer(&out, g_free);                                       \
+        g_clear_pointer(&err, g_free);                                       \
+        ck_assert_int_eq(ntbctl(f->path, &out, &err, __VA_ARGS__, NULL), 2); \
+        ck_assert(g_str_has_prefix(err, "ntbctl: "));                        \
+        ck_assert_ptr_nonnull(strstr(err, "usage: ntbctl"));                 \
+        ck_assert_str_eq(out, "");                                           \
     } while (0)
     USAGE("frobnicate");
     USAGE("show", "nvme0");
@@ -701,11 +727,14 @@ START_TEST(test_ntbctl_answers)
 {
     static const char *const ok[] = {
         "{\"return\": [{\"device\": \"hosta/nvme0\", \"state\": \"available\", "
-        "\"borrower\": null, \"lease\": null}], \"id\": %ID%}\n", NULL };
+        "\"borrower\": null, \"lease\": null}], \"id\": %ID%}\n",
+        NULL
+    };
     static const char *const busy[] = { ANSWER_BUSY, NULL };
     static const char *const bad[] = { "{\"return\": 7, \"id\": %ID%}\n", NULL };
     static const char *const not_asked[] = { "{\"return\": {\"requested\": false}, "
-                                             "\"id\": %ID%}\n", NULL };
+                                             "\"id\": %ID%}\n",
+                                             NULL };
     g_autoptr(CtlFake) f = ctl_fake_new();
     g_autoptr(JsonNode) got = NULL;
     g_autoptr(JsonNode) want = json("[{\"device\": \"hosta/nvme0\", \"state\": \"available\","

@@ -165,8 +165,7 @@ static bool evil_replied(void *opaque)
 static int evil_request(Evil *e, const char *to, uint32_t type, const char *json)
 {
     e->replied = false;
-    ck_assert_int_eq(vn_fabric_request(e->fab, to, type, json, NULL, 0, on_evil_reply,
-                                       e), 0);
+    ck_assert_int_eq(vn_fabric_request(e->fab, to, type, json, NULL, 0, on_evil_reply, e), 0);
     ck_assert(spin_until(evil_replied, e, 3000));
     return e->err;
 }
@@ -187,20 +186,19 @@ START_TEST(test_hostile_peer)
     vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, forged, NULL, 0);
     /* Its own announcement claims hostb's lease: that is not its lease. */
     own = g_strdup_printf("{\"node\":\"evil\",\"devices\":[],\"holds\":[{\"lender\":\"hosta\","
-                          "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}]}", lease);
+                          "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}]}",
+                          lease);
     vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, own, NULL, 0);
     /* A REVOKE of hosta's device sent to hostb by someone else than hosta. */
-    revoke = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
-                             ",\"grace_ms\":0}", lease);
+    revoke = g_strdup_printf(
+        "{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT ",\"grace_ms\":0}", lease);
     vn_fabric_event(e.fab, "hostb", VN_PEERS_REVOKE, revoke, NULL, 0);
     /* Returning and borrowing what is hostb's; a message type no one has. */
     ret = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}", lease);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_RETURN, ret), -EPERM);
-    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"nvme0\"}"),
-                     -EACCES);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"nvme0\"}"), -EACCES);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_TYPE_LAST, ret), -ENOTSUP);
-    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"../x\"}"),
-                     -EINVAL);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"../x\"}"), -EINVAL);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_REVOKE, ret), -ENOTSUP);
     spin(300);
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_HELD);
@@ -240,7 +238,7 @@ START_TEST(test_transient_nodes_leave_no_trace)
         vn_fabric_close(w.fab);
     }
     spin(100);
-    ck_assert_uint_eq(g_hash_table_size(a->nodes), 1);      /* hostb */
+    ck_assert_uint_eq(g_hash_table_size(a->nodes), 1); /* hostb */
     e = daemon_start("hoste");
     ck_assert(spin_until(knows_hoste, a, 5000));
     vn_daemon_free(e);
@@ -292,10 +290,11 @@ START_TEST(test_save_error_counted)
     borrow(a, b);
     ck_assert_uint_ge(a->save_errors, 1);
     ck_assert(vn_stats_gather(a, NULL, keep_stats, &stats));
-    ck_assert_ptr_nonnull(stats);     /* the fake workers answer at once */
+    ck_assert_ptr_nonnull(stats); /* the fake workers answer at once */
     text = json_to_string(stats, FALSE);
     ck_assert_msg(strstr(text, "\"state_save_errors\":0") == NULL &&
-                  strstr(text, "\"state_save_errors\":") != NULL, "%s", text);
+                      strstr(text, "\"state_save_errors\":") != NULL,
+                  "%s", text);
     ck_assert_uint_eq(b->save_errors, 0);
     vn_daemon_free(b);
     vn_daemon_free(a);
@@ -307,9 +306,10 @@ START_TEST(test_second_daemon_refused)
 {
     VnDaemon *a = daemon_start("hosta");
     g_autoptr(GError) error = NULL;
-    g_autofree char *text = g_strdup_printf(
-        "[node]\nname = hostz\nfabric = shm\nfabric-dir = %s/fabric\n"
-        "control-socket = %s/hosta.control\n", tmpdir, tmpdir);
+    g_autofree char *text =
+        g_strdup_printf("[node]\nname = hostz\nfabric = shm\nfabric-dir = %s/fabric\n"
+                        "control-socket = %s/hosta.control\n",
+                        tmpdir, tmpdir);
     VnConfig *conf = vn_conf_parse(text, &error);
 
     ck_assert_ptr_nonnull(conf);
@@ -340,7 +340,7 @@ static char *control(VnDaemon *d, const char *line)
 
         if (n == 1 && c == '\n') {
             if (g_str_has_prefix(reply->str, "{\"vfio-ntbd\"")) {
-                g_string_truncate(reply, 0);    /* the greeting */
+                g_string_truncate(reply, 0); /* the greeting */
                 continue;
             }
             break;
@@ -372,7 +372,7 @@ START_TEST(test_attach_adopt_detach)
     ck_assert(spin_until(held, a, 2000));
     /* A restart of hostb's daemon: the worker is adopted, the lease kept. */
     vn_daemon_free(b);
-    ck_assert_uint_eq(fake.stops, 0);          /* workers outlive their daemon */
+    ck_assert_uint_eq(fake.stops, 0); /* workers outlive their daemon */
     b = daemon_start("hostb");
     ck_assert_uint_eq(fake.adopts, 1);
     ck_assert(spin_until(knows_hosta, b, 5000));
@@ -419,7 +419,7 @@ START_TEST(test_attach_waits_without_blocking)
     char c;
 
     ck_assert(spin_until(knows_hosta, b, 5000));
-    fake.delay_ms = 60000;      /* a start that never finishes by itself */
+    fake.delay_ms = 60000; /* a start that never finishes by itself */
     /* The first attach, on a connection of its own, waits for its worker. */
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     g_strlcpy(addr.sun_path, b->conf->control_socket, sizeof(addr.sun_path));

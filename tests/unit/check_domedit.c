@@ -29,8 +29,7 @@ static const char plain[] =
     "</domain>\n";
 
 /* A domain without metadata, commandline or the qemu namespace. */
-static const char bare[] =
-    "<domain type='qemu'><name>vm5</name>" MEM "<devices/></domain>";
+static const char bare[] = "<domain type='qemu'><name>vm5</name>" MEM "<devices/></domain>";
 
 /* Two declared devices; the second's pair straddles two commandlines. */
 static const char two[] =
@@ -72,8 +71,8 @@ static char *declare(const char *xml, const char *device, const char *alias, con
 START_TEST(test_declare_keeps_the_rest)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *out = declare(plain, "hosta/nvme0", "ntb-hosta-nvme0", SOCK_A,
-                                   "pci.1", &error);
+    g_autofree char *out =
+        declare(plain, "hosta/nvme0", "ntb-hosta-nvme0", SOCK_A, "pci.1", &error);
     g_autoptr(VnDomain) dom = NULL;
     const VnDomDevice *d;
 
@@ -145,8 +144,7 @@ END_TEST
 START_TEST(test_declare_after_straddling_pair)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *out = declare(two, "hostc/x", "ntbz", "/run/vfio-ntb/z.sock", NULL,
-                                   &error);
+    g_autofree char *out = declare(two, "hostc/x", "ntbz", "/run/vfio-ntb/z.sock", NULL, &error);
     g_autoptr(VnDomain) dom = NULL;
 
     ck_assert_msg(out != NULL, "%s", error != NULL ? error->message : "");
@@ -163,11 +161,10 @@ static const struct {
 } refused[] = {
     { two, "hostc/x", "ntb1", "/run/vfio-ntb/z.sock", "alias ntb1 is hostb/gpu0's" },
     { two, "hostc/x", "ntbz", SOCK_A, "the same socket" },
-    { "<domain><name>m</name><devices/></domain>", "hosta/nvme0", "ntb0", SOCK_A,
-      "memoryBacking" },
+    { "<domain><name>m</name><devices/></domain>", "hosta/nvme0", "ntb0", SOCK_A, "memoryBacking" },
     { "<domain><name>m</name>", "hosta/nvme0", "ntb0", SOCK_A, "does not parse" },
-    { "<!DOCTYPE d [<!ENTITY e 'x'>]><domain><name>&e;</name></domain>", "hosta/nvme0",
-      "ntb0", SOCK_A, "DOCTYPE" },
+    { "<!DOCTYPE d [<!ENTITY e 'x'>]><domain><name>&e;</name></domain>", "hosta/nvme0", "ntb0",
+      SOCK_A, "DOCTYPE" },
     { "<domain xmlns:qemu='urn:other'><name>m</name>" MEM "</domain>", "hosta/nvme0", "ntb0",
       SOCK_A, "prefix \"qemu\"" },
 };
@@ -176,8 +173,8 @@ static const struct {
 START_TEST(test_declare_refused)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *out = declare(refused[_i].xml, refused[_i].device,
-                                   refused[_i].alias, refused[_i].socket, NULL, &error);
+    g_autofree char *out = declare(refused[_i].xml, refused[_i].device, refused[_i].alias,
+                                   refused[_i].socket, NULL, &error);
 
     ck_assert_msg(out == NULL, "accepted: %s", out);
     ck_assert_ptr_nonnull(error);
@@ -244,8 +241,7 @@ START_TEST(test_undeclare_invalid)
 {
     static const char bad[] =
         "<domain " QEMU_DECL "><name>vm3</name><metadata><vn:devices " VN_DECL ">"
-        "<vn:device name='hosta/nvme0' alias='ntb0'/></vn:devices></metadata>" MEM
-        "</domain>";
+        "<vn:device name='hosta/nvme0' alias='ntb0'/></vn:devices></metadata>" MEM "</domain>";
     g_autoptr(GError) error = NULL;
     char *out = NULL;
 
@@ -259,8 +255,7 @@ END_TEST
 START_TEST(test_round_trip)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *in = declare(plain, "h/n", "ntb9", "/run/vfio-ntb/h-n.sock", "pci.1",
-                                  &error);
+    g_autofree char *in = declare(plain, "h/n", "ntb9", "/run/vfio-ntb/h-n.sock", "pci.1", &error);
     g_autofree char *out = NULL;
     g_autoptr(VnDomain) dom = NULL;
 

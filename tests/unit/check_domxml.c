@@ -11,7 +11,7 @@
 #define QEMU_DECL "xmlns:qemu='" VN_DOMXML_QEMU_NS "'"
 #define VN_DECL "xmlns:vn='" VN_DOMXML_NS "'"
 #define DEVICE_ARG(json) "<qemu:arg value='-device'/><qemu:arg value='" json "'/>"
-#define VFIO_USER(id, path) \
+#define VFIO_USER(id, path)                                                          \
     "{\"driver\":\"vfio-user-pci\",\"id\":\"" id "\",\"socket\":{\"type\":\"unix\"," \
     "\"path\":\"" path "\"}}"
 
@@ -35,9 +35,8 @@ static char *domain_xml(const char *name, const char *meta, const char *mem, con
                            "  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator>"
                            "</devices>\n</domain>\n",
                            name != NULL ? name : "vm1", *meta ? "  <metadata>" : "", meta,
-                           *meta ? "</metadata>\n" : "", mem,
-                           *args ? "\n  <qemu:commandline>" : "", args,
-                           *args ? "</qemu:commandline>\n" : "");
+                           *meta ? "</metadata>\n" : "", mem, *args ? "\n  <qemu:commandline>" : "",
+                           args, *args ? "</qemu:commandline>\n" : "");
 }
 
 static VnDomain *parse(const char *xml, GError **error)
@@ -49,21 +48,20 @@ static VnDomain *parse(const char *xml, GError **error)
 
 START_TEST(test_two_devices)
 {
-    const char meta[] =
-        "<app:x xmlns:app='http://example.com/app'><app:device name='x'/></app:x>"
-        "<vn:devices " VN_DECL ">\n"
-        "  <!-- the NVMe drive -->\n"
-        "  <vn:device name='hosta/nvme0' alias='ntb0' irq-mode='relay'/>\n"
-        "  <vn:device alias='ntb1' name='hostb/gpu.0'/>\n"
-        "</vn:devices>";
-    const char args[] =
-        "<qemu:arg value='-device'/><qemu:arg value='e1000,id=net9'/>"
-        DEVICE_ARG("{\"driver\":\"virtio-net-pci\",\"id\":\"net0\"}")
-        "<qemu:arg value='-device'/><qemu:arg value='{\"driver\":\"vfio-user-pci\","
-        "\"id\":\"ntb0\",\"bus\":\"pci.1\",\"socket\":{\"type\":\"unix\","
-        "\"path\":\"/run/vfio-ntb/hosta-nvme0.sock\"}}'/>"
-        "<qemu:env name='X' value='1'/>"
-        DEVICE_ARG(VFIO_USER("ntb1", "/run/vfio-ntb/hostb-gpu.0.sock"));
+    const char meta[] = "<app:x xmlns:app='http://example.com/app'><app:device name='x'/></app:x>"
+                        "<vn:devices " VN_DECL ">\n"
+                        "  <!-- the NVMe drive -->\n"
+                        "  <vn:device name='hosta/nvme0' alias='ntb0' irq-mode='relay'/>\n"
+                        "  <vn:device alias='ntb1' name='hostb/gpu.0'/>\n"
+                        "</vn:devices>";
+    const char args[] = "<qemu:arg value='-device'/><qemu:arg value='e1000,id=net9'/>" DEVICE_ARG(
+        "{\"driver\":\"virtio-net-pci\",\"id\":\"net0\"}") "<qemu:arg value='-device'/><qemu:arg value='{\"driver\":\"vfio-user-pci\","
+                                                           "\"id\":\"ntb0\",\"bus\":\"pci.1\",\"socket\":{\"type\":\"unix\","
+                                                           "\"path\":\"/run/vfio-ntb/hosta-nvme0.sock\"}}'/>"
+                                                           "<qemu:env name='X' value='1'/>" DEVICE_ARG(
+                                                               VFIO_USER(
+                                                                   "ntb1",
+                                                                   "/run/vfio-ntb/hostb-gpu.0.sock"));
     g_autofree char *xml = domain_xml("vm-1_a.b", meta, NULL, args);
     g_autoptr(GError) error = NULL;
     g_autoptr(VnDomain) dom = parse(xml, &error);
@@ -73,7 +71,7 @@ START_TEST(test_two_devices)
     ck_assert_str_eq(dom->name, "vm-1_a.b");
     ck_assert_uint_eq(dom->devices->len, 2);
 
-    d = g_ptr_array_index(dom->devices, 0);     /* document order */
+    d = g_ptr_array_index(dom->devices, 0); /* document order */
     ck_assert_str_eq(d->device, "hosta/nvme0");
     ck_assert_str_eq(d->alias, "ntb0");
     ck_assert_str_eq(d->irq_mode, "relay");
@@ -112,7 +110,8 @@ START_TEST(test_other_metadata)
     g_autofree char *xml = domain_xml("vm1",
                                       "<libosinfo:libosinfo xmlns:libosinfo='http://libosinfo"
                                       ".org/xmlns/libvirt/domain/1.0'><libosinfo:os id='x'/>"
-                                      "</libosinfo:libosinfo><devices/>", "", "");
+                                      "</libosinfo:libosinfo><devices/>",
+                                      "", "");
     g_autoptr(GError) error = NULL;
     g_autoptr(VnDomain) dom = parse(xml, &error);
 
@@ -126,8 +125,8 @@ START_TEST(test_foreign_device_ignored)
     /* Someone else's vfio-user-pci, broken by our rules: not ours to check. */
     g_autofree char *xml = domain_xml("vm1", NULL, NULL,
                                       DEVICE_ARG(VFIO_USER("other0", "relative.sock"))
-                                      DEVICE_ARG(VFIO_USER("ntb0", "/run/a.sock"))
-                                      DEVICE_ARG(VFIO_USER("other1", "/run/a.sock"))
+                                          DEVICE_ARG(VFIO_USER("ntb0", "/run/a.sock"))
+                                              DEVICE_ARG(VFIO_USER("other1", "/run/a.sock"))
                                       /* nested as deep as we let json-glib go */
                                       DEVICE_ARG("{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]"
                                                  "]]]]]]]]]]]]]]]]]]]]]]]]]]}"));
@@ -177,11 +176,11 @@ typedef enum Gen {
 
 typedef struct Bad {
     const char *what;
-    const char *raw;        /* the whole document, or NULL to build one */
-    const char *name, *meta, *mem, *args;   /* for domain_xml() */
+    const char *raw;                      /* the whole document, or NULL to build one */
+    const char *name, *meta, *mem, *args; /* for domain_xml() */
     Gen gen;
     int code;
-    const char *expect;     /* in the message */
+    const char *expect; /* in the message */
 } Bad;
 
 #define INVALID G_MARKUP_ERROR_INVALID_CONTENT
@@ -225,26 +224,29 @@ static const Bad bad[] = {
       .code = INVALID, .expect = "text inside <vn:devices>" },
     { "our namespace, not devices", .meta = "<vn:device " VN_DECL " name='hosta/nvme0'/>",
       .code = INVALID, .expect = "unknown element <device> of namespace" },
-    { "two vn:devices", .meta = DEV("name='hosta/nvme0' alias='ntb0'")
-      DEV("name='hosta/nvme1' alias='ntb1'"), .code = INVALID,
-      .expect = "more than one <vn:devices>" },
-    { "duplicate alias", .meta = TWO("name='hosta/nvme0' alias='ntb0'",
-                                     "name='hosta/nvme1' alias='ntb0'"), .code = INVALID,
-      .expect = "devices hosta/nvme0 and hosta/nvme1 have the same alias ntb0" },
-    { "duplicate device", .meta = TWO("name='hosta/nvme0' alias='ntb0'",
-                                      "name='hosta/nvme0' alias='ntb1'"), .code = INVALID,
-      .expect = "device hosta/nvme0 is declared twice" },
+    { "two vn:devices",
+      .meta = DEV("name='hosta/nvme0' alias='ntb0'") DEV("name='hosta/nvme1' alias='ntb1'"),
+      .code = INVALID, .expect = "more than one <vn:devices>" },
+    { "duplicate alias",
+      .meta = TWO("name='hosta/nvme0' alias='ntb0'", "name='hosta/nvme1' alias='ntb0'"),
+      .code = INVALID, .expect = "devices hosta/nvme0 and hosta/nvme1 have the same alias ntb0" },
+    { "duplicate device",
+      .meta = TWO("name='hosta/nvme0' alias='ntb0'", "name='hosta/nvme0' alias='ntb1'"),
+      .code = INVALID, .expect = "device hosta/nvme0 is declared twice" },
     { "no memfd backing", .mem = "", .code = INVALID,
       .expect = "add <memoryBacking><source type='memfd'/><access mode='shared'/>" },
     { "memfd not shared", .mem = "<memoryBacking><source type='memfd'/></memoryBacking>",
       .code = INVALID, .expect = "not shared: add <access mode='shared'/>" },
-    { "shared but anonymous", .mem = "<memoryBacking><source type='anonymous'/>"
-      "<access mode='shared'/></memoryBacking>", .code = INVALID, .expect = "type='memfd'" },
+    { "shared but anonymous",
+      .mem = "<memoryBacking><source type='anonymous'/>"
+             "<access mode='shared'/></memoryBacking>",
+      .code = INVALID, .expect = "type='memfd'" },
     { "no -device for alias", .args = "", .code = INVALID,
       .expect = "no <qemu:arg> -device has id ntb0 (device hosta/nvme0): "
                 "`ntbctl xml hosta/nvme0 --alias ntb0` prints one" },
-    { "legacy -device syntax", .args = "<qemu:arg value='-device'/>"
-      "<qemu:arg value='vfio-user-pci,id=ntb0,socket.type=unix,socket.path=/a.sock'/>",
+    { "legacy -device syntax",
+      .args = "<qemu:arg value='-device'/>"
+              "<qemu:arg value='vfio-user-pci,id=ntb0,socket.type=unix,socket.path=/a.sock'/>",
       .code = INVALID, .expect = "--alias ntb0` prints one" },
     { "-device as the last arg", .args = "<qemu:arg value='-device'/>", .code = INVALID,
       .expect = "no <qemu:arg> -device has id ntb0" },
@@ -252,30 +254,33 @@ static const Bad bad[] = {
       .code = INVALID, .expect = "(alias ntb0): its -device has driver \"vfio-pci\"" },
     { "no socket", .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\"}"),
       .code = INVALID, .expect = "needs \"socket\"" },
-    { "inet socket", .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
-                                        "\"socket\":{\"type\":\"inet\",\"path\":\"/a\"}}"),
+    { "inet socket",
+      .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
+                         "\"socket\":{\"type\":\"inet\",\"path\":\"/a\"}}"),
       .code = INVALID, .expect = "needs \"socket\"" },
-    { "bus not a string", .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
-                                             "\"bus\":1,\"socket\":{\"type\":\"unix\","
-                                             "\"path\":\"/a\"}}"),
+    { "bus not a string",
+      .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
+                         "\"bus\":1,\"socket\":{\"type\":\"unix\","
+                         "\"path\":\"/a\"}}"),
       .code = INVALID, .expect = "\"bus\" that is not a string" },
-    { "bus with an escape", .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
-                                               "\"bus\":\"pci\\u001b[2J\",\"socket\":{"
-                                               "\"type\":\"unix\",\"path\":\"/a\"}}"),
+    { "bus with an escape",
+      .args = DEVICE_ARG("{\"driver\":\"vfio-user-pci\",\"id\":\"ntb0\","
+                         "\"bus\":\"pci\\u001b[2J\",\"socket\":{"
+                         "\"type\":\"unix\",\"path\":\"/a\"}}"),
       .code = INVALID, .expect = "\"bus\" is not 1-63 printable characters" },
-    { "relative socket path", .args = DEVICE_ARG(VFIO_USER("ntb0", "run/a.sock")),
-      .code = INVALID, .expect = "socket path \"run/a.sock\" is not absolute" },
+    { "relative socket path", .args = DEVICE_ARG(VFIO_USER("ntb0", "run/a.sock")), .code = INVALID,
+      .expect = "socket path \"run/a.sock\" is not absolute" },
     { "socket path with ..", .args = DEVICE_ARG(VFIO_USER("ntb0", "/run/../tmp/a.sock")),
       .code = INVALID, .expect = "has a \"..\" component" },
-    { "socket path ending in ..", .args = DEVICE_ARG(VFIO_USER("ntb0", "/run/..")),
-      .code = INVALID, .expect = "has a \"..\" component" },
+    { "socket path ending in ..", .args = DEVICE_ARG(VFIO_USER("ntb0", "/run/..")), .code = INVALID,
+      .expect = "has a \"..\" component" },
     { "socket path too long", .gen = GEN_LONG_SOCKET, .code = INVALID,
       .expect = "is longer than 107 bytes" },
-    { "two -device with one id", .args = DEVICE_ARG(VFIO_USER("ntb0", "/a.sock"))
-      DEVICE_ARG(VFIO_USER("ntb0", "/b.sock")), .code = INVALID,
-      .expect = "two -device arguments have id ntb0" },
-    { "two devices, one socket", .meta = TWO("name='hosta/nvme0' alias='ntb0'",
-                                             "name='hosta/nvme1' alias='ntb1'"),
+    { "two -device with one id",
+      .args = DEVICE_ARG(VFIO_USER("ntb0", "/a.sock")) DEVICE_ARG(VFIO_USER("ntb0", "/b.sock")),
+      .code = INVALID, .expect = "two -device arguments have id ntb0" },
+    { "two devices, one socket",
+      .meta = TWO("name='hosta/nvme0' alias='ntb0'", "name='hosta/nvme1' alias='ntb1'"),
       .args = DEVICE_ARG(VFIO_USER("ntb0", "/a.sock")) DEVICE_ARG(VFIO_USER("ntb1", "/a.sock")),
       .code = INVALID, .expect = "use the same socket /a.sock" },
     { "-device JSON that does not parse", .args = DEVICE_ARG("{\"driver\":"), .code = INVALID,
@@ -307,9 +312,9 @@ static char *bad_xml(const Bad *b, size_t *len)
         break;
     case GEN_LONG_SOCKET:
         g_string_append(s, "<qemu:arg value='-device'/><qemu:arg value='{\"driver\":"
-                        "\"vfio-user-pci\",\"id\":\"ntb0\",\"socket\":{\"type\":\"unix\","
-                        "\"path\":\"/");
-        for (unsigned i = 0; i < VN_DOMXML_MAX_SOCKET; i++) {    /* one more with the '/' */
+                           "\"vfio-user-pci\",\"id\":\"ntb0\",\"socket\":{\"type\":\"unix\","
+                           "\"path\":\"/");
+        for (unsigned i = 0; i < VN_DOMXML_MAX_SOCKET; i++) { /* one more with the '/' */
             g_string_append_c(s, 's');
         }
         g_string_append(s, "\"}}'/>");
@@ -342,14 +347,13 @@ START_TEST(test_malformed)
     ck_assert_msg(dom == NULL, "%s: accepted", b->what);
     ck_assert_msg(error != NULL, "%s: no error", b->what);
     ck_assert_msg(error->domain == G_MARKUP_ERROR && error->code == b->code,
-                  "%s: error code %d, want %d (%s)", b->what, error->code, b->code,
-                  error->message);
-    ck_assert_msg(strstr(error->message, b->expect) != NULL, "%s: \"%s\" lacks \"%s\"",
-                  b->what, error->message, b->expect);
+                  "%s: error code %d, want %d (%s)", b->what, error->code, b->code, error->message);
+    ck_assert_msg(strstr(error->message, b->expect) != NULL, "%s: \"%s\" lacks \"%s\"", b->what,
+                  error->message, b->expect);
     /* Once the name is known, every message says which domain it is about. */
     if (b->raw == NULL && b->name == NULL && b->gen != GEN_OVERSIZED) {
-        ck_assert_msg(g_str_has_prefix(error->message, "domain vm1: "), "%s: \"%s\"",
-                      b->what, error->message);
+        ck_assert_msg(g_str_has_prefix(error->message, "domain vm1: "), "%s: \"%s\"", b->what,
+                      error->message);
     }
 }
 END_TEST
@@ -379,7 +383,8 @@ static VnDomain *round_trip(const char *device, const char *alias, const char *s
 {
     g_autofree char *snippets = vn_domxml_snippets(device, alias, socket, bus);
     g_autofree char *xml = g_strdup_printf("<domain type='qemu' " QEMU_DECL ">"
-                                           "<name>vm1</name>\n%s</domain>\n", snippets);
+                                           "<name>vm1</name>\n%s</domain>\n",
+                                           snippets);
     g_autoptr(GError) error = NULL;
     VnDomain *dom = parse(xml, &error);
 
@@ -390,8 +395,7 @@ static VnDomain *round_trip(const char *device, const char *alias, const char *s
 
 START_TEST(test_snippets_bus)
 {
-    g_autoptr(VnDomain) dom = round_trip("hosta/nvme0", "ntb0", "/run/vfio-ntb/a.sock",
-                                         "pci.1");
+    g_autoptr(VnDomain) dom = round_trip("hosta/nvme0", "ntb0", "/run/vfio-ntb/a.sock", "pci.1");
     const VnDomDevice *d = vn_domain_find(dom, "hosta/nvme0");
 
     ck_assert_ptr_nonnull(d);

@@ -26,8 +26,8 @@ static void setup(void)
 
     tmpdir = g_dir_make_tmp("vn-check-ending-XXXXXX", NULL);
     d = g_new0(VnDaemon, 1);
-    d->conf = vn_conf_parse("[node]\nname = hostb\nfabric = shm\nfabric-dir = /nonexistent\n",
-                            &error);
+    d->conf =
+        vn_conf_parse("[node]\nname = hostb\nfabric = shm\nfabric-dir = /nonexistent\n", &error);
     ck_assert_msg(d->conf != NULL, "%s", error ? error->message : "");
     d->endings = vn_endings_new();
 }
@@ -48,8 +48,8 @@ static GPid spawn(const char *script)
     g_autoptr(GError) error = NULL;
     GPid pid = 0;
 
-    ck_assert_msg(g_spawn_async(NULL, (char **)argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL,
-                                NULL, &pid, &error),
+    ck_assert_msg(g_spawn_async(NULL, (char **)argv, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
+                                &pid, &error),
                   "%s", error ? error->message : "");
     return pid;
 }
@@ -100,7 +100,7 @@ START_TEST(test_term_ignored_kills)
     unsigned ticks = 0;
     guint timer = g_timeout_add(10, tick, &ticks);
 
-    g_usleep(100 * 1000);       /* the shell has set its trap */
+    g_usleep(100 * 1000); /* the shell has set its trap */
     vn_ending_start(d, "nvme0", pid, true, NULL, NULL, 0, 400);
     g_usleep(50 * 1000);
     spin_while_busy("nvme0", 250);
@@ -174,8 +174,8 @@ START_TEST(test_adopted_worker)
     GPid pid;
     gint64 took;
 
-    ck_assert(g_spawn_command_line_sync("sh -c 'sleep 30 >/dev/null 2>&1 & echo $!'", &out,
-                                        NULL, NULL, &error));
+    ck_assert(g_spawn_command_line_sync("sh -c 'sleep 30 >/dev/null 2>&1 & echo $!'", &out, NULL,
+                                        NULL, &error));
     pid = (GPid)g_ascii_strtoll(out, NULL, 10);
     ck_assert_int_gt(pid, 0);
     ck_assert_int_eq(kill(pid, 0), 0);

@@ -11,8 +11,8 @@
 
 typedef struct Probe {
     gint calls;
-    gint busy_left;         /* BUSY answers still to give */
-    gint seen_flag;         /* the test's flag as the poll last saw it */
+    gint busy_left; /* BUSY answers still to give */
+    gint seen_flag; /* the test's flag as the poll last saw it */
     gint flag;
     VnEnginePoll idle_answer;
 } Probe;
@@ -38,7 +38,7 @@ START_TEST(test_busy_then_dormant)
     gint before, after;
 
     ck_assert_msg(e != NULL, "%s", error ? error->message : "");
-    g_usleep(100 * 1000);            /* past the 2 ms spin */
+    g_usleep(100 * 1000); /* past the 2 ms spin */
     before = g_atomic_int_get(&p.calls);
     g_usleep(200 * 1000);
     after = g_atomic_int_get(&p.calls);

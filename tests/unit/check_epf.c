@@ -16,7 +16,7 @@
 typedef struct Rig {
     VnEpf *epf;
     uint32_t signals[2][VN_EPF_MAX_VECTORS];
-    uint8_t mem[2][MEM_SIZE];       /* each port's host memory, DMA address 0.. */
+    uint8_t mem[2][MEM_SIZE]; /* each port's host memory, DMA address 0.. */
     bool master[2];
 } Rig;
 
@@ -39,8 +39,7 @@ static int fake_dma_read(void *opaque, unsigned port, uint64_t addr, void *buf, 
     return 0;
 }
 
-static int fake_dma_write(void *opaque, unsigned port, uint64_t addr, const void *buf,
-                          uint32_t len)
+static int fake_dma_write(void *opaque, unsigned port, uint64_t addr, const void *buf, uint32_t len)
 {
     Rig *r = opaque;
 
@@ -174,7 +173,7 @@ START_TEST(test_link)
     ck_assert(vn_epf_link_up(r->epf));
     ck_assert_uint_eq(rd16(r, 0, VN_EPF_REG_LINK_STATUS) & 1, 1);
     ck_assert_uint_eq(rd16(r, 1, VN_EPF_REG_LINK_STATUS) & 1, 1);
-    ck_assert_uint_eq(r->signals[0][0], 1);             /* the link vector, both sides */
+    ck_assert_uint_eq(r->signals[0][0], 1); /* the link vector, both sides */
     ck_assert_uint_eq(r->signals[1][0], 1);
     /* Clearing CMD_STATUS (writew) leaves LINK_STATUS alone. */
     ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_CMD_STATUS), 1u << 16);
@@ -285,8 +284,7 @@ static const struct {
     { "no such command", 7, 0, 0, 0 },
     { "command 0", 0, 0, 0, 0 },
     { "doorbells: none", VN_EPF_CMD_CONFIGURE_DOORBELL, VN_EPF_ARG_MSIX, 0, 0 },
-    { "doorbells: more than the table", VN_EPF_CMD_CONFIGURE_DOORBELL, VN_EPF_ARG_MSIX | 33,
-      0, 0 },
+    { "doorbells: more than the table", VN_EPF_CMD_CONFIGURE_DOORBELL, VN_EPF_ARG_MSIX | 33, 0, 0 },
     { "window 1 (there is one)", VN_EPF_CMD_CONFIGURE_MW, 1, 0x1000, 0x1000 },
     { "window larger than the BAR", VN_EPF_CMD_CONFIGURE_MW, 0, 0, (1 << 20) + 4096 },
     { "window of 0 bytes", VN_EPF_CMD_CONFIGURE_MW, 0, 0x1000, 0 },
@@ -308,8 +306,8 @@ START_TEST(test_bad_commands)
         wr32(r, 1, VN_EPF_REG_LOWER_SIZE, (uint32_t)bad_commands[_i].size);
         wr32(r, 1, VN_EPF_REG_UPPER_SIZE, (uint32_t)(bad_commands[_i].size >> 32));
     }
-    ck_assert_msg(command(r, 1, bad_commands[_i].cmd, bad_commands[_i].arg) ==
-                      VN_EPF_STATUS_ERROR, "accepted: %s", bad_commands[_i].why);
+    ck_assert_msg(command(r, 1, bad_commands[_i].cmd, bad_commands[_i].arg) == VN_EPF_STATUS_ERROR,
+                  "accepted: %s", bad_commands[_i].why);
     vn_epf_stats(r->epf, 1, &st);
     ck_assert_uint_eq(st.command_errors, 1);
     /* What was there before still is: the first translation, 8 vectors, the link. */

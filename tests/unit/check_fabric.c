@@ -51,10 +51,10 @@ START_TEST(test_simultaneous_connect)
      * ends must settle on the same one without the link flapping. */
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     ck_assert(vn_fabric_connect(b->fab, "a", NULL));
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"n\":1}", NULL, 0,
-                                       on_reply, &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"n\":2}", NULL, 0,
-                                       on_reply, &r2), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"n\":1}", NULL, 0, on_reply, &r1),
+                     0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"n\":2}", NULL, 0, on_reply, &r2),
+                     0);
     WAIT_FOR(r1.done && r2.done);
     ck_assert_int_eq(r1.err, 0);
     ck_assert_int_eq(r2.err, 0);
@@ -66,10 +66,8 @@ START_TEST(test_simultaneous_connect)
     reply_clear(&r1);
     reply_clear(&r2);
     /* ...and the one left carries traffic both ways. */
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, "x", 1, on_reply,
-                                       &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, NULL, "y", 1, on_reply,
-                                       &r2), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, "x", 1, on_reply, &r1), 0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, NULL, "y", 1, on_reply, &r2), 0);
     WAIT_FOR(r1.done && r2.done);
     ck_assert_int_eq(r1.err + r2.err, 0);
     reply_clear(&r1);
@@ -105,7 +103,7 @@ START_TEST(test_register)
     VnFabricOps ops = { .name = "bogus", .open = bogus_open };
     static const VnFabricOps shm_again = { .name = "shm" };
 
-    node_open("a", false);      /* the built-in backend is registered now */
+    node_open("a", false); /* the built-in backend is registered now */
     ck_assert(!vn_fabric_ops_valid(NULL, &error));
     g_clear_error(&error);
     ck_assert(!vn_fabric_register(&ops, &error));
@@ -153,15 +151,16 @@ START_TEST(test_request_reply)
     link_nodes(a, b);
     /* JSON + binary, handed to the handler as sent. */
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"hello\":\"world\"}", bin,
-                                       sizeof(bin), on_reply, &r), 0);
+                                       sizeof(bin), on_reply, &r),
+                     0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
     ck_assert(log_has(b, "req:1:{\"hello\":\"world\"}:5"));
     reply_clear(&r);
 
     /* An echo brings both back. */
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"k\":[1,2]}", bin, sizeof(bin),
-                                       on_reply, &r), 0);
+    ck_assert_int_eq(
+        vn_fabric_request(a->fab, "b", T_ECHO, "{\"k\":[1,2]}", bin, sizeof(bin), on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
     ck_assert_str_eq(r.json, "{\"k\":[1,2]}");
@@ -203,15 +202,13 @@ START_TEST(test_error_reply)
     Reply r = { 0 };
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_FAIL, NULL, NULL, 0, on_reply,
-                                       &r), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_FAIL, NULL, NULL, 0, on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -EPERM);
     ck_assert_ptr_nonnull(r.json);
     ck_assert_ptr_nonnull(strstr(r.json, "not allowed here"));
     reply_clear(&r);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", 999, NULL, NULL, 0, on_reply, &r),
-                     0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", 999, NULL, NULL, 0, on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -ENOTSUP);
     reply_clear(&r);
@@ -228,24 +225,26 @@ START_TEST(test_message_args)
     g_autofree uint8_t *big = g_malloc0(VN_FABRIC_MAX_PAYLOAD + 1);
     Reply r = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, on_reply,
-                                       &r), -ENOTCONN);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, on_reply, &r),
+                     -ENOTCONN);
     ck_assert_int_eq(vn_fabric_event(a->fab, "b", 1, NULL, NULL, 0), -ENOTCONN);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 1), -ENOTCONN);
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", VN_FABRIC_TYPE_RESERVED, NULL, NULL, 0,
-                                       on_reply, &r), -EINVAL);
-    ck_assert_int_eq(vn_fabric_event(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0),
-                     -EINVAL);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, big,
-                                       VN_FABRIC_MAX_PAYLOAD + 1, on_reply, &r), -EMSGSIZE);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{}", big, VN_FABRIC_MAX_PAYLOAD,
-                                       on_reply, &r), -EMSGSIZE);
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL,
-                                            0, NULL), -EINVAL);
+    ck_assert_int_eq(
+        vn_fabric_request(a->fab, "b", VN_FABRIC_TYPE_RESERVED, NULL, NULL, 0, on_reply, &r),
+        -EINVAL);
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0), -EINVAL);
+    ck_assert_int_eq(
+        vn_fabric_request(a->fab, "b", T_ECHO, NULL, big, VN_FABRIC_MAX_PAYLOAD + 1, on_reply, &r),
+        -EMSGSIZE);
+    ck_assert_int_eq(
+        vn_fabric_request(a->fab, "b", T_ECHO, "{}", big, VN_FABRIC_MAX_PAYLOAD, on_reply, &r),
+        -EMSGSIZE);
+    ck_assert_int_eq(
+        vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0, NULL), -EINVAL);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_MAX_DOORBELLS), -EINVAL);
     spin(20);
-    ck_assert(!r.done);                 /* refused requests never call back */
+    ck_assert(!r.done); /* refused requests never call back */
     ck_assert_uint_eq(stats_of(a).msgs_sent, 0);
     ck_assert_uint_eq(log_count(b, "req:"), 0);
 }
@@ -261,14 +260,14 @@ START_TEST(test_sync_request)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
+    ck_assert_int_eq(
+        vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
     ck_assert_ptr_nonnull(reply);
     ck_assert_str_eq(reply->json, "{\"s\":\"sync\"}");
     ck_assert_str_eq(reply->peer, "b");
     ck_assert_uint_eq(reply->data_len, 3);
     ck_assert_mem_eq(reply->data, "xyz", 3);
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, &none),
-                     -EPERM);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, &none), -EPERM);
     /* An error reply leaves the peer's explanation. */
     ck_assert_ptr_nonnull(none);
     {
@@ -293,8 +292,7 @@ START_TEST(test_sync_queues_others)
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     /* b sends an event before its reply: it must not run inside the call. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0,
-                                            &reply), 0);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0, &reply), 0);
     ck_assert_str_eq(reply->json, "{\"second\":true}");
     ck_assert_uint_eq(log_count(a, "ev:"), 0);
     /* Let event 8 arrive behind the queued ones before the loop runs: it
@@ -322,8 +320,8 @@ START_TEST(test_sync_flood_capped)
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0,
-                                            &reply), -ECONNRESET);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0, &reply),
+                     -ECONNRESET);
     ck_assert_int_lt(now_ms() - t0, VN_FABRIC_REQUEST_TIMEOUT_MS / 2);
     vn_fabric_stats(a->fab, &st);
     ck_assert_uint_ge(st.bad_messages, 1);
@@ -351,7 +349,8 @@ START_TEST(test_sync_map_while_waiting)
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     /* a blocks on b; b's handler maps a's segment, which a must answer
      * while it waits, or both would sit out the timeout. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
+    ck_assert_int_eq(
+        vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
     ck_assert_uint_eq(reply->data_len, 8);
     ck_assert_mem_eq(reply->data, "a's data", 8);
     munmap(map, 8192);
@@ -374,8 +373,7 @@ START_TEST(test_request_timeout)
     node_start(c);
     link_nodes(a, b);
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
-                                       &r), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r), 0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, -ETIMEDOUT);
     ck_assert_int_ge(now_ms() - t0, 150);
@@ -383,8 +381,8 @@ START_TEST(test_request_timeout)
     /* The synchronous form times out the same way. */
     ck_assert(vn_fabric_connect(a->fab, "c", NULL));
     t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0,
-                                            &reply), -ETIMEDOUT);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0, &reply),
+                     -ETIMEDOUT);
     ck_assert_int_ge(now_ms() - t0, 150);
     ck_assert_int_lt(now_ms() - t0, 2000);
     ck_assert_ptr_null(reply);
@@ -401,10 +399,8 @@ START_TEST(test_reset_on_peer_close)
     gint64 t0;
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
-                                       &r1), 0);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
-                                       &r2), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r1), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r2), 0);
     WAIT_FOR(log_count(b, "req:") == 2);
     t0 = now_ms();
     node_close(b);
@@ -429,13 +425,12 @@ START_TEST(test_sync_reset_on_peer_close)
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     t0 = now_ms();
     /* b stops and closes while a waits. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0,
-                                            &reply), -ECONNRESET);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, &reply),
+                     -ECONNRESET);
     ck_assert_int_lt(now_ms() - t0, 1000);
     ck_assert(!vn_fabric_link_up(a->fab, "b"));
     WAIT_FOR(log_has(a, "down:b"));
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0,
-                                            &reply), -ENOTCONN);
+    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0, &reply), -ENOTCONN);
 }
 END_TEST
 
@@ -446,8 +441,7 @@ START_TEST(test_close_cancels)
     Reply r = { 0 };
 
     link_nodes(a, b);
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
-                                       &r), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r), 0);
     node_close(a);
     ck_assert(r.done);
     ck_assert_int_eq(r.err, -ECANCELED);
@@ -743,7 +737,7 @@ START_TEST(test_export_errors)
     ck_assert_uint_eq(vn_fabric_segment_export(a->fab, sv[0], 4096, "b", &error), 0);
     ck_assert_ptr_nonnull(error);
     ck_assert_uint_ne(vn_fabric_segment_export(a->fab, memfd, 4096, "b", NULL), 0);
-    vn_fabric_segment_unexport(a->fab, 12345);        /* unknown: nothing */
+    vn_fabric_segment_unexport(a->fab, 12345); /* unknown: nothing */
     close(sv[0]);
     close(sv[1]);
     close(memfd);
@@ -783,11 +777,11 @@ START_TEST(test_route)
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = route_id_le(id);
     /* a waits synchronously; its backend still answers b's open. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le,
-                                            sizeof(le), &reply), 0);
+    ck_assert_int_eq(
+        vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply), 0);
     ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
     ck_assert_uint_eq(n, 1);
-    ck_assert_uint_eq(stats_of(a).msgs_received, 1);     /* the reply, nothing else */
+    ck_assert_uint_eq(stats_of(a).msgs_received, 1); /* the reply, nothing else */
     ck_assert_uint_eq(stats_of(a).bad_messages, 0);
     vn_fabric_route_unexport(a->fab, id);
     close(efd);
@@ -815,9 +809,9 @@ START_TEST(test_route_not_granted)
         g_autoptr(VnFabricMsg) reply = NULL;
         uint64_t le = route_id_le(ids[i]);
 
-        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le,
-                                                sizeof(le), &reply),
-                         i == 0 ? -EACCES : -ENOENT);
+        ck_assert_int_eq(
+            vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply),
+            i == 0 ? -EACCES : -ENOENT);
     }
     /* Nothing was signalled; each refusal was counted where it was asked. */
     ck_assert(!readable(efd));
@@ -847,7 +841,7 @@ START_TEST(test_route_errors)
     g_clear_error(&error);
     ck_assert_int_eq(vn_fabric_route_open(a->fab, "b", 1, &error), -ENOTCONN);
     g_clear_error(&error);
-    vn_fabric_route_unexport(a->fab, 12345);          /* unknown: nothing */
+    vn_fabric_route_unexport(a->fab, 12345); /* unknown: nothing */
 
     /* A backend without the capability carries no routes at all. */
     plain = vn_shm_ops;
@@ -953,7 +947,7 @@ START_TEST(test_doorbell_budget)
     ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 1, NULL), -ENOSPC);
     ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 0, NULL), -EINVAL);
     ck_assert_int_eq(vn_fabric_doorbells_alloc(a->fab, 33, NULL), -EINVAL);
-    vn_fabric_doorbells_free(a->fab, 60, 10);         /* out of range: nothing */
+    vn_fabric_doorbells_free(a->fab, 60, 10); /* out of range: nothing */
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(a->fab), 32);
 
     /* A node with 16 bits has 16. */
@@ -970,7 +964,7 @@ END_TEST
  * loaded machine makes anything slower, never faster). */
 START_TEST(test_crossing_delay)
 {
-    static const char *const kv[] = { "crossing-delay-ns", "200000", NULL };    /* 200 us */
+    static const char *const kv[] = { "crossing-delay-ns", "200000", NULL }; /* 200 us */
     const unsigned requests = 10, doorbells = 10;
     Node *b = node_open_kv("b", true, kv);
     Node *a;
@@ -983,8 +977,7 @@ START_TEST(test_crossing_delay)
     for (unsigned i = 0; i < requests; i++) {
         g_autoptr(VnFabricMsg) reply = NULL;
 
-        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0,
-                                                &reply), 0);
+        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0, &reply), 0);
     }
     /* a request and its reply: two crossings, one on each side */
     elapsed = vn_util_now_ns() - t0;

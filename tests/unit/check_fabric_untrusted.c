@@ -23,14 +23,14 @@ static const struct {
     { "-a", { NULL } },
     { "", { NULL } },
     { "a_b", { NULL } },
-    { "abcdefghijklmnopqrstuvwxyz012345", { NULL } },     /* 32 characters */
+    { "abcdefghijklmnopqrstuvwxyz012345", { NULL } }, /* 32 characters */
     { "a", { "max-windows", "0" } },
     { "a", { "max-windows", "257" } },
     { "a", { "max-windows", "two" } },
     { "a", { "max-windows", "-1" } },
     { "a", { "max-window-size", "12345" } },
     { "a", { "max-window-size", "1024" } },
-    { "a", { "max-window-size", "2199023255552" } },       /* 2 TiB */
+    { "a", { "max-window-size", "2199023255552" } }, /* 2 TiB */
     { "a", { "window-align", "0" } },
     { "a", { "window-align", "6000" } },
     { "a", { "xlat-granularity", "3000" } },
@@ -251,8 +251,8 @@ static void good_peer_ok(Node *b)
 {
     Reply r = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0,
-                                       on_reply, &r), 0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0, on_reply, &r),
+                     0);
     WAIT_FOR(r.done);
     ck_assert_int_eq(r.err, 0);
     ck_assert_str_eq(r.json, "{\"still\":1}");
@@ -268,11 +268,32 @@ static bool pipe_closed(int rd)
 }
 
 enum {
-    BAD_MAGIC, BAD_VERSION, BAD_SHORT, BAD_EMPTY, BAD_JSON_LEN_HUGE, BAD_DATA_LEN_HUGE,
-    BAD_LEN_MISMATCH, BAD_JSON_NO_NUL, BAD_JSON_NUL_INSIDE, BAD_JSON_ARRAY, BAD_JSON_SYNTAX,
-    BAD_JSON_UTF8, BAD_JSON_DEEP, BAD_REPLY_UNKNOWN_ID, BAD_RESERVED_TYPE, BAD_RESERVED_EVENT,
-    BAD_FLAGS, BAD_NO_KIND, BAD_ERROR_ON_REQUEST, BAD_RESERVED_FIELD, BAD_RESERVED0_FIELD,
-    BAD_ID_ZERO, BAD_DOORBELL_BIT, BAD_DOORBELL_JSON, BAD_DOORBELL_REQUEST, BAD_LAST
+    BAD_MAGIC,
+    BAD_VERSION,
+    BAD_SHORT,
+    BAD_EMPTY,
+    BAD_JSON_LEN_HUGE,
+    BAD_DATA_LEN_HUGE,
+    BAD_LEN_MISMATCH,
+    BAD_JSON_NO_NUL,
+    BAD_JSON_NUL_INSIDE,
+    BAD_JSON_ARRAY,
+    BAD_JSON_SYNTAX,
+    BAD_JSON_UTF8,
+    BAD_JSON_DEEP,
+    BAD_REPLY_UNKNOWN_ID,
+    BAD_RESERVED_TYPE,
+    BAD_RESERVED_EVENT,
+    BAD_FLAGS,
+    BAD_NO_KIND,
+    BAD_ERROR_ON_REQUEST,
+    BAD_RESERVED_FIELD,
+    BAD_RESERVED0_FIELD,
+    BAD_ID_ZERO,
+    BAD_DOORBELL_BIT,
+    BAD_DOORBELL_JSON,
+    BAD_DOORBELL_REQUEST,
+    BAD_LAST
 };
 
 /* Each is counted bad, a request among them gets an error reply (errno
@@ -442,7 +463,7 @@ START_TEST(test_bad_frame)
 
     after = stats_of(a);
     ck_assert_uint_eq(after.bad_messages, before.bad_messages + 1);
-    ck_assert_uint_eq(after.msgs_received, before.msgs_received + 2);   /* the two echoes */
+    ck_assert_uint_eq(after.msgs_received, before.msgs_received + 2); /* the two echoes */
     ck_assert_uint_eq(after.doorbells_received, 0);
     ck_assert_uint_eq(log_count(a, "req:"), 2);
     ck_assert_uint_eq(log_count(a, "ev:") + log_count(a, "db:"), 0);
@@ -452,21 +473,25 @@ START_TEST(test_bad_frame)
 END_TEST
 
 enum {
-    HELLO_UPPER, HELLO_DASH_FIRST, HELLO_EMPTY, HELLO_UNTERMINATED, HELLO_SELF, HELLO_MAGIC,
-    HELLO_VERSION, HELLO_SHORT, HELLO_LONG, HELLO_FDS, HELLO_LAST
+    HELLO_UPPER,
+    HELLO_DASH_FIRST,
+    HELLO_EMPTY,
+    HELLO_UNTERMINATED,
+    HELLO_SELF,
+    HELLO_MAGIC,
+    HELLO_VERSION,
+    HELLO_SHORT,
+    HELLO_LONG,
+    HELLO_FDS,
+    HELLO_LAST
 };
 
 static const char *const hello_names[HELLO_LAST] = {
-    [HELLO_UPPER] = "a name in capitals",
-    [HELLO_DASH_FIRST] = "a name starting with a dash",
-    [HELLO_EMPTY] = "an empty name",
-    [HELLO_UNTERMINATED] = "a name with no NUL",
-    [HELLO_SELF] = "the node's own name",
-    [HELLO_MAGIC] = "bad magic",
-    [HELLO_VERSION] = "another version",
-    [HELLO_SHORT] = "a short HELLO",
-    [HELLO_LONG] = "a HELLO of 1 GiB",
-    [HELLO_FDS] = "a HELLO with an fd",
+    [HELLO_UPPER] = "a name in capitals", [HELLO_DASH_FIRST] = "a name starting with a dash",
+    [HELLO_EMPTY] = "an empty name",      [HELLO_UNTERMINATED] = "a name with no NUL",
+    [HELLO_SELF] = "the node's own name", [HELLO_MAGIC] = "bad magic",
+    [HELLO_VERSION] = "another version",  [HELLO_SHORT] = "a short HELLO",
+    [HELLO_LONG] = "a HELLO of 1 GiB",    [HELLO_FDS] = "a HELLO with an fd",
 };
 
 START_TEST(test_bad_hello)
@@ -543,8 +568,7 @@ START_TEST(test_reply_from_another_peer)
     WAIT_FOR(log_has(a, "up:evil"));
     /* a's first request to b has id 1: evil answers it in b's place. */
     memset(&r, 0, sizeof(r));
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply,
-                                       &r), 0);
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r), 0);
     frame(m, VN_FABRIC_FLAG_REPLY, T_HOLD, 1, "{\"forged\":true}", NULL, 0);
     raw_record(raw, m->data, m->len, NULL, 0);
     WAIT_FOR(stats_of(a).bad_messages == 1);
@@ -578,8 +602,7 @@ START_TEST(test_stream_faults)
         ck_assert_int_eq(send(raw, &prefix, 4, MSG_NOSIGNAL), 4);
         ck_assert_int_eq(send(raw, m->data, 20, MSG_NOSIGNAL), 20);
         good_peer_ok(b);
-        ck_assert_int_eq(send(raw, m->data + 20, m->len - 20, MSG_NOSIGNAL),
-                         (ssize_t)m->len - 20);
+        ck_assert_int_eq(send(raw, m->data + 20, m->len - 20, MSG_NOSIGNAL), (ssize_t)m->len - 20);
     }
     ck_assert_int_eq(raw_recv(raw, m, 3000), 1);
     ck_assert_uint_eq(((VnFabricFrameHdr *)m->data)->id, 5);
@@ -656,8 +679,8 @@ START_TEST(test_export_refuses_bad_fd)
     int fd = bad_segment_fd(_i, &keep);
 
     ck_assert_int_ge(fd, 0);
-    ck_assert_msg(vn_fabric_segment_export(a->fab, fd, SEG_SIZE, "b", &error) == 0,
-                  "%s exported", seg_names[_i]);
+    ck_assert_msg(vn_fabric_segment_export(a->fab, fd, SEG_SIZE, "b", &error) == 0, "%s exported",
+                  seg_names[_i]);
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT));
     close(fd);
     if (keep >= 0) {
@@ -706,7 +729,8 @@ static int raw_listen(const char *node)
 static gpointer answer_map(gpointer data)
 {
     MapAnswer *ans = data;
-    VnShmFetchReply rep = { .magic = VN_SHM_FETCH_MAGIC, .size = GUINT64_TO_LE(SEG_SIZE),
+    VnShmFetchReply rep = { .magic = VN_SHM_FETCH_MAGIC,
+                            .size = GUINT64_TO_LE(SEG_SIZE),
                             .offset = ans->offset };
     VnShmFetch f;
     uint32_t len;

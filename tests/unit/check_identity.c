@@ -60,9 +60,9 @@ START_TEST(test_storage_size)
     fake_put("sys/devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1/partition", "1\n");
     fake_put("sys/devices/pci0000:00/0000:00:06.0/block/vda/size", "999\n");
     fake_link("sys/class/block/nvme0n1",
-            "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1");
+              "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1");
     fake_link("sys/class/block/nvme0n1p1",
-            "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1");
+              "../../devices/pci0000:00/0000:00:05.0/nvme/nvme0/nvme0n1/nvme0n1p1");
     fake_link("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
     ck_assert(vn_identity_of_pci(sys, "0000:00:05.0", &id));
     ck_assert_uint_eq(id.size, 131072ull * 512);

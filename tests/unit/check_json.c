@@ -72,7 +72,7 @@ START_TEST(test_depth_scan)
 
     ck_assert_int_eq(vn_json_shape(ok, strlen(ok), 3), VN_JSON_ONE);
     ck_assert_int_eq(vn_json_shape(ok, strlen(ok), 2), VN_JSON_TOO_DEEP);
-    ck_assert_int_eq(vn_json_shape(deep, strlen(deep), 5), VN_JSON_ONE);   /* unclosed */
+    ck_assert_int_eq(vn_json_shape(deep, strlen(deep), 5), VN_JSON_ONE); /* unclosed */
     ck_assert_int_eq(vn_json_shape(deep, strlen(deep), 4), VN_JSON_TOO_DEEP);
     ck_assert_int_eq(vn_json_shape(sneaky, strlen(sneaky), 4), VN_JSON_NOT_ONE);
 }
@@ -82,7 +82,7 @@ END_TEST
 
 START_TEST(test_length_bound)
 {
-    static const char text[] = "{\"n\":1}";     /* 7 bytes */
+    static const char text[] = "{\"n\":1}"; /* 7 bytes */
     g_autoptr(GError) error = NULL;
     g_autoptr(JsonNode) at = vn_json_parse(text, -1, 7, NULL);
     g_autoptr(JsonNode) over = vn_json_parse(text, -1, 6, &error);
@@ -162,8 +162,7 @@ START_TEST(test_json_load_trailing_frees)
         }
     }
     ck_assert_msg(mallinfo2().uordblks < before + 64 * 1024,
-                  "%zu bytes more in use after %d refusals", mallinfo2().uordblks - before,
-                  ROUNDS);
+                  "%zu bytes more in use after %d refusals", mallinfo2().uordblks - before, ROUNDS);
 }
 END_TEST
 
@@ -186,8 +185,7 @@ static void *parse_on_small_stack(void *data)
     g_autoptr(GError) error = NULL;
     JsonNode *root = vn_json_parse(p->text, -1, LINE_LEN, &error);
 
-    p->refused = root == NULL &&
-                 g_error_matches(error, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE);
+    p->refused = root == NULL && g_error_matches(error, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE);
     if (root != NULL) {
         json_node_unref(root);
     }

@@ -22,8 +22,8 @@ typedef struct Rig {
     unsigned changes;
     VnLeaseChange last;
     char last_holder[64];
-    bool claim;                 /* what the next announcement says */
-    bool ok;                    /* the last call's answer */
+    bool claim; /* what the next announcement says */
+    bool ok;    /* the last call's answer */
 } Rig;
 
 static void on_change(void *opaque, const VnLeaseChange *ch)
@@ -82,18 +82,17 @@ static void step(Rig *r, const char *s)
 }
 
 static const struct {
-    const char *steps;          /* ';'-separated */
+    const char *steps; /* ';'-separated */
     VnLeaseState state;
-    const char *holder;         /* NULL: none */
-    VnLeaseEnd end;             /* of the last change */
-    bool ok;                    /* the last call's answer (grant/return/revoke) */
+    const char *holder; /* NULL: none */
+    VnLeaseEnd end;     /* of the last change */
+    bool ok;            /* the last call's answer (grant/return/revoke) */
     unsigned changes;
 } cases[] = {
     /* The ordinary life of a lease. */
     { "grant hostb", VN_LEASE_GRANTED, "hostb", VN_LEASE_END_NONE, true, 1 },
     { "grant hostb;claim hostb", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true, 2 },
-    { "grant hostb;claim hostb;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED,
-      true, 3 },
+    { "grant hostb;claim hostb;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED, true, 3 },
     { "grant hostb;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED, true, 2 },
     { "grant hostb;grant hostc", VN_LEASE_GRANTED, "hostb", VN_LEASE_END_NONE, false, 1 },
     /* An announcement built before the grant's reply: kept, until the timeout. */
@@ -101,20 +100,19 @@ static const struct {
     { "grant hostb;omit hostb;tick", VN_LEASE_GRANTED, "hostb", VN_LEASE_END_NONE, true, 1 },
     { "grant hostb;omit hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_EXPIRED, true, 2 },
     /* Claimed, then let go without a RETURN reaching us (the stuck lease). */
-    { "grant hostb;claim hostb;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED, true,
-      3 },
+    { "grant hostb;claim hostb;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED, true, 3 },
     { "grant hostb;claim hostb;late", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true, 2 },
     /* The holder's link goes down: it has the timeout to come back. */
-    { "grant hostb;claim hostb;down hostb", VN_LEASE_ORPHANED, "hostb", VN_LEASE_END_NONE,
+    { "grant hostb;claim hostb;down hostb", VN_LEASE_ORPHANED, "hostb", VN_LEASE_END_NONE, true,
+      3 },
+    { "grant hostb;claim hostb;down hostb;tick", VN_LEASE_ORPHANED, "hostb", VN_LEASE_END_NONE,
       true, 3 },
-    { "grant hostb;claim hostb;down hostb;tick", VN_LEASE_ORPHANED, "hostb",
-      VN_LEASE_END_NONE, true, 3 },
-    { "grant hostb;claim hostb;down hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_EXPIRED,
+    { "grant hostb;claim hostb;down hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_EXPIRED, true,
+      4 },
+    { "grant hostb;claim hostb;down hostb;claim hostb", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE,
       true, 4 },
-    { "grant hostb;claim hostb;down hostb;claim hostb", VN_LEASE_HELD, "hostb",
-      VN_LEASE_END_NONE, true, 4 },
-    { "grant hostb;claim hostb;down hostb;omit hostb", VN_LEASE_FREE, NULL,
-      VN_LEASE_END_DROPPED, true, 4 },
+    { "grant hostb;claim hostb;down hostb;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED,
+      true, 4 },
     { "grant hostb;claim hostb;down hostb;claim hostb;late", VN_LEASE_HELD, "hostb",
       VN_LEASE_END_NONE, true, 4 },
     /* Our own restart: the holder's first announcement decides. */
@@ -122,41 +120,34 @@ static const struct {
     { "restore hostb;claim hostb", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true, 2 },
     { "restore hostb;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED, true, 2 },
     { "restore hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_EXPIRED, true, 2 },
-    { "restore hostb;claim hostb;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED,
-      true, 3 },
+    { "restore hostb;claim hostb;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED, true,
+      3 },
     { "grant hostb;restore hostc", VN_LEASE_GRANTED, "hostb", VN_LEASE_END_NONE, false, 1 },
     /* Revoke: a claim keeps it revoking; a return or the grace period ends it. */
-    { "grant hostb;claim hostb;revoke", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, true,
-      3 },
-    { "grant hostb;claim hostb;revoke;claim hostb", VN_LEASE_REVOKING, "hostb",
-      VN_LEASE_END_NONE, true, 3 },
-    { "grant hostb;claim hostb;revoke;revoke", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE,
-      false, 3 },
-    { "grant hostb;claim hostb;revoke;return hostb", VN_LEASE_FREE, NULL,
-      VN_LEASE_END_RETURNED, true, 4 },
-    { "grant hostb;claim hostb;revoke;forced", VN_LEASE_FREE, NULL, VN_LEASE_END_REVOKED,
-      true, 4 },
-    { "grant hostb;claim hostb;revoke;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED,
-      true, 4 },
-    { "grant hostb;revoke;omit hostb", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, true,
-      2 },
-    { "grant hostb;claim hostb;revoke;late", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE,
+    { "grant hostb;claim hostb;revoke", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, true, 3 },
+    { "grant hostb;claim hostb;revoke;claim hostb", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE,
       true, 3 },
+    { "grant hostb;claim hostb;revoke;revoke", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, false,
+      3 },
+    { "grant hostb;claim hostb;revoke;return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_RETURNED,
+      true, 4 },
+    { "grant hostb;claim hostb;revoke;forced", VN_LEASE_FREE, NULL, VN_LEASE_END_REVOKED, true, 4 },
+    { "grant hostb;claim hostb;revoke;omit hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_DROPPED, true,
+      4 },
+    { "grant hostb;revoke;omit hostb", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, true, 2 },
+    { "grant hostb;claim hostb;revoke;late", VN_LEASE_REVOKING, "hostb", VN_LEASE_END_NONE, true,
+      3 },
     { "revoke", VN_LEASE_FREE, NULL, VN_LEASE_END_NONE, false, 0 },
     { "forced", VN_LEASE_FREE, NULL, VN_LEASE_END_NONE, true, 0 },
     /* Hostile or confused peers change nothing. */
-    { "grant hostb;claim hostb;return hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE,
+    { "grant hostb;claim hostb;return hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, false, 2 },
+    { "grant hostb;claim hostb;return-stale hostb", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE,
       false, 2 },
-    { "grant hostb;claim hostb;return-stale hostb", VN_LEASE_HELD, "hostb",
-      VN_LEASE_END_NONE, false, 2 },
-    { "grant hostb;claim hostb;omit hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true,
-      2 },
+    { "grant hostb;claim hostb;omit hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true, 2 },
     { "grant hostb;claim hostc", VN_LEASE_GRANTED, "hostb", VN_LEASE_END_NONE, true, 1 },
-    { "grant hostb;claim hostb;down hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true,
-      2 },
+    { "grant hostb;claim hostb;down hostc", VN_LEASE_HELD, "hostb", VN_LEASE_END_NONE, true, 2 },
     { "return hostb", VN_LEASE_FREE, NULL, VN_LEASE_END_NONE, false, 0 },
-    { "claim hostb;omit hostb;down hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_NONE, true,
-      0 },
+    { "claim hostb;omit hostb;down hostb;late", VN_LEASE_FREE, NULL, VN_LEASE_END_NONE, true, 0 },
 };
 
 START_TEST(test_transitions)
@@ -170,14 +161,13 @@ START_TEST(test_transitions)
         step(&r, *s);
     }
     ck_assert_msg(r.l->state == cases[_i].state, "%s: state %s, expected %s", cases[_i].steps,
-                  vn_lease_state_to_string(r.l->state),
-                  vn_lease_state_to_string(cases[_i].state));
-    ck_assert_msg(g_strcmp0(r.l->holder, cases[_i].holder) == 0, "%s: holder %s",
-                  cases[_i].steps, r.l->holder ? r.l->holder : "(none)");
+                  vn_lease_state_to_string(r.l->state), vn_lease_state_to_string(cases[_i].state));
+    ck_assert_msg(g_strcmp0(r.l->holder, cases[_i].holder) == 0, "%s: holder %s", cases[_i].steps,
+                  r.l->holder ? r.l->holder : "(none)");
     ck_assert_msg((r.l->id == 0) == (r.l->holder == NULL), "%s: id %" G_GUINT64_FORMAT,
                   cases[_i].steps, r.l->id);
-    ck_assert_msg(r.changes == cases[_i].changes, "%s: %u changes, expected %u",
-                  cases[_i].steps, r.changes, cases[_i].changes);
+    ck_assert_msg(r.changes == cases[_i].changes, "%s: %u changes, expected %u", cases[_i].steps,
+                  r.changes, cases[_i].changes);
     if (r.changes > 0) {
         ck_assert_msg(r.last.end == cases[_i].end, "%s: end %s", cases[_i].steps,
                       vn_lease_end_to_string(r.last.end));
@@ -222,9 +212,9 @@ START_TEST(test_ids_monotonic)
     ck_assert(vn_leases_return(ls, b, "hostc", first));
     ck_assert(vn_leases_grant(ls, b, "hostc", T0));
     ck_assert_uint_gt(b->id, first);
-    vn_leases_set_last_id(ls, 7);           /* never goes back */
+    vn_leases_set_last_id(ls, 7); /* never goes back */
     ck_assert_uint_eq(vn_leases_last_id(ls), b->id);
-    ck_assert(!vn_leases_restore(ls, a, "hostb", 50, T0));   /* lent already */
+    ck_assert(!vn_leases_restore(ls, a, "hostb", 50, T0)); /* lent already */
     ck_assert_ptr_eq(vn_leases_lookup(ls, "nvme1"), b);
     ck_assert_ptr_null(vn_leases_lookup(ls, "nvme2"));
 }

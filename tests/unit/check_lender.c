@@ -112,8 +112,8 @@ START_TEST(test_attach_cuts_large_bar)
     ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
     ck_assert(lender_free_and_clean());
     for (uint32_t k = 0; k < 4; k++) {
-        ck_assert_ptr_null(vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k],
-                                                &error));
+        ck_assert_ptr_null(
+            vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k], &error));
         g_clear_error(&error);
     }
     /* Windows as large as the BAR: one segment. */
@@ -131,8 +131,7 @@ START_TEST(test_attach_windows_too_small)
     VnProtoDevice d;
 
     ck_assert_int_eq(attach_windowed(b, 0x800, &d, &message), -EINVAL);
-    ck_assert_msg(message != NULL && strstr(message, "smaller than a page") != NULL, "%s",
-                  message);
+    ck_assert_msg(message != NULL && strstr(message, "smaller than a page") != NULL, "%s", message);
     ck_assert(lender_free_and_clean());
     attach_ok(b, VN_IRQ_MODE_FD, &d);
     ck_assert_uint_eq(d.regions[0].nr_segments, 1);
@@ -238,7 +237,8 @@ START_TEST(test_region_rw)
     uint32_t v = 0xcafef00d, got = 0;
     uint8_t buf[8];
     g_autofree char *message = NULL;
-    VnProtoRegionRw bad = { .region = VFIO_PCI_CONFIG_REGION_INDEX, .offset = CFG_SIZE - 2,
+    VnProtoRegionRw bad = { .region = VFIO_PCI_CONFIG_REGION_INDEX,
+                            .offset = CFG_SIZE - 2,
                             .count = 4 };
     g_autofree char *json = vn_proto_region_rw_to_json(DEV, &bad);
     int resets;
@@ -254,8 +254,7 @@ START_TEST(test_region_rw)
     ck_assert_uint_eq(got, v);
 
     /* The device's own refusal comes back with its errno. */
-    ck_assert_int_eq(req_msg(b, VN_PROTO_REGION_RW, json, NULL, 0, &message),
-                     -EINVAL);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_REGION_RW, json, NULL, 0, &message), -EINVAL);
     ck_assert_ptr_nonnull(strstr(message, "on the device"));
 
     resets = g_atomic_int_get(&rig.fake.resets);
@@ -283,7 +282,7 @@ START_TEST(test_bars_assigned)
     ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_BACKEND_VFIO_USER_BAR_BASE);
     ck_assert_uint_eq(VN_BACKEND_VFIO_USER_BAR_BASE % BAR0_SIZE, 0);
 
-    memset(rig.fake.cfg + PCI_BASE_ADDRESS_0, 0, 4);   /* what a device reset does */
+    memset(rig.fake.cfg + PCI_BASE_ADDRESS_0, 0, 4); /* what a device reset does */
     ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
     memcpy(&bar0, rig.fake.cfg + PCI_BASE_ADDRESS_0, 4);
     ck_assert_uint_eq(GUINT32_FROM_LE(bar0), VN_BACKEND_VFIO_USER_BAR_BASE);
@@ -350,8 +349,11 @@ START_TEST(test_dma_refused)
     Mem m = mem_export(b, "lender");
     Mem other = mem_export(b, "c");
     g_autofree char *message = NULL;
-    VnProtoDmaMap beyond = { .iova = 0x100000, .size = 0x2000, .segment = m.segment,
-                             .offset = MEM_SIZE - 0x1000, .prot = VFIO_DMA_MAP_FLAG_READ };
+    VnProtoDmaMap beyond = { .iova = 0x100000,
+                             .size = 0x2000,
+                             .segment = m.segment,
+                             .offset = MEM_SIZE - 0x1000,
+                             .prot = VFIO_DMA_MAP_FLAG_READ };
     g_autofree char *json = vn_proto_dma_map_to_json(DEV, &beyond);
     Snap s;
 
@@ -399,8 +401,9 @@ START_TEST(test_irqs_fd)
         efd[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         ck_assert_int_ge(efd[i], 0);
     }
-    ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, false,
-                              NULL, efd, MSIX_VECTORS), 0);
+    ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, false, NULL,
+                              efd, MSIX_VECTORS),
+                     0);
     /* The device signals the VM's eventfd itself. */
     ck_assert(vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
     ck_assert_uint_eq(eventfd_wait(efd[2]), 1);
@@ -408,16 +411,19 @@ START_TEST(test_irqs_fd)
 
     /* DATA_BOOL masks go through as they are. */
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_ACTION_MASK,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, false, &masked, NULL, 0), 0);
+                              VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, false, &masked, NULL, 0),
+                     0);
     ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1));
     ck_assert(!readable(efd[1]));
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_UNMASK,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, false, NULL, NULL, 0), 0);
+                              VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, false, NULL, NULL, 0),
+                     0);
     ck_assert_uint_eq(eventfd_wait(efd[1]), 1);
 
     /* count 0 disables the index. */
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0), 0);
+                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0),
+                     0);
     ck_assert(!device_irqs_any());
     ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
     for (unsigned i = 0; i < MSIX_VECTORS; i++) {
@@ -432,8 +438,11 @@ START_TEST(test_irqs_relay)
     VnIrqs *irqs = vn_server_irqs(rig.server);
     const uint32_t trigger = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
     g_autofree char *message = NULL;
-    VnProtoSetIrqs high = { .flags = trigger, .index = VFIO_PCI_MSIX_IRQ_INDEX,
-                            .start = VN_PROTO_RELAY_VECTORS, .count = 1, .relay = true };
+    VnProtoSetIrqs high = { .flags = trigger,
+                            .index = VFIO_PCI_MSIX_IRQ_INDEX,
+                            .start = VN_PROTO_RELAY_VECTORS,
+                            .count = 1,
+                            .relay = true };
     g_autofree char *json = vn_proto_set_irqs_to_json(DEV, &high);
     int efd = eventfd(0, EFD_CLOEXEC);
     int fds_attached;
@@ -448,28 +457,27 @@ START_TEST(test_irqs_relay)
     WAIT_FOR(b->doorbells[7] == 1);
     ck_assert(vn_irqs_signal(irqs, VFIO_PCI_INTX_IRQ_INDEX, 0));
     WAIT_FOR(b->doorbells[20] == 1);
-    ck_assert_uint_eq(b->doorbells[3] + b->doorbells[4] + b->doorbells[5] + b->doorbells[6],
-                      0);
+    ck_assert_uint_eq(b->doorbells[3] + b->doorbells[4] + b->doorbells[5] + b->doorbells[6], 0);
     s = snap();
     ck_assert_uint_eq(s.st.relayed_irqs, 2);
     snap_clear(&s);
 
     /* Vectors beyond the relay's, bits beyond any NTB's; fds in relay mode. */
-    ck_assert_int_eq(req_msg(b, VN_PROTO_SET_IRQS, json, NULL, 0, &message),
-                     -ENOSPC);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_SET_IRQS, json, NULL, 0, &message), -ENOSPC);
     ck_assert_int_eq(relay_irqs(b, VFIO_PCI_MSIX_IRQ_INDEX, 0, 2, VN_FABRIC_MAX_DOORBELLS - 1),
                      -EINVAL);
     ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, false, NULL, &efd, 1),
                      -EINVAL);
 
     /* De-assigning stops the relay. */
-    ck_assert_int_eq(set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, false,
-                              NULL, NULL, 0), 0);
+    ck_assert_int_eq(
+        set_irqs(b, trigger, VFIO_PCI_MSIX_IRQ_INDEX, 0, MSIX_VECTORS, false, NULL, NULL, 0), 0);
     ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
     spin(50);
     ck_assert_uint_eq(b->doorbells[7], 1);
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_INTX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0), 0);
+                              VFIO_PCI_INTX_IRQ_INDEX, 0, 0, false, NULL, NULL, 0),
+                     0);
     ck_assert(!device_irqs_any());
     /* ...and the lender's eventfds are gone with it (the device's copies
      * were closed before its reply, the lender's before its own). */
@@ -524,7 +532,8 @@ static void busy_borrower(Borrower *b, Mem *m, int *efd)
     ck_assert_int_eq(dma_map(b, 0x100000, MEM_SIZE, m->segment, 0), 0);
     *efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ck_assert_int_eq(set_irqs(b, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, false, NULL, efd, 1), 0);
+                              VFIO_PCI_MSIX_IRQ_INDEX, 0, 1, false, NULL, efd, 1),
+                     0);
     ck_assert_uint_eq(device_dma_count(), 1);
     ck_assert(device_irqs_any());
 }

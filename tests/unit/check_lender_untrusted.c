@@ -6,15 +6,15 @@
 
 /* ---- untrusted requests ------------------------------------------------- */
 
-#define TRIG "\"flags\":36"      /* DATA_EVENTFD | ACTION_TRIGGER */
+#define TRIG "\"flags\":36" /* DATA_EVENTFD | ACTION_TRIGGER */
 
 /* Each is refused with @err and changes nothing (see test_refused). */
 static const struct {
     const char *name;
-    bool from_c;                 /* sent by a node that is not the borrower */
+    bool from_c; /* sent by a node that is not the borrower */
     uint32_t type;
     const char *json;
-    size_t data_len;             /* of @data: route 77 (never exported) first */
+    size_t data_len; /* of @data: route 77 (never exported) first */
     int err;
 } refused[] = {
     /* The fabric refuses this one before the lender sees it. */
@@ -25,65 +25,71 @@ static const struct {
     { "an unknown device", false, VN_PROTO_RESET, "{\"device\":\"sda\"}", 0, ENODEV },
     { "an unknown type", false, 99, "{\"device\":\"" DEV "\"}", 0, ENOTSUP },
     { "REGION_RW from a non-borrower", true, VN_PROTO_REGION_RW,
-      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 0,
-      EPERM },
-    { "DETACH from a non-borrower", true, VN_PROTO_DETACH, "{\"device\":\"" DEV "\"}", 0,
-      EPERM },
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 0, EPERM },
+    { "DETACH from a non-borrower", true, VN_PROTO_DETACH, "{\"device\":\"" DEV "\"}", 0, EPERM },
     { "DMA_UNMAP from a non-borrower", true, VN_PROTO_DMA_UNMAP,
       "{\"device\":\"" DEV "\",\"iova\":0,\"size\":0,\"all\":true}", 0, EPERM },
     { "a region the device lacks", false, VN_PROTO_REGION_RW,
-      "{\"device\":\"" DEV "\",\"region\":9,\"offset\":0,\"count\":4,\"write\":false}", 0,
-      EINVAL },
+      "{\"device\":\"" DEV "\",\"region\":9,\"offset\":0,\"count\":4,\"write\":false}", 0, EINVAL },
     { "a region beyond the protocol", false, VN_PROTO_REGION_RW,
       "{\"device\":\"" DEV "\",\"region\":16,\"offset\":0,\"count\":4,\"write\":false}", 0,
       EINVAL },
     { "a write shorter than its count", false, VN_PROTO_REGION_RW,
-      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":true}", 3,
-      EINVAL },
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":true}", 3, EINVAL },
     { "a read with data", false, VN_PROTO_REGION_RW,
-      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 4,
-      EINVAL },
+      "{\"device\":\"" DEV "\",\"region\":7,\"offset\":0,\"count\":4,\"write\":false}", 4, EINVAL },
     { "a count above the transfer limit", false, VN_PROTO_REGION_RW,
-      "{\"device\":\"" DEV "\",\"region\":0,\"offset\":0,\"count\":1048577,\"write\":false}",
-      0, EINVAL },
+      "{\"device\":\"" DEV "\",\"region\":0,\"offset\":0,\"count\":1048577,\"write\":false}", 0,
+      EINVAL },
     { "a negative offset", false, VN_PROTO_REGION_RW,
       "{\"device\":\"" DEV "\",\"region\":7,\"offset\":-1,\"count\":4,\"write\":false}", 0,
       EINVAL },
     { "DMA_MAP of segment 0", false, VN_PROTO_DMA_MAP,
       "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":4096,\"segment\":0,\"offset\":0,"
-      "\"prot\":3}", 0, EINVAL },
+      "\"prot\":3}",
+      0, EINVAL },
     { "an empty DMA_MAP", false, VN_PROTO_DMA_MAP,
       "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":0,\"segment\":1,\"offset\":0,"
-      "\"prot\":3}", 0, EINVAL },
+      "\"prot\":3}",
+      0, EINVAL },
     { "DMA_MAP with unknown prot bits", false, VN_PROTO_DMA_MAP,
       "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":4096,\"segment\":1,\"offset\":0,"
-      "\"prot\":4}", 0, EINVAL },
+      "\"prot\":4}",
+      0, EINVAL },
     { "an empty DMA_UNMAP", false, VN_PROTO_DMA_UNMAP,
       "{\"device\":\"" DEV "\",\"iova\":4096,\"size\":0,\"all\":false}", 0, EINVAL },
     { "SET_IRQS with two data types", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":35,\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false,\"doorbell\":0}", 0, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      0, EINVAL },
     { "SET_IRQS with fewer routes than vectors", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":2,"
-      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      8, EINVAL },
     { "SET_IRQS with a route never exported", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false,\"doorbell\":0}", 8, ENOENT },
+      "\"relay\":false,\"doorbell\":0}",
+      8, ENOENT },
     { "SET_IRQS with more routes than a message carries", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":17,"
-      "\"relay\":false,\"doorbell\":0}", 17 * 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      17 * 8, EINVAL },
     { "SET_IRQS with routes and no DATA_EVENTFD", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":33,\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      8, EINVAL },
     { "SET_IRQS DATA_BOOL of the wrong length", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\",\"flags\":10,\"index\":2,\"start\":0,\"count\":2,"
-      "\"relay\":false,\"doorbell\":0}", 1, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      1, EINVAL },
     { "SET_IRQS of an index the device lacks", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":7,\"start\":0,\"count\":1,"
-      "\"relay\":false,\"doorbell\":0}", 8, EINVAL },
+      "\"relay\":false,\"doorbell\":0}",
+      8, EINVAL },
     { "SET_IRQS relay in fd mode", false, VN_PROTO_SET_IRQS,
       "{\"device\":\"" DEV "\"," TRIG ",\"index\":2,\"start\":0,\"count\":1,"
-      "\"relay\":true,\"doorbell\":0}", 0, EINVAL },
+      "\"relay\":true,\"doorbell\":0}",
+      0, EINVAL },
     { "ATTACH with an unknown irq_mode", true, VN_PROTO_ATTACH,
       "{\"device\":\"" DEV "\",\"irq_mode\":\"carrier-pigeon\"}", 0, EINVAL },
     { "RESET with data", false, VN_PROTO_RESET, "{\"device\":\"" DEV "\"}", 8, EINVAL },
@@ -149,12 +155,13 @@ END_TEST
 /* A lender's description is a peer's too: a region's "segments" that do
  * not agree with its "segment", or are too many, or not ids, are refused
  * (the borrower would map what the lender never exported). */
-#define REGION(extra) "{\"flags\":0,\"irqs\":[],\"regions\":[{\"size\":16384,\"flags\":7," \
-                      "\"sparse\":[]," extra "}]}"
+#define REGION(extra)                                                    \
+    "{\"flags\":0,\"irqs\":[],\"regions\":[{\"size\":16384,\"flags\":7," \
+    "\"sparse\":[]," extra "}]}"
 static const struct {
     const char *name;
     const char *json;
-    uint32_t nr;                 /* segments when accepted; 0: refused */
+    uint32_t nr; /* segments when accepted; 0: refused */
 } descriptions[] = {
     { "one segment", REGION("\"segment\":5"), 1 },
     { "three segments", REGION("\"segment\":5,\"segments\":[5,6,7]"), 3 },
@@ -164,8 +171,10 @@ static const struct {
     { "a segment 0 in the list", REGION("\"segment\":5,\"segments\":[5,0]"), 0 },
     { "a string in the list", REGION("\"segment\":5,\"segments\":[5,\"6\"]"), 0 },
     { "segments not a list", REGION("\"segment\":5,\"segments\":6"), 0 },
-    { "17 segments", REGION("\"segment\":1,\"segments\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,"
-                            "15,16,17]"), 0 },
+    { "17 segments",
+      REGION("\"segment\":1,\"segments\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,"
+             "15,16,17]"),
+      0 },
 };
 
 START_TEST(test_description_segments)

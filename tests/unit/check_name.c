@@ -23,8 +23,8 @@
 
 static const struct {
     VnNameKind kind;
-    const char *name;    /* NULL with gen: generated */
-    int gen;             /* LONG_NAME: exactly the kind's max; _OVER: one more */
+    const char *name; /* NULL with gen: generated */
+    int gen;          /* LONG_NAME: exactly the kind's max; _OVER: one more */
     bool ok;
 } cases[] = {
     /* node: [a-z0-9][a-z0-9-]* */

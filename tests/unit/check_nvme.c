@@ -16,12 +16,12 @@ START_TEST(test_enable_disable)
 
     poll();
     cap = reg(CAP) | (uint64_t)reg(CAP + 4) << 32;
-    ck_assert_uint_eq(cap & 0xffff, 1023);          /* MQES */
-    ck_assert_uint_eq((cap >> 16) & 1, 1);          /* CQR */
-    ck_assert_uint_ne((cap >> 24) & 0xff, 0);       /* TO */
-    ck_assert_uint_eq((cap >> 32) & 0xf, 0);        /* DSTRD */
-    ck_assert_uint_eq((cap >> 37) & 1, 1);          /* CSS: NVM */
-    ck_assert_uint_eq((cap >> 48) & 0xf, 0);        /* MPSMIN */
+    ck_assert_uint_eq(cap & 0xffff, 1023);    /* MQES */
+    ck_assert_uint_eq((cap >> 16) & 1, 1);    /* CQR */
+    ck_assert_uint_ne((cap >> 24) & 0xff, 0); /* TO */
+    ck_assert_uint_eq((cap >> 32) & 0xf, 0);  /* DSTRD */
+    ck_assert_uint_eq((cap >> 37) & 1, 1);    /* CSS: NVM */
+    ck_assert_uint_eq((cap >> 48) & 0xf, 0);  /* MPSMIN */
     ck_assert_uint_eq(reg(VS), 0x00010400);
     ck_assert_uint_eq(reg(CSTS), 0);
 
@@ -46,7 +46,7 @@ START_TEST(test_enable_disable)
     /* Enabled again, nothing of the old queues runs. */
     enable();
     poll();
-    ck_assert_uint_eq(R.ram[O_ACQ + 14] & 1, 0);     /* no completion posted */
+    ck_assert_uint_eq(R.ram[O_ACQ + 14] & 1, 0); /* no completion posted */
     ck_assert_uint_eq(SC(identify(1, 0, RAM_IOVA + O_BUF, 0)), 0);
 }
 END_TEST
@@ -77,9 +77,9 @@ END_TEST
 START_TEST(test_shutdown)
 {
     enable();
-    setreg(CC, CC_ENABLE | (1u << 14));             /* SHN normal */
+    setreg(CC, CC_ENABLE | (1u << 14)); /* SHN normal */
     poll();
-    ck_assert_uint_eq((reg(CSTS) >> 2) & 3, 2);     /* SHST complete */
+    ck_assert_uint_eq((reg(CSTS) >> 2) & 3, 2); /* SHST complete */
     setreg(CC, 0);
     poll();
     ck_assert_uint_eq(reg(CSTS), 0);
@@ -130,9 +130,9 @@ START_TEST(test_identify)
     enable();
     e = identify(1, 0, RAM_IOVA + O_BUF, 0);
     ck_assert_uint_eq(SC(e), 0);
-    ck_assert_uint_eq(b[0] | b[1] << 8, 0x1de1);                 /* VID */
-    ck_assert_mem_eq(b + 4, "TEST-SERIAL-1       ", 20);          /* SN */
-    ck_assert_mem_eq(b + 24, "vfio-ntb simulated NVMe", 23);      /* MN */
+    ck_assert_uint_eq(b[0] | b[1] << 8, 0x1de1);             /* VID */
+    ck_assert_mem_eq(b + 4, "TEST-SERIAL-1       ", 20);     /* SN */
+    ck_assert_mem_eq(b + 24, "vfio-ntb simulated NVMe", 23); /* MN */
     ck_assert_uint_eq(b[24 + 23], ' ');
     ck_assert_uint_ge(b[77], 5);                                   /* MDTS */
     ck_assert_uint_eq(b[80] | b[81] << 8 | b[82] << 16, 0x010400); /* VER */
@@ -144,27 +144,27 @@ START_TEST(test_identify)
 
     e = identify(0, 1, RAM_IOVA + O_BUF, 0);
     ck_assert_uint_eq(SC(e), 0);
-    ck_assert_uint_eq(*(uint64_t *)(void *)b, NS_BLOCKS);          /* NSZE */
-    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 8), NS_BLOCKS);    /* NCAP */
-    ck_assert_uint_eq(b[26] & 0xf, 0);                             /* FLBAS */
-    ck_assert_uint_eq(b[128 + 2], 9);                              /* LBADS */
+    ck_assert_uint_eq(*(uint64_t *)(void *)b, NS_BLOCKS);       /* NSZE */
+    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 8), NS_BLOCKS); /* NCAP */
+    ck_assert_uint_eq(b[26] & 0xf, 0);                          /* FLBAS */
+    ck_assert_uint_eq(b[128 + 2], 9);                           /* LBADS */
     memcpy(nguid, b + 104, 16);
 
     e = identify(2, 0, RAM_IOVA + O_BUF, 0);
     ck_assert_uint_eq(SC(e), 0);
     ck_assert_uint_eq(*(uint32_t *)(void *)b, 1);
     ck_assert_uint_eq(*(uint32_t *)(void *)(b + 4), 0);
-    e = identify(2, 1, RAM_IOVA + O_BUF, 0);                       /* ids above 1 */
+    e = identify(2, 1, RAM_IOVA + O_BUF, 0); /* ids above 1 */
     ck_assert_uint_eq(*(uint32_t *)(void *)b, 0);
 
     e = identify(3, 1, RAM_IOVA + O_BUF, 0);
     ck_assert_uint_eq(SC(e), 0);
-    ck_assert_uint_eq(b[0], 2);                                    /* NGUID */
+    ck_assert_uint_eq(b[0], 2); /* NGUID */
     ck_assert_uint_eq(b[1], 16);
     ck_assert_mem_eq(b + 4, nguid, 16);
     ck_assert_uint_ne(nguid[0] | nguid[1] | nguid[2] | nguid[3], 0);
 
-    e = identify(6, 0, RAM_IOVA + O_BUF, 0);                       /* NVM CS ctrl */
+    e = identify(6, 0, RAM_IOVA + O_BUF, 0); /* NVM CS ctrl */
     ck_assert_uint_eq(SC(e), 0);
 }
 END_TEST
@@ -197,8 +197,7 @@ START_TEST(test_identify_split_page)
     /* PRP1 not dword aligned */
     ck_assert_uint_eq(SC(identify(1, 0, RAM_IOVA + O_BUF + 2, 0)), 0x13);
     /* PRP2 with an offset where a page is required */
-    ck_assert_uint_eq(SC(identify(1, 0, RAM_IOVA + O_BUF + 0x800, RAM_IOVA + O_LIST + 8)),
-                      0x13);
+    ck_assert_uint_eq(SC(identify(1, 0, RAM_IOVA + O_BUF + 0x800, RAM_IOVA + O_LIST + 8)), 0x13);
 }
 END_TEST
 
@@ -211,46 +210,56 @@ START_TEST(test_queues)
     enable();
     e = admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = (63u << 16) | 63u });
     ck_assert_uint_eq(SC(e), 0);
-    ck_assert_uint_eq(e.dw0, (7u << 16) | 7u);      /* we grant 8 of 64 */
+    ck_assert_uint_eq(e.dw0, (7u << 16) | 7u); /* we grant 8 of 64 */
     e = admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = 0xffff });
     ck_assert_uint_eq(SC(e), 0x02);
     e = admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = (1u << 16) | 1u });
-    ck_assert_uint_eq(e.dw0, (1u << 16) | 1u);      /* 2 asked, 2 granted */
+    ck_assert_uint_eq(e.dw0, (1u << 16) | 1u); /* 2 asked, 2 granted */
 
     /* Create I/O CQ: bad id, size, contiguity, base, vector */
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 0,
-                     .cdw11 = 1 });
+    e = admin(
+        (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 0, .cdw11 = 1 });
     ck_assert_uint_eq(SC(e), 0x101);
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 3,
-                     .cdw11 = 1 });
-    ck_assert_uint_eq(SC(e), 0x101);                /* above the 2 granted */
+    e = admin(
+        (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 3, .cdw11 = 1 });
+    ck_assert_uint_eq(SC(e), 0x101); /* above the 2 granted */
     e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = 1, .cdw11 = 1 });
-    ck_assert_uint_eq(SC(e), 0x102);                /* one entry */
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (1024u << 16) | 1,
-                     .cdw11 = 1 });
-    ck_assert_uint_eq(SC(e), 0x102);                /* above MQES + 1 */
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1,
-                     .cdw11 = 0 });
-    ck_assert_uint_eq(SC(e), 0x02);                 /* PC = 0 */
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ + 64,
-                     .cdw10 = (63u << 16) | 1, .cdw11 = 1 });
+    ck_assert_uint_eq(SC(e), 0x102); /* one entry */
+    e = admin(
+        (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (1024u << 16) | 1, .cdw11 = 1 });
+    ck_assert_uint_eq(SC(e), 0x102); /* above MQES + 1 */
+    e = admin(
+        (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1, .cdw11 = 0 });
+    ck_assert_uint_eq(SC(e), 0x02); /* PC = 0 */
+    e = admin(
+        (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ + 64, .cdw10 = (63u << 16) | 1, .cdw11 = 1 });
     ck_assert_uint_eq(SC(e), 0x13);
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1,
+    e = admin((Sqe){ .opc = 0x05,
+                     .prp1 = RAM_IOVA + O_IOCQ,
+                     .cdw10 = (63u << 16) | 1,
                      .cdw11 = (VECTORS << 16) | 3 });
     ck_assert_uint_eq(SC(e), 0x108);
 
     /* Create I/O SQ on a CQ that does not exist */
-    e = admin((Sqe){ .opc = 0x01, .prp1 = RAM_IOVA + O_IOSQ, .cdw10 = (63u << 16) | 1,
+    e = admin((Sqe){ .opc = 0x01,
+                     .prp1 = RAM_IOVA + O_IOSQ,
+                     .cdw10 = (63u << 16) | 1,
                      .cdw11 = (1u << 16) | 1 });
     ck_assert_uint_eq(SC(e), 0x100);
 
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1,
+    e = admin((Sqe){ .opc = 0x05,
+                     .prp1 = RAM_IOVA + O_IOCQ,
+                     .cdw10 = (63u << 16) | 1,
                      .cdw11 = (1u << 16) | 3 });
     ck_assert_uint_eq(SC(e), 0);
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1,
+    e = admin((Sqe){ .opc = 0x05,
+                     .prp1 = RAM_IOVA + O_IOCQ,
+                     .cdw10 = (63u << 16) | 1,
                      .cdw11 = (1u << 16) | 3 });
-    ck_assert_uint_eq(SC(e), 0x101);                /* exists */
-    e = admin((Sqe){ .opc = 0x01, .prp1 = RAM_IOVA + O_IOSQ, .cdw10 = (63u << 16) | 1,
+    ck_assert_uint_eq(SC(e), 0x101); /* exists */
+    e = admin((Sqe){ .opc = 0x01,
+                     .prp1 = RAM_IOVA + O_IOSQ,
+                     .cdw10 = (63u << 16) | 1,
                      .cdw11 = (1u << 16) | 1 });
     ck_assert_uint_eq(SC(e), 0);
 
@@ -275,7 +284,7 @@ START_TEST(test_admin_queue_wraps)
         Cqe e = admin((Sqe){ .opc = 0x0a, .cdw10 = 0x06 });
 
         ck_assert_uint_eq(SC(e), 0);
-        ck_assert_uint_eq(e.dw0, 1);                /* write cache enabled */
+        ck_assert_uint_eq(e.dw0, 1); /* write cache enabled */
     }
 }
 END_TEST
@@ -285,11 +294,14 @@ START_TEST(test_queue_outside_memory)
     /* An I/O SQ placed in unmapped memory: fetching fails, CSTS.CFS. */
     enable();
     admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = 0 });
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ,
-                                      .cdw10 = (63u << 16) | 1, .cdw11 = 1 })), 0);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x01, .prp1 = OUTSIDE,
-                                      .cdw10 = (63u << 16) | 1,
-                                      .cdw11 = (1u << 16) | 1 })), 0);
+    ck_assert_uint_eq(
+        SC(admin(
+            (Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ, .cdw10 = (63u << 16) | 1, .cdw11 = 1 })),
+        0);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){
+            .opc = 0x01, .prp1 = OUTSIDE, .cdw10 = (63u << 16) | 1, .cdw11 = (1u << 16) | 1 })),
+        0);
     setreg(DBS + 8, 1);
     poll();
     ck_assert_uint_eq(reg(CSTS) & 2, 2);
@@ -306,12 +318,12 @@ START_TEST(test_bus_master)
     Cqe e;
 
     enable();
-    cfg16(PCI_COMMAND, PCI_COMMAND_MEMORY);         /* bus master off */
+    cfg16(PCI_COMMAND, PCI_COMMAND_MEMORY); /* bus master off */
     sq_push(&R.aq, &c);
     poll();
     poll();
     ck_assert(!cq_pop(&R.aq, &e));
-    ck_assert_uint_eq(R.ram[O_BUF + 4], 0);          /* no DMA happened */
+    ck_assert_uint_eq(R.ram[O_BUF + 4], 0); /* no DMA happened */
     cfg16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
     poll();
     ck_assert(cq_pop(&R.aq, &e));
@@ -325,7 +337,7 @@ START_TEST(test_intx)
     Sqe c = { .opc = 0x0a, .cdw10 = 0x06 };
     Cqe e;
 
-    cfg16(VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 0);  /* MSI-X off: INTx */
+    cfg16(VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 0); /* MSI-X off: INTx */
     enable();
     irq_count(R.intx);
     irq_count(R.msix[0]);
@@ -385,11 +397,16 @@ static Q create_q2(uint32_t iv)
 {
     Q q = { .qid = 2, .sq_off = 0xc000, .cq_off = 0xd000, .entries = 64, .phase = 1 };
 
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + q.cq_off,
-                                      .cdw10 = (63u << 16) | 2, .cdw11 = iv << 16 | 3 })), 0);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x01, .prp1 = RAM_IOVA + q.sq_off,
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05,
+                                      .prp1 = RAM_IOVA + q.cq_off,
                                       .cdw10 = (63u << 16) | 2,
-                                      .cdw11 = (2u << 16) | 1 })), 0);
+                                      .cdw11 = iv << 16 | 3 })),
+                      0);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x01,
+                                      .prp1 = RAM_IOVA + q.sq_off,
+                                      .cdw10 = (63u << 16) | 2,
+                                      .cdw11 = (2u << 16) | 1 })),
+                      0);
     return q;
 }
 
@@ -402,17 +419,18 @@ START_TEST(test_msi_vectors)
     enable();
     msi_fired();
     ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x06 })), 0);
-    ck_assert_uint_eq(msi_fired(), 1u << 0);                /* admin CQ: vector 0 */
+    ck_assert_uint_eq(msi_fired(), 1u << 0); /* admin CQ: vector 0 */
     ck_assert_uint_eq(irq_count(R.intx), 0);
 
     /* Create I/O CQ checks the IV against the 8 MSI vectors (not the 9
      * the MSI-X mode would have). */
     admin((Sqe){ .opc = 0x09, .cdw10 = 0x07, .cdw11 = (7u << 16) | 7u });
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ,
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x05,
+                                      .prp1 = RAM_IOVA + O_IOCQ,
                                       .cdw10 = (63u << 16) | 1,
-                                      .cdw11 = (MSI_VECTORS << 16) | 3 })), 0x108);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09,
-                                      .cdw11 = MSI_VECTORS })), 0x02);
+                                      .cdw11 = (MSI_VECTORS << 16) | 3 })),
+                      0x108);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09, .cdw11 = MSI_VECTORS })), 0x02);
     q2 = create_q2(MSI_VECTORS - 1);
     msi_fired();
     ck_assert_uint_eq(SC(submit(&q2, flush)), 0);
@@ -457,13 +475,13 @@ START_TEST(test_msi_masks)
     ck_assert_uint_eq(SC(admin(c)), 0);
     ck_assert_uint_eq(msi_fired(), 1u << 0);
     poll();
-    ck_assert_uint_eq(msi_fired(), 0);                      /* still masked */
+    ck_assert_uint_eq(msi_fired(), 0); /* still masked */
     cfg32(MSI_CAP + PCI_MSI_MASK_64, 0);
     poll();
     ck_assert_uint_eq(msi_fired(), 1u << 5);
     ck_assert_uint_eq(cfgrd32(MSI_CAP + PCI_MSI_PENDING_64), 0);
     poll();
-    ck_assert_uint_eq(msi_fired(), 0);                      /* sent once */
+    ck_assert_uint_eq(msi_fired(), 0); /* sent once */
 
     /* NVMe 1.4 3.1.3: INTMS bit 5 masks vector 5 too; INTMC sends it for
      * the completion still unread. */
@@ -496,17 +514,13 @@ START_TEST(test_features)
     /* Temperature threshold, composite sensor */
     ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x04, .cdw11 = 350 })), 0);
     ck_assert_uint_eq(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x04 }).dw0, 350);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x04, .cdw11 = 1u << 16 })),
-                      0x02);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x04, .cdw11 = 1u << 16 })), 0x02);
     /* Power state 1 does not exist */
     ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x02, .cdw11 = 1 })), 0x02);
     /* Interrupt vector configuration: vector bounds */
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09,
-                                      .cdw11 = (1u << 16) | 3 })), 0);
-    ck_assert_uint_eq(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x09, .cdw11 = 3 }).dw0,
-                      (1u << 16) | 3);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09, .cdw11 = VECTORS })),
-                      0x02);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09, .cdw11 = (1u << 16) | 3 })), 0);
+    ck_assert_uint_eq(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x09, .cdw11 = 3 }).dw0, (1u << 16) | 3);
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x09, .cdw11 = VECTORS })), 0x02);
     /* Unknown feature; save requested */
     ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x7f })), 0x02);
     ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x0a, .cdw10 = 0x7f })), 0x02);
@@ -514,9 +528,10 @@ START_TEST(test_features)
 
     /* Timestamp: set through a data buffer, read back no earlier. */
     memset(b, 0, 8);
-    b[0] = 0x40; b[1] = 0x42; b[2] = 0x0f;           /* 1000000 ms */
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x0e,
-                                      .prp1 = RAM_IOVA + O_BUF })), 0);
+    b[0] = 0x40;
+    b[1] = 0x42;
+    b[2] = 0x0f; /* 1000000 ms */
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x09, .cdw10 = 0x0e, .prp1 = RAM_IOVA + O_BUF })), 0);
     memset(b, 0, 8);
     e = admin((Sqe){ .opc = 0x0a, .cdw10 = 0x0e, .prp1 = RAM_IOVA + O_BUF });
     ck_assert_uint_eq(SC(e), 0);
@@ -525,7 +540,7 @@ START_TEST(test_features)
     }
     ck_assert_uint_ge(ms, 1000000);
     ck_assert_uint_lt(ms, 1000000 + 60000);
-    ck_assert_uint_eq((b[6] >> 1) & 7, 1);           /* origin: host */
+    ck_assert_uint_eq((b[6] >> 1) & 7, 1); /* origin: host */
 
     /* Abort: never aborts (DW0 bit 0 = 1) */
     e = admin((Sqe){ .opc = 0x08, .cdw10 = 5u << 16 });
@@ -550,32 +565,41 @@ START_TEST(test_log_pages)
 
     /* SMART / Health: temperature, spare, write command counter */
     memset(b, 0xee, 512);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .nsid = 0xffffffff,
+    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02,
+                                      .nsid = 0xffffffff,
                                       .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (numd << 16) | 0x02 })), 0);
-    ck_assert_uint_eq(b[0], 0);                                  /* no warnings */
-    ck_assert_uint_gt(b[1] | b[2] << 8, 273);                    /* Kelvin */
+                                      .cdw10 = (numd << 16) | 0x02 })),
+                      0);
+    ck_assert_uint_eq(b[0], 0);               /* no warnings */
+    ck_assert_uint_gt(b[1] | b[2] << 8, 273); /* Kelvin */
     ck_assert_uint_eq(b[3], 100);
-    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 80), 2);         /* host writes */
-    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 48), 1);         /* units, rounded up */
+    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 80), 2); /* host writes */
+    ck_assert_uint_eq(*(uint64_t *)(void *)(b + 48), 1); /* units, rounded up */
     /* Error log, firmware slot log */
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (15u << 16) | 0x01 })), 0);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (numd << 16) | 0x03 })), 0);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (15u << 16) | 0x01 })), 0);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (numd << 16) | 0x03 })), 0);
     ck_assert_uint_eq(b[0], 1);
     ck_assert_mem_eq(b + 8, "1.0     ", 8);
     /* With an offset (LPA bit 2): the firmware revision is at byte 8 */
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (1u << 16) | 0x03, .cdw12 = 8 })), 0);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){
+            .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (1u << 16) | 0x03, .cdw12 = 8 })),
+        0);
     ck_assert_mem_eq(b, "1.0     ", 8);
     /* Unknown log, offset past the end, unaligned offset */
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (numd << 16) | 0x70 })), 0x109);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (numd << 16) | 0x02, .cdw12 = 512 })), 0x02);
-    ck_assert_uint_eq(SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF,
-                                      .cdw10 = (numd << 16) | 0x02, .cdw12 = 2 })), 0x02);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){ .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (numd << 16) | 0x70 })),
+        0x109);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){
+            .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (numd << 16) | 0x02, .cdw12 = 512 })),
+        0x02);
+    ck_assert_uint_eq(
+        SC(admin((Sqe){
+            .opc = 0x02, .prp1 = RAM_IOVA + O_BUF, .cdw10 = (numd << 16) | 0x02, .cdw12 = 2 })),
+        0x02);
 }
 END_TEST
 
@@ -585,7 +609,7 @@ START_TEST(test_async_events)
     Cqe e;
 
     enable();
-    for (int i = 0; i < 4; i++) {                    /* AERL + 1 = 4 */
+    for (int i = 0; i < 4; i++) { /* AERL + 1 = 4 */
         sq_push(&R.aq, &aer);
         poll();
         ck_assert(!cq_pop(&R.aq, &e));

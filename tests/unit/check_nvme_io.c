@@ -16,22 +16,22 @@ START_TEST(test_io_roundtrip)
     enable();
     create_io_queues();
     irq_count(R.msix[1]);
-    roundtrip(0, 512, 0, 0, 1);                     /* one block, PRP1 only */
-    ck_assert_uint_ge(irq_count(R.msix[1]), 1);     /* CQ 1 uses vector 1 */
+    roundtrip(0, 512, 0, 0, 1);                 /* one block, PRP1 only */
+    ck_assert_uint_ge(irq_count(R.msix[1]), 1); /* CQ 1 uses vector 1 */
     ck_assert_uint_eq(irq_count(R.msix[2]), 0);
-    roundtrip(8, 8192, 0, 0, 2);                    /* two pages: PRP2 page */
-    roundtrip(40, 4096, 0x200, 0, 3);               /* offset: spans 2 pages */
-    roundtrip(64, 65536, 0, 0, 4);                  /* PRP list */
-    roundtrip(200, 65536, 0x600, 0, 5);             /* list, unaligned start */
-    roundtrip(1000, 1u << 20, 0x200, 0, 6);         /* MDTS, 257 pages */
-    roundtrip(5000, 65536, 0, PG - 3 * 8, 7);       /* list chains after 2 */
-    roundtrip(NS_BLOCKS - 8, 4096, 0, 0, 8);        /* last blocks */
+    roundtrip(8, 8192, 0, 0, 2);              /* two pages: PRP2 page */
+    roundtrip(40, 4096, 0x200, 0, 3);         /* offset: spans 2 pages */
+    roundtrip(64, 65536, 0, 0, 4);            /* PRP list */
+    roundtrip(200, 65536, 0x600, 0, 5);       /* list, unaligned start */
+    roundtrip(1000, 1u << 20, 0x200, 0, 6);   /* MDTS, 257 pages */
+    roundtrip(5000, 65536, 0, PG - 3 * 8, 7); /* list chains after 2 */
+    roundtrip(NS_BLOCKS - 8, 4096, 0, 0, 8);  /* last blocks */
 
     /* Flush and Write Zeroes */
     ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x00, .nsid = 1 })), 0);
     ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x00, .nsid = 0xffffffff })), 0);
-    ck_assert_uint_eq(SC(submit(&R.ioq, (Sqe){ .opc = 0x08, .nsid = 1, .cdw10 = 64,
-                                               .cdw12 = 127 })), 0);
+    ck_assert_uint_eq(
+        SC(submit(&R.ioq, (Sqe){ .opc = 0x08, .nsid = 1, .cdw10 = 64, .cdw12 = 127 })), 0);
     {
         uint64_t rp[16];
         unsigned nr = pages_of(rp, O_RDATA, 65536, 0, false);
@@ -61,17 +61,19 @@ END_TEST
  */
 START_TEST(test_io_scattered_mappings)
 {
-    const uint64_t half = RAM_SIZE / 2, base = 0x3c0000;    /* pages 0x3c0000..0x440000 */
-    const uint32_t off = 0x200, len = 62 * PG;              /* 63 pages */
+    const uint64_t half = RAM_SIZE / 2, base = 0x3c0000; /* pages 0x3c0000..0x440000 */
+    const uint32_t off = 0x200, len = 62 * PG;           /* 63 pages */
     uint64_t wp[64], rp[64], run[16];
     g_autofree uint8_t *data = g_malloc(len), *back = g_malloc(len), *file = g_malloc(len);
     int fd;
 
     ck_assert_int_eq(vn_dma_unmap(R.dma, RAM_IOVA, RAM_SIZE, false), RAM_SIZE);
-    ck_assert_int_eq(vn_dma_map(R.dma, RAM_IOVA, half, 0, VFIO_DMA_MAP_FLAG_READ |
-                                VFIO_DMA_MAP_FLAG_WRITE, dup(R.ramfd)), 0);
-    ck_assert_int_eq(vn_dma_map(R.dma, RAM_IOVA + half, half, half, VFIO_DMA_MAP_FLAG_READ |
-                                VFIO_DMA_MAP_FLAG_WRITE, dup(R.ramfd)), 0);
+    ck_assert_int_eq(vn_dma_map(R.dma, RAM_IOVA, half, 0,
+                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, dup(R.ramfd)),
+                     0);
+    ck_assert_int_eq(vn_dma_map(R.dma, RAM_IOVA + half, half, half,
+                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, dup(R.ramfd)),
+                     0);
     enable();
     create_io_queues();
     /* page i of the buffer: slot (i * 37) % 64, even slots written, odd read */
@@ -88,7 +90,7 @@ START_TEST(test_io_scattered_mappings)
     ck_assert_uint_eq(SC(rw(0x02, 300, len / 512, rp, 63, off, 0)), 0);
     gather(back, rp, off, len);
     ck_assert_mem_eq(back, data, len);
-    for (unsigned i = 0; i < 63; i++) {         /* the gaps stayed untouched */
+    for (unsigned i = 0; i < 63; i++) { /* the gaps stayed untouched */
         ck_assert_uint_eq(R.ram[wp[i] - RAM_IOVA + PG / 2], 0);
     }
     fd = open(R.backing, O_RDONLY);
@@ -111,8 +113,8 @@ END_TEST
 
 START_TEST(test_io_errors)
 {
-    uint64_t pages[4] = { RAM_IOVA + O_WDATA, RAM_IOVA + O_WDATA + PG,
-                          RAM_IOVA + O_WDATA + 2 * PG, RAM_IOVA + O_WDATA + 3 * PG };
+    uint64_t pages[4] = { RAM_IOVA + O_WDATA, RAM_IOVA + O_WDATA + PG, RAM_IOVA + O_WDATA + 2 * PG,
+                          RAM_IOVA + O_WDATA + 3 * PG };
     Cqe e;
 
     enable();
@@ -124,8 +126,10 @@ START_TEST(test_io_errors)
     ck_assert_uint_eq(SC(rw(0x02, NS_BLOCKS - 4, 4, pages, 1, 0, 0)), 0);
     ck_assert_uint_eq(SC(rw(0x02, 1ull << 40, 1, pages, 1, 0, 0)), 0x80);
     /* Above MDTS (1 MiB): 2049 blocks */
-    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 2048,
-                              .prp1 = pages[0], .prp2 = RAM_IOVA + O_LIST });
+    e = submit(
+        &R.ioq,
+        (Sqe){
+            .opc = 0x02, .nsid = 1, .cdw12 = 2048, .prp1 = pages[0], .prp2 = RAM_IOVA + O_LIST });
     ck_assert_uint_eq(SC(e), 0x02);
     /* Wrong namespace, unknown opcode, SGL requested */
     e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 2, .prp1 = pages[0] });
@@ -140,12 +144,15 @@ START_TEST(test_io_errors)
     e = submit(&R.ioq, (Sqe){ .opc = 0x01, .nsid = 1, .prp1 = OUTSIDE });
     ck_assert_uint_eq(SC(e), 0x04);
     /* ... straddling the end of the mapping */
-    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 15,
-                              .prp1 = RAM_IOVA + RAM_SIZE - PG, .prp2 = RAM_IOVA + RAM_SIZE });
+    e = submit(&R.ioq, (Sqe){ .opc = 0x02,
+                              .nsid = 1,
+                              .cdw12 = 15,
+                              .prp1 = RAM_IOVA + RAM_SIZE - PG,
+                              .prp2 = RAM_IOVA + RAM_SIZE });
     ck_assert_uint_eq(SC(e), 0x04);
     /* ... a PRP list that is itself outside */
-    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0],
-                              .prp2 = OUTSIDE });
+    e = submit(&R.ioq,
+               (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0], .prp2 = OUTSIDE });
     ck_assert_uint_eq(SC(e), 0x04);
     /* ... an entry of a good list pointing outside */
     {
@@ -159,8 +166,10 @@ START_TEST(test_io_errors)
 
         ck_assert_uint_eq(SC(rw(0x02, 0, 24, bad, 3, 0, 0)), 0x13);
     }
-    e = submit(&R.ioq, (Sqe){ .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0],
-                              .prp2 = RAM_IOVA + O_LIST + 4 });
+    e = submit(
+        &R.ioq,
+        (Sqe){
+            .opc = 0x02, .nsid = 1, .cdw12 = 23, .prp1 = pages[0], .prp2 = RAM_IOVA + O_LIST + 4 });
     ck_assert_uint_eq(SC(e), 0x13);
 
     /* The controller is still healthy. */
@@ -174,8 +183,9 @@ START_TEST(test_backing_file)
     g_autoptr(GError) error = NULL;
     g_autofree char *path = g_build_filename(R.dir, rig_files[1], NULL);
     g_autofree uint8_t *bar0 = g_malloc0(VN_NVME_BAR0_SIZE);
-    VnNvmeParams np = { .backing = path, .size = 1 << 20, .serial = "S2", .vectors = 2,
-                        .io_queues = 1 };
+    VnNvmeParams np = {
+        .backing = path, .size = 1 << 20, .serial = "S2", .vectors = 2, .io_queues = 1
+    };
     struct stat st;
     VnNvme *n2;
     int fd;

@@ -40,7 +40,7 @@ static void setup(void)
     proc = g_build_filename(root, "proc", NULL);
     fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/dev", "259:0\n");
     fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1/dev", "259:1\n");
-    fake_put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1002\n");     /* down */
+    fake_put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1002\n"); /* down */
     fake_put("sys/devices/pci0000:00/" BDF "/drm/card3/dev", "226:3\n");
     fake_put("sys/devices/pci0000:00/" OTHER "/vendor", "0x8086\n");
     fake_put("sys/devices/pci0000:00/0000:00:06.0/block/vda/dev", "254:0\n");
@@ -53,15 +53,14 @@ static void setup(void)
     fake_link("sys/bus/pci/devices/" OTHER, "../../../devices/pci0000:00/" OTHER);
     fake_link("sys/class/block/nvme0n1", "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1");
     fake_link("sys/class/block/nvme0n1p1",
-            "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1");
+              "../../devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/nvme0n1p1");
     fake_link("sys/class/block/vda", "../../devices/pci0000:00/0000:00:06.0/block/vda");
     fake_link("sys/class/net/eth7", "../../devices/pci0000:00/" BDF "/net/eth7");
     fake_link("sys/class/drm/card3", "../../devices/pci0000:00/" BDF "/drm/card3");
     fake_link("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/nvme");
     fake_link("sys/devices/pci0000:00/" BDF "/iommu_group", "../../../kernel/iommu_groups/7");
     fake_link("sys/kernel/iommu_groups/7/devices/" BDF, "../../../../devices/pci0000:00/" BDF);
-    fake_link("sys/kernel/iommu_groups/7/devices/" OTHER,
-            "../../../../devices/pci0000:00/" OTHER);
+    fake_link("sys/kernel/iommu_groups/7/devices/" OTHER, "../../../../devices/pci0000:00/" OTHER);
     fake_put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n");
     fake_put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
 }
@@ -98,9 +97,9 @@ START_TEST(test_users_named)
     g_autofree char *users = NULL;
 
     fake_put("proc/self/mountinfo", "22 1 254:0 / / rw - ext4 /dev/vda rw\n"
-                               "40 22 259:1 / /data rw,relatime - ext4 /dev/nvme0n1p1 rw\n");
+                                    "40 22 259:1 / /data rw,relatime - ext4 /dev/nvme0n1p1 rw\n");
     fake_put("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n"
-                      "/dev/nvme0n1\tpartition\t1024\t0\t-2\n");
+                           "/dev/nvme0n1\tpartition\t1024\t0\t-2\n");
     fake_put("sys/devices/pci0000:00/" BDF "/net/eth7/flags", "0x1003\n");
     fake_put("sys/devices/pci0000:00/" BDF "/nvme/nvme0/nvme0n1/holders/dm-0/dev", "253:0\n");
     users = vn_pcibind_users(sys, proc, BDF);
@@ -137,14 +136,14 @@ START_TEST(test_group)
 {
     g_autofree char *bad = NULL;
 
-    ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF));        /* no driver */
+    ck_assert_ptr_null(vn_pcibind_group_conflicts(sys, BDF)); /* no driver */
     fake_link("sys/devices/pci0000:00/" OTHER "/driver", "../../../bus/pci/drivers/igb");
     bad = vn_pcibind_group_conflicts(sys, BDF);
     ck_assert_ptr_nonnull(bad);
     ck_assert_str_eq(bad, OTHER " (igb)");
     {
-        g_autofree char *drv = g_build_filename(root, "sys/devices/pci0000:00/" OTHER "/driver",
-                                                NULL);
+        g_autofree char *drv =
+            g_build_filename(root, "sys/devices/pci0000:00/" OTHER "/driver", NULL);
 
         ck_assert_int_eq(unlink(drv), 0);
     }
@@ -180,8 +179,7 @@ START_TEST(test_restore_writes)
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *override = NULL, *unbind = NULL;
-    g_autofree char *drv = g_build_filename(root, "sys/devices/pci0000:00/" BDF "/driver",
-                                            NULL);
+    g_autofree char *drv = g_build_filename(root, "sys/devices/pci0000:00/" BDF "/driver", NULL);
 
     ck_assert(vn_pcibind_restore(sys, BDF, "vfio-pci", NULL));
     override = got("sys/devices/pci0000:00/" BDF "/driver_override");
@@ -224,7 +222,7 @@ START_TEST(test_sriov)
     ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, BDF, 8, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "at most 7 virtual functions, not 8"));
     g_clear_error(&error);
-    ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, BDF, 3, &error));   /* no virtfn2 */
+    ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, BDF, 3, &error)); /* no virtfn2 */
     ck_assert_ptr_nonnull(strstr(error->message, "no virtual function 2"));
     g_clear_error(&error);
     ck_assert_ptr_null(vn_pcibind_sriov_enable(sys, OTHER, 1, &error));

@@ -14,19 +14,30 @@
 #include <string.h>
 
 static const VnPciCfgParams good = {
-    .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
-    .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
+    .vendor_id = 0x1de1,
+    .device_id = 0x5601,
+    .subsys_vendor_id = 0x1de1,
+    .subsys_id = 0x5601,
+    .revision = 1,
+    .class_code = 0x010802,
     .bars = { [0] = { .size = 16384, .is64 = true }, [4] = { .size = 4096 } },
-    .msix_vectors = 9, .msix_bir = 4,
-    .msix_table_offset = 0, .msix_pba_offset = 0x800,
+    .msix_vectors = 9,
+    .msix_bir = 4,
+    .msix_table_offset = 0,
+    .msix_pba_offset = 0x800,
 };
 
 /* MSI mode as pcidev builds it: no BAR4, 8 vectors. */
 static const VnPciCfgParams good_msi = {
-    .vendor_id = 0x1de1, .device_id = 0x5601, .subsys_vendor_id = 0x1de1,
-    .subsys_id = 0x5601, .revision = 1, .class_code = 0x010802,
+    .vendor_id = 0x1de1,
+    .device_id = 0x5601,
+    .subsys_vendor_id = 0x1de1,
+    .subsys_id = 0x5601,
+    .revision = 1,
+    .class_code = 0x010802,
     .bars = { [0] = { .size = 16384, .is64 = true } },
-    .irq_mode = VN_PCICFG_IRQ_MSI, .msi_vectors = 8,
+    .irq_mode = VN_PCICFG_IRQ_MSI,
+    .msi_vectors = 8,
 };
 
 static VnPciCfg *mk_with(const VnPciCfgParams *p)
@@ -110,9 +121,9 @@ START_TEST(test_write_masks)
     g_autoptr(VnPciCfg) cfg = mk();
 
     wr(cfg, PCI_COMMAND, 0xffff, 2);
-    ck_assert_uint_eq(rd(cfg, PCI_COMMAND, 2),
-                      PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_PARITY |
-                      PCI_COMMAND_SERR | PCI_COMMAND_INTX_DISABLE);
+    ck_assert_uint_eq(rd(cfg, PCI_COMMAND, 2), PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER |
+                                                   PCI_COMMAND_PARITY | PCI_COMMAND_SERR |
+                                                   PCI_COMMAND_INTX_DISABLE);
     ck_assert(vn_pcicfg_bus_master(cfg));
     ck_assert(vn_pcicfg_mem_enabled(cfg));
     ck_assert(vn_pcicfg_intx_disabled(cfg));
@@ -295,20 +306,20 @@ START_TEST(test_msi_pending)
     g_autoptr(VnPciCfg) cfg = mk_with(&good_msi);
 
     wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (3 << 4), 2);
-    ck_assert(!vn_pcicfg_msi_hold(cfg, 1));             /* not masked: send */
-    wr(cfg, MSI + PCI_MSI_MASK_64, 0x0a, 4);            /* mask 1 and 3 */
+    ck_assert(!vn_pcicfg_msi_hold(cfg, 1));  /* not masked: send */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0x0a, 4); /* mask 1 and 3 */
     ck_assert(vn_pcicfg_msi_hold(cfg, 1));
     ck_assert(vn_pcicfg_msi_hold(cfg, 3));
     ck_assert(!vn_pcicfg_msi_hold(cfg, 2));
     ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0x0a);
-    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);     /* still masked */
-    wr(cfg, MSI + PCI_MSI_MASK_64, 0x08, 4);            /* unmask 1 */
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0); /* still masked */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0x08, 4);                /* unmask 1 */
     ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0x02);
-    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);     /* once */
+    ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0); /* once */
     ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0x08);
-    wr(cfg, MSI + PCI_MSI_MASK_64 + 1, 0, 1);           /* no-op byte write */
+    wr(cfg, MSI + PCI_MSI_MASK_64 + 1, 0, 1); /* no-op byte write */
     ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0);
-    wr(cfg, MSI + PCI_MSI_MASK_64, 0, 1);               /* unmask 3 */
+    wr(cfg, MSI + PCI_MSI_MASK_64, 0, 1); /* unmask 3 */
     ck_assert_uint_eq(vn_pcicfg_msi_take_released(cfg), 0x08);
     ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_PENDING_64, 4), 0);
     /* out-of-range vectors are never held */
@@ -331,8 +342,7 @@ START_TEST(test_msi_counts)
     ck_assert_uint_eq((rd(cfg, MSI + PCI_MSI_FLAGS, 2) & PCI_MSI_FLAGS_QMASK) >> 1,
                       (uint32_t)g_bit_nth_lsf(n, -1));
     wr(cfg, MSI + PCI_MSI_MASK_64, 0xffffffff, 4);
-    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_MASK_64, 4),
-                      n == 32 ? 0xffffffffu : (1u << n) - 1);
+    ck_assert_uint_eq(rd(cfg, MSI + PCI_MSI_MASK_64, 4), n == 32 ? 0xffffffffu : (1u << n) - 1);
     /* asking for all 32 gets the capable count */
     wr(cfg, MSI + PCI_MSI_FLAGS, PCI_MSI_FLAGS_ENABLE | (5 << 4), 2);
     ck_assert_uint_eq(vn_pcicfg_msi_vectors(cfg), n);
@@ -351,7 +361,7 @@ START_TEST(test_irq_mode_names)
     ck_assert(!vn_pcicfg_irq_mode_from_string("MSI", &m));
     ck_assert(!vn_pcicfg_irq_mode_from_string("", &m));
     ck_assert(!vn_pcicfg_irq_mode_from_string(NULL, &m));
-    ck_assert_int_eq(m, VN_PCICFG_IRQ_MSIX);                    /* untouched */
+    ck_assert_int_eq(m, VN_PCICFG_IRQ_MSIX); /* untouched */
     ck_assert_str_eq(vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_MSI), "msi");
     ck_assert_str_eq(vn_pcicfg_irq_mode_to_string(VN_PCICFG_IRQ_LAST), "?");
 }
@@ -419,10 +429,17 @@ END_TEST
 
 /* The NTB model's layout: 32-bit BARs 0-2 (MSI-X in BAR1), BAR4 64-bit prefetchable. */
 static const VnPciCfgParams ntb_like = {
-    .vendor_id = 0x1957, .device_id = 0x0809, .class_code = 0x058000,
-    .bars = { [0] = { .size = 4096 }, [1] = { .size = 4096 }, [2] = { .size = 8192 },
+    .vendor_id = 0x1957,
+    .device_id = 0x0809,
+    .class_code = 0x058000,
+    .bars = { [0] = { .size = 4096 },
+              [1] = { .size = 4096 },
+              [2] = { .size = 8192 },
               [4] = { .size = 1ull << 32, .is64 = true, .prefetch = true } },
-    .msix_vectors = 32, .msix_bir = 1, .msix_table_offset = 0, .msix_pba_offset = 0x800,
+    .msix_vectors = 32,
+    .msix_bir = 1,
+    .msix_table_offset = 0,
+    .msix_pba_offset = 0x800,
 };
 
 /* Sizing (PCI 3.0 6.2.5.1): all ones written, the size read back from the low bits. */
@@ -433,8 +450,12 @@ START_TEST(test_bar_layouts)
         unsigned bar;
         uint32_t want;
     } sized[] = {
-        { 0, 0xfffff000 }, { 1, 0xfffff000 }, { 2, 0xffffe000 }, { 3, 0 },
-        { 4, PCI_BASE_ADDRESS_MEM_TYPE_64 | PCI_BASE_ADDRESS_MEM_PREFETCH }, { 5, 0xffffffff },
+        { 0, 0xfffff000 },
+        { 1, 0xfffff000 },
+        { 2, 0xffffe000 },
+        { 3, 0 },
+        { 4, PCI_BASE_ADDRESS_MEM_TYPE_64 | PCI_BASE_ADDRESS_MEM_PREFETCH },
+        { 5, 0xffffffff },
     };
     uint32_t ones = 0xffffffff, v, msix_table;
 
@@ -447,8 +468,7 @@ START_TEST(test_bar_layouts)
                       sized[i].want);
     }
     /* The MSI-X capability names BAR1. */
-    ck_assert_int_eq(vn_pcicfg_read(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, &msix_table, 4),
-                     0);
+    ck_assert_int_eq(vn_pcicfg_read(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_TABLE, &msix_table, 4), 0);
     ck_assert_uint_eq(msix_table & PCI_MSIX_TABLE_BIR, 1);
 }
 END_TEST

@@ -43,7 +43,10 @@ static VnPciDev *mk(VnPciCfgIrqMode mode, uint32_t vectors, GError **error)
 {
     g_autofree char *backing = g_build_filename(dir, ns_file, NULL);
     VnPciDevParams p = {
-        .backing = backing, .size = 1 << 20, .serial = "PCIDEV-1", .vectors = vectors,
+        .backing = backing,
+        .size = 1 << 20,
+        .serial = "PCIDEV-1",
+        .vectors = vectors,
         .irq_mode = mode,
     };
 
@@ -54,8 +57,7 @@ static uint32_t cfg_rd(VnPciDev *d, unsigned off, unsigned len)
 {
     uint32_t v = 0;
 
-    ck_assert_int_eq(vn_pcidev_ops.region_read(d, VFIO_PCI_CONFIG_REGION_INDEX, off, &v, len),
-                     0);
+    ck_assert_int_eq(vn_pcidev_ops.region_read(d, VFIO_PCI_CONFIG_REGION_INDEX, off, &v, len), 0);
     return v;
 }
 
@@ -64,15 +66,9 @@ static const struct {
     VnPciCfgIrqMode mode;
     uint32_t asked, offered;
 } modes[] = {
-    { VN_PCICFG_IRQ_MSIX, 9, 9 },
-    { VN_PCICFG_IRQ_MSIX, 2, 2 },
-    { VN_PCICFG_IRQ_MSIX, 128, 128 },
-    { VN_PCICFG_IRQ_MSI, 9, 8 },
-    { VN_PCICFG_IRQ_MSI, 2, 2 },
-    { VN_PCICFG_IRQ_MSI, 3, 2 },
-    { VN_PCICFG_IRQ_MSI, 32, 32 },
-    { VN_PCICFG_IRQ_MSI, 33, 32 },
-    { VN_PCICFG_IRQ_MSI, 128, 32 },
+    { VN_PCICFG_IRQ_MSIX, 9, 9 },  { VN_PCICFG_IRQ_MSIX, 2, 2 },  { VN_PCICFG_IRQ_MSIX, 128, 128 },
+    { VN_PCICFG_IRQ_MSI, 9, 8 },   { VN_PCICFG_IRQ_MSI, 2, 2 },   { VN_PCICFG_IRQ_MSI, 3, 2 },
+    { VN_PCICFG_IRQ_MSI, 32, 32 }, { VN_PCICFG_IRQ_MSI, 33, 32 }, { VN_PCICFG_IRQ_MSI, 128, 32 },
 };
 
 START_TEST(test_info)
@@ -105,14 +101,16 @@ START_TEST(test_info)
     ck_assert_uint_eq(info->irq_count[VFIO_PCI_MSI_IRQ_INDEX], msi ? n : 0);
     ck_assert_uint_eq(info->irq_count[VFIO_PCI_MSIX_IRQ_INDEX], msi ? 0 : n);
     ck_assert_uint_eq(info->irq_flags[msi ? VFIO_PCI_MSI_IRQ_INDEX : VFIO_PCI_MSIX_IRQ_INDEX] &
-                      VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_EVENTFD);
+                          VFIO_IRQ_INFO_EVENTFD,
+                      VFIO_IRQ_INFO_EVENTFD);
     ck_assert_uint_eq(info->irq_count[VFIO_PCI_ERR_IRQ_INDEX], 1);
 
     /* Config space through the ops: the mode's capability, its count */
     ck_assert_uint_eq(cfg_rd(d, VN_PCICFG_CAP_MSIX, 1), msi ? PCI_CAP_ID_MSI : PCI_CAP_ID_MSIX);
     if (msi) {
-        ck_assert_uint_eq((cfg_rd(d, VN_PCICFG_CAP_MSI + PCI_MSI_FLAGS, 2) &
-                           PCI_MSI_FLAGS_QMASK) >> 1, (uint32_t)g_bit_nth_lsf(n, -1));
+        ck_assert_uint_eq((cfg_rd(d, VN_PCICFG_CAP_MSI + PCI_MSI_FLAGS, 2) & PCI_MSI_FLAGS_QMASK) >>
+                              1,
+                          (uint32_t)g_bit_nth_lsf(n, -1));
         ck_assert_uint_eq(cfg_rd(d, PCI_BASE_ADDRESS_4, 4), 0);
     } else {
         ck_assert_uint_eq(cfg_rd(d, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS, 2), n - 1);

@@ -23,7 +23,7 @@
 START_TEST(test_eventfd_kinds)
 {
     int p[2], s[2];
-    int efd = eventfd(0, EFD_CLOEXEC);             /* blocking, as a peer may send it */
+    int efd = eventfd(0, EFD_CLOEXEC); /* blocking, as a peer may send it */
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
     int mfd = vn_peerfd_memfd_new("x", 4096);
 
@@ -57,7 +57,7 @@ START_TEST(test_signal_saturated)
     ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
     ck_assert_uint_eq(n, 1);
     ck_assert_int_eq(write(efd, &most, sizeof(most)), sizeof(most));
-    ck_assert_int_eq(vn_peerfd_signal(efd), -EAGAIN);     /* dropped, not waited for */
+    ck_assert_int_eq(vn_peerfd_signal(efd), -EAGAIN); /* dropped, not waited for */
     close(efd);
 }
 END_TEST
@@ -68,7 +68,7 @@ START_TEST(test_memory_kinds)
     g_autofree char *path = g_build_filename(dir, "ram", NULL);
     int sealed = vn_peerfd_memfd_new("sealed", 0x10000);
     int unsealed = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    int nosealing = memfd_create("nosealing", MFD_CLOEXEC);   /* F_SEAL_SEAL only */
+    int nosealing = memfd_create("nosealing", MFD_CLOEXEC); /* F_SEAL_SEAL only */
     int file = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     int efd = eventfd(0, EFD_CLOEXEC);
     const char *why = NULL;
@@ -81,7 +81,7 @@ START_TEST(test_memory_kinds)
     ck_assert_int_eq(vn_peerfd_memory(sealed, 0x8000, 0x8000, NULL), 0);
     ck_assert_int_eq(vn_peerfd_memory(sealed, 0x8000, 0x8001, &why), -EINVAL);
     ck_assert_ptr_nonnull(strstr(why, "smaller"));
-    ck_assert_int_eq(vn_peerfd_memory(sealed, UINT64_MAX, 2, NULL), -EINVAL);   /* wraps */
+    ck_assert_int_eq(vn_peerfd_memory(sealed, UINT64_MAX, 2, NULL), -EINVAL); /* wraps */
     ck_assert_int_eq(vn_peerfd_memory(unsealed, 0, 0x1000, &why), -EINVAL);
     ck_assert_ptr_nonnull(strstr(why, "F_SEAL_SHRINK"));
     ck_assert_int_eq(vn_peerfd_memory(nosealing, 0, 0x1000, NULL), -EINVAL);

@@ -20,8 +20,11 @@ static VnPeersAnnounce *sample(void)
     a->devices[0].lent = true;
     g_strlcpy(a->devices[0].borrower, "hostb", sizeof(a->devices[0].borrower));
     a->devices[0].lease = 7;
-    a->devices[0].id = (VnIdentity){ .known = true, .pci = "0000:3b:00.0", .vendor = 0x1b36,
-                                     .device = 0x0010, .class_code = 0x010802,
+    a->devices[0].id = (VnIdentity){ .known = true,
+                                     .pci = "0000:3b:00.0",
+                                     .vendor = 0x1b36,
+                                     .device = 0x0010,
+                                     .class_code = 0x010802,
                                      .name = "Non-Volatile memory controller: QEMU",
                                      .size = 64 << 20 };
     g_strlcpy(a->devices[1].name, "gpu0", sizeof(a->devices[1].name));
@@ -85,7 +88,7 @@ END_TEST
 
 static const struct {
     const char *json;
-    const char *why;            /* in the error message */
+    const char *why; /* in the error message */
 } bad_announcements[] = {
     { NULL, "not a JSON object" },
     { "", "" },
@@ -100,37 +103,49 @@ static const struct {
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"broken\"}]}", "state" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"lent\"}]}", "borrower" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"lent\",\"borrower\":"
-      "\"hostb\",\"lease\":0}]}", "lease" },
+      "\"hostb\",\"lease\":0}]}",
+      "lease" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"lent\",\"borrower\":"
-      "\"hostb\",\"lease\":-3}]}", "lease" },
+      "\"hostb\",\"lease\":-3}]}",
+      "lease" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"lent\",\"borrower\":"
-      "\"hostb\",\"lease\":9007199254740993}]}", "lease" },
+      "\"hostb\",\"lease\":9007199254740993}]}",
+      "lease" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"lent\",\"borrower\":"
-      "\"hostb\",\"lease\":\"5\"}]}", "lease" },
+      "\"hostb\",\"lease\":\"5\"}]}",
+      "lease" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\",\"borrower\":"
-      "\"hostb\"}]}", "borrower" },
+      "\"hostb\"}]}",
+      "borrower" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\"},"
-      "{\"name\":\"x\",\"state\":\"available\"}]}", "devices" },
+      "{\"name\":\"x\",\"state\":\"available\"}]}",
+      "devices" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
-      "\"id\":7}]}", "id" },
+      "\"id\":7}]}",
+      "id" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
       "\"id\":{\"pci\":\"../../etc\",\"name\":\"n\",\"vendor\":1,\"device\":1,\"class\":1,"
-      "\"size\":0}}]}", "id" },
+      "\"size\":0}}]}",
+      "id" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
       "\"id\":{\"pci\":\"0000:3b:00.0\",\"name\":\"n\",\"vendor\":65536,\"device\":1,"
-      "\"class\":1,\"size\":0}}]}", "vendor" },
+      "\"class\":1,\"size\":0}}]}",
+      "vendor" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
       "\"id\":{\"pci\":\"0000:3b:00.0\",\"name\":\"0123456789012345678901234567890123456789"
       "01234567890123456789012345678901234567890123456789012345678901234567890123456789012345"
-      "6789\",\"vendor\":1,\"device\":1,\"class\":1,\"size\":0}}]}", "id" },
+      "6789\",\"vendor\":1,\"device\":1,\"class\":1,\"size\":0}}]}",
+      "id" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":7}", "holds" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"hostb\",\"name\":\"x\"}]}",
       "lease" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[\"x\"]}", "holds" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"\",\"name\":\"x\","
-      "\"lease\":1}]}", "lender" },
+      "\"lease\":1}]}",
+      "lender" },
     { "{\"node\":\"hosta\",\"devices\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]"
-      "]]]]]]]]]]]]}", "" },
+      "]]]]]]]]]]]]}",
+      "" },
 };
 
 START_TEST(test_announce_refused)
@@ -142,8 +157,7 @@ START_TEST(test_announce_refused)
                   "took %s", bad_announcements[_i].json);
     ck_assert_ptr_nonnull(error);
     ck_assert_msg(strstr(error->message, bad_announcements[_i].why) != NULL, "%s: %s",
-                  bad_announcements[_i].json ? bad_announcements[_i].json : "NULL",
-                  error->message);
+                  bad_announcements[_i].json ? bad_announcements[_i].json : "NULL", error->message);
 }
 END_TEST
 
@@ -158,8 +172,8 @@ START_TEST(test_requests_round_trip)
         g_autofree char *json = vn_peers_request_to_json(types[i], &rq);
         g_autoptr(GError) error = NULL;
 
-        ck_assert_msg(vn_peers_request_from_json(types[i], json, &got, &error), "%s: %s",
-                      json, error ? error->message : "");
+        ck_assert_msg(vn_peers_request_from_json(types[i], json, &got, &error), "%s: %s", json,
+                      error ? error->message : "");
         ck_assert_str_eq(got.device, "nvme0");
         ck_assert_uint_eq(got.lease, types[i] == VN_PEERS_BORROW ? 0 : 42);
         ck_assert_uint_eq(got.grace_ms, types[i] == VN_PEERS_REVOKE ? 5000 : 0);
@@ -183,8 +197,11 @@ static const struct {
 } bad_requests[] = {
     { VN_PEERS_BORROW, "{}", "device" },
     { VN_PEERS_BORROW, "{\"device\":\"a/b\"}", "device" },
-    { VN_PEERS_BORROW, "{\"device\":\"" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}", "device" },
+    { VN_PEERS_BORROW,
+      "{\"device\":\""
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+      "device" },
     { VN_PEERS_RETURN, "{\"device\":\"nvme0\"}", "lease" },
     { VN_PEERS_RETURN, "{\"device\":\"nvme0\",\"lease\":0}", "lease" },
     { VN_PEERS_REVOKE, "{\"device\":\"nvme0\",\"lease\":3}", "grace_ms" },
@@ -199,8 +216,9 @@ START_TEST(test_requests_refused)
     VnPeersRequest got;
     g_autoptr(GError) error = NULL;
 
-    ck_assert_msg(!vn_peers_request_from_json(bad_requests[_i].type, bad_requests[_i].json,
-                                              &got, &error), "took %s", bad_requests[_i].json);
+    ck_assert_msg(
+        !vn_peers_request_from_json(bad_requests[_i].type, bad_requests[_i].json, &got, &error),
+        "took %s", bad_requests[_i].json);
     ck_assert_msg(strstr(error->message, bad_requests[_i].why) != NULL, "%s: %s",
                   bad_requests[_i].json, error->message);
 }

@@ -118,8 +118,8 @@ static void step_echo_other_device(Worker *w)
 {
     g_autoptr(VnFabricMsg) reply = NULL;
 
-    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_ECHO, "{\"device\":\"nic0\"}", NULL, 0,
-                                    &reply);
+    w->ret =
+        vn_fabric_request_sync(w->fab, "hosta", T_ECHO, "{\"device\":\"nic0\"}", NULL, 0, &reply);
 }
 
 static void step_map(Worker *w)
@@ -150,8 +150,8 @@ static void step_map_back(Worker *w)
     g_autoptr(VnFabricMsg) reply = NULL;
     g_autofree char *json = g_strdup(DEVICE_JSON);
 
-    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_MAP_BACK, json, &w->id, sizeof(w->id),
-                                    &reply);
+    w->ret =
+        vn_fabric_request_sync(w->fab, "hosta", T_MAP_BACK, json, &w->id, sizeof(w->id), &reply);
     if (w->ret == 0) {
         ck_assert_uint_eq(reply->data_len, 8);
         ck_assert_mem_eq(reply->data, "worker!!", 8);
@@ -167,8 +167,8 @@ static void step_route(Worker *w)
     id = vn_fabric_route_export(w->fab, w->fd, "hosta", &error);
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = GUINT64_TO_LE(id);
-    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le,
-                                    sizeof(le), &reply);
+    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le, sizeof(le),
+                                    &reply);
 }
 
 static void step_doorbells(Worker *w)

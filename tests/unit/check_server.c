@@ -30,7 +30,7 @@ typedef struct Fake {
     int bar_fd;
     uint8_t *bar;
     uint8_t cfg[CFG_SIZE];
-    gint resets;                /* written on the server thread: atomic */
+    gint resets; /* written on the server thread: atomic */
     gint irq_changes;
 } Fake;
 
@@ -48,8 +48,7 @@ static int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint
     return 0;
 }
 
-static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *buf,
-                      uint32_t n)
+static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *buf, uint32_t n)
 {
     Fake *f = opaque;
 
@@ -122,19 +121,19 @@ static void setup(void)
     rig.path = g_build_filename(rig.dir, "dev.sock", NULL);
     rig.fake.bar_fd = vn_peerfd_memfd_new("bar0", BAR0_SIZE);
     ck_assert_int_ge(rig.fake.bar_fd, 0);
-    rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                        rig.fake.bar_fd, 0);
+    rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, rig.fake.bar_fd, 0);
     for (uint32_t i = 0; i < info.num_regions; i++) {
         info.regions[i].mmap_fd = -1;
     }
     info.regions[0] = (VnRegion){ .size = BAR0_SIZE,
                                   .flags = VFIO_REGION_INFO_FLAG_READ |
-                                           VFIO_REGION_INFO_FLAG_WRITE |
-                                           VFIO_REGION_INFO_FLAG_MMAP,
-                                  .mmap_fd = rig.fake.bar_fd, .nr_sparse = 2,
+                                           VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP,
+                                  .mmap_fd = rig.fake.bar_fd,
+                                  .nr_sparse = 2,
                                   .sparse = { { 0, 0x1000 }, { 0x2000, 0x2000 } } };
     info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
-        (VnRegion){ .size = CFG_SIZE, .mmap_fd = -1,
+        (VnRegion){ .size = CFG_SIZE,
+                    .mmap_fd = -1,
                     .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
     info.irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
     info.irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = 4;
@@ -158,7 +157,7 @@ static void teardown(void)
     g_main_context_invoke(rig.ctx, quit_loop, NULL);
     g_thread_join(rig.thread);
     vn_server_free(rig.server);
-    ck_assert(!g_file_test(rig.path, G_FILE_TEST_EXISTS));   /* socket removed */
+    ck_assert(!g_file_test(rig.path, G_FILE_TEST_EXISTS)); /* socket removed */
     g_main_loop_unref(rig.loop);
     g_main_context_unref(rig.ctx);
     munmap(rig.fake.bar, BAR0_SIZE);
@@ -241,8 +240,8 @@ START_TEST(test_info_and_regions)
     close(fd);
 
     /* The config region has no fd and no caps. */
-    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_CONFIG_REGION_INDEX, &ri, &fd,
-                                               areas, 4, &nr), 0);
+    ck_assert_int_eq(
+        vn_client_get_region_info(c, VFIO_PCI_CONFIG_REGION_INDEX, &ri, &fd, areas, 4, &nr), 0);
     ck_assert_int_eq(fd, -1);
     ck_assert(!(ri.flags & VFIO_REGION_INFO_FLAG_MMAP));
     ck_assert_uint_eq(ri.size, CFG_SIZE);
@@ -256,11 +255,11 @@ START_TEST(test_region_errors)
     struct vfio_region_info ri;
     int fd;
 
-    ck_assert_int_eq(vn_client_region_read(c, 12, 0, buf, 4), -EINVAL);   /* no region */
-    ck_assert_int_eq(vn_client_region_read(c, 1, 0, buf, 4), -EINVAL);    /* size 0 */
+    ck_assert_int_eq(vn_client_region_read(c, 12, 0, buf, 4), -EINVAL); /* no region */
+    ck_assert_int_eq(vn_client_region_read(c, 1, 0, buf, 4), -EINVAL);  /* size 0 */
     ck_assert_int_eq(vn_client_region_read(c, 0, BAR0_SIZE - 2, buf, 4), -EINVAL);
-    ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, CFG_SIZE,
-                                            buf, 1, false), -EINVAL);
+    ck_assert_int_eq(
+        vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, CFG_SIZE, buf, 1, false), -EINVAL);
     ck_assert_int_eq(vn_client_get_region_info(c, 99, &ri, &fd, NULL, 0, NULL), -EINVAL);
     /* and the session goes on */
     ck_assert_int_eq(vn_client_region_read(c, 0, 0, buf, 4), 4);
@@ -274,11 +273,10 @@ START_TEST(test_posted_writes_keep_order)
 
     /* Posted writes get no reply; a read after them sees the last one. */
     for (v = 1; v <= 100; v++) {
-        ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &v,
-                                                4, true), 4);
+        ck_assert_int_eq(vn_client_region_write(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &v, 4, true),
+                         4);
     }
-    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &got, 4),
-                     4);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0x40, &got, 4), 4);
     ck_assert_uint_eq(got, 100);
 }
 END_TEST
@@ -287,14 +285,14 @@ START_TEST(test_dma_table)
 {
     g_autoptr(VnClient) c = connect_ok();
     VnDma *dma = vn_server_dma(rig.server);
-    int mem = vn_peerfd_memfd_new("guest", 0x10000);   /* sealed, as QEMU's */
+    int mem = vn_peerfd_memfd_new("guest", 0x10000); /* sealed, as QEMU's */
     uint8_t *ram;
     char out[6] = { 0 };
 
     ram = mmap(NULL, 0x10000, PROT_READ | PROT_WRITE, MAP_SHARED, mem, 0);
     ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x8000, 0x8000,
-                                       VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-                                       mem), 0);
+                                       VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, mem),
+                     0);
     ck_assert_uint_eq(vn_dma_count(dma), 1);
     /* the device reaches guest memory at iova, through the fd's offset */
     ck_assert_int_eq(vn_dma_write(dma, 0x100010, "hello", 5), 0);
@@ -310,8 +308,7 @@ START_TEST(test_dma_table)
     ck_assert_int_eq(vn_client_dma_map(c, 0x40000000, 0x1000, 0, 3, -1), 0);
     ck_assert_int_eq(vn_dma_read(dma, 0x40000000, out, 1), -EFAULT);
     /* read-only mapping cannot be written by the device */
-    ck_assert_int_eq(vn_client_dma_map(c, 0x300000, 0x1000, 0, VFIO_DMA_MAP_FLAG_READ, mem),
-                     0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x300000, 0x1000, 0, VFIO_DMA_MAP_FLAG_READ, mem), 0);
     ck_assert_int_eq(vn_dma_write(dma, 0x300000, "x", 1), -EFAULT);
     ck_assert_int_eq(vn_dma_read(dma, 0x300000, out, 1), 0);
 
@@ -337,8 +334,7 @@ END_TEST
 /* Guest memory a client may not map: a memfd not sealed against shrinking
  * (it could shrink under the device), a plain file (it could be truncated),
  * a sealed memfd smaller than offset + size, something that is no file. */
-enum { BAD_MEM_UNSEALED, BAD_MEM_FILE, BAD_MEM_SHORT, BAD_MEM_OFFSET, BAD_MEM_PIPE,
-       BAD_MEM_LAST };
+enum { BAD_MEM_UNSEALED, BAD_MEM_FILE, BAD_MEM_SHORT, BAD_MEM_OFFSET, BAD_MEM_PIPE, BAD_MEM_LAST };
 
 static int bad_memory(int kind, int *keep)
 {
@@ -408,8 +404,7 @@ START_TEST(test_irqs)
 {
     g_autoptr(VnClient) c = connect_ok();
     VnIrqs *irqs = vn_server_irqs(rig.server);
-    int efd[2] = { eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC),
-                   eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) };
+    int efd[2] = { eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) };
     const uint32_t EV = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
     const uint32_t NONE_TRIG = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
     uint8_t bools[2] = { 0, 1 };
@@ -421,37 +416,37 @@ START_TEST(test_irqs)
     ck_assert(vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
     ck_assert_uint_eq(drain(efd[1]), 1);
     /* loopback trigger (DATA_NONE) and DATA_BOOL */
-    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 2, 1, NULL,
-                                        NULL), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 2, 1, NULL, NULL),
+                     0);
     ck_assert_uint_eq(drain(efd[0]), 1);
-    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_BOOL |
-                                        VFIO_IRQ_SET_ACTION_TRIGGER,
-                                        VFIO_PCI_MSIX_IRQ_INDEX, 2, 2, bools, NULL), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 2, 2, bools, NULL),
+                     0);
     ck_assert_uint_eq(drain(efd[0]), 0);
     ck_assert_uint_eq(drain(efd[1]), 1);
     /* masked: held pending, delivered on unmask */
     ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK,
-                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL),
+                     0);
     ck_assert(!vn_irqs_signal(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
     ck_assert_uint_eq(drain(efd[1]), 0);
-    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE |
-                                        VFIO_IRQ_SET_ACTION_UNMASK,
-                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL),
+                     0);
     ck_assert_uint_eq(drain(efd[1]), 1);
     /* de-assign one vector (no fds), then disable the index (count 0) */
     ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 3, 1, NULL, NULL), 0);
     ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 3));
     ck_assert(vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
-    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, NULL,
-                                        NULL), 0);
+    ck_assert_int_eq(vn_client_set_irqs(c, NONE_TRIG, VFIO_PCI_MSIX_IRQ_INDEX, 0, 0, NULL, NULL),
+                     0);
     ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 2));
     /* out of range for the device, unsupported unmask-eventfd */
-    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 3, 2, NULL, efd),
-                     -EINVAL);
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 3, 2, NULL, efd), -EINVAL);
     ck_assert_int_eq(vn_client_set_irqs(c, EV, 7, 0, 1, NULL, efd), -EINVAL);
-    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD |
-                                        VFIO_IRQ_SET_ACTION_UNMASK,
-                                        VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, efd), -ENOTSUP);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, efd),
+                     -ENOTSUP);
     close(efd[0]);
     close(efd[1]);
 }
@@ -491,8 +486,7 @@ START_TEST(test_set_irqs_refuses_non_eventfds)
 
     ck_assert_int_ge(fds[1], 0);
     /* Refused at SET_IRQS, the good one beside it too: nothing assigned. */
-    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 0, 2, NULL, fds),
-                     -EINVAL);
+    ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_MSIX_IRQ_INDEX, 0, 2, NULL, fds), -EINVAL);
     ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 0));
     ck_assert(!vn_irqs_enabled(irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1));
     ck_assert_int_eq(vn_client_set_irqs(c, EV, VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, &fds[1]),
@@ -530,7 +524,7 @@ START_TEST(test_saturated_eventfd_does_not_block)
 {
     g_autoptr(VnClient) c = connect_ok();
     const uint32_t EV = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
-    uint64_t most = UINT64_C(0xfffffffffffffffe);   /* eventfd(2): the counter's top */
+    uint64_t most = UINT64_C(0xfffffffffffffffe); /* eventfd(2): the counter's top */
     Signaller sig = { .irqs = vn_server_irqs(rig.server) };
     /* A blocking eventfd: a write to it waits while the counter is full. */
     int efd = eventfd(0, EFD_CLOEXEC);
@@ -545,14 +539,15 @@ START_TEST(test_saturated_eventfd_does_not_block)
     }
     ck_assert_msg(g_atomic_int_get(&sig.done), "the signal blocked on a full eventfd");
     g_thread_join(t);
-    ck_assert(!sig.written);                        /* dropped, not queued */
+    ck_assert(!sig.written); /* dropped, not queued */
     /* The server is not wedged: SET_IRQS is answered, and once the client
      * reads its counter, signals flow again. */
     ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK,
-                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL), 0);
-    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE |
-                                        VFIO_IRQ_SET_ACTION_UNMASK,
-                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL), 0);
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL),
+                     0);
+    ck_assert_int_eq(vn_client_set_irqs(c, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_UNMASK,
+                                        VFIO_PCI_MSIX_IRQ_INDEX, 1, 1, NULL, NULL),
+                     0);
     ck_assert_uint_eq(drain(efd), most);
     ck_assert(vn_irqs_signal(sig.irqs, VFIO_PCI_MSIX_IRQ_INDEX, 1));
     ck_assert_uint_eq(drain(efd), 1);
@@ -572,8 +567,7 @@ START_TEST(test_reset)
 END_TEST
 
 /* Send raw bytes; return the reply's errno (0 for success), or -1 if none. */
-static int raw_errno(VnClient *c, const void *msg, size_t len, const int *fds,
-                     unsigned nfds)
+static int raw_errno(VnClient *c, const void *msg, size_t len, const int *fds, unsigned nfds)
 {
     g_autoptr(GByteArray) reply = NULL;
     VnWireHdr hdr;
@@ -739,7 +733,7 @@ START_TEST(test_client_stall_late_reply)
     ck_assert(st.stalled);
     ck_assert_int_eq(h.timed_out, 1);
     g_atomic_int_set(&reset_stall_ms, 0);
-    g_usleep(500 * 1000);        /* the reset's answer is in the socket now */
+    g_usleep(500 * 1000); /* the reset's answer is in the socket now */
     ck_assert_int_eq(vn_client_get_info(c, &info), 0);
     ck_assert_uint_eq(info.num_regions, VFIO_PCI_NUM_REGIONS);
     ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4), 4);

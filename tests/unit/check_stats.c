@@ -37,8 +37,7 @@ static gpointer slow_serve(gpointer data)
     return NULL;
 }
 
-static VnWctlCall *slow_lend_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done,
-                                   void *opaque)
+static VnWctlCall *slow_lend_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
     VnWctlCall *c = vn_wctl_call_async(slow.path, "stats", 2000, 4096, done, opaque, &error);

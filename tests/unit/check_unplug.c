@@ -18,7 +18,7 @@ typedef struct Monitor {
     int listener;
     unsigned delay_ms;
     GThread *thread;
-    char deleted[64];           /* the id device_del named */
+    char deleted[64]; /* the id device_del named */
 } Monitor;
 
 static gpointer monitor_serve(gpointer data)
@@ -87,8 +87,8 @@ typedef struct Asked {
     char device[64];
 } Asked;
 
-static void on_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
-                     bool stopping, void *opaque)
+static void on_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked, bool stopping,
+                     void *opaque)
 {
     Asked *a = opaque;
 
@@ -117,7 +117,7 @@ static VnBorrowed *attached(VnDaemon *a, VnDaemon *b, Monitor *m)
     borrow(a, b);
     bw = vn_devices_borrowed(b, "hosta/nvme0");
     ck_assert_ptr_nonnull(bw);
-    bw->worker_pid = 4242;      /* a worker the fake launcher never ran */
+    bw->worker_pid = 4242; /* a worker the fake launcher never ran */
     bw->domain = g_strdup("vm1");
     bw->qmp = m != NULL ? g_strdup(m->path) : NULL;
     bw->qdev_id = g_strdup("dev0");
@@ -184,7 +184,7 @@ START_TEST(test_daemon_stops_meanwhile)
     vn_daemon_free(b);
     ck_assert_int_eq(got.calls, 1);
     ck_assert(got.stopping);
-    spin(1000);                 /* the thread ends, its answer comes to no one */
+    spin(1000); /* the thread ends, its answer comes to no one */
     ck_assert_int_eq(got.calls, 1);
     monitor_stop(&m);
     vn_daemon_free(a);

@@ -18,8 +18,8 @@ START_TEST(test_json_string_member)
     g_autoptr(JsonObject) o = NULL;
 
     g_log_set_always_fatal(G_LOG_LEVEL_CRITICAL | G_LOG_LEVEL_WARNING);
-    o = vn_json_parse_object("{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}",
-                             -1, 4096, NULL);
+    o = vn_json_parse_object("{\"n\":1,\"a\":[1],\"o\":{},\"z\":null,\"s\":\"x\",\"b\":true}", -1,
+                             4096, NULL);
     ck_assert_ptr_nonnull(o);
     for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
         const char *v = vn_util_json_string(o, names[i]);

@@ -23,7 +23,7 @@ typedef struct Rig {
     GMainLoop *loop;
     GThread *thread;
     VnWctl *w;
-    unsigned slow_ms;           /* the handler sleeps this long */
+    unsigned slow_ms; /* the handler sleeps this long */
     gint calls;
 } Rig;
 
@@ -180,8 +180,7 @@ START_TEST(test_call_async)
     VnWctlCall *c;
 
     rig_start(&r);
-    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 1000, 4096, on_answer, &a,
-                                             &error));
+    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 1000, 4096, on_answer, &a, &error));
     while (!a.done) {
         g_main_context_iteration(NULL, TRUE);
     }
@@ -190,8 +189,7 @@ START_TEST(test_call_async)
 
     r.slow_ms = 700;
     timer = g_timeout_add(10, tick, &ticks);
-    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 300, 4096, on_answer, &slow,
-                                             &error));
+    ck_assert_ptr_nonnull(vn_wctl_call_async(r.path, "stats", 300, 4096, on_answer, &slow, &error));
     while (!slow.done) {
         g_main_context_iteration(NULL, TRUE);
     }
@@ -260,7 +258,7 @@ START_TEST(test_hostile_clients)
     g_usleep(100 * 1000);
     stats = call(r.path, "stats", 1000, 4096, NULL);
     ck_assert_ptr_nonnull(stats);
-    ck_assert_int_eq(g_atomic_int_get(&r.calls), 1);    /* garbage reached no handler */
+    ck_assert_int_eq(g_atomic_int_get(&r.calls), 1); /* garbage reached no handler */
     rig_stop(&r);
 }
 END_TEST

@@ -30,8 +30,10 @@ static int decode(GByteArray *b, unsigned nfds, VnWireRequest *req)
 
 START_TEST(test_dma_map_roundtrip)
 {
-    VnWireDmaMap m = { .argsz = sizeof(m), .flags = VFIO_DMA_MAP_FLAG_READ |
-                       VFIO_DMA_MAP_FLAG_WRITE, .offset = 0x2000, .iova = 0x100000,
+    VnWireDmaMap m = { .argsz = sizeof(m),
+                       .flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+                       .offset = 0x2000,
+                       .iova = 0x100000,
                        .size = 0x40000 };
     g_autoptr(GByteArray) b = mk(VN_CMD_DMA_MAP, 0, &m, sizeof(m));
     VnWireRequest req;
@@ -71,16 +73,17 @@ END_TEST
 
 START_TEST(test_set_irqs_forms)
 {
-    VnWireIrqSet s = { .argsz = sizeof(s), .index = VFIO_PCI_MSIX_IRQ_INDEX,
-                              .start = 2, .count = 3,
-                              .flags = VFIO_IRQ_SET_DATA_EVENTFD |
-                                       VFIO_IRQ_SET_ACTION_TRIGGER };
+    VnWireIrqSet s = { .argsz = sizeof(s),
+                       .index = VFIO_PCI_MSIX_IRQ_INDEX,
+                       .start = 2,
+                       .count = 3,
+                       .flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER };
     VnWireRequest req;
     uint8_t body[sizeof(s) + 3];
 
     g_autoptr(GByteArray) ev = mk(VN_CMD_DEVICE_SET_IRQS, 0, &s, sizeof(s));
-    ck_assert_int_eq(decode(ev, 3, &req), 0);   /* one fd per vector */
-    ck_assert_int_eq(decode(ev, 0, &req), 0);   /* de-assign all three */
+    ck_assert_int_eq(decode(ev, 3, &req), 0); /* one fd per vector */
+    ck_assert_int_eq(decode(ev, 0, &req), 0); /* de-assign all three */
     ck_assert_int_eq(decode(ev, 2, &req), -EINVAL);
     ck_assert_uint_eq(req.u.irq_set.set.start, 2);
 
@@ -115,7 +118,7 @@ START_TEST(test_version_and_caps)
     ck_assert_str_eq(req.u.version.json, json);
     ck_assert(vn_wire_parse_caps(req.u.version.json, &caps, &error));
     ck_assert_uint_eq(caps.max_msg_fds, 16);
-    ck_assert_uint_eq(caps.max_data_xfer_size, VN_MAX_DATA_XFER);   /* default */
+    ck_assert_uint_eq(caps.max_data_xfer_size, VN_MAX_DATA_XFER); /* default */
 
     /* what we advertise parses as what we mean */
     ck_assert(vn_wire_parse_caps(ours, &caps, &error));
@@ -124,8 +127,7 @@ START_TEST(test_version_and_caps)
     /* and is shorter than QEMU's ~250-byte request, so the reply fits */
     ck_assert_uint_lt(strlen(ours), 200);
 
-    ck_assert(!vn_wire_parse_caps("{\"capabilities\":{\"max_msg_fds\":\"x\"}}", &caps,
-                                  &error));
+    ck_assert(!vn_wire_parse_caps("{\"capabilities\":{\"max_msg_fds\":\"x\"}}", &caps, &error));
     g_clear_error(&error);
     ck_assert(!vn_wire_parse_caps("[1,2]", &caps, &error));
     g_clear_error(&error);
@@ -175,7 +177,7 @@ typedef struct Bad {
     const void *body;
     size_t len;
     unsigned nfds;
-    int64_t size_override;   /* >= 0: write this into hdr.size */
+    int64_t size_override; /* >= 0: write this into hdr.size */
     int expect;
 } Bad;
 
@@ -186,15 +188,14 @@ static const VnWireDmaMap map_badflags = { 32, 0x80, 0, 0x1000, 0x1000 };
 static const VnWireDmaMap map_unaligned = { 32, 3, 0, 0x1001, 0x1000 };
 static const VnWireDmaUnmap unmap_all_range = { 24, VFIO_DMA_UNMAP_FLAG_ALL, 0x1000, 0x1000 };
 static const VnWireDmaUnmap unmap_dirty = { 24, VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP, 0, 0x1000 };
-static const VnWireIrqSet irq_overflow = { 20, VFIO_IRQ_SET_DATA_NONE |
-                                                  VFIO_IRQ_SET_ACTION_TRIGGER,
-                                                  2, 0xffffffffu, 2 };
-static const VnWireIrqSet irq_two_types = { 20, VFIO_IRQ_SET_DATA_NONE |
-                                                   VFIO_IRQ_SET_DATA_BOOL |
-                                                   VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1 };
+static const VnWireIrqSet irq_overflow = { 20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                           2, 0xffffffffu, 2 };
+static const VnWireIrqSet irq_two_types = {
+    20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_DATA_BOOL | VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 1
+};
 static const VnWireIrqSet irq_no_action = { 20, VFIO_IRQ_SET_DATA_NONE, 2, 0, 1 };
-static const VnWireIrqSet irq_huge = { 20, VFIO_IRQ_SET_DATA_NONE |
-                                              VFIO_IRQ_SET_ACTION_TRIGGER, 2, 0, 100000 };
+static const VnWireIrqSet irq_huge = { 20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, 2,
+                                       0, 100000 };
 static const VnWireRegionRw rw_big = { 0, 0, VN_MAX_DATA_XFER + 1 };
 static const VnWireRegionRw rw_wrap = { UINT64_MAX - 1, 0, 4 };
 static const VnWireRegionRw rw_zero = { 0, 0, 0 };
@@ -217,8 +218,8 @@ static const Bad bad[] = {
     { "huge size", VN_CMD_DMA_MAP, 0, &map_ok, 32, 0, 0x7fffffff, -EMSGSIZE },
     { "unknown command", 99, 0, NULL, 0, 0, -1, -ENOTSUP },
     { "server-only command", VN_CMD_DMA_READ, 0, NULL, 0, 0, -1, -ENOTSUP },
-    { "reply where a command belongs", VN_CMD_DEVICE_RESET, VN_WIRE_FLAG_REPLY, NULL, 0, 0,
-      -1, -EINVAL },
+    { "reply where a command belongs", VN_CMD_DEVICE_RESET, VN_WIRE_FLAG_REPLY, NULL, 0, 0, -1,
+      -EINVAL },
     { "bad type", VN_CMD_DEVICE_RESET, 0x3, NULL, 0, 0, -1, -EINVAL },
     { "fds where none belong", VN_CMD_DEVICE_RESET, 0, NULL, 0, 1, -1, -EINVAL },
     { "two fds for a DMA_MAP", VN_CMD_DMA_MAP, 0, &map_ok, 32, 2, -1, -EINVAL },
@@ -227,32 +228,27 @@ static const Bad bad[] = {
     { "DMA_MAP empty", VN_CMD_DMA_MAP, 0, &map_zero, 32, 0, -1, -EINVAL },
     { "DMA_MAP bad flags", VN_CMD_DMA_MAP, 0, &map_badflags, 32, 0, -1, -EINVAL },
     { "DMA_MAP unaligned", VN_CMD_DMA_MAP, 0, &map_unaligned, 32, 0, -1, -EINVAL },
-    { "DMA_UNMAP all with a range", VN_CMD_DMA_UNMAP, 0, &unmap_all_range, 24, 0, -1,
-      -EINVAL },
+    { "DMA_UNMAP all with a range", VN_CMD_DMA_UNMAP, 0, &unmap_all_range, 24, 0, -1, -EINVAL },
     { "DMA_UNMAP dirty bitmap", VN_CMD_DMA_UNMAP, 0, &unmap_dirty, 24, 0, -1, -ENOTSUP },
-    { "SET_IRQS start+count overflow", VN_CMD_DEVICE_SET_IRQS, 0, &irq_overflow, 20, 0,
-      -1, -EINVAL },
-    { "SET_IRQS two data types", VN_CMD_DEVICE_SET_IRQS, 0, &irq_two_types, 20, 0, -1,
+    { "SET_IRQS start+count overflow", VN_CMD_DEVICE_SET_IRQS, 0, &irq_overflow, 20, 0, -1,
       -EINVAL },
+    { "SET_IRQS two data types", VN_CMD_DEVICE_SET_IRQS, 0, &irq_two_types, 20, 0, -1, -EINVAL },
     { "SET_IRQS no action", VN_CMD_DEVICE_SET_IRQS, 0, &irq_no_action, 20, 0, -1, -EINVAL },
-    { "SET_IRQS too many vectors", VN_CMD_DEVICE_SET_IRQS, 0, &irq_huge, 20, 0, -1,
-      -EINVAL },
+    { "SET_IRQS too many vectors", VN_CMD_DEVICE_SET_IRQS, 0, &irq_huge, 20, 0, -1, -EINVAL },
     { "SET_IRQS short", VN_CMD_DEVICE_SET_IRQS, 0, &irq_huge, 12, 0, -1, -EINVAL },
-    { "REGION_READ above max_data_xfer_size", VN_CMD_REGION_READ, 0, &rw_big, 16, 0, -1,
-      -E2BIG },
+    { "REGION_READ above max_data_xfer_size", VN_CMD_REGION_READ, 0, &rw_big, 16, 0, -1, -E2BIG },
     { "REGION_READ wraps", VN_CMD_REGION_READ, 0, &rw_wrap, 16, 0, -1, -EINVAL },
     { "REGION_READ of nothing", VN_CMD_REGION_READ, 0, &rw_zero, 16, 0, -1, -EINVAL },
     { "REGION_WRITE without its data", VN_CMD_REGION_WRITE, 0, &rw_4, 16, 0, -1, -EINVAL },
-    { "REGION_READ with data", VN_CMD_REGION_READ, 0, &rw_read_with_data,
-      sizeof(rw_read_with_data), 0, -1, -EINVAL },
+    { "REGION_READ with data", VN_CMD_REGION_READ, 0, &rw_read_with_data, sizeof(rw_read_with_data),
+      0, -1, -EINVAL },
     { "VERSION without NUL", VN_CMD_VERSION, 0, version_noterm, 6, 0, -1, -EINVAL },
-    { "VERSION with an embedded NUL", VN_CMD_VERSION, 0, version_embedded_nul, 8, 0, -1,
-      -EINVAL },
+    { "VERSION with an embedded NUL", VN_CMD_VERSION, 0, version_embedded_nul, 8, 0, -1, -EINVAL },
     { "VERSION short", VN_CMD_VERSION, 0, version_noterm, 2, 0, -1, -EINVAL },
-    { "GET_REGION_INFO argsz too small", VN_CMD_DEVICE_GET_REGION_INFO, 0, &ri_small, 32,
-      0, -1, -EINVAL },
-    { "GET_REGION_INFO argsz too large", VN_CMD_DEVICE_GET_REGION_INFO, 0, &ri_huge, 32,
-      0, -1, -EINVAL },
+    { "GET_REGION_INFO argsz too small", VN_CMD_DEVICE_GET_REGION_INFO, 0, &ri_small, 32, 0, -1,
+      -EINVAL },
+    { "GET_REGION_INFO argsz too large", VN_CMD_DEVICE_GET_REGION_INFO, 0, &ri_huge, 32, 0, -1,
+      -EINVAL },
     { "DEVICE_RESET with a body", VN_CMD_DEVICE_RESET, 0, &rw_4, 4, 0, -1, -EINVAL },
 };
 
@@ -279,8 +275,8 @@ END_TEST
 /* The "REGION_READ with data" entry above is refused for its data alone. */
 START_TEST(test_read_with_data_control)
 {
-    g_autoptr(GByteArray) m = mk(VN_CMD_REGION_READ, 0, &rw_read_with_data.rw,
-                                 sizeof(rw_read_with_data.rw));
+    g_autoptr(GByteArray) m =
+        mk(VN_CMD_REGION_READ, 0, &rw_read_with_data.rw, sizeof(rw_read_with_data.rw));
     VnWireRequest req;
 
     G_STATIC_ASSERT(sizeof(rw_read_with_data) == sizeof(VnWireRegionRw) + 4);

@@ -31,9 +31,9 @@
 
 typedef struct CtlFake {
     char *dir;
-    char *path;                 /* the control socket */
+    char *path; /* the control socket */
     int lfd;
-    int stop[2];                /* a pipe: written to stop the thread */
+    int stop[2]; /* a pipe: written to stop the thread */
     GThread *thread;
     /* script */
     const char *greeting;       /* sent with a '\n'; NULL: none */
@@ -41,7 +41,7 @@ typedef struct CtlFake {
     bool hold;                  /* keep the connection until the client closes */
     /* results */
     unsigned conns;
-    GPtrArray *requests;        /* char *: the request line of each connection */
+    GPtrArray *requests; /* char *: the request line of each connection */
 } CtlFake;
 
 #define CTL_GREETING "{\"vfio-ntbd\": {\"version\": \"0.1.0\", \"node\": \"hostb\"}}"
@@ -77,7 +77,7 @@ static void fake_send(int fd, const char *text)
         ssize_t n = send(fd, text + done, len - done, MSG_NOSIGNAL);
 
         if (n <= 0) {
-            return;             /* the client went away: that is its test */
+            return; /* the client went away: that is its test */
         }
         done += (size_t)n;
     }

@@ -27,9 +27,9 @@ static char *tmpdir;
 /* What the fake workers were asked, and which "run" (pids 1000 + lease). */
 static struct {
     unsigned starts, stops, adopts, cancels, lend_adopts;
-    unsigned delay_ms;          /* a start calls back this much later */
-    GHashTable *running;        /* pid -> socket */
-    GHashTable *lenders;        /* lender workers' pids */
+    unsigned delay_ms;   /* a start calls back this much later */
+    GHashTable *running; /* pid -> socket */
+    GHashTable *lenders; /* lender workers' pids */
 } fake;
 
 /* A start that calls back later (fake.delay_ms). */
@@ -55,8 +55,8 @@ static inline gboolean fake_started(gpointer data)
 static inline void fake_cancel(void *data)
 {
     FakeStart *fs = data;
-    g_autoptr(GError) error = g_error_new_literal(G_IO_ERROR, G_IO_ERROR_CANCELLED,
-                                                  "given back while starting");
+    g_autoptr(GError) error =
+        g_error_new_literal(G_IO_ERROR, G_IO_ERROR_CANCELLED, "given back while starting");
 
     fake.cancels++;
     g_source_remove(fs->timer);
@@ -151,7 +151,7 @@ static inline bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld)
 }
 
 static inline VnWctlCall *fake_lend_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done,
-                                   void *opaque)
+                                          void *opaque)
 {
     done(g_strdup("{\"requests\":3,\"device_server\":\"answering\"}"), NULL, opaque);
     return NULL;
@@ -170,7 +170,6 @@ static const VnWorkerOps fake_ops = {
     .request_unplug = fake_no_unplug,
     .client_state = fake_client_gone,
 };
-
 
 static inline void setup(void)
 {
@@ -203,7 +202,8 @@ static inline VnDaemon *daemon_start(const char *node)
         "lease-timeout-ms = %d\n%s",
         node, tmpdir, tmpdir, node, tmpdir, node, tmpdir, node, LEASE_TIMEOUT_MS,
         strcmp(node, "hosta") == 0
-            ? "\n[lend nvme0]\nsocket = /nonexistent/dev.sock\nallow = hostb;hoste\n" : "");
+            ? "\n[lend nvme0]\nsocket = /nonexistent/dev.sock\nallow = hostb;hoste\n"
+            : "");
     g_autofree char *fabric = g_build_filename(tmpdir, "fabric", NULL);
     VnConfig *conf = vn_conf_parse(text, &error);
     VnDaemon *d;
@@ -274,7 +274,7 @@ typedef struct Done {
 } Done;
 
 static inline void on_done(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
-                    void *opaque)
+                           void *opaque)
 {
     Done *r = opaque;
 
@@ -309,6 +309,5 @@ static inline void keep_stats(VnDaemon *d, JsonNode *root, void *opaque)
 {
     *(JsonNode **)opaque = root;
 }
-
 
 #endif /* VN_CHECK_DAEMON_RIG_H */

@@ -31,14 +31,14 @@
 
 /* Message types the test nodes answer (see on_request). */
 enum {
-    T_ECHO = 1,         /* reply with the request's JSON and data */
-    T_SIGNAL_ROUTE,     /* open the asker's route (id in data), signal it once */
-    T_FAIL,             /* error reply EPERM */
-    T_HOLD,             /* keep the token, never answer */
-    T_HOLD_QUIT,        /* keep the token, stop the node's thread (it closes) */
-    T_EVENT_FIRST,      /* send event 7, reply, event 8 some 30 ms later */
-    T_MAP_BACK,         /* map the asker's segment (id in data), reply its bytes */
-    T_FLOOD,            /* send FLOOD_EVENTS events of 1 MiB, never answer */
+    T_ECHO = 1,     /* reply with the request's JSON and data */
+    T_SIGNAL_ROUTE, /* open the asker's route (id in data), signal it once */
+    T_FAIL,         /* error reply EPERM */
+    T_HOLD,         /* keep the token, never answer */
+    T_HOLD_QUIT,    /* keep the token, stop the node's thread (it closes) */
+    T_EVENT_FIRST,  /* send event 7, reply, event 8 some 30 ms later */
+    T_MAP_BACK,     /* map the asker's segment (id in data), reply its bytes */
+    T_FLOOD,        /* send FLOOD_EVENTS events of 1 MiB, never answer */
 };
 
 #define FLOOD_EVENTS 300
@@ -47,16 +47,16 @@ typedef struct Node {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
     GMainContext *ctx;
-    GMainLoop *loop;            /* threaded nodes */
+    GMainLoop *loop; /* threaded nodes */
     GThread *thread;
     bool close_in_thread;
-    GMutex lock;                /* log: written by the node's thread */
-    GPtrArray *log;             /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
-    char asker[VN_MAX_NODE_NAME + 1];     /* T_EVENT_FIRST's, for event 8 */
+    GMutex lock;                      /* log: written by the node's thread */
+    GPtrArray *log;                   /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
+    char asker[VN_MAX_NODE_NAME + 1]; /* T_EVENT_FIRST's, for event 8 */
 } Node;
 
 static char *tmpdir;
-static GMainContext *ctx;       /* the shared one, iterated by the test */
+static GMainContext *ctx; /* the shared one, iterated by the test */
 static GPtrArray *nodes;
 
 /* ---- rig ---------------------------------------------------------------- */
@@ -110,8 +110,8 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
     Node *n = opaque;
     uint8_t head[8] = { 0 };
 
-    log_add(n, g_strdup_printf("req:%u:%s:%zu", msg->type, msg->json ? msg->json : "-",
-                               msg->data_len));
+    log_add(
+        n, g_strdup_printf("req:%u:%s:%zu", msg->type, msg->json ? msg->json : "-", msg->data_len));
     switch (msg->type) {
     case T_ECHO:
         vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len);
@@ -195,8 +195,8 @@ static inline void on_event(void *opaque, VnFabricMsg *msg)
 {
     Node *n = opaque;
 
-    log_add(n, g_strdup_printf("ev:%u:%s:%zu", msg->type, msg->json ? msg->json : "-",
-                               msg->data_len));
+    log_add(n,
+            g_strdup_printf("ev:%u:%s:%zu", msg->type, msg->json ? msg->json : "-", msg->data_len));
 }
 
 static inline void on_doorbell(void *opaque, const char *peer, uint32_t bit)
@@ -325,15 +325,15 @@ static inline gint64 now_ms(void)
 }
 
 /* Iterate the shared context until @cond holds (bounded), then assert it. */
-#define WAIT_FOR(cond)                                                         \
-    do {                                                                       \
-        gint64 end_ = now_ms() + 3000;                                         \
-        while (!(cond) && now_ms() < end_) {                                   \
-            if (!g_main_context_iteration(ctx, FALSE)) {                       \
-                g_usleep(500);                                                 \
-            }                                                                  \
-        }                                                                      \
-        ck_assert_msg((cond), "timed out waiting for: %s", #cond);             \
+#define WAIT_FOR(cond)                                             \
+    do {                                                           \
+        gint64 end_ = now_ms() + 3000;                             \
+        while (!(cond) && now_ms() < end_) {                       \
+            if (!g_main_context_iteration(ctx, FALSE)) {           \
+                g_usleep(500);                                     \
+            }                                                      \
+        }                                                          \
+        ck_assert_msg((cond), "timed out waiting for: %s", #cond); \
     } while (0)
 
 /* Iterate the shared context for @ms (to see that something does NOT
@@ -353,8 +353,7 @@ static inline void link_nodes(Node *a, Node *b)
 {
     g_autoptr(GError) error = NULL;
 
-    ck_assert_msg(vn_fabric_connect(a->fab, b->name, &error), "%s",
-                  error ? error->message : "");
+    ck_assert_msg(vn_fabric_connect(a->fab, b->name, &error), "%s", error ? error->message : "");
     if (b->thread == NULL) {
         WAIT_FOR(vn_fabric_link_up(b->fab, a->name));
     }

@@ -41,9 +41,9 @@
 #define DEV "nvme0"
 #define BAR0_SIZE 0x4000u
 #define CFG_SIZE 256u
-#define ROM_SIZE 0x8000u         /* the expansion ROM (read-only, trapped) */
+#define ROM_SIZE 0x8000u /* the expansion ROM (read-only, trapped) */
 #define MSIX_VECTORS 4u
-#define MEM_SIZE 0x10000u        /* a borrower's "guest RAM" segment */
+#define MEM_SIZE 0x10000u /* a borrower's "guest RAM" segment */
 
 /* ---- the fake device ---------------------------------------------------- */
 
@@ -52,8 +52,8 @@ typedef struct Fake {
     uint8_t *bar;
     uint8_t cfg[CFG_SIZE];
     uint8_t rom[ROM_SIZE];
-    gint resets;                /* atomic: bumped in the device thread */
-    gint irq_changes[VFIO_PCI_NUM_IRQS];    /* SET_IRQS per index, atomic */
+    gint resets;                         /* atomic: bumped in the device thread */
+    gint irq_changes[VFIO_PCI_NUM_IRQS]; /* SET_IRQS per index, atomic */
 } Fake;
 
 static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
@@ -73,7 +73,7 @@ static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *bu
 }
 
 static inline int fake_write(void *opaque, uint32_t index, uint64_t off, const void *buf,
-                      uint32_t n)
+                             uint32_t n)
 {
     Fake *f = opaque;
 
@@ -118,7 +118,7 @@ typedef struct Loop {
 typedef struct Borrower {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
-    unsigned doorbells[VN_FABRIC_MAX_DOORBELLS];    /* rung, per bit (test thread) */
+    unsigned doorbells[VN_FABRIC_MAX_DOORBELLS]; /* rung, per bit (test thread) */
 } Borrower;
 
 static struct {
@@ -131,7 +131,7 @@ static struct {
     Loop lend;
     VnFabric *lfab;
     VnLender *lender;
-    GMainContext *ctx;           /* the borrowers', iterated by the test */
+    GMainContext *ctx; /* the borrowers', iterated by the test */
     Borrower *b[2];
     int fds_before;
 } rig;
@@ -142,15 +142,15 @@ static inline gint64 now_ms(void)
 }
 
 /* Iterate the borrowers' context until @cond holds (bounded by @ms). */
-#define WAIT_FOR_MS(cond, ms)                                                  \
-    do {                                                                       \
-        gint64 end_ = now_ms() + (ms);                                         \
-        while (!(cond) && now_ms() < end_) {                                   \
-            if (!g_main_context_iteration(rig.ctx, FALSE)) {                   \
-                g_usleep(500);                                                 \
-            }                                                                  \
-        }                                                                      \
-        ck_assert_msg((cond), "timed out waiting for: %s", #cond);             \
+#define WAIT_FOR_MS(cond, ms)                                      \
+    do {                                                           \
+        gint64 end_ = now_ms() + (ms);                             \
+        while (!(cond) && now_ms() < end_) {                       \
+            if (!g_main_context_iteration(rig.ctx, FALSE)) {       \
+                g_usleep(500);                                     \
+            }                                                      \
+        }                                                          \
+        ck_assert_msg((cond), "timed out waiting for: %s", #cond); \
     } while (0)
 #define WAIT_FOR(cond) WAIT_FOR_MS(cond, 3000)
 
@@ -264,7 +264,7 @@ static const VnFabricHandlers borrower_handlers = {
 };
 
 static inline VnFabric *node_open(const char *name, const VnFabricHandlers *h, void *opaque,
-                           GMainContext *ctx)
+                                  GMainContext *ctx)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GError) error = NULL;
@@ -289,8 +289,7 @@ static inline Borrower *borrower(int i)
     b = g_new0(Borrower, 1);
     g_strlcpy(b->name, i == 0 ? "b" : "c", sizeof(b->name));
     b->fab = node_open(b->name, &borrower_handlers, b, rig.ctx);
-    ck_assert_msg(vn_fabric_connect(b->fab, "lender", &error), "%s",
-                  error ? error->message : "");
+    ck_assert_msg(vn_fabric_connect(b->fab, "lender", &error), "%s", error ? error->message : "");
     rig.b[i] = b;
     return b;
 }
@@ -315,7 +314,7 @@ static inline int count_fds(void)
         n += e->d_name[0] != '.';
     }
     closedir(d);
-    return n - 1;       /* the DIR's own */
+    return n - 1; /* the DIR's own */
 }
 
 /* How the lender reaches the rig's device server (a suite may wrap it). */
@@ -341,20 +340,20 @@ static inline void setup(void)
 
     rig.fake.bar_fd = vn_peerfd_memfd_new("bar0", BAR0_SIZE);
     ck_assert_int_ge(rig.fake.bar_fd, 0);
-    rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                        rig.fake.bar_fd, 0);
+    rig.fake.bar = mmap(NULL, BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, rig.fake.bar_fd, 0);
     ck_assert(rig.fake.bar != MAP_FAILED);
     for (uint32_t i = 0; i < info.num_regions; i++) {
         info.regions[i].mmap_fd = -1;
     }
     info.regions[0] = (VnRegion){ .size = BAR0_SIZE,
                                   .flags = VFIO_REGION_INFO_FLAG_READ |
-                                           VFIO_REGION_INFO_FLAG_WRITE |
-                                           VFIO_REGION_INFO_FLAG_MMAP,
-                                  .mmap_fd = rig.fake.bar_fd, .nr_sparse = 2,
+                                           VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP,
+                                  .mmap_fd = rig.fake.bar_fd,
+                                  .nr_sparse = 2,
                                   .sparse = { { 0, 0x1000 }, { 0x2000, 0x2000 } } };
     info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
-        (VnRegion){ .size = CFG_SIZE, .mmap_fd = -1,
+        (VnRegion){ .size = CFG_SIZE,
+                    .mmap_fd = -1,
                     .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
     info.regions[VFIO_PCI_ROM_REGION_INDEX] =
         (VnRegion){ .size = ROM_SIZE, .mmap_fd = -1, .flags = VFIO_REGION_INFO_FLAG_READ };
@@ -415,7 +414,7 @@ static inline void teardown(void)
 
 typedef struct Snap {
     VnLenderStats st;
-    char borrower[VN_MAX_NODE_NAME + 1];     /* "" when free */
+    char borrower[VN_MAX_NODE_NAME + 1]; /* "" when free */
     char *json;
 } Snap;
 
@@ -489,7 +488,7 @@ static inline bool lender_free_and_clean(void)
 /* ---- speaking the protocol ---------------------------------------------- */
 
 static inline int req(Borrower *b, uint32_t type, const char *json, const void *data, size_t len,
-               VnFabricMsg **reply)
+                      VnFabricMsg **reply)
 {
     return vn_fabric_request_sync(b->fab, "lender", type, json, data, len, reply);
 }
@@ -511,12 +510,11 @@ static inline void on_answer(void *opaque, VnFabricMsg *reply, int err)
 }
 
 static inline int req_msg(Borrower *b, uint32_t type, const char *json, const void *data,
-                   size_t len, char **message)
+                          size_t len, char **message)
 {
     Answer a = { 0 };
 
-    ck_assert_int_eq(vn_fabric_request(b->fab, "lender", type, json, data, len, on_answer, &a),
-                     0);
+    ck_assert_int_eq(vn_fabric_request(b->fab, "lender", type, json, data, len, on_answer, &a), 0);
     WAIT_FOR(a.done);
     *message = a.json;
     return a.err;
@@ -542,16 +540,15 @@ static inline void attach_ok(Borrower *b, VnIrqMode mode, VnProtoDevice *d)
                   error ? error->message : "");
 }
 
-static inline int region_rw(Borrower *b, uint32_t region, uint64_t offset, void *buf, uint32_t count,
-                     bool write)
+static inline int region_rw(Borrower *b, uint32_t region, uint64_t offset, void *buf,
+                            uint32_t count, bool write)
 {
     VnProtoRegionRw r = { .region = region, .offset = offset, .count = count, .write = write };
     g_autofree char *json = vn_proto_region_rw_to_json(DEV, &r);
     g_autoptr(VnFabricMsg) reply = NULL;
     int ret;
 
-    ret = req(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0,
-              &reply);
+    ret = req(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0, &reply);
     if (ret == 0 && !write) {
         ck_assert_uint_eq(reply->data_len, count);
         memcpy(buf, reply->data, count);
@@ -560,9 +557,12 @@ static inline int region_rw(Borrower *b, uint32_t region, uint64_t offset, void 
 }
 
 static inline int dma_map(Borrower *b, uint64_t iova, uint64_t size, uint64_t segment,
-                   uint64_t offset)
+                          uint64_t offset)
 {
-    VnProtoDmaMap m = { .iova = iova, .size = size, .segment = segment, .offset = offset,
+    VnProtoDmaMap m = { .iova = iova,
+                        .size = size,
+                        .segment = segment,
+                        .offset = offset,
                         .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
     g_autofree char *json = vn_proto_dma_map_to_json(DEV, &m);
 
@@ -578,11 +578,12 @@ static inline int dma_unmap(Borrower *b, uint64_t iova, uint64_t size, bool all)
 }
 
 static inline int set_irqs(Borrower *b, uint32_t flags, uint32_t index, uint32_t start,
-                    uint32_t count, bool relay, const void *bools, const int *fds,
-                    unsigned nfds)
+                           uint32_t count, bool relay, const void *bools, const int *fds,
+                           unsigned nfds)
 {
-    VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count,
-                         .relay = relay };
+    VnProtoSetIrqs s = {
+        .flags = flags, .index = index, .start = start, .count = count, .relay = relay
+    };
     g_autofree char *json = vn_proto_set_irqs_to_json(DEV, &s);
     uint64_t routes[VN_MAX_MSG_FDS];
 
@@ -611,7 +612,10 @@ static inline int relay_irqs(Borrower *b, uint32_t index, uint32_t start, uint32
                              uint32_t doorbell)
 {
     VnProtoSetIrqs s = { .flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                         .index = index, .start = start, .count = count, .relay = true,
+                         .index = index,
+                         .start = start,
+                         .count = count,
+                         .relay = true,
                          .doorbell = doorbell };
     g_autofree char *json = vn_proto_set_irqs_to_json(DEV, &s);
 
@@ -637,7 +641,7 @@ static inline Mem mem_export(Borrower *b, const char *to)
     g_autoptr(GError) error = NULL;
     Mem m;
 
-    m.fd = vn_peerfd_memfd_new("guest-ram", MEM_SIZE);   /* sealed, as QEMU's */
+    m.fd = vn_peerfd_memfd_new("guest-ram", MEM_SIZE); /* sealed, as QEMU's */
     ck_assert_int_ge(m.fd, 0);
     m.map = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
     ck_assert(m.map != MAP_FAILED);

@@ -33,9 +33,19 @@
 
 /* --- The spec, as the test reads it (NVMe 1.4) -------------------------- */
 
-enum { CAP = 0x00, VS = 0x08, INTMS = 0x0c, INTMC = 0x10, CC = 0x14, CSTS = 0x1c,
-       AQA = 0x24, ASQ = 0x28, ACQ = 0x30, DBS = 0x1000 };
-#define CC_ENABLE (1u | (6u << 16) | (4u << 20))   /* EN, IOSQES 64, IOCQES 16 */
+enum {
+    CAP = 0x00,
+    VS = 0x08,
+    INTMS = 0x0c,
+    INTMC = 0x10,
+    CC = 0x14,
+    CSTS = 0x1c,
+    AQA = 0x24,
+    ASQ = 0x28,
+    ACQ = 0x30,
+    DBS = 0x1000
+};
+#define CC_ENABLE (1u | (6u << 16) | (4u << 20)) /* EN, IOSQES 64, IOCQES 16 */
 
 typedef struct Sqe {
     uint8_t opc, flags;
@@ -64,15 +74,23 @@ G_STATIC_ASSERT(sizeof(Cqe) == 16);
 #define VECTORS 9u
 #define MSI_VECTORS 8u
 #define MSI_CAP VN_PCICFG_CAP_MSI
-#define NS_BLOCKS 16384u                    /* 8 MiB namespace */
+#define NS_BLOCKS 16384u /* 8 MiB namespace */
 #define RAM_IOVA 0x40000000ull
 #define RAM_SIZE (8u << 20)
-#define OUTSIDE 0x10000000ull               /* not mapped */
+#define OUTSIDE 0x10000000ull /* not mapped */
 #define PG 4096u
 
 /* Guest RAM layout (offsets from RAM_IOVA) */
-enum { O_ASQ = 0x0000, O_ACQ = 0x1000, O_IOSQ = 0x2000, O_IOCQ = 0x3000,
-       O_BUF = 0x4000, O_LIST = 0x10000, O_WDATA = 0x100000, O_RDATA = 0x300000 };
+enum {
+    O_ASQ = 0x0000,
+    O_ACQ = 0x1000,
+    O_IOSQ = 0x2000,
+    O_IOCQ = 0x3000,
+    O_BUF = 0x4000,
+    O_LIST = 0x10000,
+    O_WDATA = 0x100000,
+    O_RDATA = 0x300000
+};
 
 typedef struct Q {
     uint16_t qid;
@@ -81,7 +99,7 @@ typedef struct Q {
 } Q;
 
 static struct {
-    const char *dir;            /* rig_dir */
+    const char *dir; /* rig_dir */
     char *backing;
     uint8_t *bar0;
     VnPciCfg *cfg;
@@ -90,8 +108,8 @@ static struct {
     VnNvme *n;
     int ramfd;
     uint8_t *ram;
-    int msix[VECTORS];          /* MSI-X mode */
-    int msi[MSI_VECTORS];       /* MSI mode */
+    int msix[VECTORS];    /* MSI-X mode */
+    int msi[MSI_VECTORS]; /* MSI mode */
     int intx;
     uint16_t cid;
     uint32_t next_list;
@@ -180,8 +198,9 @@ static inline void rig_irqs(uint32_t index, int *keep, unsigned n)
         keep[v] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         fds[v] = dup(keep[v]);
     }
-    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD |
-                                 VFIO_IRQ_SET_ACTION_TRIGGER, index, 0, n, NULL, fds, n), 0);
+    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                 index, 0, n, NULL, fds, n),
+                     0);
 }
 
 static inline void rig_setup(VnPciCfgIrqMode mode)
@@ -189,16 +208,25 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     bool msi = mode == VN_PCICFG_IRQ_MSI;
     uint32_t counts[VFIO_PCI_NUM_IRQS] = { 1, msi ? MSI_VECTORS : 0, msi ? 0 : VECTORS, 0, 0 };
     VnPciCfgParams cp = {
-        .vendor_id = 0x1de1, .device_id = 0x5601, .class_code = 0x010802,
+        .vendor_id = 0x1de1,
+        .device_id = 0x5601,
+        .class_code = 0x010802,
         .bars = { [0] = { .size = VN_NVME_BAR0_SIZE, .is64 = true },
-                  [4] = { .size = msi ? 0 : 4096 } }, .irq_mode = mode,
-        .msix_vectors = VECTORS, .msix_bir = 4, .msix_table_offset = 0,
-        .msix_pba_offset = 0x800, .msi_vectors = MSI_VECTORS,
+                  [4] = { .size = msi ? 0 : 4096 } },
+        .irq_mode = mode,
+        .msix_vectors = VECTORS,
+        .msix_bir = 4,
+        .msix_table_offset = 0,
+        .msix_pba_offset = 0x800,
+        .msi_vectors = MSI_VECTORS,
     };
     VnNvmeParams np = {
-        .size = (uint64_t)NS_BLOCKS * 512, .serial = "TEST-SERIAL-1",
-        .vectors = msi ? MSI_VECTORS : VECTORS, .io_queues = VECTORS - 1,
-        .pci_vendor_id = 0x1de1, .pci_subsys_vendor_id = 0x1de1,
+        .size = (uint64_t)NS_BLOCKS * 512,
+        .serial = "TEST-SERIAL-1",
+        .vectors = msi ? MSI_VECTORS : VECTORS,
+        .io_queues = VECTORS - 1,
+        .pci_vendor_id = 0x1de1,
+        .pci_subsys_vendor_id = 0x1de1,
     };
     g_autoptr(GError) error = NULL;
     int ifd;
@@ -209,7 +237,7 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     ck_assert_ptr_nonnull(rig_dir);
     R.dir = rig_dir;
     R.backing = g_build_filename(R.dir, rig_files[0], NULL);
-    unlink(R.backing);                  /* left by a test that failed */
+    unlink(R.backing); /* left by a test that failed */
     np.backing = R.backing;
     R.bar0 = g_malloc0(VN_NVME_BAR0_SIZE);
     R.cfg = vn_pcicfg_new(&cp, &error);
@@ -217,14 +245,14 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     R.n = vn_nvme_new(&np, R.bar0, R.cfg, &error);
     ck_assert_msg(R.n != NULL, "%s", error ? error->message : "");
 
-    R.ramfd = vn_peerfd_memfd_new("guest-ram", RAM_SIZE);   /* sealed, as QEMU's */
+    R.ramfd = vn_peerfd_memfd_new("guest-ram", RAM_SIZE); /* sealed, as QEMU's */
     ck_assert_int_ge(R.ramfd, 0);
     R.ram = mmap(NULL, RAM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, R.ramfd, 0);
     ck_assert(R.ram != MAP_FAILED);
     R.dma = vn_dma_new();
     ck_assert_int_eq(vn_dma_map(R.dma, RAM_IOVA, RAM_SIZE, 0,
-                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-                                dup(R.ramfd)), 0);
+                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, dup(R.ramfd)),
+                     0);
 
     R.irqs = vn_irqs_new(counts, VFIO_PCI_NUM_IRQS);
     memset(R.msix, -1, sizeof(R.msix));
@@ -236,9 +264,9 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     }
     R.intx = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ifd = dup(R.intx);
-    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD |
-                                 VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_PCI_INTX_IRQ_INDEX,
-                                 0, 1, NULL, &ifd, 1), 0);
+    ck_assert_int_eq(vn_irqs_set(R.irqs, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                 VFIO_PCI_INTX_IRQ_INDEX, 0, 1, NULL, &ifd, 1),
+                     0);
     vn_nvme_attach(R.n, R.dma, R.irqs);
 
     /* What the guest's PCI core does before the driver touches BAR0: with
@@ -291,7 +319,7 @@ static inline void enable(void)
     setreg64(ACQ, RAM_IOVA + O_ACQ);
     setreg(CC, CC_ENABLE);
     poll();
-    ck_assert_uint_eq(reg(CSTS) & 3, 1);    /* RDY, no CFS */
+    ck_assert_uint_eq(reg(CSTS) & 3, 1); /* RDY, no CFS */
 }
 
 static inline void disable(void)
@@ -352,8 +380,7 @@ static inline Cqe admin(Sqe c)
 
 static inline Cqe identify(uint32_t cns, uint32_t nsid, uint64_t prp1, uint64_t prp2)
 {
-    return admin((Sqe){ .opc = 0x06, .nsid = nsid, .prp1 = prp1, .prp2 = prp2,
-                        .cdw10 = cns });
+    return admin((Sqe){ .opc = 0x06, .nsid = nsid, .prp1 = prp1, .prp2 = prp2, .cdw10 = cns });
 }
 
 /* Set Features Number of Queues, then I/O CQ 1 (vector 1) and SQ 1. */
@@ -363,11 +390,15 @@ static inline void create_io_queues(void)
 
     ck_assert_uint_eq(SC(e), 0);
     ck_assert_uint_eq(e.dw0, (7u << 16) | 7u);
-    e = admin((Sqe){ .opc = 0x05, .prp1 = RAM_IOVA + O_IOCQ,
-                     .cdw10 = (63u << 16) | 1, .cdw11 = (1u << 16) | 3 });
+    e = admin((Sqe){ .opc = 0x05,
+                     .prp1 = RAM_IOVA + O_IOCQ,
+                     .cdw10 = (63u << 16) | 1,
+                     .cdw11 = (1u << 16) | 3 });
     ck_assert_uint_eq(SC(e), 0);
-    e = admin((Sqe){ .opc = 0x01, .prp1 = RAM_IOVA + O_IOSQ,
-                     .cdw10 = (63u << 16) | 1, .cdw11 = (1u << 16) | 1 });
+    e = admin((Sqe){ .opc = 0x01,
+                     .prp1 = RAM_IOVA + O_IOSQ,
+                     .cdw10 = (63u << 16) | 1,
+                     .cdw11 = (1u << 16) | 1 });
     ck_assert_uint_eq(SC(e), 0);
 }
 
@@ -411,8 +442,11 @@ static inline void prps(Sqe *c, const uint64_t *pages, unsigned npages, uint32_t
 static inline Cqe rw(uint8_t opc, uint64_t slba, uint32_t nblocks, const uint64_t *pages,
                      unsigned npages, uint32_t off, uint32_t list_off)
 {
-    Sqe c = { .opc = opc, .nsid = 1, .cdw10 = (uint32_t)slba,
-              .cdw11 = (uint32_t)(slba >> 32), .cdw12 = nblocks - 1 };
+    Sqe c = { .opc = opc,
+              .nsid = 1,
+              .cdw10 = (uint32_t)slba,
+              .cdw11 = (uint32_t)(slba >> 32),
+              .cdw12 = nblocks - 1 };
 
     prps(&c, pages, npages, off, list_off);
     return submit(&R.ioq, c);

@@ -31,7 +31,8 @@ static char *budget(VnBorrower *b)
     g_autofree char *each = vn_util_size_text(lim->max_window_size);
 
     return g_strdup_printf("this host's window budget: %u windows (max-windows) of at most "
-                           "%s (max-window-size)", lim->max_windows, each);
+                           "%s (max-window-size)",
+                           lim->max_windows, each);
 }
 
 /* Whether region @i's @n windows are one memory of the region's @size:
@@ -64,8 +65,7 @@ static bool windows_contiguous(VnBorrower *b, uint32_t i, uint64_t size, GError 
     }
     if (fault != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "borrower %s: BAR%u: its %u windows %s (window %u)", b->device, i, n,
-                    fault, k);
+                    "borrower %s: BAR%u: its %u windows %s (window %u)", b->device, i, n, fault, k);
         return false;
     }
     return true;

@@ -19,8 +19,8 @@ typedef struct VnMsixLayout {
 
 /* Config-space mediation state (mediate.c). */
 typedef struct VnMediate {
-    uint8_t exp_cap;            /* PCI Express capability offset, 0 if none */
-    uint8_t int_line;           /* virtualized Interrupt Line */
+    uint8_t exp_cap;  /* PCI Express capability offset, 0 if none */
+    uint8_t int_line; /* virtualized Interrupt Line */
     VnMsixLayout msix;
     /* The expansion ROM BAR, kept here: its size (the lender's ROM region,
      * a power of two; 0: none) and what was written to it. */
@@ -32,7 +32,7 @@ typedef struct VnMediate {
 #define VN_BORROWER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
 
 struct VnBorrower {
-    VnFabric *fab;              /* borrowed */
+    VnFabric *fab; /* borrowed */
     char *lender;
     char *device;
     VnIrqMode mode;
@@ -53,20 +53,20 @@ struct VnBorrower {
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];
-    GList *segments;            /* Segment: guest memory exported */
-    GList *mappings;            /* Mapping: DMA forwarded */
+    GList *segments; /* Segment: guest memory exported */
+    GList *mappings; /* Mapping: DMA forwarded */
     VnMediate med;
-    bool client_leaving;        /* QEMU went: its device is quiesced without waiting */
+    bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
 };
 
 /* A lending request to our lender; see vn_fabric_request_sync().  On an
  * error, *reply (when asked for) may hold the error reply: it says why. */
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
-                     size_t len, VnFabricMsg **reply);
+int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
+                     VnFabricMsg **reply);
 /* A forwarded region access. */
-int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
-                          uint32_t count, bool write);
+int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
+                          bool write);
 
 /* BARs (bars.c).  Map the windows of the regions @d describes into
  * b->info.regions; false with @error (a BAR larger than the window budget

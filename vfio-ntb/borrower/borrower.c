@@ -23,7 +23,7 @@ typedef struct Segment {
     dev_t dev;
     ino_t ino;
     uint64_t id;
-    unsigned refs;              /* forwarded DMA mappings into it */
+    unsigned refs; /* forwarded DMA mappings into it */
 } Segment;
 
 /* A DMA mapping forwarded to the lender. */
@@ -50,8 +50,8 @@ static void on_answered(void *opaque, VnFabricMsg *reply, int err)
     /* A quiesce nobody waits for: the lender does it in order. */
 }
 
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data,
-                     size_t len, VnFabricMsg **reply)
+int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
+                     VnFabricMsg **reply)
 {
     g_autoptr(VnFabricMsg) r = NULL;
     int ret;
@@ -78,16 +78,16 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
     return ret;
 }
 
-int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf,
-                          uint32_t count, bool write)
+int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
+                          bool write)
 {
     VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = write };
     g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
     g_autoptr(VnFabricMsg) reply = NULL;
     int ret;
 
-    ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL,
-                           write ? count : 0, &reply);
+    ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0,
+                           &reply);
     if (ret < 0) {
         return ret;
     }
@@ -102,8 +102,7 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
 
 /* ---- the device ops QEMU's requests reach ---- */
 
-static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
-                          uint32_t count)
+static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
 {
     VnBorrower *b = opaque;
     uint8_t *mem;
@@ -136,7 +135,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     uint8_t *mem;
 
     if (b->stats.lender_lost) {
-        return 0;   /* dropped, as a write to a vanished device is */
+        return 0; /* dropped, as a write to a vanished device is */
     }
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         return vn_mediate_write(b, offset, buf, count);
@@ -183,8 +182,7 @@ static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
 static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
 {
     VnBorrower *b = opaque;
-    VnProtoDmaMap pm = { .iova = m->iova, .size = m->size, .offset = m->offset,
-                         .prot = m->prot };
+    VnProtoDmaMap pm = { .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->prot };
     g_autofree char *json = NULL;
     Mapping *map;
     Segment *seg;
@@ -204,8 +202,8 @@ static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
     json = vn_proto_dma_map_to_json(b->device, &pm);
     ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL);
     if (ret < 0) {
-        g_info("borrower %s: lender refused DMA_MAP iova 0x%" G_GINT64_MODIFIER "x: %s",
-               b->device, m->iova, g_strerror(-ret));
+        g_info("borrower %s: lender refused DMA_MAP iova 0x%" G_GINT64_MODIFIER "x: %s", b->device,
+               m->iova, g_strerror(-ret));
         segment_put(b, seg);
         return ret;
     }
@@ -297,8 +295,8 @@ static int routes_export(VnBorrower *b, const int *fds, unsigned nfds, uint64_t 
     return 0;
 }
 
-static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start,
-                       uint32_t count, const uint8_t *bools, int *fds, unsigned nfds)
+static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                       const uint8_t *bools, int *fds, unsigned nfds)
 {
     VnBorrower *b = opaque;
     VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count };
@@ -314,8 +312,7 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
     }
     if (index == VFIO_PCI_REQ_IRQ_INDEX) {
         /* Ours, not the device's: see vn_borrower_request_unplug(). */
-        return vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, bools, fds,
-                           nfds);
+        return vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, bools, fds, nfds);
     }
     if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
         g_autoptr(GError) error = NULL;
@@ -330,8 +327,7 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         /* One doorbell bit of this host per vector, for the lender to ring. */
         first = vn_fabric_doorbells_alloc(b->fab, count, &error);
         if (first < 0) {
-            g_info("borrower %s: cannot relay %u vectors: %s", b->device, count,
-                   error->message);
+            g_info("borrower %s: cannot relay %u vectors: %s", b->device, count, error->message);
             return -ENOSPC;
         }
         /* Keep the VM's eventfds here; the lender's device gets its own. */
@@ -465,9 +461,8 @@ static void describe(VnBorrower *b, const VnProtoDevice *d)
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device,
-                            VnIrqMode mode, const char *socket_path, GMainContext *ctx,
-                            GError **error)
+VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
+                            const char *socket_path, GMainContext *ctx, GError **error)
 {
     g_autoptr(VnBorrower) b = g_new0(VnBorrower, 1);
     VnProtoAttach at = { .irq_mode = mode };

@@ -43,7 +43,7 @@ typedef struct VnBorrowerStats {
     uint64_t fabric_requests;    /* lending requests sent */
     uint64_t dma_maps;           /* forwarded to the lender */
     uint64_t dma_unmaps;
-    uint64_t unplug_requests;    /* device requests signalled to QEMU */
+    uint64_t unplug_requests; /* device requests signalled to QEMU */
     bool lender_lost;
 } VnBorrowerStats;
 
@@ -51,9 +51,8 @@ typedef struct VnBorrowerStats {
  * Borrow @device from node @lender (ATTACH), map its BARs and serve it on
  * @socket_path (which must not exist) in @ctx.
  */
-VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device,
-                            VnIrqMode mode, const char *socket_path, GMainContext *ctx,
-                            GError **error);
+VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
+                            const char *socket_path, GMainContext *ctx, GError **error);
 /* Stops serving, DETACHes (if the lender is there), unmaps the windows. */
 void vn_borrower_free(VnBorrower *b);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnBorrower, vn_borrower_free)

@@ -92,11 +92,11 @@ bool vn_mediate_init(VnBorrower *b, GError **error)
 
 /* What the borrower does with one config byte. */
 typedef enum Rule {
-    RULE_FORWARD,       /* the device's */
-    RULE_ZERO,          /* reads 0, writes dropped */
-    RULE_READ_ONLY,     /* reads forwarded, writes dropped */
-    RULE_LOCAL,         /* a byte kept here */
-    RULE_ROM,           /* a byte of the ROM BAR kept here */
+    RULE_FORWARD,   /* the device's */
+    RULE_ZERO,      /* reads 0, writes dropped */
+    RULE_READ_ONLY, /* reads forwarded, writes dropped */
+    RULE_LOCAL,     /* a byte kept here */
+    RULE_ROM,       /* a byte of the ROM BAR kept here */
 } Rule;
 
 /* The ROM BAR as read: the address bits the size leaves, the enable bit. */
@@ -105,7 +105,7 @@ static uint32_t rom_bar(const VnMediate *m)
     if (m->rom_size == 0) {
         return 0;
     }
-    return (m->rom_bar & (uint32_t)~(m->rom_size - 1) & PCI_ROM_ADDRESS_MASK) |
+    return (m->rom_bar & (uint32_t) ~(m->rom_size - 1) & PCI_ROM_ADDRESS_MASK) |
            (m->rom_bar & PCI_ROM_ADDRESS_ENABLE);
 }
 
@@ -164,12 +164,11 @@ int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
 }
 
 /* Forward the bytes [s, e) of a write that the device should see. */
-static int forward_run(VnBorrower *b, uint64_t offset, const uint8_t *p, uint64_t s,
-                       uint64_t e)
+static int forward_run(VnBorrower *b, uint64_t offset, const uint8_t *p, uint64_t s, uint64_t e)
 {
     b->stats.config_forwarded++;
-    return vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, s,
-                                 (void *)(p + (s - offset)), (uint32_t)(e - s), true);
+    return vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, s, (void *)(p + (s - offset)),
+                                 (uint32_t)(e - s), true);
 }
 
 int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count)
@@ -218,8 +217,8 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
         } else if (a < end && r == RULE_ROM) {
             unsigned shift = 8 * (unsigned)(a - PCI_ROM_ADDRESS);
 
-            b->med.rom_bar = (b->med.rom_bar & ~(0xffu << shift)) |
-                             (uint32_t)data[a - offset] << shift;
+            b->med.rom_bar = (b->med.rom_bar & ~(0xffu << shift)) | (uint32_t)data[a - offset]
+                                                                        << shift;
         }
     }
     if (flr) {

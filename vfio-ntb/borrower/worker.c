@@ -99,8 +99,7 @@ int main(int argc, char **argv)
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
     gint status_fd = -1;
     GOptionEntry entries[] = {
-        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
-          "PATH" },
+        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "lender", 0, 0, G_OPTION_ARG_STRING, &lender, "the lending node", "NODE" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lender's device", "NAME" },

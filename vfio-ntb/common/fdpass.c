@@ -13,8 +13,7 @@ typedef union ControlBuf {
     struct cmsghdr align;
 } ControlBuf;
 
-static void take_fds(struct msghdr *mh, int *fds, unsigned cap, unsigned *nfds,
-                     bool *overflow)
+static void take_fds(struct msghdr *mh, int *fds, unsigned cap, unsigned *nfds, bool *overflow)
 {
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL; cm = CMSG_NXTHDR(mh, cm)) {
         size_t n;
@@ -36,12 +35,12 @@ static void take_fds(struct msghdr *mh, int *fds, unsigned cap, unsigned *nfds,
         }
     }
     if (mh->msg_flags & MSG_CTRUNC) {
-        *overflow = true;          /* the kernel closed what did not fit */
+        *overflow = true; /* the kernel closed what did not fit */
     }
 }
 
-ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap,
-                       unsigned *nfds, bool *overflow)
+ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap, unsigned *nfds,
+                       bool *overflow)
 {
     ControlBuf cbuf;
     struct iovec iov = { .iov_base = dst, .iov_len = len };
@@ -66,8 +65,7 @@ ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap,
     return n;
 }
 
-ssize_t vn_fdpass_send(int sock, const struct iovec *iov, int iovcnt, const int *fds,
-                       unsigned nfds)
+ssize_t vn_fdpass_send(int sock, const struct iovec *iov, int iovcnt, const int *fds, unsigned nfds)
 {
     ControlBuf cbuf;
     struct msghdr mh = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };

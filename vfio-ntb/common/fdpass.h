@@ -24,8 +24,8 @@
  * (also when the kernel truncated the control data).  Returns bytes read,
  * 0 when nothing was there, -ECONNRESET at end of stream, or -errno.
  */
-ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap,
-                       unsigned *nfds, bool *overflow);
+ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap, unsigned *nfds,
+                       bool *overflow);
 
 /*
  * One sendmsg of @iov with @nfds fds (<= VN_FDPASS_MAX, borrowed) attached.

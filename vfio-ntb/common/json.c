@@ -68,8 +68,7 @@ JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **e
                     "JSON nested deeper than %u levels", VN_MAX_JSON_DEPTH);
         return NULL;
     case VN_JSON_NOT_ONE:
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "not one JSON object or array");
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "not one JSON object or array");
         return NULL;
     default:
         break;

@@ -30,9 +30,9 @@
 
 /* What JSON text looks like before it is parsed. */
 typedef enum VnJsonShape {
-    VN_JSON_ONE,        /* one object or array (perhaps unclosed: the parser says) */
-    VN_JSON_TOO_DEEP,   /* objects and arrays nest deeper than the bound */
-    VN_JSON_NOT_ONE,    /* a bare value, or more than whitespace after the value */
+    VN_JSON_ONE,      /* one object or array (perhaps unclosed: the parser says) */
+    VN_JSON_TOO_DEEP, /* objects and arrays nest deeper than the bound */
+    VN_JSON_NOT_ONE,  /* a bare value, or more than whitespace after the value */
     VN_JSON_SHAPE_LAST
 } VnJsonShape;
 
@@ -60,7 +60,6 @@ JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **e
 /* The same when the root must be an object: a new reference to it
  * (json_object_unref(), or g_autoptr(JsonObject)); any other root, and an
  * empty text, is refused with G_IO_ERROR_INVALID_DATA "not a JSON object". */
-JsonObject *vn_json_parse_object(const char *text, gssize len, size_t max_len,
-                                 GError **error);
+JsonObject *vn_json_parse_object(const char *text, gssize len, size_t max_len, GError **error);
 
 #endif /* VN_JSON_H */

@@ -25,7 +25,10 @@ typedef struct VnMutex {
 } VnMutex;
 
 /* For a static VnMutex; others use vn_mutex_init(). */
-#define VN_MUTEX_INIT { PTHREAD_MUTEX_INITIALIZER }
+#define VN_MUTEX_INIT             \
+    {                             \
+        PTHREAD_MUTEX_INITIALIZER \
+    }
 
 typedef struct VnCond {
     pthread_cond_t c;

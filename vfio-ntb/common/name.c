@@ -9,9 +9,9 @@
 typedef struct Rule {
     const char *what;
     unsigned max;
-    bool lower_only;     /* [a-z0-9-] only */
+    bool lower_only; /* [a-z0-9-] only */
     bool letter_first;
-    const char *suffix;  /* required ending, or NULL */
+    const char *suffix; /* required ending, or NULL */
     const char *words;
 } Rule;
 

@@ -140,8 +140,8 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
         /* argsz of the struct alone: no capabilities are read. */
         struct vfio_region_info ri = { .argsz = sizeof(ri), .index = i };
 
-        if (ioctl(fd, VFIO_DEVICE_GET_REGION_INFO, &ri) < 0 || ri.size == 0 ||
-            offset < ri.offset || !vn_util_range_ok(offset - ri.offset, size, ri.size)) {
+        if (ioctl(fd, VFIO_DEVICE_GET_REGION_INFO, &ri) < 0 || ri.size == 0 || offset < ri.offset ||
+            !vn_util_range_ok(offset - ri.offset, size, ri.size)) {
             continue;
         }
         if (!(ri.flags & VFIO_REGION_INFO_FLAG_MMAP)) {

@@ -52,8 +52,8 @@ bool vn_util_write_replace(const char *path, const char *text, int mode, GError 
     if (g_rename(tmp, path) != 0) {
         int err = errno;
 
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "rename %s to %s: %s",
-                    tmp, path, g_strerror(err));
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "rename %s to %s: %s", tmp,
+                    path, g_strerror(err));
         (void)g_unlink(tmp);
         return false;
     }
@@ -91,7 +91,7 @@ void vn_util_run_until_signalled(GMainLoop *loop)
 char *vn_util_size_text(uint64_t bytes)
 {
     g_autofree char *text = g_format_size_full(bytes, G_FORMAT_SIZE_IEC_UNITS);
-    g_auto(GStrv) parts = g_strsplit(text, "\u00a0", -1);      /* GLib's no-break space */
+    g_auto(GStrv) parts = g_strsplit(text, "\u00a0", -1); /* GLib's no-break space */
 
     return g_strjoinv(" ", parts);
 }

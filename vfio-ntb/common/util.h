@@ -30,11 +30,11 @@ static inline bool vn_util_range_ok(uint64_t off, uint64_t len, uint64_t size)
  * the check is made once per process, so the hot path pays one branch.
  */
 bool vn_util_trace_on(void);
-#define VN_TRACE(...)                                                          \
-    do {                                                                       \
-        if (G_UNLIKELY(vn_util_trace_on())) {                                  \
-            g_debug(__VA_ARGS__);                                              \
-        }                                                                      \
+#define VN_TRACE(...)                         \
+    do {                                      \
+        if (G_UNLIKELY(vn_util_trace_on())) { \
+            g_debug(__VA_ARGS__);             \
+        }                                     \
     } while (0)
 
 /*
@@ -57,8 +57,8 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
 {
     JsonNode *n = o != NULL ? json_object_get_member(o, name) : NULL;
 
-    return n != NULL && JSON_NODE_HOLDS_VALUE(n) &&
-           json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN &&
+           json_node_get_boolean(n);
 }
 
 /* @bytes as a person reads it ("256.0 MiB": GLib's IEC units with a plain

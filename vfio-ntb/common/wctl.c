@@ -21,7 +21,7 @@ struct VnWctl {
     GSource *src;
     VnWctlHandler handler;
     void *opaque;
-    GPtrArray *clients;         /* WctlClient */
+    GPtrArray *clients; /* WctlClient */
 };
 
 typedef struct WctlClient {
@@ -87,7 +87,7 @@ static gboolean on_client(GSocket *sock, GIOCondition cond, gpointer data)
 
     if (n <= 0) {
         if (n < 0 && (cond & (G_IO_HUP | G_IO_ERR)) == 0) {
-            return G_SOURCE_CONTINUE;      /* EAGAIN */
+            return G_SOURCE_CONTINUE; /* EAGAIN */
         }
         g_ptr_array_remove(w->clients, c);
         return G_SOURCE_REMOVE;
@@ -106,7 +106,7 @@ static gboolean on_client(GSocket *sock, GIOCondition cond, gpointer data)
          * none, and the worker never waits on it. */
         g_socket_send(sock, reply, strlen(reply), NULL, NULL);
     }
-    g_ptr_array_remove(w->clients, c);     /* one request per connection */
+    g_ptr_array_remove(w->clients, c); /* one request per connection */
     return G_SOURCE_REMOVE;
 }
 
@@ -147,15 +147,15 @@ VnWctl *vn_wctl_new(const char *path, VnWctlHandler handler, void *opaque, GErro
     w->handler = handler;
     w->opaque = opaque;
     w->clients = g_ptr_array_new_with_free_func(client_free);
-    w->listener = g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM,
-                               G_SOCKET_PROTOCOL_DEFAULT, error);
+    w->listener =
+        g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_DEFAULT, error);
     if (w->listener == NULL) {
         g_prefix_error(error, "control channel %s: ", path);
         return NULL;
     }
-    unlink(path);               /* one per worker: a file there is a dead one's */
+    unlink(path); /* one per worker: a file there is a dead one's */
     addr = g_unix_socket_address_new(path);
-    old = umask(0177);          /* the daemon's alone, from the start */
+    old = umask(0177); /* the daemon's alone, from the start */
     ok = g_socket_bind(w->listener, addr, FALSE, error) && g_socket_listen(w->listener, error);
     umask(old);
     if (!ok) {
@@ -208,7 +208,8 @@ static char *answer_parse(const char *path, GString *in, size_t max_reply, GErro
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "worker channel %s: %s", path,
                     err != NULL && JSON_NODE_HOLDS_VALUE(err) &&
                             json_node_get_value_type(err) == G_TYPE_STRING
-                        ? json_node_get_string(err) : "no \"return\" in the answer");
+                        ? json_node_get_string(err)
+                        : "no \"return\" in the answer");
         return NULL;
     }
     return json_to_string(ret, FALSE);
@@ -222,8 +223,8 @@ static GSocket *call_open(const char *path, const char *name, GError **error)
     g_autoptr(GSocket) sock = NULL;
     g_autofree char *req = g_strdup_printf("{\"execute\":\"%s\"}\n", name);
 
-    sock = g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_DEFAULT,
-                        error);
+    sock =
+        g_socket_new(G_SOCKET_FAMILY_UNIX, G_SOCKET_TYPE_STREAM, G_SOCKET_PROTOCOL_DEFAULT, error);
     if (sock != NULL) {
         g_socket_set_blocking(sock, FALSE);
     }
@@ -316,8 +317,7 @@ static gboolean on_call_input(GSocket *sock, GIOCondition cond, gpointer data)
 }
 
 VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned timeout_ms,
-                               size_t max_reply, VnWctlDone done, void *opaque,
-                               GError **error)
+                               size_t max_reply, VnWctlDone done, void *opaque, GError **error)
 {
     GSocket *sock = call_open(path, name, error);
     VnWctlCall *c;
@@ -326,8 +326,12 @@ VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned time
         return NULL;
     }
     c = g_new0(VnWctlCall, 1);
-    *c = (VnWctlCall){ .path = g_strdup(path), .sock = sock, .in = g_string_new(NULL),
-                       .max_reply = max_reply, .done = done, .opaque = opaque };
+    *c = (VnWctlCall){ .path = g_strdup(path),
+                       .sock = sock,
+                       .in = g_string_new(NULL),
+                       .max_reply = max_reply,
+                       .done = done,
+                       .opaque = opaque };
     c->io = g_socket_create_source(sock, G_IO_IN | G_IO_HUP | G_IO_ERR, NULL);
     g_source_set_callback(c->io, (GSourceFunc)(void (*)(void))on_call_input, c, NULL);
     g_source_attach(c->io, g_main_context_get_thread_default());
@@ -336,4 +340,3 @@ VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned time
     g_source_attach(c->timer, g_main_context_get_thread_default());
     return c;
 }
-

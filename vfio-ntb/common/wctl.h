@@ -49,8 +49,7 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnWctl, vn_wctl_free)
 typedef struct VnWctlCall VnWctlCall;
 typedef void (*VnWctlDone)(char *answer, const GError *error, void *opaque);
 VnWctlCall *vn_wctl_call_async(const char *path, const char *name, unsigned timeout_ms,
-                               size_t max_reply, VnWctlDone done, void *opaque,
-                               GError **error);
+                               size_t max_reply, VnWctlDone done, void *opaque, GError **error);
 void vn_wctl_call_cancel(VnWctlCall *c);
 
 #endif /* VN_WCTL_H */

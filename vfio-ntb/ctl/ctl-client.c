@@ -33,14 +33,14 @@ struct VnCtlClient {
     char *path;
     int fd;
     int timeout_ms;
-    GByteArray *buf;            /* received, not yet consumed (no complete line) */
-    char *node;                 /* from the greeting */
+    GByteArray *buf; /* received, not yet consumed (no complete line) */
+    char *node;      /* from the greeting */
     char *version;
     gint64 next_id;
-    bool broken;                /* a timeout or protocol error: stream state unknown */
+    bool broken; /* a timeout or protocol error: stream state unknown */
 };
 
-G_DEFINE_QUARK(vn-ctl-error-quark, vn_ctl_error)
+G_DEFINE_QUARK(vn - ctl - error - quark, vn_ctl_error)
 
 static const char *const error_names[VN_CTL_ERROR_LAST] = {
     [VN_CTL_ERROR_COMMAND_NOT_FOUND] = "CommandNotFound",
@@ -99,23 +99,22 @@ bool vn_ctl_device_valid(const char *dev, GError **error)
     host_len = (size_t)(slash - dev);
     if (host_len > VN_MAX_NODE_NAME) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device host \"%.*s...\" is longer than %d characters",
-                    VN_MAX_NODE_NAME, dev, VN_MAX_NODE_NAME);
+                    "device host \"%.*s...\" is longer than %d characters", VN_MAX_NODE_NAME, dev,
+                    VN_MAX_NODE_NAME);
         return false;
     }
     memcpy(host, dev, host_len);
     host[host_len] = '\0';
     if (!vn_name_valid(VN_NAME_NODE, host)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device host \"%s\" is not a node name: %s", host,
-                    vn_name_rule(VN_NAME_NODE));
+                    "device host \"%s\" is not a node name: %s", host, vn_name_rule(VN_NAME_NODE));
         return false;
     }
     /* The offending text may be anything (a second '/', a control
      * character): say which rule, not the raw bytes. */
     if (!vn_name_valid(VN_NAME_DEVICE, slash + 1)) {
-        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE,
-                    "device name after \"%s/\" must be %s", host, vn_name_rule(VN_NAME_DEVICE));
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_USAGE, "device name after \"%s/\" must be %s",
+                    host, vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     return true;
@@ -179,8 +178,7 @@ static void set_broken(VnCtlClient *c, GError **error, VnCtlError code, const ch
     g_set_error(error, VN_CTL_ERROR, code, "vfio-ntbd at %s: %s", c->path, msg);
 }
 
-static bool write_all(VnCtlClient *c, const char *data, size_t len, gint64 deadline,
-                      GError **error)
+static bool write_all(VnCtlClient *c, const char *data, size_t len, gint64 deadline, GError **error)
 {
     size_t done = 0;
 
@@ -198,14 +196,13 @@ static bool write_all(VnCtlClient *c, const char *data, size_t len, gint64 deadl
             continue;
         }
         if (err != EAGAIN && err != EWOULDBLOCK) {
-            set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "sending the request: %s",
-                       g_strerror(err));
+            set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "sending the request: %s", g_strerror(err));
             return false;
         }
         r = wait_fd(c->fd, POLLOUT, deadline);
         if (r == 0) {
-            set_broken(c, error, VN_CTL_ERROR_TIMEOUT,
-                       "did not take the request within %d ms", c->timeout_ms);
+            set_broken(c, error, VN_CTL_ERROR_TIMEOUT, "did not take the request within %d ms",
+                       c->timeout_ms);
             return false;
         }
         if (r < 0) {
@@ -220,15 +217,16 @@ static bool write_all(VnCtlClient *c, const char *data, size_t len, gint64 deadl
  * Read one line (without its '\n') by deadline.  A line over
  * VN_CTL_MAX_LINE, EOF or the deadline fail; what says what we waited for.
  */
-static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code,
-                       const char *what, guint *len_out, GError **error)
+static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code, const char *what,
+                       guint *len_out, GError **error)
 {
     guint scanned = 0;
 
     for (;;) {
         /* An empty GByteArray's data may be NULL: memchr must not see it. */
         guint8 *nl = c->buf->len > scanned
-                     ? memchr(c->buf->data + scanned, '\n', c->buf->len - scanned) : NULL;
+                         ? memchr(c->buf->data + scanned, '\n', c->buf->len - scanned)
+                         : NULL;
         guint8 chunk[VN_CTL_READ_CHUNK];
         ssize_t n;
         int err;
@@ -259,21 +257,20 @@ static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code,
         if (n == 0) {
             set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
                        c->buf->len > 0 ? "closed the connection in the middle of %s"
-                                       : "closed the connection before %s", what);
+                                       : "closed the connection before %s",
+                       what);
             return NULL;
         }
         if (err == EINTR) {
             continue;
         }
         if (err != EAGAIN && err != EWOULDBLOCK) {
-            set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "reading %s: %s", what,
-                       g_strerror(err));
+            set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "reading %s: %s", what, g_strerror(err));
             return NULL;
         }
         r = wait_fd(c->fd, POLLIN, deadline);
         if (r == 0) {
-            set_broken(c, error, timeout_code, "%s did not come within %d ms", what,
-                       c->timeout_ms);
+            set_broken(c, error, timeout_code, "%s did not come within %d ms", what, c->timeout_ms);
             return NULL;
         }
         if (r < 0) {
@@ -281,8 +278,8 @@ static char *read_line(VnCtlClient *c, gint64 deadline, VnCtlError timeout_code,
             return NULL;
         }
     }
-    set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is longer than the %d-byte line limit",
-               what, VN_CTL_MAX_LINE);
+    set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is longer than the %d-byte line limit", what,
+               VN_CTL_MAX_LINE);
     return NULL;
 }
 
@@ -301,8 +298,7 @@ static JsonObject *parse_line(VnCtlClient *c, const char *line, guint len, const
     }
     o = vn_json_parse_object(line, (gssize)len, VN_CTL_MAX_LINE, &local);
     if (o == NULL && local->domain == JSON_PARSER_ERROR) {
-        set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not JSON: %s", what,
-                   local->message);
+        set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is not JSON: %s", what, local->message);
     } else if (o == NULL && g_error_matches(local, G_IO_ERROR, G_IO_ERROR_MESSAGE_TOO_LARGE)) {
         set_broken(c, error, VN_CTL_ERROR_PROTOCOL, "%s is refused: %s", what, local->message);
     } else if (o == NULL) {
@@ -324,8 +320,8 @@ static bool do_connect(VnCtlClient *c, gint64 deadline, GError **error)
 
     if (strlen(c->path) >= sizeof(sa.sun_path)) {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_UNREACHABLE,
-                    "cannot reach vfio-ntbd at %s: the path is longer than %zu bytes",
-                    c->path, sizeof(sa.sun_path) - 1);
+                    "cannot reach vfio-ntbd at %s: the path is longer than %zu bytes", c->path,
+                    sizeof(sa.sun_path) - 1);
         return false;
     }
     memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
@@ -472,8 +468,7 @@ static char *build_request(const char *command, JsonObject *arguments, gint64 id
 /* The answer's error as a GError: class -> code, desc verbatim. */
 static void answer_error(VnCtlClient *c, JsonNode *err, const char *command, GError **error)
 {
-    JsonObject *o = err != NULL && JSON_NODE_HOLDS_OBJECT(err) ? json_node_get_object(err)
-                                                                : NULL;
+    JsonObject *o = err != NULL && JSON_NODE_HOLDS_OBJECT(err) ? json_node_get_object(err) : NULL;
     const char *cls = o != NULL ? vn_util_json_string(o, "class") : NULL;
     const char *desc = o != NULL ? vn_util_json_string(o, "desc") : NULL;
 
@@ -505,11 +500,10 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
     if (len > VN_CTL_MAX_LINE) {
         /* The daemon would refuse it and hang up; say so without sending. */
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_INVALID_PARAMETER,
-                    "%s: request is longer than the %d-byte line limit", command,
-                    VN_CTL_MAX_LINE);
+                    "%s: request is longer than the %d-byte line limit", command, VN_CTL_MAX_LINE);
         return NULL;
     }
-    req[len] = '\n';            /* replaces the NUL; len + 1 bytes go out */
+    req[len] = '\n'; /* replaces the NUL; len + 1 bytes go out */
     VN_TRACE("control %s: -> %s (id %" G_GINT64_FORMAT ")", c->path, command, id);
     deadline = g_get_monotonic_time() + (gint64)c->timeout_ms * 1000;
     if (!write_all(c, req, len + 1, deadline, error)) {

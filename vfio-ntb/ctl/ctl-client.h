@@ -52,11 +52,11 @@ typedef enum VnCtlError {
     VN_CTL_ERROR_DEVICE_BUSY,
     VN_CTL_ERROR_NOT_BORROWED,
     VN_CTL_ERROR_NODE_UNREACHABLE,
-    VN_CTL_ERROR_GENERIC,         /* GenericError, and a class this client does not know */
-    VN_CTL_ERROR_UNREACHABLE,     /* could not connect to the socket, or no greeting in time */
-    VN_CTL_ERROR_TIMEOUT,         /* connected, but no answer in time */
-    VN_CTL_ERROR_PROTOCOL,        /* a malformed line, or the daemon closed the connection */
-    VN_CTL_ERROR_USAGE,           /* a bad argument, refused before anything is sent */
+    VN_CTL_ERROR_GENERIC,     /* GenericError, and a class this client does not know */
+    VN_CTL_ERROR_UNREACHABLE, /* could not connect to the socket, or no greeting in time */
+    VN_CTL_ERROR_TIMEOUT,     /* connected, but no answer in time */
+    VN_CTL_ERROR_PROTOCOL,    /* a malformed line, or the daemon closed the connection */
+    VN_CTL_ERROR_USAGE,       /* a bad argument, refused before anything is sent */
     VN_CTL_ERROR_LAST
 } VnCtlError;
 

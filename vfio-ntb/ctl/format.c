@@ -61,8 +61,8 @@ static void malformed(GError **error, const char *cmd, guint index, const char *
     msg = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     if (index == G_MAXUINT) {
-        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL,
-                    "malformed answer to %s: %s", cmd, msg);
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL, "malformed answer to %s: %s", cmd,
+                    msg);
     } else {
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL,
                     "malformed answer to %s: entry %u: %s", cmd, index, msg);
@@ -111,12 +111,13 @@ static char *value_text(JsonNode *n)
 
 /* o's member name is of type (G_TYPE_STRING, G_TYPE_INT64, G_TYPE_BOOLEAN),
  * or null / missing when nullable. */
-static bool member_is(JsonObject *o, const char *name, GType type, bool nullable,
-                      const char *cmd, guint index, GError **error)
+static bool member_is(JsonObject *o, const char *name, GType type, bool nullable, const char *cmd,
+                      guint index, GError **error)
 {
     JsonNode *n = json_object_get_member(o, name);
-    const char *tname = type == G_TYPE_STRING ? "a string"
-                        : type == G_TYPE_INT64 ? "an integer" : "a boolean";
+    const char *tname = type == G_TYPE_STRING  ? "a string"
+                        : type == G_TYPE_INT64 ? "an integer"
+                                               : "a boolean";
 
     if (n == NULL || JSON_NODE_HOLDS_NULL(n)) {
         if (nullable) {
@@ -126,8 +127,7 @@ static bool member_is(JsonObject *o, const char *name, GType type, bool nullable
         return false;
     }
     if (json_node_get_value_type(n) != type) {
-        malformed(error, cmd, index, "\"%s\" is not %s%s", name, tname,
-                  nullable ? " or null" : "");
+        malformed(error, cmd, index, "\"%s\" is not %s%s", name, tname, nullable ? " or null" : "");
         return false;
     }
     return true;
@@ -160,7 +160,7 @@ static char *member_text(JsonObject *o, const char *name)
 
 typedef struct Table {
     guint ncols;
-    GPtrArray *cells;           /* char *, row-major; the header is row 0 */
+    GPtrArray *cells; /* char *, row-major; the header is row 0 */
 } Table;
 
 static Table *table_new(guint ncols, const char *const *header)
@@ -225,7 +225,8 @@ static gint64 int_member(JsonObject *o, const char *name)
     JsonNode *n = json_object_get_member(o, name);
 
     return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64
-           ? json_node_get_int(n) : 0;
+               ? json_node_get_int(n)
+               : 0;
 }
 
 static char *identity_text(JsonObject *o)
@@ -243,11 +244,10 @@ static char *identity_text(JsonObject *o)
     name = member_text(id, "name");
     size = int_member(id, "size");
     bytes = size > 0 ? vn_util_size_text((uint64_t)size) : NULL;
-    return g_strdup_printf("%s %04x:%04x %s%s%s%s", pci,
-                           (unsigned)(int_member(id, "vendor") & 0xffff),
-                           (unsigned)(int_member(id, "device") & 0xffff), name,
-                           bytes != NULL ? " (" : "", bytes != NULL ? bytes : "",
-                           bytes != NULL ? ")" : "");
+    return g_strdup_printf(
+        "%s %04x:%04x %s%s%s%s", pci, (unsigned)(int_member(id, "vendor") & 0xffff),
+        (unsigned)(int_member(id, "device") & 0xffff), name, bytes != NULL ? " (" : "",
+        bytes != NULL ? bytes : "", bytes != NULL ? ")" : "");
 }
 
 bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
@@ -327,13 +327,13 @@ bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
         width = MAX(width, g_utf8_strlen(key, -1));
     }
     for (GList *l = names; l != NULL; l = l->next) {
-        g_autofree char *key = vn_ctl_format_sanitize(strcmp(l->data, "id") == 0 ? "identity"
-                                                                                 : l->data);
-        g_autofree char *val = strcmp(l->data, "id") == 0 ? identity_text(o)
-                                                          : member_text(o, l->data);
+        g_autofree char *key =
+            vn_ctl_format_sanitize(strcmp(l->data, "id") == 0 ? "identity" : l->data);
+        g_autofree char *val =
+            strcmp(l->data, "id") == 0 ? identity_text(o) : member_text(o, l->data);
 
-        g_string_append_printf(out, "%s:%*s %s\n", key,
-                               (int)(width - g_utf8_strlen(key, -1)), "", val);
+        g_string_append_printf(out, "%s:%*s %s\n", key, (int)(width - g_utf8_strlen(key, -1)), "",
+                               val);
     }
     return true;
 }
@@ -347,8 +347,8 @@ static void stats_rows(Table *t, JsonObject *o, const char *prefix)
     for (GList *l = names; l != NULL; l = l->next) {
         const char *name = l->data;
         JsonNode *n = json_object_get_member(o, name);
-        g_autofree char *full = prefix != NULL ? g_strdup_printf("%s.%s", prefix, name)
-                                               : g_strdup(name);
+        g_autofree char *full =
+            prefix != NULL ? g_strdup_printf("%s.%s", prefix, name) : g_strdup(name);
 
         if (prefix == NULL && strcmp(name, "device") == 0) {
             continue;
@@ -369,7 +369,7 @@ static void stats_block(GString *out, const char *title, JsonObject *o)
     g_autofree char *clean = vn_ctl_format_sanitize(title);
 
     if (out->len > 0) {
-        g_string_append_c(out, '\n');  /* a blank line between blocks */
+        g_string_append_c(out, '\n'); /* a blank line between blocks */
     }
     g_string_append_printf(out, "%s\n", clean);
     stats_rows(t, o, NULL);
@@ -494,9 +494,8 @@ bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GErro
     dev = member_text(o, "device");
     sock = member_text(o, "socket");
     dom = vn_ctl_format_sanitize(domain);
-    g_string_append_printf(out, "attached %s to %s (lease %" G_GINT64_FORMAT
-                           "): QEMU socket %s\n", dev, dom,
-                           json_object_get_int_member(o, "lease"), sock);
+    g_string_append_printf(out, "attached %s to %s (lease %" G_GINT64_FORMAT "): QEMU socket %s\n",
+                           dev, dom, json_object_get_int_member(o, "lease"), sock);
     return true;
 }
 
@@ -509,8 +508,10 @@ bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GErro
         return false;
     }
     if (json_object_get_boolean_member(o, "forced")) {
-        g_string_append_printf(out, "revoked %s: the borrower did not let go within the "
-                               "grace period, so the lender fenced it\n", device);
+        g_string_append_printf(out,
+                               "revoked %s: the borrower did not let go within the "
+                               "grace period, so the lender fenced it\n",
+                               device);
     } else {
         g_string_append_printf(out, "revoked %s: the borrower let go\n", device);
     }
@@ -531,8 +532,10 @@ bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GErro
     if (want_object(ret, "detach", G_MAXUINT, error) == NULL) {
         return false;
     }
-    g_string_append_printf(out, "detached %s (still borrowed: `ntbctl return %s` gives it "
-                           "back)\n", device, device);
+    g_string_append_printf(out,
+                           "detached %s (still borrowed: `ntbctl return %s` gives it "
+                           "back)\n",
+                           device, device);
     return true;
 }
 
@@ -548,11 +551,13 @@ bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GErro
         /* Not done, so not a success: a script can fall back on the exit code. */
         g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_GENERIC,
                     "%s: its QEMU takes no device requests, nothing was sent; unplug it with "
-                    "QMP device_del (under libvirt: `ntbctl detach %s --domain D`)", device,
-                    device);
+                    "QMP device_del (under libvirt: `ntbctl detach %s --domain D`)",
+                    device, device);
         return false;
     }
-    g_string_append_printf(out, "asked the VM to release %s (device request); it is out once "
-                           "the guest lets go\n", device);
+    g_string_append_printf(out,
+                           "asked the VM to release %s (device request); it is out once "
+                           "the guest lets go\n",
+                           device);
     return true;
 }

@@ -103,9 +103,8 @@ static char *local_node(const char *socket_path, int timeout_ms, GError **error)
     return c ? g_strdup(vn_ctl_client_node(c)) : NULL;
 }
 
-int ntbctl_virt_attach(const char *device, const char *domain, const char *alias,
-                       const char *uri, bool config, const char *socket_path, int timeout_ms,
-                       GError **error)
+int ntbctl_virt_attach(const char *device, const char *domain, const char *alias, const char *uri,
+                       bool config, const char *socket_path, int timeout_ms, GError **error)
 {
     g_autoptr(GError) probe = NULL;
     g_autoptr(VnVirt) v = vn_virt_open(uri, &probe);
@@ -129,9 +128,8 @@ int ntbctl_virt_attach(const char *device, const char *domain, const char *alias
         return NTBCTL_VIRT_FAILED;
     }
     h.node = node;
-    return vn_hotplug_attach(&h, device, domain, alias, config, stdout, error)
-               ? NTBCTL_VIRT_DONE
-               : NTBCTL_VIRT_FAILED;
+    return vn_hotplug_attach(&h, device, domain, alias, config, stdout, error) ? NTBCTL_VIRT_DONE
+                                                                               : NTBCTL_VIRT_FAILED;
 }
 
 bool ntbctl_virt_detach(const char *device, const char *domain, const char *uri, bool config,
@@ -143,9 +141,8 @@ bool ntbctl_virt_detach(const char *device, const char *domain, const char *uri,
     return node != NULL && vn_hotplug_detach(&h, device, domain, config, stdout, error);
 }
 
-bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file,
-                     const char *uri, bool config, const char *socket_path, int timeout_ms,
-                     GError **error)
+bool ntbctl_reassign(const char *device, const char *to, const char *hosts_file, const char *uri,
+                     bool config, const char *socket_path, int timeout_ms, GError **error)
 {
     g_autoptr(GHashTable) hosts = NULL;
     g_autofree char *node = local_node(socket_path, timeout_ms, error);

@@ -48,17 +48,17 @@ typedef enum ArgKind {
 
 /* What the user asked for, checked. */
 typedef struct Invocation {
-    const char *device;         /* NULL when the command takes none */
-    const char *domain;         /* attach */
-    const char *qmp;            /* attach, optional */
-    const char *qdev_id;        /* attach, with qmp */
-    gint64 grace_ms;            /* revoke, -1: the daemon's default */
-    const char *node;           /* the daemon's, from its greeting */
+    const char *device;  /* NULL when the command takes none */
+    const char *domain;  /* attach */
+    const char *qmp;     /* attach, optional */
+    const char *qdev_id; /* attach, with qmp */
+    gint64 grace_ms;     /* revoke, -1: the daemon's default */
+    const char *node;    /* the daemon's, from its greeting */
 } Invocation;
 
 typedef struct Command {
-    const char *name;           /* ntbctl's */
-    const char *execute;        /* the daemon's */
+    const char *name;    /* ntbctl's */
+    const char *execute; /* the daemon's */
     ArgKind arg;
     bool (*format)(GString *out, const Invocation *inv, JsonNode *ret, GError **error);
 } Command;
@@ -204,12 +204,13 @@ static int report(const GError *error)
 
     fprintf(stderr, "ntbctl: %s\n", clean);
     if (error->domain == VN_CTL_ERROR && error->code == VN_CTL_ERROR_UNREACHABLE) {
-        fprintf(stderr, "ntbctl: is vfio-ntbd running?  Start it with `systemctl start "
+        fprintf(stderr,
+                "ntbctl: is vfio-ntbd running?  Start it with `systemctl start "
                 "vfio-ntbd`, or point --socket (or $%s) at its control-socket\n",
                 VN_CTL_SOCKET_ENV);
     } else if (error->domain == VN_CTL_ERROR && error->code == VN_CTL_ERROR_TIMEOUT) {
         fprintf(stderr, "ntbctl: the daemon may be stuck (`systemctl status vfio-ntbd`); "
-                "--timeout-ms waits longer\n");
+                        "--timeout-ms waits longer\n");
     }
     return exit_code(error);
 }
@@ -242,7 +243,8 @@ static bool check_qmp(const char *qmp)
     /* The daemon opens it, from its own working directory. */
     if (qmp[0] != '/' || strlen(qmp) > NTBCTL_MAX_QMP || !g_utf8_validate(qmp, -1, NULL)) {
         usage_error("--qmp wants the absolute path of the VM's QMP socket (at most %zu "
-                    "bytes of UTF-8)", NTBCTL_MAX_QMP);
+                    "bytes of UTF-8)",
+                    NTBCTL_MAX_QMP);
         return false;
     }
     return true;
@@ -301,7 +303,7 @@ static int run(const Command *cmd, Invocation *inv, const char *socket_path, int
     }
     fputs(out->str, stdout);
     if (fflush(stdout) != 0) {
-        return EXIT_REFUSED;    /* stdout closed or full: the output is lost */
+        return EXIT_REFUSED; /* stdout closed or full: the output is lost */
     }
     return EXIT_DONE;
 }
@@ -325,8 +327,9 @@ int main(int argc, char **argv)
     gboolean config = FALSE;
     const GOptionEntry entries[] = {
         { "socket", 0, 0, G_OPTION_ARG_FILENAME, &socket_path,
-          "the daemon's control socket (default $" VN_CTL_SOCKET_ENV " or "
-          VN_CTL_DEFAULT_SOCKET ")", "PATH" },
+          "the daemon's control socket (default $" VN_CTL_SOCKET_ENV " or " VN_CTL_DEFAULT_SOCKET
+          ")",
+          "PATH" },
         { "json", 0, 0, G_OPTION_ARG_NONE, &json, "print the daemon's answer as JSON", NULL },
         { "timeout-ms", 0, 0, G_OPTION_ARG_STRING, &timeout_text,
           "how long to wait for the daemon (default 10000)", "N" },
@@ -339,17 +342,16 @@ int main(int argc, char **argv)
         { "alias", 0, 0, G_OPTION_ARG_STRING, &alias,
           "xml: the device's id in the domain (default ntb-HOST-NAME)", "A" },
         { "bus", 0, 0, G_OPTION_ARG_STRING, &bus, "xml: a spare pcie-root-port (pci.N)", "B" },
-        { "check", 0, 0, G_OPTION_ARG_FILENAME, &check, "xml: check a domain's XML file",
-          "FILE" },
+        { "check", 0, 0, G_OPTION_ARG_FILENAME, &check, "xml: check a domain's XML file", "FILE" },
         { "connect", 0, 0, G_OPTION_ARG_STRING, &connect_uri,
           "libvirt URI for attach, detach and reassign (default: libvirt's)", "URI" },
         { "hosts", 0, 0, G_OPTION_ARG_FILENAME, &hosts,
           "reassign: other hosts' control sockets and libvirt URIs (default $" NTBCTL_HOSTS_ENV
-          " or " NTBCTL_DEFAULT_HOSTS ")", "FILE" },
+          " or " NTBCTL_DEFAULT_HOSTS ")",
+          "FILE" },
         { "to", 0, 0, G_OPTION_ARG_STRING, &to, "reassign: [HOST:]DOMAIN", "TARGET" },
         { "config", 0, 0, G_OPTION_ARG_NONE, &config,
-          "attach, detach --domain, reassign: the domains' persistent definitions follow",
-          NULL },
+          "attach, detach --domain, reassign: the domains' persistent definitions follow", NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
         G_OPTION_ENTRY_NULL,
     };
@@ -407,8 +409,8 @@ int main(int argc, char **argv)
         {
             /* HOST follows the host part of device names; DOMAIN, --domain's rules. */
             const char *colon = strchr(to, ':');
-            g_autofree char *as_dev = colon ? g_strdup_printf("%.*s/x", (int)(colon - to), to)
-                                            : NULL;
+            g_autofree char *as_dev =
+                colon ? g_strdup_printf("%.*s/x", (int)(colon - to), to) : NULL;
 
             if ((as_dev != NULL && !vn_ctl_device_valid(as_dev, NULL)) ||
                 !vn_name_valid(VN_NAME_DOMAIN, colon ? colon + 1 : to)) {
@@ -421,10 +423,12 @@ int main(int argc, char **argv)
         }
         if (hosts == NULL) {
             hosts = g_strdup(g_getenv(NTBCTL_HOSTS_ENV) ? g_getenv(NTBCTL_HOSTS_ENV)
-                                                         : NTBCTL_DEFAULT_HOSTS);
+                                                        : NTBCTL_DEFAULT_HOSTS);
         }
         return ntbctl_reassign(argv[2], to, hosts, connect_uri, config, socket_path,
-                               (int)timeout_ms, &error) ? EXIT_DONE : report(error);
+                               (int)timeout_ms, &error)
+                   ? EXIT_DONE
+                   : report(error);
     }
     if (strcmp(argv[1], "xml") == 0) {
         if (check != NULL) {
@@ -447,7 +451,8 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         return ntbctl_xml_print(argv[2], alias, bus, socket_path, (int)timeout_ms, &error)
-                   ? EXIT_DONE : report(error);
+                   ? EXIT_DONE
+                   : report(error);
     }
     for (size_t i = 0; i < G_N_ELEMENTS(commands); i++) {
         if (strcmp(argv[1], commands[i].name) == 0) {

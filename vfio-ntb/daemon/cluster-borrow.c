@@ -23,7 +23,7 @@ typedef struct Release {
     gint64 start_us;
     gint64 deadline_us;
     unsigned wait_ms;
-    bool asked;                 /* the VM is being asked (vn_unplug_start) */
+    bool asked; /* the VM is being asked (vn_unplug_start) */
 } Release;
 
 static void release_free(gpointer p)
@@ -54,7 +54,7 @@ static gboolean release_poll(gpointer data)
     bool gone;
 
     if (b == NULL || b->lease != r->lease) {
-        return G_SOURCE_REMOVE;     /* returned meanwhile (vn_devices_borrowed_free ends us) */
+        return G_SOURCE_REMOVE; /* returned meanwhile (vn_devices_borrowed_free ends us) */
     }
     /* Asked without waiting: a worker busy with what its QEMU does while it
      * lets go needs this loop to relay its requests. */
@@ -68,10 +68,10 @@ static gboolean release_poll(gpointer data)
     if (gone) {
         g_message("node %s: the VM released %s", r->d->conf->node, b->device);
     } else {
-        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node,
-                  b->device, r->wait_ms);
+        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node, b->device,
+                  r->wait_ms);
     }
-    b->release_timer = 0;           /* this source ends with the return below */
+    b->release_timer = 0; /* this source ends with the return below */
     vn_cluster_return(r->d, b, NULL, NULL);
     return G_SOURCE_REMOVE;
 }
@@ -95,14 +95,16 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
     Release *r;
 
     if (b->release_timer != 0) {
-        return;                     /* already on its way out */
+        return; /* already on its way out */
     }
     if (wait_ms == 0 || b->worker_pid <= 0) {
         vn_cluster_return(d, b, NULL, NULL);
         return;
     }
     r = g_new0(Release, 1);
-    *r = (Release){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
+    *r = (Release){ .d = d,
+                    .device = g_strdup(b->device),
+                    .lease = b->lease,
                     .start_us = g_get_monotonic_time(),
                     .deadline_us = g_get_monotonic_time() + (gint64)wait_ms * 1000,
                     .wait_ms = wait_ms };
@@ -110,7 +112,6 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
                                           release_poll, r, release_free);
     release_ask(r, b);
 }
-
 
 /*
  * Borrow and return are asynchronous: a daemon waiting on another daemon
@@ -121,7 +122,7 @@ typedef struct Pending {
     VnDaemon *d;
     char *lender;
     char *name;
-    uint64_t lease;             /* return: the lease given back */
+    uint64_t lease; /* return: the lease given back */
     VnClusterDone done;
     void *opaque;
 } Pending;
@@ -209,8 +210,9 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
     Pending *p = g_new0(Pending, 1);
     int ret;
 
-    *p = (Pending){ .d = d, .lender = g_strdup(lender), .name = g_strdup(name), .done = done,
-                    .opaque = opaque };
+    *p = (Pending){
+        .d = d, .lender = g_strdup(lender), .name = g_strdup(name), .done = done, .opaque = opaque
+    };
     /* Our announcements list every lease held, and a lender reads at most
      * this many (announcement_valid()). */
     if (d->borrowed->len >= VN_CONF_MAX_DEVICES) {
@@ -226,8 +228,7 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
     }
     g_strlcpy(rq.device, name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
-    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0,
-                            on_borrow_reply, p);
+    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0, on_borrow_reply, p);
     if (ret < 0) {
         finish(p, NULL, klass_of(ret), g_strerror(-ret));
     }
@@ -240,9 +241,9 @@ static void on_return_reply(void *opaque, VnFabricMsg *reply, int err)
     g_autofree char *msg = NULL;
 
     if (err < 0) {
-        msg = g_strdup_printf("returned here, but %s did not acknowledge lease %"
-                              G_GUINT64_FORMAT ": %s", p->lender, p->lease,
-                              why != NULL ? why : g_strerror(-err));
+        msg = g_strdup_printf("returned here, but %s did not acknowledge lease %" G_GUINT64_FORMAT
+                              ": %s",
+                              p->lender, p->lease, why != NULL ? why : g_strerror(-err));
         g_message("node %s: %s", p->d->conf->node, msg);
     }
     finish(p, NULL, err < 0 ? VN_ERR_GENERIC : NULL, msg);
@@ -258,9 +259,13 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     bool reachable = vn_fabric_link_up(d->fab, b->lender);
     int ret = 0;
 
-    *p = (Pending){ .d = d, .lender = g_strdup(b->lender), .name = g_strdup(b->name),
-                    .lease = b->lease, .done = done, .opaque = opaque };
-    g_strlcpy(rq.device, b->name, sizeof(rq.device));   /* b is freed below */
+    *p = (Pending){ .d = d,
+                    .lender = g_strdup(b->lender),
+                    .name = g_strdup(b->name),
+                    .lease = b->lease,
+                    .done = done,
+                    .opaque = opaque };
+    g_strlcpy(rq.device, b->name, sizeof(rq.device)); /* b is freed below */
     vn_devices_detach(d, b);
     /* Whatever the lender says, the device is not ours any more. */
     g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
@@ -272,8 +277,8 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
      * arrive in order). */
     if (reachable) {
         json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
-        ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0,
-                                on_return_reply, p);
+        ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, on_return_reply,
+                                p);
         vn_cluster_announce_to(d, p->lender);
     }
     if (!reachable || ret < 0) {

@@ -116,7 +116,7 @@ static void broadcast(VnDaemon *d, char *json)
         }
     }
     g_free(d->announced);
-    d->announced = json;        /* takes ownership */
+    d->announced = json; /* takes ownership */
 }
 
 void vn_cluster_announce(VnDaemon *d)
@@ -291,8 +291,8 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
         return;
     }
     if ((n = node_announced(d, msg->peer)) == NULL) {
-        g_info("node %s: announcement from %s ignored: %u hosts are up already",
-               d->conf->node, msg->peer, (unsigned)VN_FABRIC_MAX_PEERS);
+        g_info("node %s: announcement from %s ignored: %u hosts are up already", d->conf->node,
+               msg->peer, (unsigned)VN_FABRIC_MAX_PEERS);
         return;
     }
     g_free(n->ann);
@@ -310,17 +310,16 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     VnBorrowed *b;
 
     if (!vn_peers_request_from_json(VN_PEERS_REVOKE, msg->json, &rq, &error)) {
-        g_info("node %s: REVOKE from %s ignored: %s", d->conf->node, msg->peer,
-               error->message);
+        g_info("node %s: REVOKE from %s ignored: %s", d->conf->node, msg->peer, error->message);
         return;
     }
     device = g_strdup_printf("%s/%s", msg->peer, rq.device);
     b = vn_devices_borrowed(d, device);
     if (b == NULL || b->lease != rq.lease) {
-        return;   /* not ours: a confused or malicious peer */
+        return; /* not ours: a confused or malicious peer */
     }
-    g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back",
-              d->conf->node, msg->peer, device, rq.lease);
+    g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
+              msg->peer, device, rq.lease);
     emit(d, "LEASE_REVOKED", device, rq.lease, NULL);
     /* A cooperative borrower: take it out of the VM (the guest's driver
      * releases it cleanly), detach and return, within the grace period. */
@@ -345,8 +344,8 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
 {
     g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
-    g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
-              d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
+    g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)", d->conf->node,
+              ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
      * VMs' data paths as they were.  The worker fences on its peer's link
@@ -395,13 +394,14 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
         break;
     case VN_LEASE_ORPHANED:
         g_message("node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
-                  "expires in %u ms unless it comes back", d->conf->node, ch->lease->holder,
-                  ch->lease->id, ld->conf->name, d->conf->lease_timeout_ms);
+                  "expires in %u ms unless it comes back",
+                  d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name,
+                  d->conf->lease_timeout_ms);
         break;
     case VN_LEASE_HELD:
         if (ch->from == VN_LEASE_ORPHANED || ch->from == VN_LEASE_RESTORED) {
-            g_message("node %s: %s claims lease %" G_GUINT64_FORMAT " on %s again",
-                      d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name);
+            g_message("node %s: %s claims lease %" G_GUINT64_FORMAT " on %s again", d->conf->node,
+                      ch->lease->holder, ch->lease->id, ld->conf->name);
         }
         break;
     default:
@@ -456,9 +456,11 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
             return;
         }
         if (!vn_leases_grant(d->leases, ld->lease, msg->peer, g_get_monotonic_time())) {
-            reply_err(d, token, EBUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
-                      "); use `ntbctl revoke %s/%s` on %s", d->conf->node, name,
-                      ld->lease->holder, ld->lease->id, d->conf->node, name, d->conf->node);
+            reply_err(d, token, EBUSY,
+                      "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
+                      "); use `ntbctl revoke %s/%s` on %s",
+                      d->conf->node, name, ld->lease->holder, ld->lease->id, d->conf->node, name,
+                      d->conf->node);
             return;
         }
         json = vn_peers_lease_to_json(ld->lease->id);
@@ -498,8 +500,7 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     Revoke *rv;
 
     if (!vn_lease_lent(ld->lease)) {
-        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node,
-                         ld->conf->name);
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node, ld->conf->name);
         return;
     }
     if (!vn_leases_revoke(d->leases, ld->lease, g_get_monotonic_time())) {
@@ -518,8 +519,7 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
-    ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, grace_ms, on_grace_over, rv,
-                                          g_free);
+    ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, grace_ms, on_grace_over, rv, g_free);
     /* @rv is the GLib source's now: its destroy notify (g_free) frees it. */
     /* cppcheck-suppress memleak */
 }
@@ -537,11 +537,11 @@ void vn_cluster_device_request(void *opaque)
         return;
     }
     if (ld->revoke_timer != 0) {
-        return;         /* the kernel asks again every few seconds: one revoke */
+        return; /* the kernel asks again every few seconds: one revoke */
     }
     g_message("node %s: the host wants %s back (VFIO device request: an unbind or a removal "
-              "of %s waits); revoking it from %s", d->conf->node, ld->conf->name,
-              vn_conf_lend_where(ld->conf), ld->lease->holder);
+              "of %s waits); revoking it from %s",
+              d->conf->node, ld->conf->name, vn_conf_lend_where(ld->conf), ld->lease->holder);
     vn_cluster_revoke(d, ld, VN_DAEMON_REVOKE_GRACE_MS, NULL);
 }
 
@@ -558,13 +558,13 @@ static gboolean on_lender_gone(gpointer data)
 
     b->away_timer = 0;
     b->lost = true;
-    g_message("node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node,
-              b->lender, aw->d->conf->lease_timeout_ms, b->device);
+    g_message("node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node, b->lender,
+              aw->d->conf->lease_timeout_ms, b->device);
     /* Its worker hears of it now: it answers QEMU that the device is gone. */
     if (b->port != NULL) {
         vn_port_set_peer(b->port, NULL);
     }
-    vn_unplug_start(aw->d, b, true, NULL, NULL);   /* a dead device is better out of the VM */
+    vn_unplug_start(aw->d, b, true, NULL, NULL); /* a dead device is better out of the VM */
     emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender);
     return G_SOURCE_REMOVE;
 }
@@ -589,8 +589,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
             if (strcmp(b->lender, peer) == 0 && b->away_timer != 0) {
                 g_source_remove(b->away_timer);
                 b->away_timer = 0;
-                g_message("node %s: %s is back; %s was not lost", d->conf->node, peer,
-                          b->device);
+                g_message("node %s: %s is back; %s was not lost", d->conf->node, peer, b->device);
             }
         }
         vn_cluster_announce_to(d, peer);

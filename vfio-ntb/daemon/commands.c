@@ -118,7 +118,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                     borrower = d->conf->node;
                     lease = held->lease;
                 } else if (borrower != NULL && strcmp(borrower, d->conf->node) == 0) {
-                    state = "available";    /* returned here, not announced yet */
+                    state = "available"; /* returned here, not announced yet */
                     borrower = NULL;
                     lease = 0;
                 }
@@ -148,7 +148,7 @@ static void cmd_version(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 static void cmd_subscribe(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    vn_control_return(r, NULL);   /* control.c flags the client */
+    vn_control_return(r, NULL); /* control.c flags the client */
 }
 
 static void cmd_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
@@ -194,7 +194,7 @@ static void cmd_devices(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 typedef struct DeviceQuery {
     VnControlReply *r;
-    JsonNode *device;           /* the answer, but for what its worker says */
+    JsonNode *device; /* the answer, but for what its worker says */
 } DeviceQuery;
 
 static void device_ready(VnDaemon *d, JsonNode *root, void *opaque)
@@ -204,10 +204,10 @@ static void device_ready(VnDaemon *d, JsonNode *root, void *opaque)
     JsonObject *o = json_node_get_object(dq->device);
     JsonObject *so = stats != NULL ? json_node_get_object(stats) : NULL;
     JsonArray *lent = so != NULL ? json_object_get_array_member(so, "lent") : NULL;
-    JsonNode *first = lent != NULL && json_array_get_length(lent) > 0
-                          ? json_array_get_element(lent, 0) : NULL;
-    JsonObject *st = first != NULL && JSON_NODE_HOLDS_OBJECT(first)
-                         ? json_node_get_object(first) : NULL;
+    JsonNode *first =
+        lent != NULL && json_array_get_length(lent) > 0 ? json_array_get_element(lent, 0) : NULL;
+    JsonObject *st =
+        first != NULL && JSON_NODE_HOLDS_OBJECT(first) ? json_node_get_object(first) : NULL;
     const char *server = st != NULL ? vn_util_json_string(st, "device_server") : NULL;
 
     json_object_set_string_member(o, "device_server",
@@ -293,8 +293,7 @@ static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
 }
 
-static void return_lease(VnControlReply *r, const char *device, uint64_t lease,
-                         const char *socket)
+static void return_lease(VnControlReply *r, const char *device, uint64_t lease, const char *socket)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
 
@@ -327,8 +326,10 @@ static void borrowed_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const 
 static bool borrowable(VnDaemon *d, const char *node, const char *name, VnControlReply *r)
 {
     if (strcmp(node, d->conf->node) == 0) {
-        vn_control_error(r, VN_ERR_PARAM, "%s/%s is this node's own device: give it to a VM "
-                         "directly, there is nothing to borrow", node, name);
+        vn_control_error(r, VN_ERR_PARAM,
+                         "%s/%s is this node's own device: give it to a VM "
+                         "directly, there is nothing to borrow",
+                         node, name);
         return false;
     }
     return true;
@@ -391,15 +392,16 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (gn != NULL) {
         if (!JSON_NODE_HOLDS_VALUE(gn) || json_node_get_value_type(gn) != G_TYPE_INT64 ||
             json_node_get_int(gn) < 0 || json_node_get_int(gn) > VN_DAEMON_MAX_GRACE_MS) {
-            vn_control_error(r, VN_ERR_PARAM, "\"grace-ms\" must be 0..%d",
-                             VN_DAEMON_MAX_GRACE_MS);
+            vn_control_error(r, VN_ERR_PARAM, "\"grace-ms\" must be 0..%d", VN_DAEMON_MAX_GRACE_MS);
             return;
         }
         grace = (uint32_t)json_node_get_int(gn);
     }
     if (strcmp(node, d->conf->node) != 0) {
-        vn_control_error(r, VN_ERR_PARAM, "only the lending node revokes: run `ntbctl revoke "
-                         "%s/%s` on %s", node, name, node);
+        vn_control_error(r, VN_ERR_PARAM,
+                         "only the lending node revokes: run `ntbctl revoke "
+                         "%s/%s` on %s",
+                         node, name, node);
         return;
     }
     ld = vn_devices_local(d, name);
@@ -415,7 +417,7 @@ typedef struct Attach {
     char *domain;
     char *qmp;
     char *qdev_id;
-    char *socket;               /* NULL: the default name in run-dir */
+    char *socket; /* NULL: the default name in run-dir */
     bool has_irq_mode;
     VnIrqMode irq_mode;
 } Attach;
@@ -459,14 +461,16 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     if (b == NULL) {
         vn_control_error(at->r, klass, "%s", msg);
     } else if (b->starting) {
-        vn_control_error(at->r, VN_ERR_BUSY, "%s is being attached to %s; try again",
-                         b->device, b->domain);
+        vn_control_error(at->r, VN_ERR_BUSY, "%s is being attached to %s; try again", b->device,
+                         b->domain);
     } else if (b->lost) {
-        vn_control_error(at->r, VN_ERR_UNREACHABLE, "%s's lender went away and its data path "
-                         "with it; detach and return it, then borrow it again", b->device);
+        vn_control_error(at->r, VN_ERR_UNREACHABLE,
+                         "%s's lender went away and its data path "
+                         "with it; detach and return it, then borrow it again",
+                         b->device);
     } else if (b->worker_pid > 0 && strcmp(b->domain, at->domain) != 0) {
-        vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s; detach it first",
-                         b->device, b->domain);
+        vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s; detach it first", b->device,
+                         b->domain);
     } else if (b->worker_pid > 0 && at->socket != NULL && strcmp(at->socket, b->socket) != 0) {
         vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s on %s; detach it first",
                          b->device, b->domain, b->socket);
@@ -482,7 +486,7 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         }
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
-        d->workers->start(d, b, attach_started, at);    /* answers and frees @at */
+        d->workers->start(d, b, attach_started, at); /* answers and frees @at */
         return;
     }
     attach_free(at);
@@ -534,16 +538,19 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     if ((qmp != NULL && qdev_id == NULL) ||
         (qdev_id != NULL && !vn_name_valid(VN_NAME_QDEV_ID, qdev_id))) {
-        vn_control_error(r, VN_ERR_PARAM, "\"qmp\" needs \"qdev-id\" (the device's id in the "
-                         "VM: %s)", vn_name_rule(VN_NAME_QDEV_ID));
+        vn_control_error(r, VN_ERR_PARAM,
+                         "\"qmp\" needs \"qdev-id\" (the device's id in the "
+                         "VM: %s)",
+                         vn_name_rule(VN_NAME_QDEV_ID));
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_devices_borrowed(d, dev);
-    if (json_object_has_member(a, "socket") &&
-        (socket == NULL || !socket_arg_ok(d, socket, b))) {
-        vn_control_error(r, VN_ERR_PARAM, "\"socket\" must be a new file NAME.sock directly in "
-                         "%s (NAME: [A-Za-z0-9_.-])", d->conf->run_dir);
+    if (json_object_has_member(a, "socket") && (socket == NULL || !socket_arg_ok(d, socket, b))) {
+        vn_control_error(r, VN_ERR_PARAM,
+                         "\"socket\" must be a new file NAME.sock directly in "
+                         "%s (NAME: [A-Za-z0-9_.-])",
+                         d->conf->run_dir);
         return;
     }
     if (json_object_has_member(a, "irq-mode") &&
@@ -555,9 +562,13 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     at = g_new0(Attach, 1);
-    *at = (Attach){ .r = r, .domain = g_strdup(domain), .qmp = g_strdup(qmp),
-                    .qdev_id = g_strdup(qdev_id), .socket = g_strdup(socket),
-                    .has_irq_mode = mode != NULL, .irq_mode = irq_mode };
+    *at = (Attach){ .r = r,
+                    .domain = g_strdup(domain),
+                    .qmp = g_strdup(qmp),
+                    .qdev_id = g_strdup(qdev_id),
+                    .socket = g_strdup(socket),
+                    .has_irq_mode = mode != NULL,
+                    .irq_mode = irq_mode };
     if (b != NULL) {
         attach_borrowed(d, b, NULL, NULL, at);
     } else {
@@ -599,8 +610,8 @@ static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 /* Ask the VM to release the device through the device-request interrupt; does
  * not wait.  "requested": false when its QEMU takes no device requests (stock
  * QEMU): the caller unplugs it through QMP then (libvirt owns the monitor). */
-static void unplug_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked,
-                         bool stopping, void *opaque)
+static void unplug_asked(VnDaemon *d, const char *device, uint64_t lease, bool asked, bool stopping,
+                         void *opaque)
 {
     g_autoptr(JsonBuilder) jb = json_builder_new();
 
@@ -620,8 +631,10 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
     VnBorrowed *b = arg_attached(d, a, r);
 
     if (b != NULL && !vn_unplug_start(d, b, false, unplug_asked, r)) {
-        vn_control_error(r, VN_ERR_BUSY, "%d VMs are being asked to let go already; "
-                         "ask again in a moment", VN_UNPLUG_MAX);
+        vn_control_error(r, VN_ERR_BUSY,
+                         "%d VMs are being asked to let go already; "
+                         "ask again in a moment",
+                         VN_UNPLUG_MAX);
     }
 }
 
@@ -638,7 +651,8 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     VnLendConf *lc;
 
     if (name == NULL || (socket == NULL && pci == NULL) || an == NULL) {
-        vn_control_error(r, VN_ERR_PARAM, "lend needs \"name\", \"socket\" (the device "
+        vn_control_error(r, VN_ERR_PARAM,
+                         "lend needs \"name\", \"socket\" (the device "
                          "server's) or \"pci\" (a function of this host), and \"allow\" "
                          "(node names, or [\"*\"])");
         return;
@@ -663,9 +677,10 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     /* Its last worker would share the new one's port. */
     if (vn_ending_busy(d, name)) {
-        vn_control_error(r, VN_ERR_BUSY, "the last lender worker of %s/%s is still stopping "
-                         "(at most %d s); lend it again then", d->conf->node, name,
-                         (VN_SPAWN_STOP_TIMEOUT_MS + 999) / 1000);
+        vn_control_error(r, VN_ERR_BUSY,
+                         "the last lender worker of %s/%s is still stopping "
+                         "(at most %d s); lend it again then",
+                         d->conf->node, name, (VN_SPAWN_STOP_TIMEOUT_MS + 999) / 1000);
         return;
     }
     if (d->local->len >= VN_CONF_MAX_DEVICES) {
@@ -673,10 +688,11 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
                          VN_CONF_MAX_DEVICES);
         return;
     }
-    if (mn != NULL && (!JSON_NODE_HOLDS_VALUE(mn) ||
-                       json_node_get_value_type(mn) != G_TYPE_BOOLEAN ||
-                       (json_node_get_boolean(mn) && pci == NULL))) {
-        vn_control_error(r, VN_ERR_PARAM, "\"managed\" is true or false, and true only "
+    if (mn != NULL &&
+        (!JSON_NODE_HOLDS_VALUE(mn) || json_node_get_value_type(mn) != G_TYPE_BOOLEAN ||
+         (json_node_get_boolean(mn) && pci == NULL))) {
+        vn_control_error(r, VN_ERR_PARAM,
+                         "\"managed\" is true or false, and true only "
                          "with \"pci\"");
         return;
     }
@@ -717,9 +733,9 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     if (vn_lease_lent(ld->lease)) {
-        vn_control_error(r, VN_ERR_BUSY, "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
-                         "); revoke it first", d->conf->node, name, ld->lease->holder,
-                         ld->lease->id);
+        vn_control_error(r, VN_ERR_BUSY,
+                         "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT "); revoke it first",
+                         d->conf->node, name, ld->lease->holder, ld->lease->id);
         return;
     }
     vn_devices_unlend(d, ld);

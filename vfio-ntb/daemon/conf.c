@@ -63,8 +63,8 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *p
     VnLendConf *l;
 
     if (!vn_name_valid(VN_NAME_DEVICE, name)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "a device name is %s", vn_name_rule(VN_NAME_DEVICE));
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE, "a device name is %s",
+                    vn_name_rule(VN_NAME_DEVICE));
         return NULL;
     }
     if ((socket == NULL) == (pci == NULL)) {
@@ -82,11 +82,11 @@ VnLendConf *vn_conf_lend_new(const char *name, const char *socket, const char *p
     if (pci != NULL && !vn_backend_vfio_address_ok(pci)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "pci = \"%.40s\" is not a PCI address: DDDD:BB:DD.F in lower-case hex, "
-                    "as lspci -D shows it", pci);
+                    "as lspci -D shows it",
+                    pci);
         return NULL;
     }
-    if (allow == NULL || allow[0] == NULL ||
-        g_strv_length((char **)allow) > VN_CONF_MAX_ALLOW) {
+    if (allow == NULL || allow[0] == NULL || g_strv_length((char **)allow) > VN_CONF_MAX_ALLOW) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "an access list names 1-%d nodes, or *", VN_CONF_MAX_ALLOW);
         return NULL;
@@ -146,8 +146,7 @@ void vn_conf_free(VnConfig *c)
     g_free(c);
 }
 
-static bool keys_known(GKeyFile *kf, const char *group, const char *const *known,
-                       GError **error)
+static bool keys_known(GKeyFile *kf, const char *group, const char *const *known, GError **error)
 {
     g_auto(GStrv) keys = g_key_file_get_keys(kf, group, NULL, error);
 
@@ -184,8 +183,8 @@ static bool parse_sriov(GKeyFile *kf, const char *group, VnLendConf *l, GError *
     g_autofree char *last = NULL;
     guint64 n = 0;
 
-    if (text == NULL || !g_ascii_string_to_unsigned(g_strstrip(text), 10, 1, VN_CONF_MAX_VFS, &n,
-                                                    NULL)) {
+    if (text == NULL ||
+        !g_ascii_string_to_unsigned(g_strstrip(text), 10, 1, VN_CONF_MAX_VFS, &n, NULL)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "[%s]: sriov-vfs = \"%.20s\": 1-%d virtual functions", group,
                     text != NULL ? text : "", VN_CONF_MAX_VFS);
@@ -195,7 +194,8 @@ static bool parse_sriov(GKeyFile *kf, const char *group, VnLendConf *l, GError *
     if (l->pci == NULL || !vn_name_valid(VN_NAME_DEVICE, last)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
                     "[%s]: sriov-vfs is for a physical function (\"pci\") whose VFs' names "
-                    "(%s) are device names", group, last);
+                    "(%s) are device names",
+                    group, last);
         return false;
     }
     l->sriov_vfs = (unsigned)n;
@@ -204,8 +204,7 @@ static bool parse_sriov(GKeyFile *kf, const char *group, VnLendConf *l, GError *
 
 static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "socket", "pci", "managed", "sriov-vfs", "allow",
-                                         NULL };
+    static const char *const known[] = { "socket", "pci", "managed", "sriov-vfs", "allow", NULL };
     g_autofree char *socket = NULL, *pci = NULL, *managed = NULL;
     g_auto(GStrv) allow = NULL;
     VnLendConf *l;
@@ -219,7 +218,8 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     if (socket == NULL && pci == NULL) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
                     "[%s]: \"socket\" (a vfio-user server's) or \"pci\" (a function of "
-                    "this host, DDDD:BB:DD.F) is required", group);
+                    "this host, DDDD:BB:DD.F) is required",
+                    group);
         return false;
     }
     /* Who may borrow is a decision, not a default: say it. */
@@ -227,15 +227,15 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     if (allow == NULL || n == 0) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
                     "[%s]: \"allow\" is required: the nodes that may borrow it, "
-                    "separated by ';', or * for any", group);
+                    "separated by ';', or * for any",
+                    group);
         return false;
     }
     for (gsize i = 0; i < n; i++) {
         g_strstrip(allow[i]);
     }
     /* The same checks as a device lent at run time (`ntbctl lend`). */
-    l = vn_conf_lend_new(group + strlen("lend "), socket, pci, (const char *const *)allow,
-                         error);
+    l = vn_conf_lend_new(group + strlen("lend "), socket, pci, (const char *const *)allow, error);
     if (l == NULL) {
         g_prefix_error(error, "[%s]: ", group);
         return false;
@@ -303,9 +303,9 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
 
 static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name", "fabric", "fabric-dir", "stats-file",
-                                              "state-dir", "control-socket", "run-dir",
-                                              "lease-timeout-ms", NULL };
+    static const char *const node_keys[] = { "name",       "fabric",           "fabric-dir",
+                                             "stats-file", "state-dir",        "control-socket",
+                                             "run-dir",    "lease-timeout-ms", NULL };
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL;
 
@@ -314,8 +314,7 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
                     "[node] is required");
         return false;
     }
-    if (!keys_known(kf, "node", node_keys, error) ||
-        !(c->node = need(kf, "node", "name", error)) ||
+    if (!keys_known(kf, "node", node_keys, error) || !(c->node = need(kf, "node", "name", error)) ||
         !(dir = need(kf, "node", "fabric-dir", error))) {
         return false;
     }
@@ -344,8 +343,10 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
          * every place it is told about must be absolute. */
         const struct {
             const char *key, *value;
-        } paths[] = { { "fabric-dir", dir }, { "run-dir", c->run_dir },
-                      { "state-dir", c->state_dir }, { "stats-file", c->stats_file } };
+        } paths[] = { { "fabric-dir", dir },
+                      { "run-dir", c->run_dir },
+                      { "state-dir", c->state_dir },
+                      { "stats-file", c->stats_file } };
 
         for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
             if (paths[i].value != NULL && paths[i].value[0] != '/') {
@@ -400,8 +401,7 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
             !vn_name_valid(VN_NAME_DEVICE, name)) {
             /* A name lent here must be one every peer can borrow. */
             g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "[%.80s]: the device name must be %s", *g,
-                        vn_name_rule(VN_NAME_DEVICE));
+                        "[%.80s]: the device name must be %s", *g, vn_name_rule(VN_NAME_DEVICE));
             return false;
         }
         if (g_str_has_prefix(*g, "lend ")) {
@@ -415,7 +415,8 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         } else {
             g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_GROUP_NOT_FOUND,
                         "unknown group [%s] (expected [node], [fabric], [lend NAME], "
-                        "[borrow NAME])", *g);
+                        "[borrow NAME])",
+                        *g);
             return false;
         }
     }

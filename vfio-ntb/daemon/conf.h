@@ -48,13 +48,13 @@
 
 typedef struct VnLendConf {
     char *name;
-    char *socket;               /* a vfio-user server's, or NULL ... */
-    char *pci;                  /* ... a function of this host, through VFIO */
-    bool managed;               /* pci: bound to vfio-pci while lendable, then given back */
-    unsigned sriov_vfs;         /* pci, a physical function: lend this many of its VFs,
+    char *socket;       /* a vfio-user server's, or NULL ... */
+    char *pci;          /* ... a function of this host, through VFIO */
+    bool managed;       /* pci: bound to vfio-pci while lendable, then given back */
+    unsigned sriov_vfs; /* pci, a physical function: lend this many of its VFs,
                                  * each as NAME-vfK (managed), not the function itself */
-    GStrv allow;                 /* node names, or the single entry "*" */
-    bool runtime;                /* added with `lend`, persisted in the state file */
+    GStrv allow;        /* node names, or the single entry "*" */
+    bool runtime;       /* added with `lend`, persisted in the state file */
 } VnLendConf;
 
 /* A lendable device added at run time, served by a vfio-user server on
@@ -85,14 +85,14 @@ typedef struct VnBorrowConf {
 typedef struct VnConfig {
     char *node;
     char *fabric;
-    GHashTable *fabric_params;   /* char* -> char*, "dir" and limits */
-    char *stats_file;            /* may be NULL */
-    char *state_dir;             /* may be NULL: nothing persisted */
+    GHashTable *fabric_params; /* char* -> char*, "dir" and limits */
+    char *stats_file;          /* may be NULL */
+    char *state_dir;           /* may be NULL: nothing persisted */
     char *control_socket;
     char *run_dir;
     uint32_t lease_timeout_ms;
-    GPtrArray *lends;            /* VnLendConf */
-    GPtrArray *borrows;          /* VnBorrowConf */
+    GPtrArray *lends;   /* VnLendConf */
+    GPtrArray *borrows; /* VnBorrowConf */
 } VnConfig;
 
 VnConfig *vn_conf_load(const char *path, GError **error);

@@ -41,18 +41,18 @@ typedef struct Client {
     guint watch;
     GString *in;
     bool events;
-    unsigned pending;           /* replies not yet answered */
-    unsigned refs;              /* the client and each pending reply */
+    unsigned pending; /* replies not yet answered */
+    unsigned refs;    /* the client and each pending reply */
 } Client;
 
 struct VnControlReply {
-    Client *client;             /* NULL once the client went */
+    Client *client; /* NULL once the client went */
     JsonNode *id;
 };
 
 struct VnControl {
     VnDaemon *d;
-    VnCommandLookup lookup;     /* the command table (commands.c's, or a test's) */
+    VnCommandLookup lookup; /* the command table (commands.c's, or a test's) */
     char *path;
     int fd;
     guint watch;
@@ -264,7 +264,7 @@ static gboolean on_client(int fd, GIOCondition cond, gpointer data)
         return G_SOURCE_CONTINUE;
     }
     g_string_append_len(c->in, buf, n);
-    c->refs++;                     /* dispatch may close the client */
+    c->refs++; /* dispatch may close the client */
     while (c->fd >= 0 && (nl = memchr(c->in->str, '\n', c->in->len)) != NULL) {
         g_autofree char *line = g_strndup(c->in->str, (gsize)(nl - c->in->str));
 
@@ -353,7 +353,7 @@ bool vn_control_path_free(const char *path, GError **error)
         return false;
     }
     if (lstat(path, &st) < 0) {
-        return true;                /* nothing there (or unreadable: bind will say) */
+        return true; /* nothing there (or unreadable: bind will say) */
     }
     if (!S_ISSOCK(st.st_mode)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
@@ -366,8 +366,8 @@ bool vn_control_path_free(const char *path, GError **error)
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         e = errno;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s",
-                    path, g_strerror(e));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s", path,
+                    g_strerror(e));
         return false;
     }
     ret = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
@@ -376,14 +376,14 @@ bool vn_control_path_free(const char *path, GError **error)
     if (ret == 0 || e == EAGAIN || e == EINPROGRESS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE,
                     "control socket %s: a running vfio-ntbd answers on it; "
-                    "not starting a second one", path);
+                    "not starting a second one",
+                    path);
         return false;
     }
     return true;
 }
 
-VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
-                          GError **error)
+VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup, GError **error)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *dir = g_path_get_dirname(path);
@@ -397,8 +397,8 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
         return NULL;
     }
     if (g_mkdir_with_parents(dir, 0700) < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
-                    "control socket %s: %s", path, g_strerror(errno));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "control socket %s: %s", path,
+                    g_strerror(errno));
         return NULL;
     }
     /* A socket left by a dead daemon (nobody answers on it) is replaced; a
@@ -409,7 +409,7 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
     unlink(path);
     strcpy(addr.sun_path, path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    old = umask(0177);          /* root-only from the start, no chmod race */
+    old = umask(0177); /* root-only from the start, no chmod race */
     if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0) {
         int e = errno;
 
@@ -417,8 +417,8 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
         if (fd >= 0) {
             close(fd);
         }
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s",
-                    path, g_strerror(e));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s", path,
+                    g_strerror(e));
         return NULL;
     }
     umask(old);

@@ -35,48 +35,48 @@ typedef struct VnControlReply VnControlReply;
 /* A device this node lends. */
 typedef struct VnLocalDevice {
     struct VnDaemon *d;
-    VnLendConf *conf;           /* borrowed from the config */
-    VnLease *lease;             /* its lease (d->leases owns it): holder, id, state */
-    guint revoke_timer;         /* a revoke waiting out its grace period */
+    VnLendConf *conf;   /* borrowed from the config */
+    VnLease *lease;     /* its lease (d->leases owns it): holder, id, state */
+    guint revoke_timer; /* a revoke waiting out its grace period */
     VnControlReply *revoke_reply;
     /* Its backend (lending/lender.h) runs in a vfio-ntb-lender process
      * (lenders.c), which outlives this daemon, behind its port: the
      * lease holder's requests go to it there. */
     VnPort *port;
-    char *port_path;            /* in run-dir */
-    char *channel_path;         /* its control channel (common/wctl.h), in run-dir */
-    GPid worker_pid;            /* 0 while none runs */
-    guint child_watch;          /* 0 for an adopted one */
-    guint respawn_timer;        /* a worker that exited is started again */
-    VnIdentity id;              /* read when it was lent (identity.h) */
+    char *port_path;     /* in run-dir */
+    char *channel_path;  /* its control channel (common/wctl.h), in run-dir */
+    GPid worker_pid;     /* 0 while none runs */
+    guint child_watch;   /* 0 for an adopted one */
+    guint respawn_timer; /* a worker that exited is started again */
+    VnIdentity id;       /* read when it was lent (identity.h) */
 } VnLocalDevice;
 
 /* A device this node borrows. */
 /* A worker's answer to "is a QEMU connected?" */
 typedef enum VnClientState {
-    VN_CLIENT_UNKNOWN = 0,      /* not answered (yet) */
+    VN_CLIENT_UNKNOWN = 0, /* not answered (yet) */
     VN_CLIENT_CONNECTED,
-    VN_CLIENT_GONE,             /* QEMU let go, or the worker is gone */
+    VN_CLIENT_GONE, /* QEMU let go, or the worker is gone */
 } VnClientState;
 
 typedef struct VnBorrowed {
-    char *device;               /* "host/name" */
+    char *device; /* "host/name" */
     char *lender;
     char *name;
     uint64_t lease;
     VnIrqMode irq_mode;
-    char *domain;               /* set while attached */
+    char *domain; /* set while attached */
     char *socket;
-    char *qmp;                  /* the VM's QMP socket, optional */
-    char *qdev_id;              /* the device's id in that VM (with qmp) */
+    char *qmp;     /* the VM's QMP socket, optional */
+    char *qdev_id; /* the device's id in that VM (with qmp) */
     /* While attached, the vfio-user server runs in its own process (spawn.c)
      * so that it outlives this daemon. */
-    GPid worker_pid;            /* 0 when detached */
-    char *worker_name;          /* names its files in run-dir (not a fabric node) */
-    char *channel_path;         /* its control channel (common/wctl.h), in run-dir */
-    char *port_path;            /* its port (port.h), in run-dir */
-    VnPort *port;               /* how it uses this host's node; NULL when detached */
-    guint child_watch;          /* 0 for a worker adopted after a restart */
+    GPid worker_pid;    /* 0 when detached */
+    char *worker_name;  /* names its files in run-dir (not a fabric node) */
+    char *channel_path; /* its control channel (common/wctl.h), in run-dir */
+    char *port_path;    /* its port (port.h), in run-dir */
+    VnPort *port;       /* how it uses this host's node; NULL when detached */
+    guint child_watch;  /* 0 for a worker adopted after a restart */
     /* Does its QEMU still hold the socket?  Asked without waiting
      * (VnWorkerOps.client_state): the call in flight, when it was asked,
      * and the last answer with when its question was asked. */
@@ -84,11 +84,11 @@ typedef struct VnBorrowed {
     gint64 client_call_us;
     VnClientState client_state;
     gint64 client_state_us;
-    bool lost;                  /* the lender went away */
-    bool unconfirmed;           /* restored, or the lender's link went down: the
+    bool lost;           /* the lender went away */
+    bool unconfirmed;    /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
-    guint release_timer;        /* vn_cluster_release() waits for the VM */
-    guint away_timer;           /* the lender's link is down: lost unless it is back
+    guint release_timer; /* vn_cluster_release() waits for the VM */
+    guint away_timer;    /* the lender's link is down: lost unless it is back
                                  * within lease-timeout-ms (its daemon restarts) */
     /* A worker being started (VnWorkerOps.start has not called back yet);
      * freeing @b ends the start through @start_cancel. */
@@ -103,8 +103,8 @@ typedef struct VnBorrowed {
 typedef struct VnRemoteNode {
     char *name;
     bool link_up;
-    gint64 down_since_us;       /* monotonic, while !link_up */
-    VnPeersAnnounce *ann;       /* its last announcement (decoded, so valid) */
+    gint64 down_since_us; /* monotonic, while !link_up */
+    VnPeersAnnounce *ann; /* its last announcement (decoded, so valid) */
 } VnRemoteNode;
 
 typedef struct VnDaemonStatic VnDaemonStatic;
@@ -113,23 +113,23 @@ typedef struct VnWorkerOps VnWorkerOps;
 typedef struct VnDaemon {
     VnConfig *conf;
     VnFabric *fab;
-    GPtrArray *local;           /* VnLocalDevice */
-    GPtrArray *borrowed;        /* VnBorrowed */
-    GHashTable *nodes;          /* name -> VnRemoteNode */
-    VnLeases *leases;           /* of the devices in @local */
-    uint64_t save_errors;       /* state saves that failed (reported in query-stats) */
+    GPtrArray *local;     /* VnLocalDevice */
+    GPtrArray *borrowed;  /* VnBorrowed */
+    GHashTable *nodes;    /* name -> VnRemoteNode */
+    VnLeases *leases;     /* of the devices in @local */
+    uint64_t save_errors; /* state saves that failed (reported in query-stats) */
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;
-    guint announce_timer;       /* a coalesced announcement is due */
-    char *announced;            /* the last announcement broadcast, or NULL */
+    guint announce_timer; /* a coalesced announcement is due */
+    char *announced;      /* the last announcement broadcast, or NULL */
     unsigned beats;
-    gint64 started_us;          /* monotonic; restored leases wait from here */
-    VnDaemonStatic *statics;    /* the borrows the config file names (daemon.c) */
+    gint64 started_us;       /* monotonic; restored leases wait from here */
+    VnDaemonStatic *statics; /* the borrows the config file names (daemon.c) */
     const VnWorkerOps *workers;
-    GPtrArray *endings;         /* VnEnding: workers on their way out (ending.c) */
-    GPtrArray *gathers;         /* counters being asked of workers (stats.c) */
-    GPtrArray *unplugs;         /* VnUnplug: VMs being asked to let go (unplug.c) */
+    GPtrArray *endings; /* VnEnding: workers on their way out (ending.c) */
+    GPtrArray *gathers; /* counters being asked of workers (stats.c) */
+    GPtrArray *unplugs; /* VnUnplug: VMs being asked to let go (unplug.c) */
 } VnDaemon;
 
 /* ---- daemon.c ---- */
@@ -200,8 +200,7 @@ typedef void (*VnCommandFn)(VnDaemon *d, JsonObject *args, VnControlReply *r);
 typedef VnCommandFn (*VnCommandLookup)(const char *name, const char *const **allowed);
 /* The control socket at @path, dispatching through @lookup (transport only:
  * it knows no command). */
-VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
-                          GError **error);
+VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup, GError **error);
 void vn_control_free(VnControl *c);
 /* Answer a request (takes @value; NULL means {}), or fail it.  Each reply
  * is answered exactly once; it may be kept and answered later. */
@@ -297,8 +296,7 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b);
 typedef void (*VnUnplugDone)(VnDaemon *d, const char *device, uint64_t lease, bool asked,
                              bool stopping, void *opaque);
 typedef struct VnUnplug VnUnplug;
-bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
-                     void *opaque);
+bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done, void *opaque);
 GPtrArray *vn_unplugs_new(void);
 void vn_unplugs_free(VnDaemon *d);
 
@@ -330,8 +328,7 @@ void vn_unplugs_free(VnDaemon *d);
  *   (monotonic), else VN_CLIENT_UNKNOWN, asking it when no question is in
  *   flight.  A caller polls.
  */
-typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
-                                void *opaque);
+typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error, void *opaque);
 
 /*
  * lend_start: start @ld's lender worker (ld->worker_pid set), false with

@@ -22,7 +22,6 @@
 #define VN_DAEMON_BORROW_RETRY_MS 200
 #define VN_DAEMON_BORROW_WARN_EVERY 25
 
-
 /* ---- fabric events ---- */
 
 static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
@@ -42,8 +41,8 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
     }
     ld = vn_devices_local(d, name);
     if (ld == NULL) {
-        g_autofree char *why = g_strdup_printf("node %s lends no device \"%s\"",
-                                               d->conf->node, name);
+        g_autofree char *why =
+            g_strdup_printf("node %s lends no device \"%s\"", d->conf->node, name);
 
         vn_fabric_reply_error(d->fab, token, ENODEV, why);
         return;
@@ -52,7 +51,8 @@ static void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
      * reaches the device. */
     if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, msg->peer) != 0) {
         g_autofree char *why = g_strdup_printf("%s/%s: %s holds no lease on it; borrow it "
-                                               "first", d->conf->node, name, msg->peer);
+                                               "first",
+                                               d->conf->node, name, msg->peer);
 
         vn_fabric_reply_error(d->fab, token, EACCES, why);
         return;
@@ -108,7 +108,7 @@ struct VnDaemonStatic {
     VnDaemon *d;
     guint src;
     unsigned tries;
-    unsigned pending;           /* borrows in flight */
+    unsigned pending; /* borrows in flight */
 };
 
 static void static_started(VnDaemon *d, VnBorrowed *b, const GError *error, void *opaque)
@@ -131,7 +131,7 @@ static void static_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
 static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned tries)
 {
     if (b->starting) {
-        return;                 /* its start has not called back yet */
+        return; /* its start has not called back yet */
     }
     b->irq_mode = bc->irq_mode;
     g_free(b->socket);
@@ -224,7 +224,6 @@ void vn_daemon_write_stats(VnDaemon *d)
     }
 }
 
-
 static void remote_free(gpointer p)
 {
     VnRemoteNode *n = p;
@@ -254,8 +253,8 @@ static bool daemon_start(VnDaemon *d, GError **error)
      * answer revokes, announce, events), then the store. */
     vn_leases_listen(d->leases, vn_cluster_on_lease, d);
     vn_leases_listen(d->leases, vn_state_on_lease, d);
-    d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers,
-                            d, NULL, error);
+    d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers, d,
+                            NULL, error);
     if (d->fab == NULL) {
         return false;
     }
@@ -279,8 +278,8 @@ static bool daemon_start(VnDaemon *d, GError **error)
         g_autoptr(GError) local = NULL;
 
         if (ld->worker_pid == 0 && !d->workers->lend_start(d, ld, &local)) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "lending %s: %s",
-                        ld->conf->name, local->message);
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "lending %s: %s", ld->conf->name,
+                        local->message);
             return false;
         }
     }

@@ -150,14 +150,14 @@ bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error)
         if (vc == NULL) {
             return false;
         }
-        vc->managed = true;         /* each VF goes to vfio-pci, and back after */
-        vc->runtime = false;        /* the config makes it again at every start */
+        vc->managed = true;  /* each VF goes to vfio-pci, and back after */
+        vc->runtime = false; /* the config makes it again at every start */
         g_ptr_array_add(d->conf->lends, vc);
         if (vn_devices_lend(d, vc, error) == NULL) {
             return false;
         }
-        g_message("node %s: %s is %s's virtual function %u (%s)", d->conf->node, name,
-                  pf->name, i, (char *)vfs->pdata[i]);
+        g_message("node %s: %s is %s's virtual function %u (%s)", d->conf->node, name, pf->name, i,
+                  (char *)vfs->pdata[i]);
     }
     return true;
 }
@@ -167,17 +167,17 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
     VnLendConf *lc = ld->conf;
 
     g_message("node %s: no longer lending %s", d->conf->node, lc->name);
-    vn_leases_remove(d->leases, ld->lease);    /* ends a lease (fences) first */
+    vn_leases_remove(d->leases, ld->lease); /* ends a lease (fences) first */
     d->workers->lend_stop(d, ld);
     g_clear_pointer(&ld->port, vn_port_free_unlinked);
-    g_ptr_array_remove(d->local, ld);          /* frees ld and its lender */
-    g_ptr_array_remove(d->conf->lends, lc);    /* frees lc */
+    g_ptr_array_remove(d->local, ld);       /* frees ld and its lender */
+    g_ptr_array_remove(d->conf->lends, lc); /* frees lc */
 }
 
 void vn_devices_borrowed_free(VnBorrowed *b)
 {
     if (b->start_cancel != NULL) {
-        b->start_cancel(b->start_data);     /* answers whoever waits for it */
+        b->start_cancel(b->start_data); /* answers whoever waits for it */
     }
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);

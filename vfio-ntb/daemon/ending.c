@@ -33,9 +33,9 @@
 #define VN_ENDING_KILL_WAIT_MS 5000
 
 typedef enum EndingPhase {
-    ENDING_CLIENT,              /* waiting for QEMU to let go */
-    ENDING_TERM,                /* SIGTERM sent */
-    ENDING_KILL,                /* SIGKILL sent */
+    ENDING_CLIENT, /* waiting for QEMU to let go */
+    ENDING_TERM,   /* SIGTERM sent */
+    ENDING_KILL,   /* SIGKILL sent */
 } EndingPhase;
 
 struct VnEnding {
@@ -45,12 +45,12 @@ struct VnEnding {
     VnPort *port;
     char *channel_path;
     EndingPhase phase;
-    gint64 phase_end_us;        /* monotonic: the phase's deadline */
+    gint64 phase_end_us; /* monotonic: the phase's deadline */
     unsigned term_wait_ms;
-    VnWctlCall *call;           /* "stats", while waiting for QEMU */
-    bool child;                 /* ours to reap (else adopted after a restart) */
-    int pidfd;                  /* the process, not whatever gets its pid later */
-    guint exit_watch;           /* on @pidfd: it exited */
+    VnWctlCall *call; /* "stats", while waiting for QEMU */
+    bool child;       /* ours to reap (else adopted after a restart) */
+    int pidfd;        /* the process, not whatever gets its pid later */
+    guint exit_watch; /* on @pidfd: it exited */
     guint timer;
 };
 
@@ -123,10 +123,10 @@ static void on_client_answer(char *answer, const GError *error, void *opaque)
     e->call = NULL;
     if (text == NULL) {
         g_info("worker for %s: %s", e->what, error->message);
-        return;                 /* busy: asked again on the next look */
+        return; /* busy: asked again on the next look */
     }
     if (vn_spawn_client_of(text) == VN_CLIENT_GONE) {
-        terminate(e);           /* QEMU let go: at once */
+        terminate(e); /* QEMU let go: at once */
     }
 }
 
@@ -166,8 +166,8 @@ static gboolean on_look(gpointer data)
         break;
     case ENDING_TERM:
         if (late) {
-            g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it",
-                      d->conf->node, e->what, e->pid);
+            g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
+                      e->what, e->pid);
             send_signal(e, SIGKILL);
             e->phase = ENDING_KILL;
             e->phase_end_us = g_get_monotonic_time() + VN_ENDING_KILL_WAIT_MS * 1000;
@@ -175,8 +175,8 @@ static gboolean on_look(gpointer data)
         break;
     case ENDING_KILL:
         if (late) {
-            g_warning("node %s: worker for %s (pid %d) survives SIGKILL; leaving it",
-                      d->conf->node, e->what, e->pid);
+            g_warning("node %s: worker for %s (pid %d) survives SIGKILL; leaving it", d->conf->node,
+                      e->what, e->pid);
             e->timer = 0;
             g_ptr_array_remove(d->endings, e);
             return G_SOURCE_REMOVE;
@@ -191,14 +191,18 @@ void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort
 {
     VnEnding *e = g_new0(VnEnding, 1);
 
-    *e = (VnEnding){ .d = d, .what = g_strdup(what), .pid = pid, .port = port,
-                     .channel_path = channel_path, .term_wait_ms = term_wait_ms,
+    *e = (VnEnding){ .d = d,
+                     .what = g_strdup(what),
+                     .pid = pid,
+                     .port = port,
+                     .channel_path = channel_path,
+                     .term_wait_ms = term_wait_ms,
                      .pidfd = -1 };
     e->child = child;
     g_ptr_array_add(d->endings, e);
     e->pidfd = pidfd_open(pid, 0);
     if (e->pidfd < 0) {
-        gone(e);                /* ESRCH: gone already */
+        gone(e); /* ESRCH: gone already */
         return;
     }
     /* Readable once it exits: at once, for our children and adopted ones. */

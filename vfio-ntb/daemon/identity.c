@@ -31,8 +31,7 @@ static void pci_say(char *msg, ...)
 }
 
 static void pci_quiet(char *msg, ...)
-{
-}
+{}
 
 /* Only allocation failures reach it once no access method is set up. */
 static G_GNUC_NORETURN void pci_fatal(char *msg, ...)
@@ -66,8 +65,7 @@ static uint64_t storage_size(const char *sys, const char *bdf)
     uint64_t total = 0;
 
     for (guint i = 0; i < disks->len; i++) {
-        g_autofree char *entry = g_strdup_printf("%s/class/block/%s", sys,
-                                                 (char *)disks->pdata[i]);
+        g_autofree char *entry = g_strdup_printf("%s/class/block/%s", sys, (char *)disks->pdata[i]);
         g_autofree char *part = g_build_filename(entry, "partition", NULL);
         g_autofree char *size = g_build_filename(entry, "size", NULL);
         g_autofree char *text = NULL;
@@ -77,7 +75,7 @@ static uint64_t storage_size(const char *sys, const char *bdf)
             uint64_t sectors = g_ascii_strtoull(text, NULL, 10);
 
             if (sectors < (UINT64_MAX - total) / 512) {
-                total += sectors * 512;     /* sysfs counts 512-byte sectors */
+                total += sectors * 512; /* sysfs counts 512-byte sectors */
             }
         }
     }
@@ -122,15 +120,14 @@ bool vn_identity_of_pci(const char *sys, const char *bdf, VnIdentity *id)
         /* pci.ids alone, not udev's hwdb: the same names, and libpci would
          * leak the udev handle it opens for it. */
         const int db = PCI_LOOKUP_NO_HWDB;
-        const char *c = pci_lookup_name(pa, cls, sizeof(cls),
-                                        PCI_LOOKUP_CLASS | PCI_LOOKUP_NO_NUMBERS | db,
-                                        id->class_code >> 8);
-        const char *v = pci_lookup_name(pa, vd, sizeof(vd),
-                                        PCI_LOOKUP_VENDOR | PCI_LOOKUP_DEVICE | db, id->vendor,
-                                        id->device);
+        const char *c =
+            pci_lookup_name(pa, cls, sizeof(cls), PCI_LOOKUP_CLASS | PCI_LOOKUP_NO_NUMBERS | db,
+                            id->class_code >> 8);
+        const char *v = pci_lookup_name(
+            pa, vd, sizeof(vd), PCI_LOOKUP_VENDOR | PCI_LOOKUP_DEVICE | db, id->vendor, id->device);
 
-        g_snprintf(id->name, sizeof(id->name), "%s%s%s", c != NULL ? c : "",
-                   c != NULL ? ": " : "", v != NULL ? v : "");
+        g_snprintf(id->name, sizeof(id->name), "%s%s%s", c != NULL ? c : "", c != NULL ? ": " : "",
+                   v != NULL ? v : "");
     }
     pci_cleanup(pa);
     if (id->name[0] == '\0') {

@@ -16,8 +16,8 @@
 #define VN_IDENTITY_MAX_NAME 127
 
 typedef struct VnIdentity {
-    bool known;                          /* false: nothing is known (a device server's) */
-    char pci[16];                        /* DDDD:BB:DD.F on the lender */
+    bool known;   /* false: nothing is known (a device server's) */
+    char pci[16]; /* DDDD:BB:DD.F on the lender */
     uint16_t vendor, device;
     uint32_t class_code;                 /* base, sub-class, interface */
     char name[VN_IDENTITY_MAX_NAME + 1]; /* "Non-Volatile memory controller: Red Hat, ..." */

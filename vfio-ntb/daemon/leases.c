@@ -8,8 +8,8 @@
 #include <string.h>
 
 struct VnLeases {
-    GPtrArray *leases;          /* VnLease, in the order added */
-    GArray *listeners;          /* Listener */
+    GPtrArray *leases; /* VnLease, in the order added */
+    GArray *listeners; /* Listener */
     uint64_t last_id;
     gint64 timeout_us;
 };
@@ -20,12 +20,9 @@ typedef struct Listener {
 } Listener;
 
 static const char *const state_names[VN_LEASE_STATE_LAST] = {
-    [VN_LEASE_FREE] = "free",
-    [VN_LEASE_GRANTED] = "granted",
-    [VN_LEASE_HELD] = "held",
-    [VN_LEASE_ORPHANED] = "orphaned",
-    [VN_LEASE_RESTORED] = "restored",
-    [VN_LEASE_REVOKING] = "revoking",
+    [VN_LEASE_FREE] = "free",         [VN_LEASE_GRANTED] = "granted",
+    [VN_LEASE_HELD] = "held",         [VN_LEASE_ORPHANED] = "orphaned",
+    [VN_LEASE_RESTORED] = "restored", [VN_LEASE_REVOKING] = "revoking",
 };
 
 static const char *const end_names[VN_LEASE_END_LAST] = {
@@ -87,8 +84,7 @@ void vn_leases_listen(VnLeases *ls, VnLeaseListener fn, void *opaque)
  * The one place a lease changes.  The listeners see the new state; the
  * holder and id it had are passed along (a lease that ended has none).
  */
-static void set_state(VnLeases *ls, VnLease *l, VnLeaseState to, VnLeaseEnd end,
-                      gint64 now_us)
+static void set_state(VnLeases *ls, VnLease *l, VnLeaseState to, VnLeaseEnd end, gint64 now_us)
 {
     g_autofree char *old_holder = NULL;
     VnLeaseChange ch = { .lease = l, .from = l->state, .end = end, .old_id = l->id };
@@ -174,8 +170,7 @@ bool vn_leases_grant(VnLeases *ls, VnLease *l, const char *holder, gint64 now_us
     return true;
 }
 
-bool vn_leases_restore(VnLeases *ls, VnLease *l, const char *holder, uint64_t id,
-                       gint64 now_us)
+bool vn_leases_restore(VnLeases *ls, VnLease *l, const char *holder, uint64_t id, gint64 now_us)
 {
     if (vn_lease_lent(l) || id == 0) {
         return false;
@@ -217,8 +212,8 @@ void vn_leases_end(VnLeases *ls, VnLease *l, VnLeaseEnd why)
  * Listeners may change the table (end another lease, remove one), so the
  * walks below look each lease up again by position and re-check it.
  */
-void vn_leases_announced(VnLeases *ls, const char *holder, VnLeaseClaimFn claimed,
-                         void *opaque, gint64 now_us)
+void vn_leases_announced(VnLeases *ls, const char *holder, VnLeaseClaimFn claimed, void *opaque,
+                         gint64 now_us)
 {
     for (guint i = 0; i < ls->leases->len; i++) {
         VnLease *l = ls->leases->pdata[i];
@@ -258,7 +253,8 @@ void vn_leases_tick(VnLeases *ls, gint64 now_us)
         VnLease *l = ls->leases->pdata[i];
 
         if ((l->state == VN_LEASE_GRANTED || l->state == VN_LEASE_ORPHANED ||
-             l->state == VN_LEASE_RESTORED) && now_us - l->since_us > ls->timeout_us) {
+             l->state == VN_LEASE_RESTORED) &&
+            now_us - l->since_us > ls->timeout_us) {
             set_state(ls, l, VN_LEASE_FREE, VN_LEASE_END_EXPIRED, now_us);
         }
     }

@@ -33,22 +33,22 @@
 
 typedef enum VnLeaseState {
     VN_LEASE_FREE,
-    VN_LEASE_GRANTED,       /* granted, not claimed by its holder yet */
-    VN_LEASE_HELD,          /* claimed by its holder */
-    VN_LEASE_ORPHANED,      /* its holder's link went down */
-    VN_LEASE_RESTORED,      /* read from the state file, not claimed since */
-    VN_LEASE_REVOKING,      /* a revoke waits out its grace period */
+    VN_LEASE_GRANTED,  /* granted, not claimed by its holder yet */
+    VN_LEASE_HELD,     /* claimed by its holder */
+    VN_LEASE_ORPHANED, /* its holder's link went down */
+    VN_LEASE_RESTORED, /* read from the state file, not claimed since */
+    VN_LEASE_REVOKING, /* a revoke waits out its grace period */
     VN_LEASE_STATE_LAST
 } VnLeaseState;
 
 /* Why a lease ended (the change's @end when it went FREE). */
 typedef enum VnLeaseEnd {
     VN_LEASE_END_NONE,
-    VN_LEASE_END_RETURNED,  /* its holder gave it back */
-    VN_LEASE_END_DROPPED,   /* its holder's announcement no longer claims it */
-    VN_LEASE_END_EXPIRED,   /* not claimed (again) within the lease timeout */
-    VN_LEASE_END_REVOKED,   /* a revoke's grace period ran out */
-    VN_LEASE_END_UNLENT,    /* the device is no longer lent */
+    VN_LEASE_END_RETURNED, /* its holder gave it back */
+    VN_LEASE_END_DROPPED,  /* its holder's announcement no longer claims it */
+    VN_LEASE_END_EXPIRED,  /* not claimed (again) within the lease timeout */
+    VN_LEASE_END_REVOKED,  /* a revoke's grace period ran out */
+    VN_LEASE_END_UNLENT,   /* the device is no longer lent */
     VN_LEASE_END_LAST
 } VnLeaseEnd;
 
@@ -58,16 +58,16 @@ const char *vn_lease_state_to_string(VnLeaseState s);
 const char *vn_lease_end_to_string(VnLeaseEnd e);
 
 typedef struct VnLease {
-    char *device;           /* the local device's name */
+    char *device; /* the local device's name */
     VnLeaseState state;
-    uint64_t id;            /* 0 when FREE */
-    char *holder;           /* a node; NULL when FREE */
-    gint64 since_us;        /* when it entered its state (monotonic) */
+    uint64_t id;     /* 0 when FREE */
+    char *holder;    /* a node; NULL when FREE */
+    gint64 since_us; /* when it entered its state (monotonic) */
     /* Its holder knows of it: it claimed it since the grant, or the lease
      * was restored (every announcement we get after our restart was built
      * after the grant).  An announcement without it then ends it. */
     bool known;
-    void *opaque;           /* the owner's (the daemon's device) */
+    void *opaque; /* the owner's (the daemon's device) */
 } VnLease;
 
 /* What a listener is told: @lease is the lease as it is now; the holder and
@@ -117,8 +117,7 @@ void vn_leases_set_last_id(VnLeases *ls, uint64_t id);
  * is lent already. */
 bool vn_leases_grant(VnLeases *ls, VnLease *l, const char *holder, gint64 now_us);
 /* From the state file: FREE -> RESTORED; false when lent or @id is 0. */
-bool vn_leases_restore(VnLeases *ls, VnLease *l, const char *holder, uint64_t id,
-                       gint64 now_us);
+bool vn_leases_restore(VnLeases *ls, VnLease *l, const char *holder, uint64_t id, gint64 now_us);
 /* @holder gives lease @id back: -> FREE; false (nothing changes) when the
  * lease is not @holder's @id. */
 bool vn_leases_return(VnLeases *ls, VnLease *l, const char *holder, uint64_t id);
@@ -133,8 +132,8 @@ void vn_leases_end(VnLeases *ls, VnLease *l, VnLeaseEnd why);
  * says.
  */
 typedef bool (*VnLeaseClaimFn)(void *opaque, const char *device, uint64_t id);
-void vn_leases_announced(VnLeases *ls, const char *holder, VnLeaseClaimFn claimed,
-                         void *opaque, gint64 now_us);
+void vn_leases_announced(VnLeases *ls, const char *holder, VnLeaseClaimFn claimed, void *opaque,
+                         gint64 now_us);
 /* @holder's link went down: its GRANTED and HELD leases become ORPHANED. */
 void vn_leases_link_down(VnLeases *ls, const char *holder, gint64 now_us);
 /* End what waited longer than the timeout (GRANTED, ORPHANED, RESTORED). */

@@ -41,7 +41,7 @@ static gboolean on_respawn(gpointer data)
         g_warning("node %s: %s: %s", lw->d->conf->node, lw->ld->conf->name, error->message);
         return G_SOURCE_REMOVE;
     }
-    vn_state_save_or_report(lw->d);     /* the next daemon adopts this one */
+    vn_state_save_or_report(lw->d); /* the next daemon adopts this one */
     return G_SOURCE_REMOVE;
 }
 
@@ -60,12 +60,12 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     /* Its device server saw its client go (and quiesced the device); the
      * holder's requests wait in the port for the next worker. */
     g_warning("node %s: the lender worker of %s (pid %d) exited (status %d); starting "
-              "another in %d ms", lw->d->conf->node, ld->conf->name, pid, status,
-              VN_LENDERS_RESPAWN_MS);
+              "another in %d ms",
+              lw->d->conf->node, ld->conf->name, pid, status, VN_LENDERS_RESPAWN_MS);
     again = g_new0(LendWatch, 1);
     *again = *lw;
-    ld->respawn_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS,
-                                           on_respawn, again, g_free);
+    ld->respawn_timer =
+        g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS, on_respawn, again, g_free);
     /* @again is the GLib source's now: its destroy notify (g_free) frees it. */
     /* cppcheck-suppress memleak */
 }
@@ -91,8 +91,8 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     if (ld->conf->managed) {
         /* The worker binds it (a driver's unbind may take its time) and
          * keeps the driver it had there, for when it is unlent. */
-        g_ptr_array_add(argv, g_strdup_printf("--managed-state=%s/lend-%s-driver",
-                                              d->conf->run_dir, ld->conf->name));
+        g_ptr_array_add(argv, g_strdup_printf("--managed-state=%s/lend-%s-driver", d->conf->run_dir,
+                                              ld->conf->name));
     }
     g_ptr_array_add(argv, NULL);
     if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
@@ -102,8 +102,8 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     }
     lw = g_new0(LendWatch, 1);
     *lw = (LendWatch){ d, ld };
-    ld->child_watch = g_child_watch_add_full(G_PRIORITY_DEFAULT, ld->worker_pid, on_worker_exit, lw,
-                                             g_free);
+    ld->child_watch =
+        g_child_watch_add_full(G_PRIORITY_DEFAULT, ld->worker_pid, on_worker_exit, lw, g_free);
     g_message("node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
               ld->worker_pid);
     /* @lw is the GLib source's now: its destroy notify (g_free) frees it. */
@@ -113,7 +113,7 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
 {
-    bool child = ld->child_watch != 0;  /* else adopted after a restart */
+    bool child = ld->child_watch != 0; /* else adopted after a restart */
 
     if (ld->respawn_timer != 0) {
         g_source_remove(ld->respawn_timer);

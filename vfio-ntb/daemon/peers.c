@@ -165,8 +165,8 @@ static bool get_name(JsonObject *o, const char *name, VnNameKind kind, char *out
     return true;
 }
 
-static bool get_uint(JsonObject *o, const char *name, uint64_t min, uint64_t max,
-                     uint64_t *out, const char *what, GError **error)
+static bool get_uint(JsonObject *o, const char *name, uint64_t min, uint64_t max, uint64_t *out,
+                     const char *what, GError **error)
 {
     JsonNode *n = member(o, name);
 
@@ -219,9 +219,8 @@ static bool identity_from_json(JsonObject *o, VnIdentity *id, const char *what, 
 
     if (o == NULL || pn == NULL || !JSON_NODE_HOLDS_VALUE(pn) ||
         json_node_get_value_type(pn) != G_TYPE_STRING ||
-        !vn_backend_vfio_address_ok((s = json_node_get_string(pn))) ||
-        nn == NULL || !JSON_NODE_HOLDS_VALUE(nn) ||
-        json_node_get_value_type(nn) != G_TYPE_STRING ||
+        !vn_backend_vfio_address_ok((s = json_node_get_string(pn))) || nn == NULL ||
+        !JSON_NODE_HOLDS_VALUE(nn) || json_node_get_value_type(nn) != G_TYPE_STRING ||
         strlen(json_node_get_string(nn)) > VN_IDENTITY_MAX_NAME) {
         return bad(error, what, "id");
     }
@@ -254,14 +253,13 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
         return false;
     }
     memset(&d->id, 0, sizeof(d->id));
-    if (member(o, "id") != NULL &&
-        !identity_from_json(JSON_NODE_HOLDS_OBJECT(member(o, "id"))
-                                ? json_node_get_object(member(o, "id")) : NULL,
-                            &d->id, what, error)) {
+    if (member(o, "id") != NULL && !identity_from_json(JSON_NODE_HOLDS_OBJECT(member(o, "id"))
+                                                           ? json_node_get_object(member(o, "id"))
+                                                           : NULL,
+                                                       &d->id, what, error)) {
         return false;
     }
-    if (st == NULL || !JSON_NODE_HOLDS_VALUE(st) ||
-        json_node_get_value_type(st) != G_TYPE_STRING) {
+    if (st == NULL || !JSON_NODE_HOLDS_VALUE(st) || json_node_get_value_type(st) != G_TYPE_STRING) {
         return bad(error, what, "state");
     }
     state = json_node_get_string(st);
@@ -278,8 +276,7 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
                    ? true
                    : bad(error, what, "borrower");
     }
-    return get_name(o, "borrower", VN_NAME_NODE, d->borrower, sizeof(d->borrower), what,
-                    error) &&
+    return get_name(o, "borrower", VN_NAME_NODE, d->borrower, sizeof(d->borrower), what, error) &&
            get_uint(o, "lease", 1, VN_PEERS_MAX_LEASE, &d->lease, what, error);
 }
 
@@ -316,7 +313,7 @@ bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnno
         }
         for (unsigned j = 0; j < i; j++) {
             if (strcmp(out->devices[j].name, out->devices[i].name) == 0) {
-                return bad(error, what, "devices");     /* listed twice */
+                return bad(error, what, "devices"); /* listed twice */
             }
         }
     }
@@ -348,12 +345,10 @@ bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersReque
         return false;
     }
     if (type == VN_PEERS_ANNOUNCE || type < VN_PEERS_ANNOUNCE || type >= VN_PEERS_TYPE_LAST) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "not a request type: 0x%x",
-                    type);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "not a request type: 0x%x", type);
         return false;
     }
-    if (!get_name(o, "device", VN_NAME_DEVICE, out->device, sizeof(out->device), what,
-                  error)) {
+    if (!get_name(o, "device", VN_NAME_DEVICE, out->device, sizeof(out->device), what, error)) {
         return false;
     }
     if (type != VN_PEERS_BORROW &&

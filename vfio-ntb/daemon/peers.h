@@ -47,9 +47,9 @@ typedef enum VnPeersType {
 typedef struct VnPeersDevice {
     char name[VN_MAX_DEVICE_NAME + 1];
     bool lent;
-    char borrower[VN_MAX_NODE_NAME + 1];    /* "" when available */
-    uint64_t lease;                         /* 0 when available */
-    VnIdentity id;                          /* optional in an announcement ("id") */
+    char borrower[VN_MAX_NODE_NAME + 1]; /* "" when available */
+    uint64_t lease;                      /* 0 when available */
+    VnIdentity id;                       /* optional in an announcement ("id") */
 } VnPeersDevice;
 
 typedef struct VnPeersHold {
@@ -69,9 +69,9 @@ typedef struct VnPeersAnnounce {
 
 /* One request or REVOKE: the fields its type uses (0 / "" otherwise). */
 typedef struct VnPeersRequest {
-    char device[VN_MAX_DEVICE_NAME + 1];    /* the lender's local name */
-    uint64_t lease;                         /* RETURN, REVOKE */
-    uint32_t grace_ms;                      /* REVOKE */
+    char device[VN_MAX_DEVICE_NAME + 1]; /* the lender's local name */
+    uint64_t lease;                      /* RETURN, REVOKE */
+    uint32_t grace_ms;                   /* REVOKE */
 } VnPeersRequest;
 
 const char *vn_peers_type_to_string(uint32_t type);

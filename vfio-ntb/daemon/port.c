@@ -26,40 +26,40 @@
 
 /* A request relayed for the worker, until its answer comes. */
 typedef struct VnPortRelay {
-    VnPort *port;               /* NULL once the port is gone */
-    uint64_t id;                /* the worker's frame id */
+    VnPort *port; /* NULL once the port is gone */
+    uint64_t id;  /* the worker's frame id */
     uint32_t type;
 } VnPortRelay;
 
 /* A request of the peer's, passed to the worker, until it answers. */
 typedef struct VnPortIn {
-    uint64_t id;                /* the frame id the worker sees */
-    uint64_t token;             /* ours, for vn_fabric_reply() */
-    GByteArray *frame;          /* not sent yet (the worker is away), else NULL */
+    uint64_t id;       /* the frame id the worker sees */
+    uint64_t token;    /* ours, for vn_fabric_reply() */
+    GByteArray *frame; /* not sent yet (the worker is away), else NULL */
 } VnPortIn;
 
 struct VnPort {
     VnFabric *fab;
     char *path;
-    char *peer;                 /* the one node the worker speaks with, or NULL */
+    char *peer; /* the one node the worker speaks with, or NULL */
     char *device;
     int listen_fd;
     GSource *listen_src;
-    int fd;                     /* the worker's connection, or -1 */
+    int fd; /* the worker's connection, or -1 */
     GSource *src;
     VnRecordReader rx;
-    GPtrArray *windows;         /* VnFabricWindow *, mapped for the worker */
-    GPtrArray *maps;            /* VnPortMap *, maps under way */
-    GArray *segments;           /* uint64_t ids exported for it */
+    GPtrArray *windows; /* VnFabricWindow *, mapped for the worker */
+    GPtrArray *maps;    /* VnPortMap *, maps under way */
+    GArray *segments;   /* uint64_t ids exported for it */
     GArray *routes;
-    uint64_t doorbells;         /* bit i: the worker's */
-    GPtrArray *relays;          /* VnPortRelay *, in flight */
-    GPtrArray *ins;             /* VnPortIn *, the peer's requests at the worker */
+    uint64_t doorbells; /* bit i: the worker's */
+    GPtrArray *relays;  /* VnPortRelay *, in flight */
+    GPtrArray *ins;     /* VnPortIn *, the peer's requests at the worker */
     uint64_t last_in;
     GByteArray *out;
     uint64_t refused;
     GMainContext *ctx;
-    bool inbound;               /* a lender's worker: it answers the peer's requests */
+    bool inbound; /* a lender's worker: it answers the peer's requests */
     VnPortDeviceRequestFn device_request;
     void *device_request_opaque;
 };
@@ -201,8 +201,7 @@ static void ins_flush(VnPort *p)
         VnPortIn *in = p->ins->pdata[i];
 
         if (in->frame != NULL) {
-            to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, in->frame->data, in->frame->len,
-                      -1);
+            to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, in->frame->data, in->frame->len, -1);
             g_clear_pointer(&in->frame, g_byte_array_unref);
         }
     }
@@ -229,8 +228,8 @@ bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token)
     in->id = ++p->last_in;
     in->token = token;
     in->frame = g_byte_array_new();
-    if (vn_fabric_frame_encode(in->frame, VN_FABRIC_FLAG_REQUEST, msg->type, in->id, 0,
-                               msg->json, msg->data, msg->data_len) < 0) {
+    if (vn_fabric_frame_encode(in->frame, VN_FABRIC_FLAG_REQUEST, msg->type, in->id, 0, msg->json,
+                               msg->data, msg->data_len) < 0) {
         g_byte_array_unref(in->frame);
         g_free(in);
         return false;
@@ -273,8 +272,7 @@ bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit)
         !is_peer(p, peer)) {
         return false;
     }
-    frame_to_worker(p, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, 0, NULL, &le,
-                    sizeof(le));
+    frame_to_worker(p, VN_FABRIC_FLAG_EVENT, VN_FABRIC_TYPE_DOORBELL, 1, 0, NULL, &le, sizeof(le));
     return true;
 }
 
@@ -288,8 +286,8 @@ static void on_relayed(void *opaque, VnFabricMsg *msg, int err)
     if (p != NULL) {
         g_ptr_array_remove_fast(p->relays, r);
         if (err < 0) {
-            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, r->type, r->id,
-                            -err, msg != NULL ? msg->json : NULL, NULL, 0);
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, r->type, r->id, -err,
+                            msg != NULL ? msg->json : NULL, NULL, 0);
         } else {
             frame_to_worker(p, VN_FABRIC_FLAG_REPLY, r->type, r->id, 0, msg->json, msg->data,
                             msg->data_len);
@@ -353,8 +351,8 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     }
     if (p->relays->len >= VN_PORT_MAX_INFLIGHT) {
         refuse(p, "more than %u requests in flight", VN_PORT_MAX_INFLIGHT);
-        frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id,
-                        EBUSY, NULL, NULL, 0);
+        frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id, EBUSY,
+                        NULL, NULL, 0);
         return;
     }
     {
@@ -367,8 +365,8 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
                                 on_relayed, r);
         if (ret < 0) {
             g_free(r);
-            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type,
-                            f.hdr.id, -ret, NULL, NULL, 0);
+            frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id,
+                            -ret, NULL, NULL, 0);
             return;
         }
         g_ptr_array_add(p->relays, r);
@@ -413,7 +411,7 @@ static void op_export(VnPort *p, const VnHostHdr *h, int fd)
 
 /* A map for the worker, until the peer's backend answered. */
 typedef struct VnPortMap {
-    VnPort *port;               /* NULL once the port is gone */
+    VnPort *port; /* NULL once the port is gone */
     VnFabric *fab;
     VnHostHdr h;
 } VnPortMap;
@@ -425,7 +423,7 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 
     if (p == NULL) {
         if (w != NULL) {
-            vn_fabric_window_unmap(m->fab, w);      /* nobody to give it to */
+            vn_fabric_window_unmap(m->fab, w); /* nobody to give it to */
         }
         g_free(m);
         return;
@@ -433,11 +431,11 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
     g_ptr_array_remove_fast(p->maps, m);
     if (w == NULL) {
         g_info("port %s: %s", p->path, error->message);
-        reply(p, &m->h, g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? ENOSPC
-                        : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)  ? ENOENT
-                        : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED)
-                            ? EACCES
-                            : EIO,
+        reply(p, &m->h,
+              g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE)            ? ENOSPC
+              : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)         ? ENOENT
+              : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED) ? EACCES
+                                                                                 : EIO,
               0, 0, -1);
     } else {
         g_ptr_array_add(p->windows, w);
@@ -480,8 +478,7 @@ static void op_unmap(VnPort *p, const VnHostHdr *h)
 
 static uint64_t bits(uint64_t first, uint64_t count)
 {
-    if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 ||
-        count > VN_FABRIC_MAX_DOORBELLS - first) {
+    if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 || count > VN_FABRIC_MAX_DOORBELLS - first) {
         return 0;
     }
     return (count == 64 ? ~UINT64_C(0) : (UINT64_C(1) << count) - 1) << first;
@@ -496,7 +493,8 @@ static void op_doorbells(VnPort *p, const VnHostHdr *h)
     switch (h->op) {
     case VN_HOST_DOORBELLS_ALLOC:
         first = h->arg <= VN_FABRIC_MAX_DOORBELLS
-                ? vn_fabric_doorbells_alloc(p->fab, (uint32_t)h->arg, &error) : -EINVAL;
+                    ? vn_fabric_doorbells_alloc(p->fab, (uint32_t)h->arg, &error)
+                    : -EINVAL;
         if (first >= 0) {
             p->doorbells |= bits((uint64_t)first, h->arg);
         }
@@ -512,8 +510,7 @@ static void op_doorbells(VnPort *p, const VnHostHdr *h)
         break;
     default:
         if (m == 0 || (p->doorbells & m) != m) {
-            refuse(p, "doorbells %" PRIu64 "+%" PRIu64 " given back, not its", h->arg,
-                   h->arg2);
+            refuse(p, "doorbells %" PRIu64 "+%" PRIu64 " given back, not its", h->arg, h->arg2);
             return;
         }
         p->doorbells &= ~m;
@@ -557,8 +554,8 @@ static void worker_record(VnPort *p, VnRecord *rec)
     if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
         refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
                p->peer != NULL ? p->peer : "(none)");
-        if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT ||
-            h.op == VN_HOST_EXPORT_ROUTE || h.op == VN_HOST_OPEN_ROUTE) {
+        if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT || h.op == VN_HOST_EXPORT_ROUTE ||
+            h.op == VN_HOST_OPEN_ROUTE) {
             reply(p, &h, EACCES, 0, 0, -1);
         }
         vn_util_close_fd(&fd);
@@ -758,12 +755,12 @@ void vn_port_free(VnPort *p, bool unlink_it)
     }
     vn_util_close_fd(&p->listen_fd);
     for (guint i = 0; i < p->relays->len; i++) {
-        ((VnPortRelay *)p->relays->pdata[i])->port = NULL;   /* freed when answered */
+        ((VnPortRelay *)p->relays->pdata[i])->port = NULL; /* freed when answered */
     }
     ins_fail(p, ECONNRESET, "the device's worker is gone");
     g_ptr_array_unref(p->ins);
     for (guint i = 0; i < p->maps->len; i++) {
-        ((VnPortMap *)p->maps->pdata[i])->port = NULL;      /* freed when answered */
+        ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
     }
     g_ptr_array_unref(p->maps);
     for (guint i = 0; i < p->windows->len; i++) {

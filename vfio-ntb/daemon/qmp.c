@@ -46,7 +46,7 @@ static JsonObject *next_object(Qmp *q, GError **error)
             g_string_erase(q->in, 0, nl - q->in->str + 1);
             o = vn_json_parse_object(line, -1, VN_QMP_MAX_LINE, NULL);
             if (o == NULL) {
-                continue;   /* not ours to understand; keep reading */
+                continue; /* not ours to understand; keep reading */
             }
             return o;
         }
@@ -74,8 +74,7 @@ static bool execute(Qmp *q, const char *cmd, GError **error)
     size_t len = strlen(cmd);
 
     if (send(q->fd, cmd, len, MSG_NOSIGNAL) != (ssize_t)len) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP: %s",
-                    g_strerror(errno));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "QMP: %s", g_strerror(errno));
         return false;
     }
     for (;;) {
@@ -114,8 +113,7 @@ bool vn_qmp_device_del_fd(int fd, const char *id, GError **error)
         }
     }
     cmd = g_strdup_printf("{\"execute\":\"device_del\",\"arguments\":{\"id\":\"%s\"}}\n", id);
-    if (!execute(&q, "{\"execute\":\"qmp_capabilities\"}\n", error) ||
-        !execute(&q, cmd, error)) {
+    if (!execute(&q, "{\"execute\":\"qmp_capabilities\"}\n", error) || !execute(&q, cmd, error)) {
         goto out;
     }
     /* Only asked: the guest lets go (ACPI hot-plug) in its own time, and

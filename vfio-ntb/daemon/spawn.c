@@ -88,10 +88,10 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
         vn_port_drain(b->port);
         g_clear_pointer(&b->port, vn_port_free_unlinked);
     }
-    if (vn_fabric_request(d->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached,
-                          NULL) < 0) {
-        g_info("node %s: cannot tell %s that %s is detached; its lease's end will",
-               d->conf->node, b->lender, b->device);
+    if (vn_fabric_request(d->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL) <
+        0) {
+        g_info("node %s: cannot tell %s that %s is detached; its lease's end will", d->conf->node,
+               b->lender, b->device);
     }
 }
 
@@ -104,8 +104,8 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     if (b->worker_pid != pid) {
         return;
     }
-    g_message("borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device,
-              pid, status, b->device);
+    g_message("borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device, pid,
+              status, b->device);
     b->worker_pid = 0;
     b->child_watch = 0;
     g_clear_pointer(&b->domain, g_free);
@@ -122,12 +122,12 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b);
  */
 typedef struct Start {
     VnDaemon *d;
-    VnBorrowed *b;              /* NULL once finished or cancelled */
+    VnBorrowed *b; /* NULL once finished or cancelled */
     VnWorkerStarted done;
     void *opaque;
     guint timer;
     gint64 deadline_us;
-    int why_fd;                 /* the worker's --status-fd: why it gave up, if it did */
+    int why_fd; /* the worker's --status-fd: why it gave up, if it did */
 } Start;
 
 /* @done runs once; the Start goes when nothing refers to it any more. */
@@ -209,8 +209,8 @@ static gboolean on_start_poll(gpointer data)
 
     if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
         st->timer = 0;
-        g_message("node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node,
-                  b->device, b->socket, b->worker_name, b->worker_pid);
+        g_message("node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
+                  b->socket, b->worker_name, b->worker_pid);
         start_finish(st, NULL);
         return G_SOURCE_REMOVE;
     }
@@ -273,10 +273,9 @@ static void start_spawn(Start *st)
         return;
     }
     st->why_fd = pipefd[0];
-    ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
-                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1,
-                                          &pipefd[1], &target, 1, &b->worker_pid, NULL, NULL,
-                                          NULL, &error);
+    ok = g_spawn_async_with_pipes_and_fds(
+        NULL, (const char *const *)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1,
+        -1, &pipefd[1], &target, 1, &b->worker_pid, NULL, NULL, NULL, &error);
     vn_util_close_fd(&pipefd[1]);
     if (!ok) {
         g_prefix_error(&error, "starting %s: ", VN_SPAWN_BINARY);
@@ -285,8 +284,8 @@ static void start_spawn(Start *st)
     }
     cw = g_new0(ChildWatch, 1);
     *cw = (ChildWatch){ d, b };
-    b->child_watch = g_child_watch_add_full(G_PRIORITY_DEFAULT, b->worker_pid, on_child_exit,
-                                            cw, g_free);
+    b->child_watch =
+        g_child_watch_add_full(G_PRIORITY_DEFAULT, b->worker_pid, on_child_exit, cw, g_free);
     st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
     st->timer = g_timeout_add(1, on_start_poll, st);
     /* @cw is the GLib source's now: its destroy notify (g_free) frees it. */
@@ -339,8 +338,8 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
     g_free(b->port_path);
     b->port_path = g_strdup_printf("%s/%s-port.sock", d->conf->run_dir, b->worker_name);
     if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
-        start_fail(st, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
-                   d->conf->run_dir, g_strerror(errno));
+        start_fail(st, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s", d->conf->run_dir,
+                   g_strerror(errno));
         return;
     }
     if (vn_ending_busy(d, b->device)) {
@@ -361,7 +360,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
     if (b->worker_pid <= 0) {
         return;
     }
-    bool child = b->child_watch != 0;   /* else adopted after a restart */
+    bool child = b->child_watch != 0; /* else adopted after a restart */
 
     g_clear_pointer(&b->client_call, vn_wctl_call_cancel);
     b->client_state = VN_CLIENT_UNKNOWN;
@@ -375,8 +374,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
      * stalls or aborts: qemu-patches/0005, 0006), so the ending gives it a
      * moment first. */
     vn_ending_start(d, b->device, b->worker_pid, child, g_steal_pointer(&b->port),
-                    g_strdup(b->channel_path), VN_SPAWN_CLIENT_GONE_MS,
-                    VN_SPAWN_STOP_TIMEOUT_MS);
+                    g_strdup(b->channel_path), VN_SPAWN_CLIENT_GONE_MS, VN_SPAWN_STOP_TIMEOUT_MS);
     b->worker_pid = 0;
 }
 
@@ -407,8 +405,7 @@ static VnWctlCall *ask(VnBorrowed *b, const char *name, VnWctlDone done, void *o
 
 /* The worker answers {"requested": false}, doing nothing, when its QEMU
  * registered no device request. */
-static VnWctlCall *spawn_request_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone done,
-                                        void *opaque)
+static VnWctlCall *spawn_request_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque)
 {
     return ask(b, "unplug", done, opaque);
 }
@@ -426,11 +423,11 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
     /* It reconnects to its port as soon as we listen on it again. */
     b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
     if (b->port == NULL) {
-        g_warning("node %s: the worker serving %s cannot reach us: %s", d->conf->node,
-                  b->device, error->message);
+        g_warning("node %s: the worker serving %s cannot reach us: %s", d->conf->node, b->device,
+                  error->message);
     }
-    g_message("node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node,
-              b->worker_name, b->worker_pid, b->device, b->socket);
+    g_message("node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node, b->worker_name,
+              b->worker_pid, b->device, b->socket);
     return true;
 }
 
@@ -458,7 +455,7 @@ static void on_client_answer(char *answer, const GError *error, void *opaque)
     b->client_call = NULL;
     if (text == NULL) {
         g_info("worker for %s: %s", b->device, error->message);
-        return;                 /* unknown still: asked again on the next poll */
+        return; /* unknown still: asked again on the next poll */
     }
     b->client_state = vn_spawn_client_of(text);
     b->client_state_us = b->client_call_us;
@@ -473,9 +470,8 @@ static VnClientState ops_client_state(VnDaemon *d, VnBorrowed *b, gint64 since_u
     }
     if (b->client_call == NULL && b->channel_path != NULL) {
         b->client_call_us = g_get_monotonic_time();
-        b->client_call = vn_wctl_call_async(b->channel_path, "stats",
-                                            VN_SPAWN_STATS_TIMEOUT_MS, VN_SPAWN_MAX_STATS,
-                                            on_client_answer, b, &error);
+        b->client_call = vn_wctl_call_async(b->channel_path, "stats", VN_SPAWN_STATS_TIMEOUT_MS,
+                                            VN_SPAWN_MAX_STATS, on_client_answer, b, &error);
         if (b->client_call == NULL) {
             g_info("worker for %s: %s", b->device, error->message);
         }

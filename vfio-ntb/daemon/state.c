@@ -243,9 +243,10 @@ bool vn_state_load(VnDaemon *d, GError **error)
         vn_leases_set_last_id(d->leases, (uint64_t)json_node_get_int(n));
     }
     n = json_object_get_member(o, "lendable");
-    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
-                                                            json_node_get_array(n)) &&
-                      d->local->len < VN_CONF_MAX_DEVICES; i++) {
+    for (guint i = 0;
+         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)) &&
+         d->local->len < VN_CONF_MAX_DEVICES;
+         i++) {
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         g_autoptr(GPtrArray) allow = g_ptr_array_new();
         g_autoptr(GError) local = NULL;
@@ -283,8 +284,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
         }
     }
     n = json_object_get_member(o, "lent");
-    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
-                                                            json_node_get_array(n)); i++) {
+    for (guint i = 0;
+         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)); i++) {
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         const char *name, *borrower;
         VnLocalDevice *ld;
@@ -295,18 +296,18 @@ bool vn_state_load(VnDaemon *d, GError **error)
             !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
             !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease) ||
             (ld = vn_devices_local(d, name)) == NULL) {
-            continue;   /* a device no longer configured: its lease is void */
+            continue; /* a device no longer configured: its lease is void */
         }
         /* In doubt until its borrower's daemon claims it again. */
         if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
-            continue;   /* listed twice */
+            continue; /* listed twice */
         }
-        g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored",
-                  d->conf->node, lease, name, borrower);
+        g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored", d->conf->node,
+                  lease, name, borrower);
     }
     n = json_object_get_member(o, "lender_workers");
-    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
-                                                            json_node_get_array(n)); i++) {
+    for (guint i = 0;
+         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)); i++) {
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         JsonObject *w = JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
         JsonNode *pid = w != NULL ? json_object_get_member(w, "pid") : NULL;
@@ -324,8 +325,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
         }
     }
     n = json_object_get_member(o, "borrowed");
-    for (guint i = 0; n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(
-                                                            json_node_get_array(n)); i++) {
+    for (guint i = 0;
+         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)); i++) {
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         const char *lender, *name;
         VnBorrowed *b;

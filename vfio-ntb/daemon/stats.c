@@ -19,7 +19,7 @@ typedef struct Gather Gather;
 typedef struct Slot {
     Gather *g;
     bool lent;
-    void *device;               /* its VnLocalDevice (lent) or VnBorrowed, while asking */
+    void *device; /* its VnLocalDevice (lent) or VnBorrowed, while asking */
     char *text;
     VnWctlCall *call;
 } Slot;
@@ -29,7 +29,7 @@ struct Gather {
     Slot *slots;
     guint n;
     guint pending;
-    bool asking;                /* still handing out questions */
+    bool asking; /* still handing out questions */
     VnStatsReady ready;
     void *opaque;
 };
@@ -54,10 +54,8 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
         const char *name;
         uint64_t *v;
     } fields[] = {
-        { "msgs_sent", &fs.msgs_sent },
-        { "msgs_received", &fs.msgs_received },
-        { "doorbells_sent", &fs.doorbells_sent },
-        { "doorbells_received", &fs.doorbells_received },
+        { "msgs_sent", &fs.msgs_sent },           { "msgs_received", &fs.msgs_received },
+        { "doorbells_sent", &fs.doorbells_sent }, { "doorbells_received", &fs.doorbells_received },
         { "bad_messages", &fs.bad_messages },
     };
 

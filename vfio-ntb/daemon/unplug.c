@@ -20,13 +20,13 @@ struct VnUnplug {
     char *device;
     uint64_t lease;
     char *domain;
-    char *qmp;                  /* NULL: the worker's way only */
+    char *qmp; /* NULL: the worker's way only */
     char *qdev_id;
-    VnWctlCall *call;           /* the worker's answer, awaited */
-    GCancellable *cancel;       /* set while device_del runs on its thread */
-    bool cancelled;             /* the daemon stopped: only the thread's end frees us */
-    bool asking;                /* inside request_unplug, which may answer at once */
-    bool over;                  /* finished while asking: freed when it returns */
+    VnWctlCall *call;     /* the worker's answer, awaited */
+    GCancellable *cancel; /* set while device_del runs on its thread */
+    bool cancelled;       /* the daemon stopped: only the thread's end frees us */
+    bool asking;          /* inside request_unplug, which may answer at once */
+    bool over;            /* finished while asking: freed when it returns */
     VnUnplugDone done;
     void *opaque;
 };
@@ -55,8 +55,7 @@ static void finish(VnUnplug *u, bool asked)
     }
 }
 
-static void device_del_thread(GTask *task, gpointer source, gpointer data,
-                              GCancellable *cancel)
+static void device_del_thread(GTask *task, gpointer source, gpointer data, GCancellable *cancel)
 {
     VnUnplug *u = data;
     GError *error = NULL;
@@ -79,8 +78,8 @@ static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
         return;
     }
     if (ok) {
-        g_message("node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain,
-                  u->device, u->qdev_id);
+        g_message("node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain, u->device,
+                  u->qdev_id);
     } else {
         g_message("node %s: could not unplug %s (%s) from %s: %s", u->d->conf->node, u->device,
                   u->qdev_id, u->domain, error->message);
@@ -123,8 +122,7 @@ static void on_worker_answer(char *answer, const GError *error, void *opaque)
     device_del(u);
 }
 
-bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done,
-                     void *opaque)
+bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done, void *opaque)
 {
     VnUnplug *u;
     VnWctlCall *call;
@@ -135,8 +133,12 @@ bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
         return false;
     }
     u = g_new0(VnUnplug, 1);
-    *u = (VnUnplug){ .d = d, .device = g_strdup(b->device), .lease = b->lease,
-                     .domain = g_strdup(b->domain), .done = done, .opaque = opaque };
+    *u = (VnUnplug){ .d = d,
+                     .device = g_strdup(b->device),
+                     .lease = b->lease,
+                     .domain = g_strdup(b->domain),
+                     .done = done,
+                     .opaque = opaque };
     if (via_qmp) {
         u->qmp = g_strdup(b->qmp);
         u->qdev_id = g_strdup(b->qdev_id);
@@ -179,7 +181,7 @@ void vn_unplugs_free(VnDaemon *d)
             u->done(d, u->device, u->lease, false, true, u->opaque);
         }
         if (u->cancel != NULL) {
-            u->cancelled = true;    /* its thread's end frees it */
+            u->cancelled = true; /* its thread's end frees it */
         } else {
             unplug_free(u);
         }

@@ -29,15 +29,15 @@
 typedef struct VnFabricPeer {
     char *name;
     uint64_t gen;
-    unsigned inflight;       /* tokens of this link not yet answered */
-    unsigned deferred_frames;    /* queued while deferring (VN_FABRIC_MAX_DEFERRED_*) */
+    unsigned inflight;        /* tokens of this link not yet answered */
+    unsigned deferred_frames; /* queued while deferring (VN_FABRIC_MAX_DEFERRED_*) */
     size_t deferred_bytes;
-    bool dropping;           /* broke a bound: its frames are dropped until link down */
+    bool dropping; /* broke a bound: its frames are dropped until link down */
 } VnFabricPeer;
 
 /* A request we sent and wait for (async). */
 typedef struct VnFabricPending {
-    uint64_t id;             /* key */
+    uint64_t id; /* key */
     VnFabric *fab;
     char *peer;
     uint64_t gen;
@@ -49,7 +49,7 @@ typedef struct VnFabricPending {
 
 /* A request we received and owe a reply to. */
 typedef struct VnFabricToken {
-    uint64_t token;          /* key */
+    uint64_t token; /* key */
     char *peer;
     uint64_t gen;
     uint64_t id;
@@ -62,34 +62,34 @@ typedef struct VnFabricSync {
     uint64_t id;
     bool done;
     int err;
-    VnFabricMsg *reply;      /* owned */
+    VnFabricMsg *reply; /* owned */
 } VnFabricSync;
 
 /* An exported segment or route. */
 typedef struct VnFabricSegment {
-    uint64_t id;             /* key */
-    int fd;                  /* our dup */
-    uint64_t offset;         /* where the segment starts in @fd */
-    uint64_t size;           /* 0 for a route */
-    char *peer;              /* the one peer allowed to map it */
+    uint64_t id;     /* key */
+    int fd;          /* our dup */
+    uint64_t offset; /* where the segment starts in @fd */
+    uint64_t size;   /* 0 for a route */
+    char *peer;      /* the one peer allowed to map it */
 } VnFabricSegment;
 
 struct VnFabric {
     char *node;
     const VnFabricOps *ops;
-    void *backend;           /* NULL once closing */
+    void *backend; /* NULL once closing */
     VnFabricHandlers handlers;
     void *opaque;
     GMainContext *ctx;
     VnFabricLimits limits;
-    uint32_t caps;           /* ops->caps, or fewer (vn_fabric_backend_set_caps()) */
+    uint32_t caps; /* ops->caps, or fewer (vn_fabric_backend_set_caps()) */
     int request_timeout_ms;
 
-    GHashTable *peers;       /* name -> VnFabricPeer, links that are up */
+    GHashTable *peers; /* name -> VnFabricPeer, links that are up */
     uint64_t last_gen;
-    GHashTable *pending;     /* &id -> VnFabricPending */
+    GHashTable *pending; /* &id -> VnFabricPending */
     uint64_t last_id;
-    GHashTable *tokens;      /* &token -> VnFabricToken */
+    GHashTable *tokens; /* &token -> VnFabricToken */
     uint64_t last_token;
     VnFabricSync *sync;
 
@@ -100,19 +100,19 @@ struct VnFabric {
      * an idle source, never inside the caller's call.
      */
     int defer;
-    bool opening;            /* inside ops->open: reports are deferred too */
-    GQueue deferred;         /* VnFabricDeferred */
+    bool opening;    /* inside ops->open: reports are deferred too */
+    GQueue deferred; /* VnFabricDeferred */
     GSource *deferred_src;
 
-    GHashTable *segments;    /* &id -> VnFabricSegment */
+    GHashTable *segments; /* &id -> VnFabricSegment */
     uint64_t last_segment;
-    VnFabricWindow **windows;   /* limits.max_windows slots */
+    VnFabricWindow **windows; /* limits.max_windows slots */
     uint32_t windows_in_use;
-    GHashTable *routes;      /* &id -> VnFabricSegment (size 0) */
-    uint64_t doorbells_taken;    /* bit i: doorbell i handed out */
+    GHashTable *routes;       /* &id -> VnFabricSegment (size 0) */
+    uint64_t doorbells_taken; /* bit i: doorbell i handed out */
     uint64_t last_route;
 
-    GByteArray *out;         /* frame being sent */
+    GByteArray *out; /* frame being sent */
     VnFabricStats stats;
 };
 
@@ -129,8 +129,8 @@ int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32
                          uint64_t id, int32_t error, const char *json, const void *data,
                          size_t len);
 /* Answer request @id of @peer with an error (@message may be NULL). */
-int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type,
-                         int err, const char *message);
+int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type, int err,
+                         const char *message);
 /* An owned copy of a received frame. */
 VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f);
 /* A frame of @peer's link @gen (which may be gone by now). */

@@ -23,7 +23,7 @@
 
 /* Registration may come from any thread; lookups take the same lock. */
 static VnMutex registry_lock = VN_MUTEX_INIT;
-static GHashTable *registry;     /* name -> const VnFabricOps * */
+static GHashTable *registry; /* name -> const VnFabricOps * */
 
 bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
 {
@@ -52,8 +52,8 @@ bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
     }
     /* ping and discover are optional. */
     if (missing != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "fabric ops: %s is required", missing);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "fabric ops: %s is required",
+                    missing);
         return false;
     }
     if ((ops->caps & ~VN_FABRIC_CAPS_KNOWN) != 0) {
@@ -77,8 +77,8 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error)
         registry = g_hash_table_new(g_str_hash, g_str_equal);
     }
     if (g_hash_table_contains(registry, ops->name)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
-                    "fabric backend %s is already registered", ops->name);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS, "fabric backend %s is already registered",
+                    ops->name);
         ok = false;
     } else {
         g_hash_table_insert(registry, (gpointer)ops->name, (gpointer)ops);
@@ -221,8 +221,8 @@ static void process_frame(VnFabric *fab, const char *peer, uint64_t gen, const u
         vn_fabric_bad_frame(fab, peer, &f, ret, "malformed frame");
         return;
     }
-    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u", fab->node,
-             peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
+    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u", fab->node, peer,
+             vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
              vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len, f.hdr.data_len);
 
     switch (f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK) {
@@ -250,7 +250,7 @@ typedef struct VnFabricDeferred {
     VnFabricDeferredKind kind;
     char peer[VN_MAX_NODE_NAME + 1];
     uint64_t gen;
-    VnFabric *fab;              /* for the peer's count */
+    VnFabric *fab; /* for the peer's count */
     uint8_t *buf;
     size_t len;
 } VnFabricDeferred;
@@ -259,7 +259,8 @@ static void deferred_free(gpointer data)
 {
     VnFabricDeferred *d = data;
     VnFabricPeer *p = d->kind == VN_FABRIC_DEFERRED_FRAME && d->fab != NULL
-                      ? vn_fabric_peer(d->fab, d->peer) : NULL;
+                          ? vn_fabric_peer(d->fab, d->peer)
+                          : NULL;
 
     /* The peer's count is of its current link's frames only. */
     if (p != NULL && p->gen == d->gen) {
@@ -316,8 +317,8 @@ static bool deferring(VnFabric *fab)
     return fab->defer > 0 || !g_queue_is_empty(&fab->deferred);
 }
 
-static VnFabricDeferred *defer_item(VnFabric *fab, VnFabricDeferredKind kind,
-                                    const char *peer, uint64_t gen)
+static VnFabricDeferred *defer_item(VnFabric *fab, VnFabricDeferredKind kind, const char *peer,
+                                    uint64_t gen)
 {
     VnFabricDeferred *d = g_new0(VnFabricDeferred, 1);
 
@@ -350,8 +351,8 @@ static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_
         return false;
     }
     kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
-    if (kind == VN_FABRIC_FLAG_REPLY && sync != NULL && !sync->done &&
-        f.hdr.id == sync->id && strcmp(peer, sync->peer) == 0) {
+    if (kind == VN_FABRIC_FLAG_REPLY && sync != NULL && !sync->done && f.hdr.id == sync->id &&
+        strcmp(peer, sync->peer) == 0) {
         VN_TRACE("node %s: <- %s %s id %" PRIu64 " (synchronous)", fab->node, peer,
                  vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
         fab->stats.msgs_received++;
@@ -363,8 +364,7 @@ static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_
     return false;
 }
 
-void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
-                                size_t len)
+void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len)
 {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabricPeer *p = peer != NULL ? vn_fabric_peer(fab, peer) : NULL;
@@ -390,8 +390,8 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
         fab->stats.bad_messages++;
         if (!p->dropping) {
             g_warning("node %s: %s has %u frames (%zu bytes) queued while we wait on a "
-                      "request, the most a peer may; dropping its link", fab->node, p->name,
-                      p->deferred_frames, p->deferred_bytes);
+                      "request, the most a peer may; dropping its link",
+                      fab->node, p->name, p->deferred_frames, p->deferred_bytes);
             p->dropping = true;
             fab->ops->disconnect(fab->backend, p->name);
         }
@@ -440,8 +440,7 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
     }
     g_info("node %s: link to %s %s", fab->node, peer, up ? "up" : "down");
     if (deferring(fab)) {
-        defer_item(fab, up ? VN_FABRIC_DEFERRED_LINK_UP : VN_FABRIC_DEFERRED_LINK_DOWN, peer,
-                   gen);
+        defer_item(fab, up ? VN_FABRIC_DEFERRED_LINK_UP : VN_FABRIC_DEFERRED_LINK_DOWN, peer, gen);
     } else {
         char name[VN_MAX_NODE_NAME + 1];
 
@@ -466,8 +465,7 @@ static bool take_params(VnFabric *fab, GHashTable *params, GHashTable *rest, GEr
         if (strcmp(key, "request-timeout-ms") == 0) {
             guint64 ms;
 
-            if (!g_ascii_string_to_unsigned(value, 10, 1, VN_FABRIC_MAX_TIMEOUT_MS, &ms,
-                                            error)) {
+            if (!g_ascii_string_to_unsigned(value, 10, 1, VN_FABRIC_MAX_TIMEOUT_MS, &ms, error)) {
                 g_prefix_error(error, "node %s: request-timeout-ms: ", fab->node);
                 return false;
             }
@@ -480,8 +478,8 @@ static bool take_params(VnFabric *fab, GHashTable *params, GHashTable *rest, GEr
 }
 
 VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,
-                         const VnFabricHandlers *handlers, void *opaque,
-                         GMainContext *ctx, GError **error)
+                         const VnFabricHandlers *handlers, void *opaque, GMainContext *ctx,
+                         GError **error)
 {
     g_autoptr(VnFabric) fab = NULL;
     g_autoptr(GHashTable) rest = g_hash_table_new(g_str_hash, g_str_equal);
@@ -534,8 +532,8 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     }
     vn_fabric_windows_init(fab);
     vn_fabric_routes_init(fab);
-    g_info("node %s: attached to the %s fabric (%u windows of at most %" PRIu64 " bytes)",
-           node, ops->name, fab->limits.max_windows, fab->limits.max_window_size);
+    g_info("node %s: attached to the %s fabric (%u windows of at most %" PRIu64 " bytes)", node,
+           ops->name, fab->limits.max_windows, fab->limits.max_window_size);
     return g_steal_pointer(&fab);
 }
 
@@ -587,8 +585,7 @@ bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
 
     if (!vn_name_valid(VN_NAME_NODE, peer) || strcmp(peer, fab->node) == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "node %s: cannot connect to \"%s\"", fab->node,
-                    peer != NULL ? peer : "(null)");
+                    "node %s: cannot connect to \"%s\"", fab->node, peer != NULL ? peer : "(null)");
         return false;
     }
     if (fab->backend == NULL) {

@@ -78,12 +78,12 @@ typedef struct VnFabric VnFabric;
 
 /* NTB-like limits the backend enforces on windows (configurable). */
 typedef struct VnFabricLimits {
-    uint32_t max_windows;        /* memory windows per node (default 8) */
-    uint64_t max_window_size;    /* bytes (default 4 GiB) */
-    uint64_t window_align;       /* window base/offset alignment (default 4 KiB) */
-    uint64_t xlat_granularity;   /* translation granularity (default 4 KiB) */
-    uint32_t doorbells;          /* doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS (default 32) */
-    uint32_t max_segments;       /* inbound windows: segments exported at once,
+    uint32_t max_windows;      /* memory windows per node (default 8) */
+    uint64_t max_window_size;  /* bytes (default 4 GiB) */
+    uint64_t window_align;     /* window base/offset alignment (default 4 KiB) */
+    uint64_t xlat_granularity; /* translation granularity (default 4 KiB) */
+    uint32_t doorbells;        /* doorbell bits, 1..VN_FABRIC_MAX_DOORBELLS (default 32) */
+    uint32_t max_segments;     /* inbound windows: segments exported at once,
                                   * 1..VN_FABRIC_MAX_SEGMENTS (default 64) */
     /* window sizes are powers of two, at least xlat_granularity */
 } VnFabricLimits;
@@ -94,11 +94,11 @@ void vn_fabric_limits_default(VnFabricLimits *l);
 typedef struct VnFabricWindow {
     char peer[VN_MAX_NODE_NAME + 1];
     uint64_t segment;
-    uint64_t size;               /* the segment's size (window rounded up to 2^n) */
-    uint64_t window_size;        /* the window it occupies: 2^n >= size and
+    uint64_t size;        /* the segment's size (window rounded up to 2^n) */
+    uint64_t window_size; /* the window it occupies: 2^n >= size and
                                   * >= xlat_granularity */
-    int fd;                      /* owned by the fabric; valid until unmapped */
-    uint64_t offset;             /* where the segment's bytes start in @fd */
+    int fd;               /* owned by the fabric; valid until unmapped */
+    uint64_t offset;      /* where the segment's bytes start in @fd */
     /* Mapping of [0, size) of memory; NULL for a device's memory (@device),
      * which is handed on (to QEMU) and never touched here: a device may
      * make an access fault (vn_peerfd_device_memory()). */
@@ -108,10 +108,10 @@ typedef struct VnFabricWindow {
 
 /* A received message: bytes only. */
 typedef struct VnFabricMsg {
-    const char *peer;            /* sender */
-    uint32_t type;               /* user-defined, below VN_FABRIC_TYPE_RESERVED */
-    const char *json;            /* NUL-terminated JSON object text, or NULL */
-    const uint8_t *data;         /* binary part */
+    const char *peer;    /* sender */
+    uint32_t type;       /* user-defined, below VN_FABRIC_TYPE_RESERVED */
+    const char *json;    /* NUL-terminated JSON object text, or NULL */
+    const uint8_t *data; /* binary part */
     size_t data_len;
 } VnFabricMsg;
 
@@ -142,7 +142,7 @@ typedef struct VnFabricHandlers {
 /* A backend. */
 typedef struct VnFabricOps {
     const char *name;
-    uint32_t caps;               /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
+    uint32_t caps; /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
     /* Required. */
     void *(*open)(VnFabric *fab, const char *node, GHashTable *params, GError **error);
     void (*close)(void *backend);
@@ -164,14 +164,13 @@ typedef struct VnFabricOps {
      * nodes mapping each other's segments at once must not deadlock), and
      * what else arrives is reported as usual (the fabric queues it).
      */
-    int (*map_segment)(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                       uint64_t *size, uint64_t *offset);
+    int (*map_segment)(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
+                       uint64_t *offset);
     /* Optional: the same without waiting.  @done runs once, later, from the
      * backend's sources (or from close, with -ECANCELED), with the fd (or
      * -errno), the size and the offset. */
     void (*map_segment_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                              void (*done)(void *opaque, int fd, uint64_t size,
-                                           uint64_t offset),
+                              void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset),
                               void *opaque);
     /* With VN_FABRIC_CAP_DIRECT_ROUTES: a new fd of ours that signals
      * @peer's route @id (checked there by vn_fabric_backend_route()), or
@@ -213,8 +212,7 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error);
  * by VN_FABRIC_MAX_FRAME); @buf is borrowed.  A peer's link is reported up
  * before its first frame.  Neither call may come from ops->close.
  */
-void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf,
-                                size_t len);
+void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len);
 void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up);
 /* Bytes no frame owns were refused (a bad handshake, an impossible length):
  * counted in stats.bad_messages.  @what names the connection and the fault. */
@@ -244,8 +242,8 @@ int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id);
  * takes "request-timeout-ms" (default VN_FABRIC_REQUEST_TIMEOUT_MS).
  */
 VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,
-                         const VnFabricHandlers *handlers, void *opaque,
-                         GMainContext *ctx, GError **error);
+                         const VnFabricHandlers *handlers, void *opaque, GMainContext *ctx,
+                         GError **error);
 /* Outstanding requests complete with -ECANCELED (their callbacks run in
  * here), windows are unmapped, segments withdrawn.  Not from inside one of
  * the fabric's own callbacks. */
@@ -299,8 +297,7 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
  * against shrinking that holds the size claimed: anything else could shrink
  * under the mapping.
  */
-VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
-                                     GError **error);
+VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id, GError **error);
 /*
  * The same without waiting (for a loop that must not: a daemon's): @done
  * gets the window or an error, once, later (at once when the arguments or
@@ -308,8 +305,8 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
  * The window's slot is taken meanwhile.
  */
 typedef void (*VnFabricMapFn)(void *opaque, VnFabricWindow *w, const GError *error);
-void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
-                                VnFabricMapFn done, void *opaque);
+void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricMapFn done,
+                                void *opaque);
 void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w);
 uint32_t vn_fabric_windows_in_use(VnFabric *fab);
 
@@ -347,11 +344,9 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
  * two nodes mapping each other's segments at once do not deadlock.  A peer
  * served by the calling thread cannot answer: the call times out.
  */
-int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
-                           const char *json, const void *data, size_t len,
-                           VnFabricMsg **reply);
-int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data,
-                    size_t len);
+int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type, const char *json,
+                           const void *data, size_t len, VnFabricMsg **reply);
+int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data, size_t len);
 int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *message);
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
                     const void *data, size_t len);

@@ -95,8 +95,7 @@ static int check_kind(const VnFabricFrameHdr *h)
         return -EINVAL;
     }
     if (h->flags & VN_FABRIC_FLAG_ERROR) {
-        if (kind != VN_FABRIC_FLAG_REPLY || h->error <= 0 ||
-            h->error > VN_FABRIC_MAX_ERRNO) {
+        if (kind != VN_FABRIC_FLAG_REPLY || h->error <= 0 || h->error > VN_FABRIC_MAX_ERRNO) {
             return -EINVAL;
         }
     } else if (h->error != 0) {

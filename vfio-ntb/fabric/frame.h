@@ -16,20 +16,20 @@
 #include <glib.h>
 #include <stdint.h>
 
-#define VN_FABRIC_FRAME_MAGIC 0x4246564eu     /* "NVFB" on the wire */
+#define VN_FABRIC_FRAME_MAGIC 0x4246564eu /* "NVFB" on the wire */
 #define VN_FABRIC_FRAME_VERSION 2u
 
 typedef struct VnFabricFrameHdr {
     uint32_t magic;
     uint16_t version;
-    uint16_t flags;          /* one kind (VN_FABRIC_FLAG_KIND_MASK) + ERROR */
-    uint32_t type;           /* user type, or a VnFabricOwnType */
-    uint32_t reserved0;      /* 0 */
-    uint64_t id;             /* request id; a reply carries its request's */
-    uint32_t json_len;       /* JSON text with its NUL, or 0 */
+    uint16_t flags;     /* one kind (VN_FABRIC_FLAG_KIND_MASK) + ERROR */
+    uint32_t type;      /* user type, or a VnFabricOwnType */
+    uint32_t reserved0; /* 0 */
+    uint64_t id;        /* request id; a reply carries its request's */
+    uint32_t json_len;  /* JSON text with its NUL, or 0 */
     uint32_t data_len;
-    int32_t error;           /* positive errno of an error reply, else 0 */
-    uint32_t reserved;       /* 0 */
+    int32_t error;     /* positive errno of an error reply, else 0 */
+    uint32_t reserved; /* 0 */
 } VnFabricFrameHdr;
 
 #define VN_FABRIC_FRAME_HDR_SIZE ((uint32_t)sizeof(VnFabricFrameHdr))
@@ -38,7 +38,7 @@ typedef struct VnFabricFrameHdr {
 #define VN_FABRIC_FLAG_REPLY 0x2u
 #define VN_FABRIC_FLAG_EVENT 0x4u
 #define VN_FABRIC_FLAG_KIND_MASK 0x7u
-#define VN_FABRIC_FLAG_ERROR 0x8u        /* only with REPLY */
+#define VN_FABRIC_FLAG_ERROR 0x8u /* only with REPLY */
 
 /* The fabric's own message types (at or above VN_FABRIC_TYPE_RESERVED). */
 typedef enum VnFabricOwnType {
@@ -56,8 +56,8 @@ const char *vn_fabric_kind_to_string(uint16_t flags);
 /* A decoded frame: pointers into the buffer it was decoded from. */
 typedef struct VnFabricFrame {
     VnFabricFrameHdr hdr;
-    const char *json;        /* NULL when json_len is 0 */
-    const uint8_t *data;     /* NULL when data_len is 0 */
+    const char *json;    /* NULL when json_len is 0 */
+    const uint8_t *data; /* NULL when data_len is 0 */
 } VnFabricFrame;
 
 /*

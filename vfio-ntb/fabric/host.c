@@ -33,19 +33,19 @@ typedef struct VnHost {
     VnFabric *fab;
     GMainContext *ctx;
     char *path;
-    int fd;                      /* -1 while the daemon is away */
+    int fd; /* -1 while the daemon is away */
     GSource *src;
-    GSource *retry;              /* reconnecting */
+    GSource *retry; /* reconnecting */
     gint64 away_since_us;
     VnRecordReader rx;
     uint64_t seq;
-    GHashTable *wanted;          /* peers we asked for (asked again after a restart) */
-    GHashTable *up;              /* peers the daemon says are up */
-    uint64_t doorbells;          /* bit i: ours (claimed again after a restart) */
+    GHashTable *wanted; /* peers we asked for (asked again after a restart) */
+    GHashTable *up;     /* peers the daemon says are up */
+    uint64_t doorbells; /* bit i: ours (claimed again after a restart) */
     /* The one op waiting for its REPLY. */
     uint64_t wait_seq;
     bool wait_done;
-    bool greeted;                /* by a daemon once: limits and caps set */
+    bool greeted; /* by a daemon once: limits and caps set */
     VnHostHdr wait_hdr;
     int wait_fd;
 } VnHost;
@@ -109,13 +109,12 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
         return g_strdup_printf("%s with a bad peer name", vn_host_op_to_string(hdr->op));
     }
     if (hdr->status < 0 || hdr->status > 4095 || (hdr->op != VN_HOST_REPLY && hdr->status)) {
-        return g_strdup_printf("%s with status %d", vn_host_op_to_string(hdr->op),
-                               hdr->status);
+        return g_strdup_printf("%s with status %d", vn_host_op_to_string(hdr->op), hdr->status);
     }
     if (op_has_frame(hdr->op) != (len > sizeof(*hdr)) && hdr->op != VN_HOST_HELLO &&
         hdr->op != VN_HOST_REPLY) {
-        return g_strdup_printf("%s with %zu bytes after its header",
-                               vn_host_op_to_string(hdr->op), len - sizeof(*hdr));
+        return g_strdup_printf("%s with %zu bytes after its header", vn_host_op_to_string(hdr->op),
+                               len - sizeof(*hdr));
     }
     fd_ok = hdr->op == VN_HOST_EXPORT_SEGMENT || hdr->op == VN_HOST_EXPORT_ROUTE ||
             hdr->op == VN_HOST_REPLY;
@@ -129,8 +128,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
 
 /* ---- sending ---------------------------------------------------------- */
 
-int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer,
-                 uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
+                 uint64_t arg2, const void *data, size_t len, int fd)
 {
     VnHostHdr hdr = { .op = op, .status = status, .seq = seq, .arg = arg, .arg2 = arg2 };
     g_autofree uint8_t *buf = g_malloc(sizeof(hdr) + len);
@@ -142,12 +141,12 @@ int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *pe
     if (len > 0) {
         memcpy(buf + sizeof(hdr), data, len);
     }
-    return vn_record_send(sock, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD,
-                          fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    return vn_record_send(sock, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD, fd >= 0 ? &fd : NULL,
+                          fd >= 0 ? 1 : 0);
 }
 
-static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer,
-                            uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
+                            uint64_t arg2, const void *data, size_t len, int fd)
 {
     int ret;
 
@@ -174,8 +173,8 @@ static bool host_record(VnHost *h, VnRecord *rec)
     size_t frame_len;
     VnHostHdr hdr;
 
-    why = vn_host_record_check(rec->buf, rec->len, rec->nfds, rec->overflow, false, &hdr,
-                               &frame, &frame_len);
+    why = vn_host_record_check(rec->buf, rec->len, rec->nfds, rec->overflow, false, &hdr, &frame,
+                               &frame_len);
     if (why != NULL) {
         g_autofree char *what = g_strdup_printf("port %s: %s", h->path, why);
 
@@ -186,7 +185,7 @@ static bool host_record(VnHost *h, VnRecord *rec)
     switch (hdr.op) {
     case VN_HOST_REPLY:
         if (hdr.seq == 0) {
-            return true;         /* to an op sent without waiting */
+            return true; /* to an op sent without waiting */
         }
         if (hdr.seq != h->wait_seq || h->wait_done) {
             vn_util_close_fds(rec->fds, rec->nfds);
@@ -328,8 +327,8 @@ static bool host_greet(VnHost *h, GError **error)
     /* The host's limits and capabilities are the daemon's node's, as the
      * first daemon we met had them: our window slots are sized by then. */
     if (!h->greeted) {
-        unsigned window_log2 = (unsigned)(rep.arg >> VN_HOST_HELLO_WINDOW_SHIFT) &
-                               VN_HOST_HELLO_WINDOW_MASK;
+        unsigned window_log2 =
+            (unsigned)(rep.arg >> VN_HOST_HELLO_WINDOW_SHIFT) & VN_HOST_HELLO_WINDOW_MASK;
 
         vn_fabric_limits_default(&limits);
         limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
@@ -355,12 +354,11 @@ static bool host_greet(VnHost *h, GError **error)
         if (count == 0) {
             continue;
         }
-        ret = host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep,
-                        &fd);
+        ret = host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep, &fd);
         vn_util_close_fd(&fd);
         if (ret < 0) {
-            g_warning("port %s: doorbells %u+%u are not ours again: %s", h->path, first,
-                      count, g_strerror(-ret));
+            g_warning("port %s: doorbells %u+%u are not ours again: %s", h->path, first, count,
+                      g_strerror(-ret));
         }
         first += count;
     }
@@ -396,7 +394,7 @@ static gboolean on_retry(gpointer data)
         return G_SOURCE_REMOVE;
     }
     if (fd >= 0) {
-        host_away(h);            /* not greeted: try again */
+        host_away(h); /* not greeted: try again */
         return G_SOURCE_REMOVE;
     }
     if (g_get_monotonic_time() - h->away_since_us < (gint64)VN_HOST_RECONNECT_MS * 1000) {
@@ -486,8 +484,7 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     fd = host_dial(path);
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
-                    "host fabric: cannot reach the daemon's port %s: %s", path,
-                    g_strerror(-fd));
+                    "host fabric: cannot reach the daemon's port %s: %s", path, g_strerror(-fd));
         return NULL;
     }
     h = g_new0(VnHost, 1);
@@ -516,7 +513,7 @@ static int host_connect(void *backend, const char *peer)
     }
     if (!g_hash_table_contains(h->wanted, peer)) {
         if (g_hash_table_size(h->wanted) >= 8) {
-            return -EMFILE;      /* a worker talks to its lender, not the world */
+            return -EMFILE; /* a worker talks to its lender, not the world */
         }
         g_hash_table_add(h->wanted, g_strdup(peer));
     }
@@ -610,15 +607,15 @@ static int host_open_route(void *backend, const char *peer, uint64_t id, int tim
     return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, &rep);
 }
 
-static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size,
-                            const char *peer, GError **error)
+static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
+                            GError **error)
 {
     VnHost *h = backend;
     VnHostHdr rep;
     int got, ret;
 
-    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size,
-                    offset, NULL, 0, fd, &rep, &got);
+    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size, offset,
+                    NULL, 0, fd, &rep, &got);
     vn_util_close_fd(&got);
     if (ret == 0 && rep.arg == 0) {
         ret = -EPROTO;
@@ -634,8 +631,8 @@ static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t siz
 
 static void host_unexport(void *backend, bool route, uint64_t id)
 {
-    host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0,
-                     NULL, id, 0, NULL, 0, -1);
+    host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0, NULL,
+                     id, 0, NULL, 0, -1);
 }
 
 bool vn_host_device_request(VnFabric *fab)
@@ -643,8 +640,7 @@ bool vn_host_device_request(VnFabric *fab)
     if (fab->ops != &vn_host_ops || fab->backend == NULL) {
         return false;
     }
-    return host_send_record(fab->backend, VN_HOST_DEVICE_REQUEST, 0, NULL, 0, 0, NULL, 0,
-                            -1) == 0;
+    return host_send_record(fab->backend, VN_HOST_DEVICE_REQUEST, 0, NULL, 0, 0, NULL, 0, -1) == 0;
 }
 
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
@@ -660,8 +656,8 @@ static int host_doorbells_alloc(void *backend, uint32_t count, GError **error)
 
     ret = host_call(h, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, &rep, &fd);
     vn_util_close_fd(&fd);
-    if (ret == 0 && (rep.arg >= VN_FABRIC_MAX_DOORBELLS ||
-                     count > VN_FABRIC_MAX_DOORBELLS - rep.arg)) {
+    if (ret == 0 &&
+        (rep.arg >= VN_FABRIC_MAX_DOORBELLS || count > VN_FABRIC_MAX_DOORBELLS - rep.arg)) {
         ret = -EPROTO;
     }
     if (ret < 0) {

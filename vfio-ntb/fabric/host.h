@@ -54,36 +54,36 @@ bool vn_host_device_request(VnFabric *fab);
 typedef enum VnHostOp {
     VN_HOST_INVALID = 0,
     /* worker -> daemon; the ones marked "->" get a REPLY */
-    VN_HOST_HELLO = 1,           /* -> arg: the node's caps | VN_HOST_HELLO_WINDOW,
+    VN_HOST_HELLO = 1,        /* -> arg: the node's caps | VN_HOST_HELLO_WINDOW,
                                   * arg2: its windows */
-    VN_HOST_CONNECT,             /* peer -> status: 0 once the link is up */
-    VN_HOST_SEND,                /* peer; data: one fabric frame (request or event) */
-    VN_HOST_MAP,                 /* peer, arg: segment -> arg: size, arg2: offset, 1 fd */
-    VN_HOST_UNMAP,               /* peer, arg: segment */
-    VN_HOST_EXPORT_SEGMENT,      /* peer, arg: size, arg2: offset, 1 fd -> arg: id */
-    VN_HOST_EXPORT_ROUTE,        /* peer, 1 fd -> arg: id */
-    VN_HOST_UNEXPORT_SEGMENT,    /* arg: id */
-    VN_HOST_UNEXPORT_ROUTE,      /* arg: id */
-    VN_HOST_OPEN_ROUTE,          /* peer, arg: id -> 1 fd */
-    VN_HOST_DOORBELLS_ALLOC,     /* arg: count -> arg: first bit */
-    VN_HOST_DOORBELLS_CLAIM,     /* arg: first, arg2: count -> (back after a restart) */
-    VN_HOST_DOORBELLS_FREE,      /* arg: first, arg2: count */
+    VN_HOST_CONNECT,          /* peer -> status: 0 once the link is up */
+    VN_HOST_SEND,             /* peer; data: one fabric frame (request or event) */
+    VN_HOST_MAP,              /* peer, arg: segment -> arg: size, arg2: offset, 1 fd */
+    VN_HOST_UNMAP,            /* peer, arg: segment */
+    VN_HOST_EXPORT_SEGMENT,   /* peer, arg: size, arg2: offset, 1 fd -> arg: id */
+    VN_HOST_EXPORT_ROUTE,     /* peer, 1 fd -> arg: id */
+    VN_HOST_UNEXPORT_SEGMENT, /* arg: id */
+    VN_HOST_UNEXPORT_ROUTE,   /* arg: id */
+    VN_HOST_OPEN_ROUTE,       /* peer, arg: id -> 1 fd */
+    VN_HOST_DOORBELLS_ALLOC,  /* arg: count -> arg: first bit */
+    VN_HOST_DOORBELLS_CLAIM,  /* arg: first, arg2: count -> (back after a restart) */
+    VN_HOST_DOORBELLS_FREE,   /* arg: first, arg2: count */
     /* daemon -> worker */
-    VN_HOST_REPLY,               /* seq: the op's; status; arg, arg2; maybe 1 fd */
-    VN_HOST_LINK,                /* peer, arg: 1 up, 0 down */
-    VN_HOST_RECV,                /* peer; data: one fabric frame */
+    VN_HOST_REPLY, /* seq: the op's; status; arg, arg2; maybe 1 fd */
+    VN_HOST_LINK,  /* peer, arg: 1 up, 0 down */
+    VN_HOST_RECV,  /* peer; data: one fabric frame */
     /* worker -> daemon, appended so that the numbers above never change */
-    VN_HOST_DEVICE_REQUEST,      /* a lender's: the host wants the device back */
+    VN_HOST_DEVICE_REQUEST, /* a lender's: the host wants the device back */
     VN_HOST_OP_LAST
 } VnHostOp;
 
 typedef struct VnHostHdr {
-    uint32_t op;                 /* VnHostOp */
-    int32_t status;              /* REPLY: 0 or the positive errno of a refusal */
-    uint64_t seq;                /* ops with a REPLY: the worker's number, echoed */
+    uint32_t op;    /* VnHostOp */
+    int32_t status; /* REPLY: 0 or the positive errno of a refusal */
+    uint64_t seq;   /* ops with a REPLY: the worker's number, echoed */
     uint64_t arg;
     uint64_t arg2;
-    char peer[VN_MAX_NODE_NAME + 1];   /* NUL-terminated, or "" */
+    char peer[VN_MAX_NODE_NAME + 1]; /* NUL-terminated, or "" */
 } VnHostHdr;
 
 /* The longest record on a port: a header and the largest frame. */
@@ -98,8 +98,8 @@ const char *vn_host_op_to_string(uint32_t op);
 
 /* Send one record (a header and @len bytes of frame, maybe @fd) on @sock:
  * 0 or -errno, as vn_record_send(). */
-int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer,
-                 uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd);
+int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
+                 uint64_t arg2, const void *data, size_t len, int fd);
 
 /*
  * Check a record's header as its receiver: its length, the op (one a

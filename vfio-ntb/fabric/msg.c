@@ -53,8 +53,7 @@ void vn_fabric_msg_free(VnFabricMsg *msg)
 /* ---- sending ---------------------------------------------------------- */
 
 int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
-                         uint64_t id, int32_t error, const char *json, const void *data,
-                         size_t len)
+                         uint64_t id, int32_t error, const char *json, const void *data, size_t len)
 {
     int ret;
 
@@ -68,8 +67,7 @@ int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32
         fab->defer--;
     }
     VN_TRACE("node %s: -> %s %s id %" PRIu64 " type 0x%x (%s) data %zu: %d", fab->node, peer,
-             vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type), len,
-             ret);
+             vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type), len, ret);
     if (fab->out->len > VN_FABRIC_OUT_KEEP) {
         g_byte_array_unref(fab->out);
         fab->out = g_byte_array_new();
@@ -85,8 +83,8 @@ int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32
     return 0;
 }
 
-int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type,
-                         int err, const char *message)
+int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t type, int err,
+                         const char *message)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonGenerator) gen = json_generator_new();
@@ -107,8 +105,8 @@ int vn_fabric_send_error(VnFabric *fab, const char *peer, uint64_t id, uint32_t 
     root = json_builder_get_root(b);
     json_generator_set_root(gen, root);
     json = json_generator_to_data(gen, NULL);
-    return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type,
-                                id, e, json, NULL, 0);
+    return vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type, id, e,
+                                json, NULL, 0);
 }
 
 /* ---- requests we send ------------------------------------------------- */
@@ -127,8 +125,8 @@ static void pending_free(VnFabricPending *pend)
 static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *reply, int err)
 {
     g_hash_table_remove(fab->pending, &pend->id);
-    VN_TRACE("node %s: request id %" PRIu64 " to %s done: %d", fab->node, pend->id,
-             pend->peer, err);
+    VN_TRACE("node %s: request id %" PRIu64 " to %s done: %d", fab->node, pend->id, pend->peer,
+             err);
     pend->done(pend->opaque, reply, err);
     pending_free(pend);
 }
@@ -137,8 +135,8 @@ static gboolean pending_timeout(gpointer data)
 {
     VnFabricPending *pend = data;
 
-    g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", pend->fab->node,
-           pend->id, pend->type, pend->peer);
+    g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", pend->fab->node, pend->id,
+           pend->type, pend->peer);
     /* The source is being dispatched and goes when we return REMOVE. */
     g_clear_pointer(&pend->timeout, g_source_unref);
     pending_complete(pend->fab, pend, NULL, -ETIMEDOUT);
@@ -165,8 +163,7 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     }
     gen = p->gen;
     id = ++fab->last_id;
-    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data,
-                               len);
+    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data, len);
     if (ret < 0) {
         return ret;
     }
@@ -186,9 +183,8 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     return 0;
 }
 
-int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
-                           const char *json, const void *data, size_t len,
-                           VnFabricMsg **reply)
+int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type, const char *json,
+                           const void *data, size_t len, VnFabricMsg **reply)
 {
     VnFabricSync sync = { .peer = peer };
     gint64 deadline;
@@ -212,8 +208,8 @@ int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
         return -ENOTCONN;
     }
     sync.id = ++fab->last_id;
-    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, sync.id, 0, json, data,
-                               len);
+    ret =
+        vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, sync.id, 0, json, data, len);
     if (ret < 0) {
         return ret;
     }
@@ -240,8 +236,8 @@ int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
     }
     fab->defer--;
     fab->sync = NULL;
-    VN_TRACE("node %s: synchronous request id %" PRIu64 " type 0x%x to %s: %d", fab->node,
-             sync.id, type, peer, sync.err);
+    VN_TRACE("node %s: synchronous request id %" PRIu64 " type 0x%x to %s: %d", fab->node, sync.id,
+             type, peer, sync.err);
     if (sync.err == -ETIMEDOUT) {
         g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", fab->node, sync.id,
                type, peer);
@@ -254,8 +250,7 @@ int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type,
     return sync.err;
 }
 
-void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen,
-                              const VnFabricFrame *f)
+void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen, const VnFabricFrame *f)
 {
     VnFabricPending *pend = g_hash_table_lookup(fab->pending, &f->hdr.id);
     VnFabricMsg msg;
@@ -303,8 +298,8 @@ void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
 
     if (p == NULL || p->gen != gen) {
         /* Queued before its link went: no answer could reach the asker. */
-        VN_TRACE("node %s: request id %" PRIu64 " from %s's old link dropped", fab->node,
-                 f->hdr.id, peer);
+        VN_TRACE("node %s: request id %" PRIu64 " from %s's old link dropped", fab->node, f->hdr.id,
+                 peer);
         return;
     }
     fab->stats.msgs_received++;
@@ -348,8 +343,7 @@ static VnFabricToken *token_take(VnFabric *fab, uint64_t token, int *err)
     return tok;
 }
 
-int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data,
-                    size_t len)
+int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data, size_t len)
 {
     VnFabricToken *tok;
     int ret;
@@ -361,8 +355,8 @@ int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void 
     if (tok == NULL) {
         return ret;
     }
-    ret = vn_fabric_send_frame(fab, tok->peer, VN_FABRIC_FLAG_REPLY, tok->type, tok->id, 0,
-                               json, data, len);
+    ret = vn_fabric_send_frame(fab, tok->peer, VN_FABRIC_FLAG_REPLY, tok->type, tok->id, 0, json,
+                               data, len);
     if (ret == -EMSGSIZE || ret == -EINVAL) {
         /* The asker still gets its one answer rather than a timeout. */
         vn_fabric_send_error(fab, tok->peer, tok->id, tok->type, ret, "reply not sendable");
@@ -461,8 +455,7 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
 
 void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count)
 {
-    if (count == 0 || first >= VN_FABRIC_MAX_DOORBELLS ||
-        count > VN_FABRIC_MAX_DOORBELLS - first) {
+    if (count == 0 || first >= VN_FABRIC_MAX_DOORBELLS || count > VN_FABRIC_MAX_DOORBELLS - first) {
         return;
     }
     if (fab->ops->doorbells_free != NULL) {

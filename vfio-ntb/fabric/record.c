@@ -19,8 +19,7 @@
  * the limit is kept: that is enough for the caller to refuse the record. */
 static ssize_t recv_some(VnRecordReader *r, int fd, void *dst, size_t len)
 {
-    return vn_fdpass_recv(fd, dst, len, r->fds, G_N_ELEMENTS(r->fds), &r->nfds,
-                          &r->fds_overflow);
+    return vn_fdpass_recv(fd, dst, len, r->fds, G_N_ELEMENTS(r->fds), &r->nfds, &r->fds_overflow);
 }
 
 int vn_record_step(VnRecordReader *r, int fd, uint32_t max_len, VnRecord *out)

@@ -32,7 +32,7 @@ typedef struct VnRecord {
 typedef struct VnRecordReader {
     uint8_t len_buf[4];
     size_t len_got;
-    uint8_t *buf;                /* need bytes, once the length is in */
+    uint8_t *buf; /* need bytes, once the length is in */
     uint32_t need;
     size_t got;
     int fds[VN_RECORD_MAX_FDS];

@@ -24,7 +24,8 @@ static bool routes_supported(VnFabric *fab, GError **error)
     if ((fab->caps & VN_FABRIC_CAP_DIRECT_ROUTES) == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
                     "node %s: the %s fabric carries no interrupt routes (relay interrupts "
-                    "as doorbells)", fab->node, fab->ops->name);
+                    "as doorbells)",
+                    fab->node, fab->ops->name);
         return false;
     }
     return true;
@@ -61,13 +62,13 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
     if (copy < 0) {
         int e = errno;
 
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
-                    "node %s: cannot keep fd %d: %s", fab->node, eventfd, g_strerror(e));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "node %s: cannot keep fd %d: %s",
+                    fab->node, eventfd, g_strerror(e));
         return 0;
     }
     route = g_new0(VnFabricSegment, 1);
-    route->id = fab->ops->export != NULL
-                ? fab->ops->export(fab->backend, copy, 0, 0, peer, error) : ++fab->last_route;
+    route->id = fab->ops->export != NULL ? fab->ops->export(fab->backend, copy, 0, 0, peer, error)
+                                         : ++fab->last_route;
     if (route->id == 0 || g_hash_table_contains(fab->routes, &route->id)) {
         if (route->id != 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
@@ -130,8 +131,8 @@ int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **
     fab->defer--;
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
-                    "node %s: cannot open %s's interrupt route %" PRIu64 ": %s", fab->node,
-                    peer, id,
+                    "node %s: cannot open %s's interrupt route %" PRIu64 ": %s", fab->node, peer,
+                    id,
                     fd == -ENOENT   ? "it has no such route"
                     : fd == -EACCES ? "it is not exported to us"
                                     : g_strerror(-fd));
@@ -142,8 +143,8 @@ int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **
         fab->stats.bad_messages++;
         close(fd);
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "node %s: %s's interrupt route %" PRIu64 " is not an eventfd", fab->node,
-                    peer, id);
+                    "node %s: %s's interrupt route %" PRIu64 " is not an eventfd", fab->node, peer,
+                    id);
         return -EINVAL;
     }
     fab->stats.routes_opened++;

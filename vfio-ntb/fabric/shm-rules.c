@@ -28,8 +28,7 @@ uint32_t vn_shm_record_max(VnShmRecordKind kind)
 }
 
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_MAX_NODE_NAME + 1],
-                         VnShmFetch *fetch)
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1], VnShmFetch *fetch)
 {
     VnShmHello h;
 
@@ -51,8 +50,8 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
         VnShmFetch f;
 
         memcpy(&f, buf, sizeof(f));
-        if ((f.kind != VN_SHM_FETCH_SEGMENT && f.kind != VN_SHM_FETCH_ROUTE) ||
-            f.reserved != 0 || f.id == 0) {
+        if ((f.kind != VN_SHM_FETCH_SEGMENT && f.kind != VN_SHM_FETCH_ROUTE) || f.reserved != 0 ||
+            f.id == 0) {
             return g_strdup_printf("a FETCH of kind %u id %" G_GUINT64_FORMAT, f.kind, f.id);
         }
         *fetch = f;
@@ -61,8 +60,8 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
     return NULL;
 }
 
-static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool pow2,
-                      uint64_t max, uint64_t *out, GError **error)
+static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool pow2, uint64_t max,
+                      uint64_t *out, GError **error)
 {
     const char *s = g_hash_table_lookup(params, key);
     guint64 v;
@@ -83,21 +82,18 @@ static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool po
     return true;
 }
 
-bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
-                         GError **error)
+bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns, GError **error)
 {
-    static const char *const known[] = { "dir", "max-windows", "max-window-size",
-                                         "window-align", "xlat-granularity",
-                                         "crossing-delay-ns", "doorbells", "max-segments",
-                                         NULL };
+    static const char *const known[] = { "dir",          "max-windows",      "max-window-size",
+                                         "window-align", "xlat-granularity", "crossing-delay-ns",
+                                         "doorbells",    "max-segments",     NULL };
     GHashTableIter it;
     gpointer key;
     uint64_t windows, doorbells, segments;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
-        if (!g_strv_contains((const char *const *)known, key) ||
-            !g_utf8_validate(key, -1, NULL)) {
+        if (!g_strv_contains((const char *const *)known, key) || !g_utf8_validate(key, -1, NULL)) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
                         "max-window-size, window-align, xlat-granularity, crossing-delay-ns, "
@@ -111,17 +107,16 @@ bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
     doorbells = l->doorbells;
     segments = l->max_segments;
     if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, error) ||
-        !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true,
-                   VN_SHM_MAX_WINDOW_SIZE, &l->max_window_size, error) ||
-        !param_u64(params, "window-align", VN_SHM_MIN_WINDOW_SIZE, true,
-                   VN_SHM_MAX_WINDOW_SIZE, &l->window_align, error) ||
-        !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true,
-                   VN_SHM_MAX_WINDOW_SIZE, &l->xlat_granularity, error) ||
-        !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS,
-                   delay_ns, error) ||
+        !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
+                   &l->max_window_size, error) ||
+        !param_u64(params, "window-align", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
+                   &l->window_align, error) ||
+        !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
+                   &l->xlat_granularity, error) ||
+        !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS, delay_ns,
+                   error) ||
         !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, error) ||
-        !param_u64(params, "max-segments", 1, false, VN_FABRIC_MAX_SEGMENTS, &segments,
-                   error)) {
+        !param_u64(params, "max-segments", 1, false, VN_FABRIC_MAX_SEGMENTS, &segments, error)) {
         return false;
     }
     l->max_windows = (uint32_t)windows;
@@ -147,13 +142,12 @@ bool vn_shm_dir_ok(const char *dir, GError **error)
                     g_strerror(e));
         return false;
     }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-        (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED,
                     "shm fabric: %s must be a directory of ours that group and others "
-                    "cannot write", dir);
+                    "cannot write",
+                    dir);
         return false;
     }
     return true;
 }
-

@@ -41,28 +41,28 @@ typedef struct VnShm VnShm;
 typedef struct VnShmConn {
     int ref;
     VnShm *shm;
-    int fd;                      /* -1 once dropped */
+    int fd; /* -1 once dropped */
     GSource *src;
-    GSource *hello_timer;        /* until named (accepted connections) */
-    char peer[VN_MAX_NODE_NAME + 1];   /* "" until named */
-    bool outgoing;               /* we opened it */
-    bool draining;               /* lost a tie: read to EOF, never send */
-    VnRecordReader rx;           /* the record being received */
+    GSource *hello_timer;            /* until named (accepted connections) */
+    char peer[VN_MAX_NODE_NAME + 1]; /* "" until named */
+    bool outgoing;                   /* we opened it */
+    bool draining;                   /* lost a tie: read to EOF, never send */
+    VnRecordReader rx;               /* the record being received */
 } VnShmConn;
 
 struct VnShm {
     VnFabric *fab;
     GMainContext *ctx;
     char *node;
-    char *path;                  /* our socket */
-    bool bound;                  /* the socket file is ours to unlink */
+    char *path; /* our socket */
+    bool bound; /* the socket file is ours to unlink */
     int listen_fd;
     GSource *listen_src;
-    GPtrArray *conns;            /* every VnShmConn, one ref each */
-    GHashTable *active;          /* peer -> VnShmConn carrying its link */
-    uint64_t crossing_delay_ns;  /* busy-wait before each send (shm.h) */
+    GPtrArray *conns;           /* every VnShmConn, one ref each */
+    GHashTable *active;         /* peer -> VnShmConn carrying its link */
+    uint64_t crossing_delay_ns; /* busy-wait before each send (shm.h) */
     bool closing;
-    GPtrArray *fetches;          /* VnShmFetching *, maps answered on the loop */
+    GPtrArray *fetches; /* VnShmFetching *, maps answered on the loop */
 };
 
 static void conn_unref(gpointer data)
@@ -157,8 +157,8 @@ static void conn_named(VnShmConn *c)
     }
     keep = tie_break(shm, old, c);
     drain = keep == c ? old : c;
-    g_info("socket %s: two connections with %s; keeping the one %s opened", shm->path,
-           c->peer, keep->outgoing ? shm->node : c->peer);
+    g_info("socket %s: two connections with %s; keeping the one %s opened", shm->path, c->peer,
+           keep->outgoing ? shm->node : c->peer);
     g_hash_table_replace(shm->active, keep->peer, keep);
     drain->draining = true;
     /* Only the side that opened the loser ends it, once it knows it lost;
@@ -200,8 +200,8 @@ static bool conn_hello(VnShmConn *c, const VnRecord *rec)
     VnShm *shm = c->shm;
     char node[VN_MAX_NODE_NAME + 1];
     VnShmFetch fetch;
-    g_autofree char *why = vn_shm_hello_check(rec->buf, rec->len, rec->nfds, rec->overflow,
-                                              shm->node, node, &fetch);
+    g_autofree char *why =
+        vn_shm_hello_check(rec->buf, rec->len, rec->nfds, rec->overflow, shm->node, node, &fetch);
 
     if (why != NULL) {
         g_autofree char *what = g_strdup_printf("socket %s: %s", shm->path, why);
@@ -226,16 +226,15 @@ static int conn_step(VnShmConn *c)
     VnShm *shm = c->shm;
     VnRecord rec;
     g_autofree uint8_t *buf = NULL;
-    int ret = vn_record_step(&c->rx, c->fd,
-                             vn_shm_record_max(c->peer[0] == '\0' ? VN_SHM_RECORD_FIRST
-                                                           : VN_SHM_RECORD_FRAME),
-                             &rec);
+    int ret = vn_record_step(
+        &c->rx, c->fd,
+        vn_shm_record_max(c->peer[0] == '\0' ? VN_SHM_RECORD_FIRST : VN_SHM_RECORD_FRAME), &rec);
 
     if (ret == -EMSGSIZE) {
         /* The stream cannot be trusted past a length like this. */
-        g_autofree char *what = g_strdup_printf(
-            "socket %s: a record of %u bytes from %s", shm->path, c->rx.need,
-            c->peer[0] != '\0' ? c->peer : "an unnamed connection");
+        g_autofree char *what =
+            g_strdup_printf("socket %s: a record of %u bytes from %s", shm->path, c->rx.need,
+                            c->peer[0] != '\0' ? c->peer : "an unnamed connection");
 
         vn_fabric_backend_rejected(shm->fab, what);
         return -EPROTO;
@@ -257,8 +256,8 @@ static int conn_step(VnShmConn *c)
     }
     if (rec.nfds > 0 || rec.overflow) {
         /* Frames carry bytes only: whoever sends fds is not one of us. */
-        g_autofree char *what = g_strdup_printf("socket %s: a frame with fds from %s",
-                                                shm->path, c->peer);
+        g_autofree char *what =
+            g_strdup_printf("socket %s: a frame with fds from %s", shm->path, c->peer);
 
         vn_util_close_fds(rec.fds, rec.nfds);
         vn_fabric_backend_rejected(shm->fab, what);
@@ -281,7 +280,7 @@ static int conn_service(VnShmConn *c, int max_records)
         }
     }
     if (c->fd < 0) {
-        ret = -ECONNRESET;           /* dropped by whoever we called */
+        ret = -ECONNRESET; /* dropped by whoever we called */
     } else if (ret < 0) {
         conn_drop(c, ret == -ECONNRESET ? "closed by the peer" : g_strerror(-ret));
     } else {
@@ -301,8 +300,7 @@ static gboolean on_hello_timeout(gpointer data)
 {
     VnShmConn *c = data;
 
-    g_info("socket %s: a connection said no HELLO in %d ms", c->shm->path,
-           VN_SHM_HELLO_TIMEOUT_MS);
+    g_info("socket %s: a connection said no HELLO in %d ms", c->shm->path, VN_SHM_HELLO_TIMEOUT_MS);
     conn_drop(c, "no HELLO");
     return G_SOURCE_REMOVE;
 }
@@ -323,7 +321,7 @@ static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
     c->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(c->src, G_SOURCE_FUNC(on_conn), c, NULL);
     g_source_attach(c->src, shm->ctx);
-    g_source_unref(c->src);          /* the context holds it until destroyed */
+    g_source_unref(c->src); /* the context holds it until destroyed */
     if (peer != NULL) {
         g_strlcpy(c->peer, peer, sizeof(c->peer));
     } else {
@@ -486,11 +484,10 @@ static int poll_serving(VnShm *shm, int extra, const char *peer, int timeout_ms)
     for (guint i = 0; i < shm->conns->len && n < G_N_ELEMENTS(pfd); i++) {
         VnShmConn *c = shm->conns->pdata[i];
 
-        if (c->fd >= 0 &&
-            (c->peer[0] == '\0' || (peer != NULL && strcmp(c->peer, peer) == 0))) {
+        if (c->fd >= 0 && (c->peer[0] == '\0' || (peer != NULL && strcmp(c->peer, peer) == 0))) {
             pfd[n] = (struct pollfd){ .fd = c->fd, .events = POLLIN };
             conn[n++] = c;
-            c->ref++;            /* servicing one may drop another */
+            c->ref++; /* servicing one may drop another */
         }
     }
     ready = poll(pfd, n, timeout_ms);
@@ -576,9 +573,8 @@ static int fetch_result(VnShm *shm, int ret, VnRecord *rec, VnShmFetchReply *rep
         memcpy(rep, rec->buf, sizeof(*rep));
     }
     g_clear_pointer(&rec->buf, g_free);
-    if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 ||
-        rep->status > VN_FABRIC_MAX_ERRNO || rec->overflow ||
-        rec->nfds != (rep->status == 0 ? 1u : 0u)) {
+    if (rep->magic != VN_SHM_FETCH_MAGIC || rep->status < 0 || rep->status > VN_FABRIC_MAX_ERRNO ||
+        rec->overflow || rec->nfds != (rep->status == 0 ? 1u : 0u)) {
         vn_util_close_fds(rec->fds, rec->nfds);
         vn_fabric_backend_rejected(shm->fab, "a malformed answer to a fetch");
         return -EPROTO;
@@ -591,8 +587,8 @@ static int fetch_result(VnShm *shm, int ret, VnRecord *rec, VnShmFetchReply *rep
  * (shm.h, "FETCH"), waiting for the answer.  Returns the fd it sent, with
  * its reply in @rep, or -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
  */
-static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
-                 int timeout_ms, VnShmFetchReply *rep)
+static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id, int timeout_ms,
+                 VnShmFetchReply *rep)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
     VnRecordReader rx = { 0 };
@@ -653,8 +649,7 @@ static gboolean on_fetch_ready(int fd, GIOCondition cond, gpointer data)
 {
     VnShmFetching *op = data;
     VnRecord rec = { 0 };
-    int ret = vn_record_step(&op->rx, op->fd, vn_shm_record_max(VN_SHM_RECORD_FETCH_REPLY),
-                             &rec);
+    int ret = vn_record_step(&op->rx, op->fd, vn_shm_record_max(VN_SHM_RECORD_FETCH_REPLY), &rec);
 
     if (ret != 0) {
         fetching_end(op, ret, &rec);
@@ -669,8 +664,7 @@ static gboolean on_fetch_timeout(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-static void shm_map_segment_async(void *backend, const char *peer, uint64_t id,
-                                  int timeout_ms,
+static void shm_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
                                   void (*done)(void *opaque, int fd, uint64_t size,
                                                uint64_t offset),
                                   void *opaque)

@@ -54,14 +54,14 @@
 /* The backend's table; vn_fabric_open() registers it as "shm". */
 extern const VnFabricOps vn_shm_ops;
 
-#define VN_SHM_HELLO_MAGIC 0x4c484e56u      /* "VNHL" on the wire */
-#define VN_SHM_FETCH_MAGIC 0x54464e56u      /* "VNFT" */
+#define VN_SHM_HELLO_MAGIC 0x4c484e56u /* "VNHL" on the wire */
+#define VN_SHM_FETCH_MAGIC 0x54464e56u /* "VNFT" */
 #define VN_SHM_HELLO_VERSION 2u
 
 typedef struct VnShmHello {
     uint32_t magic;
     uint32_t version;
-    char node[VN_MAX_NODE_NAME + 1];      /* NUL-terminated */
+    char node[VN_MAX_NODE_NAME + 1]; /* NUL-terminated */
 } VnShmHello;
 
 typedef enum VnShmFetchKind {
@@ -72,16 +72,16 @@ typedef enum VnShmFetchKind {
 /* A VnShmHello (magic VN_SHM_FETCH_MAGIC) and what it asks for. */
 typedef struct VnShmFetch {
     VnShmHello hello;
-    uint32_t kind;               /* VnShmFetchKind */
-    uint32_t reserved;           /* 0 */
+    uint32_t kind;     /* VnShmFetchKind */
+    uint32_t reserved; /* 0 */
     uint64_t id;
 } VnShmFetch;
 
 typedef struct VnShmFetchReply {
-    uint32_t magic;              /* VN_SHM_FETCH_MAGIC */
-    int32_t status;              /* 0, or the positive errno of a refusal */
-    uint64_t size;               /* a segment's bytes */
-    uint64_t offset;             /* where they start in the fd */
+    uint32_t magic;  /* VN_SHM_FETCH_MAGIC */
+    int32_t status;  /* 0, or the positive errno of a refusal */
+    uint64_t size;   /* a segment's bytes */
+    uint64_t offset; /* where they start in the fd */
 } VnShmFetchReply;
 
 /* What a record may be: the first of an accepted connection (a VnShmHello
@@ -102,13 +102,11 @@ uint32_t vn_shm_record_max(VnShmRecordKind kind);
  * (newly allocated).  For a FETCH, @fetch gets it (else its magic is 0).
  */
 char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
-                         const char *self, char peer[VN_MAX_NODE_NAME + 1],
-                         VnShmFetch *fetch);
+                         const char *self, char peer[VN_MAX_NODE_NAME + 1], VnShmFetch *fetch);
 
 /* The parameters of shm.h's list into @l (the limits) and @delay_ns
  * ("crossing-delay-ns"); false with @error naming the parameter. */
-bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
-                         GError **error);
+bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns, GError **error);
 /* @dir exists (made 0700 if not), is a directory of ours, and group and
  * others cannot write it: other users must not plant or replace node
  * sockets. */

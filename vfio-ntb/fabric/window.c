@@ -57,16 +57,15 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
     }
     if (size == 0 || size > VN_FABRIC_MAX_SEGMENT_SIZE) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "node %s: a segment of %" PRIu64 " bytes cannot be exported", fab->node,
-                    size);
+                    "node %s: a segment of %" PRIu64 " bytes cannot be exported", fab->node, size);
         return 0;
     }
     /* Each export takes an inbound window (a translation) of the host's. */
-    if (g_hash_table_size(fab->segments) >= MIN(fab->limits.max_segments,
-                                                VN_FABRIC_MAX_SEGMENTS)) {
+    if (g_hash_table_size(fab->segments) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: all %u inbound windows in use (segments exported; the "
-                    "fabric's max-segments)", fab->node, fab->limits.max_segments);
+                    "fabric's max-segments)",
+                    fab->node, fab->limits.max_segments);
         return 0;
     }
     /* Only what the mapper will accept (see fabric.h: sealed memfds, a
@@ -74,29 +73,30 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
     if ((offset & (fab->limits.window_align - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export fd %d from offset 0x%" PRIx64 ": not aligned to "
-                    "a window", fab->node, fd, offset);
+                    "a window",
+                    fab->node, fd, offset);
         return 0;
     }
     if (vn_peerfd_window(fd, offset, size, &device, &why) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node,
-                    size, fd, why);
+                    "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node, size, fd,
+                    why);
         return 0;
     }
     copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {
         int e = errno;
 
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
-                    "node %s: cannot keep fd %d: %s", fab->node, fd, g_strerror(e));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "node %s: cannot keep fd %d: %s",
+                    fab->node, fd, g_strerror(e));
         return 0;
     }
     seg = g_new0(VnFabricSegment, 1);
     /* Ids are never reused, so a stale id names nothing rather than the
      * wrong memory. */
     seg->id = fab->ops->export != NULL
-              ? fab->ops->export(fab->backend, copy, offset, size, peer, error)
-              : ++fab->last_segment;
+                  ? fab->ops->export(fab->backend, copy, offset, size, peer, error)
+                  : ++fab->last_segment;
     if (seg->id == 0 || g_hash_table_contains(fab->segments, &seg->id)) {
         if (seg->id != 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
@@ -180,8 +180,7 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
 static VnFabricWindow reserved;
 
 /* The arguments, the link and a free slot; false with @error. */
-static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *slot,
-                      GError **error)
+static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *slot, GError **error)
 {
     if (!vn_name_valid(VN_NAME_NODE, peer) || id == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -193,14 +192,14 @@ static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *sl
     }
     if (*slot == fab->limits.max_windows) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                    "node %s: no memory window free for %s's segment %" PRIu64
-                    " (all %u in use)", fab->node, peer, id, fab->limits.max_windows);
+                    "node %s: no memory window free for %s's segment %" PRIu64 " (all %u in use)",
+                    fab->node, peer, id, fab->limits.max_windows);
         return false;
     }
     if (fab->backend == NULL || vn_fabric_peer(fab, peer) == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
-                    "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node,
-                    peer, id);
+                    "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node, peer,
+                    id);
         return false;
     }
     return true;
@@ -229,8 +228,8 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
     if (size == 0 || wsize == 0 || wsize > fab->limits.max_window_size) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes needs a window "
-                    "larger than the %" PRIu64 "-byte limit", fab->node, peer, id, size,
-                    fab->limits.max_window_size);
+                    "larger than the %" PRIu64 "-byte limit",
+                    fab->node, peer, id, size, fab->limits.max_window_size);
         close(fd);
         return NULL;
     }
@@ -246,7 +245,8 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
         fab->stats.bad_messages++;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "node %s: %s's segment %" PRIu64 " of %" PRIu64 " bytes at offset %" PRIu64
-                    " refused: its fd %s", fab->node, peer, id, size, offset, fault);
+                    " refused: its fd %s",
+                    fab->node, peer, id, size, offset, fault);
         close(fd);
         return NULL;
     }
@@ -274,13 +274,13 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
     fab->windows[slot] = w;
     fab->windows_in_use++;
     fab->stats.windows_mapped++;
-    VN_TRACE("node %s: window %u maps %s's segment %" PRIu64 " (%" PRIu64 " bytes%s, window %"
-             PRIu64 ")", fab->node, slot, peer, id, size, device ? " of a device" : "", wsize);
+    VN_TRACE("node %s: window %u maps %s's segment %" PRIu64 " (%" PRIu64
+             " bytes%s, window %" PRIu64 ")",
+             fab->node, slot, peer, id, size, device ? " of a device" : "", wsize);
     return w;
 }
 
-VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id,
-                                     GError **error)
+VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id, GError **error)
 {
     uint64_t size = 0, offset = 0;
     uint32_t slot;
@@ -292,8 +292,7 @@ VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t i
     /* No handler may run inside the wait: what the backend reports is
      * queued until we are back. */
     fab->defer++;
-    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size,
-                               &offset);
+    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size, &offset);
     fab->defer--;
     return map_finish(fab, slot, peer, id, fd, size, offset, error);
 }
@@ -319,15 +318,15 @@ static void map_done(void *opaque, int fd, uint64_t size, uint64_t offset)
         vn_util_close_fd(&fd);
         g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
     } else {
-        fab->windows[m->slot] = NULL;        /* the reservation */
+        fab->windows[m->slot] = NULL; /* the reservation */
         w = map_finish(fab, m->slot, m->peer, m->id, fd, size, offset, &error);
     }
     m->done(m->opaque, w, error);
     g_free(m);
 }
 
-void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
-                                VnFabricMapFn done, void *opaque)
+void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricMapFn done,
+                                void *opaque)
 {
     g_autoptr(GError) error = NULL;
     VnFabricMapping *m;
@@ -344,8 +343,7 @@ void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id,
         return;
     }
     m = g_new0(VnFabricMapping, 1);
-    *m = (VnFabricMapping){ .fab = fab, .slot = slot, .id = id, .done = done,
-                            .opaque = opaque };
+    *m = (VnFabricMapping){ .fab = fab, .slot = slot, .id = id, .done = done, .opaque = opaque };
     g_strlcpy(m->peer, peer, sizeof(m->peer));
     fab->windows[slot] = &reserved;
     fab->ops->map_segment_async(fab->backend, peer, id, fab->request_timeout_ms, map_done, m);
@@ -374,8 +372,8 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
         g_warning("node %s: unmap of a window that is not mapped here", fab->node);
         return;
     }
-    VN_TRACE("node %s: window %u unmapped (%s's segment %" PRIu64 ")", fab->node, slot,
-             w->peer, w->segment);
+    VN_TRACE("node %s: window %u unmapped (%s's segment %" PRIu64 ")", fab->node, slot, w->peer,
+             w->segment);
     fab->windows[slot] = NULL;
     fab->windows_in_use--;
     if (fab->ops->unmap_segment != NULL && fab->backend != NULL) {

@@ -34,8 +34,8 @@ static void on_stall(void *opaque, VnClientEvent ev, uint16_t cmd, uint64_t ms)
     VfioUser *v = opaque;
 
     if (v->stall != NULL) {
-        v->stall(v->opaque, ev == VN_CLIENT_TIMED_OUT ? VN_BACKEND_TIMED_OUT
-                                                      : VN_BACKEND_LATE_ANSWER,
+        v->stall(v->opaque,
+                 ev == VN_CLIENT_TIMED_OUT ? VN_BACKEND_TIMED_OUT : VN_BACKEND_LATE_ANSWER,
                  vn_wire_cmd_to_string(cmd), ms);
     }
 }
@@ -104,8 +104,8 @@ static void assign_bars(VfioUser *v)
     }
 }
 
-static void *vu_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
-                     void *opaque, GError **error)
+static void *vu_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                     GError **error)
 {
     VfioUser *v;
     VnClient *c = vn_client_connect(where, timeout_ms, error);
@@ -133,12 +133,12 @@ static int vu_get_info(void *dev, VnWireDeviceInfo *info)
     return vn_client_get_info(((VfioUser *)dev)->client, info);
 }
 
-static int vu_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info,
-                              int *fd, struct vfio_region_sparse_mmap_area *sparse,
-                              uint32_t max_sparse, uint32_t *nr_sparse)
+static int vu_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info, int *fd,
+                              struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                              uint32_t *nr_sparse)
 {
-    return vn_client_get_region_info(((VfioUser *)dev)->client, index, info, fd, sparse,
-                                     max_sparse, nr_sparse);
+    return vn_client_get_region_info(((VfioUser *)dev)->client, index, info, fd, sparse, max_sparse,
+                                     nr_sparse);
 }
 
 static int vu_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *info)
@@ -146,15 +146,13 @@ static int vu_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *info
     return vn_client_get_irq_info(((VfioUser *)dev)->client, index, info);
 }
 
-static int vu_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start,
-                       uint32_t count, const uint8_t *bools, const int *fds)
+static int vu_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                       const uint8_t *bools, const int *fds)
 {
-    return vn_client_set_irqs(((VfioUser *)dev)->client, flags, index, start, count, bools,
-                              fds);
+    return vn_client_set_irqs(((VfioUser *)dev)->client, flags, index, start, count, bools, fds);
 }
 
-static int vu_region_read(void *dev, uint32_t region, uint64_t offset, void *buf,
-                          uint32_t count)
+static int vu_region_read(void *dev, uint32_t region, uint64_t offset, void *buf, uint32_t count)
 {
     return vn_client_region_read(((VfioUser *)dev)->client, region, offset, buf, count);
 }
@@ -162,8 +160,7 @@ static int vu_region_read(void *dev, uint32_t region, uint64_t offset, void *buf
 static int vu_region_write(void *dev, uint32_t region, uint64_t offset, const void *buf,
                            uint32_t count)
 {
-    return vn_client_region_write(((VfioUser *)dev)->client, region, offset, buf, count,
-                                  false);
+    return vn_client_region_write(((VfioUser *)dev)->client, region, offset, buf, count, false);
 }
 
 static int vu_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,

@@ -46,15 +46,15 @@ typedef struct Vfio {
     char bdf[16];
     int container;
     int group;
-    int group_id;               /* its IOMMU group's number */
+    int group_id; /* its IOMMU group's number */
     int device;
     struct vfio_device_info info;
     uint64_t region_offset[VFIO_PCI_NUM_REGIONS];
     uint64_t region_size[VFIO_PCI_NUM_REGIONS];
     struct vfio_iova_range ranges[VN_VFIO_MAX_RANGES];
     uint32_t nr_ranges;
-    GArray *maps;               /* VfioMap */
-    char why[160];              /* the last refusal in words ("" none) */
+    GArray *maps;  /* VfioMap */
+    char why[160]; /* the last refusal in words ("" none) */
 } Vfio;
 
 bool vn_backend_vfio_address_ok(const char *s)
@@ -120,8 +120,8 @@ static void read_ranges(Vfio *v)
         !(info->flags & VFIO_IOMMU_INFO_CAPS) || info->argsz > VN_VFIO_INFO_MAX) {
         return;
     }
-    for (off = info->cap_offset; off != 0 && off + sizeof(struct vfio_info_cap_header) <=
-                                                 VN_VFIO_INFO_MAX;) {
+    for (off = info->cap_offset;
+         off != 0 && off + sizeof(struct vfio_info_cap_header) <= VN_VFIO_INFO_MAX;) {
         struct vfio_info_cap_header *h = (void *)(buf + off);
 
         if (h->id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE &&
@@ -136,14 +136,14 @@ static void read_ranges(Vfio *v)
             memcpy(v->ranges, r->iova_ranges, v->nr_ranges * sizeof(v->ranges[0]));
         }
         if (h->next <= off) {
-            break;              /* a chain goes forward */
+            break; /* a chain goes forward */
         }
         off = h->next;
     }
 }
 
-static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
-                       void *opaque, GError **error)
+static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                       GError **error)
 {
     struct vfio_group_status status = { .argsz = sizeof(status) };
     g_autofree char *group_path = NULL;
@@ -188,14 +188,15 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
         !(status.flags & VFIO_GROUP_FLAGS_VIABLE)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_BUSY,
                     "IOMMU group %d of %s is not viable: every device in it must be bound "
-                    "to vfio-pci (see /sys/kernel/iommu_groups/%d/devices)", n, where, n);
+                    "to vfio-pci (see /sys/kernel/iommu_groups/%d/devices)",
+                    n, where, n);
         goto fail;
     }
     if (ioctl(v->group, VFIO_GROUP_SET_CONTAINER, &v->container) < 0 ||
         ioctl(v->container, VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU) < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
-                    "IOMMU group %d of %s: no IOMMU domain: %s (interrupt remapping off?)",
-                    n, where, g_strerror(errno));
+                    "IOMMU group %d of %s: no IOMMU domain: %s (interrupt remapping off?)", n,
+                    where, g_strerror(errno));
         goto fail;
     }
     v->device = ioctl(v->group, VFIO_GROUP_GET_DEVICE_FD, where);
@@ -206,8 +207,8 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
         goto fail;
     }
     if (!(v->info.flags & VFIO_DEVICE_FLAGS_PCI) || v->info.num_regions < VFIO_PCI_NUM_REGIONS) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
-                    "%s is not a PCI device to VFIO", where);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "%s is not a PCI device to VFIO",
+                    where);
         goto fail;
     }
     for (uint32_t i = 0; i < VFIO_PCI_NUM_REGIONS; i++) {
@@ -237,17 +238,17 @@ static int vfio_get_info(void *dev, VnWireDeviceInfo *info)
     /* What a borrower may use: the PCI regions and interrupt indexes;
      * device-specific extra regions are not lent. */
     *info = (VnWireDeviceInfo){ .argsz = sizeof(*info),
-                                .flags = v->info.flags & (VFIO_DEVICE_FLAGS_PCI |
-                                                          VFIO_DEVICE_FLAGS_RESET),
+                                .flags = v->info.flags &
+                                         (VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET),
                                 .num_regions = VFIO_PCI_NUM_REGIONS,
                                 .num_irqs = MIN(v->info.num_irqs, VFIO_PCI_NUM_IRQS) };
     return 0;
 }
 
 /* Region @index with its capability chain (sparse mmap areas). */
-static int vfio_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info,
-                                int *fd, struct vfio_region_sparse_mmap_area *sparse,
-                                uint32_t max_sparse, uint32_t *nr_sparse)
+static int vfio_get_region_info(void *dev, uint32_t index, struct vfio_region_info *info, int *fd,
+                                struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                                uint32_t *nr_sparse)
 {
     Vfio *v = dev;
     g_autofree uint8_t *buf = g_malloc0(VN_VFIO_INFO_MAX);
@@ -323,15 +324,15 @@ static int vfio_get_irq_info(void *dev, uint32_t index, struct vfio_irq_info *in
     return -errno;
 }
 
-static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start,
-                         uint32_t count, const uint8_t *bools, const int *fds)
+static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                         const uint8_t *bools, const int *fds)
 {
     Vfio *v = dev;
     size_t data = 0;
     g_autofree struct vfio_irq_set *s = NULL;
 
     if (count > 2048) {
-        return -EINVAL;         /* MSI-X has at most 2048 vectors */
+        return -EINVAL; /* MSI-X has at most 2048 vectors */
     }
     if (flags & VFIO_IRQ_SET_DATA_EVENTFD) {
         data = (size_t)count * sizeof(int32_t);
@@ -339,8 +340,11 @@ static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t sta
         data = count;
     }
     s = g_malloc0(sizeof(*s) + data);
-    *s = (struct vfio_irq_set){ .argsz = (uint32_t)(sizeof(*s) + data), .flags = flags,
-                                .index = index, .start = start, .count = count };
+    *s = (struct vfio_irq_set){ .argsz = (uint32_t)(sizeof(*s) + data),
+                                .flags = flags,
+                                .index = index,
+                                .start = start,
+                                .count = count };
     if ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && fds != NULL) {
         for (uint32_t i = 0; i < count; i++) {
             ((int32_t *)s->data)[i] = fds[i];
@@ -353,14 +357,14 @@ static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t sta
 
 static int region_check(Vfio *v, uint32_t region, uint64_t offset, uint32_t count)
 {
-    if (region >= VFIO_PCI_NUM_REGIONS || !vn_util_range_ok(offset, count, v->region_size[region])) {
+    if (region >= VFIO_PCI_NUM_REGIONS ||
+        !vn_util_range_ok(offset, count, v->region_size[region])) {
         return -EINVAL;
     }
     return 0;
 }
 
-static int vfio_region_read(void *dev, uint32_t region, uint64_t offset, void *buf,
-                            uint32_t count)
+static int vfio_region_read(void *dev, uint32_t region, uint64_t offset, void *buf, uint32_t count)
 {
     Vfio *v = dev;
     ssize_t n;
@@ -401,16 +405,20 @@ static int iova_check(Vfio *v, uint64_t iova, uint64_t size)
     }
     for (uint32_t i = 0; i + 1 < v->nr_ranges; i++) {
         if (last > v->ranges[i].end && iova < v->ranges[i + 1].start) {
-            g_snprintf(v->why, sizeof(v->why), "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] "
+            g_snprintf(v->why, sizeof(v->why),
+                       "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] "
                        "collides with the IOMMU's reserved range [0x%" PRIx64 ", 0x%" PRIx64
-                       "] of %s", iova, last, (uint64_t)v->ranges[i].end + 1,
+                       "] of %s",
+                       iova, last, (uint64_t)v->ranges[i].end + 1,
                        (uint64_t)v->ranges[i + 1].start - 1, v->bdf);
             g_warning("vfio %s", v->why);
             return -ERANGE;
         }
     }
-    g_snprintf(v->why, sizeof(v->why), "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] is "
-               "outside the IOMMU's usable addresses for %s", iova, last, v->bdf);
+    g_snprintf(v->why, sizeof(v->why),
+               "guest memory [0x%" PRIx64 ", 0x%" PRIx64 "] is "
+               "outside the IOMMU's usable addresses for %s",
+               iova, last, v->bdf);
     return -ERANGE;
 }
 
@@ -464,7 +472,8 @@ static int vfio_dma_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
 
     for (guint i = v->maps->len; i-- > 0;) {
         VfioMap *m = &g_array_index(v->maps, VfioMap, i);
-        struct vfio_iommu_type1_dma_unmap u = { .argsz = sizeof(u), .iova = m->iova,
+        struct vfio_iommu_type1_dma_unmap u = { .argsz = sizeof(u),
+                                                .iova = m->iova,
                                                 .size = m->size };
 
         if (!all && (m->iova < iova || m->iova + m->size > iova + size)) {
@@ -501,7 +510,7 @@ static int hot_reset(Vfio *v)
     }
     for (uint32_t i = 0; i < info->count; i++) {
         if ((int)info->devices[i].group_id != v->group_id) {
-            return -EBUSY;      /* another group shares the bus */
+            return -EBUSY; /* another group shares the bus */
         }
     }
     return ioctl(v->device, VFIO_DEVICE_PCI_HOT_RESET, &reset) < 0 ? -errno : 0;

@@ -24,8 +24,7 @@ bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error)
         missing = "name";
     } else if (ops->open == NULL || ops->close == NULL) {
         missing = "open and close";
-    } else if (ops->get_info == NULL || ops->get_region_info == NULL ||
-               ops->get_irq_info == NULL) {
+    } else if (ops->get_info == NULL || ops->get_region_info == NULL || ops->get_irq_info == NULL) {
         missing = "get_info, get_region_info and get_irq_info";
     } else if (ops->set_irqs == NULL) {
         missing = "set_irqs";
@@ -37,9 +36,8 @@ bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error)
         missing = "reset and stalled";
     }
     if (missing != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "device backend %s: %s missing", ops != NULL && ops->name != NULL
-                                                         ? ops->name : "(unnamed)", missing);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "device backend %s: %s missing",
+                    ops != NULL && ops->name != NULL ? ops->name : "(unnamed)", missing);
         return false;
     }
     return true;

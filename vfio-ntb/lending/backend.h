@@ -28,8 +28,8 @@
 #include <stdint.h>
 
 typedef enum VnBackendStall {
-    VN_BACKEND_TIMED_OUT,        /* @ms: the timeout */
-    VN_BACKEND_LATE_ANSWER,      /* @ms: how long after the command its answer came */
+    VN_BACKEND_TIMED_OUT,   /* @ms: the timeout */
+    VN_BACKEND_LATE_ANSWER, /* @ms: how long after the command its answer came */
 } VnBackendStall;
 
 /* A command to the device (@what names it) stalled; told from inside the
@@ -44,8 +44,8 @@ typedef struct VnBackendOps {
      * command answers within @timeout_ms.  @stall (may be NULL) hears of
      * commands that did not.  The device, or NULL with @error.
      */
-    void *(*open)(const char *where, unsigned timeout_ms, VnBackendStallFn stall,
-                  void *opaque, GError **error);
+    void *(*open)(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                  GError **error);
     void (*close)(void *dev);
     int (*get_info)(void *dev, VnWireDeviceInfo *info);
     /* *fd: the region's mmap fd or -1 (the caller owns it); up to
@@ -63,8 +63,7 @@ typedef struct VnBackendOps {
                         uint32_t count);
     /* Guest memory at @iova for the device: @size bytes of @fd (borrowed)
      * from @offset. */
-    int (*dma_map)(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
-                   uint32_t prot);
+    int (*dma_map)(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset, uint32_t prot);
     int (*dma_unmap)(void *dev, uint64_t iova, uint64_t size, bool all);
     /* The device as it came out of its reset, ready to be described again. */
     int (*reset)(void *dev);

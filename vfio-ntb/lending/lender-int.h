@@ -34,14 +34,14 @@ typedef struct VnLenderRelay {
     GSource *src;
     uint32_t index;
     uint32_t vector;
-    uint32_t bit;               /* doorbell bit (proto.h) */
+    uint32_t bit; /* doorbell bit (proto.h) */
 } VnLenderRelay;
 
 /* A fabric window onto one of the borrower's segments, shared by every DMA
  * mapping into that segment. */
 typedef struct VnLenderWindow {
     VnFabricWindow *w;
-    uint32_t refs;              /* mappings using it */
+    uint32_t refs; /* mappings using it */
 } VnLenderWindow;
 
 /* A DMA mapping the device holds for the borrower. */
@@ -53,22 +53,22 @@ typedef struct VnLenderMap {
 
 struct VnLender {
     VnFabric *fab;
-    GMainContext *ctx;          /* the fabric's: relay watches go there */
+    GMainContext *ctx; /* the fabric's: relay watches go there */
     char *name;
-    const VnBackendOps *ops;     /* how the device is reached (backend.h) */
-    char *where;                /* what the backend opens: a socket path, ... */
+    const VnBackendOps *ops; /* how the device is reached (backend.h) */
+    char *where;             /* what the backend opens: a socket path, ... */
 
     /* While lent (borrower != NULL). */
     char *borrower;
     VnIrqMode irq_mode;
-    void *device;               /* the backend's, while attached */
-    VnProtoDevice dev;          /* as described to the borrower */
-    GPtrArray *windows;         /* VnLenderWindow, owned */
-    GArray *maps;               /* VnLenderMap */
+    void *device;       /* the backend's, while attached */
+    VnProtoDevice dev;  /* as described to the borrower */
+    GPtrArray *windows; /* VnLenderWindow, owned */
+    GArray *maps;       /* VnLenderMap */
     VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
-    int request_fd;             /* the device request's eventfd, or -1 */
+    int request_fd; /* the device request's eventfd, or -1 */
     GSource *request_src;
-    uint32_t requests;          /* asked this lending */
+    uint32_t requests; /* asked this lending */
 
     VnLenderRequestFn on_request;
     void *on_request_opaque;
@@ -81,8 +81,7 @@ struct VnLender {
 
 /* lender.c: answer @token with @err (either sign) and a message that
  * starts with the device's name. */
-void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...)
-    G_GNUC_PRINTF(4, 5);
+void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...) G_GNUC_PRINTF(4, 5);
 
 /* lender-irq.c */
 void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token);

@@ -52,16 +52,15 @@ void vn_lender_request_watch(VnLender *l)
     }
     fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) {
-        g_warning("lender %s: no eventfd for the device request: %s", l->name,
-                  g_strerror(errno));
+        g_warning("lender %s: no eventfd for the device request: %s", l->name, g_strerror(errno));
         return;
     }
-    ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                           req, 0, 1, NULL, &fd);
+    ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER, req,
+                           0, 1, NULL, &fd);
     if (ret < 0) {
         g_warning("lender %s: the host's device request cannot be heard (%s): an unbind "
-                  "or removal of %s would wait for the lease to end", l->name,
-                  g_strerror(-ret), l->where);
+                  "or removal of %s would wait for the lease to end",
+                  l->name, g_strerror(-ret), l->where);
         close(fd);
         return;
     }
@@ -94,7 +93,7 @@ static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
     /* One doorbell per wake-up: signals that came together are one
      * interrupt, as an edge-triggered MSI would be. */
     if (read(fd, &n, sizeof(n)) != sizeof(n)) {
-        return G_SOURCE_CONTINUE;   /* EAGAIN: another read got it */
+        return G_SOURCE_CONTINUE; /* EAGAIN: another read got it */
     }
     ret = vn_fabric_doorbell(l->fab, l->borrower, r->bit);
     if (ret == 0) {
@@ -102,8 +101,8 @@ static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
          * every completion interrupt was relayed, coalesced or not. */
         l->stats.relayed_irqs += n;
     }
-    VN_TRACE("lender %s: index %u vector %u -> %s's doorbell %u: %d", l->name, r->index,
-             r->vector, l->borrower, r->bit, ret);
+    VN_TRACE("lender %s: index %u vector %u -> %s's doorbell %u: %d", l->name, r->index, r->vector,
+             l->borrower, r->bit, ret);
     return G_SOURCE_CONTINUE;
 }
 
@@ -185,8 +184,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     while (done < s->count) {
         uint32_t n = MIN(s->count - done, VN_MAX_MSG_FDS);
 
-        ret = l->ops->set_irqs(l->device, s->flags, s->index, s->start + done, n, NULL,
-                                 fds + done);
+        ret = l->ops->set_irqs(l->device, s->flags, s->index, s->start + done, n, NULL, fds + done);
         if (ret < 0) {
             break;
         }
@@ -195,7 +193,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
     if (ret < 0) {
         if (done > 0) {
             l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                               s->index, s->start, done, NULL, NULL);
+                             s->index, s->start, done, NULL, NULL);
             vn_lender_relay_drop(l, s->index, s->start, done);
         }
         vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
@@ -280,8 +278,7 @@ static bool routes_open(VnLender *l, VnFabricMsg *msg, const VnProtoSetIrqs *s, 
             int err = -fds[i];
 
             vn_util_close_fds(fds, i);
-            vn_lender_fail(l, token, err, "SET_IRQS: vector %u: %s", s->start + i,
-                           error->message);
+            vn_lender_fail(l, token, err, "SET_IRQS: vector %u: %s", s->start + i, error->message);
             return false;
         }
     }
@@ -323,8 +320,7 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
         ret = relay_check(l, &s, &why);
         if (ret != 0 || msg->data_len != 0) {
             vn_lender_fail(l, token, ret != 0 ? ret : EINVAL, "SET_IRQS: %s (index %u, %u+%u)",
-                           why != NULL ? why : "relay carries no data", s.index, s.start,
-                           s.count);
+                           why != NULL ? why : "relay carries no data", s.index, s.start, s.count);
             return;
         }
         relay_assign(l, &s, token);
@@ -336,8 +332,8 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
     if (msg->data_len != (data == VFIO_IRQ_SET_DATA_BOOL ? s.count
                           : nroutes > 0                  ? (size_t)nroutes * sizeof(uint64_t)
                                                          : 0)) {
-        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %zu data bytes for %u vectors",
-                       msg->data_len, s.count);
+        vn_lender_fail(l, token, EINVAL, "SET_IRQS: %zu data bytes for %u vectors", msg->data_len,
+                       s.count);
         return;
     }
     if (nroutes > 0 && (l->irq_mode != VN_IRQ_MODE_FD || nroutes > VN_MAX_MSG_FDS)) {
@@ -350,8 +346,8 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
         return;
     }
     ret = l->ops->set_irqs(l->device, s.flags, s.index, s.start, s.count,
-                             data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
-                             nroutes > 0 ? fds : NULL);
+                           data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
+                           nroutes > 0 ? fds : NULL);
     /* The device server has its own copies now. */
     vn_util_close_fds(fds, nroutes);
     if (ret < 0) {
@@ -359,14 +355,13 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
         return;
     }
     /* The device no longer signals our eventfds there. */
-    if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_EVENTFD &&
-        s.count > 0) {
+    if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_EVENTFD && s.count > 0) {
         vn_lender_relay_drop(l, s.index, s.start, s.count);
     } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_NONE &&
                s.count == 0) {
-        vn_lender_relay_drop(l, s.index, 0, 0);     /* linux/vfio.h: disable the index */
+        vn_lender_relay_drop(l, s.index, 0, 0); /* linux/vfio.h: disable the index */
     }
-    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u routes %u", l->name, s.flags,
-             s.index, s.start, s.count, nroutes);
+    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u routes %u", l->name, s.flags, s.index,
+             s.start, s.count, nroutes);
     vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 }

@@ -84,8 +84,8 @@ static void reply_ok(VnLender *l, uint64_t token)
 
 /* ---- life -------------------------------------------------------------- */
 
-VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops,
-                        const char *where, GError **error)
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops, const char *where,
+                        GError **error)
 {
     g_autofree char *json = NULL;
     char checked[VN_MAX_DEVICE_NAME + 1];
@@ -207,13 +207,12 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     if (!vn_util_range_ok(m.offset, m.size, lw->w->size)) {
         vn_lender_fail(l, token, EINVAL,
-                       "DMA_MAP: [0x%" PRIx64 ", +0x%" PRIx64 ") lies outside segment %"
-                       PRIu64 " (0x%" PRIx64 " bytes)", m.offset, m.size, m.segment,
-                       lw->w->size);
+                       "DMA_MAP: [0x%" PRIx64 ", +0x%" PRIx64 ") lies outside segment %" PRIu64
+                       " (0x%" PRIx64 " bytes)",
+                       m.offset, m.size, m.segment, lw->w->size);
         goto unused;
     }
-    ret = l->ops->dma_map(l->device, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset,
-                          m.prot);
+    ret = l->ops->dma_map(l->device, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset, m.prot);
     if (ret < 0) {
         const char *why = l->ops->last_error != NULL ? l->ops->last_error(l->device) : NULL;
 
@@ -225,8 +224,8 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     map = (VnLenderMap){ .iova = m.iova, .size = m.size, .segment = m.segment };
     g_array_append_val(l->maps, map);
     l->stats.dma_maps++;
-    VN_TRACE("lender %s: iova 0x%" PRIx64 " +0x%" PRIx64 " -> %s's segment %" PRIu64
-             " +0x%" PRIx64, l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
+    VN_TRACE("lender %s: iova 0x%" PRIx64 " +0x%" PRIx64 " -> %s's segment %" PRIu64 " +0x%" PRIx64,
+             l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
     reply_ok(l, token);
     return;
 
@@ -275,8 +274,8 @@ static void handle_dma_unmap(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     maps_forget(l, u.iova, u.size, u.all);
     l->stats.dma_unmaps++;
-    VN_TRACE("lender %s: unmapped %s0x%" PRIx64 " +0x%" PRIx64 "; %u mappings, %u windows",
-             l->name, u.all ? "all, " : "", u.iova, u.size, l->maps->len, l->windows->len);
+    VN_TRACE("lender %s: unmapped %s0x%" PRIx64 " +0x%" PRIx64 "; %u mappings, %u windows", l->name,
+             u.all ? "all, " : "", u.iova, u.size, l->maps->len, l->windows->len);
     reply_ok(l, token);
 }
 
@@ -294,8 +293,8 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
         return;
     }
     if (r.region >= l->dev.num_regions) {
-        vn_lender_fail(l, token, EINVAL, "REGION_RW: no region %u (the device has %u)",
-                       r.region, l->dev.num_regions);
+        vn_lender_fail(l, token, EINVAL, "REGION_RW: no region %u (the device has %u)", r.region,
+                       l->dev.num_regions);
         return;
     }
     if (msg->data_len != (r.write ? r.count : 0)) {
@@ -387,15 +386,13 @@ void vn_lender_fence(VnLender *l, const char *why)
             if (l->dev.irq_count[i] == 0) {
                 continue;
             }
-            ret = l->ops->set_irqs(l->device,
-                                     VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER, i,
-                                     0, 0, NULL, NULL);
+            ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+                                   i, 0, 0, NULL, NULL);
             g_info("lender %s: fence: interrupts of index %u disabled: %s", l->name, i,
                    ret < 0 ? g_strerror(-ret) : "ok");
         }
         ret = l->ops->reset(l->device);
-        g_info("lender %s: fence: device reset: %s", l->name,
-               ret < 0 ? g_strerror(-ret) : "ok");
+        g_info("lender %s: fence: device reset: %s", l->name, ret < 0 ? g_strerror(-ret) : "ok");
     }
     g_info("lender %s: fence: %u windows unmapped", l->name, l->windows->len);
     maps_forget(l, 0, 0, true);
@@ -417,8 +414,8 @@ void vn_lender_fence(VnLender *l, const char *why)
  * trapped), or -1 with @error (a region too large for the windows).
  */
 static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint64_t size,
-                         const char *peer, uint64_t max_window, VnProtoRegion *r,
-                         GError **why, GError **error)
+                         const char *peer, uint64_t max_window, VnProtoRegion *r, GError **why,
+                         GError **error)
 {
     g_autofree char *total = vn_util_size_text(size);
     g_autofree char *each = NULL;
@@ -430,7 +427,8 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
         if (chunk < vn_fabric_limits(l->fab)->window_align) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "region %u: the borrower's windows (%" PRIu64 " bytes) are smaller "
-                        "than a page", i, max_window);
+                        "than a page",
+                        i, max_window);
             return -1;
         }
     }
@@ -439,7 +437,8 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
     if (n > VN_PROTO_MAX_REGION_SEGMENTS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "region %u (%s) needs more than %u of the borrower's %s windows (its "
-                    "max-window-size)", i, total, VN_PROTO_MAX_REGION_SEGMENTS, each);
+                    "max-window-size)",
+                    i, total, VN_PROTO_MAX_REGION_SEGMENTS, each);
         return -1;
     }
     for (uint32_t k = 0; k < n; k++) {
@@ -454,14 +453,14 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
         }
         if (id == 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                        "region %u (%s) needs %u windows of %s; slice %u: %s", i, total, n,
-                        each, k, local->message);
+                        "region %u (%s) needs %u windows of %s; slice %u: %s", i, total, n, each, k,
+                        local->message);
             return -1;
         }
         r->segments[r->nr_segments++] = id;
     }
-    VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is %u segment%s from %" PRIu64
-             " for %s", l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
+    VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is %u segment%s from %" PRIu64 " for %s",
+             l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
     return 0;
 }
 
@@ -478,8 +477,8 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
 
     ret = l->ops->get_region_info(l->device, i, &ri, &fd, areas, VN_MAX_SPARSE_AREAS, &nr);
     if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "region %u info: %s", i, g_strerror(-ret));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "region %u info: %s", i,
+                    g_strerror(-ret));
         return ret;
     }
     r->size = ri.size;
@@ -536,17 +535,18 @@ static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, u
     if (ev == VN_BACKEND_TIMED_OUT) {
         l->stats.device_timeouts++;
         g_warning("lender %s: device server %s did not answer %s within %" PRIu64
-                  " ms; the borrower's request failed", l->name, l->where, what, ms);
-        g_snprintf(l->last_stall, sizeof(l->last_stall), "%s: %s not answered within %" PRIu64
-                   " ms", at, what, ms);
+                  " ms; the borrower's request failed",
+                  l->name, l->where, what, ms);
+        g_snprintf(l->last_stall, sizeof(l->last_stall),
+                   "%s: %s not answered within %" PRIu64 " ms", at, what, ms);
     } else {
         l->stats.device_late++;
         g_warning("lender %s: device server %s answered %s %" PRIu64
-                  " ms after it was sent; that late answer was dropped", l->name,
-                  l->where, what, ms);
+                  " ms after it was sent; that late answer was dropped",
+                  l->name, l->where, what, ms);
         g_snprintf(l->last_stall, sizeof(l->last_stall),
-                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)",
-                   at, what, ms);
+                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)", at,
+                   what, ms);
     }
 }
 
@@ -653,8 +653,7 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, EPERM, "not lent to %s", msg->peer);
         return;
     }
-    if (msg->data_len > 0 && msg->type != VN_PROTO_SET_IRQS &&
-        msg->type != VN_PROTO_REGION_RW) {
+    if (msg->data_len > 0 && msg->type != VN_PROTO_SET_IRQS && msg->type != VN_PROTO_REGION_RW) {
         vn_lender_fail(l, token, EINVAL, "%s carries no data", vn_proto_type_to_string(msg->type));
         return;
     }

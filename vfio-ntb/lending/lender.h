@@ -44,10 +44,10 @@
 typedef struct VnLender VnLender;
 
 typedef struct VnLenderStats {
-    uint64_t requests;        /* lending-protocol requests handled */
-    uint64_t region_rw;       /* forwarded region accesses, config included */
-    uint64_t config_rw;       /* forwarded config-space accesses */
-    uint64_t relayed_irqs;    /* device interrupts relayed (one doorbell may carry
+    uint64_t requests;     /* lending-protocol requests handled */
+    uint64_t region_rw;    /* forwarded region accesses, config included */
+    uint64_t config_rw;    /* forwarded config-space accesses */
+    uint64_t relayed_irqs; /* device interrupts relayed (one doorbell may carry
                                * several that coalesced in the eventfd) */
     uint64_t dma_maps;
     uint64_t dma_unmaps;
@@ -65,8 +65,8 @@ typedef struct VnLenderStats {
  * (backend.h, checked here) at @where (a vfio-user socket, ...).  Nothing
  * opens it until a borrower attaches.
  */
-VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops,
-                        const char *where, GError **error);
+VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops, const char *where,
+                        GError **error);
 /* Fences first if a borrower holds the device. */
 void vn_lender_free(VnLender *l);
 

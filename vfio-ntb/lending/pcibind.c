@@ -95,8 +95,7 @@ GPtrArray *vn_pcibind_class_of(const char *sys, const char *cls, const char *bdf
     const char *name;
     unsigned n = 0;
 
-    while (d != NULL && (name = g_dir_read_name(d)) != NULL &&
-           n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
+    while (d != NULL && (name = g_dir_read_name(d)) != NULL && n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
         g_autofree char *entry = g_build_filename(cdir, name, NULL);
         g_autofree char *real = realpath(entry, NULL);
         g_autofree char *slashed = real != NULL ? g_strconcat(real, "/", NULL) : NULL;
@@ -116,8 +115,8 @@ static void for_class(const char *sys, const char *cls, const char *bdf, Users *
     g_autoptr(GPtrArray) names = vn_pcibind_class_of(sys, cls, bdf);
 
     for (guint i = 0; i < names->len; i++) {
-        g_autofree char *entry = g_strdup_printf("%s/class/%s/%s", sys, cls,
-                                                 (char *)names->pdata[i]);
+        g_autofree char *entry =
+            g_strdup_printf("%s/class/%s/%s", sys, cls, (char *)names->pdata[i]);
 
         fn(u, entry, names->pdata[i], opaque);
     }
@@ -262,7 +261,8 @@ char *vn_pcibind_group_conflicts(const char *sys, const char *bdf)
     const char *other;
     unsigned n = 0;
 
-    while (d != NULL && (other = g_dir_read_name(d)) != NULL && n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
+    while (d != NULL && (other = g_dir_read_name(d)) != NULL &&
+           n++ < VN_PCIBIND_MAX_CLASS_ENTRIES) {
         g_autofree char *odir = g_build_filename(gdir, other, NULL);
         g_autofree char *driver = link_name(odir, "driver");
 
@@ -285,7 +285,7 @@ static bool attr_write(const char *dir, const char *name, const char *text, GErr
 {
     g_autofree char *path = g_build_filename(dir, name, NULL);
     size_t len = strlen(text);
-    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);   /* O_TRUNC: for a plain file */
+    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC); /* O_TRUNC: for a plain file */
     ssize_t n;
     int e;
 
@@ -344,8 +344,7 @@ bool vn_pcibind_to_vfio(const char *sys, const char *bdf, char **was, GError **e
     return true;
 }
 
-GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
-                                   GError **error)
+GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n, GError **error)
 {
     g_autofree char *dir = function_dir(sys, bdf);
     g_autofree char *total = read_attr(dir, "sriov_totalvfs");
@@ -367,8 +366,8 @@ GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
     if (strcmp(now, want) != 0 &&
         ((strcmp(now, "0") != 0 && !attr_write(dir, "sriov_numvfs", "0", error)) ||
          !attr_write(dir, "sriov_numvfs", want, error))) {
-        g_prefix_error(error, "creating %u virtual functions of %s (is its own driver bound?): ",
-                       n, bdf);
+        g_prefix_error(error, "creating %u virtual functions of %s (is its own driver bound?): ", n,
+                       bdf);
         return NULL;
     }
     for (unsigned i = 0; i < n; i++) {
@@ -376,8 +375,8 @@ GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
         g_autofree char *vf = link_name(dir, link);
 
         if (vf[0] == '\0') {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "%s has no virtual function %u",
-                        bdf, i);
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "%s has no virtual function %u", bdf,
+                        i);
             return NULL;
         }
         g_ptr_array_add(vfs, g_steal_pointer(&vf));
@@ -394,7 +393,7 @@ bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GE
     g_autofree char *now = NULL;
 
     if (strcmp(driver, "vfio-pci") == 0) {
-        return true;                    /* it was vfio-pci's before we took it */
+        return true; /* it was vfio-pci's before we took it */
     }
     now = vn_pcibind_driver(sys, bdf, error);
     if (now == NULL) {

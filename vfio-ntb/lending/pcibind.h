@@ -65,7 +65,6 @@ bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GE
  * alone).  Their addresses in order, a new array of strings; NULL with
  * @error (no SR-IOV, more than sriov_totalvfs, the driver refused).
  */
-GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n,
-                                   GError **error);
+GPtrArray *vn_pcibind_sriov_enable(const char *sys, const char *bdf, unsigned n, GError **error);
 
 #endif /* VN_PCIBIND_H */

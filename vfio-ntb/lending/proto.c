@@ -15,14 +15,10 @@
 #include <string.h>
 
 static const char *const type_names[VN_PROTO_LAST] = {
-    [VN_PROTO_INVALID] = "INVALID",
-    [VN_PROTO_ATTACH] = "ATTACH",
-    [VN_PROTO_DETACH] = "DETACH",
-    [VN_PROTO_REGION_RW] = "REGION_RW",
-    [VN_PROTO_DMA_MAP] = "DMA_MAP",
-    [VN_PROTO_DMA_UNMAP] = "DMA_UNMAP",
-    [VN_PROTO_SET_IRQS] = "SET_IRQS",
-    [VN_PROTO_RESET] = "RESET",
+    [VN_PROTO_INVALID] = "INVALID",   [VN_PROTO_ATTACH] = "ATTACH",
+    [VN_PROTO_DETACH] = "DETACH",     [VN_PROTO_REGION_RW] = "REGION_RW",
+    [VN_PROTO_DMA_MAP] = "DMA_MAP",   [VN_PROTO_DMA_UNMAP] = "DMA_UNMAP",
+    [VN_PROTO_SET_IRQS] = "SET_IRQS", [VN_PROTO_RESET] = "RESET",
 };
 
 const char *vn_proto_type_to_string(uint32_t type)
@@ -68,14 +64,13 @@ static JsonObject *parse_object(const char *json, const char *what, GError **err
 /* An unsigned integer member no larger than @max.  JSON numbers are int64
  * in json-glib, so values above INT64_MAX cannot be expressed (none of ours
  * needs them: sizes and addresses are below 2^63 on x86-64). */
-static bool get_uint(JsonObject *o, const char *name, uint64_t max, uint64_t *out,
-                     const char *what, GError **error)
+static bool get_uint(JsonObject *o, const char *name, uint64_t max, uint64_t *out, const char *what,
+                     GError **error)
 {
     JsonNode *n = json_object_get_member(o, name);
 
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) ||
-        json_node_get_value_type(n) != G_TYPE_INT64 || json_node_get_int(n) < 0 ||
-        (uint64_t)json_node_get_int(n) > max) {
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
+        json_node_get_int(n) < 0 || (uint64_t)json_node_get_int(n) > max) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "%s: \"%s\" must be an integer in 0..%" G_GUINT64_FORMAT, what, name, max);
         return false;
@@ -84,8 +79,8 @@ static bool get_uint(JsonObject *o, const char *name, uint64_t max, uint64_t *ou
     return true;
 }
 
-static bool get_u32(JsonObject *o, const char *name, uint32_t max, uint32_t *out,
-                    const char *what, GError **error)
+static bool get_u32(JsonObject *o, const char *name, uint32_t max, uint32_t *out, const char *what,
+                    GError **error)
 {
     uint64_t v;
 
@@ -96,30 +91,26 @@ static bool get_u32(JsonObject *o, const char *name, uint32_t max, uint32_t *out
     return true;
 }
 
-static bool get_bool(JsonObject *o, const char *name, bool *out, const char *what,
-                     GError **error)
+static bool get_bool(JsonObject *o, const char *name, bool *out, const char *what, GError **error)
 {
     JsonNode *n = json_object_get_member(o, name);
 
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) ||
-        json_node_get_value_type(n) != G_TYPE_BOOLEAN) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: \"%s\" must be true or false", what, name);
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_BOOLEAN) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: \"%s\" must be true or false",
+                    what, name);
         return false;
     }
     *out = json_node_get_boolean(n);
     return true;
 }
 
-static const char *get_string(JsonObject *o, const char *name, const char *what,
-                              GError **error)
+static const char *get_string(JsonObject *o, const char *name, const char *what, GError **error)
 {
     JsonNode *n = json_object_get_member(o, name);
 
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) ||
-        json_node_get_value_type(n) != G_TYPE_STRING) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: \"%s\" must be a string", what, name);
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: \"%s\" must be a string", what,
+                    name);
         return NULL;
     }
     return json_node_get_string(n);
@@ -144,8 +135,8 @@ static JsonObject *array_object(JsonArray *a, guint i, const char *what, GError 
     JsonNode *n = json_array_get_element(a, i);
 
     if (!JSON_NODE_HOLDS_OBJECT(n)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: element %u is not an object", what, i);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: element %u is not an object",
+                    what, i);
         return NULL;
     }
     return json_node_get_object(n);
@@ -231,8 +222,7 @@ char *vn_proto_device_to_json(const VnProtoDevice *d)
 }
 
 /* "segments", when there: 2 or more ids, none 0, the first "segment". */
-static bool segments_from_json(JsonObject *o, VnProtoRegion *r, const char *what,
-                               GError **error)
+static bool segments_from_json(JsonObject *o, VnProtoRegion *r, const char *what, GError **error)
 {
     JsonArray *a;
 
@@ -340,8 +330,7 @@ char *vn_proto_device_only_to_json(const char *device)
     return finish(b);
 }
 
-bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
-                          GError **error)
+bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1], GError **error)
 {
     const char *what = "request";
     g_autoptr(JsonObject) o = parse_object(json, what, error);
@@ -351,8 +340,8 @@ bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
         return false;
     }
     if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: device name must be %s", what,
+                    vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     g_strlcpy(out, dev, VN_MAX_DEVICE_NAME + 1);
@@ -385,8 +374,8 @@ bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **erro
         return false;
     }
     if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: device name must be %s", what, vn_name_rule(VN_NAME_DEVICE));
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: device name must be %s", what,
+                    vn_name_rule(VN_NAME_DEVICE));
         return false;
     }
     if (!vn_irq_mode_from_string(mode, &a->irq_mode)) {
@@ -450,13 +439,13 @@ bool vn_proto_dma_map_from_json(const char *json, VnProtoDmaMap *m, GError **err
         !get_uint(o, "size", U63, &m->size, what, error) ||
         !get_uint(o, "segment", U63, &m->segment, what, error) ||
         !get_uint(o, "offset", U63, &m->offset, what, error) ||
-        !get_u32(o, "prot", VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, &m->prot,
-                 what, error)) {
+        !get_u32(o, "prot", VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, &m->prot, what,
+                 error)) {
         return false;
     }
     if (m->size == 0 || m->iova + m->size < m->iova || m->offset + m->size < m->offset) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: empty or wrapping range", what);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: empty or wrapping range",
+                    what);
         return false;
     }
     return true;
@@ -505,8 +494,8 @@ bool vn_proto_set_irqs_from_json(const char *json, VnProtoSetIrqs *s, GError **e
     g_autoptr(JsonObject) o = parse_object(json, what, error);
 
     if (o == NULL ||
-        !get_u32(o, "flags", VFIO_IRQ_SET_DATA_TYPE_MASK | VFIO_IRQ_SET_ACTION_TYPE_MASK,
-                 &s->flags, what, error) ||
+        !get_u32(o, "flags", VFIO_IRQ_SET_DATA_TYPE_MASK | VFIO_IRQ_SET_ACTION_TYPE_MASK, &s->flags,
+                 what, error) ||
         !get_u32(o, "index", VN_MAX_IRQ_INDEXES - 1, &s->index, what, error) ||
         !get_u32(o, "start", VN_MAX_IRQ_VECTORS, &s->start, what, error) ||
         !get_u32(o, "count", VN_MAX_IRQ_VECTORS, &s->count, what, error) ||
@@ -515,8 +504,8 @@ bool vn_proto_set_irqs_from_json(const char *json, VnProtoSetIrqs *s, GError **e
         return false;
     }
     if ((uint64_t)s->start + s->count > VN_MAX_IRQ_VECTORS) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "%s: start + count above %u", what, VN_MAX_IRQ_VECTORS);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: start + count above %u", what,
+                    VN_MAX_IRQ_VECTORS);
         return false;
     }
     return true;

@@ -55,11 +55,7 @@ typedef enum VnProtoType {
 
 const char *vn_proto_type_to_string(uint32_t type);
 
-typedef enum VnIrqMode {
-    VN_IRQ_MODE_FD = 0,
-    VN_IRQ_MODE_RELAY,
-    VN_IRQ_MODE_LAST
-} VnIrqMode;
+typedef enum VnIrqMode { VN_IRQ_MODE_FD = 0, VN_IRQ_MODE_RELAY, VN_IRQ_MODE_LAST } VnIrqMode;
 
 const char *vn_irq_mode_to_string(VnIrqMode mode);
 /* Returns false for an unknown name. */
@@ -78,18 +74,18 @@ bool vn_irq_mode_from_string(const char *s, VnIrqMode *mode);
  * one); every slice but the last is as large as the first. */
 typedef struct VnProtoRegion {
     uint64_t size;
-    uint32_t flags;               /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
-    uint32_t nr_segments;         /* 0: trapped */
+    uint32_t flags;       /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
+    uint32_t nr_segments; /* 0: trapped */
     uint64_t segments[VN_PROTO_MAX_REGION_SEGMENTS];
     uint32_t nr_sparse;
     VnSparseArea sparse[VN_MAX_SPARSE_AREAS];
 } VnProtoRegion;
 
 typedef struct VnProtoDevice {
-    uint32_t flags;               /* VFIO_DEVICE_FLAGS_* */
-    uint32_t num_regions;         /* <= VN_MAX_REGIONS */
+    uint32_t flags;       /* VFIO_DEVICE_FLAGS_* */
+    uint32_t num_regions; /* <= VN_MAX_REGIONS */
     VnProtoRegion regions[VN_MAX_REGIONS];
-    uint32_t num_irqs;            /* <= VN_MAX_IRQ_INDEXES */
+    uint32_t num_irqs; /* <= VN_MAX_IRQ_INDEXES */
     uint32_t irq_count[VN_MAX_IRQ_INDEXES];
     uint32_t irq_flags[VN_MAX_IRQ_INDEXES];
 } VnProtoDevice;
@@ -108,7 +104,7 @@ typedef struct VnProtoAttach {
 typedef struct VnProtoRegionRw {
     uint32_t region;
     uint64_t offset;
-    uint32_t count;               /* <= VN_MAX_DATA_XFER */
+    uint32_t count; /* <= VN_MAX_DATA_XFER */
     bool write;
 } VnProtoRegionRw;
 
@@ -116,7 +112,7 @@ typedef struct VnProtoDmaMap {
     uint64_t iova;
     uint64_t size;
     uint64_t segment;
-    uint64_t offset;              /* into the segment */
+    uint64_t offset; /* into the segment */
     uint32_t prot;
 } VnProtoDmaMap;
 
@@ -131,15 +127,14 @@ typedef struct VnProtoSetIrqs {
     uint32_t index;
     uint32_t start;
     uint32_t count;
-    bool relay;                   /* DATA_EVENTFD without routes: lender makes its own */
-    uint32_t doorbell;            /* relay: the borrower's bit for vector @start */
+    bool relay;        /* DATA_EVENTFD without routes: lender makes its own */
+    uint32_t doorbell; /* relay: the borrower's bit for vector @start */
 } VnProtoSetIrqs;
 
 /* A request naming only the device (DETACH, RESET). */
 char *vn_proto_device_only_to_json(const char *device);
 /* The "device" member of any request, validated, into @out. */
-bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
-                          GError **error);
+bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1], GError **error);
 
 char *vn_proto_attach_to_json(const VnProtoAttach *a);
 bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **error);

@@ -78,12 +78,11 @@ static char *managed_take(const char *bdf, const char *state)
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return NULL;
     }
-    if (kept != NULL && strlen(kept) <= 64 && g_regex_match_simple("^[A-Za-z0-9_.-]*$", kept,
-                                                                    0, 0)) {
+    if (kept != NULL && strlen(kept) <= 64 &&
+        g_regex_match_simple("^[A-Za-z0-9_.-]*$", kept, 0, 0)) {
         return g_steal_pointer(&kept);
     }
-    if (!g_file_set_contents_full(state, was, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600,
-                                  &error)) {
+    if (!g_file_set_contents_full(state, was, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
     }
     return g_steal_pointer(&was);
@@ -149,8 +148,7 @@ int main(int argc, char **argv)
     g_autofree char *control = NULL, *backend = NULL, *at = NULL, *managed = NULL;
     g_autofree char *was = NULL;
     GOptionEntry entries[] = {
-        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker",
-          "PATH" },
+        { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lent device's name", "NAME" },
         { "backend", 0, 0, G_OPTION_ARG_STRING, &backend,
@@ -163,7 +161,8 @@ int main(int argc, char **argv)
           "PATH" },
         { "managed-state", 0, 0, G_OPTION_ARG_FILENAME, &managed,
           "bind the PCI function to vfio-pci, keeping its driver's name in PATH; give it "
-          "back to that driver on SIGTERM", "PATH" },
+          "back to that driver on SIGTERM",
+          "PATH" },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one lent device's backend");

@@ -30,8 +30,8 @@ static bool G_GNUC_PRINTF(2, 3) fail(GError **error, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    g_propagate_error(error, g_error_new_valist(G_MARKUP_ERROR,
-                                                G_MARKUP_ERROR_INVALID_CONTENT, fmt, ap));
+    g_propagate_error(error,
+                      g_error_new_valist(G_MARKUP_ERROR, G_MARKUP_ERROR_INVALID_CONTENT, fmt, ap));
     va_end(ap);
     return false;
 }
@@ -114,14 +114,16 @@ static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **erro
     for (const xmlAttr *a = el->properties; a != NULL; a = a->next) {
         const char *an = (const char *)a->name;
 
-        if (a->ns != NULL || (strcmp(an, "name") != 0 && strcmp(an, "alias") != 0 &&
-                              strcmp(an, "irq-mode") != 0)) {
-            const char *prefix = a->ns != NULL && a->ns->prefix != NULL ?
-                                 (const char *)a->ns->prefix : NULL;
+        if (a->ns != NULL ||
+            (strcmp(an, "name") != 0 && strcmp(an, "alias") != 0 && strcmp(an, "irq-mode") != 0)) {
+            const char *prefix =
+                a->ns != NULL && a->ns->prefix != NULL ? (const char *)a->ns->prefix : NULL;
 
-            return fail(error, "<vn:device> %u: unknown attribute \"%s%s%.*s\" (name, alias "
-                        "and irq-mode are known)", index, prefix != NULL ? prefix : "",
-                        prefix != NULL ? ":" : "", VN_DOMXML_SHOWN, an);
+            return fail(error,
+                        "<vn:device> %u: unknown attribute \"%s%s%.*s\" (name, alias "
+                        "and irq-mode are known)",
+                        index, prefix != NULL ? prefix : "", prefix != NULL ? ":" : "",
+                        VN_DOMXML_SHOWN, an);
         }
     }
     d->device = prop(el, "name");
@@ -153,16 +155,17 @@ static bool parse_devices(xmlNode *list, GPtrArray *devs, GError **error)
     for (xmlNode *n = list->children; n != NULL; n = n->next) {
         VnDomDevice *d;
 
-        if ((n->type == XML_TEXT_NODE || n->type == XML_CDATA_SECTION_NODE) &&
-            !xmlIsBlankNode(n)) {
+        if ((n->type == XML_TEXT_NODE || n->type == XML_CDATA_SECTION_NODE) && !xmlIsBlankNode(n)) {
             return fail(error, "text inside <vn:devices>: only <vn:device> belongs there");
         }
         if (n->type != XML_ELEMENT_NODE) {
-            continue;   /* blanks, comments, processing instructions */
+            continue; /* blanks, comments, processing instructions */
         }
         if (!vn_domxml_is_element(n, VN_DOMXML_NS, "device")) {
-            return fail(error, "unknown element <%.*s> inside <vn:devices>: only <vn:device> "
-                        "belongs there", VN_DOMXML_SHOWN, (const char *)n->name);
+            return fail(error,
+                        "unknown element <%.*s> inside <vn:devices>: only <vn:device> "
+                        "belongs there",
+                        VN_DOMXML_SHOWN, (const char *)n->name);
         }
         if (devs->len >= VN_DOMXML_MAX_DEVICES) {
             return fail(error, "more than %u devices in <vn:devices>", VN_DOMXML_MAX_DEVICES);
@@ -177,12 +180,12 @@ static bool parse_devices(xmlNode *list, GPtrArray *devs, GError **error)
             const VnDomDevice *e = g_ptr_array_index(devs, i);
 
             if (strcmp(e->alias, d->alias) == 0) {
-                return fail(error, "devices %s and %s have the same alias %s", e->device,
-                            d->device, d->alias);
+                return fail(error, "devices %s and %s have the same alias %s", e->device, d->device,
+                            d->alias);
             }
             if (strcmp(e->device, d->device) == 0) {
-                return fail(error, "device %s is declared twice (aliases %s and %s)",
-                            d->device, e->alias, d->alias);
+                return fail(error, "device %s is declared twice (aliases %s and %s)", d->device,
+                            e->alias, d->alias);
             }
         }
     }
@@ -199,16 +202,17 @@ static bool parse_metadata(xmlNode *root, GPtrArray *devs, GError **error)
         }
         for (xmlNode *n = md->children; n != NULL; n = n->next) {
             if (!in_ns(n, VN_DOMXML_NS)) {
-                continue;   /* another application's metadata */
+                continue; /* another application's metadata */
             }
             if (strcmp((const char *)n->name, "devices") != 0) {
-                return fail(error, "unknown element <%.*s> of namespace %s in <metadata>: "
-                            "only <vn:devices> belongs there", VN_DOMXML_SHOWN,
-                            (const char *)n->name, VN_DOMXML_NS);
+                return fail(error,
+                            "unknown element <%.*s> of namespace %s in <metadata>: "
+                            "only <vn:devices> belongs there",
+                            VN_DOMXML_SHOWN, (const char *)n->name, VN_DOMXML_NS);
             }
             if (found != NULL) {
                 return fail(error, "more than one <vn:devices> in <metadata>: list every "
-                            "device in one");
+                                   "device in one");
             }
             found = n;
         }
@@ -241,12 +245,12 @@ static bool check_memory(xmlNode *root, GError **error)
     }
     if (!memfd) {
         return fail(error, "vfio-user devices need guest memory QEMU can share: add "
-                    "<memoryBacking><source type='memfd'/><access mode='shared'/>"
-                    "</memoryBacking> to <domain>");
+                           "<memoryBacking><source type='memfd'/><access mode='shared'/>"
+                           "</memoryBacking> to <domain>");
     }
     if (!shared) {
         return fail(error, "guest memory is memfd but not shared: add <access mode='shared'/> "
-                    "to <memoryBacking>");
+                           "to <memoryBacking>");
     }
     return true;
 }
@@ -272,8 +276,8 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
     JsonNode *sock = json_object_get_member(o, "socket");
 
     if (g_strcmp0(driver, "vfio-user-pci") != 0) {
-        return fail(error, "its -device has driver \"%.*s\", not vfio-user-pci",
-                    VN_DOMXML_SHOWN, driver != NULL ? driver : "(none)");
+        return fail(error, "its -device has driver \"%.*s\", not vfio-user-pci", VN_DOMXML_SHOWN,
+                    driver != NULL ? driver : "(none)");
     }
     if (sock != NULL && JSON_NODE_HOLDS_OBJECT(sock) &&
         g_strcmp0(vn_util_json_string(json_node_get_object(sock), "type"), "unix") == 0) {
@@ -299,8 +303,10 @@ static bool take_device_arg(JsonObject *o, VnDomDevice *d, GError **error)
         return fail(error, "its -device has a \"bus\" that is not a string");
     }
     if (bus != NULL && !printable_word(bus, VN_MAX_QDEV_ID)) {
-        return fail(error, "its -device \"bus\" is not 1-%u printable characters (a root "
-                    "port's alias, such as pci.1)", VN_MAX_QDEV_ID);
+        return fail(error,
+                    "its -device \"bus\" is not 1-%u printable characters (a root "
+                    "port's alias, such as pci.1)",
+                    VN_MAX_QDEV_ID);
     }
     d->socket = g_strdup(path);
     d->bus = g_strdup(bus);
@@ -375,15 +381,17 @@ static bool match_args(xmlNode *root, GPtrArray *devs, GError **error)
         const VnDomDevice *d = g_ptr_array_index(devs, i);
 
         if (d->socket == NULL) {
-            return fail(error, "no <qemu:arg> -device has id %s (device %s): `ntbctl xml %s "
-                        "--alias %s` prints one", d->alias, d->device, d->device, d->alias);
+            return fail(error,
+                        "no <qemu:arg> -device has id %s (device %s): `ntbctl xml %s "
+                        "--alias %s` prints one",
+                        d->alias, d->device, d->device, d->alias);
         }
         for (guint j = 0; j < i; j++) {
             const VnDomDevice *e = g_ptr_array_index(devs, j);
 
             if (strcmp(e->socket, d->socket) == 0) {
-                return fail(error, "devices %s and %s use the same socket %s", e->device,
-                            d->device, d->socket);
+                return fail(error, "devices %s and %s use the same socket %s", e->device, d->device,
+                            d->socket);
             }
         }
     }
@@ -411,8 +419,8 @@ static bool parse_root(xmlNode *root, VnDomain *dom, GError **error)
     }
     /* No devices of ours: nothing else to require (hooks see every domain). */
     if (!parse_metadata(root, dom->devices, error) ||
-        (dom->devices->len > 0 && (!check_memory(root, error) ||
-                                   !match_args(root, dom->devices, error)))) {
+        (dom->devices->len > 0 &&
+         (!check_memory(root, error) || !match_args(root, dom->devices, error)))) {
         g_prefix_error(error, "domain %s: ", dom->name);
         return false;
     }
@@ -448,8 +456,7 @@ xmlDoc *vn_domxml_read(const char *xml, size_t len, GError **error)
     g_autoptr(xmlDoc) doc = NULL;
 
     if (len > VN_DOMXML_MAX_BYTES) {
-        fail(error, "domain XML is %zu bytes, more than the %u accepted", len,
-             VN_DOMXML_MAX_BYTES);
+        fail(error, "domain XML is %zu bytes, more than the %u accepted", len, VN_DOMXML_MAX_BYTES);
         return NULL;
     }
     /* No NOENT, no DTDLOAD: entities stay unexpanded and nothing is fetched. */
@@ -552,8 +559,7 @@ char *vn_domxml_device_arg(const char *alias, const char *socket, const char *bu
     return json_generator_to_data(gen, NULL);
 }
 
-char *vn_domxml_snippets(const char *device, const char *alias, const char *socket,
-                         const char *bus)
+char *vn_domxml_snippets(const char *device, const char *alias, const char *socket, const char *bus)
 {
     g_autofree char *json = vn_domxml_device_arg(alias, socket, bus);
     g_autofree char *json_attr = attr_escape(json);

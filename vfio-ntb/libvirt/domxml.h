@@ -53,11 +53,11 @@
 #define VN_DOMXML_MAX_SOCKET 107u
 
 typedef struct VnDomDevice {
-    char *device;       /* "host/name" */
-    char *alias;        /* the -device id */
-    char *irq_mode;     /* "fd", "relay", or NULL (the daemon's default) */
-    char *socket;       /* from the -device argument whose id is alias */
-    char *bus;          /* from that argument; NULL when it has none */
+    char *device;   /* "host/name" */
+    char *alias;    /* the -device id */
+    char *irq_mode; /* "fd", "relay", or NULL (the daemon's default) */
+    char *socket;   /* from the -device argument whose id is alias */
+    char *bus;      /* from that argument; NULL when it has none */
 } VnDomDevice;
 
 typedef struct VnDomain {

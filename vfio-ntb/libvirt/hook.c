@@ -134,8 +134,8 @@ static GPtrArray *served_to(VnCtlClient *c, const char *name, GError **error)
         a = json_object_new();
         json_object_set_string_member(a, "device", dev);
         one = vn_ctl_client_execute(c, "query-device", a, NULL);
-        to = vn_util_json_string(one && JSON_NODE_HOLDS_OBJECT(one) ? json_node_get_object(one)
-                                                                   : NULL, "attached_to");
+        to = vn_util_json_string(
+            one && JSON_NODE_HOLDS_OBJECT(one) ? json_node_get_object(one) : NULL, "attached_to");
         if (to != NULL && strcmp(to, name) == 0) {
             g_ptr_array_add(out, g_strdup(dev));
         }
@@ -158,8 +158,7 @@ static int release(VnCtlClient *c, const char *name, const VnDomain *dom)
         }
     }
     if (hot == NULL) {
-        fprintf(stderr, HOOK ": domain %s: which devices it was served: %s\n", name,
-                qerr->message);
+        fprintf(stderr, HOOK ": domain %s: which devices it was served: %s\n", name, qerr->message);
     }
     for (guint i = 0; i < all->len; i++) {
         VnDomDevice dev = { .device = all->pdata[i] };
@@ -182,8 +181,8 @@ static int reconnect(VnCtlClient *c, const VnDomain *dom)
         g_autoptr(GError) error = NULL;
 
         if (!attach(c, dom, dev, &error)) {
-            fprintf(stderr, HOOK ": domain %s: %s is not served to it any more: %s\n",
-                    dom->name, dev->device, error->message);
+            fprintf(stderr, HOOK ": domain %s: %s is not served to it any more: %s\n", dom->name,
+                    dev->device, error->message);
         }
     }
     return 0;
@@ -232,14 +231,14 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(dom->name, name) != 0) {
-        fprintf(stderr, HOOK ": called for domain %s with the XML of domain %s\n", name,
-                dom->name);
+        fprintf(stderr, HOOK ": called for domain %s with the XML of domain %s\n", name, dom->name);
         return starting ? 1 : 0;
     }
     if (strcmp(op, "migrate") == 0) {
-        fprintf(stderr, HOOK ": domain %s cannot migrate: it uses %u borrowed device%s (%s%s) "
-                "and QEMU cannot migrate vfio-user devices; detach them first\n", name,
-                dom->devices->len, dom->devices->len == 1 ? "" : "s",
+        fprintf(stderr,
+                HOOK ": domain %s cannot migrate: it uses %u borrowed device%s (%s%s) "
+                     "and QEMU cannot migrate vfio-user devices; detach them first\n",
+                name, dom->devices->len, dom->devices->len == 1 ? "" : "s",
                 ((VnDomDevice *)dom->devices->pdata[0])->device,
                 dom->devices->len > 1 ? ", ..." : "");
         return 1;

@@ -21,7 +21,7 @@
 
 typedef struct Step {
     FILE *out;
-    const char *what;           /* "reassign hosta/nvme0" */
+    const char *what; /* "reassign hosta/nvme0" */
     gint64 t0;
 } Step;
 
@@ -100,8 +100,7 @@ static JsonObject *dev_args(const char *device)
 
 static JsonNode *call(const VnHotplugHost *h, const char *cmd, JsonObject *args, GError **error)
 {
-    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(h->control, VN_CTL_DEFAULT_TIMEOUT_MS,
-                                                      error);
+    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(h->control, VN_CTL_DEFAULT_TIMEOUT_MS, error);
     JsonNode *ret = c ? vn_ctl_client_execute(c, cmd, args, error) : NULL;
 
     if (ret == NULL) {
@@ -139,8 +138,8 @@ static char *serve(const VnHotplugHost *h, const char *device, const char *domai
     json_object_set_string_member(a, "domain", domain);
     json_object_set_string_member(a, "qdev-id", alias);
     ret = call(h, "attach", a, error);
-    sock = vn_util_json_string(ret && JSON_NODE_HOLDS_OBJECT(ret) ? json_node_get_object(ret)
-                                                                  : NULL, "socket");
+    sock = vn_util_json_string(
+        ret && JSON_NODE_HOLDS_OBJECT(ret) ? json_node_get_object(ret) : NULL, "socket");
     if (ret != NULL && sock == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "%s: attach did not say where it serves %s", h->node, device);
@@ -166,7 +165,7 @@ static bool unplug(const VnHotplugHost *h, VnVirt *v, const char *device, const 
                    const char *id, Step *s, GError **error)
 {
     g_autoptr(JsonObject) a = dev_args(device);
-    g_autoptr(GError) ignored = NULL;   /* an older daemon: device_del does it */
+    g_autoptr(GError) ignored = NULL; /* an older daemon: device_del does it */
     g_autoptr(JsonNode) ret = call(h, "unplug", a, &ignored);
     bool requested = ret != NULL && JSON_NODE_HOLDS_OBJECT(ret) &&
                      vn_util_json_bool(json_node_get_object(ret), "requested");
@@ -211,8 +210,8 @@ static bool persist(const VnHotplugHost *h, VnVirt *v, const char *domain, const
         g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
         return false;
     }
-    if (!(p != NULL ? vn_domedit_declare(xml, strlen(xml), device, alias, p->sock, p->port,
-                                         &edited, error)
+    if (!(p != NULL ? vn_domedit_declare(xml, strlen(xml), device, alias, p->sock, p->port, &edited,
+                                         error)
                     : vn_domedit_undeclare(xml, strlen(xml), device, &edited, error))) {
         g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
         return false;
@@ -226,8 +225,7 @@ static bool persist(const VnHotplugHost *h, VnVirt *v, const char *domain, const
         g_prefix_error(error, "%s:%s's configuration: ", h->node, domain);
         return false;
     }
-    say(s, "%s %s:%s's configuration", p != NULL ? "declared in" : "removed from", h->node,
-        domain);
+    say(s, "%s %s:%s's configuration", p != NULL ? "declared in" : "removed from", h->node, domain);
     return true;
 }
 
@@ -300,8 +298,8 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
            (!config || persist(h, v, domain, device, alias ? alias : dflt, &where, &s, error));
 }
 
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from,
-                       bool config, FILE *progress, GError **error)
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from, bool config,
+                       FILE *progress, GError **error)
 {
     g_autofree char *what = g_strdup_printf("detach %s", device);
     Step s = { progress, what, g_get_monotonic_time() };
@@ -317,8 +315,8 @@ bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *f
     if (from != NULL && g_strcmp0(domain, from) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "%s is %s%s, not to %s: nothing changed", device,
-                    domain != NULL ? "attached to " : "not attached",
-                    domain != NULL ? domain : "", from);
+                    domain != NULL ? "attached to " : "not attached", domain != NULL ? domain : "",
+                    from);
         return false;
     }
     if (domain != NULL && id != NULL) {
@@ -350,8 +348,8 @@ static void holder_clear(Holder *w)
     g_free(w->bus);
 }
 
-static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *device,
-                        Holder *w, GError **error)
+static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *device, Holder *w,
+                        GError **error)
 {
     g_autoptr(JsonNode) k1 = NULL, k2 = NULL;
     JsonObject *st = device_state(to, device, &k1, error);
@@ -362,7 +360,7 @@ static bool find_holder(GHashTable *hosts, const VnHotplugHost *to, const char *
         return false;
     }
     if (node == NULL) {
-        return true;   /* nobody holds it */
+        return true; /* nobody holds it */
     }
     w->host = strcmp(node, to->node) == 0 ? to : hosts ? g_hash_table_lookup(hosts, node) : NULL;
     if (w->host == NULL) {
@@ -416,8 +414,8 @@ bool vn_hotplug_reassign(GHashTable *hosts, const VnHotplugHost *to, const char 
         goto out;
     }
     say(&s, "%s:%s has a free root port (%s); %s is %s%s%s%s", to->node, domain, port, device,
-        w.host ? "held by " : "available", w.host ? w.host->node : "",
-        w.domain ? ":" : "", w.domain ? w.domain : "");
+        w.host ? "held by " : "available", w.host ? w.host->node : "", w.domain ? ":" : "",
+        w.domain ? w.domain : "");
     if (w.host != NULL && w.domain != NULL && strcmp(w.host->node, to->node) == 0 &&
         strcmp(w.domain, domain) == 0) {
         say(&s, "already there");

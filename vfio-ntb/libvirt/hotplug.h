@@ -27,9 +27,9 @@
 #include <stdio.h>
 
 typedef struct VnHotplugHost {
-    const char *node;           /* its fabric node name */
-    const char *control;        /* its vfio-ntbd control socket */
-    const char *libvirt_uri;    /* NULL: libvirt's default */
+    const char *node;        /* its fabric node name */
+    const char *control;     /* its vfio-ntbd control socket */
+    const char *libvirt_uri; /* NULL: libvirt's default */
 } VnHotplugHost;
 
 /* A --hosts file: [NODE] control = PATH, libvirt = URI.  Freed with g_hash_table_unref;
@@ -44,8 +44,8 @@ bool vn_hotplug_attach(const VnHotplugHost *h, const char *device, const char *d
 /* Unplug @device from the domain it is attached to on @h (the guest lets
  * go, bounded), then return it.  With @from, refused (nothing changed) unless
  * that is the domain it is attached to. */
-bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from,
-                       bool config, FILE *progress, GError **error);
+bool vn_hotplug_detach(const VnHotplugHost *h, const char *device, const char *from, bool config,
+                       FILE *progress, GError **error);
 
 /*
  * Move @device into domain @domain on @to.  @hosts resolves the node that

@@ -20,12 +20,11 @@ struct VnVirt {
     virConnectPtr conn;
 };
 
-G_DEFINE_QUARK(vn-virt-error-quark, vn_virt_error)
+G_DEFINE_QUARK(vn - virt - error - quark, vn_virt_error)
 
 /* libvirt prints every error to stderr by default; we report ours. */
 static void quiet(void *opaque, virErrorPtr err)
-{
-}
+{}
 
 static const char *last_error(void)
 {
@@ -76,7 +75,8 @@ static virDomainPtr running_domain(VnVirt *v, const char *domain, GError **error
     if (virDomainIsActive(d) != 1) {
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_NOT_RUNNING,
                     "domain %s is not running (start it, or declare the device in its XML: "
-                    "ntbctl xml)", domain);
+                    "ntbctl xml)",
+                    domain);
         virDomainFree(d);
         return NULL;
     }
@@ -125,8 +125,8 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
     ret = virDomainQemuMonitorCommand(d, text, &answer, VIR_DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT);
     virDomainFree(d);
     if (ret < 0) {
-        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: %s: %s", domain,
-                    command, last_error());
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: %s: %s", domain, command,
+                    last_error());
         return NULL;
     }
     o = vn_json_parse_object(answer, -1, VN_VIRT_MAX_ANSWER, NULL);
@@ -134,17 +134,17 @@ static JsonNode *qmp(VnVirt *v, const char *domain, const char *command, JsonNod
     if (o == NULL) {
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP,
                     "domain %s: %s: QEMU's answer is not a JSON object (of at most %u bytes, "
-                    "%u levels)", domain, command, (unsigned)VN_VIRT_MAX_ANSWER,
-                    VN_MAX_JSON_DEPTH);
+                    "%u levels)",
+                    domain, command, (unsigned)VN_VIRT_MAX_ANSWER, VN_MAX_JSON_DEPTH);
         return NULL;
     }
     if (json_object_has_member(o, "error")) {
         JsonNode *e = json_object_get_member(o, "error");
-        const char *desc = vn_util_json_string(
-            JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL, "desc");
+        const char *desc =
+            vn_util_json_string(JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL, "desc");
 
-        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: %s: %s", domain,
-                    command, desc != NULL ? desc : "no description");
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_QMP, "domain %s: %s: %s", domain, command,
+                    desc != NULL ? desc : "no description");
         return NULL;
     }
     if (!json_object_has_member(o, "return")) {
@@ -229,7 +229,8 @@ static char *scan_ports(VnVirt *v, const char *domain, const char *want_id, GErr
     if (want_id == NULL) {
         g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_NO_PORT,
                     "domain %s has no free pcie-root-port: give it spare ones "
-                    "(<controller type='pci' model='pcie-root-port'/>, docs/libvirt.md)", domain);
+                    "(<controller type='pci' model='pcie-root-port'/>, docs/libvirt.md)",
+                    domain);
     }
     return NULL;
 }
@@ -334,8 +335,8 @@ char *vn_virt_domain_config(VnVirt *v, const char *domain, GError **error)
         return NULL;
     }
     if (xml == NULL) {
-        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_DEFINE,
-                    "domain %s: its definition: %s", domain, last_error());
+        g_set_error(error, VN_VIRT_ERROR, VN_VIRT_ERROR_DEFINE, "domain %s: its definition: %s",
+                    domain, last_error());
         return NULL;
     }
     copy = g_strdup(xml);

@@ -22,14 +22,14 @@
 GQuark vn_virt_error_quark(void);
 
 typedef enum VnVirtError {
-    VN_VIRT_ERROR_UNREACHABLE,    /* libvirt could not be reached */
-    VN_VIRT_ERROR_NO_DOMAIN,      /* no such domain */
-    VN_VIRT_ERROR_NOT_RUNNING,    /* the domain is not running */
-    VN_VIRT_ERROR_NO_PORT,        /* no free pcie-root-port */
-    VN_VIRT_ERROR_QMP,            /* QEMU refused a command, or answered nonsense */
-    VN_VIRT_ERROR_TIMEOUT,        /* the guest did not let go of a device in time */
-    VN_VIRT_ERROR_TRANSIENT,      /* the domain has no persistent definition */
-    VN_VIRT_ERROR_DEFINE,         /* libvirt would not read or take a definition */
+    VN_VIRT_ERROR_UNREACHABLE, /* libvirt could not be reached */
+    VN_VIRT_ERROR_NO_DOMAIN,   /* no such domain */
+    VN_VIRT_ERROR_NOT_RUNNING, /* the domain is not running */
+    VN_VIRT_ERROR_NO_PORT,     /* no free pcie-root-port */
+    VN_VIRT_ERROR_QMP,         /* QEMU refused a command, or answered nonsense */
+    VN_VIRT_ERROR_TIMEOUT,     /* the guest did not let go of a device in time */
+    VN_VIRT_ERROR_TRANSIENT,   /* the domain has no persistent definition */
+    VN_VIRT_ERROR_DEFINE,      /* libvirt would not read or take a definition */
     VN_VIRT_ERROR_LAST
 } VnVirtError;
 
@@ -72,6 +72,5 @@ char *vn_virt_domain_config(VnVirt *v, const char *domain, GError **error);
 /* Replace @domain's persistent definition with @xml (it takes effect at its
  * next start). */
 bool vn_virt_domain_define(VnVirt *v, const char *domain, const char *xml, GError **error);
-
 
 #endif /* VN_VIRT_H */

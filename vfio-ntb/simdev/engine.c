@@ -30,7 +30,7 @@ struct VnEngine {
 
     VnMutex lock;
     VnCond cond;
-    gint stop;              /* atomic too: read while spinning */
+    gint stop; /* atomic too: read while spinning */
     bool kicked;
     VnEngineStats stats;
 };
@@ -109,10 +109,10 @@ static gpointer engine_main(gpointer data)
             }
             continue;
         }
-        sleep_us = sleep_us == 0 ? VN_ENGINE_SLEEP_MIN_US
-                                 : MIN(sleep_us * 2, got == VN_ENGINE_DORMANT
-                                                         ? VN_ENGINE_DORMANT_SLEEP_US
-                                                         : VN_ENGINE_SLEEP_MAX_US);
+        sleep_us = sleep_us == 0
+                       ? VN_ENGINE_SLEEP_MIN_US
+                       : MIN(sleep_us * 2, got == VN_ENGINE_DORMANT ? VN_ENGINE_DORMANT_SLEEP_US
+                                                                    : VN_ENGINE_SLEEP_MAX_US);
         /* Publish counters once per sleep: cheap, and fresh enough. */
         vn_mutex_lock(&e->lock);
         e->stats.polls += polls;
@@ -135,8 +135,7 @@ static gpointer engine_main(gpointer data)
     return NULL;
 }
 
-VnEngine *vn_engine_new(const char *name, VnEnginePollFn fn, void *opaque,
-                        GError **error)
+VnEngine *vn_engine_new(const char *name, VnEnginePollFn fn, void *opaque, GError **error)
 {
     VnEngine *e = g_new0(VnEngine, 1);
 

@@ -33,9 +33,9 @@
 
 /* What a poll pass found. */
 typedef enum VnEnginePoll {
-    VN_ENGINE_IDLE,         /* nothing, but work may come any moment */
-    VN_ENGINE_BUSY,         /* did work: keep spinning */
-    VN_ENGINE_DORMANT,      /* nothing, and latency does not matter now */
+    VN_ENGINE_IDLE,    /* nothing, but work may come any moment */
+    VN_ENGINE_BUSY,    /* did work: keep spinning */
+    VN_ENGINE_DORMANT, /* nothing, and latency does not matter now */
     VN_ENGINE_POLL_LAST
 } VnEnginePoll;
 
@@ -47,16 +47,15 @@ typedef VnEnginePoll (*VnEnginePollFn)(void *opaque);
 typedef struct VnEngine VnEngine;
 
 typedef struct VnEngineStats {
-    uint64_t polls;         /* passes */
-    uint64_t busy_polls;    /* passes that found work */
-    uint64_t sleeps;        /* timed waits */
+    uint64_t polls;      /* passes */
+    uint64_t busy_polls; /* passes that found work */
+    uint64_t sleeps;     /* timed waits */
     uint64_t kicks;
 } VnEngineStats;
 
 /* Start the thread, named @name, polling @fn(@opaque).  Returns NULL with
  * @error set if the thread cannot be created. */
-VnEngine *vn_engine_new(const char *name, VnEnginePollFn fn, void *opaque,
-                        GError **error);
+VnEngine *vn_engine_new(const char *name, VnEnginePollFn fn, void *opaque, GError **error);
 /* Stop the thread and wait for it: when this returns @fn runs no more. */
 void vn_engine_free(VnEngine *e);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnEngine, vn_engine_free)

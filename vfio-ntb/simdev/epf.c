@@ -18,12 +18,12 @@
 
 typedef struct EpfPort {
     bool connected;
-    bool link_wanted;           /* CMD_LINK_UP seen, no CMD_LINK_DOWN since */
+    bool link_wanted; /* CMD_LINK_UP seen, no CMD_LINK_DOWN since */
     uint32_t argument;
     uint16_t status;
     uint32_t addr_lo, addr_hi, size_lo, size_hi;
-    uint32_t vectors;           /* CMD_CONFIGURE_DOORBELL's count; 0: none */
-    bool mw_valid;              /* CMD_CONFIGURE_MW's translation of the peer's window */
+    uint32_t vectors; /* CMD_CONFIGURE_DOORBELL's count; 0: none */
+    bool mw_valid;    /* CMD_CONFIGURE_MW's translation of the peer's window */
     uint64_t mw_addr, mw_size;
     uint32_t spad[VN_EPF_SPADS];
     VnEpfStats stats;
@@ -33,7 +33,7 @@ struct VnEpf {
     uint64_t window_size;
     const VnEpfOps *ops;
     void *opaque;
-    bool link;                  /* as last raised */
+    bool link; /* as last raised */
     EpfPort port[2];
 };
 
@@ -84,8 +84,8 @@ VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GErro
         (window_size & (window_size - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "NTB model: a window of %" G_GUINT64_FORMAT " bytes (a power of two, "
-                    "%llu KiB to %llu GiB)", window_size, VN_EPF_MIN_WINDOW >> 10,
-                    VN_EPF_MAX_WINDOW >> 30);
+                    "%llu KiB to %llu GiB)",
+                    window_size, VN_EPF_MIN_WINDOW >> 10, VN_EPF_MAX_WINDOW >> 30);
         return NULL;
     }
     epf = g_new0(VnEpf, 1);
@@ -169,8 +169,9 @@ static bool configure_mw(VnEpf *e, EpfPort *p, uint32_t idx)
      * keeps the size within the BAR. */
     if (idx != 0 || size == 0 || size > e->window_size || (addr & (VN_EPF_MIN_WINDOW - 1)) ||
         addr + size < addr) {
-        g_info("NTB model: refused window %u at 0x%" G_GINT64_MODIFIER "x size 0x%"
-               G_GINT64_MODIFIER "x", idx, addr, size);
+        g_info("NTB model: refused window %u at 0x%" G_GINT64_MODIFIER
+               "x size 0x%" G_GINT64_MODIFIER "x",
+               idx, addr, size);
         return false;
     }
     p->mw_valid = true;
@@ -236,7 +237,7 @@ static uint32_t ctrl_read32(VnEpf *e, unsigned port, uint32_t off)
         return peer->connected ? peer->spad[(off - SPADS_END) / 4] : 0xffffffffu;
     }
     if (off >= VN_EPF_REG_DB_DATA && off < VN_EPF_REG_DB_OFFSET) {
-        return (off - VN_EPF_REG_DB_DATA) / 4;        /* any value: we only look at where */
+        return (off - VN_EPF_REG_DB_DATA) / 4; /* any value: we only look at where */
     }
     switch (off) {
     case VN_EPF_REG_ARGUMENT:
@@ -259,7 +260,7 @@ static uint32_t ctrl_read32(VnEpf *e, unsigned port, uint32_t off)
         return VN_EPF_SPADS;
     case VN_EPF_REG_DB_ENTRY_SIZE:
         return VN_EPF_DB_ENTRY_SIZE;
-    default:                    /* COMMAND, TOPOLOGY, MW1_OFFSET, DB_OFFSET, reserved */
+    default: /* COMMAND, TOPOLOGY, MW1_OFFSET, DB_OFFSET, reserved */
         return 0;
     }
 }
@@ -296,7 +297,7 @@ static void ctrl_write32(VnEpf *e, unsigned port, uint32_t off, uint32_t v, uint
         break;
     case VN_EPF_REG_CMD_STATUS:
         status = p->status;
-        merge(&status, v, mask & 0xffff);       /* LINK_STATUS, the upper half, is RO */
+        merge(&status, v, mask & 0xffff); /* LINK_STATUS, the upper half, is RO */
         p->status = (uint16_t)status;
         break;
     case VN_EPF_REG_LOWER_ADDR:
@@ -311,7 +312,7 @@ static void ctrl_write32(VnEpf *e, unsigned port, uint32_t off, uint32_t v, uint
     case VN_EPF_REG_UPPER_SIZE:
         merge(&p->size_hi, v, mask);
         break;
-    default:                    /* read-only or reserved: dropped */
+    default: /* read-only or reserved: dropped */
         break;
     }
 }
@@ -336,8 +337,7 @@ int vn_epf_ctrl_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint
     return 0;
 }
 
-int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                      uint32_t len)
+int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len)
 {
     const uint8_t *in = buf;
     uint32_t i = 0;
@@ -371,8 +371,7 @@ int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32
     return 0;
 }
 
-int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                    uint32_t len)
+int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len)
 {
     EpfPort *p = &epf->port[port & 1], *peer = &epf->port[(port & 1) ^ 1];
     uint32_t vector = (uint32_t)(offset / VN_EPF_DB_ENTRY_SIZE);
@@ -413,16 +412,15 @@ int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, ui
     }
     p->stats.window_reads++;
     q = window_target(epf, port & 1, offset, len);
-    if (q < 0 || epf->ops->dma_read(epf->opaque, (unsigned)q,
-                                    epf->port[q].mw_addr + offset, buf, len) < 0) {
+    if (q < 0 ||
+        epf->ops->dma_read(epf->opaque, (unsigned)q, epf->port[q].mw_addr + offset, buf, len) < 0) {
         p->stats.window_faults++;
-        memset(buf, 0xff, len);     /* a read that completes with nothing: all ones */
+        memset(buf, 0xff, len); /* a read that completes with nothing: all ones */
     }
     return 0;
 }
 
-int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                        uint32_t len)
+int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len)
 {
     EpfPort *p = &epf->port[port & 1];
     int q;
@@ -432,9 +430,9 @@ int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *
     }
     p->stats.window_writes++;
     q = window_target(epf, port & 1, offset, len);
-    if (q < 0 || epf->ops->dma_write(epf->opaque, (unsigned)q,
-                                     epf->port[q].mw_addr + offset, buf, len) < 0) {
-        p->stats.window_faults++;   /* a posted write that reached nothing is lost */
+    if (q < 0 || epf->ops->dma_write(epf->opaque, (unsigned)q, epf->port[q].mw_addr + offset, buf,
+                                     len) < 0) {
+        p->stats.window_faults++; /* a posted write that reached nothing is lost */
     }
     return 0;
 }

@@ -64,8 +64,8 @@
 enum {
     VN_EPF_REG_COMMAND = 0x00,
     VN_EPF_REG_ARGUMENT = 0x04,
-    VN_EPF_REG_CMD_STATUS = 0x08,     /* 16 bits */
-    VN_EPF_REG_LINK_STATUS = 0x0a,    /* 16 bits, read-only */
+    VN_EPF_REG_CMD_STATUS = 0x08,  /* 16 bits */
+    VN_EPF_REG_LINK_STATUS = 0x0a, /* 16 bits, read-only */
     VN_EPF_REG_TOPOLOGY = 0x0c,
     VN_EPF_REG_LOWER_ADDR = 0x10,
     VN_EPF_REG_UPPER_ADDR = 0x14,
@@ -76,8 +76,8 @@ enum {
     VN_EPF_REG_SPAD_OFFSET = 0x28,
     VN_EPF_REG_SPAD_COUNT = 0x2c,
     VN_EPF_REG_DB_ENTRY_SIZE = 0x30,
-    VN_EPF_REG_DB_DATA = 0x34,        /* + 4 * n */
-    VN_EPF_REG_DB_OFFSET = 0xb4,      /* + 4 * n */
+    VN_EPF_REG_DB_DATA = 0x34,   /* + 4 * n */
+    VN_EPF_REG_DB_OFFSET = 0xb4, /* + 4 * n */
 };
 
 typedef enum VnEpfCommand {
@@ -103,8 +103,7 @@ typedef struct VnEpfOps {
     /* A DMA by @port's function at @addr of its host (through its IOMMU): 0, or -errno
      * when nothing is there. */
     int (*dma_read)(void *opaque, unsigned port, uint64_t addr, void *buf, uint32_t len);
-    int (*dma_write)(void *opaque, unsigned port, uint64_t addr, const void *buf,
-                     uint32_t len);
+    int (*dma_write)(void *opaque, unsigned port, uint64_t addr, const void *buf, uint32_t len);
     /* Optional: may @port's function master the bus now (its Bus Master Enable)? */
     bool (*bus_master)(void *opaque, unsigned port);
 } VnEpfOps;
@@ -114,15 +113,15 @@ bool vn_epf_ops_valid(const VnEpfOps *ops, GError **error);
 
 /* Counters of one port. */
 typedef struct VnEpfStats {
-    uint64_t commands;          /* commands run (OK or not) */
+    uint64_t commands; /* commands run (OK or not) */
     uint64_t command_errors;
-    uint64_t doorbells;         /* doorbells this port rang on its peer */
-    uint64_t doorbells_lost;    /* rung at a vector the peer had not configured */
-    uint64_t window_reads;      /* accesses through this port's window ... */
+    uint64_t doorbells;      /* doorbells this port rang on its peer */
+    uint64_t doorbells_lost; /* rung at a vector the peer had not configured */
+    uint64_t window_reads;   /* accesses through this port's window ... */
     uint64_t window_writes;
-    uint64_t window_faults;     /* ... that reached nothing (no translation, outside it,
+    uint64_t window_faults; /* ... that reached nothing (no translation, outside it,
                                  * the peer absent or not mastering, or the DMA failed) */
-    uint64_t link_events;       /* link interrupts raised on this port */
+    uint64_t link_events;   /* link interrupts raised on this port */
 } VnEpfStats;
 
 typedef struct VnEpf VnEpf;
@@ -144,17 +143,14 @@ void vn_epf_reset(VnEpf *epf, unsigned port);
 /* BAR0: any size 1..VN_EPF_MAX_ACCESS at any offset inside VN_EPF_CTRL_SIZE.
  * 0, or -EINVAL outside. */
 int vn_epf_ctrl_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
-int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                      uint32_t len);
+int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
 /* BAR2: writes ring, reads return 0. */
 int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
-int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                    uint32_t len);
+int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
 /* BAR4: an access through @port's window (see above).  0 even when it reached nothing (a
  * read then sees all ones); -EINVAL outside the BAR or larger than VN_EPF_MAX_ACCESS. */
 int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
-int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
-                        uint32_t len);
+int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
 
 bool vn_epf_link_up(VnEpf *epf);
 void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out);

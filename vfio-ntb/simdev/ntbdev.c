@@ -25,7 +25,7 @@ typedef struct NtbPort {
     unsigned index;
     VnPciCfg *cfg;
     uint8_t msix[MSIX_BAR_SIZE];
-    VnDma *dma;                 /* the server's (borrowed); NULL when detached */
+    VnDma *dma; /* the server's (borrowed); NULL when detached */
     VnIrqs *irqs;
 } NtbPort;
 
@@ -53,8 +53,7 @@ static int epf_dma_read(void *opaque, unsigned port, uint64_t addr, void *buf, u
     return p->dma != NULL ? vn_dma_read(p->dma, addr, buf, len) : -ENODEV;
 }
 
-static int epf_dma_write(void *opaque, unsigned port, uint64_t addr, const void *buf,
-                         uint32_t len)
+static int epf_dma_write(void *opaque, unsigned port, uint64_t addr, const void *buf, uint32_t len)
 {
     NtbPort *p = &((VnNtbDev *)opaque)->port[port];
 
@@ -124,8 +123,7 @@ VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error)
         .bars = { [VN_EPF_CTRL_BAR] = { .size = VN_EPF_CTRL_SIZE },
                   [VN_EPF_MSIX_BAR] = { .size = MSIX_BAR_SIZE },
                   [VN_EPF_DB_BAR] = { .size = VN_EPF_DB_SIZE },
-                  [VN_EPF_WINDOW_BAR] = { .size = window_size, .is64 = true,
-                                          .prefetch = true } },
+                  [VN_EPF_WINDOW_BAR] = { .size = window_size, .is64 = true, .prefetch = true } },
         .irq_mode = VN_PCICFG_IRQ_MSIX,
         .msix_vectors = VN_EPF_MAX_VECTORS,
         .msix_bir = VN_EPF_MSIX_BAR,
@@ -188,21 +186,20 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
     g_autoptr(GString) s = g_string_new("{");
 
     g_string_append_printf(s, "\"link_up\": %s, \"window_size\": %" G_GUINT64_FORMAT,
-                           vn_epf_link_up(d->epf) ? "true" : "false",
-                           vn_epf_window_size(d->epf));
+                           vn_epf_link_up(d->epf) ? "true" : "false", vn_epf_window_size(d->epf));
     for (unsigned p = 0; p < 2; p++) {
         VnEpfStats st;
 
         vn_epf_stats(d->epf, p, &st);
         g_string_append_printf(
             s,
-            ", \"port%u\": {\"commands\": %" G_GUINT64_FORMAT ", \"command_errors\": %"
-            G_GUINT64_FORMAT ", \"doorbells\": %" G_GUINT64_FORMAT ", \"doorbells_lost\": %"
-            G_GUINT64_FORMAT ", \"window_reads\": %" G_GUINT64_FORMAT ", \"window_writes\": %"
-            G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT ", \"link_events\": %"
-            G_GUINT64_FORMAT "}",
-            p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost,
-            st.window_reads, st.window_writes, st.window_faults, st.link_events);
+            ", \"port%u\": {\"commands\": %" G_GUINT64_FORMAT
+            ", \"command_errors\": %" G_GUINT64_FORMAT ", \"doorbells\": %" G_GUINT64_FORMAT
+            ", \"doorbells_lost\": %" G_GUINT64_FORMAT ", \"window_reads\": %" G_GUINT64_FORMAT
+            ", \"window_writes\": %" G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT
+            ", \"link_events\": %" G_GUINT64_FORMAT "}",
+            p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
+            st.window_writes, st.window_faults, st.link_events);
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);
@@ -217,8 +214,7 @@ static void port_reset(NtbPort *p)
     vn_epf_reset(p->dev->epf, p->index);
 }
 
-static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
-                          uint32_t count)
+static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
 {
     NtbPort *p = opaque;
     VnEpf *epf = p->dev->epf;
@@ -233,7 +229,7 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
         if (!vn_util_range_ok(offset, count, MSIX_BAR_SIZE)) {
             return -EINVAL;
         }
-        memcpy(buf, p->msix + offset, count);       /* the PBA reads 0: nothing pending */
+        memcpy(buf, p->msix + offset, count); /* the PBA reads 0: nothing pending */
         return 0;
     case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR:
         return vn_epf_db_read(epf, p->index, offset, buf, count);

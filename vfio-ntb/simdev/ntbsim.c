@@ -141,7 +141,7 @@ int main(int argc, char **argv)
     if (opt.verbose) {
         g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
     }
-    signal(SIGPIPE, SIG_IGN);       /* a client that vanishes mid-reply must not kill us */
+    signal(SIGPIPE, SIG_IGN); /* a client that vanishes mid-reply must not kill us */
 
     dev = vn_ntbdev_new((uint64_t)opt.window_mib << 20, &error);
     for (unsigned p = 0; dev != NULL && p < 2 && error == NULL; p++) {

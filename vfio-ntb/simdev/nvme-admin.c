@@ -54,28 +54,28 @@ static void identify_ctrl(VnNvme *n, uint8_t *b)
 {
     g_autofree char *nqn = g_strconcat(SUBNQN_PREFIX, n->serial, NULL);
 
-    put16(b, 0, n->params.pci_vendor_id);          /* VID */
-    put16(b, 2, n->params.pci_subsys_vendor_id);   /* SSVID */
-    put_ascii(b, 4, 20, n->serial);                /* SN */
-    put_ascii(b, 24, 40, MODEL);                   /* MN */
-    put_ascii(b, 64, 8, FIRMWARE);                 /* FR */
-    b[72] = 6;                                     /* RAB: 2^6 commands */
-    b[77] = VN_NVME_MDTS;                          /* MDTS */
-    put16(b, 78, 0);                               /* CNTLID */
-    put32(b, 80, 0x00010400);                      /* VER 1.4 */
-    b[111] = 1;                                    /* CNTRLTYPE: I/O */
-    put16(b, 256, 0);                  /* OACS: no optional admin commands */
-    b[258] = 3;                        /* ACL: 4 Aborts (0's based) */
-    b[259] = VN_NVME_AERL;             /* AERL (0's based) */
-    b[260] = 0x03;                     /* FRMW: one slot, read-only */
-    b[261] = 0x04;                     /* LPA: Get Log Page offsets */
-    b[262] = 0;                        /* ELPE: one error log entry */
-    b[263] = 0;                        /* NPSS: power state 0 only */
-    put16(b, 266, VN_NVME_WCTEMP);     /* WCTEMP */
-    put16(b, 268, VN_NVME_CCTEMP);     /* CCTEMP */
-    b[512] = (VN_NVME_SQE_SHIFT << 4) | VN_NVME_SQE_SHIFT;   /* SQES */
-    b[513] = (VN_NVME_CQE_SHIFT << 4) | VN_NVME_CQE_SHIFT;   /* CQES */
-    put32(b, 516, 1);                  /* NN: one namespace */
+    put16(b, 0, n->params.pci_vendor_id);                  /* VID */
+    put16(b, 2, n->params.pci_subsys_vendor_id);           /* SSVID */
+    put_ascii(b, 4, 20, n->serial);                        /* SN */
+    put_ascii(b, 24, 40, MODEL);                           /* MN */
+    put_ascii(b, 64, 8, FIRMWARE);                         /* FR */
+    b[72] = 6;                                             /* RAB: 2^6 commands */
+    b[77] = VN_NVME_MDTS;                                  /* MDTS */
+    put16(b, 78, 0);                                       /* CNTLID */
+    put32(b, 80, 0x00010400);                              /* VER 1.4 */
+    b[111] = 1;                                            /* CNTRLTYPE: I/O */
+    put16(b, 256, 0);                                      /* OACS: no optional admin commands */
+    b[258] = 3;                                            /* ACL: 4 Aborts (0's based) */
+    b[259] = VN_NVME_AERL;                                 /* AERL (0's based) */
+    b[260] = 0x03;                                         /* FRMW: one slot, read-only */
+    b[261] = 0x04;                                         /* LPA: Get Log Page offsets */
+    b[262] = 0;                                            /* ELPE: one error log entry */
+    b[263] = 0;                                            /* NPSS: power state 0 only */
+    put16(b, 266, VN_NVME_WCTEMP);                         /* WCTEMP */
+    put16(b, 268, VN_NVME_CCTEMP);                         /* CCTEMP */
+    b[512] = (VN_NVME_SQE_SHIFT << 4) | VN_NVME_SQE_SHIFT; /* SQES */
+    b[513] = (VN_NVME_CQE_SHIFT << 4) | VN_NVME_CQE_SHIFT; /* CQES */
+    put32(b, 516, 1);                                      /* NN: one namespace */
     /* ONCS: Write Zeroes (bit 3) and Timestamp (bit 6). */
     put16(b, 520, (1u << 3) | (1u << 6));
     /* VWC: present, Flush with NSID FFFFFFFFh supported (bits 2:1 = 11b). */
@@ -89,25 +89,25 @@ static void identify_ctrl(VnNvme *n, uint8_t *b)
 /* Figure 249: Identify Namespace data structure. */
 static void identify_ns(VnNvme *n, uint8_t *b)
 {
-    put64(b, 0, n->nblocks);           /* NSZE */
-    put64(b, 8, n->nblocks);           /* NCAP */
-    put64(b, 16, n->nblocks);          /* NUSE */
-    b[24] = 0;                         /* NSFEAT */
-    b[25] = 0;                         /* NLBAF: one format (0's based) */
-    b[26] = 0;                         /* FLBAS: format 0, no metadata */
+    put64(b, 0, n->nblocks);  /* NSZE */
+    put64(b, 8, n->nblocks);  /* NCAP */
+    put64(b, 16, n->nblocks); /* NUSE */
+    b[24] = 0;                /* NSFEAT */
+    b[25] = 0;                /* NLBAF: one format (0's based) */
+    b[26] = 0;                /* FLBAS: format 0, no metadata */
     /* DLFEAT: deallocated blocks read as zeros, Write Zeroes may
      * deallocate (we punch holes). */
     b[33] = 0x09;
-    put64(b, 48, n->nblocks * VN_NVME_LBA_SIZE);   /* NVMCAP, low 64 bits */
-    memcpy(b + 104, n->nguid, 16);                 /* NGUID */
-    b[128 + 2] = 9;                    /* LBAF0: LBADS 2^9, MS 0, RP 0 */
+    put64(b, 48, n->nblocks * VN_NVME_LBA_SIZE); /* NVMCAP, low 64 bits */
+    memcpy(b + 104, n->nguid, 16);               /* NGUID */
+    b[128 + 2] = 9;                              /* LBAF0: LBADS 2^9, MS 0, RP 0 */
 }
 
 /* 5.15.2.3 (Figure 251): Namespace Identification Descriptor list. */
 static void identify_ns_descs(VnNvme *n, uint8_t *b)
 {
-    b[0] = 2;                          /* NIDT: NGUID */
-    b[1] = 16;                         /* NIDL */
+    b[0] = 2;  /* NIDT: NGUID */
+    b[1] = 16; /* NIDL */
     memcpy(b + 4, n->nguid, 16);
 }
 
@@ -154,8 +154,7 @@ static uint16_t cmd_identify(VnNvme *n, const VnNvmeSqe *cmd)
          * (nvme_init_non_mdts_limits); for the NVM set all-zero data means
          * "no limits beyond MDTS", which is ours. */
         if (csi != 0 || (cns == 0x05 && cmd->nsid != 1)) {
-            return cns == 0x05 && csi == 0 ? VN_NVME_SC_INVALID_NS
-                                           : VN_NVME_SC_INVALID_FIELD;
+            return cns == 0x05 && csi == 0 ? VN_NVME_SC_INVALID_NS : VN_NVME_SC_INVALID_FIELD;
         }
         break;
     default:
@@ -199,9 +198,9 @@ static uint16_t get_timestamp(VnNvme *n, const VnNvmeSqe *cmd)
 
     if (n->feat.ts_set_ns != 0) {
         ms = n->feat.ts_host_ms + (now - n->feat.ts_set_ns) / 1000000;
-        ts[6] = 1u << 1;            /* Timestamp Origin 001b: set by the host */
+        ts[6] = 1u << 1; /* Timestamp Origin 001b: set by the host */
     } else {
-        ms = (now - n->power_on_ns) / 1000000;   /* origin 000b: since reset */
+        ms = (now - n->power_on_ns) / 1000000; /* origin 000b: since reset */
     }
     put32(ts, 0, (uint32_t)ms);
     put16(ts, 4, (uint16_t)(ms >> 32));
@@ -234,7 +233,7 @@ static uint16_t cmd_set_features(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *resu
         return VN_NVME_SUCCESS;
     case VN_NVME_FEAT_POWER_MGMT:
         if ((v & 0x1f) != 0) {
-            return VN_NVME_SC_INVALID_FIELD;    /* NPSS = 0: only PS 0 */
+            return VN_NVME_SC_INVALID_FIELD; /* NPSS = 0: only PS 0 */
         }
         f->power_mgmt = v & 0xff;
         return VN_NVME_SUCCESS;
@@ -254,7 +253,7 @@ static uint16_t cmd_set_features(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *resu
     }
     case VN_NVME_FEAT_ERROR_RECOVERY:
         if (v & (1u << 16)) {
-            return VN_NVME_SC_INVALID_FIELD;    /* DULBE: not supported */
+            return VN_NVME_SC_INVALID_FIELD; /* DULBE: not supported */
         }
         f->error_recovery = v & 0xffff;
         return VN_NVME_SUCCESS;
@@ -385,7 +384,7 @@ static uint16_t cmd_get_features(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *resu
     case VN_NVME_FEAT_TIMESTAMP:
         return get_timestamp(n, cmd);
     default:
-        return VN_NVME_SC_INVALID_FIELD;    /* reserved FIDs in the ranges */
+        return VN_NVME_SC_INVALID_FIELD; /* reserved FIDs in the ranges */
     }
     return VN_NVME_SUCCESS;
 }
@@ -405,7 +404,7 @@ static uint16_t queue_args_check(VnNvme *n, const VnNvmeSqe *cmd, bool exists)
         return VN_NVME_SC_INVALID_QSIZE;
     }
     if (!(cmd->cdw11 & 1)) {
-        return VN_NVME_SC_INVALID_FIELD;    /* CAP.CQR: PC must be 1 */
+        return VN_NVME_SC_INVALID_FIELD; /* CAP.CQR: PC must be 1 */
     }
     if (cmd->prp1 == 0) {
         return VN_NVME_SC_INVALID_FIELD;
@@ -430,10 +429,13 @@ static uint16_t cmd_create_cq(VnNvme *n, const VnNvmeSqe *cmd)
         return VN_NVME_SC_INVALID_VECTOR;
     }
     if (VN_NVME_CC_IOCQES(n->cc) != VN_NVME_CQE_SHIFT) {
-        return VN_NVME_SC_INVALID_FIELD;    /* CC.IOCQES must be 16 bytes */
+        return VN_NVME_SC_INVALID_FIELD; /* CC.IOCQES must be 16 bytes */
     }
-    n->cq[qid] = (VnNvmeCq){ .valid = true, .ien = (cmd->cdw11 >> 1) & 1, .phase = true,
-                             .vector = (uint16_t)iv, .size = (cmd->cdw10 >> 16) + 1,
+    n->cq[qid] = (VnNvmeCq){ .valid = true,
+                             .ien = (cmd->cdw11 >> 1) & 1,
+                             .phase = true,
+                             .vector = (uint16_t)iv,
+                             .size = (cmd->cdw10 >> 16) + 1,
                              .base = cmd->prp1 };
     /* The host starts at head 0; drop whatever an earlier queue left. */
     vn_nvme_reg_store(n, vn_nvme_db_cq((uint16_t)qid), 0);
@@ -456,14 +458,15 @@ static uint16_t cmd_create_sq(VnNvme *n, const VnNvmeSqe *cmd)
         return VN_NVME_SC_CQ_INVALID;
     }
     if (VN_NVME_CC_IOSQES(n->cc) != VN_NVME_SQE_SHIFT) {
-        return VN_NVME_SC_INVALID_FIELD;    /* CC.IOSQES must be 64 bytes */
+        return VN_NVME_SC_INVALID_FIELD; /* CC.IOSQES must be 64 bytes */
     }
-    n->sq[qid] = (VnNvmeSq){ .valid = true, .cqid = (uint16_t)cqid,
-                             .size = (cmd->cdw10 >> 16) + 1, .base = cmd->prp1 };
+    n->sq[qid] = (VnNvmeSq){
+        .valid = true, .cqid = (uint16_t)cqid, .size = (cmd->cdw10 >> 16) + 1, .base = cmd->prp1
+    };
     n->cq[cqid].nsq++;
     vn_nvme_reg_store(n, vn_nvme_db_sq((uint16_t)qid), 0);
-    VN_TRACE("device nvme %s: SQ %u created, %u entries, CQ %u", n->serial, qid,
-             n->sq[qid].size, cqid);
+    VN_TRACE("device nvme %s: SQ %u created, %u entries, CQ %u", n->serial, qid, n->sq[qid].size,
+             cqid);
     return VN_NVME_SUCCESS;
 }
 
@@ -489,7 +492,7 @@ static uint16_t cmd_delete_cq(VnNvme *n, const VnNvmeSqe *cmd)
         return VN_NVME_SC_INVALID_QID;
     }
     if (n->cq[qid].nsq != 0) {
-        return VN_NVME_SC_INVALID_QDELETE;  /* 5.5: delete its SQs first */
+        return VN_NVME_SC_INVALID_QDELETE; /* 5.5: delete its SQs first */
     }
     memset(&n->cq[qid], 0, sizeof(n->cq[qid]));
     vn_nvme_reg_store(n, vn_nvme_db_cq((uint16_t)qid), 0);
@@ -503,16 +506,16 @@ static void log_smart(VnNvme *n, uint8_t *b)
 {
     uint64_t hours = (vn_util_now_ns() - n->power_on_ns) / 3600000000000ull;
 
-    put16(b, 1, VN_NVME_TEMPERATURE);  /* Composite Temperature */
-    b[3] = 100;                        /* Available Spare */
-    b[4] = 10;                         /* Available Spare Threshold */
+    put16(b, 1, VN_NVME_TEMPERATURE); /* Composite Temperature */
+    b[3] = 100;                       /* Available Spare */
+    b[4] = 10;                        /* Available Spare Threshold */
     /* Data Units: thousands of 512-byte units, rounded up. */
     put64(b, 32, (n->stats.blocks_read + 999) / 1000);
     put64(b, 48, (n->stats.blocks_written + 999) / 1000);
     put64(b, 64, n->stats.read_cmds);
     put64(b, 80, n->stats.write_cmds);
-    put64(b, 112, 1);                  /* Power Cycles */
-    put64(b, 128, hours);              /* Power On Hours */
+    put64(b, 112, 1);     /* Power Cycles */
+    put64(b, 128, hours); /* Power On Hours */
 }
 
 static uint16_t cmd_get_log_page(VnNvme *n, const VnNvmeSqe *cmd)
@@ -525,7 +528,7 @@ static uint16_t cmd_get_log_page(VnNvme *n, const VnNvmeSqe *cmd)
     uint32_t size;
 
     switch (lid) {
-    case 0x01:          /* Error Information: ELPE + 1 entries of 64 bytes */
+    case 0x01: /* Error Information: ELPE + 1 entries of 64 bytes */
         size = 64;
         break;
     case 0x02:
@@ -535,8 +538,8 @@ static uint16_t cmd_get_log_page(VnNvme *n, const VnNvmeSqe *cmd)
         log_smart(n, log);
         size = 512;
         break;
-    case 0x03:          /* Firmware Slot Information (Figure 197) */
-        log[0] = 1;     /* AFI: slot 1 active */
+    case 0x03:      /* Firmware Slot Information (Figure 197) */
+        log[0] = 1; /* AFI: slot 1 active */
         put_ascii(log, 8, 8, FIRMWARE);
         size = 512;
         break;
@@ -605,7 +608,7 @@ uint16_t vn_nvme_admin_exec(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *result)
         *result = 1;
         return VN_NVME_SUCCESS;
     case VN_NVME_ADM_KEEP_ALIVE:
-        return VN_NVME_SUCCESS;             /* KAS = 0: nothing to time */
+        return VN_NVME_SUCCESS; /* KAS = 0: nothing to time */
     default:
         return VN_NVME_SC_INVALID_OPCODE;
     }

@@ -82,7 +82,7 @@ enum {
 
 typedef struct VnNvmeSqe {
     uint8_t opcode;
-    uint8_t flags;          /* FUSE 1:0, PSDT 7:6 */
+    uint8_t flags; /* FUSE 1:0, PSDT 7:6 */
     uint16_t cid;
     uint32_t nsid;
     uint32_t cdw2;
@@ -99,12 +99,12 @@ typedef struct VnNvmeSqe {
 } VnNvmeSqe;
 
 typedef struct VnNvmeCqe {
-    uint32_t result;        /* DW0 */
+    uint32_t result; /* DW0 */
     uint32_t rsvd;
     uint16_t sq_head;
     uint16_t sq_id;
     uint16_t cid;
-    uint16_t status;        /* phase tag in bit 0, status field in 15:1 */
+    uint16_t status; /* phase tag in bit 0, status field in 15:1 */
 } VnNvmeCqe;
 
 G_STATIC_ASSERT(sizeof(VnNvmeSqe) == 1u << VN_NVME_SQE_SHIFT);
@@ -188,22 +188,22 @@ enum {
 typedef struct VnNvmeSq {
     bool valid;
     uint16_t cqid;
-    uint32_t size;          /* entries */
-    uint32_t head;          /* next entry we fetch */
-    uint64_t base;          /* guest address, page aligned */
-    bool bad_db_logged;     /* an out-of-range tail was reported once */
+    uint32_t size;      /* entries */
+    uint32_t head;      /* next entry we fetch */
+    uint64_t base;      /* guest address, page aligned */
+    bool bad_db_logged; /* an out-of-range tail was reported once */
 } VnNvmeSq;
 
 typedef struct VnNvmeCq {
     bool valid;
-    bool ien;               /* interrupts enabled (CDW11.IEN) */
-    bool phase;             /* phase tag we write; starts at 1 (4.6) */
-    bool notify;            /* posted since the last interrupt */
+    bool ien;    /* interrupts enabled (CDW11.IEN) */
+    bool phase;  /* phase tag we write; starts at 1 (4.6) */
+    bool notify; /* posted since the last interrupt */
     uint16_t vector;
     uint32_t size;
-    uint32_t head;          /* last head the host wrote */
-    uint32_t tail;          /* next entry we post */
-    uint32_t nsq;           /* submission queues that complete here */
+    uint32_t head; /* last head the host wrote */
+    uint32_t tail; /* next entry we post */
+    uint32_t nsq;  /* submission queues that complete here */
     uint64_t base;
     bool bad_db_logged;
 } VnNvmeCq;
@@ -222,9 +222,9 @@ typedef struct VnNvmeFeatures {
     uint32_t irq_coalesce;
     uint32_t write_atomic;
     uint32_t async_event;
-    uint64_t ts_host_ms;    /* last Timestamp the host set */
-    uint64_t ts_set_ns;     /* when (monotonic), 0 = never set */
-    uint64_t irq_cd[(VN_PCICFG_MAX_VECTORS + 63) / 64];  /* per-vector CD bit */
+    uint64_t ts_host_ms;                                /* last Timestamp the host set */
+    uint64_t ts_set_ns;                                 /* when (monotonic), 0 = never set */
+    uint64_t irq_cd[(VN_PCICFG_MAX_VECTORS + 63) / 64]; /* per-vector CD bit */
 } VnNvmeFeatures;
 
 /*
@@ -246,17 +246,17 @@ struct VnNvme {
     VnIrqs *irqs;
     int fd;
     uint64_t nblocks;
-    uint8_t *bounce;            /* VN_NVME_MAX_XFER bytes */
-    VnNvmeSeg *segs;            /* VN_NVME_MAX_SEGS */
-    struct iovec *iov;          /* VN_NVME_MAX_IOV */
+    uint8_t *bounce;   /* VN_NVME_MAX_XFER bytes */
+    VnNvmeSeg *segs;   /* VN_NVME_MAX_SEGS */
+    struct iovec *iov; /* VN_NVME_MAX_IOV */
 
     VnMutex lock;
-    uint32_t cc;                /* CC as last acted upon */
+    uint32_t cc; /* CC as last acted upon */
     uint32_t csts;
-    uint32_t intms;             /* INTx mask (3.1.3/3.1.4) */
-    bool enabled;               /* CC.EN accepted and admin queue set up */
-    bool fatal;                 /* CSTS.CFS: stop processing until reset */
-    uint32_t ioq_granted;       /* I/O queue pairs allowed (Number of Queues) */
+    uint32_t intms;       /* INTx mask (3.1.3/3.1.4) */
+    bool enabled;         /* CC.EN accepted and admin queue set up */
+    bool fatal;           /* CSTS.CFS: stop processing until reset */
+    uint32_t ioq_granted; /* I/O queue pairs allowed (Number of Queues) */
     VnNvmeSq sq[VN_NVME_MAX_QUEUES];
     VnNvmeCq cq[VN_NVME_MAX_QUEUES];
     VnNvmeFeatures feat;
@@ -305,9 +305,8 @@ uint16_t vn_nvme_io_exec(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *result);
 /* Copy @len bytes between @buf and the guest buffer described by PRP1/PRP2
  * (4.3).  Returns the status: success, Invalid PRP Offset, Invalid Field or
  * Data Transfer Error. */
-uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2,
-                              const void *buf, uint32_t len);
-uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2,
-                                void *buf, uint32_t len);
+uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, const void *buf,
+                              uint32_t len);
+uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, void *buf, uint32_t len);
 
 #endif /* VN_NVME_INT_H */

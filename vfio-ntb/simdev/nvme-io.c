@@ -48,16 +48,15 @@ bool vn_nvme_ns_open(VnNvme *n, const char *path, uint64_t size, GError **error)
     if (fd < 0) {
         int err = errno;
 
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err),
-                    "namespace %s: %s", path, g_strerror(err));
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "namespace %s: %s", path,
+                    g_strerror(err));
         return false;
     }
     /* Two devices writing one file would corrupt it without either noticing. */
     if (flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0) {
         int err = errno;
 
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err),
-                    "namespace %s: %s", path,
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "namespace %s: %s", path,
                     err == EWOULDBLOCK ? "in use by another process" : g_strerror(err));
         close(fd);
         return false;
@@ -67,8 +66,8 @@ bool vn_nvme_ns_open(VnNvme *n, const char *path, uint64_t size, GError **error)
 
         if (ioctl(fd, BLKGETSIZE64, &bytes) < 0 || bytes < size) {
             g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_INVAL,
-                        "namespace %s: block device smaller than %" G_GUINT64_FORMAT
-                        " bytes", path, size);
+                        "namespace %s: block device smaller than %" G_GUINT64_FORMAT " bytes", path,
+                        size);
             close(fd);
             return false;
         }
@@ -82,8 +81,8 @@ bool vn_nvme_ns_open(VnNvme *n, const char *path, uint64_t size, GError **error)
         int err = errno;
 
         g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err),
-                    "namespace %s: extending to %" G_GUINT64_FORMAT " bytes: %s", path,
-                    size, g_strerror(err));
+                    "namespace %s: extending to %" G_GUINT64_FORMAT " bytes: %s", path, size,
+                    g_strerror(err));
         close(fd);
         return false;
     }
@@ -116,7 +115,7 @@ static int pread_full(int fd, uint8_t *buf, size_t len, uint64_t off)
             return -errno;
         }
         if (r == 0) {
-            memset(buf, 0, len);        /* past the end of a shrunk file */
+            memset(buf, 0, len); /* past the end of a shrunk file */
             return 0;
         }
         buf += r;
@@ -169,8 +168,7 @@ static uint16_t seg_add(VnNvme *n, unsigned *count, uint64_t iova, uint32_t len)
  * at a whole page (offset 0), and the last entry of a list page points to
  * the next list page when more entries are needed (Figure 108-110).
  */
-static uint16_t prp_map(VnNvme *n, uint64_t prp1, uint64_t prp2, uint32_t len,
-                        unsigned *count)
+static uint16_t prp_map(VnNvme *n, uint64_t prp1, uint64_t prp2, uint32_t len, unsigned *count)
 {
     const uint64_t pmask = VN_NVME_PAGE_SIZE - 1;
     uint64_t ents[PRPS_PER_PAGE];
@@ -212,7 +210,7 @@ static uint16_t prp_map(VnNvme *n, uint64_t prp1, uint64_t prp2, uint32_t len,
         avail = (uint32_t)((VN_NVME_PAGE_SIZE - (list & pmask)) / 8);
         need = (rem + VN_NVME_PAGE_SIZE - 1) / VN_NVME_PAGE_SIZE;
         take = MIN(avail, need);
-        data = need > avail ? take - 1 : take;  /* last slot chains on */
+        data = need > avail ? take - 1 : take; /* last slot chains on */
         if (vn_dma_read(n->dma, list, ents, (size_t)take * 8) < 0) {
             return VN_NVME_SC_DATA_XFER_ERROR;
         }
@@ -235,8 +233,8 @@ static uint16_t prp_map(VnNvme *n, uint64_t prp1, uint64_t prp2, uint32_t len,
     return VN_NVME_SUCCESS;
 }
 
-uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2,
-                              const void *buf, uint32_t len)
+uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, const void *buf,
+                              uint32_t len)
 {
     const uint8_t *p = buf;
     unsigned count;
@@ -251,8 +249,7 @@ uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2,
     return st;
 }
 
-uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2,
-                                void *buf, uint32_t len)
+uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, void *buf, uint32_t len)
 {
     uint8_t *p = buf;
     unsigned count;
@@ -379,7 +376,7 @@ static uint16_t cmd_rw(VnNvme *n, const VnNvmeSqe *cmd, bool write)
         return st;
     }
     if (len > VN_NVME_MAX_XFER) {
-        return VN_NVME_SC_INVALID_FIELD;    /* above MDTS (Identify 7.10) */
+        return VN_NVME_SC_INVALID_FIELD; /* above MDTS (Identify 7.10) */
     }
     if (write) {
         n->stats.write_cmds++;
@@ -392,8 +389,7 @@ static uint16_t cmd_rw(VnNvme *n, const VnNvmeSqe *cmd, bool write)
     }
     x.off = off;
     /* A Read writes guest memory, a Write reads it. */
-    ret = vn_dma_iov_call(n->dma, n->segs, count, !write, n->iov, VN_NVME_MAX_IOV, file_iov,
-                          &x);
+    ret = vn_dma_iov_call(n->dma, n->segs, count, !write, n->iov, VN_NVME_MAX_IOV, file_iov, &x);
     if (ret == -E2BIG) {
         ret = rw_bounce(n, cmd, off, len, write, &st);
         if (st != VN_NVME_SUCCESS) {
@@ -430,16 +426,15 @@ static uint16_t cmd_write_zeroes(VnNvme *n, const VnNvmeSqe *cmd)
     if (st != VN_NVME_SUCCESS) {
         return st;
     }
-    if (fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
-                  (off_t)len) < 0) {
+    if (fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0) {
         memset(n->bounce, 0, MIN(len, (uint64_t)VN_NVME_ZERO_CHUNK));
         for (uint64_t done = 0; done < len;) {
             uint64_t chunk = MIN(len - done, (uint64_t)VN_NVME_ZERO_CHUNK);
             int ret = pwrite_full(n->fd, n->bounce, chunk, off + done);
 
             if (ret < 0) {
-                g_warning("device nvme %s: write zeroes at %" G_GUINT64_FORMAT ": %s",
-                          n->serial, off + done, g_strerror(-ret));
+                g_warning("device nvme %s: write zeroes at %" G_GUINT64_FORMAT ": %s", n->serial,
+                          off + done, g_strerror(-ret));
                 return VN_NVME_SC_WRITE_FAULT;
             }
             done += chunk;

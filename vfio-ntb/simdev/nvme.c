@@ -23,9 +23,9 @@
  * physically contiguous: we do not walk PRP lists for queues), TO in 500 ms
  * units, DSTRD = 0, CSS bit 37 = NVM command set, MPSMIN = MPSMAX = 0
  * (4 KiB pages only), no NSSR, no boot partitions, no CMB/PMR. */
-#define CAP_TO 20u      /* 10 s: the longest we take to set CSTS.RDY */
-static const uint64_t cap_value = (uint64_t)VN_NVME_MQES | (1ull << 16) |
-                                  ((uint64_t)CAP_TO << 24) | (1ull << 37);
+#define CAP_TO 20u /* 10 s: the longest we take to set CSTS.RDY */
+static const uint64_t cap_value =
+    (uint64_t)VN_NVME_MQES | (1ull << 16) | ((uint64_t)CAP_TO << 24) | (1ull << 37);
 /* 3.1.2: VS 1.4.0 */
 #define VS_VALUE 0x00010400u
 
@@ -115,15 +115,19 @@ static void ctrl_enable(VnNvme *n, uint32_t cc)
         vn_nvme_fatal(n, why);
         return;
     }
-    n->sq[0] = (VnNvmeSq){ .valid = true, .cqid = 0, .size = (aqa & 0xfff) + 1,
-                           .base = asq };
-    n->cq[0] = (VnNvmeCq){ .valid = true, .ien = true, .phase = true, .vector = 0,
-                           .size = ((aqa >> 16) & 0xfff) + 1, .nsq = 1, .base = acq };
+    n->sq[0] = (VnNvmeSq){ .valid = true, .cqid = 0, .size = (aqa & 0xfff) + 1, .base = asq };
+    n->cq[0] = (VnNvmeCq){ .valid = true,
+                           .ien = true,
+                           .phase = true,
+                           .vector = 0,
+                           .size = ((aqa >> 16) & 0xfff) + 1,
+                           .nsq = 1,
+                           .base = acq };
     n->enabled = true;
     n->csts |= VN_NVME_CSTS_RDY;
     n->stats.enables++;
-    g_info("device nvme %s: enabled, admin queues %u/%u entries", n->serial,
-           n->sq[0].size, n->cq[0].size);
+    g_info("device nvme %s: enabled, admin queues %u/%u entries", n->serial, n->sq[0].size,
+           n->cq[0].size);
 }
 
 static void cc_changed(VnNvme *n, uint32_t old, uint32_t cc)
@@ -245,15 +249,13 @@ static bool intm_poll(VnNvme *n)
     if (v != n->intms) {
         uint32_t want = n->intms | v;
 
-        if (__atomic_compare_exchange_n(ms, &v, want, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
+        if (__atomic_compare_exchange_n(ms, &v, want, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             n->intms = want;
         }
         busy = true;
     }
     if (c != 0) {
-        if (__atomic_compare_exchange_n(mc, &c, 0, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
+        if (__atomic_compare_exchange_n(mc, &c, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             uint32_t cleared = n->intms & c;
 
             n->intms &= ~c;
@@ -316,8 +318,8 @@ static bool cq_update_head(VnNvme *n, uint16_t qid)
     }
     if (head >= cq->size) {
         if (!cq->bad_db_logged) {
-            g_info("device nvme %s: CQ %u head doorbell %u beyond %u entries", n->serial,
-                   qid, head, cq->size);
+            g_info("device nvme %s: CQ %u head doorbell %u beyond %u entries", n->serial, qid, head,
+                   cq->size);
             cq->bad_db_logged = true;
         }
         return false;
@@ -328,8 +330,8 @@ static bool cq_update_head(VnNvme *n, uint16_t qid)
 
 /* Post a completion (4.6): all but the last dword first, then the dword
  * with the phase tag, so the host never sees a new phase with old data. */
-static void cq_post(VnNvme *n, VnNvmeCq *cq, uint16_t sqid, const VnNvmeSqe *cmd,
-                    uint16_t status, uint32_t result)
+static void cq_post(VnNvme *n, VnNvmeCq *cq, uint16_t sqid, const VnNvmeSqe *cmd, uint16_t status,
+                    uint32_t result)
 {
     VnNvmeCqe cqe = {
         .result = result,
@@ -343,8 +345,8 @@ static void cq_post(VnNvme *n, VnNvmeCq *cq, uint16_t sqid, const VnNvmeSqe *cmd
         /* Our errors are deterministic: a retry would fail the same way. */
         status |= VN_NVME_DNR;
         n->stats.errors++;
-        VN_TRACE("device nvme %s: SQ %u cid %u opcode 0x%02x status 0x%04x", n->serial,
-                 sqid, cmd->cid, cmd->opcode, status);
+        VN_TRACE("device nvme %s: SQ %u cid %u opcode 0x%02x status 0x%04x", n->serial, sqid,
+                 cmd->cid, cmd->opcode, status);
     }
     cqe.status = (uint16_t)(status << 1) | (cq->phase ? 1 : 0);
     if (vn_dma_write(n->dma, at, &cqe, offsetof(VnNvmeCqe, cid)) < 0) {
@@ -374,8 +376,8 @@ static bool sq_run(VnNvme *n, uint16_t qid)
 
     if (tail >= sq->size) {
         if (!sq->bad_db_logged) {
-            g_info("device nvme %s: SQ %u tail doorbell %u beyond %u entries", n->serial,
-                   qid, tail, sq->size);
+            g_info("device nvme %s: SQ %u tail doorbell %u beyond %u entries", n->serial, qid, tail,
+                   sq->size);
             sq->bad_db_logged = true;
         }
         return false;
@@ -389,15 +391,15 @@ static bool sq_run(VnNvme *n, uint16_t qid)
         if (cq_full(cq) && !(cq_update_head(n, sq->cqid) && !cq_full(cq))) {
             break;
         }
-        if (vn_dma_read(n->dma, sq->base + ((uint64_t)sq->head << VN_NVME_SQE_SHIFT),
-                        &cmd, sizeof(cmd)) < 0) {
+        if (vn_dma_read(n->dma, sq->base + ((uint64_t)sq->head << VN_NVME_SQE_SHIFT), &cmd,
+                        sizeof(cmd)) < 0) {
             vn_nvme_fatal(n, "submission queue outside guest memory");
             return true;
         }
         sq->head = (sq->head + 1) % sq->size;
         busy = true;
-        status = qid == 0 ? vn_nvme_admin_exec(n, &cmd, &result)
-                          : vn_nvme_io_exec(n, &cmd, &result);
+        status =
+            qid == 0 ? vn_nvme_admin_exec(n, &cmd, &result) : vn_nvme_io_exec(n, &cmd, &result);
         if (status != VN_NVME_DEFERRED) {
             cq_post(n, cq, qid, &cmd, status, result);
         }
@@ -541,8 +543,7 @@ static bool params_valid(const VnNvmeParams *p, GError **error)
     return true;
 }
 
-VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
-                    GError **error)
+VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg, GError **error)
 {
     g_autoptr(VnNvme) n = NULL;
     g_autoptr(GChecksum) sum = NULL;
@@ -556,7 +557,7 @@ VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
     vn_mutex_init(&n->lock);
     n->fd = -1;
     n->params = *params;
-    n->params.backing = NULL;       /* not kept: the caller's string */
+    n->params.backing = NULL; /* not kept: the caller's string */
     n->params.serial = NULL;
     g_strlcpy(n->serial, params->serial, sizeof(n->serial));
     n->bar0 = bar0;

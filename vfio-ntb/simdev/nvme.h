@@ -42,12 +42,12 @@
 #define VN_NVME_SERIAL_LEN 20u
 
 typedef struct VnNvmeParams {
-    const char *backing;       /* namespace file: created or extended */
-    uint64_t size;             /* namespace bytes, multiple of the LBA size */
-    const char *serial;        /* printable ASCII, <= VN_NVME_SERIAL_LEN */
-    uint32_t vectors;          /* MSI-X or MSI vectors (CQ interrupt vectors < this) */
-    uint32_t io_queues;        /* 1..VN_NVME_MAX_IO_QUEUES */
-    uint16_t pci_vendor_id;    /* reported in Identify Controller VID/SSVID */
+    const char *backing;    /* namespace file: created or extended */
+    uint64_t size;          /* namespace bytes, multiple of the LBA size */
+    const char *serial;     /* printable ASCII, <= VN_NVME_SERIAL_LEN */
+    uint32_t vectors;       /* MSI-X or MSI vectors (CQ interrupt vectors < this) */
+    uint32_t io_queues;     /* 1..VN_NVME_MAX_IO_QUEUES */
+    uint16_t pci_vendor_id; /* reported in Identify Controller VID/SSVID */
     uint16_t pci_subsys_vendor_id;
 } VnNvmeParams;
 
@@ -57,13 +57,13 @@ typedef struct VnNvme VnNvme;
 typedef struct VnNvmeStats {
     uint64_t admin_cmds;
     uint64_t io_cmds;
-    uint64_t errors;            /* completions with a non-zero status */
+    uint64_t errors; /* completions with a non-zero status */
     uint64_t read_cmds;
     uint64_t write_cmds;
     uint64_t blocks_read;
     uint64_t blocks_written;
-    uint64_t irqs;              /* interrupts requested */
-    uint64_t enables;           /* CC.EN 0->1 transitions that succeeded */
+    uint64_t irqs;    /* interrupts requested */
+    uint64_t enables; /* CC.EN 0->1 transitions that succeeded */
 } VnNvmeStats;
 
 /*
@@ -74,8 +74,7 @@ typedef struct VnNvmeStats {
  * per-vector masks).  Returns NULL with @error set on a bad parameter or a
  * file error.
  */
-VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg,
-                    GError **error);
+VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg, GError **error);
 void vn_nvme_free(VnNvme *n);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNvme, vn_nvme_free)
 

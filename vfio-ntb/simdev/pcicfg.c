@@ -55,17 +55,17 @@ enum {
 
 struct VnPciCfg {
     VnPciCfgParams params;
-    uint8_t bytes[VN_PCICFG_STD_SIZE];     /* current values (socket thread) */
-    uint8_t wmask[VN_PCICFG_STD_SIZE];     /* writable bits */
-    uint8_t defaults[VN_PCICFG_STD_SIZE];  /* power-on image */
-    gint state;                            /* STATE_*, atomic */
-    uint32_t msi_mask;                     /* MSI Mask Bits mirror, atomic */
-    uint32_t msi_pending;                  /* MSI Pending Bits, atomic: set and
+    uint8_t bytes[VN_PCICFG_STD_SIZE];    /* current values (socket thread) */
+    uint8_t wmask[VN_PCICFG_STD_SIZE];    /* writable bits */
+    uint8_t defaults[VN_PCICFG_STD_SIZE]; /* power-on image */
+    gint state;                           /* STATE_*, atomic */
+    uint32_t msi_mask;                    /* MSI Mask Bits mirror, atomic */
+    uint32_t msi_pending;                 /* MSI Pending Bits, atomic: set and
                                             * cleared by the signalling thread,
                                             * cleared by reset; the bytes of
                                             * the register are filled in on
                                             * read */
-    bool flr_pending;                      /* Initiate FLR was written */
+    bool flr_pending;                     /* Initiate FLR was written */
 };
 
 static const char *const irq_mode_names[VN_PCICFG_IRQ_LAST] = {
@@ -138,13 +138,15 @@ static bool bars_valid(const VnPciCfgParams *p, GError **error)
         if (!is_pow2(b->size) || b->size < 4096 || (!b->is64 && b->size > (1ull << 31))) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "config space: BAR%u: %" G_GUINT64_FORMAT " bytes (a power of two "
-                        "of at least 4 KiB, at most 2 GiB for a 32-bit BAR)", i, b->size);
+                        "of at least 4 KiB, at most 2 GiB for a 32-bit BAR)",
+                        i, b->size);
             return false;
         }
         if (b->is64 && (i + 1 >= VN_PCICFG_BARS || p->bars[i + 1].size != 0)) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "config space: BAR%u is 64-bit but BAR%u is not free for its upper "
-                        "half", i, i + 1);
+                        "half",
+                        i, i + 1);
             return false;
         }
         if (b->is64) {
@@ -169,8 +171,8 @@ static bool params_valid(const VnPciCfgParams *p, GError **error)
     if (p->irq_mode == VN_PCICFG_IRQ_MSI) {
         if (!is_pow2(p->msi_vectors) || p->msi_vectors > VN_PCICFG_MAX_MSI_VECTORS) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "config space: %u MSI vectors (a power of two up to %u)",
-                        p->msi_vectors, VN_PCICFG_MAX_MSI_VECTORS);
+                        "config space: %u MSI vectors (a power of two up to %u)", p->msi_vectors,
+                        VN_PCICFG_MAX_MSI_VECTORS);
             return false;
         }
         return true;
@@ -193,8 +195,8 @@ static bool params_valid(const VnPciCfgParams *p, GError **error)
          p->msix_pba_offset < p->msix_table_offset + table_len)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "config space: MSI-X table (%u vectors at 0x%x) and PBA (0x%x) "
-                    "do not fit BAR%u", p->msix_vectors, p->msix_table_offset,
-                    p->msix_pba_offset, p->msix_bir);
+                    "do not fit BAR%u",
+                    p->msix_vectors, p->msix_table_offset, p->msix_pba_offset, p->msix_bir);
         return false;
     }
     return true;
@@ -218,7 +220,7 @@ static void build_bars(VnPciCfg *cfg)
         if (b->prefetch) {
             type |= PCI_BASE_ADDRESS_MEM_PREFETCH;
         }
-        set32(cfg, reg, type, (uint32_t)~(b->size - 1) & PCI_BASE_ADDRESS_MEM_MASK);
+        set32(cfg, reg, type, (uint32_t) ~(b->size - 1) & PCI_BASE_ADDRESS_MEM_MASK);
         if (b->is64) {
             set32(cfg, reg + 4, 0, (uint32_t)(~(b->size - 1) >> 32));
             i++;
@@ -237,8 +239,8 @@ static void build_header(VnPciCfg *cfg)
      * Space stays 0; Memory Space, Bus Master, Parity Error Response, SERR#
      * Enable and Interrupt Disable are the writable bits of a PCIe function. */
     set16(cfg, PCI_COMMAND, 0,
-          PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_PARITY |
-          PCI_COMMAND_SERR | PCI_COMMAND_INTX_DISABLE);
+          PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_PARITY | PCI_COMMAND_SERR |
+              PCI_COMMAND_INTX_DISABLE);
     /* Capabilities List: we have a list at 0x40 (PCIe requires one). */
     set16(cfg, PCI_STATUS, PCI_STATUS_CAP_LIST, 0);
     set8(cfg, PCI_REVISION_ID, p->revision, 0);
@@ -277,7 +279,7 @@ static void build_msix(VnPciCfg *cfg, unsigned msix, unsigned next)
 static void build_msi(VnPciCfg *cfg, unsigned msi, unsigned next)
 {
     uint32_t n = cfg->params.msi_vectors;
-    uint16_t mmc = (uint16_t)g_bit_nth_lsf(n, -1);       /* log2, n is a power of two */
+    uint16_t mmc = (uint16_t)g_bit_nth_lsf(n, -1); /* log2, n is a power of two */
     uint32_t mask_bits = n == 32 ? 0xffffffffu : (1u << n) - 1;
 
     set8(cfg, msi + PCI_CAP_LIST_ID, PCI_CAP_ID_MSI, 0);
@@ -343,15 +345,14 @@ static void build_caps(VnPciCfg *cfg)
      * vn_pcicfg_write().  Defaults: RO and NS set, MRRS 512 bytes. */
     set16(cfg, exp + PCI_EXP_DEVCTL,
           PCI_EXP_DEVCTL_RELAX_EN | PCI_EXP_DEVCTL_NOSNOOP_EN | PCI_EXP_DEVCTL_READRQ_512B,
-          PCI_EXP_DEVCTL_CERE | PCI_EXP_DEVCTL_NFERE | PCI_EXP_DEVCTL_FERE |
-          PCI_EXP_DEVCTL_URRE | PCI_EXP_DEVCTL_RELAX_EN | PCI_EXP_DEVCTL_PAYLOAD |
-          PCI_EXP_DEVCTL_EXT_TAG | PCI_EXP_DEVCTL_NOSNOOP_EN | PCI_EXP_DEVCTL_READRQ);
+          PCI_EXP_DEVCTL_CERE | PCI_EXP_DEVCTL_NFERE | PCI_EXP_DEVCTL_FERE | PCI_EXP_DEVCTL_URRE |
+              PCI_EXP_DEVCTL_RELAX_EN | PCI_EXP_DEVCTL_PAYLOAD | PCI_EXP_DEVCTL_EXT_TAG |
+              PCI_EXP_DEVCTL_NOSNOOP_EN | PCI_EXP_DEVCTL_READRQ);
     /* 7.5.3.6-7.5.3.8: a x1 link at 2.5 GT/s, trained.  Link Control's
      * ASPM, RCB, Common Clock and Extended Synch are RW for endpoints. */
     set32(cfg, exp + PCI_EXP_LNKCAP, PCI_EXP_LNKCAP_SLS_2_5GB | (1u << 4), 0);
     set16(cfg, exp + PCI_EXP_LNKCTL, 0,
-          PCI_EXP_LNKCTL_ASPMC | PCI_EXP_LNKCTL_RCB | PCI_EXP_LNKCTL_CCC |
-          PCI_EXP_LNKCTL_ES);
+          PCI_EXP_LNKCTL_ASPMC | PCI_EXP_LNKCTL_RCB | PCI_EXP_LNKCTL_CCC | PCI_EXP_LNKCTL_ES);
     set16(cfg, exp + PCI_EXP_LNKSTA, PCI_EXP_LNKSTA_CLS_2_5GB | (1u << 4), 0);
     /* 7.5.3.15-7.5.3.19: no optional v2 features; 2.5 GT/s supported. */
     set32(cfg, exp + PCI_EXP_LNKCAP2, PCI_EXP_LNKCAP2_SLS_2_5GB, 0);
@@ -462,7 +463,7 @@ int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t co
         uint64_t a = offset + i;
 
         if (a >= VN_PCICFG_STD_SIZE) {
-            break;      /* extended space: no registers, writes are dropped */
+            break; /* extended space: no registers, writes are dropped */
         }
         cfg->bytes[a] = (uint8_t)((cfg->bytes[a] & ~cfg->wmask[a]) | (in[i] & cfg->wmask[a]));
         /* PCIe r5.0 7.5.3.4: Initiate Function Level Reset, high byte bit 7
@@ -483,7 +484,8 @@ int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t co
     }
     state_update(cfg);
     VN_TRACE("device config: write 0x%" G_GINT64_MODIFIER "x+%u command 0x%04x "
-             "%s 0x%04x", offset, count, get16(cfg, PCI_COMMAND),
+             "%s 0x%04x",
+             offset, count, get16(cfg, PCI_COMMAND),
              vn_pcicfg_irq_mode_to_string(cfg->params.irq_mode),
              get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS));
     return 0;
@@ -537,8 +539,7 @@ bool vn_pcicfg_msi_enabled(VnPciCfg *cfg)
 
 uint32_t vn_pcicfg_msi_vectors(VnPciCfg *cfg)
 {
-    return 1u << ((g_atomic_int_get(&cfg->state) & STATE_MSI_LOG2_MASK) >>
-                  STATE_MSI_LOG2_SHIFT);
+    return 1u << ((g_atomic_int_get(&cfg->state) & STATE_MSI_LOG2_MASK) >> STATE_MSI_LOG2_SHIFT);
 }
 
 /* PCI 3.0 6.8.3.5: "While a vector is masked, the function is prohibited

@@ -45,8 +45,8 @@
 
 /* Which message-signalled interrupt capability the function has. */
 typedef enum VnPciCfgIrqMode {
-    VN_PCICFG_IRQ_MSIX,         /* MSI-X, table and PBA in a BAR (the default) */
-    VN_PCICFG_IRQ_MSI,          /* MSI: 64-bit, per-vector masking, no table */
+    VN_PCICFG_IRQ_MSIX, /* MSI-X, table and PBA in a BAR (the default) */
+    VN_PCICFG_IRQ_MSI,  /* MSI: 64-bit, per-vector masking, no table */
     VN_PCICFG_IRQ_LAST
 } VnPciCfgIrqMode;
 
@@ -60,10 +60,10 @@ bool vn_pcicfg_irq_mode_from_string(const char *s, VnPciCfgIrqMode *mode);
 
 /* One memory BAR (we have no I/O BARs). */
 typedef struct VnPciCfgBar {
-    uint64_t size;              /* 0: not implemented; else a power of two >= 4 KiB
+    uint64_t size; /* 0: not implemented; else a power of two >= 4 KiB
                                  * (32-bit BARs: at most 2 GiB) */
-    bool is64;                  /* 64-bit: takes the next BAR's slot too */
-    bool prefetch;              /* Prefetchable */
+    bool is64;     /* 64-bit: takes the next BAR's slot too */
+    bool prefetch; /* Prefetchable */
 } VnPciCfgBar;
 
 typedef struct VnPciCfgParams {
@@ -72,17 +72,17 @@ typedef struct VnPciCfgParams {
     uint16_t subsys_vendor_id;
     uint16_t subsys_id;
     uint8_t revision;
-    uint32_t class_code;        /* 24 bits: base class, sub class, prog-if */
+    uint32_t class_code; /* 24 bits: base class, sub class, prog-if */
     /* A 64-bit BAR's next slot must have size 0 (BAR5 cannot be 64-bit). */
     VnPciCfgBar bars[VN_PCICFG_BARS];
-    VnPciCfgIrqMode irq_mode;   /* 0 = MSI-X */
+    VnPciCfgIrqMode irq_mode; /* 0 = MSI-X */
     /* VN_PCICFG_IRQ_MSIX only: */
     uint32_t msix_vectors;      /* 1..VN_PCICFG_MAX_VECTORS */
     uint8_t msix_bir;           /* BAR holding table and PBA (one that exists) */
     uint32_t msix_table_offset; /* 8-byte aligned, inside the BAR */
     uint32_t msix_pba_offset;   /* 8-byte aligned, inside the BAR */
     /* VN_PCICFG_IRQ_MSI only: */
-    uint32_t msi_vectors;       /* power of two, 1..VN_PCICFG_MAX_MSI_VECTORS */
+    uint32_t msi_vectors; /* power of two, 1..VN_PCICFG_MAX_MSI_VECTORS */
 } VnPciCfgParams;
 
 typedef struct VnPciCfg VnPciCfg;

@@ -24,16 +24,16 @@
 #include <unistd.h>
 
 struct VnPciDev {
-    char *serial;                           /* names the device in messages */
+    char *serial; /* names the device in messages */
     VnDeviceInfo info;
     int bar0_fd;
-    uint8_t *bar0;                          /* mmap of bar0_fd, shared */
-    uint8_t bar4[VN_PCIDEV_BAR4_SIZE];      /* MSI-X table + PBA storage */
+    uint8_t *bar0;                     /* mmap of bar0_fd, shared */
+    uint8_t bar4[VN_PCIDEV_BAR4_SIZE]; /* MSI-X table + PBA storage */
     VnPciCfgIrqMode irq_mode;
-    uint32_t vectors;                       /* MSI-X or MSI vectors offered */
+    uint32_t vectors; /* MSI-X or MSI vectors offered */
     VnPciCfg *cfg;
     VnNvme *nvme;
-    VnEngine *engine;                       /* NULL unless started */
+    VnEngine *engine; /* NULL unless started */
 };
 
 /* PCIe r5.0 7.7.2.5: after reset every vector is masked (Vector Control
@@ -69,8 +69,7 @@ static void bar0_read(VnPciDev *d, uint64_t off, uint8_t *buf, uint32_t count)
 {
     if (off % 4 == 0 && count % 4 == 0) {
         for (uint32_t i = 0; i < count; i += 4) {
-            uint32_t v = __atomic_load_n((uint32_t *)(void *)(d->bar0 + off + i),
-                                         __ATOMIC_ACQUIRE);
+            uint32_t v = __atomic_load_n((uint32_t *)(void *)(d->bar0 + off + i), __ATOMIC_ACQUIRE);
 
             memcpy(buf + i, &v, 4);
         }
@@ -93,8 +92,7 @@ static void bar0_write(VnPciDev *d, uint64_t off, const uint8_t *buf, uint32_t c
     }
 }
 
-static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf,
-                          uint32_t count)
+static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
 {
     VnPciDev *d = opaque;
 
@@ -119,12 +117,11 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     }
 }
 
-static int op_region_write(void *opaque, uint32_t index, uint64_t offset,
-                           const void *buf, uint32_t count)
+static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const void *buf,
+                           uint32_t count)
 {
     VnPciDev *d = opaque;
-    uint64_t table_end = VN_PCIDEV_MSIX_TABLE +
-                         (uint64_t)d->vectors * VN_PCICFG_MSIX_ENTRY_SIZE;
+    uint64_t table_end = VN_PCIDEV_MSIX_TABLE + (uint64_t)d->vectors * VN_PCICFG_MSIX_ENTRY_SIZE;
     int ret;
 
     if (index >= d->info.num_regions ||
@@ -140,7 +137,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset,
             g_info("device nvme %s: function level reset", d->serial);
             function_reset(d);
         }
-        kick(d);        /* e.g. Bus Master Enable lets waiting commands run */
+        kick(d); /* e.g. Bus Master Enable lets waiting commands run */
         return ret;
     case VFIO_PCI_BAR0_REGION_INDEX:
         bar0_write(d, offset, buf, count);
@@ -192,14 +189,12 @@ static void op_client_gone(void *opaque)
      * but what the last one wrote should be on disk now. */
     ret = vn_nvme_flush(d->nvme);
     if (ret < 0) {
-        g_warning("device nvme %s: flush after disconnect: %s", d->serial,
-                  g_strerror(-ret));
+        g_warning("device nvme %s: flush after disconnect: %s", d->serial, g_strerror(-ret));
     }
     vn_nvme_stats(d->nvme, &st);
-    g_info("device nvme %s: client gone; so far %" G_GUINT64_FORMAT " admin and %"
-           G_GUINT64_FORMAT " I/O commands (%" G_GUINT64_FORMAT " errors, %"
-           G_GUINT64_FORMAT " interrupts)", d->serial, st.admin_cmds, st.io_cmds, st.errors,
-           st.irqs);
+    g_info("device nvme %s: client gone; so far %" G_GUINT64_FORMAT " admin and %" G_GUINT64_FORMAT
+           " I/O commands (%" G_GUINT64_FORMAT " errors, %" G_GUINT64_FORMAT " interrupts)",
+           d->serial, st.admin_cmds, st.io_cmds, st.errors, st.irqs);
 }
 
 const VnDeviceOps vn_pcidev_ops = {
@@ -223,20 +218,22 @@ static void info_build(VnPciDev *d)
         i->regions[r].mmap_fd = -1;
     }
     bar0->size = VN_NVME_BAR0_SIZE;
-    bar0->flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE |
-                  VFIO_REGION_INFO_FLAG_MMAP;
+    bar0->flags =
+        VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP;
     bar0->mmap_fd = d->bar0_fd;
     bar0->mmap_offset = 0;
     bar0->nr_sparse = 1;
     bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
     if (d->irq_mode == VN_PCICFG_IRQ_MSIX) {
         i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
-            .size = VN_PCIDEV_BAR4_SIZE, .mmap_fd = -1,
+            .size = VN_PCIDEV_BAR4_SIZE,
+            .mmap_fd = -1,
             .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
         };
     }
     i->regions[VFIO_PCI_CONFIG_REGION_INDEX] = (VnRegion){
-        .size = VN_PCICFG_SIZE, .mmap_fd = -1,
+        .size = VN_PCICFG_SIZE,
+        .mmap_fd = -1,
         .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE,
     };
 
@@ -277,18 +274,17 @@ static bool bar0_create(VnPciDev *d, GError **error)
         int err = -d->bar0_fd;
 
         d->bar0_fd = -1;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
-                    "device nvme %s: BAR0 memfd: %s", d->serial, g_strerror(err));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "device nvme %s: BAR0 memfd: %s",
+                    d->serial, g_strerror(err));
         return false;
     }
-    d->bar0 = mmap(NULL, VN_NVME_BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
-                   d->bar0_fd, 0);
+    d->bar0 = mmap(NULL, VN_NVME_BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, d->bar0_fd, 0);
     if (d->bar0 == MAP_FAILED) {
         int err = errno;
 
         d->bar0 = NULL;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
-                    "device nvme %s: BAR0 mmap: %s", d->serial, g_strerror(err));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "device nvme %s: BAR0 mmap: %s",
+                    d->serial, g_strerror(err));
         return false;
     }
     return true;
@@ -367,7 +363,7 @@ void vn_pcidev_free(VnPciDev *d)
         return;
     }
     vn_pcidev_stop(d);
-    vn_nvme_free(d->nvme);          /* before BAR0 goes: it points into it */
+    vn_nvme_free(d->nvme); /* before BAR0 goes: it points into it */
     vn_pcicfg_free(d->cfg);
     if (d->bar0 != NULL) {
         munmap(d->bar0, VN_NVME_BAR0_SIZE);

@@ -55,13 +55,13 @@
 #define VN_PCIDEV_MAX_VECTORS (VN_PCIDEV_MSIX_PBA / VN_PCICFG_MSIX_ENTRY_SIZE)
 
 typedef struct VnPciDevParams {
-    const char *backing;    /* namespace file */
-    uint64_t size;          /* namespace bytes */
+    const char *backing; /* namespace file */
+    uint64_t size;       /* namespace bytes */
     const char *serial;
     /* VN_PCIDEV_MIN_VECTORS..VN_PCIDEV_MAX_VECTORS, whatever the mode; I/O
      * queues = vectors - 1 (<= 64), vectors shared when MSI has fewer. */
     uint32_t vectors;
-    VnPciCfgIrqMode irq_mode;   /* 0 = MSI-X */
+    VnPciCfgIrqMode irq_mode; /* 0 = MSI-X */
 } VnPciDevParams;
 
 typedef struct VnPciDev VnPciDev;

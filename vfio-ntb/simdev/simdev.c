@@ -43,7 +43,7 @@ typedef struct Options {
     char *serial;
     gint vectors;
     char *interrupts;
-    VnPciCfgIrqMode irq_mode;           /* parsed from interrupts */
+    VnPciCfgIrqMode irq_mode; /* parsed from interrupts */
     gboolean verbose;
     char *stats_file;
 } Options;
@@ -65,33 +65,33 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "vfio-user socket to listen on (must not exist)", "PATH" },
         { "backing", 0, 0, G_OPTION_ARG_FILENAME, &o->backing,
           "namespace backing file (created or extended)", "FILE" },
-        { "size-mib", 0, 0, G_OPTION_ARG_INT64, &o->size_mib,
-          "namespace size in MiB", "N" },
+        { "size-mib", 0, 0, G_OPTION_ARG_INT64, &o->size_mib, "namespace size in MiB", "N" },
         { "serial", 0, 0, G_OPTION_ARG_STRING, &o->serial,
           "controller serial number (1-20 ASCII characters)", "S" },
         { "vectors", 0, 0, G_OPTION_ARG_INT, &o->vectors,
           "interrupt vectors (2-128, default 9: admin + 8 I/O queues; MSI offers the "
-          "largest power of two not above N, at most 32)", "N" },
+          "largest power of two not above N, at most 32)",
+          "N" },
         { "interrupts", 0, 0, G_OPTION_ARG_STRING, &o->interrupts,
           "msix (default, as NVMe controllers have) or msi (stock QEMU can hot-unplug it)",
           "MODE" },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
-        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose,
-          "log every message and state change", NULL },
+        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every message and state change",
+          NULL },
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) ctx = g_option_context_new("- simulated NVMe over vfio-user");
 
     o->vectors = VN_SIMDEV_DEFAULT_VECTORS;
-    o->size_mib = -1;                   /* "not given", unlike an explicit 0 */
+    o->size_mib = -1; /* "not given", unlike an explicit 0 */
     g_option_context_add_main_entries(ctx, entries, NULL);
     if (!g_option_context_parse(ctx, argc, argv, error)) {
         return false;
     }
     if (*argc > 1) {
-        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_FAILED,
-                    "unexpected argument '%s'", (*argv)[1]);
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_FAILED, "unexpected argument '%s'",
+                    (*argv)[1]);
         return false;
     }
     if (o->socket == NULL || o->backing == NULL || o->size_mib == -1) {
@@ -102,8 +102,8 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
     /* CLI input is checked like any peer's: named bounds, no overflow. */
     if (o->size_mib < 1 || (guint64)o->size_mib > VN_SIMDEV_MAX_SIZE_MIB) {
         g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
-                    "--size-mib %" G_GINT64_FORMAT " is outside 1..%" G_GUINT64_FORMAT,
-                    o->size_mib, (guint64)VN_SIMDEV_MAX_SIZE_MIB);
+                    "--size-mib %" G_GINT64_FORMAT " is outside 1..%" G_GUINT64_FORMAT, o->size_mib,
+                    (guint64)VN_SIMDEV_MAX_SIZE_MIB);
         return false;
     }
     if (o->vectors < (gint)VN_PCIDEV_MIN_VECTORS || o->vectors > (gint)VN_PCIDEV_MAX_VECTORS) {
@@ -211,7 +211,8 @@ int main(int argc, char **argv)
     stats = (Stats){ .server = server, .path = opt.stats_file };
     sig_usr1 = g_unix_signal_add(SIGUSR1, on_usr1, &stats);
     g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, interrupts %s, "
-              "%u vectors) on %s", VN_VERSION, opt.backing, opt.size_mib, opt.serial,
+              "%u vectors) on %s",
+              VN_VERSION, opt.backing, opt.size_mib, opt.serial,
               vn_pcicfg_irq_mode_to_string(opt.irq_mode), vn_pcidev_vectors(dev), opt.socket);
     g_main_loop_run(loop);
     g_source_remove(sig_term);

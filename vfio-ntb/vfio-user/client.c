@@ -134,7 +134,7 @@ static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *
         }
         break;
     }
-    c->stats.stalled = false;   /* it answered; older answers may still come */
+    c->stats.stalled = false; /* it answered; older answers may still come */
     if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_REPLY || hdr.id != req.id ||
         hdr.cmd != req.cmd) {
         vn_transport_msg_clear(reply);
@@ -197,8 +197,8 @@ static bool negotiate(VnClient *c, GError **error)
     vn_wire_finish(c->out);
     ret = transact(c, NULL, 0, &reply);
     if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "socket %s: VERSION failed: %s", c->path, g_strerror(-ret));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "socket %s: VERSION failed: %s",
+                    c->path, g_strerror(-ret));
         return false;
     }
     if (reply.len < VN_WIRE_HDR_SIZE + sizeof(got)) {
@@ -234,8 +234,8 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
     int fd;
 
     if (strlen(socket_path) >= sizeof(addr.sun_path)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "socket %s: path too long", socket_path);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "socket %s: path too long",
+                    socket_path);
         return NULL;
     }
     c->path = g_strdup(socket_path);
@@ -249,8 +249,8 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
         if (fd >= 0) {
             close(fd);
         }
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "socket %s: %s",
-                    socket_path, g_strerror(err));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "socket %s: %s", socket_path,
+                    g_strerror(err));
         return NULL;
     }
     c->t = vn_transport_new(fd);
@@ -299,8 +299,7 @@ int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info)
     return simple(c, NULL, 0, info, sizeof(*info));
 }
 
-static int region_info_once(VnClient *c, uint32_t index, uint32_t argsz,
-                            VnTransportMsg *reply)
+static int region_info_once(VnClient *c, uint32_t index, uint32_t argsz, VnTransportMsg *reply)
 {
     struct vfio_region_info q = { .argsz = argsz, .index = index };
 
@@ -310,9 +309,9 @@ static int region_info_once(VnClient *c, uint32_t index, uint32_t argsz,
     return transact(c, NULL, 0, reply);
 }
 
-int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info,
-                              int *fd, struct vfio_region_sparse_mmap_area *sparse,
-                              uint32_t max_sparse, uint32_t *nr_sparse)
+int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info, int *fd,
+                              struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                              uint32_t *nr_sparse)
 {
     VnTransportMsg reply = { 0 };
     uint32_t argsz = sizeof(*info);
@@ -376,11 +375,12 @@ int vn_client_get_irq_info(VnClient *c, uint32_t index, struct vfio_irq_info *in
     return simple(c, NULL, 0, info, sizeof(*info));
 }
 
-int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start,
-                       uint32_t count, const uint8_t *bools, const int *fds)
+int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                       const uint8_t *bools, const int *fds)
 {
-    VnWireIrqSet s = { .argsz = sizeof(s), .flags = flags, .index = index,
-                              .start = start, .count = count };
+    VnWireIrqSet s = {
+        .argsz = sizeof(s), .flags = flags, .index = index, .start = start, .count = count
+    };
     bool with_bools = (flags & VFIO_IRQ_SET_DATA_BOOL) && bools != NULL;
     unsigned nfds = ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && fds != NULL) ? count : 0;
 
@@ -398,8 +398,7 @@ int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t sta
     return simple(c, fds, nfds, NULL, 0);
 }
 
-int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf,
-                          uint32_t count)
+int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf, uint32_t count)
 {
     VnWireRegionRw rw = { .offset = offset, .region = region, .count = count };
     VnTransportMsg reply = { 0 };
@@ -430,8 +429,8 @@ int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *b
     return (int)got.count;
 }
 
-int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset,
-                           const void *buf, uint32_t count, bool posted)
+int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset, const void *buf,
+                           uint32_t count, bool posted)
 {
     VnWireRegionRw rw = { .offset = offset, .region = region, .count = count };
     int ret;
@@ -451,11 +450,12 @@ int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset,
     return ret < 0 ? ret : (int)count;
 }
 
-int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset,
-                      uint32_t prot, int fd)
+int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot,
+                      int fd)
 {
-    VnWireDmaMap m = { .argsz = sizeof(m), .flags = prot, .offset = offset,
-                       .iova = iova, .size = size };
+    VnWireDmaMap m = {
+        .argsz = sizeof(m), .flags = prot, .offset = offset, .iova = iova, .size = size
+    };
 
     begin(c, VN_CMD_DMA_MAP, 0);
     append(c, &m, sizeof(m));
@@ -464,8 +464,9 @@ int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset
 
 int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all)
 {
-    VnWireDmaUnmap u = { .argsz = sizeof(u), .flags = all ? VFIO_DMA_UNMAP_FLAG_ALL : 0,
-                         .iova = iova, .size = size };
+    VnWireDmaUnmap u = {
+        .argsz = sizeof(u), .flags = all ? VFIO_DMA_UNMAP_FLAG_ALL : 0, .iova = iova, .size = size
+    };
 
     begin(c, VN_CMD_DMA_UNMAP, 0);
     append(c, &u, sizeof(u));
@@ -478,8 +479,8 @@ int vn_client_reset(VnClient *c)
     return simple(c, NULL, 0, NULL, 0);
 }
 
-int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds,
-                  unsigned nfds, GByteArray **reply)
+int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds, unsigned nfds,
+                  GByteArray **reply)
 {
     VnTransportMsg r = { 0 };
     int ret;

@@ -32,15 +32,15 @@ typedef struct VnClient VnClient;
 #define VN_CLIENT_MAX_LATE 16
 
 typedef struct VnClientStats {
-    uint64_t timeouts;       /* requests that got no reply in time */
-    uint64_t late_replies;   /* replies that came after that, dropped */
-    uint32_t awaiting;       /* timed-out requests not answered yet */
-    bool stalled;            /* the last request timed out: nothing answered since */
+    uint64_t timeouts;     /* requests that got no reply in time */
+    uint64_t late_replies; /* replies that came after that, dropped */
+    uint32_t awaiting;     /* timed-out requests not answered yet */
+    bool stalled;          /* the last request timed out: nothing answered since */
 } VnClientStats;
 
 typedef enum VnClientEvent {
-    VN_CLIENT_TIMED_OUT,     /* @ms: the timeout */
-    VN_CLIENT_LATE_REPLY,    /* @ms: how long after it was sent the reply came */
+    VN_CLIENT_TIMED_OUT,  /* @ms: the timeout */
+    VN_CLIENT_LATE_REPLY, /* @ms: how long after it was sent the reply came */
     VN_CLIENT_EVENT_LAST
 } VnClientEvent;
 
@@ -66,26 +66,25 @@ int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info);
  * the region's mmap fd or -1 (caller owns it), and when @sparse is not NULL
  * up to @max_sparse sparse areas are stored and their number in *nr_sparse.
  */
-int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info,
-                              int *fd, struct vfio_region_sparse_mmap_area *sparse,
-                              uint32_t max_sparse, uint32_t *nr_sparse);
+int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_info *info, int *fd,
+                              struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
+                              uint32_t *nr_sparse);
 
 int vn_client_get_irq_info(VnClient *c, uint32_t index, struct vfio_irq_info *info);
 
 /* SET_IRQS; @fds (borrowed) has count eventfds for DATA_EVENTFD, or NULL. */
-int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start,
-                       uint32_t count, const uint8_t *bools, const int *fds);
+int vn_client_set_irqs(VnClient *c, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                       const uint8_t *bools, const int *fds);
 
 /* Returns bytes read, or -errno. */
-int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf,
-                          uint32_t count);
+int vn_client_region_read(VnClient *c, uint32_t region, uint64_t offset, void *buf, uint32_t count);
 /* With @posted the write goes NO_REPLY and the call returns at once. */
-int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset,
-                           const void *buf, uint32_t count, bool posted);
+int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset, const void *buf,
+                           uint32_t count, bool posted);
 
 /* @fd is borrowed (-1 for none). */
-int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset,
-                      uint32_t prot, int fd);
+int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot,
+                      int fd);
 int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all);
 int vn_client_reset(VnClient *c);
 
@@ -93,7 +92,7 @@ int vn_client_reset(VnClient *c);
  * Send raw bytes (a whole message, or garbage) with fds and wait for one
  * reply; for tests of malformed input.  The reply (owned) goes to *reply.
  */
-int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds,
-                  unsigned nfds, GByteArray **reply);
+int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds, unsigned nfds,
+                  GByteArray **reply);
 
 #endif /* VN_CLIENT_H */

@@ -16,13 +16,13 @@
 
 typedef struct Entry {
     VnDmaMapping m;
-    void *map_base;      /* what mmap returned (page aligned) */
+    void *map_base; /* what mmap returned (page aligned) */
     size_t map_len;
 } Entry;
 
 struct VnDma {
     GRWLock lock;
-    GArray *entries;     /* Entry, sorted by iova, never overlapping */
+    GArray *entries; /* Entry, sorted by iova, never overlapping */
 };
 
 VnDma *vn_dma_new(void)
@@ -94,11 +94,9 @@ static int entry_mmap(Entry *e)
     return 0;
 }
 
-int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,
-               uint32_t prot, int fd)
+int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot, int fd)
 {
-    Entry e = { .m = { .iova = iova, .size = size, .offset = offset,
-                       .prot = prot, .fd = fd } };
+    Entry e = { .m = { .iova = iova, .size = size, .offset = offset, .prot = prot, .fd = fd } };
     guint pos;
     int ret;
 
@@ -155,8 +153,7 @@ int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
         first = lower_bound(dma, iova);
         last = first;
         /* vfio type1: an unmap may not cut a mapping in two */
-        while (last < dma->entries->len &&
-               g_array_index(dma->entries, Entry, last).m.iova < end) {
+        while (last < dma->entries->len && g_array_index(dma->entries, Entry, last).m.iova < end) {
             Entry *e = &g_array_index(dma->entries, Entry, last);
 
             if (e->m.iova < iova || e->m.iova + e->m.size > end) {
@@ -296,8 +293,8 @@ static int iov_piece(uint8_t *host, uint64_t n, void *opaque)
 }
 
 /* Append the host pieces of [iova, iova + len) to @iov; the read lock is held. */
-static int range_iov(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need,
-                     struct iovec *iov, unsigned max_iov, unsigned *count)
+static int range_iov(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, struct iovec *iov,
+                     unsigned max_iov, unsigned *count)
 {
     Iov v = { .iov = iov, .max = max_iov, .count = count };
 
@@ -332,8 +329,7 @@ unsigned vn_dma_count(VnDma *dma)
     return n;
 }
 
-void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
-                    void *opaque)
+void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque), void *opaque)
 {
     g_rw_lock_reader_lock(&dma->lock);
     for (guint i = 0; i < dma->entries->len; i++) {

@@ -33,10 +33,10 @@ typedef struct VnDma VnDma;
 typedef struct VnDmaMapping {
     uint64_t iova;
     uint64_t size;
-    uint64_t offset;     /* into fd */
-    uint32_t prot;       /* VFIO_DMA_MAP_FLAG_READ | _WRITE */
-    int fd;              /* owned by the table; -1 when the client sent none */
-    uint8_t *host;       /* mmap of [offset, offset + size) of fd, or NULL */
+    uint64_t offset; /* into fd */
+    uint32_t prot;   /* VFIO_DMA_MAP_FLAG_READ | _WRITE */
+    int fd;          /* owned by the table; -1 when the client sent none */
+    uint8_t *host;   /* mmap of [offset, offset + size) of fd, or NULL */
 } VnDmaMapping;
 
 VnDma *vn_dma_new(void);
@@ -50,8 +50,7 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDma, vn_dma_free)
  * [offset, offset + size), -EEXIST if it overlaps a mapping, -ENOSPC above
  * VN_MAX_DMA_MAPS, or -errno from mmap.
  */
-int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset,
-               uint32_t prot, int fd);
+int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot, int fd);
 
 /*
  * Remove mappings.  With @all, every mapping; otherwise exactly the
@@ -96,8 +95,7 @@ unsigned vn_dma_count(VnDma *dma);
  * Call @fn for every mapping under the read lock (fn must not call back into
  * the table).  Used to hand mappings on, e.g. to export them.
  */
-void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
-                    void *opaque);
+void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque), void *opaque);
 
 /*
  * Copy the mapping that starts at @iova into *out (fd and host pointer are

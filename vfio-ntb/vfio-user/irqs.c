@@ -28,7 +28,7 @@ typedef struct Trigger {
 } Trigger;
 
 typedef struct Vector {
-    Trigger *trig;       /* NULL: no eventfd */
+    Trigger *trig; /* NULL: no eventfd */
     bool masked;
     bool pending;
 } Vector;
@@ -138,8 +138,8 @@ static bool deliver(VnIrqs *irqs, Trigger *t)
     return ok;
 }
 
-static int set_trigger(uint32_t data, Vector *vec, uint32_t count, const uint8_t *bools,
-                       int *fds, unsigned nfds, GPtrArray *fired, GPtrArray *dropped)
+static int set_trigger(uint32_t data, Vector *vec, uint32_t count, const uint8_t *bools, int *fds,
+                       unsigned nfds, GPtrArray *fired, GPtrArray *dropped)
 {
     switch (data) {
     case VFIO_IRQ_SET_DATA_NONE:
@@ -166,8 +166,8 @@ static int set_trigger(uint32_t data, Vector *vec, uint32_t count, const uint8_t
     }
 }
 
-static int set_mask(uint32_t data, bool mask, Vector *vec, uint32_t count,
-                    const uint8_t *bools, GPtrArray *fired)
+static int set_mask(uint32_t data, bool mask, Vector *vec, uint32_t count, const uint8_t *bools,
+                    GPtrArray *fired)
 {
     if (data == VFIO_IRQ_SET_DATA_EVENTFD) {
         /* linux/vfio.h allows an unmask eventfd for INTx resampling; a
@@ -187,8 +187,8 @@ static int set_mask(uint32_t data, bool mask, Vector *vec, uint32_t count,
     return 0;
 }
 
-int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
-                uint32_t count, const uint8_t *bools, int *fds, unsigned nfds)
+int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                const uint8_t *bools, int *fds, unsigned nfds)
 {
     uint32_t data = flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
     uint32_t action = flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
@@ -222,11 +222,10 @@ int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
             ret = -EINVAL;
         }
     } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER) {
-        ret = set_trigger(data, &irqs->vec[index][start], count, bools, fds, nfds, fired,
-                          dropped);
+        ret = set_trigger(data, &irqs->vec[index][start], count, bools, fds, nfds, fired, dropped);
     } else {
-        ret = set_mask(data, action == VFIO_IRQ_SET_ACTION_MASK, &irqs->vec[index][start],
-                       count, bools, fired);
+        ret = set_mask(data, action == VFIO_IRQ_SET_ACTION_MASK, &irqs->vec[index][start], count,
+                       bools, fired);
     }
     vn_mutex_unlock(&irqs->lock);
     for (guint i = 0; i < fired->len; i++) {

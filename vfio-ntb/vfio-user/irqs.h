@@ -36,8 +36,8 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnIrqs, vn_irqs_free)
  * @bools holds count bytes for DATA_BOOL.  Returns 0 or -EINVAL for an
  * index or range the device does not have.
  */
-int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start,
-                uint32_t count, const uint8_t *bools, int *fds, unsigned nfds);
+int vn_irqs_set(VnIrqs *irqs, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                const uint8_t *bools, int *fds, unsigned nfds);
 
 /* Signal vector @vector of @index: writes its eventfd unless masked (then
  * it stays pending), never blocking.  Returns true if an eventfd was

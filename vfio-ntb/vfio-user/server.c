@@ -23,7 +23,7 @@ struct VnServer {
     char *path;
     GMainContext *ctx;
     int listen_fd;
-    GSource *listen_src;        /* attached only while no client is connected */
+    GSource *listen_src; /* attached only while no client is connected */
     VnDeviceInfo info;
     const VnDeviceOps *ops;
     void *opaque;
@@ -31,9 +31,9 @@ struct VnServer {
     VnIrqs *irqs;
     VnTransport *client;
     GSource *client_src;
-    bool versioned;             /* the client's VERSION was accepted */
-    VnWireCaps caps;            /* the client's capabilities */
-    GByteArray *out;            /* reply being built */
+    bool versioned;  /* the client's VERSION was accepted */
+    VnWireCaps caps; /* the client's capabilities */
+    GByteArray *out; /* reply being built */
     VnServerStats stats;
 };
 
@@ -49,8 +49,8 @@ bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error)
         missing = "region_write";
     }
     if (missing != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "device ops: %s is required", missing);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "device ops: %s is required",
+                    missing);
         return false;
     }
     return true;
@@ -182,8 +182,8 @@ static int reply_error(VnServer *s, const VnWireHdr *req, int err)
 {
     if (req->flags & VN_WIRE_FLAG_NO_REPLY) {
         s->stats.errors++;
-        g_info("socket %s: id %u %s failed: %s (no reply requested)", s->path,
-               req->id, vn_wire_cmd_to_string(req->cmd), g_strerror(-err));
+        g_info("socket %s: id %u %s failed: %s (no reply requested)", s->path, req->id,
+               vn_wire_cmd_to_string(req->cmd), g_strerror(-err));
         return 0;
     }
     vn_wire_error_reply(s->out, req, err);
@@ -233,15 +233,16 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     }
     /* the table takes the fd, on failure too */
     ret = vn_dma_map(s->dma, m->iova, m->size, m->offset, m->flags, fd);
-    VN_TRACE("socket %s: DMA_MAP iova 0x%" G_GINT64_MODIFIER "x size 0x%"
-             G_GINT64_MODIFIER "x fd %s: %d", s->path, m->iova, m->size,
-             fd >= 0 ? "yes" : "no", ret);
+    VN_TRACE("socket %s: DMA_MAP iova 0x%" G_GINT64_MODIFIER "x size 0x%" G_GINT64_MODIFIER
+             "x fd %s: %d",
+             s->path, m->iova, m->size, fd >= 0 ? "yes" : "no", ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
     if (s->ops->dma_mapped != NULL) {
-        VnDmaMapping view = { .iova = m->iova, .size = m->size, .offset = m->offset,
-                              .prot = m->flags, .fd = -1 };
+        VnDmaMapping view = {
+            .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->flags, .fd = -1
+        };
 
         vn_dma_lookup(s->dma, m->iova, &view);
         ret = s->ops->dma_mapped(s->opaque, &view);
@@ -266,9 +267,9 @@ static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
         s->ops->dma_unmapping(s->opaque, u->iova, u->size, all);
     }
     ret = vn_dma_unmap(s->dma, u->iova, u->size, all);
-    VN_TRACE("socket %s: DMA_UNMAP iova 0x%" G_GINT64_MODIFIER "x size 0x%"
-             G_GINT64_MODIFIER "x all %d: %" G_GINT64_FORMAT, s->path, u->iova,
-             u->size, all, ret);
+    VN_TRACE("socket %s: DMA_UNMAP iova 0x%" G_GINT64_MODIFIER "x size 0x%" G_GINT64_MODIFIER
+             "x all %d: %" G_GINT64_FORMAT,
+             s->path, u->iova, u->size, all, ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, (int)ret);
     }
@@ -336,7 +337,8 @@ static int handle_region_info(VnServer *s, const VnWireRequest *req)
         g_byte_array_append(s->out, (const guint8 *)&cap, sizeof(cap));
         for (uint32_t a = 0; a < r->nr_sparse; a++) {
             struct vfio_region_sparse_mmap_area area = {
-                .offset = r->sparse[a].offset, .size = r->sparse[a].size,
+                .offset = r->sparse[a].offset,
+                .size = r->sparse[a].size,
             };
 
             g_byte_array_append(s->out, (const guint8 *)&area, sizeof(area));
@@ -385,8 +387,8 @@ static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg
         ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
                           req->u.irq_set.bools, msg->fds, msg->nfds);
     }
-    VN_TRACE("socket %s: SET_IRQS index %u start %u count %u flags 0x%x fds %u: %d",
-             s->path, set->index, set->start, set->count, set->flags, msg->nfds, ret);
+    VN_TRACE("socket %s: SET_IRQS index %u start %u count %u flags 0x%x fds %u: %d", s->path,
+             set->index, set->start, set->count, set->flags, msg->nfds, ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
@@ -422,15 +424,14 @@ static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
     g_byte_array_append(s->out, (const guint8 *)rw, sizeof(*rw));
     if (write) {
         s->stats.region_writes++;
-        ret = s->ops->region_write(s->opaque, rw->region, rw->offset,
-                                   req->u.region.data, rw->count);
+        ret =
+            s->ops->region_write(s->opaque, rw->region, rw->offset, req->u.region.data, rw->count);
     } else {
         size_t at = s->out->len;
 
         s->stats.region_reads++;
         g_byte_array_set_size(s->out, at + rw->count);
-        ret = s->ops->region_read(s->opaque, rw->region, rw->offset,
-                                  s->out->data + at, rw->count);
+        ret = s->ops->region_read(s->opaque, rw->region, rw->offset, s->out->data + at, rw->count);
     }
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
@@ -539,9 +540,8 @@ static gboolean on_client(int fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
-                        const VnDeviceOps *ops, void *opaque, GMainContext *ctx,
-                        GError **error)
+VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
+                        void *opaque, GMainContext *ctx, GError **error)
 {
     g_autoptr(VnServer) s = NULL;
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
@@ -550,8 +550,8 @@ VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
         return NULL;
     }
     if (strlen(socket_path) >= sizeof(addr.sun_path)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "socket %s: path too long", socket_path);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "socket %s: path too long",
+                    socket_path);
         return NULL;
     }
     s = g_new0(VnServer, 1);
@@ -568,19 +568,19 @@ VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
 
     s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->listen_fd < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
-                    "socket %s: %s", socket_path, g_strerror(errno));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "socket %s: %s", socket_path,
+                    g_strerror(errno));
         return NULL;
     }
     strcpy(addr.sun_path, socket_path);
     if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
         chmod(socket_path, 0600) < 0 || listen(s->listen_fd, 4) < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
-                    "socket %s: %s", socket_path, g_strerror(errno));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "socket %s: %s", socket_path,
+                    g_strerror(errno));
         if (errno != EADDRINUSE) {
             unlink(socket_path);
         }
-        g_clear_pointer(&s->path, g_free);   /* not ours to unlink on free */
+        g_clear_pointer(&s->path, g_free); /* not ours to unlink on free */
         return NULL;
     }
     listen_arm(s);

@@ -35,21 +35,21 @@ typedef struct VnSparseArea {
 } VnSparseArea;
 
 typedef struct VnRegion {
-    uint64_t size;            /* 0: the region does not exist */
-    uint32_t flags;           /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
-    int mmap_fd;              /* borrowed from the device; -1 if none */
-    uint64_t mmap_offset;     /* offset of the region in mmap_fd */
-    uint32_t nr_sparse;       /* <= VN_MAX_SPARSE_AREAS; 0 = whole region */
+    uint64_t size;        /* 0: the region does not exist */
+    uint32_t flags;       /* VFIO_REGION_INFO_FLAG_READ|WRITE|MMAP */
+    int mmap_fd;          /* borrowed from the device; -1 if none */
+    uint64_t mmap_offset; /* offset of the region in mmap_fd */
+    uint32_t nr_sparse;   /* <= VN_MAX_SPARSE_AREAS; 0 = whole region */
     VnSparseArea sparse[VN_MAX_SPARSE_AREAS];
 } VnRegion;
 
 typedef struct VnDeviceInfo {
-    uint32_t flags;           /* VFIO_DEVICE_FLAGS_PCI | _RESET */
-    uint32_t num_regions;     /* <= VN_MAX_REGIONS */
+    uint32_t flags;       /* VFIO_DEVICE_FLAGS_PCI | _RESET */
+    uint32_t num_regions; /* <= VN_MAX_REGIONS */
     VnRegion regions[VN_MAX_REGIONS];
-    uint32_t num_irqs;        /* <= VN_MAX_IRQ_INDEXES */
+    uint32_t num_irqs; /* <= VN_MAX_IRQ_INDEXES */
     uint32_t irq_count[VN_MAX_IRQ_INDEXES];
-    uint32_t irq_flags[VN_MAX_IRQ_INDEXES];  /* VFIO_IRQ_INFO_* */
+    uint32_t irq_flags[VN_MAX_IRQ_INDEXES]; /* VFIO_IRQ_INFO_* */
 } VnDeviceInfo;
 
 /*
@@ -58,10 +58,9 @@ typedef struct VnDeviceInfo {
  */
 typedef struct VnDeviceOps {
     /* Required.  [offset, offset + count) is inside the region. */
-    int (*region_read)(void *opaque, uint32_t index, uint64_t offset, void *buf,
-                       uint32_t count);
-    int (*region_write)(void *opaque, uint32_t index, uint64_t offset,
-                        const void *buf, uint32_t count);
+    int (*region_read)(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count);
+    int (*region_write)(void *opaque, uint32_t index, uint64_t offset, const void *buf,
+                        uint32_t count);
     /* Optional: after a mapping was added to the DMA table.  m->fd is the
      * table's (borrowed: dup it to keep it).  An error undoes the mapping
      * and is the client's reply. */
@@ -75,8 +74,8 @@ typedef struct VnDeviceOps {
      * device that forwards the eventfds elsewhere).  Arguments as for
      * vn_irqs_set(), already checked by the decoder; fds consumed are set
      * to -1, the rest are closed by the server. */
-    int (*set_irqs)(void *opaque, uint32_t flags, uint32_t index, uint32_t start,
-                    uint32_t count, const uint8_t *bools, int *fds, unsigned nfds);
+    int (*set_irqs)(void *opaque, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
+                    const uint8_t *bools, int *fds, unsigned nfds);
     /* Optional: DEVICE_RESET (also called when a client goes). */
     int (*reset)(void *opaque);
     /* Optional: a client connected / went away (after DMA and irqs were
@@ -94,14 +93,14 @@ typedef struct VnServer VnServer;
 
 /* Counters, read with vn_server_stats(). */
 typedef struct VnServerStats {
-    uint64_t clients;          /* accepted connections */
-    uint64_t messages;         /* commands received */
-    uint64_t errors;           /* error replies sent */
+    uint64_t clients;  /* accepted connections */
+    uint64_t messages; /* commands received */
+    uint64_t errors;   /* error replies sent */
     uint64_t region_reads;
     uint64_t region_writes;
     uint64_t dma_maps;
     uint64_t dma_unmaps;
-    uint64_t resets;           /* DEVICE_RESETs the device carried out */
+    uint64_t resets; /* DEVICE_RESETs the device carried out */
     uint64_t per_region_rw[VN_MAX_REGIONS];
 } VnServerStats;
 
@@ -110,9 +109,8 @@ typedef struct VnServerStats {
  * it stay the device's) and listen on @socket_path, which must not exist.
  * @ops is validated here.  @ctx may be NULL for the default context.
  */
-VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info,
-                        const VnDeviceOps *ops, void *opaque, GMainContext *ctx,
-                        GError **error);
+VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
+                        void *opaque, GMainContext *ctx, GError **error);
 /* Disconnects the client, removes the socket file. */
 void vn_server_free(VnServer *server);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnServer, vn_server_free)

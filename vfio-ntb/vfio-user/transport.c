@@ -17,9 +17,9 @@
 
 struct VnTransport {
     int fd;
-    VnWireHdr hdr;           /* the header being received */
+    VnWireHdr hdr; /* the header being received */
     size_t hdr_got;
-    uint8_t *buf;            /* the message being received, hdr.size bytes */
+    uint8_t *buf; /* the message being received, hdr.size bytes */
     size_t got;
     int fds[VN_MAX_MSG_FDS];
     unsigned nfds;
@@ -43,8 +43,7 @@ VnTransport *vn_transport_new(int fd)
     t->fd = fd;
     /* Failure only loses the bound on a stuck peer; sending still works. */
     if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
-        g_warning("transport fd %d: cannot set a send timeout: %s", fd,
-                  g_strerror(errno));
+        g_warning("transport fd %d: cannot set a send timeout: %s", fd, g_strerror(errno));
     }
     return t;
 }
@@ -62,7 +61,7 @@ static void linger(int fd)
     char buf[4096];
 
     if (shutdown(fd, SHUT_WR) < 0) {
-        return;   /* not connected any more */
+        return; /* not connected any more */
     }
     for (;;) {
         gint64 left = (deadline - g_get_monotonic_time()) / 1000;
@@ -74,7 +73,7 @@ static void linger(int fd)
         }
         n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-            return;   /* end of file (or the peer is gone) */
+            return; /* end of file (or the peer is gone) */
         }
     }
 }
@@ -101,8 +100,7 @@ int vn_transport_fd(VnTransport *t)
 /* One non-blocking read into @dst; bytes, 0 for none yet, or -errno. */
 static ssize_t recv_some(VnTransport *t, void *dst, size_t len)
 {
-    return vn_fdpass_recv(t->fd, dst, len, t->fds, VN_MAX_MSG_FDS, &t->nfds,
-                          &t->fds_overflow);
+    return vn_fdpass_recv(t->fd, dst, len, t->fds, VN_MAX_MSG_FDS, &t->nfds, &t->fds_overflow);
 }
 
 int vn_transport_recv(VnTransport *t, VnTransportMsg *msg)
@@ -146,8 +144,7 @@ int vn_transport_recv(VnTransport *t, VnTransportMsg *msg)
     return 1;
 }
 
-int vn_transport_send(VnTransport *t, const void *data, size_t len,
-                      const int *fds, unsigned nfds)
+int vn_transport_send(VnTransport *t, const void *data, size_t len, const int *fds, unsigned nfds)
 {
     const uint8_t *p = data;
     bool first = true;

@@ -28,11 +28,11 @@ typedef struct VnTransport VnTransport;
 
 /* A received message.  fds are owned by the message until taken (set to -1). */
 typedef struct VnTransportMsg {
-    uint8_t *data;       /* whole message, header first; owned */
+    uint8_t *data; /* whole message, header first; owned */
     size_t len;
     int fds[VN_MAX_MSG_FDS];
     unsigned nfds;
-    bool fds_overflow;   /* the peer sent more than VN_MAX_MSG_FDS fds */
+    bool fds_overflow; /* the peer sent more than VN_MAX_MSG_FDS fds */
 } VnTransportMsg;
 
 /* Closes the fds it still owns and frees the data. */
@@ -60,7 +60,6 @@ int vn_transport_recv(VnTransport *t, VnTransportMsg *msg);
  * Send one whole message (@len bytes, header included) with @nfds fds
  * (borrowed).  Returns 0 or -errno (-EAGAIN after the send timeout).
  */
-int vn_transport_send(VnTransport *t, const void *data, size_t len,
-                      const int *fds, unsigned nfds);
+int vn_transport_send(VnTransport *t, const void *data, size_t len, const int *fds, unsigned nfds);
 
 #endif /* VN_TRANSPORT_H */

@@ -97,8 +97,7 @@ static int decode_version(const uint8_t *body, size_t len, VnWireRequest *req)
     return 0;
 }
 
-static int decode_dma_map(const uint8_t *body, size_t len, unsigned nfds,
-                          VnWireRequest *req)
+static int decode_dma_map(const uint8_t *body, size_t len, unsigned nfds, VnWireRequest *req)
 {
     VnWireDmaMap *m = &req->u.dma_map;
 
@@ -108,16 +107,14 @@ static int decode_dma_map(const uint8_t *body, size_t len, unsigned nfds,
     memcpy(m, body, sizeof(*m));
     if (m->argsz != sizeof(*m) ||
         (m->flags & ~(uint32_t)(VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE)) ||
-        m->size == 0 || m->iova + m->size < m->iova ||
-        m->offset + m->size < m->offset ||
+        m->size == 0 || m->iova + m->size < m->iova || m->offset + m->size < m->offset ||
         !page_aligned(m->iova) || !page_aligned(m->size)) {
         return -EINVAL;
     }
     return 0;
 }
 
-static int decode_dma_unmap(const uint8_t *body, size_t len, unsigned nfds,
-                            VnWireRequest *req)
+static int decode_dma_unmap(const uint8_t *body, size_t len, unsigned nfds, VnWireRequest *req)
 {
     VnWireDmaUnmap *u = &req->u.dma_unmap;
 
@@ -144,8 +141,7 @@ static int decode_dma_unmap(const uint8_t *body, size_t len, unsigned nfds,
     return 0;
 }
 
-static int decode_irq_set(const uint8_t *body, size_t len, unsigned nfds,
-                          VnWireRequest *req)
+static int decode_irq_set(const uint8_t *body, size_t len, unsigned nfds, VnWireRequest *req)
 {
     VnWireIrqSet *s = &req->u.irq_set.set;
     uint32_t data, action;
@@ -157,14 +153,11 @@ static int decode_irq_set(const uint8_t *body, size_t len, unsigned nfds,
     data = s->flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
     action = s->flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
     if (s->argsz < VN_WIRE_IRQ_SET_SIZE ||
-        (s->flags & ~(uint32_t)(VFIO_IRQ_SET_DATA_TYPE_MASK |
-                                VFIO_IRQ_SET_ACTION_TYPE_MASK)) ||
-        data == 0 || (data & (data - 1)) != 0 ||
-        action == 0 || (action & (action - 1)) != 0) {
+        (s->flags & ~(uint32_t)(VFIO_IRQ_SET_DATA_TYPE_MASK | VFIO_IRQ_SET_ACTION_TYPE_MASK)) ||
+        data == 0 || (data & (data - 1)) != 0 || action == 0 || (action & (action - 1)) != 0) {
         return -EINVAL;
     }
-    if (s->count > VN_MAX_IRQ_VECTORS ||
-        (uint64_t)s->start + s->count > VN_MAX_IRQ_VECTORS) {
+    if (s->count > VN_MAX_IRQ_VECTORS || (uint64_t)s->start + s->count > VN_MAX_IRQ_VECTORS) {
         return -EINVAL;
     }
     req->u.irq_set.bools = NULL;
@@ -187,8 +180,8 @@ static int decode_irq_set(const uint8_t *body, size_t len, unsigned nfds,
     }
 }
 
-static int decode_region_rw(const uint8_t *body, size_t len, unsigned nfds,
-                            bool write, VnWireRequest *req)
+static int decode_region_rw(const uint8_t *body, size_t len, unsigned nfds, bool write,
+                            VnWireRequest *req)
 {
     VnWireRegionRw *rw = &req->u.region.rw;
 
@@ -209,8 +202,7 @@ static int decode_region_rw(const uint8_t *body, size_t len, unsigned nfds,
     return 0;
 }
 
-int vn_wire_decode_request(const uint8_t *msg, size_t len, unsigned nfds,
-                           VnWireRequest *req)
+int vn_wire_decode_request(const uint8_t *msg, size_t len, unsigned nfds, VnWireRequest *req)
 {
     const uint8_t *body;
     size_t blen;
@@ -225,8 +217,7 @@ int vn_wire_decode_request(const uint8_t *msg, size_t len, unsigned nfds,
     if (ret < 0) {
         return ret;
     }
-    if (req->hdr.size != len ||
-        (req->hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_COMMAND ||
+    if (req->hdr.size != len || (req->hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_COMMAND ||
         (req->hdr.flags & VN_WIRE_FLAG_ERROR)) {
         return -EINVAL;
     }
@@ -312,8 +303,7 @@ char *vn_wire_caps_json(void)
     return g_strdup_printf("{\"capabilities\":{\"max_msg_fds\":%u,"
                            "\"max_data_xfer_size\":%u,\"pgsizes\":%u,"
                            "\"max_dma_maps\":%u}}",
-                           VN_MAX_MSG_FDS, VN_MAX_DATA_XFER, VN_WIRE_PAGE_SIZE,
-                           VN_MAX_DMA_MAPS);
+                           VN_MAX_MSG_FDS, VN_MAX_DATA_XFER, VN_WIRE_PAGE_SIZE, VN_MAX_DMA_MAPS);
 }
 
 static bool caps_uint(JsonObject *obj, const char *name, uint64_t *out, GError **error)
@@ -361,7 +351,7 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
                     "capabilities: \"capabilities\" is not an object");
         return false;
     }
-    cap = json_node_get_object(capn);   /* borrowed from obj */
+    cap = json_node_get_object(capn); /* borrowed from obj */
     return caps_uint(cap, "max_msg_fds", &caps->max_msg_fds, error) &&
            caps_uint(cap, "max_data_xfer_size", &caps->max_data_xfer_size, error) &&
            caps_uint(cap, "pgsizes", &caps->pgsizes, error) &&

@@ -19,9 +19,9 @@
 typedef struct VnWireHdr {
     uint16_t id;
     uint16_t cmd;
-    uint32_t size;        /* whole message, header included */
+    uint32_t size; /* whole message, header included */
     uint32_t flags;
-    uint32_t error;       /* errno of an error reply */
+    uint32_t error; /* errno of an error reply */
 } VnWireHdr;
 
 #define VN_WIRE_HDR_SIZE ((uint32_t)sizeof(VnWireHdr))
@@ -90,8 +90,8 @@ typedef struct VnWireVersion {
 /* vfio-user.rst: VFIO_USER_DMA_MAP */
 typedef struct VnWireDmaMap {
     uint32_t argsz;
-    uint32_t flags;       /* VFIO_DMA_MAP_FLAG_READ | _WRITE */
-    uint64_t offset;      /* into the fd */
+    uint32_t flags;  /* VFIO_DMA_MAP_FLAG_READ | _WRITE */
+    uint64_t offset; /* into the fd */
     uint64_t iova;
     uint64_t size;
 } VnWireDmaMap;
@@ -99,7 +99,7 @@ typedef struct VnWireDmaMap {
 /* vfio-user.rst: VFIO_USER_DMA_UNMAP */
 typedef struct VnWireDmaUnmap {
     uint32_t argsz;
-    uint32_t flags;       /* VFIO_DMA_UNMAP_FLAG_ALL */
+    uint32_t flags; /* VFIO_DMA_UNMAP_FLAG_ALL */
     uint64_t iova;
     uint64_t size;
 } VnWireDmaUnmap;
@@ -139,7 +139,7 @@ typedef struct VnWireRequest {
         struct {
             uint16_t major;
             uint16_t minor;
-            const char *json;     /* NUL-terminated, validated length */
+            const char *json; /* NUL-terminated, validated length */
         } version;
         VnWireDmaMap dma_map;
         VnWireDmaUnmap dma_unmap;
@@ -148,11 +148,11 @@ typedef struct VnWireRequest {
         struct vfio_irq_info irq_info;
         struct {
             VnWireIrqSet set;
-            const uint8_t *bools;  /* DATA_BOOL: set.count bytes */
+            const uint8_t *bools; /* DATA_BOOL: set.count bytes */
         } irq_set;
         struct {
             VnWireRegionRw rw;
-            const uint8_t *data;   /* REGION_WRITE: rw.count bytes */
+            const uint8_t *data; /* REGION_WRITE: rw.count bytes */
         } region;
     } u;
 } VnWireRequest;
@@ -173,8 +173,7 @@ int vn_wire_check_hdr(const VnWireHdr *hdr);
  * input, -ENOTSUP for a command we do not implement, -E2BIG for a transfer
  * above VN_MAX_DATA_XFER.
  */
-int vn_wire_decode_request(const uint8_t *msg, size_t len, unsigned nfds,
-                           VnWireRequest *req);
+int vn_wire_decode_request(const uint8_t *msg, size_t len, unsigned nfds, VnWireRequest *req);
 
 /* Start a message in @buf (cleared first); returns the header to fill. */
 void vn_wire_begin(GByteArray *buf, uint16_t id, uint16_t cmd, uint32_t flags);
