@@ -103,7 +103,7 @@ $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
 FUZZ_CC ?= clang
 FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
 	$(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
-FUZZ_NAMES := wire frame shm proto peers control qmp domxml
+FUZZ_NAMES := wire frame shm proto peers control qmp domxml epf
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
 FUZZ_COMMON := $(wildcard vfio-ntb/common/*.c)
@@ -118,6 +118,7 @@ $(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c vfio-ntb/daemon/i
 	vfio-ntb/lending/backend-vfio.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
+$(B)/fuzz/fuzz_epf: $(call fuzz_objs,vfio-ntb/simdev/epf.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
 	$(FUZZ_FABRIC))
 
