@@ -16,7 +16,7 @@ B ?= build
 SAN_CFLAGS ?=
 SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
-INC := -Ivfio-ntb -I.
+INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
 	$(PCI_CFLAGS)
 
@@ -30,7 +30,11 @@ SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c vfio-ntb/simdev/ntbsim.c,\
 # libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
 VIRT_SRCS := $(filter-out vfio-ntb/libvirt/hook.c,$(wildcard vfio-ntb/libvirt/*.c))
 VIRT_OBJS := $(VIRT_SRCS:%.c=$(B)/%.o)
-LIB_OBJS := $(LIB_SRCS:%.c=$(B)/%.o)
+# Trace points: scripts/tracetool makes $(B)/trace/trace-DIR.h from each directory's
+# trace-events (rewriting only what changed) and the table of all of them.
+TRACE_EVENTS := $(wildcard vfio-ntb/*/trace-events)
+TRACE_STAMP = $(B)/trace/.stamp
+LIB_OBJS = $(LIB_SRCS:%.c=$(B)/%.o) $(B)/trace/trace-table.o
 SIMDEV_OBJS := $(SIMDEV_SRCS:%.c=$(B)/%.o)
 UNIT_SRCS := $(wildcard tests/unit/check_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(B)/tests/%)
@@ -48,7 +52,17 @@ all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
 DEPFLAGS = -MMD -MP
 -include $(wildcard $(B)/*.d $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
 
-$(B)/%.o: %.c config.mak
+$(TRACE_STAMP): $(TRACE_EVENTS) scripts/tracetool
+	@mkdir -p $(dir $@)
+	$(PYTHON) scripts/tracetool $(B)/trace $(TRACE_EVENTS)
+	@touch $@
+
+$(B)/trace/trace-table.c: $(TRACE_STAMP) ;
+
+$(B)/trace/trace-table.o: $(TRACE_STAMP) config.mak
+	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c -o $@ $(B)/trace/trace-table.c
+
+$(B)/%.o: %.c config.mak | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
@@ -87,13 +101,14 @@ $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/lib
 $(B)/vfio-ntb-libvirt-hook: $(B)/vfio-ntb/libvirt/hook.o $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
 
-$(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
+$(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a \
+		| $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
 
-$(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a
+$(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< $(B)/libsimdev.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS)
 
@@ -106,8 +121,8 @@ FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_G
 FUZZ_NAMES := wire frame shm proto peers control qmp domxml epf
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
-FUZZ_COMMON := $(wildcard vfio-ntb/common/*.c)
-FUZZ_FABRIC := $(wildcard vfio-ntb/fabric/*.c) $(FUZZ_COMMON)
+FUZZ_COMMON = $(wildcard vfio-ntb/common/*.c) $(B)/trace/trace-table.c
+FUZZ_FABRIC = $(wildcard vfio-ntb/fabric/*.c) $(FUZZ_COMMON)
 
 $(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c $(FUZZ_COMMON))
@@ -122,11 +137,11 @@ $(B)/fuzz/fuzz_epf: $(call fuzz_objs,vfio-ntb/simdev/epf.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
 	$(FUZZ_FABRIC))
 
-$(B)/fuzz/obj/%.o: %.c config.mak
+$(B)/fuzz/obj/%.o: %.c config.mak | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
-$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak
+$(B)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c config.mak | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer -o $@ $(filter %.c %.o,$^) \
 		$(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS)
@@ -226,8 +241,8 @@ coverage:
 # Every shell script (the scripts, configure, the test guests' init), clean under Debian's
 # shellcheck: notes as well as warnings fail it.  (The kernel module is checked by its own
 # build, -Werror, against the kernel's headers.)
-SHELL_SCRIPTS := configure $(wildcard scripts/*) tests/guest/init tests/lender-host/init \
-	libvirt-hooks/qemu.d/vfio-ntb
+SHELL_SCRIPTS := configure $(shell grep -l '^\#!/bin/sh' scripts/*) tests/guest/init \
+	tests/lender-host/init libvirt-hooks/qemu.d/vfio-ntb
 # The C tree through cppcheck (Debian's 2.10): warnings, performance and portability, zero
 # findings; each suppression is in the code, with its reason.  GLib's declaration macros
 # are given empty, cppcheck knowing nothing of them.
@@ -249,7 +264,7 @@ format-check:
 format:
 	clang-format -i $(FORMAT_FILES)
 
-lint: format-check
+lint: format-check $(TRACE_STAMP)
 	shellcheck $(SHELL_SCRIPTS)
 	cppcheck $(CPPCHECK_FLAGS) -j2 $(CPPCHECK_DIRS)
 

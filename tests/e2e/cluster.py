@@ -20,7 +20,8 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
-                 fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000):
+                 fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
+                 args=()):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -31,6 +32,7 @@ class Daemon:
         self.verbose = verbose
         self.allow = dict(allow or {})      # lent device -> "hostb;hostc" (default "*")
         self.lease_timeout_ms = lease_timeout_ms
+        self.args = [str(a) for a in args]         # more of vfio-ntbd's options (--trace)
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
         self.run_dir = self.wd / f"{name}.run"
@@ -62,7 +64,8 @@ class Daemon:
         # so the file's presence says nothing until it is gone.
         if self.control.exists():
             self.control.unlink()
-        argv = [VFIO_NTBD, "--config", self.conf] + (["--verbose"] if self.verbose else [])
+        argv = [VFIO_NTBD, "--config", self.conf] + (["--verbose"] if self.verbose else []) + \
+            self.args
         for _, (_, sock, _) in self.borrows.items():
             self.procs.track(Path(sock))
         with open(self.log_path, "ab") as log:

@@ -32,7 +32,8 @@ typedef struct VnMediate {
 #define VN_BORROWER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
 
 struct VnBorrower {
-    VnFabric *fab; /* borrowed */
+    VnFabric *fab;     /* borrowed */
+    uint64_t corr_seq; /* the last correlation id's number (traced requests) */
     char *lender;
     char *device;
     VnIrqMode mode;

@@ -10,6 +10,7 @@
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
+#include "trace-borrower.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -54,12 +55,20 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
                      VnFabricMsg **reply)
 {
     g_autoptr(VnFabricMsg) r = NULL;
+    g_autofree char *traced = NULL;
+    char corr[VN_TRACE_MAX_CORR] = "-";
     int ret;
 
     if (b->stats.lender_lost) {
         return -ENOTCONN;
     }
     b->stats.fabric_requests++;
+    /* Traced: the request carries its correlation id, which the lender's trace shows too. */
+    if (trace_borrower_request_enabled() || trace_borrower_reply_enabled()) {
+        g_snprintf(corr, sizeof(corr), "%s:%" PRIu64, vn_fabric_node(b->fab), ++b->corr_seq);
+        json = traced = vn_proto_with_corr(json, corr);
+        trace_borrower_request(b->device, corr, vn_proto_type_to_string(type), b->lender, len);
+    }
     /* QEMU is gone: no one waits for these, and the lender takes them in
      * order before anything a next client asks.  Not waiting keeps the
      * worker answering its daemon, which may be stopping it. */
@@ -67,9 +76,10 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
         return vn_fabric_request(b->fab, b->lender, type, json, data, len, on_answered, NULL);
     }
     ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, &r);
+    trace_borrower_reply(b->device, corr, vn_proto_type_to_string(type), ret);
     if (ret < 0) {
-        VN_TRACE("borrower %s: %s to %s failed: %s", b->device, vn_proto_type_to_string(type),
-                 b->lender, g_strerror(-ret));
+        trace_borrower_request_failed(b->device, vn_proto_type_to_string(type), b->lender,
+                                      g_strerror(-ret));
     }
     /* An error reply too: it says why. */
     if (reply != NULL) {
@@ -577,7 +587,7 @@ void vn_borrower_doorbell(VnBorrower *b, uint32_t bit)
     }
     /* A bit we did not hand out for a vector is the lender's mistake. */
     if (bit >= VN_FABRIC_MAX_DOORBELLS || !b->doorbell_of[bit].used) {
-        VN_TRACE("borrower %s: doorbell %u stands for no vector", b->device, bit);
+        trace_borrower_doorbell_unknown(b->device, bit);
         return;
     }
     vn_irqs_signal(vn_server_irqs(b->server), b->doorbell_of[bit].index,

@@ -22,6 +22,7 @@
 #include "common/util.h"
 #include "common/wctl.h"
 #include "config.h"
+#include "common/trace.h"
 
 #include <gio/gio.h>
 #include <glib-unix.h>
@@ -73,6 +74,9 @@ static char *on_command(void *opaque, const char *name, GError **error)
 {
     Worker *w = opaque;
 
+    if (g_str_has_prefix(name, "trace ")) {
+        return vn_trace_command(name + strlen("trace "), error);
+    }
     if (w->b == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_INITIALIZED, "not serving yet");
         return NULL;
@@ -95,6 +99,7 @@ static char *on_command(void *opaque, const char *name, GError **error)
 
 int main(int argc, char **argv)
 {
+    g_autofree char *trace = NULL;
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
     gint status_fd = -1;
@@ -109,6 +114,7 @@ int main(int argc, char **argv)
           "PATH" },
         { "status-fd", 0, 0, G_OPTION_ARG_INT, &status_fd,
           "where to say why, when the device cannot be served", "FD" },
+        VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one borrowed device's server");
@@ -120,6 +126,10 @@ int main(int argc, char **argv)
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        return 2;
+    }
+    if (!vn_trace_setup(trace, &error)) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 2;
     }

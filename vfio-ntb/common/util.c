@@ -60,18 +60,6 @@ bool vn_util_write_replace(const char *path, const char *text, int mode, GError 
     return true;
 }
 
-bool vn_util_trace_on(void)
-{
-    static gsize once;
-    static bool on;
-
-    if (g_once_init_enter(&once)) {
-        on = g_getenv("G_MESSAGES_DEBUG") != NULL;
-        g_once_init_leave(&once, 1);
-    }
-    return on;
-}
-
 static gboolean on_signal(gpointer data)
 {
     g_main_loop_quit(data);

@@ -25,19 +25,6 @@ static inline bool vn_util_range_ok(uint64_t off, uint64_t len, uint64_t size)
 }
 
 /*
- * Tracing: one g_debug() per protocol message and state change, compiled in
- * and cheap when off.  Enabled by G_MESSAGES_DEBUG (e.g. "all" or a domain);
- * the check is made once per process, so the hot path pays one branch.
- */
-bool vn_util_trace_on(void);
-#define VN_TRACE(...)                         \
-    do {                                      \
-        if (G_UNLIKELY(vn_util_trace_on())) { \
-            g_debug(__VA_ARGS__);             \
-        }                                     \
-    } while (0)
-
-/*
  * Member @name of @o (which may be NULL) if it is a string; NULL when it is
  * absent, null or of another type.  For JSON from peers: json-glib's own
  * json_object_get_string_member_with_default() emits a critical when the

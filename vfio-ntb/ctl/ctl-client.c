@@ -13,6 +13,7 @@
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/proto.h"
+#include "trace-ctl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -388,7 +389,7 @@ static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
     }
     c->node = g_strdup(node);
     c->version = g_strdup(version);
-    VN_TRACE("control %s: greeting from node %s, version %s", c->path, node, version);
+    trace_ctl_greeting(c->path, node, version);
     return true;
 }
 
@@ -477,7 +478,7 @@ static void answer_error(VnCtlClient *c, JsonNode *err, const char *command, GEr
                    "malformed error answer to %s (no \"class\" and \"desc\" strings)", command);
         return;
     }
-    VN_TRACE("control %s: %s refused: %s", c->path, command, cls);
+    trace_ctl_refused(c->path, command, cls);
     g_set_error_literal(error, VN_CTL_ERROR, vn_ctl_error_from_class(cls), desc);
 }
 
@@ -504,7 +505,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         return NULL;
     }
     req[len] = '\n'; /* replaces the NUL; len + 1 bytes go out */
-    VN_TRACE("control %s: -> %s (id %" G_GINT64_FORMAT ")", c->path, command, id);
+    trace_ctl_send(c->path, command, id);
     deadline = g_get_monotonic_time() + (gint64)c->timeout_ms * 1000;
     if (!write_all(c, req, len + 1, deadline, error)) {
         return NULL;
@@ -522,8 +523,8 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         }
         if (json_object_has_member(o, "event")) {
             /* subscribe-events output; this client waits for its answer. */
-            VN_TRACE("control %s: skipped event %s", c->path,
-                     vn_util_json_string(o, "event") ? vn_util_json_string(o, "event") : "?");
+            trace_ctl_event_skipped(
+                c->path, vn_util_json_string(o, "event") ? vn_util_json_string(o, "event") : "?");
             continue;
         }
         idn = json_object_get_member(o, "id");
@@ -545,7 +546,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
             answer_error(c, err, command, error);
             return NULL;
         }
-        VN_TRACE("control %s: <- %s (id %" G_GINT64_FORMAT ") ok", c->path, command, id);
+        trace_ctl_reply(c->path, command, id);
         return json_node_copy(ret);
     }
 }

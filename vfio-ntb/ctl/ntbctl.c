@@ -19,6 +19,7 @@
 #include "ctl/ntbctl-virt.h"
 #include "libvirt/domxml.h"
 #include "libvirt/virt.h"
+#include "common/trace.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -44,16 +45,18 @@ typedef enum ArgKind {
     ARG_NONE,
     ARG_DEV,
     ARG_DEV_OPTIONAL,
+    ARG_PATTERNS,
 } ArgKind;
 
 /* What the user asked for, checked. */
 typedef struct Invocation {
-    const char *device;  /* NULL when the command takes none */
-    const char *domain;  /* attach */
-    const char *qmp;     /* attach, optional */
-    const char *qdev_id; /* attach, with qmp */
-    gint64 grace_ms;     /* revoke, -1: the daemon's default */
-    const char *node;    /* the daemon's, from its greeting */
+    const char *device;   /* NULL when the command takes none */
+    const char *domain;   /* attach */
+    const char *qmp;      /* attach, optional */
+    const char *qdev_id;  /* attach, with qmp */
+    gint64 grace_ms;      /* revoke, -1: the daemon's default */
+    const char *node;     /* the daemon's, from its greeting */
+    const char *patterns; /* trace */
 } Invocation;
 
 typedef struct Command {
@@ -113,6 +116,22 @@ static bool fmt_unplug(GString *out, const Invocation *inv, JsonNode *ret, GErro
     return vn_ctl_format_unplug(out, inv->device, ret, error);
 }
 
+static bool fmt_trace(GString *out, const Invocation *inv, JsonNode *ret, GError **error)
+{
+    JsonObject *o = JSON_NODE_HOLDS_OBJECT(ret) ? json_node_get_object(ret) : NULL;
+    const char *events = o != NULL ? vn_util_json_string(o, "events") : NULL;
+
+    if (events == NULL || !json_object_has_member(o, "on")) {
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL, "trace: an answer without events");
+        return false;
+    }
+    g_string_append_printf(
+        out, "%s: %" G_GINT64_FORMAT " trace events on%s%s; %" G_GINT64_FORMAT " workers told\n",
+        inv->node, json_object_get_int_member(o, "on"), *events ? ": " : "", events,
+        json_object_get_int_member_with_default(o, "workers", 0));
+    return true;
+}
+
 static const Command commands[] = {
     { "nodes", "query-nodes", ARG_NONE, fmt_nodes },
     { "list", "query-devices", ARG_NONE, fmt_list },
@@ -124,6 +143,7 @@ static const Command commands[] = {
     { "detach", "detach", ARG_DEV, fmt_detach },
     { "unplug", "unplug", ARG_DEV, fmt_unplug },
     { "stats", "query-stats", ARG_DEV_OPTIONAL, fmt_stats },
+    { "trace", "trace", ARG_PATTERNS, fmt_trace },
 };
 
 #define SYNOPSIS "usage: ntbctl [--socket PATH] [--json] [--timeout-ms N] COMMAND [ARGS]\n"
@@ -145,6 +165,8 @@ static const char commands_text[] =
     "                                      unplug it from libvirt domain D and return it\n"
     "  unplug DEV                          ask the VM to release DEV (device request; needs\n"
     "                                      the patched QEMU, qemu-patches/0003)\n"
+    "  trace PATTERNS                      switch trace events in the daemon and its workers\n"
+    "                                      (globs, comma-separated; -GLOB turns off)\n"
     "  stats [DEV]                         counters of this node's devices\n"
     "  reassign DEV --to [HOST:]DOMAIN     move DEV from the libvirt domain that holds it into\n"
     "                                      DOMAIN (on HOST: see --hosts), rolling back on failure\n"
@@ -267,6 +289,9 @@ static JsonObject *build_arguments(const Command *cmd, const Invocation *inv)
         json_object_set_string_member(args, "qmp", inv->qmp);
         json_object_set_string_member(args, "qdev-id", inv->qdev_id);
     }
+    if (inv->patterns != NULL) {
+        json_object_set_string_member(args, "patterns", inv->patterns);
+    }
     if (json_object_get_size(args) == 0) {
         json_object_unref(args);
         return NULL;
@@ -310,6 +335,7 @@ static int run(const Command *cmd, Invocation *inv, const char *socket_path, int
 
 int main(int argc, char **argv)
 {
+    g_autofree char *trace = NULL;
     g_autofree char *socket_path = NULL;
     g_autofree char *timeout_text = NULL;
     g_autofree char *grace_text = NULL;
@@ -353,6 +379,7 @@ int main(int argc, char **argv)
         { "config", 0, 0, G_OPTION_ARG_NONE, &config,
           "attach, detach --domain, reassign: the domains' persistent definitions follow", NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print ntbctl's version", NULL },
+        VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) ctx = g_option_context_new("COMMAND [ARGS]");
@@ -366,6 +393,9 @@ int main(int argc, char **argv)
     g_option_context_add_main_entries(ctx, entries, NULL);
     g_option_context_set_description(ctx, commands_text);
     if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
+        return usage_error("%s", error->message);
+    }
+    if (!vn_trace_setup(trace, &error)) {
         return usage_error("%s", error->message);
     }
     if (version) {
@@ -469,7 +499,12 @@ int main(int argc, char **argv)
     if (argc == 2 && cmd->arg == ARG_DEV) {
         return usage_error("%s: which device? (host/name, e.g. hosta/nvme0)", cmd->name);
     }
-    if (argc == 3) {
+    if (cmd->arg == ARG_PATTERNS) {
+        if (argc != 3) {
+            return usage_error("trace: which events? (globs, e.g. 'lender_*,borrower_*')");
+        }
+        inv.patterns = argv[2];
+    } else if (argc == 3) {
         if (!vn_ctl_device_valid(argv[2], &error)) {
             return usage_error("%s: %s", cmd->name, error->message);
         }

@@ -765,6 +765,7 @@ static const Command commands[] = {
     { "lend", cmd_lend, { "name", "socket", "pci", "managed", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { NULL } },
+    { "trace", vn_daemon_cmd_trace, { "patterns", NULL } },
 };
 
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed)

@@ -372,6 +372,9 @@ void vn_endings_free(GPtrArray *endings);
 /* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
  * the daemon. */
 extern const VnWorkerOps vn_spawn_ops;
+/* tracing.c: the control socket's "trace" (switch trace events here and in the workers). */
+void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r);
+
 /* Command @name on the control channel @channel of worker @pid (@what: its
  * device, for the log), answered from the loop as VnWorkerOps.stats says. */
 VnWctlCall *vn_spawn_ask(GPid pid, const char *channel, const char *what, const char *name,

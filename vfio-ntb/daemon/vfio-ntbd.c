@@ -14,6 +14,7 @@
 #include "daemon-int.h"
 
 #include "config.h"
+#include "common/trace.h"
 
 #include <glib-unix.h>
 #include <signal.h>
@@ -33,13 +34,16 @@ static gboolean on_stop(gpointer data)
 
 int main(int argc, char **argv)
 {
+    g_autofree char *trace = NULL;
     g_autofree char *config_path = NULL;
     gboolean verbose = FALSE, version = FALSE;
     GOptionEntry entries[] = {
         { "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_path,
           "configuration file (default /etc/vfio-ntb/vfio-ntbd.conf)", "FILE" },
-        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose, "trace every message", NULL },
+        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose, "log everything, every trace event too",
+          NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print the version", NULL },
+        VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- vfio-ntb host daemon");
@@ -50,6 +54,13 @@ int main(int argc, char **argv)
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntbd: %s\n", error->message);
+        return 2;
+    }
+    if (verbose && trace == NULL) {
+        trace = g_strdup("*"); /* --verbose: every trace event too */
+    }
+    if (!vn_trace_setup(trace, &error)) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }

@@ -13,6 +13,7 @@
 #include "common/lock.h"
 #include "common/name.h"
 #include "common/util.h"
+#include "trace-fabric.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -221,9 +222,9 @@ static void process_frame(VnFabric *fab, const char *peer, uint64_t gen, const u
         vn_fabric_bad_frame(fab, peer, &f, ret, "malformed frame");
         return;
     }
-    VN_TRACE("node %s: <- %s %s id %" PRIu64 " type 0x%x (%s) json %u data %u", fab->node, peer,
-             vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id, f.hdr.type,
-             vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len, f.hdr.data_len);
+    trace_fabric_receive(fab->node, peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id,
+                         f.hdr.type, vn_fabric_type_to_string(f.hdr.type), f.hdr.json_len,
+                         f.hdr.data_len);
 
     switch (f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK) {
     case VN_FABRIC_FLAG_REPLY:
@@ -353,8 +354,7 @@ static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_
     kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
     if (kind == VN_FABRIC_FLAG_REPLY && sync != NULL && !sync->done && f.hdr.id == sync->id &&
         strcmp(peer, sync->peer) == 0) {
-        VN_TRACE("node %s: <- %s %s id %" PRIu64 " (synchronous)", fab->node, peer,
-                 vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
+        trace_fabric_receive_sync(fab->node, peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
         fab->stats.msgs_received++;
         sync->reply = vn_fabric_msg_copy(peer, &f);
         sync->err = (f.hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f.hdr.error : 0;

@@ -9,6 +9,7 @@
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
+#include "trace-fabric.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -66,8 +67,8 @@ int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32
         ret = fab->ops->send(fab->backend, peer, fab->out->data, fab->out->len);
         fab->defer--;
     }
-    VN_TRACE("node %s: -> %s %s id %" PRIu64 " type 0x%x (%s) data %zu: %d", fab->node, peer,
-             vn_fabric_kind_to_string(flags), id, type, vn_fabric_type_to_string(type), len, ret);
+    trace_fabric_send(fab->node, peer, vn_fabric_kind_to_string(flags), id, type,
+                      vn_fabric_type_to_string(type), len, ret);
     if (fab->out->len > VN_FABRIC_OUT_KEEP) {
         g_byte_array_unref(fab->out);
         fab->out = g_byte_array_new();
@@ -125,8 +126,7 @@ static void pending_free(VnFabricPending *pend)
 static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *reply, int err)
 {
     g_hash_table_remove(fab->pending, &pend->id);
-    VN_TRACE("node %s: request id %" PRIu64 " to %s done: %d", fab->node, pend->id, pend->peer,
-             err);
+    trace_fabric_request_done(fab->node, pend->id, pend->peer, err);
     pend->done(pend->opaque, reply, err);
     pending_free(pend);
 }
@@ -236,8 +236,7 @@ int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type, const
     }
     fab->defer--;
     fab->sync = NULL;
-    VN_TRACE("node %s: synchronous request id %" PRIu64 " type 0x%x to %s: %d", fab->node, sync.id,
-             type, peer, sync.err);
+    trace_fabric_request_sync_done(fab->node, sync.id, type, peer, sync.err);
     if (sync.err == -ETIMEDOUT) {
         g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", fab->node, sync.id,
                type, peer);
@@ -298,8 +297,7 @@ void vn_fabric_request_received(VnFabric *fab, const char *peer, uint64_t gen,
 
     if (p == NULL || p->gen != gen) {
         /* Queued before its link went: no answer could reach the asker. */
-        VN_TRACE("node %s: request id %" PRIu64 " from %s's old link dropped", fab->node, f->hdr.id,
-                 peer);
+        trace_fabric_request_stale(fab->node, f->hdr.id, peer);
         return;
     }
     fab->stats.msgs_received++;
@@ -443,7 +441,7 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
 
         if ((fab->doorbells_taken & m) == 0) {
             fab->doorbells_taken |= m;
-            VN_TRACE("node %s: doorbells %u..%u taken", fab->node, first, first + count - 1);
+            trace_fabric_doorbells_taken(fab->node, first, first + count - 1);
             return (int)first;
         }
     }
@@ -506,7 +504,7 @@ void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFra
             return;
         }
         fab->stats.doorbells_received++;
-        VN_TRACE("node %s: doorbell %u rung by %s", fab->node, bit, peer);
+        trace_fabric_doorbell_rung(fab->node, bit, peer);
         if (fab->handlers.on_doorbell != NULL) {
             fab->handlers.on_doorbell(fab->opaque, peer, bit);
         }
@@ -550,8 +548,7 @@ static void pending_fail(VnFabric *fab, uint64_t gen, int err)
     for (guint i = 0; i < victims->len; i++) {
         VnFabricPending *pend = victims->pdata[i];
 
-        VN_TRACE("node %s: request id %" PRIu64 " to %s failed: %s", fab->node, pend->id,
-                 pend->peer, g_strerror(-err));
+        trace_fabric_request_failed(fab->node, pend->id, pend->peer, g_strerror(-err));
         pend->done(pend->opaque, NULL, err);
         pending_free(pend);
     }

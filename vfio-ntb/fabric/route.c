@@ -12,6 +12,7 @@
 #include "common/name.h"
 #include "common/peerfd.h"
 #include "common/util.h"
+#include "trace-fabric.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,7 +82,7 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
     route->fd = copy;
     route->peer = g_strdup(peer);
     g_hash_table_insert(fab->routes, &route->id, route);
-    VN_TRACE("node %s: route %" PRIu64 " exported to %s", fab->node, route->id, peer);
+    trace_fabric_route_export(fab->node, route->id, peer);
     return route->id;
 }
 
@@ -96,7 +97,7 @@ void vn_fabric_route_unexport(VnFabric *fab, uint64_t id)
     if (fab->ops->unexport != NULL && fab->backend != NULL) {
         fab->ops->unexport(fab->backend, true, id);
     }
-    VN_TRACE("node %s: route %" PRIu64 " withdrawn from %s", fab->node, id, route->peer);
+    trace_fabric_route_unexport(fab->node, id, route->peer);
     vn_fabric_segment_free(route);
 }
 
@@ -108,7 +109,7 @@ int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id)
     if (route == NULL) {
         return err;
     }
-    VN_TRACE("node %s: route %" PRIu64 " given to %s", fab->node, id, peer);
+    trace_fabric_route_given(fab->node, id, peer);
     return route->fd;
 }
 
@@ -148,7 +149,7 @@ int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **
         return -EINVAL;
     }
     fab->stats.routes_opened++;
-    VN_TRACE("node %s: route %" PRIu64 " of %s opened", fab->node, id, peer);
+    trace_fabric_route_open(fab->node, id, peer);
     return fd;
 }
 

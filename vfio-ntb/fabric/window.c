@@ -17,6 +17,7 @@
 #include "common/name.h"
 #include "common/peerfd.h"
 #include "common/util.h"
+#include "trace-fabric.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -111,8 +112,7 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
     seg->size = size;
     seg->peer = g_strdup(peer);
     g_hash_table_insert(fab->segments, &seg->id, seg);
-    VN_TRACE("node %s: segment %" PRIu64 " (%" PRIu64 " bytes%s) exported to %s", fab->node,
-             seg->id, size, device ? " of a device" : "", peer);
+    trace_fabric_segment_export(fab->node, seg->id, size, device ? " of a device" : "", peer);
     return seg->id;
 }
 
@@ -127,7 +127,7 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
     if (fab->ops->unexport != NULL && fab->backend != NULL) {
         fab->ops->unexport(fab->backend, false, id);
     }
-    VN_TRACE("node %s: segment %" PRIu64 " withdrawn from %s", fab->node, id, seg->peer);
+    trace_fabric_segment_unexport(fab->node, id, seg->peer);
     vn_fabric_segment_free(seg);
 }
 
@@ -157,7 +157,7 @@ int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint
     }
     *size = seg->size;
     *offset = seg->offset;
-    VN_TRACE("node %s: segment %" PRIu64 " given to %s", fab->node, id, peer);
+    trace_fabric_segment_given(fab->node, id, peer);
     return seg->fd;
 }
 
@@ -274,9 +274,7 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
     fab->windows[slot] = w;
     fab->windows_in_use++;
     fab->stats.windows_mapped++;
-    VN_TRACE("node %s: window %u maps %s's segment %" PRIu64 " (%" PRIu64
-             " bytes%s, window %" PRIu64 ")",
-             fab->node, slot, peer, id, size, device ? " of a device" : "", wsize);
+    trace_fabric_window_map(fab->node, slot, peer, id, size, device ? " of a device" : "", wsize);
     return w;
 }
 
@@ -372,8 +370,7 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
         g_warning("node %s: unmap of a window that is not mapped here", fab->node);
         return;
     }
-    VN_TRACE("node %s: window %u unmapped (%s's segment %" PRIu64 ")", fab->node, slot, w->peer,
-             w->segment);
+    trace_fabric_window_unmap(fab->node, slot, w->peer, w->segment);
     fab->windows[slot] = NULL;
     fab->windows_in_use--;
     if (fab->ops->unmap_segment != NULL && fab->backend != NULL) {

@@ -53,6 +53,7 @@ typedef struct VnLenderMap {
 
 struct VnLender {
     VnFabric *fab;
+    const char *corr;  /* the correlation id of the request being handled, or NULL */
     GMainContext *ctx; /* the fabric's: relay watches go there */
     char *name;
     const VnBackendOps *ops; /* how the device is reached (backend.h) */

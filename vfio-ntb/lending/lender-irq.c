@@ -10,6 +10,7 @@
 #include "lender-int.h"
 
 #include "common/util.h"
+#include "trace-lending.h"
 
 #include <errno.h>
 #include <glib-unix.h>
@@ -101,8 +102,7 @@ static gboolean relay_ready(gint fd, GIOCondition cond, gpointer data)
          * every completion interrupt was relayed, coalesced or not. */
         l->stats.relayed_irqs += n;
     }
-    VN_TRACE("lender %s: index %u vector %u -> %s's doorbell %u: %d", l->name, r->index, r->vector,
-             l->borrower, r->bit, ret);
+    trace_lender_irq_relay(l->name, r->index, r->vector, l->borrower, r->bit, ret);
     return G_SOURCE_CONTINUE;
 }
 
@@ -204,8 +204,7 @@ static void relay_assign(VnLender *l, const VnProtoSetIrqs *s, uint64_t token)
         l->relay[s->index][s->start + i] = g_steal_pointer(&fresh[i]);
         g_source_attach(l->relay[s->index][s->start + i]->src, l->ctx);
     }
-    VN_TRACE("lender %s: relaying index %u vectors %u..%u to %s", l->name, s->index, s->start,
-             s->start + s->count - 1, l->borrower);
+    trace_lender_irq_relaying(l->name, s->index, s->start, s->start + s->count - 1, l->borrower);
     vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 free:
     for (uint32_t i = 0; i < s->count; i++) {
@@ -361,7 +360,6 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
                s.count == 0) {
         vn_lender_relay_drop(l, s.index, 0, 0); /* linux/vfio.h: disable the index */
     }
-    VN_TRACE("lender %s: SET_IRQS flags 0x%x index %u %u+%u routes %u", l->name, s.flags, s.index,
-             s.start, s.count, nroutes);
+    trace_lender_set_irqs(l->name, s.flags, s.index, s.start, s.count, nroutes);
     vn_fabric_reply(l->fab, token, "{}", NULL, 0);
 }

@@ -14,6 +14,7 @@
 
 #include "common/name.h"
 #include "common/util.h"
+#include "trace-lending.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -36,7 +37,7 @@ void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...)
     what = g_strdup_vprintf(fmt, ap);
     va_end(ap);
     message = g_strdup_printf("%s: %s", l->name, what);
-    VN_TRACE("lender %s: error reply %d: %s", l->name, err < 0 ? -err : err, what);
+    trace_lender_error_reply(l->name, err < 0 ? -err : err, what);
     vn_fabric_reply_error(l->fab, token, err, message);
 }
 
@@ -224,8 +225,7 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     map = (VnLenderMap){ .iova = m.iova, .size = m.size, .segment = m.segment };
     g_array_append_val(l->maps, map);
     l->stats.dma_maps++;
-    VN_TRACE("lender %s: iova 0x%" PRIx64 " +0x%" PRIx64 " -> %s's segment %" PRIu64 " +0x%" PRIx64,
-             l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
+    trace_lender_dma_map(l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
     reply_ok(l, token);
     return;
 
@@ -274,8 +274,8 @@ static void handle_dma_unmap(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     maps_forget(l, u.iova, u.size, u.all);
     l->stats.dma_unmaps++;
-    VN_TRACE("lender %s: unmapped %s0x%" PRIx64 " +0x%" PRIx64 "; %u mappings, %u windows", l->name,
-             u.all ? "all, " : "", u.iova, u.size, l->maps->len, l->windows->len);
+    trace_lender_dma_unmap(l->name, u.all ? "all, " : "", u.iova, u.size, l->maps->len,
+                           l->windows->len);
     reply_ok(l, token);
 }
 
@@ -317,6 +317,8 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
             ret = -EIO;
         }
     }
+    trace_lender_device_rw(l->name, l->corr != NULL ? l->corr : "-", r.write ? "write" : "read",
+                           r.region, r.offset, r.count, ret);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "%s of region %u at 0x%" PRIx64 " failed on the device: %s",
                        r.write ? "write" : "read", r.region, r.offset, g_strerror(-ret));
@@ -459,8 +461,7 @@ static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint6
         }
         r->segments[r->nr_segments++] = id;
     }
-    VN_TRACE("lender %s: region %u (0x%" PRIx64 " bytes) is %u segment%s from %" PRIu64 " for %s",
-             l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
+    trace_lender_region_export(l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
     return 0;
 }
 
@@ -632,18 +633,29 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 
 /* ---- dispatch ---------------------------------------------------------- */
 
+static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const char *device);
+
 void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
     char device[VN_MAX_DEVICE_NAME + 1];
+    char corr[VN_TRACE_MAX_CORR] = "-";
 
     l->stats.requests++;
-    VN_TRACE("lender %s: request %s (token %" PRIu64 ") from %s, data %zu", l->name,
-             vn_proto_type_to_string(msg->type), token, msg->peer, msg->data_len);
-    if (!vn_proto_device_name(msg->json, device, &error)) {
+    if (!vn_proto_device_and_corr(msg->json, device, corr, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
         return;
     }
+    trace_lender_request(l->name, corr, vn_proto_type_to_string(msg->type), token, msg->peer,
+                         msg->data_len);
+    l->corr = corr;
+    lender_dispatch(l, msg, token, device);
+    l->corr = NULL;
+}
+
+/* The request's checks and its handler (l->corr is its correlation id meanwhile). */
+static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const char *device)
+{
     if (strcmp(device, l->name) != 0) {
         vn_lender_fail(l, token, ENODEV, "request for device %s", device);
         return;

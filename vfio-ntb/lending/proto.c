@@ -330,14 +330,46 @@ char *vn_proto_device_only_to_json(const char *device)
     return finish(b);
 }
 
+static bool corr_valid(const char *corr)
+{
+    size_t n = 0;
+
+    for (; corr[n] != '\0'; n++) {
+        if (n >= VN_TRACE_MAX_CORR - 1 ||
+            !(g_ascii_isalnum(corr[n]) || strchr("._:-", corr[n]) != NULL)) {
+            return false;
+        }
+    }
+    return n > 0;
+}
+
+char *vn_proto_with_corr(const char *json, const char *corr)
+{
+    if (json == NULL || json[0] != '{' || !corr_valid(corr)) {
+        return g_strdup(json);
+    }
+    return json[1] == '}' ? g_strdup_printf("{\"corr\":\"%s\"}", corr)
+                          : g_strdup_printf("{\"corr\":\"%s\",%s", corr, json + 1);
+}
+
 bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1], GError **error)
+{
+    return vn_proto_device_and_corr(json, out, NULL, error);
+}
+
+bool vn_proto_device_and_corr(const char *json, char out[VN_MAX_DEVICE_NAME + 1],
+                              char corr[VN_TRACE_MAX_CORR], GError **error)
 {
     const char *what = "request";
     g_autoptr(JsonObject) o = parse_object(json, what, error);
-    const char *dev;
+    const char *dev, *c;
 
     if (o == NULL || !(dev = get_string(o, "device", what, error))) {
         return false;
+    }
+    if (corr != NULL) {
+        c = vn_util_json_string(o, "corr");
+        g_strlcpy(corr, c != NULL && corr_valid(c) ? c : "-", VN_TRACE_MAX_CORR);
     }
     if (!vn_name_valid(VN_NAME_DEVICE, dev)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: device name must be %s", what,

@@ -36,6 +36,7 @@
 
 #include "common/name.h"
 #include "vfio-user/server.h"
+#include "common/trace.h"
 
 #include <glib.h>
 #include <stdbool.h>
@@ -135,6 +136,18 @@ typedef struct VnProtoSetIrqs {
 char *vn_proto_device_only_to_json(const char *device);
 /* The "device" member of any request, validated, into @out. */
 bool vn_proto_device_name(const char *json, char out[VN_MAX_DEVICE_NAME + 1], GError **error);
+
+/*
+ * Correlation ids (common/trace.h): a borrower tracing its requests adds one to each
+ * ("corr": "node:number"), so that the lender's trace of the request carries it too.
+ * vn_proto_with_corr: @json (an object of ours) with the member added; g_free it.
+ * vn_proto_device_and_corr: vn_proto_device_name(), and the request's id in @corr ("-" when
+ * it has none, or one that is not [A-Za-z0-9._:-], at most VN_TRACE_MAX_CORR - 1 long: a
+ * peer's).
+ */
+char *vn_proto_with_corr(const char *json, const char *corr);
+bool vn_proto_device_and_corr(const char *json, char device[VN_MAX_DEVICE_NAME + 1],
+                              char corr[VN_TRACE_MAX_CORR], GError **error);
 
 char *vn_proto_attach_to_json(const VnProtoAttach *a);
 bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **error);

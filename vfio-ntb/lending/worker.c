@@ -25,6 +25,7 @@
 #include "common/wctl.h"
 #include "fabric/host.h"
 #include "pcibind.h"
+#include "common/trace.h"
 
 #include <gio/gio.h>
 #include <glib-unix.h>
@@ -120,6 +121,9 @@ static char *on_command(void *opaque, const char *name, GError **error)
     g_autofree char *stats = NULL;
     const char *borrower;
 
+    if (g_str_has_prefix(name, "trace ")) {
+        return vn_trace_command(name + strlen("trace "), error);
+    }
     if (strcmp(name, "stats") != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "no command \"%.32s\"", name);
         return NULL;
@@ -144,6 +148,7 @@ static char *on_command(void *opaque, const char *name, GError **error)
 
 int main(int argc, char **argv)
 {
+    g_autofree char *trace = NULL;
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
     g_autofree char *control = NULL, *backend = NULL, *at = NULL, *managed = NULL;
     g_autofree char *was = NULL;
@@ -163,6 +168,7 @@ int main(int argc, char **argv)
           "bind the PCI function to vfio-pci, keeping its driver's name in PATH; give it "
           "back to that driver on SIGTERM",
           "PATH" },
+        VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- one lent device's backend");
@@ -174,6 +180,10 @@ int main(int argc, char **argv)
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return 2;
+    }
+    if (!vn_trace_setup(trace, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }

@@ -31,6 +31,7 @@
 #include "ctl/ctl-client.h"
 #include "common/util.h"
 #include "libvirt/domxml.h"
+#include "common/trace.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -200,6 +201,11 @@ int main(int argc, char **argv)
     if (argc != 5) {
         fprintf(stderr, HOOK ": expected NAME OP SUBOP EXTRA from libvirt, got %d argument%s\n",
                 argc - 1, argc == 2 ? "" : "s");
+        return 1;
+    }
+    /* libvirt runs hooks with fixed arguments: tracing comes from VN_TRACE only. */
+    if (!vn_trace_setup(NULL, &error)) {
+        fprintf(stderr, HOOK ": %s\n", error->message);
         return 1;
     }
     name = argv[1];

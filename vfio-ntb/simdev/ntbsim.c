@@ -23,6 +23,7 @@
 #include "config.h"
 #include "ntbdev.h"
 #include "vfio-user/server.h"
+#include "common/trace.h"
 
 #include <glib-unix.h>
 #include <signal.h>
@@ -35,6 +36,7 @@
 #define NTBSIM_DEFAULT_WINDOW_MIB 4
 
 typedef struct Options {
+    char *trace;
     char *port[2];
     gint window_mib;
     char *stats_file;
@@ -43,6 +45,7 @@ typedef struct Options {
 
 static void options_clear(Options *o)
 {
+    g_free(o->trace);
     g_free(o->port[0]);
     g_free(o->port[1]);
     g_free(o->stats_file);
@@ -61,6 +64,7 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every command", NULL },
+        VN_TRACE_OPTION_ENTRY(o->trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) ctx =
@@ -135,6 +139,13 @@ int main(int argc, char **argv)
     int rc = 0;
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-ntbsim: %s\n", error->message);
+        return 2;
+    }
+    if (opt.verbose && opt.trace == NULL) {
+        opt.trace = g_strdup("*"); /* --verbose: every trace event too */
+    }
+    if (!vn_trace_setup(opt.trace, &error)) {
         fprintf(stderr, "vfio-ntb-ntbsim: %s\n", error->message);
         return 2;
     }

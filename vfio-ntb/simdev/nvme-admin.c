@@ -11,6 +11,7 @@
 #include "nvme-int.h"
 
 #include "common/util.h"
+#include "trace-simdev.h"
 
 #include <string.h>
 
@@ -439,8 +440,7 @@ static uint16_t cmd_create_cq(VnNvme *n, const VnNvmeSqe *cmd)
                              .base = cmd->prp1 };
     /* The host starts at head 0; drop whatever an earlier queue left. */
     vn_nvme_reg_store(n, vn_nvme_db_cq((uint16_t)qid), 0);
-    VN_TRACE("device nvme %s: CQ %u created, %u entries, vector %u", n->serial, qid,
-             n->cq[qid].size, iv);
+    trace_nvme_cq_created(n->serial, qid, n->cq[qid].size, iv);
     return VN_NVME_SUCCESS;
 }
 
@@ -465,8 +465,7 @@ static uint16_t cmd_create_sq(VnNvme *n, const VnNvmeSqe *cmd)
     };
     n->cq[cqid].nsq++;
     vn_nvme_reg_store(n, vn_nvme_db_sq((uint16_t)qid), 0);
-    VN_TRACE("device nvme %s: SQ %u created, %u entries, CQ %u", n->serial, qid, n->sq[qid].size,
-             cqid);
+    trace_nvme_sq_created(n->serial, qid, n->sq[qid].size, cqid);
     return VN_NVME_SUCCESS;
 }
 
@@ -577,8 +576,7 @@ void vn_nvme_admin_reset(VnNvme *n)
 uint16_t vn_nvme_admin_exec(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *result)
 {
     n->stats.admin_cmds++;
-    VN_TRACE("device nvme %s: admin cid %u opcode 0x%02x cdw10 0x%x", n->serial, cmd->cid,
-             cmd->opcode, cmd->cdw10);
+    trace_nvme_admin_cmd(n->serial, cmd->cid, cmd->opcode, cmd->cdw10);
     /* 4.2: no fused operations (FUSES = 0), and admin commands use PRPs. */
     if (cmd->flags & 0xc3) {
         return VN_NVME_SC_INVALID_FIELD;

@@ -13,6 +13,7 @@
 #include "nvme-int.h"
 
 #include "common/util.h"
+#include "trace-simdev.h"
 
 #include <errno.h>
 #include <linux/vfio.h>
@@ -132,7 +133,7 @@ static void ctrl_enable(VnNvme *n, uint32_t cc)
 
 static void cc_changed(VnNvme *n, uint32_t old, uint32_t cc)
 {
-    VN_TRACE("device nvme %s: CC 0x%08x -> 0x%08x", n->serial, old, cc);
+    trace_nvme_cc(n->serial, old, cc);
     if (!(old & VN_NVME_CC_EN) && (cc & VN_NVME_CC_EN)) {
         ctrl_enable(n, cc);
     } else if ((old & VN_NVME_CC_EN) && !(cc & VN_NVME_CC_EN)) {
@@ -345,8 +346,7 @@ static void cq_post(VnNvme *n, VnNvmeCq *cq, uint16_t sqid, const VnNvmeSqe *cmd
         /* Our errors are deterministic: a retry would fail the same way. */
         status |= VN_NVME_DNR;
         n->stats.errors++;
-        VN_TRACE("device nvme %s: SQ %u cid %u opcode 0x%02x status 0x%04x", n->serial, sqid,
-                 cmd->cid, cmd->opcode, status);
+        trace_nvme_cmd_done(n->serial, sqid, cmd->cid, cmd->opcode, status);
     }
     cqe.status = (uint16_t)(status << 1) | (cq->phase ? 1 : 0);
     if (vn_dma_write(n->dma, at, &cqe, offsetof(VnNvmeCqe, cid)) < 0) {

@@ -25,6 +25,7 @@
 #include "pcicfg.h"
 
 #include "common/util.h"
+#include "trace-simdev.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -483,11 +484,9 @@ int vn_pcicfg_write(VnPciCfg *cfg, uint64_t offset, const void *buf, uint32_t co
         msi_clamp(cfg);
     }
     state_update(cfg);
-    VN_TRACE("device config: write 0x%" G_GINT64_MODIFIER "x+%u command 0x%04x "
-             "%s 0x%04x",
-             offset, count, get16(cfg, PCI_COMMAND),
-             vn_pcicfg_irq_mode_to_string(cfg->params.irq_mode),
-             get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS));
+    trace_pcicfg_write(offset, count, get16(cfg, PCI_COMMAND),
+                       vn_pcicfg_irq_mode_to_string(cfg->params.irq_mode),
+                       get16(cfg, VN_PCICFG_CAP_MSIX + PCI_MSIX_FLAGS));
     return 0;
 }
 

@@ -24,6 +24,7 @@
 #include "config.h"
 #include "pcidev.h"
 #include "vfio-user/server.h"
+#include "common/trace.h"
 
 #include <glib-unix.h>
 #include <signal.h>
@@ -37,6 +38,7 @@
 #define VN_SIMDEV_DEFAULT_VECTORS 9
 
 typedef struct Options {
+    char *trace;
     char *socket;
     char *backing;
     gint64 size_mib;
@@ -50,6 +52,7 @@ typedef struct Options {
 
 static void options_clear(Options *o)
 {
+    g_free(o->trace);
     g_free(o->socket);
     g_free(o->backing);
     g_free(o->serial);
@@ -79,6 +82,7 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every message and state change",
           NULL },
+        VN_TRACE_OPTION_ENTRY(o->trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) ctx = g_option_context_new("- simulated NVMe over vfio-user");
@@ -173,6 +177,13 @@ int main(int argc, char **argv)
     Stats stats = { 0 };
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
+        fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
+        return 2;
+    }
+    if (opt.verbose && opt.trace == NULL) {
+        opt.trace = g_strdup("*"); /* --verbose: every trace event too */
+    }
+    if (!vn_trace_setup(opt.trace, &error)) {
         fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
         return 2;
     }

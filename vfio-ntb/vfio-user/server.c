@@ -8,6 +8,7 @@
 #include "common/peerfd.h"
 #include "common/util.h"
 #include "transport.h"
+#include "trace-vfio-user.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -173,8 +174,7 @@ static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigne
     if (hdr->flags & VN_WIRE_FLAG_ERROR) {
         s->stats.errors++;
     }
-    VN_TRACE("socket %s: -> id %u %s reply size %u error %u", s->path, hdr->id,
-             vn_wire_cmd_to_string(hdr->cmd), hdr->size, hdr->error);
+    trace_server_reply(s->path, hdr->id, vn_wire_cmd_to_string(hdr->cmd), hdr->size, hdr->error);
     return vn_transport_send(s->client, s->out->data, s->out->len, fds, nfds);
 }
 
@@ -233,9 +233,7 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     }
     /* the table takes the fd, on failure too */
     ret = vn_dma_map(s->dma, m->iova, m->size, m->offset, m->flags, fd);
-    VN_TRACE("socket %s: DMA_MAP iova 0x%" G_GINT64_MODIFIER "x size 0x%" G_GINT64_MODIFIER
-             "x fd %s: %d",
-             s->path, m->iova, m->size, fd >= 0 ? "yes" : "no", ret);
+    trace_server_dma_map(s->path, m->iova, m->size, fd >= 0 ? "yes" : "no", ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
@@ -267,9 +265,7 @@ static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
         s->ops->dma_unmapping(s->opaque, u->iova, u->size, all);
     }
     ret = vn_dma_unmap(s->dma, u->iova, u->size, all);
-    VN_TRACE("socket %s: DMA_UNMAP iova 0x%" G_GINT64_MODIFIER "x size 0x%" G_GINT64_MODIFIER
-             "x all %d: %" G_GINT64_FORMAT,
-             s->path, u->iova, u->size, all, ret);
+    trace_server_dma_unmap(s->path, u->iova, u->size, all, ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, (int)ret);
     }
@@ -387,8 +383,7 @@ static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg
         ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
                           req->u.irq_set.bools, msg->fds, msg->nfds);
     }
-    VN_TRACE("socket %s: SET_IRQS index %u start %u count %u flags 0x%x fds %u: %d", s->path,
-             set->index, set->start, set->count, set->flags, msg->nfds, ret);
+    trace_server_set_irqs(s->path, set->index, set->start, set->count, set->flags, msg->nfds, ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
@@ -418,8 +413,7 @@ static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
         return reply_error(s, &req->hdr, -E2BIG);
     }
     s->stats.per_region_rw[rw->region]++;
-    VN_TRACE("socket %s: %s region %u offset 0x%" G_GINT64_MODIFIER "x count %u", s->path,
-             write ? "write" : "read", rw->region, rw->offset, rw->count);
+    trace_server_region_rw(s->path, write ? "write" : "read", rw->region, rw->offset, rw->count);
     vn_wire_begin_reply(s->out, &req->hdr);
     g_byte_array_append(s->out, (const guint8 *)rw, sizeof(*rw));
     if (write) {
@@ -481,8 +475,8 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
                vn_wire_cmd_to_string(hdr.cmd), hdr.cmd, g_strerror(-ret));
         return reply_error(s, &hdr, ret);
     }
-    VN_TRACE("socket %s: <- id %u %s size %u fds %u", s->path, req.hdr.id,
-             vn_wire_cmd_to_string(req.hdr.cmd), req.hdr.size, msg->nfds);
+    trace_server_request(s->path, req.hdr.id, vn_wire_cmd_to_string(req.hdr.cmd), req.hdr.size,
+                         msg->nfds);
 
     if (!s->versioned && req.hdr.cmd != VN_CMD_VERSION) {
         /* vfio-user.rst: VERSION is the first message of a session. */
