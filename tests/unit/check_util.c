@@ -8,7 +8,9 @@
 
 #include <check.h>
 #include <glib/gstdio.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Peer JSON whose member is of the wrong type is "no such string", never a
  * critical (json-glib's own getter emits one for arrays and objects). */
@@ -69,6 +71,38 @@ START_TEST(test_snapshot_error)
 END_TEST
 
 /* Sizes in messages are ASCII: GLib's no-break space becomes a plain one. */
+static char *counter_json(void *opaque)
+{
+    return g_strdup_printf("{\"n\":%d}", ++*(int *)opaque);
+}
+
+/* The stats file: written at each SIGUSR1, and a last time at the stop; then no more. */
+START_TEST(test_stats_file)
+{
+    g_autofree char *dir = g_dir_make_tmp("vn-util-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "stats.json", NULL);
+    g_autofree char *text = NULL;
+    VnUtilStatsFile f;
+    int n = 0;
+
+    vn_util_stats_file_start(&f, path, counter_json, &n);
+    ck_assert_int_eq(kill(getpid(), SIGUSR1), 0);
+    for (int i = 0; i < 200 && n == 0; i++) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    ck_assert(g_file_get_contents(path, &text, NULL, NULL));
+    ck_assert_str_eq(text, "{\"n\":1}");
+    vn_util_stats_file_stop(&f);
+    g_clear_pointer(&text, g_free);
+    ck_assert(g_file_get_contents(path, &text, NULL, NULL));
+    ck_assert_str_eq(text, "{\"n\":2}");
+    ck_assert_int_eq(f.usr1, 0);
+    g_unlink(path);
+    g_rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_size_text)
 {
     g_autofree char *mib = vn_util_size_text(256u << 20);
@@ -93,6 +127,7 @@ static Suite *util_suite(void)
     tc = tcase_create("snapshot");
     tcase_add_test(tc, test_snapshot_replaces);
     tcase_add_test(tc, test_snapshot_error);
+    tcase_add_test(tc, test_stats_file);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("size");

@@ -76,6 +76,42 @@ void vn_util_run_until_signalled(GMainLoop *loop)
     g_source_remove(intr);
 }
 
+static void stats_file_write(VnUtilStatsFile *f)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = NULL;
+
+    if (f->path == NULL) {
+        return;
+    }
+    json = f->json(f->opaque);
+    if (!vn_util_write_snapshot(f->path, json, &error)) {
+        g_warning("stats file: %s", error->message);
+    }
+}
+
+static gboolean on_usr1(gpointer data)
+{
+    stats_file_write(data);
+    return G_SOURCE_CONTINUE;
+}
+
+void vn_util_stats_file_start(VnUtilStatsFile *f, const char *path, VnUtilStatsFn json,
+                              void *opaque)
+{
+    *f = (VnUtilStatsFile){ .path = path, .json = json, .opaque = opaque };
+    f->usr1 = g_unix_signal_add(SIGUSR1, on_usr1, f);
+}
+
+void vn_util_stats_file_stop(VnUtilStatsFile *f)
+{
+    if (f->usr1 != 0) {
+        g_source_remove(f->usr1);
+        f->usr1 = 0;
+    }
+    stats_file_write(f);
+}
+
 char *vn_util_size_text(uint64_t bytes)
 {
     g_autofree char *text = g_format_size_full(bytes, G_FORMAT_SIZE_IEC_UNITS);

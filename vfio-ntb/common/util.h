@@ -18,6 +18,19 @@ void vn_util_close_fds(int *fds, size_t n);
  * life between its start and its clean end. */
 void vn_util_run_until_signalled(GMainLoop *loop);
 
+/* A stats file: @json(@opaque) (a new string) written to @path (atomically) at each SIGUSR1
+ * and when vn_util_stats_file_stop() writes it a last time.  @path NULL: no file. */
+typedef char *(*VnUtilStatsFn)(void *opaque);
+typedef struct VnUtilStatsFile {
+    const char *path;
+    VnUtilStatsFn json;
+    void *opaque;
+    guint usr1;
+} VnUtilStatsFile;
+void vn_util_stats_file_start(VnUtilStatsFile *f, const char *path, VnUtilStatsFn json,
+                              void *opaque);
+void vn_util_stats_file_stop(VnUtilStatsFile *f);
+
 /* True when [off, off + len) lies inside [0, size) without overflow. */
 static inline bool vn_util_range_ok(uint64_t off, uint64_t len, uint64_t size)
 {

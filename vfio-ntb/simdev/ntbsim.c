@@ -95,36 +95,9 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
     return true;
 }
 
-typedef struct Stats {
-    VnNtbDev *dev;
-    const char *path;
-} Stats;
-
-static void stats_write(const Stats *st)
+static char *stats_json(void *opaque)
 {
-    g_autoptr(GError) error = NULL;
-    g_autofree char *json = NULL;
-
-    if (st->path == NULL) {
-        return;
-    }
-    json = vn_ntbdev_stats_json(st->dev);
-    if (!vn_util_write_snapshot(st->path, json, &error)) {
-        g_warning("ntbsim: stats file: %s", error->message);
-    }
-}
-
-static gboolean on_usr1(gpointer data)
-{
-    stats_write(data);
-    return G_SOURCE_CONTINUE;
-}
-
-static gboolean on_signal(gpointer data)
-{
-    g_info("ntbsim: signal received, stopping");
-    g_main_loop_quit(data);
-    return G_SOURCE_CONTINUE;
+    return vn_ntbdev_stats_json(opaque);
 }
 
 int main(int argc, char **argv)
@@ -134,8 +107,7 @@ int main(int argc, char **argv)
     g_autoptr(VnNtbDev) dev = NULL;
     g_autoptr(GMainLoop) loop = NULL;
     VnServer *server[2] = { NULL, NULL };
-    guint sig_term, sig_int, sig_usr1;
-    Stats stats;
+    VnUtilStatsFile stats;
     int rc = 0;
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
@@ -169,17 +141,11 @@ int main(int argc, char **argv)
     }
 
     loop = g_main_loop_new(NULL, FALSE);
-    sig_term = g_unix_signal_add(SIGTERM, on_signal, loop);
-    sig_int = g_unix_signal_add(SIGINT, on_signal, loop);
-    stats = (Stats){ .dev = dev, .path = opt.stats_file };
-    sig_usr1 = g_unix_signal_add(SIGUSR1, on_usr1, &stats);
+    vn_util_stats_file_start(&stats, opt.stats_file, stats_json, dev);
     g_message("ntbsim %s: NTB ports on %s and %s, windows of %d MiB", VN_VERSION, opt.port[0],
               opt.port[1], opt.window_mib);
-    g_main_loop_run(loop);
-    g_source_remove(sig_term);
-    g_source_remove(sig_int);
-    g_source_remove(sig_usr1);
-    stats_write(&stats);
+    vn_util_run_until_signalled(loop);
+    vn_util_stats_file_stop(&stats);
 out:
     /* The servers drop their clients (which resets the ports) and remove the sockets; the
      * device's ports stop using their tables first. */

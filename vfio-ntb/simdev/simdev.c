@@ -130,39 +130,9 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
     return true;
 }
 
-typedef struct Stats {
-    VnServer *server;
-    const char *path;
-} Stats;
-
-/* Written atomically (rename) so a reader never sees half a file. */
-static void stats_write(const Stats *st)
+static char *stats_json(void *opaque)
 {
-    g_autoptr(GError) error = NULL;
-    g_autofree char *json = NULL;
-
-    if (st->path == NULL) {
-        return;
-    }
-    json = vn_server_stats_json(st->server);
-    if (!vn_util_write_snapshot(st->path, json, &error)) {
-        g_warning("simdev: stats file: %s", error->message);
-    }
-}
-
-static gboolean on_usr1(gpointer data)
-{
-    stats_write(data);
-    return G_SOURCE_CONTINUE;
-}
-
-static gboolean on_signal(gpointer data)
-{
-    GMainLoop *loop = data;
-
-    g_info("simdev: signal received, stopping");
-    g_main_loop_quit(loop);
-    return G_SOURCE_CONTINUE;
+    return vn_server_stats_json(opaque);
 }
 
 int main(int argc, char **argv)
@@ -173,8 +143,7 @@ int main(int argc, char **argv)
     g_autoptr(VnServer) server = NULL;
     g_autoptr(GMainLoop) loop = NULL;
     VnPciDevParams params;
-    guint sig_term, sig_int, sig_usr1;
-    Stats stats = { 0 };
+    VnUtilStatsFile stats;
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
         fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
@@ -217,24 +186,18 @@ int main(int argc, char **argv)
     }
 
     loop = g_main_loop_new(NULL, FALSE);
-    sig_term = g_unix_signal_add(SIGTERM, on_signal, loop);
-    sig_int = g_unix_signal_add(SIGINT, on_signal, loop);
-    stats = (Stats){ .server = server, .path = opt.stats_file };
-    sig_usr1 = g_unix_signal_add(SIGUSR1, on_usr1, &stats);
+    vn_util_stats_file_start(&stats, opt.stats_file, stats_json, server);
     g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, interrupts %s, "
               "%u vectors) on %s",
               VN_VERSION, opt.backing, opt.size_mib, opt.serial,
               vn_pcicfg_irq_mode_to_string(opt.irq_mode), vn_pcidev_vectors(dev), opt.socket);
-    g_main_loop_run(loop);
-    g_source_remove(sig_term);
-    g_source_remove(sig_int);
-    g_source_remove(sig_usr1);
+    vn_util_run_until_signalled(loop);
 
     /* The engine uses the server's DMA and irq tables: stop it first, then
      * the server (drops the client, resets the device, removes the socket),
      * then the device. */
     vn_pcidev_stop(dev);
-    stats_write(&stats);
+    vn_util_stats_file_stop(&stats);
     g_clear_pointer(&server, vn_server_free);
     g_clear_pointer(&dev, vn_pcidev_free);
     g_message("simdev: stopped");
