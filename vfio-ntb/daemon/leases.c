@@ -5,6 +5,8 @@
 
 #include "leases.h"
 
+#include "trace-daemon.h"
+
 #include <string.h>
 
 struct VnLeases {
@@ -99,10 +101,14 @@ static void set_state(VnLeases *ls, VnLease *l, VnLeaseState to, VnLeaseEnd end,
     ch.old_holder = old_holder;
     l->state = to;
     l->since_us = now_us;
-    g_debug("lease %" G_GUINT64_FORMAT " on %s: %s -> %s%s%s", ch.old_id ? ch.old_id : l->id,
-            l->device, vn_lease_state_to_string(ch.from), vn_lease_state_to_string(to),
-            end != VN_LEASE_END_NONE ? ": " : "",
-            end != VN_LEASE_END_NONE ? vn_lease_end_to_string(end) : "");
+    if (trace_lease_state_enabled()) {
+        g_autofree char *why =
+            end != VN_LEASE_END_NONE ? g_strdup_printf(": %s", vn_lease_end_to_string(end)) : NULL;
+
+        trace_lease_state(ch.old_id ? ch.old_id : l->id, l->device,
+                          old_holder != NULL ? old_holder : "-", vn_lease_state_to_string(ch.from),
+                          vn_lease_state_to_string(to), why != NULL ? why : "");
+    }
     for (guint i = 0; i < ls->listeners->len; i++) {
         Listener *li = &g_array_index(ls->listeners, Listener, i);
 
