@@ -244,6 +244,9 @@ def run(role, mods, bdf, barrier, share, fact):
         fact(kmod_bad_args=len(rows), kmod_bad_args_wrong=";".join(wrong) or "none")
     else:
         target.close()
+    # Closing the device disables the link, and the NTB API answers window calls only while
+    # the link is up (ntb_mw_get_align: ENOTCONN): b's table first, then both close.
+    barrier(role, "kmod-args-done")
     window.close()
     os.close(fd)
     barrier(role, "kmod-closed")

@@ -503,7 +503,6 @@ static int vn_mw_info(struct vn_dev *vn, struct vn_ntb_mw_info *a)
 {
 	resource_size_t addr_align, size_align, max;
 	u32 idx = a->index;
-	int ret;
 
 	if (a->argsz < sizeof(*a) || idx >= VN_NTB_MAX_MWS ||
 	    (idx >= vn->mw_count && idx >= vn->peer_mw_count))
@@ -515,13 +514,15 @@ static int vn_mw_info(struct vn_dev *vn, struct vn_ntb_mw_info *a)
 		a->out_size = vn->out[idx].size;
 		a->out_mmap_offset = VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, idx);
 	}
-	if (idx < vn->mw_count) {
-		ret = ntb_mw_get_align(vn->ntb, VN_PIDX, idx, &addr_align, &size_align, &max);
-		if (ret)
-			return ret;
+	/* The NTB API tells an inbound window's shape only while the link is up (ENOTCONN
+	 * before): zeros then, the outbound part still answered. */
+	if (idx < vn->mw_count &&
+	    !ntb_mw_get_align(vn->ntb, VN_PIDX, idx, &addr_align, &size_align, &max)) {
 		a->in_addr_align = addr_align;
 		a->in_size_align = size_align;
 		a->in_size_max = max;
+	}
+	if (idx < vn->mw_count) {
 		a->in_size = vn->in[idx].size;
 		if (vn->in[idx].kind == VN_IN_ALLOC)
 			a->in_mmap_offset = VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_IN, idx);

@@ -22,7 +22,10 @@
  * (hot removal, module unload), the mappings are zapped and every call answers ENODEV.
  *
  * Every argument is checked: indexes against the device's counts, sizes against its
- * alignment and maximum, argsz against the structure (EINVAL otherwise).
+ * alignment and maximum, argsz against the structure (EINVAL otherwise).  Inbound windows
+ * are set up while the link is up: Linux's NTB API tells their alignment only then, so
+ * VN_NTB_MW_EXPORT, _ALLOC and _EXPORT_BAR answer ENOTCONN before, and VN_NTB_MW_INFO's
+ * inbound fields read 0.
  */
 #ifndef VFIO_NTB_UAPI_H
 #define VFIO_NTB_UAPI_H
@@ -58,7 +61,8 @@ struct vn_ntb_mw_info {
     /* Outbound (ours, to the peer): 0 size when index >= peer_mw_count. */
     __u64 out_size;         /* bytes of the window (ntb_peer_mw_get_addr) */
     __u64 out_mmap_offset;  /* mmap() it at this offset */
-    /* Inbound (the peer's, to us): 0 when index >= mw_count. */
+    /* Inbound (the peer's, to us): 0 when index >= mw_count; the alignment and maximum
+     * are 0 too while the link is down. */
     __u64 in_addr_align;    /* ntb_mw_get_align() */
     __u64 in_size_align;
     __u64 in_size_max;
