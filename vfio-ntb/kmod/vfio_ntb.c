@@ -621,8 +621,17 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	if ((_IOC_DIR(cmd) & _IOC_WRITE) && copy_from_user(&a, uarg, size))
 		return -EFAULT;
 	if (cmd == VN_NTB_MW_EXPORT) {
+		u64 max;
+
 		if (a.exp.reserved)
 			return -EINVAL;
+		/* Bound the size by the window's before pinning anything (checked again under
+		 * the lock by vn_mw_export: the window may have changed meanwhile). */
+		mutex_lock(&vn->lock);
+		ret = vn->dead ? -ENODEV : vn_in_check(vn, a.exp.index, a.exp.size, &max);
+		mutex_unlock(&vn->lock);
+		if (ret)
+			return ret;
 		ret = vn_pin(&a.exp, &pages, &npages);
 		if (ret)
 			return ret;
