@@ -91,16 +91,16 @@ START_TEST(test_setup)
 
     all_off();
     g_setenv("VN_TRACE", "lender_*", TRUE);
-    ck_assert(vn_trace_setup("-lender_request,fabric_send", &error));
+    ck_assert(vn_trace_setup("-lender_request,fabric_send", false, &error));
     ck_assert(trace_lender_dma_map_enabled());
     ck_assert(!trace_lender_request_enabled());
     ck_assert(trace_fabric_send_enabled());
     ck_assert_str_eq(g_getenv("VN_TRACE"), "lender_*,-lender_request,fabric_send");
-    ck_assert(!vn_trace_setup("Bad", &error));
+    ck_assert(!vn_trace_setup("Bad", false, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "--trace"));
     g_clear_error(&error);
     g_setenv("VN_TRACE", "x y", TRUE);
-    ck_assert(!vn_trace_setup(NULL, &error));
+    ck_assert(!vn_trace_setup(NULL, false, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "VN_TRACE"));
     g_unsetenv("VN_TRACE");
     all_off();

@@ -63,11 +63,14 @@ int vn_trace_enable(const char *patterns, GError **error)
     return on;
 }
 
-bool vn_trace_setup(const char *option, GError **error)
+bool vn_trace_setup(const char *option, bool verbose, GError **error)
 {
     const char *env = g_getenv("VN_TRACE");
-    g_autofree char *both = NULL;
 
+    if (verbose) {
+        g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
+        option = option != NULL ? option : "*";
+    }
     if (env != NULL && *env != '\0' && vn_trace_enable(env, error) < 0) {
         g_prefix_error(error, "VN_TRACE: ");
         return false;
@@ -79,15 +82,27 @@ bool vn_trace_setup(const char *option, GError **error)
         g_prefix_error(error, "--trace: ");
         return false;
     }
-    both = env != NULL && *env != '\0' ? g_strdup_printf("%s,%s", env, option) : g_strdup(option);
-    if (strlen(both) > VN_TRACE_MAX_PATTERNS) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "VN_TRACE and --trace: longer than %d characters together",
-                    VN_TRACE_MAX_PATTERNS);
-        return false;
-    }
-    g_setenv("VN_TRACE", both, TRUE);
+    vn_trace_keep(option);
     return true;
+}
+
+void vn_trace_keep(const char *patterns)
+{
+    const char *env = g_getenv("VN_TRACE");
+    g_autofree char *both =
+        env != NULL && *env != '\0' ? g_strdup_printf("%s,%s", env, patterns) : g_strdup(patterns);
+    g_autofree char *on = NULL;
+
+    if (strlen(both) <= VN_TRACE_MAX_PATTERNS) {
+        g_setenv("VN_TRACE", both, TRUE);
+        return;
+    }
+    on = vn_trace_enabled_list();
+    if (strlen(on) <= VN_TRACE_MAX_PATTERNS) {
+        g_setenv("VN_TRACE", *on != '\0' ? on : "-*", TRUE);
+        return;
+    }
+    g_warning("trace: the events on are too many to pass on in VN_TRACE");
 }
 
 char *vn_trace_enabled_list(void)

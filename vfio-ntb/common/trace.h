@@ -61,10 +61,16 @@ int vn_trace_enable(const char *patterns, GError **error);
     }
 /*
  * At a program's start: the VN_TRACE environment variable's patterns, then @option's (the
- * --trace option; may be NULL).  Both are left in VN_TRACE, so the processes this one starts
- * (a daemon's workers) trace the same.  False with @error for a bad pattern.
+ * --trace option; may be NULL).  @verbose (a program's --verbose): every event too when
+ * @option is NULL, and every debug line (G_MESSAGES_DEBUG=all).  What was applied is left
+ * in VN_TRACE (vn_trace_keep()), so the processes this one starts trace the same.  False
+ * with @error for a bad pattern.
  */
-bool vn_trace_setup(const char *option, GError **error);
+bool vn_trace_setup(const char *option, bool verbose, GError **error);
+/* Add @patterns (applied already) to VN_TRACE for the processes started from now on; when
+ * that is too long, VN_TRACE names the events on now; when that is too, it stays (and a
+ * warning says so). */
+void vn_trace_keep(const char *patterns);
 /* The names of the events that are on, comma-separated (g_free it). */
 char *vn_trace_enabled_list(void);
 /* A worker's "trace PATTERNS" command (its control channel): vn_trace_enable(), answered

@@ -395,7 +395,7 @@ int main(int argc, char **argv)
     if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
         return usage_error("%s", error->message);
     }
-    if (!vn_trace_setup(trace, &error)) {
+    if (!vn_trace_setup(trace, false, &error)) {
         return usage_error("%s", error->message);
     }
     if (version) {

@@ -13,8 +13,6 @@
 #include "common/trace.h"
 #include "common/util.h"
 
-#include <string.h>
-
 static void on_told(char *answer, const GError *error, void *opaque)
 {
     g_autofree char *what = opaque;
@@ -35,27 +33,6 @@ static void tell(GPid pid, const char *channel, const char *what, const char *co
     (*told)++;
 }
 
-/* VN_TRACE for the workers started from now on: what it held, then @patterns; when that is
- * too long, the events on now, by name; when that is too, left as it was (and said). */
-static void keep_for_workers(const char *patterns)
-{
-    const char *env = g_getenv("VN_TRACE");
-    g_autofree char *both =
-        env != NULL && *env != '\0' ? g_strdup_printf("%s,%s", env, patterns) : g_strdup(patterns);
-    g_autofree char *on = NULL;
-
-    if (strlen(both) <= VN_TRACE_MAX_PATTERNS) {
-        g_setenv("VN_TRACE", both, TRUE);
-        return;
-    }
-    on = vn_trace_enabled_list();
-    if (strlen(on) <= VN_TRACE_MAX_PATTERNS) {
-        g_setenv("VN_TRACE", *on != '\0' ? on : "-*", TRUE);
-        return;
-    }
-    g_warning("trace: the events on are too many to pass to workers started later");
-}
-
 void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     const char *patterns = vn_util_json_string(a, "patterns");
@@ -74,7 +51,7 @@ void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "%s", error->message);
         return;
     }
-    keep_for_workers(patterns);
+    vn_trace_keep(patterns); /* for the workers started from now on */
     command = g_strdup_printf("trace %s", patterns);
     for (guint i = 0; i < d->local->len; i++) {
         VnLocalDevice *ld = g_ptr_array_index(d->local, i);

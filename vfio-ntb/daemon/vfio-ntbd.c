@@ -57,19 +57,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }
-    if (verbose && trace == NULL) {
-        trace = g_strdup("*"); /* --verbose: every trace event too */
-    }
-    if (!vn_trace_setup(trace, &error)) {
+    if (!vn_trace_setup(trace, verbose, &error)) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }
     if (version) {
         printf("vfio-ntbd %s\n", VN_VERSION);
         return 0;
-    }
-    if (verbose) {
-        g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
     }
     signal(SIGPIPE, SIG_IGN);
     conf = vn_conf_load(config_path ? config_path : "/etc/vfio-ntb/vfio-ntbd.conf", &error);

@@ -183,7 +183,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }
-    if (!vn_trace_setup(trace, &error)) {
+    if (!vn_trace_setup(trace, false, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return 2;
     }

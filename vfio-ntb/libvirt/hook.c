@@ -204,7 +204,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* libvirt runs hooks with fixed arguments: tracing comes from VN_TRACE only. */
-    if (!vn_trace_setup(NULL, &error)) {
+    if (!vn_trace_setup(NULL, false, &error)) {
         fprintf(stderr, HOOK ": %s\n", error->message);
         return 1;
     }

@@ -114,15 +114,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-ntbsim: %s\n", error->message);
         return 2;
     }
-    if (opt.verbose && opt.trace == NULL) {
-        opt.trace = g_strdup("*"); /* --verbose: every trace event too */
-    }
-    if (!vn_trace_setup(opt.trace, &error)) {
+    if (!vn_trace_setup(opt.trace, opt.verbose, &error)) {
         fprintf(stderr, "vfio-ntb-ntbsim: %s\n", error->message);
         return 2;
-    }
-    if (opt.verbose) {
-        g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
     }
     signal(SIGPIPE, SIG_IGN); /* a client that vanishes mid-reply must not kill us */
 

@@ -149,16 +149,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
         return 2;
     }
-    if (opt.verbose && opt.trace == NULL) {
-        opt.trace = g_strdup("*"); /* --verbose: every trace event too */
-    }
-    if (!vn_trace_setup(opt.trace, &error)) {
+    if (!vn_trace_setup(opt.trace, opt.verbose, &error)) {
         fprintf(stderr, "vfio-ntb-simdev: %s\n", error->message);
         return 2;
-    }
-    if (opt.verbose) {
-        /* Before the first message: tracing checks this once. */
-        g_setenv("G_MESSAGES_DEBUG", "all", TRUE);
     }
     /* A client that vanishes mid-reply must not kill us. */
     signal(SIGPIPE, SIG_IGN);
