@@ -217,8 +217,8 @@ def _address_of(m):
     return ctypes.addressof(ctypes.c_char.from_buffer(m))
 
 
-def run(role, mods, bdf, barrier, share, fact):
-    """The whole kmod phase; returns the open fd of the relinked device for the kill."""
+def load(mods, bdf):
+    """insmod vfio_ntb and wait for the device's node; its path."""
     subprocess.run(["insmod", str(mods / "vfio_ntb.ko")], check=True)
     dev = f"/dev/vfio-ntb/{bdf}"
     deadline = time.monotonic() + 10
@@ -226,6 +226,12 @@ def run(role, mods, bdf, barrier, share, fact):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{dev} did not appear")
         time.sleep(0.05)
+    return dev
+
+
+def run(role, mods, bdf, barrier, share, fact):
+    """The whole kmod phase; returns the open fd of the relinked device for the kill."""
+    dev = load(mods, bdf)
     fd = os.open(dev, os.O_RDWR)
     i = info(fd)
     fact(kmod_info=f"mw={i[4]},peer_mw={i[5]},spads={i[6]},db=0x{i[8]:x}")
@@ -252,12 +258,7 @@ def run(role, mods, bdf, barrier, share, fact):
     barrier(role, "kmod-closed")
     r = subprocess.run(["rmmod", "vfio_ntb"], capture_output=True, text=True)
     fact(kmod_unloaded=r.returncode == 0)
-    subprocess.run(["insmod", str(mods / "vfio_ntb.ko")], check=True)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(dev):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{dev} did not come back")
-        time.sleep(0.05)
+    load(mods, bdf)
     fd = os.open(dev, os.O_RDWR)
     link_up(fd)
     return fd

@@ -642,7 +642,10 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
     char corr[VN_TRACE_MAX_CORR] = "-";
 
     l->stats.requests++;
-    if (!vn_proto_device_and_corr(msg->json, device, corr, &error)) {
+    /* The correlation id is read only for the traces that show it. */
+    bool traced = trace_lender_request_enabled() || trace_lender_device_rw_enabled();
+
+    if (!vn_proto_device_and_corr(msg->json, device, traced ? corr : NULL, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
         return;
     }

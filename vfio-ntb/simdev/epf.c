@@ -148,14 +148,14 @@ void vn_epf_reset(VnEpf *epf, unsigned port)
 
 void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected)
 {
-    EpfPort *p = &epf->port[port & 1];
-
-    if (!connected) {
-        vn_epf_reset(epf, port);
-    }
-    p->connected = connected;
+    /* Gone first: a host that leaves is not told of the link going down with it. */
+    epf->port[port & 1].connected = connected;
     g_info("NTB model: port %u %s", port & 1, connected ? "connected" : "disconnected");
-    update_link(epf);
+    if (connected) {
+        update_link(epf);
+    } else {
+        vn_epf_reset(epf, port); /* which updates the link */
+    }
 }
 
 /* ---- commands ---------------------------------------------------------- */
@@ -215,8 +215,7 @@ static void run_command(VnEpf *e, unsigned port, uint32_t cmd)
     p->stats.commands++;
     p->stats.command_errors += !ok;
     p->status = ok ? VN_EPF_STATUS_OK : VN_EPF_STATUS_ERROR;
-    g_debug("NTB model: port %u: %s (0x%x): %s", port,
-            vn_epf_command_to_string(cmd < VN_EPF_CMD_LAST ? cmd : VN_EPF_CMD_LAST), arg,
+    g_debug("NTB model: port %u: %s (0x%x): %s", port, vn_epf_command_to_string(cmd), arg,
             ok ? "ok" : "error");
     if (cmd == VN_EPF_CMD_LINK_UP || cmd == VN_EPF_CMD_LINK_DOWN) {
         update_link(e);

@@ -176,11 +176,6 @@ void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server)
     d->port[port & 1].irqs = server != NULL ? vn_server_irqs(server) : NULL;
 }
 
-VnEpf *vn_ntbdev_epf(VnNtbDev *d)
-{
-    return d->epf;
-}
-
 char *vn_ntbdev_stats_json(VnNtbDev *d)
 {
     g_autoptr(GString) s = g_string_new("{");

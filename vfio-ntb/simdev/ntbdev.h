@@ -38,7 +38,6 @@ extern const VnDeviceOps vn_ntbdev_ops;
  * use of them; detach with NULL before freeing the server). */
 void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server);
 
-VnEpf *vn_ntbdev_epf(VnNtbDev *d);
 /* Both ports' counters and the link as JSON; g_free it. */
 char *vn_ntbdev_stats_json(VnNtbDev *d);
 
