@@ -118,7 +118,7 @@ $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a | $(TRACE_STAMP)
 FUZZ_CC ?= clang
 FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
 	$(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
-FUZZ_NAMES := wire frame shm proto peers control qmp domxml epf
+FUZZ_NAMES := wire frame shm ntb proto peers control qmp domxml epf
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 fuzz_objs = $(patsubst %.c,$(B)/fuzz/obj/%.o,$(1))
 FUZZ_COMMON = $(wildcard vfio-ntb/common/*.c) $(B)/trace/trace-table.c
@@ -127,6 +127,7 @@ FUZZ_FABRIC = $(wildcard vfio-ntb/fabric/*.c) $(FUZZ_COMMON)
 $(B)/fuzz/fuzz_wire: $(call fuzz_objs,vfio-ntb/vfio-user/wire.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_frame: $(call fuzz_objs,vfio-ntb/fabric/frame.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_shm: $(call fuzz_objs,$(FUZZ_FABRIC))
+$(B)/fuzz/fuzz_ntb: $(call fuzz_objs,$(FUZZ_FABRIC))
 $(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c vfio-ntb/daemon/identity.c \
 	vfio-ntb/lending/pcibind.c \
@@ -209,7 +210,7 @@ ASAN_FLAGS := -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-om
 # -Wno-tsan: the one fence TSan cannot model (simdev/nvme.c) orders a completion's bytes for
 # the guest, in another process, not anything between our threads.
 TSAN_FLAGS := -O1 -fsanitize=thread -Wno-tsan
-TSAN_SUITES := check_engine check_nvme check_nvme_io check_server
+TSAN_SUITES := check_engine check_nvme check_nvme_io check_server check_fabric
 ASAN_UNIT_BINS = $(UNIT_SRCS:tests/unit/%.c=$(ASAN_B)/tests/%)
 TSAN_UNIT_BINS = $(TSAN_SUITES:%=$(TSAN_B)/tests/%)
 

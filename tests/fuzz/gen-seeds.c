@@ -5,6 +5,7 @@
  */
 #include "common/util.h"
 #include "fabric/frame.h"
+#include "fabric/ntb.h"
 #include "fabric/shm.h"
 #include "daemon/peers.h"
 #include "lending/proto.h"
@@ -278,10 +279,58 @@ static void gen_domxml(void)
     put("domxml", "no-devices", NULL, 0, plain, strlen(plain));
 }
 
+/* One record of the ntb backend's ring (fabric/ntb.h), padded. */
+static void ntb_record(GByteArray *out, uint16_t kind, uint16_t flags, const void *buf,
+                       uint32_t len)
+{
+    VnNtbRec rec = { .len = len, .kind = kind, .flags = flags };
+    static const uint8_t zeros[8];
+
+    g_byte_array_append(out, (const guint8 *)&rec, sizeof(rec));
+    g_byte_array_append(out, buf, len);
+    g_byte_array_append(out, zeros, (-len) & 7);
+}
+
+static void put_ntb(const char *name, GByteArray *ring)
+{
+    uint32_t claimed = ring->len;
+
+    put("ntb", name, &claimed, sizeof(claimed), ring->data, ring->len);
+}
+
+/* ntb: a HELLO, every frame, a map of b's segment, an answer to a map b
+ * never asked for, an unmap; and a frame in two pieces. */
+static void gen_ntb(void)
+{
+    g_autoptr(GPtrArray) all = g_ptr_array_new_with_free_func((GDestroyNotify)g_byte_array_unref);
+    g_autoptr(GByteArray) ring = g_byte_array_new();
+    g_autoptr(GByteArray) pieces = g_byte_array_new();
+    VnNtbHello hello = { .version = VN_NTB_VERSION, .node = "a" };
+    VnNtbMap map = { .seq = 1, .id = 1 }, unmap = { .seq = 1, .id = 1 };
+    VnNtbMapped mapped = { .seq = 9, .window = 1, .size = 4096 };
+    GByteArray *f;
+
+    frames(all);
+    ntb_record(ring, VN_NTB_REC_HELLO, 0, &hello, sizeof(hello));
+    for (guint i = 0; i < all->len; i++) {
+        f = all->pdata[i];
+        ntb_record(ring, VN_NTB_REC_FRAME, 0, f->data, f->len);
+    }
+    ntb_record(ring, VN_NTB_REC_MAP, 0, &map, sizeof(map));
+    ntb_record(ring, VN_NTB_REC_MAPPED, 0, &mapped, sizeof(mapped));
+    ntb_record(ring, VN_NTB_REC_UNMAP, 0, &unmap, sizeof(unmap));
+    put_ntb("hello-frames-maps", ring);
+    f = all->pdata[0];
+    ntb_record(pieces, VN_NTB_REC_FRAME, VN_NTB_REC_MORE, f->data, 8);
+    ntb_record(pieces, VN_NTB_REC_FRAME, 0, f->data + 8, f->len - 8);
+    put_ntb("fragments", pieces);
+}
+
 int main(int argc, char **argv)
 {
     top = argc > 1 ? argv[1] : "tests/fuzz/seeds";
     gen_frame_shm();
+    gen_ntb();
     gen_proto();
     gen_peers();
     gen_control();

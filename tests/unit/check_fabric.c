@@ -997,58 +997,50 @@ static Suite *fabric_suite(void)
     Suite *s = suite_create("fabric");
     TCase *tc;
 
-    tc = tcase_create("link");
+    /* What every backend must do, run over each (one suite, two backends). */
+    const struct {
+        const char *tcase;
+        const TTest *tests[12];
+    } shared[] = {
+        { "link", { test_link_up_down, test_simultaneous_connect, test_connect_errors } },
+        { "messages",
+          { test_request_reply, test_event, test_error_reply, test_message_args, test_sync_request,
+            test_sync_queues_others, test_sync_map_while_waiting, test_sync_flood_capped } },
+        { "failures",
+          { test_request_timeout, test_reset_on_peer_close, test_sync_reset_on_peer_close,
+            test_close_cancels } },
+        { "windows",
+          { test_window_map, test_window_map_at_offset, test_window_map_async, test_map_not_granted,
+            test_window_outlives_link, test_export_errors } },
+        { "doorbells", { test_doorbells, test_doorbell_beyond_register } },
+    };
+
+    for (unsigned i = 0; i < G_N_ELEMENTS(shared); i++) {
+        for (unsigned b = 0; b < 2; b++) {
+            /* libcheck keeps the pointer: the names live as long as the run. */
+            static char names[2 * 8][32];
+            char *name = names[2 * i + b];
+
+            g_snprintf(name, sizeof(names[0]), "%s-%s", shared[i].tcase, b ? "ntb" : "shm");
+            tc = tcase_create(name);
+            tcase_add_checked_fixture(tc, b ? setup_ntb : setup, teardown);
+            for (unsigned t = 0; shared[i].tests[t] != NULL; t++) {
+                tcase_add_test(tc, shared[i].tests[t]);
+            }
+            suite_add_tcase(s, tc);
+        }
+    }
+
+    /* What the shm backend's parameters and capabilities add. */
+    tc = tcase_create("shm");
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_link_up_down);
-    tcase_add_test(tc, test_simultaneous_connect);
-    tcase_add_test(tc, test_connect_errors);
     tcase_add_test(tc, test_register);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("messages");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_request_reply);
-    tcase_add_test(tc, test_event);
-    tcase_add_test(tc, test_error_reply);
-    tcase_add_test(tc, test_message_args);
-    tcase_add_test(tc, test_sync_request);
-    tcase_add_test(tc, test_sync_queues_others);
-    tcase_add_test(tc, test_sync_map_while_waiting);
-    tcase_add_test(tc, test_sync_flood_capped);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("failures");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_request_timeout);
-    tcase_add_test(tc, test_reset_on_peer_close);
-    tcase_add_test(tc, test_sync_reset_on_peer_close);
-    tcase_add_test(tc, test_close_cancels);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("windows");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_window_map);
-    tcase_add_test(tc, test_window_map_at_offset);
-    tcase_add_test(tc, test_window_map_async);
-    tcase_add_test(tc, test_map_not_granted);
     tcase_add_test(tc, test_window_limits);
-    tcase_add_test(tc, test_window_outlives_link);
-    tcase_add_test(tc, test_export_errors);
     tcase_add_test(tc, test_export_budget);
     tcase_add_test(tc, test_route);
     tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("doorbells");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_doorbells);
-    tcase_add_test(tc, test_doorbell_beyond_register);
     tcase_add_test(tc, test_doorbell_budget);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("crossing-delay");
-    tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_crossing_delay);
     suite_add_tcase(s, tc);
     return s;

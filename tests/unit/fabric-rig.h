@@ -11,6 +11,7 @@
 #ifndef VN_CHECK_FABRIC_RIG_H
 #define VN_CHECK_FABRIC_RIG_H
 
+#include "common/lock.h"
 #include "common/peerfd.h"
 #include "fabric/fabric.h"
 #include "fabric/frame.h"
@@ -50,12 +51,16 @@ typedef struct Node {
     GMainLoop *loop; /* threaded nodes */
     GThread *thread;
     bool close_in_thread;
-    GMutex lock;                      /* log: written by the node's thread */
+    VnMutex lock;                     /* log: written by the node's thread */
     GPtrArray *log;                   /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
     char asker[VN_MAX_NODE_NAME + 1]; /* T_EVENT_FIRST's, for event 8 */
 } Node;
 
 static char *tmpdir;
+/* "shm", or "ntb" over emulated ports: every node of rig_names joined to
+ * every other by a port pair cabled to it (ports=...=NODE). */
+static const char *rig_backend = "shm";
+static const char *const rig_names[] = { "a", "b", "c", NULL };
 static GMainContext *ctx; /* the shared one, iterated by the test */
 static GPtrArray *nodes;
 
@@ -63,20 +68,20 @@ static GPtrArray *nodes;
 
 static inline void log_add(Node *n, char *entry)
 {
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     g_ptr_array_add(n->log, entry);
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
 }
 
 static inline unsigned log_count(Node *n, const char *prefix)
 {
     unsigned count = 0;
 
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     for (guint i = 0; i < n->log->len; i++) {
         count += g_str_has_prefix(n->log->pdata[i], prefix);
     }
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
     return count;
 }
 
@@ -84,11 +89,11 @@ static inline bool log_has(Node *n, const char *entry)
 {
     bool found = false;
 
-    g_mutex_lock(&n->lock);
+    vn_mutex_lock(&n->lock);
     for (guint i = 0; i < n->log->len && !found; i++) {
         found = strcmp(n->log->pdata[i], entry) == 0;
     }
-    g_mutex_unlock(&n->lock);
+    vn_mutex_unlock(&n->lock);
     return found;
 }
 
@@ -215,18 +220,33 @@ static const VnFabricHandlers handlers = {
 static inline Node *node_open_kv(const char *name, bool threaded, const char *const *kv)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GString) ports = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
     Node *n = g_new0(Node, 1);
 
     g_strlcpy(n->name, name, sizeof(n->name));
-    g_mutex_init(&n->lock);
+    vn_mutex_init(&n->lock);
     n->log = g_ptr_array_new_with_free_func(g_free);
     n->ctx = threaded ? g_main_context_new() : g_main_context_ref(ctx);
-    g_hash_table_insert(params, "dir", tmpdir);
+
+    if (strcmp(rig_backend, "ntb") == 0) {
+        for (unsigned i = 0; rig_names[i] != NULL; i++) {
+            int order = strcmp(name, rig_names[i]);
+
+            if (order != 0) {
+                g_string_append_printf(ports, "%spair:%s/%s+%s/%d=%s", ports->len ? "," : "",
+                                       tmpdir, order < 0 ? name : rig_names[i],
+                                       order < 0 ? rig_names[i] : name, order > 0, rig_names[i]);
+            }
+        }
+        g_hash_table_insert(params, "ports", ports->str);
+    } else {
+        g_hash_table_insert(params, "dir", tmpdir);
+    }
     for (; kv != NULL && kv[0] != NULL; kv += 2) {
         g_hash_table_insert(params, (char *)kv[0], (char *)kv[1]);
     }
-    n->fab = vn_fabric_open("shm", name, params, &handlers, n, n->ctx, &error);
+    n->fab = vn_fabric_open(rig_backend, name, params, &handlers, n, n->ctx, &error);
     ck_assert_msg(n->fab != NULL, "%s", error ? error->message : "");
     g_ptr_array_add(nodes, n);
     return n;
@@ -274,7 +294,7 @@ static inline void node_close(Node *n)
     g_clear_pointer(&n->loop, g_main_loop_unref);
     g_main_context_unref(n->ctx);
     g_ptr_array_unref(n->log);
-    g_mutex_clear(&n->lock);
+    vn_mutex_clear(&n->lock);
     g_ptr_array_remove(nodes, n);
     g_free(n);
 }
@@ -299,10 +319,18 @@ static inline void rm_rf(const char *path)
 
 static inline void setup(void)
 {
+    rig_backend = "shm";
     tmpdir = g_dir_make_tmp("vn-fabric-XXXXXX", NULL);
     ck_assert_ptr_nonnull(tmpdir);
     ctx = g_main_context_new();
     nodes = g_ptr_array_new();
+}
+
+/* The same fixture for the ntb backend over emulated port pairs. */
+static inline void setup_ntb(void)
+{
+    setup();
+    rig_backend = "ntb";
 }
 
 static inline void teardown(void)

@@ -8,6 +8,7 @@
 
 #include "fabric-int.h"
 #include "host.h"
+#include "ntb.h"
 #include "shm.h"
 
 #include "common/lock.h"
@@ -94,6 +95,7 @@ static gpointer register_builtin(gpointer data)
      * first: then that one is used, which is what it asked for. */
     vn_fabric_register(&vn_shm_ops, NULL);
     vn_fabric_register(&vn_host_ops, NULL);
+    vn_fabric_register(&vn_ntb_ops, NULL);
     return NULL;
 }
 

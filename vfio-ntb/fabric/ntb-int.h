@@ -1,0 +1,96 @@
+/*
+ * Inside the `ntb` backend (ntb.h): the node and its links, shared by ntb.c
+ * (sessions, rings, links) and ntb-map.c (segments through windows).
+ *
+ * Threads: all of it belongs to the fabric's GMainContext thread.
+ */
+#ifndef VN_NTB_INT_H
+#define VN_NTB_INT_H
+
+#include "ntb.h"
+#include "ntbport.h"
+
+/* Maps one link may have waiting for the peer's answer. */
+#define VN_NTB_MAX_MAPS_PENDING 16u
+
+typedef enum VnNtbLinkState {
+    VN_NTB_LINK_DOWN,    /* no buffer of ours announced */
+    VN_NTB_LINK_WAITING, /* our buffer announced; no session (or a broken one) */
+    VN_NTB_LINK_OPEN,    /* a session: we can write into the peer's ring */
+} VnNtbLinkState;
+
+typedef struct VnNtb VnNtb;
+
+typedef struct VnNtbLink {
+    VnNtb *ntb;
+    VnNtbPort *port;
+    char expected[VN_MAX_NODE_NAME + 1]; /* the spec's "=NODE", or "" */
+    char peer[VN_MAX_NODE_NAME + 1];     /* expected, or the HELLO's once named */
+    bool named;
+    bool reported; /* link up told to the fabric */
+    bool port_up;  /* the port's link as last seen */
+    VnNtbLinkState state;
+    GSource *sources[4]; /* link, MSG, SPACE, CTRL */
+    GSource *retry;      /* a full ring: try again soon */
+
+    uint16_t epoch, peer_epoch, tag;
+    uint8_t *in; /* our buffer (the port's mapping) */
+    uint64_t in_bytes;
+    uint8_t *out; /* the peer's buffer through window 0 */
+    uint64_t out_bytes;
+    uint64_t ring_in, ring_out; /* data bytes of each ring */
+    uint64_t rx_cons, tx_prod;
+    GByteArray *txq; /* encoded records not yet in the peer's ring */
+    gint64 stalled_since;
+    GByteArray *reasm;  /* a fragmented frame */
+    uint8_t *payload;   /* one record's payload, vn_ntb_rec_max(ring) */
+    unsigned receiving; /* receive() calls under way (handlers may wait) */
+    uint64_t frames_in;
+
+    /* Windows 1..N-1: segment ids exported through ours, mapped through
+     * the peer's (0: free). */
+    uint64_t exported[VN_NTBPORT_MAX_WINDOWS];
+    uint64_t mapped[VN_NTBPORT_MAX_WINDOWS];
+    uint64_t map_seq;
+    GQueue maps; /* VnNtbMapping waiting for MAPPED */
+} VnNtbLink;
+
+struct VnNtb {
+    VnFabric *fab;
+    char *node;
+    GMainContext *ctx;
+    uint64_t ring;
+    GPtrArray *links; /* VnNtbLink */
+    GSource *report;  /* link downs not told from inside a call */
+    GQueue downs;     /* peer names to report down */
+    uint64_t reports; /* link changes told to the fabric */
+};
+
+/* ntb.c */
+VnNtbLink *vn_ntb_link_of(VnNtb *ntb, const char *peer);
+/* Queue a record for the peer's ring (-ENOBUFS past VN_NTB_MAX_QUEUED);
+ * vn_ntb_flush() moves what fits. */
+int vn_ntb_queue(VnNtbLink *l, uint16_t kind, uint16_t flags, const void *payload, uint32_t len);
+void vn_ntb_flush(VnNtbLink *l);
+/* The peer broke the protocol: its session ends. */
+void vn_ntb_session_broken(VnNtbLink *l, const char *why);
+/* Wait at most @timeout_ms for a port event, then serve every port. */
+int vn_ntb_poll(VnNtb *ntb, int timeout_ms);
+/* Report the link downs queued so far (from a call the fabric defers). */
+void vn_ntb_report_downs(VnNtb *ntb);
+
+/* ntb-map.c */
+void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+/* The session ended: maps waiting fail (from the loop), windows go. */
+void vn_ntb_maps_end(VnNtbLink *l, int err);
+int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
+                       uint64_t *offset);
+void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                              void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset),
+                              void *opaque);
+void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id);
+void vn_ntb_unexport(void *backend, bool route, uint64_t id);
+
+#endif /* VN_NTB_INT_H */

@@ -1,0 +1,336 @@
+/*
+ * Segments through windows on the `ntb` backend (ntb.h): the exporter
+ * points one of its inbound windows 1..N-1 at the segment and answers which;
+ * the mapper maps its outbound window of that number.  An answer that comes
+ * after its map gave up has its window handed back at once, so a slow
+ * answer never leaks one of the exporter's scarce windows.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "ntb-int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef void (*VnNtbMapDone)(void *opaque, int fd, uint64_t size, uint64_t offset);
+
+/* A map waiting for the exporter's answer. */
+typedef struct VnNtbMapping {
+    VnNtbLink *l;
+    uint64_t seq;
+    uint64_t id;
+    VnNtbMapDone done; /* NULL: a synchronous map, which polls @finished */
+    void *opaque;
+    GSource *src; /* its timeout, then its delivery */
+    bool finished;
+    int fd; /* or -errno */
+    uint64_t size, offset;
+} VnNtbMapping;
+
+static void mapping_free(VnNtbMapping *m)
+{
+    if (m->src != NULL) {
+        g_source_destroy(m->src);
+        g_source_unref(m->src);
+    }
+    if (m->fd >= 0) {
+        close(m->fd);
+    }
+    g_free(m);
+}
+
+/* An idle source's: the answer, to an asynchronous map. */
+static gboolean mapping_deliver(gpointer data)
+{
+    VnNtbMapping *m = data;
+
+    m->done(m->opaque, m->fd, m->size, m->offset);
+    m->fd = -1; /* handed over */
+    return G_SOURCE_REMOVE;
+}
+
+static gboolean mapping_timeout(gpointer data)
+{
+    VnNtbMapping *m = data;
+
+    g_queue_remove(&m->l->maps, m); /* a late answer gives its window back */
+    g_source_unref(m->src);         /* destroyed as we return */
+    m->src = NULL;
+    m->done(m->opaque, -ETIMEDOUT, 0, 0);
+    mapping_free(m);
+    return G_SOURCE_REMOVE;
+}
+
+/* Hand @m (finished) to an idle source of @ctx, which tells its caller
+ * and frees it. */
+static void deliver_later(GMainContext *ctx, VnNtbMapping *m)
+{
+    GSource *src = g_idle_source_new();
+
+    g_source_set_callback(src, mapping_deliver, m, (GDestroyNotify)mapping_free);
+    g_source_attach(src, ctx);
+    g_source_unref(src);
+}
+
+/* The answer is in (@fd or -errno): an asynchronous map hears it from the
+ * loop, never from inside whatever call received it. */
+static void mapping_finish(VnNtbLink *l, VnNtbMapping *m, int fd, uint64_t size, uint64_t offset)
+{
+    g_queue_remove(&l->maps, m);
+    m->finished = true;
+    m->fd = fd;
+    m->size = size;
+    m->offset = offset;
+    if (m->done != NULL) {
+        if (m->src != NULL) {
+            g_source_destroy(m->src);
+            g_clear_pointer(&m->src, g_source_unref);
+        }
+        deliver_later(l->ntb->ctx, m);
+    }
+}
+
+void vn_ntb_maps_end(VnNtbLink *l, int err)
+{
+    VnNtbMapping *m;
+
+    while ((m = g_queue_peek_head(&l->maps)) != NULL) {
+        if (err == -ECANCELED && m->done != NULL) {
+            /* Closing: told now, as fabric.h allows. */
+            g_queue_pop_head(&l->maps);
+            m->done(m->opaque, -ECANCELED, 0, 0);
+            mapping_free(m);
+        } else {
+            mapping_finish(l, m, err, 0, 0);
+        }
+    }
+}
+
+static VnNtbMapping *mapping_of(VnNtbLink *l, uint64_t seq)
+{
+    for (GList *it = l->maps.head; it != NULL; it = it->next) {
+        if (((VnNtbMapping *)it->data)->seq == seq) {
+            return it->data;
+        }
+    }
+    return NULL;
+}
+
+static VnNtbMapping *mapping_start(VnNtbLink *l, uint64_t id, VnNtbMapDone done, void *opaque,
+                                   int *err)
+{
+    VnNtbMap req = { .seq = ++l->map_seq, .id = id };
+    VnNtbMapping *m;
+
+    if (l->state != VN_NTB_LINK_OPEN) {
+        *err = -ENOTCONN;
+        return NULL;
+    }
+    if (l->maps.length >= VN_NTB_MAX_MAPS_PENDING) {
+        *err = -EBUSY;
+        return NULL;
+    }
+    if (vn_ntb_queue(l, VN_NTB_REC_MAP, 0, &req, sizeof(req)) < 0) {
+        *err = -ENOBUFS;
+        return NULL;
+    }
+    m = g_new0(VnNtbMapping, 1);
+    *m = (VnNtbMapping){
+        .l = l, .seq = req.seq, .id = id, .done = done, .opaque = opaque, .fd = -1
+    };
+    g_queue_push_tail(&l->maps, m);
+    vn_ntb_flush(l);
+    return m;
+}
+
+int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
+                       uint64_t *offset)
+{
+    VnNtb *ntb = backend;
+    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+    VnNtbMapping *m;
+    int fd, err = 0;
+
+    m = l != NULL ? mapping_start(l, id, NULL, NULL, &err) : NULL;
+    if (m == NULL) {
+        return l != NULL ? err : -ENOTCONN;
+    }
+    /* Serving every port meanwhile: the peer may be mapping ours. */
+    while (!m->finished) {
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+
+        if (left <= 0) {
+            g_queue_remove(&l->maps, m); /* a late answer gives its window back */
+            m->fd = -ETIMEDOUT;
+            break;
+        }
+        vn_ntb_poll(ntb, (int)MIN(left, 2));
+        vn_ntb_flush(l);
+    }
+    fd = m->fd;
+    *size = m->size;
+    *offset = m->offset;
+    m->fd = -1;
+    mapping_free(m);
+    return fd;
+}
+
+void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                              VnNtbMapDone done, void *opaque)
+{
+    VnNtb *ntb = backend;
+    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
+    VnNtbMapping *m;
+    int err = -ENOTCONN;
+
+    m = l != NULL ? mapping_start(l, id, done, opaque, &err) : NULL;
+    if (m == NULL) {
+        /* Told from the loop all the same. */
+        m = g_new0(VnNtbMapping, 1);
+        *m = (VnNtbMapping){ .done = done, .opaque = opaque, .finished = true, .fd = err };
+        deliver_later(ntb->ctx, m);
+        return;
+    }
+    m->src = g_timeout_source_new((guint)timeout_ms);
+    g_source_set_callback(m->src, mapping_timeout, m, NULL);
+    g_source_attach(m->src, ntb->ctx);
+}
+
+/* ---- the exporter's side ------------------------------------------------- */
+
+void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    VnNtbMapped ans = { .status = EINVAL };
+    uint64_t size = 0, offset = 0;
+    VnNtbMap req;
+    uint32_t w;
+    int fd, ret;
+
+    if (len != sizeof(req) || !l->reported) {
+        vn_ntb_session_broken(l, "a bad MAP");
+        return;
+    }
+    memcpy(&req, payload, sizeof(req));
+    ans.seq = req.seq;
+    fd = vn_fabric_backend_segment(l->ntb->fab, l->peer, req.id, &size, &offset);
+    for (w = 1; w < l->port->info.windows && l->exported[w] != 0; w++) {
+    }
+    if (fd < 0) {
+        ans.status = -fd;
+    } else if (w == l->port->info.windows) {
+        ans.status = ENOSPC;
+        g_info("node %s: ntb port %s: %s's map of segment %" PRIu64 " refused: all %u windows "
+               "to it in use",
+               l->ntb->node, l->port->spec, l->peer, req.id, l->port->info.windows - 1);
+    } else if ((ret = l->port->ops->in_export(l->port, w, fd, offset, size)) < 0) {
+        ans.status = -ret;
+    } else {
+        l->exported[w] = req.id;
+        ans = (VnNtbMapped){ .seq = req.seq, .status = 0, .window = w, .size = size };
+    }
+    vn_ntb_queue(l, VN_NTB_REC_MAPPED, 0, &ans, sizeof(ans));
+    vn_ntb_flush(l);
+}
+
+void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    VnNtbMap m;
+
+    if (len != sizeof(m)) {
+        vn_ntb_session_broken(l, "a bad UNMAP");
+        return;
+    }
+    memcpy(&m, payload, sizeof(m));
+    /* Only a window this peer holds; id 0: whichever segment is there (a
+     * map it gave up on before our answer came). */
+    if (m.seq > 0 && m.seq < l->port->info.windows && l->exported[m.seq] != 0 &&
+        (m.id == 0 || l->exported[m.seq] == m.id)) {
+        l->port->ops->in_clear(l->port, (uint32_t)m.seq);
+        l->exported[m.seq] = 0;
+    }
+}
+
+/* ---- the mapper's side -------------------------------------------------- */
+
+static void give_back(VnNtbLink *l, uint32_t window, uint64_t id)
+{
+    VnNtbMap m = { .seq = window, .id = id };
+
+    vn_ntb_queue(l, VN_NTB_REC_UNMAP, 0, &m, sizeof(m));
+    vn_ntb_flush(l);
+}
+
+void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    uint64_t offset = 0, wsize = 0;
+    VnNtbMapping *m;
+    VnNtbMapped a;
+    int fd;
+
+    if (len != sizeof(a)) {
+        vn_ntb_session_broken(l, "a bad MAPPED");
+        return;
+    }
+    memcpy(&a, payload, sizeof(a));
+    m = mapping_of(l, a.seq);
+    if (a.status == 0 && (a.window == 0 || a.window >= l->port->info.windows ||
+                          l->mapped[a.window] != 0 || a.size == 0)) {
+        vn_ntb_session_broken(l, "a MAPPED naming a window we cannot use");
+        return;
+    }
+    if (m == NULL) {
+        if (a.status == 0 && a.seq <= l->map_seq) {
+            give_back(l, a.window, 0); /* id unknown here: the exporter checks */
+        }
+        return;
+    }
+    if (a.status != 0) {
+        mapping_finish(l, m, a.status > 0 && a.status < 4096 ? -a.status : -EIO, 0, 0);
+        return;
+    }
+    fd = l->port->ops->out_fd(l->port, a.window, &offset, &wsize);
+    if (fd >= 0 && a.size > wsize) {
+        close(fd);
+        fd = -EIO;
+    }
+    if (fd < 0) {
+        give_back(l, a.window, m->id);
+        mapping_finish(l, m, fd, 0, 0);
+        return;
+    }
+    l->mapped[a.window] = m->id;
+    mapping_finish(l, m, fd, a.size, offset);
+}
+
+void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id)
+{
+    VnNtbLink *l = vn_ntb_link_of(backend, peer);
+
+    for (uint32_t w = 1; l != NULL && w < l->port->info.windows; w++) {
+        if (l->mapped[w] == id) {
+            l->mapped[w] = 0;
+            give_back(l, w, id);
+            return;
+        }
+    }
+}
+
+/* A withdrawn segment: the windows that reach it reach nothing any more. */
+void vn_ntb_unexport(void *backend, bool route, uint64_t id)
+{
+    VnNtb *ntb = backend;
+
+    for (guint i = 0; !route && i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        for (uint32_t w = 1; w < l->port->info.windows; w++) {
+            if (l->exported[w] == id) {
+                l->port->ops->in_clear(l->port, w);
+                l->exported[w] = 0;
+            }
+        }
+    }
+}

@@ -1,0 +1,862 @@
+/*
+ * The `ntb` fabric backend (ntb.h): sessions, rings and windows over NTB
+ * ports.  One VnNtbLink per port; its peer is known once the session is (a
+ * port spec's "=NODE") or once the peer's HELLO came.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "ntb-int.h"
+
+#include "common/name.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static void link_service(VnNtbLink *l);
+
+static void source_drop(GSource **src)
+{
+    if (*src != NULL) {
+        g_source_destroy(*src);
+        g_clear_pointer(src, g_source_unref);
+    }
+}
+
+/* ---- telling the fabric ------------------------------------------------- */
+
+void vn_ntb_report_downs(VnNtb *ntb)
+{
+    char *peer;
+
+    source_drop(&ntb->report);
+    while ((peer = g_queue_pop_head(&ntb->downs)) != NULL) {
+        vn_fabric_backend_link(ntb->fab, peer, false);
+        ntb->reports++;
+        g_free(peer);
+    }
+}
+
+static gboolean report_downs(gpointer data)
+{
+    vn_ntb_report_downs(data);
+    return G_SOURCE_REMOVE;
+}
+
+/* The session with l->peer is over: told from the loop, never from inside
+ * the call that ended it (ops->disconnect's rule). */
+static void link_lost(VnNtbLink *l, const char *why)
+{
+    VnNtb *ntb = l->ntb;
+
+    if (l->reported) {
+        g_info("node %s: ntb port %s: link to %s down: %s", ntb->node, l->port->spec, l->peer, why);
+        g_queue_push_tail(&ntb->downs, g_strdup(l->peer));
+        if (ntb->report == NULL) {
+            ntb->report = g_idle_source_new();
+            g_source_set_callback(ntb->report, report_downs, ntb, NULL);
+            g_source_attach(ntb->report, ntb->ctx);
+        }
+    }
+    l->reported = false;
+    l->named = l->expected[0] != '\0';
+    g_strlcpy(l->peer, l->expected, sizeof(l->peer));
+}
+
+static void link_up(VnNtbLink *l)
+{
+    if (!l->reported) {
+        /* A down of this peer's last session first, in order. */
+        vn_ntb_report_downs(l->ntb);
+        l->reported = true;
+        l->ntb->reports++;
+        g_info("node %s: ntb port %s: link to %s up", l->ntb->node, l->port->spec, l->peer);
+        vn_fabric_backend_link(l->ntb->fab, l->peer, true);
+    }
+}
+
+/* ---- the session -------------------------------------------------------- */
+
+static void session_clear(VnNtbLink *l)
+{
+    for (uint32_t w = 1; w < l->port->info.windows; w++) {
+        if (l->exported[w] != 0) {
+            l->port->ops->in_clear(l->port, w);
+            l->exported[w] = 0;
+        }
+        l->mapped[w] = 0;
+    }
+    if (l->out != NULL) {
+        munmap(l->out, l->out_bytes);
+        l->out = NULL;
+    }
+    source_drop(&l->retry);
+    g_byte_array_set_size(l->txq, 0);
+    g_byte_array_set_size(l->reasm, 0);
+    l->rx_cons = l->tx_prod = 0;
+    l->peer_epoch = l->tag = 0;
+    l->stalled_since = 0;
+    vn_ntb_maps_end(l, -ECONNRESET);
+}
+
+/* The port's link went down (or we end our side): nothing of the session
+ * stays, the buffer goes. */
+static void link_down(VnNtbLink *l, const char *why)
+{
+    link_lost(l, why);
+    session_clear(l);
+    if (l->in != NULL) {
+        l->port->ops->in_clear(l->port, 0); /* unmaps it too */
+        l->in = NULL;
+    }
+    l->state = VN_NTB_LINK_DOWN;
+}
+
+/* A buffer, a new epoch, announced: when the port's link is up, or at
+ * open where the port can (the emulation; Linux's NTB API sets inbound
+ * windows only while the link is up), quietly then. */
+static void link_announce(VnNtbLink *l, bool quiet)
+{
+    VnNtbPort *p = l->port;
+    uint16_t old = l->epoch;
+    int ret;
+
+    l->in_bytes = VN_NTB_RING_DATA + l->ntb->ring;
+    ret = p->ops->in_alloc(p, 0, l->in_bytes, &l->in);
+    if (ret < 0) {
+        l->in = NULL;
+        if (!quiet) {
+            g_warning("node %s: ntb port %s: no buffer for the message ring: %s", l->ntb->node,
+                      p->spec, g_strerror(-ret));
+        }
+        return;
+    }
+    memset(l->in, 0, VN_NTB_RING_DATA);
+    l->ring_in = l->ntb->ring;
+    do {
+        l->epoch = (uint16_t)g_random_int_range(1, 0x10000);
+    } while (l->epoch == old);
+    l->state = VN_NTB_LINK_WAITING;
+    if (p->ops->peer_spad_write(p, VN_NTB_SPAD_PAGES, (uint32_t)(l->in_bytes / 4096)) < 0 ||
+        p->ops->peer_spad_write(p, VN_NTB_SPAD_HELLO,
+                                (uint32_t)VN_NTB_SPAD_MAGIC << 16 | l->epoch) < 0 ||
+        p->ops->peer_doorbell(p, UINT64_C(1) << VN_NTB_DB_CTRL) < 0) {
+        g_warning("node %s: ntb port %s: cannot announce our ring to the peer", l->ntb->node,
+                  p->spec);
+    }
+}
+
+/* A new epoch in our scratchpads: the peer (re)started its side. */
+static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
+{
+    VnNtbPort *p = l->port;
+    uint64_t offset = 0, size = 0;
+    VnNtbHello hello = { .version = VN_NTB_VERSION };
+    void *m;
+    int fd;
+
+    link_lost(l, "the peer started a new session");
+    session_clear(l);
+    l->state = VN_NTB_LINK_WAITING;
+    fd = p->ops->out_fd(p, 0, &offset, &size);
+    if (fd < 0) {
+        return; /* not there yet: its CTRL doorbell comes again */
+    }
+    l->ring_out = vn_ntb_ring_of(MIN(bytes, size));
+    if (l->ring_out == 0 || bytes > size) {
+        g_warning("node %s: ntb port %s: the peer's ring of %" PRIu64 " bytes does not fit "
+                  "window 0 (%" PRIu64 " bytes)",
+                  l->ntb->node, p->spec, bytes, size);
+        close(fd);
+        return;
+    }
+    l->out_bytes = VN_NTB_RING_DATA + l->ring_out;
+    m = mmap(NULL, l->out_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    close(fd);
+    if (m == MAP_FAILED) {
+        g_warning("node %s: ntb port %s: cannot map window 0: %s", l->ntb->node, p->spec,
+                  g_strerror(errno));
+        return;
+    }
+    l->out = m;
+    l->peer_epoch = epoch;
+    l->tag = vn_ntb_tag(l->epoch, epoch);
+    l->state = VN_NTB_LINK_OPEN;
+    g_strlcpy(hello.node, l->ntb->node, sizeof(hello.node));
+    vn_ntb_queue(l, VN_NTB_REC_HELLO, 0, &hello, sizeof(hello));
+    vn_ntb_flush(l);
+    if (l->named) {
+        link_up(l);
+    }
+}
+
+/* Read the peer's announcement; start a session when it is new. */
+static void check_peer(VnNtbLink *l)
+{
+    uint32_t hello = 0, pages = 0;
+
+    if (l->state == VN_NTB_LINK_DOWN ||
+        l->port->ops->spad_read(l->port, VN_NTB_SPAD_HELLO, &hello) < 0 ||
+        l->port->ops->spad_read(l->port, VN_NTB_SPAD_PAGES, &pages) < 0) {
+        return;
+    }
+    if (hello >> 16 != VN_NTB_SPAD_MAGIC || (hello & 0xffff) == 0 ||
+        (uint16_t)(hello & 0xffff) == l->peer_epoch) {
+        return;
+    }
+    session_start(l, (uint16_t)(hello & 0xffff), (uint64_t)pages * 4096);
+}
+
+/* Our side starts over: a new buffer and epoch, so that the peer sees a
+ * new session (its link down, then up again when it wants it). */
+static void link_restart(VnNtbLink *l, const char *why)
+{
+    link_down(l, why);
+    if (l->port_up) {
+        link_announce(l, false);
+    }
+}
+
+/* The peer broke the protocol: the session ends, and a new one starts
+ * clean (no index of this one can be trusted). */
+void vn_ntb_session_broken(VnNtbLink *l, const char *why)
+{
+    g_autofree char *what =
+        g_strdup_printf("ntb port %s: %s: %s", l->port->spec, l->named ? l->peer : "?", why);
+
+    vn_fabric_backend_rejected(l->ntb->fab, what);
+    link_restart(l, why);
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static uint64_t tagged(VnNtbLink *l, uint64_t count)
+{
+    return (uint64_t)l->tag << 48 | (count & VN_NTB_COUNT_MASK);
+}
+
+/* A word of the peer's for this session, or 0. */
+static bool word_of_session(VnNtbLink *l, const uint64_t *word, uint64_t *count)
+{
+    uint64_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+
+    *count = v & VN_NTB_COUNT_MASK;
+    return (uint16_t)(v >> 48) == l->tag;
+}
+
+int vn_ntb_queue(VnNtbLink *l, uint16_t kind, uint16_t flags, const void *payload, uint32_t len)
+{
+    VnNtbRec rec = { .len = len, .kind = kind, .flags = flags };
+    static const uint8_t zeros[8];
+
+    if (l->txq->len + sizeof(rec) + len + 8 > VN_NTB_MAX_QUEUED) {
+        return -ENOBUFS;
+    }
+    g_byte_array_append(l->txq, (const guint8 *)&rec, sizeof(rec));
+    g_byte_array_append(l->txq, payload, len);
+    g_byte_array_append(l->txq, zeros, (-len) & 7);
+    return 0;
+}
+
+static gboolean on_retry(gpointer data)
+{
+    VnNtbLink *l = data;
+
+    g_clear_pointer(&l->retry, g_source_unref);
+    vn_ntb_flush(l);
+    return G_SOURCE_REMOVE;
+}
+
+/* Move whole records from the queue into the peer's ring. */
+void vn_ntb_flush(VnNtbLink *l)
+{
+    VnNtbRingHdr *theirs = (VnNtbRingHdr *)l->out;
+    VnNtbRingHdr *ours = (VnNtbRingHdr *)l->in;
+    uint64_t cons = 0, done = 0;
+
+    if (l->state != VN_NTB_LINK_OPEN || l->txq->len == 0) {
+        return;
+    }
+    if (!word_of_session(l, &ours->cons, &cons)) {
+        cons = 0;
+    }
+    while (done < l->txq->len) {
+        VnNtbRec rec;
+        uint64_t size, used = (l->tx_prod - cons) & VN_NTB_COUNT_MASK;
+
+        memcpy(&rec, l->txq->data + done, sizeof(rec));
+        size = sizeof(rec) + (((uint64_t)rec.len + 7) & ~UINT64_C(7));
+        if (used > l->ring_out || size > l->ring_out - used) {
+            break;
+        }
+        vn_ntb_ring_put(l->out + VN_NTB_RING_DATA, l->ring_out, l->tx_prod, l->txq->data + done,
+                        size);
+        l->tx_prod += size;
+        done += size;
+    }
+    if (done > 0) {
+        __atomic_store_n(&theirs->prod, tagged(l, l->tx_prod), __ATOMIC_RELEASE);
+        l->port->ops->peer_doorbell(l->port, UINT64_C(1) << VN_NTB_DB_MSG);
+        g_byte_array_remove_range(l->txq, 0, (guint)done);
+        l->stalled_since = 0;
+    }
+    if (l->txq->len > 0) {
+        gint64 now = g_get_monotonic_time();
+
+        if (l->stalled_since == 0) {
+            l->stalled_since = now;
+        } else if (now - l->stalled_since > (gint64)VN_NTB_SEND_TIMEOUT_MS * 1000) {
+            vn_ntb_session_broken(l, "it took nothing from its ring for too long");
+            return;
+        }
+        if (l->retry == NULL) {
+            l->retry = g_timeout_source_new(2);
+            g_source_set_callback(l->retry, on_retry, l, NULL);
+            g_source_attach(l->retry, l->ntb->ctx);
+        }
+    }
+}
+
+VnNtbLink *vn_ntb_link_of(VnNtb *ntb, const char *peer)
+{
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        if (l->reported && strcmp(l->peer, peer) == 0) {
+            return l;
+        }
+    }
+    return NULL;
+}
+
+/* Whether the port's link went down or the peer announced a new session
+ * (read without acting on it: a sender may not report links). */
+static bool session_over(VnNtbLink *l)
+{
+    uint32_t hello = 0;
+
+    return !l->port->ops->link_up(l->port) ||
+           (l->port->ops->spad_read(l->port, VN_NTB_SPAD_HELLO, &hello) == 0 &&
+            (uint16_t)(hello & 0xffff) != l->peer_epoch);
+}
+
+/*
+ * Room in the queue for @need bytes: while the peer's ring is full, wait
+ * for it to take some, as a socket's send would, for at most
+ * VN_NTB_SEND_TIMEOUT_MS without progress.  Only its SPACE doorbell is
+ * served meanwhile: no handler may run inside a send.
+ */
+static int queue_room(VnNtbLink *l, size_t need)
+{
+    struct pollfd pfd = { .fd = l->port->ops->doorbell_fd(l->port, VN_NTB_DB_SPACE),
+                          .events = POLLIN };
+
+    while (l->txq->len + need > VN_NTB_MAX_QUEUED) {
+        vn_ntb_flush(l);
+        if (l->state != VN_NTB_LINK_OPEN) {
+            return -ECONNRESET;
+        }
+        if (session_over(l)) {
+            link_restart(l, "its session ended while we waited to send");
+            return -ECONNRESET;
+        }
+        if (l->txq->len + need <= VN_NTB_MAX_QUEUED) {
+            break;
+        }
+        if (poll(&pfd, 1, 2) > 0) {
+            vn_ntbport_drain(pfd.fd);
+        }
+    }
+    return 0;
+}
+
+static int ntb_send(void *backend, const char *peer, const void *buf, size_t len)
+{
+    VnNtbLink *l = vn_ntb_link_of(backend, peer);
+    const uint8_t *p = buf;
+    uint32_t max;
+    int ret;
+
+    if (l == NULL || l->state != VN_NTB_LINK_OPEN) {
+        return -ENOTCONN;
+    }
+    if (len == 0 || len > VN_FABRIC_MAX_FRAME) {
+        return -EMSGSIZE;
+    }
+    max = vn_ntb_rec_max(l->ring_out);
+    /* The whole frame's records, so that a frame is never cut. */
+    ret = queue_room(l, len + (len / max + 1) * (sizeof(VnNtbRec) + 8));
+    while (ret == 0 && len > 0) {
+        uint32_t piece = (uint32_t)MIN(len, (size_t)max);
+
+        ret = vn_ntb_queue(l, VN_NTB_REC_FRAME, piece < len ? VN_NTB_REC_MORE : 0, p, piece);
+        p += piece;
+        len -= piece;
+    }
+    if (ret < 0) {
+        return -ECONNRESET;
+    }
+    vn_ntb_flush(l);
+    return 0;
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    VnNtbHello h;
+
+    if (len != sizeof(h)) {
+        vn_ntb_session_broken(l, "a HELLO of the wrong size");
+        return;
+    }
+    memcpy(&h, payload, sizeof(h));
+    if (h.version != VN_NTB_VERSION || memchr(h.node, '\0', sizeof(h.node)) == NULL ||
+        !vn_name_valid(VN_NAME_NODE, h.node) || strcmp(h.node, l->ntb->node) == 0) {
+        vn_ntb_session_broken(l, "a HELLO that names no node we accept");
+        return;
+    }
+    if (l->named && strcmp(h.node, l->peer) != 0) {
+        vn_ntb_session_broken(l, "it names itself otherwise than the port's configuration");
+        return;
+    }
+    if (!l->named) {
+        VnNtbLink *other = vn_ntb_link_of(l->ntb, h.node);
+
+        if (other != NULL && other != l) {
+            vn_ntb_session_broken(l, "that node is up on another port");
+            return;
+        }
+        g_strlcpy(l->peer, h.node, sizeof(l->peer));
+        l->named = true;
+    }
+    link_up(l);
+}
+
+static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
+{
+    g_autoptr(GByteArray) whole = NULL;
+
+    if (!l->reported) {
+        vn_ntb_session_broken(l, "a frame before its HELLO");
+        return;
+    }
+    if ((rec->flags & VN_NTB_REC_MORE) || l->reasm->len > 0) {
+        if (l->reasm->len + rec->len > VN_FABRIC_MAX_FRAME) {
+            vn_ntb_session_broken(l, "a frame longer than the fabric's largest");
+            return;
+        }
+        g_byte_array_append(l->reasm, payload, rec->len);
+        if (rec->flags & VN_NTB_REC_MORE) {
+            return;
+        }
+        /* Ours alone while a handler runs (it may receive more). */
+        whole = g_steal_pointer(&l->reasm);
+        l->reasm = g_byte_array_new();
+    }
+    l->frames_in++;
+    vn_fabric_backend_received(l->ntb->fab, l->peer, whole != NULL ? whole->data : payload,
+                               whole != NULL ? whole->len : rec->len);
+}
+
+/*
+ * Records the peer put into our ring, at most @budget.  Re-entered when a
+ * handler waits (a synchronous map or request from inside it serves the
+ * ports): so everything is read again after each record, and a nested call
+ * takes its payload into a buffer of its own.
+ */
+static void receive(VnNtbLink *l, int budget)
+{
+    g_autofree uint8_t *own = l->receiving > 0 ? g_malloc(vn_ntb_rec_max(l->ntb->ring)) : NULL;
+    uint8_t *payload = own != NULL ? own : l->payload;
+    uint64_t consumed = 0;
+
+    l->receiving++;
+    while (budget-- > 0 && l->state == VN_NTB_LINK_OPEN) {
+        uint64_t prod, avail;
+        VnNtbRec rec = { 0 };
+        int64_t size;
+
+        if (!word_of_session(l, &((VnNtbRingHdr *)l->in)->prod, &prod)) {
+            break; /* nothing of this session yet */
+        }
+        avail = (prod - l->rx_cons) & VN_NTB_COUNT_MASK;
+        if (avail == 0) {
+            break;
+        }
+        size = avail > l->ring_in ? -EBADMSG
+                                  : vn_ntb_ring_take(l->in + VN_NTB_RING_DATA, l->ring_in,
+                                                     l->rx_cons, avail, &rec, payload);
+        if (size < 0) {
+            g_autofree char *why =
+                g_strdup_printf("a malformed record at %" PRIu64 " of its ring (%" PRIu64
+                                " bytes written after it; length %u, kind %u)",
+                                l->rx_cons, avail, rec.len, rec.kind);
+
+            vn_ntb_session_broken(l, why);
+            break;
+        }
+        l->rx_cons += (uint64_t)size;
+        consumed += (uint64_t)size;
+        /* Told before the handlers run: they may wait on the peer, which
+         * may wait for room. */
+        __atomic_store_n(&((VnNtbRingHdr *)l->out)->cons, tagged(l, l->rx_cons), __ATOMIC_RELEASE);
+        switch (rec.kind) {
+        case VN_NTB_REC_HELLO:
+            on_hello(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_FRAME:
+            on_frame(l, &rec, payload);
+            break;
+        case VN_NTB_REC_MAP:
+            vn_ntb_on_map(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_MAPPED:
+            vn_ntb_on_mapped(l, payload, rec.len);
+            break;
+        default:
+            vn_ntb_on_unmap(l, payload, rec.len);
+            break;
+        }
+    }
+    l->receiving--;
+    if (l->state == VN_NTB_LINK_OPEN && consumed > l->ring_in / 2) {
+        l->port->ops->peer_doorbell(l->port, UINT64_C(1) << VN_NTB_DB_SPACE);
+    }
+}
+
+/* Everything a port has to say now: link changes, the peer's
+ * announcement, its records, room in its ring. */
+static void link_service(VnNtbLink *l)
+{
+    VnNtbPort *p = l->port;
+    bool up;
+
+    vn_ntbport_drain(p->ops->link_fd(p));
+    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_CTRL));
+    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_MSG));
+    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_SPACE));
+    up = p->ops->link_up(p);
+    if (up != l->port_up) {
+        l->port_up = up;
+        if (!up) {
+            link_down(l, "the port's link went down");
+        }
+    }
+    if (up && l->state == VN_NTB_LINK_DOWN) {
+        link_announce(l, false);
+    }
+    check_peer(l);
+    receive(l, VN_NTB_RECORDS_PER_WAKEUP);
+    vn_ntb_flush(l);
+}
+
+static gboolean on_port_fd(gint fd, GIOCondition cond, gpointer data)
+{
+    link_service(data);
+    return G_SOURCE_CONTINUE;
+}
+
+/* ---- waiting (synchronous requests and maps) ---------------------------- */
+
+/*
+ * Wait at most @timeout_ms for any port's event and serve every port: a
+ * peer's map of our segment is answered even while we wait on another, so
+ * two nodes mapping each other's segments at once do not deadlock.  What
+ * the fabric hears meanwhile it queues.  0 once something was served,
+ * -ETIMEDOUT, or -errno.
+ */
+int vn_ntb_poll(VnNtb *ntb, int timeout_ms)
+{
+    struct pollfd pfd[VN_NTB_MAX_PORTS * 4];
+    nfds_t n = 0;
+    int ready;
+
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbPort *p = ((VnNtbLink *)ntb->links->pdata[i])->port;
+        int fds[4] = { p->ops->link_fd(p), p->ops->doorbell_fd(p, VN_NTB_DB_MSG),
+                       p->ops->doorbell_fd(p, VN_NTB_DB_SPACE),
+                       p->ops->doorbell_fd(p, VN_NTB_DB_CTRL) };
+
+        for (unsigned k = 0; k < 4; k++) {
+            pfd[n++] = (struct pollfd){ .fd = fds[k], .events = POLLIN };
+        }
+    }
+    ready = poll(pfd, n, timeout_ms);
+    if (ready < 0) {
+        return errno == EINTR ? -EINTR : -errno;
+    }
+    if (ready == 0) {
+        return -ETIMEDOUT;
+    }
+    for (guint i = 0; i < ntb->links->len; i++) {
+        link_service(ntb->links->pdata[i]);
+    }
+    return 0;
+}
+
+static int ntb_wait(void *backend, const char *peer, int timeout_ms)
+{
+    VnNtb *ntb = backend;
+    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
+    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+    uint64_t seen, reports = ntb->reports;
+
+    if (l == NULL) {
+        return -ENOTCONN;
+    }
+    seen = l->frames_in;
+    for (;;) {
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+        int ret;
+
+        if (!l->reported) {
+            vn_ntb_report_downs(ntb); /* the fabric ends what waited on it */
+        }
+        if (l->frames_in != seen || ntb->reports != reports) {
+            return 0;
+        }
+        if (left <= 0) {
+            return -ETIMEDOUT;
+        }
+        /* A ring that is full waits on the retry timer, which does not run
+         * here: a short poll keeps it moving. */
+        ret = vn_ntb_poll(ntb, (int)MIN(left, l->txq->len > 0 ? 2 : left));
+        if (ret < 0 && ret != -ETIMEDOUT && ret != -EINTR) {
+            return ret;
+        }
+        vn_ntb_flush(l);
+    }
+}
+
+/* ---- links -------------------------------------------------------------- */
+
+/* A port that may lead to @peer: cabled to it, or not named yet. */
+static bool may_reach(VnNtb *ntb, const char *peer)
+{
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        if (l->port_up && (strcmp(l->expected, peer) == 0 || !l->named)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static int ntb_connect(void *backend, const char *peer)
+{
+    VnNtb *ntb = backend;
+    gint64 deadline = g_get_monotonic_time() + (gint64)VN_NTB_CONNECT_WAIT_MS * 1000;
+
+    /* Links come up by themselves; a session on its way (the peer's
+     * announcement, its HELLO) is waited for, briefly. */
+    for (guint i = 0; i < ntb->links->len; i++) {
+        link_service(ntb->links->pdata[i]);
+    }
+    while (vn_ntb_link_of(ntb, peer) == NULL && may_reach(ntb, peer)) {
+        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
+
+        if (left <= 0) {
+            break;
+        }
+        vn_ntb_poll(ntb, (int)left);
+    }
+    return vn_ntb_link_of(ntb, peer) != NULL ? 0 : -EHOSTUNREACH;
+}
+
+static void ntb_disconnect(void *backend, const char *peer)
+{
+    VnNtbLink *l = vn_ntb_link_of(backend, peer);
+
+    if (l != NULL) {
+        g_info("node %s: ntb port %s: dropping the link to %s", l->ntb->node, l->port->spec, peer);
+        link_restart(l, "dropped");
+    }
+}
+
+static GPtrArray *ntb_discover(void *backend)
+{
+    VnNtb *ntb = backend;
+    GPtrArray *out = g_ptr_array_new_with_free_func(g_free);
+
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        if (l->reported) {
+            g_ptr_array_add(out, g_strdup(l->peer));
+        }
+    }
+    return out;
+}
+
+static void link_free(VnNtbLink *l)
+{
+    for (unsigned k = 0; k < G_N_ELEMENTS(l->sources); k++) {
+        source_drop(&l->sources[k]);
+    }
+    vn_ntb_maps_end(l, -ECANCELED);
+    l->reported = false; /* nothing is told from close */
+    link_down(l, "closing");
+    vn_ntbport_close(l->port);
+    g_byte_array_unref(l->txq);
+    g_byte_array_unref(l->reasm);
+    g_free(l->payload);
+    g_free(l);
+}
+
+static void ntb_close(void *backend)
+{
+    VnNtb *ntb = backend;
+
+    g_ptr_array_unref(ntb->links);
+    source_drop(&ntb->report);
+    g_queue_clear_full(&ntb->downs, g_free);
+    g_main_context_unref(ntb->ctx);
+    g_free(ntb->node);
+    g_free(ntb);
+}
+
+static bool link_add(VnNtb *ntb, const char *entry, GError **error)
+{
+    g_auto(GStrv) kv = g_strsplit(entry, "=", 2);
+    VnNtbPort *p;
+    VnNtbLink *l;
+    int fds[4];
+
+    if (kv[1] != NULL && !vn_name_valid(VN_NAME_NODE, kv[1])) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "ntb fabric: port %s: \"%s\" is not a node name", kv[0], kv[1]);
+        return false;
+    }
+    p = vn_ntbport_open(kv[0], error);
+    if (p == NULL) {
+        return false;
+    }
+    l = g_new0(VnNtbLink, 1);
+    l->ntb = ntb;
+    l->port = p;
+    l->txq = g_byte_array_new();
+    l->reasm = g_byte_array_new();
+    l->payload = g_malloc(vn_ntb_rec_max(ntb->ring));
+    g_queue_init(&l->maps);
+    g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
+    l->named = l->expected[0] != '\0';
+    g_strlcpy(l->peer, l->expected, sizeof(l->peer));
+    g_ptr_array_add(ntb->links, l);
+    fds[0] = p->ops->link_fd(p);
+    fds[1] = p->ops->doorbell_fd(p, VN_NTB_DB_MSG);
+    fds[2] = p->ops->doorbell_fd(p, VN_NTB_DB_SPACE);
+    fds[3] = p->ops->doorbell_fd(p, VN_NTB_DB_CTRL);
+    for (unsigned k = 0; k < 4; k++) {
+        l->sources[k] = g_unix_fd_source_new(fds[k], G_IO_IN);
+        g_source_set_callback(l->sources[k], G_SOURCE_FUNC(on_port_fd), l, NULL);
+        g_source_attach(l->sources[k], ntb->ctx);
+    }
+    return true;
+}
+
+static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    static const char *const known[] = { "ports", "ring-size", NULL };
+    const char *ports = g_hash_table_lookup(params, "ports");
+    const char *ring = g_hash_table_lookup(params, "ring-size");
+    g_auto(GStrv) entries = NULL;
+    VnFabricLimits limits;
+    GHashTableIter it;
+    gpointer key;
+    guint64 v = VN_NTB_DEFAULT_RING;
+    uint64_t out_size = UINT64_MAX;
+    uint32_t windows = 0;
+    VnNtb *ntb;
+
+    g_hash_table_iter_init(&it, params);
+    while (g_hash_table_iter_next(&it, &key, NULL)) {
+        if (!g_strv_contains(known, key)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size)",
+                        (char *)key);
+            return NULL;
+        }
+    }
+    if (ring != NULL &&
+        (!g_ascii_string_to_unsigned(ring, 10, VN_NTB_MIN_RING, VN_NTB_MAX_RING, &v, error) ||
+         (v & (v - 1)) != 0)) {
+        if (error != NULL && *error == NULL) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "ntb fabric: ring-size: %s is not a power of two", ring);
+        } else {
+            g_prefix_error(error, "ntb fabric: ring-size: ");
+        }
+        return NULL;
+    }
+    entries = g_strsplit(ports != NULL ? ports : "", ",", -1);
+    if (ports == NULL || ports[0] == '\0' || g_strv_length(entries) > VN_NTB_MAX_PORTS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "ntb fabric: \"ports\" must list 1 to %u ports", VN_NTB_MAX_PORTS);
+        return NULL;
+    }
+    ntb = g_new0(VnNtb, 1);
+    ntb->fab = fab;
+    ntb->node = g_strdup(node);
+    ntb->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
+    ntb->ring = v;
+    ntb->links = g_ptr_array_new_with_free_func((GDestroyNotify)link_free);
+    g_queue_init(&ntb->downs);
+    for (guint i = 0; entries[i] != NULL; i++) {
+        if (!link_add(ntb, g_strstrip(entries[i]), error)) {
+            ntb_close(ntb);
+            return NULL;
+        }
+    }
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbPort *p = ((VnNtbLink *)ntb->links->pdata[i])->port;
+
+        windows += p->info.windows - 1;
+        out_size = MIN(out_size, p->info.out_size);
+    }
+    vn_fabric_limits_default(&limits);
+    limits.max_windows = windows;
+    /* The largest power of two every port's windows hold. */
+    limits.max_window_size = MIN(out_size, VN_NTB_MAX_WINDOW_SIZE);
+    while (limits.max_window_size & (limits.max_window_size - 1)) {
+        limits.max_window_size &= limits.max_window_size - 1;
+    }
+    if (limits.max_window_size < limits.xlat_granularity) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "ntb fabric: windows of %" PRIu64 " bytes are too small", out_size);
+        ntb_close(ntb);
+        return NULL;
+    }
+    vn_fabric_backend_set_limits(fab, &limits);
+    /* Sessions start now where they can (reports made while opening are
+     * deferred by the fabric). */
+    for (guint i = 0; i < ntb->links->len; i++) {
+        link_announce(ntb->links->pdata[i], true);
+        link_service(ntb->links->pdata[i]);
+    }
+    return ntb;
+}
+
+const VnFabricOps vn_ntb_ops = {
+    .name = "ntb",
+    .caps = 0,
+    .open = ntb_open,
+    .close = ntb_close,
+    .connect = ntb_connect,
+    .send = ntb_send,
+    .wait = ntb_wait,
+    .disconnect = ntb_disconnect,
+    .map_segment = vn_ntb_map_segment,
+    .map_segment_async = vn_ntb_map_segment_async,
+    .unmap_segment = vn_ntb_unmap_segment,
+    .unexport = vn_ntb_unexport,
+    .discover = ntb_discover,
+};

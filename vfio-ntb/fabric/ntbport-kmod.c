@@ -1,0 +1,289 @@
+/*
+ * The "kmod" NTB port provider (ntbport.h): a port of a real adapter through
+ * our kernel module's character device, /dev/vfio-ntb/<pci name>
+ * (vfio-ntb/kmod/vfio_ntb_uapi.h), so every adapter Linux's NTB drivers
+ * handle works.
+ *
+ * An inbound target of our memory is the memory mapped here and handed to
+ * VN_NTB_MW_EXPORT, which pins it and maps it for the NTB's DMA device; the
+ * mapping is kept until the target is cleared.  A target in a device's BAR
+ * (VN_NTB_MW_EXPORT_BAR) is not offered here yet: the fabric's segments of a
+ * device are fds, and which function a VFIO fd is cannot be asked of it.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "ntbport.h"
+
+#include "common/util.h"
+#include "kmod/vfio_ntb_uapi.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gio/gio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct KmodTarget {
+    uint8_t *map; /* what we mapped for it (ours, or the module's buffer) */
+    uint64_t size;
+} KmodTarget;
+
+typedef struct KmodPort {
+    VnNtbPort base;
+    int fd;
+    int link_efd;
+    int db_efd[VN_NTBPORT_MAX_DOORBELLS];
+    KmodTarget in[VN_NTBPORT_MAX_WINDOWS];
+} KmodPort;
+
+static KmodPort *kmod_port(VnNtbPort *p)
+{
+    return (KmodPort *)p;
+}
+
+static int kmod_ioctl(VnNtbPort *p, unsigned long cmd, void *arg)
+{
+    return ioctl(kmod_port(p)->fd, cmd, arg) < 0 ? -errno : 0;
+}
+
+static void target_unmap(KmodTarget *t)
+{
+    if (t->map != NULL) {
+        munmap(t->map, t->size);
+    }
+    *t = (KmodTarget){ 0 };
+}
+
+static void kmod_close(VnNtbPort *p)
+{
+    KmodPort *kp = kmod_port(p);
+
+    /* Unmapped first: the module keeps a window that is mapped (EBUSY). */
+    for (unsigned w = 0; w < VN_NTBPORT_MAX_WINDOWS; w++) {
+        target_unmap(&kp->in[w]);
+    }
+    /* Closing the device undoes the rest: targets, links, eventfds. */
+    vn_util_close_fd(&kp->fd);
+    vn_util_close_fd(&kp->link_efd);
+    vn_util_close_fds(kp->db_efd, VN_NTBPORT_MAX_DOORBELLS);
+    g_free(kp);
+}
+
+static bool kmod_link_up(VnNtbPort *p)
+{
+    struct vn_ntb_info info = { .argsz = sizeof(info) };
+
+    return kmod_ioctl(p, VN_NTB_INFO, &info) == 0 && (info.flags & VN_NTB_INFO_LINK_UP);
+}
+
+static int kmod_link_fd(VnNtbPort *p)
+{
+    return kmod_port(p)->link_efd;
+}
+
+static int kmod_doorbell_fd(VnNtbPort *p, uint32_t bit)
+{
+    return bit < p->info.doorbells ? kmod_port(p)->db_efd[bit] : -EINVAL;
+}
+
+static int kmod_peer_doorbell(VnNtbPort *p, uint64_t bits)
+{
+    return kmod_ioctl(p, VN_NTB_PEER_DB_SET, &bits);
+}
+
+static int kmod_spad_read(VnNtbPort *p, uint32_t index, uint32_t *value)
+{
+    struct vn_ntb_spad s = { .index = index };
+    int ret = kmod_ioctl(p, VN_NTB_SPAD_READ, &s);
+
+    *value = s.value;
+    return ret;
+}
+
+static int kmod_peer_spad_write(VnNtbPort *p, uint32_t index, uint32_t value)
+{
+    struct vn_ntb_spad s = { .index = index, .value = value };
+
+    return kmod_ioctl(p, VN_NTB_PEER_SPAD_WRITE, &s);
+}
+
+static int kmod_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
+{
+    struct vn_ntb_mw_alloc a = { .index = win, .size = size };
+    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
+    void *m;
+    int ret;
+
+    if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
+        return win >= p->info.windows ? -EINVAL : -EBUSY;
+    }
+    ret = kmod_ioctl(p, VN_NTB_MW_ALLOC, &a);
+    if (ret == 0) {
+        ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
+    }
+    if (ret < 0) {
+        return ret;
+    }
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, kmod_port(p)->fd,
+             (off_t)mi.in_mmap_offset);
+    if (m == MAP_FAILED) {
+        ret = -errno;
+        kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
+        return ret;
+    }
+    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
+    *map = m;
+    return 0;
+}
+
+static int kmod_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size)
+{
+    struct vn_ntb_mw_export e = { .index = win, .size = size };
+    void *m;
+    int ret;
+
+    if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
+        return win >= p->info.windows ? -EINVAL : -EBUSY;
+    }
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    if (m == MAP_FAILED) {
+        return -errno;
+    }
+    e.vaddr = (uintptr_t)m;
+    ret = kmod_ioctl(p, VN_NTB_MW_EXPORT, &e);
+    if (ret < 0) {
+        munmap(m, size);
+        return ret;
+    }
+    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
+    return 0;
+}
+
+static int kmod_in_clear(VnNtbPort *p, uint32_t win)
+{
+    if (win >= p->info.windows) {
+        return -EINVAL;
+    }
+    target_unmap(&kmod_port(p)->in[win]);
+    return kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
+}
+
+static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *size)
+{
+    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
+    int ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (mi.out_size == 0) {
+        return -ENXIO;
+    }
+    ret = fcntl(kmod_port(p)->fd, F_DUPFD_CLOEXEC, 0);
+    if (ret < 0) {
+        return -errno;
+    }
+    *offset = mi.out_mmap_offset;
+    *size = mi.out_size;
+    return ret;
+}
+
+static const VnNtbPortOps kmod_ops = {
+    .name = "kmod",
+    .close = kmod_close,
+    .link_up = kmod_link_up,
+    .link_fd = kmod_link_fd,
+    .doorbell_fd = kmod_doorbell_fd,
+    .peer_doorbell = kmod_peer_doorbell,
+    .spad_read = kmod_spad_read,
+    .peer_spad_write = kmod_peer_spad_write,
+    .in_alloc = kmod_in_alloc,
+    .in_export = kmod_in_export,
+    .in_clear = kmod_in_clear,
+    .out_fd = kmod_out_fd,
+};
+
+/* The shape, the link and doorbell eventfds, the link enabled; -errno with
+ * what failed in *@what. */
+static int kmod_setup(KmodPort *kp, const char **what)
+{
+    struct vn_ntb_info info = { .argsz = sizeof(info) };
+    uint64_t out_size = UINT64_MAX;
+    uint32_t enable = 1;
+    int ret;
+
+    *what = "VN_NTB_INFO";
+    ret = kmod_ioctl(&kp->base, VN_NTB_INFO, &info);
+    if (ret < 0) {
+        return ret;
+    }
+    kp->base.info.windows = MIN(MIN(info.mw_count, info.peer_mw_count), VN_NTBPORT_MAX_WINDOWS);
+    kp->base.info.spads = info.spad_count;
+    /* Bits 0..n-1 valid, as every driver Linux has reports them. */
+    kp->base.info.doorbells = (uint32_t)__builtin_popcountll(info.db_valid_mask);
+    for (uint32_t w = 0; w < kp->base.info.windows; w++) {
+        struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = w };
+
+        *what = "VN_NTB_MW_INFO";
+        ret = kmod_ioctl(&kp->base, VN_NTB_MW_INFO, &mi);
+        if (ret < 0) {
+            return ret;
+        }
+        out_size = MIN(out_size, mi.out_size);
+    }
+    kp->base.info.out_size = out_size == UINT64_MAX ? 0 : out_size;
+
+    *what = "eventfd";
+    kp->link_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (kp->link_efd < 0) {
+        return -errno;
+    }
+    *what = "VN_NTB_LINK_EVENTFD";
+    ret = kmod_ioctl(&kp->base, VN_NTB_LINK_EVENTFD, &kp->link_efd);
+    for (uint32_t b = 0; ret == 0 && b < MIN(kp->base.info.doorbells, VN_NTBPORT_MAX_DOORBELLS);
+         b++) {
+        struct vn_ntb_db_eventfd d = { .bits = UINT64_C(1) << b };
+
+        kp->db_efd[b] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (kp->db_efd[b] < 0) {
+            *what = "eventfd";
+            return -errno;
+        }
+        d.fd = kp->db_efd[b];
+        *what = "VN_NTB_DB_EVENTFD";
+        ret = kmod_ioctl(&kp->base, VN_NTB_DB_EVENTFD, &d);
+    }
+    if (ret == 0) {
+        *what = "VN_NTB_LINK";
+        ret = kmod_ioctl(&kp->base, VN_NTB_LINK, &enable);
+    }
+    return ret;
+}
+
+VnNtbPort *vn_ntbport_kmod_open(const char *path, GError **error)
+{
+    KmodPort *kp = g_new0(KmodPort, 1);
+    const char *what = "open";
+    int ret;
+
+    kp->base.ops = &kmod_ops;
+    kp->link_efd = -1;
+    for (unsigned b = 0; b < VN_NTBPORT_MAX_DOORBELLS; b++) {
+        kp->db_efd[b] = -1;
+    }
+    kp->fd = open(path, O_RDWR | O_CLOEXEC);
+    ret = kp->fd < 0 ? -errno : kmod_setup(kp, &what);
+    if (ret < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "ntb port %s: %s: %s%s", path,
+                    what, g_strerror(-ret),
+                    ret == -ENOENT  ? " (is the vfio_ntb module loaded? make install-modules)"
+                    : ret == -EBUSY ? " (another process has it open)"
+                                    : "");
+        kmod_close(&kp->base);
+        return NULL;
+    }
+    return &kp->base;
+}

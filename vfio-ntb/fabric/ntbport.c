@@ -1,0 +1,73 @@
+/*
+ * Opening an NTB port by its spec, whichever provider serves it (ntbport.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.fabric"
+
+#include "ntbport.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+VnNtbPort *vn_ntbport_open(const char *spec, GError **error)
+{
+    VnNtbPort *p = NULL;
+
+    if (spec == NULL || strlen(spec) > VN_NTBPORT_MAX_SPEC) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "ntb port: a spec of at most %u characters is needed", VN_NTBPORT_MAX_SPEC);
+        return NULL;
+    }
+    if (g_str_has_prefix(spec, "pair:")) {
+        const char *slash = strrchr(spec, '/');
+        g_autofree char *key = NULL;
+
+        if (slash == NULL || (strcmp(slash, "/0") != 0 && strcmp(slash, "/1") != 0)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "ntb port %s: an emulated port is pair:KEY/0 or pair:KEY/1", spec);
+            return NULL;
+        }
+        key = g_strndup(spec + 5, (gsize)(slash - spec - 5));
+        p = vn_ntbport_pair_open(key, (unsigned)(slash[1] - '0'), error);
+    } else if (g_str_has_prefix(spec, "/dev/vfio-ntb/")) {
+        p = vn_ntbport_kmod_open(spec, error);
+    } else {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "ntb port %s: not /dev/vfio-ntb/NAME (the vfio_ntb module's) nor "
+                    "pair:KEY/SIDE (emulated)",
+                    spec);
+        return NULL;
+    }
+    if (p == NULL) {
+        return NULL;
+    }
+    p->spec = g_strdup(spec);
+    if (p->info.windows < 2 || p->info.spads < VN_NTBPORT_MIN_SPADS || p->info.doorbells < 4) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "ntb port %s: %u windows, %u scratchpads, %u doorbell bits: the fabric "
+                    "needs at least 2, %u and 4",
+                    spec, p->info.windows, p->info.spads, p->info.doorbells, VN_NTBPORT_MIN_SPADS);
+        vn_ntbport_close(p);
+        return NULL;
+    }
+    return p;
+}
+
+void vn_ntbport_close(VnNtbPort *p)
+{
+    if (p != NULL) {
+        g_free(p->spec);
+        p->ops->close(p);
+    }
+}
+
+void vn_ntbport_drain(int fd)
+{
+    uint64_t n;
+
+    if (fd >= 0 && read(fd, &n, sizeof(n)) < 0) {
+        /* EAGAIN: it was not signalled. */
+    }
+}

@@ -1,0 +1,97 @@
+/*
+ * One NTB port as the `ntb` fabric backend (fabric/ntb.h) uses it: Linux's
+ * NTB API (include/linux/ntb.h) reduced to what a userspace node needs, behind
+ * a const ops table, so the backend's protocol is the same code over every
+ * provider:
+ *
+ *   - "kmod": a real port, /dev/vfio-ntb/<pci name>, through our kernel
+ *     module (vfio-ntb/kmod/vfio_ntb_uapi.h), whatever adapter Linux drives;
+ *   - "pair": two ports joined inside one process (memfds as inbound
+ *     memory, eventfds as doorbells and link events), so that the fabric unit
+ *     suite runs the backend on a machine without an NTB.
+ *
+ * A port reaches one peer.  Windows are numbered as Linux numbers them: our
+ * outbound window N reaches what the peer set as the target of its inbound
+ * window N.  Doorbell bits ring the peer's register; ours ring eventfds.
+ * Scratchpads: we write the peer's (it reads them as its own) and read ours.
+ *
+ * Every call returns 0 or -errno; an index beyond the port's counts is
+ * -EINVAL.  Threads: a port belongs to the thread of its fabric node.
+ */
+#ifndef VN_NTBPORT_H
+#define VN_NTBPORT_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Windows a port may have (the kmod's VN_NTB_MAX_MWS). */
+#define VN_NTBPORT_MAX_WINDOWS 8u
+/* Doorbell bits a port may have. */
+#define VN_NTBPORT_MAX_DOORBELLS 64u
+/* Scratchpads a port needs: the backend's handshake (fabric/ntb.c). */
+#define VN_NTBPORT_MIN_SPADS 2u
+/* A port spec's longest text. */
+#define VN_NTBPORT_MAX_SPEC 256u
+
+typedef struct VnNtbPort VnNtbPort;
+
+/* A port's shape, fixed once opened. */
+typedef struct VnNtbPortInfo {
+    uint32_t windows;   /* usable both ways: min(inbound, outbound) */
+    uint32_t spads;     /* ours (and the peer's) */
+    uint32_t doorbells; /* bits 0..doorbells-1 are valid */
+    uint64_t out_size;  /* the smallest outbound window's size, bytes */
+} VnNtbPortInfo;
+
+typedef struct VnNtbPortOps {
+    const char *name;
+    void (*close)(VnNtbPort *p);
+    /* Whether the link is up now; link_fd is readable (an eventfd: read it
+     * to clear) after each change. */
+    bool (*link_up)(VnNtbPort *p);
+    int (*link_fd)(VnNtbPort *p);
+    /* An eventfd readable when our doorbell @bit rang (read it to clear). */
+    int (*doorbell_fd)(VnNtbPort *p, uint32_t bit);
+    int (*peer_doorbell)(VnNtbPort *p, uint64_t bits);
+    int (*spad_read)(VnNtbPort *p, uint32_t index, uint32_t *value);
+    int (*peer_spad_write)(VnNtbPort *p, uint32_t index, uint32_t value);
+    /*
+     * Inbound window @win's target: a buffer of the adapter's of @size bytes
+     * (page multiple), mapped here in *@map (the port's until in_clear); or
+     * @size bytes of @fd from @offset (memory: a sealed memfd; the port
+     * keeps what it needs).  in_clear: no target (the peer's window then
+     * reaches nothing).  A window with a target is refused (-EBUSY).
+     */
+    int (*in_alloc)(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map);
+    int (*in_export)(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size);
+    int (*in_clear)(VnNtbPort *p, uint32_t win);
+    /* A new fd of ours whose bytes from *@offset are outbound window @win
+     * (*@size of them), for mmap; -ENXIO when the peer set no target there
+     * and the provider can tell. */
+    int (*out_fd)(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *size);
+} VnNtbPortOps;
+
+struct VnNtbPort {
+    const VnNtbPortOps *ops;
+    VnNtbPortInfo info;
+    char *spec; /* as given */
+};
+
+/*
+ * Open a port from its spec: "/dev/vfio-ntb/NAME" (kmod) or "pair:KEY/SIDE"
+ * (the in-process emulation; SIDE 0 or 1, KEY any text: the two sides of one
+ * KEY are joined).  Enables the link.  NULL with @error.
+ */
+VnNtbPort *vn_ntbport_open(const char *spec, GError **error);
+void vn_ntbport_close(VnNtbPort *p);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbPort, vn_ntbport_close)
+
+/* The providers (ntbport-kmod.c, ntbport-pair.c). */
+VnNtbPort *vn_ntbport_kmod_open(const char *path, GError **error);
+VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error);
+
+/* Read an eventfd to clear it (nothing when it was not signalled). */
+void vn_ntbport_drain(int fd);
+
+#endif /* VN_NTBPORT_H */
