@@ -13,7 +13,8 @@ What each host does, in order:
   it wrote, and finds in its own buffer what the peer wrote;
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
-- our module, vfio_ntb: see ntb_kmod.py (which ends with host a's VM killed).
+- our module, vfio_ntb: see ntb_kmod.py (which ends with host a's VM killed); before the
+  kill, the ntb fabric backend over it: see ntb_fabric.py.
 """
 import argparse
 import os
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import ntb_fabric
 import ntb_kmod
 
 SHARE = Path("/tmp/share")
@@ -202,6 +204,13 @@ def main():
         pingpong(a.role, mods, bdf)
         perf(a.role, mods, bdf)
         fd = ntb_kmod.run(a.role, mods, bdf, barrier, SHARE, fact)
+        # The device is the fabric backend's now (one opener), then the kill's; both hosts
+        # saw the link up before either closes it.
+        barrier(a.role, "kmod-before-fabric")
+        os.close(fd)
+        ntb_fabric.run(a.role, bdf, barrier, fact)
+        fd = os.open(f"/dev/vfio-ntb/{bdf}", os.O_RDWR)
+        ntb_kmod.link_up(fd)
         ntb_kmod.peer_killed(a.role, fd, barrier, SHARE, fact)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
         fact(error=f"{type(e).__name__}:{str(e)[:200]}")

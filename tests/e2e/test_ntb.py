@@ -16,6 +16,11 @@ says what each host does).  What a user would check:
   arguments each refused with its errno; the module unloads once the device is closed; when
   host a's VM is killed, b's link eventfd fires within 1 s, its link reads down, its window
   all ones, and the module unloads there too.
+- ntb-fabric: the `ntb` fabric backend over our module (ntb_fabric.py): host a's fabric
+  requests answered by host b through message rings in the simulated NTB's window, in two
+  sessions (each a new opening of the device), timed against the `shm` backend between two
+  processes of host a (ABBA rounds).  The numbers are also the bench line ntb-message-rtt,
+  left in build/artifacts/ntb-message-rtt.json for bench/run-bench.
 """
 import json
 import os
@@ -28,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 2
+EXPECTED_RESULTS = 3
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -114,6 +119,7 @@ def main():
                   window_faults=p0.get("window_faults", 0) + p1.get("window_faults", 0),
                   error=a.get("error") or b.get("error") or "-")
     down_s = b.get("kmod_link_down_s", "none")
+    ok &= fabric_result(a, b)
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
@@ -128,6 +134,22 @@ def main():
         unloaded=f"{a.get('kmod_unloaded')},{b.get('kmod_unloaded')}",
         link_down_s=down_s, window_all_ones=b.get("kmod_window_all_ones"),
         error=a.get("error") or b.get("error") or "-")
+
+def fabric_result(a, b):
+    ntb, shm = a.get("ntb_p50_us"), a.get("shm_p50_us")
+    good = a.get("fabric_rtt_ok") == "True" and ntb is not None and shm is not None
+    if good:
+        line = {"bench": "ntb-message-rtt", "ntb_p50_us": float(ntb), "shm_p50_us": float(shm),
+                "ratio": round(float(ntb) / float(shm), 1),
+                "ntb_rounds_us": a.get("ntb_rounds_us"), "shm_rounds_us": a.get("shm_rounds_us"),
+                "where": "two TCG VMs joined by vfio-ntb-ntbsim (every window access trapped)"}
+        art = h.REPO / "build" / "artifacts"
+        art.mkdir(parents=True, exist_ok=True)
+        (art / "ntb-message-rtt.json").write_text(json.dumps(line) + "\n")
+    return h.result("ntb-fabric", good, ntb_p50_us=ntb, shm_p50_us=shm,
+                    ntb_rounds_us=a.get("ntb_rounds_us"), shm_rounds_us=a.get("shm_rounds_us"),
+                    error=f"{a.get('error', '-')}|{b.get('error', '-')}")
+
 
 if __name__ == "__main__":
     sys.exit(0 if main() else 1)

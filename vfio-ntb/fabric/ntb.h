@@ -13,7 +13,8 @@
  * Window budget: inbound window 0 of every port holds the message ring the
  * peer writes into; windows 1..N-1 carry segments, one mapping each, so an
  * adapter with N windows per direction lends N-1 segments to its peer at a
- * time (the limit is the adapter's: ntbport's windows).  A map takes the
+ * time (the limit is the adapter's: ntbport's windows); with one window, a
+ * port carries messages only.  A map takes the
  * exporter's next free window and the mapper's window of the same number.
  *
  * Session (per port, each time its link comes up): each side allocates its

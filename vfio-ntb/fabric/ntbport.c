@@ -44,10 +44,10 @@ VnNtbPort *vn_ntbport_open(const char *spec, GError **error)
         return NULL;
     }
     p->spec = g_strdup(spec);
-    if (p->info.windows < 2 || p->info.spads < VN_NTBPORT_MIN_SPADS || p->info.doorbells < 4) {
+    if (p->info.windows < 1 || p->info.spads < VN_NTBPORT_MIN_SPADS || p->info.doorbells < 3) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
                     "ntb port %s: %u windows, %u scratchpads, %u doorbell bits: the fabric "
-                    "needs at least 2, %u and 4",
+                    "needs at least 1, %u and 3",
                     spec, p->info.windows, p->info.spads, p->info.doorbells, VN_NTBPORT_MIN_SPADS);
         vn_ntbport_close(p);
         return NULL;
