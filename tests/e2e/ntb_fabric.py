@@ -6,12 +6,15 @@ against the same requests over the `shm` backend between two processes of host a
 ABBA order (ntb shm | shm ntb); each ntb round starts a new session (both processes open the
 device anew).  Prints FACT lines: fabric_rtt_ok, ntb_p50_us/shm_p50_us (the median of the
 rounds' p50s) and each round's."""
+import json
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
-RTT = Path(__file__).resolve().parents[2] / "build" / "bench" / "fabric_rtt"
+BUILD = Path(__file__).resolve().parents[2] / "build"
+RTT = BUILD / "bench" / "fabric_rtt"
 SAMPLES = 100
 ORDER = ("ntb", "shm", "shm", "ntb")
 
@@ -60,3 +63,33 @@ def run(role, bdf, barrier, fact):
              shm_p50_us=round(statistics.median(p50["shm"]), 1),
              ntb_rounds_us=",".join(map(str, p50["ntb"])),
              shm_rounds_us=",".join(map(str, p50["shm"])))
+
+
+def daemons(role, bdf, barrier, fact):
+    """vfio-ntbd on the ntb fabric: each host's daemon sees the other's link up."""
+    me, peer = ("hosta", "hostb") if role == "a" else ("hostb", "hosta")
+    with tempfile.TemporaryDirectory(prefix="vn-ntbd-") as d:
+        conf = Path(d) / "vfio-ntbd.conf"
+        sock = Path(d) / "control.sock"
+        conf.write_text(f"[node]\nname = {me}\nfabric = ntb\ncontrol-socket = {sock}\n"
+                        f"run-dir = {d}/run\n[fabric]\nports = /dev/vfio-ntb/{bdf}={peer}\n")
+        barrier(role, "daemon-start")
+        t0 = time.monotonic()
+        daemon = subprocess.Popen([str(BUILD / "vfio-ntbd"), "--config", str(conf)],
+                                  stderr=open(Path(d) / "daemon.log", "wb"))
+        seen = None
+        try:
+            while seen is None and time.monotonic() - t0 < 60 and daemon.poll() is None:
+                out = subprocess.run([str(BUILD / "ntbctl"), "--socket", str(sock), "--json",
+                                      "nodes"], capture_output=True, text=True, timeout=30)
+                nodes = json.loads(out.stdout) if out.returncode == 0 else []
+                if any(n.get("node") == peer and n.get("link") == "up" for n in nodes):
+                    seen = time.monotonic() - t0
+                time.sleep(0.1)
+            fact(daemon_link_ok=seen is not None,
+                 daemon_link_s=round(seen, 2) if seen is not None else "none")
+            barrier(role, "daemon-linked", timeout=300)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+        barrier(role, "daemon-stopped", timeout=300)

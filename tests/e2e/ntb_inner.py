@@ -209,6 +209,7 @@ def main():
         barrier(a.role, "kmod-before-fabric")
         os.close(fd)
         ntb_fabric.run(a.role, bdf, barrier, fact)
+        ntb_fabric.daemons(a.role, bdf, barrier, fact)
         fd = os.open(f"/dev/vfio-ntb/{bdf}", os.O_RDWR)
         ntb_kmod.link_up(fd)
         ntb_kmod.peer_killed(a.role, fd, barrier, SHARE, fact)

@@ -20,7 +20,8 @@ says what each host does).  What a user would check:
   requests answered by host b through message rings in the simulated NTB's window, in two
   sessions (each a new opening of the device), timed against the `shm` backend between two
   processes of host a (ABBA rounds).  The numbers are also the bench line ntb-message-rtt,
-  left in build/artifacts/ntb-message-rtt.json for bench/run-bench.
+  left in build/artifacts/ntb-message-rtt.json for bench/run-bench.  Then vfio-ntbd itself
+  with `fabric = ntb` in both hosts: each lists the other's link up (`ntbctl nodes`).
 """
 import json
 import os
@@ -137,7 +138,8 @@ def main():
 
 def fabric_result(a, b):
     ntb, shm = a.get("ntb_p50_us"), a.get("shm_p50_us")
-    good = a.get("fabric_rtt_ok") == "True" and ntb is not None and shm is not None
+    good = a.get("fabric_rtt_ok") == "True" and ntb is not None and shm is not None and \
+        a.get("daemon_link_ok") == "True" and b.get("daemon_link_ok") == "True"
     if good:
         line = {"bench": "ntb-message-rtt", "ntb_p50_us": float(ntb), "shm_p50_us": float(shm),
                 "ratio": round(float(ntb) / float(shm), 1),
@@ -148,6 +150,7 @@ def fabric_result(a, b):
         (art / "ntb-message-rtt.json").write_text(json.dumps(line) + "\n")
     return h.result("ntb-fabric", good, ntb_p50_us=ntb, shm_p50_us=shm,
                     ntb_rounds_us=a.get("ntb_rounds_us"), shm_rounds_us=a.get("shm_rounds_us"),
+                    daemon_link_s=f"{a.get('daemon_link_s')},{b.get('daemon_link_s')}",
                     error=f"{a.get('error', '-')}|{b.get('error', '-')}")
 
 

@@ -142,8 +142,26 @@ static const struct {
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\ndevice = a/b\n", "device \"a/b\" must be" },
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\nirq-mode = msi\n",
       "irq-mode must be fd or relay, not \"msi\"" },
+    { "[node]\nname = hosta\nfabric = ntb\nfabric-dir = /f\n[fabric]\nports = /dev/vfio-ntb/x\n",
+      "fabric-dir is the shm fabric's; the ntb fabric has none" },
     { "[node\nname = x\n", "" }, /* GKeyFile's own message */
 };
+
+/* An NTB's node: its ports are the fabric's parameters, and there is no directory. */
+START_TEST(test_ntb_fabric)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_parse("[node]\nname = hosta\nfabric = ntb\n"
+                                          "[fabric]\nports = /dev/vfio-ntb/0000:00:05.0=hostb\n",
+                                          &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert_str_eq(c->fabric, "ntb");
+    ck_assert_str_eq(g_hash_table_lookup(c->fabric_params, "ports"),
+                     "/dev/vfio-ntb/0000:00:05.0=hostb");
+    ck_assert(!g_hash_table_contains(c->fabric_params, "dir"));
+}
+END_TEST
 
 START_TEST(test_refused)
 {
@@ -334,6 +352,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_lend_sriov);
     tcase_add_test(tc, test_runtime_lend);
     tcase_add_test(tc, test_lend_pci);
+    tcase_add_test(tc, test_ntb_fabric);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("refused");

@@ -314,13 +314,22 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
                     "[node] is required");
         return false;
     }
-    if (!keys_known(kf, "node", node_keys, error) || !(c->node = need(kf, "node", "name", error)) ||
-        !(dir = need(kf, "node", "fabric-dir", error))) {
+    if (!keys_known(kf, "node", node_keys, error) || !(c->node = need(kf, "node", "name", error))) {
         return false;
     }
     c->fabric = g_key_file_get_string(kf, "node", "fabric", NULL);
     if (c->fabric == NULL) {
         c->fabric = g_strdup("shm");
+    }
+    /* The shm fabric is a directory; an NTB's is its adapters ([fabric] ports). */
+    if (strcmp(c->fabric, "shm") == 0 && !(dir = need(kf, "node", "fabric-dir", error))) {
+        return false;
+    }
+    if (strcmp(c->fabric, "shm") != 0 && g_key_file_has_key(kf, "node", "fabric-dir", NULL)) {
+        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                    "[node]: fabric-dir is the shm fabric's; the %.20s fabric has none",
+                    c->fabric);
+        return false;
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
     c->state_dir = g_key_file_get_string(kf, "node", "state-dir", NULL);
@@ -375,7 +384,9 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
                     "[node]: name \"%.80s\" must be %s", c->node, vn_name_rule(VN_NAME_NODE));
         return false;
     }
-    g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
+    if (dir != NULL) {
+        g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
+    }
 
     for (char **g = groups; *g != NULL; g++) {
         const char *name = strchr(*g, ' ') ? strchr(*g, ' ') + 1 : "";
