@@ -327,8 +327,7 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
     }
     if (strcmp(c->fabric, "shm") != 0 && g_key_file_has_key(kf, "node", "fabric-dir", NULL)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[node]: fabric-dir is the shm fabric's; the %.20s fabric has none",
-                    c->fabric);
+                    "[node]: fabric-dir is the shm fabric's; the %.20s fabric has none", c->fabric);
         return false;
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
