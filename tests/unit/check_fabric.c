@@ -992,6 +992,124 @@ START_TEST(test_crossing_delay)
 }
 END_TEST
 
+/* ---- the ntb backend's own ---------------------------------------------- */
+
+/* An emulated port has 4 windows: window 0 carries the messages, so 3 segments are mapped
+ * at a time through one port; a 4th map is refused by the exporter, and an unmap gives the
+ * window back. */
+START_TEST(test_ntb_window_budget)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[4] = { NULL };
+    int memfd = memfd_new(4096, NULL);
+    uint64_t seg[4];
+
+    for (unsigned i = 0; i < 4; i++) {
+        seg[i] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+        ck_assert_uint_ne(seg[i], 0);
+    }
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    /* Two ports (to b and to c) of 3 segment windows each. */
+    ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_windows, 6);
+    for (unsigned i = 0; i < 3; i++) {
+        w[i] = vn_fabric_window_map(a->fab, "b", seg[i], &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", seg[3], &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    g_clear_error(&error);
+    vn_fabric_window_unmap(a->fab, w[1]);
+    /* The UNMAP is ahead of the MAP in b's ring: the window is free by then. */
+    w[1] = vn_fabric_window_map(a->fab, "b", seg[3], &error);
+    ck_assert_msg(w[1] != NULL, "%s", error ? error->message : "");
+    memcpy(w[1]->host, "four", 4);
+    ck_assert_mem_eq(w[0]->host, "four", 4); /* one memfd behind all four */
+    for (unsigned i = 0; i < 3; i++) {
+        vn_fabric_window_unmap(a->fab, w[i]);
+    }
+    close(memfd);
+}
+END_TEST
+
+/* A peer that goes and comes back (a restarted daemon) is a new session: its link goes
+ * down and comes up again, in that order, and carries messages. */
+START_TEST(test_ntb_peer_restart)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Reply r = { 0 };
+
+    link_nodes(a, b);
+    node_close(b);
+    WAIT_FOR(log_has(a, "down:b"));
+    b = node_open("b", false);
+    WAIT_FOR(log_count(a, "up:b") == 2 && log_has(b, "up:a"));
+    ck_assert_str_eq(a->log->pdata[a->log->len - 1], "up:b");
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"again\":1}", NULL, 0, on_reply, &r),
+                     0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, 0);
+    ck_assert_str_eq(r.json, "{\"again\":1}");
+    reply_clear(&r);
+}
+END_TEST
+
+/* Frames of every size cross a ring of the smallest size, whole and in order. */
+START_TEST(test_ntb_fragments)
+{
+    static const char *const small[] = { "ring-size", "65536", NULL };
+    Node *b = node_open_kv("b", true, small);
+    Node *a;
+    g_autofree uint8_t *big = g_malloc(VN_FABRIC_MAX_PAYLOAD - 64);
+
+    for (size_t i = 0; i < VN_FABRIC_MAX_PAYLOAD - 64; i++) {
+        big[i] = (uint8_t)(i * 7);
+    }
+    node_start(b);
+    a = node_open_kv("a", false, small);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    for (size_t len = 1; len < VN_FABRIC_MAX_PAYLOAD - 64; len = len * 5 + 3) {
+        g_autoptr(VnFabricMsg) reply = NULL;
+
+        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, big, len, &reply), 0);
+        ck_assert_uint_eq(reply->data_len, len);
+        ck_assert_mem_eq(reply->data, big, len);
+    }
+}
+END_TEST
+
+static const struct {
+    const char *key, *value, *why;
+} ntb_bad[] = {
+    { "ring-size", "1000", "ring-size" },
+    { "ring-size", "100000", "not a power of two" },
+    { "ring-size", "1073741824", "ring-size" },
+    { "ports", "", "must list 1 to" },
+    { "ports", "/tmp/x", "not /dev/vfio-ntb/NAME" },
+    { "ports", "pair:k/2", "pair:KEY/0 or pair:KEY/1" },
+    { "ports", "pair:k/0=Not A Node", "is not a node name" },
+    { "ports", "/dev/vfio-ntb/absent", "No such file" },
+    { "dir", "/tmp", "unknown parameter \"dir\"" },
+};
+
+START_TEST(test_ntb_params)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+    VnFabric *f;
+
+    g_hash_table_insert(params, "ports", "pair:params/0");
+    g_hash_table_insert(params, (char *)ntb_bad[_i].key, (char *)ntb_bad[_i].value);
+    f = vn_fabric_open("ntb", "a", params, &handlers, NULL, ctx, &error);
+    ck_assert_ptr_null(f);
+    ck_assert_msg(strstr(error->message, ntb_bad[_i].why) != NULL, "%s", error->message);
+}
+END_TEST
+
 static Suite *fabric_suite(void)
 {
     Suite *s = suite_create("fabric");
@@ -1030,6 +1148,14 @@ static Suite *fabric_suite(void)
             suite_add_tcase(s, tc);
         }
     }
+
+    tc = tcase_create("ntb");
+    tcase_add_checked_fixture(tc, setup_ntb, teardown);
+    tcase_add_test(tc, test_ntb_window_budget);
+    tcase_add_test(tc, test_ntb_peer_restart);
+    tcase_add_test(tc, test_ntb_fragments);
+    tcase_add_loop_test(tc, test_ntb_params, 0, G_N_ELEMENTS(ntb_bad));
+    suite_add_tcase(s, tc);
 
     /* What the shm backend's parameters and capabilities add. */
     tc = tcase_create("shm");

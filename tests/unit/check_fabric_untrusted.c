@@ -127,7 +127,7 @@ START_TEST(test_open_dir_and_names)
 
     /* No such backend. */
     g_clear_error(&error);
-    ck_assert_ptr_null(vn_fabric_open("ntb", "e", params, &handlers, NULL, ctx, &error));
+    ck_assert_ptr_null(vn_fabric_open("rdma", "e", params, &handlers, NULL, ctx, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
 }
 END_TEST
@@ -838,6 +838,151 @@ START_TEST(test_frame_with_fd)
 }
 END_TEST
 
+/* ---- the ntb backend's ring ---------------------------------------------- */
+
+#include "fabric/ntb.h"
+#include "fabric/ntbport.h"
+
+/* What a raw peer of an ntb node writes into its ring: each row is records (a VnNtbRec and
+ * payload bytes) the node must refuse, ending the session, counting it, and starting a new
+ * one of its own (a new epoch in our scratchpad). */
+typedef enum RingFault {
+    RING_KIND_ZERO,
+    RING_KIND_UNKNOWN,
+    RING_TOO_LONG,      /* longer than a quarter of the ring */
+    RING_PAST_PROD,     /* longer than what prod says was written */
+    RING_FLAGS,         /* an unknown flag */
+    RING_HELLO_SIZE,    /* a HELLO of the wrong size */
+    RING_HELLO_OTHER,   /* naming another node than the port's cabling */
+    RING_MAP_SIZE,      /* a MAP of the wrong size */
+    RING_MAPPED_WINDOW, /* an answer naming window 0 */
+    RING_PROD_AHEAD,    /* prod more than a ring ahead */
+    RING_FRAGMENT_HUGE, /* pieces adding up past the largest frame */
+    RING_LAST
+} RingFault;
+
+static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
+{
+    VnNtbRec *rec = (VnNtbRec *)buf;
+    VnNtbHello hello = { .version = VN_NTB_VERSION, .node = "c" };
+    VnNtbMapped mapped = { .seq = 1, .window = 0, .size = 4096 };
+
+    memset(buf, 0, vn_ntb_rec_max(VN_NTB_MIN_RING) + 16);
+    *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_FRAME };
+    switch (f) {
+    case RING_KIND_ZERO:
+        rec->kind = 0;
+        break;
+    case RING_KIND_UNKNOWN:
+        rec->kind = VN_NTB_REC_LAST;
+        break;
+    case RING_TOO_LONG:
+        rec->len = vn_ntb_rec_max(VN_NTB_MIN_RING) + 8;
+        *prod = sizeof(*rec) + rec->len;
+        return 0;
+    case RING_PAST_PROD:
+        rec->len = 64;
+        *prod = 32;
+        return 0;
+    case RING_FLAGS:
+        rec->flags = 0x80;
+        break;
+    case RING_HELLO_SIZE:
+        *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_HELLO };
+        break;
+    case RING_HELLO_OTHER:
+        *rec = (VnNtbRec){ .len = sizeof(hello), .kind = VN_NTB_REC_HELLO };
+        memcpy(rec + 1, &hello, sizeof(hello));
+        *prod = sizeof(*rec) + ((sizeof(hello) + 7) & ~7u);
+        return 0;
+    case RING_MAP_SIZE:
+        *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_MAP };
+        break;
+    case RING_MAPPED_WINDOW:
+        *rec = (VnNtbRec){ .len = sizeof(mapped), .kind = VN_NTB_REC_MAPPED };
+        memcpy(rec + 1, &mapped, sizeof(mapped));
+        *prod = sizeof(*rec) + sizeof(mapped);
+        return 0;
+    case RING_PROD_AHEAD:
+        *prod = VN_NTB_MIN_RING + 8;
+        return 0;
+    case RING_FRAGMENT_HUGE: {
+        uint32_t piece = vn_ntb_rec_max(VN_NTB_MIN_RING) & ~7u;
+
+        /* More pieces than the ring holds: written as it drains (see below). */
+        rec->len = piece;
+        rec->flags = VN_NTB_REC_MORE;
+        *prod = sizeof(*rec) + piece;
+        return (VN_FABRIC_MAX_FRAME / piece) + 2;
+    }
+    default:
+        break;
+    }
+    *prod = sizeof(*rec) + 8;
+    return 0;
+}
+
+START_TEST(test_ntb_bad_ring)
+{
+    static const char *const small[] = { "ring-size", "65536", NULL }; /* VN_NTB_MIN_RING */
+    g_autoptr(VnNtbPort) raw = NULL;
+    g_autofree char *key = g_strdup_printf("%s/raw", tmpdir);
+    g_autofree char *spec = g_strdup_printf("pair:%s/0", key);
+    g_autofree char *port = g_strdup_printf("pair:%s/1=a", key);
+    const char *kv[] = { "ports", port, small[0], small[1], NULL };
+    const size_t piece_size = vn_ntb_rec_max(VN_NTB_MIN_RING) + 16;
+    uint8_t *mine = NULL, *theirs, *piece = g_malloc0(piece_size);
+    uint64_t offset = 0, size = 0, prod = 0, bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING;
+    uint32_t hello = 0, again = 0;
+    size_t repeat;
+    uint16_t tag;
+    Node *b;
+    int fd;
+
+    /* The raw peer's side of a session, as ntb.h says: a buffer, an epoch, announced. */
+    raw = vn_ntbport_open(spec, NULL);
+    ck_assert_ptr_nonnull(raw);
+    ck_assert_int_eq(raw->ops->in_alloc(raw, 0, bytes, &mine), 0);
+    ck_assert_int_eq(raw->ops->peer_spad_write(raw, VN_NTB_SPAD_PAGES, (uint32_t)(bytes / 4096)),
+                     0);
+    ck_assert_int_eq(
+        raw->ops->peer_spad_write(raw, VN_NTB_SPAD_HELLO, VN_NTB_SPAD_MAGIC << 16 | 0x77), 0);
+    b = node_open_kv("b", false, kv);
+    WAIT_FOR(log_has(b, "up:a"));
+    ck_assert_int_eq(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &hello), 0);
+    tag = vn_ntb_tag(0x77, (uint16_t)hello);
+    fd = raw->ops->out_fd(raw, 0, &offset, &size);
+    ck_assert_int_ge(fd, 0);
+    theirs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    close(fd);
+    ck_assert(theirs != MAP_FAILED);
+
+    repeat = ring_fault(_i, piece, &prod);
+    memcpy(theirs + VN_NTB_RING_DATA, piece, MIN(prod, (uint64_t)piece_size));
+    __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
+    raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
+    for (size_t i = 1; i < repeat && !log_has(b, "down:a"); i++) {
+        /* Each piece once b took the last (it says so in our buffer's cons). */
+        uint64_t want = (uint64_t)tag << 48 | prod;
+
+        WAIT_FOR(__atomic_load_n(&((VnNtbRingHdr *)mine)->cons, __ATOMIC_ACQUIRE) == want ||
+                 log_has(b, "down:a"));
+        vn_ntb_ring_put(theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, prod, piece,
+                        sizeof(VnNtbRec) + ((VnNtbRec *)piece)->len);
+        prod += sizeof(VnNtbRec) + ((VnNtbRec *)piece)->len;
+        __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
+        raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
+    }
+    WAIT_FOR(log_has(b, "down:a"));
+    ck_assert_uint_eq(stats_of(b).bad_messages, 1);
+    ck_assert_uint_eq(stats_of(b).msgs_received, 0);
+    /* b started over: a new epoch of its own in our scratchpad. */
+    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &again) == 0 && again != hello);
+    munmap(theirs, bytes);
+    g_free(piece);
+}
+END_TEST
+
 static Suite *fabric_untrusted_suite(void)
 {
     Suite *s = suite_create("fabric-untrusted");
@@ -872,6 +1017,11 @@ static Suite *fabric_untrusted_suite(void)
     tcase_add_test(tc, test_map_refuses_bad_offset);
     tcase_add_test(tc, test_map_refuses_unaligned_offset);
     tcase_add_test(tc, test_frame_with_fd);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("ntb-ring");
+    tcase_add_checked_fixture(tc, setup_ntb, teardown);
+    tcase_add_loop_test(tc, test_ntb_bad_ring, 0, RING_LAST);
     suite_add_tcase(s, tc);
     return s;
 }
