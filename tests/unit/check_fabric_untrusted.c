@@ -3,11 +3,14 @@
  * vn_fabric_open() must refuse, and a raw socket that speaks the shm wire
  * format by hand sending malformed frames, handshakes and streams to a node,
  * which must count each, close its fds, answer a bad request with an error,
- * change nothing else and keep serving its good peer.  The rig is in
+ * change nothing else and keep serving its good peer; and a raw peer of the
+ * ntb backend writing malformed records into a node's ring.  The rig is in
  * fabric-rig.h.
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+#include "fabric/ntb.h"
+#include "fabric/ntbport.h"
 
 /* ---- parameters ---------------------------------------------------------- */
 
@@ -839,9 +842,6 @@ START_TEST(test_frame_with_fd)
 END_TEST
 
 /* ---- the ntb backend's ring ---------------------------------------------- */
-
-#include "fabric/ntb.h"
-#include "fabric/ntbport.h"
 
 /* What a raw peer of an ntb node writes into its ring: each row is records (a VnNtbRec and
  * payload bytes) the node must refuse, ending the session, counting it, and starting a new
