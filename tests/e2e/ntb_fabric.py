@@ -4,7 +4,7 @@ synchronous fabric requests from host a to host b over the `ntb` backend (our mo
 /dev/vfio-ntb device: message rings through the simulated NTB's window, doorbells as MSI-X),
 against the same requests over the `shm` backend between two processes of host a.  Rounds in
 ABBA order (ntb shm | shm ntb); each ntb round starts a new session (both processes open the
-device anew).  Prints FACT lines: fabric_rtt_ok, ntb_p50_us/shm_p50_us (the median of the
+device anew).  Prints FACT lines: fabric_rtt_ok, ntb_window_ok, shm_window_ok, ntb_p50_us/shm_p50_us (the median of the
 rounds' p50s) and each round's."""
 import json
 import statistics
@@ -20,15 +20,17 @@ ORDER = ("ntb", "shm", "shm", "ntb")
 
 
 def _ask(backend, param):
+    """The p50 in us and whether b's segment crossed the window both ways."""
     out = subprocess.run([str(RTT), "ask", backend, "a", "b", str(SAMPLES), param],
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"fabric_rtt ask {backend}: {out.stderr.strip()[-200:]}")
-    return float(out.stdout.split('"p50_us": ')[1].split(",")[0])
+    got = json.loads(out.stdout)
+    return float(got["p50_us"]), bool(got["window_ok"])
 
 
 def _serve(backend, param):
-    return subprocess.Popen([str(RTT), "serve", backend, "b", param])
+    return subprocess.Popen([str(RTT), "serve", backend, "b", "a", param])
 
 
 def _stop(proc):
@@ -40,12 +42,15 @@ def _stop(proc):
 def run(role, bdf, barrier, fact):
     dev = f"/dev/vfio-ntb/{bdf}"
     p50 = {"ntb": [], "shm": []}
+    window = {"ntb": [], "shm": []}
     for i, kind in enumerate(ORDER):
         if kind == "ntb":
             server = _serve("ntb", f"ports={dev}=a") if role == "b" else None
             barrier(role, f"rtt-{i}-serving")
             if role == "a":
-                p50["ntb"].append(_ask("ntb", f"ports={dev}=b"))
+                us, ok = _ask("ntb", f"ports={dev}=b")
+                p50["ntb"].append(us)
+                window["ntb"].append(ok)
             barrier(role, f"rtt-{i}-asked", timeout=900)
             if server is not None:
                 _stop(server)
@@ -53,12 +58,15 @@ def run(role, bdf, barrier, fact):
             with tempfile.TemporaryDirectory(prefix="vn-rtt-") as d:
                 server = _serve("shm", f"dir={d}")
                 try:
-                    p50["shm"].append(_ask("shm", f"dir={d}"))
+                    us, ok = _ask("shm", f"dir={d}")
+                    p50["shm"].append(us)
+                    window["shm"].append(ok)
                 finally:
                     _stop(server)
         barrier(role, f"rtt-{i}-closed", timeout=900)
     if role == "a":
-        fact(fabric_rtt_ok=True,
+        fact(fabric_rtt_ok=True, ntb_window_ok=all(window["ntb"]),
+             shm_window_ok=all(window["shm"]),
              ntb_p50_us=round(statistics.median(p50["ntb"]), 1),
              shm_p50_us=round(statistics.median(p50["shm"]), 1),
              ntb_rounds_us=",".join(map(str, p50["ntb"])),

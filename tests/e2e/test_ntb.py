@@ -19,7 +19,8 @@ says what each host does).  What a user would check:
 - ntb-fabric: the `ntb` fabric backend over our module (ntb_fabric.py): host a's fabric
   requests answered by host b through message rings in the simulated NTB's window, in two
   sessions (each a new opening of the device), timed against the `shm` backend between two
-  processes of host a (ABBA rounds).  The numbers are also the bench line ntb-message-rtt,
+  processes of host a (ABBA rounds); in each, a 16 KiB segment of b's mapped by a through
+  a window (the NTB's second: b's pinned pages), read and written both ways.  The numbers are also the bench line ntb-message-rtt,
   left in build/artifacts/ntb-message-rtt.json for bench/run-bench.  Then vfio-ntbd itself
   with `fabric = ntb` in both hosts: each lists the other's link up (`ntbctl nodes`).
 """
@@ -66,7 +67,7 @@ def main():
         run = procs.tempdir("vn-ntbsim-")
         stats = run / "stats.json"
         sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
-                                     "--stats-file", stats],
+                                     "--windows", "2", "--stats-file", stats],
                           stderr=open(run / "ntbsim.log", "wb"))
         if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
@@ -139,6 +140,7 @@ def main():
 def fabric_result(a, b):
     ntb, shm = a.get("ntb_p50_us"), a.get("shm_p50_us")
     good = a.get("fabric_rtt_ok") == "True" and ntb is not None and shm is not None and \
+        a.get("ntb_window_ok") == "True" and a.get("shm_window_ok") == "True" and \
         a.get("daemon_link_ok") == "True" and b.get("daemon_link_ok") == "True"
     if good:
         line = {"bench": "ntb-message-rtt", "ntb_p50_us": float(ntb), "shm_p50_us": float(shm),
@@ -150,6 +152,7 @@ def fabric_result(a, b):
         (art / "ntb-message-rtt.json").write_text(json.dumps(line) + "\n")
     return h.result("ntb-fabric", good, ntb_p50_us=ntb, shm_p50_us=shm,
                     ntb_rounds_us=a.get("ntb_rounds_us"), shm_rounds_us=a.get("shm_rounds_us"),
+                    window=f"{a.get('ntb_window_ok')},{a.get('shm_window_ok')}",
                     daemon_link_s=f"{a.get('daemon_link_s')},{b.get('daemon_link_s')}",
                     error=f"{a.get('error', '-')}|{b.get('error', '-')}")
 

@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* Exact-size heap memory, so ASan sees any access past a host's memory. */
     Fake f = { { malloc(MEM_SIZE), malloc(MEM_SIZE) } };
-    VnEpf *epf = vn_epf_new(1u << 16, &ops, &f, NULL);
+    VnEpf *epf = vn_epf_new(1u << 16, 2, &ops, &f, NULL);
 
     memset(f.mem[0], 0, MEM_SIZE);
     memset(f.mem[1], 0, MEM_SIZE);
@@ -101,10 +101,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             (void)vn_epf_db_read(epf, port, off, buf, len);
             break;
         case 4:
-            (void)vn_epf_window_read(epf, port, off, buf, len);
+            (void)vn_epf_window_read(epf, port, (p[3] >> 1) & 3, off, buf, len);
             break;
         case 5:
-            (void)vn_epf_window_write(epf, port, off, buf, len);
+            (void)vn_epf_window_write(epf, port, (p[3] >> 1) & 3, off, buf, len);
             break;
         case 6:
             vn_epf_set_connected(epf, port, p[3] & 1);

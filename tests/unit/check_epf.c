@@ -62,15 +62,20 @@ static const VnEpfOps fake_ops = {
     .bus_master = fake_bus_master,
 };
 
-static Rig *rig_new(void)
+static Rig *rig_new_windows(unsigned windows)
 {
     g_autoptr(GError) error = NULL;
     Rig *r = g_new0(Rig, 1);
 
     r->master[0] = r->master[1] = true;
-    r->epf = vn_epf_new(1 << 20, &fake_ops, r, &error);
+    r->epf = vn_epf_new(1 << 20, windows, &fake_ops, r, &error);
     ck_assert_msg(r->epf != NULL, "%s", error ? error->message : "");
     return r;
+}
+
+static Rig *rig_new(void)
+{
+    return rig_new_windows(1);
 }
 
 static void rig_free(Rig *r)
@@ -113,9 +118,9 @@ static uint16_t command(Rig *r, unsigned port, uint32_t cmd, uint32_t arg)
 }
 
 /* What ntb_hw_epf's probe and link_enable do on both ports, with the hosts there. */
-static Rig *rig_linked(void)
+static Rig *rig_linked_windows(unsigned windows)
 {
-    Rig *r = rig_new();
+    Rig *r = rig_new_windows(windows);
 
     for (unsigned p = 0; p < 2; p++) {
         vn_epf_set_connected(r->epf, p, true);
@@ -128,14 +133,24 @@ static Rig *rig_linked(void)
     return r;
 }
 
-/* Port @port translates its peer's window to @addr, @size bytes (ntb_epf_mw_set_trans). */
-static uint16_t set_trans(Rig *r, unsigned port, uint64_t addr, uint64_t size)
+static Rig *rig_linked(void)
+{
+    return rig_linked_windows(1);
+}
+
+/* Port @port translates its peer's window @mw to @addr, @size bytes (ntb_epf_mw_set_trans). */
+static uint16_t set_trans_mw(Rig *r, unsigned port, uint32_t mw, uint64_t addr, uint64_t size)
 {
     wr32(r, port, VN_EPF_REG_LOWER_ADDR, (uint32_t)addr);
     wr32(r, port, VN_EPF_REG_UPPER_ADDR, (uint32_t)(addr >> 32));
     wr32(r, port, VN_EPF_REG_LOWER_SIZE, (uint32_t)size);
     wr32(r, port, VN_EPF_REG_UPPER_SIZE, (uint32_t)(size >> 32));
-    return command(r, port, VN_EPF_CMD_CONFIGURE_MW, 0);
+    return command(r, port, VN_EPF_CMD_CONFIGURE_MW, mw);
+}
+
+static uint16_t set_trans(Rig *r, unsigned port, uint64_t addr, uint64_t size)
+{
+    return set_trans_mw(r, port, 0, addr, size);
 }
 
 START_TEST(test_layout)
@@ -245,27 +260,27 @@ START_TEST(test_window)
 
     /* Port 1 translates port 0's window to its memory at 0x4000, 8 KiB. */
     ck_assert_uint_eq(set_trans(r, 1, 0x4000, 0x2000), VN_EPF_STATUS_OK);
-    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0x10, &v, 8), 0);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 0x10, &v, 8), 0);
     ck_assert(memcmp(r->mem[1] + 0x4010, &v, 8) == 0);
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0x10, &got, 8), 0);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 0x10, &got, 8), 0);
     ck_assert_uint_eq(got, v);
     /* Past the translation's size: nothing there, all ones. */
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0x2000, &got, 8), 0);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 0x2000, &got, 8), 0);
     ck_assert_uint_eq(got, UINT64_MAX);
     /* Port 0's own memory was never touched; port 1's window reaches nothing (port 0 set
      * no translation). */
-    ck_assert_int_eq(vn_epf_window_write(r->epf, 1, 0, &v, 8), 0);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 1, 0, 0, &v, 8), 0);
     for (unsigned i = 0; i < MEM_SIZE; i++) {
         ck_assert_uint_eq(r->mem[0][i], 0);
     }
     /* The peer's function may not master the bus: no DMA. */
     r->master[1] = false;
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0x10, &got, 8), 0);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 0x10, &got, 8), 0);
     ck_assert_uint_eq(got, UINT64_MAX);
     r->master[1] = true;
     /* Torn down: gone. */
     ck_assert_uint_eq(command(r, 1, VN_EPF_CMD_TEARDOWN_MW, 0), VN_EPF_STATUS_OK);
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0x10, &got, 8), 0);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 0x10, &got, 8), 0);
     ck_assert_uint_eq(got, UINT64_MAX);
     vn_epf_stats(r->epf, 0, &st);
     ck_assert_uint_eq(st.window_writes, 1);
@@ -276,6 +291,38 @@ START_TEST(test_window)
 END_TEST
 
 /* Commands a host might send wrong: each answers ERROR and changes nothing. */
+/* Two windows (BAR4, BAR5): each its own translation on the peer; one window has no second. */
+START_TEST(test_two_windows)
+{
+    Rig *r = rig_linked_windows(2);
+    Rig *one = rig_linked();
+    uint64_t a = 0xaaaaaaaaaaaaaaaaull, b = 0xbbbbbbbbbbbbbbbbull, got = 0;
+
+    ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_MW_COUNT), 2);
+    ck_assert_uint_eq(vn_epf_windows(r->epf), 2);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 0, 0x1000, 0x1000), VN_EPF_STATUS_OK);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 1, 0x6000, 0x1000), VN_EPF_STATUS_OK);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 2, 0x6000, 0x1000), VN_EPF_STATUS_ERROR);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 8, &a, 8), 0);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 1, 8, &b, 8), 0);
+    ck_assert(memcmp(r->mem[1] + 0x1008, &a, 8) == 0);
+    ck_assert(memcmp(r->mem[1] + 0x6008, &b, 8) == 0);
+    /* Window 1 torn down, window 0 still there. */
+    ck_assert_uint_eq(command(r, 1, VN_EPF_CMD_TEARDOWN_MW, 1), VN_EPF_STATUS_OK);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 1, 8, &got, 8), 0);
+    ck_assert_uint_eq(got, UINT64_MAX);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 8, &got, 8), 0);
+    ck_assert_uint_eq(got, a);
+    ck_assert_uint_eq(command(r, 1, VN_EPF_CMD_TEARDOWN_MW, 2), VN_EPF_STATUS_ERROR);
+    /* One window: no second to translate or reach. */
+    ck_assert_uint_eq(rd32(one, 0, VN_EPF_REG_MW_COUNT), 1);
+    ck_assert_uint_eq(set_trans_mw(one, 1, 1, 0x6000, 0x1000), VN_EPF_STATUS_ERROR);
+    ck_assert_int_eq(vn_epf_window_write(one->epf, 0, 1, 8, &b, 8), -EINVAL);
+    rig_free(one);
+    rig_free(r);
+}
+END_TEST
+
 static const struct {
     const char *why;
     uint32_t cmd, arg;
@@ -313,7 +360,7 @@ START_TEST(test_bad_commands)
     /* What was there before still is: the first translation, 8 vectors, the link. */
     ck_assert(vn_epf_link_up(r->epf));
     if (bad_commands[_i].cmd == VN_EPF_CMD_CONFIGURE_MW) {
-        ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0xff8, &v, 8), 0);
+        ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 0xff8, &v, 8), 0);
         vn_epf_stats(r->epf, 0, &st);
         ck_assert_uint_eq(st.window_faults, 0);
     }
@@ -332,8 +379,8 @@ START_TEST(test_bad_access)
     ck_assert_int_eq(vn_epf_ctrl_read(r->epf, 0, 0, buf, 16), -EINVAL);
     ck_assert_int_eq(vn_epf_ctrl_read(r->epf, 0, 0, buf, 0), -EINVAL);
     ck_assert_int_eq(vn_epf_db_write(r->epf, 0, VN_EPF_DB_SIZE, buf, 4), -EINVAL);
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, (1 << 20) - 4, buf, 8), -EINVAL);
-    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, buf, 16), -EINVAL);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, (1 << 20) - 4, buf, 8), -EINVAL);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 0, buf, 16), -EINVAL);
     for (unsigned v = 0; v < VN_EPF_MAX_VECTORS; v++) {
         ck_assert_uint_eq(r->signals[1][v], v == 0 ? 1 : 0);
     }
@@ -349,11 +396,15 @@ START_TEST(test_bad_new)
     for (unsigned i = 0; i < G_N_ELEMENTS(sizes); i++) {
         g_autoptr(GError) error = NULL;
 
-        ck_assert_ptr_null(vn_epf_new(sizes[i], &fake_ops, NULL, &error));
+        ck_assert_ptr_null(vn_epf_new(sizes[i], 1, &fake_ops, NULL, &error));
         ck_assert_ptr_nonnull(error);
     }
+    /* No window, three (the map has two), two 32-bit BARs of 2 GiB. */
+    ck_assert_ptr_null(vn_epf_new(1 << 20, 0, &fake_ops, NULL, NULL));
+    ck_assert_ptr_null(vn_epf_new(1 << 20, 3, &fake_ops, NULL, NULL));
+    ck_assert_ptr_null(vn_epf_new(VN_EPF_MAX_WINDOW32 * 2, 2, &fake_ops, NULL, NULL));
     g_autoptr(GError) error = NULL;
-    ck_assert_ptr_null(vn_epf_new(1 << 20, &no_dma, NULL, &error));
+    ck_assert_ptr_null(vn_epf_new(1 << 20, 1, &no_dma, NULL, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "dma_read"));
 }
 END_TEST
@@ -369,8 +420,8 @@ START_TEST(test_reset)
     vn_epf_reset(r->epf, 1);
     ck_assert(!vn_epf_link_up(r->epf));
     ck_assert_uint_eq(rd32(r, 1, VN_EPF_SPAD_OFFSET), 0);
-    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, &v, 8), 0);
-    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, &got, 8), 0);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 0, &v, 8), 0);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 0, &got, 8), 0);
     ck_assert_uint_eq(got, UINT64_MAX);
     ck_assert_str_eq(vn_epf_command_to_string(VN_EPF_CMD_LINK_UP), "link-up");
     ck_assert_str_eq(vn_epf_command_to_string(VN_EPF_CMD_LAST), "?");
@@ -399,6 +450,7 @@ static Suite *epf_suite(void)
 
     tc = tcase_create("window");
     tcase_add_test(tc, test_window);
+    tcase_add_test(tc, test_two_windows);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("untrusted");

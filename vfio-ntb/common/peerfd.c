@@ -154,12 +154,34 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
     return -EINVAL;
 }
 
+/* An NTB window of our module's (/dev/vfio-ntb/NAME): the module checks each mmap against the
+ * window, and its mapping is device memory (all ones once the peer is gone, SIGBUS once the
+ * adapter is). */
+static bool ntb_window(int fd)
+{
+    char path[64], link[128];
+    struct stat st;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0 || fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode)) {
+        return false;
+    }
+    link[n] = '\0';
+    return g_str_has_prefix(link, "/dev/vfio-ntb/");
+}
+
 int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why)
 {
     *device = false;
     if (fd_is(fd, VFIO_DEVICE_LINK) == 0) {
         *device = true;
         return vn_peerfd_device_memory(fd, offset, size, why);
+    }
+    if (fd >= 0 && ntb_window(fd)) {
+        *device = true;
+        return 0;
     }
     return vn_peerfd_memory(fd, offset, size, why);
 }

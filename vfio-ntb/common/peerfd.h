@@ -69,7 +69,9 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
 
 /*
  * What a memory window may map: vn_peerfd_memory(), or else
- * vn_peerfd_device_memory() for a VFIO device fd, which sets *@device.
+ * vn_peerfd_device_memory() for a VFIO device fd, or an outbound window of
+ * our NTB module's device (/dev/vfio-ntb/NAME, which checks each mmap
+ * itself); both set *@device.
  */
 int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why);
 

@@ -23,14 +23,16 @@ typedef struct EpfPort {
     uint16_t status;
     uint32_t addr_lo, addr_hi, size_lo, size_hi;
     uint32_t vectors; /* CMD_CONFIGURE_DOORBELL's count; 0: none */
-    bool mw_valid;    /* CMD_CONFIGURE_MW's translation of the peer's window */
-    uint64_t mw_addr, mw_size;
+    /* CMD_CONFIGURE_MW's translation of the peer's window N */
+    bool mw_valid[VN_EPF_MAX_WINDOWS];
+    uint64_t mw_addr[VN_EPF_MAX_WINDOWS], mw_size[VN_EPF_MAX_WINDOWS];
     uint32_t spad[VN_EPF_SPADS];
     VnEpfStats stats;
 } EpfPort;
 
 struct VnEpf {
     uint64_t window_size;
+    unsigned windows;
     const VnEpfOps *ops;
     void *opaque;
     bool link; /* as last raised */
@@ -73,14 +75,21 @@ bool vn_epf_ops_valid(const VnEpfOps *ops, GError **error)
     return true;
 }
 
-VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GError **error)
+VnEpf *vn_epf_new(uint64_t window_size, unsigned windows, const VnEpfOps *ops, void *opaque,
+                  GError **error)
 {
     VnEpf *epf;
 
     if (!vn_epf_ops_valid(ops, error)) {
         return NULL;
     }
-    if (window_size < VN_EPF_MIN_WINDOW || window_size > VN_EPF_MAX_WINDOW ||
+    if (windows < 1 || windows > VN_EPF_MAX_WINDOWS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "NTB model: %u windows (1 to %u)", windows, VN_EPF_MAX_WINDOWS);
+        return NULL;
+    }
+    if (window_size < VN_EPF_MIN_WINDOW ||
+        window_size > (windows > 1 ? VN_EPF_MAX_WINDOW32 : VN_EPF_MAX_WINDOW) ||
         (window_size & (window_size - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "NTB model: a window of %" G_GUINT64_FORMAT " bytes (a power of two, "
@@ -90,6 +99,7 @@ VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GErro
     }
     epf = g_new0(VnEpf, 1);
     epf->window_size = window_size;
+    epf->windows = windows;
     epf->ops = ops;
     epf->opaque = opaque;
     return epf;
@@ -103,6 +113,11 @@ void vn_epf_free(VnEpf *epf)
 uint64_t vn_epf_window_size(VnEpf *epf)
 {
     return epf->window_size;
+}
+
+unsigned vn_epf_windows(VnEpf *epf)
+{
+    return epf->windows;
 }
 
 bool vn_epf_link_up(VnEpf *epf)
@@ -165,18 +180,18 @@ static bool configure_mw(VnEpf *e, EpfPort *p, uint32_t idx)
     uint64_t addr = (uint64_t)p->addr_hi << 32 | p->addr_lo;
     uint64_t size = (uint64_t)p->size_hi << 32 | p->size_lo;
 
-    /* One window (MW_COUNT); ntb_hw_epf aligns the address to 4 KiB (mw_get_align) and
+    /* A window of MW_COUNT; ntb_hw_epf aligns the address to 4 KiB (mw_get_align) and
      * keeps the size within the BAR. */
-    if (idx != 0 || size == 0 || size > e->window_size || (addr & (VN_EPF_MIN_WINDOW - 1)) ||
-        addr + size < addr) {
+    if (idx >= e->windows || size == 0 || size > e->window_size ||
+        (addr & (VN_EPF_MIN_WINDOW - 1)) || addr + size < addr) {
         g_info("NTB model: refused window %u at 0x%" G_GINT64_MODIFIER
                "x size 0x%" G_GINT64_MODIFIER "x",
                idx, addr, size);
         return false;
     }
-    p->mw_valid = true;
-    p->mw_addr = addr;
-    p->mw_size = size;
+    p->mw_valid[idx] = true;
+    p->mw_addr[idx] = addr;
+    p->mw_size[idx] = size;
     return true;
 }
 
@@ -201,8 +216,10 @@ static void run_command(VnEpf *e, unsigned port, uint32_t cmd)
         ok = configure_mw(e, p, arg);
         break;
     case VN_EPF_CMD_TEARDOWN_MW:
-        ok = arg == 0;
-        p->mw_valid = p->mw_valid && !ok;
+        ok = arg < e->windows;
+        if (ok) {
+            p->mw_valid[arg] = false;
+        }
         break;
     case VN_EPF_CMD_LINK_UP:
     case VN_EPF_CMD_LINK_DOWN:
@@ -252,7 +269,7 @@ static uint32_t ctrl_read32(VnEpf *e, unsigned port, uint32_t off)
     case VN_EPF_REG_UPPER_SIZE:
         return p->size_hi;
     case VN_EPF_REG_MW_COUNT:
-        return 1;
+        return e->windows;
     case VN_EPF_REG_SPAD_OFFSET:
         return VN_EPF_SPAD_OFFSET;
     case VN_EPF_REG_SPAD_COUNT:
@@ -389,48 +406,50 @@ int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf,
 
 /* The peer port that @port's window reaches, when its function can do the DMA now: it is
  * there, translates [offset, offset + len) and may master the bus.  -1 otherwise. */
-static int window_target(VnEpf *e, unsigned port, uint64_t offset, uint32_t len)
+static int window_target(VnEpf *e, unsigned port, unsigned mw, uint64_t offset, uint32_t len)
 {
     unsigned q = port ^ 1;
     EpfPort *peer = &e->port[q];
 
-    if (peer->connected && peer->mw_valid && vn_util_range_ok(offset, len, peer->mw_size) &&
+    if (peer->connected && peer->mw_valid[mw] && vn_util_range_ok(offset, len, peer->mw_size[mw]) &&
         (e->ops->bus_master == NULL || e->ops->bus_master(e->opaque, q))) {
         return (int)q;
     }
     return -1;
 }
 
-int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len)
+int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, void *buf,
+                       uint32_t len)
 {
     EpfPort *p = &epf->port[port & 1];
     int q;
 
-    if (!access_ok(offset, len, epf->window_size)) {
+    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size)) {
         return -EINVAL;
     }
     p->stats.window_reads++;
-    q = window_target(epf, port & 1, offset, len);
-    if (q < 0 ||
-        epf->ops->dma_read(epf->opaque, (unsigned)q, epf->port[q].mw_addr + offset, buf, len) < 0) {
+    q = window_target(epf, port & 1, mw, offset, len);
+    if (q < 0 || epf->ops->dma_read(epf->opaque, (unsigned)q, epf->port[q].mw_addr[mw] + offset,
+                                    buf, len) < 0) {
         p->stats.window_faults++;
         memset(buf, 0xff, len); /* a read that completes with nothing: all ones */
     }
     return 0;
 }
 
-int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len)
+int vn_epf_window_write(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, const void *buf,
+                        uint32_t len)
 {
     EpfPort *p = &epf->port[port & 1];
     int q;
 
-    if (!access_ok(offset, len, epf->window_size)) {
+    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size)) {
         return -EINVAL;
     }
     p->stats.window_writes++;
-    q = window_target(epf, port & 1, offset, len);
-    if (q < 0 || epf->ops->dma_write(epf->opaque, (unsigned)q, epf->port[q].mw_addr + offset, buf,
-                                     len) < 0) {
+    q = window_target(epf, port & 1, mw, offset, len);
+    if (q < 0 || epf->ops->dma_write(epf->opaque, (unsigned)q, epf->port[q].mw_addr[mw] + offset,
+                                     buf, len) < 0) {
         p->stats.window_faults++; /* a posted write that reached nothing is lost */
     }
     return 0;

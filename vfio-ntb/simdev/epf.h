@@ -16,6 +16,8 @@
  *         peer's translation for it (CMD_CONFIGURE_MW on the peer: address A, size S) as a
  *         DMA by the peer's function to A + O, when O is inside S.  That DMA goes through
  *         the peer host's IOMMU like any device's (VnEpfOps.dma_read/dma_write).
+ *   With two windows (MW_COUNT 2), BAR4 and BAR5 are one each, 32-bit prefetchable (the
+ *   map has window 2 in BAR5), translated each by its own CMD_CONFIGURE_MW on the peer.
  *   and MSI-X (the caller's config space and table), up to VN_EPF_MAX_VECTORS vectors.
  *
  * The link is up while both ports are connected (a host is there) and both asked for it
@@ -57,6 +59,9 @@
  * at most what one host lends in a window (a 64-bit BAR). */
 #define VN_EPF_MIN_WINDOW (4ull << 10)
 #define VN_EPF_MAX_WINDOW (64ull << 30)
+/* Windows a port may have: the map's two (BAR4, BAR5); two are 32-bit BARs, so 1 GiB each. */
+#define VN_EPF_MAX_WINDOWS 2u
+#define VN_EPF_MAX_WINDOW32 (1ull << 30)
 /* The largest access a host makes at once (a trapped load or store). */
 #define VN_EPF_MAX_ACCESS 8u
 
@@ -126,13 +131,16 @@ typedef struct VnEpfStats {
 
 typedef struct VnEpf VnEpf;
 
-/* A pair of ports whose windows are @window_size bytes (a power of two within
- * VN_EPF_MIN_WINDOW..VN_EPF_MAX_WINDOW).  Both ports start disconnected. */
-VnEpf *vn_epf_new(uint64_t window_size, const VnEpfOps *ops, void *opaque, GError **error);
+/* A pair of ports with @windows (1..VN_EPF_MAX_WINDOWS) windows of @window_size bytes each (a
+ * power of two within VN_EPF_MIN_WINDOW..VN_EPF_MAX_WINDOW, VN_EPF_MAX_WINDOW32 with two).
+ * Both ports start disconnected. */
+VnEpf *vn_epf_new(uint64_t window_size, unsigned windows, const VnEpfOps *ops, void *opaque,
+                  GError **error);
 void vn_epf_free(VnEpf *epf);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnEpf, vn_epf_free)
 
 uint64_t vn_epf_window_size(VnEpf *epf);
+unsigned vn_epf_windows(VnEpf *epf);
 
 /* A host is there (its client connected) or gone.  Gone resets the port. */
 void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected);
@@ -147,10 +155,13 @@ int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *bu
 /* BAR2: writes ring, reads return 0. */
 int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
 int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
-/* BAR4: an access through @port's window (see above).  0 even when it reached nothing (a
- * read then sees all ones); -EINVAL outside the BAR or larger than VN_EPF_MAX_ACCESS. */
-int vn_epf_window_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
-int vn_epf_window_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
+/* BAR4 (window 0), BAR5 (window 1): an access through @port's window @mw (see above).  0
+ * even when it reached nothing (a read then sees all ones); -EINVAL outside the BAR, for a
+ * window the port does not have, or larger than VN_EPF_MAX_ACCESS. */
+int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, void *buf,
+                       uint32_t len);
+int vn_epf_window_write(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, const void *buf,
+                        uint32_t len);
 
 bool vn_epf_link_up(VnEpf *epf);
 void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out);

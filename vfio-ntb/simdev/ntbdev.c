@@ -74,7 +74,7 @@ static const VnEpfOps epf_ops = {
 
 /* ---- construction ------------------------------------------------------ */
 
-static void info_build(VnDeviceInfo *i, uint64_t window_size)
+static void info_build(VnDeviceInfo *i, uint64_t window_size, unsigned windows)
 {
     static const struct {
         uint32_t index;
@@ -97,8 +97,10 @@ static void info_build(VnDeviceInfo *i, uint64_t window_size)
         i->regions[bars[b].index].size = bars[b].size;
         i->regions[bars[b].index].flags = rw;
     }
-    i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR].size = window_size;
-    i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR].flags = rw;
+    for (unsigned w = 0; w < windows; w++) {
+        i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + w].size = window_size;
+        i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + w].flags = rw;
+    }
 
     i->num_irqs = VFIO_PCI_NUM_IRQS;
     i->irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
@@ -110,10 +112,10 @@ static void info_build(VnDeviceInfo *i, uint64_t window_size)
     i->irq_flags[VFIO_PCI_ERR_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error)
+VnNtbDev *vn_ntbdev_new(uint64_t window_size, unsigned windows, GError **error)
 {
     g_autoptr(VnNtbDev) d = g_new0(VnNtbDev, 1);
-    const VnPciCfgParams cp = {
+    VnPciCfgParams cp = {
         .vendor_id = VN_EPF_VENDOR_ID,
         .device_id = VN_EPF_DEVICE_ID,
         .subsys_vendor_id = VN_EPF_VENDOR_ID,
@@ -131,9 +133,14 @@ VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error)
         .msix_pba_offset = MSIX_PBA,
     };
 
-    d->epf = vn_epf_new(window_size, &epf_ops, d, error);
+    d->epf = vn_epf_new(window_size, windows, &epf_ops, d, error);
     if (d->epf == NULL) {
         return NULL;
+    }
+    if (windows > 1) {
+        /* Window 2 is BAR5 (ntb_hw_epf's mx8_map): both 32-bit. */
+        cp.bars[VN_EPF_WINDOW_BAR].is64 = false;
+        cp.bars[VN_EPF_WINDOW_BAR + 1] = (VnPciCfgBar){ .size = window_size, .prefetch = true };
     }
     for (unsigned p = 0; p < 2; p++) {
         d->port[p].dev = d;
@@ -144,7 +151,7 @@ VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error)
             return NULL;
         }
     }
-    info_build(&d->info, window_size);
+    info_build(&d->info, window_size, windows);
     return g_steal_pointer(&d);
 }
 
@@ -229,7 +236,10 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR:
         return vn_epf_db_read(epf, p->index, offset, buf, count);
     case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR:
-        return vn_epf_window_read(epf, p->index, offset, buf, count);
+    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + 1:
+        return vn_epf_window_read(epf, p->index,
+                                  index - VFIO_PCI_BAR0_REGION_INDEX - VN_EPF_WINDOW_BAR, offset,
+                                  buf, count);
     default:
         return -EINVAL;
     }
@@ -264,7 +274,10 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR:
         return vn_epf_db_write(epf, p->index, offset, buf, count);
     case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR:
-        return vn_epf_window_write(epf, p->index, offset, buf, count);
+    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + 1:
+        return vn_epf_window_write(epf, p->index,
+                                   index - VFIO_PCI_BAR0_REGION_INDEX - VN_EPF_WINDOW_BAR, offset,
+                                   buf, count);
     default:
         return -EINVAL;
     }

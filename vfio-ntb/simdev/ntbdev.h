@@ -24,7 +24,7 @@
 typedef struct VnNtbDev VnNtbDev;
 
 /* Both ports, windows of @window_size bytes (vn_epf_new's bounds). */
-VnNtbDev *vn_ntbdev_new(uint64_t window_size, GError **error);
+VnNtbDev *vn_ntbdev_new(uint64_t window_size, unsigned windows, GError **error);
 void vn_ntbdev_free(VnNtbDev *d);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbDev, vn_ntbdev_free)
 

@@ -1,7 +1,8 @@
 /*
  * vfio-ntb-ntbsim: a simulated NTB adapter pair served over vfio-user, for tests.
  *
- *   vfio-ntb-ntbsim --port0 PATH --port1 PATH [--window-mib N] [--stats-file PATH]
+ *   vfio-ntb-ntbsim --port0 PATH --port1 PATH [--window-mib N] [--windows 1|2]
+ *                   [--stats-file PATH]
  *                   [--verbose]
  *
  * Two hosts (two QEMUs, each with a vfio-user-pci device on one of the sockets) are joined
@@ -39,6 +40,7 @@ typedef struct Options {
     char *trace;
     char *port[2];
     gint window_mib;
+    gint windows;
     char *stats_file;
     gboolean verbose;
 } Options;
@@ -61,6 +63,9 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "vfio-user socket of the second host's NTB function (must not exist)", "PATH" },
         { "window-mib", 0, 0, G_OPTION_ARG_INT, &o->window_mib,
           "size of each host's memory window (a power of two, default 4)", "N" },
+        { "windows", 0, 0, G_OPTION_ARG_INT, &o->windows,
+          "memory windows per host: 1 (BAR4, 64-bit) or 2 (BAR4 and BAR5, 32-bit); default 1",
+          "N" },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every command", NULL },
@@ -71,6 +76,7 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         g_option_context_new("- a simulated NTB (Linux's ntb_hw_epf binds) over vfio-user");
 
     o->window_mib = NTBSIM_DEFAULT_WINDOW_MIB;
+    o->windows = 1;
     g_option_context_add_main_entries(ctx, entries, NULL);
     if (!g_option_context_parse(ctx, argc, argv, error)) {
         return false;
@@ -120,7 +126,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN); /* a client that vanishes mid-reply must not kill us */
 
-    dev = vn_ntbdev_new((uint64_t)opt.window_mib << 20, &error);
+    dev = vn_ntbdev_new((uint64_t)opt.window_mib << 20, (unsigned)opt.windows, &error);
     for (unsigned p = 0; dev != NULL && p < 2 && error == NULL; p++) {
         server[p] = vn_server_new(opt.port[p], vn_ntbdev_info(dev), &vn_ntbdev_ops,
                                   vn_ntbdev_port(dev, p), NULL, &error);
