@@ -171,6 +171,7 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     }
     l->ring_out = vn_ntb_ring_of(MIN(bytes, size));
     if (l->ring_out == 0 || bytes > size) {
+        l->peer_epoch = epoch; /* said once: not again until it announces anew */
         g_warning("node %s: ntb port %s: the peer's ring of %" PRIu64 " bytes does not fit "
                   "window 0 (%" PRIu64 " bytes)",
                   l->ntb->node, p->spec, bytes, size);
@@ -181,6 +182,7 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     m = mmap(NULL, l->out_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     close(fd);
     if (m == MAP_FAILED) {
+        l->peer_epoch = epoch;
         g_warning("node %s: ntb port %s: cannot map window 0: %s", l->ntb->node, p->spec,
                   g_strerror(errno));
         return;

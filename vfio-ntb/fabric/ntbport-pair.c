@@ -177,9 +177,29 @@ static int pair_peer_spad_write(VnNtbPort *p, uint32_t index, uint32_t value)
     return 0;
 }
 
+/* Window @win of ours reaches @t now, or -EBUSY (and @t is undone): it reaches something. */
+static int target_set(VnNtbPort *p, uint32_t win, PairTarget *t)
+{
+    PairTarget *in;
+    int ret = 0;
+
+    vn_mutex_lock(&pair_lock);
+    in = &me(p)->in[win];
+    if (in->fd >= 0) {
+        ret = -EBUSY;
+    } else {
+        *in = *t;
+    }
+    vn_mutex_unlock(&pair_lock);
+    if (ret < 0) {
+        target_clear(t);
+    }
+    return ret;
+}
+
 static int pair_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
 {
-    PairTarget *t;
+    PairTarget t;
     int fd, ret = 0;
     void *m;
 
@@ -196,18 +216,10 @@ static int pair_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **ma
         close(fd);
         return ret;
     }
-    vn_mutex_lock(&pair_lock);
-    t = &me(p)->in[win];
-    if (t->fd >= 0) {
-        ret = -EBUSY;
-    } else {
-        *t = (PairTarget){ .fd = fd, .offset = 0, .size = size, .map = m };
+    t = (PairTarget){ .fd = fd, .offset = 0, .size = size, .map = m };
+    ret = target_set(p, win, &t);
+    if (ret == 0) {
         *map = m;
-    }
-    vn_mutex_unlock(&pair_lock);
-    if (ret < 0) {
-        munmap(m, size);
-        close(fd);
     }
     return ret;
 }
@@ -215,8 +227,8 @@ static int pair_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **ma
 static int pair_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size)
 {
     const char *why = NULL;
-    PairTarget *t;
-    int copy, ret = 0;
+    PairTarget t;
+    int copy;
 
     if (win >= PAIR_WINDOWS || size == 0 || size > PAIR_WINDOW_SIZE) {
         return -EINVAL;
@@ -228,18 +240,8 @@ static int pair_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, u
     if (copy < 0) {
         return -errno;
     }
-    vn_mutex_lock(&pair_lock);
-    t = &me(p)->in[win];
-    if (t->fd >= 0) {
-        ret = -EBUSY;
-    } else {
-        *t = (PairTarget){ .fd = copy, .offset = offset, .size = size };
-    }
-    vn_mutex_unlock(&pair_lock);
-    if (ret < 0) {
-        close(copy);
-    }
-    return ret;
+    t = (PairTarget){ .fd = copy, .offset = offset, .size = size };
+    return target_set(p, win, &t);
 }
 
 static int pair_in_clear(VnNtbPort *p, uint32_t win)
