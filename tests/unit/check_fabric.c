@@ -1082,6 +1082,43 @@ START_TEST(test_ntb_fragments)
 }
 END_TEST
 
+/* An asynchronous map still waiting when its node closes is told once, cancelled; and one
+ * whose answer came but was not told yet too: nothing of either runs after the close (a
+ * delivery left on the loop would touch the freed node; ASan sees it). */
+START_TEST(test_ntb_close_cancels_map)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    int memfd = memfd_new(4096, NULL);
+    Mapped m = { 0 };
+    uint64_t seg;
+
+    link_nodes(a, b);
+    seg = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+    for (int answered = 0; answered < 2; answered++) {
+        m = (Mapped){ 0 };
+        vn_fabric_window_map_async(a->fab, "b", seg, on_mapped, &m);
+        if (answered) {
+            /* A connect serves the node's ports (c is not there): b answers, a reads the
+             * answer, and only the loop would tell it. */
+            vn_fabric_connect(b->fab, "c", NULL);
+            vn_fabric_connect(a->fab, "c", NULL);
+        }
+        ck_assert(!m.done);
+        node_close(a);
+        ck_assert(m.done);
+        ck_assert_ptr_null(m.w);
+        ck_assert_int_eq(m.code, G_IO_ERROR_CANCELLED);
+        m.done = false;
+        spin(50);
+        ck_assert(!m.done);
+        a = node_open("a", false);
+        WAIT_FOR(vn_fabric_link_up(a->fab, "b") && vn_fabric_link_up(b->fab, "a"));
+    }
+    close(memfd);
+}
+END_TEST
+
 static const struct {
     const char *key, *value, *why;
 } ntb_bad[] = {
@@ -1154,6 +1191,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_fragments);
+    tcase_add_test(tc, test_ntb_close_cancels_map);
     tcase_add_loop_test(tc, test_ntb_params, 0, G_N_ELEMENTS(ntb_bad));
     suite_add_tcase(s, tc);
 

@@ -52,7 +52,6 @@ typedef struct VnNtbLink {
     uint64_t exported[VN_NTBPORT_MAX_WINDOWS];
     uint64_t mapped[VN_NTBPORT_MAX_WINDOWS];
     uint64_t map_seq;
-    GQueue maps; /* VnNtbMapping waiting for MAPPED */
 } VnNtbLink;
 
 struct VnNtb {
@@ -64,6 +63,7 @@ struct VnNtb {
     GSource *report;  /* link downs not told from inside a call */
     GQueue downs;     /* peer names to report down */
     uint64_t reports; /* link changes told to the fabric */
+    GQueue maps;      /* VnNtbMapping (ntb-map.c): waiting for MAPPED, or to be told */
 };
 
 /* ntb.c */
@@ -83,8 +83,9 @@ void vn_ntb_report_downs(VnNtb *ntb);
 void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len);
-/* The session ended: maps waiting fail (from the loop), windows go. */
-void vn_ntb_maps_end(VnNtbLink *l, int err);
+/* @l's session ended (@err), or the node closes (-ECANCELED; @l NULL: every
+ * link's): maps waiting fail, told from the loop (closing: at once). */
+void vn_ntb_maps_end(VnNtb *ntb, VnNtbLink *l, int err);
 int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
                        uint64_t *offset);
 void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,

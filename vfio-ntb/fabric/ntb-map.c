@@ -16,9 +16,13 @@
 
 typedef void (*VnNtbMapDone)(void *opaque, int fd, uint64_t size, uint64_t offset);
 
-/* A map waiting for the exporter's answer. */
+/*
+ * A map waiting for the exporter's answer, or (asynchronous) for its answer to
+ * be told: in the node's list until then, so that closing cancels it.
+ */
 typedef struct VnNtbMapping {
-    VnNtbLink *l;
+    VnNtb *ntb;
+    VnNtbLink *l; /* NULL: refused before it was asked */
     uint64_t seq;
     uint64_t id;
     VnNtbMapDone done; /* NULL: a synchronous map, which polls @finished */
@@ -41,106 +45,114 @@ static void mapping_free(VnNtbMapping *m)
     g_free(m);
 }
 
-/* An idle source's: the answer, to an asynchronous map. */
+/* The source of @m is running and ends as it returns: told, then freed. */
+static gboolean mapping_tell(VnNtbMapping *m, int fd)
+{
+    g_queue_remove(&m->ntb->maps, m);
+    g_clear_pointer(&m->src, g_source_unref);
+    m->fd = -1;
+    m->done(m->opaque, fd, m->size, m->offset);
+    mapping_free(m);
+    return G_SOURCE_REMOVE;
+}
+
 static gboolean mapping_deliver(gpointer data)
 {
     VnNtbMapping *m = data;
 
-    m->done(m->opaque, m->fd, m->size, m->offset);
-    m->fd = -1; /* handed over */
-    return G_SOURCE_REMOVE;
+    return mapping_tell(m, m->fd); /* the fd is the caller's now */
 }
 
 static gboolean mapping_timeout(gpointer data)
 {
     VnNtbMapping *m = data;
 
-    g_queue_remove(&m->l->maps, m); /* a late answer gives its window back */
-    g_source_unref(m->src);         /* destroyed as we return */
-    m->src = NULL;
-    m->done(m->opaque, -ETIMEDOUT, 0, 0);
-    mapping_free(m);
-    return G_SOURCE_REMOVE;
-}
-
-/* Hand @m (finished) to an idle source of @ctx, which tells its caller
- * and frees it. */
-static void deliver_later(GMainContext *ctx, VnNtbMapping *m)
-{
-    GSource *src = g_idle_source_new();
-
-    g_source_set_callback(src, mapping_deliver, m, (GDestroyNotify)mapping_free);
-    g_source_attach(src, ctx);
-    g_source_unref(src);
+    m->size = m->offset = 0;
+    return mapping_tell(m, -ETIMEDOUT); /* a late answer gives its window back */
 }
 
 /* The answer is in (@fd or -errno): an asynchronous map hears it from the
  * loop, never from inside whatever call received it. */
-static void mapping_finish(VnNtbLink *l, VnNtbMapping *m, int fd, uint64_t size, uint64_t offset)
+static void mapping_finish(VnNtbMapping *m, int fd, uint64_t size, uint64_t offset)
 {
-    g_queue_remove(&l->maps, m);
     m->finished = true;
     m->fd = fd;
     m->size = size;
     m->offset = offset;
-    if (m->done != NULL) {
-        if (m->src != NULL) {
-            g_source_destroy(m->src);
-            g_clear_pointer(&m->src, g_source_unref);
-        }
-        deliver_later(l->ntb->ctx, m);
+    if (m->done == NULL) {
+        g_queue_remove(&m->ntb->maps, m);
+        return;
     }
+    if (m->src != NULL) {
+        g_source_destroy(m->src);
+        g_source_unref(m->src);
+    }
+    m->src = g_idle_source_new();
+    g_source_set_callback(m->src, mapping_deliver, m, NULL);
+    g_source_attach(m->src, m->ntb->ctx);
 }
 
-void vn_ntb_maps_end(VnNtbLink *l, int err)
+void vn_ntb_maps_end(VnNtb *ntb, VnNtbLink *l, int err)
 {
-    VnNtbMapping *m;
+    GList *next;
 
-    while ((m = g_queue_peek_head(&l->maps)) != NULL) {
+    for (GList *it = ntb->maps.head; it != NULL; it = next) {
+        VnNtbMapping *m = it->data;
+
+        next = it->next;
+        if (l != NULL && m->l != l) {
+            continue;
+        }
         if (err == -ECANCELED && m->done != NULL) {
             /* Closing: told now, as fabric.h allows. */
-            g_queue_pop_head(&l->maps);
+            g_queue_delete_link(&ntb->maps, it);
             m->done(m->opaque, -ECANCELED, 0, 0);
             mapping_free(m);
-        } else {
-            mapping_finish(l, m, err, 0, 0);
+        } else if (!m->finished) {
+            mapping_finish(m, err, 0, 0);
         }
     }
 }
 
 static VnNtbMapping *mapping_of(VnNtbLink *l, uint64_t seq)
 {
-    for (GList *it = l->maps.head; it != NULL; it = it->next) {
-        if (((VnNtbMapping *)it->data)->seq == seq) {
-            return it->data;
+    for (GList *it = l->ntb->maps.head; it != NULL; it = it->next) {
+        VnNtbMapping *m = it->data;
+
+        if (m->l == l && !m->finished && m->seq == seq) {
+            return m;
         }
     }
     return NULL;
 }
 
-static VnNtbMapping *mapping_start(VnNtbLink *l, uint64_t id, VnNtbMapDone done, void *opaque,
-                                   int *err)
+static VnNtbMapping *mapping_start(VnNtb *ntb, VnNtbLink *l, uint64_t id, VnNtbMapDone done,
+                                   void *opaque)
 {
-    VnNtbMap req = { .seq = ++l->map_seq, .id = id };
-    VnNtbMapping *m;
+    VnNtbMap req = { .id = id };
+    VnNtbMapping *m = g_new0(VnNtbMapping, 1);
+    unsigned waiting = 0;
+    int err = 0;
 
-    if (l->state != VN_NTB_LINK_OPEN) {
-        *err = -ENOTCONN;
-        return NULL;
+    *m = (VnNtbMapping){ .ntb = ntb, .id = id, .done = done, .opaque = opaque, .fd = -1 };
+    g_queue_push_tail(&ntb->maps, m);
+    for (GList *it = ntb->maps.head; l != NULL && it != NULL; it = it->next) {
+        waiting += ((VnNtbMapping *)it->data)->l == l;
     }
-    if (l->maps.length >= VN_NTB_MAX_MAPS_PENDING) {
-        *err = -EBUSY;
-        return NULL;
+    if (l == NULL || l->state != VN_NTB_LINK_OPEN) {
+        err = -ENOTCONN;
+    } else if (waiting >= VN_NTB_MAX_MAPS_PENDING) {
+        err = -EBUSY;
+    } else {
+        req.seq = ++l->map_seq;
+        err = vn_ntb_queue(l, VN_NTB_REC_MAP, 0, &req, sizeof(req)) < 0 ? -ENOBUFS : 0;
     }
-    if (vn_ntb_queue(l, VN_NTB_REC_MAP, 0, &req, sizeof(req)) < 0) {
-        *err = -ENOBUFS;
-        return NULL;
+    if (err < 0) {
+        mapping_finish(m, err, 0, 0);
+        return m;
     }
-    m = g_new0(VnNtbMapping, 1);
-    *m = (VnNtbMapping){
-        .l = l, .seq = req.seq, .id = id, .done = done, .opaque = opaque, .fd = -1
-    };
-    g_queue_push_tail(&l->maps, m);
+    m->l = l;
+    m->seq = req.seq;
     vn_ntb_flush(l);
     return m;
 }
@@ -149,26 +161,22 @@ int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout
                        uint64_t *offset)
 {
     VnNtb *ntb = backend;
-    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
     gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    VnNtbMapping *m;
-    int fd, err = 0;
+    VnNtbMapping *m = mapping_start(ntb, vn_ntb_link_of(ntb, peer), id, NULL, NULL);
+    int fd;
 
-    m = l != NULL ? mapping_start(l, id, NULL, NULL, &err) : NULL;
-    if (m == NULL) {
-        return l != NULL ? err : -ENOTCONN;
-    }
     /* Serving every port meanwhile: the peer may be mapping ours. */
     while (!m->finished) {
         gint64 left = (deadline - g_get_monotonic_time()) / 1000;
 
         if (left <= 0) {
-            g_queue_remove(&l->maps, m); /* a late answer gives its window back */
-            m->fd = -ETIMEDOUT;
+            mapping_finish(m, -ETIMEDOUT, 0, 0); /* a late answer gives its window back */
             break;
         }
         vn_ntb_poll(ntb, (int)MIN(left, 2));
-        vn_ntb_flush(l);
+        if (m->l != NULL) {
+            vn_ntb_flush(m->l);
+        }
     }
     fd = m->fd;
     *size = m->size;
@@ -182,21 +190,13 @@ void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int 
                               VnNtbMapDone done, void *opaque)
 {
     VnNtb *ntb = backend;
-    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
-    VnNtbMapping *m;
-    int err = -ENOTCONN;
+    VnNtbMapping *m = mapping_start(ntb, vn_ntb_link_of(ntb, peer), id, done, opaque);
 
-    m = l != NULL ? mapping_start(l, id, done, opaque, &err) : NULL;
-    if (m == NULL) {
-        /* Told from the loop all the same. */
-        m = g_new0(VnNtbMapping, 1);
-        *m = (VnNtbMapping){ .done = done, .opaque = opaque, .finished = true, .fd = err };
-        deliver_later(ntb->ctx, m);
-        return;
+    if (!m->finished) {
+        m->src = g_timeout_source_new((guint)timeout_ms);
+        g_source_set_callback(m->src, mapping_timeout, m, NULL);
+        g_source_attach(m->src, ntb->ctx);
     }
-    m->src = g_timeout_source_new((guint)timeout_ms);
-    g_source_set_callback(m->src, mapping_timeout, m, NULL);
-    g_source_attach(m->src, ntb->ctx);
 }
 
 /* ---- the exporter's side ------------------------------------------------- */
@@ -288,7 +288,7 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         return;
     }
     if (a.status != 0) {
-        mapping_finish(l, m, a.status > 0 && a.status < 4096 ? -a.status : -EIO, 0, 0);
+        mapping_finish(m, a.status > 0 && a.status < 4096 ? -a.status : -EIO, 0, 0);
         return;
     }
     fd = l->port->ops->out_fd(l->port, a.window, &offset, &wsize);
@@ -298,11 +298,11 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
     }
     if (fd < 0) {
         give_back(l, a.window, m->id);
-        mapping_finish(l, m, fd, 0, 0);
+        mapping_finish(m, fd, 0, 0);
         return;
     }
     l->mapped[a.window] = m->id;
-    mapping_finish(l, m, fd, a.size, offset);
+    mapping_finish(m, fd, a.size, offset);
 }
 
 void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id)

@@ -103,7 +103,7 @@ static void session_clear(VnNtbLink *l)
     l->rx_cons = l->tx_prod = 0;
     l->peer_epoch = l->tag = 0;
     l->stalled_since = 0;
-    vn_ntb_maps_end(l, -ECONNRESET);
+    vn_ntb_maps_end(l->ntb, l, -ECONNRESET);
 }
 
 /* The port's link went down (or we end our side): nothing of the session
@@ -704,7 +704,7 @@ static void link_free(VnNtbLink *l)
     for (unsigned k = 0; k < G_N_ELEMENTS(l->sources); k++) {
         source_drop(&l->sources[k]);
     }
-    vn_ntb_maps_end(l, -ECANCELED);
+    vn_ntb_maps_end(l->ntb, l, -ECANCELED);
     l->reported = false; /* nothing is told from close */
     link_down(l, "closing");
     vn_ntbport_close(l->port);
@@ -718,6 +718,7 @@ static void ntb_close(void *backend)
 {
     VnNtb *ntb = backend;
 
+    vn_ntb_maps_end(ntb, NULL, -ECANCELED);
     g_ptr_array_unref(ntb->links);
     source_drop(&ntb->report);
     g_queue_clear_full(&ntb->downs, g_free);
@@ -748,7 +749,6 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     l->txq = g_byte_array_new();
     l->reasm = g_byte_array_new();
     l->payload = g_malloc(vn_ntb_rec_max(ntb->ring));
-    g_queue_init(&l->maps);
     g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
     l->named = l->expected[0] != '\0';
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
@@ -812,6 +812,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     ntb->ring = v;
     ntb->links = g_ptr_array_new_with_free_func((GDestroyNotify)link_free);
     g_queue_init(&ntb->downs);
+    g_queue_init(&ntb->maps);
     for (guint i = 0; entries[i] != NULL; i++) {
         if (!link_add(ntb, g_strstrip(entries[i]), error)) {
             ntb_close(ntb);
