@@ -6,6 +6,7 @@
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+#include "fabric/ntb.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -1082,6 +1083,26 @@ START_TEST(test_ntb_fragments)
 }
 END_TEST
 
+/* A burst of more records than one wake-up takes (the peer rang once for all) is all
+ * received, in order. */
+START_TEST(test_ntb_burst)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autofree char *last = NULL;
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i < 5 * VN_NTB_RECORDS_PER_WAKEUP; i++) {
+        g_autofree char *json = g_strdup_printf("{\"n\":%u}", i);
+
+        ck_assert_int_eq(vn_fabric_event(a->fab, "b", 5, json, NULL, 0), 0);
+    }
+    last = g_strdup_printf("ev:5:{\"n\":%u}:0", 5 * VN_NTB_RECORDS_PER_WAKEUP - 1);
+    WAIT_FOR(log_count(b, "ev:5:") == 5 * VN_NTB_RECORDS_PER_WAKEUP);
+    ck_assert_str_eq(b->log->pdata[b->log->len - 1], last);
+}
+END_TEST
+
 /* An asynchronous map still waiting when its node closes is told once, cancelled; and one
  * whose answer came but was not told yet too: nothing of either runs after the close (a
  * delivery left on the loop would touch the freed node; ASan sees it). */
@@ -1192,6 +1213,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);
+    tcase_add_test(tc, test_ntb_burst);
     tcase_add_loop_test(tc, test_ntb_params, 0, G_N_ELEMENTS(ntb_bad));
     suite_add_tcase(s, tc);
 

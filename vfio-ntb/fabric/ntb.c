@@ -8,6 +8,7 @@
 #include "ntb-int.h"
 
 #include "common/name.h"
+#include "common/peerfd.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -478,11 +479,11 @@ static void receive(VnNtbLink *l, int budget)
 {
     g_autofree uint8_t *own = l->receiving > 0 ? g_malloc(vn_ntb_rec_max(l->ntb->ring)) : NULL;
     uint8_t *payload = own != NULL ? own : l->payload;
-    uint64_t consumed = 0;
+    uint64_t consumed = 0, prod;
 
     l->receiving++;
     while (budget-- > 0 && l->state == VN_NTB_LINK_OPEN) {
-        uint64_t prod, avail;
+        uint64_t avail;
         VnNtbRec rec = { 0 };
         int64_t size;
 
@@ -529,8 +530,17 @@ static void receive(VnNtbLink *l, int budget)
         }
     }
     l->receiving--;
-    if (l->state == VN_NTB_LINK_OPEN && consumed > l->ring_in / 2) {
+    if (l->state != VN_NTB_LINK_OPEN) {
+        return;
+    }
+    if (consumed > l->ring_in / 2) {
         l->port->ops->peer_doorbell(l->port, UINT64_C(1) << VN_NTB_DB_SPACE);
+    }
+    /* Out of budget with records left: ring our own bell, so that the loop comes back here
+     * after the others had their turn (the peer's rang once for all of them). */
+    if (budget < 0 && word_of_session(l, &((VnNtbRingHdr *)l->in)->prod, &prod) &&
+        prod != (l->rx_cons & VN_NTB_COUNT_MASK)) {
+        vn_peerfd_signal(l->port->ops->doorbell_fd(l->port, VN_NTB_DB_MSG));
     }
 }
 
