@@ -76,6 +76,13 @@ int vn_peerfd_signal(int fd)
     return n == sizeof(one) ? 0 : -EIO;
 }
 
+uint64_t vn_peerfd_drain(int fd)
+{
+    uint64_t n = 0;
+
+    return fd >= 0 && read(fd, &n, sizeof(n)) == sizeof(n) ? n : 0;
+}
+
 int vn_peerfd_memory(int fd, uint64_t offset, uint64_t size, const char **why)
 {
     const char *dummy;

@@ -43,6 +43,9 @@ int vn_peerfd_eventfd(int fd);
  * is dropped, as the interrupt it stands for is implied), or -errno.
  */
 int vn_peerfd_signal(int fd);
+/* Read a non-blocking eventfd to clear it: its count, or 0 when it was not
+ * signalled (or cannot be read). */
+uint64_t vn_peerfd_drain(int fd);
 
 /*
  * 0 when [@offset, @offset + @size) of @fd may be mapped: @fd is a memfd

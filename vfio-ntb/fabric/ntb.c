@@ -374,7 +374,7 @@ static int queue_room(VnNtbLink *l, size_t need)
             break;
         }
         if (poll(&pfd, 1, 2) > 0) {
-            vn_ntbport_drain(pfd.fd);
+            vn_peerfd_drain(pfd.fd);
         }
     }
     return 0;
@@ -551,10 +551,10 @@ static void link_service(VnNtbLink *l)
     VnNtbPort *p = l->port;
     bool up;
 
-    vn_ntbport_drain(p->ops->link_fd(p));
-    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_CTRL));
-    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_MSG));
-    vn_ntbport_drain(p->ops->doorbell_fd(p, VN_NTB_DB_SPACE));
+    vn_peerfd_drain(p->ops->link_fd(p));
+    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_CTRL));
+    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_MSG));
+    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_SPACE));
     up = p->ops->link_up(p);
     if (up != l->port_up) {
         l->port_up = up;

@@ -7,9 +7,7 @@
 
 #include <errno.h>
 #include <gio/gio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 VnNtbPort *vn_ntbport_open(const char *spec, GError **error)
 {
@@ -60,14 +58,5 @@ void vn_ntbport_close(VnNtbPort *p)
     if (p != NULL) {
         g_free(p->spec);
         p->ops->close(p);
-    }
-}
-
-void vn_ntbport_drain(int fd)
-{
-    uint64_t n;
-
-    if (fd >= 0 && read(fd, &n, sizeof(n)) < 0) {
-        /* EAGAIN: it was not signalled. */
     }
 }

@@ -91,7 +91,4 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbPort, vn_ntbport_close)
 VnNtbPort *vn_ntbport_kmod_open(const char *path, GError **error);
 VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error);
 
-/* Read an eventfd to clear it (nothing when it was not signalled). */
-void vn_ntbport_drain(int fd);
-
 #endif /* VN_NTBPORT_H */
