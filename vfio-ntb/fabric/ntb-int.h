@@ -21,26 +21,34 @@ typedef enum VnNtbLinkState {
 
 typedef struct VnNtb VnNtb;
 
+/* A link's fds (vn_ntb_link_fds()) and the events they stand for. */
+enum {
+    VN_NTB_EV_LINK = 1u << 0,  /* the port's link changed */
+    VN_NTB_EV_MSG = 1u << 1,   /* VN_NTB_DB_MSG: records in our ring */
+    VN_NTB_EV_SPACE = 1u << 2, /* VN_NTB_DB_SPACE: room in the peer's */
+    VN_NTB_EV_CTRL = 1u << 3,  /* VN_NTB_DB_CTRL: the peer announced a buffer */
+    VN_NTB_EV_ALL = (1u << 4) - 1,
+};
+#define VN_NTB_LINK_FDS 4
+
 typedef struct VnNtbLink {
     VnNtb *ntb;
     VnNtbPort *port;
     char expected[VN_MAX_NODE_NAME + 1]; /* the spec's "=NODE", or "" */
-    char peer[VN_MAX_NODE_NAME + 1];     /* expected, or the HELLO's once named */
-    bool named;
-    bool reported; /* link up told to the fabric */
-    bool port_up;  /* the port's link as last seen */
+    char peer[VN_MAX_NODE_NAME + 1];     /* expected, or the HELLO's; "": not known yet */
+    bool reported;                       /* link up told to the fabric */
+    bool port_up;                        /* the port's link as last seen */
     VnNtbLinkState state;
-    GSource *sources[4]; /* link, MSG, SPACE, CTRL */
-    GSource *retry;      /* a full ring: try again soon */
+    GSource *sources[VN_NTB_LINK_FDS]; /* one per fd of vn_ntb_link_fds() */
+    GSource *retry;                    /* a full ring: try again soon */
 
     uint16_t epoch, peer_epoch, tag;
-    uint8_t *in; /* our buffer (the port's mapping) */
-    uint64_t in_bytes;
-    uint8_t *out; /* the peer's buffer through window 0 */
-    uint64_t out_bytes;
-    uint64_t ring_in, ring_out; /* data bytes of each ring */
+    uint8_t *in;       /* our buffer (the port's mapping): VN_NTB_RING_DATA + the node's ring */
+    uint8_t *out;      /* the peer's buffer through window 0 */
+    uint64_t ring_out; /* data bytes of the peer's ring */
     uint64_t rx_cons, tx_prod;
-    GByteArray *txq; /* encoded records not yet in the peer's ring */
+    uint64_t rx_told; /* rx_cons as last written into the peer's buffer */
+    GByteArray *txq;  /* encoded records not yet in the peer's ring */
     gint64 stalled_since;
     GByteArray *reasm;  /* a fragmented frame */
     uint8_t *payload;   /* one record's payload, vn_ntb_rec_max(ring) */

@@ -21,7 +21,23 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static void link_service(VnNtbLink *l);
+static void link_service(VnNtbLink *l, unsigned events);
+
+/* The port's fds, in the order of the VN_NTB_EV_* bits. */
+static void link_fds(VnNtbLink *l, int fds[VN_NTB_LINK_FDS])
+{
+    VnNtbPort *p = l->port;
+
+    fds[0] = p->ops->link_fd(p);
+    fds[1] = p->ops->doorbell_fd(p, VN_NTB_DB_MSG);
+    fds[2] = p->ops->doorbell_fd(p, VN_NTB_DB_SPACE);
+    fds[3] = p->ops->doorbell_fd(p, VN_NTB_DB_CTRL);
+}
+
+static bool peer_known(const VnNtbLink *l)
+{
+    return l->peer[0] != '\0';
+}
 
 static void source_drop(GSource **src)
 {
@@ -67,7 +83,6 @@ static void link_lost(VnNtbLink *l, const char *why)
         }
     }
     l->reported = false;
-    l->named = l->expected[0] != '\0';
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
 }
 
@@ -95,13 +110,13 @@ static void session_clear(VnNtbLink *l)
         l->mapped[w] = 0;
     }
     if (l->out != NULL) {
-        munmap(l->out, l->out_bytes);
+        munmap(l->out, VN_NTB_RING_DATA + l->ring_out);
         l->out = NULL;
     }
     source_drop(&l->retry);
     g_byte_array_set_size(l->txq, 0);
     g_byte_array_set_size(l->reasm, 0);
-    l->rx_cons = l->tx_prod = 0;
+    l->rx_cons = l->tx_prod = l->rx_told = 0;
     l->peer_epoch = l->tag = 0;
     l->stalled_since = 0;
     vn_ntb_maps_end(l->ntb, l, -ECONNRESET);
@@ -126,11 +141,11 @@ static void link_down(VnNtbLink *l, const char *why)
 static void link_announce(VnNtbLink *l, bool quiet)
 {
     VnNtbPort *p = l->port;
+    uint64_t bytes = VN_NTB_RING_DATA + l->ntb->ring;
     uint16_t old = l->epoch;
     int ret;
 
-    l->in_bytes = VN_NTB_RING_DATA + l->ntb->ring;
-    ret = p->ops->in_alloc(p, 0, l->in_bytes, &l->in);
+    ret = p->ops->in_alloc(p, 0, bytes, &l->in);
     if (ret < 0) {
         l->in = NULL;
         if (!quiet) {
@@ -140,12 +155,11 @@ static void link_announce(VnNtbLink *l, bool quiet)
         return;
     }
     memset(l->in, 0, VN_NTB_RING_DATA);
-    l->ring_in = l->ntb->ring;
     do {
         l->epoch = (uint16_t)g_random_int_range(1, 0x10000);
     } while (l->epoch == old);
     l->state = VN_NTB_LINK_WAITING;
-    if (p->ops->peer_spad_write(p, VN_NTB_SPAD_PAGES, (uint32_t)(l->in_bytes / 4096)) < 0 ||
+    if (p->ops->peer_spad_write(p, VN_NTB_SPAD_PAGES, (uint32_t)(bytes / 4096)) < 0 ||
         p->ops->peer_spad_write(p, VN_NTB_SPAD_HELLO,
                                 (uint32_t)VN_NTB_SPAD_MAGIC << 16 | l->epoch) < 0 ||
         p->ops->peer_doorbell(p, UINT64_C(1) << VN_NTB_DB_CTRL) < 0) {
@@ -179,8 +193,8 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
         close(fd);
         return;
     }
-    l->out_bytes = VN_NTB_RING_DATA + l->ring_out;
-    m = mmap(NULL, l->out_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    m = mmap(NULL, VN_NTB_RING_DATA + l->ring_out, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+             (off_t)offset);
     close(fd);
     if (m == MAP_FAILED) {
         l->peer_epoch = epoch;
@@ -195,26 +209,28 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     g_strlcpy(hello.node, l->ntb->node, sizeof(hello.node));
     vn_ntb_queue(l, VN_NTB_REC_HELLO, 0, &hello, sizeof(hello));
     vn_ntb_flush(l);
-    if (l->named) {
+    if (peer_known(l)) {
         link_up(l);
     }
 }
 
-/* Read the peer's announcement; start a session when it is new. */
-static void check_peer(VnNtbLink *l)
+/* Read the peer's announcement; start a session when it is new.  Whether
+ * one started. */
+static bool check_peer(VnNtbLink *l)
 {
     uint32_t hello = 0, pages = 0;
 
     if (l->state == VN_NTB_LINK_DOWN ||
         l->port->ops->spad_read(l->port, VN_NTB_SPAD_HELLO, &hello) < 0 ||
         l->port->ops->spad_read(l->port, VN_NTB_SPAD_PAGES, &pages) < 0) {
-        return;
+        return false;
     }
     if (hello >> 16 != VN_NTB_SPAD_MAGIC || (hello & 0xffff) == 0 ||
         (uint16_t)(hello & 0xffff) == l->peer_epoch) {
-        return;
+        return false;
     }
     session_start(l, (uint16_t)(hello & 0xffff), (uint64_t)pages * 4096);
+    return l->state == VN_NTB_LINK_OPEN;
 }
 
 /* Our side starts over: a new buffer and epoch, so that the peer sees a
@@ -232,7 +248,7 @@ static void link_restart(VnNtbLink *l, const char *why)
 void vn_ntb_session_broken(VnNtbLink *l, const char *why)
 {
     g_autofree char *what =
-        g_strdup_printf("ntb port %s: %s: %s", l->port->spec, l->named ? l->peer : "?", why);
+        g_strdup_printf("ntb port %s: %s: %s", l->port->spec, peer_known(l) ? l->peer : "?", why);
 
     vn_fabric_backend_rejected(l->ntb->fab, what);
     link_restart(l, why);
@@ -252,6 +268,17 @@ static bool word_of_session(VnNtbLink *l, const uint64_t *word, uint64_t *count)
 
     *count = v & VN_NTB_COUNT_MASK;
     return (uint16_t)(v >> 48) == l->tag;
+}
+
+/* Tell the peer how much of our ring it may fill again (one posted write,
+ * only when that changed): at the end of each read, and before anything
+ * that waits on the peer, which may be waiting for this. */
+static void publish_cons(VnNtbLink *l)
+{
+    if (l->state == VN_NTB_LINK_OPEN && l->rx_cons != l->rx_told) {
+        __atomic_store_n(&((VnNtbRingHdr *)l->out)->cons, tagged(l, l->rx_cons), __ATOMIC_RELEASE);
+        l->rx_told = l->rx_cons;
+    }
 }
 
 int vn_ntb_queue(VnNtbLink *l, uint16_t kind, uint16_t flags, const void *payload, uint32_t len)
@@ -362,6 +389,7 @@ static int queue_room(VnNtbLink *l, size_t need)
                           .events = POLLIN };
 
     while (l->txq->len + need > VN_NTB_MAX_QUEUED) {
+        publish_cons(l);
         vn_ntb_flush(l);
         if (l->state != VN_NTB_LINK_OPEN) {
             return -ECONNRESET;
@@ -426,11 +454,11 @@ static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         vn_ntb_session_broken(l, "a HELLO that names no node we accept");
         return;
     }
-    if (l->named && strcmp(h.node, l->peer) != 0) {
+    if (peer_known(l) && strcmp(h.node, l->peer) != 0) {
         vn_ntb_session_broken(l, "it names itself otherwise than the port's configuration");
         return;
     }
-    if (!l->named) {
+    if (!peer_known(l)) {
         VnNtbLink *other = vn_ntb_link_of(l->ntb, h.node);
 
         if (other != NULL && other != l) {
@@ -438,7 +466,6 @@ static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
             return;
         }
         g_strlcpy(l->peer, h.node, sizeof(l->peer));
-        l->named = true;
     }
     link_up(l);
 }
@@ -488,15 +515,20 @@ static void receive(VnNtbLink *l, int budget)
         int64_t size;
 
         if (!word_of_session(l, &((VnNtbRingHdr *)l->in)->prod, &prod)) {
-            break; /* nothing of this session yet */
+            /* Nothing yet, or a word of the peer's new session, whose CTRL
+             * doorbell may not have been served: read its announcement. */
+            if (((VnNtbRingHdr *)l->in)->prod == 0 || !check_peer(l)) {
+                break;
+            }
+            continue;
         }
         avail = (prod - l->rx_cons) & VN_NTB_COUNT_MASK;
         if (avail == 0) {
             break;
         }
-        size = avail > l->ring_in ? -EBADMSG
-                                  : vn_ntb_ring_take(l->in + VN_NTB_RING_DATA, l->ring_in,
-                                                     l->rx_cons, avail, &rec, payload);
+        size = avail > l->ntb->ring ? -EBADMSG
+                                    : vn_ntb_ring_take(l->in + VN_NTB_RING_DATA, l->ntb->ring,
+                                                       l->rx_cons, avail, &rec, payload);
         if (size < 0) {
             g_autofree char *why =
                 g_strdup_printf("a malformed record at %" PRIu64 " of its ring (%" PRIu64
@@ -508,9 +540,6 @@ static void receive(VnNtbLink *l, int budget)
         }
         l->rx_cons += (uint64_t)size;
         consumed += (uint64_t)size;
-        /* Told before the handlers run: they may wait on the peer, which
-         * may wait for room. */
-        __atomic_store_n(&((VnNtbRingHdr *)l->out)->cons, tagged(l, l->rx_cons), __ATOMIC_RELEASE);
         switch (rec.kind) {
         case VN_NTB_REC_HELLO:
             on_hello(l, payload, rec.len);
@@ -533,7 +562,8 @@ static void receive(VnNtbLink *l, int budget)
     if (l->state != VN_NTB_LINK_OPEN) {
         return;
     }
-    if (consumed > l->ring_in / 2) {
+    publish_cons(l);
+    if (consumed > l->ntb->ring / 2) {
         l->port->ops->peer_doorbell(l->port, UINT64_C(1) << VN_NTB_DB_SPACE);
     }
     /* Out of budget with records left: ring our own bell, so that the loop comes back here
@@ -544,35 +574,55 @@ static void receive(VnNtbLink *l, int budget)
     }
 }
 
-/* Everything a port has to say now: link changes, the peer's
- * announcement, its records, room in its ring. */
-static void link_service(VnNtbLink *l)
+/* What the port's fds in @events (VN_NTB_EV_*) say: a link change, the
+ * peer's announcement, records in our ring, room in its.  Only those: on
+ * an adapter each costs a call into the module, and most wake-ups are one
+ * MSG. */
+static void link_service(VnNtbLink *l, unsigned events)
 {
-    VnNtbPort *p = l->port;
-    bool up;
+    int fds[VN_NTB_LINK_FDS];
+    bool started = false;
 
-    vn_peerfd_drain(p->ops->link_fd(p));
-    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_CTRL));
-    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_MSG));
-    vn_peerfd_drain(p->ops->doorbell_fd(p, VN_NTB_DB_SPACE));
-    up = p->ops->link_up(p);
-    if (up != l->port_up) {
-        l->port_up = up;
-        if (!up) {
-            link_down(l, "the port's link went down");
+    link_fds(l, fds);
+    for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
+        if (events & (1u << k)) {
+            vn_peerfd_drain(fds[k]);
         }
     }
-    if (up && l->state == VN_NTB_LINK_DOWN) {
-        link_announce(l, false);
+    if (events & VN_NTB_EV_LINK) {
+        bool up = l->port->ops->link_up(l->port);
+
+        if (up != l->port_up) {
+            l->port_up = up;
+            if (!up) {
+                link_down(l, "the port's link went down");
+            }
+        }
+        if (up && l->state == VN_NTB_LINK_DOWN) {
+            link_announce(l, false);
+        }
     }
-    check_peer(l);
-    receive(l, VN_NTB_RECORDS_PER_WAKEUP);
+    if (events & (VN_NTB_EV_LINK | VN_NTB_EV_CTRL)) {
+        started = check_peer(l);
+    }
+    /* A new session's first records may be in already. */
+    if ((events & VN_NTB_EV_MSG) || started) {
+        receive(l, VN_NTB_RECORDS_PER_WAKEUP);
+    }
     vn_ntb_flush(l);
 }
 
 static gboolean on_port_fd(gint fd, GIOCondition cond, gpointer data)
 {
-    link_service(data);
+    VnNtbLink *l = data;
+    int fds[VN_NTB_LINK_FDS];
+
+    link_fds(l, fds);
+    for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
+        if (fds[k] == fd) {
+            link_service(l, 1u << k);
+        }
+    }
     return G_SOURCE_CONTINUE;
 }
 
@@ -587,17 +637,17 @@ static gboolean on_port_fd(gint fd, GIOCondition cond, gpointer data)
  */
 int vn_ntb_poll(VnNtb *ntb, int timeout_ms)
 {
-    struct pollfd pfd[VN_NTB_MAX_PORTS * 4];
+    struct pollfd pfd[VN_NTB_MAX_PORTS * VN_NTB_LINK_FDS];
     nfds_t n = 0;
     int ready;
 
     for (guint i = 0; i < ntb->links->len; i++) {
-        VnNtbPort *p = ((VnNtbLink *)ntb->links->pdata[i])->port;
-        int fds[4] = { p->ops->link_fd(p), p->ops->doorbell_fd(p, VN_NTB_DB_MSG),
-                       p->ops->doorbell_fd(p, VN_NTB_DB_SPACE),
-                       p->ops->doorbell_fd(p, VN_NTB_DB_CTRL) };
+        VnNtbLink *l = ntb->links->pdata[i];
+        int fds[VN_NTB_LINK_FDS];
 
-        for (unsigned k = 0; k < 4; k++) {
+        publish_cons(l); /* the peer may be waiting for room to answer us */
+        link_fds(l, fds);
+        for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
             pfd[n++] = (struct pollfd){ .fd = fds[k], .events = POLLIN };
         }
     }
@@ -609,7 +659,14 @@ int vn_ntb_poll(VnNtb *ntb, int timeout_ms)
         return -ETIMEDOUT;
     }
     for (guint i = 0; i < ntb->links->len; i++) {
-        link_service(ntb->links->pdata[i]);
+        unsigned events = 0;
+
+        for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
+            events |= pfd[i * VN_NTB_LINK_FDS + k].revents != 0 ? 1u << k : 0;
+        }
+        if (events != 0) {
+            link_service(ntb->links->pdata[i], events);
+        }
     }
     return 0;
 }
@@ -656,7 +713,7 @@ static bool may_reach(VnNtb *ntb, const char *peer)
     for (guint i = 0; i < ntb->links->len; i++) {
         VnNtbLink *l = ntb->links->pdata[i];
 
-        if (l->port_up && (strcmp(l->expected, peer) == 0 || !l->named)) {
+        if (l->port_up && (strcmp(l->expected, peer) == 0 || !peer_known(l))) {
             return true;
         }
     }
@@ -671,7 +728,7 @@ static int ntb_connect(void *backend, const char *peer)
     /* Links come up by themselves; a session on its way (the peer's
      * announcement, its HELLO) is waited for, briefly. */
     for (guint i = 0; i < ntb->links->len; i++) {
-        link_service(ntb->links->pdata[i]);
+        link_service(ntb->links->pdata[i], VN_NTB_EV_ALL);
     }
     while (vn_ntb_link_of(ntb, peer) == NULL && may_reach(ntb, peer)) {
         gint64 left = (deadline - g_get_monotonic_time()) / 1000;
@@ -742,7 +799,7 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     g_auto(GStrv) kv = g_strsplit(entry, "=", 2);
     VnNtbPort *p;
     VnNtbLink *l;
-    int fds[4];
+    int fds[VN_NTB_LINK_FDS];
 
     if (kv[1] != NULL && !vn_name_valid(VN_NAME_NODE, kv[1])) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -760,14 +817,10 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     l->reasm = g_byte_array_new();
     l->payload = g_malloc(vn_ntb_rec_max(ntb->ring));
     g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
-    l->named = l->expected[0] != '\0';
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
     g_ptr_array_add(ntb->links, l);
-    fds[0] = p->ops->link_fd(p);
-    fds[1] = p->ops->doorbell_fd(p, VN_NTB_DB_MSG);
-    fds[2] = p->ops->doorbell_fd(p, VN_NTB_DB_SPACE);
-    fds[3] = p->ops->doorbell_fd(p, VN_NTB_DB_CTRL);
-    for (unsigned k = 0; k < 4; k++) {
+    link_fds(l, fds);
+    for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
         l->sources[k] = g_unix_fd_source_new(fds[k], G_IO_IN);
         g_source_set_callback(l->sources[k], G_SOURCE_FUNC(on_port_fd), l, NULL);
         g_source_attach(l->sources[k], ntb->ctx);
@@ -853,7 +906,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
      * deferred by the fabric). */
     for (guint i = 0; i < ntb->links->len; i++) {
         link_announce(ntb->links->pdata[i], true);
-        link_service(ntb->links->pdata[i]);
+        link_service(ntb->links->pdata[i], VN_NTB_EV_ALL);
     }
     return ntb;
 }
