@@ -852,14 +852,13 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
         }
     }
     if (ring != NULL &&
-        (!g_ascii_string_to_unsigned(ring, 10, VN_NTB_MIN_RING, VN_NTB_MAX_RING, &v, error) ||
-         (v & (v - 1)) != 0)) {
-        if (error != NULL && *error == NULL) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "ntb fabric: ring-size: %s is not a power of two", ring);
-        } else {
-            g_prefix_error(error, "ntb fabric: ring-size: ");
-        }
+        !g_ascii_string_to_unsigned(ring, 10, VN_NTB_MIN_RING, VN_NTB_MAX_RING, &v, error)) {
+        g_prefix_error(error, "ntb fabric: ring-size: ");
+        return NULL;
+    }
+    if ((v & (v - 1)) != 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "ntb fabric: ring-size: %s is not a power of two", ring);
         return NULL;
     }
     entries = g_strsplit(ports != NULL ? ports : "", ",", -1);
