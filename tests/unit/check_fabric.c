@@ -1042,7 +1042,6 @@ START_TEST(test_ntb_peer_restart)
 {
     Node *a = node_open("a", false);
     Node *b = node_open("b", false);
-    Reply r = { 0 };
 
     link_nodes(a, b);
     node_close(b);
@@ -1050,12 +1049,7 @@ START_TEST(test_ntb_peer_restart)
     b = node_open("b", false);
     WAIT_FOR(log_count(a, "up:b") == 2 && log_has(b, "up:a"));
     ck_assert_str_eq(a->log->pdata[a->log->len - 1], "up:b");
-    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, "{\"again\":1}", NULL, 0, on_reply, &r),
-                     0);
-    WAIT_FOR(r.done);
-    ck_assert_int_eq(r.err, 0);
-    ck_assert_str_eq(r.json, "{\"again\":1}");
-    reply_clear(&r);
+    assert_echo(a, "b", "{\"again\":1}");
 }
 END_TEST
 

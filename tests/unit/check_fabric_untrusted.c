@@ -252,14 +252,7 @@ static void raw_echo_ok(int fd, uint64_t id)
 /* The good peer is still served. */
 static void good_peer_ok(Node *b)
 {
-    Reply r = { 0 };
-
-    ck_assert_int_eq(vn_fabric_request(b->fab, "a", T_ECHO, "{\"still\":1}", NULL, 0, on_reply, &r),
-                     0);
-    WAIT_FOR(r.done);
-    ck_assert_int_eq(r.err, 0);
-    ck_assert_str_eq(r.json, "{\"still\":1}");
-    reply_clear(&r);
+    assert_echo(b, "a", "{\"still\":1}");
 }
 
 /* True once every copy of a pipe's write end is closed. */

@@ -441,4 +441,16 @@ static inline void reply_clear(Reply *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* @from's request to @peer, answered with what it carried (@json). */
+static inline void assert_echo(Node *from, const char *peer, const char *json)
+{
+    Reply r = { 0 };
+
+    ck_assert_int_eq(vn_fabric_request(from->fab, peer, T_ECHO, json, NULL, 0, on_reply, &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_eq(r.err, 0);
+    ck_assert_str_eq(r.json, json);
+    reply_clear(&r);
+}
+
 #endif /* VN_CHECK_FABRIC_RIG_H */
