@@ -6,6 +6,9 @@ will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
   target of b's window; host b gives a's window a buffer of the module's (VN_NTB_MW_ALLOC,
   mmap'd).  Each maps its outbound window (mmap) and writes a pattern through it, reads it
   back through it, and finds the other's pattern in its own target.
+- Each also maps its window through a file of that window alone (VN_NTB_MW_FD) and sees the
+  same bytes.  Host b exports a BAR it mapped (a pci-testdev's BAR 0, through sysfs) as
+  an inbound window's target, as vfio-ntbd exports a lent device's BAR mapped through VFIO.
 - Doorbells: each registers an eventfd for one bit; the other rings it; the eventfd fires
   and the bit is cleared.
 - Host b tries a table of bad arguments; each is refused with the errno it names, and a
@@ -69,6 +72,7 @@ MW_EXPORT = IOWR(11, EXPORT_FMT)
 MW_ALLOC = IOW(12, ALLOC_FMT)
 MW_EXPORT_BAR = IOWR(13, BAR_FMT)
 MW_CLEAR = IOW(14, "<I")
+MW_FD = IOW(15, "<I")
 
 
 def mmap_offset(kind, index):
@@ -80,6 +84,11 @@ def call(fd, req, fmt, *args):
     buf = bytearray(struct.pack(fmt, *args))
     fcntl.ioctl(fd, req, buf, True)
     return struct.unpack(fmt, bytes(buf))
+
+
+def window_fd(fd, idx):
+    """VN_NTB_MW_FD: a new fd for outbound window @idx alone."""
+    return fcntl.ioctl(fd, MW_FD, bytearray(struct.pack("<I", idx)), True)
 
 
 def errno_of(fn):
@@ -169,6 +178,49 @@ def bad_arguments(fd, dev, spads, in_max):
     return out
 
 
+# QEMU's pci-testdev (no driver binds it, so its BARs can be mapped through sysfs).
+TESTDEV = "pci-testdev"
+TESTDEV_ID = ("0x1b36", "0x0005")
+
+
+def testdev_bar0():
+    """sysfs's file of the pci-testdev's BAR 0 (test_ntb.py gives host b one)."""
+    for d in Path("/sys/bus/pci/devices").iterdir():
+        if ((d / "vendor").read_text().strip(), (d / "device").read_text().strip()) == \
+                TESTDEV_ID:
+            return d / "resource0"
+    raise FileNotFoundError("no pci-testdev in this host")
+
+
+def device_memory_exports(fd, window):
+    """A BAR mapped by the caller (here a pci-testdev's, through sysfs; a lent device's
+    through VFIO in vfio-ntbd) as an inbound window's target, and the ones refused: more
+    than its mapping, and a window of ours.  Rows as bad_arguments' (0: accepted)."""
+    res = os.open(testdev_bar0(), os.O_RDWR)
+    bar = mmap.mmap(res, 4096)
+    rows = [("export a mapped BAR", errno_of(lambda: call(fd, MW_EXPORT, EXPORT_FMT, 1, 0,
+                                                           _address_of(bar), 4096, 0)), 0),
+            ("clear the BAR's window", errno_of(lambda: call(fd, MW_CLEAR, "<I", 1)), 0),
+            ("export past a BAR's mapping", errno_of(lambda: call(
+                fd, MW_EXPORT, EXPORT_FMT, 1, 0, _address_of(bar), 8192, 0)), errno.EFAULT),
+            ("export a window of ours", errno_of(lambda: call(
+                fd, MW_EXPORT, EXPORT_FMT, 1, 0, _address_of(window), 4096, 0)), errno.EINVAL)]
+    bar.close()
+    os.close(res)
+    wfd = window_fd(fd, 0)
+    rows += [("window fd of window 9", errno_of(lambda: window_fd(fd, 9)), errno.EINVAL),
+             ("an ioctl on a window fd", errno_of(lambda: call(wfd, INFO, INFO_FMT,
+                                                               struct.calcsize(INFO_FMT), 0, 0,
+                                                               0, 0, 0, 0, 0, 0)),
+              errno.ENOTTY),
+             ("window fd mmap past the window", errno_of(
+                 lambda: mmap.mmap(wfd, 4096, offset=1 << 40)), errno.EINVAL),
+             ("window fd mmap private", errno_of(
+                 lambda: mmap.mmap(wfd, 4096, flags=mmap.MAP_PRIVATE)), errno.EINVAL)]
+    os.close(wfd)
+    return rows
+
+
 def data_and_doorbells(role, fd, barrier, share, fact):
     other = "b" if role == "a" else "a"
     mi = mw_info(fd, 0)
@@ -192,6 +244,16 @@ def data_and_doorbells(role, fd, barrier, share, fact):
     window[:4096] = pattern
     fact(kmod_window_write_s=round(time.monotonic() - t0, 2))
     fact(kmod_readback_ok=window[:4096] == pattern)
+    # The same window as a file of its own (what the daemon hands a QEMU): it sees what the
+    # device's mapping wrote, and what it writes the device's mapping sees.
+    wfd = window_fd(fd, 0)
+    wmap = mmap.mmap(wfd, 4096)
+    seen = wmap[:4096] == pattern
+    wmap[:64] = role.encode() * 64
+    fact(kmod_window_fd_ok=seen and window[:64] == role.encode() * 64)
+    window[:64] = pattern[:64]
+    wmap.close()
+    os.close(wfd)
     (share / f"kpattern-{role}").write_bytes(pattern)
     barrier(role, "kmod-written")
     fact(kmod_inbound_ok=target[:4096] == (share / f"kpattern-{other}").read_bytes())
@@ -243,6 +305,7 @@ def run(role, mods, bdf, barrier, share, fact):
         # bad calls, with window 0 free (so that each reaches the check it is about).
         rows = [("clear while mapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)),
                  errno.EBUSY)]
+        rows += device_memory_exports(fd, window)
         target.close()
         rows.append(("clear once unmapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)), 0))
         rows += bad_arguments(fd, dev, i[6], in_max)

@@ -11,7 +11,7 @@ says what each host does).  What a user would check:
   ntb_pingpong bounced at least 10 times each way; ntb_perf copied through the window and
   printed its throughput.
 - ntb-kmod: our module (vfio-ntb/kmod/) on the same pair (ntb_kmod.py): each host's window
-  mmap'd and written both ways, one host's target its own pinned pages (export through its
+  mmap'd and written both ways, and seen through a file of that window alone (VN_NTB_MW_FD), one host's target its own pinned pages (export through its
   IOMMU), the other's a buffer of the module's; doorbells as eventfds; a table of bad
   arguments each refused with its errno; the module unloads once the device is closed; when
   host a's VM is killed, b's link eventfd fires within 1 s, its link reads down, its window
@@ -71,7 +71,9 @@ def main():
                           stderr=open(run / "ntbsim.log", "wb"))
         if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
-        hosts = {r: LenderHost(procs, "ntb_inner.py", args=("--modules", mods), devices=(),
+        # Host b has a device whose BAR its module exports (ntb_kmod.device_memory_exports).
+        hosts = {r: LenderHost(procs, "ntb_inner.py", args=("--modules", mods),
+                               devices=("pci-testdev",) if r == "b" else (),
                                share=share, role=r, raw_devices=[device(run / f"p{i}")],
                                memfd=True, mem_mib=1024, timeout=900)
                  for i, r in enumerate("ab")}
@@ -125,12 +127,14 @@ def main():
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
+        both("kmod_window_fd_ok") and
         both("kmod_unloaded") and b.get("kmod_bad_args_wrong") == "none" and
         int(b.get("kmod_bad_args", 0)) >= 20 and down_s != "none" and float(down_s) < 1.0
         and b.get("kmod_link_down") == "True" and b.get("kmod_window_all_ones") == "True"
         and b.get("kmod_unloaded_after_loss") == "True" and b.get("done") == "True",
         info=a.get("kmod_info"), export_dma=a.get("kmod_export_dma"),
         windows=f"{a.get('kmod_inbound_ok')},{b.get('kmod_inbound_ok')}",
+        window_fds=f"{a.get('kmod_window_fd_ok')},{b.get('kmod_window_fd_ok')}",
         doorbells=f"{a.get('kmod_doorbell_ok')},{b.get('kmod_doorbell_ok')}",
         bad_args=b.get("kmod_bad_args"), bad_args_wrong=b.get("kmod_bad_args_wrong"),
         unloaded=f"{a.get('kmod_unloaded')},{b.get('kmod_unloaded')}",

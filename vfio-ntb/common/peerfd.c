@@ -4,6 +4,7 @@
 #include "peerfd.h"
 
 #include "util.h"
+#include "kmod/vfio_ntb_uapi.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -161,15 +163,19 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
     return -EINVAL;
 }
 
-/* An NTB window of our module's (/dev/vfio-ntb/NAME): the module checks each mmap against the
- * window, and its mapping is device memory (all ones once the peer is gone, SIGBUS once the
- * adapter is). */
+/* An NTB window of our module's (a VN_NTB_MW_FD file, or the device /dev/vfio-ntb/NAME):
+ * the module checks each mmap against the window, and its mapping is device memory (all
+ * ones once the peer is gone, SIGBUS once the adapter is). */
 static bool ntb_window(int fd)
 {
     char path[64], link[128];
+    struct statfs fs;
     struct stat st;
     ssize_t n;
 
+    if (fstatfs(fd, &fs) == 0 && fs.f_type == VN_NTB_WINDOW_FS_MAGIC) {
+        return true;
+    }
     snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
     n = readlink(path, link, sizeof(link) - 1);
     if (n <= 0 || fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode)) {

@@ -182,11 +182,12 @@ static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *s
     if (mi.out_size == 0) {
         return -ENXIO;
     }
-    ret = fcntl(kmod_port(p)->fd, F_DUPFD_CLOEXEC, 0);
+    /* A file for this window alone (mmap and nothing else): it may reach a VM's QEMU. */
+    ret = ioctl(kmod_port(p)->fd, VN_NTB_MW_FD, &win);
     if (ret < 0) {
         return -errno;
     }
-    *offset = mi.out_mmap_offset;
+    *offset = 0;
     *size = mi.out_size;
     return ret;
 }

@@ -13,19 +13,25 @@
  * signal through our ctx ops.
  *
  * Lifetime: the device (struct vn_dev) lives while the NTB device is there or a file is
- * open on it (a kref).  When the NTB device goes away first, its mappings are zapped (a
- * later access is SIGBUS), its translations cleared, and the open file answers ENODEV.
+ * open on it, the device's own or one of its window files (a kref).  When the NTB device
+ * goes away first, its mappings are zapped (a later access is SIGBUS), its translations
+ * cleared, and the open files answer ENODEV.  Every mapping of a device is in the address
+ * space of one inode of ours (vn->inode, on a pseudo filesystem of the module's), whichever
+ * file it was made through, so one call zaps them all.
  */
 #include <linux/dma-mapping.h>
 #include <linux/eventfd.h>
+#include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/kref.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/mount.h>
 #include <linux/ntb.h>
 #include <linux/pci.h>
+#include <linux/pseudo_fs.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
@@ -50,7 +56,11 @@
 #define vn_vma_set_flags(vma, f) ((vma)->vm_flags |= (f))
 #endif
 
-enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_BAR };
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 10, 0) && LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
+#error "vfio_ntb: Linux 6.10 and 6.11 (follow_pte without follow_pfnmap_start) are not supported"
+#endif
+
+enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_BAR, VN_IN_MMIO };
 
 /* An inbound window's target: what the peer's window reaches here. */
 struct vn_inbound {
@@ -62,6 +72,7 @@ struct vn_inbound {
 	struct sg_table sgt;
 	void *cpu;              /* VN_IN_ALLOC */
 	struct pci_dev *bar_dev;/* VN_IN_BAR: held */
+	struct file *mmio_file; /* VN_IN_MMIO: the file the caller mapped it from, held */
 	atomic_t maps;          /* live mmaps of the VN_IN_ALLOC buffer */
 };
 
@@ -81,6 +92,7 @@ struct vn_dev {
 	struct ntb_dev *ntb;
 	struct device *dma_dev;
 	struct miscdevice misc;
+	struct inode *inode;    /* whose address space holds every mapping of the device's */
 	char name[48];
 	char nodename[48];
 	struct mutex lock;
@@ -96,9 +108,29 @@ struct vn_dev {
 	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
 };
 
+/* The pseudo filesystem of window files and of vn->inode, mounted while the module is
+ * loaded.  It has no owner: a mount of it must not keep the module from unloading (every
+ * file of ours holds the module through its fops instead). */
+static struct vfsmount *vn_mnt;
+
+static int vn_fs_init_fs_context(struct fs_context *fc)
+{
+	return init_pseudo(fc, VN_NTB_WINDOW_FS_MAGIC) ? 0 : -ENOMEM;
+}
+
+static struct file_system_type vn_fs_type = {
+	.name = "vfio_ntb_window",
+	.init_fs_context = vn_fs_init_fs_context,
+	.kill_sb = kill_anon_super,
+};
+
 static void vn_free(struct kref *ref)
 {
-	kfree(container_of(ref, struct vn_dev, ref));
+	struct vn_dev *vn = container_of(ref, struct vn_dev, ref);
+
+	if (vn->inode)
+		iput(vn->inode);
+	kfree(vn);
 }
 
 /* ---- NTB events (interrupt context) ------------------------------------- */
@@ -164,6 +196,10 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in)
 		dma_unmap_resource(vn->dma_dev, in->dma, in->size, DMA_BIDIRECTIONAL, 0);
 		pci_dev_put(in->bar_dev);
 		break;
+	case VN_IN_MMIO:
+		dma_unmap_resource(vn->dma_dev, in->dma, in->size, DMA_BIDIRECTIONAL, 0);
+		fput(in->mmio_file);
+		break;
 	case VN_IN_NONE:
 		break;
 	}
@@ -173,6 +209,7 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in)
 	in->pages = NULL;
 	in->cpu = NULL;
 	in->bar_dev = NULL;
+	in->mmio_file = NULL;
 }
 
 static int vn_in_clear(struct vn_dev *vn, u32 idx)
@@ -226,32 +263,134 @@ static int vn_in_set(struct vn_dev *vn, u32 idx, struct vn_inbound *in)
 	return 0;
 }
 
-/* The caller's pages, pinned (before vn->lock: pinning takes the mmap_lock). */
-static int vn_pin(struct vn_ntb_mw_export *a, struct page ***pages, unsigned long *npages)
+/* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (it takes the caller's
+ * mmap_lock): pinned pages, or device memory and the file it was mapped from. */
+struct vn_source {
+	struct page **pages;
+	unsigned long npages;
+	phys_addr_t phys;
+	struct file *file;
+};
+
+static void vn_source_release(struct vn_source *src)
 {
+	if (src->pages)
+		vn_unpin(src->pages, src->npages);
+	if (src->file)
+		fput(src->file);
+	memset(src, 0, sizeof(*src));
+}
+
+/* Ours, defined below: a window's target is never one of our own mappings (a window
+ * reaching a window makes no sense, and holding our own file would keep it open). */
+static const struct file_operations vn_fops, vn_window_fops;
+
+static int vn_follow_pfn(struct vm_area_struct *vma, unsigned long addr, unsigned long *pfn)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
+	struct follow_pfnmap_args args = { .vma = vma, .address = addr };
+	int ret = follow_pfnmap_start(&args);
+
+	if (!ret) {
+		*pfn = args.pfn;
+		follow_pfnmap_end(&args);
+	}
+	return ret;
+#else
+	return follow_pfn(vma, addr, pfn);
+#endif
+}
+
+/* Device memory the caller mapped (VM_PFNMAP, as VFIO maps a BAR), under the mmap_lock:
+ * one physically contiguous range that is not ordinary RAM (as VFIO's type1 driver tells
+ * it), faulted in where it is not yet. */
+static int vn_source_mmio(struct mm_struct *mm, struct vm_area_struct *vma,
+			  struct vn_ntb_mw_export *a, struct vn_source *src)
+{
+	unsigned long addr, pfn, first = 0;
+	int ret;
+
+	if (!vma->vm_file || a->vaddr + a->size > vma->vm_end)
+		return -EFAULT;
+	if (vma->vm_file->f_op == &vn_fops || vma->vm_file->f_op == &vn_window_fops)
+		return -EINVAL;
+	for (addr = a->vaddr; addr < a->vaddr + a->size; addr += PAGE_SIZE) {
+		ret = vn_follow_pfn(vma, addr, &pfn);
+		if (ret) {
+			ret = fixup_user_fault(mm, addr, FAULT_FLAG_WRITE, NULL);
+			if (!ret)
+				ret = vn_follow_pfn(vma, addr, &pfn);
+			if (ret)
+				return -EFAULT;
+		}
+		if (addr == a->vaddr)
+			first = pfn;
+		if (pfn != first + ((addr - a->vaddr) >> PAGE_SHIFT) ||
+		    (pfn_valid(pfn) && !PageReserved(pfn_to_page(pfn))))
+			return -EINVAL;
+		cond_resched();
+	}
+	src->phys = PFN_PHYS(first);
+	src->file = get_file(vma->vm_file);
+	return 0;
+}
+
+static int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
 	unsigned long n = a->size >> PAGE_SHIFT;
-	int pinned;
+	int pinned, ret = 1;
 
 	if (!a->size || !PAGE_ALIGNED(a->vaddr) || !PAGE_ALIGNED(a->size) ||
 	    a->vaddr + a->size < a->vaddr || n > INT_MAX)
 		return -EINVAL;
-	*pages = kvmalloc_array(n, sizeof(**pages), GFP_KERNEL);
-	if (!*pages)
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, a->vaddr);
+	if (vma && (vma->vm_flags & (VM_IO | VM_PFNMAP)))
+		ret = vn_source_mmio(mm, vma, a, src);
+	mmap_read_unlock(mm);
+	if (ret <= 0)
+		return ret;
+	src->pages = kvmalloc_array(n, sizeof(*src->pages), GFP_KERNEL);
+	if (!src->pages)
 		return -ENOMEM;
-	pinned = pin_user_pages_fast(a->vaddr, n, FOLL_WRITE | FOLL_LONGTERM, *pages);
+	pinned = pin_user_pages_fast(a->vaddr, n, FOLL_WRITE | FOLL_LONGTERM, src->pages);
 	if (pinned != n) {
 		if (pinned > 0)
-			unpin_user_pages(*pages, pinned);
-		kvfree(*pages);
+			unpin_user_pages(src->pages, pinned);
+		kvfree(src->pages);
+		src->pages = NULL;
 		return pinned < 0 ? pinned : -EFAULT;
 	}
-	*npages = n;
+	src->npages = n;
 	return 0;
 }
 
-/* Takes @pages (pinned by vn_pin): the window keeps them, or they are unpinned. */
-static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct page **pages,
-			unsigned long npages)
+/* Device memory as the target: reached peer to peer through the NTB's DMA device. */
+static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
+{
+	struct vn_inbound *in = &vn->in[a->index];
+	int ret;
+
+	in->dma = dma_map_resource(vn->dma_dev, src->phys, a->size, DMA_BIDIRECTIONAL, 0);
+	if (dma_mapping_error(vn->dma_dev, in->dma)) {
+		in->dma = 0;
+		vn_source_release(src);
+		return -EIO;
+	}
+	in->kind = VN_IN_MMIO;
+	in->mmio_file = src->file;
+	in->size = a->size;
+	src->file = NULL;
+	ret = vn_in_set(vn, a->index, in);
+	if (!ret)
+		a->dma_addr = in->dma;
+	return ret;
+}
+
+/* Takes @src (vn_source_get's): the window keeps what it holds, or it is released. */
+static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
 {
 	struct vn_inbound *in;
 	u64 max;
@@ -259,25 +398,28 @@ static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct pa
 
 	ret = vn_in_check(vn, a->index, a->size, &max);
 	if (ret)
-		goto unpin;
+		goto release;
+	if (src->file)
+		return vn_mw_export_mmio(vn, a, src);
 	in = &vn->in[a->index];
-	ret = sg_alloc_table_from_pages(&in->sgt, pages, npages, 0, a->size, GFP_KERNEL);
+	ret = sg_alloc_table_from_pages(&in->sgt, src->pages, src->npages, 0, a->size, GFP_KERNEL);
 	if (ret)
-		goto unpin;
+		goto release;
 	ret = dma_map_sgtable(vn->dma_dev, &in->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret) {
 		sg_free_table(&in->sgt);
-		goto unpin;
+		goto release;
 	}
 	in->kind = VN_IN_USER;
-	in->pages = pages;
-	in->npages = npages;
+	in->pages = src->pages;
+	in->npages = src->npages;
 	in->size = a->size;
+	src->pages = NULL;
 	/* The peer's window is one range: the pages must be one to the NTB's DMA device
 	 * (an IOMMU makes them so; without one they must be physically contiguous). */
 	if (in->sgt.nents != 1) {
 		dev_info(&vn->ntb->dev, "window %u: %lu pages are %u ranges to the device\n",
-			 a->index, npages, in->sgt.nents);
+			 a->index, src->npages, in->sgt.nents);
 		vn_in_release(vn, in);
 		return -EINVAL;
 	}
@@ -286,8 +428,8 @@ static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct pa
 	if (!ret)
 		a->dma_addr = in->dma;
 	return ret;
-unpin:
-	vn_unpin(pages, npages);
+release:
+	vn_source_release(src);
 	return ret;
 }
 
@@ -450,6 +592,7 @@ static int vn_open(struct inode *inode, struct file *f)
 		ret = -EBUSY;
 	if (!ret) {
 		vn->owner = f;
+		f->f_mapping = vn->inode->i_mapping;
 		kref_get(&vn->ref);
 		ntb_db_clear_mask(vn->ntb, vn->db_valid);
 	}
@@ -563,7 +706,7 @@ union vn_args {
 };
 
 static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *a,
-			    struct page **pages, unsigned long npages)
+			    struct vn_source *src)
 {
 	switch (cmd) {
 	case VN_NTB_INFO:
@@ -593,7 +736,7 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 		a->u64 = ntb_db_read(vn->ntb) & vn->db_valid;
 		return 0;
 	case VN_NTB_MW_EXPORT:
-		return vn_mw_export(vn, &a->exp, pages, npages);
+		return vn_mw_export(vn, &a->exp, src);
 	case VN_NTB_MW_ALLOC:
 		return vn_mw_alloc(vn, &a->alloc);
 	case VN_NTB_MW_EXPORT_BAR:
@@ -605,13 +748,14 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 	}
 }
 
+static long vn_ioctl_mw_fd(struct vn_dev *vn, u32 idx);
+
 static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
 	struct vn_dev *vn = vn_of(f);
 	void __user *uarg = (void __user *)arg;
 	unsigned int size = _IOC_SIZE(cmd);
-	struct page **pages = NULL;
-	unsigned long npages = 0;
+	struct vn_source src = { 0 };
 	union vn_args a;
 	long ret;
 
@@ -632,17 +776,18 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		mutex_unlock(&vn->lock);
 		if (ret)
 			return ret;
-		ret = vn_pin(&a.exp, &pages, &npages);
+		ret = vn_source_get(&a.exp, &src);
 		if (ret)
 			return ret;
 	}
+	if (cmd == VN_NTB_MW_FD)
+		return vn_ioctl_mw_fd(vn, a.u32);
 	mutex_lock(&vn->lock);
 	if (vn->dead) {
 		ret = -ENODEV;
-		if (pages)
-			vn_unpin(pages, npages);
+		vn_source_release(&src);
 	} else {
-		ret = vn_ioctl_locked(vn, cmd, &a, pages, npages);      /* takes @pages */
+		ret = vn_ioctl_locked(vn, cmd, &a, &src);      /* takes @src */
 	}
 	mutex_unlock(&vn->lock);
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, &a, size))
@@ -674,6 +819,30 @@ static const struct vm_operations_struct vn_vm_ops = {
 	.fault = vn_vma_fault,
 };
 
+/* Outbound window @idx from @within, under vn->lock.  Whichever file maps it, the mapping
+ * sits at the device file's offset for it in vn->inode's address space. */
+static int vn_mmap_out(struct vn_dev *vn, struct vm_area_struct *vma, u64 idx, u64 within)
+{
+	u64 len = vma->vm_end - vma->vm_start;
+	int ret;
+
+	if (idx >= vn->peer_mw_count || within > vn->out[idx].size ||
+	    len > vn->out[idx].size - within)
+		return -EINVAL;
+	vma->vm_pgoff = (VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, idx) + within) >> PAGE_SHIFT;
+	/* Device memory: VFIO's type1 can map it for a device (VM_PFNMAP). */
+	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
+	vn_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
+	ret = io_remap_pfn_range(vma, vma->vm_start, (vn->out[idx].base + within) >> PAGE_SHIFT,
+				 len, vma->vm_page_prot);
+	if (!ret) {
+		vma->vm_private_data = &vn->out[idx].maps;
+		vma->vm_ops = &vn_vm_ops;
+		atomic_inc(&vn->out[idx].maps);
+	}
+	return ret;
+}
+
 static int vn_mmap(struct file *f, struct vm_area_struct *vma)
 {
 	struct vn_dev *vn = vn_of(f);
@@ -688,15 +857,8 @@ static int vn_mmap(struct file *f, struct vm_area_struct *vma)
 	mutex_lock(&vn->lock);
 	if (vn->dead) {
 		ret = -ENODEV;
-	} else if (kind == VN_NTB_MMAP_OUT && idx < vn->peer_mw_count &&
-		   within <= vn->out[idx].size && len <= vn->out[idx].size - within) {
-		/* Device memory: VFIO's type1 can map it for a device (VM_PFNMAP). */
-		vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
-		vn_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-		ret = io_remap_pfn_range(vma, vma->vm_start,
-					 (vn->out[idx].base + within) >> PAGE_SHIFT, len,
-					 vma->vm_page_prot);
-		maps = &vn->out[idx].maps;
+	} else if (kind == VN_NTB_MMAP_OUT) {
+		ret = vn_mmap_out(vn, vma, idx, within);
 	} else if (kind == VN_NTB_MMAP_IN && idx < vn->mw_count &&
 		   vn->in[idx].kind == VN_IN_ALLOC && within <= vn->in[idx].size &&
 		   len <= vn->in[idx].size - within) {
@@ -706,13 +868,100 @@ static int vn_mmap(struct file *f, struct vm_area_struct *vma)
 					vn->in[idx].size);
 		maps = &vn->in[idx].maps;
 	}
-	if (!ret) {
+	if (!ret && maps) {
 		vma->vm_private_data = maps;
 		vma->vm_ops = &vn_vm_ops;
 		atomic_inc(maps);
 	}
 	mutex_unlock(&vn->lock);
 	return ret;
+}
+
+/* ---- window files (VN_NTB_MW_FD) ---------------------------------------- */
+
+struct vn_window_file {
+	struct vn_dev *vn;      /* a reference */
+	u32 idx;
+};
+
+static int vn_window_mmap(struct file *f, struct vm_area_struct *vma)
+{
+	struct vn_window_file *w = f->private_data;
+	u64 within = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	int ret;
+
+	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff >= (1ull << (48 - PAGE_SHIFT)))
+		return -EINVAL;
+	mutex_lock(&w->vn->lock);
+	ret = w->vn->dead ? -ENODEV : vn_mmap_out(w->vn, vma, w->idx, within);
+	mutex_unlock(&w->vn->lock);
+	return ret;
+}
+
+static int vn_window_release(struct inode *inode, struct file *f)
+{
+	struct vn_window_file *w = f->private_data;
+
+	kref_put(&w->vn->ref, vn_free);
+	kfree(w);
+	return 0;
+}
+
+static const struct file_operations vn_window_fops = {
+	.owner = THIS_MODULE,
+	.mmap = vn_window_mmap,
+	.release = vn_window_release,
+	.llseek = noop_llseek,
+};
+
+/* A new fd for outbound window @idx alone: what the daemon hands a VM's QEMU. */
+static long vn_ioctl_mw_fd(struct vn_dev *vn, u32 idx)
+{
+	struct vn_window_file *w;
+	struct file *f;
+	int fd;
+
+	w = kzalloc(sizeof(*w), GFP_KERNEL);
+	if (!w)
+		return -ENOMEM;
+	mutex_lock(&vn->lock);
+	fd = vn->dead ? -ENODEV
+	     : idx >= vn->peer_mw_count || !vn->out[idx].size ? -EINVAL : 0;
+	if (!fd) {
+		w->vn = vn;
+		w->idx = idx;
+		kref_get(&vn->ref);
+	}
+	mutex_unlock(&vn->lock);
+	if (fd) {
+		kfree(w);
+		return fd;
+	}
+	fd = get_unused_fd_flags(O_CLOEXEC);
+	if (fd < 0)
+		goto put;
+	/* The file's release puts its fops' module and its inode: take both. */
+	if (!try_module_get(THIS_MODULE)) {
+		put_unused_fd(fd);
+		fd = -ENODEV;
+		goto put;
+	}
+	ihold(vn->inode);
+	f = alloc_file_pseudo(vn->inode, vn_mnt, "vfio-ntb-window", O_RDWR, &vn_window_fops);
+	if (IS_ERR(f)) {
+		iput(vn->inode);
+		module_put(THIS_MODULE);
+		put_unused_fd(fd);
+		fd = PTR_ERR(f);
+		goto put;
+	}
+	f->private_data = w;
+	fd_install(fd, f);
+	return fd;
+put:
+	kref_put(&vn->ref, vn_free);
+	kfree(w);
+	return fd;
 }
 
 static const struct file_operations vn_fops = {
@@ -742,6 +991,12 @@ static int vn_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	spin_lock_init(&vn->ev_lock);
 	vn->ntb = ntb;
 	vn->dma_dev = ntb_get_dma_dev(ntb);
+	vn->inode = alloc_anon_inode(vn_mnt->mnt_sb);
+	if (IS_ERR(vn->inode)) {
+		ret = PTR_ERR(vn->inode);
+		vn->inode = NULL;
+		goto free;
+	}
 	ret = ntb_mw_count(ntb, VN_PIDX);
 	vn->mw_count = ret < 0 ? 0 : ret;
 	ret = ntb_peer_mw_count(ntb);
@@ -782,7 +1037,7 @@ static int vn_probe(struct ntb_client *client, struct ntb_dev *ntb)
 clear:
 	ntb_clear_ctx(ntb);
 free:
-	kfree(vn);
+	kref_put(&vn->ref, vn_free);
 	return ret;
 }
 
@@ -793,9 +1048,9 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 
 	misc_deregister(&vn->misc);
 	mutex_lock(&vn->lock);
-	/* An open file's mappings go now; its next access faults (SIGBUS). */
-	if (vn->owner)
-		unmap_mapping_range(vn->owner->f_mapping, 0, 0, 1);
+	/* Every mapping goes now, the device file's and its windows' files'; the next access
+	 * faults (SIGBUS). */
+	unmap_mapping_range(vn->inode->i_mapping, 0, 0, 1);
 	for (i = 0; i < vn->mw_count; i++) {
 		if (vn->in[i].kind != VN_IN_NONE) {
 			ntb_mw_clear_trans(ntb, VN_PIDX, i);
@@ -820,12 +1075,23 @@ static struct ntb_client vn_client = {
 
 static int __init vn_init(void)
 {
-	return ntb_register_client(&vn_client);
+	int ret;
+
+	vn_mnt = kern_mount(&vn_fs_type);
+	if (IS_ERR(vn_mnt))
+		return PTR_ERR(vn_mnt);
+	ret = ntb_register_client(&vn_client);
+	if (ret)
+		kern_unmount(vn_mnt);
+	return ret;
 }
 
+/* No file of ours is open (each holds the module), so once the devices are removed every
+ * inode of the filesystem is gone. */
 static void __exit vn_exit(void)
 {
 	ntb_unregister_client(&vn_client);
+	kern_unmount(vn_mnt);
 }
 
 module_init(vn_init);

@@ -10,11 +10,17 @@
  *   - doorbells: ring the peer's; eventfds signalled when ours are rung;
  *   - outbound windows mapped into the caller (mmap at VN_NTB_MW_INFO's offset): device
  *     memory (VM_IO | VM_PFNMAP), so VFIO's type1 IOMMU driver can map it for a device;
+ *   - an outbound window as a file of its own (VN_NTB_MW_FD): it can be mmap'd (from 0, the
+ *     window's first byte) and nothing else, so the daemon can hand one window to another
+ *     process (a VM's QEMU) without handing it the device.  Its filesystem's magic
+ *     (fstatfs) is VN_NTB_WINDOW_FS_MAGIC.  Its mappings go when the NTB device does;
  *   - inbound windows: what the peer's window reaches here.  Three kinds of target:
- *     the caller's own pages (VN_NTB_MW_EXPORT: pinned, mapped for the NTB's DMA device so
- *     that they are contiguous behind the IOMMU), a buffer of the module's (VN_NTB_MW_ALLOC,
- *     mmap-able), or a BAR of a local PCI function (VN_NTB_MW_EXPORT_BAR: the peer then
- *     reaches that device's registers, peer to peer).
+ *     the caller's own memory (VN_NTB_MW_EXPORT: pages pinned and mapped for the NTB's DMA
+ *     device so that they are contiguous behind the IOMMU; or device memory the caller has
+ *     mapped, such as a BAR through VFIO, which the window then reaches peer to peer, the
+ *     file it was mapped from held meanwhile), a buffer of the module's (VN_NTB_MW_ALLOC,
+ *     mmap-able), or a BAR of a local PCI function named by its address
+ *     (VN_NTB_MW_EXPORT_BAR).
  *
  * One process at a time may open a device (a second open is EBUSY).  Everything it set up
  * goes when it closes the file: translations cleared, pages unpinned, eventfds released.
@@ -84,7 +90,8 @@ struct vn_ntb_db_eventfd {
 struct vn_ntb_mw_export {
     __u32 index;            /* inbound window */
     __u32 reserved;
-    __u64 vaddr;            /* page-aligned memory of the caller */
+    __u64 vaddr;            /* page-aligned memory of the caller: pages, or one mapping of
+                             * device memory (VM_PFNMAP, physically contiguous) */
     __u64 size;             /* a multiple of the page size, within in_size_max */
     __u64 dma_addr;         /* out: where the NTB's DMA device sees it */
 };
@@ -122,6 +129,11 @@ struct vn_ntb_mw_export_bar {
 #define VN_NTB_MW_ALLOC _IOW(VN_NTB_TYPE, 12, struct vn_ntb_mw_alloc)
 #define VN_NTB_MW_EXPORT_BAR _IOWR(VN_NTB_TYPE, 13, struct vn_ntb_mw_export_bar)
 #define VN_NTB_MW_CLEAR _IOW(VN_NTB_TYPE, 14, __u32)        /* an inbound window's target */
+/* In: an outbound window's index; returns a new fd (O_CLOEXEC) for that window alone. */
+#define VN_NTB_MW_FD _IOW(VN_NTB_TYPE, 15, __u32)
+
+/* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
+#define VN_NTB_WINDOW_FS_MAGIC 0x564e5746
 
 /* mmap offsets: kind in bits 56-59, window index in bits 48-55, then the offset into the
  * window (page-aligned). */
