@@ -2,8 +2,9 @@
 from ntb_inner.py, after Linux's own clients).  Drives /dev/vfio-ntb/<bdf> as vfio-ntbd
 will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
 
-- Host a exports 64 KiB of its own memory (pinned user pages, VN_NTB_MW_EXPORT) as the
-  target of b's window; host b gives a's window a buffer of the module's (VN_NTB_MW_ALLOC,
+- Host a exports its own memory, as much as the window takes (pinned user pages,
+  VN_NTB_MW_EXPORT: one range behind the IOMMU, in many DMA segments), as the target of b's
+  window; host b gives a's window a buffer of the module's (VN_NTB_MW_ALLOC,
   mmap'd).  Each maps its outbound window (mmap) and writes a pattern through it, reads it
   back through it, and finds the other's pattern in its own target.
 - Each also maps its window through a file of that window alone (VN_NTB_MW_FD) and sees the
@@ -227,12 +228,14 @@ def data_and_doorbells(role, fd, barrier, share, fact):
     out_size, out_off, in_max = mi[2], mi[3], mi[6]
     # Our target for the peer's window.
     if role == "a":
-        buf = mmap.mmap(-1, BUF)
-        buf[:8] = b"pinned!!"               # touch it: pinning needs pages
+        # The whole window: behind the IOMMU its pages are one range of DMA addresses but
+        # many segments (a PCI function's are 64 KiB at most), as guest RAM will be.
+        size = in_max
+        buf = mmap.mmap(-1, size)
         addr = _address_of(buf)
-        _, _, _, _, dma = call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, addr, BUF, 0)
+        _, _, _, _, dma = call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, addr, size, 0)
         target = buf
-        fact(kmod_export_dma=hex(dma))
+        fact(kmod_export_dma=hex(dma), kmod_export_bytes=size)
     else:
         call(fd, MW_ALLOC, ALLOC_FMT, 0, 0, BUF)
         in_off = mw_info(fd, 0)[7]

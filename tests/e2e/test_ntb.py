@@ -127,12 +127,13 @@ def main():
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
-        both("kmod_window_fd_ok") and
+        both("kmod_window_fd_ok") and int(a.get("kmod_export_bytes", 0)) >= 1 << 20 and
         both("kmod_unloaded") and b.get("kmod_bad_args_wrong") == "none" and
         int(b.get("kmod_bad_args", 0)) >= 20 and down_s != "none" and float(down_s) < 1.0
         and b.get("kmod_link_down") == "True" and b.get("kmod_window_all_ones") == "True"
         and b.get("kmod_unloaded_after_loss") == "True" and b.get("done") == "True",
         info=a.get("kmod_info"), export_dma=a.get("kmod_export_dma"),
+        export_bytes=a.get("kmod_export_bytes"),
         windows=f"{a.get('kmod_inbound_ok')},{b.get('kmod_inbound_ok')}",
         window_fds=f"{a.get('kmod_window_fd_ok')},{b.get('kmod_window_fd_ok')}",
         doorbells=f"{a.get('kmod_doorbell_ok')},{b.get('kmod_doorbell_ok')}",

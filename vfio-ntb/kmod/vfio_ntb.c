@@ -389,10 +389,29 @@ static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a, stru
 	return ret;
 }
 
+/* How many ranges of DMA addresses a mapped table is.  An IOMMU maps the pages at
+ * consecutive addresses but in segments of at most the device's max_seg_size (64 KiB for a
+ * PCI function unless its driver says otherwise), so count where one does not continue the
+ * last rather than the segments themselves. */
+static unsigned int vn_dma_ranges(struct sg_table *sgt)
+{
+	struct scatterlist *sg;
+	dma_addr_t end = 0;
+	unsigned int i, ranges = 0;
+
+	for_each_sgtable_dma_sg(sgt, sg, i) {
+		if (!ranges || sg_dma_address(sg) != end)
+			ranges++;
+		end = sg_dma_address(sg) + sg_dma_len(sg);
+	}
+	return ranges;
+}
+
 /* Takes @src (vn_source_get's): the window keeps what it holds, or it is released. */
 static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
 {
 	struct vn_inbound *in;
+	unsigned int ranges;
 	u64 max;
 	int ret;
 
@@ -417,9 +436,10 @@ static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn
 	src->pages = NULL;
 	/* The peer's window is one range: the pages must be one to the NTB's DMA device
 	 * (an IOMMU makes them so; without one they must be physically contiguous). */
-	if (in->sgt.nents != 1) {
+	ranges = vn_dma_ranges(&in->sgt);
+	if (ranges != 1) {
 		dev_info(&vn->ntb->dev, "window %u: %lu pages are %u ranges to the device\n",
-			 a->index, src->npages, in->sgt.nents);
+			 a->index, src->npages, ranges);
 		vn_in_release(vn, in);
 		return -EINVAL;
 	}
