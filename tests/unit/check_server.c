@@ -32,7 +32,17 @@ typedef struct Fake {
     uint8_t cfg[CFG_SIZE];
     gint resets; /* written on the server thread: atomic */
     gint irq_changes;
+    /* A write of 8 bytes at P2P_TRIGGER (BAR0) asks the client for a DMA read of 8 bytes at
+     * P2P_READ (kept with its result here), then a posted write of P2P_POSTED at P2P_WRITE. */
+    GMutex p2p_lock; /* the server thread writes them, the test reads them */
+    uint8_t p2p_got[8];
+    int p2p_ret;
 } Fake;
+
+#define P2P_TRIGGER 0x3ff8u
+#define P2P_READ UINT64_C(0xfeed0000)
+#define P2P_WRITE UINT64_C(0xfeed1000)
+#define P2P_POSTED "posted!!"
 
 static int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
 {
@@ -48,9 +58,22 @@ static int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint
     return 0;
 }
 
+static VnServer *rig_server(void);
+
 static int fake_write(void *opaque, uint32_t index, uint64_t off, const void *buf, uint32_t n)
 {
     Fake *f = opaque;
+
+    if (index == VFIO_PCI_BAR0_REGION_INDEX && off == P2P_TRIGGER && n == 8) {
+        uint8_t got[8] = { 0 };
+        int ret = vn_server_client_dma(rig_server(), P2P_READ, got, 8, false);
+
+        g_mutex_lock(&f->p2p_lock);
+        f->p2p_ret = ret;
+        memcpy(f->p2p_got, got, 8);
+        g_mutex_unlock(&f->p2p_lock);
+        vn_server_client_dma(rig_server(), P2P_WRITE, P2P_POSTED, 8, true);
+    }
 
     if (index == VFIO_PCI_BAR0_REGION_INDEX) {
         memcpy(f->bar + off, buf, n);
@@ -100,6 +123,11 @@ typedef struct Rig {
 } Rig;
 
 static Rig rig;
+
+static VnServer *rig_server(void)
+{
+    return rig.server;
+}
 
 static gpointer serve(gpointer data)
 {
@@ -579,6 +607,114 @@ static int raw_errno(VnClient *c, const void *msg, size_t len, const int *fds, u
     return (hdr.flags & VN_WIRE_FLAG_ERROR) ? (int)hdr.error : 0;
 }
 
+/* The next message the server sends us (unasked: its client DMA), or a reply. */
+static VnWireHdr next_msg(VnClient *c, GByteArray **msg)
+{
+    VnWireHdr hdr;
+
+    g_clear_pointer(msg, g_byte_array_unref);
+    ck_assert_int_eq(vn_client_raw(c, NULL, 0, NULL, 0, msg), 0);
+    ck_assert_uint_ge((*msg)->len, sizeof(hdr));
+    memcpy(&hdr, (*msg)->data, sizeof(hdr));
+    return hdr;
+}
+
+/* A DMA request as QEMU lays it out: address at 16, 32-bit count at 24, data at 28, the
+ * size that plus 4 (QEMU's VFIOUserDMARW with its padding). */
+static void check_client_dma(const VnWireHdr *h, const GByteArray *m, uint16_t cmd, uint64_t addr,
+                             const char *data)
+{
+    uint64_t a;
+    uint32_t count;
+
+    ck_assert_uint_eq(h->cmd, cmd);
+    ck_assert_uint_eq(h->flags & VN_WIRE_FLAG_TYPE_MASK, VN_WIRE_FLAG_COMMAND);
+    ck_assert_uint_eq(!!(h->flags & VN_WIRE_FLAG_NO_REPLY), cmd == VN_CMD_DMA_WRITE);
+    ck_assert_uint_eq(h->size, 32 + (data != NULL ? 8 : 0));
+    ck_assert_uint_eq(m->len, h->size);
+    memcpy(&a, m->data + 16, 8);
+    memcpy(&count, m->data + 24, 4);
+    ck_assert_uint_eq(a, addr);
+    ck_assert_uint_eq(count, 8);
+    if (data != NULL) {
+        ck_assert_mem_eq(m->data + 28, data, 8);
+    }
+}
+
+static void send_trigger(VnClient *c, uint16_t id)
+{
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnWireRegionRw rw = { .offset = P2P_TRIGGER, .region = 0, .count = 8 };
+
+    vn_wire_begin(m, id, VN_CMD_REGION_WRITE, 0);
+    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
+    g_byte_array_append(m, (const guint8 *)"trigger!", 8);
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, NULL, 0, NULL), 0);
+}
+
+static void send_dma_answer(VnClient *c, uint16_t id, const char *data)
+{
+    uint8_t m[40] = { 0 };
+    VnWireHdr h = {
+        .id = id, .cmd = VN_CMD_DMA_READ, .size = sizeof(m), .flags = VN_WIRE_FLAG_REPLY
+    };
+
+    memcpy(m, &h, sizeof(h));
+    memcpy(m + 28, data, 8);
+    ck_assert_int_eq(vn_client_raw(c, m, sizeof(m), NULL, 0, NULL), 0);
+}
+
+START_TEST(test_client_dma)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    g_autoptr(GByteArray) msg = NULL;
+    VnWireRegionRw rw = { .offset = 0, .region = VFIO_PCI_CONFIG_REGION_INDEX, .count = 4 };
+    VnWireDeviceInfo di;
+    VnWireHdr read_req, h;
+
+    /* The device's op asks us for a read: we send a command of our own before answering;
+     * the server holds it and serves it after the op, in order. */
+    send_trigger(c, 700);
+    read_req = next_msg(c, &msg);
+    check_client_dma(&read_req, msg, VN_CMD_DMA_READ, P2P_READ, NULL);
+    vn_wire_begin(m, 701, VN_CMD_REGION_READ, 0);
+    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, NULL, 0, NULL), 0);
+    send_dma_answer(c, read_req.id, "p2p-data");
+    h = next_msg(c, &msg);
+    check_client_dma(&h, msg, VN_CMD_DMA_WRITE, P2P_WRITE, P2P_POSTED);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 700);
+    ck_assert_uint_eq(h.flags, VN_WIRE_FLAG_REPLY);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 701);
+    ck_assert_uint_eq(h.flags, VN_WIRE_FLAG_REPLY);
+    g_mutex_lock(&rig.fake.p2p_lock);
+    ck_assert_int_eq(rig.fake.p2p_ret, 0);
+    ck_assert_mem_eq(rig.fake.p2p_got, "p2p-data", 8);
+    g_mutex_unlock(&rig.fake.p2p_lock);
+
+    /* Unanswered, the read gives up after its timeout (the op goes on); the late answer
+     * is dropped and the session goes on. */
+    send_trigger(c, 702);
+    read_req = next_msg(c, &msg);
+    check_client_dma(&read_req, msg, VN_CMD_DMA_READ, P2P_READ, NULL);
+    h = next_msg(c, &msg);
+    check_client_dma(&h, msg, VN_CMD_DMA_WRITE, P2P_WRITE, P2P_POSTED);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 702);
+    g_mutex_lock(&rig.fake.p2p_lock);
+    ck_assert_int_eq(rig.fake.p2p_ret, -ETIMEDOUT);
+    g_mutex_unlock(&rig.fake.p2p_lock);
+    send_dma_answer(c, read_req.id, "too-late");
+    ck_assert_int_eq(vn_client_get_info(c, &di), 0);
+    ck_assert_uint_eq(di.num_regions, VFIO_PCI_NUM_REGIONS);
+}
+END_TEST
+
 START_TEST(test_malformed_over_socket)
 {
     g_autoptr(VnClient) c = connect_ok();
@@ -779,6 +915,7 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_region_errors);
     tcase_add_test(tc, test_posted_writes_keep_order);
     tcase_add_test(tc, test_reset);
+    tcase_add_test(tc, test_client_dma);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("stall");

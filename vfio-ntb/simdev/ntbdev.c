@@ -25,8 +25,10 @@ typedef struct NtbPort {
     unsigned index;
     VnPciCfg *cfg;
     uint8_t msix[MSIX_BAR_SIZE];
-    VnDma *dma; /* the server's (borrowed); NULL when detached */
+    VnServer *server; /* borrowed; NULL when detached */
+    VnDma *dma;       /* the server's */
     VnIrqs *irqs;
+    uint64_t p2p_reads, p2p_writes, p2p_failures; /* DMA the client did for us */
 } NtbPort;
 
 struct VnNtbDev {
@@ -46,18 +48,47 @@ static void epf_signal(void *opaque, unsigned port, uint32_t vector)
     }
 }
 
+/*
+ * DMA by port @port's function.  Where its client's DMA table holds the address (guest
+ * RAM), straight into it; where it does not (a BAR of another device of that host's, peer
+ * to peer), the client does it (QEMU, through that guest's IOMMU): a posted write, a read
+ * waited for (vn_server_client_dma()).
+ */
+static int port_dma(NtbPort *p, uint64_t addr, void *buf, uint32_t len, bool write)
+{
+    uint32_t n;
+    int ret;
+
+    if (p->dma == NULL) {
+        return -ENODEV;
+    }
+    ret = write ? vn_dma_write(p->dma, addr, buf, len) : vn_dma_read(p->dma, addr, buf, len);
+    if (ret != -EFAULT) {
+        return ret;
+    }
+    for (uint32_t done = 0; done < len; done += n) {
+        n = MIN(len - done, VN_SERVER_CLIENT_DMA_MAX);
+        if (vn_server_client_dma(p->server, addr + done, (uint8_t *)buf + done, n, write) < 0) {
+            p->p2p_failures++;
+            return -EFAULT;
+        }
+    }
+    if (write) {
+        p->p2p_writes++;
+    } else {
+        p->p2p_reads++;
+    }
+    return 0;
+}
+
 static int epf_dma_read(void *opaque, unsigned port, uint64_t addr, void *buf, uint32_t len)
 {
-    NtbPort *p = &((VnNtbDev *)opaque)->port[port];
-
-    return p->dma != NULL ? vn_dma_read(p->dma, addr, buf, len) : -ENODEV;
+    return port_dma(&((VnNtbDev *)opaque)->port[port], addr, buf, len, false);
 }
 
 static int epf_dma_write(void *opaque, unsigned port, uint64_t addr, const void *buf, uint32_t len)
 {
-    NtbPort *p = &((VnNtbDev *)opaque)->port[port];
-
-    return p->dma != NULL ? vn_dma_write(p->dma, addr, buf, len) : -ENODEV;
+    return port_dma(&((VnNtbDev *)opaque)->port[port], addr, (void *)buf, len, true);
 }
 
 static bool epf_bus_master(void *opaque, unsigned port)
@@ -179,6 +210,7 @@ void *vn_ntbdev_port(VnNtbDev *d, unsigned port)
 
 void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server)
 {
+    d->port[port & 1].server = server;
     d->port[port & 1].dma = server != NULL ? vn_server_dma(server) : NULL;
     d->port[port & 1].irqs = server != NULL ? vn_server_irqs(server) : NULL;
 }
@@ -199,9 +231,11 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             ", \"command_errors\": %" G_GUINT64_FORMAT ", \"doorbells\": %" G_GUINT64_FORMAT
             ", \"doorbells_lost\": %" G_GUINT64_FORMAT ", \"window_reads\": %" G_GUINT64_FORMAT
             ", \"window_writes\": %" G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT
-            ", \"link_events\": %" G_GUINT64_FORMAT "}",
+            ", \"link_events\": %" G_GUINT64_FORMAT ", \"p2p_reads\": %" G_GUINT64_FORMAT
+            ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT "}",
             p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
-            st.window_writes, st.window_faults, st.link_events);
+            st.window_writes, st.window_faults, st.link_events, d->port[p].p2p_reads,
+            d->port[p].p2p_writes, d->port[p].p2p_failures);
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);

@@ -4,7 +4,10 @@
  * and the VnDeviceOps that the server engine calls.  Window accesses become DMA in the peer
  * port's client's memory: the DMA table its QEMU filled, which follows that guest's IOMMU
  * (QEMU maps what the guest's IOMMU maps for the device), so the peer's translation is the
- * peer host's own, as an NTB's inbound translation is.
+ * peer host's own, as an NTB's inbound translation is.  An address that table does not hold
+ * (QEMU maps only RAM into it: a BAR of another device of the peer host's, reached peer to
+ * peer) is asked of the peer's QEMU (vn_server_client_dma()), which resolves it through the
+ * same IOMMU into that device.
  *
  * Regions of each port: BAR0 (control, VN_EPF_CTRL_SIZE), BAR1 (MSI-X table and PBA: QEMU
  * emulates the table; we keep the storage), BAR2 (doorbells), BAR4 (the window), CONFIG.

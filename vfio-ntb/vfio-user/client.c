@@ -485,8 +485,8 @@ int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds, unsi
     VnTransportMsg r = { 0 };
     int ret;
 
-    ret = vn_transport_send(c->t, msg, len, fds, nfds);
-    if (ret < 0) {
+    ret = msg != NULL ? vn_transport_send(c->t, msg, len, fds, nfds) : 0;
+    if (ret < 0 || reply == NULL) {
         return ret;
     }
     ret = recv_msg(c, &r, vn_util_now_ns() + (uint64_t)c->timeout_ms * 1000000ull);

@@ -90,7 +90,9 @@ int vn_client_reset(VnClient *c);
 
 /*
  * Send raw bytes (a whole message, or garbage) with fds and wait for one
- * reply; for tests of malformed input.  The reply (owned) goes to *reply.
+ * message back; for tests of malformed input and of what a server sends
+ * unasked.  The message (owned) goes to *reply.  With @msg NULL nothing is
+ * sent; with @reply NULL nothing is waited for.
  */
 int vn_client_raw(VnClient *c, const void *msg, size_t len, const int *fds, unsigned nfds,
                   GByteArray **reply);

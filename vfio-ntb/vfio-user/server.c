@@ -3,11 +3,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.vfio-user"
 
-#include "server.h"
+#include "server-int.h"
 
 #include "common/peerfd.h"
 #include "common/util.h"
-#include "transport.h"
 #include "trace-vfio-user.h"
 
 #include <errno.h>
@@ -19,24 +18,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-struct VnServer {
-    char *path;
-    GMainContext *ctx;
-    int listen_fd;
-    GSource *listen_src; /* attached only while no client is connected */
-    VnDeviceInfo info;
-    const VnDeviceOps *ops;
-    void *opaque;
-    VnDma *dma;
-    VnIrqs *irqs;
-    VnTransport *client;
-    GSource *client_src;
-    bool versioned;  /* the client's VERSION was accepted */
-    VnWireCaps caps; /* the client's capabilities */
-    GByteArray *out; /* reply being built */
-    VnServerStats stats;
-};
 
 bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error)
 {
@@ -105,6 +86,21 @@ static void listen_disarm(VnServer *s)
     }
 }
 
+static void held_clear(VnServer *s)
+{
+    VnTransportMsg *m;
+
+    while ((m = g_queue_pop_head(&s->held)) != NULL) {
+        vn_transport_msg_clear(m);
+        g_free(m);
+    }
+    if (s->held_src != NULL) {
+        g_source_destroy(s->held_src);
+        g_clear_pointer(&s->held_src, g_source_unref);
+    }
+    s->held_error = 0;
+}
+
 static void client_drop(VnServer *s, const char *why)
 {
     if (s->client == NULL) {
@@ -114,6 +110,7 @@ static void client_drop(VnServer *s, const char *why)
     g_source_destroy(s->client_src);
     g_clear_pointer(&s->client_src, g_source_unref);
     s->versioned = false;
+    held_clear(s);
 
     /* The device must stop using guest memory and interrupts before they
      * go: a new client gets a clean device. */
@@ -466,8 +463,15 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
         VnWireHdr hdr;
 
         memcpy(&hdr, msg->data, sizeof(hdr));
+        if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_COMMAND && s->dma_asked &&
+            (hdr.cmd == VN_CMD_DMA_READ || hdr.cmd == VN_CMD_DMA_WRITE)) {
+            /* A late answer to a client DMA of ours (a read that timed out, a posted
+             * write that failed): nothing waits for it. */
+            s->stats.client_dma_failures += (hdr.flags & VN_WIRE_FLAG_ERROR) != 0;
+            return 0;
+        }
         if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_COMMAND) {
-            /* We never send commands, so a reply is a confused peer. */
+            /* We send only client DMA commands, so another reply is a confused peer. */
             g_info("socket %s: unexpected reply id %u from client", s->path, hdr.id);
             return -EPROTO;
         }
@@ -508,30 +512,67 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
     }
 }
 
-static gboolean on_client(int fd, GIOCondition cond, gpointer data)
+/*
+ * Serve the client's messages, at most 64 (so that one busy client cannot
+ * starve the loop): those held during a client DMA first, then the socket's.
+ * False once the client was dropped.
+ */
+static bool serve_client(VnServer *s)
 {
-    VnServer *s = data;
-
-    /* Bounded per wake-up so one busy client cannot starve the loop. */
-    for (int i = 0; i < 64; i++) {
+    for (int i = 0; i < 64 && s->client != NULL; i++) {
+        g_autofree VnTransportMsg *held = g_queue_pop_head(&s->held);
         VnTransportMsg msg = { 0 };
-        int ret = vn_transport_recv(s->client, &msg);
+        int ret = held != NULL         ? 1
+                  : s->held_error != 0 ? s->held_error
+                                       : vn_transport_recv(s->client, &msg);
 
         if (ret == 0) {
-            return G_SOURCE_CONTINUE;
+            return true;
         }
         if (ret < 0) {
             client_drop(s, ret == -ECONNRESET ? "closed" : g_strerror(-ret));
-            return G_SOURCE_REMOVE;
+            return false;
+        }
+        if (held != NULL) {
+            msg = *held;
         }
         ret = handle_msg(s, &msg);
         vn_transport_msg_clear(&msg);
         if (ret < 0) {
             client_drop(s, g_strerror(-ret));
-            return G_SOURCE_REMOVE;
+            return false;
         }
     }
-    return G_SOURCE_CONTINUE;
+    return s->client != NULL;
+}
+
+static gboolean on_client(int fd, GIOCondition cond, gpointer data)
+{
+    return serve_client(data) ? G_SOURCE_CONTINUE : G_SOURCE_REMOVE;
+}
+
+static gboolean on_held(gpointer data)
+{
+    VnServer *s = data;
+
+    if (!serve_client(s)) {
+        return G_SOURCE_REMOVE; /* client_drop() destroyed this source */
+    }
+    if (s->held.length > 0) {
+        return G_SOURCE_CONTINUE;
+    }
+    g_clear_pointer(&s->held_src, g_source_unref);
+    return G_SOURCE_REMOVE;
+}
+
+void vn_server_held_arm(VnServer *s)
+{
+    if (s->held_src != NULL) {
+        return;
+    }
+    s->held_src = g_idle_source_new();
+    g_source_set_callback(s->held_src, on_held, s, NULL);
+    g_source_attach(s->held_src, s->ctx);
 }
 
 VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
@@ -590,6 +631,7 @@ void vn_server_free(VnServer *s)
     if (s->ops != NULL && s->client != NULL) {
         client_drop(s, "server stopping");
     }
+    held_clear(s);
     listen_disarm(s);
     vn_util_close_fd(&s->listen_fd);
     if (s->path != NULL) {
@@ -669,6 +711,12 @@ char *vn_server_stats_json(VnServer *s)
     json_builder_add_int_value(b, (gint64)vn_irqs_armed(s->irqs));
     json_builder_set_member_name(b, "resets");
     json_builder_add_int_value(b, (gint64)s->stats.resets);
+    json_builder_set_member_name(b, "client_dma_reads");
+    json_builder_add_int_value(b, (gint64)s->stats.client_dma_reads);
+    json_builder_set_member_name(b, "client_dma_writes");
+    json_builder_add_int_value(b, (gint64)s->stats.client_dma_writes);
+    json_builder_set_member_name(b, "client_dma_failures");
+    json_builder_add_int_value(b, (gint64)s->stats.client_dma_failures);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);

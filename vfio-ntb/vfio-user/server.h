@@ -100,7 +100,10 @@ typedef struct VnServerStats {
     uint64_t region_writes;
     uint64_t dma_maps;
     uint64_t dma_unmaps;
-    uint64_t resets; /* DEVICE_RESETs the device carried out */
+    uint64_t resets;           /* DEVICE_RESETs the device carried out */
+    uint64_t client_dma_reads; /* vn_server_client_dma() that succeeded */
+    uint64_t client_dma_writes;
+    uint64_t client_dma_failures;
     uint64_t per_region_rw[VN_MAX_REGIONS];
 } VnServerStats;
 
@@ -123,6 +126,29 @@ bool vn_server_has_client(VnServer *server);
 /* Drop the current client as if it had disconnected. */
 void vn_server_disconnect(VnServer *server);
 void vn_server_stats(VnServer *server, VnServerStats *out);
+/* How long vn_server_client_dma() waits for the client's answer to a read. */
+#define VN_SERVER_CLIENT_DMA_TIMEOUT_MS 1000
+/* The client's commands held while it waits (more stay in the socket). */
+#define VN_SERVER_MAX_HELD 32
+/* The most bytes one client DMA moves (QEMU takes up to 1 MiB). */
+#define VN_SERVER_CLIENT_DMA_MAX 4096u
+
+/*
+ * DMA that the client carries out for the device, for an address the DMA
+ * table does not hold that the client may still reach: peer to peer, a BAR
+ * of another of its devices, through its IOMMU as its own device's DMA
+ * would go (QEMU maps only RAM into the table).  A write (@to_client) is
+ * posted: 0 once sent.  A read waits for the answer at most
+ * VN_SERVER_CLIENT_DMA_TIMEOUT_MS, as a PCIe read waits for its completion;
+ * meanwhile the client's own commands are held and served after, in order.
+ * Returns 0, -ENOTCONN (no client, before VERSION, or it went), -E2BIG
+ * (@len 0 or above VN_SERVER_CLIENT_DMA_MAX), -ETIMEDOUT, -EBUSY (it sent
+ * VN_SERVER_MAX_HELD commands meanwhile), or the client's error.  From the
+ * server's thread only (in a device op, of this server's or another's in
+ * the same context).
+ */
+int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bool to_client);
+
 /* The counters as a JSON object (region_rw keyed by region index, plus the
  * interrupts signalled and the DMA mappings now in place); g_free it. */
 char *vn_server_stats_json(VnServer *server);
