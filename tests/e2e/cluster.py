@@ -21,11 +21,12 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
                  fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
-                 args=()):
+                 args=(), fabric="shm"):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
-        self.fabric_dir = Path(fabric_dir)
+        self.fabric = fabric                # "ntb": fabric_params name its ports
+        self.fabric_dir = Path(fabric_dir) if fabric_dir is not None else None
         self.lends = dict(lends or {})
         self.borrows = dict(borrows or {})   # name -> (lender, socket, irq_mode)
         self.fabric_params = dict(fabric_params or {})
@@ -42,10 +43,12 @@ class Daemon:
         self.proc = None
 
     def config_text(self):
-        lines = ["[node]", f"name = {self.name}", "fabric = shm",
-                 f"fabric-dir = {self.fabric_dir}", f"stats-file = {self.stats_path}",
+        lines = ["[node]", f"name = {self.name}", f"fabric = {self.fabric}",
+                 f"stats-file = {self.stats_path}",
                  f"control-socket = {self.control}", f"state-dir = {self.state_dir}",
                  f"run-dir = {self.run_dir}", f"lease-timeout-ms = {self.lease_timeout_ms}"]
+        if self.fabric == "shm":
+            lines.append(f"fabric-dir = {self.fabric_dir}")
         if self.fabric_params:
             lines += ["", "[fabric]"] + [f"{k} = {v}" for k, v in self.fabric_params.items()]
         # A lend is a device server's socket, or {"pci": "DDDD:BB:DD.F"} (VFIO).

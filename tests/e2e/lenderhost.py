@@ -138,6 +138,12 @@ class LenderHost:
             argv += ["-device", d.format(share=self.share)]
         for d in self.raw_devices:
             argv += ["-device", d]
+        # VN_QEMU_TRACE=PATTERN,...: a developer's look at what this host's QEMU does (its
+        # trace events, in the share's qemu-ROLE.log).
+        if os.environ.get("VN_QEMU_TRACE"):
+            for t in os.environ["VN_QEMU_TRACE"].split(","):
+                argv += ["-trace", t]
+            argv += ["-D", str(self.share / f"qemu-{self.role or 'host'}.log")]
         return argv
 
     def run(self):

@@ -14,7 +14,8 @@ What each host does, in order:
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
 - our module, vfio_ntb: see ntb_kmod.py (which ends with host a's VM killed); before the
-  kill, the ntb fabric backend over it: see ntb_fabric.py.
+  kill, the ntb fabric backend over it (ntb_fabric.py) and a device lent over that backend
+  (ntb_lend.py).
 """
 import argparse
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import ntb_fabric
 import ntb_kmod
+import ntb_lend
 
 SHARE = Path("/tmp/share")
 NTB_ID = ("0x1957", "0x0809")
@@ -210,6 +212,7 @@ def main():
         os.close(fd)
         ntb_fabric.run(a.role, bdf, barrier, fact)
         ntb_fabric.daemons(a.role, bdf, barrier, fact)
+        ntb_lend.run(a.role, bdf, barrier, fact)
         fd = os.open(f"/dev/vfio-ntb/{bdf}", os.O_RDWR)
         ntb_kmod.link_up(fd)
         ntb_kmod.peer_killed(a.role, fd, barrier, SHARE, fact)

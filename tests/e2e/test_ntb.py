@@ -23,9 +23,16 @@ says what each host does).  What a user would check:
   a window (the NTB's second: b's pinned pages), read and written both ways.  The numbers are also the bench line ntb-message-rtt,
   left in build/artifacts/ntb-message-rtt.json for bench/run-bench.  Then vfio-ntbd itself
   with `fabric = ntb` in both hosts: each lists the other's link up (`ntbctl nodes`).
+- ntb-lend: host a's NVMe (vfio-pci, host a's IOMMU) lent through the `ntb` backend to
+  host b, used there by a qtest QEMU (ntb_lend.py): config space and BAR0's CAP as sysfs
+  showed them, Identify (the device's DMA through host a's window into the consumer's RAM
+  behind host b's window), Identify by MSI-X (relayed as a fabric doorbell), no BAR access
+  forwarded or served by software: the consumer's BAR is host b's window onto the device,
+  reached peer to peer (the simulated NTB counts those accesses).
 """
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -33,12 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
-from lenderhost import LenderHost  # noqa: E402
+from lenderhost import NVME, LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 3
+EXPECTED_RESULTS = 4
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
+# Each window: room for the consumer's RAM of ntb-lend (ntb_lend.RAM_SIZE) as one segment.
+WINDOW_MIB = 64
 
 
 def facts(lines):
@@ -67,13 +76,15 @@ def main():
         run = procs.tempdir("vn-ntbsim-")
         stats = run / "stats.json"
         sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
-                                     "--windows", "2", "--stats-file", stats],
+                                     "--windows", "2", "--window-mib", str(WINDOW_MIB),
+                                     "--stats-file", stats, "--trace", "server_client_dma"],
                           stderr=open(run / "ntbsim.log", "wb"))
         if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
-        # Host b has a device whose BAR its module exports (ntb_kmod.device_memory_exports).
+        # Host a has the NVMe it lends (ntb_lend.py); host b a device whose BAR its module
+        # exports (ntb_kmod.device_memory_exports).
         hosts = {r: LenderHost(procs, "ntb_inner.py", args=("--modules", mods),
-                               devices=("pci-testdev",) if r == "b" else (),
+                               devices=(NVME,) if r == "a" else ("pci-testdev",),
                                share=share, role=r, raw_devices=[device(run / f"p{i}")],
                                memfd=True, mem_mib=1024, timeout=900)
                  for i, r in enumerate("ab")}
@@ -101,6 +112,12 @@ def main():
         h.wait_for(stats.exists, 5)
         counters = json.loads(stats.read_text()) if stats.exists() else {}
         procs.stop(sim)
+        # For a person: what the simulated NTB and each host said.
+        logs = h.REPO / "build" / "artifacts" / "ntb-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for f in [run / "ntbsim.log", run / "stats.json", *share.glob("inner-*.log"), *share.glob("qemu-*.log")]:
+            if f.exists():
+                shutil.copy(f, logs / f.name)
     a, b = seen["a"], seen["b"]
     p0, p1 = counters.get("port0", {}), counters.get("port1", {})
 
@@ -121,9 +138,11 @@ def main():
                   perf=a.get("perf", "-"),
                   window_writes=p0.get("window_writes", 0) + p1.get("window_writes", 0),
                   window_faults=p0.get("window_faults", 0) + p1.get("window_faults", 0),
+                  window_p2p_failures=p0.get("p2p_failures", 0) + p1.get("p2p_failures", 0),
                   error=a.get("error") or b.get("error") or "-")
     down_s = b.get("kmod_link_down_s", "none")
     ok &= fabric_result(a, b)
+    ok &= lend_result(a, b, p0, p1)
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
@@ -141,6 +160,23 @@ def main():
         unloaded=f"{a.get('kmod_unloaded')},{b.get('kmod_unloaded')}",
         link_down_s=down_s, window_all_ones=b.get("kmod_window_all_ones"),
         error=a.get("error") or b.get("error") or "-")
+
+def lend_result(a, b, p0, p1):
+    p2p = sum(p.get(k, 0) for p in (p0, p1) for k in ("p2p_reads", "p2p_writes"))
+    return h.result(
+        "ntb-lend",
+        b.get("lend_config_id") == "0x00101b36" and b.get("lend_cap") is not None and
+        b.get("lend_cap") == a.get("lend_cap_sysfs") and b.get("lend_identify_status") == "0"
+        and b.get("lend_serial") == "VN-VFIO-01" and b.get("lend_msix_word") == "0xc0ffee" and
+        b.get("lend_forwarded") == "0" and a.get("lend_lender_region_rw") == "0" and p2p > 0,
+        config_id=b.get("lend_config_id"), cap=b.get("lend_cap"),
+        cap_sysfs=a.get("lend_cap_sysfs"), identify=b.get("lend_identify_status"),
+        serial=b.get("lend_serial"), identify_s=b.get("lend_identify_s"),
+        msix_word=b.get("lend_msix_word"), relayed_irqs=b.get("lend_relayed"),
+        dma_maps=b.get("lend_dma_maps"), bar_forwarded=b.get("lend_forwarded"),
+        lender_region_rw=a.get("lend_lender_region_rw"), window_p2p=p2p,
+        error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
 
 def fabric_result(a, b):
     ntb, shm = a.get("ntb_p50_us"), a.get("shm_p50_us")

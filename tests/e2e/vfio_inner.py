@@ -125,7 +125,7 @@ def bind_vfio(bdf):
         raise h.HarnessError(f"{bdf} did not bind to vfio-pci")
 
 
-def qtest_qemu(procs, socket):
+def qtest_qemu(procs, socket, ram_size=RAM_SIZE):
     root = Path(h.stock_qemu()).read_text().split("R=", 1)[1].split("\n", 1)[0]
     dev = ('{"driver":"vfio-user-pci","id":"d0","bus":"pcie.0","addr":"0x2",'
            f'"socket":{{"type":"unix","path":"{socket}"}}}}')
@@ -133,8 +133,8 @@ def qtest_qemu(procs, socket):
     # blocks once that pipe (read by nobody) holds 64 KiB.
     argv = [h.stock_qemu(), "-machine", "q35,memory-backend=mem", "-accel", "qtest", "-qtest",
             "stdio", "-qtest-log", "/dev/null",
-            "-object", f"memory-backend-memfd,id=mem,size={RAM_SIZE},share=on",
-            "-m", f"{RAM_SIZE >> 20}M",
+            "-object", f"memory-backend-memfd,id=mem,size={ram_size},share=on",
+            "-m", f"{ram_size >> 20}M",
             "-nodefaults", "-display", "none", "-device", dev]
     env = dict(os.environ, QEMU_MODULE_DIR=f"{root}/usr/lib/x86_64-linux-gnu/qemu")
     return procs.start("qemu-qtest", argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

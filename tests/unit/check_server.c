@@ -619,13 +619,12 @@ static VnWireHdr next_msg(VnClient *c, GByteArray **msg)
     return hdr;
 }
 
-/* A DMA request as QEMU lays it out: address at 16, 32-bit count at 24, data at 28, the
- * size that plus 4 (QEMU's VFIOUserDMARW with its padding). */
+/* A DMA request as vfio-user.rst lays it out: address at 16, count (8 bytes) at 24, a
+ * write's data at 32. */
 static void check_client_dma(const VnWireHdr *h, const GByteArray *m, uint16_t cmd, uint64_t addr,
                              const char *data)
 {
-    uint64_t a;
-    uint32_t count;
+    uint64_t a, count;
 
     ck_assert_uint_eq(h->cmd, cmd);
     ck_assert_uint_eq(h->flags & VN_WIRE_FLAG_TYPE_MASK, VN_WIRE_FLAG_COMMAND);
@@ -633,11 +632,11 @@ static void check_client_dma(const VnWireHdr *h, const GByteArray *m, uint16_t c
     ck_assert_uint_eq(h->size, 32 + (data != NULL ? 8 : 0));
     ck_assert_uint_eq(m->len, h->size);
     memcpy(&a, m->data + 16, 8);
-    memcpy(&count, m->data + 24, 4);
+    memcpy(&count, m->data + 24, 8);
     ck_assert_uint_eq(a, addr);
     ck_assert_uint_eq(count, 8);
     if (data != NULL) {
-        ck_assert_mem_eq(m->data + 28, data, 8);
+        ck_assert_mem_eq(m->data + 32, data, 8);
     }
 }
 
@@ -661,7 +660,7 @@ static void send_dma_answer(VnClient *c, uint16_t id, const char *data)
     };
 
     memcpy(m, &h, sizeof(h));
-    memcpy(m + 28, data, 8);
+    memcpy(m + 32, data, 8);
     ck_assert_int_eq(vn_client_raw(c, m, sizeof(m), NULL, 0, NULL), 0);
 }
 

@@ -13,16 +13,15 @@
 #include <string.h>
 
 /*
- * The message as QEMU lays it out (hw/vfio-user/protocol.h, VFIOUserDMARW):
- * after the header the address (8 bytes) and a 32-bit count, the data right
- * after the count; QEMU checks sizes against the structure's size with its
- * padding, so a message is that size plus the data (the last 4 bytes unused).
- * (vfio-user.rst gives the count 8 bytes; QEMU is the client we serve.)
+ * The message as vfio-user.rst lays it out, and QEMU 11 reads it: after the
+ * header the address (8 bytes) and the count (8 bytes), then the data (a
+ * write's request, a read's reply).  (QEMU 10's client took a 4-byte count
+ * with the data right after it: peer-to-peer DMA needs QEMU 11.)
  */
 #define DMA_ADDR_AT VN_WIRE_HDR_SIZE
 #define DMA_COUNT_AT (DMA_ADDR_AT + 8u)
-#define DMA_DATA_AT (DMA_COUNT_AT + 4u)
-#define DMA_MSG_SIZE (DMA_DATA_AT + 4u)
+#define DMA_DATA_AT (DMA_COUNT_AT + 8u)
+#define DMA_MSG_SIZE DMA_DATA_AT
 
 /* Read the client's messages until the answer to @id: commands are held for
  * the loop (in order), other answers of the client's to us dropped (a read
@@ -79,6 +78,7 @@ static int answer_wait(VnServer *s, uint16_t id, void *buf, uint32_t len)
 int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bool to_client)
 {
     uint8_t msg[DMA_MSG_SIZE + VN_SERVER_CLIENT_DMA_MAX] = { 0 };
+    uint64_t count = len;
     VnWireHdr h = { .id = ++s->dma_id,
                     .cmd = to_client ? VN_CMD_DMA_WRITE : VN_CMD_DMA_READ,
                     .size = DMA_MSG_SIZE + (to_client ? len : 0),
@@ -93,7 +93,7 @@ int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bo
     }
     memcpy(msg, &h, sizeof(h));
     memcpy(msg + DMA_ADDR_AT, &addr, sizeof(addr));
-    memcpy(msg + DMA_COUNT_AT, &len, sizeof(len));
+    memcpy(msg + DMA_COUNT_AT, &count, sizeof(count));
     if (to_client) {
         memcpy(msg + DMA_DATA_AT, buf, len);
     }
@@ -102,7 +102,12 @@ int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bo
     if (ret == 0 && !to_client) {
         ret = answer_wait(s, h.id, buf, len);
     }
-    trace_server_client_dma(s->path, to_client ? "write" : "read", addr, len, ret);
+    if (trace_server_client_dma_enabled()) {
+        uint32_t first = 0;
+
+        memcpy(&first, buf, MIN(len, sizeof(first)));
+        trace_server_client_dma(s->path, to_client ? "write" : "read", addr, len, first, ret);
+    }
     if (ret < 0) {
         s->stats.client_dma_failures++;
     } else if (to_client) {
