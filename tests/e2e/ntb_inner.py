@@ -13,9 +13,9 @@ What each host does, in order:
   it wrote, and finds in its own buffer what the peer wrote;
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
-- our module, vfio_ntb: see ntb_kmod.py (which ends with host a's VM killed); before the
-  kill, the ntb fabric backend over it (ntb_fabric.py) and a device lent over that backend
-  (ntb_lend.py).
+- our module, vfio_ntb: see ntb_kmod.py; then the ntb fabric backend over it
+  (ntb_fabric.py) and a device lent over that backend (ntb_lend.py), which ends with host
+  a's VM killed under the borrower.
 """
 import argparse
 import os
@@ -213,9 +213,7 @@ def main():
         ntb_fabric.run(a.role, bdf, barrier, fact)
         ntb_fabric.daemons(a.role, bdf, barrier, fact)
         ntb_lend.run(a.role, bdf, barrier, fact)
-        fd = os.open(f"/dev/vfio-ntb/{bdf}", os.O_RDWR)
-        ntb_kmod.link_up(fd)
-        ntb_kmod.peer_killed(a.role, fd, barrier, SHARE, fact)
+        ntb_lend.peer_lost(a.role, bdf, barrier, fact, ntb_kmod)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
         fact(error=f"{type(e).__name__}:{str(e)[:200]}")
         return 1

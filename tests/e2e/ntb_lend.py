@@ -14,7 +14,17 @@ and a qtest QEMU in host b (no guest CPU) uses it through vfio-user-pci:
   forwarded by the borrower or served by the lender's backend.
 
 Facts are host b's (lend_*), but for lend_cap_sysfs (host a's).
+
+Then peer_lost(), the last phase: the device lent again, in use by host b's consumer, and
+host a's VM killed (by test_ntb.py, when host b asks).  Host b's daemon sees the link go
+down (our module's link event), the consumer's BAR reads all ones and its writes are
+dropped (the window reaches nothing), the borrower reports the lender lost once the lease
+timeout passed, the consumer keeps running, and the device is given back.  Then, with the
+daemon stopped, the module on its own: the link reads down, the window all ones, and it
+unloads.
 """
+import mmap
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -28,11 +38,16 @@ SHARE = Path("/tmp/share")
 RAM_SIZE = 64 << 20         # the consumer's: one segment through one window (--window-mib)
 
 
-def daemon(procs, role, ntb_bdf, lends=None):
+def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000):
     me, peer = ("hosta", "hostb") if role == "a" else ("hostb", "hosta")
     return Daemon(procs, procs.tempdir(f"vn-lend-{role}-"), me, None, fabric="ntb",
                   fabric_params={"ports": f"/dev/vfio-ntb/{ntb_bdf}={peer}"}, lends=lends,
-                  lease_timeout_ms=20000).start()
+                  lease_timeout_ms=lease_timeout_ms).start()
+
+
+def listed(cb, timeout=120):
+    return h.wait_for(lambda: any(x["device"] == "hosta/nvme0"
+                                  for x in cb.execute("query-devices")), timeout)
 
 
 def lender(procs, ntb_bdf, barrier, fact):
@@ -59,9 +74,7 @@ def borrower(procs, ntb_bdf, barrier, fact):
     cb = Control(b.control)
     barrier("b", "lend-lent")
     try:
-        listed = h.wait_for(lambda: any(x["device"] == "hosta/nvme0"
-                                        for x in cb.execute("query-devices")), 120)
-        fact(lend_listed=bool(listed))
+        fact(lend_listed=bool(listed(cb)))
         r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
         q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)
         try:
@@ -100,3 +113,101 @@ def run(role, ntb_bdf, barrier, fact):
             fact(lend_error=f"{type(e).__name__}:{str(e)[:160]}")
             for name in PHASES:
                 (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
+
+
+# The lease timeout of the last phase: how long host b waits for a lender whose link went
+# down before calling its device lost.
+LOST_LEASE_MS = 3000
+CSTS = vi.BAR + 0x1c
+
+
+def peer_lost(role, ntb_bdf, barrier, fact, kmod):
+    """The last phase (see the top); @kmod: ntb_kmod, for the module's own checks."""
+    with h.Procs() as procs:
+        try:
+            if role == "a":
+                daemon(procs, "a", ntb_bdf, lends={"nvme0": {"pci": vi.find(vi.NVME_ID)}},
+                       lease_timeout_ms=LOST_LEASE_MS)
+                barrier("a", "lost-lent")
+                time.sleep(600)         # until test_ntb.py kills this VM
+                return
+            _lost_borrower(procs, ntb_bdf, barrier, fact)
+        except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
+                subprocess.SubprocessError) as e:
+            fact(lost_error=f"{type(e).__name__}:{str(e)[:160]}")
+            if role == "b":
+                (SHARE / "kill-a").write_text("")
+                return
+    _module_after_loss(ntb_bdf, fact, kmod)
+
+
+def _lost_borrower(procs, ntb_bdf, barrier, fact):
+    b = daemon(procs, "b", ntb_bdf, lease_timeout_ms=LOST_LEASE_MS)
+    cb = Control(b.control)
+    barrier("b", "lost-lent")
+    if not listed(cb):
+        raise h.HarnessError("hosta/nvme0 was not listed")
+    r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
+    q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)
+    vi.consumer_view(q)
+    status, _ = vi.identify(q)
+    fact(lost_identify_before=status)
+
+    def link_down():
+        nodes = cb.execute("query-nodes")
+        return any(n.get("node") == "hosta" and n.get("link") != "up" for n in nodes)
+
+    def lost():
+        return bool(b.stats()["borrowed"][0].get("lender_lost"))
+
+    # Mid-I/O: the consumer keeps reading the device's CSTS (and writing a register) while
+    # host a's VM is killed.
+    (SHARE / "kill-a").write_text("")
+    marker = SHARE / "killed-a"
+    killed = down = ones = gone = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and gone is None:
+        if killed is None and marker.exists():
+            killed = time.monotonic()
+        csts = int(h.qtest_command(q, f"readl {CSTS:#x}")[1], 16)
+        h.qtest_command(q, f"writel {vi.BAR + 0x24:#x} 0x10001")     # AQA: dropped once lost
+        now = time.monotonic()
+        if killed is not None:
+            if ones is None and csts == 0xffffffff:
+                ones = now
+            if down is None and link_down():
+                down = now
+            if gone is None and lost():
+                gone = now
+        time.sleep(0.05)
+
+    def since(t):
+        return round(max(0.0, t - killed), 2) if t is not None and killed is not None \
+            else "none"
+    bor = b.stats()["borrowed"][0]
+    fact(kmod_link_down_s=since(down), lost_all_ones_s=since(ones), lost_reported_s=since(gone),
+         lost_stat=bool(bor.get("lender_lost")), lost_consumer_alive=q.poll() is None)
+    procs.stop(q)
+    try:
+        cb.execute("detach", device="hosta/nvme0")
+    except ControlError:
+        pass                            # the device may be out already (the lender lost)
+    cb.execute("return", device="hosta/nvme0")
+    fact(lost_returned=not any(x["device"] == "hosta/nvme0" and x.get("attached_to")
+                               for x in cb.execute("query-devices")))
+    b.stop()
+
+
+def _module_after_loss(ntb_bdf, fact, kmod):
+    """Host b, the daemon gone: the module's own view of the lost peer, then its unload."""
+    fd = os.open(f"/dev/vfio-ntb/{ntb_bdf}", os.O_RDWR)
+    try:
+        down = not kmod.info(fd)[1] & 1
+        window = mmap.mmap(fd, 4096, offset=kmod.mw_info(fd, 0)[3])
+        ones = window[:8] == b"\xff" * 8
+        window.close()
+    finally:
+        os.close(fd)
+    r = subprocess.run(["rmmod", "vfio_ntb"], capture_output=True, text=True)
+    fact(kmod_link_down=down, kmod_window_all_ones=ones,
+         kmod_unloaded_after_loss=r.returncode == 0)

@@ -14,8 +14,8 @@ says what each host does).  What a user would check:
   mmap'd and written both ways, and seen through a file of that window alone (VN_NTB_MW_FD), one host's target its own pinned pages (export through its
   IOMMU), the other's a buffer of the module's; doorbells as eventfds; a table of bad
   arguments each refused with its errno; the module unloads once the device is closed; when
-  host a's VM is killed, b's link eventfd fires within 1 s, its link reads down, its window
-  all ones, and the module unloads there too.
+  host a's VM is killed (ntb-peer-lost), b's link goes down within 1 s, its window reads all
+  ones, and the module unloads there too.
 - ntb-fabric: the `ntb` fabric backend over our module (ntb_fabric.py): host a's fabric
   requests answered by host b through message rings in the simulated NTB's window, in two
   sessions (each a new opening of the device), timed against the `shm` backend between two
@@ -29,6 +29,12 @@ says what each host does).  What a user would check:
   behind host b's window), Identify by MSI-X (relayed as a fabric doorbell), no BAR access
   forwarded or served by software: the consumer's BAR is host b's window onto the device,
   reached peer to peer (the simulated NTB counts those accesses).
+- ntb-peer-lost: the device lent again and in use by host b's consumer when host a's VM is
+  killed (ntb_lend.peer_lost): the consumer's BAR reads all ones within seconds, host b's
+  borrower reports the lender lost after the lease timeout, the consumer and host b's VM keep
+  running, the device is given back.  (ntb-kmod takes the link's fall from it: host b's
+  daemon sees it within 1 s, and the module on its own reads it down, the window all ones,
+  and unloads.)
 """
 import json
 import os
@@ -42,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 4
+EXPECTED_RESULTS = 5
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -143,6 +149,7 @@ def main():
     down_s = b.get("kmod_link_down_s", "none")
     ok &= fabric_result(a, b)
     ok &= lend_result(a, b, p0, p1)
+    ok &= lost_result(b)
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
@@ -176,6 +183,26 @@ def lend_result(a, b, p0, p1):
         dma_maps=b.get("lend_dma_maps"), bar_forwarded=b.get("lend_forwarded"),
         lender_region_rw=a.get("lend_lender_region_rw"), window_p2p=p2p,
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
+
+def lost_result(b):
+    def secs(key):
+        v = b.get(key, "none")
+        return float(v) if v not in ("none", None) else None
+    reported, ones = secs("lost_reported_s"), secs("lost_all_ones_s")
+    # The borrower waits the lease timeout (ntb_lend.LOST_LEASE_MS, 3 s) after the link
+    # went down before it calls the lender lost.
+    return h.result(
+        "ntb-peer-lost",
+        b.get("lost_identify_before") == "0" and ones is not None and ones < 5 and
+        reported is not None and 2.5 <= reported <= 10 and b.get("lost_stat") == "True" and
+        b.get("lost_consumer_alive") == "True" and b.get("lost_returned") == "True" and
+        b.get("done") == "True",
+        identify_before=b.get("lost_identify_before"), all_ones_s=ones,
+        link_down_s=b.get("kmod_link_down_s"), lost_reported_s=reported,
+        lender_lost_stat=b.get("lost_stat"), consumer_alive=b.get("lost_consumer_alive"),
+        returned=b.get("lost_returned"), host_b_done=b.get("done"),
+        error=b.get("lost_error", "-"))
 
 
 def fabric_result(a, b):

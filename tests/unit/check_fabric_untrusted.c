@@ -915,6 +915,20 @@ static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
     return 0;
 }
 
+/* A raw peer's HELLO naming "a" at the start of b's ring (@ring: the window onto it),
+ * published under @tag; the ring's index after it. */
+static uint64_t ring_hello(uint8_t *ring, uint16_t tag)
+{
+    VnNtbHello h = { .version = VN_NTB_VERSION, .node = "a" };
+    uint8_t rec[sizeof(VnNtbRec) + ((sizeof(h) + 7) & ~7u)] = { 0 };
+
+    *(VnNtbRec *)rec = (VnNtbRec){ .len = sizeof(h), .kind = VN_NTB_REC_HELLO };
+    memcpy(rec + sizeof(VnNtbRec), &h, sizeof(h));
+    vn_ntb_ring_put(ring + VN_NTB_RING_DATA, VN_NTB_MIN_RING, 0, rec, sizeof(rec));
+    __atomic_store_n((uint64_t *)ring, (uint64_t)tag << 48 | sizeof(rec), __ATOMIC_RELEASE);
+    return sizeof(rec);
+}
+
 START_TEST(test_ntb_bad_ring)
 {
     static const char *const small[] = { "ring-size", "65536", NULL }; /* VN_NTB_MIN_RING */
@@ -925,7 +939,7 @@ START_TEST(test_ntb_bad_ring)
     const char *kv[] = { "ports", port, small[0], small[1], NULL };
     const size_t piece_size = vn_ntb_rec_max(VN_NTB_MIN_RING) + 16;
     uint8_t *mine = NULL, *theirs, *piece = g_malloc0(piece_size);
-    uint64_t offset = 0, size = 0, prod = 0, bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING;
+    uint64_t offset = 0, size = 0, prod = 0, base, bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING;
     uint32_t hello = 0, again = 0;
     size_t repeat;
     uint16_t tag;
@@ -941,17 +955,23 @@ START_TEST(test_ntb_bad_ring)
     ck_assert_int_eq(
         raw->ops->peer_spad_write(raw, VN_NTB_SPAD_HELLO, VN_NTB_SPAD_MAGIC << 16 | 0x77), 0);
     b = node_open_kv("b", false, kv);
-    WAIT_FOR(log_has(b, "up:a"));
-    ck_assert_int_eq(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &hello), 0);
+    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &hello) == 0 &&
+             hello >> 16 == VN_NTB_SPAD_MAGIC);
     tag = vn_ntb_tag(0x77, (uint16_t)hello);
     fd = raw->ops->out_fd(raw, 0, &offset, &size);
     ck_assert_int_ge(fd, 0);
     theirs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     close(fd);
     ck_assert(theirs != MAP_FAILED);
+    /* Its HELLO first, as a node's session starts: b's link is up once it comes. */
+    base = ring_hello(theirs, tag);
+    raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
+    WAIT_FOR(log_has(b, "up:a"));
 
     repeat = ring_fault(_i, piece, &prod);
-    memcpy(theirs + VN_NTB_RING_DATA, piece, MIN(prod, (uint64_t)piece_size));
+    prod += base;
+    vn_ntb_ring_put(theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, base, piece,
+                    MIN(prod - base, (uint64_t)piece_size));
     __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
     raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
     for (size_t i = 1; i < repeat && !log_has(b, "down:a"); i++) {

@@ -381,7 +381,14 @@ static inline void link_nodes(Node *a, Node *b)
 {
     g_autoptr(GError) error = NULL;
 
-    ck_assert_msg(vn_fabric_connect(a->fab, b->name, &error), "%s", error ? error->message : "");
+    /* An ntb link is up once the peer's HELLO came, which a peer on our own loop sends
+     * only when the loop runs again: then the connect gives up, and the link comes up
+     * below. */
+    if (!vn_fabric_connect(a->fab, b->name, &error)) {
+        ck_assert_msg(b->thread == NULL &&
+                          g_error_matches(error, G_IO_ERROR, G_IO_ERROR_HOST_UNREACHABLE),
+                      "%s", error->message);
+    }
     if (b->thread == NULL) {
         WAIT_FOR(vn_fabric_link_up(b->fab, a->name));
     }

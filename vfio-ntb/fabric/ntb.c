@@ -209,9 +209,9 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     g_strlcpy(hello.node, l->ntb->node, sizeof(hello.node));
     vn_ntb_queue(l, VN_NTB_REC_HELLO, 0, &hello, sizeof(hello));
     vn_ntb_flush(l);
-    if (peer_known(l)) {
-        link_up(l);
-    }
+    /* The link is up once the peer's HELLO of this session comes (on_hello), not before:
+     * a peer that restarts may still be in a session with our last epoch, which it ends
+     * when our announcement reaches it, and a request sent meanwhile would be lost. */
 }
 
 /* Read the peer's announcement; start a session when it is new.  Whether

@@ -5,8 +5,8 @@
  * carries crosses: memory through windows, doorbells, scratchpads, the link.
  *
  * Parameters: "ports" (required): comma-separated port specs, each
- * optionally followed by "=NODE", the node cabled to it (then the link is up
- * as soon as the session is, and a peer naming itself otherwise is refused);
+ * optionally followed by "=NODE", the node cabled to it (a peer naming
+ * itself otherwise is refused);
  * "ring-size" (bytes of each message ring, a power of two from
  * VN_NTB_MIN_RING to VN_NTB_MAX_RING, default VN_NTB_DEFAULT_RING).
  *
@@ -23,7 +23,10 @@
  * the peer's scratchpads VN_NTB_SPAD_HELLO and VN_NTB_SPAD_PAGES, then rings
  * VN_NTB_DB_CTRL.  A side that reads a new epoch there starts a session: it
  * maps its outbound window 0 (the peer's buffer), starts both directions
- * at 0 and sends a HELLO record naming itself.  Every index word written
+ * at 0 and sends a HELLO record naming itself; the link is up once the
+ * peer's HELLO of the same session arrives (a peer that restarts may still be
+ * in a session with our last epoch until our announcement reaches it: what we
+ * sent before its HELLO would be lost).  Every index word written
  * across is tagged with the session (both epochs), so words of a session
  * that ended -- a restarted peer's, or ours in flight -- are ignored.
  *
