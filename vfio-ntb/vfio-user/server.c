@@ -674,22 +674,44 @@ void vn_server_stats(VnServer *s, VnServerStats *out)
     *out = s->stats;
 }
 
+typedef struct Counter {
+    const char *name;
+    uint64_t value;
+} Counter;
+
+static void add_counters(JsonBuilder *b, const Counter *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_builder_set_member_name(b, c[i].name);
+        json_builder_add_int_value(b, (gint64)c[i].value);
+    }
+}
+
 char *vn_server_stats_json(VnServer *s)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
+    const Counter head[] = {
+        { "clients", s->stats.clients },
+        { "messages", s->stats.messages },
+        { "errors", s->stats.errors },
+        { "region_reads", s->stats.region_reads },
+        { "region_writes", s->stats.region_writes },
+    };
+    const Counter tail[] = {
+        { "dma_maps", s->stats.dma_maps },
+        { "dma_unmaps", s->stats.dma_unmaps },
+        { "dma_mappings_now", vn_dma_count(s->dma) },
+        { "irqs_signalled", vn_irqs_signalled(s->irqs) },
+        { "irq_vectors_armed", vn_irqs_armed(s->irqs) },
+        { "resets", s->stats.resets },
+        { "client_dma_reads", s->stats.client_dma_reads },
+        { "client_dma_writes", s->stats.client_dma_writes },
+        { "client_dma_failures", s->stats.client_dma_failures },
+    };
 
     json_builder_begin_object(b);
-    json_builder_set_member_name(b, "clients");
-    json_builder_add_int_value(b, (gint64)s->stats.clients);
-    json_builder_set_member_name(b, "messages");
-    json_builder_add_int_value(b, (gint64)s->stats.messages);
-    json_builder_set_member_name(b, "errors");
-    json_builder_add_int_value(b, (gint64)s->stats.errors);
-    json_builder_set_member_name(b, "region_reads");
-    json_builder_add_int_value(b, (gint64)s->stats.region_reads);
-    json_builder_set_member_name(b, "region_writes");
-    json_builder_add_int_value(b, (gint64)s->stats.region_writes);
+    add_counters(b, head, G_N_ELEMENTS(head));
     json_builder_set_member_name(b, "region_rw");
     json_builder_begin_object(b);
     for (uint32_t i = 0; i < s->info.num_regions; i++) {
@@ -699,24 +721,7 @@ char *vn_server_stats_json(VnServer *s)
         json_builder_add_int_value(b, (gint64)s->stats.per_region_rw[i]);
     }
     json_builder_end_object(b);
-    json_builder_set_member_name(b, "dma_maps");
-    json_builder_add_int_value(b, (gint64)s->stats.dma_maps);
-    json_builder_set_member_name(b, "dma_unmaps");
-    json_builder_add_int_value(b, (gint64)s->stats.dma_unmaps);
-    json_builder_set_member_name(b, "dma_mappings_now");
-    json_builder_add_int_value(b, (gint64)vn_dma_count(s->dma));
-    json_builder_set_member_name(b, "irqs_signalled");
-    json_builder_add_int_value(b, (gint64)vn_irqs_signalled(s->irqs));
-    json_builder_set_member_name(b, "irq_vectors_armed");
-    json_builder_add_int_value(b, (gint64)vn_irqs_armed(s->irqs));
-    json_builder_set_member_name(b, "resets");
-    json_builder_add_int_value(b, (gint64)s->stats.resets);
-    json_builder_set_member_name(b, "client_dma_reads");
-    json_builder_add_int_value(b, (gint64)s->stats.client_dma_reads);
-    json_builder_set_member_name(b, "client_dma_writes");
-    json_builder_add_int_value(b, (gint64)s->stats.client_dma_writes);
-    json_builder_set_member_name(b, "client_dma_failures");
-    json_builder_add_int_value(b, (gint64)s->stats.client_dma_failures);
+    add_counters(b, tail, G_N_ELEMENTS(tail));
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);
