@@ -29,6 +29,8 @@ says what each host does).  What a user would check:
   behind host b's window), Identify by MSI-X (relayed as a fabric doorbell), no BAR access
   forwarded or served by software: the consumer's BAR is host b's window onto the device,
   reached peer to peer (the simulated NTB counts those accesses).
+- ntb-modules-6.12: our module and Linux's NTB stack also build for Debian's 6.12 kernel
+  (Debian 13's series, which Debian 12 carries too), the newest the archive has.
 - ntb-peer-lost: the device lent again and in use by host b's consumer when host a's VM is
   killed (ntb_lend.peer_lost): the consumer's BAR reads all ones within seconds, host b's
   borrower reports the lender lost after the lease timeout, the consumer and host b's VM keep
@@ -40,6 +42,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 5
+EXPECTED_RESULTS = 6
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -72,7 +75,36 @@ def device(socket):
                        "socket": {"type": "unix", "path": str(socket)}})
 
 
+def newest_612():
+    """The newest Debian 6.12 kernel release Debian 12's archive has (6.12 is Debian 13's
+    kernel series; Debian 12 carries it as +deb12)."""
+    out = subprocess.run(["apt-cache", "search", "--names-only",
+                          r"^linux-headers-6\.12\.[0-9]+\+deb12-amd64$"],
+                         capture_output=True, text=True, check=True).stdout
+    rels = [ln.split()[0][len("linux-headers-"):] for ln in out.splitlines() if ln.strip()]
+    if not rels:
+        raise h.HarnessError("the archive has no linux-headers-6.12.*+deb12-amd64")
+    return max(rels, key=lambda r: [int(x) for x in r.split("+")[0].split(".")])
+
+
+def modules_612():
+    """Our module and Linux's NTB stack built for Debian's 6.12 kernel as well (its
+    headers and source fetched into the cache); the test VMs run 6.1."""
+    try:
+        rel = newest_612()
+        d = Path(h._script_output("build-ntb-modules", "--release", rel))
+        kos = sorted(p.name for p in d.glob("*.ko"))
+        magic = subprocess.run(["modinfo", "-F", "vermagic", str(d / "vfio_ntb.ko")],
+                               capture_output=True, text=True).stdout.split()
+    except (h.HarnessError, OSError, subprocess.SubprocessError) as e:
+        return h.failed("ntb-modules-6.12", e)
+    return h.result("ntb-modules-6.12", "vfio_ntb.ko" in kos and "ntb_hw_epf.ko" in kos and
+                    magic[:1] == [rel], release=rel, modules=len(kos),
+                    vermagic=magic[0] if magic else "-")
+
+
 def main():
+    ok = modules_612()
     with h.Procs() as procs:
         try:
             mods = h._script_output("build-ntb-modules")
@@ -129,7 +161,7 @@ def main():
 
     def both(key, want="True"):
         return a.get(key) == want and b.get(key) == want
-    ok = h.result("ntb-linux-clients",
+    ok &= h.result("ntb-linux-clients",
                   both("driver", "ntb_hw_epf") and both("iommu_domain", "DMA") and
                   both("spad_ok") and both("doorbell_ok") and both("window_readback_ok") and
                   both("window_inbound_ok") and
