@@ -10,6 +10,8 @@ will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
 - Each also maps its window through a file of that window alone (VN_NTB_MW_FD) and sees the
   same bytes.  Host b exports a BAR it mapped (a pci-testdev's BAR 0, through sysfs) as
   an inbound window's target, as vfio-ntbd exports a lent device's BAR mapped through VFIO.
+  Zapping a window's mappings (VN_NTB_MW_ZAP, as vfio-ntbd does before the window reaches
+  a new target) leaves a process that kept its mapping with SIGBUS at its next access.
 - Doorbells: each registers an eventfd for one bit; the other rings it; the eventfd fires
   and the bit is cleared.
 - Host b tries a table of bad arguments; each is refused with the errno it names, and a
@@ -24,6 +26,7 @@ import fcntl
 import mmap
 import os
 import select
+import signal
 import struct
 import subprocess
 import time
@@ -75,6 +78,7 @@ MW_ALLOC = IOW(12, ALLOC_FMT)
 MW_EXPORT_BAR = IOWR(13, BAR_FMT)
 MW_CLEAR = IOW(14, "<I")
 MW_FD = IOW(15, "<I")
+MW_ZAP = IOW(16, "<I")
 
 
 def mmap_offset(kind, index):
@@ -220,6 +224,36 @@ def device_memory_exports(fd, window):
              ("window fd mmap private", errno_of(
                  lambda: mmap.mmap(wfd, 4096, flags=mmap.MAP_PRIVATE)), errno.EINVAL)]
     os.close(wfd)
+    return rows + zapped(fd)
+
+
+def zapped(fd):
+    """VN_NTB_MW_ZAP: a process that mapped window 0 through a window file faults (SIGBUS)
+    on its next access once the window's mappings are zapped; a new mapping works.  Rows as
+    bad_arguments' (for the child: the signal that ended it, SIGBUS wanted)."""
+    wfd = window_fd(fd, 0)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                        # the child: a QEMU that kept its mapping
+        m = mmap.mmap(wfd, 4096)
+        m[0]                            # mapped and reachable
+        os.write(ready_w, b"1")
+        os.read(go_r, 1)
+        m[0]                            # zapped meanwhile: SIGBUS
+        os._exit(0)
+    os.read(ready_r, 1)
+    rows = [("zap window 9", errno_of(lambda: call(fd, MW_ZAP, "<I", 9)), errno.EINVAL),
+            ("zap window 0", errno_of(lambda: call(fd, MW_ZAP, "<I", 0)), 0)]
+    os.write(go_w, b"1")
+    _, status = os.waitpid(pid, 0)
+    rows.append(("an access after the zap", os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                 else 0, signal.SIGBUS))
+    m = mmap.mmap(wfd, 4096)
+    rows.append(("a new mapping after the zap", 0 if m[:8] is not None else -1, 0))
+    m.close()
+    for f in (wfd, ready_r, ready_w, go_r, go_w):
+        os.close(f)
     return rows
 
 

@@ -291,6 +291,12 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         mapping_finish(m, a.status > 0 && a.status < 4096 ? -a.status : -EIO, 0, 0);
         return;
     }
+    /* The window reaches a new target now: what was mapped for its last one (a QEMU that
+     * outlived its lease) must not. */
+    if (l->port->ops->out_revoke != NULL && l->port->ops->out_revoke(l->port, a.window) < 0) {
+        g_warning("node %s: ntb port %s: window %u: its old mappings could not be revoked",
+                  l->ntb->node, l->port->spec, a.window);
+    }
     fd = l->port->ops->out_fd(l->port, a.window, &offset, &wsize);
     if (fd >= 0 && a.size > wsize) {
         close(fd);

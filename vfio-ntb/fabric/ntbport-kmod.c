@@ -192,6 +192,11 @@ static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *s
     return ret;
 }
 
+static int kmod_out_revoke(VnNtbPort *p, uint32_t win)
+{
+    return kmod_ioctl(p, VN_NTB_MW_ZAP, &win);
+}
+
 static const VnNtbPortOps kmod_ops = {
     .name = "kmod",
     .close = kmod_close,
@@ -205,6 +210,7 @@ static const VnNtbPortOps kmod_ops = {
     .in_export = kmod_in_export,
     .in_clear = kmod_in_clear,
     .out_fd = kmod_out_fd,
+    .out_revoke = kmod_out_revoke,
 };
 
 /* The shape, the link and doorbell eventfds, the link enabled; -errno with

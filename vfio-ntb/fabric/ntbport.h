@@ -70,6 +70,11 @@ typedef struct VnNtbPortOps {
      * (*@size of them), for mmap; -ENXIO when the peer set no target there
      * and the provider can tell. */
     int (*out_fd)(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *size);
+    /* Optional: every mapping of outbound window @win made from out_fd's fds
+     * goes (a later access faults), so that once the window reaches a new
+     * target nothing mapped for the old one reaches it.  Without it (the
+     * in-process pair: memfds) mappings stay. */
+    int (*out_revoke)(VnNtbPort *p, uint32_t win);
 } VnNtbPortOps;
 
 struct VnNtbPort {

@@ -763,6 +763,12 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 		return vn_mw_export_bar(vn, &a->bar);
 	case VN_NTB_MW_CLEAR:
 		return a->u32 < vn->mw_count ? vn_in_clear(vn, a->u32) : -EINVAL;
+	case VN_NTB_MW_ZAP:
+		if (a->u32 >= vn->peer_mw_count)
+			return -EINVAL;
+		unmap_mapping_range(vn->inode->i_mapping,
+				    VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, (u64)a->u32), 1ull << 48, 1);
+		return 0;
 	default:
 		return -ENOTTY;
 	}

@@ -131,6 +131,9 @@ struct vn_ntb_mw_export_bar {
 #define VN_NTB_MW_CLEAR _IOW(VN_NTB_TYPE, 14, __u32)        /* an inbound window's target */
 /* In: an outbound window's index; returns a new fd (O_CLOEXEC) for that window alone. */
 #define VN_NTB_MW_FD _IOW(VN_NTB_TYPE, 15, __u32)
+/* Every mapping of an outbound window goes, whoever made it (a later access is SIGBUS; a new
+ * mmap works): before the window reaches something else, what reached the old target must not. */
+#define VN_NTB_MW_ZAP _IOW(VN_NTB_TYPE, 16, __u32)
 
 /* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
 #define VN_NTB_WINDOW_FS_MAGIC 0x564e5746
