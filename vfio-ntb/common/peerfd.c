@@ -163,26 +163,14 @@ int vn_peerfd_device_memory(int fd, uint64_t offset, uint64_t size, const char *
     return -EINVAL;
 }
 
-/* An NTB window of our module's (a VN_NTB_MW_FD file, or the device /dev/vfio-ntb/NAME):
- * the module checks each mmap against the window, and its mapping is device memory (all
- * ones once the peer is gone, SIGBUS once the adapter is). */
+/* An NTB window of our module's (a VN_NTB_MW_FD file, the only fd of it that is handed out):
+ * the module checks each mmap against the window, and its mapping is device memory (all ones
+ * once the peer is gone, SIGBUS once the adapter is or the window was zapped). */
 static bool ntb_window(int fd)
 {
-    char path[64], link[128];
     struct statfs fs;
-    struct stat st;
-    ssize_t n;
 
-    if (fstatfs(fd, &fs) == 0 && fs.f_type == VN_NTB_WINDOW_FS_MAGIC) {
-        return true;
-    }
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    n = readlink(path, link, sizeof(link) - 1);
-    if (n <= 0 || fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode)) {
-        return false;
-    }
-    link[n] = '\0';
-    return g_str_has_prefix(link, "/dev/vfio-ntb/");
+    return fstatfs(fd, &fs) == 0 && fs.f_type == VN_NTB_WINDOW_FS_MAGIC;
 }
 
 int vn_peerfd_window(int fd, uint64_t offset, uint64_t size, bool *device, const char **why)
