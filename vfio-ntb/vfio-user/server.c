@@ -512,6 +512,19 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
     }
 }
 
+/* The client's next message (1), those held during a client DMA first; 0 while none is
+ * whole yet; -errno (a receive error met during a client DMA counts). */
+static int next_msg(VnServer *s, VnTransportMsg *msg)
+{
+    g_autofree VnTransportMsg *held = g_queue_pop_head(&s->held);
+
+    if (held != NULL) {
+        *msg = *held; /* its data and fds are msg's now */
+        return 1;
+    }
+    return s->held_error != 0 ? s->held_error : vn_transport_recv(s->client, msg);
+}
+
 /*
  * Serve the client's messages, at most 64 (so that one busy client cannot
  * starve the loop): those held during a client DMA first, then the socket's.
@@ -520,11 +533,8 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
 static bool serve_client(VnServer *s)
 {
     for (int i = 0; i < 64 && s->client != NULL; i++) {
-        g_autofree VnTransportMsg *held = g_queue_pop_head(&s->held);
         VnTransportMsg msg = { 0 };
-        int ret = held != NULL         ? 1
-                  : s->held_error != 0 ? s->held_error
-                                       : vn_transport_recv(s->client, &msg);
+        int ret = next_msg(s, &msg);
 
         if (ret == 0) {
             return true;
@@ -532,9 +542,6 @@ static bool serve_client(VnServer *s)
         if (ret < 0) {
             client_drop(s, ret == -ECONNRESET ? "closed" : g_strerror(-ret));
             return false;
-        }
-        if (held != NULL) {
-            msg = *held;
         }
         ret = handle_msg(s, &msg);
         vn_transport_msg_clear(&msg);
