@@ -45,11 +45,6 @@ def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000):
                   lease_timeout_ms=lease_timeout_ms).start()
 
 
-def listed(cb, timeout=120):
-    return h.wait_for(lambda: any(x["device"] == "hosta/nvme0"
-                                  for x in cb.execute("query-devices")), timeout)
-
-
 def lender(procs, ntb_bdf, barrier, fact):
     nvme = vi.find(vi.NVME_ID)
     # The host's nvme driver probes it at boot (slowly, under TCG); then it is VFIO's.
@@ -74,7 +69,7 @@ def borrower(procs, ntb_bdf, barrier, fact):
     cb = Control(b.control)
     barrier("b", "lend-lent")
     try:
-        fact(lend_listed=bool(listed(cb)))
+        fact(lend_listed=bool(vi.wait_listed(cb, "hosta/nvme0", 120)))
         r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
         q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)
         try:
@@ -145,7 +140,7 @@ def _lost_borrower(procs, ntb_bdf, barrier, fact):
     b = daemon(procs, "b", ntb_bdf, lease_timeout_ms=LOST_LEASE_MS)
     cb = Control(b.control)
     barrier("b", "lost-lent")
-    if not listed(cb):
+    if not vi.wait_listed(cb, "hosta/nvme0", 120):
         raise h.HarnessError("hosta/nvme0 was not listed")
     r = cb.execute("attach", device="hosta/nvme0", domain="vm0")
     q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)

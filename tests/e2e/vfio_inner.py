@@ -370,10 +370,10 @@ def irqs_relayed(a, b):
     return lent["relayed_irqs"] + bor["relayed_irqs"]
 
 
-def wait_listed(c, device):
+def wait_listed(c, device, timeout=10):
     """Until @c's daemon lists @device (the lender's announcement came)."""
     return h.wait_for(lambda: any(x["device"] == device for x in c.execute("query-devices")),
-                      10)
+                      timeout)
 
 
 def lend_pair(procs, wd, fab, lender, borrower, bdf, lease_timeout_ms=3000, more=None):
