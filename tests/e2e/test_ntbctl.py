@@ -7,7 +7,8 @@ xml of a device nobody lends, attach to a domain libvirt does not run); actions 
 they changed anything (--json "changed") and repeating one is safe; a repeated attach with
 other options is refused; every --json answer is the versioned envelope, errors included;
 lend/unlend from the CLI; `ntbctl events --json` streams what happened, in order; list and
-nodes show the attached domain, last seen and versions.
+nodes show the attached domain, last seen and versions, and a lease's time left while its
+holder is down (degraded, then lost, on the borrower).
 """
 import json
 import os
@@ -23,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 6
+EXPECTED_RESULTS = 7
 
 DEV = "hosta/nvme0"
 NTBCTL = str(h.REPO / "build" / "ntbctl")
@@ -185,6 +186,30 @@ def test_help(b):
                   and "example:\n  ntbctl lend " in out and "--domain" not in out)
 
 
+def test_list_while_down(a, b):
+    """ntbctl list shows the time left on a lease whose holder is down (on the lender), and a
+    held device whose lender is down as degraded, then lost (on the borrower)."""
+    jctl(b, "attach", DEV, "--domain", "vm4", "--serve-only")
+    b.kill()
+
+    def entry(node):
+        rc, env = jctl(node, "list")
+        return next((d for d in (env or {}).get("return", []) if d["device"] == DEV), {})
+
+    orphaned = wait_for(lambda: isinstance(entry(a).get("expires_in_ms"), int), 10)
+    left = entry(a).get("expires_in_ms")
+    _, text, _ = ntbctl(a, "list")
+    b.start()
+    claimed = wait_for(lambda: entry(a).get("expires_in_ms") is None
+                       and entry(a).get("borrower") == "hostb", 10)
+    a.kill()
+    degraded = wait_for(lambda: entry(b).get("state") == "degraded", 10)
+    lost = wait_for(lambda: entry(b).get("state") == "lost", 10)
+    return result("ntbctl-list-while-down", orphaned and left is not None and 0 <= left <= 3000
+                  and "holder down, ends in" in text and claimed and degraded and lost,
+                  expires_in_ms=left, degraded=degraded, lost=lost)
+
+
 def main():
     ok = True
     with h.Procs() as procs:
@@ -203,7 +228,8 @@ def main():
             return 1
         for test in (lambda: test_typos(a, b), lambda: test_changed_and_repeats(a, b),
                      lambda: test_lend_unlend(a, b, c, wd), lambda: test_events(a, b),
-                     lambda: test_nodes_and_version(a, b), lambda: test_help(b)):
+                     lambda: test_nodes_and_version(a, b), lambda: test_help(b),
+                     lambda: test_list_while_down(a, b)):
             try:
                 ok &= test()
             except (h.HarnessError, TimeoutError, KeyError, ConnectionError) as e:

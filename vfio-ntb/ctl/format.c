@@ -291,7 +291,8 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
     return true;
 }
 
-/* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out. */
+/* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out;
+ * "degraded (lender down, ends in 2.0 s)" on a borrower whose lender is away. */
 static char *state_text(JsonObject *o)
 {
     g_autofree char *state = member_text(o, "state");
@@ -300,7 +301,8 @@ static char *state_text(JsonObject *o)
     if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64) {
         return g_steal_pointer(&state);
     }
-    return g_strdup_printf("%s (holder down, ends in %.1f s)", state,
+    return g_strdup_printf("%s (%s down, ends in %.1f s)", state,
+                           strcmp(state, "degraded") == 0 ? "lender" : "holder",
                            (double)json_node_get_int(n) / 1000.0);
 }
 

@@ -144,9 +144,15 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                     lease = 0;
                 }
             }
-            if (!n->link_up) {
-                /* The lender is away: a device we hold has lost its data path. */
-                state = held != NULL && held->lost ? "lost" : "unreachable";
+            if (!n->link_up && held != NULL && !held->lost) {
+                /* The lender is away, maybe restarting: lost unless it is back in time. */
+                gint64 left = n->down_since_us + (gint64)d->conf->lease_timeout_ms * 1000 -
+                              g_get_monotonic_time();
+
+                state = "degraded";
+                x.expires_in_ms = MAX(left, 0) / 1000;
+            } else if (!n->link_up) {
+                state = held != NULL ? "lost" : "unreachable";
             }
             add_device(b, n->name, name, state, borrower, lease, &pd->id, &x);
         }
