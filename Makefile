@@ -20,11 +20,13 @@ INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
 	$(PCI_CFLAGS)
 
+# ntbctl's own files (the control client and its formatting are in the library).
+NTBCTL_SRCS := $(wildcard vfio-ntb/ctl/ntbctl*.c)
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(filter-out vfio-ntb/lending/worker.c,$(wildcard vfio-ntb/lending/*.c)) \
 	$(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
-	$(filter-out vfio-ntb/ctl/ntbctl.c vfio-ntb/ctl/ntbctl-virt.c,$(wildcard vfio-ntb/ctl/*.c))
+	$(filter-out $(NTBCTL_SRCS),$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c vfio-ntb/simdev/ntbsim.c,\
 	$(wildcard vfio-ntb/simdev/*.c))
 # libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
@@ -93,7 +95,7 @@ $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
-$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
+$(B)/ntbctl: $(NTBCTL_SRCS:%.c=$(B)/%.o) $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 

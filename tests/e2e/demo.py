@@ -76,7 +76,7 @@ def main():
         ntbctl(b, "nodes")
         ntbctl(b, "list")
         say("3. and attaches hosta/nvme0 to VM vm1 on host B (this borrows it: a lease)")
-        ntbctl(b, "attach", "hosta/nvme0", "--domain", "vm1")
+        ntbctl(b, "attach", "hosta/nvme0", "--domain", "vm1", "--serve-only")
         sock = b.run_dir / "vm1-hosta-nvme0.sock"
         say("4. QEMU on host B starts vm1 with -device vfio-user-pci on that socket")
         q = h.Qemu(procs, "probe,pause,data,pause", [h.VfioUserDevice(sock)],

@@ -37,7 +37,7 @@ def main():
         say(f"   managed: {bdf} is bound to '{driver_of(bdf)}' while it is lendable")
         wait_listed(Control(b.control), "hosta/nvme1")
         ntbctl(b, "list")
-        ntbctl(b, "attach", "hosta/nvme1", "--domain", "vm1")
+        ntbctl(b, "attach", "hosta/nvme1", "--domain", "vm1", "--serve-only")
         sock = b.run_dir / "vm1-hosta-nvme1.sock"
         q = qtest_qemu(procs, sock)
         try:

@@ -90,7 +90,7 @@ def daemons(role, bdf, barrier, fact):
             while seen is None and time.monotonic() - t0 < 60 and daemon.poll() is None:
                 out = subprocess.run([str(BUILD / "ntbctl"), "--socket", str(sock), "--json",
                                       "nodes"], capture_output=True, text=True, timeout=30)
-                nodes = json.loads(out.stdout) if out.returncode == 0 else []
+                nodes = json.loads(out.stdout)["return"] if out.returncode == 0 else []
                 if any(n.get("node") == peer and n.get("link") == "up" for n in nodes):
                     seen = time.monotonic() - t0
                 time.sleep(0.1)

@@ -266,25 +266,26 @@ def test_ntbctl(cl):
     b, c = cl.d["hostb"], cl.d["hostc"]
     bad = []
     rc, out, _ = ntbctl(b, "--json", "nodes")
-    nodes = {n["node"] for n in json.loads(out)} if rc == 0 else set()
+    nodes = {n["node"] for n in json.loads(out)["return"]} if rc == 0 else set()
     if nodes != {"hosta", "hostb", "hostc", "hostd"}:
         bad.append(f"nodes:{rc}:{out[:80]}")
     rc, out, _ = ntbctl(b, "--json", "list")
-    if rc != 0 or json.loads(out)[0]["device"] != DEV:
+    if rc != 0 or json.loads(out)["return"][0]["device"] != DEV:
         bad.append(f"list:{rc}")
     rc, out, _ = ntbctl(b, "--json", "borrow", DEV)
-    lease = json.loads(out)["lease"] if rc == 0 else None
+    lease = json.loads(out)["return"]["lease"] if rc == 0 else None
     rc, out, err = ntbctl(c, "borrow", DEV)
-    if rc != 1 or f"lent to hostb (lease {lease})" not in err or "ntbctl revoke" not in err:
+    if rc != 6 or f"lent to hostb (lease {lease})" not in err or "ntbctl revoke" not in err:
         bad.append(f"busy:{rc}:{err.strip()}")
     rc, out, _ = ntbctl(b, "--json", "show", DEV)
-    if rc != 0 or json.loads(out)["borrower"] != "hostb":
+    if rc != 0 or json.loads(out)["return"]["borrower"] != "hostb":
         bad.append(f"show:{rc}")
     if ntbctl(b, "return", DEV)[0] != 0:
         bad.append("return")
     for args, want in ((("frobnicate",), 2), (("show",), 2), (("show", "nohost"), 2),
                        (("borrow", "HostA/nvme0"), 2), (("revoke", DEV, "--grace-ms", "x"), 2),
-                       (("show", "hosta/nvme9"), 1), (("return", DEV), 1)):
+                       (("show", "hosta/nvme9"), 4), (("return", DEV), 0),
+                       (("return", "hosta/nvme9"), 4)):
         rc = ntbctl(b, *args)[0]
         if rc != want:
             bad.append(f"{' '.join(args)}:{rc}!={want}")

@@ -31,36 +31,49 @@ START_TEST(test_format_devices)
              "  \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
              "  \"id\": {\"pci\": \"0000:3b:00.0\", \"vendor\": 6966, \"device\": 16,"
              "          \"class\": 67586, \"name\": \"Non-Volatile memory controller: X\","
-             "          \"size\": 68719476736}},"
+             "          \"size\": 68719476736}, \"attached_to\": \"vm1\"},"
              " {\"device\": \"hosta/gpu-long.1\", \"node\": \"hosta\", \"name\": \"gpu-long.1\","
-             "  \"state\": \"available\", \"borrower\": null, \"lease\": null}]");
+             "  \"state\": \"available\", \"borrower\": null, \"lease\": null},"
+             " {\"device\": \"hostc/nic\", \"state\": \"lent\", \"borrower\": \"hostd\","
+             "  \"lease\": 3, \"attached_to\": null, \"expires_in_ms\": 7250}]");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
     ck_assert(vn_ctl_format_devices(out, ret, &error));
     ck_assert_str_eq(out->str,
-                     "DEVICE            STATE      BORROWER  LEASE  IDENTITY\n"
-                     "hosta/nvme0       lent       hostb     17     0000:3b:00.0 1b36:0010 "
+                     "DEVICE            STATE                              BORROWER  LEASE  "
+                     "ATTACHED  IDENTITY\n"
+                     "hosta/nvme0       lent                               hostb     17     "
+                     "vm1       0000:3b:00.0 1b36:0010 "
                      "Non-Volatile memory controller: X (64.0 GiB)\n"
-                     "hosta/gpu-long.1  available  -         -      -\n");
+                     "hosta/gpu-long.1  available                          -         -      "
+                     "-         -\n"
+                     "hostc/nic         lent (holder down, ends in 7.2 s)  hostd     3      "
+                     "-         -\n");
+    /* --name: what completion and scripts read */
+    g_string_truncate(out, 0);
+    ck_assert(vn_ctl_format_device_names(out, ret, &error));
+    ck_assert_str_eq(out->str, "hosta/nvme0\nhosta/gpu-long.1\nhostc/nic\n");
 }
 END_TEST
 
 START_TEST(test_format_nodes)
 {
-    g_autoptr(JsonNode) ret = json("[{\"node\": \"hosta\", \"link\": \"self\", \"devices\": 2},"
-                                   " {\"node\": \"hostbb\", \"link\": \"down\", \"devices\": 0}]");
+    g_autoptr(JsonNode) ret = json("[{\"node\": \"hosta\", \"link\": \"self\", \"devices\": 2,"
+                                   "  \"last_seen_ms\": null, \"version\": \"0.1.0\"},"
+                                   " {\"node\": \"hostbb\", \"link\": \"down\", \"devices\": 0,"
+                                   "  \"last_seen_ms\": 12345, \"version\": null}]");
     g_autoptr(JsonNode) none = json("[]");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
     ck_assert(vn_ctl_format_nodes(out, ret, &error));
-    ck_assert_str_eq(out->str, "NODE    LINK  DEVICES\n"
-                               "hosta   self  2\n"
-                               "hostbb  down  0\n");
+    ck_assert_str_eq(out->str, "NODE    LINK  DEVICES  LAST SEEN   VERSION\n"
+                               "hosta   self  2        -           0.1.0\n"
+                               "hostbb  down  0        12.3 s ago  -\n");
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_nodes(out, none, &error));
-    ck_assert_str_eq(out->str, "NODE  LINK  DEVICES\n");
+    ck_assert_str_eq(out->str, "NODE  LINK  DEVICES  LAST SEEN  VERSION\n");
 }
 END_TEST
 
@@ -141,6 +154,9 @@ START_TEST(test_format_actions)
     g_autoptr(JsonNode) empty = json("{}");
     g_autoptr(JsonNode) asked = json("{\"requested\": true}");
     g_autoptr(JsonNode) not_asked = json("{\"requested\": false}");
+    g_autoptr(JsonNode) same = json("{\"changed\": false}");
+    g_autoptr(JsonNode) held = json("{\"device\": \"hosta/nvme0\", \"lease\": 17, "
+                                    "\"changed\": false, \"socket\": \"/run/vfio-ntb/n.sock\"}");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
@@ -153,8 +169,9 @@ START_TEST(test_format_actions)
     ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", asked, &error));
     ck_assert_str_eq(out->str,
                      "hostb holds hosta/nvme0 (lease 17)\n"
-                     "attached hosta/nvme0 to vm1 (lease 17): QEMU socket "
+                     "serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
                      "/run/vfio-ntb/nvme0.sock\n"
+                     "(give the VM: -device vfio-user-pci,socket=/run/vfio-ntb/nvme0.sock)\n"
                      "revoked hosta/nvme0: the borrower did not let go within the grace "
                      "period, so the lender fenced it\n"
                      "revoked hosta/nvme0: the borrower let go\n"
@@ -163,6 +180,18 @@ START_TEST(test_format_actions)
                      "gives it back)\n"
                      "asked the VM to release hosta/nvme0 (device request); it is out once the "
                      "guest lets go\n");
+    /* "changed": false says there was nothing to do */
+    g_string_truncate(out, 0);
+    ck_assert(vn_ctl_format_borrow(out, "hostb", held, &error));
+    ck_assert(vn_ctl_format_attach(out, "vm1", held, &error));
+    ck_assert(vn_ctl_format_return(out, "hosta/nvme0", same, &error));
+    ck_assert(vn_ctl_format_detach(out, "hosta/nvme0", same, &error));
+    ck_assert_str_eq(out->str, "hostb already holds hosta/nvme0 (lease 17)\n"
+                               "already serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
+                               "/run/vfio-ntb/n.sock\n"
+                               "(give the VM: -device vfio-user-pci,socket=/run/vfio-ntb/n.sock)\n"
+                               "hosta/nvme0 was not borrowed here: nothing to return\n"
+                               "hosta/nvme0 was not attached here: nothing to detach\n");
     /* Not asked is not done: an error that says what to do instead. */
     ck_assert(!vn_ctl_format_unplug(out, "hosta/nvme0", not_asked, &error));
     ck_assert(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_GENERIC));
@@ -695,7 +724,39 @@ START_TEST(test_ntbctl_usage_and_version)
     USAGE("detach", "hosta/nvme0", "--config");
     USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--qmp", "/q.sock", "--qdev-id", "d0",
           "--config");
+    USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--serve-only", "--alias", "a1");
+    USAGE("attach", "hosta/nvme0", "--domain", "vm1", "--grace-ms", "5");
+    USAGE("lend", "nvme1", "--allow", "hostb");
+    USAGE("lend", "nvme1", "--pci", "0000:03:00.0", "--device-socket", "/d.sock", "--allow", "*");
+    USAGE("lend", "nvme1", "--device-socket", "/d.sock", "--allow", "Host B");
+    USAGE("lend", "nvme1", "--device-socket", "relative.sock", "--allow", "hostb");
+    USAGE("lend", "nvme1", "--device-socket", "/d.sock");
+    USAGE("lend", "nvme1", "--device-socket", "/d.sock", "--managed", "--allow", "hostb");
+    USAGE("lend", "host/nvme1", "--device-socket", "/d.sock", "--allow", "hostb");
+    USAGE("unlend");
+    USAGE("events", "--count", "0");
+    USAGE("help", "frobnicate");
+    USAGE("version", "extra");
 #undef USAGE
+    /* An option of another command says whose it is. */
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    ck_assert_int_eq(
+        ntbctl(f->path, &out, &err, "attach", "hosta/nvme0", "--domain", "v", "--to", "x", NULL),
+        2);
+    ck_assert_ptr_nonnull(strstr(err, "attach: --to is an option of reassign, not of attach"));
+    /* --json: a usage error is JSON on stdout too */
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "--json", "list", "--name", NULL), 2);
+    {
+        g_autoptr(JsonNode) got = json(out);
+        g_autoptr(JsonNode) want =
+            json("{\"schema\": 1, \"command\": \"list\", \"error\": {\"class\": \"UsageError\","
+                 " \"desc\": \"list: --name prints names only, --json everything: choose one\"}}");
+
+        ck_assert_msg(json_node_equal(got, want), "%s", out);
+    }
     g_clear_pointer(&out, g_free);
     g_clear_pointer(&err, g_free);
     ck_assert_int_eq(ntbctl(f->path, &out, &err, NULL), 2);
@@ -737,8 +798,10 @@ START_TEST(test_ntbctl_answers)
                                              NULL };
     g_autoptr(CtlFake) f = ctl_fake_new();
     g_autoptr(JsonNode) got = NULL;
-    g_autoptr(JsonNode) want = json("[{\"device\": \"hosta/nvme0\", \"state\": \"available\","
-                                    " \"borrower\": null, \"lease\": null}]");
+    g_autoptr(JsonNode) want =
+        json("{\"schema\": 1, \"command\": \"list\", \"changed\": false, \"return\":"
+             " [{\"device\": \"hosta/nvme0\", \"state\": \"available\","
+             " \"borrower\": null, \"lease\": null}]}");
     g_autofree char *out = NULL;
     g_autofree char *err = NULL;
 
@@ -747,8 +810,8 @@ START_TEST(test_ntbctl_answers)
     f->answers = ok;
     ctl_fake_start(f);
     ck_assert_int_eq(ntbctl(f->path, &out, &err, "list", NULL), 0);
-    ck_assert_str_eq(out, "DEVICE       STATE      BORROWER  LEASE  IDENTITY\n"
-                          "hosta/nvme0  available  -         -      -\n");
+    ck_assert_str_eq(out, "DEVICE       STATE      BORROWER  LEASE  ATTACHED  IDENTITY\n"
+                          "hosta/nvme0  available  -         -      -         -\n");
     ck_assert_str_eq(err, "");
     g_clear_pointer(&out, g_free);
     g_clear_pointer(&err, g_free);
@@ -761,7 +824,7 @@ START_TEST(test_ntbctl_answers)
     ctl_fake_start(f);
     g_clear_pointer(&out, g_free);
     g_clear_pointer(&err, g_free);
-    ck_assert_int_eq(ntbctl(f->path, &out, &err, "borrow", "hosta/nvme0", NULL), 1);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "borrow", "hosta/nvme0", NULL), 6);
     ck_assert_str_eq(err, "ntbctl: hosta/nvme0 is lent to hostc (lease 17); "
                           "use `ntbctl revoke` on hosta\n");
     ck_assert_str_eq(out, "");
@@ -794,6 +857,161 @@ START_TEST(test_ntbctl_answers)
     ck_assert_ptr_nonnull(strstr(err, "the answer to query-stats did not come within 200 ms"));
     ctl_fake_stop(f);
     ck_assert_uint_eq(f->conns, 6);
+}
+END_TEST
+
+/* Each of the daemon's error classes, and one it does not know yet: the
+ * exit code a script reads, and --json's error object. */
+static const struct {
+    const char *cls;
+    int code;
+} classes[] = {
+    { "CommandNotFound", 2 }, { "InvalidParameter", 2 }, { "DeviceNotFound", 4 },
+    { "AccessDenied", 5 },    { "DeviceBusy", 6 },       { "NotBorrowed", 7 },
+    { "NodeUnreachable", 8 }, { "GenericError", 1 },     { "SomethingNew", 1 },
+};
+
+START_TEST(test_ntbctl_error_classes)
+{
+    g_autofree char *answer =
+        g_strdup_printf("{\"error\": {\"class\": \"%s\", \"desc\": \"no luck\"}, \"id\": %%ID%%}\n",
+                        classes[_i].cls);
+    const char *answers[] = { answer, NULL };
+    g_autoptr(CtlFake) f = ctl_fake_new();
+    g_autofree char *out = NULL;
+    g_autofree char *err = NULL;
+    g_autoptr(JsonNode) got = NULL;
+    g_autoptr(JsonNode) want = NULL;
+    g_autofree char *want_text = g_strdup_printf(
+        "{\"schema\": 1, \"command\": \"borrow\", \"error\": {\"class\": \"%s\", \"desc\": "
+        "\"no luck\"}}",
+        strcmp(classes[_i].cls, "SomethingNew") == 0 ? "GenericError" : classes[_i].cls);
+
+    f->answers = answers;
+    ctl_fake_start(f);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "--json", "borrow", "hosta/nvme0", NULL),
+                     classes[_i].code);
+    got = json(out);
+    want = json(want_text);
+    ck_assert_msg(json_node_equal(got, want), "%s", out);
+    ck_assert_str_eq(err, "ntbctl: no luck\n");
+    ctl_fake_stop(f);
+}
+END_TEST
+
+START_TEST(test_ntbctl_help)
+{
+    g_autofree char *out = NULL, *err = NULL, *again = NULL;
+
+    ck_assert_int_eq(ntbctl("/nonexistent.sock", &out, &err, "help", "attach", NULL), 0);
+    ck_assert(g_str_has_prefix(out, "usage: ntbctl attach DEV --domain D"));
+    ck_assert_ptr_nonnull(strstr(out, "--serve-only"));
+    ck_assert_ptr_nonnull(strstr(out, "example:\n  ntbctl attach hosta/nvme0 --domain vm1\n"));
+    ck_assert_ptr_null(strstr(out, "--grace-ms")); /* revoke's, not attach's */
+    ck_assert_int_eq(ntbctl("/nonexistent.sock", &again, &err, "attach", "--help", NULL), 0);
+    ck_assert_str_eq(out, again);
+    g_clear_pointer(&out, g_free);
+    ck_assert_int_eq(ntbctl("/nonexistent.sock", &out, &err, "help", NULL), 0);
+    for (const char *const *c = (const char *const[]){ "nodes", "list", "attach", "lend", "unlend",
+                                                       "events", "version", "help", NULL };
+         *c != NULL; c++) {
+        g_autofree char *line = g_strdup_printf("\n  %-10s ", *c);
+
+        ck_assert_msg(strstr(out, line) != NULL, "help lists no %s", *c);
+    }
+}
+END_TEST
+
+START_TEST(test_ntbctl_version)
+{
+    g_autoptr(CtlFake) f = ctl_fake_new();
+    g_autofree char *out = NULL, *err = NULL;
+    g_autofree char *want = NULL;
+
+    ctl_fake_start(f);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "version", NULL), 0);
+    want = g_strdup_printf("ntbctl 0.1.0\nvfio-ntbd 0.1.0 (node hostb, %s)\n", f->path);
+    ck_assert_str_eq(out, want);
+    ctl_fake_stop(f);
+    /* ours even when the daemon is away, which exits 3 */
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    ck_assert_int_eq(ntbctl("/nonexistent.sock", &out, &err, "version", NULL), 3);
+    ck_assert_str_eq(out, "ntbctl 0.1.0\n");
+}
+END_TEST
+
+START_TEST(test_ntbctl_events)
+{
+    static const char *const answers[] = {
+        "{\"return\": {}, \"id\": %ID%}\n",
+        "{\"event\": \"LINK_UP\", \"data\": {\"node\": \"hosta\"}, \"timestamp\": "
+        "{\"seconds\": 1764460000, \"microseconds\": 12}}\n",
+        "{\"event\": \"LEASE_GRANTED\", \"data\": {\"device\": \"hosta/nvme0\", \"lease\": 17, "
+        "\"node\": \"hosta\"}, \"timestamp\": {\"seconds\": 1764460001, \"microseconds\": 5}}\n",
+        NULL
+    };
+    g_autoptr(CtlFake) f = ctl_fake_new();
+    g_autofree char *out = NULL, *err = NULL;
+    g_auto(GStrv) lines = NULL;
+
+    f->answers = answers;
+    ctl_fake_start(f);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "events", "--count", "2", NULL), 0);
+    ck_assert_str_eq(out, "2025-11-29T23:46:40.000012Z LINK_UP node=hosta\n"
+                          "2025-11-29T23:46:41.000005Z LEASE_GRANTED device=hosta/nvme0 "
+                          "lease=17 node=hosta\n");
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    /* --json: one object per line; the stream ends when the daemon goes (3) */
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "--json", "events", NULL), 3);
+    lines = g_strsplit(out, "\n", -1);
+    ck_assert_uint_eq(g_strv_length(lines), 4); /* two events, an error object, "" */
+    {
+        g_autoptr(JsonNode) got = json(lines[1]);
+        g_autoptr(JsonNode) want = json(
+            "{\"schema\": 1, \"event\": \"LEASE_GRANTED\", \"data\": {\"device\": \"hosta/nvme0\","
+            " \"lease\": 17, \"node\": \"hosta\"}, \"timestamp\": \"2025-11-29T23:46:41.000005Z\"}");
+
+        ck_assert_msg(json_node_equal(got, want), "%s", lines[1]);
+    }
+    ck_assert_ptr_nonnull(strstr(lines[2], "\"DaemonUnreachable\""));
+    ctl_fake_stop(f);
+    ck_assert_ptr_nonnull(strstr(f->requests->pdata[0], "\"subscribe-events\""));
+}
+END_TEST
+
+/* attach without --serve-only needs libvirt to run the domain: a typo in its
+ * name must not leave a device borrowed and served for nobody. */
+START_TEST(test_ntbctl_attach_needs_domain)
+{
+    static const char *const served[] = {
+        "{\"return\": {\"device\": \"hosta/nvme0\", \"lease\": 4, \"changed\": true, "
+        "\"socket\": \"/run/vfio-ntb/vm-1-hosta-nvme0.sock\"}, \"id\": %ID%}\n",
+        NULL
+    };
+    g_autoptr(CtlFake) f = ctl_fake_new();
+    g_autofree char *out = NULL, *err = NULL;
+
+    g_setenv("LIBVIRT_DEFAULT_URI", "qemu:///system?socket=/nonexistent/libvirt-sock", TRUE);
+    f->answers = served;
+    ctl_fake_start(f);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "attach", "hosta/nvme0", "--domain", "vm-1", NULL),
+                     10);
+    ck_assert_ptr_nonnull(strstr(err, "nothing changed"));
+    ck_assert_ptr_nonnull(strstr(err, "--serve-only"));
+    ck_assert_str_eq(out, "");
+    ck_assert_uint_eq(f->conns, 0);
+    g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
+    ck_assert_int_eq(ntbctl(f->path, &out, &err, "--json", "attach", "hosta/nvme0", "--domain",
+                            "vm-1", "--serve-only", NULL),
+                     0);
+    ctl_fake_stop(f);
+    g_unsetenv("LIBVIRT_DEFAULT_URI");
+    ck_assert_uint_eq(f->conns, 1);
+    ck_assert_ptr_nonnull(strstr(f->requests->pdata[0], "\"domain\":\"vm-1\""));
+    ck_assert_ptr_nonnull(strstr(out, "\"changed\" : true"));
 }
 END_TEST
 
@@ -833,6 +1051,11 @@ static Suite *ctl_suite(void)
     tcase_add_test(tc, test_ntbctl_usage_and_version);
     tcase_add_test(tc, test_ntbctl_unreachable);
     tcase_add_test(tc, test_ntbctl_answers);
+    tcase_add_loop_test(tc, test_ntbctl_error_classes, 0, G_N_ELEMENTS(classes));
+    tcase_add_test(tc, test_ntbctl_help);
+    tcase_add_test(tc, test_ntbctl_version);
+    tcase_add_test(tc, test_ntbctl_events);
+    tcase_add_test(tc, test_ntbctl_attach_needs_domain);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -362,11 +362,13 @@ START_TEST(test_attach_adopt_detach)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
     g_autofree char *att = NULL, *show = NULL, *det = NULL, *again = NULL, *state = NULL;
+    g_autofree char *same = NULL, *other = NULL;
     g_autofree char *path = g_build_filename(tmpdir, "hostb.state", "state.json", NULL);
 
     ck_assert(spin_until(knows_hosta, b, 5000));
     att = control(b, "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
-                     "\"domain\":\"vm1\"},\"id\":1}\n");
+                     "\"domain\":\"vm1\",\"qmp\":\"/run/x/vm1.qmp\",\"qdev-id\":\"ntb0\"},"
+                     "\"id\":1}\n");
     ck_assert_msg(strstr(att, "\"return\"") != NULL && strstr(att, ".sock") != NULL, "%s", att);
     ck_assert_uint_eq(fake.starts, 1);
     ck_assert(spin_until(held, a, 2000));
@@ -379,6 +381,18 @@ START_TEST(test_attach_adopt_detach)
     show = control(b, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
                       "\"hosta/nvme0\"},\"id\":2}\n");
     ck_assert_msg(strstr(show, "\"attached_to\":\"vm1\"") != NULL, "%s", show);
+    /* what the attach asked for survived the restart: the same attach again
+     * changes nothing, another qdev-id is refused */
+    ck_assert_msg(strstr(show, "\"qdev_id\":\"ntb0\"") != NULL, "%s", show);
+    same = control(b, "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
+                      "\"domain\":\"vm1\",\"qmp\":\"/run/x/vm1.qmp\",\"qdev-id\":\"ntb0\"},"
+                      "\"id\":6}\n");
+    ck_assert_msg(strstr(same, "\"changed\":false") != NULL, "%s", same);
+    other = control(b, "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
+                       "\"domain\":\"vm1\",\"qmp\":\"/run/x/vm1.qmp\",\"qdev-id\":\"ntb1\"},"
+                       "\"id\":7}\n");
+    ck_assert_msg(strstr(other, "\"DeviceBusy\"") != NULL, "%s", other);
+    ck_assert_uint_eq(fake.starts, 1);
     det = control(b, "{\"execute\":\"detach\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
                      "\"id\":3}\n");
     ck_assert_msg(strstr(det, "\"return\"") != NULL, "%s", det);

@@ -52,10 +52,12 @@ static const char *const error_names[VN_CTL_ERROR_LAST] = {
     [VN_CTL_ERROR_NOT_BORROWED] = "NotBorrowed",
     [VN_CTL_ERROR_NODE_UNREACHABLE] = "NodeUnreachable",
     [VN_CTL_ERROR_GENERIC] = "GenericError",
-    [VN_CTL_ERROR_UNREACHABLE] = "Unreachable",
+    [VN_CTL_ERROR_UNREACHABLE] = "DaemonUnreachable",
     [VN_CTL_ERROR_TIMEOUT] = "Timeout",
-    [VN_CTL_ERROR_PROTOCOL] = "Protocol",
-    [VN_CTL_ERROR_USAGE] = "Usage",
+    [VN_CTL_ERROR_PROTOCOL] = "ProtocolError",
+    [VN_CTL_ERROR_USAGE] = "UsageError",
+    [VN_CTL_ERROR_DOMAIN_NOT_FOUND] = "DomainNotFound",
+    [VN_CTL_ERROR_LIBVIRT] = "LibvirtError",
 };
 
 const char *vn_ctl_error_to_string(VnCtlError code)
@@ -549,4 +551,56 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         trace_ctl_reply(c->path, command, id);
         return json_node_copy(ret);
     }
+}
+
+/* ---- events --------------------------------------------------------------- */
+
+/* docs/control.md's event names: upper case and '_', short. */
+static bool event_name_ok(const char *name)
+{
+    size_t n = strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZ_");
+
+    return n > 0 && n <= 32 && name[n] == '\0';
+}
+
+JsonObject *vn_ctl_client_next_event(VnCtlClient *c, int timeout_ms, GError **error)
+{
+    /* "Until one comes": far enough that remaining_ms() cannot overflow. */
+    gint64 deadline =
+        timeout_ms < 0 ? G_MAXINT64 / 2 : g_get_monotonic_time() + (gint64)timeout_ms * 1000;
+    g_autofree char *line = NULL;
+    g_autoptr(JsonObject) o = NULL;
+    g_autoptr(GError) local = NULL;
+    const char *name;
+    JsonNode *data, *ts;
+    guint len = 0;
+
+    g_return_val_if_fail(c != NULL, NULL);
+    if (c->broken) {
+        g_set_error(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL,
+                    "vfio-ntbd at %s: connection unusable after an earlier error", c->path);
+        return NULL;
+    }
+    line = read_line(c, deadline, VN_CTL_ERROR_TIMEOUT, "an event", &len, &local);
+    if (line == NULL && g_error_matches(local, VN_CTL_ERROR, VN_CTL_ERROR_TIMEOUT)) {
+        c->broken = false; /* nothing was half read: waiting again is fine */
+    }
+    if (line == NULL) {
+        g_propagate_error(error, g_steal_pointer(&local));
+        return NULL;
+    }
+    if (!(o = parse_line(c, line, len, "an event", error))) {
+        return NULL;
+    }
+    name = vn_util_json_string(o, "event");
+    data = json_object_get_member(o, "data");
+    ts = json_object_get_member(o, "timestamp");
+    if (name == NULL || !event_name_ok(name) || data == NULL || !JSON_NODE_HOLDS_OBJECT(data) ||
+        ts == NULL || !JSON_NODE_HOLDS_OBJECT(ts)) {
+        set_broken(c, error, VN_CTL_ERROR_PROTOCOL,
+                   "malformed event line (wants \"event\", \"data\" and \"timestamp\")");
+        return NULL;
+    }
+    trace_ctl_event(c->path, name);
+    return g_steal_pointer(&o);
 }

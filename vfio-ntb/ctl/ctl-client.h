@@ -57,11 +57,15 @@ typedef enum VnCtlError {
     VN_CTL_ERROR_TIMEOUT,     /* connected, but no answer in time */
     VN_CTL_ERROR_PROTOCOL,    /* a malformed line, or the daemon closed the connection */
     VN_CTL_ERROR_USAGE,       /* a bad argument, refused before anything is sent */
+    /* ntbctl's libvirt commands: */
+    VN_CTL_ERROR_DOMAIN_NOT_FOUND, /* libvirt runs no such domain */
+    VN_CTL_ERROR_LIBVIRT,          /* libvirt unreachable, or it refused */
     VN_CTL_ERROR_LAST
 } VnCtlError;
 
-/* The class name ("DeviceBusy"; "Unreachable", "Timeout", "Protocol" and
- * "Usage" for the client's own); "unknown" when out of range. */
+/* The class name ("DeviceBusy"; "DaemonUnreachable", "Timeout",
+ * "ProtocolError", "UsageError", "DomainNotFound" and "LibvirtError" for
+ * the client's own); "unknown" when out of range. */
 const char *vn_ctl_error_to_string(VnCtlError code);
 /* The code for a daemon's class name; VN_CTL_ERROR_GENERIC when unknown. */
 VnCtlError vn_ctl_error_from_class(const char *cls);
@@ -102,5 +106,14 @@ const char *vn_ctl_client_path(const VnCtlClient *c);
  */
 JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject *arguments,
                                 GError **error);
+
+/*
+ * After execute("subscribe-events"): the next event line, checked
+ * ({"event": NAME, "data": {...}, "timestamp": {"seconds", "microseconds"}}),
+ * waiting at most timeout_ms (-1: until one comes).  NULL with TIMEOUT when
+ * none came in time (the client stays usable), PROTOCOL for a malformed
+ * line or a closed connection.  Answers to requests are not expected here.
+ */
+JsonObject *vn_ctl_client_next_event(VnCtlClient *c, int timeout_ms, GError **error);
 
 #endif /* VN_CTL_CLIENT_H */

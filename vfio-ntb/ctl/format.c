@@ -250,9 +250,20 @@ static char *identity_text(JsonObject *o)
         bytes != NULL ? bytes : "", bytes != NULL ? ")" : "");
 }
 
+/* "1.5 s ago" from milliseconds, "-" for null or missing. */
+static char *ago_text(JsonObject *o, const char *name)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64) {
+        return g_strdup("-");
+    }
+    return g_strdup_printf("%.1f s ago", (double)json_node_get_int(n) / 1000.0);
+}
+
 bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
 {
-    static const char *const header[] = { "NODE", "LINK", "DEVICES" };
+    static const char *const header[] = { "NODE", "LINK", "DEVICES", "LAST SEEN", "VERSION" };
     static const char cmd[] = "query-nodes";
     g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
     JsonArray *a = want_array(ret, cmd, error);
@@ -265,20 +276,40 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
 
         if (o == NULL || !member_is(o, "node", G_TYPE_STRING, false, cmd, i, error) ||
             !member_is(o, "link", G_TYPE_STRING, false, cmd, i, error) ||
-            !member_is(o, "devices", G_TYPE_INT64, false, cmd, i, error)) {
+            !member_is(o, "devices", G_TYPE_INT64, false, cmd, i, error) ||
+            !member_is(o, "last_seen_ms", G_TYPE_INT64, true, cmd, i, error) ||
+            !member_is(o, "version", G_TYPE_STRING, true, cmd, i, error)) {
             return false;
         }
         table_add(t, member_text(o, "node"));
         table_add(t, member_text(o, "link"));
         table_add(t, member_text(o, "devices"));
+        table_add(t, ago_text(o, "last_seen_ms"));
+        table_add(t, member_text(o, "version"));
     }
     table_render(out, t);
     return true;
 }
 
+/* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out;
+ * "degraded (lender down, ends in 2.0 s)" on a borrower whose lender is away. */
+static char *state_text(JsonObject *o)
+{
+    g_autofree char *state = member_text(o, "state");
+    JsonNode *n = json_object_get_member(o, "expires_in_ms");
+
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64) {
+        return g_steal_pointer(&state);
+    }
+    return g_strdup_printf("%s (%s down, ends in %.1f s)", state,
+                           strcmp(state, "degraded") == 0 ? "lender" : "holder",
+                           (double)json_node_get_int(n) / 1000.0);
+}
+
 bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
 {
-    static const char *const header[] = { "DEVICE", "STATE", "BORROWER", "LEASE", "IDENTITY" };
+    static const char *const header[] = { "DEVICE", "STATE",    "BORROWER",
+                                          "LEASE",  "ATTACHED", "IDENTITY" };
     static const char cmd[] = "query-devices";
     g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
     JsonArray *a = want_array(ret, cmd, error);
@@ -292,16 +323,40 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
         if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, i, error) ||
             !member_is(o, "state", G_TYPE_STRING, false, cmd, i, error) ||
             !member_is(o, "borrower", G_TYPE_STRING, true, cmd, i, error) ||
-            !member_is(o, "lease", G_TYPE_INT64, true, cmd, i, error)) {
+            !member_is(o, "lease", G_TYPE_INT64, true, cmd, i, error) ||
+            !member_is(o, "attached_to", G_TYPE_STRING, true, cmd, i, error) ||
+            !member_is(o, "expires_in_ms", G_TYPE_INT64, true, cmd, i, error)) {
             return false;
         }
         table_add(t, member_text(o, "device"));
-        table_add(t, member_text(o, "state"));
+        table_add(t, state_text(o));
         table_add(t, member_text(o, "borrower"));
         table_add(t, member_text(o, "lease"));
+        table_add(t, member_text(o, "attached_to"));
         table_add(t, identity_text(o));
     }
     table_render(out, t);
+    return true;
+}
+
+bool vn_ctl_format_device_names(GString *out, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "query-devices";
+    JsonArray *a = want_array(ret, cmd, error);
+
+    if (a == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = want_object(json_array_get_element(a, i), cmd, i, error);
+        g_autofree char *dev = NULL;
+
+        if (o == NULL || !member_is(o, "device", G_TYPE_STRING, false, cmd, i, error)) {
+            return false;
+        }
+        dev = member_text(o, "device");
+        g_string_append_printf(out, "%s\n", dev);
+    }
     return true;
 }
 
@@ -462,6 +517,15 @@ bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error)
 
 /* ---- actions ------------------------------------------------------------ */
 
+/* The daemon says an action found nothing to do ("changed": false). */
+static bool unchanged(JsonObject *o)
+{
+    JsonNode *n = json_object_get_member(o, "changed");
+
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN &&
+           !json_node_get_boolean(n);
+}
+
 bool vn_ctl_format_borrow(GString *out, const char *node, JsonNode *ret, GError **error)
 {
     static const char cmd[] = "borrow";
@@ -473,7 +537,8 @@ bool vn_ctl_format_borrow(GString *out, const char *node, JsonNode *ret, GError 
         return false;
     }
     dev = member_text(o, "device");
-    g_string_append_printf(out, "%s holds %s (lease %" G_GINT64_FORMAT ")\n", node, dev,
+    g_string_append_printf(out, "%s %s %s (lease %" G_GINT64_FORMAT ")\n", node,
+                           unchanged(o) ? "already holds" : "holds", dev,
                            json_object_get_int_member(o, "lease"));
     return true;
 }
@@ -494,8 +559,11 @@ bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GErro
     dev = member_text(o, "device");
     sock = member_text(o, "socket");
     dom = vn_ctl_format_sanitize(domain);
-    g_string_append_printf(out, "attached %s to %s (lease %" G_GINT64_FORMAT "): QEMU socket %s\n",
-                           dev, dom, json_object_get_int_member(o, "lease"), sock);
+    g_string_append_printf(out,
+                           "%s %s for %s (lease %" G_GINT64_FORMAT "): QEMU socket %s\n"
+                           "(give the VM: -device vfio-user-pci,socket=%s)\n",
+                           unchanged(o) ? "already serving" : "serving", dev, dom,
+                           json_object_get_int_member(o, "lease"), sock, sock);
     return true;
 }
 
@@ -520,17 +588,29 @@ bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GErro
 
 bool vn_ctl_format_return(GString *out, const char *device, JsonNode *ret, GError **error)
 {
-    if (want_object(ret, "return", G_MAXUINT, error) == NULL) {
+    JsonObject *o = want_object(ret, "return", G_MAXUINT, error);
+
+    if (o == NULL) {
         return false;
     }
-    g_string_append_printf(out, "returned %s\n", device);
+    if (unchanged(o)) {
+        g_string_append_printf(out, "%s was not borrowed here: nothing to return\n", device);
+    } else {
+        g_string_append_printf(out, "returned %s\n", device);
+    }
     return true;
 }
 
 bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GError **error)
 {
-    if (want_object(ret, "detach", G_MAXUINT, error) == NULL) {
+    JsonObject *o = want_object(ret, "detach", G_MAXUINT, error);
+
+    if (o == NULL) {
         return false;
+    }
+    if (unchanged(o)) {
+        g_string_append_printf(out, "%s was not attached here: nothing to detach\n", device);
+        return true;
     }
     g_string_append_printf(out,
                            "detached %s (still borrowed: `ntbctl return %s` gives it "
@@ -559,5 +639,45 @@ bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GErro
                            "asked the VM to release %s (device request); it is out once "
                            "the guest lets go\n",
                            device);
+    return true;
+}
+
+bool vn_ctl_format_lend(GString *out, const char *node, const char *name, JsonNode *ret,
+                        GError **error)
+{
+    if (want_object(ret, "lend", G_MAXUINT, error) == NULL) {
+        return false;
+    }
+    g_string_append_printf(out, "%s lends %s/%s (`ntbctl unlend %s` stops it)\n", node, node, name,
+                           name);
+    return true;
+}
+
+bool vn_ctl_format_unlend(GString *out, const char *node, const char *name, JsonNode *ret,
+                          GError **error)
+{
+    if (want_object(ret, "unlend", G_MAXUINT, error) == NULL) {
+        return false;
+    }
+    g_string_append_printf(out, "%s no longer lends %s/%s\n", node, node, name);
+    return true;
+}
+
+bool vn_ctl_format_trace(GString *out, const char *node, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "trace";
+    JsonObject *o = want_object(ret, cmd, G_MAXUINT, error);
+    g_autofree char *events = NULL;
+
+    if (o == NULL || !member_is(o, "events", G_TYPE_STRING, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "on", G_TYPE_INT64, false, cmd, G_MAXUINT, error) ||
+        !member_is(o, "workers", G_TYPE_INT64, true, cmd, G_MAXUINT, error)) {
+        return false;
+    }
+    events = member_text(o, "events");
+    g_string_append_printf(
+        out, "%s: %" G_GINT64_FORMAT " trace events on%s%s; %" G_GINT64_FORMAT " workers told\n",
+        node, json_object_get_int_member(o, "on"), *events != '\0' ? ": " : "", events,
+        json_object_get_int_member_with_default(o, "workers", 0));
     return true;
 }

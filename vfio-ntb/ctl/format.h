@@ -24,18 +24,22 @@ char *vn_ctl_format_sanitize(const char *s);
 /* ret as pretty JSON (what --json prints), with a final newline. */
 void vn_ctl_format_json(GString *out, JsonNode *ret);
 
-/* query-nodes: NODE LINK DEVICES. */
+/* query-nodes: NODE LINK DEVICES LAST SEEN VERSION. */
 bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error);
-/* query-devices: DEVICE STATE BORROWER LEASE. */
+/* query-devices: DEVICE STATE BORROWER LEASE ATTACHED IDENTITY. */
 bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error);
+/* query-devices: the devices' names, one per line (ntbctl list --name). */
+bool vn_ctl_format_device_names(GString *out, JsonNode *ret, GError **error);
 /* query-device: "key: value" lines, in the daemon's order. */
 bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error);
 /* query-stats: one COUNTER VALUE table per device (and the fabric's). */
 bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error);
 
-/* borrow: "hostb holds hosta/nvme0 (lease 17)"; node is the local node. */
+/* The actions' answers may say "changed": false (nothing to do): the text
+ * says so ("already holds", "nothing to detach").
+ * borrow: "hostb holds hosta/nvme0 (lease 17)"; node is the local node. */
 bool vn_ctl_format_borrow(GString *out, const char *node, JsonNode *ret, GError **error);
-/* attach: "attached hosta/nvme0 to vm1 (lease 17): QEMU socket /run/..." */
+/* attach (serve only): "serving hosta/nvme0 for vm1 (lease 17): QEMU socket /run/..." */
 bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GError **error);
 /* revoke: whether the borrower let go within the grace period. */
 bool vn_ctl_format_revoke(GString *out, const char *device, JsonNode *ret, GError **error);
@@ -45,5 +49,13 @@ bool vn_ctl_format_detach(GString *out, const char *device, JsonNode *ret, GErro
 /* unplug: {"requested": true} -> the VM was asked to release the device;
  * false is an error (VN_CTL_ERROR_GENERIC) saying what to do instead. */
 bool vn_ctl_format_unplug(GString *out, const char *device, JsonNode *ret, GError **error);
+
+/* lend / unlend {} -> "hostb lends hostb/nvme1 ..." / "hostb no longer lends ...". */
+bool vn_ctl_format_lend(GString *out, const char *node, const char *name, JsonNode *ret,
+                        GError **error);
+bool vn_ctl_format_unlend(GString *out, const char *node, const char *name, JsonNode *ret,
+                          GError **error);
+/* trace {"events", "on", "workers"} -> "hostb: 3 trace events on: ...". */
+bool vn_ctl_format_trace(GString *out, const char *node, JsonNode *ret, GError **error);
 
 #endif /* VN_CTL_FORMAT_H */

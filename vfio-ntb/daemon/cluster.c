@@ -21,6 +21,7 @@
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
+#include "config.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -29,8 +30,8 @@
 
 /* ---- helpers ---- */
 
-static void emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
-                 const char *node)
+void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
+                     const char *node, const char *domain)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
 
@@ -47,6 +48,10 @@ static void emit(VnDaemon *d, const char *event, const char *device, uint64_t le
         json_builder_set_member_name(b, "node");
         json_builder_add_string_value(b, node);
     }
+    if (domain != NULL) {
+        json_builder_set_member_name(b, "domain");
+        json_builder_add_string_value(b, domain);
+    }
     json_builder_end_object(b);
     vn_control_event(d->control, event, json_builder_get_root(b));
 }
@@ -58,6 +63,7 @@ static char *announcement(VnDaemon *d)
     g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
 
     g_strlcpy(a->node, d->conf->node, sizeof(a->node));
+    g_strlcpy(a->version, VN_VERSION, sizeof(a->version));
     /* Both tables are bounded by VN_CONF_MAX_DEVICES (conf.c, lend,
      * vn_cluster_borrow). */
     for (guint i = 0; i < d->local->len && i < VN_CONF_MAX_DEVICES; i++) {
@@ -270,7 +276,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
         } else {
             g_message("node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")",
                       d->conf->node, lender, b->device, b->lease);
-            emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL);
+            vn_cluster_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
             vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
             vn_state_save_or_report(d);
@@ -298,6 +304,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     g_free(n->ann);
     n->ann = g_steal_pointer(&a);
     n->link_up = true;
+    n->seen_us = g_get_monotonic_time();
     vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
     reconcile_held(d, msg->peer, n->ann);
 }
@@ -320,7 +327,7 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     }
     g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
               msg->peer, device, rq.lease);
-    emit(d, "LEASE_REVOKED", device, rq.lease, NULL);
+    vn_cluster_emit(d, "LEASE_REVOKED", device, rq.lease, NULL, NULL);
     /* A cooperative borrower: take it out of the VM (the guest's driver
      * releases it cleanly), detach and return, within the grace period. */
     vn_cluster_release(d, b, MIN(rq.grace_ms / 2, VN_DAEMON_MAX_RELEASE_MS));
@@ -367,8 +374,8 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
         vn_control_return(ld->revoke_reply, json_builder_get_root(b));
         ld->revoke_reply = NULL;
     }
-    emit(d, ch->end == VN_LEASE_END_RETURNED ? "LEASE_RETURNED" : "LEASE_EXPIRED", device,
-         ch->old_id, NULL);
+    vn_cluster_emit(d, ch->end == VN_LEASE_END_RETURNED ? "LEASE_RETURNED" : "LEASE_EXPIRED",
+                    device, ch->old_id, NULL, NULL);
     /* At once: a third party about to take the device (a reassign) must see
      * it free; a grant not yet announced makes this a no-op. */
     vn_cluster_announce_changed(d);
@@ -390,6 +397,11 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
     case VN_LEASE_GRANTED:
         g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
                   ld->conf->name, ch->lease->holder, ch->lease->id);
+        {
+            g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+            vn_cluster_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
+        }
         vn_cluster_announce_soon(d);
         break;
     case VN_LEASE_ORPHANED:
@@ -565,7 +577,7 @@ static gboolean on_lender_gone(gpointer data)
         vn_port_set_peer(b->port, NULL);
     }
     vn_unplug_start(aw->d, b, true, NULL, NULL); /* a dead device is better out of the VM */
-    emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender);
+    vn_cluster_emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender, NULL);
     return G_SOURCE_REMOVE;
 }
 
@@ -579,7 +591,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
         n->link_up = false;
         n->down_since_us = g_get_monotonic_time();
     }
-    emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer);
+    vn_cluster_emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer, NULL);
     if (up) {
         /* A lender back in time: its announcement keeps or drops what we
          * hold (reconcile_held()); nothing was lost. */

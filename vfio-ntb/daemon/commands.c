@@ -16,8 +16,7 @@
 
 /* ---- argument helpers ---- */
 
-/* "host/name" split and checked; false answers @r. */
-static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
+bool vn_commands_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
 {
     const char *dev = vn_util_json_string(a, "device");
     const char *slash = dev ? strchr(dev, '/') : NULL;
@@ -41,263 +40,34 @@ static bool arg_device(JsonObject *a, VnControlReply *r, char **node, char **nam
     return true;
 }
 
-static void add_str_or_null(JsonBuilder *b, const char *member, const char *v)
-{
-    json_builder_set_member_name(b, member);
-    if (v != NULL) {
-        json_builder_add_string_value(b, v);
-    } else {
-        json_builder_add_null_value(b);
-    }
-}
-
-static void add_device(JsonBuilder *b, const char *node, const char *name, const char *state,
-                       const char *borrower, uint64_t lease, const VnIdentity *id)
-{
-    g_autofree char *dev = g_strdup_printf("%s/%s", node, name);
-
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "device");
-    json_builder_add_string_value(b, dev);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, node);
-    json_builder_set_member_name(b, "name");
-    json_builder_add_string_value(b, name);
-    json_builder_set_member_name(b, "state");
-    json_builder_add_string_value(b, state);
-    add_str_or_null(b, "borrower", borrower);
-    json_builder_set_member_name(b, "lease");
-    if (lease != 0) {
-        json_builder_add_int_value(b, (gint64)lease);
-    } else {
-        json_builder_add_null_value(b);
-    }
-    if (id->known) {
-        vn_peers_identity_add(b, id);
-    }
-    json_builder_end_object(b);
-}
-
-/* Every device of the cluster as known here: ours, then announced ones.
- * Where an announced device is one we hold, or says we hold it, our own
- * leases win: the lender announces a change a moment after it
- * (VN_DAEMON_ANNOUNCE_DELAY_MS), we learnt it from its reply. */
-static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
-{
-    GHashTableIter it;
-    VnRemoteNode *n;
-
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
-
-        if (only == NULL || strcmp(only, dev) == 0) {
-            add_device(b, d->conf->node, ld->conf->name,
-                       vn_lease_lent(ld->lease) ? "lent" : "available", ld->lease->holder,
-                       ld->lease->id, &ld->id);
-        }
-    }
-    g_hash_table_iter_init(&it, d->nodes);
-    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        for (unsigned i = 0; n->ann != NULL && i < n->ann->n_devices; i++) {
-            const VnPeersDevice *pd = &n->ann->devices[i];
-            const char *name = pd->name;
-            const char *state = pd->lent ? "lent" : "available";
-            g_autofree char *dev = g_strdup_printf("%s/%s", n->name, name);
-            const char *borrower = pd->lent ? pd->borrower : NULL;
-            uint64_t lease = pd->lease;
-
-            if (only != NULL && strcmp(only, dev) != 0) {
-                continue;
-            }
-            if (n->link_up) {
-                VnBorrowed *held = vn_devices_borrowed(d, dev);
-
-                if (held != NULL) {
-                    state = "lent";
-                    borrower = d->conf->node;
-                    lease = held->lease;
-                } else if (borrower != NULL && strcmp(borrower, d->conf->node) == 0) {
-                    state = "available"; /* returned here, not announced yet */
-                    borrower = NULL;
-                    lease = 0;
-                }
-            }
-            add_device(b, n->name, name, n->link_up ? state : "unreachable", borrower, lease,
-                       &pd->id);
-        }
-    }
-}
-
 /* ---- commands ---- */
-
-static void cmd_version(VnDaemon *d, JsonObject *a, VnControlReply *r)
-{
-    g_autoptr(JsonBuilder) b = json_builder_new();
-
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "version");
-    json_builder_add_string_value(b, VN_VERSION);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, d->conf->node);
-    json_builder_set_member_name(b, "run-dir");
-    json_builder_add_string_value(b, d->conf->run_dir);
-    json_builder_end_object(b);
-    vn_control_return(r, json_builder_get_root(b));
-}
 
 static void cmd_subscribe(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     vn_control_return(r, NULL); /* control.c flags the client */
 }
 
-static void cmd_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
+/* Actions answer "changed": false when there was nothing to do, so that a
+ * script (or Ansible) can tell. */
+static void return_changed(VnControlReply *r, bool changed)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
-    GHashTableIter it;
-    VnRemoteNode *n;
 
-    json_builder_begin_array(b);
     json_builder_begin_object(b);
-    json_builder_set_member_name(b, "node");
-    json_builder_add_string_value(b, d->conf->node);
-    json_builder_set_member_name(b, "link");
-    json_builder_add_string_value(b, "self");
-    json_builder_set_member_name(b, "devices");
-    json_builder_add_int_value(b, d->local->len);
+    json_builder_set_member_name(b, "changed");
+    json_builder_add_boolean_value(b, changed);
     json_builder_end_object(b);
-    g_hash_table_iter_init(&it, d->nodes);
-    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-
-        json_builder_begin_object(b);
-        json_builder_set_member_name(b, "node");
-        json_builder_add_string_value(b, n->name);
-        json_builder_set_member_name(b, "link");
-        json_builder_add_string_value(b, n->link_up ? "up" : "down");
-        json_builder_set_member_name(b, "devices");
-        json_builder_add_int_value(b, n->ann->n_devices);
-        json_builder_end_object(b);
-    }
-    json_builder_end_array(b);
     vn_control_return(r, json_builder_get_root(b));
 }
 
-static void cmd_devices(VnDaemon *d, JsonObject *a, VnControlReply *r)
-{
-    g_autoptr(JsonBuilder) b = json_builder_new();
-
-    json_builder_begin_array(b);
-    build_devices(d, b, NULL);
-    json_builder_end_array(b);
-    vn_control_return(r, json_builder_get_root(b));
-}
-
-typedef struct DeviceQuery {
-    VnControlReply *r;
-    JsonNode *device; /* the answer, but for what its worker says */
-} DeviceQuery;
-
-static void device_ready(VnDaemon *d, JsonNode *root, void *opaque)
-{
-    DeviceQuery *dq = opaque;
-    g_autoptr(JsonNode) stats = root;
-    JsonObject *o = json_node_get_object(dq->device);
-    JsonObject *so = stats != NULL ? json_node_get_object(stats) : NULL;
-    JsonArray *lent = so != NULL ? json_object_get_array_member(so, "lent") : NULL;
-    JsonNode *first =
-        lent != NULL && json_array_get_length(lent) > 0 ? json_array_get_element(lent, 0) : NULL;
-    JsonObject *st =
-        first != NULL && JSON_NODE_HOLDS_OBJECT(first) ? json_node_get_object(first) : NULL;
-    const char *server = st != NULL ? vn_util_json_string(st, "device_server") : NULL;
-
-    json_object_set_string_member(o, "device_server",
-                                  server != NULL ? server
-                                                 : "unknown (its lender worker does not answer)");
-    json_object_set_string_member(o, "last_stall",
-                                  st != NULL ? vn_util_json_string(st, "last_stall") : NULL);
-    vn_control_return(dq->r, dq->device);
-    g_free(dq);
-}
-
-static void cmd_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
-{
-    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
-    g_autoptr(JsonBuilder) b = json_builder_new();
-    g_autoptr(JsonNode) arr = NULL;
-    JsonArray *found;
-    JsonObject *o;
-    VnLocalDevice *ld;
-    VnBorrowed *bw;
-    DeviceQuery *dq;
-
-    if (!arg_device(a, r, &node, &name)) {
-        return;
-    }
-    dev = g_strdup_printf("%s/%s", node, name);
-    json_builder_begin_array(b);
-    build_devices(d, b, dev);
-    json_builder_end_array(b);
-    arr = json_builder_get_root(b);
-    found = json_node_get_array(arr);
-    if (json_array_get_length(found) == 0) {
-        vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
-        return;
-    }
-    o = json_array_get_object_element(found, 0);
-    ld = strcmp(node, d->conf->node) == 0 ? vn_devices_local(d, name) : NULL;
-    if (ld != NULL) {
-        JsonArray *allow = json_array_new();
-
-        for (char **s = ld->conf->allow; *s != NULL; s++) {
-            json_array_add_string_element(allow, *s);
-        }
-        json_object_set_array_member(o, "allow", allow);
-    }
-    bw = vn_devices_borrowed(d, dev);
-    if (bw != NULL) {
-        json_object_set_string_member(o, "attached_to", bw->worker_pid > 0 ? bw->domain : NULL);
-        json_object_set_string_member(o, "socket", bw->socket);
-        json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
-        json_object_set_boolean_member(o, "lost", bw->lost);
-    }
-    if (ld == NULL) {
-        vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
-        return;
-    }
-    /* What its lender worker says of its device server, asked without
-     * waiting. */
-    dq = g_new0(DeviceQuery, 1);
-    dq->r = r;
-    dq->device = json_node_copy(json_array_get_element(found, 0));
-    if (!vn_stats_gather(d, dev, device_ready, dq)) {
-        device_ready(d, NULL, dq);
-    }
-}
-
-static void stats_ready(VnDaemon *d, JsonNode *root, void *opaque)
-{
-    vn_control_return(opaque, root);
-}
-
-static void cmd_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
-{
-    const char *only = vn_util_json_string(a, "device");
-
-    if (json_object_has_member(a, "device") && only == NULL) {
-        vn_control_error(r, VN_ERR_PARAM, "\"device\" must be a string");
-        return;
-    }
-    if (!vn_stats_gather(d, only, stats_ready, r)) {
-        vn_control_error(r, VN_ERR_BUSY, "%d counter queries are under way already",
-                         VN_STATS_MAX_GATHERS);
-    }
-}
-
-static void return_lease(VnControlReply *r, const char *device, uint64_t lease, const char *socket)
+static void return_lease(VnControlReply *r, const char *device, uint64_t lease, const char *socket,
+                         bool changed)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
 
     json_builder_begin_object(b);
+    json_builder_set_member_name(b, "changed");
+    json_builder_add_boolean_value(b, changed);
     json_builder_set_member_name(b, "device");
     json_builder_add_string_value(b, device);
     json_builder_set_member_name(b, "lease");
@@ -319,7 +89,7 @@ static void borrowed_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const 
         vn_control_error(r, klass, "%s", msg);
         return;
     }
-    return_lease(r, b->device, b->lease, NULL);
+    return_lease(r, b->device, b->lease, NULL, true);
 }
 
 /* Is @node/@name one we can borrow?  Answers @r when not. */
@@ -340,13 +110,13 @@ static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!arg_device(a, r, &node, &name) || !borrowable(d, node, name, r)) {
+    if (!vn_commands_arg_device(a, r, &node, &name) || !borrowable(d, node, name, r)) {
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_devices_borrowed(d, dev);
     if (b != NULL) {
-        return_lease(r, b->device, b->lease, NULL);
+        return_lease(r, b->device, b->lease, NULL, false);
         return;
     }
     vn_cluster_borrow(d, node, name, borrowed_reply, r);
@@ -358,7 +128,7 @@ static void returned_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const 
     if (klass != NULL) {
         vn_control_error(opaque, klass, "%s", msg);
     } else {
-        vn_control_return(opaque, NULL);
+        return_changed(opaque, true);
     }
 }
 
@@ -367,13 +137,17 @@ static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!arg_device(a, r, &node, &name)) {
+    if (!vn_commands_arg_device(a, r, &node, &name)) {
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
     b = vn_devices_borrowed(d, dev);
+    if (b == NULL && !vn_queries_device_known(d, node, name)) {
+        vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
+        return;
+    }
     if (b == NULL) {
-        vn_control_error(r, VN_ERR_NOTBORROWED, "%s does not hold %s", d->conf->node, dev);
+        return_changed(r, false); /* returned already, or never borrowed here */
         return;
     }
     vn_cluster_return(d, b, returned_reply, r);
@@ -386,7 +160,7 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
     uint32_t grace = VN_DAEMON_REVOKE_GRACE_MS;
     VnLocalDevice *ld;
 
-    if (!arg_device(a, r, &node, &name)) {
+    if (!vn_commands_arg_device(a, r, &node, &name)) {
         return;
     }
     if (gn != NULL) {
@@ -447,9 +221,19 @@ static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
         g_free(b->qdev_id);
         b->qdev_id = g_strdup(at->qdev_id);
         vn_state_save_or_report(d);
-        return_lease(at->r, b->device, b->lease, b->socket);
+        vn_cluster_emit(d, "ATTACHED", b->device, b->lease, NULL, b->domain);
+        return_lease(at->r, b->device, b->lease, b->socket, true);
     }
     attach_free(at);
+}
+
+/* A repeated attach must ask for what is in place: keeping the old options
+ * silently would leave a VM unplugged on revoke through a QMP socket the
+ * caller thinks was replaced. */
+static bool same_options(const VnBorrowed *b, const Attach *at)
+{
+    return g_strcmp0(b->qmp, at->qmp) == 0 && g_strcmp0(b->qdev_id, at->qdev_id) == 0 &&
+           (!at->has_irq_mode || at->irq_mode == b->irq_mode);
 }
 
 /* The device is borrowed: serve it to the domain (a worker process). */
@@ -474,8 +258,14 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     } else if (b->worker_pid > 0 && at->socket != NULL && strcmp(at->socket, b->socket) != 0) {
         vn_control_error(at->r, VN_ERR_BUSY, "%s is attached to %s on %s; detach it first",
                          b->device, b->domain, b->socket);
+    } else if (b->worker_pid > 0 && !same_options(b, at)) {
+        vn_control_error(at->r, VN_ERR_BUSY,
+                         "%s is attached to %s with other options (qmp %s, qdev-id %s, irq-mode "
+                         "%s); detach it first to change them",
+                         b->device, b->domain, b->qmp ? b->qmp : "none",
+                         b->qdev_id ? b->qdev_id : "none", vn_irq_mode_to_string(b->irq_mode));
     } else if (b->worker_pid > 0) {
-        return_lease(at->r, b->device, b->lease, b->socket);
+        return_lease(at->r, b->device, b->lease, b->socket, false);
     } else {
         g_free(b->socket);
         b->socket = at->socket != NULL ? g_strdup(at->socket)
@@ -524,7 +314,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     Attach *at;
     VnBorrowed *b;
 
-    if (!arg_device(a, r, &node, &name)) {
+    if (!vn_commands_arg_device(a, r, &node, &name)) {
         return;
     }
     if (domain == NULL || !vn_name_valid(VN_NAME_DOMAIN, domain)) {
@@ -583,7 +373,7 @@ static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!arg_device(a, r, &node, &name)) {
+    if (!vn_commands_arg_device(a, r, &node, &name)) {
         return NULL;
     }
     dev = g_strdup_printf("%s/%s", node, name);
@@ -597,13 +387,27 @@ static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    VnBorrowed *b = arg_attached(d, a, r);
+    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
+    VnBorrowed *b;
 
-    if (b != NULL) {
+    if (!vn_commands_arg_device(a, r, &node, &name)) {
+        return;
+    }
+    dev = g_strdup_printf("%s/%s", node, name);
+    b = vn_devices_borrowed(d, dev);
+    if (b == NULL && !vn_queries_device_known(d, node, name)) {
+        vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
+        return;
+    }
+    if (b == NULL || b->worker_pid <= 0) {
+        return_changed(r, false); /* detached already */
+        return;
+    }
+    {
         vn_devices_detach(d, b);
         /* At once: a restart must not find the stopped worker to adopt. */
         vn_state_save_or_report(d);
-        vn_control_return(r, NULL);
+        return_changed(r, true);
     }
 }
 
@@ -716,7 +520,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     vn_state_save_or_report(d);
     vn_cluster_announce(d);
-    vn_control_return(r, NULL);
+    return_changed(r, true);
 }
 
 static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
@@ -741,7 +545,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     vn_devices_unlend(d, ld);
     vn_state_save_or_report(d);
     vn_cluster_announce(d);
-    vn_control_return(r, NULL);
+    return_changed(r, true);
 }
 
 typedef struct Command {
@@ -751,11 +555,11 @@ typedef struct Command {
 } Command;
 
 static const Command commands[] = {
-    { "query-version", cmd_version, { NULL } },
-    { "query-nodes", cmd_nodes, { NULL } },
-    { "query-devices", cmd_devices, { NULL } },
-    { "query-device", cmd_device, { "device", NULL } },
-    { "query-stats", cmd_stats, { "device", NULL } },
+    { "query-version", vn_queries_version, { NULL } },
+    { "query-nodes", vn_queries_nodes, { NULL } },
+    { "query-devices", vn_queries_devices, { NULL } },
+    { "query-device", vn_queries_device, { "device", NULL } },
+    { "query-stats", vn_queries_stats, { "device", NULL } },
     { "borrow", cmd_borrow, { "device", NULL } },
     { "return", cmd_return, { "device", NULL } },
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },

@@ -104,6 +104,7 @@ typedef struct VnRemoteNode {
     char *name;
     bool link_up;
     gint64 down_since_us; /* monotonic, while !link_up */
+    gint64 seen_us;       /* monotonic: its last announcement */
     VnPeersAnnounce *ann; /* its last announcement (decoded, so valid) */
 } VnRemoteNode;
 
@@ -213,6 +214,18 @@ void vn_control_event(VnControl *c, const char *name, JsonNode *data);
 /* ---- commands.c ---- */
 /* The daemon's command table (a VnCommandLookup). */
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
+/* The "device" argument, host/name, split and checked; false once an error
+ * answers @r. */
+bool vn_commands_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name);
+
+/* queries.c: query-version, -nodes, -devices, -device, -stats. */
+void vn_queries_version(VnDaemon *d, JsonObject *a, VnControlReply *r);
+void vn_queries_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r);
+void vn_queries_devices(VnDaemon *d, JsonObject *a, VnControlReply *r);
+void vn_queries_device(VnDaemon *d, JsonObject *a, VnControlReply *r);
+void vn_queries_stats(VnDaemon *d, JsonObject *a, VnControlReply *r);
+/* Does any node (this one included) lend @node/@name, as far as we know? */
+bool vn_queries_device_known(VnDaemon *d, const char *node, const char *name);
 
 /* ---- stats.c ---- */
 /*
@@ -232,6 +245,9 @@ void vn_stats_gathers_free(VnDaemon *d);
 
 /* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
 void vn_cluster_start(VnDaemon *d);
+/* A control-socket event (docs/control.md "Events"); NULL / 0 members are left out. */
+void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
+                     const char *node, const char *domain);
 void vn_cluster_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
 void vn_cluster_announce_soon(VnDaemon *d);

@@ -45,6 +45,7 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     }
     d->workers->stop(d, b);
     g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
+    vn_cluster_emit(d, "DETACHED", b->device, b->lease, NULL, b->domain);
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);

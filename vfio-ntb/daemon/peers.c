@@ -57,6 +57,9 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
 
     json_builder_begin_object(b);
     add_str(b, "node", a->node);
+    if (a->version[0] != '\0') {
+        add_str(b, "version", a->version);
+    }
     json_builder_set_member_name(b, "devices");
     json_builder_begin_array(b);
     for (unsigned i = 0; i < a->n_devices; i++) {
@@ -160,6 +163,25 @@ static bool get_name(JsonObject *o, const char *name, VnNameKind kind, char *out
     if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING ||
         !vn_name_valid(kind, (s = json_node_get_string(n))) || strlen(s) >= size) {
         return bad(error, what, name);
+    }
+    g_strlcpy(out, s, size);
+    return true;
+}
+
+/* A release: "0.1.0", "1.2~rc1+deb12": [0-9A-Za-z.+~-], not empty. */
+static bool get_version(JsonObject *o, char *out, size_t size)
+{
+    JsonNode *n = member(o, "version");
+    const char *s;
+
+    if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING) {
+        return false;
+    }
+    s = json_node_get_string(n);
+    if (*s == '\0' || strlen(s) >= size ||
+        s[strspn(s, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+~-")] !=
+            '\0') {
+        return false;
     }
     g_strlcpy(out, s, size);
     return true;
@@ -301,6 +323,10 @@ bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnno
     }
     if ((devs = get_array(o, "devices", what, error)) == NULL) {
         return false;
+    }
+    /* "version" is optional (older daemons send none); shown, never acted on. */
+    if (member(o, "version") != NULL && !get_version(o, out->version, sizeof(out->version))) {
+        return bad(error, what, "version");
     }
     /* "holds" is optional: an announcement from before leases were claimed. */
     if (member(o, "holds") != NULL && (holds = get_array(o, "holds", what, error)) == NULL) {

@@ -58,9 +58,14 @@ typedef struct VnPeersHold {
     uint64_t lease;
 } VnPeersHold;
 
+/* An announcement's "version": the daemon's release, shown by `ntbctl
+ * nodes`; longer is not a version. */
+#define VN_PEERS_MAX_VERSION 32
+
 /* What a host lends and holds (some 20 KiB: allocate it). */
 typedef struct VnPeersAnnounce {
     char node[VN_MAX_NODE_NAME + 1];
+    char version[VN_PEERS_MAX_VERSION + 1]; /* "" from a daemon that sends none */
     unsigned n_devices;
     VnPeersDevice devices[VN_CONF_MAX_DEVICES];
     unsigned n_holds;

@@ -129,6 +129,15 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_add_string_value(b, bw->channel_path);
             json_builder_set_member_name(b, "port");
             json_builder_add_string_value(b, bw->port_path);
+            /* The VM's QMP socket and the device's id there: a revoke after our
+             * restart still unplugs the device, and a repeated attach with the
+             * same options still matches. */
+            if (bw->qmp != NULL && bw->qdev_id != NULL) {
+                json_builder_set_member_name(b, "qmp");
+                json_builder_add_string_value(b, bw->qmp);
+                json_builder_set_member_name(b, "qdev_id");
+                json_builder_add_string_value(b, bw->qdev_id);
+            }
             json_builder_end_object(b);
         }
         json_builder_end_object(b);
@@ -184,7 +193,7 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
 {
     JsonObject *w;
     JsonNode *pid;
-    const char *name, *socket, *domain, *stats, *port;
+    const char *name, *socket, *domain, *stats, *port, *qmp, *qdev_id;
 
     if (wn == NULL || !JSON_NODE_HOLDS_OBJECT(wn)) {
         return;
@@ -196,6 +205,8 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     socket = vn_util_json_string(w, "socket");
     domain = vn_util_json_string(w, "domain");
     stats = vn_util_json_string(w, "channel");
+    qmp = vn_util_json_string(w, "qmp");
+    qdev_id = vn_util_json_string(w, "qdev_id");
     if (pid == NULL || !JSON_NODE_HOLDS_VALUE(pid) ||
         json_node_get_value_type(pid) != G_TYPE_INT64 || json_node_get_int(pid) <= 1 ||
         json_node_get_int(pid) > G_MAXINT || name == NULL || !vn_name_valid(VN_NAME_NODE, name) ||
@@ -209,6 +220,11 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     b->socket = g_strdup(socket);
     b->domain = g_strdup(domain);
     b->channel_path = g_strdup(stats);
+    if (qmp != NULL && qmp[0] == '/' && strlen(qmp) <= VN_CONF_MAX_SOCKET_PATH && qdev_id != NULL &&
+        vn_name_valid(VN_NAME_QDEV_ID, qdev_id)) {
+        b->qmp = g_strdup(qmp);
+        b->qdev_id = g_strdup(qdev_id);
+    }
     if (!d->workers->adopt(d, b)) {
         g_message("node %s: the worker that served %s is gone", d->conf->node, b->device);
         g_clear_pointer(&b->domain, g_free);
