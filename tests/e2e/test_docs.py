@@ -13,7 +13,11 @@
   ones, not another command's; every option `ntbctl help CMD` shows is offered for CMD;
 - completion-devices: `ntbctl show <TAB>` completes hosta/nvme0 from a real vfio-ntbd lending a
   simulated NVMe ($VFIO_NTB_CONTROL; and --socket on the line wins over it), and with the
-  daemon down completes nothing, quietly and at once.
+  daemon down completes nothing, quietly and at once;
+- readme-quickstart: README.md's quickstart, its shell blocks run as written by bash in the
+  source directory (all but the QEMU one, which boots a guest: too slow here): three daemons,
+  the device listed, attached with --serve-only on the socket the QEMU line names, given back,
+  unlent, everything stopped.
 """
 import os
 import re
@@ -26,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from cluster import Daemon  # noqa: E402
 
-EXPECTED_RESULTS = 5
+EXPECTED_RESULTS = 6
 
 MAN = h.REPO / "docs" / "man"
 PAGES = ["ntbctl.8", "vfio-ntbd.8", "vfio-ntbd.conf.5"]
@@ -188,6 +192,41 @@ def test_completion_devices(procs, wd):
                     down_s=f"{down_s:.2f}", stderr=(err + down_err).strip()[:100] or "none")
 
 
+def test_readme(procs):
+    text = (h.REPO / "README.md").read_text()
+    sec = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0] if "## Quickstart" in text \
+        else ""
+    blocks = re.findall(r"```sh\n(.*?)```", sec, re.S)
+    qemu = [b for b in blocks if "vfio-user-pci" in b]
+    run = [b for b in blocks if "vfio-user-pci" not in b]
+    if len(blocks) < 3 or len(qemu) != 1:
+        return h.result("readme-quickstart", False, blocks=len(blocks), qemu_blocks=len(qemu))
+    # The QEMU line's socket, in the shell's own words (after $Q is set by the first block).
+    # ('...'$Q'...': the shell's quotes around $Q, which the JSON's own quotes surround.)
+    sock = re.search(r'"path":"([^"]+)"', qemu[0].replace("'$Q'", "$Q"))
+    script = "set -e\n" + "\n".join(run) + \
+        f'\necho "QUICKSTART-SOCKET {sock.group(1) if sock else ""}"\n'
+    out = procs.tempdir("vn-readme-") / "quickstart.log"
+    with open(out, "w") as log:
+        p = procs.start("quickstart", ["bash", "-c", script], cwd=h.REPO, stdout=log,
+                        stderr=subprocess.STDOUT)
+        try:
+            rc = p.wait(60)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    log_text = out.read_text(errors="replace")
+    named = re.search(r"QUICKSTART-SOCKET (\S+)", log_text)
+    served = re.search(r"QEMU socket (\S+)", log_text)
+    ok = (rc == 0 and bool(named) and bool(served) and named.group(1) == served.group(1)
+          and re.search(r"^hosta/nvme0 +available", log_text, re.M) is not None
+          and "returned hosta/nvme0" in log_text and "no longer lends hosta/nvme0" in log_text
+          and all((h.REPO / "scripts" / s).exists() for s in ("testbed-qemu", "testbed-guest")))
+    if not ok:
+        print(log_text[-3000:], file=sys.stderr)
+    return h.result("readme-quickstart", ok, rc=rc, blocks_run=len(run),
+                    socket_matches=bool(named and served and named.group(1) == served.group(1)))
+
+
 def main():
     ok = True
     with h.Procs() as procs:
@@ -196,7 +235,8 @@ def main():
                                ("man-ntbctl-commands", test_man_commands, ()),
                                ("completion-commands", test_completion_commands, ()),
                                ("completion-options", test_completion_options, ()),
-                               ("completion-devices", test_completion_devices, (procs, wd))]:
+                               ("completion-devices", test_completion_devices, (procs, wd)),
+                               ("readme-quickstart", test_readme, (procs,))]:
             try:
                 ok &= fn(*args)
             except Exception as e:  # noqa: BLE001 - one failed check must not hide the rest
