@@ -241,11 +241,12 @@ coverage:
 	@$(PYTHON) tests/run-checks --unit $(COV_UNIT_BINS) | tail -n 1
 	@$(PYTHON) tests/coverage-report $(COV_B)
 
-# Every shell script (the scripts, configure, the test guests' init), clean under Debian's
-# shellcheck: notes as well as warnings fail it.  (The kernel module is checked by its own
-# build, -Werror, against the kernel's headers.)
+# Every shell script (the scripts, configure, the test guests' init, ntbctl's bash
+# completion: a "shell=bash" directive in it), clean under Debian's shellcheck: notes as well
+# as warnings fail it.  (The kernel module is checked by its own build, -Werror, against the
+# kernel's headers.)
 SHELL_SCRIPTS := configure $(shell grep -l '^\#!/bin/sh' scripts/*) tests/guest/init \
-	tests/lender-host/init libvirt-hooks/qemu.d/vfio-ntb
+	tests/lender-host/init libvirt-hooks/qemu.d/vfio-ntb completion/ntbctl
 # The C tree through cppcheck (Debian's 2.10): warnings, performance and portability, zero
 # findings; each suppression is in the code, with its reason.  GLib's declaration macros
 # are given empty, cppcheck knowing nothing of them.
