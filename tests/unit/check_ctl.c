@@ -167,31 +167,36 @@ START_TEST(test_format_actions)
     ck_assert(vn_ctl_format_return(out, "hosta/nvme0", empty, &error));
     ck_assert(vn_ctl_format_detach(out, "hosta/nvme0", empty, &error));
     ck_assert(vn_ctl_format_unplug(out, "hosta/nvme0", asked, &error));
-    ck_assert_str_eq(out->str,
-                     "hostb holds hosta/nvme0 (lease 17)\n"
-                     "serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
-                     "/run/vfio-ntb/nvme0.sock\n"
-                     "(give the VM: -device vfio-user-pci,socket=/run/vfio-ntb/nvme0.sock)\n"
-                     "revoked hosta/nvme0: the borrower did not let go within the grace "
-                     "period, so the lender fenced it\n"
-                     "revoked hosta/nvme0: the borrower let go\n"
-                     "returned hosta/nvme0\n"
-                     "detached hosta/nvme0 (still borrowed: `ntbctl return hosta/nvme0` "
-                     "gives it back)\n"
-                     "asked the VM to release hosta/nvme0 (device request); it is out once the "
-                     "guest lets go\n");
+    ck_assert_str_eq(
+        out->str,
+        "hostb holds hosta/nvme0 (lease 17)\n"
+        "serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
+        "/run/vfio-ntb/nvme0.sock\n"
+        "(give the VM: -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\","
+        "\"path\":\"/run/vfio-ntb/nvme0.sock\"}}')\n"
+        "revoked hosta/nvme0: the borrower did not let go within the grace "
+        "period, so the lender fenced it\n"
+        "revoked hosta/nvme0: the borrower let go\n"
+        "returned hosta/nvme0\n"
+        "detached hosta/nvme0 (still borrowed: `ntbctl return hosta/nvme0` "
+        "gives it back)\n"
+        "asked the VM to release hosta/nvme0 (device request); it is out once the "
+        "guest lets go\n");
     /* "changed": false says there was nothing to do */
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_borrow(out, "hostb", held, &error));
     ck_assert(vn_ctl_format_attach(out, "vm1", held, &error));
     ck_assert(vn_ctl_format_return(out, "hosta/nvme0", same, &error));
     ck_assert(vn_ctl_format_detach(out, "hosta/nvme0", same, &error));
-    ck_assert_str_eq(out->str, "hostb already holds hosta/nvme0 (lease 17)\n"
-                               "already serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
-                               "/run/vfio-ntb/n.sock\n"
-                               "(give the VM: -device vfio-user-pci,socket=/run/vfio-ntb/n.sock)\n"
-                               "hosta/nvme0 was not borrowed here: nothing to return\n"
-                               "hosta/nvme0 was not attached here: nothing to detach\n");
+    ck_assert_str_eq(
+        out->str,
+        "hostb already holds hosta/nvme0 (lease 17)\n"
+        "already serving hosta/nvme0 for vm1 (lease 17): QEMU socket "
+        "/run/vfio-ntb/n.sock\n"
+        "(give the VM: -device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\","
+        "\"path\":\"/run/vfio-ntb/n.sock\"}}')\n"
+        "hosta/nvme0 was not borrowed here: nothing to return\n"
+        "hosta/nvme0 was not attached here: nothing to detach\n");
     /* Not asked is not done: an error that says what to do instead. */
     ck_assert(!vn_ctl_format_unplug(out, "hosta/nvme0", not_asked, &error));
     ck_assert(g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_GENERIC));
@@ -737,6 +742,7 @@ START_TEST(test_ntbctl_usage_and_version)
     USAGE("events", "--count", "0");
     USAGE("help", "frobnicate");
     USAGE("version", "extra");
+    USAGE("reassign", "hosta/nvme0", "--to", "hostc:vm1", "--hosts", "/nonexistent/hosts.conf");
 #undef USAGE
     /* An option of another command says whose it is. */
     g_clear_pointer(&out, g_free);

@@ -561,7 +561,9 @@ bool vn_ctl_format_attach(GString *out, const char *domain, JsonNode *ret, GErro
     dom = vn_ctl_format_sanitize(domain);
     g_string_append_printf(out,
                            "%s %s for %s (lease %" G_GINT64_FORMAT "): QEMU socket %s\n"
-                           "(give the VM: -device vfio-user-pci,socket=%s)\n",
+                           "(give the VM: -device "
+                           "'{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\","
+                           "\"path\":\"%s\"}}')\n",
                            unchanged(o) ? "already serving" : "serving", dev, dom,
                            json_object_get_int_member(o, "lease"), sock, sock);
     return true;

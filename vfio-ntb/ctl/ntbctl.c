@@ -495,6 +495,11 @@ static int run_reassign(const Command *cmd, Ntbctl *n, const char *dev)
         return ntbctl_usage(n, "reassign: --to HOST:DOMAIN, HOST a node name, DOMAIN %s",
                             vn_name_rule(VN_NAME_DOMAIN));
     }
+    /* The default file may be absent (one host); a file named by the
+     * operator must exist, or a typo would show only as an unknown host. */
+    if (hosts != NULL && !g_file_test(hosts, G_FILE_TEST_EXISTS)) {
+        return ntbctl_usage(n, "--hosts %s: no such file", hosts);
+    }
     if (hosts == NULL) {
         hosts = g_getenv(NTBCTL_HOSTS_ENV) ? g_getenv(NTBCTL_HOSTS_ENV) : NTBCTL_DEFAULT_HOSTS;
     }
