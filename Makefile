@@ -18,7 +18,7 @@ SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
 INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
-	$(PCI_CFLAGS)
+	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS)
 
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(filter-out vfio-ntb/lending/worker.c,$(wildcard vfio-ntb/lending/*.c)) \
@@ -90,8 +90,9 @@ $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
+# Only vfio-ntbd links libsystemd (sd_notify, for Type=notify).
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(SYSTEMD_LIBS)
 
 $(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a

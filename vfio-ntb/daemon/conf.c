@@ -113,6 +113,9 @@ static void lend_free(gpointer p)
 {
     VnLendConf *l = p;
 
+    if (l == NULL) {
+        return; /* taken by a reload (reload.c) */
+    }
     g_free(l->name);
     g_free(l->socket);
     g_free(l->pci);

@@ -150,7 +150,8 @@ bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error)
         if (vc == NULL) {
             return false;
         }
-        vc->managed = true;  /* each VF goes to vfio-pci, and back after */
+        vc->managed = true; /* each VF goes to vfio-pci, and back after */
+        vc->vf = true;
         vc->runtime = false; /* the config makes it again at every start */
         g_ptr_array_add(d->conf->lends, vc);
         if (vn_devices_lend(d, vc, error) == NULL) {
