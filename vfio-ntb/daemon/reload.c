@@ -200,6 +200,7 @@ static GPtrArray *devices_of(VnDaemon *d, const VnLendConf *lc)
 static void set_allow(VnDaemon *d, VnLendConf *lc, char **allow)
 {
     g_autoptr(GPtrArray) lds = devices_of(d, lc);
+    g_autofree char *list = g_strjoinv(";", allow);
 
     g_strfreev(lc->allow);
     lc->allow = g_strdupv(allow);
@@ -211,8 +212,8 @@ static void set_allow(VnDaemon *d, VnLendConf *lc, char **allow)
             ld->conf->allow = g_strdupv(allow);
         }
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
-               "node %s: reload: %s may be borrowed by %s now", d->conf->node, ld->conf->name,
-               allow[0] != NULL && strcmp(allow[0], "*") == 0 ? "any node" : "its new list");
+               "node %s: reload: %s may be borrowed by %.200s now", d->conf->node, ld->conf->name,
+               strcmp(list, "*") == 0 ? "any node" : list);
         if (vn_lease_lent(ld->lease) && !vn_lend_conf_allows(ld->conf, ld->lease->holder)) {
             vn_log(G_LOG_LEVEL_WARNING, d->conf->node, ld->conf->name, ld->lease->holder,
                    ld->lease->id,
