@@ -300,9 +300,10 @@ install: $(PROGS)
 	chmod 0755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
 	install -m 0755 scripts/vfio-ntb-rebalance $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
-	sed 's|^ExecStart=/usr/bin/|ExecStart=$(PREFIX)/bin/|' systemd/vfio-ntbd.service \
-		>$(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
-	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
+	for u in vfio-ntbd.service vfio-ntbd@.service; do \
+		sed 's|=/usr/bin/vfio-ntbd |=$(PREFIX)/bin/vfio-ntbd |' systemd/$$u \
+			>$(DESTDIR)$(SYSTEMDUNITDIR)/$$u && chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$u || exit 1; \
+	done
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
 	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(PREFIX)/include/vfio-ntb
