@@ -165,11 +165,14 @@ typedef struct ConfRead {
 
 static unsigned line_of(const ConfRead *p, const char *group, const char *key)
 {
-    g_autofree char *k = key != NULL ? g_strdup_printf("%s\n%s", group, key) : NULL;
+    g_autofree char *k = NULL;
     gpointer v = NULL;
 
     if (group == NULL) {
         return 0;
+    }
+    if (key != NULL) {
+        k = g_strdup_printf("%s\n%s", group, key);
     }
     if (k == NULL || !g_hash_table_lookup_extended(p->lines, k, NULL, &v)) {
         v = g_hash_table_lookup(p->lines, group);
@@ -196,8 +199,14 @@ static bool located(const ConfRead *p, const char *group, const char *key, GErro
 }
 
 /* The file's error at @group's @key (NULL: the group; a NULL group: the file). */
-static bool G_GNUC_PRINTF(5, 6) fail(const ConfRead *p, GError **error, const char *group,
-                                     const char *key, const char *fmt, ...)
+static bool fail(const ConfRead *p, GError **error, const char *group, const char *key,
+                 const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+/* The same at @line. */
+static bool fail_line(const ConfRead *p, GError **error, unsigned line, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+static bool fail(const ConfRead *p, GError **error, const char *group, const char *key,
+                 const char *fmt, ...)
 {
     g_autofree char *msg = NULL;
     va_list ap;
@@ -209,8 +218,7 @@ static bool G_GNUC_PRINTF(5, 6) fail(const ConfRead *p, GError **error, const ch
     return located(p, group, key, error);
 }
 
-static bool G_GNUC_PRINTF(4, 5)
-    fail_line(const ConfRead *p, GError **error, unsigned line, const char *fmt, ...)
+static bool fail_line(const ConfRead *p, GError **error, unsigned line, const char *fmt, ...)
 {
     g_autofree char *msg = NULL, *at = where(p, line);
     va_list ap;
