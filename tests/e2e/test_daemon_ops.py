@@ -8,7 +8,7 @@ restart), not 1; Type=notify: the test is systemd's notify socket, waits for REA
 `ntbctl list` then shows, between RELOADING=1 and READY=1; a bad file on SIGHUP changes
 nothing and is logged with --check-config's message; a device lent at run time (`lend`)
 survives a reload, and a lent device the config drops stays lent; [node] log-level = info
-shows info lines a default daemon does not.
+shows info lines a default daemon does not, and --log-level warning hushes the notices.
 """
 import os
 import signal
@@ -25,7 +25,7 @@ from cluster import Daemon, VFIO_NTBD  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 12
+EXPECTED_RESULTS = 13
 
 NTBCTL = h.REPO / "build" / "ntbctl"
 
@@ -244,8 +244,13 @@ def test_log_level(procs):
     # the fabric's g_info on attaching, and on links: info, not notice
     seen = wait_for(lambda: "attached to the shm fabric" in loud.log()
                     and "link to hostq up" in loud.log(), 5)
-    return result("log-level-info", bool(seen) and "attached to the shm fabric" not in quiet.log(),
-                  loud=bool(seen), quiet_clean="attached to" not in quiet.log())
+    ok = result("log-level-info", bool(seen) and "attached to the shm fabric" not in quiet.log(),
+                loud=bool(seen), quiet_clean="attached to" not in quiet.log())
+    # --log-level warning: not even the notices ("up on fabric"), over the config's info
+    hushed = InfoDaemon(procs, wd, "hosth", fab, args=["--log-level", "warning"]).start()
+    wait_for(lambda: "link to hosth up" in loud.log(), 5)
+    return ok & result("log-level-warning", "link to hosth up" in loud.log()
+                       and hushed.log().strip() == "", hushed_log=hushed.log()[:80])
 
 
 def main():

@@ -58,13 +58,27 @@ static VnLogLevel level_of(GLogLevelFlags flags)
     return (flags & G_LOG_LEVEL_INFO) ? VN_LOG_INFO : VN_LOG_DEBUG;
 }
 
+static const char *domain_of(const GLogField *fields, gsize n)
+{
+    for (gsize i = 0; i < n; i++) {
+        if (strcmp(fields[i].key, "GLIB_DOMAIN") == 0 && fields[i].length < 0) {
+            return fields[i].value;
+        }
+    }
+    return NULL;
+}
+
 static GLogWriterOutput writer(GLogLevelFlags flags, const GLogField *fields, gsize n,
                                gpointer data)
 {
     g_autofree char *line = NULL;
 
     if ((int)level_of(flags) > __atomic_load_n(&current_level, __ATOMIC_RELAXED) &&
-        !(flags & G_LOG_FLAG_FATAL)) {
+        !(flags & G_LOG_FLAG_FATAL) &&
+        (!(flags & (G_LOG_LEVEL_INFO | G_LOG_LEVEL_DEBUG)) ||
+         g_log_writer_default_would_drop(flags, domain_of(fields, n)))) {
+        /* Below the level, and not an info or debug line G_MESSAGES_DEBUG
+         * asks for (that keeps working as it did: a domain's debug lines). */
         return G_LOG_WRITER_HANDLED;
     }
     if (g_log_writer_is_journald(fileno(stderr)) &&

@@ -14,7 +14,8 @@
  * warning, notice (g_message), info (lease, attach and link changes), debug
  * (everything, the trace events too when they are on).  GLib's own default
  * writer drops info and debug unless G_MESSAGES_DEBUG names them;
- * vn_log_setup() installs a writer that filters by the level instead.
+ * vn_log_setup() installs a writer that filters by the level instead (and
+ * still shows what G_MESSAGES_DEBUG asks for, as GLib's did).
  *
  * Threads: vn_log() from any thread; the level is an atomic int.
  */

@@ -207,12 +207,11 @@ int main(int argc, char **argv)
         g_free(check_path);
         return rc;
     }
-    /* --verbose (or G_MESSAGES_DEBUG, which GLib's own writer honoured)
-     * means everything, unless a level is named. */
+    /* --verbose means everything, unless a level is named.  (G_MESSAGES_DEBUG
+     * still shows what it names: common/log.h.) */
     m.level_from_cli = level_name != NULL || verbose;
-    if (level_name == NULL && (verbose || g_getenv("G_MESSAGES_DEBUG") != NULL)) {
+    if (level_name == NULL && verbose) {
         level = VN_LOG_DEBUG;
-        m.level_from_cli = true;
     }
     vn_log_setup(level);
     signal(SIGPIPE, SIG_IGN);
