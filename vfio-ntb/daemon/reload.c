@@ -75,6 +75,7 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
     gpointer k, v;
     bool fabric_same =
         g_hash_table_size(c->fabric_params) == g_hash_table_size(next->fabric_params);
+    bool borrows_same = c->borrows->len == next->borrows->len;
 
     for (size_t i = 0; i < G_N_ELEMENTS(node); i++) {
         if (g_strcmp0(node[i].now, node[i].then) != 0) {
@@ -100,8 +101,6 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
                   c->node);
         ignored++;
     }
-    bool borrows_same = c->borrows->len == next->borrows->len;
-
     for (guint i = 0; borrows_same && i < c->borrows->len; i++) {
         const VnBorrowConf *a = c->borrows->pdata[i], *b = next->borrows->pdata[i];
 

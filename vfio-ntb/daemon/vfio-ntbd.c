@@ -47,9 +47,7 @@ typedef struct Main {
     char *status;        /* the last STATUS= sent */
 } Main;
 
-static gboolean check_config_arg(const char *name, const char *value, gpointer data,
-                                 GError **error);
-
+/* --check-config's: set by its option callback (its FILE is optional). */
 static gboolean check_config = FALSE;
 static char *check_path = NULL;
 
@@ -85,7 +83,7 @@ static gboolean on_ready(gpointer data)
     Main *m = data;
     g_autofree char *now = vn_daemon_status(m->d);
 
-    sd_notifyf(0, "READY=1\nSTATUS=%s\nMAINPID=%lu", now, (unsigned long)getpid());
+    sd_notifyf(0, "READY=1\nSTATUS=%s", now);
     g_free(m->status);
     m->status = g_steal_pointer(&now);
     return G_SOURCE_REMOVE;
