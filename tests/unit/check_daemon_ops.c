@@ -207,6 +207,36 @@ START_TEST(test_reload_allow_applies)
 }
 END_TEST
 
+/* [node] changes but log-level need a restart: the running daemon keeps its
+ * own; log-level is taken. */
+START_TEST(test_reload_node_ignored)
+{
+    VnDaemon *a = daemon_start("hosta");
+    g_autoptr(GError) error = NULL;
+
+    write_conf(NVME0); /* for conf_path */
+    {
+        g_autofree char *changed =
+            g_strdup_printf("[node]\nname = hosta\nfabric = shm\nfabric-dir = %s/fabric\n"
+                            "control-socket = %s/other.control\nstate-dir = %s/hosta.state\n"
+                            "run-dir = %s/hosta.run\nlease-timeout-ms = 5000\nlog-level = info\n"
+                            "stats-file = %s/s.json\n" NVME0,
+                            tmpdir, tmpdir, tmpdir, tmpdir, tmpdir);
+
+        ck_assert(g_file_set_contents(conf_path, changed, -1, NULL));
+    }
+    ck_assert_msg(vn_daemon_reload(a, conf_path, &error), "%s", error ? error->message : "");
+    ck_assert_uint_eq(a->conf->lease_timeout_ms, LEASE_TIMEOUT_MS);
+    ck_assert_ptr_null(a->conf->stats_file);
+    ck_assert(g_str_has_suffix(a->conf->control_socket, "/hosta.control"));
+    ck_assert(a->conf->log_level_set);
+    ck_assert_int_eq(a->conf->log_level, VN_LOG_INFO);
+    ck_assert(lends(a, "nvme0") && a->local->len == 1);
+    vn_daemon_free(a);
+    g_clear_pointer(&conf_path, g_free);
+}
+END_TEST
+
 /* What systemd's STATUS= says. */
 START_TEST(test_status_line)
 {
@@ -244,6 +274,7 @@ static Suite *daemon_ops_suite(void)
     tcase_add_test(tc, test_reload_bad_file);
     tcase_add_test(tc, test_reload_keeps_lent_and_runtime);
     tcase_add_test(tc, test_reload_allow_applies);
+    tcase_add_test(tc, test_reload_node_ignored);
     tcase_add_test(tc, test_status_line);
     suite_add_tcase(s, tc);
     return s;
