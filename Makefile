@@ -18,7 +18,7 @@ SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
 INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
-	$(PCI_CFLAGS)
+	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS)
 
 # ntbctl's own files (the control client and its formatting are in the library).
 NTBCTL_SRCS := $(wildcard vfio-ntb/ctl/ntbctl*.c)
@@ -92,8 +92,9 @@ $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
+# Only vfio-ntbd links libsystemd (sd_notify, for Type=notify).
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(SYSTEMD_LIBS)
 
 $(B)/ntbctl: $(NTBCTL_SRCS:%.c=$(B)/%.o) $(B)/libvn-libvirt.a \
 		$(B)/libvfio-ntb.a
@@ -302,9 +303,10 @@ install: $(PROGS)
 	chmod 0755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
 	install -m 0755 scripts/vfio-ntb-rebalance $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
-	sed 's|^ExecStart=/usr/bin/|ExecStart=$(PREFIX)/bin/|' systemd/vfio-ntbd.service \
-		>$(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
-	chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/vfio-ntbd.service
+	for u in vfio-ntbd.service vfio-ntbd@.service; do \
+		sed 's|=/usr/bin/vfio-ntbd |=$(PREFIX)/bin/vfio-ntbd |' systemd/$$u \
+			>$(DESTDIR)$(SYSTEMDUNITDIR)/$$u && chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$u || exit 1; \
+	done
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
 	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(PREFIX)/include/vfio-ntb

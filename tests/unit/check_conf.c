@@ -8,6 +8,7 @@
 #include "check-main.h"
 
 #include <check.h>
+#include <glib/gstdio.h>
 #include <string.h>
 
 #define NODE "[node]\nname = hosta\nfabric-dir = /run/vfio-ntb/fabric\n"
@@ -172,6 +173,115 @@ START_TEST(test_refused)
     ck_assert_ptr_nonnull(error);
     ck_assert_msg(strstr(error->message, bad[_i].why) != NULL, "%s\nsays: %s", bad[_i].text,
                   error->message);
+}
+END_TEST
+
+/*
+ * What GKeyFile lets pass, and what only opening the fabric found before:
+ * each refused, naming its line (NODE is lines 1-3) and the value.
+ */
+static const struct {
+    const char *text;
+    unsigned line;
+    const char *why;
+} holes[] = {
+    /* GKeyFile keeps the last: this started "hosty". */
+    { NODE "name = hosty\n", 4, "name = \"hosty\": \"name\" again (first at line 2)" },
+    { NODE "[lend n]\nsocket = /s\nallow = *\n[lend n]\nsocket = /t\nallow = hostb\n", 7,
+      "[lend n] again (first at line 4)" },
+    { NODE "[lend n]\nsocket = /s\nallow = *\nallow = hostb\n", 7,
+      "[lend n] allow = \"hostb\": \"allow\" again (first at line 6)" },
+    /* It overrode fabric-dir. */
+    { NODE "[fabric]\ndir = /elsewhere\n", 5,
+      "[fabric] dir = \"/elsewhere\": the shm fabric's directory is [node] fabric-dir" },
+    /* Part of the value, which nothing else checks here. */
+    { NODE "stats-file = /run/h.stats # counters\n", 4,
+      "stats-file = \"/run/h.stats # counters\": a comment after a value (\"# counters\")" },
+    { NODE "[lend n]\nsocket = /run/s.sock\t# the server\nallow = *\n", 5,
+      "a comment after a value" },
+    { NODE "[lend n]\nsocket = /run/s.sock\nallow = # nobody yet\n", 6, "a comment after a value" },
+    /* [fabric]: the backend's checks, without opening it (exit 1 before). */
+    { NODE "[fabric]\nmax-windows = 0\n", 5, "[fabric] max-windows = \"0\": shm fabric" },
+    { NODE "[fabric]\nmax-window-size = 5000\n", 5, "5000 is not a power of two" },
+    { NODE "[fabric]\nmax-window-size = 4096\nwindow-align = 8192\n", 6,
+      "[fabric] window-align = \"8192\"" },
+    { NODE "[fabric]\ncolour = blue\n", 5, "unknown parameter \"colour\"" },
+    { NODE "[fabric]\nrequest-timeout-ms = 0\n", 5, "[fabric] request-timeout-ms = \"0\"" },
+    { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = /dev/sda\n", 5,
+      "not /dev/vfio-ntb/NAME" },
+    { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = pair:x/0\nring-size = 1000\n", 6,
+      "[fabric] ring-size = \"1000\"" },
+    { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = pair:x/0=Host B\n", 5,
+      "\"Host B\" is not a node name" },
+    { "[node]\nname = hosta\nfabric = ntb\n", 1, "\"ports\" must list 1 to" },
+    { "[node]\nname = hosta\nfabric = infiniband\n", 3,
+      "fabric = \"infiniband\": no fabric backend" },
+    /* Lines GKeyFile refuses without saying where. */
+    { "name = hosta\n" NODE, 1, "\"name = hosta\" comes before any [group]" },
+    { NODE "[lend n\n", 4, "\"[lend n\" is not a [group] header" },
+    { NODE "socket /run/s.sock\n", 4, "is not \"key = value\"" },
+    { NODE "log-level = loud\n", 4, "log-level = \"loud\": error, warning, notice, info or debug" },
+};
+
+START_TEST(test_holes)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_parse(holes[_i].text, &error);
+    g_autofree char *at = g_strdup_printf("line %u: ", holes[_i].line);
+
+    ck_assert_msg(c == NULL, "accepted:\n%s", holes[_i].text);
+    ck_assert_msg(strstr(error->message, holes[_i].why) != NULL, "%s\nsays: %s", holes[_i].text,
+                  error->message);
+    ck_assert_msg(g_str_has_prefix(error->message, at), "%s\nsays: %s (not at %s)", holes[_i].text,
+                  error->message, at);
+}
+END_TEST
+
+/* From a file, a message starts FILE:LINE, as a compiler's does. */
+START_TEST(test_file_line)
+{
+    g_autofree char *dir = g_dir_make_tmp("vn-conf-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "bad.conf", NULL);
+    g_autofree char *want = g_strdup_printf("%s:4: [node] name = \"hosty\"", path);
+    g_autoptr(GError) error = NULL;
+    VnConfig *c;
+
+    ck_assert(g_file_set_contents(path, NODE "name = hosty\n", -1, NULL));
+    c = vn_conf_load(path, &error);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(g_str_has_prefix(error->message, want), "%s", error->message);
+    g_clear_error(&error);
+    ck_assert(g_file_set_contents(path, NODE "\n[fabric]\nmax-windows = 999\n", -1, NULL));
+    ck_assert_ptr_null(vn_conf_load(path, &error));
+    g_free(want);
+    want = g_strdup_printf("%s:6: [fabric] max-windows = \"999\"", path);
+    ck_assert_msg(g_str_has_prefix(error->message, want), "%s", error->message);
+    g_unlink(path);
+    g_rmdir(dir);
+}
+END_TEST
+
+/* Checking the fabric's parameters opens nothing: a fabric directory that
+ * does not exist is not made, an NTB port that does not exist is fine. */
+START_TEST(test_check_touches_nothing)
+{
+    g_autofree char *dir = g_dir_make_tmp("vn-conf-XXXXXX", NULL);
+    g_autofree char *fab = g_build_filename(dir, "fabric", NULL);
+    g_autofree char *text =
+        g_strdup_printf("[node]\nname = hosta\nfabric-dir = %s\nlog-level = info\n"
+                        "[fabric]\nmax-windows = 4\n"
+                        "[lend n]\nsocket = /run/a#b.sock\nallow = *\n",
+                        fab);
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_parse(text, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert(!g_file_test(fab, G_FILE_TEST_EXISTS));
+    ck_assert_int_eq(c->log_level, VN_LOG_INFO);
+    ck_assert(c->log_level_set);
+    /* a '#' inside a word is text */
+    ck_assert_str_eq(((VnLendConf *)c->lends->pdata[0])->socket, "/run/a#b.sock");
+    g_rmdir(dir);
 }
 END_TEST
 
@@ -353,12 +463,18 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_runtime_lend);
     tcase_add_test(tc, test_lend_pci);
     tcase_add_test(tc, test_ntb_fabric);
+    tcase_add_test(tc, test_check_touches_nothing);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("refused");
     tcase_add_loop_test(tc, test_refused, 0, G_N_ELEMENTS(bad));
     tcase_add_test(tc, test_too_many_devices);
     tcase_add_test(tc, test_long_access_list);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("holes");
+    tcase_add_loop_test(tc, test_holes, 0, G_N_ELEMENTS(holes));
+    tcase_add_test(tc, test_file_line);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -66,10 +66,12 @@ static gboolean release_poll(gpointer data)
         return G_SOURCE_CONTINUE;
     }
     if (gone) {
-        g_message("node %s: the VM released %s", r->d->conf->node, b->device);
+        vn_log(G_LOG_LEVEL_MESSAGE, r->d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the VM released %s", r->d->conf->node, b->device);
     } else {
-        g_message("node %s: the VM did not release %s within %u ms", r->d->conf->node, b->device,
-                  r->wait_ms);
+        vn_log(G_LOG_LEVEL_MESSAGE, r->d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the VM did not release %s within %u ms", r->d->conf->node, b->device,
+               r->wait_ms);
     }
     b->release_timer = 0; /* this source ends with the return below */
     vn_cluster_return(r->d, b, NULL, NULL);
@@ -245,7 +247,8 @@ static void on_return_reply(void *opaque, VnFabricMsg *reply, int err)
         msg = g_strdup_printf("returned here, but %s did not acknowledge lease %" G_GUINT64_FORMAT
                               ": %s",
                               p->lender, p->lease, why != NULL ? why : g_strerror(-err));
-        g_message("node %s: %s", p->d->conf->node, msg);
+        vn_log(G_LOG_LEVEL_MESSAGE, p->d->conf->node, NULL, p->lender, p->lease, "node %s: %s",
+               p->d->conf->node, msg);
     }
     finish(p, NULL, err < 0 ? VN_ERR_GENERIC : NULL, msg);
 }
@@ -269,8 +272,9 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
     g_strlcpy(rq.device, b->name, sizeof(rq.device)); /* b is freed below */
     vn_devices_detach(d, b);
     /* Whatever the lender says, the device is not ours any more. */
-    g_message("node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
-              b->lease);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+           "node %s: returned %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
+           b->lease);
     g_ptr_array_remove(d->borrowed, b);
     vn_state_save_or_report(d);
     /* Should the RETURN not get there, our announcement after it, without

@@ -184,7 +184,8 @@ static void nodes_forget(VnDaemon *d, gint64 older_than_us, bool one)
             continue;
         }
         if (!one && now - n->down_since_us > older_than_us) {
-            g_info("node %s: forgetting %s (link down %" G_GINT64_FORMAT " s)", d->conf->node,
+            vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, n->name, 0,
+                   "node %s: forgetting %s (link down %" G_GINT64_FORMAT " s)", d->conf->node,
                    n->name, (now - n->down_since_us) / G_USEC_PER_SEC);
             g_hash_table_iter_remove(&it);
         } else if (one && (oldest == NULL || n->down_since_us < oldest->down_since_us)) {
@@ -270,12 +271,14 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
              * cannot reconnect): it stays lost until detached. */
             if (b->lost && b->worker_pid <= 0) {
                 b->lost = false;
-                g_message("node %s: %s is back and still lends us %s", d->conf->node, lender,
-                          b->device);
+                vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, b->lease,
+                       "node %s: %s is back and still lends us %s", d->conf->node, lender,
+                       b->device);
             }
         } else {
-            g_message("node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")",
-                      d->conf->node, lender, b->device, b->lease);
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, b->lease,
+                   "node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
+                   lender, b->device, b->lease);
             vn_cluster_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
             vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
@@ -292,12 +295,14 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     VnRemoteNode *n;
 
     if (!vn_peers_announce_from_json(msg->json, msg->peer, a, &error)) {
-        g_info("node %s: announcement from %s ignored: %s", d->conf->node, msg->peer,
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, msg->peer, 0,
+               "node %s: announcement from %s ignored: %s", d->conf->node, msg->peer,
                error->message);
         return;
     }
     if ((n = node_announced(d, msg->peer)) == NULL) {
-        g_info("node %s: announcement from %s ignored: %u hosts are up already", d->conf->node,
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, msg->peer, 0,
+               "node %s: announcement from %s ignored: %u hosts are up already", d->conf->node,
                msg->peer, (unsigned)VN_FABRIC_MAX_PEERS);
         return;
     }
@@ -317,7 +322,8 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     VnBorrowed *b;
 
     if (!vn_peers_request_from_json(VN_PEERS_REVOKE, msg->json, &rq, &error)) {
-        g_info("node %s: REVOKE from %s ignored: %s", d->conf->node, msg->peer, error->message);
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, msg->peer, 0,
+               "node %s: REVOKE from %s ignored: %s", d->conf->node, msg->peer, error->message);
         return;
     }
     device = g_strdup_printf("%s/%s", msg->peer, rq.device);
@@ -325,8 +331,9 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     if (b == NULL || b->lease != rq.lease) {
         return; /* not ours: a confused or malicious peer */
     }
-    g_message("node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
-              msg->peer, device, rq.lease);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, msg->peer, rq.lease,
+           "node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
+           msg->peer, device, rq.lease);
     vn_cluster_emit(d, "LEASE_REVOKED", device, rq.lease, NULL, NULL);
     /* A cooperative borrower: take it out of the VM (the guest's driver
      * releases it cleanly), detach and return, within the grace period. */
@@ -340,7 +347,8 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
     } else if (msg->type == VN_PEERS_REVOKE) {
         on_revoke(d, msg);
     } else {
-        g_info("node %s: unknown event 0x%x from %s", d->conf->node, msg->type, msg->peer);
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, msg->peer, 0,
+               "node %s: unknown event 0x%x from %s", d->conf->node, msg->type, msg->peer);
     }
 }
 
@@ -351,8 +359,9 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
 {
     g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
-    g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)", d->conf->node,
-              ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, ch->old_holder, ch->old_id,
+           "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)", d->conf->node,
+           ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
      * VMs' data paths as they were.  The worker fences on its peer's link
@@ -395,8 +404,9 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
         lease_ended(d, ld, ch);
         break;
     case VN_LEASE_GRANTED:
-        g_message("node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
-                  ld->conf->name, ch->lease->holder, ch->lease->id);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,
+               "node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
+               ld->conf->name, ch->lease->holder, ch->lease->id);
         {
             g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
@@ -405,15 +415,17 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
         vn_cluster_announce_soon(d);
         break;
     case VN_LEASE_ORPHANED:
-        g_message("node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
-                  "expires in %u ms unless it comes back",
-                  d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name,
-                  d->conf->lease_timeout_ms);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,
+               "node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
+               "expires in %u ms unless it comes back",
+               d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name,
+               d->conf->lease_timeout_ms);
         break;
     case VN_LEASE_HELD:
         if (ch->from == VN_LEASE_ORPHANED || ch->from == VN_LEASE_RESTORED) {
-            g_message("node %s: %s claims lease %" G_GUINT64_FORMAT " on %s again", d->conf->node,
-                      ch->lease->holder, ch->lease->id, ld->conf->name);
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder,
+                   ch->lease->id, "node %s: %s claims lease %" G_GUINT64_FORMAT " on %s again",
+                   d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name);
         }
         break;
     default:
@@ -525,8 +537,9 @@ void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnCont
     rq.grace_ms = grace_ms;
     g_strlcpy(rq.device, ld->conf->name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_REVOKE, &rq);
-    g_message("node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)",
-              d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
+           "node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)", d->conf->node,
+           ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
     vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0);
     rv = g_new0(Revoke, 1);
     rv->d = d;
@@ -544,16 +557,18 @@ void vn_cluster_device_request(void *opaque)
     /* Not at the default level: the worker is a peer, and nothing comes of
      * this but a line. */
     if (!vn_lease_lent(ld->lease)) {
-        g_info("node %s: the host wants %s back (VFIO device request); it is not lent",
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, ld->conf->name, NULL, 0,
+               "node %s: the host wants %s back (VFIO device request); it is not lent",
                d->conf->node, ld->conf->name);
         return;
     }
     if (ld->revoke_timer != 0) {
         return; /* the kernel asks again every few seconds: one revoke */
     }
-    g_message("node %s: the host wants %s back (VFIO device request: an unbind or a removal "
-              "of %s waits); revoking it from %s",
-              d->conf->node, ld->conf->name, vn_conf_lend_where(ld->conf), ld->lease->holder);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
+           "node %s: the host wants %s back (VFIO device request: an unbind or a removal "
+           "of %s waits); revoking it from %s",
+           d->conf->node, ld->conf->name, vn_conf_lend_where(ld->conf), ld->lease->holder);
     vn_cluster_revoke(d, ld, VN_DAEMON_REVOKE_GRACE_MS, NULL);
 }
 
@@ -570,8 +585,9 @@ static gboolean on_lender_gone(gpointer data)
 
     b->away_timer = 0;
     b->lost = true;
-    g_message("node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node, b->lender,
-              aw->d->conf->lease_timeout_ms, b->device);
+    vn_log(G_LOG_LEVEL_MESSAGE, aw->d->conf->node, b->device, b->lender, b->lease,
+           "node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node, b->lender,
+           aw->d->conf->lease_timeout_ms, b->device);
     /* Its worker hears of it now: it answers QEMU that the device is gone. */
     if (b->port != NULL) {
         vn_port_set_peer(b->port, NULL);
@@ -601,7 +617,8 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
             if (strcmp(b->lender, peer) == 0 && b->away_timer != 0) {
                 g_source_remove(b->away_timer);
                 b->away_timer = 0;
-                g_message("node %s: %s is back; %s was not lost", d->conf->node, peer, b->device);
+                vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, peer, b->lease,
+                       "node %s: %s is back; %s was not lost", d->conf->node, peer, b->device);
             }
         }
         vn_cluster_announce_to(d, peer);

@@ -5,12 +5,14 @@
 
 #include "conf.h"
 
+#include "common/log.h"
 #include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/backend.h"
 
 #include <gio/gio.h>
+#include <stdarg.h>
 #include <string.h>
 
 bool vn_conf_lend_managed(VnLendConf *l, const char *value, GError **error)
@@ -111,6 +113,9 @@ static void lend_free(gpointer p)
 {
     VnLendConf *l = p;
 
+    if (l == NULL) {
+        return; /* taken by a reload (reload.c) */
+    }
     g_free(l->name);
     g_free(l->socket);
     g_free(l->pci);
@@ -146,30 +151,190 @@ void vn_conf_free(VnConfig *c)
     g_free(c);
 }
 
-static bool keys_known(GKeyFile *kf, const char *group, const char *const *known, GError **error)
+/* ---- where each group and key is, for messages (and what GKeyFile lets pass) ---- */
+
+/*
+ * A config being read: the parsed file, and the line each group and key
+ * ("GROUP" and "GROUP\nKEY") starts on, so every message can point at it.
+ */
+typedef struct ConfRead {
+    GKeyFile *kf;
+    GHashTable *lines; /* char* -> line number */
+    const char *path;  /* NULL: "line N" */
+} ConfRead;
+
+static unsigned line_of(const ConfRead *p, const char *group, const char *key)
 {
-    g_auto(GStrv) keys = g_key_file_get_keys(kf, group, NULL, error);
+    g_autofree char *k = NULL;
+    gpointer v = NULL;
+
+    if (group == NULL) {
+        return 0;
+    }
+    if (key != NULL) {
+        k = g_strdup_printf("%s\n%s", group, key);
+    }
+    if (k == NULL || !g_hash_table_lookup_extended(p->lines, k, NULL, &v)) {
+        v = g_hash_table_lookup(p->lines, group);
+    }
+    return GPOINTER_TO_UINT(v);
+}
+
+static char *where(const ConfRead *p, unsigned line)
+{
+    if (line == 0) {
+        return p->path != NULL ? g_strdup_printf("%s: ", p->path) : g_strdup("");
+    }
+    return p->path != NULL ? g_strdup_printf("%s:%u: ", p->path, line)
+                           : g_strdup_printf("line %u: ", line);
+}
+
+/* Prefix @error (set) with where @group's @key (or the group, or the file) is. */
+static bool located(const ConfRead *p, const char *group, const char *key, GError **error)
+{
+    g_autofree char *at = where(p, line_of(p, group, key));
+
+    g_prefix_error(error, "%s", at);
+    return false;
+}
+
+/* The file's error at @group's @key (NULL: the group; a NULL group: the file). */
+static bool fail(const ConfRead *p, GError **error, const char *group, const char *key,
+                 const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+/* The same at @line. */
+static bool fail_line(const ConfRead *p, GError **error, unsigned line, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
+
+static bool fail(const ConfRead *p, GError **error, const char *group, const char *key,
+                 const char *fmt, ...)
+{
+    g_autofree char *msg = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error_literal(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE, msg);
+    return located(p, group, key, error);
+}
+
+static bool fail_line(const ConfRead *p, GError **error, unsigned line, const char *fmt, ...)
+{
+    g_autofree char *msg = NULL, *at = where(p, line);
+    va_list ap;
+
+    va_start(ap, fmt);
+    msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_PARSE, "%s%s", at, msg);
+    return false;
+}
+
+/*
+ * A pass over the text before GKeyFile reads it, for what GKeyFile accepts
+ * silently: a group or a key given twice (it merges them, the last value
+ * winning, so "name = hosty" after "name = hostx" starts "hosty"), a
+ * comment after a value (it is part of the value), and [fabric] dir (it
+ * would override [node] fabric-dir).  It also notes each line for messages,
+ * and says which line is not a group, a key or a comment (GKeyFile's own
+ * message names no line).  GKeyFile's line rules: leading blanks skipped,
+ * "#" starts a comment line, "[...]" a group, "key = value" with blanks
+ * around "=" trimmed.
+ */
+static bool scan(const char *text, ConfRead *p, GError **error)
+{
+    g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+    const char *group = NULL;
+
+    for (unsigned i = 0; lines[i] != NULL; i++) {
+        unsigned n = i + 1, first;
+        char *s = g_strstrip(lines[i]); /* also the '\r' of a CRLF file */
+        char *eq, *value, *hash;
+        g_autofree char *k = NULL;
+
+        if (*s == '\0' || *s == '#') {
+            continue;
+        }
+        if (*s == '[') {
+            char *close = strchr(s, ']');
+
+            if (close == NULL || close[1] != '\0' || close == s + 1) {
+                return fail_line(p, error, n, "\"%.60s\" is not a [group] header", s);
+            }
+            *close = '\0';
+            first = GPOINTER_TO_UINT(g_hash_table_lookup(p->lines, s + 1));
+            if (first != 0) {
+                return fail_line(p, error, n,
+                                 "[%.60s] again (first at line %u): a group is written once", s + 1,
+                                 first);
+            }
+            g_hash_table_insert(p->lines, g_strdup(s + 1), GUINT_TO_POINTER(n));
+            /* The table's own copy of the name: it outlives @lines. */
+            g_hash_table_lookup_extended(p->lines, s + 1, (gpointer *)&group, NULL);
+            continue;
+        }
+        eq = strchr(s, '=');
+        if (eq == NULL || eq == s) {
+            return fail_line(p, error, n,
+                             "\"%.60s\" is not \"key = value\", a [group] or a # comment", s);
+        }
+        if (group == NULL) {
+            return fail_line(p, error, n, "\"%.60s\" comes before any [group]", s);
+        }
+        *eq = '\0';
+        value = g_strchug(eq + 1);
+        g_strchomp(s);
+        k = g_strdup_printf("%s\n%s", group, s);
+        first = GPOINTER_TO_UINT(g_hash_table_lookup(p->lines, k));
+        if (first != 0) {
+            return fail_line(p, error, n,
+                             "[%.60s] %.60s = \"%.60s\": \"%.60s\" again (first at line %u): "
+                             "a key is given once",
+                             group, s, value, s, first);
+        }
+        /* A '#' that starts the value or follows a blank starts a comment
+         * the author meant; one inside a word ("/run/a#b.sock") is text. */
+        for (hash = strchr(value, '#'); hash != NULL; hash = strchr(hash + 1, '#')) {
+            if (hash == value || hash[-1] == ' ' || hash[-1] == '\t') {
+                return fail_line(p, error, n,
+                                 "[%.60s] %.60s = \"%.60s\": a comment after a value (\"%.40s\"); "
+                                 "a comment is a whole line starting with #",
+                                 group, s, value, hash);
+            }
+        }
+        if (strcmp(group, "fabric") == 0 && strcmp(s, "dir") == 0) {
+            return fail_line(p, error, n,
+                             "[fabric] dir = \"%.60s\": the shm fabric's directory is "
+                             "[node] fabric-dir",
+                             value);
+        }
+        g_hash_table_insert(p->lines, g_steal_pointer(&k), GUINT_TO_POINTER(n));
+    }
+    return true;
+}
+
+static bool keys_known(const ConfRead *p, const char *group, const char *const *known,
+                       GError **error)
+{
+    g_auto(GStrv) keys = g_key_file_get_keys(p->kf, group, NULL, error);
 
     if (keys == NULL) {
         return false;
     }
     for (char **k = keys; *k != NULL; k++) {
         if (known != NULL && !g_strv_contains(known, *k)) {
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
-                        "[%s]: unknown key \"%s\"", group, *k);
-            return false;
+            return fail(p, error, group, *k, "[%s]: unknown key \"%s\"", group, *k);
         }
     }
     return true;
 }
 
-static char *need(GKeyFile *kf, const char *group, const char *key, GError **error)
+static char *need(const ConfRead *p, const char *group, const char *key, GError **error)
 {
-    g_autofree char *v = g_key_file_get_string(kf, group, key, NULL);
+    g_autofree char *v = g_key_file_get_string(p->kf, group, key, NULL);
 
     if (v == NULL || v[0] == '\0') {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
-                    "[%s]: \"%s\" is required", group, key);
+        fail(p, error, group, key, "[%s]: \"%s\" is required", group, key);
         return NULL;
     }
     return g_steal_pointer(&v);
@@ -177,32 +342,42 @@ static char *need(GKeyFile *kf, const char *group, const char *key, GError **err
 
 /* sriov-vfs = N on a physical function: 1..VN_CONF_MAX_VFS, and each VF's
  * name (NAME-vfK) must be a device name too. */
-static bool parse_sriov(GKeyFile *kf, const char *group, VnLendConf *l, GError **error)
+static bool parse_sriov(const ConfRead *p, const char *group, VnLendConf *l, GError **error)
 {
-    g_autofree char *text = g_key_file_get_string(kf, group, "sriov-vfs", NULL);
+    g_autofree char *text = g_key_file_get_string(p->kf, group, "sriov-vfs", NULL);
     g_autofree char *last = NULL;
     guint64 n = 0;
 
     if (text == NULL ||
         !g_ascii_string_to_unsigned(g_strstrip(text), 10, 1, VN_CONF_MAX_VFS, &n, NULL)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+        return fail(p, error, group, "sriov-vfs",
                     "[%s]: sriov-vfs = \"%.20s\": 1-%d virtual functions", group,
                     text != NULL ? text : "", VN_CONF_MAX_VFS);
-        return false;
     }
     last = g_strdup_printf("%s-vf%u", l->name, (unsigned)n - 1);
     if (l->pci == NULL || !vn_name_valid(VN_NAME_DEVICE, last)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+        return fail(p, error, group, "sriov-vfs",
                     "[%s]: sriov-vfs is for a physical function (\"pci\") whose VFs' names "
                     "(%s) are device names",
                     group, last);
-        return false;
     }
     l->sriov_vfs = (unsigned)n;
     return true;
 }
 
-static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
+/* Which key of a [lend] section vn_conf_lend_new()'s refusal is about. */
+static const char *lend_key(const GError *e)
+{
+    if (strstr(e->message, "socket") != NULL && strstr(e->message, "not both") == NULL) {
+        return "socket";
+    }
+    if (strstr(e->message, "PCI address") != NULL) {
+        return "pci";
+    }
+    return strstr(e->message, "access list") != NULL ? "allow" : NULL;
+}
+
+static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
     static const char *const known[] = { "socket", "pci", "managed", "sriov-vfs", "allow", NULL };
     g_autofree char *socket = NULL, *pci = NULL, *managed = NULL;
@@ -210,26 +385,24 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     VnLendConf *l;
     gsize n = 0;
 
-    if (!keys_known(kf, group, known, error)) {
+    if (!keys_known(p, group, known, error)) {
         return false;
     }
-    socket = g_key_file_get_string(kf, group, "socket", NULL);
-    pci = g_key_file_get_string(kf, group, "pci", NULL);
+    socket = g_key_file_get_string(p->kf, group, "socket", NULL);
+    pci = g_key_file_get_string(p->kf, group, "pci", NULL);
     if (socket == NULL && pci == NULL) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+        return fail(p, error, group, NULL,
                     "[%s]: \"socket\" (a vfio-user server's) or \"pci\" (a function of "
                     "this host, DDDD:BB:DD.F) is required",
                     group);
-        return false;
     }
     /* Who may borrow is a decision, not a default: say it. */
-    allow = g_key_file_get_string_list(kf, group, "allow", &n, NULL);
+    allow = g_key_file_get_string_list(p->kf, group, "allow", &n, NULL);
     if (allow == NULL || n == 0) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_KEY_NOT_FOUND,
+        return fail(p, error, group, NULL,
                     "[%s]: \"allow\" is required: the nodes that may borrow it, "
                     "separated by ';', or * for any",
                     group);
-        return false;
     }
     for (gsize i = 0; i < n; i++) {
         g_strstrip(allow[i]);
@@ -238,16 +411,16 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     l = vn_conf_lend_new(group + strlen("lend "), socket, pci, (const char *const *)allow, error);
     if (l == NULL) {
         g_prefix_error(error, "[%s]: ", group);
-        return false;
+        return located(p, group, lend_key(*error), error);
     }
     l->runtime = false;
-    managed = g_key_file_get_string(kf, group, "managed", NULL);
+    managed = g_key_file_get_string(p->kf, group, "managed", NULL);
     if (managed != NULL && !vn_conf_lend_managed(l, g_strstrip(managed), error)) {
         g_prefix_error(error, "[%s]: ", group);
         lend_free(l);
-        return false;
+        return located(p, group, "managed", error);
     }
-    if (g_key_file_has_key(kf, group, "sriov-vfs", NULL) && !parse_sriov(kf, group, l, error)) {
+    if (g_key_file_has_key(p->kf, group, "sriov-vfs", NULL) && !parse_sriov(p, group, l, error)) {
         lend_free(l);
         return false;
     }
@@ -255,66 +428,92 @@ static bool parse_lend(GKeyFile *kf, const char *group, VnConfig *c, GError **er
     return true;
 }
 
-static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **error)
+static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
     static const char *const known[] = { "lender", "device", "socket", "irq-mode", NULL };
     g_autofree char *mode = NULL;
     VnBorrowConf *b;
 
-    if (!keys_known(kf, group, known, error)) {
+    if (!keys_known(p, group, known, error)) {
         return false;
     }
     b = g_new0(VnBorrowConf, 1);
     g_ptr_array_add(c->borrows, b);
     b->name = g_strdup(group + strlen("borrow "));
-    if (!(b->lender = need(kf, group, "lender", error)) ||
-        !(b->socket = need(kf, group, "socket", error))) {
+    if (!(b->lender = need(p, group, "lender", error)) ||
+        !(b->socket = need(p, group, "socket", error))) {
         return false;
     }
     if (!vn_name_valid(VN_NAME_NODE, b->lender)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[%s]: lender \"%.40s\" is not a node name", group, b->lender);
-        return false;
+        return fail(p, error, group, "lender", "[%s]: lender \"%.40s\" is not a node name", group,
+                    b->lender);
     }
     if (!socket_path_ok(b->socket)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[%s]: socket must be an absolute path (at most %d bytes)", group,
-                    VN_CONF_MAX_SOCKET_PATH);
-        return false;
+        return fail(p, error, group, "socket",
+                    "[%s]: socket must be an absolute path (at most %d bytes), not \"%.60s\"",
+                    group, VN_CONF_MAX_SOCKET_PATH, b->socket);
     }
-    b->device = g_key_file_get_string(kf, group, "device", NULL);
+    b->device = g_key_file_get_string(p->kf, group, "device", NULL);
     if (b->device == NULL) {
         b->device = g_strdup(b->name);
     }
     if (!vn_name_valid(VN_NAME_DEVICE, b->device)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[%s]: device \"%.80s\" must be %s", group, b->device,
-                    vn_name_rule(VN_NAME_DEVICE));
-        return false;
+        return fail(p, error, group, "device", "[%s]: device \"%.80s\" must be %s", group,
+                    b->device, vn_name_rule(VN_NAME_DEVICE));
     }
-    mode = g_key_file_get_string(kf, group, "irq-mode", NULL);
+    mode = g_key_file_get_string(p->kf, group, "irq-mode", NULL);
     if (mode != NULL && !vn_irq_mode_from_string(mode, &b->irq_mode)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[%s]: irq-mode must be fd or relay, not \"%s\"", group, mode);
-        return false;
+        return fail(p, error, group, "irq-mode",
+                    "[%s]: irq-mode must be fd or relay, not \"%.40s\"", group, mode);
     }
     return true;
 }
 
-static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
+/* [fabric]: the backend's parameters, checked as opening the fabric would
+ * check them, without opening it (a bad one is a config error, exit 2,
+ * not a start that fails, exit 1, and restarts in a loop). */
+static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
+{
+    g_auto(GStrv) keys = g_key_file_get_keys(p->kf, "fabric", NULL, NULL);
+    g_autoptr(GError) local = NULL;
+    const char *bad = NULL;
+
+    for (char **k = keys; k != NULL && *k != NULL; k++) {
+        g_hash_table_insert(c->fabric_params, g_strdup(*k),
+                            g_key_file_get_string(p->kf, "fabric", *k, NULL));
+    }
+    if (vn_fabric_params_check(c->fabric, c->fabric_params, &bad, &local)) {
+        return true;
+    }
+    if (g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)) {
+        return fail(p, error, "node", "fabric", "[node] fabric = \"%.40s\": %s", c->fabric,
+                    local->message);
+    }
+    if (bad != NULL && strcmp(bad, "dir") == 0) {
+        return fail(p, error, "node", "fabric-dir", "[node] fabric-dir: %s", local->message);
+    }
+    if (bad != NULL) {
+        return fail(p, error, "fabric", bad, "[fabric] %s = \"%.60s\": %s", bad,
+                    (const char *)g_hash_table_lookup(c->fabric_params, bad), local->message);
+    }
+    return fail(p, error, g_key_file_has_group(p->kf, "fabric") ? "fabric" : "node", NULL,
+                "[fabric]: %s", local->message);
+}
+
+static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
     static const char *const node_keys[] = { "name",       "fabric",           "fabric-dir",
                                              "stats-file", "state-dir",        "control-socket",
-                                             "run-dir",    "lease-timeout-ms", NULL };
+                                             "run-dir",    "lease-timeout-ms", "log-level",
+                                             NULL };
+    GKeyFile *kf = p->kf;
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
-    g_autofree char *dir = NULL;
+    g_autofree char *dir = NULL, *level = NULL;
 
     if (!g_key_file_has_group(kf, "node")) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_GROUP_NOT_FOUND,
-                    "[node] is required");
-        return false;
+        return fail(p, error, NULL, NULL, "[node] is required");
     }
-    if (!keys_known(kf, "node", node_keys, error) || !(c->node = need(kf, "node", "name", error))) {
+    if (!keys_known(p, "node", node_keys, error) || !(c->node = need(p, "node", "name", error))) {
         return false;
     }
     c->fabric = g_key_file_get_string(kf, "node", "fabric", NULL);
@@ -322,13 +521,12 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         c->fabric = g_strdup("shm");
     }
     /* The shm fabric is a directory; an NTB's is its adapters ([fabric] ports). */
-    if (strcmp(c->fabric, "shm") == 0 && !(dir = need(kf, "node", "fabric-dir", error))) {
+    if (strcmp(c->fabric, "shm") == 0 && !(dir = need(p, "node", "fabric-dir", error))) {
         return false;
     }
     if (strcmp(c->fabric, "shm") != 0 && g_key_file_has_key(kf, "node", "fabric-dir", NULL)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+        return fail(p, error, "node", "fabric-dir",
                     "[node]: fabric-dir is the shm fabric's; the %.20s fabric has none", c->fabric);
-        return false;
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
     c->state_dir = g_key_file_get_string(kf, "node", "state-dir", NULL);
@@ -341,10 +539,10 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         c->run_dir = g_strdup("/run/vfio-ntb");
     }
     if (!socket_path_ok(c->control_socket)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[node]: control-socket must be an absolute path (at most %d bytes)",
-                    VN_CONF_MAX_SOCKET_PATH);
-        return false;
+        return fail(p, error, "node", "control-socket",
+                    "[node]: control-socket must be an absolute path (at most %d bytes), not "
+                    "\"%.60s\"",
+                    VN_CONF_MAX_SOCKET_PATH, c->control_socket);
     }
     {
         /* The daemon confines QEMU's sockets to run-dir by comparing paths:
@@ -358,76 +556,72 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
 
         for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
             if (paths[i].value != NULL && paths[i].value[0] != '/') {
-                g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                return fail(p, error, "node", paths[i].key,
                             "[node]: %s \"%.60s\" must be an absolute path", paths[i].key,
                             paths[i].value);
-                return false;
             }
         }
     }
     c->lease_timeout_ms = 10000;
     if (g_key_file_has_key(kf, "node", "lease-timeout-ms", NULL)) {
         g_autoptr(GError) local = NULL;
+        g_autofree char *text = g_key_file_get_string(kf, "node", "lease-timeout-ms", NULL);
         gint64 v = g_key_file_get_int64(kf, "node", "lease-timeout-ms", &local);
 
         /* Bounded: 0 would expire leases on every blip, a day is surely a typo. */
         if (local != NULL || v < 100 || v > 86400000) {
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "[node]: lease-timeout-ms must be 100..86400000");
-            return false;
+            return fail(p, error, "node", "lease-timeout-ms",
+                        "[node]: lease-timeout-ms = \"%.20s\": lease-timeout-ms must be "
+                        "100..86400000",
+                        text != NULL ? text : "");
         }
         c->lease_timeout_ms = (uint32_t)v;
     }
+    level = g_key_file_get_string(kf, "node", "log-level", NULL);
+    c->log_level = VN_LOG_NOTICE;
+    if (level != NULL && !(c->log_level_set = vn_log_level_from_string(level, &c->log_level))) {
+        return fail(p, error, "node", "log-level",
+                    "[node] log-level = \"%.20s\": error, warning, notice, info or debug", level);
+    }
     if (!vn_name_valid(VN_NAME_NODE, c->node)) {
-        g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                    "[node]: name \"%.80s\" must be %s", c->node, vn_name_rule(VN_NAME_NODE));
-        return false;
+        return fail(p, error, "node", "name", "[node]: name \"%.80s\" must be %s", c->node,
+                    vn_name_rule(VN_NAME_NODE));
     }
     if (dir != NULL) {
         g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));
+    }
+    if (!parse_fabric(p, c, error)) {
+        return false;
     }
 
     for (char **g = groups; *g != NULL; g++) {
         const char *name = strchr(*g, ' ') ? strchr(*g, ' ') + 1 : "";
 
-        if (strcmp(*g, "node") == 0) {
-            continue;
-        }
-        if (strcmp(*g, "fabric") == 0) {
-            g_auto(GStrv) keys = g_key_file_get_keys(kf, *g, NULL, NULL);
-
-            for (char **k = keys; k != NULL && *k != NULL; k++) {
-                g_hash_table_insert(c->fabric_params, g_strdup(*k),
-                                    g_key_file_get_string(kf, *g, *k, NULL));
-            }
+        if (strcmp(*g, "node") == 0 || strcmp(*g, "fabric") == 0) {
             continue;
         }
         if (c->lends->len + c->borrows->len >= VN_CONF_MAX_DEVICES) {
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "more than %d devices", VN_CONF_MAX_DEVICES);
-            return false;
+            return fail(p, error, *g, NULL, "more than %d devices", VN_CONF_MAX_DEVICES);
         }
         if ((g_str_has_prefix(*g, "lend ") || g_str_has_prefix(*g, "borrow ")) &&
             !vn_name_valid(VN_NAME_DEVICE, name)) {
             /* A name lent here must be one every peer can borrow. */
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
-                        "[%.80s]: the device name must be %s", *g, vn_name_rule(VN_NAME_DEVICE));
-            return false;
+            return fail(p, error, *g, NULL, "[%.80s]: the device name must be %s", *g,
+                        vn_name_rule(VN_NAME_DEVICE));
         }
         if (g_str_has_prefix(*g, "lend ")) {
-            if (!parse_lend(kf, *g, c, error)) {
+            if (!parse_lend(p, *g, c, error)) {
                 return false;
             }
         } else if (g_str_has_prefix(*g, "borrow ")) {
-            if (!parse_borrow(kf, *g, c, error)) {
+            if (!parse_borrow(p, *g, c, error)) {
                 return false;
             }
         } else {
-            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_GROUP_NOT_FOUND,
+            return fail(p, error, *g, NULL,
                         "unknown group [%s] (expected [node], [fabric], [lend NAME], "
                         "[borrow NAME])",
                         *g);
-            return false;
         }
     }
     return true;
@@ -453,16 +647,29 @@ bool vn_lend_conf_allows(const VnLendConf *l, const char *node)
     return false;
 }
 
-VnConfig *vn_conf_parse(const char *text, GError **error)
+static VnConfig *conf_read(const char *text, const char *path, GError **error)
 {
     g_autoptr(GKeyFile) kf = g_key_file_new();
+    g_autoptr(GHashTable) lines = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     g_autoptr(VnConfig) c = config_new();
+    ConfRead p = { .kf = kf, .lines = lines, .path = path };
 
-    if (!g_key_file_load_from_data(kf, text, (gsize)-1, G_KEY_FILE_NONE, error) ||
-        !parse(kf, c, error)) {
+    if (!scan(text, &p, error)) {
+        return NULL;
+    }
+    if (!g_key_file_load_from_data(kf, text, (gsize)-1, G_KEY_FILE_NONE, error)) {
+        located(&p, NULL, NULL, error);
+        return NULL;
+    }
+    if (!parse(&p, c, error)) {
         return NULL;
     }
     return g_steal_pointer(&c);
+}
+
+VnConfig *vn_conf_parse(const char *text, GError **error)
+{
+    return conf_read(text, NULL, error);
 }
 
 VnConfig *vn_conf_load(const char *path, GError **error)
@@ -479,9 +686,10 @@ VnConfig *vn_conf_load(const char *path, GError **error)
         g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: larger than 1 MiB", path);
         return NULL;
     }
-    c = vn_conf_parse(text, error);
-    if (c == NULL) {
-        g_prefix_error(error, "%s: ", path);
+    if (memchr(text, '\0', len) != NULL) {
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: not a text file", path);
+        return NULL;
     }
+    c = conf_read(text, path, error);
     return c;
 }

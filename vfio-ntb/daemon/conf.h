@@ -11,6 +11,7 @@
  *   control-socket = /run/vfio-ntb/control.sock  # ntbctl's (default: this path)
  *   run-dir = /run/vfio-ntb                   # sockets made for QEMU (default)
  *   lease-timeout-ms = 10000      # a lease outlives its borrower's daemon this long
+ *   log-level = notice            # error|warning|notice|info|debug (common/log.h)
  *
  *   [fabric]                      # optional backend limits, passed through
  *   max-windows = 8
@@ -26,11 +27,16 @@
  *   irq-mode = fd                 # or relay
  *
  * Every value is checked; an unknown group or key is an error, so a typo
- * does not silently change what a host lends.
+ * does not silently change what a host lends.  So is what GKeyFile would let
+ * pass: a group or key given twice, a comment after a value, [fabric] dir;
+ * and the [fabric] parameters are checked by the backend
+ * (vn_fabric_params_check()) without opening anything.  Every message says
+ * where: "FILE:LINE: " (vn_conf_load) or "line LINE: " (vn_conf_parse).
  */
 #ifndef VN_CONF_H
 #define VN_CONF_H
 
+#include "common/log.h"
 #include "lending/proto.h"
 
 #include <glib.h>
@@ -55,6 +61,7 @@ typedef struct VnLendConf {
                                  * each as NAME-vfK (managed), not the function itself */
     GStrv allow;        /* node names, or the single entry "*" */
     bool runtime;       /* added with `lend`, persisted in the state file */
+    bool vf;            /* one of a [lend] section's sriov-vfs, made at start */
 } VnLendConf;
 
 /* A lendable device added at run time, served by a vfio-user server on
@@ -91,6 +98,8 @@ typedef struct VnConfig {
     char *control_socket;
     char *run_dir;
     uint32_t lease_timeout_ms;
+    VnLogLevel log_level; /* VN_LOG_NOTICE unless set */
+    bool log_level_set;
     GPtrArray *lends;   /* VnLendConf */
     GPtrArray *borrows; /* VnBorrowConf */
 } VnConfig;

@@ -9,6 +9,7 @@
  *   cluster.c     daemon-to-daemon protocol: announcements, leases
  *   leases.c      the lender's lease state machine (no I/O; listeners act)
  *   state.c       persisted state (leases) in the state directory
+ *   reload.c      the config read again (SIGHUP)
  *
  * Threads: one GMainContext (the default); every field is the main
  * thread's.
@@ -149,6 +150,17 @@ void vn_daemon_quit(VnDaemon *d);
 void vn_daemon_free(VnDaemon *d);
 /* The counters to [node] stats-file, if set. */
 void vn_daemon_write_stats(VnDaemon *d);
+
+/* ---- reload.c ---- */
+/*
+ * Read the config at @path again and apply what needs no restart (reload.c
+ * says what); false with @error (vn_conf_load()'s, the message
+ * `vfio-ntbd --check-config` prints) when the file does not pass, and then
+ * nothing changed.  Logs what it changed and what it ignored.
+ */
+bool vn_daemon_reload(VnDaemon *d, const char *path, GError **error);
+/* One line for systemd's STATUS=: "lending 2 (1 lent), borrowing 1, 3 nodes up". */
+char *vn_daemon_status(VnDaemon *d);
 
 /* Peers are looked for this often; announcements go out on every change,
  * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */

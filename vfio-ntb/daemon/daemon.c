@@ -72,7 +72,8 @@ static void on_link(void *opaque, const char *peer, bool up)
 {
     VnDaemon *d = opaque;
 
-    g_message("node %s: link to %s %s", d->conf->node, peer, up ? "up" : "down");
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, NULL, peer, 0, "node %s: link to %s %s",
+           d->conf->node, peer, up ? "up" : "down");
     /* A device lent to @peer stays as it is until its lease ends (see
      * leases.h: an orphaned lease waits lease-timeout for its holder); one
      * borrowed from @peer until the lender is given up for lost
@@ -92,7 +93,8 @@ static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
             return;
         }
     }
-    g_info("node %s: doorbell %u from %s is no worker's", d->conf->node, bit, peer);
+    vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, peer, 0,
+           "node %s: doorbell %u from %s is no worker's", d->conf->node, bit, peer);
 }
 
 static const VnFabricHandlers handlers = {
@@ -123,8 +125,9 @@ static void static_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
         g_clear_pointer(&b->domain, g_free);
     }
     if (st == NULL || st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
-        g_message("node %s: serving %s: %s (retrying)", d->conf->node,
-                  b != NULL ? b->device : "a borrowed device", error->message);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b != NULL ? b->device : NULL, NULL, 0,
+               "node %s: serving %s: %s (retrying)", d->conf->node,
+               b != NULL ? b->device : "a borrowed device", error->message);
     }
 }
 
@@ -154,8 +157,9 @@ static void static_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     sb->st->pending--;
     if (b == NULL) {
         if (sb->st->tries % VN_DAEMON_BORROW_WARN_EVERY == 0) {
-            g_message("node %s: borrow %s/%s: %s (retrying)", d->conf->node, sb->bc->lender,
-                      sb->bc->device, msg);
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, NULL, sb->bc->lender, 0,
+                   "node %s: borrow %s/%s: %s (retrying)", d->conf->node, sb->bc->lender,
+                   sb->bc->device, msg);
         }
     } else if (d->borrowed != NULL) {
         static_attach(d, b, sb->bc, sb->st->tries);

@@ -44,7 +44,8 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
         return;
     }
     d->workers->stop(d, b);
-    g_message("node %s: %s detached from %s", d->conf->node, b->device, b->domain);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+           "node %s: %s detached from %s", d->conf->node, b->device, b->domain);
     vn_cluster_emit(d, "DETACHED", b->device, b->lease, NULL, b->domain);
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
@@ -117,8 +118,9 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     vn_port_on_device_request(ld->port, vn_cluster_device_request, ld);
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
-    g_message("node %s: lending %s (%s %s)", d->conf->node, lc->name,
-              lc->pci != NULL ? "PCI function" : "device server", vn_conf_lend_where(lc));
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, lc->name, NULL, 0, "node %s: lending %s (%s %s)",
+           d->conf->node, lc->name, lc->pci != NULL ? "PCI function" : "device server",
+           vn_conf_lend_where(lc));
     return ld;
 }
 
@@ -151,14 +153,16 @@ bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error)
         if (vc == NULL) {
             return false;
         }
-        vc->managed = true;  /* each VF goes to vfio-pci, and back after */
+        vc->managed = true; /* each VF goes to vfio-pci, and back after */
+        vc->vf = true;
         vc->runtime = false; /* the config makes it again at every start */
         g_ptr_array_add(d->conf->lends, vc);
         if (vn_devices_lend(d, vc, error) == NULL) {
             return false;
         }
-        g_message("node %s: %s is %s's virtual function %u (%s)", d->conf->node, name, pf->name, i,
-                  (char *)vfs->pdata[i]);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
+               "node %s: %s is %s's virtual function %u (%s)", d->conf->node, name, pf->name, i,
+               (char *)vfs->pdata[i]);
     }
     return true;
 }
@@ -167,7 +171,8 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
 {
     VnLendConf *lc = ld->conf;
 
-    g_message("node %s: no longer lending %s", d->conf->node, lc->name);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, lc->name, NULL, 0, "node %s: no longer lending %s",
+           d->conf->node, lc->name);
     vn_leases_remove(d->leases, ld->lease); /* ends a lease (fences) first */
     d->workers->lend_stop(d, ld);
     g_clear_pointer(&ld->port, vn_port_free_unlinked);

@@ -91,7 +91,8 @@ static void send_signal(VnEnding *e, int sig)
 
 static void gone(VnEnding *e)
 {
-    g_info("node %s: the worker for %s (pid %d) is gone", e->d->conf->node, e->what, e->pid);
+    vn_log(G_LOG_LEVEL_INFO, e->d->conf->node, e->what, NULL, 0,
+           "node %s: the worker for %s (pid %d) is gone", e->d->conf->node, e->what, e->pid);
     if (e->child) {
         waitpid(e->pid, NULL, WNOHANG);
     }
@@ -166,8 +167,9 @@ static gboolean on_look(gpointer data)
         break;
     case ENDING_TERM:
         if (late) {
-            g_warning("node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
-                      e->what, e->pid);
+            vn_log(G_LOG_LEVEL_WARNING, d->conf->node, e->what, NULL, 0,
+                   "node %s: worker for %s (pid %d) ignored SIGTERM; killing it", d->conf->node,
+                   e->what, e->pid);
             send_signal(e, SIGKILL);
             e->phase = ENDING_KILL;
             e->phase_end_us = g_get_monotonic_time() + VN_ENDING_KILL_WAIT_MS * 1000;
@@ -175,8 +177,9 @@ static gboolean on_look(gpointer data)
         break;
     case ENDING_KILL:
         if (late) {
-            g_warning("node %s: worker for %s (pid %d) survives SIGKILL; leaving it", d->conf->node,
-                      e->what, e->pid);
+            vn_log(G_LOG_LEVEL_WARNING, d->conf->node, e->what, NULL, 0,
+                   "node %s: worker for %s (pid %d) survives SIGKILL; leaving it", d->conf->node,
+                   e->what, e->pid);
             e->timer = 0;
             g_ptr_array_remove(d->endings, e);
             return G_SOURCE_REMOVE;

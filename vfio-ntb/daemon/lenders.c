@@ -38,7 +38,8 @@ static gboolean on_respawn(gpointer data)
 
     lw->ld->respawn_timer = 0;
     if (!vn_lenders_start(lw->d, lw->ld, &error)) {
-        g_warning("node %s: %s: %s", lw->d->conf->node, lw->ld->conf->name, error->message);
+        vn_log(G_LOG_LEVEL_WARNING, lw->d->conf->node, lw->ld->conf->name, NULL, 0,
+               "node %s: %s: %s", lw->d->conf->node, lw->ld->conf->name, error->message);
         return G_SOURCE_REMOVE;
     }
     vn_state_save_or_report(lw->d); /* the next daemon adopts this one */
@@ -59,9 +60,10 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     ld->child_watch = 0;
     /* Its device server saw its client go (and quiesced the device); the
      * holder's requests wait in the port for the next worker. */
-    g_warning("node %s: the lender worker of %s (pid %d) exited (status %d); starting "
-              "another in %d ms",
-              lw->d->conf->node, ld->conf->name, pid, status, VN_LENDERS_RESPAWN_MS);
+    vn_log(G_LOG_LEVEL_WARNING, lw->d->conf->node, ld->conf->name, NULL, 0,
+           "node %s: the lender worker of %s (pid %d) exited (status %d); starting "
+           "another in %d ms",
+           lw->d->conf->node, ld->conf->name, pid, status, VN_LENDERS_RESPAWN_MS);
     again = g_new0(LendWatch, 1);
     *again = *lw;
     ld->respawn_timer =
@@ -104,8 +106,9 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     *lw = (LendWatch){ d, ld };
     ld->child_watch =
         g_child_watch_add_full(G_PRIORITY_DEFAULT, ld->worker_pid, on_worker_exit, lw, g_free);
-    g_message("node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
-              ld->worker_pid);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
+           "node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
+           ld->worker_pid);
     /* @lw is the GLib source's now: its destroy notify (g_free) frees it. */
     /* cppcheck-suppress memleak */
     return true;
@@ -141,8 +144,9 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
         ld->worker_pid = 0;
         return false;
     }
-    g_message("node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
-              ld->conf->name);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
+           "node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
+           ld->conf->name);
     return true;
 }
 

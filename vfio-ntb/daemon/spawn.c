@@ -90,7 +90,8 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
     }
     if (vn_fabric_request(d->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL) <
         0) {
-        g_info("node %s: cannot tell %s that %s is detached; its lease's end will", d->conf->node,
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: cannot tell %s that %s is detached; its lease's end will", d->conf->node,
                b->lender, b->device);
     }
 }
@@ -104,8 +105,9 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     if (b->worker_pid != pid) {
         return;
     }
-    g_message("borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device, pid,
-              status, b->device);
+    vn_log(G_LOG_LEVEL_MESSAGE, cw->d->conf->node, b->device, b->lender, b->lease,
+           "borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device, pid,
+           status, b->device);
     b->worker_pid = 0;
     b->child_watch = 0;
     g_clear_pointer(&b->domain, g_free);
@@ -209,8 +211,9 @@ static gboolean on_start_poll(gpointer data)
 
     if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
         st->timer = 0;
-        g_message("node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
-                  b->socket, b->worker_name, b->worker_pid);
+        vn_log(G_LOG_LEVEL_MESSAGE, st->d->conf->node, b->device, b->lender, b->lease,
+               "node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
+               b->socket, b->worker_name, b->worker_pid);
         start_finish(st, NULL);
         return G_SOURCE_REMOVE;
     }
@@ -343,7 +346,8 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
         return;
     }
     if (vn_ending_busy(d, b->device)) {
-        g_info("node %s: %s waits for its last worker to be gone", d->conf->node, b->device);
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: %s waits for its last worker to be gone", d->conf->node, b->device);
         st->timer = g_timeout_add(VN_SPAWN_ENDING_POLL_MS, on_start_wait, st);
         return;
     }
@@ -423,11 +427,13 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
     /* It reconnects to its port as soon as we listen on it again. */
     b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
     if (b->port == NULL) {
-        g_warning("node %s: the worker serving %s cannot reach us: %s", d->conf->node, b->device,
-                  error->message);
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the worker serving %s cannot reach us: %s", d->conf->node, b->device,
+               error->message);
     }
-    g_message("node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node, b->worker_name,
-              b->worker_pid, b->device, b->socket);
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+           "node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node, b->worker_name,
+           b->worker_pid, b->device, b->socket);
     return true;
 }
 

@@ -226,7 +226,8 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
         b->qdev_id = g_strdup(qdev_id);
     }
     if (!d->workers->adopt(d, b)) {
-        g_message("node %s: the worker that served %s is gone", d->conf->node, b->device);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the worker that served %s is gone", d->conf->node, b->device);
         g_clear_pointer(&b->domain, g_free);
     }
 }
@@ -289,8 +290,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         g_ptr_array_add(allow, NULL);
         lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &local);
         if (lc == NULL) {
-            g_message("node %s: state file: lendable %s skipped: %s", d->conf->node, name,
-                      local->message);
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
+                   "node %s: state file: lendable %s skipped: %s", d->conf->node, name,
+                   local->message);
             continue;
         }
         lc->managed = pci != NULL && vn_util_json_bool(json_node_get_object(e), "managed");
@@ -318,8 +320,9 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
             continue; /* listed twice */
         }
-        g_message("node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored", d->conf->node,
-                  lease, name, borrower);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, borrower, lease,
+               "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored", d->conf->node,
+               lease, name, borrower);
     }
     n = json_object_get_member(o, "lender_workers");
     for (guint i = 0;
@@ -337,7 +340,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
         }
         ld->worker_pid = (GPid)json_node_get_int(pid);
         if (!d->workers->lend_adopt(d, ld)) {
-            g_message("node %s: the lender worker of %s is gone", d->conf->node, name);
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
+                   "node %s: the lender worker of %s is gone", d->conf->node, name);
         }
     }
     n = json_object_get_member(o, "borrowed");
@@ -365,8 +369,8 @@ bool vn_state_load(VnDaemon *d, GError **error)
                                 &b->irq_mode);
         g_ptr_array_add(d->borrowed, b);
         restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
-        g_message("node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device,
-                  lease);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, lease,
+               "node %s: holds %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, b->device, lease);
     }
     return true;
 }

@@ -78,11 +78,13 @@ static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
         return;
     }
     if (ok) {
-        g_message("node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain, u->device,
-                  u->qdev_id);
+        vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
+               "node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain, u->device,
+               u->qdev_id);
     } else {
-        g_message("node %s: could not unplug %s (%s) from %s: %s", u->d->conf->node, u->device,
-                  u->qdev_id, u->domain, error->message);
+        vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
+               "node %s: could not unplug %s (%s) from %s: %s", u->d->conf->node, u->device,
+               u->qdev_id, u->domain, error->message);
     }
     finish(u, ok);
 }
@@ -111,13 +113,15 @@ static void on_worker_answer(char *answer, const GError *error, void *opaque)
 
     u->call = NULL;
     if (vn_util_json_bool(o, "requested")) {
-        g_message("node %s: asked the VM %s to release %s (device request)", u->d->conf->node,
-                  u->domain != NULL ? u->domain : "?", u->device);
+        vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
+               "node %s: asked the VM %s to release %s (device request)", u->d->conf->node,
+               u->domain != NULL ? u->domain : "?", u->device);
         finish(u, true);
         return;
     }
     if (error != NULL) {
-        g_message("node %s: worker for %s: %s", u->d->conf->node, u->device, error->message);
+        vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
+               "node %s: worker for %s: %s", u->d->conf->node, u->device, error->message);
     }
     device_del(u);
 }
@@ -128,8 +132,9 @@ bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
     VnWctlCall *call;
 
     if (d->unplugs->len >= VN_UNPLUG_MAX) {
-        g_message("node %s: %d VMs are being asked to let go of devices already; %s waits",
-                  d->conf->node, VN_UNPLUG_MAX, b->device);
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: %d VMs are being asked to let go of devices already; %s waits",
+               d->conf->node, VN_UNPLUG_MAX, b->device);
         return false;
     }
     u = g_new0(VnUnplug, 1);

@@ -5,56 +5,188 @@
  * or from its config file, and keeps leases with the other daemons
  * (daemon.c and its parts).
  *
- *   vfio-ntbd [--config FILE] [--verbose]
+ *   vfio-ntbd [--config FILE] [--check-config [FILE]] [--log-level LEVEL]
+ *             [--verbose] [--trace PATTERNS] [--version]
  *
- * SIGUSR1 writes the counters to the stats file; SIGTERM/SIGINT stop.
+ * Exit status: 0 stopped cleanly (or --check-config passed); 1 a runtime
+ * failure (the fabric, a socket); 2 a bad config file or command line, which
+ * a restart will not fix (the unit's RestartPreventExitStatus=2).
+ *
+ * Signals: SIGHUP reads the config again (reload.c); SIGUSR1 writes the
+ * counters to the stats file; SIGTERM/SIGINT stop.
+ *
+ * systemd (Type=notify): READY=1 once the control socket accepts, STATUS=
+ * lines as things change, RELOADING=1 ... READY=1 around a reload,
+ * STOPPING=1.  sd_notify() does nothing without $NOTIFY_SOCKET, so the same
+ * binary runs by hand.  This file alone links libsystemd; the daemon's
+ * library (and its unit tests) do not.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
 
 #include "config.h"
+#include "common/log.h"
 #include "common/trace.h"
 
 #include <glib-unix.h>
 #include <signal.h>
 #include <stdio.h>
+#include <systemd/sd-daemon.h>
+
+#define VN_DEFAULT_CONFIG "/etc/vfio-ntb/vfio-ntbd.conf"
+/* STATUS= is refreshed this often when it changed: lease and link changes
+ * happen all over the daemon, and one comparison a second costs less than a
+ * hook in each. */
+#define VN_STATUS_EVERY_S 1
+
+typedef struct Main {
+    VnDaemon *d;
+    const char *config_path;
+    bool level_from_cli; /* --log-level (or --verbose) wins over [node] log-level */
+    char *status;        /* the last STATUS= sent */
+} Main;
+
+/* --check-config's: set by its option callback (its FILE is optional). */
+static gboolean check_config = FALSE;
+static char *check_path = NULL;
+
+static gboolean check_config_arg(const char *name, const char *value, gpointer data, GError **error)
+{
+    check_config = TRUE;
+    g_free(check_path);
+    check_path = g_strdup(value);
+    return TRUE;
+}
+
+static void send_status(Main *m, bool force)
+{
+    g_autofree char *now = vn_daemon_status(m->d);
+
+    if (force || g_strcmp0(now, m->status) != 0) {
+        sd_notifyf(0, "STATUS=%s", now);
+        g_free(m->status);
+        m->status = g_steal_pointer(&now);
+    }
+}
+
+static gboolean on_status(gpointer data)
+{
+    send_status(data, false);
+    return G_SOURCE_CONTINUE;
+}
+
+/* The loop runs: the control socket (listening since vn_daemon_new())
+ * accepts now. */
+static gboolean on_ready(gpointer data)
+{
+    Main *m = data;
+    g_autofree char *now = vn_daemon_status(m->d);
+
+    sd_notifyf(0, "READY=1\nSTATUS=%s", now);
+    g_free(m->status);
+    m->status = g_steal_pointer(&now);
+    return G_SOURCE_REMOVE;
+}
+
+static void apply_level(Main *m)
+{
+    if (!m->level_from_cli) {
+        vn_log_set_level(m->d->conf->log_level_set ? m->d->conf->log_level : VN_LOG_NOTICE);
+    }
+}
+
+static gboolean on_hup(gpointer data)
+{
+    Main *m = data;
+    g_autoptr(GError) error = NULL;
+
+    /* systemd 253+ wants the monotonic time with RELOADING=1; older ones
+     * ignore it. */
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%" G_GINT64_FORMAT "\nSTATUS=reloading %s",
+               g_get_monotonic_time(), m->config_path);
+    if (!vn_daemon_reload(m->d, m->config_path, &error)) {
+        g_warning("node %s: reload refused, nothing changed: %s", m->d->conf->node, error->message);
+    }
+    apply_level(m);
+    sd_notify(0, "READY=1");
+    send_status(m, true);
+    return G_SOURCE_CONTINUE;
+}
 
 static gboolean on_usr1(gpointer data)
 {
-    vn_daemon_write_stats(data);
+    vn_daemon_write_stats(((Main *)data)->d);
     return G_SOURCE_CONTINUE;
 }
 
 static gboolean on_stop(gpointer data)
 {
-    vn_daemon_quit(data);
+    sd_notify(0, "STOPPING=1");
+    vn_daemon_quit(((Main *)data)->d);
     return G_SOURCE_CONTINUE;
+}
+
+/* --check-config: what starting would check of the file, and nothing else
+ * (no fabric joined, no socket bound, no file made). */
+static int run_check(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_load(path, &error);
+
+    if (c == NULL) {
+        fprintf(stderr, "vfio-ntbd: %s\n", error->message);
+        return 2;
+    }
+    printf("vfio-ntbd: %s: OK (node %s, %s fabric, %u lent, %u borrowed)\n", path, c->node,
+           c->fabric, c->lends->len, c->borrows->len);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    g_autofree char *trace = NULL;
-    g_autofree char *config_path = NULL;
+    g_autofree char *trace = NULL, *config_path = NULL, *level_name = NULL;
     gboolean verbose = FALSE, version = FALSE;
     GOptionEntry entries[] = {
         { "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_path,
-          "configuration file (default /etc/vfio-ntb/vfio-ntbd.conf)", "FILE" },
-        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose, "log everything, every trace event too",
-          NULL },
+          "configuration file (default " VN_DEFAULT_CONFIG ")", "FILE" },
+        { "check-config", 't', G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, check_config_arg,
+          "check the configuration file (FILE, else --config's) and exit: 0 good, 2 bad",
+          "[FILE]" },
+        { "log-level", 0, 0, G_OPTION_ARG_STRING, &level_name,
+          "error, warning, notice (default), info (lease, attach and link changes) or debug",
+          "LEVEL" },
+        { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose,
+          "log everything, every trace event too (--log-level debug --trace '*')", NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print the version", NULL },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
     g_autoptr(GOptionContext) oc = g_option_context_new("- vfio-ntb host daemon");
     g_autoptr(GError) error = NULL;
+    VnLogLevel level = VN_LOG_NOTICE;
+    Main m = { 0 };
     VnConfig *conf;
-    VnDaemon *d;
-    guint sigs[3];
+    guint sigs[5];
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
+        return 2;
+    }
+    /* GOption takes an optional argument only as --check-config=FILE: the
+     * form `sshd -t`'s users type, --check-config FILE, leaves FILE here. */
+    if (check_config && check_path == NULL && argc == 2) {
+        check_path = g_strdup(argv[1]);
+        argc--;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "vfio-ntbd: unexpected argument \"%s\" (see --help)\n", argv[1]);
+        return 2;
+    }
+    if (level_name != NULL && !vn_log_level_from_string(level_name, &level)) {
+        fprintf(stderr, "vfio-ntbd: --log-level %s: error, warning, notice, info or debug\n",
+                level_name);
         return 2;
     }
     if (!vn_trace_setup(trace, verbose, &error)) {
@@ -65,25 +197,48 @@ int main(int argc, char **argv)
         printf("vfio-ntbd %s\n", VN_VERSION);
         return 0;
     }
+    if (check_config) {
+        int rc = run_check(check_path != NULL    ? check_path
+                           : config_path != NULL ? config_path
+                                                 : VN_DEFAULT_CONFIG);
+
+        g_free(check_path);
+        return rc;
+    }
+    /* --verbose means everything, unless a level is named.  (G_MESSAGES_DEBUG
+     * still shows what it names: common/log.h.) */
+    m.level_from_cli = level_name != NULL || verbose;
+    if (level_name == NULL && verbose) {
+        level = VN_LOG_DEBUG;
+    }
+    vn_log_setup(level);
     signal(SIGPIPE, SIG_IGN);
-    conf = vn_conf_load(config_path ? config_path : "/etc/vfio-ntb/vfio-ntbd.conf", &error);
+    m.config_path = config_path != NULL ? config_path : VN_DEFAULT_CONFIG;
+    conf = vn_conf_load(m.config_path, &error);
     if (conf == NULL) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 2;
     }
-    d = vn_daemon_new(conf, NULL, &error);
-    if (d == NULL) {
+    if (!m.level_from_cli && conf->log_level_set) {
+        vn_log_set_level(conf->log_level);
+    }
+    m.d = vn_daemon_new(conf, NULL, &error);
+    if (m.d == NULL) {
         fprintf(stderr, "vfio-ntbd: %s\n", error->message);
         return 1;
     }
-    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, d);
-    sigs[1] = g_unix_signal_add(SIGINT, on_stop, d);
-    sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, d);
-    vn_daemon_run(d);
-    for (int i = 0; i < 3; i++) {
+    sigs[0] = g_unix_signal_add(SIGTERM, on_stop, &m);
+    sigs[1] = g_unix_signal_add(SIGINT, on_stop, &m);
+    sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &m);
+    sigs[3] = g_unix_signal_add(SIGHUP, on_hup, &m);
+    sigs[4] = g_timeout_add_seconds(VN_STATUS_EVERY_S, on_status, &m);
+    g_idle_add(on_ready, &m);
+    vn_daemon_run(m.d);
+    for (size_t i = 0; i < G_N_ELEMENTS(sigs); i++) {
         g_source_remove(sigs[i]);
     }
-    vn_daemon_write_stats(d);
-    vn_daemon_free(d);
+    vn_daemon_write_stats(m.d);
+    vn_daemon_free(m.d);
+    g_free(m.status);
     return 0;
 }

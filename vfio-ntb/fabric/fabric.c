@@ -52,7 +52,7 @@ bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
     } else if ((ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) && ops->open_route == NULL) {
         missing = "open_route (for VN_FABRIC_CAP_DIRECT_ROUTES)";
     }
-    /* ping and discover are optional. */
+    /* check_params, ping and discover are optional. */
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "fabric ops: %s is required",
                     missing);
@@ -453,8 +453,10 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
 
 /* ---- a node's life ---------------------------------------------------- */
 
-/* The fabric's own parameters; the rest go to the backend. */
-static bool take_params(VnFabric *fab, GHashTable *params, GHashTable *rest, GError **error)
+/* The fabric's own parameters into @timeout_ms; the rest go to the backend
+ * (into @rest). */
+static bool take_params(GHashTable *params, int *timeout_ms, GHashTable *rest, const char **bad,
+                        GError **error)
 {
     GHashTableIter it;
     gpointer key, value;
@@ -468,15 +470,38 @@ static bool take_params(VnFabric *fab, GHashTable *params, GHashTable *rest, GEr
             guint64 ms;
 
             if (!g_ascii_string_to_unsigned(value, 10, 1, VN_FABRIC_MAX_TIMEOUT_MS, &ms, error)) {
-                g_prefix_error(error, "node %s: request-timeout-ms: ", fab->node);
+                g_prefix_error(error, "request-timeout-ms: ");
+                *bad = key;
                 return false;
             }
-            fab->request_timeout_ms = (int)ms;
+            *timeout_ms = (int)ms;
         } else {
             g_hash_table_insert(rest, key, value);
         }
     }
     return true;
+}
+
+bool vn_fabric_params_check(const char *backend, GHashTable *params, const char **bad,
+                            GError **error)
+{
+    g_autoptr(GHashTable) rest = g_hash_table_new(g_str_hash, g_str_equal);
+    const VnFabricOps *ops = backend_lookup(backend);
+    const char *key = NULL;
+    int timeout_ms;
+
+    if (ops == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                    "no fabric backend \"%.40s\" (known: shm, ntb)",
+                    backend != NULL ? backend : "(null)");
+    } else if (take_params(params, &timeout_ms, rest, &key, error) &&
+               (ops->check_params == NULL || ops->check_params(rest, &key, error))) {
+        return true;
+    }
+    if (bad != NULL) {
+        *bad = key;
+    }
+    return false;
 }
 
 VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,
@@ -486,6 +511,7 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     g_autoptr(VnFabric) fab = NULL;
     g_autoptr(GHashTable) rest = g_hash_table_new(g_str_hash, g_str_equal);
     const VnFabricOps *ops = backend_lookup(backend);
+    const char *bad = NULL;
 
     if (ops == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND, "no fabric backend \"%s\"",
@@ -521,7 +547,8 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     g_queue_init(&fab->deferred);
     fab->out = g_byte_array_new();
 
-    if (!take_params(fab, params, rest, error)) {
+    if (!take_params(params, &fab->request_timeout_ms, rest, &bad, error)) {
+        g_prefix_error(error, "node %s: ", node);
         return NULL;
     }
     fab->defer++;

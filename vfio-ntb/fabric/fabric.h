@@ -143,6 +143,12 @@ typedef struct VnFabricHandlers {
 typedef struct VnFabricOps {
     const char *name;
     uint32_t caps; /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
+    /* Optional: check @params as open would, touching nothing (no file,
+     * socket or device is opened or made), for a config check before the
+     * node joins (vfio-ntbd --check-config, a reload).  False with @error,
+     * and *@bad (never NULL) set to the parameter at fault, or NULL when
+     * the fault is none's alone (one missing). */
+    bool (*check_params)(GHashTable *params, const char **bad, GError **error);
     /* Required. */
     void *(*open)(VnFabric *fab, const char *node, GHashTable *params, GError **error);
     void (*close)(void *backend);
@@ -233,6 +239,14 @@ void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps);
 int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size,
                               uint64_t *offset);
 int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id);
+
+/*
+ * The checks vn_fabric_open() makes of @backend's name and its @params (the
+ * fabric's own and the backend's check_params), without opening anything:
+ * false with @error and *@bad (may be NULL) the parameter at fault, or NULL.
+ */
+bool vn_fabric_params_check(const char *backend, GHashTable *params, const char **bad,
+                            GError **error);
 
 /*
  * Attach node @node to the fabric of backend @backend ("shm") with its

@@ -460,25 +460,38 @@ static void host_close(void *backend)
     g_free(h);
 }
 
-static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+static bool host_check_params(GHashTable *params, const char **bad, GError **error)
 {
     const char *path = g_hash_table_lookup(params, "port");
     GHashTableIter it;
     gpointer key;
-    VnHost *h;
-    int fd;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
         if (strcmp(key, "port") != 0) {
+            *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "host fabric: unknown parameter \"%.40s\" (known: port)", (char *)key);
-            return NULL;
+            return false;
         }
     }
     if (path == NULL || path[0] != '/') {
+        *bad = path != NULL ? "port" : NULL;
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "host fabric: \"port\" must be the daemon's port, an absolute path");
+        return false;
+    }
+    return true;
+}
+
+static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    const char *path = g_hash_table_lookup(params, "port");
+    const char *bad;
+    VnHost *h;
+    int fd;
+
+    if (!host_check_params(params, &bad, error)) {
         return NULL;
     }
     fd = host_dial(path);
@@ -686,6 +699,7 @@ const VnFabricOps vn_host_ops = {
     .name = "host",
     /* What the host's node can do; narrowed at HELLO to the daemon's. */
     .caps = VN_FABRIC_CAP_DIRECT_ROUTES,
+    .check_params = host_check_params,
     .open = host_open,
     .close = host_close,
     .connect = host_connect,

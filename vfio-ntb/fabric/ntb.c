@@ -828,45 +828,80 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     return true;
 }
 
-static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+/* What ntb_open() checks before it opens a port: known keys, the ring's
+ * size, and each port's spec and node name. */
+static bool ntb_check_params(GHashTable *params, const char **bad, GError **error)
 {
     static const char *const known[] = { "ports", "ring-size", NULL };
     const char *ports = g_hash_table_lookup(params, "ports");
     const char *ring = g_hash_table_lookup(params, "ring-size");
     g_auto(GStrv) entries = NULL;
-    VnFabricLimits limits;
     GHashTableIter it;
     gpointer key;
     guint64 v = VN_NTB_DEFAULT_RING;
-    uint64_t out_size = UINT64_MAX;
-    uint32_t windows = 0;
-    VnNtb *ntb;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
         if (!g_strv_contains(known, key)) {
+            *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size)",
                         (char *)key);
-            return NULL;
+            return false;
         }
     }
+    *bad = "ring-size";
     if (ring != NULL &&
         !g_ascii_string_to_unsigned(ring, 10, VN_NTB_MIN_RING, VN_NTB_MAX_RING, &v, error)) {
         g_prefix_error(error, "ntb fabric: ring-size: ");
-        return NULL;
+        return false;
     }
     if ((v & (v - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb fabric: ring-size: %s is not a power of two", ring);
-        return NULL;
+        return false;
     }
+    *bad = ports != NULL ? "ports" : NULL;
     entries = g_strsplit(ports != NULL ? ports : "", ",", -1);
     if (ports == NULL || ports[0] == '\0' || g_strv_length(entries) > VN_NTB_MAX_PORTS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb fabric: \"ports\" must list 1 to %u ports", VN_NTB_MAX_PORTS);
+        return false;
+    }
+    for (guint i = 0; entries[i] != NULL; i++) {
+        g_auto(GStrv) kv = g_strsplit(g_strstrip(entries[i]), "=", 2);
+
+        if (kv[1] != NULL && !vn_name_valid(VN_NAME_NODE, kv[1])) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "ntb fabric: port %s: \"%s\" is not a node name", kv[0], kv[1]);
+            return false;
+        }
+        if (!vn_ntbport_spec_ok(kv[0], error)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
+{
+    const char *ports = g_hash_table_lookup(params, "ports");
+    const char *ring = g_hash_table_lookup(params, "ring-size");
+    g_auto(GStrv) entries = NULL;
+    VnFabricLimits limits;
+    guint64 v = VN_NTB_DEFAULT_RING;
+    uint64_t out_size = UINT64_MAX;
+    uint32_t windows = 0;
+    const char *bad;
+    VnNtb *ntb;
+
+    if (!ntb_check_params(params, &bad, error)) {
         return NULL;
     }
+    if (ring != NULL) {
+        v = g_ascii_strtoull(ring, NULL, 10); /* checked above */
+    }
+    entries = g_strsplit(ports, ",", -1);
     ntb = g_new0(VnNtb, 1);
     ntb->fab = fab;
     ntb->node = g_strdup(node);
@@ -913,6 +948,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
 const VnFabricOps vn_ntb_ops = {
     .name = "ntb",
     .caps = 0,
+    .check_params = ntb_check_params,
     .open = ntb_open,
     .close = ntb_close,
     .connect = ntb_connect,

@@ -9,34 +9,46 @@
 #include <gio/gio.h>
 #include <string.h>
 
-VnNtbPort *vn_ntbport_open(const char *spec, GError **error)
+bool vn_ntbport_spec_ok(const char *spec, GError **error)
 {
-    VnNtbPort *p = NULL;
-
     if (spec == NULL || strlen(spec) > VN_NTBPORT_MAX_SPEC) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb port: a spec of at most %u characters is needed", VN_NTBPORT_MAX_SPEC);
-        return NULL;
+        return false;
     }
     if (g_str_has_prefix(spec, "pair:")) {
         const char *slash = strrchr(spec, '/');
-        g_autofree char *key = NULL;
 
         if (slash == NULL || (strcmp(slash, "/0") != 0 && strcmp(slash, "/1") != 0)) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "ntb port %s: an emulated port is pair:KEY/0 or pair:KEY/1", spec);
-            return NULL;
+            return false;
         }
-        key = g_strndup(spec + 5, (gsize)(slash - spec - 5));
-        p = vn_ntbport_pair_open(key, (unsigned)(slash[1] - '0'), error);
-    } else if (g_str_has_prefix(spec, "/dev/vfio-ntb/")) {
-        p = vn_ntbport_kmod_open(spec, error);
-    } else {
+    } else if (!g_str_has_prefix(spec, "/dev/vfio-ntb/") ||
+               spec[strlen("/dev/vfio-ntb/")] == '\0') {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb port %s: not /dev/vfio-ntb/NAME (the vfio_ntb module's) nor "
                     "pair:KEY/SIDE (emulated)",
                     spec);
+        return false;
+    }
+    return true;
+}
+
+VnNtbPort *vn_ntbport_open(const char *spec, GError **error)
+{
+    VnNtbPort *p = NULL;
+
+    if (!vn_ntbport_spec_ok(spec, error)) {
         return NULL;
+    }
+    if (g_str_has_prefix(spec, "pair:")) {
+        const char *slash = strrchr(spec, '/');
+        g_autofree char *key = g_strndup(spec + 5, (gsize)(slash - spec - 5));
+
+        p = vn_ntbport_pair_open(key, (unsigned)(slash[1] - '0'), error);
+    } else {
+        p = vn_ntbport_kmod_open(spec, error);
     }
     if (p == NULL) {
         return NULL;

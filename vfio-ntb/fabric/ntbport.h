@@ -89,6 +89,8 @@ struct VnNtbPort {
  * KEY are joined).  Enables the link.  NULL with @error.
  */
 VnNtbPort *vn_ntbport_open(const char *spec, GError **error);
+/* @spec is one of those forms (opens nothing); false with @error. */
+bool vn_ntbport_spec_ok(const char *spec, GError **error);
 void vn_ntbport_close(VnNtbPort *p);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbPort, vn_ntbport_close)
 

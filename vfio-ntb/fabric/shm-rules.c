@@ -60,14 +60,18 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
     return NULL;
 }
 
+/* @bad (may be NULL) names the parameter at fault. */
 static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool pow2, uint64_t max,
-                      uint64_t *out, GError **error)
+                      uint64_t *out, const char **bad, GError **error)
 {
     const char *s = g_hash_table_lookup(params, key);
     guint64 v;
 
     if (s == NULL) {
         return true;
+    }
+    if (bad != NULL) {
+        *bad = key;
     }
     if (!g_ascii_string_to_unsigned(s, 10, min, max, &v, error)) {
         g_prefix_error(error, "shm fabric: %s: ", key);
@@ -82,7 +86,8 @@ static bool param_u64(GHashTable *params, const char *key, uint64_t min, bool po
     return true;
 }
 
-bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns, GError **error)
+bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
+                         const char **bad, GError **error)
 {
     static const char *const known[] = { "dir",          "max-windows",      "max-window-size",
                                          "window-align", "xlat-granularity", "crossing-delay-ns",
@@ -94,6 +99,9 @@ bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
         if (!g_strv_contains((const char *const *)known, key) || !g_utf8_validate(key, -1, NULL)) {
+            if (bad != NULL) {
+                *bad = key;
+            }
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "shm fabric: unknown parameter \"%s\" (known: dir, max-windows, "
                         "max-window-size, window-align, xlat-granularity, crossing-delay-ns, "
@@ -106,26 +114,51 @@ bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_
     windows = l->max_windows;
     doorbells = l->doorbells;
     segments = l->max_segments;
-    if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, error) ||
+    if (!param_u64(params, "max-windows", 1, false, VN_SHM_MAX_WINDOWS, &windows, bad, error) ||
         !param_u64(params, "max-window-size", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
-                   &l->max_window_size, error) ||
+                   &l->max_window_size, bad, error) ||
         !param_u64(params, "window-align", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
-                   &l->window_align, error) ||
+                   &l->window_align, bad, error) ||
         !param_u64(params, "xlat-granularity", VN_SHM_MIN_WINDOW_SIZE, true, VN_SHM_MAX_WINDOW_SIZE,
-                   &l->xlat_granularity, error) ||
+                   &l->xlat_granularity, bad, error) ||
         !param_u64(params, "crossing-delay-ns", 0, false, VN_SHM_MAX_CROSSING_DELAY_NS, delay_ns,
+                   bad, error) ||
+        !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, bad,
                    error) ||
-        !param_u64(params, "doorbells", 1, false, VN_FABRIC_MAX_DOORBELLS, &doorbells, error) ||
-        !param_u64(params, "max-segments", 1, false, VN_FABRIC_MAX_SEGMENTS, &segments, error)) {
+        !param_u64(params, "max-segments", 1, false, VN_FABRIC_MAX_SEGMENTS, &segments, bad,
+                   error)) {
         return false;
     }
     l->max_windows = (uint32_t)windows;
     l->doorbells = (uint32_t)doorbells;
     l->max_segments = (uint32_t)segments;
     if (l->xlat_granularity > l->max_window_size || l->window_align > l->max_window_size) {
+        if (bad != NULL) {
+            *bad = l->window_align > l->max_window_size ? "window-align" : "xlat-granularity";
+        }
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "shm fabric: window-align and xlat-granularity must not exceed "
                     "max-window-size");
+        return false;
+    }
+    return true;
+}
+
+bool vn_shm_params_check(GHashTable *params, const char **bad, GError **error)
+{
+    const char *dir = g_hash_table_lookup(params, "dir");
+    VnFabricLimits limits;
+    uint64_t delay_ns = 0;
+
+    if (!vn_shm_params_parse(params, &limits, &delay_ns, bad, error)) {
+        return false;
+    }
+    if (dir == NULL || dir[0] != '/') {
+        if (bad != NULL) {
+            *bad = "dir";
+        }
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "shm fabric: the \"dir\" parameter, an absolute path, is required");
         return false;
     }
     return true;

@@ -804,7 +804,7 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     const char *dir;
     VnShm *shm;
 
-    if (!vn_shm_params_parse(params, &limits, &delay_ns, error)) {
+    if (!vn_shm_params_parse(params, &limits, &delay_ns, NULL, error)) {
         return NULL;
     }
     dir = g_hash_table_lookup(params, "dir");
@@ -883,6 +883,7 @@ const VnFabricOps vn_shm_ops = {
     /* A route is the VM's eventfd in the device's hands: an MSI write
      * through a window, emulated. */
     .caps = VN_FABRIC_CAP_DIRECT_ROUTES,
+    .check_params = vn_shm_params_check,
     .open = shm_open,
     .close = shm_close,
     .connect = shm_connect,

@@ -105,8 +105,12 @@ char *vn_shm_hello_check(const uint8_t *buf, size_t len, unsigned nfds, bool ove
                          const char *self, char peer[VN_MAX_NODE_NAME + 1], VnShmFetch *fetch);
 
 /* The parameters of shm.h's list into @l (the limits) and @delay_ns
- * ("crossing-delay-ns"); false with @error naming the parameter. */
-bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns, GError **error);
+ * ("crossing-delay-ns"); false with @error naming the parameter, and *@bad
+ * (@bad may be NULL) pointing to its name. */
+bool vn_shm_params_parse(GHashTable *params, VnFabricLimits *l, uint64_t *delay_ns,
+                         const char **bad, GError **error);
+/* VnFabricOps.check_params: the above, and "dir" given; touches nothing. */
+bool vn_shm_params_check(GHashTable *params, const char **bad, GError **error);
 /* @dir exists (made 0700 if not), is a directory of ours, and group and
  * others cannot write it: other users must not plant or replace node
  * sockets. */
