@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "conf.h"
+#include "metrics.h"
 
 #include "common/name.h"
 #include "common/util.h"
@@ -137,6 +138,7 @@ void vn_conf_free(VnConfig *c)
     g_free(c->node);
     g_free(c->fabric);
     g_free(c->stats_file);
+    g_free(c->metrics_file);
     g_free(c->state_dir);
     g_free(c->control_socket);
     g_free(c->run_dir);
@@ -303,9 +305,17 @@ static bool parse_borrow(GKeyFile *kf, const char *group, VnConfig *c, GError **
 
 static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name",       "fabric",           "fabric-dir",
-                                             "stats-file", "state-dir",        "control-socket",
-                                             "run-dir",    "lease-timeout-ms", NULL };
+    static const char *const node_keys[] = { "name",
+                                             "fabric",
+                                             "fabric-dir",
+                                             "stats-file",
+                                             "metrics-file",
+                                             "metrics-interval-ms",
+                                             "state-dir",
+                                             "control-socket",
+                                             "run-dir",
+                                             "lease-timeout-ms",
+                                             NULL };
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL;
 
@@ -331,6 +341,7 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         return false;
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
+    c->metrics_file = g_key_file_get_string(kf, "node", "metrics-file", NULL);
     c->state_dir = g_key_file_get_string(kf, "node", "state-dir", NULL);
     c->control_socket = g_key_file_get_string(kf, "node", "control-socket", NULL);
     if (c->control_socket == NULL) {
@@ -354,7 +365,8 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
         } paths[] = { { "fabric-dir", dir },
                       { "run-dir", c->run_dir },
                       { "state-dir", c->state_dir },
-                      { "stats-file", c->stats_file } };
+                      { "stats-file", c->stats_file },
+                      { "metrics-file", c->metrics_file } };
 
         for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
             if (paths[i].value != NULL && paths[i].value[0] != '/') {
@@ -377,6 +389,21 @@ static bool parse(GKeyFile *kf, VnConfig *c, GError **error)
             return false;
         }
         c->lease_timeout_ms = (uint32_t)v;
+    }
+    c->metrics_interval_ms = VN_METRICS_DEFAULT_INTERVAL_MS;
+    if (g_key_file_has_key(kf, "node", "metrics-interval-ms", NULL)) {
+        g_autoptr(GError) local = NULL;
+        gint64 v = g_key_file_get_int64(kf, "node", "metrics-interval-ms", &local);
+
+        /* Bounded (metrics.h): faster than any scrape only costs, slower
+         * than an hour is not monitoring. */
+        if (local != NULL || v < VN_METRICS_MIN_INTERVAL_MS || v > VN_METRICS_MAX_INTERVAL_MS) {
+            g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
+                        "[node]: metrics-interval-ms must be %d..%d", VN_METRICS_MIN_INTERVAL_MS,
+                        VN_METRICS_MAX_INTERVAL_MS);
+            return false;
+        }
+        c->metrics_interval_ms = (uint32_t)v;
     }
     if (!vn_name_valid(VN_NAME_NODE, c->node)) {
         g_set_error(error, G_KEY_FILE_ERROR, G_KEY_FILE_ERROR_INVALID_VALUE,
