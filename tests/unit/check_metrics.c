@@ -117,7 +117,7 @@ static const char stats_abc[] =
     "  \"dma_unmaps\": 4, \"resets\": 1, \"fences\": 0, \"windows\": 2,"
     "  \"device_requests\": 0, \"device_timeouts\": 0, \"device_late_replies\": 0,"
     "  \"device_server\": \"ok\"}, null],"
-    " \"borrowed\": [{\"device\": \"hostc/disk\", \"lender\": \"hostc\", \"irq_mode\": \"fd\","
+    " \"borrowed\": [{\"device\": \"disk\", \"lender\": \"hostc\", \"irq_mode\": \"fd\","
     "  \"lender_lost\": false, \"client_connected\": true, \"region_forwarded\": 11,"
     "  \"config_forwarded\": 13, \"config_virtualized\": 40, \"relayed_irqs\": 0,"
     "  \"fabric_requests\": 30, \"dma_maps\": 6, \"dma_unmaps\": 2, \"unplug_requests\": 0,"
@@ -236,7 +236,9 @@ START_TEST(test_foreign_and_duplicate)
     g_autoptr(VnMetricsSnapshot) s = snapshot_abc();
     g_autoptr(JsonNode) stats =
         json("{\"lent\": [{\"dma_maps\": 1}, {\"dma_maps\": 2}, {\"dma_maps\": 3}],"
-             " \"borrowed\": [{\"device\": \"hostz/other\", \"dma_maps\": 8},"
+             " \"borrowed\": [{\"device\": \"other\", \"lender\": \"hostz\", \"dma_maps\": 8},"
+             "  {\"device\": \"disk\", \"lender\": \"hostz\", \"dma_maps\": 11},"
+             "  {\"device\": \"disk\", \"dma_maps\": 12},"
              "  {\"device\": \"hostc/disk\", \"dma_maps\": 9},"
              "  {\"device\": \"hostc/disk\", \"dma_maps\": 10}]}");
     g_autofree char *t = vn_metrics_text(s, stats);
@@ -251,6 +253,8 @@ START_TEST(test_foreign_and_duplicate)
     ck_assert_no(t, "} 3\n");
     ck_assert_no(t, "} 8\n");
     ck_assert_no(t, "} 10\n");
+    ck_assert_no(t, "} 11\n");
+    ck_assert_no(t, "} 12\n");
     ck_assert_no(t, "hostz");
 }
 END_TEST

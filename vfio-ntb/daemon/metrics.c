@@ -308,6 +308,14 @@ static void device_sample(GString *samples, const char *name, const VnMetricsSna
     g_string_append_printf(samples, "%" G_GUINT64_FORMAT "\n", v - minus);
 }
 
+static const char *string_member(JsonObject *o, const char *name)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    return n != NULL && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n)
+                                                                     : NULL;
+}
+
 /* objs[i]: the worker counters of s->devices[i], or NULL. */
 static void match_devices(const VnMetricsSnapshot *s, JsonNode *stats, JsonObject **objs)
 {
@@ -338,15 +346,21 @@ static void match_devices(const VnMetricsSnapshot *s, JsonNode *stats, JsonObjec
     for (guint j = 0; j < json_array_get_length(json_node_get_array(borrowed)); j++) {
         JsonNode *n = json_array_get_element(json_node_get_array(borrowed), j);
         JsonObject *o = JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
-        JsonNode *dev = o != NULL ? json_object_get_member(o, "device") : NULL;
+        const char *dev = o != NULL ? string_member(o, "device") : NULL;
+        const char *lender = o != NULL ? string_member(o, "lender") : NULL;
+        g_autofree char *full = NULL;
 
-        if (dev == NULL || json_node_get_value_type(dev) != G_TYPE_STRING) {
+        /* A borrower worker names the lender's device and the lender
+         * apart (borrower.c vn_borrower_stats_json). */
+        if (dev == NULL) {
             continue;
         }
+        full = strchr(dev, '/') != NULL || lender == NULL ? g_strdup(dev)
+                                                          : g_strdup_printf("%s/%s", lender, dev);
         for (guint i = 0; i < s->devices->len; i++) {
             const VnMetricsDevice *d = s->devices->pdata[i];
 
-            if (!d->lent && objs[i] == NULL && strcmp(d->device, json_node_get_string(dev)) == 0) {
+            if (!d->lent && objs[i] == NULL && strcmp(d->device, full) == 0) {
                 objs[i] = o;
                 break;
             }
