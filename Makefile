@@ -93,8 +93,8 @@ $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
 $(B)/vfio-ntbd: $(B)/vfio-ntb/daemon/vfio-ntbd.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
-$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/libvn-libvirt.a \
-		$(B)/libvfio-ntb.a
+$(B)/ntbctl: $(B)/vfio-ntb/ctl/ntbctl.o $(B)/vfio-ntb/ctl/ntbctl-virt.o $(B)/vfio-ntb/ctl/ntbctl-top.o \
+		$(B)/libvn-libvirt.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) $(LIBVIRT_LIBS)
 
 # libvirt's qemu hook: talks to vfio-ntbd only (never to libvirt), so no libvirt library.
