@@ -375,7 +375,9 @@ START_TEST(test_daemons_write)
 {
     VnDaemon *a = daemon_start("hosta");
     VnDaemon *b = daemon_start("hostb");
+    VnDaemon *more[] = { daemon_start("hoste"), daemon_start("hostc"), daemon_start("hostd") };
     g_autofree char *pa = NULL, *pb = NULL, *text = NULL;
+    const char *at[4];
     Want w;
 
     metrics_on(a, "a.prom");
@@ -392,8 +394,21 @@ START_TEST(test_daemons_write)
     w = (Want){ pb, "vfio_ntb_lease_state{node=\"hostb\",device=\"hosta/nvme0\","
                     "role=\"borrower\",state=\"held\"} 1" };
     ck_assert(spin_until(file_has, &w, 3000));
-    w.line = "vfio_ntb_peer_link_up{node=\"hostb\",peer=\"hosta\"} 1";
+    w.line = "vfio_ntb_peer_link_up{node=\"hostb\",peer=\"hoste\"} 1";
     ck_assert(spin_until(file_has, &w, 3000));
+    /* Peers in name order, so one write reads like the next. */
+    ck_assert(g_file_get_contents(pb, &text, NULL, NULL));
+    for (int i = 0; i < 4; i++) {
+        g_autofree char *line =
+            g_strdup_printf("vfio_ntb_peer_link_up{node=\"hostb\",peer=\"host%c\"} 1", "acde"[i]);
+
+        at[i] = strstr(text, line);
+        ck_assert_msg(at[i] != NULL && (i == 0 || at[i] > at[i - 1]), "%s", text);
+    }
+    g_clear_pointer(&text, g_free);
+    for (size_t i = 0; i < G_N_ELEMENTS(more); i++) {
+        vn_daemon_free(more[i]);
+    }
     w.line = "vfio_ntb_up{node=\"hostb\"} 1";
     ck_assert(file_has(&w));
     vn_daemon_free(b);

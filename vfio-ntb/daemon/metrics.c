@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glib/gstdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -543,6 +544,11 @@ struct Pending {
     VnMetricsSnapshot *snap;
 };
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 static VnMetricsSnapshot *snapshot(VnDaemon *d, bool running)
 {
     VnMetricsSnapshot *s = vn_metrics_snapshot_new(d->conf->node);
@@ -566,7 +572,7 @@ static VnMetricsSnapshot *snapshot(VnDaemon *d, bool running)
     }
     /* Sorted, so the file reads the same from one write to the next. */
     names = g_hash_table_get_keys_as_array(d->nodes, &n);
-    qsort(names, n, sizeof(*names), (int (*)(const void *, const void *))g_strcmp0);
+    qsort(names, n, sizeof(*names), by_name);
     for (guint i = 0; i < n; i++) {
         VnRemoteNode *r = g_hash_table_lookup(d->nodes, names[i]);
 
