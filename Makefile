@@ -20,8 +20,9 @@ INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
 	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS)
 
-# ntbctl's own files (the control client and its formatting are in the library).
-NTBCTL_SRCS := $(wildcard vfio-ntb/ctl/ntbctl*.c)
+# ntbctl's own files (the control client, its formatting and `top`, which check_top drives,
+# are in the library).
+NTBCTL_SRCS := $(filter-out vfio-ntb/ctl/ntbctl-top.c,$(wildcard vfio-ntb/ctl/ntbctl*.c))
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(filter-out vfio-ntb/lending/worker.c,$(wildcard vfio-ntb/lending/*.c)) \
 	$(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \

@@ -24,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 7
+EXPECTED_RESULTS = 8
 
 DEV = "hosta/nvme0"
 NTBCTL = str(h.REPO / "build" / "ntbctl")
@@ -179,6 +179,18 @@ def test_nodes_and_version(a, b):
                   f"{b.control})\n", last_seen_ms=other.get("last_seen_ms"))
 
 
+def test_top(a, b):
+    """ntbctl top: frames (not a terminal: one block each) listing the attached device; an
+    unknown device exits 4."""
+    jctl(b, "attach", DEV, "--domain", "vm5", "--serve-only")
+    rc, out, _ = ntbctl(b, "top", "--count", "2", "--interval-ms", "200")
+    rc_bad, _, err = ntbctl(b, "top", "hosta/nvme9", "--count", "1")
+    jctl(b, "detach", DEV)
+    jctl(b, "return", DEV)
+    return result("ntbctl-top", rc == 0 and out.count(DEV) >= 2 and rc_bad == 4,
+                  rc=rc, frames_with_device=out.count(DEV), unknown=rc_bad)
+
+
 def test_help(b):
     rc, out, _ = ntbctl(b, "help", "lend")
     rc2, out2, _ = ntbctl(b, "lend", "--help")
@@ -228,7 +240,8 @@ def main():
             return 1
         for test in (lambda: test_typos(a, b), lambda: test_changed_and_repeats(a, b),
                      lambda: test_lend_unlend(a, b, c, wd), lambda: test_events(a, b),
-                     lambda: test_nodes_and_version(a, b), lambda: test_help(b),
+                     lambda: test_nodes_and_version(a, b), lambda: test_top(a, b),
+                     lambda: test_help(b),
                      lambda: test_list_while_down(a, b)):
             try:
                 ok &= test()

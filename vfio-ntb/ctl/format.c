@@ -455,6 +455,16 @@ static bool stats_devices(GString *out, JsonNode *list, const char *side, GError
     return true;
 }
 
+/* Counters that stay at 0 while a guest works hard are right, not broken:
+ * say why, under every answer (docs/operations.md "Metrics"). */
+#define VN_CTL_STATS_NOTE                                                                     \
+    "\n"                                                                                      \
+    "Counted: what passes through vfio-ntb: fabric and lease messages, the accesses it\n"     \
+    "forwards (config space, and BAR accesses only where it traps them), interrupts it\n"     \
+    "relays (irq-mode relay), DMA map and unmap requests, resets.\n"                          \
+    "Not counted: data-path I/O, which never passes through vfio-ntb: the guest's accesses\n" \
+    "to mapped BARs, the device's DMA, and interrupts delivered as eventfds (irq-mode fd).\n"
+
 /*
  * docs/control.md leaves the shape open ("counters per local device, lender
  * and borrower side"); accept what the daemon's stats file holds
@@ -512,6 +522,7 @@ bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error)
         g_string_append(text, "no counters\n");
     }
     g_string_append_len(out, text->str, (gssize)text->len);
+    g_string_append(out, VN_CTL_STATS_NOTE);
     return true;
 }
 

@@ -32,7 +32,8 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error);
 bool vn_ctl_format_device_names(GString *out, JsonNode *ret, GError **error);
 /* query-device: "key: value" lines, in the daemon's order. */
 bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error);
-/* query-stats: one COUNTER VALUE table per device (and the fabric's). */
+/* query-stats: one COUNTER VALUE table per device (and the fabric's), then
+ * a note of what is counted and that the data path is not. */
 bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error);
 
 /* The actions' answers may say "changed": false (nothing to do): the text

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
+#include "ctl/ntbctl-top.h"
 #include "ctl/ntbctl-virt.h"
 
 #include <stdio.h>
@@ -43,7 +44,7 @@ static struct {
     gboolean json, help, version;
     char *grace, *domain, *qmp, *qdev_id, *alias, *bus, *check, *connect, *hosts, *to;
     gboolean config, serve_only, names, managed;
-    char *device_socket, *pci, *allow, *count;
+    char *device_socket, *pci, *allow, *count, *interval;
 } o;
 
 /* Global options first: every command takes them. */
@@ -90,7 +91,9 @@ static const GOptionEntry options[] = {
       "bind the function to vfio-pci now, give it back at unlend", NULL },
     { "allow", 0, 0, G_OPTION_ARG_STRING, &o.allow,
       "the nodes that may borrow it (comma-separated, or '*')", "NODES" },
-    { "count", 0, 0, G_OPTION_ARG_STRING, &o.count, "stop after N events", "N" },
+    { "count", 0, 0, G_OPTION_ARG_STRING, &o.count, "stop after N events (top: frames)", "N" },
+    { "interval-ms", 0, 0, G_OPTION_ARG_STRING, &o.interval, "time between frames (default 1000)",
+      "N" },
     G_OPTION_ENTRY_NULL,
 };
 #define N_GLOBAL 6
@@ -599,6 +602,25 @@ static int run_events(const Command *cmd, Ntbctl *n, const char *arg)
     return ntbctl_events(n, count);
 }
 
+static int run_top(const Command *cmd, Ntbctl *n, const char *dev)
+{
+    g_autoptr(GError) error = NULL;
+    gint64 interval = NTBCTL_TOP_DEFAULT_INTERVAL_MS, count = 0;
+
+    if (n->json) {
+        return ntbctl_usage(n, "top is for a terminal; `ntbctl --json stats` is its data");
+    }
+    if ((o.interval != NULL && !parse_ms(n, "--interval-ms", o.interval, NTBCTL_TOP_MIN_INTERVAL_MS,
+                                         NTBCTL_TOP_MAX_INTERVAL_MS, &interval)) ||
+        (o.count != NULL && !parse_ms(n, "--count", o.count, 1, NTBCTL_TOP_MAX_COUNT, &count))) {
+        return NTBCTL_EXIT_USAGE;
+    }
+    if (ntbctl_top(n->socket_path, n->timeout_ms, dev, (int)interval, (int)count, &error) != 0) {
+        return ntbctl_fail(n, error);
+    }
+    return NTBCTL_EXIT_DONE;
+}
+
 static int run_version(const Command *cmd, Ntbctl *n, const char *arg)
 {
     return ntbctl_version(n);
@@ -663,6 +685,10 @@ static const Command commands[] = {
       "ntbctl unlend nvme1", "", run_request, "unlend", true, fmt_unlend },
     { "stats", ARG_DEV_OPTIONAL, "[DEV]", "counters of this node's devices and its fabric",
       "ntbctl stats " DEV_EXAMPLE, "", run_request, "query-stats", false, fmt_stats },
+    { "top", ARG_DEV_OPTIONAL, "[DEV] [--interval-ms N] [--count N]",
+      "a live view of this node's devices: forwarded accesses, interrupts, DMA maps and requests "
+      "per second (until interrupted, or N frames)",
+      "ntbctl top --interval-ms 2000", "interval-ms,count", run_top, NULL, false, NULL },
     { "events", ARG_NONE, "[--count N]",
       "the daemon's events as they happen (leases, attach and detach, lost devices, links)",
       "ntbctl events --json", "count", run_events, NULL, false, NULL },

@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "conf.h"
+#include "metrics.h"
 
 #include "common/log.h"
 #include "common/name.h"
@@ -142,6 +143,7 @@ void vn_conf_free(VnConfig *c)
     g_free(c->node);
     g_free(c->fabric);
     g_free(c->stats_file);
+    g_free(c->metrics_file);
     g_free(c->state_dir);
     g_free(c->control_socket);
     g_free(c->run_dir);
@@ -502,10 +504,12 @@ static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
 
 static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name",       "fabric",           "fabric-dir",
-                                             "stats-file", "state-dir",        "control-socket",
-                                             "run-dir",    "lease-timeout-ms", "log-level",
-                                             NULL };
+    static const char *const node_keys[] = { "name",         "fabric",
+                                             "fabric-dir",   "stats-file",
+                                             "metrics-file", "metrics-interval-ms",
+                                             "state-dir",    "control-socket",
+                                             "run-dir",      "lease-timeout-ms",
+                                             "log-level",    NULL };
     GKeyFile *kf = p->kf;
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL, *level = NULL;
@@ -529,6 +533,7 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
                     "[node]: fabric-dir is the shm fabric's; the %.20s fabric has none", c->fabric);
     }
     c->stats_file = g_key_file_get_string(kf, "node", "stats-file", NULL);
+    c->metrics_file = g_key_file_get_string(kf, "node", "metrics-file", NULL);
     c->state_dir = g_key_file_get_string(kf, "node", "state-dir", NULL);
     c->control_socket = g_key_file_get_string(kf, "node", "control-socket", NULL);
     if (c->control_socket == NULL) {
@@ -552,7 +557,8 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
         } paths[] = { { "fabric-dir", dir },
                       { "run-dir", c->run_dir },
                       { "state-dir", c->state_dir },
-                      { "stats-file", c->stats_file } };
+                      { "stats-file", c->stats_file },
+                      { "metrics-file", c->metrics_file } };
 
         for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
             if (paths[i].value != NULL && paths[i].value[0] != '/') {
@@ -582,6 +588,23 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
     if (level != NULL && !(c->log_level_set = vn_log_level_from_string(level, &c->log_level))) {
         return fail(p, error, "node", "log-level",
                     "[node] log-level = \"%.20s\": error, warning, notice, info or debug", level);
+    }
+    c->metrics_interval_ms = VN_METRICS_DEFAULT_INTERVAL_MS;
+    if (g_key_file_has_key(kf, "node", "metrics-interval-ms", NULL)) {
+        g_autoptr(GError) local = NULL;
+        g_autofree char *text = g_key_file_get_string(kf, "node", "metrics-interval-ms", NULL);
+        gint64 v = g_key_file_get_int64(kf, "node", "metrics-interval-ms", &local);
+
+        /* Bounded (metrics.h): faster than any scrape only costs, slower
+         * than an hour is not monitoring. */
+        if (local != NULL || v < VN_METRICS_MIN_INTERVAL_MS || v > VN_METRICS_MAX_INTERVAL_MS) {
+            return fail(p, error, "node", "metrics-interval-ms",
+                        "[node]: metrics-interval-ms = \"%.20s\": metrics-interval-ms must be "
+                        "%d..%d",
+                        text != NULL ? text : "", VN_METRICS_MIN_INTERVAL_MS,
+                        VN_METRICS_MAX_INTERVAL_MS);
+        }
+        c->metrics_interval_ms = (uint32_t)v;
     }
     if (!vn_name_valid(VN_NAME_NODE, c->node)) {
         return fail(p, error, "node", "name", "[node]: name \"%.80s\" must be %s", c->node,

@@ -7,6 +7,9 @@
  *   fabric = shm                  # backend
  *   fabric-dir = /run/vfio-ntb/fabric
  *   stats-file = /run/vfio-ntb/hosta.stats   # counters, on SIGUSR1 and at exit
+ *   metrics-file = /var/lib/node_exporter/textfile/vfio-ntb.prom  # Prometheus
+ *                                 # (node_exporter textfile; default: none)
+ *   metrics-interval-ms = 15000   # how often it is rewritten (100..3600000)
  *   state-dir = /var/lib/vfio-ntb             # leases, persisted (default: none)
  *   control-socket = /run/vfio-ntb/control.sock  # ntbctl's (default: this path)
  *   run-dir = /run/vfio-ntb                   # sockets made for QEMU (default)
@@ -94,7 +97,9 @@ typedef struct VnConfig {
     char *fabric;
     GHashTable *fabric_params; /* char* -> char*, "dir" and limits */
     char *stats_file;          /* may be NULL */
-    char *state_dir;           /* may be NULL: nothing persisted */
+    char *metrics_file;        /* may be NULL (daemon/metrics.h) */
+    uint32_t metrics_interval_ms;
+    char *state_dir; /* may be NULL: nothing persisted */
     char *control_socket;
     char *run_dir;
     uint32_t lease_timeout_ms;

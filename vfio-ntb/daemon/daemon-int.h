@@ -110,6 +110,7 @@ typedef struct VnRemoteNode {
 } VnRemoteNode;
 
 typedef struct VnDaemonStatic VnDaemonStatic;
+typedef struct VnMetrics VnMetrics;
 typedef struct VnWorkerOps VnWorkerOps;
 
 typedef struct VnDaemon {
@@ -132,6 +133,7 @@ typedef struct VnDaemon {
     GPtrArray *endings; /* VnEnding: workers on their way out (ending.c) */
     GPtrArray *gathers; /* counters being asked of workers (stats.c) */
     GPtrArray *unplugs; /* VnUnplug: VMs being asked to let go (unplug.c) */
+    VnMetrics *metrics; /* [node] metrics-file's timer, or NULL (metrics.c) */
 } VnDaemon;
 
 /* ---- daemon.c ---- */
@@ -254,6 +256,14 @@ bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *op
 GPtrArray *vn_stats_gathers_new(void);
 /* Each gather under way gets what it has so far. */
 void vn_stats_gathers_free(VnDaemon *d);
+
+/* ---- metrics.c ---- */
+/* [node] metrics-file, if set: written now and every metrics-interval-ms
+ * (the workers asked as query-stats asks them; one gather at a time). */
+void vn_metrics_start(VnDaemon *d);
+/* Before the daemon's devices go: the timer ends and the file is written
+ * once more, saying the daemon stopped (metrics.h). */
+void vn_metrics_stop(VnDaemon *d);
 
 /* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
 void vn_cluster_start(VnDaemon *d);

@@ -213,8 +213,14 @@ static void stats_file_ready(VnDaemon *d, JsonNode *root, void *opaque)
 {
     g_autoptr(JsonNode) owned = root;
     g_autoptr(GError) error = NULL;
-    g_autofree char *text = json_to_string(root, TRUE);
+    g_autoptr(GDateTime) now = g_date_time_new_now_utc();
+    g_autofree char *stamp = g_date_time_format_iso8601(now);
+    g_autofree char *text = NULL;
 
+    /* When these counters were read: a file left by a daemon that stopped
+     * long ago looks like any other. */
+    json_object_set_string_member(json_node_get_object(root), "timestamp", stamp);
+    text = json_to_string(root, TRUE);
     if (!vn_util_write_snapshot(d->conf->stats_file, text, &error)) {
         g_warning("node %s: stats file: %s", d->conf->node, error->message);
     }
@@ -294,6 +300,7 @@ static bool daemon_start(VnDaemon *d, GError **error)
 
 static void daemon_stop(VnDaemon *d)
 {
+    vn_metrics_stop(d); /* its last file, while the devices are there to list */
     if (d->heartbeat != 0) {
         g_source_remove(d->heartbeat);
     }
@@ -367,6 +374,7 @@ VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **err
     if (d->conf->borrows->len > 0) {
         d->statics->src = g_timeout_add(VN_DAEMON_BORROW_RETRY_MS, on_static_retry, d->statics);
     }
+    vn_metrics_start(d);
     g_message("node %s: up on fabric %s, control socket %s", d->conf->node, d->conf->fabric,
               d->conf->control_socket);
     return d;
