@@ -374,7 +374,7 @@ deb:
 	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/vfio-ntb
 	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 		git ls-files -z --cached --others --exclude-standard | \
-			tar --null -T - --ignore-failed-read -cf - 2>/dev/null; \
+			tar --null -T - --ignore-failed-read -cf -; \
 	else \
 		tar --exclude=./build --exclude='./$(B)' --exclude='./$(DEB_DIR)' --exclude=./config.mak --exclude=./config.h \
 			--exclude='./*.deb' --exclude=./.git -cf - .; \
