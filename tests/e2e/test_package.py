@@ -312,9 +312,10 @@ def test_install_uninstall(procs):
     installed = sorted(str(f.relative_to(dest)) for f in dest.rglob("*") if not f.is_dir())
     # What is not ours: the admin's config, and another program in the same bin.
     admin = dest / "etc" / "vfio-ntb" / "vfio-ntbd.conf"
-    admin.write_text("[node]\nname = hosta\n")
     other = p / "bin" / "other-tool"
-    other.write_text("#!/bin/sh\n")
+    for f, text in ((admin, "[node]\nname = hosta\n"), (other, "#!/bin/sh\n")):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
     u = make("uninstall", f"DESTDIR={dest}")
     left = sorted(str(f.relative_to(dest)) for f in dest.rglob("*") if not f.is_dir())
     ours_left = sorted(str(f.relative_to(dest)) for f in dest.rglob("*vfio-ntb*")
