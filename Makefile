@@ -286,35 +286,113 @@ bench: all testbed
 demo: all testbed-stock
 	@$(PYTHON) tests/e2e/demo.py
 
+# Where `make install` puts things (PREFIX from configure; DESTDIR stages them).  The daemon in
+# sbin, the operator's CLI and the test tools in bin, the workers it starts (and libvirt's
+# hook binary) in LIBEXECDIR, which configure compiles into vfio-ntbd (config.h).
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+LIBEXECDIR ?= $(PREFIX)/libexec/vfio-ntb
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 # systemd's unit and tmpfiles.d directories (systemd also reads them under /usr/local/lib).
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 DOCDIR ?= $(PREFIX)/share/doc/vfio-ntb
-
+# The daemon's config (vfio-ntbd.conf, the template unit's INSTANCE.conf) is the admin's: install
+# makes the directory, never a file in it, and uninstall leaves what the admin put there.
+SYSCONFDIR ?= /etc
 # libvirt's hooks directory; the drop-in runs the hook binary from libexec.
 LIBVIRT_HOOKDIR ?= /etc/libvirt/hooks
-LIBEXECDIR ?= $(PREFIX)/libexec/vfio-ntb
+
+SBIN_PROGS := vfio-ntbd
+BIN_PROGS := ntbctl vfio-ntb-simdev vfio-ntb-ntbsim
+LIBEXEC_PROGS := vfio-ntb-borrower vfio-ntb-lender vfio-ntb-libvirt-hook
+BIN_SCRIPTS := scripts/vfio-ntb-rebalance
+# Every unit (vfio-ntbd.service, the template vfio-ntbd@.service), man page and the completion
+# script the tree has.
+UNITS := $(wildcard systemd/*.service)
+MANPAGES := $(wildcard docs/man/*.[1-8])
+COMPLETION := $(wildcard completion/ntbctl)
+# Each installed file, DESTDIR-less, for uninstall; the directories only we use, deepest first.
+INSTALLED = $(SBIN_PROGS:%=$(SBINDIR)/%) $(BIN_PROGS:%=$(BINDIR)/%) \
+	$(BIN_SCRIPTS:scripts/%=$(BINDIR)/%) $(LIBEXEC_PROGS:%=$(LIBEXECDIR)/%) \
+	$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb $(UNITS:systemd/%=$(SYSTEMDUNITDIR)/%) \
+	$(TMPFILESDIR)/vfio-ntb.conf $(DOCDIR)/examples/vfio-ntbd.conf.example \
+	$(INCLUDEDIR)/vfio-ntb/vfio_ntb_uapi.h $(COMPLETION:completion/%=$(BASHCOMPDIR)/%) \
+	$(foreach m,$(MANPAGES),$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
+OWN_DIRS = $(LIBEXECDIR) $(DOCDIR)/examples $(DOCDIR) $(INCLUDEDIR)/vfio-ntb $(SYSCONFDIR)/vfio-ntb
+
+.PHONY: progs uninstall deb
+progs: $(PROGS)
 
 install: $(PROGS)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d
-	install -m 0755 $(filter-out $(B)/vfio-ntb-libvirt-hook,$(PROGS)) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0755 $(B)/vfio-ntb-libvirt-hook $(DESTDIR)$(LIBEXECDIR)/
+	@grep -qx '#define VN_LIBEXECDIR "$(LIBEXECDIR)"' config.h || { \
+		echo "install: vfio-ntbd was built to run its workers from" \
+			"$$(sed -n 's/^#define VN_LIBEXECDIR //p' config.h), not $(LIBEXECDIR):" \
+			"./configure --prefix=$(PREFIX) and make again" >&2; exit 1; }
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR) \
+		$(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) \
+		$(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(INCLUDEDIR)/vfio-ntb $(DESTDIR)$(SYSCONFDIR)/vfio-ntb
+	install -m 0755 $(SBIN_PROGS:%=$(B)/%) $(DESTDIR)$(SBINDIR)/
+	install -m 0755 $(BIN_PROGS:%=$(B)/%) $(BIN_SCRIPTS) $(DESTDIR)$(BINDIR)/
+	install -m 0755 $(LIBEXEC_PROGS:%=$(B)/%) $(DESTDIR)$(LIBEXECDIR)/
 	sed 's|@HOOK@|$(LIBEXECDIR)/vfio-ntb-libvirt-hook|' libvirt-hooks/qemu.d/vfio-ntb \
 		>$(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
 	chmod 0755 $(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb
-	install -m 0755 scripts/vfio-ntb-rebalance $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
-	for u in vfio-ntbd.service vfio-ntbd@.service; do \
-		sed 's|=/usr/bin/vfio-ntbd |=$(PREFIX)/bin/vfio-ntbd |' systemd/$$u \
-			>$(DESTDIR)$(SYSTEMDUNITDIR)/$$u && chmod 0644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$u || exit 1; \
+	for u in $(UNITS); do \
+		sed 's|/usr/s\{0,1\}bin/vfio-ntbd|$(SBINDIR)/vfio-ntbd|g' "$$u" \
+			>"$(DESTDIR)$(SYSTEMDUNITDIR)/$${u#systemd/}" && \
+		chmod 0644 "$(DESTDIR)$(SYSTEMDUNITDIR)/$${u#systemd/}" || exit 1; \
 	done
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
-	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/
-	install -d $(DESTDIR)$(PREFIX)/include/vfio-ntb
-	install -m 0644 vfio-ntb/kmod/vfio_ntb_uapi.h $(DESTDIR)$(PREFIX)/include/vfio-ntb/
+	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 vfio-ntb/kmod/vfio_ntb_uapi.h $(DESTDIR)$(INCLUDEDIR)/vfio-ntb/
+	for m in $(MANPAGES); do \
+		d="$(DESTDIR)$(MANDIR)/man$${m##*.}" && install -d "$$d" && \
+		install -m 0644 "$$m" "$$d/" || exit 1; \
+	done
+	$(if $(COMPLETION),install -d $(DESTDIR)$(BASHCOMPDIR) && \
+		install -m 0644 $(COMPLETION) $(DESTDIR)$(BASHCOMPDIR)/)
+
+# (install: the units' /usr/sbin/vfio-ntbd, or /usr/bin/ as they once said, becomes SBINDIR's.)
+
+# What install put, and the directories only vfio-ntb uses when nothing else is left in them
+# (an admin's config in SYSCONFDIR/vfio-ntb stays, and so does its directory).
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	for d in $(addprefix $(DESTDIR),$(OWN_DIRS)); do \
+		if [ -d "$$d" ]; then rmdir --ignore-fail-on-non-empty "$$d"; fi; \
+	done
+
+# The Debian packages (debian/), built by dpkg-buildpackage from a copy of the tree in
+# $(DEB_DIR) (its clean step would empty build/ and remove config.mak here; not under build/,
+# whose *.d files this Makefile includes): the files git
+# knows (committed or not) and the untracked ones it does not ignore, else all but the
+# build's.  The .debs land here, in the top directory (the -dbgsym ones stay in $(DEB_DIR));
+# lintian must find no error (its warnings are printed).  DEB_JOBS: dpkg-buildpackage's -J.
+DEB_DIR ?= build-deb
+DEB_JOBS ?= auto
+LINTIAN ?= lintian
+
+deb:
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/vfio-ntb
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git ls-files -z --cached --others --exclude-standard | \
+			tar --null -T - --ignore-failed-read -cf -; \
+	else \
+		tar --exclude=./build --exclude='./$(B)' --exclude='./$(DEB_DIR)' --exclude=./config.mak --exclude=./config.h \
+			--exclude='./*.deb' --exclude=./.git -cf - .; \
+	fi | tar -xf - -C $(DEB_DIR)/vfio-ntb
+	cd $(DEB_DIR)/vfio-ntb && dpkg-buildpackage -us -uc -b -J$(DEB_JOBS)
+	rm -f vfio-ntb_*.deb vfio-ntb-*_*.deb
+	for f in $(DEB_DIR)/*.deb; do \
+		case $$f in *-dbgsym_*) ;; *) cp "$$f" . && echo "deb: $${f##*/}" ;; esac; \
+	done
+	$(LINTIAN) --fail-on error $(DEB_DIR)/*.changes
 
 clean:
-	rm -rf $(B)
+	rm -rf $(B) $(DEB_DIR)
 
 distclean: clean
 	rm -f config.mak config.h

@@ -10,6 +10,9 @@
 
 #include "check-main.h"
 
+#include <stdlib.h>
+#include <sys/stat.h>
+
 START_TEST(test_borrow_return)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
@@ -488,6 +491,73 @@ START_TEST(test_worker_ops_valid)
 }
 END_TEST
 
+/* An executable @name in @dir; @mode 0644 makes a file that is not one. */
+static void put_tool(const char *dir, const char *name, int mode)
+{
+    g_autofree char *path = g_build_filename(dir, name, NULL);
+
+    ck_assert(g_file_set_contents(path, "#!/bin/sh\n", -1, NULL));
+    ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+/*
+ * Where the daemon finds its workers: the first directory that has the
+ * binary executable (an installed daemon: its own sbin, then libexec), PATH
+ * after those, and an error naming every place when none has it.
+ */
+START_TEST(test_worker_binary_found)
+{
+    g_autofree char *top = g_dir_make_tmp("vn-spawn-XXXXXX", NULL);
+    g_autofree char *self = g_build_filename(top, "sbin", NULL);
+    g_autofree char *libexec = g_build_filename(top, "libexec", NULL);
+    g_autofree char *bin = g_build_filename(top, "bin", NULL);
+    g_autofree char *old_path = g_strdup(g_getenv("PATH"));
+    g_autofree char *in_self = g_build_filename(self, "vfio-ntb-lender", NULL);
+    g_autofree char *in_libexec = g_build_filename(libexec, "vfio-ntb-lender", NULL);
+    g_autofree char *in_bin = g_build_filename(bin, "vfio-ntb-lender", NULL);
+    const char *dirs[] = { self, libexec, NULL };
+    g_autoptr(GError) error = NULL;
+    g_autofree char *found = NULL;
+    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", top);
+
+    ck_assert_int_eq(g_mkdir(self, 0755) | g_mkdir(libexec, 0755) | g_mkdir(bin, 0755), 0);
+    g_setenv("PATH", bin, TRUE);
+
+    /* In none: the error names each directory and PATH. */
+    ck_assert_ptr_null(vn_spawn_find("vfio-ntb-lender", dirs, &error));
+    ck_assert_int_eq(error->code, G_IO_ERROR_NOT_FOUND);
+    ck_assert_msg(strstr(error->message, libexec) && strstr(error->message, self) &&
+                      strstr(error->message, "PATH"),
+                  "%s", error->message);
+    g_clear_error(&error);
+
+    /* On PATH only. */
+    put_tool(bin, "vfio-ntb-lender", 0755);
+    found = vn_spawn_find("vfio-ntb-lender", dirs, &error);
+    ck_assert_str_eq(found, in_bin);
+    g_clear_pointer(&found, g_free);
+
+    /* libexec comes before PATH; a file there that is not executable does not count. */
+    put_tool(libexec, "vfio-ntb-lender", 0644);
+    found = vn_spawn_find("vfio-ntb-lender", dirs, &error);
+    ck_assert_str_eq(found, in_bin);
+    g_clear_pointer(&found, g_free);
+    put_tool(libexec, "vfio-ntb-lender", 0755);
+    found = vn_spawn_find("vfio-ntb-lender", dirs, &error);
+    ck_assert_str_eq(found, in_libexec);
+    g_clear_pointer(&found, g_free);
+
+    /* The binary's own directory (the build tree) comes before libexec. */
+    put_tool(self, "vfio-ntb-lender", 0755);
+    found = vn_spawn_find("vfio-ntb-lender", dirs, &error);
+    ck_assert_str_eq(found, in_self);
+    ck_assert_ptr_null(error);
+
+    g_setenv("PATH", old_path, TRUE);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
     Suite *s = suite_create("daemon");
@@ -509,6 +579,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_attach_adopt_detach);
     tcase_add_test(tc, test_attach_waits_without_blocking);
     tcase_add_test(tc, test_worker_ops_valid);
+    tcase_add_test(tc, test_worker_binary_found);
     suite_add_tcase(s, tc);
     tc = tcase_create("peers");
     tcase_add_checked_fixture(tc, setup, teardown);

@@ -420,8 +420,12 @@ VnWctlCall *vn_spawn_ask(GPid pid, const char *channel, const char *what, const 
 /* What a borrower worker's counters (@stats, its "stats" answer; NULL: no
  * answer) say of its QEMU. */
 VnClientState vn_spawn_client_of(const char *stats);
-/* @name next to our own binary, else on PATH; NULL when neither. */
-char *vn_spawn_binary(const char *name);
+/* Worker @name (a file name): next to our own binary, else in VN_LIBEXECDIR,
+ * else on PATH; NULL with @error naming where it looked when in none. */
+char *vn_spawn_binary(const char *name, GError **error);
+/* @name in the first of @dirs (NULL-terminated) that has it executable,
+ * else on PATH; NULL with @error (G_IO_ERROR_NOT_FOUND) when in none. */
+char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
 /* lenders.c: the lender side of vn_spawn_ops. */

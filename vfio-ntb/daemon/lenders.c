@@ -74,13 +74,11 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 {
-    g_autofree char *bin = vn_spawn_binary(VN_LENDERS_BINARY);
+    g_autofree char *bin = vn_spawn_binary(VN_LENDERS_BINARY, error);
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     LendWatch *lw;
 
     if (bin == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
-                    "%s is not installed next to vfio-ntbd nor on PATH", VN_LENDERS_BINARY);
         return false;
     }
     g_ptr_array_add(argv, g_strdup(bin));

@@ -16,6 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "daemon-int.h"
+#include "config.h"
 #include "common/wctl.h"
 #include "lending/proto.h"
 
@@ -43,16 +44,48 @@
 #define VN_SPAWN_MAX_WHY 400
 #define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
-char *vn_spawn_binary(const char *name)
+char *vn_spawn_find(const char *name, const char *const *dirs, GError **error)
+{
+    g_autoptr(GString) tried = g_string_new(NULL);
+    char *found;
+
+    for (; *dirs != NULL; dirs++) {
+        g_autofree char *path = g_build_filename(*dirs, name, NULL);
+
+        if (g_file_test(path, G_FILE_TEST_IS_EXECUTABLE) &&
+            !g_file_test(path, G_FILE_TEST_IS_DIR)) {
+            return g_steal_pointer(&path);
+        }
+        g_string_append_printf(tried, "%s, ", *dirs);
+    }
+    found = g_find_program_in_path(name);
+    if (found == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
+                    "%s is in none of %sthe directories of PATH", name, tried->str);
+    }
+    return found;
+}
+
+/*
+ * The directory of our own binary comes first, VN_LIBEXECDIR second: the
+ * build tree's vfio-ntbd (tests run build/vfio-ntbd) must run the workers
+ * built with it even on a machine where vfio-ntb is also installed, and an
+ * installed vfio-ntbd (in sbin, where no worker is) reaches libexec.  Had
+ * libexec come first, the build tree's daemon would talk to the installed,
+ * older workers.  PATH last, as before there was a libexec.
+ */
+char *vn_spawn_binary(const char *name, GError **error)
 {
     g_autofree char *self = g_file_read_link("/proc/self/exe", NULL);
-    g_autofree char *dir = self ? g_path_get_dirname(self) : NULL;
-    g_autofree char *near = dir ? g_build_filename(dir, name, NULL) : NULL;
+    g_autofree char *dir = self != NULL ? g_path_get_dirname(self) : NULL;
+    const char *dirs[3] = { NULL, NULL, NULL };
+    size_t n = 0;
 
-    if (near != NULL && g_file_test(near, G_FILE_TEST_IS_EXECUTABLE)) {
-        return g_steal_pointer(&near);
+    if (dir != NULL) {
+        dirs[n++] = dir;
     }
-    return g_find_program_in_path(name);
+    dirs[n] = VN_LIBEXECDIR;
+    return vn_spawn_find(name, dirs, error);
 }
 
 bool vn_spawn_alive(GPid pid, const char *binary)
@@ -245,16 +278,16 @@ static void start_spawn(Start *st)
 {
     VnDaemon *d = st->d;
     VnBorrowed *b = st->b;
-    g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY);
+    g_autofree char *bin = NULL;
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_autoptr(GError) error = NULL;
     int pipefd[2] = { -1, -1 }, target = VN_SPAWN_STATUS_FD;
     ChildWatch *cw;
     gboolean ok;
 
+    bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
     if (bin == NULL) {
-        start_fail(st, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
-                   "%s is not installed next to vfio-ntbd nor on PATH", VN_SPAWN_BINARY);
+        start_finish(st, error);
         return;
     }
     g_ptr_array_add(argv, g_strdup(bin));
