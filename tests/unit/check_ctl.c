@@ -925,9 +925,11 @@ START_TEST(test_ntbctl_help)
     ck_assert_ptr_nonnull(strstr(out, "--serve-only"));
     ck_assert_ptr_nonnull(strstr(out, "example:\n  ntbctl attach hosta/nvme0 --domain vm1\n"));
     ck_assert_ptr_null(strstr(out, "--grace-ms")); /* revoke's, not attach's */
+    g_clear_pointer(&err, g_free);
     ck_assert_int_eq(ntbctl("/nonexistent.sock", &again, &err, "attach", "--help", NULL), 0);
     ck_assert_str_eq(out, again);
     g_clear_pointer(&out, g_free);
+    g_clear_pointer(&err, g_free);
     ck_assert_int_eq(ntbctl("/nonexistent.sock", &out, &err, "help", NULL), 0);
     for (const char *const *c = (const char *const[]){ "nodes", "list", "attach", "lend", "unlend",
                                                        "events", "version", "help", NULL };
