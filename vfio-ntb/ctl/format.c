@@ -6,14 +6,12 @@
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
 #include "ctl/format.h"
+#include "ctl/table.h"
 
 #include "common/util.h"
 #include "ctl/ctl-client.h"
 
 #include <string.h>
-
-/* Blanks between two table columns. */
-#define VN_CTL_COLUMN_GAP 2
 
 char *vn_ctl_format_sanitize(const char *s)
 {
@@ -156,65 +154,6 @@ static char *member_text(JsonObject *o, const char *name)
     return value_text(json_object_get_member(o, name));
 }
 
-/* ---- tables ------------------------------------------------------------ */
-
-typedef struct Table {
-    guint ncols;
-    GPtrArray *cells; /* char *, row-major; the header is row 0 */
-} Table;
-
-static Table *table_new(guint ncols, const char *const *header)
-{
-    Table *t = g_new0(Table, 1);
-
-    t->ncols = ncols;
-    t->cells = g_ptr_array_new_with_free_func(g_free);
-    for (guint i = 0; i < ncols; i++) {
-        g_ptr_array_add(t->cells, g_strdup(header[i]));
-    }
-    return t;
-}
-
-static void table_free(Table *t)
-{
-    g_ptr_array_unref(t->cells);
-    g_free(t);
-}
-
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(Table, table_free)
-
-/* Append one cell; takes ownership of text. */
-static void table_add(Table *t, char *text)
-{
-    g_ptr_array_add(t->cells, text);
-}
-
-static void table_render(GString *out, const Table *t)
-{
-    g_autofree glong *width = g_new0(glong, t->ncols);
-
-    for (guint i = 0; i < t->cells->len; i++) {
-        glong w = g_utf8_strlen(t->cells->pdata[i], -1);
-
-        width[i % t->ncols] = MAX(width[i % t->ncols], w);
-    }
-    for (guint i = 0; i < t->cells->len; i++) {
-        guint col = i % t->ncols;
-        const char *text = t->cells->pdata[i];
-
-        g_string_append(out, text);
-        if (col + 1 == t->ncols) {
-            g_string_append_c(out, '\n');
-        } else {
-            glong pad = width[col] - g_utf8_strlen(text, -1) + VN_CTL_COLUMN_GAP;
-
-            for (glong p = 0; p < pad; p++) {
-                g_string_append_c(out, ' ');
-            }
-        }
-    }
-}
-
 /* ---- queries -------------------------------------------------------------- */
 
 /* A device's "id" (where it is on its lender, what lspci calls it) in one
@@ -265,7 +204,7 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
 {
     static const char *const header[] = { "NODE", "LINK", "DEVICES", "LAST SEEN", "VERSION" };
     static const char cmd[] = "query-nodes";
-    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
     JsonArray *a = want_array(ret, cmd, error);
 
     if (a == NULL) {
@@ -281,13 +220,13 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
             !member_is(o, "version", G_TYPE_STRING, true, cmd, i, error)) {
             return false;
         }
-        table_add(t, member_text(o, "node"));
-        table_add(t, member_text(o, "link"));
-        table_add(t, member_text(o, "devices"));
-        table_add(t, ago_text(o, "last_seen_ms"));
-        table_add(t, member_text(o, "version"));
+        vn_ctl_table_add(t, member_text(o, "node"));
+        vn_ctl_table_add(t, member_text(o, "link"));
+        vn_ctl_table_add(t, member_text(o, "devices"));
+        vn_ctl_table_add(t, ago_text(o, "last_seen_ms"));
+        vn_ctl_table_add(t, member_text(o, "version"));
     }
-    table_render(out, t);
+    vn_ctl_table_render(out, t);
     return true;
 }
 
@@ -311,7 +250,7 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
     static const char *const header[] = { "DEVICE", "STATE",    "BORROWER",
                                           "LEASE",  "ATTACHED", "IDENTITY" };
     static const char cmd[] = "query-devices";
-    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
     JsonArray *a = want_array(ret, cmd, error);
 
     if (a == NULL) {
@@ -328,14 +267,14 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
             !member_is(o, "expires_in_ms", G_TYPE_INT64, true, cmd, i, error)) {
             return false;
         }
-        table_add(t, member_text(o, "device"));
-        table_add(t, state_text(o));
-        table_add(t, member_text(o, "borrower"));
-        table_add(t, member_text(o, "lease"));
-        table_add(t, member_text(o, "attached_to"));
-        table_add(t, identity_text(o));
+        vn_ctl_table_add(t, member_text(o, "device"));
+        vn_ctl_table_add(t, state_text(o));
+        vn_ctl_table_add(t, member_text(o, "borrower"));
+        vn_ctl_table_add(t, member_text(o, "lease"));
+        vn_ctl_table_add(t, member_text(o, "attached_to"));
+        vn_ctl_table_add(t, identity_text(o));
     }
-    table_render(out, t);
+    vn_ctl_table_render(out, t);
     return true;
 }
 
@@ -395,7 +334,7 @@ bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
 
 /* One counters row per member of o but "device"; nested objects (the
  * vfio-user server's counters) become "prefix.name" rows. */
-static void stats_rows(Table *t, JsonObject *o, const char *prefix)
+static void stats_rows(VnCtlTable *t, JsonObject *o, const char *prefix)
 {
     g_autoptr(GList) names = json_object_get_members(o);
 
@@ -412,15 +351,15 @@ static void stats_rows(Table *t, JsonObject *o, const char *prefix)
             stats_rows(t, json_node_get_object(n), full);
             continue;
         }
-        table_add(t, vn_ctl_format_sanitize(full));
-        table_add(t, value_text(n));
+        vn_ctl_table_add(t, vn_ctl_format_sanitize(full));
+        vn_ctl_table_add(t, value_text(n));
     }
 }
 
 static void stats_block(GString *out, const char *title, JsonObject *o)
 {
     static const char *const header[] = { "COUNTER", "VALUE" };
-    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
     g_autofree char *clean = vn_ctl_format_sanitize(title);
 
     if (out->len > 0) {
@@ -428,7 +367,7 @@ static void stats_block(GString *out, const char *title, JsonObject *o)
     }
     g_string_append_printf(out, "%s\n", clean);
     stats_rows(t, o, NULL);
-    table_render(out, t);
+    vn_ctl_table_render(out, t);
 }
 
 /* A list of per-device counter objects; side ("lent") goes in the titles. */

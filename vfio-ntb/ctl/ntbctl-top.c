@@ -14,63 +14,13 @@
 
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
+#include "ctl/table.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 /* ---- a frame --------------------------------------------------------------- */
-
-/* Aligned columns; the last one is not padded (no trailing blanks). */
-typedef struct Table {
-    guint ncols;
-    GPtrArray *cells; /* char *, row after row */
-} Table;
-
-static Table *table_new(guint ncols, const char *const *header)
-{
-    Table *t = g_new0(Table, 1);
-
-    t->ncols = ncols;
-    t->cells = g_ptr_array_new_with_free_func(g_free);
-    for (guint i = 0; i < ncols; i++) {
-        g_ptr_array_add(t->cells, g_strdup(header[i]));
-    }
-    return t;
-}
-
-static void table_free(Table *t)
-{
-    g_ptr_array_unref(t->cells);
-    g_free(t);
-}
-G_DEFINE_AUTOPTR_CLEANUP_FUNC(Table, table_free)
-
-/* Takes @text. */
-static void table_add(Table *t, char *text)
-{
-    g_ptr_array_add(t->cells, text);
-}
-
-static void table_render(GString *out, const Table *t)
-{
-    g_autofree glong *width = g_new0(glong, t->ncols);
-
-    for (guint i = 0; i < t->cells->len; i++) {
-        width[i % t->ncols] = MAX(width[i % t->ncols], g_utf8_strlen(t->cells->pdata[i], -1));
-    }
-    for (guint i = 0; i < t->cells->len; i++) {
-        const char *cell = t->cells->pdata[i];
-        guint col = i % t->ncols;
-
-        g_string_append(out, cell);
-        if (col + 1 == t->ncols) {
-            g_string_append_c(out, '\n');
-        } else {
-            g_string_append_printf(out, "%*s", (int)(width[col] - g_utf8_strlen(cell, -1) + 2), "");
-        }
-    }
-}
 
 static void malformed(GError **error, const char *what)
 {
@@ -251,7 +201,7 @@ static void fabric_line(GString *out, JsonObject *prev, JsonObject *cur, double 
 static void device_detail(GString *out, JsonObject *prev, JsonObject *cur, double seconds)
 {
     static const char *const header[] = { "COUNTER", "TOTAL", "PER-SECOND" };
-    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
     g_autoptr(GList) names = json_object_get_members(cur);
 
     for (GList *l = names; l != NULL; l = l->next) {
@@ -272,13 +222,13 @@ static void device_detail(GString *out, JsonObject *prev, JsonObject *cur, doubl
             if (!counter(cur, key, &v)) {
                 continue;
             }
-            table_add(t, vn_ctl_format_sanitize(key));
-            table_add(t, g_strdup_printf("%" G_GINT64_FORMAT, v));
-            table_add(t, rate_text(prev, cur, keys, seconds));
+            vn_ctl_table_add(t, vn_ctl_format_sanitize(key));
+            vn_ctl_table_add(t, g_strdup_printf("%" G_GINT64_FORMAT, v));
+            vn_ctl_table_add(t, rate_text(prev, cur, keys, seconds));
         }
     }
     g_string_append_c(out, '\n');
-    table_render(out, t);
+    vn_ctl_table_render(out, t);
 }
 
 bool ntbctl_top_render(GString *out, const char *node, JsonNode *prev, JsonNode *cur,
@@ -286,7 +236,7 @@ bool ntbctl_top_render(GString *out, const char *node, JsonNode *prev, JsonNode 
 {
     static const char *const header[] = { "DEVICE", "ROLE", "FWD/s", "IRQ/s",   "DMA-MAP/s",
                                           "REQ/s",  "FWD",  "IRQ",   "DMA-MAP", "REQ" };
-    g_autoptr(Table) t = table_new(G_N_ELEMENTS(header), header);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
     g_autoptr(GString) text = g_string_new(NULL);
     g_autoptr(GArray) now = NULL, before = NULL;
     JsonObject *detail = NULL, *detail_prev = NULL;
@@ -321,14 +271,15 @@ bool ntbctl_top_render(GString *out, const char *node, JsonNode *prev, JsonNode 
             continue;
         }
         rows++;
-        table_add(t, vn_ctl_format_sanitize(e->name));
-        table_add(t, g_strdup(e->lent ? "lender" : "borrower"));
+        vn_ctl_table_add(t, vn_ctl_format_sanitize(e->name));
+        vn_ctl_table_add(t, g_strdup(e->lent ? "lender" : "borrower"));
         for (guint c = 0; c < G_N_ELEMENTS(columns); c++) {
-            table_add(
+            vn_ctl_table_add(
                 t, rate_text(p, e->o, e->lent ? columns[c].lender : columns[c].borrower, seconds));
         }
         for (guint c = 0; c < G_N_ELEMENTS(columns); c++) {
-            table_add(t, total_text(e->o, e->lent ? columns[c].lender : columns[c].borrower));
+            vn_ctl_table_add(t,
+                             total_text(e->o, e->lent ? columns[c].lender : columns[c].borrower));
         }
         if (detail == NULL) {
             detail = e->o;
@@ -337,7 +288,7 @@ bool ntbctl_top_render(GString *out, const char *node, JsonNode *prev, JsonNode 
     }
     g_string_append_c(text, '\n');
     if (rows > 0) {
-        table_render(text, t);
+        vn_ctl_table_render(text, t);
     } else {
         g_autofree char *clean = device != NULL ? vn_ctl_format_sanitize(device) : NULL;
 
