@@ -132,18 +132,30 @@ static void returned_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const 
     }
 }
 
-static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
+/* The "device" argument, a device some node lends: what this node holds of
+ * it in @held (NULL: nothing); false once an error answers @r (a typo is
+ * DeviceNotFound, not "nothing to do"). */
+static bool arg_known_device(VnDaemon *d, JsonObject *a, VnControlReply *r, VnBorrowed **held)
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
-    VnBorrowed *b;
 
     if (!vn_commands_arg_device(a, r, &node, &name)) {
-        return;
+        return false;
     }
     dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_devices_borrowed(d, dev);
-    if (b == NULL && !vn_queries_device_known(d, node, name)) {
+    *held = vn_devices_borrowed(d, dev);
+    if (*held == NULL && !vn_queries_device_known(d, node, name)) {
         vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
+        return false;
+    }
+    return true;
+}
+
+static void cmd_return(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    VnBorrowed *b;
+
+    if (!arg_known_device(d, a, r, &b)) {
         return;
     }
     if (b == NULL) {
@@ -387,28 +399,19 @@ static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 static void cmd_detach(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
-        return;
-    }
-    dev = g_strdup_printf("%s/%s", node, name);
-    b = vn_devices_borrowed(d, dev);
-    if (b == NULL && !vn_queries_device_known(d, node, name)) {
-        vn_control_error(r, VN_ERR_NODEV, "no device %s in the cluster (see `ntbctl list`)", dev);
+    if (!arg_known_device(d, a, r, &b)) {
         return;
     }
     if (b == NULL || b->worker_pid <= 0) {
         return_changed(r, false); /* detached already */
         return;
     }
-    {
-        vn_devices_detach(d, b);
-        /* At once: a restart must not find the stopped worker to adopt. */
-        vn_state_save_or_report(d);
-        return_changed(r, true);
-    }
+    vn_devices_detach(d, b);
+    /* At once: a restart must not find the stopped worker to adopt. */
+    vn_state_save_or_report(d);
+    return_changed(r, true);
 }
 
 /* Ask the VM to release the device through the device-request interrupt; does
