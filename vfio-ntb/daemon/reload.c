@@ -66,6 +66,7 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
         { "name", c->node, next->node },
         { "fabric", c->fabric, next->fabric },
         { "stats-file", c->stats_file, next->stats_file },
+        { "metrics-file", c->metrics_file, next->metrics_file },
         { "state-dir", c->state_dir, next->state_dir },
         { "control-socket", c->control_socket, next->control_socket },
         { "run-dir", c->run_dir, next->run_dir },
@@ -85,6 +86,12 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
                       node[i].then ? node[i].then : "");
             ignored++;
         }
+    }
+    if (c->metrics_interval_ms != next->metrics_interval_ms) {
+        g_warning("node %s: reload: [node] metrics-interval-ms changed (%u to %u): needs a "
+                  "restart; ignored",
+                  c->node, c->metrics_interval_ms, next->metrics_interval_ms);
+        ignored++;
     }
     if (c->lease_timeout_ms != next->lease_timeout_ms) {
         g_warning("node %s: reload: [node] lease-timeout-ms changed (%u to %u): needs a restart; "
