@@ -47,9 +47,12 @@ static gpointer serve(gpointer data)
     Rig *r = data;
     g_autoptr(GError) error = NULL;
 
+    VnWctl *w;
+
     g_main_context_push_thread_default(r->ctx);
-    r->w = vn_wctl_new(r->path, handler, r, &error);
-    ck_assert_msg(r->w != NULL, "%s", error ? error->message : "");
+    w = vn_wctl_new(r->path, handler, r, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    g_atomic_pointer_set(&r->w, w);
     g_main_loop_run(r->loop);
     vn_wctl_free(r->w);
     g_main_context_pop_thread_default(r->ctx);
@@ -63,7 +66,9 @@ static void rig_start(Rig *r)
     r->ctx = g_main_context_new();
     r->loop = g_main_loop_new(r->ctx, FALSE);
     r->thread = g_thread_new("wctl", serve, r);
-    while (!g_file_test(r->path, G_FILE_TEST_EXISTS)) {
+    /* Until the server is made: its socket file appears at bind(), a moment
+     * before listen(), and a connect in between is refused. */
+    while (g_atomic_pointer_get(&r->w) == NULL) {
         g_usleep(1000);
     }
 }
