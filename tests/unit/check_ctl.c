@@ -225,7 +225,7 @@ START_TEST(test_format_json_and_sanitize)
     g_autofree char *s = NULL;
     g_autoptr(JsonNode) back = NULL;
 
-    vn_ctl_format_json(out, ret);
+    vn_ctl_format_json(out, ret, true);
     ck_assert(g_str_has_suffix(out->str, "}\n"));
     ck_assert_ptr_nonnull(strstr(out->str, "\n  \"lease\" : 17")); /* pretty */
     back = json(out->str);

@@ -99,3 +99,13 @@ JsonObject *vn_json_parse_object(const char *text, gssize len, size_t max_len, G
     }
     return json_node_dup_object(root);
 }
+
+void vn_json_add_string_or_null(JsonBuilder *b, const char *member, const char *value)
+{
+    json_builder_set_member_name(b, member);
+    if (value != NULL) {
+        json_builder_add_string_value(b, value);
+    } else {
+        json_builder_add_null_value(b);
+    }
+}

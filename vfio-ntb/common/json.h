@@ -62,4 +62,7 @@ JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **e
  * empty text, is refused with G_IO_ERROR_INVALID_DATA "not a JSON object". */
 JsonObject *vn_json_parse_object(const char *text, gssize len, size_t max_len, GError **error);
 
+/* Set @member to the string @value, or to JSON null when @value is NULL. */
+void vn_json_add_string_or_null(JsonBuilder *b, const char *member, const char *value);
+
 #endif /* VN_JSON_H */

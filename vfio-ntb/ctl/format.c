@@ -32,12 +32,12 @@ char *vn_ctl_format_sanitize(const char *s)
     return g_string_free(out, FALSE);
 }
 
-void vn_ctl_format_json(GString *out, JsonNode *ret)
+void vn_ctl_format_json(GString *out, JsonNode *ret, bool pretty)
 {
     g_autoptr(JsonGenerator) gen = json_generator_new();
     g_autofree char *text = NULL;
 
-    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_pretty(gen, pretty);
     json_generator_set_root(gen, ret);
     text = json_generator_to_data(gen, NULL);
     g_string_append(out, text);
@@ -69,7 +69,7 @@ static void malformed(GError **error, const char *cmd, guint index, const char *
 
 /* A value as table text: null and missing "-", booleans yes/no, arrays
  * joined with ", ", objects as compact JSON; always sanitized. */
-static char *value_text(JsonNode *n)
+char *vn_ctl_format_value(JsonNode *n)
 {
     if (n == NULL || JSON_NODE_HOLDS_NULL(n)) {
         return g_strdup("-");
@@ -79,7 +79,7 @@ static char *value_text(JsonNode *n)
         GString *s = g_string_new(NULL);
 
         for (guint i = 0; i < json_array_get_length(a); i++) {
-            g_autofree char *t = value_text(json_array_get_element(a, i));
+            g_autofree char *t = vn_ctl_format_value(json_array_get_element(a, i));
 
             g_string_append_printf(s, "%s%s", i > 0 ? ", " : "", t);
         }
@@ -151,7 +151,7 @@ static JsonArray *want_array(JsonNode *n, const char *cmd, GError **error)
 
 static char *member_text(JsonObject *o, const char *name)
 {
-    return value_text(json_object_get_member(o, name));
+    return vn_ctl_format_value(json_object_get_member(o, name));
 }
 
 /* ---- queries -------------------------------------------------------------- */
@@ -352,7 +352,7 @@ static void stats_rows(VnCtlTable *t, JsonObject *o, const char *prefix)
             continue;
         }
         vn_ctl_table_add(t, vn_ctl_format_sanitize(full));
-        vn_ctl_table_add(t, value_text(n));
+        vn_ctl_table_add(t, vn_ctl_format_value(n));
     }
 }
 

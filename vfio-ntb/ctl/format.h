@@ -21,8 +21,12 @@
  * UTF-8 by U+FFFD.  The caller frees the result. */
 char *vn_ctl_format_sanitize(const char *s);
 
-/* ret as pretty JSON (what --json prints), with a final newline. */
-void vn_ctl_format_json(GString *out, JsonNode *ret);
+/* ret as JSON (pretty: indented over lines, else one line), with a final
+ * newline: what --json prints. */
+void vn_ctl_format_json(GString *out, JsonNode *ret, bool pretty);
+/* One value as table text: null and missing "-", booleans yes/no, arrays
+ * joined with ", ", objects as compact JSON; always sanitized (g_free). */
+char *vn_ctl_format_value(JsonNode *n);
 
 /* query-nodes: NODE LINK DEVICES LAST SEEN VERSION. */
 bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error);

@@ -40,28 +40,15 @@ static char *event_time(JsonObject *ev)
     return g_strdup_printf("%s.%06" G_GINT64_FORMAT "Z", day_time, usec);
 }
 
-/* "device=hosta/nvme0 lease=17 node=hostb": the data's scalar members. */
+/* "device=hosta/nvme0 lease=17 node=hostb": the data's members. */
 static void append_data(GString *out, JsonObject *data)
 {
     g_autoptr(GList) members = json_object_get_members(data);
 
     for (GList *m = members; m != NULL; m = m->next) {
-        JsonNode *v = json_object_get_member(data, m->data);
         g_autofree char *key = vn_ctl_format_sanitize(m->data);
-        g_autofree char *val = NULL;
+        g_autofree char *val = vn_ctl_format_value(json_object_get_member(data, m->data));
 
-        if (!JSON_NODE_HOLDS_VALUE(v)) {
-            continue;
-        }
-        if (json_node_get_value_type(v) == G_TYPE_STRING) {
-            val = vn_ctl_format_sanitize(json_node_get_string(v));
-        } else if (json_node_get_value_type(v) == G_TYPE_INT64) {
-            val = g_strdup_printf("%" G_GINT64_FORMAT, json_node_get_int(v));
-        } else if (json_node_get_value_type(v) == G_TYPE_BOOLEAN) {
-            val = g_strdup(json_node_get_boolean(v) ? "true" : "false");
-        } else {
-            continue;
-        }
         g_string_append_printf(out, " %s=%s", key, val);
     }
 }
@@ -70,36 +57,30 @@ static bool print_event(const Ntbctl *n, JsonObject *ev)
 {
     g_autofree char *when = event_time(ev);
     const char *name = vn_util_json_string(ev, "event");
-    JsonObject *data = json_object_get_object_member(ev, "data");
+    g_autoptr(JsonBuilder) b = NULL;
+    g_autoptr(JsonNode) root = NULL;
+    g_autoptr(GString) line = NULL;
 
-    if (n->json) {
-        g_autoptr(JsonBuilder) b = json_builder_new();
-        g_autoptr(JsonGenerator) gen = json_generator_new();
-        g_autoptr(JsonNode) root = NULL;
-        g_autofree char *text = NULL;
-
-        json_builder_begin_object(b);
-        json_builder_set_member_name(b, "schema");
-        json_builder_add_int_value(b, NTBCTL_JSON_SCHEMA);
-        json_builder_set_member_name(b, "event");
-        json_builder_add_string_value(b, name);
-        json_builder_set_member_name(b, "data");
-        json_builder_add_value(b, json_node_copy(json_object_get_member(ev, "data")));
-        json_builder_set_member_name(b, "timestamp");
-        json_builder_add_string_value(b, when);
-        json_builder_end_object(b);
-        root = json_builder_get_root(b);
-        json_generator_set_root(gen, root);
-        text = json_generator_to_data(gen, NULL);
-        printf("%s\n", text);
-    } else {
-        g_autoptr(GString) line = g_string_new(NULL);
-
+    if (!n->json) {
+        line = g_string_new(NULL);
         g_string_append_printf(line, "%s %s", when, name);
-        append_data(line, data);
+        append_data(line, json_object_get_object_member(ev, "data"));
         printf("%s\n", line->str);
+        return fflush(stdout) == 0;
     }
-    return fflush(stdout) == 0;
+    b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "schema");
+    json_builder_add_int_value(b, NTBCTL_JSON_SCHEMA);
+    json_builder_set_member_name(b, "event");
+    json_builder_add_string_value(b, name);
+    json_builder_set_member_name(b, "data");
+    json_builder_add_value(b, json_node_copy(json_object_get_member(ev, "data")));
+    json_builder_set_member_name(b, "timestamp");
+    json_builder_add_string_value(b, when);
+    json_builder_end_object(b);
+    root = json_builder_get_root(b);
+    return ntbctl_print_json(root, false);
 }
 
 int ntbctl_events(const Ntbctl *n, gint64 count)

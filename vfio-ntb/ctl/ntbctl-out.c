@@ -61,17 +61,12 @@ int ntbctl_exit_code(const GError *error)
     }
 }
 
-/* Print @root as one line of JSON and a newline; false when stdout fails. */
-static bool print_json(JsonNode *root, bool pretty)
+bool ntbctl_print_json(JsonNode *root, bool pretty)
 {
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    g_autofree char *text = NULL;
+    g_autoptr(GString) text = g_string_new(NULL);
 
-    json_generator_set_root(gen, root);
-    json_generator_set_pretty(gen, pretty);
-    text = json_generator_to_data(gen, NULL);
-    fputs(text, stdout);
-    fputc('\n', stdout);
+    vn_ctl_format_json(text, root, pretty);
+    fputs(text->str, stdout);
     return fflush(stdout) == 0;
 }
 
@@ -106,7 +101,7 @@ int ntbctl_fail(const Ntbctl *n, const GError *error)
         json_builder_end_object(b);
         json_builder_end_object(b);
         root = json_builder_get_root(b);
-        (void)print_json(root, !n->json_lines);
+        (void)ntbctl_print_json(root, !n->json_lines);
     }
     fprintf(stderr, "ntbctl: %s\n", clean);
     if (g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_UNREACHABLE)) {
@@ -159,7 +154,7 @@ int ntbctl_done(const Ntbctl *n, JsonNode *ret, bool changed, const char *text)
         }
         json_builder_end_object(b);
         root = json_builder_get_root(b);
-        return print_json(root, true) ? NTBCTL_EXIT_DONE : NTBCTL_EXIT_REFUSED;
+        return ntbctl_print_json(root, true) ? NTBCTL_EXIT_DONE : NTBCTL_EXIT_REFUSED;
     }
     if (text != NULL) {
         fputs(text, stdout);

@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.ctl"
 
 #include "ntbctl-virt.h"
+#include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
 
@@ -20,16 +21,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-
-static void add_string(JsonBuilder *b, const char *name, const char *value)
-{
-    json_builder_set_member_name(b, name);
-    if (value != NULL) {
-        json_builder_add_string_value(b, value);
-    } else {
-        json_builder_add_null_value(b);
-    }
-}
 
 JsonNode *ntbctl_xml_check(const char *path, GString *text, GError **error)
 {
@@ -56,8 +47,8 @@ JsonNode *ntbctl_xml_check(const char *path, GString *text, GError **error)
     g_string_append_printf(text, "%s: domain %s declares %u vfio-ntb device%s\n", shown, dom->name,
                            dom->devices->len, dom->devices->len == 1 ? "" : "s");
     json_builder_begin_object(b);
-    add_string(b, "file", path);
-    add_string(b, "domain", dom->name);
+    vn_json_add_string_or_null(b, "file", path);
+    vn_json_add_string_or_null(b, "domain", dom->name);
     json_builder_set_member_name(b, "devices");
     json_builder_begin_array(b);
     for (guint i = 0; i < dom->devices->len; i++) {
@@ -68,10 +59,10 @@ JsonNode *ntbctl_xml_check(const char *path, GString *text, GError **error)
         g_string_append_printf(text, "  %s as %s on %s%s%s\n", d->device, d->alias, sock,
                                d->bus ? ", bus " : "", d->bus ? d->bus : "");
         json_builder_begin_object(b);
-        add_string(b, "device", d->device);
-        add_string(b, "alias", d->alias);
-        add_string(b, "socket", d->socket);
-        add_string(b, "bus", d->bus);
+        vn_json_add_string_or_null(b, "device", d->device);
+        vn_json_add_string_or_null(b, "alias", d->alias);
+        vn_json_add_string_or_null(b, "socket", d->socket);
+        vn_json_add_string_or_null(b, "bus", d->bus);
         json_builder_end_object(b);
     }
     json_builder_end_array(b);

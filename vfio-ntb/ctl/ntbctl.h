@@ -58,6 +58,10 @@ int ntbctl_usage(const Ntbctl *n, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
  */
 int ntbctl_done(const Ntbctl *n, JsonNode *ret, bool changed, const char *text);
 
+/* @root as JSON on stdout (see vn_ctl_format_json); false when stdout
+ * cannot take it. */
+bool ntbctl_print_json(JsonNode *root, bool pretty);
+
 /* ntbctl events [--count N]: prints events until interrupted (or N). */
 int ntbctl_events(const Ntbctl *n, gint64 count);
 /* ntbctl version: this ntbctl's and the daemon's. */

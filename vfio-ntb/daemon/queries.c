@@ -13,16 +13,6 @@
 
 #include <string.h>
 
-static void add_str_or_null(JsonBuilder *b, const char *member, const char *v)
-{
-    json_builder_set_member_name(b, member);
-    if (v != NULL) {
-        json_builder_add_string_value(b, v);
-    } else {
-        json_builder_add_null_value(b);
-    }
-}
-
 /* What `ntbctl list` shows of one device besides its lease. */
 typedef struct DeviceExtra {
     const char *attached_to; /* the domain this node serves it to */
@@ -44,14 +34,14 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
     json_builder_add_string_value(b, name);
     json_builder_set_member_name(b, "state");
     json_builder_add_string_value(b, state);
-    add_str_or_null(b, "borrower", borrower);
+    vn_json_add_string_or_null(b, "borrower", borrower);
     json_builder_set_member_name(b, "lease");
     if (lease != 0) {
         json_builder_add_int_value(b, (gint64)lease);
     } else {
         json_builder_add_null_value(b);
     }
-    add_str_or_null(b, "attached_to", x->attached_to);
+    vn_json_add_string_or_null(b, "attached_to", x->attached_to);
     json_builder_set_member_name(b, "expires_in_ms");
     if (x->expires_in_ms >= 0) {
         json_builder_add_int_value(b, x->expires_in_ms);
@@ -207,7 +197,8 @@ void vn_queries_nodes(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_builder_add_int_value(b, n->ann->n_devices);
         json_builder_set_member_name(b, "last_seen_ms");
         json_builder_add_int_value(b, (g_get_monotonic_time() - n->seen_us) / 1000);
-        add_str_or_null(b, "version", n->ann->version[0] != '\0' ? n->ann->version : NULL);
+        vn_json_add_string_or_null(b, "version",
+                                   n->ann->version[0] != '\0' ? n->ann->version : NULL);
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
