@@ -390,6 +390,18 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
     vn_cluster_announce_changed(d);
 }
 
+/* A lease granted: say so, and announce it soon (coalesced). */
+static void lease_granted(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
+{
+    g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, ch->lease->holder, ch->lease->id,
+           "node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, ld->conf->name,
+           ch->lease->holder, ch->lease->id);
+    vn_cluster_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
+    vn_cluster_announce_soon(d);
+}
+
 void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
 {
     VnDaemon *d = opaque;
@@ -404,15 +416,7 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
         lease_ended(d, ld, ch);
         break;
     case VN_LEASE_GRANTED:
-        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,
-               "node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
-               ld->conf->name, ch->lease->holder, ch->lease->id);
-        {
-            g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
-
-            vn_cluster_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
-        }
-        vn_cluster_announce_soon(d);
+        lease_granted(d, ld, ch);
         break;
     case VN_LEASE_ORPHANED:
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,

@@ -123,17 +123,6 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
             if (only != NULL && strcmp(only, dev) != 0) {
                 continue;
             }
-            if (n->link_up) {
-                if (held != NULL) {
-                    state = held->lost ? "lost" : "lent";
-                    borrower = d->conf->node;
-                    lease = held->lease;
-                } else if (borrower != NULL && strcmp(borrower, d->conf->node) == 0) {
-                    state = "available"; /* returned here, not announced yet */
-                    borrower = NULL;
-                    lease = 0;
-                }
-            }
             if (!n->link_up && held != NULL && !held->lost) {
                 /* The lender is away, maybe restarting: lost unless it is back in time. */
                 gint64 left = n->down_since_us + (gint64)d->conf->lease_timeout_ms * 1000 -
@@ -143,6 +132,14 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                 x.expires_in_ms = MAX(left, 0) / 1000;
             } else if (!n->link_up) {
                 state = held != NULL ? "lost" : "unreachable";
+            } else if (held != NULL) {
+                state = held->lost ? "lost" : "lent";
+                borrower = d->conf->node;
+                lease = held->lease;
+            } else if (borrower != NULL && strcmp(borrower, d->conf->node) == 0) {
+                state = "available"; /* returned here, not announced yet */
+                borrower = NULL;
+                lease = 0;
             }
             add_device(b, n->name, name, state, borrower, lease, &pd->id, &x);
         }
