@@ -8,6 +8,7 @@
 #include "check-main.h"
 
 #include <check.h>
+#include <sys/stat.h>
 #include <glib/gstdio.h>
 #include <string.h>
 
@@ -261,6 +262,31 @@ START_TEST(test_file_line)
 }
 END_TEST
 
+/* Only a regular file of at most 1 MiB is read: a FIFO (no writer: reading
+ * it would block), /dev/zero (endless) and a file over the bound are
+ * refused, each at once and with what is wrong. */
+START_TEST(test_file_bounded)
+{
+    g_autofree char *dir = g_dir_make_tmp("vn-conf-XXXXXX", NULL);
+    g_autofree char *fifo = g_build_filename(dir, "fifo.conf", NULL);
+    g_autofree char *big = g_build_filename(dir, "big.conf", NULL);
+    g_autofree char *text = g_strnfill(1024 * 1024 + 1, '#');
+    const char *paths[] = { fifo, "/dev/zero", big };
+
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert(g_file_set_contents(big, text, -1, NULL));
+    for (size_t i = 0; i < G_N_ELEMENTS(paths); i++) {
+        g_autoptr(GError) error = NULL;
+
+        ck_assert_ptr_null(vn_conf_load(paths[i], &error));
+        ck_assert_msg(strstr(error->message, "1 MiB") != NULL, "%s", error->message);
+    }
+    g_unlink(fifo);
+    g_unlink(big);
+    g_rmdir(dir);
+}
+END_TEST
+
 /* Checking the fabric's parameters opens nothing: a fabric directory that
  * does not exist is not made, an NTB port that does not exist is fine. */
 START_TEST(test_check_touches_nothing)
@@ -475,6 +501,7 @@ static Suite *conf_suite(void)
     tc = tcase_create("holes");
     tcase_add_loop_test(tc, test_holes, 0, G_N_ELEMENTS(holes));
     tcase_add_test(tc, test_file_line);
+    tcase_add_test(tc, test_file_bounded);
     suite_add_tcase(s, tc);
     return s;
 }

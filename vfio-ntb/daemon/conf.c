@@ -12,9 +12,13 @@
 #include "fabric/fabric.h"
 #include "lending/backend.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <gio/gio.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 bool vn_conf_lend_managed(VnLendConf *l, const char *value, GError **error)
 {
@@ -695,24 +699,65 @@ VnConfig *vn_conf_parse(const char *text, GError **error)
     return conf_read(text, NULL, error);
 }
 
+/* A config file is small; a larger one is a mistake, not a config. */
+#define VN_CONF_MAX_FILE (1024 * 1024)
+
+/* @path's text, if it is a regular file of at most VN_CONF_MAX_FILE bytes:
+ * checked before anything is read (a FIFO, /dev/zero or a huge file given
+ * to --config or left for a reload must not block or fill the daemon), and
+ * read with that cap in case it grows meanwhile. */
+static char *read_file(const char *path, gsize *len_out, GError **error)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    g_autofree char *text = NULL;
+    struct stat st;
+    gsize len = 0;
+    int err;
+
+    if (fd < 0) {
+        err = errno;
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "%s: %s", path,
+                    g_strerror(err));
+        return NULL;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > VN_CONF_MAX_FILE) {
+        close(fd);
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED,
+                    "%s: not a regular file of at most 1 MiB", path);
+        return NULL;
+    }
+    text = g_malloc(VN_CONF_MAX_FILE + 2);
+    for (ssize_t n = 1; n != 0 && len <= VN_CONF_MAX_FILE; len += n > 0 ? (gsize)n : 0) {
+        n = read(fd, text + len, VN_CONF_MAX_FILE + 1 - len);
+        if (n < 0 && errno != EINTR) {
+            err = errno;
+            close(fd);
+            g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "%s: %s", path,
+                        g_strerror(err));
+            return NULL;
+        }
+    }
+    close(fd);
+    if (len > VN_CONF_MAX_FILE) {
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: larger than 1 MiB", path);
+        return NULL;
+    }
+    text[len] = '\0';
+    *len_out = len;
+    return g_steal_pointer(&text);
+}
+
 VnConfig *vn_conf_load(const char *path, GError **error)
 {
     g_autofree char *text = NULL;
-    gsize len;
-    VnConfig *c;
+    gsize len = 0;
 
-    /* A config file is small; a huge one is a mistake, not a config. */
-    if (!g_file_get_contents(path, &text, &len, error)) {
-        return NULL;
-    }
-    if (len > 1024 * 1024) {
-        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: larger than 1 MiB", path);
+    if ((text = read_file(path, &len, error)) == NULL) {
         return NULL;
     }
     if (memchr(text, '\0', len) != NULL) {
         g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_FAILED, "%s: not a text file", path);
         return NULL;
     }
-    c = conf_read(text, path, error);
-    return c;
+    return conf_read(text, path, error);
 }
