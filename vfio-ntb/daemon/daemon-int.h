@@ -305,7 +305,8 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
 /* ---- devices.c ---- */
 VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
-/* Lend @lc (which d->conf->lends then owns) / stop lending a free device. */
+/* Lend @lc (which d->conf->lends then owns) / stop lending a free device;
+ * NULL with @error once this node lends VN_CONF_MAX_DEVICES. */
 VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
 /* sriov-vfs: create @pf's virtual functions (conf.h) and lend each as
  * PF-vfK, managed; their confs join d->conf->lends. */

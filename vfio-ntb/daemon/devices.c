@@ -89,6 +89,14 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
 {
     VnLocalDevice *ld;
 
+    /* Here, for every way a device comes (config, `lend`, a reload, the
+     * state file): announcements and the port table are sized by it. */
+    if (d->local->len >= VN_CONF_MAX_DEVICES) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                    "cannot lend %s: %s lends %d devices already", lc->name, d->conf->node,
+                    VN_CONF_MAX_DEVICES);
+        return NULL;
+    }
     if (lc->managed && !managed_ok(d, lc, error)) {
         return NULL;
     }

@@ -124,6 +124,23 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
     return ignored;
 }
 
+/* Every VnLocalDevice lc stands for: itself, or an SR-IOV section's VFs. */
+static GPtrArray *devices_of(VnDaemon *d, const VnLendConf *lc)
+{
+    GPtrArray *out = g_ptr_array_new();
+
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->conf == lc ||
+            (lc->sriov_vfs > 0 && ld->conf->vf && g_str_has_prefix(ld->conf->name, lc->name) &&
+             g_str_has_prefix(ld->conf->name + strlen(lc->name), "-vf"))) {
+            g_ptr_array_add(out, ld);
+        }
+    }
+    return out;
+}
+
 /* Lend @lc (d->conf->lends takes it) and start its worker, as `lend` does. */
 static bool lend_now(VnDaemon *d, VnLendConf *lc)
 {
@@ -144,9 +161,13 @@ static bool lend_now(VnDaemon *d, VnLendConf *lc)
             g_warning("node %s: reload: %s", d->conf->node, error->message);
             return false;
         }
-        for (guint i = 0; i < d->local->len; i++) {
-            ld = d->local->pdata[i];
-            if (ld->worker_pid == 0 && ld->conf->vf && g_str_has_prefix(ld->conf->name, lc->name) &&
+        g_autoptr(GPtrArray) vfs = devices_of(d, lc);
+
+        for (guint i = 0; i < vfs->len; i++) {
+            ld = vfs->pdata[i];
+            /* Its own VFs only, and only those without a worker or one due
+             * (a respawn timer starts that one). */
+            if (ld->worker_pid == 0 && ld->respawn_timer == 0 &&
                 !d->workers->lend_start(d, ld, &error)) {
                 g_warning("node %s: reload: lending %s: %s", d->conf->node, ld->conf->name,
                           error->message);
@@ -182,23 +203,6 @@ static bool unlend_if_free(VnDaemon *d, VnLocalDevice *ld, const char *why)
     }
     vn_devices_unlend(d, ld);
     return true;
-}
-
-/* Every VnLocalDevice lc stands for: itself, or an SR-IOV section's VFs. */
-static GPtrArray *devices_of(VnDaemon *d, const VnLendConf *lc)
-{
-    GPtrArray *out = g_ptr_array_new();
-
-    for (guint i = 0; i < d->local->len; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-
-        if (ld->conf == lc ||
-            (lc->sriov_vfs > 0 && ld->conf->vf && g_str_has_prefix(ld->conf->name, lc->name) &&
-             g_str_has_prefix(ld->conf->name + strlen(lc->name), "-vf"))) {
-            g_ptr_array_add(out, ld);
-        }
-    }
-    return out;
 }
 
 /* A new access list for @lc (and its VFs); a holder it no longer names keeps

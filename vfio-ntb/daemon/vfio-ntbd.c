@@ -59,12 +59,13 @@ static gboolean check_config_arg(const char *name, const char *value, gpointer d
     return TRUE;
 }
 
-static void send_status(Main *m, bool force)
+/* STATUS= when it changed (or @force), after the lines in @also. */
+static void send_status(Main *m, bool force, const char *also)
 {
     g_autofree char *now = vn_daemon_status(m->d);
 
     if (force || g_strcmp0(now, m->status) != 0) {
-        sd_notifyf(0, "STATUS=%s", now);
+        sd_notifyf(0, "%sSTATUS=%s", also, now);
         g_free(m->status);
         m->status = g_steal_pointer(&now);
     }
@@ -72,7 +73,7 @@ static void send_status(Main *m, bool force)
 
 static gboolean on_status(gpointer data)
 {
-    send_status(data, false);
+    send_status(data, false, "");
     return G_SOURCE_CONTINUE;
 }
 
@@ -80,19 +81,14 @@ static gboolean on_status(gpointer data)
  * accepts now. */
 static gboolean on_ready(gpointer data)
 {
-    Main *m = data;
-    g_autofree char *now = vn_daemon_status(m->d);
-
-    sd_notifyf(0, "READY=1\nSTATUS=%s", now);
-    g_free(m->status);
-    m->status = g_steal_pointer(&now);
+    send_status(data, true, "READY=1\n");
     return G_SOURCE_REMOVE;
 }
 
 static void apply_level(Main *m)
 {
     if (!m->level_from_cli) {
-        vn_log_set_level(m->d->conf->log_level_set ? m->d->conf->log_level : VN_LOG_NOTICE);
+        vn_log_set_level(m->d->conf->log_level); /* notice unless the file says */
     }
 }
 
@@ -109,8 +105,7 @@ static gboolean on_hup(gpointer data)
         g_warning("node %s: reload refused, nothing changed: %s", m->d->conf->node, error->message);
     }
     apply_level(m);
-    sd_notify(0, "READY=1");
-    send_status(m, true);
+    send_status(m, true, "READY=1\n");
     return G_SOURCE_CONTINUE;
 }
 
@@ -231,11 +226,16 @@ int main(int argc, char **argv)
     sigs[1] = g_unix_signal_add(SIGINT, on_stop, &m);
     sigs[2] = g_unix_signal_add(SIGUSR1, on_usr1, &m);
     sigs[3] = g_unix_signal_add(SIGHUP, on_hup, &m);
-    sigs[4] = g_timeout_add_seconds(VN_STATUS_EVERY_S, on_status, &m);
+    /* STATUS= is only for a service manager that listens. */
+    sigs[4] = g_getenv("NOTIFY_SOCKET") != NULL
+                  ? g_timeout_add_seconds(VN_STATUS_EVERY_S, on_status, &m)
+                  : 0;
     g_idle_add(on_ready, &m);
     vn_daemon_run(m.d);
     for (size_t i = 0; i < G_N_ELEMENTS(sigs); i++) {
-        g_source_remove(sigs[i]);
+        if (sigs[i] != 0) {
+            g_source_remove(sigs[i]);
+        }
     }
     vn_daemon_write_stats(m.d);
     vn_daemon_free(m.d);
