@@ -49,11 +49,13 @@ bool vn_util_write_replace(const char *path, const char *text, int mode, GError 
     if (!g_file_set_contents_full(tmp, text, -1, G_FILE_SET_CONTENTS_NONE, mode, error)) {
         return false;
     }
-    if (g_rename(tmp, path) != 0) {
+    /* @mode itself, not what the umask leaves of it (systemd's UMask=0077
+     * would keep node_exporter, another user, from reading a snapshot). */
+    if (g_chmod(tmp, mode) != 0 || g_rename(tmp, path) != 0) {
         int err = errno;
 
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "rename %s to %s: %s", tmp,
-                    path, g_strerror(err));
+        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "replacing %s with %s: %s",
+                    path, tmp, g_strerror(err));
         (void)g_unlink(tmp);
         return false;
     }

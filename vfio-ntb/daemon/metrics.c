@@ -15,13 +15,10 @@
 #include "daemon-int.h"
 #include "metrics.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <glib/gstdio.h>
+#include "common/util.h"
+
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 /* ---- the snapshot -------------------------------------------------------- */
 
@@ -484,49 +481,8 @@ char *vn_metrics_text(const VnMetricsSnapshot *s, JsonNode *stats)
 
 bool vn_metrics_write(const char *path, const char *text, GError **error)
 {
-    g_autofree char *tmp = g_strconcat(path, ".tmp", NULL);
-    size_t len = strlen(text), done = 0;
-    int fd, err = 0;
-
-    /* A temporary file a crash left: ours, replaced.  O_EXCL|O_NOFOLLOW:
-     * never written through a link someone put there. */
-    if (unlink(tmp) != 0 && errno != ENOENT) {
-        err = errno;
-    }
-    fd = err != 0 ? -1 : open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        err = err != 0 ? err : errno;
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "%s: %s", tmp,
-                    g_strerror(err));
-        return false;
-    }
-    /* The umask (systemd's UMask=, often 0077) would keep node_exporter,
-     * another user, from reading it. */
-    if (fchmod(fd, 0644) != 0) {
-        err = errno;
-    }
-    while (err == 0 && done < len) {
-        ssize_t n = write(fd, text + done, len - done);
-
-        if (n < 0 && errno != EINTR) {
-            err = errno;
-        } else if (n > 0) {
-            done += (size_t)n;
-        }
-    }
-    if (close(fd) != 0 && err == 0) {
-        err = errno;
-    }
-    if (err == 0 && rename(tmp, path) != 0) {
-        err = errno;
-    }
-    if (err != 0) {
-        (void)unlink(tmp);
-        g_set_error(error, G_FILE_ERROR, g_file_error_from_errno(err), "%s: %s", path,
-                    g_strerror(err));
-        return false;
-    }
-    return true;
+    /* Written aside and renamed over: node_exporter never reads half a file. */
+    return vn_util_write_snapshot(path, text, error);
 }
 
 /* ---- the daemon's timer --------------------------------------------------- */
