@@ -35,6 +35,33 @@ uint64_t vn_util_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+bool vn_util_json_counter(JsonObject *o, const char *path, bool booleans, uint64_t *v)
+{
+    const char *dot = strchr(path, '.');
+    JsonNode *n;
+
+    if (o != NULL && dot != NULL) {
+        g_autofree char *outer = g_strndup(path, (gsize)(dot - path));
+
+        n = json_object_get_member(o, outer);
+        o = n != NULL && JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
+        path = dot + 1;
+    }
+    n = o != NULL ? json_object_get_member(o, path) : NULL;
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n)) {
+        return false;
+    }
+    if (booleans && json_node_get_value_type(n) == G_TYPE_BOOLEAN) {
+        *v = json_node_get_boolean(n) ? 1 : 0;
+        return true;
+    }
+    if (json_node_get_value_type(n) != G_TYPE_INT64 || json_node_get_int(n) < 0) {
+        return false;
+    }
+    *v = (uint64_t)json_node_get_int(n);
+    return true;
+}
+
 bool vn_util_write_snapshot(const char *path, const char *text, GError **error)
 {
     return vn_util_write_replace(path, text, 0644, error);

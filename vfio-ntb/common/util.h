@@ -61,6 +61,14 @@ static inline bool vn_util_json_bool(JsonObject *o, const char *name)
            json_node_get_boolean(n);
 }
 
+/*
+ * A counter a peer wrote (a worker's stats): the member at @path, "key" or
+ * "outer.key" (one level), of @o (which may be NULL), if it is a
+ * non-negative integer, or with @booleans true/false as 1/0.  False when it
+ * is absent or of another type.
+ */
+bool vn_util_json_counter(JsonObject *o, const char *path, bool booleans, uint64_t *v);
+
 /* @bytes as a person reads it ("256.0 MiB": GLib's IEC units with a plain
  * space, so that logs and messages stay ASCII).  Free with g_free(). */
 char *vn_util_size_text(uint64_t bytes);

@@ -15,6 +15,7 @@
 #include "ctl/ctl-client.h"
 #include "ctl/format.h"
 #include "ctl/table.h"
+#include "common/util.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -28,44 +29,17 @@ static void malformed(GError **error, const char *what)
                 what);
 }
 
-/* A counter: a non-negative integer, at @key or "outer.inner". */
-static bool counter(JsonObject *o, const char *key, gint64 *v)
-{
-    const char *dot = strchr(key, '.');
-    JsonNode *n;
-
-    if (o == NULL) {
-        return false;
-    }
-    if (dot != NULL) {
-        g_autofree char *outer = g_strndup(key, (gsize)(dot - key));
-
-        n = json_object_get_member(o, outer);
-        if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n)) {
-            return false;
-        }
-        o = json_node_get_object(n);
-        key = dot + 1;
-    }
-    n = json_object_get_member(o, key);
-    if (n == NULL || json_node_get_value_type(n) != G_TYPE_INT64 || json_node_get_int(n) < 0) {
-        return false;
-    }
-    *v = json_node_get_int(n);
-    return true;
-}
-
 /* The sum of @keys' counters (NULL-terminated); false if one is missing. */
 static bool sum(JsonObject *o, const char *const *keys, gint64 *v)
 {
     *v = 0;
     for (; *keys != NULL; keys++) {
-        gint64 x;
+        uint64_t x;
 
-        if (!counter(o, *keys, &x) || x > G_MAXINT64 - *v) {
+        if (!vn_util_json_counter(o, *keys, false, &x) || x > (uint64_t)(G_MAXINT64 - *v)) {
             return false;
         }
-        *v += x;
+        *v += (gint64)x;
     }
     return true;
 }
@@ -101,14 +75,6 @@ static void entry_clear(Entry *e)
     g_free(e->name);
 }
 
-static const char *string_member(JsonObject *o, const char *name)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    return n != NULL && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n)
-                                                                     : NULL;
-}
-
 /* The entries of @root (a query-stats answer): NULL with @error for a
  * malformed one.  Entries a worker did not answer (null) are counted in
  * *@silent. */
@@ -140,8 +106,9 @@ static GArray *entries(JsonNode *root, const char *node, GError **error, guint *
         for (guint i = 0; i < json_array_get_length(a); i++) {
             JsonNode *e = json_array_get_element(a, i);
             JsonObject *eo = JSON_NODE_HOLDS_OBJECT(e) ? json_node_get_object(e) : NULL;
-            const char *dev = eo != NULL ? string_member(eo, "device") : NULL;
-            const char *host = s == 0 ? node : (eo != NULL ? string_member(eo, "lender") : NULL);
+            const char *dev = eo != NULL ? vn_util_json_string(eo, "device") : NULL;
+            const char *host =
+                s == 0 ? node : (eo != NULL ? vn_util_json_string(eo, "lender") : NULL);
             Entry en = { .o = eo, .lent = s == 0 };
 
             if (eo == NULL || dev == NULL) {
@@ -197,7 +164,22 @@ static void fabric_line(GString *out, JsonObject *prev, JsonObject *cur, double 
                            s, sr, r, rr, b, w);
 }
 
-/* Every counter of one device: COUNTER TOTAL PER-SECOND. */
+/* One COUNTER TOTAL PER-SECOND row, if @key is a counter of @cur. */
+static void detail_row(VnCtlTable *t, JsonObject *prev, JsonObject *cur, const char *key,
+                       double seconds)
+{
+    const char *keys[] = { key, NULL };
+    uint64_t v;
+
+    if (vn_util_json_counter(cur, key, false, &v)) {
+        vn_ctl_table_add(t, vn_ctl_format_sanitize(key));
+        vn_ctl_table_add(t, g_strdup_printf("%" G_GUINT64_FORMAT, v));
+        vn_ctl_table_add(t, rate_text(prev, cur, keys, seconds));
+    }
+}
+
+/* Every counter of one device: its members, and each member of a nested
+ * object as "outer.inner". */
 static void device_detail(GString *out, JsonObject *prev, JsonObject *cur, double seconds)
 {
     static const char *const header[] = { "COUNTER", "TOTAL", "PER-SECOND" };
@@ -208,23 +190,15 @@ static void device_detail(GString *out, JsonObject *prev, JsonObject *cur, doubl
         JsonNode *n = json_object_get_member(cur, l->data);
         g_autoptr(GList) inner = NULL;
 
-        if (JSON_NODE_HOLDS_OBJECT(n)) {
-            inner = json_object_get_members(json_node_get_object(n));
+        if (!JSON_NODE_HOLDS_OBJECT(n)) {
+            detail_row(t, prev, cur, l->data, seconds);
+            continue;
         }
-        /* The member itself, or each member of a nested object. */
-        for (GList *k = inner != NULL ? inner : l; k != NULL; k = inner != NULL ? k->next : NULL) {
-            g_autofree char *key = inner != NULL
-                                       ? g_strdup_printf("%s.%s", (char *)l->data, (char *)k->data)
-                                       : g_strdup(l->data);
-            const char *keys[] = { key, NULL };
-            gint64 v;
+        inner = json_object_get_members(json_node_get_object(n));
+        for (GList *k = inner; k != NULL; k = k->next) {
+            g_autofree char *key = g_strdup_printf("%s.%s", (char *)l->data, (char *)k->data);
 
-            if (!counter(cur, key, &v)) {
-                continue;
-            }
-            vn_ctl_table_add(t, vn_ctl_format_sanitize(key));
-            vn_ctl_table_add(t, g_strdup_printf("%" G_GINT64_FORMAT, v));
-            vn_ctl_table_add(t, rate_text(prev, cur, keys, seconds));
+            detail_row(t, prev, cur, key, seconds);
         }
     }
     g_string_append_c(out, '\n');

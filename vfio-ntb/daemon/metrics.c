@@ -83,10 +83,15 @@ const char *const *vn_metrics_lease_states(bool lent)
 {
     /* leases.h's states; a borrower knows whether its lender still
      * confirms the lease (daemon-int.h VnBorrowed: unconfirmed, lost). */
-    static const char *const lender[] = { "free",     "granted",  "held", "orphaned",
-                                          "restored", "revoking", NULL };
+    static const char *lender[VN_LEASE_STATE_LAST + 1];
     static const char *const borrower[] = { "held", "unconfirmed", "lost", NULL };
 
+    /* From leases.c's names: a new state cannot be missing here. */
+    if (lender[0] == NULL) {
+        for (VnLeaseState st = 0; st < VN_LEASE_STATE_LAST; st++) {
+            lender[st] = vn_lease_state_to_string(st);
+        }
+    }
     return lent ? lender : borrower;
 }
 
@@ -261,57 +266,18 @@ static void sample_start(GString *out, const char *name, const VnMetricsSnapshot
     g_string_append(out, "} ");
 }
 
-/* A counter from a worker: a non-negative integer, or a boolean (0/1). */
-static bool value_of(JsonObject *o, const char *key, uint64_t *v)
-{
-    const char *dot = strchr(key, '.');
-    JsonNode *n;
-
-    if (dot != NULL) {
-        g_autofree char *outer = g_strndup(key, (gsize)(dot - key));
-
-        n = json_object_get_member(o, outer);
-        if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n)) {
-            return false;
-        }
-        o = json_node_get_object(n);
-        key = dot + 1;
-    }
-    n = json_object_get_member(o, key);
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n)) {
-        return false;
-    }
-    if (json_node_get_value_type(n) == G_TYPE_BOOLEAN) {
-        *v = json_node_get_boolean(n) ? 1 : 0;
-        return true;
-    }
-    if (json_node_get_value_type(n) != G_TYPE_INT64 || json_node_get_int(n) < 0) {
-        return false;
-    }
-    *v = (uint64_t)json_node_get_int(n);
-    return true;
-}
-
 static void device_sample(GString *samples, const char *name, const VnMetricsSnapshot *s,
                           const VnMetricsDevice *d, JsonObject *o, const Source *src)
 {
     uint64_t v, minus = 0;
 
     if (src->key == NULL || !(src->roles & (d->lent ? ROLE_LENDER : ROLE_BORROWER)) ||
-        !value_of(o, src->key, &v) || (src->minus != NULL && !value_of(o, src->minus, &minus)) ||
-        minus > v) {
+        !vn_util_json_counter(o, src->key, true, &v) ||
+        (src->minus != NULL && !vn_util_json_counter(o, src->minus, true, &minus)) || minus > v) {
         return;
     }
     sample_start(samples, name, s, d, src->extra);
     g_string_append_printf(samples, "%" G_GUINT64_FORMAT "\n", v - minus);
-}
-
-static const char *string_member(JsonObject *o, const char *name)
-{
-    JsonNode *n = json_object_get_member(o, name);
-
-    return n != NULL && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n)
-                                                                     : NULL;
 }
 
 /* objs[i]: the worker counters of s->devices[i], or NULL. */
@@ -344,8 +310,8 @@ static void match_devices(const VnMetricsSnapshot *s, JsonNode *stats, JsonObjec
     for (guint j = 0; j < json_array_get_length(json_node_get_array(borrowed)); j++) {
         JsonNode *n = json_array_get_element(json_node_get_array(borrowed), j);
         JsonObject *o = JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
-        const char *dev = o != NULL ? string_member(o, "device") : NULL;
-        const char *lender = o != NULL ? string_member(o, "lender") : NULL;
+        const char *dev = o != NULL ? vn_util_json_string(o, "device") : NULL;
+        const char *lender = o != NULL ? vn_util_json_string(o, "lender") : NULL;
         g_autofree char *full = NULL;
 
         /* A borrower worker names the lender's device and the lender
@@ -390,7 +356,8 @@ static void node_families(GString *out, const VnMetricsSnapshot *s, JsonNode *st
 
         g_string_truncate(samples, 0);
         if (where != NULL && JSON_NODE_HOLDS_OBJECT(where) &&
-            value_of(json_node_get_object(where), key[0] == '@' ? key + 1 : key, &v)) {
+            vn_util_json_counter(json_node_get_object(where), key[0] == '@' ? key + 1 : key, true,
+                                 &v)) {
             sample_start(samples, node_counters[i].name, s, NULL, NULL);
             g_string_append_printf(samples, "%" G_GUINT64_FORMAT "\n", v);
         }
