@@ -132,6 +132,29 @@ START_TEST(test_answered_at_once)
 }
 END_TEST
 
+/* Whose counters they are is the daemon's to say: the borrower's fake
+ * worker names no device, and the gathered entry names hostb's, with its
+ * lender (a worker naming another device would be overwritten alike). */
+START_TEST(test_daemon_names_counters)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    JsonNode *stats = NULL;
+    g_autofree char *text = NULL;
+
+    borrow(a, b);
+    ck_assert(vn_stats_gather(b, NULL, keep_stats, &stats));
+    ck_assert_ptr_nonnull(stats);
+    text = json_to_string(stats, FALSE);
+    ck_assert_msg(strstr(text, "\"borrowed\":[{\"vfio_user_messages\":7,\"device\":\"nvme0\","
+                               "\"lender\":\"hosta\"}]") != NULL,
+                  "%s", text);
+    json_node_unref(stats);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 static Suite *stats_suite(void)
 {
     Suite *s = suite_create("stats");
@@ -140,6 +163,7 @@ static Suite *stats_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_answered_at_once);
+    tcase_add_test(tc, test_daemon_names_counters);
     tcase_add_test(tc, test_stats_do_not_wait);
     suite_add_tcase(s, tc);
     return s;

@@ -20,6 +20,10 @@ typedef struct Slot {
     Gather *g;
     bool lent;
     void *device; /* its VnLocalDevice (lent) or VnBorrowed, while asking */
+    /* Whose counters these are, as the daemon knows it: the device's name
+     * (the lender's, for a borrowed one) and, borrowed, its lender. */
+    char *name;
+    char *lender;
     char *text;
     VnWctlCall *call;
 } Slot;
@@ -34,16 +38,25 @@ struct Gather {
     void *opaque;
 };
 
-/* Counters a worker wrote (untrusted): added parsed, else as null. */
-static void add_json_text(JsonBuilder *b, const char *text)
+/* Counters a worker wrote (untrusted): added parsed, else as null.  Which
+ * device they are of is the daemon's to say, not the worker's: "device"
+ * and "lender" are set from @s (what an honest worker writes anyway), so
+ * that no worker's counters can pass as another device's. */
+static void add_json_text(JsonBuilder *b, const Slot *s)
 {
-    JsonNode *n = vn_json_parse(text, -1, VN_SPAWN_MAX_STATS, NULL);
+    JsonNode *n = vn_json_parse(s->text, -1, VN_SPAWN_MAX_STATS, NULL);
 
-    if (n != NULL) {
-        json_builder_add_value(b, n);
-    } else {
+    if (n == NULL) {
         json_builder_add_null_value(b);
+        return;
     }
+    if (JSON_NODE_HOLDS_OBJECT(n)) {
+        json_object_set_string_member(json_node_get_object(n), "device", s->name);
+        if (s->lender != NULL) {
+            json_object_set_string_member(json_node_get_object(n), "lender", s->lender);
+        }
+    }
+    json_builder_add_value(b, n);
 }
 
 static JsonNode *build(VnDaemon *d, const Gather *g)
@@ -81,7 +94,7 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
     json_builder_begin_array(b);
     for (guint i = 0; i < g->n; i++) {
         if (g->slots[i].lent) {
-            add_json_text(b, g->slots[i].text);
+            add_json_text(b, &g->slots[i]);
         }
     }
     json_builder_end_array(b);
@@ -89,7 +102,7 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
     json_builder_begin_array(b);
     for (guint i = 0; i < g->n; i++) {
         if (!g->slots[i].lent && g->slots[i].text != NULL) {
-            add_json_text(b, g->slots[i].text);
+            add_json_text(b, &g->slots[i]);
         }
     }
     json_builder_end_array(b);
@@ -109,6 +122,8 @@ static void finish(Gather *g)
     g->ready(d, build(d, g), g->opaque);
     for (guint i = 0; i < g->n; i++) {
         g_free(g->slots[i].text);
+        g_free(g->slots[i].name);
+        g_free(g->slots[i].lender);
     }
     g_free(g->slots);
     g_free(g);
@@ -143,14 +158,19 @@ bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *op
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
         if (only == NULL || strcmp(only, dev) == 0) {
-            g->slots[n++] = (Slot){ .g = g, .lent = true, .device = ld };
+            g->slots[n++] =
+                (Slot){ .g = g, .lent = true, .device = ld, .name = g_strdup(ld->conf->name) };
         }
     }
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *b = d->borrowed->pdata[i];
 
         if (only == NULL || strcmp(only, b->device) == 0) {
-            g->slots[n++] = (Slot){ .g = g, .lent = false, .device = b };
+            g->slots[n++] = (Slot){ .g = g,
+                                    .lent = false,
+                                    .device = b,
+                                    .name = g_strdup(b->name),
+                                    .lender = g_strdup(b->lender) };
         }
     }
     g->n = n;
