@@ -68,11 +68,23 @@ static const char *domain_of(const GLogField *fields, gsize n)
     return NULL;
 }
 
-static GLogWriterOutput writer(GLogLevelFlags flags, const GLogField *fields, gsize n,
-                               gpointer data)
+void vn_log_write_fields(GLogLevelFlags flags, const GLogField *fields, gsize n)
 {
     g_autofree char *line = NULL;
 
+    if (g_log_writer_is_journald(fileno(stderr)) &&
+        g_log_writer_journald(flags, fields, n, NULL) == G_LOG_WRITER_HANDLED) {
+        return;
+    }
+    line =
+        g_log_writer_format_fields(flags, fields, n, g_log_writer_supports_color(fileno(stderr)));
+    fprintf(stderr, "%s\n", line);
+    fflush(stderr);
+}
+
+static GLogWriterOutput writer(GLogLevelFlags flags, const GLogField *fields, gsize n,
+                               gpointer data)
+{
     if ((int)level_of(flags) > __atomic_load_n(&current_level, __ATOMIC_RELAXED) &&
         !(flags & G_LOG_FLAG_FATAL) &&
         (!(flags & (G_LOG_LEVEL_INFO | G_LOG_LEVEL_DEBUG)) ||
@@ -81,14 +93,7 @@ static GLogWriterOutput writer(GLogLevelFlags flags, const GLogField *fields, gs
          * asks for (that keeps working as it did: a domain's debug lines). */
         return G_LOG_WRITER_HANDLED;
     }
-    if (g_log_writer_is_journald(fileno(stderr)) &&
-        g_log_writer_journald(flags, fields, n, NULL) == G_LOG_WRITER_HANDLED) {
-        return G_LOG_WRITER_HANDLED;
-    }
-    line =
-        g_log_writer_format_fields(flags, fields, n, g_log_writer_supports_color(fileno(stderr)));
-    fprintf(stderr, "%s\n", line);
-    fflush(stderr);
+    vn_log_write_fields(flags, fields, n);
     return G_LOG_WRITER_HANDLED;
 }
 

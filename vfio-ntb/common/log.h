@@ -59,4 +59,9 @@ void vn_log_fields(const char *domain, GLogLevelFlags level, const char *file, c
     vn_log_fields(G_LOG_DOMAIN, (level), __FILE__, G_STRINGIFY(__LINE__), G_STRFUNC, (node), \
                   (device), (peer), (lease), __VA_ARGS__)
 
+/* @fields to the journal when stderr is it, else as a line on stderr:
+ * where the daemon's log lines and trace events go (never stdout, which
+ * is ntbctl's answer). */
+void vn_log_write_fields(GLogLevelFlags flags, const GLogField *fields, gsize n);
+
 #endif /* VN_LOG_H */

@@ -2,6 +2,7 @@
  * Trace points: switching and logging (see trace.h).
  */
 #include "trace.h"
+#include "log.h"
 
 #include <gio/gio.h>
 #include <stdarg.h>
@@ -145,12 +146,5 @@ void vn_trace_emit(const char *event, const GLogField *fields, size_t n_fields, 
     /* Not through g_log's default writer: it would drop debug messages unless
      * G_MESSAGES_DEBUG asks for them (the switch is the event's own), and would print them
      * on stdout, which is ntbctl's answer. */
-    if (g_log_writer_is_journald(fileno(stderr))) {
-        g_log_writer_journald(G_LOG_LEVEL_DEBUG, all, n, NULL);
-    } else {
-        g_autofree char *line = g_log_writer_format_fields(G_LOG_LEVEL_DEBUG, all, n, FALSE);
-
-        fprintf(stderr, "%s\n", line);
-        fflush(stderr);
-    }
+    vn_log_write_fields(G_LOG_LEVEL_DEBUG, all, n);
 }
