@@ -111,6 +111,33 @@ static const VnFabricOps *backend_lookup(const char *name)
     return ops;
 }
 
+static int by_name(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* "no fabric backend X (known: host, ntb, shm)": every registered one. */
+static void no_backend(const char *name, GError **error)
+{
+    g_autoptr(GPtrArray) names = g_ptr_array_new();
+    g_autofree char *list = NULL;
+    GHashTableIter it;
+    gpointer key;
+
+    (void)backend_lookup(NULL); /* registers the built-in ones */
+    vn_mutex_lock(&registry_lock);
+    g_hash_table_iter_init(&it, registry);
+    while (g_hash_table_iter_next(&it, &key, NULL)) {
+        g_ptr_array_add(names, key);
+    }
+    vn_mutex_unlock(&registry_lock);
+    g_ptr_array_sort(names, by_name);
+    g_ptr_array_add(names, NULL);
+    list = g_strjoinv(", ", (char **)names->pdata);
+    g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND, "no fabric backend \"%.40s\" (known: %s)",
+                name != NULL ? name : "(null)", list);
+}
+
 /* ---- small things ----------------------------------------------------- */
 
 void vn_fabric_limits_default(VnFabricLimits *l)
@@ -491,9 +518,7 @@ bool vn_fabric_params_check(const char *backend, GHashTable *params, const char 
     int timeout_ms;
 
     if (ops == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND,
-                    "no fabric backend \"%.40s\" (known: shm, ntb)",
-                    backend != NULL ? backend : "(null)");
+        no_backend(backend, error);
     } else if (take_params(params, &timeout_ms, rest, &key, error) &&
                (ops->check_params == NULL || ops->check_params(rest, &key, error))) {
         return true;
@@ -514,8 +539,7 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     const char *bad = NULL;
 
     if (ops == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND, "no fabric backend \"%s\"",
-                    backend != NULL ? backend : "(null)");
+        no_backend(backend, error);
         return NULL;
     }
     if (!vn_name_valid(VN_NAME_NODE, node)) {
