@@ -506,6 +506,28 @@ static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
                 "[fabric]: %s", local->message);
 }
 
+/* [node] @key, milliseconds in @min..@max; @dflt when absent. */
+static bool get_ms(const ConfRead *p, const char *key, gint64 min, gint64 max, uint32_t dflt,
+                   uint32_t *out, GError **error)
+{
+    g_autoptr(GError) local = NULL;
+    g_autofree char *text = g_key_file_get_string(p->kf, "node", key, NULL);
+    gint64 v;
+
+    *out = dflt;
+    if (text == NULL) {
+        return true;
+    }
+    v = g_key_file_get_int64(p->kf, "node", key, &local);
+    if (local != NULL || v < min || v > max) {
+        return fail(p, error, "node", key,
+                    "[node]: %s = \"%.20s\": %s must be %" G_GINT64_FORMAT "..%" G_GINT64_FORMAT,
+                    key, text, key, min, max);
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
 static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
     static const char *const node_keys[] = { "name",         "fabric",
@@ -572,20 +594,9 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
             }
         }
     }
-    c->lease_timeout_ms = 10000;
-    if (g_key_file_has_key(kf, "node", "lease-timeout-ms", NULL)) {
-        g_autoptr(GError) local = NULL;
-        g_autofree char *text = g_key_file_get_string(kf, "node", "lease-timeout-ms", NULL);
-        gint64 v = g_key_file_get_int64(kf, "node", "lease-timeout-ms", &local);
-
-        /* Bounded: 0 would expire leases on every blip, a day is surely a typo. */
-        if (local != NULL || v < 100 || v > 86400000) {
-            return fail(p, error, "node", "lease-timeout-ms",
-                        "[node]: lease-timeout-ms = \"%.20s\": lease-timeout-ms must be "
-                        "100..86400000",
-                        text != NULL ? text : "");
-        }
-        c->lease_timeout_ms = (uint32_t)v;
+    /* Bounded: 0 would expire leases on every blip, a day is surely a typo. */
+    if (!get_ms(p, "lease-timeout-ms", 100, 86400000, 10000, &c->lease_timeout_ms, error)) {
+        return false;
     }
     level = g_key_file_get_string(kf, "node", "log-level", NULL);
     c->log_level = VN_LOG_NOTICE;
@@ -593,22 +604,11 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
         return fail(p, error, "node", "log-level",
                     "[node] log-level = \"%.20s\": error, warning, notice, info or debug", level);
     }
-    c->metrics_interval_ms = VN_METRICS_DEFAULT_INTERVAL_MS;
-    if (g_key_file_has_key(kf, "node", "metrics-interval-ms", NULL)) {
-        g_autoptr(GError) local = NULL;
-        g_autofree char *text = g_key_file_get_string(kf, "node", "metrics-interval-ms", NULL);
-        gint64 v = g_key_file_get_int64(kf, "node", "metrics-interval-ms", &local);
-
-        /* Bounded (metrics.h): faster than any scrape only costs, slower
-         * than an hour is not monitoring. */
-        if (local != NULL || v < VN_METRICS_MIN_INTERVAL_MS || v > VN_METRICS_MAX_INTERVAL_MS) {
-            return fail(p, error, "node", "metrics-interval-ms",
-                        "[node]: metrics-interval-ms = \"%.20s\": metrics-interval-ms must be "
-                        "%d..%d",
-                        text != NULL ? text : "", VN_METRICS_MIN_INTERVAL_MS,
-                        VN_METRICS_MAX_INTERVAL_MS);
-        }
-        c->metrics_interval_ms = (uint32_t)v;
+    /* Bounded (metrics.h): faster than any scrape only costs, slower than an
+     * hour is not monitoring. */
+    if (!get_ms(p, "metrics-interval-ms", VN_METRICS_MIN_INTERVAL_MS, VN_METRICS_MAX_INTERVAL_MS,
+                VN_METRICS_DEFAULT_INTERVAL_MS, &c->metrics_interval_ms, error)) {
+        return false;
     }
     if (!vn_name_valid(VN_NAME_NODE, c->node)) {
         return fail(p, error, "node", "name", "[node]: name \"%.80s\" must be %s", c->node,
