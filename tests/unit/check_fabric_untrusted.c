@@ -849,6 +849,7 @@ typedef enum RingFault {
     RING_HELLO_OTHER,   /* naming another node than the port's cabling */
     RING_MAP_SIZE,      /* a MAP of the wrong size */
     RING_MAPPED_WINDOW, /* an answer naming window 0 */
+    RING_MAPPED_FLAGS,  /* an answer with a flag nobody defined */
     RING_PROD_AHEAD,    /* prod more than a ring ahead */
     RING_FRAGMENT_HUGE, /* pieces adding up past the largest frame */
     RING_LAST
@@ -891,6 +892,10 @@ static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
     case RING_MAP_SIZE:
         *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_MAP };
         break;
+    case RING_MAPPED_FLAGS:
+        mapped.window = 1;
+        mapped.flags = 0x80;
+        /* fall through */
     case RING_MAPPED_WINDOW:
         *rec = (VnNtbRec){ .len = sizeof(mapped), .kind = VN_NTB_REC_MAPPED };
         memcpy(rec + 1, &mapped, sizeof(mapped));
@@ -958,7 +963,7 @@ START_TEST(test_ntb_bad_ring)
     WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &hello) == 0 &&
              hello >> 16 == VN_NTB_SPAD_MAGIC);
     tag = vn_ntb_tag(0x77, (uint16_t)hello);
-    fd = raw->ops->out_fd(raw, 0, &offset, &size);
+    fd = raw->ops->out_fd(raw, 0, true, &offset, &size);
     ck_assert_int_ge(fd, 0);
     theirs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     close(fd);

@@ -9,6 +9,8 @@
 
 #include "ntb-int.h"
 
+#include "common/peerfd.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -205,6 +207,8 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
 {
     VnNtbMapped ans = { .status = EINVAL };
     uint64_t size = 0, offset = 0;
+    const char *why = NULL;
+    bool device = false;
     VnNtbMap req;
     uint32_t w;
     int fd, ret;
@@ -228,8 +232,14 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
     } else if ((ret = l->port->ops->in_export(l->port, w, fd, offset, size)) < 0) {
         ans.status = -ret;
     } else {
+        /* The mapper maps a device's registers uncached, memory write-combining. */
+        (void)vn_peerfd_window(fd, offset, size, &device, &why);
         l->exported[w] = req.id;
-        ans = (VnNtbMapped){ .seq = req.seq, .status = 0, .window = w, .size = size };
+        ans = (VnNtbMapped){ .seq = req.seq,
+                             .status = 0,
+                             .window = w,
+                             .size = size,
+                             .flags = device ? VN_NTB_MAPPED_DEVICE : 0 };
     }
     vn_ntb_queue(l, VN_NTB_REC_MAPPED, 0, &ans, sizeof(ans));
     vn_ntb_flush(l);
@@ -277,7 +287,8 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
     memcpy(&a, payload, sizeof(a));
     m = mapping_of(l, a.seq);
     if (a.status == 0 && (a.window == 0 || a.window >= l->port->info.windows ||
-                          l->mapped[a.window] != 0 || a.size == 0)) {
+                          l->mapped[a.window] != 0 || a.size == 0 ||
+                          (a.flags & ~VN_NTB_MAPPED_DEVICE) != 0 || a.reserved != 0)) {
         vn_ntb_session_broken(l, "a MAPPED naming a window we cannot use");
         return;
     }
@@ -297,7 +308,8 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         g_warning("node %s: ntb port %s: window %u: its old mappings could not be revoked",
                   l->ntb->node, l->port->spec, a.window);
     }
-    fd = l->port->ops->out_fd(l->port, a.window, &offset, &wsize);
+    fd = l->port->ops->out_fd(l->port, a.window, !(a.flags & VN_NTB_MAPPED_DEVICE), &offset,
+                              &wsize);
     if (fd >= 0 && a.size > wsize) {
         close(fd);
         fd = -EIO;

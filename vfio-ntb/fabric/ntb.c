@@ -180,7 +180,11 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     link_lost(l, "the peer started a new session");
     session_clear(l);
     l->state = VN_NTB_LINK_WAITING;
-    fd = p->ops->out_fd(p, 0, &offset, &size);
+    /* What was mapped of the last session's ring reaches nothing now. */
+    if (p->ops->out_revoke != NULL) {
+        p->ops->out_revoke(p, 0);
+    }
+    fd = p->ops->out_fd(p, 0, true, &offset, &size);
     if (fd < 0) {
         return; /* not there yet: its CTRL doorbell comes again */
     }

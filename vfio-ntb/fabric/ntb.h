@@ -127,7 +127,12 @@ typedef struct VnNtbMapped {
     int32_t status; /* 0, or the positive errno of a refusal */
     uint32_t window;
     uint64_t size;
+    uint32_t flags; /* VN_NTB_MAPPED_* */
+    uint32_t reserved;
 } VnNtbMapped;
+
+/* The segment is a device's registers (its BAR), not memory: mapped uncached. */
+#define VN_NTB_MAPPED_DEVICE 0x1u
 
 /* The session tag of two epochs (nonzero, the same on both sides). */
 uint16_t vn_ntb_tag(uint16_t a, uint16_t b);

@@ -6,9 +6,9 @@
  *
  * An inbound target of our memory is the memory mapped here and handed to
  * VN_NTB_MW_EXPORT, which pins it and maps it for the NTB's DMA device; the
- * mapping is kept until the target is cleared.  A target in a device's BAR
- * (VN_NTB_MW_EXPORT_BAR) is not offered here yet: the fabric's segments of a
- * device are fds, and which function a VFIO fd is cannot be asked of it.
+ * mapping is kept until the target is cleared.  A device's BAR is exported
+ * the same way, mapped from its VFIO device fd (the only device memory the
+ * module takes).
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -171,9 +171,13 @@ static int kmod_in_clear(VnNtbPort *p, uint32_t win)
     return kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
 }
 
-static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *size)
+static int kmod_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset,
+                       uint64_t *size)
 {
     struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
+    struct vn_ntb_mw_fd wf = { .argsz = sizeof(wf),
+                               .index = win,
+                               .flags = memory ? VN_NTB_MW_FD_WC : 0 };
     int ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
 
     if (ret < 0) {
@@ -183,7 +187,7 @@ static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *s
         return -ENXIO;
     }
     /* A file for this window alone (mmap and nothing else): it may reach a VM's QEMU. */
-    ret = ioctl(kmod_port(p)->fd, VN_NTB_MW_FD, &win);
+    ret = ioctl(kmod_port(p)->fd, VN_NTB_MW_FD, &wf);
     if (ret < 0) {
         return -errno;
     }
@@ -194,7 +198,7 @@ static int kmod_out_fd(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *s
 
 static int kmod_out_revoke(VnNtbPort *p, uint32_t win)
 {
-    return kmod_ioctl(p, VN_NTB_MW_ZAP, &win);
+    return kmod_ioctl(p, VN_NTB_MW_REVOKE, &win);
 }
 
 static const VnNtbPortOps kmod_ops = {

@@ -67,13 +67,15 @@ typedef struct VnNtbPortOps {
     int (*in_export)(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size);
     int (*in_clear)(VnNtbPort *p, uint32_t win);
     /* A new fd of ours whose bytes from *@offset are outbound window @win
-     * (*@size of them), for mmap; -ENXIO when the peer set no target there
-     * and the provider can tell. */
-    int (*out_fd)(VnNtbPort *p, uint32_t win, uint64_t *offset, uint64_t *size);
-    /* Optional: every mapping of outbound window @win made from out_fd's fds
-     * goes (a later access faults), so that once the window reaches a new
-     * target nothing mapped for the old one reaches it.  Without it (the
-     * in-process pair: memfds) mappings stay. */
+     * (*@size of them), for mmap, bound to the window's target now; -ENXIO
+     * when the peer set no target there and the provider can tell.  @memory:
+     * the target is memory (mapped write-combining where the provider can);
+     * else a device's registers (uncached). */
+    int (*out_fd)(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset, uint64_t *size);
+    /* Optional: the window's target is gone or about to change: every
+     * mapping of outbound window @win made from out_fd's fds faults from now
+     * on, and those fds cannot be mapped again (out_fd gives one for the next
+     * target).  Without it (the in-process pair: memfds) mappings stay. */
     int (*out_revoke)(VnNtbPort *p, uint32_t win);
 } VnNtbPortOps;
 

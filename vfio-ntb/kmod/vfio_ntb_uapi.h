@@ -13,25 +13,36 @@
  *   - an outbound window as a file of its own (VN_NTB_MW_FD): it can be mmap'd (from 0, the
  *     window's first byte) and nothing else, so the daemon can hand one window to another
  *     process (a VM's QEMU) without handing it the device.  Its filesystem's magic
- *     (fstatfs) is VN_NTB_WINDOW_FS_MAGIC.  Its mappings go when the NTB device does;
- *   - inbound windows: what the peer's window reaches here.  Three kinds of target:
- *     the caller's own memory (VN_NTB_MW_EXPORT: pages pinned and mapped for the NTB's DMA
- *     device so that they are contiguous behind the IOMMU; or device memory the caller has
- *     mapped, such as a BAR through VFIO, which the window then reaches peer to peer, the
- *     file it was mapped from held meanwhile), a buffer of the module's (VN_NTB_MW_ALLOC,
- *     mmap-able), or a BAR of a local PCI function named by its address
- *     (VN_NTB_MW_EXPORT_BAR).
+ *     (fstatfs) is VN_NTB_WINDOW_FS_MAGIC;
+ *   - inbound windows: what the peer's window reaches here.  Two kinds of target: the
+ *     caller's own memory (VN_NTB_MW_EXPORT: pages pinned, charged to the caller's locked
+ *     memory as VFIO's type1 charges them, and mapped for the NTB's DMA device so that they
+ *     are contiguous behind the IOMMU; or a BAR the caller mapped through a VFIO device
+ *     file, which the window then reaches peer to peer), or a buffer of the module's
+ *     (VN_NTB_MW_ALLOC, mmap-able).
+ *
+ * A mapping is a capability for one target (vfio-pci's model, Linux >= 6.10): its pages are
+ * filled at fault time, under the device's lock, and only while the target it was made for
+ * is there.  VN_NTB_MW_REVOKE ends an outbound window's target as far as this host can tell
+ * (the peer set the translation behind it; vfio-ntbd knows when that changes): every
+ * mapping of the window, through any file, then faults (SIGBUS), and every VN_NTB_MW_FD
+ * file made before it is dead (mmap answers ENODEV); a new VN_NTB_MW_FD file reaches the
+ * new target.  Clearing an inbound buffer (VN_NTB_MW_CLEAR) does the same to its mappings.
+ * Window files map uncached unless made with VN_NTB_MW_FD_WC (memory behind the window:
+ * write-combining); a device's registers must not have their writes merged or reordered.
  *
  * One process at a time may open a device (a second open is EBUSY).  Everything it set up
- * goes when it closes the file: translations cleared, pages unpinned, eventfds released.
- * A window is never torn down while it is mapped (EBUSY); when the NTB device goes away
- * (hot removal, module unload), the mappings are zapped and every call answers ENODEV.
+ * goes when it closes the file: translations cleared, pages unpinned and uncharged,
+ * doorbells masked, eventfds released, the link disabled.  Window files it handed out stay
+ * until their window is revoked: whoever opens the device next revokes a window before it
+ * gives it a new target.  When the NTB device goes away (hot removal, module
+ * unload), every mapping faults and every call answers ENODEV.
  *
  * Every argument is checked: indexes against the device's counts, sizes against its
- * alignment and maximum, argsz against the structure (EINVAL otherwise).  Inbound windows
- * are set up while the link is up: Linux's NTB API tells their alignment only then, so
- * VN_NTB_MW_EXPORT, _ALLOC and _EXPORT_BAR answer ENOTCONN before, and VN_NTB_MW_INFO's
- * inbound fields read 0.
+ * alignment and maximum, argsz against the structure, reserved fields and unknown flags
+ * (EINVAL otherwise).  Inbound windows are set up while the link is up: Linux's NTB API
+ * tells their alignment only then, so VN_NTB_MW_EXPORT and _ALLOC answer ENOTCONN before,
+ * and VN_NTB_MW_INFO's inbound fields read 0.
  */
 #ifndef VFIO_NTB_UAPI_H
 #define VFIO_NTB_UAPI_H
@@ -91,7 +102,8 @@ struct vn_ntb_mw_export {
     __u32 index;            /* inbound window */
     __u32 reserved;
     __u64 vaddr;            /* page-aligned memory of the caller: pages, or one mapping of
-                             * device memory (VM_PFNMAP, physically contiguous) */
+                             * a BAR through a VFIO device file (VM_PFNMAP, physically
+                             * contiguous, no RAM) */
     __u64 size;             /* a multiple of the page size, within in_size_max */
     __u64 dma_addr;         /* out: where the NTB's DMA device sees it */
 };
@@ -102,16 +114,14 @@ struct vn_ntb_mw_alloc {
     __u64 size;             /* within in_size_max; rounded up to the alignment */
 };
 
-struct vn_ntb_mw_export_bar {
-    __u32 index;            /* inbound window */
-    __u16 domain;           /* the local PCI function */
-    __u8 bus;
-    __u8 devfn;
-    __u32 bar;              /* 0..5, a memory BAR */
+/* VN_NTB_MW_FD's argument. */
+#define VN_NTB_MW_FD_WC (1u << 0)   /* map write-combining (memory, not registers) */
+
+struct vn_ntb_mw_fd {
+    __u32 argsz;            /* in: sizeof(struct vn_ntb_mw_fd) */
+    __u32 index;            /* in: outbound window */
+    __u32 flags;            /* in: VN_NTB_MW_FD_* */
     __u32 reserved;
-    __u64 offset;           /* into the BAR, aligned as in_addr_align */
-    __u64 size;             /* within the BAR and in_size_max */
-    __u64 dma_addr;         /* out */
 };
 
 #define VN_NTB_INFO _IOWR(VN_NTB_TYPE, 0, struct vn_ntb_info)
@@ -127,13 +137,14 @@ struct vn_ntb_mw_export_bar {
 #define VN_NTB_DB_READ _IOR(VN_NTB_TYPE, 10, __u64)
 #define VN_NTB_MW_EXPORT _IOWR(VN_NTB_TYPE, 11, struct vn_ntb_mw_export)
 #define VN_NTB_MW_ALLOC _IOW(VN_NTB_TYPE, 12, struct vn_ntb_mw_alloc)
-#define VN_NTB_MW_EXPORT_BAR _IOWR(VN_NTB_TYPE, 13, struct vn_ntb_mw_export_bar)
+/* 13 was VN_NTB_MW_EXPORT_BAR: any local function's BAR by its address; gone. */
 #define VN_NTB_MW_CLEAR _IOW(VN_NTB_TYPE, 14, __u32)        /* an inbound window's target */
-/* In: an outbound window's index; returns a new fd (O_CLOEXEC) for that window alone. */
-#define VN_NTB_MW_FD _IOW(VN_NTB_TYPE, 15, __u32)
-/* Every mapping of an outbound window goes, whoever made it (a later access is SIGBUS; a new
- * mmap works): before the window reaches something else, what reached the old target must not. */
-#define VN_NTB_MW_ZAP _IOW(VN_NTB_TYPE, 16, __u32)
+/* Returns a new fd (O_CLOEXEC) for one outbound window alone, bound to its current target. */
+#define VN_NTB_MW_FD _IOW(VN_NTB_TYPE, 15, struct vn_ntb_mw_fd)
+/* 16 was VN_NTB_MW_ZAP, after which the same files could be mapped again; gone. */
+/* The outbound window's target is gone (or about to change): every mapping of it faults,
+ * every window file of it is dead.  In: the window's index. */
+#define VN_NTB_MW_REVOKE _IOW(VN_NTB_TYPE, 17, __u32)
 
 /* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
 #define VN_NTB_WINDOW_FS_MAGIC 0x564e5746

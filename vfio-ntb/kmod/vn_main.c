@@ -6,112 +6,33 @@
  * It uses only Linux's NTB API, so it works over every NTB hardware driver Linux has.  One
  * peer (peer index 0): vfio-ntb joins hosts pairwise through each NTB port.
  *
- * Locking: vn->lock (a mutex) guards the device's state and is never held while taking the
- * caller's mmap_lock: arguments are copied in before and out after it, user pages are pinned
- * before it.  mmap runs under the mmap_lock and takes vn->lock (so that order only).
- * vn->ev_lock (a spinlock) guards the eventfds, which the NTB driver's interrupt handlers
- * signal through our ctx ops.
- *
- * Lifetime: the device (struct vn_dev) lives while the NTB device is there or a file is
- * open on it, the device's own or one of its window files (a kref).  When the NTB device
- * goes away first, its mappings are zapped (a later access is SIGBUS), its translations
- * cleared, and the open files answer ENODEV.  Every mapping of a device is in the address
- * space of one inode of ours (vn->inode, on a pseudo filesystem of the module's), whichever
- * file it was made through, so one call zaps them all.
+ * This file: the NTB client, the character device and its calls, eventfds.  Inbound targets
+ * are vn_inbound.c's, mappings and window files vn_mmap.c's; vn_dev.h has the locking and
+ * lifetime rules they share.
  */
-#include <linux/dma-mapping.h>
-#include <linux/eventfd.h>
 #include <linux/file.h>
-#include <linux/fs.h>
-#include <linux/kref.h>
-#include <linux/miscdevice.h>
-#include <linux/mm.h>
 #include <linux/module.h>
-#include <linux/mutex.h>
 #include <linux/mount.h>
-#include <linux/ntb.h>
 #include <linux/pci.h>
 #include <linux/pseudo_fs.h>
-#include <linux/scatterlist.h>
 #include <linux/slab.h>
-#include <linux/spinlock.h>
-#include <linux/uaccess.h>
-#include <linux/version.h>
 
-#include "vfio_ntb_uapi.h"
-
-#define VN_PIDX 0               /* the one peer */
-#define VN_MMAP_KIND(off) (((off) >> 56) & 0xf)
-#define VN_MMAP_INDEX(off) (((off) >> 48) & 0xff)
-#define VN_MMAP_WITHIN(off) ((off) & ((1ull << 48) - 1))
+#include "vn_dev.h"
 
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 8, 0)
 #define vn_eventfd_signal(ctx) eventfd_signal(ctx)
 #else
 #define vn_eventfd_signal(ctx) eventfd_signal(ctx, 1)
 #endif
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
-#define vn_vma_set_flags(vma, f) vm_flags_set(vma, f)
-#else
-#define vn_vma_set_flags(vma, f) ((vma)->vm_flags |= (f))
-#endif
 
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 10, 0) && LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
 #error "vfio_ntb: Linux 6.10 and 6.11 (follow_pte without follow_pfnmap_start) are not supported"
 #endif
 
-enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_BAR, VN_IN_MMIO };
-
-/* An inbound window's target: what the peer's window reaches here. */
-struct vn_inbound {
-	enum vn_in_kind kind;
-	u64 size;
-	dma_addr_t dma;
-	struct page **pages;    /* VN_IN_USER: pinned */
-	unsigned long npages;
-	struct sg_table sgt;
-	void *cpu;              /* VN_IN_ALLOC */
-	struct pci_dev *bar_dev;/* VN_IN_BAR: held */
-	struct file *mmio_file; /* VN_IN_MMIO: the file the caller mapped it from, held */
-	atomic_t maps;          /* live mmaps of the VN_IN_ALLOC buffer */
-};
-
-struct vn_outbound {
-	phys_addr_t base;
-	resource_size_t size;
-	atomic_t maps;
-};
-
-struct vn_db_ev {
-	struct eventfd_ctx *ctx;
-	u64 bits;
-};
-
-struct vn_dev {
-	struct kref ref;
-	struct ntb_dev *ntb;
-	struct device *dma_dev;
-	struct miscdevice misc;
-	struct inode *inode;    /* whose address space holds every mapping of the device's */
-	char name[48];
-	char nodename[48];
-	struct mutex lock;
-	bool dead;              /* the NTB device went away */
-	struct file *owner;     /* the one open file */
-	bool link_enabled;      /* by the owner */
-	u32 mw_count, peer_mw_count, spad_count;
-	u64 db_valid;
-	struct vn_outbound out[VN_NTB_MAX_MWS];
-	struct vn_inbound in[VN_NTB_MAX_MWS];
-	spinlock_t ev_lock;
-	struct eventfd_ctx *link_ev;
-	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
-};
-
 /* The pseudo filesystem of window files and of vn->inode, mounted while the module is
  * loaded.  It has no owner: a mount of it must not keep the module from unloading (every
  * file of ours holds the module through its fops instead). */
-static struct vfsmount *vn_mnt;
+struct vfsmount *vn_mnt;
 
 static int vn_fs_init_fs_context(struct fs_context *fc)
 {
@@ -124,7 +45,7 @@ static struct file_system_type vn_fs_type = {
 	.kill_sb = kill_anon_super,
 };
 
-static void vn_free(struct kref *ref)
+void vn_free(struct kref *ref)
 {
 	struct vn_dev *vn = container_of(ref, struct vn_dev, ref);
 
@@ -171,344 +92,6 @@ static const struct ntb_ctx_ops vn_ctx_ops = {
 	.link_event = vn_link_event,
 	.db_event = vn_db_event,
 };
-
-/* ---- inbound windows ---------------------------------------------------- */
-
-static void vn_unpin(struct page **pages, unsigned long npages)
-{
-	unpin_user_pages(pages, npages);
-	kvfree(pages);
-}
-
-/* Undo what an inbound window's target holds (the translation is cleared first). */
-static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in)
-{
-	switch (in->kind) {
-	case VN_IN_USER:
-		dma_unmap_sgtable(vn->dma_dev, &in->sgt, DMA_BIDIRECTIONAL, 0);
-		sg_free_table(&in->sgt);
-		vn_unpin(in->pages, in->npages);
-		break;
-	case VN_IN_ALLOC:
-		dma_free_coherent(vn->dma_dev, in->size, in->cpu, in->dma);
-		break;
-	case VN_IN_BAR:
-		dma_unmap_resource(vn->dma_dev, in->dma, in->size, DMA_BIDIRECTIONAL, 0);
-		pci_dev_put(in->bar_dev);
-		break;
-	case VN_IN_MMIO:
-		dma_unmap_resource(vn->dma_dev, in->dma, in->size, DMA_BIDIRECTIONAL, 0);
-		fput(in->mmio_file);
-		break;
-	case VN_IN_NONE:
-		break;
-	}
-	in->kind = VN_IN_NONE;
-	in->size = 0;
-	in->dma = 0;
-	in->pages = NULL;
-	in->cpu = NULL;
-	in->bar_dev = NULL;
-	in->mmio_file = NULL;
-}
-
-static int vn_in_clear(struct vn_dev *vn, u32 idx)
-{
-	struct vn_inbound *in = &vn->in[idx];
-
-	if (in->kind == VN_IN_NONE)
-		return -ENOENT;
-	if (atomic_read(&in->maps))
-		return -EBUSY;          /* never under a mapping */
-	if (!vn->dead)
-		ntb_mw_clear_trans(vn->ntb, VN_PIDX, idx);
-	vn_in_release(vn, in);
-	return 0;
-}
-
-/* Check a target of @size bytes at DMA address @dma against window @idx; size_align and
- * addr_align are powers of two or 0 (as the NTB drivers report them). */
-static int vn_in_check(struct vn_dev *vn, u32 idx, u64 size, u64 *size_max)
-{
-	resource_size_t addr_align, size_align, max;
-	int ret;
-
-	if (idx >= vn->mw_count)
-		return -EINVAL;
-	if (vn->in[idx].kind != VN_IN_NONE)
-		return -EBUSY;
-	ret = ntb_mw_get_align(vn->ntb, VN_PIDX, idx, &addr_align, &size_align, &max);
-	if (ret)
-		return ret;
-	if (!size || size > max || (size_align > 1 && (size & (size_align - 1))))
-		return -EINVAL;
-	*size_max = max;
-	return 0;
-}
-
-static int vn_in_set(struct vn_dev *vn, u32 idx, struct vn_inbound *in)
-{
-	resource_size_t addr_align, size_align, max;
-	int ret;
-
-	ret = ntb_mw_get_align(vn->ntb, VN_PIDX, idx, &addr_align, &size_align, &max);
-	if (!ret && addr_align > 1 && (in->dma & (addr_align - 1)))
-		ret = -EINVAL;
-	if (!ret)
-		ret = ntb_mw_set_trans(vn->ntb, VN_PIDX, idx, in->dma, in->size);
-	if (ret) {
-		vn_in_release(vn, in);
-		return ret;
-	}
-	return 0;
-}
-
-/* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (it takes the caller's
- * mmap_lock): pinned pages, or device memory and the file it was mapped from. */
-struct vn_source {
-	struct page **pages;
-	unsigned long npages;
-	phys_addr_t phys;
-	struct file *file;
-};
-
-static void vn_source_release(struct vn_source *src)
-{
-	if (src->pages)
-		vn_unpin(src->pages, src->npages);
-	if (src->file)
-		fput(src->file);
-	memset(src, 0, sizeof(*src));
-}
-
-/* Ours, defined below: a window's target is never one of our own mappings (a window
- * reaching a window makes no sense, and holding our own file would keep it open). */
-static const struct file_operations vn_fops, vn_window_fops;
-
-static int vn_follow_pfn(struct vm_area_struct *vma, unsigned long addr, unsigned long *pfn)
-{
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 0)
-	struct follow_pfnmap_args args = { .vma = vma, .address = addr };
-	int ret = follow_pfnmap_start(&args);
-
-	if (!ret) {
-		*pfn = args.pfn;
-		follow_pfnmap_end(&args);
-	}
-	return ret;
-#else
-	return follow_pfn(vma, addr, pfn);
-#endif
-}
-
-/* Device memory the caller mapped (VM_PFNMAP, as VFIO maps a BAR), under the mmap_lock:
- * one physically contiguous range that is not ordinary RAM (as VFIO's type1 driver tells
- * it), faulted in where it is not yet. */
-static int vn_source_mmio(struct mm_struct *mm, struct vm_area_struct *vma,
-			  struct vn_ntb_mw_export *a, struct vn_source *src)
-{
-	unsigned long addr, pfn, first = 0;
-	int ret;
-
-	if (!vma->vm_file || a->vaddr + a->size > vma->vm_end)
-		return -EFAULT;
-	if (vma->vm_file->f_op == &vn_fops || vma->vm_file->f_op == &vn_window_fops)
-		return -EINVAL;
-	for (addr = a->vaddr; addr < a->vaddr + a->size; addr += PAGE_SIZE) {
-		ret = vn_follow_pfn(vma, addr, &pfn);
-		if (ret) {
-			ret = fixup_user_fault(mm, addr, FAULT_FLAG_WRITE, NULL);
-			if (!ret)
-				ret = vn_follow_pfn(vma, addr, &pfn);
-			if (ret)
-				return -EFAULT;
-		}
-		if (addr == a->vaddr)
-			first = pfn;
-		if (pfn != first + ((addr - a->vaddr) >> PAGE_SHIFT) ||
-		    (pfn_valid(pfn) && !PageReserved(pfn_to_page(pfn))))
-			return -EINVAL;
-		cond_resched();
-	}
-	src->phys = PFN_PHYS(first);
-	src->file = get_file(vma->vm_file);
-	return 0;
-}
-
-static int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src)
-{
-	struct mm_struct *mm = current->mm;
-	struct vm_area_struct *vma;
-	unsigned long n = a->size >> PAGE_SHIFT;
-	int pinned, ret = 1;
-
-	if (!a->size || !PAGE_ALIGNED(a->vaddr) || !PAGE_ALIGNED(a->size) ||
-	    a->vaddr + a->size < a->vaddr || n > INT_MAX)
-		return -EINVAL;
-	mmap_read_lock(mm);
-	vma = vma_lookup(mm, a->vaddr);
-	if (vma && (vma->vm_flags & (VM_IO | VM_PFNMAP)))
-		ret = vn_source_mmio(mm, vma, a, src);
-	mmap_read_unlock(mm);
-	if (ret <= 0)
-		return ret;
-	src->pages = kvmalloc_array(n, sizeof(*src->pages), GFP_KERNEL);
-	if (!src->pages)
-		return -ENOMEM;
-	pinned = pin_user_pages_fast(a->vaddr, n, FOLL_WRITE | FOLL_LONGTERM, src->pages);
-	if (pinned != n) {
-		if (pinned > 0)
-			unpin_user_pages(src->pages, pinned);
-		kvfree(src->pages);
-		src->pages = NULL;
-		return pinned < 0 ? pinned : -EFAULT;
-	}
-	src->npages = n;
-	return 0;
-}
-
-/* Device memory as the target: reached peer to peer through the NTB's DMA device. */
-static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
-{
-	struct vn_inbound *in = &vn->in[a->index];
-	int ret;
-
-	in->dma = dma_map_resource(vn->dma_dev, src->phys, a->size, DMA_BIDIRECTIONAL, 0);
-	if (dma_mapping_error(vn->dma_dev, in->dma)) {
-		in->dma = 0;
-		vn_source_release(src);
-		return -EIO;
-	}
-	in->kind = VN_IN_MMIO;
-	in->mmio_file = src->file;
-	in->size = a->size;
-	src->file = NULL;
-	ret = vn_in_set(vn, a->index, in);
-	if (!ret)
-		a->dma_addr = in->dma;
-	return ret;
-}
-
-/* How many ranges of DMA addresses a mapped table is.  An IOMMU maps the pages at
- * consecutive addresses but in segments of at most the device's max_seg_size (64 KiB for a
- * PCI function unless its driver says otherwise), so count where one does not continue the
- * last rather than the segments themselves. */
-static unsigned int vn_dma_ranges(struct sg_table *sgt)
-{
-	struct scatterlist *sg;
-	dma_addr_t end = 0;
-	unsigned int i, ranges = 0;
-
-	for_each_sgtable_dma_sg(sgt, sg, i) {
-		if (!ranges || sg_dma_address(sg) != end)
-			ranges++;
-		end = sg_dma_address(sg) + sg_dma_len(sg);
-	}
-	return ranges;
-}
-
-/* Takes @src (vn_source_get's): the window keeps what it holds, or it is released. */
-static int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
-{
-	struct vn_inbound *in;
-	unsigned int ranges;
-	u64 max;
-	int ret;
-
-	ret = vn_in_check(vn, a->index, a->size, &max);
-	if (ret)
-		goto release;
-	if (src->file)
-		return vn_mw_export_mmio(vn, a, src);
-	in = &vn->in[a->index];
-	ret = sg_alloc_table_from_pages(&in->sgt, src->pages, src->npages, 0, a->size, GFP_KERNEL);
-	if (ret)
-		goto release;
-	ret = dma_map_sgtable(vn->dma_dev, &in->sgt, DMA_BIDIRECTIONAL, 0);
-	if (ret) {
-		sg_free_table(&in->sgt);
-		goto release;
-	}
-	in->kind = VN_IN_USER;
-	in->pages = src->pages;
-	in->npages = src->npages;
-	in->size = a->size;
-	src->pages = NULL;
-	/* The peer's window is one range: the pages must be one to the NTB's DMA device
-	 * (an IOMMU makes them so; without one they must be physically contiguous). */
-	ranges = vn_dma_ranges(&in->sgt);
-	if (ranges != 1) {
-		dev_info(&vn->ntb->dev, "window %u: %lu pages are %u ranges to the device\n",
-			 a->index, src->npages, ranges);
-		vn_in_release(vn, in);
-		return -EINVAL;
-	}
-	in->dma = sg_dma_address(in->sgt.sgl);
-	ret = vn_in_set(vn, a->index, in);
-	if (!ret)
-		a->dma_addr = in->dma;
-	return ret;
-release:
-	vn_source_release(src);
-	return ret;
-}
-
-static int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a)
-{
-	struct vn_inbound *in;
-	u64 max, size = PAGE_ALIGN(a->size);
-	int ret;
-
-	if (size < a->size)
-		return -EINVAL;
-	ret = vn_in_check(vn, a->index, size, &max);
-	if (ret)
-		return ret;
-	in = &vn->in[a->index];
-	in->cpu = dma_alloc_coherent(vn->dma_dev, size, &in->dma, GFP_KERNEL);
-	if (!in->cpu)
-		return -ENOMEM;
-	in->kind = VN_IN_ALLOC;
-	in->size = size;
-	return vn_in_set(vn, a->index, in);
-}
-
-static int vn_mw_export_bar(struct vn_dev *vn, struct vn_ntb_mw_export_bar *a)
-{
-	struct vn_inbound *in;
-	struct pci_dev *pdev;
-	u64 max;
-	int ret;
-
-	ret = vn_in_check(vn, a->index, a->size, &max);
-	if (ret)
-		return ret;
-	if (a->bar >= PCI_STD_NUM_BARS)
-		return -EINVAL;
-	pdev = pci_get_domain_bus_and_slot(a->domain, a->bus, a->devfn);
-	if (!pdev)
-		return -ENODEV;
-	if (!(pci_resource_flags(pdev, a->bar) & IORESOURCE_MEM) ||
-	    a->offset > pci_resource_len(pdev, a->bar) ||
-	    a->size > pci_resource_len(pdev, a->bar) - a->offset || !PAGE_ALIGNED(a->offset)) {
-		pci_dev_put(pdev);
-		return -EINVAL;
-	}
-	in = &vn->in[a->index];
-	in->dma = dma_map_resource(vn->dma_dev, pci_resource_start(pdev, a->bar) + a->offset,
-				   a->size, DMA_BIDIRECTIONAL, 0);
-	if (dma_mapping_error(vn->dma_dev, in->dma)) {
-		pci_dev_put(pdev);
-		return -EIO;
-	}
-	in->kind = VN_IN_BAR;
-	in->bar_dev = pdev;
-	in->size = a->size;
-	ret = vn_in_set(vn, a->index, in);
-	if (!ret)
-		a->dma_addr = in->dma;
-	return ret;
-}
 
 /* ---- eventfds ----------------------------------------------------------- */
 
@@ -620,7 +203,10 @@ static int vn_open(struct inode *inode, struct file *f)
 	return ret;
 }
 
-/* Everything the owner set up goes (its mappings went before: they hold the file). */
+/* Everything the owner set up goes: its translations, its doorbells (masked again, as the
+ * device was before it opened it), its link.  Window files it handed out stay as they are
+ * (a VM's QEMU reads all ones through a window whose link is down, rather than die of
+ * SIGBUS) until the window is given a new target: the next owner revokes it first. */
 static void vn_teardown(struct vn_dev *vn)
 {
 	u32 i;
@@ -628,8 +214,11 @@ static void vn_teardown(struct vn_dev *vn)
 	for (i = 0; i < vn->mw_count; i++)
 		if (vn->in[i].kind != VN_IN_NONE)
 			vn_in_clear(vn, i);
-	if (vn->link_enabled && !vn->dead)
-		ntb_link_disable(vn->ntb);
+	if (!vn->dead) {
+		ntb_db_set_mask(vn->ntb, vn->db_valid);
+		if (vn->link_enabled)
+			ntb_link_disable(vn->ntb);
+	}
 	vn->link_enabled = false;
 	vn_events_release(vn);
 }
@@ -719,7 +308,7 @@ union vn_args {
 	struct vn_ntb_db_eventfd db_ev;
 	struct vn_ntb_mw_export exp;
 	struct vn_ntb_mw_alloc alloc;
-	struct vn_ntb_mw_export_bar bar;
+	struct vn_ntb_mw_fd mw_fd;
 	__u64 u64;
 	__u32 u32;
 	__s32 s32;
@@ -734,11 +323,17 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 	case VN_NTB_MW_INFO:
 		return vn_mw_info(vn, &a->mw_info);
 	case VN_NTB_LINK:
+	{
+		int ret;
+
 		if (a->u32 > 1)
 			return -EINVAL;
-		vn->link_enabled = a->u32;
-		return a->u32 ? ntb_link_enable(vn->ntb, NTB_SPEED_AUTO, NTB_WIDTH_AUTO)
-			      : ntb_link_disable(vn->ntb);
+		ret = a->u32 ? ntb_link_enable(vn->ntb, NTB_SPEED_AUTO, NTB_WIDTH_AUTO)
+			     : ntb_link_disable(vn->ntb);
+		if (!ret)
+			vn->link_enabled = a->u32;
+		return ret;
+	}
 	case VN_NTB_LINK_EVENTFD:
 		return vn_link_eventfd(vn, a->s32);
 	case VN_NTB_SPAD_READ:
@@ -759,22 +354,17 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 		return vn_mw_export(vn, &a->exp, src);
 	case VN_NTB_MW_ALLOC:
 		return vn_mw_alloc(vn, &a->alloc);
-	case VN_NTB_MW_EXPORT_BAR:
-		return vn_mw_export_bar(vn, &a->bar);
 	case VN_NTB_MW_CLEAR:
 		return a->u32 < vn->mw_count ? vn_in_clear(vn, a->u32) : -EINVAL;
-	case VN_NTB_MW_ZAP:
+	case VN_NTB_MW_REVOKE:
 		if (a->u32 >= vn->peer_mw_count)
 			return -EINVAL;
-		unmap_mapping_range(vn->inode->i_mapping,
-				    VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, (u64)a->u32), 1ull << 48, 1);
+		vn_out_revoke(vn, a->u32);
 		return 0;
 	default:
 		return -ENOTTY;
 	}
 }
-
-static long vn_ioctl_mw_fd(struct vn_dev *vn, u32 idx);
 
 static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
@@ -791,14 +381,12 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	if ((_IOC_DIR(cmd) & _IOC_WRITE) && copy_from_user(&a, uarg, size))
 		return -EFAULT;
 	if (cmd == VN_NTB_MW_EXPORT) {
-		u64 max;
-
 		if (a.exp.reserved)
 			return -EINVAL;
 		/* Bound the size by the window's before pinning anything (checked again under
 		 * the lock by vn_mw_export: the window may have changed meanwhile). */
 		mutex_lock(&vn->lock);
-		ret = vn->dead ? -ENODEV : vn_in_check(vn, a.exp.index, a.exp.size, &max);
+		ret = vn->dead ? -ENODEV : vn_in_check(vn, a.exp.index, a.exp.size);
 		mutex_unlock(&vn->lock);
 		if (ret)
 			return ret;
@@ -807,7 +395,7 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 			return ret;
 	}
 	if (cmd == VN_NTB_MW_FD)
-		return vn_ioctl_mw_fd(vn, a.u32);
+		return vn_mw_fd(vn, &a.mw_fd);
 	mutex_lock(&vn->lock);
 	if (vn->dead) {
 		ret = -ENODEV;
@@ -821,176 +409,7 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	return ret;
 }
 
-/* ---- mmap --------------------------------------------------------------- */
-
-static void vn_vma_open(struct vm_area_struct *vma)
-{
-	atomic_inc(vma->vm_private_data);
-}
-
-static void vn_vma_close(struct vm_area_struct *vma)
-{
-	atomic_dec(vma->vm_private_data);
-}
-
-/* Only after the device went away (its mappings were zapped). */
-static vm_fault_t vn_vma_fault(struct vm_fault *vmf)
-{
-	return VM_FAULT_SIGBUS;
-}
-
-static const struct vm_operations_struct vn_vm_ops = {
-	.open = vn_vma_open,
-	.close = vn_vma_close,
-	.fault = vn_vma_fault,
-};
-
-/* Outbound window @idx from @within, under vn->lock.  Whichever file maps it, the mapping
- * sits at the device file's offset for it in vn->inode's address space. */
-static int vn_mmap_out(struct vn_dev *vn, struct vm_area_struct *vma, u64 idx, u64 within)
-{
-	u64 len = vma->vm_end - vma->vm_start;
-	int ret;
-
-	if (idx >= vn->peer_mw_count || within > vn->out[idx].size ||
-	    len > vn->out[idx].size - within)
-		return -EINVAL;
-	vma->vm_pgoff = (VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, idx) + within) >> PAGE_SHIFT;
-	/* Device memory: VFIO's type1 can map it for a device (VM_PFNMAP). */
-	vma->vm_page_prot = pgprot_writecombine(vma->vm_page_prot);
-	vn_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-	ret = io_remap_pfn_range(vma, vma->vm_start, (vn->out[idx].base + within) >> PAGE_SHIFT,
-				 len, vma->vm_page_prot);
-	if (!ret) {
-		vma->vm_private_data = &vn->out[idx].maps;
-		vma->vm_ops = &vn_vm_ops;
-		atomic_inc(&vn->out[idx].maps);
-	}
-	return ret;
-}
-
-static int vn_mmap(struct file *f, struct vm_area_struct *vma)
-{
-	struct vn_dev *vn = vn_of(f);
-	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
-	u64 len = vma->vm_end - vma->vm_start;
-	u64 kind = VN_MMAP_KIND(off), idx = VN_MMAP_INDEX(off), within = VN_MMAP_WITHIN(off);
-	atomic_t *maps = NULL;
-	int ret = -EINVAL;
-
-	if (!(vma->vm_flags & VM_SHARED))
-		return -EINVAL;
-	mutex_lock(&vn->lock);
-	if (vn->dead) {
-		ret = -ENODEV;
-	} else if (kind == VN_NTB_MMAP_OUT) {
-		ret = vn_mmap_out(vn, vma, idx, within);
-	} else if (kind == VN_NTB_MMAP_IN && idx < vn->mw_count &&
-		   vn->in[idx].kind == VN_IN_ALLOC && within <= vn->in[idx].size &&
-		   len <= vn->in[idx].size - within) {
-		/* dma_mmap_coherent takes the offset into the buffer from vm_pgoff. */
-		vma->vm_pgoff = within >> PAGE_SHIFT;
-		ret = dma_mmap_coherent(vn->dma_dev, vma, vn->in[idx].cpu, vn->in[idx].dma,
-					vn->in[idx].size);
-		maps = &vn->in[idx].maps;
-	}
-	if (!ret && maps) {
-		vma->vm_private_data = maps;
-		vma->vm_ops = &vn_vm_ops;
-		atomic_inc(maps);
-	}
-	mutex_unlock(&vn->lock);
-	return ret;
-}
-
-/* ---- window files (VN_NTB_MW_FD) ---------------------------------------- */
-
-struct vn_window_file {
-	struct vn_dev *vn;      /* a reference */
-	u32 idx;
-};
-
-static int vn_window_mmap(struct file *f, struct vm_area_struct *vma)
-{
-	struct vn_window_file *w = f->private_data;
-	u64 within = (u64)vma->vm_pgoff << PAGE_SHIFT;
-	int ret;
-
-	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff >= (1ull << (48 - PAGE_SHIFT)))
-		return -EINVAL;
-	mutex_lock(&w->vn->lock);
-	ret = w->vn->dead ? -ENODEV : vn_mmap_out(w->vn, vma, w->idx, within);
-	mutex_unlock(&w->vn->lock);
-	return ret;
-}
-
-static int vn_window_release(struct inode *inode, struct file *f)
-{
-	struct vn_window_file *w = f->private_data;
-
-	kref_put(&w->vn->ref, vn_free);
-	kfree(w);
-	return 0;
-}
-
-static const struct file_operations vn_window_fops = {
-	.owner = THIS_MODULE,
-	.mmap = vn_window_mmap,
-	.release = vn_window_release,
-	.llseek = noop_llseek,
-};
-
-/* A new fd for outbound window @idx alone: what the daemon hands a VM's QEMU. */
-static long vn_ioctl_mw_fd(struct vn_dev *vn, u32 idx)
-{
-	struct vn_window_file *w;
-	struct file *f;
-	int fd;
-
-	w = kzalloc(sizeof(*w), GFP_KERNEL);
-	if (!w)
-		return -ENOMEM;
-	mutex_lock(&vn->lock);
-	fd = vn->dead ? -ENODEV
-	     : idx >= vn->peer_mw_count || !vn->out[idx].size ? -EINVAL : 0;
-	if (!fd) {
-		w->vn = vn;
-		w->idx = idx;
-		kref_get(&vn->ref);
-	}
-	mutex_unlock(&vn->lock);
-	if (fd) {
-		kfree(w);
-		return fd;
-	}
-	fd = get_unused_fd_flags(O_CLOEXEC);
-	if (fd < 0)
-		goto put;
-	/* The file's release puts its fops' module and its inode: take both. */
-	if (!try_module_get(THIS_MODULE)) {
-		put_unused_fd(fd);
-		fd = -ENODEV;
-		goto put;
-	}
-	ihold(vn->inode);
-	f = alloc_file_pseudo(vn->inode, vn_mnt, "vfio-ntb-window", O_RDWR, &vn_window_fops);
-	if (IS_ERR(f)) {
-		iput(vn->inode);
-		module_put(THIS_MODULE);
-		put_unused_fd(fd);
-		fd = PTR_ERR(f);
-		goto put;
-	}
-	f->private_data = w;
-	fd_install(fd, f);
-	return fd;
-put:
-	kref_put(&vn->ref, vn_free);
-	kfree(w);
-	return fd;
-}
-
-static const struct file_operations vn_fops = {
+const struct file_operations vn_fops = {
 	.owner = THIS_MODULE,
 	.open = vn_open,
 	.release = vn_release,
@@ -1074,18 +493,17 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 
 	misc_deregister(&vn->misc);
 	mutex_lock(&vn->lock);
-	/* Every mapping goes now, the device file's and its windows' files'; the next access
-	 * faults (SIGBUS). */
-	unmap_mapping_range(vn->inode->i_mapping, 0, 0, 1);
-	for (i = 0; i < vn->mw_count; i++) {
-		if (vn->in[i].kind != VN_IN_NONE) {
-			ntb_mw_clear_trans(ntb, VN_PIDX, i);
-			vn_in_release(vn, &vn->in[i]);
-		}
-	}
+	for (i = 0; i < vn->mw_count; i++)
+		if (vn->in[i].kind != VN_IN_NONE)
+			vn_in_clear(vn, i);
+	ntb_db_set_mask(ntb, vn->db_valid);
 	if (vn->link_enabled)
 		ntb_link_disable(ntb);
+	vn->link_enabled = false;
+	/* Every mapping goes now, the device file's and its windows' files', and faults from
+	 * the next access on (SIGBUS): vn->dead is set first, under the lock faults take. */
 	vn->dead = true;
+	unmap_mapping_range(vn->inode->i_mapping, 0, 0, 1);
 	mutex_unlock(&vn->lock);
 	ntb_clear_ctx(ntb);
 	vn_events_release(vn);

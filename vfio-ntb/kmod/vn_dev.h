@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * vfio_ntb's device, shared by its parts: vn_main.c (the NTB client, the character device and
+ * its calls, eventfds), vn_inbound.c (what the peer's windows reach here) and vn_mmap.c
+ * (mappings of windows and buffers, window files, revocation).
+ *
+ * Locking: vn->lock (a mutex) guards the device's state, the targets and the generations.
+ * Order: the caller's mmap_lock, then vn->lock, then the address space's i_mmap lock (taken
+ * by unmap_mapping_range).  So vn->lock is never held while taking an mmap_lock: arguments
+ * are copied in before and out after it, user pages are pinned and charged before it.
+ * vn->ev_lock (a spinlock) guards the eventfds, which the NTB driver's interrupt handlers
+ * signal through our ctx ops.
+ *
+ * Lifetime: the device lives while the NTB device is there or anything refers to it: its
+ * open file, a window file, a mapping (a kref each).  When the NTB device goes away first,
+ * vn->dead is set, every mapping is zapped and faults from then on, and every call answers
+ * ENODEV.
+ */
+#ifndef VN_DEV_H
+#define VN_DEV_H
+
+#include <linux/dma-mapping.h>
+#include <linux/eventfd.h>
+#include <linux/fs.h>
+#include <linux/kref.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mutex.h>
+#include <linux/ntb.h>
+#include <linux/scatterlist.h>
+#include <linux/spinlock.h>
+#include <linux/version.h>
+
+#include "vfio_ntb_uapi.h"
+
+#define VN_PIDX 0               /* the one peer */
+#define VN_MMAP_KIND(off) (((off) >> 56) & 0xf)
+#define VN_MMAP_INDEX(off) (((off) >> 48) & 0xff)
+#define VN_MMAP_WITHIN(off) ((off) & ((1ull << 48) - 1))
+#define VN_MMAP_SPAN (1ull << 48)       /* offsets of one window or buffer */
+
+enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_MMIO };
+
+/* An inbound window's target: what the peer's window reaches here. */
+struct vn_inbound {
+	enum vn_in_kind kind;
+	u64 gen;                /* bumped at each clear: older mappings of the buffer fault */
+	u64 size;
+	dma_addr_t dma;
+	struct page **pages;    /* USER: pinned; ALLOC: the buffer's pages, for faults */
+	unsigned long npages;
+	struct sg_table sgt;    /* USER */
+	struct mm_struct *mm;   /* USER: whose locked_vm the pins are charged to (grabbed) */
+	void *cpu;              /* ALLOC */
+	struct file *mmio_file; /* MMIO: the VFIO device file the BAR was mapped from, held */
+};
+
+/* An outbound window: our way to the peer's memory. */
+struct vn_outbound {
+	phys_addr_t base;
+	resource_size_t size;
+	u64 gen;                /* bumped at each revoke: older mappings and files are dead */
+};
+
+struct vn_db_ev {
+	struct eventfd_ctx *ctx;
+	u64 bits;
+};
+
+struct vn_dev {
+	struct kref ref;
+	struct ntb_dev *ntb;
+	struct device *dma_dev;
+	struct miscdevice misc;
+	struct inode *inode;    /* whose address space holds every mapping of the device's */
+	char name[48];
+	char nodename[48];
+	struct mutex lock;
+	bool dead;              /* the NTB device went away */
+	struct file *owner;     /* the one open file */
+	bool link_enabled;      /* by the owner */
+	u32 mw_count, peer_mw_count, spad_count;
+	u64 db_valid;
+	struct vn_outbound out[VN_NTB_MAX_MWS];
+	struct vn_inbound in[VN_NTB_MAX_MWS];
+	spinlock_t ev_lock;
+	struct eventfd_ctx *link_ev;
+	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
+};
+
+/* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (which must not be held
+ * while the caller's mmap_lock is taken): pinned and charged pages, or a BAR and the VFIO
+ * device file it was mapped from. */
+struct vn_source {
+	struct page **pages;
+	unsigned long npages;
+	struct mm_struct *mm;   /* charged for @npages */
+	phys_addr_t phys;
+	struct file *file;
+};
+
+extern const struct file_operations vn_fops;
+extern struct vfsmount *vn_mnt;
+
+void vn_free(struct kref *ref);
+
+/* vn_inbound.c; the vn_in_* and vn_mw_* calls under vn->lock. */
+int vn_in_check(struct vn_dev *vn, u32 idx, u64 size);
+int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src);
+void vn_source_release(struct vn_source *src);
+int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src);
+int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a);
+int vn_in_clear(struct vn_dev *vn, u32 idx);
+
+/* vn_mmap.c. */
+int vn_mmap(struct file *f, struct vm_area_struct *vma);
+long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a);
+/* Under vn->lock: every mapping of outbound window @idx (revoke) or of inbound buffer @idx
+ * (zap) faults from now on, and (revoke) every window file of it is dead. */
+void vn_out_revoke(struct vn_dev *vn, u32 idx);
+void vn_in_zap(struct vn_dev *vn, u32 idx);
+bool vn_is_ours(const struct file *f);
+
+#endif /* VN_DEV_H */
