@@ -8,10 +8,11 @@ will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
   mmap'd).  Each maps its outbound window (mmap) and writes a pattern through it, reads it
   back through it, and finds the other's pattern in its own target.
 - Each also maps its window through a file of that window alone (VN_NTB_MW_FD) and sees the
-  same bytes.  Host b exports a BAR it mapped (a pci-testdev's BAR 0, through sysfs) as
-  an inbound window's target, as vfio-ntbd exports a lent device's BAR mapped through VFIO.
-  Zapping a window's mappings (VN_NTB_MW_ZAP, as vfio-ntbd does before the window reaches
-  a new target) leaves a process that kept its mapping with SIGBUS at its next access.
+  same bytes.  Host b's BAR mapped through sysfs (a pci-testdev's BAR 0) is refused as an
+  inbound window's target: only a VFIO device's mapping is one (vfio-ntbd exports a lent
+  device's BAR so).  Revoking a window (VN_NTB_MW_REVOKE, as vfio-ntbd does before the
+  window reaches a new target) leaves a process that kept its mapping with SIGBUS at its
+  next access, and the window file it kept cannot be mapped again.
 - Doorbells: each registers an eventfd for one bit; the other rings it; the eventfd fires
   and the bit is cleared.
 - Host b tries a table of bad arguments; each is refused with the errno it names, and a
@@ -41,7 +42,7 @@ SPAD_FMT = "<II"
 DB_EV_FMT = "<iIQ"
 EXPORT_FMT = "<IIQQQ"                 # index res vaddr size dma
 ALLOC_FMT = "<IIQ"
-BAR_FMT = "<IHBBIIQQQ"                # index domain bus devfn bar res offset size dma
+MW_FD_FMT = "<IIII"                   # argsz index flags reserved
 MMAP_OUT, MMAP_IN = 1, 2
 BUF = 65536
 
@@ -75,10 +76,9 @@ DB_EVENTFD = IOW(9, DB_EV_FMT)
 DB_READ = IOR(10, "<Q")
 MW_EXPORT = IOWR(11, EXPORT_FMT)
 MW_ALLOC = IOW(12, ALLOC_FMT)
-MW_EXPORT_BAR = IOWR(13, BAR_FMT)
 MW_CLEAR = IOW(14, "<I")
-MW_FD = IOW(15, "<I")
-MW_ZAP = IOW(16, "<I")
+MW_FD = IOW(15, MW_FD_FMT)
+MW_REVOKE = IOW(17, "<I")
 
 
 def mmap_offset(kind, index):
@@ -93,8 +93,9 @@ def call(fd, req, fmt, *args):
 
 
 def window_fd(fd, idx):
-    """VN_NTB_MW_FD: a new fd for outbound window @idx alone."""
-    return fcntl.ioctl(fd, MW_FD, bytearray(struct.pack("<I", idx)), True)
+    """VN_NTB_MW_FD: a new fd for outbound window @idx alone (memory: write-combining)."""
+    return fcntl.ioctl(fd, MW_FD, bytearray(struct.pack(MW_FD_FMT, struct.calcsize(MW_FD_FMT),
+                                                        idx, 1, 0)), True)
 
 
 def errno_of(fn):
@@ -165,10 +166,8 @@ def bad_arguments(fd, dev, spads, in_max):
         ("alloc window 9", lambda: call(fd, MW_ALLOC, ALLOC_FMT, 9, 0, 4096), errno.EINVAL),
         ("alloc beyond the window", lambda: call(fd, MW_ALLOC, ALLOC_FMT, 0, 0, in_max * 2),
          errno.EINVAL),
-        ("BAR 7", lambda: call(fd, MW_EXPORT_BAR, BAR_FMT, 0, 0, 0, 8, 7, 0, 0, 4096, 0),
-         errno.EINVAL),
-        ("BAR of no device", lambda: call(fd, MW_EXPORT_BAR, BAR_FMT, 0, 0xfffe, 0xff, 0xff, 0,
-                                          0, 0, 4096, 0), errno.ENODEV),
+        ("export BAR by address (gone)", lambda: fcntl.ioctl(fd, _ioc(3, 13, 32)),
+         errno.ENOTTY),
         ("clear window 8", lambda: call(fd, MW_CLEAR, "<I", 8), errno.EINVAL),
         ("unknown command", lambda: fcntl.ioctl(fd, _ioc(0, 63, 0)), errno.ENOTTY),
         ("mmap of kind 3", lambda: mmap.mmap(fd, 4096, offset=mmap_offset(3, 0)), errno.EINVAL),
@@ -199,14 +198,16 @@ def testdev_bar0():
 
 
 def device_memory_exports(fd, window):
-    """A BAR mapped by the caller (here a pci-testdev's, through sysfs; a lent device's
-    through VFIO in vfio-ntbd) as an inbound window's target, and the ones refused: more
-    than its mapping, and a window of ours.  Rows as bad_arguments' (0: accepted)."""
+    """Device memory the caller mapped as an inbound window's target: refused unless VFIO
+    mapped it (here a pci-testdev's BAR through sysfs; vfio-ntbd maps a lent device's through
+    VFIO, which ntb-lend shows), and refused past its mapping and for a window of ours.
+    Rows as bad_arguments' (0: accepted)."""
     res = os.open(testdev_bar0(), os.O_RDWR)
     bar = mmap.mmap(res, 4096)
-    rows = [("export a mapped BAR", errno_of(lambda: call(fd, MW_EXPORT, EXPORT_FMT, 1, 0,
-                                                           _address_of(bar), 4096, 0)), 0),
-            ("clear the BAR's window", errno_of(lambda: call(fd, MW_CLEAR, "<I", 1)), 0),
+    rows = [("export a BAR mapped through sysfs", errno_of(lambda: call(
+                fd, MW_EXPORT, EXPORT_FMT, 1, 0, _address_of(bar), 4096, 0)), errno.EINVAL),
+            ("clear a window with no target", errno_of(lambda: call(fd, MW_CLEAR, "<I", 1)),
+             errno.ENOENT),
             ("export past a BAR's mapping", errno_of(lambda: call(
                 fd, MW_EXPORT, EXPORT_FMT, 1, 0, _address_of(bar), 8192, 0)), errno.EFAULT),
             ("export a window of ours", errno_of(lambda: call(
@@ -224,13 +225,14 @@ def device_memory_exports(fd, window):
              ("window fd mmap private", errno_of(
                  lambda: mmap.mmap(wfd, 4096, flags=mmap.MAP_PRIVATE)), errno.EINVAL)]
     os.close(wfd)
-    return rows + zapped(fd)
+    return rows + revoked(fd)
 
 
-def zapped(fd):
-    """VN_NTB_MW_ZAP: a process that mapped window 0 through a window file faults (SIGBUS)
-    on its next access once the window's mappings are zapped; a new mapping works.  Rows as
-    bad_arguments' (for the child: the signal that ended it, SIGBUS wanted)."""
+def revoked(fd):
+    """VN_NTB_MW_REVOKE: a process that mapped window 0 through a window file faults
+    (SIGBUS) on its next access once the window is revoked; the file it came from cannot be
+    mapped again (ENODEV), a new window file can.  Rows as bad_arguments' (for the child:
+    the signal that ended it, SIGBUS wanted)."""
     wfd = window_fd(fd, 0)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
@@ -240,19 +242,22 @@ def zapped(fd):
         m[0]                            # mapped and reachable
         os.write(ready_w, b"1")
         os.read(go_r, 1)
-        m[0]                            # zapped meanwhile: SIGBUS
+        m[0]                            # revoked meanwhile: SIGBUS
         os._exit(0)
     os.read(ready_r, 1)
-    rows = [("zap window 9", errno_of(lambda: call(fd, MW_ZAP, "<I", 9)), errno.EINVAL),
-            ("zap window 0", errno_of(lambda: call(fd, MW_ZAP, "<I", 0)), 0)]
+    rows = [("revoke window 9", errno_of(lambda: call(fd, MW_REVOKE, "<I", 9)), errno.EINVAL),
+            ("revoke window 0", errno_of(lambda: call(fd, MW_REVOKE, "<I", 0)), 0)]
     os.write(go_w, b"1")
     _, status = os.waitpid(pid, 0)
-    rows.append(("an access after the zap", os.WTERMSIG(status) if os.WIFSIGNALED(status)
+    rows.append(("an access after the revoke", os.WTERMSIG(status) if os.WIFSIGNALED(status)
                  else 0, signal.SIGBUS))
-    m = mmap.mmap(wfd, 4096)
-    rows.append(("a new mapping after the zap", 0 if m[:8] is not None else -1, 0))
+    rows.append(("the old file mapped after the revoke",
+                 errno_of(lambda: mmap.mmap(wfd, 4096).close()), errno.ENODEV))
+    nfd = window_fd(fd, 0)
+    m = mmap.mmap(nfd, 4096)
+    rows.append(("a new file's mapping after the revoke", 0 if m[:8] is not None else -1, 0))
     m.close()
-    for f in (wfd, ready_r, ready_w, go_r, go_w):
+    for f in (wfd, nfd, ready_r, ready_w, go_r, go_w):
         os.close(f)
     return rows
 
@@ -340,13 +345,16 @@ def run(role, mods, bdf, barrier, share, fact):
     barrier(role, "kmod-linked")
     window, target, in_max = data_and_doorbells(role, fd, barrier, share, fact)
     if role == "b":
-        # A window is not torn down under a mapping; unmapped, it is; then the table of
-        # bad calls, with window 0 free (so that each reaches the check it is about).
-        rows = [("clear while mapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)),
-                 errno.EBUSY)]
+        # Clearing a buffer under its mapping revokes the mapping (its next access would
+        # fault) and the buffer cannot be mapped again; then the table of bad calls, with
+        # window 0 free (so that each reaches the check it is about).
+        in_off = mw_info(fd, 0)[7]
+        rows = [("clear while mapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)), 0),
+                ("map a cleared buffer", errno_of(lambda: mmap.mmap(fd, 4096, offset=in_off)),
+                 errno.EINVAL),
+                ("clear twice", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)), errno.ENOENT)]
         rows += device_memory_exports(fd, window)
         target.close()
-        rows.append(("clear once unmapped", errno_of(lambda: call(fd, MW_CLEAR, "<I", 0)), 0))
         rows += bad_arguments(fd, dev, i[6], in_max)
         wrong = [f"{w}:{got}!={want}" for w, got, want in rows if got != want]
         fact(kmod_bad_args=len(rows), kmod_bad_args_wrong=";".join(wrong) or "none")

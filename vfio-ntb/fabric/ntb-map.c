@@ -329,6 +329,11 @@ void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id)
 
     for (uint32_t w = 1; l != NULL && w < l->port->info.windows; w++) {
         if (l->mapped[w] == id) {
+            /* Whatever still maps it (a QEMU that outlived its device) faults from now on,
+             * before the exporter can give the window a new target. */
+            if (l->port->ops->out_revoke != NULL) {
+                l->port->ops->out_revoke(l->port, w);
+            }
             l->mapped[w] = 0;
             give_back(l, w, id);
             return;
