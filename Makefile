@@ -48,7 +48,7 @@ PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-
 
 .PHONY: lint format format-check modules install-modules all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
-all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS)
+all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS) $(B)/kmod-selftest
 
 # Each compile also writes which headers it read (-MMD, a .d beside its output; -MP: a
 # header removed later is no error), so a changed header rebuilds only what includes it.
@@ -111,6 +111,12 @@ $(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) \
 		$(CHECK_LIBS)
+
+# The kernel module's own suite (tests/kmod/), run in a VM by tests/e2e/test_kmod.py: plain
+# libc, no GLib, so it runs wherever the module does.
+$(B)/kmod-selftest: tests/kmod/kmod-selftest.c config.mak
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN_CFLAGS) -Ivfio-ntb -pthread $(DEPFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $<
 
 $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
@@ -259,10 +265,11 @@ CPPCHECK_FLAGS := --quiet --error-exitcode=1 --inline-suppr --std=c11 \
 	'-DG_STATIC_ASSERT(x)=' '-DG_DEFINE_QUARK(a,b)='
 CPPCHECK_DIRS := $(filter-out vfio-ntb/kmod,$(wildcard vfio-ntb/*))
 
-# Every C file but the kernel module's (the kernel's style) as .clang-format lays it out
-# (Debian's clang-format 14); `make format` rewrites them so.
+# Every C file but the kernel modules' (vfio-ntb/kmod/, tests/kmod/ntb_*.c: the kernel's style)
+# as .clang-format lays it out (Debian's clang-format 14); `make format` rewrites them so.
 FORMAT_FILES = $(filter-out vfio-ntb/kmod/%,$(wildcard vfio-ntb/*/*.[ch])) \
-	$(wildcard tests/unit/*.[ch] tests/fuzz/*.[ch] bench/*.[ch] tests/guest/*.c)
+	$(wildcard tests/unit/*.[ch] tests/fuzz/*.[ch] bench/*.[ch] tests/guest/*.c) \
+	$(filter-out tests/kmod/ntb_%,$(wildcard tests/kmod/*.c))
 
 format-check:
 	@clang-format --dry-run -Werror $(FORMAT_FILES) && echo "format-check: $(words $(FORMAT_FILES)) files as .clang-format lays them out"
