@@ -522,6 +522,15 @@ static void device_was_fenced(const DeviceMark *before)
     ck_assert_int_eq(now.msix_changes, before->msix_changes + 1);
     /* One RESET, one more when the server saw the client go. */
     ck_assert_int_ge(now.resets, before->resets + 1);
+    /* In the fence's order: interrupts off, then bus mastering off, then the reset last
+     * (the first reset after them: the server's own comes later still). */
+    int irqs_off = g_atomic_int_get(&rig.fake.irq_change_at);
+    int master_off = g_atomic_int_get(&rig.fake.bus_master_off_at);
+    int reset = g_atomic_int_get(&rig.fake.reset_at);
+
+    ck_assert_int_gt(master_off, 0);
+    ck_assert_int_lt(irqs_off, master_off);
+    ck_assert_int_lt(master_off, reset);
 }
 
 /* A borrower with DMA and interrupts in place. */

@@ -28,6 +28,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <linux/pci_regs.h>
 #include <fcntl.h>
 #include <gio/gio.h>
 #include <glib/gstdio.h>
@@ -54,6 +55,10 @@ typedef struct Fake {
     uint8_t rom[ROM_SIZE];
     gint resets;                         /* atomic: bumped in the device thread */
     gint irq_changes[VFIO_PCI_NUM_IRQS]; /* SET_IRQS per index, atomic */
+    /* When each last happened, in the order of the device's events (atomic): what a
+     * fence's order is checked by. */
+    gint events;
+    gint irq_change_at, bus_master_off_at, reset_at;
 } Fake;
 
 static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
@@ -81,6 +86,10 @@ static inline int fake_write(void *opaque, uint32_t index, uint64_t off, const v
         memcpy(f->bar + off, buf, n);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         memcpy(f->cfg + off, buf, n);
+        if (off <= PCI_COMMAND && off + n > PCI_COMMAND &&
+            !(f->cfg[PCI_COMMAND] & PCI_COMMAND_MASTER)) {
+            g_atomic_int_set(&f->bus_master_off_at, g_atomic_int_add(&f->events, 1) + 1);
+        }
     } else {
         return -EINVAL;
     }
@@ -89,14 +98,20 @@ static inline int fake_write(void *opaque, uint32_t index, uint64_t off, const v
 
 static inline int fake_reset(void *opaque)
 {
-    g_atomic_int_inc(&((Fake *)opaque)->resets);
+    Fake *f = opaque;
+
+    g_atomic_int_inc(&f->resets);
+    g_atomic_int_set(&f->reset_at, g_atomic_int_add(&f->events, 1) + 1);
     return 0;
 }
 
 static inline void fake_irqs_changed(void *opaque, uint32_t index)
 {
+    Fake *f = opaque;
+
     if (index < VFIO_PCI_NUM_IRQS) {
-        g_atomic_int_inc(&((Fake *)opaque)->irq_changes[index]);
+        g_atomic_int_inc(&f->irq_changes[index]);
+        g_atomic_int_set(&f->irq_change_at, g_atomic_int_add(&f->events, 1) + 1);
     }
 }
 

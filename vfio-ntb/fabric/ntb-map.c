@@ -286,9 +286,9 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
     }
     memcpy(&a, payload, sizeof(a));
     m = mapping_of(l, a.seq);
-    if (a.status == 0 && (a.window == 0 || a.window >= l->port->info.windows ||
-                          l->mapped[a.window] != 0 || a.size == 0 ||
-                          (a.flags & ~VN_NTB_MAPPED_DEVICE) != 0 || a.reserved != 0)) {
+    if (a.status == 0 &&
+        (a.window == 0 || a.window >= l->port->info.windows || l->mapped[a.window] != 0 ||
+         a.size == 0 || (a.flags & ~VN_NTB_MAPPED_DEVICE) != 0 || a.reserved != 0)) {
         vn_ntb_session_broken(l, "a MAPPED naming a window we cannot use");
         return;
     }
@@ -308,8 +308,8 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         g_warning("node %s: ntb port %s: window %u: its old mappings could not be revoked",
                   l->ntb->node, l->port->spec, a.window);
     }
-    fd = l->port->ops->out_fd(l->port, a.window, !(a.flags & VN_NTB_MAPPED_DEVICE), &offset,
-                              &wsize);
+    fd =
+        l->port->ops->out_fd(l->port, a.window, !(a.flags & VN_NTB_MAPPED_DEVICE), &offset, &wsize);
     if (fd >= 0 && a.size > wsize) {
         close(fd);
         fd = -EIO;

@@ -171,8 +171,7 @@ static int kmod_in_clear(VnNtbPort *p, uint32_t win)
     return kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
 }
 
-static int kmod_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset,
-                       uint64_t *size)
+static int kmod_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset, uint64_t *size)
 {
     struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
     struct vn_ntb_mw_fd wf = { .argsz = sizeof(wf),

@@ -366,11 +366,44 @@ static void release(VnLender *l)
     g_clear_pointer(&l->borrower, g_free);
 }
 
+/* One step of a fence, logged with its device and outcome: a failure is a warning (the
+ * operator must know which step did not hold), success is information. */
+static void fence_step(VnLender *l, const char *step, int ret)
+{
+    if (ret < 0) {
+        g_warning("lender %s: fence of %s: %s failed: %s", l->name, l->borrower, step,
+                  g_strerror(-ret));
+    } else {
+        g_info("lender %s: fence: %s", l->name, step);
+    }
+}
+
+/* Bus mastering off through config space: the device starts no new DMA (the step before
+ * its IOMMU mappings go, so it does not fault on them meanwhile). */
+static int bus_master_off(VnLender *l)
+{
+    uint16_t cmd = 0;
+    int ret = l->ops->region_read(l->device, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &cmd,
+                                  sizeof(cmd));
+
+    if (ret < 0) {
+        return ret;
+    }
+    cmd = (uint16_t)GUINT16_FROM_LE(cmd) & (uint16_t)~PCI_COMMAND_MASTER;
+    cmd = GUINT16_TO_LE(cmd);
+    ret = l->ops->region_write(l->device, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &cmd,
+                               sizeof(cmd));
+    return ret < 0 ? ret : 0;
+}
+
 /*
- * Take the device back from its borrower: the device first (no DMA, no
- * interrupt, reset), then the fabric (windows, segments), then the
- * connection.  Each step goes on when one fails: a dead device server must
- * not leave the borrower's memory mapped.
+ * Take the device back from its borrower, in the order that leaves it no way to the old
+ * holder at any step: interrupts and bus mastering off; the windows onto its BARs
+ * withdrawn (on an NTB the inbound translations are cleared when the call returns); its
+ * DMA unmapped, and only then our windows onto the holder's memory (an IOMMU mapping
+ * holds no reference on a window's pages); then the reset; then the connection.  Each
+ * step goes on when one fails (a dead device server must not leave the holder's memory
+ * mapped), and each says how it went.
  */
 void vn_lender_fence(VnLender *l, const char *why)
 {
@@ -381,25 +414,30 @@ void vn_lender_fence(VnLender *l, const char *why)
     }
     g_info("lender %s: fencing %s (%s)", l->name, l->borrower, why);
     if (l->device != NULL) {
-        ret = l->ops->dma_unmap(l->device, 0, 0, true);
-        g_info("lender %s: fence: DMA unmapped (%u mappings): %s", l->name, l->maps->len,
-               ret < 0 ? g_strerror(-ret) : "ok");
         for (uint32_t i = 0; i < l->dev.num_irqs; i++) {
             if (l->dev.irq_count[i] == 0) {
                 continue;
             }
+            g_autofree char *step = g_strdup_printf("interrupts of index %u disabled", i);
+
             ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
                                    i, 0, 0, NULL, NULL);
-            g_info("lender %s: fence: interrupts of index %u disabled: %s", l->name, i,
-                   ret < 0 ? g_strerror(-ret) : "ok");
+            fence_step(l, step, ret);
         }
-        ret = l->ops->reset(l->device);
-        g_info("lender %s: fence: device reset: %s", l->name, ret < 0 ? g_strerror(-ret) : "ok");
+        fence_step(l, "bus mastering off", bus_master_off(l));
     }
-    g_info("lender %s: fence: %u windows unmapped", l->name, l->windows->len);
+    regions_unexport(l, "fence");
+    if (l->device != NULL) {
+        ret = l->ops->dma_unmap(l->device, 0, 0, true);
+        fence_step(l, "DMA unmapped", ret);
+    }
+    g_info("lender %s: fence: %u mappings forgotten, %u windows onto %s unmapped", l->name,
+           l->maps->len, l->windows->len, l->borrower);
     maps_forget(l, 0, 0, true);
     windows_release_all(l);
-    regions_unexport(l, "fence");
+    if (l->device != NULL) {
+        fence_step(l, "device reset", l->ops->reset(l->device));
+    }
     g_info("lender %s: fence: relay eventfds closed", l->name);
     vn_lender_relay_drop_all(l);
     g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
