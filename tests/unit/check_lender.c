@@ -616,6 +616,105 @@ START_TEST(test_fence_on_free)
 }
 END_TEST
 
+/* ---- the BAR guard ------------------------------------------------------ */
+
+/* A config space with a power management capability at 0x40 and a PCIe one at 0x50. */
+#define GUARD_PM 0x40u
+#define GUARD_EXP 0x50u
+
+static void guard_config(void)
+{
+    uint8_t *c = rig.fake.cfg;
+
+    c[PCI_STATUS] = PCI_STATUS_CAP_LIST;
+    c[PCI_CAPABILITY_LIST] = GUARD_PM;
+    c[GUARD_PM] = PCI_CAP_ID_PM;
+    c[GUARD_PM + 1] = GUARD_EXP;
+    c[GUARD_EXP] = PCI_CAP_ID_EXP;
+    c[GUARD_EXP + 1] = 0;
+    c[PCI_COMMAND] = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+}
+
+/* What the lender says of its guard: withheld now, and how often it withheld. */
+static bool guard_state(int64_t *withholds)
+{
+    Snap s = snap();
+    g_autoptr(JsonObject) o = vn_json_parse_object(s.json, -1, 65536, NULL);
+    bool withheld;
+
+    ck_assert_ptr_nonnull(o);
+    withheld = json_object_get_boolean_member(o, "bars_withheld");
+    *withholds = json_object_get_int_member(o, "bar_withholds");
+    snap_clear(&s);
+    return withheld;
+}
+
+static int cfg_write16(Borrower *b, uint32_t offset, uint16_t v)
+{
+    return region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, offset, &v, 2, true);
+}
+
+/* The paths onto the BARs are withheld before each write that may stop memory decode
+ * (MEM cleared, a D-state change, an FLR) and before a reset, and given back only once the
+ * device decodes its memory again (MEM set, D0), as the device itself then says; writes
+ * that change nothing of that neither withhold nor give back. */
+START_TEST(test_guard_memory_decode)
+{
+    Borrower *b = borrower(0);
+    int64_t n = 0;
+
+    guard_config();
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert(!guard_state(&n));
+    ck_assert_int_eq(n, 0);
+    /* MEM off; another register meanwhile keeps it off; MEM on gives them back. */
+    ck_assert_int_eq(cfg_write16(b, PCI_COMMAND, PCI_COMMAND_MASTER), 0);
+    ck_assert(guard_state(&n));
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(cfg_write16(b, 0x60, 0x1234), 0);
+    ck_assert(guard_state(&n));
+    ck_assert_int_eq(cfg_write16(b, PCI_COMMAND, PCI_COMMAND_MASTER | PCI_COMMAND_MEMORY), 0);
+    ck_assert(!guard_state(&n));
+    ck_assert_int_eq(n, 1);
+    /* A write of MEM's byte that keeps it on, and one of the byte above it: nothing. */
+    ck_assert_int_eq(cfg_write16(b, PCI_COMMAND, PCI_COMMAND_MASTER | PCI_COMMAND_MEMORY), 0);
+    ck_assert_int_eq(
+        region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND + 1, &(uint8_t){ 0x04 }, 1, true),
+        0);
+    ck_assert(!guard_state(&n));
+    ck_assert_int_eq(n, 1);
+    /* D3hot: withheld until D0. */
+    ck_assert_int_eq(cfg_write16(b, GUARD_PM + PCI_PM_CTRL, 3), 0);
+    ck_assert(guard_state(&n));
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(cfg_write16(b, GUARD_PM + PCI_PM_CTRL, 0), 0);
+    ck_assert(!guard_state(&n));
+    /* An FLR (this fake keeps MEM on through it: given back at once), then a reset. */
+    ck_assert_int_eq(cfg_write16(b, GUARD_EXP + PCI_EXP_DEVCTL, PCI_EXP_DEVCTL_BCR_FLR), 0);
+    ck_assert(!guard_state(&n));
+    ck_assert_int_eq(n, 3);
+    ck_assert_int_eq(simple(b, VN_PROTO_RESET), 0);
+    ck_assert(!guard_state(&n));
+    ck_assert_int_eq(n, 4);
+}
+END_TEST
+
+/* A device server whose capability list loops (a peer too) is walked a bounded number of
+ * steps: the attach works, a MEM write is still guarded. */
+START_TEST(test_guard_capability_loop)
+{
+    Borrower *b = borrower(0);
+    int64_t n = 0;
+
+    guard_config();
+    rig.fake.cfg[GUARD_EXP + 1] = GUARD_PM; /* back to the first */
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(cfg_write16(b, PCI_COMMAND, 0), 0);
+    ck_assert(guard_state(&n));
+    ck_assert_int_eq(n, 1);
+}
+END_TEST
+
 static Suite *lender_suite(void)
 {
     Suite *s = suite_create("lender");
@@ -648,6 +747,12 @@ static Suite *lender_suite(void)
     tcase_add_test(tc, test_irqs_fd);
     tcase_add_test(tc, test_irqs_relay);
     tcase_add_test(tc, test_relay_needs_relay_mode);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("guard");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_guard_memory_decode);
+    tcase_add_test(tc, test_guard_capability_loop);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fence");

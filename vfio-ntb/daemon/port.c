@@ -386,6 +386,35 @@ static bool array_take(GArray *a, uint64_t id)
     return false;
 }
 
+static bool array_has(GArray *a, uint64_t id)
+{
+    for (guint i = 0; i < a->len; i++) {
+        if (g_array_index(a, uint64_t, i) == id) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A lender's worker withholds its device's BARs (or gives them back): only its own
+ * segments, and the answer only once the backend holds it. */
+static void op_withhold(VnPort *p, const VnHostHdr *h)
+{
+    int ret;
+
+    if (h->arg2 > 1 || !array_has(p->segments, h->arg)) {
+        refuse(p, "a withhold of segment %" PRIu64 ", which is not its", h->arg);
+        reply(p, h, EACCES, 0, 0, -1);
+        return;
+    }
+    ret = vn_fabric_segment_withhold(p->fab, h->arg, h->arg2 == 1);
+    if (ret < 0) {
+        g_warning("port %s: segment %" PRIu64 " could not be %s: %s", p->path, h->arg,
+                  h->arg2 == 1 ? "withheld" : "given back", g_strerror(-ret));
+    }
+    reply(p, h, ret, 0, 0, -1);
+}
+
 static void op_export(VnPort *p, const VnHostHdr *h, int fd)
 {
     g_autoptr(GError) error = NULL;
@@ -600,6 +629,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_OPEN_ROUTE:
         op_open_route(p, &h);
+        break;
+    case VN_HOST_WITHHOLD_SEGMENT:
+        op_withhold(p, &h);
         break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {

@@ -196,6 +196,11 @@ typedef struct VnFabricOps {
     uint64_t (*export)(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
                        GError **error);
     void (*unexport)(void *backend, bool route, uint64_t id);
+    /* Optional: segment @id's windows reach nothing (@withhold) or it again;
+     * 0 once that holds (an NTB's translations cleared or set again), or
+     * -errno.  Without it the backend's peers map the segment's fd itself,
+     * whose owner guards it (VFIO revokes its own mappings of a BAR). */
+    int (*withhold)(void *backend, uint64_t id, bool withhold);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
     int (*doorbells_alloc)(void *backend, uint32_t count, GError **error);
     void (*doorbells_free)(void *backend, uint32_t first, uint32_t count);
@@ -302,6 +307,14 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
 /* Withdraw a segment: peers cannot map it any more (existing shm mappings
  * of a memfd cannot be revoked by this backend; see the lender's fencing). */
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
+/*
+ * Withhold segment @id (@withhold: every window onto it reaches nothing, as
+ * on a device whose memory decode is off) or give it back: 0 once that holds,
+ * -ENOENT for a segment we do not export, or the backend's -errno.  The
+ * segment stays exported and mapped meanwhile.  A lender withholds a
+ * device's BARs before its memory is disabled or it is reset.
+ */
+int vn_fabric_segment_withhold(VnFabric *fab, uint64_t id, bool withhold);
 
 /*
  * Map @peer's segment @id through a memory window (synchronous, at most the

@@ -68,6 +68,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_LINK] = "LINK",
     [VN_HOST_RECV] = "RECV",
     [VN_HOST_DEVICE_REQUEST] = "DEVICE_REQUEST",
+    [VN_HOST_WITHHOLD_SEGMENT] = "WITHHOLD_SEGMENT",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -99,7 +100,7 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     }
     memcpy(hdr, buf, sizeof(*hdr));
     worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
-                hdr->op == VN_HOST_DEVICE_REQUEST;
+                hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -648,6 +649,18 @@ static void host_unexport(void *backend, bool route, uint64_t id)
                      id, 0, NULL, 0, -1);
 }
 
+/* Confirmed: the daemon answers once its backend withheld (or gave back) the segment. */
+static int host_withhold(void *backend, uint64_t id, bool withhold)
+{
+    VnHostHdr rep;
+    int got, ret;
+
+    ret = host_call(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1,
+                    &rep, &got);
+    vn_util_close_fd(&got);
+    return ret;
+}
+
 bool vn_host_device_request(VnFabric *fab)
 {
     if (fab->ops != &vn_host_ops || fab->backend == NULL) {
@@ -710,6 +723,7 @@ const VnFabricOps vn_host_ops = {
     .open_route = host_open_route,
     .export = host_export,
     .unexport = host_unexport,
+    .withhold = host_withhold,
     .unmap_segment = host_unmap_segment,
     .doorbells_alloc = host_doorbells_alloc,
     .doorbells_free = host_doorbells_free,

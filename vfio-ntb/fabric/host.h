@@ -73,7 +73,8 @@ typedef enum VnHostOp {
     VN_HOST_LINK,  /* peer, arg: 1 up, 0 down */
     VN_HOST_RECV,  /* peer; data: one fabric frame */
     /* worker -> daemon, appended so that the numbers above never change */
-    VN_HOST_DEVICE_REQUEST, /* a lender's: the host wants the device back */
+    VN_HOST_DEVICE_REQUEST,   /* a lender's: the host wants the device back */
+    VN_HOST_WITHHOLD_SEGMENT, /* arg: id, arg2: 1 withhold, 0 give back -> status */
     VN_HOST_OP_LAST
 } VnHostOp;
 

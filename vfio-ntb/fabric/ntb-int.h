@@ -59,6 +59,9 @@ typedef struct VnNtbLink {
      * the peer's (0: free). */
     uint64_t exported[VN_NTBPORT_MAX_WINDOWS];
     uint64_t mapped[VN_NTBPORT_MAX_WINDOWS];
+    /* An exported window whose translation is cleared while its segment is
+     * withheld (vn_fabric_segment_withhold). */
+    bool withheld[VN_NTBPORT_MAX_WINDOWS];
     uint64_t map_seq;
 } VnNtbLink;
 
@@ -101,5 +104,6 @@ void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int 
                               void *opaque);
 void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id);
 void vn_ntb_unexport(void *backend, bool route, uint64_t id);
+int vn_ntb_withhold(void *backend, uint64_t id, bool withhold);
 
 #endif /* VN_NTB_INT_H */

@@ -351,9 +351,50 @@ void vn_ntb_unexport(void *backend, bool route, uint64_t id)
 
         for (uint32_t w = 1; w < l->port->info.windows; w++) {
             if (l->exported[w] == id) {
-                l->port->ops->in_clear(l->port, w);
+                if (!l->withheld[w]) {
+                    l->port->ops->in_clear(l->port, w);
+                }
                 l->exported[w] = 0;
+                l->withheld[w] = false;
             }
         }
     }
+}
+
+/* A withheld segment: its windows' translations are cleared (the peer's accesses complete
+ * with nothing, all ones, and reach nothing here) and set again when it is given back;
+ * the peer keeps its windows meanwhile. */
+int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
+{
+    VnNtb *ntb = backend;
+    int first = 0;
+
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        for (uint32_t w = 1; w < l->port->info.windows; w++) {
+            uint64_t size = 0, offset = 0;
+            int fd, ret = 0;
+
+            if (l->exported[w] != id || l->withheld[w] == withhold) {
+                continue;
+            }
+            if (withhold) {
+                ret = l->port->ops->in_clear(l->port, w);
+            } else if ((fd = vn_fabric_backend_segment(ntb->fab, l->peer, id, &size, &offset)) <
+                       0) {
+                ret = fd;
+            } else {
+                ret = l->port->ops->in_export(l->port, w, fd, offset, size);
+            }
+            if (ret == 0) {
+                l->withheld[w] = withhold;
+            }
+            g_info("node %s: ntb port %s: window %u onto segment %" PRIu64 " %s: %s", ntb->node,
+                   l->port->spec, w, id, withhold ? "withheld" : "given back",
+                   ret < 0 ? g_strerror(-ret) : "ok");
+            first = first != 0 ? first : ret;
+        }
+    }
+    return first;
 }

@@ -103,10 +103,11 @@ static void link_up(VnNtbLink *l)
 static void session_clear(VnNtbLink *l)
 {
     for (uint32_t w = 1; w < l->port->info.windows; w++) {
-        if (l->exported[w] != 0) {
+        if (l->exported[w] != 0 && !l->withheld[w]) {
             l->port->ops->in_clear(l->port, w);
-            l->exported[w] = 0;
         }
+        l->exported[w] = 0;
+        l->withheld[w] = false;
         l->mapped[w] = 0;
     }
     if (l->out != NULL) {
@@ -963,5 +964,6 @@ const VnFabricOps vn_ntb_ops = {
     .map_segment_async = vn_ntb_map_segment_async,
     .unmap_segment = vn_ntb_unmap_segment,
     .unexport = vn_ntb_unexport,
+    .withhold = vn_ntb_withhold,
     .discover = ntb_discover,
 };

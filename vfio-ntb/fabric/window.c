@@ -131,6 +131,22 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
     vn_fabric_segment_free(seg);
 }
 
+int vn_fabric_segment_withhold(VnFabric *fab, uint64_t id, bool withhold)
+{
+    VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
+    int ret = 0;
+
+    if (seg == NULL) {
+        return -ENOENT;
+    }
+    if (fab->ops->withhold != NULL && fab->backend != NULL) {
+        ret = fab->ops->withhold(fab->backend, id, withhold);
+    }
+    trace_fabric_segment_withhold(fab->node, id, withhold ? "withheld" : "given back", seg->peer,
+                                  ret);
+    return ret;
+}
+
 VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,
                                     const char *peer, uint64_t id, int *err)
 {

@@ -74,6 +74,11 @@ struct VnLender {
     VnLenderRequestFn on_request;
     void *on_request_opaque;
 
+    /* The BAR guard (lender-guard.c): where the device's power management and PCIe
+     * capabilities are (0: none), and whether the paths onto its BARs are withheld. */
+    uint8_t pm_cap, exp_cap;
+    bool bars_withheld;
+
     VnLenderStats stats;
     /* The device's last stall and its outcome ("" if none), set by the
      * backend's stall callback; whether it answers now is ops->stalled. */
@@ -92,6 +97,18 @@ void vn_lender_relay_drop_all(VnLender *l);
 /* Hear the device's REQ while lent (attach), and stop (release). */
 void vn_lender_request_watch(VnLender *l);
 void vn_lender_request_unwatch(VnLender *l);
+/*
+ * lender-guard.c.  probe: find the capabilities the guard reads (at attach).
+ * before_write: withhold the paths onto the BARs when a config write of @count bytes at
+ * @offset may stop the device decoding its memory; withhold: do so now (before a reset).
+ * Both 0 once withheld (or nothing to do), else -errno: then the write must not be made.
+ * settle: after each config write or reset, give them back if the device decodes its
+ * memory again.
+ */
+void vn_lender_guard_probe(VnLender *l);
+int vn_lender_guard_before_write(VnLender *l, uint64_t offset, const void *data, uint32_t count);
+int vn_lender_guard_withhold(VnLender *l, const char *why);
+void vn_lender_guard_settle(VnLender *l);
 /* lender.c: take the device back now. */
 void vn_lender_fence(VnLender *l, const char *why);
 

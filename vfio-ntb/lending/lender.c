@@ -308,7 +308,13 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     /* Not posted: the borrower waits for each answer anyway, and an error
      * must reach it. */
-    if (r.write) {
+    if (r.write && r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
+        ret = vn_lender_guard_before_write(l, r.offset, msg->data, r.count);
+        if (ret == 0) {
+            ret = l->ops->region_write(l->device, r.region, r.offset, msg->data, r.count);
+        }
+        vn_lender_guard_settle(l);
+    } else if (r.write) {
         ret = l->ops->region_write(l->device, r.region, r.offset, msg->data, r.count);
     } else {
         buf = g_malloc(MAX(r.count, 1));
@@ -636,6 +642,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_w
         l->dev.irq_flags[i] = ii.flags;
     }
     l->dev.num_irqs = info.num_irqs;
+    vn_lender_guard_probe(l);
     vn_lender_request_watch(l);
     return true;
 }
@@ -731,7 +738,12 @@ static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const
         vn_lender_set_irqs(l, msg, token);
         break;
     case VN_PROTO_RESET: {
-        int ret = l->ops->reset(l->device);
+        int ret = vn_lender_guard_withhold(l, "reset");
+
+        if (ret == 0) {
+            ret = l->ops->reset(l->device);
+        }
+        vn_lender_guard_settle(l);
 
         if (ret < 0) {
             vn_lender_fail(l, token, ret, "reset failed on the device: %s", g_strerror(-ret));
@@ -823,6 +835,9 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "dma_unmaps", st.dma_unmaps);
     add_counter(b, "resets", st.resets);
     add_counter(b, "fences", st.fences);
+    add_counter(b, "bar_withholds", st.bar_withholds);
+    json_builder_set_member_name(b, "bars_withheld");
+    json_builder_add_boolean_value(b, l->bars_withheld);
     add_counter(b, "windows", st.windows);
     add_counter(b, "device_requests", st.device_requests);
     add_counter(b, "device_timeouts", st.device_timeouts);

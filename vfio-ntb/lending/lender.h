@@ -53,6 +53,7 @@ typedef struct VnLenderStats {
     uint64_t dma_unmaps;
     uint64_t resets;
     uint64_t fences;          /* borrower losses and detaches cleaned up */
+    uint64_t bar_withholds;   /* paths onto the BARs withheld before memory went off */
     uint64_t device_timeouts; /* commands the device server did not answer in time */
     uint64_t device_late;     /* answers to those that came later (dropped) */
     bool device_stalled;      /* the last command timed out, none answered since */
