@@ -30,6 +30,49 @@ START_TEST(test_borrow_return)
 }
 END_TEST
 
+/* A lease's end is a fence the daemon owns: a lender worker that is not connected to its
+ * port cannot say it fenced, so it is killed (and the device is free and lent again);
+ * a connected one that does not say so in time is killed too, and a borrow that came
+ * meanwhile waits for that instead of being refused. */
+START_TEST(test_fence_at_lease_end)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLocalDevice *ld = vn_devices_local(a, "nvme0");
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    Done r = { 0 }, again = { 0 };
+    int worker;
+
+    borrow(a, b);
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert(free_again(a));
+    ck_assert_uint_eq(fake.lend_kills, 1);
+    ck_assert(!ld->fence.active);
+
+    /* A worker on its port that never says it fenced. */
+    ck_assert(d_lend_start_again(a, ld));
+    worker = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    g_strlcpy(addr.sun_path, ld->port_path, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(worker, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert(spin_until(port_connected, ld, 2000));
+    borrow(a, b);
+    r = (Done){ 0 };
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert(ld->fence.active);
+    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &again);
+    spin(200);
+    ck_assert(!again.done); /* waits for the fence */
+    ck_assert(spin_until(is_done, &again, VN_FENCE_TIMEOUT_MS + 1000));
+    ck_assert_msg(again.b != NULL, "%s: %s", again.klass, again.msg);
+    ck_assert_uint_eq(fake.lend_kills, 2);
+    ck_assert_str_eq(lease_of(a)->holder, "hostb");
+    close(worker);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* A borrow made before the lender's announcement arrived is claimed long
  * before the lease timeout (a grant never claimed would end). */
 START_TEST(test_borrow_before_announcement)
@@ -566,6 +609,7 @@ static Suite *daemon_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_borrow_return);
+    tcase_add_test(tc, test_fence_at_lease_end);
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);

@@ -417,6 +417,92 @@ START_TEST(test_device_request)
 }
 END_TEST
 
+static gint fences;
+
+static void on_fenced(void *opaque)
+{
+    g_atomic_int_inc(&fences);
+}
+
+static void step_fenced(Worker *w)
+{
+    w->ret = vn_host_fenced(w->fab) ? 0 : -1;
+}
+
+/* A lender's worker says it fenced its device: its daemon hears it; a borrower's worker
+ * saying so is refused. */
+START_TEST(test_fenced)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+
+    g_atomic_int_set(&fences, 0);
+    vn_port_on_fenced(port, on_fenced, NULL);
+    in_worker(step_open);
+    in_worker(step_fenced);
+    ck_assert_int_eq(worker->ret, 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    ck_assert_int_eq(g_atomic_int_get(&fences), 0);
+    in_worker(step_close);
+
+    vn_port_free(port, true);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    vn_port_on_fenced(port, on_fenced, NULL);
+    in_worker(step_open_inbound);
+    in_worker(step_fenced);
+    WAIT_FOR(g_atomic_int_get(&fences) == 1);
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+}
+END_TEST
+
+static void step_unexport(Worker *w)
+{
+    vn_fabric_segment_unexport(w->fab, w->id);
+}
+
+/*
+ * The daemon's part of a fence, without the worker: what the worker exported goes at once
+ * (its peer cannot map it any more) while what was mapped for it stays (its device may
+ * still reach it, until the worker is dead); the worker's own unexport of it later is no
+ * refusal; for a dead worker, everything goes, its windows too.
+ */
+START_TEST(test_withdraw)
+{
+    uint8_t *map, *wmap;
+    int memfd = memfd_new(16384, &map);
+    int wfd = memfd_new(4096, &wmap);
+    uint64_t segment;
+
+    segment = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
+    node_start(lender);
+    in_worker(step_open);
+    worker->id = segment;
+    in_worker(step_map);
+    ck_assert_int_eq(worker->ret, 0);
+    memcpy(wmap, "worker!!", 8);
+    worker->fd = wfd;
+    in_worker(step_export);
+    in_worker(step_map_back);
+    ck_assert_int_eq(worker->ret, 0);
+
+    vn_port_withdraw(port, false, "a test's lease ended");
+    in_worker(step_map_back);
+    ck_assert_int_ne(worker->ret, 0);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
+    in_worker(step_unexport);
+    in_worker(step_echo); /* after the unexport, in order */
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+
+    vn_port_withdraw(port, true, "a test's worker died");
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 0);
+    munmap(map, 16384);
+    munmap(wmap, 4096);
+    close(memfd);
+    close(wfd);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -429,6 +515,8 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_device_request);
+    tcase_add_test(tc, test_fenced);
+    tcase_add_test(tc, test_withdraw);
     suite_add_tcase(s, tc);
     return s;
 }

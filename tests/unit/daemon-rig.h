@@ -26,7 +26,7 @@ static char *tmpdir;
 
 /* What the fake workers were asked, and which "run" (pids 1000 + lease). */
 static struct {
-    unsigned starts, stops, adopts, cancels, lend_adopts;
+    unsigned starts, stops, adopts, cancels, lend_adopts, lend_kills;
     unsigned delay_ms;   /* a start calls back this much later */
     GHashTable *running; /* pid -> socket */
     GHashTable *lenders; /* lender workers' pids */
@@ -140,6 +140,14 @@ static inline void fake_lend_stop(VnDaemon *d, VnLocalDevice *ld)
     ld->worker_pid = 0;
 }
 
+static inline bool fake_lend_kill(VnDaemon *d, VnLocalDevice *ld)
+{
+    fake.lend_kills++;
+    g_hash_table_remove(fake.lenders, GINT_TO_POINTER(ld->worker_pid));
+    ld->worker_pid = 0;
+    return false;
+}
+
 static inline bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld)
 {
     fake.lend_adopts++;
@@ -161,6 +169,7 @@ static const VnWorkerOps fake_ops = {
     .name = "fake",
     .lend_start = fake_lend_start,
     .lend_stop = fake_lend_stop,
+    .lend_kill = fake_lend_kill,
     .lend_adopt = fake_lend_adopt,
     .lend_stats = fake_lend_stats,
     .start = fake_start,
@@ -249,6 +258,17 @@ static inline bool knows_hosta(void *opaque)
     VnRemoteNode *n = g_hash_table_lookup(b->nodes, "hosta");
 
     return n != NULL && n->link_up && n->ann != NULL;
+}
+
+/* A lender worker for @ld again (the fake's), as the daemon's respawn would. */
+static inline bool d_lend_start_again(VnDaemon *d, VnLocalDevice *ld)
+{
+    return ld->worker_pid == 0 && d->workers->lend_start(d, ld, NULL);
+}
+
+static inline bool port_connected(void *opaque)
+{
+    return vn_port_connected(((VnLocalDevice *)opaque)->port);
 }
 
 static inline VnLease *lease_of(VnDaemon *a)

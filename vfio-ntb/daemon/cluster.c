@@ -365,9 +365,11 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
      * VMs' data paths as they were.  The worker fences on its peer's link
-     * going down. */
+     * going down; the daemon withdraws the paths onto the device itself and
+     * lends it again only once the worker says it fenced (or is killed). */
     if (ld->port != NULL) {
         vn_port_set_peer(ld->port, NULL);
+        vn_fence_start(d, ld, "lease ended");
     }
     if (ld->revoke_timer != 0) {
         g_source_remove(ld->revoke_timer);
@@ -451,6 +453,23 @@ static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...
     vn_fabric_reply_error(d->fab, token, err, msg);
 }
 
+/* A borrow of @ld by @peer, answered with @token: granted, or why not. */
+static void borrow(VnDaemon *d, VnLocalDevice *ld, const char *peer, uint64_t token)
+{
+    g_autofree char *json = NULL;
+
+    if (!vn_leases_grant(d->leases, ld->lease, peer, g_get_monotonic_time())) {
+        reply_err(d, token, EBUSY,
+                  "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT "); use `ntbctl revoke %s/%s` "
+                  "on %s",
+                  d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, d->conf->node,
+                  ld->conf->name, d->conf->node);
+        return;
+    }
+    json = vn_peers_lease_to_json(ld->lease->id);
+    vn_fabric_reply(d->fab, token, json, NULL, 0);
+}
+
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
@@ -483,16 +502,15 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
                       d->conf->node, name, msg->peer, acl);
             return;
         }
-        if (!vn_leases_grant(d->leases, ld->lease, msg->peer, g_get_monotonic_time())) {
-            reply_err(d, token, EBUSY,
-                      "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
-                      "); use `ntbctl revoke %s/%s` on %s",
-                      d->conf->node, name, ld->lease->holder, ld->lease->id, d->conf->node, name,
-                      d->conf->node);
-            return;
+        /* A device being fenced is lent once it is (a moment: see fence.c). */
+        if (!vn_fence_defer(ld, borrow, msg->peer, token)) {
+            if (ld->fence.active) {
+                reply_err(d, token, EBUSY, "%s/%s is being fenced, and another borrow waits",
+                          d->conf->node, name);
+                return;
+            }
+            borrow(d, ld, msg->peer, token);
         }
-        json = vn_peers_lease_to_json(ld->lease->id);
-        vn_fabric_reply(d->fab, token, json, NULL, 0);
         return;
     case VN_PEERS_RETURN:
         if (!vn_leases_return(d->leases, ld->lease, msg->peer, rq.lease)) {

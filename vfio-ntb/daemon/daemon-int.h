@@ -7,6 +7,7 @@
  *   control.c     the control socket (framing, dispatch, events)
  *   commands.c    the control commands
  *   cluster.c     daemon-to-daemon protocol: announcements, leases
+ *   fence.c       a lent device taken back at a lease's end, by the daemon itself
  *   leases.c      the lender's lease state machine (no I/O; listeners act)
  *   state.c       persisted state (leases) in the state directory
  *   reload.c      the config read again (SIGHUP)
@@ -33,6 +34,25 @@
 typedef struct VnControl VnControl;
 typedef struct VnControlReply VnControlReply;
 
+struct VnDaemon;
+struct VnLocalDevice;
+
+/* What waits for a fence: a borrow, answered with @token once the device is fenced. */
+typedef void (*VnFenceResumeFn)(struct VnDaemon *d, struct VnLocalDevice *ld, const char *peer,
+                                uint64_t token);
+typedef struct VnFenceResume {
+    VnFenceResumeFn fn; /* NULL: nothing waits */
+    char *peer;
+    uint64_t token;
+} VnFenceResume;
+
+/* A lent device's fence under way (fence.c). */
+typedef struct VnFence {
+    bool active; /* the device may not be lent until it is over */
+    guint timer; /* the worker's time to say it fenced */
+    VnFenceResume resume;
+} VnFence;
+
 /* A device this node lends. */
 typedef struct VnLocalDevice {
     struct VnDaemon *d;
@@ -50,6 +70,7 @@ typedef struct VnLocalDevice {
     guint child_watch;   /* 0 for an adopted one */
     guint respawn_timer; /* a worker that exited is started again */
     VnIdentity id;       /* read when it was lent (identity.h) */
+    VnFence fence;
 } VnLocalDevice;
 
 /* A device this node borrows. */
@@ -265,6 +286,22 @@ void vn_metrics_start(VnDaemon *d);
  * once more, saying the daemon stopped (metrics.h). */
 void vn_metrics_stop(VnDaemon *d);
 
+/* ---- fence.c ---- */
+/* How long a lender worker has to say it fenced its device before it is killed: within a
+ * borrower's request timeout, so that a borrow waiting for the fence is answered. */
+#define VN_FENCE_TIMEOUT_MS 3000
+/* A lease on @ld ended (@why): withdraw the worker's exports now, and have it fence. */
+void vn_fence_start(VnDaemon *d, VnLocalDevice *ld, const char *why);
+/* The port's VnPortFencedFn (@opaque: the VnLocalDevice). */
+void vn_fence_confirmed(void *opaque);
+/* @ld's lender worker exited: what it held is withdrawn; a fence under way is over. */
+void vn_fence_worker_died(VnDaemon *d, VnLocalDevice *ld);
+/* While a fence is under way, have @fn(@peer, @token) run when it is over (one at a time):
+ * true; false when no fence is under way (or one borrow waits already). */
+bool vn_fence_defer(VnLocalDevice *ld, VnFenceResumeFn fn, const char *peer, uint64_t token);
+/* @ld goes (the daemon stops): its timer, and a borrow waiting is refused. */
+void vn_fence_clear(VnLocalDevice *ld);
+
 /* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
 void vn_cluster_start(VnDaemon *d);
 /* A control-socket event (docs/control.md "Events"); NULL / 0 members are left out. */
@@ -373,12 +410,16 @@ typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
  * lend_start: start @ld's lender worker (ld->worker_pid set), false with
  *   @error; lend_stop: end it (bounded), fencing the device; lend_adopt:
  *   after a restart, is the recorded one still there (pid cleared if not)?
+ *   lend_kill: kill it now (it did not fence in time): true when its exit
+ *   will be reported (vn_fence_worker_died), false when it is as good as gone
+ *   already (pid cleared).
  */
 struct VnWorkerOps {
     const char *name;
     bool (*lend_start)(VnDaemon *d, VnLocalDevice *ld, GError **error);
     void (*lend_stop)(VnDaemon *d, VnLocalDevice *ld);
     bool (*lend_adopt)(VnDaemon *d, VnLocalDevice *ld);
+    bool (*lend_kill)(VnDaemon *d, VnLocalDevice *ld);
     VnWctlCall *(*lend_stats)(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
     void (*start)(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque);
     void (*stop)(VnDaemon *d, VnBorrowed *b);
@@ -433,6 +474,7 @@ bool vn_spawn_alive(GPid pid, const char *binary);
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);
 bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld);
+bool vn_lenders_kill(VnDaemon *d, VnLocalDevice *ld);
 VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
 /* Some thirty counters, a few KiB; a longer file is not one the worker
  * wrote, and is not parsed. */

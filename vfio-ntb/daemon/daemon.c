@@ -342,8 +342,8 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
     } else if (ops->client_state == NULL) {
         missing = "client_state";
     } else if (ops->lend_start == NULL || ops->lend_stop == NULL || ops->lend_adopt == NULL ||
-               ops->lend_stats == NULL) {
-        missing = "lend_start, lend_stop, lend_adopt and lend_stats";
+               ops->lend_kill == NULL || ops->lend_stats == NULL) {
+        missing = "lend_start, lend_stop, lend_adopt, lend_kill and lend_stats";
     }
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "worker ops: %s is required",

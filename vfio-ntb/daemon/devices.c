@@ -124,6 +124,7 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
         return NULL;
     }
     vn_port_on_device_request(ld->port, vn_cluster_device_request, ld);
+    vn_port_on_fenced(ld->port, vn_fence_confirmed, ld);
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, lc->name, NULL, 0, "node %s: lending %s (%s %s)",
@@ -228,6 +229,7 @@ void vn_devices_local_free(gpointer p)
     if (ld->revoke_reply != NULL) {
         vn_control_error(ld->revoke_reply, VN_ERR_GENERIC, "the daemon is stopping");
     }
+    vn_fence_clear(ld);
     /* The lease stays as it is (d->leases frees it): a stopping daemon keeps
      * its leases in the state file for the next one, and its lender
      * workers serve on, reconnecting to the next one's port. */

@@ -46,11 +46,22 @@ static gboolean on_respawn(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
+/* A new worker for @ld in VN_LENDERS_RESPAWN_MS. */
+static void respawn_later(VnDaemon *d, VnLocalDevice *ld)
+{
+    LendWatch *again = g_new0(LendWatch, 1);
+
+    *again = (LendWatch){ d, ld };
+    ld->respawn_timer =
+        g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS, on_respawn, again, g_free);
+    /* @again is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
+}
+
 static void on_worker_exit(GPid pid, gint status, gpointer data)
 {
     LendWatch *lw = data;
     VnLocalDevice *ld = lw->ld;
-    LendWatch *again;
 
     g_spawn_close_pid(pid);
     if (ld->worker_pid != pid) {
@@ -58,18 +69,16 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     }
     ld->worker_pid = 0;
     ld->child_watch = 0;
-    /* Its device server saw its client go (and quiesced the device); the
-     * holder's requests wait in the port for the next worker. */
+    /* Its device server saw its client go (and quiesced the device), VFIO
+     * released its device; what the daemon kept for it goes now, and the next
+     * worker starts from nothing.  The holder's requests wait in the port for
+     * it. */
     vn_log(G_LOG_LEVEL_WARNING, lw->d->conf->node, ld->conf->name, NULL, 0,
            "node %s: the lender worker of %s (pid %d) exited (status %d); starting "
            "another in %d ms",
            lw->d->conf->node, ld->conf->name, pid, status, VN_LENDERS_RESPAWN_MS);
-    again = g_new0(LendWatch, 1);
-    *again = *lw;
-    ld->respawn_timer =
-        g_timeout_add_full(G_PRIORITY_DEFAULT, VN_LENDERS_RESPAWN_MS, on_respawn, again, g_free);
-    /* @again is the GLib source's now: its destroy notify (g_free) frees it. */
-    /* cppcheck-suppress memleak */
+    vn_fence_worker_died(lw->d, ld);
+    respawn_later(lw->d, ld);
 }
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
@@ -145,6 +154,23 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
            "node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
            ld->conf->name);
+    return true;
+}
+
+bool vn_lenders_kill(VnDaemon *d, VnLocalDevice *ld)
+{
+    bool child = ld->child_watch != 0;
+
+    if (ld->worker_pid > 0) {
+        kill(ld->worker_pid, SIGKILL);
+    }
+    if (!child) {
+        /* Adopted after a restart: not ours to reap, so no exit to hear of; SIGKILL is not
+         * caught, and its files close as it exits. */
+        ld->worker_pid = 0;
+        respawn_later(d, ld);
+        return false;
+    }
     return true;
 }
 

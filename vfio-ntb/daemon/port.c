@@ -52,6 +52,7 @@ struct VnPort {
     GPtrArray *maps;    /* VnPortMap *, maps under way */
     GArray *segments;   /* uint64_t ids exported for it */
     GArray *routes;
+    GArray *withdrawn;  /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
     uint64_t doorbells; /* bit i: the worker's */
     GPtrArray *relays;  /* VnPortRelay *, in flight */
     GPtrArray *ins;     /* VnPortIn *, the peer's requests at the worker */
@@ -62,7 +63,20 @@ struct VnPort {
     bool inbound; /* a lender's worker: it answers the peer's requests */
     VnPortDeviceRequestFn device_request;
     void *device_request_opaque;
+    VnPortFencedFn fenced;
+    void *fenced_opaque;
 };
+
+bool vn_port_connected(VnPort *p)
+{
+    return p->fd >= 0;
+}
+
+void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque)
+{
+    p->fenced = fn;
+    p->fenced_opaque = opaque;
+}
 
 void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque)
 {
@@ -619,6 +633,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_UNEXPORT_SEGMENT:
     case VN_HOST_UNEXPORT_ROUTE:
+        if (array_take(p->withdrawn, h.arg)) {
+            break; /* the daemon did it already */
+        }
         if (!array_take(h.op == VN_HOST_UNEXPORT_ROUTE ? p->routes : p->segments, h.arg)) {
             refuse(p, "an unexport of %" PRIu64 ", which is not its", h.arg);
         } else if (h.op == VN_HOST_UNEXPORT_ROUTE) {
@@ -632,6 +649,13 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_WITHHOLD_SEGMENT:
         op_withhold(p, &h);
+        break;
+    case VN_HOST_FENCED:
+        if (!p->inbound) {
+            refuse(p, "a fence from a borrower's worker");
+        } else if (p->fenced != NULL) {
+            p->fenced(p->fenced_opaque);
+        }
         break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {
@@ -709,6 +733,63 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* ---- the daemon's fence ---------------------------------------------------- */
+
+/* Withdraw every id of @ids (segments or routes) and remember it as withdrawn; how many. */
+static guint withdraw_ids(VnPort *p, GArray *ids, bool route)
+{
+    guint n = ids->len;
+
+    for (guint i = 0; i < n; i++) {
+        uint64_t id = g_array_index(ids, uint64_t, i);
+
+        if (route) {
+            vn_fabric_route_unexport(p->fab, id);
+        } else {
+            vn_fabric_segment_unexport(p->fab, id);
+        }
+        /* Bounded: a worker's ids are, and its own unexports take them out again. */
+        if (p->withdrawn->len < VN_PORT_MAX_WITHDRAWN) {
+            g_array_append_val(p->withdrawn, id);
+        }
+    }
+    g_array_set_size(ids, 0);
+    return n;
+}
+
+void vn_port_withdraw(VnPort *p, bool everything, const char *why)
+{
+    guint segments = withdraw_ids(p, p->segments, false);
+    guint routes = withdraw_ids(p, p->routes, true);
+    guint windows = 0, doorbells = 0;
+
+    if (everything) {
+        for (guint i = 0; i < p->maps->len; i++) {
+            ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
+        }
+        g_ptr_array_set_size(p->maps, 0);
+        windows = p->windows->len;
+        for (guint i = 0; i < p->windows->len; i++) {
+            vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
+        }
+        g_ptr_array_set_size(p->windows, 0);
+        for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
+            if (p->doorbells & (UINT64_C(1) << b)) {
+                vn_fabric_doorbells_free(p->fab, b, 1);
+                doorbells++;
+            }
+        }
+        p->doorbells = 0;
+        ins_fail(p, ECONNRESET, "the device's worker is gone");
+        g_array_set_size(p->withdrawn, 0); /* no worker to unexport them */
+    }
+    if (segments + routes + windows + doorbells > 0) {
+        g_info("port %s: %s: withdrew %u segments, %u routes, %u windows, %u doorbells of its "
+               "worker's",
+               p->path, why, segments, routes, windows, doorbells);
+    }
+}
+
 /* ---- life ------------------------------------------------------------- */
 
 static bool port_listen(VnPort *p, GError **error)
@@ -758,6 +839,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->maps = g_ptr_array_new();
     p->segments = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    p->withdrawn = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->relays = g_ptr_array_new();
     p->out = g_byte_array_new();
     if (!port_listen(p, error)) {
@@ -813,6 +895,7 @@ void vn_port_free(VnPort *p, bool unlink_it)
     g_ptr_array_unref(p->windows);
     g_array_unref(p->segments);
     g_array_unref(p->routes);
+    g_array_unref(p->withdrawn);
     g_byte_array_unref(p->out);
     g_free(p->path);
     g_free(p->peer);

@@ -34,6 +34,9 @@
 
 /* Requests one worker may have relayed and unanswered. */
 #define VN_PORT_MAX_INFLIGHT 64u
+/* Ids the daemon withdrew that the worker may still unexport (vn_port_withdraw): a lender
+ * worker exports a few per region, VN_MAX_REGIONS regions. */
+#define VN_PORT_MAX_WITHDRAWN 256u
 /* Windows, segments and routes one worker may hold through its port. */
 #define VN_PORT_MAX_WINDOWS 16u
 #define VN_PORT_MAX_EXPORTS 256u
@@ -74,6 +77,25 @@ bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit);
  * from the port's context, each time. */
 typedef void (*VnPortDeviceRequestFn)(void *opaque);
 void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque);
+
+/* A lender's worker says its device is fenced after its holder went: @fn runs, from the
+ * port's context. */
+typedef void (*VnPortFencedFn)(void *opaque);
+void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque);
+
+/*
+ * The daemon's part of a fence, without the worker's help: what the worker exported
+ * through the port (segments: the paths onto its device's BARs; routes) is withdrawn now,
+ * confirmed when this returns (an NTB's translations cleared).  With @everything, also
+ * what was mapped for it (windows onto the holder's memory, which its device may reach
+ * through its IOMMU: only once the worker is dead, its IOMMU mappings with it), its
+ * doorbells and maps under way: for a worker that died.  Logged with @why.  The worker's
+ * own later unexport of a withdrawn id is no refusal.
+ */
+void vn_port_withdraw(VnPort *p, bool everything, const char *why);
+
+/* Whether its worker is connected now. */
+bool vn_port_connected(VnPort *p);
 
 /* What the port refused from its worker (counted, logged). */
 uint64_t vn_port_refused(VnPort *p);

@@ -522,6 +522,7 @@ const VnWorkerOps vn_spawn_ops = {
     .name = "process",
     .lend_start = vn_lenders_start,
     .lend_stop = vn_lenders_stop,
+    .lend_kill = vn_lenders_kill,
     .lend_adopt = vn_lenders_adopt,
     .lend_stats = vn_lenders_stats,
     .start = spawn_start,

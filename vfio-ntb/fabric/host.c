@@ -69,6 +69,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_RECV] = "RECV",
     [VN_HOST_DEVICE_REQUEST] = "DEVICE_REQUEST",
     [VN_HOST_WITHHOLD_SEGMENT] = "WITHHOLD_SEGMENT",
+    [VN_HOST_FENCED] = "FENCED",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -100,7 +101,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     }
     memcpy(hdr, buf, sizeof(*hdr));
     worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
-                hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT;
+                hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT ||
+                hdr->op == VN_HOST_FENCED;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -667,6 +669,14 @@ bool vn_host_device_request(VnFabric *fab)
         return false;
     }
     return host_send_record(fab->backend, VN_HOST_DEVICE_REQUEST, 0, NULL, 0, 0, NULL, 0, -1) == 0;
+}
+
+bool vn_host_fenced(VnFabric *fab)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return false;
+    }
+    return host_send_record(fab->backend, VN_HOST_FENCED, 0, NULL, 0, 0, NULL, 0, -1) == 0;
 }
 
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)

@@ -44,6 +44,9 @@ extern const VnFabricOps vn_host_ops;
  * False when @fab is not a `host` node or its daemon is away.
  */
 bool vn_host_device_request(VnFabric *fab);
+/* For a lender worker: its device is fenced (or had nothing to fence) after its holder
+ * went; the daemon may lend it again.  False as above. */
+bool vn_host_fenced(VnFabric *fab);
 
 /* HELLO's arg: the caps in bits 0-31; in bits 32-39 the log2 of the
  * node's largest window (its max-window-size rounded down to a power of
@@ -75,6 +78,7 @@ typedef enum VnHostOp {
     /* worker -> daemon, appended so that the numbers above never change */
     VN_HOST_DEVICE_REQUEST,   /* a lender's: the host wants the device back */
     VN_HOST_WITHHOLD_SEGMENT, /* arg: id, arg2: 1 withhold, 0 give back -> status */
+    VN_HOST_FENCED,           /* a lender's: its device fenced after its holder went */
     VN_HOST_OP_LAST
 } VnHostOp;
 
