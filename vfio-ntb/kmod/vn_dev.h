@@ -7,7 +7,9 @@
  * Locking: vn->lock (a mutex) guards the device's state, the targets and the generations.
  * Order: the caller's mmap_lock, then vn->lock, then the address space's i_mmap lock (taken
  * by unmap_mapping_range).  So vn->lock is never held while taking an mmap_lock: arguments
- * are copied in before and out after it, user pages are pinned and charged before it.
+ * are copied in before and out after it, user pages are pinned and charged before it, and
+ * uncharged after it (struct vn_charges: a fault of the same process holds its mmap_lock
+ * and waits for vn->lock).
  * vn->ev_lock (a spinlock) guards the eventfds, which the NTB driver's interrupt handlers
  * signal through our ctx ops.
  *
@@ -99,18 +101,30 @@ struct vn_source {
 	struct file *file;
 };
 
+/* Locked memory to give back once vn->lock is dropped (vn_charges_drop): each inbound
+ * window's pins, at most. */
+struct vn_charges {
+	struct mm_struct *mm[VN_NTB_MAX_MWS];
+	unsigned long npages[VN_NTB_MAX_MWS];
+	unsigned int count;
+};
+
 extern const struct file_operations vn_fops;
 extern struct vfsmount *vn_mnt;
 
 void vn_free(struct kref *ref);
 
-/* vn_inbound.c; the vn_in_* and vn_mw_* calls under vn->lock. */
+/* vn_inbound.c; the vn_in_* and vn_mw_* calls under vn->lock, which collect in @ch what is
+ * to be uncharged after it.  vn_source_get and _release, and vn_charges_drop, without it. */
 int vn_in_check(struct vn_dev *vn, u32 idx, u64 size);
 int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src);
 void vn_source_release(struct vn_source *src);
-int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src);
-int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a);
-int vn_in_clear(struct vn_dev *vn, u32 idx);
+/* Takes from @src what the window keeps; the caller releases the rest. */
+int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src,
+		 struct vn_charges *ch);
+int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a, struct vn_charges *ch);
+int vn_in_clear(struct vn_dev *vn, u32 idx, struct vn_charges *ch);
+void vn_charges_drop(struct vn_charges *ch);
 
 /* vn_mmap.c. */
 int vn_mmap(struct file *f, struct vm_area_struct *vma);

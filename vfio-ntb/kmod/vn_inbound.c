@@ -31,16 +31,29 @@ static void vn_uncharge(struct mm_struct *mm, unsigned long npages)
 	mmdrop(mm);
 }
 
+void vn_charges_drop(struct vn_charges *ch)
+{
+	unsigned int i;
+
+	for (i = 0; i < ch->count; i++)
+		vn_uncharge(ch->mm[i], ch->npages[i]);
+	ch->count = 0;
+}
+
 /* Undo what an inbound window's target holds (its translation is cleared, its mappings
- * zapped first). */
-static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in)
+ * zapped first); its charge goes to @ch. */
+static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_charges *ch)
 {
 	switch (in->kind) {
 	case VN_IN_USER:
 		dma_unmap_sgtable(vn->dma_dev, &in->sgt, DMA_BIDIRECTIONAL, 0);
 		sg_free_table(&in->sgt);
 		vn_unpin(in->pages, in->npages);
-		vn_uncharge(in->mm, in->npages);
+		/* One window, one entry: at most VN_NTB_MAX_MWS windows hold pins. */
+		if (!WARN_ON(ch->count >= VN_NTB_MAX_MWS)) {
+			ch->mm[ch->count] = in->mm;
+			ch->npages[ch->count++] = in->npages;
+		}
 		break;
 	case VN_IN_ALLOC:
 		kvfree(in->pages);
@@ -65,7 +78,7 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in)
 
 /* The window reaches nothing from now on: the translation first (the peer's next access
  * goes nowhere), then our mappings of it, then what it held. */
-int vn_in_clear(struct vn_dev *vn, u32 idx)
+int vn_in_clear(struct vn_dev *vn, u32 idx, struct vn_charges *ch)
 {
 	struct vn_inbound *in = &vn->in[idx];
 
@@ -74,7 +87,7 @@ int vn_in_clear(struct vn_dev *vn, u32 idx)
 	if (!vn->dead)
 		ntb_mw_clear_trans(vn->ntb, VN_PIDX, idx);
 	vn_in_zap(vn, idx);
-	vn_in_release(vn, in);
+	vn_in_release(vn, in, ch);
 	return 0;
 }
 
@@ -97,7 +110,7 @@ int vn_in_check(struct vn_dev *vn, u32 idx, u64 size)
 	return 0;
 }
 
-static int vn_in_set(struct vn_dev *vn, u32 idx, struct vn_inbound *in)
+static int vn_in_set(struct vn_dev *vn, u32 idx, struct vn_inbound *in, struct vn_charges *ch)
 {
 	resource_size_t addr_align, size_align, max;
 	int ret;
@@ -108,7 +121,7 @@ static int vn_in_set(struct vn_dev *vn, u32 idx, struct vn_inbound *in)
 	if (!ret)
 		ret = ntb_mw_set_trans(vn->ntb, VN_PIDX, idx, in->dma, in->size);
 	if (ret) {
-		vn_in_release(vn, in);
+		vn_in_release(vn, in, ch);
 		return ret;
 	}
 	return 0;
@@ -234,7 +247,7 @@ int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src)
 
 /* A BAR as the target: reached peer to peer through the NTB's DMA device. */
 static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a,
-			     struct vn_source *src)
+			     struct vn_source *src, struct vn_charges *ch)
 {
 	struct vn_inbound *in = &vn->in[a->index];
 	int ret;
@@ -242,14 +255,13 @@ static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a,
 	in->dma = dma_map_resource(vn->dma_dev, src->phys, a->size, DMA_BIDIRECTIONAL, 0);
 	if (dma_mapping_error(vn->dma_dev, in->dma)) {
 		in->dma = 0;
-		vn_source_release(src);
 		return -EIO;
 	}
 	in->kind = VN_IN_MMIO;
 	in->mmio_file = src->file;
 	in->size = a->size;
 	src->file = NULL;
-	ret = vn_in_set(vn, a->index, in);
+	ret = vn_in_set(vn, a->index, in, ch);
 	if (!ret)
 		a->dma_addr = in->dma;
 	return ret;
@@ -273,8 +285,8 @@ static unsigned int vn_dma_ranges(struct sg_table *sgt)
 	return ranges;
 }
 
-/* Takes @src (vn_source_get's): the window keeps what it holds, or it is released. */
-int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
+int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src,
+		 struct vn_charges *ch)
 {
 	struct vn_inbound *in;
 	unsigned int ranges;
@@ -282,17 +294,17 @@ int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source
 
 	ret = vn_in_check(vn, a->index, a->size);
 	if (ret)
-		goto release;
+		return ret;
 	if (src->file)
-		return vn_mw_export_mmio(vn, a, src);
+		return vn_mw_export_mmio(vn, a, src, ch);
 	in = &vn->in[a->index];
 	ret = sg_alloc_table_from_pages(&in->sgt, src->pages, src->npages, 0, a->size, GFP_KERNEL);
 	if (ret)
-		goto release;
+		return ret;
 	ret = dma_map_sgtable(vn->dma_dev, &in->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret) {
 		sg_free_table(&in->sgt);
-		goto release;
+		return ret;
 	}
 	in->kind = VN_IN_USER;
 	in->pages = src->pages;
@@ -307,16 +319,13 @@ int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source
 	if (ranges != 1) {
 		dev_info(&vn->ntb->dev, "window %u: %lu pages are %u ranges to the device\n",
 			 a->index, in->npages, ranges);
-		vn_in_release(vn, in);
+		vn_in_release(vn, in, ch);
 		return -EINVAL;
 	}
 	in->dma = sg_dma_address(in->sgt.sgl);
-	ret = vn_in_set(vn, a->index, in);
+	ret = vn_in_set(vn, a->index, in, ch);
 	if (!ret)
 		a->dma_addr = in->dma;
-	return ret;
-release:
-	vn_source_release(src);
 	return ret;
 }
 
@@ -346,7 +355,7 @@ static int vn_alloc_pages(struct vn_dev *vn, struct vn_inbound *in)
 	return n == in->size >> PAGE_SHIFT ? 0 : -EIO;
 }
 
-int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a)
+int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a, struct vn_charges *ch)
 {
 	struct vn_inbound *in;
 	u64 size = PAGE_ALIGN(a->size);
@@ -365,8 +374,8 @@ int vn_mw_alloc(struct vn_dev *vn, struct vn_ntb_mw_alloc *a)
 	in->size = size;
 	ret = vn_alloc_pages(vn, in);
 	if (ret) {
-		vn_in_release(vn, in);
+		vn_in_release(vn, in, ch);
 		return ret;
 	}
-	return vn_in_set(vn, a->index, in);
+	return vn_in_set(vn, a->index, in, ch);
 }

@@ -207,13 +207,13 @@ static int vn_open(struct inode *inode, struct file *f)
  * device was before it opened it), its link.  Window files it handed out stay as they are
  * (a VM's QEMU reads all ones through a window whose link is down, rather than die of
  * SIGBUS) until the window is given a new target: the next owner revokes it first. */
-static void vn_teardown(struct vn_dev *vn)
+static void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
 {
 	u32 i;
 
 	for (i = 0; i < vn->mw_count; i++)
 		if (vn->in[i].kind != VN_IN_NONE)
-			vn_in_clear(vn, i);
+			vn_in_clear(vn, i, ch);
 	if (!vn->dead) {
 		ntb_db_set_mask(vn->ntb, vn->db_valid);
 		if (vn->link_enabled)
@@ -226,11 +226,13 @@ static void vn_teardown(struct vn_dev *vn)
 static int vn_release(struct inode *inode, struct file *f)
 {
 	struct vn_dev *vn = vn_of(f);
+	struct vn_charges ch = { 0 };
 
 	mutex_lock(&vn->lock);
-	vn_teardown(vn);
+	vn_teardown(vn, &ch);
 	vn->owner = NULL;
 	mutex_unlock(&vn->lock);
+	vn_charges_drop(&ch);
 	kref_put(&vn->ref, vn_free);
 	return 0;
 }
@@ -315,7 +317,7 @@ union vn_args {
 };
 
 static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *a,
-			    struct vn_source *src)
+			    struct vn_source *src, struct vn_charges *ch)
 {
 	switch (cmd) {
 	case VN_NTB_INFO:
@@ -351,11 +353,11 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 		a->u64 = ntb_db_read(vn->ntb) & vn->db_valid;
 		return 0;
 	case VN_NTB_MW_EXPORT:
-		return vn_mw_export(vn, &a->exp, src);
+		return vn_mw_export(vn, &a->exp, src, ch);
 	case VN_NTB_MW_ALLOC:
-		return vn_mw_alloc(vn, &a->alloc);
+		return vn_mw_alloc(vn, &a->alloc, ch);
 	case VN_NTB_MW_CLEAR:
-		return a->u32 < vn->mw_count ? vn_in_clear(vn, a->u32) : -EINVAL;
+		return a->u32 < vn->mw_count ? vn_in_clear(vn, a->u32, ch) : -EINVAL;
 	case VN_NTB_MW_REVOKE:
 		if (a->u32 >= vn->peer_mw_count)
 			return -EINVAL;
@@ -372,6 +374,7 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	void __user *uarg = (void __user *)arg;
 	unsigned int size = _IOC_SIZE(cmd);
 	struct vn_source src = { 0 };
+	struct vn_charges ch = { 0 };
 	union vn_args a;
 	long ret;
 
@@ -397,13 +400,12 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	if (cmd == VN_NTB_MW_FD)
 		return vn_mw_fd(vn, &a.mw_fd);
 	mutex_lock(&vn->lock);
-	if (vn->dead) {
-		ret = -ENODEV;
-		vn_source_release(&src);
-	} else {
-		ret = vn_ioctl_locked(vn, cmd, &a, &src);      /* takes @src */
-	}
+	ret = vn->dead ? -ENODEV : vn_ioctl_locked(vn, cmd, &a, &src, &ch);
 	mutex_unlock(&vn->lock);
+	/* What the window did not keep, and what it gave back: the caller's mmap_lock may be
+	 * taken now. */
+	vn_source_release(&src);
+	vn_charges_drop(&ch);
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, &a, size))
 		return -EFAULT;
 	return ret;
@@ -489,13 +491,14 @@ free:
 static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 {
 	struct vn_dev *vn = ntb->ctx;
+	struct vn_charges ch = { 0 };
 	u32 i;
 
 	misc_deregister(&vn->misc);
 	mutex_lock(&vn->lock);
 	for (i = 0; i < vn->mw_count; i++)
 		if (vn->in[i].kind != VN_IN_NONE)
-			vn_in_clear(vn, i);
+			vn_in_clear(vn, i, &ch);
 	ntb_db_set_mask(ntb, vn->db_valid);
 	if (vn->link_enabled)
 		ntb_link_disable(ntb);
@@ -505,6 +508,7 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 	vn->dead = true;
 	unmap_mapping_range(vn->inode->i_mapping, 0, 0, 1);
 	mutex_unlock(&vn->lock);
+	vn_charges_drop(&ch);
 	ntb_clear_ctx(ntb);
 	vn_events_release(vn);
 	kref_put(&vn->ref, vn_free);
