@@ -61,7 +61,7 @@ static struct {
     long iterations;
     int max_seconds;
     long removal_every;
-} opt = { .iterations = 10000, .max_seconds = 420, .removal_every = 500 };
+} opt = { .iterations = 50000, .max_seconds = 420, .removal_every = 500 };
 
 static char dev_path[128];
 static char debugfs_dir[160];
@@ -220,8 +220,9 @@ static void *anon(size_t size)
 
 /* --- faults -------------------------------------------------------------------------- */
 
-/* Where the faulting thread's guarded access resumes; NULL: not in one (default action). */
-static __thread sigjmp_buf *fault_jmp;
+/* Where the faulting thread's guarded access resumes; NULL: not in one (default action).
+ * volatile: its stores stay ordered around the (volatile) access they guard. */
+static __thread sigjmp_buf *volatile fault_jmp;
 
 static void on_fault(int sig, siginfo_t *si, void *uc)
 {
@@ -446,7 +447,10 @@ static void case_window_revoke(void)
     }
     check(&t, fstatfs(wfd, &sfs) == 0 && sfs.f_type == VN_NTB_WINDOW_FS_MAGIC,
           "window file's f_type %lx", (unsigned long)sfs.f_type);
-    devmap[0] = first;
+    r = touch(devmap, &seen, first);
+    if (!check(&t, r == 0, "the device's mapping of window 0 faulted (signal %d)", r)) {
+        goto out;
+    }
 
     if (pipe2(go_a, O_CLOEXEC) || pipe2(go_b, O_CLOEXEC) || pipe2(ready_b, O_CLOEXEC)) {
         check(&t, false, "pipe: %s", strerror(errno));
@@ -1089,6 +1093,7 @@ static void races_fault(struct races *r, const char *what, int sig, long gen)
 struct t1_keep {
     volatile uint32_t *p;
     long gen;
+    long epoch; /* removals when it was made */
 };
 
 static void t1_once(struct races *r, struct t1_keep *keep)
@@ -1121,13 +1126,20 @@ static void t1_once(struct races *r, struct t1_keep *keep)
     } else if (sig) {
         races_fault(r, "t1 touch", sig, gen);
     }
-    /* The long-lived mapping: made from an earlier file, touched now. */
+    /* The long-lived mapping: made from an earlier file (of a device since removed,
+     * maybe), touched now. */
     if (keep->p) {
+        bool removed = atomic_load(&r->removals) != keep->epoch;
+
         done = atomic_load(&r->revokes_done);
         sig = peek(keep->p, &seen);
         atomic_fetch_add(&r->checks, 1);
-        if (!sig && done > keep->gen) {
+        if (!sig && removed) {
+            races_note(r, &r->stale, "t1: a kept mapping read after its device was removed");
+        } else if (!sig && done > keep->gen) {
             races_note(r, &r->stale, "t1: a kept mapping read after its revoke");
+        } else if (sig && removed) {
+            atomic_fetch_add(&r->faults, 1);
         } else if (sig) {
             races_fault(r, "t1 kept", sig, keep->gen);
         }
@@ -1139,6 +1151,7 @@ static void t1_once(struct races *r, struct t1_keep *keep)
     if (!keep->p) {
         keep->p = p;
         keep->gen = gen;
+        keep->epoch = atomic_load(&r->removals);
     } else {
         munmap((void *)p, page);
     }
@@ -1267,7 +1280,7 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     struct races *r = w->r;
-    struct t1_keep keep = { NULL, 0 };
+    struct t1_keep keep = { NULL, 0, 0 };
     void *pages = anon(64 * KIB);
     long n = 0;
 
@@ -1464,7 +1477,7 @@ static void case_map_races(void)
     struct worker w[3];
     pthread_rwlockattr_t attr;
     long next_removal = opt.removal_every;
-    double t0 = now_s(), elapsed;
+    double t0 = now_s(), last_progress = t0, elapsed;
     char first_bad[80] = "";
     int err, bad;
     bool alive = true;
@@ -1486,6 +1499,15 @@ static void case_map_races(void)
     }
     while (atomic_load(&r.iters) < opt.iterations && now_s() - t0 < opt.max_seconds) {
         sleep_ms(20);
+        if (now_s() - last_progress >= 10) {
+            last_progress = now_s();
+            printf("kmod-map-races: %.0f s: iterations=%ld revokes=%ld removals=%ld checks=%ld "
+                   "faults=%ld stale=%ld unexpected=%ld\n",
+                   last_progress - t0, atomic_load(&r.iters), atomic_load(&r.revokes_done),
+                   atomic_load(&r.removals), atomic_load(&r.checks), atomic_load(&r.faults),
+                   atomic_load(&r.stale), atomic_load(&r.unexpected));
+            fflush(stdout);
+        }
         if (opt.removal_every > 0 && atomic_load(&r.iters) >= next_removal) {
             next_removal += opt.removal_every;
             alive = races_remove(&r, &t);
