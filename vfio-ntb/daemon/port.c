@@ -389,25 +389,25 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
 
 /* ---- the worker's other ops ------------------------------------------- */
 
-static bool array_take(GArray *a, uint64_t id)
+/* Where @id is in @a, or -1. */
+static gint array_find(GArray *a, uint64_t id)
 {
     for (guint i = 0; i < a->len; i++) {
         if (g_array_index(a, uint64_t, i) == id) {
-            g_array_remove_index_fast(a, i);
-            return true;
+            return (gint)i;
         }
     }
-    return false;
+    return -1;
 }
 
-static bool array_has(GArray *a, uint64_t id)
+static bool array_take(GArray *a, uint64_t id)
 {
-    for (guint i = 0; i < a->len; i++) {
-        if (g_array_index(a, uint64_t, i) == id) {
-            return true;
-        }
+    gint i = array_find(a, id);
+
+    if (i >= 0) {
+        g_array_remove_index_fast(a, (guint)i);
     }
-    return false;
+    return i >= 0;
 }
 
 /* A lender's worker withholds its device's BARs (or gives them back): only its own
@@ -416,7 +416,7 @@ static void op_withhold(VnPort *p, const VnHostHdr *h)
 {
     int ret;
 
-    if (h->arg2 > 1 || !array_has(p->segments, h->arg)) {
+    if (h->arg2 > 1 || array_find(p->segments, h->arg) < 0) {
         refuse(p, "a withhold of segment %" PRIu64 ", which is not its", h->arg);
         reply(p, h, EACCES, 0, 0, -1);
         return;

@@ -15,8 +15,9 @@
  *     process (a VM's QEMU) without handing it the device.  Its filesystem's magic
  *     (fstatfs) is VN_NTB_WINDOW_FS_MAGIC;
  *   - inbound windows: what the peer's window reaches here.  Two kinds of target: the
- *     caller's own memory (VN_NTB_MW_EXPORT: pages pinned, charged to the caller's locked
- *     memory as VFIO's type1 charges them, and mapped for the NTB's DMA device so that they
+ *     caller's own memory (VN_NTB_MW_EXPORT: pages pinned, charged to the locked memory of
+ *     the process that calls it, as VFIO's type1 charges them (ENOMEM past its
+ *     RLIMIT_MEMLOCK without CAP_IPC_LOCK), and mapped for the NTB's DMA device so that they
  *     are contiguous behind the IOMMU; or a BAR the caller mapped through a VFIO device
  *     file, which the window then reaches peer to peer), or a buffer of the module's
  *     (VN_NTB_MW_ALLOC, mmap-able).
@@ -30,6 +31,9 @@
  * new target.  Clearing an inbound buffer (VN_NTB_MW_CLEAR) does the same to its mappings.
  * Window files map uncached unless made with VN_NTB_MW_FD_WC (memory behind the window:
  * write-combining); a device's registers must not have their writes merged or reordered.
+ *
+ * A window that has a target is not given another (EBUSY): clear it first.  Opening the
+ * device unmasks its doorbells; closing it masks them again.
  *
  * One process at a time may open a device (a second open is EBUSY).  Everything it set up
  * goes when it closes the file: translations cleared, pages unpinned and uncharged,

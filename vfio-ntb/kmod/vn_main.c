@@ -368,6 +368,33 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 	}
 }
 
+/* Whether @cmd is one of ours, as its number says (direction and size too): anything else,
+ * the removed commands among them, is ENOTTY before its argument is looked at. */
+static bool vn_known_cmd(unsigned int cmd)
+{
+	switch (cmd) {
+	case VN_NTB_INFO:
+	case VN_NTB_MW_INFO:
+	case VN_NTB_LINK:
+	case VN_NTB_LINK_EVENTFD:
+	case VN_NTB_SPAD_READ:
+	case VN_NTB_SPAD_WRITE:
+	case VN_NTB_PEER_SPAD_READ:
+	case VN_NTB_PEER_SPAD_WRITE:
+	case VN_NTB_PEER_DB_SET:
+	case VN_NTB_DB_EVENTFD:
+	case VN_NTB_DB_READ:
+	case VN_NTB_MW_EXPORT:
+	case VN_NTB_MW_ALLOC:
+	case VN_NTB_MW_CLEAR:
+	case VN_NTB_MW_FD:
+	case VN_NTB_MW_REVOKE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 {
 	struct vn_dev *vn = vn_of(f);
@@ -378,7 +405,7 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	union vn_args a;
 	long ret;
 
-	if (_IOC_TYPE(cmd) != VN_NTB_TYPE || size > sizeof(a))
+	if (!vn_known_cmd(cmd) || size > sizeof(a))
 		return -ENOTTY;
 	memset(&a, 0, sizeof(a));
 	if ((_IOC_DIR(cmd) & _IOC_WRITE) && copy_from_user(&a, uarg, size))

@@ -28,7 +28,9 @@ typedef struct NtbPort {
     VnServer *server; /* borrowed; NULL when detached */
     VnDma *dma;       /* the server's */
     VnIrqs *irqs;
-    uint64_t p2p_reads, p2p_writes, p2p_failures; /* DMA the client did for us */
+    /* DMA the client did for us; refused (an address nothing decodes there: what a real
+     * host sees as an unsupported request); not answered in time (a busy VM). */
+    uint64_t p2p_reads, p2p_writes, p2p_failures, p2p_timeouts;
 } NtbPort;
 
 struct VnNtbDev {
@@ -68,8 +70,13 @@ static int port_dma(NtbPort *p, uint64_t addr, void *buf, uint32_t len, bool wri
     }
     for (uint32_t done = 0; done < len; done += n) {
         n = MIN(len - done, VN_SERVER_CLIENT_DMA_MAX);
-        if (vn_server_client_dma(p->server, addr + done, (uint8_t *)buf + done, n, write) < 0) {
-            p->p2p_failures++;
+        ret = vn_server_client_dma(p->server, addr + done, (uint8_t *)buf + done, n, write);
+        if (ret < 0) {
+            if (ret == -ETIMEDOUT) {
+                p->p2p_timeouts++;
+            } else {
+                p->p2p_failures++;
+            }
             return -EFAULT;
         }
     }
@@ -232,10 +239,11 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             ", \"doorbells_lost\": %" G_GUINT64_FORMAT ", \"window_reads\": %" G_GUINT64_FORMAT
             ", \"window_writes\": %" G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT
             ", \"link_events\": %" G_GUINT64_FORMAT ", \"p2p_reads\": %" G_GUINT64_FORMAT
-            ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT "}",
+            ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT
+            ", \"p2p_timeouts\": %" G_GUINT64_FORMAT "}",
             p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
             st.window_writes, st.window_faults, st.link_events, d->port[p].p2p_reads,
-            d->port[p].p2p_writes, d->port[p].p2p_failures);
+            d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_timeouts);
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);
