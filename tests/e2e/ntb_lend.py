@@ -13,7 +13,22 @@ and a qtest QEMU in host b (no guest CPU) uses it through vfio-user-pci:
   (host a's inbound window translated to it, peer to peer through host a's IOMMU): none
   forwarded by the borrower or served by the lender's backend.
 
-Facts are host b's (lend_*), but for lend_cap_sysfs (host a's).
+Then the BAR guard, under load (guard_under_load): a thread of host b's keeps reading BAR0
+through a window file onto it that it took from the consumer's side (pidfd_getfd: what a
+QEMU that kept its file holds) while the consumer clears COMMAND.MEM, sets it again, then
+asks for an FLR.  While memory decode is off the thread reads all ones (host a withheld its
+translation onto the BAR first, so nothing reaches a BAR that does not decode: the
+simulated NTB counts no failed peer-to-peer access), and CAP again once it is on.
+
+Then the daemon's fence (fence_*): host a's lender worker is stopped (SIGSTOP) while host
+b's thread keeps reading the BAR through the window file it kept, and host a revokes the
+lease: host a's daemon withdraws the window onto the BAR without the worker (host b reads
+all ones while the worker is still stopped), kills the worker when it does not say it
+fenced, and only then lends the device again: host b borrows it anew, and a new consumer's
+Identify passes.
+
+Facts are host b's (lend_*, guard_*, fence_*), but for lend_cap_sysfs, guard_withholds and
+fence_worker_* (host a's).
 
 Then peer_lost(), the last phase: the device lent again, in use by host b's consumer, and
 host a's VM killed (by test_ntb.py, when host b asks).  Host b's daemon sees the link go
@@ -23,9 +38,14 @@ timeout passed, the consumer keeps running, and the device is given back.  Then,
 daemon stopped, the module on its own: the link reads down, the window all ones, and it
 unloads.
 """
+import ctypes
+import json
 import mmap
 import os
+import signal
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -56,9 +76,14 @@ def lender(procs, ntb_bdf, barrier, fact):
     a = daemon(procs, "a", ntb_bdf, lends={"nvme0": {"pci": nvme}})
     try:
         barrier("a", "lend-lent")
-        barrier("a", "lend-done", timeout=900)
+        barrier("a", "fence-ready", timeout=900)
+        # The worker that served the consumer so far (it is killed next).
         lent = a.stats()["lent"]
-        fact(lend_lender_region_rw=sum(x["region_rw"] - x["config_rw"] for x in lent))
+        fact(lend_lender_region_rw=sum(x["region_rw"] - x["config_rw"] for x in lent),
+             guard_withholds=sum(x.get("bar_withholds", 0) for x in lent))
+        fence_without_worker(a, fact)
+        barrier("a", "fence-done", timeout=300)
+        barrier("a", "lend-done", timeout=900)
     finally:
         a.stop()
     barrier("a", "lend-stopped", timeout=300)
@@ -84,17 +109,261 @@ def borrower(procs, ntb_bdf, barrier, fact):
             bor = b.stats()["borrowed"][0]
             fact(lend_forwarded=bor["region_forwarded"], lend_relayed=bor["relayed_irqs"],
                  lend_dma_maps=bor["dma_maps"])
+            guard_under_load(q, cap, fact)
+            fence_old_holder(cb, cap, barrier, fact)
         finally:
             procs.stop(q)
-        cb.execute("detach", device="hosta/nvme0")
-        cb.execute("return", device="hosta/nvme0")
+        fence_new_holder(procs, cb, fact)
+        barrier("b", "fence-done", timeout=300)
     finally:
         barrier("b", "lend-done", timeout=900)
         b.stop()
     barrier("b", "lend-stopped", timeout=300)
 
 
-PHASES = ("lend-lent", "lend-done", "lend-stopped")
+def window_onto_bar0(cap):
+    """A mapping of our own of a window file onto the lent BAR0, taken from whichever process
+    of this host holds one (the consumer's QEMU, the borrower worker) with pidfd_getfd: the
+    one whose first 8 bytes are the device's CAP."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        pidfd = -1
+        for name in fds:
+            try:
+                if "vfio-ntb-window" not in os.readlink(f"/proc/{pid}/fd/{name}"):
+                    continue
+            except OSError:
+                continue
+            if pidfd < 0:
+                pidfd = libc.syscall(434, int(pid), 0)             # pidfd_open
+            fd = libc.syscall(438, pidfd, int(name), 0) if pidfd >= 0 else -1   # pidfd_getfd
+            if fd < 0:
+                continue
+            try:
+                m = mmap.mmap(fd, 4096)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            if struct.unpack_from("<Q", m, 0)[0] == cap:
+                os.close(pidfd)
+                return m
+            m.close()
+        if pidfd >= 0:
+            os.close(pidfd)
+    raise h.HarnessError("no window file onto BAR0 in any process of this host")
+
+
+def ntbsim_counters(name, timeout=20):
+    """The simulated NTB's counters now, both ports summed (the outside answers: see
+    test_ntb.serve_stats_requests); None when they do not come."""
+    answer = SHARE / f"stats-{name}.json"
+    (SHARE / f"stats-request-{name}").write_text("")
+    if not h.wait_for(answer.exists, timeout):
+        return None
+    ports = json.loads(answer.read_text())
+    out = {}
+    for port in ("port0", "port1"):
+        for k, v in ports.get(port, {}).items():
+            if isinstance(v, int):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def _pcie_cap(q):
+    cap = vi.config_rw(q, 0x34) & 0xfc
+    for _ in range(48):
+        if cap == 0 or (vi.config_rw(q, cap) & 0xff) == 0x10:
+            return cap
+        cap = (vi.config_rw(q, cap) >> 8) & 0xfc
+    return 0
+
+
+def guard_under_load(q, cap, fact):
+    """The BAR guard under load (see the top)."""
+    window = window_onto_bar0(cap)
+    samples = []
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set() and len(samples) < 200000:
+            t = time.monotonic()
+            samples.append((t, struct.unpack_from("<I", window, 0)[0]))
+
+    counters_before = ntbsim_counters("guard-before")
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        off0 = time.monotonic()
+        vi.config_rw(q, 0x4, 0x00000404)             # MEM off (bus master on, INTx off)
+        off1 = time.monotonic()
+        time.sleep(1.0)
+        on0 = time.monotonic()
+        vi.config_rw(q, 0x4, 0x00000406)             # MEM on
+        on1 = time.monotonic()
+        time.sleep(0.5)
+        pcie = _pcie_cap(q)
+        flr0 = time.monotonic()
+        if pcie:
+            vi.config_rw(q, pcie + 8, vi.config_rw(q, pcie + 8) | 0x8000)   # Initiate FLR
+        # What a driver does after a reset: its BAR and COMMAND again.
+        ident, cap_after = vi.consumer_view(q)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join()
+    counters_after = ntbsim_counters("guard-after")
+    if counters_before is not None and counters_after is not None:
+        fact(guard_p2p_failures=counters_after.get("p2p_failures", 0) -
+             counters_before.get("p2p_failures", 0),
+             guard_p2p_timeouts=counters_after.get("p2p_timeouts", 0) -
+             counters_before.get("p2p_timeouts", 0),
+             guard_window_faults=counters_after.get("window_faults", 0) -
+             counters_before.get("window_faults", 0))
+    lo = cap & 0xffffffff
+    before = [v for t, v in samples if t < off0]
+    during = [v for t, v in samples if off1 < t < on0]
+    after = [v for t, v in samples if on1 + 0.1 < t < flr0]
+    final = struct.unpack_from("<I", window, 0)[0]
+    window.close()
+    # Before and after, the device's CAP; now and then all ones too, for a read that the
+    # simulated NTB's peer (a busy TCG VM) did not answer in time (its p2p_timeouts).  While
+    # memory decode is off, all ones only, and none of them a refused access (p2p_failures).
+    def cap_again(reads):
+        return lo in reads and set(reads) <= {lo, 0xffffffff}
+    fact(guard_before=len(before), guard_before_ok=cap_again(before),
+         guard_before_ones=before.count(0xffffffff), guard_during=len(during),
+         guard_during_ones=bool(during) and set(during) == {0xffffffff},
+         guard_after=len(after), guard_after_ok=cap_again(after),
+         guard_after_ones=after.count(0xffffffff),
+         guard_flr=bool(pcie), guard_flr_cap=cap_after == cap, guard_final_ok=final == lo)
+
+
+def _lender_worker_pid():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if cmd.endswith(b"vfio-ntb-lender"):
+            return int(pid)
+    raise h.HarnessError("no vfio-ntb-lender runs")
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def fence_without_worker(a, fact):
+    """Host a: stop the lender worker, revoke the lease (no grace), and see the daemon kill
+    the worker that cannot say it fenced."""
+    ca = Control(a.control)
+    pid = _lender_worker_pid()
+    os.kill(pid, signal.SIGSTOP)
+    log_before = len(a.log())
+    t0 = time.monotonic()
+    r = ca.execute("revoke", device="hosta/nvme0", **{"grace-ms": 0})
+    ended = time.monotonic()
+    stopped = _alive(pid)                       # still there, stopped, at the lease's end
+    gone = h.wait_for(lambda: not _alive(pid), VN_FENCE_TIMEOUT_S + 10)
+    killed = time.monotonic()
+    (SHARE / "fence-killed").write_text("")
+    new = h.wait_for(lambda: _lender_worker_pid() != pid if _has_worker() else False, 10)
+    fact(fence_worker_forced=r.get("forced"), fence_worker_stopped_at_end=stopped,
+         fence_worker_gone=bool(gone), fence_lease_end_s=round(ended - t0, 2),
+         fence_worker_killed_s=round(killed - ended, 2),
+         fence_worker_logged="killing it to fence" in a.log()[log_before:],
+         fence_worker_respawned=bool(new))
+
+
+def _has_worker():
+    try:
+        _lender_worker_pid()
+        return True
+    except h.HarnessError:
+        return False
+
+
+# The daemon's time for a worker to say it fenced (daemon-int.h VN_FENCE_TIMEOUT_MS).
+VN_FENCE_TIMEOUT_S = 3
+
+
+def fence_old_holder(cb, cap, barrier, fact):
+    """Host b, the old holder: keeps reading the BAR through its window file while host a
+    stops its worker and revokes; all ones must come while that worker is still there.  The
+    reading is a child's: once host b's own lease ends its window is revoked, and a kept
+    mapping may then end in SIGBUS (which reaches nothing either)."""
+    window = window_onto_bar0(cap)
+    lo = cap & 0xffffffff
+    before = struct.unpack_from("<I", window, 0)[0]
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:                        # the old holder's reader
+        os.close(rd)
+        try:
+            seen = "never"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if struct.unpack_from("<I", window, 0)[0] == 0xffffffff:
+                    seen = "after-kill" if (SHARE / "fence-killed").exists() else "before-kill"
+                    break
+                time.sleep(0.001)
+            os.write(wr, f"{seen}\n".encode())
+            h.wait_for(lambda: (SHARE / "fence-killed").exists(), 60)
+            os.write(wr, f"{struct.unpack_from('<I', window, 0)[0]}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    barrier("b", "fence-ready", timeout=300)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(rd) as f:
+        out = f.read().split()
+    window.close()
+    sigbus = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGBUS
+    after = int(out[1]) if len(out) > 1 else None
+    fact(fence_before_ok=before == lo, fence_ones=out[0] if out else "none",
+         fence_after_kill="sigbus" if sigbus else f"{after:#x}" if after is not None else "-",
+         fence_after_ok=sigbus or after == 0xffffffff)
+
+
+def fence_new_holder(procs, cb, fact):
+    """Host b again, as a new holder: the revoked lease given up, the device borrowed anew
+    once host a fenced it, and a new consumer's Identify."""
+    for cmd in ("detach", "return"):
+        try:
+            cb.execute(cmd, device="hosta/nvme0")
+        except ControlError:
+            pass                        # revoked: it may be out already
+    deadline = time.monotonic() + 60
+    r = None
+    while r is None and time.monotonic() < deadline:
+        try:
+            r = cb.execute("attach", device="hosta/nvme0", domain="vm1")
+        except ControlError:
+            time.sleep(0.5)             # the lender's new worker starting
+    if r is None:
+        raise h.HarnessError("hosta/nvme0 could not be borrowed again after its fence")
+    q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)
+    try:
+        vi.consumer_view(q)
+        status, serial = vi.identify(q)
+        fact(fence_new_identify=status, fence_new_serial=serial.replace(" ", "_") or "-")
+    finally:
+        procs.stop(q)
+    cb.execute("detach", device="hosta/nvme0")
+    cb.execute("return", device="hosta/nvme0")
+
+
+PHASES = ("lend-lent", "fence-ready", "fence-done", "lend-done", "lend-stopped")
 
 
 def run(role, ntb_bdf, barrier, fact):

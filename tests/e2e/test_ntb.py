@@ -29,6 +29,15 @@ says what each host does).  What a user would check:
   behind host b's window), Identify by MSI-X (relayed as a fabric doorbell), no BAR access
   forwarded or served by software: the consumer's BAR is host b's window onto the device,
   reached peer to peer (the simulated NTB counts those accesses).
+- mem-disable-under-load, flr-under-load: the BAR guard (ntb_lend.guard_under_load): a
+  thread of host b's reads BAR0 through a window file onto it while the consumer clears
+  COMMAND.MEM, sets it again, then asks for an FLR; it reads all ones while memory decode is
+  off, CAP again after, the lender withheld its translation each time, and no access of its
+  reached a BAR that did not decode (the simulated NTB's failed peer-to-peer accesses: 0).
+- fence-lender-worker-killed-ntb: host a's lender worker stopped (SIGSTOP) and the lease
+  revoked meanwhile: host a's daemon fences without it: host b's old consumer reads all ones
+  while that worker is still there, the worker is killed when it does not say it fenced,
+  and a new borrow of host b's passes Identify on the device.
 - ntb-modules-6.12: our module and Linux's NTB stack also build for Debian's 6.12 kernel
   (Debian 13's series, which Debian 12 carries too), the newest the archive has.
 - ntb-peer-lost: the device lent again and in use by host b's consumer when host a's VM is
@@ -51,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 6
+EXPECTED_RESULTS = 9
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -68,6 +77,21 @@ def facts(lines):
         elif ln.strip():
             print(f"  {ln}", file=sys.stderr)
     return out
+
+
+def serve_stats_requests(share, sim, stats):
+    """A host's request for the simulated NTB's counters now (ntb_lend.ntbsim_counters): a
+    file stats-request-NAME in the share, answered with stats-NAME.json."""
+    for req in share.glob("stats-request-*"):
+        name = req.name[len("stats-request-"):]
+        stats.unlink(missing_ok=True)
+        os.kill(sim.pid, signal.SIGUSR1)
+        if h.wait_for(stats.exists, 5):
+            time.sleep(0.1)                     # written whole
+            tmp = share / f".stats-{name}.json"
+            shutil.copy(stats, tmp)
+            tmp.rename(share / f"stats-{name}.json")
+        req.unlink(missing_ok=True)
 
 
 def device(socket):
@@ -132,6 +156,7 @@ def main():
         deadline = time.monotonic() + 900
         while not (share / "kill-a").exists() and time.monotonic() < deadline and \
                 all(lh.proc.poll() is None for lh in hosts.values()):
+            serve_stats_requests(share, sim, stats)
             time.sleep(0.1)
         if (share / "kill-a").exists():
             hosts["a"].proc.kill()
@@ -181,6 +206,8 @@ def main():
     down_s = b.get("kmod_link_down_s", "none")
     ok &= fabric_result(a, b)
     ok &= lend_result(a, b, p0, p1)
+    ok &= guard_results(a, b, p0, p1)
+    ok &= fence_result(a, b)
     ok &= lost_result(b)
     return ok & h.result(
         "ntb-kmod",
@@ -214,6 +241,55 @@ def lend_result(a, b, p0, p1):
         msix_word=b.get("lend_msix_word"), relayed_irqs=b.get("lend_relayed"),
         dma_maps=b.get("lend_dma_maps"), bar_forwarded=b.get("lend_forwarded"),
         lender_region_rw=a.get("lend_lender_region_rw"), window_p2p=p2p,
+        error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
+
+def guard_results(a, b, p0, p1):
+    """The BAR guard (ntb_lend.guard_under_load): nothing the hammering thread did reached a
+    BAR that did not decode (no failed peer-to-peer access in the simulated NTB, which is
+    what an unsupported request on a real host is), it read all ones meanwhile, and the
+    device worked after memory decode came back and after an FLR."""
+    # The simulated NTB's failed peer-to-peer accesses while the guard phase ran (the Linux
+    # clients' phase before it has some of its own).
+    p2p = b.get("guard_p2p_failures", "none")
+    p2p_failures = int(p2p) if p2p.isdigit() else -1
+    withholds = int(a.get("guard_withholds", 0) or 0)
+    ok = h.result(
+        "mem-disable-under-load",
+        b.get("guard_before_ok") == "True" and b.get("guard_during_ones") == "True" and
+        int(b.get("guard_during", 0)) >= 10 and b.get("guard_after_ok") == "True" and
+        withholds >= 1 and p2p_failures == 0,
+        reads_before=b.get("guard_before"), reads_off=b.get("guard_during"),
+        reads_after=b.get("guard_after"), all_ones=b.get("guard_during_ones"),
+        ones_before_after=f"{b.get('guard_before_ones')},{b.get('guard_after_ones')}",
+        p2p_timeouts=b.get("guard_p2p_timeouts"),
+        lender_withholds=withholds, p2p_failures=p2p, window_faults=b.get("guard_window_faults"),
+        error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+    return ok & h.result(
+        "flr-under-load",
+        b.get("guard_flr") == "True" and b.get("guard_flr_cap") == "True" and
+        b.get("guard_final_ok") == "True" and withholds >= 2 and p2p_failures == 0,
+        pcie_cap=b.get("guard_flr"), cap_after=b.get("guard_flr_cap"),
+        final=b.get("guard_final_ok"), lender_withholds=withholds, p2p_failures=p2p,
+        error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
+
+def fence_result(a, b):
+    """The daemon's fence without its worker (ntb_lend.fence_without_worker and
+    fence_old_holder, fence_new_holder)."""
+    killed_s = a.get("fence_worker_killed_s", "none")
+    return h.result(
+        "fence-lender-worker-killed-ntb",
+        a.get("fence_worker_forced") == "True" and a.get("fence_worker_stopped_at_end") == "True"
+        and a.get("fence_worker_gone") == "True" and a.get("fence_worker_logged") == "True" and
+        a.get("fence_worker_respawned") == "True" and b.get("fence_before_ok") == "True" and
+        b.get("fence_ones") == "before-kill" and b.get("fence_after_ok") == "True" and
+        b.get("fence_new_identify") == "0" and b.get("fence_new_serial") == "VN-VFIO-01",
+        worker_stopped=a.get("fence_worker_stopped_at_end"), lease_end_s=a.get("fence_lease_end_s"),
+        worker_killed_after_s=killed_s, logged=a.get("fence_worker_logged"),
+        respawned=a.get("fence_worker_respawned"), old_holder_ones=b.get("fence_ones"),
+        old_holder_after=b.get("fence_after_kill"), new_identify=b.get("fence_new_identify"),
+        new_serial=b.get("fence_new_serial"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
 
 
