@@ -113,10 +113,18 @@ $(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-
 		$(CHECK_LIBS)
 
 # The kernel module's own suite (tests/kmod/), run in a VM by tests/e2e/test_kmod.py: plain
-# libc, no GLib, so it runs wherever the module does.
-$(B)/kmod-selftest: tests/kmod/kmod-selftest.c config.mak
+# libc, no GLib, so it runs wherever the module does.  kselftest.c is its harness; the other
+# files hold its cases (kmod-selftest.c: main).
+KMOD_SELFTEST_SRCS := tests/kmod/kmod-selftest.c tests/kmod/kselftest.c \
+	tests/kmod/kmod-refusals.c tests/kmod/kmod-races.c
+KMOD_SELFTEST_OBJS := $(KMOD_SELFTEST_SRCS:%.c=$(B)/%.o)
+
+$(B)/tests/kmod/%.o: tests/kmod/%.c config.mak
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN_CFLAGS) -Ivfio-ntb -pthread $(DEPFLAGS) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $<
+	$(CC) $(CFLAGS) $(SAN_CFLAGS) -Ivfio-ntb -pthread $(DEPFLAGS) -c -o $@ $<
+
+$(B)/kmod-selftest: $(KMOD_SELFTEST_OBJS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -pthread -o $@ $(KMOD_SELFTEST_OBJS)
 
 $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a | $(TRACE_STAMP)
 	@mkdir -p $(dir $@)
@@ -269,7 +277,7 @@ CPPCHECK_DIRS := $(filter-out vfio-ntb/kmod,$(wildcard vfio-ntb/*))
 # as .clang-format lays it out (Debian's clang-format 14); `make format` rewrites them so.
 FORMAT_FILES = $(filter-out vfio-ntb/kmod/%,$(wildcard vfio-ntb/*/*.[ch])) \
 	$(wildcard tests/unit/*.[ch] tests/fuzz/*.[ch] bench/*.[ch] tests/guest/*.c) \
-	$(filter-out tests/kmod/ntb_%,$(wildcard tests/kmod/*.c))
+	$(filter-out tests/kmod/ntb_%,$(wildcard tests/kmod/*.[ch]))
 
 format-check:
 	@clang-format --dry-run -Werror $(FORMAT_FILES) && echo "format-check: $(words $(FORMAT_FILES)) files as .clang-format lays them out"
