@@ -76,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (a->ops->spad_read(a, VN_NTB_SPAD_HELLO, &hello) < 0 || hello >> 16 != VN_NTB_SPAD_MAGIC) {
         abort();
     }
-    fd = a->ops->out_fd(a, 0, &offset, &wsize);
+    fd = a->ops->out_fd(a, 0, true, &offset, &wsize);
     if (fd < 0) {
         abort();
     }
