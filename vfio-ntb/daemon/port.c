@@ -426,7 +426,7 @@ static void op_withhold(VnPort *p, const VnHostHdr *h)
         g_warning("port %s: segment %" PRIu64 " could not be %s: %s", p->path, h->arg,
                   h->arg2 == 1 ? "withheld" : "given back", g_strerror(-ret));
     }
-    reply(p, h, ret, 0, 0, -1);
+    reply(p, h, ret < 0 ? ret : 0, ret < 0 ? 0 : (uint64_t)ret, 0, -1);
 }
 
 static void op_export(VnPort *p, const VnHostHdr *h, int fd)

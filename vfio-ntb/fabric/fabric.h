@@ -197,8 +197,8 @@ typedef struct VnFabricOps {
                        GError **error);
     void (*unexport)(void *backend, bool route, uint64_t id);
     /* Optional: segment @id's windows reach nothing (@withhold) or it again;
-     * 0 once that holds (an NTB's translations cleared or set again), or
-     * -errno.  Without it the backend's peers map the segment's fd itself,
+     * once that holds (an NTB's translations cleared or set again), how many
+     * windows it changed, or -errno.  Without it the backend's peers map the segment's fd itself,
      * whose owner guards it (VFIO revokes its own mappings of a BAR). */
     int (*withhold)(void *backend, uint64_t id, bool withhold);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
@@ -309,8 +309,9 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
 /*
  * Withhold segment @id (@withhold: every window onto it reaches nothing, as
- * on a device whose memory decode is off) or give it back: 0 once that holds,
- * -ENOENT for a segment we do not export, or the backend's -errno.  The
+ * on a device whose memory decode is off) or give it back: once that holds,
+ * how many windows onto it changed (0: none, or a backend whose peers map its
+ * fd itself), -ENOENT for a segment we do not export, or the backend's -errno.  The
  * segment stays exported and mapped meanwhile.  A lender withholds a
  * device's BARs before its memory is disabled or it is reset.
  */

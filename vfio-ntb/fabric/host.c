@@ -28,6 +28,8 @@ G_STATIC_ASSERT(sizeof(VnHostHdr) == 64);
 #define VN_HOST_RETRY_MS 100
 /* A daemon that cannot take a record for this long is gone. */
 #define VN_HOST_SEND_TIMEOUT_S 5
+/* Windows one withhold may change, as its daemon says: more than any node has. */
+#define VN_HOST_MAX_WITHHELD 1024u
 
 typedef struct VnHost {
     VnFabric *fab;
@@ -660,7 +662,8 @@ static int host_withhold(void *backend, uint64_t id, bool withhold)
     ret = host_call(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1,
                     &rep, &got);
     vn_util_close_fd(&got);
-    return ret;
+    /* The REPLY's arg: how many windows changed (a peer: bounded like any count). */
+    return ret < 0 ? ret : (int)MIN(rep.arg, (uint64_t)VN_HOST_MAX_WITHHELD);
 }
 
 bool vn_host_device_request(VnFabric *fab)

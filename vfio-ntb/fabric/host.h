@@ -77,7 +77,7 @@ typedef enum VnHostOp {
     VN_HOST_RECV,  /* peer; data: one fabric frame */
     /* worker -> daemon, appended so that the numbers above never change */
     VN_HOST_DEVICE_REQUEST,   /* a lender's: the host wants the device back */
-    VN_HOST_WITHHOLD_SEGMENT, /* arg: id, arg2: 1 withhold, 0 give back -> status */
+    VN_HOST_WITHHOLD_SEGMENT, /* arg: id, arg2: 1 withhold, 0 give back -> arg: windows */
     VN_HOST_FENCED,           /* a lender's: its device fenced after its holder went */
     VN_HOST_OP_LAST
 } VnHostOp;

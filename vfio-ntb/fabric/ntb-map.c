@@ -367,7 +367,7 @@ void vn_ntb_unexport(void *backend, bool route, uint64_t id)
 int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
 {
     VnNtb *ntb = backend;
-    int first = 0;
+    int first = 0, changed = 0;
 
     for (guint i = 0; i < ntb->links->len; i++) {
         VnNtbLink *l = ntb->links->pdata[i];
@@ -389,6 +389,7 @@ int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
             }
             if (ret == 0) {
                 l->withheld[w] = withhold;
+                changed++;
             }
             g_info("node %s: ntb port %s: window %u onto segment %" PRIu64 " %s: %s", ntb->node,
                    l->port->spec, w, id, withhold ? "withheld" : "given back",
@@ -396,5 +397,5 @@ int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
             first = first != 0 ? first : ret;
         }
     }
-    return first;
+    return first < 0 ? first : changed;
 }

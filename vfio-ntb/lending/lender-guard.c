@@ -26,6 +26,9 @@
 /* Capability list entries walked at most (PCI r3.0: 48 fit in config space's 192 bytes
  * after the header): a device server's loop in its list must not hold us. */
 #define VN_GUARD_MAX_CAPS 48
+/* How long accesses already under way through a window are given to complete once its
+ * translation went (see vn_lender_guard_withhold). */
+#define VN_GUARD_DRAIN_MS 10
 
 static int cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count)
 {
@@ -104,10 +107,11 @@ static const char *write_disables_memory(VnLender *l, uint64_t offset, const uin
     return NULL;
 }
 
-/* Every segment of every region: withheld or given back; the first error. */
+/* Every segment of every region: withheld or given back; how many windows changed, or the
+ * first error. */
 static int bars_set(VnLender *l, bool withhold)
 {
-    int first = 0;
+    int first = 0, changed = 0;
 
     for (uint32_t i = 0; i < l->dev.num_regions; i++) {
         const VnProtoRegion *r = &l->dev.regions[i];
@@ -115,10 +119,13 @@ static int bars_set(VnLender *l, bool withhold)
         for (uint32_t k = 0; k < r->nr_segments; k++) {
             int ret = vn_fabric_segment_withhold(l->fab, r->segments[k], withhold);
 
-            first = first != 0 ? first : ret;
+            if (ret < 0 && first == 0) {
+                first = ret;
+            }
+            changed += ret > 0 ? ret : 0;
         }
     }
-    return first;
+    return first < 0 ? first : changed;
 }
 
 int vn_lender_guard_withhold(VnLender *l, const char *why)
@@ -133,6 +140,13 @@ int vn_lender_guard_withhold(VnLender *l, const char *why)
         g_warning("lender %s: %s: the paths onto its BARs could not all be withheld: %s", l->name,
                   why, g_strerror(-ret));
         return ret;
+    }
+    if (ret > 0) {
+        /* An access the adapter forwarded before its translation went may still be on its
+         * way to the BAR: let it complete before the BAR stops decoding.  A bounded wait of
+         * this worker's (one device's) alone, as its device commands are; PCIe's completion
+         * timeouts are 50 us to 50 ms, the default range's upper end is 10 ms. */
+        g_usleep(VN_GUARD_DRAIN_MS * 1000);
     }
     l->bars_withheld = true;
     l->stats.bar_withholds++;
