@@ -407,6 +407,18 @@ def peer_lost(role, ntb_bdf, barrier, fact, kmod):
 
 def _lost_borrower(procs, ntb_bdf, barrier, fact):
     b = daemon(procs, "b", ntb_bdf, lease_timeout_ms=LOST_LEASE_MS)
+    try:
+        _lost_borrower_with(procs, b, barrier, fact)
+    except Exception:
+        # For a person: where it failed and what host b's daemon said (test_ntb.py keeps
+        # the share's inner-*.log files).
+        import traceback
+        (SHARE / "inner-b-lost.log").write_text(traceback.format_exc() + "\n--- vfio-ntbd\n" +
+                                                b.log()[-20000:])
+        raise
+
+
+def _lost_borrower_with(procs, b, barrier, fact):
     cb = Control(b.control)
     barrier("b", "lost-lent")
     if not vi.wait_listed(cb, "hosta/nvme0", 120):
