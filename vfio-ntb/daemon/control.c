@@ -21,6 +21,7 @@
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -387,11 +388,12 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     g_autofree char *dir = g_path_get_dirname(path);
+    g_autofree char *pending = g_strconcat(path, ".new", NULL);
     VnControl *ctl;
     mode_t old;
     int fd;
 
-    if (strlen(path) >= sizeof(addr.sun_path)) {
+    if (strlen(pending) >= sizeof(addr.sun_path)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "control socket %s: path too long", path);
         return NULL;
@@ -406,16 +408,20 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
     if (!vn_control_path_free(path, error)) {
         return NULL;
     }
-    unlink(path);
-    strcpy(addr.sun_path, path);
+    /* Bound under another name and renamed once it listens: whoever sees the path can
+     * connect (a connect between bind() and listen() is refused). */
+    unlink(pending);
+    strcpy(addr.sun_path, pending);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     old = umask(0177); /* root-only from the start, no chmod race */
-    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0 ||
+        rename(pending, path) < 0) {
         int e = errno;
 
         umask(old);
         if (fd >= 0) {
             close(fd);
+            unlink(pending);
         }
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s", path,
                     g_strerror(e));
