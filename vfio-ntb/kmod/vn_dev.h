@@ -38,8 +38,8 @@
 #define VN_PIDX 0               /* the one peer */
 #define VN_MMAP_KIND(off) (((off) >> 56) & 0xf)
 #define VN_MMAP_INDEX(off) (((off) >> 48) & 0xff)
-#define VN_MMAP_WITHIN(off) ((off) & ((1ull << 48) - 1))
-#define VN_MMAP_SPAN (1ull << 48)       /* offsets of one window or buffer */
+#define VN_MMAP_WITHIN(off) ((off) & (BIT_ULL(48) - 1))
+#define VN_MMAP_SPAN BIT_ULL(48)       /* offsets of one window or buffer */
 
 enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_MMIO };
 
@@ -77,7 +77,7 @@ struct vn_dev {
 	struct inode *inode;    /* whose address space holds every mapping of the device's */
 	char name[48];
 	char nodename[48];
-	struct mutex lock;
+	struct mutex lock;      /* the device's state, targets and generations */
 	bool dead;              /* the NTB device went away */
 	struct file *owner;     /* the one open file */
 	bool link_enabled;      /* by the owner */
@@ -85,14 +85,15 @@ struct vn_dev {
 	u64 db_valid;
 	struct vn_outbound out[VN_NTB_MAX_MWS];
 	struct vn_inbound in[VN_NTB_MAX_MWS];
-	spinlock_t ev_lock;
+	spinlock_t ev_lock;     /* the eventfds, which interrupt handlers signal */
 	struct eventfd_ctx *link_ev;
 	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
 };
 
 /* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (which must not be held
  * while the caller's mmap_lock is taken): pinned and charged pages, or a BAR and the VFIO
- * device file it was mapped from. */
+ * device file it was mapped from.
+ */
 struct vn_source {
 	struct page **pages;
 	unsigned long npages;
@@ -102,7 +103,8 @@ struct vn_source {
 };
 
 /* Locked memory to give back once vn->lock is dropped (vn_charges_drop): each inbound
- * window's pins, at most. */
+ * window's pins, at most.
+ */
 struct vn_charges {
 	struct mm_struct *mm[VN_NTB_MAX_MWS];
 	unsigned long npages[VN_NTB_MAX_MWS];
@@ -115,7 +117,8 @@ extern struct vfsmount *vn_mnt;
 void vn_free(struct kref *ref);
 
 /* vn_inbound.c; the vn_in_* and vn_mw_* calls under vn->lock, which collect in @ch what is
- * to be uncharged after it.  vn_source_get and _release, and vn_charges_drop, without it. */
+ * to be uncharged after it.  vn_source_get and _release, and vn_charges_drop, without it.
+ */
 int vn_in_check(struct vn_dev *vn, u32 idx, u64 size);
 int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src);
 void vn_source_release(struct vn_source *src);
@@ -130,7 +133,8 @@ void vn_charges_drop(struct vn_charges *ch);
 int vn_mmap(struct file *f, struct vm_area_struct *vma);
 long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a);
 /* Under vn->lock: every mapping of outbound window @idx (revoke) or of inbound buffer @idx
- * (zap) faults from now on, and (revoke) every window file of it is dead. */
+ * (zap) faults from now on, and (revoke) every window file of it is dead.
+ */
 void vn_out_revoke(struct vn_dev *vn, u32 idx);
 void vn_in_zap(struct vn_dev *vn, u32 idx);
 bool vn_is_ours(const struct file *f);

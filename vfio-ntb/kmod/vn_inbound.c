@@ -19,7 +19,8 @@ static void vn_unpin(struct page **pages, unsigned long npages)
 }
 
 /* Give back what @mm was charged for @npages pinned pages: its process may be gone (then
- * so is the charge). */
+ * so is the charge).
+ */
 static void vn_uncharge(struct mm_struct *mm, unsigned long npages)
 {
 	if (!mm)
@@ -41,7 +42,8 @@ void vn_charges_drop(struct vn_charges *ch)
 }
 
 /* Undo what an inbound window's target holds (its translation is cleared, its mappings
- * zapped first); its charge goes to @ch. */
+ * zapped first); its charge goes to @ch.
+ */
 static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_charges *ch)
 {
 	switch (in->kind) {
@@ -77,7 +79,8 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_ch
 }
 
 /* The window reaches nothing from now on: the translation first (the peer's next access
- * goes nowhere), then our mappings of it, then what it held. */
+ * goes nowhere), then our mappings of it, then what it held.
+ */
 int vn_in_clear(struct vn_dev *vn, u32 idx, struct vn_charges *ch)
 {
 	struct vn_inbound *in = &vn->in[idx];
@@ -92,7 +95,8 @@ int vn_in_clear(struct vn_dev *vn, u32 idx, struct vn_charges *ch)
 }
 
 /* Check a target of @size bytes against window @idx; size_align and addr_align are powers
- * of two or 0 (as the NTB drivers report them). */
+ * of two or 0 (as the NTB drivers report them).
+ */
 int vn_in_check(struct vn_dev *vn, u32 idx, u64 size)
 {
 	resource_size_t addr_align, size_align, max;
@@ -156,7 +160,8 @@ static int vn_follow_pfn(struct vm_area_struct *vma, unsigned long addr, unsigne
 
 /* A device file of VFIO's, as VFIO_GROUP_GET_DEVICE_FD makes them: an anonymous inode
  * named so.  Only VFIO mediates a BAR (memory enable, resets, its own revocation): a BAR
- * mapped any other way (sysfs resource files, /dev/mem) is never a window's target. */
+ * mapped any other way (sysfs resource files, /dev/mem) is never a window's target.
+ */
 static bool vn_vfio_device_file(struct file *f)
 {
 	return file_inode(f)->i_sb->s_magic == ANON_INODE_FS_MAGIC &&
@@ -164,7 +169,8 @@ static bool vn_vfio_device_file(struct file *f)
 }
 
 /* A BAR the caller mapped through VFIO (VM_PFNMAP), under the mmap_lock: one physically
- * contiguous range with no page of RAM in it, faulted in where it is not yet. */
+ * contiguous range with no page of RAM in it, faulted in where it is not yet.
+ */
 static int vn_source_mmio(struct mm_struct *mm, struct vm_area_struct *vma,
 			  struct vn_ntb_mw_export *a, struct vn_source *src)
 {
@@ -196,7 +202,8 @@ static int vn_source_mmio(struct mm_struct *mm, struct vm_area_struct *vma,
 }
 
 /* The caller's pages, charged to its locked memory first (ENOMEM past RLIMIT_MEMLOCK
- * without CAP_IPC_LOCK, as VFIO's type1 answers), then pinned. */
+ * without CAP_IPC_LOCK, as VFIO's type1 answers), then pinned.
+ */
 static int vn_source_pages(struct vn_ntb_mw_export *a, struct vn_source *src)
 {
 	unsigned long n = a->size >> PAGE_SHIFT;
@@ -270,7 +277,8 @@ static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a,
 /* How many ranges of DMA addresses a mapped table is.  An IOMMU maps the pages at
  * consecutive addresses but in segments of at most the device's max_seg_size (64 KiB for a
  * PCI function unless its driver says otherwise), so count where one does not continue the
- * last rather than the segments themselves. */
+ * last rather than the segments themselves.
+ */
 static unsigned int vn_dma_ranges(struct sg_table *sgt)
 {
 	struct scatterlist *sg;
@@ -314,7 +322,8 @@ int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source
 	src->pages = NULL;
 	src->mm = NULL;
 	/* The peer's window is one range: the pages must be one to the NTB's DMA device
-	 * (an IOMMU makes them so; without one they must be physically contiguous). */
+	 * (an IOMMU makes them so; without one they must be physically contiguous).
+	 */
 	ranges = vn_dma_ranges(&in->sgt);
 	if (ranges != 1) {
 		dev_info(&vn->ntb->dev, "window %u: %lu pages are %u ranges to the device\n",
@@ -330,7 +339,8 @@ int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source
 }
 
 /* The pages of a coherent buffer, so that faults can map them one by one (the buffer may be
- * remapped pages behind an IOMMU, not one range of memory). */
+ * remapped pages behind an IOMMU, not one range of memory).
+ */
 static int vn_alloc_pages(struct vn_dev *vn, struct vn_inbound *in)
 {
 	struct sg_table sgt;

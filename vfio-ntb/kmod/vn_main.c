@@ -31,7 +31,8 @@
 
 /* The pseudo filesystem of window files and of vn->inode, mounted while the module is
  * loaded.  It has no owner: a mount of it must not keep the module from unloading (every
- * file of ours holds the module through its fops instead). */
+ * file of ours holds the module through its fops instead).
+ */
 struct vfsmount *vn_mnt;
 
 static int vn_fs_init_fs_context(struct fs_context *fc)
@@ -206,7 +207,8 @@ static int vn_open(struct inode *inode, struct file *f)
 /* Everything the owner set up goes: its translations, its doorbells (masked again, as the
  * device was before it opened it), its link.  Window files it handed out stay as they are
  * (a VM's QEMU reads all ones through a window whose link is down, rather than die of
- * SIGBUS) until the window is given a new target: the next owner revokes it first. */
+ * SIGBUS) until the window is given a new target: the next owner revokes it first.
+ */
 static void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
 {
 	u32 i;
@@ -269,7 +271,8 @@ static int vn_mw_info(struct vn_dev *vn, struct vn_ntb_mw_info *a)
 		a->out_mmap_offset = VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, idx);
 	}
 	/* The NTB API tells an inbound window's shape only while the link is up (ENOTCONN
-	 * before): zeros then, the outbound part still answered. */
+	 * before): zeros then, the outbound part still answered.
+	 */
 	if (idx < vn->mw_count &&
 	    !ntb_mw_get_align(vn->ntb, VN_PIDX, idx, &addr_align, &size_align, &max)) {
 		a->in_addr_align = addr_align;
@@ -369,7 +372,8 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 }
 
 /* Whether @cmd is one of ours, as its number says (direction and size too): anything else,
- * the removed commands among them, is ENOTTY before its argument is looked at. */
+ * the removed commands among them, is ENOTTY before its argument is looked at.
+ */
 static bool vn_known_cmd(unsigned int cmd)
 {
 	switch (cmd) {
@@ -414,7 +418,8 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		if (a.exp.reserved)
 			return -EINVAL;
 		/* Bound the size by the window's before pinning anything (checked again under
-		 * the lock by vn_mw_export: the window may have changed meanwhile). */
+		 * the lock by vn_mw_export: the window may have changed meanwhile).
+		 */
 		mutex_lock(&vn->lock);
 		ret = vn->dead ? -ENODEV : vn_in_check(vn, a.exp.index, a.exp.size);
 		mutex_unlock(&vn->lock);
@@ -430,7 +435,8 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	ret = vn->dead ? -ENODEV : vn_ioctl_locked(vn, cmd, &a, &src, &ch);
 	mutex_unlock(&vn->lock);
 	/* What the window did not keep, and what it gave back: the caller's mmap_lock may be
-	 * taken now. */
+	 * taken now.
+	 */
 	vn_source_release(&src);
 	vn_charges_drop(&ch);
 	if (!ret && (_IOC_DIR(cmd) & _IOC_READ) && copy_to_user(uarg, &a, size))
@@ -504,9 +510,9 @@ static int vn_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	ret = misc_register(&vn->misc);
 	if (ret)
 		goto clear;
-	dev_info(&ntb->dev, "vfio_ntb: /dev/%s: %u inbound and %u outbound windows, %u "
-		 "scratchpads, doorbells 0x%llx\n", vn->nodename, vn->mw_count,
-		 vn->peer_mw_count, vn->spad_count, vn->db_valid);
+	dev_info(&ntb->dev,
+		 "vfio_ntb: /dev/%s: %u inbound and %u outbound windows, %u scratchpads, doorbells 0x%llx\n",
+		 vn->nodename, vn->mw_count, vn->peer_mw_count, vn->spad_count, vn->db_valid);
 	return 0;
 clear:
 	ntb_clear_ctx(ntb);
@@ -531,7 +537,8 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 		ntb_link_disable(ntb);
 	vn->link_enabled = false;
 	/* Every mapping goes now, the device file's and its windows' files', and faults from
-	 * the next access on (SIGBUS): vn->dead is set first, under the lock faults take. */
+	 * the next access on (SIGBUS): vn->dead is set first, under the lock faults take.
+	 */
 	vn->dead = true;
 	unmap_mapping_range(vn->inode->i_mapping, 0, 0, 1);
 	mutex_unlock(&vn->lock);
@@ -562,7 +569,8 @@ static int __init vn_init(void)
 }
 
 /* No file of ours is open (each holds the module), so once the devices are removed every
- * inode of the filesystem is gone. */
+ * inode of the filesystem is gone.
+ */
 static void __exit vn_exit(void)
 {
 	ntb_unregister_client(&vn_client);

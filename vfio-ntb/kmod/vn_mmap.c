@@ -67,7 +67,8 @@ static bool vn_map_live(struct vn_dev *vn, struct vn_map *m)
 }
 
 /* The page frame at @addr of @vma, whose target is live (bounds were checked at mmap and a
- * mapping cannot grow: VM_DONTEXPAND). */
+ * mapping cannot grow: VM_DONTEXPAND).
+ */
 static unsigned long vn_map_pfn(struct vn_dev *vn, struct vn_map *m,
 				struct vm_area_struct *vma, unsigned long addr)
 {
@@ -80,7 +81,8 @@ static unsigned long vn_map_pfn(struct vn_dev *vn, struct vn_map *m,
 }
 
 /* The faulting page, then the rest of the mapping (as vfio-pci does): one fault per
- * mapping rather than one per page.  SIGBUS once the target is gone. */
+ * mapping rather than one per page.  SIGBUS once the target is gone.
+ */
 static vm_fault_t vn_vma_fault(struct vm_fault *vmf)
 {
 	struct vm_area_struct *vma = vmf->vma;
@@ -115,7 +117,8 @@ static const struct vm_operations_struct vn_vm_ops = {
 
 /* @vma maps @within.. of @kind @idx at generation @gen, under vn->lock; nothing is mapped
  * until the first access.  Its offset becomes the device file's for that place, whichever
- * file maps it. */
+ * file maps it.
+ */
 static int vn_map_setup(struct vn_dev *vn, struct vm_area_struct *vma, u64 kind, u32 idx,
 			u64 within, u64 gen, pgprot_t prot)
 {
@@ -132,7 +135,8 @@ static int vn_map_setup(struct vn_dev *vn, struct vm_area_struct *vma, u64 kind,
 	vma->vm_pgoff = (VN_NTB_MMAP_OFFSET(kind, (u64)idx) + within) >> PAGE_SHIFT;
 	vma->vm_page_prot = prot;
 	/* Device memory to the rest of the kernel: VFIO's type1 can map it for a device
-	 * (VM_PFNMAP), nothing takes a reference on its pages. */
+	 * (VM_PFNMAP), nothing takes a reference on its pages.
+	 */
 	vn_vma_set_flags(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_private_data = m;
 	vma->vm_ops = &vn_vm_ops;
@@ -240,7 +244,8 @@ bool vn_is_ours(const struct file *f)
 }
 
 /* A new fd for outbound window @a->index alone, bound to its target now: what the daemon
- * hands a VM's QEMU. */
+ * hands a VM's QEMU.
+ */
 long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a)
 {
 	struct vn_window_file *w;
