@@ -871,26 +871,9 @@ void vn_port_free(VnPort *p, bool unlink_it)
     for (guint i = 0; i < p->relays->len; i++) {
         ((VnPortRelay *)p->relays->pdata[i])->port = NULL; /* freed when answered */
     }
-    ins_fail(p, ECONNRESET, "the device's worker is gone");
+    vn_port_withdraw(p, true, "its port closes");
     g_ptr_array_unref(p->ins);
-    for (guint i = 0; i < p->maps->len; i++) {
-        ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
-    }
     g_ptr_array_unref(p->maps);
-    for (guint i = 0; i < p->windows->len; i++) {
-        vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
-    }
-    for (guint i = 0; i < p->segments->len; i++) {
-        vn_fabric_segment_unexport(p->fab, g_array_index(p->segments, uint64_t, i));
-    }
-    for (guint i = 0; i < p->routes->len; i++) {
-        vn_fabric_route_unexport(p->fab, g_array_index(p->routes, uint64_t, i));
-    }
-    for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
-        if (p->doorbells & (UINT64_C(1) << b)) {
-            vn_fabric_doorbells_free(p->fab, b, 1);
-        }
-    }
     g_ptr_array_unref(p->relays);
     g_ptr_array_unref(p->windows);
     g_array_unref(p->segments);
