@@ -71,6 +71,7 @@ typedef struct VnFabricSegment {
     int fd;          /* our dup */
     uint64_t offset; /* where the segment starts in @fd */
     uint64_t size;   /* 0 for a route */
+    bool device;     /* a device's region (its registers), not memory */
     char *peer;      /* the one peer allowed to map it */
 } VnFabricSegment;
 

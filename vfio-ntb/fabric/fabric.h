@@ -238,11 +238,12 @@ void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps);
 /*
  * For a backend answering @peer's map of segment @id (or open of route @id):
  * the fd to give (borrowed) and, for a segment, its size and where it starts
- * in the fd; -ENOENT for no such id, -EACCES when it is not exported to
+ * in the fd, and in *@device (may be NULL) whether it is a device's region
+ * (registers) rather than memory, as its export found; -ENOENT for no such id, -EACCES when it is not exported to
  * @peer.  Refusals are counted and logged here.
  */
 int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size,
-                              uint64_t *offset);
+                              uint64_t *offset, bool *device);
 int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id);
 
 /*

@@ -9,8 +9,6 @@
 
 #include "ntb-int.h"
 
-#include "common/peerfd.h"
-
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -207,7 +205,6 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
 {
     VnNtbMapped ans = { .status = EINVAL };
     uint64_t size = 0, offset = 0;
-    const char *why = NULL;
     bool device = false;
     VnNtbMap req;
     uint32_t w;
@@ -219,7 +216,7 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
     }
     memcpy(&req, payload, sizeof(req));
     ans.seq = req.seq;
-    fd = vn_fabric_backend_segment(l->ntb->fab, l->peer, req.id, &size, &offset);
+    fd = vn_fabric_backend_segment(l->ntb->fab, l->peer, req.id, &size, &offset, &device);
     for (w = 1; w < l->port->info.windows && l->exported[w] != 0; w++) {
     }
     if (fd < 0) {
@@ -233,7 +230,6 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         ans.status = -ret;
     } else {
         /* The mapper maps a device's registers uncached, memory write-combining. */
-        (void)vn_peerfd_window(fd, offset, size, &device, &why);
         l->exported[w] = req.id;
         ans = (VnNtbMapped){ .seq = req.seq,
                              .status = 0,
@@ -381,8 +377,8 @@ int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
             }
             if (withhold) {
                 ret = l->port->ops->in_clear(l->port, w);
-            } else if ((fd = vn_fabric_backend_segment(ntb->fab, l->peer, id, &size, &offset)) <
-                       0) {
+            } else if ((fd = vn_fabric_backend_segment(ntb->fab, l->peer, id, &size, &offset,
+                                                       NULL)) < 0) {
                 ret = fd;
             } else {
                 ret = l->port->ops->in_export(l->port, w, fd, offset, size);

@@ -182,7 +182,7 @@ static void conn_fetch(VnShmConn *c, const VnShmFetch *f, const char *node)
     if (!g_hash_table_contains(shm->active, node)) {
         fd = -ENOTCONN;
     } else if (f->kind == VN_SHM_FETCH_SEGMENT) {
-        fd = vn_fabric_backend_segment(shm->fab, node, f->id, &rep.size, &rep.offset);
+        fd = vn_fabric_backend_segment(shm->fab, node, f->id, &rep.size, &rep.offset, NULL);
     } else {
         fd = vn_fabric_backend_route(shm->fab, node, f->id);
     }

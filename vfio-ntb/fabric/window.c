@@ -110,6 +110,7 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
     seg->fd = copy;
     seg->offset = offset;
     seg->size = size;
+    seg->device = device;
     seg->peer = g_strdup(peer);
     g_hash_table_insert(fab->segments, &seg->id, seg);
     trace_fabric_segment_export(fab->node, seg->id, size, device ? " of a device" : "", peer);
@@ -163,7 +164,7 @@ VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char
 }
 
 int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint64_t *size,
-                              uint64_t *offset)
+                              uint64_t *offset, bool *device)
 {
     int err = 0;
     VnFabricSegment *seg = vn_fabric_exported(fab, fab->segments, "segment", peer, id, &err);
@@ -173,6 +174,9 @@ int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint
     }
     *size = seg->size;
     *offset = seg->offset;
+    if (device != NULL) {
+        *device = seg->device;
+    }
     trace_fabric_segment_given(fab->node, id, peer);
     return seg->fd;
 }
