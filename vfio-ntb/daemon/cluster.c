@@ -503,13 +503,11 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
             return;
         }
         /* A device being fenced is lent once it is (a moment: see fence.c). */
-        if (!vn_fence_defer(ld, borrow, msg->peer, token)) {
-            if (ld->fence.active) {
-                reply_err(d, token, EBUSY, "%s/%s is being fenced, and another borrow waits",
-                          d->conf->node, name);
-                return;
-            }
+        if (!ld->fence.active) {
             borrow(d, ld, msg->peer, token);
+        } else if (!vn_fence_defer(ld, borrow, msg->peer, token)) {
+            reply_err(d, token, EBUSY, "%s/%s is being fenced, and another borrow waits",
+                      d->conf->node, name);
         }
         return;
     case VN_PEERS_RETURN:

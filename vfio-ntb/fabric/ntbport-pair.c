@@ -257,7 +257,6 @@ static int pair_in_clear(VnNtbPort *p, uint32_t win)
 
 static int pair_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset, uint64_t *size)
 {
-    (void)memory; /* memfds: the caching is the kernel's */
     PairTarget *t;
     int ret;
 

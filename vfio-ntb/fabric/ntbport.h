@@ -70,7 +70,8 @@ typedef struct VnNtbPortOps {
      * (*@size of them), for mmap, bound to the window's target now; -ENXIO
      * when the peer set no target there and the provider can tell.  @memory:
      * the target is memory (mapped write-combining where the provider can);
-     * else a device's registers (uncached). */
+     * else a device's registers (uncached).  The in-process pair ignores it
+     * (memfds: the caching is the kernel's). */
     int (*out_fd)(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset, uint64_t *size);
     /* Optional: the window's target is gone or about to change: every
      * mapping of outbound window @win made from out_fd's fds faults from now
