@@ -9,6 +9,7 @@
 #include "fabric-rig.h"
 #include "daemon/port.h"
 #include "fabric/host.h"
+#include "fabric/record.h"
 
 #include <sys/eventfd.h>
 
@@ -503,6 +504,50 @@ START_TEST(test_withdraw)
 }
 END_TEST
 
+/* A worker that lies: it asks its daemon to withhold (or give back) a segment that is not
+ * its own, here one the daemon's node exported itself.  Refused with EACCES, counted, and
+ * the segment is left as it was. */
+START_TEST(test_withhold_not_its_own)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+    uint64_t other = vn_fabric_segment_export(hostb(), memfd, 4096, "hosta", NULL);
+    VnRecordReader rx = { 0 };
+    VnRecord rec = { 0 };
+    VnHostHdr rep;
+    int sock, ret = 0;
+
+    ck_assert_uint_ne(other, 0);
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    g_strlcpy(addr.sun_path, worker->port, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(sock, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_WITHHOLD_SEGMENT, 7, 0, NULL, other, 1, NULL, 0, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    for (int i = 0; i < 1000 && ret == 0; i++) {
+        ret = vn_record_step(&rx, sock, VN_HOST_MAX_RECORD, &rec);
+        if (ret == 0) {
+            g_usleep(1000);
+        }
+    }
+    ck_assert_int_gt(ret, 0);
+    ck_assert_uint_ge(rec.len, sizeof(rep));
+    memcpy(&rep, rec.buf, sizeof(rep));
+    ck_assert_uint_eq(rep.op, VN_HOST_REPLY);
+    ck_assert_uint_eq(rep.seq, 7);
+    ck_assert_int_eq(rep.status, EACCES);
+    /* Untouched: still exported. */
+    ck_assert_int_eq(vn_fabric_segment_withhold(hostb(), other, false), 0);
+    g_free(rec.buf);
+    vn_record_reader_clear(&rx);
+    close(sock);
+    vn_fabric_segment_unexport(hostb(), other);
+    munmap(map, 4096);
+    close(memfd);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -517,6 +562,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_fenced);
     tcase_add_test(tc, test_withdraw);
+    tcase_add_test(tc, test_withhold_not_its_own);
     suite_add_tcase(s, tc);
     return s;
 }
