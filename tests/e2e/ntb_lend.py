@@ -174,15 +174,6 @@ def ntbsim_counters(name, timeout=20):
     return out
 
 
-def _pcie_cap(q):
-    cap = vi.config_rw(q, 0x34) & 0xfc
-    for _ in range(48):
-        if cap == 0 or (vi.config_rw(q, cap) & 0xff) == 0x10:
-            return cap
-        cap = (vi.config_rw(q, cap) >> 8) & 0xfc
-    return 0
-
-
 def guard_under_load(q, cap, fact):
     """The BAR guard under load (see the top)."""
     window = window_onto_bar0(cap)
@@ -207,7 +198,7 @@ def guard_under_load(q, cap, fact):
         vi.config_rw(q, 0x4, 0x00000406)             # MEM on
         on1 = time.monotonic()
         time.sleep(0.5)
-        pcie = _pcie_cap(q)
+        pcie = vi.find_cap(q, 0x10)
         flr0 = time.monotonic()
         if pcie:
             vi.config_rw(q, pcie + 8, vi.config_rw(q, pcie + 8) | 0x8000)   # Initiate FLR
@@ -245,6 +236,7 @@ def guard_under_load(q, cap, fact):
 
 
 def _lender_worker_pid():
+    """The pid of this host's vfio-ntb-lender, or None."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
@@ -252,7 +244,7 @@ def _lender_worker_pid():
             continue
         if cmd.endswith(b"vfio-ntb-lender"):
             return int(pid)
-    raise h.HarnessError("no vfio-ntb-lender runs")
+    return None
 
 
 def _alive(pid):
@@ -268,6 +260,8 @@ def fence_without_worker(a, fact):
     the worker that cannot say it fenced."""
     ca = Control(a.control)
     pid = _lender_worker_pid()
+    if pid is None:
+        raise h.HarnessError("no vfio-ntb-lender runs")
     os.kill(pid, signal.SIGSTOP)
     log_before = len(a.log())
     t0 = time.monotonic()
@@ -277,20 +271,12 @@ def fence_without_worker(a, fact):
     gone = h.wait_for(lambda: not _alive(pid), VN_FENCE_TIMEOUT_S + 10)
     killed = time.monotonic()
     (SHARE / "fence-killed").write_text("")
-    new = h.wait_for(lambda: _lender_worker_pid() != pid if _has_worker() else False, 10)
+    new = h.wait_for(lambda: _lender_worker_pid() not in (None, pid), 10)
     fact(fence_worker_forced=r.get("forced"), fence_worker_stopped_at_end=stopped,
          fence_worker_gone=bool(gone), fence_lease_end_s=round(ended - t0, 2),
          fence_worker_killed_s=round(killed - ended, 2),
          fence_worker_logged="killing it to fence" in a.log()[log_before:],
          fence_worker_respawned=bool(new))
-
-
-def _has_worker():
-    try:
-        _lender_worker_pid()
-        return True
-    except h.HarnessError:
-        return False
 
 
 # The daemon's time for a worker to say it fenced (daemon-int.h VN_FENCE_TIMEOUT_MS).

@@ -212,14 +212,20 @@ def config_rw(q, off, value=None):
     return value
 
 
+def find_cap(q, cap_id):
+    """Where the consumer's config space has capability @cap_id, or 0."""
+    cap = config_rw(q, 0x34) & 0xfc
+    for _ in range(48):                        # the capability list, bounded
+        if cap == 0 or (config_rw(q, cap) & 0xff) == cap_id:
+            return cap
+        cap = (config_rw(q, cap) >> 8) & 0xfc
+    return 0
+
+
 def msix_identify(q):
     """Identify again, its completion signalled by MSI-X vector 0, whose message is a store
     of MSI_DATA to MSI_ADDR in the consumer's RAM.  Returns (the word found there, status)."""
-    cap = config_rw(q, 0x34) & 0xfc
-    for _ in range(48):                        # the capability list, bounded
-        if cap == 0 or (config_rw(q, cap) & 0xff) == 0x11:
-            break
-        cap = (config_rw(q, cap) >> 8) & 0xfc
+    cap = find_cap(q, 0x11)
     if cap == 0:
         raise h.HarnessError("the lent NVMe shows no MSI-X capability")
     table = config_rw(q, cap + 4)

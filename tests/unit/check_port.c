@@ -376,6 +376,16 @@ START_TEST(test_holder_known_before_the_worker)
 }
 END_TEST
 
+/* The port again as a lender worker's (it answers its peer's requests). */
+static void port_inbound(Node *hb)
+{
+    g_autoptr(GError) error = NULL;
+
+    vn_port_free(port, true);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+}
+
 static gint device_requests;
 
 static void on_device_request(void *opaque)
@@ -393,7 +403,6 @@ static void step_device_request(Worker *w)
 START_TEST(test_device_request)
 {
     Node *hb = nodes->pdata[1];
-    g_autoptr(GError) error = NULL;
 
     g_atomic_int_set(&device_requests, 0);
     vn_port_on_device_request(port, on_device_request, NULL);
@@ -404,9 +413,7 @@ START_TEST(test_device_request)
     ck_assert_int_eq(g_atomic_int_get(&device_requests), 0);
     in_worker(step_close);
 
-    vn_port_free(port, true);
-    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
-    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    port_inbound(hb);
     vn_port_on_device_request(port, on_device_request, NULL);
     in_worker(step_open_inbound);
     in_worker(step_device_request);
@@ -435,7 +442,6 @@ static void step_fenced(Worker *w)
 START_TEST(test_fenced)
 {
     Node *hb = nodes->pdata[1];
-    g_autoptr(GError) error = NULL;
 
     g_atomic_int_set(&fences, 0);
     vn_port_on_fenced(port, on_fenced, NULL);
@@ -446,9 +452,7 @@ START_TEST(test_fenced)
     ck_assert_int_eq(g_atomic_int_get(&fences), 0);
     in_worker(step_close);
 
-    vn_port_free(port, true);
-    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
-    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    port_inbound(hb);
     vn_port_on_fenced(port, on_fenced, NULL);
     in_worker(step_open_inbound);
     in_worker(step_fenced);
