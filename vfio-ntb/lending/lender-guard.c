@@ -30,7 +30,7 @@
  * translation went (see vn_lender_guard_withhold). */
 #define VN_GUARD_DRAIN_MS 10
 
-static int cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count)
+int vn_lender_cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count)
 {
     int ret = l->ops->region_read(l->device, VFIO_PCI_CONFIG_REGION_INDEX, offset, buf, count);
 
@@ -44,14 +44,14 @@ void vn_lender_guard_probe(VnLender *l)
 
     l->pm_cap = l->exp_cap = 0;
     l->bars_withheld = false;
-    if (cfg_read(l, PCI_STATUS, &status, 2) < 0 ||
+    if (vn_lender_cfg_read(l, PCI_STATUS, &status, 2) < 0 ||
         !(GUINT16_FROM_LE(status) & PCI_STATUS_CAP_LIST) ||
-        cfg_read(l, PCI_CAPABILITY_LIST, &pos, 1) < 0) {
+        vn_lender_cfg_read(l, PCI_CAPABILITY_LIST, &pos, 1) < 0) {
         return;
     }
     for (int n = 0; n < VN_GUARD_MAX_CAPS && pos >= PCI_STD_HEADER_SIZEOF; n++) {
         pos &= (uint8_t)~3u;
-        if (cfg_read(l, pos, id_next, 2) < 0) {
+        if (vn_lender_cfg_read(l, pos, id_next, 2) < 0) {
             return;
         }
         if (id_next[0] == PCI_CAP_ID_PM && l->pm_cap == 0) {
@@ -73,7 +73,7 @@ static int written_word(VnLender *l, uint64_t offset, const uint8_t *data, uint3
     if (at == 0 || offset >= (uint64_t)at + 2 || offset + count <= at) {
         return -1;
     }
-    if (cfg_read(l, at, word, 2) < 0) {
+    if (vn_lender_cfg_read(l, at, word, 2) < 0) {
         memset(word, 0, sizeof(word));
     }
     for (uint32_t b = 0; b < 2; b++) {
@@ -100,7 +100,7 @@ static const char *write_disables_memory(VnLender *l, uint64_t offset, const uin
     if (devctl >= 0 && (devctl & PCI_EXP_DEVCTL_BCR_FLR)) {
         return "a function-level reset";
     }
-    if (pmcsr >= 0 && cfg_read(l, l->pm_cap + PCI_PM_CTRL, &now, 2) == 0 &&
+    if (pmcsr >= 0 && vn_lender_cfg_read(l, l->pm_cap + PCI_PM_CTRL, &now, 2) == 0 &&
         (pmcsr & PCI_PM_CTRL_STATE_MASK) != (GUINT16_FROM_LE(now) & PCI_PM_CTRL_STATE_MASK)) {
         return "a power state change";
     }
@@ -166,11 +166,11 @@ void vn_lender_guard_settle(VnLender *l)
     uint16_t cmd = 0, pmcsr = 0;
     int ret;
 
-    if (!l->bars_withheld || l->device == NULL || cfg_read(l, PCI_COMMAND, &cmd, 2) < 0 ||
+    if (!l->bars_withheld || l->device == NULL || vn_lender_cfg_read(l, PCI_COMMAND, &cmd, 2) < 0 ||
         !(GUINT16_FROM_LE(cmd) & PCI_COMMAND_MEMORY)) {
         return;
     }
-    if (l->pm_cap != 0 && (cfg_read(l, l->pm_cap + PCI_PM_CTRL, &pmcsr, 2) < 0 ||
+    if (l->pm_cap != 0 && (vn_lender_cfg_read(l, l->pm_cap + PCI_PM_CTRL, &pmcsr, 2) < 0 ||
                            (GUINT16_FROM_LE(pmcsr) & PCI_PM_CTRL_STATE_MASK) != 0)) {
         return;
     }

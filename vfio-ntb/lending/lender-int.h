@@ -106,6 +106,8 @@ void vn_lender_request_unwatch(VnLender *l);
  * memory again.
  */
 void vn_lender_guard_probe(VnLender *l);
+/* @count bytes of the device's config space at @offset: 0, or -errno (a short read: -EIO). */
+int vn_lender_cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count);
 int vn_lender_guard_before_write(VnLender *l, uint64_t offset, const void *data, uint32_t count);
 int vn_lender_guard_withhold(VnLender *l, const char *why);
 void vn_lender_guard_settle(VnLender *l);

@@ -389,8 +389,7 @@ static void fence_step(VnLender *l, const char *step, int ret)
 static int bus_master_off(VnLender *l)
 {
     uint16_t cmd = 0;
-    int ret = l->ops->region_read(l->device, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &cmd,
-                                  sizeof(cmd));
+    int ret = vn_lender_cfg_read(l, PCI_COMMAND, &cmd, sizeof(cmd));
 
     if (ret < 0) {
         return ret;
