@@ -212,8 +212,8 @@ def guard_under_load(q, cap, fact):
     if counters_before is not None and counters_after is not None:
         fact(guard_p2p_failures=counters_after.get("p2p_failures", 0) -
              counters_before.get("p2p_failures", 0),
-             guard_p2p_timeouts=counters_after.get("p2p_timeouts", 0) -
-             counters_before.get("p2p_timeouts", 0),
+             guard_p2p_unanswered=counters_after.get("p2p_unanswered", 0) -
+             counters_before.get("p2p_unanswered", 0),
              guard_window_faults=counters_after.get("window_faults", 0) -
              counters_before.get("window_faults", 0))
     lo = cap & 0xffffffff
@@ -223,7 +223,7 @@ def guard_under_load(q, cap, fact):
     final = struct.unpack_from("<I", window, 0)[0]
     window.close()
     # Before and after, the device's CAP; now and then all ones too, for a read that the
-    # simulated NTB's peer (a busy TCG VM) did not answer in time (its p2p_timeouts).  While
+    # simulated NTB's peer (a busy TCG VM) did not answer in time (its p2p_unanswered).  While
     # memory decode is off, all ones only, and none of them a refused access (p2p_failures).
     def cap_again(reads):
         return lo in reads and set(reads) <= {lo, 0xffffffff}

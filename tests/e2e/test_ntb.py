@@ -262,7 +262,7 @@ def guard_results(a, b, p0, p1):
         reads_before=b.get("guard_before"), reads_off=b.get("guard_during"),
         reads_after=b.get("guard_after"), all_ones=b.get("guard_during_ones"),
         ones_before_after=f"{b.get('guard_before_ones')},{b.get('guard_after_ones')}",
-        p2p_timeouts=b.get("guard_p2p_timeouts"),
+        p2p_unanswered=b.get("guard_p2p_unanswered"),
         lender_withholds=withholds, p2p_failures=p2p, window_faults=b.get("guard_window_faults"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
     return ok & h.result(

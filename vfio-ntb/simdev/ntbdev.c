@@ -28,9 +28,10 @@ typedef struct NtbPort {
     VnServer *server; /* borrowed; NULL when detached */
     VnDma *dma;       /* the server's */
     VnIrqs *irqs;
-    /* DMA the client did for us; refused (an address nothing decodes there: what a real
-     * host sees as an unsupported request); not answered in time (a busy VM). */
-    uint64_t p2p_reads, p2p_writes, p2p_failures, p2p_timeouts;
+    /* DMA the client did for us; refused by it (an address nothing decodes there: what a
+     * real host sees as an unsupported request); not answered (a busy TCG VM: no answer in
+     * time, or its own commands piled up while we waited, or it went). */
+    uint64_t p2p_reads, p2p_writes, p2p_failures, p2p_unanswered;
 } NtbPort;
 
 struct VnNtbDev {
@@ -72,8 +73,8 @@ static int port_dma(NtbPort *p, uint64_t addr, void *buf, uint32_t len, bool wri
         n = MIN(len - done, VN_SERVER_CLIENT_DMA_MAX);
         ret = vn_server_client_dma(p->server, addr + done, (uint8_t *)buf + done, n, write);
         if (ret < 0) {
-            if (ret == -ETIMEDOUT) {
-                p->p2p_timeouts++;
+            if (ret == -ETIMEDOUT || ret == -EBUSY || ret == -ENOTCONN) {
+                p->p2p_unanswered++;
             } else {
                 p->p2p_failures++;
             }
@@ -240,10 +241,10 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             ", \"window_writes\": %" G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT
             ", \"link_events\": %" G_GUINT64_FORMAT ", \"p2p_reads\": %" G_GUINT64_FORMAT
             ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT
-            ", \"p2p_timeouts\": %" G_GUINT64_FORMAT "}",
+            ", \"p2p_unanswered\": %" G_GUINT64_FORMAT "}",
             p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
             st.window_writes, st.window_faults, st.link_events, d->port[p].p2p_reads,
-            d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_timeouts);
+            d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_unanswered);
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);
