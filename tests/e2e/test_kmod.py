@@ -13,6 +13,10 @@ this test's results, each checked against the module's contract (vfio_ntb_uapi.h
 - kmod-refusals: reserved fields, unknown flags, short argsz, bad indexes and sizes, the
   removed ioctls 13 and 16, a window file's ioctls, a BAR mapped through sysfs, each refused
   with its errno; a BAR mapped through VFIO taken and cleared.
+- kmod-window-span: two windows as one file (VN_NTB_MW_SPAN_FD), in the order asked (1, 0):
+  each window's bytes at its place, writes landing in the right window; a revoke of either
+  kills the file (mapping SIGBUS, mmap ENODEV), a span without it lives on; malformed spans
+  (no window, too many, one twice, a bad chunk, flags, reserved, argsz) are EINVAL.
 - kmod-accounting: exports are charged to the caller's locked memory (VmLck) against
   RLIMIT_MEMLOCK without CAP_IPC_LOCK, and uncharged at MW_CLEAR and at close.
 - kmod-release: closing the device clears every translation, masks the doorbells again and
@@ -35,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 6
+EXPECTED_RESULTS = 7
 # One TCG boot; the races case is bounded by the suite's --max-seconds (420 s).
 TIMEOUT_S = 900
-CASES = ("kmod-window-revoke", "kmod-refusals", "kmod-accounting", "kmod-release",
-         "kmod-map-races", "kmod-selftest")
+CASES = ("kmod-window-revoke", "kmod-refusals", "kmod-window-span", "kmod-accounting",
+         "kmod-release", "kmod-map-races", "kmod-selftest")
 SELFTEST = h.REPO / "build" / "kmod-selftest"
 NTB_MEM = "memory-backend-file,id=ntbmem,size=16M,share=on,mem-path={share}/ntbmem"
 

@@ -13,8 +13,8 @@
  * exits 1 when any failed.  kmod-map-races runs last: it ends by unloading vfio_ntb.
  *
  * Here: main, and the cases kmod-window-revoke, kmod-accounting and kmod-release.  The harness
- * they share is kselftest.h; kmod-refusals is in kmod-refusals.c, kmod-map-races in
- * kmod-races.c.
+ * they share is kselftest.h; kmod-refusals is in kmod-refusals.c, kmod-window-span in
+ * kmod-span.c, kmod-map-races in kmod-races.c.
  *
  * Faults are part of the contract (a revoked mapping is SIGBUS): children die of them where a
  * process is the thing observed; threads catch them (sigsetjmp in a SIGBUS handler) where
@@ -514,6 +514,9 @@ int main(int argc, char **argv)
     }
     if (selected("kmod-refusals")) {
         case_refusals();
+    }
+    if (selected("kmod-window-span")) {
+        case_window_span();
     }
     if (selected("kmod-accounting")) {
         case_accounting();

@@ -6,7 +6,7 @@
  * does.
  *
  * The cases: kmod-selftest.c (main, kmod-window-revoke, kmod-accounting, kmod-release),
- * kmod-refusals.c, kmod-races.c (kmod-map-races).
+ * kmod-refusals.c, kmod-span.c (kmod-window-span), kmod-races.c (kmod-map-races).
  *
  * Threads: the options and the device's names are set by main() before any case runs and only
  * read after; a struct tcase and the pass/fail counts belong to the main thread.  touch() and
@@ -113,6 +113,7 @@ void case_window_revoke(void); /* kmod-selftest.c */
 void case_accounting(void);    /* kmod-selftest.c */
 void case_release(void);       /* kmod-selftest.c */
 void case_refusals(void);      /* kmod-refusals.c */
+void case_window_span(void);   /* kmod-span.c */
 void case_map_races(void);     /* kmod-races.c: runs last, it unloads vfio_ntb */
 
 #endif /* KSELFTEST_H */

@@ -549,6 +549,64 @@ START_TEST(test_window_map_at_offset)
 }
 END_TEST
 
+/* Windows onto consecutive slices of one memory join into one fd (shm: the slices' own file,
+ * at the first one's offset); windows out of order, onto two memories, or not ours do not. */
+START_TEST(test_windows_join)
+{
+    Node *b = node_open("b", true);
+    Node *a;
+    g_autoptr(GError) error = NULL;
+    uint8_t *map, *map2, *joined;
+    int memfd = memfd_new(2 * 4096, &map), memfd2 = memfd_new(4096, &map2), fd;
+    VnFabricWindow *w[3], fake = { .size = 4096 }, *pair[2];
+    uint64_t seg[3], offset = 1;
+
+    /* Three windows: what an ntb pair has besides its messages'. */
+    for (int k = 0; k < 2; k++) {
+        seg[k] = vn_fabric_segment_export_at(b->fab, memfd, (uint64_t)k * 4096, 4096, "a", NULL);
+        map[k * 4096] = (uint8_t)('A' + k);
+    }
+    seg[2] = vn_fabric_segment_export(b->fab, memfd2, 4096, "a", NULL);
+    node_start(b);
+    a = node_open("a", false);
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    for (int k = 0; k < 3; k++) {
+        w[k] = vn_fabric_window_map(a->fab, "b", seg[k], &error);
+        ck_assert_msg(w[k] != NULL, "%s", error ? error->message : "");
+    }
+    fd = vn_fabric_windows_join(a->fab, w, 2, &offset, &error);
+    ck_assert_msg(fd >= 0, "%s", error ? error->message : "");
+    joined = mmap(NULL, 2 * 4096, PROT_READ, MAP_SHARED, fd, (off_t)offset);
+    ck_assert(joined != MAP_FAILED);
+    ck_assert_uint_eq(joined[0], 'A');
+    ck_assert_uint_eq(joined[4096], 'B');
+    munmap(joined, 2 * 4096);
+    close(fd);
+
+    /* Two memories, and the right slices in the wrong order: shm cannot join them. */
+    ck_assert_int_eq(vn_fabric_windows_join(a->fab, &w[1], 2, &offset, &error), -ENOTSUP);
+    ck_assert_ptr_nonnull(strstr(error->message, "not one file"));
+    g_clear_error(&error);
+    pair[0] = w[1];
+    pair[1] = w[0];
+    ck_assert_int_eq(vn_fabric_windows_join(a->fab, pair, 2, &offset, &error), -ENOTSUP);
+    g_clear_error(&error);
+    /* One window, and one that is not ours. */
+    ck_assert_int_eq(vn_fabric_windows_join(a->fab, w, 1, &offset, &error), -EINVAL);
+    g_clear_error(&error);
+    pair[1] = &fake;
+    ck_assert_int_eq(vn_fabric_windows_join(a->fab, pair, 2, &offset, &error), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(error->message, "not mapped here"));
+    for (int k = 0; k < 3; k++) {
+        vn_fabric_window_unmap(a->fab, w[k]);
+    }
+    munmap(map, 2 * 4096);
+    munmap(map2, 4096);
+    close(memfd);
+    close(memfd2);
+}
+END_TEST
+
 START_TEST(test_window_map_async)
 {
     Node *b = node_open("b", false);
@@ -1180,8 +1238,8 @@ static Suite *fabric_suite(void)
           { test_request_timeout, test_reset_on_peer_close, test_sync_reset_on_peer_close,
             test_close_cancels } },
         { "windows",
-          { test_window_map, test_window_map_at_offset, test_window_map_async, test_map_not_granted,
-            test_window_outlives_link, test_export_errors } },
+          { test_window_map, test_window_map_at_offset, test_windows_join, test_window_map_async,
+            test_map_not_granted, test_window_outlives_link, test_export_errors } },
         { "doorbells", { test_doorbells, test_doorbell_beyond_register } },
     };
 

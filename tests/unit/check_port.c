@@ -508,27 +508,25 @@ START_TEST(test_withdraw)
 }
 END_TEST
 
-/* A worker that lies: it asks its daemon to withhold (or give back) a segment that is not
- * its own, here one the daemon's node exported itself.  Refused with EACCES, counted, and
- * the segment is left as it was. */
-START_TEST(test_withhold_not_its_own)
+/* A raw connection to the port, past a worker's own fabric's checks. */
+static int raw_connect(void)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    uint8_t *map;
-    int memfd = memfd_new(4096, &map);
-    uint64_t other = vn_fabric_segment_export(hostb(), memfd, 4096, "hosta", NULL);
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+    g_strlcpy(addr.sun_path, worker->port, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(sock, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    return sock;
+}
+
+/* The next REPLY on @sock (within a second), and the fd it carried (-1: none). */
+static VnHostHdr raw_reply(int sock, int *fd)
+{
     VnRecordReader rx = { 0 };
     VnRecord rec = { 0 };
     VnHostHdr rep;
-    int sock, ret = 0;
+    int ret = 0;
 
-    ck_assert_uint_ne(other, 0);
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    g_strlcpy(addr.sun_path, worker->port, sizeof(addr.sun_path));
-    ck_assert_int_eq(connect(sock, (struct sockaddr *)&addr, sizeof(addr)), 0);
-    ck_assert_int_eq(
-        vn_host_send(sock, VN_HOST_WITHHOLD_SEGMENT, 7, 0, NULL, other, 1, NULL, 0, -1), 0);
-    WAIT_FOR(vn_port_refused(port) == 1);
     for (int i = 0; i < 1000 && ret == 0; i++) {
         ret = vn_record_step(&rx, sock, VN_HOST_MAX_RECORD, &rec);
         if (ret == 0) {
@@ -539,16 +537,68 @@ START_TEST(test_withhold_not_its_own)
     ck_assert_uint_ge(rec.len, sizeof(rep));
     memcpy(&rep, rec.buf, sizeof(rep));
     ck_assert_uint_eq(rep.op, VN_HOST_REPLY);
-    ck_assert_uint_eq(rep.seq, 7);
-    ck_assert_int_eq(rep.status, EACCES);
-    /* Untouched: still exported. */
-    ck_assert_int_eq(vn_fabric_segment_withhold(hostb(), other, false), 0);
+    *fd = rec.nfds == 1 ? rec.fds[0] : -1;
     g_free(rec.buf);
     vn_record_reader_clear(&rx);
+    return rep;
+}
+
+/* A worker that lies: it asks its daemon to withhold (or give back) a segment that is not
+ * its own, here one the daemon's node exported itself.  Refused with EACCES, counted, and
+ * the segment is left as it was. */
+START_TEST(test_withhold_not_its_own)
+{
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+    uint64_t other = vn_fabric_segment_export(hostb(), memfd, 4096, "hosta", NULL);
+    VnHostHdr rep;
+    int sock, fd;
+
+    ck_assert_uint_ne(other, 0);
+    sock = raw_connect();
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_WITHHOLD_SEGMENT, 7, 0, NULL, other, 1, NULL, 0, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    rep = raw_reply(sock, &fd);
+    ck_assert_uint_eq(rep.seq, 7);
+    ck_assert_int_eq(rep.status, EACCES);
+    ck_assert_int_eq(fd, -1);
+    /* Untouched: still exported. */
+    ck_assert_int_eq(vn_fabric_segment_withhold(hostb(), other, false), 0);
     close(sock);
     vn_fabric_segment_unexport(hostb(), other);
     munmap(map, 4096);
     close(memfd);
+}
+END_TEST
+
+/* A worker that asks its daemon to join windows it was not given (ids it forged), or
+ * sends ids that are not a whole number of them: refused (EACCES, EINVAL), counted, no fd. */
+START_TEST(test_join_not_its_own)
+{
+    const uint64_t forged[2] = { 1, 2 };
+    VnHostHdr rep;
+    int sock, fd;
+
+    node_start(lender);
+    sock = raw_connect();
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_JOIN_WINDOWS, 8, 0, "hosta", 4096, 0, forged,
+                                  sizeof(forged), -1),
+                     0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    rep = raw_reply(sock, &fd);
+    ck_assert_uint_eq(rep.seq, 8);
+    ck_assert_int_eq(rep.status, EACCES);
+    ck_assert_int_eq(fd, -1);
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_JOIN_WINDOWS, 9, 0, "hosta", 4096, 0, forged,
+                                  sizeof(forged) - 4, -1),
+                     0);
+    WAIT_FOR(vn_port_refused(port) == 2);
+    rep = raw_reply(sock, &fd);
+    ck_assert_uint_eq(rep.seq, 9);
+    ck_assert_int_eq(rep.status, EINVAL);
+    ck_assert_int_eq(fd, -1);
+    close(sock);
 }
 END_TEST
 
@@ -567,6 +617,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_fenced);
     tcase_add_test(tc, test_withdraw);
     tcase_add_test(tc, test_withhold_not_its_own);
+    tcase_add_test(tc, test_join_not_its_own);
     suite_add_tcase(s, tc);
     return s;
 }

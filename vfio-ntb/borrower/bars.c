@@ -4,12 +4,12 @@
  *
  * A BAR larger than the fabric's largest window (a GPU's memory) comes as
  * several segments, consecutive slices of one fd of the lender's (it cut
- * them to the max_window we sent with ATTACH).  The windows onto them are
- * then slices of one open file of ours at consecutive offsets: over shm
- * the fd travels by SCM_RIGHTS, which keeps the open file, and an NTB
- * port's char device maps its windows at offsets of one file.  So QEMU
- * maps the first window's fd across the whole BAR.  Windows that are not
- * one file cannot make one mapping: that attach is refused.
+ * them to the max_window we sent with ATTACH), each through a window of
+ * its own.  QEMU maps a region with one mmap, so the fabric joins the
+ * windows into one fd (vn_fabric_windows_join): over shm they are slices of
+ * one open file already (SCM_RIGHTS keeps it); an NTB's windows are files
+ * of their own, which its module spans.  Windows that cannot be joined
+ * make no mapping: that attach is refused.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
@@ -24,6 +24,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A region's windows are joined in one call. */
+G_STATIC_ASSERT(VN_PROTO_MAX_REGION_SEGMENTS <= VN_FABRIC_MAX_JOIN);
+
 /* The window budget, for a refusal's message. */
 static char *budget(VnBorrower *b)
 {
@@ -35,32 +38,25 @@ static char *budget(VnBorrower *b)
                            lim->max_windows, each);
 }
 
-/* Whether region @i's @n windows are one memory of the region's @size:
- * equal slices (the last may be shorter) of one open file, in order. */
-static bool windows_contiguous(VnBorrower *b, uint32_t i, uint64_t size, GError **error)
+/* Region @i's @n windows as one fd for QEMU: equal slices of the BAR's @size (the last may be
+ * shorter), in order, joined by the fabric (or one file already). */
+static bool join_region(VnBorrower *b, uint32_t i, uint64_t size, GError **error)
 {
     VnFabricWindow *const *w = b->windows[i];
     uint32_t n = b->nr_windows[i];
     uint64_t chunk = w[0]->size;
+    g_autoptr(GError) local = NULL;
     const char *fault = NULL;
     uint32_t k = 0;
+    int fd;
 
     /* n >= 2: every window but the last is full, the last is not empty. */
-    if (chunk == 0 || chunk > size / (n - 1) || (uint64_t)(n - 1) * chunk >= size ||
-        w[0]->offset > UINT64_MAX - size) {
+    if (chunk == 0 || chunk > size / (n - 1) || (uint64_t)(n - 1) * chunk >= size) {
         fault = "do not add up to the BAR";
     }
     while (fault == NULL && ++k < n) {
-        uint64_t want = MIN(chunk, size - (uint64_t)k * chunk);
-        int same = vn_peerfd_same_file(w[0]->fd, w[k]->fd);
-
-        if (w[k]->size != want || w[k]->offset != w[0]->offset + (uint64_t)k * chunk ||
-            w[k]->device != w[0]->device) {
+        if (w[k]->size != MIN(chunk, size - (uint64_t)k * chunk)) {
             fault = "are not consecutive slices";
-        } else if (same < 0) {
-            fault = same == -ENOSYS ? "cannot be compared (no kcmp)" : "cannot be compared";
-        } else if (same == 0) {
-            fault = "are not one file";
         }
     }
     if (fault != NULL) {
@@ -68,6 +64,14 @@ static bool windows_contiguous(VnBorrower *b, uint32_t i, uint64_t size, GError 
                     "borrower %s: BAR%u: its %u windows %s (window %u)", b->device, i, n, fault, k);
         return false;
     }
+    fd = vn_fabric_windows_join(b->fab, w, n, &b->joined_offset[i], &local);
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "borrower %s: BAR%u: its %u windows are not one memory: %s", b->device, i, n,
+                    local->message);
+        return false;
+    }
+    b->joined_fd[i] = fd;
     return true;
 }
 
@@ -101,7 +105,7 @@ static bool map_region(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GErro
                     "borrower %s: BAR%u window smaller than the BAR", b->device, i);
         return false;
     }
-    return pr->nr_segments == 1 || windows_contiguous(b, i, pr->size, error);
+    return pr->nr_segments == 1 || join_region(b, i, pr->size, error);
 }
 
 bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
@@ -120,8 +124,8 @@ bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
             return false;
         }
         r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
-        r->mmap_fd = b->windows[i][0]->fd;
-        r->mmap_offset = b->windows[i][0]->offset;
+        r->mmap_fd = b->joined_fd[i] >= 0 ? b->joined_fd[i] : b->windows[i][0]->fd;
+        r->mmap_offset = b->joined_fd[i] >= 0 ? b->joined_offset[i] : b->windows[i][0]->offset;
         r->nr_sparse = pr->nr_sparse;
         memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
         if (r->nr_sparse == 0) {
@@ -146,6 +150,7 @@ void vn_borrower_bars_unmap(VnBorrower *b)
             b->windows[i][k] = NULL;
         }
         b->nr_windows[i] = 0;
+        vn_util_close_fd(&b->joined_fd[i]);
     }
 }
 

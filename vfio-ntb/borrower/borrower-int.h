@@ -42,6 +42,9 @@ struct VnBorrower {
     /* Mapped BARs (bars.c): the windows of each region, in order. */
     VnFabricWindow *windows[VN_MAX_REGIONS][VN_PROTO_MAX_REGION_SEGMENTS];
     uint32_t nr_windows[VN_MAX_REGIONS];
+    /* A region's windows joined into one fd for QEMU (ours; -1: one window). */
+    int joined_fd[VN_MAX_REGIONS];
+    uint64_t joined_offset[VN_MAX_REGIONS];
     VnServer *server;
     /* relay mode: the doorbell bit of each relayed vector of INTx, MSI and
      * MSI-X (bit + 1; 0: none), and what each of our bits stands for. */

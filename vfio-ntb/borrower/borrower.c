@@ -484,6 +484,9 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     b->fab = fab;
     b->lender = g_strdup(lender);
     b->device = g_strdup(device);
+    for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
+        b->joined_fd[i] = -1;
+    }
     /* fd mode needs the fabric to carry interrupt routes; without them
      * the lender relays interrupts as doorbells. */
     if (mode == VN_IRQ_MODE_FD && !(vn_fabric_caps(fab) & VN_FABRIC_CAP_DIRECT_ROUTES)) {

@@ -519,6 +519,61 @@ static void op_unmap(VnPort *p, const VnHostHdr *h)
     refuse(p, "an unmap of segment %" PRIu64 ", which it has no window onto", h->arg);
 }
 
+/* The window mapped for the worker onto segment @id, or NULL. */
+static VnFabricWindow *worker_window(VnPort *p, uint64_t id)
+{
+    for (guint i = 0; i < p->windows->len; i++) {
+        VnFabricWindow *w = p->windows->pdata[i];
+
+        if (w->segment == id) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+/* A borrower's worker joins windows onto one BAR: only windows mapped for it, and the
+ * fabric checks they are one memory's. */
+static void op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[VN_FABRIC_MAX_JOIN];
+    uint64_t offset = 0;
+    size_t n = len / sizeof(uint64_t);
+    int fd;
+
+    if (len % sizeof(uint64_t) != 0 || n < 2 || n > VN_FABRIC_MAX_JOIN || h->arg2 > 1) {
+        refuse(p, "a join of %zu bytes of ids", len);
+        reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        uint64_t id;
+
+        memcpy(&id, ids + k * sizeof(id), sizeof(id));
+        w[k] = worker_window(p, id);
+        if (w[k] == NULL) {
+            refuse(p, "a join of segment %" PRIu64 ", which it has no window onto", id);
+            reply(p, h, EACCES, 0, 0, -1);
+            return;
+        }
+    }
+    /* What it says of the windows must be what they are. */
+    if (w[0]->size != h->arg || w[0]->device != (h->arg2 == 1)) {
+        refuse(p, "a join that misdescribes its windows");
+        reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    fd = vn_fabric_windows_join(p->fab, w, (uint32_t)n, &offset, &error);
+    if (fd < 0) {
+        g_info("port %s: %s", p->path, error->message);
+        reply(p, h, fd, 0, 0, -1);
+        return;
+    }
+    reply(p, h, 0, offset, 0, fd);
+    close(fd);
+}
+
 static uint64_t bits(uint64_t first, uint64_t count)
 {
     if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 || count > VN_FABRIC_MAX_DOORBELLS - first) {
@@ -598,7 +653,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
         refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
                p->peer != NULL ? p->peer : "(none)");
         if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT || h.op == VN_HOST_EXPORT_ROUTE ||
-            h.op == VN_HOST_OPEN_ROUTE) {
+            h.op == VN_HOST_OPEN_ROUTE || h.op == VN_HOST_JOIN_WINDOWS) {
             reply(p, &h, EACCES, 0, 0, -1);
         }
         vn_util_close_fd(&fd);
@@ -649,6 +704,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_WITHHOLD_SEGMENT:
         op_withhold(p, &h);
+        break;
+    case VN_HOST_JOIN_WINDOWS:
+        op_join(p, &h, frame, frame_len);
         break;
     case VN_HOST_FENCED:
         if (!p->inbound) {

@@ -202,6 +202,13 @@ typedef struct VnFabricOps {
      * whose owner guards it (VFIO revokes its own mappings of a BAR). */
     int (*withhold)(void *backend, uint64_t id, bool withhold);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
+    /* Optional, for a backend whose windows are files of their own (an NTB
+     * module's): a new fd whose bytes from *@offset are the windows onto
+     * @peer's segments @ids (@n of them, mapped here), @chunk bytes each, in
+     * order, or -errno; a revoke of any of those windows revokes it too.
+     * @device: they reach a device's registers (mapped uncached), not memory. */
+    int (*join_windows)(void *backend, const char *peer, const uint64_t *ids, uint32_t n,
+                        uint64_t chunk, bool device, uint64_t *offset);
     int (*doorbells_alloc)(void *backend, uint32_t count, GError **error);
     void (*doorbells_free)(void *backend, uint32_t first, uint32_t count);
     /* Optional: a peer's liveness check beyond the transport's own. */
@@ -338,6 +345,21 @@ void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, Vn
                                 void *opaque);
 void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w);
 uint32_t vn_fabric_windows_in_use(VnFabric *fab);
+/* Windows one join may take: the segments of one BAR (lending/proto.h). */
+#define VN_FABRIC_MAX_JOIN 16u
+/*
+ * One fd for @n (2..VN_FABRIC_MAX_JOIN) windows of ours onto one peer, each
+ * w[0]->size bytes but the last (no larger), as one memory: a BAR larger
+ * than a window, which QEMU maps with one mmap.  Where the windows are
+ * slices of one open file at consecutive offsets (shm: the lender cut them
+ * from one fd) that file serves and nothing is joined; an NTB's windows are
+ * files of their own, which its backend joins (join_windows).  Returns a new
+ * fd, the caller's to close, whose bytes from *@offset are the windows in
+ * order, or -errno with @error (-ENOTSUP: this backend cannot).  The windows
+ * stay mapped; once one is unmapped, the joined fd reaches nothing either.
+ */
+int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, uint64_t *offset,
+                           GError **error);
 
 /*
  * Interrupt routes (VN_FABRIC_CAP_DIRECT_ROUTES; -ENOTSUP without).

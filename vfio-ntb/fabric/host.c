@@ -72,6 +72,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_DEVICE_REQUEST] = "DEVICE_REQUEST",
     [VN_HOST_WITHHOLD_SEGMENT] = "WITHHOLD_SEGMENT",
     [VN_HOST_FENCED] = "FENCED",
+    [VN_HOST_JOIN_WINDOWS] = "JOIN_WINDOWS",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -84,12 +85,14 @@ static bool op_has_peer(uint32_t op)
 {
     return op == VN_HOST_CONNECT || op == VN_HOST_SEND || op == VN_HOST_MAP ||
            op == VN_HOST_UNMAP || op == VN_HOST_EXPORT_SEGMENT || op == VN_HOST_EXPORT_ROUTE ||
-           op == VN_HOST_OPEN_ROUTE || op == VN_HOST_LINK || op == VN_HOST_RECV;
+           op == VN_HOST_OPEN_ROUTE || op == VN_HOST_LINK || op == VN_HOST_RECV ||
+           op == VN_HOST_JOIN_WINDOWS;
 }
 
+/* A frame, or (JOIN_WINDOWS) ids: bytes after the header. */
 static bool op_has_frame(uint32_t op)
 {
-    return op == VN_HOST_SEND || op == VN_HOST_RECV;
+    return op == VN_HOST_SEND || op == VN_HOST_RECV || op == VN_HOST_JOIN_WINDOWS;
 }
 
 char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
@@ -104,7 +107,7 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     memcpy(hdr, buf, sizeof(*hdr));
     worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
                 hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT ||
-                hdr->op == VN_HOST_FENCED;
+                hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -682,6 +685,26 @@ bool vn_host_fenced(VnFabric *fab)
     return host_send_record(fab->backend, VN_HOST_FENCED, 0, NULL, 0, 0, NULL, 0, -1) == 0;
 }
 
+/* The daemon's backend joins the windows it mapped for us (its port checks they are ours). */
+static int host_join_windows(void *backend, const char *peer, const uint64_t *ids, uint32_t n,
+                             uint64_t chunk, bool device, uint64_t *offset)
+{
+    VnHostHdr rep;
+    int fd, ret;
+
+    ret = host_call(backend, VN_HOST_JOIN_WINDOWS, peer, chunk, device ? 1 : 0, ids,
+                    n * sizeof(ids[0]), -1, &rep, &fd);
+    if (ret == 0 && fd < 0) {
+        ret = -EPROTO;
+    }
+    if (ret < 0) {
+        vn_util_close_fd(&fd);
+        return ret;
+    }
+    *offset = rep.arg;
+    return fd;
+}
+
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
 {
     host_send_record(backend, VN_HOST_UNMAP, 0, peer, id, 0, NULL, 0, -1);
@@ -738,6 +761,7 @@ const VnFabricOps vn_host_ops = {
     .unexport = host_unexport,
     .withhold = host_withhold,
     .unmap_segment = host_unmap_segment,
+    .join_windows = host_join_windows,
     .doorbells_alloc = host_doorbells_alloc,
     .doorbells_free = host_doorbells_free,
 };

@@ -20,7 +20,7 @@
  * is away fail (-ENOTCONN).  Past the bound every link is reported down.
  *
  * Wire: records (fabric/record.h) of a VnHostHdr, then for SEND and RECV
- * one fabric frame (fabric/frame.h).  Ops a worker sends that get an answer
+ * one fabric frame (fabric/frame.h), for JOIN_WINDOWS its segment ids.  Ops a worker sends that get an answer
  * carry a sequence number the REPLY echoes; the daemon answers them in
  * order.  The daemon checks everything a worker sends (it is a peer like
  * any other): only its lender, only its device, only its own segments,
@@ -79,6 +79,8 @@ typedef enum VnHostOp {
     VN_HOST_DEVICE_REQUEST,   /* a lender's: the host wants the device back */
     VN_HOST_WITHHOLD_SEGMENT, /* arg: id, arg2: 1 withhold, 0 give back -> arg: windows */
     VN_HOST_FENCED,           /* a lender's: its device fenced after its holder went */
+    VN_HOST_JOIN_WINDOWS,     /* peer, arg: chunk, arg2: 1 a device's; data: the segments'
+                               * ids (uint64_t, 2..VN_FABRIC_MAX_JOIN) -> arg: offset, 1 fd */
     VN_HOST_OP_LAST
 } VnHostOp;
 

@@ -105,5 +105,7 @@ void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int 
 void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id);
 void vn_ntb_unexport(void *backend, bool route, uint64_t id);
 int vn_ntb_withhold(void *backend, uint64_t id, bool withhold);
+int vn_ntb_join(void *backend, const char *peer, const uint64_t *ids, uint32_t n, uint64_t chunk,
+                bool device, uint64_t *offset);
 
 #endif /* VN_NTB_INT_H */

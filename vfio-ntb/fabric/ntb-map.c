@@ -337,6 +337,32 @@ void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id)
     }
 }
 
+/* Our windows onto @peer's segments @ids as one file (a BAR larger than a window). */
+int vn_ntb_join(void *backend, const char *peer, const uint64_t *ids, uint32_t n, uint64_t chunk,
+                bool device, uint64_t *offset)
+{
+    VnNtbLink *l = vn_ntb_link_of(backend, peer);
+    uint32_t wins[VN_FABRIC_MAX_JOIN];
+
+    if (l == NULL || n > VN_FABRIC_MAX_JOIN) {
+        return l == NULL ? -ENOTCONN : -EINVAL;
+    }
+    if (l->port->ops->out_span_fd == NULL) {
+        return -ENOTSUP;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        wins[k] = 0;
+        for (uint32_t w = 1; w < l->port->info.windows && wins[k] == 0; w++) {
+            wins[k] = l->mapped[w] == ids[k] ? w : 0;
+        }
+        if (wins[k] == 0) {
+            return -ENOENT;
+        }
+    }
+    *offset = 0;
+    return l->port->ops->out_span_fd(l->port, wins, n, chunk, !device);
+}
+
 /* A withdrawn segment: the windows that reach it reach nothing any more. */
 void vn_ntb_unexport(void *backend, bool route, uint64_t id)
 {

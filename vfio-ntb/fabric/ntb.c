@@ -965,5 +965,6 @@ const VnFabricOps vn_ntb_ops = {
     .unmap_segment = vn_ntb_unmap_segment,
     .unexport = vn_ntb_unexport,
     .withhold = vn_ntb_withhold,
+    .join_windows = vn_ntb_join,
     .discover = ntb_discover,
 };

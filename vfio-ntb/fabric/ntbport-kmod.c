@@ -200,6 +200,23 @@ static int kmod_out_revoke(VnNtbPort *p, uint32_t win)
     return kmod_ioctl(p, VN_NTB_MW_REVOKE, &win);
 }
 
+/* One file for several windows (mmap and nothing else), as kmod_out_fd's for one. */
+static int kmod_out_span_fd(VnNtbPort *p, const uint32_t *wins, uint32_t n, uint64_t chunk,
+                            bool memory)
+{
+    struct vn_ntb_mw_span_fd sf = {
+        .argsz = sizeof(sf), .flags = memory ? VN_NTB_MW_FD_WC : 0, .count = n, .chunk = chunk
+    };
+    int ret;
+
+    if (n == 0 || n > VN_NTB_MAX_MWS) {
+        return -EINVAL;
+    }
+    memcpy(sf.index, wins, n * sizeof(wins[0]));
+    ret = ioctl(kmod_port(p)->fd, VN_NTB_MW_SPAN_FD, &sf);
+    return ret < 0 ? -errno : ret;
+}
+
 static const VnNtbPortOps kmod_ops = {
     .name = "kmod",
     .close = kmod_close,
@@ -213,6 +230,7 @@ static const VnNtbPortOps kmod_ops = {
     .in_export = kmod_in_export,
     .in_clear = kmod_in_clear,
     .out_fd = kmod_out_fd,
+    .out_span_fd = kmod_out_span_fd,
     .out_revoke = kmod_out_revoke,
 };
 

@@ -78,6 +78,11 @@ typedef struct VnNtbPortOps {
      * on, and those fds cannot be mapped again (out_fd gives one for the next
      * target).  Without it (the in-process pair: memfds) mappings stay. */
     int (*out_revoke)(VnNtbPort *p, uint32_t win);
+    /* Optional: a new fd of ours whose bytes from 0 are outbound windows
+     * @wins (@n of them) in order, @chunk bytes of each, bound to their
+     * targets now as out_fd's (a revoke of any of them ends it).  Without
+     * it (the in-process pair: slices of one memfd) windows are not joined. */
+    int (*out_span_fd)(VnNtbPort *p, const uint32_t *wins, uint32_t n, uint64_t chunk, bool memory);
 } VnNtbPortOps;
 
 struct VnNtbPort {

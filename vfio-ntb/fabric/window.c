@@ -399,6 +399,83 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
     window_free(w);
 }
 
+/* Whether @w is one of ours, mapped. */
+static bool window_ours(VnFabric *fab, const VnFabricWindow *w)
+{
+    for (uint32_t slot = 0; w != NULL && w != &reserved && slot < fab->limits.max_windows; slot++) {
+        if (fab->windows[slot] == w) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether windows @w are slices of one open file at consecutive offsets, @chunk apart. */
+static bool windows_one_file(VnFabricWindow *const *w, uint32_t n, uint64_t chunk)
+{
+    for (uint32_t k = 1; k < n; k++) {
+        if (w[k]->offset != w[0]->offset + (uint64_t)k * chunk ||
+            vn_peerfd_same_file(w[0]->fd, w[k]->fd) != 1) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, uint64_t *offset,
+                           GError **error)
+{
+    uint64_t ids[VN_FABRIC_MAX_JOIN], chunk, total;
+    const char *fault = NULL, *why = NULL;
+    int fd = -EINVAL;
+    bool device;
+
+    if (n < 2 || n > VN_FABRIC_MAX_JOIN) {
+        fault = "not 2 to 16 windows";
+    }
+    for (uint32_t k = 0; fault == NULL && k < n; k++) {
+        if (!window_ours(fab, w[k])) {
+            fault = "a window not mapped here";
+        } else if (strcmp(w[k]->peer, w[0]->peer) != 0 || w[k]->device != w[0]->device) {
+            fault = "windows onto different peers or kinds of memory";
+        } else if (w[k]->size == 0 || w[k]->size > w[0]->size ||
+                   (k + 1 < n && w[k]->size != w[0]->size)) {
+            fault = "windows of unequal sizes";
+        } else {
+            ids[k] = w[k]->segment;
+        }
+    }
+    if (fault != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: cannot join windows: %s", fab->node, fault);
+        return -EINVAL;
+    }
+    chunk = w[0]->size;
+    total = (uint64_t)(n - 1) * chunk + w[n - 1]->size;
+    if (windows_one_file(w, n, chunk)) {
+        fd = fcntl(w[0]->fd, F_DUPFD_CLOEXEC, 0);
+        fd = fd < 0 ? -errno : fd;
+        *offset = w[0]->offset;
+    } else if (fab->ops->join_windows == NULL || fab->backend == NULL) {
+        fd = -ENOTSUP;
+    } else {
+        fd = fab->ops->join_windows(fab->backend, w[0]->peer, ids, n, chunk, w[0]->device, offset);
+    }
+    /* What a backend gave is a peer's (a daemon's, for a worker): checked as a window's. */
+    if (fd >= 0 && vn_peerfd_window(fd, *offset, total, &device, &why) < 0) {
+        vn_util_close_fd(&fd);
+        fd = -EPROTO;
+    }
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
+                    "node %s: cannot join %u windows onto %s: %s%s%s", fab->node, n, w[0]->peer,
+                    fd == -ENOTSUP ? "they are not one file and the fabric cannot join them"
+                                   : g_strerror(-fd),
+                    why != NULL ? ": the fd " : "", why != NULL ? why : "");
+    }
+    return fd;
+}
+
 uint32_t vn_fabric_windows_in_use(VnFabric *fab)
 {
     return fab->windows_in_use;

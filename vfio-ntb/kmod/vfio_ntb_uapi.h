@@ -14,6 +14,8 @@
  *     window's first byte) and nothing else, so the daemon can hand one window to another
  *     process (a VM's QEMU) without handing it the device.  Its filesystem's magic
  *     (fstatfs) is VN_NTB_WINDOW_FS_MAGIC;
+ *   - consecutive outbound windows as one file (VN_NTB_MW_SPAN_FD): one memory larger than
+ *     any window (a GPU's BAR cut into segments), mapped with one mmap;
  *   - inbound windows: what the peer's window reaches here.  Two kinds of target: the
  *     caller's own memory (VN_NTB_MW_EXPORT: pages pinned, charged to the locked memory of
  *     the process that calls it, as VFIO's type1 charges them (ENOMEM past its
@@ -128,6 +130,17 @@ struct vn_ntb_mw_fd {
     __u32 reserved;
 };
 
+/* VN_NTB_MW_SPAN_FD's argument: the file's offset O reaches window index[O / chunk] at
+ * O % chunk, for O below count * chunk. */
+struct vn_ntb_mw_span_fd {
+    __u32 argsz;            /* in: sizeof(struct vn_ntb_mw_span_fd) */
+    __u32 flags;            /* in: VN_NTB_MW_FD_* */
+    __u32 count;            /* in: windows, 1..VN_NTB_MAX_MWS, each named once */
+    __u32 reserved;
+    __u64 chunk;            /* in: bytes of each window, a page multiple within its size */
+    __u32 index[VN_NTB_MAX_MWS]; /* in: outbound windows in the file's order */
+};
+
 #define VN_NTB_INFO _IOWR(VN_NTB_TYPE, 0, struct vn_ntb_info)
 #define VN_NTB_MW_INFO _IOWR(VN_NTB_TYPE, 1, struct vn_ntb_mw_info)
 #define VN_NTB_LINK _IOW(VN_NTB_TYPE, 2, __u32)             /* 1: enable, 0: disable */
@@ -149,6 +162,9 @@ struct vn_ntb_mw_fd {
 /* The outbound window's target is gone (or about to change): every mapping of it faults,
  * every window file of it is dead.  In: the window's index. */
 #define VN_NTB_MW_REVOKE _IOW(VN_NTB_TYPE, 17, __u32)
+/* Returns a new fd (O_CLOEXEC) for several outbound windows as one memory, bound to their
+ * current targets: a revoke of any of them kills the file, as VN_NTB_MW_FD's. */
+#define VN_NTB_MW_SPAN_FD _IOW(VN_NTB_TYPE, 18, struct vn_ntb_mw_span_fd)
 
 /* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
 #define VN_NTB_WINDOW_FS_MAGIC 0x564e5746

@@ -40,6 +40,10 @@
 #define VN_MMAP_INDEX(off) (((off) >> 48) & 0xff)
 #define VN_MMAP_WITHIN(off) ((off) & (BIT_ULL(48) - 1))
 #define VN_MMAP_SPAN BIT_ULL(48)       /* offsets of one window or buffer */
+/* Where mappings of span files (VN_NTB_MW_SPAN_FD) sit in vn->inode's address space: a kind
+ * of its own, which the device file does not map.
+ */
+#define VN_MMAP_KIND_SPAN 3ull
 
 enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_MMIO };
 
@@ -132,8 +136,9 @@ void vn_charges_drop(struct vn_charges *ch);
 /* vn_mmap.c. */
 int vn_mmap(struct file *f, struct vm_area_struct *vma);
 long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a);
+long vn_mw_span_fd(struct vn_dev *vn, struct vn_ntb_mw_span_fd *a);
 /* Under vn->lock: every mapping of outbound window @idx (revoke) or of inbound buffer @idx
- * (zap) faults from now on, and (revoke) every window file of it is dead.
+ * (zap) faults from now on, and (revoke) every window or span file of it is dead.
  */
 void vn_out_revoke(struct vn_dev *vn, u32 idx);
 void vn_in_zap(struct vn_dev *vn, u32 idx);

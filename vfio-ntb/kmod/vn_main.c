@@ -314,6 +314,7 @@ union vn_args {
 	struct vn_ntb_mw_export exp;
 	struct vn_ntb_mw_alloc alloc;
 	struct vn_ntb_mw_fd mw_fd;
+	struct vn_ntb_mw_span_fd span;
 	__u64 u64;
 	__u32 u32;
 	__s32 s32;
@@ -393,6 +394,7 @@ static bool vn_known_cmd(unsigned int cmd)
 	case VN_NTB_MW_CLEAR:
 	case VN_NTB_MW_FD:
 	case VN_NTB_MW_REVOKE:
+	case VN_NTB_MW_SPAN_FD:
 		return true;
 	default:
 		return false;
@@ -431,6 +433,8 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	}
 	if (cmd == VN_NTB_MW_FD)
 		return vn_mw_fd(vn, &a.mw_fd);
+	if (cmd == VN_NTB_MW_SPAN_FD)
+		return vn_mw_span_fd(vn, &a.span);
 	mutex_lock(&vn->lock);
 	ret = vn->dead ? -ENODEV : vn_ioctl_locked(vn, cmd, &a, &src, &ch);
 	mutex_unlock(&vn->lock);

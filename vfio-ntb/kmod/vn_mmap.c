@@ -11,7 +11,9 @@
  * Every mapping sits in the address space of one inode of ours (vn->inode), at the device
  * file's offset for what it maps, whichever file it was made through, so one call zaps them
  * all.  A window file (VN_NTB_MW_FD) is bound to the generation it was made for: once that
- * is revoked, it cannot be mapped again.
+ * is revoked, it cannot be mapped again.  A span file (VN_NTB_MW_SPAN_FD) is bound to each of
+ * its windows' generations; its mappings share one place of their own, zapped whole at any
+ * window's revoke (a span's pages come from several windows, so no one offset names them).
  */
 #include <linux/file.h>
 #include <linux/module.h>
@@ -25,13 +27,18 @@
 #define vn_vma_set_flags(vma, f) ((vma)->vm_flags |= (f))
 #endif
 
-/* One mapping's target (shared by the VMAs a split or a fork makes of it). */
+/* One mapping's target (shared by the VMAs a split or a fork makes of it): an outbound
+ * window, an inbound buffer, or (VN_MMAP_KIND_SPAN) @count outbound windows of @chunk bytes
+ * each, one after the other.
+ */
 struct vn_map {
 	struct kref ref;
 	struct vn_dev *vn;      /* a reference */
-	u64 kind;               /* VN_NTB_MMAP_OUT or _IN */
-	u32 idx;
-	u64 gen;
+	u64 kind;               /* VN_NTB_MMAP_OUT, _IN, or VN_MMAP_KIND_SPAN */
+	u32 count;              /* targets: 1 but for a span */
+	u64 chunk;              /* a span's bytes per window */
+	u32 idx[VN_NTB_MAX_MWS];
+	u64 gen[VN_NTB_MAX_MWS];
 };
 
 static void vn_map_free(struct kref *ref)
@@ -56,14 +63,20 @@ static void vn_vma_close(struct vm_area_struct *vma)
 	kref_put(&m->ref, vn_map_free);
 }
 
-/* Whether @m's target is still there, under vn->lock. */
+/* Whether every target of @m is still there, under vn->lock. */
 static bool vn_map_live(struct vn_dev *vn, struct vn_map *m)
 {
+	u32 k;
+
 	if (vn->dead)
 		return false;
-	if (m->kind == VN_NTB_MMAP_OUT)
-		return vn->out[m->idx].gen == m->gen;
-	return vn->in[m->idx].kind == VN_IN_ALLOC && vn->in[m->idx].gen == m->gen;
+	if (m->kind == VN_NTB_MMAP_IN)
+		return vn->in[m->idx[0]].kind == VN_IN_ALLOC &&
+		       vn->in[m->idx[0]].gen == m->gen[0];
+	for (k = 0; k < m->count; k++)
+		if (vn->out[m->idx[k]].gen != m->gen[k])
+			return false;
+	return true;
 }
 
 /* The page frame at @addr of @vma, whose target is live (bounds were checked at mmap and a
@@ -72,12 +85,17 @@ static bool vn_map_live(struct vn_dev *vn, struct vn_map *m)
 static unsigned long vn_map_pfn(struct vn_dev *vn, struct vn_map *m,
 				struct vm_area_struct *vma, unsigned long addr)
 {
-	u64 within = ((u64)vma->vm_pgoff << PAGE_SHIFT) -
-		     VN_NTB_MMAP_OFFSET(m->kind, (u64)m->idx) + (addr - vma->vm_start);
+	u64 base = m->kind == VN_MMAP_KIND_SPAN ? VN_NTB_MMAP_OFFSET(m->kind, 0ull)
+						: VN_NTB_MMAP_OFFSET(m->kind, (u64)m->idx[0]);
+	u64 within = ((u64)vma->vm_pgoff << PAGE_SHIFT) - base + (addr - vma->vm_start);
+	u64 k;
 
+	if (m->kind == VN_NTB_MMAP_IN)
+		return page_to_pfn(vn->in[m->idx[0]].pages[within >> PAGE_SHIFT]);
 	if (m->kind == VN_NTB_MMAP_OUT)
-		return (vn->out[m->idx].base + within) >> PAGE_SHIFT;
-	return page_to_pfn(vn->in[m->idx].pages[within >> PAGE_SHIFT]);
+		return (vn->out[m->idx[0]].base + within) >> PAGE_SHIFT;
+	k = div64_u64(within, m->chunk);
+	return (vn->out[m->idx[k]].base + within - k * m->chunk) >> PAGE_SHIFT;
 }
 
 /* The faulting page, then the rest of the mapping (as vfio-pci does): one fault per
@@ -115,24 +133,22 @@ static const struct vm_operations_struct vn_vm_ops = {
 	.fault = vn_vma_fault,
 };
 
-/* @vma maps @within.. of @kind @idx at generation @gen, under vn->lock; nothing is mapped
- * until the first access.  Its offset becomes the device file's for that place, whichever
- * file maps it.
+/* @vma maps @within.. of @tmpl's targets (its kind, windows and generations), under
+ * vn->lock; nothing is mapped until the first access.  Its offset becomes the device
+ * file's for that place (a span's: the span kind's), whichever file maps it.
  */
-static int vn_map_setup(struct vn_dev *vn, struct vm_area_struct *vma, u64 kind, u32 idx,
-			u64 within, u64 gen, pgprot_t prot)
+static int vn_map_setup(struct vn_dev *vn, struct vm_area_struct *vma,
+			const struct vn_map *tmpl, u64 within, pgprot_t prot)
 {
-	struct vn_map *m = kzalloc(sizeof(*m), GFP_KERNEL);
+	struct vn_map *m = kmemdup(tmpl, sizeof(*m), GFP_KERNEL);
+	u64 idx = tmpl->kind == VN_MMAP_KIND_SPAN ? 0 : tmpl->idx[0];
 
 	if (!m)
 		return -ENOMEM;
 	kref_init(&m->ref);
 	kref_get(&vn->ref);
 	m->vn = vn;
-	m->kind = kind;
-	m->idx = idx;
-	m->gen = gen;
-	vma->vm_pgoff = (VN_NTB_MMAP_OFFSET(kind, (u64)idx) + within) >> PAGE_SHIFT;
+	vma->vm_pgoff = (VN_NTB_MMAP_OFFSET(tmpl->kind, idx) + within) >> PAGE_SHIFT;
 	vma->vm_page_prot = prot;
 	/* Device memory to the rest of the kernel: VFIO's type1 can map it for a device
 	 * (VM_PFNMAP), nothing takes a reference on its pages.
@@ -141,6 +157,16 @@ static int vn_map_setup(struct vn_dev *vn, struct vm_area_struct *vma, u64 kind,
 	vma->vm_private_data = m;
 	vma->vm_ops = &vn_vm_ops;
 	return 0;
+}
+
+/* The target of one window or buffer @idx of @kind, at its generation now. */
+static struct vn_map vn_map_one(u64 kind, u32 idx, u64 gen)
+{
+	struct vn_map m = { .kind = kind, .count = 1 };
+
+	m.idx[0] = idx;
+	m.gen[0] = gen;
+	return m;
 }
 
 /* Whether @within and @len fit in @size bytes. */
@@ -165,12 +191,14 @@ int vn_mmap(struct file *f, struct vm_area_struct *vma)
 	} else if (kind == VN_NTB_MMAP_OUT && idx < vn->peer_mw_count && vn->out[idx].size &&
 		   vn_fits(within, len, vn->out[idx].size)) {
 		/* The owner's own mappings: its message rings, memory. */
-		ret = vn_map_setup(vn, vma, kind, idx, within, vn->out[idx].gen,
-				   pgprot_writecombine(vma->vm_page_prot));
+		struct vn_map m = vn_map_one(kind, idx, vn->out[idx].gen);
+
+		ret = vn_map_setup(vn, vma, &m, within, pgprot_writecombine(vma->vm_page_prot));
 	} else if (kind == VN_NTB_MMAP_IN && idx < vn->mw_count &&
 		   vn->in[idx].kind == VN_IN_ALLOC && vn_fits(within, len, vn->in[idx].size)) {
-		ret = vn_map_setup(vn, vma, kind, idx, within, vn->in[idx].gen,
-				   vma->vm_page_prot);
+		struct vn_map m = vn_map_one(kind, idx, vn->in[idx].gen);
+
+		ret = vn_map_setup(vn, vma, &m, within, vma->vm_page_prot);
 	}
 	mutex_unlock(&vn->lock);
 	return ret;
@@ -181,6 +209,11 @@ void vn_out_revoke(struct vn_dev *vn, u32 idx)
 	vn->out[idx].gen++;
 	unmap_mapping_range(vn->inode->i_mapping,
 			    VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_OUT, (u64)idx), VN_MMAP_SPAN, 1);
+	/* Span mappings share one place: all of them go, and those of spans that do not
+	 * hold @idx fault their pages back in.
+	 */
+	unmap_mapping_range(vn->inode->i_mapping, VN_NTB_MMAP_OFFSET(VN_MMAP_KIND_SPAN, 0ull),
+			    VN_MMAP_SPAN, 1);
 }
 
 void vn_in_zap(struct vn_dev *vn, u32 idx)
@@ -192,17 +225,17 @@ void vn_in_zap(struct vn_dev *vn, u32 idx)
 
 /* ---- window files (VN_NTB_MW_FD) ---------------------------------------- */
 
+/* A window file: one window (VN_NTB_MW_FD) or a span of them, bound to their targets. */
 struct vn_window_file {
-	struct vn_dev *vn;      /* a reference */
-	u32 idx;
-	u64 gen;                /* the target it reaches */
+	struct vn_map target;   /* the windows and their generations when it was made */
+	u64 size;               /* bytes it maps from 0 */
 	bool wc;
 };
 
 static int vn_window_mmap(struct file *f, struct vm_area_struct *vma)
 {
 	struct vn_window_file *w = f->private_data;
-	struct vn_dev *vn = w->vn;
+	struct vn_dev *vn = w->target.vn;
 	u64 within = (u64)vma->vm_pgoff << PAGE_SHIFT;
 	u64 len = vma->vm_end - vma->vm_start;
 	int ret;
@@ -210,12 +243,12 @@ static int vn_window_mmap(struct file *f, struct vm_area_struct *vma)
 	if (!(vma->vm_flags & VM_SHARED) || vma->vm_pgoff >= (VN_MMAP_SPAN >> PAGE_SHIFT))
 		return -EINVAL;
 	mutex_lock(&vn->lock);
-	if (vn->dead || vn->out[w->idx].gen != w->gen)
+	if (!vn_map_live(vn, &w->target))
 		ret = -ENODEV;
-	else if (!vn_fits(within, len, vn->out[w->idx].size))
+	else if (!vn_fits(within, len, w->size))
 		ret = -EINVAL;
 	else
-		ret = vn_map_setup(vn, vma, VN_NTB_MMAP_OUT, w->idx, within, w->gen,
+		ret = vn_map_setup(vn, vma, &w->target, within,
 				   w->wc ? pgprot_writecombine(vma->vm_page_prot)
 					 : pgprot_noncached(vma->vm_page_prot));
 	mutex_unlock(&vn->lock);
@@ -226,7 +259,7 @@ static int vn_window_release(struct inode *inode, struct file *f)
 {
 	struct vn_window_file *w = f->private_data;
 
-	kref_put(&w->vn->ref, vn_free);
+	kref_put(&w->target.vn->ref, vn_free);
 	kfree(w);
 	return 0;
 }
@@ -243,35 +276,14 @@ bool vn_is_ours(const struct file *f)
 	return f->f_op == &vn_fops || f->f_op == &vn_window_fops;
 }
 
-/* A new fd for outbound window @a->index alone, bound to its target now: what the daemon
- * hands a VM's QEMU.
+/* A new window file for @w (its targets checked and bound under vn->lock by the caller),
+ * which takes it; the fd or -errno.
  */
-long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a)
+static long vn_window_file_install(struct vn_dev *vn, struct vn_window_file *w)
 {
-	struct vn_window_file *w;
 	struct file *f;
 	int fd;
 
-	if (a->argsz < sizeof(*a) || a->reserved || (a->flags & ~VN_NTB_MW_FD_WC))
-		return -EINVAL;
-	w = kzalloc(sizeof(*w), GFP_KERNEL);
-	if (!w)
-		return -ENOMEM;
-	mutex_lock(&vn->lock);
-	fd = vn->dead ? -ENODEV
-	     : a->index >= vn->peer_mw_count || !vn->out[a->index].size ? -EINVAL : 0;
-	if (!fd) {
-		w->vn = vn;
-		w->idx = a->index;
-		w->gen = vn->out[a->index].gen;
-		w->wc = a->flags & VN_NTB_MW_FD_WC;
-		kref_get(&vn->ref);
-	}
-	mutex_unlock(&vn->lock);
-	if (fd) {
-		kfree(w);
-		return fd;
-	}
 	fd = get_unused_fd_flags(O_CLOEXEC);
 	if (fd < 0)
 		goto put;
@@ -297,4 +309,90 @@ put:
 	kref_put(&vn->ref, vn_free);
 	kfree(w);
 	return fd;
+}
+
+/* Outbound window @idx of @vn, under vn->lock: whether it can be a file's target. */
+static bool vn_out_usable(struct vn_dev *vn, u32 idx)
+{
+	return idx < vn->peer_mw_count && vn->out[idx].size;
+}
+
+/* A new fd for outbound window @a->index alone, bound to its target now: what the daemon
+ * hands a VM's QEMU.
+ */
+long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a)
+{
+	struct vn_window_file *w;
+	long ret;
+
+	if (a->argsz < sizeof(*a) || a->reserved || (a->flags & ~VN_NTB_MW_FD_WC))
+		return -EINVAL;
+	w = kzalloc(sizeof(*w), GFP_KERNEL);
+	if (!w)
+		return -ENOMEM;
+	mutex_lock(&vn->lock);
+	ret = vn->dead ? -ENODEV : !vn_out_usable(vn, a->index) ? -EINVAL : 0;
+	if (!ret) {
+		w->target = vn_map_one(VN_NTB_MMAP_OUT, a->index, vn->out[a->index].gen);
+		w->target.vn = vn;
+		w->size = vn->out[a->index].size;
+		w->wc = a->flags & VN_NTB_MW_FD_WC;
+		kref_get(&vn->ref);
+	}
+	mutex_unlock(&vn->lock);
+	if (ret) {
+		kfree(w);
+		return ret;
+	}
+	return vn_window_file_install(vn, w);
+}
+
+/* A new fd for @a->count outbound windows as one memory of @a->chunk bytes per window:
+ * what the daemon hands a VM's QEMU for a BAR larger than a window.
+ */
+long vn_mw_span_fd(struct vn_dev *vn, struct vn_ntb_mw_span_fd *a)
+{
+	struct vn_window_file *w;
+	unsigned long seen = 0;
+	long ret = 0;
+	u32 k;
+
+	if (a->argsz < sizeof(*a) || a->reserved || (a->flags & ~VN_NTB_MW_FD_WC) ||
+	    a->count == 0 || a->count > VN_NTB_MAX_MWS || a->chunk == 0 ||
+	    !PAGE_ALIGNED(a->chunk) || a->chunk > VN_MMAP_SPAN / a->count)
+		return -EINVAL;
+	for (k = 0; k < a->count; k++) {
+		if (a->index[k] >= VN_NTB_MAX_MWS || (seen & BIT(a->index[k])))
+			return -EINVAL;
+		seen |= BIT(a->index[k]);
+	}
+	w = kzalloc(sizeof(*w), GFP_KERNEL);
+	if (!w)
+		return -ENOMEM;
+	w->target.kind = VN_MMAP_KIND_SPAN;
+	w->target.count = a->count;
+	w->target.chunk = a->chunk;
+	w->size = a->chunk * a->count;
+	w->wc = a->flags & VN_NTB_MW_FD_WC;
+	mutex_lock(&vn->lock);
+	for (k = 0; !ret && k < a->count; k++) {
+		u32 idx = a->index[k];
+
+		if (vn->dead)
+			ret = -ENODEV;
+		else if (!vn_out_usable(vn, idx) || vn->out[idx].size < a->chunk)
+			ret = -EINVAL;
+		w->target.idx[k] = idx;
+		w->target.gen[k] = vn->out[idx].gen;
+	}
+	if (!ret) {
+		w->target.vn = vn;
+		kref_get(&vn->ref);
+	}
+	mutex_unlock(&vn->lock);
+	if (ret) {
+		kfree(w);
+		return ret;
+	}
+	return vn_window_file_install(vn, w);
 }
