@@ -97,6 +97,13 @@ static void bor_setup_two_windows(void)
     bor_setup_limited("4096", "2");
 }
 
+/* Windows of 4 KiB, 4 of them: all BAR0's, none left for BAR1 (registers, 256 bytes). */
+static void bor_setup_small_bar(void)
+{
+    rig_small_bar = true;
+    bor_setup_limited("4096", "4");
+}
+
 static void bor_teardown(void)
 {
     on_loop(&bor.loop, bor_close, NULL);
@@ -104,6 +111,7 @@ static void bor_teardown(void)
     g_free(bor.sock);
     g_free(bor.refusal);
     teardown();
+    rig_small_bar = false;
 }
 
 /* QEMU's side: connected, or failing the test. */
@@ -293,6 +301,35 @@ START_TEST(test_large_bar_over_budget)
 }
 END_TEST
 
+/* A BAR of less than a page that finds no window left stays trapped: the device is still
+ * borrowed, its large BAR mapped (the largest BAR is mapped first: all 4 windows), the small
+ * one served through the lender. */
+START_TEST(test_small_bar_trapped)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    struct vfio_region_info reg = { 0 };
+    uint8_t got[4];
+    int fd = -1;
+    Ask a;
+
+    ck_assert_msg(bor.b != NULL, "%s", bor.refusal);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(bor.fab), 4);
+    ck_assert_int_eq(vn_client_get_region_info(c, 0, &reg, &fd, NULL, 0, NULL), 0);
+    ck_assert(reg.flags & VFIO_REGION_INFO_FLAG_MMAP);
+    close(fd);
+    fd = -1;
+    ck_assert_int_eq(vn_client_get_region_info(c, 1, &reg, &fd, NULL, 0, NULL), 0);
+    ck_assert_uint_eq(reg.size, SMALL_BAR_SIZE);
+    ck_assert(!(reg.flags & VFIO_REGION_INFO_FLAG_MMAP));
+    ck_assert_int_eq(fd, -1);
+    memcpy(rig.fake.regs + 0x10, "\x0a\x0b\x0c\x0d", 4);
+    ck_assert_int_eq(vn_client_region_read(c, 1, 0x10, got, 4), 4);
+    ck_assert_int_eq(memcmp(got, "\x0a\x0b\x0c\x0d", 4), 0);
+    a = ask();
+    ck_assert_uint_eq(a.st.region_forwarded, 1);
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -429,6 +466,10 @@ static Suite *borrower_suite(void)
     tc = tcase_create("window-budget");
     tcase_add_checked_fixture(tc, bor_setup_two_windows, bor_teardown);
     tcase_add_test(tc, test_large_bar_over_budget);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("small-bar");
+    tcase_add_checked_fixture(tc, bor_setup_small_bar, bor_teardown);
+    tcase_add_test(tc, test_small_bar_trapped);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");

@@ -68,7 +68,9 @@ static Rig *rig_new_windows(unsigned windows)
     Rig *r = g_new0(Rig, 1);
 
     r->master[0] = r->master[1] = true;
-    r->epf = vn_epf_new(1 << 20, windows, &fake_ops, r, &error);
+    static const uint64_t sizes[VN_EPF_MAX_WINDOWS] = { 1 << 20, 1 << 20, 1 << 20 };
+
+    r->epf = vn_epf_new(sizes, windows, &fake_ops, r, &error);
     ck_assert_msg(r->epf != NULL, "%s", error ? error->message : "");
     return r;
 }
@@ -165,7 +167,8 @@ START_TEST(test_layout)
     ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_DB_ENTRY_SIZE), VN_EPF_DB_ENTRY_SIZE);
     ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_DB_OFFSET + 4 * 5), 0);
     ck_assert_uint_eq(rd16(r, 0, VN_EPF_REG_LINK_STATUS), 0);
-    ck_assert_uint_eq(vn_epf_window_size(r->epf), 1 << 20);
+    ck_assert_uint_eq(vn_epf_window_size(r->epf, 0), 1 << 20);
+    ck_assert_uint_eq(vn_epf_window_size(r->epf, 1), 0);
     rig_free(r);
 }
 END_TEST
@@ -392,20 +395,72 @@ START_TEST(test_bad_new)
 {
     static const uint64_t sizes[] = { 0, 2048, 12288, VN_EPF_MAX_WINDOW * 2 };
     static const VnEpfOps no_dma = { .signal = fake_signal };
+    const uint64_t mib[4] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20 };
+    const uint64_t big32[3] = { VN_EPF_MAX_WINDOW32 * 2, 1 << 20, 1 << 20 };
+    const uint64_t half[3] = { VN_EPF_MAX_WINDOW32, 1 << 20, 1 << 20 };
 
     for (unsigned i = 0; i < G_N_ELEMENTS(sizes); i++) {
         g_autoptr(GError) error = NULL;
 
-        ck_assert_ptr_null(vn_epf_new(sizes[i], 1, &fake_ops, NULL, &error));
+        ck_assert_ptr_null(vn_epf_new(&sizes[i], 1, &fake_ops, NULL, &error));
         ck_assert_ptr_nonnull(error);
     }
-    /* No window, three (the map has two), two 32-bit BARs of 2 GiB. */
-    ck_assert_ptr_null(vn_epf_new(1 << 20, 0, &fake_ops, NULL, NULL));
-    ck_assert_ptr_null(vn_epf_new(1 << 20, 3, &fake_ops, NULL, NULL));
-    ck_assert_ptr_null(vn_epf_new(VN_EPF_MAX_WINDOW32 * 2, 2, &fake_ops, NULL, NULL));
+    /* No window, four (the maps have three at most), a 32-bit BAR of 2 GiB, and j721e's
+     * window 1 as large as BAR2 (the doorbells share it). */
+    ck_assert_ptr_null(vn_epf_new(mib, 0, &fake_ops, NULL, NULL));
+    ck_assert_ptr_null(vn_epf_new(mib, 4, &fake_ops, NULL, NULL));
+    ck_assert_ptr_null(vn_epf_new(big32, 2, &fake_ops, NULL, NULL));
+    ck_assert_ptr_null(vn_epf_new(half, 3, &fake_ops, NULL, NULL));
     g_autoptr(GError) error = NULL;
-    ck_assert_ptr_null(vn_epf_new(1 << 20, 1, &no_dma, NULL, &error));
+    ck_assert_ptr_null(vn_epf_new(mib, 1, &no_dma, NULL, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "dma_read"));
+}
+END_TEST
+
+/* Three windows of their own sizes take ntb_hw_epf's j721e map: window 1 in BAR2's second
+ * half (MW1_OFFSET), 2 in BAR3, 3 in BAR4 (64-bit); each reaches its own translation, up to
+ * its own size; window 1 may be translated for all of BAR2 (the driver's size_max). */
+START_TEST(test_three_windows)
+{
+    const uint64_t sizes[3] = { 64 << 10, 1 << 20, 4 << 20 };
+    uint64_t a = 0x1111111111111111ull, c = 0x3333333333333333ull, got = 0;
+    Rig *r = g_new0(Rig, 1);
+    VnEpfLayout l;
+
+    r->master[0] = r->master[1] = true;
+    r->epf = vn_epf_new(sizes, 3, &fake_ops, r, NULL);
+    ck_assert_ptr_nonnull(r->epf);
+    vn_epf_layout(r->epf, &l);
+    ck_assert_uint_eq(l.vendor_id, VN_EPF_J721E_VENDOR_ID);
+    ck_assert_uint_eq(l.device_id, VN_EPF_J721E_DEVICE_ID);
+    ck_assert_uint_eq(l.peer_spad_bar, 1);
+    ck_assert_uint_eq(l.window_bar[0], 2);
+    ck_assert_uint_eq(l.window_offset[0], 64 << 10);
+    ck_assert_uint_eq(l.bar_size[2], 128 << 10);
+    ck_assert_uint_eq(l.window_bar[1], 3);
+    ck_assert_uint_eq(l.bar_size[3], 1 << 20);
+    ck_assert_uint_eq(l.window_bar[2], 4);
+    ck_assert(l.bar_is64[4] && !l.bar_is64[3] && l.bar_size[5] == 0);
+    ck_assert_uint_ge(l.msix_offset, 4 * VN_EPF_SPADS);
+    ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_MW_COUNT), 3);
+    ck_assert_uint_eq(rd32(r, 0, VN_EPF_REG_MW1_OFFSET), 64 << 10);
+
+    vn_epf_set_connected(r->epf, 0, true);
+    vn_epf_set_connected(r->epf, 1, true);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 0, 0x1000, 128 << 10), VN_EPF_STATUS_OK);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 0, 0x1000, 256 << 10), VN_EPF_STATUS_ERROR);
+    ck_assert_uint_eq(set_trans_mw(r, 1, 2, 0x8000, 4 << 20), VN_EPF_STATUS_OK);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 0, 8, &a, 8), 0);
+    ck_assert_int_eq(vn_epf_window_write(r->epf, 0, 2, 16, &c, 8), 0);
+    ck_assert(memcmp(r->mem[1] + 0x1008, &a, 8) == 0);
+    ck_assert(memcmp(r->mem[1] + 0x8010, &c, 8) == 0);
+    /* Past window 1's own size (into what BAR2 does not give it), past window 3's. */
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 0, 64 << 10, &got, 8), -EINVAL);
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 2, 4 << 20, &got, 8), -EINVAL);
+    /* Window 2 has no translation: all ones. */
+    ck_assert_int_eq(vn_epf_window_read(r->epf, 0, 1, 0, &got, 8), 0);
+    ck_assert_uint_eq(got, UINT64_MAX);
+    rig_free(r);
 }
 END_TEST
 
@@ -451,6 +506,7 @@ static Suite *epf_suite(void)
     tc = tcase_create("window");
     tcase_add_test(tc, test_window);
     tcase_add_test(tc, test_two_windows);
+    tcase_add_test(tc, test_three_windows);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("untrusted");

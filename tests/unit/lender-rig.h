@@ -51,6 +51,8 @@
 typedef struct Fake {
     int bar_fd;
     uint8_t *bar;
+    int regs_fd; /* BAR1 with rig_small_bar: registers of less than a page, mappable */
+    uint8_t *regs;
     uint8_t cfg[CFG_SIZE];
     uint8_t rom[ROM_SIZE];
     gint resets;                         /* atomic: bumped in the device thread */
@@ -67,6 +69,8 @@ static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *bu
 
     if (index == VFIO_PCI_BAR0_REGION_INDEX) {
         memcpy(buf, f->bar + off, n);
+    } else if (index == VFIO_PCI_BAR1_REGION_INDEX && f->regs != NULL) {
+        memcpy(buf, f->regs + off, n);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         memcpy(buf, f->cfg + off, n);
     } else if (index == VFIO_PCI_ROM_REGION_INDEX) {
@@ -135,6 +139,11 @@ typedef struct Borrower {
     VnFabric *fab;
     unsigned doorbells[VN_FABRIC_MAX_DOORBELLS]; /* rung, per bit (test thread) */
 } Borrower;
+
+/* Set before setup(): the device has a BAR1 of SMALL_BAR_SIZE bytes, mappable (as VFIO lets a
+ * page-aligned BAR of less than a page be). */
+static bool rig_small_bar;
+#define SMALL_BAR_SIZE 0x100u
 
 static struct {
     char *dir;
@@ -366,6 +375,16 @@ static inline void setup(void)
                                   .mmap_fd = rig.fake.bar_fd,
                                   .nr_sparse = 2,
                                   .sparse = { { 0, 0x1000 }, { 0x2000, 0x2000 } } };
+    if (rig_small_bar) {
+        rig.fake.regs_fd = vn_peerfd_memfd_new("bar1", 4096);
+        rig.fake.regs = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rig.fake.regs_fd, 0);
+        ck_assert(rig.fake.regs != MAP_FAILED);
+        info.regions[1] =
+            (VnRegion){ .size = SMALL_BAR_SIZE,
+                        .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE |
+                                 VFIO_REGION_INFO_FLAG_MMAP,
+                        .mmap_fd = rig.fake.regs_fd };
+    }
     info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
         (VnRegion){ .size = CFG_SIZE,
                     .mmap_fd = -1,
@@ -416,6 +435,10 @@ static inline void teardown(void)
     g_main_context_unref(rig.ctx);
     munmap(rig.fake.bar, BAR0_SIZE);
     close(rig.fake.bar_fd);
+    if (rig.fake.regs != NULL) {
+        munmap(rig.fake.regs, 4096);
+        close(rig.fake.regs_fd);
+    }
     /* Nothing left behind: the directories are empty, no fd is open. */
     ck_assert_int_eq(g_rmdir(rig.fabric_dir), 0);
     ck_assert_int_eq(g_rmdir(rig.dir), 0);

@@ -24,6 +24,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Registers this small (less than a page: no window holds less) may go without a window. */
+#define VN_BORROWER_SMALL_BAR 4096u
+
 /* A region's windows are joined in one call. */
 G_STATIC_ASSERT(VN_PROTO_MAX_REGION_SEGMENTS <= VN_FABRIC_MAX_JOIN);
 
@@ -108,8 +111,42 @@ static bool map_region(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GErro
     return pr->nr_segments == 1 || join_region(b, i, pr->size, error);
 }
 
+/* Region @i mapped: QEMU gets its fd and the areas it may map. */
+static void region_mapped(VnBorrower *b, uint32_t i, const VnProtoRegion *pr)
+{
+    VnRegion *r = &b->info.regions[i];
+
+    r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
+    r->mmap_fd = b->joined_fd[i] >= 0 ? b->joined_fd[i] : b->windows[i][0]->fd;
+    r->mmap_offset = b->joined_fd[i] >= 0 ? b->joined_offset[i] : b->windows[i][0]->offset;
+    r->nr_sparse = pr->nr_sparse;
+    memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
+    if (r->nr_sparse == 0) {
+        r->sparse[0] = (VnSparseArea){ 0, pr->size };
+        r->nr_sparse = 1;
+    }
+    if (b->nr_windows[i] > 1) {
+        g_autofree char *size = vn_util_size_text(pr->size);
+
+        g_info("borrower %s: BAR%u (%s) mapped through %u windows", b->device, i, size,
+               b->nr_windows[i]);
+    }
+}
+
+/* Largest region first: a BAR that needs several windows (a GPU's memory) must get them;
+ * registers smaller than a page can do without one. */
+static gint larger_first(gconstpointer x, gconstpointer y, gpointer data)
+{
+    const VnProtoDevice *d = data;
+    uint64_t a = d->regions[*(const uint32_t *)x].size, c = d->regions[*(const uint32_t *)y].size;
+
+    return a > c ? -1 : a < c ? 1 : (int)*(const uint32_t *)x - (int)*(const uint32_t *)y;
+}
+
 bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
 {
+    uint32_t order[VN_MAX_REGIONS] = { 0 }, n = 0;
+
     for (uint32_t i = 0; i < d->num_regions; i++) {
         const VnProtoRegion *pr = &d->regions[i];
         VnRegion *r = &b->info.regions[i];
@@ -117,27 +154,30 @@ bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
         r->size = pr->size;
         r->flags = pr->flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
         r->mmap_fd = -1;
-        if (pr->nr_segments == 0 || !(pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
+        if (pr->nr_segments != 0 && (pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
+            order[n++] = i;
+        }
+    }
+    g_qsort_with_data(order, (gint)n, sizeof(order[0]), larger_first, (gpointer)d);
+    for (uint32_t k = 0; k < n; k++) {
+        const VnProtoRegion *pr = &d->regions[order[k]];
+        g_autoptr(GError) local = NULL;
+
+        if (map_region(b, order[k], pr, &local)) {
+            region_mapped(b, order[k], pr);
             continue;
         }
-        if (!map_region(b, i, pr, error)) {
-            return false;
+        /* A window is a page at least and, on an NTB, one of a few translations: a BAR of
+         * less than a page (registers) that finds none left stays trapped, served by the
+         * lender, rather than refuse the device. */
+        if (pr->nr_segments == 1 && pr->size < VN_BORROWER_SMALL_BAR &&
+            g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NO_SPACE)) {
+            g_info("borrower %s: BAR%u (%" PRIu64 " bytes) trapped: %s", b->device, order[k],
+                   pr->size, local->message);
+            continue;
         }
-        r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
-        r->mmap_fd = b->joined_fd[i] >= 0 ? b->joined_fd[i] : b->windows[i][0]->fd;
-        r->mmap_offset = b->joined_fd[i] >= 0 ? b->joined_offset[i] : b->windows[i][0]->offset;
-        r->nr_sparse = pr->nr_sparse;
-        memcpy(r->sparse, pr->sparse, sizeof(pr->sparse[0]) * pr->nr_sparse);
-        if (r->nr_sparse == 0) {
-            r->sparse[0] = (VnSparseArea){ 0, pr->size };
-            r->nr_sparse = 1;
-        }
-        if (b->nr_windows[i] > 1) {
-            g_autofree char *size = vn_util_size_text(pr->size);
-
-            g_info("borrower %s: BAR%u (%s) mapped through %u windows", b->device, i, size,
-                   b->nr_windows[i]);
-        }
+        g_propagate_error(error, g_steal_pointer(&local));
+        return false;
     }
     return true;
 }

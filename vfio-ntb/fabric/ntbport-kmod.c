@@ -141,10 +141,19 @@ static int kmod_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **ma
 
 static int kmod_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size)
 {
-    struct vn_ntb_mw_export e = { .index = win, .size = size };
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct vn_ntb_mw_export e = { .index = win };
     void *m;
     int ret;
 
+    /* A translation is whole pages.  A segment of less than a page is a BAR smaller than one
+     * (registers), which VFIO lets be mapped only when the rest of its page is reserved
+     * for it, as it does for the borrower's QEMU. */
+    if (size == 0 || size > UINT64_MAX - page) {
+        return -EINVAL;
+    }
+    size = (size + page - 1) & ~(page - 1);
+    e.size = size;
     if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
         return win >= p->info.windows ? -EINVAL : -EBUSY;
     }
@@ -260,7 +269,10 @@ static int kmod_setup(KmodPort *kp, const char **what)
         if (ret < 0) {
             return ret;
         }
-        out_size = MIN(out_size, mi.out_size);
+        /* Window 0 carries messages (fabric/ntb.c): the rest carry segments. */
+        if (w > 0 || kp->base.info.windows == 1) {
+            out_size = MIN(out_size, mi.out_size);
+        }
     }
     kp->base.info.out_size = out_size == UINT64_MAX ? 0 : out_size;
 

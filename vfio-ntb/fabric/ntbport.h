@@ -41,7 +41,8 @@ typedef struct VnNtbPortInfo {
     uint32_t windows;   /* usable both ways: min(inbound, outbound) */
     uint32_t spads;     /* ours (and the peer's) */
     uint32_t doorbells; /* bits 0..doorbells-1 are valid */
-    uint64_t out_size;  /* the smallest outbound window's size, bytes */
+    uint64_t out_size;  /* the smallest outbound window's size, bytes, among those
+                         * that carry segments (1.., or 0 when it is the only one) */
 } VnNtbPortInfo;
 
 typedef struct VnNtbPortOps {

@@ -31,15 +31,16 @@ typedef struct EpfPort {
 } EpfPort;
 
 struct VnEpf {
-    uint64_t window_size;
+    uint64_t window_size[VN_EPF_MAX_WINDOWS];
     unsigned windows;
+    VnEpfLayout layout;
     const VnEpfOps *ops;
     void *opaque;
     bool link; /* as last raised */
     EpfPort port[2];
 };
 
-#define SPADS_END (VN_EPF_SPAD_OFFSET + 4 * VN_EPF_SPADS)
+#define SPADS_END VN_EPF_PEER_SPAD_OFFSET
 #define PEER_SPADS_END (SPADS_END + 4 * VN_EPF_SPADS)
 G_STATIC_ASSERT(PEER_SPADS_END <= VN_EPF_CTRL_SIZE);
 G_STATIC_ASSERT(VN_EPF_REG_DB_OFFSET + 4 * VN_EPF_MAX_VECTORS <= VN_EPF_SPAD_OFFSET);
@@ -75,7 +76,56 @@ bool vn_epf_ops_valid(const VnEpfOps *ops, GError **error)
     return true;
 }
 
-VnEpf *vn_epf_new(uint64_t window_size, unsigned windows, const VnEpfOps *ops, void *opaque,
+/* The map for @windows windows of @sizes (checked): see epf.h. */
+static void layout_build(VnEpfLayout *l, const uint64_t *sizes, unsigned windows)
+{
+    memset(l, 0, sizeof(*l));
+    l->bar_size[VN_EPF_CTRL_BAR] = VN_EPF_CTRL_SIZE;
+    l->bar_size[VN_EPF_DB_BAR] = VN_EPF_DB_SIZE;
+    l->bar_size[VN_EPF_MSIX_BAR] = VN_EPF_MSIX_SIZE;
+    l->msix_bar = VN_EPF_MSIX_BAR;
+    if (windows < 3) {
+        l->vendor_id = VN_EPF_VENDOR_ID;
+        l->device_id = VN_EPF_DEVICE_ID;
+        l->peer_spad_bar = VN_EPF_CTRL_BAR;
+        for (unsigned w = 0; w < windows; w++) {
+            l->window_bar[w] = VN_EPF_WINDOW_BAR + w;
+            l->bar_size[VN_EPF_WINDOW_BAR + w] = sizes[w];
+            l->bar_prefetch[VN_EPF_WINDOW_BAR + w] = true;
+        }
+        l->bar_is64[VN_EPF_WINDOW_BAR] = windows == 1;
+        return;
+    }
+    l->vendor_id = VN_EPF_J721E_VENDOR_ID;
+    l->device_id = VN_EPF_J721E_DEVICE_ID;
+    /* BAR1: the peer's scratchpads from 0, then MSI-X in its second half. */
+    l->peer_spad_bar = VN_EPF_MSIX_BAR;
+    l->bar_size[VN_EPF_MSIX_BAR] = 2 * VN_EPF_MSIX_SIZE;
+    l->msix_offset = VN_EPF_MSIX_SIZE;
+    /* BAR2: the doorbells, then window 1 in its second half. */
+    l->window_bar[0] = VN_EPF_DB_BAR;
+    l->window_offset[0] = sizes[0];
+    l->bar_size[VN_EPF_DB_BAR] = 2 * sizes[0];
+    l->window_bar[1] = VN_EPF_DB_BAR + 1;
+    l->bar_size[VN_EPF_DB_BAR + 1] = sizes[1];
+    l->window_bar[2] = VN_EPF_WINDOW_BAR;
+    l->bar_size[VN_EPF_WINDOW_BAR] = sizes[2];
+    l->bar_is64[VN_EPF_WINDOW_BAR] = true;
+    for (unsigned b = VN_EPF_DB_BAR; b < VN_EPF_BARS; b++) {
+        l->bar_prefetch[b] = l->bar_size[b] != 0;
+    }
+}
+
+/* The largest window @w of @windows may be: what its BAR holds (see layout_build). */
+static uint64_t window_max(unsigned windows, unsigned w)
+{
+    if (windows == 1 || (windows == 3 && w == 2)) {
+        return VN_EPF_MAX_WINDOW;
+    }
+    return windows == 3 && w == 0 ? VN_EPF_MAX_WINDOW32 / 2 : VN_EPF_MAX_WINDOW32;
+}
+
+VnEpf *vn_epf_new(const uint64_t *sizes, unsigned windows, const VnEpfOps *ops, void *opaque,
                   GError **error)
 {
     VnEpf *epf;
@@ -88,18 +138,21 @@ VnEpf *vn_epf_new(uint64_t window_size, unsigned windows, const VnEpfOps *ops, v
                     "NTB model: %u windows (1 to %u)", windows, VN_EPF_MAX_WINDOWS);
         return NULL;
     }
-    if (window_size < VN_EPF_MIN_WINDOW ||
-        window_size > (windows > 1 ? VN_EPF_MAX_WINDOW32 : VN_EPF_MAX_WINDOW) ||
-        (window_size & (window_size - 1)) != 0) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "NTB model: a window of %" G_GUINT64_FORMAT " bytes (a power of two, "
-                    "%llu KiB to %llu GiB)",
-                    window_size, VN_EPF_MIN_WINDOW >> 10, VN_EPF_MAX_WINDOW >> 30);
-        return NULL;
+    for (unsigned w = 0; w < windows; w++) {
+        if (sizes[w] < VN_EPF_MIN_WINDOW || sizes[w] > window_max(windows, w) ||
+            (sizes[w] & (sizes[w] - 1)) != 0) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "NTB model: window %u of %" G_GUINT64_FORMAT " bytes (a power of two, "
+                        "%llu KiB to %" G_GUINT64_FORMAT " MiB with %u windows)",
+                        w, sizes[w], VN_EPF_MIN_WINDOW >> 10, window_max(windows, w) >> 20,
+                        windows);
+            return NULL;
+        }
     }
     epf = g_new0(VnEpf, 1);
-    epf->window_size = window_size;
+    memcpy(epf->window_size, sizes, windows * sizeof(sizes[0]));
     epf->windows = windows;
+    layout_build(&epf->layout, sizes, windows);
     epf->ops = ops;
     epf->opaque = opaque;
     return epf;
@@ -110,9 +163,14 @@ void vn_epf_free(VnEpf *epf)
     g_free(epf);
 }
 
-uint64_t vn_epf_window_size(VnEpf *epf)
+uint64_t vn_epf_window_size(VnEpf *epf, unsigned mw)
 {
-    return epf->window_size;
+    return mw < epf->windows ? epf->window_size[mw] : 0;
+}
+
+void vn_epf_layout(VnEpf *epf, VnEpfLayout *out)
+{
+    *out = epf->layout;
 }
 
 unsigned vn_epf_windows(VnEpf *epf)
@@ -181,8 +239,9 @@ static bool configure_mw(VnEpf *e, EpfPort *p, uint32_t idx)
     uint64_t size = (uint64_t)p->size_hi << 32 | p->size_lo;
 
     /* A window of MW_COUNT; ntb_hw_epf aligns the address to 4 KiB (mw_get_align) and
-     * keeps the size within the BAR. */
-    if (idx >= e->windows || size == 0 || size > e->window_size ||
+     * keeps the size within the BAR (for j721e's window 1, all of BAR2: the driver's
+     * size_max; what the peer reaches stays within the window). */
+    if (idx >= e->windows || size == 0 || size > e->layout.bar_size[e->layout.window_bar[idx]] ||
         (addr & (VN_EPF_MIN_WINDOW - 1)) || addr + size < addr) {
         g_info("NTB model: refused window %u at 0x%" G_GINT64_MODIFIER
                "x size 0x%" G_GINT64_MODIFIER "x",
@@ -276,7 +335,9 @@ static uint32_t ctrl_read32(VnEpf *e, unsigned port, uint32_t off)
         return VN_EPF_SPADS;
     case VN_EPF_REG_DB_ENTRY_SIZE:
         return VN_EPF_DB_ENTRY_SIZE;
-    default: /* COMMAND, TOPOLOGY, MW1_OFFSET, DB_OFFSET, reserved */
+    case VN_EPF_REG_MW1_OFFSET:
+        return (uint32_t)e->layout.window_offset[0];
+    default: /* COMMAND, TOPOLOGY, DB_OFFSET, reserved */
         return 0;
     }
 }
@@ -424,7 +485,7 @@ int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, 
     EpfPort *p = &epf->port[port & 1];
     int q;
 
-    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size)) {
+    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size[mw])) {
         return -EINVAL;
     }
     p->stats.window_reads++;
@@ -443,7 +504,7 @@ int vn_epf_window_write(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset,
     EpfPort *p = &epf->port[port & 1];
     int q;
 
-    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size)) {
+    if (mw >= epf->windows || !access_ok(offset, len, epf->window_size[mw])) {
         return -EINVAL;
     }
     p->stats.window_writes++;

@@ -20,6 +20,12 @@
  *   map has window 2 in BAR5), translated each by its own CMD_CONFIGURE_MW on the peer.
  *   and MSI-X (the caller's config space and table), up to VN_EPF_MAX_VECTORS vectors.
  *
+ * With three windows the port takes ntb_hw_epf's other map, TI J721E's (104c:b00d), the one
+ * that has room for them: BAR0 control and its own scratchpads, BAR1 the peer's scratchpads
+ * (and MSI-X after them), BAR2 the doorbells then window 1 (MW1_OFFSET says where: its second
+ * half), BAR3 window 2 (32-bit), BAR4 window 3 (64-bit).  Windows may differ in size (a small
+ * one for messages, large ones for a GPU's memory); vn_epf_layout() says where each part is.
+ *
  * The link is up while both ports are connected (a host is there) and both asked for it
  * (CMD_LINK_UP); each change raises vector 0 on the ports that configured their doorbells.
  *
@@ -59,9 +65,31 @@
  * at most what one host lends in a window (a 64-bit BAR). */
 #define VN_EPF_MIN_WINDOW (4ull << 10)
 #define VN_EPF_MAX_WINDOW (64ull << 30)
-/* Windows a port may have: the map's two (BAR4, BAR5); two are 32-bit BARs, so 1 GiB each. */
-#define VN_EPF_MAX_WINDOWS 2u
+/* Windows a port may have: mx8's two (BAR4, BAR5), j721e's three; a 32-bit BAR is 1 GiB
+ * at most. */
+#define VN_EPF_MAX_WINDOWS 3u
 #define VN_EPF_MAX_WINDOW32 (1ull << 30)
+/* The j721e map's ids (three windows). */
+#define VN_EPF_J721E_VENDOR_ID 0x104cu
+#define VN_EPF_J721E_DEVICE_ID 0xb00du
+#define VN_EPF_BARS 6u
+
+/* Where a port's parts are, in the map its window count chose. */
+typedef struct VnEpfLayout {
+    uint16_t vendor_id, device_id;
+    uint64_t bar_size[VN_EPF_BARS]; /* 0: no BAR there */
+    bool bar_is64[VN_EPF_BARS];
+    bool bar_prefetch[VN_EPF_BARS];
+    unsigned peer_spad_bar; /* VN_EPF_CTRL_BAR (the peer's after ours) or 1 (from 0) */
+    unsigned msix_bar;
+    uint64_t msix_offset; /* the table; the PBA VN_EPF_PBA_OFFSET after it */
+    unsigned window_bar[VN_EPF_MAX_WINDOWS];
+    uint64_t window_offset[VN_EPF_MAX_WINDOWS]; /* in its BAR */
+} VnEpfLayout;
+#define VN_EPF_MSIX_SIZE 4096u /* the table and the PBA */
+#define VN_EPF_PBA_OFFSET 0x800u
+/* The peer's scratchpads in BAR0 (mx8), after ours. */
+#define VN_EPF_PEER_SPAD_OFFSET (VN_EPF_SPAD_OFFSET + 4u * VN_EPF_SPADS)
 /* The largest access a host makes at once (a trapped load or store). */
 #define VN_EPF_MAX_ACCESS 8u
 
@@ -131,16 +159,18 @@ typedef struct VnEpfStats {
 
 typedef struct VnEpf VnEpf;
 
-/* A pair of ports with @windows (1..VN_EPF_MAX_WINDOWS) windows of @window_size bytes each (a
- * power of two within VN_EPF_MIN_WINDOW..VN_EPF_MAX_WINDOW, VN_EPF_MAX_WINDOW32 with two).
- * Both ports start disconnected. */
-VnEpf *vn_epf_new(uint64_t window_size, unsigned windows, const VnEpfOps *ops, void *opaque,
+/* A pair of ports with @windows (1..VN_EPF_MAX_WINDOWS) windows, window w of @sizes[w] bytes
+ * (a power of two, at least VN_EPF_MIN_WINDOW, and what its BAR allows: VN_EPF_MAX_WINDOW in
+ * a 64-bit BAR, VN_EPF_MAX_WINDOW32 in a 32-bit one, half that for j721e's window 1, which
+ * shares BAR2 with the doorbells).  Both ports start disconnected. */
+VnEpf *vn_epf_new(const uint64_t *sizes, unsigned windows, const VnEpfOps *ops, void *opaque,
                   GError **error);
 void vn_epf_free(VnEpf *epf);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnEpf, vn_epf_free)
 
-uint64_t vn_epf_window_size(VnEpf *epf);
+uint64_t vn_epf_window_size(VnEpf *epf, unsigned mw);
 unsigned vn_epf_windows(VnEpf *epf);
+void vn_epf_layout(VnEpf *epf, VnEpfLayout *out);
 
 /* A host is there (its client connected) or gone.  Gone resets the port. */
 void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected);
@@ -155,7 +185,7 @@ int vn_epf_ctrl_write(VnEpf *epf, unsigned port, uint64_t offset, const void *bu
 /* BAR2: writes ring, reads return 0. */
 int vn_epf_db_read(VnEpf *epf, unsigned port, uint64_t offset, void *buf, uint32_t len);
 int vn_epf_db_write(VnEpf *epf, unsigned port, uint64_t offset, const void *buf, uint32_t len);
-/* BAR4 (window 0), BAR5 (window 1): an access through @port's window @mw (see above).  0
+/* An access through @port's window @mw at @offset of the window (see above and the layout).  0
  * even when it reached nothing (a read then sees all ones); -EINVAL outside the BAR, for a
  * window the port does not have, or larger than VN_EPF_MAX_ACCESS. */
 int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, void *buf,

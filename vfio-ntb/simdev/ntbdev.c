@@ -13,18 +13,16 @@
 #include <linux/vfio.h>
 #include <string.h>
 
-/* BAR1: the MSI-X table (16 bytes a vector) and, after it, the PBA (PCIe r5.0 7.7.2). */
-#define MSIX_BAR_SIZE 4096u
-#define MSIX_TABLE 0x000u
-#define MSIX_PBA 0x800u
-#define MSIX_TABLE_END (MSIX_TABLE + VN_EPF_MAX_VECTORS * VN_PCICFG_MSIX_ENTRY_SIZE)
-G_STATIC_ASSERT(MSIX_TABLE_END <= MSIX_PBA);
+/* MSI-X (in the layout's BAR, from its offset): the table (16 bytes a vector) and, after
+ * it, the PBA (PCIe r5.0 7.7.2). */
+#define MSIX_TABLE_END (VN_EPF_MAX_VECTORS * VN_PCICFG_MSIX_ENTRY_SIZE)
+G_STATIC_ASSERT(MSIX_TABLE_END <= VN_EPF_PBA_OFFSET);
 
 typedef struct NtbPort {
     VnNtbDev *dev;
     unsigned index;
     VnPciCfg *cfg;
-    uint8_t msix[MSIX_BAR_SIZE];
+    uint8_t msix[VN_EPF_MSIX_SIZE];
     VnServer *server; /* borrowed; NULL when detached */
     VnDma *dma;       /* the server's */
     VnIrqs *irqs;
@@ -36,6 +34,7 @@ typedef struct NtbPort {
 
 struct VnNtbDev {
     VnEpf *epf;
+    VnEpfLayout layout;
     VnDeviceInfo info;
     NtbPort port[2];
 };
@@ -113,17 +112,8 @@ static const VnEpfOps epf_ops = {
 
 /* ---- construction ------------------------------------------------------ */
 
-static void info_build(VnDeviceInfo *i, uint64_t window_size, unsigned windows)
+static void info_build(VnDeviceInfo *i, const VnEpfLayout *l)
 {
-    static const struct {
-        uint32_t index;
-        uint64_t size;
-    } bars[] = {
-        { VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_CTRL_BAR, VN_EPF_CTRL_SIZE },
-        { VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_MSIX_BAR, MSIX_BAR_SIZE },
-        { VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR, VN_EPF_DB_SIZE },
-        { VFIO_PCI_CONFIG_REGION_INDEX, VN_PCICFG_SIZE },
-    };
     const uint32_t rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
 
     memset(i, 0, sizeof(*i));
@@ -132,14 +122,15 @@ static void info_build(VnDeviceInfo *i, uint64_t window_size, unsigned windows)
     for (uint32_t r = 0; r < VN_MAX_REGIONS; r++) {
         i->regions[r].mmap_fd = -1;
     }
-    for (unsigned b = 0; b < G_N_ELEMENTS(bars); b++) {
-        i->regions[bars[b].index].size = bars[b].size;
-        i->regions[bars[b].index].flags = rw;
+    for (unsigned b = 0; b < VN_EPF_BARS; b++) {
+        /* A 64-bit BAR's upper half is not a region of its own. */
+        if (l->bar_size[b] != 0) {
+            i->regions[VFIO_PCI_BAR0_REGION_INDEX + b].size = l->bar_size[b];
+            i->regions[VFIO_PCI_BAR0_REGION_INDEX + b].flags = rw;
+        }
     }
-    for (unsigned w = 0; w < windows; w++) {
-        i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + w].size = window_size;
-        i->regions[VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + w].flags = rw;
-    }
+    i->regions[VFIO_PCI_CONFIG_REGION_INDEX].size = VN_PCICFG_SIZE;
+    i->regions[VFIO_PCI_CONFIG_REGION_INDEX].flags = rw;
 
     i->num_irqs = VFIO_PCI_NUM_IRQS;
     i->irq_count[VFIO_PCI_INTX_IRQ_INDEX] = 1;
@@ -151,35 +142,30 @@ static void info_build(VnDeviceInfo *i, uint64_t window_size, unsigned windows)
     i->irq_flags[VFIO_PCI_ERR_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnNtbDev *vn_ntbdev_new(uint64_t window_size, unsigned windows, GError **error)
+VnNtbDev *vn_ntbdev_new(const uint64_t *sizes, unsigned windows, GError **error)
 {
     g_autoptr(VnNtbDev) d = g_new0(VnNtbDev, 1);
     VnPciCfgParams cp = {
-        .vendor_id = VN_EPF_VENDOR_ID,
-        .device_id = VN_EPF_DEVICE_ID,
-        .subsys_vendor_id = VN_EPF_VENDOR_ID,
-        .subsys_id = VN_EPF_DEVICE_ID,
         .revision = 1,
         .class_code = VN_EPF_CLASS,
-        .bars = { [VN_EPF_CTRL_BAR] = { .size = VN_EPF_CTRL_SIZE },
-                  [VN_EPF_MSIX_BAR] = { .size = MSIX_BAR_SIZE },
-                  [VN_EPF_DB_BAR] = { .size = VN_EPF_DB_SIZE },
-                  [VN_EPF_WINDOW_BAR] = { .size = window_size, .is64 = true, .prefetch = true } },
         .irq_mode = VN_PCICFG_IRQ_MSIX,
         .msix_vectors = VN_EPF_MAX_VECTORS,
-        .msix_bir = VN_EPF_MSIX_BAR,
-        .msix_table_offset = MSIX_TABLE,
-        .msix_pba_offset = MSIX_PBA,
     };
 
-    d->epf = vn_epf_new(window_size, windows, &epf_ops, d, error);
+    d->epf = vn_epf_new(sizes, windows, &epf_ops, d, error);
     if (d->epf == NULL) {
         return NULL;
     }
-    if (windows > 1) {
-        /* Window 2 is BAR5 (ntb_hw_epf's mx8_map): both 32-bit. */
-        cp.bars[VN_EPF_WINDOW_BAR].is64 = false;
-        cp.bars[VN_EPF_WINDOW_BAR + 1] = (VnPciCfgBar){ .size = window_size, .prefetch = true };
+    vn_epf_layout(d->epf, &d->layout);
+    cp.vendor_id = cp.subsys_vendor_id = d->layout.vendor_id;
+    cp.device_id = cp.subsys_id = d->layout.device_id;
+    cp.msix_bir = d->layout.msix_bar;
+    cp.msix_table_offset = (uint32_t)d->layout.msix_offset;
+    cp.msix_pba_offset = (uint32_t)d->layout.msix_offset + VN_EPF_PBA_OFFSET;
+    for (unsigned b = 0; b < VN_EPF_BARS; b++) {
+        cp.bars[b] = (VnPciCfgBar){ .size = d->layout.bar_size[b],
+                                    .is64 = d->layout.bar_is64[b],
+                                    .prefetch = d->layout.bar_prefetch[b] };
     }
     for (unsigned p = 0; p < 2; p++) {
         d->port[p].dev = d;
@@ -190,7 +176,7 @@ VnNtbDev *vn_ntbdev_new(uint64_t window_size, unsigned windows, GError **error)
             return NULL;
         }
     }
-    info_build(&d->info, window_size, windows);
+    info_build(&d->info, &d->layout);
     return g_steal_pointer(&d);
 }
 
@@ -228,7 +214,8 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
     g_autoptr(GString) s = g_string_new("{");
 
     g_string_append_printf(s, "\"link_up\": %s, \"window_size\": %" G_GUINT64_FORMAT,
-                           vn_epf_link_up(d->epf) ? "true" : "false", vn_epf_window_size(d->epf));
+                           vn_epf_link_up(d->epf) ? "true" : "false",
+                           vn_epf_window_size(d->epf, 0));
     for (unsigned p = 0; p < 2; p++) {
         VnEpfStats st;
 
@@ -259,30 +246,66 @@ static void port_reset(NtbPort *p)
     vn_epf_reset(p->dev->epf, p->index);
 }
 
+/* What an access at @offset of region @index reaches, in the layout (see epf.h); the offset
+ * within that part in *@at, the window in *@mw. */
+typedef enum Part { PART_NONE, PART_CONFIG, PART_CTRL, PART_MSIX, PART_DB, PART_WINDOW } Part;
+
+static Part part_of(const VnEpfLayout *l, uint32_t index, uint64_t offset, uint64_t *at,
+                    unsigned *mw)
+{
+    unsigned bar = index - VFIO_PCI_BAR0_REGION_INDEX;
+
+    *at = offset;
+    if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
+        return PART_CONFIG;
+    }
+    if (bar >= VN_EPF_BARS || l->bar_size[bar] == 0) { /* BAR0 is region 0 */
+        return PART_NONE;
+    }
+    if (bar == VN_EPF_CTRL_BAR) {
+        return PART_CTRL;
+    }
+    if (bar == l->peer_spad_bar && offset < 4u * VN_EPF_SPADS) {
+        *at = VN_EPF_PEER_SPAD_OFFSET + offset; /* where BAR0 has them in the other map */
+        return PART_CTRL;
+    }
+    if (bar == l->msix_bar && offset >= l->msix_offset) {
+        *at = offset - l->msix_offset;
+        return *at < VN_EPF_MSIX_SIZE ? PART_MSIX : PART_NONE;
+    }
+    for (unsigned w = 0; w < VN_EPF_MAX_WINDOWS; w++) {
+        if (l->window_bar[w] == bar && offset >= l->window_offset[w]) {
+            *at = offset - l->window_offset[w];
+            *mw = w;
+            return PART_WINDOW;
+        }
+    }
+    return bar == VN_EPF_DB_BAR ? PART_DB : PART_NONE;
+}
+
 static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
 {
     NtbPort *p = opaque;
     VnEpf *epf = p->dev->epf;
+    unsigned mw = 0;
+    uint64_t at;
 
     /* The server checked the range against our sizes; checked again below (peer input). */
-    switch (index) {
-    case VFIO_PCI_CONFIG_REGION_INDEX:
-        return vn_pcicfg_read(p->cfg, offset, buf, count);
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_CTRL_BAR:
-        return vn_epf_ctrl_read(epf, p->index, offset, buf, count);
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_MSIX_BAR:
-        if (!vn_util_range_ok(offset, count, MSIX_BAR_SIZE)) {
+    switch (part_of(&p->dev->layout, index, offset, &at, &mw)) {
+    case PART_CONFIG:
+        return vn_pcicfg_read(p->cfg, at, buf, count);
+    case PART_CTRL:
+        return vn_epf_ctrl_read(epf, p->index, at, buf, count);
+    case PART_MSIX:
+        if (!vn_util_range_ok(at, count, VN_EPF_MSIX_SIZE)) {
             return -EINVAL;
         }
-        memcpy(buf, p->msix + offset, count); /* the PBA reads 0: nothing pending */
+        memcpy(buf, p->msix + at, count); /* the PBA reads 0: nothing pending */
         return 0;
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR:
-        return vn_epf_db_read(epf, p->index, offset, buf, count);
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR:
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + 1:
-        return vn_epf_window_read(epf, p->index,
-                                  index - VFIO_PCI_BAR0_REGION_INDEX - VN_EPF_WINDOW_BAR, offset,
-                                  buf, count);
+    case PART_DB:
+        return vn_epf_db_read(epf, p->index, at, buf, count);
+    case PART_WINDOW:
+        return vn_epf_window_read(epf, p->index, mw, at, buf, count);
     default:
         return -EINVAL;
     }
@@ -293,34 +316,33 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
 {
     NtbPort *p = opaque;
     VnEpf *epf = p->dev->epf;
+    unsigned mw = 0;
+    uint64_t at;
     int ret;
 
-    switch (index) {
-    case VFIO_PCI_CONFIG_REGION_INDEX:
-        ret = vn_pcicfg_write(p->cfg, offset, buf, count);
+    switch (part_of(&p->dev->layout, index, offset, &at, &mw)) {
+    case PART_CONFIG:
+        ret = vn_pcicfg_write(p->cfg, at, buf, count);
         if (vn_pcicfg_take_flr(p->cfg)) {
             g_info("NTB model: port %u: function level reset", p->index);
             port_reset(p);
         }
         return ret;
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_CTRL_BAR:
-        return vn_epf_ctrl_write(epf, p->index, offset, buf, count);
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_MSIX_BAR:
+    case PART_CTRL:
+        return vn_epf_ctrl_write(epf, p->index, at, buf, count);
+    case PART_MSIX:
         /* The table is storage; the PBA is read-only (PCIe r5.0 7.7.2.6). */
-        if (!vn_util_range_ok(offset, count, MSIX_BAR_SIZE)) {
+        if (!vn_util_range_ok(at, count, VN_EPF_MSIX_SIZE)) {
             return -EINVAL;
         }
-        if (offset < MSIX_TABLE_END) {
-            memcpy(p->msix + offset, buf, MIN((uint64_t)count, MSIX_TABLE_END - offset));
+        if (at < MSIX_TABLE_END) {
+            memcpy(p->msix + at, buf, MIN((uint64_t)count, MSIX_TABLE_END - at));
         }
         return 0;
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_DB_BAR:
-        return vn_epf_db_write(epf, p->index, offset, buf, count);
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR:
-    case VFIO_PCI_BAR0_REGION_INDEX + VN_EPF_WINDOW_BAR + 1:
-        return vn_epf_window_write(epf, p->index,
-                                   index - VFIO_PCI_BAR0_REGION_INDEX - VN_EPF_WINDOW_BAR, offset,
-                                   buf, count);
+    case PART_DB:
+        return vn_epf_db_write(epf, p->index, at, buf, count);
+    case PART_WINDOW:
+        return vn_epf_window_write(epf, p->index, mw, at, buf, count);
     default:
         return -EINVAL;
     }

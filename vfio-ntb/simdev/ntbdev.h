@@ -9,8 +9,10 @@
  * peer) is asked of the peer's QEMU (vn_server_client_dma()), which resolves it through the
  * same IOMMU into that device.
  *
- * Regions of each port: BAR0 (control, VN_EPF_CTRL_SIZE), BAR1 (MSI-X table and PBA: QEMU
- * emulates the table; we keep the storage), BAR2 (doorbells), BAR4 (the window), CONFIG.
+ * Regions of each port, as the window count's map has them (vn_epf_layout()): BAR0 (control,
+ * VN_EPF_CTRL_SIZE), BAR1 (MSI-X table and PBA: QEMU emulates the table; we keep the storage;
+ * with three windows the peer's scratchpads first), BAR2 (doorbells; with three windows,
+ * window 1 after them), the windows' BARs, CONFIG.
  * All trapped: a window's target changes whenever the peer reprograms its translation.
  * Irqs: INTx 1 (never raised), MSI-X VN_EPF_MAX_VECTORS, ERR 1 (as vfio-pci reports).
  *
@@ -26,8 +28,8 @@
 
 typedef struct VnNtbDev VnNtbDev;
 
-/* Both ports, windows of @window_size bytes (vn_epf_new's bounds). */
-VnNtbDev *vn_ntbdev_new(uint64_t window_size, unsigned windows, GError **error);
+/* Both ports, @windows windows of @sizes bytes (vn_epf_new's bounds). */
+VnNtbDev *vn_ntbdev_new(const uint64_t *sizes, unsigned windows, GError **error);
 void vn_ntbdev_free(VnNtbDev *d);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnNtbDev, vn_ntbdev_free)
 

@@ -1,7 +1,7 @@
 /*
  * vfio-ntb-ntbsim: a simulated NTB adapter pair served over vfio-user, for tests.
  *
- *   vfio-ntb-ntbsim --port0 PATH --port1 PATH [--window-mib N] [--windows 1|2]
+ *   vfio-ntb-ntbsim --port0 PATH --port1 PATH [--window-mib N[,N...]] [--windows 1|2|3]
  *                   [--stats-file PATH]
  *                   [--verbose]
  *
@@ -39,8 +39,9 @@
 typedef struct Options {
     char *trace;
     char *port[2];
-    gint window_mib;
+    char *window_mib;
     gint windows;
+    uint64_t sizes[VN_EPF_MAX_WINDOWS];
     char *stats_file;
     gboolean verbose;
 } Options;
@@ -48,11 +49,46 @@ typedef struct Options {
 static void options_clear(Options *o)
 {
     g_free(o->trace);
+    g_free(o->window_mib);
     g_free(o->port[0]);
     g_free(o->port[1]);
     g_free(o->stats_file);
 }
 G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(Options, options_clear)
+
+/* --window-mib: one size for every window, or one per window (vn_epf_new checks the rest). */
+static bool window_sizes_parse(Options *o, GError **error)
+{
+    g_auto(GStrv) parts = g_strsplit(o->window_mib != NULL ? o->window_mib : "", ",", -1);
+    guint n = g_strv_length(parts);
+
+    if (o->windows < 1 || o->windows > (gint)VN_EPF_MAX_WINDOWS) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE, "--windows %d: 1 to %u",
+                    o->windows, VN_EPF_MAX_WINDOWS);
+        return false;
+    }
+    if (o->window_mib != NULL && n != 1 && n != (guint)o->windows) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                    "--window-mib %s: one size, or one for each of the %d windows", o->window_mib,
+                    o->windows);
+        return false;
+    }
+    for (gint w = 0; w < o->windows; w++) {
+        const char *text = o->window_mib == NULL ? NULL : parts[n == 1 ? 0 : w];
+        guint64 mib = NTBSIM_DEFAULT_WINDOW_MIB;
+
+        if (text != NULL && (!g_ascii_string_to_unsigned(text, 10, NTBSIM_MIN_WINDOW_MIB,
+                                                         NTBSIM_MAX_WINDOW_MIB, &mib, NULL) ||
+                             (mib & (mib - 1)) != 0)) {
+            g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                        "--window-mib %s: a power of two in %d..%d", text, NTBSIM_MIN_WINDOW_MIB,
+                        NTBSIM_MAX_WINDOW_MIB);
+            return false;
+        }
+        o->sizes[w] = mib << 20;
+    }
+    return true;
+}
 
 static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
 {
@@ -61,10 +97,12 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "vfio-user socket of the first host's NTB function (must not exist)", "PATH" },
         { "port1", 0, 0, G_OPTION_ARG_FILENAME, &o->port[1],
           "vfio-user socket of the second host's NTB function (must not exist)", "PATH" },
-        { "window-mib", 0, 0, G_OPTION_ARG_INT, &o->window_mib,
-          "size of each host's memory window (a power of two, default 4)", "N" },
+        { "window-mib", 0, 0, G_OPTION_ARG_STRING, &o->window_mib,
+          "size of each memory window, powers of two: one for all, or one per window (default 4)",
+          "N[,N...]" },
         { "windows", 0, 0, G_OPTION_ARG_INT, &o->windows,
-          "memory windows per host: 1 (BAR4, 64-bit) or 2 (BAR4 and BAR5, 32-bit); default 1",
+          "memory windows per host: 1 (BAR4, 64-bit), 2 (BAR4 and BAR5, 32-bit) or 3 (the "
+          "j721e map: BAR2 after the doorbells, BAR3, BAR4 64-bit); default 1",
           "N" },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the counters as JSON here on SIGUSR1 and at exit", "PATH" },
@@ -75,7 +113,6 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
     g_autoptr(GOptionContext) ctx =
         g_option_context_new("- a simulated NTB (Linux's ntb_hw_epf binds) over vfio-user");
 
-    o->window_mib = NTBSIM_DEFAULT_WINDOW_MIB;
     o->windows = 1;
     g_option_context_add_main_entries(ctx, entries, NULL);
     if (!g_option_context_parse(ctx, argc, argv, error)) {
@@ -91,14 +128,7 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
                     "--port0 and --port1 are required");
         return false;
     }
-    if (o->window_mib < NTBSIM_MIN_WINDOW_MIB || o->window_mib > NTBSIM_MAX_WINDOW_MIB ||
-        (o->window_mib & (o->window_mib - 1)) != 0) {
-        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
-                    "--window-mib %d: a power of two in %d..%d", o->window_mib,
-                    NTBSIM_MIN_WINDOW_MIB, NTBSIM_MAX_WINDOW_MIB);
-        return false;
-    }
-    return true;
+    return window_sizes_parse(o, error);
 }
 
 static char *stats_json(void *opaque)
@@ -126,7 +156,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN); /* a client that vanishes mid-reply must not kill us */
 
-    dev = vn_ntbdev_new((uint64_t)opt.window_mib << 20, (unsigned)opt.windows, &error);
+    dev = vn_ntbdev_new(opt.sizes, (unsigned)opt.windows, &error);
     for (unsigned p = 0; dev != NULL && p < 2 && error == NULL; p++) {
         server[p] = vn_server_new(opt.port[p], vn_ntbdev_info(dev), &vn_ntbdev_ops,
                                   vn_ntbdev_port(dev, p), NULL, &error);
@@ -142,8 +172,8 @@ int main(int argc, char **argv)
 
     loop = g_main_loop_new(NULL, FALSE);
     vn_util_stats_file_start(&stats, opt.stats_file, stats_json, dev);
-    g_message("ntbsim %s: NTB ports on %s and %s, windows of %d MiB", VN_VERSION, opt.port[0],
-              opt.port[1], opt.window_mib);
+    g_message("ntbsim %s: NTB ports on %s and %s, %d windows of %s MiB", VN_VERSION, opt.port[0],
+              opt.port[1], opt.windows, opt.window_mib != NULL ? opt.window_mib : "4");
     vn_util_run_until_signalled(loop);
     vn_util_stats_file_stop(&stats);
 out:
