@@ -17,6 +17,10 @@ this test's results, each checked against the module's contract (vfio_ntb_uapi.h
   each window's bytes at its place, writes landing in the right window; a revoke of either
   kills the file (mapping SIGBUS, mmap ENODEV), a span without it lives on; malformed spans
   (no window, too many, one twice, a bad chunk, flags, reserved, argsz) are EINVAL.
+- kmod-bar-revoke: a window onto a BAR mapped through VFIO loses its translation the moment
+  VFIO takes the BAR away (memory decode cleared through VFIO's config region), and when
+  the exporter unmaps it, in the kernel (the mock holds none; MW_INFO's in_size reads 0);
+  MW_CLEAR still releases it; decode on again, a new export is translated again.
 - kmod-accounting: exports are charged to the caller's locked memory (VmLck) against
   RLIMIT_MEMLOCK without CAP_IPC_LOCK, and uncharged at MW_CLEAR and at close.
 - kmod-release: closing the device clears every translation, masks the doorbells again and
@@ -39,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 7
+EXPECTED_RESULTS = 8
 # One TCG boot; the races case is bounded by the suite's --max-seconds (420 s).
 TIMEOUT_S = 900
-CASES = ("kmod-window-revoke", "kmod-refusals", "kmod-window-span", "kmod-accounting",
-         "kmod-release", "kmod-map-races", "kmod-selftest")
+CASES = ("kmod-window-revoke", "kmod-refusals", "kmod-window-span", "kmod-bar-revoke",
+         "kmod-accounting", "kmod-release", "kmod-map-races", "kmod-selftest")
 SELFTEST = h.REPO / "build" / "kmod-selftest"
 NTB_MEM = "memory-backend-file,id=ntbmem,size=16M,share=on,mem-path={share}/ntbmem"
 

@@ -14,7 +14,7 @@
  *
  * Here: main, and the cases kmod-window-revoke, kmod-accounting and kmod-release.  The harness
  * they share is kselftest.h; kmod-refusals is in kmod-refusals.c, kmod-window-span in
- * kmod-span.c, kmod-map-races in kmod-races.c.
+ * kmod-span.c, kmod-bar-revoke in kmod-bar.c, kmod-map-races in kmod-races.c.
  *
  * Faults are part of the contract (a revoked mapping is SIGBUS): children die of them where a
  * process is the thing observed; threads catch them (sigsetjmp in a SIGBUS handler) where
@@ -327,35 +327,6 @@ void case_accounting(void)
 
 /* --- kmod-release -------------------------------------------------------------------------- */
 
-static int mock_state(const char *file, char *buf, size_t size)
-{
-    char path[256];
-
-    snprintf(path, sizeof(path), "%s/%s", debugfs_dir, file);
-    return read_text(path, buf, size);
-}
-
-/* Inbound windows the mock has a translation for, from its `trans`. */
-static int mock_translations(void)
-{
-    char buf[512], *line, *save = NULL;
-    int n = 0;
-
-    if (mock_state("trans", buf, sizeof(buf)) < 0) {
-        return -1;
-    }
-    for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        unsigned long long addr, size;
-        int idx;
-
-        if (sscanf(line, "%d %llx %llx", &idx, &addr, &size) != 3) {
-            return -1;
-        }
-        n += addr || size;
-    }
-    return n;
-}
-
 static unsigned long long mock_hex(const char *file)
 {
     char buf[64];
@@ -517,6 +488,9 @@ int main(int argc, char **argv)
     }
     if (selected("kmod-window-span")) {
         case_window_span();
+    }
+    if (selected("kmod-bar-revoke")) {
+        case_bar_revoke();
     }
     if (selected("kmod-accounting")) {
         case_accounting();

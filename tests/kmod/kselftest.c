@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/vfio.h>
+
 #include "kselftest.h"
 
 struct kselftest_opts opt = { .iterations = 50000, .max_seconds = 420, .removal_every = 500 };
@@ -390,4 +392,102 @@ int kmsg_bad(char *first, size_t size)
         }
     }
     return n;
+}
+
+/* --- the mock's state and a BAR through VFIO ------------------------------------------- */
+
+int mock_state(const char *file, char *buf, size_t size)
+{
+    char path[256];
+
+    snprintf(path, sizeof(path), "%s/%s", debugfs_dir, file);
+    return read_text(path, buf, size);
+}
+
+/* Inbound windows the mock has a translation for, from its `trans`. */
+int mock_translations(void)
+{
+    char buf[512], *line, *save = NULL;
+    int n = 0;
+
+    if (mock_state("trans", buf, sizeof(buf)) < 0) {
+        return -1;
+    }
+    for (line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        unsigned long long addr, size;
+        int idx;
+
+        if (sscanf(line, "%d %llx %llx", &idx, &addr, &size) != 3) {
+            return -1;
+        }
+        n += addr || size;
+    }
+    return n;
+}
+
+/* A BAR's first page mapped through VFIO: the pci-testdev bound to vfio-pci, a container
+ * with type1v2.  Fds in @fds (container, group, device), unbound again by vfio_unbind(). */
+void *vfio_bar0(struct tcase *t, int fds[3])
+{
+    char path[256], link[256], *group;
+    struct vfio_group_status gs = { .argsz = sizeof(gs) };
+    struct vfio_region_info ri = { .argsz = sizeof(ri), .index = VFIO_PCI_BAR0_REGION_INDEX };
+    ssize_t n;
+    void *p;
+    int r;
+
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/driver_override", opt.testdev);
+    r = write_text(path, "vfio-pci");
+    if (!check(t, r == 0, "driver_override: %s", strerror(-r))) {
+        return MAP_FAILED;
+    }
+    write_text("/sys/bus/pci/drivers_probe", opt.testdev);
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/iommu_group", opt.testdev);
+    n = readlink(path, link, sizeof(link) - 1);
+    if (!check(t, n > 0, "%s: %s", path, strerror(errno))) {
+        return MAP_FAILED;
+    }
+    link[n] = '\0';
+    group = strrchr(link, '/') + 1;
+    snprintf(path, sizeof(path), "/dev/vfio/%s", group);
+    fds[0] = open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC);
+    fds[1] = open(path, O_RDWR | O_CLOEXEC);
+    if (!check(t, fds[0] >= 0 && fds[1] >= 0, "open /dev/vfio/vfio or %s: %s", path,
+               strerror(errno)) ||
+        !check(t,
+               ioctl(fds[1], VFIO_GROUP_GET_STATUS, &gs) == 0 &&
+                   (gs.flags & VFIO_GROUP_FLAGS_VIABLE),
+               "group %s not viable", group) ||
+        !check(t,
+               ioctl(fds[1], VFIO_GROUP_SET_CONTAINER, &fds[0]) == 0 &&
+                   ioctl(fds[0], VFIO_SET_IOMMU, VFIO_TYPE1v2_IOMMU) == 0,
+               "container: %s", strerror(errno))) {
+        return MAP_FAILED;
+    }
+    fds[2] = ioctl(fds[1], VFIO_GROUP_GET_DEVICE_FD, opt.testdev);
+    if (!check(t, fds[2] >= 0, "VFIO_GROUP_GET_DEVICE_FD: %s", strerror(errno)) ||
+        !check(t,
+               ioctl(fds[2], VFIO_DEVICE_GET_REGION_INFO, &ri) == 0 &&
+                   (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && ri.size >= (uint64_t)page,
+               "BAR0 region: %s flags %x size %llu", strerror(errno), ri.flags,
+               (unsigned long long)ri.size)) {
+        return MAP_FAILED;
+    }
+    p = map(fds[2], page, ri.offset);
+    check(t, p != MAP_FAILED, "mmap of BAR0 through VFIO: %s", strerror(errno));
+    return p;
+}
+
+void vfio_unbind(int fds[3])
+{
+    char path[256];
+
+    for (int i = 2; i >= 0; i--) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+        }
+    }
+    write_text("/sys/bus/pci/drivers/vfio-pci/unbind", opt.testdev);
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/driver_override", opt.testdev);
+    write_text(path, "\n");
 }

@@ -6,7 +6,7 @@
  * does.
  *
  * The cases: kmod-selftest.c (main, kmod-window-revoke, kmod-accounting, kmod-release),
- * kmod-refusals.c, kmod-span.c (kmod-window-span), kmod-races.c (kmod-map-races).
+ * kmod-refusals.c, kmod-span.c (kmod-window-span), kmod-bar.c (kmod-bar-revoke), kmod-races.c (kmod-map-races).
  *
  * Threads: the options and the device's names are set by main() before any case runs and only
  * read after; a struct tcase and the pass/fail counts belong to the main thread.  touch() and
@@ -109,11 +109,21 @@ int kmsg_bad(char *first, size_t size);
 
 /* --- the cases ---------------------------------------------------------------------------- */
 
+/* The mock's debugfs file @file (read_text()); how many inbound windows it translates. */
+int mock_state(const char *file, char *buf, size_t size);
+int mock_translations(void);
+/* The pci-testdev's BAR0, its first page, mapped through VFIO (it is bound to vfio-pci, a
+ * type1v2 container made): fds (container, group, device) in @fds; MAP_FAILED (and @t
+ * failed) when not.  vfio_unbind() closes them and gives the function back. */
+void *vfio_bar0(struct tcase *t, int fds[3]);
+void vfio_unbind(int fds[3]);
+
 void case_window_revoke(void); /* kmod-selftest.c */
 void case_accounting(void);    /* kmod-selftest.c */
 void case_release(void);       /* kmod-selftest.c */
 void case_refusals(void);      /* kmod-refusals.c */
 void case_window_span(void);   /* kmod-span.c */
+void case_bar_revoke(void);    /* kmod-bar.c */
 void case_map_races(void);     /* kmod-races.c: runs last, it unloads vfio_ntb */
 
 #endif /* KSELFTEST_H */

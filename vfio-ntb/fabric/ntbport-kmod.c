@@ -173,11 +173,16 @@ static int kmod_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, u
 
 static int kmod_in_clear(VnNtbPort *p, uint32_t win)
 {
+    int ret;
+
     if (win >= p->info.windows) {
         return -EINVAL;
     }
+    /* Cleared first: our munmap of a BAR target would revoke it in the module too (its
+     * watch on that mapping), which is for VFIO's taking the BAR away, not for us. */
+    ret = kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
     target_unmap(&kmod_port(p)->in[win]);
-    return kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
+    return ret;
 }
 
 static int kmod_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset, uint64_t *size)

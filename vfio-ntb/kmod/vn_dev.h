@@ -27,6 +27,7 @@
 #include <linux/kref.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
+#include <linux/mmu_notifier.h>
 #include <linux/mutex.h>
 #include <linux/ntb.h>
 #include <linux/scatterlist.h>
@@ -47,6 +48,17 @@
 
 enum vn_in_kind { VN_IN_NONE, VN_IN_USER, VN_IN_ALLOC, VN_IN_MMIO };
 
+/* A BAR target's watch on the mapping it was taken from (vn_inbound.c): VFIO zaps every
+ * mapping of a BAR when it disables the device's memory, resets it or lets it go, and that
+ * invalidation clears the window's translation at once, in the kernel.
+ */
+struct vn_bar_watch {
+	struct mmu_interval_notifier mni;
+	struct vn_dev *vn;      /* a reference */
+	u32 idx;
+	unsigned long seq;      /* mmu_interval_read_begin() before the export */
+};
+
 /* An inbound window's target: what the peer's window reaches here. */
 struct vn_inbound {
 	enum vn_in_kind kind;
@@ -59,6 +71,8 @@ struct vn_inbound {
 	struct mm_struct *mm;   /* USER: whose locked_vm the pins are charged to (grabbed) */
 	void *cpu;              /* ALLOC */
 	struct file *mmio_file; /* MMIO: the VFIO device file the BAR was mapped from, held */
+	struct vn_bar_watch *watch; /* MMIO */
+	bool revoked;           /* MMIO: VFIO took the BAR away; the translation is cleared */
 };
 
 /* An outbound window: our way to the peer's memory. */
@@ -104,15 +118,20 @@ struct vn_source {
 	struct mm_struct *mm;   /* charged for @npages */
 	phys_addr_t phys;
 	struct file *file;
+	struct vn_bar_watch *watch;
 };
 
-/* Locked memory to give back once vn->lock is dropped (vn_charges_drop): each inbound
- * window's pins, at most.
+/* What to give back once vn->lock is dropped (vn_charges_drop), each inbound window's at
+ * most: locked memory; a BAR's watch (its removal waits for a running invalidation, which
+ * takes vn->lock) and its VFIO file (whose last put may zap, so invalidate).
  */
 struct vn_charges {
 	struct mm_struct *mm[VN_NTB_MAX_MWS];
 	unsigned long npages[VN_NTB_MAX_MWS];
 	unsigned int count;
+	struct vn_bar_watch *watch[VN_NTB_MAX_MWS];
+	struct file *file[VN_NTB_MAX_MWS];
+	unsigned int bars;
 };
 
 extern const struct file_operations vn_fops;
@@ -124,7 +143,7 @@ void vn_free(struct kref *ref);
  * to be uncharged after it.  vn_source_get and _release, and vn_charges_drop, without it.
  */
 int vn_in_check(struct vn_dev *vn, u32 idx, u64 size);
-int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src);
+int vn_source_get(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src);
 void vn_source_release(struct vn_source *src);
 /* Takes from @src what the window keeps; the caller releases the rest. */
 int vn_mw_export(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src,

@@ -4,9 +4,17 @@
  * caller's pages (pinned, charged to its locked memory as VFIO's type1 charges them, and one
  * range of DMA addresses to the NTB's DMA device), a BAR the caller mapped through a VFIO
  * device file (reached peer to peer), or a buffer of the module's that the caller maps.
+ *
+ * A BAR target is watched (struct vn_bar_watch): an mmu interval notifier on the caller's
+ * mapping it was taken from.  VFIO zaps that mapping whenever the BAR must not be reached
+ * (memory decode cleared, a reset, the device let go, the caller's munmap); the invalidation
+ * clears the window's translation there and then, so the peer reaches nothing, whatever the
+ * caller does or fails to do.  vfio-ntbd withholds a BAR before VFIO disables it (its guard,
+ * lending/lender-guard.c); this is the kernel's own check behind it.
  */
 #include <linux/file.h>
 #include <linux/magic.h>
+#include <linux/mmu_notifier.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 
@@ -32,6 +40,68 @@ static void vn_uncharge(struct mm_struct *mm, unsigned long npages)
 	mmdrop(mm);
 }
 
+/* ---- a BAR's watch -------------------------------------------------------- */
+
+static bool vn_bar_invalidate(struct mmu_interval_notifier *mni,
+			      const struct mmu_notifier_range *range, unsigned long cur_seq)
+{
+	struct vn_bar_watch *w = container_of(mni, struct vn_bar_watch, mni);
+	struct vn_dev *vn = w->vn;
+	struct vn_inbound *in = &vn->in[w->idx];
+
+	/* VFIO's zaps and munmap may sleep; only the OOM reaper may not, and it is told no. */
+	if (!mmu_notifier_range_blockable(range))
+		return false;
+	mutex_lock(&vn->lock);
+	mmu_interval_set_seq(mni, cur_seq);
+	if (in->kind == VN_IN_MMIO && in->watch == w && !in->revoked) {
+		if (!vn->dead)
+			ntb_mw_clear_trans(vn->ntb, VN_PIDX, w->idx);
+		in->revoked = true;
+		dev_info(&vn->ntb->dev, "window %u: its BAR was taken away (VFIO); translation cleared\n",
+			 w->idx);
+	}
+	mutex_unlock(&vn->lock);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops vn_bar_watch_ops = {
+	.invalidate = vn_bar_invalidate,
+};
+
+/* Watch [@a->vaddr, + @a->size) of the caller's, without vn->lock or the mmap_lock (the
+ * first watch of a process registers its notifier, which takes the mmap_lock).
+ */
+static int vn_bar_watch(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
+{
+	struct vn_bar_watch *w = kzalloc(sizeof(*w), GFP_KERNEL);
+	int ret;
+
+	if (!w)
+		return -ENOMEM;
+	w->idx = a->index;
+	ret = mmu_interval_notifier_insert(&w->mni, current->mm, a->vaddr, a->size,
+					   &vn_bar_watch_ops);
+	if (ret) {
+		kfree(w);
+		return ret;
+	}
+	kref_get(&vn->ref);
+	w->vn = vn;
+	w->seq = mmu_interval_read_begin(&w->mni);
+	src->watch = w;
+	return 0;
+}
+
+static void vn_bar_unwatch(struct vn_bar_watch *w)
+{
+	if (!w)
+		return;
+	mmu_interval_notifier_remove(&w->mni);
+	kref_put(&w->vn->ref, vn_free);
+	kfree(w);
+}
+
 void vn_charges_drop(struct vn_charges *ch)
 {
 	unsigned int i;
@@ -39,6 +109,11 @@ void vn_charges_drop(struct vn_charges *ch)
 	for (i = 0; i < ch->count; i++)
 		vn_uncharge(ch->mm[i], ch->npages[i]);
 	ch->count = 0;
+	for (i = 0; i < ch->bars; i++) {
+		vn_bar_unwatch(ch->watch[i]);
+		fput(ch->file[i]);
+	}
+	ch->bars = 0;
 }
 
 /* Undo what an inbound window's target holds (its translation is cleared, its mappings
@@ -63,7 +138,10 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_ch
 		break;
 	case VN_IN_MMIO:
 		dma_unmap_resource(vn->dma_dev, in->dma, in->size, DMA_BIDIRECTIONAL, 0);
-		fput(in->mmio_file);
+		if (!WARN_ON(ch->bars >= VN_NTB_MAX_MWS)) {
+			ch->watch[ch->bars] = in->watch;
+			ch->file[ch->bars++] = in->mmio_file;
+		}
 		break;
 	case VN_IN_NONE:
 		break;
@@ -76,6 +154,8 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_ch
 	in->mm = NULL;
 	in->cpu = NULL;
 	in->mmio_file = NULL;
+	in->watch = NULL;
+	in->revoked = false;
 }
 
 /* The window reaches nothing from now on: the translation first (the peer's next access
@@ -137,6 +217,7 @@ void vn_source_release(struct vn_source *src)
 		vn_unpin(src->pages, src->npages);
 	if (src->mm)
 		vn_uncharge(src->mm, src->npages);
+	vn_bar_unwatch(src->watch);
 	if (src->file)
 		fput(src->file);
 	memset(src, 0, sizeof(*src));
@@ -232,24 +313,37 @@ static int vn_source_pages(struct vn_ntb_mw_export *a, struct vn_source *src)
 	return 0;
 }
 
-int vn_source_get(struct vn_ntb_mw_export *a, struct vn_source *src)
+int vn_source_get(struct vn_dev *vn, struct vn_ntb_mw_export *a, struct vn_source *src)
 {
 	struct mm_struct *mm = current->mm;
 	struct vm_area_struct *vma;
 	unsigned long n = a->size >> PAGE_SHIFT;
-	int ret = 1;
+	bool mmio;
+	int ret;
 
 	if (!a->size || !PAGE_ALIGNED(a->vaddr) || !PAGE_ALIGNED(a->size) ||
 	    a->vaddr + a->size < a->vaddr || n > INT_MAX)
 		return -EINVAL;
 	mmap_read_lock(mm);
 	vma = vma_lookup(mm, a->vaddr);
-	if (vma && (vma->vm_flags & (VM_IO | VM_PFNMAP)))
-		ret = vn_source_mmio(mm, vma, a, src);
+	mmio = vma && (vma->vm_flags & (VM_IO | VM_PFNMAP));
 	mmap_read_unlock(mm);
-	if (ret <= 0)
+	if (!mmio)
+		return vn_source_pages(a, src);
+	/* Watched before its pages are read: a zap from then on bumps the watch's sequence,
+	 * which the export checks under vn->lock.
+	 */
+	ret = vn_bar_watch(vn, a, src);
+	if (ret)
 		return ret;
-	return vn_source_pages(a, src);
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, a->vaddr);
+	ret = vma && (vma->vm_flags & (VM_IO | VM_PFNMAP)) ? vn_source_mmio(mm, vma, a, src)
+							    : -EFAULT;
+	mmap_read_unlock(mm);
+	if (ret)
+		vn_source_release(src);
+	return ret;
 }
 
 /* A BAR as the target: reached peer to peer through the NTB's DMA device. */
@@ -259,6 +353,9 @@ static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a,
 	struct vn_inbound *in = &vn->in[a->index];
 	int ret;
 
+	/* VFIO took the BAR away since its pages were read (or is doing so): not a target. */
+	if (mmu_interval_read_retry(&src->watch->mni, src->watch->seq))
+		return -EAGAIN;
 	in->dma = dma_map_resource(vn->dma_dev, src->phys, a->size, DMA_BIDIRECTIONAL, 0);
 	if (dma_mapping_error(vn->dma_dev, in->dma)) {
 		in->dma = 0;
@@ -266,8 +363,10 @@ static int vn_mw_export_mmio(struct vn_dev *vn, struct vn_ntb_mw_export *a,
 	}
 	in->kind = VN_IN_MMIO;
 	in->mmio_file = src->file;
+	in->watch = src->watch;
 	in->size = a->size;
 	src->file = NULL;
+	src->watch = NULL;
 	ret = vn_in_set(vn, a->index, in, ch);
 	if (!ret)
 		a->dma_addr = in->dma;

@@ -280,7 +280,8 @@ static int vn_mw_info(struct vn_dev *vn, struct vn_ntb_mw_info *a)
 		a->in_size_max = max;
 	}
 	if (idx < vn->mw_count) {
-		a->in_size = vn->in[idx].size;
+		/* A BAR that VFIO took away is no translation any more. */
+		a->in_size = vn->in[idx].revoked ? 0 : vn->in[idx].size;
 		if (vn->in[idx].kind == VN_IN_ALLOC)
 			a->in_mmap_offset = VN_NTB_MMAP_OFFSET(VN_NTB_MMAP_IN, idx);
 	}
@@ -427,7 +428,7 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		mutex_unlock(&vn->lock);
 		if (ret)
 			return ret;
-		ret = vn_source_get(&a.exp, &src);
+		ret = vn_source_get(vn, &a.exp, &src);
 		if (ret)
 			return ret;
 	}
