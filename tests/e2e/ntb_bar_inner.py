@@ -18,7 +18,6 @@ consumer's BAR2.  Then:
   or served by the lender's backend; the accesses went through host b's windows and reached
   the device peer to peer in host a (the simulated NTB's counters, asked of the outside).
 """
-import argparse
 import os
 import subprocess
 import sys
@@ -127,23 +126,19 @@ def borrow(procs, b, cb, fact):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--modules", required=True)
-    ap.add_argument("--role", choices=("a", "b"), required=True)
-    a = ap.parse_args()
-    mods = Path(a.modules)
+    role, mods = ntb_inner.arguments()
     with h.Procs() as procs:
         try:
             bdf = ntb_inner.find_ntb()
             ntb_inner.setup(mods, bdf)
             subprocess.run(["insmod", str(mods / "vfio_ntb.ko")], check=True)
             ntb_inner.wait_path(f"/dev/vfio-ntb/{bdf}")
-            (lender if a.role == "a" else borrower)(procs, bdf, ntb_inner.fact)
+            (lender if role == "a" else borrower)(procs, bdf, ntb_inner.fact)
         except (OSError, RuntimeError, TimeoutError, KeyError, h.HarnessError, ControlError,
                 subprocess.SubprocessError) as e:
             ntb_inner.fact(error=f"{type(e).__name__}:{str(e)[:200]}")
             for name in PHASES:             # the other host is not left waiting
-                (SHARE / f"sync-{name}-{a.role}").write_text(str(time.time()))
+                (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
             return 1
     ntb_inner.fact(done=True)
     return 0

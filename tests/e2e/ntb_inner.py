@@ -194,27 +194,32 @@ def perf(role, mods, bdf):
     rmmod("ntb_perf")
 
 
-def main():
+def arguments():
+    """An inner script's command line: (its role, the modules' directory)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--modules", required=True)
     ap.add_argument("--role", choices=("a", "b"), required=True)
     a = ap.parse_args()
-    mods = Path(a.modules)
+    return a.role, Path(a.modules)
+
+
+def main():
+    role, mods = arguments()
     try:
         bdf = find_ntb()
         setup(mods, bdf)
-        tool(a.role, mods, bdf)
-        pingpong(a.role, mods, bdf)
-        perf(a.role, mods, bdf)
-        fd = ntb_kmod.run(a.role, mods, bdf, barrier, SHARE, fact)
+        tool(role, mods, bdf)
+        pingpong(role, mods, bdf)
+        perf(role, mods, bdf)
+        fd = ntb_kmod.run(role, mods, bdf, barrier, SHARE, fact)
         # The device is the fabric backend's now (one opener), then the kill's; both hosts
         # saw the link up before either closes it.
-        barrier(a.role, "kmod-before-fabric")
+        barrier(role, "kmod-before-fabric")
         os.close(fd)
-        ntb_fabric.run(a.role, bdf, barrier, fact)
-        ntb_fabric.daemons(a.role, bdf, barrier, fact)
-        ntb_lend.run(a.role, bdf, barrier, fact)
-        ntb_lend.peer_lost(a.role, bdf, barrier, fact, ntb_kmod)
+        ntb_fabric.run(role, bdf, barrier, fact)
+        ntb_fabric.daemons(role, bdf, barrier, fact)
+        ntb_lend.run(role, bdf, barrier, fact)
+        ntb_lend.peer_lost(role, bdf, barrier, fact, ntb_kmod)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
         fact(error=f"{type(e).__name__}:{str(e)[:200]}")
         return 1

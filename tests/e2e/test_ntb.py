@@ -94,6 +94,19 @@ def serve_stats_requests(share, sim, stats):
         req.unlink(missing_ok=True)
 
 
+def start_ntbsim(procs, run, windows, window_mib, *more):
+    """vfio-ntb-ntbsim with @windows windows of @window_mib MiB (its --window-mib) on the
+    sockets run/p0 and run/p1, its counters in run/stats.json, its log in run/ntbsim.log;
+    None when it did not listen."""
+    sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
+                                 "--windows", str(windows), "--window-mib", str(window_mib),
+                                 "--stats-file", run / "stats.json", *more],
+                      stderr=open(run / "ntbsim.log", "wb"))
+    if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
+        return None
+    return sim
+
+
 def device(socket):
     return json.dumps({"driver": "vfio-user-pci", "id": "ntb0",
                        "socket": {"type": "unix", "path": str(socket)}})
@@ -137,11 +150,8 @@ def main():
         share = procs.tempdir("vn-ntb-share-")
         run = procs.tempdir("vn-ntbsim-")
         stats = run / "stats.json"
-        sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
-                                     "--windows", "2", "--window-mib", str(WINDOW_MIB),
-                                     "--stats-file", stats, "--trace", "server_client_dma"],
-                          stderr=open(run / "ntbsim.log", "wb"))
-        if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
+        sim = start_ntbsim(procs, run, 2, WINDOW_MIB, "--trace", "server_client_dma")
+        if sim is None:
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
         # Host a has the NVMe it lends (ntb_lend.py); host b a device whose BAR its module
         # exports (ntb_kmod.device_memory_exports).

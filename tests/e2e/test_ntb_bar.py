@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import GPU_MEM, IVSHMEM, LenderHost  # noqa: E402
-from test_ntb import NTBSIM, device, facts, serve_stats_requests  # noqa: E402
+from test_ntb import device, facts, serve_stats_requests, start_ntbsim  # noqa: E402
 
 EXPECTED_RESULTS = 1
 # Two TCG VMs at once; tests/run-checks reads this.
@@ -46,11 +46,8 @@ def main():
         share = procs.tempdir("vn-ntb-bar-share-")
         run = procs.tempdir("vn-ntbsim-bar-")
         stats = run / "stats.json"
-        sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
-                                     "--windows", "3", "--window-mib", WINDOW_MIB,
-                                     "--stats-file", stats],
-                          stderr=open(run / "ntbsim.log", "wb"))
-        if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
+        sim = start_ntbsim(procs, run, 3, WINDOW_MIB)
+        if sim is None:
             return h.result("vfio-large-bar-ntb", False, error="ntbsim did not listen")
         hosts = {r: LenderHost(procs, "ntb_bar_inner.py", args=("--modules", mods),
                                devices=(IVSHMEM,) if r == "a" else (),

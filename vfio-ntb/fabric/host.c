@@ -593,10 +593,12 @@ static void host_disconnect(void *backend, const char *peer)
     }
 }
 
-/* An op answered with an fd (@peer's segment or route @id): the fd, or -errno. */
-static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t id, VnHostHdr *rep)
+/* An op answered with an fd (@peer's segment or route @arg, windows joined): the fd, or
+ * -errno. */
+static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                        const void *data, size_t len, VnHostHdr *rep)
 {
-    int fd, ret = host_call(h, op, peer, id, 0, NULL, 0, -1, rep, &fd);
+    int fd, ret = host_call(h, op, peer, arg, arg2, data, len, -1, rep, &fd);
 
     if (ret == 0 && fd < 0) {
         ret = -EPROTO;
@@ -612,7 +614,7 @@ static int host_map_segment(void *backend, const char *peer, uint64_t id, int ti
                             uint64_t *size, uint64_t *offset)
 {
     VnHostHdr rep;
-    int fd = host_call_fd(backend, VN_HOST_MAP, peer, id, &rep);
+    int fd = host_call_fd(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, &rep);
 
     if (fd >= 0) {
         *size = rep.arg;
@@ -625,7 +627,7 @@ static int host_open_route(void *backend, const char *peer, uint64_t id, int tim
 {
     VnHostHdr rep;
 
-    return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, &rep);
+    return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, &rep);
 }
 
 static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
@@ -690,18 +692,12 @@ static int host_join_windows(void *backend, const char *peer, const uint64_t *id
                              uint64_t chunk, bool device, uint64_t *offset)
 {
     VnHostHdr rep;
-    int fd, ret;
+    int fd = host_call_fd(backend, VN_HOST_JOIN_WINDOWS, peer, chunk, device ? 1 : 0, ids,
+                          n * sizeof(ids[0]), &rep);
 
-    ret = host_call(backend, VN_HOST_JOIN_WINDOWS, peer, chunk, device ? 1 : 0, ids,
-                    n * sizeof(ids[0]), -1, &rep, &fd);
-    if (ret == 0 && fd < 0) {
-        ret = -EPROTO;
+    if (fd >= 0) {
+        *offset = rep.arg;
     }
-    if (ret < 0) {
-        vn_util_close_fd(&fd);
-        return ret;
-    }
-    *offset = rep.arg;
     return fd;
 }
 

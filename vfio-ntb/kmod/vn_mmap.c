@@ -276,14 +276,21 @@ bool vn_is_ours(const struct file *f)
 	return f->f_op == &vn_fops || f->f_op == &vn_window_fops;
 }
 
-/* A new window file for @w (its targets checked and bound under vn->lock by the caller),
- * which takes it; the fd or -errno.
+/* A new window file for @w (its targets checked and bound under vn->lock by the caller,
+ * which found @ret), which takes it; the fd or -errno.
  */
-static long vn_window_file_install(struct vn_dev *vn, struct vn_window_file *w)
+static long vn_window_file_install(struct vn_dev *vn, struct vn_window_file *w, long ret)
 {
 	struct file *f;
 	int fd;
 
+	if (ret) {
+		kfree(w);
+		return ret;
+	}
+	/* The caller's open device file keeps @vn meanwhile. */
+	kref_get(&vn->ref);
+	w->target.vn = vn;
 	fd = get_unused_fd_flags(O_CLOEXEC);
 	if (fd < 0)
 		goto put;
@@ -334,17 +341,11 @@ long vn_mw_fd(struct vn_dev *vn, struct vn_ntb_mw_fd *a)
 	ret = vn->dead ? -ENODEV : !vn_out_usable(vn, a->index) ? -EINVAL : 0;
 	if (!ret) {
 		w->target = vn_map_one(VN_NTB_MMAP_OUT, a->index, vn->out[a->index].gen);
-		w->target.vn = vn;
 		w->size = vn->out[a->index].size;
 		w->wc = a->flags & VN_NTB_MW_FD_WC;
-		kref_get(&vn->ref);
 	}
 	mutex_unlock(&vn->lock);
-	if (ret) {
-		kfree(w);
-		return ret;
-	}
-	return vn_window_file_install(vn, w);
+	return vn_window_file_install(vn, w, ret);
 }
 
 /* A new fd for @a->count outbound windows as one memory of @a->chunk bytes per window:
@@ -385,14 +386,6 @@ long vn_mw_span_fd(struct vn_dev *vn, struct vn_ntb_mw_span_fd *a)
 		w->target.idx[k] = idx;
 		w->target.gen[k] = vn->out[idx].gen;
 	}
-	if (!ret) {
-		w->target.vn = vn;
-		kref_get(&vn->ref);
-	}
 	mutex_unlock(&vn->lock);
-	if (ret) {
-		kfree(w);
-		return ret;
-	}
-	return vn_window_file_install(vn, w);
+	return vn_window_file_install(vn, w, ret);
 }
