@@ -323,7 +323,8 @@ def fence_old_holder(cb, cap, barrier, fact):
 
 def fence_new_holder(procs, cb, fact):
     """Host b again, as a new holder: the revoked lease given up, the device borrowed anew
-    once host a fenced it, and a new consumer's Identify."""
+    once host a fenced it, its registers at their reset values, and a new consumer's
+    Identify."""
     for cmd in ("detach", "return"):
         try:
             cb.execute(cmd, device="hosta/nvme0")
@@ -341,6 +342,11 @@ def fence_new_holder(procs, cb, fact):
     q = vi.qtest_qemu(procs, r["socket"], ram_size=RAM_SIZE)
     try:
         vi.consumer_view(q)
+        # What the old holder wrote (its Identify's AQA and CC.EN) must not be there: the
+        # device was reset between the two leases.
+        aqa, cc = (int(h.qtest_command(q, f"readl {vi.BAR + off:#x}")[1], 16)
+                   for off in (0x24, 0x14))
+        fact(fence_new_aqa=f"{aqa:#x}", fence_new_cc=f"{cc:#x}")
         status, serial = vi.identify(q)
         fact(fence_new_identify=status, fence_new_serial=serial.replace(" ", "_") or "-")
     finally:

@@ -67,7 +67,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* Exact-size heap memory, so ASan sees any access past a host's memory. */
     Fake f = { { malloc(MEM_SIZE), malloc(MEM_SIZE) } };
-    VnEpf *epf = vn_epf_new(1u << 16, 2, &ops, &f, NULL);
+    static const uint64_t sizes[2] = { 1u << 16, 1u << 16 };
+    VnEpf *epf = vn_epf_new(sizes, 2, &ops, &f, NULL);
 
     memset(f.mem[0], 0, MEM_SIZE);
     memset(f.mem[1], 0, MEM_SIZE);
