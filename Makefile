@@ -135,7 +135,9 @@ $(B)/bench/%: bench/%.c $(B)/libsimdev.a $(B)/libvfio-ntb.a | $(TRACE_STAMP)
 # tests/fuzz/seeds/NAME/.  Each links a clang-built copy (build/fuzz/obj/) of the sources it
 # needs, listed below.  clang's libFuzzer: Debian's libclang-rt-14-dev.
 FUZZ_CC ?= clang
-FUZZ_CFLAGS = -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
+# -Werror: a fuzzer built from a call the compiler warned about (an integer passed as a
+# pointer) crashes instead of fuzzing.
+FUZZ_CFLAGS = -g -O1 -Werror -fsanitize=address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
 	$(INC) $(GLIB_CFLAGS) $(XML_CFLAGS)
 FUZZ_NAMES := wire frame shm ntb proto peers control qmp domxml epf
 FUZZ_BINS := $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
