@@ -37,8 +37,8 @@ says what each host does).  What a user would check:
 - fence-lender-worker-killed-ntb: host a's lender worker stopped (SIGSTOP) and the lease
   revoked meanwhile: host a's daemon fences without it: host b's old consumer reads all ones
   while that worker is still there, the worker is killed when it does not say it fenced,
-  and a new borrow of host b's finds the device reset (AQA and CC, which the old holder's
-  Identify wrote, read 0) and passes Identify on it.
+  and a new borrow of host b's finds the device reset (CC, enabled when the old holder
+  left it, reads 0) and passes Identify on it.
 - ntb-modules-6.12: our module and Linux's NTB stack also build for Debian's 6.12 kernel
   (Debian 13's series, which Debian 12 carries too), the newest the archive has.
 - ntb-peer-lost: the device lent again and in use by host b's consumer when host a's VM is
@@ -296,12 +296,12 @@ def fence_result(a, b):
         a.get("fence_worker_respawned") == "True" and b.get("fence_before_ok") == "True" and
         b.get("fence_ones") == "before-kill" and b.get("fence_after_ok") == "True" and
         b.get("fence_new_identify") == "0" and b.get("fence_new_serial") == "VN-VFIO-01" and
-        b.get("fence_new_aqa") == "0x0" and b.get("fence_new_cc") == "0x0",
+        int(b.get("fence_old_cc", "0"), 16) & 1 == 1 and b.get("fence_new_cc") == "0x0",
         worker_stopped=a.get("fence_worker_stopped_at_end"), lease_end_s=a.get("fence_lease_end_s"),
         worker_killed_after_s=killed_s, logged=a.get("fence_worker_logged"),
         respawned=a.get("fence_worker_respawned"), old_holder_ones=b.get("fence_ones"),
         old_holder_after=b.get("fence_after_kill"), new_identify=b.get("fence_new_identify"),
-        new_serial=b.get("fence_new_serial"), new_aqa=b.get("fence_new_aqa"),
+        new_serial=b.get("fence_new_serial"), old_cc=b.get("fence_old_cc"),
         new_cc=b.get("fence_new_cc"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
 
