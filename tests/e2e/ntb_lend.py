@@ -83,6 +83,8 @@ def lender(procs, ntb_bdf, barrier, fact):
              guard_withholds=sum(x.get("bar_withholds", 0) for x in lent))
         fence_without_worker(a, fact)
         barrier("a", "fence-done", timeout=300)
+        # For a person: the guard's give-backs that failed (a BAR left unreachable).
+        fact(guard_giveback_failed=a.log().count("could not all be given back"))
         barrier("a", "lend-done", timeout=900)
     finally:
         a.stop()
@@ -113,9 +115,9 @@ def borrower(procs, ntb_bdf, barrier, fact):
             # The old holder uses the device again after the guard's FLR (an Identify, which
             # leaves CC enabled): a reset between the leases must clear that.
             vi.consumer_view(q)
-            vi.identify(q)
+            status, _ = vi.identify(q)
             cc = int(h.qtest_command(q, f"readl {vi.BAR + 0x14:#x}")[1], 16)
-            fact(fence_old_cc=f"{cc:#x}")
+            fact(fence_old_identify=status, fence_old_cc=f"{cc:#x}")
             fence_old_holder(cb, cap, barrier, fact)
         finally:
             procs.stop(q)

@@ -296,12 +296,14 @@ def fence_result(a, b):
         a.get("fence_worker_respawned") == "True" and b.get("fence_before_ok") == "True" and
         b.get("fence_ones") == "before-kill" and b.get("fence_after_ok") == "True" and
         b.get("fence_new_identify") == "0" and b.get("fence_new_serial") == "VN-VFIO-01" and
-        int(b.get("fence_old_cc", "0"), 16) & 1 == 1 and b.get("fence_new_cc") == "0x0",
+        b.get("fence_old_identify") == "0" and b.get("fence_old_cc") == "0x460001" and
+        b.get("fence_new_cc") == "0x0",
         worker_stopped=a.get("fence_worker_stopped_at_end"), lease_end_s=a.get("fence_lease_end_s"),
         worker_killed_after_s=killed_s, logged=a.get("fence_worker_logged"),
         respawned=a.get("fence_worker_respawned"), old_holder_ones=b.get("fence_ones"),
         old_holder_after=b.get("fence_after_kill"), new_identify=b.get("fence_new_identify"),
-        new_serial=b.get("fence_new_serial"), old_cc=b.get("fence_old_cc"),
+        new_serial=b.get("fence_new_serial"), old_identify=b.get("fence_old_identify"),
+        old_cc=b.get("fence_old_cc"),
         new_cc=b.get("fence_new_cc"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
 

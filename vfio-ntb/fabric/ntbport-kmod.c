@@ -162,7 +162,13 @@ static int kmod_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, u
         return -errno;
     }
     e.vaddr = (uintptr_t)m;
-    ret = kmod_ioctl(p, VN_NTB_MW_EXPORT, &e);
+    /* EAGAIN: VFIO took the BAR's mapping away while the module read it (a reset or a
+     * decode change under way); what it reads next time is what holds. */
+    for (int tries = 0; (ret = kmod_ioctl(p, VN_NTB_MW_EXPORT, &e)) == -EAGAIN && tries < 10;
+         tries++) {
+        g_info("ntb port %s: window %u: its BAR changed while it was read; again", p->spec, win);
+        g_usleep(1000);
+    }
     if (ret < 0) {
         munmap(m, size);
         return ret;
