@@ -78,6 +78,26 @@ START_TEST(test_depth_scan)
 }
 END_TEST
 
+/* What JSON does not allow never reaches json-glib, whose scanner reads it otherwise (the
+ * proto fuzzer's text below made it parse a second value after the first and leak it). */
+START_TEST(test_not_json)
+{
+    static const char fuzzed[] = "{\"iova\":0,\"size\":8,/a\"\020,/\"all\":false}[]}";
+    static const char control[] = "{\"a\":\"\001\"}";
+    static const char fine[] = "{\"a\":[1.5e-3,-2,true,false,null,\"\\u0001 \xc3\xa9\"]}";
+    g_autoptr(GError) error = NULL;
+
+    ck_assert_int_eq(vn_json_shape(fuzzed, strlen(fuzzed), 4), VN_JSON_NOT_JSON);
+    ck_assert_int_eq(vn_json_shape(control, strlen(control), 4), VN_JSON_NOT_JSON);
+    ck_assert_int_eq(vn_json_shape(fine, strlen(fine), 4), VN_JSON_ONE);
+    ck_assert_ptr_null(vn_json_parse(fuzzed, -1, 4096, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "not JSON"));
+    g_clear_error(&error);
+    g_autoptr(JsonNode) root = vn_json_parse(fine, -1, 4096, &error);
+    ck_assert_msg(root != NULL, "%s", error ? error->message : "");
+}
+END_TEST
+
 /* ---- length and shape ---------------------------------------------------- */
 
 START_TEST(test_length_bound)
@@ -221,6 +241,7 @@ static Suite *json_suite(void)
     tc = tcase_create("depth");
     tcase_add_loop_test(tc, test_depth, 0, G_N_ELEMENTS(depths));
     tcase_add_test(tc, test_depth_scan);
+    tcase_add_test(tc, test_not_json);
     tcase_add_test(tc, test_deep_line_small_stack);
     suite_add_tcase(s, tc);
 

@@ -6,6 +6,13 @@
 #include <gio/gio.h>
 #include <string.h>
 
+/* Whether @c may stand outside a string: structure, whitespace, numbers, and the letters of
+ * true, false and null (any lowercase letter: the parser checks the words). */
+static bool outside_string(char c)
+{
+    return strchr("{}[]:,-+.eE \t\n\r", c) != NULL || g_ascii_isdigit(c) || (c >= 'a' && c <= 'z');
+}
+
 VnJsonShape vn_json_shape(const char *s, size_t len, unsigned max_depth)
 {
     bool in_string = false;
@@ -21,6 +28,10 @@ VnJsonShape vn_json_shape(const char *s, size_t len, unsigned max_depth)
     for (; i < len; i++) {
         char c = s[i];
 
+        if (c == '\0' || (in_string && (unsigned char)c < 0x20) ||
+            (!in_string && c != '"' && !outside_string(c))) {
+            return VN_JSON_NOT_JSON;
+        }
         if (in_string) {
             if (c == '\\') {
                 i++;
@@ -69,6 +80,10 @@ JsonNode *vn_json_parse(const char *text, gssize len, size_t max_len, GError **e
         return NULL;
     case VN_JSON_NOT_ONE:
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "not one JSON object or array");
+        return NULL;
+    case VN_JSON_NOT_JSON:
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "not JSON: a byte JSON does not allow where it is");
         return NULL;
     default:
         break;

@@ -33,6 +33,10 @@ typedef enum VnJsonShape {
     VN_JSON_ONE,      /* one object or array (perhaps unclosed: the parser says) */
     VN_JSON_TOO_DEEP, /* objects and arrays nest deeper than the bound */
     VN_JSON_NOT_ONE,  /* a bare value, or more than whitespace after the value */
+    VN_JSON_NOT_JSON, /* a byte JSON does not allow where it is (a control character in a
+                       * string; outside strings anything but structure, numbers, literals
+                       * and whitespace): json-glib's scanner reads such text otherwise than
+                       * this scan does, and leaks on some of it */
     VN_JSON_SHAPE_LAST
 } VnJsonShape;
 
