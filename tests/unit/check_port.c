@@ -572,32 +572,33 @@ START_TEST(test_withhold_not_its_own)
 }
 END_TEST
 
+/* JOIN_WINDOWS of @len bytes of @ids sent raw as op @seq: the refusal's status, once the
+ * port counted it as its @refused-th (no fd comes with it). */
+static int raw_join(int sock, uint64_t seq, const uint64_t *ids, size_t len, uint64_t refused)
+{
+    VnHostHdr rep;
+    int fd;
+
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_JOIN_WINDOWS, seq, 0, "hosta", 4096, 0, ids, len, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == refused);
+    rep = raw_reply(sock, &fd);
+    ck_assert_uint_eq(rep.seq, seq);
+    ck_assert_int_eq(fd, -1);
+    return rep.status;
+}
+
 /* A worker that asks its daemon to join windows it was not given (ids it forged), or
  * sends ids that are not a whole number of them: refused (EACCES, EINVAL), counted, no fd. */
 START_TEST(test_join_not_its_own)
 {
     const uint64_t forged[2] = { 1, 2 };
-    VnHostHdr rep;
-    int sock, fd;
+    int sock;
 
     node_start(lender);
     sock = raw_connect();
-    ck_assert_int_eq(vn_host_send(sock, VN_HOST_JOIN_WINDOWS, 8, 0, "hosta", 4096, 0, forged,
-                                  sizeof(forged), -1),
-                     0);
-    WAIT_FOR(vn_port_refused(port) == 1);
-    rep = raw_reply(sock, &fd);
-    ck_assert_uint_eq(rep.seq, 8);
-    ck_assert_int_eq(rep.status, EACCES);
-    ck_assert_int_eq(fd, -1);
-    ck_assert_int_eq(vn_host_send(sock, VN_HOST_JOIN_WINDOWS, 9, 0, "hosta", 4096, 0, forged,
-                                  sizeof(forged) - 4, -1),
-                     0);
-    WAIT_FOR(vn_port_refused(port) == 2);
-    rep = raw_reply(sock, &fd);
-    ck_assert_uint_eq(rep.seq, 9);
-    ck_assert_int_eq(rep.status, EINVAL);
-    ck_assert_int_eq(fd, -1);
+    ck_assert_int_eq(raw_join(sock, 8, forged, sizeof(forged), 1), EACCES);
+    ck_assert_int_eq(raw_join(sock, 9, forged, sizeof(forged) - 4, 2), EINVAL);
     close(sock);
 }
 END_TEST

@@ -59,7 +59,7 @@ static bool join_region(VnBorrower *b, uint32_t i, uint64_t size, GError **error
     }
     while (fault == NULL && ++k < n) {
         if (w[k]->size != MIN(chunk, size - (uint64_t)k * chunk)) {
-            fault = "are not consecutive slices";
+            fault = "are not equal slices";
         }
     }
     if (fault != NULL) {
