@@ -92,6 +92,19 @@ static void step_open(Worker *w)
     w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
 }
 
+/* As step_open, with a bound of 400 ms before a gone daemon's links go down. */
+static void step_open_short_bound(Worker *w)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+
+    g_hash_table_insert(params, "port", w->port);
+    g_hash_table_insert(params, "reconnect-ms", "400");
+    w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
+    ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
+    w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
+}
+
 /* A lender's worker: it does not connect, its daemon says who holds the
  * device. */
 static void step_open_inbound(Worker *w)
@@ -199,6 +212,16 @@ static void step_wait_doorbell(Worker *w)
 static void step_run(Worker *w)
 {
     gint64 end = g_get_monotonic_time() + G_USEC_PER_SEC / 2;
+
+    while (g_get_monotonic_time() < end) {
+        g_main_context_iteration(w->ctx, FALSE);
+        g_usleep(1000);
+    }
+}
+
+static void step_run_brief(Worker *w)
+{
+    gint64 end = g_get_monotonic_time() + G_USEC_PER_SEC * 15 / 100;
 
     while (g_get_monotonic_time() < end) {
         g_main_context_iteration(w->ctx, FALSE);
@@ -353,6 +376,49 @@ START_TEST(test_doorbells_and_restart)
     vn_port_free(port, true);
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
+}
+END_TEST
+
+static unsigned worker_links(bool up)
+{
+    unsigned n;
+
+    g_mutex_lock(&worker->lock);
+    n = up ? worker->ups : worker->downs;
+    g_mutex_unlock(&worker->lock);
+    return n;
+}
+
+/* The daemon stays away past the bound: the worker's link goes down and it
+ * goes on dialling, so a daemon started later still finds it.  Each later
+ * restart gets the whole bound again: one that comes back in time takes no
+ * link down (the bound once ran from the first restart, so a second restart
+ * brought every link down at once, and nothing dialled after that). */
+START_TEST(test_restarts_each_get_the_bound)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+
+    node_start(lender);
+    in_worker(step_open_short_bound);
+    ck_assert_int_eq(worker->ret, 0);
+    in_worker(step_run);
+    ck_assert_uint_eq(worker_links(true), 1);
+
+    /* Away for 500 ms, then twice for 150 ms. */
+    for (int restart = 0; restart < 3; restart++) {
+        vn_port_free(port, false);
+        port = NULL;
+        in_worker(restart == 0 ? step_run : step_run_brief);
+        ck_assert_uint_eq(worker_links(false), 1);
+        port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
+        ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+        in_worker(step_run);
+        in_worker(step_echo);
+        ck_assert_msg(worker->ret == 0, "restart %d: %s", restart, g_strerror(-worker->ret));
+        ck_assert_uint_ge(worker_links(true), 2);
+        ck_assert_uint_eq(worker_links(false), 1);
+    }
 }
 END_TEST
 
@@ -614,6 +680,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
+    tcase_add_test(tc, test_restarts_each_get_the_bound);
     tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_fenced);
     tcase_add_test(tc, test_withdraw);

@@ -37,8 +37,10 @@ typedef struct VnHost {
     char *path;
     int fd; /* -1 while the daemon is away */
     GSource *src;
-    GSource *retry; /* reconnecting */
-    gint64 away_since_us;
+    GSource *retry;        /* reconnecting */
+    gint64 away_since_us;  /* when the daemon went; 0 while it is here */
+    bool links_dropped;    /* away past the bound: every link reported down */
+    unsigned reconnect_ms; /* the bound ("reconnect-ms", VN_HOST_RECONNECT_MS) */
     VnRecordReader rx;
     uint64_t seq;
     GHashTable *wanted; /* peers we asked for (asked again after a restart) */
@@ -319,9 +321,9 @@ static int host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uin
 /* HELLO, then our links and doorbell bits again (after a restart). */
 static bool host_greet(VnHost *h, GError **error)
 {
+    g_autofree gpointer *peers = NULL;
+    guint npeers = 0;
     VnFabricLimits limits;
-    GHashTableIter it;
-    gpointer peer;
     VnHostHdr rep;
     int fd, ret;
 
@@ -370,11 +372,28 @@ static bool host_greet(VnHost *h, GError **error)
         }
         first += count;
     }
-    /* Answers come as REPLYs we no longer wait for: a LINK follows each
-     * change, so ask with no answer. */
-    g_hash_table_iter_init(&it, h->wanted);
-    while (g_hash_table_iter_next(&it, &peer, NULL)) {
-        host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
+    /* A link still up (the daemon was back in time) is asked for with no
+     * answer: a LINK follows each change.  One reported down (it was not)
+     * is asked for as a connect is, and comes up with the answer. */
+    peers = g_hash_table_get_keys_as_array(h->wanted, &npeers);
+    for (guint i = 0; i < npeers && h->fd >= 0; i++) {
+        const char *peer = peers[i];
+
+        if (g_hash_table_contains(h->up, peer)) {
+            host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
+            continue;
+        }
+        ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
+        vn_util_close_fd(&fd);
+        if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
+            g_hash_table_add(h->up, g_strdup(peer));
+            vn_fabric_backend_link(h->fab, peer, true);
+        }
+    }
+    if (h->fd < 0) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
+                    "port %s: the daemon went while it greeted us", h->path);
+        return false;
     }
     return true;
 }
@@ -389,28 +408,23 @@ static bool host_attach_fd(VnHost *h, int fd, GError **error)
     return host_greet(h, error);
 }
 
-static gboolean on_retry(gpointer data)
+/* Close the connection to the daemon; the links stay as they were. */
+static void host_drop(VnHost *h)
 {
-    VnHost *h = data;
-    g_autoptr(GError) error = NULL;
-    int fd = host_dial(h->path);
+    if (h->src != NULL) {
+        g_source_destroy(h->src);
+        g_clear_pointer(&h->src, g_source_unref);
+    }
+    vn_record_reader_clear(&h->rx);
+    vn_util_close_fd(&h->fd);
+}
 
-    if (fd >= 0 && host_attach_fd(h, fd, &error)) {
-        g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
-               (g_get_monotonic_time() - h->away_since_us) / 1000);
-        g_clear_pointer(&h->retry, g_source_unref);
-        return G_SOURCE_REMOVE;
-    }
-    if (fd >= 0) {
-        host_away(h); /* not greeted: try again */
-        return G_SOURCE_REMOVE;
-    }
-    if (g_get_monotonic_time() - h->away_since_us < (gint64)VN_HOST_RECONNECT_MS * 1000) {
-        return G_SOURCE_CONTINUE;
-    }
-    g_warning("port %s: the daemon did not come back in %d ms; every link is down", h->path,
-              VN_HOST_RECONNECT_MS);
-    g_clear_pointer(&h->retry, g_source_unref);
+/* Past VN_HOST_RECONNECT_MS: the links are reported down, once. */
+static void host_links_down(VnHost *h)
+{
+    g_warning("port %s: the daemon did not come back in %u ms; every link is down", h->path,
+              h->reconnect_ms);
+    h->links_dropped = true;
     while (g_hash_table_size(h->up) > 0) {
         GHashTableIter it;
         gpointer key;
@@ -422,23 +436,44 @@ static gboolean on_retry(gpointer data)
         g_hash_table_remove(h->up, peer);
         vn_fabric_backend_link(h->fab, peer, false);
     }
-    return G_SOURCE_REMOVE;
+}
+
+/* Dial until a daemon greets us.  That never stops: a daemon that starts
+ * later adopts this worker (or stops it), however long it took. */
+static gboolean on_retry(gpointer data)
+{
+    VnHost *h = data;
+    g_autoptr(GError) error = NULL;
+    int fd = host_dial(h->path);
+
+    if (fd >= 0 && host_attach_fd(h, fd, &error)) {
+        g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
+               (g_get_monotonic_time() - h->away_since_us) / 1000);
+        h->away_since_us = 0;
+        h->links_dropped = false;
+        g_clear_pointer(&h->retry, g_source_unref);
+        return G_SOURCE_REMOVE;
+    }
+    if (fd >= 0) {
+        g_info("%s", error->message);
+        host_drop(h); /* not greeted: try again */
+    }
+    if (!h->links_dropped &&
+        g_get_monotonic_time() - h->away_since_us >= (gint64)h->reconnect_ms * 1000) {
+        host_links_down(h);
+    }
+    return G_SOURCE_CONTINUE;
 }
 
 /* The daemon went (or broke the protocol): drop the connection, keep the
- * links, try again until VN_HOST_RECONNECT_MS. */
+ * links, try again (the links go down after the bound).  The
+ * clock starts at the first of a run of failures and stops at a greeting:
+ * each restart of the daemon gets the whole bound. */
 static void host_away(VnHost *h)
 {
-    if (h->src != NULL) {
-        g_source_destroy(h->src);
-        g_clear_pointer(&h->src, g_source_unref);
-    }
-    vn_record_reader_clear(&h->rx);
-    vn_util_close_fd(&h->fd);
+    host_drop(h);
     if (h->retry == NULL) {
-        if (h->away_since_us == 0 || g_hash_table_size(h->up) > 0) {
-            h->away_since_us = g_get_monotonic_time();
-        }
+        h->away_since_us = g_get_monotonic_time();
         h->retry = g_timeout_source_new(VN_HOST_RETRY_MS);
         g_source_set_callback(h->retry, on_retry, h, NULL);
         g_source_attach(h->retry, h->ctx);
@@ -468,18 +503,26 @@ static void host_close(void *backend)
     g_free(h);
 }
 
-static bool host_check_params(GHashTable *params, const char **bad, GError **error)
+/* "reconnect-ms", the bound before a gone daemon's links are reported down:
+ * tests shorten it; nothing longer than an hour makes sense. */
+#define VN_HOST_MAX_RECONNECT_MS 3600000u
+
+static bool host_params(GHashTable *params, const char **bad, unsigned *reconnect_ms,
+                        GError **error)
 {
     const char *path = g_hash_table_lookup(params, "port");
+    const char *bound = g_hash_table_lookup(params, "reconnect-ms");
     GHashTableIter it;
     gpointer key;
+    guint64 ms = VN_HOST_RECONNECT_MS;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
-        if (strcmp(key, "port") != 0) {
+        if (strcmp(key, "port") != 0 && strcmp(key, "reconnect-ms") != 0) {
             *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "host fabric: unknown parameter \"%.40s\" (known: port)", (char *)key);
+                        "host fabric: unknown parameter \"%.40s\" (known: port, reconnect-ms)",
+                        (char *)key);
             return false;
         }
     }
@@ -489,17 +532,34 @@ static bool host_check_params(GHashTable *params, const char **bad, GError **err
                     "host fabric: \"port\" must be the daemon's port, an absolute path");
         return false;
     }
+    if (bound != NULL && (!g_ascii_string_to_unsigned(bound, 10, VN_HOST_RETRY_MS,
+                                                      VN_HOST_MAX_RECONNECT_MS, &ms, NULL))) {
+        *bad = "reconnect-ms";
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "host fabric: \"reconnect-ms\" must be %u to %u", (unsigned)VN_HOST_RETRY_MS,
+                    VN_HOST_MAX_RECONNECT_MS);
+        return false;
+    }
+    *reconnect_ms = (unsigned)ms;
     return true;
+}
+
+static bool host_check_params(GHashTable *params, const char **bad, GError **error)
+{
+    unsigned reconnect_ms;
+
+    return host_params(params, bad, &reconnect_ms, error);
 }
 
 static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
 {
     const char *path = g_hash_table_lookup(params, "port");
-    const char *bad;
+    const char *bad = NULL;
+    unsigned reconnect_ms;
     VnHost *h;
     int fd;
 
-    if (!host_check_params(params, &bad, error)) {
+    if (!host_params(params, &bad, &reconnect_ms, error)) {
         return NULL;
     }
     fd = host_dial(path);
@@ -513,6 +573,7 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     h->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
     h->path = g_strdup(path);
     h->wait_fd = -1;
+    h->reconnect_ms = reconnect_ms;
     h->wanted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     h->up = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     if (!host_attach_fd(h, fd, error)) {

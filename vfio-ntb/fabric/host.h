@@ -11,13 +11,16 @@
  * are exported by the daemon, its doorbell bits are the daemon's.  Within a
  * host fds may pass (SCM_RIGHTS); nothing here crosses a host.
  *
- * Parameters: "port" (required), the socket's path.
+ * Parameters: "port" (required), the socket's path; "reconnect-ms", the
+ * bound below (default VN_HOST_RECONNECT_MS; tests shorten it).
  *
- * A daemon that restarts closes the port; the backend reconnects for up to
- * VN_HOST_RECONNECT_MS without reporting any link down (the data path --
+ * A daemon that restarts closes the port; the backend reconnects, without
+ * reporting any link down for up to VN_HOST_RECONNECT_MS (the data path --
  * mapped windows, routes -- does not go through the port), claims its
  * doorbell bits back, and asks for its links again.  Requests sent while it
- * is away fail (-ENOTCONN).  Past the bound every link is reported down.
+ * is away fail (-ENOTCONN).  Past the bound every link is reported down,
+ * and it goes on dialling: a daemon started later adopts it.  Each time the
+ * daemon goes, the bound starts again.
  *
  * Wire: records (fabric/record.h) of a VnHostHdr, then for SEND and RECV
  * one fabric frame (fabric/frame.h), for JOIN_WINDOWS its segment ids.  Ops a worker sends that get an answer
