@@ -251,6 +251,8 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
      * has lost access.  If the lender is gone there is nothing to undo. */
     if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL) == 0) {
         b->stats.dma_unmaps++;
+    } else {
+        b->stats.unmaps_missed++;
     }
 }
 
@@ -628,6 +630,24 @@ void vn_borrower_lender_down(VnBorrower *b)
     vn_borrower_request_unplug(b);
 }
 
+bool vn_borrower_lender_up(VnBorrower *b)
+{
+    if (!b->stats.lender_lost) {
+        return true;
+    }
+    if (b->stats.unmaps_missed > 0) {
+        g_warning("borrower %s: lender %s is back, but %" G_GUINT64_FORMAT
+                  " DMA unmaps did not reach it while it was away: the device stays dead "
+                  "(detach it)",
+                  b->device, b->lender, b->stats.unmaps_missed);
+        return false;
+    }
+    b->stats.lender_lost = false;
+    b->stats.lender_returns++;
+    g_message("borrower %s: lender %s is back: the device is served again", b->device, b->lender);
+    return true;
+}
+
 void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out)
 {
     *out = b->stats;
@@ -648,6 +668,8 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "config_forwarded", b->stats.config_forwarded },
         { "config_virtualized", b->stats.config_virtualized },
         { "relayed_irqs", b->stats.relayed_irqs },
+        { "unmaps_missed", b->stats.unmaps_missed },
+        { "lender_returns", b->stats.lender_returns },
         { "fabric_requests", b->stats.fabric_requests },
         { "dma_maps", b->stats.dma_maps },
         { "dma_unmaps", b->stats.dma_unmaps },

@@ -44,6 +44,8 @@ typedef struct VnBorrowerStats {
     uint64_t dma_maps;           /* forwarded to the lender */
     uint64_t dma_unmaps;
     uint64_t unplug_requests; /* device requests signalled to QEMU */
+    uint64_t unmaps_missed;   /* DMA unmaps that did not reach a lost lender */
+    uint64_t lender_returns;  /* a lost lender came back and serves again */
     bool lender_lost;
 } VnBorrowerStats;
 
@@ -63,6 +65,10 @@ const char *vn_borrower_device(VnBorrower *b);
 /* Fabric events for this borrower's lender. */
 void vn_borrower_doorbell(VnBorrower *b, uint32_t bit);
 void vn_borrower_lender_down(VnBorrower *b);
+/* The lender is back (its daemon kept the lease): forward again, true; or
+ * false, said, when a DMA unmap missed it meanwhile (its device may still
+ * reach memory QEMU took back: the device stays dead until detached). */
+bool vn_borrower_lender_up(VnBorrower *b);
 
 /*
  * Ask QEMU to take the device out of the VM through the device-request

@@ -41,7 +41,12 @@ static void on_link(void *opaque, const char *peer, bool up)
 {
     Worker *w = opaque;
 
-    if (!up && w->b != NULL && strcmp(peer, w->lender) == 0) {
+    if (w->b == NULL || strcmp(peer, w->lender) != 0) {
+        return;
+    }
+    if (up) {
+        vn_borrower_lender_up(w->b);
+    } else {
         vn_borrower_lender_down(w->b);
     }
 }

@@ -245,6 +245,37 @@ void vn_cluster_start(VnDaemon *d)
     d->heartbeat = g_timeout_add(VN_DAEMON_HEARTBEAT_MS, on_heartbeat, d);
 }
 
+/*
+ * Borrower side: a lender we had given up on is back and still lends us @b
+ * (its workers served on).  Both hosts must end up saying the same: the
+ * lease is held again, or ended.  A device we asked its VM to let go of
+ * (device_del through its QMP socket) is on its way out: it is returned, as
+ * a revoke returns one.  Any other is served again: its worker hears the
+ * lender is back and forwards again (unless a DMA unmap missed the lender
+ * meanwhile: then it stays dead, and says so).
+ */
+static void lender_back(VnDaemon *d, VnBorrowed *b)
+{
+    b->lost = false;
+    if (b->worker_pid > 0 && b->qmp != NULL) {
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: %s is back and still lends us %s, which was asked out of %s when it "
+               "was lost: returning it",
+               d->conf->node, b->lender, b->device, b->domain);
+        vn_cluster_release(d, b, VN_DAEMON_MAX_RELEASE_MS);
+        return;
+    }
+    vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
+           "node %s: %s is back and still lends us %s (lease %" G_GUINT64_FORMAT
+           "): it is held again%s",
+           d->conf->node, b->lender, b->device, b->lease,
+           b->worker_pid > 0 ? ", and served to its VM again" : "");
+    if (b->port != NULL) {
+        vn_port_set_peer(b->port, b->lender);
+    }
+    vn_cluster_emit(d, "DEVICE_RECOVERED", b->device, b->lease, b->lender, b->domain);
+}
+
 /* Borrower side: a lease the lender no longer shows as ours is gone
  * (expired or revoked while we were away). */
 static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounce *a)
@@ -267,18 +298,17 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
         }
         if (held) {
             b->unconfirmed = false;
-            /* An attached device's worker lost its data path for good (QEMU
-             * cannot reconnect): it stays lost until detached. */
-            if (b->lost && b->worker_pid <= 0) {
-                b->lost = false;
-                vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, b->lease,
-                       "node %s: %s is back and still lends us %s", d->conf->node, lender,
-                       b->device);
+            if (b->lost) {
+                lender_back(d, b);
             }
         } else {
-            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, b->lease,
-                   "node %s: %s no longer lends us %s (lease %" G_GUINT64_FORMAT ")", d->conf->node,
-                   lender, b->device, b->lease);
+            g_autofree char *why = g_strdup_printf(
+                "%s no longer lends it to us (lease %" G_GUINT64_FORMAT " ended while we were "
+                "apart)%s%s",
+                lender, b->lease, b->domain != NULL ? "; it was in " : "",
+                b->domain != NULL ? b->domain : "");
+
+            vn_devices_note_loss(d, b->device, b->lease, why);
             vn_cluster_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
             vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
@@ -603,11 +633,14 @@ static gboolean on_lender_gone(gpointer data)
     Away *aw = data;
     VnBorrowed *b = aw->b;
 
+    g_autofree char *why = NULL;
+
     b->away_timer = 0;
     b->lost = true;
-    vn_log(G_LOG_LEVEL_MESSAGE, aw->d->conf->node, b->device, b->lender, b->lease,
-           "node %s: %s did not come back in %u ms; %s is lost", aw->d->conf->node, b->lender,
-           aw->d->conf->lease_timeout_ms, b->device);
+    why = g_strdup_printf("its lender %s did not come back in %u ms%s%s", b->lender,
+                          aw->d->conf->lease_timeout_ms, b->domain != NULL ? "; it was in " : "",
+                          b->domain != NULL ? b->domain : "");
+    vn_devices_note_loss(aw->d, b->device, b->lease, why);
     /* Its worker hears of it now: it answers QEMU that the device is gone. */
     if (b->port != NULL) {
         vn_port_set_peer(b->port, NULL);

@@ -65,6 +65,8 @@ typedef struct VnLendConf {
     GStrv allow;        /* node names, or the single entry "*" */
     bool runtime;       /* added with `lend`, persisted in the state file */
     bool vf;            /* one of a [lend] section's sriov-vfs, made at start */
+    bool leaving;       /* no longer in the config (a reload or a restart found it so)
+                         * while lent: unlent when its lease ends */
 } VnLendConf;
 
 /* A lendable device added at run time, served by a vfio-user server on

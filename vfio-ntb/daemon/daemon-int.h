@@ -155,6 +155,7 @@ typedef struct VnDaemon {
     GPtrArray *gathers; /* counters being asked of workers (stats.c) */
     GPtrArray *unplugs; /* VnUnplug: VMs being asked to let go (unplug.c) */
     VnMetrics *metrics; /* [node] metrics-file's timer, or NULL (metrics.c) */
+    GHashTable *losses; /* borrowed device -> its last loss, a line (devices.c) */
 } VnDaemon;
 
 /* ---- daemon.c ---- */
@@ -349,6 +350,18 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
  * PF-vfK, managed; their confs join d->conf->lends. */
 bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error);
 void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
+/* At most this many devices' last losses are kept (a borrower holds far
+ * fewer devices; the state file stays small). */
+#define VN_DEVICES_MAX_LOSSES 256
+/* A loss line is a sentence and a time; a longer one in the state file is
+ * not ours. */
+#define VN_DEVICES_MAX_LOSS_LINE 512
+/* Borrower side: @device was lost (@why, a sentence): said as a warning,
+ * kept (with the time) for `show` and the state file, and saved. */
+void vn_devices_note_loss(VnDaemon *d, const char *device, uint64_t lease, const char *why);
+/* The lease listener that unlends a device gone from the config (conf.h:
+ * leaving) once its lease ends. */
+void vn_devices_on_lease(void *opaque, const VnLeaseChange *change);
 /* The free function of d->local (a stopping daemon's lease stays). */
 void vn_devices_local_free(gpointer ld);
 VnBorrowed *vn_devices_borrowed(VnDaemon *d, const char *device);
@@ -413,6 +426,9 @@ typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
  *   lend_kill: kill it now (it did not fence in time): true when its exit
  *   will be reported (vn_fence_worker_died), false when it is as good as gone
  *   already (pid cleared).
+ * stop_strays (optional): at start, once the recorded workers were adopted
+ *   and before new ones start, stop every other worker of this node that
+ *   runs (strays.c); returns how many.
  */
 struct VnWorkerOps {
     const char *name;
@@ -427,6 +443,7 @@ struct VnWorkerOps {
     VnWctlCall *(*stats)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
     VnWctlCall *(*request_unplug)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
     VnClientState (*client_state)(VnDaemon *d, VnBorrowed *b, gint64 since_us);
+    guint (*stop_strays)(VnDaemon *d);
 };
 
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
@@ -470,6 +487,8 @@ char *vn_spawn_binary(const char *name, GError **error);
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
+/* strays.c: vn_spawn_ops.stop_strays. */
+guint vn_strays_stop(VnDaemon *d);
 /* lenders.c: the lender side of vn_spawn_ops. */
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);

@@ -258,11 +258,13 @@ static bool daemon_start(VnDaemon *d, GError **error)
     d->gathers = vn_stats_gathers_new();
     d->unplugs = vn_unplugs_new();
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
+    d->losses = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     d->leases = vn_leases_new(d->conf->lease_timeout_ms);
     /* Listeners before anything can change a lease: the cluster's (fence,
      * answer revokes, announce, events), then the store. */
     vn_leases_listen(d->leases, vn_cluster_on_lease, d);
     vn_leases_listen(d->leases, vn_state_on_lease, d);
+    vn_leases_listen(d->leases, vn_devices_on_lease, d);
     d->fab = vn_fabric_open(d->conf->fabric, d->conf->node, d->conf->fabric_params, &handlers, d,
                             NULL, error);
     if (d->fab == NULL) {
@@ -281,6 +283,9 @@ static bool daemon_start(VnDaemon *d, GError **error)
     if (!vn_state_load(d, error)) {
         return false;
     }
+    if (d->workers->stop_strays != NULL) {
+        d->workers->stop_strays(d);
+    }
     /* Every lent device's backend runs in its worker: the adopted ones
      * serve on, the others start now. */
     for (guint i = 0; i < d->local->len; i++) {
@@ -295,7 +300,20 @@ static bool daemon_start(VnDaemon *d, GError **error)
     }
     vn_state_save_or_report(d);
     d->control = vn_control_new(d, d->conf->control_socket, vn_commands_lookup, error);
-    return d->control != NULL;
+    if (d->control == NULL) {
+        return false;
+    }
+    /* Said in the log as the state file was read; an event now that there
+     * is a control socket to carry it (and keep it for late subscribers). */
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->conf->leaving && vn_lease_lent(ld->lease)) {
+            vn_cluster_emit(d, "DEVICE_KEPT", ld->conf->name, ld->lease->id, ld->lease->holder,
+                            NULL);
+        }
+    }
+    return true;
 }
 
 static void daemon_stop(VnDaemon *d)
@@ -319,6 +337,7 @@ static void daemon_stop(VnDaemon *d)
     g_clear_pointer(&d->leases, vn_leases_free);
     g_clear_pointer(&d->fab, vn_fabric_close);
     g_clear_pointer(&d->nodes, g_hash_table_unref);
+    g_clear_pointer(&d->losses, g_hash_table_unref);
 }
 
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)

@@ -189,6 +189,74 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld)
     g_ptr_array_remove(d->conf->lends, lc); /* frees lc */
 }
 
+void vn_devices_note_loss(VnDaemon *d, const char *device, uint64_t lease, const char *why)
+{
+    g_autoptr(GDateTime) now = g_date_time_new_now_utc();
+    g_autofree char *when = g_date_time_format_iso8601(now);
+
+    vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, NULL, lease, "node %s: %s lost: %s",
+           d->conf->node, device, why);
+    if (!g_hash_table_contains(d->losses, device) &&
+        g_hash_table_size(d->losses) >= VN_DEVICES_MAX_LOSSES) {
+        GHashTableIter it;
+
+        g_hash_table_iter_init(&it, d->losses);
+        if (g_hash_table_iter_next(&it, NULL, NULL)) {
+            g_hash_table_iter_remove(&it);
+        }
+    }
+    g_hash_table_insert(d->losses, g_strdup(device), g_strdup_printf("%s: %s", when, why));
+    vn_state_save_or_report(d);
+}
+
+typedef struct Leaving {
+    VnDaemon *d;
+    char *name;
+} Leaving;
+
+static void leaving_free(gpointer data)
+{
+    Leaving *l = data;
+
+    g_free(l->name);
+    g_free(l);
+}
+
+static gboolean on_leaving(gpointer data)
+{
+    Leaving *l = data;
+    VnLocalDevice *ld = vn_devices_local(l->d, l->name);
+
+    /* Still gone from the config, and not lent again meanwhile. */
+    if (ld != NULL && ld->conf->leaving && !vn_lease_lent(ld->lease)) {
+        vn_log(G_LOG_LEVEL_MESSAGE, l->d->conf->node, l->name, NULL, 0,
+               "node %s: %s, no longer in the config, is unlent now that its lease ended",
+               l->d->conf->node, l->name);
+        vn_devices_unlend(l->d, ld);
+        vn_state_save_or_report(l->d);
+    }
+    return G_SOURCE_REMOVE;
+}
+
+void vn_devices_on_lease(void *opaque, const VnLeaseChange *ch)
+{
+    VnDaemon *d = opaque;
+    VnLocalDevice *ld = ch->lease->opaque;
+    Leaving *l;
+
+    if (ch->lease->state != VN_LEASE_FREE || ch->end == VN_LEASE_END_UNLENT ||
+        !ld->conf->leaving) {
+        return;
+    }
+    /* Not from inside the lease table's notification: unlending removes
+     * the lease. */
+    l = g_new0(Leaving, 1);
+    *l = (Leaving){ d, g_strdup(ld->conf->name) };
+    g_idle_add_full(G_PRIORITY_DEFAULT, on_leaving, l, leaving_free);
+    /* @l is the GLib source's now: its destroy notify frees it. */
+    /* cppcheck-suppress memleak */
+}
+
 void vn_devices_borrowed_free(VnBorrowed *b)
 {
     if (b->start_cancel != NULL) {

@@ -42,7 +42,6 @@ static gboolean on_respawn(gpointer data)
                "node %s: %s: %s", lw->d->conf->node, lw->ld->conf->name, error->message);
         return G_SOURCE_REMOVE;
     }
-    vn_state_save_or_report(lw->d); /* the next daemon adopts this one */
     return G_SOURCE_REMOVE;
 }
 
@@ -116,6 +115,9 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
            "node %s: lender worker for %s (pid %d) started", d->conf->node, ld->conf->name,
            ld->worker_pid);
+    /* In the state file at once: a daemon that dies now leaves a worker the
+     * next one adopts, not a stray it has to stop (strays.c). */
+    vn_state_save_or_report(d);
     /* @lw is the GLib source's now: its destroy notify (g_free) frees it. */
     /* cppcheck-suppress memleak */
     return true;

@@ -197,7 +197,9 @@ void vn_port_set_peer(VnPort *p, const char *peer)
     }
     if (peer != NULL && p->peer == NULL) {
         p->peer = g_strdup(peer);
-        if (p->inbound) {
+        /* A lender's worker learns its holder; a borrower's, that its
+         * lender, given up on, is back. */
+        if (p->inbound || vn_fabric_link_up(p->fab, p->peer)) {
             to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
         }
     }

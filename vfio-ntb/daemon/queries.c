@@ -280,6 +280,9 @@ void vn_queries_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
         json_object_set_boolean_member(o, "lost", bw->lost);
     }
+    if (g_hash_table_contains(d->losses, dev)) {
+        json_object_set_string_member(o, "last_loss", g_hash_table_lookup(d->losses, dev));
+    }
     if (ld == NULL) {
         vn_control_return(r, json_node_copy(json_array_get_element(found, 0)));
         return;

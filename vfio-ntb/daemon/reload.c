@@ -191,14 +191,15 @@ static bool lend_now(VnDaemon *d, VnLendConf *lc)
     return true;
 }
 
-/* Stop lending @ld unless a lease holds it (then it stays, said). */
-static bool unlend_if_free(VnDaemon *d, VnLocalDevice *ld, const char *why)
+/* Stop lending @ld unless a lease holds it (then it stays, said, and
+ * @after says what happens when the lease ends). */
+static bool unlend_if_free(VnDaemon *d, VnLocalDevice *ld, const char *why, const char *after)
 {
     if (vn_lease_lent(ld->lease)) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
                "node %s: reload: %s %s, but it is lent to %s (lease %" G_GUINT64_FORMAT
-               "): it stays as it is; reload again once it is returned (or revoke it)",
-               d->conf->node, ld->conf->name, why, ld->lease->holder, ld->lease->id);
+               "): it stays as it is until the lease ends (revoke it to end it now), then %s",
+               d->conf->node, ld->conf->name, why, ld->lease->holder, ld->lease->id, after);
         return false;
     }
     vn_devices_unlend(d, ld);
@@ -255,12 +256,15 @@ static void removed_lends(VnDaemon *d, VnConfig *next, Counts *n)
 
             if (ld->conf != lc) {
                 /* A VF: its conf goes with its device. */
-                all &= unlend_if_free(d, ld, "is no longer in the config");
+                all &= unlend_if_free(d, ld, "is no longer in the config", "reload again");
             }
         }
         if (lc->sriov_vfs == 0 && lds->len == 1) {
-            /* unlending frees lc too */
-            all &= unlend_if_free(d, lds->pdata[0], "is no longer in the config");
+            /* unlending frees lc too; a lent one goes when its lease ends */
+            if (!unlend_if_free(d, lds->pdata[0], "is no longer in the config", "is unlent")) {
+                lc->leaving = true;
+                all = false;
+            }
         } else if (all) {
             g_ptr_array_remove_index(d->conf->lends, i); /* an SR-IOV section's own conf */
         }
@@ -298,6 +302,12 @@ static void added_lends(VnDaemon *d, VnConfig *next, Counts *n)
             }
             cur->runtime = false; /* the config's from now on */
         }
+        if (cur->leaving) {
+            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, cur->name, NULL, 0,
+                   "node %s: reload: %s is in the config again: it stays lent after its lease",
+                   d->conf->node, cur->name);
+            cur->leaving = false;
+        }
         if (!lend_same_place(cur, want)) {
             if (cur->sriov_vfs > 0 || want->sriov_vfs > 0 || ld == NULL) {
                 g_warning("node %s: reload: [lend %s]: an SR-IOV section's functions change "
@@ -305,7 +315,7 @@ static void added_lends(VnDaemon *d, VnConfig *next, Counts *n)
                           d->conf->node, want->name);
                 continue;
             }
-            if (unlend_if_free(d, ld, "changed")) {
+            if (unlend_if_free(d, ld, "changed", "reload again")) {
                 next->lends->pdata[i] = NULL;
                 n->changed += lend_now(d, want);
             }

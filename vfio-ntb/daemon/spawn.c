@@ -318,6 +318,9 @@ static void start_spawn(Start *st)
         start_finish(st, error);
         return;
     }
+    /* Recorded before it runs far: a daemon that dies now leaves a worker
+     * the next one adopts, not a stray it has to stop (strays.c). */
+    vn_state_save_or_report(d);
     cw = g_new0(ChildWatch, 1);
     *cw = (ChildWatch){ d, b };
     b->child_watch =
@@ -531,4 +534,5 @@ const VnWorkerOps vn_spawn_ops = {
     .stats = ops_stats,
     .request_unplug = spawn_request_unplug,
     .client_state = ops_client_state,
+    .stop_strays = vn_strays_stop,
 };

@@ -1,8 +1,10 @@
 /*
- * vfio-ntbd's persisted state: the leases this node granted and holds, and
- * the next lease id, in STATE-DIR/state.json.  Written whole and renamed
- * into place (vn_util_write_replace), so a crash leaves the old or the new
- * file, never half of one.
+ * vfio-ntbd's persisted state: the leases this node granted and holds, the
+ * workers it started, and the next lease id, in STATE-DIR/state.json (a
+ * node without a state-dir keeps it in RUN-DIR: its workers outlive a
+ * restart, if not a reboot, and must be found again).  Written whole and
+ * renamed into place (vn_util_write_replace), so a crash leaves the old or
+ * the new file, never half of one.
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
@@ -18,9 +20,32 @@
 /* A state file is small; a large one is not ours. */
 #define VN_STATE_MAX_SIZE (1024 * 1024)
 
+static const char *state_dir(VnDaemon *d)
+{
+    return d->conf->state_dir != NULL ? d->conf->state_dir : d->conf->run_dir;
+}
+
 static char *state_path(VnDaemon *d)
 {
-    return d->conf->state_dir ? g_build_filename(d->conf->state_dir, "state.json", NULL) : NULL;
+    return state_dir(d) != NULL ? g_build_filename(state_dir(d), "state.json", NULL) : NULL;
+}
+
+/* How a device is reached, and who may borrow it: enough to lend it again
+ * from the state file alone. */
+static void add_lend_conf(JsonBuilder *b, const VnLendConf *lc)
+{
+    json_builder_set_member_name(b, lc->pci != NULL ? "pci" : "socket");
+    json_builder_add_string_value(b, vn_conf_lend_where(lc));
+    if (lc->managed) {
+        json_builder_set_member_name(b, "managed");
+        json_builder_add_boolean_value(b, TRUE);
+    }
+    json_builder_set_member_name(b, "allow");
+    json_builder_begin_array(b);
+    for (char **a = lc->allow; *a != NULL; a++) {
+        json_builder_add_string_value(b, *a);
+    }
+    json_builder_end_array(b);
 }
 
 bool vn_state_save(VnDaemon *d, GError **error)
@@ -29,6 +54,8 @@ bool vn_state_save(VnDaemon *d, GError **error)
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
     g_autofree char *text = NULL;
+    GHashTableIter it;
+    gpointer key, value;
 
     if (path == NULL) {
         return true;
@@ -50,18 +77,7 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_begin_object(b);
         json_builder_set_member_name(b, "name");
         json_builder_add_string_value(b, lc->name);
-        json_builder_set_member_name(b, lc->pci != NULL ? "pci" : "socket");
-        json_builder_add_string_value(b, vn_conf_lend_where(lc));
-        if (lc->managed) {
-            json_builder_set_member_name(b, "managed");
-            json_builder_add_boolean_value(b, TRUE);
-        }
-        json_builder_set_member_name(b, "allow");
-        json_builder_begin_array(b);
-        for (char **a = lc->allow; *a != NULL; a++) {
-            json_builder_add_string_value(b, *a);
-        }
-        json_builder_end_array(b);
+        add_lend_conf(b, lc);
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -80,6 +96,8 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, ld->lease->holder);
         json_builder_set_member_name(b, "lease");
         json_builder_add_int_value(b, (gint64)ld->lease->id);
+        /* A restart whose config no longer has it still finds it. */
+        add_lend_conf(b, ld->conf);
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -143,10 +161,20 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
+    /* What the operator asks after a restart: which device was lost, when,
+     * and from which VM. */
+    json_builder_set_member_name(b, "losses");
+    json_builder_begin_object(b);
+    g_hash_table_iter_init(&it, d->losses);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        json_builder_set_member_name(b, key);
+        json_builder_add_string_value(b, value);
+    }
+    json_builder_end_object(b);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     text = json_to_string(root, TRUE);
-    if (g_mkdir_with_parents(d->conf->state_dir, 0700) < 0 ||
+    if (g_mkdir_with_parents(state_dir(d), 0700) < 0 ||
         /* Atomic (rename) but not fsync'd: a lease change costs no disk
          * flush on the attach path, and a power cut that loses the last
          * change is healed by the peers' announcements (leases in doubt).
@@ -156,7 +184,7 @@ bool vn_state_save(VnDaemon *d, GError **error)
         !vn_util_write_replace(path, text, 0600, error)) {
         if (error != NULL && *error == NULL) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "state dir %s: cannot create",
-                        d->conf->state_dir);
+                        state_dir(d));
         }
         g_prefix_error(error, "saving state: ");
         return false;
@@ -232,6 +260,51 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
     }
 }
 
+/* Lend a device again from what the state file says of it: one lent at run
+ * time (@runtime), or one the config had until this start (kept for its
+ * lease).  NULL, said in the log, when it cannot be. */
+static VnLocalDevice *lend_again(VnDaemon *d, JsonObject *e, bool runtime)
+{
+    g_autoptr(GPtrArray) allow = g_ptr_array_new();
+    g_autoptr(GError) local = NULL;
+    const char *name = vn_util_json_string(e, "name");
+    const char *socket = vn_util_json_string(e, "socket");
+    const char *pci = vn_util_json_string(e, "pci");
+    JsonNode *an = json_object_get_member(e, "allow");
+    VnLocalDevice *ld;
+    VnLendConf *lc;
+
+    if (name == NULL || (socket == NULL && pci == NULL) || vn_devices_local(d, name) != NULL ||
+        an == NULL || !JSON_NODE_HOLDS_ARRAY(an) || d->local->len >= VN_CONF_MAX_DEVICES) {
+        return NULL;
+    }
+    for (guint j = 0; j < json_array_get_length(json_node_get_array(an)) && j < 256; j++) {
+        JsonNode *x = json_array_get_element(json_node_get_array(an), j);
+
+        if (JSON_NODE_HOLDS_VALUE(x) && json_node_get_value_type(x) == G_TYPE_STRING) {
+            g_ptr_array_add(allow, (gpointer)json_node_get_string(x));
+        }
+    }
+    g_ptr_array_add(allow, NULL);
+    lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &local);
+    if (lc == NULL) {
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, name, NULL, 0,
+               "node %s: state file: %s not lent again: %s", d->conf->node, name, local->message);
+        return NULL;
+    }
+    lc->managed = pci != NULL && vn_util_json_bool(e, "managed");
+    lc->runtime = runtime;
+    lc->leaving = !runtime;
+    g_ptr_array_add(d->conf->lends, lc);
+    ld = vn_devices_lend(d, lc, &local);
+    if (ld == NULL) {
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, name, NULL, 0,
+               "node %s: state file: %s not lent again: %s", d->conf->node, name, local->message);
+        g_ptr_array_remove(d->conf->lends, lc);
+    }
+    return ld;
+}
+
 bool vn_state_load(VnDaemon *d, GError **error)
 {
     g_autofree char *path = state_path(d);
@@ -261,44 +334,11 @@ bool vn_state_load(VnDaemon *d, GError **error)
     }
     n = json_object_get_member(o, "lendable");
     for (guint i = 0;
-         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)) &&
-         d->local->len < VN_CONF_MAX_DEVICES;
-         i++) {
+         n && JSON_NODE_HOLDS_ARRAY(n) && i < json_array_get_length(json_node_get_array(n)); i++) {
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
-        g_autoptr(GPtrArray) allow = g_ptr_array_new();
-        g_autoptr(GError) local = NULL;
-        const char *name, *socket = NULL, *pci = NULL;
-        JsonNode *an;
-        VnLendConf *lc;
 
-        if (!JSON_NODE_HOLDS_OBJECT(e) ||
-            !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
-            (!(socket = vn_util_json_string(json_node_get_object(e), "socket")) &&
-             !(pci = vn_util_json_string(json_node_get_object(e), "pci"))) ||
-            vn_devices_local(d, name) != NULL ||
-            !(an = json_object_get_member(json_node_get_object(e), "allow")) ||
-            !JSON_NODE_HOLDS_ARRAY(an)) {
-            continue;
-        }
-        for (guint j = 0; j < json_array_get_length(json_node_get_array(an)) && j < 256; j++) {
-            JsonNode *x = json_array_get_element(json_node_get_array(an), j);
-
-            if (JSON_NODE_HOLDS_VALUE(x) && json_node_get_value_type(x) == G_TYPE_STRING) {
-                g_ptr_array_add(allow, (gpointer)json_node_get_string(x));
-            }
-        }
-        g_ptr_array_add(allow, NULL);
-        lc = vn_conf_lend_new(name, socket, pci, (const char *const *)allow->pdata, &local);
-        if (lc == NULL) {
-            vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
-                   "node %s: state file: lendable %s skipped: %s", d->conf->node, name,
-                   local->message);
-            continue;
-        }
-        lc->managed = pci != NULL && vn_util_json_bool(json_node_get_object(e), "managed");
-        g_ptr_array_add(d->conf->lends, lc);
-        if (vn_devices_lend(d, lc, &local) == NULL) {
-            g_ptr_array_remove(d->conf->lends, lc);
+        if (JSON_NODE_HOLDS_OBJECT(e)) {
+            lend_again(d, json_node_get_object(e), true);
         }
     }
     n = json_object_get_member(o, "lent");
@@ -312,9 +352,21 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
             !(borrower = vn_util_json_string(json_node_get_object(e), "borrower")) ||
-            !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease) ||
-            (ld = vn_devices_local(d, name)) == NULL) {
-            continue; /* a device no longer configured: its lease is void */
+            !vn_name_valid(VN_NAME_NODE, borrower) || !get_lease(json_node_get_object(e), &lease)) {
+            continue;
+        }
+        /* Gone from the config while lent: lent on, as a reload leaves it,
+         * until the lease ends (devices.c then unlends it). */
+        ld = vn_devices_local(d, name);
+        if (ld == NULL && (ld = lend_again(d, json_node_get_object(e), false)) != NULL) {
+            vn_log(G_LOG_LEVEL_WARNING, d->conf->node, name, borrower, lease,
+                   "node %s: %s is no longer in the config, but %s holds it (lease %" G_GUINT64_FORMAT
+                   "): it stays lent until the lease ends (revoke it to end it now), then is "
+                   "unlent",
+                   d->conf->node, name, borrower, lease);
+        }
+        if (ld == NULL) {
+            continue; /* not lendable again: its lease is void */
         }
         /* In doubt until its borrower's daemon claims it again. */
         if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
@@ -342,6 +394,20 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!d->workers->lend_adopt(d, ld)) {
             vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
                    "node %s: the lender worker of %s is gone", d->conf->node, name);
+        }
+    }
+    n = json_object_get_member(o, "losses");
+    if (n != NULL && JSON_NODE_HOLDS_OBJECT(n)) {
+        g_autoptr(GList) names = json_object_get_members(json_node_get_object(n));
+
+        for (GList *l = names; l != NULL; l = l->next) {
+            const char *line = vn_util_json_string(json_node_get_object(n), l->data);
+
+            if (line != NULL && strlen(l->data) <= VN_MAX_NODE_NAME + 1 + VN_MAX_DEVICE_NAME &&
+                strlen(line) <= VN_DEVICES_MAX_LOSS_LINE &&
+                g_hash_table_size(d->losses) < VN_DEVICES_MAX_LOSSES) {
+                g_hash_table_insert(d->losses, g_strdup(l->data), g_strdup(line));
+            }
         }
     }
     n = json_object_get_member(o, "borrowed");
