@@ -2,8 +2,8 @@
  * Unit tests of vfio-ntbd's control socket (vfio-ntb/daemon/control.c): a
  * real socket, driven by a client in this process that runs the daemon's
  * main loop between its requests.  The command table is this file's
- * lookup() (a table of its own, handed to vn_control_new()): one command that
- * answers {} as subscribe-events does.
+ * lookup() (a table of its own, handed to vn_control_new()): subscribe-events
+ * (the transport's own, vn_control_subscribe), and "big", a 64 KiB answer.
  */
 #include "daemon/daemon-int.h"
 
@@ -18,12 +18,29 @@
 
 static void cmd_empty(VnDaemon *d, JsonObject *args, VnControlReply *r)
 {
-    vn_control_return(r, NULL);
+    JsonNode *since = json_object_get_member(args, "since");
+
+    vn_control_subscribe(r, since != NULL ? json_node_get_int(since) : 0);
+}
+
+static void cmd_big(VnDaemon *d, JsonObject *args, VnControlReply *r)
+{
+    g_autofree char *text = g_strnfill(64 * 1024, 'x');
+    JsonNode *n = json_node_new(JSON_NODE_VALUE);
+
+    json_node_set_string(n, text);
+    vn_control_return(r, n);
 }
 
 static VnCommandFn lookup(const char *name, const char *const **allowed)
 {
+    static const char *const since[] = { "since", NULL };
+
     *allowed = NULL;
+    if (strcmp(name, "big") == 0) {
+        return cmd_big;
+    }
+    *allowed = since;
     return strcmp(name, "subscribe-events") == 0 ? cmd_empty : NULL;
 }
 
@@ -87,6 +104,12 @@ static void rig_stop(Rig *r)
 }
 
 /* Send one request line and return the answer line (newly allocated). */
+static char *rig_ask_len(Rig *r, const char *line, size_t len)
+{
+    ck_assert_int_eq(send(r->fd, line, len, MSG_NOSIGNAL), (ssize_t)len);
+    return rig_line(r);
+}
+
 static char *rig_ask(Rig *r, const char *line)
 {
     size_t len = strlen(line);
@@ -133,12 +156,15 @@ START_TEST(test_bad_requests)
         "{\"execute\":\"nope\"}\n",
         "{\"execute\":\"subscribe-events\",\"arguments\":[]}\n",
         "{\"execute\":\"subscribe-events\",\"arguments\":{\"x\":1}}\n",
+        /* a NUL byte: answered, not skipped */
+        "\0{\"execute\":\"subscribe-events\"}\n",
     };
     Rig r;
 
     rig_start(&r);
     for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
-        g_autofree char *got = rig_ask(&r, bad[i]);
+        size_t len = bad[i][0] != '\0' ? strlen(bad[i]) : 1 + strlen(bad[i] + 1);
+        g_autofree char *got = rig_ask_len(&r, bad[i], len);
 
         ck_assert_msg(g_str_has_prefix(got, "{\"error\":{\"class\":"), "%s -> %s", bad[i], got);
     }
@@ -147,6 +173,137 @@ START_TEST(test_bad_requests)
 
         ck_assert_str_eq(got, "{\"return\":{}}");
     }
+    rig_stop(&r);
+}
+END_TEST
+
+/* ---- clients that do not play fair --------------------------------------- */
+
+static int rig_connect(Rig *r)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, r->path, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    rig_settle();
+    return fd;
+}
+
+/* Whether the daemon closed @fd's connection (what it sent is drained). */
+static bool rig_closed(int fd)
+{
+    char buf[65536];
+    ssize_t n;
+
+    rig_settle();
+    while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    }
+    return n == 0;
+}
+
+/* A client that asks and never reads is dropped once its unread answers
+ * pass the bound; the daemon never waited on it, and the others are
+ * answered. */
+START_TEST(test_non_reader_dropped)
+{
+    Rig r;
+    int greedy;
+    bool dropped = false;
+
+    rig_start(&r);
+    greedy = rig_connect(&r);
+    for (int i = 0; i < 200 && !dropped; i++) {
+        static const char req[] = "{\"execute\":\"big\"}\n";
+
+        dropped = send(greedy, req, sizeof(req) - 1, MSG_NOSIGNAL) < 0;
+        rig_settle();
+    }
+    ck_assert(dropped || rig_closed(greedy));
+    {
+        g_autofree char *got = rig_ask(&r, "{\"execute\":\"subscribe-events\"}\n");
+
+        ck_assert_str_eq(got, "{\"return\":{}}");
+    }
+    close(greedy);
+    rig_stop(&r);
+}
+END_TEST
+
+/* Clients that hold their connections never lock a new one out: at the
+ * limit, the one idle longest makes room. */
+START_TEST(test_held_connections_make_room)
+{
+    enum { HELD = 64 };
+    int held[HELD];
+    Rig r;
+    int fresh;
+    g_autofree char *greeting = NULL;
+    g_autofree char *got = NULL;
+
+    rig_start(&r); /* r.fd: the first, idle longest */
+    for (int i = 0; i < HELD; i++) {
+        held[i] = rig_connect(&r);
+    }
+    fresh = rig_connect(&r);
+    {
+        Rig f = r;
+
+        f.fd = fresh;
+        greeting = rig_line(&f);
+        ck_assert_msg(strstr(greeting, "\"vfio-ntbd\"") != NULL, "%s", greeting);
+        got = rig_ask(&f, "{\"execute\":\"subscribe-events\"}\n");
+        ck_assert_str_eq(got, "{\"return\":{}}");
+    }
+    ck_assert(rig_closed(r.fd));
+    ck_assert(!rig_closed(held[HELD - 1]));
+    for (int i = 0; i < HELD; i++) {
+        close(held[i]);
+    }
+    close(fresh);
+    rig_stop(&r);
+}
+END_TEST
+
+/* A subscriber that names the last event it saw gets those kept since,
+ * then the new ones. */
+START_TEST(test_events_since)
+{
+    Rig r;
+    g_autofree char *req = NULL;
+    g_autofree char *first = NULL;
+    g_autofree char *got = NULL;
+    g_autofree char *second = NULL;
+    g_autofree char *third = NULL;
+    g_autoptr(JsonNode) ev = NULL;
+    JsonObject *ts;
+    gint64 since;
+
+    rig_start(&r);
+    got = rig_ask(&r, "{\"execute\":\"subscribe-events\"}\n");
+    vn_control_event(r.ctl, "ONE", json_node_new(JSON_NODE_NULL));
+    first = rig_line(&r);
+    g_usleep(2000);
+    vn_control_event(r.ctl, "TWO", json_node_new(JSON_NODE_NULL));
+    close(r.fd);
+    ev = json_from_string(first, NULL);
+    ck_assert_ptr_nonnull(ev);
+    ts = json_object_get_object_member(json_node_get_object(ev), "timestamp");
+    since = json_object_get_int_member(ts, "seconds") * G_USEC_PER_SEC +
+            json_object_get_int_member(ts, "microseconds");
+    r.fd = rig_connect(&r);
+    g_free(rig_line(&r)); /* the greeting */
+    req = g_strdup_printf(
+        "{\"execute\":\"subscribe-events\",\"arguments\":{\"since\":%" G_GINT64_FORMAT "}}\n",
+        since);
+    g_free(got);
+    got = rig_ask(&r, req);
+    ck_assert_str_eq(got, "{\"return\":{}}");
+    second = rig_line(&r);
+    ck_assert_msg(strstr(second, "\"TWO\"") != NULL, "%s", second);
+    vn_control_event(r.ctl, "THREE", json_node_new(JSON_NODE_NULL));
+    third = rig_line(&r);
+    ck_assert_msg(strstr(third, "\"THREE\"") != NULL, "%s", third);
     rig_stop(&r);
 }
 END_TEST
@@ -223,6 +380,12 @@ int main(void)
 
     tcase_add_test(tc, test_empty_return_frees);
     tcase_add_test(tc, test_bad_requests);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("unfair");
+    tcase_add_test(tc, test_non_reader_dropped);
+    tcase_add_test(tc, test_held_connections_make_room);
+    tcase_add_test(tc, test_events_since);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("path");

@@ -42,9 +42,21 @@ bool vn_commands_arg_device(JsonObject *a, VnControlReply *r, char **node, char 
 
 /* ---- commands ---- */
 
+/* "since": the timestamp of the last event a client saw, in microseconds
+ * (seconds * 1000000 + microseconds): what came after it and is still kept
+ * is sent first (ntbctl events --follow, back after a restart). */
 static void cmd_subscribe(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
-    vn_control_return(r, NULL); /* control.c flags the client */
+    JsonNode *since = json_object_get_member(a, "since");
+
+    if (since != NULL &&
+        (!JSON_NODE_HOLDS_VALUE(since) || json_node_get_value_type(since) != G_TYPE_INT64 ||
+         json_node_get_int(since) < 0)) {
+        vn_control_error(r, VN_ERR_PARAM,
+                         "subscribe-events: \"since\" must be a time in microseconds");
+        return;
+    }
+    vn_control_subscribe(r, since != NULL ? json_node_get_int(since) : 0);
 }
 
 /* Actions answer "changed": false when there was nothing to do, so that a
@@ -571,7 +583,7 @@ static const Command commands[] = {
     { "unplug", cmd_unplug, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "pci", "managed", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
-    { "subscribe-events", cmd_subscribe, { NULL } },
+    { "subscribe-events", cmd_subscribe, { "since", NULL } },
     { "trace", vn_daemon_cmd_trace, { "patterns", NULL } },
 };
 

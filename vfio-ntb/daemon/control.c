@@ -1,12 +1,18 @@
 /*
  * vfio-ntbd's control socket: QMP-style JSON lines (docs/control.md).
  *
- * Clients are untrusted: a line is at most VN_CONTROL_MAX_LINE bytes, there
- * are at most VN_CONTROL_MAX_CLIENTS of them, every request is checked
- * (object, "execute" string, "arguments" object with known names only)
- * before a command runs, and a bad request gets an error answer and changes
- * nothing.  Writes are bounded by a send timeout so a client that stops
- * reading cannot stall the daemon for long.
+ * Clients are untrusted, and none may lock the others out or slow the
+ * daemon: a line is at most VN_CONTROL_MAX_LINE bytes (a NUL byte in it is
+ * refused with an answer), every request is checked (object, "execute"
+ * string, "arguments" object with known names only) before a command runs,
+ * and a bad request gets an error answer and changes nothing.  Sends never
+ * wait: what a client has not read yet waits in its queue, and one whose
+ * queue passes VN_CONTROL_MAX_QUEUED is dropped.  A client idle for
+ * VN_CONTROL_IDLE_MS (no request, no answer due, no events asked for) is
+ * closed; when VN_CONTROL_MAX_CLIENTS are connected, a new one takes the
+ * place of the one idle longest, so held connections never lock ntbctl out.
+ * The last VN_CONTROL_MAX_HISTORY events are kept for a subscriber that
+ * asks for those since a time (one that reconnects after a restart).
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
@@ -30,17 +36,31 @@
 
 /* One request line; generous for any argument we take. */
 #define VN_CONTROL_MAX_LINE (64 * 1024)
-/* ntbctl, hooks and scripts: a handful at a time. */
+/* ntbctl, hooks, scripts, event followers: a handful at a time. */
 #define VN_CONTROL_MAX_CLIENTS 64
 /* Answers waiting per client (a revoke waits its grace period). */
 #define VN_CONTROL_MAX_PENDING 16
-#define VN_CONTROL_SEND_TIMEOUT_S 1
+/* Unread output per client: the largest answer (a full cluster's list,
+ * counters) many times over; a client that lets more pile up is not
+ * reading. */
+#define VN_CONTROL_MAX_QUEUED (4 * 1024 * 1024)
+/* A connection that asks nothing and waits for nothing this long is
+ * closed (ntbctl's own requests take milliseconds). */
+#define VN_CONTROL_IDLE_MS 30000
+#define VN_CONTROL_IDLE_CHECK_MS 1000
+/* Events kept for subscribers that ask for those since a time. */
+#define VN_CONTROL_MAX_HISTORY 256
+/* Connects the kernel queues before we accept them: a burst of ntbctl. */
+#define VN_CONTROL_BACKLOG 256
 
 typedef struct Client {
     VnControl *ctl;
     int fd;
     guint watch;
+    guint out_watch; /* while @out holds what the socket did not take */
     GString *in;
+    GString *out;
+    gint64 active_us; /* the last request (or the connect) */
     bool events;
     unsigned pending; /* replies not yet answered */
     unsigned refs;    /* the client and each pending reply */
@@ -51,19 +71,28 @@ struct VnControlReply {
     JsonNode *id;
 };
 
+typedef struct Event {
+    gint64 real_us;
+    char *line; /* with its newline */
+} Event;
+
 struct VnControl {
     VnDaemon *d;
     VnCommandLookup lookup; /* the command table (commands.c's, or a test's) */
     char *path;
     int fd;
     guint watch;
+    guint idle_timer;
     GPtrArray *clients;
+    GQueue history; /* Event, oldest first */
+    uint64_t dropped, evicted, idled;
 };
 
 static void client_unref(Client *c)
 {
     if (--c->refs == 0) {
         g_string_free(c->in, TRUE);
+        g_string_free(c->out, TRUE);
         g_free(c);
     }
 }
@@ -74,30 +103,79 @@ static void client_close(Client *c)
         return;
     }
     g_source_remove(c->watch);
+    if (c->out_watch != 0) {
+        g_source_remove(c->out_watch);
+        c->out_watch = 0;
+    }
     vn_util_close_fd(&c->fd);
     g_ptr_array_remove(c->ctl->clients, c);
     client_unref(c);
+}
+
+static gboolean on_writable(int fd, GIOCondition cond, gpointer data);
+
+/* Send what the socket takes now; false when the client was dropped. */
+static bool client_flush(Client *c)
+{
+    while (c->fd >= 0 && c->out->len > 0) {
+        ssize_t n = send(c->fd, c->out->str, c->out->len, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (c->out_watch == 0) {
+                c->out_watch = g_unix_fd_add(c->fd, G_IO_OUT, on_writable, c);
+            }
+            return true;
+        }
+        if (n <= 0) {
+            g_info("control: a client's connection broke (%s); dropped", g_strerror(errno));
+            client_close(c);
+            return false;
+        }
+        g_string_erase(c->out, 0, n);
+    }
+    if (c->out_watch != 0) {
+        g_source_remove(c->out_watch);
+        c->out_watch = 0;
+    }
+    return c->fd >= 0;
+}
+
+static gboolean on_writable(int fd, GIOCondition cond, gpointer data)
+{
+    Client *c = data;
+
+    c->out_watch = 0; /* client_flush adds it again while something is left */
+    client_flush(c);
+    return G_SOURCE_REMOVE;
+}
+
+/* Queue @line (with its newline) for @c, never waiting. */
+static void send_line(Client *c, const char *line, size_t len)
+{
+    if (c->fd < 0) {
+        return;
+    }
+    if (c->out->len + len > VN_CONTROL_MAX_QUEUED) {
+        g_info("control: a client left %zu bytes unread; dropped", c->out->len);
+        c->ctl->dropped++;
+        client_close(c);
+        return;
+    }
+    g_string_append_len(c->out, line, (gssize)len);
+    if (c->out_watch == 0) {
+        client_flush(c);
+    }
 }
 
 static void send_node(Client *c, JsonNode *node)
 {
     g_autofree char *text = json_to_string(node, FALSE);
     g_autofree char *line = g_strconcat(text, "\n", NULL);
-    size_t len = strlen(line), off = 0;
 
-    while (c->fd >= 0 && off < len) {
-        ssize_t n = send(c->fd, line + off, len - off, MSG_NOSIGNAL);
-
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            g_info("control: client stopped reading (%s); dropped", g_strerror(errno));
-            client_close(c);
-            return;
-        }
-        off += (size_t)n;
-    }
+    send_line(c, line, strlen(line));
 }
 
 static void reply_free(VnControlReply *r)
@@ -160,11 +238,21 @@ void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...
     reply_send(r, "error", json_builder_get_root(b));
 }
 
+static void event_free(gpointer p)
+{
+    Event *e = p;
+
+    g_free(e->line);
+    g_free(e);
+}
+
 void vn_control_event(VnControl *ctl, const char *name, JsonNode *data)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
     g_autoptr(JsonNode) root = NULL;
+    g_autofree char *text = NULL;
     gint64 now = g_get_real_time();
+    Event *e;
 
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "event");
@@ -180,15 +268,47 @@ void vn_control_event(VnControl *ctl, const char *name, JsonNode *data)
     json_builder_end_object(b);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
+    text = json_to_string(root, FALSE);
     g_info("event %s", name);
-    /* Backwards: send_node may drop a client from the array. */
+    e = g_new0(Event, 1);
+    e->real_us = now;
+    e->line = g_strconcat(text, "\n", NULL);
+    g_queue_push_tail(&ctl->history, e);
+    if (g_queue_get_length(&ctl->history) > VN_CONTROL_MAX_HISTORY) {
+        event_free(g_queue_pop_head(&ctl->history));
+    }
+    /* Backwards: send_line may drop a client from the array. */
     for (guint i = ctl->clients->len; i > 0; i--) {
         Client *c = ctl->clients->pdata[i - 1];
 
         if (c->events) {
-            send_node(c, root);
+            send_line(c, e->line, strlen(e->line));
         }
     }
+}
+
+void vn_control_subscribe(VnControlReply *r, gint64 since_us)
+{
+    Client *c = r->client;
+
+    if (c == NULL) {
+        vn_control_return(r, NULL);
+        return;
+    }
+    c->refs++; /* the answer may drop it */
+    vn_control_return(r, NULL);
+    if (c->fd >= 0) {
+        c->events = true;
+    }
+    /* What happened after @since_us and is still kept, oldest first. */
+    for (GList *l = c->ctl->history.head; since_us > 0 && l != NULL && c->fd >= 0; l = l->next) {
+        Event *e = l->data;
+
+        if (e->real_us > since_us) {
+            send_line(c, e->line, strlen(e->line));
+        }
+    }
+    client_unref(c);
 }
 
 /* Check a request and run its command. */
@@ -241,10 +361,25 @@ static void dispatch(Client *c, const char *line)
             return;
         }
     }
-    if (strcmp(name, "subscribe-events") == 0) {
-        c->events = true;
-    }
     fn(c->ctl->d, args, r);
+}
+
+/* Answer @c with an error at once (a request that never reached a command). */
+static void refuse(Client *c, const char *klass, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+
+static void refuse(Client *c, const char *klass, const char *fmt, ...)
+{
+    VnControlReply *r = g_new0(VnControlReply, 1);
+    g_autofree char *desc = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    desc = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    r->client = c;
+    c->refs++;
+    c->pending++;
+    vn_control_error(r, klass, "%s", desc);
 }
 
 static gboolean on_client(int fd, GIOCondition cond, gpointer data)
@@ -256,6 +391,11 @@ static gboolean on_client(int fd, GIOCondition cond, gpointer data)
 
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         /* Answers still pending keep the Client; they are dropped unsent. */
+        c->watch = 0;
+        if (c->out_watch != 0) {
+            g_source_remove(c->out_watch);
+            c->out_watch = 0;
+        }
         vn_util_close_fd(&c->fd);
         g_ptr_array_remove(c->ctl->clients, c);
         client_unref(c);
@@ -264,37 +404,83 @@ static gboolean on_client(int fd, GIOCondition cond, gpointer data)
     if (n < 0) {
         return G_SOURCE_CONTINUE;
     }
+    c->active_us = g_get_monotonic_time();
     g_string_append_len(c->in, buf, n);
     c->refs++; /* dispatch may close the client */
     while (c->fd >= 0 && (nl = memchr(c->in->str, '\n', c->in->len)) != NULL) {
-        g_autofree char *line = g_strndup(c->in->str, (gsize)(nl - c->in->str));
+        size_t len = (size_t)(nl - c->in->str);
+        g_autofree char *line = g_strndup(c->in->str, len);
+        bool nul = memchr(c->in->str, '\0', len) != NULL;
 
-        g_string_erase(c->in, 0, nl - c->in->str + 1);
+        g_string_erase(c->in, 0, (gssize)len + 1);
+        if (nul) {
+            refuse(c, VN_ERR_PARAM, "malformed request: a NUL byte in the line");
+            continue;
+        }
         if (line[0] == '\0') {
             continue;
         }
         if (c->pending >= VN_CONTROL_MAX_PENDING) {
-            VnControlReply *r = g_new0(VnControlReply, 1);
-
-            r->client = c;
-            c->refs++;
-            c->pending++;
-            vn_control_error(r, VN_ERR_GENERIC, "too many requests in flight");
+            refuse(c, VN_ERR_GENERIC, "too many requests in flight");
             continue;
         }
         dispatch(c, line);
     }
     if (c->fd >= 0 && c->in->len > VN_CONTROL_MAX_LINE) {
-        VnControlReply *r = g_new0(VnControlReply, 1);
-
-        r->client = c;
-        c->refs++;
-        c->pending++;
-        vn_control_error(r, VN_ERR_PARAM, "request longer than %d bytes", VN_CONTROL_MAX_LINE);
+        refuse(c, VN_ERR_PARAM, "request longer than %d bytes", VN_CONTROL_MAX_LINE);
         client_close(c);
     }
     client_unref(c);
     return G_SOURCE_CONTINUE;
+}
+
+/* Waiting for nothing: no answer due, no events asked for. */
+static bool client_idle(const Client *c)
+{
+    return c->pending == 0 && !c->events;
+}
+
+static gboolean on_idle_check(gpointer data)
+{
+    VnControl *ctl = data;
+    gint64 now = g_get_monotonic_time();
+
+    for (guint i = ctl->clients->len; i > 0; i--) {
+        Client *c = ctl->clients->pdata[i - 1];
+
+        if (client_idle(c) && now - c->active_us > (gint64)VN_CONTROL_IDLE_MS * 1000) {
+            g_info("control: a client idle for %d ms; closed", VN_CONTROL_IDLE_MS);
+            ctl->idled++;
+            client_close(c);
+        }
+    }
+    return G_SOURCE_CONTINUE;
+}
+
+/* Room for a new client: the one whose last request is oldest goes, an idle
+ * one first, else a subscriber; false when every one waits for an answer. */
+static bool make_room(VnControl *ctl)
+{
+    Client *oldest = NULL;
+
+    for (int pass = 0; pass < 2 && oldest == NULL; pass++) {
+        for (guint i = 0; i < ctl->clients->len; i++) {
+            Client *c = ctl->clients->pdata[i];
+            bool candidate = pass == 0 ? client_idle(c) : c->pending == 0;
+
+            if (candidate && (oldest == NULL || c->active_us < oldest->active_us)) {
+                oldest = c;
+            }
+        }
+    }
+    if (oldest == NULL) {
+        return false;
+    }
+    g_info("control: %d clients; the one idle longest makes room for a new one",
+           VN_CONTROL_MAX_CLIENTS);
+    ctl->evicted++;
+    client_close(oldest);
+    return true;
 }
 
 static void greet(VnControl *ctl, Client *c)
@@ -318,24 +504,25 @@ static void greet(VnControl *ctl, Client *c)
 static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 {
     VnControl *ctl = data;
-    struct timeval tv = { .tv_sec = VN_CONTROL_SEND_TIMEOUT_S };
-    int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+    int cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     Client *c;
 
     if (cfd < 0) {
         return G_SOURCE_CONTINUE;
     }
-    if (ctl->clients->len >= VN_CONTROL_MAX_CLIENTS) {
-        g_info("control: %d clients already; refusing one", VN_CONTROL_MAX_CLIENTS);
+    if (ctl->clients->len >= VN_CONTROL_MAX_CLIENTS && !make_room(ctl)) {
+        g_info("control: %d clients, each waiting for an answer; refusing one",
+               VN_CONTROL_MAX_CLIENTS);
         close(cfd);
         return G_SOURCE_CONTINUE;
     }
-    setsockopt(cfd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     c = g_new0(Client, 1);
     c->ctl = ctl;
     c->fd = cfd;
     c->refs = 1;
     c->in = g_string_new(NULL);
+    c->out = g_string_new(NULL);
+    c->active_us = g_get_monotonic_time();
     c->watch = g_unix_fd_add(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR, on_client, c);
     g_ptr_array_add(ctl->clients, c);
     greet(ctl, c);
@@ -414,8 +601,8 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
     strcpy(addr.sun_path, pending);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     old = umask(0177); /* root-only from the start, no chmod race */
-    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 || listen(fd, 16) < 0 ||
-        rename(pending, path) < 0) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        listen(fd, VN_CONTROL_BACKLOG) < 0 || rename(pending, path) < 0) {
         int e = errno;
 
         umask(old);
@@ -435,6 +622,8 @@ VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup,
     ctl->fd = fd;
     ctl->clients = g_ptr_array_new();
     ctl->watch = g_unix_fd_add(fd, G_IO_IN, on_accept, ctl);
+    g_queue_init(&ctl->history);
+    ctl->idle_timer = g_timeout_add(VN_CONTROL_IDLE_CHECK_MS, on_idle_check, ctl);
     return ctl;
 }
 
@@ -448,6 +637,8 @@ void vn_control_free(VnControl *ctl)
     }
     g_ptr_array_unref(ctl->clients);
     g_source_remove(ctl->watch);
+    g_source_remove(ctl->idle_timer);
+    g_queue_clear_full(&ctl->history, event_free);
     close(ctl->fd);
     unlink(ctl->path);
     g_free(ctl->path);

@@ -244,8 +244,13 @@ void vn_control_free(VnControl *c);
 void vn_control_return(VnControlReply *r, JsonNode *value);
 void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...)
     G_GNUC_PRINTF(3, 4);
-/* To every client that subscribed; takes @data. */
+/* To every client that subscribed, and kept for late subscribers; takes
+ * @data. */
 void vn_control_event(VnControl *c, const char *name, JsonNode *data);
+/* subscribe-events: answers @r, then sends @r's client every event from
+ * now on, after those kept that came after @since_us (real time, as the
+ * events' timestamps say; 0: none of them). */
+void vn_control_subscribe(VnControlReply *r, gint64 since_us);
 
 /* ---- commands.c ---- */
 /* The daemon's command table (a VnCommandLookup). */

@@ -244,8 +244,7 @@ void vn_devices_on_lease(void *opaque, const VnLeaseChange *ch)
     VnLocalDevice *ld = ch->lease->opaque;
     Leaving *l;
 
-    if (ch->lease->state != VN_LEASE_FREE || ch->end == VN_LEASE_END_UNLENT ||
-        !ld->conf->leaving) {
+    if (ch->lease->state != VN_LEASE_FREE || ch->end == VN_LEASE_END_UNLENT || !ld->conf->leaving) {
         return;
     }
     /* Not from inside the lease table's notification: unlending removes

@@ -359,11 +359,12 @@ bool vn_state_load(VnDaemon *d, GError **error)
          * until the lease ends (devices.c then unlends it). */
         ld = vn_devices_local(d, name);
         if (ld == NULL && (ld = lend_again(d, json_node_get_object(e), false)) != NULL) {
-            vn_log(G_LOG_LEVEL_WARNING, d->conf->node, name, borrower, lease,
-                   "node %s: %s is no longer in the config, but %s holds it (lease %" G_GUINT64_FORMAT
-                   "): it stays lent until the lease ends (revoke it to end it now), then is "
-                   "unlent",
-                   d->conf->node, name, borrower, lease);
+            vn_log(
+                G_LOG_LEVEL_WARNING, d->conf->node, name, borrower, lease,
+                "node %s: %s is no longer in the config, but %s holds it (lease %" G_GUINT64_FORMAT
+                "): it stays lent until the lease ends (revoke it to end it now), then is "
+                "unlent",
+                d->conf->node, name, borrower, lease);
         }
         if (ld == NULL) {
             continue; /* not lendable again: its lease is void */

@@ -105,8 +105,8 @@ guint vn_strays_stop(VnDaemon *d)
     struct dirent *e;
 
     if (proc == NULL) {
-        g_warning("node %s: /proc: %s; workers nobody recorded are not looked for",
-                  d->conf->node, g_strerror(errno));
+        g_warning("node %s: /proc: %s; workers nobody recorded are not looked for", d->conf->node,
+                  g_strerror(errno));
         return 0;
     }
     while ((e = readdir(proc)) != NULL) {
