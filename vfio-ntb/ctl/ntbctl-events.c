@@ -83,18 +83,72 @@ static bool print_event(const Ntbctl *n, JsonObject *ev)
     return ntbctl_print_json(root, false);
 }
 
-int ntbctl_events(const Ntbctl *n, gint64 count)
+/* The event's time in microseconds (0 when it has none). */
+static gint64 event_us(JsonObject *ev)
+{
+    JsonNode *tn = json_object_get_member(ev, "timestamp");
+    JsonObject *t = tn != NULL && JSON_NODE_HOLDS_OBJECT(tn) ? json_node_get_object(tn) : NULL;
+    JsonNode *s = t != NULL ? json_object_get_member(t, "seconds") : NULL;
+    JsonNode *us = t != NULL ? json_object_get_member(t, "microseconds") : NULL;
+
+    if (s == NULL || us == NULL || json_node_get_value_type(s) != G_TYPE_INT64 ||
+        json_node_get_value_type(us) != G_TYPE_INT64 || json_node_get_int(s) < 0 ||
+        json_node_get_int(s) > G_MAXINT64 / G_USEC_PER_SEC - 1) {
+        return 0;
+    }
+    return json_node_get_int(s) * G_USEC_PER_SEC + CLAMP(json_node_get_int(us), 0, 999999);
+}
+
+/* Subscribed (to what came after @since_us, if not 0), or NULL. */
+static VnCtlClient *subscribe(const Ntbctl *n, gint64 since_us, GError **error)
+{
+    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(n->socket_path, n->timeout_ms, error);
+    g_autoptr(JsonObject) args = json_object_new();
+    g_autoptr(JsonNode) ok = NULL;
+
+    if (c == NULL) {
+        return NULL;
+    }
+    if (since_us > 0) {
+        json_object_set_int_member(args, "since", since_us);
+    }
+    ok = vn_ctl_client_execute(c, "subscribe-events", since_us > 0 ? args : NULL, error);
+    return ok != NULL ? g_steal_pointer(&c) : NULL;
+}
+
+/* How often --follow tries a daemon that is away. */
+#define NTBCTL_FOLLOW_RETRY_MS 500
+
+int ntbctl_events(const Ntbctl *n, gint64 count, bool follow)
 {
     g_autoptr(GError) error = NULL;
-    g_autoptr(VnCtlClient) c = vn_ctl_client_connect(n->socket_path, n->timeout_ms, &error);
-    g_autoptr(JsonNode) ok = c ? vn_ctl_client_execute(c, "subscribe-events", NULL, &error) : NULL;
+    g_autoptr(VnCtlClient) c = subscribe(n, 0, &error);
+    gint64 last_us = 0;
+    bool said = false;
 
-    if (ok == NULL) {
+    if (c == NULL) {
         return ntbctl_fail(n, error);
     }
-    for (gint64 seen = 0; count < 0 || seen < count; seen++) {
-        g_autoptr(JsonObject) ev = vn_ctl_client_next_event(c, -1, &error);
+    for (gint64 seen = 0; count < 0 || seen < count;) {
+        g_autoptr(JsonObject) ev = c != NULL ? vn_ctl_client_next_event(c, -1, &error) : NULL;
 
+        if (ev == NULL && follow) {
+            /* Away (stopped or restarting): again, from the last event seen. */
+            if (!said) {
+                fprintf(stderr, "ntbctl: vfio-ntbd at %s went away; waiting for it\n",
+                        n->socket_path);
+                said = true;
+            }
+            g_clear_pointer(&c, vn_ctl_client_free);
+            g_clear_error(&error);
+            g_usleep(NTBCTL_FOLLOW_RETRY_MS * 1000);
+            c = subscribe(n, last_us, &error);
+            if (c != NULL) {
+                fprintf(stderr, "ntbctl: vfio-ntbd at %s is back\n", n->socket_path);
+                said = false;
+            }
+            continue;
+        }
         if (ev == NULL) {
             /* The daemon went away (stopped or restarted): the stream is over. */
             if (g_error_matches(error, VN_CTL_ERROR, VN_CTL_ERROR_PROTOCOL)) {
@@ -103,9 +157,11 @@ int ntbctl_events(const Ntbctl *n, gint64 count)
             }
             return ntbctl_fail(n, error);
         }
+        last_us = MAX(last_us, event_us(ev));
         if (!print_event(n, ev)) {
             return NTBCTL_EXIT_REFUSED; /* the reader went away */
         }
+        seen++;
     }
     return NTBCTL_EXIT_DONE;
 }

@@ -43,7 +43,7 @@ static struct {
     char *socket, *timeout, *trace;
     gboolean json, help, version;
     char *grace, *domain, *qmp, *qdev_id, *alias, *bus, *check, *connect, *hosts, *to;
-    gboolean config, serve_only, names, managed;
+    gboolean config, serve_only, names, managed, follow;
     char *device_socket, *pci, *allow, *count, *interval;
 } o;
 
@@ -92,6 +92,8 @@ static const GOptionEntry options[] = {
     { "allow", 0, 0, G_OPTION_ARG_STRING, &o.allow,
       "the nodes that may borrow it (comma-separated, or '*')", "NODES" },
     { "count", 0, 0, G_OPTION_ARG_STRING, &o.count, "stop after N events (top: frames)", "N" },
+    { "follow", 0, 0, G_OPTION_ARG_NONE, &o.follow,
+      "go on across the daemon's restarts (the events of the gap come first)", NULL },
     { "interval-ms", 0, 0, G_OPTION_ARG_STRING, &o.interval, "time between frames (default 1000)",
       "N" },
     G_OPTION_ENTRY_NULL,
@@ -599,7 +601,7 @@ static int run_events(const Command *cmd, Ntbctl *n, const char *arg)
     if (o.count != NULL && !parse_ms(n, "--count", o.count, 1, NTBCTL_MAX_COUNT, &count)) {
         return NTBCTL_EXIT_USAGE;
     }
-    return ntbctl_events(n, count);
+    return ntbctl_events(n, count, o.follow);
 }
 
 static int run_top(const Command *cmd, Ntbctl *n, const char *dev)
@@ -689,9 +691,9 @@ static const Command commands[] = {
       "a live view of this node's devices: forwarded accesses, interrupts, DMA maps and requests "
       "per second (until interrupted, or N frames)",
       "ntbctl top --interval-ms 2000", "interval-ms,count", run_top, NULL, false, NULL },
-    { "events", ARG_NONE, "[--count N]",
+    { "events", ARG_NONE, "[--count N] [--follow]",
       "the daemon's events as they happen (leases, attach and detach, lost devices, links)",
-      "ntbctl events --json", "count", run_events, NULL, false, NULL },
+      "ntbctl events --follow --json", "count,follow", run_events, NULL, false, NULL },
     { "trace", ARG_PATTERNS, "PATTERNS",
       "switch trace events in the daemon and its workers (globs, comma-separated; -GLOB turns "
       "off)",

@@ -62,8 +62,10 @@ int ntbctl_done(const Ntbctl *n, JsonNode *ret, bool changed, const char *text);
  * cannot take it. */
 bool ntbctl_print_json(JsonNode *root, bool pretty);
 
-/* ntbctl events [--count N]: prints events until interrupted (or N). */
-int ntbctl_events(const Ntbctl *n, gint64 count);
+/* ntbctl events [--count N] [--follow]: prints events until interrupted (or N). */
+/* @follow: across the daemon's restarts, reconnecting until interrupted;
+ * the events it kept since the last one seen come first. */
+int ntbctl_events(const Ntbctl *n, gint64 count, bool follow);
 /* ntbctl version: this ntbctl's and the daemon's. */
 int ntbctl_version(const Ntbctl *n);
 
