@@ -432,6 +432,19 @@ bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error)
         stats_block(text, json_object_get_string_member(o, "device"), o);
         known = true;
     } else {
+        /* The node's own: whether its state file is up to date. */
+        g_autoptr(JsonObject) node = json_object_new();
+
+        for (const char *const *k =
+                 (const char *const[]){ "state_save_errors", "state_saved", NULL };
+             *k != NULL; k++) {
+            if ((n = json_object_get_member(o, *k)) != NULL && JSON_NODE_HOLDS_VALUE(n)) {
+                json_object_set_member(node, *k, json_node_copy(n));
+            }
+        }
+        if (json_object_get_size(node) > 0) {
+            stats_block(text, "node", node);
+        }
         if ((n = json_object_get_member(o, "fabric")) != NULL) {
             if (!JSON_NODE_HOLDS_OBJECT(n)) {
                 malformed(error, cmd, G_MAXUINT, "\"fabric\" is not an object");

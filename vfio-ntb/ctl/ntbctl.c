@@ -317,6 +317,13 @@ static int request(const Command *cmd, Ntbctl *n, const char *arg, JsonObject *a
     if (ro != NULL && json_object_has_member(ro, "changed")) {
         changed = json_object_get_boolean_member_with_default(ro, "changed", changed);
     }
+    /* Done, but not in the daemon's state file: said, and still done. */
+    if (ro != NULL && !json_object_get_boolean_member_with_default(ro, "saved", TRUE)) {
+        fprintf(stderr,
+                "ntbctl: warning: vfio-ntbd could not save its state (its log says why): "
+                "a restart now would forget %s\n",
+                cmd->mutates ? "this change" : "recent changes");
+    }
     return ntbctl_done(n, ret, changed, text->str);
 }
 

@@ -228,6 +228,9 @@ static gboolean on_heartbeat(gpointer data)
         }
     }
     vn_leases_tick(d->leases, g_get_monotonic_time());
+    if (d->unsaved) {
+        vn_state_save_or_report(d); /* the disk may have room again */
+    }
     nodes_forget(d, (gint64)VN_DAEMON_FORGET_NODE_MS * 1000, false);
     /* Changes are announced when they happen; the periodic one only heals
      * what a lost message left behind, so it need not be every beat: with n

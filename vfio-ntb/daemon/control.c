@@ -217,6 +217,12 @@ void vn_control_return(VnControlReply *r, JsonNode *value)
         value = json_node_new(JSON_NODE_OBJECT);
         json_node_take_object(value, json_object_new());
     }
+    /* What changed may not survive a restart: every answer says so until a
+     * save works (docs/control.md, "saved"). */
+    if (r->client != NULL && r->client->ctl->d->unsaved && JSON_NODE_HOLDS_OBJECT(value) &&
+        !json_object_has_member(json_node_get_object(value), "saved")) {
+        json_object_set_boolean_member(json_node_get_object(value), "saved", FALSE);
+    }
     reply_send(r, "return", value);
 }
 

@@ -142,6 +142,8 @@ typedef struct VnDaemon {
     GHashTable *nodes;    /* name -> VnRemoteNode */
     VnLeases *leases;     /* of the devices in @local */
     uint64_t save_errors; /* state saves that failed (reported in query-stats) */
+    bool unsaved;         /* the last save failed: the state file is behind; every
+                           * control answer says "saved": false until one works */
     VnControl *control;
     GMainLoop *loop;
     guint heartbeat;

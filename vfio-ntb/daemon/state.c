@@ -448,7 +448,16 @@ void vn_state_save_or_report(VnDaemon *d)
 
     if (!vn_state_save(d, &error)) {
         d->save_errors++;
-        g_warning("node %s: %s", d->conf->node, error->message);
+        /* Warned once per run of failures; the heartbeat tries again. */
+        vn_log(d->unsaved ? G_LOG_LEVEL_INFO : G_LOG_LEVEL_WARNING, d->conf->node, NULL, NULL, 0,
+               "node %s: %s; a restart now would forget what changed since the last save",
+               d->conf->node, error->message);
+        d->unsaved = true;
+        return;
+    }
+    if (d->unsaved) {
+        d->unsaved = false;
+        g_message("node %s: the state is saved again (%s)", d->conf->node, state_dir(d));
     }
 }
 
