@@ -391,10 +391,14 @@ void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg)
 static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
 {
     g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    /* Given back is routine; taken away (expired, dropped, revoked) is a
+     * guest's device gone: a warning, and so is its fence. */
+    bool loss = ch->end != VN_LEASE_END_RETURNED && ch->end != VN_LEASE_END_UNLENT;
 
-    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, ch->old_holder, ch->old_id,
-           "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)", d->conf->node,
-           ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
+    vn_log(loss ? G_LOG_LEVEL_WARNING : G_LOG_LEVEL_MESSAGE, d->conf->node, device, ch->old_holder,
+           ch->old_id, "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
+           d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
+    ld->fence.loud = loss;
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
      * VMs' data paths as they were.  The worker fences on its peer's link
@@ -454,7 +458,7 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
         lease_granted(d, ld, ch);
         break;
     case VN_LEASE_ORPHANED:
-        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, ld->conf->name, ch->lease->holder, ch->lease->id,
                "node %s: %s's link went down; lease %" G_GUINT64_FORMAT " on %s "
                "expires in %u ms unless it comes back",
                d->conf->node, ch->lease->holder, ch->lease->id, ld->conf->name,
@@ -662,6 +666,12 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
     if (n != NULL && !up) {
         n->link_up = false;
         n->down_since_us = g_get_monotonic_time();
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, NULL, peer, 0, "node %s: link to %s down",
+               d->conf->node, peer);
+    } else if (n != NULL && up && !n->link_up) {
+        vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, NULL, peer, 0,
+               "node %s: link to %s up again after %" G_GINT64_FORMAT " ms", d->conf->node, peer,
+               (g_get_monotonic_time() - n->down_since_us) / 1000);
     }
     vn_cluster_emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer, NULL);
     if (up) {
@@ -694,6 +704,10 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
             Away *aw = g_new0(Away, 1);
 
             *aw = (Away){ d, b };
+            vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, peer, b->lease,
+                   "node %s: %s went away; %s is lost unless it is back in %u ms%s%s",
+                   d->conf->node, peer, b->device, d->conf->lease_timeout_ms,
+                   b->domain != NULL ? "; it is in " : "", b->domain != NULL ? b->domain : "");
             b->unconfirmed = true;
             b->away_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, d->conf->lease_timeout_ms,
                                                on_lender_gone, aw, g_free);

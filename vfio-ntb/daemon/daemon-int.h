@@ -50,6 +50,7 @@ typedef struct VnFenceResume {
 typedef struct VnFence {
     bool active; /* the device may not be lent until it is over */
     guint timer; /* the worker's time to say it fenced */
+    bool loud;   /* after a loss (expired, dropped, revoked): said as a warning */
     VnFenceResume resume;
 } VnFence;
 

@@ -34,8 +34,9 @@ static void fence_done(VnLocalDevice *ld, const char *how)
         g_source_remove(ld->fence.timer);
         ld->fence.timer = 0;
     }
-    vn_log(G_LOG_LEVEL_INFO, d->conf->node, ld->conf->name, NULL, 0, "node %s: %s fenced (%s)",
-           d->conf->node, ld->conf->name, how);
+    vn_log(ld->fence.loud ? G_LOG_LEVEL_WARNING : G_LOG_LEVEL_INFO, d->conf->node, ld->conf->name,
+           NULL, 0, "node %s: %s fenced (%s)", d->conf->node, ld->conf->name, how);
+    ld->fence.loud = false;
     ld->fence.resume = (VnFenceResume){ 0 };
     if (resume.fn != NULL) {
         resume.fn(d, ld, resume.peer, resume.token);
