@@ -21,7 +21,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
                  fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
-                 args=(), fabric="shm"):
+                 args=(), fabric="shm", persist=True):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -33,6 +33,7 @@ class Daemon:
         self.verbose = verbose
         self.allow = dict(allow or {})      # lent device -> "hostb;hostc" (default "*")
         self.lease_timeout_ms = lease_timeout_ms
+        self.persist = persist              # False: no state-dir (the README quickstart's)
         self.args = [str(a) for a in args]         # more of vfio-ntbd's options (--trace)
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
@@ -45,8 +46,10 @@ class Daemon:
     def config_text(self):
         lines = ["[node]", f"name = {self.name}", f"fabric = {self.fabric}",
                  f"stats-file = {self.stats_path}",
-                 f"control-socket = {self.control}", f"state-dir = {self.state_dir}",
+                 f"control-socket = {self.control}",
                  f"run-dir = {self.run_dir}", f"lease-timeout-ms = {self.lease_timeout_ms}"]
+        if self.persist:
+            lines.append(f"state-dir = {self.state_dir}")
         if self.fabric == "shm":
             lines.append(f"fabric-dir = {self.fabric_dir}")
         if self.fabric_params:
@@ -102,6 +105,23 @@ class Daemon:
 
     def log(self):
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def workers(self, binary="vfio-ntb-lender"):
+        """The pids of this node's running worker processes (@binary): what ps shows an
+        operator."""
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if (state != "Z" and argv and Path(argv[0].decode(errors="replace")).name == binary
+                    and f"--node={self.name}".encode() in argv):
+                pids.append(int(proc.name))
+        return sorted(pids)
 
 
 def read_stats_file(proc, path, who, timeout=5.0):

@@ -78,3 +78,18 @@ const char *vn_name_kind_to_string(VnNameKind kind)
 {
     return kind < VN_NAME_LAST ? rules[kind].what : "unknown";
 }
+
+char **vn_name_split_list(const char *text)
+{
+    g_auto(GStrv) parts = g_strsplit_set(text != NULL ? text : "", ",;", -1);
+    GPtrArray *out = g_ptr_array_new();
+
+    for (char **p = parts; *p != NULL; p++) {
+        g_strstrip(*p);
+        if ((*p)[0] != '\0') {
+            g_ptr_array_add(out, g_strdup(*p));
+        }
+    }
+    g_ptr_array_add(out, NULL);
+    return (char **)g_ptr_array_free(out, FALSE);
+}

@@ -58,4 +58,10 @@ const char *vn_name_rule(VnNameKind kind);
 /* "node", "device", "domain", "qdev id", "socket". */
 const char *vn_name_kind_to_string(VnNameKind kind);
 
+/* A list of names as an operator writes one, in a config file or on a
+ * command line: separated by ',' or ';' (both, anywhere), blanks around
+ * each ignored, empty entries dropped ("hostb; hostc;" is two).  Checks
+ * nothing else; the caller bounds the count. */
+char **vn_name_split_list(const char *text); /* g_strfreev() it */
+
 #endif /* VN_NAME_H */

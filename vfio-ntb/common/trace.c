@@ -41,9 +41,24 @@ int vn_trace_enable(const char *patterns, GError **error)
     }
     list = g_strsplit(patterns, ",", -1);
     for (unsigned i = 0; list[i] != NULL; i++) {
+        g_autoptr(GPatternSpec) spec = NULL;
+        bool matches = false;
+
         if (!pattern_valid(list[i])) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                         "trace pattern '%s': globs of [a-z0-9_*?], '-' in front to turn off",
+                        list[i]);
+            return -1;
+        }
+        /* A typo would switch nothing and look like a quiet program. */
+        spec = g_pattern_spec_new(list[i] + (list[i][0] == '-' ? 1 : 0));
+        for (unsigned e = 0; e < vn_trace_event_count && !matches; e++) {
+            matches = g_pattern_spec_match_string(spec, vn_trace_events[e].name);
+        }
+        if (!matches) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "trace pattern '%s' matches no trace event (`ntbctl trace --list` "
+                        "lists them)",
                         list[i]);
             return -1;
         }

@@ -646,3 +646,27 @@ bool vn_ctl_format_trace(GString *out, const char *node, JsonNode *ret, GError *
         json_object_get_int_member_with_default(o, "workers", 0));
     return true;
 }
+
+bool vn_ctl_format_trace_list(GString *out, JsonNode *ret, GError **error)
+{
+    static const char cmd[] = "query-trace";
+    static const char *const header[] = { "EVENT", "ON" };
+    JsonArray *a = want_array(ret, cmd, error);
+    g_autoptr(VnCtlTable) t = vn_ctl_table_new(G_N_ELEMENTS(header), header);
+
+    if (a == NULL) {
+        return false;
+    }
+    for (guint i = 0; i < json_array_get_length(a); i++) {
+        JsonObject *o = want_object(json_array_get_element(a, i), cmd, i, error);
+
+        if (o == NULL || !member_is(o, "event", G_TYPE_STRING, false, cmd, i, error) ||
+            !member_is(o, "on", G_TYPE_BOOLEAN, false, cmd, i, error)) {
+            return false;
+        }
+        vn_ctl_table_add(t, vn_ctl_format_sanitize(json_object_get_string_member(o, "event")));
+        vn_ctl_table_add(t, g_strdup(json_object_get_boolean_member(o, "on") ? "yes" : "no"));
+    }
+    vn_ctl_table_render(out, t);
+    return true;
+}

@@ -62,5 +62,7 @@ bool vn_ctl_format_unlend(GString *out, const char *node, const char *name, Json
                           GError **error);
 /* trace {"events", "on", "workers"} -> "hostb: 3 trace events on: ...". */
 bool vn_ctl_format_trace(GString *out, const char *node, JsonNode *ret, GError **error);
+/* query-trace's [{"event", "on"}] as a table. */
+bool vn_ctl_format_trace_list(GString *out, JsonNode *ret, GError **error);
 
 #endif /* VN_CTL_FORMAT_H */

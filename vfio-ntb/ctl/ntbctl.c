@@ -31,6 +31,10 @@
 #define NTBCTL_MAX_WAIT_MS (24 * 3600 * 1000)
 /* --grace-ms: the daemon's bound (VN_DAEMON_MAX_GRACE_MS). */
 #define NTBCTL_MAX_GRACE_MS 600000
+/* revoke without --grace-ms: the daemon's default (VN_DAEMON_REVOKE_GRACE_MS). */
+#define NTBCTL_DEFAULT_GRACE_MS 5000
+/* revoke waits for the grace period and this much more: the fence, the answer. */
+#define NTBCTL_REVOKE_MARGIN_MS 10000
 /* A UNIX socket path the daemon connects to (sun_path, with NUL). */
 #define NTBCTL_MAX_PATH (sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1)
 /* events --count: a bound that is no bound in practice. */
@@ -43,7 +47,7 @@ static struct {
     char *socket, *timeout, *trace;
     gboolean json, help, version;
     char *grace, *domain, *qmp, *qdev_id, *alias, *bus, *check, *connect, *hosts, *to;
-    gboolean config, serve_only, names, managed, follow;
+    gboolean config, serve_only, names, managed, follow, list;
     char *device_socket, *pci, *allow, *count, *interval;
 } o;
 
@@ -92,6 +96,7 @@ static const GOptionEntry options[] = {
     { "allow", 0, 0, G_OPTION_ARG_STRING, &o.allow,
       "the nodes that may borrow it (comma-separated, or '*')", "NODES" },
     { "count", 0, 0, G_OPTION_ARG_STRING, &o.count, "stop after N events (top: frames)", "N" },
+    { "list", 0, 0, G_OPTION_ARG_NONE, &o.list, "list the trace events, and which are on", NULL },
     { "follow", 0, 0, G_OPTION_ARG_NONE, &o.follow,
       "go on across the daemon's restarts (the events of the gap come first)", NULL },
     { "interval-ms", 0, 0, G_OPTION_ARG_STRING, &o.interval, "time between frames (default 1000)",
@@ -337,6 +342,29 @@ static int run_request(const Command *cmd, Ntbctl *n, const char *arg)
     return request(cmd, n, arg, request_args(cmd, arg, grace_ms));
 }
 
+/* A revoke takes its grace period: waited for, not cut short by the default
+ * --timeout-ms, and said first (stderr) so nobody thinks ntbctl hangs. */
+static int run_revoke(const Command *cmd, Ntbctl *n, const char *dev)
+{
+    gint64 grace_ms = -1;
+
+    if (o.grace != NULL && !parse_ms(n, "--grace-ms", o.grace, 0, NTBCTL_MAX_GRACE_MS, &grace_ms)) {
+        return NTBCTL_EXIT_USAGE;
+    }
+    if (o.timeout == NULL) {
+        n->timeout_ms =
+            (int)MAX((gint64)n->timeout_ms, (grace_ms >= 0 ? grace_ms : NTBCTL_DEFAULT_GRACE_MS) +
+                                                NTBCTL_REVOKE_MARGIN_MS);
+    }
+    if (!n->json) {
+        fprintf(stderr,
+                "ntbctl: revoking %s: its holder has %" G_GINT64_FORMAT
+                " ms to let go, then the lender fences it\n",
+                dev, grace_ms >= 0 ? grace_ms : (gint64)NTBCTL_DEFAULT_GRACE_MS);
+    }
+    return request(cmd, n, dev, request_args(cmd, dev, grace_ms));
+}
+
 static bool fmt_nodes(GString *out, const char *arg, const char *node, JsonNode *ret, GError **e)
 {
     return vn_ctl_format_nodes(out, ret, e);
@@ -400,6 +428,27 @@ static bool fmt_unlend(GString *out, const char *arg, const char *node, JsonNode
 static bool fmt_trace(GString *out, const char *arg, const char *node, JsonNode *ret, GError **e)
 {
     return vn_ctl_format_trace(out, node, ret, e);
+}
+
+static bool fmt_trace_list(GString *out, const char *arg, const char *node, JsonNode *ret,
+                           GError **e)
+{
+    return vn_ctl_format_trace_list(out, ret, e);
+}
+
+static const Command trace_list = { .name = "trace",
+                                    .execute = "query-trace",
+                                    .format = fmt_trace_list };
+
+static int run_trace(const Command *cmd, Ntbctl *n, const char *patterns)
+{
+    if (o.list && patterns != NULL) {
+        return ntbctl_usage(n, "trace: --list, or patterns to switch: choose one");
+    }
+    if (o.list) {
+        return request(&trace_list, n, NULL, json_object_new());
+    }
+    return run_request(cmd, n, patterns);
 }
 
 /* ---- commands with more to check ----------------------------------------- */
@@ -576,7 +625,7 @@ static int run_lend(const Command *cmd, Ntbctl *n, const char *name)
     if (o.allow == NULL) {
         return ntbctl_usage(n, "lend: who may borrow it? (--allow NODE,NODE or --allow '*')");
     }
-    allow = g_strsplit(o.allow, ",", NTBCTL_MAX_ALLOW + 1);
+    allow = vn_name_split_list(o.allow); /* ',' or ';', as in the config */
     if (g_strv_length(allow) > NTBCTL_MAX_ALLOW) {
         return ntbctl_usage(n, "--allow names at most %d nodes", NTBCTL_MAX_ALLOW);
     }
@@ -662,7 +711,7 @@ static const Command commands[] = {
       "ntbctl return " DEV_EXAMPLE, "", run_request, "return", true, fmt_return },
     { "revoke", ARG_DEV, "DEV [--grace-ms N]",
       "take back a lent device, on its lender; the borrower gets the grace period to let go",
-      "ntbctl revoke " DEV_EXAMPLE " --grace-ms 2000", "grace-ms", run_request, "revoke", true,
+      "ntbctl revoke " DEV_EXAMPLE " --grace-ms 2000", "grace-ms", run_revoke, "revoke", true,
       fmt_revoke },
     { "attach", ARG_DEV,
       "DEV --domain D [--alias A] [--config] [--connect URI] | DEV --domain D --serve-only "
@@ -701,10 +750,10 @@ static const Command commands[] = {
     { "events", ARG_NONE, "[--count N] [--follow]",
       "the daemon's events as they happen (leases, attach and detach, lost devices, links)",
       "ntbctl events --follow --json", "count,follow", run_events, NULL, false, NULL },
-    { "trace", ARG_PATTERNS, "PATTERNS",
+    { "trace", ARG_PATTERNS, "PATTERNS | --list",
       "switch trace events in the daemon and its workers (globs, comma-separated; -GLOB turns "
-      "off)",
-      "ntbctl trace 'lender_*,-lender_dma*'", "", run_request, "trace", true, fmt_trace },
+      "off; a glob that matches no event is refused)",
+      "ntbctl trace 'lender_*,-lender_dma*'", "list", run_trace, "trace", true, fmt_trace },
     { "xml", ARG_DEV_OPTIONAL, "DEV [--alias A] [--bus B] | --check FILE",
       "libvirt domain XML that declares DEV (docs/libvirt.md), or check a domain's declarations",
       "ntbctl xml " DEV_EXAMPLE " --alias ntb0", "alias,bus,check", run_xml, NULL, false, NULL },
@@ -737,7 +786,8 @@ static bool check_arg(const Command *cmd, Ntbctl *n, int argc, char **argv, cons
                      argv[cmd->arg == ARG_NONE ? 2 : 3]);
         return false;
     }
-    if (*arg == NULL && !optional && cmd->arg != ARG_NONE) {
+    if (*arg == NULL && !optional && cmd->arg != ARG_NONE &&
+        !(cmd->arg == ARG_PATTERNS && o.list)) {
         ntbctl_usage(n, "%s: %s", cmd->name,
                      cmd->arg == ARG_DEV    ? "which device? (host/name, e.g. hosta/nvme0)"
                      : cmd->arg == ARG_NAME ? "which device? (its name on this node, e.g. nvme1)"
@@ -782,6 +832,27 @@ static int unknown_option(Ntbctl *n, const Command *cmd, const GError *error)
     return ntbctl_usage(n, "%s", error->message);
 }
 
+/* Take out of argv what follows the command at @ci and starts with a single
+ * '-' (not "-h"): trace patterns GOption would call unknown options.  The
+ * strings stay argv's; the array (NULL-terminated) is the caller's. */
+static char **stash_patterns(int *argc, char **argv, int ci)
+{
+    char **out = g_new0(char *, (gsize)*argc + 1);
+    int kept = 0, taken = 0;
+
+    for (int i = 0; i < *argc; i++) {
+        if (i > ci && ci > 0 && argv[i][0] == '-' && argv[i][1] != '-' && argv[i][1] != '\0' &&
+            strcmp(argv[i], "-h") != 0) {
+            out[taken++] = argv[i];
+        } else {
+            argv[kept++] = argv[i];
+        }
+    }
+    argv[kept] = NULL;
+    *argc = kept;
+    return out;
+}
+
 int main(int argc, char **argv)
 {
     g_autofree GOptionEntry *entries = NULL;
@@ -792,6 +863,7 @@ int main(int argc, char **argv)
     Ntbctl n = { .timeout_ms = VN_CTL_DEFAULT_TIMEOUT_MS };
     gint64 timeout_ms = VN_CTL_DEFAULT_TIMEOUT_MS;
     int ci = find_command(argc, argv);
+    g_autofree char **stashed = NULL;
 
     /* stdout carries answers only; any log line goes to stderr. */
     g_log_writer_default_set_use_stderr(TRUE);
@@ -810,8 +882,13 @@ int main(int argc, char **argv)
     entries = entries_for(cmd);
     g_option_context_set_help_enabled(ctx, FALSE);
     g_option_context_add_main_entries(ctx, entries, NULL);
+    /* trace's patterns may start with '-' ('-*', '-lender_*'): not options. */
+    stashed = cmd != NULL && cmd->arg == ARG_PATTERNS ? stash_patterns(&argc, argv, ci) : NULL;
     if (!g_option_context_parse(ctx, &argc, &argv, &error)) {
         return unknown_option(&n, cmd, error);
+    }
+    for (char **p = stashed; p != NULL && *p != NULL; p++) {
+        argv[argc++] = *p; /* room: they were there before */
     }
     n.json = o.json;
     if (!vn_trace_setup(o.trace, false, &error)) {

@@ -585,6 +585,7 @@ static const Command commands[] = {
     { "unlend", cmd_unlend, { "name", NULL } },
     { "subscribe-events", cmd_subscribe, { "since", NULL } },
     { "trace", vn_daemon_cmd_trace, { "patterns", NULL } },
+    { "query-trace", vn_daemon_cmd_query_trace, { NULL } },
 };
 
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed)

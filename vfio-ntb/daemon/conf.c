@@ -386,10 +386,9 @@ static const char *lend_key(const GError *e)
 static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
     static const char *const known[] = { "socket", "pci", "managed", "sriov-vfs", "allow", NULL };
-    g_autofree char *socket = NULL, *pci = NULL, *managed = NULL;
+    g_autofree char *socket = NULL, *pci = NULL, *managed = NULL, *value = NULL;
     g_auto(GStrv) allow = NULL;
     VnLendConf *l;
-    gsize n = 0;
 
     if (!keys_known(p, group, known, error)) {
         return false;
@@ -403,15 +402,14 @@ static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError
                     group);
     }
     /* Who may borrow is a decision, not a default: say it. */
-    allow = g_key_file_get_string_list(p->kf, group, "allow", &n, NULL);
-    if (allow == NULL || n == 0) {
+    /* Separated as on ntbctl's command line (',') or as key files do (';'). */
+    value = g_key_file_get_value(p->kf, group, "allow", NULL);
+    allow = vn_name_split_list(value);
+    if (allow[0] == NULL) {
         return fail(p, error, group, NULL,
                     "[%s]: \"allow\" is required: the nodes that may borrow it, "
-                    "separated by ';', or * for any",
+                    "separated by ',' or ';', or * for any",
                     group);
-    }
-    for (gsize i = 0; i < n; i++) {
-        g_strstrip(allow[i]);
     }
     /* The same checks as a device lent at run time (`ntbctl lend`). */
     l = vn_conf_lend_new(group + strlen("lend "), socket, pci, (const char *const *)allow, error);

@@ -479,6 +479,8 @@ void vn_endings_free(GPtrArray *endings);
 extern const VnWorkerOps vn_spawn_ops;
 /* tracing.c: the control socket's "trace" (switch trace events here and in the workers). */
 void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r);
+/* query-trace: every trace event, and whether it is on. */
+void vn_daemon_cmd_query_trace(VnDaemon *d, JsonObject *a, VnControlReply *r);
 
 /* Command @name on the control channel @channel of worker @pid (@what: its
  * device, for the log), answered from the loop as VnWorkerOps.stats says. */

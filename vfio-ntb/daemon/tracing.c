@@ -75,3 +75,20 @@ void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r)
     json_builder_end_object(b);
     vn_control_return(r, json_builder_get_root(b));
 }
+
+void vn_daemon_cmd_query_trace(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_array(b);
+    for (unsigned e = 0; e < vn_trace_event_count; e++) {
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "event");
+        json_builder_add_string_value(b, vn_trace_events[e].name);
+        json_builder_set_member_name(b, "on");
+        json_builder_add_boolean_value(b, vn_trace_on(vn_trace_events[e].state));
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    vn_control_return(r, json_builder_get_root(b));
+}

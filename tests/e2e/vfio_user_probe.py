@@ -1,0 +1,68 @@
+"""A minimal vfio-user client for e2e tests: what a VM's trapped config-space reads look like to
+a borrower worker, without a VM (docs/interop/vfio-user.rst: VERSION, then REGION_READ of the
+PCI config region).
+
+    with ConfigReader(socket_path) as r:
+        latencies = r.read_many(200)     # seconds per read
+"""
+import socket
+import struct
+import time
+
+CMD_VERSION = 1
+CMD_REGION_READ = 9
+CONFIG_REGION = 7                        # VFIO_PCI_CONFIG_REGION_INDEX
+HDR = struct.Struct("<HHIII")            # id, cmd, size, flags, error
+RW = struct.Struct("<QII")               # offset, region, count
+
+
+class VfioUserError(Exception):
+    pass
+
+
+class ConfigReader:
+    def __init__(self, path, timeout=10.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(path))
+        self.msg_id = 0
+        caps = b'{"capabilities":{"max_msg_fds":8,"max_data_xfer_size":1048576}}\0'
+        self._call(CMD_VERSION, struct.pack("<HH", 0, 0) + caps)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+    def _recv(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise VfioUserError("the server closed the connection")
+            buf += chunk
+        return buf
+
+    def _call(self, cmd, payload):
+        self.msg_id = (self.msg_id + 1) & 0xffff
+        self.sock.sendall(HDR.pack(self.msg_id, cmd, HDR.size + len(payload), 0, 0) + payload)
+        mid, rcmd, size, flags, error = HDR.unpack(self._recv(HDR.size))
+        body = self._recv(size - HDR.size)
+        if mid != self.msg_id or rcmd != cmd or error:
+            raise VfioUserError(f"reply id {mid} cmd {rcmd} error {error} to {self.msg_id}/{cmd}")
+        return body
+
+    def read_config(self, offset, count=4):
+        body = self._call(CMD_REGION_READ, RW.pack(offset, CONFIG_REGION, count))
+        return body[RW.size:RW.size + count]
+
+    def read_many(self, n, offset=0):
+        """@n reads of one dword at @offset (the vendor and device ids: read from the device,
+        forwarded to the lender); their latencies in seconds."""
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.read_config(offset)
+            out.append(time.perf_counter() - t0)
+        return out
