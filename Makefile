@@ -338,6 +338,7 @@ INSTALLED = $(SBIN_PROGS:%=$(SBINDIR)/%) $(BIN_PROGS:%=$(BINDIR)/%) \
 	$(BIN_SCRIPTS:scripts/%=$(BINDIR)/%) $(LIBEXEC_PROGS:%=$(LIBEXECDIR)/%) \
 	$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb $(UNITS:systemd/%=$(SYSTEMDUNITDIR)/%) \
 	$(TMPFILESDIR)/vfio-ntb.conf $(DOCDIR)/examples/vfio-ntbd.conf.example \
+	$(DOCDIR)/examples/vfio-ntb-alerts.yml \
 	$(INCLUDEDIR)/vfio-ntb/vfio_ntb_uapi.h $(COMPLETION:completion/%=$(BASHCOMPDIR)/%) \
 	$(foreach m,$(MANPAGES),$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
 OWN_DIRS = $(LIBEXECDIR) $(DOCDIR)/examples $(DOCDIR) $(INCLUDEDIR)/vfio-ntb $(SYSCONFDIR)/vfio-ntb
@@ -365,7 +366,8 @@ install: $(PROGS)
 		chmod 0644 "$(DESTDIR)$(SYSTEMDUNITDIR)/$${u#systemd/}" || exit 1; \
 	done
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
-	install -m 0644 systemd/vfio-ntbd.conf.example $(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 systemd/vfio-ntbd.conf.example systemd/vfio-ntb-alerts.yml \
+		$(DESTDIR)$(DOCDIR)/examples/
 	install -m 0644 vfio-ntb/kmod/vfio_ntb_uapi.h $(DESTDIR)$(INCLUDEDIR)/vfio-ntb/
 	for m in $(MANPAGES); do \
 		d="$(DESTDIR)$(MANDIR)/man$${m##*.}" && install -d "$$d" && \

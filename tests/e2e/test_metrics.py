@@ -7,12 +7,14 @@ like QEMU).  Both daemons write [node] metrics-file every 200 ms.  What an opera
 check: the files parse with the Prometheus client's own parser, mode 0644, no temporary file
 left; their values are the ones `ntbctl --json stats` shows; the lease's state is reported on
 both sides and follows a return; the file says when a daemon stopped; the stats file (SIGUSR1)
-carries a timestamp; and `ntbctl stats` says what it counts and that the data path is not
-among it.
+carries a timestamp; `ntbctl stats` says what it counts and that the data path is not
+among it; and the shipped alert rules pass `promtool check rules`, and fire the device-lost
+alert (and only then) on series a borrower really wrote while its lender was gone.
 """
 import datetime
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -20,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,9 +32,10 @@ from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 7
+EXPECTED_RESULTS = 8
 
 DEV = "hosta/nvme0"
+ALERTS = h.REPO / "systemd" / "vfio-ntb-alerts.yml"
 INTERVAL_MS = 200
 ACCESSES = 300          # config reads the client makes through the borrower
 
@@ -255,6 +259,71 @@ def test_ntbctl_stats_says(a):
                   text=out.strip().splitlines()[-1][:120] if out.strip() else "")
 
 
+def promtool_series(samples):
+    """Samples as promtool's input_series: each value held for ten minutes."""
+    out = []
+    for (name, labels), v in sorted(samples.items()):
+        text = ",".join(f'{k}="{val}"' for k, val in labels)
+        out.append({"series": f"{name}{{{text}}}", "values": f"{v!r}x10"})
+    return out
+
+
+def expected_alert(rule, labels):
+    """What promtool must see: the series' labels and the rule's, its annotations rendered."""
+    labels = {**labels, **rule.get("labels", {})}
+
+    def render(t):
+        return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), t)
+    return {"exp_labels": labels,
+            "exp_annotations": {k: render(v) for k, v in rule.get("annotations", {}).items()}}
+
+
+def test_alert_rules(procs):
+    """The shipped rules file passes `promtool check rules`; `promtool test rules` fires
+    VfioNtbDeviceLost on the metrics hoste wrote while its lender hostc was gone (kill -9,
+    past the lease timeout), and not on those it wrote before."""
+    promtool = subprocess.run([str(h.REPO / "scripts" / "get-promtool")], capture_output=True,
+                              text=True, timeout=300)
+    if promtool.returncode != 0:
+        raise h.HarnessError(f"get-promtool: {promtool.stderr.strip()}")
+    tool = promtool.stdout.strip()
+    check = subprocess.run([tool, "check", "rules", str(ALERTS)], capture_output=True, text=True,
+                           timeout=60)
+    wd = procs.tempdir()
+    fab = procs.tempdir("vn-fabric-")
+    sd = h.Simdev(procs, wd / "c.sock", h.make_backing(wd / "c.img", 16), 16).start()
+    c = MetricsDaemon(procs, wd, "hostc", fab, lends={"nvme0": sd.socket_path},
+                      lease_timeout_ms=1000).start()
+    e = MetricsDaemon(procs, wd, "hoste", fab, lease_timeout_ms=1000).start()
+    wait_for(lambda: len(Control(e.control).execute("query-devices")) == 1, 5)
+    Control(e.control).execute("borrow", device="hostc/nvme0")
+    lost = dict(node="hoste", device="hostc/nvme0", role="borrower", state="lost")
+    _, healthy = fresh(e, time.time())
+    c.kill(signal.SIGKILL)
+    gone = wait_for(lambda: value(fresh(e, time.time())[1], "vfio_ntb_lease_state", **lost) == 1,
+                    10)
+    _, during = parse(e.metrics)
+    rules = yaml.safe_load(ALERTS.read_text())
+    rule = next(r for g in rules["groups"] for r in g["rules"]
+                if r.get("alert") == "VfioNtbDeviceLost")
+    spec = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": promtool_series(during),
+         "alert_rule_test": [{"eval_time": "5m", "alertname": "VfioNtbDeviceLost",
+                              "exp_alerts": [expected_alert(rule, lost)]}]},
+        {"interval": "1m", "input_series": promtool_series(healthy),
+         "alert_rule_test": [{"eval_time": "5m", "alertname": "VfioNtbDeviceLost",
+                              "exp_alerts": []}]}]}
+    tests = wd / "alert-tests.yml"
+    tests.write_text(json.dumps(spec, indent=1))   # JSON is YAML
+    run = subprocess.run([tool, "test", "rules", str(tests)], capture_output=True, text=True,
+                         timeout=60)
+    if run.returncode != 0:
+        print(run.stdout[-3000:], run.stderr[-2000:], file=sys.stderr)
+    return result("alert-rules", check.returncode == 0 and bool(gone) and run.returncode == 0,
+                  check=check.stdout.strip().splitlines()[-1:] or check.stderr.strip()[:120],
+                  lost_series=bool(gone), series=len(during), test_exit=run.returncode)
+
+
 def main():
     ok = True
     with h.Procs() as procs:
@@ -280,12 +349,12 @@ def main():
             return 1
         tests = ((test_file, (a, b)), (test_values, (a, b)), (test_lease_state, (a, b)),
                  (test_rewritten, (a,)), (test_stats_file_timestamp, (a,)),
-                 (test_ntbctl_stats_says, (a,)), (test_exit, (b,)))
+                 (test_ntbctl_stats_says, (a,)), (test_exit, (b,)), (test_alert_rules, (procs,)))
         for test, args in tests:
             try:
                 ok &= test(*args)
             except (h.HarnessError, ControlError, OSError, ValueError, KeyError,
-                    IndexError) as e:
+                    IndexError, StopIteration, subprocess.SubprocessError) as e:
                 ok = h.failed(test.__name__, e)
     return 0 if ok else 1
 

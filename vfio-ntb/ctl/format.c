@@ -436,7 +436,7 @@ bool vn_ctl_format_stats(GString *out, JsonNode *ret, GError **error)
         g_autoptr(JsonObject) node = json_object_new();
 
         for (const char *const *k =
-                 (const char *const[]){ "state_save_errors", "state_saved", NULL };
+                 (const char *const[]){ "state_save_errors", "state_saved", "leases_lost", NULL };
              *k != NULL; k++) {
             if ((n = json_object_get_member(o, *k)) != NULL && JSON_NODE_HOLDS_VALUE(n)) {
                 json_object_set_member(node, *k, json_node_copy(n));

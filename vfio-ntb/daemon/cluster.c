@@ -399,6 +399,7 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
            ch->old_id, "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
            d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     ld->fence.loud = loss;
+    d->leases_lost += loss;
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its
      * VMs' data paths as they were.  The worker fences on its peer's link

@@ -143,6 +143,8 @@ typedef struct VnDaemon {
     GHashTable *nodes;    /* name -> VnRemoteNode */
     VnLeases *leases;     /* of the devices in @local */
     uint64_t save_errors; /* state saves that failed (reported in query-stats) */
+    uint64_t leases_lost; /* lender: leases ended other than by a return (expired,
+                           * dropped, revoked): a guest lost its device */
     bool unsaved;         /* the last save failed: the state file is behind; every
                            * control answer says "saved": false until one works */
     VnControl *control;

@@ -219,7 +219,10 @@ static const struct {
     { "windows_in_use", "vfio_ntb_fabric_windows_in_use", "gauge",
       "Fabric windows in use on this node, of its max-windows budget" },
     { "@state_save_errors", "vfio_ntb_state_save_errors_total", "counter",
-      "Lease changes that could not be saved to the state directory" },
+      "Saves of the state file that failed (retried every second while failing)" },
+    { "@leases_lost", "vfio_ntb_leases_lost_total", "counter",
+      "Leases this node lent that ended other than by a return (expired, dropped, revoked): "
+      "a guest lost its device" },
 };
 
 void vn_metrics_escape(GString *out, const char *v)

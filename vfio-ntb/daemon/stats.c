@@ -79,6 +79,8 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
     /* Leases changed but not in the state file (the log says why). */
     json_builder_set_member_name(b, "state_save_errors");
     json_builder_add_int_value(b, (gint64)d->save_errors);
+    json_builder_set_member_name(b, "leases_lost");
+    json_builder_add_int_value(b, (gint64)d->leases_lost);
     json_builder_set_member_name(b, "state_saved");
     json_builder_add_boolean_value(b, !d->unsaved);
     json_builder_set_member_name(b, "fabric");
