@@ -6,7 +6,7 @@ a client makes config accesses through it (build/bench/forwarded_access, a vfio-
 like QEMU).  Both daemons write [node] metrics-file every 200 ms.  What an operator would
 check: the files parse with the Prometheus client's own parser, mode 0644, no temporary file
 left; their values are the ones `ntbctl --json stats` shows; the lease's state is reported on
-both sides and follows a return; the file says when a daemon stopped; the stats file (SIGUSR1)
+both sides (the lender's naming the holder and its VM) and follows a return; the file says when a daemon stopped; the stats file (SIGUSR1)
 carries a timestamp; `ntbctl stats` says what it counts and that the data path is not
 among it; and the shipped alert rules pass `promtool check rules`, and fire the device-lost
 alert (and only then) on series a borrower really wrote while its lender was gone.
@@ -190,9 +190,10 @@ def test_values(a, b):
         problems=";".join(bad)[:400] or "none")
 
 
-def lease_state(d, role, state):
+def lease_state(d, role, state, **more):
     _, samples = fresh(d, time.time())
-    return value(samples, "vfio_ntb_lease_state", node=d.name, device=DEV, role=role, state=state)
+    return value(samples, "vfio_ntb_lease_state", node=d.name, device=DEV, role=role, state=state,
+                 **more)
 
 
 def test_lease_state(a, b):
@@ -204,7 +205,11 @@ def test_lease_state(a, b):
     borrower_lost = value(sb, "vfio_ntb_lease_state", node="hostb", device=DEV, role="borrower",
                           state="lost")
     attached = value(sb, "vfio_ntb_attached", node="hostb", device=DEV, role="borrower")
-    lender_held = lease_state(a, "lender", "held")
+    # On the lender, which VM on which host has it: one query, and `ntbctl list`.
+    lender_held = wait_for(lambda: lease_state(a, "lender", "held", borrower="hostb",
+                                               domain="vm1"), 5)
+    listed = [x for x in Control(a.control).execute("query-devices") if x["device"] == DEV]
+    lender_lists = listed[0].get("attached_to") if listed else None
     link = value(sb, "vfio_ntb_peer_link_up", node="hostb", peer="hosta")
     Control(b.control).execute("detach", device=DEV)
     Control(b.control).execute("return", device=DEV)
@@ -212,8 +217,10 @@ def test_lease_state(a, b):
     _, sb = fresh(b, time.time())
     gone = not any(dict(k[1]).get("device") == DEV for k in sb)
     return result("metrics-lease-state", borrower_held == 1 and borrower_lost == 0
-                  and attached == 1 and lender_held == 1 and link == 1 and bool(freed) and gone,
+                  and attached == 1 and lender_held == 1 and link == 1 and bool(freed) and gone
+                  and lender_lists == "vm1",
                   borrower_held=borrower_held, attached=attached, lender_held=lender_held,
+                  lender_lists_domain=lender_lists,
                   peer_link_up=link, lender_free_after_return=bool(freed),
                   borrower_lists_after_return=not gone)
 

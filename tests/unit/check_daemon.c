@@ -163,6 +163,41 @@ START_TEST(test_lender_worker_adopted)
 }
 END_TEST
 
+static bool nvme0_unlent(void *opaque)
+{
+    return vn_devices_local(opaque, "nvme0") == NULL;
+}
+
+/* hosta restarts with nvme0 gone from its config while hostb holds it: the
+ * state file says how to reach it, so it is lent on (not yanked) until the
+ * lease ends, then unlent; the next restart lends nothing. */
+START_TEST(test_config_drops_lent)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLocalDevice *ld;
+    Done r = { 0 };
+
+    borrow(a, b);
+    vn_daemon_free(a);
+    rig_hosta_lends = false;
+    a = daemon_start("hosta");
+    ld = vn_devices_local(a, "nvme0");
+    ck_assert_ptr_nonnull(ld);
+    ck_assert(ld->conf->leaving);
+    ck_assert_str_eq(ld->conf->socket, "/nonexistent/dev.sock");
+    ck_assert(spin_until(held, a, 4000));
+    vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
+    ck_assert(spin_until(is_done, &r, 3000));
+    ck_assert(spin_until(nvme0_unlent, a, 1000));
+    vn_daemon_free(a);
+    a = daemon_start("hosta");
+    ck_assert_ptr_null(vn_devices_local(a, "nvme0"));
+    rig_hosta_lends = true;
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* ---- a hostile node ---- */
 
 typedef struct Evil {
@@ -614,6 +649,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
     tcase_add_test(tc, test_lender_worker_adopted);
+    tcase_add_test(tc, test_config_drops_lent);
     tcase_add_test(tc, test_borrow_cap);
     tcase_add_test(tc, test_save_error_counted);
     suite_add_tcase(s, tc);

@@ -388,8 +388,9 @@ START_TEST(test_daemons_write)
                     "state=\"free\"} 1" };
     ck_assert(spin_until(file_has, &w, 3000));
     borrow(a, b);
+    /* On the lender, who holds it (the VM it serves it to, once attached). */
     w.line = "vfio_ntb_lease_state{node=\"hosta\",device=\"hosta/nvme0\",role=\"lender\","
-             "state=\"held\"} 1";
+             "state=\"held\",borrower=\"hostb\"} 1";
     ck_assert(spin_until(file_has, &w, 3000));
     w = (Want){ pb, "vfio_ntb_lease_state{node=\"hostb\",device=\"hosta/nvme0\","
                     "role=\"borrower\",state=\"held\"} 1" };

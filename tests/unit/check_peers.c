@@ -32,6 +32,7 @@ static VnPeersAnnounce *sample(void)
     g_strlcpy(a->holds[0].lender, "hostc", sizeof(a->holds[0].lender));
     g_strlcpy(a->holds[0].name, "nic0", sizeof(a->holds[0].name));
     a->holds[0].lease = 12;
+    g_strlcpy(a->holds[0].domain, "vm-7", sizeof(a->holds[0].domain));
     return a;
 }
 
@@ -140,6 +141,10 @@ static const struct {
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"hostb\",\"name\":\"x\"}]}",
       "lease" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[\"x\"]}", "holds" },
+    /* a domain name a VM cannot have: it would end up in list's output and metrics labels */
+    { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"hostb\",\"name\":\"x\","
+      "\"lease\":1,\"domain\":\"vm\\\"}\"}]}",
+      "domain" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"\",\"name\":\"x\","
       "\"lease\":1}]}",
       "lender" },

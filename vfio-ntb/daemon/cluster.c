@@ -58,6 +58,32 @@ void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_
 
 /* ---- announcements ---- */
 
+/* Lender side: the VM each of our devices @peer holds is served to, as its
+ * announcement says (shown by list and in the metrics). */
+static void holder_domains(VnDaemon *d, const char *peer, const VnPeersAnnounce *a)
+{
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+        const char *domain = NULL;
+
+        if (!vn_lease_lent(ld->lease) || strcmp(ld->lease->holder, peer) != 0) {
+            continue;
+        }
+        for (unsigned j = 0; j < a->n_holds; j++) {
+            const VnPeersHold *h = &a->holds[j];
+
+            if (h->lease == ld->lease->id && strcmp(h->lender, d->conf->node) == 0 &&
+                strcmp(h->name, ld->conf->name) == 0 && h->domain[0] != '\0') {
+                domain = h->domain;
+            }
+        }
+        if (g_strcmp0(domain, ld->holder_domain) != 0) {
+            g_free(ld->holder_domain);
+            ld->holder_domain = g_strdup(domain);
+        }
+    }
+}
+
 static char *announcement(VnDaemon *d)
 {
     g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
@@ -85,6 +111,9 @@ static char *announcement(VnDaemon *d)
         g_strlcpy(h->lender, bw->lender, sizeof(h->lender));
         g_strlcpy(h->name, bw->name, sizeof(h->name));
         h->lease = bw->lease;
+        if (bw->worker_pid > 0 && bw->domain != NULL) {
+            g_strlcpy(h->domain, bw->domain, sizeof(h->domain));
+        }
     }
     return vn_peers_announce_to_json(a);
 }
@@ -344,6 +373,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     n->link_up = true;
     n->seen_us = g_get_monotonic_time();
     vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
+    holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
 }
 
@@ -399,6 +429,7 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
            ch->old_id, "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s ends (%s)",
            d->conf->node, ch->old_id, device, ch->old_holder, vn_lease_end_to_string(ch->end));
     ld->fence.loud = loss;
+    g_clear_pointer(&ld->holder_domain, g_free);
     d->leases_lost += loss;
     /* The device is fenced when its lease ends, not when the holder's link
      * goes: a borrower's daemon that restarts (its link flaps) finds its

@@ -71,6 +71,7 @@ typedef struct VnLocalDevice {
     guint child_watch;   /* 0 for an adopted one */
     guint respawn_timer; /* a worker that exited is started again */
     VnIdentity id;       /* read when it was lent (identity.h) */
+    char *holder_domain; /* the VM its holder serves it to, as announced, or NULL */
     VnFence fence;
 } VnLocalDevice;
 

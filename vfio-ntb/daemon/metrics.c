@@ -27,6 +27,8 @@ static void device_free(gpointer p)
     VnMetricsDevice *d = p;
 
     g_free(d->device);
+    g_free(d->holder);
+    g_free(d->domain);
     g_free(d);
 }
 
@@ -58,6 +60,18 @@ void vn_metrics_snapshot_add_device(VnMetricsSnapshot *s, const char *device, bo
         .device = g_strdup(device), .lent = lent, .state = state, .attached = attached
     };
     g_ptr_array_add(s->devices, d);
+}
+
+void vn_metrics_snapshot_device_holder(VnMetricsSnapshot *s, const char *holder, const char *domain)
+{
+    VnMetricsDevice *d = s->devices->len > 0 ? s->devices->pdata[s->devices->len - 1] : NULL;
+
+    if (d != NULL) {
+        g_free(d->holder);
+        g_free(d->domain);
+        d->holder = g_strdup(holder);
+        d->domain = g_strdup(domain);
+    }
 }
 
 void vn_metrics_snapshot_add_peer(VnMetricsSnapshot *s, const char *name, bool up)
@@ -389,9 +403,23 @@ static void state_families(GString *out, const VnMetricsSnapshot *s, JsonObject 
         const VnMetricsDevice *d = s->devices->pdata[i];
 
         for (const char *const *st = vn_metrics_lease_states(d->lent); *st != NULL; st++) {
-            g_autofree char *extra = g_strdup_printf("state=\"%s\"", *st);
+            g_autoptr(GString) extra = g_string_new(NULL);
 
-            sample_start(samples, "vfio_ntb_lease_state", s, d, extra);
+            g_string_printf(extra, "state=\"%s\"", *st);
+            /* Who uses it, on the lender: one query answers "which VM on
+             * which host has hosta/nvme0". */
+            if (d->holder != NULL) {
+                g_string_append(extra, ",borrower=\"");
+                vn_metrics_escape(extra, d->holder);
+                g_string_append_c(extra, '"');
+            }
+            if (d->domain != NULL) {
+                g_string_append(extra, ",domain=\"");
+                vn_metrics_escape(extra, d->domain);
+                g_string_append_c(extra, '"');
+            }
+
+            sample_start(samples, "vfio_ntb_lease_state", s, d, extra->str);
             g_string_append_printf(samples, "%d\n", strcmp(*st, d->state) == 0 ? 1 : 0);
         }
     }
@@ -489,6 +517,9 @@ static VnMetricsSnapshot *snapshot(VnDaemon *d, bool running)
 
         vn_metrics_snapshot_add_device(s, dev, true, vn_lease_state_to_string(ld->lease->state),
                                        false);
+        if (vn_lease_lent(ld->lease)) {
+            vn_metrics_snapshot_device_holder(s, ld->lease->holder, ld->holder_domain);
+        }
     }
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *b = d->borrowed->pdata[i];

@@ -40,6 +40,10 @@ typedef struct VnMetricsDevice {
      * a borrower's "held", "unconfirmed" or "lost" (static strings). */
     const char *state;
     bool attached; /* borrower: its worker serves a VM */
+    /* lender: who holds it, and the VM it serves it to (as its holder
+     * announces), or NULL: labels of vfio_ntb_lease_state. */
+    char *holder;
+    char *domain;
 } VnMetricsDevice;
 
 /* A peer the node knows, and whether its link is up. */
@@ -62,6 +66,10 @@ VnMetricsSnapshot *vn_metrics_snapshot_new(const char *node);
 /* Adds a copy of @device; @state must be a static string. */
 void vn_metrics_snapshot_add_device(VnMetricsSnapshot *s, const char *device, bool lent,
                                     const char *state, bool attached);
+/* The device added last is held by @holder, which serves it to @domain
+ * (either may be NULL). */
+void vn_metrics_snapshot_device_holder(VnMetricsSnapshot *s, const char *holder,
+                                       const char *domain);
 void vn_metrics_snapshot_add_peer(VnMetricsSnapshot *s, const char *name, bool up);
 void vn_metrics_snapshot_free(VnMetricsSnapshot *s);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnMetricsSnapshot, vn_metrics_snapshot_free)

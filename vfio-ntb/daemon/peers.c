@@ -94,6 +94,9 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
         add_str(b, "lender", a->holds[i].lender);
         add_str(b, "name", a->holds[i].name);
         add_uint(b, "lease", a->holds[i].lease);
+        if (a->holds[i].domain[0] != '\0') {
+            add_str(b, "domain", a->holds[i].domain);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -353,6 +356,11 @@ bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnno
             !get_name(h, "name", VN_NAME_DEVICE, x->name, sizeof(x->name), what, error) ||
             !get_uint(h, "lease", 1, VN_PEERS_MAX_LEASE, &x->lease, what, error)) {
             return h == NULL ? bad(error, what, "holds") : false;
+        }
+        /* Optional: where the holder serves it (shown by the lender). */
+        if (member(h, "domain") != NULL &&
+            !get_name(h, "domain", VN_NAME_DOMAIN, x->domain, sizeof(x->domain), what, error)) {
+            return false;
         }
     }
     return true;

@@ -56,6 +56,7 @@ typedef struct VnPeersHold {
     char lender[VN_MAX_NODE_NAME + 1];
     char name[VN_MAX_DEVICE_NAME + 1];
     uint64_t lease;
+    char domain[VN_MAX_DOMAIN_NAME + 1]; /* the VM it is served to; "" when not attached */
 } VnPeersHold;
 
 /* An announcement's "version": the daemon's release, shown by `ntbctl

@@ -15,7 +15,8 @@
 
 /* What `ntbctl list` shows of one device besides its lease. */
 typedef struct DeviceExtra {
-    const char *attached_to; /* the domain this node serves it to */
+    const char *attached_to; /* the domain it is served to: by this node, or by the
+                              * holder of a device we lend (as it announces) */
     gint64 expires_in_ms;    /* its holder is down: the lease ends then; -1 none */
 } DeviceExtra;
 
@@ -100,7 +101,9 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
         VnLocalDevice *ld = d->local->pdata[i];
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
-        DeviceExtra x = { NULL, expires_in_ms(d, ld->lease) };
+        /* attached_to: on the lender, the VM its holder serves it to. */
+        DeviceExtra x = { vn_lease_lent(ld->lease) ? ld->holder_domain : NULL,
+                          expires_in_ms(d, ld->lease) };
 
         if (only == NULL || strcmp(only, dev) == 0) {
             add_device(b, d->conf->node, ld->conf->name,
