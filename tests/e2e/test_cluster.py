@@ -113,12 +113,17 @@ def test_race(cl):
 
 
 def test_access_list(cl):
+    """hostd, not on the list, is told so by `list` (not "available") and refused."""
+    listed = [x["state"] for x in cl.ctl("hostd").execute("query-devices") if x["device"] == DEV]
+    others = [x["state"] for x in cl.ctl("hostc").execute("query-devices") if x["device"] == DEV]
     try:
         cl.ctl("hostd").execute("borrow", device=DEV)
         return result("access-list-refusal", False, why="hostd got it")
     except ControlError as e:
         return result("access-list-refusal", e.klass == "AccessDenied" and "hostd" in e.desc
-                      and cl.state()["state"] == "available", klass=e.klass)
+                      and cl.state()["state"] == "available" and listed == ["denied"]
+                      and others == ["available"], klass=e.klass, hostd_lists=listed,
+                      hostc_lists=others)
 
 
 def test_revoke(cl):

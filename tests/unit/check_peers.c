@@ -28,6 +28,7 @@ static VnPeersAnnounce *sample(void)
                                      .name = "Non-Volatile memory controller: QEMU",
                                      .size = 64 << 20 };
     g_strlcpy(a->devices[1].name, "gpu0", sizeof(a->devices[1].name));
+    a->devices[1].denied = true; /* its access list does not name the node told */
     a->n_holds = 1;
     g_strlcpy(a->holds[0].lender, "hostc", sizeof(a->holds[0].lender));
     g_strlcpy(a->holds[0].name, "nic0", sizeof(a->holds[0].name));

@@ -84,7 +84,9 @@ static void holder_domains(VnDaemon *d, const char *peer, const VnPeersAnnounce 
     }
 }
 
-static char *announcement(VnDaemon *d)
+/* What we lend and hold; for @peer (NULL: for nobody in particular), each
+ * device it may not borrow says so. */
+static char *announcement(VnDaemon *d, const char *peer)
 {
     g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
 
@@ -99,6 +101,7 @@ static char *announcement(VnDaemon *d)
         g_strlcpy(pd->name, ld->conf->name, sizeof(pd->name));
         pd->id = ld->id;
         pd->lent = vn_lease_lent(ld->lease);
+        pd->denied = peer != NULL && !vn_lend_conf_allows(ld->conf, peer);
         if (pd->lent) {
             g_strlcpy(pd->borrower, ld->lease->holder, sizeof(pd->borrower));
             pd->lease = ld->lease->id;
@@ -144,10 +147,14 @@ static void broadcast(VnDaemon *d, char *json)
         g_source_remove(d->announce_timer);
         d->announce_timer = 0;
     }
+    /* Each peer's own: which devices it may not borrow (access lists change
+     * only with a reload, which announces; @json, for nobody, tells changes). */
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
         if (n->link_up) {
-            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, json, NULL, 0);
+            g_autofree char *own = announcement(d, n->name);
+
+            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, own, NULL, 0);
         }
     }
     g_free(d->announced);
@@ -156,12 +163,12 @@ static void broadcast(VnDaemon *d, char *json)
 
 void vn_cluster_announce(VnDaemon *d)
 {
-    broadcast(d, announcement(d));
+    broadcast(d, announcement(d, NULL));
 }
 
 void vn_cluster_announce_changed(VnDaemon *d)
 {
-    g_autofree char *json = announcement(d);
+    g_autofree char *json = announcement(d, NULL);
 
     /* Changes that undid each other (a borrow returned before its grant was
      * announced) leave the peers' view right as it is: nothing to send. */
@@ -193,7 +200,7 @@ void vn_cluster_announce_soon(VnDaemon *d)
 
 void vn_cluster_announce_to(VnDaemon *d, const char *peer)
 {
-    g_autofree char *json = announcement(d);
+    g_autofree char *json = announcement(d, peer);
 
     vn_fabric_event(d->fab, peer, VN_PEERS_ANNOUNCE, json, NULL, 0);
 }

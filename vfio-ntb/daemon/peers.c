@@ -83,6 +83,10 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
         if (d->id.known) {
             vn_peers_identity_add(b, &d->id);
         }
+        if (d->denied) {
+            json_builder_set_member_name(b, "denied");
+            json_builder_add_boolean_value(b, TRUE);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -286,6 +290,16 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
     }
     if (st == NULL || !JSON_NODE_HOLDS_VALUE(st) || json_node_get_value_type(st) != G_TYPE_STRING) {
         return bad(error, what, "state");
+    }
+    /* Optional: "you may not borrow it" (its access list does not name you). */
+    d->denied = false;
+    if (member(o, "denied") != NULL) {
+        JsonNode *dn = member(o, "denied");
+
+        if (!JSON_NODE_HOLDS_VALUE(dn) || json_node_get_value_type(dn) != G_TYPE_BOOLEAN) {
+            return bad(error, what, "denied");
+        }
+        d->denied = json_node_get_boolean(dn);
     }
     state = json_node_get_string(st);
     d->lent = strcmp(state, "lent") == 0;

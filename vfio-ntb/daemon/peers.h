@@ -50,6 +50,7 @@ typedef struct VnPeersDevice {
     char borrower[VN_MAX_NODE_NAME + 1]; /* "" when available */
     uint64_t lease;                      /* 0 when available */
     VnIdentity id;                       /* optional in an announcement ("id") */
+    bool denied; /* the node this announcement goes to is not on its access list */
 } VnPeersDevice;
 
 typedef struct VnPeersHold {

@@ -143,6 +143,8 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
                 state = "available"; /* returned here, not announced yet */
                 borrower = NULL;
                 lease = 0;
+            } else if (pd->denied && !pd->lent) {
+                state = "denied"; /* free, but its access list does not name us */
             }
             add_device(b, n->name, name, state, borrower, lease, &pd->id, &x);
         }
