@@ -45,8 +45,9 @@
  * reading. */
 #define VN_CONTROL_MAX_QUEUED (4 * 1024 * 1024)
 /* A connection that asks nothing and waits for nothing this long is
- * closed (ntbctl's own requests take milliseconds). */
-#define VN_CONTROL_IDLE_MS 30000
+ * closed: long enough for a script that keeps one open between steps (a
+ * held connection never locks a new one out: make_room()). */
+#define VN_CONTROL_IDLE_MS (10 * 60 * 1000)
 #define VN_CONTROL_IDLE_CHECK_MS 1000
 /* Events kept for subscribers that ask for those since a time. */
 #define VN_CONTROL_MAX_HISTORY 256
