@@ -26,15 +26,24 @@ struct VnClient {
     VnClientStats stats;
     VnClientObserver observe;
     void *observe_opaque;
-    /* Requests that timed out, oldest first (VN_CLIENT_MAX_LATE): their
-     * replies may still come, and must not be taken for a later request's. */
+    /* Requests that timed out and were not answered yet: their replies may
+     * still come, and must not be taken for a later request's.  One bit
+     * per id, so any number of them is remembered (an id still marked is
+     * never sent again); the send times of the last VN_CLIENT_LATE_TIMES,
+     * for how late an answer came. */
+    uint64_t late_ids[(G_MAXUINT16 + 1) / 64];
+    uint32_t nlate;
     struct {
         uint16_t id;
-        uint16_t cmd;
         uint64_t sent_ns;
-    } late[VN_CLIENT_MAX_LATE];
-    unsigned nlate;
+    } late_times[VN_CLIENT_LATE_TIMES];
+    unsigned late_times_next;
 };
+
+static bool late_marked(const VnClient *c, uint16_t id)
+{
+    return (c->late_ids[id / 64] >> (id % 64)) & 1;
+}
 
 static void observe(VnClient *c, VnClientEvent ev, uint16_t cmd, uint64_t ms)
 {
@@ -46,36 +55,45 @@ static void observe(VnClient *c, VnClientEvent ev, uint16_t cmd, uint64_t ms)
 /* Request @id (@cmd, sent at @sent_ns) got no reply in time. */
 static void late_add(VnClient *c, uint16_t id, uint16_t cmd, uint64_t sent_ns)
 {
-    if (c->nlate == VN_CLIENT_MAX_LATE) {
-        memmove(&c->late[0], &c->late[1], sizeof(c->late[0]) * (VN_CLIENT_MAX_LATE - 1));
-        c->nlate--;
-    }
-    c->late[c->nlate].id = id;
-    c->late[c->nlate].cmd = cmd;
-    c->late[c->nlate].sent_ns = sent_ns;
+    c->late_ids[id / 64] |= UINT64_C(1) << (id % 64);
     c->nlate++;
+    c->late_times[c->late_times_next].id = id;
+    c->late_times[c->late_times_next].sent_ns = sent_ns;
+    c->late_times_next = (c->late_times_next + 1) % VN_CLIENT_LATE_TIMES;
     c->stats.timeouts++;
     c->stats.stalled = true;
     observe(c, VN_CLIENT_TIMED_OUT, cmd, c->timeout_ms);
 }
 
 /* True (and forgotten) when @id is a request that timed out: its reply
- * came late and is dropped. */
-static bool late_take(VnClient *c, uint16_t id)
+ * (to @cmd) came late and is dropped. */
+static bool late_take(VnClient *c, uint16_t id, uint16_t cmd)
 {
-    for (unsigned i = 0; i < c->nlate; i++) {
-        if (c->late[i].id == id) {
-            uint64_t ms = (vn_util_now_ns() - c->late[i].sent_ns) / 1000000ull;
-            uint16_t cmd = c->late[i].cmd;
+    uint64_t ms = c->timeout_ms; /* at least; more when its send time is kept */
 
-            memmove(&c->late[i], &c->late[i + 1], sizeof(c->late[0]) * (c->nlate - i - 1));
-            c->nlate--;
-            c->stats.late_replies++;
-            observe(c, VN_CLIENT_LATE_REPLY, cmd, ms);
-            return true;
+    if (!late_marked(c, id)) {
+        return false;
+    }
+    c->late_ids[id / 64] &= ~(UINT64_C(1) << (id % 64));
+    c->nlate--;
+    for (unsigned i = 0; i < VN_CLIENT_LATE_TIMES; i++) {
+        if (c->late_times[i].id == id && c->late_times[i].sent_ns != 0) {
+            ms = (vn_util_now_ns() - c->late_times[i].sent_ns) / 1000000ull;
+            c->late_times[i].sent_ns = 0;
         }
     }
-    return false;
+    c->stats.late_replies++;
+    observe(c, VN_CLIENT_LATE_REPLY, cmd, ms);
+    return true;
+}
+
+/* The next id no late reply can still come for. */
+static uint16_t fresh_id(VnClient *c)
+{
+    for (unsigned tries = 0; tries <= G_MAXUINT16 && late_marked(c, c->next_id); tries++) {
+        c->next_id++;
+    }
+    return c->next_id++; /* every id late: its reply mismatches, -EPROTO */
 }
 
 /* Wait until @deadline (vn_util_now_ns()) for one whole message; the caller
@@ -128,7 +146,7 @@ static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *
         /* A stalled server answers what we gave up on, in order, before it
          * answers this request: match by id and drop those. */
         if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) == VN_WIRE_FLAG_REPLY && hdr.id != req.id &&
-            late_take(c, hdr.id)) {
+            late_take(c, hdr.id, hdr.cmd)) {
             vn_transport_msg_clear(reply);
             continue;
         }
@@ -151,7 +169,7 @@ static int transact(VnClient *c, const int *fds, unsigned nfds, VnTransportMsg *
 
 static void begin(VnClient *c, uint16_t cmd, uint32_t flags)
 {
-    vn_wire_begin(c->out, c->next_id++, cmd, flags);
+    vn_wire_begin(c->out, fresh_id(c), cmd, flags);
 }
 
 static void append(VnClient *c, const void *p, size_t n)

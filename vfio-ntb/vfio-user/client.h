@@ -27,9 +27,10 @@
 
 typedef struct VnClient VnClient;
 
-/* Timed-out requests whose late replies are recognised (and dropped).  A
- * reply to an older one than this reads as a reply to nothing: -EPROTO. */
-#define VN_CLIENT_MAX_LATE 16
+/* Every timed-out request's late reply is recognised (and dropped), however
+ * many time out in one stall; for the last this many, the observer hears
+ * how late it came (older ones: at least the timeout). */
+#define VN_CLIENT_LATE_TIMES 16
 
 typedef struct VnClientStats {
     uint64_t timeouts;     /* requests that got no reply in time */
