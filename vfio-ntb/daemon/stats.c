@@ -2,7 +2,8 @@
  * This node's counters (daemon-int.h, "stats.c"): the daemon's own, and
  * what each of its workers says, asked of every worker at once without
  * waiting.  A worker that does not answer within VN_SPAWN_STATS_TIMEOUT_MS
- * shows as null (lent) or is left out (borrowed); the loop serves
+ * shows as {"device", "worker_answered": false} (lent) or is left out
+ * (borrowed); the loop serves
  * everything else meanwhile, so one hung worker delays only its caller's
  * answer, and a hundred of them no more than one.
  */
@@ -38,23 +39,25 @@ struct Gather {
     void *opaque;
 };
 
-/* Counters a worker wrote (untrusted): added parsed, else as null.  Which
- * device they are of is the daemon's to say, not the worker's: "device"
- * and "lender" are set from @s (what an honest worker writes anyway), so
- * that no worker's counters can pass as another device's. */
+/* Counters a worker wrote (untrusted): added parsed, else (no answer, or
+ * not an object) as {"device", "worker_answered": false}, so that a client
+ * still reads one device per entry.  Which device they are of is the
+ * daemon's to say, not the worker's: "device" and "lender" are set from @s
+ * (what an honest worker writes anyway), so that no worker's counters can
+ * pass as another device's. */
 static void add_json_text(JsonBuilder *b, const Slot *s)
 {
     JsonNode *n = vn_json_parse(s->text, -1, VN_SPAWN_MAX_STATS, NULL);
 
-    if (n == NULL) {
-        json_builder_add_null_value(b);
-        return;
+    if (n == NULL || !JSON_NODE_HOLDS_OBJECT(n)) {
+        g_clear_pointer(&n, json_node_unref);
+        n = json_node_new(JSON_NODE_OBJECT);
+        json_node_take_object(n, json_object_new());
+        json_object_set_boolean_member(json_node_get_object(n), "worker_answered", FALSE);
     }
-    if (JSON_NODE_HOLDS_OBJECT(n)) {
-        json_object_set_string_member(json_node_get_object(n), "device", s->name);
-        if (s->lender != NULL) {
-            json_object_set_string_member(json_node_get_object(n), "lender", s->lender);
-        }
+    json_object_set_string_member(json_node_get_object(n), "device", s->name);
+    if (s->lender != NULL) {
+        json_object_set_string_member(json_node_get_object(n), "lender", s->lender);
     }
     json_builder_add_value(b, n);
 }
