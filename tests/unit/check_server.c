@@ -137,6 +137,8 @@ static gpointer serve(gpointer data)
     return NULL;
 }
 
+static VnDeviceInfo rig_info; /* what setup() serves */
+
 static void setup(void)
 {
     VnDeviceInfo info = { .flags = VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET,
@@ -167,6 +169,7 @@ static void setup(void)
     info.irq_count[VFIO_PCI_MSIX_IRQ_INDEX] = 4;
     info.irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 
+    rig_info = info;
     rig.ctx = g_main_context_new();
     rig.loop = g_main_loop_new(rig.ctx, FALSE);
     rig.server = vn_server_new(rig.path, &info, &fake_ops, &rig.fake, rig.ctx, &error);
@@ -940,6 +943,33 @@ START_TEST(test_client_stall_many)
 }
 END_TEST
 
+/* A socket a killed server left behind is taken over by the next one (a
+ * restarted simdev was refused "Address already in use"); one a live server
+ * listens on is not, and that server goes on serving. */
+START_TEST(test_stale_socket_taken_over)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *stale = g_build_filename(rig.dir, "stale.sock", NULL);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autoptr(VnClient) c = NULL;
+    VnServer *second;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    second = vn_server_new(rig.path, &rig_info, &fake_ops, &rig.fake, NULL, &error);
+    ck_assert_ptr_null(second);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE));
+    c = connect_ok();
+    g_clear_error(&error);
+    g_strlcpy(addr.sun_path, stale, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    close(fd); /* the file stays, nobody listens: what kill -9 leaves */
+    second = vn_server_new(stale, &rig_info, &fake_ops, &rig.fake, NULL, &error);
+    ck_assert_msg(second != NULL, "%s", error ? error->message : "");
+    vn_server_free(second);
+    ck_assert(!g_file_test(stale, G_FILE_TEST_EXISTS));
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -980,6 +1010,7 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_untrusted_stream_disconnects_and_next_client_served);
     tcase_add_test(tc, test_command_before_version);
     tcase_add_test(tc, test_queued_client_served_after_first_leaves);
+    tcase_add_test(tc, test_stale_socket_taken_over);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,6 +10,9 @@
 #include <glib/gstdio.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 void vn_util_close_fd(int *fd)
@@ -147,4 +150,33 @@ char *vn_util_size_text(uint64_t bytes)
     g_auto(GStrv) parts = g_strsplit(text, "\u00a0", -1); /* GLib's no-break space */
 
     return g_strjoinv(" ", parts);
+}
+
+VnUtilSocketPath vn_util_socket_path_claim(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct stat st;
+    int fd, ret, e;
+
+    if (strlen(path) >= sizeof(addr.sun_path) || lstat(path, &st) < 0) {
+        return VN_UTIL_SOCKET_FREE;
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        return VN_UTIL_SOCKET_NOT_SOCKET;
+    }
+    /* A listener answers a connect at once (even with a full backlog:
+     * EAGAIN); a socket file left by a dead server refuses it. */
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        return VN_UTIL_SOCKET_FREE; /* bind will say what is wrong */
+    }
+    ret = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    e = errno;
+    close(fd);
+    if (ret == 0 || e == EAGAIN || e == EINPROGRESS) {
+        return VN_UTIL_SOCKET_LIVE;
+    }
+    unlink(path);
+    return VN_UTIL_SOCKET_FREE;
 }

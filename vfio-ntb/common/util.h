@@ -76,6 +76,17 @@ char *vn_util_size_text(uint64_t bytes);
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 
+/* What is at @path, for a server about to bind a UNIX socket there. */
+typedef enum VnUtilSocketPath {
+    VN_UTIL_SOCKET_FREE,       /* nothing, or a socket nobody listens on (removed) */
+    VN_UTIL_SOCKET_LIVE,       /* a listener answers: another server runs there */
+    VN_UTIL_SOCKET_NOT_SOCKET, /* a file that is not a socket: left alone */
+} VnUtilSocketPath;
+/* Probe @path (connect, never waiting): a dead server's socket is unlinked so
+ * that a restarted one can bind; a live one or another file is left.  A path
+ * too long for a socket counts as free (bind says why). */
+VnUtilSocketPath vn_util_socket_path_claim(const char *path);
+
 /*
  * Replace @path with @text by writing PATH.tmp and renaming it, so a reader
  * sees the old or the new file, never half of one.  For counters snapshots:

@@ -538,44 +538,27 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 
 bool vn_control_path_free(const char *path, GError **error)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    struct stat st;
-    int fd, ret, e;
+    struct sockaddr_un addr;
 
     if (strlen(path) >= sizeof(addr.sun_path)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "control socket %s: path too long", path);
         return false;
     }
-    if (lstat(path, &st) < 0) {
-        return true; /* nothing there (or unreadable: bind will say) */
-    }
-    if (!S_ISSOCK(st.st_mode)) {
+    switch (vn_util_socket_path_claim(path)) {
+    case VN_UTIL_SOCKET_NOT_SOCKET:
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
                     "control socket %s: exists and is not a socket; not replacing it", path);
         return false;
-    }
-    /* A listener answers a connect at once (even with a full backlog: EAGAIN);
-     * a socket file left by a dead daemon refuses it. */
-    strcpy(addr.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        e = errno;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "control socket %s: %s", path,
-                    g_strerror(e));
-        return false;
-    }
-    ret = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
-    e = errno;
-    close(fd);
-    if (ret == 0 || e == EAGAIN || e == EINPROGRESS) {
+    case VN_UTIL_SOCKET_LIVE:
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE,
                     "control socket %s: a running vfio-ntbd answers on it; "
                     "not starting a second one",
                     path);
         return false;
+    default:
+        return true;
     }
-    return true;
 }
 
 VnControl *vn_control_new(VnDaemon *d, const char *path, VnCommandLookup lookup, GError **error)

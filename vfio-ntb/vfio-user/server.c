@@ -615,6 +615,14 @@ VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const
         return NULL;
     }
     strcpy(addr.sun_path, socket_path);
+    /* A socket our last run left (killed, it could not unlink it) is taken
+     * over; one a live server listens on is not. */
+    if (vn_util_socket_path_claim(socket_path) == VN_UTIL_SOCKET_LIVE) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_ADDRESS_IN_USE,
+                    "socket %s: another server listens on it", socket_path);
+        g_clear_pointer(&s->path, g_free); /* not ours to unlink on free */
+        return NULL;
+    }
     if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
         chmod(socket_path, 0600) < 0 || listen(s->listen_fd, 4) < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "socket %s: %s", socket_path,
