@@ -48,7 +48,9 @@
  * closed: long enough for a script that keeps one open between steps (a
  * held connection never locks a new one out: make_room()). */
 #define VN_CONTROL_IDLE_MS (10 * 60 * 1000)
-#define VN_CONTROL_IDLE_CHECK_MS 1000
+/* Looked for this often: a tenth of the timeout is precise enough, and an
+ * idle daemon does not wake each second for it. */
+#define VN_CONTROL_IDLE_CHECK_MS (VN_CONTROL_IDLE_MS / 10)
 /* Events kept for subscribers that ask for those since a time. */
 #define VN_CONTROL_MAX_HISTORY 256
 /* Connects the kernel queues before we accept them: a burst of ntbctl. */
@@ -86,7 +88,6 @@ struct VnControl {
     guint idle_timer;
     GPtrArray *clients;
     GQueue history; /* Event, oldest first */
-    uint64_t dropped, evicted, idled;
 };
 
 static void client_unref(Client *c)
@@ -161,7 +162,6 @@ static void send_line(Client *c, const char *line, size_t len)
     }
     if (c->out->len + len > VN_CONTROL_MAX_QUEUED) {
         g_info("control: a client left %zu bytes unread; dropped", c->out->len);
-        c->ctl->dropped++;
         client_close(c);
         return;
     }
@@ -398,14 +398,7 @@ static gboolean on_client(int fd, GIOCondition cond, gpointer data)
 
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         /* Answers still pending keep the Client; they are dropped unsent. */
-        c->watch = 0;
-        if (c->out_watch != 0) {
-            g_source_remove(c->out_watch);
-            c->out_watch = 0;
-        }
-        vn_util_close_fd(&c->fd);
-        g_ptr_array_remove(c->ctl->clients, c);
-        client_unref(c);
+        client_close(c);
         return G_SOURCE_REMOVE;
     }
     if (n < 0) {
@@ -457,7 +450,6 @@ static gboolean on_idle_check(gpointer data)
 
         if (client_idle(c) && now - c->active_us > (gint64)VN_CONTROL_IDLE_MS * 1000) {
             g_info("control: a client idle for %d ms; closed", VN_CONTROL_IDLE_MS);
-            ctl->idled++;
             client_close(c);
         }
     }
@@ -485,7 +477,6 @@ static bool make_room(VnControl *ctl)
     }
     g_info("control: %d clients; the one idle longest makes room for a new one",
            VN_CONTROL_MAX_CLIENTS);
-    ctl->evicted++;
     client_close(oldest);
     return true;
 }
