@@ -318,6 +318,22 @@ static int host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uin
     return host_wait_reply(h, seq, rep, fd_in);
 }
 
+/* Ask the daemon for the link to @peer and wait for its answer: as shm
+ * does, the link is up when this returns 0. */
+static int host_link_wait(VnHost *h, const char *peer)
+{
+    VnHostHdr rep;
+    int fd;
+    int ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
+
+    vn_util_close_fd(&fd);
+    if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
+        g_hash_table_add(h->up, g_strdup(peer));
+        vn_fabric_backend_link(h->fab, peer, true);
+    }
+    return ret;
+}
+
 /* HELLO, then our links and doorbell bits again (after a restart). */
 static bool host_greet(VnHost *h, GError **error)
 {
@@ -383,12 +399,7 @@ static bool host_greet(VnHost *h, GError **error)
             host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
             continue;
         }
-        ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
-        vn_util_close_fd(&fd);
-        if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
-            g_hash_table_add(h->up, g_strdup(peer));
-            vn_fabric_backend_link(h->fab, peer, true);
-        }
+        host_link_wait(h, peer);
     }
     if (h->fd < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
@@ -587,8 +598,6 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
 static int host_connect(void *backend, const char *peer)
 {
     VnHost *h = backend;
-    VnHostHdr rep;
-    int fd, ret;
 
     if (g_hash_table_contains(h->up, peer)) {
         return 0;
@@ -599,14 +608,7 @@ static int host_connect(void *backend, const char *peer)
         }
         g_hash_table_add(h->wanted, g_strdup(peer));
     }
-    /* As shm does: the link is up when this returns 0. */
-    ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
-    vn_util_close_fd(&fd);
-    if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
-        g_hash_table_add(h->up, g_strdup(peer));
-        vn_fabric_backend_link(h->fab, peer, true);
-    }
-    return ret;
+    return host_link_wait(h, peer);
 }
 
 static int host_send(void *backend, const char *peer, const void *buf, size_t len)
