@@ -56,6 +56,12 @@ void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_
     vn_control_event(d->control, event, json_builder_get_root(b));
 }
 
+/* "; it @verb in DOMAIN" when @b is attached, else "": where a loss hits. */
+static char *in_domain(const VnBorrowed *b, const char *verb)
+{
+    return b->domain != NULL ? g_strdup_printf("; it %s in %s", verb, b->domain) : g_strdup("");
+}
+
 /* ---- announcements ---- */
 
 /* Lender side: the VM each of our devices @peer holds is served to, as its
@@ -341,11 +347,11 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
                 lender_back(d, b);
             }
         } else {
-            g_autofree char *why = g_strdup_printf(
-                "%s no longer lends it to us (lease %" G_GUINT64_FORMAT " ended while we were "
-                "apart)%s%s",
-                lender, b->lease, b->domain != NULL ? "; it was in " : "",
-                b->domain != NULL ? b->domain : "");
+            g_autofree char *in = in_domain(b, "was");
+            g_autofree char *why =
+                g_strdup_printf("%s no longer lends it to us (lease %" G_GUINT64_FORMAT
+                                " ended while we were apart)%s",
+                                lender, b->lease, in);
 
             vn_devices_note_loss(d, b->device, b->lease, why);
             vn_cluster_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
@@ -678,14 +684,12 @@ static gboolean on_lender_gone(gpointer data)
 {
     Away *aw = data;
     VnBorrowed *b = aw->b;
-
-    g_autofree char *why = NULL;
+    g_autofree char *in = in_domain(b, "was");
+    g_autofree char *why = g_strdup_printf("its lender %s did not come back in %u ms%s", b->lender,
+                                           aw->d->conf->lease_timeout_ms, in);
 
     b->away_timer = 0;
     b->lost = true;
-    why = g_strdup_printf("its lender %s did not come back in %u ms%s%s", b->lender,
-                          aw->d->conf->lease_timeout_ms, b->domain != NULL ? "; it was in " : "",
-                          b->domain != NULL ? b->domain : "");
     vn_devices_note_loss(aw->d, b->device, b->lease, why);
     /* Its worker hears of it now: it answers QEMU that the device is gone. */
     if (b->port != NULL) {
@@ -741,12 +745,12 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
 
         if (strcmp(b->lender, peer) == 0 && !b->lost && b->away_timer == 0) {
             Away *aw = g_new0(Away, 1);
+            g_autofree char *in = in_domain(b, "is");
 
             *aw = (Away){ d, b };
             vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, peer, b->lease,
-                   "node %s: %s went away; %s is lost unless it is back in %u ms%s%s",
-                   d->conf->node, peer, b->device, d->conf->lease_timeout_ms,
-                   b->domain != NULL ? "; it is in " : "", b->domain != NULL ? b->domain : "");
+                   "node %s: %s went away; %s is lost unless it is back in %u ms%s", d->conf->node,
+                   peer, b->device, d->conf->lease_timeout_ms, in);
             b->unconfirmed = true;
             b->away_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, d->conf->lease_timeout_ms,
                                                on_lender_gone, aw, g_free);

@@ -479,6 +479,8 @@ void vn_endings_free(GPtrArray *endings);
 
 /* spawn.c: vfio-ntb-borrower and vfio-ntb-lender processes, which outlive
  * the daemon. */
+#define VN_SPAWN_BINARY "vfio-ntb-borrower"
+#define VN_LENDERS_BINARY "vfio-ntb-lender"
 extern const VnWorkerOps vn_spawn_ops;
 /* tracing.c: the control socket's "trace" (switch trace events here and in the workers). */
 void vn_daemon_cmd_trace(VnDaemon *d, JsonObject *a, VnControlReply *r);

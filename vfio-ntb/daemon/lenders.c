@@ -22,7 +22,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define VN_LENDERS_BINARY "vfio-ntb-lender"
 /* A worker that exited is started again after this. */
 #define VN_LENDERS_RESPAWN_MS 1000
 

@@ -42,7 +42,6 @@
 /* The worker's end of its status pipe, and how much of its reason we read. */
 #define VN_SPAWN_STATUS_FD 3
 #define VN_SPAWN_MAX_WHY 400
-#define VN_SPAWN_BINARY "vfio-ntb-borrower"
 
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error)
 {

@@ -20,6 +20,7 @@
 /* A state file is small; a large one is not ours. */
 #define VN_STATE_MAX_SIZE (1024 * 1024)
 
+/* run-dir always has a value (conf.c: /run/vfio-ntb by default). */
 static const char *state_dir(VnDaemon *d)
 {
     return d->conf->state_dir != NULL ? d->conf->state_dir : d->conf->run_dir;
@@ -27,7 +28,7 @@ static const char *state_dir(VnDaemon *d)
 
 static char *state_path(VnDaemon *d)
 {
-    return state_dir(d) != NULL ? g_build_filename(state_dir(d), "state.json", NULL) : NULL;
+    return g_build_filename(state_dir(d), "state.json", NULL);
 }
 
 /* How a device is reached, and who may borrow it: enough to lend it again
@@ -57,9 +58,6 @@ bool vn_state_save(VnDaemon *d, GError **error)
     GHashTableIter it;
     gpointer key, value;
 
-    if (path == NULL) {
-        return true;
-    }
     json_builder_begin_object(b);
     json_builder_set_member_name(b, "node");
     json_builder_add_string_value(b, d->conf->node);
@@ -278,7 +276,9 @@ static VnLocalDevice *lend_again(VnDaemon *d, JsonObject *e, bool runtime)
         an == NULL || !JSON_NODE_HOLDS_ARRAY(an) || d->local->len >= VN_CONF_MAX_DEVICES) {
         return NULL;
     }
-    for (guint j = 0; j < json_array_get_length(json_node_get_array(an)) && j < 256; j++) {
+    /* One more than a list may have: vn_conf_lend_new() refuses it whole. */
+    for (guint j = 0; j < json_array_get_length(json_node_get_array(an)) && j <= VN_CONF_MAX_ALLOW;
+         j++) {
         JsonNode *x = json_array_get_element(json_node_get_array(an), j);
 
         if (JSON_NODE_HOLDS_VALUE(x) && json_node_get_value_type(x) == G_TYPE_STRING) {
@@ -314,7 +314,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
     JsonNode *n;
     gsize len;
 
-    if (path == NULL || !g_file_test(path, G_FILE_TEST_EXISTS)) {
+    if (!g_file_test(path, G_FILE_TEST_EXISTS)) {
         return true;
     }
     if (!g_file_get_contents(path, &text, &len, error)) {

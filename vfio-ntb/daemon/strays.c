@@ -28,7 +28,7 @@
 /* A killed process is gone at once unless the kernel holds it (D state). */
 #define VN_STRAYS_WAIT_MS 2000
 
-static const char *const worker_binaries[] = { "vfio-ntb-lender", "vfio-ntb-borrower", NULL };
+static const char *const worker_binaries[] = { VN_LENDERS_BINARY, VN_SPAWN_BINARY, NULL };
 
 /* @pid's argument @prefix..., or NULL. */
 static const char *arg_value(const char *cmdline, gsize len, const char *prefix)
