@@ -265,9 +265,11 @@ START_TEST(test_hostile_peer)
     /* It speaks for hostb, without the lease: ignored (not hostb's link). */
     forged = g_strdup("{\"node\":\"hostb\",\"devices\":[],\"holds\":[]}");
     vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, forged, NULL, 0);
-    /* Its own announcement claims hostb's lease: that is not its lease. */
+    /* Its own announcement claims hostb's lease (and a VM of its own it
+     * would be served to): that is not its lease. */
     own = g_strdup_printf("{\"node\":\"evil\",\"devices\":[],\"holds\":[{\"lender\":\"hosta\","
-                          "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT "}]}",
+                          "\"name\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                          ",\"domain\":\"evilvm\"}]}",
                           lease);
     vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE, own, NULL, 0);
     /* A REVOKE of hosta's device sent to hostb by someone else than hosta. */
@@ -286,6 +288,8 @@ START_TEST(test_hostile_peer)
     ck_assert_str_eq(lease_of(a)->holder, "hostb");
     ck_assert_uint_eq(lease_of(a)->id, lease);
     ck_assert_ptr_nonnull(vn_devices_borrowed(b, "hosta/nvme0"));
+    /* Only the holder says which VM has the device (hostb serves it to none). */
+    ck_assert_ptr_null(vn_devices_local(a, "nvme0")->holder_domain);
     /* The forged announcement did not replace what hostb said of itself. */
     ck_assert_ptr_nonnull(g_hash_table_lookup(a->nodes, "hostb"));
     ck_assert(((VnRemoteNode *)g_hash_table_lookup(a->nodes, "hostb"))->link_up);
