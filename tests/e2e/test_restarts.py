@@ -162,21 +162,43 @@ def test_restart_config_drops_lent(procs):
                   workers_after_return=left, borrow_after=bool(again))
 
 
+def look_alike(procs, d, node, port):
+    """A process that looks like a lender worker (its name and arguments) to whoever reads
+    /proc: bash, running under that name with those arguments."""
+    return procs.start(f"look-alike-{node}",
+                       [str(d.wd / "vfio-ntb-lender"), "-c", "sleep 120; :",
+                        f"--node={node}", f"--port={port}"], executable="/bin/bash")
+
+
 def test_no_state_dir_restart(procs):
     """The quickstart's configs (no state-dir): a clean restart and a kill -9 restart leave
-    one lender worker, the one the daemon speaks with."""
+    one lender worker, the one the daemon speaks with.  Strays are told by node and run-dir,
+    not by name alone: look-alikes of another node, or of this node's name in another run-dir,
+    are left running; one in this node's run-dir is stopped."""
     p = Pair(procs, persist=False)
-    counts = [len(p.a.workers())]
+    other_dir = procs.tempdir()
+    mine = look_alike(procs, p.a, "hosta", p.a.run_dir / "lend-x-port.sock")
+    other_node = look_alike(procs, p.a, "hostz", p.a.run_dir / "lend-x-port.sock")
+    other_run = look_alike(procs, p.a, "hosta", other_dir / "lend-x-port.sock")
+    fakes = {mine.pid, other_node.pid, other_run.pid}
+
+    def real_workers():
+        return len([w for w in p.a.workers() if w not in fakes])
+    counts = [real_workers()]
     p.restart(p.a, signal.SIGTERM)
     p.wait_listed(["nvme0"])
-    counts.append(len(p.a.workers()))
+    counts.append(real_workers())
+    stopped = wait_for(lambda: mine.poll() is not None, 5)
+    spared = other_node.poll() is None and other_run.poll() is None
     p.restart(p.a, signal.SIGKILL)
     p.wait_listed(["nvme0"])
-    counts.append(len(p.a.workers()))
+    counts.append(real_workers())
     got = p.ask(p.b, "borrow", device="hosta/nvme0")
     p.ask(p.b, "return", device="hosta/nvme0")
-    return result("no-state-dir-restart", counts == [1, 1, 1] and "lease" in got,
-                  workers=counts, borrow=bool(got))
+    return result("no-state-dir-restart",
+                  counts == [1, 1, 1] and "lease" in got and bool(stopped) and spared,
+                  workers=counts, borrow=bool(got), look_alike_stopped=bool(stopped),
+                  others_spared=spared)
 
 
 def test_lender_back_after_timeout(procs):
