@@ -96,6 +96,9 @@ struct t1_keep {
 
 static void t1_once(struct races *r, struct t1_keep *keep)
 {
+    /* Before the file is taken: a removal that completes during this iteration (main does
+     * not wait for our read lock to remove) must count as after the mapping was made. */
+    long epoch = atomic_load(&r->removals);
     long gen, done;
     volatile uint32_t *p;
     uint32_t seen;
@@ -149,7 +152,7 @@ static void t1_once(struct races *r, struct t1_keep *keep)
     if (!keep->p) {
         keep->p = p;
         keep->gen = gen;
-        keep->epoch = atomic_load(&r->removals);
+        keep->epoch = epoch;
     } else {
         munmap((void *)p, page);
     }
