@@ -143,12 +143,13 @@ END_TEST
 START_TEST(test_not_attached)
 {
     Borrower *b = borrower(0);
+    uint64_t messages = device_messages(); /* the lender's connection, made at its start */
     uint8_t buf[4];
 
     /* Nothing is lent yet: only ATTACH is heard. */
     ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, buf, 4, false), -EPERM);
     ck_assert_int_eq(simple(b, VN_PROTO_DETACH), -EPERM);
-    ck_assert_int_eq(device_messages(), 0);
+    ck_assert_int_eq(device_messages(), messages);
 }
 END_TEST
 

@@ -970,6 +970,31 @@ START_TEST(test_stale_socket_taken_over)
 }
 END_TEST
 
+/* A server that is stopped and whose backlog is full accepts no connection: the client
+ * says so at once instead of waiting in connect() until the server runs again. */
+START_TEST(test_client_connect_backlog_full)
+{
+    g_autofree char *path = g_build_filename(rig.dir, "full.sock", NULL);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autoptr(GError) error = NULL;
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int queued = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    gint64 t0;
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(lfd, 0), 0); /* never accepted: one connection fills it */
+    ck_assert_int_eq(connect(queued, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    t0 = g_get_monotonic_time();
+    ck_assert_ptr_null(vn_client_connect(path, 500, &error));
+    ck_assert_int_lt(g_get_monotonic_time() - t0, G_USEC_PER_SEC);
+    ck_assert_msg(strstr(error->message, "backlog is full") != NULL, "%s", error->message);
+    close(queued);
+    close(lfd);
+    unlink(path);
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -1011,6 +1036,7 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_command_before_version);
     tcase_add_test(tc, test_queued_client_served_after_first_leaves);
     tcase_add_test(tc, test_stale_socket_taken_over);
+    tcase_add_test(tc, test_client_connect_backlog_full);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,5 +1,6 @@
 /*
- * The rig of the lender's unit tests (check_lender.c, check_lender_untrusted.c).
+ * The rig of the lender's unit tests (check_lender.c, check_lender_untrusted.c,
+ * check_lender_server.c).
  *
  * One process, three threads:
  * - the device: a VnServer with a small fake device (BAR0 a mappable
@@ -152,6 +153,7 @@ static struct {
     Fake fake;
     Loop dev;
     VnServer *server;
+    VnDeviceInfo info; /* what the server serves (a restarted one serves it again) */
     Loop lend;
     VnFabric *lfab;
     VnLender *lender;
@@ -344,6 +346,30 @@ static inline int count_fds(void)
 /* How the lender reaches the rig's device server (a suite may wrap it). */
 static const VnBackendOps *rig_backend = &vn_backend_vfio_user;
 
+static inline void server_up_fn(void *data)
+{
+    *(bool *)data = vn_lender_server_up(rig.lender);
+}
+
+/* Wait until the lender says a device server answers (@up) or not; false after @ms. */
+static inline bool lender_server_wait(bool up, int ms)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)ms * 1000;
+
+    for (;;) {
+        bool now = !up;
+
+        on_loop(&rig.lend, server_up_fn, &now);
+        if (now == up) {
+            return true;
+        }
+        if (g_get_monotonic_time() > deadline) {
+            return false;
+        }
+        g_usleep(10 * 1000);
+    }
+}
+
 static inline void setup(void)
 {
     VnDeviceInfo info = { .flags = VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET,
@@ -403,6 +429,7 @@ static inline void setup(void)
     info.irq_flags[VFIO_PCI_MSIX_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 
     rig.dev.ctx = g_main_context_new();
+    rig.info = info;
     rig.server = vn_server_new(rig.sock, &info, &fake_ops, &rig.fake, rig.dev.ctx, &error);
     ck_assert_msg(rig.server != NULL, "%s", error ? error->message : "");
     loop_start(&rig.dev, "device");
@@ -414,6 +441,9 @@ static inline void setup(void)
     loop_start(&rig.lend, "lender");
 
     rig.ctx = g_main_context_new();
+    /* The lender dials its device server at once and keeps the connection: every test
+     * starts once it has. */
+    ck_assert(lender_server_wait(true, 5000));
 }
 
 static inline void lender_close(void *data)

@@ -108,6 +108,8 @@ static char *announcement(VnDaemon *d, const char *peer)
         pd->id = ld->id;
         pd->lent = vn_lease_lent(ld->lease);
         pd->denied = peer != NULL && !vn_lend_conf_allows(ld->conf, peer);
+        pd->server_down = ld->server == VN_SERVER_DOWN;
+        pd->server_gen = ld->server_gen;
         if (pd->lent) {
             g_strlcpy(pd->borrower, ld->lease->holder, sizeof(pd->borrower));
             pd->lease = ld->lease->id;
@@ -388,6 +390,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
     holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
+    vn_devserver_announced(d, msg->peer, n->ann);
 }
 
 static void on_revoke(VnDaemon *d, VnFabricMsg *msg)

@@ -55,6 +55,13 @@ typedef struct VnFence {
 } VnFence;
 
 /* A device this node lends. */
+/* A lent device's server, as its lender worker says (devserver.c). */
+typedef enum VnServerState {
+    VN_SERVER_UNKNOWN = 0, /* the worker has not said (yet) */
+    VN_SERVER_UP,
+    VN_SERVER_DOWN,
+} VnServerState;
+
 typedef struct VnLocalDevice {
     struct VnDaemon *d;
     VnLendConf *conf;   /* borrowed from the config */
@@ -73,6 +80,10 @@ typedef struct VnLocalDevice {
     VnIdentity id;       /* read when it was lent (identity.h) */
     char *holder_domain; /* the VM its holder serves it to, as announced, or NULL */
     VnFence fence;
+    /* Its device server, as its worker says (devserver.c): whether one answers, and how
+     * many times this daemon saw a lost one come back (announced to the holder). */
+    VnServerState server;
+    uint32_t server_gen;
 } VnLocalDevice;
 
 /* A device this node borrows. */
@@ -108,7 +119,12 @@ typedef struct VnBorrowed {
     gint64 client_call_us;
     VnClientState client_state;
     gint64 client_state_us;
-    bool lost;           /* the lender went away */
+    bool lost; /* the lender went away */
+    /* Its device server, as the lender announces it (devserver.c): lost now, and the
+     * generation our VM's device is of (known once an announcement said it). */
+    bool server_down;
+    bool server_gen_known;
+    uint32_t server_gen;
     bool unconfirmed;    /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
     guint release_timer; /* vn_cluster_release() waits for the VM */
@@ -397,6 +413,15 @@ typedef void (*VnUnplugDone)(VnDaemon *d, const char *device, uint64_t lease, bo
                              bool stopping, void *opaque);
 typedef struct VnUnplug VnUnplug;
 bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done, void *opaque);
+/*
+ * Present @b to its VM as a new device (its device server was lost and another answers:
+ * the device the guest had is gone), through the QMP socket attach named: device_del,
+ * wait for the guest (VN_UNPLUG_REPLUG_WAIT_MS), device_add at the same place, on a thread
+ * of GLib's pool.  Emits DEVICE_REPLUGGED or DEVICE_REPLUG_FAILED.  False, with nothing
+ * started, without a QMP socket or when VN_UNPLUG_MAX are under way.
+ */
+#define VN_UNPLUG_REPLUG_WAIT_MS 60000
+bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b);
 GPtrArray *vn_unplugs_new(void);
 void vn_unplugs_free(VnDaemon *d);
 
@@ -517,12 +542,29 @@ VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, vo
 #define VN_SPAWN_STOP_TIMEOUT_MS 5000
 #define VN_SPAWN_STATS_TIMEOUT_MS 1000
 
+/* ---- devserver.c ---- */
+/* Lender side, a port's VnPortDeviceServerFn (@opaque: the VnLocalDevice). */
+void vn_devserver_changed(void *opaque, bool up, uint32_t gen);
+/* Borrower side: what @lender's announcement @a says of the servers of devices we hold. */
+void vn_devserver_announced(VnDaemon *d, const char *lender, const VnPeersAnnounce *a);
+
 /* ---- qmp.c ---- */
 /* device_del @id in the VM whose QMP socket is @path (bounded; does not wait
  * for the guest).  False with @error if QEMU refused. */
 bool vn_qmp_device_del(const char *path, const char *id, GError **error);
 /* The same on @fd, a connected QMP socket (borrowed; the fuzzer's seam). */
 bool vn_qmp_device_del_fd(int fd, const char *id, GError **error);
+/*
+ * Present device @id of that VM anew: read where it sits (its bus and slot), device_del it,
+ * wait up to @wait_ms for the guest to let go (DEVICE_DELETED), then device_add a
+ * vfio-user-pci of the same id at the same place on @socket, so the guest's driver probes
+ * it as new.  Other properties it was added with are not kept.  Bounded at every step;
+ * false with @error at the first that failed (then the device may be out of the VM).
+ */
+bool vn_qmp_device_replug(const char *path, const char *id, const char *socket, unsigned wait_ms,
+                          GError **error);
+bool vn_qmp_device_replug_fd(int fd, const char *id, const char *socket, unsigned wait_ms,
+                             GError **error);
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);
 bool vn_state_load(VnDaemon *d, GError **error);

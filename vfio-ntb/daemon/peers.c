@@ -87,6 +87,14 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
             json_builder_set_member_name(b, "denied");
             json_builder_add_boolean_value(b, TRUE);
         }
+        if (d->server_down || d->server_gen > 0) {
+            json_builder_set_member_name(b, "server");
+            json_builder_begin_object(b);
+            json_builder_set_member_name(b, "up");
+            json_builder_add_boolean_value(b, !d->server_down);
+            add_uint(b, "generation", d->server_gen);
+            json_builder_end_object(b);
+        }
         json_builder_end_object(b);
     }
     json_builder_end_array(b);
@@ -300,6 +308,25 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
             return bad(error, what, "denied");
         }
         d->denied = json_node_get_boolean(dn);
+    }
+    /* Optional: its device server, when it was ever lost. */
+    d->server_down = false;
+    d->server_gen = 0;
+    if (member(o, "server") != NULL) {
+        JsonNode *sn = member(o, "server");
+        JsonObject *so = JSON_NODE_HOLDS_OBJECT(sn) ? json_node_get_object(sn) : NULL;
+        JsonNode *up = so != NULL ? member(so, "up") : NULL;
+        uint64_t gen;
+
+        if (up == NULL || !JSON_NODE_HOLDS_VALUE(up) ||
+            json_node_get_value_type(up) != G_TYPE_BOOLEAN) {
+            return bad(error, what, "server");
+        }
+        if (!get_uint(so, "generation", 0, G_MAXUINT32, &gen, what, error)) {
+            return false;
+        }
+        d->server_down = !json_node_get_boolean(up);
+        d->server_gen = (uint32_t)gen;
     }
     state = json_node_get_string(st);
     d->lent = strcmp(state, "lent") == 0;

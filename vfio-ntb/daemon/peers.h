@@ -5,7 +5,8 @@
  *
  *   message     kind      JSON
  *   ANNOUNCE    event     {"node", "devices": [{"name", "state": "lent"|"available",
- *                          "borrower": node|null, "lease": n|null}],
+ *                          "borrower": node|null, "lease": n|null,
+ *                          "server": {"up", "generation"} (optional)}],
  *                          "holds": [{"lender", "name", "lease"}]}
  *   BORROW      request   {"device"}                       -> {"lease"}
  *   RETURN      request   {"device", "lease"}              -> {}
@@ -51,6 +52,11 @@ typedef struct VnPeersDevice {
     uint64_t lease;                      /* 0 when available */
     VnIdentity id;                       /* optional in an announcement ("id") */
     bool denied; /* the node this announcement goes to is not on its access list */
+    /* Its device server (optional in an announcement: "server": {"up", "generation"}):
+     * whether one answers, and how many times a lost one came back.  A holder presents
+     * the device anew to its VM when the generation changes. */
+    bool server_down;
+    uint32_t server_gen;
 } VnPeersDevice;
 
 typedef struct VnPeersHold {

@@ -65,6 +65,8 @@ struct VnPort {
     void *device_request_opaque;
     VnPortFencedFn fenced;
     void *fenced_opaque;
+    VnPortDeviceServerFn device_server;
+    void *device_server_opaque;
 };
 
 bool vn_port_connected(VnPort *p)
@@ -76,6 +78,12 @@ void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque)
 {
     p->fenced = fn;
     p->fenced_opaque = opaque;
+}
+
+void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque)
+{
+    p->device_server = fn;
+    p->device_server_opaque = opaque;
 }
 
 void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque)
@@ -715,6 +723,15 @@ static void worker_record(VnPort *p, VnRecord *rec)
             refuse(p, "a fence from a borrower's worker");
         } else if (p->fenced != NULL) {
             p->fenced(p->fenced_opaque);
+        }
+        break;
+    case VN_HOST_DEVICE_SERVER:
+        if (!p->inbound) {
+            refuse(p, "a device server's state from a borrower's worker");
+        } else if (h.arg > 1 || h.arg2 > G_MAXUINT32) {
+            refuse(p, "a device server state %" PRIu64 ", generation %" PRIu64, h.arg, h.arg2);
+        } else if (p->device_server != NULL) {
+            p->device_server(p->device_server_opaque, h.arg == 1, (uint32_t)h.arg2);
         }
         break;
     case VN_HOST_DEVICE_REQUEST:

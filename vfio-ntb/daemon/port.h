@@ -83,6 +83,12 @@ void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque
 typedef void (*VnPortFencedFn)(void *opaque);
 void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque);
 
+/* A lender's worker says whether its device server answers (@up) and how many times a lost
+ * one came back (@gen): @fn runs, from the port's context, at each change and at each
+ * greeting.  A peer's word: @gen is bounded by nothing but its type. */
+typedef void (*VnPortDeviceServerFn)(void *opaque, bool up, uint32_t gen);
+void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque);
+
 /*
  * The daemon's part of a fence, without the worker's help: what the worker exported
  * through the port (segments: the paths onto its device's BARs; routes) is withdrawn now,

@@ -240,6 +240,8 @@ static void device_ready(VnDaemon *d, JsonNode *root, void *opaque)
                                                  : "unknown (its lender worker does not answer)");
     json_object_set_string_member(o, "last_stall",
                                   st != NULL ? vn_util_json_string(st, "last_stall") : NULL);
+    json_object_set_string_member(
+        o, "device_server_loss", st != NULL ? vn_util_json_string(st, "device_server_loss") : NULL);
     vn_control_return(dq->r, dq->device);
     g_free(dq);
 }
@@ -284,6 +286,7 @@ void vn_queries_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_object_set_string_member(o, "socket", bw->socket);
         json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
         json_object_set_boolean_member(o, "lost", bw->lost);
+        json_object_set_boolean_member(o, "device_server_lost", bw->server_down);
     }
     if (g_hash_table_contains(d->losses, dev)) {
         json_object_set_string_member(o, "last_loss", g_hash_table_lookup(d->losses, dev));

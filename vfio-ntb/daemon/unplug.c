@@ -22,6 +22,7 @@ struct VnUnplug {
     char *domain;
     char *qmp; /* NULL: the worker's way only */
     char *qdev_id;
+    char *socket;         /* a replug: the device is added back on this socket */
     VnWctlCall *call;     /* the worker's answer, awaited */
     GCancellable *cancel; /* set while device_del runs on its thread */
     bool cancelled;       /* the daemon stopped: only the thread's end frees us */
@@ -39,6 +40,7 @@ static void unplug_free(VnUnplug *u)
     g_free(u->domain);
     g_free(u->qmp);
     g_free(u->qdev_id);
+    g_free(u->socket);
     g_free(u);
 }
 
@@ -60,7 +62,9 @@ static void device_del_thread(GTask *task, gpointer source, gpointer data, GCanc
     VnUnplug *u = data;
     GError *error = NULL;
 
-    if (vn_qmp_device_del(u->qmp, u->qdev_id, &error)) {
+    if (u->socket != NULL
+            ? vn_qmp_device_replug(u->qmp, u->qdev_id, u->socket, VN_UNPLUG_REPLUG_WAIT_MS, &error)
+            : vn_qmp_device_del(u->qmp, u->qdev_id, &error)) {
         g_task_return_boolean(task, TRUE);
     } else {
         g_task_return_error(task, error);
@@ -77,7 +81,14 @@ static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
         unplug_free(u);
         return;
     }
-    if (ok) {
+    if (u->socket != NULL) {
+        vn_log(ok ? G_LOG_LEVEL_MESSAGE : G_LOG_LEVEL_WARNING, u->d->conf->node, u->device, NULL,
+               u->lease, "node %s: %s %s to %s as a new device (%s)%s%s", u->d->conf->node,
+               ok ? "presented" : "could not present", u->device, u->domain, u->qdev_id,
+               ok ? "" : ": ", ok ? "" : error->message);
+        vn_cluster_emit(u->d, ok ? "DEVICE_REPLUGGED" : "DEVICE_REPLUG_FAILED", u->device, u->lease,
+                        NULL, u->domain);
+    } else if (ok) {
         vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
                "node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain, u->device,
                u->qdev_id);
@@ -166,6 +177,27 @@ bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
     } else {
         u->call = call;
     }
+    return true;
+}
+
+bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b)
+{
+    VnUnplug *u;
+
+    if (d->unplugs->len >= VN_UNPLUG_MAX || b->qmp == NULL || b->qdev_id == NULL ||
+        b->socket == NULL) {
+        return false;
+    }
+    u = g_new0(VnUnplug, 1);
+    *u = (VnUnplug){ .d = d,
+                     .device = g_strdup(b->device),
+                     .lease = b->lease,
+                     .domain = g_strdup(b->domain),
+                     .qmp = g_strdup(b->qmp),
+                     .qdev_id = g_strdup(b->qdev_id),
+                     .socket = g_strdup(b->socket) };
+    g_ptr_array_add(d->unplugs, u);
+    device_del(u);
     return true;
 }
 

@@ -50,6 +50,10 @@ typedef struct VnHost {
     uint64_t wait_seq;
     bool wait_done;
     bool greeted; /* by a daemon once: limits and caps set */
+    /* A lender's device server, as last said (vn_host_device_server); said again at each
+     * greeting.  server_said: there is something to say. */
+    bool server_said, server_up;
+    uint32_t server_gen;
     VnHostHdr wait_hdr;
     int wait_fd;
 } VnHost;
@@ -75,6 +79,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_WITHHOLD_SEGMENT] = "WITHHOLD_SEGMENT",
     [VN_HOST_FENCED] = "FENCED",
     [VN_HOST_JOIN_WINDOWS] = "JOIN_WINDOWS",
+    [VN_HOST_DEVICE_SERVER] = "DEVICE_SERVER",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -109,7 +114,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     memcpy(hdr, buf, sizeof(*hdr));
     worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
                 hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT ||
-                hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS;
+                hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS ||
+                hdr->op == VN_HOST_DEVICE_SERVER;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -400,6 +406,10 @@ static bool host_greet(VnHost *h, GError **error)
             continue;
         }
         host_link_wait(h, peer);
+    }
+    if (h->server_said && h->fd >= 0) {
+        host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
+                         NULL, 0, -1);
     }
     if (h->fd < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
@@ -748,6 +758,21 @@ bool vn_host_fenced(VnFabric *fab)
         return false;
     }
     return host_send_record(fab->backend, VN_HOST_FENCED, 0, NULL, 0, 0, NULL, 0, -1) == 0;
+}
+
+bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen)
+{
+    VnHost *h;
+
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return false;
+    }
+    h = fab->backend;
+    h->server_said = true;
+    h->server_up = up;
+    h->server_gen = gen;
+    return h->fd >= 0 &&
+           host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, up ? 1 : 0, gen, NULL, 0, -1) == 0;
 }
 
 /* The daemon's backend joins the windows it mapped for us (its port checks they are ours). */

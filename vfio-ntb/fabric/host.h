@@ -50,6 +50,11 @@ bool vn_host_device_request(VnFabric *fab);
 /* For a lender worker: its device is fenced (or had nothing to fence) after its holder
  * went; the daemon may lend it again.  False as above. */
 bool vn_host_fenced(VnFabric *fab);
+/* For a lender worker: whether its device server answers (@up) and how many times a lost
+ * one came back (@gen).  Kept and said again to each daemon that greets the worker, so a
+ * restarted daemon knows it too.  False when the daemon is away (it hears at the greeting)
+ * or @fab is not a `host` node. */
+bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen);
 
 /* HELLO's arg: the caps in bits 0-31; in bits 32-39 the log2 of the
  * node's largest window (its max-window-size rounded down to a power of
@@ -84,6 +89,8 @@ typedef enum VnHostOp {
     VN_HOST_FENCED,           /* a lender's: its device fenced after its holder went */
     VN_HOST_JOIN_WINDOWS,     /* peer, arg: chunk, arg2: 1 a device's; data: the segments'
                                * ids (uint64_t, 2..VN_FABRIC_MAX_JOIN) -> arg: offset, 1 fd */
+    VN_HOST_DEVICE_SERVER,    /* a lender's: arg: 1 its device server answers, 0 it is lost;
+                               * arg2: how many times a lost one came back */
     VN_HOST_OP_LAST
 } VnHostOp;
 

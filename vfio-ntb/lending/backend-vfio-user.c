@@ -193,6 +193,11 @@ static bool vu_stalled(void *dev)
     return cs.stalled;
 }
 
+static int vu_hangup_fd(void *dev)
+{
+    return vn_client_fd(((VfioUser *)dev)->client);
+}
+
 const VnBackendOps vn_backend_vfio_user = {
     .name = "vfio-user",
     .open = vu_open,
@@ -207,4 +212,5 @@ const VnBackendOps vn_backend_vfio_user = {
     .dma_unmap = vu_dma_unmap,
     .reset = vu_reset,
     .stalled = vu_stalled,
+    .hangup_fd = vu_hangup_fd,
 };

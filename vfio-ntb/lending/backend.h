@@ -69,6 +69,10 @@ typedef struct VnBackendOps {
     int (*reset)(void *dev);
     /* Its last command got no answer (nothing answered since). */
     bool (*stalled)(void *dev);
+    /* Optional: an fd that hangs up when the device goes away on its own (a device
+     * server's socket: the server died), for the lender to watch between commands; -1 or
+     * absent when nothing can go (a VFIO device fd).  Only watched, never read. */
+    int (*hangup_fd)(void *dev);
     /* Optional: why the last call that failed did, in words the borrower
      * may see ("guest memory [a, b] collides with the IOMMU's reserved range
      * [c, d]"), or NULL when there is nothing to add to its errno. */

@@ -23,6 +23,18 @@
 #define VN_LENDER_DEVICE_TIMEOUT_MS 3000
 /* The last stall described, for ntbctl show. */
 #define VN_LENDER_STALL_TEXT 160
+/* A device server whose commands time out (stopped, swapping) for this long is taken for
+ * lost: its lease's DMA is fenced and it is presented anew once it answers again.  Much
+ * longer than one command's timeout, so that a stall of a few seconds stays a stall. */
+#define VN_LENDER_WEDGED_MS 10000
+/* How often a lost (or not yet found) device server is dialled: at once again after a
+ * refused connection, less often after a handshake that timed out (a stopped server: each
+ * try holds the worker's loop for the dial's timeout). */
+#define VN_LENDER_DIAL_MS 1000
+#define VN_LENDER_DIAL_SLOW_MS 5000
+#define VN_LENDER_DIAL_TIMEOUT_MS 1000
+/* The device server's last loss described, for ntbctl show. */
+#define VN_LENDER_LOSS_TEXT 200
 /* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,
  * linux/vfio.h).  ERR and REQ have no doorbell meaning in proto.h. */
 #define VN_LENDER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
@@ -79,6 +91,21 @@ struct VnLender {
     uint8_t pm_cap, exp_cap;
     bool bars_withheld;
 
+    /* The device server (lender-server.c), for a backend that can lose it
+     * (VnBackendOps.hangup_fd); otherwise only server_up is used (always true). */
+    void *spare;           /* a connection made while not attached: the next attach uses it */
+    GSource *hangup_src;   /* watching the connection in use (device or spare) */
+    GSource *dial_src;     /* dialling a lost or not yet found server */
+    GSource *wedge_src;    /* a stall that may be a wedge: look again when it fires */
+    gint64 stall_since_us; /* the current stall's first timeout; 0: none */
+    bool server_up;        /* a connection to the server is open (device or spare) */
+    bool server_lost;      /* it went while lent: the holder's requests are refused until it
+                           * attaches again (the device it had is gone) */
+    uint32_t server_gen;   /* how many times a lost server came back */
+    char server_loss[VN_LENDER_LOSS_TEXT]; /* "" or "HH:MM:SS: why" */
+    VnLenderServerFn on_server;
+    void *on_server_opaque;
+
     VnLenderStats stats;
     /* The device's last stall and its outcome ("" if none), set by the
      * backend's stall callback; whether it answers now is ops->stalled. */
@@ -111,6 +138,26 @@ int vn_lender_cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count);
 int vn_lender_guard_before_write(VnLender *l, uint64_t offset, const void *data, uint32_t count);
 int vn_lender_guard_withhold(VnLender *l, const char *why);
 void vn_lender_guard_settle(VnLender *l);
+/* lender.c: withdraw what an attach set up, without a command to the device (it is gone):
+ * the borrower's windows onto it, our windows onto its memory, the relays; the connection
+ * is closed.  The borrower stays (its lease does). */
+void vn_lender_drop_device(VnLender *l, const char *why);
+/*
+ * lender-server.c.  start: find the server (a backend that can lose it), at once.
+ * take: the connection an attach uses (the spare, or a new one), or NULL with @error.
+ * attached / released: the attach's connection is in use / was closed.  stall: a command
+ * stalled (on_device_stall).  refuses: answer the holder's request with an error while
+ * the device it had is gone (true: answered).  stop: at the lender's end.
+ */
+void vn_lender_server_start(VnLender *l);
+/* lender.c: the stall callback every connection to the device is opened with. */
+void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms);
+void *vn_lender_server_take(VnLender *l, GError **error);
+void vn_lender_server_attached(VnLender *l);
+void vn_lender_server_released(VnLender *l);
+void vn_lender_server_stall(VnLender *l, VnBackendStall ev);
+bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token);
+void vn_lender_server_stop(VnLender *l);
 /* lender.c: take the device back now. */
 void vn_lender_fence(VnLender *l, const char *why);
 

@@ -117,6 +117,7 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops
     l->windows = g_ptr_array_new();
     l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
     l->request_fd = -1;
+    vn_lender_server_start(l);
     return l;
 }
 
@@ -370,6 +371,22 @@ static void release(VnLender *l)
     vn_lender_request_unwatch(l);
     memset(&l->dev, 0, sizeof(l->dev));
     g_clear_pointer(&l->borrower, g_free);
+    vn_lender_server_released(l);
+}
+
+void vn_lender_drop_device(VnLender *l, const char *why)
+{
+    g_info("lender %s: %s: %u mappings forgotten, %u windows onto %s unmapped", l->name, why,
+           l->maps->len, l->windows->len, l->borrower);
+    regions_unexport(l, why);
+    maps_forget(l, 0, 0, true);
+    windows_release_all(l);
+    vn_lender_relay_drop_all(l);
+    vn_lender_request_unwatch(l);
+    if (l->device != NULL) {
+        l->ops->close(g_steal_pointer(&l->device));
+    }
+    memset(&l->dev, 0, sizeof(l->dev));
 }
 
 /* One step of a fence, logged with its device and outcome: a failure is a warning (the
@@ -570,7 +587,7 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
  * Logged at the default level and kept for ntbctl show: a stall is what an
  * operator needs to see to tell a slow device server from a broken fabric.
  */
-static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
+void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
 {
     VnLender *l = opaque;
     g_autoptr(GDateTime) now = g_date_time_new_now_local();
@@ -592,6 +609,7 @@ static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, u
                    "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)", at,
                    what, ms);
     }
+    vn_lender_server_stall(l, ev);
 }
 
 /* Open the device and describe it for @peer. */
@@ -601,10 +619,11 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_w
     VnWireDeviceInfo info;
     int ret;
 
-    l->device = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
+    l->device = vn_lender_server_take(l, error);
     if (l->device == NULL) {
         return false;
     }
+    vn_lender_server_attached(l);
     l->borrower = g_strdup(peer);
     l->irq_mode = mode;
     ret = l->ops->get_info(l->device, &info);
@@ -712,6 +731,9 @@ static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const
         vn_lender_fail(l, token, EPERM, "not lent to %s", msg->peer);
         return;
     }
+    if (vn_lender_server_refuses(l, msg->type, token)) {
+        return;
+    }
     if (msg->data_len > 0 && msg->type != VN_PROTO_SET_IRQS && msg->type != VN_PROTO_REGION_RW) {
         vn_lender_fail(l, token, EINVAL, "%s carries no data", vn_proto_type_to_string(msg->type));
         return;
@@ -772,6 +794,7 @@ void vn_lender_free(VnLender *l)
     }
     vn_lender_fence(l, "lender closing");
     release(l);
+    vn_lender_server_stop(l);
     g_ptr_array_unref(l->windows);
     g_array_unref(l->maps);
     g_free(l->name);
@@ -785,14 +808,18 @@ void vn_lender_stats(VnLender *l, VnLenderStats *out)
 {
     *out = l->stats;
     out->windows = l->windows->len;
-    out->device_stalled = l->device != NULL && l->ops->stalled(l->device);
+    out->device_stalled = (l->device != NULL && l->ops->stalled(l->device)) ||
+                          (l->spare != NULL && l->ops->stalled(l->spare));
 }
 
 const char *vn_lender_device_state(VnLender *l)
 {
     VnLenderStats st;
 
-    if (l->device == NULL) {
+    if (!l->server_up) {
+        return l->stats.server_losses > 0 ? "lost" : "not answering";
+    }
+    if (l->device == NULL && l->spare == NULL) {
         return "not connected";
     }
     vn_lender_stats(l, &st);
@@ -841,6 +868,11 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "device_requests", st.device_requests);
     add_counter(b, "device_timeouts", st.device_timeouts);
     add_counter(b, "device_late_replies", st.device_late);
+    add_counter(b, "device_server_losses", st.server_losses);
+    add_counter(b, "device_server_returns", st.server_returns);
+    add_counter(b, "device_server_generation", l->server_gen);
+    json_builder_set_member_name(b, "device_server_up");
+    json_builder_add_boolean_value(b, l->server_up);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);

@@ -59,6 +59,8 @@ typedef struct VnLenderStats {
     bool device_stalled;      /* the last command timed out, none answered since */
     uint32_t windows;         /* fabric windows mapped now */
     uint64_t device_requests; /* the host asked for the device back (VFIO's REQ) */
+    uint64_t server_losses;   /* the device server died or wedged */
+    uint64_t server_returns;  /* ... and answered again */
 } VnLenderStats;
 
 /*
@@ -84,6 +86,19 @@ void vn_lender_free(VnLender *l);
 #define VN_LENDER_REQUESTS_BEFORE_FENCE 3
 typedef void (*VnLenderRequestFn)(void *opaque);
 void vn_lender_on_device_request(VnLender *l, VnLenderRequestFn fn, void *opaque);
+/*
+ * The device server came or went (a backend that can lose it: vfio-user): @up, and how
+ * many times a lost server came back (@gen; a holder presents the device anew to its VM
+ * when it grows, since the device it had is gone).  @why says what happened.  Told at
+ * each change, from the lender's context.
+ */
+typedef void (*VnLenderServerFn)(void *opaque, bool up, uint32_t gen, const char *why);
+void vn_lender_on_server(VnLender *l, VnLenderServerFn fn, void *opaque);
+/* Whether a device server answers now (always true for a backend that cannot lose it),
+ * how many times it came back, and its last loss ("HH:MM:SS: why") or NULL. */
+bool vn_lender_server_up(VnLender *l);
+uint32_t vn_lender_server_gen(VnLender *l);
+const char *vn_lender_server_loss(VnLender *l);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnLender, vn_lender_free)
 
 const char *vn_lender_name(VnLender *l);

@@ -114,6 +114,19 @@ static void on_device_request(void *opaque)
     }
 }
 
+/* The device server came or went: the daemon tells the holder (and says it again to a
+ * daemon that restarts: fabric/host.h). */
+static void on_server(void *opaque, bool up, uint32_t gen, const char *why)
+{
+    Worker *w = opaque;
+
+    if (!vn_host_device_server(w->fab, up, gen)) {
+        g_info("lender worker: the daemon is away; it hears that the device server %s at its "
+               "greeting",
+               up ? "answers" : "is lost");
+    }
+}
+
 /* "stats": the lender's counters and how its device server is doing. */
 static char *on_command(void *opaque, const char *name, GError **error)
 {
@@ -138,6 +151,7 @@ static char *on_command(void *opaque, const char *name, GError **error)
     borrower = vn_lender_borrower(w->l);
     json_object_set_string_member(o, "device_server", vn_lender_device_state(w->l));
     json_object_set_string_member(o, "last_stall", vn_lender_last_stall(w->l));
+    json_object_set_string_member(o, "device_server_loss", vn_lender_server_loss(w->l));
     if (borrower != NULL) {
         json_object_set_string_member(o, "borrower", borrower);
     } else {
@@ -224,6 +238,7 @@ int main(int argc, char **argv)
         return 1;
     }
     vn_lender_on_device_request(w.l, on_device_request, &w);
+    vn_lender_on_server(w.l, on_server, &w);
     if (control != NULL && (wctl = vn_wctl_new(control, on_command, &w, &error)) == NULL) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         vn_lender_free(w.l);

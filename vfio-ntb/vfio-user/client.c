@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <gio/gio.h>
+#include <glib-unix.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -260,15 +261,20 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
     c->timeout_ms = timeout_ms;
     c->out = g_byte_array_sized_new(4096);
     strcpy(addr.sun_path, socket_path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+    /* Non-blocking for the connect only: a server that is stopped and whose backlog is full
+     * (our own earlier tries, say) would otherwise hold the caller until it resumes.  EAGAIN
+     * then says so; the calls after it wait with a timeout of their own. */
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
+        !g_unix_set_fd_nonblocking(fd, FALSE, NULL)) {
         int err = errno;
 
         if (fd >= 0) {
             close(fd);
         }
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "socket %s: %s", socket_path,
-                    g_strerror(err));
+                    err == EAGAIN ? "the server accepts no connection (its backlog is full)"
+                                  : g_strerror(err));
         return NULL;
     }
     c->t = vn_transport_new(fd);
@@ -289,6 +295,11 @@ void vn_client_free(VnClient *c)
     }
     g_free(c->path);
     g_free(c);
+}
+
+int vn_client_fd(VnClient *c)
+{
+    return vn_transport_fd(c->t);
 }
 
 const VnWireCaps *vn_client_caps(VnClient *c)

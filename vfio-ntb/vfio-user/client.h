@@ -53,6 +53,10 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
 void vn_client_free(VnClient *c);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnClient, vn_client_free)
 
+/* The connection's socket, for a watch on its hang-up only (the client reads and writes
+ * it; nothing else may). */
+int vn_client_fd(VnClient *c);
+
 /* The server's capabilities from VERSION. */
 const VnWireCaps *vn_client_caps(VnClient *c);
 

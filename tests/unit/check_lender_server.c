@@ -1,0 +1,170 @@
+/*
+ * Unit tests of the lender's watch on its device server (vfio-ntb/lending/lender-server.c):
+ * a server that dies is seen at once, with the device lent or not; the holder's DMA
+ * windows and the windows onto the device go with it, and its requests are refused, not
+ * sent to a dead socket; a server started again on the same socket is found, counted as a
+ * new generation, and the holder gets the new device only by attaching again.  The rig is
+ * lender-rig.h.
+ */
+#include "lender-rig.h"
+
+/* What the lender told of its server (written on the lender's thread). */
+static struct {
+    gint downs, ups;
+    gint gen;
+} told;
+
+static void on_server(void *opaque, bool up, uint32_t gen, const char *why)
+{
+    g_atomic_int_inc(up ? &told.ups : &told.downs);
+    g_atomic_int_set(&told.gen, (gint)gen);
+}
+
+static void listen_fn(void *data)
+{
+    vn_lender_on_server(rig.lender, on_server, NULL);
+}
+
+static void server_setup(void)
+{
+    setup();
+    memset(&told, 0, sizeof(told));
+    on_loop(&rig.lend, listen_fn, NULL);
+}
+
+static void server_kill_fn(void *data)
+{
+    g_clear_pointer(&rig.server, vn_server_free);
+}
+
+static void server_start_fn(void *data)
+{
+    g_autoptr(GError) error = NULL;
+
+    rig.server = vn_server_new(rig.sock, &rig.info, &fake_ops, &rig.fake, rig.dev.ctx, &error);
+    ck_assert_msg(rig.server != NULL, "%s", error ? error->message : "");
+}
+
+/* The server dies as a killed process's would: its sockets close. */
+static void server_kill(void)
+{
+    on_loop(&rig.dev, server_kill_fn, NULL);
+}
+
+static void server_start(void)
+{
+    on_loop(&rig.dev, server_start_fn, NULL);
+}
+
+START_TEST(test_death_under_lease)
+{
+    Borrower *b = borrower(0);
+    uint8_t cfg[4];
+    gint64 t0;
+    Mem m;
+    Snap s;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    m = mem_export(b, "lender");
+    ck_assert_int_eq(dma_map(b, 0x100000, MEM_SIZE, m.segment, 0), 0);
+    s = snap();
+    ck_assert_uint_eq(s.st.windows, 1);
+    snap_clear(&s);
+
+    t0 = now_ms();
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    ck_assert_int_lt(now_ms() - t0, 1000); /* its socket hung up: no timeout waited for */
+    ck_assert_int_eq(g_atomic_int_get(&told.downs), 1);
+
+    /* Fenced without the device: no window onto the holder's memory is left, and the
+     * holder still holds the device (its lease is the daemon's to end). */
+    s = snap();
+    ck_assert_uint_eq(s.st.windows, 0);
+    ck_assert_uint_eq(s.st.server_losses, 1);
+    ck_assert_str_eq(s.borrower, "b");
+    ck_assert_ptr_nonnull(strstr(s.json, "\"device_server_up\":false"));
+    snap_clear(&s);
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false), -ENODEV);
+    ck_assert_int_eq(dma_map(b, 0x200000, MEM_SIZE, m.segment, 0), -ENODEV);
+
+    /* Back on the same socket: found without being asked, a new generation. */
+    server_start();
+    ck_assert(lender_server_wait(true, 5000));
+    ck_assert_int_eq(g_atomic_int_get(&told.ups), 1);
+    ck_assert_int_eq(g_atomic_int_get(&told.gen), 1);
+    s = snap();
+    ck_assert_uint_eq(s.st.server_returns, 1);
+    snap_clear(&s);
+    /* The device the holder had is gone: refused until it attaches again. */
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false), -ENODEV);
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false), 0);
+    ck_assert_int_eq(dma_map(b, 0x100000, MEM_SIZE, m.segment, 0), 0);
+    ck_assert_uint_eq(device_dma_count(), 1);
+    mem_free(&m);
+}
+END_TEST
+
+START_TEST(test_death_while_idle)
+{
+    uint64_t before;
+
+    /* Not lent: the connection kept for the next attach is watched too. */
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    ck_assert_int_eq(g_atomic_int_get(&told.downs), 1);
+    /* An attach meanwhile is refused, saying why. */
+    {
+        g_autofree char *json = attach_json(VN_IRQ_MODE_FD);
+        g_autofree char *message = NULL;
+
+        ck_assert_int_lt(req_msg(borrower(0), VN_PROTO_ATTACH, json, NULL, 0, &message), 0);
+        ck_assert_ptr_nonnull(message);
+        ck_assert_ptr_nonnull(strstr(message, rig.sock));
+    }
+    server_start();
+    ck_assert(lender_server_wait(true, 5000));
+    ck_assert_int_eq(g_atomic_int_get(&told.gen), 1);
+    /* The attach takes the connection the lender made: no second one. */
+    before = device_stats().clients;
+    attach_ok(borrower(1), VN_IRQ_MODE_FD, NULL);
+    ck_assert_uint_eq(device_stats().clients, before);
+}
+END_TEST
+
+START_TEST(test_detach_keeps_watching)
+{
+    Borrower *b = borrower(0);
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
+    /* A new connection is made for the next attach, and watched. */
+    ck_assert(lender_server_wait(true, 2000));
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    ck_assert_int_eq(g_atomic_int_get(&told.downs), 1);
+    server_start();
+    ck_assert(lender_server_wait(true, 5000));
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+}
+END_TEST
+
+static Suite *lender_server_suite(void)
+{
+    Suite *s = suite_create("lender-server");
+    TCase *tc = tcase_create("server");
+
+    tcase_add_checked_fixture(tc, server_setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_death_under_lease);
+    tcase_add_test(tc, test_death_while_idle);
+    tcase_add_test(tc, test_detach_keeps_watching);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(lender_server_suite());
+}

@@ -1,0 +1,302 @@
+/*
+ * A lent device's server (lender-int.h, "lender-server.c").  For a backend that can lose
+ * its device on its own (a vfio-user server: VnBackendOps.hangup_fd), the lender keeps a
+ * connection to the server whether the device is attached or not, and watches it:
+ *
+ * - The server dies: its socket hangs up.  It wedges: a command timed out and a probe
+ *   still gets no answer VN_LENDER_WEDGED_MS later.  Either way it is lost.  A lent
+ *   device's lease is fenced without it: the windows onto its memory and onto the
+ *   holder's are withdrawn and the relays stop (a dead server does no DMA; a wedged one
+ *   finds its client gone when it runs again, and quiesces the device).  The holder's
+ *   requests are refused from then on, and the server is dialled until one answers.
+ * - One answers: its connection is kept (the spare) for the next attach, and the holder
+ *   is told through on_server, with the generation one higher: the device it had is gone
+ *   with the old server's state, so its VM must be given the new one as a new device.
+ *
+ * Everything here runs from the lender's context, never inside a backend call (a loss
+ * seen from inside one, a stall, is looked at from a timer), so a connection is never
+ * closed under its own caller.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.lending"
+
+#include "lender-int.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <glib-unix.h>
+
+static bool watchable(VnLender *l)
+{
+    return l->ops->hangup_fd != NULL;
+}
+
+static void source_clear(GSource **src)
+{
+    if (*src != NULL) {
+        g_source_destroy(*src);
+        g_source_unref(*src);
+        *src = NULL;
+    }
+}
+
+static GSource *timer_new(VnLender *l, guint ms, GSourceFunc fn)
+{
+    GSource *src = g_timeout_source_new(ms);
+
+    g_source_set_callback(src, fn, l, NULL);
+    g_source_attach(src, l->ctx);
+    return src;
+}
+
+static void tell(VnLender *l, bool up, const char *why)
+{
+    if (l->on_server != NULL) {
+        l->on_server(l->on_server_opaque, up, l->server_gen, why);
+    }
+}
+
+static gboolean on_dial(gpointer data);
+static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data);
+
+static void dial_later(VnLender *l, guint ms)
+{
+    if (l->dial_src == NULL) {
+        l->dial_src = timer_new(l, ms, on_dial);
+    }
+}
+
+static void watch(VnLender *l, void *dev)
+{
+    int fd = l->ops->hangup_fd(dev);
+
+    source_clear(&l->hangup_src);
+    if (fd < 0) {
+        return;
+    }
+    l->hangup_src = g_unix_fd_source_new(fd, G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(l->hangup_src, G_SOURCE_FUNC(on_hangup), l, NULL);
+    g_source_attach(l->hangup_src, l->ctx);
+}
+
+/* A connection works again (or for the first time). */
+static void came_up(VnLender *l)
+{
+    if (l->server_up) {
+        return;
+    }
+    l->server_up = true;
+    if (l->stats.server_losses > 0) {
+        l->server_gen++;
+        l->stats.server_returns++;
+        g_warning("lender %s: device server %s answers again (its generation %u)%s%s", l->name,
+                  l->where, l->server_gen,
+                  l->server_lost ? "; the device is presented anew to " : "",
+                  l->server_lost ? l->borrower : "");
+    }
+    tell(l, true, "answering");
+}
+
+static void lost(VnLender *l, const char *why)
+{
+    g_autoptr(GDateTime) now = g_date_time_new_now_local();
+    g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
+
+    source_clear(&l->hangup_src);
+    source_clear(&l->wedge_src);
+    l->stall_since_us = 0;
+    if (l->spare != NULL) {
+        l->ops->close(g_steal_pointer(&l->spare));
+    }
+    if (l->device != NULL) {
+        l->server_lost = true;
+        g_warning("lender %s: device server %s lost (%s) while lent to %s: the windows onto "
+                  "its memory and onto %s's are withdrawn; the device is presented anew once "
+                  "a server answers there",
+                  l->name, l->where, why, l->borrower, l->borrower);
+        vn_lender_drop_device(l, "device server lost");
+    } else {
+        g_warning("lender %s: device server %s lost (%s); dialling it every %d ms", l->name,
+                  l->where, why, VN_LENDER_DIAL_MS);
+    }
+    if (l->server_up) {
+        l->server_up = false;
+        l->stats.server_losses++;
+        g_snprintf(l->server_loss, sizeof(l->server_loss), "%s: %s", at, why);
+        tell(l, false, why);
+    }
+    dial_later(l, VN_LENDER_DIAL_MS);
+}
+
+static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data)
+{
+    VnLender *l = data;
+
+    lost(l, "its socket closed: the server exited");
+    return G_SOURCE_REMOVE;
+}
+
+static gboolean on_dial(gpointer data)
+{
+    VnLender *l = data;
+    g_autoptr(GError) error = NULL;
+    void *dev;
+
+    g_clear_pointer(&l->dial_src, g_source_unref);
+    if (l->device != NULL || l->spare != NULL) {
+        return G_SOURCE_REMOVE;
+    }
+    dev = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, &error);
+    if (dev == NULL) {
+        bool slow = g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT);
+
+        if (l->server_up) {
+            /* It served the last connection and refuses the next. */
+            lost(l, error->message);
+            return G_SOURCE_REMOVE;
+        }
+        if (l->server_loss[0] == '\0') {
+            /* Never found since the lender started: said once. */
+            g_snprintf(l->server_loss, sizeof(l->server_loss), "not found: %s", error->message);
+            g_warning("lender %s: no device server answers: %s; dialling it every %d ms", l->name,
+                      error->message, VN_LENDER_DIAL_MS);
+            tell(l, false, error->message);
+        }
+        dial_later(l, slow ? VN_LENDER_DIAL_SLOW_MS : VN_LENDER_DIAL_MS);
+        return G_SOURCE_REMOVE;
+    }
+    l->spare = dev;
+    watch(l, dev);
+    came_up(l);
+    return G_SOURCE_REMOVE;
+}
+
+/* A stall lasted VN_LENDER_WEDGED_MS: one command more says whether it is a wedge. */
+static gboolean on_wedge_check(gpointer data)
+{
+    VnLender *l = data;
+    void *dev = l->device != NULL ? l->device : l->spare;
+    VnWireDeviceInfo info;
+    int ret;
+
+    g_clear_pointer(&l->wedge_src, g_source_unref);
+    if (dev == NULL || l->stall_since_us == 0 || !l->ops->stalled(dev)) {
+        l->stall_since_us = 0;
+        return G_SOURCE_REMOVE;
+    }
+    ret = l->ops->get_info(dev, &info);
+    if (ret >= 0) {
+        l->stall_since_us = 0;
+    } else {
+        g_autofree char *why = g_strdup_printf(
+            "no answer for %" G_GINT64_FORMAT " s: %s",
+            (g_get_monotonic_time() - l->stall_since_us) / G_USEC_PER_SEC, g_strerror(-ret));
+
+        lost(l, why);
+    }
+    return G_SOURCE_REMOVE;
+}
+
+void vn_lender_server_stall(VnLender *l, VnBackendStall ev)
+{
+    if (!watchable(l)) {
+        return;
+    }
+    if (ev == VN_BACKEND_LATE_ANSWER) {
+        l->stall_since_us = 0; /* it runs: a stall, not a wedge */
+        source_clear(&l->wedge_src);
+        return;
+    }
+    if (l->stall_since_us == 0) {
+        l->stall_since_us = g_get_monotonic_time();
+        source_clear(&l->wedge_src);
+        l->wedge_src = timer_new(l, VN_LENDER_WEDGED_MS, on_wedge_check);
+    }
+}
+
+void vn_lender_server_start(VnLender *l)
+{
+    if (!watchable(l)) {
+        l->server_up = true;
+        return;
+    }
+    dial_later(l, 0);
+}
+
+void *vn_lender_server_take(VnLender *l, GError **error)
+{
+    void *dev;
+
+    if (l->spare != NULL) {
+        source_clear(&l->hangup_src);
+        return g_steal_pointer(&l->spare);
+    }
+    dev = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, error);
+    if (dev != NULL && watchable(l)) {
+        source_clear(&l->dial_src);
+    }
+    return dev;
+}
+
+void vn_lender_server_attached(VnLender *l)
+{
+    l->server_lost = false;
+    if (!watchable(l)) {
+        return;
+    }
+    watch(l, l->device);
+    came_up(l);
+}
+
+void vn_lender_server_released(VnLender *l)
+{
+    source_clear(&l->hangup_src);
+    source_clear(&l->wedge_src);
+    l->stall_since_us = 0;
+    l->server_lost = false;
+    if (watchable(l) && l->spare == NULL) {
+        dial_later(l, 0); /* the next attach's connection, and a watch meanwhile */
+    }
+}
+
+bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token)
+{
+    if (!l->server_lost || type == VN_PROTO_ATTACH || type == VN_PROTO_DETACH) {
+        return false;
+    }
+    vn_lender_fail(l, token, ENODEV,
+                   "its device server was lost (%s); the device is presented anew once one "
+                   "answers on %s",
+                   l->server_loss, l->where);
+    return true;
+}
+
+void vn_lender_server_stop(VnLender *l)
+{
+    source_clear(&l->hangup_src);
+    source_clear(&l->wedge_src);
+    source_clear(&l->dial_src);
+    if (l->spare != NULL) {
+        l->ops->close(g_steal_pointer(&l->spare));
+    }
+}
+
+void vn_lender_on_server(VnLender *l, VnLenderServerFn fn, void *opaque)
+{
+    l->on_server = fn;
+    l->on_server_opaque = opaque;
+}
+
+bool vn_lender_server_up(VnLender *l)
+{
+    return l->server_up;
+}
+
+uint32_t vn_lender_server_gen(VnLender *l)
+{
+    return l->server_gen;
+}
+
+const char *vn_lender_server_loss(VnLender *l)
+{
+    return l->server_loss[0] != '\0' ? l->server_loss : NULL;
+}
