@@ -555,16 +555,21 @@ bool vn_qmp_device_del(const char *path, const char *id, GError **error);
 /* The same on @fd, a connected QMP socket (borrowed; the fuzzer's seam). */
 bool vn_qmp_device_del_fd(int fd, const char *id, GError **error);
 /*
- * Present device @id of that VM anew: read where it sits (its bus and slot), device_del it,
- * wait up to @wait_ms for the guest to let go (DEVICE_DELETED), then device_add a
- * vfio-user-pci of the same id at the same place on @socket, so the guest's driver probes
- * it as new.  Other properties it was added with are not kept.  Bounded at every step;
- * false with @error at the first that failed (then the device may be out of the VM).
+ * A device to be presented anew, in two steps (the worker serving it is restarted
+ * between them).  remove: read where device @id sits (*@bus, the name device_add takes,
+ * and *@addr, "SS.F"; newly allocated), device_del it and wait up to @wait_ms for the
+ * guest to let go (DEVICE_DELETED).  add: device_add a vfio-user-pci of id @id at @bus and
+ * @addr on @socket, so the guest's driver probes it as new; other properties it was
+ * added with are not kept.  Bounded; false with @error at the first step that failed.
  */
-bool vn_qmp_device_replug(const char *path, const char *id, const char *socket, unsigned wait_ms,
-                          GError **error);
-bool vn_qmp_device_replug_fd(int fd, const char *id, const char *socket, unsigned wait_ms,
+bool vn_qmp_device_remove(const char *path, const char *id, unsigned wait_ms, char **bus,
+                          char **addr, GError **error);
+bool vn_qmp_device_remove_fd(int fd, const char *id, unsigned wait_ms, char **bus, char **addr,
                              GError **error);
+bool vn_qmp_device_add(const char *path, const char *id, const char *bus, const char *addr,
+                       const char *socket, GError **error);
+bool vn_qmp_device_add_fd(int fd, const char *id, const char *bus, const char *addr,
+                          const char *socket, GError **error);
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);
 bool vn_state_load(VnDaemon *d, GError **error);

@@ -155,29 +155,30 @@ static JsonNode *device_property(Qmp *q, const char *id, const char *property, G
     return ret;
 }
 
+/* Greeted, capabilities negotiated; false with @error. */
+static bool qmp_open(Qmp *q, int fd, GError **error)
+{
+    g_autoptr(JsonObject) greeting = NULL;
+
+    q->fd = fd;
+    q->in = g_string_new(NULL);
+    q->deadline = g_get_monotonic_time() + 2000 * 1000;
+    greeting = next_object(q, error);
+    return greeting != NULL && execute(q, "{\"execute\":\"qmp_capabilities\"}\n", error);
+}
+
 bool vn_qmp_device_del_fd(int fd, const char *id, GError **error)
 {
     g_autofree char *cmd = NULL;
-    Qmp q = { .fd = fd };
-    bool ok = false;
+    JsonObject *args = json_object_new();
+    Qmp q = { 0 };
+    bool ok;
 
-    q.in = g_string_new(NULL);
-    q.deadline = g_get_monotonic_time() + 2000 * 1000;
-    {
-        g_autoptr(JsonObject) greeting = next_object(&q, error);
-
-        if (greeting == NULL) {
-            goto out;
-        }
-    }
-    cmd = g_strdup_printf("{\"execute\":\"device_del\",\"arguments\":{\"id\":\"%s\"}}\n", id);
-    if (!execute(&q, "{\"execute\":\"qmp_capabilities\"}\n", error) || !execute(&q, cmd, error)) {
-        goto out;
-    }
+    json_object_set_string_member(args, "id", id);
+    cmd = command("device_del", args);
     /* Only asked: the guest lets go (ACPI hot-plug) in its own time, and
      * the caller watches the device's socket for QEMU letting go of it. */
-    ok = true;
-out:
+    ok = qmp_open(&q, fd, error) && execute(&q, cmd, error);
     g_string_free(q.in, TRUE);
     return ok;
 }
@@ -219,23 +220,16 @@ static bool device_place(Qmp *q, const char *id, char **bus, char **addr, GError
     return true;
 }
 
-bool vn_qmp_device_replug_fd(int fd, const char *id, const char *socket, unsigned wait_ms,
+bool vn_qmp_device_remove_fd(int fd, const char *id, unsigned wait_ms, char **bus, char **addr,
                              GError **error)
 {
-    g_autofree char *bus = NULL, *addr = NULL, *del = NULL, *add = NULL;
-    JsonObject *args, *sock;
-    Qmp q = { .fd = fd };
+    g_autofree char *del = NULL;
+    JsonObject *args;
+    Qmp q = { 0 };
     bool ok = false;
 
-    q.in = g_string_new(NULL);
-    q.deadline = g_get_monotonic_time() + 2000 * 1000;
-    {
-        g_autoptr(JsonObject) greeting = next_object(&q, error);
-
-        if (greeting == NULL || !execute(&q, "{\"execute\":\"qmp_capabilities\"}\n", error) ||
-            !device_place(&q, id, &bus, &addr, error)) {
-            goto out;
-        }
+    if (!qmp_open(&q, fd, error) || !device_place(&q, id, bus, addr, error)) {
+        goto out;
     }
     args = json_object_new();
     json_object_set_string_member(args, "id", id);
@@ -255,8 +249,24 @@ bool vn_qmp_device_replug_fd(int fd, const char *id, const char *socket, unsigne
         }
         note_event(&q, o);
     }
-    args = json_object_new();
-    sock = json_object_new();
+    ok = true;
+out:
+    if (!ok) {
+        g_clear_pointer(bus, g_free);
+        g_clear_pointer(addr, g_free);
+    }
+    g_string_free(q.in, TRUE);
+    return ok;
+}
+
+bool vn_qmp_device_add_fd(int fd, const char *id, const char *bus, const char *addr,
+                          const char *socket, GError **error)
+{
+    g_autofree char *add = NULL;
+    JsonObject *args = json_object_new(), *sock = json_object_new();
+    Qmp q = { 0 };
+    bool ok;
+
     json_object_set_string_member(sock, "type", "unix");
     json_object_set_string_member(sock, "path", socket);
     json_object_set_string_member(args, "driver", "vfio-user-pci");
@@ -265,9 +275,10 @@ bool vn_qmp_device_replug_fd(int fd, const char *id, const char *socket, unsigne
     json_object_set_string_member(args, "addr", addr);
     json_object_set_object_member(args, "socket", sock);
     add = command("device_add", args);
+    ok = qmp_open(&q, fd, error);
+    /* Realizing it talks to the device through its server: more than a monitor line. */
     q.deadline = g_get_monotonic_time() + 10000 * 1000;
-    ok = execute(&q, add, error);
-out:
+    ok = ok && execute(&q, add, error);
     g_string_free(q.in, TRUE);
     return ok;
 }
@@ -295,8 +306,8 @@ static int qmp_connect(const char *path, GError **error)
     return fd;
 }
 
-bool vn_qmp_device_replug(const char *path, const char *id, const char *socket, unsigned wait_ms,
-                          GError **error)
+bool vn_qmp_device_remove(const char *path, const char *id, unsigned wait_ms, char **bus,
+                          char **addr, GError **error)
 {
     int fd = qmp_connect(path, error);
     bool ok;
@@ -304,7 +315,21 @@ bool vn_qmp_device_replug(const char *path, const char *id, const char *socket, 
     if (fd < 0) {
         return false;
     }
-    ok = vn_qmp_device_replug_fd(fd, id, socket, wait_ms, error);
+    ok = vn_qmp_device_remove_fd(fd, id, wait_ms, bus, addr, error);
+    close(fd);
+    return ok;
+}
+
+bool vn_qmp_device_add(const char *path, const char *id, const char *bus, const char *addr,
+                       const char *socket, GError **error)
+{
+    int fd = qmp_connect(path, error);
+    bool ok;
+
+    if (fd < 0) {
+        return false;
+    }
+    ok = vn_qmp_device_add_fd(fd, id, bus, addr, socket, error);
     close(fd);
     return ok;
 }

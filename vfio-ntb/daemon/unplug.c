@@ -22,7 +22,11 @@ struct VnUnplug {
     char *domain;
     char *qmp; /* NULL: the worker's way only */
     char *qdev_id;
-    char *socket;         /* a replug: the device is added back on this socket */
+    /* A replug (vn_unplug_replug): the device is added back on @socket at @bus and @addr
+     * (as it was) once it is out and its worker was started again. */
+    char *socket;
+    char *bus, *addr;
+    bool adding;
     VnWctlCall *call;     /* the worker's answer, awaited */
     GCancellable *cancel; /* set while device_del runs on its thread */
     bool cancelled;       /* the daemon stopped: only the thread's end frees us */
@@ -41,6 +45,8 @@ static void unplug_free(VnUnplug *u)
     g_free(u->qmp);
     g_free(u->qdev_id);
     g_free(u->socket);
+    g_free(u->bus);
+    g_free(u->addr);
     g_free(u);
 }
 
@@ -62,13 +68,70 @@ static void device_del_thread(GTask *task, gpointer source, gpointer data, GCanc
     VnUnplug *u = data;
     GError *error = NULL;
 
-    if (u->socket != NULL
-            ? vn_qmp_device_replug(u->qmp, u->qdev_id, u->socket, VN_UNPLUG_REPLUG_WAIT_MS, &error)
-            : vn_qmp_device_del(u->qmp, u->qdev_id, &error)) {
+    bool ok;
+
+    if (u->socket == NULL) {
+        ok = vn_qmp_device_del(u->qmp, u->qdev_id, &error);
+    } else if (!u->adding) {
+        ok = vn_qmp_device_remove(u->qmp, u->qdev_id, VN_UNPLUG_REPLUG_WAIT_MS, &u->bus, &u->addr,
+                                  &error);
+    } else {
+        ok = vn_qmp_device_add(u->qmp, u->qdev_id, u->bus, u->addr, u->socket, &error);
+    }
+    if (ok) {
         g_task_return_boolean(task, TRUE);
     } else {
         g_task_return_error(task, error);
     }
+}
+
+static void device_del(VnUnplug *u);
+
+static void replug_done(VnUnplug *u, const GError *error)
+{
+    vn_log(error == NULL ? G_LOG_LEVEL_MESSAGE : G_LOG_LEVEL_WARNING, u->d->conf->node, u->device,
+           NULL, u->lease, "node %s: %s %s to %s as a new device (%s)%s%s", u->d->conf->node,
+           error == NULL ? "presented" : "could not present", u->device, u->domain, u->qdev_id,
+           error == NULL ? "" : ": ", error == NULL ? "" : error->message);
+    vn_cluster_emit(u->d, error == NULL ? "DEVICE_REPLUGGED" : "DEVICE_REPLUG_FAILED", u->device,
+                    u->lease, NULL, u->domain);
+    finish(u, error == NULL);
+}
+
+/* The worker serving the device again, describing the new one. */
+static void on_replug_started(VnDaemon *d, VnBorrowed *b, const GError *error, void *opaque)
+{
+    VnUnplug *u = opaque;
+
+    if (error != NULL) {
+        replug_done(u, error);
+        return;
+    }
+    u->adding = true;
+    device_del(u); /* the add, on its thread */
+}
+
+/* A replug's step is over: the old function is out (then its worker starts again, for
+ * the new device), or the new one is in, or one of them failed. */
+static void replug_step(VnUnplug *u, const GError *error)
+{
+    VnBorrowed *b = vn_devices_borrowed(u->d, u->device);
+
+    if (error != NULL || u->adding) {
+        replug_done(u, error);
+        return;
+    }
+    if (b == NULL || b->lease != u->lease || b->worker_pid <= 0 || b->starting) {
+        g_autoptr(GError) gone = g_error_new(G_IO_ERROR, G_IO_ERROR_CANCELLED,
+                                             "it was detached or returned meanwhile");
+
+        replug_done(u, gone);
+        return;
+    }
+    /* The worker described the old device to QEMU (its BARs, its interrupts): a new
+     * one, attached afresh, describes the new. */
+    u->d->workers->stop(u->d, b);
+    u->d->workers->start(u->d, b, on_replug_started, u);
 }
 
 static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
@@ -81,14 +144,12 @@ static void on_device_del(GObject *source, GAsyncResult *res, gpointer data)
         unplug_free(u);
         return;
     }
+    g_clear_object(&u->cancel); /* the thread is over */
     if (u->socket != NULL) {
-        vn_log(ok ? G_LOG_LEVEL_MESSAGE : G_LOG_LEVEL_WARNING, u->d->conf->node, u->device, NULL,
-               u->lease, "node %s: %s %s to %s as a new device (%s)%s%s", u->d->conf->node,
-               ok ? "presented" : "could not present", u->device, u->domain, u->qdev_id,
-               ok ? "" : ": ", ok ? "" : error->message);
-        vn_cluster_emit(u->d, ok ? "DEVICE_REPLUGGED" : "DEVICE_REPLUG_FAILED", u->device, u->lease,
-                        NULL, u->domain);
-    } else if (ok) {
+        replug_step(u, ok ? NULL : error);
+        return;
+    }
+    if (ok) {
         vn_log(G_LOG_LEVEL_MESSAGE, u->d->conf->node, u->device, NULL, u->lease,
                "node %s: asked %s to unplug %s (%s)", u->d->conf->node, u->domain, u->device,
                u->qdev_id);

@@ -249,19 +249,31 @@ void vn_lender_server_attached(VnLender *l)
 
 void vn_lender_server_released(VnLender *l)
 {
-    source_clear(&l->hangup_src);
     source_clear(&l->wedge_src);
     l->stall_since_us = 0;
     l->server_lost = false;
-    if (watchable(l) && l->spare == NULL) {
-        dial_later(l, 0); /* the next attach's connection, and a watch meanwhile */
+    if (!watchable(l)) {
+        return;
     }
+    if (l->spare != NULL) {
+        watch(l, l->spare); /* a server found again while the device was lost */
+        return;
+    }
+    source_clear(&l->hangup_src);
+    dial_later(l, 0); /* the next attach's connection, and a watch meanwhile */
 }
 
 bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token)
 {
     if (!l->server_lost || type == VN_PROTO_ATTACH || type == VN_PROTO_DETACH) {
         return false;
+    }
+    if (type == VN_PROTO_DMA_UNMAP) {
+        /* True as asked: the device has nothing mapped any more (a VM letting go of the
+         * dead device unmaps its memory, and must not be told it failed). */
+        l->stats.dma_unmaps++;
+        vn_fabric_reply(l->fab, token, "{}", NULL, 0);
+        return true;
     }
     vn_lender_fail(l, token, ENODEV,
                    "its device server was lost (%s); the device is presented anew once one "

@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""End-to-end: the processes that carry a lent device die or stall under a guest's I/O.
+
+Node A (vfio-ntbd) lends a vfio-ntb-simdev NVMe; node B borrows it and serves it to a TCG
+guest through QEMU's stock vfio-user-pci, attached with the VM's QMP socket.  What an
+operator would check:
+- device-server-restart: the simdev is killed (SIGKILL) while the guest reads from it:
+  DEVICE_SERVER_LOST on both hosts within 6 s, `ntbctl stats` and `show` work and say so;
+  a simdev started again on the same socket is presented to the VM as a new device with no
+  command typed (device_del + device_add through QMP), and the guest's nvme driver probes it
+  and passes a data check whose bytes are in the backing file.
+The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
+MSI-X (docs/qemu-patches.md, patch 0002).
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+from harness import result, wait_for  # noqa: E402
+from cluster import Daemon  # noqa: E402
+from control import Control  # noqa: E402
+
+# tests/run-checks counts a result this file did not print as failed.
+EXPECTED_RESULTS = 1
+
+NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
+SIZE_MIB = 64
+SERIAL = "VN-DEATHS-0001"
+
+
+def simdev(procs, wd, img):
+    return h.Simdev(procs, wd / "dev.sock", img, SIZE_MIB, serial=SERIAL,
+                    extra_args=["--interrupts", "msi"]).start()
+
+
+def pair(procs):
+    wd = procs.tempdir()
+    fab = procs.tempdir("vn-fabric-")
+    img = h.make_backing(wd / "disk.img", SIZE_MIB)
+    sd = simdev(procs, wd, img)
+    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}).start()
+    b = Daemon(procs, wd, "hostb", fab).start()
+    ctl = Control(b.control)
+    try:
+        if not wait_for(lambda: any(d["device"] == "hosta/nvme0"
+                                    for d in ctl.execute("query-devices")), 10):
+            raise h.Timeout("hostb does not list hosta/nvme0")
+    finally:
+        ctl.close()
+    return wd, img, sd, a, b
+
+
+def follow(d):
+    """A control connection that hears d's events from now on."""
+    c = Control(d.control, timeout=30)
+    c.execute("subscribe-events")
+    return c
+
+
+def ntbctl_ok(d, *args):
+    p = subprocess.run([NTBCTL, "--socket", d.control, "--timeout-ms", "3000", *args],
+                       capture_output=True, text=True, timeout=20)
+    if p.returncode != 0:
+        print(f"ntbctl {' '.join(args)} on {d.name}: {p.stderr.strip()}", file=sys.stderr)
+    return p.returncode == 0
+
+
+def show(d, device="hosta/nvme0"):
+    c = Control(d.control)
+    try:
+        return c.execute("query-device", device=device)
+    finally:
+        c.close()
+
+
+def test_device_server_restart(procs):
+    wd, img, sd, a, b = pair(procs)
+    qwd = procs.tempdir()
+    ctl = Control(b.control)
+    try:
+        r = ctl.execute("attach", device="hosta/nvme0", domain="vm1",
+                        qmp=str(qwd / "qmp.sock"), **{"qdev-id": "d0"})
+    finally:
+        ctl.close()
+    dev = h.VfioUserDevice(r["socket"], id="d0", bus="rp1")
+    q = h.Qemu(procs, "probe,replug-wait", [dev], root_port=True, workdir=qwd,
+               params={"seed": 41, "hotplug_timeout": 150, "check_timeout": 240}).start()
+    q.wait_line("VNREADY", "replug")
+    q.qmp.close()           # QEMU's QMP socket takes one client: the daemon's now
+    q.qmp = None
+    ev_a, ev_b = follow(a), follow(b)
+    t0 = time.monotonic()
+    sd.proc.send_signal(signal.SIGKILL)
+    sd.proc.wait()
+    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 6)["data"]
+    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 6)["data"]
+    t_lost = time.monotonic() - t0
+    stats_lost = ntbctl_ok(a, "stats") and ntbctl_ok(b, "stats")
+    shown = show(a)
+    shown_b = show(b)
+    # A new server on the same socket (the killed one's file is still there).
+    t1 = time.monotonic()
+    simdev(procs, wd, img)
+    back_b = ev_b.wait_event("DEVICE_SERVER_BACK", 15)["data"]
+    try:
+        replugged = ev_b.wait_event("DEVICE_REPLUGGED", 120)["data"]
+    except TimeoutError:
+        print("hostb's log:\n" + "\n".join(b.log().splitlines()[-25:]), file=sys.stderr)
+        print(q.diagnostics(), file=sys.stderr)
+        raise
+    t_replug = time.monotonic() - t1
+    run = q.wait_done()
+    alive = run.ok
+    q.stop()
+    stats_back = ntbctl_ok(a, "stats") and ntbctl_ok(b, "stats")
+    ver = h.verify_backing(img, run.data)
+    replug = run.results.get("replug-wait", {})
+    warned = "device server" in a.log() and "is lost" in a.log()
+    ev_a.close()
+    ev_b.close()
+    return result("device-server-restart",
+                  t_lost <= 6 and lost_a.get("device") == "hosta/nvme0"
+                  and lost_b.get("device") == "hosta/nvme0" and stats_lost and stats_back
+                  and shown.get("device_server") == "lost"
+                  and "socket closed" in (shown.get("device_server_loss") or "")
+                  and shown_b.get("device_server_lost") is True and warned
+                  and back_b.get("device") == "hosta/nvme0" and replugged.get("domain") == "vm1"
+                  and replug.get("status") == "PASS" and alive and len(ver) > 0
+                  and all(v["ok"] for v in ver),
+                  lost_s=f"{t_lost:.2f}", replugged_s=f"{t_replug:.1f}",
+                  device_server=shown.get("device_server"), stats_lost=stats_lost,
+                  stats_back=stats_back, guest=replug.get("status"),
+                  removed_ms=replug.get("removed_ms"), added_ms=replug.get("added_ms"),
+                  regions=len(ver))
+
+
+def main():
+    ok = True
+    for test in (test_device_server_restart,):
+        with h.Procs() as procs:
+            try:
+                ok &= test(procs)
+            except Exception as e:  # noqa: BLE001 - one test's failure must not hide the rest
+                ok &= h.failed(test.__name__.replace("test_", "").replace("_", "-"), e)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
