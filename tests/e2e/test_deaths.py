@@ -9,6 +9,11 @@ operator would check:
   a simdev started again on the same socket is presented to the VM as a new device with no
   command typed (device_del + device_add through QMP), and the guest's nvme driver probes it
   and passes a data check whose bytes are in the backing file.
+- device-server-long-stall: the simdev is stopped (SIGSTOP) for 150 s while the guest reads
+  from it and its config space (which the lender forwards, and which time out): the lender
+  takes the wedged server for lost, fences, and once it runs again the VM gets the device
+  anew with no command typed; its data check passes, a new VM on the same attachment passes
+  its own, and the stall shows in `show` and as warnings.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -26,7 +31,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 1
+EXPECTED_RESULTS = 2
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
@@ -78,8 +83,9 @@ def show(d, device="hosta/nvme0"):
         c.close()
 
 
-def test_device_server_restart(procs):
-    wd, img, sd, a, b = pair(procs)
+def vm_on_attachment(procs, b, seed, hotplug_timeout=90):
+    """attach hosta/nvme0 to vm1 with its QMP socket and boot it on the guest check
+    replug-wait; returned once the guest is reading, with the QMP socket left to the daemon."""
     qwd = procs.tempdir()
     ctl = Control(b.control)
     try:
@@ -89,10 +95,19 @@ def test_device_server_restart(procs):
         ctl.close()
     dev = h.VfioUserDevice(r["socket"], id="d0", bus="rp1")
     q = h.Qemu(procs, "probe,replug-wait", [dev], root_port=True, workdir=qwd,
-               params={"seed": 41, "hotplug_timeout": 150, "check_timeout": 240}).start()
+               timeout=hotplug_timeout + 200,
+               params={"seed": seed, "hotplug_timeout": hotplug_timeout,
+                       "check_timeout": hotplug_timeout + 60,
+                       "timeout": hotplug_timeout + 150}).start()
     q.wait_line("VNREADY", "replug")
     q.qmp.close()           # QEMU's QMP socket takes one client: the daemon's now
     q.qmp = None
+    return q, r["socket"]
+
+
+def test_device_server_restart(procs):
+    wd, img, sd, a, b = pair(procs)
+    q, _ = vm_on_attachment(procs, b, 41)
     ev_a, ev_b = follow(a), follow(b)
     t0 = time.monotonic()
     sd.proc.send_signal(signal.SIGKILL)
@@ -139,9 +154,55 @@ def test_device_server_restart(procs):
                   regions=len(ver))
 
 
+STALL_S = 150
+
+
+def test_device_server_long_stall(procs):
+    wd, img, sd, a, b = pair(procs)
+    q, sock = vm_on_attachment(procs, b, 43, hotplug_timeout=STALL_S + 90)
+    ev_a, ev_b = follow(a), follow(b)
+    sd.proc.send_signal(signal.SIGSTOP)
+    try:
+        lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 60)["data"]
+        lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 10)["data"]
+        stats_lost = ntbctl_ok(a, "stats") and ntbctl_ok(b, "stats")
+        shown = show(a)
+        time.sleep(max(0, STALL_S - 30))
+    finally:
+        sd.proc.send_signal(signal.SIGCONT)
+    t1 = time.monotonic()
+    replugged = ev_b.wait_event("DEVICE_REPLUGGED", 120)["data"]
+    t_replug = time.monotonic() - t1
+    run = q.wait_done()
+    q.stop()
+    ver = h.verify_backing(img, run.data)
+    replug = run.results.get("replug-wait", {})
+    # A new VM on the same attachment.
+    q2 = h.Qemu(procs, "probe,data", [h.VfioUserDevice(sock)], workdir=procs.tempdir(),
+                params={"seed": 44, "data_mib": 8}).start()
+    run2 = q2.wait_done()
+    q2.stop()
+    ver2 = h.verify_backing(img, run2.data)
+    log = a.log()
+    warned = "did not answer" in log and "no answer for" in log
+    ev_a.close()
+    ev_b.close()
+    return result("device-server-long-stall",
+                  lost_a.get("device") == "hosta/nvme0" and lost_b.get("device") == "hosta/nvme0"
+                  and stats_lost and shown.get("device_server") == "lost"
+                  and "no answer for" in (shown.get("device_server_loss") or "")
+                  and "not answered" in (shown.get("last_stall") or "") and warned
+                  and replugged.get("domain") == "vm1" and replug.get("status") == "PASS"
+                  and len(ver) > 0 and all(v["ok"] for v in ver) and run2.ok
+                  and len(ver2) > 0 and all(v["ok"] for v in ver2),
+                  stall_s=STALL_S, replugged_s=f"{t_replug:.1f}",
+                  loss=(shown.get("device_server_loss") or "-").replace(" ", "_")[:60],
+                  guest=replug.get("status"), new_vm=run2.ok, warned=warned)
+
+
 def main():
     ok = True
-    for test in (test_device_server_restart,):
+    for test in (test_device_server_restart, test_device_server_long_stall):
         with h.Procs() as procs:
             try:
                 ok &= test(procs)
