@@ -20,6 +20,8 @@ static VnPeersAnnounce *sample(void)
     a->devices[0].lent = true;
     g_strlcpy(a->devices[0].borrower, "hostb", sizeof(a->devices[0].borrower));
     a->devices[0].lease = 7;
+    a->devices[0].server_down = true; /* its device server died (and came back twice) */
+    a->devices[0].server_gen = 2;
     a->devices[0].id = (VnIdentity){ .known = true,
                                      .pci = "0000:3b:00.0",
                                      .vendor = 0x1b36,
@@ -138,6 +140,19 @@ static const struct {
       "01234567890123456789012345678901234567890123456789012345678901234567890123456789012345"
       "6789\",\"vendor\":1,\"device\":1,\"class\":1,\"size\":0}}]}",
       "id" },
+    /* a device server's state that is not one */
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"server\":true}]}",
+      "server" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"server\":{\"up\":1,\"generation\":1}}]}",
+      "server" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"server\":{\"up\":true,\"generation\":4294967296}}]}",
+      "generation" },
+    { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"available\","
+      "\"server\":{\"up\":true}}]}",
+      "generation" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":7}", "holds" },
     { "{\"node\":\"hosta\",\"devices\":[],\"holds\":[{\"lender\":\"hostb\",\"name\":\"x\"}]}",
       "lease" },

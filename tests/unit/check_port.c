@@ -527,6 +527,68 @@ START_TEST(test_fenced)
 }
 END_TEST
 
+static gint server_says, server_up_said, server_gen_said;
+
+static void on_device_server(void *opaque, bool up, uint32_t gen)
+{
+    g_atomic_int_set(&server_up_said, up);
+    g_atomic_int_set(&server_gen_said, (gint)gen);
+    g_atomic_int_inc(&server_says);
+}
+
+static void step_server_lost(Worker *w)
+{
+    w->ret = vn_host_device_server(w->fab, false, 0) ? 0 : -1;
+}
+
+static void step_server_back(Worker *w)
+{
+    w->ret = vn_host_device_server(w->fab, true, 3) ? 0 : -1;
+}
+
+/* A lender's worker says its device server is lost or back: its daemon hears it, and a
+ * restarted daemon hears the last word at the worker's greeting; a borrower's worker
+ * saying so is refused. */
+START_TEST(test_device_server)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+
+    g_atomic_int_set(&server_says, 0);
+    vn_port_on_device_server(port, on_device_server, NULL);
+    in_worker(step_open);
+    in_worker(step_server_lost);
+    ck_assert_int_eq(worker->ret, 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    ck_assert_int_eq(g_atomic_int_get(&server_says), 0);
+    in_worker(step_close);
+
+    port_inbound(hb);
+    vn_port_on_device_server(port, on_device_server, NULL);
+    in_worker(step_open_inbound);
+    in_worker(step_server_lost);
+    WAIT_FOR(g_atomic_int_get(&server_says) == 1);
+    ck_assert(!g_atomic_int_get(&server_up_said));
+    in_worker(step_server_back);
+    WAIT_FOR(g_atomic_int_get(&server_says) == 2);
+    ck_assert(g_atomic_int_get(&server_up_said));
+    ck_assert_int_eq(g_atomic_int_get(&server_gen_said), 3);
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+
+    /* The daemon restarts: the new one hears where the server stands at the greeting. */
+    vn_port_free(port, false);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    vn_port_on_device_server(port, on_device_server, NULL);
+    in_worker(step_run);
+    WAIT_FOR(g_atomic_int_get(&server_says) == 3);
+    ck_assert(g_atomic_int_get(&server_up_said));
+    ck_assert_int_eq(g_atomic_int_get(&server_gen_said), 3);
+    /* Not a `host` node: nothing to tell. */
+    ck_assert(!vn_host_device_server(hb->fab, true, 0));
+}
+END_TEST
+
 static void step_unexport(Worker *w)
 {
     vn_fabric_segment_unexport(w->fab, w->id);
@@ -683,6 +745,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_restarts_each_get_the_bound);
     tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_fenced);
+    tcase_add_test(tc, test_device_server);
     tcase_add_test(tc, test_withdraw);
     tcase_add_test(tc, test_withhold_not_its_own);
     tcase_add_test(tc, test_join_not_its_own);

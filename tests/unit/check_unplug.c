@@ -3,7 +3,9 @@
  * (vfio-ntb/daemon/unplug.c): the worker's device request first; when its
  * QEMU takes none, device_del on the VM's QMP socket -- here a fake QEMU
  * monitor on a thread of its own that answers slowly -- while the daemon's
- * loop goes on; and a daemon that stops while a VM is being asked.
+ * loop goes on; and a daemon that stops while a VM is being asked.  A device presented
+ * anew (its device server was lost and another answers): taken out where it sat, its
+ * worker started again, and added back at the same bus and slot.
  */
 #include "daemon-rig.h"
 
@@ -19,19 +21,53 @@ typedef struct Monitor {
     unsigned delay_ms;
     GThread *thread;
     char deleted[64]; /* the id device_del named */
+    bool replug;      /* answer as QEMU does a replug's two connections (below) */
+    char added[1024]; /* the device_add line */
 } Monitor;
+
+/* A replug's monitor: the device sits on "rp1" at slot 2 function 0; device_del is followed
+ * by its DEVICE_DELETED (and another for a backend, without "device"). */
+static const char *replug_answer(Monitor *m, const char *line)
+{
+    if (strstr(line, "parent_bus") != NULL) {
+        return "{\"return\":\"/machine/peripheral/rp1/rp1\"}\n";
+    }
+    if (strstr(line, "\"addr\"") != NULL && strstr(line, "qom-get") != NULL) {
+        return "{\"return\":16}\n";
+    }
+    if (strstr(line, "device_del") != NULL) {
+        return "{\"return\":{}}\n{\"event\":\"DEVICE_DELETED\",\"data\":{\"path\":\"/x\"}}\n"
+               "{\"event\":\"DEVICE_DELETED\",\"data\":{\"device\":\"dev0\"}}\n";
+    }
+    if (strstr(line, "device_add") != NULL) {
+        g_strlcpy(m->added, line, sizeof(m->added));
+    }
+    return "{\"return\":{}}\n";
+}
+
+static void monitor_serve_one(Monitor *m, int fd);
 
 static gpointer monitor_serve(gpointer data)
 {
     Monitor *m = data;
-    int fd = accept(m->listener, NULL, NULL);
+
+    for (int i = 0; i < (m->replug ? 2 : 1); i++) {
+        int fd = accept(m->listener, NULL, NULL);
+
+        if (fd < 0) {
+            break;
+        }
+        monitor_serve_one(m, fd);
+    }
+    return NULL;
+}
+
+static void monitor_serve_one(Monitor *m, int fd)
+{
     char buf[4096];
     size_t have = 0;
     const char *greeting = "{\"QMP\":{\"version\":{},\"capabilities\":[]}}\n";
 
-    if (fd < 0) {
-        return NULL;
-    }
     ck_assert_int_eq(write(fd, greeting, strlen(greeting)), (ssize_t)strlen(greeting));
     for (;;) {
         ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
@@ -51,13 +87,18 @@ static gpointer monitor_serve(gpointer data)
                 m->deleted[strcspn(m->deleted, "\"")] = '\0';
                 g_usleep(m->delay_ms * 1000);
             }
-            ck_assert_int_eq(write(fd, "{\"return\":{}}\n", 14), 14);
+            if (m->replug) {
+                const char *ans = replug_answer(m, buf);
+
+                ck_assert_int_eq(write(fd, ans, strlen(ans)), (ssize_t)strlen(ans));
+            } else {
+                ck_assert_int_eq(write(fd, "{\"return\":{}}\n", 14), 14);
+            }
             have -= (size_t)(nl + 1 - buf);
             memmove(buf, nl + 1, have);
         }
     }
     close(fd);
-    return NULL;
 }
 
 static void monitor_start(Monitor *m, unsigned delay_ms)
@@ -107,6 +148,21 @@ static gboolean tick(gpointer data)
 {
     (*(unsigned *)data)++;
     return G_SOURCE_CONTINUE;
+}
+
+static bool gen_known(void *opaque)
+{
+    return ((VnBorrowed *)opaque)->server_gen_known;
+}
+
+static bool spin_until_gen_known(VnBorrowed *bw)
+{
+    return spin_until(gen_known, bw, 3000);
+}
+
+static bool server_down(void *opaque)
+{
+    return ((VnBorrowed *)opaque)->server_down;
 }
 
 /* hostb holds hosta/nvme0, "attached" to vm1 whose monitor is @m. */
@@ -241,6 +297,51 @@ START_TEST(test_bounded)
 }
 END_TEST
 
+static bool replugged(void *opaque)
+{
+    return ((Monitor *)opaque)->added[0] != '\0';
+}
+
+/* hosta's device server is lost, then another answers: hostb takes the device out of its
+ * VM where it sat, starts its worker again (to describe the new device) and adds it back
+ * there, on the same socket.  Lost alone changes nothing in the VM. */
+START_TEST(test_replug_on_new_server)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    Monitor m = { .replug = true };
+    VnLocalDevice *ld;
+    VnBorrowed *bw;
+    unsigned starts, stops;
+
+    monitor_start(&m, 0);
+    bw = attached(a, b, &m);
+    bw->socket = g_strdup("/run/vm1-nvme0.sock");
+    ck_assert(spin_until_gen_known(bw));
+    ld = vn_devices_local(a, "nvme0");
+    starts = fake.starts;
+    stops = fake.stops;
+    vn_devserver_changed(ld, true, 0); /* first heard: nothing to tell */
+    vn_devserver_changed(ld, false, 0);
+    ck_assert(spin_until(server_down, bw, 3000));
+    ck_assert_str_eq(m.deleted, "");
+    vn_devserver_changed(ld, true, 1);
+    ck_assert(spin_until(replugged, &m, 5000));
+    ck_assert_str_eq(m.deleted, "dev0");
+    ck_assert_uint_eq(fake.stops, stops + 1);
+    ck_assert_uint_eq(fake.starts, starts + 1);
+    ck_assert_ptr_nonnull(strstr(m.added, "\"driver\":\"vfio-user-pci\""));
+    ck_assert_ptr_nonnull(strstr(m.added, "\"bus\":\"rp1\""));
+    ck_assert_ptr_nonnull(strstr(m.added, "\"addr\":\"02.0\""));
+    ck_assert_ptr_nonnull(strstr(m.added, "\"path\":\"/run/vm1-nvme0.sock\""));
+    ck_assert(!bw->server_down);
+    ck_assert_uint_eq(bw->server_gen, 1);
+    monitor_stop(&m);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 static Suite *unplug_suite(void)
 {
     Suite *s = suite_create("unplug");
@@ -252,6 +353,7 @@ static Suite *unplug_suite(void)
     tcase_add_test(tc, test_no_way_to_ask);
     tcase_add_test(tc, test_daemon_stops_meanwhile);
     tcase_add_test(tc, test_bounded);
+    tcase_add_test(tc, test_replug_on_new_server);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -46,8 +46,8 @@ void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
         ld->server = VN_SERVER_UP;
         ld->server_gen++;
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lease,
-               "node %s: a device server of %s answers again (%u times back; the worker's "
-               "count %u)%s%s",
+               "node %s: a device server of %s answers again (return %u; %u in its worker's "
+               "life)%s%s",
                d->conf->node, ld->conf->name, ld->server_gen, gen,
                lent ? "; it is presented anew to " : "", lent ? holder : "");
         vn_cluster_emit(d, "DEVICE_SERVER_BACK", device, lease, holder, ld->holder_domain);

@@ -122,8 +122,8 @@ static void replug_step(VnUnplug *u, const GError *error)
         return;
     }
     if (b == NULL || b->lease != u->lease || b->worker_pid <= 0 || b->starting) {
-        g_autoptr(GError) gone = g_error_new(G_IO_ERROR, G_IO_ERROR_CANCELLED,
-                                             "it was detached or returned meanwhile");
+        g_autoptr(GError) gone =
+            g_error_new(G_IO_ERROR, G_IO_ERROR_CANCELLED, "it was detached or returned meanwhile");
 
         replug_done(u, gone);
         return;
