@@ -116,7 +116,8 @@ static const char stats_abc[] =
     "  \"region_rw\": 50, \"config_rw\": 20, \"relayed_irqs\": 7, \"dma_maps\": 5,"
     "  \"dma_unmaps\": 4, \"resets\": 1, \"fences\": 0, \"windows\": 2,"
     "  \"device_requests\": 0, \"device_timeouts\": 0, \"device_late_replies\": 0,"
-    "  \"device_server\": \"ok\"}, null],"
+    "  \"device_server_up\": false, \"device_server_losses\": 2,"
+    "  \"device_server\": \"lost\"}, null],"
     " \"borrowed\": [{\"device\": \"disk\", \"lender\": \"hostc\", \"irq_mode\": \"fd\","
     "  \"lender_lost\": false, \"client_connected\": true, \"region_forwarded\": 11,"
     "  \"config_forwarded\": 13, \"config_virtualized\": 40, \"relayed_irqs\": 0,"
@@ -173,6 +174,11 @@ START_TEST(test_text)
                       "role=\"borrower\"} 1");
     ck_assert_line(t, "vfio_ntb_lender_lost{node=\"hosta\",device=\"hostc/disk\","
                       "role=\"borrower\"} 0");
+    /* Its device server died (twice): the gauge an alert fires on. */
+    ck_assert_line(t, "vfio_ntb_device_server_up{node=\"hosta\",device=\"hosta/nvme0\","
+                      "role=\"lender\"} 0");
+    ck_assert_line(t, "vfio_ntb_device_server_losses_total{node=\"hosta\","
+                      "device=\"hosta/nvme0\",role=\"lender\"} 2");
     ck_assert_line(t, "vfio_ntb_vfio_user_messages_total{node=\"hosta\",device=\"hostc/disk\","
                       "role=\"borrower\"} 90");
     ck_assert_line(t, "vfio_ntb_dma_mappings{node=\"hosta\",device=\"hostc/disk\","
@@ -193,8 +199,8 @@ START_TEST(test_text)
         ck_assert_line(u, "vfio_ntb_forwarded_accesses_total{node=\"hosta\","
                           "device=\"hosta/nvme0\",role=\"lender\",space=\"config\"} 5");
     }
-    /* Strings are not counters. */
-    ck_assert_no(t, "device_server");
+    /* Strings are not counters ("device_server": "lost" gives no series). */
+    ck_assert_no(t, "_device_server{");
 }
 END_TEST
 
