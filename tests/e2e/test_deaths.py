@@ -14,6 +14,11 @@ operator would check:
   takes the wedged server for lost, fences, and once it runs again the VM gets the device
   anew with no command typed; its data check passes, a new VM on the same attachment passes
   its own, and the stall shows in `show` and as warnings.
+- lender-worker-crash: A's lender worker is killed (SIGKILL) under the guest's reads: both
+  hosts say the device is lost (DEVICE_SERVER_LOST); A starts another worker, whose device is
+  presented to the VM anew with no command typed, and its data check passes; A's daemon holds
+  none of the dead worker's exports (the device's BAR memfd once, not twice); the device is
+  then returned and lent to another host at once, whose VM passes the Identify check.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -31,7 +36,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 2
+EXPECTED_RESULTS = 3
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
@@ -43,13 +48,15 @@ def simdev(procs, wd, img):
                     extra_args=["--interrupts", "msi"]).start()
 
 
-def pair(procs):
+def hosts(procs, third=False):
+    """hosta lends the simdev's nvme0; hostb (and hostc) list it."""
     wd = procs.tempdir()
     fab = procs.tempdir("vn-fabric-")
     img = h.make_backing(wd / "disk.img", SIZE_MIB)
     sd = simdev(procs, wd, img)
     a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}).start()
     b = Daemon(procs, wd, "hostb", fab).start()
+    c = Daemon(procs, wd, "hostc", fab).start() if third else None
     ctl = Control(b.control)
     try:
         if not wait_for(lambda: any(d["device"] == "hosta/nvme0"
@@ -57,7 +64,7 @@ def pair(procs):
             raise h.Timeout("hostb does not list hosta/nvme0")
     finally:
         ctl.close()
-    return wd, img, sd, a, b
+    return wd, img, sd, a, b, c
 
 
 def follow(d):
@@ -106,7 +113,7 @@ def vm_on_attachment(procs, b, seed, hotplug_timeout=90):
 
 
 def test_device_server_restart(procs):
-    wd, img, sd, a, b = pair(procs)
+    wd, img, sd, a, b, _ = hosts(procs)
     q, _ = vm_on_attachment(procs, b, 41)
     ev_a, ev_b = follow(a), follow(b)
     t0 = time.monotonic()
@@ -158,7 +165,7 @@ STALL_S = 150
 
 
 def test_device_server_long_stall(procs):
-    wd, img, sd, a, b = pair(procs)
+    wd, img, sd, a, b, _ = hosts(procs)
     q, sock = vm_on_attachment(procs, b, 43, hotplug_timeout=STALL_S + 90)
     ev_a, ev_b = follow(a), follow(b)
     sd.proc.send_signal(signal.SIGSTOP)
@@ -200,9 +207,67 @@ def test_device_server_long_stall(procs):
                   guest=replug.get("status"), new_vm=run2.ok, warned=warned)
 
 
+def bar_fds(pid):
+    """How many fds of @pid are the simdev's BAR0 memfd."""
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            n += "vfio-ntb-simdev-bar0" in os.readlink(fd)
+        except OSError:
+            pass
+    return n
+
+
+def test_lender_worker_crash(procs):
+    wd, img, sd, a, b, c = hosts(procs, third=True)
+    q, _ = vm_on_attachment(procs, b, 45)
+    held = bar_fds(a.proc.pid)
+    ev_a, ev_b = follow(a), follow(b)
+    old = a.workers()
+    os.kill(old[0], signal.SIGKILL)
+    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 6)["data"]
+    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 6)["data"]
+    replugged = ev_b.wait_event("DEVICE_REPLUGGED", 60)["data"]
+    run = q.wait_done()
+    q.stop()
+    ver = h.verify_backing(img, run.data)
+    replug = run.results.get("replug-wait", {})
+    new = a.workers()
+    held_after = bar_fds(a.proc.pid)
+    # Returned, and lent to hostc at once: its VM reads the controller's identity.
+    ctl = Control(b.control)
+    try:
+        ctl.execute("detach", device="hosta/nvme0")
+        ctl.execute("return", device="hosta/nvme0")
+    finally:
+        ctl.close()
+    ctl = Control(c.control)
+    try:
+        r = ctl.execute("attach", device="hosta/nvme0", domain="vm2")
+    finally:
+        ctl.close()
+    q2 = h.Qemu(procs, "probe", [h.VfioUserDevice(r["socket"])], workdir=procs.tempdir()).start()
+    run2 = q2.wait_done()
+    q2.stop()
+    probe = run2.results.get("probe", {})
+    ev_a.close()
+    ev_b.close()
+    return result("lender-worker-crash",
+                  lost_a.get("node") == "hostb" and lost_b.get("node") == "hosta"
+                  and replugged.get("domain") == "vm1" and replug.get("status") == "PASS"
+                  and len(ver) > 0 and all(v["ok"] for v in ver)
+                  and len(new) == 1 and new != old and held >= 1 and held_after == held
+                  and probe.get("status") == "PASS" and probe.get("serial") == SERIAL,
+                  guest=replug.get("status"), why=replug.get("reason") or replug.get("err"),
+                  workers=f"{old}->{new}",
+                  bar_fds=f"{held}->{held_after}", second_holder=probe.get("status"))
+
+
 def main():
     ok = True
-    for test in (test_device_server_restart, test_device_server_long_stall):
+    tests = (test_device_server_restart, test_lender_worker_crash, test_device_server_long_stall)
+    only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
+    for test in only or tests:
         with h.Procs() as procs:
             try:
                 ok &= test(procs)

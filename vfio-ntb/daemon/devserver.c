@@ -19,40 +19,61 @@
 
 #include <string.h>
 
+/* The device @ld's holder had is gone (@why): until another answers, it has none. */
+static void server_down(VnLocalDevice *ld, const char *why)
+{
+    VnDaemon *d = ld->d;
+    g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    bool lent = vn_lease_lent(ld->lease);
+    const char *holder = lent ? ld->lease->holder : NULL;
+
+    ld->server = VN_SERVER_DOWN;
+    vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lent ? ld->lease->id : 0,
+           "node %s: %s%s%s%s", d->conf->node, why, lent ? "; its holder " : "",
+           lent ? holder : "", lent ? " has no device until another answers" : "");
+    vn_cluster_emit(d, "DEVICE_SERVER_LOST", device, lent ? ld->lease->id : 0, holder,
+                    ld->holder_domain);
+    vn_cluster_announce_soon(d);
+}
+
 void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
 {
     VnLocalDevice *ld = opaque;
     VnDaemon *d = ld->d;
     g_autofree char *device = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    g_autofree char *why = NULL;
     bool lent = vn_lease_lent(ld->lease);
     const char *holder = lent ? ld->lease->holder : NULL;
-    uint64_t lease = lent ? ld->lease->id : 0;
 
     if (up && ld->server != VN_SERVER_DOWN) {
         ld->server = VN_SERVER_UP; /* as it was, or first heard */
         return;
     }
-    if (!up && ld->server == VN_SERVER_DOWN) {
+    if (!up) {
+        if (ld->server != VN_SERVER_DOWN) {
+            why = g_strdup_printf("the device server of %s (%s) is lost", ld->conf->name,
+                                  vn_conf_lend_where(ld->conf));
+            server_down(ld, why);
+        }
         return;
     }
-    if (!up) {
-        ld->server = VN_SERVER_DOWN;
-        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lease,
-               "node %s: the device server of %s (%s) is lost%s%s%s", d->conf->node, ld->conf->name,
-               vn_conf_lend_where(ld->conf), lent ? "; its holder " : "", lent ? holder : "",
-               lent ? " has no device until one answers there again" : "");
-        vn_cluster_emit(d, "DEVICE_SERVER_LOST", device, lease, holder, ld->holder_domain);
-    } else {
-        ld->server = VN_SERVER_UP;
-        ld->server_gen++;
-        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lease,
-               "node %s: a device server of %s answers again (return %u; %u in its worker's "
-               "life)%s%s",
-               d->conf->node, ld->conf->name, ld->server_gen, gen,
-               lent ? "; it is presented anew to " : "", lent ? holder : "");
-        vn_cluster_emit(d, "DEVICE_SERVER_BACK", device, lease, holder, ld->holder_domain);
-    }
+    ld->server = VN_SERVER_UP;
+    ld->server_gen++;
+    vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lent ? ld->lease->id : 0,
+           "node %s: %s answers again (return %u; %u in its worker's life)%s%s", d->conf->node,
+           ld->conf->name, ld->server_gen, gen, lent ? "; it is presented anew to " : "",
+           lent ? holder : "");
+    vn_cluster_emit(d, "DEVICE_SERVER_BACK", device, lent ? ld->lease->id : 0, holder,
+                    ld->holder_domain);
     vn_cluster_announce_soon(d);
+}
+
+void vn_devserver_worker_gone(VnLocalDevice *ld)
+{
+    g_autofree char *why = g_strdup_printf(
+        "the lender worker of %s is gone, and the device's state with it", ld->conf->name);
+
+    server_down(ld, why);
 }
 
 /* The lender presents @b anew: the VM gets the new device in place of the dead one. */

@@ -56,10 +56,31 @@ static void respawn_later(VnDaemon *d, VnLocalDevice *ld)
     /* cppcheck-suppress memleak */
 }
 
+/*
+ * @ld's worker is gone (@how).  Its device server saw its client go (and quiesced the
+ * device), VFIO released its device; what the daemon kept for it goes now (the fence), and
+ * the next worker starts from nothing.  So the device the holder had is gone too: the
+ * holder is told as of a lost device server, and the next worker's device is presented to
+ * its VM anew (devserver.c).  The holder's requests meanwhile wait in the port, and the
+ * next worker refuses them until the holder attaches again.
+ */
+static void worker_gone(VnDaemon *d, VnLocalDevice *ld, GPid pid, const char *how)
+{
+    vn_log(G_LOG_LEVEL_WARNING, d->conf->node, ld->conf->name, NULL, 0,
+           "node %s: the lender worker of %s (pid %d) %s; starting another in %d ms",
+           d->conf->node, ld->conf->name, pid, how, VN_LENDERS_RESPAWN_MS);
+    vn_fence_worker_died(d, ld);
+    if (vn_lease_lent(ld->lease)) {
+        vn_devserver_worker_gone(ld);
+    }
+    respawn_later(d, ld);
+}
+
 static void on_worker_exit(GPid pid, gint status, gpointer data)
 {
     LendWatch *lw = data;
     VnLocalDevice *ld = lw->ld;
+    g_autofree char *how = NULL;
 
     g_spawn_close_pid(pid);
     if (ld->worker_pid != pid) {
@@ -67,16 +88,23 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     }
     ld->worker_pid = 0;
     ld->child_watch = 0;
-    /* Its device server saw its client go (and quiesced the device), VFIO
-     * released its device; what the daemon kept for it goes now, and the next
-     * worker starts from nothing.  The holder's requests wait in the port for
-     * it. */
-    vn_log(G_LOG_LEVEL_WARNING, lw->d->conf->node, ld->conf->name, NULL, 0,
-           "node %s: the lender worker of %s (pid %d) exited (status %d); starting "
-           "another in %d ms",
-           lw->d->conf->node, ld->conf->name, pid, status, VN_LENDERS_RESPAWN_MS);
-    vn_fence_worker_died(lw->d, ld);
-    respawn_later(lw->d, ld);
+    how = WIFSIGNALED(status) ? g_strdup_printf("was killed (signal %d)", WTERMSIG(status))
+                              : g_strdup_printf("exited (status %d)", WEXITSTATUS(status));
+    worker_gone(lw->d, ld, pid, how);
+}
+
+/* Its port closed.  A child's exit is heard from its watch; a worker adopted after a
+ * restart is not ours to reap, and this is the one sign it died. */
+static void on_port_gone(void *opaque)
+{
+    VnLocalDevice *ld = opaque;
+    GPid pid = ld->worker_pid;
+
+    if (ld->child_watch != 0 || pid <= 0 || vn_spawn_alive(pid, VN_LENDERS_BINARY)) {
+        return;
+    }
+    ld->worker_pid = 0;
+    worker_gone(ld->d, ld, pid, "is gone (its port closed)");
 }
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
@@ -107,6 +135,7 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
         g_prefix_error(error, "starting %s: ", VN_LENDERS_BINARY);
         return false;
     }
+    vn_port_on_gone(ld->port, on_port_gone, ld);
     lw = g_new0(LendWatch, 1);
     *lw = (LendWatch){ d, ld };
     ld->child_watch =
@@ -155,6 +184,7 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, NULL, 0,
            "node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
            ld->conf->name);
+    vn_port_on_gone(ld->port, on_port_gone, ld);
     return true;
 }
 

@@ -67,6 +67,8 @@ struct VnPort {
     void *fenced_opaque;
     VnPortDeviceServerFn device_server;
     void *device_server_opaque;
+    VnPortGoneFn gone;
+    void *gone_opaque;
 };
 
 bool vn_port_connected(VnPort *p)
@@ -78,6 +80,12 @@ void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque)
 {
     p->fenced = fn;
     p->fenced_opaque = opaque;
+}
+
+void vn_port_on_gone(VnPort *p, VnPortGoneFn fn, void *opaque)
+{
+    p->gone = fn;
+    p->gone_opaque = opaque;
 }
 
 void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque)
@@ -767,6 +775,9 @@ static gboolean on_worker(int fd, GIOCondition cond, gpointer data)
                 refuse(p, "a broken stream (%s)", g_strerror(-ret));
             }
             conn_close(p);
+            if (p->gone != NULL) {
+                p->gone(p->gone_opaque);
+            }
             break;
         }
         buf = rec.buf;

@@ -83,6 +83,11 @@ void vn_port_on_device_request(VnPort *p, VnPortDeviceRequestFn fn, void *opaque
 typedef void (*VnPortFencedFn)(void *opaque);
 void vn_port_on_fenced(VnPort *p, VnPortFencedFn fn, void *opaque);
 
+/* The worker's connection closed (it exited, or restarts its port): @fn runs, from the
+ * port's context.  For a worker that is not the daemon's child, the one sign it died. */
+typedef void (*VnPortGoneFn)(void *opaque);
+void vn_port_on_gone(VnPort *p, VnPortGoneFn fn, void *opaque);
+
 /* A lender's worker says whether its device server answers (@up) and how many times a lost
  * one came back (@gen): @fn runs, from the port's context, at each change and at each
  * greeting.  A peer's word: @gen is bounded by nothing but its type. */

@@ -71,6 +71,10 @@ struct VnLender {
     const VnBackendOps *ops; /* how the device is reached (backend.h) */
     char *where;             /* what the backend opens: a socket path, ... */
 
+    /* The lease holder, as the link up from its port says (NULL: none); it is the one
+     * that may attach, and its requests before it has are not someone else's. */
+    char *holder;
+
     /* While lent (borrower != NULL). */
     char *borrower;
     VnIrqMode irq_mode;

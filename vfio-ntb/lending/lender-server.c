@@ -296,6 +296,11 @@ void vn_lender_on_server(VnLender *l, VnLenderServerFn fn, void *opaque)
 {
     l->on_server = fn;
     l->on_server_opaque = opaque;
+    /* A backend that cannot lose its device has it from the start: said now (a new
+     * worker's device is a new one to its daemon). */
+    if (!watchable(l) && fn != NULL) {
+        fn(opaque, true, 0, "open");
+    }
 }
 
 bool vn_lender_server_up(VnLender *l)

@@ -726,6 +726,16 @@ static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const
         vn_lender_fail(l, token, ENODEV, "request for device %s", device);
         return;
     }
+    if (msg->type != VN_PROTO_ATTACH && l->borrower == NULL && l->holder != NULL &&
+        strcmp(l->holder, msg->peer) == 0) {
+        /* The holder's attachment went with a worker before us (or with a device server):
+         * the device is new to it, and its VM is given it anew. */
+        vn_lender_fail(l, token, ENODEV,
+                       "%s is not attached to this device: it was presented anew (its lender "
+                       "worker or device server started again); attach again",
+                       msg->peer);
+        return;
+    }
     if (msg->type != VN_PROTO_ATTACH &&
         (l->borrower == NULL || strcmp(l->borrower, msg->peer) != 0)) {
         vn_lender_fail(l, token, EPERM, "not lent to %s", msg->peer);
@@ -780,8 +790,17 @@ static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const
     }
 }
 
+void vn_lender_peer_up(VnLender *l, const char *peer)
+{
+    g_free(l->holder);
+    l->holder = g_strdup(peer);
+}
+
 void vn_lender_peer_down(VnLender *l, const char *peer)
 {
+    if (l->holder != NULL && peer != NULL && strcmp(l->holder, peer) == 0) {
+        g_clear_pointer(&l->holder, g_free);
+    }
     if (l->borrower != NULL && peer != NULL && strcmp(l->borrower, peer) == 0) {
         vn_lender_fence(l, "link down");
     }
@@ -797,6 +816,7 @@ void vn_lender_free(VnLender *l)
     vn_lender_server_stop(l);
     g_ptr_array_unref(l->windows);
     g_array_unref(l->maps);
+    g_free(l->holder);
     g_free(l->name);
     g_free(l->where);
     g_free(l);

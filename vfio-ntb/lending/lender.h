@@ -113,6 +113,8 @@ const char *vn_lender_borrower(VnLender *l);
 void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token);
 /* A doorbell or link event for the lender's borrower. */
 void vn_lender_peer_down(VnLender *l, const char *peer);
+/* @peer's link is up: the port says so of the lease holder only. */
+void vn_lender_peer_up(VnLender *l, const char *peer);
 
 void vn_lender_stats(VnLender *l, VnLenderStats *out);
 /* "answering", "stalled (its last command got no answer)" or "not connected"

@@ -46,6 +46,9 @@ static void on_link(void *opaque, const char *peer, bool up)
 
     /* The daemon reports the holder "down" when the lease ended; it lends the device again
      * once we say it is fenced (or kills us when we do not in time). */
+    if (up && w->l != NULL) {
+        vn_lender_peer_up(w->l, peer);
+    }
     if (!up && w->l != NULL) {
         vn_lender_peer_down(w->l, peer);
         vn_host_fenced(w->fab);
