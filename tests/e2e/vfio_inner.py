@@ -53,7 +53,8 @@ through the `vfio` backend and checks what a consumer sees of it.  Prints RESULT
   and reads its registers through the mapped BAR, no access served by software.
 - vfio-lend-refusals: a function not bound to vfio-pci, and one that does not exist, are
   refused at attach with the reason, and the lease is given back.
-- vfio-large-bar, vfio-gpu-display: see vfio_gpu.py; vfio-intx: see vfio_intx.py.
+- vfio-large-bar, vfio-gpu-display: see vfio_gpu.py; vfio-intx: see vfio_intx.py;
+  vfio-lender-worker-crash: see vfio_deaths.py.
 """
 import mmap
 import os
@@ -67,6 +68,7 @@ import harness as h
 from cluster import Daemon
 from control import Control, ControlError
 from lenderhost import ROM_MARK
+import vfio_deaths
 import vfio_gpu
 import vfio_intx
 
@@ -730,7 +732,7 @@ def test_refusals(procs, wd, fab, other):
 
 # The groups of checks, in the order they run (VN_VFIO_ONLY names some of them).
 GROUPS = ("managed", "lend", "guest", "device-request", "sriov", "refusals", "large-bar",
-          "intx")
+          "intx", "worker-crash")
 
 
 def main():
@@ -764,7 +766,7 @@ def main():
                          "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
                          "vfio-nvme-guest", "vfio-device-request", "vfio-sriov-two-hosts",
                          "vfio-lend-refusals", "vfio-large-bar", "vfio-device-removed",
-                         "vfio-gpu-display", "vfio-intx"):
+                         "vfio-gpu-display", "vfio-intx", "vfio-lender-worker-crash"):
                 h.result(name, False, error="setup failed")
             return 1
         tests = {"lend": lambda: test_lend(procs, wd, fab, bdf, cap),
@@ -773,7 +775,8 @@ def main():
                  "sriov": lambda: test_sriov(procs, wd, fab),
                  "refusals": lambda: test_refusals(procs, wd, fab, other),
                  "large-bar": lambda: vfio_gpu.test_large_bar(procs, wd, fab),
-                 "intx": lambda: vfio_intx.test_intx(procs, wd, fab)}
+                 "intx": lambda: vfio_intx.test_intx(procs, wd, fab),
+                 "worker-crash": lambda: vfio_deaths.test_worker_crash(procs, wd, fab, bdf)}
         for name in GROUPS[1:]:
             if name not in only:
                 continue

@@ -150,6 +150,32 @@ START_TEST(test_detach_keeps_watching)
 }
 END_TEST
 
+static void holder_b_fn(void *data)
+{
+    vn_lender_peer_up(rig.lender, "b");
+}
+
+/* A new lender (its worker restarted) knows its lease holder from the port, but not its
+ * attachment: the holder's requests are answered "attach again" (ENODEV), not "not lent to
+ * you" (EPERM), which stays for everyone else; the holder's attach works. */
+START_TEST(test_holder_not_attached)
+{
+    g_autofree char *json = NULL;
+    g_autofree char *message = NULL;
+    VnProtoRegionRw r = { .region = VFIO_PCI_CONFIG_REGION_INDEX, .count = 4 };
+    uint8_t cfg[4];
+
+    on_loop(&rig.lend, holder_b_fn, NULL);
+    json = vn_proto_region_rw_to_json(DEV, &r);
+    ck_assert_int_eq(req_msg(borrower(0), VN_PROTO_REGION_RW, json, NULL, 0, &message), -ENODEV);
+    ck_assert_ptr_nonnull(strstr(message, "attach again"));
+    ck_assert_int_eq(region_rw(borrower(1), VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false),
+                     -EPERM);
+    attach_ok(borrower(0), VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(region_rw(borrower(0), VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false), 0);
+}
+END_TEST
+
 static Suite *lender_server_suite(void)
 {
     Suite *s = suite_create("lender-server");
@@ -160,6 +186,7 @@ static Suite *lender_server_suite(void)
     tcase_add_test(tc, test_death_under_lease);
     tcase_add_test(tc, test_death_while_idle);
     tcase_add_test(tc, test_detach_keeps_watching);
+    tcase_add_test(tc, test_holder_not_attached);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,80 @@
+"""A lender worker killed under its holder, in the lender host (run from vfio_inner.py, with
+its helpers).
+
+- vfio-lender-worker-crash: the NVMe is lent through VFIO (`pci = ...`) to a qtest consumer
+  that passes Identify.  The lender worker is killed (SIGKILL): both hosts say the device is
+  lost (DEVICE_SERVER_LOST; the device's state went with the worker's VFIO fds); the lender's
+  daemon then holds none of the dead worker's VFIO device fds, starts another worker
+  (DEVICE_SERVER_BACK), and once the consumer let go and the device was returned, another
+  host borrows it at once and its consumer passes Identify again.  (A qtest consumer has no
+  guest to take a device out, so it is not presented anew here: test_deaths.py shows that
+  with a guest.)
+"""
+import os
+import signal
+
+import harness as h
+from cluster import Daemon
+from control import Control
+import vfio_inner as vi
+
+
+def vfio_device_fds(pid):
+    """How many fds of @pid are VFIO device fds."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[vfio-device]"
+        except OSError:
+            pass
+    return n
+
+
+def follow(d):
+    c = Control(d.control, timeout=30)
+    c.execute("subscribe-events")
+    return c
+
+
+def test_worker_crash(procs, wd, fab, bdf):
+    a, b, cb = vi.lend_pair(procs, wd, fab, "hostw", "hostx", bdf, lease_timeout_ms=60000)
+    c = Daemon(procs, wd, "hosty", fab).start()
+    cc = Control(c.control)
+    vi.wait_listed(cc, "hostw/nvme0")
+    r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
+    q = vi.qtest_qemu(procs, r["socket"])
+    before = vi.identify(q)
+    held = vfio_device_fds(a.proc.pid)
+    ev_a, ev_b = follow(a), follow(b)
+    old = a.workers()
+    os.kill(old[0], signal.SIGKILL)
+    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 10)["data"]
+    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 10)["data"]
+    none_held = h.wait_for(lambda: vfio_device_fds(a.proc.pid) == 0, 5)
+    back = ev_a.wait_event("DEVICE_SERVER_BACK", 20)["data"]
+    new = a.workers()
+    # The consumer lets go (its QEMU held the device's VFIO fd for the BAR mapping: the
+    # one-machine fabric's), the device is returned, and lent to another host at once.
+    procs.stop(q)
+    cb.execute("detach", device="hostw/nvme0")
+    cb.execute("return", device="hostw/nvme0")
+    r2 = cc.execute("attach", device="hostw/nvme0", domain="vm-y")
+    q2 = vi.qtest_qemu(procs, r2["socket"])
+    try:
+        after = vi.identify(q2)
+    except h.HarnessError as e:
+        after = (-1, str(e))
+    procs.stop(q2)
+    cc.execute("detach", device="hostw/nvme0")
+    cc.execute("return", device="hostw/nvme0")
+    for x in (ev_a, ev_b, cb, cc):
+        x.close()
+    for d in (c, b, a):
+        d.stop()
+    return h.result("vfio-lender-worker-crash",
+                    before == (0, vi.SERIAL) and lost_a.get("node") == "hostx"
+                    and lost_b.get("node") == "hostw" and held >= 1 and bool(none_held)
+                    and back.get("device") == "hostw/nvme0" and len(new) == 1 and new != old
+                    and after == (0, vi.SERIAL),
+                    identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
+                    workers=f"{old}->{new}", second_holder_identify=after[0])
