@@ -41,6 +41,7 @@ EXPECTED_RESULTS = 3
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
 SERIAL = "VN-DEATHS-0001"
+BAR_MEMFD = "vfio-ntb-simdev-bar0"    # what /proc shows of the simdev's BAR0
 
 
 def simdev(procs, wd, img):
@@ -207,33 +208,40 @@ def test_device_server_long_stall(procs):
                   guest=replug.get("status"), new_vm=run2.ok, warned=warned)
 
 
-def bar_fds(pid):
-    """How many fds of @pid are the simdev's BAR0 memfd."""
+def fds_of(pid, what):
+    """How many fds of @pid are @what (a part of what /proc shows: a memfd's name)."""
     n = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
-            n += "vfio-ntb-simdev-bar0" in os.readlink(fd)
+            n += what in os.readlink(fd)
         except OSError:
             pass
     return n
 
 
-def test_lender_worker_crash(procs):
-    wd, img, sd, a, b, c = hosts(procs, third=True)
-    q, _ = vm_on_attachment(procs, b, 45)
-    held = bar_fds(a.proc.pid)
+def kill_lender_worker(a, b, timeout):
+    """SIGKILL @a's lender worker; both hosts say the device is lost within @timeout s.
+    (its pid, the events heard on a and on b, and both event connections)"""
     ev_a, ev_b = follow(a), follow(b)
     old = a.workers()
     os.kill(old[0], signal.SIGKILL)
-    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 6)["data"]
-    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 6)["data"]
+    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", timeout)["data"]
+    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", timeout)["data"]
+    return old, lost_a, lost_b, ev_a, ev_b
+
+
+def test_lender_worker_crash(procs):
+    wd, img, sd, a, b, c = hosts(procs, third=True)
+    q, _ = vm_on_attachment(procs, b, 45)
+    held = fds_of(a.proc.pid, BAR_MEMFD)
+    old, lost_a, lost_b, ev_a, ev_b = kill_lender_worker(a, b, 6)
     replugged = ev_b.wait_event("DEVICE_REPLUGGED", 60)["data"]
     run = q.wait_done()
     q.stop()
     ver = h.verify_backing(img, run.data)
     replug = run.results.get("replug-wait", {})
     new = a.workers()
-    held_after = bar_fds(a.proc.pid)
+    held_after = fds_of(a.proc.pid, BAR_MEMFD)
     # Returned, and lent to hostc at once: its VM reads the controller's identity.
     ctl = Control(b.control)
     try:

@@ -10,30 +10,13 @@ its helpers).
   guest to take a device out, so it is not presented anew here: test_deaths.py shows that
   with a guest.)
 """
-import os
-import signal
-
 import harness as h
 from cluster import Daemon
 from control import Control
+from test_deaths import fds_of, kill_lender_worker
 import vfio_inner as vi
 
-
-def vfio_device_fds(pid):
-    """How many fds of @pid are VFIO device fds."""
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[vfio-device]"
-        except OSError:
-            pass
-    return n
-
-
-def follow(d):
-    c = Control(d.control, timeout=30)
-    c.execute("subscribe-events")
-    return c
+VFIO_DEVICE = "anon_inode:[vfio-device]"    # what /proc shows of a VFIO device fd
 
 
 def test_worker_crash(procs, wd, fab, bdf):
@@ -43,14 +26,11 @@ def test_worker_crash(procs, wd, fab, bdf):
     vi.wait_listed(cc, "hostw/nvme0")
     r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
     q = vi.qtest_qemu(procs, r["socket"])
+    vi.consumer_view(q)             # its BAR placed, memory and bus mastering on
     before = vi.identify(q)
-    held = vfio_device_fds(a.proc.pid)
-    ev_a, ev_b = follow(a), follow(b)
-    old = a.workers()
-    os.kill(old[0], signal.SIGKILL)
-    lost_a = ev_a.wait_event("DEVICE_SERVER_LOST", 10)["data"]
-    lost_b = ev_b.wait_event("DEVICE_SERVER_LOST", 10)["data"]
-    none_held = h.wait_for(lambda: vfio_device_fds(a.proc.pid) == 0, 5)
+    held = fds_of(a.proc.pid, VFIO_DEVICE)
+    old, lost_a, lost_b, ev_a, ev_b = kill_lender_worker(a, b, 10)
+    none_held = h.wait_for(lambda: fds_of(a.proc.pid, VFIO_DEVICE) == 0, 5)
     back = ev_a.wait_event("DEVICE_SERVER_BACK", 20)["data"]
     new = a.workers()
     # The consumer lets go (its QEMU held the device's VFIO fd for the BAR mapping: the
@@ -60,6 +40,7 @@ def test_worker_crash(procs, wd, fab, bdf):
     cb.execute("return", device="hostw/nvme0")
     r2 = cc.execute("attach", device="hostw/nvme0", domain="vm-y")
     q2 = vi.qtest_qemu(procs, r2["socket"])
+    vi.consumer_view(q2)
     try:
         after = vi.identify(q2)
     except h.HarnessError as e:
