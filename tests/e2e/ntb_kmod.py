@@ -123,12 +123,18 @@ def wait_fd(fd, timeout):
     return True
 
 
-def link_up(fd, timeout=60):
+def link_up(fd, timeout=120, again_s=10):
+    """Ask for the link and wait for it.  Asked again every @again_s s: under load one side's
+    request has been seen to go unanswered (make check failed once at kmod-linked)."""
     call(fd, LINK, "<I", 1)
     deadline = time.monotonic() + timeout
+    asked = time.monotonic()
     while not info(fd)[1] & 1:
         if time.monotonic() > deadline:
             raise TimeoutError("vfio_ntb: the link did not come up")
+        if time.monotonic() - asked > again_s:
+            call(fd, LINK, "<I", 1)
+            asked = time.monotonic()
         time.sleep(0.05)
 
 

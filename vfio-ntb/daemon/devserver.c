@@ -29,8 +29,8 @@ static void server_down(VnLocalDevice *ld, const char *why)
 
     ld->server = VN_SERVER_DOWN;
     vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lent ? ld->lease->id : 0,
-           "node %s: %s%s%s%s", d->conf->node, why, lent ? "; its holder " : "",
-           lent ? holder : "", lent ? " has no device until another answers" : "");
+           "node %s: %s%s%s%s", d->conf->node, why, lent ? "; its holder " : "", lent ? holder : "",
+           lent ? " has no device until another answers" : "");
     vn_cluster_emit(d, "DEVICE_SERVER_LOST", device, lent ? ld->lease->id : 0, holder,
                     ld->holder_domain);
     vn_cluster_announce_soon(d);

@@ -67,8 +67,8 @@ static void respawn_later(VnDaemon *d, VnLocalDevice *ld)
 static void worker_gone(VnDaemon *d, VnLocalDevice *ld, GPid pid, const char *how)
 {
     vn_log(G_LOG_LEVEL_WARNING, d->conf->node, ld->conf->name, NULL, 0,
-           "node %s: the lender worker of %s (pid %d) %s; starting another in %d ms",
-           d->conf->node, ld->conf->name, pid, how, VN_LENDERS_RESPAWN_MS);
+           "node %s: the lender worker of %s (pid %d) %s; starting another in %d ms", d->conf->node,
+           ld->conf->name, pid, how, VN_LENDERS_RESPAWN_MS);
     vn_fence_worker_died(d, ld);
     if (vn_lease_lent(ld->lease)) {
         vn_devserver_worker_gone(ld);

@@ -1,7 +1,8 @@
 /*
  * The lender of one device (see lender.h): attach, fence, the dispatch of
  * lending-protocol requests, forwarded region accesses and DMA mappings of
- * the borrower's segments.  Interrupts are in lender-irq.c.
+ * the borrower's segments.  Interrupts are in lender-irq.c, the device server's watch
+ * in lender-server.c, the counters and stalls in lender-stats.c.
  *
  * The device is driven through its backend's ops (backend.h), whose calls
  * are synchronous, so every request is answered before the next one is
@@ -581,37 +582,6 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
     return 0;
 }
 
-/*
- * The device stalled: a command got no answer in time, or an answer came
- * after that (the backend dropped it, so later commands get their own).
- * Logged at the default level and kept for ntbctl show: a stall is what an
- * operator needs to see to tell a slow device server from a broken fabric.
- */
-void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
-{
-    VnLender *l = opaque;
-    g_autoptr(GDateTime) now = g_date_time_new_now_local();
-    g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
-
-    if (ev == VN_BACKEND_TIMED_OUT) {
-        l->stats.device_timeouts++;
-        g_warning("lender %s: device server %s did not answer %s within %" PRIu64
-                  " ms; the borrower's request failed",
-                  l->name, l->where, what, ms);
-        g_snprintf(l->last_stall, sizeof(l->last_stall),
-                   "%s: %s not answered within %" PRIu64 " ms", at, what, ms);
-    } else {
-        l->stats.device_late++;
-        g_warning("lender %s: device server %s answered %s %" PRIu64
-                  " ms after it was sent; that late answer was dropped",
-                  l->name, l->where, what, ms);
-        g_snprintf(l->last_stall, sizeof(l->last_stall),
-                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)", at,
-                   what, ms);
-    }
-    vn_lender_server_stall(l, ev);
-}
-
 /* Open the device and describe it for @peer. */
 static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_window,
                    GError **error)
@@ -820,80 +790,4 @@ void vn_lender_free(VnLender *l)
     g_free(l->name);
     g_free(l->where);
     g_free(l);
-}
-
-/* ---- counters ---------------------------------------------------------- */
-
-void vn_lender_stats(VnLender *l, VnLenderStats *out)
-{
-    *out = l->stats;
-    out->windows = l->windows->len;
-    out->device_stalled = (l->device != NULL && l->ops->stalled(l->device)) ||
-                          (l->spare != NULL && l->ops->stalled(l->spare));
-}
-
-const char *vn_lender_device_state(VnLender *l)
-{
-    VnLenderStats st;
-
-    if (!l->server_up) {
-        return l->stats.server_losses > 0 ? "lost" : "not answering";
-    }
-    if (l->device == NULL && l->spare == NULL) {
-        return "not connected";
-    }
-    vn_lender_stats(l, &st);
-    return st.device_stalled ? "stalled (its last command got no answer)" : "answering";
-}
-
-const char *vn_lender_last_stall(VnLender *l)
-{
-    return l->last_stall[0] != '\0' ? l->last_stall : NULL;
-}
-
-static void add_counter(JsonBuilder *b, const char *name, uint64_t v)
-{
-    json_builder_set_member_name(b, name);
-    json_builder_add_int_value(b, (gint64)MIN(v, (uint64_t)G_MAXINT64));
-}
-
-char *vn_lender_stats_json(VnLender *l)
-{
-    g_autoptr(JsonBuilder) b = json_builder_new();
-    g_autoptr(JsonNode) root = NULL;
-    VnLenderStats st;
-
-    vn_lender_stats(l, &st);
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "device");
-    json_builder_add_string_value(b, l->name);
-    json_builder_set_member_name(b, "borrower");
-    if (l->borrower != NULL) {
-        json_builder_add_string_value(b, l->borrower);
-    } else {
-        json_builder_add_null_value(b);
-    }
-    add_counter(b, "requests", st.requests);
-    add_counter(b, "region_rw", st.region_rw);
-    add_counter(b, "config_rw", st.config_rw);
-    add_counter(b, "relayed_irqs", st.relayed_irqs);
-    add_counter(b, "dma_maps", st.dma_maps);
-    add_counter(b, "dma_unmaps", st.dma_unmaps);
-    add_counter(b, "resets", st.resets);
-    add_counter(b, "fences", st.fences);
-    add_counter(b, "bar_withholds", st.bar_withholds);
-    json_builder_set_member_name(b, "bars_withheld");
-    json_builder_add_boolean_value(b, l->bars_withheld);
-    add_counter(b, "windows", st.windows);
-    add_counter(b, "device_requests", st.device_requests);
-    add_counter(b, "device_timeouts", st.device_timeouts);
-    add_counter(b, "device_late_replies", st.device_late);
-    add_counter(b, "device_server_losses", st.server_losses);
-    add_counter(b, "device_server_returns", st.server_returns);
-    add_counter(b, "device_server_generation", l->server_gen);
-    json_builder_set_member_name(b, "device_server_up");
-    json_builder_add_boolean_value(b, l->server_up);
-    json_builder_end_object(b);
-    root = json_builder_get_root(b);
-    return json_to_string(root, FALSE);
 }
