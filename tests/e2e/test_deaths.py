@@ -19,6 +19,10 @@ operator would check:
   presented to the VM anew with no command typed, and its data check passes; A's daemon holds
   none of the dead worker's exports (the device's BAR memfd once, not twice); the device is
   then returned and lent to another host at once, whose VM passes the Identify check.
+- adopted-lender-worker-crash: the same for a worker that A's daemon adopted after a restart
+  (not its child, so no exit to hear of), killed before it reconnected: its death is seen
+  all the same (its port closing, or a look every second), both hosts are told, another
+  worker starts and the holder hears that the device is back.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -36,7 +40,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 3
+EXPECTED_RESULTS = 4
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
@@ -162,6 +166,30 @@ def test_device_server_restart(procs):
                   regions=len(ver))
 
 
+def test_adopted_lender_worker_crash(procs):
+    wd, img, sd, a, b, _ = hosts(procs)
+    ctl = Control(b.control)
+    try:
+        ctl.execute("attach", device="hosta/nvme0", domain="vm1")
+    finally:
+        ctl.close()
+    a.kill()
+    a.start()
+    adopted = a.workers()
+    ev_b = follow(b)
+    old, lost_a, lost_b, ev_a, ev_b2 = kill_lender_worker(a, b, 6)
+    back = ev_b.wait_event("DEVICE_SERVER_BACK", 10)["data"]
+    new = wait_for(lambda: a.workers() if a.workers() and a.workers() != old else None, 10)
+    seen = f"lender worker of nvme0 (pid {old[0]}) is gone" in a.log()
+    for c in (ev_a, ev_b, ev_b2):
+        c.close()
+    return result("adopted-lender-worker-crash",
+                  adopted == old and lost_a.get("node") == "hostb"
+                  and lost_b.get("node") == "hosta" and back.get("device") == "hosta/nvme0"
+                  and bool(new) and seen,
+                  workers=f"{old}->{new}", logged=seen)
+
+
 STALL_S = 150
 
 
@@ -273,7 +301,8 @@ def test_lender_worker_crash(procs):
 
 def main():
     ok = True
-    tests = (test_device_server_restart, test_lender_worker_crash, test_device_server_long_stall)
+    tests = (test_device_server_restart, test_lender_worker_crash,
+             test_adopted_lender_worker_crash, test_device_server_long_stall)
     only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
     for test in only or tests:
         with h.Procs() as procs:

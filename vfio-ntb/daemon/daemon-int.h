@@ -77,6 +77,7 @@ typedef struct VnLocalDevice {
     GPid worker_pid;     /* 0 while none runs */
     guint child_watch;   /* 0 for an adopted one */
     guint respawn_timer; /* a worker that exited is started again */
+    guint adopted_watch; /* an adopted worker (not our child): is it still there? */
     VnIdentity id;       /* read when it was lent (identity.h) */
     char *holder_domain; /* the VM its holder serves it to, as announced, or NULL */
     VnFence fence;

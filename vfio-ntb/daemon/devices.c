@@ -308,6 +308,9 @@ void vn_devices_local_free(gpointer p)
     if (ld->respawn_timer != 0) {
         g_source_remove(ld->respawn_timer);
     }
+    if (ld->adopted_watch != 0) {
+        g_source_remove(ld->adopted_watch);
+    }
     vn_port_free(ld->port, false);
     g_free(ld->holder_domain);
     g_free(ld->port_path);

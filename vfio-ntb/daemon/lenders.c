@@ -24,6 +24,8 @@
 
 /* A worker that exited is started again after this. */
 #define VN_LENDERS_RESPAWN_MS 1000
+/* How often an adopted worker (not our child) is looked for. */
+#define VN_LENDERS_ADOPTED_CHECK_MS 1000
 
 typedef struct LendWatch {
     VnDaemon *d;
@@ -93,18 +95,36 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
     worker_gone(lw->d, ld, pid, how);
 }
 
-/* Its port closed.  A child's exit is heard from its watch; a worker adopted after a
- * restart is not ours to reap, and this is the one sign it died. */
-static void on_port_gone(void *opaque)
+/* A child's exit is heard from its watch; a worker adopted after a restart is not ours to
+ * reap: its port closing says it may have died (at once), and a look every
+ * VN_LENDERS_ADOPTED_CHECK_MS at whether it is there (one that died before it reconnected
+ * to our port). */
+static bool adopted_died(VnLocalDevice *ld, const char *how)
 {
-    VnLocalDevice *ld = opaque;
     GPid pid = ld->worker_pid;
 
     if (ld->child_watch != 0 || pid <= 0 || vn_spawn_alive(pid, VN_LENDERS_BINARY)) {
-        return;
+        return false;
     }
     ld->worker_pid = 0;
-    worker_gone(ld->d, ld, pid, "is gone (its port closed)");
+    worker_gone(ld->d, ld, pid, how);
+    return true;
+}
+
+static void on_port_gone(void *opaque)
+{
+    adopted_died(opaque, "is gone (its port closed)");
+}
+
+static gboolean on_adopted_check(gpointer data)
+{
+    VnLocalDevice *ld = data;
+
+    if (ld->worker_pid <= 0 || ld->child_watch != 0 || adopted_died(ld, "is gone")) {
+        ld->adopted_watch = 0;
+        return G_SOURCE_REMOVE;
+    }
+    return G_SOURCE_CONTINUE;
 }
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
@@ -159,6 +179,10 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
         g_source_remove(ld->respawn_timer);
         ld->respawn_timer = 0;
     }
+    if (ld->adopted_watch != 0) {
+        g_source_remove(ld->adopted_watch);
+        ld->adopted_watch = 0;
+    }
     if (ld->child_watch != 0) {
         g_source_remove(ld->child_watch);
         ld->child_watch = 0;
@@ -185,6 +209,9 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
            "node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
            ld->conf->name);
     vn_port_on_gone(ld->port, on_port_gone, ld);
+    if (ld->adopted_watch == 0) {
+        ld->adopted_watch = g_timeout_add(VN_LENDERS_ADOPTED_CHECK_MS, on_adopted_check, ld);
+    }
     return true;
 }
 
