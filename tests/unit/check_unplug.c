@@ -23,6 +23,11 @@ typedef struct Monitor {
     char deleted[64]; /* the id device_del named */
     bool replug;      /* answer as QEMU does a replug's two connections (below) */
     char added[1024]; /* the device_add line */
+    /* A hostile or broken QEMU (NULL: as above): its answers to the qom-gets, and a guest
+     * that never lets go (no DEVICE_DELETED for the device). */
+    const char *bus_answer, *addr_answer;
+    bool never_deleted;
+    bool one_connection; /* a replug's first only */
 } Monitor;
 
 /* A replug's monitor: the device sits on "rp1" at slot 2 function 0; device_del is followed
@@ -30,10 +35,14 @@ typedef struct Monitor {
 static const char *replug_answer(Monitor *m, const char *line)
 {
     if (strstr(line, "parent_bus") != NULL) {
-        return "{\"return\":\"/machine/peripheral/rp1/rp1\"}\n";
+        return m->bus_answer != NULL ? m->bus_answer
+                                     : "{\"return\":\"/machine/peripheral/rp1/rp1\"}\n";
     }
     if (strstr(line, "\"addr\"") != NULL && strstr(line, "qom-get") != NULL) {
-        return "{\"return\":16}\n";
+        return m->addr_answer != NULL ? m->addr_answer : "{\"return\":16}\n";
+    }
+    if (strstr(line, "device_del") != NULL && m->never_deleted) {
+        return "{\"return\":{}}\n{\"event\":\"DEVICE_DELETED\",\"data\":{\"device\":\"dev9\"}}\n";
     }
     if (strstr(line, "device_del") != NULL) {
         return "{\"return\":{}}\n{\"event\":\"DEVICE_DELETED\",\"data\":{\"path\":\"/x\"}}\n"
@@ -51,7 +60,7 @@ static gpointer monitor_serve(gpointer data)
 {
     Monitor *m = data;
 
-    for (int i = 0; i < (m->replug ? 2 : 1); i++) {
+    for (int i = 0; i < (m->replug && !m->one_connection ? 2 : 1); i++) {
         int fd = accept(m->listener, NULL, NULL);
 
         if (fd < 0) {
@@ -342,6 +351,46 @@ START_TEST(test_replug_on_new_server)
 }
 END_TEST
 
+/* QEMU is a peer: where it says the device sits must be a bus path and a slot, and a guest
+ * that never lets go is waited for a bounded time.  Each is refused with what was wrong, and
+ * nothing is added. */
+static const struct {
+    const char *name, *bus, *addr;
+    bool never_deleted;
+    const char *why;
+} hostile_monitors[] = {
+    { "bus not a string", "{\"return\":7}\n", NULL, false, "not a bus path" },
+    { "bus without a name", "{\"return\":\"/machine/\"}\n", NULL, false, "not a bus path" },
+    { "slot past 0xff", NULL, "{\"return\":4096}\n", false, "not a slot and function" },
+    { "slot negative", NULL, "{\"return\":-1}\n", false, "not a slot and function" },
+    { "slot a string", NULL, "{\"return\":\"02.0\"}\n", false, "not a slot and function" },
+    { "no such device", "{\"error\":{\"desc\":\"Device 'dev0' not found\"}}\n", NULL, false,
+      "not found" },
+    { "never let go", NULL, NULL, true, "was not let go of" },
+};
+
+START_TEST(test_replug_hostile_monitor)
+{
+    Monitor m = { .replug = true,
+                  .one_connection = true, /* the removal's */
+                  .bus_answer = hostile_monitors[_i].bus,
+                  .addr_answer = hostile_monitors[_i].addr,
+                  .never_deleted = hostile_monitors[_i].never_deleted };
+    g_autoptr(GError) error = NULL;
+    g_autofree char *bus = NULL, *addr = NULL;
+    gint64 t0 = g_get_monotonic_time();
+
+    monitor_start(&m, 0);
+    ck_assert(!vn_qmp_device_remove(m.path, "dev0", 500, &bus, &addr, &error));
+    ck_assert_msg(strstr(error->message, hostile_monitors[_i].why) != NULL, "%s: %s",
+                  hostile_monitors[_i].name, error->message);
+    ck_assert_ptr_null(bus);
+    ck_assert_ptr_null(addr);
+    ck_assert_int_lt(g_get_monotonic_time() - t0, 3 * G_USEC_PER_SEC);
+    monitor_stop(&m);
+}
+END_TEST
+
 static Suite *unplug_suite(void)
 {
     Suite *s = suite_create("unplug");
@@ -354,6 +403,7 @@ static Suite *unplug_suite(void)
     tcase_add_test(tc, test_daemon_stops_meanwhile);
     tcase_add_test(tc, test_bounded);
     tcase_add_test(tc, test_replug_on_new_server);
+    tcase_add_loop_test(tc, test_replug_hostile_monitor, 0, G_N_ELEMENTS(hostile_monitors));
     suite_add_tcase(s, tc);
     return s;
 }
