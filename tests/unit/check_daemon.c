@@ -299,6 +299,59 @@ START_TEST(test_hostile_peer)
 }
 END_TEST
 
+typedef struct GenSeen {
+    VnDaemon *d;
+    uint32_t gen;
+} GenSeen;
+
+static bool gen_seen(void *opaque)
+{
+    GenSeen *g = opaque;
+    VnBorrowed *b = vn_devices_borrowed(g->d, "hosta/nvme0");
+
+    return b != NULL && b->server_gen_known && b->server_gen == g->gen;
+}
+
+/* How many times a lost device server came back (the holder's VM is given the device anew
+ * when it grows) survives restarts of both daemons, and a return while the lender's daemon
+ * was away (its adopted worker says a higher count than the one saved) is one too. */
+START_TEST(test_server_generation_survives_restarts)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLocalDevice *ld;
+    GenSeen g = { .gen = 0 };
+
+    borrow(a, b);
+    g.d = b;
+    ck_assert(spin_until(gen_seen, &g, 3000));
+    ld = vn_devices_local(a, "nvme0");
+    vn_devserver_changed(ld, true, 0);
+    vn_devserver_changed(ld, false, 0);
+    vn_devserver_changed(ld, true, 1);
+    ck_assert_uint_eq(ld->server_gen, 1);
+    g.gen = 1;
+    ck_assert(spin_until(gen_seen, &g, 3000));
+
+    vn_daemon_free(a);
+    vn_daemon_free(b);
+    a = daemon_start("hosta");
+    b = daemon_start("hostb");
+    ld = vn_devices_local(a, "nvme0");
+    ck_assert_uint_eq(ld->server_gen, 1);
+    ck_assert_uint_eq(ld->worker_server_gen, 1);
+    g.d = b;
+    ck_assert(gen_seen(&g)); /* from its own state file, before any announcement */
+
+    /* The adopted worker's server came back once more while no daemon listened. */
+    vn_devserver_changed(ld, true, 2);
+    ck_assert_uint_eq(ld->server_gen, 2);
+    g.gen = 2;
+    ck_assert(spin_until(gen_seen, &g, 3000));
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 static bool knows_hoste(void *opaque)
 {
     VnRemoteNode *n = g_hash_table_lookup(((VnDaemon *)opaque)->nodes, "hoste");
@@ -652,6 +705,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
+    tcase_add_test(tc, test_server_generation_survives_restarts);
     tcase_add_test(tc, test_lender_worker_adopted);
     tcase_add_test(tc, test_config_drops_lent);
     tcase_add_test(tc, test_borrow_cap);

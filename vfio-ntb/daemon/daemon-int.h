@@ -85,6 +85,9 @@ typedef struct VnLocalDevice {
      * many times this daemon saw a lost one come back (announced to the holder). */
     VnServerState server;
     uint32_t server_gen;
+    /* What its worker last said of its server's generation (kept with the worker in the
+     * state file: an adopted worker whose server came back while we were away says more). */
+    uint32_t worker_server_gen;
 } VnLocalDevice;
 
 /* A device this node borrows. */

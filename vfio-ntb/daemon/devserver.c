@@ -45,7 +45,14 @@ void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
     bool lent = vn_lease_lent(ld->lease);
     const char *holder = lent ? ld->lease->holder : NULL;
 
-    if (up && ld->server != VN_SERVER_DOWN) {
+    /* An adopted worker's server that came back while no daemon listened. */
+    bool missed = up && ld->server == VN_SERVER_UNKNOWN && gen > ld->worker_server_gen;
+
+    if (gen != ld->worker_server_gen) {
+        ld->worker_server_gen = gen;
+        vn_state_save_or_report(d);
+    }
+    if (up && ld->server != VN_SERVER_DOWN && !missed) {
         ld->server = VN_SERVER_UP; /* as it was, or first heard */
         return;
     }
@@ -59,6 +66,7 @@ void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
     }
     ld->server = VN_SERVER_UP;
     ld->server_gen++;
+    vn_state_save_or_report(d); /* a restart must not announce a lower one */
     vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lent ? ld->lease->id : 0,
            "node %s: %s answers again (return %u; %u in its worker's life)%s%s", d->conf->node,
            ld->conf->name, ld->server_gen, gen, lent ? "; it is presented anew to " : "",
@@ -132,6 +140,7 @@ void vn_devserver_announced(VnDaemon *d, const char *lender, const VnPeersAnnoun
             b->server_gen_known = true;
             b->server_gen = pd->server_gen;
             b->server_down = pd->server_down;
+            vn_state_save_or_report(d);
             continue;
         }
         if (pd->server_down || pd->server_gen == b->server_gen) {
@@ -139,6 +148,7 @@ void vn_devserver_announced(VnDaemon *d, const char *lender, const VnPeersAnnoun
         }
         b->server_gen = pd->server_gen;
         b->server_down = false;
+        vn_state_save_or_report(d);
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, lender, b->lease,
                "node %s: %s says a new device server of %s answers", d->conf->node, lender,
                b->device);

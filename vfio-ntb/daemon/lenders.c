@@ -156,6 +156,7 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
         return false;
     }
     vn_port_on_gone(ld->port, on_port_gone, ld);
+    ld->worker_server_gen = 0; /* a new worker counts from 0 */
     lw = g_new0(LendWatch, 1);
     *lw = (LendWatch){ d, ld };
     ld->child_watch =

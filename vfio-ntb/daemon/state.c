@@ -94,6 +94,9 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_string_value(b, ld->lease->holder);
         json_builder_set_member_name(b, "lease");
         json_builder_add_int_value(b, (gint64)ld->lease->id);
+        /* The holder's VM was given the device anew this many times (devserver.c). */
+        json_builder_set_member_name(b, "server_generation");
+        json_builder_add_int_value(b, ld->server_gen);
         /* A restart whose config no longer has it still finds it. */
         add_lend_conf(b, ld->conf);
         json_builder_end_object(b);
@@ -112,6 +115,8 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_add_string_value(b, ld->conf->name);
             json_builder_set_member_name(b, "pid");
             json_builder_add_int_value(b, ld->worker_pid);
+            json_builder_set_member_name(b, "server_generation");
+            json_builder_add_int_value(b, ld->worker_server_gen);
             json_builder_end_object(b);
         }
     }
@@ -130,6 +135,10 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_int_value(b, (gint64)bw->lease);
         json_builder_set_member_name(b, "irq_mode");
         json_builder_add_string_value(b, vn_irq_mode_to_string(bw->irq_mode));
+        if (bw->server_gen_known) {
+            json_builder_set_member_name(b, "server_generation");
+            json_builder_add_int_value(b, bw->server_gen);
+        }
         if (bw->worker_pid > 0) {
             json_builder_set_member_name(b, "worker");
             json_builder_begin_object(b);
@@ -215,6 +224,19 @@ static bool in_run_dir(VnDaemon *d, const char *path)
 
 /* A worker that served this device before our restart: adopt it if it is
  * still the process we started. */
+/* A device server's generation (devserver.c) as saved: a number that fits, or left as is. */
+static void get_generation(JsonObject *o, uint32_t *gen, bool *known)
+{
+    uint64_t v;
+
+    if (vn_util_json_counter(o, "server_generation", false, &v) && v <= G_MAXUINT32) {
+        *gen = (uint32_t)v;
+        if (known != NULL) {
+            *known = true;
+        }
+    }
+}
+
 static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
 {
     JsonObject *w;
@@ -373,6 +395,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         if (!vn_leases_restore(d->leases, ld->lease, borrower, lease, g_get_monotonic_time())) {
             continue; /* listed twice */
         }
+        get_generation(json_node_get_object(e), &ld->server_gen, NULL);
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, borrower, lease,
                "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored", d->conf->node,
                lease, name, borrower);
@@ -392,6 +415,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
             continue;
         }
         ld->worker_pid = (GPid)json_node_get_int(pid);
+        get_generation(w, &ld->worker_server_gen, NULL);
         if (!d->workers->lend_adopt(d, ld)) {
             vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
                    "node %s: the lender worker of %s is gone", d->conf->node, name);
@@ -434,6 +458,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         b->unconfirmed = true;
         vn_irq_mode_from_string(vn_util_json_string(json_node_get_object(e), "irq_mode"),
                                 &b->irq_mode);
+        get_generation(json_node_get_object(e), &b->server_gen, &b->server_gen_known);
         g_ptr_array_add(d->borrowed, b);
         restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, lease,
