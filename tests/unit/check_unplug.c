@@ -28,6 +28,7 @@ typedef struct Monitor {
     const char *bus_answer, *addr_answer;
     bool never_deleted;
     bool one_connection; /* a replug's first only */
+    gint dels;           /* device_del lines seen (atomic) */
 } Monitor;
 
 /* A replug's monitor: the device sits on "rp1" at slot 2 function 0; device_del is followed
@@ -91,6 +92,9 @@ static void monitor_serve_one(Monitor *m, int fd)
             const char *id = strstr(buf, "\"id\":\"");
 
             *nl = '\0';
+            if (strstr(buf, "device_del") != NULL) {
+                g_atomic_int_inc(&m->dels);
+            }
             if (strstr(buf, "device_del") != NULL && id != NULL) {
                 g_strlcpy(m->deleted, id + 6, sizeof(m->deleted));
                 m->deleted[strcspn(m->deleted, "\"")] = '\0';
@@ -167,6 +171,11 @@ static bool gen_known(void *opaque)
 static bool spin_until_gen_known(VnBorrowed *bw)
 {
     return spin_until(gen_known, bw, 3000);
+}
+
+static bool gen_is_1(void *opaque)
+{
+    return ((VnBorrowed *)opaque)->server_gen == 1;
 }
 
 static bool server_down(void *opaque)
@@ -351,6 +360,37 @@ START_TEST(test_replug_on_new_server)
 }
 END_TEST
 
+/* The device server flaps (or the lender counts fast): a return while the VM is being given
+ * the device anew starts no second replug (the worker it starts attaches to whichever server
+ * answers then). */
+START_TEST(test_replug_once_while_flapping)
+{
+    VnDaemon *a = daemon_start("hosta");
+    VnDaemon *b = daemon_start("hostb");
+    Monitor m = { .replug = true };
+    VnLocalDevice *ld;
+    VnBorrowed *bw;
+
+    monitor_start(&m, 400); /* the guest takes its time to let go */
+    bw = attached(a, b, &m);
+    bw->socket = g_strdup("/run/vm1-nvme0.sock");
+    ck_assert(spin_until_gen_known(bw));
+    ld = vn_devices_local(a, "nvme0");
+    vn_devserver_changed(ld, false, 0);
+    vn_devserver_changed(ld, true, 1);
+    ck_assert(spin_until(gen_is_1, bw, 3000));
+    vn_devserver_changed(ld, false, 1);
+    vn_devserver_changed(ld, true, 2);
+    ck_assert(spin_until(replugged, &m, 5000));
+    ck_assert_uint_eq(bw->server_gen, 2);
+    spin(300);
+    ck_assert_int_eq(g_atomic_int_get(&m.dels), 1);
+    monitor_stop(&m);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* QEMU is a peer: where it says the device sits must be a bus path and a slot, and a guest
  * that never lets go is waited for a bounded time.  Each is refused with what was wrong, and
  * nothing is added. */
@@ -403,6 +443,7 @@ static Suite *unplug_suite(void)
     tcase_add_test(tc, test_daemon_stops_meanwhile);
     tcase_add_test(tc, test_bounded);
     tcase_add_test(tc, test_replug_on_new_server);
+    tcase_add_test(tc, test_replug_once_while_flapping);
     tcase_add_loop_test(tc, test_replug_hostile_monitor, 0, G_N_ELEMENTS(hostile_monitors));
     suite_add_tcase(s, tc);
     return s;

@@ -426,6 +426,9 @@ bool vn_unplug_start(VnDaemon *d, VnBorrowed *b, bool via_qmp, VnUnplugDone done
  */
 #define VN_UNPLUG_REPLUG_WAIT_MS 60000
 bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b);
+/* A replug of @device is under way: the worker it starts attaches to whichever device
+ * server answers then, so a later return needs no second one. */
+bool vn_unplug_replugging(VnDaemon *d, const char *device);
 GPtrArray *vn_unplugs_new(void);
 void vn_unplugs_free(VnDaemon *d);
 

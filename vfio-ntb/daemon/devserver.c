@@ -99,6 +99,12 @@ static void present_anew(VnDaemon *d, VnBorrowed *b)
                d->conf->node, b->device, b->domain != NULL ? b->domain : "its VM");
         return;
     }
+    if (vn_unplug_replugging(d, b->device)) {
+        /* Flapping, or a lender that counts fast: one replug at a time per device. */
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: %s is being presented anew already", d->conf->node, b->device);
+        return;
+    }
     if (!vn_unplug_replug(d, b)) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
                "node %s: %s has a new device server, but %d VMs are being asked about "

@@ -14,6 +14,7 @@
 #include "common/util.h"
 
 #include <gio/gio.h>
+#include <string.h>
 
 struct VnUnplug {
     VnDaemon *d;
@@ -260,6 +261,18 @@ bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b)
     g_ptr_array_add(d->unplugs, u);
     device_del(u);
     return true;
+}
+
+bool vn_unplug_replugging(VnDaemon *d, const char *device)
+{
+    for (guint i = 0; i < d->unplugs->len; i++) {
+        VnUnplug *u = d->unplugs->pdata[i];
+
+        if (u->socket != NULL && strcmp(u->device, device) == 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 GPtrArray *vn_unplugs_new(void)
