@@ -323,6 +323,18 @@ static bool replugged(void *opaque)
 /* hosta's device server is lost, then another answers: hostb takes the device out of its
  * VM where it sat, starts its worker again (to describe the new device) and adds it back
  * there, on the same socket.  Lost alone changes nothing in the VM. */
+/* attached(), served on a socket (what a replug adds the device back on), once hostb knows
+ * the generation hosta/nvme0's server is of; *@ld: hosta's nvme0. */
+static VnBorrowed *attached_for_replug(VnDaemon *a, VnDaemon *b, Monitor *m, VnLocalDevice **ld)
+{
+    VnBorrowed *bw = attached(a, b, m);
+
+    bw->socket = g_strdup("/run/vm1-nvme0.sock");
+    ck_assert(spin_until_gen_known(bw));
+    *ld = vn_devices_local(a, "nvme0");
+    return bw;
+}
+
 START_TEST(test_replug_on_new_server)
 {
     VnDaemon *a = daemon_start("hosta");
@@ -333,10 +345,7 @@ START_TEST(test_replug_on_new_server)
     unsigned starts, stops;
 
     monitor_start(&m, 0);
-    bw = attached(a, b, &m);
-    bw->socket = g_strdup("/run/vm1-nvme0.sock");
-    ck_assert(spin_until_gen_known(bw));
-    ld = vn_devices_local(a, "nvme0");
+    bw = attached_for_replug(a, b, &m, &ld);
     starts = fake.starts;
     stops = fake.stops;
     vn_devserver_changed(ld, true, 0); /* first heard: nothing to tell */
@@ -372,10 +381,7 @@ START_TEST(test_replug_once_while_flapping)
     VnBorrowed *bw;
 
     monitor_start(&m, 400); /* the guest takes its time to let go */
-    bw = attached(a, b, &m);
-    bw->socket = g_strdup("/run/vm1-nvme0.sock");
-    ck_assert(spin_until_gen_known(bw));
-    ld = vn_devices_local(a, "nvme0");
+    bw = attached_for_replug(a, b, &m, &ld);
     vn_devserver_changed(ld, false, 0);
     vn_devserver_changed(ld, true, 1);
     ck_assert(spin_until(gen_is_1, bw, 3000));

@@ -55,6 +55,13 @@ static void tell(VnLender *l, bool up, const char *why)
     }
 }
 
+/* A new connection to the server, every command of which answers within the device
+ * timeout; NULL with @error. */
+static void *server_open(VnLender *l, GError **error)
+{
+    return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, error);
+}
+
 static gboolean on_dial(gpointer data);
 static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data);
 
@@ -145,7 +152,7 @@ static gboolean on_dial(gpointer data)
     if (l->device != NULL || l->spare != NULL) {
         return G_SOURCE_REMOVE;
     }
-    dev = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, &error);
+    dev = server_open(l, &error);
     if (dev == NULL) {
         bool slow = g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT);
 
@@ -230,7 +237,7 @@ void *vn_lender_server_take(VnLender *l, GError **error)
         source_clear(&l->hangup_src);
         return g_steal_pointer(&l->spare);
     }
-    dev = l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, error);
+    dev = server_open(l, error);
     if (dev != NULL && watchable(l)) {
         source_clear(&l->dial_src);
     }
