@@ -6,6 +6,7 @@
 
 #include "port.h"
 
+#include "keep.h"
 #include "common/util.h"
 #include "fabric/frame.h"
 #include "fabric/host.h"
@@ -69,7 +70,13 @@ struct VnPort {
     void *device_server_opaque;
     VnPortGoneFn gone;
     void *gone_opaque;
+    VnKeep *keep; /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
 };
+
+VnKeep *vn_port_keep(VnPort *p)
+{
+    return p->keep;
+}
 
 bool vn_port_connected(VnPort *p)
 {
@@ -477,6 +484,8 @@ typedef struct VnPortMap {
     VnHostHdr h;
 } VnPortMap;
 
+static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
+
 static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 {
     VnPortMap *m = opaque;
@@ -507,7 +516,16 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 
 static void op_map(VnPort *p, const VnHostHdr *h)
 {
+    VnFabricWindow *held = worker_window(p, h->arg);
     VnPortMap *m;
+
+    /* A borrower's worker maps each BAR's segment once; a window it holds already was
+     * mapped for the worker it replaced, and QEMU's mappings of the BAR are of that
+     * window: it is given again, never unmapped under QEMU. */
+    if (!p->inbound && held != NULL) {
+        reply(p, h, 0, held->size, held->offset, held->fd);
+        return;
+    }
 
     if (p->windows->len + p->maps->len >= VN_PORT_MAX_WINDOWS) {
         refuse(p, "more than %u windows", VN_PORT_MAX_WINDOWS);
@@ -649,6 +667,37 @@ static void op_open_route(VnPort *p, const VnHostHdr *h)
     close(fd);
 }
 
+/* A borrower's worker keeps what the worker after it needs (keep.h). */
+static void op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (p->keep == NULL) {
+        refuse(p, "%s from a lender's worker", vn_host_op_to_string(h->op));
+        return;
+    }
+    if (h->op == VN_HOST_FORGET) {
+        if (h->arg > h->arg2) {
+            refuse(p, "a FORGET of keys %" PRIu64 "..%" PRIu64, h->arg, h->arg2);
+            return;
+        }
+        vn_keep_forget(p->keep, h->arg, h->arg2);
+        return;
+    }
+    if (*fd >= 0) {
+        int kept = *fd;
+
+        *fd = -1; /* the store's now, kept or closed */
+        if (!vn_keep_fd(p->keep, h->arg, kept, &error)) {
+            refuse(p, "%s", error->message);
+        }
+    } else if (h->arg != 0) {
+        refuse(p, "a state kept under key %" PRIu64, h->arg);
+    } else if (!vn_keep_state(p->keep, data, len, &error)) {
+        refuse(p, "%s", error->message);
+    }
+}
+
 /* One record from the worker. */
 static void worker_record(VnPort *p, VnRecord *rec)
 {
@@ -741,6 +790,10 @@ static void worker_record(VnPort *p, VnRecord *rec)
         } else if (p->device_server != NULL) {
             p->device_server(p->device_server_opaque, h.arg == 1, (uint32_t)h.arg2);
         }
+        break;
+    case VN_HOST_KEEP:
+    case VN_HOST_FORGET:
+        op_keep(p, &h, &fd, frame, frame_len);
         break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {
@@ -924,6 +977,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->listen_fd = -1;
     p->fd = -1;
     p->windows = g_ptr_array_new();
+    p->keep = inbound ? NULL : vn_keep_new();
     p->maps = g_ptr_array_new();
     p->segments = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
@@ -960,6 +1014,8 @@ void vn_port_free(VnPort *p, bool unlink_it)
         ((VnPortRelay *)p->relays->pdata[i])->port = NULL; /* freed when answered */
     }
     vn_port_withdraw(p, true, "its port closes");
+    /* After the withdrawal: QEMU sees its connection end once the device cannot reach it. */
+    g_clear_pointer(&p->keep, vn_keep_free);
     g_ptr_array_unref(p->ins);
     g_ptr_array_unref(p->maps);
     g_ptr_array_unref(p->relays);

@@ -105,6 +105,11 @@ void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque);
  */
 void vn_port_withdraw(VnPort *p, bool everything, const char *why);
 
+/* What a borrower's worker keeps for the worker after it (keep.h); NULL for a lender's.
+ * The port's: it goes with the port. */
+typedef struct VnKeep VnKeep;
+VnKeep *vn_port_keep(VnPort *p);
+
 /* Whether its worker is connected now. */
 bool vn_port_connected(VnPort *p);
 

@@ -54,6 +54,8 @@ typedef struct VnHost {
      * greeting.  server_said: there is something to say. */
     bool server_said, server_up;
     uint32_t server_gen;
+    VnHostGreetedFn greeted_fn; /* vn_host_on_greeted() */
+    void *greeted_opaque;
     VnHostHdr wait_hdr;
     int wait_fd;
 } VnHost;
@@ -80,6 +82,8 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_FENCED] = "FENCED",
     [VN_HOST_JOIN_WINDOWS] = "JOIN_WINDOWS",
     [VN_HOST_DEVICE_SERVER] = "DEVICE_SERVER",
+    [VN_HOST_KEEP] = "KEEP",
+    [VN_HOST_FORGET] = "FORGET",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -115,7 +119,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     worker_op = (hdr->op >= VN_HOST_HELLO && hdr->op <= VN_HOST_DOORBELLS_FREE) ||
                 hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT ||
                 hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS ||
-                hdr->op == VN_HOST_DEVICE_SERVER;
+                hdr->op == VN_HOST_DEVICE_SERVER || hdr->op == VN_HOST_KEEP ||
+                hdr->op == VN_HOST_FORGET;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -127,13 +132,14 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     if (hdr->status < 0 || hdr->status > 4095 || (hdr->op != VN_HOST_REPLY && hdr->status)) {
         return g_strdup_printf("%s with status %d", vn_host_op_to_string(hdr->op), hdr->status);
     }
+    /* KEEP: an fd or a state (bytes), so either. */
     if (op_has_frame(hdr->op) != (len > sizeof(*hdr)) && hdr->op != VN_HOST_HELLO &&
-        hdr->op != VN_HOST_REPLY) {
+        hdr->op != VN_HOST_REPLY && hdr->op != VN_HOST_KEEP) {
         return g_strdup_printf("%s with %zu bytes after its header", vn_host_op_to_string(hdr->op),
                                len - sizeof(*hdr));
     }
     fd_ok = hdr->op == VN_HOST_EXPORT_SEGMENT || hdr->op == VN_HOST_EXPORT_ROUTE ||
-            hdr->op == VN_HOST_REPLY;
+            hdr->op == VN_HOST_REPLY || (hdr->op == VN_HOST_KEEP && len == sizeof(*hdr));
     if (overflow || nfds > 1 || (nfds == 1 && !fd_ok)) {
         return g_strdup_printf("%s with %u fds", vn_host_op_to_string(hdr->op), nfds);
     }
@@ -415,6 +421,9 @@ static bool host_greet(VnHost *h, GError **error)
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
                     "port %s: the daemon went while it greeted us", h->path);
         return false;
+    }
+    if (h->greeted_fn != NULL) {
+        h->greeted_fn(h->greeted_opaque);
     }
     return true;
 }
@@ -773,6 +782,71 @@ bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen)
     h->server_gen = gen;
     return h->fd >= 0 &&
            host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, up ? 1 : 0, gen, NULL, 0, -1) == 0;
+}
+
+bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL || (key == 0) != (fd < 0) ||
+        len > VN_HOST_MAX_KEPT_STATE || (fd >= 0 && len > 0)) {
+        return false;
+    }
+    return host_send_record(fab->backend, VN_HOST_KEEP, 0, NULL, key, 0, data, len, fd) == 0;
+}
+
+bool vn_host_forget(VnFabric *fab, uint64_t first, uint64_t last)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL || first > last) {
+        return false;
+    }
+    return host_send_record(fab->backend, VN_HOST_FORGET, 0, NULL, first, last, NULL, 0, -1) == 0;
+}
+
+void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque)
+{
+    VnHost *h;
+
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return;
+    }
+    h = fab->backend;
+    h->greeted_fn = fn;
+    h->greeted_opaque = opaque;
+}
+
+/* An entry of ours for an id the daemon exported for the worker before us (no fd: the
+ * daemon's port holds it, and ours is only to give it back). */
+static bool adopt_export(GHashTable *table, uint64_t id, const char *peer, bool route)
+{
+    VnFabricSegment *seg;
+
+    if (id == 0 || g_hash_table_contains(table, &id)) {
+        return false;
+    }
+    seg = g_new0(VnFabricSegment, 1);
+    seg->id = id;
+    seg->fd = -1;
+    seg->size = route ? 0 : 1;
+    seg->peer = g_strdup(peer);
+    g_hash_table_insert(table, &seg->id, seg);
+    return true;
+}
+
+bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
+                       const uint64_t *routes, unsigned nroutes, uint64_t doorbells)
+{
+    bool ok = true;
+
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return false;
+    }
+    for (unsigned i = 0; i < nseg; i++) {
+        ok &= adopt_export(fab->segments, segments[i], peer, false);
+    }
+    for (unsigned i = 0; i < nroutes; i++) {
+        ok &= adopt_export(fab->routes, routes[i], peer, true);
+    }
+    ((VnHost *)fab->backend)->doorbells |= doorbells;
+    return ok;
 }
 
 /* The daemon's backend joins the windows it mapped for us (its port checks they are ours). */

@@ -56,6 +56,30 @@ bool vn_host_fenced(VnFabric *fab);
  * or @fab is not a `host` node. */
 bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen);
 
+/*
+ * For a borrower worker: the daemon keeps, for whoever serves the device after it, the fds
+ * QEMU reaches it by and what it set up (systemd's fd store is the model), so that a worker
+ * that dies is replaced without QEMU seeing its socket close (daemon/takeover.c).  @fd is
+ * sent as is (the daemon gets its own copy); key 0 is the state, @data of @len bytes.
+ * Said again by the caller from its greeted callback, since a restarted daemon has none of
+ * it.  False when the daemon is away or @fab is not a `host` node.
+ */
+#define VN_HOST_MAX_KEPT_STATE (64u * 1024u)
+bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len);
+/* Forget what is kept under [@first, @last]. */
+bool vn_host_forget(VnFabric *fab, uint64_t first, uint64_t last);
+/* @fn runs after each greeting by a daemon but the first (the worker's daemon restarted). */
+typedef void (*VnHostGreetedFn)(void *opaque);
+void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque);
+/*
+ * For the worker that takes over a dead one's port: the segments and routes it exported
+ * (to @peer) and its doorbell bits are ours now, so that we may give them back.  The daemon
+ * checks each against what the port holds, as it always does.  False when @fab is not a
+ * `host` node or an id is given twice.
+ */
+bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
+                       const uint64_t *routes, unsigned nroutes, uint64_t doorbells);
+
 /* HELLO's arg: the caps in bits 0-31; in bits 32-39 the log2 of the
  * node's largest window (its max-window-size rounded down to a power of
  * two), 0 from a daemon that predates it (the default then). */
@@ -91,6 +115,9 @@ typedef enum VnHostOp {
                                * ids (uint64_t, 2..VN_FABRIC_MAX_JOIN) -> arg: offset, 1 fd */
     VN_HOST_DEVICE_SERVER,    /* a lender's: arg: 1 its device server answers, 0 it is lost;
                                * arg2: how many times a lost one came back */
+    VN_HOST_KEEP,             /* a borrower's: arg: key; 1 fd (key > 0), or data: its state
+                               * (key 0, at most VN_HOST_MAX_KEPT_STATE bytes) */
+    VN_HOST_FORGET,           /* a borrower's: arg: first key, arg2: last key */
     VN_HOST_OP_LAST
 } VnHostOp;
 

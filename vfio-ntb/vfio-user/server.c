@@ -133,6 +133,8 @@ static void client_drop(VnServer *s, const char *why)
     listen_arm(s);
 }
 
+static void client_attach(VnServer *s, int cfd);
+
 static gboolean on_listen(int fd, GIOCondition cond, gpointer data)
 {
     VnServer *s = data;
@@ -145,10 +147,7 @@ static gboolean on_listen(int fd, GIOCondition cond, gpointer data)
         }
         return G_SOURCE_CONTINUE;
     }
-    s->client = vn_transport_new(cfd);
-    s->client_src = g_unix_fd_source_new(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR);
-    g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
-    g_source_attach(s->client_src, s->ctx);
+    client_attach(s, cfd);
     s->stats.clients++;
     g_info("socket %s: client connected", s->path);
     if (s->ops->client_new != NULL) {
@@ -582,11 +581,13 @@ void vn_server_held_arm(VnServer *s)
     g_source_attach(s->held_src, s->ctx);
 }
 
-VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
-                        void *opaque, GMainContext *ctx, GError **error)
+/* The parts of a server that do not depend on where its sockets come from. */
+static VnServer *server_alloc(const char *socket_path, const VnDeviceInfo *info,
+                              const VnDeviceOps *ops, void *opaque, GMainContext *ctx,
+                              GError **error)
 {
-    g_autoptr(VnServer) s = NULL;
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct sockaddr_un addr;
+    VnServer *s;
 
     if (!vn_device_ops_valid(ops, error) || !info_valid(info, error)) {
         return NULL;
@@ -607,7 +608,76 @@ VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const
     s->irqs = vn_irqs_new(info->irq_count, info->num_irqs);
     s->out = g_byte_array_sized_new(4096);
     vn_wire_parse_caps(NULL, &s->caps, NULL);
+    return s;
+}
 
+/* Serve @cfd, a connected client's socket (taken). */
+static void client_attach(VnServer *s, int cfd)
+{
+    s->client = vn_transport_new(cfd);
+    s->client_src = g_unix_fd_source_new(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
+    g_source_attach(s->client_src, s->ctx);
+}
+
+static bool socket_is(int fd, bool listening)
+{
+    int type = 0, acc = 0;
+    socklen_t len = sizeof(type), alen = sizeof(acc);
+    struct sockaddr_un addr;
+    socklen_t addrlen = sizeof(addr);
+
+    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM &&
+           getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &alen) == 0 && (acc != 0) == listening &&
+           getsockname(fd, (struct sockaddr *)&addr, &addrlen) == 0 && addr.sun_family == AF_UNIX;
+}
+
+VnServer *vn_server_adopt(const char *socket_path, int listen_fd, int client_fd,
+                          const VnWireCaps *caps, const VnDeviceInfo *info, const VnDeviceOps *ops,
+                          void *opaque, GMainContext *ctx, GError **error)
+{
+    g_autoptr(VnServer) s = NULL;
+
+    if (!socket_is(listen_fd, true) || (client_fd >= 0 && !socket_is(client_fd, false))) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "socket %s: the fds to take over are no listening UNIX socket and its "
+                    "client",
+                    socket_path);
+        vn_util_close_fd(&listen_fd);
+        vn_util_close_fd(&client_fd);
+        return NULL;
+    }
+    s = server_alloc(socket_path, info, ops, opaque, ctx, error);
+    if (s == NULL || !g_unix_set_fd_nonblocking(listen_fd, TRUE, error)) {
+        if (s != NULL) {
+            g_clear_pointer(&s->path, g_free); /* not ours to unlink */
+        }
+        vn_util_close_fd(&listen_fd);
+        vn_util_close_fd(&client_fd);
+        return NULL;
+    }
+    s->listen_fd = listen_fd;
+    if (client_fd < 0) {
+        listen_arm(s);
+    } else {
+        client_attach(s, client_fd);
+        s->caps = *caps;
+        s->versioned = true;
+        s->stats.clients++;
+    }
+    g_info("socket %s: taken over%s", socket_path, client_fd >= 0 ? ", with its client" : "");
+    return g_steal_pointer(&s);
+}
+
+VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
+                        void *opaque, GMainContext *ctx, GError **error)
+{
+    g_autoptr(VnServer) s = server_alloc(socket_path, info, ops, opaque, ctx, error);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+
+    if (s == NULL) {
+        return NULL;
+    }
     s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->listen_fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "socket %s: %s", socket_path,
@@ -740,4 +810,19 @@ char *vn_server_stats_json(VnServer *s)
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);
+}
+
+const VnWireCaps *vn_server_caps(VnServer *s)
+{
+    return &s->caps;
+}
+
+int vn_server_listen_fd(VnServer *s)
+{
+    return s->listen_fd;
+}
+
+int vn_server_client_fd(VnServer *s)
+{
+    return s->client != NULL ? vn_transport_fd(s->client) : -1;
 }

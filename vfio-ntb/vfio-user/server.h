@@ -114,6 +114,21 @@ typedef struct VnServerStats {
  */
 VnServer *vn_server_new(const char *socket_path, const VnDeviceInfo *info, const VnDeviceOps *ops,
                         void *opaque, GMainContext *ctx, GError **error);
+/*
+ * A server that takes over a dead one's sockets (the borrower's takeover): @listen_fd
+ * listens on @socket_path already; @client_fd (-1: none) is a client that negotiated
+ * VERSION with @caps.  Both are taken (closed on failure too) and must be UNIX stream
+ * sockets, listening and connected.  What the client set up before (DMA table, interrupts)
+ * is the caller's to put back through vn_server_dma() and vn_server_irqs().
+ */
+VnServer *vn_server_adopt(const char *socket_path, int listen_fd, int client_fd,
+                          const VnWireCaps *caps, const VnDeviceInfo *info, const VnDeviceOps *ops,
+                          void *opaque, GMainContext *ctx, GError **error);
+/* The client's capabilities (VERSION), for the server that may take over. */
+const VnWireCaps *vn_server_caps(VnServer *server);
+/* The listening socket and the client's (-1: none), still the server's. */
+int vn_server_listen_fd(VnServer *server);
+int vn_server_client_fd(VnServer *server);
 /* Disconnects the client, removes the socket file. */
 void vn_server_free(VnServer *server);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnServer, vn_server_free)
