@@ -23,11 +23,19 @@ operator would check:
   (not its child, so no exit to hear of), killed before it reconnected: its death is seen
   all the same (its port closing, or a look every second), both hosts are told, another
   worker starts and the holder hears that the device is back.
+- borrower-worker-crash: B's borrower worker (the vfio-user server QEMU talks to) is killed
+  (SIGKILL) while the guest writes, reads back and compares, and reads the device's config
+  space (which that worker serves): another worker takes over the same QEMU connection with
+  no command typed (WORKER_REPLACED); the guest sees no I/O error, no differing data, no
+  kernel message, the same PCI function (nothing was re-plugged); its longest round and
+  longest config read are printed (the stall; goal < 1 s); the lender hears nothing; the
+  VM then lets go of the device through the new worker (device_del) and a detach works.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,7 +48,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 4
+EXPECTED_RESULTS = 5
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
@@ -299,10 +307,83 @@ def test_lender_worker_crash(procs):
                   bar_fds=f"{held}->{held_after}", second_holder=probe.get("status"))
 
 
+def lender_stats(a):
+    c = Control(a.control)
+    try:
+        return c.execute("query-stats", device="hosta/nvme0")["lent"][0]
+    finally:
+        c.close()
+
+
+def heard(c, quiet_s):
+    """Every event @c has heard, once none came for @quiet_s."""
+    while True:
+        c.sock.settimeout(quiet_s)
+        try:
+            c.events.append(c._line())
+        except (socket.timeout, TimeoutError):
+            return list(c.events)
+
+
+def test_borrower_worker_crash(procs):
+    wd, img, sd, a, b, _ = hosts(procs)
+    qwd = procs.tempdir()
+    ctl = Control(b.control)
+    try:
+        r = ctl.execute("attach", device="hosta/nvme0", domain="vm1")
+    finally:
+        ctl.close()
+    dev = h.VfioUserDevice(r["socket"], id="d0", bus="rp1")
+    q = h.Qemu(procs, "io-survive,unplug-wait", [dev], root_port=True, workdir=qwd, timeout=400,
+               params={"io_s": 25, "hotplug_timeout": 90, "check_timeout": 200,
+                       "timeout": 350}).start()
+    q.wait_line("VNREADY", "io", timeout=200)
+    ev_a, ev_b = follow(a), follow(b)
+    old = b.workers("vfio-ntb-borrower")
+    before = lender_stats(a)
+    time.sleep(4)                       # rounds before the kill, to compare with
+    os.kill(old[0], signal.SIGKILL)
+    replaced = ev_b.wait_event("WORKER_REPLACED", 10)["data"]
+    new = b.workers("vfio-ntb-borrower")
+    q.wait_line("VNREADY", "unplug", timeout=120)
+    io = q.run.results.get("io-survive", {})
+    after = lender_stats(a)
+    resumed = "resumes its attachment" in a.log()
+    # The VM lets go of the device: QEMU's unmaps and its goodbye reach the new worker.
+    q.qmp.execute("device_del", {"id": "d0"})
+    run = q.wait_done()
+    q.stop()
+    unplug = run.results.get("unplug-wait", {})
+    ctl = Control(b.control)
+    try:
+        detached = ctl.execute("detach", device="hosta/nvme0")
+    finally:
+        ctl.close()
+    left = b.workers("vfio-ntb-borrower")
+    lender_heard = [e["event"] for e in heard(ev_a, 1.0)
+                    if e["event"] in ("DEVICE_SERVER_LOST", "DETACHED", "FENCED")]
+    ev_a.close()
+    ev_b.close()
+    stall = int(io.get("max_round_ms", 0)) - int(io.get("avg_round_ms", 0))
+    return result("borrower-worker-crash",
+                  io.get("status") == "PASS" and replaced.get("device") == "hosta/nvme0"
+                  and len(old) == 1 and len(new) == 1 and new != old
+                  and unplug.get("status") == "PASS" and detached.get("changed") is True
+                  and left == [] and not lender_heard and resumed
+                  and after["fences"] == before["fences"],
+                  guest=io.get("status"), rounds=io.get("rounds"), errors=io.get("errors"),
+                  stall_ms=stall, max_round_ms=io.get("max_round_ms"),
+                  avg_round_ms=io.get("avg_round_ms"), max_config_ms=io.get("max_config_ms"),
+                  same_function=io.get("same_function"), workers=f"{old}->{new}->{left}",
+                  unplug=unplug.get("status"), lender_heard=len(lender_heard),
+                  lender_fences=after["fences"] - before["fences"], resumed=resumed)
+
+
 def main():
     ok = True
     tests = (test_device_server_restart, test_lender_worker_crash,
-             test_adopted_lender_worker_crash, test_device_server_long_stall)
+             test_adopted_lender_worker_crash, test_borrower_worker_crash,
+             test_device_server_long_stall)
     only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
     for test in only or tests:
         with h.Procs() as procs:

@@ -7,6 +7,8 @@
 #include "borrower.h"
 #include "vfio-user/server.h"
 
+#include <json-glib/json-glib.h>
+
 /* Where the device keeps its MSI-X table and PBA (from its capability). */
 typedef struct VnMsixLayout {
     bool present;
@@ -27,6 +29,22 @@ typedef struct VnMediate {
     uint64_t rom_size;
     uint32_t rom_bar;
 } VnMediate;
+
+/* A guest-memory fd exported to the lender: one per memory backend. */
+typedef struct VnBorrowerSegment {
+    dev_t dev;
+    ino_t ino;
+    uint64_t id;
+    unsigned refs; /* forwarded DMA mappings into it */
+} VnBorrowerSegment;
+
+/* A DMA mapping forwarded to the lender. */
+typedef struct VnBorrowerMapping {
+    uint64_t iova;
+    uint64_t size;
+    uint32_t prot;
+    VnBorrowerSegment *seg;
+} VnBorrowerMapping;
 
 /* The indexes relay mode carries: INTx, MSI, MSI-X. */
 #define VN_BORROWER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
@@ -57,11 +75,12 @@ struct VnBorrower {
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];
-    GList *segments; /* Segment: guest memory exported */
-    GList *mappings; /* Mapping: DMA forwarded */
+    GList *segments; /* VnBorrowerSegment: guest memory exported */
+    GList *mappings; /* VnBorrowerMapping: DMA forwarded */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
+    GBytes *kept; /* the state the daemon keeps for our successor, as last sent */
 };
 
 /* A lending request to our lender; see vn_fabric_request_sync().  On an
@@ -83,6 +102,29 @@ void vn_borrower_bars_carve_msix(VnBorrower *b);
  * in our own mapping of the BAR's memory, or NULL (no window there, a
  * device's window, or an access across two windows: the lender serves it). */
 uint8_t *vn_borrower_bar_memory(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count);
+
+/* The device ops QEMU's requests reach (borrower.c). */
+extern const VnDeviceOps vn_borrower_ops;
+/* A borrower of @device (no ATTACH yet). */
+VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device,
+                              VnIrqMode mode);
+/* ATTACH (@resume: the lender's attachment of ours, as it is), then map the BARs and read
+ * the capabilities: what QEMU is told. */
+bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error);
+
+/* Takeover (takeover.c).  What the daemon keeps for the worker after us: the state
+ * (sent when it changed, or always with @force), the sockets and the eventfds the server
+ * holds of [start, start + count) of @index (count 0: all of them). */
+void vn_borrower_keep_state(VnBorrower *b, bool force);
+void vn_borrower_keep_sockets(VnBorrower *b);
+void vn_borrower_keep_irqs(VnBorrower *b, uint32_t index, uint32_t start, uint32_t count);
+/* All of it again: for a daemon that restarted (fabric/host.h's greeted callback). */
+void vn_borrower_kept_again(void *opaque);
+/* QEMU went: its connection and eventfds are nobody's to keep. */
+void vn_borrower_keep_client_gone(VnBorrower *b);
+/* Put back what @state (the dead worker's) and @fds (key -> fd, taken) say into @b, whose
+ * server took over the sockets. */
+bool vn_borrower_restore(VnBorrower *b, JsonObject *state, GHashTable *fds, GError **error);
 
 /* Read the device's capabilities (after ATTACH). */
 bool vn_mediate_init(VnBorrower *b, GError **error);

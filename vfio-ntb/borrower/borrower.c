@@ -10,6 +10,7 @@
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
+#include "fabric/host.h"
 #include "trace-borrower.h"
 
 #include <errno.h>
@@ -19,20 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A guest-memory fd exported to the lender: one per memory backend. */
-typedef struct Segment {
-    dev_t dev;
-    ino_t ino;
-    uint64_t id;
-    unsigned refs; /* forwarded DMA mappings into it */
-} Segment;
-
-/* A DMA mapping forwarded to the lender. */
-typedef struct Mapping {
-    uint64_t iova;
-    uint64_t size;
-    Segment *seg;
-} Mapping;
+typedef VnBorrowerSegment Segment;
+typedef VnBorrowerMapping Mapping;
 
 static void segment_put(VnBorrower *b, Segment *seg)
 {
@@ -148,7 +137,10 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
         return 0; /* dropped, as a write to a vanished device is */
     }
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
-        return vn_mediate_write(b, offset, buf, count);
+        int ret = vn_mediate_write(b, offset, buf, count);
+
+        vn_borrower_keep_state(b, false); /* the Interrupt Line, the ROM BAR */
+        return ret;
     }
     mem = vn_borrower_bar_memory(b, index, offset, count);
     if (mem != NULL) {
@@ -218,9 +210,10 @@ static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
         return ret;
     }
     map = g_new0(Mapping, 1);
-    *map = (Mapping){ .iova = m->iova, .size = m->size, .seg = seg };
+    *map = (Mapping){ .iova = m->iova, .size = m->size, .prot = m->prot, .seg = seg };
     b->mappings = g_list_prepend(b->mappings, map);
     b->stats.dma_maps++;
+    vn_borrower_keep_state(b, false);
     return 0;
 }
 
@@ -247,6 +240,7 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
     if (!forwarded) {
         return;
     }
+    vn_borrower_keep_state(b, false);
     /* Synchronous: QEMU's unmap completes only after the lender's device
      * has lost access.  If the lender is gone there is nothing to undo. */
     if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL) == 0) {
@@ -324,7 +318,11 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
     }
     if (index == VFIO_PCI_REQ_IRQ_INDEX) {
         /* Ours, not the device's: see vn_borrower_request_unplug(). */
-        return vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, bools, fds, nfds);
+        ret = vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, bools, fds, nfds);
+        if (ret == 0) {
+            vn_borrower_keep_irqs(b, index, start, count);
+        }
+        return ret;
     }
     if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
         g_autoptr(GError) error = NULL;
@@ -402,6 +400,10 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
             b->routes[index][start + i] = GUINT64_FROM_LE(ids[i]);
         }
     }
+    if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
+        vn_borrower_keep_irqs(b, index, start, count);
+    }
+    vn_borrower_keep_state(b, false);
     return 0;
 }
 
@@ -440,16 +442,23 @@ static void op_client_gone(void *opaque)
     }
     /* (the server drops the VM's eventfds itself) */
     b->client_leaving = false;
+    vn_borrower_keep_client_gone(b);
     g_info("borrower %s: QEMU disconnected; device quiesced", b->device);
 }
 
-static const VnDeviceOps borrower_ops = {
+static void op_client_new(void *opaque)
+{
+    vn_borrower_keep_sockets(opaque);
+}
+
+const VnDeviceOps vn_borrower_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
     .dma_mapped = op_dma_mapped,
     .dma_unmapping = op_dma_unmapping,
     .set_irqs = op_set_irqs,
     .reset = op_reset,
+    .client_new = op_client_new,
     .client_leaving = op_client_leaving,
     .client_gone = op_client_gone,
 };
@@ -473,15 +482,10 @@ static void describe(VnBorrower *b, const VnProtoDevice *d)
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
-                            const char *socket_path, GMainContext *ctx, GError **error)
+VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device,
+                              VnIrqMode mode)
 {
-    g_autoptr(VnBorrower) b = g_new0(VnBorrower, 1);
-    VnProtoAttach at = { .irq_mode = mode };
-    g_autofree char *json = NULL;
-    g_autoptr(VnFabricMsg) reply = NULL;
-    VnProtoDevice d;
-    int ret;
+    VnBorrower *b = g_new0(VnBorrower, 1);
 
     b->fab = fab;
     b->lender = g_strdup(lender);
@@ -497,17 +501,27 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
         mode = VN_IRQ_MODE_RELAY;
     }
     b->mode = mode;
-    at.irq_mode = mode;
-    at.max_window = vn_fabric_limits(fab)->max_window_size;
-    if (!vn_name_valid(VN_NAME_DEVICE, device)) {
+    return b;
+}
+
+bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error)
+{
+    VnProtoAttach at = { .irq_mode = b->mode, .resume = resume };
+    g_autofree char *json = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    VnProtoDevice d;
+    int ret;
+
+    at.max_window = vn_fabric_limits(b->fab)->max_window_size;
+    if (!vn_name_valid(VN_NAME_DEVICE, b->device)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "borrower: device name \"%.80s\" is not %s", device,
+                    "borrower: device name \"%.80s\" is not %s", b->device,
                     vn_name_rule(VN_NAME_DEVICE));
-        return NULL;
+        return false;
     }
-    g_strlcpy(at.device, device, sizeof(at.device));
-    if (!vn_fabric_connect(fab, lender, error)) {
-        return NULL;
+    g_strlcpy(at.device, b->device, sizeof(at.device));
+    if (!vn_fabric_connect(b->fab, b->lender, error)) {
+        return false;
     }
     json = vn_proto_attach_to_json(&at);
     ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, &reply);
@@ -515,26 +529,39 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
         g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
 
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "borrower %s: %s refused to lend it: %s", device, lender,
-                    why != NULL ? why : g_strerror(-ret));
-        return NULL;
+                    "borrower %s: %s refused to %s it: %s", b->device, b->lender,
+                    resume ? "resume lending" : "lend", why != NULL ? why : g_strerror(-ret));
+        return false;
     }
     b->attached = true;
     if (!vn_proto_device_from_json(reply->json, &d, error)) {
-        g_prefix_error(error, "borrower %s: from %s: ", device, lender);
-        return NULL;
+        g_prefix_error(error, "borrower %s: from %s: ", b->device, b->lender);
+        return false;
     }
     describe(b, &d);
     if (!vn_borrower_bars_map(b, &d, error) || !vn_mediate_init(b, error)) {
-        return NULL;
+        return false;
     }
     vn_borrower_bars_carve_msix(b);
-    b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
+    return true;
+}
+
+VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
+                            const char *socket_path, GMainContext *ctx, GError **error)
+{
+    g_autoptr(VnBorrower) b = vn_borrower_alloc(fab, lender, device, mode);
+
+    if (!vn_borrower_attach(b, false, error)) {
+        return NULL;
+    }
+    b->server = vn_server_new(socket_path, &b->info, &vn_borrower_ops, b, ctx, error);
     if (b->server == NULL) {
         return NULL;
     }
+    vn_host_on_greeted(fab, vn_borrower_kept_again, b);
+    vn_borrower_keep_sockets(b);
     g_message("borrower %s: borrowed from %s (%s interrupts), serving %s", device, lender,
-              vn_irq_mode_to_string(mode), socket_path);
+              vn_irq_mode_to_string(b->mode), socket_path);
     return g_steal_pointer(&b);
 }
 
@@ -548,7 +575,14 @@ void vn_borrower_free(VnBorrower *b)
     if (b == NULL) {
         return;
     }
+    /* A worker that ends on purpose leaves nothing to take over: QEMU sees its socket
+     * close when we close it, not when the daemon does. */
+    vn_host_on_greeted(b->fab, NULL, NULL);
+    if (b->server != NULL) {
+        vn_host_forget(b->fab, 0, UINT64_MAX);
+    }
     g_clear_pointer(&b->server, vn_server_free);
+    g_clear_pointer(&b->kept, g_bytes_unref);
     if (b->attached && !b->stats.lender_lost) {
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 

@@ -55,6 +55,17 @@ typedef struct VnBorrowerStats {
  */
 VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
                             const char *socket_path, GMainContext *ctx, GError **error);
+/*
+ * The same, serving the QEMU of a worker that died (borrower/takeover.c): @handoff_fd (a
+ * file, taken) holds the daemon's handoff, {"state": what that worker kept, "fds": {"KEY":
+ * FD}} with each FD open in this process (its listening socket, QEMU's connection, the
+ * eventfds it held).  The lender is asked to resume the attachment as it is.
+ */
+/* The exit status of a worker (borrower/worker.c) that could not take over. */
+#define VN_BORROWER_EXIT_NO_TAKEOVER 3
+VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char *device,
+                                  VnIrqMode mode, const char *socket_path, int handoff_fd,
+                                  GMainContext *ctx, GError **error);
 /* Stops serving, DETACHes (if the lender is there), unmaps the windows. */
 void vn_borrower_free(VnBorrower *b);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnBorrower, vn_borrower_free)

@@ -5,11 +5,15 @@
  *
  *   vfio-ntb-borrower --port PATH --node NAME --lender NODE --device NAME
  *                     --socket PATH [--irq-mode fd|relay] [--control PATH]
+ *                     [--take-over FD]
  *
  * It is not a fabric node: it speaks as its host (NAME, the lease holder)
  * through vfio-ntbd's port for it (fabric/host.h), borrows the device's
  * data path from the lender and serves it on PATH until SIGTERM, when it
  * detaches cleanly.
+ * With --take-over it serves the QEMU of a worker of the same device that died, with the
+ * sockets, eventfds and state the daemon kept of it (borrower/takeover.c); when that
+ * cannot be done it exits with VN_BORROWER_EXIT_NO_TAKEOVER, and the daemon detaches.
  * On its control channel (--control, wctl.h) it answers "stats" with its
  * counters and "unplug" by asking QEMU to unplug the device through the
  * device-request interrupt (when QEMU registered one).  vfio-ntbd starts it for
@@ -107,7 +111,7 @@ int main(int argc, char **argv)
     g_autofree char *trace = NULL;
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
-    gint status_fd = -1;
+    gint status_fd = -1, handoff_fd = -1;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
@@ -119,6 +123,9 @@ int main(int argc, char **argv)
           "PATH" },
         { "status-fd", 0, 0, G_OPTION_ARG_INT, &status_fd,
           "where to say why, when the device cannot be served", "FD" },
+        { "take-over", 0, 0, G_OPTION_ARG_INT, &handoff_fd,
+          "serve the QEMU of a worker that died, with what its daemon kept (the handoff)",
+          "FD" },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
@@ -159,7 +166,9 @@ int main(int argc, char **argv)
         vn_fabric_close(w.fab);
         return 1;
     }
-    w.b = vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
+    w.b = handoff_fd >= 0 ? vn_borrower_take_over(w.fab, lender, device, irq_mode, socket,
+                                                  handoff_fd, NULL, &error)
+                          : vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
     if (w.b == NULL) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         /* vfio-ntbd answers the attach with it. */
@@ -170,7 +179,7 @@ int main(int argc, char **argv)
         }
         g_clear_pointer(&wctl, vn_wctl_free);
         vn_fabric_close(w.fab);
-        return 1;
+        return handoff_fd >= 0 ? VN_BORROWER_EXIT_NO_TAKEOVER : 1;
     }
     vn_util_run_until_signalled(w.loop);
     g_clear_pointer(&wctl, vn_wctl_free);

@@ -98,6 +98,11 @@ typedef enum VnClientState {
     VN_CLIENT_GONE, /* QEMU let go, or the worker is gone */
 } VnClientState;
 
+/* A borrower worker is replaced under its QEMU at most VN_TAKEOVER_BURST times in
+ * VN_TAKEOVER_WINDOW_MS (takeover.c). */
+#define VN_TAKEOVER_BURST 3
+#define VN_TAKEOVER_WINDOW_MS 60000
+
 typedef struct VnBorrowed {
     char *device; /* "host/name" */
     char *lender;
@@ -139,6 +144,10 @@ typedef struct VnBorrowed {
     bool starting;
     void (*start_cancel)(void *start_data);
     void *start_data;
+    /* Workers that took over a dead one's QEMU (takeover.c): how many, and when the last
+     * VN_TAKEOVER_BURST did (monotonic; 0: none). */
+    uint64_t takeovers;
+    gint64 takeover_us[VN_TAKEOVER_BURST];
 } VnBorrowed;
 
 /* A host that announced itself (workers never do, so they are never here).
@@ -534,6 +543,12 @@ char *vn_spawn_binary(const char *name, GError **error);
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
+/* takeover.c: a borrower worker that died (@status, as waitpid() says) is replaced by one
+ * that serves its QEMU, when it kept what that takes and has not died too often: the new
+ * worker runs @argv (its usual arguments, NULL-terminated; one is added) with what the dead
+ * one kept, b->worker_pid is its pid, and the caller watches it.  False: it was not
+ * replaced (said why in the log when that is news). */
+bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv);
 /* strays.c: vn_spawn_ops.stop_strays. */
 guint vn_strays_stop(VnDaemon *d);
 /* lenders.c: the lender side of vn_spawn_ops. */

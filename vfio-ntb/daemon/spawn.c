@@ -128,6 +128,23 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
     }
 }
 
+static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin);
+static void watch_child(VnDaemon *d, VnBorrowed *b);
+
+/* Another worker serves the dead one's QEMU (takeover.c), or not. */
+static bool replaced(VnDaemon *d, VnBorrowed *b, int status)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
+    g_autoptr(GPtrArray) argv = bin != NULL ? worker_argv(d, b, bin) : NULL;
+
+    if (argv == NULL || !vn_takeover_start(d, b, status, argv)) {
+        return false;
+    }
+    watch_child(d, b);
+    return true;
+}
+
 static void on_child_exit(GPid pid, gint status, gpointer data)
 {
     ChildWatch *cw = data;
@@ -137,11 +154,14 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     if (b->worker_pid != pid) {
         return;
     }
+    b->worker_pid = 0;
+    b->child_watch = 0;
+    if (replaced(cw->d, b, status)) {
+        return;
+    }
     vn_log(G_LOG_LEVEL_MESSAGE, cw->d->conf->node, b->device, b->lender, b->lease,
            "borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device, pid,
            status, b->device);
-    b->worker_pid = 0;
-    b->child_watch = 0;
     g_clear_pointer(&b->domain, g_free);
     worker_gone(cw->d, b);
 }
@@ -273,22 +293,11 @@ static gboolean on_start_poll(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-static void start_spawn(Start *st)
+/* The worker's arguments, NULL-terminated. */
+static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin)
 {
-    VnDaemon *d = st->d;
-    VnBorrowed *b = st->b;
-    g_autofree char *bin = NULL;
-    g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
-    g_autoptr(GError) error = NULL;
-    int pipefd[2] = { -1, -1 }, target = VN_SPAWN_STATUS_FD;
-    ChildWatch *cw;
-    gboolean ok;
+    GPtrArray *argv = g_ptr_array_new_with_free_func(g_free);
 
-    bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
-    if (bin == NULL) {
-        start_finish(st, error);
-        return;
-    }
     g_ptr_array_add(argv, g_strdup(bin));
     g_ptr_array_add(argv, g_strdup_printf("--port=%s", b->port_path));
     g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
@@ -299,6 +308,36 @@ static void start_spawn(Start *st)
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", b->channel_path));
     g_ptr_array_add(argv, g_strdup_printf("--status-fd=%d", VN_SPAWN_STATUS_FD));
     g_ptr_array_add(argv, NULL);
+    return argv;
+}
+
+static void watch_child(VnDaemon *d, VnBorrowed *b)
+{
+    ChildWatch *cw = g_new0(ChildWatch, 1);
+
+    *cw = (ChildWatch){ d, b };
+    b->child_watch =
+        g_child_watch_add_full(G_PRIORITY_DEFAULT, b->worker_pid, on_child_exit, cw, g_free);
+    /* @cw is the GLib source's now: its destroy notify (g_free) frees it. */
+    /* cppcheck-suppress memleak */
+}
+
+static void start_spawn(Start *st)
+{
+    VnDaemon *d = st->d;
+    VnBorrowed *b = st->b;
+    g_autofree char *bin = NULL;
+    g_autoptr(GPtrArray) argv = NULL;
+    g_autoptr(GError) error = NULL;
+    int pipefd[2] = { -1, -1 }, target = VN_SPAWN_STATUS_FD;
+    gboolean ok;
+
+    bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
+    if (bin == NULL) {
+        start_finish(st, error);
+        return;
+    }
+    argv = worker_argv(d, b, bin);
     unlink(b->socket);
     if (!g_unix_open_pipe(pipefd, FD_CLOEXEC, &error) ||
         !g_unix_set_fd_nonblocking(pipefd[0], TRUE, &error)) {
@@ -320,14 +359,9 @@ static void start_spawn(Start *st)
     /* Recorded before it runs far: a daemon that dies now leaves a worker
      * the next one adopts, not a stray it has to stop (strays.c). */
     vn_state_save_or_report(d);
-    cw = g_new0(ChildWatch, 1);
-    *cw = (ChildWatch){ d, b };
-    b->child_watch =
-        g_child_watch_add_full(G_PRIORITY_DEFAULT, b->worker_pid, on_child_exit, cw, g_free);
+    watch_child(d, b);
     st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
     st->timer = g_timeout_add(1, on_start_poll, st);
-    /* @cw is the GLib source's now: its destroy notify (g_free) frees it. */
-    /* cppcheck-suppress memleak */
 }
 
 /* Its port, then the process. */

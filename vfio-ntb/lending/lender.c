@@ -649,6 +649,20 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, EBUSY, "lent to %s", l->borrower);
         return;
     }
+    if (a.resume) {
+        /* The holder's worker died; the one taking over its QEMU goes on with the
+         * attachment as the device has it (DMA maps, interrupts): nothing is fenced. */
+        if (l->borrower == NULL || a.irq_mode != l->irq_mode) {
+            vn_lender_fail(l, token, ENODEV, "%s has no %s attachment to resume", msg->peer,
+                           l->borrower == NULL ? "" : "such");
+            return;
+        }
+        g_message("lender %s: %s resumes its attachment (its worker was replaced)", l->name,
+               l->borrower);
+        json = vn_proto_device_to_json(&l->dev);
+        vn_fabric_reply(l->fab, token, json, NULL, 0);
+        return;
+    }
     if (l->borrower != NULL) {
         /* The borrower starts over (e.g. its VM restarted): fresh state. */
         vn_lender_fence(l, "attached again");

@@ -392,6 +392,10 @@ char *vn_proto_attach_to_json(const VnProtoAttach *a)
     if (a->max_window != 0) {
         add_uint(b, "max_window", a->max_window);
     }
+    if (a->resume) {
+        json_builder_set_member_name(b, "resume");
+        json_builder_add_boolean_value(b, TRUE);
+    }
     return finish(b);
 }
 
@@ -418,6 +422,10 @@ bool vn_proto_attach_from_json(const char *json, VnProtoAttach *a, GError **erro
     a->max_window = 0;
     if (json_object_has_member(o, "max_window") &&
         !get_uint(o, "max_window", U63, &a->max_window, what, error)) {
+        return false;
+    }
+    a->resume = false;
+    if (json_object_has_member(o, "resume") && !get_bool(o, "resume", &a->resume, what, error)) {
         return false;
     }
     g_strlcpy(a->device, dev, sizeof(a->device));

@@ -100,6 +100,9 @@ typedef struct VnProtoAttach {
     /* The borrower's largest window (its fabric's max-window-size), so the
      * lender cuts larger regions to fit; 0 (or absent): no limit. */
     uint64_t max_window;
+    /* The holder's worker died and another took over its QEMU: the attachment goes on as
+     * it is (no fence), and the answer describes it again. */
+    bool resume;
 } VnProtoAttach;
 
 typedef struct VnProtoRegionRw {

@@ -11,6 +11,7 @@
 #include "wire.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/vfio.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -258,6 +259,21 @@ bool vn_irqs_enabled(VnIrqs *irqs, uint32_t index, uint32_t vector)
     ret = irqs->vec[index][vector].trig != NULL;
     vn_mutex_unlock(&irqs->lock);
     return ret;
+}
+
+int vn_irqs_fd_dup(VnIrqs *irqs, uint32_t index, uint32_t vector)
+{
+    int fd = -1;
+
+    if (index >= irqs->n || vector >= irqs->count[index]) {
+        return -1;
+    }
+    vn_mutex_lock(&irqs->lock);
+    if (irqs->vec[index][vector].trig != NULL) {
+        fd = fcntl(irqs->vec[index][vector].trig->fd, F_DUPFD_CLOEXEC, 0);
+    }
+    vn_mutex_unlock(&irqs->lock);
+    return fd;
 }
 
 uint32_t vn_irqs_armed(VnIrqs *irqs)

@@ -48,6 +48,9 @@ bool vn_irqs_signal(VnIrqs *irqs, uint32_t index, uint32_t vector);
 /* True if @index/@vector has an eventfd assigned. */
 bool vn_irqs_enabled(VnIrqs *irqs, uint32_t index, uint32_t vector);
 
+/* A copy of the eventfd of @index/@vector (the caller's to close), or -1: none. */
+int vn_irqs_fd_dup(VnIrqs *irqs, uint32_t index, uint32_t vector);
+
 /* How many vectors have an eventfd assigned now (a fenced device has none). */
 uint32_t vn_irqs_armed(VnIrqs *irqs);
 
