@@ -121,6 +121,7 @@ typedef struct VnBorrowed {
     char *port_path;    /* its port (port.h), in run-dir */
     VnPort *port;       /* how it uses this host's node; NULL when detached */
     guint child_watch;  /* 0 for a worker adopted after a restart */
+    guint adopted_watch; /* an adopted worker: a look now and then at whether it lives */
     /* Does its QEMU still hold the socket?  Asked without waiting
      * (VnWorkerOps.client_state): the call in flight, when it was asked,
      * and the last answer with when its question was asked. */

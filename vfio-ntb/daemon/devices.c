@@ -266,6 +266,12 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     if (b->child_watch != 0) {
         g_source_remove(b->child_watch);
     }
+    if (b->adopted_watch != 0) {
+        if (b->port != NULL) {
+            vn_port_on_gone(b->port, NULL, NULL); /* its opaque goes with the watch */
+        }
+        g_source_remove(b->adopted_watch);
+    }
     if (b->release_timer != 0) {
         g_source_remove(b->release_timer);
     }

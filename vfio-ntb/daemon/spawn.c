@@ -166,6 +166,67 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     worker_gone(cw->d, b);
 }
 
+/* How often an adopted worker (not our child: no exit to hear of) is looked at. */
+#define VN_SPAWN_ADOPTED_CHECK_MS 1000
+
+typedef struct Adopted {
+    VnDaemon *d;
+    VnBorrowed *b;
+} Adopted;
+
+/* No more looks at an adopted worker (it died, or it is stopped). */
+static void adopted_unwatch(VnBorrowed *b)
+{
+    if (b->port != NULL) {
+        vn_port_on_gone(b->port, NULL, NULL);
+    }
+    if (b->adopted_watch != 0) {
+        g_source_remove(b->adopted_watch); /* frees its Adopted */
+        b->adopted_watch = 0;
+    }
+}
+
+/* An adopted worker is gone when its pid is no worker of ours any more: replaced under
+ * its QEMU when it can be, as a child is. */
+static bool adopted_died(Adopted *a)
+{
+    VnBorrowed *b = a->b;
+    GPid pid = b->worker_pid;
+    VnDaemon *d;
+
+    if (b->child_watch != 0 || pid <= 0 || vn_spawn_alive(pid, VN_SPAWN_BINARY)) {
+        return false;
+    }
+    b->worker_pid = 0;
+    d = a->d;
+    adopted_unwatch(b); /* @a is gone now */
+    /* Not our child: how it ended is unknown, and it did not end on purpose (it would have
+     * forgotten what it kept). */
+    if (replaced(d, b, W_EXITCODE(0, SIGKILL))) {
+        return true;
+    }
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
+           "adopted borrower worker for %s (pid %d) is gone; %s is detached", b->device, pid,
+           b->device);
+    g_clear_pointer(&b->domain, g_free);
+    worker_gone(d, b);
+    return true;
+}
+
+/* Its port closed: at once, not at the next look. */
+static void on_adopted_port_gone(void *opaque)
+{
+    adopted_died(opaque);
+}
+
+static gboolean on_adopted_check(gpointer data)
+{
+    Adopted *a = data;
+
+    adopted_died(a); /* removes this source (and frees @a) when it died */
+    return G_SOURCE_CONTINUE;
+}
+
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
 
 /*
@@ -441,6 +502,7 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
         g_source_remove(b->child_watch);
         b->child_watch = 0;
     }
+    adopted_unwatch(b);
     /* A device just unplugged is finalized by QEMU a little later, and only
      * then does QEMU close its socket.  Stopping the server before that
      * leaves QEMU with a dead server under a live object (stock QEMU then
@@ -486,6 +548,7 @@ static VnWctlCall *spawn_request_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone d
 static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
 {
     g_autoptr(GError) error = NULL;
+    Adopted *a;
 
     /* The pid must still be a worker of ours, for this device's socket. */
     if (!vn_spawn_alive(b->worker_pid, VN_SPAWN_BINARY) ||
@@ -503,6 +566,13 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
            "node %s: adopted worker %s (pid %d) serving %s on %s", d->conf->node, b->worker_name,
            b->worker_pid, b->device, b->socket);
+    a = g_new0(Adopted, 1);
+    *a = (Adopted){ d, b };
+    if (b->port != NULL) {
+        vn_port_on_gone(b->port, on_adopted_port_gone, a);
+    }
+    b->adopted_watch = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_SPAWN_ADOPTED_CHECK_MS,
+                                          on_adopted_check, a, g_free);
     return true;
 }
 
