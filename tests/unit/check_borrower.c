@@ -12,6 +12,9 @@
 #include "vfio-user/client.h"
 
 #include <linux/pci_regs.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #define VM_SOCK_NAME "vm.sock"
 
@@ -448,6 +451,112 @@ START_TEST(test_lender_lost)
 }
 END_TEST
 
+/* ---- a worker that takes over a dead one's QEMU --------------------------- */
+
+typedef struct TakeOver {
+    const char *handoff;
+    VnBorrower *b;
+    char *error;
+} TakeOver;
+
+static void take_over_fn(void *data)
+{
+    TakeOver *t = data;
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(rig.dir, "taken.sock", NULL);
+    int fd = memfd_create("handoff", MFD_CLOEXEC);
+
+    ck_assert_int_eq(write(fd, t->handoff, strlen(t->handoff)), (ssize_t)strlen(t->handoff));
+    t->b = vn_borrower_take_over(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, path, fd, bor.loop.ctx,
+                                 &error);
+    t->error = error != NULL ? g_strdup(error->message) : NULL;
+}
+
+/* A listening UNIX socket's fd, as a dead worker's would be. */
+static int listening(void)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    g_autofree char *path = g_build_filename(rig.dir, "dead.sock", NULL);
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    unlink(path);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(fd, 1), 0);
+    return fd;
+}
+
+/* The handoff is the daemon's, the state in it a dead worker's: neither is trusted.  Text
+ * that is no handoff, an fd that is not open, a socket that does not listen, mappings that
+ * name no segment or overlap, a route for a vector the device lacks, doorbell bits out of
+ * range: each is refused, naming what was wrong, and nothing is served. */
+/* A refused takeover lets go of the attachment (the daemon detaches then): attached again,
+ * for the next case. */
+static void attach_again_fn(void *data)
+{
+    VnProtoAttach a = { .irq_mode = VN_IRQ_MODE_FD };
+    g_autofree char *json = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+
+    g_strlcpy(a.device, DEV, sizeof(a.device));
+    json = vn_proto_attach_to_json(&a);
+    ck_assert_int_eq(
+        vn_fabric_request_sync(bor.fab, "lender", VN_PROTO_ATTACH, json, NULL, 0, &reply), 0);
+}
+
+/* The handoff is the daemon's, the state in it a dead worker's: neither is trusted.  Text
+ * that is no handoff, an fd that is not open, a socket that does not listen, mappings that
+ * name no segment or overlap, a route for a vector the device lacks, doorbell bits out of
+ * range: each is refused, naming what was wrong, and nothing is served. */
+START_TEST(test_take_over_refuses_bad_handoffs)
+{
+    g_autofree char *dead_path = g_build_filename(rig.dir, "dead.sock", NULL);
+    int pair[2];
+    struct {
+        const char *state; /* with a listening socket under key 1; NULL: @handoff as is */
+        const char *handoff;
+        const char *why;
+    } cases[] = {
+        { NULL, "[1,2", "the handoff" },
+        { NULL, "{\"state\":\"{}\",\"fds\":{\"1\":999}}", "is not open" },
+        { NULL, "{\"state\":\"{}\",\"fds\":{\"x\":5}}", "is not open" },
+        { NULL, "{\"fds\":{}}", "no state" },
+        { NULL, NULL, "no listening UNIX socket" }, /* a socketpair's end under key 1 */
+        { "{\\\"caps\\\":[1,2]}", NULL, "caps 0" },
+        { "{\\\"mappings\\\":[[4096,4096,3,77]]}", NULL, "mapping 0" },
+        { "{\\\"segments\\\":[[1,2,5]],\\\"mappings\\\":[[4096,8192,3,5],"
+          "[8192,4096,3,5]]}",
+          NULL, "mapping 1" },
+        { "{\\\"routes\\\":[[1,4000,9]]}", NULL, "route 0" },
+        { "{\\\"relay\\\":[[0,0,70]]}", NULL, "relay 0" },
+        { "{\\\"segments\\\":[[1,2,0]]}", NULL, "segment 0" },
+    };
+
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        int lfd = cases[i].handoff == NULL ? (cases[i].state != NULL ? listening() : pair[0]) : -1;
+        g_autofree char *handoff =
+            cases[i].handoff != NULL
+                ? g_strdup(cases[i].handoff)
+                : g_strdup_printf("{\"state\":\"%s\",\"fds\":{\"1\":%d}}",
+                                  cases[i].state != NULL ? cases[i].state : "{}", lfd);
+        TakeOver t = { .handoff = handoff };
+
+        on_loop(&bor.loop, take_over_fn, &t);
+        ck_assert_msg(t.b == NULL, "case %zu was taken", i);
+        ck_assert_msg(t.error != NULL && strstr(t.error, cases[i].why) != NULL,
+                      "case %zu: \"%s\" does not say \"%s\"", i, t.error ? t.error : "",
+                      cases[i].why);
+        /* What it was given, it closed. */
+        ck_assert(lfd < 0 || fcntl(lfd, F_GETFD) < 0);
+        g_free(t.error);
+        on_loop(&bor.loop, attach_again_fn, NULL);
+    }
+    close(pair[1]);
+    unlink(dead_path);
+}
+END_TEST
+
 static Suite *borrower_suite(void)
 {
     Suite *s = suite_create("borrower");
@@ -482,6 +591,7 @@ static Suite *borrower_suite(void)
     tc = tcase_create("lender-lost");
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_lender_lost);
+    tcase_add_test(tc, test_take_over_refuses_bad_handoffs);
     suite_add_tcase(s, tc);
     return s;
 }

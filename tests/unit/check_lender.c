@@ -202,6 +202,51 @@ START_TEST(test_reattach_fresh)
 }
 END_TEST
 
+static char *resume_json(VnIrqMode mode)
+{
+    VnProtoAttach a = { .irq_mode = mode, .resume = true };
+
+    g_strlcpy(a.device, DEV, sizeof(a.device));
+    return vn_proto_attach_to_json(&a);
+}
+
+/* The holder's worker died and another took over its QEMU: a resuming ATTACH describes the
+ * attachment as it is -- the same segments, the device's DMA still mapped, nothing fenced.
+ * Nobody else may resume it, not in another interrupt mode, and not one that is not there. */
+START_TEST(test_resume_keeps_the_attachment)
+{
+    Borrower *b = borrower(0);
+    Borrower *c = borrower(1);
+    Mem m = mem_export(b, "lender");
+    g_autofree char *fd_mode = resume_json(VN_IRQ_MODE_FD);
+    g_autofree char *relay = resume_json(VN_IRQ_MODE_RELAY);
+    g_autofree char *message = NULL;
+    g_autoptr(VnFabricMsg) reply = NULL;
+    g_autoptr(GError) error = NULL;
+    VnProtoDevice d1, d2;
+    Snap s;
+
+    ck_assert_int_eq(req_msg(b, VN_PROTO_ATTACH, fd_mode, NULL, 0, &message), -ENODEV);
+    g_clear_pointer(&message, g_free);
+    attach_ok(b, VN_IRQ_MODE_FD, &d1);
+    ck_assert_int_eq(dma_map(b, 0x100000, MEM_SIZE, m.segment, 0), 0);
+    ck_assert_int_eq(req(b, VN_PROTO_ATTACH, fd_mode, NULL, 0, &reply), 0);
+    ck_assert_msg(vn_proto_device_from_json(reply->json, &d2, &error), "%s",
+                  error ? error->message : "");
+    ck_assert_uint_eq(d1.regions[0].segments[0], d2.regions[0].segments[0]);
+    ck_assert_uint_eq(device_dma_count(), 1);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_ATTACH, relay, NULL, 0, &message), -ENODEV);
+    g_clear_pointer(&message, g_free);
+    ck_assert_int_eq(req_msg(c, VN_PROTO_ATTACH, fd_mode, NULL, 0, &message), -EBUSY);
+    s = snap();
+    ck_assert_str_eq(s.borrower, "b");
+    ck_assert_uint_eq(s.st.fences, 0);
+    snap_clear(&s);
+    ck_assert_uint_eq(device_dma_count(), 1);
+    mem_free(&m);
+}
+END_TEST
+
 static void lender_elsewhere_fn(void *data)
 {
     g_autofree char *path = g_build_filename(rig.dir, "nobody.sock", NULL);
@@ -727,6 +772,7 @@ static Suite *lender_suite(void)
     tcase_add_test(tc, test_attach_windows_too_small);
     tcase_add_test(tc, test_attach_busy_detach);
     tcase_add_test(tc, test_reattach_fresh);
+    tcase_add_test(tc, test_resume_keeps_the_attachment);
     tcase_add_test(tc, test_attach_no_device_server);
     suite_add_tcase(s, tc);
 

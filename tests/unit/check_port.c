@@ -7,6 +7,7 @@
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+#include "daemon/keep.h"
 #include "daemon/port.h"
 #include "fabric/host.h"
 #include "fabric/record.h"
@@ -731,6 +732,126 @@ START_TEST(test_join_not_its_own)
 }
 END_TEST
 
+static void step_keep(Worker *w)
+{
+    w->ret = vn_host_keep(w->fab, w->id, w->fd, w->fd < 0 ? "{\"v\":1}" : NULL, w->fd < 0 ? 7 : 0)
+                 ? 0
+                 : -1;
+}
+
+static void step_forget(Worker *w)
+{
+    w->ret = vn_host_forget(w->fab, w->id, w->id) ? 0 : -1;
+}
+
+static bool same_file(int a, int b)
+{
+    struct stat x, y;
+
+    return fstat(a, &x) == 0 && fstat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static bool kept_state_is(const char *text)
+{
+    g_autoptr(GBytes) st = vn_keep_get_state(vn_port_keep(port));
+    gsize n = 0;
+    const char *data = st != NULL ? g_bytes_get_data(st, &n) : NULL;
+
+    return text == NULL ? st == NULL
+                        : (data != NULL && n == strlen(text) && !memcmp(data, text, n));
+}
+
+/* A borrower's worker keeps fds and its state with its port, for the worker after it: the
+ * daemon holds the same files, forgets them when told, and refuses what is not a keep (key
+ * 0 is the state's, a state over the bound). */
+START_TEST(test_keep_for_the_next_worker)
+{
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    g_autofree char *big = g_malloc0(VN_HOST_MAX_KEPT_STATE + 1);
+
+    node_start(lender);
+    in_worker(step_open);
+    worker->id = 5;
+    worker->fd = efd;
+    in_worker(step_keep);
+    ck_assert_int_eq(worker->ret, 0);
+    worker->id = 0;
+    worker->fd = -1;
+    in_worker(step_keep);
+    ck_assert_int_eq(worker->ret, 0);
+    WAIT_FOR(vn_keep_get_fd(vn_port_keep(port), 5) >= 0 && kept_state_is("{\"v\":1}"));
+    ck_assert(same_file(vn_keep_get_fd(vn_port_keep(port), 5), efd));
+    /* Refused by the worker's own side: an fd under the state's key, too long a state. */
+    ck_assert(!vn_host_keep(worker->fab, 0, efd, NULL, 0));
+    ck_assert(!vn_host_keep(worker->fab, 0, -1, big, VN_HOST_MAX_KEPT_STATE + 1));
+    worker->id = 5;
+    in_worker(step_forget);
+    WAIT_FOR(vn_keep_get_fd(vn_port_keep(port), 5) < 0);
+    ck_assert(kept_state_is("{\"v\":1}"));
+    worker->id = 0;
+    in_worker(step_forget);
+    WAIT_FOR(kept_state_is(NULL));
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+    close(efd);
+}
+END_TEST
+
+/* A worker that lies: an fd under key 0, a state under a key, a state past the bound, a
+ * FORGET of a reversed range.  Each is refused and counted; nothing is kept. */
+START_TEST(test_keep_forged)
+{
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    g_autofree char *big = g_malloc0(VN_HOST_MAX_KEPT_STATE + 1);
+    int sock;
+
+    node_start(lender);
+    sock = raw_connect();
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_KEEP, 0, 0, NULL, 0, 0, NULL, 0, efd), 0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_KEEP, 0, 0, NULL, 9, 0, "{}", 2, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 2);
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_KEEP, 0, 0, NULL, 0, 0, big, VN_HOST_MAX_KEPT_STATE + 1, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 3);
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_FORGET, 0, 0, NULL, 9, 3, NULL, 0, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 4);
+    ck_assert(kept_state_is(NULL));
+    ck_assert_int_lt(vn_keep_get_fd(vn_port_keep(port), 9), 0);
+    close(sock);
+    close(efd);
+}
+END_TEST
+
+/* The worker after a dead one maps the BAR's segment again: it gets the window the dead one
+ * had (QEMU maps that one), not a second. */
+START_TEST(test_window_given_again)
+{
+    uint8_t *map;
+    int memfd = memfd_new(16384, &map);
+    worker->id = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
+    node_start(lender);
+    in_worker(step_open);
+    in_worker(step_map);
+    ck_assert_int_eq(worker->ret, 0);
+    /* The worker dies: its connection closes, it unmaps nothing (its backend is gone before
+     * its windows); the next opens the port again. */
+    worker->win = NULL;
+    vn_fabric_close(worker->fab);
+    worker->fab = NULL;
+    g_usleep(50000);
+    g_main_context_iteration(ctx, FALSE);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
+    in_worker(step_open);
+    in_worker(step_map);
+    ck_assert_int_eq(worker->ret, 0);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
+    memcpy(worker->win->host + 10, "again", 5);
+    ck_assert_mem_eq(map + 10, "again", 5);
+    munmap(map, 16384);
+    close(memfd);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -749,6 +870,9 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_withdraw);
     tcase_add_test(tc, test_withhold_not_its_own);
     tcase_add_test(tc, test_join_not_its_own);
+    tcase_add_test(tc, test_keep_for_the_next_worker);
+    tcase_add_test(tc, test_keep_forged);
+    tcase_add_test(tc, test_window_given_again);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -482,8 +482,7 @@ static void describe(VnBorrower *b, const VnProtoDevice *d)
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device,
-                              VnIrqMode mode)
+VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode)
 {
     VnBorrower *b = g_new0(VnBorrower, 1);
 

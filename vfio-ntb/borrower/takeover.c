@@ -218,8 +218,8 @@ static bool numbers(JsonNode *node, const char *name, guint i, uint64_t *v, unsi
         JsonNode *e = json_array_get_element(r, k);
 
         if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s %u: not %u numbers",
-                        name, i, n);
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s %u: not %u numbers", name,
+                        i, n);
             return false;
         }
         v[k] = (uint64_t)json_node_get_int(e);
@@ -328,8 +328,8 @@ static bool restore_irqs(VnBorrower *b, JsonObject *st, GArray *route_ids, uint6
         }
         if (v[0] >= b->info.num_irqs || v[1] >= b->info.irq_count[v[0]] || v[2] == 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                        "route %u: the device has no vector %" PRIu64 " of index %" PRIu64, i,
-                        v[1], v[0]);
+                        "route %u: the device has no vector %" PRIu64 " of index %" PRIu64, i, v[1],
+                        v[0]);
             return false;
         }
         if (b->routes[v[0]] == NULL) {
@@ -367,7 +367,8 @@ static bool restore_eventfds(VnBorrower *b, GHashTable *fds, GError **error)
     while (g_hash_table_iter_next(&it, &key, &value)) {
         uint64_t k = *(uint64_t *)key;
         int fd = GPOINTER_TO_INT(value);
-        uint32_t index = (uint32_t)((k - KEY_IRQ_FIRST) >> 12), vector = (k - KEY_IRQ_FIRST) & 0xfff;
+        uint32_t index = (uint32_t)((k - KEY_IRQ_FIRST) >> 12),
+                 vector = (k - KEY_IRQ_FIRST) & 0xfff;
 
         if (k < KEY_IRQ_FIRST || k > KEY_IRQ_LAST) {
             continue;
@@ -391,8 +392,7 @@ bool vn_borrower_restore(VnBorrower *b, JsonObject *st, GHashTable *fds, GError 
     g_autoptr(GArray) route_ids = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     uint64_t doorbells = 0;
 
-    if (!restore_dma(b, st, seg_ids, error) ||
-        !restore_irqs(b, st, route_ids, &doorbells, error) ||
+    if (!restore_dma(b, st, seg_ids, error) || !restore_irqs(b, st, route_ids, &doorbells, error) ||
         !restore_eventfds(b, fds, error)) {
         g_prefix_error(error, "borrower %s: the state to take over: ", b->device);
         return false;
@@ -509,8 +509,9 @@ VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char 
             g_prefix_error(error, "borrower %s: the state to take over: ", device);
             return NULL;
         }
-        caps = (VnWireCaps){ .max_msg_fds = v[0], .max_data_xfer_size = v[1], .pgsizes = v[2],
-                             .max_dma_maps = v[3] };
+        caps = (VnWireCaps){
+            .max_msg_fds = v[0], .max_data_xfer_size = v[1], .pgsizes = v[2], .max_dma_maps = v[3]
+        };
     }
     b = vn_borrower_alloc(fab, lender, device, mode);
     if (!vn_borrower_attach(b, true, error)) {
@@ -526,7 +527,6 @@ VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char 
     vn_host_on_greeted(fab, vn_borrower_kept_again, b);
     vn_borrower_kept_again(b);
     g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
-              device, socket_path, g_list_length(b->mappings),
-              client_fd >= 0 ? "with its" : "no");
+              device, socket_path, g_list_length(b->mappings), client_fd >= 0 ? "with its" : "no");
     return g_steal_pointer(&b);
 }

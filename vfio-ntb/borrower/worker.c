@@ -124,8 +124,7 @@ int main(int argc, char **argv)
         { "status-fd", 0, 0, G_OPTION_ARG_INT, &status_fd,
           "where to say why, when the device cannot be served", "FD" },
         { "take-over", 0, 0, G_OPTION_ARG_INT, &handoff_fd,
-          "serve the QEMU of a worker that died, with what its daemon kept (the handoff)",
-          "FD" },
+          "serve the QEMU of a worker that died, with what its daemon kept (the handoff)", "FD" },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };

@@ -115,12 +115,12 @@ typedef struct VnBorrowed {
     char *qdev_id; /* the device's id in that VM (with qmp) */
     /* While attached, the vfio-user server runs in its own process (spawn.c)
      * so that it outlives this daemon. */
-    GPid worker_pid;    /* 0 when detached */
-    char *worker_name;  /* names its files in run-dir (not a fabric node) */
-    char *channel_path; /* its control channel (common/wctl.h), in run-dir */
-    char *port_path;    /* its port (port.h), in run-dir */
-    VnPort *port;       /* how it uses this host's node; NULL when detached */
-    guint child_watch;  /* 0 for a worker adopted after a restart */
+    GPid worker_pid;     /* 0 when detached */
+    char *worker_name;   /* names its files in run-dir (not a fabric node) */
+    char *channel_path;  /* its control channel (common/wctl.h), in run-dir */
+    char *port_path;     /* its port (port.h), in run-dir */
+    VnPort *port;        /* how it uses this host's node; NULL when detached */
+    guint child_watch;   /* 0 for a worker adopted after a restart */
     guint adopted_watch; /* an adopted worker: a look now and then at whether it lives */
     /* Does its QEMU still hold the socket?  Asked without waiting
      * (VnWorkerOps.client_state): the call in flight, when it was asked,

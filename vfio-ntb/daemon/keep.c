@@ -53,11 +53,10 @@ bool vn_keep_fd(VnKeep *k, uint64_t key, int fd, GError **error)
     uint64_t *boxed;
     int *value;
 
-    if (key == 0 || (g_tree_nnodes(k->fds) >= (gint)VN_KEEP_MAX_FDS &&
-                     g_tree_lookup(k->fds, &key) == NULL)) {
+    if (key == 0 ||
+        (g_tree_nnodes(k->fds) >= (gint)VN_KEEP_MAX_FDS && g_tree_lookup(k->fds, &key) == NULL)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                    key == 0 ? "an fd kept under key 0 (the state's)"
-                             : "more than %u fds kept",
+                    key == 0 ? "an fd kept under key 0 (the state's)" : "more than %u fds kept",
                     VN_KEEP_MAX_FDS);
         vn_util_close_fd(&fd);
         return false;
@@ -67,6 +66,8 @@ bool vn_keep_fd(VnKeep *k, uint64_t key, int fd, GError **error)
     value = g_new(int, 1);
     *value = fd;
     g_tree_replace(k->fds, boxed, value);
+    /* Both are the tree's now: its destroy functions free them. */
+    /* cppcheck-suppress memleak */
     return true;
 }
 

@@ -92,8 +92,7 @@ static bool worth_it(VnDaemon *d, VnBorrowed *b, int status, VnKeep *keep)
         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == VN_BORROWER_EXIT_NO_TAKEOVER)) {
         return false; /* ended on purpose, or the last takeover could not be done */
     }
-    if (keep == NULL || vn_keep_get_fd(keep, 1) < 0 || b->lost || b->server_down ||
-        b->starting) {
+    if (keep == NULL || vn_keep_get_fd(keep, 1) < 0 || b->lost || b->server_down || b->starting) {
         return false;
     }
     for (guint i = 0; i < VN_TAKEOVER_BURST; i++) {
@@ -148,9 +147,8 @@ bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv)
     g_ptr_array_insert(argv, (gint)argv->len - 1,
                        g_strdup_printf("--take-over=%d", VN_TAKEOVER_HANDOFF_FD));
     ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
-                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1,
-                                          source, target, n + 1, &b->worker_pid, NULL, NULL,
-                                          NULL, &error);
+                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1, source,
+                                          target, n + 1, &b->worker_pid, NULL, NULL, NULL, &error);
     close(memfd);
     if (!ok) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,

@@ -658,7 +658,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
             return;
         }
         g_message("lender %s: %s resumes its attachment (its worker was replaced)", l->name,
-               l->borrower);
+                  l->borrower);
         json = vn_proto_device_to_json(&l->dev);
         vn_fabric_reply(l->fab, token, json, NULL, 0);
         return;
