@@ -30,6 +30,8 @@ operator would check:
   kernel message, the same PCI function (nothing was re-plugged); its longest round and
   longest config read are printed (the stall; goal < 1 s); the lender hears nothing; the
   VM then lets go of the device through the new worker (device_del) and a detach works.
+- borrower-worker-crash-relay: the same with relayed interrupts, where the worker itself
+  signals the VM's eventfds (kept with its daemon, given to the next worker).
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -48,7 +50,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 5
+EXPECTED_RESULTS = 6
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
@@ -325,12 +327,12 @@ def heard(c, quiet_s):
             return list(c.events)
 
 
-def test_borrower_worker_crash(procs):
+def borrower_worker_crash(procs, name, irq_mode):
     wd, img, sd, a, b, _ = hosts(procs)
     qwd = procs.tempdir()
     ctl = Control(b.control)
     try:
-        r = ctl.execute("attach", device="hosta/nvme0", domain="vm1")
+        r = ctl.execute("attach", device="hosta/nvme0", domain="vm1", **{"irq-mode": irq_mode})
     finally:
         ctl.close()
     dev = h.VfioUserDevice(r["socket"], id="d0", bus="rp1")
@@ -359,13 +361,17 @@ def test_borrower_worker_crash(procs):
         detached = ctl.execute("detach", device="hosta/nvme0")
     finally:
         ctl.close()
+    wait_for(lambda: not b.workers("vfio-ntb-borrower"), 10)   # the stop is not instant
     left = b.workers("vfio-ntb-borrower")
     lender_heard = [e["event"] for e in heard(ev_a, 1.0)
                     if e["event"] in ("DEVICE_SERVER_LOST", "DETACHED", "FENCED")]
     ev_a.close()
     ev_b.close()
     stall = int(io.get("max_round_ms", 0)) - int(io.get("avg_round_ms", 0))
-    return result("borrower-worker-crash",
+    if io.get("status") != "PASS":
+        print("hostb's log:\n" + "\n".join(b.log().splitlines()[-40:]), file=sys.stderr)
+        print("guest:\n" + "\n".join(x for _, x in run.lines[-30:]), file=sys.stderr)
+    return result(name,
                   io.get("status") == "PASS" and replaced.get("device") == "hosta/nvme0"
                   and len(old) == 1 and len(new) == 1 and new != old
                   and unplug.get("status") == "PASS" and detached.get("changed") is True
@@ -379,11 +385,21 @@ def test_borrower_worker_crash(procs):
                   lender_fences=after["fences"] - before["fences"], resumed=resumed)
 
 
+def test_borrower_worker_crash(procs):
+    return borrower_worker_crash(procs, "borrower-worker-crash", "fd")
+
+
+def test_borrower_worker_crash_relay(procs):
+    """The same with relayed interrupts (the NTB's way: the lender rings doorbells, the worker
+    signals the VM's eventfds, which it keeps with its daemon for its successor)."""
+    return borrower_worker_crash(procs, "borrower-worker-crash-relay", "relay")
+
+
 def main():
     ok = True
     tests = (test_device_server_restart, test_lender_worker_crash,
              test_adopted_lender_worker_crash, test_borrower_worker_crash,
-             test_device_server_long_stall)
+             test_borrower_worker_crash_relay, test_device_server_long_stall)
     only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
     for test in only or tests:
         with h.Procs() as procs:

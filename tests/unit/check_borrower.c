@@ -557,6 +557,46 @@ START_TEST(test_take_over_refuses_bad_handoffs)
 }
 END_TEST
 
+static void request_on_fn(void *data)
+{
+    TakeOver *t = data;
+
+    t->error = vn_borrower_request_unplug(t->b) ? NULL : g_strdup("not asked");
+}
+
+static void free_taken_fn(void *data)
+{
+    g_clear_pointer(&((TakeOver *)data)->b, vn_borrower_free);
+}
+
+/* A takeover that works: the connection is served as it was (already negotiated), and the
+ * eventfd QEMU gave the dead worker for the device request is the very one signalled. */
+START_TEST(test_take_over_keeps_eventfds)
+{
+    g_autofree char *dead_path = g_build_filename(rig.dir, "dead.sock", NULL);
+    int lfd = listening(), pair[2], efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    g_autofree char *handoff = NULL;
+    TakeOver t = { 0 };
+
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    /* Key 0x4100: the device request's vector (index 4, vector 0). */
+    handoff = g_strdup_printf("{\"state\":\"{\\\"caps\\\":[16,1048576,4096,1024],"
+                              "\\\"int_line\\\":11}\",\"fds\":{\"1\":%d,\"2\":%d,"
+                              "\"16640\":%d}}",
+                              lfd, pair[0], dup(efd));
+    t.handoff = handoff;
+    on_loop(&bor.loop, take_over_fn, &t);
+    ck_assert_msg(t.b != NULL, "%s", t.error ? t.error : "");
+    on_loop(&bor.loop, request_on_fn, &t);
+    ck_assert_msg(t.error == NULL, "%s", t.error ? t.error : "");
+    ck_assert_uint_eq(req_count(efd, 1000), 1);
+    on_loop(&bor.loop, free_taken_fn, &t);
+    close(pair[1]);
+    close(efd);
+    unlink(dead_path);
+}
+END_TEST
+
 static Suite *borrower_suite(void)
 {
     Suite *s = suite_create("borrower");
@@ -592,6 +632,7 @@ static Suite *borrower_suite(void)
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_lender_lost);
     tcase_add_test(tc, test_take_over_refuses_bad_handoffs);
+    tcase_add_test(tc, test_take_over_keeps_eventfds);
     suite_add_tcase(s, tc);
     return s;
 }

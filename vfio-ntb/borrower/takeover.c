@@ -381,7 +381,9 @@ static bool restore_eventfds(VnBorrower *b, GHashTable *fds, GError **error)
                         "the eventfd of vector %u of index %u cannot be put back", vector, index);
             return false;
         }
-        g_hash_table_iter_remove(&it); /* the table's now */
+        /* The server's table owns it now: out of ours without closing it. */
+        g_hash_table_iter_steal(&it);
+        g_free(key);
     }
     return true;
 }
@@ -407,6 +409,26 @@ bool vn_borrower_restore(VnBorrower *b, JsonObject *st, GHashTable *fds, GError 
         return false;
     }
     return true;
+}
+
+/* Relayed interrupts reach the VM through us: a doorbell rung while no worker was there (or
+ * into the dead one's socket) is lost.  Each relayed vector is signalled once, so the guest's
+ * driver looks at what it may have missed; one interrupt too many is nothing to it. */
+static void relay_ring_all(VnBorrower *b)
+{
+    unsigned rung = 0;
+
+    for (uint32_t bit = 0; bit < VN_FABRIC_MAX_DOORBELLS; bit++) {
+        if (b->doorbell_of[bit].used) {
+            rung += vn_irqs_signal(vn_server_irqs(b->server), b->doorbell_of[bit].index,
+                                   b->doorbell_of[bit].vector);
+        }
+    }
+    if (rung > 0) {
+        g_info("borrower %s: %u relayed vectors signalled once (a doorbell may have come while "
+               "no worker was there)",
+               b->device, rung);
+    }
 }
 
 /* ---- the handoff -------------------------------------------------------- */
@@ -526,6 +548,7 @@ VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char 
     }
     vn_host_on_greeted(fab, vn_borrower_kept_again, b);
     vn_borrower_kept_again(b);
+    relay_ring_all(b);
     g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
               device, socket_path, g_list_length(b->mappings), client_fd >= 0 ? "with its" : "no");
     return g_steal_pointer(&b);

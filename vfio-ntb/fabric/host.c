@@ -836,7 +836,7 @@ bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments
 {
     bool ok = true;
 
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+    if (fab->backend == NULL) {
         return false;
     }
     for (unsigned i = 0; i < nseg; i++) {
@@ -845,7 +845,12 @@ bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments
     for (unsigned i = 0; i < nroutes; i++) {
         ok &= adopt_export(fab->routes, routes[i], peer, true);
     }
-    ((VnHost *)fab->backend)->doorbells |= doorbells;
+    /* Doorbell bits are a port's to give; another backend has none to take over. */
+    if (fab->ops == &vn_host_ops) {
+        ((VnHost *)fab->backend)->doorbells |= doorbells;
+    } else if (doorbells != 0) {
+        ok = false;
+    }
     return ok;
 }
 

@@ -74,8 +74,9 @@ void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque);
 /*
  * For the worker that takes over a dead one's port: the segments and routes it exported
  * (to @peer) and its doorbell bits are ours now, so that we may give them back.  The daemon
- * checks each against what the port holds, as it always does.  False when @fab is not a
- * `host` node or an id is given twice.
+ * checks each against what the port holds, as it always does.  False when an id is given
+ * twice, or doorbell bits to a node that is not a `host` one (which took over nothing: the
+ * unit tests' borrower on shm).
  */
 bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
                        const uint64_t *routes, unsigned nroutes, uint64_t doorbells);
