@@ -30,8 +30,10 @@ operator would check:
   kernel message, the same PCI function (nothing was re-plugged); its longest round and
   longest config read are printed (the stall; goal < 1 s); the lender hears nothing; the
   VM then lets go of the device through the new worker (device_del) and a detach works.
-- borrower-worker-crash-relay: the same with relayed interrupts, where the worker itself
-  signals the VM's eventfds (kept with its daemon, given to the next worker).
+- adopted-borrower-worker-crash-relay: the same with relayed interrupts, where the worker
+  itself signals the VM's eventfds (kept with its daemon, given to the next worker), and B's
+  daemon killed and restarted first under the guest's I/O, so the worker killed is one it
+  adopted (not its child) and what it keeps came to the new daemon again.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -327,7 +329,7 @@ def heard(c, quiet_s):
             return list(c.events)
 
 
-def borrower_worker_crash(procs, name, irq_mode):
+def borrower_worker_crash(procs, name, irq_mode, adopted=False):
     wd, img, sd, a, b, _ = hosts(procs)
     qwd = procs.tempdir()
     ctl = Control(b.control)
@@ -340,8 +342,16 @@ def borrower_worker_crash(procs, name, irq_mode):
                params={"io_s": 25, "hotplug_timeout": 90, "check_timeout": 200,
                        "timeout": 350}).start()
     q.wait_line("VNREADY", "io", timeout=200)
-    ev_a, ev_b = follow(a), follow(b)
     old = b.workers("vfio-ntb-borrower")
+    if adopted:
+        # B's daemon restarts under the guest's I/O: it adopts the worker, which keeps with
+        # it again what its successor needs (and rings the relayed vectors it may have missed).
+        b.kill()
+        b.start()
+        if not wait_for(lambda: "adopted worker" in b.log(), 10):
+            raise h.Timeout("hostb did not adopt its worker")
+        time.sleep(1)
+    ev_a, ev_b = follow(a), follow(b)
     before = lender_stats(a)
     time.sleep(4)                       # rounds before the kill, to compare with
     os.kill(old[0], signal.SIGKILL)
@@ -389,17 +399,19 @@ def test_borrower_worker_crash(procs):
     return borrower_worker_crash(procs, "borrower-worker-crash", "fd")
 
 
-def test_borrower_worker_crash_relay(procs):
+def test_adopted_borrower_worker_crash_relay(procs):
     """The same with relayed interrupts (the NTB's way: the lender rings doorbells, the worker
-    signals the VM's eventfds, which it keeps with its daemon for its successor)."""
-    return borrower_worker_crash(procs, "borrower-worker-crash-relay", "relay")
+    signals the VM's eventfds, which it keeps with its daemon for its successor), for a worker
+    that B's daemon adopted after a restart (not its child)."""
+    return borrower_worker_crash(procs, "adopted-borrower-worker-crash-relay", "relay",
+                                 adopted=True)
 
 
 def main():
     ok = True
     tests = (test_device_server_restart, test_lender_worker_crash,
              test_adopted_lender_worker_crash, test_borrower_worker_crash,
-             test_borrower_worker_crash_relay, test_device_server_long_stall)
+             test_adopted_borrower_worker_crash_relay, test_device_server_long_stall)
     only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
     for test in only or tests:
         with h.Procs() as procs:

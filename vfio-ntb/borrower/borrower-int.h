@@ -118,7 +118,8 @@ bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error);
 void vn_borrower_keep_state(VnBorrower *b, bool force);
 void vn_borrower_keep_sockets(VnBorrower *b);
 void vn_borrower_keep_irqs(VnBorrower *b, uint32_t index, uint32_t start, uint32_t count);
-/* All of it again: for a daemon that restarted (fabric/host.h's greeted callback). */
+/* All of it again: for a daemon that restarted (fabric/host.h's greeted callback); and each
+ * relayed vector signalled once, for the doorbells lost while it was away. */
 void vn_borrower_kept_again(void *opaque);
 /* QEMU went: its connection and eventfds are nobody's to keep. */
 void vn_borrower_keep_client_gone(VnBorrower *b);

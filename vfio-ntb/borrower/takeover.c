@@ -186,6 +186,8 @@ void vn_borrower_keep_client_gone(VnBorrower *b)
     vn_borrower_keep_state(b, false);
 }
 
+static void relay_ring_all(VnBorrower *b);
+
 void vn_borrower_kept_again(void *opaque)
 {
     VnBorrower *b = opaque;
@@ -198,6 +200,8 @@ void vn_borrower_kept_again(void *opaque)
         }
     }
     vn_borrower_keep_state(b, true);
+    /* Our daemon was away: the doorbells it would have passed us meanwhile are lost. */
+    relay_ring_all(b);
 }
 
 /* ---- what is put back -------------------------------------------------- */
@@ -411,8 +415,8 @@ bool vn_borrower_restore(VnBorrower *b, JsonObject *st, GHashTable *fds, GError 
     return true;
 }
 
-/* Relayed interrupts reach the VM through us: a doorbell rung while no worker was there (or
- * into the dead one's socket) is lost.  Each relayed vector is signalled once, so the guest's
+/* Relayed interrupts reach the VM through us and our daemon: a doorbell rung while no worker
+ * was there (or into the dead one's socket), or while our daemon restarted, is lost.  Each relayed vector is signalled once, so the guest's
  * driver looks at what it may have missed; one interrupt too many is nothing to it. */
 static void relay_ring_all(VnBorrower *b)
 {
@@ -547,8 +551,7 @@ VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char 
         return NULL;
     }
     vn_host_on_greeted(fab, vn_borrower_kept_again, b);
-    vn_borrower_kept_again(b);
-    relay_ring_all(b);
+    vn_borrower_kept_again(b); /* rings the relayed vectors too */
     g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
               device, socket_path, g_list_length(b->mappings), client_fd >= 0 ? "with its" : "no");
     return g_steal_pointer(&b);
