@@ -357,6 +357,7 @@ def borrower_worker_crash(procs, name, irq_mode, adopted=False):
     os.kill(old[0], signal.SIGKILL)
     replaced = ev_b.wait_event("WORKER_REPLACED", 10)["data"]
     new = b.workers("vfio-ntb-borrower")
+    shown = show(b)
     q.wait_line("VNREADY", "unplug", timeout=120)
     io = q.run.results.get("io-survive", {})
     after = lender_stats(a)
@@ -386,6 +387,7 @@ def borrower_worker_crash(procs, name, irq_mode, adopted=False):
                   and len(old) == 1 and len(new) == 1 and new != old
                   and unplug.get("status") == "PASS" and detached.get("changed") is True
                   and left == [] and not lender_heard and resumed
+                  and shown.get("worker_replacements") == 1
                   and after["fences"] == before["fences"],
                   guest=io.get("status"), rounds=io.get("rounds"), errors=io.get("errors"),
                   stall_ms=stall, max_round_ms=io.get("max_round_ms"),

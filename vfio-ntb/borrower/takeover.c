@@ -41,8 +41,9 @@
 #define KEY_IRQ_LAST KEY_IRQ(VN_MAX_IRQ_INDEXES - 1, VN_MAX_IRQ_VECTORS - 1)
 G_STATIC_ASSERT(VN_MAX_IRQ_VECTORS <= 0x1000);
 
-/* The handoff the daemon gives the worker that takes over (at most this long). */
-#define VN_BORROWER_MAX_HANDOFF (2u * VN_HOST_MAX_KEPT_STATE)
+/* The handoff the daemon gives the worker that takes over (at most this long): the state as
+ * a JSON string (each byte at most 2 once escaped: the state is ASCII JSON) and the fds. */
+#define VN_BORROWER_MAX_HANDOFF (2u * VN_HOST_MAX_KEPT_STATE + 8192u)
 
 /* ---- what is kept ------------------------------------------------------ */
 

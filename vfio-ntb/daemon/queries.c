@@ -287,6 +287,8 @@ void vn_queries_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
         json_object_set_string_member(o, "qdev_id", bw->worker_pid > 0 ? bw->qdev_id : NULL);
         json_object_set_boolean_member(o, "lost", bw->lost);
         json_object_set_boolean_member(o, "device_server_lost", bw->server_down);
+        /* Workers that took over a dead one's QEMU since this daemon started. */
+        json_object_set_int_member(o, "worker_replacements", (gint64)bw->takeovers);
     }
     if (g_hash_table_contains(d->losses, dev)) {
         json_object_set_string_member(o, "last_loss", g_hash_table_lookup(d->losses, dev));

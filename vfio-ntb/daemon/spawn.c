@@ -128,7 +128,7 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
     }
 }
 
-static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin);
+static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool status_fd);
 static void watch_child(VnDaemon *d, VnBorrowed *b);
 
 /* Another worker serves the dead one's QEMU (takeover.c), or not. */
@@ -136,7 +136,8 @@ static bool replaced(VnDaemon *d, VnBorrowed *b, int status)
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
-    g_autoptr(GPtrArray) argv = bin != NULL ? worker_argv(d, b, bin) : NULL;
+    /* No status pipe: nobody waits on its answer; why it could not is in our log. */
+    g_autoptr(GPtrArray) argv = bin != NULL ? worker_argv(d, b, bin, false) : NULL;
 
     if (argv == NULL || !vn_takeover_start(d, b, status, argv)) {
         return false;
@@ -354,8 +355,8 @@ static gboolean on_start_poll(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-/* The worker's arguments, NULL-terminated. */
-static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin)
+/* The worker's arguments, NULL-terminated; with @status_fd, where it says why it gave up. */
+static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool status_fd)
 {
     GPtrArray *argv = g_ptr_array_new_with_free_func(g_free);
 
@@ -367,7 +368,9 @@ static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin)
     g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
     g_ptr_array_add(argv, g_strdup_printf("--irq-mode=%s", vn_irq_mode_to_string(b->irq_mode)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", b->channel_path));
-    g_ptr_array_add(argv, g_strdup_printf("--status-fd=%d", VN_SPAWN_STATUS_FD));
+    if (status_fd) {
+        g_ptr_array_add(argv, g_strdup_printf("--status-fd=%d", VN_SPAWN_STATUS_FD));
+    }
     g_ptr_array_add(argv, NULL);
     return argv;
 }
@@ -398,7 +401,7 @@ static void start_spawn(Start *st)
         start_finish(st, error);
         return;
     }
-    argv = worker_argv(d, b, bin);
+    argv = worker_argv(d, b, bin, true);
     unlink(b->socket);
     if (!g_unix_open_pipe(pipefd, FD_CLOEXEC, &error) ||
         !g_unix_set_fd_nonblocking(pipefd[0], TRUE, &error)) {
