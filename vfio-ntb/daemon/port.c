@@ -4,13 +4,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "port.h"
+#include "port-int.h"
 
-#include "keep.h"
 #include "common/util.h"
 #include "fabric/frame.h"
-#include "fabric/host.h"
-#include "fabric/record.h"
 #include "lending/proto.h"
 
 #include <errno.h>
@@ -24,54 +21,6 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-/* A request relayed for the worker, until its answer comes. */
-typedef struct VnPortRelay {
-    VnPort *port; /* NULL once the port is gone */
-    uint64_t id;  /* the worker's frame id */
-    uint32_t type;
-} VnPortRelay;
-
-/* A request of the peer's, passed to the worker, until it answers. */
-typedef struct VnPortIn {
-    uint64_t id;       /* the frame id the worker sees */
-    uint64_t token;    /* ours, for vn_fabric_reply() */
-    GByteArray *frame; /* not sent yet (the worker is away), else NULL */
-} VnPortIn;
-
-struct VnPort {
-    VnFabric *fab;
-    char *path;
-    char *peer; /* the one node the worker speaks with, or NULL */
-    char *device;
-    int listen_fd;
-    GSource *listen_src;
-    int fd; /* the worker's connection, or -1 */
-    GSource *src;
-    VnRecordReader rx;
-    GPtrArray *windows; /* VnFabricWindow *, mapped for the worker */
-    GPtrArray *maps;    /* VnPortMap *, maps under way */
-    GArray *segments;   /* uint64_t ids exported for it */
-    GArray *routes;
-    GArray *withdrawn;  /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
-    uint64_t doorbells; /* bit i: the worker's */
-    GPtrArray *relays;  /* VnPortRelay *, in flight */
-    GPtrArray *ins;     /* VnPortIn *, the peer's requests at the worker */
-    uint64_t last_in;
-    GByteArray *out;
-    uint64_t refused;
-    GMainContext *ctx;
-    bool inbound; /* a lender's worker: it answers the peer's requests */
-    VnPortDeviceRequestFn device_request;
-    void *device_request_opaque;
-    VnPortFencedFn fenced;
-    void *fenced_opaque;
-    VnPortDeviceServerFn device_server;
-    void *device_server_opaque;
-    VnPortGoneFn gone;
-    void *gone_opaque;
-    VnKeep *keep; /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
-};
 
 VnKeep *vn_port_keep(VnPort *p)
 {
@@ -117,9 +66,7 @@ uint64_t vn_port_refused(VnPort *p)
     return p->refused;
 }
 
-static void refuse(VnPort *p, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static void refuse(VnPort *p, const char *fmt, ...)
+void vn_port_refuse(VnPort *p, const char *fmt, ...)
 {
     g_autofree char *why = NULL;
     va_list ap;
@@ -160,7 +107,7 @@ static void to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const ch
     }
 }
 
-static void reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t arg2, int fd)
+void vn_port_reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t arg2, int fd)
 {
     to_worker(p, VN_HOST_REPLY, h->seq, err < 0 ? -err : err, NULL, arg, arg2, NULL, 0, fd);
 }
@@ -195,7 +142,7 @@ static bool is_peer(VnPort *p, const char *peer)
 }
 
 /* The peer's requests the worker has not answered: they fail now. */
-static void ins_fail(VnPort *p, int err, const char *why)
+void vn_port_ins_fail(VnPort *p, int err, const char *why)
 {
     for (guint i = 0; i < p->ins->len; i++) {
         VnPortIn *in = p->ins->pdata[i];
@@ -215,7 +162,7 @@ void vn_port_set_peer(VnPort *p, const char *peer)
         /* For the worker, its peer's link went: a borrower loses its lender,
          * a lender fences the device. */
         to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 0, 0, NULL, 0, -1);
-        ins_fail(p, ECONNRESET, "the lease ended");
+        vn_port_ins_fail(p, ECONNRESET, "the lease ended");
         g_clear_pointer(&p->peer, g_free);
     }
     if (peer != NULL && p->peer == NULL) {
@@ -300,7 +247,7 @@ static void in_answered(VnPort *p, const VnFabricFrame *f)
         g_free(in);
         return;
     }
-    refuse(p, "an answer to no request of its peer's (id %" PRIu64 ")", f->hdr.id);
+    vn_port_refuse(p, "an answer to no request of its peer's (id %" PRIu64 ")", f->hdr.id);
 }
 
 bool vn_port_doorbell(VnPort *p, const char *peer, uint32_t bit)
@@ -353,7 +300,7 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     int ret;
 
     if (vn_fabric_frame_decode(buf, len, &f) < 0) {
-        refuse(p, "a malformed frame");
+        vn_port_refuse(p, "a malformed frame");
         return;
     }
     kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
@@ -362,12 +309,12 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
         return;
     }
     if (p->peer == NULL) {
-        refuse(p, "a %s with no peer to take it", vn_fabric_kind_to_string(f.hdr.flags));
+        vn_port_refuse(p, "a %s with no peer to take it", vn_fabric_kind_to_string(f.hdr.flags));
         return;
     }
     if (kind == VN_FABRIC_FLAG_EVENT && f.hdr.type == VN_FABRIC_TYPE_DOORBELL) {
         if (f.hdr.data_len != sizeof(bit)) {
-            refuse(p, "a doorbell of %u bytes", f.hdr.data_len);
+            vn_port_refuse(p, "a doorbell of %u bytes", f.hdr.data_len);
             return;
         }
         memcpy(&bit, f.data, sizeof(bit));
@@ -376,8 +323,8 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     }
     if (kind == VN_FABRIC_FLAG_REPLY || f.hdr.type >= VN_FABRIC_TYPE_RESERVED ||
         !names_its_device(p, &f)) {
-        refuse(p, "a %s of type 0x%x that is not about %s", vn_fabric_kind_to_string(f.hdr.flags),
-               f.hdr.type, p->device);
+        vn_port_refuse(p, "a %s of type 0x%x that is not about %s",
+                       vn_fabric_kind_to_string(f.hdr.flags), f.hdr.type, p->device);
         if (kind == VN_FABRIC_FLAG_REQUEST) {
             frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id,
                             EACCES, NULL, NULL, 0);
@@ -389,7 +336,7 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
         return;
     }
     if (p->relays->len >= VN_PORT_MAX_INFLIGHT) {
-        refuse(p, "more than %u requests in flight", VN_PORT_MAX_INFLIGHT);
+        vn_port_refuse(p, "more than %u requests in flight", VN_PORT_MAX_INFLIGHT);
         frame_to_worker(p, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, f.hdr.type, f.hdr.id, EBUSY,
                         NULL, NULL, 0);
         return;
@@ -412,292 +359,6 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     }
 }
 
-/* ---- the worker's other ops ------------------------------------------- */
-
-/* Where @id is in @a, or -1. */
-static gint array_find(GArray *a, uint64_t id)
-{
-    for (guint i = 0; i < a->len; i++) {
-        if (g_array_index(a, uint64_t, i) == id) {
-            return (gint)i;
-        }
-    }
-    return -1;
-}
-
-static bool array_take(GArray *a, uint64_t id)
-{
-    gint i = array_find(a, id);
-
-    if (i >= 0) {
-        g_array_remove_index_fast(a, (guint)i);
-    }
-    return i >= 0;
-}
-
-/* A lender's worker withholds its device's BARs (or gives them back): only its own
- * segments, and the answer only once the backend holds it. */
-static void op_withhold(VnPort *p, const VnHostHdr *h)
-{
-    int ret;
-
-    if (h->arg2 > 1 || array_find(p->segments, h->arg) < 0) {
-        refuse(p, "a withhold of segment %" PRIu64 ", which is not its", h->arg);
-        reply(p, h, EACCES, 0, 0, -1);
-        return;
-    }
-    ret = vn_fabric_segment_withhold(p->fab, h->arg, h->arg2 == 1);
-    if (ret < 0) {
-        g_warning("port %s: segment %" PRIu64 " could not be %s: %s", p->path, h->arg,
-                  h->arg2 == 1 ? "withheld" : "given back", g_strerror(-ret));
-    }
-    reply(p, h, ret < 0 ? ret : 0, ret < 0 ? 0 : (uint64_t)ret, 0, -1);
-}
-
-static void op_export(VnPort *p, const VnHostHdr *h, int fd)
-{
-    g_autoptr(GError) error = NULL;
-    bool route = h->op == VN_HOST_EXPORT_ROUTE;
-    GArray *ids = route ? p->routes : p->segments;
-    uint64_t id;
-
-    if (fd < 0 || ids->len >= VN_PORT_MAX_EXPORTS) {
-        refuse(p, "an export %s", fd < 0 ? "without its fd" : "beyond the bound");
-        reply(p, h, fd < 0 ? EINVAL : ENOSPC, 0, 0, -1);
-        return;
-    }
-    id = route ? vn_fabric_route_export(p->fab, fd, p->peer, &error)
-               : vn_fabric_segment_export_at(p->fab, fd, h->arg2, h->arg, p->peer, &error);
-    if (id == 0) {
-        refuse(p, "%s", error->message);
-        reply(p, h, EINVAL, 0, 0, -1);
-        return;
-    }
-    g_array_append_val(ids, id);
-    reply(p, h, 0, id, 0, -1);
-}
-
-/* A map for the worker, until the peer's backend answered. */
-typedef struct VnPortMap {
-    VnPort *port; /* NULL once the port is gone */
-    VnFabric *fab;
-    VnHostHdr h;
-} VnPortMap;
-
-static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
-
-static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
-{
-    VnPortMap *m = opaque;
-    VnPort *p = m->port;
-
-    if (p == NULL) {
-        if (w != NULL) {
-            vn_fabric_window_unmap(m->fab, w); /* nobody to give it to */
-        }
-        g_free(m);
-        return;
-    }
-    g_ptr_array_remove_fast(p->maps, m);
-    if (w == NULL) {
-        g_info("port %s: %s", p->path, error->message);
-        reply(p, &m->h,
-              g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE)            ? ENOSPC
-              : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)         ? ENOENT
-              : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED) ? EACCES
-                                                                                 : EIO,
-              0, 0, -1);
-    } else {
-        g_ptr_array_add(p->windows, w);
-        reply(p, &m->h, 0, w->size, w->offset, w->fd);
-    }
-    g_free(m);
-}
-
-static void op_map(VnPort *p, const VnHostHdr *h)
-{
-    VnFabricWindow *held = worker_window(p, h->arg);
-    VnPortMap *m;
-
-    /* A borrower's worker maps each BAR's segment once; a window it holds already was
-     * mapped for the worker it replaced, and QEMU's mappings of the BAR are of that
-     * window: it is given again, never unmapped under QEMU. */
-    if (!p->inbound && held != NULL) {
-        reply(p, h, 0, held->size, held->offset, held->fd);
-        return;
-    }
-
-    if (p->windows->len + p->maps->len >= VN_PORT_MAX_WINDOWS) {
-        refuse(p, "more than %u windows", VN_PORT_MAX_WINDOWS);
-        reply(p, h, ENOSPC, 0, 0, -1);
-        return;
-    }
-    /* Without waiting: the peer's backend answers on our loop. */
-    m = g_new0(VnPortMap, 1);
-    m->port = p;
-    m->fab = p->fab;
-    m->h = *h;
-    g_ptr_array_add(p->maps, m);
-    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, m);
-}
-
-static void op_unmap(VnPort *p, const VnHostHdr *h)
-{
-    for (guint i = 0; i < p->windows->len; i++) {
-        VnFabricWindow *w = p->windows->pdata[i];
-
-        if (w->segment == h->arg) {
-            g_ptr_array_remove_index_fast(p->windows, i);
-            vn_fabric_window_unmap(p->fab, w);
-            return;
-        }
-    }
-    refuse(p, "an unmap of segment %" PRIu64 ", which it has no window onto", h->arg);
-}
-
-/* The window mapped for the worker onto segment @id, or NULL. */
-static VnFabricWindow *worker_window(VnPort *p, uint64_t id)
-{
-    for (guint i = 0; i < p->windows->len; i++) {
-        VnFabricWindow *w = p->windows->pdata[i];
-
-        if (w->segment == id) {
-            return w;
-        }
-    }
-    return NULL;
-}
-
-/* A borrower's worker joins windows onto one BAR: only windows mapped for it, and the
- * fabric checks they are one memory's. */
-static void op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len)
-{
-    g_autoptr(GError) error = NULL;
-    VnFabricWindow *w[VN_FABRIC_MAX_JOIN];
-    uint64_t offset = 0;
-    size_t n = len / sizeof(uint64_t);
-    int fd;
-
-    if (len % sizeof(uint64_t) != 0 || n < 2 || n > VN_FABRIC_MAX_JOIN || h->arg2 > 1) {
-        refuse(p, "a join of %zu bytes of ids", len);
-        reply(p, h, EINVAL, 0, 0, -1);
-        return;
-    }
-    for (size_t k = 0; k < n; k++) {
-        uint64_t id;
-
-        memcpy(&id, ids + k * sizeof(id), sizeof(id));
-        w[k] = worker_window(p, id);
-        if (w[k] == NULL) {
-            refuse(p, "a join of segment %" PRIu64 ", which it has no window onto", id);
-            reply(p, h, EACCES, 0, 0, -1);
-            return;
-        }
-    }
-    /* What it says of the windows must be what they are. */
-    if (w[0]->size != h->arg || w[0]->device != (h->arg2 == 1)) {
-        refuse(p, "a join that misdescribes its windows");
-        reply(p, h, EINVAL, 0, 0, -1);
-        return;
-    }
-    fd = vn_fabric_windows_join(p->fab, w, (uint32_t)n, &offset, &error);
-    if (fd < 0) {
-        g_info("port %s: %s", p->path, error->message);
-        reply(p, h, fd, 0, 0, -1);
-        return;
-    }
-    reply(p, h, 0, offset, 0, fd);
-    close(fd);
-}
-
-static uint64_t bits(uint64_t first, uint64_t count)
-{
-    if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 || count > VN_FABRIC_MAX_DOORBELLS - first) {
-        return 0;
-    }
-    return (count == 64 ? ~UINT64_C(0) : (UINT64_C(1) << count) - 1) << first;
-}
-
-static void op_doorbells(VnPort *p, const VnHostHdr *h)
-{
-    g_autoptr(GError) error = NULL;
-    uint64_t m = bits(h->arg, h->arg2);
-    int first, ret;
-
-    switch (h->op) {
-    case VN_HOST_DOORBELLS_ALLOC:
-        first = h->arg <= VN_FABRIC_MAX_DOORBELLS
-                    ? vn_fabric_doorbells_alloc(p->fab, (uint32_t)h->arg, &error)
-                    : -EINVAL;
-        if (first >= 0) {
-            p->doorbells |= bits((uint64_t)first, h->arg);
-        }
-        reply(p, h, first < 0 ? first : 0, first < 0 ? 0 : (uint64_t)first, 0, -1);
-        break;
-    case VN_HOST_DOORBELLS_CLAIM:
-        ret = m == 0 ? -EINVAL
-                     : vn_fabric_doorbells_claim(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
-        if (ret == 0) {
-            p->doorbells |= m;
-        }
-        reply(p, h, ret, 0, 0, -1);
-        break;
-    default:
-        if (m == 0 || (p->doorbells & m) != m) {
-            refuse(p, "doorbells %" PRIu64 "+%" PRIu64 " given back, not its", h->arg, h->arg2);
-            return;
-        }
-        p->doorbells &= ~m;
-        vn_fabric_doorbells_free(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
-        break;
-    }
-}
-
-static void op_open_route(VnPort *p, const VnHostHdr *h)
-{
-    g_autoptr(GError) error = NULL;
-    int fd = vn_fabric_route_open(p->fab, p->peer, h->arg, &error);
-
-    if (fd < 0) {
-        g_info("port %s: %s", p->path, error->message);
-        reply(p, h, fd, 0, 0, -1);
-        return;
-    }
-    reply(p, h, 0, 0, 0, fd);
-    close(fd);
-}
-
-/* A borrower's worker keeps what the worker after it needs (keep.h). */
-static void op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len)
-{
-    g_autoptr(GError) error = NULL;
-
-    if (p->keep == NULL) {
-        refuse(p, "%s from a lender's worker", vn_host_op_to_string(h->op));
-        return;
-    }
-    if (h->op == VN_HOST_FORGET) {
-        if (h->arg > h->arg2) {
-            refuse(p, "a FORGET of keys %" PRIu64 "..%" PRIu64, h->arg, h->arg2);
-            return;
-        }
-        vn_keep_forget(p->keep, h->arg, h->arg2);
-        return;
-    }
-    if (*fd >= 0) {
-        int kept = *fd;
-
-        *fd = -1; /* the store's now, kept or closed */
-        if (!vn_keep_fd(p->keep, h->arg, kept, &error)) {
-            refuse(p, "%s", error->message);
-        }
-    } else if (h->arg != 0) {
-        refuse(p, "a state kept under key %" PRIu64, h->arg);
-    } else if (!vn_keep_state(p->keep, data, len, &error)) {
-        refuse(p, "%s", error->message);
-    }
-}
-
 /* One record from the worker. */
 static void worker_record(VnPort *p, VnRecord *rec)
 {
@@ -711,24 +372,24 @@ static void worker_record(VnPort *p, VnRecord *rec)
                                &frame_len);
     if (why != NULL) {
         vn_util_close_fds(rec->fds, rec->nfds);
-        refuse(p, "%s", why);
+        vn_port_refuse(p, "%s", why);
         conn_close(p);
         return;
     }
     fd = rec->nfds == 1 ? rec->fds[0] : -1;
     if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
-        refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
-               p->peer != NULL ? p->peer : "(none)");
+        vn_port_refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
+                       p->peer != NULL ? p->peer : "(none)");
         if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT || h.op == VN_HOST_EXPORT_ROUTE ||
             h.op == VN_HOST_OPEN_ROUTE || h.op == VN_HOST_JOIN_WINDOWS) {
-            reply(p, &h, EACCES, 0, 0, -1);
+            vn_port_reply(p, &h, EACCES, 0, 0, -1);
         }
         vn_util_close_fd(&fd);
         return;
     }
     switch (h.op) {
     case VN_HOST_HELLO:
-        reply(p, &h, 0, hello_arg(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
+        vn_port_reply(p, &h, 0, hello_arg(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
         /* A lender's worker learns who holds the device, then gets what
          * came while it was away. */
         if (p->inbound && p->peer != NULL) {
@@ -738,28 +399,28 @@ static void worker_record(VnPort *p, VnRecord *rec)
         break;
     case VN_HOST_CONNECT:
         vn_fabric_connect(p->fab, p->peer, NULL);
-        reply(p, &h, vn_fabric_link_up(p->fab, p->peer) ? 0 : ENOTCONN, 0, 0, -1);
+        vn_port_reply(p, &h, vn_fabric_link_up(p->fab, p->peer) ? 0 : ENOTCONN, 0, 0, -1);
         break;
     case VN_HOST_SEND:
         relay_frame(p, frame, frame_len);
         break;
     case VN_HOST_MAP:
-        op_map(p, &h);
+        vn_port_op_map(p, &h);
         break;
     case VN_HOST_UNMAP:
-        op_unmap(p, &h);
+        vn_port_op_unmap(p, &h);
         break;
     case VN_HOST_EXPORT_SEGMENT:
     case VN_HOST_EXPORT_ROUTE:
-        op_export(p, &h, fd);
+        vn_port_op_export(p, &h, fd);
         break;
     case VN_HOST_UNEXPORT_SEGMENT:
     case VN_HOST_UNEXPORT_ROUTE:
-        if (array_take(p->withdrawn, h.arg)) {
+        if (vn_port_array_take(p->withdrawn, h.arg)) {
             break; /* the daemon did it already */
         }
-        if (!array_take(h.op == VN_HOST_UNEXPORT_ROUTE ? p->routes : p->segments, h.arg)) {
-            refuse(p, "an unexport of %" PRIu64 ", which is not its", h.arg);
+        if (!vn_port_array_take(h.op == VN_HOST_UNEXPORT_ROUTE ? p->routes : p->segments, h.arg)) {
+            vn_port_refuse(p, "an unexport of %" PRIu64 ", which is not its", h.arg);
         } else if (h.op == VN_HOST_UNEXPORT_ROUTE) {
             vn_fabric_route_unexport(p->fab, h.arg);
         } else {
@@ -767,43 +428,44 @@ static void worker_record(VnPort *p, VnRecord *rec)
         }
         break;
     case VN_HOST_OPEN_ROUTE:
-        op_open_route(p, &h);
+        vn_port_op_open_route(p, &h);
         break;
     case VN_HOST_WITHHOLD_SEGMENT:
-        op_withhold(p, &h);
+        vn_port_op_withhold(p, &h);
         break;
     case VN_HOST_JOIN_WINDOWS:
-        op_join(p, &h, frame, frame_len);
+        vn_port_op_join(p, &h, frame, frame_len);
         break;
     case VN_HOST_FENCED:
         if (!p->inbound) {
-            refuse(p, "a fence from a borrower's worker");
+            vn_port_refuse(p, "a fence from a borrower's worker");
         } else if (p->fenced != NULL) {
             p->fenced(p->fenced_opaque);
         }
         break;
     case VN_HOST_DEVICE_SERVER:
         if (!p->inbound) {
-            refuse(p, "a device server's state from a borrower's worker");
+            vn_port_refuse(p, "a device server's state from a borrower's worker");
         } else if (h.arg > 1 || h.arg2 > G_MAXUINT32) {
-            refuse(p, "a device server state %" PRIu64 ", generation %" PRIu64, h.arg, h.arg2);
+            vn_port_refuse(p, "a device server state %" PRIu64 ", generation %" PRIu64, h.arg,
+                           h.arg2);
         } else if (p->device_server != NULL) {
             p->device_server(p->device_server_opaque, h.arg == 1, (uint32_t)h.arg2);
         }
         break;
     case VN_HOST_KEEP:
     case VN_HOST_FORGET:
-        op_keep(p, &h, &fd, frame, frame_len);
+        vn_port_op_keep(p, &h, &fd, frame, frame_len);
         break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {
-            refuse(p, "a device request from a borrower's worker");
+            vn_port_refuse(p, "a device request from a borrower's worker");
         } else if (p->device_request != NULL) {
             p->device_request(p->device_request_opaque);
         }
         break;
     default:
-        op_doorbells(p, &h);
+        vn_port_op_doorbells(p, &h);
         break;
     }
     vn_util_close_fd(&fd);
@@ -825,7 +487,7 @@ static gboolean on_worker(int fd, GIOCondition cond, gpointer data)
         }
         if (ret < 0) {
             if (ret != -ECONNRESET) {
-                refuse(p, "a broken stream (%s)", g_strerror(-ret));
+                vn_port_refuse(p, "a broken stream (%s)", g_strerror(-ret));
             }
             conn_close(p);
             if (p->gone != NULL) {
@@ -872,63 +534,6 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     g_source_set_callback(p->src, G_SOURCE_FUNC(on_worker), p, NULL);
     g_source_attach(p->src, p->ctx);
     return G_SOURCE_CONTINUE;
-}
-
-/* ---- the daemon's fence ---------------------------------------------------- */
-
-/* Withdraw every id of @ids (segments or routes) and remember it as withdrawn; how many. */
-static guint withdraw_ids(VnPort *p, GArray *ids, bool route)
-{
-    guint n = ids->len;
-
-    for (guint i = 0; i < n; i++) {
-        uint64_t id = g_array_index(ids, uint64_t, i);
-
-        if (route) {
-            vn_fabric_route_unexport(p->fab, id);
-        } else {
-            vn_fabric_segment_unexport(p->fab, id);
-        }
-        /* Bounded: a worker's ids are, and its own unexports take them out again. */
-        if (p->withdrawn->len < VN_PORT_MAX_WITHDRAWN) {
-            g_array_append_val(p->withdrawn, id);
-        }
-    }
-    g_array_set_size(ids, 0);
-    return n;
-}
-
-void vn_port_withdraw(VnPort *p, bool everything, const char *why)
-{
-    guint segments = withdraw_ids(p, p->segments, false);
-    guint routes = withdraw_ids(p, p->routes, true);
-    guint windows = 0, doorbells = 0;
-
-    if (everything) {
-        for (guint i = 0; i < p->maps->len; i++) {
-            ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
-        }
-        g_ptr_array_set_size(p->maps, 0);
-        windows = p->windows->len;
-        for (guint i = 0; i < p->windows->len; i++) {
-            vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
-        }
-        g_ptr_array_set_size(p->windows, 0);
-        for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
-            if (p->doorbells & (UINT64_C(1) << b)) {
-                vn_fabric_doorbells_free(p->fab, b, 1);
-                doorbells++;
-            }
-        }
-        p->doorbells = 0;
-        ins_fail(p, ECONNRESET, "the device's worker is gone");
-        g_array_set_size(p->withdrawn, 0); /* no worker to unexport them */
-    }
-    if (segments + routes + windows + doorbells > 0) {
-        g_info("port %s: %s: withdrew %u segments, %u routes, %u windows, %u doorbells of its "
-               "worker's",
-               p->path, why, segments, routes, windows, doorbells);
-    }
 }
 
 /* ---- life ------------------------------------------------------------- */

@@ -1,0 +1,359 @@
+/*
+ * A worker's port (see port.h): what the worker maps, exports, keeps and rings through it,
+ * and the daemon's fence, which takes it back.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "port-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the worker's other ops ------------------------------------------- */
+
+/* Where @id is in @a, or -1. */
+static gint array_find(GArray *a, uint64_t id)
+{
+    for (guint i = 0; i < a->len; i++) {
+        if (g_array_index(a, uint64_t, i) == id) {
+            return (gint)i;
+        }
+    }
+    return -1;
+}
+
+bool vn_port_array_take(GArray *a, uint64_t id)
+{
+    gint i = array_find(a, id);
+
+    if (i >= 0) {
+        g_array_remove_index_fast(a, (guint)i);
+    }
+    return i >= 0;
+}
+
+/* A lender's worker withholds its device's BARs (or gives them back): only its own
+ * segments, and the answer only once the backend holds it. */
+void vn_port_op_withhold(VnPort *p, const VnHostHdr *h)
+{
+    int ret;
+
+    if (h->arg2 > 1 || array_find(p->segments, h->arg) < 0) {
+        vn_port_refuse(p, "a withhold of segment %" PRIu64 ", which is not its", h->arg);
+        vn_port_reply(p, h, EACCES, 0, 0, -1);
+        return;
+    }
+    ret = vn_fabric_segment_withhold(p->fab, h->arg, h->arg2 == 1);
+    if (ret < 0) {
+        g_warning("port %s: segment %" PRIu64 " could not be %s: %s", p->path, h->arg,
+                  h->arg2 == 1 ? "withheld" : "given back", g_strerror(-ret));
+    }
+    vn_port_reply(p, h, ret < 0 ? ret : 0, ret < 0 ? 0 : (uint64_t)ret, 0, -1);
+}
+
+void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd)
+{
+    g_autoptr(GError) error = NULL;
+    bool route = h->op == VN_HOST_EXPORT_ROUTE;
+    GArray *ids = route ? p->routes : p->segments;
+    uint64_t id;
+
+    if (fd < 0 || ids->len >= VN_PORT_MAX_EXPORTS) {
+        vn_port_refuse(p, "an export %s", fd < 0 ? "without its fd" : "beyond the bound");
+        vn_port_reply(p, h, fd < 0 ? EINVAL : ENOSPC, 0, 0, -1);
+        return;
+    }
+    id = route ? vn_fabric_route_export(p->fab, fd, p->peer, &error)
+               : vn_fabric_segment_export_at(p->fab, fd, h->arg2, h->arg, p->peer, &error);
+    if (id == 0) {
+        vn_port_refuse(p, "%s", error->message);
+        vn_port_reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    g_array_append_val(ids, id);
+    vn_port_reply(p, h, 0, id, 0, -1);
+}
+
+/* A map for the worker, until the peer's backend answered. */
+typedef struct VnPortMap {
+    VnPort *port; /* NULL once the port is gone */
+    VnFabric *fab;
+    VnHostHdr h;
+} VnPortMap;
+
+static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
+
+static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    VnPortMap *m = opaque;
+    VnPort *p = m->port;
+
+    if (p == NULL) {
+        if (w != NULL) {
+            vn_fabric_window_unmap(m->fab, w); /* nobody to give it to */
+        }
+        g_free(m);
+        return;
+    }
+    g_ptr_array_remove_fast(p->maps, m);
+    if (w == NULL) {
+        g_info("port %s: %s", p->path, error->message);
+        vn_port_reply(p, &m->h,
+                      g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE)            ? ENOSPC
+                      : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)         ? ENOENT
+                      : g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED) ? EACCES
+                                                                                         : EIO,
+                      0, 0, -1);
+    } else {
+        g_ptr_array_add(p->windows, w);
+        vn_port_reply(p, &m->h, 0, w->size, w->offset, w->fd);
+    }
+    g_free(m);
+}
+
+void vn_port_op_map(VnPort *p, const VnHostHdr *h)
+{
+    VnFabricWindow *held = worker_window(p, h->arg);
+    VnPortMap *m;
+
+    /* A borrower's worker maps each BAR's segment once; a window it holds already was
+     * mapped for the worker it replaced, and QEMU's mappings of the BAR are of that
+     * window: it is given again, never unmapped under QEMU. */
+    if (!p->inbound && held != NULL) {
+        vn_port_reply(p, h, 0, held->size, held->offset, held->fd);
+        return;
+    }
+
+    if (p->windows->len + p->maps->len >= VN_PORT_MAX_WINDOWS) {
+        vn_port_refuse(p, "more than %u windows", VN_PORT_MAX_WINDOWS);
+        vn_port_reply(p, h, ENOSPC, 0, 0, -1);
+        return;
+    }
+    /* Without waiting: the peer's backend answers on our loop. */
+    m = g_new0(VnPortMap, 1);
+    m->port = p;
+    m->fab = p->fab;
+    m->h = *h;
+    g_ptr_array_add(p->maps, m);
+    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, m);
+}
+
+void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
+{
+    for (guint i = 0; i < p->windows->len; i++) {
+        VnFabricWindow *w = p->windows->pdata[i];
+
+        if (w->segment == h->arg) {
+            g_ptr_array_remove_index_fast(p->windows, i);
+            vn_fabric_window_unmap(p->fab, w);
+            return;
+        }
+    }
+    vn_port_refuse(p, "an unmap of segment %" PRIu64 ", which it has no window onto", h->arg);
+}
+
+/* The window mapped for the worker onto segment @id, or NULL. */
+static VnFabricWindow *worker_window(VnPort *p, uint64_t id)
+{
+    for (guint i = 0; i < p->windows->len; i++) {
+        VnFabricWindow *w = p->windows->pdata[i];
+
+        if (w->segment == id) {
+            return w;
+        }
+    }
+    return NULL;
+}
+
+/* A borrower's worker joins windows onto one BAR: only windows mapped for it, and the
+ * fabric checks they are one memory's. */
+void vn_port_op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[VN_FABRIC_MAX_JOIN];
+    uint64_t offset = 0;
+    size_t n = len / sizeof(uint64_t);
+    int fd;
+
+    if (len % sizeof(uint64_t) != 0 || n < 2 || n > VN_FABRIC_MAX_JOIN || h->arg2 > 1) {
+        vn_port_refuse(p, "a join of %zu bytes of ids", len);
+        vn_port_reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    for (size_t k = 0; k < n; k++) {
+        uint64_t id;
+
+        memcpy(&id, ids + k * sizeof(id), sizeof(id));
+        w[k] = worker_window(p, id);
+        if (w[k] == NULL) {
+            vn_port_refuse(p, "a join of segment %" PRIu64 ", which it has no window onto", id);
+            vn_port_reply(p, h, EACCES, 0, 0, -1);
+            return;
+        }
+    }
+    /* What it says of the windows must be what they are. */
+    if (w[0]->size != h->arg || w[0]->device != (h->arg2 == 1)) {
+        vn_port_refuse(p, "a join that misdescribes its windows");
+        vn_port_reply(p, h, EINVAL, 0, 0, -1);
+        return;
+    }
+    fd = vn_fabric_windows_join(p->fab, w, (uint32_t)n, &offset, &error);
+    if (fd < 0) {
+        g_info("port %s: %s", p->path, error->message);
+        vn_port_reply(p, h, fd, 0, 0, -1);
+        return;
+    }
+    vn_port_reply(p, h, 0, offset, 0, fd);
+    close(fd);
+}
+
+static uint64_t bits(uint64_t first, uint64_t count)
+{
+    if (first >= VN_FABRIC_MAX_DOORBELLS || count == 0 || count > VN_FABRIC_MAX_DOORBELLS - first) {
+        return 0;
+    }
+    return (count == 64 ? ~UINT64_C(0) : (UINT64_C(1) << count) - 1) << first;
+}
+
+void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    uint64_t m = bits(h->arg, h->arg2);
+    int first, ret;
+
+    switch (h->op) {
+    case VN_HOST_DOORBELLS_ALLOC:
+        first = h->arg <= VN_FABRIC_MAX_DOORBELLS
+                    ? vn_fabric_doorbells_alloc(p->fab, (uint32_t)h->arg, &error)
+                    : -EINVAL;
+        if (first >= 0) {
+            p->doorbells |= bits((uint64_t)first, h->arg);
+        }
+        vn_port_reply(p, h, first < 0 ? first : 0, first < 0 ? 0 : (uint64_t)first, 0, -1);
+        break;
+    case VN_HOST_DOORBELLS_CLAIM:
+        ret = m == 0 ? -EINVAL
+                     : vn_fabric_doorbells_claim(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
+        if (ret == 0) {
+            p->doorbells |= m;
+        }
+        vn_port_reply(p, h, ret, 0, 0, -1);
+        break;
+    default:
+        if (m == 0 || (p->doorbells & m) != m) {
+            vn_port_refuse(p, "doorbells %" PRIu64 "+%" PRIu64 " given back, not its", h->arg,
+                           h->arg2);
+            return;
+        }
+        p->doorbells &= ~m;
+        vn_fabric_doorbells_free(p->fab, (uint32_t)h->arg, (uint32_t)h->arg2);
+        break;
+    }
+}
+
+void vn_port_op_open_route(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    int fd = vn_fabric_route_open(p->fab, p->peer, h->arg, &error);
+
+    if (fd < 0) {
+        g_info("port %s: %s", p->path, error->message);
+        vn_port_reply(p, h, fd, 0, 0, -1);
+        return;
+    }
+    vn_port_reply(p, h, 0, 0, 0, fd);
+    close(fd);
+}
+
+/* A borrower's worker keeps what the worker after it needs (keep.h). */
+void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len)
+{
+    g_autoptr(GError) error = NULL;
+
+    if (p->keep == NULL) {
+        vn_port_refuse(p, "%s from a lender's worker", vn_host_op_to_string(h->op));
+        return;
+    }
+    if (h->op == VN_HOST_FORGET) {
+        if (h->arg > h->arg2) {
+            vn_port_refuse(p, "a FORGET of keys %" PRIu64 "..%" PRIu64, h->arg, h->arg2);
+            return;
+        }
+        vn_keep_forget(p->keep, h->arg, h->arg2);
+        return;
+    }
+    if (*fd >= 0) {
+        int kept = *fd;
+
+        *fd = -1; /* the store's now, kept or closed */
+        if (!vn_keep_fd(p->keep, h->arg, kept, &error)) {
+            vn_port_refuse(p, "%s", error->message);
+        }
+    } else if (h->arg != 0) {
+        vn_port_refuse(p, "a state kept under key %" PRIu64, h->arg);
+    } else if (!vn_keep_state(p->keep, data, len, &error)) {
+        vn_port_refuse(p, "%s", error->message);
+    }
+}
+
+/* ---- the daemon's fence ---------------------------------------------------- */
+
+/* Withdraw every id of @ids (segments or routes) and remember it as withdrawn; how many. */
+static guint withdraw_ids(VnPort *p, GArray *ids, bool route)
+{
+    guint n = ids->len;
+
+    for (guint i = 0; i < n; i++) {
+        uint64_t id = g_array_index(ids, uint64_t, i);
+
+        if (route) {
+            vn_fabric_route_unexport(p->fab, id);
+        } else {
+            vn_fabric_segment_unexport(p->fab, id);
+        }
+        /* Bounded: a worker's ids are, and its own unexports take them out again. */
+        if (p->withdrawn->len < VN_PORT_MAX_WITHDRAWN) {
+            g_array_append_val(p->withdrawn, id);
+        }
+    }
+    g_array_set_size(ids, 0);
+    return n;
+}
+
+void vn_port_withdraw(VnPort *p, bool everything, const char *why)
+{
+    guint segments = withdraw_ids(p, p->segments, false);
+    guint routes = withdraw_ids(p, p->routes, true);
+    guint windows = 0, doorbells = 0;
+
+    if (everything) {
+        for (guint i = 0; i < p->maps->len; i++) {
+            ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
+        }
+        g_ptr_array_set_size(p->maps, 0);
+        windows = p->windows->len;
+        for (guint i = 0; i < p->windows->len; i++) {
+            vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
+        }
+        g_ptr_array_set_size(p->windows, 0);
+        for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
+            if (p->doorbells & (UINT64_C(1) << b)) {
+                vn_fabric_doorbells_free(p->fab, b, 1);
+                doorbells++;
+            }
+        }
+        p->doorbells = 0;
+        vn_port_ins_fail(p, ECONNRESET, "the device's worker is gone");
+        g_array_set_size(p->withdrawn, 0); /* no worker to unexport them */
+    }
+    if (segments + routes + windows + doorbells > 0) {
+        g_info("port %s: %s: withdrew %u segments, %u routes, %u windows, %u doorbells of its "
+               "worker's",
+               p->path, why, segments, routes, windows, doorbells);
+    }
+}
