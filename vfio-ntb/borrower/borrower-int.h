@@ -103,15 +103,6 @@ void vn_borrower_bars_carve_msix(VnBorrower *b);
  * device's window, or an access across two windows: the lender serves it). */
 uint8_t *vn_borrower_bar_memory(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count);
 
-/* The device ops QEMU's requests reach (borrower.c). */
-extern const VnDeviceOps vn_borrower_ops;
-/* A borrower of @device (no ATTACH yet). */
-VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device,
-                              VnIrqMode mode);
-/* ATTACH (@resume: the lender's attachment of ours, as it is), then map the BARs and read
- * the capabilities: what QEMU is told. */
-bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error);
-
 /* Takeover (takeover.c).  What the daemon keeps for the worker after us: the state
  * (sent when it changed, or always with @force), the sockets and the eventfds the server
  * holds of [start, start + count) of @index (count 0: all of them). */
@@ -123,6 +114,19 @@ void vn_borrower_keep_irqs(VnBorrower *b, uint32_t index, uint32_t start, uint32
 void vn_borrower_kept_again(void *opaque);
 /* QEMU went: its connection and eventfds are nobody's to keep. */
 void vn_borrower_keep_client_gone(VnBorrower *b);
+/* What the daemon hands the worker that takes over: the dead one's state and QEMU's caps
+ * in it, its sockets (-1: none), and its other fds (key -> fd, closed when freed). */
+typedef struct VnBorrowerHandoff {
+    JsonObject *state;
+    VnWireCaps caps;
+    int listen_fd, client_fd;
+    GHashTable *fds;
+} VnBorrowerHandoff;
+/* Read from @fd (taken); false with @error naming what is wrong (@h is to be cleared
+ * either way). */
+bool vn_borrower_handoff_read(int fd, const char *device, VnBorrowerHandoff *h, GError **error);
+void vn_borrower_handoff_clear(VnBorrowerHandoff *h);
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(VnBorrowerHandoff, vn_borrower_handoff_clear)
 /* Put back what @state (the dead worker's) and @fds (key -> fd, taken) say into @b, whose
  * server took over the sockets. */
 bool vn_borrower_restore(VnBorrower *b, JsonObject *state, GHashTable *fds, GError **error);

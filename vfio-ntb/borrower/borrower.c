@@ -451,7 +451,7 @@ static void op_client_new(void *opaque)
     vn_borrower_keep_sockets(opaque);
 }
 
-const VnDeviceOps vn_borrower_ops = {
+static const VnDeviceOps borrower_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
     .dma_mapped = op_dma_mapped,
@@ -482,7 +482,7 @@ static void describe(VnBorrower *b, const VnProtoDevice *d)
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode)
+VnBorrower *borrower_alloc(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode)
 {
     VnBorrower *b = g_new0(VnBorrower, 1);
 
@@ -503,7 +503,9 @@ VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *dev
     return b;
 }
 
-bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error)
+/* ATTACH (@resume: the lender's attachment of ours, as it is), then map the BARs and read
+ * the capabilities: what QEMU is told. */
+static bool borrower_attach(VnBorrower *b, bool resume, GError **error)
 {
     VnProtoAttach at = { .irq_mode = b->mode, .resume = resume };
     g_autofree char *json = NULL;
@@ -548,12 +550,12 @@ bool vn_borrower_attach(VnBorrower *b, bool resume, GError **error)
 VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
                             const char *socket_path, GMainContext *ctx, GError **error)
 {
-    g_autoptr(VnBorrower) b = vn_borrower_alloc(fab, lender, device, mode);
+    g_autoptr(VnBorrower) b = borrower_alloc(fab, lender, device, mode);
 
-    if (!vn_borrower_attach(b, false, error)) {
+    if (!borrower_attach(b, false, error)) {
         return NULL;
     }
-    b->server = vn_server_new(socket_path, &b->info, &vn_borrower_ops, b, ctx, error);
+    b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
     if (b->server == NULL) {
         return NULL;
     }
@@ -561,6 +563,34 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
     vn_borrower_keep_sockets(b);
     g_message("borrower %s: borrowed from %s (%s interrupts), serving %s", device, lender,
               vn_irq_mode_to_string(b->mode), socket_path);
+    return g_steal_pointer(&b);
+}
+
+VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char *device,
+                                  VnIrqMode mode, const char *socket_path, int handoff_fd,
+                                  GMainContext *ctx, GError **error)
+{
+    g_auto(VnBorrowerHandoff) h = { .listen_fd = -1, .client_fd = -1 };
+    g_autoptr(VnBorrower) b = NULL;
+    bool client;
+
+    if (!vn_borrower_handoff_read(handoff_fd, device, &h, error)) {
+        return NULL;
+    }
+    b = borrower_alloc(fab, lender, device, mode);
+    if (!borrower_attach(b, true, error)) {
+        return NULL;
+    }
+    client = h.client_fd >= 0;
+    b->server = vn_server_adopt(socket_path, g_steal_fd(&h.listen_fd), g_steal_fd(&h.client_fd),
+                                &h.caps, &b->info, &borrower_ops, b, ctx, error);
+    if (b->server == NULL || !vn_borrower_restore(b, h.state, h.fds, error)) {
+        return NULL;
+    }
+    vn_host_on_greeted(fab, vn_borrower_kept_again, b);
+    vn_borrower_kept_again(b); /* rings the relayed vectors too */
+    g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
+              device, socket_path, g_list_length(b->mappings), client ? "with its" : "no");
     return g_steal_pointer(&b);
 }
 

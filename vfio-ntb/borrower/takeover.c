@@ -506,54 +506,43 @@ static int take_fd(GHashTable *fds, uint64_t key)
     return GPOINTER_TO_INT(value);
 }
 
-VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char *device,
-                                  VnIrqMode mode, const char *socket_path, int handoff_fd,
-                                  GMainContext *ctx, GError **error)
+bool vn_borrower_handoff_read(int fd, const char *device, VnBorrowerHandoff *h, GError **error)
 {
-    g_autoptr(GHashTable) fds = NULL;
-    g_autoptr(JsonObject) handoff = handoff_read(handoff_fd, &fds, error);
-    g_autoptr(VnBorrower) b = NULL;
-    g_autoptr(JsonObject) st = NULL;
-    VnWireCaps caps;
-    int listen_fd, client_fd;
+    g_autoptr(JsonObject) handoff = handoff_read(fd, &h->fds, error);
 
-    vn_util_close_fd(&handoff_fd);
+    *h = (VnBorrowerHandoff){ .fds = h->fds, .listen_fd = -1, .client_fd = -1 };
+    vn_util_close_fd(&fd);
     if (handoff == NULL) {
         g_prefix_error(error, "borrower %s: the handoff: ", device);
-        return NULL;
+        return false;
     }
-    st = vn_json_parse_object(json_object_get_string_member(handoff, "state"), -1,
-                              VN_HOST_MAX_KEPT_STATE, error);
-    if (st == NULL) {
+    h->state = vn_json_parse_object(json_object_get_string_member(handoff, "state"), -1,
+                                    VN_HOST_MAX_KEPT_STATE, error);
+    if (h->state == NULL) {
         g_prefix_error(error, "borrower %s: the state to take over: ", device);
-        return NULL;
+        return false;
     }
-    vn_wire_parse_caps(NULL, &caps, NULL);
-    if (json_object_has_member(st, "caps")) {
+    vn_wire_parse_caps(NULL, &h->caps, NULL);
+    if (json_object_has_member(h->state, "caps")) {
         uint64_t v[4];
 
-        if (!numbers(json_object_get_member(st, "caps"), "caps", 0, v, 4, NULL, error)) {
+        if (!numbers(json_object_get_member(h->state, "caps"), "caps", 0, v, 4, NULL, error)) {
             g_prefix_error(error, "borrower %s: the state to take over: ", device);
-            return NULL;
+            return false;
         }
-        caps = (VnWireCaps){
+        h->caps = (VnWireCaps){
             .max_msg_fds = v[0], .max_data_xfer_size = v[1], .pgsizes = v[2], .max_dma_maps = v[3]
         };
     }
-    b = vn_borrower_alloc(fab, lender, device, mode);
-    if (!vn_borrower_attach(b, true, error)) {
-        return NULL;
-    }
-    listen_fd = take_fd(fds, KEY_LISTEN);
-    client_fd = take_fd(fds, KEY_CLIENT);
-    b->server = vn_server_adopt(socket_path, listen_fd, client_fd, &caps, &b->info,
-                                &vn_borrower_ops, b, ctx, error);
-    if (b->server == NULL || !vn_borrower_restore(b, st, fds, error)) {
-        return NULL;
-    }
-    vn_host_on_greeted(fab, vn_borrower_kept_again, b);
-    vn_borrower_kept_again(b); /* rings the relayed vectors too */
-    g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
-              device, socket_path, g_list_length(b->mappings), client_fd >= 0 ? "with its" : "no");
-    return g_steal_pointer(&b);
+    h->listen_fd = take_fd(h->fds, KEY_LISTEN);
+    h->client_fd = take_fd(h->fds, KEY_CLIENT);
+    return true;
+}
+
+void vn_borrower_handoff_clear(VnBorrowerHandoff *h)
+{
+    g_clear_pointer(&h->state, json_object_unref);
+    g_clear_pointer(&h->fds, g_hash_table_unref);
+    vn_util_close_fd(&h->listen_fd);
+    vn_util_close_fd(&h->client_fd);
 }

@@ -4,7 +4,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "port-int.h"
+#include "port-ops.h"
 
 #include "common/util.h"
 
@@ -78,13 +78,6 @@ void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd)
     g_array_append_val(ids, id);
     vn_port_reply(p, h, 0, id, 0, -1);
 }
-
-/* A map for the worker, until the peer's backend answered. */
-typedef struct VnPortMap {
-    VnPort *port; /* NULL once the port is gone */
-    VnFabric *fab;
-    VnHostHdr h;
-} VnPortMap;
 
 static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
 
@@ -298,62 +291,5 @@ void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data
         vn_port_refuse(p, "a state kept under key %" PRIu64, h->arg);
     } else if (!vn_keep_state(p->keep, data, len, &error)) {
         vn_port_refuse(p, "%s", error->message);
-    }
-}
-
-/* ---- the daemon's fence ---------------------------------------------------- */
-
-/* Withdraw every id of @ids (segments or routes) and remember it as withdrawn; how many. */
-static guint withdraw_ids(VnPort *p, GArray *ids, bool route)
-{
-    guint n = ids->len;
-
-    for (guint i = 0; i < n; i++) {
-        uint64_t id = g_array_index(ids, uint64_t, i);
-
-        if (route) {
-            vn_fabric_route_unexport(p->fab, id);
-        } else {
-            vn_fabric_segment_unexport(p->fab, id);
-        }
-        /* Bounded: a worker's ids are, and its own unexports take them out again. */
-        if (p->withdrawn->len < VN_PORT_MAX_WITHDRAWN) {
-            g_array_append_val(p->withdrawn, id);
-        }
-    }
-    g_array_set_size(ids, 0);
-    return n;
-}
-
-void vn_port_withdraw(VnPort *p, bool everything, const char *why)
-{
-    guint segments = withdraw_ids(p, p->segments, false);
-    guint routes = withdraw_ids(p, p->routes, true);
-    guint windows = 0, doorbells = 0;
-
-    if (everything) {
-        for (guint i = 0; i < p->maps->len; i++) {
-            ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
-        }
-        g_ptr_array_set_size(p->maps, 0);
-        windows = p->windows->len;
-        for (guint i = 0; i < p->windows->len; i++) {
-            vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
-        }
-        g_ptr_array_set_size(p->windows, 0);
-        for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
-            if (p->doorbells & (UINT64_C(1) << b)) {
-                vn_fabric_doorbells_free(p->fab, b, 1);
-                doorbells++;
-            }
-        }
-        p->doorbells = 0;
-        vn_port_ins_fail(p, ECONNRESET, "the device's worker is gone");
-        g_array_set_size(p->withdrawn, 0); /* no worker to unexport them */
-    }
-    if (segments + routes + windows + doorbells > 0) {
-        g_info("port %s: %s: withdrew %u segments, %u routes, %u windows, %u doorbells of its "
-               "worker's",
-               p->path, why, segments, routes, windows, doorbells);
     }
 }

@@ -4,7 +4,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "port-int.h"
+#include "port.h"
+
+#include "port-conn.h"
+#include "port-ops.h"
 
 #include "common/util.h"
 #include "fabric/frame.h"
@@ -66,51 +69,7 @@ uint64_t vn_port_refused(VnPort *p)
     return p->refused;
 }
 
-void vn_port_refuse(VnPort *p, const char *fmt, ...)
-{
-    g_autofree char *why = NULL;
-    va_list ap;
-
-    va_start(ap, fmt);
-    why = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    p->refused++;
-    g_info("port %s: refused from the worker of %s/%s: %s", p->path, p->peer, p->device, why);
-}
-
 /* ---- to the worker ---------------------------------------------------- */
-
-static void conn_close(VnPort *p)
-{
-    if (p->src != NULL) {
-        g_source_destroy(p->src);
-        g_clear_pointer(&p->src, g_source_unref);
-    }
-    vn_record_reader_clear(&p->rx);
-    vn_util_close_fd(&p->fd);
-}
-
-static void to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
-                      uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
-{
-    int ret;
-
-    if (p->fd < 0) {
-        return;
-    }
-    ret = vn_host_send(p->fd, op, seq, status, peer, arg, arg2, data, len, fd);
-    if (ret < 0) {
-        /* A worker that does not read its port for seconds is stuck: it
-         * reconnects when it is not. */
-        g_info("port %s: cannot reach the worker: %s", p->path, g_strerror(-ret));
-        conn_close(p);
-    }
-}
-
-void vn_port_reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t arg2, int fd)
-{
-    to_worker(p, VN_HOST_REPLY, h->seq, err < 0 ? -err : err, NULL, arg, arg2, NULL, 0, fd);
-}
 
 /* A frame for the worker, as if the peer had sent it to the worker's node. */
 static void frame_to_worker(VnPort *p, uint16_t flags, uint32_t type, uint64_t id, int32_t err,
@@ -124,7 +83,7 @@ static void frame_to_worker(VnPort *p, uint16_t flags, uint32_t type, uint64_t i
         vn_fabric_frame_encode(p->out, VN_FABRIC_FLAG_REPLY | VN_FABRIC_FLAG_ERROR, type, id,
                                EMSGSIZE, NULL, NULL, 0);
     }
-    to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, p->out->data, p->out->len, -1);
+    vn_port_to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, p->out->data, p->out->len, -1);
 }
 
 /* HELLO's arg: our caps and our largest window (host.h). */
@@ -141,27 +100,12 @@ static bool is_peer(VnPort *p, const char *peer)
     return p->peer != NULL && peer != NULL && strcmp(peer, p->peer) == 0;
 }
 
-/* The peer's requests the worker has not answered: they fail now. */
-void vn_port_ins_fail(VnPort *p, int err, const char *why)
-{
-    for (guint i = 0; i < p->ins->len; i++) {
-        VnPortIn *in = p->ins->pdata[i];
-
-        vn_fabric_reply_error(p->fab, in->token, err, why);
-        if (in->frame != NULL) {
-            g_byte_array_unref(in->frame);
-        }
-        g_free(in);
-    }
-    g_ptr_array_set_size(p->ins, 0);
-}
-
 void vn_port_set_peer(VnPort *p, const char *peer)
 {
     if (p->peer != NULL && (peer == NULL || strcmp(peer, p->peer) != 0)) {
         /* For the worker, its peer's link went: a borrower loses its lender,
          * a lender fences the device. */
-        to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 0, 0, NULL, 0, -1);
+        vn_port_to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 0, 0, NULL, 0, -1);
         vn_port_ins_fail(p, ECONNRESET, "the lease ended");
         g_clear_pointer(&p->peer, g_free);
     }
@@ -170,7 +114,7 @@ void vn_port_set_peer(VnPort *p, const char *peer)
         /* A lender's worker learns its holder; a borrower's, that its
          * lender, given up on, is back. */
         if (p->inbound || vn_fabric_link_up(p->fab, p->peer)) {
-            to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
+            vn_port_to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
         }
     }
 }
@@ -187,7 +131,8 @@ static void ins_flush(VnPort *p)
         VnPortIn *in = p->ins->pdata[i];
 
         if (in->frame != NULL) {
-            to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, in->frame->data, in->frame->len, -1);
+            vn_port_to_worker(p, VN_HOST_RECV, 0, 0, p->peer, 0, 0, in->frame->data, in->frame->len,
+                              -1);
             g_clear_pointer(&in->frame, g_byte_array_unref);
         }
     }
@@ -373,7 +318,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
     if (why != NULL) {
         vn_util_close_fds(rec->fds, rec->nfds);
         vn_port_refuse(p, "%s", why);
-        conn_close(p);
+        vn_port_conn_close(p);
         return;
     }
     fd = rec->nfds == 1 ? rec->fds[0] : -1;
@@ -393,7 +338,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
         /* A lender's worker learns who holds the device, then gets what
          * came while it was away. */
         if (p->inbound && p->peer != NULL) {
-            to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
+            vn_port_to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 1, 0, NULL, 0, -1);
             ins_flush(p);
         }
         break;
@@ -489,7 +434,7 @@ static gboolean on_worker(int fd, GIOCondition cond, gpointer data)
             if (ret != -ECONNRESET) {
                 vn_port_refuse(p, "a broken stream (%s)", g_strerror(-ret));
             }
-            conn_close(p);
+            vn_port_conn_close(p);
             if (p->gone != NULL) {
                 p->gone(p->gone_opaque);
             }
@@ -527,7 +472,7 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     }
     /* The worker again (it reconnected): its new connection replaces the
      * old; what it holds stays. */
-    conn_close(p);
+    vn_port_conn_close(p);
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     p->fd = c;
     p->src = g_unix_fd_source_new(c, G_IO_IN | G_IO_HUP | G_IO_ERR);
@@ -536,6 +481,62 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* ---- the daemon's fence ---------------------------------------------------- */
+
+/* Withdraw every id of @ids (segments or routes) and remember it as withdrawn; how many. */
+static guint withdraw_ids(VnPort *p, GArray *ids, bool route)
+{
+    guint n = ids->len;
+
+    for (guint i = 0; i < n; i++) {
+        uint64_t id = g_array_index(ids, uint64_t, i);
+
+        if (route) {
+            vn_fabric_route_unexport(p->fab, id);
+        } else {
+            vn_fabric_segment_unexport(p->fab, id);
+        }
+        /* Bounded: a worker's ids are, and its own unexports take them out again. */
+        if (p->withdrawn->len < VN_PORT_MAX_WITHDRAWN) {
+            g_array_append_val(p->withdrawn, id);
+        }
+    }
+    g_array_set_size(ids, 0);
+    return n;
+}
+
+void vn_port_withdraw(VnPort *p, bool everything, const char *why)
+{
+    guint segments = withdraw_ids(p, p->segments, false);
+    guint routes = withdraw_ids(p, p->routes, true);
+    guint windows = 0, doorbells = 0;
+
+    if (everything) {
+        for (guint i = 0; i < p->maps->len; i++) {
+            ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
+        }
+        g_ptr_array_set_size(p->maps, 0);
+        windows = p->windows->len;
+        for (guint i = 0; i < p->windows->len; i++) {
+            vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
+        }
+        g_ptr_array_set_size(p->windows, 0);
+        for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
+            if (p->doorbells & (UINT64_C(1) << b)) {
+                vn_fabric_doorbells_free(p->fab, b, 1);
+                doorbells++;
+            }
+        }
+        p->doorbells = 0;
+        vn_port_ins_fail(p, ECONNRESET, "the device's worker is gone");
+        g_array_set_size(p->withdrawn, 0); /* no worker to unexport them */
+    }
+    if (segments + routes + windows + doorbells > 0) {
+        g_info("port %s: %s: withdrew %u segments, %u routes, %u windows, %u doorbells of its "
+               "worker's",
+               p->path, why, segments, routes, windows, doorbells);
+    }
+}
 /* ---- life ------------------------------------------------------------- */
 
 static bool port_listen(VnPort *p, GError **error)
@@ -606,7 +607,7 @@ void vn_port_free(VnPort *p, bool unlink_it)
     if (p == NULL) {
         return;
     }
-    conn_close(p);
+    vn_port_conn_close(p);
     if (p->listen_src != NULL) {
         g_source_destroy(p->listen_src);
         g_source_unref(p->listen_src);

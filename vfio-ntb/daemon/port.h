@@ -32,15 +32,6 @@
 #include <glib.h>
 #include <stdbool.h>
 
-/* Requests one worker may have relayed and unanswered. */
-#define VN_PORT_MAX_INFLIGHT 64u
-/* Ids the daemon withdrew that the worker may still unexport (vn_port_withdraw): a lender
- * worker exports a few per region, VN_MAX_REGIONS regions. */
-#define VN_PORT_MAX_WITHDRAWN 256u
-/* Windows, segments and routes one worker may hold through its port. */
-#define VN_PORT_MAX_WINDOWS 16u
-#define VN_PORT_MAX_EXPORTS 256u
-
 typedef struct VnPort VnPort;
 
 /*

@@ -1,16 +1,30 @@
 /*
- * A worker's port's insides (see port.h), shared by port.c (the connection, relaying frames,
- * the peer's requests, life) and port-ops.c (what the worker maps, exports, keeps and rings,
- * and the daemon's fence).  Not for other files.
+ * A worker's port's insides (see port.h) and its connection to the worker (port-conn.c):
+ * what port.c (relaying frames, the peer's requests, life) and port-ops.c (what the worker
+ * maps, exports, keeps and rings) share.  Not for other files.
  */
-#ifndef VN_PORT_INT_H
-#define VN_PORT_INT_H
-
-#include "port.h"
+#ifndef VN_PORT_CONN_H
+#define VN_PORT_CONN_H
 
 #include "keep.h"
+#include "fabric/fabric.h"
 #include "fabric/host.h"
 #include "fabric/record.h"
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Requests one worker may have relayed and unanswered. */
+#define VN_PORT_MAX_INFLIGHT 64u
+/* Ids the daemon withdrew that the worker may still unexport (vn_port_withdraw): a lender
+ * worker exports a few per region, VN_MAX_REGIONS regions. */
+#define VN_PORT_MAX_WITHDRAWN 256u
+/* Windows, segments and routes one worker may hold through its port. */
+#define VN_PORT_MAX_WINDOWS 16u
+#define VN_PORT_MAX_EXPORTS 256u
+
+typedef struct VnPort VnPort;
 
 /* A request relayed for the worker, until its answer comes. */
 typedef struct VnPortRelay {
@@ -49,17 +63,23 @@ struct VnPort {
     uint64_t refused;
     GMainContext *ctx;
     bool inbound; /* a lender's worker: it answers the peer's requests */
-    VnPortDeviceRequestFn device_request;
+    /* port.h's callbacks (VnPortDeviceRequestFn, ...) */
+    void (*device_request)(void *opaque);
     void *device_request_opaque;
-    VnPortFencedFn fenced;
+    void (*fenced)(void *opaque);
     void *fenced_opaque;
-    VnPortDeviceServerFn device_server;
+    void (*device_server)(void *opaque, bool up, uint32_t gen);
     void *device_server_opaque;
-    VnPortGoneFn gone;
+    void (*gone)(void *opaque);
     void *gone_opaque;
     VnKeep *keep; /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
 };
 
+/* The worker's connection goes (it reconnects, or it is gone). */
+void vn_port_conn_close(VnPort *p);
+/* A record to the worker; one it cannot take closes its connection. */
+void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
+                       uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd);
 /* What the worker sent that is refused: counted, logged. */
 void vn_port_refuse(VnPort *p, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 /* The REPLY to the worker's op @h. */
@@ -68,15 +88,4 @@ void vn_port_reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_
 /* The peer's requests the worker has not answered: they fail now (with @err, @why). */
 void vn_port_ins_fail(VnPort *p, int err, const char *why);
 
-/* The worker's ops (port-ops.c), checked as any peer's input. */
-bool vn_port_array_take(GArray *a, uint64_t id);
-void vn_port_op_withhold(VnPort *p, const VnHostHdr *h);
-void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd);
-void vn_port_op_map(VnPort *p, const VnHostHdr *h);
-void vn_port_op_unmap(VnPort *p, const VnHostHdr *h);
-void vn_port_op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len);
-void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h);
-void vn_port_op_open_route(VnPort *p, const VnHostHdr *h);
-void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len);
-
-#endif /* VN_PORT_INT_H */
+#endif /* VN_PORT_CONN_H */

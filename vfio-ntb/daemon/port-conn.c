@@ -1,0 +1,72 @@
+/*
+ * A worker's port (see port.h): the connection to its worker, and what is refused on it.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.daemon"
+
+#include "port-conn.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <gio/gio.h>
+#include <stdarg.h>
+#include <string.h>
+
+void vn_port_refuse(VnPort *p, const char *fmt, ...)
+{
+    g_autofree char *why = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    why = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    p->refused++;
+    g_info("port %s: refused from the worker of %s/%s: %s", p->path, p->peer, p->device, why);
+}
+
+void vn_port_conn_close(VnPort *p)
+{
+    if (p->src != NULL) {
+        g_source_destroy(p->src);
+        g_clear_pointer(&p->src, g_source_unref);
+    }
+    vn_record_reader_clear(&p->rx);
+    vn_util_close_fd(&p->fd);
+}
+
+void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
+                       uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
+{
+    int ret;
+
+    if (p->fd < 0) {
+        return;
+    }
+    ret = vn_host_send(p->fd, op, seq, status, peer, arg, arg2, data, len, fd);
+    if (ret < 0) {
+        /* A worker that does not read its port for seconds is stuck: it
+         * reconnects when it is not. */
+        g_info("port %s: cannot reach the worker: %s", p->path, g_strerror(-ret));
+        vn_port_conn_close(p);
+    }
+}
+
+void vn_port_reply(VnPort *p, const VnHostHdr *h, int err, uint64_t arg, uint64_t arg2, int fd)
+{
+    vn_port_to_worker(p, VN_HOST_REPLY, h->seq, err < 0 ? -err : err, NULL, arg, arg2, NULL, 0, fd);
+}
+
+/* The peer's requests the worker has not answered: they fail now. */
+void vn_port_ins_fail(VnPort *p, int err, const char *why)
+{
+    for (guint i = 0; i < p->ins->len; i++) {
+        VnPortIn *in = p->ins->pdata[i];
+
+        vn_fabric_reply_error(p->fab, in->token, err, why);
+        if (in->frame != NULL) {
+            g_byte_array_unref(in->frame);
+        }
+        g_free(in);
+    }
+    g_ptr_array_set_size(p->ins, 0);
+}

@@ -1,0 +1,27 @@
+/*
+ * What a worker maps, exports, keeps and rings through its port (port-ops.c), each op
+ * checked as any peer's input.  For port.c.
+ */
+#ifndef VN_PORT_OPS_H
+#define VN_PORT_OPS_H
+
+#include "port-conn.h"
+
+/* A map for the worker, until the peer's backend answered. */
+typedef struct VnPortMap {
+    VnPort *port; /* NULL once the port is gone */
+    VnFabric *fab;
+    VnHostHdr h;
+} VnPortMap;
+
+bool vn_port_array_take(GArray *a, uint64_t id);
+void vn_port_op_withhold(VnPort *p, const VnHostHdr *h);
+void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd);
+void vn_port_op_map(VnPort *p, const VnHostHdr *h);
+void vn_port_op_unmap(VnPort *p, const VnHostHdr *h);
+void vn_port_op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len);
+void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h);
+void vn_port_op_open_route(VnPort *p, const VnHostHdr *h);
+void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len);
+
+#endif /* VN_PORT_OPS_H */
