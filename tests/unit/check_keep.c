@@ -69,8 +69,9 @@ START_TEST(test_state)
     ck_assert_uint_eq(g_bytes_get_size(st), 7);
     /* A range from key 0 takes the state with it; one from 1 does not. */
     vn_keep_forget(k, 1, UINT64_MAX);
-    ck_assert_ptr_nonnull(vn_keep_get_state(k));
-    g_bytes_unref(vn_keep_get_state(k));
+    g_clear_pointer(&st, g_bytes_unref);
+    st = vn_keep_get_state(k);
+    ck_assert_ptr_nonnull(st);
     vn_keep_forget(k, 0, 0);
     ck_assert_ptr_null(vn_keep_get_state(k));
 }
