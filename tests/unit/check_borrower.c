@@ -107,6 +107,13 @@ static void bor_setup_small_bar(void)
     bor_setup_limited("4096", "4");
 }
 
+/* A device whose BAR2 is 0x300 bytes. */
+static void bor_setup_odd_bar(void)
+{
+    rig_odd_bar = true;
+    bor_setup_limited(NULL, NULL);
+}
+
 static void bor_teardown(void)
 {
     on_loop(&bor.loop, bor_close, NULL);
@@ -115,6 +122,7 @@ static void bor_teardown(void)
     g_free(bor.refusal);
     teardown();
     rig_small_bar = false;
+    rig_odd_bar = false;
 }
 
 /* QEMU's side: connected, or failing the test. */
@@ -451,6 +459,33 @@ START_TEST(test_lender_lost)
 }
 END_TEST
 
+/* A BAR a device server sizes other than a power of two (QEMU asserts on such a BAR) is
+ * shown as the next power of two: the device's own bytes read through, past them reads are
+ * all-ones and writes reach nothing. */
+START_TEST(test_odd_bar_rounded_up)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    struct vfio_region_info ri;
+    uint8_t in[4], mark[4] = { 1, 2, 3, 4 };
+    int fd = -1;
+
+    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_BAR2_REGION_INDEX, &ri, &fd, NULL, 0,
+                                               NULL),
+                     0);
+    ck_assert_uint_eq(ri.size, 0x400);
+    ck_assert_int_eq(fd, -1);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_BAR2_REGION_INDEX, 0x2fc, in, 4), 4);
+    ck_assert_mem_eq(in, "\xfc\xfd\xfe\xff", 4);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_BAR2_REGION_INDEX, 0x300, in, 4), 4);
+    ck_assert_mem_eq(in, "\xff\xff\xff\xff", 4);
+    ck_assert_int_ge(vn_client_region_write(c, VFIO_PCI_BAR2_REGION_INDEX, 0x3fc, mark, 4, false),
+                     0);
+    ck_assert_int_ge(vn_client_region_write(c, VFIO_PCI_BAR2_REGION_INDEX, 0x10, mark, 4, false),
+                     0);
+    ck_assert_int_eq(g_atomic_int_get(&rig.fake.odd_writes), 1);
+}
+END_TEST
+
 /* ---- a worker that takes over a dead one's QEMU --------------------------- */
 
 typedef struct TakeOver {
@@ -606,6 +641,11 @@ static Suite *borrower_suite(void)
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_describes_device);
     tcase_add_test(tc, test_expansion_rom);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("odd-bar");
+    tcase_add_checked_fixture(tc, bor_setup_odd_bar, bor_teardown);
+    tcase_add_test(tc, test_odd_bar_rounded_up);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("large-bar");

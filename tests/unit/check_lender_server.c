@@ -136,11 +136,17 @@ END_TEST
 START_TEST(test_detach_keeps_watching)
 {
     Borrower *b = borrower(0);
+    uint64_t before;
 
+    before = device_stats().clients;
     attach_ok(b, VN_IRQ_MODE_FD, NULL);
     ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
-    /* A new connection is made for the next attach, and watched. */
+    /* The fence held: its connection is kept for the next lease (a server that serves one
+     * client for its lifetime serves them all), and watched. */
     ck_assert(lender_server_wait(true, 2000));
+    attach_ok(borrower(1), VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(simple(borrower(1), VN_PROTO_DETACH), 0);
+    ck_assert_uint_eq(device_stats().clients, before);
     server_kill();
     ck_assert(lender_server_wait(false, 2000));
     ck_assert_int_eq(g_atomic_int_get(&told.downs), 1);

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <linux/vfio.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -995,6 +996,105 @@ START_TEST(test_client_connect_backlog_full)
 }
 END_TEST
 
+/* ---- a device server of another make ----------------------------------- */
+
+typedef struct Other {
+    char *path;
+    int listen_fd;
+    bool same; /* its region fds are one file (libvfio-user's way) or two */
+} Other;
+
+/* Answer one command of @t with @body (@len bytes) and @fds. */
+static void other_answer(VnTransport *t, uint16_t cmd, const void *body, size_t len,
+                         const int *fds, unsigned nfds)
+{
+    g_autoptr(GByteArray) out = g_byte_array_new();
+    VnTransportMsg msg = { 0 };
+    VnWireHdr hdr;
+    int ret = 0;
+
+    for (int i = 0; i < 2000 && ret == 0; i++) {
+        ret = vn_transport_recv(t, &msg);
+        if (ret == 0) {
+            g_usleep(1000);
+        }
+    }
+    ck_assert_int_eq(ret, 1);
+    memcpy(&hdr, msg.data, sizeof(hdr));
+    ck_assert_uint_eq(hdr.cmd, cmd);
+    vn_wire_begin_reply(out, &hdr);
+    g_byte_array_append(out, body, (guint)len);
+    vn_wire_finish(out);
+    ck_assert_int_eq(vn_transport_send(t, out->data, out->len, fds, nfds), 0);
+    vn_transport_msg_clear(&msg);
+}
+
+/* VERSION, then GET_REGION_INFO of BAR0 answered with two fds, as libvfio-user does for a
+ * region with two sparse mmap areas. */
+static gpointer other_thread(gpointer data)
+{
+    Other *o = data;
+    int c = accept4(o->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    VnTransport *t;
+    VnWireVersion v = { VN_WIRE_VERSION_MAJOR, VN_WIRE_VERSION_MINOR };
+    struct vfio_region_info ri = { .argsz = sizeof(ri), .index = 0, .size = 4096,
+                                   .flags = VFIO_REGION_INFO_FLAG_READ |
+                                            VFIO_REGION_INFO_FLAG_WRITE |
+                                            VFIO_REGION_INFO_FLAG_MMAP };
+    int a = memfd_create("bar", MFD_CLOEXEC), b = o->same ? dup(a) : memfd_create("other", 0);
+    int fds[2] = { a, b };
+
+    ck_assert_int_ge(c, 0);
+    t = vn_transport_new(c);
+    other_answer(t, VN_CMD_VERSION, &v, sizeof(v), NULL, 0);
+    other_answer(t, VN_CMD_DEVICE_GET_REGION_INFO, &ri, sizeof(ri), fds, 2);
+    close(a);
+    close(b);
+    vn_transport_free(t);
+    return NULL;
+}
+
+/* A region's fd comes once per sparse mmap area from libvfio-user: the client keeps one
+ * (they are one file); fds of two files for one region are a server's mistake, refused. */
+START_TEST(test_client_region_fd_per_area)
+{
+    for (int same = 1; same >= 0; same--) {
+        g_autofree char *dir = g_dir_make_tmp("vn-check-other-XXXXXX", NULL);
+        Other o = { .path = g_build_filename(dir, "s.sock", NULL), .same = same };
+        struct sockaddr_un addr = { .sun_family = AF_UNIX };
+        g_autoptr(GError) error = NULL;
+        struct vfio_region_info info;
+        VnClient *c;
+        GThread *th;
+        int fd = -1, ret;
+
+        o.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        g_strlcpy(addr.sun_path, o.path, sizeof(addr.sun_path));
+        ck_assert_int_eq(bind(o.listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+        ck_assert_int_eq(listen(o.listen_fd, 1), 0);
+        th = g_thread_new("other", other_thread, &o);
+        c = vn_client_connect(o.path, 2000, &error);
+        ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+        ret = vn_client_get_region_info(c, 0, &info, &fd, NULL, 0, NULL);
+        if (same) {
+            ck_assert_int_eq(ret, 0);
+            ck_assert_int_ge(fd, 0);
+            ck_assert_uint_eq(info.size, 4096);
+            close(fd);
+        } else {
+            ck_assert_int_eq(ret, -EPROTO);
+            ck_assert_int_eq(fd, -1);
+        }
+        vn_client_free(c);
+        g_thread_join(th);
+        close(o.listen_fd);
+        g_unlink(o.path);
+        g_rmdir(dir);
+        g_free(o.path);
+    }
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -1027,6 +1127,10 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_irqs);
     tcase_add_loop_test(tc, test_set_irqs_refuses_non_eventfds, 0, NOT_EVENTFD_LAST);
     tcase_add_test(tc, test_saturated_eventfd_does_not_block);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("other-servers");
+    tcase_add_test(tc, test_client_region_fd_per_area);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("untrusted");

@@ -62,6 +62,7 @@ typedef struct Fake {
      * fence's order is checked by. */
     gint events;
     gint irq_change_at, bus_master_off_at, reset_at;
+    gint odd_writes; /* BAR2's, with rig_odd_bar (atomic) */
 } Fake;
 
 static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
@@ -74,6 +75,10 @@ static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *bu
         memcpy(buf, f->regs + off, n);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         memcpy(buf, f->cfg + off, n);
+    } else if (index == VFIO_PCI_BAR2_REGION_INDEX) {
+        for (uint32_t i = 0; i < n; i++) {
+            ((uint8_t *)buf)[i] = (uint8_t)(off + i);
+        }
     } else if (index == VFIO_PCI_ROM_REGION_INDEX) {
         memcpy(buf, f->rom + off, n);
     } else {
@@ -89,6 +94,8 @@ static inline int fake_write(void *opaque, uint32_t index, uint64_t off, const v
 
     if (index == VFIO_PCI_BAR0_REGION_INDEX) {
         memcpy(f->bar + off, buf, n);
+    } else if (index == VFIO_PCI_BAR2_REGION_INDEX) {
+        g_atomic_int_inc(&f->odd_writes);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         memcpy(f->cfg + off, buf, n);
         if (off <= PCI_COMMAND && off + n > PCI_COMMAND &&
@@ -145,6 +152,10 @@ typedef struct Borrower {
  * page-aligned BAR of less than a page be). */
 static bool rig_small_bar;
 #define SMALL_BAR_SIZE 0x100u
+/* Set before setup(): the device has a trapped BAR2 of ODD_BAR_SIZE bytes, not a power of
+ * two (libvfio-user's sample server has one); it reads as its offsets. */
+static bool rig_odd_bar;
+#define ODD_BAR_SIZE 0x300u
 
 static struct {
     char *dir;
@@ -410,6 +421,12 @@ static inline void setup(void)
                         .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE |
                                  VFIO_REGION_INFO_FLAG_MMAP,
                         .mmap_fd = rig.fake.regs_fd };
+    }
+    if (rig_odd_bar) {
+        info.regions[VFIO_PCI_BAR2_REGION_INDEX] =
+            (VnRegion){ .size = ODD_BAR_SIZE,
+                        .mmap_fd = -1,
+                        .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
     }
     info.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
         (VnRegion){ .size = CFG_SIZE,

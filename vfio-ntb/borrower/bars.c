@@ -153,7 +153,26 @@ bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
 
         r->size = pr->size;
         r->flags = pr->flags & (VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE);
+        /* Config space can be read and written whatever a device server says of it, as
+         * QEMU's client and Linux VFIO take it (libvfio-user reports its config region with
+         * no flags at all); mediate.c decides what a write does. */
+        if (i == VFIO_PCI_CONFIG_REGION_INDEX && pr->size > 0) {
+            r->flags |= VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        }
         r->mmap_fd = -1;
+        /* A BAR is a power of two in size (QEMU asserts it: pci_register_bar()); a device
+         * server may say otherwise (libvfio-user's sample server has a BAR of 0x3000
+         * bytes).  QEMU is told the next power of two; past the device's own size reads
+         * are all-ones and writes go nowhere, as for a BAR nothing decodes. */
+        b->bar_size[i] = 0;
+        if (i < VFIO_PCI_ROM_REGION_INDEX && r->size > 0 && (r->size & (r->size - 1)) != 0 &&
+            r->size <= (UINT64_C(1) << 62)) {
+            b->bar_size[i] = r->size;
+            r->size = UINT64_C(1) << (64 - __builtin_clzll(r->size));
+            g_info("borrower %s: BAR%u of %" PRIu64 " bytes is shown as %" PRIu64
+                   " (a BAR is a power of two)",
+                   b->device, i, b->bar_size[i], r->size);
+        }
         if (pr->nr_segments != 0 && (pr->flags & VFIO_REGION_INFO_FLAG_MMAP)) {
             order[n++] = i;
         }

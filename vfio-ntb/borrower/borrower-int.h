@@ -60,6 +60,9 @@ struct VnBorrower {
     /* Mapped BARs (bars.c): the windows of each region, in order. */
     VnFabricWindow *windows[VN_MAX_REGIONS][VN_PROTO_MAX_REGION_SEGMENTS];
     uint32_t nr_windows[VN_MAX_REGIONS];
+    /* A BAR the device server sized other than a power of two: its own size (QEMU is told
+     * the next power of two; bars.c), 0 for the others. */
+    uint64_t bar_size[VN_MAX_REGIONS];
     /* A region's windows joined into one fd for QEMU (ours; -1: one window). */
     int joined_fd[VN_MAX_REGIONS];
     uint64_t joined_offset[VN_MAX_REGIONS];

@@ -101,12 +101,19 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
 
 /* ---- the device ops QEMU's requests reach ---- */
 
+/* Whether an access reaches past what a BAR's device server sized (bars.c). */
+static bool past_bar(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count)
+{
+    return index < VN_MAX_REGIONS && b->bar_size[index] != 0 &&
+           offset + count > b->bar_size[index];
+}
+
 static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
 {
     VnBorrower *b = opaque;
     uint8_t *mem;
 
-    if (b->stats.lender_lost) {
+    if (b->stats.lender_lost || past_bar(b, index, offset, count)) {
         /* Like a PCIe read of a device that went away: all-ones. */
         memset(buf, 0xff, count);
         return 0;
@@ -133,8 +140,8 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     VnBorrower *b = opaque;
     uint8_t *mem;
 
-    if (b->stats.lender_lost) {
-        return 0; /* dropped, as a write to a vanished device is */
+    if (b->stats.lender_lost || past_bar(b, index, offset, count)) {
+        return 0; /* dropped, as a write to a vanished device (or past a BAR's end) is */
     }
     if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
         int ret = vn_mediate_write(b, offset, buf, count);

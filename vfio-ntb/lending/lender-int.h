@@ -149,7 +149,9 @@ void vn_lender_drop_device(VnLender *l, const char *why);
 /*
  * lender-server.c.  start: find the server (a backend that can lose it), at once.
  * take: the connection an attach uses (the spare, or a new one), or NULL with @error.
- * attached / released: the attach's connection is in use / was closed.  stall: a command
+ * attached / released: the attach's connection is in use / was closed or kept.  keep: the
+ * fenced device's connection becomes the spare (false: close it), so a server that serves
+ * one client for its lifetime (libvfio-user's samples) serves every lease.  stall: a command
  * stalled (on_device_stall).  refuses: answer the holder's request with an error while
  * the device it had is gone (true: answered).  stop: at the lender's end.
  */
@@ -159,6 +161,7 @@ void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what
 void *vn_lender_server_take(VnLender *l, GError **error);
 void vn_lender_server_attached(VnLender *l);
 void vn_lender_server_released(VnLender *l);
+bool vn_lender_server_keep(VnLender *l, void *dev);
 void vn_lender_server_stall(VnLender *l, VnBackendStall ev);
 bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token);
 void vn_lender_server_stop(VnLender *l);

@@ -270,6 +270,15 @@ void vn_lender_server_released(VnLender *l)
     dial_later(l, 0); /* the next attach's connection, and a watch meanwhile */
 }
 
+bool vn_lender_server_keep(VnLender *l, void *dev)
+{
+    if (!watchable(l) || l->spare != NULL || !l->server_up) {
+        return false;
+    }
+    l->spare = dev; /* watched once released */
+    return true;
+}
+
 bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token)
 {
     if (!l->server_lost || type == VN_PROTO_ATTACH || type == VN_PROTO_DETACH) {

@@ -430,6 +430,7 @@ static int bus_master_off(VnLender *l)
  */
 void vn_lender_fence(VnLender *l, const char *why)
 {
+    bool clean = true; /* every step held: the connection may serve the next lease */
     int ret;
 
     if (l->borrower == NULL) {
@@ -446,24 +447,38 @@ void vn_lender_fence(VnLender *l, const char *why)
             ret = l->ops->set_irqs(l->device, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
                                    i, 0, 0, NULL, NULL);
             fence_step(l, step, ret);
+            clean &= ret >= 0;
         }
-        fence_step(l, "bus mastering off", bus_master_off(l));
+        ret = bus_master_off(l);
+        fence_step(l, "bus mastering off", ret);
+        clean &= ret >= 0;
     }
     regions_unexport(l, "fence");
     if (l->device != NULL) {
         ret = l->ops->dma_unmap(l->device, 0, 0, true);
         fence_step(l, "DMA unmapped", ret);
+        clean &= ret >= 0;
     }
     g_info("lender %s: fence: %u mappings forgotten, %u windows onto %s unmapped", l->name,
            l->maps->len, l->windows->len, l->borrower);
     maps_forget(l, 0, 0, true);
     windows_release_all(l);
     if (l->device != NULL) {
-        fence_step(l, "device reset", l->ops->reset(l->device));
+        ret = l->ops->reset(l->device);
+        fence_step(l, "device reset", ret);
+        clean &= ret >= 0;
     }
     g_info("lender %s: fence: relay eventfds closed", l->name);
     vn_lender_relay_drop_all(l);
-    g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
+    /* A connection whose every step held is clean (nothing mapped, no interrupt, reset) and
+     * is kept for the next lease: some servers serve one client for their lifetime. */
+    if (clean && l->device != NULL && vn_lender_server_keep(l, l->device)) {
+        g_info("lender %s: fence: %s %s kept for the next lease", l->name, l->ops->name,
+               l->where);
+        l->device = NULL;
+    } else {
+        g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
+    }
     release(l);
     l->stats.fences++;
     g_info("lender %s: free", l->name);

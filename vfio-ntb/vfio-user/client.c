@@ -5,6 +5,8 @@
 
 #include "client.h"
 
+#include "common/peerfd.h"
+
 #include "common/util.h"
 #include "transport.h"
 
@@ -328,6 +330,18 @@ int vn_client_get_info(VnClient *c, VnWireDeviceInfo *info)
     return simple(c, NULL, 0, info, sizeof(*info));
 }
 
+/* A region's fds are one file: libvfio-user sends it once per sparse mmap area (QEMU's
+ * client takes the first), we keep the first; fds of different files are refused. */
+static bool one_file(VnTransportMsg *reply)
+{
+    for (unsigned i = 1; i < reply->nfds; i++) {
+        if (vn_peerfd_same_file(reply->fds[0], reply->fds[i]) != 1) {
+            return false;
+        }
+    }
+    return !reply->fds_overflow;
+}
+
 static int region_info_once(VnClient *c, uint32_t index, uint32_t argsz, VnTransportMsg *reply)
 {
     struct vfio_region_info q = { .argsz = argsz, .index = index };
@@ -357,7 +371,7 @@ int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_in
         if (ret < 0) {
             return ret;
         }
-        if (reply.len < VN_WIRE_HDR_SIZE + sizeof(*info) || reply.nfds > 1) {
+        if (reply.len < VN_WIRE_HDR_SIZE + sizeof(*info) || !one_file(&reply)) {
             vn_transport_msg_clear(&reply);
             return -EPROTO;
         }
@@ -387,9 +401,9 @@ int vn_client_get_region_info(VnClient *c, uint32_t index, struct vfio_region_in
             }
         }
     }
-    if (reply.nfds == 1) {
+    if (reply.nfds >= 1) {
         *fd = reply.fds[0];
-        reply.fds[0] = -1;
+        reply.fds[0] = -1; /* the others are closed with the reply */
     }
     vn_transport_msg_clear(&reply);
     return 0;
