@@ -469,9 +469,8 @@ START_TEST(test_odd_bar_rounded_up)
     uint8_t in[4], mark[4] = { 1, 2, 3, 4 };
     int fd = -1;
 
-    ck_assert_int_eq(vn_client_get_region_info(c, VFIO_PCI_BAR2_REGION_INDEX, &ri, &fd, NULL, 0,
-                                               NULL),
-                     0);
+    ck_assert_int_eq(
+        vn_client_get_region_info(c, VFIO_PCI_BAR2_REGION_INDEX, &ri, &fd, NULL, 0, NULL), 0);
     ck_assert_uint_eq(ri.size, 0x400);
     ck_assert_int_eq(fd, -1);
     ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_BAR2_REGION_INDEX, 0x2fc, in, 4), 4);

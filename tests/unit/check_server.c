@@ -1005,8 +1005,8 @@ typedef struct Other {
 } Other;
 
 /* Answer one command of @t with @body (@len bytes) and @fds. */
-static void other_answer(VnTransport *t, uint16_t cmd, const void *body, size_t len,
-                         const int *fds, unsigned nfds)
+static void other_answer(VnTransport *t, uint16_t cmd, const void *body, size_t len, const int *fds,
+                         unsigned nfds)
 {
     g_autoptr(GByteArray) out = g_byte_array_new();
     VnTransportMsg msg = { 0 };
@@ -1037,7 +1037,9 @@ static gpointer other_thread(gpointer data)
     int c = accept4(o->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     VnTransport *t;
     VnWireVersion v = { VN_WIRE_VERSION_MAJOR, VN_WIRE_VERSION_MINOR };
-    struct vfio_region_info ri = { .argsz = sizeof(ri), .index = 0, .size = 4096,
+    struct vfio_region_info ri = { .argsz = sizeof(ri),
+                                   .index = 0,
+                                   .size = 4096,
                                    .flags = VFIO_REGION_INFO_FLAG_READ |
                                             VFIO_REGION_INFO_FLAG_WRITE |
                                             VFIO_REGION_INFO_FLAG_MMAP };

@@ -104,8 +104,7 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
 /* Whether an access reaches past what a BAR's device server sized (bars.c). */
 static bool past_bar(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count)
 {
-    return index < VN_MAX_REGIONS && b->bar_size[index] != 0 &&
-           offset + count > b->bar_size[index];
+    return index < VN_MAX_REGIONS && b->bar_size[index] != 0 && offset + count > b->bar_size[index];
 }
 
 static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)

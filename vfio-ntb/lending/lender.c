@@ -473,8 +473,7 @@ void vn_lender_fence(VnLender *l, const char *why)
     /* A connection whose every step held is clean (nothing mapped, no interrupt, reset) and
      * is kept for the next lease: some servers serve one client for their lifetime. */
     if (clean && l->device != NULL && vn_lender_server_keep(l, l->device)) {
-        g_info("lender %s: fence: %s %s kept for the next lease", l->name, l->ops->name,
-               l->where);
+        g_info("lender %s: fence: %s %s kept for the next lease", l->name, l->ops->name, l->where);
         l->device = NULL;
     } else {
         g_info("lender %s: fence: closing %s %s", l->name, l->ops->name, l->where);
@@ -575,7 +574,10 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
      * BAR of the VFIO device fd at the region's offset) becomes a segment:
      * the borrower's QEMU maps it and no software of ours sees the guest's
      * loads and stores. */
-    mappable = (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) && fd >= 0 && ri.size > 0;
+    /* Only a BAR's: a device-specific region past them (libvfio-user's migration region is
+     * mappable) is no memory a borrower's guest may reach. */
+    mappable = i < VFIO_PCI_ROM_REGION_INDEX && (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) &&
+               fd >= 0 && ri.size > 0;
     if (mappable) {
         g_autoptr(GError) why = NULL;
 
