@@ -128,13 +128,21 @@ def detach(b):
         ctl.close()
 
 
+def use(procs, b, domain, view):
+    """Attach the device for @domain, let a qtest consumer run @view on it, let it go:
+    what @view saw."""
+    q, _ = consumer(procs, b, domain)
+    try:
+        return view(q)
+    finally:
+        q.kill()
+        q.wait()
+        detach(b)
+
+
 def test_gpio(procs):
     sock, g, a, b, _ = hosts(procs)
-    q, _ = consumer(procs, b, "vmq")
-    ident, values = gpio_view(q)
-    q.kill()
-    q.wait()
-    detach(b)
+    ident, values = use(procs, b, "vmq", gpio_view)
     return result("lend-libvfio-user-gpio",
                   ident == GPIO_ID and counts_by_thirds(values),
                   id=f"{ident:#010x}", bar2=values)
@@ -153,17 +161,9 @@ def server_view(q):
 
 def test_server(procs):
     sock, s, a, b, wd = hosts(procs, start=server)
-    q, _ = consumer(procs, b, "vmq")
-    ident, word = server_view(q)
-    q.kill()
-    q.wait()
+    ident, word = use(procs, b, "vmq", server_view)
     mapped = "mapped DMA region" in (wd / "sample.log").read_text(errors="replace")
-    detach(b)
-    q2, _ = consumer(procs, b, "vmq2")
-    ident2 = vi.config_rw(q2, 0x00)
-    q2.kill()
-    q2.wait()
-    detach(b)
+    ident2 = use(procs, b, "vmq2", lambda q: vi.config_rw(q, 0x00))
     alive = s.poll() is None
     return result("lend-libvfio-user-server",
                   ident == SERVER_ID and word == 0x5A17C0DE and mapped
@@ -174,11 +174,7 @@ def test_server(procs):
 
 def test_restart(procs):
     sock, g, a, b, _ = hosts(procs)
-    q, _ = consumer(procs, b, "vmq")
-    before = gpio_view(q, reads=3)
-    q.kill()
-    q.wait()
-    detach(b)
+    before = use(procs, b, "vmq", lambda q: gpio_view(q, reads=3))
     ev = Control(a.control, timeout=30)
     ev.execute("subscribe-events")
     t0 = time.monotonic()
@@ -189,11 +185,7 @@ def test_restart(procs):
     gpio(procs, sock)                            # the same socket: the killed one's file is there
     back = ev.wait_event("DEVICE_SERVER_BACK", 15)["data"]
     ev.close()
-    q2, _ = consumer(procs, b, "vmq2")
-    ident, values = gpio_view(q2)
-    q2.kill()
-    q2.wait()
-    detach(b)
+    ident, values = use(procs, b, "vmq2", gpio_view)
     return result("lend-libvfio-user-restart",
                   before[0] == GPIO_ID and lost.get("device") == DEV
                   and back.get("device") == DEV and ident == GPIO_ID and values[0] == 0
