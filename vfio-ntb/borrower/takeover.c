@@ -168,14 +168,18 @@ void vn_borrower_keep_irqs(VnBorrower *b, uint32_t index, uint32_t start, uint32
         return;
     }
     end = count == 0 ? b->info.irq_count[index] : MIN(start + count, b->info.irq_count[index]);
+    if (end <= start) {
+        return;
+    }
+    /* One FORGET for the range, then what is armed in it (the daemon takes them in order):
+     * an MSI-X index of 2048 vectors is not 2048 records. */
+    vn_host_forget(b->fab, KEY_IRQ(index, start), KEY_IRQ(index, end - 1));
     for (uint32_t v = start; v < end; v++) {
         int fd = vn_irqs_fd_dup(vn_server_irqs(b->server), index, v);
 
         if (fd >= 0) {
             vn_host_keep(b->fab, KEY_IRQ(index, v), fd, NULL, 0);
             close(fd);
-        } else {
-            vn_host_forget(b->fab, KEY_IRQ(index, v), KEY_IRQ(index, v));
         }
     }
 }
