@@ -33,11 +33,11 @@
 #include <string.h>
 #include <unistd.h>
 
-/* What the daemon keeps under which key. */
-#define KEY_LISTEN 1u
-#define KEY_CLIENT 2u
-#define KEY_IRQ_FIRST 0x100u
-#define KEY_IRQ(index, vector) (KEY_IRQ_FIRST + ((uint64_t)(index) << 12) + (vector))
+/* What the daemon keeps under which key (fabric/host.h). */
+#define KEY_LISTEN VN_HOST_KEEP_LISTEN
+#define KEY_CLIENT VN_HOST_KEEP_CLIENT
+#define KEY_IRQ_FIRST VN_HOST_KEEP_IRQ_FIRST
+#define KEY_IRQ(index, vector) VN_HOST_KEEP_IRQ(index, vector)
 #define KEY_IRQ_LAST KEY_IRQ(VN_MAX_IRQ_INDEXES - 1, VN_MAX_IRQ_VECTORS - 1)
 G_STATIC_ASSERT(VN_MAX_IRQ_VECTORS <= 0x1000);
 

@@ -116,11 +116,6 @@ void vn_keep_forget(VnKeep *k, uint64_t first, uint64_t last)
     g_array_free(r.found, TRUE);
 }
 
-void vn_keep_clear(VnKeep *k)
-{
-    vn_keep_forget(k, 0, UINT64_MAX);
-}
-
 int vn_keep_get_fd(VnKeep *k, uint64_t key)
 {
     int *fd = g_tree_lookup(k->fds, &key);

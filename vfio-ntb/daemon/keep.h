@@ -13,6 +13,8 @@
 #ifndef VN_KEEP_H
 #define VN_KEEP_H
 
+#include "fabric/host.h"
+
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -20,8 +22,8 @@
 /* Fds one worker may keep: its two sockets, an eventfd per relayed vector (at most
  * VN_PROTO_RELAY_VECTORS of three indexes) and the device request's. */
 #define VN_KEEP_MAX_FDS 128u
-/* The state's bytes (fabric/host.h says the same to the worker). */
-#define VN_KEEP_MAX_STATE (64u * 1024u)
+/* The state's bytes: what fabric/host.h lets a worker send. */
+#define VN_KEEP_MAX_STATE VN_HOST_MAX_KEPT_STATE
 
 typedef struct VnKeep VnKeep;
 
@@ -37,8 +39,6 @@ bool vn_keep_fd(VnKeep *k, uint64_t key, int fd, GError **error);
 bool vn_keep_state(VnKeep *k, const void *data, size_t len, GError **error);
 /* Close and forget the fds kept under [@first, @last] (the state too when @first is 0). */
 void vn_keep_forget(VnKeep *k, uint64_t first, uint64_t last);
-/* Everything: after the worker ended for good. */
-void vn_keep_clear(VnKeep *k);
 
 /* The fd kept under @key (still the store's), or -1. */
 int vn_keep_get_fd(VnKeep *k, uint64_t key);

@@ -21,6 +21,7 @@
 #include "keep.h"
 
 #include "common/util.h"
+#include "fabric/host.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -92,7 +93,8 @@ static bool worth_it(VnDaemon *d, VnBorrowed *b, int status, VnKeep *keep)
         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == VN_BORROWER_EXIT_NO_TAKEOVER)) {
         return false; /* ended on purpose, or the last takeover could not be done */
     }
-    if (keep == NULL || vn_keep_get_fd(keep, 1) < 0 || b->lost || b->server_down || b->starting) {
+    if (keep == NULL || vn_keep_get_fd(keep, VN_HOST_KEEP_LISTEN) < 0 || b->lost ||
+        b->server_down || b->starting) {
         return false;
     }
     for (guint i = 0; i < VN_TAKEOVER_BURST; i++) {

@@ -65,6 +65,14 @@ bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen);
  * it.  False when the daemon is away or @fab is not a `host` node.
  */
 #define VN_HOST_MAX_KEPT_STATE (64u * 1024u)
+/* The keys a borrower worker keeps its fds under (its state is key 0): its listening socket,
+ * QEMU's connection, and from VN_HOST_KEEP_IRQ_FIRST the eventfd of each vector
+ * (VN_HOST_KEEP_IRQ(index, vector)). */
+#define VN_HOST_KEEP_LISTEN 1u
+#define VN_HOST_KEEP_CLIENT 2u
+#define VN_HOST_KEEP_IRQ_FIRST 0x100u
+#define VN_HOST_KEEP_IRQ(index, vector) \
+    (VN_HOST_KEEP_IRQ_FIRST + ((uint64_t)(index) << 12) + (vector))
 bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len);
 /* Forget what is kept under [@first, @last]. */
 bool vn_host_forget(VnFabric *fab, uint64_t first, uint64_t last);

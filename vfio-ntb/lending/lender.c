@@ -670,8 +670,8 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
         /* The holder's worker died; the one taking over its QEMU goes on with the
          * attachment as the device has it (DMA maps, interrupts): nothing is fenced. */
         if (l->borrower == NULL || a.irq_mode != l->irq_mode) {
-            vn_lender_fail(l, token, ENODEV, "%s has no %s attachment to resume", msg->peer,
-                           l->borrower == NULL ? "" : "such");
+            vn_lender_fail(l, token, ENODEV, "%s has no attachment %sto resume", msg->peer,
+                           l->borrower == NULL ? "" : "in that interrupt mode ");
             return;
         }
         g_message("lender %s: %s resumes its attachment (its worker was replaced)", l->name,
