@@ -34,6 +34,11 @@ operator would check:
   itself signals the VM's eventfds (kept with its daemon, given to the next worker), and B's
   daemon killed and restarted first under the guest's I/O, so the worker killed is one it
   adopted (not its child) and what it keeps came to the new daemon again.
+- borrower-worker-crash-loop: a worker that dies again and again (as one that QEMU's
+  requests kill each time would), under a qtest consumer: each of the first 3 deaths in a
+  minute is survived (the consumer's next config read, which the worker serves, still reads
+  the device's id), the 4th is not: the daemon says why, no worker is left, and the lender
+  fences the device.
 The simdev offers MSI here: stock QEMU aborts hot-unplugging a vfio-user-pci device with
 MSI-X (docs/qemu-patches.md, patch 0002).
 """
@@ -47,17 +52,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
+import vfio_inner as vi  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 6
+EXPECTED_RESULTS = 7
 
 NTBCTL = Path(os.environ.get("VN_NTBCTL", h.REPO / "build" / "ntbctl"))
 SIZE_MIB = 64
 SERIAL = "VN-DEATHS-0001"
-BAR_MEMFD = "vfio-ntb-simdev-bar0"    # what /proc shows of the simdev's BAR0
+BAR_MEMFD = "vfio-ntb-simdev-bar0"
+SIMDEV_ID = 0x56011DE1                 # its config space's first dword (device, vendor)    # what /proc shows of the simdev's BAR0
 
 
 def simdev(procs, wd, img):
@@ -409,11 +416,43 @@ def test_adopted_borrower_worker_crash_relay(procs):
                                  adopted=True)
 
 
+def test_borrower_worker_crash_loop(procs):
+    wd, img, sd, a, b, _ = hosts(procs)
+    ctl = Control(b.control)
+    try:
+        r = ctl.execute("attach", device="hosta/nvme0", domain="vmq")
+    finally:
+        ctl.close()
+    q = vi.qtest_qemu(procs, r["socket"])
+    ident = vi.config_rw(q, 0x00)
+    ev_b = follow(b)
+    fences = lender_stats(a)["fences"]
+    served = []
+    for _ in range(3):
+        os.kill(b.workers("vfio-ntb-borrower")[0], signal.SIGKILL)
+        ev_b.wait_event("WORKER_REPLACED", 10)
+        served.append(vi.config_rw(q, 0x00) == ident)
+    os.kill(b.workers("vfio-ntb-borrower")[0], signal.SIGKILL)
+    gave_up = wait_for(lambda: "died 4 times in 60 s" in b.log(), 10)
+    gone = wait_for(lambda: not b.workers("vfio-ntb-borrower"), 10)
+    fenced = wait_for(lambda: lender_stats(a)["fences"] > fences, 10)
+    again = [e for e in heard(ev_b, 1.0) if e["event"] == "WORKER_REPLACED"]
+    ev_b.close()
+    q.kill()
+    q.wait()
+    return result("borrower-worker-crash-loop",
+                  ident == SIMDEV_ID and len(served) == 3 and all(served)
+                  and bool(gave_up) and bool(gone) and bool(fenced) and not again,
+                  id=f"{ident:#010x}", served_after=served, gave_up=bool(gave_up),
+                  no_worker=bool(gone), fenced=bool(fenced), replaced_again=len(again))
+
+
 def main():
     ok = True
     tests = (test_device_server_restart, test_lender_worker_crash,
              test_adopted_lender_worker_crash, test_borrower_worker_crash,
-             test_adopted_borrower_worker_crash_relay, test_device_server_long_stall)
+             test_adopted_borrower_worker_crash_relay, test_borrower_worker_crash_loop,
+             test_device_server_long_stall)
     only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
     for test in only or tests:
         with h.Procs() as procs:
