@@ -52,7 +52,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
-import vfio_inner as vi  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control  # noqa: E402
@@ -417,6 +416,11 @@ def test_adopted_borrower_worker_crash_relay(procs):
 
 
 def test_borrower_worker_crash_loop(procs):
+    # Here, not at the top: vfio_deaths (run inside the lender host by vfio_inner) imports
+    # this file, and with vfio_inner imported from here at the top that group's first attach
+    # found the IOMMU group busy.
+    import vfio_inner as vi
+
     wd, img, sd, a, b, _ = hosts(procs)
     ctl = Control(b.control)
     try:
