@@ -20,6 +20,11 @@ VFIO_DEVICE = "anon_inode:[vfio-device]"    # what /proc shows of a VFIO device 
 
 
 def test_worker_crash(procs, wd, fab, bdf):
+    # Every earlier group let the function go; one whose process outlived it would make
+    # this group's attach fail with EBUSY, so name it.
+    if not h.wait_for(lambda: vi.group_free(bdf), 10):
+        raise h.HarnessError(f"the VFIO group of {bdf} is still held by "
+                             f"{' '.join(vi.group_holders(bdf)) or 'nobody known'}")
     a, b, cb = vi.lend_pair(procs, wd, fab, "hostw", "hostx", bdf, lease_timeout_ms=60000)
     c = Daemon(procs, wd, "hosty", fab).start()
     cc = Control(c.control)

@@ -289,6 +289,20 @@ def group_free(bdf):
         return False
 
 
+def group_holders(bdf):
+    """The processes that have the function's VFIO group open ("pid:name", ...)."""
+    group = os.path.basename(os.readlink(f"/sys/bus/pci/devices/{bdf}/iommu_group"))
+    held = []
+    for proc in Path("/proc").iterdir():
+        try:
+            fds = [os.readlink(x) for x in (proc / "fd").iterdir()]
+            if f"/dev/vfio/{group}" in fds:
+                held.append(f"{proc.name}:{(proc / 'comm').read_text().strip()}")
+        except OSError:
+            continue
+    return held
+
+
 def rogue_dma(bdf, ram):
     """Drive the function through sysfs as the borrower's driver did: an Identify whose
     queues and buffer sit at the IOVAs the borrower had mapped (@ram: its memory).  Returns

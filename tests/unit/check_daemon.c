@@ -38,7 +38,6 @@ START_TEST(test_fence_at_lease_end)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
     VnLocalDevice *ld = vn_devices_local(a, "nvme0");
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
     Done r = { 0 }, again = { 0 };
     int worker;
 
@@ -49,11 +48,11 @@ START_TEST(test_fence_at_lease_end)
     ck_assert_uint_eq(fake.lend_kills, 1);
     ck_assert(!ld->fence.active);
 
-    /* A worker on its port that never says it fenced. */
+    /* A worker on its port (the connection the daemon makes for it) that never says it
+     * fenced. */
     ck_assert(d_lend_start_again(a, ld));
-    worker = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    g_strlcpy(addr.sun_path, ld->port_path, sizeof(addr.sun_path));
-    ck_assert_int_eq(connect(worker, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    worker = vn_port_pair(ld->port, NULL);
+    ck_assert_int_ge(worker, 0);
     ck_assert(spin_until(port_connected, ld, 2000));
     borrow(a, b);
     r = (Done){ 0 };

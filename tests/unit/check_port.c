@@ -12,6 +12,10 @@
 #include "fabric/host.h"
 #include "fabric/record.h"
 
+#include <glib-unix.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/eventfd.h>
 
 #define DEVICE_JSON "{\"device\":\"nvme0\"}"
@@ -29,6 +33,7 @@ typedef struct Worker {
     int ret;
     uint64_t id;
     int fd;
+    int conn; /* the connection the port made for it (vn_port_pair) */
     VnFabricWindow *win;
 } Worker;
 
@@ -82,12 +87,26 @@ static void in_worker(void (*step)(Worker *w))
     g_thread_join(t);
 }
 
+/* A worker about to start: the port makes its connection (in this, the daemon's, thread). */
+static void open_worker(void (*step)(Worker *w))
+{
+    g_autoptr(GError) error = NULL;
+
+    worker->conn = vn_port_pair(port, &error);
+    ck_assert_msg(worker->conn >= 0, "%s", error ? error->message : "");
+    vn_port_set_worker(port, getpid());
+    in_worker(step);
+}
+
 static void step_open(Worker *w)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GError) error = NULL;
+    char conn_param[16];
 
     g_hash_table_insert(params, "port", w->port);
+    g_hash_table_insert(params, "fd", conn_param);
+    g_snprintf(conn_param, sizeof(conn_param), "%d", w->conn);
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
     w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
@@ -98,8 +117,11 @@ static void step_open_short_bound(Worker *w)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GError) error = NULL;
+    char conn_param[16];
 
     g_hash_table_insert(params, "port", w->port);
+    g_hash_table_insert(params, "fd", conn_param);
+    g_snprintf(conn_param, sizeof(conn_param), "%d", w->conn);
     g_hash_table_insert(params, "reconnect-ms", "400");
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
@@ -112,8 +134,11 @@ static void step_open_inbound(Worker *w)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
     g_autoptr(GError) error = NULL;
+    char conn_param[16];
 
     g_hash_table_insert(params, "port", w->port);
+    g_hash_table_insert(params, "fd", conn_param);
+    g_snprintf(conn_param, sizeof(conn_param), "%d", w->conn);
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
 }
@@ -277,7 +302,7 @@ static VnFabric *hostb(void)
 START_TEST(test_relayed_as_the_host)
 {
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     ck_assert_int_eq(worker->ret, 0);
     in_worker(step_echo);
     ck_assert_int_eq(worker->ret, 0);
@@ -302,7 +327,7 @@ START_TEST(test_windows_segments_routes)
     worker->id = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
     ck_assert_uint_ne(worker->id, 0);
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     /* The host's windows: how many, and how large (what a borrower asks
      * its lender to cut BARs to). */
     ck_assert_uint_eq(vn_fabric_limits(worker->fab)->max_windows,
@@ -343,10 +368,11 @@ START_TEST(test_doorbells_and_restart)
     VnFabric *b = hostb();
     Node *hb = nodes->pdata[1];
     g_autoptr(GError) error = NULL;
+    g_autofree char *secret = NULL;
     int first;
 
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_doorbells);
     first = worker->ret;
     ck_assert_int_ge(first, 0);
@@ -363,10 +389,12 @@ START_TEST(test_doorbells_and_restart)
     /* The daemon restarts: a new port at the same path; its bits were
      * forgotten with it, the worker claims them back, and no link went
      * down for it. */
+    secret = vn_port_secret_hex(port);
     vn_port_free(port, false);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 0);
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    ck_assert(vn_port_adopt(port, getpid(), secret));
     in_worker(step_run);
     ck_assert_uint_eq(vn_fabric_doorbells_in_use(b), 2);
     in_worker(step_echo);
@@ -401,19 +429,22 @@ START_TEST(test_restarts_each_get_the_bound)
     g_autoptr(GError) error = NULL;
 
     node_start(lender);
-    in_worker(step_open_short_bound);
+    open_worker(step_open_short_bound);
     ck_assert_int_eq(worker->ret, 0);
     in_worker(step_run);
     ck_assert_uint_eq(worker_links(true), 1);
 
     /* Away for 500 ms, then twice for 150 ms. */
     for (int restart = 0; restart < 3; restart++) {
+        g_autofree char *secret = vn_port_secret_hex(port);
+
         vn_port_free(port, false);
         port = NULL;
         in_worker(restart == 0 ? step_run : step_run_brief);
         ck_assert_uint_eq(worker_links(false), 1);
         port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
         ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+        ck_assert(vn_port_adopt(port, getpid(), secret));
         in_worker(step_run);
         in_worker(step_echo);
         ck_assert_msg(worker->ret == 0, "restart %d: %s", restart, g_strerror(-worker->ret));
@@ -435,7 +466,7 @@ START_TEST(test_holder_known_before_the_worker)
     vn_port_free(port, true);
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
-    in_worker(step_open_inbound);
+    open_worker(step_open_inbound);
     in_worker(step_run);
     up = vn_fabric_link_up(worker->fab, "hosta");
     ck_assert_msg(up, "the worker never heard its holder's link is up");
@@ -473,7 +504,7 @@ START_TEST(test_device_request)
 
     g_atomic_int_set(&device_requests, 0);
     vn_port_on_device_request(port, on_device_request, NULL);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_device_request);
     ck_assert_int_eq(worker->ret, 0);
     WAIT_FOR(vn_port_refused(port) == 1);
@@ -482,7 +513,7 @@ START_TEST(test_device_request)
 
     port_inbound(hb);
     vn_port_on_device_request(port, on_device_request, NULL);
-    in_worker(step_open_inbound);
+    open_worker(step_open_inbound);
     in_worker(step_device_request);
     ck_assert_int_eq(worker->ret, 0);
     WAIT_FOR(g_atomic_int_get(&device_requests) == 1);
@@ -512,7 +543,7 @@ START_TEST(test_fenced)
 
     g_atomic_int_set(&fences, 0);
     vn_port_on_fenced(port, on_fenced, NULL);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_fenced);
     ck_assert_int_eq(worker->ret, 0);
     WAIT_FOR(vn_port_refused(port) == 1);
@@ -521,7 +552,7 @@ START_TEST(test_fenced)
 
     port_inbound(hb);
     vn_port_on_fenced(port, on_fenced, NULL);
-    in_worker(step_open_inbound);
+    open_worker(step_open_inbound);
     in_worker(step_fenced);
     WAIT_FOR(g_atomic_int_get(&fences) == 1);
     ck_assert_uint_eq(vn_port_refused(port), 0);
@@ -554,10 +585,11 @@ START_TEST(test_device_server)
 {
     Node *hb = nodes->pdata[1];
     g_autoptr(GError) error = NULL;
+    g_autofree char *secret = NULL;
 
     g_atomic_int_set(&server_says, 0);
     vn_port_on_device_server(port, on_device_server, NULL);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_server_lost);
     ck_assert_int_eq(worker->ret, 0);
     WAIT_FOR(vn_port_refused(port) == 1);
@@ -566,7 +598,7 @@ START_TEST(test_device_server)
 
     port_inbound(hb);
     vn_port_on_device_server(port, on_device_server, NULL);
-    in_worker(step_open_inbound);
+    open_worker(step_open_inbound);
     in_worker(step_server_lost);
     WAIT_FOR(g_atomic_int_get(&server_says) == 1);
     ck_assert(!g_atomic_int_get(&server_up_said));
@@ -577,9 +609,11 @@ START_TEST(test_device_server)
     ck_assert_uint_eq(vn_port_refused(port), 0);
 
     /* The daemon restarts: the new one hears where the server stands at the greeting. */
+    secret = vn_port_secret_hex(port);
     vn_port_free(port, false);
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    ck_assert(vn_port_adopt(port, getpid(), secret));
     vn_port_on_device_server(port, on_device_server, NULL);
     in_worker(step_run);
     WAIT_FOR(g_atomic_int_get(&server_says) == 3);
@@ -610,7 +644,7 @@ START_TEST(test_withdraw)
 
     segment = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     worker->id = segment;
     in_worker(step_map);
     ck_assert_int_eq(worker->ret, 0);
@@ -637,14 +671,14 @@ START_TEST(test_withdraw)
 }
 END_TEST
 
-/* A raw connection to the port, past a worker's own fabric's checks. */
+/* A raw connection to the port, past a worker's own fabric's checks: the one it makes for
+ * a worker it starts. */
 static int raw_connect(void)
 {
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int sock = vn_port_pair(port, NULL);
 
-    g_strlcpy(addr.sun_path, worker->port, sizeof(addr.sun_path));
-    ck_assert_int_eq(connect(sock, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_ge(sock, 0);
+    ck_assert(g_unix_set_fd_nonblocking(sock, TRUE, NULL));
     return sock;
 }
 
@@ -770,7 +804,7 @@ START_TEST(test_keep_for_the_next_worker)
     g_autofree char *big = g_malloc0(VN_HOST_MAX_KEPT_STATE + 1);
 
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     worker->id = 5;
     worker->fd = efd;
     in_worker(step_keep);
@@ -822,6 +856,124 @@ START_TEST(test_keep_forged)
 }
 END_TEST
 
+/* Dial the port's socket as any local process may. */
+static int dial_socket(void)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    g_strlcpy(addr.sun_path, worker->port, sizeof(addr.sun_path));
+    ck_assert_int_eq(connect(sock, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    return sock;
+}
+
+/* Whether the port closed @sock (within a second) without a word. */
+static bool closed_on(int sock)
+{
+    struct pollfd p = { .fd = sock, .events = POLLIN };
+    char c;
+
+    for (int i = 0; i < 1000; i++) {
+        g_main_context_iteration(ctx, FALSE);
+        if (poll(&p, 1, 1) == 1) {
+            ssize_t r = recv(sock, &c, 1, MSG_DONTWAIT);
+
+            /* Reset: it closed with what we sent unread. */
+            return r == 0 || (r < 0 && errno == ECONNRESET);
+        }
+    }
+    return false;
+}
+
+static gint gone_heard;
+
+static void on_gone(void *opaque)
+{
+    g_atomic_int_inc(&gone_heard);
+}
+
+/* Another process of the worker's user (root, here this one) cannot take the worker's place:
+ * a connection while the worker is connected is closed (its own goes on); so is one from a
+ * process that is not the worker's. */
+START_TEST(test_takeover_refused)
+{
+    uint8_t secret[VN_HOST_SECRET_LEN] = { 0 };
+    int sock;
+
+    node_start(lender);
+    open_worker(step_open);
+    ck_assert_int_eq(worker->ret, 0);
+    sock = dial_socket();
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, secret, sizeof(secret), -1), 0);
+    ck_assert(closed_on(sock));
+    close(sock);
+    ck_assert_uint_eq(vn_port_refused(port), 1);
+    in_worker(step_echo);
+    ck_assert_int_eq(worker->ret, 0);
+
+    /* Its connection lost (the port gave up on it): the socket takes the worker's process
+     * back, and no other. */
+    vn_port_set_worker(port, getpid() + 1);
+    in_worker(step_close);
+    g_usleep(20000);
+    g_main_context_iteration(ctx, FALSE);
+    ck_assert(!vn_port_connected(port));
+    sock = dial_socket();
+    ck_assert(closed_on(sock));
+    close(sock);
+    ck_assert_uint_eq(vn_port_refused(port), 2);
+}
+END_TEST
+
+/* The worker's pid without its secret (the worker died, its pid went to another process):
+ * refused, and after it nobody, not even with the secret; the daemon hears its worker is
+ * gone.  With the secret a worker that outlived its daemon is taken back (the restart tests
+ * above). */
+START_TEST(test_pid_without_secret_refused)
+{
+    g_autofree char *secret_hex = NULL;
+    uint8_t wrong[VN_HOST_SECRET_LEN];
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+    int sock;
+
+    node_start(lender);
+    open_worker(step_open);
+    secret_hex = vn_port_secret_hex(port);
+    ck_assert_uint_eq(strlen(secret_hex), 2 * VN_HOST_SECRET_LEN);
+    in_worker(step_close);
+    /* The daemon after us: the state file's pid and secret. */
+    vn_port_free(port, false);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    ck_assert(!vn_port_adopt(port, getpid(), "not hex"));
+    ck_assert(vn_port_adopt(port, getpid(), secret_hex));
+    vn_port_on_gone(port, on_gone, NULL);
+
+    for (size_t i = 0; i < sizeof(wrong); i++) {
+        wrong[i] = (uint8_t)(g_ascii_xdigit_value(secret_hex[2 * i]) << 4 |
+                             g_ascii_xdigit_value(secret_hex[2 * i + 1]));
+    }
+    wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
+    sock = dial_socket();
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, wrong, sizeof(wrong), -1),
+                     0);
+    ck_assert(closed_on(sock));
+    close(sock);
+    ck_assert_int_eq(g_atomic_int_get(&gone_heard), 1);
+    ck_assert_int_eq(vn_port_worker(port), 0);
+    /* Now not even the right secret gets in. */
+    wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
+    sock = dial_socket();
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, wrong, sizeof(wrong), -1),
+                     0);
+    ck_assert(closed_on(sock));
+    close(sock);
+    ck_assert_uint_eq(vn_port_refused(port), 2);
+}
+END_TEST
+
 /* The worker after a dead one maps the BAR's segment again: it gets the window the dead one
  * had (QEMU maps that one), not a second. */
 START_TEST(test_window_given_again)
@@ -830,7 +982,7 @@ START_TEST(test_window_given_again)
     int memfd = memfd_new(16384, &map);
     worker->id = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
     node_start(lender);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_map);
     ck_assert_int_eq(worker->ret, 0);
     /* The worker dies: its connection closes, it unmaps nothing (its backend is gone before
@@ -841,7 +993,7 @@ START_TEST(test_window_given_again)
     g_usleep(50000);
     g_main_context_iteration(ctx, FALSE);
     ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
-    in_worker(step_open);
+    open_worker(step_open);
     in_worker(step_map);
     ck_assert_int_eq(worker->ret, 0);
     ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
@@ -860,6 +1012,8 @@ static Suite *port_suite(void)
     tcase_add_checked_fixture(tc, port_setup, port_teardown);
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_relayed_as_the_host);
+    tcase_add_test(tc, test_takeover_refused);
+    tcase_add_test(tc, test_pid_without_secret_refused);
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);

@@ -95,7 +95,7 @@ static inline void fake_stop(VnDaemon *d, VnBorrowed *b)
     b->worker_pid = 0;
 }
 
-static inline bool fake_adopt(VnDaemon *d, VnBorrowed *b)
+static inline bool fake_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
 {
     const char *sock = g_hash_table_lookup(fake.running, GINT_TO_POINTER(b->worker_pid));
 
@@ -148,7 +148,7 @@ static inline bool fake_lend_kill(VnDaemon *d, VnLocalDevice *ld)
     return false;
 }
 
-static inline bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld)
+static inline bool fake_lend_adopt(VnDaemon *d, VnLocalDevice *ld, const char *secret)
 {
     fake.lend_adopts++;
     if (!g_hash_table_contains(fake.lenders, GINT_TO_POINTER(ld->worker_pid))) {

@@ -108,12 +108,14 @@ static char *on_command(void *opaque, const char *name, GError **error)
 
 int main(int argc, char **argv)
 {
-    g_autofree char *trace = NULL;
+    g_autofree char *trace = NULL, *port_fd = NULL;
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
     gint status_fd = -1, handoff_fd = -1;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
+        { "port-fd", 0, 0, G_OPTION_ARG_STRING, &port_fd,
+          "the connection to the port vfio-ntbd made for this worker", "FD" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "lender", 0, 0, G_OPTION_ARG_STRING, &lender, "the lending node", "NODE" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lender's device", "NAME" },
@@ -152,6 +154,9 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     g_hash_table_insert(fp, g_strdup("port"), g_strdup(port));
+    if (port_fd != NULL) {
+        g_hash_table_insert(fp, g_strdup("fd"), g_strdup(port_fd));
+    }
     w.lender = lender;
     w.loop = g_main_loop_new(NULL, FALSE);
     w.fab = vn_fabric_open("host", node, fp, &handlers, &w, NULL, &error);

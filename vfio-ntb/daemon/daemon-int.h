@@ -456,7 +456,8 @@ void vn_unplugs_free(VnDaemon *d);
  *   ends in the background (it first waits for QEMU to let go of its
  *   socket, bounded), and a start for the same device waits for that.
  * adopt: after a restart, is the recorded worker still there (b->worker_pid
- *   cleared if not)?
+ *   cleared if not)?  Only it may reconnect to its port, with @secret (the
+ *   state file's: port.h, vn_port_adopt).
  * stats, lend_stats: ask for its counters without waiting: @done runs
  *   once, later from the loop or before this returns, with the JSON text
  *   (untrusted: the worker wrote it; at most VN_SPAWN_MAX_STATS bytes; @done
@@ -476,6 +477,7 @@ typedef void (*VnWorkerStarted)(VnDaemon *d, VnBorrowed *b, const GError *error,
  * lend_start: start @ld's lender worker (ld->worker_pid set), false with
  *   @error; lend_stop: end it (bounded), fencing the device; lend_adopt:
  *   after a restart, is the recorded one still there (pid cleared if not)?
+ *   As adopt, with its port's @secret.
  *   lend_kill: kill it now (it did not fence in time): true when its exit
  *   will be reported (vn_fence_worker_died), false when it is as good as gone
  *   already (pid cleared).
@@ -487,12 +489,12 @@ struct VnWorkerOps {
     const char *name;
     bool (*lend_start)(VnDaemon *d, VnLocalDevice *ld, GError **error);
     void (*lend_stop)(VnDaemon *d, VnLocalDevice *ld);
-    bool (*lend_adopt)(VnDaemon *d, VnLocalDevice *ld);
+    bool (*lend_adopt)(VnDaemon *d, VnLocalDevice *ld, const char *secret);
     bool (*lend_kill)(VnDaemon *d, VnLocalDevice *ld);
     VnWctlCall *(*lend_stats)(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
     void (*start)(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *opaque);
     void (*stop)(VnDaemon *d, VnBorrowed *b);
-    bool (*adopt)(VnDaemon *d, VnBorrowed *b);
+    bool (*adopt)(VnDaemon *d, VnBorrowed *b, const char *secret);
     VnWctlCall *(*stats)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
     VnWctlCall *(*request_unplug)(VnDaemon *d, VnBorrowed *b, VnWctlDone done, void *opaque);
     VnClientState (*client_state)(VnDaemon *d, VnBorrowed *b, gint64 since_us);
@@ -542,6 +544,8 @@ char *vn_spawn_binary(const char *name, GError **error);
 /* @name in the first of @dirs (NULL-terminated) that has it executable,
  * else on PATH; NULL with @error (G_IO_ERROR_NOT_FOUND) when in none. */
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
+/* The fd a worker finds its port's connection at (port.h: vn_port_pair). */
+#define VN_SPAWN_PORT_FD 3
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
 /* takeover.c: a borrower worker that died (@status, as waitpid() says) is replaced by one
@@ -555,7 +559,7 @@ guint vn_strays_stop(VnDaemon *d);
 /* lenders.c: the lender side of vn_spawn_ops. */
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);
-bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld);
+bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld, const char *secret);
 bool vn_lenders_kill(VnDaemon *d, VnLocalDevice *ld);
 VnWctlCall *vn_lenders_stats(VnDaemon *d, VnLocalDevice *ld, VnWctlDone done, void *opaque);
 /* Some thirty counters, a few KiB; a longer file is not one the worker

@@ -103,7 +103,9 @@ static bool adopted_died(VnLocalDevice *ld, const char *how)
 {
     GPid pid = ld->worker_pid;
 
-    if (ld->child_watch != 0 || pid <= 0 || vn_spawn_alive(pid, VN_LENDERS_BINARY)) {
+    /* One its port refused (it had the pid, not the secret) is no worker of ours. */
+    if (ld->child_watch != 0 || pid <= 0 ||
+        (vn_spawn_alive(pid, VN_LENDERS_BINARY) && vn_port_worker(ld->port) == pid)) {
         return false;
     }
     ld->worker_pid = 0;
@@ -131,13 +133,16 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 {
     g_autofree char *bin = vn_spawn_binary(VN_LENDERS_BINARY, error);
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
+    int conn, target = VN_SPAWN_PORT_FD;
     LendWatch *lw;
+    gboolean ok;
 
     if (bin == NULL) {
         return false;
     }
     g_ptr_array_add(argv, g_strdup(bin));
     g_ptr_array_add(argv, g_strdup_printf("--port=%s", ld->port_path));
+    g_ptr_array_add(argv, g_strdup_printf("--port-fd=%d", VN_SPAWN_PORT_FD));
     g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", ld->conf->name));
     g_ptr_array_add(argv, g_strdup_printf("--backend=%s", vn_conf_lend_backend(ld->conf)));
@@ -150,11 +155,19 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
                                               ld->conf->name));
     }
     g_ptr_array_add(argv, NULL);
-    if (!g_spawn_async(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
-                       &ld->worker_pid, error)) {
+    conn = vn_port_pair(ld->port, error);
+    if (conn < 0) {
+        return false;
+    }
+    ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
+                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1, &conn,
+                                          &target, 1, &ld->worker_pid, NULL, NULL, NULL, error);
+    close(conn);
+    if (!ok) {
         g_prefix_error(error, "starting %s: ", VN_LENDERS_BINARY);
         return false;
     }
+    vn_port_set_worker(ld->port, ld->worker_pid);
     vn_port_on_gone(ld->port, on_port_gone, ld);
     ld->worker_server_gen = 0; /* a new worker counts from 0 */
     lw = g_new0(LendWatch, 1);
@@ -199,10 +212,12 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
     }
 }
 
-bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld)
+bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld, const char *secret)
 {
-    /* It reconnects to its port, open again already, within 100 ms. */
-    if (!vn_spawn_alive(ld->worker_pid, VN_LENDERS_BINARY)) {
+    /* It reconnects to its port, open again already, within 100 ms: it alone, with its
+     * secret. */
+    if (!vn_spawn_alive(ld->worker_pid, VN_LENDERS_BINARY) ||
+        !vn_port_adopt(ld->port, ld->worker_pid, secret)) {
         ld->worker_pid = 0;
         return false;
     }

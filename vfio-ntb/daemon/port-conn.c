@@ -34,6 +34,20 @@ void vn_port_conn_close(VnPort *p)
     vn_util_close_fd(&p->fd);
 }
 
+bool vn_port_secret_ok(VnPort *p, const uint8_t *data, size_t len)
+{
+    uint8_t diff = 0;
+
+    if (!p->has_secret || data == NULL || len != VN_PORT_SECRET_LEN) {
+        return false;
+    }
+    /* Every byte compared: how long it takes tells a guesser nothing. */
+    for (size_t i = 0; i < VN_PORT_SECRET_LEN; i++) {
+        diff |= data[i] ^ p->secret[i];
+    }
+    return diff == 0;
+}
+
 void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
                        uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
 {

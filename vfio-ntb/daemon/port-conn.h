@@ -23,6 +23,8 @@
 /* Windows, segments and routes one worker may hold through its port. */
 #define VN_PORT_MAX_WINDOWS 16u
 #define VN_PORT_MAX_EXPORTS 256u
+/* A worker's secret (port.h: vn_port_pair): what a reconnecting worker says in its HELLO. */
+#define VN_PORT_SECRET_LEN VN_HOST_SECRET_LEN
 
 typedef struct VnPort VnPort;
 
@@ -48,6 +50,12 @@ struct VnPort {
     int listen_fd;
     GSource *listen_src;
     int fd; /* the worker's connection, or -1 */
+    /* Who may connect (port.h: vn_port_pair): only the process @worker, and only with
+     * @secret in its first record, a HELLO, before which the connection is not @authed. */
+    GPid worker;
+    uint8_t secret[VN_PORT_SECRET_LEN];
+    bool has_secret;
+    bool authed;
     GSource *src;
     VnRecordReader rx;
     GPtrArray *windows; /* VnFabricWindow *, mapped for the worker */
@@ -77,6 +85,8 @@ struct VnPort {
 
 /* The worker's connection goes (it reconnects, or it is gone). */
 void vn_port_conn_close(VnPort *p);
+/* Whether a reconnecting worker's HELLO (@data, @len) is its secret; in constant time. */
+bool vn_port_secret_ok(VnPort *p, const uint8_t *data, size_t len);
 /* A record to the worker; one it cannot take closes its connection. */
 void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
                        uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd);

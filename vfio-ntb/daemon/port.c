@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -304,6 +305,22 @@ static void relay_frame(VnPort *p, const uint8_t *buf, size_t len)
     }
 }
 
+/* The worker's process, reconnecting without its secret: no worker of ours (its pid was
+ * taken by another), so nobody may connect any more, and the daemon hears its worker is
+ * gone. */
+static void refuse_impostor(VnPort *p)
+{
+    g_warning("port %s: refused pid %d: it connected as the worker of %s but does not know "
+              "its secret",
+              p->path, (int)p->worker, p->device);
+    p->refused++;
+    p->worker = 0;
+    vn_port_conn_close(p);
+    if (p->gone != NULL) {
+        p->gone(p->gone_opaque);
+    }
+}
+
 /* One record from the worker. */
 static void worker_record(VnPort *p, VnRecord *rec)
 {
@@ -322,6 +339,14 @@ static void worker_record(VnPort *p, VnRecord *rec)
         return;
     }
     fd = rec->nfds == 1 ? rec->fds[0] : -1;
+    if (!p->authed) {
+        if (h.op != VN_HOST_HELLO || !vn_port_secret_ok(p, frame, frame_len)) {
+            vn_util_close_fd(&fd);
+            refuse_impostor(p);
+            return;
+        }
+        p->authed = true;
+    }
     if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
         vn_port_refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
                        p->peer != NULL ? p->peer : "(none)");
@@ -334,7 +359,10 @@ static void worker_record(VnPort *p, VnRecord *rec)
     }
     switch (h.op) {
     case VN_HOST_HELLO:
-        vn_port_reply(p, &h, 0, hello_arg(p->fab), vn_fabric_limits(p->fab)->max_windows, -1);
+        /* With the secret it proves itself with when it has to reconnect. */
+        vn_port_to_worker(p, VN_HOST_REPLY, h.seq, 0, NULL, hello_arg(p->fab),
+                          vn_fabric_limits(p->fab)->max_windows, p->secret,
+                          p->has_secret ? sizeof(p->secret) : 0, -1);
         /* A lender's worker learns who holds the device, then gets what
          * came while it was away. */
         if (p->inbound && p->peer != NULL) {
@@ -454,10 +482,23 @@ void vn_port_drain(VnPort *p)
     }
 }
 
+static void conn_attach(VnPort *p, int fd, bool authed)
+{
+    struct timeval tv = { .tv_sec = 2 };
+
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    p->fd = fd;
+    p->authed = authed;
+    p->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(p->src, G_SOURCE_FUNC(on_worker), p, NULL);
+    g_source_attach(p->src, p->ctx);
+}
+
+/* A connection to the socket: only the worker's own process, once its connection was lost
+ * (it lost it, or it outlived the daemon before us); it proves itself with its secret. */
 static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 {
     VnPort *p = data;
-    struct timeval tv = { .tv_sec = 2 };
     struct ucred cred;
     socklen_t clen = sizeof(cred);
     int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -465,20 +506,91 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
     if (c < 0) {
         return G_SOURCE_CONTINUE;
     }
-    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
-        (cred.uid != geteuid() && cred.uid != 0)) {
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+        cred.pid = 0;
+    }
+    if (p->fd >= 0 || p->worker <= 0 || cred.pid != p->worker || !p->has_secret) {
+        p->refused++;
+        g_warning("port %s: refused a connection by pid %d: %s", p->path, (int)cred.pid,
+                  p->fd >= 0       ? "its worker is connected"
+                  : p->worker <= 0 ? "it has no worker"
+                                   : "not its worker's process");
         close(c);
         return G_SOURCE_CONTINUE;
     }
-    /* The worker again (it reconnected): its new connection replaces the
-     * old; what it holds stays. */
-    vn_port_conn_close(p);
-    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    p->fd = c;
-    p->src = g_unix_fd_source_new(c, G_IO_IN | G_IO_HUP | G_IO_ERR);
-    g_source_set_callback(p->src, G_SOURCE_FUNC(on_worker), p, NULL);
-    g_source_attach(p->src, p->ctx);
+    conn_attach(p, c, false);
     return G_SOURCE_CONTINUE;
+}
+
+int vn_port_pair(VnPort *p, GError **error)
+{
+    int sv[2];
+
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
+        getrandom(p->secret, sizeof(p->secret), 0) != (ssize_t)sizeof(p->secret)) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "port %s: %s", p->path,
+                    g_strerror(e));
+        return -1;
+    }
+    if (!g_unix_set_fd_nonblocking(sv[0], TRUE, NULL)) {
+        close(sv[0]);
+        close(sv[1]);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "port %s: not non-blocking", p->path);
+        return -1;
+    }
+    vn_port_conn_close(p);
+    p->has_secret = true;
+    p->worker = 0; /* vn_port_set_worker() once it runs */
+    conn_attach(p, sv[0], true);
+    return sv[1];
+}
+
+void vn_port_set_worker(VnPort *p, GPid pid)
+{
+    p->worker = pid;
+}
+
+GPid vn_port_worker(VnPort *p)
+{
+    return p->worker;
+}
+
+char *vn_port_secret_hex(VnPort *p)
+{
+    GString *s;
+
+    if (!p->has_secret) {
+        return NULL;
+    }
+    s = g_string_sized_new(2 * VN_PORT_SECRET_LEN);
+    for (size_t i = 0; i < VN_PORT_SECRET_LEN; i++) {
+        g_string_append_printf(s, "%02x", p->secret[i]);
+    }
+    return g_string_free(s, FALSE);
+}
+
+bool vn_port_adopt(VnPort *p, GPid pid, const char *secret_hex)
+{
+    uint8_t secret[VN_PORT_SECRET_LEN];
+
+    if (pid <= 1 || secret_hex == NULL || strlen(secret_hex) != 2 * VN_PORT_SECRET_LEN) {
+        return false;
+    }
+    for (size_t i = 0; i < VN_PORT_SECRET_LEN; i++) {
+        int hi = g_ascii_xdigit_value(secret_hex[2 * i]);
+        int lo = g_ascii_xdigit_value(secret_hex[2 * i + 1]);
+
+        if (hi < 0 || lo < 0) {
+            return false;
+        }
+        secret[i] = (uint8_t)(hi << 4 | lo);
+    }
+    memcpy(p->secret, secret, sizeof(secret));
+    p->has_secret = true;
+    p->worker = pid;
+    return true;
 }
 
 /* ---- the daemon's fence ---------------------------------------------------- */

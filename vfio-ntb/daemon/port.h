@@ -18,9 +18,15 @@
  * link flaps.  Freeing the port takes back everything the worker had
  * through it.
  *
- * One port per worker, a socket (0600) that only the worker connects to;
- * a worker that reconnects (its daemon restarted, or it lost the
- * connection) replaces its old connection.
+ * One port per worker.  The worker gets its connection made (vn_port_pair: one
+ * end of a socket pair, inherited), so no other process can speak as it.  A
+ * worker that lost it (its daemon restarted, or the port gave up on it) dials
+ * the port's socket again; that is accepted only while it has no connection,
+ * only from the worker's own process (its pid, from the kernel) and only when
+ * the first thing it says is its secret (32 random bytes the port gave it in
+ * the answer to its first HELLO, kept in the daemon's state file for the
+ * daemon after us).  A process that has the worker's pid but not its secret
+ * (the worker died and its pid was reused) is refused, and after it nobody.
  *
  * Threads: the daemon's main thread.
  */
@@ -51,6 +57,19 @@ void vn_port_free_unlinked(VnPort *p);
  * its last words, its DETACH, are relayed). */
 void vn_port_drain(VnPort *p);
 const char *vn_port_path(VnPort *p);
+
+/* A new connection for a worker about to be started, with a new secret: the port keeps one
+ * end (an earlier connection goes); the other (-1 with @error) is the worker's, to inherit
+ * (close-on-exec: the spawn passes it on).  vn_port_set_worker() once it runs. */
+int vn_port_pair(VnPort *p, GError **error);
+void vn_port_set_worker(VnPort *p, GPid pid);
+/* The process that may reconnect: 0 for none (none yet, or an impostor was refused). */
+GPid vn_port_worker(VnPort *p);
+/* The secret, for the state file (hex; NULL: none yet); free it. */
+char *vn_port_secret_hex(VnPort *p);
+/* A worker that outlived the daemon before us: it may reconnect as process @pid with the
+ * secret @secret_hex (the state file's).  False when @secret_hex is no secret. */
+bool vn_port_adopt(VnPort *p, GPid pid, const char *secret_hex);
 
 /* The peer changes (NULL: none): the worker is told the old one's link is
  * down (a lender fences, a borrower's device is lost), a lender's worker

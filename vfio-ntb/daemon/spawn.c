@@ -40,7 +40,7 @@
 /* A start that waits for the device's last worker looks this often. */
 #define VN_SPAWN_ENDING_POLL_MS 1
 /* The worker's end of its status pipe, and how much of its reason we read. */
-#define VN_SPAWN_STATUS_FD 3
+#define VN_SPAWN_STATUS_FD 4
 #define VN_SPAWN_MAX_WHY 400
 
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error)
@@ -195,7 +195,10 @@ static bool adopted_died(Adopted *a)
     GPid pid = b->worker_pid;
     VnDaemon *d;
 
-    if (b->child_watch != 0 || pid <= 0 || vn_spawn_alive(pid, VN_SPAWN_BINARY)) {
+    /* One its port refused (it had the pid, not the secret) is no worker of ours. */
+    if (b->child_watch != 0 || pid <= 0 ||
+        (vn_spawn_alive(pid, VN_SPAWN_BINARY) &&
+         (b->port == NULL || vn_port_worker(b->port) == pid))) {
         return false;
     }
     b->worker_pid = 0;
@@ -362,6 +365,7 @@ static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool 
 
     g_ptr_array_add(argv, g_strdup(bin));
     g_ptr_array_add(argv, g_strdup_printf("--port=%s", b->port_path));
+    g_ptr_array_add(argv, g_strdup_printf("--port-fd=%d", VN_SPAWN_PORT_FD));
     g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
     g_ptr_array_add(argv, g_strdup_printf("--lender=%s", b->lender));
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
@@ -393,7 +397,8 @@ static void start_spawn(Start *st)
     g_autofree char *bin = NULL;
     g_autoptr(GPtrArray) argv = NULL;
     g_autoptr(GError) error = NULL;
-    int pipefd[2] = { -1, -1 }, target = VN_SPAWN_STATUS_FD;
+    int pipefd[2] = { -1, -1 }, source[2], target[2] = { VN_SPAWN_STATUS_FD, VN_SPAWN_PORT_FD };
+    int conn;
     gboolean ok;
 
     bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
@@ -411,15 +416,25 @@ static void start_spawn(Start *st)
         return;
     }
     st->why_fd = pipefd[0];
-    ok = g_spawn_async_with_pipes_and_fds(
-        NULL, (const char *const *)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1,
-        -1, &pipefd[1], &target, 1, &b->worker_pid, NULL, NULL, NULL, &error);
+    conn = vn_port_pair(b->port, &error);
+    if (conn < 0) {
+        vn_util_close_fd(&pipefd[1]);
+        start_finish(st, error);
+        return;
+    }
+    source[0] = pipefd[1];
+    source[1] = conn;
+    ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
+                                          G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1, source,
+                                          target, 2, &b->worker_pid, NULL, NULL, NULL, &error);
     vn_util_close_fd(&pipefd[1]);
+    close(conn);
     if (!ok) {
         g_prefix_error(&error, "starting %s: ", VN_SPAWN_BINARY);
         start_finish(st, error);
         return;
     }
+    vn_port_set_worker(b->port, b->worker_pid);
     /* Recorded before it runs far: a daemon that dies now leaves a worker
      * the next one adopts, not a stray it has to stop (strays.c). */
     vn_state_save_or_report(d);
@@ -548,19 +563,26 @@ static VnWctlCall *spawn_request_unplug(VnDaemon *d, VnBorrowed *b, VnWctlDone d
     return ask(b, "unplug", done, opaque);
 }
 
-static bool spawn_adopt(VnDaemon *d, VnBorrowed *b)
+static bool spawn_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
 {
     g_autoptr(GError) error = NULL;
     Adopted *a;
 
-    /* The pid must still be a worker of ours, for this device's socket. */
+    /* The pid must still be a worker of ours, for this device's socket, and the state file
+     * must have what it proves itself with (a worker it has not is stopped as a stray). */
     if (!vn_spawn_alive(b->worker_pid, VN_SPAWN_BINARY) ||
-        !g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
+        !g_file_test(b->socket, G_FILE_TEST_EXISTS) || secret == NULL) {
         b->worker_pid = 0;
         return false;
     }
-    /* It reconnects to its port as soon as we listen on it again. */
+    /* It reconnects to its port as soon as we listen on it again: it alone, with its
+     * secret. */
     b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
+    if (b->port != NULL && !vn_port_adopt(b->port, b->worker_pid, secret)) {
+        g_clear_pointer(&b->port, vn_port_free_unlinked);
+        b->worker_pid = 0;
+        return false;
+    }
     if (b->port == NULL) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
                "node %s: the worker serving %s cannot reach us: %s", d->conf->node, b->device,

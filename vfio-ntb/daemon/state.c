@@ -17,6 +17,18 @@
 #include <string.h>
 #include <sys/types.h>
 
+/* What a worker that outlives us proves itself with to the daemon after us (port.h): the
+ * state file is as private as the daemon's own memory (0600, the daemon's directory). */
+static void add_secret(JsonBuilder *b, VnPort *port)
+{
+    g_autofree char *secret = port != NULL ? vn_port_secret_hex(port) : NULL;
+
+    if (secret != NULL) {
+        json_builder_set_member_name(b, "port_secret");
+        json_builder_add_string_value(b, secret);
+    }
+}
+
 /* A state file is small; a large one is not ours. */
 #define VN_STATE_MAX_SIZE (1024 * 1024)
 
@@ -117,6 +129,7 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_add_int_value(b, ld->worker_pid);
             json_builder_set_member_name(b, "server_generation");
             json_builder_add_int_value(b, ld->worker_server_gen);
+            add_secret(b, ld->port);
             json_builder_end_object(b);
         }
     }
@@ -154,6 +167,7 @@ bool vn_state_save(VnDaemon *d, GError **error)
             json_builder_add_string_value(b, bw->channel_path);
             json_builder_set_member_name(b, "port");
             json_builder_add_string_value(b, bw->port_path);
+            add_secret(b, bw->port);
             /* The VM's QMP socket and the device's id there: a revoke after our
              * restart still unplugs the device, and a repeated attach with the
              * same options still matches. */
@@ -273,7 +287,7 @@ static void restore_worker(VnDaemon *d, VnBorrowed *b, JsonNode *wn)
         b->qmp = g_strdup(qmp);
         b->qdev_id = g_strdup(qdev_id);
     }
-    if (!d->workers->adopt(d, b)) {
+    if (!d->workers->adopt(d, b, vn_util_json_string(w, "port_secret"))) {
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
                "node %s: the worker that served %s is gone", d->conf->node, b->device);
         g_clear_pointer(&b->domain, g_free);
@@ -416,7 +430,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         }
         ld->worker_pid = (GPid)json_node_get_int(pid);
         get_generation(w, &ld->worker_server_gen, NULL);
-        if (!d->workers->lend_adopt(d, ld)) {
+        if (!d->workers->lend_adopt(d, ld, vn_util_json_string(w, "port_secret"))) {
             vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, NULL, 0,
                    "node %s: the lender worker of %s is gone", d->conf->node, name);
         }

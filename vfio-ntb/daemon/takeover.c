@@ -34,6 +34,7 @@
 /* The handoff's fd in the new worker, and the first of the kept fds after it. */
 #define VN_TAKEOVER_HANDOFF_FD 4
 #define VN_TAKEOVER_FIRST_FD 5
+G_STATIC_ASSERT(VN_SPAWN_PORT_FD < VN_TAKEOVER_HANDOFF_FD);
 
 /* A memfd holding @text: the handoff (it may be longer than a pipe holds). */
 static int handoff_memfd(const char *text, GError **error)
@@ -116,7 +117,8 @@ bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv)
     VnKeep *keep = b->port != NULL ? vn_port_keep(b->port) : NULL;
     g_autoptr(GBytes) state = NULL;
     uint64_t keys[VN_KEEP_MAX_FDS];
-    int source[VN_KEEP_MAX_FDS + 1], target[VN_KEEP_MAX_FDS + 1];
+    int source[VN_KEEP_MAX_FDS + 2], target[VN_KEEP_MAX_FDS + 2];
+    int conn;
     g_autofree char *text = NULL;
     int memfd;
     guint n;
@@ -140,18 +142,30 @@ bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv)
                error->message);
         return false;
     }
+    /* Its own connection to the port (the dead one's goes). */
+    conn = vn_port_pair(b->port, &error);
+    if (conn < 0) {
+        close(memfd);
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the worker serving %s cannot be replaced: %s", d->conf->node, b->device,
+               error->message);
+        return false;
+    }
     source[0] = memfd;
     target[0] = VN_TAKEOVER_HANDOFF_FD;
+    source[1] = conn;
+    target[1] = VN_SPAWN_PORT_FD;
     for (guint i = 0; i < n; i++) {
-        source[i + 1] = vn_keep_get_fd(keep, keys[i]);
-        target[i + 1] = VN_TAKEOVER_FIRST_FD + (int)i;
+        source[i + 2] = vn_keep_get_fd(keep, keys[i]);
+        target[i + 2] = VN_TAKEOVER_FIRST_FD + (int)i;
     }
     g_ptr_array_insert(argv, (gint)argv->len - 1,
                        g_strdup_printf("--take-over=%d", VN_TAKEOVER_HANDOFF_FD));
     ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
                                           G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1, source,
-                                          target, n + 1, &b->worker_pid, NULL, NULL, NULL, &error);
+                                          target, n + 2, &b->worker_pid, NULL, NULL, NULL, &error);
     close(memfd);
+    close(conn);
     if (!ok) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
                "node %s: the worker serving %s cannot be replaced: %s", d->conf->node, b->device,
@@ -159,6 +173,7 @@ bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv)
         b->worker_pid = 0;
         return false;
     }
+    vn_port_set_worker(b->port, b->worker_pid);
     memmove(&b->takeover_us[1], &b->takeover_us[0],
             (VN_TAKEOVER_BURST - 1) * sizeof(b->takeover_us[0]));
     b->takeover_us[0] = g_get_monotonic_time();

@@ -15,11 +15,13 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* How often a worker tries its daemon's port while the daemon restarts. */
@@ -56,6 +58,10 @@ typedef struct VnHost {
     void *greeted_opaque;
     VnHostHdr wait_hdr;
     int wait_fd;
+    /* What the daemon's port gave us to prove ourselves with when we reconnect (its first
+     * HELLO's answer); has_secret: we have it. */
+    uint8_t secret[VN_HOST_SECRET_LEN];
+    bool has_secret;
 } VnHost;
 
 static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
@@ -108,6 +114,11 @@ static bool host_record(VnHost *h, VnRecord *rec)
         h->wait_hdr = hdr;
         h->wait_fd = rec->nfds == 1 ? rec->fds[0] : -1;
         h->wait_done = true;
+        /* Only a HELLO's answer carries bytes: the secret. */
+        if (frame_len == VN_HOST_SECRET_LEN && hdr.status == 0) {
+            memcpy(h->secret, frame, VN_HOST_SECRET_LEN);
+            h->has_secret = true;
+        }
         return true;
     case VN_HOST_LINK:
         if (hdr.arg) {
@@ -246,7 +257,9 @@ static bool host_greet(VnHost *h, GError **error)
     VnHostHdr rep;
     int fd, ret;
 
-    ret = host_call(h, VN_HOST_HELLO, NULL, 0, 0, NULL, 0, -1, &rep, &fd);
+    /* Our secret, once we have one: the port takes a reconnection by nothing else. */
+    ret = host_call(h, VN_HOST_HELLO, NULL, 0, 0, h->has_secret ? h->secret : NULL,
+                    h->has_secret ? sizeof(h->secret) : 0, -1, &rep, &fd);
     vn_util_close_fd(&fd);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
@@ -428,10 +441,12 @@ static void host_close(void *backend)
  * tests shorten it; nothing longer than an hour makes sense. */
 #define VN_HOST_MAX_RECONNECT_MS 3600000u
 
-static bool host_params(GHashTable *params, const char **bad, unsigned *reconnect_ms,
+static bool host_params(GHashTable *params, const char **bad, unsigned *reconnect_ms, int *conn,
                         GError **error)
 {
     const char *path = g_hash_table_lookup(params, "port");
+    const char *fd_param = g_hash_table_lookup(params, "fd");
+    guint64 fd = 0;
     const char *bound = g_hash_table_lookup(params, "reconnect-ms");
     GHashTableIter it;
     gpointer key;
@@ -439,10 +454,12 @@ static bool host_params(GHashTable *params, const char **bad, unsigned *reconnec
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
-        if (strcmp(key, "port") != 0 && strcmp(key, "reconnect-ms") != 0) {
+        if (strcmp(key, "port") != 0 && strcmp(key, "reconnect-ms") != 0 &&
+            strcmp(key, "fd") != 0) {
             *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "host fabric: unknown parameter \"%.40s\" (known: port, reconnect-ms)",
+                        "host fabric: unknown parameter \"%.40s\" (known: port, fd, "
+                        "reconnect-ms)",
                         (char *)key);
             return false;
         }
@@ -461,15 +478,23 @@ static bool host_params(GHashTable *params, const char **bad, unsigned *reconnec
                     VN_HOST_MAX_RECONNECT_MS);
         return false;
     }
+    if (fd_param != NULL && !g_ascii_string_to_unsigned(fd_param, 10, 3, G_MAXINT, &fd, NULL)) {
+        *bad = "fd";
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "host fabric: \"fd\" must be the number of an inherited socket (3 or more)");
+        return false;
+    }
     *reconnect_ms = (unsigned)ms;
+    *conn = fd_param != NULL ? (int)fd : -1;
     return true;
 }
 
 static bool host_check_params(GHashTable *params, const char **bad, GError **error)
 {
     unsigned reconnect_ms;
+    int conn;
 
-    return host_params(params, bad, &reconnect_ms, error);
+    return host_params(params, bad, &reconnect_ms, &conn, error);
 }
 
 static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
@@ -480,10 +505,24 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     VnHost *h;
     int fd;
 
-    if (!host_params(params, &bad, &reconnect_ms, error)) {
+    if (!host_params(params, &bad, &reconnect_ms, &fd, error)) {
         return NULL;
     }
-    fd = host_dial(path);
+    /* The connection the daemon made for us (its port takes no other before it gave us a
+     * secret), else the socket. */
+    if (fd >= 0) {
+        struct stat st;
+
+        if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
+            !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "host fabric: fd %d is not the daemon's connection", fd);
+            return NULL;
+        }
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+    } else {
+        fd = host_dial(path);
+    }
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
                     "host fabric: cannot reach the daemon's port %s: %s", path, g_strerror(-fd));

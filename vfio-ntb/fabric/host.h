@@ -11,8 +11,13 @@
  * are exported by the daemon, its doorbell bits are the daemon's.  Within a
  * host fds may pass (SCM_RIGHTS); nothing here crosses a host.
  *
- * Parameters: "port" (required), the socket's path; "reconnect-ms", the
- * bound below (default VN_HOST_RECONNECT_MS; tests shorten it).
+ * Parameters: "port" (required), the socket's path; "fd", the connection
+ * the daemon made for the worker (an inherited socket: the port takes a
+ * connection to its socket only from a worker that already had one, see
+ * daemon/port.h); "reconnect-ms", the bound below (default
+ * VN_HOST_RECONNECT_MS; tests shorten it).  The answer to the first HELLO
+ * carries the worker's secret (VN_HOST_SECRET_LEN bytes); every later HELLO,
+ * on a connection to the socket, carries it back.
  *
  * A daemon that restarts closes the port; the backend reconnects, without
  * reporting any link down for up to VN_HOST_RECONNECT_MS (the data path --
@@ -141,6 +146,8 @@ typedef struct VnHostHdr {
 
 /* The longest record on a port: a header and the largest frame. */
 #define VN_HOST_MAX_RECORD ((uint32_t)sizeof(VnHostHdr) + VN_FABRIC_MAX_FRAME)
+/* A worker's secret: what it proves itself with when it reconnects. */
+#define VN_HOST_SECRET_LEN 32u
 /* How long a worker waits for a restarted daemon. */
 #define VN_HOST_RECONNECT_MS 30000
 /* An op that gets a REPLY waits at most this long (the daemon answers at

@@ -167,12 +167,14 @@ static char *on_command(void *opaque, const char *name, GError **error)
 
 int main(int argc, char **argv)
 {
-    g_autofree char *trace = NULL;
+    g_autofree char *trace = NULL, *port_fd = NULL;
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
     g_autofree char *control = NULL, *backend = NULL, *at = NULL, *managed = NULL;
     g_autofree char *was = NULL;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
+        { "port-fd", 0, 0, G_OPTION_ARG_STRING, &port_fd,
+          "the connection to the port vfio-ntbd made for this worker", "FD" },
         { "node", 0, 0, G_OPTION_ARG_STRING, &node, "this host's fabric node", "NAME" },
         { "device", 0, 0, G_OPTION_ARG_STRING, &device, "the lent device's name", "NAME" },
         { "backend", 0, 0, G_OPTION_ARG_STRING, &backend,
@@ -228,6 +230,9 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     g_hash_table_insert(fp, g_strdup("port"), g_strdup(port));
+    if (port_fd != NULL) {
+        g_hash_table_insert(fp, g_strdup("fd"), g_strdup(port_fd));
+    }
     w.loop = g_main_loop_new(NULL, FALSE);
     w.fab = vn_fabric_open("host", node, fp, &handlers, &w, NULL, &error);
     if (w.fab == NULL) {
