@@ -10,6 +10,8 @@ its helpers).
   guest to take a device out, so it is not presented anew here: test_deaths.py shows that
   with a guest.)
 """
+import time
+
 import harness as h
 from cluster import Daemon
 from control import Control
@@ -21,10 +23,12 @@ VFIO_DEVICE = "anon_inode:[vfio-device]"    # what /proc shows of a VFIO device 
 
 def test_worker_crash(procs, wd, fab, bdf):
     # Every earlier group let the function go; one whose process outlived it would make
-    # this group's attach fail with EBUSY, so name it.
+    # this group's attach fail with EBUSY, so name it (and say how long it took).
+    t0 = time.monotonic()
     if not h.wait_for(lambda: vi.group_free(bdf), 10):
         raise h.HarnessError(f"the VFIO group of {bdf} is still held by "
                              f"{' '.join(vi.group_holders(bdf)) or 'nobody known'}")
+    free_after_s = time.monotonic() - t0
     a, b, cb = vi.lend_pair(procs, wd, fab, "hostw", "hostx", bdf, lease_timeout_ms=60000)
     c = Daemon(procs, wd, "hosty", fab).start()
     cc = Control(c.control)
@@ -62,5 +66,5 @@ def test_worker_crash(procs, wd, fab, bdf):
                     and lost_b.get("node") == "hostw" and held >= 1 and bool(none_held)
                     and back.get("device") == "hostw/nvme0" and len(new) == 1 and new != old
                     and after == (0, vi.SERIAL),
-                    identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
+                    group_free_after_s=f"{free_after_s:.1f}", identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
                     workers=f"{old}->{new}", second_holder_identify=after[0])

@@ -1,0 +1,184 @@
+#!/usr/bin/python3
+"""End-to-end: what a local process that is not a worker can do to a worker's port.
+
+Node A (vfio-ntbd) lends a vfio-ntb-simdev NVMe; node B borrows it for a qtest consumer
+(QEMU's stock vfio-user-pci, no guest CPU) that passes the Identify check.  What an operator
+would check:
+- port-takeover-refused: a root process connects to B's borrower worker's port and to A's
+  lender worker's port (each worker is connected: its daemon made its connection) and says
+  HELLO with a made-up secret: both connections are closed with no answer, both daemons log
+  it, and the consumer's Identify still passes through the same workers.  Then B's daemon
+  and its worker die (SIGKILL) and another process takes the worker's pid (and carries the
+  worker's binary name in its command line, as `vfio-ntbd` checks): when B starts again it
+  adopts that pid, but the process does not know the worker's secret, so its HELLO gets no
+  answer and its connection is closed; B says the worker is gone and detaches the device,
+  and A fences it (the lease is not left with a process nobody started).
+"""
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+from harness import result, wait_for  # noqa: E402
+from control import Control  # noqa: E402
+from test_deaths import SERIAL, hosts, lender_stats  # noqa: E402
+import vfio_inner as vi  # noqa: E402
+
+# tests/run-checks counts a result this file did not print as failed.
+EXPECTED_RESULTS = 1
+
+HELLO = 1                     # fabric/host.h: VN_HOST_HELLO
+SECRET_LEN = 32               # VN_HOST_SECRET_LEN
+HDR = struct.Struct("<IiQQQ32s")   # VnHostHdr: op, status, seq, arg, arg2, peer
+
+
+def hello(secret):
+    """A HELLO record as a worker sends it (fabric/record.h: a 4-byte length first)."""
+    rec = HDR.pack(HELLO, 0, 1, 0, 0, b"") + secret
+    return struct.pack("<I", len(rec)) + rec
+
+
+def knock(path, secret=b"\0" * SECRET_LEN, timeout=5.0):
+    """Connect to a port's socket, say HELLO with @secret: what came back before the port
+    closed the connection (b"" for nothing), or None when it kept it open."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        try:
+            s.sendall(hello(secret))
+        except (BrokenPipeError, ConnectionResetError):
+            return b""                  # closed before it even read
+        s.settimeout(timeout)
+        got = b""
+        while True:
+            try:
+                chunk = s.recv(4096)
+            except ConnectionResetError:
+                return got
+            except socket.timeout:
+                return None
+            if not chunk:
+                return got
+            got += chunk
+    finally:
+        s.close()
+
+
+IMPOSTOR = """
+import socket, struct, sys, time
+path, out = sys.argv[1], sys.argv[2]
+rec = struct.pack("<IiQQQ32s", 1, 0, 1, 0, 0, b"") + b"\\x5a" * 32
+for _ in range(300):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        time.sleep(0.05)
+        continue
+    s.settimeout(10)
+    try:
+        s.sendall(struct.pack("<I", len(rec)) + rec)
+        got = s.recv(4096)
+    except OSError:
+        got = b""
+    open(out, "w").write("answered" if got else "closed")
+    break
+time.sleep(30)
+"""
+
+
+def impostor_with_pid(procs, pid, argv_tail, tries=20):
+    """A process whose pid is @pid (the kernel's next pid set through ns_last_pid, as root),
+    or None when another process took it first each time."""
+    for _ in range(tries):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        # argv[0] the worker's binary name: what vfio-ntbd looks for in /proc/PID/cmdline.
+        p = procs.start("impostor", ["vfio-ntb-borrower", "-c", IMPOSTOR, *argv_tail],
+                        executable=sys.executable)
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+        time.sleep(0.01)
+    return None
+
+
+def attached_to(d, device="hosta/nvme0"):
+    c = Control(d.control)
+    try:
+        return next(x for x in c.execute("query-devices")
+                    if x["device"] == device).get("attached_to")
+    finally:
+        c.close()
+
+
+def test_port_takeover_refused(procs):
+    wd, _img, _sd, a, b, _ = hosts(procs)
+    cb = Control(b.control)
+    r = cb.execute("attach", device="hosta/nvme0", domain="vm-sec")
+    q = vi.qtest_qemu(procs, r["socket"])
+    vi.consumer_view(q)
+    before = vi.identify(q)
+    [worker] = b.workers("vfio-ntb-borrower")
+    [bport] = b.run_dir.glob("*-port.sock")
+    aport = a.run_dir / "lend-nvme0-port.sock"
+    # Root, connecting while each worker is connected.
+    knocked = {"borrower": knock(bport), "lender": knock(aport)}
+    logged = (wait_for(lambda: "refused a connection" in b.log(), 5) and
+              wait_for(lambda: "refused a connection" in a.log(), 5))
+    after = vi.identify(q)
+    same_worker = b.workers("vfio-ntb-borrower") == [worker]
+
+    # The worker's pid, taken by another process while B was away.
+    fences = lender_stats(a)["fences"]
+    b.kill()
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{worker}").exists(), 5)
+    said = wd / "impostor.said"
+    imp = impostor_with_pid(procs, worker, [str(bport), str(said)])
+    b.start()
+    heard = wait_for(lambda: said.exists(), 20)
+    answer = said.read_text() if heard else "nothing"
+    refused = wait_for(lambda: "does not know its secret" in b.log(), 10)
+    detached = wait_for(lambda: attached_to(b) is None, 10)
+    fenced = wait_for(lambda: lender_stats(a)["fences"] > fences, 15)
+    if not refused:
+        print(b.log()[-3000:], file=sys.stderr)
+    if imp is not None:
+        procs.stop(imp)
+    q.kill()
+    q.wait()
+    cb.close()
+    return result("port-takeover-refused",
+                  before == (0, SERIAL) and knocked == {"borrower": b"", "lender": b""}
+                  and bool(logged) and after == (0, SERIAL) and same_worker
+                  and imp is not None and answer == "closed" and bool(refused)
+                  and bool(detached) and bool(fenced),
+                  identify_before=before[0], knocked={k: v is not None and len(v)
+                                                      for k, v in knocked.items()},
+                  logged=bool(logged), identify_after=after[0], same_worker=same_worker,
+                  pid_taken=imp is not None, impostor=answer, refused=bool(refused),
+                  detached=bool(detached), fenced=bool(fenced))
+
+
+def main():
+    ok = True
+    for test in (test_port_takeover_refused,):
+        with h.Procs() as procs:
+            try:
+                ok &= test(procs)
+            except Exception as e:  # noqa: BLE001 - one test's failure must not hide the rest
+                ok &= h.failed(test.__name__.replace("test_", "").replace("_", "-"), e)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
