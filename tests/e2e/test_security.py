@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
