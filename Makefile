@@ -18,7 +18,7 @@ SAN_LDFLAGS ?=
 PYTHON ?= /usr/bin/python3
 INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
-	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS)
+	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS) $(SECCOMP_CFLAGS)
 
 # ntbctl's own files (the control client, its formatting and `top`, which check_top drives,
 # are in the library).
@@ -87,8 +87,9 @@ $(B)/vfio-ntb-simdev: $(B)/vfio-ntb/simdev/simdev.o $(B)/libsimdev.a $(B)/libvfi
 $(B)/vfio-ntb-ntbsim: $(B)/vfio-ntb/simdev/ntbsim.o $(B)/libsimdev.a $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
 
+# Only the borrower worker links libseccomp (its sandbox, borrower/sandbox.h).
 $(B)/vfio-ntb-borrower: $(B)/vfio-ntb/borrower/worker.o $(B)/libvfio-ntb.a
-	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
+	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS) $(SECCOMP_LIBS)
 
 $(B)/vfio-ntb-lender: $(B)/vfio-ntb/lending/worker.o $(B)/libvfio-ntb.a
 	$(CC) $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $^ $(GLIB_LIBS) $(PCI_LIBS)
@@ -110,7 +111,7 @@ $(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) $(CHECK_CFLAGS) -DVN_SOURCE_DIR='"$(CURDIR)"' $(LDFLAGS) $(SAN_LDFLAGS) -o $@ $< \
 		$(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-ntb.a $(GLIB_LIBS) $(PCI_LIBS) $(XML_LIBS) \
-		$(CHECK_LIBS)
+		$(SECCOMP_LIBS) $(CHECK_LIBS)
 
 # The kernel module's own suite (tests/kmod/), run in a VM by tests/e2e/test_kmod.py: plain
 # libc, no GLib, so it runs wherever the module does.  kselftest.c is its harness; the other

@@ -102,6 +102,8 @@ class Procs:
     def tempdir(self, prefix="vn-e2e-"):
         # Short paths: a UNIX socket path must fit in 108 bytes.
         d = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("VN_TMP", "/tmp")))
+        # Passable, not listable: as /run/vfio-ntb, so the worker user reaches its port.
+        d.chmod(0o711)
         self.paths.append(d)
         return d
 

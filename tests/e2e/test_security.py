@@ -13,6 +13,14 @@ would check:
   adopts that pid, but the process does not know the worker's secret, so its HELLO gets no
   answer and its connection is closed; B says the worker is gone and detaches the device,
   and A fences it (the lease is not left with a process nobody started).
+- workers-unprivileged: B's borrower worker serves as the worker user (vfio-ntb, which
+  scripts/install-deps and the package create), with no capabilities, no_new_privs and its
+  seccomp filter (/proc/PID/status: Uid, CapEff 0, NoNewPrivs 1, Seccomp 2), and the
+  consumer's Identify passes through it; after B's daemon is killed and started again the
+  same worker, unprivileged, dials its port again and is adopted, and Identify passes
+  again.  A worker made to try a system call its filter lacks (VN_TEST_SANDBOX_VIOLATION, a
+  test's hook) is killed by the filter (SIGSYS), B says so and does not start another, and
+  the device is detached.  (Every other e2e suite runs its borrower workers the same way.)
 """
 import os
 import signal
@@ -30,7 +38,7 @@ from test_deaths import SERIAL, hosts, lender_stats  # noqa: E402
 import vfio_inner as vi  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 1
+EXPECTED_RESULTS = 2
 
 HELLO = 1                     # fabric/host.h: VN_HOST_HELLO
 SECRET_LEN = 32               # VN_HOST_SECRET_LEN
@@ -168,9 +176,72 @@ def test_port_takeover_refused(procs):
                   detached=bool(detached), fenced=bool(fenced))
 
 
+WORKER_USER = "vfio-ntb"
+
+
+def proc_status(pid):
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def test_workers_unprivileged(procs):
+    import pwd
+    uid = pwd.getpwnam(WORKER_USER).pw_uid     # KeyError: scripts/install-deps makes it
+    _wd, _img, _sd, a, b, _ = hosts(procs)
+    cb = Control(b.control)
+    r = cb.execute("attach", device="hosta/nvme0", domain="vm-unpriv")
+    q = vi.qtest_qemu(procs, r["socket"])
+    vi.consumer_view(q)
+    before = vi.identify(q)
+    [worker] = b.workers("vfio-ntb-borrower")
+    st = proc_status(worker)
+    sandboxed = (st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0" * 16
+                 and st["NoNewPrivs"] == "1" and st["Seccomp"] == "2")
+    # B away and back: the worker, unprivileged, dials its port again.
+    cb.close()
+    b.kill()
+    b.start()
+    adopted = wait_for(lambda: f"its worker (pid {worker}) is back" in b.log(), 15)
+    after = vi.identify(q)
+    same = b.workers("vfio-ntb-borrower") == [worker]
+    q.kill()
+    q.wait()
+    cb = Control(b.control)
+    cb.execute("detach", device="hosta/nvme0")
+    # A worker that tries what its filter lacks.
+    cb.close()
+    b.kill()
+    os.environ["VN_TEST_SANDBOX_VIOLATION"] = "1"
+    try:
+        b.start()
+    finally:
+        del os.environ["VN_TEST_SANDBOX_VIOLATION"]
+    cb = Control(b.control)
+    try:
+        r = cb.execute("attach", device="hosta/nvme0", domain="vm-unpriv2")
+        attached = True
+    except Exception:  # noqa: BLE001 - the worker may die before or after the answer
+        attached = False
+    killed = wait_for(lambda: "was killed by its sandbox" in b.log(), 15)
+    detached = wait_for(lambda: attached_to(b) is None, 10)
+    not_again = not b.workers("vfio-ntb-borrower")
+    cb.close()
+    return result("workers-unprivileged",
+                  before == (0, SERIAL) and sandboxed and bool(adopted) and after == (0, SERIAL)
+                  and same and bool(killed) and bool(detached) and not_again,
+                  uid=st["Uid"].split()[0], cap_eff=st["CapEff"], no_new_privs=st["NoNewPrivs"],
+                  seccomp=st["Seccomp"], identify=before[0], adopted_after_restart=bool(adopted),
+                  identify_after=after[0], same_worker=same, violation_attached=attached,
+                  killed_by_filter=bool(killed), detached=bool(detached),
+                  no_worker_left=not_again)
+
+
 def main():
     ok = True
-    for test in (test_port_takeover_refused,):
+    for test in (test_port_takeover_refused, test_workers_unprivileged):
         with h.Procs() as procs:
             try:
                 ok &= test(procs)

@@ -98,14 +98,20 @@ static gboolean on_signal(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+void vn_util_quit_on_signals(GMainLoop *loop, guint ids[2])
+{
+    ids[0] = g_unix_signal_add(SIGTERM, on_signal, loop);
+    ids[1] = g_unix_signal_add(SIGINT, on_signal, loop);
+}
+
 void vn_util_run_until_signalled(GMainLoop *loop)
 {
-    guint term = g_unix_signal_add(SIGTERM, on_signal, loop);
-    guint intr = g_unix_signal_add(SIGINT, on_signal, loop);
+    guint ids[2];
 
+    vn_util_quit_on_signals(loop, ids);
     g_main_loop_run(loop);
-    g_source_remove(term);
-    g_source_remove(intr);
+    g_source_remove(ids[0]);
+    g_source_remove(ids[1]);
 }
 
 static void stats_file_write(VnUtilStatsFile *f)

@@ -17,6 +17,10 @@ void vn_util_close_fds(int *fds, size_t n);
 /* Run @loop (the default context's) until SIGTERM or SIGINT: a worker's
  * life between its start and its clean end. */
 void vn_util_run_until_signalled(GMainLoop *loop);
+/* Its first half: SIGTERM and SIGINT quit @loop from now on (@ids: the sources, for
+ * g_source_remove()).  GLib starts its worker thread for them here: a process that will not
+ * be allowed to start threads (borrower/sandbox.h) calls this first. */
+void vn_util_quit_on_signals(GMainLoop *loop, guint ids[2]);
 
 /* A stats file: @json(@opaque) (a new string) written to @path (atomically) at each SIGUSR1
  * and when vn_util_stats_file_stop() writes it a last time.  @path NULL: no file. */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gio/gio.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -151,6 +152,7 @@ void vn_conf_free(VnConfig *c)
     g_free(c->state_dir);
     g_free(c->control_socket);
     g_free(c->run_dir);
+    g_free(c->worker_user);
     g_clear_pointer(&c->fabric_params, g_hash_table_unref);
     g_clear_pointer(&c->lends, g_ptr_array_unref);
     g_clear_pointer(&c->borrows, g_ptr_array_unref);
@@ -526,14 +528,49 @@ static bool get_ms(const ConfRead *p, const char *key, gint64 min, gint64 max, u
     return true;
 }
 
+/* Who the borrower workers serve as ([node] worker-user, else VN_CONF_WORKER_USER when this
+ * host has that user, else nobody else: they stay the daemon's user, and the daemon says so
+ * when it starts). */
+static bool worker_user(const ConfRead *p, VnConfig *c, GError **error)
+{
+    g_autofree char *name = g_key_file_get_string(p->kf, "node", "worker-user", NULL);
+    struct passwd pw, *found = NULL;
+    char buf[4096];
+
+    getpwnam_r(name != NULL ? name : VN_CONF_WORKER_USER, &pw, buf, sizeof(buf), &found);
+    if (found == NULL && name != NULL) {
+        return fail(p, error, "node", "worker-user",
+                    "[node] worker-user = \"%.40s\": no such user on this host", name);
+    }
+    if (found != NULL && found->pw_uid == 0) {
+        return fail(p, error, "node", "worker-user",
+                    "[node] worker-user = \"%.40s\": uid 0 keeps every capability; name the "
+                    "unprivileged user workers serve as",
+                    found->pw_name);
+    }
+    if (found != NULL) {
+        c->worker_user = g_strdup(found->pw_name);
+        c->worker_uid = found->pw_uid;
+        c->worker_gid = found->pw_gid;
+    }
+    return true;
+}
+
 static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name",         "fabric",
-                                             "fabric-dir",   "stats-file",
-                                             "metrics-file", "metrics-interval-ms",
-                                             "state-dir",    "control-socket",
-                                             "run-dir",      "lease-timeout-ms",
-                                             "log-level",    NULL };
+    static const char *const node_keys[] = { "name",
+                                             "fabric",
+                                             "fabric-dir",
+                                             "stats-file",
+                                             "metrics-file",
+                                             "metrics-interval-ms",
+                                             "state-dir",
+                                             "control-socket",
+                                             "run-dir",
+                                             "lease-timeout-ms",
+                                             "log-level",
+                                             "worker-user",
+                                             NULL };
     GKeyFile *kf = p->kf;
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL, *level = NULL;
@@ -611,6 +648,9 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
     if (!vn_name_valid(VN_NAME_NODE, c->node)) {
         return fail(p, error, "node", "name", "[node]: name \"%.80s\" must be %s", c->node,
                     vn_name_rule(VN_NAME_NODE));
+    }
+    if (!worker_user(p, c, error)) {
+        return false;
     }
     if (dir != NULL) {
         g_hash_table_insert(c->fabric_params, g_strdup("dir"), g_steal_pointer(&dir));

@@ -45,9 +45,13 @@
 #include <glib.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Devices one daemon lends or borrows (each is a socket and a few fds). */
 #define VN_CONF_MAX_DEVICES 64
+/* The user borrower workers serve as when [node] worker-user does not say (the package
+ * creates it). */
+#define VN_CONF_WORKER_USER "vfio-ntb"
 /* Virtual functions one [lend] section may lend (sriov-vfs). */
 #define VN_CONF_MAX_VFS 32
 /* Nodes one access list names. */
@@ -107,6 +111,10 @@ typedef struct VnConfig {
     uint32_t lease_timeout_ms;
     VnLogLevel log_level; /* VN_LOG_NOTICE unless set */
     bool log_level_set;
+    /* Borrower workers serve as this user (borrower/sandbox.h); NULL: as the daemon's. */
+    char *worker_user;
+    uid_t worker_uid;
+    gid_t worker_gid;
     GPtrArray *lends;   /* VnLendConf */
     GPtrArray *borrows; /* VnBorrowConf */
 } VnConfig;

@@ -544,6 +544,9 @@ char *vn_spawn_binary(const char *name, GError **error);
 /* @name in the first of @dirs (NULL-terminated) that has it executable,
  * else on PATH; NULL with @error (G_IO_ERROR_NOT_FOUND) when in none. */
 char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
+/* The run dir, made when missing, passable (not listable) by others: QEMU's user reaches its
+ * socket there, the worker user its port.  False with @error. */
+bool vn_spawn_run_dir(VnDaemon *d, GError **error);
 /* The fd a worker finds its port's connection at (port.h: vn_port_pair). */
 #define VN_SPAWN_PORT_FD 3
 /* @pid runs and is @binary (a process of ours, not a reused pid). */

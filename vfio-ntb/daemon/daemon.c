@@ -17,6 +17,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Static borrows retry this often until their lender is up. */
 #define VN_DAEMON_BORROW_RETRY_MS 200
@@ -371,6 +373,29 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
     }
     return true;
 }
+/* The first directory above and at @dir (an absolute path) that @uid/@gid may not pass
+ * through, or NULL. */
+static char *reachable(const char *dir, uid_t uid, gid_t gid)
+{
+    g_autofree char *path = g_strdup(dir);
+
+    for (;;) {
+        struct stat st;
+        char *slash;
+
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+            !(st.st_uid == uid   ? st.st_mode & S_IXUSR
+              : st.st_gid == gid ? st.st_mode & S_IXGRP
+                                 : st.st_mode & S_IXOTH)) {
+            return g_steal_pointer(&path);
+        }
+        slash = strrchr(path, '/');
+        if (slash == NULL || slash == path) {
+            return NULL;
+        }
+        *slash = '\0';
+    }
+}
 
 VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **error)
 {
@@ -396,6 +421,22 @@ VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **err
     vn_metrics_start(d);
     g_message("node %s: up on fabric %s, control socket %s", d->conf->node, d->conf->fabric,
               d->conf->control_socket);
+    if (d->conf->worker_user != NULL) {
+        g_autofree char *shut =
+            reachable(d->conf->run_dir, d->conf->worker_uid, d->conf->worker_gid);
+
+        g_message("node %s: borrower workers serve as %s (uid %u), in their sandbox", d->conf->node,
+                  d->conf->worker_user, (unsigned)d->conf->worker_uid);
+        if (shut != NULL) {
+            g_warning("node %s: user %s cannot pass through %s on the way to run-dir %s: its "
+                      "workers cannot dial their ports again after this daemon restarts",
+                      d->conf->node, d->conf->worker_user, shut, d->conf->run_dir);
+        }
+    } else if (geteuid() == 0) {
+        g_warning("node %s: borrower workers serve as root (in their seccomp sandbox): no user "
+                  "%s on this host; create it, or name another with [node] worker-user",
+                  d->conf->node, VN_CONF_WORKER_USER);
+    }
     return d;
 }
 

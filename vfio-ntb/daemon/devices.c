@@ -113,9 +113,7 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
      * worker (re)starts. */
     ld->port_path = g_strdup_printf("%s/lend-%s-port.sock", d->conf->run_dir, lc->name);
     ld->channel_path = g_strdup_printf("%s/lend-%s-channel.sock", d->conf->run_dir, lc->name);
-    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s",
-                    d->conf->run_dir, g_strerror(errno));
+    if (!vn_spawn_run_dir(d, error)) {
         vn_devices_local_free(ld);
         return NULL;
     }

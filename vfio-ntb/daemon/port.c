@@ -346,6 +346,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
             return;
         }
         p->authed = true;
+        g_message("port %s: its worker (pid %d) is back", p->path, (int)p->worker);
     }
     if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
         vn_port_refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,

@@ -30,6 +30,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -161,8 +162,9 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
         return;
     }
     vn_log(G_LOG_LEVEL_MESSAGE, cw->d->conf->node, b->device, b->lender, b->lease,
-           "borrower worker for %s (pid %d) exited (status %d); %s is detached", b->device, pid,
-           status, b->device);
+           "borrower worker for %s (pid %d) %s %d; %s is detached", b->device, pid,
+           WIFSIGNALED(status) ? "was killed by signal" : "exited with status",
+           WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), b->device);
     g_clear_pointer(&b->domain, g_free);
     worker_gone(cw->d, b);
 }
@@ -366,6 +368,10 @@ static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool 
     g_ptr_array_add(argv, g_strdup(bin));
     g_ptr_array_add(argv, g_strdup_printf("--port=%s", b->port_path));
     g_ptr_array_add(argv, g_strdup_printf("--port-fd=%d", VN_SPAWN_PORT_FD));
+    if (d->conf->worker_user != NULL) {
+        g_ptr_array_add(argv, g_strdup_printf("--run-as=%u:%u", (unsigned)d->conf->worker_uid,
+                                              (unsigned)d->conf->worker_gid));
+    }
     g_ptr_array_add(argv, g_strdup_printf("--node=%s", d->conf->node));
     g_ptr_array_add(argv, g_strdup_printf("--lender=%s", b->lender));
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
@@ -443,6 +449,40 @@ static void start_spawn(Start *st)
     st->timer = g_timeout_add(1, on_start_poll, st);
 }
 
+/* The worker user may dial its port again (only its own process gets in: port.h). */
+static bool port_for_worker_user(VnDaemon *d, VnPort *port, GError **error)
+{
+    const char *path = vn_port_path(port);
+
+    if (d->conf->worker_user != NULL && chown(path, d->conf->worker_uid, d->conf->worker_gid) < 0) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "port %s for user %s: %s", path,
+                    d->conf->worker_user, g_strerror(e));
+        return false;
+    }
+    return true;
+}
+
+bool vn_spawn_run_dir(VnDaemon *d, GError **error)
+{
+    const char *dir = d->conf->run_dir;
+    struct stat st;
+
+    /* Others may pass through (QEMU's user to its socket, the worker user to its port) but
+     * not list it; each socket in it says who may use it. */
+    if (g_mkdir_with_parents(dir, 0711) < 0 || stat(dir, &st) < 0 ||
+        ((st.st_mode & 0011) != 0011 && st.st_uid == geteuid() &&
+         chmod(dir, (st.st_mode & 07777) | 0011) < 0)) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "run dir %s: %s", dir,
+                    g_strerror(e));
+        return false;
+    }
+    return true;
+}
+
 /* Its port, then the process. */
 static void start_open(Start *st)
 {
@@ -451,6 +491,9 @@ static void start_open(Start *st)
 
     g_clear_pointer(&b->port, vn_port_free_unlinked);
     b->port = vn_port_new(st->d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
+    if (b->port != NULL && !port_for_worker_user(st->d, b->port, &error)) {
+        g_clear_pointer(&b->port, vn_port_free_unlinked);
+    }
     if (b->port == NULL) {
         start_finish(st, error);
         return;
@@ -488,10 +531,13 @@ static void spawn_start(VnDaemon *d, VnBorrowed *b, VnWorkerStarted done, void *
     b->channel_path = g_strdup_printf("%s/%s-channel.sock", d->conf->run_dir, b->worker_name);
     g_free(b->port_path);
     b->port_path = g_strdup_printf("%s/%s-port.sock", d->conf->run_dir, b->worker_name);
-    if (g_mkdir_with_parents(d->conf->run_dir, 0700) < 0) {
-        start_fail(st, G_IO_ERROR, g_io_error_from_errno(errno), "run dir %s: %s", d->conf->run_dir,
-                   g_strerror(errno));
-        return;
+    {
+        g_autoptr(GError) error = NULL;
+
+        if (!vn_spawn_run_dir(d, &error)) {
+            start_finish(st, error);
+            return;
+        }
     }
     if (vn_ending_busy(d, b->device)) {
         vn_log(G_LOG_LEVEL_INFO, d->conf->node, b->device, b->lender, b->lease,
@@ -578,6 +624,9 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
     /* It reconnects to its port as soon as we listen on it again: it alone, with its
      * secret. */
     b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
+    if (b->port != NULL && !port_for_worker_user(d, b->port, &error)) {
+        g_clear_pointer(&b->port, vn_port_free_unlinked);
+    }
     if (b->port != NULL && !vn_port_adopt(b->port, b->worker_pid, secret)) {
         g_clear_pointer(&b->port, vn_port_free_unlinked);
         b->worker_pid = 0;

@@ -27,6 +27,7 @@
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <json-glib/json-glib.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,6 +94,15 @@ static bool worth_it(VnDaemon *d, VnBorrowed *b, int status, VnKeep *keep)
     if (WIFEXITED(status) &&
         (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == VN_BORROWER_EXIT_NO_TAKEOVER)) {
         return false; /* ended on purpose, or the last takeover could not be done */
+    }
+    /* Its sandbox killed it: what QEMU sent made it try what no worker does; another would
+     * be one more try for whoever made it. */
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS) {
+        vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
+               "node %s: the worker serving %s was killed by its sandbox (a system call its "
+               "seccomp filter does not allow); it is not replaced",
+               d->conf->node, b->device);
+        return false;
     }
     if (keep == NULL || vn_keep_get_fd(keep, VN_HOST_KEEP_LISTEN) < 0 || b->lost ||
         b->server_down || b->starting) {
