@@ -14,7 +14,7 @@ import time
 
 import harness as h
 from cluster import Daemon
-from control import Control
+from control import Control, ControlError
 from test_deaths import fds_of, kill_lender_worker
 import vfio_inner as vi
 
@@ -33,7 +33,13 @@ def test_worker_crash(procs, wd, fab, bdf):
     c = Daemon(procs, wd, "hosty", fab).start()
     cc = Control(c.control)
     vi.wait_listed(cc, "hostw/nvme0")
-    r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
+    try:
+        r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
+    except ControlError as e:
+        # Seen in full runs only (the group free a moment before): say all there is to see.
+        raise h.HarnessError(f"{e}; the group's holders now: {vi.group_holders(bdf)}; "
+                             f"lender workers: {a.workers()}; hostw's log: "
+                             f"{a.log()[-1500:]}") from e
     q = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q)             # its BAR placed, memory and bus mastering on
     before = vi.identify(q)
