@@ -10,6 +10,7 @@ its helpers).
   guest to take a device out, so it is not presented anew here: test_deaths.py shows that
   with a guest.)
 """
+import sys
 import time
 
 import harness as h
@@ -33,13 +34,22 @@ def test_worker_crash(procs, wd, fab, bdf):
     c = Daemon(procs, wd, "hosty", fab).start()
     cc = Control(c.control)
     vi.wait_listed(cc, "hostw/nvme0")
+    busy = "-"
     try:
         r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
     except ControlError as e:
-        # Seen in full runs only (the group free a moment before): say all there is to see.
-        raise h.HarnessError(f"{e}; the group's holders now: {vi.group_holders(bdf)}; "
-                             f"lender workers: {a.workers()}; hostw's log: "
-                             f"{a.log()[-1500:]}") from e
+        # Seen in make check's runs only, the group free a moment before (never with this
+        # group alone or test_vfio.py alone): who held it is printed, and the attach is
+        # tried once more when the group is free again.
+        if "Device or resource busy" not in str(e):
+            raise
+        busy = f"{vi.group_holders(bdf) or 'nobody-now'}/{a.workers()}".replace(" ", "")
+        print(f"worker-crash: first attach: {e}; holders/lender workers: {busy}; hostw's "
+              f"log: {a.log()[-1500:]}", file=sys.stderr)
+        if not h.wait_for(lambda: vi.group_free(bdf), 10):
+            raise h.HarnessError(f"the VFIO group of {bdf} stays held by "
+                                 f"{vi.group_holders(bdf)}") from e
+        r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
     q = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q)             # its BAR placed, memory and bus mastering on
     before = vi.identify(q)
@@ -72,5 +82,6 @@ def test_worker_crash(procs, wd, fab, bdf):
                     and lost_b.get("node") == "hostw" and held >= 1 and bool(none_held)
                     and back.get("device") == "hostw/nvme0" and len(new) == 1 and new != old
                     and after == (0, vi.SERIAL),
-                    group_free_after_s=f"{free_after_s:.1f}", identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
+                    group_free_after_s=f"{free_after_s:.1f}", first_attach_busy=busy,
+                    identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
                     workers=f"{old}->{new}", second_holder_identify=after[0])
