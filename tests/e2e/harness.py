@@ -659,6 +659,22 @@ def failed(name, e):
     return result(name, False, error=f"{type(e).__name__}: {first}"[:200])
 
 
+def run_tests(tests, argv):
+    """Run each of @tests (functions test_NAME(procs) -> ok) with its own Procs, or only those
+    whose NAME (with '-' for '_') @argv names; one that raises is a FAIL of its own and the
+    rest still run.  The exit status: 0 when every one passed."""
+    def name(t):
+        return t.__name__.replace("test_", "", 1).replace("_", "-")
+    ok = True
+    for test in [t for t in tests if name(t) in argv] or tests:
+        with Procs() as procs:
+            try:
+                ok &= test(procs)
+            except Exception as e:  # noqa: BLE001 - one test's failure must not hide the rest
+                ok &= failed(name(test), e)
+    return 0 if ok else 1
+
+
 def wait_for(pred, timeout):
     """Poll pred() until it is truthy or timeout seconds pass; return its last value."""
     deadline = time.monotonic() + timeout

@@ -452,19 +452,11 @@ def test_borrower_worker_crash_loop(procs):
 
 
 def main():
-    ok = True
-    tests = (test_device_server_restart, test_lender_worker_crash,
-             test_adopted_lender_worker_crash, test_borrower_worker_crash,
-             test_adopted_borrower_worker_crash_relay, test_borrower_worker_crash_loop,
-             test_device_server_long_stall)
-    only = [t for t in tests if t.__name__.replace("test_", "").replace("_", "-") in sys.argv[1:]]
-    for test in only or tests:
-        with h.Procs() as procs:
-            try:
-                ok &= test(procs)
-            except Exception as e:  # noqa: BLE001 - one test's failure must not hide the rest
-                ok &= h.failed(test.__name__.replace("test_", "").replace("_", "-"), e)
-    return 0 if ok else 1
+    return h.run_tests((test_device_server_restart, test_lender_worker_crash,
+                        test_adopted_lender_worker_crash, test_borrower_worker_crash,
+                        test_adopted_borrower_worker_crash_relay,
+                        test_borrower_worker_crash_loop, test_device_server_long_stall),
+                       sys.argv[1:])
 
 
 if __name__ == "__main__":

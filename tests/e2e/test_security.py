@@ -127,14 +127,21 @@ def attached_to(d, device="hosta/nvme0"):
         c.close()
 
 
-def test_port_takeover_refused(procs):
+def lent_to_consumer(procs, domain):
+    """hosta lends nvme0, hostb attaches it for a qtest consumer that runs Identify:
+    (workdir, a, b, b's control, the consumer, Identify's (status, serial), b's worker)."""
     wd, _img, _sd, a, b, _ = hosts(procs)
     cb = Control(b.control)
-    r = cb.execute("attach", device="hosta/nvme0", domain="vm-sec")
+    r = cb.execute("attach", device="hosta/nvme0", domain=domain)
     q = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q)
     before = vi.identify(q)
     [worker] = b.workers("vfio-ntb-borrower")
+    return wd, a, b, cb, q, before, worker
+
+
+def test_port_takeover_refused(procs):
+    wd, a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-sec")
     [bport] = b.run_dir.glob("*-port.sock")
     aport = a.run_dir / "lend-nvme0-port.sock"
     # Root, connecting while each worker is connected.
@@ -190,13 +197,7 @@ def proc_status(pid):
 def test_workers_unprivileged(procs):
     import pwd
     uid = pwd.getpwnam(WORKER_USER).pw_uid     # KeyError: scripts/install-deps makes it
-    _wd, _img, _sd, a, b, _ = hosts(procs)
-    cb = Control(b.control)
-    r = cb.execute("attach", device="hosta/nvme0", domain="vm-unpriv")
-    q = vi.qtest_qemu(procs, r["socket"])
-    vi.consumer_view(q)
-    before = vi.identify(q)
-    [worker] = b.workers("vfio-ntb-borrower")
+    _wd, _a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-unpriv")
     st = proc_status(worker)
     sandboxed = (st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0" * 16
                  and st["NoNewPrivs"] == "1" and st["Seccomp"] == "2")
@@ -221,7 +222,7 @@ def test_workers_unprivileged(procs):
         del os.environ["VN_TEST_SANDBOX_VIOLATION"]
     cb = Control(b.control)
     try:
-        r = cb.execute("attach", device="hosta/nvme0", domain="vm-unpriv2")
+        cb.execute("attach", device="hosta/nvme0", domain="vm-unpriv2")
         attached = True
     except Exception:  # noqa: BLE001 - the worker may die before or after the answer
         attached = False
@@ -240,14 +241,7 @@ def test_workers_unprivileged(procs):
 
 
 def main():
-    ok = True
-    for test in (test_port_takeover_refused, test_workers_unprivileged):
-        with h.Procs() as procs:
-            try:
-                ok &= test(procs)
-            except Exception as e:  # noqa: BLE001 - one test's failure must not hide the rest
-                ok &= h.failed(test.__name__.replace("test_", "").replace("_", "-"), e)
-    return 0 if ok else 1
+    return h.run_tests((test_port_takeover_refused, test_workers_unprivileged), sys.argv[1:])
 
 
 if __name__ == "__main__":

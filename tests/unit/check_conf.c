@@ -214,6 +214,8 @@ static const struct {
       "[fabric] ring-size = \"1000\"" },
     { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = pair:x/0=Host B\n", 5,
       "\"Host B\" is not a node name" },
+    { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = pair:x/0=hostb,pair:y/1\n", 5,
+      "\"pair:y/1\" must name the node cabled to it (PORT=NODE)" },
     { "[node]\nname = hosta\nfabric = ntb\n", 1, "\"ports\" must list 1 to" },
     { "[node]\nname = hosta\nfabric = infiniband\n", 3,
       "fabric = \"infiniband\": no fabric backend" },

@@ -77,18 +77,26 @@ static bool reaped(GPid pid)
     return waitpid(pid, NULL, WNOHANG) < 0 && errno == ECHILD;
 }
 
+/* It ends, and so do its files (a worker that served as the worker user cannot remove them
+ * from the daemon's directory). */
 START_TEST(test_term_reaps)
 {
     GPid pid = spawn("exec sleep 30");
     gint64 t0 = g_get_monotonic_time();
+    g_autofree char *sock = g_build_filename(g_get_tmp_dir(), "vn-ending-XXXXXX", NULL);
+    int fd = g_mkstemp(sock);
 
-    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, 0, 5000);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, g_strdup(sock), 0, 5000);
     ck_assert_int_lt(g_get_monotonic_time() - t0, 100 * 1000);
     ck_assert(vn_ending_busy(d, "hosta/nvme0"));
     ck_assert(!vn_ending_busy(d, "hosta/nvme1"));
+    ck_assert(g_file_test(sock, G_FILE_TEST_EXISTS)); /* not while it runs */
     spin_while_busy("hosta/nvme0", 3000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert(reaped(pid));
+    ck_assert(!g_file_test(sock, G_FILE_TEST_EXISTS));
 }
 END_TEST
 
@@ -101,7 +109,7 @@ START_TEST(test_term_ignored_kills)
     guint timer = g_timeout_add(10, tick, &ticks);
 
     g_usleep(100 * 1000); /* the shell has set its trap */
-    vn_ending_start(d, "nvme0", pid, true, NULL, NULL, 0, 400);
+    vn_ending_start(d, "nvme0", pid, true, NULL, NULL, NULL, 0, 400);
     g_usleep(50 * 1000);
     spin_while_busy("nvme0", 250);
     ck_assert_msg(vn_ending_busy(d, "nvme0"), "gone before its SIGTERM wait ended");
@@ -138,7 +146,7 @@ START_TEST(test_waits_for_the_client)
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     client_connected = true;
     g_timeout_add(300, let_go, NULL);
-    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), NULL, 5000, 5000);
     took = spin_while_busy("hosta/nvme0", 4000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert_int_ge(took, 250);
@@ -157,7 +165,7 @@ START_TEST(test_no_channel_no_wait)
     GPid pid = spawn("exec sleep 30");
     gint64 took;
 
-    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, g_strdup(path), NULL, 5000, 5000);
     took = spin_while_busy("hosta/nvme0", 4000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert_int_lt(took, 2000);
@@ -179,7 +187,7 @@ START_TEST(test_adopted_worker)
     pid = (GPid)g_ascii_strtoll(out, NULL, 10);
     ck_assert_int_gt(pid, 0);
     ck_assert_int_eq(kill(pid, 0), 0);
-    vn_ending_start(d, "hosta/nvme0", pid, false, NULL, NULL, 0, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, false, NULL, NULL, NULL, 0, 5000);
     took = spin_while_busy("hosta/nvme0", 3000);
     ck_assert(!vn_ending_busy(d, "hosta/nvme0"));
     ck_assert_int_lt(took, 2000);
@@ -197,7 +205,7 @@ START_TEST(test_daemon_end_terminates)
     GPid pid = spawn("exec sleep 30");
     int status = 0;
 
-    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, 5000, 5000);
+    vn_ending_start(d, "hosta/nvme0", pid, true, NULL, NULL, NULL, 5000, 5000);
     g_clear_pointer(&d->endings, vn_endings_free);
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM);

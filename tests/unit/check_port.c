@@ -885,6 +885,19 @@ static bool closed_on(int sock)
     return false;
 }
 
+/* Dial the socket and say HELLO with @secret: whether the port closed it unanswered. */
+static bool hello_refused(const uint8_t secret[VN_HOST_SECRET_LEN])
+{
+    int sock = dial_socket();
+    bool closed;
+
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, secret, VN_HOST_SECRET_LEN, -1), 0);
+    closed = closed_on(sock);
+    close(sock);
+    return closed;
+}
+
 static gint gone_heard;
 
 static void on_gone(void *opaque)
@@ -903,11 +916,7 @@ START_TEST(test_takeover_refused)
     node_start(lender);
     open_worker(step_open);
     ck_assert_int_eq(worker->ret, 0);
-    sock = dial_socket();
-    ck_assert_int_eq(
-        vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, secret, sizeof(secret), -1), 0);
-    ck_assert(closed_on(sock));
-    close(sock);
+    ck_assert(hello_refused(secret));
     ck_assert_uint_eq(vn_port_refused(port), 1);
     in_worker(step_echo);
     ck_assert_int_eq(worker->ret, 0);
@@ -936,7 +945,6 @@ START_TEST(test_pid_without_secret_refused)
     uint8_t wrong[VN_HOST_SECRET_LEN];
     Node *hb = nodes->pdata[1];
     g_autoptr(GError) error = NULL;
-    int sock;
 
     node_start(lender);
     open_worker(step_open);
@@ -956,20 +964,12 @@ START_TEST(test_pid_without_secret_refused)
                              g_ascii_xdigit_value(secret_hex[2 * i + 1]));
     }
     wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
-    sock = dial_socket();
-    ck_assert_int_eq(vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, wrong, sizeof(wrong), -1),
-                     0);
-    ck_assert(closed_on(sock));
-    close(sock);
+    ck_assert(hello_refused(wrong));
     ck_assert_int_eq(g_atomic_int_get(&gone_heard), 1);
     ck_assert_int_eq(vn_port_worker(port), 0);
     /* Now not even the right secret gets in. */
     wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
-    sock = dial_socket();
-    ck_assert_int_eq(vn_host_send(sock, VN_HOST_HELLO, 1, 0, NULL, 0, 0, wrong, sizeof(wrong), -1),
-                     0);
-    ck_assert(closed_on(sock));
-    close(sock);
+    ck_assert(hello_refused(wrong));
     ck_assert_uint_eq(vn_port_refused(port), 2);
 }
 END_TEST

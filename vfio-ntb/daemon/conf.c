@@ -478,6 +478,29 @@ static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GErr
 /* [fabric]: the backend's parameters, checked as opening the fabric would
  * check them, without opening it (a bad one is a config error, exit 2,
  * not a start that fails, exit 1, and restarts in a loop). */
+/* On an NTB each port names the node cabled to it (PORT=NODE): a peer that named itself
+ * could take the name of a host that is down, and its leases with it. */
+static bool ports_named(const ConfRead *p, VnConfig *c, GError **error)
+{
+    const char *ports = g_hash_table_lookup(c->fabric_params, "ports");
+    g_auto(GStrv) each = NULL;
+
+    if (strcmp(c->fabric, "ntb") != 0 || ports == NULL) {
+        return true;
+    }
+    each = g_strsplit(ports, ",", -1);
+    for (char **port = each; *port != NULL; port++) {
+        if (strchr(*port, '=') == NULL) {
+            return fail(p, error, "fabric", "ports",
+                        "[fabric] ports: \"%.60s\" must name the node cabled to it "
+                        "(PORT=NODE): a peer that names itself could take the name of a host "
+                        "that is down",
+                        g_strstrip(*port));
+        }
+    }
+    return true;
+}
+
 static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
 {
     g_auto(GStrv) keys = g_key_file_get_keys(p->kf, "fabric", NULL, NULL);
@@ -489,7 +512,7 @@ static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
                             g_key_file_get_string(p->kf, "fabric", *k, NULL));
     }
     if (vn_fabric_params_check(c->fabric, c->fabric_params, &bad, &local)) {
-        return true;
+        return ports_named(p, c, error);
     }
     if (g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)) {
         return fail(p, error, "node", "fabric", "[node] fabric = \"%.40s\": %s", c->fabric,

@@ -506,8 +506,8 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
 /* ---- ending.c: workers on their way out, watched from the loop ---- */
 /*
  * The ending takes @pid (@child: ours to reap; its child watch removed by
- * the caller), @port and @channel_path (both may be NULL), and returns at
- * once.  It waits at most
+ * the caller), @port, @channel_path and @socket_path (QEMU's; each may be NULL;
+ * the files are removed when it is gone), and returns at once.  It waits at most
  * @client_wait_ms for the worker's QEMU to let go (0: not at all), then
  * sends SIGTERM, and SIGKILL after @term_wait_ms.  @what names the device
  * ("host/name" borrowed, a name lent): a new worker for it waits while
@@ -515,7 +515,8 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
  */
 typedef struct VnEnding VnEnding;
 void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
-                     char *channel_path, unsigned client_wait_ms, unsigned term_wait_ms);
+                     char *channel_path, char *socket_path, unsigned client_wait_ms,
+                     unsigned term_wait_ms);
 bool vn_ending_busy(VnDaemon *d, const char *what);
 GPtrArray *vn_endings_new(void);
 /* At the daemon's end: each gets SIGTERM if it has not yet, none is waited for. */

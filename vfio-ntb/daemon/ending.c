@@ -44,6 +44,7 @@ struct VnEnding {
     GPid pid;
     VnPort *port;
     char *channel_path;
+    char *socket_path; /* QEMU's (a borrower worker's), or NULL */
     EndingPhase phase;
     gint64 phase_end_us; /* monotonic: the phase's deadline */
     unsigned term_wait_ms;
@@ -73,10 +74,16 @@ static void ending_free(gpointer p)
         vn_port_drain(e->port);
         vn_port_free_unlinked(e->port);
     }
+    /* The worker's files: one that served as the worker user could not remove them from our
+     * directory. */
     if (e->channel_path != NULL) {
         unlink(e->channel_path);
     }
+    if (e->socket_path != NULL) {
+        unlink(e->socket_path);
+    }
     g_free(e->channel_path);
+    g_free(e->socket_path);
     g_free(e->what);
     g_free(e);
 }
@@ -190,7 +197,8 @@ static gboolean on_look(gpointer data)
 }
 
 void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
-                     char *channel_path, unsigned client_wait_ms, unsigned term_wait_ms)
+                     char *channel_path, char *socket_path, unsigned client_wait_ms,
+                     unsigned term_wait_ms)
 {
     VnEnding *e = g_new0(VnEnding, 1);
 
@@ -199,6 +207,7 @@ void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort
                      .pid = pid,
                      .port = port,
                      .channel_path = channel_path,
+                     .socket_path = socket_path,
                      .term_wait_ms = term_wait_ms,
                      .pidfd = -1 };
     e->child = child;

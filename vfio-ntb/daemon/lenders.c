@@ -205,7 +205,7 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
         /* It fences the device on SIGTERM, through a device server that may
          * take its time: in the background, with its port. */
         vn_ending_start(d, ld->conf->name, ld->worker_pid, child, g_steal_pointer(&ld->port),
-                        g_strdup(ld->channel_path), 0, VN_SPAWN_STOP_TIMEOUT_MS);
+                        g_strdup(ld->channel_path), NULL, 0, VN_SPAWN_STOP_TIMEOUT_MS);
         ld->worker_pid = 0;
     } else if (ld->channel_path != NULL) {
         unlink(ld->channel_path);

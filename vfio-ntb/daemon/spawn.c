@@ -117,6 +117,14 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
 {
     g_autofree char *json = vn_proto_device_only_to_json(b->name);
 
+    /* Its files: one that served as the worker user could not remove them from our
+     * directory. */
+    if (b->socket != NULL) {
+        unlink(b->socket);
+    }
+    if (b->channel_path != NULL) {
+        unlink(b->channel_path);
+    }
     if (b->port != NULL) {
         vn_port_drain(b->port);
         g_clear_pointer(&b->port, vn_port_free_unlinked);
@@ -573,7 +581,8 @@ static void spawn_stop(VnDaemon *d, VnBorrowed *b)
      * stalls or aborts: qemu-patches/0005, 0006), so the ending gives it a
      * moment first. */
     vn_ending_start(d, b->device, b->worker_pid, child, g_steal_pointer(&b->port),
-                    g_strdup(b->channel_path), VN_SPAWN_CLIENT_GONE_MS, VN_SPAWN_STOP_TIMEOUT_MS);
+                    g_strdup(b->channel_path), g_strdup(b->socket), VN_SPAWN_CLIENT_GONE_MS,
+                    VN_SPAWN_STOP_TIMEOUT_MS);
     b->worker_pid = 0;
 }
 
