@@ -525,20 +525,15 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 
 int vn_port_pair(VnPort *p, GError **error)
 {
-    int sv[2];
+    int sv[2] = { -1, -1 };
 
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0 ||
         getrandom(p->secret, sizeof(p->secret), 0) != (ssize_t)sizeof(p->secret)) {
         int e = errno;
 
+        vn_util_close_fds(sv, 2);
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "port %s: %s", p->path,
                     g_strerror(e));
-        return -1;
-    }
-    if (!g_unix_set_fd_nonblocking(sv[0], TRUE, NULL)) {
-        close(sv[0]);
-        close(sv[1]);
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "port %s: not non-blocking", p->path);
         return -1;
     }
     vn_port_conn_close(p);

@@ -48,6 +48,7 @@ typedef struct VnHost {
     uint64_t doorbells; /* bit i: ours (claimed again after a restart) */
     /* The one op waiting for its REPLY. */
     uint64_t wait_seq;
+    uint32_t wait_op;
     bool wait_done;
     bool greeted; /* by a daemon once: limits and caps set */
     /* A lender's device server, as last said (vn_host_device_server); said again at each
@@ -114,8 +115,8 @@ static bool host_record(VnHost *h, VnRecord *rec)
         h->wait_hdr = hdr;
         h->wait_fd = rec->nfds == 1 ? rec->fds[0] : -1;
         h->wait_done = true;
-        /* Only a HELLO's answer carries bytes: the secret. */
-        if (frame_len == VN_HOST_SECRET_LEN && hdr.status == 0) {
+        /* A HELLO's answer carries the secret. */
+        if (h->wait_op == VN_HOST_HELLO && frame_len == VN_HOST_SECRET_LEN && hdr.status == 0) {
             memcpy(h->secret, frame, VN_HOST_SECRET_LEN);
             h->has_secret = true;
         }
@@ -225,6 +226,7 @@ static int host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uin
     int ret;
 
     *fd_in = -1;
+    h->wait_op = op;
     ret = host_send_record(h, op, seq, peer, arg, arg2, data, len, fd_out);
     if (ret < 0) {
         return ret;
