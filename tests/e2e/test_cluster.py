@@ -253,9 +253,15 @@ def test_bad_input(cl):
     ans = Control(cl.d["hostd"].control).raw("{" + " " * (70 * 1024) + "\n")
     if ans.get("error", {}).get("class") != "InvalidParameter":
         bad.append(f"oversized: {ans}")
-    after = c.execute("query-devices")
+    # hostb's return reaches hostd as hosta's next announcement: the list is as before once
+    # that came (it once compared at once, and caught the device still lent).
+    def as_before():
+        now = c.execute("query-devices")
+        return now if now == before else None
+    after = wait_for(as_before, 5) or c.execute("query-devices")
+    changed = [f"{x.get('device')}:{x.get('state')}" for x in after if x not in before]
     return result("control-bad-input", not bad and before == after, cases=len(BAD) + 2,
-                  failures=";".join(bad)[:300] or "none")
+                  failures=";".join(bad)[:300] or "none", changed=",".join(changed) or "none")
 
 
 def ntbctl(node, *args):
