@@ -108,7 +108,8 @@ class Daemon:
 
     def workers(self, binary="vfio-ntb-lender"):
         """The pids of this node's running worker processes (@binary): what ps shows an
-        operator."""
+        operator.  Only this daemon's (their ports in its run dir): a worker of an earlier
+        test's node of the same name may still be on its way out."""
         pids = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
@@ -119,7 +120,8 @@ class Daemon:
             except (OSError, IndexError):
                 continue
             if (state != "Z" and argv and Path(argv[0].decode(errors="replace")).name == binary
-                    and f"--node={self.name}".encode() in argv):
+                    and f"--node={self.name}".encode() in argv
+                    and any(a.startswith(f"--port={self.run_dir}/".encode()) for a in argv)):
                 pids.append(int(proc.name))
         return sorted(pids)
 
