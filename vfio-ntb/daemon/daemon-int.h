@@ -552,6 +552,9 @@ bool vn_spawn_run_dir(VnDaemon *d, GError **error);
 #define VN_SPAWN_PORT_FD 3
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
+/* An adopted worker (not our child) still runs: @pid is @binary, and its @port (NULL: none)
+ * did not refuse it as an impostor. */
+bool vn_spawn_adopted_alive(VnPort *port, GPid pid, const char *binary);
 /* takeover.c: a borrower worker that died (@status, as waitpid() says) is replaced by one
  * that serves its QEMU, when it kept what that takes and has not died too often: the new
  * worker runs @argv (its usual arguments, NULL-terminated; one is added) with what the dead

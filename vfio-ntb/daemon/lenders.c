@@ -103,9 +103,8 @@ static bool adopted_died(VnLocalDevice *ld, const char *how)
 {
     GPid pid = ld->worker_pid;
 
-    /* One its port refused (it had the pid, not the secret) is no worker of ours. */
     if (ld->child_watch != 0 || pid <= 0 ||
-        (vn_spawn_alive(pid, VN_LENDERS_BINARY) && vn_port_worker(ld->port) == pid)) {
+        vn_spawn_adopted_alive(ld->port, pid, VN_LENDERS_BINARY)) {
         return false;
     }
     ld->worker_pid = 0;

@@ -88,6 +88,12 @@ char *vn_spawn_binary(const char *name, GError **error)
     return vn_spawn_find(name, dirs, error);
 }
 
+bool vn_spawn_adopted_alive(VnPort *port, GPid pid, const char *binary)
+{
+    /* One its port refused (it had the pid, not the secret) is no worker of ours. */
+    return vn_spawn_alive(pid, binary) && (port == NULL || vn_port_worker(port) == pid);
+}
+
 bool vn_spawn_alive(GPid pid, const char *binary)
 {
     g_autofree char *cmdline = NULL;
@@ -205,10 +211,7 @@ static bool adopted_died(Adopted *a)
     GPid pid = b->worker_pid;
     VnDaemon *d;
 
-    /* One its port refused (it had the pid, not the secret) is no worker of ours. */
-    if (b->child_watch != 0 || pid <= 0 ||
-        (vn_spawn_alive(pid, VN_SPAWN_BINARY) &&
-         (b->port == NULL || vn_port_worker(b->port) == pid))) {
+    if (b->child_watch != 0 || pid <= 0 || vn_spawn_adopted_alive(b->port, pid, VN_SPAWN_BINARY)) {
         return false;
     }
     b->worker_pid = 0;
