@@ -72,16 +72,17 @@ static const char *const VN_SANDBOX_ALLOWED[] = {
     "restart_syscall",
     "sched_yield",
     "getrandom",
-    "getpid",
     "gettid",
-    /* GLib's log lines: "(process:PID)" (the ioctl, TCGETS only, asks whether stderr is a
-     * terminal: below) */
+    /* GLib's log lines: "(process:PID)", and whether stderr is a terminal (ioctl, TCGETS
+     * only: below) */
+    "getpid",
     /* signals (SIGTERM ends the worker; GLib's unix signal sources) */
     "rt_sigaction",
     "rt_sigprocmask",
     "rt_sigreturn",
     "sigaltstack",
-    /* its own files on the way out (the directory's owner may refuse: harmless) */
+    /* its own files on the way out: refused in the daemon's directory (the daemon removes
+     * them once the worker is gone), but tried */
     "unlink",
     "exit",
     "exit_group",
