@@ -10,46 +10,36 @@ its helpers).
   guest to take a device out, so it is not presented anew here: test_deaths.py shows that
   with a guest.)
 """
-import sys
 import time
 
 import harness as h
 from cluster import Daemon
-from control import Control, ControlError
+from control import Control
 from test_deaths import fds_of, kill_lender_worker
 import vfio_inner as vi
 
 VFIO_DEVICE = "anon_inode:[vfio-device]"    # what /proc shows of a VFIO device fd
 
 
-def test_worker_crash(procs, wd, fab, bdf):
-    # Every earlier group let the function go; one whose process outlived it would make
-    # this group's attach fail with EBUSY, so name it (and say how long it took).
+def group_free_s(bdf, after):
+    """Seconds until the function's VFIO group is free (the lender's daemon lets go of a
+    returned lease's VFIO device fd, which holds the group, once it has read the worker's
+    unexports: an attach at once may find the group busy, docs/lending.md "Limits"); the
+    holders named when it stays held 10 s @after something."""
     t0 = time.monotonic()
     if not h.wait_for(lambda: vi.group_free(bdf), 10):
-        raise h.HarnessError(f"the VFIO group of {bdf} is still held by "
+        raise h.HarnessError(f"the VFIO group of {bdf} stays held after {after} by "
                              f"{' '.join(vi.group_holders(bdf)) or 'nobody known'}")
-    free_after_s = time.monotonic() - t0
+    return time.monotonic() - t0
+
+
+def test_worker_crash(procs, wd, fab, bdf):
+    free_after_s = group_free_s(bdf, "the earlier groups")
     a, b, cb = vi.lend_pair(procs, wd, fab, "hostw", "hostx", bdf, lease_timeout_ms=60000)
     c = Daemon(procs, wd, "hosty", fab).start()
     cc = Control(c.control)
     vi.wait_listed(cc, "hostw/nvme0")
-    busy = "-"
-    try:
-        r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
-    except ControlError as e:
-        # Seen in make check's runs only, the group free a moment before (never with this
-        # group alone or test_vfio.py alone): who held it is printed, and the attach is
-        # tried once more when the group is free again.
-        if "Device or resource busy" not in str(e):
-            raise
-        busy = f"{vi.group_holders(bdf) or 'nobody-now'}/{a.workers()}".replace(" ", "")
-        print(f"worker-crash: first attach: {e}; holders/lender workers: {busy}; hostw's "
-              f"log: {a.log()[-1500:]}", file=sys.stderr)
-        if not h.wait_for(lambda: vi.group_free(bdf), 10):
-            raise h.HarnessError(f"the VFIO group of {bdf} stays held by "
-                                 f"{vi.group_holders(bdf)}") from e
-        r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
+    r = cb.execute("attach", device="hostw/nvme0", domain="vm-w")
     q = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q)             # its BAR placed, memory and bus mastering on
     before = vi.identify(q)
@@ -63,15 +53,7 @@ def test_worker_crash(procs, wd, fab, bdf):
     procs.stop(q)
     cb.execute("detach", device="hostw/nvme0")
     cb.execute("return", device="hostw/nvme0")
-    # The lender's daemon lets go of the exports of the lease just returned (the VFIO device
-    # fd among them, which holds the group) when it has read the worker's unexports: an
-    # attach at once may find the group busy (docs/lending.md, "Limits").  How long it took
-    # is printed.
-    t1 = time.monotonic()
-    if not h.wait_for(lambda: vi.group_free(bdf), 10):
-        raise h.HarnessError(f"the VFIO group of {bdf} stays held after the return by "
-                             f"{vi.group_holders(bdf)}")
-    second_free_s = time.monotonic() - t1
+    second_free_s = group_free_s(bdf, "the return")
     r2 = cc.execute("attach", device="hostw/nvme0", domain="vm-y")
     q2 = vi.qtest_qemu(procs, r2["socket"])
     vi.consumer_view(q2)
@@ -91,7 +73,7 @@ def test_worker_crash(procs, wd, fab, bdf):
                     and lost_b.get("node") == "hostw" and held >= 1 and bool(none_held)
                     and back.get("device") == "hostw/nvme0" and len(new) == 1 and new != old
                     and after == (0, vi.SERIAL),
-                    group_free_after_s=f"{free_after_s:.1f}", first_attach_busy=busy,
+                    group_free_after_s=f"{free_after_s:.1f}",
                     group_free_after_return_s=f"{second_free_s:.2f}",
                     identify_before=before[0], daemon_vfio_fds=f"{held}->0:{bool(none_held)}",
                     workers=f"{old}->{new}", second_holder_identify=after[0])
