@@ -939,10 +939,11 @@ END_TEST
  * refused, and after it nobody, not even with the secret; the daemon hears its worker is
  * gone.  With the secret a worker that outlived its daemon is taken back (the restart tests
  * above). */
-START_TEST(test_pid_without_secret_refused)
+/* A worker that went with its daemon, and the daemon after it with a new port that expects
+ * it back (this process, the state file's secret): the secret's bytes in @secret. */
+static void adopted_port(uint8_t secret[VN_HOST_SECRET_LEN])
 {
     g_autofree char *secret_hex = NULL;
-    uint8_t wrong[VN_HOST_SECRET_LEN];
     Node *hb = nodes->pdata[1];
     g_autoptr(GError) error = NULL;
 
@@ -951,18 +952,23 @@ START_TEST(test_pid_without_secret_refused)
     secret_hex = vn_port_secret_hex(port);
     ck_assert_uint_eq(strlen(secret_hex), 2 * VN_HOST_SECRET_LEN);
     in_worker(step_close);
-    /* The daemon after us: the state file's pid and secret. */
     vn_port_free(port, false);
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
     ck_assert(!vn_port_adopt(port, getpid(), "not hex"));
     ck_assert(vn_port_adopt(port, getpid(), secret_hex));
     vn_port_on_gone(port, on_gone, NULL);
-
-    for (size_t i = 0; i < sizeof(wrong); i++) {
-        wrong[i] = (uint8_t)(g_ascii_xdigit_value(secret_hex[2 * i]) << 4 |
-                             g_ascii_xdigit_value(secret_hex[2 * i + 1]));
+    for (size_t i = 0; i < VN_HOST_SECRET_LEN; i++) {
+        secret[i] = (uint8_t)(g_ascii_xdigit_value(secret_hex[2 * i]) << 4 |
+                              g_ascii_xdigit_value(secret_hex[2 * i + 1]));
     }
+}
+
+START_TEST(test_pid_without_secret_refused)
+{
+    uint8_t wrong[VN_HOST_SECRET_LEN];
+
+    adopted_port(wrong);
     wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
     ck_assert(hello_refused(wrong));
     ck_assert_int_eq(g_atomic_int_get(&gone_heard), 1);
@@ -971,6 +977,27 @@ START_TEST(test_pid_without_secret_refused)
     wrong[VN_HOST_SECRET_LEN - 1] ^= 1;
     ck_assert(hello_refused(wrong));
     ck_assert_uint_eq(vn_port_refused(port), 2);
+}
+END_TEST
+
+/* The worker's pid that asks for something before it says the secret (a peer that tries its
+ * luck with an op, then with the HELLO it may have read somewhere): refused at the first
+ * record, the HELLO after it never read. */
+START_TEST(test_secret_must_come_first)
+{
+    uint8_t secret[VN_HOST_SECRET_LEN];
+    int sock;
+
+    adopted_port(secret);
+    sock = dial_socket();
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_DOORBELLS_ALLOC, 1, 0, NULL, 1, 0, NULL, 0, -1), 0);
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_HELLO, 2, 0, NULL, 0, 0, secret, VN_HOST_SECRET_LEN, -1), 0);
+    ck_assert(closed_on(sock));
+    close(sock);
+    ck_assert_int_eq(g_atomic_int_get(&gone_heard), 1);
+    ck_assert_int_eq(vn_port_worker(port), 0);
+    ck_assert_uint_eq(vn_fabric_doorbells_in_use(hostb()), 0);
 }
 END_TEST
 
@@ -1014,6 +1041,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_relayed_as_the_host);
     tcase_add_test(tc, test_takeover_refused);
     tcase_add_test(tc, test_pid_without_secret_refused);
+    tcase_add_test(tc, test_secret_must_come_first);
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
