@@ -114,8 +114,8 @@ def borrow(procs, b, cb, fact):
                  (before["window_reads"] + before["window_writes"]),
                  bar_p2p=(after["p2p_reads"] + after["p2p_writes"]) -
                  (before["p2p_reads"] + before["p2p_writes"]),
-                 bar_p2p_failed=(after["p2p_failures"] + after["p2p_unanswered"]) -
-                 (before["p2p_failures"] + before["p2p_unanswered"]))
+                 bar_p2p_failed=after["p2p_failures"] - before["p2p_failures"],
+                 bar_p2p_unanswered=after["p2p_unanswered"] - before["p2p_unanswered"])
         fact(bar_forwarded=b.stats()["borrowed"][0]["region_forwarded"])
     finally:
         procs.stop(q)

@@ -15,7 +15,6 @@ one file for its consumer, a qtest QEMU (ntb_bar_inner.py says what each host do
   Every access through a simulated window is trapped, so the consumer touches marks, not
   all of the BAR (vfio-large-bar, over shm, writes and reads all of it).
 """
-import json
 import os
 import shutil
 import signal
@@ -83,6 +82,7 @@ def main():
           a.get("bar_lender_served") == "0" and
           n(b.get("bar_window_accesses", 0)) >= 2 * SLICES and
           n(b.get("bar_p2p", 0)) >= 2 * SLICES and b.get("bar_p2p_failed") == "0" and
+          b.get("bar_p2p_unanswered") == "0" and
           b.get("bar_returned") == "True" and a.get("done") == "True" and
           b.get("done") == "True")
     return h.result("vfio-large-bar-ntb", ok,
@@ -93,7 +93,8 @@ def main():
                     lender_marks_read=b.get("bar_lender_marks_read"),
                     forwarded=b.get("bar_forwarded"), lender_served=a.get("bar_lender_served"),
                     window_accesses=b.get("bar_window_accesses"), p2p=b.get("bar_p2p"),
-                    p2p_failed=b.get("bar_p2p_failed"), rw_s=b.get("bar_rw_s"),
+                    p2p_failed=b.get("bar_p2p_failed"),
+                    p2p_unanswered=b.get("bar_p2p_unanswered"), rw_s=b.get("bar_rw_s"),
                     error=f"{a.get('error', '-')}|{b.get('error', '-')}")
 
 

@@ -141,7 +141,8 @@ bool vn_server_has_client(VnServer *server);
 /* Drop the current client as if it had disconnected. */
 void vn_server_disconnect(VnServer *server);
 void vn_server_stats(VnServer *server, VnServerStats *out);
-/* How long vn_server_client_dma() waits for the client's answer to a read. */
+/* How long vn_server_client_dma() waits for the client's answer to a read,
+ * unless vn_server_set_client_dma_timeout() says otherwise. */
 #define VN_SERVER_CLIENT_DMA_TIMEOUT_MS 1000
 /* The client's commands held while it waits (more stay in the socket). */
 #define VN_SERVER_MAX_HELD 32
@@ -163,6 +164,7 @@ void vn_server_stats(VnServer *server, VnServerStats *out);
  * the same context).
  */
 int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bool to_client);
+void vn_server_set_client_dma_timeout(VnServer *s, unsigned ms);
 
 /* The counters as a JSON object (region_rw keyed by region index, plus the
  * interrupts signalled and the DMA mappings now in place); g_free it. */
