@@ -14,8 +14,9 @@ What each host does, in order:
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
 - our module, vfio_ntb: see ntb_kmod.py; then the ntb fabric backend over it
-  (ntb_fabric.py) and a device lent over that backend (ntb_lend.py), which ends with host
-  a's VM killed under the borrower.
+  (ntb_fabric.py), a device lent over that backend (ntb_lend.py), a host that takes the
+  name of one that is down, refused (ntb_impersonate.py), and the lend again, which ends
+  with host a's VM killed under the borrower.
 """
 import argparse
 import os
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import ntb_fabric
+import ntb_impersonate
 import ntb_kmod
 import ntb_lend
 
@@ -219,6 +221,7 @@ def main():
         ntb_fabric.run(role, bdf, barrier, fact)
         ntb_fabric.daemons(role, bdf, barrier, fact)
         ntb_lend.run(role, bdf, barrier, fact)
+        ntb_impersonate.run(role, bdf, barrier, fact)
         ntb_lend.peer_lost(role, bdf, barrier, fact, ntb_kmod)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
         fact(error=f"{type(e).__name__}:{str(e)[:200]}")

@@ -58,10 +58,20 @@ SHARE = Path("/tmp/share")
 RAM_SIZE = 64 << 20         # the consumer's: one segment through one window (--window-mib)
 
 
-def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000):
+# The link's key ([fabric] key-file), the same in both hosts' files; every daemon of the
+# NTB tests proves it (fabric/ntb-auth.h).
+LINK_KEY = "5a" * 32
+
+
+def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000, key=LINK_KEY):
     me, peer = ("hosta", "hostb") if role == "a" else ("hostb", "hosta")
-    return Daemon(procs, procs.tempdir(f"vn-lend-{role}-"), me, None, fabric="ntb",
-                  fabric_params={"ports": f"/dev/vfio-ntb/{ntb_bdf}={peer}"}, lends=lends,
+    wd = procs.tempdir(f"vn-lend-{role}-")
+    keys = wd / "link.keys"
+    keys.write_text(f"# the link to {peer}\n{peer} {key}\n")
+    keys.chmod(0o600)
+    return Daemon(procs, wd, me, None, fabric="ntb",
+                  fabric_params={"ports": f"/dev/vfio-ntb/{ntb_bdf}={peer}",
+                                 "key-file": keys}, lends=lends,
                   lease_timeout_ms=lease_timeout_ms).start()
 
 

@@ -39,6 +39,12 @@ says what each host does).  What a user would check:
   while that worker is still there, the worker is killed when it does not say it fenced,
   and a new borrow of host b's finds the device reset (CC, enabled when the old holder
   left it, reads 0) and passes Identify on it.
+- ntb-impersonation-refused (ntb_impersonate.py; every daemon here holds the link's key,
+  [fabric] key-file): host b's daemon borrows host a's NVMe and is killed; a config whose
+  port does not name its node is refused by --check-config; a daemon on host b's port that
+  names itself hostb without the key is refused by host a at each session (logged, hostb
+  listed down, the lease still hostb's) and never sees hosta up; the real hostb, back, is
+  linked again, still holds the lease and returns it.
 - ntb-modules-6.12: our module and Linux's NTB stack also build for Debian's 6.12 kernel
   (Debian 13's series, which Debian 12 carries too), the newest the archive has.
 - ntb-peer-lost: the device lent again and in use by host b's consumer when host a's VM is
@@ -61,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 9
+EXPECTED_RESULTS = 10
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
 TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
@@ -219,6 +225,7 @@ def main():
     ok &= lend_result(a, b, p0, p1)
     ok &= guard_results(a, b, p0, p1)
     ok &= fence_result(a, b)
+    ok &= impersonation_result(a, b)
     ok &= lost_result(b)
     return ok & h.result(
         "ntb-kmod",
@@ -306,6 +313,24 @@ def fence_result(a, b):
         old_cc=b.get("fence_old_cc"),
         new_cc=b.get("fence_new_cc"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
+
+def impersonation_result(a, b):
+    """A host that names itself after one that is down (ntb_impersonate.py)."""
+    return h.result(
+        "ntb-impersonation-refused",
+        b.get("imp_borrowed") == "True" and b.get("imp_unnamed_rc") == "2" and
+        b.get("imp_unnamed_said") == "True" and a.get("imp_refused_logged") == "True" and
+        a.get("imp_holder_during") == "hostb" and a.get("imp_hostb_up_during") == "False" and
+        b.get("imp_impostor_up") == "False" and b.get("imp_back_up") == "True" and
+        b.get("imp_back_holds") == "True" and b.get("imp_returned") == "True" and
+        a.get("imp_free_after") == "True",
+        borrowed=b.get("imp_borrowed"), unnamed_port_rc=b.get("imp_unnamed_rc"),
+        refused_logged=a.get("imp_refused_logged"), holder_during=a.get("imp_holder_during"),
+        hostb_up_during=a.get("imp_hostb_up_during"), impostor_up=b.get("imp_impostor_up"),
+        real_back_up=b.get("imp_back_up"), real_holds=b.get("imp_back_holds"),
+        returned=b.get("imp_returned"), free_after=a.get("imp_free_after"),
+        error=f"{a.get('imp_error', '-')}|{b.get('imp_error', '-')}")
 
 
 def lost_result(b):

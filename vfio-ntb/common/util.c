@@ -38,6 +38,16 @@ uint64_t vn_util_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+bool vn_util_equal_secret(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    volatile uint8_t diff = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        diff |= a[i] ^ b[i];
+    }
+    return diff == 0;
+}
+
 bool vn_util_json_counter(JsonObject *o, const char *path, bool booleans, uint64_t *v)
 {
     const char *dot = strchr(path, '.');

@@ -80,6 +80,10 @@ char *vn_util_size_text(uint64_t bytes);
 /* Monotonic time in nanoseconds. */
 uint64_t vn_util_now_ns(void);
 
+/* Whether @a and @b (@len bytes each) are equal, every byte compared: how long it takes
+ * tells someone guessing a secret nothing. */
+bool vn_util_equal_secret(const uint8_t *a, const uint8_t *b, size_t len);
+
 /* What is at @path, for a server about to bind a UNIX socket there. */
 typedef enum VnUtilSocketPath {
     VN_UTIL_SOCKET_FREE,       /* nothing, or a socket nobody listens on (removed) */

@@ -36,16 +36,8 @@ void vn_port_conn_close(VnPort *p)
 
 bool vn_port_secret_ok(VnPort *p, const uint8_t *data, size_t len)
 {
-    uint8_t diff = 0;
-
-    if (!p->has_secret || data == NULL || len != VN_PORT_SECRET_LEN) {
-        return false;
-    }
-    /* Every byte compared: how long it takes tells a guesser nothing. */
-    for (size_t i = 0; i < VN_PORT_SECRET_LEN; i++) {
-        diff |= data[i] ^ p->secret[i];
-    }
-    return diff == 0;
+    return p->has_secret && data != NULL && len == VN_PORT_SECRET_LEN &&
+           vn_util_equal_secret(data, p->secret, VN_PORT_SECRET_LEN);
 }
 
 void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,

@@ -7,6 +7,7 @@
 #ifndef VN_NTB_INT_H
 #define VN_NTB_INT_H
 
+#include "ntb-auth.h"
 #include "ntb.h"
 #include "ntbport.h"
 
@@ -55,6 +56,18 @@ typedef struct VnNtbLink {
     unsigned receiving; /* receive() calls under way (handlers may wait) */
     uint64_t frames_in;
 
+    /* Link keys (ntb-auth.h), this session's: the key (NULL: the link has none), our nonce,
+     * the peer's HELLO and CHALLENGE as they came. */
+    const uint8_t *key;
+    size_t key_len;
+    uint8_t nonce[VN_NTB_AUTH_NONCE_LEN], peer_nonce[VN_NTB_AUTH_NONCE_LEN];
+    bool hello_seen, challenged;
+    /* Sessions refused or broken by the peer: when the last was, and how many in a row
+     * (the next announcement waits, so that a peer refused cannot keep us busy). */
+    gint64 broken_at;
+    unsigned broken_run;
+    GSource *reannounce;
+
     /* Windows 1..N-1: segment ids exported through ours, mapped through
      * the peer's (0: free). */
     uint64_t exported[VN_NTBPORT_MAX_WINDOWS];
@@ -71,6 +84,7 @@ struct VnNtb {
     GMainContext *ctx;
     uint64_t ring;
     GPtrArray *links; /* VnNtbLink */
+    VnNtbKeys *keys;  /* [fabric] key-file, or NULL */
     GSource *report;  /* link downs not told from inside a call */
     GQueue downs;     /* peer names to report down */
     uint64_t reports; /* link changes told to the fabric */

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 static void link_service(VnNtbLink *l, unsigned events);
@@ -92,6 +93,7 @@ static void link_up(VnNtbLink *l)
         /* A down of this peer's last session first, in order. */
         vn_ntb_report_downs(l->ntb);
         l->reported = true;
+        l->broken_run = 0;
         l->ntb->reports++;
         g_info("node %s: ntb port %s: link to %s up", l->ntb->node, l->port->spec, l->peer);
         vn_fabric_backend_link(l->ntb->fab, l->peer, true);
@@ -99,6 +101,8 @@ static void link_up(VnNtbLink *l)
 }
 
 /* ---- the session -------------------------------------------------------- */
+
+static void link_restart(VnNtbLink *l, const char *why);
 
 static void session_clear(VnNtbLink *l)
 {
@@ -120,6 +124,8 @@ static void session_clear(VnNtbLink *l)
     l->rx_cons = l->tx_prod = l->rx_told = 0;
     l->peer_epoch = l->tag = 0;
     l->stalled_since = 0;
+    l->hello_seen = l->challenged = false;
+    memset(l->peer_nonce, 0, sizeof(l->peer_nonce));
     vn_ntb_maps_end(l->ntb, l, -ECONNRESET);
 }
 
@@ -127,6 +133,7 @@ static void session_clear(VnNtbLink *l)
  * stays, the buffer goes. */
 static void link_down(VnNtbLink *l, const char *why)
 {
+    source_drop(&l->reannounce);
     link_lost(l, why);
     session_clear(l);
     if (l->in != NULL) {
@@ -213,6 +220,19 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
     l->state = VN_NTB_LINK_OPEN;
     g_strlcpy(hello.node, l->ntb->node, sizeof(hello.node));
     vn_ntb_queue(l, VN_NTB_REC_HELLO, 0, &hello, sizeof(hello));
+    if (l->key != NULL) {
+        VnNtbChallenge c;
+
+        /* A nonce nobody can predict: what the peer's PROOF must be made of. */
+        if (getrandom(l->nonce, sizeof(l->nonce), 0) != (ssize_t)sizeof(l->nonce)) {
+            g_warning("node %s: ntb port %s: no random bytes for the link's challenge: %s",
+                      l->ntb->node, p->spec, g_strerror(errno));
+            link_restart(l, "no random bytes for the challenge");
+            return;
+        }
+        memcpy(c.nonce, l->nonce, sizeof(c.nonce));
+        vn_ntb_queue(l, VN_NTB_REC_CHALLENGE, 0, &c, sizeof(c));
+    }
     vn_ntb_flush(l);
     /* The link is up once the peer's HELLO of this session comes (on_hello), not before:
      * a peer that restarts may still be in a session with our last epoch, which it ends
@@ -240,12 +260,34 @@ static bool check_peer(VnNtbLink *l)
 
 /* Our side starts over: a new buffer and epoch, so that the peer sees a
  * new session (its link down, then up again when it wants it). */
-static void link_restart(VnNtbLink *l, const char *why)
+static gboolean on_reannounce(gpointer data)
 {
-    link_down(l, why);
-    if (l->port_up) {
+    VnNtbLink *l = data;
+
+    g_clear_pointer(&l->reannounce, g_source_unref);
+    if (l->port_up && l->state == VN_NTB_LINK_DOWN) {
         link_announce(l, false);
     }
+    return G_SOURCE_REMOVE;
+}
+
+static void link_restart(VnNtbLink *l, const char *why)
+{
+    gint64 now = g_get_monotonic_time();
+
+    link_down(l, why);
+    if (!l->port_up) {
+        return;
+    }
+    /* A peer whose sessions keep breaking (a wrong key, a wrong name, garbage) gets a new
+     * one at most every VN_NTB_BROKEN_RETRY_MS, not as fast as it can ask. */
+    if (l->broken_run > 1 && now - l->broken_at < (gint64)VN_NTB_BROKEN_RETRY_MS * 1000) {
+        l->reannounce = g_timeout_source_new(VN_NTB_BROKEN_RETRY_MS);
+        g_source_set_callback(l->reannounce, on_reannounce, l, NULL);
+        g_source_attach(l->reannounce, l->ntb->ctx);
+        return;
+    }
+    link_announce(l, false);
 }
 
 /* The peer broke the protocol: the session ends, and a new one starts
@@ -256,6 +298,8 @@ void vn_ntb_session_broken(VnNtbLink *l, const char *why)
         g_strdup_printf("ntb port %s: %s: %s", l->port->spec, peer_known(l) ? l->peer : "?", why);
 
     vn_fabric_backend_rejected(l->ntb->fab, what);
+    l->broken_run++;
+    l->broken_at = g_get_monotonic_time();
     link_restart(l, why);
 }
 
@@ -472,6 +516,59 @@ static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         }
         g_strlcpy(l->peer, h.node, sizeof(l->peer));
     }
+    if (l->key != NULL) {
+        l->hello_seen = true; /* up once it proves the key (on_proof) */
+        return;
+    }
+    link_up(l);
+}
+
+/* The peer's nonce: our PROOF answers it. */
+static void on_challenge(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    VnNtbProof proof;
+
+    if (l->key == NULL) {
+        vn_ntb_session_broken(l, "a CHALLENGE, but this link has no key ([fabric] key-file)");
+        return;
+    }
+    if (len != sizeof(VnNtbChallenge) || !l->hello_seen || l->challenged) {
+        vn_ntb_session_broken(l, "a CHALLENGE out of place or of the wrong size");
+        return;
+    }
+    memcpy(l->peer_nonce, payload, sizeof(l->peer_nonce));
+    l->challenged = true;
+    vn_ntb_auth_proof(l->key, l->key_len, l->ntb->node, l->peer, l->epoch, l->peer_epoch, l->nonce,
+                      l->peer_nonce, proof.mac);
+    vn_ntb_queue(l, VN_NTB_REC_PROOF, 0, &proof, sizeof(proof));
+    vn_ntb_flush(l);
+}
+
+/* The peer's PROOF, made of this session's epochs and nonces: the link is up if it holds
+ * the key. */
+static void on_proof(VnNtbLink *l, const uint8_t *payload, uint32_t len)
+{
+    uint8_t want[VN_NTB_AUTH_PROOF_LEN];
+    bool right;
+
+    if (l->key == NULL || len != sizeof(VnNtbProof) || !l->challenged || l->reported) {
+        vn_ntb_session_broken(l, "a PROOF out of place or of the wrong size");
+        return;
+    }
+    vn_ntb_auth_proof(l->key, l->key_len, l->peer, l->ntb->node, l->peer_epoch, l->epoch,
+                      l->peer_nonce, l->nonce, want);
+    right = vn_util_equal_secret(payload, want, sizeof(want));
+    memset(want, 0, sizeof(want));
+    if (!right) {
+        /* Said once per run of refusals: each costs the peer a session (link_restart). */
+        if (l->broken_run == 0) {
+            g_warning("node %s: ntb port %s: refused the host that says it is %s: it does not "
+                      "hold the link's key ([fabric] key-file)",
+                      l->ntb->node, l->port->spec, l->peer);
+        }
+        vn_ntb_session_broken(l, "it does not hold the link's key");
+        return;
+    }
     link_up(l);
 }
 
@@ -480,7 +577,8 @@ static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
     g_autoptr(GByteArray) whole = NULL;
 
     if (!l->reported) {
-        vn_ntb_session_broken(l, "a frame before its HELLO");
+        vn_ntb_session_broken(l, l->key != NULL ? "a frame before its PROOF"
+                                                : "a frame before its HELLO");
         return;
     }
     if ((rec->flags & VN_NTB_REC_MORE) || l->reasm->len > 0) {
@@ -557,6 +655,12 @@ static void receive(VnNtbLink *l, int budget)
             break;
         case VN_NTB_REC_MAPPED:
             vn_ntb_on_mapped(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_CHALLENGE:
+            on_challenge(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_PROOF:
+            on_proof(l, payload, rec.len);
             break;
         default:
             vn_ntb_on_unmap(l, payload, rec.len);
@@ -792,6 +896,7 @@ static void ntb_close(void *backend)
 
     vn_ntb_maps_end(ntb, NULL, -ECANCELED);
     g_ptr_array_unref(ntb->links);
+    vn_ntb_keys_free(ntb->keys);
     source_drop(&ntb->report);
     g_queue_clear_full(&ntb->downs, g_free);
     g_main_context_unref(ntb->ctx);
@@ -823,6 +928,7 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     l->payload = g_malloc(vn_ntb_rec_max(ntb->ring));
     g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
+    l->key = vn_ntb_keys_get(ntb->keys, l->expected, &l->key_len); /* checked: there */
     g_ptr_array_add(ntb->links, l);
     link_fds(l, fds);
     for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
@@ -837,20 +943,23 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
  * size, and each port's spec and node name. */
 static bool ntb_check_params(GHashTable *params, const char **bad, GError **error)
 {
-    static const char *const known[] = { "ports", "ring-size", NULL };
+    static const char *const known[] = { "ports", "ring-size", "key-file", NULL };
     const char *ports = g_hash_table_lookup(params, "ports");
     const char *ring = g_hash_table_lookup(params, "ring-size");
+    const char *key_file = g_hash_table_lookup(params, "key-file");
+    g_autoptr(VnNtbKeys) keys = NULL;
     g_auto(GStrv) entries = NULL;
     GHashTableIter it;
     gpointer key;
     guint64 v = VN_NTB_DEFAULT_RING;
+    size_t n;
 
     g_hash_table_iter_init(&it, params);
     while (g_hash_table_iter_next(&it, &key, NULL)) {
         if (!g_strv_contains(known, key)) {
             *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size)",
+                        "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size, key-file)",
                         (char *)key);
             return false;
         }
@@ -864,6 +973,11 @@ static bool ntb_check_params(GHashTable *params, const char **bad, GError **erro
     if ((v & (v - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb fabric: ring-size: %s is not a power of two", ring);
+        return false;
+    }
+    *bad = "key-file";
+    if (key_file != NULL && (keys = vn_ntb_keys_load(key_file, error)) == NULL) {
+        g_prefix_error(error, "ntb fabric: ");
         return false;
     }
     *bad = ports != NULL ? "ports" : NULL;
@@ -882,6 +996,13 @@ static bool ntb_check_params(GHashTable *params, const char **bad, GError **erro
             return false;
         }
         if (!vn_ntbport_spec_ok(kv[0], error)) {
+            return false;
+        }
+        if (keys != NULL && (kv[1] == NULL || vn_ntb_keys_get(keys, kv[1], &n) == NULL)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "ntb fabric: port %s: with a key-file every port names its node "
+                        "(PORT=NODE) and the file holds that node's key",
+                        kv[0]);
             return false;
         }
     }
@@ -913,6 +1034,12 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     ntb->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
     ntb->ring = v;
     ntb->links = g_ptr_array_new_with_free_func((GDestroyNotify)link_free);
+    if (g_hash_table_contains(params, "key-file") &&
+        (ntb->keys = vn_ntb_keys_load(g_hash_table_lookup(params, "key-file"), error)) == NULL) {
+        g_prefix_error(error, "ntb fabric: ");
+        ntb_close(ntb);
+        return NULL;
+    }
     g_queue_init(&ntb->downs);
     g_queue_init(&ntb->maps);
     for (guint i = 0; entries[i] != NULL; i++) {

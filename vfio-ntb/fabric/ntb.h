@@ -8,7 +8,9 @@
  * optionally followed by "=NODE", the node cabled to it (a peer naming
  * itself otherwise is refused);
  * "ring-size" (bytes of each message ring, a power of two from
- * VN_NTB_MIN_RING to VN_NTB_MAX_RING, default VN_NTB_DEFAULT_RING).
+ * VN_NTB_MIN_RING to VN_NTB_MAX_RING, default VN_NTB_DEFAULT_RING);
+ * "key-file" (the link keys, ntb-auth.h: every port must then say =NODE and
+ * the file hold that node's key).
  *
  * Window budget: inbound window 0 of every port holds the message ring the
  * peer writes into; windows 1..N-1 carry segments, one mapping each, so an
@@ -24,7 +26,9 @@
  * VN_NTB_DB_CTRL.  A side that reads a new epoch there starts a session: it
  * maps its outbound window 0 (the peer's buffer), starts both directions
  * at 0 and sends a HELLO record naming itself; the link is up once the
- * peer's HELLO of the same session arrives (a peer that restarts may still be
+ * peer's HELLO of the same session arrives (with link keys: after its HELLO
+ * each side sends a CHALLENGE and answers the peer's with a PROOF, and the
+ * link is up once the peer's PROOF is right; ntb-auth.h) (a peer that restarts may still be
  * in a session with our last epoch until our announcement reaches it: what we
  * sent before its HELLO would be lost).  Every index word written
  * across is tagged with the session (both epochs), so words of a session
@@ -69,6 +73,8 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_SEND_TIMEOUT_MS 5000
 /* How long a connect waits for a session on its way. */
 #define VN_NTB_CONNECT_WAIT_MS 1000
+/* A peer whose sessions keep breaking gets a new one at most this often. */
+#define VN_NTB_BROKEN_RETRY_MS 1000
 /* Records handled per wake-up, so one busy peer cannot starve the others. */
 #define VN_NTB_RECORDS_PER_WAKEUP 64
 
@@ -100,6 +106,8 @@ typedef enum VnNtbRecKind {
     VN_NTB_REC_MAP,       /* VnNtbMap: map segment id through a window */
     VN_NTB_REC_MAPPED,    /* VnNtbMapped: the answer */
     VN_NTB_REC_UNMAP,     /* VnNtbMap (seq: the window): that mapping is gone */
+    VN_NTB_REC_CHALLENGE, /* VnNtbChallenge (link keys only) */
+    VN_NTB_REC_PROOF,     /* VnNtbProof: the answer to the peer's CHALLENGE */
     VN_NTB_REC_LAST
 } VnNtbRecKind;
 
@@ -116,6 +124,14 @@ typedef struct VnNtbHello {
     uint32_t reserved;
     char node[VN_MAX_NODE_NAME + 1]; /* NUL-terminated */
 } VnNtbHello;
+
+typedef struct VnNtbChallenge {
+    uint8_t nonce[16]; /* VN_NTB_AUTH_NONCE_LEN */
+} VnNtbChallenge;
+
+typedef struct VnNtbProof {
+    uint8_t mac[32]; /* VN_NTB_AUTH_PROOF_LEN */
+} VnNtbProof;
 
 typedef struct VnNtbMap {
     uint64_t seq; /* the mapper's number, echoed */
