@@ -981,6 +981,54 @@ START_TEST(test_doorbell_beyond_register)
 }
 END_TEST
 
+/* A peer's flood of doorbells beyond its rate (doorbell-rate, here the least) is counted and
+ * folded, a delivery per bit when the budget has room, not one per ring; the last ring of
+ * each bit is still delivered (nothing a driver waits for is lost). */
+START_TEST(test_doorbell_flood_coalesced)
+{
+    static const char *const kv[] = { "doorbell-rate", "100", NULL };
+    Node *a = node_open("a", false);
+    Node *b = node_open_kv("b", false, kv);
+    const unsigned rings = 4000;
+    VnFabricStats st;
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i < rings; i++) {
+        ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 3), 0);
+        if (i % 64 == 0) {
+            g_main_context_iteration(ctx, FALSE); /* the sender's ring drains (ntb) */
+        }
+    }
+    ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", 4), 0);
+    WAIT_FOR(stats_of(b).doorbells_received == rings + 1 && log_has(b, "db:a:4"));
+    st = stats_of(b);
+    ck_assert_uint_ge(st.doorbells_coalesced, rings / 2);
+    /* The burst (100) and a delivery per 10 ms budget tick after it. */
+    ck_assert_uint_lt(log_count(b, "db:a:3"), rings / 4);
+    ck_assert_uint_ge(log_count(b, "db:a:3"), 1);
+    ck_assert_uint_eq(st.bad_messages, 0);
+}
+END_TEST
+
+/* A doorbell-rate out of its range is refused. */
+START_TEST(test_doorbell_rate_param)
+{
+    static const char *const bad[] = { "99", "10000001", "fast" };
+
+    for (unsigned i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+        g_autoptr(GError) error = NULL;
+        const char *key = NULL;
+
+        g_hash_table_insert(params, "dir", tmpdir);
+        g_hash_table_insert(params, "doorbell-rate", (char *)bad[i]);
+        ck_assert(!vn_fabric_params_check("shm", params, &key, &error));
+        ck_assert_str_eq(key, "doorbell-rate");
+        ck_assert_msg(strstr(error->message, "doorbell-rate") != NULL, "%s", error->message);
+    }
+}
+END_TEST
+
 /* The host's bits are a budget: blocks are handed out once each. */
 START_TEST(test_doorbell_budget)
 {
@@ -1240,7 +1288,8 @@ static Suite *fabric_suite(void)
         { "windows",
           { test_window_map, test_window_map_at_offset, test_windows_join, test_window_map_async,
             test_map_not_granted, test_window_outlives_link, test_export_errors } },
-        { "doorbells", { test_doorbells, test_doorbell_beyond_register } },
+        { "doorbells",
+          { test_doorbells, test_doorbell_beyond_register, test_doorbell_flood_coalesced } },
     };
 
     for (unsigned i = 0; i < G_N_ELEMENTS(shared); i++) {
@@ -1279,6 +1328,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);
     tcase_add_test(tc, test_doorbell_budget);
+    tcase_add_test(tc, test_doorbell_rate_param);
     tcase_add_test(tc, test_crossing_delay);
     suite_add_tcase(s, tc);
     return s;

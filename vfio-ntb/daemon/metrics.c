@@ -237,6 +237,8 @@ static const struct {
       "Fabric doorbells this node rang (relayed interrupts)" },
     { "doorbells_received", "vfio_ntb_fabric_doorbells_received_total", "counter",
       "Fabric doorbells this node received" },
+    { "doorbells_coalesced", "vfio_ntb_fabric_doorbells_coalesced_total", "counter",
+      "Fabric doorbells rung beyond a peer's rate, folded into one delivery per bit" },
     { "bad_messages", "vfio_ntb_fabric_bad_messages_total", "counter",
       "Malformed fabric messages dropped" },
     { "windows_in_use", "vfio_ntb_fabric_windows_in_use", "gauge",

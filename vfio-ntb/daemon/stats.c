@@ -70,8 +70,11 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
         const char *name;
         uint64_t *v;
     } fields[] = {
-        { "msgs_sent", &fs.msgs_sent },           { "msgs_received", &fs.msgs_received },
-        { "doorbells_sent", &fs.doorbells_sent }, { "doorbells_received", &fs.doorbells_received },
+        { "msgs_sent", &fs.msgs_sent },
+        { "msgs_received", &fs.msgs_received },
+        { "doorbells_sent", &fs.doorbells_sent },
+        { "doorbells_received", &fs.doorbells_received },
+        { "doorbells_coalesced", &fs.doorbells_coalesced },
         { "bad_messages", &fs.bad_messages },
     };
 

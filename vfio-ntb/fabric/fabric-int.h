@@ -33,6 +33,13 @@ typedef struct VnFabricPeer {
     unsigned deferred_frames; /* queued while deferring (VN_FABRIC_MAX_DEFERRED_*) */
     size_t deferred_bytes;
     bool dropping; /* broke a bound: its frames are dropped until link down */
+    /* Its doorbells' budget (VN_FABRIC_DOORBELL_RATE, msg.c): tokens left as of when, and
+     * the bits rung beyond it, delivered once each by db_flush. */
+    VnFabric *fab;
+    double db_tokens;
+    gint64 db_refilled;
+    uint64_t db_pending;
+    GSource *db_flush;
 } VnFabricPeer;
 
 /* A request we sent and wait for (async). */
@@ -85,6 +92,7 @@ struct VnFabric {
     VnFabricLimits limits;
     uint32_t caps; /* ops->caps, or fewer (vn_fabric_backend_set_caps()) */
     int request_timeout_ms;
+    uint32_t doorbell_rate; /* per peer and second ("doorbell-rate") */
 
     GHashTable *peers; /* name -> VnFabricPeer, links that are up */
     uint64_t last_gen;

@@ -209,6 +209,10 @@ static void peer_free(gpointer data)
 {
     VnFabricPeer *p = data;
 
+    if (p->db_flush != NULL) {
+        g_source_destroy(p->db_flush);
+        g_source_unref(p->db_flush);
+    }
     g_free(p->name);
     g_free(p);
 }
@@ -451,6 +455,9 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
         }
         p = g_new0(VnFabricPeer, 1);
         p->name = g_strdup(peer);
+        p->fab = fab;
+        p->db_tokens = MIN(VN_FABRIC_DOORBELL_BURST, fab->doorbell_rate);
+        p->db_refilled = g_get_monotonic_time();
         p->gen = ++fab->last_gen;
         gen = p->gen;
         g_hash_table_insert(fab->peers, p->name, p);
@@ -480,9 +487,9 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
 
 /* ---- a node's life ---------------------------------------------------- */
 
-/* The fabric's own parameters into @timeout_ms; the rest go to the backend
- * (into @rest). */
-static bool take_params(GHashTable *params, int *timeout_ms, GHashTable *rest, const char **bad,
+/* The fabric's own parameters into @fab (request-timeout-ms, doorbell-rate); the rest go
+ * to the backend (into @rest). */
+static bool take_params(GHashTable *params, VnFabric *fab, GHashTable *rest, const char **bad,
                         GError **error)
 {
     GHashTableIter it;
@@ -501,7 +508,17 @@ static bool take_params(GHashTable *params, int *timeout_ms, GHashTable *rest, c
                 *bad = key;
                 return false;
             }
-            *timeout_ms = (int)ms;
+            fab->request_timeout_ms = (int)ms;
+        } else if (strcmp(key, "doorbell-rate") == 0) {
+            guint64 rate;
+
+            if (!g_ascii_string_to_unsigned(value, 10, VN_FABRIC_MIN_DOORBELL_RATE,
+                                            VN_FABRIC_MAX_DOORBELL_RATE, &rate, error)) {
+                g_prefix_error(error, "doorbell-rate: ");
+                *bad = key;
+                return false;
+            }
+            fab->doorbell_rate = (uint32_t)rate;
         } else {
             g_hash_table_insert(rest, key, value);
         }
@@ -515,11 +532,11 @@ bool vn_fabric_params_check(const char *backend, GHashTable *params, const char 
     g_autoptr(GHashTable) rest = g_hash_table_new(g_str_hash, g_str_equal);
     const VnFabricOps *ops = backend_lookup(backend);
     const char *key = NULL;
-    int timeout_ms;
+    VnFabric scratch = { 0 };
 
     if (ops == NULL) {
         no_backend(backend, error);
-    } else if (take_params(params, &timeout_ms, rest, &key, error) &&
+    } else if (take_params(params, &scratch, rest, &key, error) &&
                (ops->check_params == NULL || ops->check_params(rest, &key, error))) {
         return true;
     }
@@ -571,7 +588,8 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     g_queue_init(&fab->deferred);
     fab->out = g_byte_array_new();
 
-    if (!take_params(params, &fab->request_timeout_ms, rest, &bad, error)) {
+    fab->doorbell_rate = VN_FABRIC_DOORBELL_RATE;
+    if (!take_params(params, fab, rest, &bad, error)) {
         g_prefix_error(error, "node %s: ", node);
         return NULL;
     }

@@ -266,7 +266,9 @@ bool vn_fabric_params_check(const char *backend, GHashTable *params, const char 
  * parameters (for shm: "dir", and the limits "max-windows",
  * "max-window-size", "window-align", "xlat-granularity", and the modelled
  * "crossing-delay-ns" of shm.h).  The fabric itself
- * takes "request-timeout-ms" (default VN_FABRIC_REQUEST_TIMEOUT_MS).
+ * takes "request-timeout-ms" (default VN_FABRIC_REQUEST_TIMEOUT_MS) and "doorbell-rate"
+ * (per peer and second, VN_FABRIC_MIN_DOORBELL_RATE..VN_FABRIC_MAX_DOORBELL_RATE, default
+ * VN_FABRIC_DOORBELL_RATE).
  */
 VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *params,
                          const VnFabricHandlers *handlers, void *opaque, GMainContext *ctx,
@@ -406,6 +408,17 @@ void vn_fabric_msg_free(VnFabricMsg *msg);
 char *vn_fabric_error_message(const VnFabricMsg *reply);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabricMsg, vn_fabric_msg_free)
 
+/* Doorbells one peer may have delivered per second ("doorbell-rate"), and in a burst (at
+ * most the rate).  Beyond, each bit rung meanwhile is delivered once when the budget has
+ * room again, at least VN_FABRIC_DOORBELL_TICK_MS later (an interrupt is an edge: one
+ * delivery stands for them all), so a peer's flood costs a wake-up per bit and budget
+ * tick, not one per ring; counted in doorbells_coalesced. */
+#define VN_FABRIC_DOORBELL_RATE 200000u
+#define VN_FABRIC_MIN_DOORBELL_RATE 100u
+#define VN_FABRIC_MAX_DOORBELL_RATE 10000000u
+#define VN_FABRIC_DOORBELL_BURST 512u
+#define VN_FABRIC_DOORBELL_TICK_MS 1u
+
 /* Ring doorbell @bit (< VN_FABRIC_MAX_DOORBELLS) of @peer; a bit beyond the
  * peer's register is refused there. */
 int vn_fabric_doorbell(VnFabric *fab, const char *peer, uint32_t bit);
@@ -429,6 +442,7 @@ typedef struct VnFabricStats {
     uint64_t msgs_received;
     uint64_t doorbells_sent;
     uint64_t doorbells_received;
+    uint64_t doorbells_coalesced; /* beyond a peer's rate: folded into one delivery per bit */
     uint64_t windows_mapped;
     uint64_t routes_opened;
     uint64_t bad_messages;

@@ -486,6 +486,60 @@ uint32_t vn_fabric_doorbells_in_use(VnFabric *fab)
     return (uint32_t)__builtin_popcountll(fab->doorbells_taken);
 }
 
+/* The bits @p rang beyond its budget, once each. */
+static gboolean doorbells_flush(gpointer data)
+{
+    VnFabricPeer *p = data;
+    VnFabric *fab = p->fab;
+    char peer[VN_MAX_NODE_NAME + 1];
+    uint64_t bits = p->db_pending;
+
+    /* A handler may take the link down, and @p with it: nothing of it is read after. */
+    g_strlcpy(peer, p->name, sizeof(peer));
+    /* What they cost comes out of the budget: a flood stays at the rate. */
+    p->db_tokens -= __builtin_popcountll(bits);
+    p->db_pending = 0;
+    g_clear_pointer(&p->db_flush, g_source_unref);
+    for (uint32_t bit = 0; bits != 0; bit++, bits >>= 1) {
+        if ((bits & 1) && fab->handlers.on_doorbell != NULL) {
+            fab->handlers.on_doorbell(fab->opaque, peer, bit);
+        }
+    }
+    return G_SOURCE_REMOVE;
+}
+
+/* Whether @peer's doorbell @bit is delivered now; if not, it is folded into the next
+ * flush (see VN_FABRIC_DOORBELL_RATE). */
+static bool doorbell_within_budget(VnFabric *fab, const char *peer, uint32_t bit)
+{
+    VnFabricPeer *p = vn_fabric_peer(fab, peer);
+    gint64 now = g_get_monotonic_time();
+    double rate = fab->doorbell_rate;
+    guint wait_ms;
+
+    if (p == NULL) {
+        return true; /* queued before its link went: as it always was */
+    }
+    p->db_tokens = MIN(MIN((double)VN_FABRIC_DOORBELL_BURST, rate),
+                       p->db_tokens + (double)(now - p->db_refilled) * rate / 1e6);
+    p->db_refilled = now;
+    if (p->db_tokens >= 1.0 && p->db_flush == NULL) {
+        p->db_tokens -= 1.0;
+        return true;
+    }
+    fab->stats.doorbells_coalesced++;
+    p->db_pending |= UINT64_C(1) << bit;
+    if (p->db_flush == NULL) {
+        /* When the budget has a token again. */
+        wait_ms = (guint)MAX((1.0 - p->db_tokens) * 1000.0 / rate + 0.999,
+                             (double)VN_FABRIC_DOORBELL_TICK_MS);
+        p->db_flush = g_timeout_source_new(wait_ms);
+        g_source_set_callback(p->db_flush, doorbells_flush, p, NULL);
+        g_source_attach(p->db_flush, fab->ctx);
+    }
+    return false;
+}
+
 void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFrame *f)
 {
     VnFabricMsg msg;
@@ -505,7 +559,7 @@ void vn_fabric_event_received(VnFabric *fab, const char *peer, const VnFabricFra
         }
         fab->stats.doorbells_received++;
         trace_fabric_doorbell_rung(fab->node, bit, peer);
-        if (fab->handlers.on_doorbell != NULL) {
+        if (doorbell_within_budget(fab, peer, bit) && fab->handlers.on_doorbell != NULL) {
             fab->handlers.on_doorbell(fab->opaque, peer, bit);
         }
         return;
