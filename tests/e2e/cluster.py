@@ -21,7 +21,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
                  fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
-                 args=(), fabric="shm", persist=True):
+                 args=(), fabric="shm", persist=True, node_keys=None):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -35,6 +35,7 @@ class Daemon:
         self.lease_timeout_ms = lease_timeout_ms
         self.persist = persist              # False: no state-dir (the README quickstart's)
         self.args = [str(a) for a in args]         # more of vfio-ntbd's options (--trace)
+        self.node_keys = dict(node_keys or {})      # more [node] keys (qemu-user)
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
         self.run_dir = self.wd / f"{name}.run"
@@ -50,6 +51,7 @@ class Daemon:
                  f"run-dir = {self.run_dir}", f"lease-timeout-ms = {self.lease_timeout_ms}"]
         if self.persist:
             lines.append(f"state-dir = {self.state_dir}")
+        lines += [f"{k} = {v}" for k, v in self.node_keys.items()]
         if self.fabric == "shm":
             lines.append(f"fabric-dir = {self.fabric_dir}")
         if self.fabric_params:

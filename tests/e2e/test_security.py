@@ -21,7 +21,17 @@ would check:
   again.  A worker made to try a system call its filter lacks (VN_TEST_SANDBOX_VIOLATION, a
   test's hook) is killed by the filter (SIGSYS), B says so and does not start another, and
   the device is detached.  (Every other e2e suite runs its borrower workers the same way.)
+  B is configured with a QEMU user (qemu-user = nobody): the device's socket is that user's,
+  mode 600; a process of another unprivileged user (daemon) cannot connect (EACCES), one of
+  the QEMU user can.
+- seccomp: what a borrower worker does while it serves, under its filter (Seccomp 2): the
+  consumer's Identify and an Identify signalled by MSI-X; the lender's daemon killed and
+  started again, then Identify again through the same worker; a second worker with its
+  interrupts relayed as fabric doorbells, its MSI-X Identify; no worker killed by its
+  filter.  The filter's rules are in one file (vfio-ntb/borrower/sandbox.c), the only one
+  of the tree that adds any.
 """
+import errno
 import os
 import signal
 import socket
@@ -38,7 +48,7 @@ from test_deaths import SERIAL, hosts, lender_stats  # noqa: E402
 import vfio_inner as vi  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 2
+EXPECTED_RESULTS = 3
 
 HELLO = 1                     # fabric/host.h: VN_HOST_HELLO
 SECRET_LEN = 32               # VN_HOST_SECRET_LEN
@@ -127,12 +137,46 @@ def attached_to(d, device="hosta/nvme0"):
         c.close()
 
 
-def lent_to_consumer(procs, domain):
+def connect_as(user, path):
+    """Connect to the UNIX socket @path as @user (a child that drops to it): 0, or the errno
+    the connection failed with."""
+    import pwd
+    pw = pwd.getpwnam(user)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid)
+            os.setresuid(pw.pw_uid, pw.pw_uid, pw.pw_uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            s.close()
+            os._exit(0)
+        except OSError as e:
+            os._exit(e.errno or 1)
+        except BaseException:       # noqa: BLE001 - a child never returns into the test
+            os._exit(255)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def lent_to_consumer(procs, domain, qemu_user=None):
     """hosta lends nvme0, hostb attaches it for a qtest consumer that runs Identify:
-    (workdir, a, b, b's control, the consumer, Identify's (status, serial), b's worker)."""
+    (workdir, a, b, b's control, the consumer, Identify's (status, serial), b's worker).
+    With @qemu_user, hostb gives the device's socket to that user ([node] qemu-user), and
+    what the socket let whom do is b.socket_facts."""
     wd, _img, _sd, a, b, _ = hosts(procs)
+    if qemu_user is not None:
+        b.node_keys["qemu-user"] = qemu_user
+        b.kill()
+        b.start()
     cb = Control(b.control)
     r = cb.execute("attach", device="hosta/nvme0", domain=domain)
+    if qemu_user is not None:
+        st = os.stat(r["socket"])
+        b.socket_facts = {"owner": st.st_uid, "mode": oct(st.st_mode & 0o777),
+                          "other_user": connect_as("daemon", r["socket"]),
+                          "qemu_user": connect_as(qemu_user, r["socket"])}
     q = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q)
     before = vi.identify(q)
@@ -184,6 +228,9 @@ def test_port_takeover_refused(procs):
 
 
 WORKER_USER = "vfio-ntb"
+# The user QEMU would run as ([node] qemu-user): any unprivileged user of every Debian host
+# (libvirt's libvirt-qemu is not on a host without libvirt's daemon).
+QEMU_USER = "nobody"
 
 
 def proc_status(pid):
@@ -197,7 +244,10 @@ def proc_status(pid):
 def test_workers_unprivileged(procs):
     import pwd
     uid = pwd.getpwnam(WORKER_USER).pw_uid     # KeyError: scripts/install-deps makes it
-    _wd, _a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-unpriv")
+    _wd, _a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-unpriv", QEMU_USER)
+    sock = b.socket_facts
+    socket_ok = (sock["owner"] == pwd.getpwnam(QEMU_USER).pw_uid and sock["mode"] == "0o600"
+                 and sock["other_user"] == errno.EACCES and sock["qemu_user"] == 0)
     st = proc_status(worker)
     sandboxed = (st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0" * 16
                  and st["NoNewPrivs"] == "1" and st["Seccomp"] == "2")
@@ -232,16 +282,62 @@ def test_workers_unprivileged(procs):
     cb.close()
     return result("workers-unprivileged",
                   before == (0, SERIAL) and sandboxed and bool(adopted) and after == (0, SERIAL)
-                  and same and bool(killed) and bool(detached) and not_again,
+                  and same and bool(killed) and bool(detached) and not_again and socket_ok,
                   uid=st["Uid"].split()[0], cap_eff=st["CapEff"], no_new_privs=st["NoNewPrivs"],
                   seccomp=st["Seccomp"], identify=before[0], adopted_after_restart=bool(adopted),
                   identify_after=after[0], same_worker=same, violation_attached=attached,
                   killed_by_filter=bool(killed), detached=bool(detached),
-                  no_worker_left=not_again)
+                  no_worker_left=not_again, socket_owner=sock["owner"], socket_mode=sock["mode"],
+                  other_user_connect=sock["other_user"], qemu_user_connect=sock["qemu_user"])
+
+
+def rule_files():
+    """The C files that add seccomp rules: the filter's one place is borrower/sandbox.c."""
+    return sorted(str(f.relative_to(h.REPO)) for f in (h.REPO / "vfio-ntb").rglob("*.c")
+                  if "seccomp_rule_add" in f.read_text(errors="replace"))
+
+
+def test_seccomp(procs):
+    """What a borrower worker does while it serves, all under its filter: a system call the
+    list lacks would kill it (SCMP_ACT_KILL_PROCESS) and fail this."""
+    _wd, a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-seccomp")
+    st = proc_status(worker)
+    msix = vi.msix_identify(q)
+    # The lender's daemon away and back under the consumer: the worker's lender goes and
+    # comes, and it serves again.
+    a.kill()
+    a.start()
+    back = wait_for(lambda: vi.identify(q) == (0, SERIAL), 30)
+    q.kill()
+    q.wait()
+    cb.execute("detach", device="hosta/nvme0")
+    # A second worker, its interrupts relayed as fabric doorbells.
+    r = cb.execute("attach", device="hosta/nvme0", domain="vm-seccomp2", **{"irq-mode": "relay"})
+    q2 = vi.qtest_qemu(procs, r["socket"])
+    vi.consumer_view(q2)
+    relayed = vi.msix_identify(q2)
+    [worker2] = b.workers("vfio-ntb-borrower")
+    st2 = proc_status(worker2)
+    q2.kill()
+    q2.wait()
+    cb.execute("detach", device="hosta/nvme0")
+    cb.close()
+    killed = "killed by its sandbox" in b.log()
+    files = rule_files()
+    return result("seccomp",
+                  before == (0, SERIAL) and st["Seccomp"] == "2" and msix[1] == 0 and
+                  msix[0] != 0 and bool(back) and relayed[1] == 0 and relayed[0] != 0 and
+                  st2["Seccomp"] == "2" and worker2 != worker and not killed and
+                  files == ["vfio-ntb/borrower/sandbox.c"],
+                  seccomp=f"{st['Seccomp']},{st2['Seccomp']}", identify=before[0],
+                  msix_status=msix[1], after_lender_restart=bool(back),
+                  relayed_status=relayed[1], killed_by_filter=killed,
+                  rules_in=",".join(files) or "-")
 
 
 def main():
-    return h.run_tests((test_port_takeover_refused, test_workers_unprivileged), sys.argv[1:])
+    return h.run_tests((test_port_takeover_refused, test_workers_unprivileged, test_seccomp),
+                       sys.argv[1:])
 
 
 if __name__ == "__main__":

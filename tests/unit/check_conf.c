@@ -165,6 +165,18 @@ START_TEST(test_ntb_fabric)
 }
 END_TEST
 
+/* The QEMU user is whoever the config names (a user of every Debian host here). */
+START_TEST(test_qemu_user)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_parse(NODE "qemu-user = nobody\n", &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    ck_assert_str_eq(c->qemu_user, "nobody");
+    ck_assert_uint_eq(c->qemu_uid, 65534);
+}
+END_TEST
+
 START_TEST(test_refused)
 {
     g_autoptr(GError) error = NULL;
@@ -224,6 +236,14 @@ static const struct {
     { NODE "[lend n\n", 4, "\"[lend n\" is not a [group] header" },
     { NODE "socket /run/s.sock\n", 4, "is not \"key = value\"" },
     { NODE "log-level = loud\n", 4, "log-level = \"loud\": error, warning, notice, info or debug" },
+    { NODE "qemu-user = no-such-user-here\n", 4,
+      "qemu-user = \"no-such-user-here\": no such user on this host" },
+    { NODE "qemu-user = root\n", 4, "qemu-user = \"root\": root's sockets are the default" },
+    { NODE "worker-user = root\n", 4, "worker-user = \"root\": uid 0 keeps every capability" },
+    { NODE "[fabric]\ndoorbell-rate = 5\n", 5, "[fabric] doorbell-rate = \"5\"" },
+    { "[node]\nname = hosta\nfabric = ntb\n[fabric]\nports = pair:x/0=hostb\n"
+      "key-file = /nonexistent/link.keys\n",
+      6, "[fabric] key-file = \"/nonexistent/link.keys\": ntb fabric: key-file" },
 };
 
 START_TEST(test_holes)
@@ -491,6 +511,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_runtime_lend);
     tcase_add_test(tc, test_lend_pci);
     tcase_add_test(tc, test_ntb_fabric);
+    tcase_add_test(tc, test_qemu_user);
     tcase_add_test(tc, test_check_touches_nothing);
     suite_add_tcase(s, tc);
 

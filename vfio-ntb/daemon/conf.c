@@ -153,6 +153,7 @@ void vn_conf_free(VnConfig *c)
     g_free(c->control_socket);
     g_free(c->run_dir);
     g_free(c->worker_user);
+    g_free(c->qemu_user);
     g_clear_pointer(&c->fabric_params, g_hash_table_unref);
     g_clear_pointer(&c->lends, g_ptr_array_unref);
     g_clear_pointer(&c->borrows, g_ptr_array_unref);
@@ -514,7 +515,8 @@ static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
     if (vn_fabric_params_check(c->fabric, c->fabric_params, &bad, &local)) {
         return ports_named(p, c, error);
     }
-    if (g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)) {
+    /* No such backend (a missing file a parameter names is that parameter's fault). */
+    if (bad == NULL && g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NOT_FOUND)) {
         return fail(p, error, "node", "fabric", "[node] fabric = \"%.40s\": %s", c->fabric,
                     local->message);
     }
@@ -551,49 +553,55 @@ static bool get_ms(const ConfRead *p, const char *key, gint64 min, gint64 max, u
     return true;
 }
 
-/* Who the borrower workers serve as ([node] worker-user, else VN_CONF_WORKER_USER when this
- * host has that user, else nobody else: they stay the daemon's user, and the daemon says so
- * when it starts). */
-static bool worker_user(const ConfRead *p, VnConfig *c, GError **error)
+/* [node] @key, a user of this host who is not root, else @dflt when this host has that
+ * user, else nobody (*@name stays NULL). */
+static bool node_user(const ConfRead *p, const char *key, const char *dflt,
+                      const char *why_not_root, char **name, uid_t *uid, gid_t *gid, GError **error)
 {
-    g_autofree char *name = g_key_file_get_string(p->kf, "node", "worker-user", NULL);
+    g_autofree char *given = g_key_file_get_string(p->kf, "node", key, NULL);
     struct passwd pw, *found = NULL;
     char buf[4096];
 
-    getpwnam_r(name != NULL ? name : VN_CONF_WORKER_USER, &pw, buf, sizeof(buf), &found);
-    if (found == NULL && name != NULL) {
-        return fail(p, error, "node", "worker-user",
-                    "[node] worker-user = \"%.40s\": no such user on this host", name);
+    getpwnam_r(given != NULL ? given : dflt, &pw, buf, sizeof(buf), &found);
+    if (found == NULL && given != NULL) {
+        return fail(p, error, "node", key, "[node] %s = \"%.40s\": no such user on this host", key,
+                    given);
     }
     if (found != NULL && found->pw_uid == 0) {
-        return fail(p, error, "node", "worker-user",
-                    "[node] worker-user = \"%.40s\": uid 0 keeps every capability; name the "
-                    "unprivileged user workers serve as",
-                    found->pw_name);
+        return fail(p, error, "node", key, "[node] %s = \"%.40s\": %s", key, found->pw_name,
+                    why_not_root);
     }
     if (found != NULL) {
-        c->worker_user = g_strdup(found->pw_name);
-        c->worker_uid = found->pw_uid;
-        c->worker_gid = found->pw_gid;
+        *name = g_strdup(found->pw_name);
+        *uid = found->pw_uid;
+        *gid = found->pw_gid;
     }
     return true;
 }
 
+/* Who the borrower workers serve as ([node] worker-user, else VN_CONF_WORKER_USER when this
+ * host has that user, else nobody else: they stay the daemon's user, and the daemon says so
+ * when it starts), and whose the sockets for QEMU are ([node] qemu-user, else
+ * VN_CONF_QEMU_USER where it exists, else root's). */
+static bool node_users(const ConfRead *p, VnConfig *c, GError **error)
+{
+    return node_user(p, "worker-user", VN_CONF_WORKER_USER,
+                     "uid 0 keeps every capability; name the unprivileged user workers serve as",
+                     &c->worker_user, &c->worker_uid, &c->worker_gid, error) &&
+           node_user(p, "qemu-user", VN_CONF_QEMU_USER,
+                     "root's sockets are the default; name the user QEMU runs as", &c->qemu_user,
+                     &c->qemu_uid, &c->qemu_gid, error);
+}
+
 static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name",
-                                             "fabric",
-                                             "fabric-dir",
-                                             "stats-file",
-                                             "metrics-file",
-                                             "metrics-interval-ms",
-                                             "state-dir",
-                                             "control-socket",
-                                             "run-dir",
-                                             "lease-timeout-ms",
-                                             "log-level",
-                                             "worker-user",
-                                             NULL };
+    static const char *const node_keys[] = { "name",         "fabric",
+                                             "fabric-dir",   "stats-file",
+                                             "metrics-file", "metrics-interval-ms",
+                                             "state-dir",    "control-socket",
+                                             "run-dir",      "lease-timeout-ms",
+                                             "log-level",    "worker-user",
+                                             "qemu-user",    NULL };
     GKeyFile *kf = p->kf;
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL, *level = NULL;
@@ -672,7 +680,7 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
         return fail(p, error, "node", "name", "[node]: name \"%.80s\" must be %s", c->node,
                     vn_name_rule(VN_NAME_NODE));
     }
-    if (!worker_user(p, c, error)) {
+    if (!node_users(p, c, error)) {
         return false;
     }
     if (dir != NULL) {

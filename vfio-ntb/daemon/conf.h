@@ -52,6 +52,8 @@
 /* The user borrower workers serve as when [node] worker-user does not say (the package
  * creates it). */
 #define VN_CONF_WORKER_USER "vfio-ntb"
+/* Who QEMU runs as when none is configured: libvirt's system QEMU user, where it exists. */
+#define VN_CONF_QEMU_USER "libvirt-qemu"
 /* Virtual functions one [lend] section may lend (sriov-vfs). */
 #define VN_CONF_MAX_VFS 32
 /* Nodes one access list names. */
@@ -115,6 +117,10 @@ typedef struct VnConfig {
     char *worker_user;
     uid_t worker_uid;
     gid_t worker_gid;
+    /* The sockets QEMU connects to are this user's alone ([node] qemu-user); NULL: root's. */
+    char *qemu_user;
+    uid_t qemu_uid;
+    gid_t qemu_gid;
     GPtrArray *lends;   /* VnLendConf */
     GPtrArray *borrows; /* VnBorrowConf */
 } VnConfig;

@@ -70,6 +70,8 @@ static unsigned restart_only(VnDaemon *d, const VnConfig *next)
         { "state-dir", c->state_dir, next->state_dir },
         { "control-socket", c->control_socket, next->control_socket },
         { "run-dir", c->run_dir, next->run_dir },
+        { "worker-user", c->worker_user, next->worker_user },
+        { "qemu-user", c->qemu_user, next->qemu_user },
     };
     unsigned ignored = 0;
     GHashTableIter it;

@@ -332,15 +332,37 @@ static char *worker_why(Start *st)
     return buf[0] != '\0' ? g_strdup(buf) : NULL;
 }
 
+/* The socket QEMU connects to is the QEMU user's alone ([node] qemu-user): the worker made
+ * it 0600 as root, before it became the worker user. */
+static bool socket_for_qemu_user(VnDaemon *d, VnBorrowed *b, GError **error)
+{
+    if (d->conf->qemu_user != NULL && fchownat(AT_FDCWD, b->socket, d->conf->qemu_uid,
+                                               d->conf->qemu_gid, AT_SYMLINK_NOFOLLOW) < 0) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
+                    "cannot give %s's socket %s to the QEMU user %s: %s", b->device, b->socket,
+                    d->conf->qemu_user, g_strerror(e));
+        return false;
+    }
+    return true;
+}
+
 static gboolean on_start_poll(gpointer data)
 {
     Start *st = data;
     VnBorrowed *b = st->b;
     g_autofree char *why = NULL;
+    g_autoptr(GError) error = NULL;
     int status;
 
     if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
         st->timer = 0;
+        if (!socket_for_qemu_user(st->d, b, &error)) {
+            spawn_stop(st->d, b);
+            start_fail(st, error->domain, error->code, "%s", error->message);
+            return G_SOURCE_REMOVE;
+        }
         vn_log(G_LOG_LEVEL_MESSAGE, st->d->conf->node, b->device, b->lender, b->lease,
                "node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
                b->socket, b->worker_name, b->worker_pid);
