@@ -319,6 +319,9 @@ BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 DOCDIR ?= $(PREFIX)/share/doc/vfio-ntb
+# The unit's drop-ins for hardware features (systemd/dropins/: VFIO, managed binding, NTB
+# ports), which an admin links into vfio-ntbd.service.d where the config needs them.
+DROPINDIR ?= $(PREFIX)/share/vfio-ntb/systemd
 # The daemon's config (vfio-ntbd.conf, the template unit's INSTANCE.conf) is the admin's: install
 # makes the directory, never a file in it, and uninstall leaves what the admin put there.
 SYSCONFDIR ?= /etc
@@ -333,16 +336,21 @@ BIN_SCRIPTS := scripts/vfio-ntb-rebalance
 # script the tree has.
 UNITS := $(wildcard systemd/*.service)
 MANPAGES := $(wildcard docs/man/*.[1-8])
+DROPINS := $(wildcard systemd/dropins/*.conf)
+# The guides, beside the examples (README.md, docs/*.md).
+GUIDES := README.md $(wildcard docs/*.md)
 COMPLETION := $(wildcard completion/ntbctl)
 # Each installed file, DESTDIR-less, for uninstall; the directories only we use, deepest first.
 INSTALLED = $(SBIN_PROGS:%=$(SBINDIR)/%) $(BIN_PROGS:%=$(BINDIR)/%) \
 	$(BIN_SCRIPTS:scripts/%=$(BINDIR)/%) $(LIBEXEC_PROGS:%=$(LIBEXECDIR)/%) \
 	$(LIBVIRT_HOOKDIR)/qemu.d/vfio-ntb $(UNITS:systemd/%=$(SYSTEMDUNITDIR)/%) \
 	$(TMPFILESDIR)/vfio-ntb.conf $(DOCDIR)/examples/vfio-ntbd.conf.example \
-	$(DOCDIR)/examples/vfio-ntb-alerts.yml \
+	$(DOCDIR)/examples/vfio-ntb-alerts.yml $(DROPINS:systemd/dropins/%=$(DROPINDIR)/%) \
+	$(addprefix $(DOCDIR)/,$(notdir $(GUIDES))) \
 	$(INCLUDEDIR)/vfio-ntb/vfio_ntb_uapi.h $(COMPLETION:completion/%=$(BASHCOMPDIR)/%) \
 	$(foreach m,$(MANPAGES),$(MANDIR)/man$(subst .,,$(suffix $(m)))/$(notdir $(m)))
-OWN_DIRS = $(LIBEXECDIR) $(DOCDIR)/examples $(DOCDIR) $(INCLUDEDIR)/vfio-ntb $(SYSCONFDIR)/vfio-ntb
+OWN_DIRS = $(LIBEXECDIR) $(DOCDIR)/examples $(DOCDIR) $(INCLUDEDIR)/vfio-ntb $(SYSCONFDIR)/vfio-ntb \
+	$(DROPINDIR) $(dir $(DROPINDIR))
 
 .PHONY: progs uninstall deb
 progs: $(PROGS)
@@ -354,7 +362,8 @@ install: $(PROGS)
 			"./configure --prefix=$(PREFIX) and make again" >&2; exit 1; }
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBEXECDIR) \
 		$(DESTDIR)$(LIBVIRT_HOOKDIR)/qemu.d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(TMPFILESDIR) \
-		$(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(INCLUDEDIR)/vfio-ntb $(DESTDIR)$(SYSCONFDIR)/vfio-ntb
+		$(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(INCLUDEDIR)/vfio-ntb $(DESTDIR)$(SYSCONFDIR)/vfio-ntb \
+		$(DESTDIR)$(DROPINDIR)
 	install -m 0755 $(SBIN_PROGS:%=$(B)/%) $(DESTDIR)$(SBINDIR)/
 	install -m 0755 $(BIN_PROGS:%=$(B)/%) $(BIN_SCRIPTS) $(DESTDIR)$(BINDIR)/
 	install -m 0755 $(LIBEXEC_PROGS:%=$(B)/%) $(DESTDIR)$(LIBEXECDIR)/
@@ -369,6 +378,8 @@ install: $(PROGS)
 	install -m 0644 systemd/vfio-ntb.tmpfiles $(DESTDIR)$(TMPFILESDIR)/vfio-ntb.conf
 	install -m 0644 systemd/vfio-ntbd.conf.example systemd/vfio-ntb-alerts.yml \
 		$(DESTDIR)$(DOCDIR)/examples/
+	install -m 0644 $(DROPINS) $(DESTDIR)$(DROPINDIR)/
+	install -m 0644 $(GUIDES) $(DESTDIR)$(DOCDIR)/
 	install -m 0644 vfio-ntb/kmod/vfio_ntb_uapi.h $(DESTDIR)$(INCLUDEDIR)/vfio-ntb/
 	for m in $(MANPAGES); do \
 		d="$(DESTDIR)$(MANDIR)/man$${m##*.}" && install -d "$$d" && \

@@ -85,6 +85,24 @@ def deb_member(deb, path):
     return r.stdout.decode() if r.returncode == 0 else ""
 
 
+def dropin_faults(deb, dropins):
+    """What systemd-analyze verify finds wrong in the packaged unit with all its drop-ins for
+    hardware (an unknown key, a value it cannot parse): the lines that say so."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="vn-units-") as d:
+        unit = Path(d) / "vfio-ntbd.service"
+        unit.write_text(deb_member(deb, "./lib/systemd/system/vfio-ntbd.service"))
+        (Path(d) / "vfio-ntbd.service.d").mkdir()
+        for name in dropins:
+            (Path(d) / "vfio-ntbd.service.d" / name).write_text(
+                deb_member(deb, f"./usr/share/vfio-ntb/systemd/{name}"))
+        r = run(["systemd-analyze", "verify", unit], env={**os.environ,
+                                                           "SYSTEMD_UNIT_PATH": f"{d}:"})
+    # Not ours to judge here: the daemon and man pages are not installed on this host.
+    return [ln for ln in (r.stdout + r.stderr).splitlines()
+            if ln.strip() and "is not executable" not in ln and "Command 'man " not in ln]
+
+
 def test_make_deb():
     """make deb: the two packages in the top directory, at the tree's version; lintian ran
     (make echoes it) and found no error."""
@@ -127,6 +145,11 @@ def test_layout(debs):
     want |= {f"/usr/share/man/man{s}/{n}.gz" for s, n in mans}
     if (h.REPO / "completion" / "ntbctl").exists():
         want.add("/usr/share/bash-completion/completions/ntbctl")
+    dropins = sorted(p.name for p in (h.REPO / "systemd" / "dropins").glob("*.conf"))
+    want |= {f"/usr/share/vfio-ntb/systemd/{d}" for d in dropins}
+    # The guides, as they are (they link to each other by name).
+    want |= {f"/usr/share/doc/vfio-ntb/{p.name}" for p in (h.REPO / "docs").glob("*.md")}
+    want.add("/usr/share/doc/vfio-ntb/README.md")
     missing = sorted(want - files)
     tools = {"/usr/bin/vfio-ntb-simdev", "/usr/bin/vfio-ntb-ntbsim"}
     # The test tools are in their package alone; no worker is on PATH.
@@ -141,11 +164,16 @@ def test_layout(debs):
     bad_units = [u for u in units if "/usr/sbin/vfio-ntbd " not in
                  deb_member(main, f"./lib/systemd/system/{u}") or "/usr/bin/vfio-ntbd" in
                  deb_member(main, f"./lib/systemd/system/{u}")]
+    unit_faults = dropin_faults(main, dropins)
     ok = (not missing and not misplaced and conffiles == ["/etc/libvirt/hooks/qemu.d/vfio-ntb"]
-          and "systemctl --system daemon-reload" in postinst and not bad_units)
+          and "systemctl --system daemon-reload" in postinst and not bad_units
+          and len(dropins) >= 3 and not unit_faults)
+    for ln in unit_faults:
+        print("  " + ln)
     result("package-layout", ok, missing=",".join(missing) or "none",
            misplaced=",".join(misplaced) or "none", conffiles=",".join(conffiles) or "none",
            units=len(units), units_not_sbin=",".join(bad_units) or "none", man_pages=len(mans),
+           dropins=",".join(dropins) or "none", unit_faults=len(unit_faults),
            reloads_systemd="daemon-reload" in postinst)
 
 

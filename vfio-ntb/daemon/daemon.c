@@ -397,6 +397,36 @@ static char *reachable(const char *dir, uid_t uid, gid_t gid)
     }
 }
 
+/* The unit's drop-ins for hardware (systemd/dropins/, installed by make install and the
+ * package). */
+#define VN_UNIT_DROPINDIR VN_PREFIX "/share/vfio-ntb/systemd"
+
+/* What the config lends through VFIO needs /dev/vfio and, managed, a writable /sys: under
+ * the shipped unit's hardening both are hidden unless its drop-ins are installed.  Said
+ * at start, not at the first attach. */
+static void warn_hidden_hardware(VnDaemon *d)
+{
+    bool vfio = false, sysfs = false;
+
+    for (guint i = 0; i < d->conf->lends->len; i++) {
+        const VnLendConf *l = d->conf->lends->pdata[i];
+
+        vfio |= l->pci != NULL;
+        sysfs |= l->managed || l->sriov_vfs > 0;
+    }
+    if (vfio && access("/dev/vfio/vfio", R_OK | W_OK) < 0) {
+        g_warning("node %s: it lends PCI functions through VFIO, but /dev/vfio/vfio cannot be "
+                  "opened (%s): under systemd, install the unit's drop-in %s/vfio.conf",
+                  d->conf->node, g_strerror(errno), VN_UNIT_DROPINDIR);
+    }
+    if (sysfs && access("/sys/bus/pci/drivers_probe", W_OK) < 0) {
+        g_warning("node %s: it binds functions to vfio-pci itself (managed, sriov-vfs), but "
+                  "/sys/bus/pci cannot be written (%s): under systemd, install the unit's "
+                  "drop-in %s/managed.conf",
+                  d->conf->node, g_strerror(errno), VN_UNIT_DROPINDIR);
+    }
+}
+
 VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **error)
 {
     VnDaemon *d = g_new0(VnDaemon, 1);
@@ -421,6 +451,7 @@ VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **err
     vn_metrics_start(d);
     g_message("node %s: up on fabric %s, control socket %s", d->conf->node, d->conf->fabric,
               d->conf->control_socket);
+    warn_hidden_hardware(d);
     if (d->conf->worker_user != NULL) {
         g_autofree char *shut =
             reachable(d->conf->run_dir, d->conf->worker_uid, d->conf->worker_gid);
