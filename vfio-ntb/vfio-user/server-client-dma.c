@@ -28,7 +28,7 @@
  * that timed out, a posted write that failed). */
 static int answer_wait(VnServer *s, uint16_t id, void *buf, uint32_t len)
 {
-    gint64 deadline = g_get_monotonic_time() + (gint64)s->client_dma_timeout_ms * 1000;
+    gint64 deadline = g_get_monotonic_time() + (gint64)VN_SERVER_CLIENT_DMA_TIMEOUT_MS * 1000;
 
     while (s->held.length < VN_SERVER_MAX_HELD) {
         VnTransportMsg msg = { 0 };
@@ -73,11 +73,6 @@ static int answer_wait(VnServer *s, uint16_t id, void *buf, uint32_t len)
         vn_transport_msg_clear(&msg);
     }
     return -EBUSY;
-}
-
-void vn_server_set_client_dma_timeout(VnServer *s, unsigned ms)
-{
-    s->client_dma_timeout_ms = ms;
 }
 
 int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bool to_client)

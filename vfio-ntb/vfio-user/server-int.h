@@ -35,7 +35,6 @@ struct VnServer {
     int held_error;
     uint16_t dma_id;
     bool dma_asked;
-    unsigned client_dma_timeout_ms;
 };
 
 /* Have the loop serve s->held (and s->held_error) soon. */

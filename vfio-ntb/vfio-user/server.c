@@ -607,7 +607,6 @@ static VnServer *server_alloc(const char *socket_path, const VnDeviceInfo *info,
     s->dma = vn_dma_new();
     s->irqs = vn_irqs_new(info->irq_count, info->num_irqs);
     s->out = g_byte_array_sized_new(4096);
-    s->client_dma_timeout_ms = VN_SERVER_CLIENT_DMA_TIMEOUT_MS;
     vn_wire_parse_caps(NULL, &s->caps, NULL);
     return s;
 }

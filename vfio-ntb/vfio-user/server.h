@@ -141,8 +141,11 @@ bool vn_server_has_client(VnServer *server);
 /* Drop the current client as if it had disconnected. */
 void vn_server_disconnect(VnServer *server);
 void vn_server_stats(VnServer *server, VnServerStats *out);
-/* How long vn_server_client_dma() waits for the client's answer to a read,
- * unless vn_server_set_client_dma_timeout() says otherwise. */
+/* How long vn_server_client_dma() waits for the client's answer to a read.  No longer:
+ * the client may be waiting for us meanwhile (a QEMU whose vCPU holds its big lock until
+ * our answer to its MMIO, which is held here, and whose main loop would carry out the
+ * read), and only this timeout ends that wait (the read then fails, all ones).  A longer
+ * one made test_ntb's BAR guard stall past QEMU's own timeouts. */
 #define VN_SERVER_CLIENT_DMA_TIMEOUT_MS 1000
 /* The client's commands held while it waits (more stay in the socket). */
 #define VN_SERVER_MAX_HELD 32
@@ -164,7 +167,6 @@ void vn_server_stats(VnServer *server, VnServerStats *out);
  * the same context).
  */
 int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bool to_client);
-void vn_server_set_client_dma_timeout(VnServer *s, unsigned ms);
 
 /* The counters as a JSON object (region_rw keyed by region index, plus the
  * interrupts signalled and the DMA mappings now in place); g_free it. */
