@@ -78,18 +78,22 @@ def borrower(procs, bdf, barrier, fact):
     fact(imp_listed=bool(vi.wait_listed(cb, "hosta/nvme0", 120)))
     cb.execute("borrow", device="hosta/nvme0")
     fact(imp_borrowed=_borrower_of(cb, "hosta/nvme0") == "hostb")
+    cb.close()
     b.kill()
     rc, words = unnamed_port_refused(procs, bdf)
     fact(imp_unnamed_rc=rc, imp_unnamed_said=("PORT=NODE" in words))
     impostor = ntb_lend.daemon(procs, "b", bdf, lease_timeout_ms=600000, key=WRONG_KEY)
     try:
         barrier("b", "imp-impostor-up")
-        up = h.wait_for(lambda: _link(Control(impostor.control), "hosta") == "up", 10)
+        ci = Control(impostor.control)
+        up = h.wait_for(lambda: _link(ci, "hosta") == "up", 10)
+        ci.close()
         fact(imp_impostor_up=bool(up))
         barrier("b", "imp-checked", timeout=300)
     finally:
         impostor.stop()
     b.start()
+    cb = Control(b.control)         # the old connection went with the killed daemon
     try:
         fact(imp_back_up=bool(h.wait_for(lambda: _link(cb, "hosta") == "up", 60)),
              imp_back_holds=_borrower_of(cb, "hosta/nvme0") == "hostb")

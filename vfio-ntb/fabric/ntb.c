@@ -258,8 +258,6 @@ static bool check_peer(VnNtbLink *l)
     return l->state == VN_NTB_LINK_OPEN;
 }
 
-/* Our side starts over: a new buffer and epoch, so that the peer sees a
- * new session (its link down, then up again when it wants it). */
 static gboolean on_reannounce(gpointer data)
 {
     VnNtbLink *l = data;
@@ -271,6 +269,8 @@ static gboolean on_reannounce(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
+/* Our side starts over: a new buffer and epoch, so that the peer sees a
+ * new session (its link down, then up again when it wants it). */
 static void link_restart(VnNtbLink *l, const char *why)
 {
     gint64 now = g_get_monotonic_time();
