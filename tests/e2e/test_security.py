@@ -25,9 +25,9 @@ would check:
   mode 600; a process of another unprivileged user (daemon) cannot connect (EACCES), one of
   the QEMU user can.
 - seccomp: what a borrower worker does while it serves, under its filter (Seccomp 2): the
-  consumer's Identify and an Identify signalled by MSI-X; the lender's daemon killed and
+  consumer's Identify and an Identify signalled by MSI; the lender's daemon killed and
   started again, then Identify again through the same worker; a second worker with its
-  interrupts relayed as fabric doorbells, its MSI-X Identify; no worker killed by its
+  interrupts relayed as fabric doorbells, its MSI Identify; no worker killed by its
   filter.  The filter's rules are in one file (vfio-ntb/borrower/sandbox.c), the only one
   of the tree that adds any.
 """
@@ -302,7 +302,7 @@ def test_seccomp(procs):
     list lacks would kill it (SCMP_ACT_KILL_PROCESS) and fail this."""
     _wd, a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-seccomp")
     st = proc_status(worker)
-    msix = vi.msix_identify(q)
+    msi = vi.msi_identify(q)
     # The lender's daemon away and back under the consumer: the worker's lender goes and
     # comes, and it serves again.
     a.kill()
@@ -315,7 +315,7 @@ def test_seccomp(procs):
     r = cb.execute("attach", device="hosta/nvme0", domain="vm-seccomp2", **{"irq-mode": "relay"})
     q2 = vi.qtest_qemu(procs, r["socket"])
     vi.consumer_view(q2)
-    relayed = vi.msix_identify(q2)
+    relayed = vi.msi_identify(q2)
     [worker2] = b.workers("vfio-ntb-borrower")
     st2 = proc_status(worker2)
     q2.kill()
@@ -325,13 +325,14 @@ def test_seccomp(procs):
     killed = "killed by its sandbox" in b.log()
     files = rule_files()
     return result("seccomp",
-                  before == (0, SERIAL) and st["Seccomp"] == "2" and msix[1] == 0 and
-                  msix[0] != 0 and bool(back) and relayed[1] == 0 and relayed[0] != 0 and
+                  before == (0, SERIAL) and st["Seccomp"] == "2" and msi[1] == 0 and
+                  msi[0] != 0 and bool(back) and relayed[1] == 0 and relayed[0] != 0 and
                   st2["Seccomp"] == "2" and worker2 != worker and not killed and
                   files == ["vfio-ntb/borrower/sandbox.c"],
                   seccomp=f"{st['Seccomp']},{st2['Seccomp']}", identify=before[0],
-                  msix_status=msix[1], after_lender_restart=bool(back),
-                  relayed_status=relayed[1], killed_by_filter=killed,
+                  msi_status=msi[1], msi_word=hex(msi[0] or 0), after_lender_restart=bool(back),
+                  relayed_status=relayed[1], relayed_word=hex(relayed[0] or 0),
+                  killed_by_filter=killed,
                   rules_in=",".join(files) or "-")
 
 

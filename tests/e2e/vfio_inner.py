@@ -243,6 +243,25 @@ def msix_identify(q):
     return word, status
 
 
+def msi_identify(q):
+    """Identify again, its completion signalled by MSI (a device with MSI and no MSI-X, as the
+    simdev's --interrupts msi), whose message is a store of MSI_DATA to MSI_ADDR in the
+    consumer's RAM.  Returns (the word found there, status)."""
+    cap = find_cap(q, 0x05)
+    if cap == 0:
+        raise h.HarnessError("the lent device shows no MSI capability")
+    wide = bool((config_rw(q, cap) >> 16) & 0x80)          # 64-bit addresses
+    h.qtest_command(q, f"writel {MSI_ADDR:#x} 0")
+    config_rw(q, cap + 4, MSI_ADDR)
+    if wide:
+        config_rw(q, cap + 8, 0)
+    config_rw(q, cap + (12 if wide else 8), MSI_DATA)
+    config_rw(q, cap, config_rw(q, cap) | (1 << 16))         # MSI enable, one vector
+    status, _ = identify(q)
+    word = h.wait_for(lambda: int(h.qtest_command(q, f"readl {MSI_ADDR:#x}")[1], 16), 10)
+    return word, status
+
+
 def memfd_of(pid, size):
     """An fd of ours onto process @pid's memfd of @size bytes (its RAM: QEMU names it
     after the backend's type, not its id), once it made it; it outlives the process."""

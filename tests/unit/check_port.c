@@ -35,6 +35,7 @@ typedef struct Worker {
     int fd;
     int conn; /* the connection the port made for it (vn_port_pair) */
     VnFabricWindow *win;
+    unsigned handled, handler_failed; /* w_on_request's */
 } Worker;
 
 static Worker *worker;
@@ -59,8 +60,26 @@ static void w_on_doorbell(void *opaque, const char *peer, uint32_t bit)
     g_mutex_unlock(&w->lock);
 }
 
+/* A lender's worker answering its holder: it exports a segment and withholds it first (ops
+ * that wait on its port, as a lender's attach and reset do), then echoes the request. */
+static void w_on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    Worker *w = opaque;
+    g_autoptr(GError) error = NULL;
+
+    uint64_t id = vn_fabric_segment_export(w->fab, w->fd, 4096, "hosta", &error);
+
+    if (id != 0 && vn_fabric_segment_withhold(w->fab, id, true) >= 0) {
+        w->handled++;
+    } else {
+        w->handler_failed++;
+    }
+    vn_fabric_reply(w->fab, token, msg->json, NULL, 0);
+}
+
 static const VnFabricHandlers worker_handlers = {
     .on_link = w_on_link,
+    .on_request = w_on_request,
     .on_doorbell = w_on_doorbell,
 };
 
@@ -483,6 +502,41 @@ static void port_inbound(Node *hb)
     port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
 }
+
+/* A lender's worker that was away gets its holder's requests right after its daemon's
+ * greeting (held by the port, then passed after the HELLO's answer): it handles them once the
+ * greeting is over, from its loop, so a handler that waits on the port itself (an export)
+ * does not take an answer the greeting waits for.  (It once did: the worker saw "a REPLY to
+ * no op of ours", dropped its connection, and the holder's next attach went unanswered.) */
+START_TEST(test_requests_after_the_greeting)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+    g_autofree char *secret = NULL;
+    VnFabricMsg msg = { .peer = "hosta", .type = T_ECHO, .json = DEVICE_JSON };
+    VnFabricStats st;
+
+    port_inbound(hb);
+    open_worker(step_open_inbound);
+    in_worker(step_run_brief);
+    secret = vn_port_secret_hex(port);
+    vn_port_free(port, false);
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", true, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    ck_assert(vn_port_adopt(port, getpid(), secret));
+    for (uint64_t token = 1; token <= 3; token++) {
+        ck_assert(vn_port_request(port, &msg, token));
+    }
+    worker->fd = memfd_new(4096, NULL);
+    in_worker(step_run);
+    ck_assert_uint_eq(worker->handled, 3);
+    ck_assert_uint_eq(worker->handler_failed, 0);
+    vn_fabric_stats(worker->fab, &st);
+    ck_assert_uint_eq(st.bad_messages, 0);
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+    close(worker->fd);
+}
+END_TEST
 
 static gint device_requests;
 
@@ -1045,6 +1099,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
+    tcase_add_test(tc, test_requests_after_the_greeting);
     tcase_add_test(tc, test_restarts_each_get_the_bound);
     tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_fenced);

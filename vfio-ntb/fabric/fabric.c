@@ -199,6 +199,16 @@ void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits)
     fab->limits = *limits;
 }
 
+void vn_fabric_backend_hold(VnFabric *fab)
+{
+    fab->defer++;
+}
+
+void vn_fabric_backend_release(VnFabric *fab)
+{
+    fab->defer--;
+}
+
 void vn_fabric_backend_rejected(VnFabric *fab, const char *what)
 {
     fab->stats.bad_messages++;

@@ -235,6 +235,12 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up);
 /* Bytes no frame owns were refused (a bad handshake, an impossible length):
  * counted in stats.bad_messages.  @what names the connection and the fault. */
 void vn_fabric_backend_rejected(VnFabric *fab, const char *what);
+/* A backend that waits for an answer of its own (not inside one of this API's calls, which
+ * hold already) holds what it reports meanwhile: links and frames are queued until the
+ * release and handled from the loop after, in order, so no handler runs inside its wait
+ * (one that waited there too would take the wait's answer). */
+void vn_fabric_backend_hold(VnFabric *fab);
+void vn_fabric_backend_release(VnFabric *fab);
 /* For ops->open: the context to attach sources to, and the backend's window
  * limits (vn_fabric_limits_default() unless set). */
 GMainContext *vn_fabric_backend_context(VnFabric *fab);

@@ -194,12 +194,17 @@ static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
     *fd = -1;
     h->wait_seq = seq;
     h->wait_done = false;
+    /* The frames and links that come meanwhile (a lender's peer's requests the daemon held
+     * while we were away, right after a HELLO's answer) are handled once we are back: a
+     * handler's own op would wait in here too, and take this wait's answer. */
+    vn_fabric_backend_hold(h->fab);
     while (!h->wait_done && h->fd >= 0) {
         struct pollfd p = { .fd = h->fd, .events = POLLIN };
         gint64 left = deadline - g_get_monotonic_time();
 
         if (left <= 0) {
             h->wait_seq = 0;
+            vn_fabric_backend_release(h->fab);
             g_info("port %s: no answer in %d ms; the daemon is stuck", h->path,
                    VN_HOST_REPLY_TIMEOUT_MS);
             shutdown(h->fd, SHUT_RDWR);
@@ -209,6 +214,7 @@ static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
             host_service(h);
         }
     }
+    vn_fabric_backend_release(h->fab);
     h->wait_seq = 0;
     if (!h->wait_done) {
         return -ENOTCONN;
