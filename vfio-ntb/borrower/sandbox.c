@@ -7,11 +7,9 @@
 
 #include <errno.h>
 #include <gio/gio.h>
-#include <grp.h>
 #include <seccomp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -94,47 +92,6 @@ const char *const *vn_sandbox_allowed(void)
     return VN_SANDBOX_ALLOWED;
 }
 
-bool vn_sandbox_parse_run_as(const char *text, VnSandbox *sb, GError **error)
-{
-    g_auto(GStrv) parts = text != NULL ? g_strsplit(text, ":", 3) : NULL;
-    guint64 uid, gid;
-
-    if (parts == NULL || g_strv_length(parts) != 2 ||
-        !g_ascii_string_to_unsigned(parts[0], 10, 1, G_MAXINT32, &uid, NULL) ||
-        !g_ascii_string_to_unsigned(parts[1], 10, 1, G_MAXINT32, &gid, NULL)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "--run-as must be UID:GID, neither 0, not \"%.40s\"", text != NULL ? text : "");
-        return false;
-    }
-    sb->drop = true;
-    sb->uid = (uid_t)uid;
-    sb->gid = (gid_t)gid;
-    return true;
-}
-
-static bool drop_user(const VnSandbox *sb, GError **error)
-{
-    uid_t r, e, s;
-
-    if (setgroups(0, NULL) < 0 || setresgid(sb->gid, sb->gid, sb->gid) < 0 ||
-        setresuid(sb->uid, sb->uid, sb->uid) < 0) {
-        int err = errno;
-
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
-                    "sandbox: cannot become uid %u gid %u: %s", (unsigned)sb->uid,
-                    (unsigned)sb->gid, g_strerror(err));
-        return false;
-    }
-    /* No way back: a uid of 0 left anywhere would give the capabilities back. */
-    if (getresuid(&r, &e, &s) < 0 || r != sb->uid || e != sb->uid || s != sb->uid ||
-        setuid(0) == 0) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_FAILED, "sandbox: uid %u did not stick",
-                    (unsigned)sb->uid);
-        return false;
-    }
-    return true;
-}
-
 static bool load_filter(GError **error)
 {
     scmp_filter_ctx f = seccomp_init(SCMP_ACT_KILL_PROCESS);
@@ -170,17 +127,7 @@ static bool load_filter(GError **error)
     return true;
 }
 
-bool vn_sandbox_enter(const VnSandbox *sb, GError **error)
+bool vn_sandbox_enter(const VnPrivs *p, GError **error)
 {
-    if (sb->drop && !drop_user(sb, error)) {
-        return false;
-    }
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
-        int err = errno;
-
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "sandbox: no_new_privs: %s",
-                    g_strerror(err));
-        return false;
-    }
-    return load_filter(error);
+    return vn_privs_drop(p, error) && load_filter(error);
 }

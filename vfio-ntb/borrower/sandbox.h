@@ -19,22 +19,14 @@
 #ifndef VN_SANDBOX_H
 #define VN_SANDBOX_H
 
+#include "common/privs.h"
+
 #include <glib.h>
 #include <stdbool.h>
-#include <sys/types.h>
 
-typedef struct VnSandbox {
-    bool drop; /* become @uid/@gid (false: stay who we are; the filter still applies) */
-    uid_t uid;
-    gid_t gid;
-} VnSandbox;
-
-/* "UID:GID" (vfio-ntbd's --run-as) into @sb; false with @error for anything else, a uid or
- * gid of 0 included (uid 0 keeps its capabilities, gid 0 root's files). */
-bool vn_sandbox_parse_run_as(const char *text, VnSandbox *sb, GError **error);
-/* Enter it: drop to @sb's user (when @sb->drop), no_new_privs, the filter.  False with
- * @error when any step fails: the caller must then not serve (it exits). */
-bool vn_sandbox_enter(const VnSandbox *sb, GError **error);
+/* Enter it: give up @p's privileges (common/privs.h), then the filter.  False with @error
+ * when any step fails: the caller must then not serve (it exits). */
+bool vn_sandbox_enter(const VnPrivs *p, GError **error);
 /* The allowed system calls' names, NULL-terminated (for tests and docs). */
 const char *const *vn_sandbox_allowed(void);
 

@@ -142,7 +142,7 @@ int main(int argc, char **argv)
     g_autoptr(GHashTable) fp = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_autoptr(GError) error = NULL;
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
-    VnSandbox sandbox = { 0 };
+    VnPrivs sandbox = { 0 };
     guint signals[2];
     g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
                         "--socket are required; --irq-mode is fd or relay\n");
         return 2;
     }
-    if (run_as != NULL && !vn_sandbox_parse_run_as(run_as, &sandbox, &error)) {
+    if (run_as != NULL && !vn_privs_parse_run_as(run_as, &sandbox, &error)) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 2;
     }
