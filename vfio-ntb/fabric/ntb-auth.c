@@ -30,7 +30,9 @@ void vn_ntb_keys_free(VnNtbKeys *keys)
         return;
     }
     /* Keys do not outlive their use in freed memory. */
-    memset(keys->keys->data, 0, keys->keys->len * sizeof(NtbKey));
+    if (keys->keys->len > 0) {
+        memset(keys->keys->data, 0, keys->keys->len * sizeof(NtbKey));
+    }
     g_array_unref(keys->keys);
     g_free(keys);
 }
