@@ -577,6 +577,75 @@ START_TEST(test_device_request)
 }
 END_TEST
 
+static void step_dial(Worker *w)
+{
+    g_autoptr(GError) error = NULL;
+
+    w->fd = vn_host_dial_device(w->fab, &error);
+    w->ret = w->fd >= 0 ? 0 : error->code;
+}
+
+/* A device server's socket for the dial test: listening, in the rig's directory. */
+static int device_server_socket(char **path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    *path = g_build_filename(tmpdir, "device.sock", NULL);
+    g_strlcpy(addr.sun_path, *path, sizeof(addr.sun_path));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(fd, 4), 0);
+    return fd;
+}
+
+/* A lender's worker without the rights to reach its device server asks its daemon to dial
+ * it: it gets a connection to the socket the daemon's config names (the server accepts
+ * it), not more often than every VN_PORT_DIAL_MIN_MS; a borrower's worker, or a lender's
+ * whose daemon names no server, is refused. */
+START_TEST(test_dial_device)
+{
+    Node *hb = nodes->pdata[1];
+    g_autofree char *path = NULL;
+    int server = device_server_socket(&path), conn;
+
+    open_worker(step_open);
+    in_worker(step_dial);
+    ck_assert_int_lt(worker->fd, 0); /* a borrower's: no device server */
+    WAIT_FOR(vn_port_refused(port) == 1);
+    in_worker(step_close);
+
+    port_inbound(hb);
+    open_worker(step_open_inbound);
+    in_worker(step_dial);
+    ck_assert_int_lt(worker->fd, 0); /* no server named */
+    ck_assert_uint_eq(vn_port_refused(port), 1);
+    vn_port_set_dial(port, path);
+    in_worker(step_dial);
+    ck_assert_msg(worker->fd >= 0, "dial: error %d", worker->ret);
+    conn = accept(server, NULL, NULL);
+    ck_assert_int_ge(conn, 0);
+    ck_assert_int_eq(write(worker->fd, "hi", 2), 2);
+    {
+        char buf[2];
+
+        ck_assert_int_eq(read(conn, buf, 2), 2);
+        ck_assert_mem_eq(buf, "hi", 2);
+    }
+    close(conn);
+    close(worker->fd);
+    /* At once again: too soon. */
+    in_worker(step_dial);
+    ck_assert_int_lt(worker->fd, 0);
+    ck_assert_int_eq(worker->ret, G_IO_ERROR_WOULD_BLOCK);
+    g_usleep(VN_PORT_DIAL_MIN_MS * 1000 * 2);
+    in_worker(step_dial);
+    ck_assert_int_ge(worker->fd, 0);
+    close(worker->fd);
+    close(server);
+}
+END_TEST
+
 static gint fences;
 
 static void on_fenced(void *opaque)
@@ -1100,6 +1169,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_requests_after_the_greeting);
+    tcase_add_test(tc, test_dial_device);
     tcase_add_test(tc, test_restarts_each_get_the_bound);
     tcase_add_test(tc, test_device_request);
     tcase_add_test(tc, test_fenced);

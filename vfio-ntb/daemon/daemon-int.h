@@ -548,6 +548,12 @@ char *vn_spawn_find(const char *name, const char *const *dirs, GError **error);
 /* The run dir, made when missing, passable (not listable) by others: QEMU's user reaches its
  * socket there, the worker user its port.  False with @error. */
 bool vn_spawn_run_dir(VnDaemon *d, GError **error);
+/* @port's socket given to the worker user ([node] worker-user), whose worker must be able to
+ * dial it again after a restart of ours.  False with @error. */
+bool vn_spawn_port_for_worker_user(VnDaemon *d, VnPort *port, GError **error);
+/* Whether a lent device's worker serves as the worker user: a device server's (it is handed
+ * its connections, VN_HOST_DIAL_DEVICE); a PCI function's opens VFIO at each lease as root. */
+bool vn_lenders_unprivileged(VnDaemon *d, const VnLendConf *lc);
 /* The fd a worker finds its port's connection at (port.h: vn_port_pair). */
 #define VN_SPAWN_PORT_FD 3
 /* @pid runs and is @binary (a process of ours, not a reused pid). */

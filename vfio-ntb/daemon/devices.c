@@ -125,6 +125,13 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     vn_port_on_device_request(ld->port, vn_cluster_device_request, ld);
     vn_port_on_fenced(ld->port, vn_fence_confirmed, ld);
     vn_port_on_device_server(ld->port, vn_devserver_changed, ld);
+    if (vn_lenders_unprivileged(d, lc)) {
+        vn_port_set_dial(ld->port, lc->socket); /* its worker cannot dial it itself */
+        if (!vn_spawn_port_for_worker_user(d, ld->port, error)) {
+            vn_devices_local_free(ld);
+            return NULL;
+        }
+    }
     ld->lease = vn_leases_add(d->leases, lc->name, ld);
     g_ptr_array_add(d->local, ld);
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, lc->name, NULL, 0, "node %s: lending %s (%s %s)",

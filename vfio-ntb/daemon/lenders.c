@@ -128,6 +128,11 @@ static gboolean on_adopted_check(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+bool vn_lenders_unprivileged(VnDaemon *d, const VnLendConf *lc)
+{
+    return d->conf->worker_user != NULL && lc->socket != NULL;
+}
+
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
 {
     g_autofree char *bin = vn_spawn_binary(VN_LENDERS_BINARY, error);
@@ -147,6 +152,10 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     g_ptr_array_add(argv, g_strdup_printf("--backend=%s", vn_conf_lend_backend(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--device-at=%s", vn_conf_lend_where(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", ld->channel_path));
+    if (vn_lenders_unprivileged(d, ld->conf)) {
+        g_ptr_array_add(argv, g_strdup_printf("--run-as=%u:%u", (unsigned)d->conf->worker_uid,
+                                              (unsigned)d->conf->worker_gid));
+    }
     if (ld->conf->managed) {
         /* The worker binds it (a driver's unbind may take its time) and
          * keeps the driver it had there, for when it is unlent. */

@@ -80,7 +80,9 @@ struct VnPort {
     void *device_server_opaque;
     void (*gone)(void *opaque);
     void *gone_opaque;
-    VnKeep *keep; /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
+    VnKeep *keep;    /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
+    char *dial_path; /* a lender's device server's socket (vn_port_set_dial), or NULL */
+    gint64 dial_at;  /* when it last dialled it for the worker (monotonic) */
 };
 
 /* The worker's connection goes (it reconnects, or it is gone). */

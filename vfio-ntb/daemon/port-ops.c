@@ -5,6 +5,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "port-ops.h"
+#include "port.h"
 
 #include "common/util.h"
 
@@ -12,6 +13,8 @@
 #include <gio/gio.h>
 #include <inttypes.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* ---- the worker's other ops ------------------------------------------- */
@@ -292,4 +295,57 @@ void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data
     } else if (!vn_keep_state(p->keep, data, len, &error)) {
         vn_port_refuse(p, "%s", error->message);
     }
+}
+
+void vn_port_set_dial(VnPort *p, const char *socket_path)
+{
+    g_free(p->dial_path);
+    p->dial_path = g_strdup(socket_path);
+}
+
+/* Non-blocking, like the lender's own dial (vfio-user/client.c): a stopped server with a
+ * full backlog answers EAGAIN, it does not hold the daemon's loop. */
+static int dial(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return -ENAMETOOLONG;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        int err = errno;
+
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -err;
+    }
+    return fd;
+}
+
+void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
+{
+    gint64 now = g_get_monotonic_time();
+    int fd;
+
+    if (!p->inbound || p->dial_path == NULL) {
+        vn_port_refuse(p, "a dial of a device server it has none of");
+        vn_port_reply(p, h, EACCES, 0, 0, -1);
+        return;
+    }
+    if (p->dial_at != 0 && now - p->dial_at < (gint64)VN_PORT_DIAL_MIN_MS * 1000) {
+        vn_port_reply(p, h, EAGAIN, 0, 0, -1); /* too often: each is a connection to the server */
+        return;
+    }
+    p->dial_at = now;
+    fd = dial(p->dial_path);
+    if (fd < 0) {
+        vn_port_reply(p, h, -fd, 0, 0, -1);
+        return;
+    }
+    vn_port_reply(p, h, 0, 0, 0, fd);
+    close(fd);
 }

@@ -24,4 +24,7 @@ void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h);
 void vn_port_op_open_route(VnPort *p, const VnHostHdr *h);
 void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len);
 
+/* DIAL_DEVICE: a new connection to the lender's device server, handed over (port.h). */
+void vn_port_op_dial(VnPort *p, const VnHostHdr *h);
+
 #endif /* VN_PORT_OPS_H */

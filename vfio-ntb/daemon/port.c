@@ -431,6 +431,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
     case VN_HOST_FORGET:
         vn_port_op_keep(p, &h, &fd, frame, frame_len);
         break;
+    case VN_HOST_DIAL_DEVICE:
+        vn_port_op_dial(p, &h);
+        break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {
             vn_port_refuse(p, "a device request from a borrower's worker");
@@ -741,5 +744,6 @@ void vn_port_free(VnPort *p, bool unlink_it)
     g_free(p->path);
     g_free(p->peer);
     g_free(p->device);
+    g_free(p->dial_path);
     g_free(p);
 }

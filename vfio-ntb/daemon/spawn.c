@@ -483,7 +483,7 @@ static void start_spawn(Start *st)
 }
 
 /* The worker user may dial its port again (only its own process gets in: port.h). */
-static bool port_for_worker_user(VnDaemon *d, VnPort *port, GError **error)
+bool vn_spawn_port_for_worker_user(VnDaemon *d, VnPort *port, GError **error)
 {
     const char *path = vn_port_path(port);
 
@@ -524,7 +524,7 @@ static void start_open(Start *st)
 
     g_clear_pointer(&b->port, vn_port_free_unlinked);
     b->port = vn_port_new(st->d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
-    if (b->port != NULL && !port_for_worker_user(st->d, b->port, &error)) {
+    if (b->port != NULL && !vn_spawn_port_for_worker_user(st->d, b->port, &error)) {
         g_clear_pointer(&b->port, vn_port_free_unlinked);
     }
     if (b->port == NULL) {
@@ -658,7 +658,7 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
     /* It reconnects to its port as soon as we listen on it again: it alone, with its
      * secret. */
     b->port = vn_port_new(d->fab, b->port_path, b->lender, b->name, false, NULL, &error);
-    if (b->port != NULL && !port_for_worker_user(d, b->port, &error)) {
+    if (b->port != NULL && !vn_spawn_port_for_worker_user(d, b->port, &error)) {
         g_clear_pointer(&b->port, vn_port_free_unlinked);
     }
     if (b->port != NULL && !vn_port_adopt(b->port, b->worker_pid, secret)) {

@@ -38,6 +38,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_DEVICE_SERVER] = "DEVICE_SERVER",
     [VN_HOST_KEEP] = "KEEP",
     [VN_HOST_FORGET] = "FORGET",
+    [VN_HOST_DIAL_DEVICE] = "DIAL_DEVICE",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -74,7 +75,7 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
                 hdr->op == VN_HOST_DEVICE_REQUEST || hdr->op == VN_HOST_WITHHOLD_SEGMENT ||
                 hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS ||
                 hdr->op == VN_HOST_DEVICE_SERVER || hdr->op == VN_HOST_KEEP ||
-                hdr->op == VN_HOST_FORGET;
+                hdr->op == VN_HOST_FORGET || hdr->op == VN_HOST_DIAL_DEVICE;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");

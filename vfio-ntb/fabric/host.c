@@ -722,6 +722,28 @@ bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen)
            host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, up ? 1 : 0, gen, NULL, 0, -1) == 0;
 }
 
+int vn_host_dial_device(VnFabric *fab, GError **error)
+{
+    VnHostHdr rep;
+    int fd, ret;
+
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "not a worker's fabric");
+        return -1;
+    }
+    ret = host_call(fab->backend, VN_HOST_DIAL_DEVICE, NULL, 0, 0, NULL, 0, -1, &rep, &fd);
+    if (ret == 0 && fd < 0) {
+        ret = -EPROTO; /* an answer without the connection */
+    }
+    if (ret < 0) {
+        vn_util_close_fd(&fd);
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "the daemon did not dial the device server: %s", g_strerror(-ret));
+        return -1;
+    }
+    return fd;
+}
+
 bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len)
 {
     if (fab->ops != &vn_host_ops || fab->backend == NULL || (key == 0) != (fd < 0) ||

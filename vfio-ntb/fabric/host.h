@@ -60,6 +60,11 @@ bool vn_host_fenced(VnFabric *fab);
  * restarted daemon knows it too.  False when the daemon is away (it hears at the greeting)
  * or @fab is not a `host` node. */
 bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen);
+/* For a lender worker that cannot reach its device server's socket itself (it gave up its
+ * privileges): the daemon dials the one its config names and hands the connection over.
+ * A connected fd, or -1 with @error (the daemon away, the server refusing, the daemon
+ * refusing a worker that dials too often). */
+int vn_host_dial_device(VnFabric *fab, GError **error);
 
 /*
  * For a borrower worker: the daemon keeps, for whoever serves the device after it, the fds
@@ -132,6 +137,7 @@ typedef enum VnHostOp {
     VN_HOST_KEEP,             /* a borrower's: arg: key; 1 fd (key > 0), or data: its state
                                * (key 0, at most VN_HOST_MAX_KEPT_STATE bytes) */
     VN_HOST_FORGET,           /* a borrower's: arg: first key, arg2: last key */
+    VN_HOST_DIAL_DEVICE,      /* a lender's -> 1 fd: a new connection to its device server */
     VN_HOST_OP_LAST
 } VnHostOp;
 

@@ -104,11 +104,9 @@ static void assign_bars(VfioUser *v)
     }
 }
 
-static void *vu_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
-                     GError **error)
+static void *vu_ready(VnClient *c, VnBackendStallFn stall, void *opaque)
 {
     VfioUser *v;
-    VnClient *c = vn_client_connect(where, timeout_ms, error);
 
     if (c == NULL) {
         return NULL;
@@ -118,6 +116,18 @@ static void *vu_open(const char *where, unsigned timeout_ms, VnBackendStallFn st
     vn_client_set_observer(c, on_stall, v);
     assign_bars(v);
     return v;
+}
+
+static void *vu_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                     GError **error)
+{
+    return vu_ready(vn_client_connect(where, timeout_ms, error), stall, opaque);
+}
+
+static void *vu_open_fd(int fd, const char *where, unsigned timeout_ms, VnBackendStallFn stall,
+                        void *opaque, GError **error)
+{
+    return vu_ready(vn_client_new_fd(fd, where, timeout_ms, error), stall, opaque);
 }
 
 static void vu_close(void *dev)
@@ -201,6 +211,7 @@ static int vu_hangup_fd(void *dev)
 const VnBackendOps vn_backend_vfio_user = {
     .name = "vfio-user",
     .open = vu_open,
+    .open_fd = vu_open_fd,
     .close = vu_close,
     .get_info = vu_get_info,
     .get_region_info = vu_get_region_info,

@@ -46,6 +46,10 @@ typedef struct VnBackendOps {
      */
     void *(*open)(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
                   GError **error);
+    /* Optional: the same over @fd, a connection to @where someone else made (a worker
+     * without the rights to reach it: vfio-ntbd dials for it); @fd is taken. */
+    void *(*open_fd)(int fd, const char *where, unsigned timeout_ms, VnBackendStallFn stall,
+                     void *opaque, GError **error);
     void (*close)(void *dev);
     int (*get_info)(void *dev, VnWireDeviceInfo *info);
     /* *fd: the region's mmap fd or -1 (the caller owns it); up to

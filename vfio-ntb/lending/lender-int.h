@@ -109,6 +109,8 @@ struct VnLender {
     char server_loss[VN_LENDER_LOSS_TEXT]; /* "" or "HH:MM:SS: why" */
     VnLenderServerFn on_server;
     void *on_server_opaque;
+    VnLenderDialFn dial; /* vn_lender_set_dialer(), or NULL: ops->open dials */
+    void *dial_opaque;
 
     VnLenderStats stats;
     /* The device's last stall and its outcome ("" if none), set by the

@@ -59,7 +59,24 @@ static void tell(VnLender *l, bool up, const char *why)
  * timeout; NULL with @error. */
 static void *server_open(VnLender *l, GError **error)
 {
-    return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l, error);
+    int fd;
+
+    if (l->dial == NULL || l->ops->open_fd == NULL) {
+        return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l,
+                            error);
+    }
+    fd = l->dial(l->dial_opaque, error);
+    if (fd < 0) {
+        return NULL;
+    }
+    return l->ops->open_fd(fd, l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l,
+                           error);
+}
+
+void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque)
+{
+    l->dial = fn;
+    l->dial_opaque = opaque;
 }
 
 static gboolean on_dial(gpointer data);

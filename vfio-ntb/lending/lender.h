@@ -94,6 +94,13 @@ void vn_lender_on_device_request(VnLender *l, VnLenderRequestFn fn, void *opaque
  */
 typedef void (*VnLenderServerFn)(void *opaque, bool up, uint32_t gen, const char *why);
 void vn_lender_on_server(VnLender *l, VnLenderServerFn fn, void *opaque);
+/*
+ * Connections to the device server come from @fn (a worker without the rights to reach the
+ * server's socket: its daemon dials for it), for a backend that takes one (open_fd): a
+ * connected fd, or -1 with @error.  Without it the lender dials itself.
+ */
+typedef int (*VnLenderDialFn)(void *opaque, GError **error);
+void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque);
 /* Whether a device server answers now (always true for a backend that cannot lose it),
  * how many times it came back, and its last loss ("HH:MM:SS: why") or NULL. */
 bool vn_lender_server_up(VnLender *l);

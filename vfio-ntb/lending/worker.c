@@ -6,7 +6,7 @@
  * device's state -- as it was.
  *
  *   vfio-ntb-lender --port PATH --node NAME --device NAME --device-socket PATH
- *                   [--control PATH]
+ *                   [--control PATH] [--run-as UID:GID]
  *
  * It is not a fabric node: it answers the lending protocol (lender.h) for
  * its host (NAME) through vfio-ntbd's port for it (fabric/host.h), which
@@ -15,12 +15,18 @@
  * fences the device.  Its device operations run in its own loop, never in
  * the daemon's.  On its control channel (--control, common/wctl.h) it
  * answers "stats" with its counters.  SIGTERM fences and ends it.
+ *
+ * With --run-as (a device server's worker: vfio-ntbd's worker-user), once set up it gives up
+ * its privileges (common/privs.h): it is then that user, with no capabilities, and holds
+ * only fds; its connections to the device server are made by vfio-ntbd, which dials the
+ * socket its config names when the worker asks (fabric/host.h: vn_host_dial_device).
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
 #include "lender.h"
 
 #include "common/json.h"
+#include "common/privs.h"
 #include "common/util.h"
 #include "common/wctl.h"
 #include "fabric/host.h"
@@ -130,6 +136,14 @@ static void on_server(void *opaque, bool up, uint32_t gen, const char *why)
     }
 }
 
+/* A connection to the device server, made by the daemon (we may not reach its socket). */
+static int dial_through_daemon(void *opaque, GError **error)
+{
+    Worker *w = opaque;
+
+    return vn_host_dial_device(w->fab, error);
+}
+
 /* "stats": the lender's counters and how its device server is doing. */
 static char *on_command(void *opaque, const char *name, GError **error)
 {
@@ -170,7 +184,7 @@ int main(int argc, char **argv)
     g_autofree char *trace = NULL, *port_fd = NULL;
     g_autofree char *port = NULL, *node = NULL, *device = NULL, *dsock = NULL;
     g_autofree char *control = NULL, *backend = NULL, *at = NULL, *managed = NULL;
-    g_autofree char *was = NULL;
+    g_autofree char *was = NULL, *run_as = NULL;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
         { "port-fd", 0, 0, G_OPTION_ARG_STRING, &port_fd,
@@ -189,6 +203,9 @@ int main(int argc, char **argv)
           "bind the PCI function to vfio-pci, keeping its driver's name in PATH; give it "
           "back to that driver on SIGTERM",
           "PATH" },
+        { "run-as", 0, 0, G_OPTION_ARG_STRING, &run_as,
+          "once set up, serve as this user (a device server's worker; vfio-ntbd dials for it)",
+          "UID:GID" },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
@@ -197,6 +214,7 @@ int main(int argc, char **argv)
     g_autoptr(GError) error = NULL;
     g_autoptr(VnWctl) wctl = NULL;
     Worker w = { 0 };
+    VnPrivs privs = { 0 };
     const VnBackendOps *ops;
 
     g_option_context_add_main_entries(oc, entries, NULL);
@@ -219,6 +237,14 @@ int main(int argc, char **argv)
     }
     if ((ops = vn_backend_find(backend != NULL ? backend : "vfio-user", &error)) == NULL) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return 2;
+    }
+    if (run_as != NULL && !vn_privs_parse_run_as(run_as, &privs, &error)) {
+        fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        return 2;
+    }
+    if (run_as != NULL && ops->open_fd == NULL) {
+        fprintf(stderr, "vfio-ntb-lender: --run-as is for a device server's worker\n");
         return 2;
     }
     if (managed != NULL && (strcmp(ops->name, "vfio") != 0 || at == NULL)) {
@@ -252,6 +278,18 @@ int main(int argc, char **argv)
         vn_lender_free(w.l);
         vn_fabric_close(w.fab);
         return 1;
+    }
+    /* Everything it serves with is an fd now, or comes from the daemon (its first dial is
+     * on the loop, after this). */
+    if (privs.drop) {
+        vn_lender_set_dialer(w.l, dial_through_daemon, &w);
+        if (!vn_privs_drop(&privs, &error)) {
+            fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+            g_clear_pointer(&wctl, vn_wctl_free);
+            vn_lender_free(w.l);
+            vn_fabric_close(w.fab);
+            return 1;
+        }
     }
     vn_util_run_until_signalled(w.loop);
     g_clear_pointer(&wctl, vn_wctl_free);

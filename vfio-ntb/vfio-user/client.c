@@ -286,6 +286,30 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
     return g_steal_pointer(&c);
 }
 
+VnClient *vn_client_new_fd(int fd, const char *name, unsigned timeout_ms, GError **error)
+{
+    g_autoptr(VnClient) c = g_new0(VnClient, 1);
+    int type = 0;
+    socklen_t len = sizeof(type);
+
+    c->path = g_strdup(name);
+    c->timeout_ms = timeout_ms;
+    c->out = g_byte_array_sized_new(4096);
+    /* Whoever handed it over is a peer too: a connected UNIX stream socket, or nothing. */
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM ||
+        !g_unix_set_fd_nonblocking(fd, FALSE, NULL)) {
+        close(fd);
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "socket %s: what was handed over is not a stream socket", name);
+        return NULL;
+    }
+    c->t = vn_transport_new(fd);
+    if (!negotiate(c, error)) {
+        return NULL;
+    }
+    return g_steal_pointer(&c);
+}
+
 void vn_client_free(VnClient *c)
 {
     if (c == NULL) {

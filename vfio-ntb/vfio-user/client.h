@@ -50,6 +50,9 @@ typedef void (*VnClientObserver)(void *opaque, VnClientEvent ev, uint16_t cmd, u
 
 /* Connect and negotiate VERSION.  @timeout_ms bounds every later reply. */
 VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError **error);
+/* The same over @fd, a connection someone else made (taken; closed on failure): @name says
+ * which server in messages. */
+VnClient *vn_client_new_fd(int fd, const char *name, unsigned timeout_ms, GError **error);
 void vn_client_free(VnClient *c);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnClient, vn_client_free)
 
