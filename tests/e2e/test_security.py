@@ -13,7 +13,9 @@ would check:
   adopts that pid, but the process does not know the worker's secret, so its HELLO gets no
   answer and its connection is closed; B says the worker is gone and detaches the device,
   and A fences it (the lease is not left with a process nobody started).
-- workers-unprivileged: B's borrower worker serves as the worker user (vfio-ntb, which
+- workers-unprivileged: A's lender worker (a device server's) serves as the worker user
+  with no capabilities and no_new_privs (the daemon dials the device server for it), and
+  B's borrower worker serves as the worker user (vfio-ntb, which
   scripts/install-deps and the package create), with no capabilities, no_new_privs and its
   seccomp filter (/proc/PID/status: Uid, CapEff 0, NoNewPrivs 1, Seccomp 2), and the
   consumer's Identify passes through it; after B's daemon is killed and started again the
@@ -244,13 +246,18 @@ def proc_status(pid):
 def test_workers_unprivileged(procs):
     import pwd
     uid = pwd.getpwnam(WORKER_USER).pw_uid     # KeyError: scripts/install-deps makes it
-    _wd, _a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-unpriv", QEMU_USER)
+    _wd, a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-unpriv", QEMU_USER)
     sock = b.socket_facts
     socket_ok = (sock["owner"] == pwd.getpwnam(QEMU_USER).pw_uid and sock["mode"] == "0o600"
                  and sock["other_user"] == errno.EACCES and sock["qemu_user"] == 0)
     st = proc_status(worker)
     sandboxed = (st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0" * 16
                  and st["NoNewPrivs"] == "1" and st["Seccomp"] == "2")
+    # The lender's worker too (a device server's: the daemon dials for it).
+    [lender_worker] = a.workers("vfio-ntb-lender")
+    lst = proc_status(lender_worker)
+    lender_unprivileged = (lst["Uid"].split() == [str(uid)] * 4 and lst["CapEff"] == "0" * 16
+                           and lst["NoNewPrivs"] == "1")
     # B away and back: the worker, unprivileged, dials its port again.
     cb.close()
     b.kill()
@@ -282,8 +289,11 @@ def test_workers_unprivileged(procs):
     cb.close()
     return result("workers-unprivileged",
                   before == (0, SERIAL) and sandboxed and bool(adopted) and after == (0, SERIAL)
-                  and same and bool(killed) and bool(detached) and not_again and socket_ok,
+                  and same and bool(killed) and bool(detached) and not_again and socket_ok
+                  and lender_unprivileged,
                   uid=st["Uid"].split()[0], cap_eff=st["CapEff"], no_new_privs=st["NoNewPrivs"],
+                  lender_uid=lst["Uid"].split()[0], lender_cap_eff=lst["CapEff"],
+                  lender_no_new_privs=lst["NoNewPrivs"],
                   seccomp=st["Seccomp"], identify=before[0], adopted_after_restart=bool(adopted),
                   identify_after=after[0], same_worker=same, violation_attached=attached,
                   killed_by_filter=bool(killed), detached=bool(detached),
