@@ -6,7 +6,7 @@
  * (daemon.c and its parts).
  *
  *   vfio-ntbd [--config FILE] [--check-config [FILE]] [--log-level LEVEL]
- *             [--verbose] [--trace PATTERNS] [--version]
+ *             [--verbose] [--trace PATTERNS] [--version] [--stop-workers]
  *
  * Exit status: 0 stopped cleanly (or --check-config passed); 1 a runtime
  * failure (the fabric, a socket); 2 a bad config file or command line, which
@@ -27,8 +27,10 @@
 
 #include "config.h"
 #include "common/log.h"
+#include "stopworkers.h"
 #include "common/trace.h"
 
+#include <errno.h>
 #include <glib-unix.h>
 #include <signal.h>
 #include <stdio.h>
@@ -122,6 +124,24 @@ static gboolean on_stop(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* --stop-workers: the workers of this unit's cgroup (stopworkers.h); 1 when it cannot be
+ * read. */
+static int run_stop_workers(void)
+{
+    g_autofree char *procs = vn_stopworkers_own_procs();
+    unsigned killed = 0;
+    int n = procs != NULL ? vn_stopworkers_run(procs, VN_STOPWORKERS_WAIT_MS, &killed) : -ENOENT;
+
+    if (n < 0) {
+        fprintf(stderr, "vfio-ntbd: --stop-workers: no unit's cgroup to look in (%s): %s\n",
+                procs != NULL ? procs : "/proc/self/cgroup says none", g_strerror(-n));
+        return 1;
+    }
+    printf("vfio-ntbd: stopped %d worker%s (%u did not stop in %d s and were killed)\n", n,
+           n == 1 ? "" : "s", killed, VN_STOPWORKERS_WAIT_MS / 1000);
+    return 0;
+}
+
 /* --check-config: what starting would check of the file, and nothing else
  * (no fabric joined, no socket bound, no file made). */
 static int run_check(const char *path)
@@ -141,7 +161,7 @@ static int run_check(const char *path)
 int main(int argc, char **argv)
 {
     g_autofree char *trace = NULL, *config_path = NULL, *level_name = NULL;
-    gboolean verbose = FALSE, version = FALSE;
+    gboolean verbose = FALSE, version = FALSE, stop_workers = FALSE;
     GOptionEntry entries[] = {
         { "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_path,
           "configuration file (default " VN_DEFAULT_CONFIG ")", "FILE" },
@@ -154,6 +174,10 @@ int main(int argc, char **argv)
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose,
           "log everything, every trace event too (--log-level debug --trace '*')", NULL },
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print the version", NULL },
+        { "stop-workers", 0, 0, G_OPTION_ARG_NONE, &stop_workers,
+          "stop the workers a stopped daemon left in this cgroup (the unit's ExecStopPost= on "
+          "systemctl stop) and exit",
+          NULL },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
     };
@@ -191,6 +215,9 @@ int main(int argc, char **argv)
     if (version) {
         printf("vfio-ntbd %s\n", VN_VERSION);
         return 0;
+    }
+    if (stop_workers) {
+        return run_stop_workers();
     }
     if (check_config) {
         int rc = run_check(check_path != NULL    ? check_path
