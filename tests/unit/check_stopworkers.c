@@ -1,6 +1,6 @@
 /*
  * Unit tests of stopping the workers a stopped daemon left (vfio-ntb/daemon/stopworkers.c):
- * among a cgroup's pids, the workers (by their executable's name) get SIGTERM, those that do
+ * among a cgroup's pids, the workers (by their command's name) get SIGTERM, those that do
  * not stop in time SIGKILL; any other process, and the caller, are left alone.
  */
 #include "daemon/stopworkers.h"

@@ -40,14 +40,21 @@ char *vn_stopworkers_own_procs(void)
     return NULL;
 }
 
+/* By its command line's first word: /proc/PID/exe of a worker that serves as the worker user
+ * is not ours to read without CAP_SYS_PTRACE, which the unit does not give; only the unit's
+ * own processes are looked at, all of them the daemon's children. */
 static bool is_worker(pid_t pid)
 {
-    g_autofree char *link = g_strdup_printf("/proc/%d/exe", (int)pid);
-    g_autofree char *exe = g_file_read_link(link, NULL);
-    g_autofree char *name = exe != NULL ? g_path_get_basename(exe) : NULL;
+    g_autofree char *path = g_strdup_printf("/proc/%d/cmdline", (int)pid);
+    g_autofree char *cmdline = NULL;
+    g_autofree char *name = NULL;
+    gsize len = 0;
 
-    return name != NULL &&
-           (strcmp(name, "vfio-ntb-lender") == 0 || strcmp(name, "vfio-ntb-borrower") == 0);
+    if (!g_file_get_contents(path, &cmdline, &len, NULL) || len == 0) {
+        return false;
+    }
+    name = g_path_get_basename(cmdline); /* up to its NUL: argv[0] */
+    return strcmp(name, "vfio-ntb-lender") == 0 || strcmp(name, "vfio-ntb-borrower") == 0;
 }
 
 static bool alive(pid_t pid)

@@ -16,7 +16,7 @@
  * named one), or NULL (none, or the root cgroup: not a unit's). */
 char *vn_stopworkers_own_procs(void);
 /*
- * The workers (vfio-ntb-lender, vfio-ntb-borrower: their /proc/PID/exe's name) among the
+ * The workers (vfio-ntb-lender, vfio-ntb-borrower: their command line's first word) among the
  * pids @procs_path lists, not us: SIGTERM each, then SIGKILL those still there @wait_ms
  * later.  How many there were (*@killed of them needed SIGKILL); -errno when @procs_path
  * cannot be read.
