@@ -80,10 +80,13 @@ def ask_outside(request, timeout=60.0):
     return answer
 
 
-def lender_host_image():
-    if "lender-host" not in h._cache:
-        h._cache["lender-host"] = Path(h._script_output("testbed-guest", "--lender-host"))
-    return h._cache["lender-host"]
+def lender_host_image(flavor="lender-host"):
+    """The kernel and initramfs of @flavor: "lender-host" (tests/lender-host/init) or
+    "systemd-host" (tests/systemd-host/init: systemd as PID 1 on an overlay of the machine's
+    root, for the installed units)."""
+    if flavor not in h._cache:
+        h._cache[flavor] = Path(h._script_output("testbed-guest", f"--{flavor}"))
+    return h._cache[flavor]
 
 
 class LenderHost:
@@ -93,7 +96,8 @@ class LenderHost:
     @memfd gives the VM shareable RAM (what a vfio-user device in it needs)."""
 
     def __init__(self, procs, inner, args=(), devices=(NVME,), objects=(), mem_mib=1536,
-                 timeout=300.0, share=None, role=None, raw_devices=(), memfd=False):
+                 timeout=300.0, share=None, role=None, raw_devices=(), memfd=False,
+                 flavor="lender-host"):
         self.procs = procs
         self.inner = inner
         self.args = [str(a) for a in args]
@@ -102,6 +106,7 @@ class LenderHost:
         self.objects = list(objects)        # -object arguments (the devices' backends)
         self.mem_mib = mem_mib
         self.memfd = memfd
+        self.flavor = flavor
         self.timeout = timeout
         self.share = share or procs.tempdir("vn-lender-host-")
         self.role = role
@@ -111,7 +116,7 @@ class LenderHost:
         self.proc = None
 
     def _argv(self):
-        img = lender_host_image()
+        img = lender_host_image(self.flavor)
         kernel = img / "vmlinux" if (img / "vmlinux").exists() else img / "vmlinuz"
         machine = "q35,kernel-irqchip=split" + (",memory-backend=mem" if self.memfd else "")
         argv = [h.stock_qemu(), "-machine", machine, "-accel", "tcg",
