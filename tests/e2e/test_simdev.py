@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
-from harness import result, wait_for  # noqa: E402
+from harness import result  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
 EXPECTED_RESULTS = 5

@@ -84,7 +84,7 @@ int vn_stopworkers_run(const char *procs_path, unsigned wait_ms, unsigned *kille
         return error->domain == G_FILE_ERROR && error->code == G_FILE_ERROR_NOENT ? -ENOENT : -EIO;
     }
     lines = g_strsplit(text, "\n", VN_STOPWORKERS_MAX_PIDS + 1);
-    for (guint i = 0; lines[i] != NULL && i < VN_STOPWORKERS_MAX_PIDS; i++) {
+    for (guint i = 0; i < VN_STOPWORKERS_MAX_PIDS && lines[i] != NULL; i++) {
         guint64 v;
         pid_t pid;
 
