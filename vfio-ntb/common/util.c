@@ -168,6 +168,28 @@ char *vn_util_size_text(uint64_t bytes)
     return g_strjoinv(" ", parts);
 }
 
+int vn_util_dial_unix(const char *path)
+{
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd;
+
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        return -ENAMETOOLONG;
+    }
+    strcpy(addr.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+        int e = errno;
+
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
 VnUtilSocketPath vn_util_socket_path_claim(const char *path)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };

@@ -90,6 +90,9 @@ typedef enum VnUtilSocketPath {
     VN_UTIL_SOCKET_LIVE,       /* a listener answers: another server runs there */
     VN_UTIL_SOCKET_NOT_SOCKET, /* a file that is not a socket: left alone */
 } VnUtilSocketPath;
+/* A connection to the UNIX stream socket at @path, never waiting: the fd (non-blocking), or
+ * -errno (-EAGAIN: a listener whose backlog is full, a stopped server, say; -ENAMETOOLONG). */
+int vn_util_dial_unix(const char *path);
 /* Probe @path (connect, never waiting): a dead server's socket is unlinked so
  * that a restarted one can bind; a live one or another file is left.  A path
  * too long for a socket counts as free (bind says why). */

@@ -13,8 +13,6 @@
 #include <gio/gio.h>
 #include <inttypes.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 /* ---- the worker's other ops ------------------------------------------- */
@@ -303,29 +301,6 @@ void vn_port_set_dial(VnPort *p, const char *socket_path)
     p->dial_path = g_strdup(socket_path);
 }
 
-/* Non-blocking, like the lender's own dial (vfio-user/client.c): a stopped server with a
- * full backlog answers EAGAIN, it does not hold the daemon's loop. */
-static int dial(const char *path)
-{
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    int fd;
-
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        return -ENAMETOOLONG;
-    }
-    strcpy(addr.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        int err = errno;
-
-        if (fd >= 0) {
-            close(fd);
-        }
-        return -err;
-    }
-    return fd;
-}
-
 void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
 {
     gint64 now = g_get_monotonic_time();
@@ -341,7 +316,9 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
         return;
     }
     p->dial_at = now;
-    fd = dial(p->dial_path);
+    /* Never waiting: a stopped server with a full backlog answers EAGAIN, it does not hold
+     * the daemon's loop. */
+    fd = vn_util_dial_unix(p->dial_path);
     if (fd < 0) {
         vn_port_reply(p, h, -fd, 0, 0, -1);
         return;

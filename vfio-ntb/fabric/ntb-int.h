@@ -62,9 +62,8 @@ typedef struct VnNtbLink {
     size_t key_len;
     uint8_t nonce[VN_NTB_AUTH_NONCE_LEN], peer_nonce[VN_NTB_AUTH_NONCE_LEN];
     bool hello_seen, challenged;
-    /* Sessions refused or broken by the peer: when the last was, and how many in a row
-     * (the next announcement waits, so that a peer refused cannot keep us busy). */
-    gint64 broken_at;
+    /* Sessions refused or broken by the peer since its link was last up (from the second,
+     * the next announcement waits, so that a peer refused cannot keep us busy). */
     unsigned broken_run;
     GSource *reannounce;
 

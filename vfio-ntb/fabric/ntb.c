@@ -273,15 +273,14 @@ static gboolean on_reannounce(gpointer data)
  * new session (its link down, then up again when it wants it). */
 static void link_restart(VnNtbLink *l, const char *why)
 {
-    gint64 now = g_get_monotonic_time();
-
     link_down(l, why);
     if (!l->port_up) {
         return;
     }
-    /* A peer whose sessions keep breaking (a wrong key, a wrong name, garbage) gets a new
-     * one at most every VN_NTB_BROKEN_RETRY_MS, not as fast as it can ask. */
-    if (l->broken_run > 1 && now - l->broken_at < (gint64)VN_NTB_BROKEN_RETRY_MS * 1000) {
+    /* A peer whose sessions keep breaking (a wrong key, a wrong name, garbage: a second
+     * break with no link up between) gets a new one at most every VN_NTB_BROKEN_RETRY_MS,
+     * not as fast as it can ask. */
+    if (l->broken_run > 1) {
         l->reannounce = g_timeout_source_new(VN_NTB_BROKEN_RETRY_MS);
         g_source_set_callback(l->reannounce, on_reannounce, l, NULL);
         g_source_attach(l->reannounce, l->ntb->ctx);
@@ -299,7 +298,6 @@ void vn_ntb_session_broken(VnNtbLink *l, const char *why)
 
     vn_fabric_backend_rejected(l->ntb->fab, what);
     l->broken_run++;
-    l->broken_at = g_get_monotonic_time();
     link_restart(l, why);
 }
 

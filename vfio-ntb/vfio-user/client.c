@@ -250,8 +250,7 @@ static bool negotiate(VnClient *c, GError **error)
 
 VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError **error)
 {
-    g_autoptr(VnClient) c = g_new0(VnClient, 1);
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    struct sockaddr_un addr;
     int fd;
 
     if (strlen(socket_path) >= sizeof(addr.sun_path)) {
@@ -259,31 +258,18 @@ VnClient *vn_client_connect(const char *socket_path, unsigned timeout_ms, GError
                     socket_path);
         return NULL;
     }
-    c->path = g_strdup(socket_path);
-    c->timeout_ms = timeout_ms;
-    c->out = g_byte_array_sized_new(4096);
-    strcpy(addr.sun_path, socket_path);
     /* Non-blocking for the connect only: a server that is stopped and whose backlog is full
      * (our own earlier tries, say) would otherwise hold the caller until it resumes.  EAGAIN
-     * then says so; the calls after it wait with a timeout of their own. */
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0 ||
-        !g_unix_set_fd_nonblocking(fd, FALSE, NULL)) {
-        int err = errno;
-
-        if (fd >= 0) {
-            close(fd);
-        }
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "socket %s: %s", socket_path,
-                    err == EAGAIN ? "the server accepts no connection (its backlog is full)"
-                                  : g_strerror(err));
+     * then says so; the calls after it wait with a timeout of their own (new_fd makes the
+     * socket blocking). */
+    fd = vn_util_dial_unix(socket_path);
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd), "socket %s: %s", socket_path,
+                    fd == -EAGAIN ? "the server accepts no connection (its backlog is full)"
+                                  : g_strerror(-fd));
         return NULL;
     }
-    c->t = vn_transport_new(fd);
-    if (!negotiate(c, error)) {
-        return NULL;
-    }
-    return g_steal_pointer(&c);
+    return vn_client_new_fd(fd, socket_path, timeout_ms, error);
 }
 
 VnClient *vn_client_new_fd(int fd, const char *name, unsigned timeout_ms, GError **error)
