@@ -1,11 +1,14 @@
 /*
  * Unit tests of the ntb backend's link keys (vfio-ntb/fabric/ntb-auth.c and their use in
  * ntb.c): nodes over emulated port pairs (fabric-rig.h) that hold the link's key come up,
- * a node with another key or none never does, and the key file is checked.
+ * a node with another key or none never does, a raw peer that skips or repeats a step of
+ * the exchange is refused, and the key file is checked.
  */
 #include "check-main.h"
 #include "fabric-rig.h"
 #include "fabric/ntb-auth.h"
+#include "fabric/ntb.h"
+#include "fabric/ntbport.h"
 
 #define KEY_AB "000102030405060708090a0b0c0d0e0f"
 #define KEY_AC "101112131415161718191a1b1c1d1e1f"
@@ -114,6 +117,98 @@ START_TEST(test_proof)
 }
 END_TEST
 
+/* ---- a peer that does not follow the exchange ----------------------------- */
+
+/* What a raw peer of keyed node b writes after its HELLO: each row must end the session
+ * without the link coming up. */
+typedef enum AuthFault {
+    AUTH_PROOF_FIRST,     /* a PROOF before any CHALLENGE */
+    AUTH_FRAME_FIRST,     /* a fabric frame before its PROOF */
+    AUTH_CHALLENGE_TWICE, /* two CHALLENGEs in one session */
+    AUTH_CHALLENGE_SHORT, /* a CHALLENGE of the wrong size */
+    AUTH_LAST
+} AuthFault;
+
+/* Put record @kind with @len bytes of @payload at @pos of the ring behind @ring; the index
+ * after it. */
+static uint64_t put_rec(uint8_t *ring, uint64_t pos, uint16_t kind, const void *payload,
+                        uint32_t len)
+{
+    uint8_t rec[sizeof(VnNtbRec) + 64] = { 0 };
+    uint32_t padded = (len + 7) & ~7u;
+
+    ck_assert_uint_le(len, 64);
+    *(VnNtbRec *)rec = (VnNtbRec){ .len = len, .kind = kind };
+    memcpy(rec + sizeof(VnNtbRec), payload, len);
+    vn_ntb_ring_put(ring + VN_NTB_RING_DATA, VN_NTB_MIN_RING, pos, rec, sizeof(VnNtbRec) + padded);
+    return pos + sizeof(VnNtbRec) + padded;
+}
+
+START_TEST(test_out_of_order)
+{
+    static const char *const small[] = { "ring-size", "65536", NULL };
+    g_autoptr(VnNtbPort) raw = NULL;
+    g_autofree char *key = g_strdup_printf("%s/raw", tmpdir);
+    g_autofree char *spec = g_strdup_printf("pair:%s/0", key);
+    g_autofree char *port = g_strdup_printf("pair:%s/1=a", key);
+    g_autofree char *keys = key_file("keys-b", "a " KEY_AB "\n", 0600);
+    const char *kv[] = { "ports", port, small[0], small[1], "key-file", keys, NULL };
+    VnNtbHello hello = { .version = VN_NTB_VERSION, .node = "a" };
+    VnNtbChallenge challenge = { .nonce = { 1, 2, 3 } };
+    VnNtbProof proof = { .mac = { 4, 5, 6 } };
+    uint8_t frame[8] = { 0 }, *mine = NULL, *theirs;
+    uint64_t offset = 0, size = 0, prod, bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING;
+    uint32_t announced = 0, again = 0;
+    uint16_t tag;
+    Node *b;
+    int fd;
+
+    /* The raw peer's side of a session (ntb.h): a buffer, an epoch, announced. */
+    raw = vn_ntbport_open(spec, NULL);
+    ck_assert_ptr_nonnull(raw);
+    ck_assert_int_eq(raw->ops->in_alloc(raw, 0, bytes, &mine), 0);
+    ck_assert_int_eq(raw->ops->peer_spad_write(raw, VN_NTB_SPAD_PAGES, (uint32_t)(bytes / 4096)),
+                     0);
+    ck_assert_int_eq(
+        raw->ops->peer_spad_write(raw, VN_NTB_SPAD_HELLO, VN_NTB_SPAD_MAGIC << 16 | 0x77), 0);
+    b = node_open_kv("b", false, kv);
+    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &announced) == 0 &&
+             announced >> 16 == VN_NTB_SPAD_MAGIC);
+    tag = vn_ntb_tag(0x77, (uint16_t)announced);
+    fd = raw->ops->out_fd(raw, 0, true, &offset, &size);
+    ck_assert_int_ge(fd, 0);
+    theirs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    close(fd);
+    ck_assert(theirs != MAP_FAILED);
+
+    prod = put_rec(theirs, 0, VN_NTB_REC_HELLO, &hello, sizeof(hello));
+    switch (_i) {
+    case AUTH_PROOF_FIRST:
+        prod = put_rec(theirs, prod, VN_NTB_REC_PROOF, &proof, sizeof(proof));
+        break;
+    case AUTH_FRAME_FIRST:
+        prod = put_rec(theirs, prod, VN_NTB_REC_CHALLENGE, &challenge, sizeof(challenge));
+        prod = put_rec(theirs, prod, VN_NTB_REC_FRAME, frame, sizeof(frame));
+        break;
+    case AUTH_CHALLENGE_TWICE:
+        prod = put_rec(theirs, prod, VN_NTB_REC_CHALLENGE, &challenge, sizeof(challenge));
+        prod = put_rec(theirs, prod, VN_NTB_REC_CHALLENGE, &challenge, sizeof(challenge));
+        break;
+    default:
+        prod = put_rec(theirs, prod, VN_NTB_REC_CHALLENGE, &challenge, 8);
+        break;
+    }
+    __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
+    raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
+    /* b refuses it and starts over: a new epoch of its own in our scratchpad. */
+    WAIT_FOR(stats_of(b).bad_messages == 1);
+    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &again) == 0 && again != announced);
+    ck_assert_uint_eq(log_count(b, "up:"), 0);
+    ck_assert_uint_eq(stats_of(b).msgs_received, 0);
+    munmap(theirs, bytes);
+}
+END_TEST
+
 /* ---- the key file -------------------------------------------------------- */
 
 static const struct {
@@ -185,6 +280,7 @@ static Suite *ntb_auth_suite(void)
     tcase_add_test(tc, test_wrong_key_refused);
     tcase_add_test(tc, test_unkeyed_peer_refused);
     tcase_add_test(tc, test_proof);
+    tcase_add_loop_test(tc, test_out_of_order, 0, AUTH_LAST);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("key-file");
