@@ -211,12 +211,46 @@ def test_notify_and_reload(procs):
         Control(b.control).execute("return", device="hosta/nvme0")
     except ControlError:
         pass
+    ok &= _reload_answered(a, c, sds)
     # STOPPING=1 on SIGTERM, and a clean exit
     mark = len(notify.seen)
     a.proc.send_signal(signal.SIGTERM)
     notify.wait("STOPPING=1", after=mark, timeout=10)
     a.proc.wait(10)
     return ok & result("notify-stopping", a.proc.returncode == 0, rc=a.proc.returncode)
+
+
+def _reload_answered(a, c, sds):
+    """vfio-ntbd --reload (the unit's ExecReload=) returns once the daemon applied the file,
+    saying what changed, and fails when the daemon refuses it."""
+    a.lends["nvme2"] = sds["nvme0"].socket_path
+    a.conf.write_text(a.config_text())
+    r = subprocess.run([str(VFIO_NTBD), "--reload", str(a.conf)], capture_output=True,
+                       text=True, timeout=90)
+    rc, out, _ = ntbctl(a, "list")  # at once: the reload is done when --reload returns
+    ok = result("reload-answered", r.returncode == 0 and "1 lent device added" in r.stdout
+                and "hosta/nvme2" in out, rc=r.returncode, said=r.stdout.strip()[-90:],
+                listed="hosta/nvme2" in out)
+    # the daemon's own refusal (a file the daemon reads is never the client's word)
+    a.conf.write_text(a.config_text() + "[lend bad]\nsocket = relative.sock\n")
+    try:
+        c.execute("reload")
+        refused = ""
+    except ControlError as e:
+        refused = str(e)
+    r = subprocess.run([str(VFIO_NTBD), "--reload", str(a.conf)], capture_output=True,
+                       text=True, timeout=90)
+    a.conf.write_text(a.config_text())
+    nobody = a.conf.with_name("nobody.conf")  # a good file, but no daemon on its socket
+    nobody.write_text(a.config_text().replace(str(a.control), f"{a.control}.none"))
+    gone = subprocess.run([str(VFIO_NTBD), "--reload", str(nobody)], capture_output=True,
+                          text=True, timeout=90)
+    rc, out, _ = ntbctl(a, "list")
+    return ok & result("reload-refused-answered",
+                       "nothing changed" in refused and "relative.sock" not in out
+                       and "hosta/nvme2" in out and r.returncode == 2
+                       and "nothing changed" in r.stderr and gone.returncode == 1 and ".none" in gone.stderr,
+                       refused=refused[:90], client_rc=r.returncode, no_file_rc=gone.returncode)
 
 
 def _drain(notify):

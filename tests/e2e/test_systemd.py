@@ -63,6 +63,7 @@ def main():
           f.get("active") == "active,active" and f.get("identify") == "0" and
           f.get("serial") == "VN-VFIO-01" and f.get("driver_lent") == "vfio-pci" and
           f.get("reload_rc", "0") != "0" and f.get("same_pid") == "True" and
+          f.get("good_reload_rc") == "0" and f.get("good_reload_answered") == "True" and
           f.get("active_after_reload") == "active" and f.get("lent_after_reload") == "hostb" and
           f.get("identify_after_reload") == "0" and f.get("no_worker") == "True" and
           f.get("given_back") == "True" and f.get("driver_after_stop") == "nvme" and
@@ -71,7 +72,8 @@ def main():
     return h.result("systemd-unit-vfio", ok, installed=f.get("installed"),
                     active=f.get("active"), identify=f.get("identify"), serial=f.get("serial"),
                     driver_lent=f.get("driver_lent"), reload_rc=f.get("reload_rc"),
-                    same_pid=f.get("same_pid"), lent_after_reload=f.get("lent_after_reload"),
+                    same_pid=f.get("same_pid"), good_reload_rc=f.get("good_reload_rc"),
+                    lent_after_reload=f.get("lent_after_reload"),
                     identify_after_reload=f.get("identify_after_reload"),
                     workers_before_stop=f.get("workers_before_stop"),
                     workers_left=f.get("workers_left"), driver_after_stop=f.get("driver_after_stop"),

@@ -117,18 +117,18 @@ START_TEST(test_reload_lends)
     g_autoptr(GError) error = NULL;
 
     write_conf(NVME0 NVME1);
-    ck_assert_msg(vn_daemon_reload(a, conf_path, &error), "%s", error ? error->message : "");
+    ck_assert_msg(vn_daemon_reload(a, conf_path, NULL, &error), "%s", error ? error->message : "");
     ck_assert(lends(a, "nvme0") && lends(a, "nvme1"));
     ck_assert(vn_devices_local(a, "nvme1")->worker_pid > 0); /* its worker started */
     ck_assert(!vn_devices_local(a, "nvme1")->conf->runtime);
     /* nvme0 gone, nvme1 now for hostd only */
     write_conf("[lend nvme1]\nsocket = /nonexistent/dev1.sock\nallow = hostd\n");
-    ck_assert(vn_daemon_reload(a, conf_path, &error));
+    ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(!lends(a, "nvme0"));
     ck_assert(vn_lend_conf_allows(vn_devices_local(a, "nvme1")->conf, "hostd"));
     ck_assert(!vn_lend_conf_allows(vn_devices_local(a, "nvme1")->conf, "hostc"));
     /* the same file again changes nothing */
-    ck_assert(vn_daemon_reload(a, conf_path, &error));
+    ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(lends(a, "nvme1") && a->local->len == 1);
     vn_daemon_free(a);
     g_clear_pointer(&conf_path, g_free);
@@ -144,7 +144,7 @@ START_TEST(test_reload_bad_file)
 
     write_conf(NVME1 "allow = hoste\n");
     want = g_strdup_printf("%s:12: [lend nvme1] allow = \"hoste\"", conf_path);
-    ck_assert(!vn_daemon_reload(a, conf_path, &error));
+    ck_assert(!vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert_msg(g_str_has_prefix(error->message, want), "%s", error->message);
     ck_assert(lends(a, "nvme0") && !lends(a, "nvme1") && a->local->len == 1);
     ck_assert(vn_lend_conf_allows(vn_devices_local(a, "nvme0")->conf, "hostb"));
@@ -167,7 +167,7 @@ START_TEST(test_reload_keeps_lent_and_runtime)
     g_ptr_array_add(a->conf->lends, rt);
     ck_assert_ptr_nonnull(vn_devices_lend(a, rt, &error));
     write_conf(NVME1);
-    ck_assert(vn_daemon_reload(a, conf_path, &error));
+    ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(lends(a, "nvme0") && lends(a, "nvme1") && lends(a, "rt0"));
     ck_assert_uint_eq(lease_of(a)->id, lease);
     ck_assert_str_eq(lease_of(a)->holder, "hostb");
@@ -179,7 +179,7 @@ START_TEST(test_reload_keeps_lent_and_runtime)
         vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
         ck_assert(spin_until(is_done, &r, 3000));
     }
-    ck_assert(vn_daemon_reload(a, conf_path, &error));
+    ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(!lends(a, "nvme0") && lends(a, "nvme1") && lends(a, "rt0"));
     vn_daemon_free(b);
     vn_daemon_free(a);
@@ -195,7 +195,7 @@ START_TEST(test_reload_allow_applies)
     Done r = { 0 };
 
     write_conf("[lend nvme0]\nsocket = /nonexistent/dev.sock\nallow = hoste\n");
-    ck_assert(vn_daemon_reload(a, conf_path, &error));
+    ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(spin_until(knows_hosta, b, 5000));
     vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
     ck_assert(spin_until(is_done, &r, 5000));
@@ -225,7 +225,7 @@ START_TEST(test_reload_node_ignored)
 
         ck_assert(g_file_set_contents(conf_path, changed, -1, NULL));
     }
-    ck_assert_msg(vn_daemon_reload(a, conf_path, &error), "%s", error ? error->message : "");
+    ck_assert_msg(vn_daemon_reload(a, conf_path, NULL, &error), "%s", error ? error->message : "");
     ck_assert_uint_eq(a->conf->lease_timeout_ms, LEASE_TIMEOUT_MS);
     ck_assert_ptr_null(a->conf->stats_file);
     ck_assert(g_str_has_suffix(a->conf->control_socket, "/hosta.control"));

@@ -564,6 +564,32 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     return_changed(r, true);
 }
 
+/* reload: the config file read again, as SIGHUP does, answered once it is
+ * applied (or refused: then nothing changed), so that `systemctl reload`
+ * (vfio-ntbd --reload) fails when the daemon refuses the file and returns
+ * only when what it changed has been done. */
+static void cmd_reload(VnDaemon *d, JsonObject *a, VnControlReply *r)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *summary = NULL;
+    g_autoptr(JsonBuilder) b = NULL;
+
+    if (d->reload == NULL) {
+        vn_control_error(r, VN_ERR_GENERIC, "this daemon was started without a config file");
+        return;
+    }
+    if (!d->reload(d->reload_data, &summary, &error)) {
+        vn_control_error(r, VN_ERR_PARAM, "reload refused, nothing changed: %s", error->message);
+        return;
+    }
+    b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "summary");
+    json_builder_add_string_value(b, summary);
+    json_builder_end_object(b);
+    vn_control_return(r, json_builder_get_root(b));
+}
+
 typedef struct Command {
     const char *name;
     VnCommandFn fn;
@@ -584,6 +610,7 @@ static const Command commands[] = {
     { "unplug", cmd_unplug, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "pci", "managed", "allow", NULL } },
     { "unlend", cmd_unlend, { "name", NULL } },
+    { "reload", cmd_reload, { NULL } },
     { "subscribe-events", cmd_subscribe, { "since", NULL } },
     { "trace", vn_daemon_cmd_trace, { "patterns", NULL } },
     { "query-trace", vn_daemon_cmd_query_trace, { NULL } },

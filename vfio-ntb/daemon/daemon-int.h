@@ -166,6 +166,13 @@ typedef struct VnDaemonStatic VnDaemonStatic;
 typedef struct VnMetrics VnMetrics;
 typedef struct VnWorkerOps VnWorkerOps;
 
+/*
+ * The `reload` command's way to the config (its main() knows the file and
+ * tells systemd around it): false with @error when the file is refused.
+ * Without one (a daemon a test made) the command is refused.
+ */
+typedef bool (*VnReloadFn)(void *data, char **summary, GError **error);
+
 typedef struct VnDaemon {
     VnConfig *conf;
     VnFabric *fab;
@@ -192,6 +199,8 @@ typedef struct VnDaemon {
     GPtrArray *unplugs; /* VnUnplug: VMs being asked to let go (unplug.c) */
     VnMetrics *metrics; /* [node] metrics-file's timer, or NULL (metrics.c) */
     GHashTable *losses; /* borrowed device -> its last loss, a line (devices.c) */
+    VnReloadFn reload;  /* the `reload` command's (vn_daemon_set_reload), or NULL */
+    void *reload_data;
 } VnDaemon;
 
 /* ---- daemon.c ---- */
@@ -216,9 +225,12 @@ void vn_daemon_write_stats(VnDaemon *d);
  * Read the config at @path again and apply what needs no restart (reload.c
  * says what); false with @error (vn_conf_load()'s, the message
  * `vfio-ntbd --check-config` prints) when the file does not pass, and then
- * nothing changed.  Logs what it changed and what it ignored.
+ * nothing changed.  Logs what it changed and what it ignored, and gives that
+ * line in *@summary (NULL: not wanted).
  */
-bool vn_daemon_reload(VnDaemon *d, const char *path, GError **error);
+bool vn_daemon_reload(VnDaemon *d, const char *path, char **summary, GError **error);
+/* The `reload` command's way to the config (VnReloadFn, above VnDaemon). */
+void vn_daemon_set_reload(VnDaemon *d, VnReloadFn fn, void *data);
 /* One line for systemd's STATUS=: "lending 2 (1 lent), borrowing 1, 3 nodes up". */
 char *vn_daemon_status(VnDaemon *d);
 

@@ -330,7 +330,7 @@ static void added_lends(VnDaemon *d, VnConfig *next, Counts *n)
     }
 }
 
-bool vn_daemon_reload(VnDaemon *d, const char *path, GError **error)
+bool vn_daemon_reload(VnDaemon *d, const char *path, char **summary, GError **error)
 {
     g_autoptr(VnConfig) next = vn_conf_load(path, error);
     Counts n = { 0 };
@@ -346,10 +346,15 @@ bool vn_daemon_reload(VnDaemon *d, const char *path, GError **error)
     added_lends(d, next, &n);
     vn_state_save_or_report(d);
     vn_cluster_announce(d);
-    g_message("node %s: reloaded %s: %u lent device%s added, %u removed, %u changed, %u kept "
-              "(lent), %u change%s needing a restart ignored",
-              d->conf->node, path, n.added, n.added == 1 ? "" : "s", n.removed, n.changed, n.kept,
-              ignored, ignored == 1 ? "" : "s");
+    g_autofree char *line = g_strdup_printf(
+        "reloaded %s: %u lent device%s added, %u removed, %u changed, %u kept (lent), %u "
+        "change%s needing a restart ignored",
+        path, n.added, n.added == 1 ? "" : "s", n.removed, n.changed, n.kept, ignored,
+        ignored == 1 ? "" : "s");
+    g_message("node %s: %s", d->conf->node, line);
+    if (summary != NULL) {
+        *summary = g_steal_pointer(&line);
+    }
     return true;
 }
 
@@ -368,4 +373,10 @@ char *vn_daemon_status(VnDaemon *d)
     }
     return g_strdup_printf("lending %u (%u lent), borrowing %u, %u node%s up", d->local->len, lent,
                            d->borrowed->len, up, up == 1 ? "" : "s");
+}
+
+void vn_daemon_set_reload(VnDaemon *d, VnReloadFn fn, void *data)
+{
+    d->reload = fn;
+    d->reload_data = data;
 }

@@ -5,15 +5,18 @@
  * or from its config file, and keeps leases with the other daemons
  * (daemon.c and its parts).
  *
- *   vfio-ntbd [--config FILE] [--check-config [FILE]] [--log-level LEVEL]
- *             [--verbose] [--trace PATTERNS] [--version] [--stop-workers]
+ *   vfio-ntbd [--config FILE] [--check-config [FILE]] [--reload [FILE]]
+ *             [--log-level LEVEL] [--verbose] [--trace PATTERNS] [--version]
+ *             [--stop-workers]
  *
  * Exit status: 0 stopped cleanly (or --check-config passed); 1 a runtime
  * failure (the fabric, a socket); 2 a bad config file or command line, which
  * a restart will not fix (the unit's RestartPreventExitStatus=2).
  *
- * Signals: SIGHUP reads the config again (reload.c); SIGUSR1 writes the
- * counters to the stats file; SIGTERM/SIGINT stop.
+ * Signals: SIGHUP reads the config again (reload.c; so does the control
+ * command `reload`, which --reload sends and which answers once it is done,
+ * or refused); SIGUSR1 writes the counters to the stats file; SIGTERM/SIGINT
+ * stop.
  *
  * systemd (Type=notify): READY=1 once the control socket accepts, STATUS=
  * lines as things change, RELOADING=1 ... READY=1 around a reload,
@@ -27,6 +30,7 @@
 
 #include "config.h"
 #include "common/log.h"
+#include "ctl/ctl-client.h"
 #include "stopworkers.h"
 #include "common/trace.h"
 
@@ -34,6 +38,7 @@
 #include <glib-unix.h>
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <systemd/sd-daemon.h>
 
 #define VN_DEFAULT_CONFIG "/etc/vfio-ntb/vfio-ntbd.conf"
@@ -41,6 +46,9 @@
  * happen all over the daemon, and one comparison a second costs less than a
  * hook in each. */
 #define VN_STATUS_EVERY_S 1
+/* --reload waits this long for the daemon's answer: lending a device anew
+ * starts its worker, which answers in well under a second. */
+#define VN_RELOAD_WAIT_MS 60000
 
 typedef struct Main {
     VnDaemon *d;
@@ -49,13 +57,18 @@ typedef struct Main {
     char *status;        /* the last STATUS= sent */
 } Main;
 
-/* --check-config's: set by its option callback (its FILE is optional). */
-static gboolean check_config = FALSE;
+/* --check-config's and --reload's: set by their option callback (FILE is
+ * optional). */
+static gboolean check_config = FALSE, reload = FALSE;
 static char *check_path = NULL;
 
 static gboolean check_config_arg(const char *name, const char *value, gpointer data, GError **error)
 {
-    check_config = TRUE;
+    if (strcmp(name, "--reload") == 0) {
+        reload = TRUE;
+    } else {
+        check_config = TRUE;
+    }
     g_free(check_path);
     check_path = g_strdup(value);
     return TRUE;
@@ -94,20 +107,31 @@ static void apply_level(Main *m)
     }
 }
 
-static gboolean on_hup(gpointer data)
+/* A reload, for SIGHUP and the `reload` command (vfio-ntbd --reload). */
+static bool reload_config(void *data, char **summary, GError **error)
 {
     Main *m = data;
-    g_autoptr(GError) error = NULL;
+    bool ok;
 
     /* systemd 253+ wants the monotonic time with RELOADING=1; older ones
      * ignore it. */
     sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%" G_GINT64_FORMAT "\nSTATUS=reloading %s",
                g_get_monotonic_time(), m->config_path);
-    if (!vn_daemon_reload(m->d, m->config_path, &error)) {
-        g_warning("node %s: reload refused, nothing changed: %s", m->d->conf->node, error->message);
+    ok = vn_daemon_reload(m->d, m->config_path, summary, error);
+    if (!ok) {
+        g_warning("node %s: reload refused, nothing changed: %s", m->d->conf->node,
+                  (*error)->message);
     }
     apply_level(m);
     send_status(m, true, "READY=1\n");
+    return ok;
+}
+
+static gboolean on_hup(gpointer data)
+{
+    g_autoptr(GError) error = NULL;
+
+    reload_config(data, NULL, &error);
     return G_SOURCE_CONTINUE;
 }
 
@@ -158,6 +182,39 @@ static int run_check(const char *path)
     return 0;
 }
 
+/* --reload: the daemon that runs with @path's control socket reads its
+ * config again and says what it did; 0 once it has, 2 when this file is
+ * refused here (as by --check-config), 1 when the daemon cannot be asked or
+ * refuses the file (it then changed nothing).  The unit's ExecReload=. */
+static int run_reload(const char *path)
+{
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = vn_conf_load(path, &error);
+    g_autoptr(VnCtlClient) cl = NULL;
+    g_autoptr(JsonNode) ret = NULL;
+    JsonNode *summary;
+
+    if (c == NULL) {
+        fprintf(stderr, "vfio-ntbd: reload refused, nothing changed: %s\n", error->message);
+        return 2;
+    }
+    cl = vn_ctl_client_connect(c->control_socket, VN_RELOAD_WAIT_MS, &error);
+    ret = cl != NULL ? vn_ctl_client_execute(cl, "reload", NULL, &error) : NULL;
+    if (ret == NULL) {
+        fprintf(stderr, "vfio-ntbd: %s\n", error->message);
+        return 1;
+    }
+    summary = JSON_NODE_HOLDS_OBJECT(ret)
+                  ? json_object_get_member(json_node_get_object(ret), "summary")
+                  : NULL;
+    printf("vfio-ntbd: node %s: %s\n", vn_ctl_client_node(cl),
+           summary != NULL && JSON_NODE_HOLDS_VALUE(summary) &&
+                   json_node_get_value_type(summary) == G_TYPE_STRING
+               ? json_node_get_string(summary)
+               : "reloaded");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     g_autofree char *trace = NULL, *config_path = NULL, *level_name = NULL;
@@ -167,6 +224,10 @@ int main(int argc, char **argv)
           "configuration file (default " VN_DEFAULT_CONFIG ")", "FILE" },
         { "check-config", 't', G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, check_config_arg,
           "check the configuration file (FILE, else --config's) and exit: 0 good, 2 bad",
+          "[FILE]" },
+        { "reload", 0, G_OPTION_FLAG_OPTIONAL_ARG, G_OPTION_ARG_CALLBACK, check_config_arg,
+          "make the running daemon of FILE (else --config's) read it again, wait for its answer "
+          "and exit: 0 applied, 1 the daemon refused it or cannot be asked, 2 bad file",
           "[FILE]" },
         { "log-level", 0, 0, G_OPTION_ARG_STRING, &level_name,
           "error, warning, notice (default), info (lease, attach and link changes) or debug",
@@ -195,7 +256,7 @@ int main(int argc, char **argv)
     }
     /* GOption takes an optional argument only as --check-config=FILE: the
      * form `sshd -t`'s users type, --check-config FILE, leaves FILE here. */
-    if (check_config && check_path == NULL && argc == 2) {
+    if ((check_config || reload) && check_path == NULL && argc == 2) {
         check_path = g_strdup(argv[1]);
         argc--;
     }
@@ -219,10 +280,15 @@ int main(int argc, char **argv)
     if (stop_workers) {
         return run_stop_workers();
     }
-    if (check_config) {
-        int rc = run_check(check_path != NULL    ? check_path
+    if (check_config && reload) {
+        fprintf(stderr, "vfio-ntbd: --check-config or --reload, not both\n");
+        return 2;
+    }
+    if (check_config || reload) {
+        const char *path = check_path != NULL    ? check_path
                            : config_path != NULL ? config_path
-                                                 : VN_DEFAULT_CONFIG);
+                                                 : VN_DEFAULT_CONFIG;
+        int rc = reload ? run_reload(path) : run_check(path);
 
         g_free(check_path);
         return rc;
@@ -257,6 +323,7 @@ int main(int argc, char **argv)
     sigs[4] = g_getenv("NOTIFY_SOCKET") != NULL
                   ? g_timeout_add_seconds(VN_STATUS_EVERY_S, on_status, &m)
                   : 0;
+    vn_daemon_set_reload(m.d, reload_config, &m);
     g_idle_add(on_ready, &m);
     vn_daemon_run(m.d);
     for (size_t i = 0; i < G_N_ELEMENTS(sigs); i++) {
