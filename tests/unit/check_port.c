@@ -638,10 +638,31 @@ START_TEST(test_dial_device)
     in_worker(step_dial);
     ck_assert_int_lt(worker->fd, 0);
     ck_assert_int_eq(worker->ret, G_IO_ERROR_WOULD_BLOCK);
-    g_usleep(VN_PORT_DIAL_MIN_MS * 1000 * 2);
-    in_worker(step_dial);
-    ck_assert_int_ge(worker->fd, 0);
-    close(worker->fd);
+    /* A worker that keeps every connection it is handed holds one live one: each dial
+     * ends the one before, for the server too (it reads the end of it). */
+    {
+        int held[4], served[4];
+        char c;
+
+        for (int i = 0; i < 4; i++) {
+            g_usleep(VN_PORT_DIAL_MIN_MS * 1000 * 2);
+            in_worker(step_dial);
+            held[i] = worker->fd;
+            ck_assert_int_ge(held[i], 0);
+            served[i] = accept(server, NULL, NULL);
+            ck_assert_int_ge(served[i], 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(read(served[i], &c, 1), 0);
+            ck_assert_int_eq(read(held[i], &c, 1), 0);
+        }
+        ck_assert_int_eq(write(held[3], "x", 1), 1);
+        ck_assert_int_eq(read(served[3], &c, 1), 1);
+        for (int i = 0; i < 4; i++) {
+            close(held[i]);
+            close(served[i]);
+        }
+    }
     close(server);
 }
 END_TEST

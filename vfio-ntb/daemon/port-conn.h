@@ -83,6 +83,8 @@ struct VnPort {
     VnKeep *keep;    /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
     char *dial_path; /* a lender's device server's socket (vn_port_set_dial), or NULL */
     gint64 dial_at;  /* when it last dialled it for the worker (monotonic) */
+    int dialled;     /* our copy of the last connection handed over, or -1: the next dial
+                      * shuts it down, so a worker holds one live connection at most */
 };
 
 /* The worker's connection goes (it reconnects, or it is gone). */

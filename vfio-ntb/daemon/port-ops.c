@@ -13,6 +13,7 @@
 #include <gio/gio.h>
 #include <inttypes.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ---- the worker's other ops ------------------------------------------- */
@@ -324,5 +325,18 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
         return;
     }
     vn_port_reply(p, h, 0, 0, 0, fd);
-    close(fd);
+    /* The worker dials only when it holds no connection (lost, or given back after a
+     * lease): the one before ends here, for it and for the server, whatever the worker
+     * did with its copy.  Each dial supersedes the last, so no worker piles them up. */
+    vn_port_end_dialled(p);
+    p->dialled = fd;
+}
+
+void vn_port_end_dialled(VnPort *p)
+{
+    if (p->dialled >= 0) {
+        shutdown(p->dialled, SHUT_RDWR);
+        close(p->dialled);
+        p->dialled = -1;
+    }
 }

@@ -693,6 +693,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->device = g_strdup(device);
     p->listen_fd = -1;
     p->fd = -1;
+    p->dialled = -1;
     p->windows = g_ptr_array_new();
     p->keep = inbound ? NULL : vn_keep_new();
     p->maps = g_ptr_array_new();
@@ -745,5 +746,8 @@ void vn_port_free(VnPort *p, bool unlink_it)
     g_free(p->peer);
     g_free(p->device);
     g_free(p->dial_path);
+    if (p->dialled >= 0) {
+        close(p->dialled); /* not shut down: the worker may serve on with it */
+    }
     g_free(p);
 }

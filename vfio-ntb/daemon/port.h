@@ -105,7 +105,8 @@ typedef void (*VnPortDeviceServerFn)(void *opaque, bool up, uint32_t gen);
 void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque);
 /* A lender's worker may ask the daemon to dial its device server at @socket_path (it gave up
  * the rights to reach the socket itself): at most once every VN_PORT_DIAL_MIN_MS, each a new
- * connection handed over; no other path, whatever the worker says. */
+ * connection handed over, which ends the one before (one live connection per worker); no
+ * other path, whatever the worker says. */
 #define VN_PORT_DIAL_MIN_MS 50
 void vn_port_set_dial(VnPort *p, const char *socket_path);
 
