@@ -675,6 +675,15 @@ def run_tests(tests, argv):
     return 0 if ok else 1
 
 
+def proc_status(pid):
+    """/proc/PID/status as a dict (Uid, CapEff, NoNewPrivs, Seccomp...)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
 def wait_for(pred, timeout):
     """Poll pred() until it is truthy or timeout seconds pass; return its last value."""
     deadline = time.monotonic() + timeout

@@ -235,14 +235,6 @@ WORKER_USER = "vfio-ntb"
 QEMU_USER = "nobody"
 
 
-def proc_status(pid):
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    return fields
-
-
 def test_workers_unprivileged(procs):
     import pwd
     uid = pwd.getpwnam(WORKER_USER).pw_uid     # KeyError: scripts/install-deps makes it
@@ -250,12 +242,12 @@ def test_workers_unprivileged(procs):
     sock = b.socket_facts
     socket_ok = (sock["owner"] == pwd.getpwnam(QEMU_USER).pw_uid and sock["mode"] == "0o600"
                  and sock["other_user"] == errno.EACCES and sock["qemu_user"] == 0)
-    st = proc_status(worker)
+    st = h.proc_status(worker)
     sandboxed = (st["Uid"].split() == [str(uid)] * 4 and st["CapEff"] == "0" * 16
                  and st["NoNewPrivs"] == "1" and st["Seccomp"] == "2")
     # The lender's worker too (a device server's: the daemon dials for it).
     [lender_worker] = a.workers("vfio-ntb-lender")
-    lst = proc_status(lender_worker)
+    lst = h.proc_status(lender_worker)
     lender_unprivileged = (lst["Uid"].split() == [str(uid)] * 4 and lst["CapEff"] == "0" * 16
                            and lst["NoNewPrivs"] == "1")
     # B away and back: the worker, unprivileged, dials its port again.
@@ -311,7 +303,7 @@ def test_seccomp(procs):
     """What a borrower worker does while it serves, all under its filter: a system call the
     list lacks would kill it (SCMP_ACT_KILL_PROCESS) and fail this."""
     _wd, a, b, cb, q, before, worker = lent_to_consumer(procs, "vm-seccomp")
-    st = proc_status(worker)
+    st = h.proc_status(worker)
     msi = vi.msi_identify(q)
     # The lender's daemon away and back under the consumer: the worker's lender goes and
     # comes, and it serves again.
@@ -327,7 +319,7 @@ def test_seccomp(procs):
     vi.consumer_view(q2)
     relayed = vi.msi_identify(q2)
     [worker2] = b.workers("vfio-ntb-borrower")
-    st2 = proc_status(worker2)
+    st2 = h.proc_status(worker2)
     q2.kill()
     q2.wait()
     cb.execute("detach", device="hosta/nvme0")

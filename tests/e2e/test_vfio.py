@@ -8,12 +8,12 @@ import sys
 import harness as h
 from lenderhost import DISPLAY, E1000, GPU_MEM, IGB, IVSHMEM, NVME, SHARED_GROUP, LenderHost
 
-EXPECTED_RESULTS = 17
+EXPECTED_RESULTS = 18
 # The nested guest (TCG in TCG) and the 1 GiB BAR written and read through qtest take most of
 # it; tests/run-checks reads this.
 TIMEOUT_S = 3000
 NAMES = ("vfio-managed", "vfio-lend-qtest", "vfio-rom", "vfio-lender-restart", "vfio-msix",
-         "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
+         "vfio-bar-mapped", "vfio-lender-unprivileged", "vfio-dma-identify", "vfio-iommu-isolation", "vfio-nvme-guest",
          "vfio-device-request", "vfio-sriov-two-hosts", "vfio-lend-refusals", "vfio-large-bar",
          "vfio-device-removed", "vfio-gpu-display", "vfio-intx", "vfio-lender-worker-crash")
 # What the lender host's display showed of the lent GPU (vfio_gpu.py), kept for a person.

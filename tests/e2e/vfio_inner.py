@@ -308,6 +308,20 @@ def group_free(bdf):
         return False
 
 
+def lender_worker_facts(a, bdf):
+    """@a's lender worker for @bdf serves as the worker user (vfio-ntbd opened the function's
+    IOMMU group for it: the group's node stays root's)."""
+    import pwd
+    [pid] = a.workers("vfio-ntb-lender")
+    st = h.proc_status(pid)
+    group = os.path.basename(os.readlink(f"/sys/bus/pci/devices/{bdf}/iommu_group"))
+    node = os.stat(f"/dev/vfio/{group}")
+    return {"uid": int(st["Uid"].split()[0]), "worker_user": pwd.getpwnam("vfio-ntb").pw_uid,
+            "cap_eff": st["CapEff"], "no_new_privs": st["NoNewPrivs"],
+            "holds_group": any(x.startswith(f"{pid}:") for x in group_holders(bdf)),
+            "group_node": (node.st_uid, oct(node.st_mode & 0o777))}
+
+
 def group_holders(bdf):
     """The processes that have the function's VFIO group open ("pid:name", ...)."""
     group = os.path.basename(os.readlink(f"/sys/bus/pci/devices/{bdf}/iommu_group"))
@@ -505,6 +519,7 @@ def test_lend(procs, wd, fab, bdf, cap):
         except h.HarnessError as e:
             status, serial = -1, str(e)
         forwarded = bar_forwarded(a, b)
+        unpriv = lender_worker_facts(a, bdf)
         rom = rom_view(q)           # read through messages (after the count: no BAR)
         restart = lender_restart(a, q)
         try:
@@ -540,6 +555,11 @@ def test_lend(procs, wd, fab, bdf, cap):
                    msi_word=f"{msi_word:#x}", status=str(msi_status).replace(" ", "_"),
                    relayed=relayed)
     ok &= h.result("vfio-bar-mapped", forwarded == 0, bar_accesses_forwarded=forwarded)
+    # The Identify above DMAed through this worker's mappings: pinned with no CAP_IPC_LOCK.
+    ok &= h.result("vfio-lender-unprivileged", unpriv["uid"] == unpriv["worker_user"]
+                   and unpriv["cap_eff"] == "0" * 16 and unpriv["no_new_privs"] == "1"
+                   and unpriv["holds_group"] and unpriv["group_node"] == (0, "0o600")
+                   and status == 0, **unpriv)
     ok &= h.result("vfio-dma-identify", status == 0 and serial == SERIAL,
                    status=status, serial=serial.replace(" ", "_") or "-")
     return ok & h.result("vfio-iommu-isolation", free and bool(faults) and unchanged,
@@ -796,8 +816,8 @@ def main():
             print(f"lender host: {e}", file=sys.stderr)
             h.result("vfio-lend-qtest", False, error=str(e)[:120])
             for name in ("vfio-managed", "vfio-rom", "vfio-lender-restart", "vfio-msix",
-                         "vfio-bar-mapped", "vfio-dma-identify", "vfio-iommu-isolation",
-                         "vfio-nvme-guest", "vfio-device-request", "vfio-sriov-two-hosts",
+                         "vfio-bar-mapped", "vfio-lender-unprivileged", "vfio-dma-identify",
+                         "vfio-iommu-isolation", "vfio-nvme-guest", "vfio-device-request", "vfio-sriov-two-hosts",
                          "vfio-lend-refusals", "vfio-large-bar", "vfio-device-removed",
                          "vfio-gpu-display", "vfio-intx", "vfio-lender-worker-crash"):
                 h.result(name, False, error="setup failed")

@@ -196,6 +196,49 @@ START_TEST(test_restore_writes)
 }
 END_TEST
 
+/* What a managed function's worker keeps: the driver and the function, read back checked;
+ * given back only for the function it names, and removed once the function is back. */
+START_TEST(test_kept_give_back)
+{
+    g_autofree char *path = g_build_filename(root, "lend-nvme0-driver", NULL);
+    g_autofree char *driver = NULL, *bdf = NULL;
+    g_autoptr(GError) error = NULL;
+    const char *bad[] = { "nv/me\n" BDF "\n", "nvme\n0000:00:05\n", "nvme\n../../x\n" };
+
+    ck_assert(vn_pcibind_keep(path, BDF, "nvme", NULL));
+    ck_assert(vn_pcibind_kept(path, &driver, &bdf));
+    ck_assert_str_eq(driver, "nvme");
+    ck_assert_str_eq(bdf, BDF);
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        g_free(driver);
+        g_free(bdf);
+        ck_assert(g_file_set_contents(path, bad[i], -1, NULL));
+        ck_assert_msg(!vn_pcibind_kept(path, &driver, &bdf), "%s", bad[i]);
+        ck_assert(!vn_pcibind_give_back(sys, path, NULL, NULL));
+        ck_assert(g_file_test(path, G_FILE_TEST_EXISTS));
+    }
+    /* not the function the caller knows: refused, nothing written */
+    ck_assert(vn_pcibind_keep(path, OTHER, "", NULL));
+    ck_assert(!vn_pcibind_give_back(sys, path, BDF, &error));
+    ck_assert_ptr_nonnull(strstr(error->message, "names " OTHER ", not " BDF));
+    g_clear_error(&error);
+    /* a driver that does not take it back (this tree's probe binds nothing): the file stays */
+    ck_assert(vn_pcibind_keep(path, BDF, "igb", NULL));
+    ck_assert(!vn_pcibind_give_back(sys, path, NULL, &error));
+    ck_assert(g_file_test(path, G_FILE_TEST_EXISTS));
+    g_clear_error(&error);
+    /* back (it had no driver: any will do), and the file gone; an older worker's file (the
+     * driver alone) with the function the caller knows */
+    ck_assert(vn_pcibind_keep(path, BDF, "", NULL));
+    ck_assert_msg(vn_pcibind_give_back(sys, path, NULL, &error), "%s", error->message);
+    ck_assert(!g_file_test(path, G_FILE_TEST_EXISTS));
+    ck_assert(g_file_set_contents(path, "\n", -1, NULL));
+    ck_assert(!vn_pcibind_give_back(sys, path, NULL, NULL));
+    ck_assert(vn_pcibind_give_back(sys, path, BDF, NULL));
+    ck_assert(!g_file_test(path, G_FILE_TEST_EXISTS));
+}
+END_TEST
+
 /* A physical function with SR-IOV: the count written (from 0), its VFs'
  * addresses read from virtfnN; more than it has, or none, refused. */
 START_TEST(test_sriov)
@@ -243,6 +286,7 @@ static Suite *pcibind_suite(void)
     tcase_add_test(tc, test_group);
     tcase_add_test(tc, test_bind_writes);
     tcase_add_test(tc, test_restore_writes);
+    tcase_add_test(tc, test_kept_give_back);
     tcase_add_test(tc, test_sriov);
     suite_add_tcase(s, tc);
     return s;

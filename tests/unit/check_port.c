@@ -663,6 +663,11 @@ START_TEST(test_dial_device)
             close(served[i]);
         }
     }
+    /* A PCI function's worker: the dial opens its IOMMU group, here a function this host
+     * does not have (so no fd, and nothing else opened in its place). */
+    vn_port_set_dial_vfio(port, "0000:7f:1f.7");
+    in_worker(step_dial);
+    ck_assert_int_lt(worker->fd, 0);
     close(server);
 }
 END_TEST

@@ -6,6 +6,7 @@
 #include "daemon/stopworkers.h"
 
 #include "check-main.h"
+#include "fake-sysfs.h"
 
 #include <check.h>
 #include <errno.h>
@@ -85,6 +86,52 @@ START_TEST(test_stops_workers_only)
 }
 END_TEST
 
+#define BDF "0000:00:05.0"
+
+/* Then the managed functions the run dir's kept files name go back to their drivers: only
+ * files named lend-NAME-driver, regular, ours; one that cannot go back is counted, its file
+ * left. */
+START_TEST(test_gives_back_managed)
+{
+    g_autofree char *sys = NULL, *run = NULL, *kept = NULL, *other = NULL, *stale = NULL;
+    unsigned failed = 9;
+
+    root = fake_root("stopworkers");
+    sys = g_build_filename(root, "sys", NULL);
+    run = g_build_filename(root, "run", NULL);
+    fake_put("sys/bus/pci/drivers/vfio-pci/unbind", "");
+    fake_put("sys/bus/pci/drivers_probe", "");
+    fake_put("sys/devices/pci0000:00/" BDF "/driver_override", "vfio-pci\n");
+    fake_link("sys/bus/pci/devices/" BDF, "../../../devices/pci0000:00/" BDF);
+    fake_link("sys/devices/pci0000:00/" BDF "/driver", "../../../bus/pci/drivers/vfio-pci");
+    fake_put("run/lend-nvme0-driver", "\n" BDF "\n");      /* back to any driver */
+    fake_put("run/lend-gpu0-driver", "amdgpu\n" BDF "\n"); /* this tree's probe binds none */
+    fake_put("run/nvme0-driver", "\n" BDF "\n");           /* not a kept file's name */
+    fake_link("run/lend-link-driver", "lend-nvme0-driver");
+    kept = g_build_filename(run, "lend-nvme0-driver", NULL);
+    other = g_build_filename(run, "lend-gpu0-driver", NULL);
+    stale = g_build_filename(run, "nvme0-driver", NULL);
+    ck_assert_uint_eq(vn_stopworkers_give_back(sys, run, &failed), 1);
+    ck_assert_uint_eq(failed, 1);
+    ck_assert(!g_file_test(kept, G_FILE_TEST_EXISTS));
+    ck_assert(g_file_test(other, G_FILE_TEST_EXISTS) && g_file_test(stale, G_FILE_TEST_EXISTS));
+    {
+        g_autofree char *unbound = NULL, *ovr = NULL;
+        g_autofree char *up = g_build_filename(sys, "bus/pci/drivers/vfio-pci/unbind", NULL);
+        g_autofree char *op =
+            g_build_filename(sys, "devices/pci0000:00/" BDF "/driver_override", NULL);
+
+        ck_assert(g_file_get_contents(up, &unbound, NULL, NULL));
+        ck_assert(g_file_get_contents(op, &ovr, NULL, NULL));
+        ck_assert_str_eq(unbound, BDF);
+        ck_assert_str_eq(ovr, "\n");
+    }
+    ck_assert_uint_eq(vn_stopworkers_give_back(sys, "/nonexistent", &failed), 0);
+    ck_assert_uint_eq(failed, 0);
+    fake_remove();
+}
+END_TEST
+
 static Suite *stopworkers_suite(void)
 {
     Suite *s = suite_create("stopworkers");
@@ -92,6 +139,7 @@ static Suite *stopworkers_suite(void)
 
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_stops_workers_only);
+    tcase_add_test(tc, test_gives_back_managed);
     suite_add_tcase(s, tc);
     return s;
 }

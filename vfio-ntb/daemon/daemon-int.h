@@ -526,9 +526,13 @@ bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
  * vn_ending_busy() says one is still going.
  */
 typedef struct VnEnding VnEnding;
-void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
-                     char *channel_path, char *socket_path, unsigned client_wait_ms,
-                     unsigned term_wait_ms);
+VnEnding *vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
+                          char *channel_path, char *socket_path, unsigned client_wait_ms,
+                          unsigned term_wait_ms);
+/* A managed function's lender worker (@pid 0: none runs): once it is gone, @bdf goes back to
+ * the driver @kept_path names (lending/pcibind.h), if the file is still there (the worker,
+ * serving as root, gives it back itself); the ending lasts until then. */
+void vn_ending_give_back(VnEnding *e, const char *bdf, const char *kept_path);
 bool vn_ending_busy(VnDaemon *d, const char *what);
 GPtrArray *vn_endings_new(void);
 /* At the daemon's end: each gets SIGTERM if it has not yet, none is waited for. */
@@ -563,9 +567,6 @@ bool vn_spawn_run_dir(VnDaemon *d, GError **error);
 /* @port's socket given to the worker user ([node] worker-user), whose worker must be able to
  * dial it again after a restart of ours.  False with @error. */
 bool vn_spawn_port_for_worker_user(VnDaemon *d, VnPort *port, GError **error);
-/* Whether a lent device's worker serves as the worker user: a device server's (it is handed
- * its connections, VN_HOST_DIAL_DEVICE); a PCI function's opens VFIO at each lease as root. */
-bool vn_lenders_unprivileged(VnDaemon *d, const VnLendConf *lc);
 /* The fd a worker finds its port's connection at (port.h: vn_port_pair). */
 #define VN_SPAWN_PORT_FD 3
 /* @pid runs and is @binary (a process of ours, not a reused pid). */

@@ -125,8 +125,14 @@ VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error)
     vn_port_on_device_request(ld->port, vn_cluster_device_request, ld);
     vn_port_on_fenced(ld->port, vn_fence_confirmed, ld);
     vn_port_on_device_server(ld->port, vn_devserver_changed, ld);
-    if (vn_lenders_unprivileged(d, lc)) {
-        vn_port_set_dial(ld->port, lc->socket); /* its worker cannot dial it itself */
+    if (d->conf->worker_user != NULL) {
+        /* Its worker serves as the worker user, who cannot reach the device: we dial the
+         * server, or open the function's IOMMU group, each time it asks. */
+        if (lc->pci != NULL) {
+            vn_port_set_dial_vfio(ld->port, lc->pci);
+        } else {
+            vn_port_set_dial(ld->port, lc->socket);
+        }
         if (!vn_spawn_port_for_worker_user(d, ld->port, error)) {
             vn_devices_local_free(ld);
             return NULL;

@@ -18,6 +18,8 @@
 
 #include "daemon-int.h"
 
+#include "lending/pcibind.h"
+
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <signal.h>
@@ -53,7 +55,20 @@ struct VnEnding {
     int pidfd;        /* the process, not whatever gets its pid later */
     guint exit_watch; /* on @pidfd: it exited */
     guint timer;
+    char *kept_path;           /* managed: what the worker keeps of its function, or NULL */
+    char *kept_bdf;            /* that function */
+    GCancellable *giving_back; /* while it is given back, in a thread */
 };
+
+static void release_port(VnEnding *e)
+{
+    if (e->port != NULL) {
+        /* What it said last goes out now. */
+        vn_port_drain(e->port);
+        vn_port_free_unlinked(e->port);
+        e->port = NULL;
+    }
+}
 
 static void ending_free(gpointer p)
 {
@@ -68,12 +83,12 @@ static void ending_free(gpointer p)
     if (e->pidfd >= 0) {
         close(e->pidfd);
     }
-    vn_wctl_call_cancel(e->call);
-    if (e->port != NULL) {
-        /* What it said last goes out now. */
-        vn_port_drain(e->port);
-        vn_port_free_unlinked(e->port);
+    if (e->giving_back != NULL) {
+        g_cancellable_cancel(e->giving_back); /* its answer is not for us any more */
+        g_object_unref(e->giving_back);
     }
+    vn_wctl_call_cancel(e->call);
+    release_port(e);
     /* The worker's files: one that served as the worker user could not remove them from our
      * directory. */
     if (e->channel_path != NULL) {
@@ -84,6 +99,8 @@ static void ending_free(gpointer p)
     }
     g_free(e->channel_path);
     g_free(e->socket_path);
+    g_free(e->kept_path);
+    g_free(e->kept_bdf);
     g_free(e->what);
     g_free(e);
 }
@@ -96,14 +113,80 @@ static void send_signal(VnEnding *e, int sig)
     }
 }
 
+/* A thread's: sysfs writes wait on the drivers (pcibind.h). */
+static void give_back_thread(GTask *task, gpointer source, gpointer data, GCancellable *cancel)
+{
+    char **kept = data; /* the bdf and the file: copies, the ending may go meanwhile */
+    GError *error = NULL;
+
+    if (!vn_pcibind_give_back("/sys", kept[1], kept[0], &error)) {
+        g_task_return_error(task, error);
+        return;
+    }
+    g_task_return_boolean(task, TRUE);
+}
+
+static void on_given_back(GObject *source, GAsyncResult *res, gpointer data)
+{
+    g_autoptr(GError) error = NULL;
+    GCancellable *cancel = g_task_get_cancellable(G_TASK(res));
+    VnEnding *e = data;
+
+    if (g_cancellable_is_cancelled(cancel)) {
+        return; /* the ending is gone (the daemon stops): @e with it */
+    }
+    if (!g_task_propagate_boolean(G_TASK(res), &error)) {
+        vn_log(G_LOG_LEVEL_WARNING, e->d->conf->node, e->what, NULL, 0,
+               "node %s: %s stays with vfio-pci: %s", e->d->conf->node, e->kept_bdf,
+               error->message);
+    }
+    g_ptr_array_remove(e->d->endings, e);
+}
+
 static void gone(VnEnding *e)
 {
+    GTask *task;
+    char **kept;
+
     vn_log(G_LOG_LEVEL_INFO, e->d->conf->node, e->what, NULL, 0,
            "node %s: the worker for %s (pid %d) is gone", e->d->conf->node, e->what, e->pid);
     if (e->child) {
         waitpid(e->pid, NULL, WNOHANG);
     }
-    g_ptr_array_remove(e->d->endings, e);
+    if (e->kept_path == NULL || !g_file_test(e->kept_path, G_FILE_TEST_EXISTS)) {
+        g_ptr_array_remove(e->d->endings, e);
+        return;
+    }
+    /* Managed, and the worker could not give its function back (it served as the worker
+     * user): ours, once nothing of ours holds the function's VFIO device (the port's BAR
+     * segments), or vfio-pci's unbind would wait for them.  The ending stays meanwhile, so
+     * a new worker for the device waits (vn_ending_busy). */
+    release_port(e);
+    if (e->timer != 0) {
+        g_source_remove(e->timer); /* nothing left to signal */
+        e->timer = 0;
+    }
+    if (e->exit_watch != 0) {
+        g_source_remove(e->exit_watch);
+        e->exit_watch = 0;
+    }
+    e->giving_back = g_cancellable_new();
+    task = g_task_new(NULL, e->giving_back, on_given_back, e);
+    kept = g_new0(char *, 3);
+    kept[0] = g_strdup(e->kept_bdf);
+    kept[1] = g_strdup(e->kept_path);
+    g_task_set_task_data(task, kept, (GDestroyNotify)g_strfreev);
+    g_task_run_in_thread(task, give_back_thread);
+    g_object_unref(task);
+}
+
+static gboolean on_gone_already(gpointer data)
+{
+    VnEnding *e = data;
+
+    e->timer = 0;
+    gone(e);
+    return G_SOURCE_REMOVE;
 }
 
 static gboolean on_worker_exit(int fd, GIOCondition cond, gpointer data)
@@ -196,9 +279,9 @@ static gboolean on_look(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
-                     char *channel_path, char *socket_path, unsigned client_wait_ms,
-                     unsigned term_wait_ms)
+VnEnding *vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort *port,
+                          char *channel_path, char *socket_path, unsigned client_wait_ms,
+                          unsigned term_wait_ms)
 {
     VnEnding *e = g_new0(VnEnding, 1);
 
@@ -212,10 +295,12 @@ void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort
                      .pidfd = -1 };
     e->child = child;
     g_ptr_array_add(d->endings, e);
-    e->pidfd = pidfd_open(pid, 0);
+    e->pidfd = pid > 0 ? pidfd_open(pid, 0) : -1;
     if (e->pidfd < 0) {
-        gone(e); /* ESRCH: gone already */
-        return;
+        /* ESRCH: gone already (or no worker at all): from the loop, after our caller's
+         * vn_ending_give_back(). */
+        e->timer = g_idle_add(on_gone_already, e);
+        return e;
     }
     /* Readable once it exits: at once, for our children and adopted ones. */
     e->exit_watch = g_unix_fd_add(e->pidfd, G_IO_IN, on_worker_exit, e);
@@ -227,6 +312,15 @@ void vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, VnPort
     } else {
         terminate(e);
     }
+    return e;
+}
+
+void vn_ending_give_back(VnEnding *e, const char *bdf, const char *kept_path)
+{
+    g_free(e->kept_bdf);
+    g_free(e->kept_path);
+    e->kept_bdf = g_strdup(bdf);
+    e->kept_path = g_strdup(kept_path);
 }
 
 bool vn_ending_busy(VnDaemon *d, const char *what)

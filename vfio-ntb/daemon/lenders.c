@@ -14,6 +14,7 @@
 
 #include "daemon-int.h"
 #include "common/wctl.h"
+#include "stopworkers.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -128,9 +129,11 @@ static gboolean on_adopted_check(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-bool vn_lenders_unprivileged(VnDaemon *d, const VnLendConf *lc)
+/* What a managed function's worker keeps of it (lending/pcibind.h: vn_pcibind_keep). */
+static char *managed_state_path(VnDaemon *d, VnLocalDevice *ld)
 {
-    return d->conf->worker_user != NULL && lc->socket != NULL;
+    return g_strdup_printf("%s/%s%s%s", d->conf->run_dir, VN_LENDERS_KEPT_PREFIX, ld->conf->name,
+                           VN_LENDERS_KEPT_SUFFIX);
 }
 
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
@@ -152,15 +155,16 @@ bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error)
     g_ptr_array_add(argv, g_strdup_printf("--backend=%s", vn_conf_lend_backend(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--device-at=%s", vn_conf_lend_where(ld->conf)));
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", ld->channel_path));
-    if (vn_lenders_unprivileged(d, ld->conf)) {
+    if (d->conf->worker_user != NULL) {
         g_ptr_array_add(argv, g_strdup_printf("--run-as=%u:%u", (unsigned)d->conf->worker_uid,
                                               (unsigned)d->conf->worker_gid));
     }
     if (ld->conf->managed) {
         /* The worker binds it (a driver's unbind may take its time) and
          * keeps the driver it had there, for when it is unlent. */
-        g_ptr_array_add(argv, g_strdup_printf("--managed-state=%s/lend-%s-driver", d->conf->run_dir,
-                                              ld->conf->name));
+        g_autofree char *kept = managed_state_path(d, ld);
+
+        g_ptr_array_add(argv, g_strdup_printf("--managed-state=%s", kept));
     }
     g_ptr_array_add(argv, NULL);
     conn = vn_port_pair(ld->port, error);
@@ -209,11 +213,19 @@ void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld)
         g_source_remove(ld->child_watch);
         ld->child_watch = 0;
     }
-    if (ld->worker_pid > 0) {
+    if (ld->worker_pid > 0 || ld->conf->managed) {
         /* It fences the device on SIGTERM, through a device server that may
-         * take its time: in the background, with its port. */
-        vn_ending_start(d, ld->conf->name, ld->worker_pid, child, g_steal_pointer(&ld->port),
-                        g_strdup(ld->channel_path), NULL, 0, VN_SPAWN_STOP_TIMEOUT_MS);
+         * take its time: in the background, with its port.  A managed function goes back
+         * to its driver after (with no worker running, at once). */
+        VnEnding *e =
+            vn_ending_start(d, ld->conf->name, ld->worker_pid, child, g_steal_pointer(&ld->port),
+                            g_strdup(ld->channel_path), NULL, 0, VN_SPAWN_STOP_TIMEOUT_MS);
+
+        if (ld->conf->managed) {
+            g_autofree char *kept = managed_state_path(d, ld);
+
+            vn_ending_give_back(e, ld->conf->pci, kept);
+        }
         ld->worker_pid = 0;
     } else if (ld->channel_path != NULL) {
         unlink(ld->channel_path);

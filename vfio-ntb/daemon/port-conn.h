@@ -81,7 +81,9 @@ struct VnPort {
     void (*gone)(void *opaque);
     void *gone_opaque;
     VnKeep *keep;    /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
-    char *dial_path; /* a lender's device server's socket (vn_port_set_dial), or NULL */
+    char *dial_path; /* a lender's device server's socket (vn_port_set_dial), its PCI
+                      * function (vn_port_set_dial_vfio), or NULL */
+    bool dial_vfio;  /* dial_path is a PCI function, whose IOMMU group a dial opens */
     gint64 dial_at;  /* when it last dialled it for the worker (monotonic) */
     int dialled;     /* our copy of the last connection handed over, or -1: the next dial
                       * shuts it down, so a worker holds one live connection at most */

@@ -8,8 +8,10 @@
 #include "port.h"
 
 #include "common/util.h"
+#include "lending/backend.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gio/gio.h>
 #include <inttypes.h>
 #include <string.h>
@@ -300,6 +302,36 @@ void vn_port_set_dial(VnPort *p, const char *socket_path)
 {
     g_free(p->dial_path);
     p->dial_path = g_strdup(socket_path);
+    p->dial_vfio = false;
+}
+
+void vn_port_set_dial_vfio(VnPort *p, const char *bdf)
+{
+    vn_port_set_dial(p, bdf);
+    p->dial_vfio = true;
+}
+
+/* The IOMMU group of the function the worker lends, opened for it: VFIO lets one open file
+ * of a group exist (EBUSY while the worker holds one), so no worker gets two. */
+static void dial_vfio(VnPort *p, const VnHostHdr *h)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = NULL;
+    int n = vn_backend_vfio_group(p->dial_path, &error), fd;
+
+    if (n < 0) {
+        g_warning("port %s: %s", p->path, error->message);
+        vn_port_reply(p, h, ENODEV, 0, 0, -1);
+        return;
+    }
+    path = g_strdup_printf("/dev/vfio/%d", n);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        vn_port_reply(p, h, errno, 0, 0, -1);
+        return;
+    }
+    vn_port_reply(p, h, 0, 0, 0, fd);
+    close(fd);
 }
 
 void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
@@ -310,6 +342,10 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
     if (!p->inbound || p->dial_path == NULL) {
         vn_port_refuse(p, "a dial of a device server it has none of");
         vn_port_reply(p, h, EACCES, 0, 0, -1);
+        return;
+    }
+    if (p->dial_vfio) {
+        dial_vfio(p, h);
         return;
     }
     if (p->dial_at != 0 && now - p->dial_at < (gint64)VN_PORT_DIAL_MIN_MS * 1000) {

@@ -109,6 +109,9 @@ void vn_port_on_device_server(VnPort *p, VnPortDeviceServerFn fn, void *opaque);
  * other path, whatever the worker says. */
 #define VN_PORT_DIAL_MIN_MS 50
 void vn_port_set_dial(VnPort *p, const char *socket_path);
+/* The same for a PCI function's worker: a dial opens the function's IOMMU group
+ * (/dev/vfio/N, root's) for it, once at a time (VFIO allows one open file of a group). */
+void vn_port_set_dial_vfio(VnPort *p, const char *bdf);
 
 /*
  * The daemon's part of a fence, without the worker's help: what the worker exported

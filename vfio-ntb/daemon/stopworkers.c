@@ -5,10 +5,14 @@
 
 #include "stopworkers.h"
 
+#include "lending/pcibind.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A cgroup lists at most this many pids for us to look at (a host's workers, with room). */
@@ -114,4 +118,34 @@ int vn_stopworkers_run(const char *procs_path, unsigned wait_ms, unsigned *kille
         }
     }
     return (int)pids->len;
+}
+
+unsigned vn_stopworkers_give_back(const char *sys, const char *run_dir, unsigned *failed)
+{
+    g_autoptr(GDir) dir = g_dir_open(run_dir, 0, NULL);
+    const char *name;
+    unsigned n = 0, seen = 0;
+
+    *failed = 0;
+    while (dir != NULL && (name = g_dir_read_name(dir)) != NULL &&
+           seen++ < VN_STOPWORKERS_MAX_PIDS) {
+        g_autofree char *path = g_build_filename(run_dir, name, NULL);
+        g_autoptr(GError) error = NULL;
+        struct stat st;
+
+        /* Ours only: a worker (root before it gave that up) wrote it in our directory, where
+         * the worker user cannot write. */
+        if (!g_str_has_prefix(name, VN_LENDERS_KEPT_PREFIX) ||
+            !g_str_has_suffix(name, VN_LENDERS_KEPT_SUFFIX) || lstat(path, &st) < 0 ||
+            !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+            continue;
+        }
+        if (vn_pcibind_give_back(sys, path, NULL, &error)) {
+            n++;
+        } else {
+            fprintf(stderr, "vfio-ntbd: --stop-workers: %s\n", error->message);
+            (*failed)++;
+        }
+    }
+    return n;
 }

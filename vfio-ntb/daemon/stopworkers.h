@@ -9,6 +9,11 @@
 
 #include <glib.h>
 
+/* A managed function's lender worker keeps its driver in RUN_DIR/lend-NAME-driver (the
+ * daemon names it: lenders.c); what such files name is given back here. */
+#define VN_LENDERS_KEPT_PREFIX "lend-"
+#define VN_LENDERS_KEPT_SUFFIX "-driver"
+
 /* How long the workers get to fence their devices and give managed functions back. */
 #define VN_STOPWORKERS_WAIT_MS 20000
 
@@ -22,5 +27,12 @@ char *vn_stopworkers_own_procs(void);
  * cannot be read.
  */
 int vn_stopworkers_run(const char *procs_path, unsigned wait_ms, unsigned *killed);
+/*
+ * Then: the managed functions whose workers could not give them back (they served as the
+ * worker user) go back to their drivers (through sysfs at @sys), as the files in @run_dir that such workers keep
+ * say (lending/pcibind.h; only regular files of ours, named lend-NAME-driver).  How many
+ * went back; *@failed could not (said on stderr, their files left).
+ */
+unsigned vn_stopworkers_give_back(const char *sys, const char *run_dir, unsigned *failed);
 
 #endif /* VN_STOPWORKERS_H */

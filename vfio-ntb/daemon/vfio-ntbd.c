@@ -150,10 +150,12 @@ static gboolean on_stop(gpointer data)
 
 /* --stop-workers: the workers of this unit's cgroup (stopworkers.h); 1 when it cannot be
  * read. */
-static int run_stop_workers(void)
+static int run_stop_workers(const char *config_path)
 {
     g_autofree char *procs = vn_stopworkers_own_procs();
-    unsigned killed = 0;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnConfig) c = NULL;
+    unsigned killed = 0, back, failed;
     int n = procs != NULL ? vn_stopworkers_run(procs, VN_STOPWORKERS_WAIT_MS, &killed) : -ENOENT;
 
     if (n < 0) {
@@ -163,7 +165,18 @@ static int run_stop_workers(void)
     }
     printf("vfio-ntbd: stopped %d worker%s (%u did not stop in %d s and were killed)\n", n,
            n == 1 ? "" : "s", killed, VN_STOPWORKERS_WAIT_MS / 1000);
-    return 0;
+    /* Its run dir says which managed functions are still vfio-pci's for a lent device. */
+    if ((c = vn_conf_load(config_path, &error)) == NULL) {
+        fprintf(stderr, "vfio-ntbd: --stop-workers: no managed function given back: %s\n",
+                error->message);
+        return 0; /* the workers' part is done; the journal says what is left */
+    }
+    back = vn_stopworkers_give_back("/sys", c->run_dir, &failed);
+    if (back + failed > 0) {
+        printf("vfio-ntbd: gave %u managed function%s back to %s drivers (%u could not)\n", back,
+               back == 1 ? "" : "s", back == 1 ? "its" : "their", failed);
+    }
+    return failed > 0 ? 1 : 0;
 }
 
 /* --check-config: what starting would check of the file, and nothing else
@@ -237,7 +250,7 @@ int main(int argc, char **argv)
         { "version", 0, 0, G_OPTION_ARG_NONE, &version, "print the version", NULL },
         { "stop-workers", 0, 0, G_OPTION_ARG_NONE, &stop_workers,
           "stop the workers a stopped daemon left in this cgroup (the unit's ExecStopPost= on "
-          "systemctl stop) and exit",
+          "systemctl stop), give back the managed functions they lent (--config's) and exit",
           NULL },
         VN_TRACE_OPTION_ENTRY(trace),
         G_OPTION_ENTRY_NULL,
@@ -278,7 +291,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (stop_workers) {
-        return run_stop_workers();
+        return run_stop_workers(config_path != NULL ? config_path : VN_DEFAULT_CONFIG);
     }
     if (check_config && reload) {
         fprintf(stderr, "vfio-ntbd: --check-config or --reload, not both\n");

@@ -68,7 +68,7 @@ bool vn_backend_vfio_address_ok(const char *s)
            s[10] == '.';
 }
 
-static int group_of(const char *bdf, GError **error)
+int vn_backend_vfio_group(const char *bdf, GError **error)
 {
     g_autofree char *dir = g_strdup_printf("/sys/bus/pci/devices/%s", bdf);
     g_autofree char *link = g_strdup_printf("%s/iommu_group", dir);
@@ -142,11 +142,11 @@ static void read_ranges(Vfio *v)
     }
 }
 
-static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
-                       GError **error)
+/* The container (ours) joined to the group @group (an open /dev/vfio/N; taken), and the
+ * device @where from it. */
+static void *vfio_setup(const char *where, int group, GError **error)
 {
     struct vfio_group_status status = { .argsz = sizeof(status) };
-    g_autofree char *group_path = NULL;
     Vfio *v;
     int n;
 
@@ -154,17 +154,35 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "\"%.40s\" is not a PCI address (DDDD:BB:DD.F, lower-case hex)",
                     where != NULL ? where : "(null)");
+        if (group >= 0) {
+            close(group);
+        }
         return NULL;
     }
-    if ((n = group_of(where, error)) < 0) {
+    if ((n = vn_backend_vfio_group(where, error)) < 0) {
+        if (group >= 0) {
+            close(group);
+        }
         return NULL;
     }
     v = g_new0(Vfio, 1);
-    v->container = v->group = v->device = -1;
+    v->container = v->device = -1;
+    v->group = group;
     v->group_id = n;
     g_strlcpy(v->bdf, where, sizeof(v->bdf));
     v->maps = g_array_new(FALSE, FALSE, sizeof(VfioMap));
-    group_path = g_strdup_printf("/dev/vfio/%d", n);
+    if (v->group < 0) {
+        g_autofree char *group_path = g_strdup_printf("/dev/vfio/%d", n);
+
+        v->group = open(group_path, O_RDWR | O_CLOEXEC);
+        if (v->group < 0) {
+            g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
+                        "%s (IOMMU group of %s): %s (is it bound to vfio-pci, and not in use?)",
+                        group_path, where, g_strerror(errno));
+            goto fail;
+        }
+    }
+    /* /dev/vfio/vfio is everyone's (0666): an unprivileged worker opens its own. */
     v->container = open("/dev/vfio/vfio", O_RDWR | O_CLOEXEC);
     if (v->container < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
@@ -175,13 +193,6 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
         ioctl(v->container, VFIO_CHECK_EXTENSION, VFIO_TYPE1v2_IOMMU) <= 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
                     "this kernel's VFIO has no type1v2 IOMMU");
-        goto fail;
-    }
-    v->group = open(group_path, O_RDWR | O_CLOEXEC);
-    if (v->group < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno),
-                    "%s (IOMMU group of %s): %s (is it bound to vfio-pci, and not in use?)",
-                    group_path, where, g_strerror(errno));
         goto fail;
     }
     if (ioctl(v->group, VFIO_GROUP_GET_STATUS, &status) < 0 ||
@@ -224,6 +235,20 @@ static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn 
 fail:
     vfio_free(v);
     return NULL;
+}
+
+static void *vfio_open(const char *where, unsigned timeout_ms, VnBackendStallFn stall, void *opaque,
+                       GError **error)
+{
+    return vfio_setup(where, -1, error);
+}
+
+/* @fd: the function's IOMMU group (/dev/vfio/N), which vfio-ntbd opened for a worker that
+ * serves as the worker user. */
+static void *vfio_open_fd(int fd, const char *where, unsigned timeout_ms, VnBackendStallFn stall,
+                          void *opaque, GError **error)
+{
+    return vfio_setup(where, fd, error);
 }
 
 static void vfio_close(void *dev)
@@ -534,6 +559,7 @@ static bool vfio_stalled(void *dev)
 const VnBackendOps vn_backend_vfio = {
     .name = "vfio",
     .open = vfio_open,
+    .open_fd = vfio_open_fd,
     .close = vfio_close,
     .get_info = vfio_get_info,
     .get_region_info = vfio_get_region_info,

@@ -92,6 +92,9 @@ extern const VnBackendOps vn_backend_vfio;
 /* @s is a PCI address as vfio's @where takes it: DDDD:BB:DD.F, lower-case
  * hex, as sysfs names the function. */
 bool vn_backend_vfio_address_ok(const char *s);
+/* The IOMMU group number of PCI function @bdf (its sysfs iommu_group), or -1 with @error: no
+ * such function, or in no group (no IOMMU). */
+int vn_backend_vfio_group(const char *bdf, GError **error);
 
 /* Every member is there; false with @error naming what is missing. */
 bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error);

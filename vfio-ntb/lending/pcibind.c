@@ -5,6 +5,8 @@
 
 #include "pcibind.h"
 
+#include "backend.h"
+
 #include "common/util.h"
 
 #include <errno.h>
@@ -413,5 +415,63 @@ bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GE
         return false;
     }
     g_message("%s: given back to %s", bdf, now[0] ? now : "no driver");
+    return true;
+}
+
+/* A kept file is two short lines. */
+#define VN_PCIBIND_KEPT_MAX 256
+
+bool vn_pcibind_keep(const char *path, const char *bdf, const char *driver, GError **error)
+{
+    g_autofree char *text = g_strdup_printf("%s\n%s\n", driver, bdf);
+
+    return g_file_set_contents_full(path, text, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600, error);
+}
+
+bool vn_pcibind_kept(const char *path, char **driver, char **bdf)
+{
+    g_autofree char *text = NULL;
+    g_auto(GStrv) lines = NULL;
+    gsize len = 0;
+
+    *driver = *bdf = NULL;
+    if (!g_file_get_contents(path, &text, &len, NULL) || len > VN_PCIBIND_KEPT_MAX ||
+        strlen(text) != len) {
+        return false;
+    }
+    lines = g_strsplit(text, "\n", 3);
+    if (lines[0] == NULL || strlen(lines[0]) > 64 ||
+        !g_regex_match_simple("^[A-Za-z0-9_.-]*$", lines[0], 0, 0)) {
+        return false;
+    }
+    if (lines[1] != NULL && lines[1][0] != '\0') {
+        if (!vn_backend_vfio_address_ok(lines[1])) {
+            return false;
+        }
+        *bdf = g_strdup(lines[1]);
+    }
+    *driver = g_strdup(lines[0]);
+    return true;
+}
+
+bool vn_pcibind_give_back(const char *sys, const char *path, const char *bdf, GError **error)
+{
+    g_autofree char *driver = NULL, *named = NULL;
+
+    if (!vn_pcibind_kept(path, &driver, &named)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "%s: not what a lender worker keeps of a managed function", path);
+        return false;
+    }
+    if ((named == NULL && bdf == NULL) ||
+        (named != NULL && bdf != NULL && strcmp(named, bdf) != 0)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s names %s, not %s", path,
+                    named != NULL ? named : "no function", bdf != NULL ? bdf : "one");
+        return false;
+    }
+    if (!vn_pcibind_restore(sys, named != NULL ? named : bdf, driver, error)) {
+        return false;
+    }
+    unlink(path);
     return true;
 }

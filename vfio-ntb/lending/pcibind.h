@@ -59,6 +59,21 @@ bool vn_pcibind_to_vfio(const char *sys, const char *bdf, char **was, GError **e
 bool vn_pcibind_restore(const char *sys, const char *bdf, const char *driver, GError **error);
 
 /*
+ * managed = yes: while a lender worker has @bdf bound to vfio-pci, the file @path (0600,
+ * written as root before the worker serves as the worker user) keeps the driver @bdf had
+ * and @bdf, so that whoever ends the worker (the worker itself when it serves as root,
+ * vfio-ntbd, or vfio-ntbd --stop-workers) gives the function back to that driver.
+ */
+bool vn_pcibind_keep(const char *path, const char *bdf, const char *driver, GError **error);
+/* What @path keeps: true with *@driver (a driver's name, "" for none) and *@bdf (NULL when
+ * the file names none); false when it is missing, too long or malformed. */
+bool vn_pcibind_kept(const char *path, char **driver, char **bdf);
+/* The function @path keeps given back to its driver (vn_pcibind_restore()), then @path
+ * removed; false with @error, the file left for a later try.  @bdf: the function the caller
+ * knows, which the file must name, or NULL to take the file's. */
+bool vn_pcibind_give_back(const char *sys, const char *path, const char *bdf, GError **error);
+
+/*
  * SR-IOV: physical function @bdf (bound to its own driver, which creates
  * the VFs) has @n virtual functions afterwards: sriov_numvfs is written
  * only when it holds another number (so a restart leaves VFs in use

@@ -16,10 +16,12 @@
  * the daemon's.  On its control channel (--control, common/wctl.h) it
  * answers "stats" with its counters.  SIGTERM fences and ends it.
  *
- * With --run-as (a device server's worker: vfio-ntbd's worker-user), once set up it gives up
- * its privileges (common/privs.h): it is then that user, with no capabilities, and holds
- * only fds; its connections to the device server are made by vfio-ntbd, which dials the
- * socket its config names when the worker asks (fabric/host.h: vn_host_dial_device).
+ * With --run-as (vfio-ntbd's worker-user), once set up it gives up its privileges
+ * (common/privs.h): it is then that user, with no capabilities, and holds only fds; what
+ * reaches its device is vfio-ntbd's to open when the worker asks (fabric/host.h:
+ * vn_host_dial_device): a connection to the device server its config names, or the PCI
+ * function's IOMMU group (/dev/vfio/N).  A managed function it bound as root is given back
+ * by vfio-ntbd after the worker is gone.
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -39,6 +41,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 typedef struct Worker {
     VnFabric *fab;
@@ -75,40 +78,54 @@ static const VnFabricHandlers handlers = {
 
 /*
  * managed = yes: bind @bdf to vfio-pci, the driver it had kept in @state
- * (0600) so that a restarted worker gives it back to that one, not to
+ * (pcibind.h: vn_pcibind_keep) so that a restarted worker gives it back to that one, not to
  * vfio-pci.  The driver's name, or NULL (said on stderr).
  */
 static char *managed_take(const char *bdf, const char *state)
 {
     g_autoptr(GError) error = NULL;
-    g_autofree char *kept = NULL, *was = NULL;
+    g_autofree char *kept = NULL, *kept_bdf = NULL, *was = NULL;
 
-    if (g_file_get_contents(state, &kept, NULL, NULL)) {
-        g_strstrip(kept);
-    }
     if (!vn_pcibind_to_vfio("/sys", bdf, &was, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
         return NULL;
     }
-    if (kept != NULL && strlen(kept) <= 64 &&
-        g_regex_match_simple("^[A-Za-z0-9_.-]*$", kept, 0, 0)) {
+    if (vn_pcibind_kept(state, &kept, &kept_bdf) &&
+        (kept_bdf == NULL || strcmp(kept_bdf, bdf) == 0)) {
+        /* Written anew with the function: an older worker's file named none. */
+        if (kept_bdf == NULL && !vn_pcibind_keep(state, bdf, kept, &error)) {
+            fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
+        }
         return g_steal_pointer(&kept);
     }
-    if (!g_file_set_contents_full(state, was, -1, G_FILE_SET_CONTENTS_CONSISTENT, 0600, &error)) {
+    if (!vn_pcibind_keep(state, bdf, was, &error)) {
         fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
     }
     return g_steal_pointer(&was);
 }
 
-static void managed_give_back(const char *bdf, const char *state, const char *driver)
+static void managed_give_back(const char *bdf, const char *state)
 {
     g_autoptr(GError) error = NULL;
 
-    if (!vn_pcibind_restore("/sys", bdf, driver, &error)) {
+    if (!vn_pcibind_give_back("/sys", state, bdf, &error)) {
         g_warning("lender worker: %s", error->message);
-        return;
     }
-    unlink(state);
+}
+
+/* VFIO counts the memory a device's DMA pins against RLIMIT_MEMLOCK once the worker has no
+ * CAP_IPC_LOCK: raised while it can (as root, before it gives up its privileges), else what
+ * it was given stays (the unit's vfio.conf drop-in: LimitMEMLOCK=infinity). */
+static void memlock_unbounded(void)
+{
+    struct rlimit r = { RLIM_INFINITY, RLIM_INFINITY };
+
+    if (setrlimit(RLIMIT_MEMLOCK, &r) < 0 && getrlimit(RLIMIT_MEMLOCK, &r) == 0 &&
+        r.rlim_cur != RLIM_INFINITY) {
+        g_warning("lender worker: locked memory is limited to %llu KiB (RLIMIT_MEMLOCK): DMA "
+                  "mappings beyond it fail (LimitMEMLOCK=infinity: the vfio.conf drop-in)",
+                  (unsigned long long)r.rlim_cur / 1024);
+    }
 }
 
 /* The host wants the device back: the daemon revokes the lease (the
@@ -244,7 +261,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (run_as != NULL && ops->open_fd == NULL) {
-        fprintf(stderr, "vfio-ntb-lender: --run-as is for a device server's worker\n");
+        fprintf(stderr, "vfio-ntb-lender: --run-as needs a backend whose device vfio-ntbd can "
+                        "open for it\n");
         return 2;
     }
     if (managed != NULL && (strcmp(ops->name, "vfio") != 0 || at == NULL)) {
@@ -283,6 +301,9 @@ int main(int argc, char **argv)
      * on the loop, after this). */
     if (privs.drop) {
         vn_lender_set_dialer(w.l, dial_through_daemon, &w);
+        if (strcmp(ops->name, "vfio") == 0) {
+            memlock_unbounded();
+        }
         if (!vn_privs_drop(&privs, &error)) {
             fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
             g_clear_pointer(&wctl, vn_wctl_free);
@@ -296,8 +317,10 @@ int main(int argc, char **argv)
     g_clear_pointer(&w.l, vn_lender_free);
     vn_fabric_close(w.fab);
     g_main_loop_unref(w.loop);
-    if (was != NULL) {
-        managed_give_back(at, managed, was);
+    /* Serving as the worker user, it cannot write sysfs: vfio-ntbd gives the function back
+     * once this process is gone (or vfio-ntbd --stop-workers does, at systemctl stop). */
+    if (was != NULL && !privs.drop) {
+        managed_give_back(at, managed);
     }
     return 0;
 }
