@@ -46,7 +46,7 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(B)/bench/%)
 PROGS := $(B)/vfio-ntb-simdev $(B)/vfio-ntb-ntbsim $(B)/vfio-ntbd $(B)/vfio-ntb-borrower $(B)/vfio-ntb-lender $(B)/ntbctl \
 	$(B)/vfio-ntb-libvirt-hook
 
-.PHONY: lint format format-check modules install-modules all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
+.PHONY: lint format format-check modules install-modules install-dkms all check check-fast check-unit check-e2e check-asan check-tsan asan-build tsan-build coverage install clean demo testbed testbed-stock qemu bench fuzz fuzz-run fuzz-seeds distclean
 
 all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS) $(B)/kmod-selftest
 
@@ -387,6 +387,17 @@ install: $(PROGS)
 	done
 	$(if $(COMPLETION),install -d $(DESTDIR)$(BASHCOMPDIR) && \
 		install -m 0644 $(COMPLETION) $(DESTDIR)$(BASHCOMPDIR)/)
+
+# The DKMS source tree the vfio-ntb-dkms package ships (/usr/src/vfio-ntb-VERSION): vfio_ntb's
+# source and what DKMS needs to build it with Linux's NTB drivers for each kernel (docs/ntb.md).
+DKMS_VERSION = $(shell sed -n 's/^\#define VN_VERSION "\(.*\)"$$/\1/p' config.h)
+DKMS_DIR = $(DESTDIR)$(PREFIX)/src/vfio-ntb-$(DKMS_VERSION)
+install-dkms:
+	install -d $(DKMS_DIR)/vfio_ntb
+	install -m 0644 vfio-ntb/kmod/Kbuild vfio-ntb/kmod/*.c vfio-ntb/kmod/*.h $(DKMS_DIR)/vfio_ntb/
+	install -m 0644 vfio-ntb/kmod/dkms/Kbuild $(DKMS_DIR)/
+	install -m 0755 vfio-ntb/kmod/dkms/dkms-prepare $(DKMS_DIR)/
+	sed 's/@VERSION@/$(DKMS_VERSION)/' vfio-ntb/kmod/dkms/dkms.conf.in >$(DKMS_DIR)/dkms.conf
 
 # (install: the units' /usr/sbin/vfio-ntbd, or /usr/bin/ as they once said, becomes SBINDIR's.)
 

@@ -31,7 +31,7 @@ import harness as h  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 10
+EXPECTED_RESULTS = 11
 
 SUITE = "bookworm"
 MIRRORS = ["deb http://deb.debian.org/debian bookworm main",
@@ -114,7 +114,8 @@ def test_make_deb():
     out = r.stdout + r.stderr
     ver = tree_version()
     debs = {p.name for p in h.REPO.glob("vfio-ntb*.deb")}
-    want = {f"vfio-ntb_{ver}_{arch()}.deb", f"vfio-ntb-simdev_{ver}_{arch()}.deb"}
+    want = {f"vfio-ntb_{ver}_{arch()}.deb", f"vfio-ntb-simdev_{ver}_{arch()}.deb",
+            f"vfio-ntb-dkms_{ver}_all.deb"}
     ok = result("package-deb-built", r.returncode == 0 and debs == want,
                 rc=r.returncode, debs=",".join(sorted(debs)) or "none",
                 seconds=TIMES["make_deb_s"])
@@ -129,11 +130,12 @@ def test_make_deb():
     for ln in errors:
         print("  " + ln)
     return [h.REPO / f"vfio-ntb_{ver}_{arch()}.deb",
-            h.REPO / f"vfio-ntb-simdev_{ver}_{arch()}.deb"] if ok else None
+            h.REPO / f"vfio-ntb-simdev_{ver}_{arch()}.deb",
+            h.REPO / f"vfio-ntb-dkms_{ver}_all.deb"] if ok else None
 
 
 def test_layout(debs):
-    main, simdev = debs
+    main, simdev, _dkms = debs
     files = deb_files(main)
     sim = deb_files(simdev)
     units = {p.name for p in (h.REPO / "systemd").glob("*.service")}
@@ -175,6 +177,52 @@ def test_layout(debs):
            units=len(units), units_not_sbin=",".join(bad_units) or "none", man_pages=len(mans),
            dropins=",".join(dropins) or "none", unit_faults=len(unit_faults),
            reloads_systemd="daemon-reload" in postinst)
+
+
+def test_dkms(procs, deb):
+    """vfio-ntb-dkms: its source tree, built by DKMS (dkms build, as its postinst's dkms install
+    does) for the test guest's kernel, from a linux-source-style tarball of that kernel's
+    drivers/ntb: every module build-ntb-modules builds (but Switchtec's) comes out, for that
+    kernel; the postinst installs for each kernel with headers, the prerm removes them."""
+    import tempfile
+    ver = tree_version()
+    built = Path(run([h.REPO / "scripts" / "build-ntb-modules"], timeout=1800).stdout.strip())
+    release = (built / "release").read_text().strip()
+    want = [m for m in (built / "load-order").read_text().split() if "switchtec" not in m]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vn-dkms-") as d:
+        d = Path(d)
+        run(["dpkg-deb", "-x", deb, d / "root"])
+        (d / "tree").mkdir()
+        src = Path((built / "source").read_text().strip())
+        series = ".".join(release.split(".")[:2])
+        (d / "ls").mkdir()
+        os.symlink(src, d / "ls" / f"linux-source-{series}")  # the package's layout
+        tarball = d / f"linux-source-{series}.tar.xz"
+        run(["tar", "-cJhf", tarball, "-C", d / "ls", f"linux-source-{series}"], timeout=300)
+        r = run(["dkms", "build", "-m", "vfio-ntb", "-v", ver, "-k", release,
+                 f"--kernelsourcedir={(built / 'headers').read_text().strip()}",
+                 f"--sourcetree={d / 'root' / 'usr' / 'src'}", f"--dkmstree={d / 'tree'}"],
+                timeout=900, env={**os.environ, "VN_NTB_SOURCE": str(tarball)})
+        mods = d / "tree" / "vfio-ntb" / ver / release / run(["uname", "-m"]).stdout.strip() \
+            / "module"
+        got = sorted(p.name.split(".")[0] for p in mods.glob("*.ko*")) if mods.is_dir() else []
+        magic = {run(["modinfo", "-F", "vermagic", p]).stdout.split()[0]
+                 for p in mods.glob("*.ko*")}
+        deps = run(["modinfo", "-F", "depends", mods / "vfio_ntb.ko"]).stdout.strip() \
+            if "vfio_ntb" in got else ""
+        if r.returncode != 0:
+            print(h._tail(r.stdout + r.stderr))
+            for log in (d / "tree").rglob("make.log"):
+                print(h._tail(log.read_text(errors="replace")))
+    postinst = deb_control(deb, "postinst")
+    prerm = deb_control(deb, "prerm")
+    scripts_ok = "dkms install" in postinst and "dkms add" in postinst and "dkms remove" in prerm
+    result("package-dkms", r.returncode == 0 and got == sorted(want) and magic == {release}
+           and deps == "ntb" and scripts_ok, rc=r.returncode, kernel=release,
+           modules=",".join(got) or "none", missing=",".join(sorted(set(want) - set(got)))
+           or "none", vermagic=",".join(sorted(magic)) or "none", vfio_ntb_depends=deps or "-",
+           scripts=scripts_ok, seconds=round(time.monotonic() - t0, 1))
 
 
 def depends(deb):
@@ -385,13 +433,14 @@ def main():
     with h.Procs() as procs:
         debs = test_make_deb()
         if debs is None:
-            for name in ("package-layout", "package-installs", "package-ntbctl-help",
+            for name in ("package-layout", "package-dkms", "package-installs", "package-ntbctl-help",
                          "package-check-config", "package-daemon-finds-worker",
                          "package-remove-purge"):
                 result(name, False, error="no_packages")
         else:
             test_layout(debs)
-            test_clean_root(procs, debs)
+            test_dkms(procs, debs[2])
+            test_clean_root(procs, debs[:2])
         test_install_uninstall(procs)
     TIMES["total_s"] = round(time.monotonic() - t0, 1)
     print("test_package times: " + " ".join(f"{k}={v}" for k, v in TIMES.items()))
