@@ -128,6 +128,54 @@ START_TEST(test_lender_restart_then_return)
 }
 END_TEST
 
+static void record_end(void *opaque, const VnLeaseChange *ch)
+{
+    if (ch->lease->state == VN_LEASE_FREE) {
+        *(VnLeaseEnd *)opaque = ch->end;
+    }
+}
+
+/* A revoke waiting out its grace survives the lender daemon's restart: the restored lease is
+ * still being revoked (its holder's claim does not make it held again) and the holder, told
+ * again once it is back, gives it back; with the holder away it ends when the grace runs out
+ * (revoked), not at the lease timeout, and a second revoke meanwhile is refused saying so. */
+START_TEST(test_revoke_survives_lender_restart)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLeaseEnd end = VN_LEASE_END_NONE;
+    gint64 t0;
+
+    borrow(a, b);
+    vn_daemon_free(b); /* away: the revoke waits out its grace */
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), 4000, NULL);
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_REVOKING);
+    spin(200);
+    vn_daemon_free(a);
+    a = daemon_start("hosta");
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_REVOKING);
+    vn_leases_listen(a->leases, record_end, &end);
+    b = daemon_start("hostb"); /* back, and claiming it */
+    ck_assert(spin_until(free_again, a, 3000));
+    ck_assert_int_eq(end, VN_LEASE_END_RETURNED);
+    spin(300); /* its fence */
+
+    /* The holder stays away this time. */
+    borrow(a, b);
+    vn_daemon_free(b);
+    t0 = g_get_monotonic_time();
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), LEASE_TIMEOUT_MS + 1000, NULL);
+    spin(200);
+    vn_daemon_free(a);
+    a = daemon_start("hosta");
+    end = VN_LEASE_END_NONE;
+    vn_leases_listen(a->leases, record_end, &end);
+    ck_assert(spin_until(free_again, a, LEASE_TIMEOUT_MS + 3000));
+    ck_assert_int_eq(end, VN_LEASE_END_REVOKED);
+    ck_assert_int_ge(g_get_monotonic_time() - t0, (LEASE_TIMEOUT_MS + 900) * 1000);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* The lent device's backend is its worker's: a restarted lender adopts it
  * and hands it the holder again; a lease's end is its holder going. */
 START_TEST(test_lender_worker_adopted)
@@ -704,6 +752,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
+    tcase_add_test(tc, test_revoke_survives_lender_restart);
     tcase_add_test(tc, test_server_generation_survives_restarts);
     tcase_add_test(tc, test_lender_worker_adopted);
     tcase_add_test(tc, test_config_drops_lent);

@@ -364,6 +364,8 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
     }
 }
 
+static void tell_resumed_revokes(VnDaemon *d, const char *peer);
+
 static void on_announce(VnDaemon *d, VnFabricMsg *msg)
 {
     g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
@@ -388,6 +390,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     n->link_up = true;
     n->seen_us = g_get_monotonic_time();
     vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
+    tell_resumed_revokes(d, msg->peer);
     holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
     vn_devserver_announced(d, msg->peer, n->ann);
@@ -460,6 +463,8 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
         g_source_remove(ld->revoke_timer);
         ld->revoke_timer = 0;
     }
+    ld->revoke_deadline = 0;
+    ld->revoke_untold = false;
     if (ld->revoke_reply != NULL) {
         g_autoptr(JsonBuilder) b = json_builder_new();
 
@@ -622,36 +627,94 @@ static gboolean on_grace_over(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r)
+/* Tell @ld's holder it is being revoked, with @grace_ms left. */
+static void tell_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms)
 {
     VnPeersRequest rq = { 0 };
     g_autofree char *json = NULL;
-    Revoke *rv;
 
-    if (!vn_lease_lent(ld->lease)) {
-        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node, ld->conf->name);
-        return;
-    }
-    if (!vn_leases_revoke(d->leases, ld->lease, g_get_monotonic_time())) {
-        vn_control_error(r, VN_ERR_BUSY, "%s/%s is being revoked already", d->conf->node,
-                         ld->conf->name);
-        return;
-    }
-    ld->revoke_reply = r;
     rq.lease = ld->lease->id;
     rq.grace_ms = grace_ms;
     g_strlcpy(rq.device, ld->conf->name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_REVOKE, &rq);
-    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
-           "node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)", d->conf->node,
-           ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
     vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0);
+    ld->revoke_untold = false;
+}
+
+/* The grace period: the lease ends at @deadline (real time, µs), kept in the state file. */
+static bool start_revoke(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
+{
+    gint64 left_ms = MAX(deadline - g_get_real_time(), 0) / 1000;
+    Revoke *rv;
+
+    /* Set before the change: its listener saves the state file. */
+    ld->revoke_deadline = deadline;
+    if (!vn_leases_revoke(d->leases, ld->lease, g_get_monotonic_time())) {
+        ld->revoke_deadline = 0;
+        return false;
+    }
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
-    ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, grace_ms, on_grace_over, rv, g_free);
+    ld->revoke_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, (guint)MIN(left_ms, G_MAXUINT),
+                                          on_grace_over, rv, g_free);
     /* @rv is the GLib source's now: its destroy notify (g_free) frees it. */
     /* cppcheck-suppress memleak */
+    return true;
+}
+
+void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r)
+{
+    if (!vn_lease_lent(ld->lease)) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node, ld->conf->name);
+        return;
+    }
+    if (ld->lease->state == VN_LEASE_REVOKING) {
+        vn_control_error(r, VN_ERR_BUSY, "%s/%s is being revoked already (%.1f s left)",
+                         d->conf->node, ld->conf->name,
+                         MAX(ld->revoke_deadline - g_get_real_time(), 0) / 1e6);
+        return;
+    }
+    if (!start_revoke(d, ld, g_get_real_time() + (gint64)grace_ms * 1000)) {
+        vn_control_error(r, VN_ERR_BUSY, "%s/%s cannot be revoked now", d->conf->node,
+                         ld->conf->name);
+        return;
+    }
+    ld->revoke_reply = r;
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
+           "node %s: revoking %s from %s (lease %" G_GUINT64_FORMAT ", grace %u ms)", d->conf->node,
+           ld->conf->name, ld->lease->holder, ld->lease->id, grace_ms);
+    tell_revoke(d, ld, grace_ms);
+}
+
+void vn_cluster_revoke_resume(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
+{
+    gint64 left = deadline - g_get_real_time();
+
+    if (!start_revoke(d, ld, deadline)) {
+        return;
+    }
+    ld->revoke_untold = true;
+    vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
+           "node %s: revoking %s from %s goes on after the restart (lease %" G_GUINT64_FORMAT
+           ", %.1f s of its grace left)",
+           d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, MAX(left, 0) / 1e6);
+}
+
+/* @peer announced itself: a revoke resumed after our restart reaches it now (the one before
+ * may have been lost with the old daemon). */
+static void tell_resumed_revokes(VnDaemon *d, const char *peer)
+{
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->revoke_untold && ld->lease->state == VN_LEASE_REVOKING &&
+            g_strcmp0(ld->lease->holder, peer) == 0) {
+            tell_revoke(d, ld,
+                        (uint32_t)CLAMP((ld->revoke_deadline - g_get_real_time()) / 1000, 0,
+                                        VN_DAEMON_MAX_GRACE_MS));
+        }
+    }
 }
 
 void vn_cluster_device_request(void *opaque)

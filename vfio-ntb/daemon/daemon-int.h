@@ -68,6 +68,10 @@ typedef struct VnLocalDevice {
     VnLease *lease;     /* its lease (d->leases owns it): holder, id, state */
     guint revoke_timer; /* a revoke waiting out its grace period */
     VnControlReply *revoke_reply;
+    gint64 revoke_deadline; /* when that grace runs out (real time, µs: in the state file,
+                             * so a restart resumes the revoke); 0 when none */
+    bool revoke_untold;     /* resumed after a restart: its holder is told again when it
+                             * next announces itself */
     /* Its backend (lending/lender.h) runs in a vfio-ntb-lender process
      * (lenders.c), which outlives this daemon, behind its port: the
      * lease holder's requests go to it there. */
@@ -384,6 +388,10 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
                        void *opaque);
 void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opaque);
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
+/* A revoke the state file says was waiting out its grace (until @deadline, real time, µs)
+ * when the daemon stopped: @ld's restored lease is being revoked again, ending at that
+ * deadline (at once when it passed); its holder is told again when it next announces. */
+void vn_cluster_revoke_resume(VnDaemon *d, VnLocalDevice *ld, gint64 deadline);
 /* The host wants @ld back (its worker heard VFIO's device request: an
  * unbind or a removal waits on it): a revoke with the usual grace, once. */
 void vn_cluster_device_request(void *ld);

@@ -56,11 +56,16 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
 }
 
 /* A lease whose holder is away (its link went down, or not back since our
- * restart) ends lease-timeout-ms after that, unless claimed again. */
-static gint64 expires_in_ms(VnDaemon *d, const VnLease *l)
+ * restart) ends lease-timeout-ms after that, unless claimed again; one being
+ * revoked, when its grace runs out. */
+static gint64 expires_in_ms(VnDaemon *d, const VnLocalDevice *ld)
 {
+    const VnLease *l = ld->lease;
     gint64 left;
 
+    if (l->state == VN_LEASE_REVOKING && ld->revoke_deadline != 0) {
+        return MAX(ld->revoke_deadline - g_get_real_time(), 0) / 1000;
+    }
     if (l->state != VN_LEASE_ORPHANED && l->state != VN_LEASE_RESTORED) {
         return -1;
     }
@@ -103,7 +108,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
 
         /* attached_to: on the lender, the VM its holder serves it to. */
         DeviceExtra x = { vn_lease_lent(ld->lease) ? ld->holder_domain : NULL,
-                          expires_in_ms(d, ld->lease) };
+                          expires_in_ms(d, ld) };
 
         if (only == NULL || strcmp(only, dev) == 0) {
             add_device(b, d->conf->node, ld->conf->name,

@@ -109,6 +109,11 @@ bool vn_state_save(VnDaemon *d, GError **error)
         /* The holder's VM was given the device anew this many times (devserver.c). */
         json_builder_set_member_name(b, "server_generation");
         json_builder_add_int_value(b, ld->server_gen);
+        if (ld->revoke_deadline != 0) {
+            /* A revoke waiting out its grace: a restart resumes it, due at the same time. */
+            json_builder_set_member_name(b, "revoke_deadline_us");
+            json_builder_add_int_value(b, ld->revoke_deadline);
+        }
         /* A restart whose config no longer has it still finds it. */
         add_lend_conf(b, ld->conf);
         json_builder_end_object(b);
@@ -383,7 +388,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         JsonNode *e = json_array_get_element(json_node_get_array(n), i);
         const char *name, *borrower;
         VnLocalDevice *ld;
-        uint64_t lease;
+        uint64_t lease, deadline;
 
         if (!JSON_NODE_HOLDS_OBJECT(e) ||
             !(name = vn_util_json_string(json_node_get_object(e), "name")) ||
@@ -413,6 +418,13 @@ bool vn_state_load(VnDaemon *d, GError **error)
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, name, borrower, lease,
                "node %s: lease %" G_GUINT64_FORMAT " on %s held by %s restored", d->conf->node,
                lease, name, borrower);
+        if (vn_util_json_counter(json_node_get_object(e), "revoke_deadline_us", false, &deadline) &&
+            deadline > 0 && deadline <= G_MAXINT64) {
+            /* Never later than a grace can be from now (the file may be old or wrong). */
+            vn_cluster_revoke_resume(
+                d, ld,
+                MIN((gint64)deadline, g_get_real_time() + (gint64)VN_DAEMON_MAX_GRACE_MS * 1000));
+        }
     }
     n = json_object_get_member(o, "lender_workers");
     for (guint i = 0;
@@ -504,10 +516,11 @@ void vn_state_on_lease(void *opaque, const VnLeaseChange *ch)
 {
     VnDaemon *d = opaque;
 
-    /* The file records holders and ids, not states: a claim changes nothing
-     * in it.  Restores come from the file itself. */
-    if (ch->from == VN_LEASE_FREE ? ch->lease->state != VN_LEASE_RESTORED
-                                  : ch->lease->state == VN_LEASE_FREE) {
+    /* The file records holders, ids and revokes (their deadlines), not states: a claim
+     * changes nothing in it.  Restores come from the file itself. */
+    if (ch->from == VN_LEASE_FREE
+            ? ch->lease->state != VN_LEASE_RESTORED
+            : ch->lease->state == VN_LEASE_FREE || ch->lease->state == VN_LEASE_REVOKING) {
         vn_state_save_or_report(d);
     }
 }
