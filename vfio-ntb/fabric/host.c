@@ -738,7 +738,7 @@ int vn_host_dial_device(VnFabric *fab, GError **error)
     if (ret < 0) {
         vn_util_close_fd(&fd);
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "the daemon did not dial the device server: %s", g_strerror(-ret));
+                    "the daemon could not reach it for us: %s", g_strerror(-ret));
         return -1;
     }
     return fd;

@@ -27,6 +27,8 @@
 
 #include "lender.h"
 
+#include "backend.h"
+
 #include "common/json.h"
 #include "common/privs.h"
 #include "common/util.h"
@@ -47,6 +49,7 @@ typedef struct Worker {
     VnFabric *fab;
     VnLender *l;
     GMainLoop *loop;
+    const char *at; /* where its device is: a device server's socket, or a PCI function */
 } Worker;
 
 static void on_link(void *opaque, const char *peer, bool up)
@@ -157,8 +160,32 @@ static void on_server(void *opaque, bool up, uint32_t gen, const char *why)
 static int dial_through_daemon(void *opaque, GError **error)
 {
     Worker *w = opaque;
+    int fd = vn_host_dial_device(w->fab, error);
 
-    return vn_host_dial_device(w->fab, error);
+    if (fd < 0) {
+        g_prefix_error(error, "device server %s: ", w->at);
+    }
+    return fd;
+}
+
+/* A PCI function's: the daemon opens its IOMMU group; said as an open here would say it. */
+static int open_group_through_daemon(void *opaque, GError **error)
+{
+    Worker *w = opaque;
+    g_autoptr(GError) local = NULL;
+    int n = vn_backend_vfio_group(w->at, error), fd;
+
+    if (n < 0) {
+        return -1;
+    }
+    fd = vn_host_dial_device(w->fab, &local);
+    if (fd < 0) {
+        g_set_error(error, G_IO_ERROR, local->code,
+                    "/dev/vfio/%d (IOMMU group of %s): %s (is it bound to vfio-pci, and not in "
+                    "use?)",
+                    n, w->at, local->message);
+    }
+    return fd;
 }
 
 /* "stats": the lender's counters and how its device server is doing. */
@@ -300,9 +327,12 @@ int main(int argc, char **argv)
     /* Everything it serves with is an fd now, or comes from the daemon (its first dial is
      * on the loop, after this). */
     if (privs.drop) {
-        vn_lender_set_dialer(w.l, dial_through_daemon, &w);
+        w.at = at != NULL ? at : dsock;
         if (strcmp(ops->name, "vfio") == 0) {
+            vn_lender_set_dialer(w.l, open_group_through_daemon, &w);
             memlock_unbounded();
+        } else {
+            vn_lender_set_dialer(w.l, dial_through_daemon, &w);
         }
         if (!vn_privs_drop(&privs, &error)) {
             fprintf(stderr, "vfio-ntb-lender: %s\n", error->message);
