@@ -267,7 +267,9 @@ coverage:
 # as warnings fail it.  (The kernel module is checked by its own build, -Werror, against the
 # kernel's headers.)
 SHELL_SCRIPTS := configure $(shell grep -l '^\#!/bin/sh' scripts/*) tests/guest/init \
-	tests/lender-host/init libvirt-hooks/qemu.d/vfio-ntb completion/ntbctl
+	tests/lender-host/init libvirt-hooks/qemu.d/vfio-ntb completion/ntbctl \
+	vfio-ntb/kmod/dkms/dkms-prepare debian/vfio-ntb.postinst debian/vfio-ntb-dkms.postinst \
+	debian/vfio-ntb-dkms.prerm
 # The C tree through cppcheck (Debian's 2.10): warnings, performance and portability, zero
 # findings; each suppression is in the code, with its reason.  GLib's declaration macros
 # are given empty, cppcheck knowing nothing of them.
