@@ -342,7 +342,8 @@ def test_remove_purge(root):
 
 def test_daemon_finds_worker(procs, root):
     """The installed daemon (in /usr/sbin, no worker beside it, /usr/libexec/vfio-ntb not on
-    PATH) starts the lender worker of its [lend] device from /usr/libexec/vfio-ntb.  It runs
+    PATH) starts the lender worker of its [lend] device from /usr/libexec/vfio-ntb, and the
+    installed ntbctl lists its trace events (`trace --list`: the lists are built in).  It runs
     in a PID namespace of its own, so the worker, which outlives the daemon by design, ends
     with it."""
     conf = root / "etc" / "vfio-ntb" / "vfio-ntbd.conf"
@@ -370,13 +371,18 @@ def test_daemon_finds_worker(procs, root):
                         stdout=f, stderr=subprocess.STDOUT, env={"PATH": "/usr/sbin:/usr/bin"})
         seen = wait_for(lambda: worker_pids() or d.poll() is not None, 10)
         pids = worker_pids()
+        # The trace events it knows, from the installed ntbctl (they are in the binaries).
+        traces = in_root(root, "ntbctl", "--socket", "/run/vfio-ntb/control.sock", "trace",
+                         "--list")
         rc = procs.stop(d)
     text = log.read_text()
     started = "lender worker for nvme0" in text and "started" in text
     gone = wait_for(lambda: not worker_pids(), 5)
-    result("package-daemon-finds-worker", bool(seen) and bool(pids) and started and gone,
-           worker_pids=len(pids), log_says_started=started, workers_gone_after=bool(gone),
-           daemon_rc=rc)
+    events = len([ln for ln in traces.stdout.splitlines() if "lender_" in ln or "port_" in ln])
+    result("package-daemon-finds-worker", bool(seen) and bool(pids) and started and gone
+           and traces.returncode == 0 and events > 0, worker_pids=len(pids),
+           log_says_started=started, workers_gone_after=bool(gone), daemon_rc=rc,
+           trace_list_rc=traces.returncode, trace_events_listed=events)
     if not (pids and started):
         print(h._tail(text))
 
