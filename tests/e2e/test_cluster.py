@@ -144,10 +144,29 @@ def test_revoke(cl):
     cl.d["hostc"].proc.send_signal(signal.SIGSTOP)
     try:
         t0 = time.monotonic()
-        r = cl.ctl("hosta").execute("revoke", device=DEV, **{"grace-ms": 700})
+        answer = {}
+        waiter = Control(cl.d["hosta"].control, timeout=10)   # its own: it waits for the answer
+        th = threading.Thread(target=lambda: answer.update(
+            r=waiter.execute("revoke", device=DEV, **{"grace-ms": 2000})))
+        th.start()
+        # Meanwhile the lender shows the revoke as the device's job, and refuses another.
+        shown = wait_for(lambda: cl.ctl("hosta").execute("query-device", device=DEV)
+                         .get("job") == "revoke" and cl.ctl("hosta").execute(
+                             "query-device", device=DEV), 1.5) or {}
+        try:
+            cl.ctl("hosta").execute("revoke", device=DEV)
+            again = "accepted"
+        except ControlError as e:
+            again = f"{e.klass}: {e.desc}"
+        th.join(10)
+        waiter.close()
         forced_s = time.monotonic() - t0
-        ok &= result("revoke-uncooperative", r == {"forced": True} and 0.6 < forced_s < 3
-                     and cl.state()["state"] == "available", seconds=f"{forced_s:.2f}")
+        ok &= result("revoke-uncooperative", answer.get("r") == {"forced": True}
+                     and 1.9 < forced_s < 4.5 and cl.state()["state"] == "available"
+                     and 0 < (shown.get("expires_in_ms") or 0) <= 2000
+                     and again.startswith("DeviceBusy") and "being revoked" in again,
+                     seconds=f"{forced_s:.2f}", job=shown.get("job"),
+                     ends_in_ms=shown.get("expires_in_ms"), again=again[:70])
     finally:
         cl.d["hostc"].proc.send_signal(signal.SIGCONT)
     return ok

@@ -35,7 +35,10 @@ START_TEST(test_format_devices)
              " {\"device\": \"hosta/gpu-long.1\", \"node\": \"hosta\", \"name\": \"gpu-long.1\","
              "  \"state\": \"available\", \"borrower\": null, \"lease\": null},"
              " {\"device\": \"hostc/nic\", \"state\": \"lent\", \"borrower\": \"hostd\","
-             "  \"lease\": 3, \"attached_to\": null, \"expires_in_ms\": 7250}]");
+             "  \"lease\": 3, \"attached_to\": null, \"expires_in_ms\": 7250},"
+             " {\"device\": \"hostc/gpu\", \"state\": \"lent\", \"borrower\": \"hostd\","
+             "  \"lease\": 4, \"attached_to\": null, \"expires_in_ms\": 3000,"
+             "  \"job\": \"revoke\"}]");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
@@ -49,11 +52,13 @@ START_TEST(test_format_devices)
                      "hosta/gpu-long.1  available                          -         -      "
                      "-         -\n"
                      "hostc/nic         lent (holder down, ends in 7.2 s)  hostd     3      "
+                     "-         -\n"
+                     "hostc/gpu         lent (revoked, ends in 3.0 s)      hostd     4      "
                      "-         -\n");
     /* --name: what completion and scripts read */
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_device_names(out, ret, &error));
-    ck_assert_str_eq(out->str, "hosta/nvme0\nhosta/gpu-long.1\nhostc/nic\n");
+    ck_assert_str_eq(out->str, "hosta/nvme0\nhosta/gpu-long.1\nhostc/nic\nhostc/gpu\n");
 }
 END_TEST
 

@@ -230,18 +230,25 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
     return true;
 }
 
-/* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out;
- * "degraded (lender down, ends in 2.0 s)" on a borrower whose lender is away. */
+/* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out, "lent (revoked,
+ * ends in 3.0 s)" while a revoke waits out its grace; "degraded (lender down, ends in
+ * 2.0 s)" on a borrower whose lender is away. */
 static char *state_text(JsonObject *o)
 {
     g_autofree char *state = member_text(o, "state");
     JsonNode *n = json_object_get_member(o, "expires_in_ms");
+    JsonNode *job = json_object_get_member(o, "job");
+    bool revoke = job != NULL && JSON_NODE_HOLDS_VALUE(job) &&
+                  json_node_get_value_type(job) == G_TYPE_STRING &&
+                  strcmp(json_node_get_string(job), "revoke") == 0;
 
     if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64) {
         return g_steal_pointer(&state);
     }
-    return g_strdup_printf("%s (%s down, ends in %.1f s)", state,
-                           strcmp(state, "degraded") == 0 ? "lender" : "holder",
+    return g_strdup_printf("%s (%s, ends in %.1f s)", state,
+                           revoke                           ? "revoked"
+                           : strcmp(state, "degraded") == 0 ? "lender down"
+                                                            : "holder down",
                            (double)json_node_get_int(n) / 1000.0);
 }
 
@@ -264,7 +271,8 @@ bool vn_ctl_format_devices(GString *out, JsonNode *ret, GError **error)
             !member_is(o, "borrower", G_TYPE_STRING, true, cmd, i, error) ||
             !member_is(o, "lease", G_TYPE_INT64, true, cmd, i, error) ||
             !member_is(o, "attached_to", G_TYPE_STRING, true, cmd, i, error) ||
-            !member_is(o, "expires_in_ms", G_TYPE_INT64, true, cmd, i, error)) {
+            !member_is(o, "expires_in_ms", G_TYPE_INT64, true, cmd, i, error) ||
+            !member_is(o, "job", G_TYPE_STRING, true, cmd, i, error)) {
             return false;
         }
         vn_ctl_table_add(t, member_text(o, "device"));

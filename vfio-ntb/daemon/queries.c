@@ -18,6 +18,7 @@ typedef struct DeviceExtra {
     const char *attached_to; /* the domain it is served to: by this node, or by the
                               * holder of a device we lend (as it announces) */
     gint64 expires_in_ms;    /* its holder is down: the lease ends then; -1 none */
+    const char *job;         /* what is being done to it that takes time ("revoke"), or NULL */
 } DeviceExtra;
 
 static void add_device(JsonBuilder *b, const char *node, const char *name, const char *state,
@@ -49,6 +50,7 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
     } else {
         json_builder_add_null_value(b);
     }
+    vn_json_add_string_or_null(b, "job", x->job);
     if (id->known) {
         vn_peers_identity_add(b, id);
     }
@@ -107,8 +109,8 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
         g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
 
         /* attached_to: on the lender, the VM its holder serves it to. */
-        DeviceExtra x = { vn_lease_lent(ld->lease) ? ld->holder_domain : NULL,
-                          expires_in_ms(d, ld) };
+        DeviceExtra x = { vn_lease_lent(ld->lease) ? ld->holder_domain : NULL, expires_in_ms(d, ld),
+                          ld->lease->state == VN_LEASE_REVOKING ? "revoke" : NULL };
 
         if (only == NULL || strcmp(only, dev) == 0) {
             add_device(b, d->conf->node, ld->conf->name,
