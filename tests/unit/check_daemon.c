@@ -608,7 +608,7 @@ END_TEST
 START_TEST(test_attach_waits_without_blocking)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
-    g_autofree char *nodes = NULL, *second = NULL, *first = NULL, *ret = NULL;
+    g_autofree char *nodes = NULL, *second = NULL, *first = NULL, *ret = NULL, *shown = NULL;
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     const char *att = "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
                       "\"domain\":\"vm1\"},\"id\":1}\n";
@@ -630,6 +630,10 @@ START_TEST(test_attach_waits_without_blocking)
     ck_assert_msg(strstr(nodes, "\"return\"") != NULL, "%s", nodes);
     second = control(b, att);
     ck_assert_msg(strstr(second, "DeviceBusy") != NULL, "%s", second);
+    /* The device's job says what it waits for. */
+    shown = control(b, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
+                       "\"hosta/nvme0\"},\"id\":4}\n");
+    ck_assert_msg(strstr(shown, "\"job\":\"attach\"") != NULL, "%s", shown);
     ret = control(b, "{\"execute\":\"return\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
                      "\"id\":3}\n");
     ck_assert_msg(strstr(ret, "\"return\"") != NULL, "%s", ret);

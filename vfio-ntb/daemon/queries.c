@@ -99,6 +99,19 @@ bool vn_queries_device_known(VnDaemon *d, const char *node, const char *name)
  * Where an announced device is one we hold, or says we hold it, our own
  * leases win: the lender announces a change a moment after it
  * (VN_DAEMON_ANNOUNCE_DELAY_MS), we learnt it from its reply. */
+/* What is being done to a device this node holds that takes time, or NULL: its worker is
+ * starting, its VM is asked to let it go (a revoke), or it is presented to its VM anew. */
+static const char *borrowed_job(VnDaemon *d, const VnBorrowed *b)
+{
+    if (b->starting) {
+        return "attach";
+    }
+    if (b->release_timer != 0) {
+        return "release";
+    }
+    return vn_unplug_replugging(d, b->device) ? "replug" : NULL;
+}
+
 static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
 {
     GHashTableIter it;
@@ -128,7 +141,8 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
             const char *borrower = pd->lent ? pd->borrower : NULL;
             uint64_t lease = pd->lease;
             VnBorrowed *held = vn_devices_borrowed(d, dev);
-            DeviceExtra x = { held != NULL && held->worker_pid > 0 ? held->domain : NULL, -1 };
+            DeviceExtra x = { held != NULL && held->worker_pid > 0 ? held->domain : NULL, -1,
+                              held != NULL ? borrowed_job(d, held) : NULL };
 
             if (only != NULL && strcmp(only, dev) != 0) {
                 continue;
