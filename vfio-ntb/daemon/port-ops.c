@@ -320,7 +320,7 @@ static void dial_vfio(VnPort *p, const VnHostHdr *h)
     int n = vn_backend_vfio_group(p->dial_path, &error), fd;
 
     if (n < 0) {
-        g_warning("port %s: %s", p->path, error->message);
+        /* Not logged: the worker asks as often as it likes, and says it itself. */
         vn_port_reply(p, h, ENODEV, 0, 0, -1);
         return;
     }
@@ -332,6 +332,16 @@ static void dial_vfio(VnPort *p, const VnHostHdr *h)
     }
     vn_port_reply(p, h, 0, 0, 0, fd);
     close(fd);
+}
+
+/* The last connection dialled for the worker, shut down (for both ends) and closed. */
+static void end_dialled(VnPort *p)
+{
+    if (p->dialled >= 0) {
+        shutdown(p->dialled, SHUT_RDWR);
+        close(p->dialled);
+        p->dialled = -1;
+    }
 }
 
 void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
@@ -364,15 +374,6 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
     /* The worker dials only when it holds no connection (lost, or given back after a
      * lease): the one before ends here, for it and for the server, whatever the worker
      * did with its copy.  Each dial supersedes the last, so no worker piles them up. */
-    vn_port_end_dialled(p);
+    end_dialled(p);
     p->dialled = fd;
-}
-
-void vn_port_end_dialled(VnPort *p)
-{
-    if (p->dialled >= 0) {
-        shutdown(p->dialled, SHUT_RDWR);
-        close(p->dialled);
-        p->dialled = -1;
-    }
 }

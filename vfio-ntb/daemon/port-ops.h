@@ -26,7 +26,5 @@ void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data
 
 /* DIAL_DEVICE: a new connection to the lender's device server, handed over (port.h). */
 void vn_port_op_dial(VnPort *p, const VnHostHdr *h);
-/* The last connection dialled for the worker, shut down (for both ends) and closed. */
-void vn_port_end_dialled(VnPort *p);
 
 #endif /* VN_PORT_OPS_H */
