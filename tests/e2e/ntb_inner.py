@@ -42,14 +42,17 @@ def fact(**kv):
           flush=True)
 
 
-def barrier(role, name, timeout=180.0):
-    """Say we reached @name and wait for the other host to have reached it too."""
+def barrier(role, name, timeout=180.0, waiting=None):
+    """Say we reached @name and wait for the other host to have reached it too (calling
+    @waiting, when given, at each look)."""
     other = "b" if role == "a" else "a"
     (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
     deadline = time.monotonic() + timeout
     while not (SHARE / f"sync-{name}-{other}").exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"host {other} did not reach {name}")
+        if waiting is not None:
+            waiting()
         time.sleep(0.1)
 
 
@@ -222,9 +225,9 @@ def main():
         ntb_fabric.daemons(role, bdf, barrier, fact)
         ntb_lend.run(role, bdf, barrier, fact)
         ntb_impersonate.run(role, bdf, barrier, fact)
-        ntb_lend.peer_lost(role, bdf, barrier, fact, ntb_kmod)
+        ntb_lend.peer_lost(role, bdf, barrier, fact)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:
-        fact(error=f"{type(e).__name__}:{str(e)[:200]}")
+        fact(error=f"{type(e).__name__}:{str(e)[:400]}")
         return 1
     fact(done=True)
     return 0

@@ -24,6 +24,7 @@ will: ioctls (vfio_ntb_uapi.h, packed by hand below), mmap and eventfds.
 """
 import errno
 import fcntl
+import json
 import mmap
 import os
 import select
@@ -123,19 +124,65 @@ def wait_fd(fd, timeout):
     return True
 
 
-def link_up(fd, timeout=120, again_s=10):
+def ntbsim_ports(share, name, timeout=20):
+    """The simulated NTB's counters and port states now, as its stats file has them (the
+    test outside answers a file stats-request-NAME in @share: test_ntb.serve_stats_requests);
+    None when they do not come."""
+    answer = share / f"stats-{name}.json"
+    (share / f"stats-request-{name}").write_text("")
+    deadline = time.monotonic() + timeout
+    while not answer.exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+    return json.loads(answer.read_text())
+
+
+def model_said(share, name):
+    """What the simulated NTB's ports are (for an error): connected, link wanted, and how many
+    link ups, downs, resets and connections each saw."""
+    ports = ntbsim_ports(share, name) if share is not None else None
+    if ports is None:
+        return "model: no answer"
+    return "model: link %s; %s" % (
+        "up" if ports.get("link_up") else "down",
+        "; ".join("p%d %s %s ups=%s downs=%s resets=%s connects=%s" % (
+            i, "connected" if p.get("connected") else "absent",
+            "wants" if p.get("link_wanted") else "does-not-want", p.get("link_ups"),
+            p.get("link_downs"), p.get("resets"), p.get("connects"))
+            for i, p in enumerate(ports.get(f"port{i}", {}) for i in range(2))))
+
+
+def link_up(fd, timeout=120, again_s=10, share=None):
     """Ask for the link and wait for it.  Asked again every @again_s s: under load one side's
-    request has been seen to go unanswered (make check failed once at kmod-linked)."""
+    request has been seen to go unanswered (make check failed once at kmod-linked).  With
+    @share, a timeout's error says what the simulated NTB's ports were."""
     call(fd, LINK, "<I", 1)
     deadline = time.monotonic() + timeout
     asked = time.monotonic()
     while not info(fd)[1] & 1:
         if time.monotonic() > deadline:
-            raise TimeoutError("vfio_ntb: the link did not come up")
+            raise TimeoutError("vfio_ntb: the link did not come up; " +
+                               model_said(share, "link-timeout"))
         if time.monotonic() - asked > again_s:
             call(fd, LINK, "<I", 1)
             asked = time.monotonic()
         time.sleep(0.05)
+
+
+def keep_link(fd, again_s=10):
+    """What a host that saw the link up does while it waits for the other to see it too: ask
+    again (every @again_s s) while it reads down.  CI failed once with host a past its
+    link_up and host b's link down for 120 s; why is not known yet (the simulated NTB's log
+    now says what each port asked for, and link_up's error what each port is).  A host that
+    asks again while it waits brings the link back if its own request was what went."""
+    asked = [0.0]
+
+    def look():
+        if not info(fd)[1] & 1 and time.monotonic() - asked[0] > again_s:
+            call(fd, LINK, "<I", 1)
+            asked[0] = time.monotonic()
+    return look
 
 
 def bad_arguments(fd, dev, spads, in_max):
@@ -347,8 +394,10 @@ def run(role, mods, bdf, barrier, share, fact):
     fd = os.open(dev, os.O_RDWR)
     i = info(fd)
     fact(kmod_info=f"mw={i[4]},peer_mw={i[5]},spads={i[6]},db=0x{i[8]:x}")
-    link_up(fd)
-    barrier(role, "kmod-linked")
+    t0 = time.monotonic()
+    link_up(fd, share=share)
+    fact(kmod_link_s=round(time.monotonic() - t0, 2))
+    barrier(role, "kmod-linked", waiting=keep_link(fd))
     window, target, in_max = data_and_doorbells(role, fd, barrier, share, fact)
     if role == "b":
         # Clearing a buffer under its mapping revokes the mapping (its next access would
@@ -376,5 +425,5 @@ def run(role, mods, bdf, barrier, share, fact):
     fact(kmod_unloaded=r.returncode == 0)
     load(mods, bdf)
     fd = os.open(dev, os.O_RDWR)
-    link_up(fd)
+    link_up(fd, share=share)
     return fd

@@ -39,7 +39,6 @@ daemon stopped, the module on its own: the link reads down, the window all ones,
 unloads.
 """
 import ctypes
-import json
 import mmap
 import os
 import signal
@@ -52,6 +51,7 @@ from pathlib import Path
 import harness as h
 from cluster import Daemon
 from control import Control, ControlError
+import ntb_kmod
 import vfio_inner as vi
 
 SHARE = Path("/tmp/share")
@@ -178,11 +178,9 @@ def window_onto_bar0(cap):
 def ntbsim_counters(name, timeout=20):
     """The simulated NTB's counters now, both ports summed (the outside answers: see
     test_ntb.serve_stats_requests); None when they do not come."""
-    answer = SHARE / f"stats-{name}.json"
-    (SHARE / f"stats-request-{name}").write_text("")
-    if not h.wait_for(answer.exists, timeout):
+    ports = ntb_kmod.ntbsim_ports(SHARE, name, timeout)
+    if ports is None:
         return None
-    ports = json.loads(answer.read_text())
     out = {}
     for port in ("port0", "port1"):
         for k, v in ports.get(port, {}).items():
@@ -402,8 +400,8 @@ LOST_LEASE_MS = 3000
 CSTS = vi.BAR + 0x1c
 
 
-def peer_lost(role, ntb_bdf, barrier, fact, kmod):
-    """The last phase (see the top); @kmod: ntb_kmod, for the module's own checks."""
+def peer_lost(role, ntb_bdf, barrier, fact):
+    """The last phase (see the top)."""
     with h.Procs() as procs:
         try:
             if role == "a":
@@ -419,7 +417,7 @@ def peer_lost(role, ntb_bdf, barrier, fact, kmod):
             if role == "b":
                 (SHARE / "kill-a").write_text("")
                 return
-    _module_after_loss(ntb_bdf, fact, kmod)
+    _module_after_loss(ntb_bdf, fact)
 
 
 def _lost_borrower(procs, ntb_bdf, barrier, fact):
@@ -491,12 +489,12 @@ def _lost_borrower_with(procs, b, barrier, fact):
     b.stop()
 
 
-def _module_after_loss(ntb_bdf, fact, kmod):
+def _module_after_loss(ntb_bdf, fact):
     """Host b, the daemon gone: the module's own view of the lost peer, then its unload."""
     fd = os.open(f"/dev/vfio-ntb/{ntb_bdf}", os.O_RDWR)
     try:
-        down = not kmod.info(fd)[1] & 1
-        window = mmap.mmap(fd, 4096, offset=kmod.mw_info(fd, 0)[3])
+        down = not ntb_kmod.info(fd)[1] & 1
+        window = mmap.mmap(fd, 4096, offset=ntb_kmod.mw_info(fd, 0)[3])
         ones = window[:8] == b"\xff" * 8
         window.close()
     finally:

@@ -104,14 +104,27 @@ def serve_stats_requests(share, sim, stats):
 def start_ntbsim(procs, run, windows, window_mib, *more):
     """vfio-ntb-ntbsim with @windows windows of @window_mib MiB (its --window-mib) on the
     sockets run/p0 and run/p1, its counters in run/stats.json, its log in run/ntbsim.log;
-    None when it did not listen."""
+    None when it did not listen.  The log has each port's connections, resets and link
+    requests and the link's changes (what a failed run is read by)."""
+    env = dict(os.environ, G_MESSAGES_DEBUG="vfio-ntb.simdev vfio-ntb.vfio-user")
+    log = open(run / "ntbsim.log", "wb")        # GLib writes info and debug on stdout
     sim = procs.start("ntbsim", [NTBSIM, "--port0", run / "p0", "--port1", run / "p1",
                                  "--windows", str(windows), "--window-mib", str(window_mib),
                                  "--stats-file", run / "stats.json", *more],
-                      stderr=open(run / "ntbsim.log", "wb"))
+                      stdout=log, stderr=log, env=env)
     if not h.wait_for(lambda: (run / "p0").exists() and (run / "p1").exists(), 10):
         return None
     return sim
+
+
+def model_log(path, lines=40):
+    """The simulated NTB's own lines (connections, resets, link), the last @lines of them, on
+    stderr: what a failed run in CI shows of the model."""
+    said = [ln for ln in path.read_text(errors="replace").splitlines()
+            if "NTB model" in ln or "socket " in ln and "client DMA" not in ln] if path.exists() else []
+    print("ntbsim said (last %d of %d):" % (min(lines, len(said)), len(said)), file=sys.stderr)
+    for ln in said[-lines:]:
+        print(f"  {ln}", file=sys.stderr)
 
 
 def device(socket):
@@ -198,6 +211,8 @@ def main():
         for f in [run / "ntbsim.log", run / "stats.json", *share.glob("inner-*.log"), *share.glob("qemu-*.log")]:
             if f.exists():
                 shutil.copy(f, logs / f.name)
+        if any("error" in s for s in seen.values()):
+            model_log(run / "ntbsim.log")
     a, b = seen["a"], seen["b"]
     p0, p1 = counters.get("port0", {}), counters.get("port1", {})
 

@@ -204,6 +204,17 @@ START_TEST(test_link)
     /* It comes back reset: it must configure and ask again. */
     vn_epf_set_connected(r->epf, 1, true);
     ck_assert(!vn_epf_link_up(r->epf));
+    /* What the stats say of each port (what a failed run is read by). */
+    VnEpfStats st0, st1;
+    vn_epf_stats(r->epf, 0, &st0);
+    vn_epf_stats(r->epf, 1, &st1);
+    ck_assert(st0.connected && st0.link_wanted);
+    ck_assert_uint_eq(st0.link_ups, 1);
+    ck_assert_uint_eq(st0.connects, 1);
+    ck_assert(st1.connected && !st1.link_wanted);
+    ck_assert_uint_eq(st1.link_ups, 1);
+    ck_assert_uint_eq(st1.connects, 2);
+    ck_assert_uint_eq(st1.resets, 1);
     rig_free(r);
 }
 END_TEST

@@ -185,7 +185,11 @@ bool vn_epf_link_up(VnEpf *epf)
 
 void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out)
 {
-    *out = epf->port[port & 1].stats;
+    EpfPort *p = &epf->port[port & 1];
+
+    *out = p->stats;
+    out->connected = p->connected;
+    out->link_wanted = p->link_wanted;
 }
 
 /* Raise the link vector where the link changed and a host listens. */
@@ -216,6 +220,8 @@ void vn_epf_reset(VnEpf *epf, unsigned port)
     memset(p, 0, sizeof(*p));
     p->connected = connected;
     p->stats = stats;
+    p->stats.resets++;
+    g_info("NTB model: port %u reset", port & 1);
     update_link(epf);
 }
 
@@ -223,6 +229,7 @@ void vn_epf_set_connected(VnEpf *epf, unsigned port, bool connected)
 {
     /* Gone first: a host that leaves is not told of the link going down with it. */
     epf->port[port & 1].connected = connected;
+    epf->port[port & 1].stats.connects += connected;
     g_info("NTB model: port %u %s", port & 1, connected ? "connected" : "disconnected");
     if (connected) {
         update_link(epf);
@@ -283,6 +290,9 @@ static void run_command(VnEpf *e, unsigned port, uint32_t cmd)
     case VN_EPF_CMD_LINK_UP:
     case VN_EPF_CMD_LINK_DOWN:
         p->link_wanted = cmd == VN_EPF_CMD_LINK_UP;
+        p->stats.link_ups += p->link_wanted;
+        p->stats.link_downs += !p->link_wanted;
+        g_info("NTB model: port %u asks for the link %s", port, p->link_wanted ? "up" : "down");
         break;
     default:
         ok = false;

@@ -155,6 +155,12 @@ typedef struct VnEpfStats {
     uint64_t window_faults; /* ... that reached nothing (no translation, outside it,
                                  * the peer absent or not mastering, or the DMA failed) */
     uint64_t link_events;   /* link interrupts raised on this port */
+    uint64_t link_ups;      /* CMD_LINK_UP run on this port */
+    uint64_t link_downs;    /* CMD_LINK_DOWN run on this port */
+    uint64_t resets;        /* the port reset (FLR, DEVICE_RESET, its host gone) */
+    uint64_t connects;      /* a host connected to this port */
+    bool connected;         /* a host is connected now */
+    bool link_wanted;       /* its host asked for the link and did not take it down */
 } VnEpfStats;
 
 typedef struct VnEpf VnEpf;

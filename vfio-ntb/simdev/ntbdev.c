@@ -228,10 +228,14 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             ", \"window_writes\": %" G_GUINT64_FORMAT ", \"window_faults\": %" G_GUINT64_FORMAT
             ", \"link_events\": %" G_GUINT64_FORMAT ", \"p2p_reads\": %" G_GUINT64_FORMAT
             ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT
-            ", \"p2p_unanswered\": %" G_GUINT64_FORMAT "}",
+            ", \"p2p_unanswered\": %" G_GUINT64_FORMAT ", \"link_ups\": %" G_GUINT64_FORMAT
+            ", \"link_downs\": %" G_GUINT64_FORMAT ", \"resets\": %" G_GUINT64_FORMAT
+            ", \"connects\": %" G_GUINT64_FORMAT ", \"connected\": %s, \"link_wanted\": %s}",
             p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
             st.window_writes, st.window_faults, st.link_events, d->port[p].p2p_reads,
-            d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_unanswered);
+            d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_unanswered, st.link_ups,
+            st.link_downs, st.resets, st.connects, st.connected ? "true" : "false",
+            st.link_wanted ? "true" : "false");
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);
