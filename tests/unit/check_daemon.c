@@ -744,6 +744,27 @@ START_TEST(test_worker_binary_found)
 }
 END_TEST
 
+/* An idle cluster's announcements: a host we share a lease with every
+ * VN_DAEMON_ANNOUNCE_EVERY beats; any other once each VN_DAEMON_REFRESH_EVERY,
+ * at its own beat; one whose last send failed at the next beat. */
+START_TEST(test_announcement_schedule)
+{
+    guint partner = 0, third[2] = { 0 }, owed = 0;
+
+    for (guint beat = 1; beat <= 2 * VN_DAEMON_REFRESH_EVERY; beat++) {
+        partner += vn_cluster_announce_due(beat, 7, false, beat % VN_DAEMON_ANNOUNCE_EVERY == 0);
+        third[0] += vn_cluster_announce_due(beat, 7, false, false);
+        third[1] += vn_cluster_announce_due(beat, 8, false, false) &&
+                    !vn_cluster_announce_due(beat, 7, false, false);
+        owed += vn_cluster_announce_due(beat, 7, true, false);
+    }
+    ck_assert_uint_ge(partner, 2 * VN_DAEMON_REFRESH_EVERY / VN_DAEMON_ANNOUNCE_EVERY);
+    ck_assert_uint_eq(third[0], 2);
+    ck_assert_uint_eq(third[1], 2); /* another phase: other beats, not the same burst */
+    ck_assert_uint_eq(owed, 2 * VN_DAEMON_REFRESH_EVERY);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
     Suite *s = suite_create("daemon");
@@ -752,6 +773,7 @@ static Suite *daemon_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_borrow_return);
+    tcase_add_test(tc, test_announcement_schedule);
     tcase_add_test(tc, test_fence_at_lease_end);
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);

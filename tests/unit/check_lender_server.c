@@ -133,6 +133,41 @@ START_TEST(test_death_while_idle)
 }
 END_TEST
 
+START_TEST(test_idle_dials_back_off)
+{
+    uint64_t dials;
+
+    /* Nobody holds the device: a server that stays away is dialled after 1 s, then 2 s
+     * more, then 4 s more (not each second: a host lending many devices whose servers are
+     * away stays quiet).  In 4.5 s, 2 dials (each second would be 4); fewer only if the
+     * loop was slow. */
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    {
+        Snap s = snap();
+
+        dials = s.st.server_dials;
+        snap_clear(&s);
+    }
+    g_usleep(4500 * 1000);
+    {
+        Snap s = snap();
+
+        ck_assert_uint_le(s.st.server_dials - dials, 2);
+        ck_assert_uint_ge(s.st.server_dials - dials, 1);
+        snap_clear(&s);
+    }
+    /* A borrow does not wait for the next dial: it dials itself, and is refused. */
+    {
+        g_autofree char *json = attach_json(VN_IRQ_MODE_FD);
+        g_autofree char *message = NULL;
+
+        ck_assert_int_lt(req_msg(borrower(0), VN_PROTO_ATTACH, json, NULL, 0, &message), 0);
+        ck_assert_ptr_nonnull(strstr(message, rig.sock));
+    }
+}
+END_TEST
+
 START_TEST(test_detach_keeps_watching)
 {
     Borrower *b = borrower(0);
@@ -191,6 +226,7 @@ static Suite *lender_server_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_death_under_lease);
     tcase_add_test(tc, test_death_while_idle);
+    tcase_add_test(tc, test_idle_dials_back_off);
     tcase_add_test(tc, test_detach_keeps_watching);
     tcase_add_test(tc, test_holder_not_attached);
     suite_add_tcase(s, tc);

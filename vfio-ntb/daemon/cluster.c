@@ -2,9 +2,10 @@
  * Daemon to daemon: who is there, what they lend, and leases.
  *
  * Every node announces its lendable devices (state, borrower, lease) and
- * the leases it holds to every linked peer every VN_DAEMON_ANNOUNCE_EVERY
- * beats and on each change; peers are found through the fabric
- * (vn_fabric_discover) every VN_DAEMON_HEARTBEAT_MS.  A lease is granted by
+ * the leases it holds to every linked peer on each change and when the link
+ * comes up, and again now and then (announce_due(): often to the hosts it
+ * shares a lease with, seldom to the others); peers are found through the
+ * fabric (vn_fabric_discover) every VN_DAEMON_HEARTBEAT_MS.  A lease is granted by
  * the lending node alone, one request at a time from its main loop, so of
  * concurrent BORROWs exactly one wins.  The lease itself is leases.c's state
  * machine: it ends when the borrower returns it, stops claiming it, or does
@@ -143,6 +144,56 @@ static bool claims(void *opaque, const char *name, uint64_t lease)
     return vn_peers_announce_holds(c->a, c->d->conf->node, name, lease);
 }
 
+/* Our announcement to @n; a send that fails is owed (the next beat sends it). */
+static void announce_to_node(VnDaemon *d, VnRemoteNode *n)
+{
+    g_autofree char *own = announcement(d, n->name);
+
+    n->owed = vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, own, NULL, 0) < 0;
+}
+
+/* Does @peer hold a device of ours, or we one of its?  (Its announcements and ours keep
+ * the lease's two ends agreeing; they are refreshed more often than a third party's.) */
+static bool lease_partner(VnDaemon *d, const char *peer)
+{
+    for (guint i = 0; i < d->local->len; i++) {
+        const VnLease *l = ((VnLocalDevice *)d->local->pdata[i])->lease;
+
+        if (l->holder != NULL && strcmp(l->holder, peer) == 0) {
+            return true;
+        }
+    }
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        if (strcmp(((VnBorrowed *)d->borrowed->pdata[i])->lender, peer) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool vn_cluster_announce_due(guint beat, guint phase, bool owed, bool partner)
+{
+    return owed || (beat + phase) % VN_DAEMON_REFRESH_EVERY == 0 ||
+           (partner && beat % VN_DAEMON_ANNOUNCE_EVERY == 0);
+}
+
+/* The beat's periodic announcements. */
+static void announce_due(VnDaemon *d)
+{
+    GHashTableIter it;
+    VnRemoteNode *n;
+
+    g_hash_table_iter_init(&it, d->nodes);
+    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
+        /* lease_partner() only on the beats where it matters */
+        if (n->link_up && vn_cluster_announce_due(d->beats, n->phase, n->owed,
+                                                  d->beats % VN_DAEMON_ANNOUNCE_EVERY == 0 &&
+                                                      lease_partner(d, n->name))) {
+            announce_to_node(d, n);
+        }
+    }
+}
+
 /* To the daemons among our peers (the nodes that announced themselves);
  * borrower workers hear it once, when their link comes up. */
 static void broadcast(VnDaemon *d, char *json)
@@ -160,9 +211,7 @@ static void broadcast(VnDaemon *d, char *json)
     g_hash_table_iter_init(&it, d->nodes);
     while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
         if (n->link_up) {
-            g_autofree char *own = announcement(d, n->name);
-
-            vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, own, NULL, 0);
+            announce_to_node(d, n);
         }
     }
     g_free(d->announced);
@@ -253,6 +302,7 @@ static VnRemoteNode *node_announced(VnDaemon *d, const char *name)
     if (n == NULL && g_hash_table_size(d->nodes) < VN_FABRIC_MAX_PEERS) {
         n = g_new0(VnRemoteNode, 1);
         n->name = g_strdup(name);
+        n->phase = g_str_hash(name) % VN_DAEMON_REFRESH_EVERY;
         g_hash_table_insert(d->nodes, n->name, n);
     }
     return n;
@@ -276,12 +326,11 @@ static gboolean on_heartbeat(gpointer data)
         vn_state_save_or_report(d); /* the disk may have room again */
     }
     nodes_forget(d, (gint64)VN_DAEMON_FORGET_NODE_MS * 1000, false);
-    /* Changes are announced when they happen; the periodic one only heals
-     * what a lost message left behind, so it need not be every beat: with n
-     * daemons each one costs n - 1 messages. */
-    if (++d->beats % VN_DAEMON_ANNOUNCE_EVERY == 0) {
-        vn_cluster_announce(d);
-    }
+    /* Changes are announced when they happen; the periodic ones only heal
+     * what a failed send left behind: with n daemons a broadcast costs n - 1
+     * messages, each parsed by its receiver. */
+    d->beats++;
+    announce_due(d);
     return G_SOURCE_CONTINUE;
 }
 

@@ -164,6 +164,8 @@ typedef struct VnRemoteNode {
     gint64 down_since_us; /* monotonic, while !link_up */
     gint64 seen_us;       /* monotonic: its last announcement */
     VnPeersAnnounce *ann; /* its last announcement (decoded, so valid) */
+    bool owed;            /* our last announcement to it was not sent: the next beat sends */
+    guint phase;          /* the beat of each VN_DAEMON_REFRESH_EVERY that refreshes it */
 } VnRemoteNode;
 
 typedef struct VnDaemonStatic VnDaemonStatic;
@@ -238,10 +240,15 @@ void vn_daemon_set_reload(VnDaemon *d, VnReloadFn fn, void *data);
 /* One line for systemd's STATUS=: "lending 2 (1 lent), borrowing 1, 3 nodes up". */
 char *vn_daemon_status(VnDaemon *d);
 
-/* Peers are looked for this often; announcements go out on every change,
- * to a new link, and every VN_DAEMON_ANNOUNCE_EVERY beats. */
+/* Peers are looked for this often.  Announcements go out on every change and to a new
+ * link; messages on a link arrive in order, so the periodic ones only heal what a send
+ * that failed left behind: to a host we share a lease with every VN_DAEMON_ANNOUNCE_EVERY
+ * beats, to any other every VN_DAEMON_REFRESH_EVERY (each host at its own beat, so an idle
+ * cluster's messages are spread out, not a burst), and at the next beat to one whose last
+ * send failed. */
 #define VN_DAEMON_HEARTBEAT_MS 1000
 #define VN_DAEMON_ANNOUNCE_EVERY 5
+#define VN_DAEMON_REFRESH_EVERY 60
 /* A grant is announced this long after it, with every change made
  * meanwhile: each announcement goes to every peer (n - 1 messages, each
  * parsed by its receiver), so a burst of grants on one lender -- a VM taking
@@ -372,6 +379,10 @@ void vn_cluster_announce_soon(VnDaemon *d);
 void vn_cluster_announce_to(VnDaemon *d, const char *peer);
 /* Announce now, unless nothing changed since the last broadcast. */
 void vn_cluster_announce_changed(VnDaemon *d);
+/* Is our periodic announcement due to a host at heartbeat @beat (VN_DAEMON_ANNOUNCE_EVERY):
+ * @phase its beat of each VN_DAEMON_REFRESH_EVERY, @owed the last send to it failed,
+ * @partner it shares a lease with us. */
+bool vn_cluster_announce_due(guint beat, guint phase, bool owed, bool partner);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);

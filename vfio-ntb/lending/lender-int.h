@@ -29,9 +29,13 @@
 #define VN_LENDER_WEDGED_MS 10000
 /* How often a lost (or not yet found) device server is dialled: at once again after a
  * refused connection, less often after a handshake that timed out (a stopped server: each
- * try holds the worker's loop for the dial's timeout). */
+ * try holds the worker's loop for the dial's timeout).  While nobody holds the device, the
+ * wait doubles after each failure up to VN_LENDER_DIAL_IDLE_MAX_MS: a host that lends many
+ * devices whose servers are away stays quiet (each dial is a round trip through vfio-ntbd),
+ * and a borrow dials at once anyway. */
 #define VN_LENDER_DIAL_MS 1000
 #define VN_LENDER_DIAL_SLOW_MS 5000
+#define VN_LENDER_DIAL_IDLE_MAX_MS 16000
 #define VN_LENDER_DIAL_TIMEOUT_MS 1000
 /* The device server's last loss described, for ntbctl show. */
 #define VN_LENDER_LOSS_TEXT 200
@@ -100,6 +104,7 @@ struct VnLender {
     void *spare;           /* a connection made while not attached: the next attach uses it */
     GSource *hangup_src;   /* watching the connection in use (device or spare) */
     GSource *dial_src;     /* dialling a lost or not yet found server */
+    guint dial_idle_ms;    /* the last wait between failed dials while not lent; 0: none */
     GSource *wedge_src;    /* a stall that may be a wedge: look again when it fires */
     gint64 stall_since_us; /* the current stall's first timeout; 0: none */
     bool server_up;        /* a connection to the server is open (device or spare) */

@@ -89,6 +89,20 @@ static void dial_later(VnLender *l, guint ms)
     }
 }
 
+/* The wait before the next dial of a server that did not answer (see VN_LENDER_DIAL_MS). */
+static guint dial_wait_ms(VnLender *l, bool slow)
+{
+    guint base = slow ? VN_LENDER_DIAL_SLOW_MS : VN_LENDER_DIAL_MS;
+
+    if (l->borrower != NULL) {
+        l->dial_idle_ms = 0;
+        return base;
+    }
+    l->dial_idle_ms =
+        l->dial_idle_ms == 0 ? base : MIN(l->dial_idle_ms * 2, VN_LENDER_DIAL_IDLE_MAX_MS);
+    return MAX(base, l->dial_idle_ms);
+}
+
 static void watch(VnLender *l, void *dev)
 {
     int fd = l->ops->hangup_fd(dev);
@@ -109,6 +123,7 @@ static void came_up(VnLender *l)
         return;
     }
     l->server_up = true;
+    l->dial_idle_ms = 0;
     if (l->stats.server_losses > 0) {
         l->server_gen++;
         l->stats.server_returns++;
@@ -139,8 +154,8 @@ static void lost(VnLender *l, const char *why)
                   l->name, l->where, why, l->borrower, l->borrower);
         vn_lender_drop_device(l, "device server lost");
     } else {
-        g_warning("lender %s: device server %s lost (%s); dialling it every %d ms", l->name,
-                  l->where, why, VN_LENDER_DIAL_MS);
+        g_warning("lender %s: device server %s lost (%s); dialling it again within %d s", l->name,
+                  l->where, why, VN_LENDER_DIAL_IDLE_MAX_MS / 1000);
     }
     if (l->server_up) {
         l->server_up = false;
@@ -148,7 +163,10 @@ static void lost(VnLender *l, const char *why)
         g_snprintf(l->server_loss, sizeof(l->server_loss), "%s: %s", at, why);
         tell(l, false, why);
     }
-    dial_later(l, VN_LENDER_DIAL_MS);
+    if (l->borrower != NULL) {
+        source_clear(&l->dial_src); /* its holder waits: not an idle back-off's wait */
+    }
+    dial_later(l, dial_wait_ms(l, false));
 }
 
 static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data)
@@ -169,6 +187,7 @@ static gboolean on_dial(gpointer data)
     if (l->device != NULL || l->spare != NULL) {
         return G_SOURCE_REMOVE;
     }
+    l->stats.server_dials++;
     dev = server_open(l, &error);
     if (dev == NULL) {
         bool slow = g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT);
@@ -181,11 +200,11 @@ static gboolean on_dial(gpointer data)
         if (l->server_loss[0] == '\0') {
             /* Never found since the lender started: said once. */
             g_snprintf(l->server_loss, sizeof(l->server_loss), "not found: %s", error->message);
-            g_warning("lender %s: no device server answers: %s; dialling it every %d ms", l->name,
-                      error->message, VN_LENDER_DIAL_MS);
+            g_warning("lender %s: no device server answers: %s; dialling it again within %d s",
+                      l->name, error->message, VN_LENDER_DIAL_IDLE_MAX_MS / 1000);
             tell(l, false, error->message);
         }
-        dial_later(l, slow ? VN_LENDER_DIAL_SLOW_MS : VN_LENDER_DIAL_MS);
+        dial_later(l, dial_wait_ms(l, slow));
         return G_SOURCE_REMOVE;
     }
     l->spare = dev;

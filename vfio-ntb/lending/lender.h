@@ -61,6 +61,7 @@ typedef struct VnLenderStats {
     uint64_t device_requests; /* the host asked for the device back (VFIO's REQ) */
     uint64_t server_losses;   /* the device server died or wedged */
     uint64_t server_returns;  /* ... and answered again */
+    uint64_t server_dials;    /* dials of a lost or not yet found server (lender-server.c) */
 } VnLenderStats;
 
 /*
