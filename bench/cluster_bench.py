@@ -24,6 +24,8 @@
   storm_return_*, each with its count (_n), p50 and p99.  lent_after_storm: devices other
   than the attached ones still lent once the storm is over and the cluster had LENT_WAIT_S
   to settle (a leak when not 0).
+- scale-128x8: the same with twice NODES daemons (128 by default), so that how the cost
+  grows with the cluster is on record (converge_s, max_rss_kib, idle_cpu_pct, storm p99).
 """
 import json
 import os
@@ -201,11 +203,11 @@ def reachable(ctl):
     return sum(1 for d in ctl.execute("query-devices") if d["state"] != "unreachable")
 
 
-def start_cluster(procs, wd, fab):
-    """Start NODES daemons one after another (each waits for its control socket), so the
+def start_cluster(procs, wd, fab, nodes):
+    """Start @nodes daemons one after another (each waits for its control socket), so the
     two cores are not all spent on process start-up while the first ones link up."""
     daemons = []
-    for i in range(NODES):
+    for i in range(nodes):
         name = node_name(i)
         # Sockets nobody serves: borrow/return never connect to them.
         lends = {f"nvme{j}": wd / f"absent-{i}-{j}.sock" for j in range(DEVICES)}
@@ -220,8 +222,9 @@ def start_cluster(procs, wd, fab):
 
 
 def converge(daemons, t0):
-    """Poll until every node lists NODES*DEVICES reachable devices; the seconds since t0."""
-    want = NODES * DEVICES
+    """Poll until every node lists every node's DEVICES devices as reachable; the seconds
+    since t0."""
+    want = len(daemons) * DEVICES
     ctls = [Control(d.control, timeout=30) for d in daemons]
     pending = set(range(len(daemons)))
     deadline = t0 + CONVERGE_TIMEOUT_S
@@ -335,23 +338,23 @@ def storm(daemons):
     return out
 
 
-def scale():
+def scale(nodes=NODES, name="scale-64x8"):
     with h.Procs() as procs:
         wd = procs.tempdir()
         fab = procs.tempdir("vn-fabric-")
         daemons = []
         try:
-            _scale(procs, wd, fab, daemons)
+            _scale(procs, wd, fab, daemons, nodes, name)
         except (h.HarnessError, ControlError, OSError) as e:
             dead = [d.name for d in daemons if d.proc.poll() is not None]
             log = daemons[0].log()[-1500:] if daemons else ""
-            raise h.HarnessError(f"scale: {type(e).__name__}: {e}; daemons exited: "
+            raise h.HarnessError(f"{name}: {type(e).__name__}: {e}; daemons exited: "
                                  f"{dead or 'none'}\n--- first daemon's log ---\n{log}") from None
 
 
-def _scale(procs, wd, fab, daemons):
+def _scale(procs, wd, fab, daemons, nodes, name):
     t0 = time.monotonic()
-    daemons += start_cluster(procs, wd, fab)
+    daemons += start_cluster(procs, wd, fab, nodes)
     start_s = time.monotonic() - t0
     converge_s = converge(daemons, t0)
     rss = [rss_kib(d.proc.pid) for d in daemons]
@@ -388,7 +391,7 @@ def _scale(procs, wd, fab, daemons):
         stats[f"storm_{kind}_p99_ms"] = ms(percentile(lat, 99)) if lat else None
     every = [x for lat in s["lat"].values() for x in lat] or [0.0]
     print(json.dumps({
-        "bench": "scale-64x8", "nodes": NODES, "devices_per_node": DEVICES,
+        "bench": name, "nodes": nodes, "devices_per_node": DEVICES,
         "start_s": round(start_s, 2), "converge_s": round(converge_s, 2),
         "max_rss_kib": max(rss), "mean_rss_kib": round(statistics.mean(rss)),
         "max_rss_after_storm_kib": max(rss_after), "goal_rss_kib": 16384,
