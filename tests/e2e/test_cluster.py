@@ -24,7 +24,7 @@ from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 24
+EXPECTED_RESULTS = 25
 
 DEV = "hosta/nvme0"
 
@@ -362,6 +362,36 @@ def test_lend_unlend(cl):
                   bad_args_refused=bad)
 
 
+def test_attach_refused_says_why(cl):
+    """An attach whose worker cannot serve (the lender's device server is not there) is
+    answered with the worker's own reason at once (it says so on its status pipe and exits;
+    vfio-ntbd polls nothing): the socket and why it is not reachable, even when the lender's
+    worker had dialled it a moment before; the device is free again after the return."""
+    gone = cl.wd / "gone-dev.sock"
+    c = cl.ctl("hostc")
+    c.execute("lend", name="gone0", socket=str(gone), allow=["hostb"])
+    wait_for(lambda: any(d["device"] == "hostc/gone0" for d in
+                         cl.ctl("hostb").execute("query-devices")), 7)
+    t0 = time.monotonic()
+    try:
+        cl.ctl("hostb").execute("attach", device="hostc/gone0", domain="vm-gone")
+        why = "attached"
+    except ControlError as e:
+        why = e.desc
+    took = time.monotonic() - t0
+    try:
+        cl.ctl("hostb").execute("return", device="hostc/gone0")
+    except ControlError:
+        pass                    # the failed attach gave the lease back itself
+    free = wait_for(lambda: any(d["device"] == "hostc/gone0" and d["state"] == "available"
+                                for d in c.execute("query-devices")), 5)
+    c.execute("unlend", name="gone0")
+    return result("attach-refused-says-why",
+                  "worker for hostc/gone0 exited" in why and str(gone) in why and
+                  "No such file" in why and bool(free),
+                  why=why[-120:].replace(" ", "_"), seconds=f"{took:.2f}", free_after=bool(free))
+
+
 def test_revoke_unplugs_from_vm(cl):
     """attach with the VM's QMP socket: a revoke takes the device out of the running VM
     (device_del, the guest lets go) before the lease ends, and the VM keeps running.  The
@@ -601,7 +631,7 @@ def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
              test_peer_deaths, test_restart_keeps_leases, test_bad_input, test_ntbctl,
-             test_lend_unlend, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
+             test_lend_unlend, test_attach_refused_says_why, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest,
              test_lender_restart_keeps_io, test_detach_saved, test_return_reaches_restarted_lender,
              test_many_workers_new_host)

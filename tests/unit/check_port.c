@@ -663,6 +663,20 @@ START_TEST(test_dial_device)
             close(served[i]);
         }
     }
+    /* A server that is not there: the dial says so, and so does one at once after it (the
+     * last dial's answer, not EAGAIN: what the attach that follows tells the operator). */
+    {
+        g_autofree char *absent = g_strconcat(path, ".absent", NULL);
+
+        vn_port_set_dial(port, absent);
+        g_usleep(VN_PORT_DIAL_MIN_MS * 1000 * 2);
+        in_worker(step_dial);
+        ck_assert_int_lt(worker->fd, 0);
+        ck_assert_int_eq(worker->ret, G_IO_ERROR_NOT_FOUND);
+        in_worker(step_dial);
+        ck_assert_int_lt(worker->fd, 0);
+        ck_assert_int_eq(worker->ret, G_IO_ERROR_NOT_FOUND);
+    }
     /* A PCI function's worker: the dial opens its IOMMU group, here a function this host
      * does not have (so no fd, and nothing else opened in its place). */
     vn_port_set_dial_vfio(port, "0000:7f:1f.7");

@@ -130,7 +130,8 @@ int main(int argc, char **argv)
         { "control", 0, 0, G_OPTION_ARG_FILENAME, &control, "control channel for vfio-ntbd",
           "PATH" },
         { "status-fd", 0, 0, G_OPTION_ARG_INT, &status_fd,
-          "where to say why, when the device cannot be served", "FD" },
+          "where to say \"ready\" once QEMU's socket listens, or why the device cannot be served",
+          "FD" },
         { "run-as", 0, 0, G_OPTION_ARG_STRING, &run_as,
           "serve as this user and group (numbers), once set up", "UID:GID" },
         { "take-over", 0, 0, G_OPTION_ARG_INT, &handoff_fd,
@@ -198,6 +199,12 @@ int main(int argc, char **argv)
         g_clear_pointer(&wctl, vn_wctl_free);
         vn_fabric_close(w.fab);
         return handoff_fd >= 0 ? VN_BORROWER_EXIT_NO_TAKEOVER : 1;
+    }
+    /* QEMU's socket listens: vfio-ntbd answers the attach now (it does not poll for the
+     * socket).  A failure from here on is our exit. */
+    if (status_fd >= 0) {
+        (void)!write(status_fd, "ready\n", 6);
+        close(status_fd);
     }
     /* Everything it serves with is an fd now: QEMU's first message is parsed in here.  (The
      * signals first: GLib starts a thread for them.) */

@@ -85,6 +85,7 @@ struct VnPort {
                       * function (vn_port_set_dial_vfio), or NULL */
     bool dial_vfio;  /* dial_path is a PCI function, whose IOMMU group a dial opens */
     gint64 dial_at;  /* when it last dialled it for the worker (monotonic) */
+    int dial_errno;  /* how that dial failed; 0: it connected */
     int dialled;     /* our copy of the last connection handed over, or -1: the next dial
                       * shuts it down, so a worker holds one live connection at most */
 };

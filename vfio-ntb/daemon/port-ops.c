@@ -359,13 +359,16 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
         return;
     }
     if (p->dial_at != 0 && now - p->dial_at < (gint64)VN_PORT_DIAL_MIN_MS * 1000) {
-        vn_port_reply(p, h, EAGAIN, 0, 0, -1); /* too often: each is a connection to the server */
+        /* Too often (each is a connection to the server): the last dial's answer, which
+         * says more than EAGAIN when the server was not there a moment ago. */
+        vn_port_reply(p, h, p->dial_errno != 0 ? p->dial_errno : EAGAIN, 0, 0, -1);
         return;
     }
     p->dial_at = now;
     /* Never waiting: a stopped server with a full backlog answers EAGAIN, it does not hold
      * the daemon's loop. */
     fd = vn_util_dial_unix(p->dial_path);
+    p->dial_errno = fd < 0 ? -fd : 0;
     if (fd < 0) {
         vn_port_reply(p, h, -fd, 0, 0, -1);
         return;

@@ -145,6 +145,7 @@ static void worker_gone(VnDaemon *d, VnBorrowed *b)
 
 static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool status_fd);
 static void watch_child(VnDaemon *d, VnBorrowed *b);
+static void start_exited(void *start);
 
 /* Another worker serves the dead one's QEMU (takeover.c), or not. */
 static bool replaced(VnDaemon *d, VnBorrowed *b, int status)
@@ -172,6 +173,12 @@ static void on_child_exit(GPid pid, gint status, gpointer data)
     }
     b->worker_pid = 0;
     b->child_watch = 0;
+    if (b->starting && b->start_data != NULL) {
+        /* It gave up before it served: the attach that waits is answered with why. */
+        worker_gone(cw->d, b);
+        start_exited(b->start_data);
+        return;
+    }
     if (replaced(cw->d, b, status)) {
         return;
     }
@@ -257,9 +264,10 @@ typedef struct Start {
     VnBorrowed *b; /* NULL once finished or cancelled */
     VnWorkerStarted done;
     void *opaque;
-    guint timer;
-    gint64 deadline_us;
-    int why_fd; /* the worker's --status-fd: why it gave up, if it did */
+    guint timer;        /* waiting for the device's last worker, then the start's deadline */
+    guint status_watch; /* on why_fd */
+    int why_fd;         /* the worker's --status-fd: "ready", or why it gave up */
+    char *said;         /* why it gave up, when read before its exit */
 } Start;
 
 /* @done runs once; the Start goes when nothing refers to it any more. */
@@ -272,6 +280,11 @@ static void start_finish(Start *st, GError *error)
         g_source_remove(st->timer);
         st->timer = 0;
     }
+    if (st->status_watch != 0) {
+        g_source_remove(st->status_watch);
+        st->status_watch = 0;
+    }
+    g_clear_pointer(&st->said, g_free);
     if (b != NULL) {
         b->starting = false;
         b->start_cancel = NULL;
@@ -314,9 +327,9 @@ static void start_cancel(void *data)
                "the device was given back while its worker started");
 }
 
-/* What a worker that gave up wrote on its status pipe: one line, bounded,
- * printable (the worker is a peer too). */
-static char *worker_why(Start *st)
+/* A line of the worker's status pipe (VN_SPAWN_MAX_WHY at most), printable (the worker is a
+ * peer too); NULL when there is none (yet). */
+static char *status_line(Start *st)
 {
     char buf[VN_SPAWN_MAX_WHY + 1];
     ssize_t n = st->why_fd >= 0 ? read(st->why_fd, buf, VN_SPAWN_MAX_WHY) : -1;
@@ -348,49 +361,70 @@ static bool socket_for_qemu_user(VnDaemon *d, VnBorrowed *b, GError **error)
     return true;
 }
 
-static gboolean on_start_poll(gpointer data)
+/* The worker serves: QEMU's socket listens. */
+static void start_ready(Start *st)
+{
+    VnBorrowed *b = st->b;
+    g_autoptr(GError) error = NULL;
+
+    if (!g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
+        spawn_stop(st->d, b);
+        start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED,
+                   "the borrower worker for %s said it serves, but %s is not there", b->device,
+                   b->socket);
+        return;
+    }
+    if (!socket_for_qemu_user(st->d, b, &error)) {
+        spawn_stop(st->d, b);
+        start_fail(st, error->domain, error->code, "%s", error->message);
+        return;
+    }
+    vn_log(G_LOG_LEVEL_MESSAGE, st->d->conf->node, b->device, b->lender, b->lease,
+           "node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
+           b->socket, b->worker_name, b->worker_pid);
+    start_finish(st, NULL);
+}
+
+/* The worker's status pipe: "ready" once QEMU's socket listens, so the attach is answered
+ * then and nothing polls; or why it gave up, then its exit (on_child_exit) ends the start. */
+static gboolean on_start_status(gint fd, GIOCondition cond, gpointer data)
 {
     Start *st = data;
-    VnBorrowed *b = st->b;
-    g_autofree char *why = NULL;
-    g_autoptr(GError) error = NULL;
-    int status;
+    g_autofree char *line = status_line(st);
 
-    if (g_file_test(b->socket, G_FILE_TEST_EXISTS)) {
-        st->timer = 0;
-        if (!socket_for_qemu_user(st->d, b, &error)) {
-            spawn_stop(st->d, b);
-            start_fail(st, error->domain, error->code, "%s", error->message);
-            return G_SOURCE_REMOVE;
-        }
-        vn_log(G_LOG_LEVEL_MESSAGE, st->d->conf->node, b->device, b->lender, b->lease,
-               "node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
-               b->socket, b->worker_name, b->worker_pid);
-        start_finish(st, NULL);
-        return G_SOURCE_REMOVE;
+    if (line == NULL && (cond & (G_IO_HUP | G_IO_ERR)) == 0) {
+        return G_SOURCE_CONTINUE; /* woken for nothing */
     }
-    if (b->worker_pid <= 0 || waitpid(b->worker_pid, &status, WNOHANG) == b->worker_pid) {
-        st->timer = 0;
-        if (b->child_watch != 0) {
-            g_source_remove(b->child_watch);
-            b->child_watch = 0;
-        }
-        b->worker_pid = 0;
-        worker_gone(st->d, b);
-        why = worker_why(st);
-        start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED, "the borrower worker for %s exited: %s",
-                   b->device, why != NULL ? why : "its messages are in this daemon's log");
-        return G_SOURCE_REMOVE;
+    st->status_watch = 0;
+    if (g_strcmp0(line, "ready") == 0) {
+        start_ready(st);
+    } else {
+        g_free(st->said);
+        st->said = g_steal_pointer(&line);
     }
-    if (g_get_monotonic_time() > st->deadline_us) {
-        st->timer = 0;
-        spawn_stop(st->d, b);
-        start_fail(st, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
-                   "the borrower worker for %s did not come up in %d ms", b->device,
-                   VN_SPAWN_START_TIMEOUT_MS);
-        return G_SOURCE_REMOVE;
-    }
-    return G_SOURCE_CONTINUE;
+    return G_SOURCE_REMOVE;
+}
+
+/* The worker exited before it said it serves. */
+static void start_exited(void *start)
+{
+    Start *st = start;
+    g_autofree char *why = st->said != NULL ? g_strdup(st->said) : status_line(st);
+
+    start_fail(st, G_IO_ERROR, G_IO_ERROR_FAILED, "the borrower worker for %s exited: %s",
+               st->b->device, why != NULL ? why : "its messages are in this daemon's log");
+}
+
+static gboolean on_start_timeout(gpointer data)
+{
+    Start *st = data;
+
+    st->timer = 0;
+    spawn_stop(st->d, st->b);
+    start_fail(st, G_IO_ERROR, G_IO_ERROR_TIMED_OUT,
+               "the borrower worker for %s did not come up in %d ms", st->b->device,
+               VN_SPAWN_START_TIMEOUT_MS);
+    return G_SOURCE_REMOVE;
 }
 
 /* The worker's arguments, NULL-terminated; with @status_fd, where it says why it gave up. */
@@ -478,8 +512,9 @@ static void start_spawn(Start *st)
      * the next one adopts, not a stray it has to stop (strays.c). */
     vn_state_save_or_report(d);
     watch_child(d, b);
-    st->deadline_us = g_get_monotonic_time() + VN_SPAWN_START_TIMEOUT_MS * 1000;
-    st->timer = g_timeout_add(1, on_start_poll, st);
+    st->status_watch =
+        g_unix_fd_add(st->why_fd, G_IO_IN | G_IO_HUP | G_IO_ERR, on_start_status, st);
+    st->timer = g_timeout_add(VN_SPAWN_START_TIMEOUT_MS, on_start_timeout, st);
 }
 
 /* The worker user may dial its port again (only its own process gets in: port.h). */
