@@ -1,9 +1,10 @@
-"""A minimal vfio-user client for e2e tests: what a VM's trapped config-space reads look like to
-a borrower worker, without a VM (docs/interop/vfio-user.rst: VERSION, then REGION_READ of the
-PCI config region).
+"""A minimal vfio-user client for e2e tests: what a VM's trapped accesses look like to a
+borrower worker, without a VM (docs/interop/vfio-user.rst: VERSION, then REGION_READ and
+REGION_WRITE, each answered).
 
     with ConfigReader(socket_path) as r:
         latencies = r.read_many(200)     # seconds per read
+        r.write_region(BAR0, 0x28, b"...")
 """
 import socket
 import struct
@@ -11,6 +12,8 @@ import time
 
 CMD_VERSION = 1
 CMD_REGION_READ = 9
+CMD_REGION_WRITE = 10
+BAR0 = 0                                 # VFIO_PCI_BAR0_REGION_INDEX
 CONFIG_REGION = 7                        # VFIO_PCI_CONFIG_REGION_INDEX
 HDR = struct.Struct("<HHIII")            # id, cmd, size, flags, error
 RW = struct.Struct("<QII")               # offset, region, count
@@ -53,9 +56,15 @@ class ConfigReader:
             raise VfioUserError(f"reply id {mid} cmd {rcmd} error {error} to {self.msg_id}/{cmd}")
         return body
 
-    def read_config(self, offset, count=4):
-        body = self._call(CMD_REGION_READ, RW.pack(offset, CONFIG_REGION, count))
+    def read_region(self, region, offset, count=4):
+        body = self._call(CMD_REGION_READ, RW.pack(offset, region, count))
         return body[RW.size:RW.size + count]
+
+    def write_region(self, region, offset, data):
+        self._call(CMD_REGION_WRITE, RW.pack(offset, region, len(data)) + data)
+
+    def read_config(self, offset, count=4):
+        return self.read_region(CONFIG_REGION, offset, count)
 
     def read_many(self, n, offset=0):
         """@n reads of one dword at @offset (the vendor and device ids: read from the device,

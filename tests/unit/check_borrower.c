@@ -341,6 +341,37 @@ START_TEST(test_small_bar_trapped)
 }
 END_TEST
 
+/* A write to a trapped BAR is posted: QEMU is answered before the lender, yet the read that
+ * follows it sees it, every time; a write the device refuses is counted, not answered to
+ * QEMU as an error (a posted write's is not). */
+START_TEST(test_trapped_writes_posted)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    uint32_t got;
+    Ask a;
+
+    ck_assert_msg(bor.b != NULL, "%s", bor.refusal);
+    for (uint32_t k = 1; k <= 100; k++) {
+        uint32_t v = k * 0x01010101u;
+
+        ck_assert_int_eq(vn_client_region_write(c, 1, 0x20, &v, 4, false), 4);
+        ck_assert_int_eq(vn_client_region_read(c, 1, 0x20, &got, 4), 4);
+        ck_assert_uint_eq(got, v);
+    }
+    a = ask();
+    ck_assert_uint_eq(a.st.posted_writes, 100);
+    ck_assert_uint_eq(a.st.posted_write_failures, 0);
+    /* Where the device refuses writes: still 0 for QEMU, and counted once answered (the read
+     * after it is answered after it). */
+    got = 0x5a5a5a5a;
+    ck_assert_int_eq(vn_client_region_write(c, 1, SMALL_BAR_WRITABLE, &got, 4, false), 4);
+    ck_assert_int_eq(vn_client_region_read(c, 1, 0x20, &got, 4), 4);
+    a = ask();
+    ck_assert_uint_eq(a.st.posted_writes, 101);
+    ck_assert_uint_eq(a.st.posted_write_failures, 1);
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -481,6 +512,8 @@ START_TEST(test_odd_bar_rounded_up)
                      0);
     ck_assert_int_ge(vn_client_region_write(c, VFIO_PCI_BAR2_REGION_INDEX, 0x10, mark, 4, false),
                      0);
+    /* The write is posted: a read after it is answered once it reached the device. */
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_BAR2_REGION_INDEX, 0x10, in, 4), 4);
     ck_assert_int_eq(g_atomic_int_get(&rig.fake.odd_writes), 1);
 }
 END_TEST
@@ -658,6 +691,7 @@ static Suite *borrower_suite(void)
     tc = tcase_create("small-bar");
     tcase_add_checked_fixture(tc, bor_setup_small_bar, bor_teardown);
     tcase_add_test(tc, test_small_bar_trapped);
+    tcase_add_test(tc, test_trapped_writes_posted);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");

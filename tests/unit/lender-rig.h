@@ -65,6 +65,11 @@ typedef struct Fake {
     gint odd_writes; /* BAR2's, with rig_odd_bar (atomic) */
 } Fake;
 
+/* rig_small_bar's BAR1 (below): its size; its first half takes writes, the rest refuses
+ * them. */
+#define SMALL_BAR_SIZE 0x100u
+#define SMALL_BAR_WRITABLE 0x80u
+
 static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
 {
     Fake *f = opaque;
@@ -94,6 +99,11 @@ static inline int fake_write(void *opaque, uint32_t index, uint64_t off, const v
 
     if (index == VFIO_PCI_BAR0_REGION_INDEX) {
         memcpy(f->bar + off, buf, n);
+    } else if (index == VFIO_PCI_BAR1_REGION_INDEX && f->regs != NULL) {
+        if (off + n > SMALL_BAR_WRITABLE) {
+            return -EIO; /* its read-only part refuses writes */
+        }
+        memcpy(f->regs + off, buf, n);
     } else if (index == VFIO_PCI_BAR2_REGION_INDEX) {
         g_atomic_int_inc(&f->odd_writes);
     } else if (index == VFIO_PCI_CONFIG_REGION_INDEX) {
@@ -151,7 +161,6 @@ typedef struct Borrower {
 /* Set before setup(): the device has a BAR1 of SMALL_BAR_SIZE bytes, mappable (as VFIO lets a
  * page-aligned BAR of less than a page be). */
 static bool rig_small_bar;
-#define SMALL_BAR_SIZE 0x100u
 /* Set before setup(): the device has a trapped BAR2 of ODD_BAR_SIZE bytes, not a power of
  * two (libvfio-user's sample server has one); it reads as its offsets. */
 static bool rig_odd_bar;

@@ -49,6 +49,24 @@ typedef struct VnBorrowerMapping {
 /* The indexes relay mode carries: INTx, MSI, MSI-X. */
 #define VN_BORROWER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
 
+/*
+ * A forwarded BAR write is posted, as PCIe posts MMIO writes: QEMU is answered at once and
+ * the write goes to the lender as a request nobody waits for.  Requests on the link arrive
+ * in order, so the next forwarded read (or anything else the borrower asks) reaches the
+ * device after it.  At most VN_BORROWER_MAX_POSTED are in flight; the next waits for its
+ * answer (and so for all before it).  A write that fails is counted and logged, as a
+ * device's failed posted write is not reported to the CPU that made it.  Shared with the
+ * answers, which may come after the borrower is gone.
+ */
+#define VN_BORROWER_MAX_POSTED 32
+typedef struct VnBorrowerPosted {
+    gint refs; /* the borrower's, and one per write in flight */
+    guint in_flight;
+    uint64_t writes;   /* posted */
+    uint64_t failures; /* answered with an error */
+    char device[VN_MAX_DEVICE_NAME + VN_MAX_NODE_NAME + 2];
+} VnBorrowerPosted;
+
 struct VnBorrower {
     VnFabric *fab;     /* borrowed */
     uint64_t corr_seq; /* the last correlation id's number (traced requests) */
@@ -83,7 +101,8 @@ struct VnBorrower {
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
-    GBytes *kept; /* the state the daemon keeps for our successor, as last sent */
+    VnBorrowerPosted *posted; /* forwarded writes not answered yet (borrower.c) */
+    GBytes *kept;             /* the state the daemon keeps for our successor, as last sent */
 };
 
 /* A lending request to our lender; see vn_fabric_request_sync().  On an
@@ -91,6 +110,9 @@ struct VnBorrower {
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
                      VnFabricMsg **reply);
 /* A forwarded region access. */
+/* A forwarded BAR write, posted (VnBorrowerPosted above). */
+int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
+                                    uint32_t count);
 int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
                           bool write);
 

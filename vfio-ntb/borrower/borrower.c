@@ -99,6 +99,71 @@ int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *
     return 0;
 }
 
+/* ---- posted writes (borrower-int.h) ---- */
+
+typedef struct PostedWrite {
+    VnBorrowerPosted *p;
+    uint32_t region, count;
+    uint64_t offset;
+} PostedWrite;
+
+static void posted_unref(VnBorrowerPosted *p)
+{
+    if (--p->refs == 0) {
+        g_free(p);
+    }
+}
+
+static void on_posted(void *opaque, VnFabricMsg *reply, int err)
+{
+    PostedWrite *w = opaque;
+    VnBorrowerPosted *p = w->p;
+
+    p->in_flight--;
+    if (err < 0) {
+        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
+
+        /* The first and then one in a thousand: a device that refuses every write must
+         * not flood the log. */
+        if (p->failures++ % 1000 == 0) {
+            g_warning("borrower %s: a posted write of %u bytes to region %u at 0x%" PRIx64
+                      " failed on the lender: %s (%" PRIu64 " failed so far)",
+                      p->device, w->count, w->region, w->offset,
+                      why != NULL ? why : g_strerror(-err), p->failures);
+        }
+    }
+    posted_unref(p);
+    g_free(w);
+}
+
+int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
+                                    uint32_t count)
+{
+    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = true };
+    g_autofree char *json = NULL;
+    PostedWrite *w;
+
+    if (b->posted->in_flight >= VN_BORROWER_MAX_POSTED || b->client_leaving) {
+        /* Waits for its answer, and so for every write before it. */
+        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+    }
+    json = vn_proto_region_rw_to_json(b->device, &rw);
+    w = g_new(PostedWrite, 1);
+    *w = (PostedWrite){ .p = b->posted, .region = index, .count = count, .offset = offset };
+    b->posted->refs++;
+    b->posted->in_flight++;
+    if (vn_fabric_request(b->fab, b->lender, VN_PROTO_REGION_RW, json, buf, count, on_posted, w) <
+        0) {
+        b->posted->in_flight--;
+        posted_unref(b->posted);
+        g_free(w);
+        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+    }
+    b->stats.fabric_requests++;
+    b->posted->writes++;
+    return 0;
+}
+
 /* ---- the device ops QEMU's requests reach ---- */
 
 /* Whether an access reaches past what a BAR's device server sized (bars.c). */
@@ -154,7 +219,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
         return 0;
     }
     b->stats.region_forwarded++;
-    return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+    return vn_borrower_region_write_posted(b, index, offset, buf, count);
 }
 
 static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
@@ -495,6 +560,9 @@ VnBorrower *borrower_alloc(VnFabric *fab, const char *lender, const char *device
     b->fab = fab;
     b->lender = g_strdup(lender);
     b->device = g_strdup(device);
+    b->posted = g_new0(VnBorrowerPosted, 1);
+    b->posted->refs = 1;
+    g_snprintf(b->posted->device, sizeof(b->posted->device), "%s/%s", lender, device);
     for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
         b->joined_fd[i] = -1;
     }
@@ -639,6 +707,7 @@ void vn_borrower_free(VnBorrower *b)
         }
         g_free(b->routes[i]);
     }
+    posted_unref(b->posted); /* answers still on their way keep it */
     g_free(b->lender);
     g_free(b->device);
     g_free(b);
@@ -720,6 +789,8 @@ bool vn_borrower_lender_up(VnBorrower *b)
 void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out)
 {
     *out = b->stats;
+    out->posted_writes = b->posted->writes;
+    out->posted_write_failures = b->posted->failures;
 }
 
 char *vn_borrower_stats_json(VnBorrower *b)
@@ -743,6 +814,8 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "dma_maps", b->stats.dma_maps },
         { "dma_unmaps", b->stats.dma_unmaps },
         { "unplug_requests", b->stats.unplug_requests },
+        { "posted_writes", b->posted->writes },
+        { "posted_write_failures", b->posted->failures },
     };
 
     json_builder_begin_object(jb);

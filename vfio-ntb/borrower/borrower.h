@@ -43,9 +43,11 @@ typedef struct VnBorrowerStats {
     uint64_t fabric_requests;    /* lending requests sent */
     uint64_t dma_maps;           /* forwarded to the lender */
     uint64_t dma_unmaps;
-    uint64_t unplug_requests; /* device requests signalled to QEMU */
-    uint64_t unmaps_missed;   /* DMA unmaps that did not reach a lost lender */
-    uint64_t lender_returns;  /* a lost lender came back and serves again */
+    uint64_t unplug_requests;       /* device requests signalled to QEMU */
+    uint64_t unmaps_missed;         /* DMA unmaps that did not reach a lost lender */
+    uint64_t lender_returns;        /* a lost lender came back and serves again */
+    uint64_t posted_writes;         /* forwarded BAR writes posted (borrower-int.h) */
+    uint64_t posted_write_failures; /* ... that the lender answered with an error */
     bool lender_lost;
 } VnBorrowerStats;
 

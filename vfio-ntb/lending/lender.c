@@ -308,8 +308,8 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
     if (r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
         l->stats.config_rw++;
     }
-    /* Not posted: the borrower waits for each answer anyway, and an error
-     * must reach it. */
+    /* Answered even when the borrower posted the write (a BAR write: borrower-int.h): it
+     * counts and logs the ones that failed. */
     if (r.write && r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
         ret = vn_lender_guard_before_write(l, r.offset, msg->data, r.count);
         if (ret == 0) {

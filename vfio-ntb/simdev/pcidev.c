@@ -28,6 +28,7 @@ struct VnPciDev {
     VnDeviceInfo info;
     int bar0_fd;
     uint8_t *bar0;                     /* mmap of bar0_fd, shared */
+    bool trap_bars;                    /* VnPciDevParams.trap_bars */
     uint8_t bar4[VN_PCIDEV_BAR4_SIZE]; /* MSI-X table + PBA storage */
     VnPciCfgIrqMode irq_mode;
     uint32_t vectors; /* MSI-X or MSI vectors offered */
@@ -218,12 +219,14 @@ static void info_build(VnPciDev *d)
         i->regions[r].mmap_fd = -1;
     }
     bar0->size = VN_NVME_BAR0_SIZE;
-    bar0->flags =
-        VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP;
-    bar0->mmap_fd = d->bar0_fd;
-    bar0->mmap_offset = 0;
-    bar0->nr_sparse = 1;
-    bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
+    bar0->flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+    if (!d->trap_bars) {
+        bar0->flags |= VFIO_REGION_INFO_FLAG_MMAP;
+        bar0->mmap_fd = d->bar0_fd;
+        bar0->mmap_offset = 0;
+        bar0->nr_sparse = 1;
+        bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
+    }
     if (d->irq_mode == VN_PCICFG_IRQ_MSIX) {
         i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
             .size = VN_PCIDEV_BAR4_SIZE,
@@ -318,6 +321,7 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
     };
 
     d->bar0_fd = -1;
+    d->trap_bars = params->trap_bars;
     d->serial = g_strdup(params->serial != NULL ? params->serial : "?");
     if (params->vectors < VN_PCIDEV_MIN_VECTORS || params->vectors > VN_PCIDEV_MAX_VECTORS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,

@@ -62,6 +62,9 @@ typedef struct VnPciDevParams {
      * queues = vectors - 1 (<= 64), vectors shared when MSI has fewer. */
     uint32_t vectors;
     VnPciCfgIrqMode irq_mode; /* 0 = MSI-X */
+    /* BAR0 offered without its memfd: every register access is a REGION_READ/WRITE, as a
+     * device's BAR a lender cannot map is (the software path; its benches and tests). */
+    bool trap_bars;
 } VnPciDevParams;
 
 typedef struct VnPciDev VnPciDev;

@@ -3,7 +3,7 @@
  *
  *   vfio-ntb-simdev --socket PATH --backing FILE --size-mib N
  *                   [--serial S] [--vectors N] [--interrupts msix|msi]
- *                   [--stats-file PATH] [--verbose]
+ *                   [--trap-bars] [--stats-file PATH] [--verbose]
  *
  * QEMU's vfio-user-pci client connects to PATH; the guest's stock nvme driver
  * binds to the device and its I/O lands in FILE (created, or extended to N
@@ -13,6 +13,8 @@
  *
  * --interrupts msi replaces MSI-X by MSI (fewer vectors, no BAR4): stock
  * QEMU 11.1 aborts when it hot-unplugs a vfio-user device with MSI-X.
+ * --trap-bars offers BAR0 without its memory: every register and doorbell
+ * access is a message, as with a device whose BAR a lender cannot map.
  *
  * This file only parses arguments and wires the pieces: the device model
  * (pcidev.c) behind the server engine (vfio-user/server.c) in the default
@@ -46,6 +48,7 @@ typedef struct Options {
     gint vectors;
     char *interrupts;
     VnPciCfgIrqMode irq_mode; /* parsed from interrupts */
+    gboolean trap_bars;
     gboolean verbose;
     char *stats_file;
 } Options;
@@ -78,6 +81,8 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         { "interrupts", 0, 0, G_OPTION_ARG_STRING, &o->interrupts,
           "msix (default, as NVMe controllers have) or msi (stock QEMU can hot-unplug it)",
           "MODE" },
+        { "trap-bars", 0, 0, G_OPTION_ARG_NONE, &o->trap_bars,
+          "offer BAR0 without its memory: every register access is a message", NULL },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every message and state change",
@@ -162,6 +167,7 @@ int main(int argc, char **argv)
         .serial = opt.serial,
         .vectors = (uint32_t)opt.vectors,
         .irq_mode = opt.irq_mode,
+        .trap_bars = opt.trap_bars,
     };
     dev = vn_pcidev_new(&params, &error);
     if (dev == NULL) {
