@@ -137,7 +137,9 @@ BORROWER = [("config_forwarded", "vfio_ntb_forwarded_accesses_total", {"space": 
             ("config_virtualized", "vfio_ntb_config_virtualized_total", {}),
             ("fabric_requests", "vfio_ntb_lender_requests_total", {}),
             ("dma_maps", "vfio_ntb_dma_maps_total", {}),
-            ("relayed_irqs", "vfio_ntb_relayed_interrupts_total", {})]
+            ("relayed_irqs", "vfio_ntb_relayed_interrupts_total", {}),
+            ("posted_writes", "vfio_ntb_posted_writes_total", {}),
+            ("posted_write_failures", "vfio_ntb_posted_write_failures_total", {})]
 FABRIC = [("msgs_sent", "vfio_ntb_fabric_messages_sent_total"),
           ("msgs_received", "vfio_ntb_fabric_messages_received_total"),
           ("bad_messages", "vfio_ntb_fabric_bad_messages_total")]

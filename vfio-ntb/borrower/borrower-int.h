@@ -59,6 +59,9 @@ typedef struct VnBorrowerMapping {
  * answers, which may come after the borrower is gone.
  */
 #define VN_BORROWER_MAX_POSTED 32
+/* A posted write of at most this many bytes (a register's) waits in the borrower until QEMU
+ * has its answer; a larger one goes at once. */
+#define VN_BORROWER_DEFER_MAX 8
 typedef struct VnBorrowerPosted {
     gint refs; /* the borrower's, and one per write in flight */
     guint in_flight;
@@ -102,7 +105,13 @@ struct VnBorrower {
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
     VnBorrowerPosted *posted; /* forwarded writes not answered yet (borrower.c) */
-    GBytes *kept;             /* the state the daemon keeps for our successor, as last sent */
+    /* Posted writes not sent yet: QEMU is answered first, they go right after (flush_src),
+     * and before anything else the borrower asks (vn_borrower_call). */
+    GQueue deferred;
+    GSource *flush_src;
+    bool flushing;
+    GMainContext *ctx; /* the borrower's (NULL: the default) */
+    GBytes *kept;      /* the state the daemon keeps for our successor, as last sent */
 };
 
 /* A lending request to our lender; see vn_fabric_request_sync().  On an
@@ -110,6 +119,9 @@ struct VnBorrower {
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
                      VnFabricMsg **reply);
 /* A forwarded region access. */
+/* A forwarded BAR write, posted (VnBorrowerPosted above); the deferred ones sent now, in
+ * order. */
+void vn_borrower_posted_flush(VnBorrower *b);
 /* A forwarded BAR write, posted (VnBorrowerPosted above). */
 int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
                                     uint32_t count);

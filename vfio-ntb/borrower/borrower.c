@@ -51,6 +51,9 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
     if (b->stats.lender_lost) {
         return -ENOTCONN;
     }
+    if (!b->flushing) {
+        vn_borrower_posted_flush(b); /* what QEMU wrote before reaches the device first */
+    }
     b->stats.fabric_requests++;
     /* Traced: the request carries its correlation id, which the lender's trace shows too. */
     if (trace_borrower_request_enabled() || trace_borrower_reply_enabled()) {
@@ -136,8 +139,9 @@ static void on_posted(void *opaque, VnFabricMsg *reply, int err)
     g_free(w);
 }
 
-int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
-                                    uint32_t count)
+/* A write sent as a request nobody waits for (or, VN_BORROWER_MAX_POSTED in flight, one that
+ * is waited for). */
+static int post_now(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf, uint32_t count)
 {
     VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = true };
     g_autofree char *json = NULL;
@@ -161,6 +165,63 @@ int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offs
     }
     b->stats.fabric_requests++;
     b->posted->writes++;
+    return 0;
+}
+
+typedef struct Deferred {
+    uint32_t region, count;
+    uint64_t offset;
+    uint8_t data[VN_BORROWER_DEFER_MAX];
+} Deferred;
+
+void vn_borrower_posted_flush(VnBorrower *b)
+{
+    Deferred *w;
+
+    if (b->flush_src != NULL) {
+        g_source_destroy(b->flush_src);
+        g_clear_pointer(&b->flush_src, g_source_unref);
+    }
+    b->flushing = true; /* a write that must wait sends no later one before it */
+    while ((w = g_queue_pop_head(&b->deferred)) != NULL) {
+        if (!b->stats.lender_lost && post_now(b, w->region, w->offset, w->data, w->count) < 0) {
+            b->posted->failures++; /* its wait failed: QEMU had its answer already */
+        }
+        g_free(w);
+    }
+    b->flushing = false;
+}
+
+static gboolean on_flush(gpointer data)
+{
+    VnBorrower *b = data;
+
+    g_clear_pointer(&b->flush_src, g_source_unref); /* the source ends with this call */
+    vn_borrower_posted_flush(b);
+    return G_SOURCE_REMOVE;
+}
+
+int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
+                                    uint32_t count)
+{
+    Deferred *w;
+
+    if (count > VN_BORROWER_DEFER_MAX || b->client_leaving ||
+        b->posted->in_flight + b->deferred.length >= VN_BORROWER_MAX_POSTED) {
+        vn_borrower_posted_flush(b);
+        return post_now(b, index, offset, buf, count);
+    }
+    w = g_new(Deferred, 1);
+    *w = (Deferred){ .region = index, .count = count, .offset = offset };
+    memcpy(w->data, buf, count);
+    g_queue_push_tail(&b->deferred, w);
+    if (b->flush_src == NULL) {
+        /* Before QEMU's next message is read, after our answer to this one is sent. */
+        b->flush_src = g_idle_source_new();
+        g_source_set_priority(b->flush_src, G_PRIORITY_HIGH);
+        g_source_set_callback(b->flush_src, on_flush, b, NULL);
+        g_source_attach(b->flush_src, b->ctx);
+    }
     return 0;
 }
 
@@ -626,6 +687,7 @@ VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *devic
 {
     g_autoptr(VnBorrower) b = borrower_alloc(fab, lender, device, mode);
 
+    b->ctx = ctx;
     if (!borrower_attach(b, false, error)) {
         return NULL;
     }
@@ -652,6 +714,7 @@ VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char 
         return NULL;
     }
     b = borrower_alloc(fab, lender, device, mode);
+    b->ctx = ctx;
     if (!borrower_attach(b, true, error)) {
         return NULL;
     }
@@ -686,6 +749,7 @@ void vn_borrower_free(VnBorrower *b)
     }
     g_clear_pointer(&b->server, vn_server_free);
     g_clear_pointer(&b->kept, g_bytes_unref);
+    vn_borrower_posted_flush(b); /* QEMU was told they were done: before the DETACH */
     if (b->attached && !b->stats.lender_lost) {
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
