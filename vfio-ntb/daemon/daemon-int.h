@@ -593,6 +593,11 @@ bool vn_spawn_alive(GPid pid, const char *binary);
 /* An adopted worker (not our child) still runs: @pid is @binary, and its @port (NULL: none)
  * did not refuse it as an impostor. */
 bool vn_spawn_adopted_alive(VnPort *port, GPid pid, const char *binary);
+/* A source (its id) that calls @fn(@data) once @pid has exited, heard through a pidfd
+ * (pidfd_open(2)): for a worker adopted after a restart, which is not our child.  0 when no
+ * pidfd could be had (the process is gone already, or the kernel has none): look another
+ * way.  @destroy(@data) when the source goes. */
+guint vn_spawn_watch_exit(GPid pid, GSourceFunc fn, void *data, GDestroyNotify destroy);
 /* takeover.c: a borrower worker that died (@status, as waitpid() says) is replaced by one
  * that serves its QEMU, when it kept what that takes and has not died too often: the new
  * worker runs @argv (its usual arguments, NULL-terminated; one is added) with what the dead

@@ -97,15 +97,15 @@ static void on_worker_exit(GPid pid, gint status, gpointer data)
 }
 
 /* A child's exit is heard from its watch; a worker adopted after a restart is not ours to
- * reap: its port closing says it may have died (at once), and a look every
- * VN_LENDERS_ADOPTED_CHECK_MS at whether it is there (one that died before it reconnected
- * to our port). */
-static bool adopted_died(VnLocalDevice *ld, const char *how)
+ * reap: its port closing says it may have died, and its pidfd that it @exited (one that
+ * died before it reconnected to our port; without pidfds, a look every
+ * VN_LENDERS_ADOPTED_CHECK_MS at whether it is there). */
+static bool adopted_died(VnLocalDevice *ld, const char *how, bool exited)
 {
     GPid pid = ld->worker_pid;
 
     if (ld->child_watch != 0 || pid <= 0 ||
-        vn_spawn_adopted_alive(ld->port, pid, VN_LENDERS_BINARY)) {
+        (!exited && vn_spawn_adopted_alive(ld->port, pid, VN_LENDERS_BINARY))) {
         return false;
     }
     ld->worker_pid = 0;
@@ -115,18 +115,27 @@ static bool adopted_died(VnLocalDevice *ld, const char *how)
 
 static void on_port_gone(void *opaque)
 {
-    adopted_died(opaque, "is gone (its port closed)");
+    adopted_died(opaque, "is gone (its port closed)", false);
 }
 
 static gboolean on_adopted_check(gpointer data)
 {
     VnLocalDevice *ld = data;
 
-    if (ld->worker_pid <= 0 || ld->child_watch != 0 || adopted_died(ld, "is gone")) {
+    if (ld->worker_pid <= 0 || ld->child_watch != 0 || adopted_died(ld, "is gone", false)) {
         ld->adopted_watch = 0;
         return G_SOURCE_REMOVE;
     }
     return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_adopted_exit(gpointer data)
+{
+    VnLocalDevice *ld = data;
+
+    ld->adopted_watch = 0; /* this source ends with this call */
+    adopted_died(ld, "is gone (it exited)", true);
+    return G_SOURCE_REMOVE;
 }
 
 /* What a managed function's worker keeps of it (lending/pcibind.h: vn_pcibind_keep). */
@@ -245,6 +254,9 @@ bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld, const char *secret)
            "node %s: adopted lender worker (pid %d) of %s", d->conf->node, ld->worker_pid,
            ld->conf->name);
     vn_port_on_gone(ld->port, on_port_gone, ld);
+    if (ld->adopted_watch == 0) {
+        ld->adopted_watch = vn_spawn_watch_exit(ld->worker_pid, on_adopted_exit, ld, NULL);
+    }
     if (ld->adopted_watch == 0) {
         ld->adopted_watch = g_timeout_add(VN_LENDERS_ADOPTED_CHECK_MS, on_adopted_check, ld);
     }

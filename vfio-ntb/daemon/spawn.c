@@ -31,6 +31,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/pidfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +103,46 @@ bool vn_spawn_alive(GPid pid, const char *binary)
 
     return pid > 1 && kill(pid, 0) == 0 && g_file_get_contents(proc, &cmdline, &len, NULL) &&
            len > 0 && strstr(cmdline, binary) != NULL;
+}
+
+typedef struct ExitWatch {
+    int pidfd;
+    GSourceFunc fn;
+    void *data;
+    GDestroyNotify destroy;
+} ExitWatch;
+
+static gboolean on_exit_readable(gint fd, GIOCondition cond, gpointer data)
+{
+    ExitWatch *w = data;
+
+    w->fn(w->data);
+    return G_SOURCE_REMOVE; /* it exited: once is all there is */
+}
+
+static void exit_watch_free(gpointer data)
+{
+    ExitWatch *w = data;
+
+    close(w->pidfd);
+    if (w->destroy != NULL) {
+        w->destroy(w->data);
+    }
+    g_free(w);
+}
+
+guint vn_spawn_watch_exit(GPid pid, GSourceFunc fn, void *data, GDestroyNotify destroy)
+{
+    int fd = pid > 1 ? pidfd_open(pid, 0) : -1;
+    ExitWatch *w;
+
+    if (fd < 0) {
+        return 0;
+    }
+    w = g_new(ExitWatch, 1);
+    *w = (ExitWatch){ .pidfd = fd, .fn = fn, .data = data, .destroy = destroy };
+    return g_unix_fd_add_full(G_PRIORITY_DEFAULT, fd, G_IO_IN | G_IO_HUP | G_IO_ERR,
+                              on_exit_readable, w, exit_watch_free);
 }
 
 typedef struct ChildWatch {
@@ -210,15 +251,16 @@ static void adopted_unwatch(VnBorrowed *b)
     }
 }
 
-/* An adopted worker is gone when its pid is no worker of ours any more: replaced under
- * its QEMU when it can be, as a child is. */
-static bool adopted_died(Adopted *a)
+/* An adopted worker is gone when it @exited (its pidfd said so) or its pid is no worker of
+ * ours any more: replaced under its QEMU when it can be, as a child is. */
+static bool adopted_died(Adopted *a, bool exited)
 {
     VnBorrowed *b = a->b;
     GPid pid = b->worker_pid;
     VnDaemon *d;
 
-    if (b->child_watch != 0 || pid <= 0 || vn_spawn_adopted_alive(b->port, pid, VN_SPAWN_BINARY)) {
+    if (b->child_watch != 0 || pid <= 0 ||
+        (!exited && vn_spawn_adopted_alive(b->port, pid, VN_SPAWN_BINARY))) {
         return false;
     }
     b->worker_pid = 0;
@@ -240,15 +282,24 @@ static bool adopted_died(Adopted *a)
 /* Its port closed: at once, not at the next look. */
 static void on_adopted_port_gone(void *opaque)
 {
-    adopted_died(opaque);
+    adopted_died(opaque, false);
 }
 
+/* Without a pidfd: a look every VN_SPAWN_ADOPTED_CHECK_MS. */
 static gboolean on_adopted_check(gpointer data)
 {
     Adopted *a = data;
 
-    adopted_died(a); /* removes this source (and frees @a) when it died */
+    adopted_died(a, false); /* removes this source (and frees @a) when it died */
     return G_SOURCE_CONTINUE;
+}
+
+static gboolean on_adopted_exit(gpointer data)
+{
+    Adopted *a = data;
+
+    adopted_died(a, true); /* removes this source (and frees @a) */
+    return G_SOURCE_REMOVE;
 }
 
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
@@ -714,8 +765,11 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
     if (b->port != NULL) {
         vn_port_on_gone(b->port, on_adopted_port_gone, a);
     }
-    b->adopted_watch = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_SPAWN_ADOPTED_CHECK_MS,
-                                          on_adopted_check, a, g_free);
+    b->adopted_watch = vn_spawn_watch_exit(b->worker_pid, on_adopted_exit, a, g_free);
+    if (b->adopted_watch == 0) {
+        b->adopted_watch = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_SPAWN_ADOPTED_CHECK_MS,
+                                              on_adopted_check, a, g_free);
+    }
     return true;
 }
 
