@@ -298,7 +298,9 @@ static gboolean on_adopted_exit(gpointer data)
 {
     Adopted *a = data;
 
-    adopted_died(a, true); /* removes this source (and frees @a) */
+    if (!adopted_died(a, true)) { /* else it removed this source (and frees @a) */
+        a->b->adopted_watch = 0;  /* no worker of ours any more: this source ends */
+    }
     return G_SOURCE_REMOVE;
 }
 
