@@ -307,10 +307,10 @@ static gboolean on_adopted_exit(gpointer data)
 static void spawn_stop(VnDaemon *d, VnBorrowed *b);
 
 /*
- * A start in progress: open the worker's port, spawn, then a timer looks for
- * the worker's socket every millisecond (attach latency: QEMU waits on it)
- * until VN_SPAWN_START_TIMEOUT_MS.  The daemon's loop serves everything
- * else meanwhile -- the worker's own ATTACH among it, through its port.
+ * A start in progress: open the worker's port, spawn, then wait for the worker's
+ * "ready" on its status pipe (or its exit) until VN_SPAWN_START_TIMEOUT_MS.  The
+ * daemon's loop serves everything else meanwhile -- the worker's own ATTACH among
+ * it, through its port.
  */
 typedef struct Start {
     VnDaemon *d;
