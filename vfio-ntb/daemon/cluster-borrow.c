@@ -194,7 +194,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
         g_ptr_array_add(d->borrowed, b);
     }
     b->lease = lease;
-    vn_cluster_emit(d, "LEASE_GRANTED", b->device, lease, p->lender, NULL);
+    vn_events_emit(d, "LEASE_GRANTED", b->device, lease, p->lender, NULL);
     vn_state_save_or_report(d);
     /* Our holds changed: the lender judges its grant by our claim of it.
      * To it alone, at once (it may not be in our table yet, if its

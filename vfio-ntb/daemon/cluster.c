@@ -31,32 +31,6 @@
 
 /* ---- helpers ---- */
 
-void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
-                     const char *node, const char *domain)
-{
-    g_autoptr(JsonBuilder) b = json_builder_new();
-
-    json_builder_begin_object(b);
-    if (device != NULL) {
-        json_builder_set_member_name(b, "device");
-        json_builder_add_string_value(b, device);
-    }
-    if (lease != 0) {
-        json_builder_set_member_name(b, "lease");
-        json_builder_add_int_value(b, (gint64)lease);
-    }
-    if (node != NULL) {
-        json_builder_set_member_name(b, "node");
-        json_builder_add_string_value(b, node);
-    }
-    if (domain != NULL) {
-        json_builder_set_member_name(b, "domain");
-        json_builder_add_string_value(b, domain);
-    }
-    json_builder_end_object(b);
-    vn_control_event(d->control, event, json_builder_get_root(b));
-}
-
 /* "; it @verb in DOMAIN" when @b is attached, else "": where a loss hits. */
 static char *in_domain(const VnBorrowed *b, const char *verb)
 {
@@ -369,7 +343,7 @@ static void lender_back(VnDaemon *d, VnBorrowed *b)
     if (b->port != NULL) {
         vn_port_set_peer(b->port, b->lender);
     }
-    vn_cluster_emit(d, "DEVICE_RECOVERED", b->device, b->lease, b->lender, b->domain);
+    vn_events_emit(d, "DEVICE_RECOVERED", b->device, b->lease, b->lender, b->domain);
 }
 
 /* Borrower side: a lease the lender no longer shows as ours is gone
@@ -405,7 +379,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
                                 lender, b->lease, in);
 
             vn_devices_note_loss(d, b->device, b->lease, why);
-            vn_cluster_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
+            vn_events_emit(d, "LEASE_EXPIRED", b->device, b->lease, NULL, NULL);
             vn_devices_detach(d, b);
             g_ptr_array_remove_index(d->borrowed, i - 1);
             vn_state_save_or_report(d);
@@ -465,7 +439,7 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, msg->peer, rq.lease,
            "node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
            msg->peer, device, rq.lease);
-    vn_cluster_emit(d, "LEASE_REVOKED", device, rq.lease, NULL, NULL);
+    vn_events_emit(d, "LEASE_REVOKED", device, rq.lease, NULL, NULL);
     /* A cooperative borrower: take it out of the VM (the guest's driver
      * releases it cleanly), detach and return, within the grace period. */
     vn_cluster_release(d, b, MIN(rq.grace_ms / 2, VN_DAEMON_MAX_RELEASE_MS));
@@ -524,8 +498,8 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
         vn_control_return(ld->revoke_reply, json_builder_get_root(b));
         ld->revoke_reply = NULL;
     }
-    vn_cluster_emit(d, ch->end == VN_LEASE_END_RETURNED ? "LEASE_RETURNED" : "LEASE_EXPIRED",
-                    device, ch->old_id, NULL, NULL);
+    vn_events_emit(d, ch->end == VN_LEASE_END_RETURNED ? "LEASE_RETURNED" : "LEASE_EXPIRED", device,
+                   ch->old_id, NULL, NULL);
     /* At once: a third party about to take the device (a reassign) must see
      * it free; a grant not yet announced makes this a no-op. */
     vn_cluster_announce_changed(d);
@@ -539,7 +513,7 @@ static void lease_granted(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *c
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, ch->lease->holder, ch->lease->id,
            "node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, ld->conf->name,
            ch->lease->holder, ch->lease->id);
-    vn_cluster_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
+    vn_events_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
     vn_cluster_announce_soon(d);
 }
 
@@ -811,7 +785,7 @@ static gboolean on_lender_gone(gpointer data)
         vn_port_set_peer(b->port, NULL);
     }
     vn_unplug_start(aw->d, b, true, NULL, NULL); /* a dead device is better out of the VM */
-    vn_cluster_emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender, NULL);
+    vn_events_emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender, NULL);
     return G_SOURCE_REMOVE;
 }
 
@@ -831,7 +805,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
                "node %s: link to %s up again after %" G_GINT64_FORMAT " ms", d->conf->node, peer,
                (g_get_monotonic_time() - n->down_since_us) / 1000);
     }
-    vn_cluster_emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer, NULL);
+    vn_events_emit(d, up ? "LINK_UP" : "LINK_DOWN", NULL, 0, peer, NULL);
     if (up) {
         /* A lender back in time: its announcement keeps or drops what we
          * hold (reconcile_held()); nothing was lost. */

@@ -245,7 +245,7 @@ static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
         g_free(b->qdev_id);
         b->qdev_id = g_strdup(at->qdev_id);
         vn_state_save_or_report(d);
-        vn_cluster_emit(d, "ATTACHED", b->device, b->lease, NULL, b->domain);
+        vn_events_emit(d, "ATTACHED", b->device, b->lease, NULL, b->domain);
         vn_cluster_announce_soon(d); /* the lender shows the domain */
         return_lease(at->r, b->device, b->lease, b->socket, true);
     }

@@ -367,11 +367,13 @@ bool vn_fence_defer(VnLocalDevice *ld, VnFenceResumeFn fn, const char *peer, uin
 /* @ld goes (the daemon stops): its timer, and a borrow waiting is refused. */
 void vn_fence_clear(VnLocalDevice *ld);
 
+/* ---- events.c ---- */
+/* A control-socket event (docs/control.md "Events"); NULL / 0 members are left out. */
+void vn_events_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
+                    const char *node, const char *domain);
+
 /* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
 void vn_cluster_start(VnDaemon *d);
-/* A control-socket event (docs/control.md "Events"); NULL / 0 members are left out. */
-void vn_cluster_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
-                     const char *node, const char *domain);
 void vn_cluster_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
 void vn_cluster_announce_soon(VnDaemon *d);

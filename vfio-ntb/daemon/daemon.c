@@ -311,8 +311,8 @@ static bool daemon_start(VnDaemon *d, GError **error)
         VnLocalDevice *ld = d->local->pdata[i];
 
         if (ld->conf->leaving && vn_lease_lent(ld->lease)) {
-            vn_cluster_emit(d, "DEVICE_KEPT", ld->conf->name, ld->lease->id, ld->lease->holder,
-                            NULL);
+            vn_events_emit(d, "DEVICE_KEPT", ld->conf->name, ld->lease->id, ld->lease->holder,
+                           NULL);
         }
     }
     return true;

@@ -31,8 +31,8 @@ static void server_down(VnLocalDevice *ld, const char *why)
     vn_log(G_LOG_LEVEL_WARNING, d->conf->node, device, holder, lent ? ld->lease->id : 0,
            "node %s: %s%s%s%s", d->conf->node, why, lent ? "; its holder " : "", lent ? holder : "",
            lent ? " has no device until another answers" : "");
-    vn_cluster_emit(d, "DEVICE_SERVER_LOST", device, lent ? ld->lease->id : 0, holder,
-                    ld->holder_domain);
+    vn_events_emit(d, "DEVICE_SERVER_LOST", device, lent ? ld->lease->id : 0, holder,
+                   ld->holder_domain);
     vn_cluster_announce_soon(d);
 }
 
@@ -71,8 +71,8 @@ void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
            "node %s: %s answers again (return %u; %u in its worker's life)%s%s", d->conf->node,
            ld->conf->name, ld->server_gen, gen, lent ? "; it is presented anew to " : "",
            lent ? holder : "");
-    vn_cluster_emit(d, "DEVICE_SERVER_BACK", device, lent ? ld->lease->id : 0, holder,
-                    ld->holder_domain);
+    vn_events_emit(d, "DEVICE_SERVER_BACK", device, lent ? ld->lease->id : 0, holder,
+                   ld->holder_domain);
     vn_cluster_announce_soon(d);
 }
 
@@ -110,7 +110,7 @@ static void present_anew(VnDaemon *d, VnBorrowed *b)
                "node %s: %s has a new device server, but %d VMs are being asked about "
                "devices already: detach and attach it to give %s the new one",
                d->conf->node, b->device, VN_UNPLUG_MAX, b->domain);
-        vn_cluster_emit(d, "DEVICE_REPLUG_FAILED", b->device, b->lease, NULL, b->domain);
+        vn_events_emit(d, "DEVICE_REPLUG_FAILED", b->device, b->lease, NULL, b->domain);
     }
 }
 
@@ -139,7 +139,7 @@ void vn_devserver_announced(VnDaemon *d, const char *lender, const VnPeersAnnoun
                    "node %s: %s says the device server of %s is lost%s%s", d->conf->node, lender,
                    b->device, b->domain != NULL ? "; the device is dead in " : "",
                    b->domain != NULL ? b->domain : "");
-            vn_cluster_emit(d, "DEVICE_SERVER_LOST", b->device, b->lease, lender, b->domain);
+            vn_events_emit(d, "DEVICE_SERVER_LOST", b->device, b->lease, lender, b->domain);
         }
         /* A lender that restarted counts from 0 again: a lower number is taken as is. */
         if (!b->server_gen_known || pd->server_gen < b->server_gen) {
@@ -158,7 +158,7 @@ void vn_devserver_announced(VnDaemon *d, const char *lender, const VnPeersAnnoun
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, lender, b->lease,
                "node %s: %s says a new device server of %s answers", d->conf->node, lender,
                b->device);
-        vn_cluster_emit(d, "DEVICE_SERVER_BACK", b->device, b->lease, lender, b->domain);
+        vn_events_emit(d, "DEVICE_SERVER_BACK", b->device, b->lease, lender, b->domain);
         present_anew(d, b);
     }
 }

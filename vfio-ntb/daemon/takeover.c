@@ -194,7 +194,7 @@ bool vn_takeover_start(VnDaemon *d, VnBorrowed *b, int status, GPtrArray *argv)
            d->conf->node, b->device, b->domain != NULL ? b->domain : "its VM",
            WIFSIGNALED(status) ? "signal" : "status",
            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), b->worker_pid);
-    vn_cluster_emit(d, "WORKER_REPLACED", b->device, b->lease, b->lender, b->domain);
+    vn_events_emit(d, "WORKER_REPLACED", b->device, b->lease, b->lender, b->domain);
     vn_state_save_or_report(d);
     return true;
 }

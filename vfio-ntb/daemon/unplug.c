@@ -94,8 +94,8 @@ static void replug_done(VnUnplug *u, const GError *error)
            NULL, u->lease, "node %s: %s %s to %s as a new device (%s)%s%s", u->d->conf->node,
            error == NULL ? "presented" : "could not present", u->device, u->domain, u->qdev_id,
            error == NULL ? "" : ": ", error == NULL ? "" : error->message);
-    vn_cluster_emit(u->d, error == NULL ? "DEVICE_REPLUGGED" : "DEVICE_REPLUG_FAILED", u->device,
-                    u->lease, NULL, u->domain);
+    vn_events_emit(u->d, error == NULL ? "DEVICE_REPLUGGED" : "DEVICE_REPLUG_FAILED", u->device,
+                   u->lease, NULL, u->domain);
     finish(u, error == NULL);
 }
 
