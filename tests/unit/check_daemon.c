@@ -98,7 +98,7 @@ START_TEST(test_unclaimed_lease_ends)
 
     borrow(a, b);
     g_ptr_array_remove(b->borrowed, vn_devices_borrowed(b, "hosta/nvme0"));
-    vn_cluster_announce(b);
+    vn_announce(b);
     ck_assert(spin_until(free_again, a, 1000));
     vn_daemon_free(b);
     vn_daemon_free(a);
@@ -752,11 +752,11 @@ START_TEST(test_announcement_schedule)
     guint partner = 0, third[2] = { 0 }, owed = 0;
 
     for (guint beat = 1; beat <= 2 * VN_DAEMON_REFRESH_EVERY; beat++) {
-        partner += vn_cluster_announce_due(beat, 7, false, beat % VN_DAEMON_ANNOUNCE_EVERY == 0);
-        third[0] += vn_cluster_announce_due(beat, 7, false, false);
-        third[1] += vn_cluster_announce_due(beat, 8, false, false) &&
-                    !vn_cluster_announce_due(beat, 7, false, false);
-        owed += vn_cluster_announce_due(beat, 7, true, false);
+        partner += vn_announce_due(beat, 7, false, beat % VN_DAEMON_ANNOUNCE_EVERY == 0);
+        third[0] += vn_announce_due(beat, 7, false, false);
+        third[1] +=
+            vn_announce_due(beat, 8, false, false) && !vn_announce_due(beat, 7, false, false);
+        owed += vn_announce_due(beat, 7, true, false);
     }
     ck_assert_uint_ge(partner, 2 * VN_DAEMON_REFRESH_EVERY / VN_DAEMON_ANNOUNCE_EVERY);
     ck_assert_uint_eq(third[0], 2);

@@ -200,7 +200,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
      * To it alone, at once (it may not be in our table yet, if its
      * announcement is still on the way): a hold concerns its lender only,
      * and a broadcast per borrow costs every host a message. */
-    vn_cluster_announce_to(d, p->lender);
+    vn_announce_to(d, p->lender);
     finish(p, b, NULL, NULL);
 }
 
@@ -284,7 +284,7 @@ void vn_cluster_return(VnDaemon *d, VnBorrowed *b, VnClusterDone done, void *opa
         json = vn_peers_request_to_json(VN_PEERS_RETURN, &rq);
         ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_RETURN, json, NULL, 0, on_return_reply,
                                 p);
-        vn_cluster_announce_to(d, p->lender);
+        vn_announce_to(d, p->lender);
     }
     if (!reachable || ret < 0) {
         on_return_reply(p, NULL, reachable ? ret : 0);

@@ -3,7 +3,7 @@
  *
  * Every node announces its lendable devices (state, borrower, lease) and
  * the leases it holds to every linked peer on each change and when the link
- * comes up, and again now and then (announce_due(): often to the hosts it
+ * comes up, and again now and then (announce.c: often to the hosts it
  * shares a lease with, seldom to the others); peers are found through the
  * fabric (vn_fabric_discover) every VN_DAEMON_HEARTBEAT_MS.  A lease is granted by
  * the lending node alone, one request at a time from its main loop, so of
@@ -22,7 +22,6 @@
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
-#include "config.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -37,7 +36,7 @@ static char *in_domain(const VnBorrowed *b, const char *verb)
     return b->domain != NULL ? g_strdup_printf("; it %s in %s", verb, b->domain) : g_strdup("");
 }
 
-/* ---- announcements ---- */
+/* ---- announcements received ---- */
 
 /* Lender side: the VM each of our devices @peer holds is served to, as its
  * announcement says (shown by list and in the metrics). */
@@ -65,45 +64,6 @@ static void holder_domains(VnDaemon *d, const char *peer, const VnPeersAnnounce 
     }
 }
 
-/* What we lend and hold; for @peer (NULL: for nobody in particular), each
- * device it may not borrow says so. */
-static char *announcement(VnDaemon *d, const char *peer)
-{
-    g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
-
-    g_strlcpy(a->node, d->conf->node, sizeof(a->node));
-    g_strlcpy(a->version, VN_VERSION, sizeof(a->version));
-    /* Both tables are bounded by VN_CONF_MAX_DEVICES (conf.c, lend,
-     * vn_cluster_borrow). */
-    for (guint i = 0; i < d->local->len && i < VN_CONF_MAX_DEVICES; i++) {
-        VnLocalDevice *ld = d->local->pdata[i];
-        VnPeersDevice *pd = &a->devices[a->n_devices++];
-
-        g_strlcpy(pd->name, ld->conf->name, sizeof(pd->name));
-        pd->id = ld->id;
-        pd->lent = vn_lease_lent(ld->lease);
-        pd->denied = peer != NULL && !vn_lend_conf_allows(ld->conf, peer);
-        pd->server_down = ld->server == VN_SERVER_DOWN;
-        pd->server_gen = ld->server_gen;
-        if (pd->lent) {
-            g_strlcpy(pd->borrower, ld->lease->holder, sizeof(pd->borrower));
-            pd->lease = ld->lease->id;
-        }
-    }
-    for (guint i = 0; i < d->borrowed->len && i < VN_CONF_MAX_DEVICES; i++) {
-        VnBorrowed *bw = d->borrowed->pdata[i];
-        VnPeersHold *h = &a->holds[a->n_holds++];
-
-        g_strlcpy(h->lender, bw->lender, sizeof(h->lender));
-        g_strlcpy(h->name, bw->name, sizeof(h->name));
-        h->lease = bw->lease;
-        if (bw->worker_pid > 0 && bw->domain != NULL) {
-            g_strlcpy(h->domain, bw->domain, sizeof(h->domain));
-        }
-    }
-    return vn_peers_announce_to_json(a);
-}
-
 /* An announcement being judged (claims()). */
 typedef struct Claims {
     VnDaemon *d;
@@ -116,124 +76,6 @@ static bool claims(void *opaque, const char *name, uint64_t lease)
     Claims *c = opaque;
 
     return vn_peers_announce_holds(c->a, c->d->conf->node, name, lease);
-}
-
-/* Our announcement to @n; a send that fails is owed (the next beat sends it). */
-static void announce_to_node(VnDaemon *d, VnRemoteNode *n)
-{
-    g_autofree char *own = announcement(d, n->name);
-
-    n->owed = vn_fabric_event(d->fab, n->name, VN_PEERS_ANNOUNCE, own, NULL, 0) < 0;
-}
-
-/* Does @peer hold a device of ours, or we one of its?  (Its announcements and ours keep
- * the lease's two ends agreeing; they are refreshed more often than a third party's.) */
-static bool lease_partner(VnDaemon *d, const char *peer)
-{
-    for (guint i = 0; i < d->local->len; i++) {
-        const VnLease *l = ((VnLocalDevice *)d->local->pdata[i])->lease;
-
-        if (l->holder != NULL && strcmp(l->holder, peer) == 0) {
-            return true;
-        }
-    }
-    for (guint i = 0; i < d->borrowed->len; i++) {
-        if (strcmp(((VnBorrowed *)d->borrowed->pdata[i])->lender, peer) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-bool vn_cluster_announce_due(guint beat, guint phase, bool owed, bool partner)
-{
-    return owed || (beat + phase) % VN_DAEMON_REFRESH_EVERY == 0 ||
-           (partner && beat % VN_DAEMON_ANNOUNCE_EVERY == 0);
-}
-
-/* The beat's periodic announcements. */
-static void announce_due(VnDaemon *d)
-{
-    GHashTableIter it;
-    VnRemoteNode *n;
-
-    g_hash_table_iter_init(&it, d->nodes);
-    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        /* lease_partner() only on the beats where it matters */
-        if (n->link_up && vn_cluster_announce_due(d->beats, n->phase, n->owed,
-                                                  d->beats % VN_DAEMON_ANNOUNCE_EVERY == 0 &&
-                                                      lease_partner(d, n->name))) {
-            announce_to_node(d, n);
-        }
-    }
-}
-
-/* To the daemons among our peers (the nodes that announced themselves);
- * borrower workers hear it once, when their link comes up. */
-static void broadcast(VnDaemon *d, char *json)
-{
-    GHashTableIter it;
-    VnRemoteNode *n;
-
-    /* This one carries whatever a pending coalesced one would have. */
-    if (d->announce_timer != 0) {
-        g_source_remove(d->announce_timer);
-        d->announce_timer = 0;
-    }
-    /* Each peer's own: which devices it may not borrow (access lists change
-     * only with a reload, which announces; @json, for nobody, tells changes). */
-    g_hash_table_iter_init(&it, d->nodes);
-    while (g_hash_table_iter_next(&it, NULL, (gpointer *)&n)) {
-        if (n->link_up) {
-            announce_to_node(d, n);
-        }
-    }
-    g_free(d->announced);
-    d->announced = json; /* takes ownership */
-}
-
-void vn_cluster_announce(VnDaemon *d)
-{
-    broadcast(d, announcement(d, NULL));
-}
-
-void vn_cluster_announce_changed(VnDaemon *d)
-{
-    g_autofree char *json = announcement(d, NULL);
-
-    /* Changes that undid each other (a borrow returned before its grant was
-     * announced) leave the peers' view right as it is: nothing to send. */
-    if (d->announced != NULL && strcmp(json, d->announced) == 0) {
-        if (d->announce_timer != 0) {
-            g_source_remove(d->announce_timer);
-            d->announce_timer = 0;
-        }
-        return;
-    }
-    broadcast(d, g_steal_pointer(&json));
-}
-
-static gboolean on_announce_due(gpointer data)
-{
-    VnDaemon *d = data;
-
-    d->announce_timer = 0;
-    vn_cluster_announce_changed(d);
-    return G_SOURCE_REMOVE;
-}
-
-void vn_cluster_announce_soon(VnDaemon *d)
-{
-    if (d->announce_timer == 0) {
-        d->announce_timer = g_timeout_add(VN_DAEMON_ANNOUNCE_DELAY_MS, on_announce_due, d);
-    }
-}
-
-void vn_cluster_announce_to(VnDaemon *d, const char *peer)
-{
-    g_autofree char *json = announcement(d, peer);
-
-    vn_fabric_event(d->fab, peer, VN_PEERS_ANNOUNCE, json, NULL, 0);
 }
 
 /* Forget hosts whose link has been down longer than @older_than_us, or,
@@ -304,7 +146,7 @@ static gboolean on_heartbeat(gpointer data)
      * what a failed send left behind: with n daemons a broadcast costs n - 1
      * messages, each parsed by its receiver. */
     d->beats++;
-    announce_due(d);
+    vn_announce_beat(d);
     return G_SOURCE_CONTINUE;
 }
 
@@ -502,7 +344,7 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
                    ch->old_id, NULL, NULL);
     /* At once: a third party about to take the device (a reassign) must see
      * it free; a grant not yet announced makes this a no-op. */
-    vn_cluster_announce_changed(d);
+    vn_announce_changed(d);
 }
 
 /* A lease granted: say so, and announce it soon (coalesced). */
@@ -514,7 +356,7 @@ static void lease_granted(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *c
            "node %s: lent %s to %s (lease %" G_GUINT64_FORMAT ")", d->conf->node, ld->conf->name,
            ch->lease->holder, ch->lease->id);
     vn_events_emit(d, "LEASE_GRANTED", device, ch->lease->id, ch->lease->holder, NULL);
-    vn_cluster_announce_soon(d);
+    vn_announce_soon(d);
 }
 
 void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
@@ -819,7 +661,7 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
                        "node %s: %s is back; %s was not lost", d->conf->node, peer, b->device);
             }
         }
-        vn_cluster_announce_to(d, peer);
+        vn_announce_to(d, peer);
         return;
     }
     /* Lender side: a borrower's daemon went away.  Its VM's device is

@@ -246,7 +246,7 @@ static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
         b->qdev_id = g_strdup(at->qdev_id);
         vn_state_save_or_report(d);
         vn_events_emit(d, "ATTACHED", b->device, b->lease, NULL, b->domain);
-        vn_cluster_announce_soon(d); /* the lender shows the domain */
+        vn_announce_soon(d); /* the lender shows the domain */
         return_lease(at->r, b->device, b->lease, b->socket, true);
     }
     attach_free(at);
@@ -535,7 +535,7 @@ static void cmd_lend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return;
     }
     vn_state_save_or_report(d);
-    vn_cluster_announce(d);
+    vn_announce(d);
     return_changed(r, true);
 }
 
@@ -560,7 +560,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     }
     vn_devices_unlend(d, ld);
     vn_state_save_or_report(d);
-    vn_cluster_announce(d);
+    vn_announce(d);
     return_changed(r, true);
 }
 

@@ -372,19 +372,24 @@ void vn_fence_clear(VnLocalDevice *ld);
 void vn_events_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
                     const char *node, const char *domain);
 
-/* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
-void vn_cluster_start(VnDaemon *d);
-void vn_cluster_announce(VnDaemon *d);
+/* ---- announce.c ---- */
+void vn_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
-void vn_cluster_announce_soon(VnDaemon *d);
+void vn_announce_soon(VnDaemon *d);
 /* Our announcement to @peer alone, now (it just came, or we owe it a return). */
-void vn_cluster_announce_to(VnDaemon *d, const char *peer);
+void vn_announce_to(VnDaemon *d, const char *peer);
 /* Announce now, unless nothing changed since the last broadcast. */
-void vn_cluster_announce_changed(VnDaemon *d);
+void vn_announce_changed(VnDaemon *d);
 /* Is our periodic announcement due to a host at heartbeat @beat (VN_DAEMON_ANNOUNCE_EVERY):
  * @phase its beat of each VN_DAEMON_REFRESH_EVERY, @owed the last send to it failed,
  * @partner it shares a lease with us. */
-bool vn_cluster_announce_due(guint beat, guint phase, bool owed, bool partner);
+bool vn_announce_due(guint beat, guint phase, bool owed, bool partner);
+/* The heartbeat's periodic announcements, at beat d->beats: to each host that is up and
+ * due (vn_announce_due). */
+void vn_announce_beat(VnDaemon *d);
+
+/* ---- cluster.c (the borrower's side of a lease: cluster-borrow.c) ---- */
+void vn_cluster_start(VnDaemon *d);
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);

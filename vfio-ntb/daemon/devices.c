@@ -47,7 +47,7 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
            "node %s: %s detached from %s", d->conf->node, b->device, b->domain);
     vn_events_emit(d, "DETACHED", b->device, b->lease, NULL, b->domain);
-    vn_cluster_announce_soon(d); /* the lender shows the domain gone */
+    vn_announce_soon(d); /* the lender shows the domain gone */
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);

@@ -33,7 +33,7 @@ static void server_down(VnLocalDevice *ld, const char *why)
            lent ? " has no device until another answers" : "");
     vn_events_emit(d, "DEVICE_SERVER_LOST", device, lent ? ld->lease->id : 0, holder,
                    ld->holder_domain);
-    vn_cluster_announce_soon(d);
+    vn_announce_soon(d);
 }
 
 void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
@@ -73,7 +73,7 @@ void vn_devserver_changed(void *opaque, bool up, uint32_t gen)
            lent ? holder : "");
     vn_events_emit(d, "DEVICE_SERVER_BACK", device, lent ? ld->lease->id : 0, holder,
                    ld->holder_domain);
-    vn_cluster_announce_soon(d);
+    vn_announce_soon(d);
 }
 
 void vn_devserver_worker_gone(VnLocalDevice *ld)

@@ -345,7 +345,7 @@ bool vn_daemon_reload(VnDaemon *d, const char *path, char **summary, GError **er
     removed_lends(d, next, &n);
     added_lends(d, next, &n);
     vn_state_save_or_report(d);
-    vn_cluster_announce(d);
+    vn_announce(d);
     g_autofree char *line = g_strdup_printf(
         "reloaded %s: %u lent device%s added, %u removed, %u changed, %u kept (lent), %u "
         "change%s needing a restart ignored",
