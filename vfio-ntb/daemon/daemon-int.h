@@ -422,13 +422,6 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms);
 
 /* ---- devices.c ---- */
 VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
-/* Lend @lc (which d->conf->lends then owns) / stop lending a free device;
- * NULL with @error once this node lends VN_CONF_MAX_DEVICES. */
-VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
-/* sriov-vfs: create @pf's virtual functions (conf.h) and lend each as
- * PF-vfK, managed; their confs join d->conf->lends. */
-bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error);
-void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
 /* At most this many devices' last losses are kept (a borrower holds far
  * fewer devices; the state file stays small). */
 #define VN_DEVICES_MAX_LOSSES 256
@@ -438,9 +431,6 @@ void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
 /* Borrower side: @device was lost (@why, a sentence): said as a warning,
  * kept (with the time) for `show` and the state file, and saved. */
 void vn_devices_note_loss(VnDaemon *d, const char *device, uint64_t lease, const char *why);
-/* The lease listener that unlends a device gone from the config (conf.h:
- * leaving) once its lease ends. */
-void vn_devices_on_lease(void *opaque, const VnLeaseChange *change);
 /* The free function of d->local (a stopping daemon's lease stays). */
 void vn_devices_local_free(gpointer ld);
 VnBorrowed *vn_devices_borrowed(VnDaemon *d, const char *device);
@@ -448,6 +438,18 @@ void vn_devices_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays).  The caller
  * saves the state (a restart must not find the stopped worker to adopt). */
 void vn_devices_detach(VnDaemon *d, VnBorrowed *b);
+
+/* ---- devices-lend.c ---- */
+/* Lend @lc (which d->conf->lends then owns) / stop lending a free device;
+ * NULL with @error once this node lends VN_CONF_MAX_DEVICES. */
+VnLocalDevice *vn_devices_lend(VnDaemon *d, VnLendConf *lc, GError **error);
+/* sriov-vfs: create @pf's virtual functions (conf.h) and lend each as
+ * PF-vfK, managed; their confs join d->conf->lends. */
+bool vn_devices_lend_vfs(VnDaemon *d, VnLendConf *pf, GError **error);
+void vn_devices_unlend(VnDaemon *d, VnLocalDevice *ld);
+/* The lease listener that unlends a device gone from the config (conf.h:
+ * leaving) once its lease ends. */
+void vn_devices_on_lease(void *opaque, const VnLeaseChange *change);
 
 /* ---- unplug.c ---- */
 /*
