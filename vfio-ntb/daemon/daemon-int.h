@@ -661,11 +661,16 @@ bool vn_qmp_device_add_fd(int fd, const char *id, const char *bus, const char *a
                           const char *socket, GError **error);
 /* ---- state.c ---- */
 bool vn_state_save(VnDaemon *d, GError **error);
-bool vn_state_load(VnDaemon *d, GError **error);
 /* The store, as a lease listener: saves when a lease's holder changed, and
  * reports (logs, counts in d->save_errors) a save that failed. */
 void vn_state_on_lease(void *opaque, const VnLeaseChange *change);
 /* Save now, reporting a failure as vn_state_on_lease() does. */
 void vn_state_save_or_report(VnDaemon *d);
+/* The state file's path: STATE-DIR/state.json, RUN-DIR/state.json without a state-dir
+ * (newly allocated). */
+char *vn_state_path(VnDaemon *d);
+
+/* ---- state-load.c ---- */
+bool vn_state_load(VnDaemon *d, GError **error);
 
 #endif /* VN_DAEMON_INT_H */
