@@ -597,6 +597,8 @@ bool vn_spawn_run_dir(VnDaemon *d, GError **error);
 bool vn_spawn_port_for_worker_user(VnDaemon *d, VnPort *port, GError **error);
 /* The fd a worker finds its port's connection at (port.h: vn_port_pair). */
 #define VN_SPAWN_PORT_FD 3
+/* @pid (> 0) runs: a signal reaches it (whether it is still ours, vn_spawn_alive says). */
+bool vn_spawn_running(GPid pid);
 /* @pid runs and is @binary (a process of ours, not a reused pid). */
 bool vn_spawn_alive(GPid pid, const char *binary);
 /* An adopted worker (not our child) still runs: @pid is @binary, and its @port (NULL: none)
