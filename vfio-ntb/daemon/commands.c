@@ -14,32 +14,6 @@
 #include <gio/gio.h>
 #include <string.h>
 
-/* ---- argument helpers ---- */
-
-bool vn_commands_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
-{
-    const char *dev = vn_util_json_string(a, "device");
-    const char *slash = dev ? strchr(dev, '/') : NULL;
-
-    if (dev == NULL) {
-        vn_control_error(r, VN_ERR_PARAM, "\"device\" (a string, host/name) is required");
-        return false;
-    }
-    if (slash == NULL || strchr(slash + 1, '/') != NULL) {
-        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
-        return false;
-    }
-    *node = g_strndup(dev, (gsize)(slash - dev));
-    *name = g_strdup(slash + 1);
-    if (!vn_name_valid(VN_NAME_NODE, *node) || !vn_name_valid(VN_NAME_DEVICE, *name)) {
-        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
-        g_clear_pointer(node, g_free);
-        g_clear_pointer(name, g_free);
-        return false;
-    }
-    return true;
-}
-
 /* ---- commands ---- */
 
 /* "since": the timestamp of the last event a client saw, in microseconds
@@ -122,7 +96,7 @@ static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!vn_commands_arg_device(a, r, &node, &name) || !borrowable(d, node, name, r)) {
+    if (!vn_control_arg_device(a, r, &node, &name) || !borrowable(d, node, name, r)) {
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
@@ -151,7 +125,7 @@ static bool arg_known_device(VnDaemon *d, JsonObject *a, VnControlReply *r, VnBo
 {
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
+    if (!vn_control_arg_device(a, r, &node, &name)) {
         return false;
     }
     dev = g_strdup_printf("%s/%s", node, name);
@@ -184,7 +158,7 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
     uint32_t grace = VN_DAEMON_REVOKE_GRACE_MS;
     VnLocalDevice *ld;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
+    if (!vn_control_arg_device(a, r, &node, &name)) {
         return;
     }
     if (gn != NULL) {
@@ -339,7 +313,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     Attach *at;
     VnBorrowed *b;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
+    if (!vn_control_arg_device(a, r, &node, &name)) {
         return;
     }
     if (domain == NULL || !vn_name_valid(VN_NAME_DOMAIN, domain)) {
@@ -398,7 +372,7 @@ static VnBorrowed *arg_attached(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL, *dev = NULL;
     VnBorrowed *b;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
+    if (!vn_control_arg_device(a, r, &node, &name)) {
         return NULL;
     }
     dev = g_strdup_printf("%s/%s", node, name);

@@ -19,6 +19,7 @@
 #include "daemon-int.h"
 
 #include "common/json.h"
+#include "common/name.h"
 #include "common/util.h"
 #include "config.h"
 #include "conf.h"
@@ -243,6 +244,30 @@ void vn_control_error(VnControlReply *r, const char *klass, const char *fmt, ...
     json_builder_add_string_value(b, desc);
     json_builder_end_object(b);
     reply_send(r, "error", json_builder_get_root(b));
+}
+
+bool vn_control_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name)
+{
+    const char *dev = vn_util_json_string(a, "device");
+    const char *slash = dev ? strchr(dev, '/') : NULL;
+
+    if (dev == NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "\"device\" (a string, host/name) is required");
+        return false;
+    }
+    if (slash == NULL || strchr(slash + 1, '/') != NULL) {
+        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
+        return false;
+    }
+    *node = g_strndup(dev, (gsize)(slash - dev));
+    *name = g_strdup(slash + 1);
+    if (!vn_name_valid(VN_NAME_NODE, *node) || !vn_name_valid(VN_NAME_DEVICE, *name)) {
+        vn_control_error(r, VN_ERR_PARAM, "device \"%.80s\" is not host/name", dev);
+        g_clear_pointer(node, g_free);
+        g_clear_pointer(name, g_free);
+        return false;
+    }
+    return true;
 }
 
 static void event_free(gpointer p)

@@ -310,13 +310,13 @@ void vn_control_event(VnControl *c, const char *name, JsonNode *data);
  * now on, after those kept that came after @since_us (real time, as the
  * events' timestamps say; 0: none of them). */
 void vn_control_subscribe(VnControlReply *r, gint64 since_us);
+/* The "device" argument, host/name, split and checked; false once an error
+ * answers @r. */
+bool vn_control_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name);
 
 /* ---- commands.c ---- */
 /* The daemon's command table (a VnCommandLookup). */
 VnCommandFn vn_commands_lookup(const char *name, const char *const **allowed);
-/* The "device" argument, host/name, split and checked; false once an error
- * answers @r. */
-bool vn_commands_arg_device(JsonObject *a, VnControlReply *r, char **node, char **name);
 
 /* queries.c: query-version, -nodes, -devices, -device, -stats. */
 void vn_queries_version(VnDaemon *d, JsonObject *a, VnControlReply *r);

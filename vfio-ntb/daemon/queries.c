@@ -278,7 +278,7 @@ void vn_queries_device(VnDaemon *d, JsonObject *a, VnControlReply *r)
     VnBorrowed *bw;
     DeviceQuery *dq;
 
-    if (!vn_commands_arg_device(a, r, &node, &name)) {
+    if (!vn_control_arg_device(a, r, &node, &name)) {
         return;
     }
     dev = g_strdup_printf("%s/%s", node, name);
@@ -339,7 +339,7 @@ void vn_queries_stats(VnDaemon *d, JsonObject *a, VnControlReply *r)
     g_autofree char *node = NULL, *name = NULL;
 
     if (json_object_has_member(a, "device")) {
-        if (!vn_commands_arg_device(a, r, &node, &name)) {
+        if (!vn_control_arg_device(a, r, &node, &name)) {
             return;
         }
         /* Counters live where a device is lent or borrowed: anything else
