@@ -294,7 +294,7 @@ def fence_without_worker(a, fact):
          fence_worker_respawned=bool(new))
 
 
-# The daemon's time for a worker to say it fenced (daemon-int.h VN_FENCE_TIMEOUT_MS).
+# The daemon's time for a worker to say it fenced (daemon/fence.h VN_FENCE_TIMEOUT_MS).
 VN_FENCE_TIMEOUT_S = 3
 
 

@@ -9,7 +9,9 @@
  * loop run and the answers read after each, an event, then the client
  * hangs up.
  */
-#include "daemon/daemon-int.h"
+#include "daemon/conf.h"
+#include "daemon/control.h"
+#include "daemon/daemon.h"
 
 #include "common/util.h"
 

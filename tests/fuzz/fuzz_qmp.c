@@ -5,7 +5,7 @@
  * end of the stream; the reader must succeed or fail with an error, never
  * crash, and never wait (everything is there already).
  */
-#include "daemon/daemon-int.h"
+#include "daemon/qmp.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -5,7 +5,9 @@
  * lookup() (a table of its own, handed to vn_control_new()): subscribe-events
  * (the transport's own, vn_control_subscribe), and "big", a 64 KiB answer.
  */
-#include "daemon/daemon-int.h"
+#include "daemon/conf.h"
+#include "daemon/control.h"
+#include "daemon/daemon.h"
 
 #include "check-main.h"
 

@@ -7,6 +7,15 @@
  * (daemon-rig.h); the e2e suites start real workers.
  */
 #include "daemon-rig.h"
+#include "daemon/announce.h"
+#include "daemon/cluster.h"
+#include "daemon/control.h"
+#include "daemon/devserver.h"
+#include "daemon/fence.h"
+#include "daemon/peers.h"
+#include "daemon/spawn-procs.h"
+#include "daemon/spawn.h"
+#include "daemon/stats.h"
 
 #include "check-main.h"
 

@@ -6,6 +6,8 @@
  * writer as journald would get them.
  */
 #include "daemon-rig.h"
+#include "daemon/devices-lend.h"
+#include "daemon/reload.h"
 
 #include "check-main.h"
 

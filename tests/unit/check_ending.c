@@ -6,7 +6,10 @@
  * (the worker's control channel, served here in the same loop, says when
  * it let go); and the device reads as busy until its worker is gone.
  */
-#include "daemon/daemon-int.h"
+#include "daemon/conf.h"
+#include "daemon/daemon.h"
+#include "daemon/ending.h"
+#include "common/wctl.h"
 
 #include "check-main.h"
 

@@ -7,7 +7,7 @@
  * state file have no seam short of the whole daemon: their parse is the
  * same vn_json_parse_object() call, tested in check_json.)
  */
-#include "daemon/daemon-int.h"
+#include "daemon/qmp.h"
 
 #include "check-main.h"
 

@@ -4,6 +4,7 @@
  * answered, or with what came in when the daemon stops first.
  */
 #include "daemon-rig.h"
+#include "daemon/stats.h"
 
 #include "check-main.h"
 

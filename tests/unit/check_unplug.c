@@ -8,6 +8,9 @@
  * worker started again, and added back at the same bus and slot.
  */
 #include "daemon-rig.h"
+#include "daemon/devserver.h"
+#include "daemon/qmp.h"
+#include "daemon/unplug.h"
 
 #include "check-main.h"
 

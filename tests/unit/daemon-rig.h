@@ -7,7 +7,14 @@
 #ifndef VN_CHECK_DAEMON_RIG_H
 #define VN_CHECK_DAEMON_RIG_H
 
-#include "daemon/daemon-int.h"
+#include "daemon/cluster-borrow.h"
+#include "daemon/conf.h"
+#include "daemon/daemon.h"
+#include "daemon/devices.h"
+#include "daemon/leases.h"
+#include "daemon/port.h"
+#include "daemon/workers.h"
+#include "common/wctl.h"
 #include "fabric/shm.h"
 
 #include <check.h>

@@ -9,7 +9,13 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "announce.h"
+
+#include "conf.h"
+#include "devices.h"
+#include "leases.h"
+#include "peers.h"
+
 #include "config.h"
 
 #include <string.h>

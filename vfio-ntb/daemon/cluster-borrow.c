@@ -5,7 +5,17 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "cluster-borrow.h"
+
+#include "announce.h"
+#include "conf.h"
+#include "control.h"
+#include "events.h"
+#include "peers.h"
+#include "state.h"
+#include "unplug.h"
+#include "workers.h"
+
 #include "common/json.h"
 #include "common/util.h"
 

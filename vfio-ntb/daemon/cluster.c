@@ -18,7 +18,19 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "cluster.h"
+
+#include "announce.h"
+#include "cluster-borrow.h"
+#include "conf.h"
+#include "devserver.h"
+#include "events.h"
+#include "fence.h"
+#include "peers.h"
+#include "port.h"
+#include "state.h"
+#include "unplug.h"
+
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"

@@ -4,7 +4,24 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "commands.h"
+
+#include "announce.h"
+#include "cluster-borrow.h"
+#include "cluster.h"
+#include "conf.h"
+#include "daemon.h"
+#include "devices-lend.h"
+#include "devices.h"
+#include "ending.h"
+#include "events.h"
+#include "leases.h"
+#include "queries.h"
+#include "spawn-procs.h"
+#include "state.h"
+#include "tracing.h"
+#include "unplug.h"
+#include "workers.h"
 
 #include "common/json.h"
 #include "common/name.h"

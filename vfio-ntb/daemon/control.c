@@ -16,13 +16,14 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "control.h"
+
+#include "conf.h"
 
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
 #include "config.h"
-#include "conf.h"
 
 #include <errno.h>
 #include <gio/gio.h>

@@ -6,7 +6,24 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "daemon.h"
+
+#include "cluster-borrow.h"
+#include "cluster.h"
+#include "commands.h"
+#include "control.h"
+#include "devices-lend.h"
+#include "devices.h"
+#include "ending.h"
+#include "events.h"
+#include "metrics.h"
+#include "port.h"
+#include "spawn.h"
+#include "state-load.h"
+#include "state.h"
+#include "stats.h"
+#include "unplug.h"
+#include "workers.h"
 
 #include "common/name.h"
 #include "common/util.h"
@@ -342,37 +359,6 @@ static void daemon_stop(VnDaemon *d)
     g_clear_pointer(&d->losses, g_hash_table_unref);
 }
 
-bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error)
-{
-    const char *missing = NULL;
-
-    if (ops == NULL) {
-        missing = "the table";
-    } else if (ops->name == NULL || ops->name[0] == '\0') {
-        missing = "name";
-    } else if (ops->start == NULL) {
-        missing = "start";
-    } else if (ops->stop == NULL) {
-        missing = "stop";
-    } else if (ops->adopt == NULL) {
-        missing = "adopt";
-    } else if (ops->stats == NULL) {
-        missing = "stats";
-    } else if (ops->request_unplug == NULL) {
-        missing = "request_unplug";
-    } else if (ops->client_state == NULL) {
-        missing = "client_state";
-    } else if (ops->lend_start == NULL || ops->lend_stop == NULL || ops->lend_adopt == NULL ||
-               ops->lend_kill == NULL || ops->lend_stats == NULL) {
-        missing = "lend_start, lend_stop, lend_adopt, lend_kill and lend_stats";
-    }
-    if (missing != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "worker ops: %s is required",
-                    missing);
-        return false;
-    }
-    return true;
-}
 /* The first directory above and at @dir (an absolute path) that @uid/@gid may not pass
  * through, or NULL. */
 static char *reachable(const char *dir, uid_t uid, gid_t gid)

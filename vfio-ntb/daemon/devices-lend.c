@@ -7,7 +7,18 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "devices-lend.h"
+
+#include "cluster.h"
+#include "conf.h"
+#include "devserver.h"
+#include "fence.h"
+#include "identity.h"
+#include "leases.h"
+#include "port.h"
+#include "spawn-procs.h"
+#include "state.h"
+#include "workers.h"
 
 #include "lending/pcibind.h"
 

@@ -7,7 +7,13 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "devices.h"
+
+#include "announce.h"
+#include "control.h"
+#include "events.h"
+#include "state.h"
+#include "workers.h"
 
 #include <string.h>
 

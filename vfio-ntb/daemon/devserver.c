@@ -1,5 +1,5 @@
 /*
- * Device servers that die and come back (daemon-int.h, "devserver.c"), both halves.
+ * Device servers that die and come back (devserver.h), both halves.
  *
  * Lender: a lent device's worker says whether its device server answers (port.h; it
  * fences the lease's DMA itself when the server goes).  The daemon logs each change,
@@ -15,7 +15,14 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "devserver.h"
+
+#include "announce.h"
+#include "conf.h"
+#include "events.h"
+#include "leases.h"
+#include "state.h"
+#include "unplug.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * Workers on their way out (daemon-int.h, "endings").
+ * Workers on their way out (ending.h).
  *
  * Stopping a worker takes time the daemon's loop must not spend waiting: a
  * borrower's QEMU finalizes an unplugged device a little after the guest
@@ -16,9 +16,13 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "ending.h"
+
+#include "devices.h"
+#include "spawn-procs.h"
 
 #include "lending/pcibind.h"
+#include "common/wctl.h"
 
 #include <gio/gio.h>
 #include <glib-unix.h>

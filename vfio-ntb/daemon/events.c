@@ -6,7 +6,9 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "events.h"
+
+#include "control.h"
 
 void vn_events_emit(VnDaemon *d, const char *event, const char *device, uint64_t lease,
                     const char *node, const char *domain)

@@ -1,5 +1,5 @@
 /*
- * The daemon's fence of a lent device (daemon-int.h, "fence.c"): at the end of a lease the
+ * The daemon's fence of a lent device (fence.h): at the end of a lease the
  * device goes back to nobody before anyone else may borrow it, and the daemon sees to it
  * itself rather than trust its worker.  Right away it withdraws what the worker exported
  * through its port (the paths onto the device's BARs: on an NTB the inbound translations,
@@ -14,7 +14,11 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "fence.h"
+
+#include "devices.h"
+#include "port.h"
+#include "workers.h"
 
 #include <errno.h>
 

@@ -12,9 +12,19 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
-#include "common/wctl.h"
+#include "lenders.h"
+
+#include "conf.h"
+#include "devserver.h"
+#include "ending.h"
+#include "fence.h"
+#include "leases.h"
+#include "port.h"
+#include "spawn-procs.h"
+#include "state.h"
 #include "stopworkers.h"
+
+#include "common/wctl.h"
 
 #include <errno.h>
 #include <gio/gio.h>

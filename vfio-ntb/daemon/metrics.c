@@ -12,8 +12,12 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
 #include "metrics.h"
+
+#include "daemon.h"
+#include "devices.h"
+#include "leases.h"
+#include "stats.h"
 
 #include "common/util.h"
 
@@ -96,7 +100,7 @@ void vn_metrics_snapshot_free(VnMetricsSnapshot *s)
 const char *const *vn_metrics_lease_states(bool lent)
 {
     /* leases.h's states; a borrower knows whether its lender still
-     * confirms the lease (daemon-int.h VnBorrowed: unconfirmed, lost). */
+     * confirms the lease (devices.h VnBorrowed: unconfirmed, lost). */
     static const char *lender[VN_LEASE_STATE_LAST + 1];
     static const char *const borrower[] = { "held", "unconfirmed", "lost", NULL };
 

@@ -13,7 +13,7 @@
  * Two parts: the exposition text, pure (a snapshot of the daemon's state
  * plus the query-stats JSON in, text out: what the unit tests check), and
  * the writer.  The daemon's timer that feeds them is in metrics.c too
- * (daemon-int.h: vn_metrics_start / vn_metrics_stop).
+ * (vn_metrics_start / vn_metrics_stop, below).
  *
  * Threads: none; the daemon's main thread.
  */
@@ -98,5 +98,15 @@ void vn_metrics_escape(GString *out, const char *v);
  * @error, @path untouched and no temporary file left.
  */
 bool vn_metrics_write(const char *path, const char *text, GError **error);
+
+/* ---- the daemon's timer ---- */
+typedef struct VnDaemon VnDaemon;
+
+/* [node] metrics-file, if set: written now and every metrics-interval-ms
+ * (the workers asked as query-stats asks them; one gather at a time). */
+void vn_metrics_start(VnDaemon *d);
+/* Before the daemon's devices go: the timer ends and the file is written
+ * once more, saying the daemon stopped (metrics.h). */
+void vn_metrics_stop(VnDaemon *d);
 
 #endif /* VN_METRICS_H */

@@ -7,7 +7,8 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "qmp.h"
+
 #include "common/json.h"
 #include "common/util.h"
 

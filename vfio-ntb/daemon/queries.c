@@ -4,7 +4,14 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "queries.h"
+
+#include "devices.h"
+#include "identity.h"
+#include "leases.h"
+#include "peers.h"
+#include "stats.h"
+#include "unplug.h"
 
 #include "common/json.h"
 #include "common/name.h"

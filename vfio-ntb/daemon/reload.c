@@ -16,7 +16,16 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "reload.h"
+
+#include "announce.h"
+#include "conf.h"
+#include "devices-lend.h"
+#include "devices.h"
+#include "ending.h"
+#include "leases.h"
+#include "state.h"
+#include "workers.h"
 
 #include "common/log.h"
 

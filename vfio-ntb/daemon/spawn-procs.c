@@ -7,11 +7,12 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
-#include "config.h"
+#include "spawn-procs.h"
+
 #include "common/json.h"
 #include "common/util.h"
 #include "common/wctl.h"
+#include "config.h"
 
 #include <errno.h>
 #include <gio/gio.h>

@@ -15,10 +15,20 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "spawn.h"
+
+#include "daemon.h"
+#include "devices.h"
+#include "ending.h"
+#include "lenders.h"
+#include "port.h"
+#include "spawn-procs.h"
+#include "state.h"
+#include "strays.h"
+#include "takeover.h"
+
 #include "common/wctl.h"
 #include "lending/proto.h"
-
 #include "common/util.h"
 
 #include <errno.h>

@@ -8,7 +8,16 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "state-load.h"
+
+#include "cluster.h"
+#include "conf.h"
+#include "devices-lend.h"
+#include "devices.h"
+#include "leases.h"
+#include "state.h"
+#include "workers.h"
+
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"

@@ -8,7 +8,12 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "state.h"
+
+#include "conf.h"
+#include "devices.h"
+#include "port.h"
+
 #include "common/util.h"
 
 #include <gio/gio.h>

@@ -1,5 +1,5 @@
 /*
- * This node's counters (daemon-int.h, "stats.c"): the daemon's own, and
+ * This node's counters (stats.h): the daemon's own, and
  * what each of its workers says, asked of every worker at once without
  * waiting.  A worker that does not answer within VN_SPAWN_STATS_TIMEOUT_MS
  * shows as {"device", "worker_answered": false} (lent) or is left out
@@ -9,8 +9,14 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "stats.h"
+
+#include "devices.h"
+#include "spawn-procs.h"
+#include "workers.h"
+
 #include "common/json.h"
+#include "common/wctl.h"
 
 #include <string.h>
 

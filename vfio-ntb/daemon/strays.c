@@ -15,7 +15,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "strays.h"
+
+#include "devices.h"
+#include "spawn-procs.h"
 
 #include <dirent.h>
 #include <errno.h>

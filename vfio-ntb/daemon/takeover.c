@@ -17,9 +17,15 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
-#include "keep.h"
+#include "takeover.h"
 
+#include "events.h"
+#include "keep.h"
+#include "port.h"
+#include "spawn-procs.h"
+#include "state.h"
+
+#include "borrower/borrower.h"
 #include "common/util.h"
 #include "fabric/host.h"
 

@@ -8,7 +8,10 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "tracing.h"
+
+#include "devices.h"
+#include "spawn-procs.h"
 
 #include "common/trace.h"
 #include "common/util.h"

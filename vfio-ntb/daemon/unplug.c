@@ -1,5 +1,5 @@
 /*
- * Asking a VM to let go of a borrowed device (daemon-int.h, "unplug.c"),
+ * Asking a VM to let go of a borrowed device (unplug.h),
  * without waiting in the daemon's loop: first through the worker, which
  * signals the device-request interrupt when its QEMU registered one; else,
  * when attach named the VM's QMP socket, with device_del, which runs on a
@@ -9,9 +9,16 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "unplug.h"
+
+#include "events.h"
+#include "qmp.h"
+#include "spawn-procs.h"
+#include "workers.h"
+
 #include "common/json.h"
 #include "common/util.h"
+#include "common/wctl.h"
 
 #include <gio/gio.h>
 #include <string.h>

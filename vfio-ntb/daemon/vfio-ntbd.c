@@ -26,13 +26,15 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
-#include "daemon-int.h"
+#include "conf.h"
+#include "daemon.h"
+#include "reload.h"
+#include "stopworkers.h"
 
-#include "config.h"
 #include "common/log.h"
 #include "ctl/ctl-client.h"
-#include "stopworkers.h"
 #include "common/trace.h"
+#include "config.h"
 
 #include <errno.h>
 #include <glib-unix.h>
