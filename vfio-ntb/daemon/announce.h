@@ -13,6 +13,8 @@
 #include <glib.h>
 #include <stdbool.h>
 
+/* Announce now, to every daemon whose link is up (each told which devices it may not
+ * borrow); a coalesced one that was due is this one. */
 void vn_announce(VnDaemon *d);
 /* Announce within VN_DAEMON_ANNOUNCE_DELAY_MS, coalescing changes. */
 void vn_announce_soon(VnDaemon *d);

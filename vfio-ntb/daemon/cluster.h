@@ -20,9 +20,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The heartbeat, now and every VN_DAEMON_HEARTBEAT_MS: peers looked for, leases' clocks,
+ * a failed save tried again, hosts long down forgotten, the periodic announcements. */
 void vn_cluster_start(VnDaemon *d);
+/* A peer's request (BORROW, RETURN; untrusted, checked whole): answered on the fabric with
+ * @token, at once or once a fence under way is over. */
 void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
+/* A peer's event (ANNOUNCE, REVOKE; untrusted, checked whole); another is logged, ignored. */
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
+/* The fabric's link to @peer went @up or down. */
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
 /* Revoke answers @r when the device is free. */
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);

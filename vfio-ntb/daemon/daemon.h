@@ -87,6 +87,7 @@ typedef struct VnDaemon {
 VnDaemon *vn_daemon_new(VnConfig *conf, const VnWorkerOps *workers, GError **error);
 /* Serve until vn_daemon_quit(). */
 void vn_daemon_run(VnDaemon *d);
+/* vn_daemon_run() returns (from the loop: a signal's handler, a test). */
 void vn_daemon_quit(VnDaemon *d);
 /* Borrower workers keep serving their VMs (a new daemon adopts them). */
 void vn_daemon_free(VnDaemon *d);

@@ -122,6 +122,7 @@ typedef struct VnBorrowed {
     gint64 takeover_us[VN_TAKEOVER_BURST];
 } VnBorrowed;
 
+/* The device this node lends as @name, or NULL (d->local owns it). */
 VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
 /* At most this many devices' last losses are kept (a borrower holds far
  * fewer devices; the state file stays small). */
@@ -134,7 +135,11 @@ VnLocalDevice *vn_devices_local(VnDaemon *d, const char *name);
 void vn_devices_note_loss(VnDaemon *d, const char *device, uint64_t lease, const char *why);
 /* The free function of d->local (a stopping daemon's lease stays). */
 void vn_devices_local_free(gpointer ld);
+/* The device this node holds as @device ("host/name"), or NULL (d->borrowed owns it). */
 VnBorrowed *vn_devices_borrowed(VnDaemon *d, const char *device);
+/* The free function of d->borrowed: a start under way is answered, the timers end, the
+ * port is freed with its socket file left (a worker that outlives us reconnects to our
+ * successor's port); the worker runs on. */
 void vn_devices_borrowed_free(VnBorrowed *b);
 /* Stop a borrowed device's vfio-user server (the lease stays).  The caller
  * saves the state (a restart must not find the stopped worker to adopt). */

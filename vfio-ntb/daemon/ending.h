@@ -30,7 +30,9 @@ VnEnding *vn_ending_start(VnDaemon *d, const char *what, GPid pid, bool child, V
  * the driver @kept_path names (lending/pcibind.h), if the file is still there (the worker,
  * serving as root, gives it back itself); the ending lasts until then. */
 void vn_ending_give_back(VnEnding *e, const char *bdf, const char *kept_path);
+/* Is a worker of @what still on its way out? */
 bool vn_ending_busy(VnDaemon *d, const char *what);
+/* d->endings, empty (vn_endings_free frees it). */
 GPtrArray *vn_endings_new(void);
 /* At the daemon's end: each gets SIGTERM if it has not yet, none is waited for. */
 void vn_endings_free(GPtrArray *endings);

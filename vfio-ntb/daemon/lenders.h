@@ -15,7 +15,7 @@
 #include <glib.h>
 #include <stdbool.h>
 
-/* lenders.c: the lender side of vn_spawn_ops. */
+/* lenders.c: the lender side of vn_spawn_ops (workers.h says what each does). */
 bool vn_lenders_start(VnDaemon *d, VnLocalDevice *ld, GError **error);
 void vn_lenders_stop(VnDaemon *d, VnLocalDevice *ld);
 bool vn_lenders_adopt(VnDaemon *d, VnLocalDevice *ld, const char *secret);

@@ -14,6 +14,8 @@
 #include <glib.h>
 #include <stdbool.h>
 
+/* Write the state file now, whole (renamed into place: a crash leaves the old file or the
+ * new one); false with @error ("saving state: ..."), the old file left as it was. */
 bool vn_state_save(VnDaemon *d, GError **error);
 /* The store, as a lease listener: saves when a lease's holder changed, and
  * reports (logs, counts in d->save_errors) a save that failed. */

@@ -24,6 +24,7 @@
 #define VN_STATS_MAX_GATHERS 4
 typedef void (*VnStatsReady)(VnDaemon *d, JsonNode *root, void *opaque);
 bool vn_stats_gather(VnDaemon *d, const char *only, VnStatsReady ready, void *opaque);
+/* d->gathers, empty (vn_stats_gathers_free frees it). */
 GPtrArray *vn_stats_gathers_new(void);
 /* Each gather under way gets what it has so far. */
 void vn_stats_gathers_free(VnDaemon *d);

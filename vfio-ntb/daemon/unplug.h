@@ -41,7 +41,10 @@ bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b);
 /* A replug of @device is under way: the worker it starts attaches to whichever device
  * server answers then, so a later return needs no second one. */
 bool vn_unplug_replugging(VnDaemon *d, const char *device);
+/* d->unplugs, empty. */
 GPtrArray *vn_unplugs_new(void);
+/* At the daemon's end: each unplug under way is done (@stopping set), and its thread, if it
+ * has one, frees it when it ends. */
 void vn_unplugs_free(VnDaemon *d);
 
 #endif /* VN_UNPLUG_H */

@@ -73,6 +73,8 @@ struct VnWorkerOps {
     guint (*stop_strays)(VnDaemon *d);
 };
 
+/* Does @ops have every member it must (stop_strays may be NULL)?  False with @error
+ * (G_IO_ERROR_INVALID_ARGUMENT) naming the first missing. */
 bool vn_worker_ops_valid(const VnWorkerOps *ops, GError **error);
 
 #endif /* VN_WORKERS_H */
