@@ -10,7 +10,9 @@ survive a daemon restart; bad requests get clear errors and change nothing; and 
 uses a device attached through the control socket.
 """
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,9 +24,10 @@ import harness as h  # noqa: E402
 from harness import result, wait_for  # noqa: E402
 from cluster import Daemon  # noqa: E402
 from control import Control, ControlError  # noqa: E402
+from vfio_user_probe import MSIX, ConfigReader  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 25
+EXPECTED_RESULTS = 26
 
 DEV = "hosta/nvme0"
 
@@ -627,6 +630,108 @@ def test_guest_on_attached_device(cl):
                   serial=run.results.get("probe", {}).get("serial"), regions=len(ver))
 
 
+class SilentPeer:
+    """Stands in for a node's fabric socket (shm: DIR/NODE.sock): takes every connection and
+    what is sent on it, and never answers -- a hostile or wedged host.  The node's own
+    listener keeps its links (they are connected already) and is put back by close()."""
+
+    def __init__(self, path):
+        self.path = path
+        self.real = path.with_name(path.name + ".real")
+        os.rename(path, self.real)
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(str(path))
+        self.lsock.listen(16)
+        self.lsock.settimeout(0.2)
+        self.conns = []
+        self.asked = 0          # connections that sent something (a FETCH)
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                c, _ = self.lsock.accept()
+            except (socket.timeout, OSError):
+                continue
+            c.settimeout(2)
+            try:
+                if c.recv(4096):
+                    self.asked += 1
+            except OSError:
+                pass
+            self.conns.append(c)
+
+    def close(self):
+        self.stop = True
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.lsock.close()
+        os.unlink(self.path)
+        os.rename(self.real, self.path)
+
+
+def p99(samples):
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(0.99 * len(s)))]
+
+
+def list_times(node, n):
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        rc, _, _ = ntbctl(node, "list")
+        out.append((time.monotonic() - t0) * 1000 if rc == 0 else float("inf"))
+    return out
+
+
+def test_lender_loop_unblocked(cl):
+    """A holder that stops answering (a SilentPeer in place of hostb's fabric socket) while
+    the lender's worker opens the interrupt routes hostb's VM set up: the lender daemon asks
+    for them without waiting, so ntbctl list on the lender is answered as fast as before
+    (p99 within 2x) and hostb still sees hosta up; the open fails after its timeout."""
+    sd = h.Simdev(cl.procs, cl.wd / "irq-dev.sock", h.make_backing(cl.wd / "irq.img", 16),
+                  16).start()
+    a, b = cl.ctl("hosta"), cl.ctl("hostb")
+    a.execute("lend", name="nvme5", socket=str(sd.socket_path), allow=["hostb"])
+    wait_for(lambda: any(d["device"] == "hosta/nvme5" for d in b.execute("query-devices")), 7)
+    r = b.execute("attach", device="hosta/nvme5", domain="vm-irq")
+    before = list_times(cl.d["hosta"], 30)
+    silent = SilentPeer(Path(cl.fab) / "hostb.sock")
+    efd = os.eventfd(0, os.EFD_CLOEXEC)
+    answer = {}
+
+    def set_irqs():
+        try:
+            with ConfigReader(r["socket"], timeout=30) as probe:
+                probe.set_irqs(MSIX, 0, [efd])
+                answer["irqs"] = "set"
+        except Exception as e:  # noqa: BLE001 -- its error is the finding
+            answer["irqs"] = repr(e)
+
+    t = threading.Thread(target=set_irqs)
+    t.start()
+    stalled = wait_for(lambda: silent.asked > 0, 10)
+    during = list_times(cl.d["hosta"], 30) if stalled else []
+    still_up = stalled and {n["node"]: n["link"] for n in
+                            b.execute("query-nodes")}.get("hosta") == "up"
+    still_asked = t.is_alive()  # the open was still waiting while we measured
+    t.join(40)
+    silent.close()
+    os.close(efd)
+    b.execute("detach", device="hosta/nvme5")
+    b.execute("return", device="hosta/nvme5")
+    wait_for(lambda: a.execute("query-device", device="hosta/nvme5")["state"] == "available", 10)
+    a.execute("unlend", name="nvme5")
+    ratio = p99(during) / p99(before) if during else float("inf")
+    return result("lender-loop-unblocked", stalled and still_up and still_asked and ratio <= 2.0,
+                  p99_ms_stalled=f"{p99(during) if during else 0:.1f}",
+                  p99_ms_without=f"{p99(before):.1f}", ratio=f"{ratio:.2f}",
+                  fetches_unanswered=silent.asked, irqs=answer.get("irqs", "?")[:60])
+
+
 def main():
     ok = True
     tests = (test_listing_and_cycles, test_race, test_access_list, test_revoke,
@@ -634,7 +739,7 @@ def main():
              test_lend_unlend, test_attach_refused_says_why, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest,
              test_lender_restart_keeps_io, test_detach_saved, test_return_reaches_restarted_lender,
-             test_many_workers_new_host)
+             test_many_workers_new_host, test_lender_loop_unblocked)
     with h.Procs() as procs:
         try:
             cl = Cluster(procs)

@@ -11,12 +11,16 @@ import struct
 import time
 
 CMD_VERSION = 1
+CMD_SET_IRQS = 8
 CMD_REGION_READ = 9
 CMD_REGION_WRITE = 10
 BAR0 = 0                                 # VFIO_PCI_BAR0_REGION_INDEX
 CONFIG_REGION = 7                        # VFIO_PCI_CONFIG_REGION_INDEX
 HDR = struct.Struct("<HHIII")            # id, cmd, size, flags, error
 RW = struct.Struct("<QII")               # offset, region, count
+IRQ_SET = struct.Struct("<IIIII")        # argsz, flags, index, start, count
+IRQ_EVENTFD_TRIGGER = (1 << 2) | (1 << 5)  # VFIO_IRQ_SET_DATA_EVENTFD | ACTION_TRIGGER
+MSIX = 2                                 # VFIO_PCI_MSIX_IRQ_INDEX
 
 
 class VfioUserError(Exception):
@@ -47,9 +51,14 @@ class ConfigReader:
             buf += chunk
         return buf
 
-    def _call(self, cmd, payload):
+    def _call(self, cmd, payload, fds=()):
         self.msg_id = (self.msg_id + 1) & 0xffff
-        self.sock.sendall(HDR.pack(self.msg_id, cmd, HDR.size + len(payload), 0, 0) + payload)
+        msg = HDR.pack(self.msg_id, cmd, HDR.size + len(payload), 0, 0) + payload
+        if fds:
+            sent = socket.send_fds(self.sock, [msg], list(fds))
+            self.sock.sendall(msg[sent:])
+        else:
+            self.sock.sendall(msg)
         mid, rcmd, size, flags, error = HDR.unpack(self._recv(HDR.size))
         body = self._recv(size - HDR.size)
         if mid != self.msg_id or rcmd != cmd or error:
@@ -62,6 +71,12 @@ class ConfigReader:
 
     def write_region(self, region, offset, data):
         self._call(CMD_REGION_WRITE, RW.pack(offset, region, len(data)) + data)
+
+    def set_irqs(self, index, start, fds):
+        """Vectors [start, start + len(fds)) of @index signal @fds (eventfds), as QEMU sets
+        a device's MSI-X up; the borrower exports each as an interrupt route to its lender."""
+        self._call(CMD_SET_IRQS, IRQ_SET.pack(IRQ_SET.size, IRQ_EVENTFD_TRIGGER, index, start,
+                                              len(fds)), fds)
 
     def read_config(self, offset, count=4):
         return self.read_region(CONFIG_REGION, offset, count)

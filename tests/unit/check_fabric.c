@@ -847,6 +847,63 @@ START_TEST(test_route)
 }
 END_TEST
 
+typedef struct Routed {
+    bool done;
+    int fd;
+    int code;
+    int calls;
+} Routed;
+
+static void on_routed(void *opaque, int fd, const GError *error)
+{
+    Routed *r = opaque;
+
+    r->done = true;
+    r->fd = fd;
+    r->code = error != NULL ? error->code : 0;
+    r->calls++;
+}
+
+/* b and a on one loop: a's open of b's route can only be answered if a does not wait for
+ * it; a refused one says why; one under way when a closes is cancelled, once. */
+START_TEST(test_route_open_async)
+{
+    Node *b = node_open("b", false);
+    Node *a = node_open("a", false);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    Routed r = { 0 }, bad = { 0 }, cut = { 0 };
+    uint64_t id, one = 1, n = 0;
+
+    link_nodes(a, b);
+    id = vn_fabric_route_export(b->fab, efd, "a", NULL);
+    ck_assert_uint_ne(id, 0);
+    vn_fabric_route_open_async(a->fab, "b", id, on_routed, &r);
+    ck_assert(!r.done);
+    WAIT_FOR(r.done);
+    ck_assert_int_ge(r.fd, 0);
+    ck_assert_int_eq(write(r.fd, &one, sizeof(one)), sizeof(one));
+    ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
+    ck_assert_uint_eq(n, 1);
+    close(r.fd);
+    ck_assert_uint_eq(stats_of(a).routes_opened, 1);
+
+    vn_fabric_route_open_async(a->fab, "b", id + 100, on_routed, &bad);
+    WAIT_FOR(bad.done);
+    ck_assert_int_eq(bad.fd, -ENOENT);
+    ck_assert_int_eq(bad.code, G_IO_ERROR_NOT_FOUND);
+
+    vn_fabric_route_open_async(a->fab, "b", id, on_routed, &cut);
+    ck_assert(!cut.done);
+    node_close(a);
+    ck_assert(cut.done);
+    ck_assert_int_eq(cut.calls, 1);
+    ck_assert_int_eq(cut.fd, -ECANCELED);
+    ck_assert_int_eq(cut.code, G_IO_ERROR_CANCELLED);
+    vn_fabric_route_unexport(b->fab, id);
+    close(efd);
+}
+END_TEST
+
 START_TEST(test_route_not_granted)
 {
     Node *b = node_open("b", true);
@@ -1325,6 +1382,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_window_limits);
     tcase_add_test(tc, test_export_budget);
     tcase_add_test(tc, test_route);
+    tcase_add_test(tc, test_route_open_async);
     tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);
     tcase_add_test(tc, test_doorbell_budget);

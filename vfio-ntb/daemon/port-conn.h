@@ -59,7 +59,7 @@ struct VnPort {
     GSource *src;
     VnRecordReader rx;
     GPtrArray *windows; /* VnFabricWindow *, mapped for the worker */
-    GPtrArray *maps;    /* VnPortMap *, maps under way */
+    GPtrArray *maps;    /* VnPortMap *, maps and route opens under way */
     GArray *segments;   /* uint64_t ids exported for it */
     GArray *routes;
     GArray *withdrawn;  /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */

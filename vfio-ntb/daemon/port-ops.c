@@ -85,6 +85,18 @@ void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd)
 
 static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
 
+/* An op of the worker's (a map, a route open) under way, in p->maps until answered. */
+static VnPortMap *port_map_new(VnPort *p, const VnHostHdr *h)
+{
+    VnPortMap *m = g_new0(VnPortMap, 1);
+
+    m->port = p;
+    m->fab = p->fab;
+    m->h = *h;
+    g_ptr_array_add(p->maps, m);
+    return m;
+}
+
 static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 {
     VnPortMap *m = opaque;
@@ -116,7 +128,6 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 void vn_port_op_map(VnPort *p, const VnHostHdr *h)
 {
     VnFabricWindow *held = worker_window(p, h->arg);
-    VnPortMap *m;
 
     /* A borrower's worker maps each BAR's segment once; a window it holds already was
      * mapped for the worker it replaced, and QEMU's mappings of the BAR are of that
@@ -132,12 +143,7 @@ void vn_port_op_map(VnPort *p, const VnHostHdr *h)
         return;
     }
     /* Without waiting: the peer's backend answers on our loop. */
-    m = g_new0(VnPortMap, 1);
-    m->port = p;
-    m->fab = p->fab;
-    m->h = *h;
-    g_ptr_array_add(p->maps, m);
-    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, m);
+    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, port_map_new(p, h));
 }
 
 void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
@@ -253,18 +259,37 @@ void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h)
     }
 }
 
-void vn_port_op_open_route(VnPort *p, const VnHostHdr *h)
+static void on_route_opened(void *opaque, int fd, const GError *error)
 {
-    g_autoptr(GError) error = NULL;
-    int fd = vn_fabric_route_open(p->fab, p->peer, h->arg, &error);
+    VnPortMap *m = opaque;
+    VnPort *p = m->port;
 
-    if (fd < 0) {
-        g_info("port %s: %s", p->path, error->message);
-        vn_port_reply(p, h, fd, 0, 0, -1);
+    if (p == NULL) {
+        vn_util_close_fd(&fd); /* its worker is gone */
+        g_free(m);
         return;
     }
-    vn_port_reply(p, h, 0, 0, 0, fd);
-    close(fd);
+    g_ptr_array_remove_fast(p->maps, m);
+    if (fd < 0) {
+        g_info("port %s: %s", p->path, error->message);
+        vn_port_reply(p, &m->h, fd, 0, 0, -1);
+    } else {
+        vn_port_reply(p, &m->h, 0, 0, 0, fd);
+        close(fd);
+    }
+    g_free(m);
+}
+
+void vn_port_op_open_route(VnPort *p, const VnHostHdr *h)
+{
+    if (p->maps->len >= VN_PORT_MAX_WINDOWS) {
+        vn_port_refuse(p, "more than %u maps and route opens under way", VN_PORT_MAX_WINDOWS);
+        vn_port_reply(p, h, EBUSY, 0, 0, -1);
+        return;
+    }
+    /* Without waiting: a holder that never answers must not hold this daemon's loop (its
+     * control socket, its heartbeats, its other workers); the answer comes on the loop. */
+    vn_fabric_route_open_async(p->fab, p->peer, h->arg, on_route_opened, port_map_new(p, h));
 }
 
 /* A borrower's worker keeps what the worker after it needs (keep.h). */

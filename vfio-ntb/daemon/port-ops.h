@@ -7,7 +7,7 @@
 
 #include "port-conn.h"
 
-/* A map for the worker, until the peer's backend answered. */
+/* A map or route open for the worker, until the peer's backend answered. */
 typedef struct VnPortMap {
     VnPort *port; /* NULL once the port is gone */
     VnFabric *fab;

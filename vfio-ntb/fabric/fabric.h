@@ -182,6 +182,10 @@ typedef struct VnFabricOps {
      * @peer's route @id (checked there by vn_fabric_backend_route()), or
      * -errno; waits like map_segment. */
     int (*open_route)(void *backend, const char *peer, uint64_t id, int timeout_ms);
+    /* Optional: the same without waiting; @done runs once, later, as for
+     * map_segment_async, with the fd or -errno. */
+    void (*open_route_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                             void (*done)(void *opaque, int fd), void *opaque);
     /*
      * Optional, for a backend whose node's resources someone else keeps (a
      * worker's, kept by its daemon; fabric/host.h).  export: publish @size
@@ -381,6 +385,16 @@ int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, 
 uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error);
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id);
 int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error);
+/*
+ * The same without waiting (a daemon's loop must not wait on a peer that may
+ * never answer): @done gets the fd (the callee's to close) or -errno with
+ * @error, once, later -- at once when the arguments refuse it or the backend
+ * cannot open without waiting.  After vn_fabric_close() it is called with
+ * -ECANCELED, so an @opaque it frees must not be freed elsewhere meanwhile.
+ */
+typedef void (*VnFabricRouteFn)(void *opaque, int fd, const GError *error);
+void vn_fabric_route_open_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricRouteFn done,
+                                void *opaque);
 
 /*
  * Messages.  @json may be NULL; @data/@len a binary part.

@@ -113,10 +113,9 @@ int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id)
     return route->fd;
 }
 
-int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error)
+/* Whether route @id of @peer may be asked for at all. */
+static int open_check(VnFabric *fab, const char *peer, uint64_t id, GError **error)
 {
-    int fd;
-
     if (!routes_supported(fab, error)) {
         return -ENOTSUP;
     }
@@ -127,9 +126,12 @@ int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **
                     peer != NULL ? peer : "(null)");
         return -ENOTCONN;
     }
-    fab->defer++;
-    fd = fab->ops->open_route(fab->backend, peer, id, fab->request_timeout_ms);
-    fab->defer--;
+    return 0;
+}
+
+/* The backend's answer @fd (or -errno) to the open of @peer's route @id, checked. */
+static int open_finish(VnFabric *fab, const char *peer, uint64_t id, int fd, GError **error)
+{
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
                     "node %s: cannot open %s's interrupt route %" PRIu64 ": %s", fab->node, peer,
@@ -151,6 +153,69 @@ int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **
     fab->stats.routes_opened++;
     trace_fabric_route_open(fab->node, id, peer);
     return fd;
+}
+
+int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error)
+{
+    int fd = open_check(fab, peer, id, error);
+
+    if (fd < 0) {
+        return fd;
+    }
+    fab->defer++;
+    fd = fab->ops->open_route(fab->backend, peer, id, fab->request_timeout_ms);
+    fab->defer--;
+    return open_finish(fab, peer, id, fd, error);
+}
+
+/* A route open under way (vn_fabric_route_open_async). */
+typedef struct VnFabricRouting {
+    VnFabric *fab;
+    char peer[VN_MAX_NODE_NAME + 1];
+    uint64_t id;
+    VnFabricRouteFn done;
+    void *opaque;
+} VnFabricRouting;
+
+static void route_opened(void *opaque, int fd)
+{
+    VnFabricRouting *r = opaque;
+    VnFabric *fab = r->fab;
+    g_autoptr(GError) error = NULL;
+
+    if (fab->backend == NULL) {
+        /* Closing: the route goes with the fabric. */
+        vn_util_close_fd(&fd);
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
+        fd = -ECANCELED;
+    } else {
+        fd = open_finish(fab, r->peer, r->id, fd, &error);
+    }
+    r->done(r->opaque, fd, error);
+    g_free(r);
+}
+
+void vn_fabric_route_open_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricRouteFn done,
+                                void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricRouting *r;
+    int fd;
+
+    if (fab->ops->open_route_async == NULL) {
+        fd = vn_fabric_route_open(fab, peer, id, &error);
+        done(opaque, fd, error);
+        return;
+    }
+    fd = open_check(fab, peer, id, &error);
+    if (fd < 0) {
+        done(opaque, fd, error);
+        return;
+    }
+    r = g_new0(VnFabricRouting, 1);
+    *r = (VnFabricRouting){ .fab = fab, .id = id, .done = done, .opaque = opaque };
+    g_strlcpy(r->peer, peer, sizeof(r->peer));
+    fab->ops->open_route_async(fab->backend, peer, id, fab->request_timeout_ms, route_opened, r);
 }
 
 void vn_fabric_routes_init(VnFabric *fab)

@@ -525,11 +525,6 @@ static int shm_wait(void *backend, const char *peer, int timeout_ms)
     return ret > 0 ? 0 : ret;
 }
 
-/*
- * Ask @peer's backend for segment or route @id on a connection of its own
- * (shm.h, "FETCH").  Returns the fd it sent, with its reply in @rep, or
- * -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
- */
 /* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,
  * the request sent), or -errno. */
 static int fetch_send(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id)
@@ -617,14 +612,16 @@ static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
     return fetch_result(shm, ret, &rec, rep);
 }
 
-/* A segment map that does not wait: its answer comes on the loop. */
+/* A segment map or route open that does not wait: its answer comes on the loop. */
 typedef struct VnShmFetching {
     VnShm *shm;
     int fd;
     VnRecordReader rx;
     GSource *src;
     GSource *timer;
+    /* One of them: a segment's answer, or a route's. */
     void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset);
+    void (*route_done)(void *opaque, int fd);
     void *opaque;
 } VnShmFetching;
 
@@ -641,7 +638,11 @@ static void fetching_end(VnShmFetching *op, int ret, VnRecord *rec)
     vn_record_reader_clear(&op->rx);
     vn_util_close_fd(&op->fd);
     fd = fetch_result(op->shm, ret, rec, &rep);
-    op->done(op->opaque, fd, rep.size, rep.offset);
+    if (op->route_done != NULL) {
+        op->route_done(op->opaque, fd);
+    } else {
+        op->done(op->opaque, fd, rep.size, rep.offset);
+    }
     g_free(op);
 }
 
@@ -664,21 +665,19 @@ static gboolean on_fetch_timeout(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-static void shm_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                                  void (*done)(void *opaque, int fd, uint64_t size,
-                                               uint64_t offset),
-                                  void *opaque)
+/* Send a FETCH of @kind @id to @peer and answer @op (its callback set) on the loop; false
+ * with *@err when it could not be sent (nothing is left behind). */
+static bool fetch_async(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id,
+                        int timeout_ms, VnShmFetching *op, int *err)
 {
-    VnShm *shm = backend;
-    VnShmFetching *op;
-    int fd = fetch_send(shm, peer, VN_SHM_FETCH_SEGMENT, id);
+    int fd = fetch_send(shm, peer, kind, id);
 
     if (fd < 0) {
-        done(opaque, fd, 0, 0);
-        return;
+        *err = fd;
+        return false;
     }
-    op = g_new0(VnShmFetching, 1);
-    *op = (VnShmFetching){ .shm = shm, .fd = fd, .done = done, .opaque = opaque };
+    op->shm = shm;
+    op->fd = fd;
     op->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(op->src, G_SOURCE_FUNC(on_fetch_ready), op, NULL);
     g_source_attach(op->src, shm->ctx);
@@ -686,6 +685,37 @@ static void shm_map_segment_async(void *backend, const char *peer, uint64_t id, 
     g_source_set_callback(op->timer, on_fetch_timeout, op, NULL);
     g_source_attach(op->timer, shm->ctx);
     g_ptr_array_add(shm->fetches, op);
+    return true;
+}
+
+static void shm_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                                  void (*done)(void *opaque, int fd, uint64_t size,
+                                               uint64_t offset),
+                                  void *opaque)
+{
+    VnShmFetching *op = g_new0(VnShmFetching, 1);
+    int err = 0;
+
+    op->done = done;
+    op->opaque = opaque;
+    if (!fetch_async(backend, peer, VN_SHM_FETCH_SEGMENT, id, timeout_ms, op, &err)) {
+        g_free(op);
+        done(opaque, err, 0, 0);
+    }
+}
+
+static void shm_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                                 void (*done)(void *opaque, int fd), void *opaque)
+{
+    VnShmFetching *op = g_new0(VnShmFetching, 1);
+    int err = 0;
+
+    op->route_done = done;
+    op->opaque = opaque;
+    if (!fetch_async(backend, peer, VN_SHM_FETCH_ROUTE, id, timeout_ms, op, &err)) {
+        g_free(op);
+        done(opaque, err);
+    }
 }
 
 static int shm_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
@@ -893,6 +923,7 @@ const VnFabricOps vn_shm_ops = {
     .map_segment = shm_map_segment,
     .map_segment_async = shm_map_segment_async,
     .open_route = shm_open_route,
+    .open_route_async = shm_open_route_async,
     .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */
 };
