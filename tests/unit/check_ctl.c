@@ -38,7 +38,10 @@ START_TEST(test_format_devices)
              "  \"lease\": 3, \"attached_to\": null, \"expires_in_ms\": 7250},"
              " {\"device\": \"hostc/gpu\", \"state\": \"lent\", \"borrower\": \"hostd\","
              "  \"lease\": 4, \"attached_to\": null, \"expires_in_ms\": 3000,"
-             "  \"job\": \"revoke\"}]");
+             "  \"job\": \"revoke\"},"
+             " {\"device\": \"hostc/fpga\", \"state\": \"lent\", \"borrower\": \"hostb\","
+             "  \"lease\": 5, \"attached_to\": \"vm2\", \"job\": \"attach\", \"job_ms\": 400,"
+             "  \"job_owner\": \"control\"}]");
     g_autoptr(GString) out = g_string_new(NULL);
     g_autoptr(GError) error = NULL;
 
@@ -54,11 +57,13 @@ START_TEST(test_format_devices)
                      "hostc/nic         lent (holder down, ends in 7.2 s)  hostd     3      "
                      "-         -\n"
                      "hostc/gpu         lent (revoked, ends in 3.0 s)      hostd     4      "
-                     "-         -\n");
+                     "-         -\n"
+                     "hostc/fpga        lent (attach, 0.4 s)               hostb     5      "
+                     "vm2       -\n");
     /* --name: what completion and scripts read */
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_device_names(out, ret, &error));
-    ck_assert_str_eq(out->str, "hosta/nvme0\nhosta/gpu-long.1\nhostc/nic\nhostc/gpu\n");
+    ck_assert_str_eq(out->str, "hosta/nvme0\nhosta/gpu-long.1\nhostc/nic\nhostc/gpu\nhostc/fpga\n");
 }
 END_TEST
 
@@ -87,7 +92,8 @@ START_TEST(test_format_show)
     g_autoptr(JsonNode) lent =
         json("{\"device\": \"hosta/nvme0\", \"node\": \"hosta\", \"name\": \"nvme0\","
              " \"state\": \"lent\", \"borrower\": \"hostb\", \"lease\": 17,"
-             " \"allow\": [\"hostb\", \"hostc\"]}");
+             " \"allow\": [\"hostb\", \"hostc\"], \"job\": \"revoke\", \"job_ms\": 2100,"
+             " \"job_owner\": \"kernel\"}");
     g_autoptr(JsonNode) avail =
         json("{\"device\": \"hosta/nvme0\", \"state\": \"available\", \"borrower\": null,"
              " \"lease\": null, \"allow\": []}");
@@ -101,7 +107,8 @@ START_TEST(test_format_show)
                                "state:    lent\n"
                                "borrower: hostb\n"
                                "lease:    17\n"
-                               "allow:    hostb, hostc\n");
+                               "allow:    hostb, hostc\n"
+                               "job:      revoke (2.1 s, asked by kernel)\n");
     g_string_truncate(out, 0);
     ck_assert(vn_ctl_format_device(out, avail, &error));
     ck_assert_str_eq(out->str, "device:   hosta/nvme0\n"

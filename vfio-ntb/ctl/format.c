@@ -230,20 +230,53 @@ bool vn_ctl_format_nodes(GString *out, JsonNode *ret, GError **error)
     return true;
 }
 
+/* Member @name of @o when it is of @type, else NULL. */
+static JsonNode *member_typed(JsonObject *o, const char *name, GType type)
+{
+    JsonNode *n = json_object_get_member(o, name);
+
+    return n != NULL && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == type ? n : NULL;
+}
+
+/* The device's job as a user reads it: "revoke (2.1 s, asked by kernel)" (@owner: who
+ * asked, else "revoke, 2.1 s" for a table's cell), or NULL. */
+static char *job_text(JsonObject *o, bool with_owner)
+{
+    JsonNode *job = member_typed(o, "job", G_TYPE_STRING);
+    JsonNode *ms = member_typed(o, "job_ms", G_TYPE_INT64);
+    JsonNode *owner = member_typed(o, "job_owner", G_TYPE_STRING);
+    g_autofree char *name = NULL, *by = NULL;
+
+    if (job == NULL) {
+        return NULL;
+    }
+    name = vn_ctl_format_sanitize(json_node_get_string(job));
+    by = owner != NULL ? vn_ctl_format_sanitize(json_node_get_string(owner)) : NULL;
+    if (ms == NULL) {
+        return g_steal_pointer(&name);
+    }
+    if (!with_owner) {
+        return g_strdup_printf("%s, %.1f s", name, (double)json_node_get_int(ms) / 1000.0);
+    }
+    return g_strdup_printf("%s (%.1f s%s%s)", name, (double)json_node_get_int(ms) / 1000.0,
+                           by != NULL && by[0] != '\0' ? ", asked by " : "", by != NULL ? by : "");
+}
+
 /* "lent", or "lent (holder down, ends in 7.5 s)" while its lease runs out, "lent (revoked,
  * ends in 3.0 s)" while a revoke waits out its grace; "degraded (lender down, ends in
- * 2.0 s)" on a borrower whose lender is away. */
+ * 2.0 s)" on a borrower whose lender is away; "lent (attach, 0.4 s)" while another job
+ * runs. */
 static char *state_text(JsonObject *o)
 {
     g_autofree char *state = member_text(o, "state");
-    JsonNode *n = json_object_get_member(o, "expires_in_ms");
-    JsonNode *job = json_object_get_member(o, "job");
-    bool revoke = job != NULL && JSON_NODE_HOLDS_VALUE(job) &&
-                  json_node_get_value_type(job) == G_TYPE_STRING &&
-                  strcmp(json_node_get_string(job), "revoke") == 0;
+    JsonNode *n = member_typed(o, "expires_in_ms", G_TYPE_INT64);
+    JsonNode *job = member_typed(o, "job", G_TYPE_STRING);
+    bool revoke = job != NULL && strcmp(json_node_get_string(job), "revoke") == 0;
 
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64) {
-        return g_steal_pointer(&state);
+    if (n == NULL) {
+        g_autofree char *what = job_text(o, false);
+
+        return what != NULL ? g_strdup_printf("%s (%s)", state, what) : g_steal_pointer(&state);
     }
     return g_strdup_printf("%s (%s, ends in %.1f s)", state,
                            revoke                           ? "revoked"
@@ -307,6 +340,12 @@ bool vn_ctl_format_device_names(GString *out, JsonNode *ret, GError **error)
     return true;
 }
 
+/* Members shown in the job's line, not on their own. */
+static bool in_job_line(const char *name)
+{
+    return strcmp(name, "job_ms") == 0 || strcmp(name, "job_owner") == 0;
+}
+
 bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
 {
     static const char cmd[] = "query-device";
@@ -326,13 +365,22 @@ bool vn_ctl_format_device(GString *out, JsonNode *ret, GError **error)
     for (GList *l = names; l != NULL; l = l->next) {
         g_autofree char *key = vn_ctl_format_sanitize(l->data);
 
-        width = MAX(width, g_utf8_strlen(key, -1));
+        if (!in_job_line(l->data)) {
+            width = MAX(width, g_utf8_strlen(key, -1));
+        }
     }
     for (GList *l = names; l != NULL; l = l->next) {
         g_autofree char *key =
             vn_ctl_format_sanitize(strcmp(l->data, "id") == 0 ? "identity" : l->data);
         g_autofree char *val =
-            strcmp(l->data, "id") == 0 ? identity_text(o) : member_text(o, l->data);
+            strcmp(l->data, "id") == 0 ? identity_text(o)
+            : strcmp(l->data, "job") == 0 && member_typed(o, "job", G_TYPE_STRING)
+                ? job_text(o, true)
+                : member_text(o, l->data);
+
+        if (in_job_line(l->data)) {
+            continue;
+        }
 
         g_string_append_printf(out, "%s:%*s %s\n", key, (int)(width - g_utf8_strlen(key, -1)), "",
                                val);
