@@ -20,14 +20,14 @@ INC = -Ivfio-ntb -I. -I$(B)/trace
 ALL_CFLAGS = $(CFLAGS) $(SAN_CFLAGS) $(INC) $(GLIB_CFLAGS) $(XML_CFLAGS) $(LIBVIRT_CFLAGS) \
 	$(PCI_CFLAGS) $(SYSTEMD_CFLAGS) $(SECCOMP_CFLAGS)
 
-# ntbctl's own files (the control client, its formatting and `top`, which check_top drives,
-# are in the library).
+# ntbctl's own files (its formatting and `top`, which check_top drives, and the control
+# client in vfio-ntb/client/ are in the library).
 NTBCTL_SRCS := $(filter-out vfio-ntb/ctl/ntbctl-top.c,$(wildcard vfio-ntb/ctl/ntbctl*.c))
 LIB_SRCS := $(wildcard vfio-ntb/common/*.c) $(wildcard vfio-ntb/vfio-user/*.c) \
 	$(wildcard vfio-ntb/fabric/*.c) $(filter-out vfio-ntb/lending/worker.c,$(wildcard vfio-ntb/lending/*.c)) \
 	$(filter-out vfio-ntb/borrower/worker.c,$(wildcard vfio-ntb/borrower/*.c)) \
 	$(filter-out vfio-ntb/daemon/vfio-ntbd.c,$(wildcard vfio-ntb/daemon/*.c)) \
-	$(filter-out $(NTBCTL_SRCS),$(wildcard vfio-ntb/ctl/*.c))
+	$(wildcard vfio-ntb/client/*.c) $(filter-out $(NTBCTL_SRCS),$(wildcard vfio-ntb/ctl/*.c))
 SIMDEV_SRCS := $(filter-out vfio-ntb/simdev/simdev.c vfio-ntb/simdev/ntbsim.c,\
 	$(wildcard vfio-ntb/simdev/*.c))
 # libvirt integration (libxml2, libvirt): only ntbctl, the hook and their tests link it.
@@ -158,7 +158,7 @@ $(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c vfio-ntb/daemon/i
 $(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_epf: $(call fuzz_objs,vfio-ntb/simdev/epf.c $(FUZZ_COMMON))
-$(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/ctl/ctl-client.c \
+$(B)/fuzz/fuzz_domxml: $(call fuzz_objs,vfio-ntb/libvirt/domxml.c vfio-ntb/client/ctl-client.c \
 	$(FUZZ_FABRIC))
 
 $(B)/fuzz/obj/%.o: %.c config.mak | $(TRACE_STAMP)

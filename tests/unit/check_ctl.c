@@ -4,7 +4,7 @@
  * answers well, refuses, misbehaves or stays silent, and the ntbctl
  * binary's exit codes (docs/control.md "ntbctl exit codes").
  */
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 #include "ctl-fake.h"
 

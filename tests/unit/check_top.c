@@ -3,7 +3,7 @@
  * from two answers, its shape checks and sanitizing, and the loop against
  * a fake daemon (frames on a pipe are plain blocks, no terminal escapes).
  */
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/ntbctl-top.h"
 
 #include "check-main.h"

@@ -9,7 +9,7 @@
 #include "ctl/table.h"
 
 #include "common/util.h"
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 
 #include <string.h>
 

@@ -8,7 +8,7 @@
 #include "ntbctl.h"
 
 #include "common/util.h"
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 
 #include <stdio.h>

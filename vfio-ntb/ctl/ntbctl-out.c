@@ -7,7 +7,7 @@
 #include "ntbctl.h"
 
 #include "config.h"
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 #include "libvirt/virt.h"
 

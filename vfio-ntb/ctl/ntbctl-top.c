@@ -12,7 +12,7 @@
 
 #include "ctl/ntbctl-top.h"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 #include "ctl/table.h"
 #include "common/util.h"

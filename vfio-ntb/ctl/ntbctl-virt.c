@@ -9,7 +9,7 @@
 #include "common/name.h"
 #include "common/util.h"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 #include "libvirt/domxml.h"
 #include "libvirt/hotplug.h"

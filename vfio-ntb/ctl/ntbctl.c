@@ -17,7 +17,7 @@
 #include "common/trace.h"
 #include "common/util.h"
 #include "config.h"
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "ctl/format.h"
 #include "ctl/ntbctl-top.h"
 #include "ctl/ntbctl-virt.h"

@@ -32,7 +32,7 @@
 #include "stopworkers.h"
 
 #include "common/log.h"
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "common/trace.h"
 #include "config.h"
 

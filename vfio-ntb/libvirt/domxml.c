@@ -11,7 +11,7 @@
 #include "common/name.h"
 #include "common/util.h"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 
 #include <json-glib/json-glib.h>
 #include <libxml/parser.h>

@@ -28,7 +28,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.libvirt"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "common/util.h"
 #include "libvirt/domxml.h"
 #include "common/trace.h"

@@ -8,7 +8,7 @@
 #include "common/name.h"
 #include "common/util.h"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 #include "libvirt/domedit.h"
 #include "libvirt/domxml.h"
 #include "libvirt/virt.h"

@@ -4,16 +4,16 @@
  * deadline, so one slow or silent daemon costs the caller at most the
  * timeout.
  */
-#define G_LOG_DOMAIN "vfio-ntb.ctl"
+#define G_LOG_DOMAIN "vfio-ntb.client"
 
-#include "ctl/ctl-client.h"
+#include "client/ctl-client.h"
 
 #include "common/json.h"
 #include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
 #include "lending/proto.h"
-#include "trace-ctl.h"
+#include "trace-client.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -391,7 +391,7 @@ static bool read_greeting(VnCtlClient *c, gint64 deadline, GError **error)
     }
     c->node = g_strdup(node);
     c->version = g_strdup(version);
-    trace_ctl_greeting(c->path, node, version);
+    trace_client_greeting(c->path, node, version);
     return true;
 }
 
@@ -480,7 +480,7 @@ static void answer_error(VnCtlClient *c, JsonNode *err, const char *command, GEr
                    "malformed error answer to %s (no \"class\" and \"desc\" strings)", command);
         return;
     }
-    trace_ctl_refused(c->path, command, cls);
+    trace_client_refused(c->path, command, cls);
     g_set_error_literal(error, VN_CTL_ERROR, vn_ctl_error_from_class(cls), desc);
 }
 
@@ -507,7 +507,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         return NULL;
     }
     req[len] = '\n'; /* replaces the NUL; len + 1 bytes go out */
-    trace_ctl_send(c->path, command, id);
+    trace_client_send(c->path, command, id);
     deadline = g_get_monotonic_time() + (gint64)c->timeout_ms * 1000;
     if (!write_all(c, req, len + 1, deadline, error)) {
         return NULL;
@@ -525,7 +525,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
         }
         if (json_object_has_member(o, "event")) {
             /* subscribe-events output; this client waits for its answer. */
-            trace_ctl_event_skipped(
+            trace_client_event_skipped(
                 c->path, vn_util_json_string(o, "event") ? vn_util_json_string(o, "event") : "?");
             continue;
         }
@@ -548,7 +548,7 @@ JsonNode *vn_ctl_client_execute(VnCtlClient *c, const char *command, JsonObject 
             answer_error(c, err, command, error);
             return NULL;
         }
-        trace_ctl_reply(c->path, command, id);
+        trace_client_reply(c->path, command, id);
         return json_node_copy(ret);
     }
 }
@@ -601,6 +601,6 @@ JsonObject *vn_ctl_client_next_event(VnCtlClient *c, int timeout_ms, GError **er
                    "malformed event line (wants \"event\", \"data\" and \"timestamp\")");
         return NULL;
     }
-    trace_ctl_event(c->path, name);
+    trace_client_event(c->path, name);
     return g_steal_pointer(&o);
 }
