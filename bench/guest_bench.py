@@ -84,22 +84,40 @@ def start_nbd(procs, wd, img):
     return p, sock
 
 
+class VIommu:
+    """The guest's own IOMMU (intel-iommu; caching-mode: QEMU tells a vfio-user device of each
+    map the guest makes), given before the devices it translates for."""
+
+    def qemu_args(self):
+        return ["-device", "intel-iommu,caching-mode=on"]
+
+
+def borrower_requests(daemon):
+    """The requests @daemon's borrower workers sent their lenders so far (its stats file)."""
+    return sum(x["fabric_requests"] for x in daemon.stats().get("borrowed", []))
+
+
 def guest_run(kind, mib=MIB, rounds=1):
     """One VM running the bench check on a device of @kind ("simdev": vfio-ntb-simdev through
     QEMU's vfio-user-pci; "builtin": QEMU's nvme; "lending": the simdev lent by one vfio-ntbd
-    and borrowed by another over the shm fabric, fd interrupts; "nbd": virtio-blk on
-    qemu-storage-daemon's NBD export).  Returns {"mbps": {field: MB/s}, "bytes": N,
-    "cpu_s": {group: CPU s over the data phase}}."""
+    and borrowed by another over the shm fabric, fd interrupts; "lending-viommu": the same
+    behind the guest's own IOMMU (intel-iommu, the guest's driver maps each I/O's buffers);
+    "nbd": virtio-blk on qemu-storage-daemon's NBD export).  Returns {"mbps": {field: MB/s},
+    "bytes": N, "cpu_s": {group: CPU s over the data phase}, "fabric_requests": the borrower's
+    requests to its lender over the data phase (lending kinds)}."""
     with h.Procs() as procs:
         wd = procs.tempdir()
         img = h.make_backing(wd / "disk.img", mib * 2)
         groups = {}
         params = {"bench_mib": mib, "rounds": rounds}
-        if kind in ("simdev", "lending"):
+        devices, append, b = [], "", None
+        if kind == "lending-viommu":
+            devices, append = [VIommu()], "intel_iommu=on"
+        if kind in ("simdev", "lending", "lending-viommu"):
             sd = h.Simdev(procs, wd / "nvme.sock", img, mib * 2, serial="VN-BENCH").start()
             groups["simdev"] = lambda: [sd.proc.pid]
             dev = h.VfioUserDevice(sd.socket_path)
-            if kind == "lending":
+            if kind.startswith("lending"):
                 fab = procs.tempdir("vn-fabric-")
                 a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd.socket_path}).start()
                 b = Daemon(procs, wd, "hostb", fab,
@@ -117,12 +135,15 @@ def guest_run(kind, mib=MIB, rounds=1):
             params["bench_disk"] = "vda"
         else:
             raise ValueError(kind)
-        q = h.Qemu(procs, "bench", [dev], params=params, workdir=wd).start()
+        q = h.Qemu(procs, "bench", devices + [dev], params=params, workdir=wd,
+                   append_extra=append).start()
         q.wait_line("VNEVENT", "bench-start")
         pids = {g: f() for g, f in groups.items()}
         c0 = {g: sum(cpu_s(p) for p in ps) for g, ps in pids.items()}
+        f0 = borrower_requests(b) if b is not None else 0
         end = q.wait_line("VNEVENT", "bench-end")
         c1 = {g: sum(cpu_s(p) for p in ps) for g, ps in pids.items()}
+        f1 = borrower_requests(b) if b is not None else 0
         run = q.wait_done()
         q.stop()
         r = run.results.get("bench", {})
@@ -131,16 +152,16 @@ def guest_run(kind, mib=MIB, rounds=1):
         nbytes = int(end.split("bytes=")[1].split()[0])
         # one round: each field is one value
         return {"mbps": {f: float(r[f]) for f in FIELDS}, "bytes": nbytes,
-                "cpu_s": {g: c1[g] - c0[g] for g in groups},
+                "cpu_s": {g: c1[g] - c0[g] for g in groups}, "fabric_requests": f1 - f0,
                 "processes": {g: len(ps) for g, ps in pids.items()}}
 
 
-def abba(a, b, rounds=AB_ROUNDS):
+def abba(a, b, rounds=AB_ROUNDS, **kw):
     """Rounds of guest_run(a) and guest_run(b) in ABBA order: ({a: [...], b: [...]}, order)."""
     runs, order = {a: [], b: []}, []
     for i in range(rounds):
         for kind in ((a, b) if i % 2 == 0 else (b, a)):
-            runs[kind].append(guest_run(kind))
+            runs[kind].append(guest_run(kind, **kw))
         order.append(a if i % 2 == 0 else b)
     return runs, order
 
@@ -227,3 +248,27 @@ def vs_nbd():
     n, _ = per_gib(runs["nbd"], "nbd")
     print(json.dumps({"bench": "vs-nbd", **c, "nbd_cpu_s_per_gib": n,
                       "vfio_ntb_cpu_s_per_gib": v, "simdev_cpu_s_per_gib": s}), flush=True)
+
+
+VIOMMU_MIB = int(os.environ.get("VN_BENCH_VIOMMU_MIB", "8"))
+
+
+def viommu_io():
+    """The secure setup: the guest's own IOMMU (intel-iommu) in front of the lent device, so
+    the guest's driver maps and unmaps each I/O's buffers and QEMU tells the borrower of each
+    (DMA_MAP / DMA_UNMAP), against the same guest without it.  ratio: throughput with it over
+    without (geometric mean of the four patterns, goal >= 0.8); fabric_requests_per_mib: the
+    borrower's requests to its lender per MiB the guest moved in the data phase (each map and
+    unmap the lender's IOMMU must see is one today)."""
+    runs, order = abba("lending-viommu", "lending", mib=VIOMMU_MIB)
+    c = compare(runs, "lending-viommu", "lending", order,
+                names={"lending-viommu": "viommu", "lending": "plain"})
+
+    def per_mib(kind):
+        return round(statistics.median(r["fabric_requests"] / (r["bytes"] / (1 << 20))
+                                       for r in runs[kind]), 2)
+
+    print(json.dumps({"bench": "viommu-io", "ratio": c.pop("throughput_ratio"), "goal": 0.8,
+                      "fabric_requests_per_mib": per_mib("lending-viommu"),
+                      "plain_fabric_requests_per_mib": per_mib("lending"), **c,
+                      "mib": VIOMMU_MIB}), flush=True)
