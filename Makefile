@@ -301,7 +301,7 @@ lint: format-check $(TRACE_STAMP)
 # none; fabric/, lending/ and borrower/ still have some (`scripts/check-circles
 # build/vfio-ntb/fabric` lists them).  The objects are named from the sources there are, so
 # one that a removed file left behind is not read.
-CIRCLE_DIRS := daemon vfio-user common ctl simdev libvirt
+CIRCLE_DIRS := daemon vfio-user common client ctl simdev libvirt
 CIRCLE_OBJS = $(patsubst %.c,$(B)/%.o,$(foreach d,$(CIRCLE_DIRS),$(wildcard vfio-ntb/$(d)/*.c)))
 
 circles: $(CIRCLE_OBJS)
