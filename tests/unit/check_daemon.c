@@ -68,7 +68,7 @@ START_TEST(test_fence_at_lease_end)
     vn_cluster_return(b, vn_devices_borrowed(b, "hosta/nvme0"), on_done, &r);
     ck_assert(spin_until(is_done, &r, 3000));
     ck_assert(ld->fence.active);
-    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &again);
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &again);
     spin(200);
     ck_assert(!again.done); /* waits for the fence */
     ck_assert(spin_until(is_done, &again, VN_FENCE_TIMEOUT_MS + 1000));
@@ -88,7 +88,7 @@ START_TEST(test_borrow_before_announcement)
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
     Done r = { 0 };
 
-    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &r);
     ck_assert(spin_until(is_done, &r, 3000));
     ck_assert_msg(r.b != NULL, "%s: %s", r.klass, r.msg);
     ck_assert(spin_until(held, a, LEASE_TIMEOUT_MS / 2));
@@ -101,6 +101,33 @@ END_TEST
 
 /* A RETURN that never reached the lender: hostb's announcements stop
  * claiming the lease, and hosta ends it (it used to keep it for ever). */
+/* A second borrow of a device while the first waits for its lender is refused at once,
+ * naming the first's job (the lender would have refused it as lent to us); the first one
+ * gets the device. */
+START_TEST(test_second_borrow_names_the_first)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    Done first = { 0 }, second = { 0 };
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &first);
+    ck_assert(!first.done);
+    ck_assert_str_eq(vn_job_name(vn_cluster_borrowing(b, "hosta/nvme0")), "borrow");
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &second);
+    ck_assert(second.done);
+    ck_assert_ptr_null(second.b);
+    ck_assert_str_eq(second.klass, "DeviceBusy");
+    ck_assert_msg(g_str_has_prefix(second.msg, "hosta/nvme0 is being borrowed (job borrow, "), "%s",
+                  second.msg);
+    ck_assert(spin_until(is_done, &first, 5000));
+    ck_assert_msg(first.b != NULL, "%s: %s", first.klass, first.msg);
+    ck_assert_ptr_null(vn_cluster_borrowing(b, "hosta/nvme0"));
+    ck_assert(spin_until(held, a, 3000));
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 START_TEST(test_unclaimed_lease_ends)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
@@ -144,6 +171,8 @@ static void record_end(void *opaque, const VnLeaseChange *ch)
     }
 }
 
+static char *control(VnDaemon *d, const char *line);
+
 /* A revoke waiting out its grace survives the lender daemon's restart: the restored lease is
  * still being revoked (its holder's claim does not make it held again) and the holder, told
  * again once it is back, gives it back; with the holder away it ends when the grace runs out
@@ -152,16 +181,33 @@ START_TEST(test_revoke_survives_lender_restart)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
     VnLeaseEnd end = VN_LEASE_END_NONE;
+    g_autofree char *again = NULL, *unlend = NULL, *shown = NULL;
     gint64 t0;
 
     borrow(a, b);
     vn_daemon_free(b); /* away: the revoke waits out its grace */
-    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), 4000, NULL);
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), 4000, VN_JOB_OWNER_CONTROL, NULL);
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_REVOKING);
     spin(200);
     vn_daemon_free(a);
     a = daemon_start("hosta");
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_REVOKING);
+    /* Its job is the revoke, resumed by the restart; what conflicts with it is refused
+     * naming it. */
+    shown = control(a, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
+                       "\"hosta/nvme0\"},\"id\":1}\n");
+    ck_assert_msg(strstr(shown, "\"job\":\"revoke\"") != NULL &&
+                      strstr(shown, "\"job_owner\":\"restart\"") != NULL,
+                  "%s", shown);
+    again = control(a, "{\"execute\":\"revoke\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
+                       "\"id\":2}\n");
+    ck_assert_msg(strstr(again, "DeviceBusy") != NULL &&
+                      strstr(again, "hosta/nvme0 is being revoked (job revoke, ") != NULL,
+                  "%s", again);
+    unlend = control(a, "{\"execute\":\"unlend\",\"arguments\":{\"name\":\"nvme0\"},"
+                        "\"id\":3}\n");
+    ck_assert_msg(strstr(unlend, "hosta/nvme0 is being revoked (job revoke, ") != NULL, "%s",
+                  unlend);
     vn_leases_listen(a->leases, record_end, &end);
     b = daemon_start("hostb"); /* back, and claiming it */
     ck_assert(spin_until(free_again, a, 3000));
@@ -172,7 +218,8 @@ START_TEST(test_revoke_survives_lender_restart)
     borrow(a, b);
     vn_daemon_free(b);
     t0 = g_get_monotonic_time();
-    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), LEASE_TIMEOUT_MS + 1000, NULL);
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), LEASE_TIMEOUT_MS + 1000,
+                      VN_JOB_OWNER_CONTROL, NULL);
     spin(200);
     vn_daemon_free(a);
     a = daemon_start("hosta");
@@ -458,7 +505,7 @@ START_TEST(test_borrow_cap)
         g_ptr_array_add(b->borrowed, x);
     }
     ck_assert(spin_until(knows_hosta, b, 5000));
-    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &r);
     ck_assert(r.done);
     ck_assert_ptr_null(r.b);
     ck_assert_str_eq(r.klass, VN_ERR_BUSY);
@@ -618,6 +665,7 @@ START_TEST(test_attach_waits_without_blocking)
 {
     VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
     g_autofree char *nodes = NULL, *second = NULL, *first = NULL, *ret = NULL, *shown = NULL;
+    g_autofree char *unplug = NULL;
     struct sockaddr_un addr = { .sun_family = AF_UNIX };
     const char *att = "{\"execute\":\"attach\",\"arguments\":{\"device\":\"hosta/nvme0\","
                       "\"domain\":\"vm1\"},\"id\":1}\n";
@@ -637,12 +685,21 @@ START_TEST(test_attach_waits_without_blocking)
     ck_assert_uint_eq(fake.starts, 1);
     nodes = control(b, "{\"execute\":\"query-nodes\",\"id\":2}\n");
     ck_assert_msg(strstr(nodes, "\"return\"") != NULL, "%s", nodes);
+    /* Every conflict is refused naming the job that holds the device. */
     second = control(b, att);
-    ck_assert_msg(strstr(second, "DeviceBusy") != NULL, "%s", second);
-    /* The device's job says what it waits for. */
+    ck_assert_msg(strstr(second, "DeviceBusy") != NULL &&
+                      strstr(second, "hosta/nvme0 is being attached (job attach, ") != NULL,
+                  "%s", second);
+    unplug = control(b, "{\"execute\":\"unplug\",\"arguments\":{\"device\":"
+                        "\"hosta/nvme0\"},\"id\":5}\n");
+    ck_assert_msg(strstr(unplug, "is being attached (job attach, ") != NULL, "%s", unplug);
+    /* The device's job says what it waits for, since when and for whom. */
     shown = control(b, "{\"execute\":\"query-device\",\"arguments\":{\"device\":"
                        "\"hosta/nvme0\"},\"id\":4}\n");
-    ck_assert_msg(strstr(shown, "\"job\":\"attach\"") != NULL, "%s", shown);
+    ck_assert_msg(strstr(shown, "\"job\":\"attach\"") != NULL &&
+                      strstr(shown, "\"job_ms\":") != NULL &&
+                      strstr(shown, "\"job_owner\":\"control\"") != NULL,
+                  "%s", shown);
     ret = control(b, "{\"execute\":\"return\",\"arguments\":{\"device\":\"hosta/nvme0\"},"
                      "\"id\":3}\n");
     ck_assert_msg(strstr(ret, "\"return\"") != NULL, "%s", ret);
@@ -799,6 +856,7 @@ static Suite *daemon_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_attach_adopt_detach);
     tcase_add_test(tc, test_attach_waits_without_blocking);
+    tcase_add_test(tc, test_second_borrow_names_the_first);
     tcase_add_test(tc, test_worker_ops_valid);
     tcase_add_test(tc, test_worker_binary_found);
     suite_add_tcase(s, tc);

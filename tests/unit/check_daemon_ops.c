@@ -199,7 +199,7 @@ START_TEST(test_reload_allow_applies)
     write_conf("[lend nvme0]\nsocket = /nonexistent/dev.sock\nallow = hoste\n");
     ck_assert(vn_daemon_reload(a, conf_path, NULL, &error));
     ck_assert(spin_until(knows_hosta, b, 5000));
-    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &r);
     ck_assert(spin_until(is_done, &r, 5000));
     ck_assert_ptr_null(r.b);
     ck_assert_str_eq(r.klass, "AccessDenied");

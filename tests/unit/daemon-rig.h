@@ -324,7 +324,7 @@ static inline uint64_t borrow(VnDaemon *a, VnDaemon *b)
     Done r = { 0 };
 
     ck_assert(spin_until(knows_hosta, b, 5000));
-    vn_cluster_borrow(b, "hosta", "nvme0", on_done, &r);
+    vn_cluster_borrow(b, "hosta", "nvme0", VN_JOB_OWNER_CONTROL, on_done, &r);
     ck_assert(spin_until(is_done, &r, 5000));
     ck_assert_msg(r.b != NULL, "%s: %s", r.klass, r.msg);
     ck_assert_uint_eq(r.b->lease, lease_of(a)->id);

@@ -84,6 +84,7 @@ static gboolean release_poll(gpointer data)
                r->wait_ms);
     }
     b->release_timer = 0; /* this source ends with the return below */
+    vn_job_end(&b->job, VN_JOB_RELEASE);
     vn_cluster_return(r->d, b, NULL, NULL);
     return G_SOURCE_REMOVE;
 }
@@ -99,6 +100,7 @@ static void release_asked(VnDaemon *d, const char *device, uint64_t lease, bool 
     }
     g_source_remove(b->release_timer);
     b->release_timer = 0;
+    vn_job_end(&b->job, VN_JOB_RELEASE);
     vn_cluster_return(d, b, NULL, NULL);
 }
 
@@ -122,6 +124,7 @@ void vn_cluster_release(VnDaemon *d, VnBorrowed *b, unsigned wait_ms)
                     .wait_ms = wait_ms };
     b->release_timer = g_timeout_add_full(G_PRIORITY_DEFAULT, VN_DAEMON_RELEASE_POLL_MS,
                                           release_poll, r, release_free);
+    vn_job_start(&b->job, VN_JOB_RELEASE, b->lender);
     release_ask(r, b);
 }
 
@@ -134,6 +137,8 @@ typedef struct Pending {
     VnDaemon *d;
     char *lender;
     char *name;
+    char *device;   /* borrow: "lender/name", in d->borrowing until answered */
+    VnJob job;      /* borrow: its job */
     uint64_t lease; /* return: the lease given back */
     VnClusterDone done;
     void *opaque;
@@ -141,6 +146,7 @@ typedef struct Pending {
 
 static void pending_free(Pending *p)
 {
+    g_free(p->device);
     g_free(p->lender);
     g_free(p->name);
     g_free(p);
@@ -181,6 +187,7 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     VnBorrowed *b;
     uint64_t lease;
 
+    g_ptr_array_remove_fast(d->borrowing, p);
     if (err < 0) {
         g_autofree char *why = vn_fabric_error_message(reply);
 
@@ -214,18 +221,46 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     finish(p, b, NULL, NULL);
 }
 
-void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClusterDone done,
-                       void *opaque)
+static Pending *borrowing(VnDaemon *d, const char *device)
+{
+    for (guint i = 0; d->borrowing != NULL && i < d->borrowing->len; i++) {
+        Pending *p = d->borrowing->pdata[i];
+
+        if (strcmp(p->device, device) == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+const VnJob *vn_cluster_borrowing(VnDaemon *d, const char *device)
+{
+    Pending *p = borrowing(d, device);
+
+    return p != NULL ? &p->job : NULL;
+}
+
+void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, const char *owner,
+                       VnClusterDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
     VnPeersRequest rq = { 0 };
     g_autofree char *json = NULL;
-    Pending *p = g_new0(Pending, 1);
+    Pending *p = g_new0(Pending, 1), *first;
     int ret;
 
-    *p = (Pending){
-        .d = d, .lender = g_strdup(lender), .name = g_strdup(name), .done = done, .opaque = opaque
-    };
+    *p = (Pending){ .d = d,
+                    .lender = g_strdup(lender),
+                    .name = g_strdup(name),
+                    .device = g_strdup_printf("%s/%s", lender, name),
+                    .done = done,
+                    .opaque = opaque };
+    /* One borrow of a device at a time: the lender would refuse a second as lent to us. */
+    first = borrowing(d, p->device);
+    if (first != NULL && vn_job_refuses(&first->job, VN_JOB_OP_BORROW, p->device, &error)) {
+        finish(p, NULL, VN_ERR_BUSY, error->message);
+        return;
+    }
     /* Our announcements list every lease held, and a lender reads at most
      * this many (announcement_valid()). */
     if (d->borrowed->len >= VN_CONF_MAX_DEVICES) {
@@ -241,8 +276,11 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, VnClus
     }
     g_strlcpy(rq.device, name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
+    vn_job_start(&p->job, VN_JOB_BORROW, owner);
+    g_ptr_array_add(d->borrowing, p);
     ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0, on_borrow_reply, p);
     if (ret < 0) {
+        g_ptr_array_remove_fast(d->borrowing, p);
         finish(p, NULL, klass_of(ret), g_strerror(-ret));
     }
 }

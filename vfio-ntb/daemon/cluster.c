@@ -342,6 +342,7 @@ static void lease_ended(VnDaemon *d, VnLocalDevice *ld, const VnLeaseChange *ch)
     }
     ld->revoke_deadline = 0;
     ld->revoke_untold = false;
+    vn_job_end(&ld->job, VN_JOB_REVOKE);
     if (ld->revoke_reply != NULL) {
         g_autoptr(JsonBuilder) b = json_builder_new();
 
@@ -518,8 +519,9 @@ static void tell_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms)
     ld->revoke_untold = false;
 }
 
-/* The grace period: the lease ends at @deadline (real time, µs), kept in the state file. */
-static bool start_revoke(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
+/* The grace period: the lease ends at @deadline (real time, µs), kept in the state file;
+ * the device's job is a revoke, for @owner. */
+static bool start_revoke(VnDaemon *d, VnLocalDevice *ld, gint64 deadline, const char *owner)
 {
     gint64 left_ms = MAX(deadline - g_get_real_time(), 0) / 1000;
     Revoke *rv;
@@ -530,6 +532,7 @@ static bool start_revoke(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
         ld->revoke_deadline = 0;
         return false;
     }
+    vn_job_start(&ld->job, VN_JOB_REVOKE, owner);
     rv = g_new0(Revoke, 1);
     rv->d = d;
     rv->ld = ld;
@@ -540,19 +543,22 @@ static bool start_revoke(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
     return true;
 }
 
-void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r)
+void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, const char *owner,
+                       VnControlReply *r)
 {
-    if (!vn_lease_lent(ld->lease)) {
-        vn_control_error(r, VN_ERR_NOTBORROWED, "%s/%s is not lent", d->conf->node, ld->conf->name);
-        return;
-    }
-    if (ld->lease->state == VN_LEASE_REVOKING) {
-        vn_control_error(r, VN_ERR_BUSY, "%s/%s is being revoked already (%.1f s left)",
-                         d->conf->node, ld->conf->name,
+    g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, ld->conf->name);
+    g_autoptr(GError) busy = NULL;
+
+    if (vn_job_refuses(&ld->job, VN_JOB_OP_REVOKE, dev, &busy)) {
+        vn_control_error(r, VN_ERR_BUSY, "%s; %.1f s of its grace left", busy->message,
                          MAX(ld->revoke_deadline - g_get_real_time(), 0) / 1e6);
         return;
     }
-    if (!start_revoke(d, ld, g_get_real_time() + (gint64)grace_ms * 1000)) {
+    if (!vn_lease_lent(ld->lease)) {
+        vn_control_error(r, VN_ERR_NOTBORROWED, "%s is not lent", dev);
+        return;
+    }
+    if (!start_revoke(d, ld, g_get_real_time() + (gint64)grace_ms * 1000, owner)) {
         vn_control_error(r, VN_ERR_BUSY, "%s/%s cannot be revoked now", d->conf->node,
                          ld->conf->name);
         return;
@@ -568,7 +574,7 @@ void vn_cluster_revoke_resume(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
 {
     gint64 left = deadline - g_get_real_time();
 
-    if (!start_revoke(d, ld, deadline)) {
+    if (!start_revoke(d, ld, deadline, VN_JOB_OWNER_RESTART)) {
         return;
     }
     ld->revoke_untold = true;
@@ -614,7 +620,7 @@ void vn_cluster_device_request(void *opaque)
            "node %s: the host wants %s back (VFIO device request: an unbind or a removal "
            "of %s waits); revoking it from %s",
            d->conf->node, ld->conf->name, vn_conf_lend_where(ld->conf), ld->lease->holder);
-    vn_cluster_revoke(d, ld, VN_DAEMON_REVOKE_GRACE_MS, NULL);
+    vn_cluster_revoke(d, ld, VN_DAEMON_REVOKE_GRACE_MS, VN_JOB_OWNER_KERNEL, NULL);
 }
 
 typedef struct Away {

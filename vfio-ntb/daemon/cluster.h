@@ -30,8 +30,10 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 /* The fabric's link to @peer went @up or down. */
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
-/* Revoke answers @r when the device is free. */
-void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, VnControlReply *r);
+/* Revoke, asked by @owner (jobs.h: VN_JOB_OWNER_*, or a node), answers @r when the device
+ * is free; refused naming the job when the device's job does not allow it. */
+void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, const char *owner,
+                       VnControlReply *r);
 /* A revoke the state file says was waiting out its grace (until @deadline, real time, µs)
  * when the daemon stopped: @ld's restored lease is being revoked again, ending at that
  * deadline (at once when it passed); its holder is told again when it next announces. */

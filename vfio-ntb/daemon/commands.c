@@ -52,6 +52,18 @@ static void cmd_subscribe(VnDaemon *d, JsonObject *a, VnControlReply *r)
 
 /* Actions answer "changed": false when there was nothing to do, so that a
  * script (or Ansible) can tell. */
+/* When @job does not let @op through @dev: @r's DeviceBusy names the job (jobs.h); true. */
+static bool refuse_busy(const VnJob *job, VnJobOp op, const char *dev, VnControlReply *r)
+{
+    g_autoptr(GError) busy = NULL;
+
+    if (!vn_job_refuses(job, op, dev, &busy)) {
+        return false;
+    }
+    vn_control_error(r, VN_ERR_BUSY, "%s", busy->message);
+    return true;
+}
+
 static void return_changed(VnControlReply *r, bool changed)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
@@ -122,7 +134,7 @@ static void cmd_borrow(VnDaemon *d, JsonObject *a, VnControlReply *r)
         return_lease(r, b->device, b->lease, NULL, false);
         return;
     }
-    vn_cluster_borrow(d, node, name, borrowed_reply, r);
+    vn_cluster_borrow(d, node, name, VN_JOB_OWNER_CONTROL, borrowed_reply, r);
 }
 
 static void returned_reply(VnDaemon *d, VnBorrowed *b, const char *klass, const char *msg,
@@ -198,7 +210,7 @@ static void cmd_revoke(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_NODEV, "%s lends no device %s", node, name);
         return;
     }
-    vn_cluster_revoke(d, ld, grace, r);
+    vn_cluster_revoke(d, ld, grace, VN_JOB_OWNER_CONTROL, r);
 }
 
 typedef struct Attach {
@@ -227,10 +239,12 @@ static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
 
     if (error != NULL) {
         if (b != NULL) {
+            vn_job_end(&b->job, VN_JOB_ATTACH);
             g_clear_pointer(&b->domain, g_free);
         }
         vn_control_error(at->r, VN_ERR_GENERIC, "%s", error->message);
     } else {
+        vn_job_end(&b->job, VN_JOB_ATTACH);
         g_free(b->qmp);
         b->qmp = g_strdup(at->qmp);
         g_free(b->qdev_id);
@@ -260,9 +274,8 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
 
     if (b == NULL) {
         vn_control_error(at->r, klass, "%s", msg);
-    } else if (b->starting) {
-        vn_control_error(at->r, VN_ERR_BUSY, "%s is being attached to %s; try again", b->device,
-                         b->domain);
+    } else if (refuse_busy(&b->job, VN_JOB_OP_ATTACH, b->device, at->r)) {
+        /* refused, naming the job */
     } else if (b->lost) {
         vn_control_error(at->r, VN_ERR_UNREACHABLE,
                          "%s's lender went away and its data path "
@@ -292,6 +305,7 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         }
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
+        vn_job_start(&b->job, VN_JOB_ATTACH, VN_JOB_OWNER_CONTROL);
         d->workers->start(d, b, attach_started, at); /* answers and frees @at */
         return;
     }
@@ -378,7 +392,7 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (b != NULL) {
         attach_borrowed(d, b, NULL, NULL, at);
     } else {
-        vn_cluster_borrow(d, node, name, attach_borrowed, at);
+        vn_cluster_borrow(d, node, name, VN_JOB_OWNER_CONTROL, attach_borrowed, at);
     }
 }
 
@@ -441,6 +455,9 @@ static void cmd_unplug(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     VnBorrowed *b = arg_attached(d, a, r);
 
+    if (b != NULL && refuse_busy(&b->job, VN_JOB_OP_UNPLUG, b->device, r)) {
+        return;
+    }
     if (b != NULL && !vn_unplug_start(d, b, false, unplug_asked, r)) {
         vn_control_error(r, VN_ERR_BUSY,
                          "%d VMs are being asked to let go already; "
@@ -542,6 +559,13 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
     if (ld == NULL) {
         vn_control_error(r, VN_ERR_NODEV, "%s lends no device %.64s", d->conf->node, name);
         return;
+    }
+    if (ld->job.kind != VN_JOB_NONE) {
+        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, name);
+
+        if (refuse_busy(&ld->job, VN_JOB_OP_UNLEND, dev, r)) {
+            return;
+        }
     }
     if (vn_lease_lent(ld->lease)) {
         vn_control_error(r, VN_ERR_BUSY,

@@ -136,6 +136,9 @@ static void static_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
 {
     VnDaemonStatic *st = d->statics;
 
+    if (b != NULL) {
+        vn_job_end(&b->job, VN_JOB_ATTACH);
+    }
     if (error == NULL) {
         vn_state_save_or_report(d);
         return;
@@ -160,6 +163,7 @@ static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned
     b->socket = g_strdup(bc->socket);
     g_free(b->domain);
     b->domain = g_strdup(bc->name);
+    vn_job_start(&b->job, VN_JOB_ATTACH, VN_JOB_OWNER_CONFIG);
     d->workers->start(d, b, static_started, NULL);
 }
 
@@ -208,7 +212,7 @@ static bool static_borrows(VnDaemonStatic *st)
 
             *sb = (StaticBorrow){ .st = st, .bc = bc };
             st->pending++;
-            vn_cluster_borrow(d, bc->lender, bc->device, static_borrowed, sb);
+            vn_cluster_borrow(d, bc->lender, bc->device, VN_JOB_OWNER_CONFIG, static_borrowed, sb);
         }
     }
     return all;
@@ -276,6 +280,7 @@ static bool daemon_start(VnDaemon *d, GError **error)
     d->endings = vn_endings_new();
     d->gathers = vn_stats_gathers_new();
     d->unplugs = vn_unplugs_new();
+    d->borrowing = g_ptr_array_new();
     d->nodes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, remote_free);
     d->losses = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     d->leases = vn_leases_new(d->conf->lease_timeout_ms);
@@ -354,7 +359,8 @@ static void daemon_stop(VnDaemon *d)
     g_clear_pointer(&d->control, vn_control_free);
     g_clear_pointer(&d->local, g_ptr_array_unref);
     g_clear_pointer(&d->leases, vn_leases_free);
-    g_clear_pointer(&d->fab, vn_fabric_close);
+    g_clear_pointer(&d->fab, vn_fabric_close); /* answers the borrows under way */
+    g_clear_pointer(&d->borrowing, g_ptr_array_unref);
     g_clear_pointer(&d->nodes, g_hash_table_unref);
     g_clear_pointer(&d->losses, g_hash_table_unref);
 }

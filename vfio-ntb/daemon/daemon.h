@@ -51,6 +51,7 @@ typedef struct VnDaemon {
     VnFabric *fab;
     GPtrArray *local;     /* VnLocalDevice */
     GPtrArray *borrowed;  /* VnBorrowed */
+    GPtrArray *borrowing; /* borrows asked of a lender, not answered yet (cluster-borrow.c) */
     GHashTable *nodes;    /* name -> VnRemoteNode */
     VnLeases *leases;     /* of the devices in @local */
     uint64_t save_errors; /* state saves that failed (reported in query-stats) */

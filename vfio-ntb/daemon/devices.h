@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "fence.h"
 #include "identity.h"
+#include "jobs.h"
 #include "port.h"
 #include "common/wctl.h"
 
@@ -39,6 +40,7 @@ typedef struct VnLocalDevice {
                              * so a restart resumes the revoke); 0 when none */
     bool revoke_untold;     /* resumed after a restart: its holder is told again when it
                              * next announces itself */
+    VnJob job;              /* what is being done to it that takes time (jobs.h) */
     /* Its backend (lending/lender.h) runs in a vfio-ntb-lender process
      * (lenders.c), which outlives this daemon, behind its port: the
      * lease holder's requests go to it there. */
@@ -109,6 +111,7 @@ typedef struct VnBorrowed {
     bool unconfirmed;    /* restored, or the lender's link went down: the
                                  * lender's next announcement keeps or drops it */
     guint release_timer; /* vn_cluster_release() waits for the VM */
+    VnJob job;           /* what is being done to it that takes time (jobs.h) */
     guint away_timer;    /* the lender's link is down: lost unless it is back
                                  * within lease-timeout-ms (its daemon restarts) */
     /* A worker being started (VnWorkerOps.start has not called back yet);

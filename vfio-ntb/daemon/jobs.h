@@ -50,6 +50,7 @@ typedef enum VnJobOp {
 
 /* Who starts a job when no node asked for it. */
 #define VN_JOB_OWNER_CONTROL "control"         /* an operator, through the control socket */
+#define VN_JOB_OWNER_CONFIG "config"           /* a borrow the config file names */
 #define VN_JOB_OWNER_KERNEL "kernel"           /* VFIO's device request: the host wants it back */
 #define VN_JOB_OWNER_RESTART "restart"         /* resumed from the state file after a restart */
 #define VN_JOB_OWNER_DEVSERVER "device server" /* its device server came back */

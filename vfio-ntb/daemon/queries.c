@@ -6,12 +6,12 @@
 
 #include "queries.h"
 
+#include "cluster-borrow.h"
 #include "devices.h"
 #include "identity.h"
 #include "leases.h"
 #include "peers.h"
 #include "stats.h"
-#include "unplug.h"
 
 #include "common/json.h"
 #include "common/name.h"
@@ -25,7 +25,7 @@ typedef struct DeviceExtra {
     const char *attached_to; /* the domain it is served to: by this node, or by the
                               * holder of a device we lend (as it announces) */
     gint64 expires_in_ms;    /* its holder is down: the lease ends then; -1 none */
-    const char *job;         /* what is being done to it that takes time ("revoke"), or NULL */
+    const VnJob *job;        /* what is being done to it that takes time (jobs.h), or NULL */
 } DeviceExtra;
 
 static void add_device(JsonBuilder *b, const char *node, const char *name, const char *state,
@@ -57,7 +57,13 @@ static void add_device(JsonBuilder *b, const char *node, const char *name, const
     } else {
         json_builder_add_null_value(b);
     }
-    vn_json_add_string_or_null(b, "job", x->job);
+    vn_json_add_string_or_null(b, "job", x->job != NULL ? vn_job_name(x->job) : NULL);
+    if (x->job != NULL && x->job->kind != VN_JOB_NONE) {
+        json_builder_set_member_name(b, "job_ms");
+        json_builder_add_int_value(b, vn_job_ms(x->job));
+        json_builder_set_member_name(b, "job_owner");
+        json_builder_add_string_value(b, x->job->owner);
+    }
     if (id->known) {
         vn_peers_identity_add(b, id);
     }
@@ -106,19 +112,6 @@ bool vn_queries_device_known(VnDaemon *d, const char *node, const char *name)
  * Where an announced device is one we hold, or says we hold it, our own
  * leases win: the lender announces a change a moment after it
  * (VN_DAEMON_ANNOUNCE_DELAY_MS), we learnt it from its reply. */
-/* What is being done to a device this node holds that takes time, or NULL: its worker is
- * starting, its VM is asked to let it go (a revoke), or it is presented to its VM anew. */
-static const char *borrowed_job(VnDaemon *d, const VnBorrowed *b)
-{
-    if (b->starting) {
-        return "attach";
-    }
-    if (b->release_timer != 0) {
-        return "release";
-    }
-    return vn_unplug_replugging(d, b->device) ? "replug" : NULL;
-}
-
 static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
 {
     GHashTableIter it;
@@ -130,7 +123,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
 
         /* attached_to: on the lender, the VM its holder serves it to. */
         DeviceExtra x = { vn_lease_lent(ld->lease) ? ld->holder_domain : NULL, expires_in_ms(d, ld),
-                          ld->lease->state == VN_LEASE_REVOKING ? "revoke" : NULL };
+                          &ld->job };
 
         if (only == NULL || strcmp(only, dev) == 0) {
             add_device(b, d->conf->node, ld->conf->name,
@@ -149,7 +142,7 @@ static void build_devices(VnDaemon *d, JsonBuilder *b, const char *only)
             uint64_t lease = pd->lease;
             VnBorrowed *held = vn_devices_borrowed(d, dev);
             DeviceExtra x = { held != NULL && held->worker_pid > 0 ? held->domain : NULL, -1,
-                              held != NULL ? borrowed_job(d, held) : NULL };
+                              held != NULL ? &held->job : vn_cluster_borrowing(d, dev) };
 
             if (only != NULL && strcmp(only, dev) != 0) {
                 continue;

@@ -97,6 +97,11 @@ static void device_del(VnUnplug *u);
 
 static void replug_done(VnUnplug *u, const GError *error)
 {
+    VnBorrowed *b = vn_devices_borrowed(u->d, u->device);
+
+    if (b != NULL && b->lease == u->lease) {
+        vn_job_end(&b->job, VN_JOB_REPLUG);
+    }
     vn_log(error == NULL ? G_LOG_LEVEL_MESSAGE : G_LOG_LEVEL_WARNING, u->d->conf->node, u->device,
            NULL, u->lease, "node %s: %s %s to %s as a new device (%s)%s%s", u->d->conf->node,
            error == NULL ? "presented" : "could not present", u->device, u->domain, u->qdev_id,
@@ -266,6 +271,7 @@ bool vn_unplug_replug(VnDaemon *d, VnBorrowed *b)
                      .qdev_id = g_strdup(b->qdev_id),
                      .socket = g_strdup(b->socket) };
     g_ptr_array_add(d->unplugs, u);
+    vn_job_start(&b->job, VN_JOB_REPLUG, VN_JOB_OWNER_DEVSERVER);
     device_del(u);
     return true;
 }
