@@ -137,6 +137,7 @@ BORROWER = [("config_forwarded", "vfio_ntb_forwarded_accesses_total", {"space": 
             ("config_virtualized", "vfio_ntb_config_virtualized_total", {}),
             ("fabric_requests", "vfio_ntb_lender_requests_total", {}),
             ("dma_maps", "vfio_ntb_dma_maps_total", {}),
+            ("dma_maps_refused", "vfio_ntb_dma_maps_refused_total", {}),
             ("relayed_irqs", "vfio_ntb_relayed_interrupts_total", {}),
             ("posted_writes", "vfio_ntb_posted_writes_total", {}),
             ("posted_write_failures", "vfio_ntb_posted_write_failures_total", {})]

@@ -336,8 +336,13 @@ static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
     json = vn_proto_dma_map_to_json(b->device, &pm);
     ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL);
     if (ret < 0) {
-        g_info("borrower %s: lender refused DMA_MAP iova 0x%" G_GINT64_MODIFIER "x: %s", b->device,
-               m->iova, g_strerror(-ret));
+        /* The VM's device cannot reach that memory: the guest's I/O to it fails, so say
+         * which range, at the default level (a guest maps a bounded number of ranges). */
+        b->stats.dma_maps_refused++;
+        g_message("borrower %s: the lender refused DMA_MAP of [0x%" G_GINT64_MODIFIER
+                  "x, +0x%" G_GINT64_MODIFIER "x) (segment offset 0x%" G_GINT64_MODIFIER
+                  "x, prot %u): %s",
+                  b->device, m->iova, m->size, m->offset, m->prot, g_strerror(-ret));
         segment_put(b, seg);
         return ret;
     }
@@ -356,6 +361,7 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
     g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &u);
     bool forwarded = false;
     GList *l = b->mappings;
+    int ret;
 
     while (l != NULL) {
         GList *next = l->next;
@@ -375,10 +381,14 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
     vn_borrower_keep_state(b, false);
     /* Synchronous: QEMU's unmap completes only after the lender's device
      * has lost access.  If the lender is gone there is nothing to undo. */
-    if (vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL) == 0) {
+    ret = vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL);
+    if (ret == 0) {
         b->stats.dma_unmaps++;
     } else {
         b->stats.unmaps_missed++;
+        g_message("borrower %s: DMA_UNMAP of [0x%" G_GINT64_MODIFIER "x, +0x%" G_GINT64_MODIFIER
+                  "x)%s did not reach the lender: %s",
+                  b->device, iova, size, all ? " (all)" : "", g_strerror(-ret));
     }
 }
 
@@ -873,6 +883,7 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "config_virtualized", b->stats.config_virtualized },
         { "relayed_irqs", b->stats.relayed_irqs },
         { "unmaps_missed", b->stats.unmaps_missed },
+        { "dma_maps_refused", b->stats.dma_maps_refused },
         { "lender_returns", b->stats.lender_returns },
         { "fabric_requests", b->stats.fabric_requests },
         { "dma_maps", b->stats.dma_maps },

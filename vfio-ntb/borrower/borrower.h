@@ -45,6 +45,7 @@ typedef struct VnBorrowerStats {
     uint64_t dma_unmaps;
     uint64_t unplug_requests;       /* device requests signalled to QEMU */
     uint64_t unmaps_missed;         /* DMA unmaps that did not reach a lost lender */
+    uint64_t dma_maps_refused;      /* DMA maps the lender refused (each logged with its range) */
     uint64_t lender_returns;        /* a lost lender came back and serves again */
     uint64_t posted_writes;         /* forwarded BAR writes posted (borrower-int.h) */
     uint64_t posted_write_failures; /* ... that the lender answered with an error */
