@@ -97,19 +97,27 @@ static int spy_write(void *dev, uint32_t region, uint64_t offset, const void *bu
 /* Where the spy's IOMMU has a hole, as x86's has for MSI. */
 #define SPY_RESERVED 0xfee00000ull
 
-static int spy_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset, uint32_t prot)
+/* The spy's IOMMU forwards to the vfio-user device's own (its object is that device). */
+static int spy_map(void *iommu, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+                   uint32_t prot)
 {
+    void *inner = NULL;
+    const VnBackendIommuOps *ops = vn_backend_vfio_user.iommu(iommu, &inner);
+
     g_atomic_int_inc(&calls.map);
     if (iova == SPY_RESERVED) {
         return -ERANGE;
     }
-    return vn_backend_vfio_user.dma_map(dev, iova, size, fd, offset, prot);
+    return ops->dma_map(inner, iova, size, fd, offset, prot);
 }
 
-static int spy_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
+static int spy_unmap(void *iommu, uint64_t iova, uint64_t size, bool all)
 {
+    void *inner = NULL;
+    const VnBackendIommuOps *ops = vn_backend_vfio_user.iommu(iommu, &inner);
+
     g_atomic_int_inc(&calls.unmap);
-    return vn_backend_vfio_user.dma_unmap(dev, iova, size, all);
+    return ops->dma_unmap(inner, iova, size, all);
 }
 
 static int spy_reset(void *dev)
@@ -124,9 +132,22 @@ static bool spy_stalled(void *dev)
     return vn_backend_vfio_user.stalled(dev);
 }
 
-static const char *spy_last_error(void *dev)
+static const char *spy_last_error(void *iommu)
 {
     return "guest memory [0xfee00000, 0xfee00fff] collides with the IOMMU's reserved range";
+}
+
+static const VnBackendIommuOps spy_iommu_ops = {
+    .name = "spy-iommu",
+    .dma_map = spy_map,
+    .dma_unmap = spy_unmap,
+    .last_error = spy_last_error,
+};
+
+static const VnBackendIommuOps *spy_iommu(void *dev, void **iommu)
+{
+    *iommu = dev;
+    return &spy_iommu_ops;
 }
 
 static const VnBackendOps spy = {
@@ -139,11 +160,9 @@ static const VnBackendOps spy = {
     .set_irqs = spy_set_irqs,
     .region_read = spy_read,
     .region_write = spy_write,
-    .dma_map = spy_map,
-    .dma_unmap = spy_unmap,
     .reset = spy_reset,
     .stalled = spy_stalled,
-    .last_error = spy_last_error,
+    .iommu = spy_iommu,
 };
 
 static void spy_setup(void)
@@ -292,9 +311,9 @@ START_TEST(test_tables_checked)
 
     ck_assert(vn_backend_ops_valid(&vn_backend_vfio_user, NULL));
     ck_assert(vn_backend_ops_valid(&spy, NULL));
-    holed.dma_unmap = NULL;
+    holed.iommu = NULL;
     ck_assert(!vn_backend_ops_valid(&holed, &error));
-    ck_assert_ptr_nonnull(strstr(error->message, "dma_unmap"));
+    ck_assert_ptr_nonnull(strstr(error->message, "iommu"));
     g_clear_error(&error);
     ck_assert_ptr_null(vn_lender_new(rig.lfab, "other", &holed, rig.sock, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "spy"));

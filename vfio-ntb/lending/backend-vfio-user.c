@@ -9,6 +9,10 @@
  * addresses mean nothing outside the server (the borrower keeps the
  * guest's BAR writes to itself), so each BAR simply gets its own naturally
  * aligned range.
+ *
+ * Its IOMMU is the device server's own (vn_backend_vfio_user_iommu): DMA_MAP hands it the
+ * borrower's memory fd, DMA_UNMAP takes it back, through the same client; the server
+ * decides what the device reaches.
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -173,17 +177,6 @@ static int vu_region_write(void *dev, uint32_t region, uint64_t offset, const vo
     return vn_client_region_write(((VfioUser *)dev)->client, region, offset, buf, count, false);
 }
 
-static int vu_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
-                      uint32_t prot)
-{
-    return vn_client_dma_map(((VfioUser *)dev)->client, iova, size, offset, prot, fd);
-}
-
-static int vu_dma_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
-{
-    return vn_client_dma_unmap(((VfioUser *)dev)->client, iova, size, all);
-}
-
 static int vu_reset(void *dev)
 {
     VfioUser *v = dev;
@@ -208,6 +201,30 @@ static int vu_hangup_fd(void *dev)
     return vn_client_fd(((VfioUser *)dev)->client);
 }
 
+/* The IOMMU's object is the device's client: vfio-user.rst's DMA_MAP and DMA_UNMAP. */
+static const VnBackendIommuOps *vu_iommu(void *dev, void **iommu)
+{
+    *iommu = ((VfioUser *)dev)->client;
+    return &vn_backend_vfio_user_iommu;
+}
+
+static int vu_dma_map(void *iommu, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+                      uint32_t prot)
+{
+    return vn_client_dma_map(iommu, iova, size, offset, prot, fd);
+}
+
+static int vu_dma_unmap(void *iommu, uint64_t iova, uint64_t size, bool all)
+{
+    return vn_client_dma_unmap(iommu, iova, size, all);
+}
+
+const VnBackendIommuOps vn_backend_vfio_user_iommu = {
+    .name = "vfio-user",
+    .dma_map = vu_dma_map,
+    .dma_unmap = vu_dma_unmap,
+};
+
 const VnBackendOps vn_backend_vfio_user = {
     .name = "vfio-user",
     .open = vu_open,
@@ -219,9 +236,8 @@ const VnBackendOps vn_backend_vfio_user = {
     .set_irqs = vu_set_irqs,
     .region_read = vu_region_read,
     .region_write = vu_region_write,
-    .dma_map = vu_dma_map,
-    .dma_unmap = vu_dma_unmap,
     .reset = vu_reset,
     .stalled = vu_stalled,
     .hangup_fd = vu_hangup_fd,
+    .iommu = vu_iommu,
 };

@@ -447,10 +447,10 @@ static int iova_check(Vfio *v, uint64_t iova, uint64_t size)
     return -ERANGE;
 }
 
-static int vfio_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+static int vfio_dma_map(void *iommu, uint64_t iova, uint64_t size, int fd, uint64_t offset,
                         uint32_t prot)
 {
-    Vfio *v = dev;
+    Vfio *v = iommu;
     struct vfio_iommu_type1_dma_map m = { .argsz = sizeof(m) };
     int mprot = 0, ret;
     VfioMap map;
@@ -483,16 +483,16 @@ static int vfio_dma_map(void *dev, uint64_t iova, uint64_t size, int fd, uint64_
     return 0;
 }
 
-static const char *vfio_last_error(void *dev)
+static const char *vfio_last_error(void *iommu)
 {
-    Vfio *v = dev;
+    Vfio *v = iommu;
 
     return v->why[0] != '\0' ? v->why : NULL;
 }
 
-static int vfio_dma_unmap(void *dev, uint64_t iova, uint64_t size, bool all)
+static int vfio_dma_unmap(void *iommu, uint64_t iova, uint64_t size, bool all)
 {
-    Vfio *v = dev;
+    Vfio *v = iommu;
     int ret = 0;
 
     for (guint i = v->maps->len; i-- > 0;) {
@@ -556,6 +556,20 @@ static bool vfio_stalled(void *dev)
     return false;
 }
 
+const VnBackendIommuOps vn_backend_type1 = {
+    .name = "type1",
+    .dma_map = vfio_dma_map,
+    .dma_unmap = vfio_dma_unmap,
+    .last_error = vfio_last_error,
+};
+
+/* The device's own container (type1) is its IOMMU. */
+static const VnBackendIommuOps *vfio_iommu(void *dev, void **iommu)
+{
+    *iommu = dev;
+    return &vn_backend_type1;
+}
+
 const VnBackendOps vn_backend_vfio = {
     .name = "vfio",
     .open = vfio_open,
@@ -567,9 +581,7 @@ const VnBackendOps vn_backend_vfio = {
     .set_irqs = vfio_set_irqs,
     .region_read = vfio_region_read,
     .region_write = vfio_region_write,
-    .dma_map = vfio_dma_map,
-    .dma_unmap = vfio_dma_unmap,
     .reset = vfio_reset,
     .stalled = vfio_stalled,
-    .last_error = vfio_last_error,
+    .iommu = vfio_iommu,
 };

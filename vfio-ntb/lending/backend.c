@@ -1,6 +1,6 @@
 /*
- * The device backends a lender may use (backend.h), and the check of a
- * backend's table.
+ * The device backends a lender may use (backend.h), and the checks of a
+ * backend's tables (its device's and its IOMMU's).
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -30,13 +30,32 @@ bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error)
         missing = "set_irqs";
     } else if (ops->region_read == NULL || ops->region_write == NULL) {
         missing = "region_read and region_write";
-    } else if (ops->dma_map == NULL || ops->dma_unmap == NULL) {
-        missing = "dma_map and dma_unmap";
     } else if (ops->reset == NULL || ops->stalled == NULL) {
         missing = "reset and stalled";
+    } else if (ops->iommu == NULL) {
+        missing = "iommu";
     }
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "device backend %s: %s missing",
+                    ops != NULL && ops->name != NULL ? ops->name : "(unnamed)", missing);
+        return false;
+    }
+    return true;
+}
+
+bool vn_backend_iommu_ops_valid(const VnBackendIommuOps *ops, GError **error)
+{
+    const char *missing = NULL;
+
+    if (ops == NULL) {
+        missing = "the table";
+    } else if (ops->name == NULL || ops->name[0] == '\0') {
+        missing = "name";
+    } else if (ops->dma_map == NULL || ops->dma_unmap == NULL) {
+        missing = "dma_map and dma_unmap";
+    }
+    if (missing != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "IOMMU %s: %s missing",
                     ops != NULL && ops->name != NULL ? ops->name : "(unnamed)", missing);
         return false;
     }

@@ -15,6 +15,13 @@
  * backend is a peer like any other (a device server, a device): what it
  * answers is checked by the lender before it reaches the borrower.
  *
+ * The seam has two tables, as QEMU's VFIO has VFIODeviceIOOps and
+ * VFIOIOMMUClass: VnBackendOps is the device's I/O (regions, config,
+ * interrupts, reset), VnBackendIommuOps the IOMMU that gives the device the
+ * borrower's memory (DMA map and unmap).  An open device names its IOMMU
+ * (VnBackendOps.iommu): a type1 container of its own for vfio, the device
+ * server's own DMA_MAP and DMA_UNMAP for vfio-user.
+ *
  * Errors: -errno (-ETIMEDOUT when the device gave no answer within the
  * timeout it was opened with).  Threads: one thread at a time.
  */
@@ -35,6 +42,26 @@ typedef enum VnBackendStall {
 /* A command to the device (@what names it) stalled; told from inside the
  * call that saw it. */
 typedef void (*VnBackendStallFn)(void *opaque, VnBackendStall ev, const char *what, uint64_t ms);
+
+/*
+ * A device's IOMMU: what makes the borrower's memory reachable by the device
+ * (its DMA), and unreachable again.  @iommu is the object VnBackendOps.iommu
+ * gave with the table (the backend's, valid until its device is closed).
+ */
+typedef struct VnBackendIommuOps {
+    const char *name;
+    /* Guest memory at @iova for the device: @size bytes of @fd (borrowed)
+     * from @offset, @prot VFIO_DMA_MAP_FLAG_READ/_WRITE. */
+    int (*dma_map)(void *iommu, uint64_t iova, uint64_t size, int fd, uint64_t offset,
+                   uint32_t prot);
+    /* Every mapping (@all), or every one inside [@iova, @iova + @size) (vfio type1
+     * semantics); when it returns, the device reaches none of them. */
+    int (*dma_unmap)(void *iommu, uint64_t iova, uint64_t size, bool all);
+    /* Optional: why the last call that failed did, in words the borrower
+     * may see ("guest memory [a, b] collides with the IOMMU's reserved range
+     * [c, d]"), or NULL when there is nothing to add to its errno. */
+    const char *(*last_error)(void *iommu);
+} VnBackendIommuOps;
 
 typedef struct VnBackendOps {
     const char *name;
@@ -65,10 +92,6 @@ typedef struct VnBackendOps {
     int (*region_read)(void *dev, uint32_t region, uint64_t offset, void *buf, uint32_t count);
     int (*region_write)(void *dev, uint32_t region, uint64_t offset, const void *buf,
                         uint32_t count);
-    /* Guest memory at @iova for the device: @size bytes of @fd (borrowed)
-     * from @offset. */
-    int (*dma_map)(void *dev, uint64_t iova, uint64_t size, int fd, uint64_t offset, uint32_t prot);
-    int (*dma_unmap)(void *dev, uint64_t iova, uint64_t size, bool all);
     /* The device as it came out of its reset, ready to be described again. */
     int (*reset)(void *dev);
     /* Its last command got no answer (nothing answered since). */
@@ -77,14 +100,17 @@ typedef struct VnBackendOps {
      * server's socket: the server died), for the lender to watch between commands; -1 or
      * absent when nothing can go (a VFIO device fd).  Only watched, never read. */
     int (*hangup_fd)(void *dev);
-    /* Optional: why the last call that failed did, in words the borrower
-     * may see ("guest memory [a, b] collides with the IOMMU's reserved range
-     * [c, d]"), or NULL when there is nothing to add to its errno. */
-    const char *(*last_error)(void *dev);
+    /* The device's IOMMU: its table, and in *@iommu the object that table's calls take
+     * (both the device's, until it is closed). */
+    const VnBackendIommuOps *(*iommu)(void *dev, void **iommu);
 } VnBackendOps;
 
 extern const VnBackendOps vn_backend_vfio_user;
 extern const VnBackendOps vn_backend_vfio;
+/* Their IOMMUs: the device server's DMA_MAP and DMA_UNMAP (backend-vfio-user.c), a VFIO
+ * type1 container (backend-vfio.c). */
+extern const VnBackendIommuOps vn_backend_vfio_user_iommu;
+extern const VnBackendIommuOps vn_backend_type1;
 /* Where vfio-user gives a server's first memory BAR its address (a server
  * is not a host: nothing else would; backend-vfio-user.c). */
 #define VN_BACKEND_VFIO_USER_BAR_BASE 0xc0000000ull
@@ -96,8 +122,12 @@ bool vn_backend_vfio_address_ok(const char *s);
  * such function, or in no group (no IOMMU). */
 int vn_backend_vfio_group(const char *bdf, GError **error);
 
-/* Every member is there; false with @error naming what is missing. */
+/* Every required member is there (all but open_fd and hangup_fd); false with @error
+ * naming what is missing. */
 bool vn_backend_ops_valid(const VnBackendOps *ops, GError **error);
+/* Every required member is there (name, dma_map, dma_unmap; last_error is optional); false
+ * with @error naming what is missing. */
+bool vn_backend_iommu_ops_valid(const VnBackendIommuOps *ops, GError **error);
 /* The backend called @name, or NULL with @error listing the known ones. */
 const VnBackendOps *vn_backend_find(const char *name, GError **error);
 

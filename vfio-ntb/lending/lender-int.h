@@ -86,6 +86,11 @@ struct VnLender {
     VnProtoDevice dev;  /* as described to the borrower */
     GPtrArray *windows; /* VnLenderWindow, owned */
     GArray *maps;       /* VnLenderMap */
+    /* The device's IOMMU (VnBackendOps.iommu, checked at attach) and the object its calls
+     * take: the borrower's memory is mapped and unmapped through them alone.  Set and
+     * cleared with device. */
+    const VnBackendIommuOps *iommu_ops;
+    void *iommu;
     VnLenderRelay *relay[VN_LENDER_RELAY_INDEXES][VN_PROTO_RELAY_VECTORS];
     int request_fd; /* the device request's eventfd, or -1 */
     GSource *request_src;

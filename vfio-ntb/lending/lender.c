@@ -4,7 +4,8 @@
  * the borrower's segments.  Interrupts are in lender-irq.c, the device server's watch
  * in lender-server.c, the counters and stalls in lender-stats.c.
  *
- * The device is driven through its backend's ops (backend.h), whose calls
+ * The device is driven through its backend's ops (backend.h), the borrower's
+ * memory mapped for it through its IOMMU's (VnBackendIommuOps); their calls
  * are synchronous, so every request is answered before the next one is
  * looked at: the device sees the borrower's requests in the order the
  * borrower sent them.
@@ -215,9 +216,11 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
                        m.offset, m.size, m.segment, lw->w->size);
         goto unused;
     }
-    ret = l->ops->dma_map(l->device, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset, m.prot);
+    ret = l->iommu_ops->dma_map(l->iommu, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset,
+                                m.prot);
     if (ret < 0) {
-        const char *why = l->ops->last_error != NULL ? l->ops->last_error(l->device) : NULL;
+        const char *why =
+            l->iommu_ops->last_error != NULL ? l->iommu_ops->last_error(l->iommu) : NULL;
 
         vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
                        m.iova, why != NULL ? why : g_strerror(-ret));
@@ -269,7 +272,7 @@ static void handle_dma_unmap(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     /* The device lets go first: once the borrower has our reply, nothing
      * of the lender's can reach that memory (vfio-user.rst: DMA_UNMAP). */
-    ret = l->ops->dma_unmap(l->device, u.all ? 0 : u.iova, u.all ? 0 : u.size, u.all);
+    ret = l->iommu_ops->dma_unmap(l->iommu, u.all ? 0 : u.iova, u.all ? 0 : u.size, u.all);
     if (ret < 0) {
         vn_lender_fail(l, token, ret, "DMA_UNMAP failed on the device: %s", g_strerror(-ret));
         return;
@@ -369,6 +372,8 @@ static void release(VnLender *l)
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
     }
+    l->iommu_ops = NULL;
+    l->iommu = NULL;
     vn_lender_request_unwatch(l);
     memset(&l->dev, 0, sizeof(l->dev));
     g_clear_pointer(&l->borrower, g_free);
@@ -387,6 +392,8 @@ void vn_lender_drop_device(VnLender *l, const char *why)
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
     }
+    l->iommu_ops = NULL;
+    l->iommu = NULL;
     memset(&l->dev, 0, sizeof(l->dev));
 }
 
@@ -423,8 +430,9 @@ static int bus_master_off(VnLender *l)
  * Take the device back from its borrower, in the order that leaves it no way to the old
  * holder at any step: interrupts and bus mastering off; the windows onto its BARs
  * withdrawn (on an NTB the inbound translations are cleared when the call returns); its
- * DMA unmapped, and only then our windows onto the holder's memory (an IOMMU mapping
- * holds no reference on a window's pages); then the reset; then the connection.  Each
+ * DMA unmapped, every mapping in one call to its IOMMU (VnBackendIommuOps), and only then
+ * our windows onto the holder's memory (an IOMMU mapping holds no reference on a window's
+ * pages); then the reset; then the connection.  Each
  * step goes on when one fails (a dead device server must not leave the holder's memory
  * mapped), and each says how it went.
  */
@@ -455,7 +463,7 @@ void vn_lender_fence(VnLender *l, const char *why)
     }
     regions_unexport(l, "fence");
     if (l->device != NULL) {
-        ret = l->ops->dma_unmap(l->device, 0, 0, true);
+        ret = l->iommu_ops->dma_unmap(l->iommu, 0, 0, true);
         fence_step(l, "DMA unmapped", ret);
         clean &= ret >= 0;
     }
@@ -613,6 +621,10 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_w
     vn_lender_server_attached(l);
     l->borrower = g_strdup(peer);
     l->irq_mode = mode;
+    l->iommu_ops = l->ops->iommu(l->device, &l->iommu);
+    if (!vn_backend_iommu_ops_valid(l->iommu_ops, error)) {
+        return false;
+    }
     ret = l->ops->get_info(l->device, &info);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret), "device info: %s",
