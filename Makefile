@@ -154,7 +154,7 @@ $(B)/fuzz/fuzz_ntb: $(call fuzz_objs,$(FUZZ_FABRIC))
 $(B)/fuzz/fuzz_proto: $(call fuzz_objs,vfio-ntb/lending/proto.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_peers: $(call fuzz_objs,vfio-ntb/daemon/peers.c vfio-ntb/daemon/identity.c \
 	vfio-ntb/lending/pcibind.c \
-	vfio-ntb/lending/backend-vfio.c $(FUZZ_COMMON))
+	vfio-ntb/lending/backend-vfio.c vfio-ntb/lending/backend-type1.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_control: $(call fuzz_objs,vfio-ntb/daemon/control.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_qmp: $(call fuzz_objs,vfio-ntb/daemon/qmp.c $(FUZZ_COMMON))
 $(B)/fuzz/fuzz_epf: $(call fuzz_objs,vfio-ntb/simdev/epf.c $(FUZZ_COMMON))

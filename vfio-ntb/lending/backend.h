@@ -19,8 +19,9 @@
  * VFIOIOMMUClass: VnBackendOps is the device's I/O (regions, config,
  * interrupts, reset), VnBackendIommuOps the IOMMU that gives the device the
  * borrower's memory (DMA map and unmap).  An open device names its IOMMU
- * (VnBackendOps.iommu): a type1 container of its own for vfio, the device
- * server's own DMA_MAP and DMA_UNMAP for vfio-user.
+ * (VnBackendOps.iommu): a type1 container of its own for vfio
+ * (backend-type1.c), the device server's own DMA_MAP and DMA_UNMAP for
+ * vfio-user.
  *
  * Errors: -errno (-ETIMEDOUT when the device gave no answer within the
  * timeout it was opened with).  Threads: one thread at a time.
@@ -108,7 +109,7 @@ typedef struct VnBackendOps {
 extern const VnBackendOps vn_backend_vfio_user;
 extern const VnBackendOps vn_backend_vfio;
 /* Their IOMMUs: the device server's DMA_MAP and DMA_UNMAP (backend-vfio-user.c), a VFIO
- * type1 container (backend-vfio.c). */
+ * type1 container (backend-type1.c). */
 extern const VnBackendIommuOps vn_backend_vfio_user_iommu;
 extern const VnBackendIommuOps vn_backend_type1;
 /* Where vfio-user gives a server's first memory BAR its address (a server
