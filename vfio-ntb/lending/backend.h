@@ -56,7 +56,9 @@ typedef struct VnBackendIommuOps {
     int (*dma_map)(void *iommu, uint64_t iova, uint64_t size, int fd, uint64_t offset,
                    uint32_t prot);
     /* Every mapping (@all), or every one inside [@iova, @iova + @size) (vfio type1
-     * semantics); when it returns, the device reaches none of them. */
+     * semantics); when it returns 0 the device reaches none of them.  On an error those it
+     * could not unmap stay mapped (type1 goes on with the others: the fence needs them
+     * gone). */
     int (*dma_unmap)(void *iommu, uint64_t iova, uint64_t size, bool all);
     /* Optional: why the last call that failed did, in words the borrower
      * may see ("guest memory [a, b] collides with the IOMMU's reserved range
