@@ -8,8 +8,11 @@
 #include "fabric-rig.h"
 #include "fabric/ntb.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include "common/util.h"
 
 /* ---- link --------------------------------------------------------------- */
@@ -904,6 +907,57 @@ START_TEST(test_route_open_async)
 }
 END_TEST
 
+/* A peer that stops accepting (its listen backlog full) is refused at once: a fetch never
+ * waits in connect() on the caller's loop. */
+START_TEST(test_fetch_peer_not_accepting)
+{
+    Node *b = node_open("b", false);
+    Node *a = node_open("a", false);
+    g_autofree char *path = g_build_filename(tmpdir, "b.sock", NULL);
+    g_autofree char *real = g_build_filename(tmpdir, "b.sock.real", NULL);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), lfd, queued[16];
+    unsigned n = 0;
+    Routed r = { 0 };
+    uint64_t id;
+    gint64 t0;
+
+    link_nodes(a, b);
+    id = vn_fabric_route_export(b->fab, efd, "a", NULL);
+    ck_assert_uint_ne(id, 0);
+    /* b's socket path now leads to a listener that never accepts, its backlog full. */
+    ck_assert_int_eq(rename(path, real), 0);
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(lfd, 0), 0);
+    while (n < G_N_ELEMENTS(queued)) {
+        queued[n] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (connect(queued[n], (struct sockaddr *)&addr, sizeof(addr)) < 0) {
+            ck_assert_int_eq(errno, EAGAIN);
+            close(queued[n]);
+            break;
+        }
+        n++;
+    }
+    ck_assert_uint_lt(n, G_N_ELEMENTS(queued));
+    t0 = g_get_monotonic_time();
+    vn_fabric_route_open_async(a->fab, "b", id, on_routed, &r);
+    ck_assert(r.done);
+    ck_assert_int_eq(r.fd, -EAGAIN);
+    /* Not a speed: a blocking connect gives the same EAGAIN, but only after
+     * VN_SHM_SEND_TIMEOUT_S (5 s); half of that tells the two apart on any machine. */
+    ck_assert_int_lt(g_get_monotonic_time() - t0, VN_SHM_SEND_TIMEOUT_S * G_USEC_PER_SEC / 2);
+    for (unsigned i = 0; i < n; i++) {
+        close(queued[i]);
+    }
+    close(lfd);
+    ck_assert_int_eq(rename(real, path), 0);
+    vn_fabric_route_unexport(b->fab, id);
+    close(efd);
+}
+END_TEST
+
 START_TEST(test_route_not_granted)
 {
     Node *b = node_open("b", true);
@@ -1383,6 +1437,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_export_budget);
     tcase_add_test(tc, test_route);
     tcase_add_test(tc, test_route_open_async);
+    tcase_add_test(tc, test_fetch_peer_not_accepting);
     tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);
     tcase_add_test(tc, test_doorbell_budget);

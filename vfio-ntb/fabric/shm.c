@@ -372,14 +372,28 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 
 /* ---- ops -------------------------------------------------------------- */
 
+/* @peer's socket: beside ours. */
+static char *peer_path(VnShm *shm, const char *peer)
+{
+    g_autofree char *dir = g_path_get_dirname(shm->path);
+
+    return g_strdup_printf("%s/%s.sock", dir, peer);
+}
+
 /* A blocking socket connected to @peer's node socket (bounded by
  * SO_SNDTIMEO), or -errno. */
 static int dial(VnShm *shm, const char *peer)
 {
-    g_autofree char *dir = g_path_get_dirname(shm->path);
-    g_autofree char *path = g_strdup_printf("%s/%s.sock", dir, peer);
+    g_autofree char *path = peer_path(shm, peer);
 
     return vn_record_dial(path, VN_SHM_SEND_TIMEOUT_S);
+}
+
+static int dial_nonblock(VnShm *shm, const char *peer)
+{
+    g_autofree char *path = peer_path(shm, peer);
+
+    return vn_record_dial_nonblock(path);
 }
 
 static int shm_connect(void *backend, const char *peer)
@@ -526,7 +540,9 @@ static int shm_wait(void *backend, const char *peer, int timeout_ms)
 }
 
 /* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,
- * the request sent), or -errno. */
+ * the request sent), or -errno.  Never waiting: a peer that stops accepting
+ * (its backlog full) is refused at once, where a blocking connect would hold
+ * the caller's loop for VN_SHM_SEND_TIMEOUT_S. */
 static int fetch_send(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id)
 {
     VnShmFetch f = {
@@ -539,16 +555,14 @@ static int fetch_send(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_
     if (!g_hash_table_contains(shm->active, peer)) {
         return -ENOTCONN;
     }
-    fd = dial(shm, peer);
+    fd = dial_nonblock(shm, peer);
     if (fd < 0) {
         return fd;
     }
     g_strlcpy(f.hello.node, shm->node, sizeof(f.hello.node));
     crossing_delay(shm);
+    /* A new connection's buffer takes this small record whole. */
     ret = send_record(fd, &f, sizeof(f), NULL, 0);
-    if (ret == 0 && !g_unix_set_fd_nonblocking(fd, TRUE, NULL)) {
-        ret = -errno;
-    }
     if (ret < 0) {
         close(fd);
         return ret;
