@@ -661,7 +661,8 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
         }
     }
     /* Bounded: 0 would expire leases on every blip, a day is surely a typo. */
-    if (!get_ms(p, "lease-timeout-ms", 100, 86400000, 10000, &c->lease_timeout_ms, error)) {
+    if (!get_ms(p, "lease-timeout-ms", 100, 86400000, VN_CONF_LEASE_TIMEOUT_MS,
+                &c->lease_timeout_ms, error)) {
         return false;
     }
     level = g_key_file_get_string(kf, "node", "log-level", NULL);

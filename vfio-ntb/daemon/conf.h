@@ -100,6 +100,12 @@ typedef struct VnBorrowConf {
     VnIrqMode irq_mode;
 } VnBorrowConf;
 
+/* A lease whose borrower's daemon went away (or that was restored from the
+ * state file) expires if that daemon is not back and claiming it within
+ * [node] lease-timeout-ms, by default this long: a daemon restart keeps its
+ * leases. */
+#define VN_CONF_LEASE_TIMEOUT_MS 10000u
+
 typedef struct VnConfig {
     char *node;
     char *fabric;

@@ -122,10 +122,6 @@ void vn_daemon_write_stats(VnDaemon *d);
 #define VN_DAEMON_RELEASE_POLL_MS 50
 /* The most a revoke may give: what a REVOKE message may carry. */
 #define VN_DAEMON_MAX_GRACE_MS VN_PEERS_MAX_GRACE_MS
-/* A lease whose borrower's daemon went away (or that was restored from the
- * state file) expires if that daemon is not back and claiming it within
- * [node] lease-timeout-ms (default): a daemon restart keeps its leases. */
-#define VN_DAEMON_LEASE_TIMEOUT_MS 10000
 /* A host whose link went down is listed (its devices unreachable) this long;
  * then, or when the table is full, it is forgotten until it announces again. */
 #define VN_DAEMON_FORGET_NODE_MS (10 * 60 * 1000)

@@ -200,10 +200,10 @@ static int type1_dma_map(void *iommu, uint64_t iova, uint64_t size, int fd, uint
     Type1Map map;
     void *vaddr;
 
+    t->why[0] = '\0'; /* an earlier map's reason is not this one's */
     if (fd < 0 || size == 0 || iova + size < iova || t->maps->len >= VN_TYPE1_MAX_MAPS) {
         return -EINVAL;
     }
-    t->why[0] = '\0';
     if ((ret = iova_check(t, iova, size)) < 0) {
         return ret;
     }

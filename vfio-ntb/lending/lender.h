@@ -1,11 +1,12 @@
 /*
  * The lender side of one lent device.
  *
- * A lender drives a local device through a backend -- this version's
- * backend is a vfio-user client (vfio-user/client.h) connected to any
- * vfio-user device server (vfio-ntb-simdev, QEMU's x-remote, a
- * libvfio-user server) -- and exports it to one borrower at a time over the
- * fabric with the lending protocol (proto.h):
+ * A lender drives a local device through a backend (backend.h: its I/O
+ * through VnBackendOps, its DMA through the IOMMU's VnBackendIommuOps) --
+ * a vfio-user client (vfio-user/client.h) connected to any vfio-user device
+ * server (vfio-ntb-simdev, QEMU's x-remote, a libvfio-user server), or a
+ * PCI function of this host through Linux VFIO -- and exports it to one
+ * borrower at a time over the fabric with the lending protocol (proto.h):
  *
  * - ATTACH: connects to the device server, describes the device, and
  *   exports every mappable BAR as a fabric segment that only the borrower
