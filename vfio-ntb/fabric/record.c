@@ -129,25 +129,3 @@ int vn_record_dial(const char *path, int send_timeout_s)
     }
     return fd;
 }
-
-int vn_record_dial_nonblock(const char *path)
-{
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    int fd, e;
-
-    if (strlen(path) >= sizeof(addr.sun_path)) {
-        return -ENAMETOOLONG;
-    }
-    strcpy(addr.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-        return -errno;
-    }
-    /* A UNIX stream connect completes at once or fails (EAGAIN: the backlog is full). */
-    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        e = errno;
-        close(fd);
-        return -e;
-    }
-    return fd;
-}

@@ -61,8 +61,5 @@ int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const in
 /* A blocking UNIX stream socket connected to @path, sends bounded by
  * @send_timeout_s (SO_SNDTIMEO, which bounds connect() too), or -errno. */
 int vn_record_dial(const char *path, int send_timeout_s);
-/* A non-blocking UNIX stream socket connected to @path, or -errno: -EAGAIN at once when the
- * listener's backlog is full (a peer that does not accept), where a blocking connect waits. */
-int vn_record_dial_nonblock(const char *path);
 
 #endif /* VN_RECORD_H */

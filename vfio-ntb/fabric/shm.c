@@ -393,7 +393,9 @@ static int dial_nonblock(VnShm *shm, const char *peer)
 {
     g_autofree char *path = peer_path(shm, peer);
 
-    return vn_record_dial_nonblock(path);
+    /* Non-blocking: -EAGAIN at once when its backlog is full (a peer that does not
+     * accept), where a blocking connect waits. */
+    return vn_util_dial_unix(path);
 }
 
 static int shm_connect(void *backend, const char *peer)
