@@ -551,6 +551,7 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
 {
     const char *name = vn_util_json_string(a, "name");
     VnLocalDevice *ld = name ? vn_devices_local(d, name) : NULL;
+    g_autofree char *dev = NULL;
 
     if (name == NULL) {
         vn_control_error(r, VN_ERR_PARAM, "unlend needs \"name\"");
@@ -560,12 +561,9 @@ static void cmd_unlend(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_NODEV, "%s lends no device %.64s", d->conf->node, name);
         return;
     }
-    if (ld->job.kind != VN_JOB_NONE) {
-        g_autofree char *dev = g_strdup_printf("%s/%s", d->conf->node, name);
-
-        if (refuse_busy(&ld->job, VN_JOB_OP_UNLEND, dev, r)) {
-            return;
-        }
+    dev = g_strdup_printf("%s/%s", d->conf->node, name);
+    if (refuse_busy(&ld->job, VN_JOB_OP_UNLEND, dev, r)) {
+        return;
     }
     if (vn_lease_lent(ld->lease)) {
         vn_control_error(r, VN_ERR_BUSY,
