@@ -78,6 +78,18 @@ def forwarded_write():
                           "goal_ratio": 1.2, **r}), flush=True)
 
 
+def attach_map():
+    """Mapping a 4 GiB q35 guest's memory sections through the borrower at attach: the maps
+    sent together as QEMU sends a memory transaction's (the borrower passes them on to the
+    lender without waiting between them) against one map and its reply at a time, ABBA
+    (bench/attach_map.c)."""
+    with h.Procs() as procs:
+        wd = procs.tempdir()
+        _, socks = lending_rig(procs, wd, {"nvme0": "fd"})
+        r = tool("attach_map", socks["nvme0"], AB_ROUNDS, 10)
+    print(json.dumps({"bench": "attach-map", **r}), flush=True)
+
+
 def irq_relay():
     """Device signal to VM eventfd: two simdevs lent to one borrowing daemon, one attached with
     relay interrupts, one with fd interrupts; build/bench/irq_latency (see its comment for the

@@ -23,6 +23,7 @@
 #include <linux/vfio.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <unistd.h>
 
 #define BAR0_SIZE 0x4000u
@@ -114,6 +115,27 @@ static const VnDeviceOps fake_ops = {
     .reset = fake_reset,
     .irqs_changed = fake_irqs_changed,
 };
+
+/* A device whose DMA_MAPs are answered when the test says (VnDeviceOps.dma_map_async): the
+ * reply ids it was given, in order (the server's thread appends, the test reads). */
+static GMutex deferred_lock;
+static GArray *deferred_ids;
+
+static int deferred_map(void *opaque, const VnDmaMapping *m, uint64_t reply_id)
+{
+    g_mutex_lock(&deferred_lock);
+    g_array_append_val(deferred_ids, reply_id);
+    g_mutex_unlock(&deferred_lock);
+    return 0;
+}
+
+static const VnDeviceOps deferred_ops = {
+    .region_read = fake_read,
+    .region_write = fake_write,
+    .dma_map_async = deferred_map,
+};
+
+static const VnDeviceOps *rig_ops = &fake_ops; /* what setup() serves */
 
 typedef struct Rig {
     char *dir;
@@ -211,7 +233,7 @@ static void setup(void)
     rig_info = info;
     rig.ctx = g_main_context_new();
     rig.loop = g_main_loop_new(rig.ctx, FALSE);
-    rig.server = vn_server_new(rig.path, &info, &fake_ops, &rig.fake, rig.ctx, &error);
+    rig.server = vn_server_new(rig.path, &info, rig_ops, &rig.fake, rig.ctx, &error);
     ck_assert_msg(rig.server != NULL, "%s", error ? error->message : "");
     ck_assert(g_unix_open_pipe(rig.calls, FD_CLOEXEC, NULL));
     {
@@ -1141,6 +1163,207 @@ START_TEST(test_client_region_fd_per_area)
 }
 END_TEST
 
+static void setup_deferred(void)
+{
+    rig_ops = &deferred_ops;
+    deferred_ids = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    setup();
+}
+
+static void teardown_deferred(void)
+{
+    teardown();
+    rig_ops = &fake_ops;
+    g_array_unref(deferred_ids);
+}
+
+/* The reply id of the device's @i-th DMA_MAP, once it has that many (bounded wait). */
+static uint64_t deferred_id(guint i)
+{
+    uint64_t id = 0;
+
+    for (int tries = 0; tries < 2000 && id == 0; tries++) {
+        g_mutex_lock(&deferred_lock);
+        if (deferred_ids->len > i) {
+            id = g_array_index(deferred_ids, uint64_t, i);
+        }
+        g_mutex_unlock(&deferred_lock);
+        if (id == 0) {
+            g_usleep(1000);
+        }
+    }
+    ck_assert_msg(id != 0, "the device was not asked for DMA_MAP number %u", i + 1);
+    return id;
+}
+
+static guint deferred_count(void)
+{
+    guint n;
+
+    g_mutex_lock(&deferred_lock);
+    n = deferred_ids->len;
+    g_mutex_unlock(&deferred_lock);
+    return n;
+}
+
+typedef struct Answer {
+    uint64_t id;
+    int err;
+} Answer;
+
+static gboolean answer_on_server(gpointer data)
+{
+    Answer *a = data;
+
+    vn_server_complete(rig.server, a->id, a->err);
+    return G_SOURCE_REMOVE;
+}
+
+static void answer(uint64_t id, int err)
+{
+    Answer a = { id, err };
+
+    call_on_server(answer_on_server, &a);
+}
+
+/* Whether the server sent us anything within @ms. */
+static bool something_sent(VnClient *c, int ms)
+{
+    struct pollfd pfd = { .fd = vn_client_fd(c), .events = POLLIN };
+
+    return poll(&pfd, 1, ms) == 1;
+}
+
+static void send_map(VnClient *c, uint16_t id, uint64_t iova, int mem)
+{
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnWireDmaMap map = {
+        .argsz = sizeof(map), .flags = 3, .offset = 0, .iova = iova, .size = 0x1000
+    };
+
+    vn_wire_begin(m, id, VN_CMD_DMA_MAP, 0);
+    g_byte_array_append(m, (const guint8 *)&map, sizeof(map));
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, &mem, 1, NULL), 0);
+}
+
+/* A device that answers DMA_MAPs later, out of order: QEMU still gets every reply in the
+ * order it asked (it takes the last map's reply as "all mapped"), a command served at once
+ * meanwhile waits behind them, and a refused map is undone in the table. */
+START_TEST(test_deferred_replies_keep_order)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    g_autoptr(GByteArray) msg = NULL;
+    VnWireRegionRw rw = { .offset = 0, .region = VFIO_PCI_CONFIG_REGION_INDEX, .count = 4 };
+    int mem = vn_peerfd_memfd_new("guest", 0x10000);
+    uint64_t first, second;
+    VnWireHdr h;
+
+    memcpy(rig.fake.cfg, "\x86\x80\x34\x12", 4);
+    send_map(c, 101, 0x100000, mem);
+    send_map(c, 102, 0x200000, mem);
+    vn_wire_begin(m, 103, VN_CMD_REGION_READ, 0);
+    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, NULL, 0, NULL), 0);
+    first = deferred_id(0);
+    second = deferred_id(1);
+    ck_assert(!something_sent(c, 100)); /* the read is served, its reply waits */
+
+    answer(second, -EACCES); /* out of order: still nothing may go */
+    ck_assert(!something_sent(c, 50));
+    answer(first, 0);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 101);
+    ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_ERROR, 0);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 102);
+    ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_ERROR, VN_WIRE_FLAG_ERROR);
+    ck_assert_uint_eq(h.error, EACCES);
+    h = next_msg(c, &msg);
+    ck_assert_uint_eq(h.id, 103);
+    ck_assert_uint_eq(msg->len, VN_WIRE_HDR_SIZE + sizeof(rw) + 4);
+    ck_assert_mem_eq(msg->data + VN_WIRE_HDR_SIZE + sizeof(rw), "\x86\x80\x34\x12", 4);
+    /* the refused map is not in the table, the other is */
+    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), 1);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x200000, 0x1000, false), -ENOENT);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    close(mem);
+}
+END_TEST
+
+typedef struct ManyMaps {
+    VnClient *c;
+    int mem;
+    unsigned n;
+    gint ret;
+    gint done;
+} ManyMaps;
+
+static gpointer map_many(gpointer data)
+{
+    ManyMaps *mm = data;
+    g_autofree VnClientDmaMap *maps = g_new0(VnClientDmaMap, mm->n);
+
+    for (unsigned i = 0; i < mm->n; i++) {
+        maps[i] = (VnClientDmaMap){
+            .iova = 0x100000ull * (i + 1), .size = 0x1000, .prot = 3, .fd = mm->mem
+        };
+    }
+    g_atomic_int_set(&mm->ret, vn_client_dma_map_many(mm->c, maps, mm->n));
+    g_atomic_int_set(&mm->done, 1);
+    return NULL;
+}
+
+/* A client that sends more maps than the device may owe answers for: the server stops
+ * reading at VN_SERVER_MAX_DEFERRED (the rest wait in the socket, not in our memory) and
+ * goes on once the device answers. */
+START_TEST(test_deferred_replies_bounded)
+{
+    ManyMaps mm = { .c = connect_ok(),
+                    .mem = vn_peerfd_memfd_new("guest", 0x10000),
+                    .n = VN_SERVER_MAX_DEFERRED + 6 };
+    GThread *t = g_thread_new("maps", map_many, &mm);
+
+    deferred_id(VN_SERVER_MAX_DEFERRED - 1);
+    g_usleep(100 * 1000);
+    ck_assert_uint_eq(deferred_count(), VN_SERVER_MAX_DEFERRED);
+    for (guint i = 0; i < mm.n; i++) {
+        answer(deferred_id(i), 0);
+    }
+    g_thread_join(t);
+    ck_assert(g_atomic_int_get(&mm.done));
+    ck_assert_int_eq(g_atomic_int_get(&mm.ret), 0);
+    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), mm.n);
+    vn_client_free(mm.c);
+    close(mm.mem);
+}
+END_TEST
+
+/* A client that goes while its map is unanswered: the device's late answer is ignored, and
+ * the next client is served from a clean table. */
+START_TEST(test_deferred_reply_after_client_left)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    int mem = vn_peerfd_memfd_new("guest", 0x10000);
+    uint64_t id;
+
+    send_map(c, 7, 0x100000, mem);
+    id = deferred_id(0);
+    vn_client_free(g_steal_pointer(&c));
+    wait_no_client();
+    answer(id, 0);
+    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), 0);
+    c = connect_ok();
+    send_map(c, 8, 0x100000, mem);
+    answer(deferred_id(1), 0);
+    ck_assert_int_eq(raw_errno(c, NULL, 0, NULL, 0), 0);
+    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), 1);
+    close(mem);
+}
+END_TEST
+
 static Suite *server_suite(void)
 {
     Suite *s = suite_create("server");
@@ -1166,6 +1389,13 @@ static Suite *server_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_dma_table);
     tcase_add_loop_test(tc, test_dma_map_refuses_bad_memory, 0, BAD_MEM_LAST);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("deferred");
+    tcase_add_checked_fixture(tc, setup_deferred, teardown_deferred);
+    tcase_add_test(tc, test_deferred_replies_keep_order);
+    tcase_add_test(tc, test_deferred_replies_bounded);
+    tcase_add_test(tc, test_deferred_reply_after_client_left);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("irqs");

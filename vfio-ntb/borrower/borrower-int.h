@@ -99,8 +99,9 @@ struct VnBorrower {
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];
-    GList *segments; /* VnBorrowerSegment: guest memory exported */
-    GList *mappings; /* VnBorrowerMapping: DMA forwarded */
+    GList *segments;       /* VnBorrowerSegment: guest memory exported */
+    GList *mappings;       /* VnBorrowerMapping: DMA forwarded (confirmed or on its way) */
+    GList *maps_in_flight; /* DMA_MAPs the lender has not answered (borrower.c) */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
@@ -118,6 +119,10 @@ struct VnBorrower {
  * error, *reply (when asked for) may hold the error reply: it says why. */
 int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
                      VnFabricMsg **reply);
+/* The same, answered later: @done as for vn_fabric_request() (called once when this
+ * returned 0).  In order with every other request of ours: the lender takes them so. */
+int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, VnFabricReplyFn done,
+                           void *opaque);
 /* A forwarded region access. */
 /* A forwarded BAR write, posted (VnBorrowerPosted above); the deferred ones sent now, in
  * order. */

@@ -40,14 +40,12 @@ static void on_answered(void *opaque, VnFabricMsg *reply, int err)
     /* A quiesce nobody waits for: the lender does it in order. */
 }
 
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
-                     VnFabricMsg **reply)
+/* What every request to the lender starts with: -ENOTCONN when it is lost; else the
+ * posted writes before it go first, and, traced, @json gains its correlation id (the
+ * lender's trace shows it too; *traced owns the new text). */
+static int call_begin(VnBorrower *b, uint32_t type, const char **json, char **traced,
+                      char corr[VN_TRACE_MAX_CORR], size_t len)
 {
-    g_autoptr(VnFabricMsg) r = NULL;
-    g_autofree char *traced = NULL;
-    char corr[VN_TRACE_MAX_CORR] = "-";
-    int ret;
-
     if (b->stats.lender_lost) {
         return -ENOTCONN;
     }
@@ -55,11 +53,42 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
         vn_borrower_posted_flush(b); /* what QEMU wrote before reaches the device first */
     }
     b->stats.fabric_requests++;
-    /* Traced: the request carries its correlation id, which the lender's trace shows too. */
     if (trace_borrower_request_enabled() || trace_borrower_reply_enabled()) {
-        g_snprintf(corr, sizeof(corr), "%s:%" PRIu64, vn_fabric_node(b->fab), ++b->corr_seq);
-        json = traced = vn_proto_with_corr(json, corr);
+        g_snprintf(corr, VN_TRACE_MAX_CORR, "%s:%" PRIu64, vn_fabric_node(b->fab), ++b->corr_seq);
+        *json = *traced = vn_proto_with_corr(*json, corr);
         trace_borrower_request(b->device, corr, vn_proto_type_to_string(type), b->lender, len);
+    }
+    return 0;
+}
+
+int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, VnFabricReplyFn done,
+                           void *opaque)
+{
+    g_autofree char *traced = NULL;
+    char corr[VN_TRACE_MAX_CORR] = "-";
+    int ret = call_begin(b, type, &json, &traced, corr, 0);
+
+    if (ret < 0) {
+        return ret;
+    }
+    ret = vn_fabric_request(b->fab, b->lender, type, json, NULL, 0, done, opaque);
+    if (ret < 0) {
+        trace_borrower_request_failed(b->device, vn_proto_type_to_string(type), b->lender,
+                                      g_strerror(-ret));
+    }
+    return ret;
+}
+
+int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
+                     VnFabricMsg **reply)
+{
+    g_autoptr(VnFabricMsg) r = NULL;
+    g_autofree char *traced = NULL;
+    char corr[VN_TRACE_MAX_CORR] = "-";
+    int ret = call_begin(b, type, &json, &traced, corr, len);
+
+    if (ret < 0) {
+        return ret;
     }
     /* QEMU is gone: no one waits for these, and the lender takes them in
      * order before anything a next client asks.  Not waiting keeps the
@@ -313,18 +342,83 @@ static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
     return seg;
 }
 
-static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
+/* A DMA_MAP the lender has not answered yet (op_dma_map_async). */
+typedef struct MapInFlight {
+    VnBorrower *b;       /* NULL once the borrower is gone */
+    Mapping *map;        /* in b->mappings meanwhile; NULL once QEMU unmapped it */
+    uint64_t reply_id;   /* QEMU's reply, given when the lender answers */
+    VnProtoDmaMap asked; /* for the log */
+} MapInFlight;
+
+static void map_refused(VnBorrower *b, const VnProtoDmaMap *pm, int err, const char *why)
+{
+    /* The VM's device cannot reach that memory: the guest's I/O to it fails, so say
+     * which range, at the default level (a guest maps a bounded number of ranges). */
+    b->stats.dma_maps_refused++;
+    g_message(
+        "borrower %s: the lender refused DMA_MAP of [0x%" G_GINT64_MODIFIER
+        "x, +0x%" G_GINT64_MODIFIER "x) (segment offset 0x%" G_GINT64_MODIFIER "x, prot %u): %s",
+        b->device, pm->iova, pm->size, pm->offset, pm->prot, why != NULL ? why : g_strerror(-err));
+}
+
+static void mapping_drop(VnBorrower *b, Mapping *m)
+{
+    for (GList *l = b->maps_in_flight; l != NULL; l = l->next) {
+        MapInFlight *f = l->data;
+
+        if (f->map == m) {
+            f->map = NULL;
+        }
+    }
+    b->mappings = g_list_remove(b->mappings, m);
+    segment_put(b, m->seg);
+    g_free(m);
+}
+
+static void on_map_answered(void *opaque, VnFabricMsg *reply, int err)
+{
+    g_autofree MapInFlight *f = opaque;
+    VnBorrower *b = f->b;
+
+    if (b == NULL) {
+        return;
+    }
+    b->maps_in_flight = g_list_remove(b->maps_in_flight, f);
+    if (err == 0) {
+        b->stats.dma_maps++;
+    } else {
+        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
+
+        map_refused(b, &f->asked, err, why);
+        if (f->map != NULL) {
+            mapping_drop(b, f->map);
+            vn_borrower_keep_state(b, false);
+        }
+    }
+    if (b->server != NULL) {
+        vn_server_complete(b->server, f->reply_id, err);
+    }
+}
+
+/*
+ * QEMU's DMA_MAP, answered when the lender has mapped it: the device may use
+ * that memory from then on.  Not waited for here, so the maps of one memory
+ * transaction (QEMU sends them without waiting) travel to the lender
+ * together; it takes them, and anything we send after them, in order.
+ */
+static int op_dma_map_async(void *opaque, const VnDmaMapping *m, uint64_t reply_id)
 {
     VnBorrower *b = opaque;
     VnProtoDmaMap pm = { .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->prot };
     g_autofree char *json = NULL;
-    Mapping *map;
+    MapInFlight *f;
     Segment *seg;
     int ret = 0;
 
     if (m->fd < 0) {
         /* QEMU maps the device's own BARs without an fd (peer-to-peer
          * offers): nothing the device could reach, nothing to forward. */
+        vn_server_complete(b->server, reply_id, 0);
         return 0;
     }
     seg = segment_for_fd(b, m->fd, &ret);
@@ -334,22 +428,20 @@ static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
     seg->refs++;
     pm.segment = seg->id;
     json = vn_proto_dma_map_to_json(b->device, &pm);
-    ret = vn_borrower_call(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL);
+    f = g_new0(MapInFlight, 1);
+    *f = (MapInFlight){ .b = b, .reply_id = reply_id, .asked = pm };
+    ret = vn_borrower_call_async(b, VN_PROTO_DMA_MAP, json, on_map_answered, f);
     if (ret < 0) {
-        /* The VM's device cannot reach that memory: the guest's I/O to it fails, so say
-         * which range, at the default level (a guest maps a bounded number of ranges). */
-        b->stats.dma_maps_refused++;
-        g_message("borrower %s: the lender refused DMA_MAP of [0x%" G_GINT64_MODIFIER
-                  "x, +0x%" G_GINT64_MODIFIER "x) (segment offset 0x%" G_GINT64_MODIFIER
-                  "x, prot %u): %s",
-                  b->device, m->iova, m->size, m->offset, m->prot, g_strerror(-ret));
+        map_refused(b, &pm, ret, NULL);
         segment_put(b, seg);
+        g_free(f);
         return ret;
     }
-    map = g_new0(Mapping, 1);
-    *map = (Mapping){ .iova = m->iova, .size = m->size, .prot = m->prot, .seg = seg };
-    b->mappings = g_list_prepend(b->mappings, map);
-    b->stats.dma_maps++;
+    /* Listed now: an unmap QEMU sends before the answer must reach the lender too. */
+    f->map = g_new0(Mapping, 1);
+    *f->map = (Mapping){ .iova = m->iova, .size = m->size, .prot = m->prot, .seg = seg };
+    b->mappings = g_list_prepend(b->mappings, f->map);
+    b->maps_in_flight = g_list_prepend(b->maps_in_flight, f);
     vn_borrower_keep_state(b, false);
     return 0;
 }
@@ -369,9 +461,7 @@ static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool al
 
         if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
             forwarded = true;
-            segment_put(b, m->seg);
-            b->mappings = g_list_delete_link(b->mappings, l);
-            g_free(m);
+            mapping_drop(b, m);
         }
         l = next;
     }
@@ -596,7 +686,7 @@ static void op_client_new(void *opaque)
 static const VnDeviceOps borrower_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
-    .dma_mapped = op_dma_mapped,
+    .dma_map_async = op_dma_map_async,
     .dma_unmapping = op_dma_unmapping,
     .set_irqs = op_set_irqs,
     .reset = op_reset,
@@ -769,6 +859,10 @@ void vn_borrower_free(VnBorrower *b)
         vn_fabric_request(b->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL);
     }
     vn_borrower_bars_unmap(b);
+    for (GList *l = b->maps_in_flight; l != NULL; l = l->next) {
+        ((MapInFlight *)l->data)->b = NULL; /* their answers find nobody */
+    }
+    g_list_free(b->maps_in_flight);
     g_list_free_full(b->mappings, g_free);
     for (GList *l = b->segments; l != NULL; l = l->next) {
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);

@@ -515,6 +515,54 @@ int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset
     return simple(c, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, NULL, 0);
 }
 
+int vn_client_dma_map_many(VnClient *c, const VnClientDmaMap *maps, unsigned n)
+{
+    g_autofree uint16_t *ids = g_new(uint16_t, MAX(n, 1u));
+    int first = 0;
+    unsigned sent;
+
+    for (sent = 0; sent < n; sent++) {
+        VnWireDmaMap m = { .argsz = sizeof(m),
+                           .flags = maps[sent].prot,
+                           .offset = maps[sent].offset,
+                           .iova = maps[sent].iova,
+                           .size = maps[sent].size };
+        int fd = maps[sent].fd;
+        int ret;
+
+        ids[sent] = fresh_id(c);
+        vn_wire_begin(c->out, ids[sent], VN_CMD_DMA_MAP, 0);
+        append(c, &m, sizeof(m));
+        vn_wire_finish(c->out);
+        ret = vn_transport_send(c->t, c->out->data, c->out->len, fd >= 0 ? &fd : NULL,
+                                fd >= 0 ? 1 : 0);
+        if (ret < 0) {
+            first = ret;
+            break;
+        }
+    }
+    for (unsigned i = 0; i < sent; i++) {
+        uint64_t deadline = vn_util_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+        VnTransportMsg reply = { 0 };
+        VnWireHdr hdr;
+        int ret = recv_msg(c, &reply, deadline);
+
+        if (ret < 0) {
+            return first < 0 ? first : ret; /* the rest cannot be matched any more */
+        }
+        memcpy(&hdr, reply.data, sizeof(hdr));
+        vn_transport_msg_clear(&reply);
+        if ((hdr.flags & VN_WIRE_FLAG_TYPE_MASK) != VN_WIRE_FLAG_REPLY || hdr.id != ids[i] ||
+            hdr.cmd != VN_CMD_DMA_MAP) {
+            return -EPROTO; /* out of order, or not ours */
+        }
+        if ((hdr.flags & VN_WIRE_FLAG_ERROR) && first == 0) {
+            first = hdr.error > 0 && hdr.error < 4096 ? -(int)hdr.error : -EIO;
+        }
+    }
+    return first;
+}
+
 int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all)
 {
     VnWireDmaUnmap u = {

@@ -93,6 +93,18 @@ int vn_client_region_write(VnClient *c, uint32_t region, uint64_t offset, const 
 /* @fd is borrowed (-1 for none). */
 int vn_client_dma_map(VnClient *c, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot,
                       int fd);
+/*
+ * Several DMA_MAPs as QEMU sends a memory transaction's: all sent before
+ * any reply is read, then the replies taken in order.  Returns 0 or the
+ * first error's -errno (the other maps stand).  @n small enough for the
+ * socket's buffers (a transaction's maps: tens).
+ */
+typedef struct VnClientDmaMap {
+    uint64_t iova, size, offset;
+    uint32_t prot;
+    int fd; /* borrowed; -1 for none */
+} VnClientDmaMap;
+int vn_client_dma_map_many(VnClient *c, const VnClientDmaMap *maps, unsigned n);
 int vn_client_dma_unmap(VnClient *c, uint64_t iova, uint64_t size, bool all);
 int vn_client_reset(VnClient *c);
 

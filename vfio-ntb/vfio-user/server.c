@@ -29,6 +29,10 @@ bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error)
         missing = "region_read";
     } else if (ops->region_write == NULL) {
         missing = "region_write";
+    } else if (ops->dma_mapped != NULL && ops->dma_map_async != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device ops: dma_mapped and dma_map_async are each other's alternative");
+        return false;
     }
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "device ops: %s is required",
@@ -67,6 +71,9 @@ static bool info_valid(const VnDeviceInfo *info, GError **error)
 
 static gboolean on_listen(int fd, GIOCondition cond, gpointer data);
 static gboolean on_client(int fd, GIOCondition cond, gpointer data);
+/* Watch the client's socket again (@on) and serve what it sent meanwhile soon, or stop
+ * watching it (the client's commands wait in the socket). */
+static void client_watch(VnServer *s, bool on);
 
 static void listen_arm(VnServer *s)
 {
@@ -107,10 +114,14 @@ static void client_drop(VnServer *s, const char *why)
         return;
     }
     g_info("socket %s: client disconnected (%s)", s->path, why);
-    g_source_destroy(s->client_src);
-    g_clear_pointer(&s->client_src, g_source_unref);
+    if (s->client_src != NULL) {
+        g_source_destroy(s->client_src);
+        g_clear_pointer(&s->client_src, g_source_unref);
+    }
+    s->paused = false;
     s->versioned = false;
     held_clear(s);
+    vn_server_replies_clear(s);
 
     /* The device must stop using guest memory and interrupts before they
      * go: a new client gets a clean device. */
@@ -169,6 +180,9 @@ static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigne
     }
     if (hdr->flags & VN_WIRE_FLAG_ERROR) {
         s->stats.errors++;
+    }
+    if (s->replies.length > 0) {
+        return vn_server_replies_queue(s, s->out, fds, nfds); /* not before earlier ones */
     }
     trace_server_reply(s->path, hdr->id, vn_wire_cmd_to_string(hdr->cmd), hdr->size, hdr->error);
     return vn_transport_send(s->client, s->out->data, s->out->len, fds, nfds);
@@ -233,6 +247,19 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
+    if (s->ops->dma_map_async != NULL) {
+        VnDmaMapping view = { .fd = -1 };
+        uint64_t id = vn_server_replies_defer(s, &req->hdr, m->iova, m->size);
+
+        vn_dma_lookup(s->dma, m->iova, &view);
+        ret = s->ops->dma_map_async(s->opaque, &view, id);
+        if (ret < 0) {
+            vn_server_replies_forget(s, id);
+            vn_dma_unmap(s->dma, m->iova, m->size, false);
+            return reply_error(s, &req->hdr, ret);
+        }
+        return 0; /* vn_server_complete() replies */
+    }
     if (s->ops->dma_mapped != NULL) {
         VnDmaMapping view = {
             .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->flags, .fd = -1
@@ -260,6 +287,7 @@ static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
     if (s->ops->dma_unmapping != NULL) {
         s->ops->dma_unmapping(s->opaque, u->iova, u->size, all);
     }
+    vn_server_replies_unmapped(s, u->iova, u->size, all);
     ret = vn_dma_unmap(s->dma, u->iova, u->size, all);
     trace_server_dma_unmap(s->path, u->iova, u->size, all, ret);
     if (ret < 0) {
@@ -533,7 +561,15 @@ static bool serve_client(VnServer *s)
 {
     for (int i = 0; i < 64 && s->client != NULL; i++) {
         VnTransportMsg msg = { 0 };
-        int ret = next_msg(s, &msg);
+        int ret;
+
+        if (s->deferred >= VN_SERVER_MAX_DEFERRED && s->held_error == 0) {
+            /* The device owes that many answers: the rest wait in the socket (and
+             * in the client) until one comes (vn_server_complete). */
+            client_watch(s, false);
+            return true;
+        }
+        ret = next_msg(s, &msg);
 
         if (ret == 0) {
             return true;
@@ -564,7 +600,7 @@ static gboolean on_held(gpointer data)
     if (!serve_client(s)) {
         return G_SOURCE_REMOVE; /* client_drop() destroyed this source */
     }
-    if (s->held.length > 0) {
+    if (s->held.length > 0 && !s->paused) { /* paused: client_watch() arms us */
         return G_SOURCE_CONTINUE;
     }
     g_clear_pointer(&s->held_src, g_source_unref);
@@ -611,13 +647,53 @@ static VnServer *server_alloc(const char *socket_path, const VnDeviceInfo *info,
     return s;
 }
 
+static void client_src_new(VnServer *s)
+{
+    s->client_src = g_unix_fd_source_new(vn_transport_fd(s->client), G_IO_IN | G_IO_HUP | G_IO_ERR);
+    g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
+    g_source_attach(s->client_src, s->ctx);
+}
+
 /* Serve @cfd, a connected client's socket (taken). */
 static void client_attach(VnServer *s, int cfd)
 {
     s->client = vn_transport_new(cfd);
-    s->client_src = g_unix_fd_source_new(cfd, G_IO_IN | G_IO_HUP | G_IO_ERR);
-    g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
-    g_source_attach(s->client_src, s->ctx);
+    client_src_new(s);
+}
+
+void vn_server_complete(VnServer *s, uint64_t reply_id, int err)
+{
+    int ret = vn_server_replies_done(s, reply_id, err);
+
+    if (ret > 0) {
+        return;
+    }
+    if (ret < 0 && s->held_error == 0) {
+        s->held_error = ret; /* dropped by the loop (on_held), not inside the device's call */
+    }
+    if (ret < 0 || (s->paused && s->deferred < VN_SERVER_MAX_DEFERRED)) {
+        client_watch(s, true);
+    }
+}
+
+static void client_watch(VnServer *s, bool on)
+{
+    if (s->client == NULL) {
+        return;
+    }
+    if (!on) {
+        if (s->client_src != NULL) {
+            g_source_destroy(s->client_src);
+            g_clear_pointer(&s->client_src, g_source_unref);
+        }
+        s->paused = true;
+        return;
+    }
+    if (s->paused) {
+        s->paused = false;
+        client_src_new(s);
+    }
+    vn_server_held_arm(s); /* what the transport read already, or held_error */
 }
 
 static bool socket_is(int fd, bool listening)
