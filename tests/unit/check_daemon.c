@@ -232,6 +232,37 @@ START_TEST(test_revoke_survives_lender_restart)
 }
 END_TEST
 
+/* A revoke whose holder's daemon is away when it is sent reaches the holder once it is
+ * back within the grace: the holder gives the device back (returned), not the grace running
+ * out on a VM that was never asked (revoked).  Told twice, the holder gives it back once. */
+START_TEST(test_revoke_told_when_holder_back)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnLeaseEnd end = VN_LEASE_END_NONE;
+
+    borrow(a, b);
+    vn_daemon_free(b); /* its link goes with it */
+    spin(200);
+    vn_leases_listen(a->leases, record_end, &end);
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), 6000, VN_JOB_OWNER_CONTROL, NULL);
+    ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_REVOKING);
+    b = daemon_start("hostb"); /* back, claiming it */
+    ck_assert(spin_until(free_again, a, 4000));
+    ck_assert_int_eq(end, VN_LEASE_END_RETURNED);
+    spin(300); /* its fence */
+
+    /* Heard the first time; then the link flaps during the release and it is told again. */
+    borrow(a, b);
+    end = VN_LEASE_END_NONE;
+    vn_cluster_revoke(a, vn_devices_local(a, "nvme0"), 6000, VN_JOB_OWNER_CONTROL, NULL);
+    vn_devices_local(a, "nvme0")->revoke_untold = true; /* as after a flap */
+    ck_assert(spin_until(free_again, a, 4000));
+    ck_assert_int_eq(end, VN_LEASE_END_RETURNED);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 /* The lent device's backend is its worker's: a restarted lender adopts it
  * and hands it the holder again; a lease's end is its holder going. */
 START_TEST(test_lender_worker_adopted)
@@ -845,6 +876,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_borrow_before_announcement);
     tcase_add_test(tc, test_lender_restart_then_return);
     tcase_add_test(tc, test_revoke_survives_lender_restart);
+    tcase_add_test(tc, test_revoke_told_when_holder_back);
     tcase_add_test(tc, test_server_generation_survives_restarts);
     tcase_add_test(tc, test_lender_worker_adopted);
     tcase_add_test(tc, test_config_drops_lent);

@@ -241,7 +241,7 @@ static void reconcile_held(VnDaemon *d, const char *lender, const VnPeersAnnounc
     }
 }
 
-static void tell_resumed_revokes(VnDaemon *d, const char *peer);
+static void tell_untold_revokes(VnDaemon *d, const char *peer);
 
 static void on_announce(VnDaemon *d, VnFabricMsg *msg)
 {
@@ -267,7 +267,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     n->link_up = true;
     n->seen_us = g_get_monotonic_time();
     vn_leases_announced(d->leases, msg->peer, claims, &c, g_get_monotonic_time());
-    tell_resumed_revokes(d, msg->peer);
+    tell_untold_revokes(d, msg->peer);
     holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
     vn_devserver_announced(d, msg->peer, n->ann);
@@ -289,6 +289,13 @@ static void on_revoke(VnDaemon *d, VnFabricMsg *msg)
     b = vn_devices_borrowed(d, device);
     if (b == NULL || b->lease != rq.lease) {
         return; /* not ours: a confused or malicious peer */
+    }
+    if (b->release_timer != 0) {
+        /* Told again (its link to us flapped meanwhile): already on its way back. */
+        vn_log(G_LOG_LEVEL_INFO, d->conf->node, device, msg->peer, rq.lease,
+               "node %s: %s revokes %s again; it is being given back", d->conf->node, msg->peer,
+               device);
+        return;
     }
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, device, msg->peer, rq.lease,
            "node %s: %s revokes %s (lease %" G_GUINT64_FORMAT "); giving it back", d->conf->node,
@@ -515,8 +522,9 @@ static void tell_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms)
     rq.grace_ms = grace_ms;
     g_strlcpy(rq.device, ld->conf->name, sizeof(rq.device));
     json = vn_peers_request_to_json(VN_PEERS_REVOKE, &rq);
-    vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0);
-    ld->revoke_untold = false;
+    /* No link to it: told when it announces itself again (tell_untold_revokes()). */
+    ld->revoke_untold =
+        vn_fabric_event(d->fab, ld->lease->holder, VN_PEERS_REVOKE, json, NULL, 0) < 0;
 }
 
 /* The grace period: the lease ends at @deadline (real time, µs), kept in the state file;
@@ -584,9 +592,11 @@ void vn_cluster_revoke_resume(VnDaemon *d, VnLocalDevice *ld, gint64 deadline)
            d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, MAX(left, 0) / 1e6);
 }
 
-/* @peer announced itself: a revoke resumed after our restart reaches it now (the one before
- * may have been lost with the old daemon). */
-static void tell_resumed_revokes(VnDaemon *d, const char *peer)
+/* @peer announced itself: a revoke it may not have heard reaches it now -- one resumed after
+ * our restart (the one before may have been lost with the old daemon), one sent while its
+ * link was down or that went down with it (vn_cluster_link()).  A holder told twice gives
+ * the device back once (on_revoke()). */
+static void tell_untold_revokes(VnDaemon *d, const char *peer)
 {
     for (guint i = 0; i < d->local->len; i++) {
         VnLocalDevice *ld = d->local->pdata[i];
@@ -686,6 +696,14 @@ void vn_cluster_link(VnDaemon *d, const char *peer, bool up)
      * fenced now (the lender did that on the link going down); the lease
      * waits lease-timeout-ms for the daemon to come back and claim it. */
     vn_leases_link_down(d->leases, peer, g_get_monotonic_time());
+    /* A REVOKE on its way may have gone with the link: told again when it is back. */
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (ld->lease->state == VN_LEASE_REVOKING && g_strcmp0(ld->lease->holder, peer) == 0) {
+            ld->revoke_untold = true;
+        }
+    }
     /* Borrower side: a lender's link went.  Its daemon may be restarting
      * (its lender workers keep the devices' data paths): the devices are
      * lost only if it is not back within lease-timeout-ms. */

@@ -38,7 +38,8 @@ typedef struct VnLocalDevice {
     VnControlReply *revoke_reply;
     gint64 revoke_deadline; /* when that grace runs out (real time, µs: in the state file,
                              * so a restart resumes the revoke); 0 when none */
-    bool revoke_untold;     /* resumed after a restart: its holder is told again when it
+    bool revoke_untold;     /* its holder may not have heard (resumed after a restart, sent
+                             * with no link, or the link went since): told again when it
                              * next announces itself */
     VnJob job;              /* what is being done to it that takes time (jobs.h) */
     /* Its backend (lending/lender.h) runs in a vfio-ntb-lender process
