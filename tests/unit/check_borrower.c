@@ -372,6 +372,47 @@ START_TEST(test_trapped_writes_posted)
 }
 END_TEST
 
+typedef struct SlowRead {
+    VnClient *c;
+    uint32_t got;
+    gint ret;
+    gint done;
+} SlowRead;
+
+static gpointer slow_read(gpointer data)
+{
+    SlowRead *r = data;
+
+    g_atomic_int_set(&r->ret, vn_client_region_read(r->c, 1, SMALL_BAR_GATED, &r->got, 4));
+    g_atomic_int_set(&r->done, 1);
+    return NULL;
+}
+
+/* A trapped BAR read the device takes its time over does not hold the borrower's loop: the
+ * worker answers its daemon meanwhile (its stats here), and QEMU gets the device's bytes
+ * once they come. */
+START_TEST(test_slow_read_leaves_loop_free)
+{
+    SlowRead r = { .c = qemu_connect() };
+    GThread *t;
+    Ask a;
+
+    ck_assert_msg(bor.b != NULL, "%s", bor.refusal);
+    memcpy(rig.fake.regs + SMALL_BAR_GATED, "\x11\x22\x33\x44", 4);
+    rig_gate_set(true);
+    t = g_thread_new("qemu-read", slow_read, &r);
+    ck_assert(rig_gate_wait_reached(3000)); /* the read is at the device, held there */
+    a = ask();                              /* on the borrower's loop */
+    ck_assert_uint_eq(a.st.region_forwarded, 1);
+    ck_assert(!g_atomic_int_get(&r.done)); /* answered while QEMU's read still waits */
+    rig_gate_set(false);
+    g_thread_join(t);
+    ck_assert_int_eq(g_atomic_int_get(&r.ret), 4);
+    ck_assert_int_eq(memcmp(&r.got, "\x11\x22\x33\x44", 4), 0);
+    vn_client_free(r.c);
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -692,6 +733,7 @@ static Suite *borrower_suite(void)
     tcase_add_checked_fixture(tc, bor_setup_small_bar, bor_teardown);
     tcase_add_test(tc, test_small_bar_trapped);
     tcase_add_test(tc, test_trapped_writes_posted);
+    tcase_add_test(tc, test_slow_read_leaves_loop_free);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");

@@ -24,6 +24,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #define BAR0_SIZE 0x4000u
@@ -116,23 +117,56 @@ static const VnDeviceOps fake_ops = {
     .irqs_changed = fake_irqs_changed,
 };
 
-/* A device whose DMA_MAPs are answered when the test says (VnDeviceOps.dma_map_async): the
- * reply ids it was given, in order (the server's thread appends, the test reads). */
-static GMutex deferred_lock;
+/* A device that answers DMA_MAPs, DMA_UNMAPs, BAR0 reads and resets when the test says
+ * (vn_server_later()): the reply ids it was given, in order (the server's thread appends,
+ * the test reads). */
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER; /* seen by TSan, GMutex not */
 static GArray *deferred_ids;
 
-static int deferred_map(void *opaque, const VnDmaMapping *m, uint64_t reply_id)
+static void owe(void)
 {
-    g_mutex_lock(&deferred_lock);
-    g_array_append_val(deferred_ids, reply_id);
-    g_mutex_unlock(&deferred_lock);
+    uint64_t id = vn_server_later(rig_server());
+
+    if (id == 0) {
+        return; /* no command: its client going (the unmapping of everything) */
+    }
+    pthread_mutex_lock(&deferred_lock);
+    g_array_append_val(deferred_ids, id);
+    pthread_mutex_unlock(&deferred_lock);
+}
+
+static int deferred_map(void *opaque, const VnDmaMapping *m)
+{
+    owe();
+    return 0;
+}
+
+static void deferred_unmap(void *opaque, uint64_t iova, uint64_t size, bool all)
+{
+    owe();
+}
+
+static int deferred_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
+{
+    if (index != VFIO_PCI_BAR0_REGION_INDEX) {
+        return fake_read(opaque, index, off, buf, n);
+    }
+    owe();
+    return -EIO; /* not what the client gets: it waits for vn_server_complete_read() */
+}
+
+static int deferred_reset(void *opaque)
+{
+    owe();
     return 0;
 }
 
 static const VnDeviceOps deferred_ops = {
-    .region_read = fake_read,
+    .region_read = deferred_read,
     .region_write = fake_write,
-    .dma_map_async = deferred_map,
+    .dma_mapped = deferred_map,
+    .dma_unmapping = deferred_unmap,
+    .reset = deferred_reset,
 };
 
 static const VnDeviceOps *rig_ops = &fake_ops; /* what setup() serves */
@@ -1183,11 +1217,11 @@ static uint64_t deferred_id(guint i)
     uint64_t id = 0;
 
     for (int tries = 0; tries < 2000 && id == 0; tries++) {
-        g_mutex_lock(&deferred_lock);
+        pthread_mutex_lock(&deferred_lock);
         if (deferred_ids->len > i) {
             id = g_array_index(deferred_ids, uint64_t, i);
         }
-        g_mutex_unlock(&deferred_lock);
+        pthread_mutex_unlock(&deferred_lock);
         if (id == 0) {
             g_usleep(1000);
         }
@@ -1200,28 +1234,40 @@ static guint deferred_count(void)
 {
     guint n;
 
-    g_mutex_lock(&deferred_lock);
+    pthread_mutex_lock(&deferred_lock);
     n = deferred_ids->len;
-    g_mutex_unlock(&deferred_lock);
+    pthread_mutex_unlock(&deferred_lock);
     return n;
 }
 
 typedef struct Answer {
     uint64_t id;
     int err;
+    const char *data; /* a read's 4 bytes, or NULL */
 } Answer;
 
 static gboolean answer_on_server(gpointer data)
 {
     Answer *a = data;
 
-    vn_server_complete(rig.server, a->id, a->err);
+    if (a->data != NULL) {
+        vn_server_complete_read(rig.server, a->id, a->data, 4);
+    } else {
+        vn_server_complete(rig.server, a->id, a->err);
+    }
     return G_SOURCE_REMOVE;
 }
 
 static void answer(uint64_t id, int err)
 {
-    Answer a = { id, err };
+    Answer a = { id, err, NULL };
+
+    call_on_server(answer_on_server, &a);
+}
+
+static void answer_read(uint64_t id, const char *data)
+{
+    Answer a = { id, 0, data };
 
     call_on_server(answer_on_server, &a);
 }
@@ -1234,61 +1280,81 @@ static bool something_sent(VnClient *c, int ms)
     return poll(&pfd, 1, ms) == 1;
 }
 
-static void send_map(VnClient *c, uint16_t id, uint64_t iova, int mem)
+static void send_cmd(VnClient *c, uint16_t id, uint16_t cmd, const void *body, size_t len, int fd)
 {
     g_autoptr(GByteArray) m = g_byte_array_new();
+
+    vn_wire_begin(m, id, cmd, 0);
+    g_byte_array_append(m, body, (guint)len);
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, fd >= 0 ? &fd : NULL, fd >= 0, NULL), 0);
+}
+
+static void send_map(VnClient *c, uint16_t id, uint64_t iova, int mem)
+{
     VnWireDmaMap map = {
         .argsz = sizeof(map), .flags = 3, .offset = 0, .iova = iova, .size = 0x1000
     };
 
-    vn_wire_begin(m, id, VN_CMD_DMA_MAP, 0);
-    g_byte_array_append(m, (const guint8 *)&map, sizeof(map));
-    vn_wire_finish(m);
-    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, &mem, 1, NULL), 0);
+    send_cmd(c, id, VN_CMD_DMA_MAP, &map, sizeof(map), mem);
 }
 
-/* A device that answers DMA_MAPs later, out of order: QEMU still gets every reply in the
- * order it asked (it takes the last map's reply as "all mapped"), a command served at once
- * meanwhile waits behind them, and a refused map is undone in the table. */
+/* The reply to @id, in turn: its error (0: none) and, for a read, its 4 bytes in @data. */
+static uint32_t reply_of(VnClient *c, uint16_t id, char *data)
+{
+    g_autoptr(GByteArray) msg = NULL;
+    VnWireHdr h = next_msg(c, &msg);
+
+    ck_assert_uint_eq(h.id, id);
+    if (data != NULL && !(h.flags & VN_WIRE_FLAG_ERROR)) {
+        ck_assert_uint_eq(msg->len, VN_WIRE_HDR_SIZE + sizeof(VnWireRegionRw) + 4);
+        memcpy(data, msg->data + VN_WIRE_HDR_SIZE + sizeof(VnWireRegionRw), 4);
+    }
+    return (h.flags & VN_WIRE_FLAG_ERROR) ? h.error : 0;
+}
+
+/* A device that answers later, out of order (maps, a BAR read, an unmap, a reset): the
+ * client still gets every reply in the order it asked (QEMU takes a transaction's last map
+ * reply as "all mapped"), a command answered at once meanwhile waits behind them, a read
+ * gets the bytes the device gave later, and a refused map is undone in the table. */
 START_TEST(test_deferred_replies_keep_order)
 {
     g_autoptr(VnClient) c = connect_ok();
-    g_autoptr(GByteArray) m = g_byte_array_new();
-    g_autoptr(GByteArray) msg = NULL;
-    VnWireRegionRw rw = { .offset = 0, .region = VFIO_PCI_CONFIG_REGION_INDEX, .count = 4 };
+    VnWireRegionRw cfg = { .offset = 0, .region = VFIO_PCI_CONFIG_REGION_INDEX, .count = 4 };
+    VnWireRegionRw bar = { .offset = 0x10, .region = VFIO_PCI_BAR0_REGION_INDEX, .count = 4 };
+    VnWireDmaUnmap unmap = { .argsz = sizeof(unmap), .iova = 0x100000, .size = 0x1000 };
     int mem = vn_peerfd_memfd_new("guest", 0x10000);
-    uint64_t first, second;
-    VnWireHdr h;
+    uint64_t id[5];
+    char got[4];
 
     memcpy(rig.fake.cfg, "\x86\x80\x34\x12", 4);
     send_map(c, 101, 0x100000, mem);
     send_map(c, 102, 0x200000, mem);
-    vn_wire_begin(m, 103, VN_CMD_REGION_READ, 0);
-    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
-    vn_wire_finish(m);
-    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, NULL, 0, NULL), 0);
-    first = deferred_id(0);
-    second = deferred_id(1);
-    ck_assert(!something_sent(c, 100)); /* the read is served, its reply waits */
+    send_cmd(c, 103, VN_CMD_REGION_READ, &cfg, sizeof(cfg), -1);
+    send_cmd(c, 104, VN_CMD_REGION_READ, &bar, sizeof(bar), -1);
+    send_cmd(c, 105, VN_CMD_DMA_UNMAP, &unmap, sizeof(unmap), -1);
+    send_cmd(c, 106, VN_CMD_DEVICE_RESET, NULL, 0, -1);
+    for (guint i = 0; i < 5; i++) {
+        id[i] = deferred_id(i);
+    }
+    ck_assert(!something_sent(c, 100)); /* the config read is answered, its reply waits */
 
-    answer(second, -EACCES); /* out of order: still nothing may go */
+    answer(id[1], -EACCES); /* out of order: still nothing may go */
+    answer(id[4], 0);
+    answer_read(id[2], "abcd");
+    answer(id[3], 0);
     ck_assert(!something_sent(c, 50));
-    answer(first, 0);
-    h = next_msg(c, &msg);
-    ck_assert_uint_eq(h.id, 101);
-    ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_ERROR, 0);
-    h = next_msg(c, &msg);
-    ck_assert_uint_eq(h.id, 102);
-    ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_ERROR, VN_WIRE_FLAG_ERROR);
-    ck_assert_uint_eq(h.error, EACCES);
-    h = next_msg(c, &msg);
-    ck_assert_uint_eq(h.id, 103);
-    ck_assert_uint_eq(msg->len, VN_WIRE_HDR_SIZE + sizeof(rw) + 4);
-    ck_assert_mem_eq(msg->data + VN_WIRE_HDR_SIZE + sizeof(rw), "\x86\x80\x34\x12", 4);
-    /* the refused map is not in the table, the other is */
-    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), 1);
-    ck_assert_int_eq(vn_client_dma_unmap(c, 0x200000, 0x1000, false), -ENOENT);
-    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    answer(id[0], 0);
+    ck_assert_uint_eq(reply_of(c, 101, NULL), 0);
+    ck_assert_uint_eq(reply_of(c, 102, NULL), EACCES);
+    ck_assert_uint_eq(reply_of(c, 103, got), 0);
+    ck_assert_mem_eq(got, "\x86\x80\x34\x12", 4);
+    ck_assert_uint_eq(reply_of(c, 104, got), 0);
+    ck_assert_mem_eq(got, "abcd", 4);
+    ck_assert_uint_eq(reply_of(c, 105, NULL), 0);
+    ck_assert_uint_eq(reply_of(c, 106, NULL), 0);
+    /* the refused map was taken out of the table, the other unmapped */
+    ck_assert_uint_eq(vn_dma_count(vn_server_dma(rig.server)), 0);
     close(mem);
 }
 END_TEST

@@ -70,10 +70,55 @@ typedef struct Fake {
 #define SMALL_BAR_SIZE 0x100u
 #define SMALL_BAR_WRITABLE 0x80u
 
+/* A read of rig_small_bar's BAR1 at SMALL_BAR_GATED waits (in the device's thread) until
+ * the test opens the gate (rig_gate_open), at most 5 s: a device that takes its time. */
+#define SMALL_BAR_GATED 0xf0u
+static GMutex rig_gate_lock;
+static GCond rig_gate_cond;
+static bool rig_gate_shut, rig_gate_reached;
+
+static inline void rig_gate_pass(void)
+{
+    gint64 end = g_get_monotonic_time() + 5 * G_TIME_SPAN_SECOND;
+
+    g_mutex_lock(&rig_gate_lock);
+    rig_gate_reached = true;
+    g_cond_broadcast(&rig_gate_cond);
+    while (rig_gate_shut && g_cond_wait_until(&rig_gate_cond, &rig_gate_lock, end)) {
+    }
+    g_mutex_unlock(&rig_gate_lock);
+}
+
+/* Whether a gated read reached the device, waiting at most @ms. */
+static inline bool rig_gate_wait_reached(int ms)
+{
+    gint64 end = g_get_monotonic_time() + ms * G_TIME_SPAN_MILLISECOND;
+    bool reached;
+
+    g_mutex_lock(&rig_gate_lock);
+    while (!rig_gate_reached && g_cond_wait_until(&rig_gate_cond, &rig_gate_lock, end)) {
+    }
+    reached = rig_gate_reached;
+    g_mutex_unlock(&rig_gate_lock);
+    return reached;
+}
+
+static inline void rig_gate_set(bool shut)
+{
+    g_mutex_lock(&rig_gate_lock);
+    rig_gate_shut = shut;
+    rig_gate_reached = false;
+    g_cond_broadcast(&rig_gate_cond);
+    g_mutex_unlock(&rig_gate_lock);
+}
+
 static inline int fake_read(void *opaque, uint32_t index, uint64_t off, void *buf, uint32_t n)
 {
     Fake *f = opaque;
 
+    if (index == VFIO_PCI_BAR1_REGION_INDEX && f->regs != NULL && off == SMALL_BAR_GATED) {
+        rig_gate_pass();
+    }
     if (index == VFIO_PCI_BAR0_REGION_INDEX) {
         memcpy(buf, f->bar + off, n);
     } else if (index == VFIO_PCI_BAR1_REGION_INDEX && f->regs != NULL) {

@@ -42,6 +42,7 @@ typedef struct VnBorrowerSegment {
 typedef struct VnBorrowerMapping {
     uint64_t iova;
     uint64_t size;
+    uint64_t offset; /* in its segment (0 after a takeover: for messages only) */
     uint32_t prot;
     VnBorrowerSegment *seg;
 } VnBorrowerMapping;
@@ -99,9 +100,9 @@ struct VnBorrower {
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];
-    GList *segments;       /* VnBorrowerSegment: guest memory exported */
-    GList *mappings;       /* VnBorrowerMapping: DMA forwarded (confirmed or on its way) */
-    GList *maps_in_flight; /* DMA_MAPs the lender has not answered (borrower.c) */
+    GList *segments; /* VnBorrowerSegment: guest memory exported */
+    GList *mappings; /* VnBorrowerMapping: DMA forwarded (confirmed or on its way) */
+    GList *asked;    /* requests QEMU's replies wait for (requests.c) */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
@@ -121,9 +122,35 @@ int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void 
                      VnFabricMsg **reply);
 /* The same, answered later: @done as for vn_fabric_request() (called once when this
  * returned 0).  In order with every other request of ours: the lender takes them so. */
-int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, VnFabricReplyFn done,
-                           void *opaque);
-/* A forwarded region access. */
+int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, const void *data,
+                           size_t len, VnFabricReplyFn done, void *opaque);
+
+/*
+ * A request whose answer is QEMU's reply to the command being handled (requests.c):
+ * vn_server_later(), the request sent, and when the lender answers, @done (NULL: none)
+ * says what QEMU gets (0 or -errno; it may look at the reply, NULL when none came), or
+ * for a REGION_READ (@read_count bytes) the lender's bytes go.  @destroy (NULL: none)
+ * frees @opaque after that, or when the borrower goes first.  With no command being
+ * handled (QEMU's client going) it is waited for instead and @done's say is returned;
+ * otherwise 0 (QEMU gets an error in its reply when sending fails).
+ */
+typedef int (*VnBorrowerAnswerFn)(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque);
+int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const void *data,
+                          size_t len, uint32_t read_count, VnBorrowerAnswerFn done, void *opaque,
+                          GDestroyNotify destroy);
+/* @opaque is gone: requests on their way give their @done NULL instead. */
+void vn_borrower_asks_forget(VnBorrower *b, const void *opaque);
+/* The borrower goes: answers still on their way find nobody. */
+void vn_borrower_asks_orphan(VnBorrower *b);
+/* The borrower's reference to its posted-write counters (answers on their way keep theirs). */
+void vn_borrower_posted_release(VnBorrowerPosted *p);
+
+/* QEMU's DMA_MAP and DMA_UNMAP, answered when the lender has (dma.c); everything
+ * forgotten when the borrower goes (the segments unexported). */
+int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *m);
+void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all);
+void vn_borrower_dma_forget(VnBorrower *b);
+
 /* A forwarded BAR write, posted (VnBorrowerPosted above); the deferred ones sent now, in
  * order. */
 void vn_borrower_posted_flush(VnBorrower *b);

@@ -23,243 +23,22 @@
 typedef VnBorrowerSegment Segment;
 typedef VnBorrowerMapping Mapping;
 
-static void segment_put(VnBorrower *b, Segment *seg)
-{
-    if (--seg->refs > 0) {
-        return;
-    }
-    vn_fabric_segment_unexport(b->fab, seg->id);
-    b->segments = g_list_remove(b->segments, seg);
-    g_free(seg);
-}
-
-/* ---- requests to the lender ---- */
-
-static void on_answered(void *opaque, VnFabricMsg *reply, int err)
-{
-    /* A quiesce nobody waits for: the lender does it in order. */
-}
-
-/* What every request to the lender starts with: -ENOTCONN when it is lost; else the
- * posted writes before it go first, and, traced, @json gains its correlation id (the
- * lender's trace shows it too; *traced owns the new text). */
-static int call_begin(VnBorrower *b, uint32_t type, const char **json, char **traced,
-                      char corr[VN_TRACE_MAX_CORR], size_t len)
-{
-    if (b->stats.lender_lost) {
-        return -ENOTCONN;
-    }
-    if (!b->flushing) {
-        vn_borrower_posted_flush(b); /* what QEMU wrote before reaches the device first */
-    }
-    b->stats.fabric_requests++;
-    if (trace_borrower_request_enabled() || trace_borrower_reply_enabled()) {
-        g_snprintf(corr, VN_TRACE_MAX_CORR, "%s:%" PRIu64, vn_fabric_node(b->fab), ++b->corr_seq);
-        *json = *traced = vn_proto_with_corr(*json, corr);
-        trace_borrower_request(b->device, corr, vn_proto_type_to_string(type), b->lender, len);
-    }
-    return 0;
-}
-
-int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, VnFabricReplyFn done,
-                           void *opaque)
-{
-    g_autofree char *traced = NULL;
-    char corr[VN_TRACE_MAX_CORR] = "-";
-    int ret = call_begin(b, type, &json, &traced, corr, 0);
-
-    if (ret < 0) {
-        return ret;
-    }
-    ret = vn_fabric_request(b->fab, b->lender, type, json, NULL, 0, done, opaque);
-    if (ret < 0) {
-        trace_borrower_request_failed(b->device, vn_proto_type_to_string(type), b->lender,
-                                      g_strerror(-ret));
-    }
-    return ret;
-}
-
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
-                     VnFabricMsg **reply)
-{
-    g_autoptr(VnFabricMsg) r = NULL;
-    g_autofree char *traced = NULL;
-    char corr[VN_TRACE_MAX_CORR] = "-";
-    int ret = call_begin(b, type, &json, &traced, corr, len);
-
-    if (ret < 0) {
-        return ret;
-    }
-    /* QEMU is gone: no one waits for these, and the lender takes them in
-     * order before anything a next client asks.  Not waiting keeps the
-     * worker answering its daemon, which may be stopping it. */
-    if (b->client_leaving && reply == NULL) {
-        return vn_fabric_request(b->fab, b->lender, type, json, data, len, on_answered, NULL);
-    }
-    ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, &r);
-    trace_borrower_reply(b->device, corr, vn_proto_type_to_string(type), ret);
-    if (ret < 0) {
-        trace_borrower_request_failed(b->device, vn_proto_type_to_string(type), b->lender,
-                                      g_strerror(-ret));
-    }
-    /* An error reply too: it says why. */
-    if (reply != NULL) {
-        *reply = g_steal_pointer(&r);
-    }
-    return ret;
-}
-
-int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
-                          bool write)
-{
-    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = write };
-    g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
-    g_autoptr(VnFabricMsg) reply = NULL;
-    int ret;
-
-    ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0,
-                           &reply);
-    if (ret < 0) {
-        return ret;
-    }
-    if (!write) {
-        if (reply->data_len != count) {
-            return -EPROTO;
-        }
-        memcpy(buf, reply->data, count);
-    }
-    return 0;
-}
-
-/* ---- posted writes (borrower-int.h) ---- */
-
-typedef struct PostedWrite {
-    VnBorrowerPosted *p;
-    uint32_t region, count;
-    uint64_t offset;
-} PostedWrite;
-
-static void posted_unref(VnBorrowerPosted *p)
-{
-    if (--p->refs == 0) {
-        g_free(p);
-    }
-}
-
-static void on_posted(void *opaque, VnFabricMsg *reply, int err)
-{
-    PostedWrite *w = opaque;
-    VnBorrowerPosted *p = w->p;
-
-    p->in_flight--;
-    if (err < 0) {
-        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
-
-        /* The first and then one in a thousand: a device that refuses every write must
-         * not flood the log. */
-        if (p->failures++ % 1000 == 0) {
-            g_warning("borrower %s: a posted write of %u bytes to region %u at 0x%" PRIx64
-                      " failed on the lender: %s (%" PRIu64 " failed so far)",
-                      p->device, w->count, w->region, w->offset,
-                      why != NULL ? why : g_strerror(-err), p->failures);
-        }
-    }
-    posted_unref(p);
-    g_free(w);
-}
-
-/* A write sent as a request nobody waits for (or, VN_BORROWER_MAX_POSTED in flight, one that
- * is waited for). */
-static int post_now(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf, uint32_t count)
-{
-    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = true };
-    g_autofree char *json = NULL;
-    PostedWrite *w;
-
-    if (b->posted->in_flight >= VN_BORROWER_MAX_POSTED || b->client_leaving) {
-        /* Waits for its answer, and so for every write before it. */
-        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
-    }
-    json = vn_proto_region_rw_to_json(b->device, &rw);
-    w = g_new(PostedWrite, 1);
-    *w = (PostedWrite){ .p = b->posted, .region = index, .count = count, .offset = offset };
-    b->posted->refs++;
-    b->posted->in_flight++;
-    if (vn_fabric_request(b->fab, b->lender, VN_PROTO_REGION_RW, json, buf, count, on_posted, w) <
-        0) {
-        b->posted->in_flight--;
-        posted_unref(b->posted);
-        g_free(w);
-        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
-    }
-    b->stats.fabric_requests++;
-    b->posted->writes++;
-    return 0;
-}
-
-typedef struct Deferred {
-    uint32_t region, count;
-    uint64_t offset;
-    uint8_t data[VN_BORROWER_DEFER_MAX];
-} Deferred;
-
-void vn_borrower_posted_flush(VnBorrower *b)
-{
-    Deferred *w;
-
-    if (b->flush_src != NULL) {
-        g_source_destroy(b->flush_src);
-        g_clear_pointer(&b->flush_src, g_source_unref);
-    }
-    b->flushing = true; /* a write that must wait sends no later one before it */
-    while ((w = g_queue_pop_head(&b->deferred)) != NULL) {
-        if (!b->stats.lender_lost && post_now(b, w->region, w->offset, w->data, w->count) < 0) {
-            b->posted->failures++; /* its wait failed: QEMU had its answer already */
-        }
-        g_free(w);
-    }
-    b->flushing = false;
-}
-
-static gboolean on_flush(gpointer data)
-{
-    VnBorrower *b = data;
-
-    g_clear_pointer(&b->flush_src, g_source_unref); /* the source ends with this call */
-    vn_borrower_posted_flush(b);
-    return G_SOURCE_REMOVE;
-}
-
-int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
-                                    uint32_t count)
-{
-    Deferred *w;
-
-    if (count > VN_BORROWER_DEFER_MAX || b->client_leaving ||
-        b->posted->in_flight + b->deferred.length >= VN_BORROWER_MAX_POSTED) {
-        vn_borrower_posted_flush(b);
-        return post_now(b, index, offset, buf, count);
-    }
-    w = g_new(Deferred, 1);
-    *w = (Deferred){ .region = index, .count = count, .offset = offset };
-    memcpy(w->data, buf, count);
-    g_queue_push_tail(&b->deferred, w);
-    if (b->flush_src == NULL) {
-        /* Before QEMU's next message is read, after our answer to this one is sent. */
-        b->flush_src = g_idle_source_new();
-        g_source_set_priority(b->flush_src, G_PRIORITY_HIGH);
-        g_source_set_callback(b->flush_src, on_flush, b, NULL);
-        g_source_attach(b->flush_src, b->ctx);
-    }
-    return 0;
-}
-
 /* ---- the device ops QEMU's requests reach ---- */
 
 /* Whether an access reaches past what a BAR's device server sized (bars.c). */
 static bool past_bar(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count)
 {
     return index < VN_MAX_REGIONS && b->bar_size[index] != 0 && offset + count > b->bar_size[index];
+}
+
+/* A BAR read the lender's backend makes: QEMU's reply waits for its bytes, the loop does
+ * not. */
+static int forward_read(VnBorrower *b, uint32_t index, uint64_t offset, uint32_t count)
+{
+    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = false };
+    g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
+
+    return vn_borrower_ask_later(b, VN_PROTO_REGION_RW, json, NULL, 0, count, NULL, NULL, NULL);
 }
 
 static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *buf, uint32_t count)
@@ -285,7 +64,7 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
         return 0;
     }
     b->stats.region_forwarded++;
-    return vn_borrower_region_rw(b, index, offset, buf, count, false);
+    return forward_read(b, index, offset, count);
 }
 
 static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const void *buf,
@@ -310,176 +89,6 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     }
     b->stats.region_forwarded++;
     return vn_borrower_region_write_posted(b, index, offset, buf, count);
-}
-
-static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
-{
-    g_autoptr(GError) error = NULL;
-    struct stat st;
-    Segment *seg;
-
-    if (fstat(fd, &st) < 0) {
-        *err = -errno;
-        return NULL;
-    }
-    for (GList *l = b->segments; l != NULL; l = l->next) {
-        seg = l->data;
-        if (seg->dev == st.st_dev && seg->ino == st.st_ino) {
-            return seg;
-        }
-    }
-    seg = g_new0(Segment, 1);
-    seg->dev = st.st_dev;
-    seg->ino = st.st_ino;
-    seg->id = vn_fabric_segment_export(b->fab, fd, (uint64_t)st.st_size, b->lender, &error);
-    if (seg->id == 0) {
-        g_info("borrower %s: cannot export guest memory: %s", b->device, error->message);
-        g_free(seg);
-        *err = -ENOSPC;
-        return NULL;
-    }
-    b->segments = g_list_prepend(b->segments, seg);
-    return seg;
-}
-
-/* A DMA_MAP the lender has not answered yet (op_dma_map_async). */
-typedef struct MapInFlight {
-    VnBorrower *b;       /* NULL once the borrower is gone */
-    Mapping *map;        /* in b->mappings meanwhile; NULL once QEMU unmapped it */
-    uint64_t reply_id;   /* QEMU's reply, given when the lender answers */
-    VnProtoDmaMap asked; /* for the log */
-} MapInFlight;
-
-static void map_refused(VnBorrower *b, const VnProtoDmaMap *pm, int err, const char *why)
-{
-    /* The VM's device cannot reach that memory: the guest's I/O to it fails, so say
-     * which range, at the default level (a guest maps a bounded number of ranges). */
-    b->stats.dma_maps_refused++;
-    g_message(
-        "borrower %s: the lender refused DMA_MAP of [0x%" G_GINT64_MODIFIER
-        "x, +0x%" G_GINT64_MODIFIER "x) (segment offset 0x%" G_GINT64_MODIFIER "x, prot %u): %s",
-        b->device, pm->iova, pm->size, pm->offset, pm->prot, why != NULL ? why : g_strerror(-err));
-}
-
-static void mapping_drop(VnBorrower *b, Mapping *m)
-{
-    for (GList *l = b->maps_in_flight; l != NULL; l = l->next) {
-        MapInFlight *f = l->data;
-
-        if (f->map == m) {
-            f->map = NULL;
-        }
-    }
-    b->mappings = g_list_remove(b->mappings, m);
-    segment_put(b, m->seg);
-    g_free(m);
-}
-
-static void on_map_answered(void *opaque, VnFabricMsg *reply, int err)
-{
-    g_autofree MapInFlight *f = opaque;
-    VnBorrower *b = f->b;
-
-    if (b == NULL) {
-        return;
-    }
-    b->maps_in_flight = g_list_remove(b->maps_in_flight, f);
-    if (err == 0) {
-        b->stats.dma_maps++;
-    } else {
-        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
-
-        map_refused(b, &f->asked, err, why);
-        if (f->map != NULL) {
-            mapping_drop(b, f->map);
-            vn_borrower_keep_state(b, false);
-        }
-    }
-    if (b->server != NULL) {
-        vn_server_complete(b->server, f->reply_id, err);
-    }
-}
-
-/*
- * QEMU's DMA_MAP, answered when the lender has mapped it: the device may use
- * that memory from then on.  Not waited for here, so the maps of one memory
- * transaction (QEMU sends them without waiting) travel to the lender
- * together; it takes them, and anything we send after them, in order.
- */
-static int op_dma_map_async(void *opaque, const VnDmaMapping *m, uint64_t reply_id)
-{
-    VnBorrower *b = opaque;
-    VnProtoDmaMap pm = { .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->prot };
-    g_autofree char *json = NULL;
-    MapInFlight *f;
-    Segment *seg;
-    int ret = 0;
-
-    if (m->fd < 0) {
-        /* QEMU maps the device's own BARs without an fd (peer-to-peer
-         * offers): nothing the device could reach, nothing to forward. */
-        vn_server_complete(b->server, reply_id, 0);
-        return 0;
-    }
-    seg = segment_for_fd(b, m->fd, &ret);
-    if (seg == NULL) {
-        return ret;
-    }
-    seg->refs++;
-    pm.segment = seg->id;
-    json = vn_proto_dma_map_to_json(b->device, &pm);
-    f = g_new0(MapInFlight, 1);
-    *f = (MapInFlight){ .b = b, .reply_id = reply_id, .asked = pm };
-    ret = vn_borrower_call_async(b, VN_PROTO_DMA_MAP, json, on_map_answered, f);
-    if (ret < 0) {
-        map_refused(b, &pm, ret, NULL);
-        segment_put(b, seg);
-        g_free(f);
-        return ret;
-    }
-    /* Listed now: an unmap QEMU sends before the answer must reach the lender too. */
-    f->map = g_new0(Mapping, 1);
-    *f->map = (Mapping){ .iova = m->iova, .size = m->size, .prot = m->prot, .seg = seg };
-    b->mappings = g_list_prepend(b->mappings, f->map);
-    b->maps_in_flight = g_list_prepend(b->maps_in_flight, f);
-    vn_borrower_keep_state(b, false);
-    return 0;
-}
-
-static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool all)
-{
-    VnBorrower *b = opaque;
-    VnProtoDmaUnmap u = { .iova = iova, .size = size, .all = all };
-    g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &u);
-    bool forwarded = false;
-    GList *l = b->mappings;
-    int ret;
-
-    while (l != NULL) {
-        GList *next = l->next;
-        Mapping *m = l->data;
-
-        if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
-            forwarded = true;
-            mapping_drop(b, m);
-        }
-        l = next;
-    }
-    if (!forwarded) {
-        return;
-    }
-    vn_borrower_keep_state(b, false);
-    /* Synchronous: QEMU's unmap completes only after the lender's device
-     * has lost access.  If the lender is gone there is nothing to undo. */
-    ret = vn_borrower_call(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, NULL);
-    if (ret == 0) {
-        b->stats.dma_unmaps++;
-    } else {
-        b->stats.unmaps_missed++;
-        g_message("borrower %s: DMA_UNMAP of [0x%" G_GINT64_MODIFIER "x, +0x%" G_GINT64_MODIFIER
-                  "x)%s did not reach the lender: %s",
-                  b->device, iova, size, all ? " (all)" : "", g_strerror(-ret));
-    }
 }
 
 /* Give back the doorbell bits of the relayed vectors [start, start + count)
@@ -644,7 +253,18 @@ static int op_reset(void *opaque)
     VnBorrower *b = opaque;
     g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
-    return vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL);
+    /* Answered when the lender has reset it (a client going: waited for). */
+    return vn_borrower_ask_later(b, VN_PROTO_RESET, json, NULL, 0, 0, NULL, NULL, NULL);
+}
+
+static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
+{
+    return vn_borrower_dma_mapped(opaque, m);
+}
+
+static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool all)
+{
+    vn_borrower_dma_unmapping(opaque, iova, size, all);
 }
 
 static void op_client_leaving(void *opaque)
@@ -686,7 +306,7 @@ static void op_client_new(void *opaque)
 static const VnDeviceOps borrower_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
-    .dma_map_async = op_dma_map_async,
+    .dma_mapped = op_dma_mapped,
     .dma_unmapping = op_dma_unmapping,
     .set_irqs = op_set_irqs,
     .reset = op_reset,
@@ -859,15 +479,8 @@ void vn_borrower_free(VnBorrower *b)
         vn_fabric_request(b->fab, b->lender, VN_PROTO_DETACH, json, NULL, 0, on_detached, NULL);
     }
     vn_borrower_bars_unmap(b);
-    for (GList *l = b->maps_in_flight; l != NULL; l = l->next) {
-        ((MapInFlight *)l->data)->b = NULL; /* their answers find nobody */
-    }
-    g_list_free(b->maps_in_flight);
-    g_list_free_full(b->mappings, g_free);
-    for (GList *l = b->segments; l != NULL; l = l->next) {
-        vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);
-    }
-    g_list_free_full(b->segments, g_free);
+    vn_borrower_asks_orphan(b);
+    vn_borrower_dma_forget(b);
     for (uint32_t i = 0; i < VN_MAX_IRQ_INDEXES; i++) {
         if (i < b->info.num_irqs) {
             routes_drop(b, i, 0, 0);
@@ -875,7 +488,7 @@ void vn_borrower_free(VnBorrower *b)
         }
         g_free(b->routes[i]);
     }
-    posted_unref(b->posted); /* answers still on their way keep it */
+    vn_borrower_posted_release(b->posted); /* answers still on their way keep it */
     g_free(b->lender);
     g_free(b->device);
     g_free(b);

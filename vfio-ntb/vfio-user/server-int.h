@@ -35,35 +35,41 @@ struct VnServer {
     int held_error;
     uint16_t dma_id;
     bool dma_asked;
-    /* Replies in the client's order (server-replies.c): while one is deferred
+    /* Replies in the client's order (server-replies.c): while one is owed
      * (the device answers later), later ones wait behind it
-     * (VnServerReply *); how many are deferred; whether the client's socket
-     * is unwatched because VN_SERVER_MAX_DEFERRED are. */
+     * (VnServerReply *); how many are owed; whether the client's socket is
+     * unwatched because VN_SERVER_MAX_DEFERRED are. */
     GQueue replies;
     guint deferred;
     bool paused;
+    /* The command being handled (NULL: none) and the id vn_server_later() gave its op
+     * (0: the op answers now). */
+    const VnWireRequest *handling;
+    uint64_t later;
 };
 
 typedef struct VnServerReply VnServerReply;
 
-/* A reply built in @out, with @fds (borrowed; copied), queued behind the deferred ones
- * (s->replies not empty).  0, or the -errno of sending what could go. */
-int vn_server_replies_queue(VnServer *s, const GByteArray *out, const int *fds, unsigned nfds);
-/* A reply the device gives later (vn_server_complete): its id.  @iova/@size: the DMA_MAP's
- * range, undone in the table if the device refuses it. */
-uint64_t vn_server_replies_defer(VnServer *s, const VnWireHdr *req, uint64_t iova, uint64_t size);
-/* The device refused at once: the deferred reply @id goes (the caller replies). */
-void vn_server_replies_forget(VnServer *s, uint64_t id);
-/* The client unmapped [iova, iova + size) (all): deferred maps in it are not undone on
- * failure, the range is no longer theirs. */
-void vn_server_replies_unmapped(VnServer *s, uint64_t iova, uint64_t size, bool all);
-/* The device's answer to deferred reply @id (vn_server_complete): 1 when nothing waits for
- * it, else 0 or the -errno of sending what could go. */
-int vn_server_replies_done(VnServer *s, uint64_t id, int err);
-/* The client went: nothing waits for these replies. */
-void vn_server_replies_clear(VnServer *s);
-
 /* Have the loop serve s->held (and s->held_error) soon. */
 void vn_server_held_arm(VnServer *s);
+
+/* A reply built in @out, with @fds (borrowed; copied), queued behind the owed ones
+ * (s->replies not empty).  0, or the -errno of sending what could go. */
+int vn_server_replies_queue(VnServer *s, const GByteArray *out, const int *fds, unsigned nfds);
+/* A reply to @req the device gives later (vn_server_later()): its id. */
+uint64_t vn_server_replies_owe(VnServer *s, const VnWireRequest *req);
+/* Owed reply @id's template, built by its handler as if the device had answered:
+ * @data_len bytes at @data_at are a REGION_READ's, to come.  0, or a send's -errno. */
+int vn_server_replies_built(VnServer *s, uint64_t id, const GByteArray *out, size_t data_at,
+                            uint32_t data_len);
+/* The device's answer to owed reply @id (@data: a REGION_READ's bytes): 1 when nothing
+ * waits for it, else 0 or the -errno of sending what could go.  A refused DMA_MAP is
+ * taken out of the table again. */
+int vn_server_replies_done(VnServer *s, uint64_t id, int err, const void *data, uint32_t len);
+/* The client unmapped [iova, iova + size) (all): owed maps in it are not undone on
+ * failure, the range is no longer theirs. */
+void vn_server_replies_unmapped(VnServer *s, uint64_t iova, uint64_t size, bool all);
+/* The client went: nothing waits for these replies. */
+void vn_server_replies_clear(VnServer *s);
 
 #endif /* VN_SERVER_INT_H */

@@ -1,12 +1,16 @@
 /*
  * Replies in the client's order (server-int.h), for a device that answers a
- * command later (VnDeviceOps.dma_map_async).
+ * command later (vn_server_later()).
  *
  * vfio-user.rst lets a server answer out of order, but QEMU's client waits
  * for the last DMA_MAP of a memory transaction only and takes that as "all
- * done": so no reply overtakes an earlier one.  While any reply is deferred,
+ * done": so no reply overtakes an earlier one.  While any reply is owed,
  * later ones (built at once, by the usual handlers) wait in s->replies
  * behind it, and go when everything before them has.
+ *
+ * An owed reply is built by its handler as if the device had answered
+ * (the template: a REGION_READ's bytes still to come) and sent as that, or
+ * as an error reply, once the device says which.
  */
 #define G_LOG_DOMAIN "vfio-ntb.vfio-user"
 
@@ -17,17 +21,23 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 struct VnServerReply {
-    uint64_t id;     /* 0: built already (a reply queued behind a deferred one) */
+    uint64_t id;     /* 0: built at once (queued behind an owed one) */
     VnWireHdr req;   /* the command's header */
-    GByteArray *out; /* the reply, once built; NULL: nothing to send (NO_REPLY) */
+    GByteArray *out; /* the reply (an owed one's template, once its handler built it) */
     int fds[VN_MAX_MSG_FDS];
     unsigned nfds;
-    bool done;
-    /* A deferred DMA_MAP: its range, and whether the client unmapped any of it
-     * since (a failure then must not take a later mapping out of the table). */
+    bool built;     /* out holds the template (or the whole reply) */
+    bool answered;  /* the device said (err, data) */
+    int err;        /* its answer */
+    GBytes *data;   /* a REGION_READ's bytes, until they go into the template */
+    size_t data_at; /* where in the template they go, and how many */
+    uint32_t data_len;
+    /* A DMA_MAP's range, and whether the client unmapped any of it since (a failure
+     * then must not take a later mapping out of the table). */
     uint64_t iova, size;
     bool superseded;
 };
@@ -44,18 +54,45 @@ static void reply_free(VnServerReply *r)
     if (r->out != NULL) {
         g_byte_array_unref(r->out);
     }
+    if (r->data != NULL) {
+        g_bytes_unref(r->data);
+    }
     g_free(r);
 }
 
-/* Send what is at the head and done.  Returns 0 or the send's -errno. */
+/* An owed reply that has its template and its answer becomes the bytes to send. */
+static void settle(VnServer *s, VnServerReply *r)
+{
+    if (r->id == 0 || !r->built || !r->answered) {
+        return;
+    }
+    if (r->err < 0) {
+        s->stats.errors++;
+        g_byte_array_set_size(r->out, 0);
+        vn_wire_error_reply(r->out, &r->req, r->err);
+    } else if (r->data_len > 0) {
+        gsize n = 0;
+        const void *p = r->data != NULL ? g_bytes_get_data(r->data, &n) : NULL;
+
+        if (p != NULL && n == r->data_len && r->data_at + n <= r->out->len) {
+            memcpy(r->out->data + r->data_at, p, n);
+        } else {
+            g_byte_array_set_size(r->out, 0);
+            vn_wire_error_reply(r->out, &r->req, -EIO); /* the device broke its word */
+        }
+    }
+    r->id = 0; /* ready */
+}
+
+/* Send what is at the head and ready.  Returns 0 or the send's -errno. */
 static int flush(VnServer *s)
 {
     VnServerReply *r;
     int ret = 0;
 
-    while (ret == 0 && (r = g_queue_peek_head(&s->replies)) != NULL && r->done) {
+    while (ret == 0 && (r = g_queue_peek_head(&s->replies)) != NULL && r->id == 0) {
         g_queue_pop_head(&s->replies);
-        if (r->out != NULL && s->client != NULL) {
+        if (!(r->req.flags & VN_WIRE_FLAG_NO_REPLY) && s->client != NULL) {
             const VnWireHdr *hdr = (const VnWireHdr *)r->out->data;
 
             trace_server_reply(s->path, hdr->id, vn_wire_cmd_to_string(hdr->cmd), hdr->size,
@@ -67,63 +104,76 @@ static int flush(VnServer *s)
     return ret;
 }
 
-int vn_server_replies_queue(VnServer *s, const GByteArray *out, const int *fds, unsigned nfds)
-{
-    VnServerReply *r = g_new0(VnServerReply, 1);
-
-    r->out = g_byte_array_sized_new(out->len);
-    g_byte_array_append(r->out, out->data, out->len);
-    /* The device's fds (a region's mmap fd) are borrowed: the copy goes later. */
-    for (unsigned i = 0; i < nfds && i < VN_MAX_MSG_FDS; i++) {
-        r->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
-        if (r->fds[i] < 0) {
-            int err = -errno;
-
-            r->nfds = i;
-            reply_free(r);
-            return err;
-        }
-        r->nfds = i + 1;
-    }
-    r->done = true;
-    g_queue_push_tail(&s->replies, r);
-    return flush(s);
-}
-
-uint64_t vn_server_replies_defer(VnServer *s, const VnWireHdr *req, uint64_t iova, uint64_t size)
-{
-    VnServerReply *r = g_new0(VnServerReply, 1);
-
-    r->id = ++last_id;
-    r->req = *req;
-    r->iova = iova;
-    r->size = size;
-    g_queue_push_tail(&s->replies, r);
-    s->deferred++;
-    return r->id;
-}
-
 static VnServerReply *find(VnServer *s, uint64_t id)
 {
-    for (GList *l = s->replies.head; l != NULL; l = l->next) {
+    for (GList *l = s->replies.head; l != NULL && id != 0; l = l->next) {
         VnServerReply *r = l->data;
 
-        if (r->id == id && !r->done) {
+        if (r->id == id) {
             return r;
         }
     }
     return NULL;
 }
 
-void vn_server_replies_forget(VnServer *s, uint64_t id)
+/* @out copied, @fds (borrowed) duplicated: the device's own (a region's mmap fd). */
+static int take_reply(VnServerReply *r, const GByteArray *out, const int *fds, unsigned nfds)
+{
+    r->out = g_byte_array_sized_new(out->len);
+    g_byte_array_append(r->out, out->data, out->len);
+    for (unsigned i = 0; i < nfds && i < VN_MAX_MSG_FDS; i++) {
+        r->fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+        if (r->fds[i] < 0) {
+            return -errno;
+        }
+        r->nfds = i + 1;
+    }
+    r->built = true;
+    return 0;
+}
+
+int vn_server_replies_queue(VnServer *s, const GByteArray *out, const int *fds, unsigned nfds)
+{
+    VnServerReply *r = g_new0(VnServerReply, 1);
+    int ret = take_reply(r, out, fds, nfds);
+
+    if (ret < 0) {
+        reply_free(r);
+        return ret;
+    }
+    g_queue_push_tail(&s->replies, r);
+    return flush(s);
+}
+
+uint64_t vn_server_replies_owe(VnServer *s, const VnWireRequest *req)
+{
+    VnServerReply *r = g_new0(VnServerReply, 1);
+
+    r->id = ++last_id;
+    r->req = req->hdr;
+    if (req->hdr.cmd == VN_CMD_DMA_MAP) {
+        r->iova = req->u.dma_map.iova;
+        r->size = req->u.dma_map.size;
+    }
+    g_queue_push_tail(&s->replies, r);
+    s->deferred++;
+    return r->id;
+}
+
+int vn_server_replies_built(VnServer *s, uint64_t id, const GByteArray *out, size_t data_at,
+                            uint32_t data_len)
 {
     VnServerReply *r = find(s, id);
+    int ret;
 
-    if (r != NULL) {
-        g_queue_remove(&s->replies, r);
-        reply_free(r);
-        s->deferred--;
+    if (r == NULL) {
+        return 0; /* the client went meanwhile */
     }
+    ret = take_reply(r, out, NULL, 0);
+    r->data_at = data_at;
+    r->data_len = data_len;
+    settle(s, r); /* answered already: from inside the device's op */
+    return ret < 0 ? ret : flush(s);
 }
 
 void vn_server_replies_unmapped(VnServer *s, uint64_t iova, uint64_t size, bool all)
@@ -131,7 +181,7 @@ void vn_server_replies_unmapped(VnServer *s, uint64_t iova, uint64_t size, bool 
     for (GList *l = s->replies.head; l != NULL; l = l->next) {
         VnServerReply *r = l->data;
 
-        if (r->id != 0 && !r->done &&
+        if (r->id != 0 && r->req.cmd == VN_CMD_DMA_MAP && !r->answered &&
             (all || (r->iova < iova + size && iova < r->iova + r->size))) {
             r->superseded = true;
         }
@@ -144,33 +194,29 @@ void vn_server_replies_clear(VnServer *s)
     s->deferred = 0;
 }
 
-int vn_server_replies_done(VnServer *s, uint64_t reply_id, int err)
+int vn_server_replies_done(VnServer *s, uint64_t id, int err, const void *data, uint32_t len)
 {
-    VnServerReply *r = find(s, reply_id);
+    VnServerReply *r = find(s, id);
 
-    if (r == NULL) {
+    if (r == NULL || r->answered) {
         return 1;
     }
     s->deferred--;
-    r->done = true;
-    if (err < 0) {
-        s->stats.errors++;
-        if (!r->superseded) {
+    r->answered = true;
+    r->err = err < 0 ? err : 0;
+    if (data != NULL && err >= 0) {
+        r->data = g_bytes_new(data, len);
+    }
+    if (r->req.cmd == VN_CMD_DMA_MAP) {
+        if (err < 0 && !r->superseded) {
             vn_dma_unmap(s->dma, r->iova, r->size, false);
         }
+        s->stats.dma_maps += err >= 0;
+    }
+    if (err < 0) {
         g_info("socket %s: id %u %s failed: %s", s->path, r->req.id,
                vn_wire_cmd_to_string(r->req.cmd), g_strerror(-err));
-    } else {
-        s->stats.dma_maps++;
     }
-    if (!(r->req.flags & VN_WIRE_FLAG_NO_REPLY)) {
-        r->out = g_byte_array_sized_new(VN_WIRE_HDR_SIZE);
-        if (err < 0) {
-            vn_wire_error_reply(r->out, &r->req, err);
-        } else {
-            vn_wire_begin_reply(r->out, &r->req);
-            vn_wire_finish(r->out);
-        }
-    }
+    settle(s, r);
     return flush(s);
 }

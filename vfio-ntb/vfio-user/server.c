@@ -29,10 +29,6 @@ bool vn_device_ops_valid(const VnDeviceOps *ops, GError **error)
         missing = "region_read";
     } else if (ops->region_write == NULL) {
         missing = "region_write";
-    } else if (ops->dma_mapped != NULL && ops->dma_map_async != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "device ops: dma_mapped and dma_map_async are each other's alternative");
-        return false;
     }
     if (missing != NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT, "device ops: %s is required",
@@ -170,11 +166,20 @@ static gboolean on_listen(int fd, GIOCondition cond, gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-/* Send the reply in s->out, with fds, unless the command asked for none. */
-static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigned nfds)
+/* Send the reply in s->out, with fds, unless the command asked for none; the template of
+ * the reply the device answers later (vn_server_later()), with the REGION_READ bytes it
+ * owes at @data_at. */
+static int reply_send_data(VnServer *s, const VnWireHdr *req, const int *fds, unsigned nfds,
+                           size_t data_at, uint32_t data_len)
 {
     VnWireHdr *hdr = (VnWireHdr *)s->out->data;
 
+    if (s->later != 0) {
+        uint64_t id = s->later;
+
+        s->later = 0;
+        return vn_server_replies_built(s, id, s->out, data_at, data_len);
+    }
     if (req->flags & VN_WIRE_FLAG_NO_REPLY) {
         return 0;
     }
@@ -186,6 +191,17 @@ static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigne
     }
     trace_server_reply(s->path, hdr->id, vn_wire_cmd_to_string(hdr->cmd), hdr->size, hdr->error);
     return vn_transport_send(s->client, s->out->data, s->out->len, fds, nfds);
+}
+
+static int reply_send(VnServer *s, const VnWireHdr *req, const int *fds, unsigned nfds)
+{
+    return reply_send_data(s, req, fds, nfds, 0, 0);
+}
+
+/* What a device op returned, once it asked to answer later: success for now. */
+static int op_result(VnServer *s, int ret)
+{
+    return s->later != 0 ? 0 : ret;
 }
 
 static int reply_error(VnServer *s, const VnWireHdr *req, int err)
@@ -247,32 +263,19 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
-    if (s->ops->dma_map_async != NULL) {
-        VnDmaMapping view = { .fd = -1 };
-        uint64_t id = vn_server_replies_defer(s, &req->hdr, m->iova, m->size);
-
-        vn_dma_lookup(s->dma, m->iova, &view);
-        ret = s->ops->dma_map_async(s->opaque, &view, id);
-        if (ret < 0) {
-            vn_server_replies_forget(s, id);
-            vn_dma_unmap(s->dma, m->iova, m->size, false);
-            return reply_error(s, &req->hdr, ret);
-        }
-        return 0; /* vn_server_complete() replies */
-    }
     if (s->ops->dma_mapped != NULL) {
         VnDmaMapping view = {
             .iova = m->iova, .size = m->size, .offset = m->offset, .prot = m->flags, .fd = -1
         };
 
         vn_dma_lookup(s->dma, m->iova, &view);
-        ret = s->ops->dma_mapped(s->opaque, &view);
+        ret = op_result(s, s->ops->dma_mapped(s->opaque, &view));
         if (ret < 0) {
             vn_dma_unmap(s->dma, m->iova, m->size, false);
             return reply_error(s, &req->hdr, ret);
         }
     }
-    s->stats.dma_maps++;
+    s->stats.dma_maps += s->later == 0; /* an answer later counts when it comes */
     vn_wire_begin_reply(s->out, &req->hdr);
     vn_wire_finish(s->out);
     return reply_send(s, &req->hdr, NULL, 0);
@@ -424,6 +427,7 @@ static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
     const VnWireRegionRw *rw = &req->u.region.rw;
     const VnRegion *r;
     uint32_t need = write ? VFIO_REGION_INFO_FLAG_WRITE : VFIO_REGION_INFO_FLAG_READ;
+    size_t at;
     int ret;
 
     if (rw->region >= s->info.num_regions) {
@@ -440,22 +444,22 @@ static int handle_region_rw(VnServer *s, const VnWireRequest *req, bool write)
     trace_server_region_rw(s->path, write ? "write" : "read", rw->region, rw->offset, rw->count);
     vn_wire_begin_reply(s->out, &req->hdr);
     g_byte_array_append(s->out, (const guint8 *)rw, sizeof(*rw));
+    at = s->out->len;
     if (write) {
         s->stats.region_writes++;
         ret =
             s->ops->region_write(s->opaque, rw->region, rw->offset, req->u.region.data, rw->count);
     } else {
-        size_t at = s->out->len;
-
         s->stats.region_reads++;
         g_byte_array_set_size(s->out, at + rw->count);
         ret = s->ops->region_read(s->opaque, rw->region, rw->offset, s->out->data + at, rw->count);
     }
+    ret = op_result(s, ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
     vn_wire_finish(s->out);
-    return reply_send(s, &req->hdr, NULL, 0);
+    return reply_send_data(s, &req->hdr, NULL, 0, at, write ? 0 : rw->count);
 }
 
 static int handle_reset(VnServer *s, const VnWireRequest *req)
@@ -464,7 +468,7 @@ static int handle_reset(VnServer *s, const VnWireRequest *req)
 
     g_info("socket %s: device reset requested", s->path);
     if (s->ops->reset != NULL) {
-        ret = s->ops->reset(s->opaque);
+        ret = op_result(s, s->ops->reset(s->opaque));
     }
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
@@ -474,6 +478,9 @@ static int handle_reset(VnServer *s, const VnWireRequest *req)
     vn_wire_finish(s->out);
     return reply_send(s, &req->hdr, NULL, 0);
 }
+
+static int dispatch(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg);
+static void answered(VnServer *s, int ret);
 
 /* Handle one message; returns < 0 when the client must be dropped. */
 static int handle_msg(VnServer *s, VnTransportMsg *msg)
@@ -513,29 +520,47 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
         /* vfio-user.rst: VERSION is the first message of a session. */
         return reply_error(s, &req.hdr, -EINVAL);
     }
-    switch (req.hdr.cmd) {
+    s->handling = &req;
+    ret = dispatch(s, &req, msg);
+    s->handling = NULL;
+    if (s->later != 0) {
+        /* An op asked to answer later and its handler sent nothing after all: the client
+         * still gets its (error) reply in its place. */
+        uint64_t id = s->later;
+
+        s->later = 0;
+        vn_wire_error_reply(s->out, &req.hdr, -EIO);
+        vn_server_replies_built(s, id, s->out, 0, 0);
+        answered(s, vn_server_replies_done(s, id, -EIO, NULL, 0));
+    }
+    return ret;
+}
+
+static int dispatch(VnServer *s, const VnWireRequest *req, VnTransportMsg *msg)
+{
+    switch (req->hdr.cmd) {
     case VN_CMD_VERSION:
-        return handle_version(s, &req);
+        return handle_version(s, req);
     case VN_CMD_DMA_MAP:
-        return handle_dma_map(s, &req, msg);
+        return handle_dma_map(s, req, msg);
     case VN_CMD_DMA_UNMAP:
-        return handle_dma_unmap(s, &req);
+        return handle_dma_unmap(s, req);
     case VN_CMD_DEVICE_GET_INFO:
-        return handle_device_info(s, &req);
+        return handle_device_info(s, req);
     case VN_CMD_DEVICE_GET_REGION_INFO:
-        return handle_region_info(s, &req);
+        return handle_region_info(s, req);
     case VN_CMD_DEVICE_GET_IRQ_INFO:
-        return handle_irq_info(s, &req);
+        return handle_irq_info(s, req);
     case VN_CMD_DEVICE_SET_IRQS:
-        return handle_set_irqs(s, &req, msg);
+        return handle_set_irqs(s, req, msg);
     case VN_CMD_REGION_READ:
-        return handle_region_rw(s, &req, false);
+        return handle_region_rw(s, req, false);
     case VN_CMD_REGION_WRITE:
-        return handle_region_rw(s, &req, true);
+        return handle_region_rw(s, req, true);
     case VN_CMD_DEVICE_RESET:
-        return handle_reset(s, &req);
+        return handle_reset(s, req);
     default:
-        return reply_error(s, &req.hdr, -ENOTSUP);
+        return reply_error(s, &req->hdr, -ENOTSUP);
     }
 }
 
@@ -661,10 +686,19 @@ static void client_attach(VnServer *s, int cfd)
     client_src_new(s);
 }
 
-void vn_server_complete(VnServer *s, uint64_t reply_id, int err)
+uint64_t vn_server_later(VnServer *s)
 {
-    int ret = vn_server_replies_done(s, reply_id, err);
+    if (s->handling == NULL) {
+        return 0; /* no command: a client going (client_drop()) waits for nothing */
+    }
+    if (s->later == 0) {
+        s->later = vn_server_replies_owe(s, s->handling);
+    }
+    return s->later;
+}
 
+static void answered(VnServer *s, int ret)
+{
     if (ret > 0) {
         return;
     }
@@ -674,6 +708,16 @@ void vn_server_complete(VnServer *s, uint64_t reply_id, int err)
     if (ret < 0 || (s->paused && s->deferred < VN_SERVER_MAX_DEFERRED)) {
         client_watch(s, true);
     }
+}
+
+void vn_server_complete_read(VnServer *s, uint64_t reply_id, const void *data, uint32_t count)
+{
+    answered(s, vn_server_replies_done(s, reply_id, 0, data, count));
+}
+
+void vn_server_complete(VnServer *s, uint64_t reply_id, int err)
+{
+    answered(s, vn_server_replies_done(s, reply_id, err, NULL, 0));
 }
 
 static void client_watch(VnServer *s, bool on)

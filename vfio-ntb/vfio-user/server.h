@@ -65,18 +65,9 @@ typedef struct VnDeviceOps {
      * table's (borrowed: dup it to keep it).  An error undoes the mapping
      * and is the client's reply. */
     int (*dma_mapped)(void *opaque, const VnDmaMapping *m);
-    /* Optional, in place of dma_mapped: the device answers later, when it
-     * knows (a map its own peer must confirm first).  0: it will call
-     * vn_server_complete(server, @reply_id, 0 or -errno) exactly once (it
-     * may do so before returning); -errno: refused now (the mapping is
-     * undone, the error is the reply).  The client's later commands are
-     * served meanwhile; their replies follow this one's, in order, as
-     * vfio-user.rst's clients expect (QEMU waits for the last reply of a
-     * memory transaction only).  At most VN_SERVER_MAX_DEFERRED wait: past
-     * that the client's socket is not read until one is answered. */
-    int (*dma_map_async)(void *opaque, const VnDmaMapping *m, uint64_t reply_id);
     /* Optional: before [iova, iova + size) is removed (all: everything);
-     * when it returns the device must not touch that memory again. */
+     * when it returns (or answers, after vn_server_later()) the device
+     * must not touch that memory again. */
     void (*dma_unmapping)(void *opaque, uint64_t iova, uint64_t size, bool all);
     /* Optional: after SET_IRQS changed index @index. */
     void (*irqs_changed)(void *opaque, uint32_t index);
@@ -96,7 +87,7 @@ typedef struct VnDeviceOps {
     void (*client_gone)(void *opaque);
 } VnDeviceOps;
 
-/* Replies a device may owe at once (dma_map_async). */
+/* Replies a device may owe at once (vn_server_later()). */
 #define VN_SERVER_MAX_DEFERRED 64u
 
 /* Names the missing required member in @error. */
@@ -153,12 +144,25 @@ VnIrqs *vn_server_irqs(VnServer *server);
 bool vn_server_has_client(VnServer *server);
 
 /*
- * The device's answer to a deferred command (VnDeviceOps.dma_map_async):
- * @err 0 or -errno.  An id the server no longer waits for (its client went,
- * or another server's) is ignored.  The reply, and those queued behind it,
- * go out now; a send error drops the client from the loop, not from here.
+ * Answering later.  An op that cannot answer at once (it asks a peer first:
+ * the borrower's lender) calls vn_server_later() from inside the op, keeps
+ * the id, and returns 0 (what it returns then does not matter).  The ops that
+ * may: dma_mapped, dma_unmapping, region_read, region_write, reset.  The
+ * client's later commands are served meanwhile; their replies follow this
+ * one's, in order, as vfio-user.rst's clients expect (QEMU takes a memory
+ * transaction's last DMA_MAP reply as "all mapped").  At most
+ * VN_SERVER_MAX_DEFERRED may be owed: past that the client's socket is not
+ * read until one is answered.
+ *
+ * vn_server_complete() answers with @err (0 or -errno); a REGION_READ's
+ * answer is vn_server_complete_read() with exactly the bytes it asked for.
+ * An id the server no longer waits for (its client went, or another
+ * server's) is ignored.  The reply, and those queued behind it, go out now; a
+ * send error drops the client from the loop, not from inside the call.
  */
+uint64_t vn_server_later(VnServer *server);
 void vn_server_complete(VnServer *server, uint64_t reply_id, int err);
+void vn_server_complete_read(VnServer *server, uint64_t reply_id, const void *data, uint32_t count);
 /* Drop the current client as if it had disconnected. */
 void vn_server_disconnect(VnServer *server);
 void vn_server_stats(VnServer *server, VnServerStats *out);
