@@ -319,7 +319,7 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
          * as before -- waited for, or sent and forgotten once QEMU has gone. */
         g_autoptr(VnFabricMsg) reply = NULL;
 
-        ret = vn_borrower_call(b, type, json, data, len, &reply);
+        ret = vn_borrower_call(b, type, json, data, len, b->client_leaving ? NULL : &reply);
         ret = done != NULL ? done(b, reply, ret, opaque) : ret;
         asked_free(a);
         return ret;

@@ -178,6 +178,7 @@ static int reply_send_data(VnServer *s, const VnWireHdr *req, const int *fds, un
         uint64_t id = s->later;
 
         s->later = 0;
+        s->stats.errors += (hdr->flags & VN_WIRE_FLAG_ERROR) != 0; /* refused here after all */
         return vn_server_replies_built(s, id, s->out, data_at, data_len);
     }
     if (req->flags & VN_WIRE_FLAG_NO_REPLY) {
