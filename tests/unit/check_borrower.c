@@ -220,6 +220,56 @@ START_TEST(test_describes_device)
 }
 END_TEST
 
+static void send_config(VnClient *c, uint16_t id, uint16_t cmd, uint64_t offset, uint32_t count,
+                        const void *data)
+{
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    VnWireRegionRw rw = { .offset = offset,
+                          .region = VFIO_PCI_CONFIG_REGION_INDEX,
+                          .count = count };
+
+    vn_wire_begin(m, id, cmd, 0);
+    g_byte_array_append(m, (const guint8 *)&rw, sizeof(rw));
+    if (data != NULL) {
+        g_byte_array_append(m, data, count);
+    }
+    vn_wire_finish(m);
+    ck_assert_int_eq(vn_client_raw(c, m->data, m->len, NULL, 0, NULL), 0);
+}
+
+/* QEMU's reply to @id, next in turn, and its first byte of data (a read's). */
+static uint8_t config_reply(VnClient *c, uint16_t id)
+{
+    g_autoptr(GByteArray) m = NULL;
+    VnWireHdr h;
+
+    ck_assert_int_eq(vn_client_raw(c, NULL, 0, NULL, 0, &m), 0);
+    ck_assert_uint_ge(m->len, sizeof(h) + sizeof(VnWireRegionRw));
+    memcpy(&h, m->data, sizeof(h));
+    ck_assert_uint_eq(h.id, id);
+    ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_ERROR, 0);
+    return m->len > sizeof(h) + sizeof(VnWireRegionRw) ? m->data[sizeof(h) + sizeof(VnWireRegionRw)]
+                                                       : 0;
+}
+
+/* A config read answered once the lender has (the device's bytes) shows the borrower's own
+ * bytes as they were when QEMU asked: the Interrupt Line QEMU writes right after the read
+ * (answered at once, here) is in the next read, not in that one. */
+START_TEST(test_config_read_sees_its_moment)
+{
+    g_autoptr(VnClient) c = qemu_connect();
+    uint8_t line = 0x42, before;
+
+    send_config(c, 1, VN_CMD_REGION_READ, PCI_INTERRUPT_LINE, 4, NULL);
+    send_config(c, 2, VN_CMD_REGION_WRITE, PCI_INTERRUPT_LINE, 1, &line);
+    send_config(c, 3, VN_CMD_REGION_READ, PCI_INTERRUPT_LINE, 4, NULL);
+    before = config_reply(c, 1);
+    ck_assert_uint_ne(before, 0x42);
+    config_reply(c, 2);
+    ck_assert_uint_eq(config_reply(c, 3), 0x42);
+}
+END_TEST
+
 /* The expansion ROM: QEMU sizes the ROM BAR (kept by the borrower, sized like
  * the lender's ROM region) and reads the ROM's bytes through the ROM region;
  * the device's own ROM BAR is never written. */
@@ -714,6 +764,7 @@ static Suite *borrower_suite(void)
     tcase_add_checked_fixture(tc, bor_setup, bor_teardown);
     tcase_add_test(tc, test_describes_device);
     tcase_add_test(tc, test_expansion_rom);
+    tcase_add_test(tc, test_config_read_sees_its_moment);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("odd-bar");

@@ -128,13 +128,16 @@ int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, const
 /*
  * A request whose answer is QEMU's reply to the command being handled (requests.c):
  * vn_server_later(), the request sent, and when the lender answers, @done (NULL: none)
- * says what QEMU gets (0 or -errno; it may look at the reply, NULL when none came), or
- * for a REGION_READ (@read_count bytes) the lender's bytes go.  @destroy (NULL: none)
+ * says what QEMU gets (0 or -errno; it may look at the reply, NULL when none came; or
+ * VN_BORROWER_ANSWERED: it answered QEMU itself), or for a REGION_READ (@read_count
+ * bytes) the lender's bytes go.  @destroy (NULL: none)
  * frees @opaque after that, or when the borrower goes first.  With no command being
  * handled (QEMU's client going) it is waited for instead and @done's say is returned;
  * otherwise 0 (QEMU gets an error in its reply when sending fails).
  */
 typedef int (*VnBorrowerAnswerFn)(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque);
+/* What a VnBorrowerAnswerFn returns when it answered QEMU itself (vn_server_complete*()). */
+#define VN_BORROWER_ANSWERED 1
 int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const void *data,
                           size_t len, uint32_t read_count, VnBorrowerAnswerFn done, void *opaque,
                           GDestroyNotify destroy);

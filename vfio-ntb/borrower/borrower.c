@@ -142,16 +142,70 @@ static int routes_export(VnBorrower *b, const int *fds, unsigned nfds, uint64_t 
     return 0;
 }
 
+/* A SET_IRQS on its way to the lender: what to undo if it refuses, what goes if not. */
+typedef struct IrqSet {
+    uint32_t flags, index, start, count;
+    unsigned routed, rung;
+    uint32_t doorbell;
+    uint64_t ids[VN_MAX_MSG_FDS];
+} IrqSet;
+
+static int on_irqs_set(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque)
+{
+    const IrqSet *set = opaque;
+    bool eventfd = (set->flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
+    bool trigger = (set->flags & VFIO_IRQ_SET_ACTION_TRIGGER) != 0;
+    uint32_t index = set->index, start = set->start, count = set->count;
+
+    if (err < 0) {
+        for (unsigned i = 0; i < set->routed; i++) {
+            vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(set->ids[i]));
+        }
+        if (set->rung > 0) {
+            vn_fabric_doorbells_free(b->fab, set->doorbell, set->rung);
+        }
+        return err;
+    }
+    /* The device signals the new routes or doorbells (or none) now: the
+     * old ones go. */
+    if (trigger && eventfd && count > 0) {
+        routes_drop(b, index, start, count);
+        relay_unmap(b, index, start, count);
+    } else if (trigger && (set->flags & VFIO_IRQ_SET_DATA_NONE) && count == 0) {
+        routes_drop(b, index, 0, 0);
+        relay_unmap(b, index, 0, 0);
+    }
+    for (unsigned i = 0; i < set->rung; i++) {
+        b->relay_bit[index][start + i] = (uint8_t)(set->doorbell + i + 1);
+        b->doorbell_of[set->doorbell + i].used = true;
+        b->doorbell_of[set->doorbell + i].index = (uint8_t)index;
+        b->doorbell_of[set->doorbell + i].vector = (uint8_t)(start + i);
+    }
+    if (set->routed > 0) {
+        if (b->routes[index] == NULL) {
+            b->routes[index] = g_new0(uint64_t, b->info.irq_count[index]);
+        }
+        for (unsigned i = 0; i < set->routed; i++) {
+            b->routes[index][start + i] = GUINT64_FROM_LE(set->ids[i]);
+        }
+    }
+    if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
+        vn_borrower_keep_irqs(b, index, start, count);
+    }
+    vn_borrower_keep_state(b, false);
+    return 0;
+}
+
 static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
                        const uint8_t *bools, int *fds, unsigned nfds)
 {
     VnBorrower *b = opaque;
     VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count };
     bool eventfd = (flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
-    bool trigger = (flags & VFIO_IRQ_SET_ACTION_TRIGGER) != 0;
     uint64_t ids[VN_MAX_MSG_FDS];
     unsigned routed = 0, rung = 0;
     g_autofree char *json = NULL;
+    IrqSet *set;
     int ret;
 
     if (index >= b->info.num_irqs || (uint64_t)start + count > b->info.irq_count[index]) {
@@ -203,49 +257,22 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         routed = nfds;
     }
     json = vn_proto_set_irqs_to_json(b->device, &s);
+    set = g_new0(IrqSet, 1);
+    *set = (IrqSet){ .flags = flags,
+                     .index = index,
+                     .start = start,
+                     .count = count,
+                     .routed = routed,
+                     .rung = rung,
+                     .doorbell = s.doorbell };
+    memcpy(set->ids, ids, routed * sizeof(ids[0]));
+    /* QEMU's reply waits for the lender's: the device signals the new routes from then. */
     if (flags & VFIO_IRQ_SET_DATA_BOOL) {
-        ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json, bools, count, NULL);
-    } else {
-        ret = vn_borrower_call(b, VN_PROTO_SET_IRQS, json, routed > 0 ? ids : NULL,
-                               routed * sizeof(ids[0]), NULL);
+        return vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, bools, count, 0, on_irqs_set, set,
+                                     g_free);
     }
-    if (ret < 0) {
-        for (unsigned i = 0; i < routed; i++) {
-            vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(ids[i]));
-        }
-        if (rung > 0) {
-            vn_fabric_doorbells_free(b->fab, s.doorbell, rung);
-        }
-        return ret;
-    }
-    /* The device signals the new routes or doorbells (or none) now: the
-     * old ones go. */
-    if (trigger && eventfd && count > 0) {
-        routes_drop(b, index, start, count);
-        relay_unmap(b, index, start, count);
-    } else if (trigger && (flags & VFIO_IRQ_SET_DATA_NONE) && count == 0) {
-        routes_drop(b, index, 0, 0);
-        relay_unmap(b, index, 0, 0);
-    }
-    for (unsigned i = 0; i < rung; i++) {
-        b->relay_bit[index][start + i] = (uint8_t)(s.doorbell + i + 1);
-        b->doorbell_of[s.doorbell + i].used = true;
-        b->doorbell_of[s.doorbell + i].index = (uint8_t)index;
-        b->doorbell_of[s.doorbell + i].vector = (uint8_t)(start + i);
-    }
-    if (routed > 0) {
-        if (b->routes[index] == NULL) {
-            b->routes[index] = g_new0(uint64_t, b->info.irq_count[index]);
-        }
-        for (unsigned i = 0; i < routed; i++) {
-            b->routes[index][start + i] = GUINT64_FROM_LE(ids[i]);
-        }
-    }
-    if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
-        vn_borrower_keep_irqs(b, index, start, count);
-    }
-    vn_borrower_keep_state(b, false);
-    return 0;
+    return vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, routed > 0 ? ids : NULL,
+                                 routed * sizeof(ids[0]), 0, on_irqs_set, set, g_free);
 }
 
 static int op_reset(void *opaque)

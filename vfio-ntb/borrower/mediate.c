@@ -126,49 +126,149 @@ static Rule rule_of(const VnMediate *m, uint64_t a)
     return RULE_FORWARD;
 }
 
+/* Our bytes of [offset, offset + count) into @p, and which they are into @ours (the rest
+ * are the device's, forwarded). */
+static void patch(const VnMediate *m, uint64_t offset, uint32_t count, uint8_t *p, bool *ours)
+{
+    for (uint64_t a = offset; a < offset + count; a++) {
+        Rule r = rule_of(m, a);
+
+        ours[a - offset] = r == RULE_ZERO || r == RULE_LOCAL || r == RULE_ROM;
+        if (r == RULE_ZERO) {
+            p[a - offset] = 0;
+        } else if (r == RULE_LOCAL) {
+            p[a - offset] = m->int_line;
+        } else if (r == RULE_ROM) {
+            p[a - offset] = (uint8_t)(rom_bar(m) >> (8 * (a - PCI_ROM_ADDRESS)));
+        }
+    }
+}
+
+/* A config read on its way to the lender: our bytes as they were when QEMU asked (a write
+ * it sends after the read must not show in it), laid over the device's when they come. */
+typedef struct ConfigRead {
+    uint64_t reply_id;
+    uint32_t count, forwarded;
+    uint8_t *bytes;
+    bool *ours;
+} ConfigRead;
+
+static void config_read_free(void *opaque)
+{
+    ConfigRead *r = opaque;
+
+    g_free(r->bytes);
+    g_free(r->ours);
+    g_free(r);
+}
+
+static int on_config_read(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque)
+{
+    ConfigRead *r = opaque;
+
+    if (err < 0) {
+        return err;
+    }
+    if (reply == NULL || reply->data_len != r->forwarded) {
+        return -EPROTO;
+    }
+    for (uint32_t i = 0; i < r->forwarded; i++) {
+        if (!r->ours[i]) {
+            r->bytes[i] = ((const uint8_t *)reply->data)[i];
+        }
+    }
+    if (b->server != NULL) {
+        vn_server_complete_read(b->server, r->reply_id, r->bytes, r->count);
+    }
+    return VN_BORROWER_ANSWERED;
+}
+
 int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
 {
-    uint8_t *p = buf;
-    uint64_t end = offset + count;
-    uint64_t fwd_end = MIN(end, (uint64_t)PCI_CFG_SPACE_SIZE);
+    uint64_t fwd_end = MIN(offset + count, (uint64_t)PCI_CFG_SPACE_SIZE);
+    g_autofree char *json = NULL;
+    VnProtoRegionRw rw = { .region = VFIO_PCI_CONFIG_REGION_INDEX, .offset = offset };
+    ConfigRead *r;
+
+    if (offset >= fwd_end) {
+        g_autofree bool *ours = g_new(bool, count);
+
+        patch(&b->med, offset, count, buf, ours); /* extended space: all ours */
+        b->stats.config_virtualized++;
+        return 0;
+    }
+    /* One forwarded read for the conventional part (QEMU reads all of config space at once
+     * when the device is added), answered to QEMU with our bytes laid over it. */
+    b->stats.config_forwarded++;
+    r = g_new0(ConfigRead, 1);
+    r->reply_id = vn_server_later(b->server);
+    r->count = count;
+    r->forwarded = (uint32_t)(fwd_end - offset);
+    r->bytes = g_malloc0(count);
+    r->ours = g_new0(bool, count);
+    patch(&b->med, offset, count, r->bytes, r->ours);
+    rw.count = r->forwarded;
+    json = vn_proto_region_rw_to_json(b->device, &rw);
+    return vn_borrower_ask_later(b, VN_PROTO_REGION_RW, json, NULL, 0, 0, on_config_read, r,
+                                 config_read_free);
+}
+
+/*
+ * A config write goes as one request per run of the device's bytes (and a RESET for an
+ * FLR), one after the other; QEMU's reply waits for the last answer and carries the first
+ * error.  The earlier answers only note theirs here.
+ */
+typedef struct ConfigWrite {
+    gint refs;
+    int first_err;
+} ConfigWrite;
+
+static void config_write_unref(void *opaque)
+{
+    ConfigWrite *w = opaque;
+
+    if (--w->refs == 0) {
+        g_free(w);
+    }
+}
+
+static void on_config_run(void *opaque, VnFabricMsg *reply, int err)
+{
+    ConfigWrite *w = opaque;
+
+    if (err < 0 && w->first_err == 0) {
+        w->first_err = err;
+    }
+    config_write_unref(w);
+}
+
+static int on_config_written(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque)
+{
+    ConfigWrite *w = opaque;
+
+    return w->first_err < 0 ? w->first_err : err;
+}
+
+/* Send @type (a run of bytes, or the RESET) to the lender: the last one (@last) answers
+ * QEMU. */
+static int config_send(VnBorrower *b, ConfigWrite *w, uint32_t type, const char *json,
+                       const void *data, size_t len, bool last)
+{
     int ret;
 
-    /* One forwarded read for the conventional part (QEMU reads all of config
-     * space at once when the device is added), then patch our bytes. */
-    if (offset < fwd_end) {
-        ret = vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, offset, p,
-                                    (uint32_t)(fwd_end - offset), false);
-        if (ret < 0) {
-            return ret;
-        }
-        b->stats.config_forwarded++;
-    } else {
-        b->stats.config_virtualized++;
+    w->refs++;
+    if (last) {
+        return vn_borrower_ask_later(b, type, json, data, len, 0, on_config_written, w,
+                                     config_write_unref);
     }
-    for (uint64_t a = offset; a < end; a++) {
-        switch (rule_of(&b->med, a)) {
-        case RULE_ZERO:
-            p[a - offset] = 0;
-            break;
-        case RULE_LOCAL:
-            p[a - offset] = b->med.int_line;
-            break;
-        case RULE_ROM:
-            p[a - offset] = (uint8_t)(rom_bar(&b->med) >> (8 * (a - PCI_ROM_ADDRESS)));
-            break;
-        default:
-            break;
+    ret = vn_borrower_call_async(b, type, json, data, len, on_config_run, w);
+    if (ret < 0) {
+        w->refs--;
+        if (w->first_err == 0) {
+            w->first_err = ret;
         }
     }
     return 0;
-}
-
-/* Forward the bytes [s, e) of a write that the device should see. */
-static int forward_run(VnBorrower *b, uint64_t offset, const uint8_t *p, uint64_t s, uint64_t e)
-{
-    b->stats.config_forwarded++;
-    return vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, s, (void *)(p + (s - offset)),
-                                 (uint32_t)(e - s), true);
 }
 
 int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count)
@@ -176,8 +276,11 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
     const VnMediate *m = &b->med;
     uint8_t data[PCI_CFG_SPACE_SIZE];
     uint64_t end = offset + count;
+    uint64_t runs[PCI_CFG_SPACE_SIZE][2];
+    unsigned nruns = 0;
     uint64_t run = UINT64_MAX;
     bool flr = false;
+    ConfigWrite *w;
     int ret = 0;
 
     if (offset >= PCI_CFG_SPACE_SIZE) {
@@ -205,11 +308,10 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
             continue;
         }
         if (run != UINT64_MAX) {
-            ret = forward_run(b, offset, data, run, a);
+            runs[nruns][0] = run;
+            runs[nruns][1] = a;
+            nruns++;
             run = UINT64_MAX;
-            if (ret < 0) {
-                return ret;
-            }
         }
         if (a < end && r == RULE_LOCAL) {
             b->med.int_line = data[a - offset];
@@ -221,11 +323,28 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
                                                                         << shift;
         }
     }
+    if (nruns == 0 && !flr) {
+        return 0;
+    }
+    w = g_new0(ConfigWrite, 1);
+    w->refs = 1;
+    for (unsigned i = 0; i < nruns && ret == 0; i++) {
+        VnProtoRegionRw rw = { .region = VFIO_PCI_CONFIG_REGION_INDEX,
+                               .offset = runs[i][0],
+                               .count = (uint32_t)(runs[i][1] - runs[i][0]),
+                               .write = true };
+        g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
+
+        b->stats.config_forwarded++;
+        ret = config_send(b, w, VN_PROTO_REGION_RW, json, data + (runs[i][0] - offset), rw.count,
+                          i + 1 == nruns && !flr);
+    }
     if (flr) {
         g_autofree char *json = vn_proto_device_only_to_json(b->device);
 
         g_info("borrower %s: guest requested FLR: resetting the lent device", b->device);
-        ret = vn_borrower_call(b, VN_PROTO_RESET, json, NULL, 0, NULL);
+        ret = config_send(b, w, VN_PROTO_RESET, json, NULL, 0, true);
     }
+    config_write_unref(w);
     return ret;
 }

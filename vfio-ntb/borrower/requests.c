@@ -271,7 +271,7 @@ static void answer_qemu(VnBorrower *b, Asked *a, VnFabricMsg *reply, int err)
     if (a->done != NULL) {
         err = a->done(b, reply, err, a->opaque);
     }
-    if (b->server == NULL) {
+    if (b->server == NULL || err == VN_BORROWER_ANSWERED) {
         return;
     }
     if (err == 0 && a->read_count > 0) {

@@ -405,8 +405,8 @@ static int handle_set_irqs(VnServer *s, const VnWireRequest *req, VnTransportMsg
     } else if (set->index >= s->info.num_irqs) {
         ret = -EINVAL;
     } else if (s->ops->set_irqs != NULL) {
-        ret = s->ops->set_irqs(s->opaque, set->flags, set->index, set->start, set->count,
-                               req->u.irq_set.bools, msg->fds, msg->nfds);
+        ret = op_result(s, s->ops->set_irqs(s->opaque, set->flags, set->index, set->start,
+                                            set->count, req->u.irq_set.bools, msg->fds, msg->nfds));
     } else {
         ret = vn_irqs_set(s->irqs, set->flags, set->index, set->start, set->count,
                           req->u.irq_set.bools, msg->fds, msg->nfds);

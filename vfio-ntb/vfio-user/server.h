@@ -147,7 +147,8 @@ bool vn_server_has_client(VnServer *server);
  * Answering later.  An op that cannot answer at once (it asks a peer first:
  * the borrower's lender) calls vn_server_later() from inside the op, keeps
  * the id, and returns 0 (what it returns then does not matter).  The ops that
- * may: dma_mapped, dma_unmapping, region_read, region_write, reset.  The
+ * may: dma_mapped, dma_unmapping, region_read, region_write, reset,
+ * set_irqs (fds it consumed stay consumed, whatever the answer).  The
  * client's later commands are served meanwhile; their replies follow this
  * one's, in order, as vfio-user.rst's clients expect (QEMU takes a memory
  * transaction's last DMA_MAP reply as "all mapped").  At most
