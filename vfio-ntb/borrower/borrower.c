@@ -1,6 +1,7 @@
 /*
  * The borrower: a vfio-user server for a device on another node (see
- * borrower.h).  Config-space mediation is in mediate.c.
+ * borrower.h): its device ops, its setup and its end.  What it asks its
+ * lender is in requests.c, guest memory in dma.c, config space in mediate.c.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
@@ -17,11 +18,7 @@
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-typedef VnBorrowerSegment Segment;
-typedef VnBorrowerMapping Mapping;
 
 /* ---- the device ops QEMU's requests reach ---- */
 
