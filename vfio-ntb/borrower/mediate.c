@@ -126,45 +126,41 @@ static Rule rule_of(const VnMediate *m, uint64_t a)
     return RULE_FORWARD;
 }
 
-/* Our bytes of [offset, offset + count) into @p, and which they are into @ours (the rest
- * are the device's, forwarded). */
-static void patch(const VnMediate *m, uint64_t offset, uint32_t count, uint8_t *p, bool *ours)
+/* Our bytes of [offset, offset + count) into @p, as @m has them; the device's (forwarded)
+ * are left as they are. */
+static void patch(const VnMediate *m, uint64_t offset, uint32_t count, uint8_t *p)
 {
     for (uint64_t a = offset; a < offset + count; a++) {
-        Rule r = rule_of(m, a);
-
-        ours[a - offset] = r == RULE_ZERO || r == RULE_LOCAL || r == RULE_ROM;
-        if (r == RULE_ZERO) {
+        switch (rule_of(m, a)) {
+        case RULE_ZERO:
             p[a - offset] = 0;
-        } else if (r == RULE_LOCAL) {
+            break;
+        case RULE_LOCAL:
             p[a - offset] = m->int_line;
-        } else if (r == RULE_ROM) {
+            break;
+        case RULE_ROM:
             p[a - offset] = (uint8_t)(rom_bar(m) >> (8 * (a - PCI_ROM_ADDRESS)));
+            break;
+        default:
+            break;
         }
     }
 }
 
-/* A config read on its way to the lender: our bytes as they were when QEMU asked (a write
- * it sends after the read must not show in it), laid over the device's when they come. */
+/* A config read on its way to the lender, with our registers as they were when QEMU asked
+ * (a write it sends after the read must not show in it), laid over the device's bytes when
+ * they come. */
 typedef struct ConfigRead {
     uint64_t reply_id;
+    uint64_t offset;
     uint32_t count, forwarded;
-    uint8_t *bytes;
-    bool *ours;
+    VnMediate med;
 } ConfigRead;
-
-static void config_read_free(void *opaque)
-{
-    ConfigRead *r = opaque;
-
-    g_free(r->bytes);
-    g_free(r->ours);
-    g_free(r);
-}
 
 static int on_config_read(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque)
 {
-    ConfigRead *r = opaque;
+    const ConfigRead *r = opaque;
+    g_autofree uint8_t *bytes = NULL;
 
     if (err < 0) {
         return err;
@@ -172,13 +168,11 @@ static int on_config_read(VnBorrower *b, const VnFabricMsg *reply, int err, void
     if (reply == NULL || reply->data_len != r->forwarded) {
         return -EPROTO;
     }
-    for (uint32_t i = 0; i < r->forwarded; i++) {
-        if (!r->ours[i]) {
-            r->bytes[i] = ((const uint8_t *)reply->data)[i];
-        }
-    }
+    bytes = g_malloc(r->count);
+    memcpy(bytes, reply->data, r->forwarded);
+    patch(&r->med, r->offset, r->count, bytes);
     if (b->server != NULL) {
-        vn_server_complete_read(b->server, r->reply_id, r->bytes, r->count);
+        vn_server_complete_read(b->server, r->reply_id, bytes, r->count);
     }
     return VN_BORROWER_ANSWERED;
 }
@@ -191,9 +185,7 @@ int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
     ConfigRead *r;
 
     if (offset >= fwd_end) {
-        g_autofree bool *ours = g_new(bool, count);
-
-        patch(&b->med, offset, count, buf, ours); /* extended space: all ours */
+        patch(&b->med, offset, count, buf); /* extended space: all ours */
         b->stats.config_virtualized++;
         return 0;
     }
@@ -201,16 +193,15 @@ int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count)
      * when the device is added), answered to QEMU with our bytes laid over it. */
     b->stats.config_forwarded++;
     r = g_new0(ConfigRead, 1);
-    r->reply_id = vn_server_later(b->server);
-    r->count = count;
-    r->forwarded = (uint32_t)(fwd_end - offset);
-    r->bytes = g_malloc0(count);
-    r->ours = g_new0(bool, count);
-    patch(&b->med, offset, count, r->bytes, r->ours);
+    *r = (ConfigRead){ .reply_id = vn_server_later(b->server),
+                       .offset = offset,
+                       .count = count,
+                       .forwarded = (uint32_t)(fwd_end - offset),
+                       .med = b->med };
     rw.count = r->forwarded;
     json = vn_proto_region_rw_to_json(b->device, &rw);
     return vn_borrower_ask_later(b, VN_PROTO_REGION_RW, json, NULL, 0, 0, on_config_read, r,
-                                 config_read_free);
+                                 g_free);
 }
 
 /*
@@ -276,7 +267,7 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
     const VnMediate *m = &b->med;
     uint8_t data[PCI_CFG_SPACE_SIZE];
     uint64_t end = offset + count;
-    uint64_t runs[PCI_CFG_SPACE_SIZE][2];
+    uint64_t runs[PCI_CFG_SPACE_SIZE / 2 + 1][2]; /* runs alternate with our bytes */
     unsigned nruns = 0;
     uint64_t run = UINT64_MAX;
     bool flr = false;
