@@ -463,6 +463,26 @@ START_TEST(test_slow_read_leaves_loop_free)
 }
 END_TEST
 
+/* A borrower that goes (its worker stopped) while QEMU's trapped read waits for the lender:
+ * the answer that comes later finds nobody (no use of the gone borrower: ASan runs this),
+ * and QEMU's read ends with an error, not a wait for ever. */
+START_TEST(test_borrower_goes_mid_read)
+{
+    SlowRead r = { .c = qemu_connect() };
+    GThread *t;
+
+    ck_assert_msg(bor.b != NULL, "%s", bor.refusal);
+    rig_gate_set(true);
+    t = g_thread_new("qemu-read", slow_read, &r);
+    ck_assert(rig_gate_wait_reached(3000));
+    on_loop(&bor.loop, bor_close, NULL);
+    rig_gate_set(false); /* the lender answers now, to a node that is gone */
+    g_thread_join(t);
+    ck_assert_int_lt(g_atomic_int_get(&r.ret), 0);
+    vn_client_free(r.c);
+}
+END_TEST
+
 /* ---- the device request ------------------------------------------------- */
 
 /* Only a QEMU that registered the REQ eventfd can be asked; asking signals
@@ -785,6 +805,7 @@ static Suite *borrower_suite(void)
     tcase_add_test(tc, test_small_bar_trapped);
     tcase_add_test(tc, test_trapped_writes_posted);
     tcase_add_test(tc, test_slow_read_leaves_loop_free);
+    tcase_add_test(tc, test_borrower_goes_mid_read);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("device-request");
