@@ -193,6 +193,156 @@ START_TEST(test_description_segments)
 }
 END_TEST
 
+/* ---- a borrower host that takes its time ----------------------------------- */
+
+/* An answer, and its place among the answers the test saw. */
+typedef struct Ordered {
+    bool done;
+    int err;
+    int place;
+} Ordered;
+
+static int answers_seen;
+
+static void on_ordered(void *opaque, VnFabricMsg *reply, int err)
+{
+    Ordered *o = opaque;
+
+    o->done = true;
+    o->err = err;
+    o->place = ++answers_seen;
+}
+
+static void send_ordered(Borrower *b, uint32_t type, const char *json, Ordered *o)
+{
+    ck_assert_int_eq(vn_fabric_request(b->fab, "lender", type, json, NULL, 0, on_ordered, o), 0);
+}
+
+static char *map_json(uint64_t iova, uint64_t segment)
+{
+    VnProtoDmaMap m = { .iova = iova,
+                        .size = MEM_SIZE,
+                        .segment = segment,
+                        .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
+
+    return vn_proto_dma_map_to_json(DEV, &m);
+}
+
+static void windows_fn(void *data)
+{
+    *(uint32_t *)data = vn_fabric_windows_in_use(rig.lfab);
+}
+
+static uint32_t lender_windows(void)
+{
+    uint32_t n;
+
+    on_loop(&rig.lend, windows_fn, &n);
+    return n;
+}
+
+/*
+ * The lender's window onto a borrower's segment is the borrower host's to give, and it may
+ * take its time (here: the test does not run the borrower's node, so its answer waits).
+ * Meanwhile the lender's loop answers (a snapshot is taken on it), the requests the
+ * borrower sent after the map wait for it, and they are answered after it, in order: the
+ * unmap after it undoes it.
+ */
+START_TEST(test_map_wait_leaves_loop_free)
+{
+    Borrower *b = borrower(0);
+    Mem m = mem_export(b, "lender");
+    g_autofree char *map = map_json(0x100000, m.segment);
+    VnProtoDmaUnmap u = { .iova = 0x100000, .size = MEM_SIZE };
+    g_autofree char *unmap = vn_proto_dma_unmap_to_json(DEV, &u);
+    g_autofree char *map2 = map_json(0x200000, m.segment);
+    Ordered first = { 0 }, second = { 0 }, third = { 0 };
+    Snap s;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    answers_seen = 0;
+    send_ordered(b, VN_PROTO_DMA_MAP, map, &first);
+    send_ordered(b, VN_PROTO_DMA_UNMAP, unmap, &second);
+    send_ordered(b, VN_PROTO_DMA_MAP, map2, &third);
+    /* The borrower's node is not run: the lender's map of its segment waits. */
+    g_usleep(200 * 1000);
+    s = snap();
+    ck_assert(!first.done);
+    ck_assert_uint_eq(s.st.queued, 2);
+    ck_assert_uint_eq(s.st.dma_maps, 0);
+    snap_clear(&s);
+
+    WAIT_FOR(first.done && second.done && third.done);
+    ck_assert_int_eq(first.err, 0);
+    ck_assert_int_eq(second.err, 0);
+    ck_assert_int_eq(third.err, 0);
+    ck_assert_int_lt(first.place, second.place);
+    ck_assert_int_lt(second.place, third.place);
+    /* The unmap came after the map it undid; the third map shares the window. */
+    ck_assert_uint_eq(device_dma_count(), 1);
+    ck_assert_uint_eq(lender_windows(), 1);
+    mem_free(&m);
+}
+END_TEST
+
+static void fence_fn(void *data)
+{
+    vn_lender_peer_down(rig.lender, "b"); /* as its link going does */
+}
+
+/* The device is taken back (a fence: the borrower's link went) while a map waits for its window: the window that
+ * comes is not kept, the map is refused, and nothing of the borrower's is mapped. */
+START_TEST(test_fence_while_map_waits)
+{
+    Borrower *b = borrower(0);
+    Mem m = mem_export(b, "lender");
+    g_autofree char *map = map_json(0x100000, m.segment);
+    Ordered o = { 0 };
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    send_ordered(b, VN_PROTO_DMA_MAP, map, &o);
+    g_usleep(100 * 1000);
+    on_loop(&rig.lend, fence_fn, NULL);
+    WAIT_FOR(o.done);
+    ck_assert_int_eq(o.err, -ENODEV);
+    ck_assert_uint_eq(device_dma_count(), 0);
+    ck_assert_uint_eq(lender_windows(), 0);
+    ck_assert(lender_free_and_clean());
+    mem_free(&m);
+}
+END_TEST
+
+static void lender_only_free(void *data)
+{
+    g_clear_pointer(&rig.lender, vn_lender_free);
+}
+
+/* The lender goes (its worker stops) while a map waits for its window and a request waits
+ * behind it: the queued one is answered, the window that comes later finds nobody and is
+ * let go (the sanitizer builds check that nothing freed is reached). */
+START_TEST(test_lender_goes_while_map_waits)
+{
+    Borrower *b = borrower(0);
+    Mem m = mem_export(b, "lender");
+    g_autofree char *map = map_json(0x100000, m.segment);
+    g_autofree char *map2 = map_json(0x200000, m.segment);
+    Ordered first = { 0 }, second = { 0 };
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    send_ordered(b, VN_PROTO_DMA_MAP, map, &first);
+    send_ordered(b, VN_PROTO_DMA_MAP, map2, &second);
+    g_usleep(200 * 1000);
+    on_loop(&rig.lend, lender_only_free, NULL);
+    /* The borrower's node runs again: its answer to the map reaches the fabric alone. */
+    WAIT_FOR(second.done);
+    ck_assert_int_eq(second.err, -ESHUTDOWN);
+    WAIT_FOR(lender_windows() == 0 && first.done);
+    ck_assert_int_ne(first.err, 0);
+    ck_assert_uint_eq(device_dma_count(), 0);
+    mem_free(&m);
+}
+END_TEST
+
 static Suite *lender_untrusted_suite(void)
 {
     Suite *s = suite_create("lender-untrusted");
@@ -202,6 +352,12 @@ static Suite *lender_untrusted_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_refused, 0, G_N_ELEMENTS(refused));
     tcase_add_test(tc, test_not_attached);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("slow borrower host");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_map_wait_leaves_loop_free);
+    tcase_add_test(tc, test_fence_while_map_waits);
+    tcase_add_test(tc, test_lender_goes_while_map_waits);
     suite_add_tcase(s, tc);
     tc = tcase_create("description");
     tcase_add_loop_test(tc, test_description_segments, 0, G_N_ELEMENTS(descriptions));

@@ -1194,6 +1194,132 @@ START_TEST(test_window_given_again)
 }
 END_TEST
 
+/* ---- ops answered later ------------------------------------------------------ */
+
+/* What an op asked without waiting was told (set in the worker's thread). */
+typedef struct Asked {
+    gint done;
+    VnFabricWindow *win;
+    int fd;
+    int code; /* the GError's, or 0 */
+} Asked;
+
+static Asked asked[3];
+static uint64_t asked_route; /* hosta's route that step_ask opens */
+
+static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    Asked *a = opaque;
+
+    a->win = w;
+    a->code = error != NULL ? error->code : 0;
+    g_atomic_int_set(&a->done, 1);
+}
+
+static void on_routed(void *opaque, int fd, const GError *error)
+{
+    Asked *a = opaque;
+
+    a->fd = fd;
+    a->code = error != NULL ? error->code : 0;
+    g_atomic_int_set(&a->done, 1);
+}
+
+static bool all_asked_done(unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (!g_atomic_int_get(&asked[i].done)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A map of hosta's segment w->id, one of a segment hosta does not have, and an open of
+ * hosta's route asked_route: none is told anything inside the call. */
+static void step_ask(Worker *w)
+{
+    memset(asked, 0, sizeof(asked));
+    vn_fabric_window_map_async(w->fab, "hosta", w->id, on_mapped, &asked[0]);
+    vn_fabric_window_map_async(w->fab, "hosta", 999, on_mapped, &asked[1]);
+    vn_fabric_route_open_async(w->fab, "hosta", asked_route, on_routed, &asked[2]);
+    ck_assert(!all_asked_done(1) && !asked[1].done && !asked[2].done);
+}
+
+/* The worker's loop until the asks are answered (3 s at most). */
+static void step_run_until_answered(Worker *w)
+{
+    gint64 end = g_get_monotonic_time() + 3 * G_USEC_PER_SEC;
+
+    while (!all_asked_done((unsigned)w->ret) && g_get_monotonic_time() < end) {
+        g_main_context_iteration(w->ctx, FALSE);
+        g_usleep(1000);
+    }
+}
+
+static void step_unmap_asked(Worker *w)
+{
+    vn_fabric_window_unmap(w->fab, asked[0].win);
+    asked[0].win = NULL;
+}
+
+/*
+ * A worker's maps and route opens do not wait for its daemon (whose answer waits on the
+ * peer): the worker asks and goes on, and each answer comes from its loop later, to the
+ * one that asked it.  A daemon that goes with asks unanswered fails them: the worker is
+ * told, not left waiting.
+ */
+START_TEST(test_asks_answered_later)
+{
+    uint8_t *map;
+    int memfd = memfd_new(16384, &map);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    VnFabric *hb = hostb();
+    g_autoptr(GError) error = NULL;
+    uint64_t n = 0;
+
+    worker->id = vn_fabric_segment_export(lender->fab, memfd, 16384, "hostb", NULL);
+    ck_assert_uint_ne(worker->id, 0);
+    asked_route = vn_fabric_route_export(lender->fab, efd, "hostb", NULL);
+    ck_assert_uint_ne(asked_route, 0);
+    node_start(lender);
+    open_worker(step_open);
+
+    in_worker(step_ask);
+    worker->ret = 3;
+    in_worker(step_run_until_answered);
+    ck_assert(all_asked_done(3));
+    ck_assert_ptr_nonnull(asked[0].win);
+    memcpy(asked[0].win->host + 20, "later", 5);
+    ck_assert_mem_eq(map + 20, "later", 5);
+    ck_assert_ptr_null(asked[1].win);
+    ck_assert_int_ne(asked[1].code, 0);
+    ck_assert_int_ge(asked[2].fd, 0);
+    n = 1;
+    ck_assert_int_eq(write(asked[2].fd, &n, sizeof(n)), sizeof(n));
+    ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
+    close(asked[2].fd);
+    in_worker(step_unmap_asked);
+    WAIT_FOR(vn_fabric_windows_in_use(hb) == 0);
+
+    /* Asked, and the daemon goes before it read the ask (this thread, its loop, does not
+     * run meanwhile): the worker is told once it sees its daemon gone. */
+    memset(asked, 0, sizeof(asked));
+    vn_fabric_window_map_async(worker->fab, "hosta", worker->id, on_mapped, &asked[0]);
+    vn_port_free(port, false);
+    worker->ret = 1;
+    in_worker(step_run_until_answered);
+    ck_assert(all_asked_done(1));
+    ck_assert_ptr_null(asked[0].win);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(worker->fab), 0);
+    port = vn_port_new(hb, worker->port, "hosta", "nvme0", false, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    munmap(map, 16384);
+    close(memfd);
+    close(efd);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -1206,6 +1332,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_pid_without_secret_refused);
     tcase_add_test(tc, test_secret_must_come_first);
     tcase_add_test(tc, test_windows_segments_routes);
+    tcase_add_test(tc, test_asks_answered_later);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_requests_after_the_greeting);

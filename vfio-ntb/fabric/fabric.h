@@ -424,6 +424,9 @@ int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *me
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
                     const void *data, size_t len);
 void vn_fabric_msg_free(VnFabricMsg *msg);
+/* A copy of @msg that outlives its handler (one kept to be handled later); free with
+ * vn_fabric_msg_free(). */
+VnFabricMsg *vn_fabric_msg_dup(const VnFabricMsg *msg);
 /* The peer's explanation in an error reply ("error" member), or NULL. */
 char *vn_fabric_error_message(const VnFabricMsg *reply);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnFabricMsg, vn_fabric_msg_free)

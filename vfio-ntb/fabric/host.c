@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <poll.h>
@@ -30,6 +31,9 @@
 #define VN_HOST_SEND_TIMEOUT_S 5
 /* Windows one withhold may change, as its daemon says: more than any node has. */
 #define VN_HOST_MAX_WITHHELD 1024u
+/* Ops sent without waiting and not yet answered: far more than a worker's maps and route
+ * opens in flight (its lender takes one request at a time). */
+#define VN_HOST_MAX_ASKED 256u
 
 typedef struct VnHost {
     VnFabric *fab;
@@ -59,11 +63,31 @@ typedef struct VnHost {
     void *greeted_opaque;
     VnHostHdr wait_hdr;
     int wait_fd;
+    /* Ops sent without waiting (host_ask): by seq, then answered, completed from answer_src
+     * (never inside a caller's call, nor inside a wait). */
+    GHashTable *asked;
+    GQueue answered;
+    GSource *answer_src;
     /* What the daemon's port gave us to prove ourselves with when we reconnect (its first
      * HELLO's answer); has_secret: we have it. */
     uint8_t secret[VN_HOST_SECRET_LEN];
     bool has_secret;
 } VnHost;
+
+/* What an op sent without waiting is told: 0 or -errno, the REPLY's header (or zeros),
+ * the fd that came with it (ours to close) or -1. */
+typedef void (*VnHostAnswerFn)(void *opaque, int status, const VnHostHdr *rep, int fd);
+
+typedef struct VnHostAsk {
+    VnHost *h;
+    uint64_t seq;
+    VnHostAnswerFn done;
+    void *opaque;
+    GSource *timer;
+    int status;
+    VnHostHdr rep;
+    int fd;
+} VnHostAsk;
 
 static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
                             uint64_t arg2, const void *data, size_t len, int fd)
@@ -79,6 +103,98 @@ static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *pe
         shutdown(h->fd, SHUT_RDWR);
     }
     return ret;
+}
+
+/* ---- ops answered later ---------------------------------------------- */
+
+static gboolean on_answered(gpointer data)
+{
+    VnHost *h = data;
+    VnHostAsk *ask = g_queue_pop_head(&h->answered);
+    bool more = !g_queue_is_empty(&h->answered);
+
+    if (!more) {
+        /* Dispatch holds its own reference; an answer its callback settles makes a new one. */
+        g_clear_pointer(&h->answer_src, g_source_unref);
+    }
+    if (ask != NULL) {
+        ask->done(ask->opaque, ask->status, &ask->rep, ask->fd);
+        g_free(ask);
+    }
+    /* @h may be gone now (a callback that closed the fabric destroyed this source). */
+    return more ? G_SOURCE_CONTINUE : G_SOURCE_REMOVE;
+}
+
+/* Settle @ask (no longer in h->asked) with @status and @fd (taken); told from answer_src. */
+static void host_answer(VnHostAsk *ask, int status, int fd)
+{
+    VnHost *h = ask->h;
+
+    if (ask->timer != NULL) {
+        g_source_destroy(ask->timer);
+        g_clear_pointer(&ask->timer, g_source_unref);
+    }
+    ask->status = status;
+    ask->fd = fd;
+    if (status < 0) {
+        vn_util_close_fd(&ask->fd);
+    }
+    g_queue_push_tail(&h->answered, ask);
+    if (h->answer_src == NULL) {
+        h->answer_src = g_idle_source_new();
+        g_source_set_priority(h->answer_src, G_PRIORITY_DEFAULT);
+        g_source_set_callback(h->answer_src, on_answered, h, NULL);
+        g_source_attach(h->answer_src, h->ctx);
+    }
+}
+
+static gboolean on_ask_timeout(gpointer data)
+{
+    VnHostAsk *ask = data;
+    VnHost *h = ask->h;
+
+    g_info("port %s: no answer to op %" PRIu64 " in %d ms; the daemon is stuck", h->path, ask->seq,
+           VN_HOST_REPLY_TIMEOUT_MS);
+    g_hash_table_steal(h->asked, &ask->seq);
+    host_answer(ask, -ETIMEDOUT, -1);
+    if (h->fd >= 0) {
+        shutdown(h->fd, SHUT_RDWR); /* as a wait that times out: the reader reconnects */
+    }
+    return G_SOURCE_REMOVE;
+}
+
+/* Send op @op and return at once; @done is told its REPLY later, or why there is none. */
+static void host_ask(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                     const void *data, size_t len, VnHostAnswerFn done, void *opaque)
+{
+    VnHostAsk *ask = g_new0(VnHostAsk, 1);
+    int ret = -EAGAIN;
+
+    *ask = (VnHostAsk){ .h = h, .seq = ++h->seq, .done = done, .opaque = opaque, .fd = -1 };
+    if (g_hash_table_size(h->asked) < VN_HOST_MAX_ASKED) {
+        ret = host_send_record(h, op, ask->seq, peer, arg, arg2, data, len, -1);
+    }
+    if (ret < 0) {
+        host_answer(ask, ret, -1);
+        return;
+    }
+    ask->timer = g_timeout_source_new(VN_HOST_REPLY_TIMEOUT_MS);
+    g_source_set_callback(ask->timer, on_ask_timeout, ask, NULL);
+    g_source_attach(ask->timer, h->ctx);
+    g_hash_table_insert(h->asked, &ask->seq, ask);
+}
+
+/* Every op still asked gets @status: the daemon went (its answers with it), or we close. */
+static void host_asked_fail(VnHost *h, int status)
+{
+    GHashTableIter it;
+    gpointer value;
+
+    g_hash_table_iter_init(&it, h->asked);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        g_hash_table_iter_steal(&it);
+        host_answer(value, status, -1);
+    }
 }
 
 /* ---- receiving -------------------------------------------------------- */
@@ -108,6 +224,13 @@ static bool host_record(VnHost *h, VnRecord *rec)
             return true; /* to an op sent without waiting */
         }
         if (hdr.seq != h->wait_seq || h->wait_done) {
+            VnHostAsk *ask = NULL;
+
+            if (g_hash_table_steal_extended(h->asked, &hdr.seq, NULL, (gpointer *)&ask)) {
+                ask->rep = hdr;
+                host_answer(ask, -hdr.status, rec->nfds == 1 ? rec->fds[0] : -1);
+                return true;
+            }
             vn_util_close_fds(rec->fds, rec->nfds);
             vn_fabric_backend_rejected(h->fab, "a REPLY to no op of ours");
             return false;
@@ -359,6 +482,8 @@ static void host_drop(VnHost *h)
     }
     vn_record_reader_clear(&h->rx);
     vn_util_close_fd(&h->fd);
+    /* Their answers went with the connection. */
+    host_asked_fail(h, -ENOTCONN);
 }
 
 /* Past VN_HOST_RECONNECT_MS: the links are reported down, once. */
@@ -438,6 +563,17 @@ static void host_close(void *backend)
     }
     vn_record_reader_clear(&h->rx);
     vn_util_close_fd(&h->fd);
+    /* What was asked is told it is cancelled, now: the fabric ends its waiters as it closes. */
+    host_asked_fail(h, -ECANCELED);
+    if (h->answer_src != NULL) {
+        g_source_destroy(h->answer_src);
+        g_clear_pointer(&h->answer_src, g_source_unref);
+    }
+    for (VnHostAsk *ask; (ask = g_queue_pop_head(&h->answered)) != NULL; g_free(ask)) {
+        vn_util_close_fd(&ask->fd);
+        ask->done(ask->opaque, -ECANCELED, &ask->rep, -1);
+    }
+    g_hash_table_unref(h->asked);
     g_hash_table_unref(h->wanted);
     g_hash_table_unref(h->up);
     g_main_context_unref(h->ctx);
@@ -543,6 +679,8 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     h->wait_fd = -1;
     h->reconnect_ms = reconnect_ms;
     h->wanted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    h->asked = g_hash_table_new(g_int64_hash, g_int64_equal);
+    g_queue_init(&h->answered);
     h->up = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     if (!host_attach_fd(h, fd, error)) {
         host_close(h);
@@ -648,6 +786,52 @@ static int host_open_route(void *backend, const char *peer, uint64_t id, int tim
     VnHostHdr rep;
 
     return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, &rep);
+}
+
+/* A map or route open asked without waiting: what its caller is told. */
+typedef struct VnHostFdAsk {
+    void (*mapped)(void *opaque, int fd, uint64_t size, uint64_t offset);
+    void (*opened)(void *opaque, int fd);
+    void *opaque;
+} VnHostFdAsk;
+
+static void fd_answered(void *opaque, int status, const VnHostHdr *rep, int fd)
+{
+    VnHostFdAsk *a = opaque;
+
+    if (status == 0 && fd < 0) {
+        status = -EPROTO; /* an answer without the fd */
+    }
+    if (status < 0) {
+        vn_util_close_fd(&fd);
+        fd = status;
+    }
+    if (a->mapped != NULL) {
+        a->mapped(a->opaque, fd, fd >= 0 ? rep->arg : 0, fd >= 0 ? rep->arg2 : 0);
+    } else {
+        a->opened(a->opaque, fd);
+    }
+    g_free(a);
+}
+
+static void host_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                                   void (*done)(void *opaque, int fd, uint64_t size,
+                                                uint64_t offset),
+                                   void *opaque)
+{
+    VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
+
+    *a = (VnHostFdAsk){ .mapped = done, .opaque = opaque };
+    host_ask(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, fd_answered, a);
+}
+
+static void host_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                                  void (*done)(void *opaque, int fd), void *opaque)
+{
+    VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
+
+    *a = (VnHostFdAsk){ .opened = done, .opaque = opaque };
+    host_ask(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, fd_answered, a);
 }
 
 static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
@@ -879,7 +1063,9 @@ const VnFabricOps vn_host_ops = {
     .wait = host_wait,
     .disconnect = host_disconnect,
     .map_segment = host_map_segment,
+    .map_segment_async = host_map_segment_async,
     .open_route = host_open_route,
+    .open_route_async = host_open_route_async,
     .export = host_export,
     .unexport = host_unexport,
     .withhold = host_withhold,

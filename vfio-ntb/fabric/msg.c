@@ -46,6 +46,25 @@ VnFabricMsg *vn_fabric_msg_copy(const char *peer, const VnFabricFrame *f)
     return &o->msg;
 }
 
+VnFabricMsg *vn_fabric_msg_dup(const VnFabricMsg *msg)
+{
+    size_t json_len = msg->json != NULL ? strlen(msg->json) + 1 : 0;
+    VnFabricMsgOwned *o = g_malloc0(sizeof(*o) + json_len + msg->data_len);
+
+    o->msg = *msg;
+    g_strlcpy(o->peer, msg->peer, sizeof(o->peer));
+    o->msg.peer = o->peer;
+    if (msg->json != NULL) {
+        memcpy(o->payload, msg->json, json_len);
+        o->msg.json = (const char *)o->payload;
+    }
+    if (msg->data_len > 0) {
+        memcpy(o->payload + json_len, msg->data, msg->data_len);
+        o->msg.data = o->payload + json_len;
+    }
+    return &o->msg;
+}
+
 void vn_fabric_msg_free(VnFabricMsg *msg)
 {
     g_free((VnFabricMsgOwned *)msg);

@@ -10,6 +10,7 @@
 
 #include "lender.h"
 
+#include "common/trace.h"
 #include "lending/backend.h"
 
 /*
@@ -39,6 +40,10 @@
 #define VN_LENDER_DIAL_TIMEOUT_MS 1000
 /* The device server's last loss described, for ntbctl show. */
 #define VN_LENDER_LOSS_TEXT 200
+/* Requests that may wait behind one still being answered (lender-queue.c): more than a
+ * borrower has in flight (its QEMU's replies owed are bounded by 64) with room for its
+ * posted writes. */
+#define VN_LENDER_MAX_QUEUED 1024u
 /* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,
  * linux/vfio.h).  ERR and REQ have no doorbell meaning in proto.h. */
 #define VN_LENDER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
@@ -66,6 +71,19 @@ typedef struct VnLenderMap {
     uint64_t size;
     uint64_t segment;
 } VnLenderMap;
+
+/*
+ * A request whose handler waits on the fabric (lender-queue.c), embedded first in the
+ * handler's own state.  l is NULL once the lender went; device_gen says whether the
+ * attachment it was made for is still the one (vn_lender_wait_current()).
+ */
+typedef struct VnLenderWait {
+    VnLender *l;
+    VnFabric *fab;
+    uint64_t token;
+    uint64_t device_gen;
+    char corr[VN_TRACE_MAX_CORR];
+} VnLenderWait;
 
 struct VnLender {
     VnFabric *fab;
@@ -122,11 +140,34 @@ struct VnLender {
     VnLenderDialFn dial; /* vn_lender_set_dialer(), or NULL: ops->open dials */
     void *dial_opaque;
 
+    /* lender-queue.c: the request waiting on the fabric (or NULL), those after it, and
+     * whether they are being handled now. */
+    VnLenderWait *wait;
+    GQueue queued;
+    bool draining;
+    /* Grows each time an attachment ends: a wait for an older one finds its device gone. */
+    uint64_t device_gen;
+
     VnLenderStats stats;
     /* The device's last stall and its outcome ("" if none), set by the
      * backend's stall callback; whether it answers now is ops->stalled. */
     char last_stall[VN_LENDER_STALL_TEXT];
 };
+
+/*
+ * lender-queue.c.  wait_begin: the request @token's handler waits on the fabric with @w (its
+ * own, until its answer ends it); what comes meanwhile is queued.  wait_end: in the answer,
+ * the lender again (NULL: it went; the answer cleans up alone); current: whether the
+ * device it was made for is still attached.  wait_next: after the answer, handle the
+ * queued.  queue_close: at the lender's end.
+ */
+void vn_lender_wait_begin(VnLender *l, VnLenderWait *w, uint64_t token);
+VnLender *vn_lender_wait_end(VnLenderWait *w);
+bool vn_lender_wait_current(VnLender *l, const VnLenderWait *w);
+void vn_lender_wait_next(VnLender *l);
+void vn_lender_queue_close(VnLender *l);
+/* lender.c: one request, now (lender-queue.c decides when). */
+void vn_lender_handle(VnLender *l, VnFabricMsg *msg, uint64_t token);
 
 /* lender.c: answer @token with @err (either sign) and a message that
  * starts with the device's name. */

@@ -258,36 +258,123 @@ static int relay_check(VnLender *l, const VnProtoSetIrqs *s, const char **why)
     return 0;
 }
 
+/* Give SET_IRQS @s to the device (@fds: @nroutes routes, closed here) and answer it. */
+static void irqs_apply(VnLender *l, const VnFabricMsg *msg, const VnProtoSetIrqs *s, int *fds,
+                       uint32_t nroutes, uint64_t token)
+{
+    uint32_t data = s->flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
+    uint32_t action = s->flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
+    int ret = l->ops->set_irqs(l->device, s->flags, s->index, s->start, s->count,
+                               data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
+                               nroutes > 0 ? fds : NULL);
+
+    /* The device server has its own copies now. */
+    vn_util_close_fds(fds, nroutes);
+    if (ret < 0) {
+        vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
+        return;
+    }
+    /* The device no longer signals our eventfds there. */
+    if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_EVENTFD &&
+        s->count > 0) {
+        vn_lender_relay_drop(l, s->index, s->start, s->count);
+    } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_NONE &&
+               s->count == 0) {
+        vn_lender_relay_drop(l, s->index, 0, 0); /* linux/vfio.h: disable the index */
+    }
+    trace_lender_set_irqs(l->name, s->flags, s->index, s->start, s->count, nroutes);
+    vn_fabric_reply(l->fab, token, "{}", NULL, 0);
+}
+
 /*
- * Open the borrower's routes named in @msg's data (one u64 per vector) into
- * @fds; false (answered) when one cannot be opened.  At most VN_MAX_MSG_FDS:
- * what one vfio-user message of QEMU carries, and a bound on how long this
- * may take.
+ * A SET_IRQS whose routes (one u64 id per vector in its data) are being opened, all at
+ * once; it goes on when every one has answered.  At most VN_MAX_MSG_FDS: what one
+ * vfio-user message of QEMU carries.
  */
-static bool routes_open(VnLender *l, VnFabricMsg *msg, const VnProtoSetIrqs *s, int *fds,
+typedef struct IrqRoutesWait IrqRoutesWait;
+typedef struct IrqRoute {
+    IrqRoutesWait *rw;
+    uint32_t i;
+} IrqRoute;
+
+struct IrqRoutesWait {
+    VnLenderWait wait;
+    VnFabricMsg *msg; /* a copy: the handler's is gone by the answers */
+    VnProtoSetIrqs s;
+    uint32_t answered;
+    int fds[VN_MAX_MSG_FDS];
+    IrqRoute route[VN_MAX_MSG_FDS];
+    int err; /* the first route that failed: its errno, vector and why */
+    uint32_t where;
+    char *why;
+};
+
+static void irq_routes_opened(IrqRoutesWait *rw)
+{
+    VnLender *l = vn_lender_wait_end(&rw->wait);
+    bool apply = l != NULL && rw->err == 0 && vn_lender_wait_current(l, &rw->wait);
+
+    if (apply) {
+        irqs_apply(l, rw->msg, &rw->s, rw->fds, rw->s.count, rw->wait.token);
+    } else {
+        vn_util_close_fds(rw->fds, rw->s.count);
+    }
+    if (l != NULL && rw->err != 0) {
+        vn_lender_fail(l, rw->wait.token, rw->err, "SET_IRQS: vector %u: %s", rw->where, rw->why);
+    } else if (l != NULL && !apply) {
+        vn_lender_fail(l, rw->wait.token, ENODEV,
+                       "SET_IRQS: the device was taken back while its routes were opened");
+    }
+    vn_fabric_msg_free(rw->msg);
+    g_free(rw->why);
+    g_free(rw);
+    if (l != NULL) {
+        vn_lender_wait_next(l);
+    }
+}
+
+static void irq_route_opened(void *opaque, int fd, const GError *error)
+{
+    IrqRoute *r = opaque;
+    IrqRoutesWait *rw = r->rw;
+
+    rw->fds[r->i] = fd >= 0 ? fd : -1;
+    if (fd < 0 && rw->err == 0) {
+        rw->err = -fd;
+        rw->where = rw->s.start + r->i;
+        rw->why = g_strdup(error != NULL ? error->message : g_strerror(-fd));
+    }
+    if (++rw->answered == rw->s.count) {
+        irq_routes_opened(rw);
+    }
+}
+
+/* Open the routes of SET_IRQS @s (@msg's data) and go on with it once all have answered. */
+static void routes_open(VnLender *l, const VnFabricMsg *msg, const VnProtoSetIrqs *s,
                         uint64_t token)
 {
-    for (uint32_t i = 0; i < s->count; i++) {
-        g_autoptr(GError) error = NULL;
-        uint64_t id;
+    IrqRoutesWait *rw = g_new0(IrqRoutesWait, 1);
+    /* Kept here: a route may answer at once, and the last answer frees @rw. */
+    g_autofree char *peer = g_strdup(l->borrower);
+    g_autofree uint64_t *ids = g_memdup2(msg->data, (size_t)s->count * sizeof(uint64_t));
+    uint32_t count = s->count;
 
-        memcpy(&id, msg->data + i * sizeof(id), sizeof(id));
-        fds[i] = vn_fabric_route_open(l->fab, l->borrower, GUINT64_FROM_LE(id), &error);
-        if (fds[i] < 0) {
-            int err = -fds[i];
-
-            vn_util_close_fds(fds, i);
-            vn_lender_fail(l, token, err, "SET_IRQS: vector %u: %s", s->start + i, error->message);
-            return false;
-        }
+    rw->msg = vn_fabric_msg_dup(msg);
+    rw->s = *s;
+    for (uint32_t i = 0; i < count; i++) {
+        rw->fds[i] = -1;
+        rw->route[i] = (IrqRoute){ .rw = rw, .i = i };
     }
-    return true;
+    vn_lender_wait_begin(l, &rw->wait, token);
+    for (uint32_t i = 0; i < count; i++) {
+        vn_fabric_route_open_async(l->fab, peer, GUINT64_FROM_LE(ids[i]), irq_route_opened,
+                                   &rw->route[i]);
+    }
 }
 
 void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
-    int fds[VN_MAX_MSG_FDS];
     uint32_t data, action, nroutes;
     VnProtoSetIrqs s;
     const char *why = NULL;
@@ -341,25 +428,11 @@ void vn_lender_set_irqs(VnLender *l, VnFabricMsg *msg, uint64_t token)
                                                      : ", more than one message carries");
         return;
     }
-    if (nroutes > 0 && !routes_open(l, msg, &s, fds, token)) {
+    if (nroutes > 0) {
+        /* The routes are the borrower's daemon's to give: the loop stays free meanwhile, and
+         * what the borrower sends after this waits for it (lender-queue.c). */
+        routes_open(l, msg, &s, token);
         return;
     }
-    ret = l->ops->set_irqs(l->device, s.flags, s.index, s.start, s.count,
-                           data == VFIO_IRQ_SET_DATA_BOOL ? msg->data : NULL,
-                           nroutes > 0 ? fds : NULL);
-    /* The device server has its own copies now. */
-    vn_util_close_fds(fds, nroutes);
-    if (ret < 0) {
-        vn_lender_fail(l, token, ret, "SET_IRQS failed on the device: %s", g_strerror(-ret));
-        return;
-    }
-    /* The device no longer signals our eventfds there. */
-    if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_EVENTFD && s.count > 0) {
-        vn_lender_relay_drop(l, s.index, s.start, s.count);
-    } else if (action == VFIO_IRQ_SET_ACTION_TRIGGER && data == VFIO_IRQ_SET_DATA_NONE &&
-               s.count == 0) {
-        vn_lender_relay_drop(l, s.index, 0, 0); /* linux/vfio.h: disable the index */
-    }
-    trace_lender_set_irqs(l->name, s.flags, s.index, s.start, s.count, nroutes);
-    vn_fabric_reply(l->fab, token, "{}", NULL, 0);
+    irqs_apply(l, msg, &s, NULL, 0, token);
 }

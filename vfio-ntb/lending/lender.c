@@ -5,9 +5,9 @@
  * in lender-server.c, the counters and stalls in lender-stats.c.
  *
  * The device is driven through its backend's ops (backend.h), the borrower's
- * memory mapped for it through its IOMMU's (VnBackendIommuOps); their calls
- * are synchronous, so every request is answered before the next one is
- * looked at: the device sees the borrower's requests in the order the
+ * memory mapped for it through its IOMMU's (VnBackendIommuOps).  Every request is
+ * answered before the next one is looked at (lender-queue.c keeps them in order while
+ * one waits on the fabric), so the device sees the borrower's requests in the order the
  * borrower sent them.
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
@@ -118,6 +118,7 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops
     l->where = g_strdup(where);
     l->windows = g_ptr_array_new();
     l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
+    g_queue_init(&l->queued);
     l->request_fd = -1;
     vn_lender_server_start(l);
     return l;
@@ -177,13 +178,82 @@ static void windows_release_all(VnLender *l)
     }
 }
 
+/* Map @m onto window @lw (the borrower's segment, ours now) for the device, and answer. */
+static void dma_map_onto(VnLender *l, VnLenderWindow *lw, const VnProtoDmaMap *m, uint64_t token)
+{
+    VnLenderMap map;
+    int ret;
+
+    if (!vn_util_range_ok(m->offset, m->size, lw->w->size)) {
+        vn_lender_fail(l, token, EINVAL,
+                       "DMA_MAP: [0x%" PRIx64 ", +0x%" PRIx64 ") lies outside segment %" PRIu64
+                       " (0x%" PRIx64 " bytes)",
+                       m->offset, m->size, m->segment, lw->w->size);
+        goto unused;
+    }
+    ret = l->iommu_ops->dma_map(l->iommu, m->iova, m->size, lw->w->fd, lw->w->offset + m->offset,
+                                m->prot);
+    if (ret < 0) {
+        const char *why =
+            l->iommu_ops->last_error != NULL ? l->iommu_ops->last_error(l->iommu) : NULL;
+
+        vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
+                       m->iova, why != NULL ? why : g_strerror(-ret));
+        goto unused;
+    }
+    lw->refs++;
+    map = (VnLenderMap){ .iova = m->iova, .size = m->size, .segment = m->segment };
+    g_array_append_val(l->maps, map);
+    l->stats.dma_maps++;
+    trace_lender_dma_map(l->name, m->iova, m->size, l->borrower, m->segment, m->offset);
+    reply_ok(l, token);
+    return;
+
+unused:
+    if (lw->refs == 0) {
+        window_release(l, lw);
+    }
+}
+
+/* A DMA_MAP into a segment we have no window onto yet: it waits for the window. */
+typedef struct DmaMapWait {
+    VnLenderWait wait;
+    VnProtoDmaMap m;
+} DmaMapWait;
+
+static void dma_window_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    DmaMapWait *dw = opaque;
+    VnLender *l = vn_lender_wait_end(&dw->wait);
+    VnLenderWindow *lw;
+
+    if (l == NULL || (w != NULL && !vn_lender_wait_current(l, &dw->wait))) {
+        /* The lender went, or the device was taken back meanwhile: nothing may map it. */
+        vn_fabric_window_unmap(dw->wait.fab, w);
+        if (l != NULL) {
+            vn_lender_fail(l, dw->wait.token, ENODEV,
+                           "DMA_MAP: the device was taken back while its window was mapped");
+        }
+    } else if (w == NULL) {
+        vn_lender_fail(l, dw->wait.token, errno_of(error), "DMA_MAP: %s", error->message);
+    } else {
+        lw = g_new0(VnLenderWindow, 1);
+        lw->w = w;
+        g_ptr_array_add(l->windows, lw);
+        dma_map_onto(l, lw, &dw->m, dw->wait.token);
+    }
+    g_free(dw);
+    if (l != NULL) {
+        vn_lender_wait_next(l);
+    }
+}
+
 static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
-    VnLenderMap map;
     VnLenderWindow *lw;
     VnProtoDmaMap m;
-    int ret;
+    DmaMapWait *dw;
 
     if (!vn_proto_dma_map_from_json(msg->json, &m, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
@@ -198,46 +268,16 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
         return;
     }
     lw = window_find(l, m.segment);
-    if (lw == NULL) {
-        VnFabricWindow *w = vn_fabric_window_map(l->fab, l->borrower, m.segment, &error);
-
-        if (w == NULL) {
-            vn_lender_fail(l, token, errno_of(error), "DMA_MAP: %s", error->message);
-            return;
-        }
-        lw = g_new0(VnLenderWindow, 1);
-        lw->w = w;
-        g_ptr_array_add(l->windows, lw);
+    if (lw != NULL) {
+        dma_map_onto(l, lw, &m, token);
+        return;
     }
-    if (!vn_util_range_ok(m.offset, m.size, lw->w->size)) {
-        vn_lender_fail(l, token, EINVAL,
-                       "DMA_MAP: [0x%" PRIx64 ", +0x%" PRIx64 ") lies outside segment %" PRIu64
-                       " (0x%" PRIx64 " bytes)",
-                       m.offset, m.size, m.segment, lw->w->size);
-        goto unused;
-    }
-    ret = l->iommu_ops->dma_map(l->iommu, m.iova, m.size, lw->w->fd, lw->w->offset + m.offset,
-                                m.prot);
-    if (ret < 0) {
-        const char *why =
-            l->iommu_ops->last_error != NULL ? l->iommu_ops->last_error(l->iommu) : NULL;
-
-        vn_lender_fail(l, token, ret, "DMA_MAP of iova 0x%" PRIx64 " failed on the device: %s",
-                       m.iova, why != NULL ? why : g_strerror(-ret));
-        goto unused;
-    }
-    lw->refs++;
-    map = (VnLenderMap){ .iova = m.iova, .size = m.size, .segment = m.segment };
-    g_array_append_val(l->maps, map);
-    l->stats.dma_maps++;
-    trace_lender_dma_map(l->name, m.iova, m.size, l->borrower, m.segment, m.offset);
-    reply_ok(l, token);
-    return;
-
-unused:
-    if (lw->refs == 0) {
-        window_release(l, lw);
-    }
+    /* The window is the borrower's daemon's to give: the loop stays free meanwhile, and
+     * what the borrower sends after this waits for it (lender-queue.c). */
+    dw = g_new0(DmaMapWait, 1);
+    dw->m = m;
+    vn_lender_wait_begin(l, &dw->wait, token);
+    vn_fabric_window_map_async(l->fab, l->borrower, m.segment, dma_window_mapped, dw);
 }
 
 /* Forget the mappings the device dropped (all, or those inside the range:
@@ -372,6 +412,7 @@ static void release(VnLender *l)
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
     }
+    l->device_gen++;
     l->iommu_ops = NULL;
     l->iommu = NULL;
     vn_lender_request_unwatch(l);
@@ -392,6 +433,7 @@ void vn_lender_drop_device(VnLender *l, const char *why)
     if (l->device != NULL) {
         l->ops->close(g_steal_pointer(&l->device));
     }
+    l->device_gen++;
     l->iommu_ops = NULL;
     l->iommu = NULL;
     memset(&l->dev, 0, sizeof(l->dev));
@@ -711,7 +753,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 
 static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const char *device);
 
-void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
+void vn_lender_handle(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
     char device[VN_MAX_DEVICE_NAME + 1];
@@ -824,6 +866,7 @@ void vn_lender_free(VnLender *l)
     if (l == NULL) {
         return;
     }
+    vn_lender_queue_close(l);
     vn_lender_fence(l, "lender closing");
     release(l);
     vn_lender_server_stop(l);
