@@ -41,6 +41,25 @@ static const VnFabricHandlers bor_handlers = {
     .on_link = bor_on_link,
 };
 
+/* The start's end, in the borrower's thread; started tells the test's. */
+static gint bor_started;
+
+static void bor_on_started(void *opaque, VnBorrower *b, const GError *error)
+{
+    bor.b = b;
+    bor.refusal = error != NULL ? g_strdup(error->message) : NULL;
+    g_atomic_int_set(&bor_started, 1);
+}
+
+/* Until the start in the borrower's thread has ended (it answers from its loop). */
+static void bor_wait_started(void)
+{
+    for (int i = 0; i < 10000 && !g_atomic_int_get(&bor_started); i++) {
+        g_usleep(1000);
+    }
+    ck_assert_msg(g_atomic_int_get(&bor_started), "the borrower did not start in 10 s");
+}
+
 static void bor_open(void *data)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
@@ -57,12 +76,9 @@ static void bor_open(void *data)
     bor.fab = vn_fabric_open("shm", "b", params, &bor_handlers, NULL, bor.loop.ctx, &error);
     ck_assert_msg(bor.fab != NULL, "%s", error ? error->message : "");
     ck_assert_msg(vn_fabric_connect(bor.fab, "lender", &error), "%s", error ? error->message : "");
-    bor.b = vn_borrower_new(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, bor.loop.ctx, &error);
-    if (bor.windows == NULL) {
-        ck_assert_msg(bor.b != NULL, "%s", error ? error->message : "");
-    } else if (bor.b == NULL) {
-        bor.refusal = g_strdup(error->message);
-    }
+    g_atomic_int_set(&bor_started, 0);
+    vn_borrower_start(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, bor.sock, -1, bor.loop.ctx,
+                      bor_on_started, NULL);
 }
 
 static void bor_close(void *data)
@@ -81,6 +97,10 @@ static void bor_setup_limited(const char *window_size, const char *windows)
     bor.loop.ctx = g_main_context_new();
     loop_start(&bor.loop, "borrower");
     on_loop(&bor.loop, bor_open, NULL);
+    bor_wait_started();
+    if (windows == NULL) {
+        ck_assert_msg(bor.b != NULL, "%s", bor.refusal ? bor.refusal : "");
+    }
 }
 
 static void bor_setup(void)
@@ -635,19 +655,36 @@ typedef struct TakeOver {
     const char *handoff;
     VnBorrower *b;
     char *error;
+    gint done; /* set in the borrower's thread */
 } TakeOver;
+
+static void taken_over(void *opaque, VnBorrower *b, const GError *error)
+{
+    TakeOver *t = opaque;
+
+    t->b = b;
+    t->error = error != NULL ? g_strdup(error->message) : NULL;
+    g_atomic_int_set(&t->done, 1);
+}
+
+/* Until taken_over() was told (the borrower's loop runs meanwhile). */
+static void take_over_wait(TakeOver *t)
+{
+    for (int i = 0; i < 10000 && !g_atomic_int_get(&t->done); i++) {
+        g_usleep(1000);
+    }
+    ck_assert_msg(g_atomic_int_get(&t->done), "the take over did not end in 10 s");
+}
 
 static void take_over_fn(void *data)
 {
     TakeOver *t = data;
-    g_autoptr(GError) error = NULL;
     g_autofree char *path = g_build_filename(rig.dir, "taken.sock", NULL);
     int fd = memfd_create("handoff", MFD_CLOEXEC);
 
     ck_assert_int_eq(write(fd, t->handoff, strlen(t->handoff)), (ssize_t)strlen(t->handoff));
-    t->b = vn_borrower_take_over(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, path, fd, bor.loop.ctx,
-                                 &error);
-    t->error = error != NULL ? g_strdup(error->message) : NULL;
+    vn_borrower_start(bor.fab, "lender", DEV, VN_IRQ_MODE_FD, path, fd, bor.loop.ctx, taken_over,
+                      t);
 }
 
 /* A listening UNIX socket's fd, as a dead worker's would be. */
@@ -721,6 +758,7 @@ START_TEST(test_take_over_refuses_bad_handoffs)
         TakeOver t = { .handoff = handoff };
 
         on_loop(&bor.loop, take_over_fn, &t);
+        take_over_wait(&t);
         ck_assert_msg(t.b == NULL, "case %zu was taken", i);
         ck_assert_msg(t.error != NULL && strstr(t.error, cases[i].why) != NULL,
                       "case %zu: \"%s\" does not say \"%s\"", i, t.error ? t.error : "",
@@ -764,6 +802,7 @@ START_TEST(test_take_over_keeps_eventfds)
                               lfd, pair[0], dup(efd));
     t.handoff = handoff;
     on_loop(&bor.loop, take_over_fn, &t);
+    take_over_wait(&t);
     ck_assert_msg(t.b != NULL, "%s", t.error ? t.error : "");
     on_loop(&bor.loop, request_on_fn, &t);
     ck_assert_msg(t.error == NULL, "%s", t.error ? t.error : "");

@@ -78,37 +78,29 @@ static bool join_region(VnBorrower *b, uint32_t i, uint64_t size, GError **error
     return true;
 }
 
-/* Map region @i's segments; false with @error. */
-static bool map_region(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GError **error)
+/* Region @i's windows all came (none failed): whether they make the BAR; false with
+ * @error. */
+static bool region_whole(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GError **error)
 {
     VnFabricWindow **w = b->windows[i];
 
-    for (uint32_t k = 0; k < pr->nr_segments; k++) {
-        g_autoptr(GError) local = NULL;
-
-        w[k] = vn_fabric_window_map(b->fab, b->lender, pr->segments[k], &local);
-        if (w[k] == NULL) {
-            g_autofree char *limits = budget(b);
-            g_autofree char *size = vn_util_size_text(pr->size);
-
-            if (pr->nr_segments == 1) {
-                g_set_error(error, local->domain, local->code, "borrower %s: BAR%u: %s (%s)",
-                            b->device, i, local->message, limits);
-            } else {
-                g_set_error(error, local->domain, local->code,
-                            "borrower %s: BAR%u (%s) needs %u windows; window %u: %s (%s)",
-                            b->device, i, size, pr->nr_segments, k, local->message, limits);
-            }
-            return false;
-        }
-        b->nr_windows[i] = k + 1;
-    }
     if (pr->nr_segments == 1 && w[0]->size < pr->size) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                     "borrower %s: BAR%u window smaller than the BAR", b->device, i);
         return false;
     }
     return pr->nr_segments == 1 || join_region(b, i, pr->size, error);
+}
+
+/* Unmap region @i's windows (those that came). */
+static void region_unmap(VnBorrower *b, uint32_t i)
+{
+    for (uint32_t k = 0; k < b->nr_windows[i]; k++) {
+        vn_fabric_window_unmap(b->fab, b->windows[i][k]);
+        b->windows[i][k] = NULL;
+    }
+    b->nr_windows[i] = 0;
+    vn_util_close_fd(&b->joined_fd[i]);
 }
 
 /* Region @i mapped: QEMU gets its fd and the areas it may map. */
@@ -143,10 +135,100 @@ static gint larger_first(gconstpointer x, gconstpointer y, gpointer data)
     return a > c ? -1 : a < c ? 1 : (int)*(const uint32_t *)x - (int)*(const uint32_t *)y;
 }
 
-bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
-{
-    uint32_t order[VN_MAX_REGIONS] = { 0 }, n = 0;
+/* The BARs being mapped: every window asked at once, in order (the largest region first, so
+ * it takes the budget's slots first); settled when the last answered. */
+typedef struct BarsMap BarsMap;
+typedef struct BarWindow {
+    BarsMap *bm;
+    uint32_t region, k;
+} BarWindow;
 
+struct BarsMap {
+    VnBorrower *b;
+    VnProtoDevice d;
+    uint32_t order[VN_MAX_REGIONS], n;
+    uint32_t owed; /* windows not answered yet, and one while they are being asked */
+    GError *failed[VN_MAX_REGIONS]; /* a region's first window that did not come, and which */
+    uint32_t failed_k[VN_MAX_REGIONS];
+    BarWindow slot[VN_MAX_REGIONS][VN_PROTO_MAX_REGION_SEGMENTS];
+    VnBorrowerBarsFn done;
+    void *opaque;
+};
+
+/* Every window answered: each region is whole and given to QEMU, or trapped, or the
+ * device is refused. */
+static void bars_settle(BarsMap *bm)
+{
+    VnBorrower *b = bm->b;
+    GError *error = NULL;
+
+    for (uint32_t k = 0; k < bm->n && error == NULL; k++) {
+        uint32_t i = bm->order[k];
+        const VnProtoRegion *pr = &bm->d.regions[i];
+        g_autoptr(GError) local = g_steal_pointer(&bm->failed[i]);
+        g_autofree char *limits = NULL;
+        g_autofree char *size = NULL;
+
+        if (local == NULL && region_whole(b, i, pr, &error)) {
+            region_mapped(b, i, pr);
+            continue;
+        }
+        region_unmap(b, i);
+        if (error != NULL) {
+            break;
+        }
+        /* A window is a page at least and, on an NTB, one of a few translations: a BAR of
+         * less than a page (registers) that finds none left stays trapped, served by the
+         * lender, rather than refuse the device. */
+        if (pr->nr_segments == 1 && pr->size < VN_BORROWER_SMALL_BAR &&
+            g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NO_SPACE)) {
+            g_info("borrower %s: BAR%u (%" PRIu64 " bytes) trapped: %s", b->device, i, pr->size,
+                   local->message);
+            continue;
+        }
+        limits = budget(b);
+        size = vn_util_size_text(pr->size);
+        if (pr->nr_segments == 1) {
+            g_set_error(&error, local->domain, local->code, "borrower %s: BAR%u: %s (%s)",
+                        b->device, i, local->message, limits);
+        } else {
+            g_set_error(&error, local->domain, local->code,
+                        "borrower %s: BAR%u (%s) needs %u windows; window %u: %s (%s)", b->device,
+                        i, size, pr->nr_segments, bm->failed_k[i], local->message, limits);
+        }
+    }
+    for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
+        g_clear_error(&bm->failed[i]);
+    }
+    bm->done(b, error, bm->opaque);
+    g_free(bm);
+}
+
+static void bar_window_mapped(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    BarWindow *bw = opaque;
+    BarsMap *bm = bw->bm;
+
+    bm->b->windows[bw->region][bw->k] = w;
+    if (w == NULL && bm->failed[bw->region] == NULL) {
+        bm->failed[bw->region] = g_error_copy(error);
+        bm->failed_k[bw->region] = bw->k;
+    }
+    if (--bm->owed == 0) {
+        bars_settle(bm);
+    }
+}
+
+void vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, VnBorrowerBarsFn done,
+                          void *opaque)
+{
+    BarsMap *bm = g_new0(BarsMap, 1);
+    uint32_t *order = bm->order, n = 0;
+
+    bm->b = b;
+    bm->d = *d;
+    bm->done = done;
+    bm->opaque = opaque;
     for (uint32_t i = 0; i < d->num_regions; i++) {
         const VnProtoRegion *pr = &d->regions[i];
         VnRegion *r = &b->info.regions[i];
@@ -177,39 +259,30 @@ bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error)
             order[n++] = i;
         }
     }
-    g_qsort_with_data(order, (gint)n, sizeof(order[0]), larger_first, (gpointer)d);
+    bm->n = n;
+    g_qsort_with_data(order, (gint)n, sizeof(order[0]), larger_first, &bm->d);
+    bm->owed = 1;
     for (uint32_t k = 0; k < n; k++) {
-        const VnProtoRegion *pr = &d->regions[order[k]];
-        g_autoptr(GError) local = NULL;
+        uint32_t i = order[k];
+        const VnProtoRegion *pr = &bm->d.regions[i];
 
-        if (map_region(b, order[k], pr, &local)) {
-            region_mapped(b, order[k], pr);
-            continue;
+        b->nr_windows[i] = pr->nr_segments;
+        for (uint32_t s = 0; s < pr->nr_segments; s++) {
+            bm->slot[i][s] = (BarWindow){ .bm = bm, .region = i, .k = s };
+            bm->owed++;
+            vn_fabric_window_map_async(b->fab, b->lender, pr->segments[s], bar_window_mapped,
+                                       &bm->slot[i][s]);
         }
-        /* A window is a page at least and, on an NTB, one of a few translations: a BAR of
-         * less than a page (registers) that finds none left stays trapped, served by the
-         * lender, rather than refuse the device. */
-        if (pr->nr_segments == 1 && pr->size < VN_BORROWER_SMALL_BAR &&
-            g_error_matches(local, G_IO_ERROR, G_IO_ERROR_NO_SPACE)) {
-            g_info("borrower %s: BAR%u (%" PRIu64 " bytes) trapped: %s", b->device, order[k],
-                   pr->size, local->message);
-            continue;
-        }
-        g_propagate_error(error, g_steal_pointer(&local));
-        return false;
     }
-    return true;
+    if (--bm->owed == 0) {
+        bars_settle(bm);
+    }
 }
 
 void vn_borrower_bars_unmap(VnBorrower *b)
 {
     for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
-        for (uint32_t k = 0; k < b->nr_windows[i]; k++) {
-            vn_fabric_window_unmap(b->fab, b->windows[i][k]);
-            b->windows[i][k] = NULL;
-        }
-        b->nr_windows[i] = 0;
-        vn_util_close_fd(&b->joined_fd[i]);
+        region_unmap(b, i);
     }
 }
 

@@ -108,7 +108,7 @@ struct VnBorrower {
     VnBorrowerStats stats;
     VnBorrowerPosted *posted; /* forwarded writes not answered yet (borrower.c) */
     /* Posted writes not sent yet: QEMU is answered first, they go right after (flush_src),
-     * and before anything else the borrower asks (vn_borrower_call). */
+     * and before anything else the borrower asks (requests.c). */
     GQueue deferred;
     GSource *flush_src;
     bool flushing;
@@ -116,12 +116,9 @@ struct VnBorrower {
     GBytes *kept;      /* the state the daemon keeps for our successor, as last sent */
 };
 
-/* A lending request to our lender; see vn_fabric_request_sync().  On an
- * error, *reply (when asked for) may hold the error reply: it says why. */
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
-                     VnFabricMsg **reply);
-/* The same, answered later: @done as for vn_fabric_request() (called once when this
- * returned 0).  In order with every other request of ours: the lender takes them so. */
+/* A lending request to our lender, answered later: @done as for vn_fabric_request() (called
+ * once when this returned 0).  In order with every other request of ours: the lender takes
+ * them so.  On an error the reply (when one came) says why. */
 int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, const void *data,
                            size_t len, VnFabricReplyFn done, void *opaque);
 
@@ -132,8 +129,9 @@ int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, const
  * VN_BORROWER_ANSWERED: it answered QEMU itself), or for a REGION_READ (@read_count
  * bytes) the lender's bytes go.  @destroy (NULL: none)
  * frees @opaque after that, or when the borrower goes first.  With no command being
- * handled (QEMU's client going) it is waited for instead and @done's say is returned;
- * otherwise 0 (QEMU gets an error in its reply when sending fails).
+ * handled (QEMU's client going) there is no reply to give: @done alone is told, and what
+ * is returned is whether it was sent (0 or -errno); otherwise 0 (QEMU gets an error in
+ * its reply when sending fails).
  */
 typedef int (*VnBorrowerAnswerFn)(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque);
 /* What a VnBorrowerAnswerFn returns when it answered QEMU itself (vn_server_complete*()). */
@@ -160,13 +158,21 @@ void vn_borrower_posted_flush(VnBorrower *b);
 /* A forwarded BAR write, posted (VnBorrowerPosted above). */
 int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf,
                                     uint32_t count);
-int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
-                          bool write);
 
-/* BARs (bars.c).  Map the windows of the regions @d describes into
- * b->info.regions; false with @error (a BAR larger than the window budget
- * names the budget).  Unmap them all. */
-bool vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, GError **error);
+/* borrower.c: a borrower not attached yet (start.c attaches it); what QEMU is told of the
+ * device @d besides its regions; the ops its server calls. */
+VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device,
+                              VnIrqMode mode);
+void vn_borrower_describe(VnBorrower *b, const VnProtoDevice *d);
+extern const VnDeviceOps vn_borrower_ops;
+
+/* BARs (bars.c).  Map the windows of the regions @d describes into b->info.regions, all
+ * asked at once; @done is told once every window answered (maybe before this returns), with
+ * NULL or why not (taken: a BAR larger than the window budget names the budget).  Unmap
+ * them all. */
+typedef void (*VnBorrowerBarsFn)(VnBorrower *b, GError *error, void *opaque);
+void vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, VnBorrowerBarsFn done,
+                          void *opaque);
 void vn_borrower_bars_unmap(VnBorrower *b);
 /* QEMU emulates the MSI-X table and PBA: take them out of the mapped areas. */
 void vn_borrower_bars_carve_msix(VnBorrower *b);
@@ -203,8 +209,9 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(VnBorrowerHandoff, vn_borrower_handoff_clear)
  * server took over the sockets. */
 bool vn_borrower_restore(VnBorrower *b, JsonObject *state, GHashTable *fds, GError **error);
 
-/* Read the device's capabilities (after ATTACH). */
-bool vn_mediate_init(VnBorrower *b, GError **error);
+/* The device's capabilities, from its config space @cfg (PCI_CFG_SPACE_SIZE bytes, read
+ * after ATTACH). */
+void vn_mediate_init(VnBorrower *b, const uint8_t *cfg);
 /* Config-space accesses from QEMU, in range of the config region. */
 int vn_mediate_read(VnBorrower *b, uint64_t offset, void *buf, uint32_t count);
 int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count);

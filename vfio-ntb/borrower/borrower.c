@@ -1,7 +1,7 @@
 /*
  * The borrower: a vfio-user server for a device on another node (see
- * borrower.h): its device ops, its setup and its end.  What it asks its
- * lender is in requests.c, guest memory in dma.c, config space in mediate.c.
+ * borrower.h): its device ops and its end.  Its start is in start.c, what it asks its
+ * lender in requests.c, guest memory in dma.c, config space in mediate.c.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
@@ -312,7 +312,7 @@ static void op_client_gone(void *opaque)
             continue;
         }
         json = vn_proto_set_irqs_to_json(b->device, &s);
-        vn_borrower_call(b, VN_PROTO_SET_IRQS, json, NULL, 0, NULL);
+        vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, NULL, 0, 0, NULL, NULL, NULL);
         routes_drop(b, i, 0, 0);
         relay_unmap(b, i, 0, 0);
     }
@@ -327,7 +327,7 @@ static void op_client_new(void *opaque)
     vn_borrower_keep_sockets(opaque);
 }
 
-static const VnDeviceOps borrower_ops = {
+const VnDeviceOps vn_borrower_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
     .dma_mapped = op_dma_mapped,
@@ -342,7 +342,7 @@ static const VnDeviceOps borrower_ops = {
 /* ---- setup ---- */
 
 /* What QEMU is told of the device, besides its regions (bars.c). */
-static void describe(VnBorrower *b, const VnProtoDevice *d)
+void vn_borrower_describe(VnBorrower *b, const VnProtoDevice *d)
 {
     b->info.flags = d->flags;
     b->info.num_regions = d->num_regions;
@@ -358,7 +358,7 @@ static void describe(VnBorrower *b, const VnProtoDevice *d)
     b->info.irq_flags[VFIO_PCI_REQ_IRQ_INDEX] = VFIO_IRQ_INFO_EVENTFD;
 }
 
-VnBorrower *borrower_alloc(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode)
+VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode)
 {
     VnBorrower *b = g_new0(VnBorrower, 1);
 
@@ -380,99 +380,6 @@ VnBorrower *borrower_alloc(VnFabric *fab, const char *lender, const char *device
     }
     b->mode = mode;
     return b;
-}
-
-/* ATTACH (@resume: the lender's attachment of ours, as it is), then map the BARs and read
- * the capabilities: what QEMU is told. */
-static bool borrower_attach(VnBorrower *b, bool resume, GError **error)
-{
-    VnProtoAttach at = { .irq_mode = b->mode, .resume = resume };
-    g_autofree char *json = NULL;
-    g_autoptr(VnFabricMsg) reply = NULL;
-    VnProtoDevice d;
-    int ret;
-
-    at.max_window = vn_fabric_limits(b->fab)->max_window_size;
-    if (!vn_name_valid(VN_NAME_DEVICE, b->device)) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                    "borrower: device name \"%.80s\" is not %s", b->device,
-                    vn_name_rule(VN_NAME_DEVICE));
-        return false;
-    }
-    g_strlcpy(at.device, b->device, sizeof(at.device));
-    if (!vn_fabric_connect(b->fab, b->lender, error)) {
-        return false;
-    }
-    json = vn_proto_attach_to_json(&at);
-    ret = vn_borrower_call(b, VN_PROTO_ATTACH, json, NULL, 0, &reply);
-    if (ret < 0) {
-        g_autofree char *why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
-
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "borrower %s: %s refused to %s it: %s", b->device, b->lender,
-                    resume ? "resume lending" : "lend", why != NULL ? why : g_strerror(-ret));
-        return false;
-    }
-    b->attached = true;
-    if (!vn_proto_device_from_json(reply->json, &d, error)) {
-        g_prefix_error(error, "borrower %s: from %s: ", b->device, b->lender);
-        return false;
-    }
-    describe(b, &d);
-    if (!vn_borrower_bars_map(b, &d, error) || !vn_mediate_init(b, error)) {
-        return false;
-    }
-    vn_borrower_bars_carve_msix(b);
-    return true;
-}
-
-VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
-                            const char *socket_path, GMainContext *ctx, GError **error)
-{
-    g_autoptr(VnBorrower) b = borrower_alloc(fab, lender, device, mode);
-
-    b->ctx = ctx;
-    if (!borrower_attach(b, false, error)) {
-        return NULL;
-    }
-    b->server = vn_server_new(socket_path, &b->info, &borrower_ops, b, ctx, error);
-    if (b->server == NULL) {
-        return NULL;
-    }
-    vn_host_on_greeted(fab, vn_borrower_kept_again, b);
-    vn_borrower_keep_sockets(b);
-    g_message("borrower %s: borrowed from %s (%s interrupts), serving %s", device, lender,
-              vn_irq_mode_to_string(b->mode), socket_path);
-    return g_steal_pointer(&b);
-}
-
-VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char *device,
-                                  VnIrqMode mode, const char *socket_path, int handoff_fd,
-                                  GMainContext *ctx, GError **error)
-{
-    g_auto(VnBorrowerHandoff) h = { .listen_fd = -1, .client_fd = -1 };
-    g_autoptr(VnBorrower) b = NULL;
-    bool client;
-
-    if (!vn_borrower_handoff_read(handoff_fd, device, &h, error)) {
-        return NULL;
-    }
-    b = borrower_alloc(fab, lender, device, mode);
-    b->ctx = ctx;
-    if (!borrower_attach(b, true, error)) {
-        return NULL;
-    }
-    client = h.client_fd >= 0;
-    b->server = vn_server_adopt(socket_path, g_steal_fd(&h.listen_fd), g_steal_fd(&h.client_fd),
-                                &h.caps, &b->info, &borrower_ops, b, ctx, error);
-    if (b->server == NULL || !vn_borrower_restore(b, h.state, h.fds, error)) {
-        return NULL;
-    }
-    vn_host_on_greeted(fab, vn_borrower_kept_again, b);
-    vn_borrower_kept_again(b); /* rings the relayed vectors too */
-    g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
-              device, socket_path, g_list_length(b->mappings), client ? "with its" : "no");
-    return g_steal_pointer(&b);
 }
 
 static void on_detached(void *opaque, VnFabricMsg *reply, int err)

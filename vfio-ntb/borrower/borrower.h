@@ -53,22 +53,22 @@ typedef struct VnBorrowerStats {
 } VnBorrowerStats;
 
 /*
- * Borrow @device from node @lender (ATTACH), map its BARs and serve it on
- * @socket_path (which must not exist) in @ctx.
+ * Borrow @device from node @lender (ATTACH), map its BARs and serve it on @socket_path (which
+ * must not exist) in @ctx.  With @handoff_fd >= 0, serve the QEMU of a worker that died
+ * instead (borrower/takeover.c): @handoff_fd (a file, taken) holds the daemon's handoff,
+ * {"state": what that worker kept, "fds": {"KEY": FD}} with each FD open in this process
+ * (its listening socket, QEMU's connection, the eventfds it held), and the lender is asked
+ * to resume the attachment as it is.
+ *
+ * Nothing here waits on the lender: @done is told once, from @ctx's loop (or before this
+ * returns, for what is wrong at once), with the borrower that serves, or NULL and why.
  */
-VnBorrower *vn_borrower_new(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
-                            const char *socket_path, GMainContext *ctx, GError **error);
-/*
- * The same, serving the QEMU of a worker that died (borrower/takeover.c): @handoff_fd (a
- * file, taken) holds the daemon's handoff, {"state": what that worker kept, "fds": {"KEY":
- * FD}} with each FD open in this process (its listening socket, QEMU's connection, the
- * eventfds it held).  The lender is asked to resume the attachment as it is.
- */
+typedef void (*VnBorrowerStartedFn)(void *opaque, VnBorrower *b, const GError *error);
+void vn_borrower_start(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
+                       const char *socket_path, int handoff_fd, GMainContext *ctx,
+                       VnBorrowerStartedFn done, void *opaque);
 /* The exit status of a worker (borrower/worker.c) that could not take over. */
 #define VN_BORROWER_EXIT_NO_TAKEOVER 3
-VnBorrower *vn_borrower_take_over(VnFabric *fab, const char *lender, const char *device,
-                                  VnIrqMode mode, const char *socket_path, int handoff_fd,
-                                  GMainContext *ctx, GError **error);
 /* Stops serving, DETACHes (if the lender is there), unmaps the windows. */
 void vn_borrower_free(VnBorrower *b);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnBorrower, vn_borrower_free)

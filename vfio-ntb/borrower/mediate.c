@@ -39,12 +39,10 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-bool vn_mediate_init(VnBorrower *b, GError **error)
+void vn_mediate_init(VnBorrower *b, const uint8_t *cfg)
 {
-    uint8_t cfg[PCI_CFG_SPACE_SIZE];
     VnMediate *m = &b->med;
     unsigned pos;
-    int ret;
 
     memset(m, 0, sizeof(*m));
     /* The lender is a peer: a ROM of an odd size is no ROM. */
@@ -56,15 +54,9 @@ bool vn_mediate_init(VnBorrower *b, GError **error)
             m->rom_size = rom;
         }
     }
-    ret = vn_borrower_region_rw(b, VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, sizeof(cfg), false);
-    if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "borrower %s: cannot read config space: %s", b->device, g_strerror(-ret));
-        return false;
-    }
     m->int_line = cfg[PCI_INTERRUPT_LINE];
     if (!(cfg[PCI_STATUS] & PCI_STATUS_CAP_LIST)) {
-        return true;
+        return;
     }
     /* The lender is a peer like any other: a bad list ends the walk. */
     pos = cfg[PCI_CAPABILITY_LIST] & ~3u;
@@ -73,7 +65,7 @@ bool vn_mediate_init(VnBorrower *b, GError **error)
 
         if (id == PCI_CAP_ID_EXP) {
             m->exp_cap = (uint8_t)pos;
-        } else if (id == PCI_CAP_ID_MSIX && pos + 12 <= sizeof(cfg)) {
+        } else if (id == PCI_CAP_ID_MSIX && pos + 12 <= PCI_CFG_SPACE_SIZE) {
             uint16_t flags = (uint16_t)(cfg[pos + 2] | cfg[pos + 3] << 8);
             uint32_t table = le32(&cfg[pos + PCI_MSIX_TABLE]);
             uint32_t pba = le32(&cfg[pos + PCI_MSIX_PBA]);
@@ -87,7 +79,6 @@ bool vn_mediate_init(VnBorrower *b, GError **error)
         }
         pos = cfg[pos + PCI_CAP_LIST_NEXT] & ~3u;
     }
-    return true;
 }
 
 /* What the borrower does with one config byte. */

@@ -1,9 +1,8 @@
 /*
- * The borrower's requests to its lender (borrower-int.h): waited for
- * (vn_borrower_call), answered later -- QEMU's reply waits for the lender's
- * answer while the worker's loop goes on (vn_borrower_ask_later) -- and
- * posted (forwarded BAR writes).  All go on the one link to the lender, which
- * takes them in order.
+ * The borrower's requests to its lender (borrower-int.h), none waited for: answered later
+ * -- QEMU's reply waits for the lender's answer while the worker's loop goes on
+ * (vn_borrower_ask_later) -- or posted (forwarded BAR writes).  All go on the one link to
+ * the lender, which takes them in order.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
@@ -15,11 +14,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
-
-static void on_answered(void *opaque, VnFabricMsg *reply, int err)
-{
-    /* A quiesce nobody waits for: the lender does it in order. */
-}
 
 /* What every request to the lender starts with: -ENOTCONN when it is lost; else the
  * posted writes before it go first, and, traced, @json gains its correlation id (the
@@ -68,58 +62,6 @@ int vn_borrower_call_async(VnBorrower *b, uint32_t type, const char *json, const
     return call_async(b, type, json, data, len, done, opaque, corr);
 }
 
-int vn_borrower_call(VnBorrower *b, uint32_t type, const char *json, const void *data, size_t len,
-                     VnFabricMsg **reply)
-{
-    g_autoptr(VnFabricMsg) r = NULL;
-    g_autofree char *traced = NULL;
-    char corr[VN_TRACE_MAX_CORR] = "-";
-    int ret = call_begin(b, type, &json, &traced, corr, len);
-
-    if (ret < 0) {
-        return ret;
-    }
-    /* QEMU is gone: no one waits for these, and the lender takes them in
-     * order before anything a next client asks.  Not waiting keeps the
-     * worker answering its daemon, which may be stopping it. */
-    if (b->client_leaving && reply == NULL) {
-        return vn_fabric_request(b->fab, b->lender, type, json, data, len, on_answered, NULL);
-    }
-    ret = vn_fabric_request_sync(b->fab, b->lender, type, json, data, len, &r);
-    trace_borrower_reply(b->device, corr, vn_proto_type_to_string(type), ret);
-    if (ret < 0) {
-        trace_borrower_request_failed(b->device, vn_proto_type_to_string(type), b->lender,
-                                      g_strerror(-ret));
-    }
-    /* An error reply too: it says why. */
-    if (reply != NULL) {
-        *reply = g_steal_pointer(&r);
-    }
-    return ret;
-}
-
-int vn_borrower_region_rw(VnBorrower *b, uint32_t index, uint64_t offset, void *buf, uint32_t count,
-                          bool write)
-{
-    VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = write };
-    g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
-    g_autoptr(VnFabricMsg) reply = NULL;
-    int ret;
-
-    ret = vn_borrower_call(b, VN_PROTO_REGION_RW, json, write ? buf : NULL, write ? count : 0,
-                           &reply);
-    if (ret < 0) {
-        return ret;
-    }
-    if (!write) {
-        if (reply->data_len != count) {
-            return -EPROTO;
-        }
-        memcpy(buf, reply->data, count);
-    }
-    return 0;
-}
-
 /* ---- posted writes (borrower-int.h) ---- */
 
 typedef struct PostedWrite {
@@ -157,29 +99,32 @@ static void on_posted(void *opaque, VnFabricMsg *reply, int err)
     g_free(w);
 }
 
-/* A write sent as a request nobody waits for (or, VN_BORROWER_MAX_POSTED in flight, one that
- * is waited for). */
-static int post_now(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf, uint32_t count)
+/*
+ * A write sent as a request nobody waits for.  Handling QEMU's write (@in_op) with
+ * VN_BORROWER_MAX_POSTED already in flight (or QEMU going), it is asked instead: QEMU's
+ * reply waits for its answer, and so for every write before it; the loop does not.
+ */
+static int post_now(VnBorrower *b, uint32_t index, uint64_t offset, const void *buf, uint32_t count,
+                    bool in_op)
 {
     VnProtoRegionRw rw = { .region = index, .offset = offset, .count = count, .write = true };
-    g_autofree char *json = NULL;
+    g_autofree char *json = vn_proto_region_rw_to_json(b->device, &rw);
     PostedWrite *w;
+    int ret;
 
-    if (b->posted->in_flight >= VN_BORROWER_MAX_POSTED || b->client_leaving) {
-        /* Waits for its answer, and so for every write before it. */
-        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+    if (in_op && (b->posted->in_flight >= VN_BORROWER_MAX_POSTED || b->client_leaving)) {
+        return vn_borrower_ask_later(b, VN_PROTO_REGION_RW, json, buf, count, 0, NULL, NULL, NULL);
     }
-    json = vn_proto_region_rw_to_json(b->device, &rw);
     w = g_new(PostedWrite, 1);
     *w = (PostedWrite){ .p = b->posted, .region = index, .count = count, .offset = offset };
     b->posted->refs++;
     b->posted->in_flight++;
-    if (vn_fabric_request(b->fab, b->lender, VN_PROTO_REGION_RW, json, buf, count, on_posted, w) <
-        0) {
+    ret = vn_fabric_request(b->fab, b->lender, VN_PROTO_REGION_RW, json, buf, count, on_posted, w);
+    if (ret < 0) {
         b->posted->in_flight--;
         posted_unref(b->posted);
         g_free(w);
-        return vn_borrower_region_rw(b, index, offset, (void *)buf, count, true);
+        return ret;
     }
     b->stats.fabric_requests++;
     b->posted->writes++;
@@ -202,8 +147,9 @@ void vn_borrower_posted_flush(VnBorrower *b)
     }
     b->flushing = true; /* a write that must wait sends no later one before it */
     while ((w = g_queue_pop_head(&b->deferred)) != NULL) {
-        if (!b->stats.lender_lost && post_now(b, w->region, w->offset, w->data, w->count) < 0) {
-            b->posted->failures++; /* its wait failed: QEMU had its answer already */
+        if (!b->stats.lender_lost &&
+            post_now(b, w->region, w->offset, w->data, w->count, false) < 0) {
+            b->posted->failures++; /* not sent: QEMU had its answer already */
         }
         g_free(w);
     }
@@ -227,7 +173,7 @@ int vn_borrower_region_write_posted(VnBorrower *b, uint32_t index, uint64_t offs
     if (count > VN_BORROWER_DEFER_MAX || b->client_leaving ||
         b->posted->in_flight + b->deferred.length >= VN_BORROWER_MAX_POSTED) {
         vn_borrower_posted_flush(b);
-        return post_now(b, index, offset, buf, count);
+        return post_now(b, index, offset, buf, count, true);
     }
     w = g_new(Deferred, 1);
     *w = (Deferred){ .region = index, .count = count, .offset = offset };
@@ -271,7 +217,8 @@ static void answer_qemu(VnBorrower *b, Asked *a, VnFabricMsg *reply, int err)
     if (a->done != NULL) {
         err = a->done(b, reply, err, a->opaque);
     }
-    if (b->server == NULL || err == VN_BORROWER_ANSWERED) {
+    /* No command of QEMU's was being handled (its client going): nobody to answer. */
+    if (b->server == NULL || a->reply_id == 0 || err == VN_BORROWER_ANSWERED) {
         return;
     }
     if (err == 0 && a->read_count > 0) {
@@ -314,21 +261,11 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
                   .done = done,
                   .opaque = opaque,
                   .destroy = destroy };
-    if (id == 0) {
-        /* No command of QEMU's is being handled (its client going): nothing to answer, so
-         * as before -- waited for, or sent and forgotten once QEMU has gone. */
-        g_autoptr(VnFabricMsg) reply = NULL;
-
-        ret = vn_borrower_call(b, type, json, data, len, b->client_leaving ? NULL : &reply);
-        ret = done != NULL ? done(b, reply, ret, opaque) : ret;
-        asked_free(a);
-        return ret;
-    }
     ret = call_async(b, type, json, data, len, on_asked, a, a->corr);
     if (ret < 0) {
         answer_qemu(b, a, NULL, ret); /* QEMU's reply is owed: the error, in its place */
         asked_free(a);
-        return 0;
+        return id != 0 ? 0 : ret;
     }
     b->asked = g_list_prepend(b->asked, a);
     return 0;

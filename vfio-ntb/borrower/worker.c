@@ -43,7 +43,13 @@ typedef struct Worker {
     VnFabric *fab;
     VnBorrower *b;
     char *lender;
+    const char *device;
     GMainLoop *loop;
+    int status_fd;   /* where to say how the start went, or -1 */
+    bool take_over;  /* --take-over */
+    VnPrivs sandbox; /* entered once serving */
+    bool ending;     /* the loop ended: a start cancelled by the fabric's close is no news */
+    int exit_status;
 } Worker;
 
 static void on_link(void *opaque, const char *peer, bool up)
@@ -111,6 +117,48 @@ static char *on_command(void *opaque, const char *name, GError **error)
     return NULL;
 }
 
+/* The start's end: serving (say so, enter the sandbox), or why not (say so, exit). */
+static void on_started(void *opaque, VnBorrower *b, const GError *error)
+{
+    Worker *w = opaque;
+    g_autoptr(GError) local = NULL;
+
+    if (w->ending) {
+        return; /* stopped while it started: nothing to say */
+    }
+    if (b == NULL) {
+        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
+        /* vfio-ntbd answers the attach with it. */
+        if (w->status_fd >= 0) {
+            g_autofree char *line = g_strdup_printf("%s\n", error->message);
+
+            (void)!write(w->status_fd, line, strlen(line));
+        }
+        w->exit_status = w->take_over ? VN_BORROWER_EXIT_NO_TAKEOVER : 1;
+        g_main_loop_quit(w->loop);
+        return;
+    }
+    w->b = b;
+    /* QEMU's socket listens: vfio-ntbd answers the attach now (it does not poll for the
+     * socket).  A failure from here on is our exit. */
+    if (w->status_fd >= 0) {
+        (void)!write(w->status_fd, "ready\n", 6);
+        vn_util_close_fd(&w->status_fd);
+    }
+    /* Everything it serves with is an fd now: QEMU's first message is parsed in here. */
+    if (!vn_sandbox_enter(&w->sandbox, &local)) {
+        g_warning("borrower %s: %s; not serving", w->device, local->message);
+        g_clear_pointer(&w->b, vn_borrower_free);
+        w->exit_status = VN_BORROWER_EXIT_NO_TAKEOVER; /* another would fail the same way */
+        g_main_loop_quit(w->loop);
+        return;
+    }
+    /* The e2e suite's proof that the filter kills (a call no worker makes). */
+    if (getenv("VN_TEST_SANDBOX_VIOLATION") != NULL) {
+        (void)!getppid();
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_autofree char *trace = NULL, *port_fd = NULL;
@@ -143,10 +191,9 @@ int main(int argc, char **argv)
     g_autoptr(GHashTable) fp = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
     g_autoptr(GError) error = NULL;
     VnIrqMode irq_mode = VN_IRQ_MODE_FD;
-    VnPrivs sandbox = { 0 };
     guint signals[2];
     g_autoptr(VnWctl) wctl = NULL;
-    Worker w = { 0 };
+    Worker w = { .status_fd = -1 };
 
     g_option_context_add_main_entries(oc, entries, NULL);
     if (!g_option_context_parse(oc, &argc, &argv, &error)) {
@@ -163,7 +210,7 @@ int main(int argc, char **argv)
                         "--socket are required; --irq-mode is fd or relay\n");
         return 2;
     }
-    if (run_as != NULL && !vn_privs_parse_run_as(run_as, &sandbox, &error)) {
+    if (run_as != NULL && !vn_privs_parse_run_as(run_as, &w.sandbox, &error)) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 2;
     }
@@ -173,6 +220,9 @@ int main(int argc, char **argv)
         g_hash_table_insert(fp, g_strdup("fd"), g_strdup(port_fd));
     }
     w.lender = lender;
+    w.device = device;
+    w.status_fd = status_fd;
+    w.take_over = handoff_fd >= 0;
     w.loop = g_main_loop_new(NULL, FALSE);
     w.fab = vn_fabric_open("host", node, fp, &handlers, &w, NULL, &error);
     if (w.fab == NULL) {
@@ -185,47 +235,17 @@ int main(int argc, char **argv)
         vn_fabric_close(w.fab);
         return 1;
     }
-    w.b = handoff_fd >= 0 ? vn_borrower_take_over(w.fab, lender, device, irq_mode, socket,
-                                                  handoff_fd, NULL, &error)
-                          : vn_borrower_new(w.fab, lender, device, irq_mode, socket, NULL, &error);
-    if (w.b == NULL) {
-        fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
-        /* vfio-ntbd answers the attach with it. */
-        if (status_fd >= 0) {
-            g_autofree char *line = g_strdup_printf("%s\n", error->message);
-
-            (void)!write(status_fd, line, strlen(line));
-        }
-        g_clear_pointer(&wctl, vn_wctl_free);
-        vn_fabric_close(w.fab);
-        return handoff_fd >= 0 ? VN_BORROWER_EXIT_NO_TAKEOVER : 1;
-    }
-    /* QEMU's socket listens: vfio-ntbd answers the attach now (it does not poll for the
-     * socket).  A failure from here on is our exit. */
-    if (status_fd >= 0) {
-        (void)!write(status_fd, "ready\n", 6);
-        close(status_fd);
-    }
-    /* Everything it serves with is an fd now: QEMU's first message is parsed in here.  (The
-     * signals first: GLib starts a thread for them.) */
+    /* The signals first (GLib starts a thread for them, which the sandbox would not
+     * allow); the start asks the lender and its answers come from the loop. */
     vn_util_quit_on_signals(w.loop, signals);
-    if (!vn_sandbox_enter(&sandbox, &error)) {
-        g_warning("borrower %s: %s; not serving", device, error->message);
-        g_clear_pointer(&w.b, vn_borrower_free);
-        g_clear_pointer(&wctl, vn_wctl_free);
-        vn_fabric_close(w.fab);
-        return VN_BORROWER_EXIT_NO_TAKEOVER; /* another would fail the same way */
-    }
-    /* The e2e suite's proof that the filter kills (a call no worker makes). */
-    if (getenv("VN_TEST_SANDBOX_VIOLATION") != NULL) {
-        (void)!getppid();
-    }
+    vn_borrower_start(w.fab, lender, device, irq_mode, socket, handoff_fd, NULL, on_started, &w);
     g_main_loop_run(w.loop);
+    w.ending = true;
     g_source_remove(signals[0]);
     g_source_remove(signals[1]);
     g_clear_pointer(&wctl, vn_wctl_free);
     g_clear_pointer(&w.b, vn_borrower_free);
     vn_fabric_close(w.fab);
     g_main_loop_unref(w.loop);
-    return 0;
+    return w.exit_status;
 }
