@@ -9,7 +9,7 @@
  *       or SIGINT;
  *   fabric_rtt ask BACKEND NODE PEER SAMPLES [KEY=VALUE...]
  *       attach NODE, wait (60 s at most) for the link to PEER, then time
- *       SAMPLES synchronous requests of 64 bytes after 20 unmeasured ones;
+ *       SAMPLES requests of 64 bytes, one at a time, after 20 unmeasured ones;
  *       then map PEER's segment through a window, check its pattern, invert
  *       it through the window and ask PEER to check (8-byte accesses: on an
  *       NTB the window is device memory); prints {"p50_us":..,"p99_us":..,
@@ -22,6 +22,7 @@
 #include "common/peerfd.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
+#include "tests/unit/fabric-wait.h"
 
 #include <errno.h>
 #include <glib-unix.h>
@@ -135,9 +136,9 @@ static bool window_check(const char *peer)
     const char *id;
     bool ok = true;
 
-    if (vn_fabric_request_sync(fab, peer, T_SEGMENT, NULL, NULL, 0, &which) == 0 &&
-        which->json != NULL && (id = strstr(which->json, "\"segment\":")) != NULL) {
-        w = vn_fabric_window_map(fab, peer, g_ascii_strtoull(id + 10, NULL, 10), &error);
+    if (fw_request(fab, peer, T_SEGMENT, NULL, NULL, 0, &which) == 0 && which->json != NULL &&
+        (id = strstr(which->json, "\"segment\":")) != NULL) {
+        w = fw_window_map(fab, peer, g_ascii_strtoull(id + 10, NULL, 10), &error);
     }
     if (w == NULL) {
         fprintf(stderr, "fabric_rtt: %s\n", error != NULL ? error->message : "no segment");
@@ -162,7 +163,7 @@ static bool window_check(const char *peer)
     if (!ok) {
         fprintf(stderr, "fabric_rtt: the window does not show the peer's pattern\n");
     }
-    return ok && vn_fabric_request_sync(fab, peer, T_CHECK, NULL, NULL, 0, &reply) == 0 &&
+    return ok && fw_request(fab, peer, T_CHECK, NULL, NULL, 0, &reply) == 0 &&
            reply->json != NULL && strstr(reply->json, "true") != NULL;
 }
 
@@ -185,7 +186,7 @@ static int ask(const char *peer, int samples)
     for (int i = -WARMUP; i < samples; i++) {
         g_autoptr(VnFabricMsg) reply = NULL;
         uint64_t t0 = vn_util_now_ns();
-        int ret = vn_fabric_request_sync(fab, peer, T_ECHO, NULL, payload, sizeof(payload), &reply);
+        int ret = fw_request(fab, peer, T_ECHO, NULL, payload, sizeof(payload), &reply);
 
         if (ret < 0 || reply->data_len != sizeof(payload) ||
             memcmp(reply->data, payload, sizeof(payload)) != 0) {

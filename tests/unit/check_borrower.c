@@ -715,8 +715,7 @@ static void attach_again_fn(void *data)
 
     g_strlcpy(a.device, DEV, sizeof(a.device));
     json = vn_proto_attach_to_json(&a);
-    ck_assert_int_eq(
-        vn_fabric_request_sync(bor.fab, "lender", VN_PROTO_ATTACH, json, NULL, 0, &reply), 0);
+    ck_assert_int_eq(fw_request(bor.fab, "lender", VN_PROTO_ATTACH, json, NULL, 0, &reply), 0);
 }
 
 /* The handoff is the daemon's, the state in it a dead worker's: neither is trusted.  Text

@@ -121,13 +121,13 @@ START_TEST(test_register)
     /* Every backend maps segments; routes need their op; no unknown caps. */
     ops = vn_shm_ops;
     ops.name = "no-map";
-    ops.map_segment = NULL;
+    ops.map_segment_async = NULL;
     ck_assert(!vn_fabric_register(&ops, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "map_segment"));
     g_clear_error(&error);
     ops = vn_shm_ops;
     ops.name = "no-route";
-    ops.open_route = NULL;
+    ops.open_route_async = NULL;
     ck_assert(!vn_fabric_register(&ops, &error));
     ck_assert_ptr_nonnull(strstr(error->message, "open_route"));
     g_clear_error(&error);
@@ -244,8 +244,8 @@ START_TEST(test_message_args)
     ck_assert_int_eq(
         vn_fabric_request(a->fab, "b", T_ECHO, "{}", big, VN_FABRIC_MAX_PAYLOAD, on_reply, &r),
         -EMSGSIZE);
-    ck_assert_int_eq(
-        vn_fabric_request_sync(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0, NULL), -EINVAL);
+    ck_assert_int_eq(fw_request(a->fab, "b", VN_FABRIC_TYPE_DOORBELL, NULL, NULL, 0, NULL),
+                     -EINVAL);
     ck_assert_int_eq(vn_fabric_doorbell(a->fab, "b", VN_FABRIC_MAX_DOORBELLS), -EINVAL);
     spin(20);
     ck_assert(!r.done); /* refused requests never call back */
@@ -254,7 +254,8 @@ START_TEST(test_message_args)
 }
 END_TEST
 
-START_TEST(test_sync_request)
+/* A peer in a thread of its own answers; its error reply carries its explanation. */
+START_TEST(test_threaded_peer_answers)
 {
     Node *b = node_open("b", true);
     Node *a;
@@ -264,14 +265,13 @@ START_TEST(test_sync_request)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    ck_assert_int_eq(
-        vn_fabric_request_sync(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
     ck_assert_ptr_nonnull(reply);
     ck_assert_str_eq(reply->json, "{\"s\":\"sync\"}");
     ck_assert_str_eq(reply->peer, "b");
     ck_assert_uint_eq(reply->data_len, 3);
     ck_assert_mem_eq(reply->data, "xyz", 3);
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FAIL, NULL, NULL, 0, &none), -EPERM);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_FAIL, NULL, NULL, 0, &none), -EPERM);
     /* An error reply leaves the peer's explanation. */
     ck_assert_ptr_nonnull(none);
     {
@@ -280,63 +280,11 @@ START_TEST(test_sync_request)
         ck_assert_str_eq(why, "not allowed here");
         vn_fabric_msg_free(none);
     }
-    /* on_link(up) was queued, not run inside the calls above. */
-    ck_assert_uint_eq(log_count(a, "up:"), 0);
     WAIT_FOR(log_has(a, "up:b"));
 }
 END_TEST
 
-START_TEST(test_sync_queues_others)
-{
-    Node *b = node_open("b", true);
-    Node *a;
-    g_autoptr(VnFabricMsg) reply = NULL;
-
-    node_start(b);
-    a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    /* b sends an event before its reply: it must not run inside the call. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_EVENT_FIRST, NULL, NULL, 0, &reply), 0);
-    ck_assert_str_eq(reply->json, "{\"second\":true}");
-    ck_assert_uint_eq(log_count(a, "ev:"), 0);
-    /* Let event 8 arrive behind the queued ones before the loop runs: it
-     * must still come after them. */
-    g_usleep(100 * 1000);
-    WAIT_FOR(log_has(a, "ev:8:-:0"));
-    ck_assert_uint_eq(a->log->len, 3);
-    ck_assert_str_eq(a->log->pdata[0], "up:b");
-    ck_assert_str_eq(a->log->pdata[1], "ev:7:{\"first\":true}:0");
-    ck_assert_str_eq(a->log->pdata[2], "ev:8:-:0");
-}
-END_TEST
-
-/* A peer that floods us while we wait on it loses its link once it has
- * queued VN_FABRIC_MAX_DEFERRED_BYTES: it cannot grow us without bound. */
-START_TEST(test_sync_flood_capped)
-{
-    Node *b = node_open("b", true);
-    Node *a;
-    g_autoptr(VnFabricMsg) reply = NULL;
-    VnFabricStats st;
-    gint64 t0;
-
-    node_start(b);
-    a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_FLOOD, NULL, NULL, 0, &reply),
-                     -ECONNRESET);
-    ck_assert_int_lt(now_ms() - t0, VN_FABRIC_REQUEST_TIMEOUT_MS / 2);
-    vn_fabric_stats(a->fab, &st);
-    ck_assert_uint_ge(st.bad_messages, 1);
-    WAIT_FOR(log_has(a, "down:b"));
-    /* What was queued before the bound is still delivered, in order. */
-    ck_assert_uint_ge(log_count(a, "ev:9:"), 1);
-    ck_assert_uint_le(log_count(a, "ev:9:"), VN_FABRIC_MAX_DEFERRED_BYTES / (1 << 20));
-}
-END_TEST
-
-START_TEST(test_sync_map_while_waiting)
+START_TEST(test_map_back_while_asking)
 {
     Node *b = node_open("b", true);
     Node *a;
@@ -351,10 +299,8 @@ START_TEST(test_sync_map_while_waiting)
     ck_assert_uint_ne(seg, 0);
     memcpy(map, "a's data", 8);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    /* a blocks on b; b's handler maps a's segment, which a must answer
-     * while it waits, or both would sit out the timeout. */
-    ck_assert_int_eq(
-        vn_fabric_request_sync(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
+    /* a waits on b; b's handler maps a's segment, which a's loop answers meanwhile. */
+    ck_assert_int_eq(fw_request(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
     ck_assert_uint_eq(reply->data_len, 8);
     ck_assert_mem_eq(reply->data, "a's data", 8);
     munmap(map, 8192);
@@ -369,12 +315,9 @@ START_TEST(test_request_timeout)
     static const char *const fast[] = { "request-timeout-ms", "200", NULL };
     Node *a = node_open_kv("a", false, fast);
     Node *b = node_open("b", false);
-    Node *c = node_open("c", true);
-    g_autoptr(VnFabricMsg) reply = NULL;
     Reply r = { 0 };
     gint64 t0;
 
-    node_start(c);
     link_nodes(a, b);
     t0 = now_ms();
     ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, NULL, NULL, 0, on_reply, &r), 0);
@@ -382,14 +325,6 @@ START_TEST(test_request_timeout)
     ck_assert_int_eq(r.err, -ETIMEDOUT);
     ck_assert_int_ge(now_ms() - t0, 150);
     ck_assert_int_eq(r.calls, 1);
-    /* The synchronous form times out the same way. */
-    ck_assert(vn_fabric_connect(a->fab, "c", NULL));
-    t0 = now_ms();
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "c", T_HOLD, NULL, NULL, 0, &reply),
-                     -ETIMEDOUT);
-    ck_assert_int_ge(now_ms() - t0, 150);
-    ck_assert_int_lt(now_ms() - t0, 2000);
-    ck_assert_ptr_null(reply);
     spin(50);
     ck_assert_int_eq(r.calls, 1);
 }
@@ -417,7 +352,7 @@ START_TEST(test_reset_on_peer_close)
 }
 END_TEST
 
-START_TEST(test_sync_reset_on_peer_close)
+START_TEST(test_reset_on_peer_quit)
 {
     Node *b = node_open("b", true);
     Node *a;
@@ -429,12 +364,11 @@ START_TEST(test_sync_reset_on_peer_close)
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     t0 = now_ms();
     /* b stops and closes while a waits. */
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, &reply),
-                     -ECONNRESET);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, &reply), -ECONNRESET);
     ck_assert_int_lt(now_ms() - t0, 1000);
     ck_assert(!vn_fabric_link_up(a->fab, "b"));
     WAIT_FOR(log_has(a, "down:b"));
-    ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, NULL, 0, &reply), -ENOTCONN);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, NULL, NULL, 0, &reply), -ENOTCONN);
 }
 END_TEST
 
@@ -471,7 +405,7 @@ START_TEST(test_window_map)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    w = vn_fabric_window_map(a->fab, "b", seg, &error);
+    w = fw_window_map(a->fab, "b", seg, &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_str_eq(w->peer, "b");
     ck_assert_uint_eq(w->segment, seg);
@@ -540,7 +474,7 @@ START_TEST(test_window_map_at_offset)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    w = vn_fabric_window_map(a->fab, "b", seg, &error);
+    w = fw_window_map(a->fab, "b", seg, &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w->size, 4096);
     ck_assert_uint_eq(w->offset, 8192);
@@ -574,7 +508,7 @@ START_TEST(test_windows_join)
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
     for (int k = 0; k < 3; k++) {
-        w[k] = vn_fabric_window_map(a->fab, "b", seg[k], &error);
+        w[k] = fw_window_map(a->fab, "b", seg[k], &error);
         ck_assert_msg(w[k] != NULL, "%s", error ? error->message : "");
     }
     fd = vn_fabric_windows_join(a->fab, w, 2, &offset, &error);
@@ -663,27 +597,27 @@ START_TEST(test_map_not_granted)
     ck_assert(vn_fabric_connect(c->fab, "b", NULL));
 
     /* Exported to c, not to a. */
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", seg, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", seg, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
     ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
     ck_assert_uint_eq(stats_of(a).windows_mapped, 0);
     g_clear_error(&error);
     /* Unknown and withdrawn ids. */
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", 999, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", 999, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
     g_clear_error(&error);
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", gone, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", gone, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
     g_clear_error(&error);
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", 0, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", 0, &error));
     g_clear_error(&error);
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "nobody", seg, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "nobody", seg, &error));
     g_clear_error(&error);
     ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 0);
     ck_assert_uint_eq(stats_of(a).bad_messages, 0);
 
     /* c may. */
-    w = vn_fabric_window_map(c->fab, "b", seg, &error);
+    w = fw_window_map(c->fab, "b", seg, &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     vn_fabric_window_unmap(c->fab, w);
     close(memfd);
@@ -719,31 +653,31 @@ START_TEST(test_window_limits)
     ck_assert(vn_fabric_connect(d->fab, "b", NULL));
 
     /* A 5 KiB segment takes an 8 KiB window. */
-    w5 = vn_fabric_window_map(a->fab, "b", s5, &error);
+    w5 = fw_window_map(a->fab, "b", s5, &error);
     ck_assert_msg(w5 != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w5->size, 5 * 1024);
     ck_assert_uint_eq(w5->window_size, 8192);
     /* 9 KiB would need 16 KiB: above the limit, nothing mapped. */
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", s9, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", s9, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
     g_clear_error(&error);
     ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 1);
     /* 1 KiB takes the 4 KiB granularity. */
-    w1 = vn_fabric_window_map(a->fab, "b", s1, &error);
+    w1 = fw_window_map(a->fab, "b", s1, &error);
     ck_assert_msg(w1 != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w1->window_size, 4096);
     /* Both windows in use: a third is refused. */
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", s1b, &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", s1b, &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
     g_clear_error(&error);
     ck_assert_uint_eq(vn_fabric_windows_in_use(a->fab), 2);
     /* Freeing one makes room. */
     vn_fabric_window_unmap(a->fab, w1);
-    w1b = vn_fabric_window_map(a->fab, "b", s1b, &error);
+    w1b = fw_window_map(a->fab, "b", s1b, &error);
     ck_assert_msg(w1b != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(stats_of(a).windows_mapped, 3);
     /* A coarser granularity rounds 1 KiB up to 8 KiB. */
-    w1 = vn_fabric_window_map(d->fab, "b", s1d, &error);
+    w1 = fw_window_map(d->fab, "b", s1d, &error);
     ck_assert_msg(w1 != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w1->window_size, 8192);
     /* Windows stay until unmapped; closing the node unmaps what is left. */
@@ -766,7 +700,7 @@ START_TEST(test_window_outlives_link)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_connect(a->fab, "b", NULL));
-    w = vn_fabric_window_map(a->fab, "b", seg, NULL);
+    w = fw_window_map(a->fab, "b", seg, NULL);
     ck_assert_ptr_nonnull(w);
     node_close(b);
     WAIT_FOR(log_has(a, "down:b"));
@@ -839,8 +773,7 @@ START_TEST(test_route)
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = route_id_le(id);
     /* a waits synchronously; its backend still answers b's open. */
-    ck_assert_int_eq(
-        vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply), 0);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply), 0);
     ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
     ck_assert_uint_eq(n, 1);
     ck_assert_uint_eq(stats_of(a).msgs_received, 1); /* the reply, nothing else */
@@ -979,9 +912,8 @@ START_TEST(test_route_not_granted)
         g_autoptr(VnFabricMsg) reply = NULL;
         uint64_t le = route_id_le(ids[i]);
 
-        ck_assert_int_eq(
-            vn_fabric_request_sync(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply),
-            i == 0 ? -EACCES : -ENOENT);
+        ck_assert_int_eq(fw_request(a->fab, "b", T_SIGNAL_ROUTE, NULL, &le, sizeof(le), &reply),
+                         i == 0 ? -EACCES : -ENOENT);
     }
     /* Nothing was signalled; each refusal was counted where it was asked. */
     ck_assert(!readable(efd));
@@ -1009,7 +941,7 @@ START_TEST(test_route_errors)
     g_clear_error(&error);
     ck_assert_uint_eq(vn_fabric_route_export(a->fab, -1, "b", &error), 0);
     g_clear_error(&error);
-    ck_assert_int_eq(vn_fabric_route_open(a->fab, "b", 1, &error), -ENOTCONN);
+    ck_assert_int_eq(fw_route_open(a->fab, "b", 1, &error), -ENOTCONN);
     g_clear_error(&error);
     vn_fabric_route_unexport(a->fab, 12345); /* unknown: nothing */
 
@@ -1017,7 +949,7 @@ START_TEST(test_route_errors)
     plain = vn_shm_ops;
     plain.name = "shm-plain";
     plain.caps = 0;
-    plain.open_route = NULL;
+    plain.open_route_async = NULL;
     ck_assert(vn_fabric_register(&plain, NULL));
     g_hash_table_insert(params, "dir", tmpdir);
     f = vn_fabric_open("shm-plain", "p", params, &handlers, NULL, ctx, &error);
@@ -1026,7 +958,7 @@ START_TEST(test_route_errors)
     ck_assert_uint_eq(vn_fabric_route_export(f, efd, "a", &error), 0);
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED));
     g_clear_error(&error);
-    ck_assert_int_eq(vn_fabric_route_open(f, "a", 1, &error), -ENOTSUP);
+    ck_assert_int_eq(fw_route_open(f, "a", 1, &error), -ENOTSUP);
     vn_fabric_close(f);
     close(memfd);
     close(efd);
@@ -1195,7 +1127,7 @@ START_TEST(test_crossing_delay)
     for (unsigned i = 0; i < requests; i++) {
         g_autoptr(VnFabricMsg) reply = NULL;
 
-        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, "{}", NULL, 0, &reply), 0);
+        ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, "{}", NULL, 0, &reply), 0);
     }
     /* a request and its reply: two crossings, one on each side */
     elapsed = vn_util_now_ns() - t0;
@@ -1234,15 +1166,15 @@ START_TEST(test_ntb_window_budget)
     /* Two ports (to b and to c) of 3 segment windows each. */
     ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_windows, 6);
     for (unsigned i = 0; i < 3; i++) {
-        w[i] = vn_fabric_window_map(a->fab, "b", seg[i], &error);
+        w[i] = fw_window_map(a->fab, "b", seg[i], &error);
         ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
     }
-    ck_assert_ptr_null(vn_fabric_window_map(a->fab, "b", seg[3], &error));
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", seg[3], &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
     g_clear_error(&error);
     vn_fabric_window_unmap(a->fab, w[1]);
     /* The UNMAP is ahead of the MAP in b's ring: the window is free by then. */
-    w[1] = vn_fabric_window_map(a->fab, "b", seg[3], &error);
+    w[1] = fw_window_map(a->fab, "b", seg[3], &error);
     ck_assert_msg(w[1] != NULL, "%s", error ? error->message : "");
     memcpy(w[1]->host, "four", 4);
     ck_assert_mem_eq(w[0]->host, "four", 4); /* one memfd behind all four */
@@ -1287,7 +1219,7 @@ START_TEST(test_ntb_fragments)
     for (size_t len = 1; len < VN_FABRIC_MAX_PAYLOAD - 64; len = len * 5 + 3) {
         g_autoptr(VnFabricMsg) reply = NULL;
 
-        ck_assert_int_eq(vn_fabric_request_sync(a->fab, "b", T_ECHO, NULL, big, len, &reply), 0);
+        ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, NULL, big, len, &reply), 0);
         ck_assert_uint_eq(reply->data_len, len);
         ck_assert_mem_eq(reply->data, big, len);
     }
@@ -1391,10 +1323,10 @@ static Suite *fabric_suite(void)
     } shared[] = {
         { "link", { test_link_up_down, test_simultaneous_connect, test_connect_errors } },
         { "messages",
-          { test_request_reply, test_event, test_error_reply, test_message_args, test_sync_request,
-            test_sync_queues_others, test_sync_map_while_waiting, test_sync_flood_capped } },
+          { test_request_reply, test_event, test_error_reply, test_message_args,
+            test_threaded_peer_answers, test_map_back_while_asking } },
         { "failures",
-          { test_request_timeout, test_reset_on_peer_close, test_sync_reset_on_peer_close,
+          { test_request_timeout, test_reset_on_peer_close, test_reset_on_peer_quit,
             test_close_cancels } },
         { "windows",
           { test_window_map, test_window_map_at_offset, test_windows_join, test_window_map_async,

@@ -761,7 +761,7 @@ static void map_refused(int fd, uint64_t offset, const char *what)
     WAIT_FOR(log_has(a, "up:evil"));
     t = g_thread_new("evil", answer_map, &ans);
 
-    ck_assert_msg(vn_fabric_window_map(a->fab, "evil", 1, &error) == NULL, "%s mapped", what);
+    ck_assert_msg(fw_window_map(a->fab, "evil", 1, &error) == NULL, "%s mapped", what);
     g_thread_join(t);
     ck_assert_msg(ans.fetched, "%s: no fetch came", what);
     ck_assert_msg(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA), "%s: %s", what,

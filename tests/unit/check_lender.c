@@ -38,7 +38,7 @@ START_TEST(test_attach_describes)
     ck_assert_uint_eq(d.irq_flags[VFIO_PCI_MSIX_IRQ_INDEX], VFIO_IRQ_INFO_EVENTFD);
 
     /* The BAR's segment is the device's BAR memory, both ways. */
-    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
+    w = fw_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w->size, BAR0_SIZE);
     w->host[0x2010] = 0xab;
@@ -47,7 +47,7 @@ START_TEST(test_attach_describes)
     ck_assert_uint_eq(w->host[0x18], 0x5a);
     vn_fabric_window_unmap(b->fab, w);
     /* ...and only the borrower may map it. */
-    ck_assert_ptr_null(vn_fabric_window_map(c->fab, "lender", d.regions[0].segments[0], &error));
+    ck_assert_ptr_null(fw_window_map(c->fab, "lender", d.regions[0].segments[0], &error));
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
 
     s = snap();
@@ -100,7 +100,7 @@ START_TEST(test_attach_cuts_large_bar)
     ck_assert_uint_eq(d.regions[0].nr_segments, 4);
     ck_assert_uint_eq(d.regions[VFIO_PCI_CONFIG_REGION_INDEX].nr_segments, 0);
     for (uint32_t k = 0; k < 4; k++) {
-        w[k] = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k], &error);
+        w[k] = fw_window_map(b->fab, "lender", d.regions[0].segments[k], &error);
         ck_assert_msg(w[k] != NULL, "%s", error ? error->message : "");
         ck_assert_uint_eq(w[k]->size, 0x1000);
         w[k]->host[0x10] = (uint8_t)(0xa0 + k);
@@ -112,8 +112,7 @@ START_TEST(test_attach_cuts_large_bar)
     ck_assert_int_eq(simple(b, VN_PROTO_DETACH), 0);
     ck_assert(lender_free_and_clean());
     for (uint32_t k = 0; k < 4; k++) {
-        ck_assert_ptr_null(
-            vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[k], &error));
+        ck_assert_ptr_null(fw_window_map(b->fab, "lender", d.regions[0].segments[k], &error));
         g_clear_error(&error);
     }
     /* Windows as large as the BAR: one segment. */
@@ -167,7 +166,7 @@ START_TEST(test_attach_busy_detach)
     o = vn_json_parse_object(s.json, -1, 65536, NULL);
     ck_assert(o != NULL && json_object_get_null_member(o, "borrower"));
     snap_clear(&s);
-    w = vn_fabric_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
+    w = fw_window_map(b->fab, "lender", d.regions[0].segments[0], &error);
     ck_assert_ptr_null(w);
     ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
     ck_assert_int_eq(simple(b, VN_PROTO_RESET), -EPERM);

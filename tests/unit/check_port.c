@@ -6,6 +6,7 @@
  * test thread runs).  The worker is never a node: hosta sees hostb.
  */
 #include "check-main.h"
+#include "fabric-wait.h"
 #include "fabric-rig.h"
 #include "daemon/keep.h"
 #include "daemon/port.h"
@@ -166,7 +167,7 @@ static void step_echo(Worker *w)
 {
     g_autoptr(VnFabricMsg) reply = NULL;
 
-    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_ECHO, DEVICE_JSON, "abc", 3, &reply);
+    w->ret = fw_request(w->fab, "hosta", T_ECHO, DEVICE_JSON, "abc", 3, &reply);
     if (w->ret == 0) {
         ck_assert_str_eq(reply->json, DEVICE_JSON);
         ck_assert_uint_eq(reply->data_len, 3);
@@ -177,15 +178,14 @@ static void step_echo_other_device(Worker *w)
 {
     g_autoptr(VnFabricMsg) reply = NULL;
 
-    w->ret =
-        vn_fabric_request_sync(w->fab, "hosta", T_ECHO, "{\"device\":\"nic0\"}", NULL, 0, &reply);
+    w->ret = fw_request(w->fab, "hosta", T_ECHO, "{\"device\":\"nic0\"}", NULL, 0, &reply);
 }
 
 static void step_map(Worker *w)
 {
     g_autoptr(GError) error = NULL;
 
-    w->win = vn_fabric_window_map(w->fab, "hosta", w->id, &error);
+    w->win = fw_window_map(w->fab, "hosta", w->id, &error);
     w->ret = w->win != NULL ? 0 : -1;
 }
 
@@ -209,8 +209,7 @@ static void step_map_back(Worker *w)
     g_autoptr(VnFabricMsg) reply = NULL;
     g_autofree char *json = g_strdup(DEVICE_JSON);
 
-    w->ret =
-        vn_fabric_request_sync(w->fab, "hosta", T_MAP_BACK, json, &w->id, sizeof(w->id), &reply);
+    w->ret = fw_request(w->fab, "hosta", T_MAP_BACK, json, &w->id, sizeof(w->id), &reply);
     if (w->ret == 0) {
         ck_assert_uint_eq(reply->data_len, 8);
         ck_assert_mem_eq(reply->data, "worker!!", 8);
@@ -226,8 +225,7 @@ static void step_route(Worker *w)
     id = vn_fabric_route_export(w->fab, w->fd, "hosta", &error);
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = GUINT64_TO_LE(id);
-    w->ret = vn_fabric_request_sync(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le, sizeof(le),
-                                    &reply);
+    w->ret = fw_request(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le, sizeof(le), &reply);
 }
 
 static void step_doorbells(Worker *w)

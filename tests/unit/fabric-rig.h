@@ -3,9 +3,9 @@
  * nodes in this process, each test in a fabric directory of its own.
  *
  * Most nodes share the test's GMainContext, iterated by the test (WAIT_FOR,
- * spin); a node that must answer while another blocks (window maps and
- * request_sync are synchronous) runs its own context in a thread
- * (node_start), after which only that thread touches it.  Each node logs
+ * spin, fabric-wait.h); a node that must answer while the test waits on another
+ * runs its own context in a thread (node_start), after which only that thread
+ * touches it.  Each node logs
  * what its handlers saw ("up:b", "req:1:{json}:3:1", "ev:...", "db:a:3").
  */
 #ifndef VN_CHECK_FABRIC_RIG_H
@@ -16,6 +16,7 @@
 #include "fabric/fabric.h"
 #include "fabric/frame.h"
 #include "fabric/shm.h"
+#include "fabric-wait.h"
 
 #include <check.h>
 #include <errno.h>
@@ -37,12 +38,8 @@ enum {
     T_FAIL,         /* error reply EPERM */
     T_HOLD,         /* keep the token, never answer */
     T_HOLD_QUIT,    /* keep the token, stop the node's thread (it closes) */
-    T_EVENT_FIRST,  /* send event 7, reply, event 8 some 30 ms later */
     T_MAP_BACK,     /* map the asker's segment (id in data), reply its bytes */
-    T_FLOOD,        /* send FLOOD_EVENTS events of 1 MiB, never answer */
 };
-
-#define FLOOD_EVENTS 300
 
 typedef struct Node {
     char name[VN_MAX_NODE_NAME + 1];
@@ -51,9 +48,8 @@ typedef struct Node {
     GThread *thread; /* threaded nodes */
     gint stop;       /* atomic: the thread's loop ends */
     bool close_in_thread;
-    VnMutex lock;                     /* log: written by the node's thread */
-    GPtrArray *log;                   /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
-    char asker[VN_MAX_NODE_NAME + 1]; /* T_EVENT_FIRST's, for event 8 */
+    VnMutex lock;   /* log: written by the node's thread */
+    GPtrArray *log; /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
 } Node;
 
 static char *tmpdir;
@@ -102,18 +98,55 @@ static inline void on_link(void *opaque, const char *peer, bool up)
     log_add(opaque, g_strdup_printf("%s:%s", up ? "up" : "down", peer));
 }
 
-static inline gboolean send_event_8(gpointer data)
-{
-    Node *n = data;
+/* A request a node answers once the fabric answered it (a route opened, a window mapped). */
+typedef struct RigLater {
+    Node *n;
+    uint64_t token;
+} RigLater;
 
-    vn_fabric_event(n->fab, n->asker, 8, NULL, NULL, 0);
-    return G_SOURCE_REMOVE;
+static inline RigLater *rig_later_new(Node *n, uint64_t token)
+{
+    RigLater *r = g_new(RigLater, 1);
+
+    *r = (RigLater){ .n = n, .token = token };
+    return r;
+}
+
+/* T_SIGNAL_ROUTE's route: signal it once, and answer. */
+static inline void route_for_reply(void *opaque, int fd, const GError *error)
+{
+    RigLater *r = opaque;
+    uint64_t one = 1;
+
+    if (fd < 0) {
+        vn_fabric_reply_error(r->n->fab, r->token, fd, error != NULL ? error->message : NULL);
+    } else {
+        ck_assert_int_eq(write(fd, &one, sizeof(one)), sizeof(one));
+        close(fd);
+        vn_fabric_reply(r->n->fab, r->token, "{\"signalled\":1}", NULL, 0);
+    }
+    g_free(r);
+}
+
+/* T_MAP_BACK's window: answer with its first bytes, and unmap it. */
+static inline void window_for_reply(void *opaque, VnFabricWindow *w, const GError *error)
+{
+    RigLater *r = opaque;
+    uint8_t head[8] = { 0 };
+
+    if (w == NULL) {
+        vn_fabric_reply_error(r->n->fab, r->token, -EIO, error != NULL ? error->message : NULL);
+    } else {
+        memcpy(head, w->host, sizeof(head));
+        vn_fabric_window_unmap(r->n->fab, w);
+        vn_fabric_reply(r->n->fab, r->token, NULL, head, sizeof(head));
+    }
+    g_free(r);
 }
 
 static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 {
     Node *n = opaque;
-    uint8_t head[8] = { 0 };
 
     log_add(
         n, g_strdup_printf("req:%u:%s:%zu", msg->type, msg->json ? msg->json : "-", msg->data_len));
@@ -122,22 +155,14 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len);
         break;
     case T_SIGNAL_ROUTE: {
-        g_autoptr(GError) error = NULL;
-        uint64_t id = 0, one = 1;
-        int fd = -1;
+        uint64_t id = 0;
 
-        if (msg->data_len == sizeof(id)) {
-            memcpy(&id, msg->data, sizeof(id));
-            fd = vn_fabric_route_open(n->fab, msg->peer, id, &error);
-        }
-        if (fd < 0) {
-            vn_fabric_reply_error(n->fab, token, fd < 0 ? fd : -EINVAL,
-                                  error != NULL ? error->message : "no route id");
+        if (msg->data_len != sizeof(id)) {
+            vn_fabric_reply_error(n->fab, token, -EINVAL, "no route id");
             break;
         }
-        ck_assert_int_eq(write(fd, &one, sizeof(one)), sizeof(one));
-        close(fd);
-        vn_fabric_reply(n->fab, token, "{\"signalled\":1}", NULL, 0);
+        memcpy(&id, msg->data, sizeof(id));
+        vn_fabric_route_open_async(n->fab, msg->peer, id, route_for_reply, rig_later_new(n, token));
         break;
     }
     case T_FAIL:
@@ -145,49 +170,20 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         break;
     case T_HOLD:
         break;
-    case T_FLOOD: {
-        g_autofree uint8_t *mib = g_malloc0(1 << 20);
-
-        /* Until the asker drops the link (a send then fails). */
-        for (int i = 0; i < FLOOD_EVENTS; i++) {
-            if (vn_fabric_event(n->fab, msg->peer, 9, NULL, mib, 1 << 20) < 0) {
-                break;
-            }
-        }
-        break;
-    }
     case T_HOLD_QUIT:
         n->close_in_thread = true;
         g_atomic_int_set(&n->stop, 1);
         break;
-    case T_EVENT_FIRST:
-        vn_fabric_event(n->fab, msg->peer, 7, "{\"first\":true}", NULL, 0);
-        vn_fabric_reply(n->fab, token, "{\"second\":true}", NULL, 0);
-        g_strlcpy(n->asker, msg->peer, sizeof(n->asker));
-        {
-            GSource *later = g_timeout_source_new(30);
-
-            g_source_set_callback(later, send_event_8, n, NULL);
-            g_source_attach(later, n->ctx);
-            g_source_unref(later);
-        }
-        break;
     case T_MAP_BACK: {
-        g_autoptr(GError) error = NULL;
-        VnFabricWindow *w = NULL;
         uint64_t id = 0;
 
-        if (msg->data_len == sizeof(id)) {
-            memcpy(&id, msg->data, sizeof(id));
-            w = vn_fabric_window_map(n->fab, msg->peer, id, &error);
-        }
-        if (w == NULL) {
-            vn_fabric_reply_error(n->fab, token, -EIO, error ? error->message : "no id");
+        if (msg->data_len != sizeof(id)) {
+            vn_fabric_reply_error(n->fab, token, -EIO, "no id");
             break;
         }
-        memcpy(head, w->host, sizeof(head));
-        vn_fabric_window_unmap(n->fab, w);
-        vn_fabric_reply(n->fab, token, NULL, head, sizeof(head));
+        memcpy(&id, msg->data, sizeof(id));
+        vn_fabric_window_map_async(n->fab, msg->peer, id, window_for_reply,
+                                   rig_later_new(n, token));
         break;
     }
     default:

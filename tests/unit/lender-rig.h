@@ -9,7 +9,7 @@
  *   (the lender's vfio-user client blocks, so it cannot share the device's
  *   thread; the borrowers' requests are synchronous, so not theirs either);
  * - the test: borrower nodes "b" and "c" speaking the lending protocol with
- *   vn_fabric_request_sync(), in a context the test iterates.
+ *   fw_request(), in a context the test iterates.
  * What the device saw is read through its DMA and interrupt tables (which
  * lock); the lender's and the server's state through calls run in their
  * threads (on_loop).
@@ -25,6 +25,7 @@
 #include "vfio-user/server.h"
 
 #include "check-main.h"
+#include "fabric-wait.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -629,7 +630,7 @@ static inline bool lender_free_and_clean(void)
 static inline int req(Borrower *b, uint32_t type, const char *json, const void *data, size_t len,
                       VnFabricMsg **reply)
 {
-    return vn_fabric_request_sync(b->fab, "lender", type, json, data, len, reply);
+    return fw_request(b->fab, "lender", type, json, data, len, reply);
 }
 
 /* The asynchronous form, for the error message of a refusal. */

@@ -20,8 +20,8 @@
  *   data), the loss is logged and counted, and a QEMU that takes device
  *   requests is asked to unplug the device.
  *
- * Threads: one GMainContext, shared with the fabric; lending requests are
- * synchronous on the lender's link (see vn_fabric_request_sync()).
+ * Threads: one GMainContext, shared with the fabric; no lending request is waited
+ * for: each is answered from the loop, in the order they were sent.
  */
 #ifndef VN_BORROWER_H
 #define VN_BORROWER_H

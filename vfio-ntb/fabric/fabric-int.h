@@ -63,15 +63,6 @@ typedef struct VnFabricToken {
     uint32_t type;
 } VnFabricToken;
 
-/* The one synchronous request being waited for (on the caller's stack). */
-typedef struct VnFabricSync {
-    const char *peer;
-    uint64_t id;
-    bool done;
-    int err;
-    VnFabricMsg *reply; /* owned */
-} VnFabricSync;
-
 /* An exported segment or route. */
 typedef struct VnFabricSegment {
     uint64_t id;     /* key */
@@ -100,11 +91,10 @@ struct VnFabric {
     uint64_t last_id;
     GHashTable *tokens; /* &token -> VnFabricToken */
     uint64_t last_token;
-    VnFabricSync *sync;
 
     /*
-     * Deferral: while > 0 (inside a backend call made from our API, e.g.
-     * ops->wait of a synchronous request) or while the queue is not empty
+     * Deferral: while > 0 (inside a backend call made from our API: a send, a
+     * connect, a worker's call to its daemon) or while the queue is not empty
      * (to keep order), what the backend reports is queued and handled from
      * an idle source, never inside the caller's call.
      */

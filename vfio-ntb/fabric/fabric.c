@@ -43,14 +43,12 @@ bool vn_fabric_ops_valid(const VnFabricOps *ops, GError **error)
         missing = "connect";
     } else if (ops->send == NULL) {
         missing = "send";
-    } else if (ops->wait == NULL) {
-        missing = "wait";
     } else if (ops->disconnect == NULL) {
         missing = "disconnect";
-    } else if (ops->map_segment == NULL) {
-        missing = "map_segment";
-    } else if ((ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) && ops->open_route == NULL) {
-        missing = "open_route (for VN_FABRIC_CAP_DIRECT_ROUTES)";
+    } else if (ops->map_segment_async == NULL) {
+        missing = "map_segment_async";
+    } else if ((ops->caps & VN_FABRIC_CAP_DIRECT_ROUTES) && ops->open_route_async == NULL) {
+        missing = "open_route_async (for VN_FABRIC_CAP_DIRECT_ROUTES)";
     }
     /* check_params, ping and discover are optional. */
     if (missing != NULL) {
@@ -381,32 +379,6 @@ static VnFabricDeferred *defer_item(VnFabric *fab, VnFabricDeferredKind kind, co
     return d;
 }
 
-/* While deferring, one frame cannot wait for the idle source: the reply
- * the synchronous request is blocked on.  (Segment maps and route opens are
- * the backend's, answered below this layer: two nodes mapping each other's
- * segments at once do not deadlock.) */
-static bool intercept(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len)
-{
-    VnFabricSync *sync = fab->sync;
-    VnFabricFrame f;
-    uint16_t kind;
-
-    if (vn_fabric_frame_decode(buf, len, &f) < 0) {
-        return false;
-    }
-    kind = f.hdr.flags & VN_FABRIC_FLAG_KIND_MASK;
-    if (kind == VN_FABRIC_FLAG_REPLY && sync != NULL && !sync->done && f.hdr.id == sync->id &&
-        strcmp(peer, sync->peer) == 0) {
-        trace_fabric_receive_sync(fab->node, peer, vn_fabric_kind_to_string(f.hdr.flags), f.hdr.id);
-        fab->stats.msgs_received++;
-        sync->reply = vn_fabric_msg_copy(peer, &f);
-        sync->err = (f.hdr.flags & VN_FABRIC_FLAG_ERROR) ? -f.hdr.error : 0;
-        sync->done = true;
-        return true;
-    }
-    return false;
-}
-
 void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len)
 {
     char name[VN_MAX_NODE_NAME + 1];
@@ -423,9 +395,6 @@ void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *
         /* A copy of the name: a handler may end the link and free @p. */
         g_strlcpy(name, p->name, sizeof(name));
         process_frame(fab, name, p->gen, buf, len);
-        return;
-    }
-    if (intercept(fab, peer, buf, len)) {
         return;
     }
     if (p->dropping || p->deferred_frames >= VN_FABRIC_MAX_DEFERRED_FRAMES ||
@@ -479,10 +448,6 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
         /* link_up() must tell the truth at once; what depends on the link
          * going (failing its requests, on_link) follows in order. */
         g_hash_table_remove(fab->peers, peer);
-        if (fab->sync != NULL && !fab->sync->done && strcmp(fab->sync->peer, peer) == 0) {
-            fab->sync->err = -ECONNRESET;
-            fab->sync->done = true;
-        }
     }
     g_info("node %s: link to %s %s", fab->node, peer, up ? "up" : "down");
     if (deferring(fab)) {

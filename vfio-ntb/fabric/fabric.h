@@ -154,36 +154,23 @@ typedef struct VnFabricOps {
     void (*close)(void *backend);
     int (*connect)(void *backend, const char *peer);
     int (*send)(void *backend, const char *peer, const void *buf, size_t len);
-    /* Block until bytes from @peer arrived and were passed to
-     * vn_fabric_backend_received(), or @timeout_ms passed (-ETIMEDOUT). */
-    int (*wait)(void *backend, const char *peer, int timeout_ms);
     /* End the link to @peer (a peer that broke a bound).  Its link down is
      * reported later, from the backend's own source, never from inside this
      * call; what it sent meanwhile may still arrive. */
     void (*disconnect)(void *backend, const char *peer);
     /*
-     * Map @peer's segment @id through an outbound window: returns a new fd
-     * of ours (or -errno) whose bytes from *@offset are the segment, and its
-     * size in *@size.  The peer's backend checks the segment with
-     * vn_fabric_backend_segment().  Synchronous, at most @timeout_ms; while
-     * it waits it keeps answering peers' own maps and route opens (two
-     * nodes mapping each other's segments at once must not deadlock), and
-     * what else arrives is reported as usual (the fabric queues it).
+     * Required.  Map @peer's segment @id through an outbound window, without waiting:
+     * @done runs once, from the backend's sources (at once when it cannot be asked; from
+     * close with -ECANCELED), with a new fd of ours (or -errno) whose bytes from @offset
+     * are the segment, and its @size.  The peer's backend checks the segment with
+     * vn_fabric_backend_segment(); at most @timeout_ms.
      */
-    int (*map_segment)(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
-                       uint64_t *offset);
-    /* Optional: the same without waiting.  @done runs once, later, from the
-     * backend's sources (or from close, with -ECANCELED), with the fd (or
-     * -errno), the size and the offset. */
     void (*map_segment_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
                               void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset),
                               void *opaque);
-    /* With VN_FABRIC_CAP_DIRECT_ROUTES: a new fd of ours that signals
-     * @peer's route @id (checked there by vn_fabric_backend_route()), or
-     * -errno; waits like map_segment. */
-    int (*open_route)(void *backend, const char *peer, uint64_t id, int timeout_ms);
-    /* Optional: the same without waiting; @done runs once, later, as for
-     * map_segment_async, with the fd or -errno. */
+    /* With VN_FABRIC_CAP_DIRECT_ROUTES: a new fd of ours that signals @peer's route @id
+     * (checked there by vn_fabric_backend_route()), or -errno, told to @done as for
+     * map_segment_async. */
     void (*open_route_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
                              void (*done)(void *opaque, int fd), void *opaque);
     /*
@@ -338,19 +325,12 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
 int vn_fabric_segment_withhold(VnFabric *fab, uint64_t id, bool withhold);
 
 /*
- * Map @peer's segment @id through a memory window (synchronous, at most the
- * request timeout; no handler runs meanwhile).  Fails for an unknown or
- * not-exported-to-us segment, or when no window is free or the segment
- * exceeds the window limits, and for a window whose fd is not a memfd sealed
- * against shrinking that holds the size claimed: anything else could shrink
- * under the mapping.
- */
-VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id, GError **error);
-/*
- * The same without waiting (for a loop that must not: a daemon's): @done
- * gets the window or an error, once, later (at once when the arguments or
- * the budget refuse it, or when the backend cannot map without waiting).
- * The window's slot is taken meanwhile.
+ * Map @peer's segment @id through a memory window, without waiting: @done gets the window
+ * or an error, once, later (at once when the arguments or the budget refuse it), at most
+ * the request timeout after.  The window's slot is taken meanwhile.  It fails for an
+ * unknown or not-exported-to-us segment, or when no window is free or the segment exceeds
+ * the window limits, and for a window whose fd is not a memfd sealed against shrinking
+ * that holds the size claimed: anything else could shrink under the mapping.
  */
 typedef void (*VnFabricMapFn)(void *opaque, VnFabricWindow *w, const GError *error);
 void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricMapFn done,
@@ -379,18 +359,15 @@ int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, 
  * @peer's devices; returns the route's id (> 0), or 0 with @error.  Ids are
  * never reused.  Unexport: the peer cannot open it any more (what it opened
  * already cannot be revoked by shm; see the lender's fencing).
- * Open: a new eventfd of ours (the caller's to close) that signals @peer's
- * route @id, or -errno with @error.  Synchronous, like vn_fabric_window_map().
  */
 uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error);
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id);
-int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error);
 /*
- * The same without waiting (a daemon's loop must not wait on a peer that may
- * never answer): @done gets the fd (the callee's to close) or -errno with
- * @error, once, later -- at once when the arguments refuse it or the backend
- * cannot open without waiting.  After vn_fabric_close() it is called with
- * -ECANCELED, so an @opaque it frees must not be freed elsewhere meanwhile.
+ * Open @peer's route @id without waiting (no loop may wait on a peer that may never
+ * answer): @done gets a new eventfd of ours that signals it (the callee's to close) or
+ * -errno with @error, once, later -- at once when the arguments refuse it.  After
+ * vn_fabric_close() it is called with -ECANCELED, so an @opaque it frees must not be freed
+ * elsewhere meanwhile.
  */
 typedef void (*VnFabricRouteFn)(void *opaque, int fd, const GError *error);
 void vn_fabric_route_open_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricRouteFn done,
@@ -405,20 +382,6 @@ void vn_fabric_route_open_async(VnFabric *fab, const char *peer, uint64_t id, Vn
 typedef void (*VnFabricReplyFn)(void *opaque, VnFabricMsg *reply, int err);
 int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char *json,
                       const void *data, size_t len, VnFabricReplyFn done, void *opaque);
-/*
- * Synchronous form.  It does not iterate the main context (that would let
- * other handlers run in the middle of the caller's): it waits on @peer's
- * link alone, at most VN_FABRIC_REQUEST_TIMEOUT_MS, and queues any other
- * message that arrives meanwhile for normal dispatch.  The reply (owned,
- * free with vn_fabric_msg_free) goes to *reply; an error reply gives its
- * -errno and leaves the error message in *reply when the peer sent one
- * (vn_fabric_error_message()).  Peers' segment maps and route opens are
- * still answered while waiting (by the backend; they run no handler), so
- * two nodes mapping each other's segments at once do not deadlock.  A peer
- * served by the calling thread cannot answer: the call times out.
- */
-int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                           const void *data, size_t len, VnFabricMsg **reply);
 int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data, size_t len);
 int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *message);
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,

@@ -716,30 +716,6 @@ static int host_send(void *backend, const char *peer, const void *buf, size_t le
     return host_send_record(h, VN_HOST_SEND, 0, peer, 0, 0, buf, len, -1);
 }
 
-static int host_wait(void *backend, const char *peer, int timeout_ms)
-{
-    VnHost *h = backend;
-    struct pollfd p = { .fd = h->fd, .events = POLLIN };
-    int ready;
-
-    if (!g_hash_table_contains(h->up, peer)) {
-        return -ENOTCONN;
-    }
-    if (h->fd < 0) {
-        g_usleep((gulong)MIN(timeout_ms, VN_HOST_RETRY_MS) * 1000);
-        return -ETIMEDOUT;
-    }
-    ready = poll(&p, 1, timeout_ms);
-    if (ready < 0) {
-        return -errno;
-    }
-    if (ready == 0) {
-        return -ETIMEDOUT;
-    }
-    host_service(h);
-    return 0;
-}
-
 /* A worker does not end its host's links: it forgets the peer until the
  * daemon reports it again. */
 static void host_disconnect(void *backend, const char *peer)
@@ -766,26 +742,6 @@ static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t arg, 
         return ret;
     }
     return fd;
-}
-
-static int host_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                            uint64_t *size, uint64_t *offset)
-{
-    VnHostHdr rep;
-    int fd = host_call_fd(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, &rep);
-
-    if (fd >= 0) {
-        *size = rep.arg;
-        *offset = rep.arg2;
-    }
-    return fd;
-}
-
-static int host_open_route(void *backend, const char *peer, uint64_t id, int timeout_ms)
-{
-    VnHostHdr rep;
-
-    return host_call_fd(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, &rep);
 }
 
 /* A map or route open asked without waiting: what its caller is told. */
@@ -1060,11 +1016,8 @@ const VnFabricOps vn_host_ops = {
     .close = host_close,
     .connect = host_connect,
     .send = host_send,
-    .wait = host_wait,
     .disconnect = host_disconnect,
-    .map_segment = host_map_segment,
     .map_segment_async = host_map_segment_async,
-    .open_route = host_open_route,
     .open_route_async = host_open_route_async,
     .export = host_export,
     .unexport = host_unexport,

@@ -1,6 +1,6 @@
 /*
  * Fabric messages (see fabric.h): requests with ids, replies by token,
- * events and doorbells; the synchronous request that waits on one link.
+ * events and doorbells.
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -200,72 +200,6 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     g_source_attach(pend->timeout, fab->ctx);
     g_hash_table_insert(fab->pending, &pend->id, pend);
     return 0;
-}
-
-int vn_fabric_request_sync(VnFabric *fab, const char *peer, uint32_t type, const char *json,
-                           const void *data, size_t len, VnFabricMsg **reply)
-{
-    VnFabricSync sync = { .peer = peer };
-    gint64 deadline;
-    int ret;
-
-    if (reply != NULL) {
-        *reply = NULL;
-    }
-    if (type >= VN_FABRIC_TYPE_RESERVED) {
-        return -EINVAL;
-    }
-    if (fab->backend == NULL) {
-        return -ESHUTDOWN;
-    }
-    /* Handlers never run during a wait, so this is a backend calling us
-     * back from inside ops->wait: refuse rather than recurse. */
-    if (fab->sync != NULL) {
-        return -EDEADLK;
-    }
-    if (peer == NULL || vn_fabric_peer(fab, peer) == NULL) {
-        return -ENOTCONN;
-    }
-    sync.id = ++fab->last_id;
-    ret =
-        vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, sync.id, 0, json, data, len);
-    if (ret < 0) {
-        return ret;
-    }
-    /* Wait on this link alone: the backend feeds us its frames; the reply
-     * completes @sync (see intercept() in fabric.c), the rest is queued. */
-    /* On our stack on purpose: the one synchronous request, cleared below before we return
-     * (fabric-int.h). */
-    /* cppcheck-suppress autoVariables */
-    fab->sync = &sync;
-    fab->defer++;
-    deadline = g_get_monotonic_time() + (gint64)fab->request_timeout_ms * 1000;
-    while (!sync.done) {
-        gint64 left = deadline - g_get_monotonic_time();
-
-        if (left <= 0) {
-            sync.err = -ETIMEDOUT;
-            break;
-        }
-        ret = fab->ops->wait(fab->backend, peer, (int)((left + 999) / 1000));
-        if (!sync.done && ret < 0 && ret != -ETIMEDOUT && ret != -EINTR && ret != -EAGAIN) {
-            sync.err = ret;
-            break;
-        }
-    }
-    fab->defer--;
-    fab->sync = NULL;
-    trace_fabric_request_sync_done(fab->node, sync.id, type, peer, sync.err);
-    if (sync.err == -ETIMEDOUT) {
-        g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", fab->node, sync.id,
-               type, peer);
-    }
-    if (reply != NULL) {
-        *reply = sync.reply;
-    } else {
-        vn_fabric_msg_free(sync.reply);
-    }
-    return sync.err;
 }
 
 void vn_fabric_reply_received(VnFabric *fab, const char *peer, uint64_t gen, const VnFabricFrame *f)

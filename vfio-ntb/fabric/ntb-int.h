@@ -110,8 +110,6 @@ void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 /* @l's session ended (@err), or the node closes (-ECANCELED; @l NULL: every
  * link's): maps waiting fail, told from the loop (closing: at once). */
 void vn_ntb_maps_end(VnNtb *ntb, VnNtbLink *l, int err);
-int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
-                       uint64_t *offset);
 void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
                               void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset),
                               void *opaque);

@@ -157,35 +157,6 @@ static VnNtbMapping *mapping_start(VnNtb *ntb, VnNtbLink *l, uint64_t id, VnNtbM
     return m;
 }
 
-int vn_ntb_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms, uint64_t *size,
-                       uint64_t *offset)
-{
-    VnNtb *ntb = backend;
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    VnNtbMapping *m = mapping_start(ntb, vn_ntb_link_of(ntb, peer), id, NULL, NULL);
-    int fd;
-
-    /* Serving every port meanwhile: the peer may be mapping ours. */
-    while (!m->finished) {
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-
-        if (left <= 0) {
-            mapping_finish(m, -ETIMEDOUT, 0, 0); /* a late answer gives its window back */
-            break;
-        }
-        vn_ntb_poll(ntb, (int)MIN(left, 2));
-        if (m->l != NULL) {
-            vn_ntb_flush(m->l);
-        }
-    }
-    fd = m->fd;
-    *size = m->size;
-    *offset = m->offset;
-    m->fd = -1;
-    mapping_free(m);
-    return fd;
-}
-
 void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
                               VnNtbMapDone done, void *opaque)
 {

@@ -778,40 +778,6 @@ int vn_ntb_poll(VnNtb *ntb, int timeout_ms)
     return 0;
 }
 
-static int ntb_wait(void *backend, const char *peer, int timeout_ms)
-{
-    VnNtb *ntb = backend;
-    VnNtbLink *l = vn_ntb_link_of(ntb, peer);
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    uint64_t seen, reports = ntb->reports;
-
-    if (l == NULL) {
-        return -ENOTCONN;
-    }
-    seen = l->frames_in;
-    for (;;) {
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-        int ret;
-
-        if (!l->reported) {
-            vn_ntb_report_downs(ntb); /* the fabric ends what waited on it */
-        }
-        if (l->frames_in != seen || ntb->reports != reports) {
-            return 0;
-        }
-        if (left <= 0) {
-            return -ETIMEDOUT;
-        }
-        /* A ring that is full waits on the retry timer, which does not run
-         * here: a short poll keeps it moving. */
-        ret = vn_ntb_poll(ntb, (int)MIN(left, l->txq->len > 0 ? 2 : left));
-        if (ret < 0 && ret != -ETIMEDOUT && ret != -EINTR) {
-            return ret;
-        }
-        vn_ntb_flush(l);
-    }
-}
-
 /* ---- links -------------------------------------------------------------- */
 
 /* A port that may lead to @peer: cabled to it, or not named yet. */
@@ -1083,9 +1049,7 @@ const VnFabricOps vn_ntb_ops = {
     .close = ntb_close,
     .connect = ntb_connect,
     .send = ntb_send,
-    .wait = ntb_wait,
     .disconnect = ntb_disconnect,
-    .map_segment = vn_ntb_map_segment,
     .map_segment_async = vn_ntb_map_segment_async,
     .unmap_segment = vn_ntb_unmap_segment,
     .unexport = vn_ntb_unexport,

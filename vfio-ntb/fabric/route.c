@@ -155,19 +155,6 @@ static int open_finish(VnFabric *fab, const char *peer, uint64_t id, int fd, GEr
     return fd;
 }
 
-int vn_fabric_route_open(VnFabric *fab, const char *peer, uint64_t id, GError **error)
-{
-    int fd = open_check(fab, peer, id, error);
-
-    if (fd < 0) {
-        return fd;
-    }
-    fab->defer++;
-    fd = fab->ops->open_route(fab->backend, peer, id, fab->request_timeout_ms);
-    fab->defer--;
-    return open_finish(fab, peer, id, fd, error);
-}
-
 /* A route open under way (vn_fabric_route_open_async). */
 typedef struct VnFabricRouting {
     VnFabric *fab;
@@ -202,11 +189,6 @@ void vn_fabric_route_open_async(VnFabric *fab, const char *peer, uint64_t id, Vn
     VnFabricRouting *r;
     int fd;
 
-    if (fab->ops->open_route_async == NULL) {
-        fd = vn_fabric_route_open(fab, peer, id, &error);
-        done(opaque, fd, error);
-        return;
-    }
     fd = open_check(fab, peer, id, &error);
     if (fd < 0) {
         done(opaque, fd, error);

@@ -472,75 +472,6 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
     return ret;
 }
 
-/*
- * Wait at most @timeout_ms for @extra (when >= 0) to be readable, serving
- * meanwhile what may not wait for the main loop: the listening socket and
- * unnamed connections (a HELLO that may name @peer, or a peer's FETCH --
- * two nodes mapping each other's segments at once must not deadlock), and
- * every connection named @peer (when not NULL: when both ends connect at
- * once, the peer may answer on the connection it opened, which we have not
- * even accepted yet).  Other peers' connections wait for the main loop.
- * Returns 1 when @extra is readable, 0 when something else was served,
- * -ETIMEDOUT, or -errno.
- */
-static int poll_serving(VnShm *shm, int extra, const char *peer, int timeout_ms)
-{
-    struct pollfd pfd[VN_SHM_MAX_UNNAMED + 9];
-    VnShmConn *conn[G_N_ELEMENTS(pfd)];
-    unsigned n = 0, first = 0;
-    int ready, ret = 0;
-
-    if (extra >= 0) {
-        pfd[n] = (struct pollfd){ .fd = extra, .events = POLLIN };
-        conn[n++] = NULL;
-        first = 1;
-    }
-    pfd[n] = (struct pollfd){ .fd = shm->listen_fd, .events = POLLIN };
-    conn[n++] = NULL;
-    for (guint i = 0; i < shm->conns->len && n < G_N_ELEMENTS(pfd); i++) {
-        VnShmConn *c = shm->conns->pdata[i];
-
-        if (c->fd >= 0 && (c->peer[0] == '\0' || (peer != NULL && strcmp(c->peer, peer) == 0))) {
-            pfd[n] = (struct pollfd){ .fd = c->fd, .events = POLLIN };
-            conn[n++] = c;
-            c->ref++; /* servicing one may drop another */
-        }
-    }
-    ready = poll(pfd, n, timeout_ms);
-    if (ready < 0) {
-        ret = -errno;
-    } else if (ready == 0) {
-        ret = -ETIMEDOUT;
-    } else if (extra >= 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-        ret = 1;
-    }
-    for (unsigned i = first; i < n; i++) {
-        if (ret == 0 && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
-            if (conn[i] == NULL) {
-                on_accept(shm->listen_fd, G_IO_IN, shm);
-            } else if (conn[i]->fd >= 0) {
-                conn_service(conn[i], VN_SHM_RECORDS_PER_WAKEUP);
-            }
-        }
-        if (conn[i] != NULL) {
-            conn_unref(conn[i]);
-        }
-    }
-    return ret;
-}
-
-static int shm_wait(void *backend, const char *peer, int timeout_ms)
-{
-    VnShm *shm = backend;
-    int ret;
-
-    if (!g_hash_table_contains(shm->active, peer)) {
-        return -ENOTCONN;
-    }
-    ret = poll_serving(shm, -1, peer, timeout_ms);
-    return ret > 0 ? 0 : ret;
-}
-
 /* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,
  * the request sent), or -errno.  Never waiting: a peer that stops accepting
  * (its backlog full) is refused at once, where a blocking connect would hold
@@ -591,41 +522,6 @@ static int fetch_result(VnShm *shm, int ret, VnRecord *rec, VnShmFetchReply *rep
         return -EPROTO;
     }
     return rep->status == 0 ? rec->fds[0] : -rep->status;
-}
-
-/*
- * Ask @peer's backend for segment or route @id on a connection of its own
- * (shm.h, "FETCH"), waiting for the answer.  Returns the fd it sent, with
- * its reply in @rep, or -errno: its refusal, or -ETIMEDOUT after @timeout_ms.
- */
-static int fetch(VnShm *shm, const char *peer, VnShmFetchKind kind, uint64_t id, int timeout_ms,
-                 VnShmFetchReply *rep)
-{
-    gint64 deadline = g_get_monotonic_time() + (gint64)timeout_ms * 1000;
-    VnRecordReader rx = { 0 };
-    VnRecord rec = { 0 };
-    int fd = fetch_send(shm, peer, kind, id), ret = 0;
-
-    if (fd < 0) {
-        return fd;
-    }
-    while (ret == 0) {
-        gint64 left = deadline - g_get_monotonic_time();
-
-        ret = vn_record_step(&rx, fd, vn_shm_record_max(VN_SHM_RECORD_FETCH_REPLY), &rec);
-        if (ret != 0) {
-            break;
-        }
-        if (left <= 0) {
-            ret = -ETIMEDOUT;
-            break;
-        }
-        ret = poll_serving(shm, fd, NULL, (int)((left + 999) / 1000));
-        ret = ret == 1 || ret == 0 ? 0 : ret;
-    }
-    vn_record_reader_clear(&rx);
-    close(fd);
-    return fetch_result(shm, ret, &rec, rep);
 }
 
 /* A segment map or route open that does not wait: its answer comes on the loop. */
@@ -732,26 +628,6 @@ static void shm_open_route_async(void *backend, const char *peer, uint64_t id, i
         g_free(op);
         done(opaque, err);
     }
-}
-
-static int shm_map_segment(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                           uint64_t *size, uint64_t *offset)
-{
-    VnShmFetchReply rep;
-    int fd = fetch(backend, peer, VN_SHM_FETCH_SEGMENT, id, timeout_ms, &rep);
-
-    if (fd >= 0) {
-        *size = rep.size;
-        *offset = rep.offset;
-    }
-    return fd;
-}
-
-static int shm_open_route(void *backend, const char *peer, uint64_t id, int timeout_ms)
-{
-    VnShmFetchReply rep;
-
-    return fetch(backend, peer, VN_SHM_FETCH_ROUTE, id, timeout_ms, &rep);
 }
 
 static void shm_close(void *backend)
@@ -934,11 +810,8 @@ const VnFabricOps vn_shm_ops = {
     .close = shm_close,
     .connect = shm_connect,
     .send = shm_send,
-    .wait = shm_wait,
     .disconnect = shm_disconnect,
-    .map_segment = shm_map_segment,
     .map_segment_async = shm_map_segment_async,
-    .open_route = shm_open_route,
     .open_route_async = shm_open_route_async,
     .discover = shm_discover,
     /* no ping: the socket's HUP is all the liveness shm has */

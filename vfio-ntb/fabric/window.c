@@ -298,23 +298,6 @@ static VnFabricWindow *map_finish(VnFabric *fab, uint32_t slot, const char *peer
     return w;
 }
 
-VnFabricWindow *vn_fabric_window_map(VnFabric *fab, const char *peer, uint64_t id, GError **error)
-{
-    uint64_t size = 0, offset = 0;
-    uint32_t slot;
-    int fd;
-
-    if (!map_check(fab, peer, id, &slot, error)) {
-        return NULL;
-    }
-    /* No handler may run inside the wait: what the backend reports is
-     * queued until we are back. */
-    fab->defer++;
-    fd = fab->ops->map_segment(fab->backend, peer, id, fab->request_timeout_ms, &size, &offset);
-    fab->defer--;
-    return map_finish(fab, slot, peer, id, fd, size, offset, error);
-}
-
 typedef struct VnFabricMapping {
     VnFabric *fab;
     uint32_t slot;
@@ -350,12 +333,6 @@ void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, Vn
     VnFabricMapping *m;
     uint32_t slot;
 
-    if (fab->ops->map_segment_async == NULL) {
-        VnFabricWindow *w = vn_fabric_window_map(fab, peer, id, &error);
-
-        done(opaque, w, error);
-        return;
-    }
     if (!map_check(fab, peer, id, &slot, &error)) {
         done(opaque, NULL, error);
         return;
