@@ -284,6 +284,27 @@ START_TEST(test_threaded_peer_answers)
 }
 END_TEST
 
+/* A handler that connects (to the asker, known, and to a node that is not there) is told at
+ * once; on an NTB that is without reading the rings again from inside the one being read. */
+START_TEST(test_connect_inside_handler)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autoptr(VnFabricMsg) known = NULL;
+    g_autoptr(VnFabricMsg) absent = NULL;
+
+    /* A ring read inside itself is a critical (ntb.c's receive): fatal here. */
+    g_log_set_always_fatal(G_LOG_FATAL_MASK | G_LOG_LEVEL_CRITICAL);
+    link_nodes(a, b);
+    ck_assert_int_eq(fw_request(a->fab, "b", T_CONNECT, NULL, "a", 1, &known), 0);
+    ck_assert_str_eq(known->json, "{\"up\":1}");
+    ck_assert_int_eq(fw_request(a->fab, "b", T_CONNECT, NULL, "zz", 2, &absent), 0);
+    ck_assert_str_eq(absent->json, "{\"up\":0}");
+    /* The link that carried them is as it was. */
+    ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, "{}", NULL, 0, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_map_back_while_asking)
 {
     Node *b = node_open("b", true);
@@ -1324,7 +1345,7 @@ static Suite *fabric_suite(void)
         { "link", { test_link_up_down, test_simultaneous_connect, test_connect_errors } },
         { "messages",
           { test_request_reply, test_event, test_error_reply, test_message_args,
-            test_threaded_peer_answers, test_map_back_while_asking } },
+            test_threaded_peer_answers, test_map_back_while_asking, test_connect_inside_handler } },
         { "failures",
           { test_request_timeout, test_reset_on_peer_close, test_reset_on_peer_quit,
             test_close_cancels } },

@@ -39,6 +39,7 @@ enum {
     T_HOLD,         /* keep the token, never answer */
     T_HOLD_QUIT,    /* keep the token, stop the node's thread (it closes) */
     T_MAP_BACK,     /* map the asker's segment (id in data), reply its bytes */
+    T_CONNECT,      /* connect to the node named in data, reply {"up":0|1} */
 };
 
 typedef struct Node {
@@ -174,6 +175,14 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         n->close_in_thread = true;
         g_atomic_int_set(&n->stop, 1);
         break;
+    case T_CONNECT: {
+        /* From inside the handler: the backend must not read its links again here. */
+        g_autofree char *peer = g_strndup((const char *)msg->data, msg->data_len);
+        bool up = vn_fabric_connect(n->fab, peer, NULL);
+
+        vn_fabric_reply(n->fab, token, up ? "{\"up\":1}" : "{\"up\":0}", NULL, 0);
+        break;
+    }
     case T_MAP_BACK: {
         uint64_t id = 0;
 

@@ -51,9 +51,8 @@ typedef struct VnNtbLink {
     uint64_t rx_told; /* rx_cons as last written into the peer's buffer */
     GByteArray *txq;  /* encoded records not yet in the peer's ring */
     gint64 stalled_since;
-    GByteArray *reasm;  /* a fragmented frame */
-    uint8_t *payload;   /* one record's payload, vn_ntb_rec_max(ring) */
-    unsigned receiving; /* receive() calls under way (handlers may wait) */
+    GByteArray *reasm; /* a fragmented frame */
+    uint8_t *payload;  /* one record's payload, vn_ntb_rec_max(ring) */
     uint64_t frames_in;
 
     /* Link keys (ntb-auth.h), this session's: the key (NULL: the link has none), our nonce,
@@ -88,6 +87,7 @@ struct VnNtb {
     GQueue downs;     /* peer names to report down */
     uint64_t reports; /* link changes told to the fabric */
     GQueue maps;      /* VnNtbMapping (ntb-map.c): waiting for MAPPED, or to be told */
+    bool receiving;   /* a ring is being read: nothing may read one again meanwhile */
 };
 
 /* ntb.c */

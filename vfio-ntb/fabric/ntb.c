@@ -588,7 +588,7 @@ static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
         if (rec->flags & VN_NTB_REC_MORE) {
             return;
         }
-        /* Ours alone while a handler runs (it may receive more). */
+        /* Ours alone while a handler runs (it may end the session, and the buffer). */
         whole = g_steal_pointer(&l->reasm);
         l->reasm = g_byte_array_new();
     }
@@ -598,18 +598,17 @@ static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
 }
 
 /*
- * Records the peer put into our ring, at most @budget.  Re-entered when a
- * handler waits (a synchronous map or request from inside it serves the
- * ports): so everything is read again after each record, and a nested call
- * takes its payload into a buffer of its own.
+ * Records the peer put into our ring, at most @budget.  Never re-entered: no
+ * fabric call waits (a handler's maps, routes and requests are answered from
+ * the loop), and ntb_connect() reads no ring from inside a handler.
  */
 static void receive(VnNtbLink *l, int budget)
 {
-    g_autofree uint8_t *own = l->receiving > 0 ? g_malloc(vn_ntb_rec_max(l->ntb->ring)) : NULL;
-    uint8_t *payload = own != NULL ? own : l->payload;
+    uint8_t *payload = l->payload;
     uint64_t consumed = 0, prod;
 
-    l->receiving++;
+    g_return_if_fail(!l->ntb->receiving);
+    l->ntb->receiving = true;
     while (budget-- > 0 && l->state == VN_NTB_LINK_OPEN) {
         uint64_t avail;
         VnNtbRec rec = { 0 };
@@ -665,7 +664,7 @@ static void receive(VnNtbLink *l, int budget)
             break;
         }
     }
-    l->receiving--;
+    l->ntb->receiving = false;
     if (l->state != VN_NTB_LINK_OPEN) {
         return;
     }
@@ -798,6 +797,11 @@ static int ntb_connect(void *backend, const char *peer)
     VnNtb *ntb = backend;
     gint64 deadline = g_get_monotonic_time() + (gint64)VN_NTB_CONNECT_WAIT_MS * 1000;
 
+    /* From a handler, while a ring is being read: what is known now (reading the rings here
+     * would read one inside itself). */
+    if (ntb->receiving) {
+        return vn_ntb_link_of(ntb, peer) != NULL ? 0 : -EHOSTUNREACH;
+    }
     /* Links come up by themselves; a session on its way (the peer's
      * announcement, its HELLO) is waited for, briefly. */
     for (guint i = 0; i < ntb->links->len; i++) {
