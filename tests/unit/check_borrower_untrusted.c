@@ -1,0 +1,386 @@
+/*
+ * Unit tests of the borrower against a lender that is not to be trusted.  The lender is a
+ * fabric node of the test's ("lender", in a thread of its own) that speaks the lending
+ * protocol as the test tells it to: rightly, or wrongly on purpose.  The borrower runs in a
+ * thread of its own; QEMU is a vfio-user client in the test's thread.  What must hold: a
+ * bad answer fails what asked for it with an error that says so, the borrower goes on
+ * serving (or, at its start, says why it cannot), and a lender that goes mid-request
+ * leaves QEMU an error, not a wait.
+ */
+#include "check-main.h"
+#include "fabric-wait.h"
+
+#include "borrower/borrower.h"
+#include "lending/proto.h"
+#include "vfio-user/client.h"
+
+#include <errno.h>
+#include <glib/gstdio.h>
+#include <linux/pci_regs.h>
+#include <string.h>
+
+#define DEV "nvme0"
+#define BAR0_SIZE 0x1000u
+
+/* How the lender answers (set by the test, read in the lender's thread). */
+typedef enum Lie {
+    LIE_NONE,
+    LIE_BAD_DESCRIPTION, /* ATTACH: a description that is not one */
+    LIE_SHORT_CONFIG,    /* the config space read: 100 bytes for 256 */
+    LIE_SHORT_READ,      /* a BAR read: half the bytes asked for */
+    LIE_HOLD_READ,       /* a BAR read: never answered */
+} Lie;
+
+typedef struct Loop {
+    GMainContext *ctx;
+    GMainLoop *loop;
+    GThread *thread;
+} Loop;
+
+static struct {
+    char *dir;
+    char *sock;
+    Loop lend, bor;
+    VnFabric *lfab, *bfab;
+    VnBorrower *b;
+    char *refusal;
+    gint started; /* atomic: the borrower's start ended */
+    gint lie;     /* atomic: a Lie */
+    gint held;    /* atomic: BAR reads the lender holds */
+} t;
+
+/* ---- loops in threads --------------------------------------------------- */
+
+static gpointer loop_thread(gpointer data)
+{
+    Loop *lp = data;
+
+    g_main_context_push_thread_default(lp->ctx);
+    g_main_loop_run(lp->loop);
+    g_main_context_pop_thread_default(lp->ctx);
+    return NULL;
+}
+
+static void loop_start(Loop *lp, const char *name)
+{
+    lp->ctx = g_main_context_new();
+    lp->loop = g_main_loop_new(lp->ctx, FALSE);
+    lp->thread = g_thread_new(name, loop_thread, lp);
+}
+
+static gboolean quit_cb(gpointer data)
+{
+    g_main_loop_quit(data);
+    return G_SOURCE_REMOVE;
+}
+
+static void loop_stop(Loop *lp)
+{
+    g_main_context_invoke(lp->ctx, quit_cb, lp->loop);
+    g_thread_join(lp->thread);
+    g_main_loop_unref(lp->loop);
+    g_main_context_unref(lp->ctx);
+}
+
+typedef struct Call {
+    void (*fn)(void *data);
+    void *data;
+    gint done;
+} Call;
+
+static gboolean call_cb(gpointer p)
+{
+    Call *c = p;
+
+    c->fn(c->data);
+    g_atomic_int_set(&c->done, 1);
+    return G_SOURCE_REMOVE;
+}
+
+/* Run @fn(@data) in @lp's thread and wait for it. */
+static void on_loop(Loop *lp, void (*fn)(void *data), void *data)
+{
+    Call c = { .fn = fn, .data = data };
+
+    g_main_context_invoke(lp->ctx, call_cb, &c);
+    while (!g_atomic_int_get(&c.done)) {
+        g_usleep(500);
+    }
+}
+
+/* ---- the lender --------------------------------------------------------- */
+
+static void config_space(uint8_t *cfg)
+{
+    memset(cfg, 0, PCI_CFG_SPACE_SIZE);
+    cfg[PCI_VENDOR_ID] = 0x86;
+    cfg[PCI_VENDOR_ID + 1] = 0x80;
+    cfg[PCI_DEVICE_ID] = 0x53;
+    cfg[PCI_DEVICE_ID + 1] = 0x09;
+}
+
+/* A config region and one trapped BAR (no window: every access is a request). */
+static char *device_json(void)
+{
+    VnProtoDevice d = { .flags = VFIO_DEVICE_FLAGS_PCI, .num_regions = VFIO_PCI_NUM_REGIONS };
+
+    d.regions[VFIO_PCI_BAR0_REGION_INDEX] =
+        (VnProtoRegion){ .size = BAR0_SIZE,
+                         .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
+    d.regions[VFIO_PCI_CONFIG_REGION_INDEX] =
+        (VnProtoRegion){ .size = PCI_CFG_SPACE_SIZE,
+                         .flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE };
+    return vn_proto_device_to_json(&d);
+}
+
+static void answer_rw(VnFabricMsg *msg, uint64_t token, Lie lie)
+{
+    g_autoptr(GError) error = NULL;
+    uint8_t data[PCI_CFG_SPACE_SIZE];
+    VnProtoRegionRw r;
+
+    if (!vn_proto_region_rw_from_json(msg->json, &r, &error) || r.count > sizeof(data)) {
+        vn_fabric_reply_error(t.lfab, token, -EINVAL, "not a region access of this test's");
+        return;
+    }
+    if (r.write) {
+        vn_fabric_reply(t.lfab, token, "{}", NULL, 0);
+        return;
+    }
+    if (r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
+        config_space(data);
+        vn_fabric_reply(t.lfab, token, "{}", data + r.offset % PCI_CFG_SPACE_SIZE,
+                        lie == LIE_SHORT_CONFIG ? 100
+                                                : MIN(r.count, PCI_CFG_SPACE_SIZE - r.offset));
+        return;
+    }
+    if (lie == LIE_HOLD_READ) {
+        g_atomic_int_inc(&t.held); /* the token is kept: never answered */
+        return;
+    }
+    memset(data, 0x5a, sizeof(data));
+    vn_fabric_reply(t.lfab, token, "{}", data, lie == LIE_SHORT_READ ? r.count / 2 : r.count);
+}
+
+static void lender_on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
+{
+    Lie lie = (Lie)g_atomic_int_get(&t.lie);
+    g_autofree char *json = NULL;
+
+    switch (msg->type) {
+    case VN_PROTO_ATTACH:
+        json = lie == LIE_BAD_DESCRIPTION ? g_strdup("{\"num_regions\":\"many\"}") : device_json();
+        vn_fabric_reply(t.lfab, token, json, NULL, 0);
+        break;
+    case VN_PROTO_REGION_RW:
+        answer_rw(msg, token, lie);
+        break;
+    default:
+        vn_fabric_reply(t.lfab, token, "{}", NULL, 0);
+        break;
+    }
+}
+
+static const VnFabricHandlers lender_handlers = { .on_request = lender_on_request };
+
+static void node_open(const char *name, const VnFabricHandlers *h, GMainContext *ctx,
+                      VnFabric **fab)
+{
+    g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GError) error = NULL;
+
+    g_hash_table_insert(params, "dir", t.dir);
+    g_hash_table_insert(params, "request-timeout-ms", "2000");
+    *fab = vn_fabric_open("shm", name, params, h, NULL, ctx, &error);
+    ck_assert_msg(*fab != NULL, "%s", error ? error->message : "");
+}
+
+static void lender_open(void *data)
+{
+    node_open("lender", &lender_handlers, t.lend.ctx, &t.lfab);
+}
+
+static void lender_close(void *data)
+{
+    g_clear_pointer(&t.lfab, vn_fabric_close);
+}
+
+/* ---- the borrower ------------------------------------------------------- */
+
+static void bor_on_link(void *opaque, const char *peer, bool up)
+{
+    if (!up && t.b != NULL) {
+        vn_borrower_lender_down(t.b);
+    }
+}
+
+static const VnFabricHandlers bor_handlers = { .on_link = bor_on_link };
+
+static void started(void *opaque, VnBorrower *b, const GError *error)
+{
+    t.b = b;
+    t.refusal = error != NULL ? g_strdup(error->message) : NULL;
+    g_atomic_int_set(&t.started, 1);
+}
+
+static void bor_open(void *data)
+{
+    node_open("b", &bor_handlers, t.bor.ctx, &t.bfab);
+    vn_borrower_start(t.bfab, "lender", DEV, VN_IRQ_MODE_FD, t.sock, -1, t.bor.ctx, started, NULL);
+}
+
+static void bor_close(void *data)
+{
+    g_clear_pointer(&t.b, vn_borrower_free);
+    g_clear_pointer(&t.bfab, vn_fabric_close);
+}
+
+/* Start the borrower with the lender lying as @lie says; true when it serves. */
+static bool bor_start(Lie lie)
+{
+    g_atomic_int_set(&t.lie, (gint)lie);
+    on_loop(&t.bor, bor_open, NULL);
+    for (int i = 0; i < 10000 && !g_atomic_int_get(&t.started); i++) {
+        g_usleep(1000);
+    }
+    ck_assert_msg(g_atomic_int_get(&t.started), "the borrower's start did not end in 10 s");
+    return t.b != NULL;
+}
+
+static void setup(void)
+{
+    memset(&t, 0, sizeof(t));
+    t.dir = g_dir_make_tmp("vn-bor-untrusted-XXXXXX", NULL);
+    t.sock = g_build_filename(t.dir, "vm.sock", NULL);
+    loop_start(&t.lend, "lender");
+    loop_start(&t.bor, "borrower");
+    on_loop(&t.lend, lender_open, NULL);
+}
+
+static void teardown(void)
+{
+    on_loop(&t.bor, bor_close, NULL);
+    on_loop(&t.lend, lender_close, NULL);
+    loop_stop(&t.bor);
+    loop_stop(&t.lend);
+    g_free(t.refusal);
+    g_free(t.sock);
+    g_rmdir(t.dir); /* the fabric's sockets went with the nodes */
+    g_free(t.dir);
+}
+
+static VnClient *qemu_connect(void)
+{
+    g_autoptr(GError) error = NULL;
+    VnClient *c = vn_client_connect(t.sock, 3000, &error);
+
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    return c;
+}
+
+/* ---- the tests ---------------------------------------------------------- */
+
+/* A description of the device that is not one: the start fails, says so, serves nothing. */
+START_TEST(test_bad_description_refused)
+{
+    ck_assert(!bor_start(LIE_BAD_DESCRIPTION));
+    ck_assert_msg(strstr(t.refusal, "from lender") != NULL, "%s", t.refusal);
+    ck_assert(!g_file_test(t.sock, G_FILE_TEST_EXISTS));
+}
+END_TEST
+
+/* Fewer config space bytes than asked for: the start fails naming the config read. */
+START_TEST(test_short_config_refused)
+{
+    ck_assert(!bor_start(LIE_SHORT_CONFIG));
+    ck_assert_msg(strstr(t.refusal, "cannot read config space") != NULL, "%s", t.refusal);
+    ck_assert(!g_file_test(t.sock, G_FILE_TEST_EXISTS));
+}
+END_TEST
+
+/* A BAR read answered with half its bytes: QEMU's read fails, and the next read, answered
+ * rightly, gets the device's bytes: the borrower serves on. */
+START_TEST(test_short_read_fails_that_read)
+{
+    g_autoptr(VnClient) c = NULL;
+    uint32_t v = 0;
+
+    ck_assert_msg(bor_start(LIE_SHORT_READ), "%s", t.refusal);
+    c = qemu_connect();
+    ck_assert_int_lt(vn_client_region_read(c, VFIO_PCI_BAR0_REGION_INDEX, 0, &v, sizeof(v)), 0);
+    g_atomic_int_set(&t.lie, LIE_NONE);
+    ck_assert_int_eq(vn_client_region_read(c, VFIO_PCI_BAR0_REGION_INDEX, 0, &v, sizeof(v)),
+                     sizeof(v));
+    ck_assert_uint_eq(v, 0x5a5a5a5au);
+}
+END_TEST
+
+/* QEMU's read in a thread of its own (it waits for the borrower's reply). */
+typedef struct Read {
+    VnClient *c;
+    uint32_t v;
+    gint ret;
+    gint done;
+} Read;
+
+static gpointer read_thread(gpointer data)
+{
+    Read *r = data;
+
+    g_atomic_int_set(
+        &r->ret, vn_client_region_read(r->c, VFIO_PCI_BAR0_REGION_INDEX, 0, &r->v, sizeof(r->v)));
+    g_atomic_int_set(&r->done, 1);
+    return NULL;
+}
+
+/* The lender goes while QEMU's read waits for it: the read ends with an error, not a wait
+ * (QEMU's client would give up after 3 s; the borrower answers first), and a later read is
+ * a lost device's: all-ones. */
+START_TEST(test_lender_goes_mid_read)
+{
+    Read r = { 0 };
+    GThread *th;
+    uint32_t v = 0;
+
+    ck_assert_msg(bor_start(LIE_HOLD_READ), "%s", t.refusal);
+    r.c = qemu_connect();
+    th = g_thread_new("qemu-read", read_thread, &r);
+    for (int i = 0; i < 3000 && g_atomic_int_get(&t.held) == 0; i++) {
+        g_usleep(1000);
+    }
+    ck_assert_int_eq(g_atomic_int_get(&t.held), 1); /* the lender holds it */
+    ck_assert(!g_atomic_int_get(&r.done));
+    on_loop(&t.lend, lender_close, NULL);
+    g_thread_join(th);
+    /* The link's end, not a timeout (the fabric's, 2 s, or QEMU's client's, 3 s). */
+    ck_assert_int_lt(g_atomic_int_get(&r.ret), 0);
+    ck_assert_int_ne(g_atomic_int_get(&r.ret), -ETIMEDOUT);
+    for (int i = 0; i < 300 && v != 0xffffffffu; i++) {
+        ck_assert_int_eq(vn_client_region_read(r.c, VFIO_PCI_BAR0_REGION_INDEX, 0, &v, sizeof(v)),
+                         sizeof(v));
+        g_usleep(10000);
+    }
+    ck_assert_uint_eq(v, 0xffffffffu);
+    vn_client_free(r.c);
+}
+END_TEST
+
+static Suite *borrower_untrusted_suite(void)
+{
+    Suite *s = suite_create("borrower-untrusted");
+    TCase *tc = tcase_create("lies");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_bad_description_refused);
+    tcase_add_test(tc, test_short_config_refused);
+    tcase_add_test(tc, test_short_read_fails_that_read);
+    tcase_add_test(tc, test_lender_goes_mid_read);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return vn_check_main(borrower_untrusted_suite());
+}
