@@ -6,10 +6,8 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
-#include "host.h"
-#include "fabric-int.h"
+#include "host-int.h"
 #include "frame.h"
-#include "record.h"
 
 #include "common/name.h"
 #include "common/util.h"
@@ -31,66 +29,9 @@
 #define VN_HOST_SEND_TIMEOUT_S 5
 /* Windows one withhold may change, as its daemon says: more than any node has. */
 #define VN_HOST_MAX_WITHHELD 1024u
-/* Ops sent without waiting and not yet answered: far more than a worker's maps and route
- * opens in flight (its lender takes one request at a time). */
-#define VN_HOST_MAX_ASKED 256u
 
-typedef struct VnHost {
-    VnFabric *fab;
-    GMainContext *ctx;
-    char *path;
-    int fd; /* -1 while the daemon is away */
-    GSource *src;
-    GSource *retry;        /* reconnecting */
-    gint64 away_since_us;  /* when the daemon went; 0 while it is here */
-    bool links_dropped;    /* away past the bound: every link reported down */
-    unsigned reconnect_ms; /* the bound ("reconnect-ms", VN_HOST_RECONNECT_MS) */
-    VnRecordReader rx;
-    uint64_t seq;
-    GHashTable *wanted; /* peers we asked for (asked again after a restart) */
-    GHashTable *up;     /* peers the daemon says are up */
-    uint64_t doorbells; /* bit i: ours (claimed again after a restart) */
-    /* The one op waiting for its REPLY. */
-    uint64_t wait_seq;
-    uint32_t wait_op;
-    bool wait_done;
-    bool greeted; /* by a daemon once: limits and caps set */
-    /* A lender's device server, as last said (vn_host_device_server); said again at each
-     * greeting.  server_said: there is something to say. */
-    bool server_said, server_up;
-    uint32_t server_gen;
-    VnHostGreetedFn greeted_fn; /* vn_host_on_greeted() */
-    void *greeted_opaque;
-    VnHostHdr wait_hdr;
-    int wait_fd;
-    /* Ops sent without waiting (host_ask): by seq, then answered, completed from answer_src
-     * (never inside a caller's call, nor inside a wait). */
-    GHashTable *asked;
-    GQueue answered;
-    GSource *answer_src;
-    /* What the daemon's port gave us to prove ourselves with when we reconnect (its first
-     * HELLO's answer); has_secret: we have it. */
-    uint8_t secret[VN_HOST_SECRET_LEN];
-    bool has_secret;
-} VnHost;
-
-/* What an op sent without waiting is told: 0 or -errno, the REPLY's header (or zeros),
- * the fd that came with it (ours to close) or -1. */
-typedef void (*VnHostAnswerFn)(void *opaque, int status, const VnHostHdr *rep, int fd);
-
-typedef struct VnHostAsk {
-    VnHost *h;
-    uint64_t seq;
-    VnHostAnswerFn done;
-    void *opaque;
-    GSource *timer;
-    int status;
-    VnHostHdr rep;
-    int fd;
-} VnHostAsk;
-
-static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
-                            uint64_t arg2, const void *data, size_t len, int fd)
+int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
+                        uint64_t arg2, const void *data, size_t len, int fd)
 {
     int ret;
 
@@ -103,98 +44,6 @@ static int host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *pe
         shutdown(h->fd, SHUT_RDWR);
     }
     return ret;
-}
-
-/* ---- ops answered later ---------------------------------------------- */
-
-static gboolean on_answered(gpointer data)
-{
-    VnHost *h = data;
-    VnHostAsk *ask = g_queue_pop_head(&h->answered);
-    bool more = !g_queue_is_empty(&h->answered);
-
-    if (!more) {
-        /* Dispatch holds its own reference; an answer its callback settles makes a new one. */
-        g_clear_pointer(&h->answer_src, g_source_unref);
-    }
-    if (ask != NULL) {
-        ask->done(ask->opaque, ask->status, &ask->rep, ask->fd);
-        g_free(ask);
-    }
-    /* @h may be gone now (a callback that closed the fabric destroyed this source). */
-    return more ? G_SOURCE_CONTINUE : G_SOURCE_REMOVE;
-}
-
-/* Settle @ask (no longer in h->asked) with @status and @fd (taken); told from answer_src. */
-static void host_answer(VnHostAsk *ask, int status, int fd)
-{
-    VnHost *h = ask->h;
-
-    if (ask->timer != NULL) {
-        g_source_destroy(ask->timer);
-        g_clear_pointer(&ask->timer, g_source_unref);
-    }
-    ask->status = status;
-    ask->fd = fd;
-    if (status < 0) {
-        vn_util_close_fd(&ask->fd);
-    }
-    g_queue_push_tail(&h->answered, ask);
-    if (h->answer_src == NULL) {
-        h->answer_src = g_idle_source_new();
-        g_source_set_priority(h->answer_src, G_PRIORITY_DEFAULT);
-        g_source_set_callback(h->answer_src, on_answered, h, NULL);
-        g_source_attach(h->answer_src, h->ctx);
-    }
-}
-
-static gboolean on_ask_timeout(gpointer data)
-{
-    VnHostAsk *ask = data;
-    VnHost *h = ask->h;
-
-    g_info("port %s: no answer to op %" PRIu64 " in %d ms; the daemon is stuck", h->path, ask->seq,
-           VN_HOST_REPLY_TIMEOUT_MS);
-    g_hash_table_steal(h->asked, &ask->seq);
-    host_answer(ask, -ETIMEDOUT, -1);
-    if (h->fd >= 0) {
-        shutdown(h->fd, SHUT_RDWR); /* as a wait that times out: the reader reconnects */
-    }
-    return G_SOURCE_REMOVE;
-}
-
-/* Send op @op and return at once; @done is told its REPLY later, or why there is none. */
-static void host_ask(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                     const void *data, size_t len, VnHostAnswerFn done, void *opaque)
-{
-    VnHostAsk *ask = g_new0(VnHostAsk, 1);
-    int ret = -EAGAIN;
-
-    *ask = (VnHostAsk){ .h = h, .seq = ++h->seq, .done = done, .opaque = opaque, .fd = -1 };
-    if (g_hash_table_size(h->asked) < VN_HOST_MAX_ASKED) {
-        ret = host_send_record(h, op, ask->seq, peer, arg, arg2, data, len, -1);
-    }
-    if (ret < 0) {
-        host_answer(ask, ret, -1);
-        return;
-    }
-    ask->timer = g_timeout_source_new(VN_HOST_REPLY_TIMEOUT_MS);
-    g_source_set_callback(ask->timer, on_ask_timeout, ask, NULL);
-    g_source_attach(ask->timer, h->ctx);
-    g_hash_table_insert(h->asked, &ask->seq, ask);
-}
-
-/* Every op still asked gets @status: the daemon went (its answers with it), or we close. */
-static void host_asked_fail(VnHost *h, int status)
-{
-    GHashTableIter it;
-    gpointer value;
-
-    g_hash_table_iter_init(&it, h->asked);
-    while (g_hash_table_iter_next(&it, NULL, &value)) {
-        g_hash_table_iter_steal(&it);
-        host_answer(value, status, -1);
-    }
 }
 
 /* ---- receiving -------------------------------------------------------- */
@@ -228,7 +77,7 @@ static bool host_record(VnHost *h, VnRecord *rec)
 
             if (g_hash_table_steal_extended(h->asked, &hdr.seq, NULL, (gpointer *)&ask)) {
                 ask->rep = hdr;
-                host_answer(ask, -hdr.status, rec->nfds == 1 ? rec->fds[0] : -1);
+                vn_host_answer(ask, -hdr.status, rec->nfds == 1 ? rec->fds[0] : -1);
                 return true;
             }
             vn_util_close_fds(rec->fds, rec->nfds);
@@ -348,15 +197,15 @@ static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
 }
 
 /* An op that gets a REPLY: send, wait. */
-static int host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                     const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in)
+int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                 const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in)
 {
     uint64_t seq = ++h->seq;
     int ret;
 
     *fd_in = -1;
     h->wait_op = op;
-    ret = host_send_record(h, op, seq, peer, arg, arg2, data, len, fd_out);
+    ret = vn_host_send_record(h, op, seq, peer, arg, arg2, data, len, fd_out);
     if (ret < 0) {
         return ret;
     }
@@ -369,7 +218,7 @@ static int host_link_wait(VnHost *h, const char *peer)
 {
     VnHostHdr rep;
     int fd;
-    int ret = host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
+    int ret = vn_host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
 
     vn_util_close_fd(&fd);
     if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
@@ -389,8 +238,8 @@ static bool host_greet(VnHost *h, GError **error)
     int fd, ret;
 
     /* Our secret, once we have one: the port takes a reconnection by nothing else. */
-    ret = host_call(h, VN_HOST_HELLO, NULL, 0, 0, h->has_secret ? h->secret : NULL,
-                    h->has_secret ? sizeof(h->secret) : 0, -1, &rep, &fd);
+    ret = vn_host_call(h, VN_HOST_HELLO, NULL, 0, 0, h->has_secret ? h->secret : NULL,
+                       h->has_secret ? sizeof(h->secret) : 0, -1, &rep, &fd);
     vn_util_close_fd(&fd);
     if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
@@ -427,7 +276,7 @@ static bool host_greet(VnHost *h, GError **error)
         if (count == 0) {
             continue;
         }
-        ret = host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep, &fd);
+        ret = vn_host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep, &fd);
         vn_util_close_fd(&fd);
         if (ret < 0) {
             g_warning("port %s: doorbells %u+%u are not ours again: %s", h->path, first, count,
@@ -443,14 +292,14 @@ static bool host_greet(VnHost *h, GError **error)
         const char *peer = peers[i];
 
         if (g_hash_table_contains(h->up, peer)) {
-            host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
+            vn_host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
             continue;
         }
         host_link_wait(h, peer);
     }
     if (h->server_said && h->fd >= 0) {
-        host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
-                         NULL, 0, -1);
+        vn_host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
+                            NULL, 0, -1);
     }
     if (h->fd < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
@@ -483,7 +332,7 @@ static void host_drop(VnHost *h)
     vn_record_reader_clear(&h->rx);
     vn_util_close_fd(&h->fd);
     /* Their answers went with the connection. */
-    host_asked_fail(h, -ENOTCONN);
+    vn_host_asked_fail(h, -ENOTCONN);
 }
 
 /* Past VN_HOST_RECONNECT_MS: the links are reported down, once. */
@@ -564,16 +413,7 @@ static void host_close(void *backend)
     vn_record_reader_clear(&h->rx);
     vn_util_close_fd(&h->fd);
     /* What was asked is told it is cancelled, now: the fabric ends its waiters as it closes. */
-    host_asked_fail(h, -ECANCELED);
-    if (h->answer_src != NULL) {
-        g_source_destroy(h->answer_src);
-        g_clear_pointer(&h->answer_src, g_source_unref);
-    }
-    for (VnHostAsk *ask; (ask = g_queue_pop_head(&h->answered)) != NULL; g_free(ask)) {
-        vn_util_close_fd(&ask->fd);
-        ask->done(ask->opaque, -ECANCELED, &ask->rep, -1);
-    }
-    g_hash_table_unref(h->asked);
+    vn_host_asks_close(h);
     g_hash_table_unref(h->wanted);
     g_hash_table_unref(h->up);
     g_main_context_unref(h->ctx);
@@ -713,7 +553,7 @@ static int host_send(void *backend, const char *peer, const void *buf, size_t le
     if (!g_hash_table_contains(h->up, peer)) {
         return -ENOTCONN;
     }
-    return host_send_record(h, VN_HOST_SEND, 0, peer, 0, 0, buf, len, -1);
+    return vn_host_send_record(h, VN_HOST_SEND, 0, peer, 0, 0, buf, len, -1);
 }
 
 /* A worker does not end its host's links: it forgets the peer until the
@@ -732,7 +572,7 @@ static void host_disconnect(void *backend, const char *peer)
 static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
                         const void *data, size_t len, VnHostHdr *rep)
 {
-    int fd, ret = host_call(h, op, peer, arg, arg2, data, len, -1, rep, &fd);
+    int fd, ret = vn_host_call(h, op, peer, arg, arg2, data, len, -1, rep, &fd);
 
     if (ret == 0 && fd < 0) {
         ret = -EPROTO;
@@ -744,52 +584,6 @@ static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t arg, 
     return fd;
 }
 
-/* A map or route open asked without waiting: what its caller is told. */
-typedef struct VnHostFdAsk {
-    void (*mapped)(void *opaque, int fd, uint64_t size, uint64_t offset);
-    void (*opened)(void *opaque, int fd);
-    void *opaque;
-} VnHostFdAsk;
-
-static void fd_answered(void *opaque, int status, const VnHostHdr *rep, int fd)
-{
-    VnHostFdAsk *a = opaque;
-
-    if (status == 0 && fd < 0) {
-        status = -EPROTO; /* an answer without the fd */
-    }
-    if (status < 0) {
-        vn_util_close_fd(&fd);
-        fd = status;
-    }
-    if (a->mapped != NULL) {
-        a->mapped(a->opaque, fd, fd >= 0 ? rep->arg : 0, fd >= 0 ? rep->arg2 : 0);
-    } else {
-        a->opened(a->opaque, fd);
-    }
-    g_free(a);
-}
-
-static void host_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                                   void (*done)(void *opaque, int fd, uint64_t size,
-                                                uint64_t offset),
-                                   void *opaque)
-{
-    VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
-
-    *a = (VnHostFdAsk){ .mapped = done, .opaque = opaque };
-    host_ask(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, fd_answered, a);
-}
-
-static void host_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
-                                  void (*done)(void *opaque, int fd), void *opaque)
-{
-    VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
-
-    *a = (VnHostFdAsk){ .opened = done, .opaque = opaque };
-    host_ask(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, fd_answered, a);
-}
-
 static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
                             GError **error)
 {
@@ -797,8 +591,8 @@ static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t siz
     VnHostHdr rep;
     int got, ret;
 
-    ret = host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size, offset,
-                    NULL, 0, fd, &rep, &got);
+    ret = vn_host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size,
+                       offset, NULL, 0, fd, &rep, &got);
     vn_util_close_fd(&got);
     if (ret == 0 && rep.arg == 0) {
         ret = -EPROTO;
@@ -814,8 +608,8 @@ static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t siz
 
 static void host_unexport(void *backend, bool route, uint64_t id)
 {
-    host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0, NULL,
-                     id, 0, NULL, 0, -1);
+    vn_host_send_record(backend, route ? VN_HOST_UNEXPORT_ROUTE : VN_HOST_UNEXPORT_SEGMENT, 0, NULL,
+                        id, 0, NULL, 0, -1);
 }
 
 /* Confirmed: the daemon answers once its backend withheld (or gave back) the segment. */
@@ -824,134 +618,11 @@ static int host_withhold(void *backend, uint64_t id, bool withhold)
     VnHostHdr rep;
     int got, ret;
 
-    ret = host_call(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1,
-                    &rep, &got);
+    ret = vn_host_call(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1,
+                       &rep, &got);
     vn_util_close_fd(&got);
     /* The REPLY's arg: how many windows changed (a peer: bounded like any count). */
     return ret < 0 ? ret : (int)MIN(rep.arg, (uint64_t)VN_HOST_MAX_WITHHELD);
-}
-
-bool vn_host_device_request(VnFabric *fab)
-{
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        return false;
-    }
-    return host_send_record(fab->backend, VN_HOST_DEVICE_REQUEST, 0, NULL, 0, 0, NULL, 0, -1) == 0;
-}
-
-bool vn_host_fenced(VnFabric *fab)
-{
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        return false;
-    }
-    return host_send_record(fab->backend, VN_HOST_FENCED, 0, NULL, 0, 0, NULL, 0, -1) == 0;
-}
-
-bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen)
-{
-    VnHost *h;
-
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        return false;
-    }
-    h = fab->backend;
-    h->server_said = true;
-    h->server_up = up;
-    h->server_gen = gen;
-    return h->fd >= 0 &&
-           host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, up ? 1 : 0, gen, NULL, 0, -1) == 0;
-}
-
-int vn_host_dial_device(VnFabric *fab, GError **error)
-{
-    VnHostHdr rep;
-    int fd, ret;
-
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "not a worker's fabric");
-        return -1;
-    }
-    ret = host_call(fab->backend, VN_HOST_DIAL_DEVICE, NULL, 0, 0, NULL, 0, -1, &rep, &fd);
-    if (ret == 0 && fd < 0) {
-        ret = -EPROTO; /* an answer without the connection */
-    }
-    if (ret < 0) {
-        vn_util_close_fd(&fd);
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "the daemon could not reach it for us: %s", g_strerror(-ret));
-        return -1;
-    }
-    return fd;
-}
-
-bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len)
-{
-    if (fab->ops != &vn_host_ops || fab->backend == NULL || (key == 0) != (fd < 0) ||
-        len > VN_HOST_MAX_KEPT_STATE || (fd >= 0 && len > 0)) {
-        return false;
-    }
-    return host_send_record(fab->backend, VN_HOST_KEEP, 0, NULL, key, 0, data, len, fd) == 0;
-}
-
-bool vn_host_forget(VnFabric *fab, uint64_t first, uint64_t last)
-{
-    if (fab->ops != &vn_host_ops || fab->backend == NULL || first > last) {
-        return false;
-    }
-    return host_send_record(fab->backend, VN_HOST_FORGET, 0, NULL, first, last, NULL, 0, -1) == 0;
-}
-
-void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque)
-{
-    VnHost *h;
-
-    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        return;
-    }
-    h = fab->backend;
-    h->greeted_fn = fn;
-    h->greeted_opaque = opaque;
-}
-
-/* An entry of ours for an id the daemon exported for the worker before us (no fd: the
- * daemon's port holds it, and ours is only to give it back). */
-static bool adopt_export(GHashTable *table, uint64_t id, const char *peer, bool route)
-{
-    VnFabricSegment *seg;
-
-    if (id == 0 || g_hash_table_contains(table, &id)) {
-        return false;
-    }
-    seg = g_new0(VnFabricSegment, 1);
-    seg->id = id;
-    seg->fd = -1;
-    seg->size = route ? 0 : 1;
-    seg->peer = g_strdup(peer);
-    g_hash_table_insert(table, &seg->id, seg);
-    return true;
-}
-
-bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
-                       const uint64_t *routes, unsigned nroutes, uint64_t doorbells)
-{
-    bool ok = true;
-
-    if (fab->backend == NULL) {
-        return false;
-    }
-    for (unsigned i = 0; i < nseg; i++) {
-        ok &= adopt_export(fab->segments, segments[i], peer, false);
-    }
-    for (unsigned i = 0; i < nroutes; i++) {
-        ok &= adopt_export(fab->routes, routes[i], peer, true);
-    }
-    /* Doorbell bits are a port's to give; another backend has none to take over. */
-    if (fab->ops == &vn_host_ops) {
-        ((VnHost *)fab->backend)->doorbells |= doorbells;
-    } else if (doorbells != 0) {
-        ok = false;
-    }
-    return ok;
 }
 
 /* The daemon's backend joins the windows it mapped for us (its port checks they are ours). */
@@ -970,7 +641,7 @@ static int host_join_windows(void *backend, const char *peer, const uint64_t *id
 
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
 {
-    host_send_record(backend, VN_HOST_UNMAP, 0, peer, id, 0, NULL, 0, -1);
+    vn_host_send_record(backend, VN_HOST_UNMAP, 0, peer, id, 0, NULL, 0, -1);
 }
 
 static int host_doorbells_alloc(void *backend, uint32_t count, GError **error)
@@ -979,7 +650,7 @@ static int host_doorbells_alloc(void *backend, uint32_t count, GError **error)
     VnHostHdr rep;
     int fd, ret;
 
-    ret = host_call(h, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, &rep, &fd);
+    ret = vn_host_call(h, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, &rep, &fd);
     vn_util_close_fd(&fd);
     if (ret == 0 &&
         (rep.arg >= VN_FABRIC_MAX_DOORBELLS || count > VN_FABRIC_MAX_DOORBELLS - rep.arg)) {
@@ -1004,7 +675,7 @@ static void host_doorbells_free(void *backend, uint32_t first, uint32_t count)
     for (uint32_t i = 0; i < count; i++) {
         h->doorbells &= ~(UINT64_C(1) << (first + i));
     }
-    host_send_record(h, VN_HOST_DOORBELLS_FREE, 0, NULL, first, count, NULL, 0, -1);
+    vn_host_send_record(h, VN_HOST_DOORBELLS_FREE, 0, NULL, first, count, NULL, 0, -1);
 }
 
 const VnFabricOps vn_host_ops = {
@@ -1017,8 +688,8 @@ const VnFabricOps vn_host_ops = {
     .connect = host_connect,
     .send = host_send,
     .disconnect = host_disconnect,
-    .map_segment_async = host_map_segment_async,
-    .open_route_async = host_open_route_async,
+    .map_segment_async = vn_host_map_segment_async,
+    .open_route_async = vn_host_open_route_async,
     .export = host_export,
     .unexport = host_unexport,
     .withhold = host_withhold,

@@ -1,0 +1,92 @@
+/*
+ * Inside the `host` fabric backend (host.h): the worker's connection to its daemon (host.c),
+ * the ops it answers later (host-ask.c) and what a worker says to its daemon besides fabric
+ * traffic (host-worker.c).  Not for other layers.
+ */
+#ifndef VN_HOST_INT_H
+#define VN_HOST_INT_H
+
+#include "host.h"
+#include "fabric-int.h"
+#include "record.h"
+
+/* Ops sent without waiting and not yet answered: far more than a worker's maps and route
+ * opens in flight (its lender takes one request at a time). */
+#define VN_HOST_MAX_ASKED 256u
+
+typedef struct VnHost {
+    VnFabric *fab;
+    GMainContext *ctx;
+    char *path;
+    int fd; /* -1 while the daemon is away */
+    GSource *src;
+    GSource *retry;        /* reconnecting */
+    gint64 away_since_us;  /* when the daemon went; 0 while it is here */
+    bool links_dropped;    /* away past the bound: every link reported down */
+    unsigned reconnect_ms; /* the bound ("reconnect-ms", VN_HOST_RECONNECT_MS) */
+    VnRecordReader rx;
+    uint64_t seq;
+    GHashTable *wanted; /* peers we asked for (asked again after a restart) */
+    GHashTable *up;     /* peers the daemon says are up */
+    uint64_t doorbells; /* bit i: ours (claimed again after a restart) */
+    /* The one op waiting for its REPLY. */
+    uint64_t wait_seq;
+    uint32_t wait_op;
+    bool wait_done;
+    bool greeted; /* by a daemon once: limits and caps set */
+    /* A lender's device server, as last said (vn_host_device_server); said again at each
+     * greeting.  server_said: there is something to say. */
+    bool server_said, server_up;
+    uint32_t server_gen;
+    VnHostGreetedFn greeted_fn; /* vn_host_on_greeted() */
+    void *greeted_opaque;
+    VnHostHdr wait_hdr;
+    int wait_fd;
+    /* Ops sent without waiting (host_ask): by seq, then answered, completed from answer_src
+     * (never inside a caller's call, nor inside a wait). */
+    GHashTable *asked;
+    GQueue answered;
+    GSource *answer_src;
+    /* What the daemon's port gave us to prove ourselves with when we reconnect (its first
+     * HELLO's answer); has_secret: we have it. */
+    uint8_t secret[VN_HOST_SECRET_LEN];
+    bool has_secret;
+} VnHost;
+
+/* What an op sent without waiting is told: 0 or -errno, the REPLY's header (or zeros),
+ * the fd that came with it (ours to close) or -1. */
+typedef void (*VnHostAnswerFn)(void *opaque, int status, const VnHostHdr *rep, int fd);
+
+typedef struct VnHostAsk {
+    VnHost *h;
+    uint64_t seq;
+    VnHostAnswerFn done;
+    void *opaque;
+    GSource *timer;
+    int status;
+    VnHostHdr rep;
+    int fd;
+} VnHostAsk;
+
+/* host.c.  send_record: one record to the daemon, 0 or -errno (a lost stream is shut
+ * down: the reader reconnects).  call: an op that gets a REPLY, waited for (the daemon
+ * answers at once; what would wait on a peer is asked instead). */
+int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
+                        uint64_t arg2, const void *data, size_t len, int fd);
+int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                 const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in);
+
+/* host-ask.c.  answer: settle @ask (taken out of h->asked) with @status and @fd (taken),
+ * told from the loop.  asked_fail: every op still asked gets @status (the daemon went:
+ * its answers with it).  asks_close: at the node's close, each is told -ECANCELED now.
+ * The backend's map_segment_async and open_route_async. */
+void vn_host_answer(VnHostAsk *ask, int status, int fd);
+void vn_host_asked_fail(VnHost *h, int status);
+void vn_host_asks_close(VnHost *h);
+void vn_host_map_segment_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                               void (*done)(void *opaque, int fd, uint64_t size, uint64_t offset),
+                               void *opaque);
+void vn_host_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                              void (*done)(void *opaque, int fd), void *opaque);
+
+#endif /* VN_HOST_INT_H */
