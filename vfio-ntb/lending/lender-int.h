@@ -40,10 +40,11 @@
 #define VN_LENDER_DIAL_TIMEOUT_MS 1000
 /* The device server's last loss described, for ntbctl show. */
 #define VN_LENDER_LOSS_TEXT 200
-/* Requests that may wait behind one still being answered (lender-queue.c): more than a
- * borrower has in flight (its QEMU's replies owed are bounded by 64) with room for its
- * posted writes. */
-#define VN_LENDER_MAX_QUEUED 1024u
+/* What the requests waiting behind one still being answered may hold (lender-queue.c):
+ * their number is the fabric's bound on a peer's requests in flight (256), but writes of a
+ * megabyte each would make that a quarter of a gigabyte.  16 of the largest: far more than
+ * a borrower sends while one of its requests waits. */
+#define VN_LENDER_MAX_QUEUED_BYTES (16u * 1024u * 1024u)
 /* Interrupt indexes that can be relayed: INTx, MSI, MSI-X (PCI order,
  * linux/vfio.h).  ERR and REQ have no doorbell meaning in proto.h. */
 #define VN_LENDER_RELAY_INDEXES (VFIO_PCI_MSIX_IRQ_INDEX + 1)
@@ -144,6 +145,7 @@ struct VnLender {
      * whether they are being handled now. */
     VnLenderWait *wait;
     GQueue queued;
+    size_t queued_bytes;
     bool draining;
     /* Grows each time an attachment ends: a wait for an older one finds its device gone. */
     uint64_t device_gen;

@@ -3,7 +3,8 @@
  * on that: an unmap after its map, a read after the write before it).  A request whose
  * handler waits on the fabric (a window onto the borrower's memory, an interrupt route)
  * does not hold the worker's loop: it is a VnLenderWait, the requests after it wait in a
- * bounded queue here, and they are handled once it is answered.
+ * queue here (as many as the fabric lets a peer have in flight, VN_LENDER_MAX_QUEUED_BYTES
+ * at most), and they are handled once it is answered.
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -16,27 +17,33 @@
 typedef struct VnLenderQueued {
     VnFabricMsg *msg;
     uint64_t token;
+    size_t bytes; /* what it holds: its JSON and data */
 } VnLenderQueued;
 
 void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
+    size_t bytes = (msg->json != NULL ? strlen(msg->json) : 0) + msg->data_len;
     VnLenderQueued *q;
 
     if (l->wait == NULL && g_queue_is_empty(&l->queued)) {
         vn_lender_handle(l, msg, token);
         return;
     }
-    if (g_queue_get_length(&l->queued) >= VN_LENDER_MAX_QUEUED) {
+    if (bytes > VN_LENDER_MAX_QUEUED_BYTES - l->queued_bytes) {
         l->stats.requests++;
+        l->stats.refused_busy++;
         vn_lender_fail(l, token, EBUSY,
-                       "%u requests already wait for the one before them, the most a borrower "
-                       "may have",
-                       VN_LENDER_MAX_QUEUED);
+                       "%u requests of %zu bytes already wait for the one before them; with "
+                       "this one's %zu that is past the %u bytes a borrower may have waiting",
+                       g_queue_get_length(&l->queued), l->queued_bytes, bytes,
+                       VN_LENDER_MAX_QUEUED_BYTES);
         return;
     }
     q = g_new0(VnLenderQueued, 1);
     q->msg = vn_fabric_msg_dup(msg);
     q->token = token;
+    q->bytes = bytes;
+    l->queued_bytes += bytes;
     g_queue_push_tail(&l->queued, q);
     l->stats.queued++;
 }
@@ -58,6 +65,7 @@ static void lender_next(VnLender *l)
     }
     l->draining = true;
     while (l->wait == NULL && (q = g_queue_pop_head(&l->queued)) != NULL) {
+        l->queued_bytes -= q->bytes;
         vn_lender_handle(l, q->msg, q->token);
         queued_free(q);
     }
@@ -109,6 +117,7 @@ void vn_lender_queue_close(VnLender *l)
         l->wait = NULL;
     }
     while ((q = g_queue_pop_head(&l->queued)) != NULL) {
+        l->queued_bytes -= q->bytes;
         vn_lender_fail(l, q->token, ESHUTDOWN, "the lender is closing");
         queued_free(q);
     }

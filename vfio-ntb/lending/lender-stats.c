@@ -92,6 +92,8 @@ char *vn_lender_stats_json(VnLender *l)
         json_builder_add_null_value(b);
     }
     add_counter(b, "requests", st.requests);
+    add_counter(b, "requests_queued", st.queued);
+    add_counter(b, "requests_refused_busy", st.refused_busy);
     add_counter(b, "region_rw", st.region_rw);
     add_counter(b, "config_rw", st.config_rw);
     add_counter(b, "relayed_irqs", st.relayed_irqs);

@@ -47,6 +47,7 @@ typedef struct VnLender VnLender;
 typedef struct VnLenderStats {
     uint64_t requests;     /* lending-protocol requests handled */
     uint64_t queued;       /* of those, how many waited for one before them */
+    uint64_t refused_busy; /* ... and how many found no room to wait (EBUSY) */
     uint64_t region_rw;    /* forwarded region accesses, config included */
     uint64_t config_rw;    /* forwarded config-space accesses */
     uint64_t relayed_irqs; /* device interrupts relayed (one doorbell may carry
