@@ -1332,6 +1332,78 @@ START_TEST(test_ntb_params)
 }
 END_TEST
 
+/* ---- a peer that does not read -------------------------------------------- */
+
+#define MIB (1024u * 1024u)
+
+/* b's node is never run: it reads nothing.  a's sends to it never wait (each returns at
+ * once, what b's socket does not take waits in a's queue) until VN_SHM_MAX_QUEUED would be
+ * passed: that send fails and b's link is dropped. */
+START_TEST(test_reader_that_stops_loses_link)
+{
+    g_autofree uint8_t *mib = g_malloc0(MIB);
+    Node *a;
+
+    node_open("b", true); /* never started */
+    a = node_open("a", false);
+    unsigned sent = 0;
+    int ret = 0;
+
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    while (sent < 64 && (ret = vn_fabric_event(a->fab, "b", 9, NULL, mib, MIB)) == 0) {
+        sent++;
+    }
+    ck_assert_int_eq(ret, -ENOBUFS);
+    /* What the queue holds (and the socket took) passed, nothing more. */
+    ck_assert_uint_ge(sent, VN_SHM_MAX_QUEUED / VN_FABRIC_MAX_FRAME - 1);
+    ck_assert_uint_le(sent, VN_SHM_MAX_QUEUED / MIB + 4);
+    WAIT_FOR(log_has(a, "down:b"));
+}
+END_TEST
+
+/* A reader that is only slow gets everything, in order, once it reads again. */
+START_TEST(test_slow_reader_gets_all)
+{
+    Node *b = node_open("b", true);
+    Node *a = node_open("a", false);
+    g_autofree uint8_t *mib = g_malloc0(MIB);
+    char json[32];
+
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    for (unsigned i = 0; i < 8; i++) {
+        g_snprintf(json, sizeof(json), "{\"n\":%u}", i);
+        ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, json, mib, MIB), 0);
+    }
+    node_start(b);
+    /* a's queue goes as b's socket drains, from a's loop (the one WAIT_FOR runs). */
+    WAIT_FOR_MS(log_count(b, "ev:9:") == 8, 5000);
+    for (unsigned i = 0; i < 8; i++) {
+        char entry[64];
+
+        g_snprintf(entry, sizeof(entry), "ev:9:{\"n\":%u}:%u", i, MIB);
+        ck_assert_msg(log_at_is(b, i + 1, entry), "event %u out of order", i); /* after up:a */
+    }
+    ck_assert(vn_fabric_link_up(a->fab, "b"));
+}
+END_TEST
+
+/* A reader that takes nothing for VN_SHM_SEND_TIMEOUT_S loses its link, however little
+ * waits for it. */
+START_TEST(test_reader_that_stalls_loses_link)
+{
+    g_autofree uint8_t *mib = g_malloc0(MIB);
+    Node *a;
+
+    node_open("b", true); /* never started */
+    a = node_open("a", false);
+
+    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, NULL, mib, MIB), 0);
+    ck_assert(vn_fabric_link_up(a->fab, "b"));
+    WAIT_FOR_MS(log_has(a, "down:b"), (VN_SHM_SEND_TIMEOUT_S + 3) * 1000);
+}
+END_TEST
+
 static Suite *fabric_suite(void)
 {
     Suite *s = suite_create("fabric");
@@ -1396,6 +1468,14 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_doorbell_budget);
     tcase_add_test(tc, test_doorbell_rate_param);
     tcase_add_test(tc, test_crossing_delay);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("shm-slow-reader");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_reader_that_stops_loses_link);
+    tcase_add_test(tc, test_slow_reader_gets_all);
+    tcase_add_test(tc, test_reader_that_stalls_loses_link);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -94,6 +94,17 @@ static inline bool log_has(Node *n, const char *entry)
     return found;
 }
 
+/* Whether @n's log entry @i is @entry. */
+static inline bool log_at_is(Node *n, guint i, const char *entry)
+{
+    bool is;
+
+    vn_mutex_lock(&n->lock);
+    is = i < n->log->len && strcmp(n->log->pdata[i], entry) == 0;
+    vn_mutex_unlock(&n->lock);
+    return is;
+}
+
 static inline void on_link(void *opaque, const char *peer, bool up)
 {
     log_add(opaque, g_strdup_printf("%s:%s", up ? "up" : "down", peer));
@@ -356,9 +367,10 @@ static inline gint64 now_ms(void)
 }
 
 /* Iterate the shared context until @cond holds (bounded), then assert it. */
-#define WAIT_FOR(cond)                                             \
+#define WAIT_FOR(cond) WAIT_FOR_MS(cond, 3000)
+#define WAIT_FOR_MS(cond, ms)                                      \
     do {                                                           \
-        gint64 end_ = now_ms() + 3000;                             \
+        gint64 end_ = now_ms() + (ms);                             \
         while (!(cond) && now_ms() < end_) {                       \
             if (!g_main_context_iteration(ctx, FALSE)) {           \
                 g_usleep(500);                                     \

@@ -62,4 +62,23 @@ int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const in
  * @send_timeout_s (SO_SNDTIMEO, which bounds connect() too), or -errno. */
 int vn_record_dial(const char *path, int send_timeout_s);
 
+/*
+ * Records sent without blocking (record-out.c), on a connected stream socket @fd (borrowed;
+ * no fds carried): what the socket does not take at once waits, in order, and goes as it
+ * drains, from @ctx's loop.  @fail (once, from the send or the loop) says the stream is
+ * lost: more than @max_queued bytes would wait (-ENOBUFS), the socket took nothing for
+ * @stall_ms (-ETIMEDOUT: a peer that stopped reading), or it failed (-errno).  The caller
+ * then ends the connection; nothing more is sent.
+ * send: 0 (sent or queued), -EMSGSIZE (longer than @max_len: nothing sent), or the
+ * stream's loss (-ENOBUFS, -EPIPE after it, -errno).
+ */
+typedef struct VnRecordOut VnRecordOut;
+typedef void (*VnRecordOutFailFn)(void *opaque, int err);
+VnRecordOut *vn_record_out_new(int fd, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
+                               VnRecordOutFailFn fail, void *opaque);
+int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len);
+/* Bytes waiting for the socket. */
+size_t vn_record_out_queued(const VnRecordOut *o);
+void vn_record_out_free(VnRecordOut *o);
+
 #endif /* VN_RECORD_H */

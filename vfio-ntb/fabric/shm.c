@@ -5,8 +5,11 @@
  * eventfd (SCM_RIGHTS) from the exporting backend to the mapping one.
  *
  * Receiving never blocks (MSG_DONTWAIT, one record's state per connection),
- * so a peer that sends half a record stalls nothing; sending blocks at most
- * VN_SHM_SEND_TIMEOUT_S (SO_SNDTIMEO), after which the link is dropped.
+ * so a peer that sends half a record stalls nothing; nor does sending on a link
+ * (VnRecordOut): what the peer's socket does not take waits, at most
+ * VN_SHM_MAX_QUEUED bytes, and a peer that takes nothing for VN_SHM_SEND_TIMEOUT_S,
+ * or would make more wait, loses its link.  (The HELLO and a FETCH's answer, a
+ * record each on a socket of their own, are sent blocking, bounded by SO_SNDTIMEO.)
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -48,6 +51,7 @@ typedef struct VnShmConn {
     bool outgoing;                   /* we opened it */
     bool draining;                   /* lost a tie: read to EOF, never send */
     VnRecordReader rx;               /* the record being received */
+    VnRecordOut *out;                /* the link's records on their way, once one was sent */
 } VnShmConn;
 
 struct VnShm {
@@ -87,6 +91,7 @@ static void conn_drop(VnShmConn *c, const char *why)
     c->ref++;
     g_clear_pointer(&c->src, g_source_destroy);
     g_clear_pointer(&c->hello_timer, g_source_destroy);
+    g_clear_pointer(&c->out, vn_record_out_free); /* before its fd goes */
     vn_util_close_fd(&c->fd);
     was_active = c->peer[0] != '\0' && g_hash_table_lookup(shm->active, c->peer) == c;
     if (was_active) {
@@ -450,26 +455,42 @@ static void crossing_delay(const VnShm *shm)
     }
 }
 
+/* A link's records went nowhere (@err): the socket is shut down, and its reader reports the
+ * link down from the loop. */
+static void on_out_failed(void *opaque, int err)
+{
+    VnShmConn *c = opaque;
+
+    if (err == -ENOBUFS) {
+        g_info("socket %s: %s would have more than %u bytes waiting for it; dropping the link",
+               c->shm->path, c->peer, (unsigned)VN_SHM_MAX_QUEUED);
+    } else if (err == -ETIMEDOUT) {
+        g_info("socket %s: %s took nothing we sent for %d s; dropping the link", c->shm->path,
+               c->peer, VN_SHM_SEND_TIMEOUT_S);
+    } else {
+        g_info("socket %s: send to %s failed: %s; dropping the link", c->shm->path, c->peer,
+               g_strerror(-err));
+    }
+    if (c->fd >= 0) {
+        shutdown(c->fd, SHUT_RDWR);
+    }
+}
+
 static int shm_send(void *backend, const char *peer, const void *buf, size_t len)
 {
     VnShm *shm = backend;
     VnShmConn *c = g_hash_table_lookup(shm->active, peer);
-    int ret;
 
-    if (c == NULL) {
+    if (c == NULL || c->fd < 0) {
         return -ENOTCONN;
     }
     crossing_delay(shm);
-    ret = send_record(c->fd, buf, len, NULL, 0);
-    if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
-        /* Part of a record may be out: the stream is lost.  The socket's
-         * HUP then reports the link down from the main loop (or from a
-         * synchronous wait), never from inside this call. */
-        g_info("socket %s: send to %s failed: %s; dropping the link", shm->path, peer,
-               g_strerror(-ret));
-        shutdown(c->fd, SHUT_RDWR);
+    if (c->out == NULL) {
+        c->out = vn_record_out_new(c->fd, shm->ctx, VN_SHM_MAX_QUEUED, VN_SHM_SEND_TIMEOUT_S * 1000,
+                                   on_out_failed, c);
     }
-    return ret;
+    /* Never waits: a link whose peer stops reading is dropped (on_out_failed). */
+    return vn_record_out_send(c->out, buf, len, VN_FABRIC_MAX_FRAME);
 }
 
 /* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,

@@ -122,6 +122,9 @@ bool vn_shm_dir_ok(const char *dir, GError **error);
 #define VN_SHM_MAX_UNNAMED 16
 /* A peer that does not drain its socket for this long loses its link. */
 #define VN_SHM_SEND_TIMEOUT_S 5
+/* What may wait for a peer's socket to take it: 16 of the largest frames (a megabyte each),
+ * far past what a peer that reads leaves waiting. */
+#define VN_SHM_MAX_QUEUED (16u * VN_FABRIC_MAX_FRAME)
 /* Records read per wake-up, so one busy peer cannot starve the others. */
 #define VN_SHM_RECORDS_PER_WAKEUP 64
 /* Bounds of the limits: real adapters have 2..64 windows of at most a few
