@@ -1318,6 +1318,34 @@ START_TEST(test_asks_answered_later)
 }
 END_TEST
 
+/*
+ * A worker that stops reading its port (its thread is not run: nothing reads its socket)
+ * while the daemon has records for it (doorbells): the daemon's calls never wait for it,
+ * and once the worker has read nothing for VN_PORT_STALL_MS the port drops its connection
+ * (a stuck worker reconnects when it is not).
+ */
+START_TEST(test_worker_that_stops_reading)
+{
+    int first;
+
+    node_start(lender);
+    open_worker(step_open);
+    in_worker(step_doorbells);
+    first = worker->ret;
+    ck_assert_int_ge(first, 0);
+    ck_assert(vn_port_connected(port));
+    /* Far more than its socket takes.  A send that waited would give up on the worker in
+     * here (after VN_PORT_STALL_MS); what waits goes only from the loop, which does not run
+     * in here, so the worker is still connected after it. */
+    for (int i = 0; i < 20000; i++) {
+        vn_port_doorbell(port, "hosta", (uint32_t)first);
+    }
+    ck_assert(vn_port_connected(port));
+    /* The loop runs: the worker reads nothing, and loses its connection. */
+    WAIT_FOR_MS(!vn_port_connected(port), VN_PORT_STALL_MS * 3);
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -1331,6 +1359,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_secret_must_come_first);
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_asks_answered_later);
+    tcase_add_test(tc, test_worker_that_stops_reading);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_requests_after_the_greeting);

@@ -67,6 +67,12 @@ ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap, 
 
 ssize_t vn_fdpass_send(int sock, const struct iovec *iov, int iovcnt, const int *fds, unsigned nfds)
 {
+    return vn_fdpass_send_flags(sock, iov, iovcnt, fds, nfds, 0);
+}
+
+ssize_t vn_fdpass_send_flags(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                             unsigned nfds, int flags)
+{
     ControlBuf cbuf;
     struct msghdr mh = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
     ssize_t n;
@@ -87,7 +93,7 @@ ssize_t vn_fdpass_send(int sock, const struct iovec *iov, int iovcnt, const int 
         memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
     }
     do {
-        n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+        n = sendmsg(sock, &mh, MSG_NOSIGNAL | flags);
     } while (n < 0 && errno == EINTR);
     return n < 0 ? -errno : n;
 }

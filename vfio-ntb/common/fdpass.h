@@ -34,5 +34,9 @@ ssize_t vn_fdpass_recv(int sock, void *dst, size_t len, int *fds, unsigned cap, 
  */
 ssize_t vn_fdpass_send(int sock, const struct iovec *iov, int iovcnt, const int *fds,
                        unsigned nfds);
+/* The same with sendmsg() @flags besides MSG_NOSIGNAL (MSG_DONTWAIT: -EAGAIN when the socket
+ * takes nothing now). */
+ssize_t vn_fdpass_send_flags(int sock, const struct iovec *iov, int iovcnt, const int *fds,
+                             unsigned nfds, int flags);
 
 #endif /* VN_FDPASS_H */

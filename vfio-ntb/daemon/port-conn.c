@@ -4,6 +4,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "port-conn.h"
+#include "port.h"
 
 #include "common/util.h"
 
@@ -31,6 +32,7 @@ void vn_port_conn_close(VnPort *p)
         g_clear_pointer(&p->src, g_source_unref);
     }
     vn_record_reader_clear(&p->rx);
+    g_clear_pointer(&p->to_worker, vn_record_out_free); /* before its socket goes */
     vn_util_close_fd(&p->fd);
 }
 
@@ -40,20 +42,36 @@ bool vn_port_secret_ok(VnPort *p, const uint8_t *data, size_t len)
            vn_util_equal_secret(data, p->secret, VN_PORT_SECRET_LEN);
 }
 
+/* The worker's connection took nothing for a while, or would have too much waiting. */
+static void on_out_failed(void *opaque, int err)
+{
+    VnPort *p = opaque;
+
+    g_info("port %s: cannot reach the worker: %s", p->path,
+           err == -ENOBUFS     ? "it leaves too much unread"
+           : err == -ETIMEDOUT ? "it reads nothing"
+                               : g_strerror(-err));
+    /* A worker that does not read its port is stuck: it reconnects when it is not. */
+    vn_port_conn_close(p);
+}
+
 void vn_port_to_worker(VnPort *p, uint32_t op, uint64_t seq, int status, const char *peer,
                        uint64_t arg, uint64_t arg2, const void *data, size_t len, int fd)
 {
-    int ret;
+    g_autofree uint8_t *buf = NULL;
+    size_t n;
 
     if (p->fd < 0) {
         return;
     }
-    ret = vn_host_send(p->fd, op, seq, status, peer, arg, arg2, data, len, fd);
-    if (ret < 0) {
-        /* A worker that does not read its port for seconds is stuck: it
-         * reconnects when it is not. */
-        g_info("port %s: cannot reach the worker: %s", p->path, g_strerror(-ret));
-        vn_port_conn_close(p);
+    if (p->to_worker == NULL) {
+        p->to_worker = vn_record_out_new(p->fd, p->ctx, VN_PORT_MAX_QUEUED, VN_PORT_STALL_MS,
+                                         on_out_failed, p);
+    }
+    buf = vn_host_record_new(op, seq, status, peer, arg, arg2, data, len, &n);
+    /* Never waits: a worker that stops reading loses its connection (on_out_failed). */
+    if (vn_record_out_send(p->to_worker, buf, n, VN_HOST_MAX_RECORD, fd) == -EMSGSIZE) {
+        g_info("port %s: a record of %zu bytes is too large for the worker", p->path, n);
     }
 }
 

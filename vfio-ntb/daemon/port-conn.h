@@ -42,6 +42,11 @@ typedef struct VnPortIn {
     GByteArray *frame; /* not sent yet (the worker is away), else NULL */
 } VnPortIn;
 
+/* What may wait for a worker to read it: 16 of the largest records.  A worker that would
+ * have more waiting, or reads nothing for VN_PORT_STALL_MS (port.h), loses its connection:
+ * the daemon's loop never waits for it. */
+#define VN_PORT_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
+
 struct VnPort {
     VnFabric *fab;
     char *path;
@@ -58,9 +63,10 @@ struct VnPort {
     bool authed;
     GSource *src;
     VnRecordReader rx;
-    GPtrArray *windows; /* VnFabricWindow *, mapped for the worker */
-    GPtrArray *maps;    /* VnPortMap *, maps and route opens under way */
-    GArray *segments;   /* uint64_t ids exported for it */
+    VnRecordOut *to_worker; /* what goes to the worker, without waiting for it */
+    GPtrArray *windows;     /* VnFabricWindow *, mapped for the worker */
+    GPtrArray *maps;        /* VnPortMap *, maps and route opens under way */
+    GArray *segments;       /* uint64_t ids exported for it */
     GArray *routes;
     GArray *withdrawn;  /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
     uint64_t doorbells; /* bit i: the worker's */

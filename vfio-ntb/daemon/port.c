@@ -488,9 +488,6 @@ void vn_port_drain(VnPort *p)
 
 static void conn_attach(VnPort *p, int fd, bool authed)
 {
-    struct timeval tv = { .tv_sec = 2 };
-
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     p->fd = fd;
     p->authed = authed;
     p->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);

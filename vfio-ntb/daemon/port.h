@@ -40,6 +40,10 @@
 
 typedef struct VnPort VnPort;
 
+/* A worker that reads nothing of what its daemon sends for this long is stuck: its port
+ * drops the connection (it reconnects when it is not), and the daemon never waits for it. */
+#define VN_PORT_STALL_MS 2000u
+
 /*
  * Listen on @path for the worker serving device @device (its name on the
  * lender) with @peer (NULL: none yet); @inbound for a lender's worker,

@@ -103,11 +103,11 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     return NULL;
 }
 
-int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
-                 uint64_t arg2, const void *data, size_t len, int fd)
+uint8_t *vn_host_record_new(uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
+                            uint64_t arg2, const void *data, size_t len, size_t *out_len)
 {
     VnHostHdr hdr = { .op = op, .status = status, .seq = seq, .arg = arg, .arg2 = arg2 };
-    g_autofree uint8_t *buf = g_malloc(sizeof(hdr) + len);
+    uint8_t *buf = g_malloc(sizeof(hdr) + len);
 
     if (peer != NULL) {
         g_strlcpy(hdr.peer, peer, sizeof(hdr.peer));
@@ -116,6 +116,15 @@ int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *pe
     if (len > 0) {
         memcpy(buf + sizeof(hdr), data, len);
     }
-    return vn_record_send(sock, buf, sizeof(hdr) + len, VN_HOST_MAX_RECORD, fd >= 0 ? &fd : NULL,
-                          fd >= 0 ? 1 : 0);
+    *out_len = sizeof(hdr) + len;
+    return buf;
+}
+
+int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
+                 uint64_t arg2, const void *data, size_t len, int fd)
+{
+    size_t n;
+    g_autofree uint8_t *buf = vn_host_record_new(op, seq, status, peer, arg, arg2, data, len, &n);
+
+    return vn_record_send(sock, buf, n, VN_HOST_MAX_RECORD, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
 }

@@ -162,6 +162,10 @@ typedef struct VnHostHdr {
 
 const char *vn_host_op_to_string(uint32_t op);
 
+/* One record's bytes (a header and @len bytes of frame; its length in *@out_len), for a
+ * sender that queues it (VnRecordOut); free with g_free(). */
+uint8_t *vn_host_record_new(uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,
+                            uint64_t arg2, const void *data, size_t len, size_t *out_len);
 /* Send one record (a header and @len bytes of frame, maybe @fd) on @sock:
  * 0 or -errno, as vn_record_send(). */
 int vn_host_send(int sock, uint32_t op, uint64_t seq, int status, const char *peer, uint64_t arg,

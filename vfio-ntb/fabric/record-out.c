@@ -1,44 +1,63 @@
 /*
  * Records sent without blocking (see record.h, VnRecordOut): what the socket does not take at
- * once waits in a bounded queue and goes as the socket drains, from the loop.
+ * once waits in a bounded queue, in order, and goes as the socket drains, from the loop.
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
 #include "record.h"
 
+#include "common/fdpass.h"
+#include "common/util.h"
+
 #include <errno.h>
+#include <fcntl.h>
 #include <glib-unix.h>
 #include <string.h>
 #include <sys/socket.h>
 
+/* One record on its way: its bytes (the length prefix first), how many went, and the fd
+ * that goes with its first byte (ours, a dup; -1: none). */
+typedef struct OutRecord {
+    uint8_t *bytes;
+    size_t len, sent;
+    int fd;
+} OutRecord;
+
 struct VnRecordOut {
-    int fd; /* borrowed */
+    int sock; /* borrowed */
     GMainContext *ctx;
     size_t max_queued;
     unsigned stall_ms;
     VnRecordOutFailFn fail;
     void *opaque;
-    GByteArray *queue; /* bytes the socket has not taken, from @head */
-    size_t head;
-    GSource *writable; /* while @queue holds something */
-    GSource *stall;    /* ... and whether it moved in stall_ms */
+    GQueue records;    /* OutRecord */
+    size_t queued;     /* their bytes not yet taken */
+    GSource *writable; /* while a record waits */
+    GSource *stall;    /* ... and whether the socket took any of it in stall_ms */
     bool moved;
     bool failed; /* the stream is lost: nothing more is sent */
 };
 
-VnRecordOut *vn_record_out_new(int fd, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
+VnRecordOut *vn_record_out_new(int sock, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
                                VnRecordOutFailFn fail, void *opaque)
 {
     VnRecordOut *o = g_new0(VnRecordOut, 1);
 
-    *o = (VnRecordOut){ .fd = fd,
+    *o = (VnRecordOut){ .sock = sock,
                         .ctx = ctx,
                         .max_queued = max_queued,
                         .stall_ms = stall_ms,
                         .fail = fail,
-                        .opaque = opaque,
-                        .queue = g_byte_array_new() };
+                        .opaque = opaque };
+    g_queue_init(&o->records);
     return o;
+}
+
+static void record_free(OutRecord *r)
+{
+    vn_util_close_fd(&r->fd);
+    g_free(r->bytes);
+    g_free(r);
 }
 
 static void out_idle(VnRecordOut *o)
@@ -59,16 +78,16 @@ void vn_record_out_free(VnRecordOut *o)
         return;
     }
     out_idle(o);
-    g_byte_array_unref(o->queue);
+    g_queue_clear_full(&o->records, (GDestroyNotify)record_free);
     g_free(o);
 }
 
 size_t vn_record_out_queued(const VnRecordOut *o)
 {
-    return o->queue->len - o->head;
+    return o->queued;
 }
 
-/* The stream is lost (@err): said once; the caller's @fail shuts the socket. */
+/* The stream is lost (@err): said once, last (@fail may free @o). */
 static void out_fail(VnRecordOut *o, int err)
 {
     if (o->failed) {
@@ -82,18 +101,28 @@ static void out_fail(VnRecordOut *o, int err)
 /* Send what the socket takes now: 0 (all or some of it), or -errno (the stream is lost). */
 static int out_flush(VnRecordOut *o)
 {
-    while (vn_record_out_queued(o) > 0) {
-        ssize_t n = send(o->fd, o->queue->data + o->head, vn_record_out_queued(o),
-                         MSG_DONTWAIT | MSG_NOSIGNAL);
+    OutRecord *r;
+
+    while ((r = g_queue_peek_head(&o->records)) != NULL) {
+        struct iovec iov = { r->bytes + r->sent, r->len - r->sent };
+        bool with_fd = r->sent == 0 && r->fd >= 0;
+        ssize_t n = vn_fdpass_send_flags(o->sock, &iov, 1, with_fd ? &r->fd : NULL, with_fd ? 1 : 0,
+                                         MSG_DONTWAIT);
 
         if (n < 0) {
-            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
+            return n == -EAGAIN || n == -EWOULDBLOCK ? 0 : (int)n;
         }
-        o->head += (size_t)n;
+        r->sent += (size_t)n;
+        o->queued -= (size_t)n;
         o->moved = true;
+        if (with_fd) {
+            vn_util_close_fd(&r->fd); /* the peer has its own now */
+        }
+        if (r->sent < r->len) {
+            return 0;
+        }
+        record_free(g_queue_pop_head(&o->records));
     }
-    g_byte_array_set_size(o->queue, 0);
-    o->head = 0;
     return 0;
 }
 
@@ -104,16 +133,11 @@ static gboolean on_writable(gint fd, GIOCondition cond, gpointer data)
 
     if (ret < 0) {
         out_fail(o, ret);
-        return G_SOURCE_REMOVE; /* out_fail destroyed it */
+        return G_SOURCE_REMOVE; /* destroyed already; @o may be gone */
     }
-    if (vn_record_out_queued(o) == 0) {
+    if (o->queued == 0) {
         out_idle(o);
         return G_SOURCE_REMOVE;
-    }
-    /* What was taken leaves room at the front: keep the queue from growing. */
-    if (o->head > o->queue->len / 2) {
-        g_byte_array_remove_range(o->queue, 0, (guint)o->head);
-        o->head = 0;
     }
     return G_SOURCE_CONTINUE;
 }
@@ -130,32 +154,46 @@ static gboolean on_stall_check(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len)
+int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len, int fd)
 {
     uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
+    OutRecord *r;
     int ret;
 
-    if (len > max_len || len > UINT32_MAX) {
+    if (len > max_len || len > UINT32_MAX - sizeof(prefix)) {
         return -EMSGSIZE;
     }
     if (o->failed) {
         return -EPIPE;
     }
-    if (vn_record_out_queued(o) + sizeof(prefix) + len > o->max_queued) {
+    if (o->queued + sizeof(prefix) + len > o->max_queued) {
         out_fail(o, -ENOBUFS);
         return -ENOBUFS;
     }
-    g_byte_array_append(o->queue, (const guint8 *)&prefix, sizeof(prefix));
-    g_byte_array_append(o->queue, buf, (guint)len);
-    /* Behind what waits already, if any: the socket may have room for it by now. */
+    r = g_new0(OutRecord, 1);
+    r->fd = -1;
+    if (fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+        ret = -errno;
+        g_free(r);
+        return ret; /* nothing was queued: the stream is as it was */
+    }
+    r->len = sizeof(prefix) + len;
+    r->bytes = g_malloc(r->len);
+    memcpy(r->bytes, &prefix, sizeof(prefix));
+    if (len > 0) {
+        memcpy(r->bytes + sizeof(prefix), buf, len);
+    }
+    g_queue_push_tail(&o->records, r);
+    o->queued += r->len;
+    /* Behind what waits already, if anything: the socket may have room for it by now. */
     ret = out_flush(o);
     if (ret < 0) {
         out_fail(o, ret);
         return ret;
     }
-    if (vn_record_out_queued(o) > 0 && o->writable == NULL) {
+    if (o->queued > 0 && o->writable == NULL) {
         o->moved = false;
-        o->writable = g_unix_fd_source_new(o->fd, G_IO_OUT);
+        o->writable = g_unix_fd_source_new(o->sock, G_IO_OUT);
         g_source_set_callback(o->writable, G_SOURCE_FUNC(on_writable), o, NULL);
         g_source_attach(o->writable, o->ctx);
         o->stall = g_timeout_source_new(o->stall_ms);

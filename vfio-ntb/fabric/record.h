@@ -63,20 +63,21 @@ int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const in
 int vn_record_dial(const char *path, int send_timeout_s);
 
 /*
- * Records sent without blocking (record-out.c), on a connected stream socket @fd (borrowed;
- * no fds carried): what the socket does not take at once waits, in order, and goes as it
- * drains, from @ctx's loop.  @fail (once, from the send or the loop) says the stream is
- * lost: more than @max_queued bytes would wait (-ENOBUFS), the socket took nothing for
- * @stall_ms (-ETIMEDOUT: a peer that stopped reading), or it failed (-errno).  The caller
- * then ends the connection; nothing more is sent.
- * send: 0 (sent or queued), -EMSGSIZE (longer than @max_len: nothing sent), or the
- * stream's loss (-ENOBUFS, -EPIPE after it, -errno).
+ * Records sent without blocking (record-out.c), on a connected stream socket @sock
+ * (borrowed): what the socket does not take at once waits, in order, and goes as it
+ * drains, from @ctx's loop.  @fail (once, from a send or the loop, as the last thing done
+ * with the queue: it may free it) says the stream is lost: more than @max_queued bytes
+ * would wait (-ENOBUFS), the socket took nothing for @stall_ms (-ETIMEDOUT: a peer that
+ * stopped reading), or it failed (-errno).  The caller then ends the connection.
+ * send: a record of @len bytes (at most @max_len) and @fd (borrowed, -1 for none: a dup
+ * waits with it); 0 (sent or queued), -EMSGSIZE (nothing sent), -errno of the dup (nothing
+ * sent), or the stream's loss (-ENOBUFS, -EPIPE after it, -errno).
  */
 typedef struct VnRecordOut VnRecordOut;
 typedef void (*VnRecordOutFailFn)(void *opaque, int err);
-VnRecordOut *vn_record_out_new(int fd, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
+VnRecordOut *vn_record_out_new(int sock, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
                                VnRecordOutFailFn fail, void *opaque);
-int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len);
+int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len, int fd);
 /* Bytes waiting for the socket. */
 size_t vn_record_out_queued(const VnRecordOut *o);
 void vn_record_out_free(VnRecordOut *o);

@@ -490,7 +490,7 @@ static int shm_send(void *backend, const char *peer, const void *buf, size_t len
                                    on_out_failed, c);
     }
     /* Never waits: a link whose peer stops reading is dropped (on_out_failed). */
-    return vn_record_out_send(c->out, buf, len, VN_FABRIC_MAX_FRAME);
+    return vn_record_out_send(c->out, buf, len, VN_FABRIC_MAX_FRAME, -1);
 }
 
 /* Open a FETCH connection to @peer for @kind @id: the socket (non-blocking,
