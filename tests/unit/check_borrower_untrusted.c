@@ -9,6 +9,7 @@
  */
 #include "check-main.h"
 #include "fabric-wait.h"
+#include "loop-rig.h"
 
 #include "borrower/borrower.h"
 #include "lending/proto.h"
@@ -31,12 +32,6 @@ typedef enum Lie {
     LIE_HOLD_READ,       /* a BAR read: never answered */
 } Lie;
 
-typedef struct Loop {
-    GMainContext *ctx;
-    GMainLoop *loop;
-    GThread *thread;
-} Loop;
-
 static struct {
     char *dir;
     char *sock;
@@ -48,65 +43,6 @@ static struct {
     gint lie;     /* atomic: a Lie */
     gint held;    /* atomic: BAR reads the lender holds */
 } t;
-
-/* ---- loops in threads --------------------------------------------------- */
-
-static gpointer loop_thread(gpointer data)
-{
-    Loop *lp = data;
-
-    g_main_context_push_thread_default(lp->ctx);
-    g_main_loop_run(lp->loop);
-    g_main_context_pop_thread_default(lp->ctx);
-    return NULL;
-}
-
-static void loop_start(Loop *lp, const char *name)
-{
-    lp->ctx = g_main_context_new();
-    lp->loop = g_main_loop_new(lp->ctx, FALSE);
-    lp->thread = g_thread_new(name, loop_thread, lp);
-}
-
-static gboolean quit_cb(gpointer data)
-{
-    g_main_loop_quit(data);
-    return G_SOURCE_REMOVE;
-}
-
-static void loop_stop(Loop *lp)
-{
-    g_main_context_invoke(lp->ctx, quit_cb, lp->loop);
-    g_thread_join(lp->thread);
-    g_main_loop_unref(lp->loop);
-    g_main_context_unref(lp->ctx);
-}
-
-typedef struct Call {
-    void (*fn)(void *data);
-    void *data;
-    gint done;
-} Call;
-
-static gboolean call_cb(gpointer p)
-{
-    Call *c = p;
-
-    c->fn(c->data);
-    g_atomic_int_set(&c->done, 1);
-    return G_SOURCE_REMOVE;
-}
-
-/* Run @fn(@data) in @lp's thread and wait for it. */
-static void on_loop(Loop *lp, void (*fn)(void *data), void *data)
-{
-    Call c = { .fn = fn, .data = data };
-
-    g_main_context_invoke(lp->ctx, call_cb, &c);
-    while (!g_atomic_int_get(&c.done)) {
-        g_usleep(500);
-    }
-}
 
 /* ---- the lender --------------------------------------------------------- */
 
@@ -252,6 +188,8 @@ static void setup(void)
     memset(&t, 0, sizeof(t));
     t.dir = g_dir_make_tmp("vn-bor-untrusted-XXXXXX", NULL);
     t.sock = g_build_filename(t.dir, "vm.sock", NULL);
+    t.lend.ctx = g_main_context_new();
+    t.bor.ctx = g_main_context_new();
     loop_start(&t.lend, "lender");
     loop_start(&t.bor, "borrower");
     on_loop(&t.lend, lender_open, NULL);

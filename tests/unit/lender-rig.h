@@ -26,6 +26,7 @@
 
 #include "check-main.h"
 #include "fabric-wait.h"
+#include "loop-rig.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -192,12 +193,6 @@ static const VnDeviceOps fake_ops = {
 
 /* ---- the rig ------------------------------------------------------------ */
 
-typedef struct Loop {
-    GMainContext *ctx;
-    GMainLoop *loop;
-    GThread *thread;
-} Loop;
-
 typedef struct Borrower {
     char name[VN_MAX_NODE_NAME + 1];
     VnFabric *fab;
@@ -255,73 +250,6 @@ static inline void spin(int ms)
             g_usleep(500);
         }
     }
-}
-
-static inline gpointer loop_thread(gpointer data)
-{
-    Loop *lp = data;
-
-    g_main_context_push_thread_default(lp->ctx);
-    g_main_loop_run(lp->loop);
-    g_main_context_pop_thread_default(lp->ctx);
-    return NULL;
-}
-
-static inline void loop_start(Loop *lp, const char *name)
-{
-    lp->loop = g_main_loop_new(lp->ctx, FALSE);
-    lp->thread = g_thread_new(name, loop_thread, lp);
-}
-
-static inline gboolean quit_cb(gpointer data)
-{
-    g_main_loop_quit(data);
-    return G_SOURCE_REMOVE;
-}
-
-static inline void loop_stop(Loop *lp)
-{
-    g_main_context_invoke(lp->ctx, quit_cb, lp->loop);
-    g_thread_join(lp->thread);
-    g_main_loop_unref(lp->loop);
-    g_main_context_unref(lp->ctx);
-}
-
-/* Run @fn(@data) in @lp's thread and wait for it. */
-typedef struct Call {
-    void (*fn)(void *data);
-    void *data;
-    GMutex lock;
-    GCond cond;
-    bool done;
-} Call;
-
-static inline gboolean call_cb(gpointer p)
-{
-    Call *c = p;
-
-    c->fn(c->data);
-    g_mutex_lock(&c->lock);
-    c->done = true;
-    g_cond_signal(&c->cond);
-    g_mutex_unlock(&c->lock);
-    return G_SOURCE_REMOVE;
-}
-
-static inline void on_loop(Loop *lp, void (*fn)(void *data), void *data)
-{
-    Call c = { .fn = fn, .data = data };
-
-    g_mutex_init(&c.lock);
-    g_cond_init(&c.cond);
-    g_main_context_invoke(lp->ctx, call_cb, &c);
-    g_mutex_lock(&c.lock);
-    while (!c.done) {
-        g_cond_wait(&c.cond, &c.lock);
-    }
-    g_mutex_unlock(&c.lock);
-    g_mutex_clear(&c.lock);
-    g_cond_clear(&c.cond);
 }
 
 /* The lender node's handlers: what a daemon would route to its lender. */
