@@ -21,7 +21,7 @@
 /* Bound of "request-timeout-ms" (10 minutes). */
 #define VN_FABRIC_MAX_TIMEOUT_MS 600000
 /* Queued frames and link changes handled per idle dispatch, so a burst
- * that queued up during a synchronous request cannot starve the loop. */
+ * that queued up during a backend's call cannot starve the loop. */
 #define VN_FABRIC_DEFERRED_BATCH 64
 
 /* A peer whose link is up.  @gen is unique per link-up in this fabric, so

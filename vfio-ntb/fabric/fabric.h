@@ -59,7 +59,7 @@
  * how many it has is VnFabricLimits.doorbells. */
 #define VN_FABRIC_MAX_DOORBELLS 64u
 /* What one peer may have queued for us while we cannot dispatch (inside a
- * synchronous request, VN_FABRIC_REQUEST_TIMEOUT_MS at most): a few of the
+ * backend's call: a send, a connect, a worker's call to its daemon): a few of the
  * largest frames, or many small ones.  A peer past either has its link
  * dropped -- else 300 frames of 1 MiB grow a daemon by 300 MiB. */
 #define VN_FABRIC_MAX_DEFERRED_BYTES (4u * VN_FABRIC_MAX_PAYLOAD)

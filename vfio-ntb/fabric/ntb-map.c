@@ -17,15 +17,15 @@
 typedef void (*VnNtbMapDone)(void *opaque, int fd, uint64_t size, uint64_t offset);
 
 /*
- * A map waiting for the exporter's answer, or (asynchronous) for its answer to
- * be told: in the node's list until then, so that closing cancels it.
+ * A map waiting for the exporter's answer, or for its answer to be told: in the node's list
+ * until then, so that closing cancels it.
  */
 typedef struct VnNtbMapping {
     VnNtb *ntb;
     VnNtbLink *l; /* NULL: refused before it was asked */
     uint64_t seq;
     uint64_t id;
-    VnNtbMapDone done; /* NULL: a synchronous map, which polls @finished */
+    VnNtbMapDone done;
     void *opaque;
     GSource *src; /* its timeout, then its delivery */
     bool finished;
@@ -71,18 +71,14 @@ static gboolean mapping_timeout(gpointer data)
     return mapping_tell(m, -ETIMEDOUT); /* a late answer gives its window back */
 }
 
-/* The answer is in (@fd or -errno): an asynchronous map hears it from the
- * loop, never from inside whatever call received it. */
+/* The answer is in (@fd or -errno): the map hears it from the loop, never from inside
+ * whatever call received it. */
 static void mapping_finish(VnNtbMapping *m, int fd, uint64_t size, uint64_t offset)
 {
     m->finished = true;
     m->fd = fd;
     m->size = size;
     m->offset = offset;
-    if (m->done == NULL) {
-        g_queue_remove(&m->ntb->maps, m);
-        return;
-    }
     if (m->src != NULL) {
         g_source_destroy(m->src);
         g_source_unref(m->src);
@@ -103,7 +99,7 @@ void vn_ntb_maps_end(VnNtb *ntb, VnNtbLink *l, int err)
         if (l != NULL && m->l != l) {
             continue;
         }
-        if (err == -ECANCELED && m->done != NULL) {
+        if (err == -ECANCELED) {
             /* Closing: told now, as fabric.h allows. */
             g_queue_delete_link(&ntb->maps, it);
             m->done(m->opaque, -ECANCELED, 0, 0);

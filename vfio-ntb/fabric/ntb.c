@@ -732,13 +732,11 @@ static gboolean on_port_fd(gint fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-/* ---- waiting (synchronous requests and maps) ---------------------------- */
+/* ---- waiting (a connect's brief wait for a session) ------------------------ */
 
 /*
- * Wait at most @timeout_ms for any port's event and serve every port: a
- * peer's map of our segment is answered even while we wait on another, so
- * two nodes mapping each other's segments at once do not deadlock.  What
- * the fabric hears meanwhile it queues.  0 once something was served,
+ * Wait at most @timeout_ms for any port's event and serve every port (ntb_connect's brief
+ * wait for a session on its way).  What the fabric hears meanwhile it queues.  0 once something was served,
  * -ETIMEDOUT, or -errno.
  */
 int vn_ntb_poll(VnNtb *ntb, int timeout_ms)

@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
-#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -39,8 +38,7 @@ G_STATIC_ASSERT(sizeof(VnShmFetchReply) == 24);
 typedef struct VnShm VnShm;
 
 /* One socket to a peer.  Refcounted: a record handed up may lead (through
- * a synchronous request's wait) to this very connection being read again,
- * or dropped, while its reader is still on the stack. */
+ * its handler) to this very connection being dropped, while its reader is still on the stack. */
 typedef struct VnShmConn {
     int ref;
     VnShm *shm;
@@ -809,7 +807,7 @@ static GPtrArray *shm_discover(void *backend)
 }
 
 /* Shut the socket down: its reader then sees the end of the stream and
- * reports the link down from the main loop (or a synchronous wait). */
+ * reports the link down from the main loop. */
 static void shm_disconnect(void *backend, const char *peer)
 {
     VnShm *shm = backend;
