@@ -30,6 +30,14 @@ void vn_util_close_fds(int *fds, size_t n)
     }
 }
 
+GSource *vn_util_fd_source_new(int fd, GIOCondition cond)
+{
+    GSource *src = g_unix_fd_source_new(fd, cond);
+
+    g_source_set_can_recurse(src, TRUE);
+    return src;
+}
+
 uint64_t vn_util_now_ns(void)
 {
     struct timespec ts;

@@ -14,6 +14,13 @@ void vn_util_close_fd(int *fd);
 
 /* Close every fd in fds[0..n) that is >= 0 and set it to -1. */
 void vn_util_close_fds(int *fds, size_t n);
+/* A source for @fd's @cond (g_unix_fd_source_new's), not attached yet, that may be dispatched
+ * while its own callback runs.  GLib takes a source that may not recurse out of the poll set
+ * for each dispatch and puts it back after, and each of the two wakes the loop through its
+ * eventfd: an empty iteration more (a poll over every fd) per message handled.  Nothing of ours
+ * runs a nested loop, so a source never does recurse; every fd on the data path uses this. */
+GSource *vn_util_fd_source_new(int fd, GIOCondition cond);
+
 /* Run @loop (the default context's) until SIGTERM or SIGINT: a worker's
  * life between its start and its clean end. */
 void vn_util_run_until_signalled(GMainLoop *loop);

@@ -490,7 +490,7 @@ static void conn_attach(VnPort *p, int fd, bool authed)
 {
     p->fd = fd;
     p->authed = authed;
-    p->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    p->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(p->src, G_SOURCE_FUNC(on_worker), p, NULL);
     g_source_attach(p->src, p->ctx);
 }
@@ -669,7 +669,7 @@ static bool port_listen(VnPort *p, GError **error)
                     g_strerror(e));
         return false;
     }
-    p->listen_src = g_unix_fd_source_new(p->listen_fd, G_IO_IN);
+    p->listen_src = vn_util_fd_source_new(p->listen_fd, G_IO_IN);
     g_source_set_callback(p->listen_src, G_SOURCE_FUNC(on_accept), p, NULL);
     g_source_attach(p->listen_src, p->ctx);
     return true;

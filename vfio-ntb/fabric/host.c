@@ -316,7 +316,7 @@ static bool host_attach_fd(VnHost *h, int fd, GError **error)
 {
     h->fd = fd;
     memset(&h->rx, 0, sizeof(h->rx));
-    h->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    h->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(h->src, G_SOURCE_FUNC(on_port), h, NULL);
     g_source_attach(h->src, h->ctx);
     return host_greet(h, error);

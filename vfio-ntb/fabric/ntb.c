@@ -898,7 +898,7 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     g_ptr_array_add(ntb->links, l);
     link_fds(l, fds);
     for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
-        l->sources[k] = g_unix_fd_source_new(fds[k], G_IO_IN);
+        l->sources[k] = vn_util_fd_source_new(fds[k], G_IO_IN);
         g_source_set_callback(l->sources[k], G_SOURCE_FUNC(on_port_fd), l, NULL);
         g_source_attach(l->sources[k], ntb->ctx);
     }

@@ -193,7 +193,7 @@ int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_l
     }
     if (o->queued > 0 && o->writable == NULL) {
         o->moved = false;
-        o->writable = g_unix_fd_source_new(o->sock, G_IO_OUT);
+        o->writable = vn_util_fd_source_new(o->sock, G_IO_OUT);
         g_source_set_callback(o->writable, G_SOURCE_FUNC(on_writable), o, NULL);
         g_source_attach(o->writable, o->ctx);
         o->stall = g_timeout_source_new(o->stall_ms);

@@ -321,7 +321,7 @@ static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
     if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
         g_warning("socket %s: cannot set a send timeout: %s", shm->path, g_strerror(errno));
     }
-    c->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    c->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(c->src, G_SOURCE_FUNC(on_conn), c, NULL);
     g_source_attach(c->src, shm->ctx);
     g_source_unref(c->src); /* the context holds it until destroyed */
@@ -609,7 +609,7 @@ static bool fetch_async(VnShm *shm, const char *peer, VnShmFetchKind kind, uint6
     }
     op->shm = shm;
     op->fd = fd;
-    op->src = g_unix_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
+    op->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(op->src, G_SOURCE_FUNC(on_fetch_ready), op, NULL);
     g_source_attach(op->src, shm->ctx);
     op->timer = g_timeout_source_new((guint)timeout_ms);
@@ -725,7 +725,7 @@ static bool shm_listen(VnShm *shm, GError **error)
     if (chmod(shm->path, 0600) < 0 || listen(shm->listen_fd, 16) < 0) {
         goto fail;
     }
-    shm->listen_src = g_unix_fd_source_new(shm->listen_fd, G_IO_IN);
+    shm->listen_src = vn_util_fd_source_new(shm->listen_fd, G_IO_IN);
     g_source_set_callback(shm->listen_src, G_SOURCE_FUNC(on_accept), shm, NULL);
     g_source_attach(shm->listen_src, shm->ctx);
     return true;

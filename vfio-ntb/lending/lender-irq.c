@@ -67,7 +67,7 @@ void vn_lender_request_watch(VnLender *l)
     }
     l->request_fd = fd;
     l->requests = 0;
-    l->request_src = g_unix_fd_source_new(fd, G_IO_IN);
+    l->request_src = vn_util_fd_source_new(fd, G_IO_IN);
     g_source_set_callback(l->request_src, G_SOURCE_FUNC(request_ready), l, NULL);
     g_source_attach(l->request_src, l->ctx);
 }
@@ -123,7 +123,7 @@ static VnLenderRelay *relay_new(VnLender *l, uint32_t index, uint32_t vector, ui
     r->vector = vector;
     r->bit = bit;
     /* Attached to the context only once the device has taken the fd. */
-    r->src = g_unix_fd_source_new(fd, G_IO_IN);
+    r->src = vn_util_fd_source_new(fd, G_IO_IN);
     g_source_set_callback(r->src, G_SOURCE_FUNC(relay_ready), r, NULL);
     return r;
 }

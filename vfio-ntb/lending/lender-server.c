@@ -20,6 +20,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
 #include "lender-int.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -111,7 +112,7 @@ static void watch(VnLender *l, void *dev)
     if (fd < 0) {
         return;
     }
-    l->hangup_src = g_unix_fd_source_new(fd, G_IO_HUP | G_IO_ERR);
+    l->hangup_src = vn_util_fd_source_new(fd, G_IO_HUP | G_IO_ERR);
     g_source_set_callback(l->hangup_src, G_SOURCE_FUNC(on_hangup), l, NULL);
     g_source_attach(l->hangup_src, l->ctx);
 }

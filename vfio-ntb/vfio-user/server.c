@@ -76,7 +76,7 @@ static void listen_arm(VnServer *s)
     if (s->listen_src != NULL) {
         return;
     }
-    s->listen_src = g_unix_fd_source_new(s->listen_fd, G_IO_IN);
+    s->listen_src = vn_util_fd_source_new(s->listen_fd, G_IO_IN);
     g_source_set_callback(s->listen_src, G_SOURCE_FUNC(on_listen), s, NULL);
     g_source_attach(s->listen_src, s->ctx);
 }
@@ -675,7 +675,8 @@ static VnServer *server_alloc(const char *socket_path, const VnDeviceInfo *info,
 
 static void client_src_new(VnServer *s)
 {
-    s->client_src = g_unix_fd_source_new(vn_transport_fd(s->client), G_IO_IN | G_IO_HUP | G_IO_ERR);
+    s->client_src =
+        vn_util_fd_source_new(vn_transport_fd(s->client), G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(s->client_src, G_SOURCE_FUNC(on_client), s, NULL);
     g_source_attach(s->client_src, s->ctx);
 }
