@@ -166,7 +166,10 @@ void vn_cluster_start(VnDaemon *d)
 {
     d->started_us = g_get_monotonic_time();
     on_heartbeat(d);
-    d->heartbeat = g_timeout_add(VN_DAEMON_HEARTBEAT_MS, on_heartbeat, d);
+    /* A whole-second timer: GLib fires those of every process on the host at the same
+     * instant of the second, so an idle host's daemon and workers wake together, not
+     * each at its own time (on an idle machine the wake-up costs more than the beat). */
+    d->heartbeat = g_timeout_add_seconds(VN_DAEMON_HEARTBEAT_MS / 1000, on_heartbeat, d);
 }
 
 /*
