@@ -550,6 +550,70 @@ START_TEST(test_bad_hello)
 }
 END_TEST
 
+/* A host that joins a cluster is dialled by every other node in the same instant (their
+ * heartbeats are whole-second timers).  Each says HELLO with its connect: all are named and
+ * get their link, none is refused as a connection that did not say who it is, and no dial
+ * waits on a full backlog. */
+#define DIALLERS 40
+START_TEST(test_joining_host_dialled_by_many)
+{
+    Node *a = node_open("a", false);
+    int fds[DIALLERS];
+
+    for (int i = 0; i < DIALLERS; i++) {
+        g_autofree char *name = g_strdup_printf("p%d", i);
+
+        fds[i] = raw_connect("a"); /* a's loop does not run meanwhile */
+        raw_hello(fds[i], name);
+    }
+    WAIT_FOR(log_count(a, "up:") == DIALLERS);
+    for (int i = 0; i < DIALLERS; i++) {
+        g_autofree char *name = g_strdup_printf("p%d", i);
+
+        ck_assert_msg(vn_fabric_link_up(a->fab, name), "%s has no link", name);
+        close(fds[i]);
+    }
+}
+END_TEST
+
+/* How many of fds[0..n) the node closed. */
+static unsigned count_closed(const int *fds, int n)
+{
+    unsigned closed = 0;
+
+    for (int i = 0; i < n; i++) {
+        closed += pipe_closed(fds[i]);
+    }
+    return closed;
+}
+
+/* Connections that never say who they are hold no more than VN_SHM_MAX_UNNAMED places: the
+ * rest are closed at once, those held are closed after VN_SHM_HELLO_TIMEOUT_MS, and then a
+ * real peer is let in. */
+#define SILENT (VN_SHM_MAX_UNNAMED + 8)
+START_TEST(test_silent_connections_bounded)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    int fds[SILENT];
+    gint64 t0 = now_ms();
+
+    for (int i = 0; i < SILENT; i++) {
+        fds[i] = raw_connect("a");
+    }
+    WAIT_FOR(count_closed(fds, SILENT) == SILENT - VN_SHM_MAX_UNNAMED);
+    spin(200);
+    ck_assert_uint_eq(count_closed(fds, SILENT), SILENT - VN_SHM_MAX_UNNAMED);
+    WAIT_FOR_MS(count_closed(fds, SILENT) == SILENT, VN_SHM_HELLO_TIMEOUT_MS + 3000);
+    ck_assert_int_ge(now_ms() - t0, VN_SHM_HELLO_TIMEOUT_MS - 100);
+    link_nodes(b, a);
+    good_peer_ok(b);
+    for (int i = 0; i < SILENT; i++) {
+        close(fds[i]);
+    }
+}
+END_TEST
+
 START_TEST(test_reply_from_another_peer)
 {
     Node *a = node_open("a", false);
@@ -1021,6 +1085,9 @@ static Suite *fabric_untrusted_suite(void)
     tc = tcase_create("handshake");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_bad_hello, 0, HELLO_LAST);
+    tcase_add_test(tc, test_joining_host_dialled_by_many);
+    tcase_add_test(tc, test_silent_connections_bounded);
+    tcase_set_timeout(tc, 20);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("stream");

@@ -337,6 +337,17 @@ static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
     return c;
 }
 
+/* Accepted connections whose HELLO has not come yet. */
+static unsigned unnamed(VnShm *shm)
+{
+    unsigned n = 0;
+
+    for (guint i = 0; i < shm->conns->len; i++) {
+        n += ((VnShmConn *)shm->conns->pdata[i])->peer[0] == '\0';
+    }
+    return n;
+}
+
 static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 {
     VnShm *shm = data;
@@ -361,14 +372,16 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
             close(cfd);
             continue;
         }
-        /* Connections without a link: unnamed (and the odd draining one). */
-        if (shm->conns->len - g_hash_table_size(shm->active) >= VN_SHM_MAX_UNNAMED ||
+        if (unnamed(shm) >= VN_SHM_MAX_UNNAMED ||
             shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
             g_info("socket %s: connection refused: too many", shm->path);
             close(cfd);
             continue;
         }
-        conn_new(shm, cfd, false, NULL);
+        /* Its HELLO is sent with the connect, so it is mostly here already: named now, a
+         * connection does not count against the unnamed ones while the loop does other
+         * things (a host joining a large cluster is dialled by every node at once). */
+        conn_service(conn_new(shm, cfd, false, NULL), 1);
     }
     return G_SOURCE_CONTINUE;
 }
@@ -722,7 +735,7 @@ static bool shm_listen(VnShm *shm, GError **error)
         }
     }
     shm->bound = true;
-    if (chmod(shm->path, 0600) < 0 || listen(shm->listen_fd, 16) < 0) {
+    if (chmod(shm->path, 0600) < 0 || listen(shm->listen_fd, VN_SHM_BACKLOG) < 0) {
         goto fail;
     }
     shm->listen_src = vn_util_fd_source_new(shm->listen_fd, G_IO_IN);

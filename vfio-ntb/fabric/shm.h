@@ -120,6 +120,10 @@ bool vn_shm_dir_ok(const char *dir, GError **error);
 #define VN_SHM_HELLO_TIMEOUT_MS 2000
 /* Accepted connections not yet named: a flood of them is refused. */
 #define VN_SHM_MAX_UNNAMED 16
+/* Connections the kernel holds for us to accept: every other node of a cluster may dial a
+ * host that joins in the same instant (their heartbeats are whole-second timers), and a
+ * dial finding the backlog full waits (up to VN_SHM_SEND_TIMEOUT_S). */
+#define VN_SHM_BACKLOG VN_FABRIC_MAX_PEERS
 /* A peer that does not drain its socket for this long loses its link. */
 #define VN_SHM_SEND_TIMEOUT_S 5
 /* What may wait for a peer's socket to take it: 16 of the largest frames (a megabyte each),
