@@ -34,9 +34,11 @@ static void start_end(VnBorrowerStart *st, GError *error)
     if (error != NULL) {
         g_clear_pointer(&b, vn_borrower_free);
     }
+    /* What the handoff gave and was not taken (a dead worker's sockets) is closed before
+     * the caller hears the end: it may look. */
+    vn_borrower_handoff_clear(&st->handoff);
     st->done(st->opaque, b, error);
     g_clear_error(&error);
-    vn_borrower_handoff_clear(&st->handoff);
     g_free(st->socket_path);
     g_free(st);
 }
