@@ -862,6 +862,35 @@ START_TEST(test_announcement_schedule)
 }
 END_TEST
 
+/* One side of a link can see it go and come back alone (a connection the other side refused
+ * before it knew it, a tie-break).  That side has lost what the other announced meanwhile and
+ * the other does not know: told so ("answer"), it announces again at once, not at its next
+ * refresh (up to VN_DAEMON_REFRESH_EVERY beats later); one announcement each way, no more. */
+START_TEST(test_flap_seen_by_one_side)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    VnFabricStats before, after;
+
+    ck_assert(spin_until(knows_hosta, b, 5000));
+    spin(300);
+    vn_fabric_stats(a->fab, &before);
+    vn_cluster_link(b, "hosta", false); /* b's fabric says so; a's link never went */
+    ck_assert(!knows_hosta(b));
+    vn_cluster_link(b, "hosta", true);
+    ck_assert(spin_until(knows_hosta, b, 500));
+    spin(300);
+    vn_fabric_stats(a->fab, &after);
+    /* b's with "answer", a's answer (a beat's refresh may fall in here too); not a
+     * ping-pong of answers */
+    ck_assert_uint_ge(after.msgs_received - before.msgs_received, 1);
+    ck_assert_uint_le(after.msgs_received - before.msgs_received, 2);
+    ck_assert_uint_ge(after.msgs_sent - before.msgs_sent, 1);
+    ck_assert_uint_le(after.msgs_sent - before.msgs_sent, 2);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
     Suite *s = suite_create("daemon");
@@ -871,6 +900,7 @@ static Suite *daemon_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_borrow_return);
     tcase_add_test(tc, test_announcement_schedule);
+    tcase_add_test(tc, test_flap_seen_by_one_side);
     tcase_add_test(tc, test_fence_at_lease_end);
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);

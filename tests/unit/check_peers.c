@@ -36,6 +36,7 @@ static VnPeersAnnounce *sample(void)
     g_strlcpy(a->holds[0].name, "nic0", sizeof(a->holds[0].name));
     a->holds[0].lease = 12;
     g_strlcpy(a->holds[0].domain, "vm-7", sizeof(a->holds[0].domain));
+    a->answer = true; /* its link to the node told flapped */
     return a;
 }
 
@@ -102,6 +103,7 @@ static const struct {
     { "{\"node\":\"HOSTA\",\"devices\":[]}", "node" },
     { "{\"node\":7,\"devices\":[]}", "node" },
     { "{\"node\":\"hosta\",\"devices\":{}}", "devices" },
+    { "{\"node\":\"hosta\",\"answer\":1,\"devices\":[]}", "answer" },
     { "{\"node\":\"hosta\",\"devices\":[7]}", "devices" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"../x\",\"state\":\"available\"}]}", "name" },
     { "{\"node\":\"hosta\",\"devices\":[{\"name\":\"x\",\"state\":\"broken\"}]}", "state" },

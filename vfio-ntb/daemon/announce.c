@@ -25,9 +25,13 @@
 static char *announcement(VnDaemon *d, const char *peer)
 {
     g_autofree VnPeersAnnounce *a = g_new0(VnPeersAnnounce, 1);
+    const VnRemoteNode *n = peer != NULL ? g_hash_table_lookup(d->nodes, peer) : NULL;
 
     g_strlcpy(a->node, d->conf->node, sizeof(a->node));
     g_strlcpy(a->version, VN_VERSION, sizeof(a->version));
+    /* A host we knew whose link went: until it announces again we do not know what it
+     * holds, and it may not know that we missed what it said. */
+    a->answer = n != NULL && !n->link_up;
     /* Both tables are bounded by VN_CONF_MAX_DEVICES (conf.c, lend,
      * vn_cluster_borrow). */
     for (guint i = 0; i < d->local->len && i < VN_CONF_MAX_DEVICES; i++) {

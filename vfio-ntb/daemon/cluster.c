@@ -252,6 +252,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     g_autoptr(GError) error = NULL;
     Claims c = { .d = d, .a = a };
     VnRemoteNode *n;
+    bool wanted;
 
     if (!vn_peers_announce_from_json(msg->json, msg->peer, a, &error)) {
         vn_log(G_LOG_LEVEL_INFO, d->conf->node, NULL, msg->peer, 0,
@@ -265,6 +266,7 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
                msg->peer, (unsigned)VN_FABRIC_MAX_PEERS);
         return;
     }
+    wanted = a->answer;
     g_free(n->ann);
     n->ann = g_steal_pointer(&a);
     n->link_up = true;
@@ -274,6 +276,11 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
     vn_devserver_announced(d, msg->peer, n->ann);
+    if (wanted) {
+        /* Its link flapped where ours may not have.  Ours says no "answer" (the link is up
+         * for us now): one announcement each way per flap. */
+        vn_announce_to(d, msg->peer);
+    }
 }
 
 static void on_revoke(VnDaemon *d, VnFabricMsg *msg)

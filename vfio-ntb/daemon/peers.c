@@ -60,6 +60,10 @@ char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
     if (a->version[0] != '\0') {
         add_str(b, "version", a->version);
     }
+    if (a->answer) {
+        json_builder_set_member_name(b, "answer");
+        json_builder_add_boolean_value(b, TRUE);
+    }
     json_builder_set_member_name(b, "devices");
     json_builder_begin_array(b);
     for (unsigned i = 0; i < a->n_devices; i++) {
@@ -202,6 +206,22 @@ static bool get_version(JsonObject *o, char *out, size_t size)
     return true;
 }
 
+/* An optional boolean member: false when absent; false returned when it is not a boolean. */
+static bool get_optional_bool(JsonObject *o, const char *name, bool *out)
+{
+    JsonNode *n = member(o, name);
+
+    *out = false;
+    if (n == NULL) {
+        return true;
+    }
+    if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_BOOLEAN) {
+        return false;
+    }
+    *out = json_node_get_boolean(n);
+    return true;
+}
+
 static bool get_uint(JsonObject *o, const char *name, uint64_t min, uint64_t max, uint64_t *out,
                      const char *what, GError **error)
 {
@@ -300,14 +320,8 @@ static bool device_from_json(JsonObject *o, VnPeersDevice *d, GError **error)
         return bad(error, what, "state");
     }
     /* Optional: "you may not borrow it" (its access list does not name you). */
-    d->denied = false;
-    if (member(o, "denied") != NULL) {
-        JsonNode *dn = member(o, "denied");
-
-        if (!JSON_NODE_HOLDS_VALUE(dn) || json_node_get_value_type(dn) != G_TYPE_BOOLEAN) {
-            return bad(error, what, "denied");
-        }
-        d->denied = json_node_get_boolean(dn);
+    if (!get_optional_bool(o, "denied", &d->denied)) {
+        return bad(error, what, "denied");
     }
     /* Optional: its device server, when it was ever lost. */
     d->server_down = false;
@@ -371,6 +385,9 @@ bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnno
     /* "version" is optional (older daemons send none); shown, never acted on. */
     if (member(o, "version") != NULL && !get_version(o, out->version, sizeof(out->version))) {
         return bad(error, what, "version");
+    }
+    if (!get_optional_bool(o, "answer", &out->answer)) {
+        return bad(error, what, "answer");
     }
     /* "holds" is optional: an announcement from before leases were claimed. */
     if (member(o, "holds") != NULL && (holds = get_array(o, "holds", what, error)) == NULL) {

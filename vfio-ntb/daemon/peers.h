@@ -78,6 +78,9 @@ typedef struct VnPeersAnnounce {
     VnPeersDevice devices[VN_CONF_MAX_DEVICES];
     unsigned n_holds;
     VnPeersHold holds[VN_CONF_MAX_DEVICES];
+    /* The sender's link to us went and came back while ours stayed (one side of a link can
+     * see it flap alone): what we announced meanwhile may be lost, ours is wanted now. */
+    bool answer;
 } VnPeersAnnounce;
 
 /* One request or REVOKE: the fields its type uses (0 / "" otherwise). */
