@@ -17,6 +17,7 @@
 #include "frame.h"
 #include "record.h"
 
+#include "common/fdset.h"
 #include "common/fdpass.h"
 #include "common/name.h"
 #include "common/util.h"
@@ -42,8 +43,8 @@ typedef struct VnShm VnShm;
 typedef struct VnShmConn {
     int ref;
     VnShm *shm;
-    int fd; /* -1 once dropped */
-    GSource *src;
+    int fd;                          /* -1 once dropped */
+    VnFdSetWatch *watch;             /* in shm->links */
     GSource *hello_timer;            /* until named (accepted connections) */
     char peer[VN_MAX_NODE_NAME + 1]; /* "" until named */
     bool outgoing;                   /* we opened it */
@@ -55,6 +56,7 @@ typedef struct VnShmConn {
 struct VnShm {
     VnFabric *fab;
     GMainContext *ctx;
+    VnFdSet *links; /* every connection's fd: a wake-up polls one fd, not one per peer */
     char *node;
     char *path; /* our socket */
     bool bound; /* the socket file is ours to unlink */
@@ -87,7 +89,7 @@ static void conn_drop(VnShmConn *c, const char *why)
         return;
     }
     c->ref++;
-    g_clear_pointer(&c->src, g_source_destroy);
+    g_clear_pointer(&c->watch, vn_fdset_remove);
     g_clear_pointer(&c->hello_timer, g_source_destroy);
     g_clear_pointer(&c->out, vn_record_out_free); /* before its fd goes */
     vn_util_close_fd(&c->fd);
@@ -293,10 +295,9 @@ static int conn_service(VnShmConn *c, int max_records)
     return ret;
 }
 
-static gboolean on_conn(int fd, GIOCondition cond, gpointer data)
+static void on_conn(int fd, GIOCondition cond, void *data)
 {
     conn_service(data, VN_SHM_RECORDS_PER_WAKEUP);
-    return G_SOURCE_CONTINUE;
 }
 
 static gboolean on_hello_timeout(gpointer data)
@@ -321,10 +322,14 @@ static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
     if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
         g_warning("socket %s: cannot set a send timeout: %s", shm->path, g_strerror(errno));
     }
-    c->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
-    g_source_set_callback(c->src, G_SOURCE_FUNC(on_conn), c, NULL);
-    g_source_attach(c->src, shm->ctx);
-    g_source_unref(c->src); /* the context holds it until destroyed */
+    c->watch = vn_fdset_add(shm->links, fd, G_IO_IN, on_conn, c);
+    if (c->watch == NULL) {
+        /* Only at the kernel's memory limit (epoll takes every socket) */
+        g_warning("socket %s: cannot watch a connection: %s", shm->path, g_strerror(errno));
+        close(fd);
+        g_free(c);
+        return NULL;
+    }
     if (peer != NULL) {
         g_strlcpy(c->peer, peer, sizeof(c->peer));
     } else {
@@ -351,6 +356,7 @@ static unsigned unnamed(VnShm *shm)
 static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
 {
     VnShm *shm = data;
+    VnShmConn *c;
 
     for (int i = 0; i < VN_SHM_MAX_UNNAMED; i++) {
         struct ucred cred;
@@ -381,7 +387,10 @@ static gboolean on_accept(int fd, GIOCondition cond, gpointer data)
         /* Its HELLO is sent with the connect, so it is mostly here already: named now, a
          * connection does not count against the unnamed ones while the loop does other
          * things (a host joining a large cluster is dialled by every node at once). */
-        conn_service(conn_new(shm, cfd, false, NULL), 1);
+        c = conn_new(shm, cfd, false, NULL);
+        if (c != NULL) {
+            conn_service(c, 1);
+        }
     }
     return G_SOURCE_CONTINUE;
 }
@@ -439,6 +448,9 @@ static int shm_connect(void *backend, const char *peer)
         return ret;
     }
     c = conn_new(shm, fd, true, peer);
+    if (c == NULL) {
+        return -ENOMEM;
+    }
     g_hash_table_replace(shm->active, c->peer, c);
     g_info("socket %s: connected to %s", shm->path, peer);
     vn_fabric_backend_link(shm->fab, peer, true);
@@ -684,6 +696,7 @@ static void shm_close(void *backend)
     }
     g_ptr_array_unref(shm->conns);
     g_hash_table_unref(shm->active);
+    vn_fdset_free(shm->links);
     g_main_context_unref(shm->ctx);
     g_free(shm->path);
     g_free(shm->node);
@@ -773,6 +786,14 @@ static void *shm_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     shm = g_new0(VnShm, 1);
     shm->fab = fab;
     shm->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
+    shm->links = vn_fdset_new(shm->ctx);
+    if (shm->links == NULL) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(errno), "shm fabric: epoll: %s",
+                    g_strerror(errno));
+        g_main_context_unref(shm->ctx);
+        g_free(shm);
+        return NULL;
+    }
     shm->node = g_strdup(node);
     shm->path = g_strdup_printf("%s/%s.sock", dir, node);
     shm->listen_fd = -1;
