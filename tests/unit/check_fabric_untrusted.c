@@ -9,6 +9,7 @@
  */
 #include "check-main.h"
 #include "fabric-rig.h"
+#include "common/util.h"
 #include "fabric/ntb.h"
 #include "fabric/ntbport.h"
 
@@ -614,6 +615,37 @@ START_TEST(test_silent_connections_bounded)
 }
 END_TEST
 
+/* A node that does not accept (stopped, stuck) with its backlog full: dialling it fails at
+ * once, where a blocking connect held the dialler's loop for VN_SHM_SEND_TIMEOUT_S at each of
+ * its heartbeats. */
+START_TEST(test_dial_to_stuck_node_does_not_wait)
+{
+    Node *a = node_open("a", false);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    g_autofree char *path = g_strdup_printf("%s/stuck.sock", tmpdir);
+    g_autoptr(GError) error = NULL;
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), queued[8], n = 0;
+    gint64 t0;
+
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(lfd, 0), 0);
+    while (n < (int)G_N_ELEMENTS(queued) && (queued[n] = vn_util_dial_unix(path)) >= 0) {
+        n++;
+    }
+    ck_assert_int_lt(n, (int)G_N_ELEMENTS(queued)); /* the backlog is full */
+    t0 = now_ms();
+    ck_assert(!vn_fabric_connect(a->fab, "stuck", &error));
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert(!vn_fabric_link_up(a->fab, "stuck"));
+    for (int i = 0; i < n; i++) {
+        close(queued[i]);
+    }
+    close(lfd);
+    unlink(path);
+}
+END_TEST
+
 START_TEST(test_reply_from_another_peer)
 {
     Node *a = node_open("a", false);
@@ -1087,6 +1119,7 @@ static Suite *fabric_untrusted_suite(void)
     tcase_add_loop_test(tc, test_bad_hello, 0, HELLO_LAST);
     tcase_add_test(tc, test_joining_host_dialled_by_many);
     tcase_add_test(tc, test_silent_connections_bounded);
+    tcase_add_test(tc, test_dial_to_stuck_node_does_not_wait);
     tcase_set_timeout(tc, 20);
     suite_add_tcase(s, tc);
 

@@ -8,8 +8,10 @@
  * so a peer that sends half a record stalls nothing; nor does sending on a link
  * (VnRecordOut): what the peer's socket does not take waits, at most
  * VN_SHM_MAX_QUEUED bytes, and a peer that takes nothing for VN_SHM_SEND_TIMEOUT_S,
- * or would make more wait, loses its link.  (The HELLO and a FETCH's answer, a
- * record each on a socket of their own, are sent blocking, bounded by SO_SNDTIMEO.)
+ * or would make more wait, loses its link.  Nor does a dial: a peer whose backlog is full
+ * (stopped, or not accepting) refuses it at once, and it is tried again at the next
+ * heartbeat.  (A FETCH's answer, a record on a socket of its own that the asker opened, is
+ * sent blocking, bounded by SO_SNDTIMEO.)
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -318,7 +320,7 @@ static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
     c->shm = shm;
     c->fd = fd;
     c->outgoing = outgoing;
-    /* Also bounds connect() when the listener's backlog is full. */
+    /* Bounds the one blocking send, a FETCH's answer on an accepted connection. */
     if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
         g_warning("socket %s: cannot set a send timeout: %s", shm->path, g_strerror(errno));
     }
@@ -405,15 +407,6 @@ static char *peer_path(VnShm *shm, const char *peer)
     return g_strdup_printf("%s/%s.sock", dir, peer);
 }
 
-/* A blocking socket connected to @peer's node socket (bounded by
- * SO_SNDTIMEO), or -errno. */
-static int dial(VnShm *shm, const char *peer)
-{
-    g_autofree char *path = peer_path(shm, peer);
-
-    return vn_record_dial(path, VN_SHM_SEND_TIMEOUT_S);
-}
-
 static int dial_nonblock(VnShm *shm, const char *peer)
 {
     g_autofree char *path = peer_path(shm, peer);
@@ -437,11 +430,12 @@ static int shm_connect(void *backend, const char *peer)
         shm->conns->len >= VN_FABRIC_MAX_PEERS + VN_SHM_MAX_UNNAMED) {
         return -EMFILE;
     }
-    fd = dial(shm, peer);
+    fd = dial_nonblock(shm, peer);
     if (fd < 0) {
         return fd;
     }
     g_strlcpy(hello.node, shm->node, sizeof(hello.node));
+    /* A new socket's buffer takes the HELLO whole; what it does not take fails the dial. */
     ret = send_record(fd, &hello, sizeof(hello), NULL, 0);
     if (ret < 0) {
         close(fd);
