@@ -162,6 +162,9 @@ static gboolean on_heartbeat(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* The heartbeat is a whole-second timer (vn_cluster_start()). */
+G_STATIC_ASSERT(VN_DAEMON_HEARTBEAT_MS % 1000 == 0 && VN_DAEMON_HEARTBEAT_MS >= 1000);
+
 void vn_cluster_start(VnDaemon *d)
 {
     d->started_us = g_get_monotonic_time();
