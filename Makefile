@@ -298,10 +298,10 @@ lint: format-check $(TRACE_STAMP)
 
 # No circle between the files of a directory (a calls b, b calls back into a, maybe through
 # others): scripts/check-circles reads the objects' symbols (nm).  The directories below have
-# none; fabric/ and lending/ still have some (`scripts/check-circles
-# build/vfio-ntb/fabric` lists them).  The objects are named from the sources there are, so
+# none; fabric/ still has some (`scripts/check-circles build/vfio-ntb/fabric` lists
+# them).  The objects are named from the sources there are, so
 # one that a removed file left behind is not read.
-CIRCLE_DIRS := daemon vfio-user common client ctl simdev libvirt borrower
+CIRCLE_DIRS := daemon vfio-user common client ctl simdev libvirt borrower lending
 CIRCLE_OBJS = $(patsubst %.c,$(B)/%.o,$(foreach d,$(CIRCLE_DIRS),$(wildcard vfio-ntb/$(d)/*.c)))
 
 circles: $(CIRCLE_OBJS)

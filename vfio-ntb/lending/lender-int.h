@@ -86,8 +86,19 @@ typedef struct VnLenderWait {
     char corr[VN_TRACE_MAX_CORR];
 } VnLenderWait;
 
+/* What the parts below lender.c ask of it, through this table (set by vn_lender_new) so
+ * that they call down only: a request handled now (lender-queue.c decides when), the lease
+ * fenced (lender-irq.c: the host asked for the device back), the device dropped
+ * (lender-server.c: its server lost). */
+typedef struct VnLenderUp {
+    void (*handle)(VnLender *l, VnFabricMsg *msg, uint64_t token);
+    void (*fence)(VnLender *l, const char *why);
+    void (*drop_device)(VnLender *l, const char *why);
+} VnLenderUp;
+
 struct VnLender {
     VnFabric *fab;
+    const VnLenderUp *up;
     const char *corr;  /* the correlation id of the request being handled, or NULL */
     GMainContext *ctx; /* the fabric's: relay watches go there */
     char *name;
@@ -168,10 +179,7 @@ VnLender *vn_lender_wait_end(VnLenderWait *w);
 bool vn_lender_wait_current(VnLender *l, const VnLenderWait *w);
 void vn_lender_wait_next(VnLender *l);
 void vn_lender_queue_close(VnLender *l);
-/* lender.c: one request, now (lender-queue.c decides when). */
-void vn_lender_handle(VnLender *l, VnFabricMsg *msg, uint64_t token);
-
-/* lender.c: answer @token with @err (either sign) and a message that
+/* lender-answer.c: answer @token with @err (either sign) and a message that
  * starts with the device's name. */
 void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...) G_GNUC_PRINTF(4, 5);
 
@@ -206,18 +214,15 @@ void vn_lender_drop_device(VnLender *l, const char *why);
  * take: the connection an attach uses (the spare, or a new one), or NULL with @error.
  * attached / released: the attach's connection is in use / was closed or kept.  keep: the
  * fenced device's connection becomes the spare (false: close it), so a server that serves
- * one client for its lifetime (libvfio-user's samples) serves every lease.  stall: a command
- * stalled (on_device_stall).  refuses: answer the holder's request with an error while
+ * one client for its lifetime (libvfio-user's samples) serves every lease (a stall of a
+ * command on any connection is counted and looked at there too).  refuses: answer the holder's request with an error while
  * the device it had is gone (true: answered).  stop: at the lender's end.
  */
 void vn_lender_server_start(VnLender *l);
-/* lender.c: the stall callback every connection to the device is opened with. */
-void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms);
 void *vn_lender_server_take(VnLender *l, GError **error);
 void vn_lender_server_attached(VnLender *l);
 void vn_lender_server_released(VnLender *l);
 bool vn_lender_server_keep(VnLender *l, void *dev);
-void vn_lender_server_stall(VnLender *l, VnBackendStall ev);
 bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token);
 void vn_lender_server_stop(VnLender *l);
 /* lender.c: take the device back now. */

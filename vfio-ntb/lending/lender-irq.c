@@ -36,8 +36,8 @@ static gboolean request_ready(gint fd, GIOCondition cond, gpointer data)
     if (l->on_request != NULL && l->requests < VN_LENDER_REQUESTS_BEFORE_FENCE) {
         l->on_request(l->on_request_opaque);
     } else if (l->borrower != NULL) {
-        vn_lender_fence(l, l->on_request != NULL ? "the host asked for the device again"
-                                                 : "the host wants the device back");
+        l->up->fence(l, l->on_request != NULL ? "the host asked for the device again"
+                                              : "the host wants the device back");
     }
     return G_SOURCE_CONTINUE;
 }

@@ -26,7 +26,7 @@ void vn_lender_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
     VnLenderQueued *q;
 
     if (l->wait == NULL && g_queue_is_empty(&l->queued)) {
-        vn_lender_handle(l, msg, token);
+        l->up->handle(l, msg, token);
         return;
     }
     if (bytes > VN_LENDER_MAX_QUEUED_BYTES - l->queued_bytes) {
@@ -66,7 +66,7 @@ static void lender_next(VnLender *l)
     l->draining = true;
     while (l->wait == NULL && (q = g_queue_pop_head(&l->queued)) != NULL) {
         l->queued_bytes -= q->bytes;
-        vn_lender_handle(l, q->msg, q->token);
+        l->up->handle(l, q->msg, q->token);
         queued_free(q);
     }
     l->draining = false;

@@ -23,6 +23,7 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
 
@@ -56,6 +57,39 @@ static void tell(VnLender *l, bool up, const char *why)
     }
 }
 
+static void server_stall(VnLender *l, VnBackendStall ev);
+
+/*
+ * The device stalled: a command got no answer in time, or an answer came
+ * after that (the backend dropped it, so later commands get their own).
+ * Logged at the default level and kept for ntbctl show: a stall is what an
+ * operator needs to see to tell a slow device server from a broken fabric.
+ */
+static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
+{
+    VnLender *l = opaque;
+    g_autoptr(GDateTime) now = g_date_time_new_now_local();
+    g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
+
+    if (ev == VN_BACKEND_TIMED_OUT) {
+        l->stats.device_timeouts++;
+        g_warning("lender %s: device server %s did not answer %s within %" PRIu64
+                  " ms; the borrower's request failed",
+                  l->name, l->where, what, ms);
+        g_snprintf(l->last_stall, sizeof(l->last_stall),
+                   "%s: %s not answered within %" PRIu64 " ms", at, what, ms);
+    } else {
+        l->stats.device_late++;
+        g_warning("lender %s: device server %s answered %s %" PRIu64
+                  " ms after it was sent; that late answer was dropped",
+                  l->name, l->where, what, ms);
+        g_snprintf(l->last_stall, sizeof(l->last_stall),
+                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)", at,
+                   what, ms);
+    }
+    server_stall(l, ev);
+}
+
 /* A new connection to the server, every command of which answers within the device
  * timeout; NULL with @error. */
 static void *server_open(VnLender *l, GError **error)
@@ -63,15 +97,13 @@ static void *server_open(VnLender *l, GError **error)
     int fd;
 
     if (l->dial == NULL || l->ops->open_fd == NULL) {
-        return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l,
-                            error);
+        return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
     }
     fd = l->dial(l->dial_opaque, error);
     if (fd < 0) {
         return NULL;
     }
-    return l->ops->open_fd(fd, l->where, VN_LENDER_DEVICE_TIMEOUT_MS, vn_lender_on_device_stall, l,
-                           error);
+    return l->ops->open_fd(fd, l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
 }
 
 void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque)
@@ -153,7 +185,7 @@ static void lost(VnLender *l, const char *why)
                   "its memory and onto %s's are withdrawn; the device is presented anew once "
                   "a server answers there",
                   l->name, l->where, why, l->borrower, l->borrower);
-        vn_lender_drop_device(l, "device server lost");
+        l->up->drop_device(l, "device server lost");
     } else {
         g_warning("lender %s: device server %s lost (%s); dialling it again within %d s", l->name,
                   l->where, why, VN_LENDER_DIAL_IDLE_MAX_MS / 1000);
@@ -240,7 +272,7 @@ static gboolean on_wedge_check(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-void vn_lender_server_stall(VnLender *l, VnBackendStall ev)
+static void server_stall(VnLender *l, VnBackendStall ev)
 {
     if (!watchable(l)) {
         return;

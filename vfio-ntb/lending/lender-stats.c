@@ -1,6 +1,7 @@
 /*
  * A lender's counters and how its device server is doing (lender.h: vn_lender_stats,
- * vn_lender_stats_json, ...), and the device's stalls that feed them.
+ * vn_lender_stats_json, ...); the stalls that feed them are counted where they are heard
+ * (lender-server.c).
  */
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
@@ -8,37 +9,6 @@
 
 #include <inttypes.h>
 #include <json-glib/json-glib.h>
-
-/*
- * The device stalled: a command got no answer in time, or an answer came
- * after that (the backend dropped it, so later commands get their own).
- * Logged at the default level and kept for ntbctl show: a stall is what an
- * operator needs to see to tell a slow device server from a broken fabric.
- */
-void vn_lender_on_device_stall(void *opaque, VnBackendStall ev, const char *what, uint64_t ms)
-{
-    VnLender *l = opaque;
-    g_autoptr(GDateTime) now = g_date_time_new_now_local();
-    g_autofree char *at = g_date_time_format(now, "%H:%M:%S");
-
-    if (ev == VN_BACKEND_TIMED_OUT) {
-        l->stats.device_timeouts++;
-        g_warning("lender %s: device server %s did not answer %s within %" PRIu64
-                  " ms; the borrower's request failed",
-                  l->name, l->where, what, ms);
-        g_snprintf(l->last_stall, sizeof(l->last_stall),
-                   "%s: %s not answered within %" PRIu64 " ms", at, what, ms);
-    } else {
-        l->stats.device_late++;
-        g_warning("lender %s: device server %s answered %s %" PRIu64
-                  " ms after it was sent; that late answer was dropped",
-                  l->name, l->where, what, ms);
-        g_snprintf(l->last_stall, sizeof(l->last_stall),
-                   "%s: %s answered after %" PRIu64 " ms (dropped; later commands in step)", at,
-                   what, ms);
-    }
-    vn_lender_server_stall(l, ev);
-}
 
 /* ---- counters ---------------------------------------------------------- */
 

@@ -29,19 +29,13 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-void vn_lender_fail(VnLender *l, uint64_t token, int err, const char *fmt, ...)
-{
-    g_autofree char *what = NULL;
-    g_autofree char *message = NULL;
-    va_list ap;
+static void handle_request(VnLender *l, VnFabricMsg *msg, uint64_t token);
 
-    va_start(ap, fmt);
-    what = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    message = g_strdup_printf("%s: %s", l->name, what);
-    trace_lender_error_reply(l->name, err < 0 ? -err : err, what);
-    vn_fabric_reply_error(l->fab, token, err, message);
-}
+static const VnLenderUp lender_up = {
+    .handle = handle_request,
+    .fence = vn_lender_fence,
+    .drop_device = vn_lender_drop_device,
+};
 
 /* The errno behind a GError of ours or of the layers below (they build
  * G_IO_ERRORs with g_io_error_from_errno()). */
@@ -119,6 +113,7 @@ VnLender *vn_lender_new(VnFabric *fab, const char *name, const VnBackendOps *ops
     l->windows = g_ptr_array_new();
     l->maps = g_array_new(FALSE, FALSE, sizeof(VnLenderMap));
     g_queue_init(&l->queued);
+    l->up = &lender_up;
     l->request_fd = -1;
     vn_lender_server_start(l);
     return l;
@@ -753,7 +748,7 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 
 static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const char *device);
 
-void vn_lender_handle(VnLender *l, VnFabricMsg *msg, uint64_t token)
+static void handle_request(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
     char device[VN_MAX_DEVICE_NAME + 1];
