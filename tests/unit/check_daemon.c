@@ -891,6 +891,36 @@ START_TEST(test_flap_seen_by_one_side)
 }
 END_TEST
 
+/* A peer that asks for an answer in every announcement (50 in a row) gets at most one a
+ * beat: its flood does not make us send as much back. */
+START_TEST(test_answer_flood_bounded)
+{
+    VnDaemon *a = daemon_start("hosta");
+    Evil e = { 0 };
+    VnFabricStats before, after;
+
+    evil_open(&e, "evil");
+    ck_assert(vn_fabric_connect(e.fab, "hosta", NULL));
+    ck_assert(spin_until(evil_up, &e, 2000));
+    spin(300);
+    vn_fabric_stats(a->fab, &before);
+    for (int i = 0; i < 50; i++) {
+        ck_assert_int_eq(vn_fabric_event(e.fab, "hosta", VN_PEERS_ANNOUNCE,
+                                         "{\"node\":\"evil\",\"answer\":true,\"devices\":[]}", NULL,
+                                         0),
+                         0);
+    }
+    spin(500);
+    vn_fabric_stats(a->fab, &after);
+    ck_assert_uint_eq(after.msgs_received - before.msgs_received, 50);
+    /* one answer, one more if a beat fell in here, and its periodic announcement at most */
+    ck_assert_uint_le(after.msgs_sent - before.msgs_sent, 3);
+    ck_assert_uint_ge(after.msgs_sent - before.msgs_sent, 1);
+    vn_fabric_close(e.fab);
+    vn_daemon_free(a);
+}
+END_TEST
+
 static Suite *daemon_suite(void)
 {
     Suite *s = suite_create("daemon");
@@ -901,6 +931,7 @@ static Suite *daemon_suite(void)
     tcase_add_test(tc, test_borrow_return);
     tcase_add_test(tc, test_announcement_schedule);
     tcase_add_test(tc, test_flap_seen_by_one_side);
+    tcase_add_test(tc, test_answer_flood_bounded);
     tcase_add_test(tc, test_fence_at_lease_end);
     tcase_add_test(tc, test_unclaimed_lease_ends);
     tcase_add_test(tc, test_borrow_before_announcement);

@@ -279,9 +279,11 @@ static void on_announce(VnDaemon *d, VnFabricMsg *msg)
     holder_domains(d, msg->peer, n->ann);
     reconcile_held(d, msg->peer, n->ann);
     vn_devserver_announced(d, msg->peer, n->ann);
-    if (wanted) {
+    if (wanted && n->answered_beat != d->beats + 1) {
         /* Its link flapped where ours may not have.  Ours says no "answer" (the link is up
-         * for us now): one announcement each way per flap. */
+         * for us now): one announcement each way per flap, and at most one a beat to a
+         * peer that keeps asking (the periodic ones cost it as much). */
+        n->answered_beat = d->beats + 1;
         vn_announce_to(d, msg->peer);
     }
 }

@@ -33,6 +33,7 @@ typedef struct VnRemoteNode {
     VnPeersAnnounce *ann; /* its last announcement (decoded, so valid) */
     bool owed;            /* our last announcement to it was not sent: the next beat sends */
     guint phase;          /* the beat of each VN_DAEMON_REFRESH_EVERY that refreshes it */
+    guint answered_beat;  /* 1 + the beat we last answered its "answer" on (0: never) */
 } VnRemoteNode;
 
 typedef struct VnDaemonStatic VnDaemonStatic;
