@@ -5,8 +5,9 @@
   ATTACH to the device server + hostb's vfio-user server) from sending the request until the
   returned socket accepts a connection, i.e. until QEMU could start.  `detach` + `return`
   follow, untimed.  SAMPLES samples (env VN_BENCH_BORROW_SAMPLES, default 100, at least 50)
-  after one untimed warm-up.  The issue's goal is p99 <= 20 ms; reported, not asserted.  An
-  attach that fails is counted (failed_attaches, first_failure) and left out of the samples.
+  after one untimed warm-up (which also leaves hostb its spare worker, daemon/spare.h).  The
+  goal is p99 <= 10 ms; reported, not asserted.  An attach that fails is counted
+  (failed_attaches, first_failure) and left out of the samples.
 - scale-64x8: NODES daemons (env VN_BENCH_SCALE_NODES, default 64) on one fabric, each lending
   DEVICES devices (VN_BENCH_SCALE_DEVICES, default 8).  The nvme0 of the first ATTACHED nodes
   (VN_BENCH_SCALE_ATTACHED, default 4) is a real simdev, attached by the next node before the
@@ -142,7 +143,7 @@ def borrow_latency():
         print(json.dumps({"bench": "borrow-latency", "samples": len(lat),
                           "p50_ms": ms(statistics.median(lat)),
                           "p99_ms": ms(percentile(lat, 99)), "max_ms": ms(max(lat)),
-                          "min_ms": ms(min(lat)), "goal_p99_ms": 20,
+                          "min_ms": ms(min(lat)), "goal_p99_ms": 10,
                           "failed_attaches": failed["count"],
                           "first_failure": failed["first"]}), flush=True)
 

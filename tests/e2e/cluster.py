@@ -112,20 +112,32 @@ class Daemon:
         """The pids of this node's running worker processes (@binary): what ps shows an
         operator.  Only this daemon's (their ports in its run dir): a worker of an earlier
         test's node of the same name may still be on its way out."""
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if (state != "Z" and argv and Path(argv[0].decode(errors="replace")).name == binary
-                    and f"--node={self.name}".encode() in argv
-                    and any(a.startswith(f"--port={self.run_dir}/".encode()) for a in argv)):
-                pids.append(int(proc.name))
-        return sorted(pids)
+        return sorted(pid for pid, argv in live_processes()
+                      if Path(argv[0].decode(errors="replace")).name == binary
+                      and f"--node={self.name}".encode() in argv
+                      and any(a.startswith(f"--port={self.run_dir}/".encode()) for a in argv))
+
+    def spares(self):
+        """The pids of this node's spare borrower workers (started ahead of need, waiting for
+        a device: vfio-ntb-borrower --spare-fd ... --node=NAME --run-dir=ITS RUN DIR)."""
+        return sorted(pid for pid, argv in live_processes()
+                      if len(argv) > 3 and argv[1].startswith(b"--spare-fd=")
+                      and f"--node={self.name}".encode() in argv
+                      and f"--run-dir={self.run_dir}".encode() in argv)
+
+
+def live_processes():
+    """(pid, argv as bytes) of every process that is not a zombie."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and argv and argv[0]:
+            yield int(proc.name), argv
 
 
 def read_stats_file(proc, path, who, timeout=5.0):

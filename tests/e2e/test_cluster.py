@@ -27,7 +27,7 @@ from control import Control, ControlError  # noqa: E402
 from vfio_user_probe import MSIX, ConfigReader  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 26
+EXPECTED_RESULTS = 27
 
 DEV = "hosta/nvme0"
 
@@ -616,6 +616,62 @@ def test_many_workers_new_host(cl):
                        workers_listed=sorted(listed_workers)[:5])
 
 
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def probe_reads(socket_path):
+    """The device answers through its socket: its config space's vendor ID."""
+    with ConfigReader(socket_path, timeout=30) as probe:
+        return int.from_bytes(probe.read_config(0, 2), "little")
+
+
+def test_spare_worker(cl):
+    """An attach is given to a borrower worker started ahead of need (spare.h: its exec
+    done), whose command line then names its device as a started worker's does, and the
+    host starts the next spare.  A spare killed is no loss: the next attach starts its own
+    worker and a spare is kept again.  A daemon that goes takes its spare with it, never a
+    worker that serves (the restarted one adopts that)."""
+    b, c = cl.d["hostb"], cl.ctl("hostb")
+    c.execute("attach", device=DEV, domain="vm8")
+    spare = wait_for(b.spares, 5) or []
+    c.execute("detach", device=DEV)
+    c.execute("return", device=DEV)
+    r = c.execute("attach", device=DEV, domain="vm8")
+    given = b.workers("vfio-ntb-borrower")
+    argv = cmdline(given[0]) if given else []
+    titled = b"--device=nvme0" in argv and f"--socket={r['socket']}".encode() in argv
+    vendor = probe_reads(r["socket"])
+    refilled = wait_for(lambda: [p for p in b.spares() if p not in spare], 5) or []
+    c.execute("detach", device=DEV)
+    c.execute("return", device=DEV)
+
+    for pid in refilled:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not b.spares(), 5)
+    r = c.execute("attach", device=DEV, domain="vm8")
+    started = b.workers("vfio-ntb-borrower")
+    vendor_started = probe_reads(r["socket"])
+    again = wait_for(b.spares, 5) or []
+
+    cl.restart("hostb")
+    c = cl.ctl("hostb")
+    went = wait_for(lambda: not set(again) & set(b.spares()), 5)
+    kept = b.workers("vfio-ntb-borrower") == started
+    c.execute("detach", device=DEV)
+    c.execute("return", device=DEV)
+    return result("spare-worker",
+                  len(spare) == 1 and given == spare and titled and vendor not in (0, 0xFFFF)
+                  and len(refilled) == 1 and len(started) == 1 and started != refilled
+                  and vendor_started == vendor and len(again) == 1 and bool(went) and kept,
+                  spare=spare, given=given, titled=titled, vendor=f"{vendor:#x}",
+                  refilled=refilled, started=started, spare_again=again,
+                  spare_went_with_daemon=bool(went), worker_kept=kept)
+
+
 def test_guest_on_attached_device(cl):
     r = cl.ctl("hostb").execute("attach", device=DEV, domain="vm1")
     q = h.Qemu(cl.procs, "probe,data", [h.VfioUserDevice(r["socket"])],
@@ -739,7 +795,7 @@ def main():
              test_lend_unlend, test_attach_refused_says_why, test_revoke_unplugs_from_vm, test_revoke_waits_without_blocking,
              test_guest_on_attached_device, test_daemon_restart_with_running_guest,
              test_lender_restart_keeps_io, test_detach_saved, test_return_reaches_restarted_lender,
-             test_many_workers_new_host, test_lender_loop_unblocked)
+             test_many_workers_new_host, test_spare_worker, test_lender_loop_unblocked)
     with h.Procs() as procs:
         try:
             cl = Cluster(procs)

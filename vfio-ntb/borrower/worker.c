@@ -21,10 +21,19 @@
  * ones still running.
  * Once it is set up it serves from its sandbox (sandbox.h): the user --run-as names, no
  * capabilities, a seccomp filter.
+ *
+ *   vfio-ntb-borrower --spare-fd FD --node NAME --run-dir DIR --title-room SPACES
+ *
+ * is a spare (daemon/spare.h): started ahead of need, it waits on FD for the arguments and
+ * fds of the device it is to serve (common/assign.h), shows them as its command line (what
+ * ps, vfio-ntbd's stray search and an operator see), and goes on as a worker started with
+ * them.  The daemon's end closing first means no device comes: it exits.  --node and
+ * --run-dir only say whose spare it is.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
 
 #include "borrower.h"
+#include "common/assign.h"
 #include "sandbox.h"
 #include "common/util.h"
 #include "common/wctl.h"
@@ -159,7 +168,8 @@ static void on_started(void *opaque, VnBorrower *b, const GError *error)
     }
 }
 
-int main(int argc, char **argv)
+/* A worker started with @argv (by vfio-ntbd, or given them as a spare). */
+static int serve(int argc, char **argv)
 {
     g_autofree char *trace = NULL, *port_fd = NULL;
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
@@ -248,4 +258,54 @@ int main(int argc, char **argv)
     vn_fabric_close(w.fab);
     g_main_loop_unref(w.loop);
     return w.exit_status;
+}
+
+/* Port and status fds, where a spawn would have put them (VN_ASSIGN_FIRST_FD on). */
+#define SPARE_FDS 2
+
+/* As a spare: wait for the device, then serve it. */
+static int spare(int argc, char **argv, int fd)
+{
+    g_autoptr(GError) error = NULL;
+    g_auto(GStrv) job = NULL;
+    g_autofree char **view = NULL;
+    int fds[SPARE_FDS];
+    guint n;
+
+    job = vn_assign_receive(fd, fds, SPARE_FDS, &error);
+    close(fd);
+    if (job == NULL) {
+        if (error == NULL) {
+            return 0; /* its daemon went: no device for it */
+        }
+        fprintf(stderr, "vfio-ntb-borrower: spare: %s\n", error->message);
+        return 1;
+    }
+    if (!vn_assign_install(fds, SPARE_FDS, &error)) {
+        fprintf(stderr, "vfio-ntb-borrower: spare: %s\n", error->message);
+        return 1;
+    }
+    if (!vn_assign_retitle(argc, argv, (const char *const *)job)) {
+        fprintf(stderr, "vfio-ntb-borrower: spare: its arguments do not fit its command line\n");
+        return 1;
+    }
+    /* serve() takes arguments out of its array as it parses them: a view, not @job. */
+    n = g_strv_length(job);
+    view = g_memdup2(job, sizeof(char *) * (n + 1));
+    return serve((int)n, view);
+}
+
+int main(int argc, char **argv)
+{
+    const char *opt = "--spare-fd=";
+    guint64 fd;
+
+    if (argc > 1 && g_str_has_prefix(argv[1], opt)) {
+        if (!g_ascii_string_to_unsigned(argv[1] + strlen(opt), 10, 0, G_MAXINT, &fd, NULL)) {
+            fprintf(stderr, "vfio-ntb-borrower: --spare-fd takes a descriptor number\n");
+            return 2;
+        }
+        return spare(argc, argv, (int)fd);
+    }
+    return serve(argc, argv);
 }

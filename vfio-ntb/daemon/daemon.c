@@ -354,6 +354,7 @@ static void daemon_stop(VnDaemon *d)
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);
     g_clear_pointer(&d->endings, vn_endings_free);
+    g_clear_pointer(&d->spare, vn_spare_free); /* it exits */
     vn_stats_gathers_free(d);
     vn_unplugs_free(d);
     g_clear_pointer(&d->control, vn_control_free);

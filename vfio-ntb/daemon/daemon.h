@@ -14,6 +14,7 @@
 #include "conf.h"
 #include "leases.h"
 #include "peers.h"
+#include "spare.h"
 #include "fabric/fabric.h"
 
 #include <glib.h>
@@ -70,6 +71,7 @@ typedef struct VnDaemon {
     VnDaemonStatic *statics; /* the borrows the config file names (daemon.c) */
     const VnWorkerOps *workers;
     GPtrArray *endings; /* VnEnding: workers on their way out (ending.c) */
+    VnSpare *spare;     /* a borrower worker started ahead of need, once one was (spare.h) */
     GPtrArray *gathers; /* counters being asked of workers (stats.c) */
     GPtrArray *unplugs; /* VnUnplug: VMs being asked to let go (unplug.c) */
     VnMetrics *metrics; /* [node] metrics-file's timer, or NULL (metrics.c) */

@@ -22,11 +22,13 @@
 #include "ending.h"
 #include "lenders.h"
 #include "port.h"
+#include "spare.h"
 #include "spawn-procs.h"
 #include "state.h"
 #include "strays.h"
 #include "takeover.h"
 
+#include "common/assign.h"
 #include "common/wctl.h"
 #include "lending/proto.h"
 #include "common/util.h"
@@ -50,6 +52,9 @@
 /* The worker's end of its status pipe, and how much of its reason we read. */
 #define VN_SPAWN_STATUS_FD 4
 #define VN_SPAWN_MAX_WHY 400
+/* A spare is given them where a spawn puts them (common/assign.h). */
+G_STATIC_ASSERT(VN_SPAWN_PORT_FD == VN_ASSIGN_FIRST_FD);
+G_STATIC_ASSERT(VN_SPAWN_STATUS_FD == VN_ASSIGN_FIRST_FD + 1);
 
 typedef struct ChildWatch {
     VnDaemon *d;
@@ -320,9 +325,25 @@ static bool socket_for_qemu_user(VnDaemon *d, VnBorrowed *b, GError **error)
     return true;
 }
 
+/* This host attaches devices: one worker is kept started for the next (spare.h).  A spare
+ * that cannot start is no error: the next attach starts its worker itself. */
+static void spare_fill(VnDaemon *d)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *bin = vn_spawn_binary(VN_SPAWN_BINARY, &error);
+
+    if (d->spare == NULL) {
+        d->spare = vn_spare_new(d->conf->node, d->conf->run_dir);
+    }
+    if (bin == NULL || !vn_spare_fill(d->spare, bin, &error)) {
+        g_info("node %s: no spare borrower worker: %s", d->conf->node, error->message);
+    }
+}
+
 /* The worker serves: QEMU's socket listens. */
 static void start_ready(Start *st)
 {
+    VnDaemon *d = st->d;
     VnBorrowed *b = st->b;
     g_autoptr(GError) error = NULL;
 
@@ -342,6 +363,8 @@ static void start_ready(Start *st)
            "node %s: %s served on %s by worker %s (pid %d)", st->d->conf->node, b->device,
            b->socket, b->worker_name, b->worker_pid);
     start_finish(st, NULL);
+    /* After the answer: the next attach finds a worker started. */
+    spare_fill(d);
 }
 
 /* The worker's status pipe: "ready" once QEMU's socket listens, so the attach is answered
@@ -456,7 +479,13 @@ static void start_spawn(Start *st)
     }
     source[0] = pipefd[1];
     source[1] = conn;
-    ok = g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
+    /* The spare, when one waits: its exec is done (spare.h).  Its fds by number: the port's
+     * connection (3), then the status pipe (4). */
+    b->worker_pid = d->spare != NULL ? vn_spare_give(d->spare, (const char *const *)argv->pdata,
+                                                     (const int[]){ conn, pipefd[1] }, 2)
+                                     : 0;
+    ok = b->worker_pid > 0 ||
+         g_spawn_async_with_pipes_and_fds(NULL, (const char *const *)argv->pdata, NULL,
                                           G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL, -1, -1, -1, source,
                                           target, 2, &b->worker_pid, NULL, NULL, NULL, &error);
     vn_util_close_fd(&pipefd[1]);
