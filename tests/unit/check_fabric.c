@@ -96,6 +96,43 @@ START_TEST(test_connect_errors)
 }
 END_TEST
 
+START_TEST(test_connect_async)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Conn up = { 0 }, nobody = { 0 }, bad = { 0 }, cancelled = { 0 };
+
+    (void)b;
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "b", on_conn, &up));
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "nobody", on_conn, &nobody));
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "../x", on_conn, &bad));
+    vn_fabric_connect_cancel(vn_fabric_connect_async(a->fab, "b", on_conn, &cancelled));
+    /* Answered from the loop, never inside the call. */
+    ck_assert_int_eq(up.calls + nobody.calls + bad.calls, 0);
+    WAIT_FOR(up.calls > 0 && nobody.calls > 0 && bad.calls > 0);
+    ck_assert_int_eq(up.err, 0);
+    ck_assert(vn_fabric_link_up(a->fab, "b"));
+    ck_assert_int_lt(nobody.err, 0);
+    ck_assert_int_eq(bad.err, -EINVAL);
+    spin(50);
+    ck_assert_int_eq(up.calls + nobody.calls + bad.calls, 3); /* once each */
+    ck_assert_int_eq(cancelled.calls, 0);
+}
+END_TEST
+
+START_TEST(test_connect_async_close_cancels)
+{
+    Node *a = node_open("a", false);
+    Conn c = { 0 };
+
+    node_open("b", false);
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "b", on_conn, &c));
+    node_close(a);
+    ck_assert_int_eq(c.calls, 1);
+    ck_assert_int_eq(c.err, -ECANCELED);
+}
+END_TEST
+
 static void *bogus_open(VnFabric *fab, const char *node, GHashTable *params, GError **error)
 {
     return NULL;
@@ -264,7 +301,7 @@ START_TEST(test_threaded_peer_answers)
 
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     ck_assert_int_eq(fw_request(a->fab, "b", T_ECHO, "{\"s\":\"sync\"}", "xyz", 3, &reply), 0);
     ck_assert_ptr_nonnull(reply);
     ck_assert_str_eq(reply->json, "{\"s\":\"sync\"}");
@@ -319,7 +356,7 @@ START_TEST(test_map_back_while_asking)
     seg = vn_fabric_segment_export(a->fab, memfd, 8192, "b", NULL);
     ck_assert_uint_ne(seg, 0);
     memcpy(map, "a's data", 8);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     /* a waits on b; b's handler maps a's segment, which a's loop answers meanwhile. */
     ck_assert_int_eq(fw_request(a->fab, "b", T_MAP_BACK, NULL, &seg, sizeof(seg), &reply), 0);
     ck_assert_uint_eq(reply->data_len, 8);
@@ -382,7 +419,7 @@ START_TEST(test_reset_on_peer_quit)
 
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     t0 = now_ms();
     /* b stops and closes while a waits. */
     ck_assert_int_eq(fw_request(a->fab, "b", T_HOLD_QUIT, NULL, NULL, 0, &reply), -ECONNRESET);
@@ -425,7 +462,7 @@ START_TEST(test_window_map)
     ck_assert_msg(seg != 0, "%s", error ? error->message : "");
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     w = fw_window_map(a->fab, "b", seg, &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_str_eq(w->peer, "b");
@@ -494,7 +531,7 @@ START_TEST(test_window_map_at_offset)
     memcpy(map + 8192, "third page", 10);
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     w = fw_window_map(a->fab, "b", seg, &error);
     ck_assert_msg(w != NULL, "%s", error ? error->message : "");
     ck_assert_uint_eq(w->size, 4096);
@@ -527,7 +564,7 @@ START_TEST(test_windows_join)
     seg[2] = vn_fabric_segment_export(b->fab, memfd2, 4096, "a", NULL);
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     for (int k = 0; k < 3; k++) {
         w[k] = fw_window_map(a->fab, "b", seg[k], &error);
         ck_assert_msg(w[k] != NULL, "%s", error ? error->message : "");
@@ -614,7 +651,7 @@ START_TEST(test_map_not_granted)
     node_start(b);
     a = node_open("a", false);
     c = node_open("c", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     ck_assert(vn_fabric_connect(c->fab, "b", NULL));
 
     /* Exported to c, not to a. */
@@ -670,7 +707,7 @@ START_TEST(test_window_limits)
     ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_windows, 2);
     ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_window_size, 8192);
     ck_assert_uint_eq(vn_fabric_limits(d->fab)->xlat_granularity, 8192);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     ck_assert(vn_fabric_connect(d->fab, "b", NULL));
 
     /* A 5 KiB segment takes an 8 KiB window. */
@@ -720,7 +757,7 @@ START_TEST(test_window_outlives_link)
 
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     w = fw_window_map(a->fab, "b", seg, NULL);
     ck_assert_ptr_nonnull(w);
     node_close(b);
@@ -789,7 +826,7 @@ START_TEST(test_route)
     node_start(b);
     a = node_open("a", false);
     ck_assert(vn_fabric_caps(a->fab) & VN_FABRIC_CAP_DIRECT_ROUTES);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     id = vn_fabric_route_export(a->fab, efd, "b", &error);
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = route_id_le(id);
@@ -921,7 +958,7 @@ START_TEST(test_route_not_granted)
 
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     to_c = vn_fabric_route_export(a->fab, efd, "c", NULL);
     gone = vn_fabric_route_export(a->fab, efd, "b", NULL);
     ck_assert(to_c != 0 && gone != 0 && gone != to_c);
@@ -1143,7 +1180,7 @@ START_TEST(test_crossing_delay)
 
     node_start(b);
     a = node_open_kv("a", false, kv);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     t0 = vn_util_now_ns();
     for (unsigned i = 0; i < requests; i++) {
         g_autoptr(VnFabricMsg) reply = NULL;
@@ -1183,7 +1220,7 @@ START_TEST(test_ntb_window_budget)
     }
     node_start(b);
     a = node_open("a", false);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     /* Two ports (to b and to c) of 3 segment windows each. */
     ck_assert_uint_eq(vn_fabric_limits(a->fab)->max_windows, 6);
     for (unsigned i = 0; i < 3; i++) {
@@ -1223,6 +1260,39 @@ START_TEST(test_ntb_peer_restart)
 }
 END_TEST
 
+/* A session on its way is not waited for (the daemon's loop would stall: up to 1 s each); a
+ * caller that needs the link is called back once it is up, or at the deadline. */
+START_TEST(test_ntb_connect_does_not_wait)
+{
+    /* Opened first, their loops not run: they greet a only from their loop, b later and c
+     * never. */
+    Node *b = node_open("b", true);
+    Node *a;
+    Conn to_b = { 0 }, to_c = { 0 };
+    g_autoptr(GError) error = NULL;
+    gint64 t0;
+
+    node_open("c", true);
+    a = node_open("a", false);
+    t0 = now_ms();
+
+    ck_assert(!vn_fabric_connect(a->fab, "b", &error));
+    ck_assert_msg(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PENDING), "%s", error->message);
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "b", on_conn, &to_b));
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "c", on_conn, &to_c));
+    /* The old connect waited VN_FABRIC_CONNECT_WAIT_MS for each. */
+    ck_assert_int_lt(now_ms() - t0, VN_FABRIC_CONNECT_WAIT_MS / 2);
+    spin(100);
+    ck_assert_int_eq(to_b.calls + to_c.calls, 0); /* on their way */
+    node_start(b);
+    WAIT_FOR(to_b.calls == 1);
+    ck_assert_int_eq(to_b.err, 0);
+    ck_assert(vn_fabric_link_up(a->fab, "b"));
+    WAIT_FOR_MS(to_c.calls == 1, VN_FABRIC_CONNECT_WAIT_MS * 3);
+    ck_assert_int_eq(to_c.err, -EHOSTUNREACH);
+}
+END_TEST
+
 /* Frames of every size cross a ring of the smallest size, whole and in order. */
 START_TEST(test_ntb_fragments)
 {
@@ -1236,7 +1306,7 @@ START_TEST(test_ntb_fragments)
     }
     node_start(b);
     a = node_open_kv("a", false, small);
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     for (size_t len = 1; len < VN_FABRIC_MAX_PAYLOAD - 64; len = len * 5 + 3) {
         g_autoptr(VnFabricMsg) reply = NULL;
 
@@ -1349,7 +1419,7 @@ START_TEST(test_reader_that_stops_loses_link)
     unsigned sent = 0;
     int ret = 0;
 
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     while (sent < 64 && (ret = vn_fabric_event(a->fab, "b", 9, NULL, mib, MIB)) == 0) {
         sent++;
     }
@@ -1369,7 +1439,7 @@ START_TEST(test_slow_reader_gets_all)
     g_autofree uint8_t *mib = g_malloc0(MIB);
     char json[32];
 
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     for (unsigned i = 0; i < 8; i++) {
         g_snprintf(json, sizeof(json), "{\"n\":%u}", i);
         ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, json, mib, MIB), 0);
@@ -1397,7 +1467,7 @@ START_TEST(test_reader_that_stalls_loses_link)
     node_open("b", true); /* never started */
     a = node_open("a", false);
 
-    ck_assert(vn_fabric_connect(a->fab, "b", NULL));
+    connect_wait(a, "b");
     ck_assert_int_eq(vn_fabric_event(a->fab, "b", 9, NULL, mib, MIB), 0);
     ck_assert(vn_fabric_link_up(a->fab, "b"));
     WAIT_FOR_MS(log_has(a, "down:b"), (VN_SHM_SEND_TIMEOUT_S + 3) * 1000);
@@ -1414,7 +1484,9 @@ static Suite *fabric_suite(void)
         const char *tcase;
         const TTest *tests[12];
     } shared[] = {
-        { "link", { test_link_up_down, test_simultaneous_connect, test_connect_errors } },
+        { "link",
+          { test_link_up_down, test_simultaneous_connect, test_connect_errors, test_connect_async,
+            test_connect_async_close_cancels } },
         { "messages",
           { test_request_reply, test_event, test_error_reply, test_message_args,
             test_threaded_peer_answers, test_map_back_while_asking, test_connect_inside_handler } },
@@ -1448,6 +1520,7 @@ static Suite *fabric_suite(void)
     tcase_add_checked_fixture(tc, setup_ntb, teardown);
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
+    tcase_add_test(tc, test_ntb_connect_does_not_wait);
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);
     tcase_add_test(tc, test_ntb_burst);

@@ -137,9 +137,10 @@ typedef struct Pending {
     VnDaemon *d;
     char *lender;
     char *name;
-    char *device;   /* borrow: "lender/name", in d->borrowing until answered */
-    VnJob job;      /* borrow: its job */
-    uint64_t lease; /* return: the lease given back */
+    char *device;             /* borrow: "lender/name", in d->borrowing until answered */
+    VnJob job;                /* borrow: its job */
+    VnFabricConnect *connect; /* borrow: waiting for the lender's link */
+    uint64_t lease;           /* return: the lease given back */
     VnClusterDone done;
     void *opaque;
 } Pending;
@@ -221,6 +222,33 @@ static void on_borrow_reply(void *opaque, VnFabricMsg *reply, int err)
     finish(p, b, NULL, NULL);
 }
 
+/* The lender's link is up (or did not come): the borrow is asked. */
+static void on_lender_linked(void *opaque, int err)
+{
+    Pending *p = opaque;
+    VnDaemon *d = p->d;
+    VnPeersRequest rq = { 0 };
+    g_autofree char *json = NULL;
+    int ret;
+
+    p->connect = NULL;
+    if (err < 0) {
+        g_autofree char *why = g_strdup_printf("node %s: cannot connect to %s: %s", d->conf->node,
+                                               p->lender, g_strerror(-err));
+
+        g_ptr_array_remove_fast(d->borrowing, p);
+        finish(p, NULL, VN_ERR_UNREACHABLE, why);
+        return;
+    }
+    g_strlcpy(rq.device, p->name, sizeof(rq.device));
+    json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
+    ret = vn_fabric_request(d->fab, p->lender, VN_PEERS_BORROW, json, NULL, 0, on_borrow_reply, p);
+    if (ret < 0) {
+        g_ptr_array_remove_fast(d->borrowing, p);
+        finish(p, NULL, klass_of(ret), g_strerror(-ret));
+    }
+}
+
 static Pending *borrowing(VnDaemon *d, const char *device)
 {
     for (guint i = 0; d->borrowing != NULL && i < d->borrowing->len; i++) {
@@ -244,10 +272,7 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, const 
                        VnClusterDone done, void *opaque)
 {
     g_autoptr(GError) error = NULL;
-    VnPeersRequest rq = { 0 };
-    g_autofree char *json = NULL;
     Pending *p = g_new0(Pending, 1), *first;
-    int ret;
 
     *p = (Pending){ .d = d,
                     .lender = g_strdup(lender),
@@ -270,18 +295,14 @@ void vn_cluster_borrow(VnDaemon *d, const char *lender, const char *name, const 
         finish(p, NULL, VN_ERR_BUSY, why);
         return;
     }
-    if (!vn_fabric_connect(d->fab, lender, &error)) {
-        finish(p, NULL, VN_ERR_UNREACHABLE, error->message);
-        return;
-    }
-    g_strlcpy(rq.device, name, sizeof(rq.device));
-    json = vn_peers_request_to_json(VN_PEERS_BORROW, &rq);
+    /* Listed (and its job started) while its lender's link comes: a second borrow of the
+     * device is refused meanwhile. */
     vn_job_start(&p->job, VN_JOB_BORROW, owner);
     g_ptr_array_add(d->borrowing, p);
-    ret = vn_fabric_request(d->fab, lender, VN_PEERS_BORROW, json, NULL, 0, on_borrow_reply, p);
-    if (ret < 0) {
+    p->connect = vn_fabric_connect_async(d->fab, lender, on_lender_linked, p);
+    if (p->connect == NULL) {
         g_ptr_array_remove_fast(d->borrowing, p);
-        finish(p, NULL, klass_of(ret), g_strerror(-ret));
+        finish(p, NULL, VN_ERR_GENERIC, "the daemon is stopping");
     }
 }
 

@@ -68,10 +68,12 @@ struct VnPort {
     GPtrArray *maps;        /* VnPortMap *, maps and route opens under way */
     GArray *segments;       /* uint64_t ids exported for it */
     GArray *routes;
-    GArray *withdrawn;  /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
-    uint64_t doorbells; /* bit i: the worker's */
-    GPtrArray *relays;  /* VnPortRelay *, in flight */
-    GPtrArray *ins;     /* VnPortIn *, the peer's requests at the worker */
+    GArray *withdrawn;        /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
+    uint64_t doorbells;       /* bit i: the worker's */
+    GPtrArray *relays;        /* VnPortRelay *, in flight */
+    VnFabricConnect *connect; /* the worker's CONNECT, answered once its peer's link is up */
+    uint64_t connect_seq;     /* that CONNECT's */
+    GPtrArray *ins;           /* VnPortIn *, the peer's requests at the worker */
     uint64_t last_in;
     GByteArray *out;
     uint64_t refused;

@@ -96,6 +96,36 @@ static uint64_t hello_arg(VnFabric *fab)
            (w != 0 ? (uint64_t)(63 - __builtin_clzll(w)) << VN_HOST_HELLO_WINDOW_SHIFT : 0);
 }
 
+static void on_peer_linked(void *opaque, int err)
+{
+    VnPort *p = opaque;
+    VnHostHdr h = { .seq = p->connect_seq };
+
+    p->connect = NULL;
+    vn_port_reply(p, &h,
+                  err < 0 || p->peer == NULL || !vn_fabric_link_up(p->fab, p->peer) ? ENOTCONN : 0,
+                  0, 0, -1);
+}
+
+/* The worker asks for its peer's link: answered when it is up, or did not come (the loop does
+ * not wait for it).  A worker asks one at a time; another meanwhile is refused. */
+static void port_connect(VnPort *p, const VnHostHdr *h)
+{
+    if (p->peer == NULL) {
+        vn_port_reply(p, h, ENOTCONN, 0, 0, -1);
+        return;
+    }
+    if (p->connect != NULL) {
+        vn_port_reply(p, h, EBUSY, 0, 0, -1);
+        return;
+    }
+    p->connect_seq = h->seq;
+    p->connect = vn_fabric_connect_async(p->fab, p->peer, on_peer_linked, p);
+    if (p->connect == NULL) {
+        vn_port_reply(p, h, ENOTCONN, 0, 0, -1);
+    }
+}
+
 static bool is_peer(VnPort *p, const char *peer)
 {
     return p->peer != NULL && peer != NULL && strcmp(peer, p->peer) == 0;
@@ -372,8 +402,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
         }
         break;
     case VN_HOST_CONNECT:
-        vn_fabric_connect(p->fab, p->peer, NULL);
-        vn_port_reply(p, &h, vn_fabric_link_up(p->fab, p->peer) ? 0 : ENOTCONN, 0, 0, -1);
+        port_connect(p, &h);
         break;
     case VN_HOST_SEND:
         relay_frame(p, frame, frame_len);
@@ -717,6 +746,7 @@ void vn_port_free(VnPort *p, bool unlink_it)
         return;
     }
     vn_port_conn_close(p);
+    g_clear_pointer(&p->connect, vn_fabric_connect_cancel);
     if (p->listen_src != NULL) {
         g_source_destroy(p->listen_src);
         g_source_unref(p->listen_src);

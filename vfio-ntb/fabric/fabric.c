@@ -321,6 +321,10 @@ static void handle_link(VnFabric *fab, const char *peer, uint64_t gen, bool up)
     if (fab->handlers.on_link != NULL) {
         fab->handlers.on_link(fab->opaque, peer, up);
     }
+    /* Those waiting for it go on once the node has heard (on_link) of it. */
+    if (up && fab->connects != NULL && vn_fabric_link_up(fab, peer)) {
+        vn_fabric_connects_link_up(fab->connects, peer);
+    }
 }
 
 static gboolean deferred_dispatch(gpointer data)
@@ -554,6 +558,7 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     }
     fab->opaque = opaque;
     fab->ctx = g_main_context_ref(ctx != NULL ? ctx : g_main_context_default());
+    fab->connects = g_ptr_array_new();
     vn_fabric_limits_default(&fab->limits);
     fab->request_timeout_ms = VN_FABRIC_REQUEST_TIMEOUT_MS;
     fab->peers = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, peer_free);
@@ -595,6 +600,9 @@ void vn_fabric_close(VnFabric *fab)
         fab->ops->close(backend);
         g_info("node %s: detached from the fabric", fab->node);
     }
+    if (fab->connects != NULL) {
+        vn_fabric_connects_close(g_steal_pointer(&fab->connects));
+    }
     if (fab->deferred_src != NULL) {
         g_source_destroy(fab->deferred_src);
         g_clear_pointer(&fab->deferred_src, g_source_unref);
@@ -625,31 +633,53 @@ GPtrArray *vn_fabric_discover(VnFabric *fab)
     return fab->ops->discover(fab->backend);
 }
 
-bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
+/* ops->connect for @peer (checked first): 0, -EINPROGRESS or -errno, with @error said for
+ * the last two. */
+static int connect_start(VnFabric *fab, const char *peer, GError **error)
 {
     int ret;
 
     if (!vn_name_valid(VN_NAME_NODE, peer) || strcmp(peer, fab->node) == 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot connect to \"%s\"", fab->node, peer != NULL ? peer : "(null)");
-        return false;
+        return -EINVAL;
     }
     if (fab->backend == NULL) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_CLOSED, "node %s: closing", fab->node);
-        return false;
+        return -ESHUTDOWN;
     }
     if (vn_fabric_link_up(fab, peer)) {
-        return true;
+        return 0;
     }
     /* The backend reports the link up from inside; on_link then runs from
      * the main loop, not inside the caller's call. */
     fab->defer++;
     ret = fab->ops->connect(fab->backend, peer);
     fab->defer--;
-    if (ret < 0) {
+    if (ret == -EINPROGRESS) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_PENDING, "node %s: the link to %s is on its way",
+                    fab->node, peer);
+    } else if (ret < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
                     "node %s: cannot connect to %s: %s", fab->node, peer, g_strerror(-ret));
-        return false;
     }
-    return true;
+    return ret;
+}
+
+bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error)
+{
+    return connect_start(fab, peer, error) == 0;
+}
+
+VnFabricConnect *vn_fabric_connect_async(VnFabric *fab, const char *peer, VnFabricConnected done,
+                                         void *opaque)
+{
+    int ret;
+
+    if (fab->connects == NULL) {
+        return NULL;
+    }
+    ret = connect_start(fab, peer, NULL);
+    /* Up now, yet reported from the loop (deferred): the answer is 0 at once all the same. */
+    return vn_fabric_connects_add(fab->connects, fab->ctx, peer, ret, done, opaque);
 }

@@ -152,6 +152,8 @@ typedef struct VnFabricOps {
     /* Required. */
     void *(*open)(VnFabric *fab, const char *node, GHashTable *params, GError **error);
     void (*close)(void *backend);
+    /* Never waits: 0 when the link is up now (reported by vn_fabric_backend_link), -EINPROGRESS
+     * when it is on its way (reported once up), or -errno. */
     int (*connect)(void *backend, const char *peer);
     int (*send)(void *backend, const char *peer, const void *buf, size_t len);
     /* End the link to @peer (a peer that broke a bound).  Its link down is
@@ -283,8 +285,27 @@ uint32_t vn_fabric_caps(VnFabric *fab);
 /* The nodes the backend can see now (empty when it cannot tell); owned. */
 GPtrArray *vn_fabric_discover(VnFabric *fab);
 
-/* Open the link to @peer (idempotent); link up is reported by on_link. */
+/* Open the link to @peer (idempotent) without waiting: true when it is up now.  A link on
+ * its way (an NTB session being set up) is false with G_IO_ERROR_PENDING, and on_link reports
+ * it up later. */
 bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error);
+
+/* A connect whose caller waits for the link (vn_fabric_connect_async). */
+typedef struct VnFabricConnect VnFabricConnect;
+typedef void (*VnFabricConnected)(void *opaque, int err);
+/* How long vn_fabric_connect_async waits for a link on its way. */
+#define VN_FABRIC_CONNECT_WAIT_MS 1000
+/*
+ * Open the link to @peer and be called back, never waiting: @done runs once, from the loop
+ * (never inside this call), with 0 once the link is up, or -errno: the connect's own error,
+ * -EHOSTUNREACH when the link did not come within VN_FABRIC_CONNECT_WAIT_MS, -ECANCELED when
+ * the fabric closed first.  Returns the connect, to cancel with vn_fabric_connect_cancel()
+ * (then @done never runs) until @done ran; NULL, and @done never runs, when the fabric is
+ * closing.
+ */
+VnFabricConnect *vn_fabric_connect_async(VnFabric *fab, const char *peer, VnFabricConnected done,
+                                         void *opaque);
+void vn_fabric_connect_cancel(VnFabricConnect *c);
 bool vn_fabric_link_up(VnFabric *fab, const char *peer);
 
 /*

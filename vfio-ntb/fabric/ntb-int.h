@@ -98,8 +98,6 @@ int vn_ntb_queue(VnNtbLink *l, uint16_t kind, uint16_t flags, const void *payloa
 void vn_ntb_flush(VnNtbLink *l);
 /* The peer broke the protocol: its session ends. */
 void vn_ntb_session_broken(VnNtbLink *l, const char *why);
-/* Wait at most @timeout_ms for a port event, then serve every port. */
-int vn_ntb_poll(VnNtb *ntb, int timeout_ms);
 /* Report the link downs queued so far (from a call the fabric defers). */
 void vn_ntb_report_downs(VnNtb *ntb);
 

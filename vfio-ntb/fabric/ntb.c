@@ -732,49 +732,6 @@ static gboolean on_port_fd(gint fd, GIOCondition cond, gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
-/* ---- waiting (a connect's brief wait for a session) ------------------------ */
-
-/*
- * Wait at most @timeout_ms for any port's event and serve every port (ntb_connect's brief
- * wait for a session on its way).  What the fabric hears meanwhile it queues.  0 once something was served,
- * -ETIMEDOUT, or -errno.
- */
-int vn_ntb_poll(VnNtb *ntb, int timeout_ms)
-{
-    struct pollfd pfd[VN_NTB_MAX_PORTS * VN_NTB_LINK_FDS];
-    nfds_t n = 0;
-    int ready;
-
-    for (guint i = 0; i < ntb->links->len; i++) {
-        VnNtbLink *l = ntb->links->pdata[i];
-        int fds[VN_NTB_LINK_FDS];
-
-        publish_cons(l); /* the peer may be waiting for room to answer us */
-        link_fds(l, fds);
-        for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
-            pfd[n++] = (struct pollfd){ .fd = fds[k], .events = POLLIN };
-        }
-    }
-    ready = poll(pfd, n, timeout_ms);
-    if (ready < 0) {
-        return errno == EINTR ? -EINTR : -errno;
-    }
-    if (ready == 0) {
-        return -ETIMEDOUT;
-    }
-    for (guint i = 0; i < ntb->links->len; i++) {
-        unsigned events = 0;
-
-        for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
-            events |= pfd[i * VN_NTB_LINK_FDS + k].revents != 0 ? 1u << k : 0;
-        }
-        if (events != 0) {
-            link_service(ntb->links->pdata[i], events);
-        }
-    }
-    return 0;
-}
-
 /* ---- links -------------------------------------------------------------- */
 
 /* A port that may lead to @peer: cabled to it, or not named yet. */
@@ -793,27 +750,22 @@ static bool may_reach(VnNtb *ntb, const char *peer)
 static int ntb_connect(void *backend, const char *peer)
 {
     VnNtb *ntb = backend;
-    gint64 deadline = g_get_monotonic_time() + (gint64)VN_NTB_CONNECT_WAIT_MS * 1000;
 
     /* From a handler, while a ring is being read: what is known now (reading the rings here
      * would read one inside itself). */
     if (ntb->receiving) {
         return vn_ntb_link_of(ntb, peer) != NULL ? 0 : -EHOSTUNREACH;
     }
-    /* Links come up by themselves; a session on its way (the peer's
-     * announcement, its HELLO) is waited for, briefly. */
+    /* Links come up by themselves, from the loop; what the ports hold now is read first.  A
+     * session on its way (the peer's announcement, its HELLO) is not waited for here: its
+     * link comes up later, and vn_fabric_connect_async's callers wait for that. */
     for (guint i = 0; i < ntb->links->len; i++) {
         link_service(ntb->links->pdata[i], VN_NTB_EV_ALL);
     }
-    while (vn_ntb_link_of(ntb, peer) == NULL && may_reach(ntb, peer)) {
-        gint64 left = (deadline - g_get_monotonic_time()) / 1000;
-
-        if (left <= 0) {
-            break;
-        }
-        vn_ntb_poll(ntb, (int)left);
+    if (vn_ntb_link_of(ntb, peer) != NULL) {
+        return 0;
     }
-    return vn_ntb_link_of(ntb, peer) != NULL ? 0 : -EHOSTUNREACH;
+    return may_reach(ntb, peer) ? -EINPROGRESS : -EHOSTUNREACH;
 }
 
 static void ntb_disconnect(void *backend, const char *peer)

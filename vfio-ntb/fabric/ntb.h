@@ -71,8 +71,6 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_MAX_QUEUED (4u * VN_FABRIC_MAX_FRAME)
 /* A peer that takes nothing from its ring for this long loses its link. */
 #define VN_NTB_SEND_TIMEOUT_MS 5000
-/* How long a connect waits for a session on its way. */
-#define VN_NTB_CONNECT_WAIT_MS 1000
 /* A peer whose sessions keep breaking gets a new one at most this often. */
 #define VN_NTB_BROKEN_RETRY_MS 1000
 /* Records handled per wake-up, so one busy peer cannot starve the others. */
