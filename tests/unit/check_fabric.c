@@ -1293,6 +1293,31 @@ START_TEST(test_ntb_connect_does_not_wait)
 }
 END_TEST
 
+/* A peer that reads nothing (its loop does not run) does not hold its sender's loop: what
+ * its ring does not take is queued up to VN_NTB_MAX_QUEUED, and the send past that fails at
+ * once and ends the link (a send waited up to VN_NTB_SEND_TIMEOUT_MS for room). */
+START_TEST(test_ntb_send_does_not_wait)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    g_autofree uint8_t *mib = g_malloc0(1024u * 1024u);
+    unsigned sent = 0;
+    int ret = 0;
+    gint64 t0;
+
+    link_nodes(a, b);
+    /* b reads only when the loop runs, which it does not while a sends. */
+    t0 = now_ms();
+    while (sent < 64 && (ret = vn_fabric_event(a->fab, "b", 9, NULL, mib, 1024u * 1024u)) == 0) {
+        sent++;
+    }
+    ck_assert_int_lt(now_ms() - t0, VN_NTB_SEND_TIMEOUT_MS / 2);
+    ck_assert_int_lt(ret, 0);
+    ck_assert_uint_le(sent, VN_NTB_MAX_QUEUED / (1024u * 1024u) + 1);
+    WAIT_FOR(log_has(a, "down:b"));
+}
+END_TEST
+
 /* Frames of every size cross a ring of the smallest size, whole and in order. */
 START_TEST(test_ntb_fragments)
 {
@@ -1521,6 +1546,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
+    tcase_add_test(tc, test_ntb_send_does_not_wait);
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);
     tcase_add_test(tc, test_ntb_burst);

@@ -37,6 +37,7 @@ typedef struct Worker {
     int conn; /* the connection the port made for it (vn_port_pair) */
     VnFabricWindow *win;
     unsigned handled, handler_failed; /* w_on_request's */
+    int linked;                       /* a connect's answer: 1 up, -errno, 0 none yet */
 } Worker;
 
 static Worker *worker;
@@ -118,6 +119,25 @@ static void open_worker(void (*step)(Worker *w))
     in_worker(step);
 }
 
+static void on_linked(void *opaque, int err)
+{
+    ((Worker *)opaque)->linked = err == 0 ? 1 : err;
+}
+
+/* The worker connects to hosta and runs its loop until told (the daemon, in the test's
+ * thread, answers once its link is up): 0, or -1. */
+static int connect_hosta(Worker *w)
+{
+    w->linked = 0;
+    if (vn_fabric_connect_async(w->fab, "hosta", on_linked, w) == NULL) {
+        return -1;
+    }
+    while (w->linked == 0) {
+        g_main_context_iteration(w->ctx, TRUE);
+    }
+    return w->linked == 1 ? 0 : -1;
+}
+
 static void step_open(Worker *w)
 {
     g_autoptr(GHashTable) params = g_hash_table_new(g_str_hash, g_str_equal);
@@ -129,7 +149,7 @@ static void step_open(Worker *w)
     g_snprintf(conn_param, sizeof(conn_param), "%d", w->conn);
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
-    w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
+    w->ret = connect_hosta(w);
 }
 
 /* As step_open, with a bound of 400 ms before a gone daemon's links go down. */
@@ -145,7 +165,7 @@ static void step_open_short_bound(Worker *w)
     g_hash_table_insert(params, "reconnect-ms", "400");
     w->fab = vn_fabric_open("host", "hostb", params, &worker_handlers, w, w->ctx, &error);
     ck_assert_msg(w->fab != NULL, "%s", error ? error->message : "");
-    w->ret = vn_fabric_connect(w->fab, "hosta", NULL) ? 0 : -1;
+    w->ret = connect_hosta(w);
 }
 
 /* A lender's worker: it does not connect, its daemon says who holds the

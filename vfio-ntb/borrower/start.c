@@ -142,16 +142,40 @@ static void on_attached(void *opaque, VnFabricMsg *reply, int err)
     vn_borrower_bars_map(b, &d, on_bars_mapped, st);
 }
 
+static void on_lender_linked(void *opaque, int err)
+{
+    VnBorrowerStart *st = opaque;
+    VnBorrower *b = st->b;
+    VnProtoAttach at = { .resume = st->resume, .irq_mode = b->mode };
+    g_autofree char *json = NULL;
+    GError *error = NULL;
+    int ret;
+
+    if (err < 0) {
+        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-err),
+                    "borrower %s: cannot connect to %s: %s", b->device, b->lender,
+                    g_strerror(-err));
+        start_end(st, error);
+        return;
+    }
+    at.max_window = vn_fabric_limits(b->fab)->max_window_size;
+    g_strlcpy(at.device, b->device, sizeof(at.device));
+    json = vn_proto_attach_to_json(&at);
+    ret = vn_borrower_call_async(b, VN_PROTO_ATTACH, json, NULL, 0, on_attached, st);
+    if (ret < 0) {
+        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-ret),
+                    "borrower %s: cannot ask %s: %s", b->device, b->lender, g_strerror(-ret));
+        start_end(st, error);
+    }
+}
+
 void vn_borrower_start(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
                        const char *socket_path, int handoff_fd, GMainContext *ctx,
                        VnBorrowerStartedFn done, void *opaque)
 {
     VnBorrowerStart *st = g_new0(VnBorrowerStart, 1);
-    VnProtoAttach at = { .resume = handoff_fd >= 0 };
-    g_autofree char *json = NULL;
     GError *error = NULL;
     VnBorrower *b;
-    int ret;
 
     st->socket_path = g_strdup(socket_path);
     st->resume = handoff_fd >= 0;
@@ -167,19 +191,14 @@ void vn_borrower_start(VnFabric *fab, const char *lender, const char *device, Vn
         start_end(st, error);
         return;
     }
-    if ((st->resume && !vn_borrower_handoff_read(handoff_fd, device, &st->handoff, &error)) ||
-        !vn_fabric_connect(fab, lender, &error)) {
+    if (st->resume && !vn_borrower_handoff_read(handoff_fd, device, &st->handoff, &error)) {
         start_end(st, error);
         return;
     }
-    at.irq_mode = b->mode;
-    at.max_window = vn_fabric_limits(fab)->max_window_size;
-    g_strlcpy(at.device, device, sizeof(at.device));
-    json = vn_proto_attach_to_json(&at);
-    ret = vn_borrower_call_async(b, VN_PROTO_ATTACH, json, NULL, 0, on_attached, st);
-    if (ret < 0) {
-        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "borrower %s: cannot ask %s: %s", device, lender, g_strerror(-ret));
+    /* The lender's link may be on its way (an NTB session): the ATTACH goes once it is up. */
+    if (vn_fabric_connect_async(fab, lender, on_lender_linked, st) == NULL) {
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CLOSED, "borrower %s: the fabric closes",
+                    device);
         start_end(st, error);
     }
 }

@@ -1,7 +1,7 @@
 /*
  * The `host` backend's ops that are not waited for (see host-int.h): sent to the daemon
  * with a sequence number, and answered from the loop when its REPLY comes -- a window's
- * map and a route's open, which wait on a peer behind the daemon.  At most
+ * map, a route's open and a connect, which wait on a peer behind the daemon.  At most
  * VN_HOST_MAX_ASKED at once; each times out after VN_HOST_REPLY_TIMEOUT_MS; all fail when
  * the daemon goes, and are cancelled when the node closes.
  */
@@ -160,4 +160,34 @@ void vn_host_open_route_async(void *backend, const char *peer, uint64_t id, int 
 
     *a = (VnHostFdAsk){ .opened = done, .opaque = opaque };
     host_ask(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, fd_answered, a);
+}
+
+/* A connect asked without waiting: the peer whose link it asks for. */
+typedef struct VnHostLinkAsk {
+    VnHost *h;
+    char peer[VN_MAX_NODE_NAME + 1];
+} VnHostLinkAsk;
+
+static void link_answered(void *opaque, int status, const VnHostHdr *rep, int fd)
+{
+    VnHostLinkAsk *a = opaque;
+    VnHost *h = a->h;
+
+    vn_util_close_fd(&fd);
+    /* Not up (the daemon's connect gave up), or the node closes (-ECANCELED: nothing of @h
+     * may be touched): whoever waits for the link hears of its deadline (fabric/connect.c). */
+    if (status == 0 && !g_hash_table_contains(h->up, a->peer)) {
+        g_hash_table_add(h->up, g_strdup(a->peer));
+        vn_fabric_backend_link(h->fab, a->peer, true);
+    }
+    g_free(a);
+}
+
+void vn_host_connect_ask(VnHost *h, const char *peer)
+{
+    VnHostLinkAsk *a = g_new0(VnHostLinkAsk, 1);
+
+    a->h = h;
+    g_strlcpy(a->peer, peer, sizeof(a->peer));
+    host_ask(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, link_answered, a);
 }

@@ -79,7 +79,8 @@ int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_
 /* host-ask.c.  answer: settle @ask (taken out of h->asked) with @status and @fd (taken),
  * told from the loop.  asked_fail: every op still asked gets @status (the daemon went:
  * its answers with it).  asks_close: at the node's close, each is told -ECANCELED now.
- * The backend's map_segment_async and open_route_async. */
+ * The backend's map_segment_async and open_route_async; connect_ask: ask the daemon for the
+ * link to @peer, reported up when its answer comes. */
 void vn_host_answer(VnHostAsk *ask, int status, int fd);
 void vn_host_asked_fail(VnHost *h, int status);
 void vn_host_asks_close(VnHost *h);
@@ -88,5 +89,6 @@ void vn_host_map_segment_async(void *backend, const char *peer, uint64_t id, int
                                void *opaque);
 void vn_host_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
                               void (*done)(void *opaque, int fd), void *opaque);
+void vn_host_connect_ask(VnHost *h, const char *peer);
 
 #endif /* VN_HOST_INT_H */

@@ -212,22 +212,6 @@ int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_
     return host_wait_reply(h, seq, rep, fd_in);
 }
 
-/* Ask the daemon for the link to @peer and wait for its answer: as shm
- * does, the link is up when this returns 0. */
-static int host_link_wait(VnHost *h, const char *peer)
-{
-    VnHostHdr rep;
-    int fd;
-    int ret = vn_host_call(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, &rep, &fd);
-
-    vn_util_close_fd(&fd);
-    if (ret == 0 && !g_hash_table_contains(h->up, peer)) {
-        g_hash_table_add(h->up, g_strdup(peer));
-        vn_fabric_backend_link(h->fab, peer, true);
-    }
-    return ret;
-}
-
 /* HELLO, then our links and doorbell bits again (after a restart). */
 static bool host_greet(VnHost *h, GError **error)
 {
@@ -295,7 +279,7 @@ static bool host_greet(VnHost *h, GError **error)
             vn_host_send_record(h, VN_HOST_CONNECT, 0, peer, 0, 0, NULL, 0, -1);
             continue;
         }
-        host_link_wait(h, peer);
+        vn_host_connect_ask(h, peer);
     }
     if (h->server_said && h->fd >= 0) {
         vn_host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
@@ -543,7 +527,10 @@ static int host_connect(void *backend, const char *peer)
         }
         g_hash_table_add(h->wanted, g_strdup(peer));
     }
-    return host_link_wait(h, peer);
+    /* Asked, not waited for: the daemon answers once its link to @peer is up, and ours is
+     * reported up then (vn_fabric_connect_async's callers wait for that). */
+    vn_host_connect_ask(h, peer);
+    return -EINPROGRESS;
 }
 
 static int host_send(void *backend, const char *peer, const void *buf, size_t len)

@@ -15,7 +15,6 @@
 #include <gio/gio.h>
 #include <glib-unix.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -413,44 +412,24 @@ VnNtbLink *vn_ntb_link_of(VnNtb *ntb, const char *peer)
     return NULL;
 }
 
-/* Whether the port's link went down or the peer announced a new session
- * (read without acting on it: a sender may not report links). */
-static bool session_over(VnNtbLink *l)
-{
-    uint32_t hello = 0;
-
-    return !l->port->ops->link_up(l->port) ||
-           (l->port->ops->spad_read(l->port, VN_NTB_SPAD_HELLO, &hello) == 0 &&
-            (uint16_t)(hello & 0xffff) != l->peer_epoch);
-}
-
 /*
- * Room in the queue for @need bytes: while the peer's ring is full, wait
- * for it to take some, as a socket's send would, for at most
- * VN_NTB_SEND_TIMEOUT_MS without progress.  Only its SPACE doorbell is
- * served meanwhile: no handler may run inside a send.
+ * Room in the queue for @need bytes, without waiting (a send never holds its loop): what the
+ * peer's ring does not take now waits in the queue and goes as the peer frees room (its SPACE
+ * doorbell, from the loop), up to VN_NTB_MAX_QUEUED.  A peer that leaves more than that unread
+ * loses its session, as one that takes nothing for VN_NTB_SEND_TIMEOUT_MS does (flush).
  */
 static int queue_room(VnNtbLink *l, size_t need)
 {
-    struct pollfd pfd = { .fd = l->port->ops->doorbell_fd(l->port, VN_NTB_DB_SPACE),
-                          .events = POLLIN };
-
-    while (l->txq->len + need > VN_NTB_MAX_QUEUED) {
+    if (l->txq->len + need > VN_NTB_MAX_QUEUED) {
         publish_cons(l);
         vn_ntb_flush(l);
-        if (l->state != VN_NTB_LINK_OPEN) {
-            return -ECONNRESET;
-        }
-        if (session_over(l)) {
-            link_restart(l, "its session ended while we waited to send");
-            return -ECONNRESET;
-        }
-        if (l->txq->len + need <= VN_NTB_MAX_QUEUED) {
-            break;
-        }
-        if (poll(&pfd, 1, 2) > 0) {
-            vn_peerfd_drain(pfd.fd);
-        }
+    }
+    if (l->state != VN_NTB_LINK_OPEN) {
+        return -ECONNRESET;
+    }
+    if (l->txq->len + need > VN_NTB_MAX_QUEUED) {
+        vn_ntb_session_broken(l, "it leaves too much unread in its ring");
+        return -ECONNRESET;
     }
     return 0;
 }

@@ -67,8 +67,9 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_DEFAULT_RING (512u * 1024u)
 /* Largest window offered: 1 TiB, above any adapter's. */
 #define VN_NTB_MAX_WINDOW_SIZE (UINT64_C(1) << 40)
-/* Bytes queued for one peer whose ring is full; past it the link drops. */
-#define VN_NTB_MAX_QUEUED (4u * VN_FABRIC_MAX_FRAME)
+/* Bytes queued for one peer whose ring is full (what shm's socket queue holds); past it the
+ * link drops: a send does not wait for room. */
+#define VN_NTB_MAX_QUEUED (16u * VN_FABRIC_MAX_FRAME)
 /* A peer that takes nothing from its ring for this long loses its link. */
 #define VN_NTB_SEND_TIMEOUT_MS 5000
 /* A peer whose sessions keep breaking gets a new one at most this often. */
