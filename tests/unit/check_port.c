@@ -38,6 +38,8 @@ typedef struct Worker {
     VnFabricWindow *win;
     unsigned handled, handler_failed; /* w_on_request's */
     int linked;                       /* a connect's answer: 1 up, -errno, 0 none yet */
+    unsigned flood_sent;              /* step_flood's */
+    int flood_ms;
 } Worker;
 
 static Worker *worker;
@@ -1366,6 +1368,45 @@ START_TEST(test_worker_that_stops_reading)
 }
 END_TEST
 
+/* Frames to hosta, 1 MiB each, until one is refused (40 at most): how many went and how long
+ * they took. */
+static void step_flood(Worker *w)
+{
+    g_autofree uint8_t *mib = g_malloc0(1024 * 1024);
+    gint64 t0 = g_get_monotonic_time();
+    int i, ret = 0;
+
+    for (i = 0; i < 40 && ret == 0; i++) {
+        ret = vn_fabric_event(w->fab, "hosta", T_ECHO, NULL, mib, 1024 * 1024);
+    }
+    w->ret = ret;
+    w->flood_sent = (unsigned)i;
+    w->flood_ms = (int)((g_get_monotonic_time() - t0) / 1000);
+}
+
+/* The other way: a daemon that reads nothing for a while (its loop does not run) neither
+ * holds its worker nor loses it at the first burst.  What the port's socket does not take
+ * waits in the worker, up to VN_HOST_MAX_QUEUED; the send past that fails at once and the
+ * worker reconnects.  Before, a send on the first connection (non-blocking) that met a full
+ * socket dropped it, and one on a reconnected (blocking) socket held the worker's loop, QEMU's
+ * requests with it, up to 5 s. */
+START_TEST(test_daemon_that_stops_reading)
+{
+    GThread *t;
+
+    node_start(lender);
+    open_worker(step_open);
+    ck_assert_int_eq(worker->ret, 0);
+    worker->step = step_flood;
+    g_atomic_int_set(&worker->done, 0);
+    t = g_thread_new("worker", step_thread, worker);
+    g_thread_join(t); /* this, the daemon's, loop does not run meanwhile */
+    ck_assert_msg(worker->flood_ms < 2500, "the worker's sends took %d ms", worker->flood_ms);
+    ck_assert_int_lt(worker->ret, 0);
+    ck_assert_uint_gt(worker->flood_sent, 2); /* some waited, then one was too many */
+}
+END_TEST
+
 static Suite *port_suite(void)
 {
     Suite *s = suite_create("port");
@@ -1380,6 +1421,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_asks_answered_later);
     tcase_add_test(tc, test_worker_that_stops_reading);
+    tcase_add_test(tc, test_daemon_that_stops_reading);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_requests_after_the_greeting);

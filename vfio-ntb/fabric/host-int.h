@@ -20,6 +20,7 @@ typedef struct VnHost {
     char *path;
     int fd; /* -1 while the daemon is away */
     GSource *src;
+    VnRecordOut *out;      /* what goes to the daemon, without waiting (NULL while away) */
     GSource *retry;        /* reconnecting */
     gint64 away_since_us;  /* when the daemon went; 0 while it is here */
     bool links_dropped;    /* away past the bound: every link reported down */

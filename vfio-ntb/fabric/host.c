@@ -25,25 +25,41 @@
 
 /* How often a worker tries its daemon's port while the daemon restarts. */
 #define VN_HOST_RETRY_MS 100
-/* A daemon that cannot take a record for this long is gone. */
+/* A daemon that takes nothing for this long is gone. */
 #define VN_HOST_SEND_TIMEOUT_S 5
+/* What may wait for the daemon's socket, as for a shm peer's. */
+#define VN_HOST_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
 /* Windows one withhold may change, as its daemon says: more than any node has. */
 #define VN_HOST_MAX_WITHHELD 1024u
 
 int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
                         uint64_t arg2, const void *data, size_t len, int fd)
 {
-    int ret;
+    g_autofree uint8_t *buf = NULL;
+    size_t n;
 
-    if (h->fd < 0) {
+    if (h->fd < 0 || h->out == NULL) {
         return -ENOTCONN;
     }
-    ret = vn_host_send(h->fd, op, seq, 0, peer, arg, arg2, data, len, fd);
-    if (ret < 0 && ret != -EMSGSIZE && ret != -EINVAL) {
-        /* The stream is lost: the reader sees it end and reconnects. */
+    /* Never waits: what the daemon's socket does not take now goes from the loop (a daemon
+     * that takes nothing for VN_HOST_SEND_TIMEOUT_S loses us: on_out_failed). */
+    buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
+    return vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd);
+}
+
+/* The stream to the daemon is lost (it took nothing for too long, or would have too much
+ * waiting): the reader sees the connection end and reconnects. */
+static void on_out_failed(void *opaque, int err)
+{
+    VnHost *h = opaque;
+
+    g_info("port %s: cannot reach the daemon: %s", h->path,
+           err == -ENOBUFS     ? "it leaves too much unread"
+           : err == -ETIMEDOUT ? "it reads nothing"
+                               : g_strerror(-err));
+    if (h->fd >= 0) {
         shutdown(h->fd, SHUT_RDWR);
     }
-    return ret;
 }
 
 /* ---- receiving -------------------------------------------------------- */
@@ -171,7 +187,10 @@ static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
      * handler's own op would wait in here too, and take this wait's answer. */
     vn_fabric_backend_hold(h->fab);
     while (!h->wait_done && h->fd >= 0) {
-        struct pollfd p = { .fd = h->fd, .events = POLLIN };
+        /* What waits to go to the daemon (the op itself, maybe) goes from here: the loop's
+         * writable source does not run in this wait. */
+        bool queued = h->out != NULL && vn_record_out_queued(h->out) > 0;
+        struct pollfd p = { .fd = h->fd, .events = POLLIN | (queued ? POLLOUT : 0) };
         gint64 left = deadline - g_get_monotonic_time();
 
         if (left <= 0) {
@@ -183,7 +202,12 @@ static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
             return -ETIMEDOUT;
         }
         if (poll(&p, 1, (int)((left + 999) / 1000)) > 0) {
-            host_service(h);
+            if ((p.revents & POLLOUT) && h->out != NULL) {
+                vn_record_out_flush(h->out);
+            }
+            if (p.revents & ~POLLOUT) {
+                host_service(h);
+            }
         }
     }
     vn_fabric_backend_release(h->fab);
@@ -300,6 +324,8 @@ static bool host_attach_fd(VnHost *h, int fd, GError **error)
 {
     h->fd = fd;
     memset(&h->rx, 0, sizeof(h->rx));
+    h->out = vn_record_out_new(fd, h->ctx, VN_HOST_MAX_QUEUED, VN_HOST_SEND_TIMEOUT_S * 1000,
+                               on_out_failed, h);
     h->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(h->src, G_SOURCE_FUNC(on_port), h, NULL);
     g_source_attach(h->src, h->ctx);
@@ -314,6 +340,7 @@ static void host_drop(VnHost *h)
         g_clear_pointer(&h->src, g_source_unref);
     }
     vn_record_reader_clear(&h->rx);
+    g_clear_pointer(&h->out, vn_record_out_free); /* before its socket goes */
     vn_util_close_fd(&h->fd);
     /* Their answers went with the connection. */
     vn_host_asked_fail(h, -ENOTCONN);
@@ -395,6 +422,7 @@ static void host_close(void *backend)
         g_source_unref(h->src);
     }
     vn_record_reader_clear(&h->rx);
+    g_clear_pointer(&h->out, vn_record_out_free);
     vn_util_close_fd(&h->fd);
     /* What was asked is told it is cancelled, now: the fabric ends its waiters as it closes. */
     vn_host_asks_close(h);

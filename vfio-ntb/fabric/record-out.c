@@ -154,9 +154,29 @@ static gboolean on_stall_check(gpointer data)
     return G_SOURCE_CONTINUE;
 }
 
+/* Nothing waits: the record straight from the caller's buffer, without a copy.  The bytes
+ * the socket took (the fd went with the first), or -errno when the stream is lost. */
+static ssize_t send_direct(VnRecordOut *o, const uint32_t *prefix, const void *buf, size_t len,
+                           int fd)
+{
+    struct iovec iov[2] = { { (void *)prefix, sizeof(*prefix) }, { (void *)buf, len } };
+    ssize_t n = vn_fdpass_send_flags(o->sock, iov, len > 0 ? 2 : 1, fd >= 0 ? &fd : NULL,
+                                     fd >= 0 ? 1 : 0, MSG_DONTWAIT);
+
+    if (n == -EAGAIN || n == -EWOULDBLOCK) {
+        return 0;
+    }
+    if (n > 0) {
+        o->moved = true;
+    }
+    return n;
+}
+
 int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len, int fd)
 {
     uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
+    size_t total = sizeof(prefix) + len;
+    ssize_t sent = 0;
     OutRecord *r;
     int ret;
 
@@ -166,25 +186,37 @@ int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_l
     if (o->failed) {
         return -EPIPE;
     }
-    if (o->queued + sizeof(prefix) + len > o->max_queued) {
+    if (g_queue_is_empty(&o->records)) {
+        sent = send_direct(o, &prefix, buf, len, fd);
+        if (sent < 0) {
+            out_fail(o, (int)sent);
+            return (int)sent;
+        }
+        if ((size_t)sent == total) {
+            return 0;
+        }
+    }
+    /* What the socket did not take waits, in order. */
+    if (o->queued + total - (size_t)sent > o->max_queued) {
         out_fail(o, -ENOBUFS);
         return -ENOBUFS;
     }
     r = g_new0(OutRecord, 1);
     r->fd = -1;
-    if (fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    if (sent == 0 && fd >= 0 && (r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
         ret = -errno;
         g_free(r);
-        return ret; /* nothing was queued: the stream is as it was */
+        return ret; /* nothing was sent or queued: the stream is as it was */
     }
-    r->len = sizeof(prefix) + len;
+    r->len = total;
+    r->sent = (size_t)sent;
     r->bytes = g_malloc(r->len);
     memcpy(r->bytes, &prefix, sizeof(prefix));
     if (len > 0) {
         memcpy(r->bytes + sizeof(prefix), buf, len);
     }
     g_queue_push_tail(&o->records, r);
-    o->queued += r->len;
+    o->queued += r->len - r->sent;
     /* Behind what waits already, if anything: the socket may have room for it by now. */
     ret = out_flush(o);
     if (ret < 0) {
@@ -199,6 +231,24 @@ int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_l
         o->stall = g_timeout_source_new(o->stall_ms);
         g_source_set_callback(o->stall, on_stall_check, o, NULL);
         g_source_attach(o->stall, o->ctx);
+    }
+    return 0;
+}
+
+int vn_record_out_flush(VnRecordOut *o)
+{
+    int ret;
+
+    if (o->failed) {
+        return -EPIPE;
+    }
+    ret = out_flush(o);
+    if (ret < 0) {
+        out_fail(o, ret);
+        return ret;
+    }
+    if (o->queued == 0) {
+        out_idle(o);
     }
     return 0;
 }

@@ -107,6 +107,22 @@ int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const in
     return 0;
 }
 
+int vn_record_send_fresh(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
+{
+    uint32_t prefix = GUINT32_TO_LE((uint32_t)len);
+    struct iovec iov[2] = { { &prefix, sizeof(prefix) }, { (void *)buf, len } };
+    ssize_t n;
+
+    if (len > VN_RECORD_MAX_FRESH || nfds > 1) {
+        return -EINVAL;
+    }
+    n = vn_fdpass_send_flags(fd, iov, len > 0 ? 2 : 1, fds, nfds, MSG_DONTWAIT);
+    if (n < 0) {
+        return (int)n;
+    }
+    return (size_t)n == sizeof(prefix) + len ? 0 : -EAGAIN;
+}
+
 int vn_record_dial(const char *path, int send_timeout_s)
 {
     struct sockaddr_un addr = { .sun_family = AF_UNIX };

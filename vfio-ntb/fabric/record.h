@@ -58,6 +58,12 @@ void vn_record_reader_clear(VnRecordReader *r);
 int vn_record_send(int fd, const void *buf, size_t len, size_t max_len, const int *fds,
                    unsigned nfds);
 
+/* The same, without waiting, for a small record (VN_RECORD_MAX_FRESH bytes at most) on a
+ * socket nothing was sent on yet (a greeting, a FETCH, its answer): a fresh socket's buffer
+ * takes it whole, or it is -EAGAIN (and the stream unusable). */
+#define VN_RECORD_MAX_FRESH 4096
+int vn_record_send_fresh(int fd, const void *buf, size_t len, const int *fds, unsigned nfds);
+
 /* A blocking UNIX stream socket connected to @path, sends bounded by
  * @send_timeout_s (SO_SNDTIMEO, which bounds connect() too), or -errno. */
 int vn_record_dial(const char *path, int send_timeout_s);
@@ -78,6 +84,10 @@ typedef void (*VnRecordOutFailFn)(void *opaque, int err);
 VnRecordOut *vn_record_out_new(int sock, GMainContext *ctx, size_t max_queued, unsigned stall_ms,
                                VnRecordOutFailFn fail, void *opaque);
 int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_len, int fd);
+/* Send what waits, as far as the socket takes it now, for a caller that waits on the socket
+ * outside the loop (its writable source does not run then): 0, or the stream's loss (said to
+ * @fail first). */
+int vn_record_out_flush(VnRecordOut *o);
 /* Bytes waiting for the socket. */
 size_t vn_record_out_queued(const VnRecordOut *o);
 void vn_record_out_free(VnRecordOut *o);

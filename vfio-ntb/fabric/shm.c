@@ -10,8 +10,8 @@
  * VN_SHM_MAX_QUEUED bytes, and a peer that takes nothing for VN_SHM_SEND_TIMEOUT_S,
  * or would make more wait, loses its link.  Nor does a dial: a peer whose backlog is full
  * (stopped, or not accepting) refuses it at once, and it is tried again at the next
- * heartbeat.  (A FETCH's answer, a record on a socket of its own that the asker opened, is
- * sent blocking, bounded by SO_SNDTIMEO.)
+ * heartbeat.  Nor does a HELLO, a FETCH or its answer, each the first record on a socket
+ * of its own, which a fresh socket's buffer takes whole.
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -111,9 +111,11 @@ static void conn_drop(VnShmConn *c, const char *why)
     conn_unref(c);
 }
 
+/* The first record on a connection (a HELLO, a FETCH, its answer): small, never waited for. */
 static int send_record(int fd, const void *buf, size_t len, const int *fds, unsigned nfds)
 {
-    return vn_record_send(fd, buf, len, VN_FABRIC_MAX_FRAME, fds, nfds);
+    G_STATIC_ASSERT(sizeof(VnShmFetch) <= VN_RECORD_MAX_FRESH);
+    return vn_record_send_fresh(fd, buf, len, fds, nfds);
 }
 
 /*
@@ -314,16 +316,11 @@ static gboolean on_hello_timeout(gpointer data)
 static VnShmConn *conn_new(VnShm *shm, int fd, bool outgoing, const char *peer)
 {
     VnShmConn *c = g_new0(VnShmConn, 1);
-    struct timeval tv = { .tv_sec = VN_SHM_SEND_TIMEOUT_S };
 
     c->ref = 1;
     c->shm = shm;
     c->fd = fd;
     c->outgoing = outgoing;
-    /* Bounds the one blocking send, a FETCH's answer on an accepted connection. */
-    if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
-        g_warning("socket %s: cannot set a send timeout: %s", shm->path, g_strerror(errno));
-    }
     c->watch = vn_fdset_add(shm->links, fd, G_IO_IN, on_conn, c);
     if (c->watch == NULL) {
         /* Only at the kernel's memory limit (epoll takes every socket) */
