@@ -34,6 +34,8 @@ void vn_port_conn_close(VnPort *p)
     vn_record_reader_clear(&p->rx);
     g_clear_pointer(&p->to_worker, vn_record_out_free); /* before its socket goes */
     vn_util_close_fd(&p->fd);
+    /* Its CONNECT's answer would reach the next connection, which did not ask. */
+    g_clear_pointer(&p->connect, vn_fabric_connect_cancel);
 }
 
 bool vn_port_secret_ok(VnPort *p, const uint8_t *data, size_t len)

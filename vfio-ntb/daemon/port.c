@@ -746,7 +746,6 @@ void vn_port_free(VnPort *p, bool unlink_it)
         return;
     }
     vn_port_conn_close(p);
-    g_clear_pointer(&p->connect, vn_fabric_connect_cancel);
     if (p->listen_src != NULL) {
         g_source_destroy(p->listen_src);
         g_source_unref(p->listen_src);
