@@ -49,10 +49,7 @@ static void on_out_failed(void *opaque, int err)
 {
     VnPort *p = opaque;
 
-    g_info("port %s: cannot reach the worker: %s", p->path,
-           err == -ENOBUFS     ? "it leaves too much unread"
-           : err == -ETIMEDOUT ? "it reads nothing"
-                               : g_strerror(-err));
+    g_info("port %s: cannot reach the worker: %s", p->path, vn_record_out_why(err));
     /* A worker that does not read its port is stuck: it reconnects when it is not. */
     vn_port_conn_close(p);
 }

@@ -53,10 +53,7 @@ static void on_out_failed(void *opaque, int err)
 {
     VnHost *h = opaque;
 
-    g_info("port %s: cannot reach the daemon: %s", h->path,
-           err == -ENOBUFS     ? "it leaves too much unread"
-           : err == -ETIMEDOUT ? "it reads nothing"
-                               : g_strerror(-err));
+    g_info("port %s: cannot reach the daemon: %s", h->path, vn_record_out_why(err));
     if (h->fd >= 0) {
         shutdown(h->fd, SHUT_RDWR);
     }

@@ -87,6 +87,13 @@ size_t vn_record_out_queued(const VnRecordOut *o)
     return o->queued;
 }
 
+const char *vn_record_out_why(int err)
+{
+    return err == -ENOBUFS     ? "it leaves too much unread"
+           : err == -ETIMEDOUT ? "it reads nothing"
+                               : g_strerror(-err);
+}
+
 /* The stream is lost (@err): said once, last (@fail may free @o). */
 static void out_fail(VnRecordOut *o, int err)
 {

@@ -90,6 +90,8 @@ int vn_record_out_send(VnRecordOut *o, const void *buf, size_t len, size_t max_l
 int vn_record_out_flush(VnRecordOut *o);
 /* Bytes waiting for the socket. */
 size_t vn_record_out_queued(const VnRecordOut *o);
+/* What @fail's @err says of the peer, for a log line ("it reads nothing", ...). */
+const char *vn_record_out_why(int err);
 void vn_record_out_free(VnRecordOut *o);
 
 #endif /* VN_RECORD_H */
