@@ -66,6 +66,8 @@ VnFabricConnect *vn_fabric_connects_add(GPtrArray *list, GMainContext *ctx, cons
     c->err = now == -EINPROGRESS ? -EHOSTUNREACH : now;
     c->src =
         now == -EINPROGRESS ? g_timeout_source_new(VN_FABRIC_CONNECT_WAIT_MS) : g_idle_source_new();
+    /* An idle's own priority is below every fd's: a busy loop would hold the answer. */
+    g_source_set_priority(c->src, G_PRIORITY_DEFAULT);
     g_source_set_callback(c->src, on_deadline, c, NULL);
     g_source_attach(c->src, ctx);
     g_ptr_array_add(list, c);
