@@ -11,7 +11,8 @@
 - scale-64x8: NODES daemons (env VN_BENCH_SCALE_NODES, default 64) on one fabric, each lending
   DEVICES devices (VN_BENCH_SCALE_DEVICES, default 8).  The nvme0 of the first ATTACHED nodes
   (VN_BENCH_SCALE_ATTACHED, default 4) is a real simdev, attached by the next node before the
-  storm, so borrower workers exist (attached, worker_rss_kib); the other devices' servers do
+  storm, so borrower workers exist (attached, worker_rss_kib; each of those hosts keeps a
+  spare worker too: spare_workers, spare_rss_kib); the other devices' servers do
   not exist: borrow and return never reach a device server (only attach does), so the
   cluster's own cost is measured.  converge_s: from the first daemon's start until every node
   lists every device as reachable; then each daemon's VmRSS (goal <= 16 MiB, reported only)
@@ -95,10 +96,12 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def our_pids(marker, binary):
+def our_pids(marker, binary, spares=False):
     """Pids of processes running @binary (a file name) whose command line mentions @marker
     (a path of this run's, e.g. the daemons' work directory, where their ports are): workers
-    are started by vfio-ntbd, not by the harness, so they are found in /proc."""
+    are started by vfio-ntbd, not by the harness, so they are found in /proc.  With @spares,
+    only the spare borrower workers (started ahead of need, waiting: --spare-fd), else only
+    the others."""
     pids = []
     for p in os.listdir("/proc"):
         if not p.isdigit():
@@ -108,8 +111,9 @@ def our_pids(marker, binary):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
+        spare = len(argv) > 1 and argv[1].startswith(b"--spare-fd=")
         if argv and os.path.basename(argv[0]).decode(errors="replace") == binary and \
-                any(str(marker).encode() in a for a in argv):
+                any(str(marker).encode() in a for a in argv) and spare == spares:
             pids.append(int(p))
     return pids
 
@@ -369,6 +373,9 @@ def _scale(procs, wd, fab, daemons, nodes, name):
     if len(workers) != attached:
         raise h.HarnessError(f"scale: {attached} devices attached, {len(workers)} workers")
     worker_rss = max((rss_kib(p) for p in workers), default=0)
+    # Each host that attached keeps a spare worker (daemon/spare.h): what one costs.
+    spares = our_pids(wd, "vfio-ntb-borrower", spares=True)
+    spare_rss = max((rss_kib(p) for p in spares), default=0)
     s = storm(daemons)
     rss_after = [rss_kib(d.proc.pid) for d in daemons]
     # Every pair returned what it borrowed, so nothing should stay lent.  A borrow that timed
@@ -398,6 +405,7 @@ def _scale(procs, wd, fab, daemons, nodes, name):
         "max_rss_after_storm_kib": max(rss_after), "goal_rss_kib": 16384,
         "idle_cpu_pct": round(idle_pct, 1), "attached": attached,
         "worker_rss_kib": worker_rss,
+        "spare_workers": len(spares), "spare_rss_kib": spare_rss,
         "storm_ops": s["done"], "storm_threads": THREADS, "storm_s": round(s["seconds"], 2),
         **stats, "goal_storm_borrow_p99_ms": 50,
         "storm_max_ms": ms(max(every)), "busy_refusals": s["busy"],
