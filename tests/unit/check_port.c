@@ -949,6 +949,54 @@ START_TEST(test_join_not_its_own)
 }
 END_TEST
 
+/* A worker that floods its daemon with CONNECTs: each is answered once (the link, or busy
+ * while one waits: here 1 and 99), none holds anything, and the worker keeps its connection. */
+START_TEST(test_connect_flood)
+{
+    enum { N = 100 };
+    VnRecordReader rx = { 0 };
+    unsigned answered[N + 1] = { 0 }, up = 0, busy = 0, got = 0;
+    gint64 end;
+    int sock;
+
+    node_start(lender);
+    sock = raw_connect();
+    for (uint64_t seq = 1; seq <= N; seq++) {
+        ck_assert_int_eq(vn_host_send(sock, VN_HOST_CONNECT, seq, 0, "hosta", 0, 0, NULL, 0, -1),
+                         0);
+    }
+    end = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+    while (got < N && g_get_monotonic_time() < end) {
+        VnRecord rec = { 0 };
+        VnHostHdr rep;
+
+        g_main_context_iteration(ctx, FALSE);
+        if (vn_record_step(&rx, sock, VN_HOST_MAX_RECORD, &rec) <= 0) {
+            g_usleep(500);
+            continue;
+        }
+        ck_assert_uint_ge(rec.len, sizeof(rep));
+        memcpy(&rep, rec.buf, sizeof(rep));
+        g_free(rec.buf);
+        ck_assert_uint_eq(rep.op, VN_HOST_REPLY);
+        ck_assert(rep.seq >= 1 && rep.seq <= N);
+        answered[rep.seq]++;
+        up += rep.status == 0;
+        busy += rep.status == EBUSY;
+        got++;
+    }
+    vn_record_reader_clear(&rx);
+    ck_assert_uint_eq(got, N);
+    for (unsigned seq = 1; seq <= N; seq++) {
+        ck_assert_uint_eq(answered[seq], 1);
+    }
+    ck_assert_uint_ge(up, 1);
+    ck_assert_uint_eq(up + busy, N);
+    ck_assert(vn_port_connected(port));
+    close(sock);
+}
+END_TEST
+
 static void step_keep(Worker *w)
 {
     w->ret = vn_host_keep(w->fab, w->id, w->fd, w->fd < 0 ? "{\"v\":1}" : NULL, w->fd < 0 ? 7 : 0)
@@ -1422,6 +1470,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_asks_answered_later);
     tcase_add_test(tc, test_worker_that_stops_reading);
     tcase_add_test(tc, test_daemon_that_stops_reading);
+    tcase_add_test(tc, test_connect_flood);
     tcase_add_test(tc, test_doorbells_and_restart);
     tcase_add_test(tc, test_holder_known_before_the_worker);
     tcase_add_test(tc, test_requests_after_the_greeting);
