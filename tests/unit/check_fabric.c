@@ -1293,6 +1293,28 @@ START_TEST(test_ntb_connect_does_not_wait)
 }
 END_TEST
 
+/* Connects waiting for a link on its way are bounded: past VN_FABRIC_MAX_CONNECTS the answer
+ * is no, at once (each waiting one holds a timer for a second). */
+START_TEST(test_ntb_connects_bounded)
+{
+    Node *b = node_open("b", true); /* never greets: its connects wait */
+    Node *a = node_open("a", false);
+    g_autofree Conn *waiting = g_new0(Conn, VN_FABRIC_MAX_CONNECTS);
+    Conn over = { 0 };
+
+    (void)b;
+    for (unsigned i = 0; i < VN_FABRIC_MAX_CONNECTS; i++) {
+        ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "b", on_conn, &waiting[i]));
+    }
+    ck_assert_ptr_nonnull(vn_fabric_connect_async(a->fab, "b", on_conn, &over));
+    WAIT_FOR_MS(over.calls == 1, VN_FABRIC_CONNECT_WAIT_MS / 2);
+    ck_assert_int_eq(over.err, -EAGAIN);
+    ck_assert_int_eq(waiting[0].calls, 0); /* the others still wait */
+    WAIT_FOR_MS(waiting[VN_FABRIC_MAX_CONNECTS - 1].calls == 1, VN_FABRIC_CONNECT_WAIT_MS * 3);
+    ck_assert_int_eq(waiting[0].err, -EHOSTUNREACH);
+}
+END_TEST
+
 /* A peer that reads nothing (its loop does not run) does not hold its sender's loop: what
  * its ring does not take is queued up to VN_NTB_MAX_QUEUED, and the send past that fails at
  * once and ends the link (a send waited up to VN_NTB_SEND_TIMEOUT_MS for room). */
@@ -1546,6 +1568,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
+    tcase_add_test(tc, test_ntb_connects_bounded);
     tcase_add_test(tc, test_ntb_send_does_not_wait);
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);

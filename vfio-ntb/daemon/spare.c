@@ -10,7 +10,6 @@
 
 #include <errno.h>
 #include <gio/gio.h>
-#include <glib-unix.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>

@@ -58,7 +58,9 @@ VnFabricConnect *vn_fabric_connects_add(GPtrArray *list, GMainContext *ctx, cons
     g_strlcpy(c->peer, peer != NULL ? peer : "", sizeof(c->peer));
     c->done = done;
     c->opaque = opaque;
-    if (now != -EINPROGRESS && list->len >= VN_FABRIC_MAX_CONNECTS) {
+    /* Every entry holds a source until it is answered, a waiting one for up to a second:
+     * past the bound, the answer is no. */
+    if (list->len >= VN_FABRIC_MAX_CONNECTS) {
         now = -EAGAIN;
     }
     /* -EINPROGRESS waits for the link until the deadline; anything else (0 too) is the

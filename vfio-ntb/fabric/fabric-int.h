@@ -119,7 +119,6 @@ struct VnFabric {
 /* connect.c: a connect under way, on @list (the fabric's connects).  @now is what the
  * backend's connect said: -EINPROGRESS waits for vn_fabric_connects_link_up() until
  * VN_FABRIC_CONNECT_WAIT_MS; anything else is @done's answer, from an idle source. */
-#define VN_FABRIC_MAX_CONNECTS 1024
 VnFabricConnect *vn_fabric_connects_add(GPtrArray *list, GMainContext *ctx, const char *peer,
                                         int now, VnFabricConnected done, void *opaque);
 /* @peer's link is up: every connect waiting for it is answered 0. */

@@ -293,13 +293,15 @@ bool vn_fabric_connect(VnFabric *fab, const char *peer, GError **error);
 /* A connect whose caller waits for the link (vn_fabric_connect_async). */
 typedef struct VnFabricConnect VnFabricConnect;
 typedef void (*VnFabricConnected)(void *opaque, int err);
-/* How long vn_fabric_connect_async waits for a link on its way. */
+/* How long vn_fabric_connect_async waits for a link on its way, and how many connects may
+ * be under way at once (past it, one is answered -EAGAIN). */
 #define VN_FABRIC_CONNECT_WAIT_MS 1000
+#define VN_FABRIC_MAX_CONNECTS 1024
 /*
  * Open the link to @peer and be called back, never waiting: @done runs once, from the loop
  * (never inside this call), with 0 once the link is up, or -errno: the connect's own error,
- * -EHOSTUNREACH when the link did not come within VN_FABRIC_CONNECT_WAIT_MS, -ECANCELED when
- * the fabric closed first.  Returns the connect, to cancel with vn_fabric_connect_cancel()
+ * -EHOSTUNREACH when the link did not come within VN_FABRIC_CONNECT_WAIT_MS, -EAGAIN past
+ * VN_FABRIC_MAX_CONNECTS under way, -ECANCELED when the fabric closed first.  Returns the connect, to cancel with vn_fabric_connect_cancel()
  * (then @done never runs) until @done ran; NULL, and @done never runs, when the fabric is
  * closing.
  */
