@@ -13,6 +13,7 @@
 
 #include "common/util.h"
 
+#include <fcntl.h>
 #include <linux/pci_regs.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -659,6 +660,7 @@ typedef struct TakeOver {
     VnBorrower *b;
     char *error;
     gint done; /* set in the borrower's thread */
+    VnBorrowerStats st;
 } TakeOver;
 
 static void taken_over(void *opaque, VnBorrower *b, const GError *error)
@@ -766,6 +768,7 @@ START_TEST(test_take_over_refuses_bad_handoffs)
         { "{\\\"routes\\\":[[1,4000,9]]}", NULL, "route 0" },
         { "{\\\"relay\\\":[[0,0,70]]}", NULL, "relay 0" },
         { "{\\\"segments\\\":[[1,2,0]]}", NULL, "segment 0" },
+        { "{\\\"lingering\\\":[[1,2]]}", NULL, "lingering 0" },
     };
 
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
@@ -837,6 +840,53 @@ START_TEST(test_take_over_keeps_eventfds)
 }
 END_TEST
 
+static void taken_stats_fn(void *data)
+{
+    TakeOver *t = data;
+
+    vn_borrower_stats(t->b, &t->st);
+}
+
+/* A mapping its QEMU had unmapped while it lingered at the lender (borrower.h) lingers in
+ * the worker that takes over too: not in the vfio-user table, so QEMU can map over it. */
+START_TEST(test_take_over_keeps_lingering)
+{
+    g_autofree char *dead_path = g_build_filename(rig.dir, "dead.sock", NULL);
+    int lfd = listening(), pair[2], mem;
+    g_autofree char *handoff = NULL;
+    g_autoptr(GError) error = NULL;
+    g_autoptr(VnClient) c = NULL;
+    TakeOver t = { 0 };
+
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    handoff = g_strdup_printf("{\"state\":\"{\\\"caps\\\":[16,1048576,4096,1024],"
+                              "\\\"segments\\\":[[1,2,5]],"
+                              "\\\"mappings\\\":[[1048576,4096,3,5]],"
+                              "\\\"lingering\\\":[[1048576]]}\",\"fds\":{\"1\":%d,\"2\":%d}}",
+                              lfd, pair[0]);
+    t.handoff = handoff;
+    on_loop(&bor.loop, take_over_fn, &t);
+    take_over_wait(&t);
+    ck_assert_msg(t.b != NULL, "%s", t.error ? t.error : "");
+    on_loop(&bor.loop, taken_stats_fn, &t);
+    ck_assert_uint_eq(t.st.dma_lingering, 1);
+
+    c = vn_client_new_fd(pair[1], "taken", 3000, &error);
+    ck_assert_msg(c != NULL, "%s", error ? error->message : "");
+    mem = memfd_create("guest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_eq(ftruncate(mem, 0x10000), 0);
+    ck_assert_int_eq(fcntl(mem, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, 3, mem), 0);
+    on_loop(&bor.loop, taken_stats_fn, &t);
+    ck_assert_uint_eq(t.st.dma_lingering, 0);
+    ck_assert_uint_eq(t.st.dma_maps, 1);
+    g_clear_pointer(&c, vn_client_free);
+    on_loop(&bor.loop, free_taken_fn, &t);
+    close(mem);
+    unlink(dead_path);
+}
+END_TEST
+
 static Suite *borrower_suite(void)
 {
     Suite *s = suite_create("borrower");
@@ -882,6 +932,7 @@ static Suite *borrower_suite(void)
     tcase_add_test(tc, test_lender_lost);
     tcase_add_test(tc, test_take_over_refuses_bad_handoffs);
     tcase_add_test(tc, test_take_over_keeps_eventfds);
+    tcase_add_test(tc, test_take_over_keeps_lingering);
     suite_add_tcase(s, tc);
     return s;
 }

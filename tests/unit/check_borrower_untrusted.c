@@ -1,11 +1,12 @@
 /*
- * Unit tests of the borrower against a lender that is not to be trusted.  The lender is a
- * fabric node of the test's ("lender", in a thread of its own) that speaks the lending
- * protocol as the test tells it to: rightly, or wrongly on purpose.  The borrower runs in a
- * thread of its own; QEMU is a vfio-user client in the test's thread.  What must hold: a
- * bad answer fails what asked for it with an error that says so, the borrower goes on
- * serving (or, at its start, says why it cannot), and a lender that goes mid-request
- * leaves QEMU an error, not a wait.
+ * Unit tests of the borrower against a lender of the test's own: a fabric node ("lender",
+ * in a thread of its own) that speaks the lending protocol as the test tells it to,
+ * rightly or wrongly on purpose, and writes down the DMA maps and unmaps it is asked for.
+ * The borrower runs in a thread of its own; QEMU is a vfio-user client in the test's
+ * thread.  What must hold: a bad answer fails what asked for it with an error that says
+ * so, the borrower goes on serving (or, at its start, says why it cannot), and a lender
+ * that goes mid-request leaves QEMU an error, not a wait; an unmapped DMA mapping lingers
+ * at the lender no longer and no more than it is allowed to, and never under a new one.
  */
 #include "check-main.h"
 #include "fabric-wait.h"
@@ -16,9 +17,12 @@
 #include "vfio-user/client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <glib/gstdio.h>
 #include <linux/pci_regs.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define DEV "nvme0"
 #define BAR0_SIZE 0x1000u
@@ -42,6 +46,8 @@ static struct {
     gint started; /* atomic: the borrower's start ended */
     gint lie;     /* atomic: a Lie */
     gint held;    /* atomic: BAR reads the lender holds */
+    GMutex dma_lock;
+    GString *dma_log; /* the lender's DMA requests, one line each (dma_lock) */
 } t;
 
 /* ---- the lender --------------------------------------------------------- */
@@ -98,12 +104,44 @@ static void answer_rw(VnFabricMsg *msg, uint64_t token, Lie lie)
     vn_fabric_reply(t.lfab, token, "{}", data, lie == LIE_SHORT_READ ? r.count / 2 : r.count);
 }
 
+/* "map IOVA SIZE OFFSET" or "unmap IOVA SIZE" or "unmap all", then a newline. */
+static void log_dma(const VnFabricMsg *msg)
+{
+    VnProtoDmaMap m;
+    VnProtoDmaUnmap u;
+
+    g_mutex_lock(&t.dma_lock);
+    if (msg->type == VN_PROTO_DMA_MAP && vn_proto_dma_map_from_json(msg->json, &m, NULL)) {
+        g_string_append_printf(t.dma_log,
+                               "map 0x%" G_GINT64_MODIFIER "x 0x%" G_GINT64_MODIFIER
+                               "x 0x%" G_GINT64_MODIFIER "x\n",
+                               m.iova, m.size, m.offset);
+    } else if (msg->type == VN_PROTO_DMA_UNMAP &&
+               vn_proto_dma_unmap_from_json(msg->json, &u, NULL)) {
+        if (u.all) {
+            g_string_append(t.dma_log, "unmap all\n");
+        } else {
+            g_string_append_printf(t.dma_log,
+                                   "unmap 0x%" G_GINT64_MODIFIER "x 0x%" G_GINT64_MODIFIER "x\n",
+                                   u.iova, u.size);
+        }
+    } else {
+        g_string_append(t.dma_log, "not a DMA request of this test's\n");
+    }
+    g_mutex_unlock(&t.dma_lock);
+}
+
 static void lender_on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 {
     Lie lie = (Lie)g_atomic_int_get(&t.lie);
     g_autofree char *json = NULL;
 
     switch (msg->type) {
+    case VN_PROTO_DMA_MAP:
+    case VN_PROTO_DMA_UNMAP:
+        log_dma(msg);
+        vn_fabric_reply(t.lfab, token, "{}", NULL, 0);
+        break;
     case VN_PROTO_ATTACH:
         json = lie == LIE_BAD_DESCRIPTION ? g_strdup("{\"num_regions\":\"many\"}") : device_json();
         vn_fabric_reply(t.lfab, token, json, NULL, 0);
@@ -188,6 +226,7 @@ static void setup(void)
     memset(&t, 0, sizeof(t));
     t.dir = g_dir_make_tmp("vn-bor-untrusted-XXXXXX", NULL);
     t.sock = g_build_filename(t.dir, "vm.sock", NULL);
+    t.dma_log = g_string_new(NULL);
     t.lend.ctx = g_main_context_new();
     t.bor.ctx = g_main_context_new();
     loop_start(&t.lend, "lender");
@@ -202,6 +241,7 @@ static void teardown(void)
     loop_stop(&t.bor);
     loop_stop(&t.lend);
     g_free(t.refusal);
+    g_string_free(t.dma_log, TRUE);
     g_free(t.sock);
     g_rmdir(t.dir); /* the fabric's sockets went with the nodes */
     g_free(t.dir);
@@ -303,6 +343,179 @@ START_TEST(test_lender_goes_mid_read)
 }
 END_TEST
 
+/* ---- DMA unmaps that linger (borrower.h) --------------------------------- */
+
+/* What the lender was asked for since the last call. */
+static char *dma_log_take(void)
+{
+    char *s;
+
+    g_mutex_lock(&t.dma_lock);
+    s = g_strdup(t.dma_log->str);
+    g_string_truncate(t.dma_log, 0);
+    g_mutex_unlock(&t.dma_lock);
+    return s;
+}
+
+typedef struct Linger {
+    unsigned ms, max;
+    VnBorrowerStats st;
+} Linger;
+
+static void linger_set_fn(void *data)
+{
+    Linger *l = data;
+
+    vn_borrower_set_dma_linger(t.b, l->ms, l->max);
+}
+
+static void stats_fn(void *data)
+{
+    vn_borrower_stats(t.b, &((Linger *)data)->st);
+}
+
+static VnBorrowerStats bor_stats(void)
+{
+    Linger l = { 0 };
+
+    on_loop(&t.bor, stats_fn, &l);
+    return l.st;
+}
+
+/* The borrower serving QEMU (returned) with @ms and @max, and guest memory in *@mem. */
+static VnClient *linger_start(unsigned ms, unsigned max, int *mem)
+{
+    Linger l = { .ms = ms, .max = max };
+
+    ck_assert_msg(bor_start(LIE_NONE), "%s", t.refusal);
+    on_loop(&t.bor, linger_set_fn, &l);
+    /* QEMU's guest memory as the server takes it: a memfd that cannot shrink. */
+    *mem = memfd_create("guest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(*mem, 0);
+    ck_assert_int_eq(ftruncate(*mem, 0x10000), 0);
+    ck_assert_int_eq(fcntl(*mem, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    return qemu_connect();
+}
+
+#define RW (VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE)
+
+/* The same page mapped, unmapped and mapped again at the same address (what a guest's
+ * driver does behind its own IOMMU) is asked of the lender once; another page at that
+ * address has the lingering one unmapped there first. */
+START_TEST(test_unmap_lingers_map_takes_it_back)
+{
+    g_autoptr(VnClient) c = NULL;
+    g_autofree char *log = NULL;
+    VnBorrowerStats st;
+    int mem;
+
+    c = linger_start(60000, VN_BORROWER_MAX_LINGERING, &mem);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, RW, mem), 0);
+    log = dma_log_take();
+    ck_assert_str_eq(log, "map 0x100000 0x1000 0x0\n");
+
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, RW, mem), 0);
+    g_free(log);
+    log = dma_log_take();
+    ck_assert_str_eq(log, ""); /* both answered by the borrower */
+    st = bor_stats();
+    ck_assert_uint_eq(st.dma_unmaps_here, 1);
+    ck_assert_uint_eq(st.dma_maps_here, 1);
+    ck_assert_uint_eq(st.dma_lingering, 0);
+
+    /* Unmapped again, then another page at that address: unmapped first, in order. */
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    ck_assert_uint_eq(bor_stats().dma_lingering, 1);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0x1000, RW, mem), 0);
+    g_free(log);
+    log = dma_log_take();
+    ck_assert_str_eq(log, "unmap 0x100000 0x1000\nmap 0x100000 0x1000 0x1000\n");
+
+    /* The same page read-only is another mapping too. */
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0x1000, VFIO_DMA_MAP_FLAG_READ, mem),
+                     0);
+    g_free(log);
+    log = dma_log_take();
+    ck_assert_str_eq(log, "unmap 0x100000 0x1000\nmap 0x100000 0x1000 0x1000\n");
+
+    /* An unmap of everything never lingers: what lingered goes with it. */
+    ck_assert_int_eq(vn_client_dma_map(c, 0x200000, 0x2000, 0x2000, RW, mem), 0);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x200000, 0x2000, false), 0);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0, 0, true), 0);
+    g_free(log);
+    log = dma_log_take();
+    ck_assert_str_eq(log, "map 0x200000 0x2000 0x2000\nunmap all\n");
+    ck_assert_uint_eq(bor_stats().dma_lingering, 0);
+    close(mem);
+}
+END_TEST
+
+/* A lingering mapping is unmapped at the lender in its time, without QEMU asking again. */
+START_TEST(test_lingering_ends_in_time)
+{
+    g_autoptr(VnClient) c = NULL;
+    g_autofree char *log = NULL;
+    int mem;
+
+    c = linger_start(50, VN_BORROWER_MAX_LINGERING, &mem);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, RW, mem), 0);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    for (int i = 0; i < 3000; i++) {
+        g_free(log);
+        log = dma_log_take();
+        if (strstr(log, "unmap") != NULL) {
+            break;
+        }
+        g_usleep(1000);
+    }
+    ck_assert_str_eq(log, "unmap 0x100000 0x1000\n");
+    ck_assert_uint_eq(bor_stats().dma_lingering, 0);
+    close(mem);
+}
+END_TEST
+
+/* A QEMU that maps and unmaps pages without end leaves at most @max lingering: the oldest
+ * are unmapped at the lender first. */
+START_TEST(test_lingering_bounded)
+{
+    g_autoptr(VnClient) c = NULL;
+    g_autofree char *log = NULL;
+    int mem;
+
+    c = linger_start(60000, 4, &mem);
+    for (uint64_t i = 0; i < 6; i++) {
+        ck_assert_int_eq(vn_client_dma_map(c, 0x100000 + i * 0x1000, 0x1000, i * 0x1000, RW, mem),
+                         0);
+        ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000 + i * 0x1000, 0x1000, false), 0);
+    }
+    log = dma_log_take();
+    ck_assert_ptr_nonnull(strstr(log, "unmap 0x100000 0x1000\n"));
+    ck_assert_ptr_nonnull(strstr(log, "unmap 0x101000 0x1000\n"));
+    ck_assert_ptr_null(strstr(log, "unmap 0x102000"));
+    ck_assert_uint_eq(bor_stats().dma_lingering, 4);
+    close(mem);
+}
+END_TEST
+
+/* Lingering off: QEMU's unmap returns once the lender has unmapped. */
+START_TEST(test_strict_unmap_waits_for_lender)
+{
+    g_autoptr(VnClient) c = NULL;
+    g_autofree char *log = NULL;
+    int mem;
+
+    c = linger_start(0, VN_BORROWER_MAX_LINGERING, &mem);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, RW, mem), 0);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    log = dma_log_take();
+    ck_assert_str_eq(log, "map 0x100000 0x1000 0x0\nunmap 0x100000 0x1000\n");
+    ck_assert_uint_eq(bor_stats().dma_unmaps_here, 0);
+    close(mem);
+}
+END_TEST
+
 static Suite *borrower_untrusted_suite(void)
 {
     Suite *s = suite_create("borrower-untrusted");
@@ -314,6 +527,15 @@ static Suite *borrower_untrusted_suite(void)
     tcase_add_test(tc, test_short_config_refused);
     tcase_add_test(tc, test_short_read_fails_that_read);
     tcase_add_test(tc, test_lender_goes_mid_read);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("dma");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_unmap_lingers_map_takes_it_back);
+    tcase_add_test(tc, test_lingering_ends_in_time);
+    tcase_add_test(tc, test_lingering_bounded);
+    tcase_add_test(tc, test_strict_unmap_waits_for_lender);
     suite_add_tcase(s, tc);
     return s;
 }

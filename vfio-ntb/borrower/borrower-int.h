@@ -44,6 +44,11 @@ typedef struct VnBorrowerMapping {
     uint64_t size;
     uint64_t offset; /* in its segment (0 after a takeover: for messages only) */
     uint32_t prot;
+    bool confirmed; /* the lender answered its map */
+    /* QEMU unmapped it, the lender not yet (it lingers: dma.c); since when (monotonic us) */
+    bool lingering;
+    gint64 unmapped_at;
+    GList link; /* in VnBorrower.lingering, oldest first */
     VnBorrowerSegment *seg;
 } VnBorrowerMapping;
 
@@ -100,9 +105,12 @@ struct VnBorrower {
     /* fd mode: the interrupt route of each vector given to the lender (0:
      * none), per index, allocated when first used (irq_count entries). */
     uint64_t *routes[VN_MAX_IRQ_INDEXES];
-    GList *segments; /* VnBorrowerSegment: guest memory exported */
-    GList *mappings; /* VnBorrowerMapping: DMA forwarded (confirmed or on its way) */
-    GList *asked;    /* requests QEMU's replies wait for (requests.c) */
+    GList *segments;                /* VnBorrowerSegment: guest memory exported */
+    GList *mappings;                /* VnBorrowerMapping: DMA forwarded (confirmed or on its way) */
+    GQueue lingering;               /* of those, the ones QEMU unmapped, oldest first (dma.c) */
+    GSource *linger_src;            /* unmaps the oldest when its time is up */
+    unsigned linger_ms, linger_max; /* vn_borrower_set_dma_linger() */
+    GList *asked;                   /* requests QEMU's replies wait for (requests.c) */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
@@ -143,14 +151,21 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
 void vn_borrower_asks_forget(VnBorrower *b, const void *opaque);
 /* The borrower goes: answers still on their way find nobody. */
 void vn_borrower_asks_orphan(VnBorrower *b);
+/* A request nobody's reply waits for: @done (its return ignored) is told the answer, or
+ * the error when it could not be sent, which is returned too. */
+int vn_borrower_ask_posted(VnBorrower *b, uint32_t type, const char *json, VnBorrowerAnswerFn done,
+                           void *opaque, GDestroyNotify destroy);
 /* The borrower's reference to its posted-write counters (answers on their way keep theirs). */
 void vn_borrower_posted_release(VnBorrowerPosted *p);
 
-/* QEMU's DMA_MAP and DMA_UNMAP, answered when the lender has (dma.c); everything
- * forgotten when the borrower goes (the segments unexported). */
+/* QEMU's DMA_MAP and DMA_UNMAP, answered when the lender has, or here when a mapping
+ * lingers (dma.c); everything forgotten when the borrower goes (the segments unexported). */
 int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *m);
 void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all);
 void vn_borrower_dma_forget(VnBorrower *b);
+/* Taken over from a worker that died: the mappings it restored lingering (QEMU had
+ * unmapped them) linger from now on. */
+void vn_borrower_dma_taken_over(VnBorrower *b);
 
 /* A forwarded BAR write, posted (VnBorrowerPosted above); the deferred ones sent now, in
  * order. */

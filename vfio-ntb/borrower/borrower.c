@@ -379,6 +379,8 @@ VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *dev
         mode = VN_IRQ_MODE_RELAY;
     }
     b->mode = mode;
+    b->linger_ms = VN_BORROWER_LINGER_MS;
+    b->linger_max = VN_BORROWER_MAX_LINGERING;
     return b;
 }
 
@@ -503,6 +505,7 @@ void vn_borrower_stats(VnBorrower *b, VnBorrowerStats *out)
     *out = b->stats;
     out->posted_writes = b->posted->writes;
     out->posted_write_failures = b->posted->failures;
+    out->dma_lingering = b->lingering.length;
 }
 
 char *vn_borrower_stats_json(VnBorrower *b)
@@ -526,6 +529,9 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "fabric_requests", b->stats.fabric_requests },
         { "dma_maps", b->stats.dma_maps },
         { "dma_unmaps", b->stats.dma_unmaps },
+        { "dma_maps_here", b->stats.dma_maps_here },
+        { "dma_unmaps_here", b->stats.dma_unmaps_here },
+        { "dma_lingering", b->lingering.length },
         { "unplug_requests", b->stats.unplug_requests },
         { "posted_writes", b->posted->writes },
         { "posted_write_failures", b->posted->failures },

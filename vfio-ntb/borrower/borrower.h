@@ -43,6 +43,9 @@ typedef struct VnBorrowerStats {
     uint64_t fabric_requests;    /* lending requests sent */
     uint64_t dma_maps;           /* forwarded to the lender */
     uint64_t dma_unmaps;
+    uint64_t dma_maps_here;         /* answered here: the mapping lingered (borrower-int.h) */
+    uint64_t dma_unmaps_here;       /* answered here: the mapping lingers */
+    uint64_t dma_lingering;         /* mappings lingering now */
     uint64_t unplug_requests;       /* device requests signalled to QEMU */
     uint64_t unmaps_missed;         /* DMA unmaps that did not reach a lost lender */
     uint64_t dma_maps_refused;      /* DMA maps the lender refused (each logged with its range) */
@@ -67,6 +70,21 @@ typedef void (*VnBorrowerStartedFn)(void *opaque, VnBorrower *b, const GError *e
 void vn_borrower_start(VnFabric *fab, const char *lender, const char *device, VnIrqMode mode,
                        const char *socket_path, int handoff_fd, GMainContext *ctx,
                        VnBorrowerStartedFn done, void *opaque);
+/*
+ * A guest behind its own IOMMU maps and unmaps each I/O's buffers, mostly the same pages at
+ * the same addresses again and again (Linux reuses a freed IOVA first).  QEMU's unmap is
+ * answered at once and the mapping lingers at the lender for at most @ms and at most @max
+ * mappings; a map equal to a lingering one takes it back without asking the lender, and
+ * any other map over it unmaps it there first.  That is what Linux's own default (lazy)
+ * IOMMU mode gives a device on bare metal: its flush queue lets a freed IOVA reach its page
+ * for up to 10 ms and 256 entries per CPU.  An unmap of everything never lingers; @ms 0:
+ * none does (each unmap waits for the lender).  The defaults are below; @max is at most
+ * VN_BORROWER_MAX_LINGERING.
+ */
+#define VN_BORROWER_LINGER_MS 10
+#define VN_BORROWER_MAX_LINGERING 512
+void vn_borrower_set_dma_linger(VnBorrower *b, unsigned ms, unsigned max);
+
 /* The exit status of a worker (borrower/worker.c) that could not take over. */
 #define VN_BORROWER_EXIT_NO_TAKEOVER 3
 /* Stops serving, DETACHes (if the lender is there), unmaps the windows. */

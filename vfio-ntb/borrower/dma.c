@@ -71,8 +71,23 @@ static void map_refused(VnBorrower *b, const Mapping *m, int err, const char *wh
         b->device, m->iova, m->size, m->offset, m->prot, why != NULL ? why : g_strerror(-err));
 }
 
+static bool overlaps(const Mapping *m, uint64_t iova, uint64_t size)
+{
+    return m->iova < iova + size && iova < m->iova + m->size;
+}
+
+/* QEMU mapped @m again: it stops lingering. */
+static void linger_end(VnBorrower *b, Mapping *m)
+{
+    if (m->lingering) {
+        g_queue_unlink(&b->lingering, &m->link);
+        m->lingering = false;
+    }
+}
+
 static void mapping_drop(VnBorrower *b, Mapping *m)
 {
+    linger_end(b, m);
     vn_borrower_asks_forget(b, m); /* a map on its way: its answer finds it gone */
     b->mappings = g_list_remove(b->mappings, m);
     segment_put(b, m->seg);
@@ -88,6 +103,9 @@ static int on_mapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *opa
 
     if (err == 0) {
         b->stats.dma_maps++;
+        if (m != NULL) {
+            m->confirmed = true;
+        }
         return 0;
     }
     why = reply != NULL ? vn_fabric_error_message(reply) : NULL;
@@ -97,38 +115,6 @@ static int on_mapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *opa
         vn_borrower_keep_state(b, false);
     }
     return err;
-}
-
-int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
-{
-    VnProtoDmaMap pm = {
-        .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot
-    };
-    g_autofree char *json = NULL;
-    Segment *seg;
-    Mapping *m;
-    int ret = 0;
-
-    if (dm->fd < 0) {
-        /* QEMU maps the device's own BARs without an fd (peer-to-peer
-         * offers): nothing the device could reach, nothing to forward. */
-        return 0;
-    }
-    seg = segment_for_fd(b, dm->fd, &ret);
-    if (seg == NULL) {
-        return ret;
-    }
-    seg->refs++;
-    pm.segment = seg->id;
-    json = vn_proto_dma_map_to_json(b->device, &pm);
-    /* Listed now: an unmap QEMU sends before the answer must reach the lender too. */
-    m = g_new0(Mapping, 1);
-    *m = (Mapping){
-        .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot, .seg = seg
-    };
-    b->mappings = g_list_prepend(b->mappings, m);
-    vn_borrower_keep_state(b, false);
-    return vn_borrower_ask_later(b, VN_PROTO_DMA_MAP, json, NULL, 0, 0, on_mapped, m, NULL);
 }
 
 typedef struct Unmap {
@@ -153,36 +139,221 @@ static int on_unmapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *o
     return 0;
 }
 
-void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)
+/* The lender unmaps [@iova, +@size) (@all: everything), after everything asked before;
+ * QEMU's reply to the command being handled waits for it when @qemu_waits. */
+static void unmap_send(VnBorrower *b, uint64_t iova, uint64_t size, bool all, bool qemu_waits)
 {
     VnProtoDmaUnmap pu = { .iova = iova, .size = size, .all = all };
     g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &pu);
-    bool forwarded = false;
-    GList *l = b->mappings;
-    Unmap *u;
+    Unmap *u = g_new(Unmap, 1);
 
-    while (l != NULL) {
+    *u = (Unmap){ .iova = iova, .size = size, .all = all };
+    if (qemu_waits) {
+        vn_borrower_ask_later(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, 0, on_unmapped, u, g_free);
+    } else {
+        vn_borrower_ask_posted(b, VN_PROTO_DMA_UNMAP, json, on_unmapped, u, g_free);
+    }
+}
+
+/* A lingering mapping's time is up (or its place is wanted): the lender unmaps it, nobody
+ * waiting.  The caller keeps the state. */
+static void linger_over(VnBorrower *b, Mapping *m)
+{
+    unmap_send(b, m->iova, m->size, false, false);
+    mapping_drop(b, m);
+}
+
+static void linger_arm(VnBorrower *b);
+
+static gboolean on_linger_timer(gpointer data)
+{
+    VnBorrower *b = data;
+    gint64 now = g_get_monotonic_time();
+    bool dropped = false;
+
+    g_clear_pointer(&b->linger_src, g_source_unref); /* the source ends with this call */
+    while (b->lingering.head != NULL) {
+        Mapping *m = b->lingering.head->data;
+
+        if (m->unmapped_at + (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND > now) {
+            break;
+        }
+        linger_over(b, m);
+        dropped = true;
+    }
+    if (dropped) {
+        vn_borrower_keep_state(b, false);
+    }
+    linger_arm(b);
+    return G_SOURCE_REMOVE;
+}
+
+/* A timer for the oldest lingering mapping, unless one is set or none lingers. */
+static void linger_arm(VnBorrower *b)
+{
+    const Mapping *oldest;
+    gint64 left;
+
+    if (b->linger_src != NULL || b->lingering.head == NULL) {
+        return;
+    }
+    oldest = b->lingering.head->data;
+    left = oldest->unmapped_at + (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND -
+           g_get_monotonic_time();
+    b->linger_src = g_timeout_source_new((guint)(MAX(left, 0) / G_TIME_SPAN_MILLISECOND + 1));
+    g_source_set_callback(b->linger_src, on_linger_timer, b, NULL);
+    g_source_attach(b->linger_src, b->ctx);
+}
+
+/* QEMU unmapped @m (confirmed by the lender): it lingers there. */
+static void linger_start(VnBorrower *b, Mapping *m)
+{
+    m->lingering = true;
+    m->unmapped_at = g_get_monotonic_time();
+    m->link = (GList){ .data = m };
+    g_queue_push_tail_link(&b->lingering, &m->link);
+    linger_arm(b);
+}
+
+/* At most b->linger_max linger: the oldest go first. */
+static void linger_bound(VnBorrower *b)
+{
+    while (b->lingering.length > b->linger_max) {
+        linger_over(b, b->lingering.head->data);
+    }
+}
+
+void vn_borrower_set_dma_linger(VnBorrower *b, unsigned ms, unsigned max)
+{
+    b->linger_ms = ms;
+    b->linger_max = ms > 0 ? MIN(max, VN_BORROWER_MAX_LINGERING) : 0;
+    if (b->linger_src != NULL) { /* set for the old time */
+        g_source_destroy(b->linger_src);
+        g_clear_pointer(&b->linger_src, g_source_unref);
+    }
+    linger_bound(b);
+    linger_arm(b);
+    vn_borrower_keep_state(b, false);
+}
+
+void vn_borrower_dma_taken_over(VnBorrower *b)
+{
+    for (GList *l = b->mappings; l != NULL; l = l->next) {
+        Mapping *m = l->data;
+
+        if (m->lingering && m->link.data == NULL) { /* restored so, not queued yet */
+            m->lingering = false;
+            linger_start(b, m);
+        }
+    }
+    linger_bound(b);
+}
+
+static bool same_mapping(const Mapping *m, const VnDmaMapping *dm, const Segment *seg)
+{
+    return m->iova == dm->iova && m->size == dm->size && m->offset == dm->offset &&
+           m->prot == dm->prot && m->seg == seg;
+}
+
+int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
+{
+    VnProtoDmaMap pm = {
+        .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot
+    };
+    g_autofree char *json = NULL;
+    Segment *seg;
+    Mapping *m;
+    int ret = 0;
+
+    if (dm->fd < 0) {
+        /* QEMU maps the device's own BARs without an fd (peer-to-peer
+         * offers): nothing the device could reach, nothing to forward. */
+        return 0;
+    }
+    seg = segment_for_fd(b, dm->fd, &ret);
+    if (seg == NULL) {
+        return ret;
+    }
+    seg->refs++; /* kept while what overlaps goes (it may be the segment's last mapping) */
+    /* QEMU maps nothing over what it has mapped, so what overlaps this is what it unmapped
+     * and still lingers at the lender: the same mapping is taken back here, any other
+     * unmapped there first (in order: before this map). */
+    for (GList *l = b->mappings; l != NULL;) {
+        GList *next = l->next;
+
+        m = l->data;
+        if (overlaps(m, dm->iova, dm->size)) {
+            if (m->confirmed && same_mapping(m, dm, seg)) {
+                linger_end(b, m);
+                seg->refs--; /* @m holds one */
+                b->stats.dma_maps_here++;
+                vn_borrower_keep_state(b, false);
+                return 0;
+            }
+            linger_over(b, m);
+        }
+        l = next;
+    }
+    pm.segment = seg->id;
+    json = vn_proto_dma_map_to_json(b->device, &pm);
+    /* Listed now: an unmap QEMU sends before the answer must reach the lender too. */
+    m = g_new0(Mapping, 1);
+    *m = (Mapping){
+        .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot, .seg = seg
+    };
+    b->mappings = g_list_prepend(b->mappings, m);
+    vn_borrower_keep_state(b, false);
+    return vn_borrower_ask_later(b, VN_PROTO_DMA_MAP, json, NULL, 0, 0, on_mapped, m, NULL);
+}
+
+void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)
+{
+    bool inside = false, can_linger = !all && b->linger_ms > 0 && b->linger_max > 0;
+
+    /* Lingering needs every mapping inside confirmed (one on its way: the unmap follows
+     * it to the lender, which unmaps the whole range then). */
+    for (GList *l = b->mappings; l != NULL; l = l->next) {
+        const Mapping *m = l->data;
+
+        if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
+            inside = inside || all || !m->lingering;
+            can_linger = can_linger && m->confirmed;
+        }
+    }
+    if (!inside) {
+        return; /* nothing QEMU has mapped there is ours: nothing to forward */
+    }
+    for (GList *l = b->mappings; l != NULL;) {
         GList *next = l->next;
         Mapping *m = l->data;
 
         if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
-            forwarded = true;
-            mapping_drop(b, m);
+            if (!can_linger) {
+                mapping_drop(b, m);
+            } else if (!m->lingering) {
+                linger_start(b, m);
+            }
         }
         l = next;
     }
-    if (!forwarded) {
+    if (can_linger) {
+        b->stats.dma_unmaps_here++;
+        linger_bound(b);
+        vn_borrower_keep_state(b, false);
         return;
     }
     vn_borrower_keep_state(b, false);
     /* QEMU's unmap completes only after the lender's device has lost access. */
-    u = g_new(Unmap, 1);
-    *u = (Unmap){ .iova = iova, .size = size, .all = all };
-    vn_borrower_ask_later(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, 0, on_unmapped, u, g_free);
+    unmap_send(b, iova, size, all, true);
 }
 
 void vn_borrower_dma_forget(VnBorrower *b)
 {
+    if (b->linger_src != NULL) {
+        g_source_destroy(b->linger_src);
+        g_clear_pointer(&b->linger_src, g_source_unref);
+    }
+    g_queue_init(&b->lingering); /* its links are in the mappings freed next */
     g_list_free_full(g_steal_pointer(&b->mappings), g_free);
     for (GList *l = b->segments; l != NULL; l = l->next) {
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);

@@ -245,11 +245,11 @@ static void on_asked(void *opaque, VnFabricMsg *reply, int err)
     asked_free(a);
 }
 
-int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const void *data,
-                          size_t len, uint32_t read_count, VnBorrowerAnswerFn done, void *opaque,
-                          GDestroyNotify destroy)
+/* vn_borrower_ask_later(), QEMU's reply @id (0: none). */
+static int ask(VnBorrower *b, uint64_t id, uint32_t type, const char *json, const void *data,
+               size_t len, uint32_t read_count, VnBorrowerAnswerFn done, void *opaque,
+               GDestroyNotify destroy)
 {
-    uint64_t id = b->server != NULL ? vn_server_later(b->server) : 0;
     Asked *a = g_new0(Asked, 1);
     int ret;
 
@@ -269,6 +269,21 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
     }
     b->asked = g_list_prepend(b->asked, a);
     return 0;
+}
+
+int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const void *data,
+                          size_t len, uint32_t read_count, VnBorrowerAnswerFn done, void *opaque,
+                          GDestroyNotify destroy)
+{
+    uint64_t id = b->server != NULL ? vn_server_later(b->server) : 0;
+
+    return ask(b, id, type, json, data, len, read_count, done, opaque, destroy);
+}
+
+int vn_borrower_ask_posted(VnBorrower *b, uint32_t type, const char *json, VnBorrowerAnswerFn done,
+                           void *opaque, GDestroyNotify destroy)
+{
+    return ask(b, 0, type, json, NULL, 0, 0, done, opaque, destroy);
 }
 
 void vn_borrower_asks_forget(VnBorrower *b, const void *opaque)

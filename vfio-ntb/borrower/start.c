@@ -64,6 +64,7 @@ static void start_serve(VnBorrowerStart *st)
     }
     vn_host_on_greeted(b->fab, vn_borrower_kept_again, b);
     if (st->resume) {
+        vn_borrower_dma_taken_over(b);
         vn_borrower_kept_again(b); /* rings the relayed vectors too */
         g_message("borrower %s: took over %s from a worker that died (%u DMA mappings, %s QEMU)",
                   b->device, st->socket_path, g_list_length(b->mappings),

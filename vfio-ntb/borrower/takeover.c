@@ -12,7 +12,8 @@
  *
  * The state is JSON: "caps" (QEMU's VERSION: max_msg_fds, max_data_xfer_size, pgsizes,
  * max_dma_maps), "segments" ([dev, ino, id]), "mappings" ([iova, size, prot, segment]),
- * "routes" ([index, vector, id]), "relay" ([index, vector, bit]), "int_line", "rom_bar".
+ * "lingering" ([iova] of those QEMU unmapped: dma.c), "routes" ([index, vector, id]),
+ * "relay" ([index, vector, bit]), "int_line", "rom_bar".
  * It is a dead process's word: everything in it is checked again here.
  */
 #define G_LOG_DOMAIN "vfio-ntb.borrower"
@@ -82,6 +83,14 @@ static char *state_json(VnBorrower *b, size_t *len)
         VnBorrowerMapping *m = l->data;
 
         add_row(jb, (uint64_t[]){ m->iova, m->size, m->prot, m->seg->id }, 4);
+    }
+    json_builder_end_array(jb);
+    /* Of those, the ones QEMU unmapped (they linger at the lender): the successor must not
+     * tell QEMU's table of them, and must still unmap them in time. */
+    json_builder_set_member_name(jb, "lingering");
+    json_builder_begin_array(jb);
+    for (GList *l = b->lingering.head; l != NULL; l = l->next) {
+        add_row(jb, (uint64_t[]){ ((VnBorrowerMapping *)l->data)->iova }, 1);
     }
     json_builder_end_array(jb);
     json_builder_set_member_name(jb, "routes");
@@ -277,6 +286,8 @@ static VnBorrowerSegment *segment_of(VnBorrower *b, uint64_t id)
 
 static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError **error)
 {
+    g_autoptr(GHashTable) lingering =
+        g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
     JsonArray *a = rows(st, "segments", VN_MAX_DMA_MAPS, error);
     uint64_t v[4];
 
@@ -296,19 +307,30 @@ static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError *
         b->segments = g_list_prepend(b->segments, seg);
         g_array_append_val(seg_ids, v[2]);
     }
+    a = *error == NULL ? rows(st, "lingering", VN_BORROWER_MAX_LINGERING, error) : NULL;
+    for (guint i = 0; a != NULL && *error == NULL && i < json_array_get_length(a); i++) {
+        if (!row(a, i, "lingering", v, 1, NULL, error)) {
+            return false;
+        }
+        g_hash_table_add(lingering, g_memdup2(&v[0], sizeof(v[0])));
+    }
     a = *error == NULL ? rows(st, "mappings", VN_MAX_DMA_MAPS, error) : NULL;
     for (guint i = 0; a != NULL && *error == NULL && i < json_array_get_length(a); i++) {
         VnBorrowerMapping *m;
         VnBorrowerSegment *seg;
+        bool lingers;
         int ret;
 
         if (!row(a, i, "mapping", v, 4, NULL, error)) {
             return false;
         }
         seg = segment_of(b, v[3]);
+        lingers = g_hash_table_contains(lingering, &v[0]);
         /* In the server's table too (without the memory: the lender reaches it, not we),
-         * so that QEMU's unmap finds it; the table refuses overlaps and bad ranges. */
+         * so that QEMU's unmap finds it; the table refuses overlaps and bad ranges.  One
+         * QEMU unmapped is not: QEMU may map its range again. */
         ret = seg == NULL ? -ENOENT
+              : lingers   ? 0
                           : vn_dma_map(vn_server_dma(b->server), v[0], v[1], 0, (uint32_t)v[2], -1);
         if (ret < 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
@@ -316,9 +338,12 @@ static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError *
             return false;
         }
         m = g_new0(VnBorrowerMapping, 1);
-        *m = (VnBorrowerMapping){ .iova = v[0], .size = v[1], .prot = (uint32_t)v[2], .seg = seg };
+        *m = (VnBorrowerMapping){
+            .iova = v[0], .size = v[1], .prot = (uint32_t)v[2], .seg = seg, .confirmed = true
+        };
         seg->refs++;
         b->mappings = g_list_prepend(b->mappings, m);
+        m->lingering = lingers; /* its time starts once served (vn_borrower_dma_taken_over) */
     }
     return *error == NULL;
 }

@@ -260,7 +260,8 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
     }
     /* the table takes the fd, on failure too */
     ret = vn_dma_map(s->dma, m->iova, m->size, m->offset, m->flags, fd);
-    trace_server_dma_map(s->path, m->iova, m->size, fd >= 0 ? "yes" : "no", ret);
+    trace_server_dma_map(s->path, m->iova, m->size, fd >= 0 ? "yes" : "no", m->offset, m->flags,
+                         ret);
     if (ret < 0) {
         return reply_error(s, &req->hdr, ret);
     }
