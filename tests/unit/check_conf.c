@@ -57,6 +57,7 @@ START_TEST(test_defaults)
     ck_assert_ptr_null(c->state_dir);
     ck_assert_ptr_null(c->stats_file);
     ck_assert_uint_eq(c->lease_timeout_ms, 10000);
+    ck_assert_int_eq(c->dma_unmap_linger_ms, -1); /* the workers' own */
     ck_assert_str_eq(g_hash_table_lookup(c->fabric_params, "dir"), "/run/vfio-ntb/fabric");
     ck_assert_uint_eq(c->lends->len, 0);
     ck_assert_uint_eq(c->borrows->len, 0);
@@ -67,6 +68,7 @@ START_TEST(test_everything)
 {
     g_autoptr(VnConfig) c =
         parse_ok("# a comment\n" NODE "lease-timeout-ms = 3000\nrun-dir = /srv/vn\n"
+                 "dma-unmap-linger-ms = 0\n"
                  "[fabric]\nmax-windows = 8\n"
                  "[lend gpu.0]\nsocket = /run/g.sock\nallow = *\n"
                  "[lend nvme0]\nsocket = /run/n.sock\nallow = hostb ; hostc\n"
@@ -77,6 +79,7 @@ START_TEST(test_everything)
     VnLendConf *any = NULL, *some = NULL;
 
     ck_assert_uint_eq(c->lease_timeout_ms, 3000);
+    ck_assert_int_eq(c->dma_unmap_linger_ms, 0);
     ck_assert_str_eq(c->run_dir, "/srv/vn");
     ck_assert_str_eq(g_hash_table_lookup(c->fabric_params, "max-windows"), "8");
     ck_assert_uint_eq(c->lends->len, 2);
@@ -122,6 +125,8 @@ static const struct {
     { NODE "[lender x]\n", "unknown group" },
     { "[node]\nname = Host_A\nfabric-dir = /f\n", "must be 1-31 of [a-z0-9-]" },
     { NODE "lease-timeout-ms = 0\n", "lease-timeout-ms must be 100..86400000" },
+    { NODE "dma-unmap-linger-ms = 1001\n", "dma-unmap-linger-ms must be 0..1000" },
+    { NODE "dma-unmap-linger-ms = -1\n", "dma-unmap-linger-ms must be 0..1000" },
     { NODE "lease-timeout-ms = soon\n", "lease-timeout-ms must be" },
     { NODE "lease-timeout-ms = 99999999999\n", "lease-timeout-ms must be" },
     { "[node]\nname = hosta\nfabric-dir = fabric\n",

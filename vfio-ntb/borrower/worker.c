@@ -59,6 +59,7 @@ typedef struct Worker {
     VnPrivs sandbox; /* entered once serving */
     bool ending;     /* the loop ended: a start cancelled by the fabric's close is no news */
     int exit_status;
+    gint linger_ms; /* --dma-unmap-linger-ms (-1: the default) */
 } Worker;
 
 static void on_link(void *opaque, const char *peer, bool up)
@@ -148,6 +149,9 @@ static void on_started(void *opaque, VnBorrower *b, const GError *error)
         return;
     }
     w->b = b;
+    if (w->linger_ms >= 0) {
+        vn_borrower_set_dma_linger(b, (unsigned)w->linger_ms, VN_BORROWER_MAX_LINGERING);
+    }
     /* QEMU's socket listens: vfio-ntbd answers the attach now (it does not poll for the
      * socket).  A failure from here on is our exit. */
     if (w->status_fd >= 0) {
@@ -175,7 +179,7 @@ static int serve(int argc, char **argv)
     g_autofree char *port = NULL, *node = NULL, *lender = NULL, *device = NULL;
     g_autofree char *socket = NULL, *mode = NULL, *control = NULL;
     g_autofree char *run_as = NULL;
-    gint status_fd = -1, handoff_fd = -1;
+    gint status_fd = -1, handoff_fd = -1, linger_ms = -1;
     GOptionEntry entries[] = {
         { "port", 0, 0, G_OPTION_ARG_FILENAME, &port, "vfio-ntbd's port for this worker", "PATH" },
         { "port-fd", 0, 0, G_OPTION_ARG_STRING, &port_fd,
@@ -192,6 +196,8 @@ static int serve(int argc, char **argv)
           "FD" },
         { "run-as", 0, 0, G_OPTION_ARG_STRING, &run_as,
           "serve as this user and group (numbers), once set up", "UID:GID" },
+        { "dma-unmap-linger-ms", 0, 0, G_OPTION_ARG_INT, &linger_ms,
+          "how long a DMA mapping QEMU unmapped may linger at the lender (0: none)", "MS" },
         { "take-over", 0, 0, G_OPTION_ARG_INT, &handoff_fd,
           "serve the QEMU of a worker that died, with what its daemon kept (the handoff)", "FD" },
         VN_TRACE_OPTION_ENTRY(trace),
@@ -215,11 +221,16 @@ static int serve(int argc, char **argv)
         return 2;
     }
     if (port == NULL || node == NULL || lender == NULL || device == NULL || socket == NULL ||
-        (mode != NULL && !vn_irq_mode_from_string(mode, &irq_mode))) {
-        fprintf(stderr, "vfio-ntb-borrower: --port, --node, --lender, --device and "
-                        "--socket are required; --irq-mode is fd or relay\n");
+        (mode != NULL && !vn_irq_mode_from_string(mode, &irq_mode)) || linger_ms < -1 ||
+        linger_ms > VN_BORROWER_MAX_LINGER_MS) {
+        fprintf(stderr,
+                "vfio-ntb-borrower: --port, --node, --lender, --device and "
+                "--socket are required; --irq-mode is fd or relay; "
+                "--dma-unmap-linger-ms is 0..%u\n",
+                VN_BORROWER_MAX_LINGER_MS);
         return 2;
     }
+    w.linger_ms = linger_ms;
     if (run_as != NULL && !vn_privs_parse_run_as(run_as, &w.sandbox, &error)) {
         fprintf(stderr, "vfio-ntb-borrower: %s\n", error->message);
         return 2;

@@ -595,13 +595,21 @@ static bool node_users(const ConfRead *p, VnConfig *c, GError **error)
 
 static bool parse(const ConfRead *p, VnConfig *c, GError **error)
 {
-    static const char *const node_keys[] = { "name",         "fabric",
-                                             "fabric-dir",   "stats-file",
-                                             "metrics-file", "metrics-interval-ms",
-                                             "state-dir",    "control-socket",
-                                             "run-dir",      "lease-timeout-ms",
-                                             "log-level",    "worker-user",
-                                             "qemu-user",    NULL };
+    static const char *const node_keys[] = { "name",
+                                             "fabric",
+                                             "fabric-dir",
+                                             "stats-file",
+                                             "metrics-file",
+                                             "metrics-interval-ms",
+                                             "state-dir",
+                                             "control-socket",
+                                             "run-dir",
+                                             "lease-timeout-ms",
+                                             "log-level",
+                                             "worker-user",
+                                             "qemu-user",
+                                             "dma-unmap-linger-ms",
+                                             NULL };
     GKeyFile *kf = p->kf;
     g_auto(GStrv) groups = g_key_file_get_groups(kf, NULL);
     g_autofree char *dir = NULL, *level = NULL;
@@ -664,6 +672,17 @@ static bool parse(const ConfRead *p, VnConfig *c, GError **error)
     if (!get_ms(p, "lease-timeout-ms", 100, 86400000, VN_CONF_LEASE_TIMEOUT_MS,
                 &c->lease_timeout_ms, error)) {
         return false;
+    }
+    /* Bounded by what a worker takes: a guest's unmapped page stays within the device's
+     * reach for at most a second (borrower/borrower.h). */
+    c->dma_unmap_linger_ms = -1;
+    if (g_key_file_has_key(kf, "node", "dma-unmap-linger-ms", NULL)) {
+        uint32_t ms;
+
+        if (!get_ms(p, "dma-unmap-linger-ms", 0, 1000, 0, &ms, error)) {
+            return false;
+        }
+        c->dma_unmap_linger_ms = (gint32)ms;
     }
     level = g_key_file_get_string(kf, "node", "log-level", NULL);
     c->log_level = VN_LOG_NOTICE;

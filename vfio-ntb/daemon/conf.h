@@ -117,6 +117,9 @@ typedef struct VnConfig {
     char *control_socket;
     char *run_dir;
     uint32_t lease_timeout_ms;
+    /* [node] dma-unmap-linger-ms: how long a DMA mapping a guest unmapped may linger at the
+     * lender (borrower/borrower.h), given to each borrower worker; -1: the workers' own. */
+    gint32 dma_unmap_linger_ms;
     VnLogLevel log_level; /* VN_LOG_NOTICE unless set */
     bool log_level_set;
     /* Borrower workers serve as this user (borrower/sandbox.h); NULL: as the daemon's. */

@@ -349,6 +349,7 @@ bool vn_daemon_reload(VnDaemon *d, const char *path, char **summary, GError **er
         return false;
     }
     ignored = restart_only(d, next);
+    d->conf->dma_unmap_linger_ms = next->dma_unmap_linger_ms; /* workers started from now */
     d->conf->log_level = next->log_level;
     d->conf->log_level_set = next->log_level_set;
     removed_lends(d, next, &n);

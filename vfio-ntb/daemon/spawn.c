@@ -426,6 +426,10 @@ static GPtrArray *worker_argv(VnDaemon *d, VnBorrowed *b, const char *bin, bool 
     g_ptr_array_add(argv, g_strdup_printf("--device=%s", b->name));
     g_ptr_array_add(argv, g_strdup_printf("--socket=%s", b->socket));
     g_ptr_array_add(argv, g_strdup_printf("--irq-mode=%s", vn_irq_mode_to_string(b->irq_mode)));
+    if (d->conf->dma_unmap_linger_ms >= 0) {
+        g_ptr_array_add(argv,
+                        g_strdup_printf("--dma-unmap-linger-ms=%d", d->conf->dma_unmap_linger_ms));
+    }
     g_ptr_array_add(argv, g_strdup_printf("--control=%s", b->channel_path));
     if (status_fd) {
         g_ptr_array_add(argv, g_strdup_printf("--status-fd=%d", VN_SPAWN_STATUS_FD));
