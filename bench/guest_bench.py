@@ -84,14 +84,6 @@ def start_nbd(procs, wd, img):
     return p, sock
 
 
-class VIommu:
-    """The guest's own IOMMU (intel-iommu; caching-mode: QEMU tells a vfio-user device of each
-    map the guest makes), given before the devices it translates for."""
-
-    def qemu_args(self):
-        return ["-device", "intel-iommu,caching-mode=on"]
-
-
 def borrower_requests(daemon):
     """The requests @daemon's borrower workers sent their lenders so far (its stats file)."""
     return sum(x["fabric_requests"] for x in daemon.stats().get("borrowed", []))
@@ -112,7 +104,7 @@ def guest_run(kind, mib=MIB, rounds=1):
         params = {"bench_mib": mib, "rounds": rounds}
         devices, append, b = [], "", None
         if kind == "lending-viommu":
-            devices, append = [VIommu()], "intel_iommu=on"
+            devices, append = [h.VIommu()], h.VIommu.GUEST_APPEND
         if kind in ("simdev", "lending", "lending-viommu"):
             sd = h.Simdev(procs, wd / "nvme.sock", img, mib * 2, serial="VN-BENCH").start()
             groups["simdev"] = lambda: [sd.proc.pid]

@@ -213,6 +213,17 @@ def make_backing(path, size_mib):
 # Devices
 
 
+class VIommu:
+    """The guest's own IOMMU (intel-iommu; caching-mode: QEMU tells a vfio-user device of each
+    map the guest makes), given before the devices it translates for; the guest needs
+    intel_iommu=on (GUEST_APPEND)."""
+
+    GUEST_APPEND = "intel_iommu=on"
+
+    def qemu_args(self):
+        return ["-device", "intel-iommu,caching-mode=on"]
+
+
 class VfioUserDevice:
     """A vfio-user-pci client device.  QEMU accepts it only in JSON form."""
 

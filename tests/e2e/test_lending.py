@@ -13,6 +13,9 @@ to a TCG guest through QEMU's stock vfio-user-pci.  What a user would check:
 - the device server stalled (SIGSTOP) past the lender's device timeout during guest I/O: the
   I/O completes and verifies, later device commands (a reset) get their own answers, and the
   stall is logged and shown by `ntbctl show` on the lending host;
+- a guest behind its own IOMMU (intel-iommu): the data checks pass and verify on A's backing,
+  the driver's unmaps were answered without the lender and its maps of the same pages taken
+  back from the lingering ones (borrower.h), none refused, none missed;
 - a device whose BAR the lender cannot map (simdev --trap-bars): every register access is
   forwarded and the borrower posts the writes (borrower-int.h); the guest's data checks pass
   with thousands of posted writes and none failed, and each of a run of writes is seen by
@@ -32,7 +35,7 @@ from cluster import Daemon, simdev_stats  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 14
+EXPECTED_RESULTS = 15
 
 
 def cluster(procs, mode, size_mib=256, simdev_args=(), **daemon_args):
@@ -105,6 +108,24 @@ def test_fd_mode(procs):
                  and all(d[k] == 0 for k in zero),
                  **{k: d[k] for k in zero + ("device_interrupts",)})
     return ok
+
+
+def test_viommu_data(procs):
+    wd, img, sd, a, b = cluster(procs, "fd")
+    q = h.Qemu(procs, "probe,data,pause", [h.VIommu(), h.VfioUserDevice(b.borrows["nvme0"][1])],
+               params={"seed": 41, "pause_s": 3}, workdir=wd,
+               append_extra=h.VIommu.GUEST_APPEND).start()
+    q.wait_line("VNREADY", "pause")
+    bor = b.stats()["borrowed"][0]  # while its QEMU runs
+    run = q.wait_done()
+    q.stop()
+    ver = h.verify_backing(img, run.data)
+    keys = ("dma_maps", "dma_maps_here", "dma_unmaps_here", "dma_maps_refused", "unmaps_missed")
+    return result("lending-viommu-data", run.results.get("data", {}).get("status") == "PASS"
+                  and len(ver) > 0 and all(v["ok"] for v in ver)
+                  and bor["dma_maps_here"] > 0 and bor["dma_unmaps_here"] > 0
+                  and bor["dma_maps_refused"] == 0 and bor["unmaps_missed"] == 0,
+                  regions=len(ver), **{k: bor[k] for k in keys})
 
 
 def test_relay_mode(procs):
@@ -281,7 +302,7 @@ def test_trapped_bars(procs):
 
 def main():
     ok = True
-    for test in (test_fd_mode, test_relay_mode, test_qemu_killed_then_new_vm,
+    for test in (test_fd_mode, test_viommu_data, test_relay_mode, test_qemu_killed_then_new_vm,
                  test_reset_and_hotplug, test_lender_killed, test_device_server_stall,
                  test_trapped_bars):
         with h.Procs() as procs:

@@ -110,6 +110,7 @@ struct VnBorrower {
     GQueue lingering;               /* of those, the ones QEMU unmapped, oldest first (dma.c) */
     GSource *linger_src;            /* unmaps the oldest when its time is up */
     unsigned linger_ms, linger_max; /* vn_borrower_set_dma_linger() */
+    unsigned unmaps_posted;         /* unmaps of lingering mappings on their way */
     GList *asked;                   /* requests QEMU's replies wait for (requests.c) */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */

@@ -120,6 +120,7 @@ static int on_mapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *opa
 typedef struct Unmap {
     uint64_t iova, size;
     bool all;
+    bool posted; /* nobody waits: counted in b->unmaps_posted until answered */
 } Unmap;
 
 /* The lender's answer to a DMA_UNMAP: QEMU's unmap succeeds either way (the lender gone
@@ -128,6 +129,9 @@ static int on_unmapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *o
 {
     const Unmap *u = opaque;
 
+    if (u->posted) {
+        b->unmaps_posted--;
+    }
     if (err == 0) {
         b->stats.dma_unmaps++;
     } else {
@@ -147,48 +151,87 @@ static void unmap_send(VnBorrower *b, uint64_t iova, uint64_t size, bool all, bo
     g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &pu);
     Unmap *u = g_new(Unmap, 1);
 
-    *u = (Unmap){ .iova = iova, .size = size, .all = all };
+    *u = (Unmap){ .iova = iova, .size = size, .all = all, .posted = !qemu_waits };
     if (qemu_waits) {
         vn_borrower_ask_later(b, VN_PROTO_DMA_UNMAP, json, NULL, 0, 0, on_unmapped, u, g_free);
     } else {
+        b->unmaps_posted++; /* on_unmapped is told even when it cannot be sent */
         vn_borrower_ask_posted(b, VN_PROTO_DMA_UNMAP, json, on_unmapped, u, g_free);
     }
 }
 
-/* A lingering mapping's time is up (or its place is wanted): the lender unmaps it, nobody
- * waiting.  The caller keeps the state. */
-static void linger_over(VnBorrower *b, Mapping *m)
+static gint by_iova(gconstpointer a, gconstpointer b)
 {
-    unmap_send(b, m->iova, m->size, false, false);
-    mapping_drop(b, m);
+    const Mapping *x = *(Mapping *const *)a, *y = *(Mapping *const *)b;
+
+    return x->iova < y->iova ? -1 : x->iova > y->iova;
+}
+
+/* The mappings in @ms (any order) go at the lender, nobody waiting, one unmap per run of
+ * them that follow each other (QEMU's pages of one I/O mostly do), while fewer than
+ * VN_BORROWER_MAX_UNMAPS_POSTED such unmaps are on their way (a burst past what the lender takes
+ * from one peer would be refused, and the mappings left there); the rest stay.  Whether
+ * any went is returned (the caller keeps the state). */
+static bool unmap_runs(VnBorrower *b, GPtrArray *ms)
+{
+    guint i = 0;
+
+    g_ptr_array_sort(ms, by_iova);
+    while (i < ms->len && b->unmaps_posted < VN_BORROWER_MAX_UNMAPS_POSTED) {
+        const Mapping *first = g_ptr_array_index(ms, i);
+        uint64_t end = first->iova + first->size;
+        guint j = i + 1;
+
+        while (j < ms->len && ((Mapping *)g_ptr_array_index(ms, j))->iova == end) {
+            end += ((Mapping *)g_ptr_array_index(ms, j))->size;
+            j++;
+        }
+        unmap_send(b, first->iova, end - first->iova, false, false);
+        for (; i < j; i++) {
+            mapping_drop(b, g_ptr_array_index(ms, i));
+        }
+    }
+    return i > 0;
 }
 
 static void linger_arm(VnBorrower *b);
 
+/* Lingering mappings whose time is up go, with those halfway there (an unmap sent early is
+ * only stricter, and QEMU's pages of one I/O then go in one run), and the oldest past
+ * linger_max, at most VN_BORROWER_MAX_RELEASE at a time. */
+#define VN_BORROWER_MAX_RELEASE 256
+static void linger_release(VnBorrower *b)
+{
+    g_autoptr(GPtrArray) due = g_ptr_array_new();
+    gint64 now = g_get_monotonic_time();
+    gint64 half = (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND / 2;
+
+    for (GList *l = b->lingering.head; l != NULL && due->len < VN_BORROWER_MAX_RELEASE;
+         l = l->next) {
+        const Mapping *m = l->data;
+
+        if (b->lingering.length - due->len <= b->linger_max && m->unmapped_at + half > now) {
+            break; /* the queue is oldest first */
+        }
+        g_ptr_array_add(due, l->data);
+    }
+    if (unmap_runs(b, due)) {
+        vn_borrower_keep_state(b, false);
+    }
+}
+
 static gboolean on_linger_timer(gpointer data)
 {
     VnBorrower *b = data;
-    gint64 now = g_get_monotonic_time();
-    bool dropped = false;
 
     g_clear_pointer(&b->linger_src, g_source_unref); /* the source ends with this call */
-    while (b->lingering.head != NULL) {
-        Mapping *m = b->lingering.head->data;
-
-        if (m->unmapped_at + (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND > now) {
-            break;
-        }
-        linger_over(b, m);
-        dropped = true;
-    }
-    if (dropped) {
-        vn_borrower_keep_state(b, false);
-    }
+    linger_release(b);
     linger_arm(b);
     return G_SOURCE_REMOVE;
 }
 
-/* A timer for the oldest lingering mapping, unless one is set or none lingers. */
+/* A timer for the oldest lingering mapping, unless one is set or none lingers.  Past its
+ * time (unmaps held back by the ones on their way), again in a millisecond. */
 static void linger_arm(VnBorrower *b)
 {
     const Mapping *oldest;
@@ -200,6 +243,9 @@ static void linger_arm(VnBorrower *b)
     oldest = b->lingering.head->data;
     left = oldest->unmapped_at + (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND -
            g_get_monotonic_time();
+    if (b->lingering.length > b->linger_max) {
+        left = 0;
+    }
     b->linger_src = g_timeout_source_new((guint)(MAX(left, 0) / G_TIME_SPAN_MILLISECOND + 1));
     g_source_set_callback(b->linger_src, on_linger_timer, b, NULL);
     g_source_attach(b->linger_src, b->ctx);
@@ -215,25 +261,15 @@ static void linger_start(VnBorrower *b, Mapping *m)
     linger_arm(b);
 }
 
-/* At most b->linger_max linger: the oldest go first. */
-static void linger_bound(VnBorrower *b)
-{
-    while (b->lingering.length > b->linger_max) {
-        linger_over(b, b->lingering.head->data);
-    }
-}
-
 void vn_borrower_set_dma_linger(VnBorrower *b, unsigned ms, unsigned max)
 {
     b->linger_ms = ms;
     b->linger_max = ms > 0 ? MIN(max, VN_BORROWER_MAX_LINGERING) : 0;
-    if (b->linger_src != NULL) { /* set for the old time */
+    if (b->linger_src != NULL) { /* set for the old time: the timer lets go of what is due */
         g_source_destroy(b->linger_src);
         g_clear_pointer(&b->linger_src, g_source_unref);
     }
-    linger_bound(b);
     linger_arm(b);
-    vn_borrower_keep_state(b, false);
 }
 
 void vn_borrower_dma_taken_over(VnBorrower *b)
@@ -246,7 +282,6 @@ void vn_borrower_dma_taken_over(VnBorrower *b)
             linger_start(b, m);
         }
     }
-    linger_bound(b);
 }
 
 static bool same_mapping(const Mapping *m, const VnDmaMapping *dm, const Segment *seg)
@@ -260,9 +295,11 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     VnProtoDmaMap pm = {
         .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot
     };
+    g_autoptr(GPtrArray) over = g_ptr_array_new();
     g_autofree char *json = NULL;
+    uint64_t first = UINT64_MAX, end = 0;
+    Mapping *m, *same = NULL;
     Segment *seg;
-    Mapping *m;
     int ret = 0;
 
     if (dm->fd < 0) {
@@ -274,25 +311,31 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     if (seg == NULL) {
         return ret;
     }
-    seg->refs++; /* kept while what overlaps goes (it may be the segment's last mapping) */
     /* QEMU maps nothing over what it has mapped, so what overlaps this is what it unmapped
-     * and still lingers at the lender: the same mapping is taken back here, any other
-     * unmapped there first (in order: before this map). */
-    for (GList *l = b->mappings; l != NULL;) {
-        GList *next = l->next;
-
+     * and still lingers at the lender: the same mapping is taken back here; anything else
+     * goes there first, in one unmap before this map (everything between the first and
+     * the last of them overlaps this map too). */
+    for (GList *l = b->mappings; l != NULL; l = l->next) {
         m = l->data;
         if (overlaps(m, dm->iova, dm->size)) {
-            if (m->confirmed && same_mapping(m, dm, seg)) {
-                linger_end(b, m);
-                seg->refs--; /* @m holds one */
-                b->stats.dma_maps_here++;
-                vn_borrower_keep_state(b, false);
-                return 0;
-            }
-            linger_over(b, m);
+            g_ptr_array_add(over, m);
+            same = m->confirmed && same_mapping(m, dm, seg) ? m : same;
+            first = MIN(first, m->iova);
+            end = MAX(end, m->iova + m->size);
         }
-        l = next;
+    }
+    if (same != NULL && over->len == 1) {
+        linger_end(b, same);
+        b->stats.dma_maps_here++;
+        vn_borrower_keep_state(b, false);
+        return 0;
+    }
+    seg->refs++; /* before what overlaps goes (it may hold the segment's last reference) */
+    if (over->len > 0) {
+        unmap_send(b, first, end - first, false, false);
+        for (guint i = 0; i < over->len; i++) {
+            mapping_drop(b, g_ptr_array_index(over, i));
+        }
     }
     pm.segment = seg->id;
     json = vn_proto_dma_map_to_json(b->device, &pm);
@@ -308,21 +351,25 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
 
 void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)
 {
-    bool inside = false, can_linger = !all && b->linger_ms > 0 && b->linger_max > 0;
+    bool inside = false, can_linger = !all && b->linger_ms > 0;
+    unsigned more = 0;
 
     /* Lingering needs every mapping inside confirmed (one on its way: the unmap follows
-     * it to the lender, which unmaps the whole range then). */
+     * it to the lender, which unmaps the whole range then), and room: past linger_max,
+     * QEMU waits for the lender again. */
     for (GList *l = b->mappings; l != NULL; l = l->next) {
         const Mapping *m = l->data;
 
         if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
             inside = inside || all || !m->lingering;
             can_linger = can_linger && m->confirmed;
+            more += !m->lingering;
         }
     }
     if (!inside) {
         return; /* nothing QEMU has mapped there is ours: nothing to forward */
     }
+    can_linger = can_linger && b->lingering.length + more <= b->linger_max;
     for (GList *l = b->mappings; l != NULL;) {
         GList *next = l->next;
         Mapping *m = l->data;
@@ -336,13 +383,11 @@ void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool
         }
         l = next;
     }
+    vn_borrower_keep_state(b, false);
     if (can_linger) {
         b->stats.dma_unmaps_here++;
-        linger_bound(b);
-        vn_borrower_keep_state(b, false);
         return;
     }
-    vn_borrower_keep_state(b, false);
     /* QEMU's unmap completes only after the lender's device has lost access. */
     unmap_send(b, iova, size, all, true);
 }
