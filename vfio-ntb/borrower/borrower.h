@@ -82,7 +82,7 @@ void vn_borrower_start(VnFabric *fab, const char *lender, const char *device, Vn
  * VN_BORROWER_MAX_LINGERING.
  */
 #define VN_BORROWER_LINGER_MS 10
-#define VN_BORROWER_MAX_LINGER_MS 1000 /* what a daemon may set ([node] dma-unmap-linger-ms) */
+#define VN_BORROWER_MAX_LINGER_MS 1000u /* what a daemon may set ([node] dma-unmap-linger-ms) */
 #define VN_BORROWER_MAX_LINGERING 512
 /* Unmaps of lingering mappings on their way at once, nobody waiting for them (the lender
  * takes at most 256 requests from a peer at a time; the rest wait here). */

@@ -222,7 +222,7 @@ static int serve(int argc, char **argv)
     }
     if (port == NULL || node == NULL || lender == NULL || device == NULL || socket == NULL ||
         (mode != NULL && !vn_irq_mode_from_string(mode, &irq_mode)) || linger_ms < -1 ||
-        linger_ms > VN_BORROWER_MAX_LINGER_MS) {
+        linger_ms > (gint)VN_BORROWER_MAX_LINGER_MS) {
         fprintf(stderr,
                 "vfio-ntb-borrower: --port, --node, --lender, --device and "
                 "--socket are required; --irq-mode is fd or relay; "
