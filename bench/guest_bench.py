@@ -250,8 +250,9 @@ def viommu_io():
     the guest's driver maps and unmaps each I/O's buffers and QEMU tells the borrower of each
     (DMA_MAP / DMA_UNMAP), against the same guest without it.  ratio: throughput with it over
     without (geometric mean of the four patterns, goal >= 0.8); fabric_requests_per_mib: the
-    borrower's requests to its lender per MiB the guest moved in the data phase (each map and
-    unmap the lender's IOMMU must see is one today)."""
+    borrower's requests to its lender per MiB the guest moved in the data phase (a map of a
+    page that does not linger at the lender is one, and each run of lingering pages unmapped
+    there: borrower.h)."""
     runs, order = abba("lending-viommu", "lending", mib=VIOMMU_MIB)
     c = compare(runs, "lending-viommu", "lending", order,
                 names={"lending-viommu": "viommu", "lending": "plain"})
