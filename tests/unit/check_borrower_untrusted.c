@@ -604,6 +604,30 @@ START_TEST(test_lingering_run_in_one_unmap)
 }
 END_TEST
 
+/* The lender's link goes while a mapping lingers: it is not unmapped into the void (a
+ * missed unmap keeps the device dead when the lender comes back); it waits. */
+START_TEST(test_lingering_waits_for_lost_lender)
+{
+    g_autoptr(VnClient) c = NULL;
+    VnBorrowerStats st;
+    int mem;
+
+    c = linger_start(20, VN_BORROWER_MAX_LINGERING, &mem);
+    ck_assert_int_eq(vn_client_dma_map(c, 0x100000, 0x1000, 0, RW, mem), 0);
+    ck_assert_int_eq(vn_client_dma_unmap(c, 0x100000, 0x1000, false), 0);
+    on_loop(&t.lend, lender_close, NULL);
+    for (int i = 0; i < 3000 && !bor_stats().lender_lost; i++) {
+        g_usleep(1000);
+    }
+    g_usleep(200000); /* 10 times its time */
+    st = bor_stats();
+    ck_assert(st.lender_lost);
+    ck_assert_uint_eq(st.unmaps_missed, 0);
+    ck_assert_uint_eq(st.dma_lingering, 1);
+    close(mem);
+}
+END_TEST
+
 /* Lingering off: QEMU's unmap returns once the lender has unmapped. */
 START_TEST(test_strict_unmap_waits_for_lender)
 {
@@ -642,6 +666,7 @@ static Suite *borrower_untrusted_suite(void)
     tcase_add_test(tc, test_lingering_bounded);
     tcase_add_test(tc, test_lingering_unmaps_held_back);
     tcase_add_test(tc, test_lingering_run_in_one_unmap);
+    tcase_add_test(tc, test_lingering_waits_for_lost_lender);
     tcase_add_test(tc, test_strict_unmap_waits_for_lender);
     suite_add_tcase(s, tc);
     return s;

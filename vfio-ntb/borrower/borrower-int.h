@@ -167,6 +167,9 @@ void vn_borrower_dma_forget(VnBorrower *b);
 /* Taken over from a worker that died: the mappings it restored lingering (QEMU had
  * unmapped them) linger from now on. */
 void vn_borrower_dma_taken_over(VnBorrower *b);
+/* The lender is back: the mappings that lingered while it was away go now (an unmap that
+ * cannot reach it would leave the device dead: they wait). */
+void vn_borrower_dma_lender_back(VnBorrower *b);
 
 /* A forwarded BAR write, posted (VnBorrowerPosted above); the deferred ones sent now, in
  * order. */

@@ -496,6 +496,7 @@ bool vn_borrower_lender_up(VnBorrower *b)
     }
     b->stats.lender_lost = false;
     b->stats.lender_returns++;
+    vn_borrower_dma_lender_back(b);
     g_message("borrower %s: lender %s is back: the device is served again", b->device, b->lender);
     return true;
 }

@@ -206,6 +206,9 @@ static void linger_release(VnBorrower *b)
     gint64 now = g_get_monotonic_time();
     gint64 half = (gint64)b->linger_ms * G_TIME_SPAN_MILLISECOND / 2;
 
+    if (b->stats.lender_lost) {
+        return; /* they wait for it (vn_borrower_dma_lender_back) */
+    }
     for (GList *l = b->lingering.head; l != NULL && due->len < VN_BORROWER_MAX_RELEASE;
          l = l->next) {
         const Mapping *m = l->data;
@@ -230,14 +233,15 @@ static gboolean on_linger_timer(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-/* A timer for the oldest lingering mapping, unless one is set or none lingers.  Past its
- * time (unmaps held back by the ones on their way), again in a millisecond. */
+/* A timer for the oldest lingering mapping, unless one is set, none lingers or the lender
+ * is away (vn_borrower_dma_lender_back).  Past its time (unmaps held back by the ones on
+ * their way), again in a millisecond. */
 static void linger_arm(VnBorrower *b)
 {
     const Mapping *oldest;
     gint64 left;
 
-    if (b->linger_src != NULL || b->lingering.head == NULL) {
+    if (b->linger_src != NULL || b->lingering.head == NULL || b->stats.lender_lost) {
         return;
     }
     oldest = b->lingering.head->data;
@@ -269,6 +273,11 @@ void vn_borrower_set_dma_linger(VnBorrower *b, unsigned ms, unsigned max)
         g_source_destroy(b->linger_src);
         g_clear_pointer(&b->linger_src, g_source_unref);
     }
+    linger_arm(b);
+}
+
+void vn_borrower_dma_lender_back(VnBorrower *b)
+{
     linger_arm(b);
 }
 
