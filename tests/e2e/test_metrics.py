@@ -138,6 +138,9 @@ BORROWER = [("config_forwarded", "vfio_ntb_forwarded_accesses_total", {"space": 
             ("fabric_requests", "vfio_ntb_lender_requests_total", {}),
             ("dma_maps", "vfio_ntb_dma_maps_total", {}),
             ("dma_maps_refused", "vfio_ntb_dma_maps_refused_total", {}),
+            ("dma_maps_here", "vfio_ntb_dma_here_total", {"op": "map"}),
+            ("dma_unmaps_here", "vfio_ntb_dma_here_total", {"op": "unmap"}),
+            ("dma_lingering", "vfio_ntb_dma_lingering", {}),
             ("relayed_irqs", "vfio_ntb_relayed_interrupts_total", {}),
             ("posted_writes", "vfio_ntb_posted_writes_total", {}),
             ("posted_write_failures", "vfio_ntb_posted_write_failures_total", {})]
