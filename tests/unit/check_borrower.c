@@ -744,8 +744,8 @@ static void attach_again_fn(void *data)
 
 /* The handoff is the daemon's, the state in it a dead worker's: neither is trusted.  Text
  * that is no handoff, an fd that is not open, a socket that does not listen, mappings that
- * name no segment or overlap, a route for a vector the device lacks, doorbell bits out of
- * range: each is refused, naming what was wrong, and nothing is served. */
+ * name no segment or overlap (lingering ones too), a route for a vector the device lacks,
+ * doorbell bits out of range: each is refused, naming what was wrong, and nothing is served. */
 START_TEST(test_take_over_refuses_bad_handoffs)
 {
     g_autofree char *dead_path = g_build_filename(rig.dir, "dead.sock", NULL);
@@ -769,6 +769,13 @@ START_TEST(test_take_over_refuses_bad_handoffs)
         { "{\\\"relay\\\":[[0,0,70]]}", NULL, "relay 0" },
         { "{\\\"segments\\\":[[1,2,0]]}", NULL, "segment 0" },
         { "{\\\"lingering\\\":[[1,2]]}", NULL, "lingering 0" },
+        /* Lingering mappings are checked as the others are: no overlap, no empty range. */
+        { "{\\\"segments\\\":[[1,2,5]],\\\"mappings\\\":[[4096,8192,3,5],"
+          "[8192,4096,3,5]],\\\"lingering\\\":[[8192]]}",
+          NULL, "mapping 1" },
+        { "{\\\"segments\\\":[[1,2,5]],\\\"mappings\\\":[[4096,0,3,5]],"
+          "\\\"lingering\\\":[[4096]]}",
+          NULL, "mapping 0" },
     };
 
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);

@@ -288,6 +288,9 @@ static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError *
 {
     g_autoptr(GHashTable) lingering =
         g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    /* Every mapping, lingering ones too, in a table of its own: it refuses overlaps and bad
+     * ranges among all of them (the server's gets only those QEMU still has mapped). */
+    g_autoptr(VnDma) all = vn_dma_new();
     JsonArray *a = rows(st, "segments", VN_MAX_DMA_MAPS, error);
     uint64_t v[4];
 
@@ -327,23 +330,27 @@ static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError *
         seg = segment_of(b, v[3]);
         lingers = g_hash_table_contains(lingering, &v[0]);
         /* In the server's table too (without the memory: the lender reaches it, not we),
-         * so that QEMU's unmap finds it; the table refuses overlaps and bad ranges.  One
-         * QEMU unmapped is not: QEMU may map its range again. */
-        ret = seg == NULL ? -ENOENT
-              : lingers   ? 0
-                          : vn_dma_map(vn_server_dma(b->server), v[0], v[1], 0, (uint32_t)v[2], -1);
+         * so that QEMU's unmap finds it.  One QEMU unmapped is not: QEMU may map its range
+         * again. */
+        ret = seg == NULL ? -ENOENT : vn_dma_map(all, v[0], v[1], 0, (uint32_t)v[2], -1);
+        if (ret == 0 && !lingers) {
+            ret = vn_dma_map(vn_server_dma(b->server), v[0], v[1], 0, (uint32_t)v[2], -1);
+        }
         if (ret < 0) {
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
                         "mapping %u (iova 0x%" PRIx64 "): %s", i, v[0], g_strerror(-ret));
             return false;
         }
         m = g_new0(VnBorrowerMapping, 1);
-        *m = (VnBorrowerMapping){
-            .iova = v[0], .size = v[1], .prot = (uint32_t)v[2], .seg = seg, .confirmed = true
-        };
+        /* A lingering one's time starts once served (vn_borrower_dma_taken_over). */
+        *m = (VnBorrowerMapping){ .iova = v[0],
+                                  .size = v[1],
+                                  .prot = (uint32_t)v[2],
+                                  .seg = seg,
+                                  .confirmed = true,
+                                  .lingering = lingers };
         seg->refs++;
         b->mappings = g_list_prepend(b->mappings, m);
-        m->lingering = lingers; /* its time starts once served (vn_borrower_dma_taken_over) */
     }
     return *error == NULL;
 }
