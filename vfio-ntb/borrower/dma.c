@@ -304,9 +304,9 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     VnProtoDmaMap pm = {
         .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot
     };
-    g_autoptr(GPtrArray) over = g_ptr_array_new();
     g_autofree char *json = NULL;
     uint64_t first = UINT64_MAX, end = 0;
+    unsigned over = 0;
     Mapping *m, *same = NULL;
     Segment *seg;
     int ret = 0;
@@ -327,23 +327,28 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     for (GList *l = b->mappings; l != NULL; l = l->next) {
         m = l->data;
         if (overlaps(m, dm->iova, dm->size)) {
-            g_ptr_array_add(over, m);
+            over++;
             same = m->confirmed && same_mapping(m, dm, seg) ? m : same;
             first = MIN(first, m->iova);
             end = MAX(end, m->iova + m->size);
         }
     }
-    if (same != NULL && over->len == 1) {
+    if (same != NULL && over == 1) {
         linger_end(b, same);
         b->stats.dma_maps_here++;
         vn_borrower_keep_state(b, false);
         return 0;
     }
     seg->refs++; /* before what overlaps goes (it may hold the segment's last reference) */
-    if (over->len > 0) {
+    if (over > 0) {
         unmap_send(b, first, end - first, false, false);
-        for (guint i = 0; i < over->len; i++) {
-            mapping_drop(b, g_ptr_array_index(over, i));
+        for (GList *l = b->mappings; l != NULL;) {
+            GList *next = l->next;
+
+            if (overlaps(l->data, dm->iova, dm->size)) {
+                mapping_drop(b, l->data);
+            }
+            l = next;
         }
     }
     pm.segment = seg->id;
