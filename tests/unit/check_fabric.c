@@ -368,6 +368,118 @@ END_TEST
 
 /* ---- failures ----------------------------------------------------------- */
 
+/* Replies counted, and whether they came in the order asked. */
+typedef struct Answers {
+    unsigned n, errors, out_of_order;
+    int last_err;
+} Answers;
+
+typedef struct Asked {
+    Answers *a;
+    unsigned i;
+} Asked;
+
+static void on_answer(void *opaque, VnFabricMsg *msg, int err)
+{
+    Asked *q = opaque;
+
+    q->a->out_of_order += q->i != q->a->n;
+    q->a->n++;
+    q->a->errors += err != 0;
+    q->a->last_err = err != 0 ? err : q->a->last_err;
+    g_free(q);
+}
+
+static int ask_kept(Node *from, const char *to, Answers *a, unsigned i, size_t len)
+{
+    g_autofree char *json = g_strdup_printf("{\"i\":%u}", i);
+    g_autofree uint8_t *data = len > 0 ? g_malloc0(len) : NULL;
+    Asked *q = g_new(Asked, 1);
+    int ret;
+
+    *q = (Asked){ .a = a, .i = i };
+    ret = vn_fabric_request(from->fab, to, T_KEEP, json, data, len, on_answer, q);
+    if (ret < 0) {
+        g_free(q);
+    }
+    return ret;
+}
+
+/* A peer takes VN_FABRIC_MAX_INFLIGHT of our requests at once and refuses the rest (EBUSY):
+ * past that, they wait here and go, in order, as it answers; none is refused.  What waits
+ * is bounded too. */
+START_TEST(test_requests_past_what_peer_takes_wait)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    const unsigned n = 256 + 20;
+    Answers got = { 0 };
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i < n; i++) {
+        ck_assert_int_eq(ask_kept(a, "b", &got, i, 0), 0);
+    }
+    WAIT_FOR(log_count(b, "req:") == 256);
+    spin(100);
+    ck_assert_uint_eq(log_count(b, "req:"), 256); /* the rest were not sent */
+    ck_assert_uint_eq(stats_of(a).requests_held, 20);
+    ck_assert_uint_eq(got.n, 0);
+
+    /* Held ones are bounded by their bytes: 16 MiB waits, the next MiB is refused. */
+    for (unsigned i = 0; i < 16; i++) {
+        ck_assert_int_eq(ask_kept(a, "b", &got, n + i, 1024 * 1024 - 64), 0);
+    }
+    ck_assert_int_eq(ask_kept(a, "b", &got, n + 16, 1024 * 1024), -EBUSY);
+
+    /* b answers: the held ones go as it does, oldest first. */
+    for (unsigned round = 0; round < 64 && got.n < n + 16; round++) {
+        node_answer_kept(b);
+        WAIT_FOR(b->kept->len > 0 || got.n == n + 16);
+    }
+    ck_assert_uint_eq(got.n, n + 16);
+    ck_assert_uint_eq(got.errors, 0);
+    ck_assert_uint_eq(got.out_of_order, 0);
+    for (unsigned i = 0; i < n + 16; i++) {
+        g_autofree char *want =
+            g_strdup_printf("req:%u:{\"i\":%u}:%u", T_KEEP, i, i < n ? 0 : 1024 * 1024 - 64);
+
+        ck_assert_msg(log_at_is(b, i + 1, want), "request %u not in order", i); /* 0: up:a */
+    }
+}
+END_TEST
+
+/* Requests held back fail with those sent when the link goes, and are cancelled when the
+ * node closes; each is answered once. */
+START_TEST(test_held_requests_fail_with_link)
+{
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    Node *c = node_open("c", false);
+    Answers via_b = { 0 }, via_c = { 0 };
+
+    link_nodes(a, b);
+    link_nodes(a, c);
+    for (unsigned i = 0; i < 260; i++) {
+        ck_assert_int_eq(ask_kept(a, "b", &via_b, i, 0), 0);
+        ck_assert_int_eq(ask_kept(a, "c", &via_c, i, 0), 0);
+    }
+    WAIT_FOR(log_count(b, "req:") == 256 && log_count(c, "req:") == 256);
+    node_close(b);
+    WAIT_FOR(via_b.n == 260);
+    ck_assert_uint_eq(via_b.errors, 260);
+    ck_assert_int_eq(via_b.last_err, -ECONNRESET);
+    ck_assert_uint_eq(via_b.out_of_order, 0);
+    ck_assert_uint_eq(via_c.n, 0); /* another link's are not touched */
+
+    node_close(a);
+    ck_assert_uint_eq(via_c.n, 260);
+    ck_assert_uint_eq(via_c.errors, 260);
+    ck_assert_int_eq(via_c.last_err, -ECANCELED);
+    spin(50);
+    ck_assert_uint_eq(via_b.n + via_c.n, 520);
+}
+END_TEST
+
 START_TEST(test_request_timeout)
 {
     static const char *const fast[] = { "request-timeout-ms", "200", NULL };
@@ -1536,7 +1648,8 @@ static Suite *fabric_suite(void)
             test_connect_async_close_cancels } },
         { "messages",
           { test_request_reply, test_event, test_error_reply, test_message_args,
-            test_threaded_peer_answers, test_map_back_while_asking, test_connect_inside_handler } },
+            test_threaded_peer_answers, test_map_back_while_asking, test_connect_inside_handler,
+            test_requests_past_what_peer_takes_wait, test_held_requests_fail_with_link } },
         { "failures",
           { test_request_timeout, test_reset_on_peer_close, test_reset_on_peer_quit,
             test_close_cancels } },

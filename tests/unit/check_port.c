@@ -40,6 +40,7 @@ typedef struct Worker {
     int linked;                       /* a connect's answer: 1 up, -errno, 0 none yet */
     unsigned flood_sent;              /* step_flood's */
     int flood_ms;
+    VnFabricStats stats; /* its fabric's, as a step left it */
 } Worker;
 
 static Worker *worker;
@@ -1325,6 +1326,42 @@ static void step_run_until_answered(Worker *w)
     }
 }
 
+/* Replies to step_ask_many's requests: how many, how many failed, and any out of order. */
+static unsigned many_answered, many_failed, many_out_of_order;
+
+static void on_many(void *opaque, VnFabricMsg *reply, int err)
+{
+    g_autofree char *want =
+        g_strdup_printf("{\"device\":\"nvme0\",\"i\":%u}", GPOINTER_TO_UINT(opaque));
+
+    many_out_of_order += GPOINTER_TO_UINT(opaque) != many_answered ||
+                         (err == 0 && g_strcmp0(reply->json, want) != 0);
+    many_failed += err != 0;
+    many_answered++;
+}
+
+/* The worker asks its lender (who takes 1 ms to answer each) 3 times what its daemon relays
+ * at once, before it reads any answer, and runs its loop until all came back. */
+static void step_ask_many(Worker *w)
+{
+    const unsigned n = 3 * VN_HOST_MAX_RELAYED;
+    gint64 end = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+
+    many_answered = many_failed = many_out_of_order = 0;
+    for (unsigned i = 0; i < n; i++) {
+        g_autofree char *json = g_strdup_printf("{\"device\":\"nvme0\",\"i\":%u}", i);
+
+        ck_assert_int_eq(vn_fabric_request(w->fab, "hosta", T_SLOW_ECHO, json, NULL, 0, on_many,
+                                           GUINT_TO_POINTER(i)),
+                         0);
+    }
+    while (many_answered < n && g_get_monotonic_time() < end) {
+        g_main_context_iteration(w->ctx, FALSE);
+        g_usleep(200);
+    }
+    vn_fabric_stats(w->fab, &w->stats);
+}
+
 static void step_unmap_asked(Worker *w)
 {
     vn_fabric_window_unmap(w->fab, asked[0].win);
@@ -1385,6 +1422,23 @@ START_TEST(test_asks_answered_later)
     munmap(map, 16384);
     close(memfd);
     close(efd);
+}
+END_TEST
+
+/* A worker never has more requests with its daemon than the daemon relays at once (it
+ * refuses the rest: EBUSY); its fabric holds the others back and sends them, in order, as
+ * answers come.  None is refused. */
+START_TEST(test_worker_requests_past_relay_bound_wait)
+{
+    node_start(lender);
+    open_worker(step_open);
+    ck_assert_int_eq(worker->ret, 0);
+    in_worker(step_ask_many);
+    ck_assert_uint_eq(many_answered, 3 * VN_HOST_MAX_RELAYED);
+    ck_assert_uint_eq(many_failed, 0);
+    ck_assert_uint_eq(many_out_of_order, 0);
+    ck_assert_uint_eq(worker->stats.requests_held, 2 * VN_HOST_MAX_RELAYED);
+    ck_assert_uint_eq(vn_port_refused(port), 0);
 }
 END_TEST
 
@@ -1468,6 +1522,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_secret_must_come_first);
     tcase_add_test(tc, test_windows_segments_routes);
     tcase_add_test(tc, test_asks_answered_later);
+    tcase_add_test(tc, test_worker_requests_past_relay_bound_wait);
     tcase_add_test(tc, test_worker_that_stops_reading);
     tcase_add_test(tc, test_daemon_that_stops_reading);
     tcase_add_test(tc, test_connect_flood);

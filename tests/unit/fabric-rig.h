@@ -40,6 +40,8 @@ enum {
     T_HOLD_QUIT,    /* keep the token, stop the node's thread (it closes) */
     T_MAP_BACK,     /* map the asker's segment (id in data), reply its bytes */
     T_CONNECT,      /* connect to the node named in data, reply {"up":0|1} */
+    T_KEEP,         /* keep the token for the test to answer (node_answer_kept) */
+    T_SLOW_ECHO,    /* T_ECHO after 1 ms of the node's thread (a peer slower than the asker) */
 };
 
 typedef struct Node {
@@ -51,6 +53,7 @@ typedef struct Node {
     bool close_in_thread;
     VnMutex lock;   /* log: written by the node's thread */
     GPtrArray *log; /* "up:b", "down:b", "req:1", "ev:7:...", "db:a:3" */
+    GArray *kept;   /* T_KEEP's tokens, oldest first (unthreaded nodes) */
 } Node;
 
 static char *tmpdir;
@@ -163,6 +166,9 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
     log_add(
         n, g_strdup_printf("req:%u:%s:%zu", msg->type, msg->json ? msg->json : "-", msg->data_len));
     switch (msg->type) {
+    case T_SLOW_ECHO:
+        g_usleep(1000);
+        /* fall through */
     case T_ECHO:
         vn_fabric_reply(n->fab, token, msg->json, msg->data, msg->data_len);
         break;
@@ -181,6 +187,9 @@ static inline void on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
         vn_fabric_reply_error(n->fab, token, -EPERM, "not allowed here");
         break;
     case T_HOLD:
+        break;
+    case T_KEEP:
+        g_array_append_val(n->kept, token);
         break;
     case T_HOLD_QUIT:
         n->close_in_thread = true;
@@ -243,6 +252,7 @@ static inline Node *node_open_kv(const char *name, bool threaded, const char *co
     g_strlcpy(n->name, name, sizeof(n->name));
     vn_mutex_init(&n->lock);
     n->log = g_ptr_array_new_with_free_func(g_free);
+    n->kept = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     n->ctx = threaded ? g_main_context_new() : g_main_context_ref(ctx);
 
     if (strcmp(rig_backend, "ntb") == 0) {
@@ -308,6 +318,7 @@ static inline void node_close(Node *n)
     g_clear_pointer(&n->fab, vn_fabric_close);
     g_main_context_unref(n->ctx);
     g_ptr_array_unref(n->log);
+    g_array_unref(n->kept);
     vn_mutex_clear(&n->lock);
     g_ptr_array_remove(nodes, n);
     g_free(n);
@@ -475,6 +486,15 @@ static inline void on_reply(void *opaque, VnFabricMsg *msg, int err)
         r->data = g_byte_array_new();
         g_byte_array_append(r->data, msg->data, (guint)msg->data_len);
     }
+}
+
+/* Answer every request @n kept (T_KEEP), oldest first: "{}". */
+static inline void node_answer_kept(Node *n)
+{
+    for (guint i = 0; i < n->kept->len; i++) {
+        vn_fabric_reply(n->fab, g_array_index(n->kept, uint64_t, i), "{}", NULL, 0);
+    }
+    g_array_set_size(n->kept, 0);
 }
 
 static inline void reply_clear(Reply *r)

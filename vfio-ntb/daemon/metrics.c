@@ -269,6 +269,9 @@ static const struct {
       "Fabric doorbells rung beyond a peer's rate, folded into one delivery per bit" },
     { "bad_messages", "vfio_ntb_fabric_bad_messages_total", "counter",
       "Malformed fabric messages dropped" },
+    { "requests_held", "vfio_ntb_fabric_requests_held_total", "counter",
+      "Fabric requests this node held back until a peer answered earlier ones (it takes "
+      "256 at once)" },
     { "windows_in_use", "vfio_ntb_fabric_windows_in_use", "gauge",
       "Fabric windows in use on this node, of its max-windows budget" },
     { "@state_save_errors", "vfio_ntb_state_save_errors_total", "counter",

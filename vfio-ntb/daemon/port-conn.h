@@ -15,8 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Requests one worker may have relayed and unanswered. */
-#define VN_PORT_MAX_INFLIGHT 64u
+/* Requests one worker may have relayed and unanswered (what its fabric holds itself to). */
+#define VN_PORT_MAX_INFLIGHT VN_HOST_MAX_RELAYED
 /* Ids the daemon withdrew that the worker may still unexport (vn_port_withdraw): a lender
  * worker exports a few per region, VN_MAX_REGIONS regions. */
 #define VN_PORT_MAX_WITHDRAWN 256u

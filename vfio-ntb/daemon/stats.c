@@ -82,6 +82,7 @@ static JsonNode *build(VnDaemon *d, const Gather *g)
         { "doorbells_received", &fs.doorbells_received },
         { "doorbells_coalesced", &fs.doorbells_coalesced },
         { "bad_messages", &fs.bad_messages },
+        { "requests_held", &fs.requests_held },
     };
 
     vn_fabric_stats(d->fab, &fs);

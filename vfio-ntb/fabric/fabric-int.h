@@ -15,6 +15,10 @@
 /* Requests one peer may have waiting for our handler's answer; beyond it a
  * request gets -EBUSY, so a flooding peer cannot grow the token table. */
 #define VN_FABRIC_MAX_INFLIGHT 256
+/* Requests of ours one link may hold back (vn_fabric_request: the peer has as many of ours
+ * as it takes), and their bytes; past either, a request gets -EBUSY at once. */
+#define VN_FABRIC_MAX_HELD 4096u
+#define VN_FABRIC_MAX_HELD_BYTES (16u * 1024u * 1024u)
 /* Largest segment exported: 1 TiB, above any window a supported adapter
  * (or the shm backend's max-window-size) offers. */
 #define VN_FABRIC_MAX_SEGMENT_SIZE (UINT64_C(1) << 40)
@@ -29,7 +33,10 @@
 typedef struct VnFabricPeer {
     char *name;
     uint64_t gen;
-    unsigned inflight;        /* tokens of this link not yet answered */
+    unsigned inflight; /* tokens of this link not yet answered */
+    unsigned asked;    /* our requests on this link not yet answered */
+    GQueue held;       /* VnFabricPending not sent yet: @asked was at fab->max_asked */
+    size_t held_bytes;
     unsigned deferred_frames; /* queued while deferring (VN_FABRIC_MAX_DEFERRED_*) */
     size_t deferred_bytes;
     bool dropping; /* broke a bound: its frames are dropped until link down */
@@ -52,6 +59,12 @@ typedef struct VnFabricPending {
     VnFabricReplyFn done;
     void *opaque;
     GSource *timeout;
+    /* Held back (VnFabricPeer.held) until the peer answers one of the others: what to
+     * send then.  A request that was sent has none of it. */
+    bool held;
+    char *json;
+    void *data;
+    size_t len;
 } VnFabricPending;
 
 /* A request we received and owe a reply to. */
@@ -83,6 +96,8 @@ struct VnFabric {
     VnFabricLimits limits;
     uint32_t caps; /* ops->caps, or fewer (vn_fabric_backend_set_caps()) */
     int request_timeout_ms;
+    unsigned
+        max_asked; /* requests a peer takes from us at once (vn_fabric_backend_set_max_asked) */
     uint32_t doorbell_rate; /* per peer and second ("doorbell-rate") */
 
     GHashTable *peers; /* name -> VnFabricPeer, links that are up */

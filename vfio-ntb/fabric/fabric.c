@@ -197,6 +197,12 @@ void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits)
     fab->limits = *limits;
 }
 
+void vn_fabric_backend_set_max_asked(VnFabric *fab, unsigned n)
+{
+    g_return_if_fail(n > 0);
+    fab->max_asked = MIN(n, VN_FABRIC_MAX_INFLIGHT);
+}
+
 void vn_fabric_backend_hold(VnFabric *fab)
 {
     fab->defer++;
@@ -217,6 +223,9 @@ static void peer_free(gpointer data)
 {
     VnFabricPeer *p = data;
 
+    /* Its held requests stay in the pending table, failed with the link's others
+     * (vn_fabric_link_lost). */
+    g_queue_clear(&p->held);
     if (p->db_flush != NULL) {
         g_source_destroy(p->db_flush);
         g_source_unref(p->db_flush);
@@ -561,6 +570,7 @@ VnFabric *vn_fabric_open(const char *backend, const char *node, GHashTable *para
     fab->connects = g_ptr_array_new();
     vn_fabric_limits_default(&fab->limits);
     fab->request_timeout_ms = VN_FABRIC_REQUEST_TIMEOUT_MS;
+    fab->max_asked = VN_FABRIC_MAX_INFLIGHT;
     fab->peers = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, peer_free);
     fab->pending = g_hash_table_new(g_int64_hash, g_int64_equal);
     fab->tokens = g_hash_table_new(g_int64_hash, g_int64_equal);

@@ -241,6 +241,10 @@ void vn_fabric_backend_set_limits(VnFabric *fab, const VnFabricLimits *limits);
 /* For ops->open: this node can do less than the backend's ops->caps say
  * (a worker's, what its host's fabric does): @caps within them. */
 void vn_fabric_backend_set_caps(VnFabric *fab, uint32_t caps);
+/* For ops->open: a peer takes at most @n of our requests at once (default
+ * VN_FABRIC_MAX_INFLIGHT, what a fabric node takes); vn_fabric_request() holds back the
+ * rest, in order, until it answers. */
+void vn_fabric_backend_set_max_asked(VnFabric *fab, unsigned n);
 /*
  * For a backend answering @peer's map of segment @id (or open of route @id):
  * the fd to give (borrowed) and, for a segment, its size and where it starts
@@ -455,6 +459,7 @@ typedef struct VnFabricStats {
     uint64_t windows_mapped;
     uint64_t routes_opened;
     uint64_t bad_messages;
+    uint64_t requests_held; /* sent later: the peer had as many of ours as it takes */
 } VnFabricStats;
 void vn_fabric_stats(VnFabric *fab, VnFabricStats *out);
 

@@ -269,6 +269,7 @@ static bool host_greet(VnHost *h, GError **error)
         limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
         vn_fabric_backend_set_limits(h->fab, &limits);
         vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg & 0xffffffffu);
+        vn_fabric_backend_set_max_asked(h->fab, VN_HOST_MAX_RELAYED);
         h->greeted = true;
     }
     for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {

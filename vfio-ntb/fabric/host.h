@@ -152,6 +152,9 @@ typedef struct VnHostHdr {
 
 /* The longest record on a port: a header and the largest frame. */
 #define VN_HOST_MAX_RECORD ((uint32_t)sizeof(VnHostHdr) + VN_FABRIC_MAX_FRAME)
+/* Requests a worker may have relayed by its daemon and unanswered: the daemon refuses more
+ * (EBUSY), and the worker's fabric holds back the rest until one is answered. */
+#define VN_HOST_MAX_RELAYED 64u
 /* A worker's secret: what it proves itself with when it reconnects. */
 #define VN_HOST_SECRET_LEN 32u
 /* How long a worker waits for a restarted daemon. */

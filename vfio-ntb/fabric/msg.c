@@ -138,13 +138,67 @@ static void pending_free(VnFabricPending *pend)
         g_source_unref(pend->timeout);
     }
     g_free(pend->peer);
+    g_free(pend->json);
+    g_free(pend->data);
     g_free(pend);
 }
 
-/* Take @pend out of the table, call its callback once, free it. */
+/* The link @pend was asked on, while it is up. */
+static VnFabricPeer *pending_link(VnFabric *fab, const VnFabricPending *pend)
+{
+    VnFabricPeer *p = vn_fabric_peer(fab, pend->peer);
+
+    return p != NULL && p->gen == pend->gen ? p : NULL;
+}
+
+static void pending_send(VnFabric *fab, VnFabricPeer *p, VnFabricPending *pend, const char *json,
+                         const void *data, size_t len, int *err)
+{
+    *err = vn_fabric_send_frame(fab, p->name, VN_FABRIC_FLAG_REQUEST, pend->type, pend->id, 0, json,
+                                data, len);
+    if (*err == 0) {
+        p->asked++;
+    }
+}
+
+static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *reply, int err);
+
+/* @p answered one of ours: the oldest it held back go, as many as it takes now.  False when
+ * one could not be sent (and was failed): @p may be gone then. */
+static bool held_release(VnFabric *fab, VnFabricPeer *p)
+{
+    VnFabricPending *pend;
+    int err;
+
+    while (p->asked < fab->max_asked && (pend = g_queue_pop_head(&p->held)) != NULL) {
+        p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+        pend->held = false;
+        pending_send(fab, p, pend, pend->json, pend->data, pend->len, &err);
+        g_clear_pointer(&pend->json, g_free);
+        g_clear_pointer(&pend->data, g_free);
+        if (err < 0) {
+            pending_complete(fab, pend, NULL, err);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Take @pend out of the table (and out of its link's count or queue), call its callback
+ * once, free it. */
 static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *reply, int err)
 {
+    VnFabricPeer *p = pending_link(fab, pend);
+
     g_hash_table_remove(fab->pending, &pend->id);
+    if (p != NULL && pend->held) {
+        g_queue_remove(&p->held, pend);
+        p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+    } else if (p != NULL) {
+        p->asked--;
+        /* Before the callback: what it asks goes behind those that waited. */
+        held_release(fab, p);
+    }
     trace_fabric_request_done(fab->node, pend->id, pend->peer, err);
     pend->done(pend->opaque, reply, err);
     pending_free(pend);
@@ -154,8 +208,8 @@ static gboolean pending_timeout(gpointer data)
 {
     VnFabricPending *pend = data;
 
-    g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out", pend->fab->node, pend->id,
-           pend->type, pend->peer);
+    g_info("node %s: request id %" PRIu64 " type 0x%x to %s timed out%s", pend->fab->node, pend->id,
+           pend->type, pend->peer, pend->held ? " (held back: never sent)" : "");
     /* The source is being dispatched and goes when we return REMOVE. */
     g_clear_pointer(&pend->timeout, g_source_unref);
     pending_complete(pend->fab, pend, NULL, -ETIMEDOUT);
@@ -167,7 +221,8 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
 {
     VnFabricPeer *p;
     VnFabricPending *pend;
-    uint64_t id, gen;
+    size_t bytes = len + (json != NULL ? strlen(json) : 0);
+    bool hold;
     int ret;
 
     if (type >= VN_FABRIC_TYPE_RESERVED || done == NULL || peer == NULL) {
@@ -180,21 +235,37 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
     if (p == NULL) {
         return -ENOTCONN;
     }
-    gen = p->gen;
-    id = ++fab->last_id;
-    ret = vn_fabric_send_frame(fab, peer, VN_FABRIC_FLAG_REQUEST, type, id, 0, json, data, len);
-    if (ret < 0) {
-        return ret;
+    /* The peer refuses what is past the number it takes: the rest wait here, in order. */
+    hold = p->asked >= fab->max_asked || p->held.length > 0;
+    if (hold && (p->held.length >= VN_FABRIC_MAX_HELD || len > VN_FABRIC_MAX_PAYLOAD ||
+                 bytes > VN_FABRIC_MAX_HELD_BYTES - p->held_bytes)) {
+        return -EBUSY;
     }
-    /* No reply can be handled before we return: nothing runs the loop. */
     pend = g_new0(VnFabricPending, 1);
-    pend->id = id;
+    pend->id = ++fab->last_id;
     pend->fab = fab;
     pend->peer = g_strdup(peer);
-    pend->gen = gen;
+    pend->gen = p->gen;
     pend->type = type;
     pend->done = done;
     pend->opaque = opaque;
+    if (hold) {
+        pend->held = true;
+        pend->json = g_strdup(json);
+        pend->data = len > 0 ? g_memdup2(data, len) : NULL;
+        pend->len = len;
+        p->held_bytes += bytes;
+        g_queue_push_tail(&p->held, pend);
+        fab->stats.requests_held++;
+        trace_fabric_request_held(fab->node, pend->id, peer, p->asked, p->held.length);
+    } else {
+        pending_send(fab, p, pend, json, data, len, &ret);
+        if (ret < 0) {
+            pending_free(pend);
+            return ret;
+        }
+    }
+    /* No reply can be handled before we return: nothing runs the loop. */
     pend->timeout = g_timeout_source_new((guint)fab->request_timeout_ms);
     g_source_set_callback(pend->timeout, pending_timeout, pend, NULL);
     g_source_attach(pend->timeout, fab->ctx);
@@ -555,6 +626,12 @@ static void pending_fail(VnFabric *fab, uint64_t gen, int err)
     for (guint i = 0; i < victims->len; i++) {
         VnFabricPending *pend = victims->pdata[i];
 
+        VnFabricPeer *p = pend->held ? pending_link(fab, pend) : NULL;
+
+        if (p != NULL) { /* the node closing: its links are still up */
+            g_queue_remove(&p->held, pend);
+            p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+        }
         trace_fabric_request_failed(fab->node, pend->id, pend->peer, g_strerror(-err));
         pend->done(pend->opaque, NULL, err);
         pending_free(pend);
