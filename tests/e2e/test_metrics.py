@@ -146,7 +146,8 @@ BORROWER = [("config_forwarded", "vfio_ntb_forwarded_accesses_total", {"space": 
             ("posted_write_failures", "vfio_ntb_posted_write_failures_total", {})]
 FABRIC = [("msgs_sent", "vfio_ntb_fabric_messages_sent_total"),
           ("msgs_received", "vfio_ntb_fabric_messages_received_total"),
-          ("bad_messages", "vfio_ntb_fabric_bad_messages_total")]
+          ("bad_messages", "vfio_ntb_fabric_bad_messages_total"),
+          ("requests_held", "vfio_ntb_fabric_requests_held_total")]
 
 
 def compare(d, role, before, samples, after):
