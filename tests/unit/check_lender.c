@@ -417,7 +417,8 @@ START_TEST(test_dma_refused)
     /* The device refuses an overlap; the window of the first one stays. */
     ck_assert_int_eq(dma_map(b, 0x100000, 0x2000, m.segment, 0), 0);
     ck_assert_int_eq(dma_map(b, 0x101000, 0x2000, m.segment, 0), -EEXIST);
-    ck_assert_int_eq(dma_unmap(b, 0x300000, 0x1000, false), -ENOENT);
+    /* Nothing mapped there: done, as with Linux's type1 IOMMU (the vfio backend's). */
+    ck_assert_int_eq(dma_unmap(b, 0x300000, 0x1000, false), 0);
     ck_assert_uint_eq(device_dma_count(), 1);
     s = snap();
     ck_assert_uint_eq(s.st.windows, 1);

@@ -188,6 +188,7 @@ static const VnWireDmaMap map_badflags = { 32, 0x80, 0, 0x1000, 0x1000 };
 static const VnWireDmaMap map_unaligned = { 32, 3, 0, 0x1001, 0x1000 };
 static const VnWireDmaUnmap unmap_all_range = { 24, VFIO_DMA_UNMAP_FLAG_ALL, 0x1000, 0x1000 };
 static const VnWireDmaUnmap unmap_dirty = { 24, VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP, 0, 0x1000 };
+static const VnWireDmaUnmap unmap_wraps = { 24, 0, UINT64_MAX - 0xfff, 0x2000 };
 static const VnWireIrqSet irq_overflow = { 20, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
                                            2, 0xffffffffu, 2 };
 static const VnWireIrqSet irq_two_types = {
@@ -230,6 +231,7 @@ static const Bad bad[] = {
     { "DMA_MAP unaligned", VN_CMD_DMA_MAP, 0, &map_unaligned, 32, 0, -1, -EINVAL },
     { "DMA_UNMAP all with a range", VN_CMD_DMA_UNMAP, 0, &unmap_all_range, 24, 0, -1, -EINVAL },
     { "DMA_UNMAP dirty bitmap", VN_CMD_DMA_UNMAP, 0, &unmap_dirty, 24, 0, -1, -ENOTSUP },
+    { "DMA_UNMAP wraps", VN_CMD_DMA_UNMAP, 0, &unmap_wraps, 24, 0, -1, -EINVAL },
     { "SET_IRQS start+count overflow", VN_CMD_DEVICE_SET_IRQS, 0, &irq_overflow, 20, 0, -1,
       -EINVAL },
     { "SET_IRQS two data types", VN_CMD_DEVICE_SET_IRQS, 0, &irq_two_types, 20, 0, -1, -EINVAL },

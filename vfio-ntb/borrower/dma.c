@@ -71,9 +71,15 @@ static void map_refused(VnBorrower *b, const Mapping *m, int err, const char *wh
         b->device, m->iova, m->size, m->offset, m->prot, why != NULL ? why : g_strerror(-err));
 }
 
+/* Ranges are compared by their last bytes: QEMU's may end at 2^64 (mappings do not). */
 static bool overlaps(const Mapping *m, uint64_t iova, uint64_t size)
 {
-    return m->iova < iova + size && iova < m->iova + m->size;
+    return m->iova <= iova + (size - 1) && iova <= m->iova + (m->size - 1);
+}
+
+static bool inside(const Mapping *m, uint64_t iova, uint64_t size)
+{
+    return m->iova >= iova && m->iova + (m->size - 1) <= iova + (size - 1);
 }
 
 /* QEMU mapped @m again: it stops lingering. */
@@ -365,7 +371,7 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
 
 void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)
 {
-    bool inside = false, can_linger = !all && b->linger_ms > 0;
+    bool ours = false, can_linger = !all && b->linger_ms > 0;
     unsigned more = 0;
 
     /* Lingering needs every mapping inside confirmed (one on its way: the unmap follows
@@ -374,13 +380,13 @@ void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool
     for (GList *l = b->mappings; l != NULL; l = l->next) {
         const Mapping *m = l->data;
 
-        if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
-            inside = inside || all || !m->lingering;
+        if (all || inside(m, iova, size)) {
+            ours = ours || all || !m->lingering;
             can_linger = can_linger && m->confirmed;
             more += !m->lingering;
         }
     }
-    if (!inside) {
+    if (!ours) {
         return; /* nothing QEMU has mapped there is ours: nothing to forward */
     }
     can_linger = can_linger && b->lingering.length + more <= b->linger_max;
@@ -388,7 +394,7 @@ void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool
         GList *next = l->next;
         Mapping *m = l->data;
 
-        if (all || (m->iova >= iova && m->iova + m->size <= iova + size)) {
+        if (all || inside(m, iova, size)) {
             if (!can_linger) {
                 mapping_drop(b, m);
             } else if (!m->lingering) {

@@ -141,7 +141,7 @@ int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32
 int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
 {
     g_autoptr(GArray) gone = g_array_new(FALSE, FALSE, sizeof(Entry));
-    uint64_t end = iova + size;
+    uint64_t range_last = iova + (size - 1); /* it may end at 2^64; no mapping does */
     int64_t bytes = 0;
     guint first, last;
 
@@ -153,12 +153,13 @@ int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
         first = lower_bound(dma, iova);
         last = first;
         /* vfio type1: an unmap may not cut a mapping in two */
-        while (last < dma->entries->len && g_array_index(dma->entries, Entry, last).m.iova < end) {
+        while (last < dma->entries->len &&
+               g_array_index(dma->entries, Entry, last).m.iova <= range_last) {
             Entry *e = &g_array_index(dma->entries, Entry, last);
 
-            if (e->m.iova < iova || e->m.iova + e->m.size > end) {
+            if (e->m.iova < iova || e->m.iova + (e->m.size - 1) > range_last) {
                 g_rw_lock_writer_unlock(&dma->lock);
-                return -ENOENT;
+                return -EINVAL;
             }
             last++;
         }
@@ -177,9 +178,6 @@ int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all)
     /* munmap outside the lock: the entries are unreachable already. */
     for (guint i = 0; i < gone->len; i++) {
         entry_release(&g_array_index(gone, Entry, i));
-    }
-    if (!all && gone->len == 0) {
-        return -ENOENT;
     }
     return bytes;
 }

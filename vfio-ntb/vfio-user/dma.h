@@ -53,10 +53,10 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnDma, vn_dma_free)
 int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot, int fd);
 
 /*
- * Remove mappings.  With @all, every mapping; otherwise exactly the
- * mappings inside [iova, iova + size), which must start at @iova and end at
- * iova + size (vfio type1 semantics: no splitting).  Returns the number of
- * bytes unmapped, or -ENOENT when nothing matches.
+ * Remove mappings.  With @all, every mapping; otherwise the mappings inside
+ * [iova, iova + size), none of which may cross either end (-EINVAL: no
+ * mapping is split).  Returns the number of bytes unmapped, 0 when nothing
+ * was mapped there (as Linux's type1 IOMMU answers).
  */
 int64_t vn_dma_unmap(VnDma *dma, uint64_t iova, uint64_t size, bool all);
 

@@ -286,6 +286,7 @@ static int handle_dma_map(VnServer *s, const VnWireRequest *req, VnTransportMsg 
 static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
 {
     const VnWireDmaUnmap *u = &req->u.dma_unmap;
+    VnWireDmaUnmap reply = *u;
     bool all = u->flags & VFIO_DMA_UNMAP_FLAG_ALL;
     int64_t ret;
 
@@ -299,8 +300,11 @@ static int handle_dma_unmap(VnServer *s, const VnWireRequest *req)
         return reply_error(s, &req->hdr, (int)ret);
     }
     s->stats.dma_unmaps++;
+    /* The reply says how much was unmapped, as type1 does: 0 when nothing was there (a
+     * guest's IOMMU unmapping its whole space in chunks at shutdown is no error). */
+    reply.size = (uint64_t)ret;
     vn_wire_begin_reply(s->out, &req->hdr);
-    g_byte_array_append(s->out, (const guint8 *)u, sizeof(*u));
+    g_byte_array_append(s->out, (const guint8 *)&reply, sizeof(reply));
     vn_wire_finish(s->out);
     return reply_send(s, &req->hdr, NULL, 0);
 }

@@ -135,7 +135,8 @@ static int decode_dma_unmap(const uint8_t *body, size_t len, unsigned nfds, VnWi
         /* linux/vfio.h: iova and size must be 0 with FLAG_ALL */
         return (u->iova == 0 && u->size == 0) ? 0 : -EINVAL;
     }
-    if (u->size == 0 || u->iova + u->size < u->iova) {
+    /* A range may end at 2^64: QEMU unmaps a 64-bit IOMMU space in two halves. */
+    if (u->size == 0 || u->iova + (u->size - 1) < u->iova) {
         return -EINVAL;
     }
     return 0;
