@@ -1,8 +1,9 @@
 /*
  * Inside the fabric layer: the VnFabric struct and the calls between
- * fabric.c (node, links, receive path), msg.c (requests, replies, events,
- * doorbells), window.c (segments and windows) and route.c (interrupt
- * routes).  Not for other layers.
+ * fabric.c (the registry, a node's life), link.c (links, the receive path),
+ * msg.c (requests, replies, events, doorbells), window.c (segments and
+ * windows) and route.c (interrupt routes); each calls only those after it
+ * in that order.  Not for other layers.
  *
  * Threads: everything here belongs to the fabric's GMainContext thread.
  */
@@ -141,15 +142,25 @@ void vn_fabric_connects_link_up(GPtrArray *list, const char *peer);
 /* Closing: every connect is answered -ECANCELED, and @list freed. */
 void vn_fabric_connects_close(GPtrArray *list);
 
-/* fabric.c */
-VnFabricPeer *vn_fabric_peer(VnFabric *fab, const char *name);
+/* The link to @name while it is up, or NULL (inline: every part of the fabric asks it, and
+ * none of them need call up into another for it). */
+static inline VnFabricPeer *vn_fabric_peer(VnFabric *fab, const char *name)
+{
+    return (VnFabricPeer *)g_hash_table_lookup(fab->peers, name);
+}
+
+/* link.c */
+/* The peer table's value destructor. */
+void vn_fabric_peer_free(gpointer data);
+/* Closing: what the backend reported and was not handled yet is dropped. */
+void vn_fabric_links_close(VnFabric *fab);
+
+/* msg.c */
 /* Count and log a bad frame, answer it when it was a request. */
 void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
                          const char *why);
 /* A borrowed view of a received frame for a handler. */
 void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f);
-
-/* msg.c */
 int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
                          uint64_t id, int32_t error, const char *json, const void *data,
                          size_t len);

@@ -10,6 +10,8 @@
 #include "fabric-int.h"
 #include "record.h"
 
+#include <errno.h>
+
 /* Ops sent without waiting and not yet answered: far more than a worker's maps and route
  * opens in flight (its lender takes one request at a time). */
 #define VN_HOST_MAX_ASKED 256u
@@ -69,11 +71,26 @@ typedef struct VnHostAsk {
     int fd;
 } VnHostAsk;
 
-/* host.c.  send_record: one record to the daemon, 0 or -errno (a lost stream is shut
- * down: the reader reconnects).  call: an op that gets a REPLY, waited for (the daemon
- * answers at once; what would wait on a peer is asked instead). */
-int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
-                        uint64_t arg2, const void *data, size_t len, int fd);
+/* One record to the daemon, 0 or -errno.  Never waits: what the daemon's socket does not
+ * take now goes from the loop (a daemon that takes nothing for VN_HOST_SEND_TIMEOUT_S
+ * loses us, and the reader reconnects).  Inline: host.c and host-ask.c both send, and
+ * neither calls up into the other for it. */
+static inline int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer,
+                                      uint64_t arg, uint64_t arg2, const void *data, size_t len,
+                                      int fd)
+{
+    g_autofree uint8_t *buf = NULL;
+    size_t n;
+
+    if (h->fd < 0 || h->out == NULL) {
+        return -ENOTCONN;
+    }
+    buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
+    return vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd);
+}
+
+/* host.c.  call: an op that gets a REPLY, waited for (the daemon answers at once; what would
+ * wait on a peer is asked instead). */
 int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
                  const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in);
 

@@ -32,21 +32,6 @@
 /* Windows one withhold may change, as its daemon says: more than any node has. */
 #define VN_HOST_MAX_WITHHELD 1024u
 
-int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer, uint64_t arg,
-                        uint64_t arg2, const void *data, size_t len, int fd)
-{
-    g_autofree uint8_t *buf = NULL;
-    size_t n;
-
-    if (h->fd < 0 || h->out == NULL) {
-        return -ENOTCONN;
-    }
-    /* Never waits: what the daemon's socket does not take now goes from the loop (a daemon
-     * that takes nothing for VN_HOST_SEND_TIMEOUT_S loses us: on_out_failed). */
-    buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
-    return vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd);
-}
-
 /* The stream to the daemon is lost (it took nothing for too long, or would have too much
  * waiting): the reader sees the connection end and reconnects. */
 static void on_out_failed(void *opaque, int err)

@@ -70,6 +70,29 @@ void vn_fabric_msg_free(VnFabricMsg *msg)
     g_free((VnFabricMsgOwned *)msg);
 }
 
+void vn_fabric_msg_view(VnFabricMsg *msg, const char *peer, const VnFabricFrame *f)
+{
+    memset(msg, 0, sizeof(*msg));
+    msg->peer = peer;
+    msg->type = f->hdr.type;
+    msg->json = f->json;
+    msg->data = f->data;
+    msg->data_len = f->hdr.data_len;
+}
+
+void vn_fabric_bad_frame(VnFabric *fab, const char *peer, const VnFabricFrame *f, int err,
+                         const char *why)
+{
+    g_autofree char *message = g_strdup_printf("%s: %s", why, g_strerror(-err));
+
+    fab->stats.bad_messages++;
+    g_info("node %s: bad frame from %s (%s id %" PRIu64 " type 0x%x): %s", fab->node, peer,
+           vn_fabric_kind_to_string(f->hdr.flags), f->hdr.id, f->hdr.type, message);
+    if (vn_fabric_frame_replyable(f)) {
+        vn_fabric_send_error(fab, peer, f->hdr.id, f->hdr.type, err, message);
+    }
+}
+
 /* ---- sending ---------------------------------------------------------- */
 
 int vn_fabric_send_frame(VnFabric *fab, const char *peer, uint16_t flags, uint32_t type,
