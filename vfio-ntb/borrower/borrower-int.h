@@ -50,6 +50,9 @@ typedef struct VnBorrowerMapping {
     gint64 unmapped_at;
     GList link; /* in VnBorrower.lingering, oldest first */
     VnBorrowerSegment *seg;
+    /* Its rows in the kept state (VnBorrower.kept_mappings, .kept_lingering; NULL: none),
+     * so that a DMA message changes the state by a row, not by writing it all again. */
+    JsonNode *kept_row, *kept_linger;
 } VnBorrowerMapping;
 
 /* The indexes relay mode carries: INTx, MSI, MSI-X. */
@@ -123,6 +126,8 @@ struct VnBorrower {
     bool flushing;
     GMainContext *ctx; /* the borrower's (NULL: the default) */
     GBytes *kept;      /* the state the daemon keeps for our successor, as last sent */
+    /* Its "mappings" and "lingering" rows, kept as they change (takeover.c; NULL: none). */
+    JsonArray *kept_mappings, *kept_lingering;
 };
 
 /* A lending request to our lender, answered later: @done as for vn_fabric_request() (called
@@ -211,6 +216,13 @@ void vn_borrower_keep_irqs(VnBorrower *b, uint32_t index, uint32_t start, uint32
 void vn_borrower_kept_again(void *opaque);
 /* QEMU went: its connection and eventfds are nobody's to keep. */
 void vn_borrower_keep_client_gone(VnBorrower *b);
+/* The state's rows of @m: listed as a mapping (and as lingering when it does), unlisted,
+ * lingering or not any more; cleared when every mapping goes.  The state is sent at the
+ * next vn_borrower_keep_state(). */
+void vn_borrower_state_listed(VnBorrower *b, VnBorrowerMapping *m);
+void vn_borrower_state_unlisted(VnBorrower *b, VnBorrowerMapping *m);
+void vn_borrower_state_lingers(VnBorrower *b, VnBorrowerMapping *m, bool lingers);
+void vn_borrower_state_clear(VnBorrower *b);
 /* What the daemon hands the worker that takes over: the dead one's state and QEMU's caps
  * in it, its sockets (-1: none), and its other fds (key -> fd, closed when freed). */
 typedef struct VnBorrowerHandoff {

@@ -86,14 +86,18 @@ static bool inside(const Mapping *m, uint64_t iova, uint64_t size)
 static void linger_end(VnBorrower *b, Mapping *m)
 {
     if (m->lingering) {
-        g_queue_unlink(&b->lingering, &m->link);
+        if (m->link.data != NULL) { /* restored lingering: queued once served */
+            g_queue_unlink(&b->lingering, &m->link);
+        }
         m->lingering = false;
+        vn_borrower_state_lingers(b, m, false);
     }
 }
 
 static void mapping_drop(VnBorrower *b, Mapping *m)
 {
     linger_end(b, m);
+    vn_borrower_state_unlisted(b, m);
     vn_borrower_asks_forget(b, m); /* a map on its way: its answer finds it gone */
     b->mappings = g_list_remove(b->mappings, m);
     segment_put(b, m->seg);
@@ -268,6 +272,7 @@ static void linger_start(VnBorrower *b, Mapping *m)
     m->unmapped_at = g_get_monotonic_time();
     m->link = (GList){ .data = m };
     g_queue_push_tail_link(&b->lingering, &m->link);
+    vn_borrower_state_lingers(b, m, true);
     linger_arm(b);
 }
 
@@ -365,6 +370,7 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
         .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot, .seg = seg
     };
     b->mappings = g_list_prepend(b->mappings, m);
+    vn_borrower_state_listed(b, m);
     vn_borrower_keep_state(b, false);
     return vn_borrower_ask_later(b, VN_PROTO_DMA_MAP, json, NULL, 0, 0, on_mapped, m, NULL);
 }
@@ -420,6 +426,7 @@ void vn_borrower_dma_forget(VnBorrower *b)
     }
     g_queue_init(&b->lingering); /* its links are in the mappings freed next */
     g_list_free_full(g_steal_pointer(&b->mappings), g_free);
+    vn_borrower_state_clear(b);
     for (GList *l = b->segments; l != NULL; l = l->next) {
         vn_fabric_segment_unexport(b->fab, ((Segment *)l->data)->id);
     }

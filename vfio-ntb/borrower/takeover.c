@@ -57,6 +57,84 @@ static void add_row(JsonBuilder *jb, const uint64_t *v, unsigned n)
     json_builder_end_array(jb);
 }
 
+/* ---- the rows that change with every DMA message ----------------------- */
+
+static JsonNode *row_new(const uint64_t *v, unsigned n)
+{
+    JsonArray *a = json_array_sized_new(n);
+    JsonNode *node = json_node_alloc();
+
+    for (unsigned i = 0; i < n; i++) {
+        json_array_add_int_element(a, (gint64)v[i]); /* read back bit for bit */
+    }
+    json_node_init_array(node, a);
+    json_array_unref(a);
+    return node;
+}
+
+/* Take @row out of @rows (looked for from the end when @recent: a mapping goes soon after
+ * it came; lingering ones go oldest first). */
+static void row_remove(JsonArray *rows, JsonNode **row, bool recent)
+{
+    guint n = json_array_get_length(rows);
+
+    for (guint k = 0; k < n && *row != NULL; k++) {
+        guint i = recent ? n - 1 - k : k;
+
+        if (json_array_get_element(rows, i) == *row) {
+            json_array_remove_element(rows, i);
+            *row = NULL;
+        }
+    }
+}
+
+void vn_borrower_state_lingers(VnBorrower *b, VnBorrowerMapping *m, bool lingers)
+{
+    if (lingers && m->kept_linger == NULL) {
+        if (b->kept_lingering == NULL) {
+            b->kept_lingering = json_array_new();
+        }
+        m->kept_linger = row_new(&m->iova, 1);
+        json_array_add_element(b->kept_lingering, m->kept_linger);
+    } else if (!lingers && m->kept_linger != NULL) {
+        row_remove(b->kept_lingering, &m->kept_linger, false);
+    }
+}
+
+void vn_borrower_state_listed(VnBorrower *b, VnBorrowerMapping *m)
+{
+    if (b->kept_mappings == NULL) {
+        b->kept_mappings = json_array_new();
+    }
+    m->kept_row = row_new((uint64_t[]){ m->iova, m->size, m->prot, m->seg->id }, 4);
+    json_array_add_element(b->kept_mappings, m->kept_row);
+    vn_borrower_state_lingers(b, m, m->lingering);
+}
+
+void vn_borrower_state_unlisted(VnBorrower *b, VnBorrowerMapping *m)
+{
+    vn_borrower_state_lingers(b, m, false);
+    if (m->kept_row != NULL) {
+        row_remove(b->kept_mappings, &m->kept_row, true);
+    }
+}
+
+void vn_borrower_state_clear(VnBorrower *b)
+{
+    g_clear_pointer(&b->kept_mappings, json_array_unref);
+    g_clear_pointer(&b->kept_lingering, json_array_unref);
+}
+
+/* The rows of @rows (NULL: none) as the next member's value: shared, not copied. */
+static void add_rows(JsonBuilder *jb, JsonArray *rows)
+{
+    g_autoptr(JsonArray) none = rows == NULL ? json_array_new() : NULL;
+    JsonNode *node = json_node_alloc();
+
+    json_node_init_array(node, rows != NULL ? rows : none);
+    json_builder_add_value(jb, node); /* the builder's now; the array is ours still */
+}
+
 static char *state_json(VnBorrower *b, size_t *len)
 {
     g_autoptr(JsonBuilder) jb = json_builder_new();
@@ -78,21 +156,11 @@ static char *state_json(VnBorrower *b, size_t *len)
     }
     json_builder_end_array(jb);
     json_builder_set_member_name(jb, "mappings");
-    json_builder_begin_array(jb);
-    for (GList *l = b->mappings; l != NULL; l = l->next) {
-        VnBorrowerMapping *m = l->data;
-
-        add_row(jb, (uint64_t[]){ m->iova, m->size, m->prot, m->seg->id }, 4);
-    }
-    json_builder_end_array(jb);
+    add_rows(jb, b->kept_mappings);
     /* Of those, the ones QEMU unmapped (they linger at the lender): the successor must not
      * tell QEMU's table of them, and must still unmap them in time. */
     json_builder_set_member_name(jb, "lingering");
-    json_builder_begin_array(jb);
-    for (GList *l = b->lingering.head; l != NULL; l = l->next) {
-        add_row(jb, (uint64_t[]){ ((VnBorrowerMapping *)l->data)->iova }, 1);
-    }
-    json_builder_end_array(jb);
+    add_rows(jb, b->kept_lingering);
     json_builder_set_member_name(jb, "routes");
     json_builder_begin_array(jb);
     for (uint32_t i = 0; i < VN_MAX_IRQ_INDEXES; i++) {
@@ -351,6 +419,7 @@ static bool restore_dma(VnBorrower *b, JsonObject *st, GArray *seg_ids, GError *
                                   .lingering = lingers };
         seg->refs++;
         b->mappings = g_list_prepend(b->mappings, m);
+        vn_borrower_state_listed(b, m);
     }
     return *error == NULL;
 }
