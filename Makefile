@@ -53,7 +53,7 @@ all: $(PROGS) $(UNIT_BINS) $(BENCH_BINS) $(B)/kmod-selftest
 # Each compile also writes which headers it read (-MMD, a .d beside its output; -MP: a
 # header removed later is no error), so a changed header rebuilds only what includes it.
 DEPFLAGS = -MMD -MP
--include $(wildcard $(B)/*.d $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d)
+-include $(wildcard $(B)/*.d $(B)/*/*.d $(B)/*/*/*.d $(B)/*/*/*/*.d $(B)/*/*/*/*/*.d)
 
 $(TRACE_STAMP): $(TRACE_EVENTS) scripts/tracetool
 	@mkdir -p $(dir $@)
