@@ -63,6 +63,7 @@ typedef struct VnFabricPending {
     /* Held back (VnFabricPeer.held) until the peer answers one of the others: what to
      * send then.  A request that was sent has none of it. */
     bool held;
+    bool sent; /* counted in its link's @asked until answered */
     char *json;
     void *data;
     size_t len;

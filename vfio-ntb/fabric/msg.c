@@ -181,6 +181,7 @@ static void pending_send(VnFabric *fab, VnFabricPeer *p, VnFabricPending *pend, 
                                 data, len);
     if (*err == 0) {
         p->asked++;
+        pend->sent = true;
     }
 }
 
@@ -217,7 +218,7 @@ static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *
     if (p != NULL && pend->held) {
         g_queue_remove(&p->held, pend);
         p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
-    } else if (p != NULL) {
+    } else if (p != NULL && pend->sent) {
         p->asked--;
         /* Before the callback: what it asks goes behind those that waited. */
         held_release(fab, p);
@@ -648,7 +649,6 @@ static void pending_fail(VnFabric *fab, uint64_t gen, int err)
     g_ptr_array_sort(victims, pending_by_id);
     for (guint i = 0; i < victims->len; i++) {
         VnFabricPending *pend = victims->pdata[i];
-
         VnFabricPeer *p = pend->held ? pending_link(fab, pend) : NULL;
 
         if (p != NULL) { /* the node closing: its links are still up */
