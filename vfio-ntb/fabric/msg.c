@@ -174,6 +174,19 @@ static VnFabricPeer *pending_link(VnFabric *fab, const VnFabricPending *pend)
     return p != NULL && p->gen == pend->gen ? p : NULL;
 }
 
+/* What a held request holds of its link's VN_FABRIC_MAX_HELD_BYTES. */
+static size_t held_size(const VnFabricPending *pend)
+{
+    return pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+}
+
+/* @pend leaves @p's held requests without being sent (answered, timed out, cancelled). */
+static void held_unlink(VnFabricPeer *p, VnFabricPending *pend)
+{
+    g_queue_remove(&p->held, pend);
+    p->held_bytes -= held_size(pend);
+}
+
 static void pending_send(VnFabric *fab, VnFabricPeer *p, VnFabricPending *pend, const char *json,
                          const void *data, size_t len, int *err)
 {
@@ -195,7 +208,7 @@ static bool held_release(VnFabric *fab, VnFabricPeer *p)
     int err;
 
     while (p->asked < fab->max_asked && (pend = g_queue_pop_head(&p->held)) != NULL) {
-        p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+        p->held_bytes -= held_size(pend);
         pend->held = false;
         pending_send(fab, p, pend, pend->json, pend->data, pend->len, &err);
         g_clear_pointer(&pend->json, g_free);
@@ -216,8 +229,7 @@ static void pending_complete(VnFabric *fab, VnFabricPending *pend, VnFabricMsg *
 
     g_hash_table_remove(fab->pending, &pend->id);
     if (p != NULL && pend->held) {
-        g_queue_remove(&p->held, pend);
-        p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+        held_unlink(p, pend);
     } else if (p != NULL && pend->sent) {
         p->asked--;
         /* Before the callback: what it asks goes behind those that waited. */
@@ -652,8 +664,7 @@ static void pending_fail(VnFabric *fab, uint64_t gen, int err)
         VnFabricPeer *p = pend->held ? pending_link(fab, pend) : NULL;
 
         if (p != NULL) { /* the node closing: its links are still up */
-            g_queue_remove(&p->held, pend);
-            p->held_bytes -= pend->len + (pend->json != NULL ? strlen(pend->json) : 0);
+            held_unlink(p, pend);
         }
         trace_fabric_request_failed(fab->node, pend->id, pend->peer, g_strerror(-err));
         pend->done(pend->opaque, NULL, err);
