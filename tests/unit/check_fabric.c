@@ -448,6 +448,42 @@ START_TEST(test_requests_past_what_peer_takes_wait)
 }
 END_TEST
 
+/* A peer that takes our requests and never answers cannot keep them, or those held behind
+ * them, forever: each ends once, by its timeout or the peer's refusal, and what is asked
+ * after goes out at once instead of waiting behind them. */
+START_TEST(test_held_requests_end_when_peer_never_answers)
+{
+    static const char *const fast[] = { "request-timeout-ms", "300", NULL };
+    Node *a = node_open_kv("a", false, fast);
+    Node *b = node_open("b", false);
+    Answers got = { 0 };
+    Reply r = { 0 };
+    uint64_t held;
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i < 260; i++) {
+        g_autofree char *json = g_strdup_printf("{\"i\":%u}", i);
+        Asked *q = g_new(Asked, 1);
+
+        *q = (Asked){ .a = &got, .i = i };
+        ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_HOLD, json, NULL, 0, on_answer, q), 0);
+    }
+    held = stats_of(a).requests_held;
+    ck_assert_uint_eq(held, 4);
+    WAIT_FOR(got.n == 260);
+    ck_assert_uint_eq(got.errors, 260); /* in no set order: refusals overtake timeouts */
+    /* Sent at once (b, holding 256 it never answers, refuses it), not held. */
+    ck_assert_int_eq(vn_fabric_request(a->fab, "b", T_ECHO, NULL, NULL, 0, on_reply, &r), 0);
+    WAIT_FOR(r.done);
+    ck_assert_int_ne(r.err, 0);
+    ck_assert_uint_eq(stats_of(a).requests_held, held);
+    spin(400);
+    ck_assert_uint_eq(got.n, 260);
+    ck_assert_int_eq(r.calls, 1);
+    reply_clear(&r);
+}
+END_TEST
+
 /* Requests held back fail with those sent when the link goes, and are cancelled when the
  * node closes; each is answered once. */
 START_TEST(test_held_requests_fail_with_link)
@@ -1649,7 +1685,8 @@ static Suite *fabric_suite(void)
         { "messages",
           { test_request_reply, test_event, test_error_reply, test_message_args,
             test_threaded_peer_answers, test_map_back_while_asking, test_connect_inside_handler,
-            test_requests_past_what_peer_takes_wait, test_held_requests_fail_with_link } },
+            test_requests_past_what_peer_takes_wait, test_held_requests_fail_with_link,
+            test_held_requests_end_when_peer_never_answers } },
         { "failures",
           { test_request_timeout, test_reset_on_peer_close, test_reset_on_peer_quit,
             test_close_cancels } },
