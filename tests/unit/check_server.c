@@ -700,6 +700,45 @@ START_TEST(test_saturated_eventfd_does_not_block)
 }
 END_TEST
 
+/* vn_server_region_map() asked on the server's thread, of whatever client is there. */
+typedef struct RegionMapCall {
+    uint64_t offset;
+    gint ret;
+} RegionMapCall;
+
+static gboolean call_region_map(gpointer data)
+{
+    RegionMapCall *c = data;
+
+    g_atomic_int_set(&c->ret,
+                     vn_server_region_map(rig.server, VFIO_PCI_BAR0_REGION_INDEX, c->offset, 0x1000,
+                                          rig.fake.bar_fd, 0, 0x1000, NULL, NULL));
+    return G_SOURCE_REMOVE;
+}
+
+static int region_map_now(uint64_t offset)
+{
+    RegionMapCall c = { .offset = offset, .ret = 1 };
+
+    call_on_server(call_region_map, &c);
+    return g_atomic_int_get(&c.ret);
+}
+
+/* The server asks a client to map part of a BAR only when the client offered it in VERSION
+ * (QEMU's own never does: patch 0008 does); nothing is sent otherwise. */
+START_TEST(test_region_map_only_to_a_client_that_offers_it)
+{
+    ck_assert_int_eq(region_map_now(0), -ENOTCONN);
+    {
+        g_autoptr(VnClient) c = connect_ok();
+        VnWireDeviceInfo di;
+
+        ck_assert_int_eq(region_map_now(0), -EOPNOTSUPP);
+        ck_assert_int_eq(vn_client_get_info(c, &di), 0); /* and the session goes on */
+    }
+}
+END_TEST
+
 START_TEST(test_reset)
 {
     g_autoptr(VnClient) c = connect_ok();
@@ -1452,6 +1491,7 @@ static Suite *server_suite(void)
     tcase_add_test(tc, test_region_errors);
     tcase_add_test(tc, test_posted_writes_keep_order);
     tcase_add_test(tc, test_reset);
+    tcase_add_test(tc, test_region_map_only_to_a_client_that_offers_it);
     tcase_add_test(tc, test_client_dma);
     suite_add_tcase(s, tc);
 

@@ -127,6 +127,18 @@ START_TEST(test_version_and_caps)
     /* and is shorter than QEMU's ~250-byte request, so the reply fits */
     ck_assert_uint_lt(strlen(ours), 200);
 
+    ck_assert(!caps.region_map); /* our client does not take X_REGION_MAP */
+
+    /* The patched QEMU's (0008): it takes the server's region maps; a value that is not a
+     * boolean is refused, not taken as yes. */
+    ck_assert(vn_wire_parse_caps("{\"capabilities\":{\"" VN_WIRE_CAP_REGION_MAP "\":true}}", &caps,
+                                 &error));
+    ck_assert(caps.region_map);
+    ck_assert(!vn_wire_parse_caps("{\"capabilities\":{\"" VN_WIRE_CAP_REGION_MAP "\":1}}", &caps,
+                                  &error));
+    g_clear_error(&error);
+    ck_assert_str_eq(vn_wire_cmd_to_string(VN_CMD_X_REGION_MAP), "X_REGION_MAP");
+
     ck_assert(!vn_wire_parse_caps("{\"capabilities\":{\"max_msg_fds\":\"x\"}}", &caps, &error));
     g_clear_error(&error);
     ck_assert(!vn_wire_parse_caps("[1,2]", &caps, &error));

@@ -489,6 +489,18 @@ static int window_target(VnEpf *e, unsigned port, unsigned mw, uint64_t offset, 
     return -1;
 }
 
+bool vn_epf_window_reach(VnEpf *epf, unsigned port, unsigned mw, uint64_t *addr, uint64_t *size)
+{
+    unsigned q = (port & 1) ^ 1;
+
+    if (mw >= epf->windows || window_target(epf, port & 1, mw, 0, 1) < 0) {
+        return false;
+    }
+    *addr = epf->port[q].mw_addr[mw];
+    *size = MIN(epf->port[q].mw_size[mw], epf->window_size[mw]);
+    return true;
+}
+
 int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, void *buf,
                        uint32_t len)
 {

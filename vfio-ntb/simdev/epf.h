@@ -199,6 +199,12 @@ int vn_epf_window_read(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, 
 int vn_epf_window_write(VnEpf *epf, unsigned port, unsigned mw, uint64_t offset, const void *buf,
                         uint32_t len);
 
+/* Where @port's window @mw reaches now: true when the peer is there, translates the window
+ * and may master the bus (what each access is checked against), with the peer's address for
+ * the window's offset 0 in *@addr and how much of the window it translates in *@size (at most
+ * the window's size).  What lets a caller map the window onto the peer's memory instead. */
+bool vn_epf_window_reach(VnEpf *epf, unsigned port, unsigned mw, uint64_t *addr, uint64_t *size);
+
 bool vn_epf_link_up(VnEpf *epf);
 void vn_epf_stats(VnEpf *epf, unsigned port, VnEpfStats *out);
 

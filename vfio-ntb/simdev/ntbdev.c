@@ -3,7 +3,7 @@
  */
 #define G_LOG_DOMAIN "vfio-ntb.simdev"
 
-#include "ntbdev.h"
+#include "ntbdev-int.h"
 
 #include "common/util.h"
 #include "pcicfg.h"
@@ -17,27 +17,6 @@
  * it, the PBA (PCIe r5.0 7.7.2). */
 #define MSIX_TABLE_END (VN_EPF_MAX_VECTORS * VN_PCICFG_MSIX_ENTRY_SIZE)
 G_STATIC_ASSERT(MSIX_TABLE_END <= VN_EPF_PBA_OFFSET);
-
-typedef struct NtbPort {
-    VnNtbDev *dev;
-    unsigned index;
-    VnPciCfg *cfg;
-    uint8_t msix[VN_EPF_MSIX_SIZE];
-    VnServer *server; /* borrowed; NULL when detached */
-    VnDma *dma;       /* the server's */
-    VnIrqs *irqs;
-    /* DMA the client did for us; refused by it (an address nothing decodes there: what a
-     * real host sees as an unsupported request); not answered (a busy TCG VM: no answer in
-     * time, or its own commands piled up while we waited, or it went). */
-    uint64_t p2p_reads, p2p_writes, p2p_failures, p2p_unanswered;
-} NtbPort;
-
-struct VnNtbDev {
-    VnEpf *epf;
-    VnEpfLayout layout;
-    VnDeviceInfo info;
-    NtbPort port[2];
-};
 
 /* ---- the model's ops: interrupts and DMA of a port's function ----------- */
 
@@ -170,6 +149,10 @@ VnNtbDev *vn_ntbdev_new(const uint64_t *sizes, unsigned windows, GError **error)
     for (unsigned p = 0; p < 2; p++) {
         d->port[p].dev = d;
         d->port[p].index = p;
+        for (unsigned mw = 0; mw < VN_EPF_MAX_WINDOWS; mw++) {
+            d->port[p].map[mw].port = &d->port[p];
+            d->port[p].map[mw].mw = mw;
+        }
         d->port[p].cfg = vn_pcicfg_new(&cp, error);
         if (d->port[p].cfg == NULL) {
             g_prefix_error(error, "NTB model port %u: ", p);
@@ -185,6 +168,7 @@ void vn_ntbdev_free(VnNtbDev *d)
     if (d == NULL) {
         return;
     }
+    vn_ntbdev_map_clear(d);
     for (unsigned p = 0; p < 2; p++) {
         vn_pcicfg_free(d->port[p].cfg);
     }
@@ -195,6 +179,11 @@ void vn_ntbdev_free(VnNtbDev *d)
 const VnDeviceInfo *vn_ntbdev_info(VnNtbDev *d)
 {
     return &d->info;
+}
+
+void vn_ntbdev_layout(VnNtbDev *d, VnEpfLayout *out)
+{
+    *out = d->layout;
 }
 
 void *vn_ntbdev_port(VnNtbDev *d, unsigned port)
@@ -236,6 +225,9 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_unanswered, st.link_ups,
             st.link_downs, st.resets, st.connects, st.connected ? "true" : "false",
             st.link_wanted ? "true" : "false");
+        g_string_truncate(s, s->len - 1); /* the port's "}" */
+        vn_ntbdev_map_stats(&d->port[p], s);
+        g_string_append(s, "}");
     }
     g_string_append(s, "}");
     return g_string_free(g_steal_pointer(&s), FALSE);
@@ -309,6 +301,7 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     case PART_DB:
         return vn_epf_db_read(epf, p->index, at, buf, count);
     case PART_WINDOW:
+        vn_ntbdev_map_trapped(p, mw);
         return vn_epf_window_read(epf, p->index, mw, at, buf, count);
     default:
         return -EINVAL;
@@ -331,9 +324,14 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
             g_info("NTB model: port %u: function level reset", p->index);
             port_reset(p);
         }
+        vn_ntbdev_map_sync(p->dev); /* bus mastering, a reset */
         return ret;
     case PART_CTRL:
-        return vn_epf_ctrl_write(epf, p->index, at, buf, count);
+        ret = vn_epf_ctrl_write(epf, p->index, at, buf, count);
+        if (at < VN_EPF_SPAD_OFFSET) {
+            vn_ntbdev_map_sync(p->dev); /* a translation, the link (not a scratchpad) */
+        }
+        return ret;
     case PART_MSIX:
         /* The table is storage; the PBA is read-only (PCIe r5.0 7.7.2.6). */
         if (!vn_util_range_ok(at, count, VN_EPF_MSIX_SIZE)) {
@@ -346,6 +344,7 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     case PART_DB:
         return vn_epf_db_write(epf, p->index, at, buf, count);
     case PART_WINDOW:
+        vn_ntbdev_map_trapped(p, mw);
         return vn_epf_window_write(epf, p->index, mw, at, buf, count);
     default:
         return -EINVAL;
@@ -355,7 +354,10 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
 /* DEVICE_RESET, and the server's reset when a client goes. */
 static int op_reset(void *opaque)
 {
-    port_reset(opaque);
+    NtbPort *p = opaque;
+
+    port_reset(p);
+    vn_ntbdev_map_sync(p->dev);
     return 0;
 }
 
@@ -364,6 +366,7 @@ static void op_client_new(void *opaque)
     NtbPort *p = opaque;
 
     vn_epf_set_connected(p->dev->epf, p->index, true);
+    vn_ntbdev_map_sync(p->dev);
 }
 
 static void op_client_gone(void *opaque)
@@ -371,11 +374,29 @@ static void op_client_gone(void *opaque)
     NtbPort *p = opaque;
 
     vn_epf_set_connected(p->dev->epf, p->index, false);
+    vn_ntbdev_map_client_gone(p);
+    vn_ntbdev_map_sync(p->dev); /* the other port's windows reach nothing now */
+}
+
+/* The peer's memory a window may be mapped onto now (the table holds it already). */
+static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
+{
+    NtbPort *p = opaque;
+
+    vn_ntbdev_map_sync(p->dev);
+    return 0;
+}
+
+static void op_dma_unmapping(void *opaque, uint64_t iova, uint64_t size, bool all)
+{
+    vn_ntbdev_map_unmapping(opaque, iova, size, all);
 }
 
 const VnDeviceOps vn_ntbdev_ops = {
     .region_read = op_region_read,
     .region_write = op_region_write,
+    .dma_mapped = op_dma_mapped,
+    .dma_unmapping = op_dma_unmapping,
     .reset = op_reset,
     .client_new = op_client_new,
     .client_gone = op_client_gone,

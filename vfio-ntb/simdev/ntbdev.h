@@ -43,6 +43,9 @@ extern const VnDeviceOps vn_ntbdev_ops;
  * use of them; detach with NULL before freeing the server). */
 void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server);
 
+/* Where each port's parts are (the same for both). */
+void vn_ntbdev_layout(VnNtbDev *d, VnEpfLayout *out);
+
 /* Both ports' counters and the link as JSON; g_free it. */
 char *vn_ntbdev_stats_json(VnNtbDev *d);
 

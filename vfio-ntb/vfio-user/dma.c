@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct Entry {
@@ -349,4 +350,51 @@ bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out)
     }
     g_rw_lock_reader_unlock(&dma->lock);
     return found;
+}
+
+/* Same file: the client sends a new fd with each DMA_MAP, often of the one memfd. */
+static bool same_file(int a, int b)
+{
+    struct stat sa, sb;
+
+    return a == b || (fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+                      sa.st_ino == sb.st_ino);
+}
+
+int vn_dma_file_span(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, uint64_t *offset)
+{
+    int fd = -EFAULT;
+    const Entry *first = NULL;
+    uint64_t at = iova, left = len;
+    guint i;
+
+    if (len == 0 || iova + len < iova) {
+        return -EINVAL;
+    }
+    g_rw_lock_reader_lock(&dma->lock);
+    for (i = lower_bound(dma, iova); left > 0 && i < dma->entries->len; i++) {
+        const Entry *e = &g_array_index(dma->entries, Entry, i);
+        uint64_t n;
+
+        if (e->m.iova > at || e->m.fd < 0 || (e->m.prot & need) != need) {
+            break;
+        }
+        /* Each piece continues the first in its file: [offset, offset + len) of one file. */
+        if (first == NULL) {
+            first = e;
+        } else if (!same_file(first->m.fd, e->m.fd) ||
+                   e->m.offset != first->m.offset + (e->m.iova - first->m.iova)) {
+            break;
+        }
+        n = MIN(left, e->m.size - (at - e->m.iova));
+        at += n;
+        left -= n;
+    }
+    if (left == 0 && first != NULL) {
+        *offset = first->m.offset + (iova - first->m.iova);
+        fd = dup(first->m.fd);
+        fd = fd >= 0 ? fd : -errno;
+    }
+    g_rw_lock_reader_unlock(&dma->lock);
+    return fd;
 }

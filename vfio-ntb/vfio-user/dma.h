@@ -103,4 +103,14 @@ void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
  */
 bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out);
 
+/*
+ * Where [@iova, @iova + @len) lies in one file: mapped with at least @need by pieces that
+ * follow each other in the same file (each DMA_MAP brings its own fd, often of the one
+ * memfd).  Returns a new fd of that file (the caller closes it) with the range's offset in
+ * *@offset; -EFAULT when a byte is unmapped, has no fd or lacks @need, or the pieces are
+ * not one run of one file; -EINVAL for an empty or wrapping range.  What a device needs to
+ * let another process map the range itself (the simulated NTB's windows).
+ */
+int vn_dma_file_span(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, uint64_t *offset);
+
 #endif /* VN_DMA_H */

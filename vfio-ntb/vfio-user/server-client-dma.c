@@ -53,7 +53,8 @@ static int answer_wait(VnServer *s, uint16_t id, void *buf, uint32_t len)
             return -ENOTCONN;
         }
         memcpy(&h, msg.data, sizeof(h));
-        if ((h.flags & VN_WIRE_FLAG_TYPE_MASK) == VN_WIRE_FLAG_COMMAND) {
+        if ((h.flags & VN_WIRE_FLAG_TYPE_MASK) == VN_WIRE_FLAG_COMMAND ||
+            vn_server_asked_is_answer(&h)) {
             g_queue_push_tail(&s->held, g_memdup2(&msg, sizeof(msg))); /* data and fds */
             vn_server_held_arm(s);
             continue;

@@ -46,6 +46,9 @@ struct VnServer {
      * (0: the op answers now). */
     const VnWireRequest *handling;
     uint64_t later;
+    /* Region maps asked of the client, unanswered (server-region-map.c), in the order
+     * sent, at most VN_SERVER_MAX_ASKED. */
+    GQueue asked;
 };
 
 typedef struct VnServerReply VnServerReply;
@@ -71,5 +74,13 @@ int vn_server_replies_done(VnServer *s, uint64_t id, int err, const void *data, 
 void vn_server_replies_unmapped(VnServer *s, uint64_t iova, uint64_t size, bool all);
 /* The client went: nothing waits for these replies. */
 void vn_server_replies_clear(VnServer *s);
+
+/* A message that answers a region map of ours (held like a command while a client DMA
+ * waits, then served in order). */
+bool vn_server_asked_is_answer(const VnWireHdr *h);
+/* End the ask @h answers; -EPROTO when we asked nothing by that id. */
+int vn_server_asked_answer(VnServer *s, const VnWireHdr *h);
+/* The client went: every unanswered ask ends with -ENOTCONN. */
+void vn_server_asked_fail(VnServer *s);
 
 #endif /* VN_SERVER_INT_H */

@@ -118,6 +118,7 @@ static void client_drop(VnServer *s, const char *why)
     s->versioned = false;
     held_clear(s);
     vn_server_replies_clear(s);
+    vn_server_asked_fail(s);
 
     /* The device must stop using guest memory and interrupts before they
      * go: a new client gets a clean device. */
@@ -495,6 +496,14 @@ static int handle_msg(VnServer *s, VnTransportMsg *msg)
     int ret;
 
     s->stats.messages++;
+    if (msg->len >= VN_WIRE_HDR_SIZE) {
+        VnWireHdr hdr;
+
+        memcpy(&hdr, msg->data, sizeof(hdr));
+        if (vn_server_asked_is_answer(&hdr)) {
+            return msg->nfds == 0 ? vn_server_asked_answer(s, &hdr) : -EPROTO;
+        }
+    }
     ret = vn_wire_decode_request(msg->data, msg->len, msg->nfds, &req);
     if (ret == 0 && msg->fds_overflow) {
         ret = -EINVAL;
@@ -920,6 +929,8 @@ char *vn_server_stats_json(VnServer *s)
         { "client_dma_reads", s->stats.client_dma_reads },
         { "client_dma_writes", s->stats.client_dma_writes },
         { "client_dma_failures", s->stats.client_dma_failures },
+        { "region_maps", s->stats.region_maps },
+        { "region_map_failures", s->stats.region_map_failures },
     };
 
     json_builder_begin_object(b);
@@ -937,6 +948,11 @@ char *vn_server_stats_json(VnServer *s)
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);
+}
+
+bool vn_server_client_maps_regions(VnServer *s)
+{
+    return s->client != NULL && s->versioned && s->caps.region_map;
 }
 
 const VnWireCaps *vn_server_caps(VnServer *s)

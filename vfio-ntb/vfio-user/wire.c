@@ -22,6 +22,7 @@ G_STATIC_ASSERT(sizeof(VnWireRegionRw) == 16);
 G_STATIC_ASSERT(sizeof(struct vfio_region_info) == 32);
 G_STATIC_ASSERT(sizeof(struct vfio_irq_info) == 16);
 G_STATIC_ASSERT(sizeof(VnWireIrqSet) == 20);
+G_STATIC_ASSERT(sizeof(VnWireRegionMap) == 40);
 
 /* DMA is managed in pages of this size; we advertise it as pgsizes. */
 #define VN_WIRE_PAGE_SIZE 4096u
@@ -47,6 +48,9 @@ const char *vn_wire_cmd_to_string(uint32_t cmd)
 {
     if (cmd < VN_CMD_LAST && cmd_names[cmd] != NULL) {
         return cmd_names[cmd];
+    }
+    if (cmd == VN_CMD_X_REGION_MAP) {
+        return "X_REGION_MAP";
     }
     return "UNKNOWN";
 }
@@ -324,6 +328,22 @@ static bool caps_uint(JsonObject *obj, const char *name, uint64_t *out, GError *
     return true;
 }
 
+static bool caps_bool(JsonObject *obj, const char *name, bool *out, GError **error)
+{
+    JsonNode *node = json_object_get_member(obj, name);
+
+    if (node == NULL) {
+        return true;
+    }
+    if (!JSON_NODE_HOLDS_VALUE(node) || json_node_get_value_type(node) != G_TYPE_BOOLEAN) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "capability %s is not a boolean",
+                    name);
+        return false;
+    }
+    *out = json_node_get_boolean(node);
+    return true;
+}
+
 bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
 {
     g_autoptr(JsonObject) obj = NULL;
@@ -335,6 +355,7 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
     caps->max_data_xfer_size = VN_MAX_DATA_XFER;
     caps->pgsizes = VN_WIRE_PAGE_SIZE;
     caps->max_dma_maps = 65535;
+    caps->region_map = false;
     if (json == NULL || json[0] == '\0') {
         return true;
     }
@@ -356,5 +377,6 @@ bool vn_wire_parse_caps(const char *json, VnWireCaps *caps, GError **error)
     return caps_uint(cap, "max_msg_fds", &caps->max_msg_fds, error) &&
            caps_uint(cap, "max_data_xfer_size", &caps->max_data_xfer_size, error) &&
            caps_uint(cap, "pgsizes", &caps->pgsizes, error) &&
-           caps_uint(cap, "max_dma_maps", &caps->max_dma_maps, error);
+           caps_uint(cap, "max_dma_maps", &caps->max_dma_maps, error) &&
+           caps_bool(cap, VN_WIRE_CAP_REGION_MAP, &caps->region_map, error);
 }

@@ -1,0 +1,286 @@
+/*
+ * The simulated NTB's windows mapped by their clients where they reach the peer's RAM (see
+ * ntbdev-int.h).
+ */
+#define G_LOG_DOMAIN "vfio-ntb.simdev"
+
+#include "ntbdev-int.h"
+
+#include "common/util.h"
+
+#include <errno.h>
+#include <linux/vfio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A DMA_UNMAP of port @port's client, answered once no window of the other port's reaches
+ * [first, last] any more. */
+typedef struct NtbOwed {
+    unsigned port;
+    uint64_t id;
+    uint64_t first, last;
+} NtbOwed;
+
+/* An ask on its way: what it asked for. */
+typedef struct NtbAsk {
+    NtbWindowMap *map;
+    NtbTarget target;
+} NtbAsk;
+
+static const NtbTarget TRAPPED = { .on = false };
+
+static bool target_eq(const NtbTarget *a, const NtbTarget *b)
+{
+    return a->on == b->on &&
+           (!a->on || (a->iova == b->iova && a->len == b->len && a->fd_offset == b->fd_offset &&
+                       a->dev == b->dev && a->ino == b->ino));
+}
+
+static bool target_hits(const NtbTarget *t, uint64_t first, uint64_t last)
+{
+    return t->on && t->iova <= last && first <= t->iova + (t->len - 1);
+}
+
+static bool aligned(uint64_t v)
+{
+    return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
+}
+
+/* Where @p's window @mw can be mapped now: its target, and an fd of the peer's file (the
+ * caller closes it); -1 with a trapped target where it cannot. */
+static int target_of(NtbPort *p, unsigned mw, NtbTarget *t)
+{
+    VnNtbDev *d = p->dev;
+    NtbPort *q = &d->port[p->index ^ 1];
+    uint64_t addr, size, off;
+    struct stat st;
+    int fd;
+
+    *t = TRAPPED;
+    if (p->server == NULL || q->dma == NULL || !vn_server_client_maps_regions(p->server) ||
+        !vn_epf_window_reach(d->epf, p->index, mw, &addr, &size)) {
+        return -1;
+    }
+    size &= ~(uint64_t)(VN_SERVER_REGION_MAP_ALIGN - 1);
+    if (size == 0 || !aligned(addr)) {
+        return -1;
+    }
+    /* Only memory the peer's IOMMU gives its function for both reading and writing: what
+     * the window may not write stays trapped, where each write is checked. */
+    fd = vn_dma_file_span(q->dma, addr, size, VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+                          &off);
+    if (fd < 0) {
+        return -1;
+    }
+    if (!aligned(off) || fstat(fd, &st) < 0) {
+        close(fd);
+        return -1;
+    }
+    *t = (NtbTarget){
+        .on = true, .iova = addr, .len = size, .fd_offset = off, .dev = st.st_dev, .ino = st.st_ino
+    };
+    return fd;
+}
+
+static void settle(VnNtbDev *d);
+static void sync_window(NtbPort *p, unsigned mw);
+
+static void answered(void *opaque, int err)
+{
+    NtbAsk *a = opaque;
+    NtbWindowMap *m = a->map;
+    NtbPort *p = m->port;
+
+    m->asked--;
+    if (err == -ENOTCONN) {
+        m->now = TRAPPED; /* the client went, and its mappings with it */
+    } else if (err < 0 && a->target.on) {
+        m->refusals++;
+        if (target_eq(&a->target, &m->now)) {
+            m->refused = m->now; /* it traps the window then; not asked again */
+            m->now = TRAPPED;
+        }
+        g_info("NTB model: port %u: window %u stays trapped: its client did not map it: %s",
+               p->index, m->mw, g_strerror(-err));
+    }
+    g_free(a);
+    if (err != -ENOTCONN) {
+        sync_window(p, m->mw); /* what moved meanwhile, or could not be asked then */
+    }
+    settle(p->dev);
+}
+
+/* Ask @m's client for @t (@fd its file's, or -1 to trap). */
+static void ask(NtbWindowMap *m, const NtbTarget *t, int fd)
+{
+    NtbPort *p = m->port;
+    VnNtbDev *d = p->dev;
+    NtbAsk *a = g_new0(NtbAsk, 1);
+    int ret;
+
+    a->map = m;
+    a->target = *t;
+    ret = vn_server_region_map(p->server, VFIO_PCI_BAR0_REGION_INDEX + d->layout.window_bar[m->mw],
+                               d->layout.window_offset[m->mw], vn_epf_window_size(d->epf, m->mw),
+                               t->on ? fd : -1, t->fd_offset, t->len, answered, a);
+    if (ret < 0) {
+        /* -EBUSY: asked again when an answer comes; -ENOTCONN, -EOPNOTSUPP: nothing mapped. */
+        g_free(a);
+        if (ret != -EBUSY && ret != -ENOTCONN && ret != -EOPNOTSUPP) {
+            g_info("NTB model: port %u: window %u: asking its client failed: %s", p->index, m->mw,
+                   g_strerror(-ret));
+        }
+        return;
+    }
+    m->asked++;
+    m->now = *t;
+    if (t->on) {
+        m->maps++;
+        g_info(
+            "NTB model: port %u: window %u mapped onto the peer's memory at 0x%" G_GINT64_MODIFIER
+            "x (0x%" G_GINT64_MODIFIER "x bytes)",
+            p->index, m->mw, t->iova, t->len);
+    } else {
+        m->traps++;
+        g_info("NTB model: port %u: window %u trapped", p->index, m->mw);
+    }
+}
+
+static void sync_window(NtbPort *p, unsigned mw)
+{
+    NtbWindowMap *m = &p->map[mw];
+    NtbTarget t;
+    int fd = target_of(p, mw, &t);
+
+    if (p->server != NULL && vn_server_client_maps_regions(p->server)) {
+        p->dev->looked[p->index][mw] = p->dev->epoch;
+    }
+    if (!target_eq(&t, &m->refused)) {
+        m->refused = TRAPPED; /* the target moved: worth asking again */
+    }
+    if (!target_eq(&t, &m->now) && !(t.on && target_eq(&t, &m->refused))) {
+        ask(m, &t, fd);
+    }
+    vn_util_close_fd(&fd);
+}
+
+void vn_ntbdev_map_sync(VnNtbDev *d)
+{
+    d->epoch++;
+    for (unsigned p = 0; p < 2; p++) {
+        for (unsigned mw = 0; mw < vn_epf_windows(d->epf); mw++) {
+            sync_window(&d->port[p], mw);
+        }
+    }
+}
+
+void vn_ntbdev_map_trapped(NtbPort *p, unsigned mw)
+{
+    if (p->dev->looked[p->index][mw] != p->dev->epoch) {
+        sync_window(p, mw);
+    }
+}
+
+/* No window of @p's reaches [first, last], nor may one still (an ask on its way). */
+static bool clear_of(NtbPort *p, uint64_t first, uint64_t last)
+{
+    for (unsigned mw = 0; mw < VN_EPF_MAX_WINDOWS; mw++) {
+        if (p->map[mw].asked > 0 || target_hits(&p->map[mw].now, first, last)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void settle(VnNtbDev *d)
+{
+    GList *next;
+
+    for (GList *l = d->owed.head; l != NULL; l = next) {
+        NtbOwed *o = l->data;
+        NtbPort *q = &d->port[o->port];
+
+        next = l->next;
+        if (!clear_of(&d->port[o->port ^ 1], o->first, o->last)) {
+            continue;
+        }
+        g_queue_delete_link(&d->owed, l);
+        if (q->server != NULL) {
+            vn_server_complete(q->server, o->id, 0);
+        }
+        g_free(o);
+    }
+}
+
+void vn_ntbdev_map_unmapping(NtbPort *q, uint64_t iova, uint64_t size, bool all)
+{
+    VnNtbDev *d = q->dev;
+    NtbPort *p = &d->port[q->index ^ 1];
+    uint64_t first = all ? 0 : iova, last = all ? UINT64_MAX : iova + (size - 1);
+    uint64_t id;
+    NtbOwed *o;
+
+    if (!all && size == 0) {
+        return;
+    }
+    d->epoch++;
+    for (unsigned mw = 0; mw < vn_epf_windows(d->epf); mw++) {
+        if (target_hits(&p->map[mw].now, first, last)) {
+            ask(&p->map[mw], &TRAPPED, -1);
+        }
+    }
+    if (clear_of(p, first, last) || q->server == NULL) {
+        return;
+    }
+    id = vn_server_later(q->server);
+    if (id == 0) {
+        return; /* no command: q's client is going, and nothing waits for an answer */
+    }
+    o = g_new0(NtbOwed, 1);
+    *o = (NtbOwed){ .port = q->index, .id = id, .first = first, .last = last };
+    g_queue_push_tail(&d->owed, o);
+}
+
+void vn_ntbdev_map_client_gone(NtbPort *p)
+{
+    VnNtbDev *d = p->dev;
+    GList *next;
+
+    for (unsigned mw = 0; mw < VN_EPF_MAX_WINDOWS; mw++) {
+        p->map[mw].now = TRAPPED;
+        p->map[mw].refused = TRAPPED;
+    }
+    /* Its unmaps that waited: their answers have nobody to go to. */
+    for (GList *l = d->owed.head; l != NULL; l = next) {
+        next = l->next;
+        if (((NtbOwed *)l->data)->port == p->index) {
+            g_free(l->data);
+            g_queue_delete_link(&d->owed, l);
+        }
+    }
+    settle(d);
+}
+
+void vn_ntbdev_map_clear(VnNtbDev *d)
+{
+    g_queue_clear_full(&d->owed, g_free);
+}
+
+void vn_ntbdev_map_stats(NtbPort *p, GString *s)
+{
+    uint64_t maps = 0, traps = 0, refusals = 0;
+    unsigned mapped = 0;
+
+    for (unsigned mw = 0; mw < VN_EPF_MAX_WINDOWS; mw++) {
+        maps += p->map[mw].maps;
+        traps += p->map[mw].traps;
+        refusals += p->map[mw].refusals;
+        mapped += p->map[mw].now.on;
+    }
+    g_string_append_printf(
+        s,
+        ", \"window_maps\": %" G_GUINT64_FORMAT ", \"window_traps\": %" G_GUINT64_FORMAT
+        ", \"window_map_refusals\": %" G_GUINT64_FORMAT ", \"windows_mapped\": %u",
+        maps, traps, refusals, mapped);
+}

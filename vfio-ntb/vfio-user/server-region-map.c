@@ -1,0 +1,119 @@
+/*
+ * Region maps the server asks of its client (VN_CMD_X_REGION_MAP; see vn_server_region_map()
+ * in server.h): sent at once, answered in the server's loop, each ask ended exactly once.
+ */
+#define G_LOG_DOMAIN "vfio-ntb.vfio-user"
+
+#include "server-int.h"
+
+#include "trace-vfio-user.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct Ask {
+    uint16_t id;
+    uint32_t region;
+    uint64_t offset;
+    VnServerAnsweredFn done;
+    void *opaque;
+} Ask;
+
+static bool page_aligned(uint64_t v)
+{
+    return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
+}
+
+int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t size, int fd,
+                         uint64_t fd_offset, uint64_t fd_size, VnServerAnsweredFn done,
+                         void *opaque)
+{
+    VnWireRegionMap body = { .region = index,
+                             .flags = fd >= 0 ? VN_WIRE_REGION_MAP_FLAG_MAP : 0,
+                             .offset = offset,
+                             .size = size,
+                             .fd_offset = fd >= 0 ? fd_offset : 0,
+                             .fd_size = fd >= 0 ? fd_size : 0 };
+    g_autoptr(GByteArray) m = g_byte_array_new();
+    Ask *a;
+    int ret;
+
+    if (s->client == NULL || !s->versioned) {
+        return -ENOTCONN;
+    }
+    if (!s->caps.region_map) {
+        return -EOPNOTSUPP;
+    }
+    if (index >= s->info.num_regions || index > VFIO_PCI_BAR5_REGION_INDEX || size == 0 ||
+        !page_aligned(offset) || !page_aligned(size) || !page_aligned(fd_offset) ||
+        offset + size < offset || offset + size > s->info.regions[index].size ||
+        (fd >= 0 && (!page_aligned(fd_size) || fd_size == 0 || fd_size > size ||
+                     fd_offset + fd_size < fd_offset))) {
+        return -EINVAL;
+    }
+    if (s->asked.length >= VN_SERVER_MAX_ASKED) {
+        return -EBUSY;
+    }
+    vn_wire_begin(m, ++s->dma_id, VN_CMD_X_REGION_MAP, VN_WIRE_FLAG_COMMAND);
+    g_byte_array_append(m, (const guint8 *)&body, sizeof(body));
+    vn_wire_finish(m);
+    ret = vn_transport_send(s->client, m->data, m->len, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
+    trace_server_region_map(s->path, s->dma_id, index, offset, size, fd >= 0 ? "map" : "trap", ret);
+    if (ret < 0) {
+        return ret; /* the loop drops the client when it next reads it */
+    }
+    a = g_new0(Ask, 1);
+    *a =
+        (Ask){ .id = s->dma_id, .region = index, .offset = offset, .done = done, .opaque = opaque };
+    g_queue_push_tail(&s->asked, a);
+    s->stats.region_maps++;
+    return 0;
+}
+
+bool vn_server_asked_is_answer(const VnWireHdr *h)
+{
+    return (h->flags & VN_WIRE_FLAG_TYPE_MASK) == VN_WIRE_FLAG_REPLY &&
+           h->cmd == VN_CMD_X_REGION_MAP;
+}
+
+int vn_server_asked_answer(VnServer *s, const VnWireHdr *h)
+{
+    Ask *a = NULL;
+    int err = 0;
+
+    for (GList *l = s->asked.head; l != NULL; l = l->next) {
+        if (((Ask *)l->data)->id == h->id) {
+            a = l->data;
+            g_queue_delete_link(&s->asked, l);
+            break;
+        }
+    }
+    if (a == NULL) {
+        g_info("socket %s: an answer to region map id %u, which we did not ask", s->path, h->id);
+        return -EPROTO;
+    }
+    if (h->flags & VN_WIRE_FLAG_ERROR) {
+        err = h->error > 0 && h->error < 4096 ? -(int)h->error : -EIO;
+        s->stats.region_map_failures++;
+        g_info("socket %s: the client did not map region %u at 0x%" G_GINT64_MODIFIER "x: %s",
+               s->path, a->region, a->offset, g_strerror(-err));
+    }
+    if (a->done != NULL) {
+        a->done(a->opaque, err);
+    }
+    g_free(a);
+    return 0;
+}
+
+void vn_server_asked_fail(VnServer *s)
+{
+    Ask *a;
+
+    while ((a = g_queue_pop_head(&s->asked)) != NULL) {
+        if (a->done != NULL) {
+            a->done(a->opaque, -ENOTCONN);
+        }
+        g_free(a);
+    }
+}
