@@ -97,8 +97,9 @@ class LenderHost:
 
     def __init__(self, procs, inner, args=(), devices=(NVME,), objects=(), mem_mib=1536,
                  timeout=300.0, share=None, role=None, raw_devices=(), memfd=False,
-                 flavor="lender-host"):
+                 flavor="lender-host", qemu=None):
         self.procs = procs
+        self.qemu = qemu                    # None: Debian's (h.stock_qemu())
         self.inner = inner
         self.args = [str(a) for a in args]
         self.devices = list(devices)
@@ -119,7 +120,7 @@ class LenderHost:
         img = lender_host_image(self.flavor)
         kernel = img / "vmlinux" if (img / "vmlinux").exists() else img / "vmlinuz"
         machine = "q35,kernel-irqchip=split" + (",memory-backend=mem" if self.memfd else "")
-        argv = [h.stock_qemu(), "-machine", machine, "-accel", "tcg",
+        argv = [self.qemu or h.stock_qemu(), "-machine", machine, "-accel", "tcg",
                 "-m", str(self.mem_mib), "-smp", "1", "-nographic", "-no-reboot",
                 "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
                 "-kernel", str(kernel), "-initrd", str(img / "initrd.gz"),
@@ -131,6 +132,8 @@ class LenderHost:
                 "-device", "virtio-9p-pci,fsdev=hr,mount_tag=hostroot",
                 "-fsdev", f"local,id=sh,path={self.share},security_model=none",
                 "-device", "virtio-9p-pci,fsdev=sh,mount_tag=share"]
+        if self.qemu is not None:
+            argv += ["-nic", "none"]        # the patched QEMU ships no NIC option ROMs
         if self.memfd:
             argv += ["-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on"]
         if any("drive=nv0" in d for d in self.devices):       # lenderhost.NVME's disk

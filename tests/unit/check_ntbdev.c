@@ -257,8 +257,9 @@ static void peer_translates(void)
     ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
 }
 
-/* An X_REGION_MAP ask of port 0's (its body in *@rm, its fd, if any, in *@fd). */
-static VnWireHdr next_ask(VnWireRegionMap *rm, int *fd)
+/* An X_REGION_MAP ask of port 0's (its body in *@rm, its extents in @ext when given, its fd,
+ * if any, in *@fd). */
+static VnWireHdr next_ask(VnWireRegionMap *rm, VnWireRegionExtent *ext, int *fd)
 {
     VnTransportMsg m;
     VnWireHdr h;
@@ -267,8 +268,13 @@ static VnWireHdr next_ask(VnWireRegionMap *rm, int *fd)
     h = hdr_of(&m);
     ck_assert_uint_eq(h.cmd, VN_CMD_X_REGION_MAP);
     ck_assert_uint_eq(h.flags & VN_WIRE_FLAG_TYPE_MASK, VN_WIRE_FLAG_COMMAND);
-    ck_assert_uint_eq(m.len, VN_WIRE_HDR_SIZE + sizeof(*rm));
+    ck_assert_uint_ge(m.len, VN_WIRE_HDR_SIZE + sizeof(*rm));
     memcpy(rm, m.data + VN_WIRE_HDR_SIZE, sizeof(*rm));
+    ck_assert_uint_eq(m.len, VN_WIRE_HDR_SIZE + sizeof(*rm) + rm->nr_extents * sizeof(*ext));
+    ck_assert_uint_le(rm->nr_extents, WINDOW / 4096);
+    if (ext != NULL) {
+        memcpy(ext, m.data + VN_WIRE_HDR_SIZE + sizeof(*rm), rm->nr_extents * sizeof(*ext));
+    }
     ck_assert_uint_eq(rm->region, VFIO_PCI_BAR0_REGION_INDEX + rig.bar);
     ck_assert_uint_eq(rm->offset, rig.offset);
     ck_assert_uint_eq(rm->size, WINDOW);
@@ -279,6 +285,21 @@ static VnWireHdr next_ask(VnWireRegionMap *rm, int *fd)
     }
     vn_transport_msg_clear(&m);
     return h;
+}
+
+/* The window as the client maps it (what patch 0008 does): each extent of @fd in place, all
+ * ones between them. */
+static uint8_t *map_like_qemu(const VnWireRegionMap *rm, const VnWireRegionExtent *ext, int fd)
+{
+    uint8_t *win = mmap(NULL, rm->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    ck_assert(win != MAP_FAILED);
+    memset(win, 0xff, rm->size);
+    for (uint32_t i = 0; i < rm->nr_extents; i++) {
+        ck_assert(mmap(win + ext[i].at, ext[i].len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                       fd, (off_t)ext[i].fd_offset) != MAP_FAILED);
+    }
+    return win;
 }
 
 static void answer(const VnWireHdr *ask, int err)
@@ -305,6 +326,7 @@ static void trapped_load(uint64_t at, char *out)
 
 START_TEST(test_window_handed_over_then_taken_back_before_unmap)
 {
+    VnWireRegionExtent ext[WINDOW / 4096];
     VnWireRegionMap rm;
     VnWireHdr ask, h;
     VnTransportMsg m;
@@ -318,13 +340,14 @@ START_TEST(test_window_handed_over_then_taken_back_before_unmap)
 
     /* The window reaches port 1's memory: port 0's client is handed it, the part of the
      * memory its translation names, and what it stores there is in port 1's memory. */
-    ask = next_ask(&rm, &fd);
+    ask = next_ask(&rm, ext, &fd);
     ck_assert_uint_eq(rm.flags, VN_WIRE_REGION_MAP_FLAG_MAP);
     ck_assert_int_ge(fd, 0);
-    ck_assert_uint_eq(rm.fd_offset, MEM_AT);
-    ck_assert_uint_eq(rm.fd_size, WINDOW);
-    win = mmap(NULL, rm.fd_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)rm.fd_offset);
-    ck_assert(win != MAP_FAILED);
+    ck_assert_uint_eq(rm.nr_extents, 1); /* one run of the memory: one piece */
+    ck_assert_uint_eq(ext[0].at, 0);
+    ck_assert_uint_eq(ext[0].fd_offset, MEM_AT);
+    ck_assert_uint_eq(ext[0].len, WINDOW);
+    win = map_like_qemu(&rm, ext, fd);
     close(fd);
     answer(&ask, 0);
     memcpy(win + 0x100, "mapped!!", 8);
@@ -337,8 +360,9 @@ START_TEST(test_window_handed_over_then_taken_back_before_unmap)
         VnWireDmaUnmap u = { .argsz = sizeof(u), .iova = PEER_IOVA, .size = PEER_MEM };
         uint16_t id = send_cmd(1, VN_CMD_DMA_UNMAP, &u, sizeof(u), -1);
 
-        ask = next_ask(&rm, &fd);
+        ask = next_ask(&rm, NULL, &fd);
         ck_assert_uint_eq(rm.flags, 0);
+        ck_assert_uint_eq(rm.nr_extents, 0);
         ck_assert_int_eq(fd, -1);
         ck_assert_msg(!next(1, QUIET_MS, &m),
                       "the unmap was answered before the window was taken back");
@@ -384,7 +408,7 @@ START_TEST(test_window_handed_over_then_taken_back_before_unmap)
                                             VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE))
                           .error,
                       0);
-    ask = next_ask(&rm, &fd);
+    ask = next_ask(&rm, NULL, &fd);
     ck_assert_uint_eq(rm.flags, VN_WIRE_REGION_MAP_FLAG_MAP);
     ck_assert_int_ge(fd, 0);
     close(fd);
@@ -448,7 +472,7 @@ START_TEST(test_refused_map_stays_trapped_and_is_not_asked_again)
     connect_port(0, true);
     connect_port(1, false);
     peer_translates();
-    ask = next_ask(&rm, &fd);
+    ask = next_ask(&rm, NULL, &fd);
     close(fd);
     answer(&ask, ENOSPC);
     trapped_store(0x500, "refused!");
@@ -473,15 +497,71 @@ START_TEST(test_unmap_answered_when_silent_client_goes)
     connect_port(0, true);
     connect_port(1, false);
     peer_translates();
-    ask = next_ask(&rm, &fd);
+    ask = next_ask(&rm, NULL, &fd);
     close(fd);
     answer(&ask, 0);
     id = send_cmd(1, VN_CMD_DMA_UNMAP, &u, sizeof(u), -1);
-    ask = next_ask(&rm, &fd);
+    ask = next_ask(&rm, NULL, &fd);
     ck_assert_uint_eq(rm.flags, 0);
     ck_assert(!next(1, QUIET_MS, &m));
     g_clear_pointer(&rig.c[0], vn_transport_free);
     ck_assert_uint_eq(reply(1, id).error, 0);
+}
+END_TEST
+
+/* Where page @i of the scattered buffer is: the pages in reverse, but for the middle two,
+ * which the IOMMU happened to map in order. */
+static uint64_t scattered_page(unsigned i)
+{
+    unsigned pages = WINDOW / 4096;
+
+    return i == pages / 2 - 1 || i == pages / 2 ? i : pages - 1 - i;
+}
+
+/* The peer's buffer is scattered in its RAM, as a buffer behind an IOMMU is (its pages
+ * allocated one by one, mapped contiguously for the device): the window is handed over in
+ * pieces, each where the IOMMU put it, and a store through the window lands in the page the
+ * peer's IOMMU maps at that address. */
+START_TEST(test_scattered_buffer_handed_over_in_pieces)
+{
+    enum { PAGES = WINDOW / 4096 };
+    VnWireRegionExtent ext[PAGES];
+    uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+    VnWireRegionMap rm;
+    VnWireHdr ask;
+    uint8_t *win;
+    int fd;
+
+    connect_port(0, true);
+    connect_port(1, false);
+    for (unsigned i = 0; i < PAGES; i++) {
+        uint64_t page = scattered_page(i);
+
+        ck_assert_uint_eq(reply(1, dma_map_peer(PEER_IOVA + i * 4096ull, 4096, page * 4096,
+                                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE))
+                              .error,
+                          0);
+    }
+    region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
+    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)PEER_IOVA);
+    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)(PEER_IOVA >> 32));
+    ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
+    ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
+    ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
+    ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+    ask = next_ask(&rm, ext, &fd);
+    ck_assert_uint_eq(rm.flags, VN_WIRE_REGION_MAP_FLAG_MAP);
+    ck_assert_uint_eq(rm.nr_extents, PAGES - 1); /* the two in order are one piece */
+    win = map_like_qemu(&rm, ext, fd);
+    close(fd);
+    answer(&ask, 0);
+    for (unsigned i = 0; i < PAGES; i++) {
+        uint64_t page = scattered_page(i);
+
+        memcpy(win + i * 4096ull + 8, &i, sizeof(i));
+        ck_assert_mem_eq(rig.mem + page * 4096 + 8, &i, sizeof(i));
+    }
+    munmap(win, WINDOW);
 }
 END_TEST
 
@@ -493,6 +573,7 @@ static Suite *ntbdev_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_window_handed_over_then_taken_back_before_unmap);
+    tcase_add_test(tc, test_scattered_buffer_handed_over_in_pieces);
     tcase_add_test(tc, test_client_without_capability_stays_trapped);
     tcase_add_test(tc, test_read_only_memory_not_handed_over);
     tcase_add_test(tc, test_refused_map_stays_trapped_and_is_not_asked_again);

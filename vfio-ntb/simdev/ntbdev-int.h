@@ -2,7 +2,8 @@
  * The simulated NTB's ports (ntbdev.c) and how their windows are mapped (ntbdev-map.c).
  *
  * Mapped windows: where a port's window reaches the peer's RAM (the peer's translation lies
- * in one run of one file of the peer QEMU's DMA table, mapped for reading and writing), the
+ * in one file of the peer QEMU's DMA table, in at most VN_WIRE_REGION_MAP_MAX_EXTENTS pieces,
+ * mapped for reading and writing), the
  * port's client is asked to map the window onto that memory itself (vn_server_region_map():
  * QEMU's patch 0008), so the guest's loads and stores there need no message; elsewhere (no
  * translation, the link or the peer away, bus mastering off, a BAR of another device of the
@@ -29,9 +30,10 @@
 typedef struct NtbTarget {
     bool on;
     uint64_t iova, len; /* the peer's addresses it reaches */
-    uint64_t fd_offset; /* where they are in the peer's file */
-    dev_t dev;
+    dev_t dev;          /* the peer's file they are in */
     ino_t ino;
+    unsigned extents; /* how many pieces of it, and a hash of where they are */
+    uint64_t where;
 } NtbTarget;
 
 typedef struct NtbPort NtbPort;
@@ -71,6 +73,7 @@ struct VnNtbDev {
      * when something changed since its window was last looked at. */
     uint64_t epoch;
     uint64_t looked[2][VN_EPF_MAX_WINDOWS];
+    bool trap_all; /* vn_ntbdev_set_mapping(false) */
 };
 
 /* Look at every window of both ports again (after an event that may move a target). */

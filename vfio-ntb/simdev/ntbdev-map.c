@@ -33,8 +33,20 @@ static const NtbTarget TRAPPED = { .on = false };
 static bool target_eq(const NtbTarget *a, const NtbTarget *b)
 {
     return a->on == b->on &&
-           (!a->on || (a->iova == b->iova && a->len == b->len && a->fd_offset == b->fd_offset &&
-                       a->dev == b->dev && a->ino == b->ino));
+           (!a->on || (a->iova == b->iova && a->len == b->len && a->dev == b->dev &&
+                       a->ino == b->ino && a->extents == b->extents && a->where == b->where));
+}
+
+/* FNV-1a over the extents: a target that moved in the peer's file is another target. */
+static uint64_t extents_hash(const GArray *ext)
+{
+    const uint8_t *p = (const uint8_t *)ext->data;
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+
+    for (size_t i = 0; i < ext->len * sizeof(VnDmaExtent); i++) {
+        h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+    }
+    return h;
 }
 
 static bool target_hits(const NtbTarget *t, uint64_t first, uint64_t last)
@@ -47,18 +59,21 @@ static bool aligned(uint64_t v)
     return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
 }
 
-/* Where @p's window @mw can be mapped now: its target, and an fd of the peer's file (the
- * caller closes it); -1 with a trapped target where it cannot. */
-static int target_of(NtbPort *p, unsigned mw, NtbTarget *t)
+/* Where @p's window @mw can be mapped now: its target, the pieces of the peer's file it is
+ * in (@ext, VnDmaExtent), and an fd of that file (the caller closes it); -1 with a trapped
+ * target where it cannot. */
+static int target_of(NtbPort *p, unsigned mw, NtbTarget *t, GArray *ext)
 {
     VnNtbDev *d = p->dev;
     NtbPort *q = &d->port[p->index ^ 1];
-    uint64_t addr, size, off;
+    uint64_t addr, size;
     struct stat st;
     int fd;
 
     *t = TRAPPED;
-    if (p->server == NULL || q->dma == NULL || !vn_server_client_maps_regions(p->server) ||
+    g_array_set_size(ext, 0);
+    if (d->trap_all || p->server == NULL || q->dma == NULL ||
+        !vn_server_client_maps_regions(p->server) ||
         !vn_epf_window_reach(d->epf, p->index, mw, &addr, &size)) {
         return -1;
     }
@@ -68,18 +83,31 @@ static int target_of(NtbPort *p, unsigned mw, NtbTarget *t)
     }
     /* Only memory the peer's IOMMU gives its function for both reading and writing: what
      * the window may not write stays trapped, where each write is checked. */
-    fd = vn_dma_file_span(q->dma, addr, size, VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-                          &off);
+    fd = vn_dma_file_extents(q->dma, addr, size, VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+                             ext, VN_WIRE_REGION_MAP_MAX_EXTENTS);
     if (fd < 0) {
+        g_debug("NTB model: port %u: window %u stays trapped: the peer's [0x%" G_GINT64_MODIFIER
+                "x, +0x%" G_GINT64_MODIFIER "x) is not in its RAM (%u mappings): %s",
+                p->index, mw, addr, size, vn_dma_count(q->dma), g_strerror(-fd));
         return -1;
     }
-    if (!aligned(off) || fstat(fd, &st) < 0) {
+    for (guint i = 0; i < ext->len; i++) {
+        if (!aligned(g_array_index(ext, VnDmaExtent, i).offset)) {
+            close(fd);
+            return -1;
+        }
+    }
+    if (fstat(fd, &st) < 0) {
         close(fd);
         return -1;
     }
-    *t = (NtbTarget){
-        .on = true, .iova = addr, .len = size, .fd_offset = off, .dev = st.st_dev, .ino = st.st_ino
-    };
+    *t = (NtbTarget){ .on = true,
+                      .iova = addr,
+                      .len = size,
+                      .dev = st.st_dev,
+                      .ino = st.st_ino,
+                      .extents = ext->len,
+                      .where = extents_hash(ext) };
     return fd;
 }
 
@@ -111,19 +139,26 @@ static void answered(void *opaque, int err)
     settle(p->dev);
 }
 
-/* Ask @m's client for @t (@fd its file's, or -1 to trap). */
-static void ask(NtbWindowMap *m, const NtbTarget *t, int fd)
+/* Ask @m's client for @t (@fd its file's and @ext where in it, or -1 to trap). */
+static void ask(NtbWindowMap *m, const NtbTarget *t, int fd, const GArray *ext)
 {
     NtbPort *p = m->port;
     VnNtbDev *d = p->dev;
+    unsigned n = t->on ? ext->len : 0;
+    g_autofree VnWireRegionExtent *wire = g_new0(VnWireRegionExtent, MAX(n, 1));
     NtbAsk *a = g_new0(NtbAsk, 1);
     int ret;
 
+    for (unsigned i = 0; i < n; i++) {
+        const VnDmaExtent *e = &g_array_index(ext, VnDmaExtent, i);
+
+        wire[i] = (VnWireRegionExtent){ .at = e->at, .fd_offset = e->offset, .len = e->len };
+    }
     a->map = m;
     a->target = *t;
     ret = vn_server_region_map(p->server, VFIO_PCI_BAR0_REGION_INDEX + d->layout.window_bar[m->mw],
                                d->layout.window_offset[m->mw], vn_epf_window_size(d->epf, m->mw),
-                               t->on ? fd : -1, t->fd_offset, t->len, answered, a);
+                               t->on ? fd : -1, wire, n, answered, a);
     if (ret < 0) {
         /* -EBUSY: asked again when an answer comes; -ENOTCONN, -EOPNOTSUPP: nothing mapped. */
         g_free(a);
@@ -139,8 +174,8 @@ static void ask(NtbWindowMap *m, const NtbTarget *t, int fd)
         m->maps++;
         g_info(
             "NTB model: port %u: window %u mapped onto the peer's memory at 0x%" G_GINT64_MODIFIER
-            "x (0x%" G_GINT64_MODIFIER "x bytes)",
-            p->index, m->mw, t->iova, t->len);
+            "x (0x%" G_GINT64_MODIFIER "x bytes in %u pieces)",
+            p->index, m->mw, t->iova, t->len, t->extents);
     } else {
         m->traps++;
         g_info("NTB model: port %u: window %u trapped", p->index, m->mw);
@@ -150,8 +185,9 @@ static void ask(NtbWindowMap *m, const NtbTarget *t, int fd)
 static void sync_window(NtbPort *p, unsigned mw)
 {
     NtbWindowMap *m = &p->map[mw];
+    g_autoptr(GArray) ext = g_array_new(FALSE, FALSE, sizeof(VnDmaExtent));
     NtbTarget t;
-    int fd = target_of(p, mw, &t);
+    int fd = target_of(p, mw, &t, ext);
 
     if (p->server != NULL && vn_server_client_maps_regions(p->server)) {
         p->dev->looked[p->index][mw] = p->dev->epoch;
@@ -160,7 +196,7 @@ static void sync_window(NtbPort *p, unsigned mw)
         m->refused = TRAPPED; /* the target moved: worth asking again */
     }
     if (!target_eq(&t, &m->now) && !(t.on && target_eq(&t, &m->refused))) {
-        ask(m, &t, fd);
+        ask(m, &t, fd, ext);
     }
     vn_util_close_fd(&fd);
 }
@@ -173,6 +209,17 @@ void vn_ntbdev_map_sync(VnNtbDev *d)
             sync_window(&d->port[p], mw);
         }
     }
+}
+
+void vn_ntbdev_set_mapping(VnNtbDev *d, bool on)
+{
+    d->trap_all = !on;
+    vn_ntbdev_map_sync(d);
+}
+
+bool vn_ntbdev_mapping(VnNtbDev *d)
+{
+    return !d->trap_all;
 }
 
 void vn_ntbdev_map_trapped(NtbPort *p, unsigned mw)
@@ -227,7 +274,7 @@ void vn_ntbdev_map_unmapping(NtbPort *q, uint64_t iova, uint64_t size, bool all)
     d->epoch++;
     for (unsigned mw = 0; mw < vn_epf_windows(d->epf); mw++) {
         if (target_hits(&p->map[mw].now, first, last)) {
-            ask(&p->map[mw], &TRAPPED, -1);
+            ask(&p->map[mw], &TRAPPED, -1, NULL);
         }
     }
     if (clear_of(p, first, last) || q->server == NULL) {

@@ -202,9 +202,10 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
 {
     g_autoptr(GString) s = g_string_new("{");
 
-    g_string_append_printf(s, "\"link_up\": %s, \"window_size\": %" G_GUINT64_FORMAT,
-                           vn_epf_link_up(d->epf) ? "true" : "false",
-                           vn_epf_window_size(d->epf, 0));
+    g_string_append_printf(
+        s, "\"link_up\": %s, \"window_size\": %" G_GUINT64_FORMAT ", \"mapping\": %s",
+        vn_epf_link_up(d->epf) ? "true" : "false", vn_epf_window_size(d->epf, 0),
+        vn_ntbdev_mapping(d) ? "true" : "false");
     for (unsigned p = 0; p < 2; p++) {
         VnEpfStats st;
 

@@ -43,6 +43,12 @@ extern const VnDeviceOps vn_ntbdev_ops;
  * use of them; detach with NULL before freeing the server). */
 void vn_ntbdev_attach(VnNtbDev *d, unsigned port, VnServer *server);
 
+/* Whether windows may be mapped by their clients (ntbdev-int.h; on at first): off, every
+ * mapped window is trapped again, as under a QEMU without the extension (what a bench
+ * compares in one run). */
+void vn_ntbdev_set_mapping(VnNtbDev *d, bool on);
+bool vn_ntbdev_mapping(VnNtbDev *d);
+
 /* Where each port's parts are (the same for both). */
 void vn_ntbdev_layout(VnNtbDev *d, VnEpfLayout *out);
 

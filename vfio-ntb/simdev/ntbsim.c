@@ -2,7 +2,7 @@
  * vfio-ntb-ntbsim: a simulated NTB adapter pair served over vfio-user, for tests.
  *
  *   vfio-ntb-ntbsim --port0 PATH --port1 PATH [--window-mib N[,N...]] [--windows 1|2|3]
- *                   [--stats-file PATH]
+ *                   [--stats-file PATH] [--trap-windows]
  *                   [--verbose]
  *
  * Two hosts (two QEMUs, each with a vfio-user-pci device on one of the sockets) are joined
@@ -16,7 +16,7 @@
  * Guest RAM must be shareable (memory-backend-memfd,share=on), as for any vfio-user device.
  * One client per socket at a time; a host that reconnects finds its port reset.  SIGTERM
  * and SIGINT end the process cleanly and remove the sockets; SIGUSR1 writes the counters to
- * the stats file (and so does the exit).
+ * the stats file (and so does the exit); SIGUSR2 toggles --trap-windows.
  */
 #define G_LOG_DOMAIN "vfio-ntb.simdev"
 
@@ -43,6 +43,7 @@ typedef struct Options {
     gint windows;
     uint64_t sizes[VN_EPF_MAX_WINDOWS];
     char *stats_file;
+    gboolean trap_windows;
     gboolean verbose;
 } Options;
 
@@ -106,6 +107,10 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
           "N" },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the counters as JSON here on SIGUSR1 and at exit", "PATH" },
+        { "trap-windows", 0, 0, G_OPTION_ARG_NONE, &o->trap_windows,
+          "never let a host's QEMU map a window onto the peer's memory (every access a "
+          "message, as under a QEMU without the region-map patch); SIGUSR2 toggles it",
+          NULL },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every command", NULL },
         VN_TRACE_OPTION_ENTRY(o->trace),
         G_OPTION_ENTRY_NULL,
@@ -136,6 +141,18 @@ static char *stats_json(void *opaque)
     return vn_ntbdev_stats_json(opaque);
 }
 
+/* SIGUSR2: windows mapped by their hosts' QEMUs, or every access trapped (a bench compares
+ * both in one run of the same VMs). */
+static gboolean on_usr2(gpointer data)
+{
+    VnNtbDev *dev = data;
+
+    vn_ntbdev_set_mapping(dev, !vn_ntbdev_mapping(dev));
+    g_message("ntbsim: windows %s",
+              vn_ntbdev_mapping(dev) ? "mapped where they reach RAM" : "trapped");
+    return G_SOURCE_CONTINUE;
+}
+
 int main(int argc, char **argv)
 {
     g_auto(Options) opt = { 0 };
@@ -144,6 +161,7 @@ int main(int argc, char **argv)
     g_autoptr(GMainLoop) loop = NULL;
     VnServer *server[2] = { NULL, NULL };
     VnUtilStatsFile stats;
+    guint usr2;
     int rc = 0;
 
     if (!options_parse(&opt, &argc, &argv, &error)) {
@@ -171,11 +189,14 @@ int main(int argc, char **argv)
     }
 
     loop = g_main_loop_new(NULL, FALSE);
+    vn_ntbdev_set_mapping(dev, !opt.trap_windows);
+    usr2 = g_unix_signal_add(SIGUSR2, on_usr2, dev);
     vn_util_stats_file_start(&stats, opt.stats_file, stats_json, dev);
     g_message("ntbsim %s: NTB ports on %s and %s, %d windows of %s MiB", VN_VERSION, opt.port[0],
               opt.port[1], opt.windows, opt.window_mib != NULL ? opt.window_mib : "4");
     vn_util_run_until_signalled(loop);
     vn_util_stats_file_stop(&stats);
+    g_source_remove(usr2);
 out:
     /* The servers drop their clients (which resets the ports) and remove the sockets; the
      * device's ports stop using their tables first. */

@@ -361,40 +361,50 @@ static bool same_file(int a, int b)
                       sa.st_ino == sb.st_ino);
 }
 
-int vn_dma_file_span(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, uint64_t *offset)
+int vn_dma_file_extents(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, GArray *out,
+                        unsigned max)
 {
-    int fd = -EFAULT;
     const Entry *first = NULL;
     uint64_t at = iova, left = len;
+    int ret = -EFAULT;
     guint i;
 
+    g_array_set_size(out, 0);
     if (len == 0 || iova + len < iova) {
         return -EINVAL;
     }
     g_rw_lock_reader_lock(&dma->lock);
     for (i = lower_bound(dma, iova); left > 0 && i < dma->entries->len; i++) {
         const Entry *e = &g_array_index(dma->entries, Entry, i);
-        uint64_t n;
+        uint64_t n = MIN(left, e->m.size - (at - e->m.iova));
+        uint64_t off = e->m.offset + (at - e->m.iova);
+        VnDmaExtent *last = out->len > 0 ? &g_array_index(out, VnDmaExtent, out->len - 1) : NULL;
 
-        if (e->m.iova > at || e->m.fd < 0 || (e->m.prot & need) != need) {
+        if (e->m.iova > at || e->m.fd < 0 || (e->m.prot & need) != need ||
+            (first != NULL && !same_file(first->m.fd, e->m.fd))) {
             break;
         }
-        /* Each piece continues the first in its file: [offset, offset + len) of one file. */
-        if (first == NULL) {
-            first = e;
-        } else if (!same_file(first->m.fd, e->m.fd) ||
-                   e->m.offset != first->m.offset + (e->m.iova - first->m.iova)) {
+        first = first != NULL ? first : e;
+        if (last != NULL && last->offset + last->len == off) {
+            last->len += n; /* the file goes on where the last piece ended */
+        } else if (out->len == max) {
+            ret = -E2BIG;
             break;
+        } else {
+            VnDmaExtent x = { .at = at - iova, .offset = off, .len = n };
+
+            g_array_append_val(out, x);
         }
-        n = MIN(left, e->m.size - (at - e->m.iova));
         at += n;
         left -= n;
     }
     if (left == 0 && first != NULL) {
-        *offset = first->m.offset + (iova - first->m.iova);
-        fd = dup(first->m.fd);
-        fd = fd >= 0 ? fd : -errno;
+        ret = dup(first->m.fd);
+        ret = ret >= 0 ? ret : -errno;
     }
     g_rw_lock_reader_unlock(&dma->lock);
-    return fd;
+    if (ret < 0) {
+        g_array_set_size(out, 0);
+    }
+    return ret;
 }

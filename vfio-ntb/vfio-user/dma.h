@@ -103,14 +103,25 @@ void vn_dma_foreach(VnDma *dma, void (*fn)(const VnDmaMapping *m, void *opaque),
  */
 bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out);
 
+/* A piece of a range of guest addresses in a file: [at, at + len) of the range is
+ * [offset, offset + len) of the file. */
+typedef struct VnDmaExtent {
+    uint64_t at;
+    uint64_t offset;
+    uint64_t len;
+} VnDmaExtent;
+
 /*
- * Where [@iova, @iova + @len) lies in one file: mapped with at least @need by pieces that
- * follow each other in the same file (each DMA_MAP brings its own fd, often of the one
- * memfd).  Returns a new fd of that file (the caller closes it) with the range's offset in
- * *@offset; -EFAULT when a byte is unmapped, has no fd or lacks @need, or the pieces are
- * not one run of one file; -EINVAL for an empty or wrapping range.  What a device needs to
- * let another process map the range itself (the simulated NTB's windows).
+ * Where [@iova, @iova + @len) lies in one file: every byte mapped with at least @need, all of
+ * it in the same file (each DMA_MAP brings its own fd, often of the one memfd), as extents
+ * (VnDmaExtent, in @out, in order, pieces that follow each other in the file merged; a guest
+ * buffer behind an IOMMU is rarely contiguous in its RAM).  Returns a new fd of that file
+ * (the caller closes it); -EFAULT when a byte is unmapped, has no fd or lacks @need, or the
+ * range spans files; -E2BIG when it takes more than @max extents; -EINVAL for an empty or
+ * wrapping range (@out empty then).  What a device needs to let another process map the
+ * range itself (the simulated NTB's windows).
  */
-int vn_dma_file_span(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, uint64_t *offset);
+int vn_dma_file_extents(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, GArray *out,
+                        unsigned max);
 
 #endif /* VN_DMA_H */

@@ -25,16 +25,33 @@ static bool page_aligned(uint64_t v)
     return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
 }
 
+/* @ext in order of at, apart, page aligned, inside an area of @size. */
+static bool extents_ok(const VnWireRegionExtent *ext, unsigned n, uint64_t size)
+{
+    uint64_t end = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        const VnWireRegionExtent *e = &ext[i];
+
+        if (e->len == 0 || !page_aligned(e->at | e->len | e->fd_offset) || e->at < end ||
+            e->at + e->len < e->at || e->at + e->len > size ||
+            e->fd_offset + e->len < e->fd_offset) {
+            return false;
+        }
+        end = e->at + e->len;
+    }
+    return true;
+}
+
 int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t size, int fd,
-                         uint64_t fd_offset, uint64_t fd_size, VnServerAnsweredFn done,
+                         const VnWireRegionExtent *ext, unsigned n, VnServerAnsweredFn done,
                          void *opaque)
 {
     VnWireRegionMap body = { .region = index,
                              .flags = fd >= 0 ? VN_WIRE_REGION_MAP_FLAG_MAP : 0,
                              .offset = offset,
                              .size = size,
-                             .fd_offset = fd >= 0 ? fd_offset : 0,
-                             .fd_size = fd >= 0 ? fd_size : 0 };
+                             .nr_extents = fd >= 0 ? n : 0 };
     g_autoptr(GByteArray) m = g_byte_array_new();
     Ask *a;
     int ret;
@@ -45,11 +62,13 @@ int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t 
     if (!s->caps.region_map) {
         return -EOPNOTSUPP;
     }
+    if (n > VN_WIRE_REGION_MAP_MAX_EXTENTS) {
+        return -E2BIG;
+    }
     if (index >= s->info.num_regions || index > VFIO_PCI_BAR5_REGION_INDEX || size == 0 ||
-        !page_aligned(offset) || !page_aligned(size) || !page_aligned(fd_offset) ||
-        offset + size < offset || offset + size > s->info.regions[index].size ||
-        (fd >= 0 && (!page_aligned(fd_size) || fd_size == 0 || fd_size > size ||
-                     fd_offset + fd_size < fd_offset))) {
+        !page_aligned(offset) || !page_aligned(size) || offset + size < offset ||
+        offset + size > s->info.regions[index].size || (fd >= 0) != (n > 0) ||
+        !extents_ok(ext, fd >= 0 ? n : 0, size)) {
         return -EINVAL;
     }
     if (s->asked.length >= VN_SERVER_MAX_ASKED) {
@@ -57,9 +76,12 @@ int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t 
     }
     vn_wire_begin(m, ++s->dma_id, VN_CMD_X_REGION_MAP, VN_WIRE_FLAG_COMMAND);
     g_byte_array_append(m, (const guint8 *)&body, sizeof(body));
+    if (fd >= 0) {
+        g_byte_array_append(m, (const guint8 *)ext, (guint)(n * sizeof(*ext)));
+    }
     vn_wire_finish(m);
     ret = vn_transport_send(s->client, m->data, m->len, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
-    trace_server_region_map(s->path, s->dma_id, index, offset, size, fd >= 0 ? "map" : "trap", ret);
+    trace_server_region_map(s->path, s->dma_id, index, offset, size, fd >= 0 ? n : 0, ret);
     if (ret < 0) {
         return ret; /* the loop drops the client when it next reads it */
     }

@@ -199,22 +199,24 @@ int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bo
 /*
  * Asking the client to map an area of a BAR region itself (VN_CMD_X_REGION_MAP, wire.h):
  * with @fd >= 0, [@offset, @offset + @size) of region @index becomes the client's mapping
- * (its first @fd_size bytes @fd's from @fd_offset, the rest all ones; @fd is sent, still
- * the caller's), so its guest's loads and stores there reach that memory with no message;
- * with @fd < 0 the client drops that mapping and sends the area's accesses as messages
- * again (a trap).  An area keeps its offset and size while the client stays.  Offsets and
- * sizes are multiples of VN_SERVER_REGION_MAP_ALIGN.  Sent at once; @done(@opaque, err) is called exactly once
+ * of @fd's @n extents @ext (each a range of @fd at an offset of the area, in order, apart;
+ * what none covers reads all ones; @fd is sent, still the caller's), so its guest's loads
+ * and stores there reach that memory with no message; with @fd < 0 (and @n 0) the client
+ * drops that mapping and sends the area's accesses as messages again (a trap).  An area
+ * keeps its offset and size while the client stays.  Offsets and sizes are multiples of
+ * VN_SERVER_REGION_MAP_ALIGN.  Sent at once; @done(@opaque, err) is called exactly once
  * from the server's loop: 0 once the client has done it, its -errno if it refused (the
- * range is trapped then), or -ENOTCONN when the client goes first.  Returns 0 (sent),
+ * area is trapped then), or -ENOTCONN when the client goes first.  Returns 0 (sent),
  * -EOPNOTSUPP (the client did not offer VN_WIRE_CAP_REGION_MAP in VERSION: keep trapping),
- * -ENOTCONN, -EINVAL (not a BAR, not aligned, outside the region), -EBUSY
+ * -ENOTCONN, -EINVAL (not a BAR, not aligned, outside the region, extents out of order or
+ * outside the area), -E2BIG (more than VN_WIRE_REGION_MAP_MAX_EXTENTS), -EBUSY
  * (VN_SERVER_MAX_ASKED unanswered), or a send's -errno; @done is not called then.
  */
 #define VN_SERVER_REGION_MAP_ALIGN 4096u
 #define VN_SERVER_MAX_ASKED 16u
 typedef void (*VnServerAnsweredFn)(void *opaque, int err);
 int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t size, int fd,
-                         uint64_t fd_offset, uint64_t fd_size, VnServerAnsweredFn done,
+                         const VnWireRegionExtent *ext, unsigned n, VnServerAnsweredFn done,
                          void *opaque);
 /* Whether the client offered VN_WIRE_CAP_REGION_MAP (false before VERSION). */
 bool vn_server_client_maps_regions(VnServer *s);

@@ -22,7 +22,8 @@ G_STATIC_ASSERT(sizeof(VnWireRegionRw) == 16);
 G_STATIC_ASSERT(sizeof(struct vfio_region_info) == 32);
 G_STATIC_ASSERT(sizeof(struct vfio_irq_info) == 16);
 G_STATIC_ASSERT(sizeof(VnWireIrqSet) == 20);
-G_STATIC_ASSERT(sizeof(VnWireRegionMap) == 40);
+G_STATIC_ASSERT(sizeof(VnWireRegionMap) == 32);
+G_STATIC_ASSERT(sizeof(VnWireRegionExtent) == 24);
 
 /* DMA is managed in pages of this size; we advertise it as pgsizes. */
 #define VN_WIRE_PAGE_SIZE 4096u

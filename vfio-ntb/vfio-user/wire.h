@@ -54,25 +54,34 @@ const char *vn_wire_cmd_to_string(uint32_t cmd);
 
 /*
  * vfio-ntb's one extension (docs/qemu-patches.md, patch 0008): the server asks the client
- * to map an area, [offset, offset + size) of a BAR region, onto an fd it sends (MAP: the
- * area's first fd_size bytes are the fd's from fd_offset, the rest reads all ones), or to
- * go back to sending the area's accesses as messages (no MAP flag, no fd).  An area keeps
- * its offset and size for the client's session (no two overlap).  A client that takes it
- * says so in VERSION (VN_WIRE_CAP_REGION_MAP: true); no server sends it otherwise.  Its
- * number is far above the spec's commands so that it never meets one of theirs.
+ * to map an area, [offset, offset + size) of a BAR region, onto an fd it sends (MAP: each
+ * extent that follows puts [fd_offset, fd_offset + len) of the fd at [at, at + len) of the
+ * area, and what no extent covers reads all ones), or to go back to sending the area's
+ * accesses as messages (no MAP flag, no extents, no fd).  An area keeps its offset and size
+ * for the client's session (no two overlap).  A client that takes it says so in VERSION
+ * (VN_WIRE_CAP_REGION_MAP: true); no server sends it otherwise.  Its number is far above the
+ * spec's commands so that it never meets one of theirs.
  */
 #define VN_CMD_X_REGION_MAP 0x100u
 #define VN_WIRE_CAP_REGION_MAP "x-vfio-ntb-region-map"
 #define VN_WIRE_REGION_MAP_FLAG_MAP 0x1u
+#define VN_WIRE_REGION_MAP_MAX_EXTENTS 1024u
 
 typedef struct VnWireRegionMap {
     uint32_t region;
-    uint32_t flags;     /* VN_WIRE_REGION_MAP_FLAG_MAP: the fd that comes with it */
-    uint64_t offset;    /* in the region, page aligned */
-    uint64_t size;      /* page aligned, not 0 */
-    uint64_t fd_offset; /* MAP: where the fd's part starts in the fd, page aligned */
-    uint64_t fd_size;   /* MAP: page aligned, 1 page to size */
+    uint32_t flags;      /* VN_WIRE_REGION_MAP_FLAG_MAP: the fd and extents that come with it */
+    uint64_t offset;     /* in the region, page aligned */
+    uint64_t size;       /* page aligned, not 0 */
+    uint32_t nr_extents; /* MAP: 1 to VN_WIRE_REGION_MAP_MAX_EXTENTS */
+    uint32_t reserved;
+    /* followed by nr_extents VnWireRegionExtent, in order of at, apart, page aligned */
 } VnWireRegionMap;
+
+typedef struct VnWireRegionExtent {
+    uint64_t at; /* in the area */
+    uint64_t fd_offset;
+    uint64_t len;
+} VnWireRegionExtent;
 
 /*
  * Limits.  Every size, count and index that a peer sends is checked against
