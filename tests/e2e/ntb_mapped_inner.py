@@ -9,9 +9,9 @@ What each host does, in order:
 - the simulated NTB's counters after it: each host's QEMU was handed its window
   (window_maps) and took it back when the buffer went (window_traps), and no window is
   mapped any more;
-- ntb_perf (host a copies into b's buffer), in ABBA rounds: mapped, trapped (the outside
-  turns mapping off: ntbsim's SIGUSR2), trapped, mapped; the trapped window accesses counted
-  over each round;
+- ntb_perf (host a copies into b's buffer), in ABBA rounds: mapped (16 MiB), trapped (the
+  outside turns mapping off, ntbsim's SIGUSR2, and waits until both QEMUs did it; 2 MiB, at a
+  few MB/s), trapped, mapped; the trapped window accesses counted over each round;
 - a memcpy in host a's own RAM of the same size, the bandwidth a window onto RAM would have
   at best here.
 """
@@ -24,9 +24,10 @@ from pathlib import Path
 import ntb_inner
 from ntb_inner import SHARE, barrier, fact, insmod, read, rmmod, wait_path, write
 
-PERF_ORDER = 22       # 4 MiB per run
+PERF_ORDER = 24       # the buffer: 16 MiB; a mapped run copies all of it
+TRAPPED_ORDER = 21    # a trapped run 2 MiB (at a few MB/s)
 CHUNK_ORDER = 16      # 64 KiB chunks
-MEMCPY_ROUNDS = 8
+MEMCPY_ROUNDS = 4
 
 
 def ask_outside(name, timeout=30):
@@ -80,6 +81,8 @@ def perf(role, mods, bdf):
         for mapped in (True, False, False, True):
             if mapped != (counters("before")["mapping"]):
                 ask_outside("toggle-mapping")
+            write(Path("/sys/module/ntb_perf/parameters/total_order"),
+                  str(PERF_ORDER if mapped else TRAPPED_ORDER))
             before = counters("perf-before")["port0"]
             rate = perf_once(d)
             after = counters("perf-after")["port0"]

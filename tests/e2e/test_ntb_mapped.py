@@ -50,9 +50,15 @@ def serve(share, sim, stats):
         if name.startswith("stats-"):
             answer = json.dumps(stats_now(sim, stats))
         elif name == "toggle-mapping":
+            # Done once ntbsim says so and both QEMUs have done what it asked of them.
             was = (stats_now(sim, stats) or {}).get("mapping")
             os.kill(sim.pid, signal.SIGUSR2)
-            h.wait_for(lambda: (stats_now(sim, stats) or {}).get("mapping") == (not was), 5)
+
+            def settled():
+                s = stats_now(sim, stats) or {}
+                return s.get("mapping") == (not was) and all(
+                    s.get(p, {}).get("window_asks_unanswered", 1) == 0 for p in ("port0", "port1"))
+            h.wait_for(settled, 10)
         req.unlink(missing_ok=True)
         tmp = share / f".{name}-done"
         tmp.write_text(answer)

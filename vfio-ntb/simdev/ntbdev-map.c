@@ -317,17 +317,19 @@ void vn_ntbdev_map_clear(VnNtbDev *d)
 void vn_ntbdev_map_stats(NtbPort *p, GString *s)
 {
     uint64_t maps = 0, traps = 0, refusals = 0;
-    unsigned mapped = 0;
+    unsigned mapped = 0, asked = 0;
 
     for (unsigned mw = 0; mw < VN_EPF_MAX_WINDOWS; mw++) {
         maps += p->map[mw].maps;
         traps += p->map[mw].traps;
         refusals += p->map[mw].refusals;
         mapped += p->map[mw].now.on;
+        asked += p->map[mw].asked;
     }
-    g_string_append_printf(
-        s,
-        ", \"window_maps\": %" G_GUINT64_FORMAT ", \"window_traps\": %" G_GUINT64_FORMAT
-        ", \"window_map_refusals\": %" G_GUINT64_FORMAT ", \"windows_mapped\": %u",
-        maps, traps, refusals, mapped);
+    g_string_append_printf(s,
+                           ", \"window_maps\": %" G_GUINT64_FORMAT
+                           ", \"window_traps\": %" G_GUINT64_FORMAT
+                           ", \"window_map_refusals\": %" G_GUINT64_FORMAT
+                           ", \"windows_mapped\": %u, \"window_asks_unanswered\": %u",
+                           maps, traps, refusals, mapped, asked);
 }
