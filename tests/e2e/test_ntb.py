@@ -175,10 +175,13 @@ def main():
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
         # Host a has the NVMe it lends (ntb_lend.py); host b a device whose BAR its module
         # exports (ntb_kmod.device_memory_exports).
+        # VN_NTB_QEMU=patched: the hosts on the patched QEMU, whose windows ntbsim maps
+        # (test_ntb_mapped.py); Debian's by default, which traps them all.
+        qemu = h.patched_qemu() if os.environ.get("VN_NTB_QEMU") == "patched" else None
         hosts = {r: LenderHost(procs, "ntb_inner.py", args=("--modules", mods),
                                devices=(NVME,) if r == "a" else ("pci-testdev",),
                                share=share, role=r, raw_devices=[device(run / f"p{i}")],
-                               memfd=True, mem_mib=1024, timeout=900)
+                               memfd=True, mem_mib=1024, timeout=900, qemu=qemu)
                  for i, r in enumerate("ab")}
         for lh in hosts.values():
             lh.start()
