@@ -565,6 +565,61 @@ START_TEST(test_scattered_buffer_handed_over_in_pieces)
 }
 END_TEST
 
+static gboolean mapping_off(gpointer data)
+{
+    vn_ntbdev_set_mapping(rig.dev, false);
+    g_atomic_int_set((gint *)data, 1);
+    return G_SOURCE_REMOVE;
+}
+
+/* --trap-windows (SIGUSR2): a mapped window is taken back, and its accesses are messages
+ * that still reach the peer's memory. */
+START_TEST(test_mapping_off_traps_mapped_window)
+{
+    VnWireRegionMap rm;
+    VnWireHdr ask;
+    gint done = 0;
+    char got[8];
+    int fd;
+
+    connect_port(0, true);
+    connect_port(1, false);
+    peer_translates();
+    ask = next_ask(&rm, NULL, &fd);
+    close(fd);
+    answer(&ask, 0);
+    g_main_context_invoke(rig.ctx, mapping_off, &done);
+    ask = next_ask(&rm, NULL, &fd);
+    ck_assert_uint_eq(rm.flags, 0);
+    ck_assert_int_eq(fd, -1);
+    answer(&ask, 0);
+    ck_assert(g_atomic_int_get(&done));
+    trapped_store(0x600, "trapped!");
+    ck_assert_mem_eq(rig.mem + MEM_AT + 0x600, "trapped!", 8);
+    trapped_load(0x600, got);
+    ck_assert_mem_eq(got, "trapped!", 8);
+}
+END_TEST
+
+/* A client that answers an ask nobody made is confused or hostile: it is dropped. */
+START_TEST(test_answer_to_no_ask_drops_client)
+{
+    VnWireHdr forged = { .id = 999, .cmd = VN_CMD_X_REGION_MAP, .size = VN_WIRE_HDR_SIZE };
+    VnTransportMsg m = { 0 };
+    gint64 deadline = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+    int ret = 0;
+
+    connect_port(0, true);
+    answer(&forged, 0);
+    while (ret >= 0 && g_get_monotonic_time() < deadline) {
+        ret = vn_transport_recv(rig.c[0], &m);
+        vn_transport_msg_clear(&m);
+        g_usleep(10000);
+    }
+    ck_assert_int_eq(ret, -ECONNRESET);
+}
+END_TEST
+
 static Suite *ntbdev_suite(void)
 {
     Suite *s = suite_create("ntbdev");
@@ -578,6 +633,8 @@ static Suite *ntbdev_suite(void)
     tcase_add_test(tc, test_read_only_memory_not_handed_over);
     tcase_add_test(tc, test_refused_map_stays_trapped_and_is_not_asked_again);
     tcase_add_test(tc, test_unmap_answered_when_silent_client_goes);
+    tcase_add_test(tc, test_mapping_off_traps_mapped_window);
+    tcase_add_test(tc, test_answer_to_no_ask_drops_client);
     suite_add_tcase(s, tc);
     return s;
 }

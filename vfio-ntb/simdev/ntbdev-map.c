@@ -139,20 +139,19 @@ static void answered(void *opaque, int err)
     settle(p->dev);
 }
 
-/* Ask @m's client for @t (@fd its file's and @ext where in it, or -1 to trap). */
-static void ask(NtbWindowMap *m, const NtbTarget *t, int fd, const GArray *ext)
+/* Ask @m's client for @t (@fd its file's and its @n extents @ext, or -1 to trap). */
+static void ask(NtbWindowMap *m, const NtbTarget *t, int fd, const VnDmaExtent *ext, unsigned n)
 {
     NtbPort *p = m->port;
     VnNtbDev *d = p->dev;
-    unsigned n = t->on ? ext->len : 0;
     g_autofree VnWireRegionExtent *wire = g_new0(VnWireRegionExtent, MAX(n, 1));
     NtbAsk *a = g_new0(NtbAsk, 1);
     int ret;
 
+    n = t->on ? n : 0;
     for (unsigned i = 0; i < n; i++) {
-        const VnDmaExtent *e = &g_array_index(ext, VnDmaExtent, i);
-
-        wire[i] = (VnWireRegionExtent){ .at = e->at, .fd_offset = e->offset, .len = e->len };
+        wire[i] =
+            (VnWireRegionExtent){ .at = ext[i].at, .fd_offset = ext[i].offset, .len = ext[i].len };
     }
     a->map = m;
     a->target = *t;
@@ -196,7 +195,7 @@ static void sync_window(NtbPort *p, unsigned mw)
         m->refused = TRAPPED; /* the target moved: worth asking again */
     }
     if (!target_eq(&t, &m->now) && !(t.on && target_eq(&t, &m->refused))) {
-        ask(m, &t, fd, ext);
+        ask(m, &t, fd, (const VnDmaExtent *)(void *)ext->data, ext->len);
     }
     vn_util_close_fd(&fd);
 }
@@ -274,7 +273,7 @@ void vn_ntbdev_map_unmapping(NtbPort *q, uint64_t iova, uint64_t size, bool all)
     d->epoch++;
     for (unsigned mw = 0; mw < vn_epf_windows(d->epf); mw++) {
         if (target_hits(&p->map[mw].now, first, last)) {
-            ask(&p->map[mw], &TRAPPED, -1, NULL);
+            ask(&p->map[mw], &TRAPPED, -1, NULL, 0);
         }
     }
     if (clear_of(p, first, last) || q->server == NULL) {
