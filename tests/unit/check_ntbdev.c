@@ -565,6 +565,41 @@ START_TEST(test_scattered_buffer_handed_over_in_pieces)
 }
 END_TEST
 
+/* A translation half in one memory and half in another (two memfds: what no single mapping
+ * of the client's can hold) stays trapped, and its accesses still reach both. */
+START_TEST(test_translation_across_two_memories_stays_trapped)
+{
+    uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+    int other = vn_peerfd_memfd_new("other-ram", WINDOW);
+    VnWireDmaMap dm = { .argsz = sizeof(dm),
+                        .flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+                        .offset = 0,
+                        .iova = PEER_IOVA + WINDOW / 2,
+                        .size = WINDOW / 2 };
+    VnTransportMsg m;
+
+    ck_assert_int_ge(other, 0);
+    connect_port(0, true);
+    connect_port(1, false);
+    ck_assert_uint_eq(reply(1, dma_map_peer(PEER_IOVA, WINDOW / 2, 0,
+                                            VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE))
+                          .error,
+                      0);
+    ck_assert_uint_eq(reply(1, send_cmd(1, VN_CMD_DMA_MAP, &dm, sizeof(dm), other)).error, 0);
+    close(other);
+    region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
+    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)PEER_IOVA);
+    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)(PEER_IOVA >> 32));
+    ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
+    ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
+    ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
+    ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+    ck_assert_msg(!next(0, QUIET_MS, &m), "a window across two memories was handed over");
+    trapped_store(0x10, "first!!!");
+    ck_assert_mem_eq(rig.mem + 0x10, "first!!!", 8);
+}
+END_TEST
+
 static gboolean mapping_off(gpointer data)
 {
     vn_ntbdev_set_mapping(rig.dev, false);
@@ -634,6 +669,7 @@ static Suite *ntbdev_suite(void)
     tcase_add_test(tc, test_refused_map_stays_trapped_and_is_not_asked_again);
     tcase_add_test(tc, test_unmap_answered_when_silent_client_goes);
     tcase_add_test(tc, test_mapping_off_traps_mapped_window);
+    tcase_add_test(tc, test_translation_across_two_memories_stays_trapped);
     tcase_add_test(tc, test_answer_to_no_ask_drops_client);
     suite_add_tcase(s, tc);
     return s;

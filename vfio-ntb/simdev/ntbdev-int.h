@@ -78,6 +78,9 @@ struct VnNtbDev {
 
 /* Look at every window of both ports again (after an event that may move a target). */
 void vn_ntbdev_map_sync(VnNtbDev *d);
+/* Port @q's client mapped [iova, iova + size): windows of the other port whose translation
+ * it touches may be mapped now. */
+void vn_ntbdev_map_mapped(NtbPort *q, uint64_t iova, uint64_t size);
 /* Port @q's client unmaps [iova, iova + size) (@all: everything): windows of the other port
  * mapped onto it are taken back first, and the unmap's answer waits for that. */
 void vn_ntbdev_map_unmapping(NtbPort *q, uint64_t iova, uint64_t size, bool all);

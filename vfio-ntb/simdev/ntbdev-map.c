@@ -221,6 +221,23 @@ bool vn_ntbdev_mapping(VnNtbDev *d)
     return !d->trap_all;
 }
 
+void vn_ntbdev_map_mapped(NtbPort *q, uint64_t iova, uint64_t size)
+{
+    VnNtbDev *d = q->dev;
+    NtbPort *p = &d->port[q->index ^ 1];
+
+    /* Only the windows whose translation it touches: with an IOMMU in the peer, its QEMU
+     * maps page by page, and most pages are nobody's window. */
+    for (unsigned mw = 0; mw < vn_epf_windows(d->epf); mw++) {
+        uint64_t addr, len;
+
+        if (vn_epf_window_reach(d->epf, p->index, mw, &addr, &len) && len > 0 && size > 0 &&
+            addr <= iova + (size - 1) && iova <= addr + (len - 1)) {
+            sync_window(p, mw);
+        }
+    }
+}
+
 void vn_ntbdev_map_trapped(NtbPort *p, unsigned mw)
 {
     if (p->dev->looked[p->index][mw] != p->dev->epoch) {

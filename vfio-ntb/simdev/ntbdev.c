@@ -382,9 +382,7 @@ static void op_client_gone(void *opaque)
 /* The peer's memory a window may be mapped onto now (the table holds it already). */
 static int op_dma_mapped(void *opaque, const VnDmaMapping *m)
 {
-    NtbPort *p = opaque;
-
-    vn_ntbdev_map_sync(p->dev);
+    vn_ntbdev_map_mapped(opaque, m->iova, m->size);
     return 0;
 }
 

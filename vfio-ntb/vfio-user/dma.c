@@ -19,6 +19,8 @@ typedef struct Entry {
     VnDmaMapping m;
     void *map_base; /* what mmap returned (page aligned) */
     size_t map_len;
+    dev_t dev; /* m.fd's file, to tell two fds of one memfd (vn_dma_file_extents()) */
+    ino_t ino;
 } Entry;
 
 struct VnDma {
@@ -98,6 +100,7 @@ static int entry_mmap(Entry *e)
 int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32_t prot, int fd)
 {
     Entry e = { .m = { .iova = iova, .size = size, .offset = offset, .prot = prot, .fd = fd } };
+    struct stat st;
     guint pos;
     int ret;
 
@@ -117,6 +120,10 @@ int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32
         if (ret < 0) {
             vn_util_close_fd(&e.m.fd);
             return ret;
+        }
+        if (fstat(fd, &st) == 0) {
+            e.dev = st.st_dev;
+            e.ino = st.st_ino;
         }
     }
 
@@ -353,12 +360,9 @@ bool vn_dma_lookup(VnDma *dma, uint64_t iova, VnDmaMapping *out)
 }
 
 /* Same file: the client sends a new fd with each DMA_MAP, often of the one memfd. */
-static bool same_file(int a, int b)
+static bool same_file(const Entry *a, const Entry *b)
 {
-    struct stat sa, sb;
-
-    return a == b || (fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-                      sa.st_ino == sb.st_ino);
+    return a->m.fd == b->m.fd || (a->ino != 0 && a->dev == b->dev && a->ino == b->ino);
 }
 
 int vn_dma_file_extents(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, GArray *out,
@@ -381,7 +385,7 @@ int vn_dma_file_extents(VnDma *dma, uint64_t iova, uint64_t len, uint32_t need, 
         VnDmaExtent *last = out->len > 0 ? &g_array_index(out, VnDmaExtent, out->len - 1) : NULL;
 
         if (e->m.iova > at || e->m.fd < 0 || (e->m.prot & need) != need ||
-            (first != NULL && !same_file(first->m.fd, e->m.fd))) {
+            (first != NULL && !same_file(first, e))) {
             break;
         }
         first = first != NULL ? first : e;
