@@ -174,6 +174,23 @@ def pingpong(role, mods, bdf):
     rmmod("ntb_pingpong")
 
 
+def perf_run(d, timeout=300):
+    """One ntb_perf run through its debugfs directory @d: what it printed.  It needs the
+    peer's buffer, set up over the scratchpads: retried until it is."""
+    out = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            write(d / "run", "0", timeout=timeout)
+            out = read(d / "run")
+            if "MBytes/s" in out:
+                break
+        except subprocess.CalledProcessError:
+            pass
+        time.sleep(1)
+    return out
+
+
 def perf(role, mods, bdf):
     # 64 KiB in 4 KiB chunks: every store crosses a trapped window under TCG.
     insmod(mods, "ntb_perf", "total_order=16", "chunk_order=12", "max_mw_size=1048576")
@@ -181,18 +198,7 @@ def perf(role, mods, bdf):
     wait_path(d / "run")
     barrier(role, "perf-loaded")
     if role == "a":
-        # perf needs the peer's buffer, set up over the scratchpads: retry until it is.
-        out = ""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                write(d / "run", "0", timeout=300)
-                out = read(d / "run")
-                if "MBytes/s" in out:
-                    break
-            except subprocess.CalledProcessError:
-                pass
-            time.sleep(1)
+        out = perf_run(d)
         rate = [ln for ln in out.splitlines() if "MBytes/s" in ln]
         fact(perf_ok=bool(rate), perf=rate[0].strip() if rate else out[-80:])
     barrier(role, "perf-done", timeout=600)

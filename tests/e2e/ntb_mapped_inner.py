@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import ntb_inner
-from ntb_inner import SHARE, barrier, fact, insmod, read, rmmod, wait_path, write
+from ntb_inner import SHARE, barrier, fact, insmod, rmmod, wait_path, write
 
 PERF_ORDER = 24       # the buffer: 16 MiB; a mapped run copies all of it
 TRAPPED_ORDER = 21    # a trapped run 2 MiB (at a few MB/s)
@@ -51,17 +51,7 @@ def counters(name):
 
 def perf_once(d):
     """One ntb_perf run: its MB/s (0 when it printed none)."""
-    out = ""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            write(d / "run", "0", timeout=600)
-            out = read(d / "run")
-            if "MBytes/s" in out:
-                break
-        except subprocess.CalledProcessError:
-            pass
-        time.sleep(1)
+    out = ntb_inner.perf_run(d, timeout=600)
     rate = [ln for ln in out.splitlines() if "MBytes/s" in ln]
     if not rate:
         return 0.0

@@ -88,6 +88,19 @@ def facts(lines):
     return out
 
 
+def hosts_facts(hosts):
+    """Each host's FACTs once it finished (what it printed until then when it did not, with
+    the reason as its error)."""
+    seen = {}
+    for r, lh in hosts.items():
+        try:
+            seen[r] = facts(lh.finish())
+        except (h.HarnessError, TimeoutError, OSError) as e:
+            seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
+            seen[r].setdefault("error", str(e).splitlines()[0][:100])
+    return seen
+
+
 def serve_stats_requests(share, sim, stats):
     """A host's request for the simulated NTB's counters now (ntb_lend.ntbsim_counters): a
     file stats-request-NAME in the share, answered with stats-NAME.json."""

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import GPU_MEM, IVSHMEM, LenderHost  # noqa: E402
-from test_ntb import device, facts, serve_stats_requests, start_ntbsim  # noqa: E402
+from test_ntb import device, hosts_facts, serve_stats_requests, start_ntbsim  # noqa: E402
 
 EXPECTED_RESULTS = 1
 # Two TCG VMs at once; tests/run-checks reads this.
@@ -60,13 +60,7 @@ def main():
         while all(lh.proc.poll() is None for lh in hosts.values()):
             serve_stats_requests(share, sim, stats)
             time.sleep(0.1)
-        seen = {}
-        for r, lh in hosts.items():
-            try:
-                seen[r] = facts(lh.finish())
-            except (h.HarnessError, TimeoutError, OSError) as e:
-                seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
-                seen[r].setdefault("error", str(e).splitlines()[0][:100])
+        seen = hosts_facts(hosts)
         os.kill(sim.pid, signal.SIGUSR1)
         h.wait_for(stats.exists, 5)
         procs.stop(sim)

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
-from test_ntb import device, facts, model_log, start_ntbsim  # noqa: E402
+from test_ntb import device, hosts_facts, model_log, start_ntbsim  # noqa: E402
 
 EXPECTED_RESULTS = 2
 # Two TCG VMs at once; tests/run-checks reads this.
@@ -92,13 +92,7 @@ def main():
                 any(lh.proc.poll() is None for lh in hosts.values()):
             serve(share, sim, stats)
             time.sleep(0.1)
-        seen = {}
-        for r, lh in hosts.items():
-            try:
-                seen[r] = facts(lh.finish())
-            except (h.HarnessError, TimeoutError, OSError) as e:
-                seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
-                seen[r].setdefault("error", str(e).splitlines()[0][:100])
+        seen = hosts_facts(hosts)
         procs.stop(sim)
         logs = h.REPO / "build" / "artifacts" / "ntb-mapped-logs"
         logs.mkdir(parents=True, exist_ok=True)

@@ -238,23 +238,30 @@ static uint16_t dma_map_peer(uint64_t iova, uint64_t size, uint64_t offset, uint
     return id;
 }
 
-/* Port 1's host: its memory mapped for its NTB function, which may master the bus, and its
- * translation of port 0's window onto MEM_AT of it (what ntb_hw_epf's mw_set_trans does). */
-static void peer_translates(void)
+/* Port 1's function may master the bus, and port 1 translates port 0's window to @iova
+ * (what ntb_hw_epf's mw_set_trans does). */
+static void peer_sets_translation(uint64_t iova)
 {
     uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
 
-    ck_assert_uint_eq(reply(1, dma_map_peer(PEER_IOVA, PEER_MEM, 0,
-                                            VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE))
-                          .error,
-                      0);
     region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
-    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)(PEER_IOVA + MEM_AT));
-    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)((PEER_IOVA + MEM_AT) >> 32));
+    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)iova);
+    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)(iova >> 32));
     ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
     ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
     ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
     ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+}
+
+/* Port 1's host: its memory mapped for its NTB function, and port 0's window translated onto
+ * MEM_AT of it. */
+static void peer_translates(void)
+{
+    ck_assert_uint_eq(reply(1, dma_map_peer(PEER_IOVA, PEER_MEM, 0,
+                                            VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE))
+                          .error,
+                      0);
+    peer_sets_translation(PEER_IOVA + MEM_AT);
 }
 
 /* An X_REGION_MAP ask of port 0's (its body in *@rm, its extents in @ext when given, its fd,
@@ -313,6 +320,23 @@ static void answer(const VnWireHdr *ask, int err)
     ck_assert_int_eq(vn_transport_send(rig.c[0], &h, sizeof(h), NULL, 0), 0);
 }
 
+/* Both ports' clients (port 0's offers the region map), port 1's memory translated, and
+ * port 0 handed its window, which it takes. */
+static void window_handed_over(void)
+{
+    VnWireRegionMap rm;
+    VnWireHdr ask;
+    int fd;
+
+    connect_port(0, true);
+    connect_port(1, false);
+    peer_translates();
+    ask = next_ask(&rm, NULL, &fd);
+    ck_assert_uint_eq(rm.flags, VN_WIRE_REGION_MAP_FLAG_MAP);
+    close(fd);
+    answer(&ask, 0);
+}
+
 /* Port 0's window reached through messages (trapped): a store, then a load. */
 static void trapped_store(uint64_t at, const char *what)
 {
@@ -322,6 +346,17 @@ static void trapped_store(uint64_t at, const char *what)
 static void trapped_load(uint64_t at, char *out)
 {
     region_read(0, VFIO_PCI_BAR0_REGION_INDEX + rig.bar, rig.offset + at, out, 8);
+}
+
+/* A store and a load through port 0's trapped window, both reaching port 1's memory. */
+static void trapped_round_trip(uint64_t at, const char *what)
+{
+    char got[8];
+
+    trapped_store(at, what);
+    ck_assert_mem_eq(rig.mem + MEM_AT + at, what, 8);
+    trapped_load(at, got);
+    ck_assert_mem_eq(got, what, 8);
 }
 
 START_TEST(test_window_handed_over_then_taken_back_before_unmap)
@@ -419,16 +454,12 @@ END_TEST
 START_TEST(test_client_without_capability_stays_trapped)
 {
     VnTransportMsg m;
-    char got[8];
 
     connect_port(0, false);
     connect_port(1, false);
     peer_translates();
     ck_assert_msg(!next(0, QUIET_MS, &m), "a client that did not offer it was asked to map");
-    trapped_store(0x300, "trapped!");
-    ck_assert_mem_eq(rig.mem + MEM_AT + 0x300, "trapped!", 8);
-    trapped_load(0x300, got);
-    ck_assert_mem_eq(got, "trapped!", 8);
+    trapped_round_trip(0x300, "trapped!");
 }
 END_TEST
 
@@ -437,19 +468,12 @@ END_TEST
 START_TEST(test_read_only_memory_not_handed_over)
 {
     VnTransportMsg m;
-    uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
 
     connect_port(0, true);
     connect_port(1, false);
     ck_assert_uint_eq(reply(1, dma_map_peer(PEER_IOVA, PEER_MEM, 0, VFIO_DMA_MAP_FLAG_READ)).error,
                       0);
-    region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
-    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)(PEER_IOVA + MEM_AT));
-    ctrl32(1, VN_EPF_REG_UPPER_ADDR, 0);
-    ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
-    ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
-    ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
-    ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+    peer_sets_translation(PEER_IOVA + MEM_AT);
     ck_assert_msg(!next(0, QUIET_MS, &m), "read-only memory was handed over");
     trapped_store(0x400, "readonly");
     ck_assert_mem_ne(rig.mem + MEM_AT + 0x400, "readonly", 8);
@@ -466,7 +490,6 @@ START_TEST(test_refused_map_stays_trapped_and_is_not_asked_again)
     VnWireRegionMap rm;
     VnWireHdr ask;
     VnTransportMsg m;
-    char got[8];
     int fd;
 
     connect_port(0, true);
@@ -475,10 +498,7 @@ START_TEST(test_refused_map_stays_trapped_and_is_not_asked_again)
     ask = next_ask(&rm, NULL, &fd);
     close(fd);
     answer(&ask, ENOSPC);
-    trapped_store(0x500, "refused!");
-    ck_assert_mem_eq(rig.mem + MEM_AT + 0x500, "refused!", 8);
-    trapped_load(0x500, got);
-    ck_assert_mem_eq(got, "refused!", 8);
+    trapped_round_trip(0x500, "refused!");
     ctrl32(1, VN_EPF_REG_ARGUMENT, 0); /* an event: the same target, not asked again */
     ck_assert_msg(!next(0, QUIET_MS, &m), "a refused map was asked again");
 }
@@ -489,19 +509,13 @@ START_TEST(test_unmap_answered_when_silent_client_goes)
 {
     VnWireDmaUnmap u = { .argsz = sizeof(u), .iova = PEER_IOVA, .size = PEER_MEM };
     VnWireRegionMap rm;
-    VnWireHdr ask;
     VnTransportMsg m;
     uint16_t id;
     int fd;
 
-    connect_port(0, true);
-    connect_port(1, false);
-    peer_translates();
-    ask = next_ask(&rm, NULL, &fd);
-    close(fd);
-    answer(&ask, 0);
+    window_handed_over();
     id = send_cmd(1, VN_CMD_DMA_UNMAP, &u, sizeof(u), -1);
-    ask = next_ask(&rm, NULL, &fd);
+    (void)next_ask(&rm, NULL, &fd); /* asked to take it back: never answered */
     ck_assert_uint_eq(rm.flags, 0);
     ck_assert(!next(1, QUIET_MS, &m));
     g_clear_pointer(&rig.c[0], vn_transport_free);
@@ -526,7 +540,6 @@ START_TEST(test_scattered_buffer_handed_over_in_pieces)
 {
     enum { PAGES = WINDOW / 4096 };
     VnWireRegionExtent ext[PAGES];
-    uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
     VnWireRegionMap rm;
     VnWireHdr ask;
     uint8_t *win;
@@ -542,13 +555,7 @@ START_TEST(test_scattered_buffer_handed_over_in_pieces)
                               .error,
                           0);
     }
-    region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
-    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)PEER_IOVA);
-    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)(PEER_IOVA >> 32));
-    ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
-    ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
-    ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
-    ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+    peer_sets_translation(PEER_IOVA);
     ask = next_ask(&rm, ext, &fd);
     ck_assert_uint_eq(rm.flags, VN_WIRE_REGION_MAP_FLAG_MAP);
     ck_assert_uint_eq(rm.nr_extents, PAGES - 1); /* the two in order are one piece */
@@ -569,7 +576,6 @@ END_TEST
  * of the client's can hold) stays trapped, and its accesses still reach both. */
 START_TEST(test_translation_across_two_memories_stays_trapped)
 {
-    uint16_t command = PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
     int other = vn_peerfd_memfd_new("other-ram", WINDOW);
     VnWireDmaMap dm = { .argsz = sizeof(dm),
                         .flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
@@ -587,13 +593,7 @@ START_TEST(test_translation_across_two_memories_stays_trapped)
                       0);
     ck_assert_uint_eq(reply(1, send_cmd(1, VN_CMD_DMA_MAP, &dm, sizeof(dm), other)).error, 0);
     close(other);
-    region_write(1, VFIO_PCI_CONFIG_REGION_INDEX, PCI_COMMAND, &command, 2);
-    ctrl32(1, VN_EPF_REG_LOWER_ADDR, (uint32_t)PEER_IOVA);
-    ctrl32(1, VN_EPF_REG_UPPER_ADDR, (uint32_t)(PEER_IOVA >> 32));
-    ctrl32(1, VN_EPF_REG_LOWER_SIZE, WINDOW);
-    ctrl32(1, VN_EPF_REG_UPPER_SIZE, 0);
-    ctrl32(1, VN_EPF_REG_ARGUMENT, 0);
-    ctrl32(1, VN_EPF_REG_COMMAND, VN_EPF_CMD_CONFIGURE_MW);
+    peer_sets_translation(PEER_IOVA);
     ck_assert_msg(!next(0, QUIET_MS, &m), "a window across two memories was handed over");
     trapped_store(0x10, "first!!!");
     ck_assert_mem_eq(rig.mem + 0x10, "first!!!", 8);
@@ -614,25 +614,16 @@ START_TEST(test_mapping_off_traps_mapped_window)
     VnWireRegionMap rm;
     VnWireHdr ask;
     gint done = 0;
-    char got[8];
     int fd;
 
-    connect_port(0, true);
-    connect_port(1, false);
-    peer_translates();
-    ask = next_ask(&rm, NULL, &fd);
-    close(fd);
-    answer(&ask, 0);
+    window_handed_over();
     g_main_context_invoke(rig.ctx, mapping_off, &done);
     ask = next_ask(&rm, NULL, &fd);
     ck_assert_uint_eq(rm.flags, 0);
     ck_assert_int_eq(fd, -1);
     answer(&ask, 0);
     ck_assert(g_atomic_int_get(&done));
-    trapped_store(0x600, "trapped!");
-    ck_assert_mem_eq(rig.mem + MEM_AT + 0x600, "trapped!", 8);
-    trapped_load(0x600, got);
-    ck_assert_mem_eq(got, "trapped!", 8);
+    trapped_round_trip(0x600, "trapped!");
 }
 END_TEST
 
