@@ -8,10 +8,10 @@ clients in each (ntb_mapped_inner.py says what each host does).  What a user wou
   message to ntbsim) on either side; each host's QEMU was handed its window and took it back
   when the other host freed its buffer (and no window is left mapped).
 - ntb-window-bw: ntb_perf through host a's window into host b's memory, mapped and trapped
-  (ntbsim's SIGUSR2 between rounds, ABBA), in one boot: mapped at least 10x trapped, with no
-  trapped access in the mapped rounds; against a memcpy in host a's own RAM (`ratio`).  The
-  numbers are also the bench line ntb-window-bw, left in build/artifacts/ntb-window-bw.json
-  for bench/run-bench.
+  (ntbsim's SIGUSR2 between rounds, ABBA), in one boot: every mapped round copied with no
+  access trapped, every trapped one through ntbsim.  Its rates, against a memcpy in host a's
+  own RAM (`ratio`), are the bench line ntb-window-bw, left in
+  build/artifacts/ntb-window-bw.json for bench/run-bench (the test asserts no timing).
 """
 import json
 import os
@@ -137,9 +137,12 @@ def main():
         art = h.REPO / "build" / "artifacts"
         art.mkdir(parents=True, exist_ok=True)
         (art / "ntb-window-bw.json").write_text(json.dumps(line) + "\n")
+    # What it checks is where the copy went (tests assert no timings): the mapped rounds
+    # copied with no access trapped, the trapped ones through ntbsim; the rates are the bench
+    # line's.
     return ok & h.result(
         "ntb-window-bw",
-        good and mapped >= 10 * trapped and num("perf_mapped_trapped_writes") == 0 and
+        good and mapped > 0 and num("perf_mapped_trapped_writes") == 0 and
         num("perf_trapped_trapped_writes") > 0,
         mapped_mb_s=mapped, trapped_mb_s=trapped, memcpy_mb_s=memcpy,
         ratio=round(mapped / memcpy, 3) if good else None,
