@@ -88,16 +88,18 @@ def facts(lines):
     return out
 
 
-def hosts_facts(hosts):
+def hosts_facts(hosts, killed=()):
     """Each host's FACTs once it finished (what it printed until then when it did not, with
-    the reason as its error)."""
+    the reason as its error, unless it is one of @killed: the test ended it)."""
     seen = {}
     for r, lh in hosts.items():
         try:
             seen[r] = facts(lh.finish())
         except (h.HarnessError, TimeoutError, OSError) as e:
             seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
-            seen[r].setdefault("error", str(e).splitlines()[0][:100])
+            if r not in killed:
+                print(f"host {r}: {e}", file=sys.stderr)
+                seen[r].setdefault("error", str(e).splitlines()[0][:100])
     return seen
 
 
@@ -209,16 +211,8 @@ def main():
         if (share / "kill-a").exists():
             hosts["a"].proc.kill()
             (share / "killed-a").write_text("")
-        seen = {}
-        for r, lh in hosts.items():
-            try:
-                seen[r] = facts(lh.finish())
-            except (h.HarnessError, TimeoutError, OSError) as e:
-                # Host a is killed: what it printed until then is its part.
-                seen[r] = facts(lh.out.read_text().splitlines()) if lh.out.exists() else {}
-                if r != "a" or "kill-a" not in os.listdir(share):
-                    print(f"host {r}: {e}", file=sys.stderr)
-                    seen[r].setdefault("error", str(e).splitlines()[0][:100])
+        # Host a is killed: what it printed until then is its part.
+        seen = hosts_facts(hosts, killed=("a",) if (share / "kill-a").exists() else ())
         os.kill(sim.pid, signal.SIGUSR1)
         h.wait_for(stats.exists, 5)
         counters = json.loads(stats.read_text()) if stats.exists() else {}
