@@ -600,6 +600,33 @@ START_TEST(test_translation_across_two_memories_stays_trapped)
 }
 END_TEST
 
+/* A client that refuses to take a window back may still reach the memory: it is dropped,
+ * and only then is the peer's unmap answered. */
+START_TEST(test_refused_take_back_drops_client)
+{
+    VnWireDmaUnmap u = { .argsz = sizeof(u), .iova = PEER_IOVA, .size = PEER_MEM };
+    VnTransportMsg m = { 0 };
+    VnWireRegionMap rm;
+    VnWireHdr ask;
+    uint16_t id;
+    int fd, ret = 0;
+
+    window_handed_over();
+    id = send_cmd(1, VN_CMD_DMA_UNMAP, &u, sizeof(u), -1);
+    ask = next_ask(&rm, NULL, &fd);
+    ck_assert_uint_eq(rm.flags, 0);
+    ck_assert(!next(1, QUIET_MS, &m));
+    answer(&ask, EBUSY);
+    for (int i = 0; i < 500 && ret >= 0; i++) {
+        ret = vn_transport_recv(rig.c[0], &m);
+        vn_transport_msg_clear(&m);
+        g_usleep(10000);
+    }
+    ck_assert_int_eq(ret, -ECONNRESET);
+    ck_assert_uint_eq(reply(1, id).error, 0);
+}
+END_TEST
+
 static gboolean mapping_off(gpointer data)
 {
     vn_ntbdev_set_mapping(rig.dev, false);
@@ -659,6 +686,7 @@ static Suite *ntbdev_suite(void)
     tcase_add_test(tc, test_read_only_memory_not_handed_over);
     tcase_add_test(tc, test_refused_map_stays_trapped_and_is_not_asked_again);
     tcase_add_test(tc, test_unmap_answered_when_silent_client_goes);
+    tcase_add_test(tc, test_refused_take_back_drops_client);
     tcase_add_test(tc, test_mapping_off_traps_mapped_window);
     tcase_add_test(tc, test_translation_across_two_memories_stays_trapped);
     tcase_add_test(tc, test_answer_to_no_ask_drops_client);

@@ -78,7 +78,8 @@ void vn_server_replies_clear(VnServer *s);
 /* A message that answers a region map of ours (held like a command while a client DMA
  * waits, then served in order). */
 bool vn_server_asked_is_answer(const VnWireHdr *h);
-/* End the ask @h answers; -EPROTO when we asked nothing by that id. */
+/* End the ask @h answers; -EPROTO (the client is to be dropped) when we asked nothing by
+ * that id, or it refused a trap. */
 int vn_server_asked_answer(VnServer *s, const VnWireHdr *h);
 /* The client went: every unanswered ask ends with -ENOTCONN. */
 void vn_server_asked_fail(VnServer *s);

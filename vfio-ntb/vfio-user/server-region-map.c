@@ -16,6 +16,7 @@ typedef struct Ask {
     uint16_t id;
     uint32_t region;
     uint64_t offset;
+    bool map; /* else a trap: the area taken back */
     VnServerAnsweredFn done;
     void *opaque;
 } Ask;
@@ -86,8 +87,12 @@ int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t 
         return ret; /* the loop drops the client when it next reads it */
     }
     a = g_new0(Ask, 1);
-    *a =
-        (Ask){ .id = s->dma_id, .region = index, .offset = offset, .done = done, .opaque = opaque };
+    *a = (Ask){ .id = s->dma_id,
+                .region = index,
+                .offset = offset,
+                .map = fd >= 0,
+                .done = done,
+                .opaque = opaque };
     g_queue_push_tail(&s->asked, a);
     s->stats.region_maps++;
     return 0;
@@ -118,14 +123,20 @@ int vn_server_asked_answer(VnServer *s, const VnWireHdr *h)
     if (h->flags & VN_WIRE_FLAG_ERROR) {
         err = h->error > 0 && h->error < 4096 ? -(int)h->error : -EIO;
         s->stats.region_map_failures++;
-        g_info("socket %s: the client did not map region %u at 0x%" G_GINT64_MODIFIER "x: %s",
-               s->path, a->region, a->offset, g_strerror(-err));
+        g_info("socket %s: the client did not %s region %u at 0x%" G_GINT64_MODIFIER "x: %s",
+               s->path, a->map ? "map" : "take back", a->region, a->offset, g_strerror(-err));
+    }
+    if (err < 0 && !a->map) {
+        /* A client that keeps an area it was asked to give back cannot be trusted to have
+         * let go of that memory: it is dropped (a QEMU traps every area when its server
+         * goes), and the ask ends as the client's going ends it. */
+        err = -ENOTCONN;
     }
     if (a->done != NULL) {
         a->done(a->opaque, err);
     }
     g_free(a);
-    return 0;
+    return err == -ENOTCONN ? -EPROTO : 0;
 }
 
 void vn_server_asked_fail(VnServer *s)

@@ -206,7 +206,9 @@ int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bo
  * keeps its offset and size while the client stays.  Offsets and sizes are multiples of
  * VN_SERVER_REGION_MAP_ALIGN.  Sent at once; @done(@opaque, err) is called exactly once
  * from the server's loop: 0 once the client has done it, its -errno if it refused (the
- * area is trapped then), or -ENOTCONN when the client goes first.  Returns 0 (sent),
+ * area is trapped then), or -ENOTCONN when the client goes first; a client that refuses a
+ * trap is dropped (it may still reach the memory; a QEMU traps every area when its server
+ * goes) and the ask ends with -ENOTCONN.  Returns 0 (sent),
  * -EOPNOTSUPP (the client did not offer VN_WIRE_CAP_REGION_MAP in VERSION: keep trapping),
  * -ENOTCONN, -EINVAL (not a BAR, not aligned, outside the region, extents out of order or
  * outside the area), -E2BIG (more than VN_WIRE_REGION_MAP_MAX_EXTENTS), -EBUSY
