@@ -54,11 +54,6 @@ static bool target_hits(const NtbTarget *t, uint64_t first, uint64_t last)
     return t->on && t->iova <= last && first <= t->iova + (t->len - 1);
 }
 
-static bool aligned(uint64_t v)
-{
-    return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
-}
-
 /* Where @p's window @mw can be mapped now: its target, the pieces of the peer's file it is
  * in (@ext, VnDmaExtent), and an fd of that file (the caller closes it); -1 with a trapped
  * target where it cannot. */
@@ -78,7 +73,7 @@ static int target_of(NtbPort *p, unsigned mw, NtbTarget *t, GArray *ext)
         return -1;
     }
     size &= ~(uint64_t)(VN_SERVER_REGION_MAP_ALIGN - 1);
-    if (size == 0 || !aligned(addr)) {
+    if (size == 0 || !vn_wire_page_aligned(addr)) {
         return -1;
     }
     /* Only memory the peer's IOMMU gives its function for both reading and writing: what
@@ -92,7 +87,7 @@ static int target_of(NtbPort *p, unsigned mw, NtbTarget *t, GArray *ext)
         return -1;
     }
     for (guint i = 0; i < ext->len; i++) {
-        if (!aligned(g_array_index(ext, VnDmaExtent, i).offset)) {
+        if (!vn_wire_page_aligned(g_array_index(ext, VnDmaExtent, i).offset)) {
             close(fd);
             return -1;
         }

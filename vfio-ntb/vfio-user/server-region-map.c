@@ -21,11 +21,6 @@ typedef struct Ask {
     void *opaque;
 } Ask;
 
-static bool page_aligned(uint64_t v)
-{
-    return (v & (VN_SERVER_REGION_MAP_ALIGN - 1)) == 0;
-}
-
 /* @ext in order of at, apart, page aligned, inside an area of @size. */
 static bool extents_ok(const VnWireRegionExtent *ext, unsigned n, uint64_t size)
 {
@@ -34,7 +29,7 @@ static bool extents_ok(const VnWireRegionExtent *ext, unsigned n, uint64_t size)
     for (unsigned i = 0; i < n; i++) {
         const VnWireRegionExtent *e = &ext[i];
 
-        if (e->len == 0 || !page_aligned(e->at | e->len | e->fd_offset) || e->at < end ||
+        if (e->len == 0 || !vn_wire_page_aligned(e->at | e->len | e->fd_offset) || e->at < end ||
             e->at + e->len < e->at || e->at + e->len > size ||
             e->fd_offset + e->len < e->fd_offset) {
             return false;
@@ -67,7 +62,7 @@ int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t 
         return -E2BIG;
     }
     if (index >= s->info.num_regions || index > VFIO_PCI_BAR5_REGION_INDEX || size == 0 ||
-        !page_aligned(offset) || !page_aligned(size) || offset + size < offset ||
+        !vn_wire_page_aligned(offset) || !vn_wire_page_aligned(size) || offset + size < offset ||
         offset + size > s->info.regions[index].size || (fd >= 0) != (n > 0) ||
         !extents_ok(ext, fd >= 0 ? n : 0, size)) {
         return -EINVAL;

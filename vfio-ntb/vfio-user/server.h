@@ -214,7 +214,7 @@ int vn_server_client_dma(VnServer *s, uint64_t addr, void *buf, uint32_t len, bo
  * outside the area), -E2BIG (more than VN_WIRE_REGION_MAP_MAX_EXTENTS), -EBUSY
  * (VN_SERVER_MAX_ASKED unanswered), or a send's -errno; @done is not called then.
  */
-#define VN_SERVER_REGION_MAP_ALIGN 4096u
+#define VN_SERVER_REGION_MAP_ALIGN 4096u /* vn_wire_page_aligned() */
 #define VN_SERVER_MAX_ASKED 16u
 typedef void (*VnServerAnsweredFn)(void *opaque, int err);
 int vn_server_region_map(VnServer *s, uint32_t index, uint64_t offset, uint64_t size, int fd,

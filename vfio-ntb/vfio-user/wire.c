@@ -72,7 +72,7 @@ int vn_wire_check_hdr(const VnWireHdr *hdr)
     return 0;
 }
 
-static bool page_aligned(uint64_t v)
+bool vn_wire_page_aligned(uint64_t v)
 {
     return (v & (VN_WIRE_PAGE_SIZE - 1)) == 0;
 }
@@ -113,7 +113,7 @@ static int decode_dma_map(const uint8_t *body, size_t len, unsigned nfds, VnWire
     if (m->argsz != sizeof(*m) ||
         (m->flags & ~(uint32_t)(VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE)) ||
         m->size == 0 || m->iova + m->size < m->iova || m->offset + m->size < m->offset ||
-        !page_aligned(m->iova) || !page_aligned(m->size)) {
+        !vn_wire_page_aligned(m->iova) || !vn_wire_page_aligned(m->size)) {
         return -EINVAL;
     }
     return 0;

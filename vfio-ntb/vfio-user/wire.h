@@ -52,6 +52,9 @@ typedef enum VnWireCmd {
 
 const char *vn_wire_cmd_to_string(uint32_t cmd);
 
+/* A multiple of the page size DMA and region maps are made in (4096, advertised as pgsizes). */
+bool vn_wire_page_aligned(uint64_t v);
+
 /*
  * vfio-ntb's one extension (docs/qemu-patches.md, patch 0008): the server asks the client
  * to map an area, [offset, offset + size) of a BAR region, onto an fd it sends (MAP: each
