@@ -220,14 +220,13 @@ char *vn_ntbdev_stats_json(VnNtbDev *d)
             ", \"p2p_writes\": %" G_GUINT64_FORMAT ", \"p2p_failures\": %" G_GUINT64_FORMAT
             ", \"p2p_unanswered\": %" G_GUINT64_FORMAT ", \"link_ups\": %" G_GUINT64_FORMAT
             ", \"link_downs\": %" G_GUINT64_FORMAT ", \"resets\": %" G_GUINT64_FORMAT
-            ", \"connects\": %" G_GUINT64_FORMAT ", \"connected\": %s, \"link_wanted\": %s}",
+            ", \"connects\": %" G_GUINT64_FORMAT ", \"connected\": %s, \"link_wanted\": %s",
             p, st.commands, st.command_errors, st.doorbells, st.doorbells_lost, st.window_reads,
             st.window_writes, st.window_faults, st.link_events, d->port[p].p2p_reads,
             d->port[p].p2p_writes, d->port[p].p2p_failures, d->port[p].p2p_unanswered, st.link_ups,
             st.link_downs, st.resets, st.connects, st.connected ? "true" : "false",
             st.link_wanted ? "true" : "false");
-        g_string_truncate(s, s->len - 1); /* the port's "}" */
-        vn_ntbdev_map_stats(&d->port[p], s);
+        vn_ntbdev_map_stats(&d->port[p], s); /* its windows' mapping */
         g_string_append(s, "}");
     }
     g_string_append(s, "}");
