@@ -227,12 +227,14 @@ class VIommu:
 class VfioUserDevice:
     """A vfio-user-pci client device.  QEMU accepts it only in JSON form."""
 
-    def __init__(self, socket_path, id="d0", bus=None):
+    def __init__(self, socket_path, id="d0", bus=None, props=None):
+        """props: more of the device's properties ({"x-msg-timeout": 60000})."""
         self.socket_path, self.id, self.bus = str(socket_path), id, bus
+        self.props = dict(props or {})
 
     def qmp_args(self):
         a = {"driver": "vfio-user-pci", "id": self.id,
-             "socket": {"type": "unix", "path": self.socket_path}}
+             "socket": {"type": "unix", "path": self.socket_path}, **self.props}
         if self.bus:
             a["bus"] = self.bus
         return a

@@ -144,7 +144,8 @@ def borrow(procs, b, cb, fact):
 
 
 def main():
-    role, mods = ntb_inner.arguments()
+    args = ntb_inner.arguments()
+    role, mods = args.role, args.modules
     with h.Procs() as procs:
         try:
             bdf = ntb_inner.find_ntb()

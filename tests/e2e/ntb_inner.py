@@ -14,7 +14,8 @@ What each host does, in order:
 - ntb_pingpong: doorbells and scratchpads bounced between the hosts, counted;
 - ntb_perf: host a measures a copy through its window into b's memory (b serves it);
 - our module, vfio_ntb: see ntb_kmod.py; then the ntb fabric backend over it
-  (ntb_fabric.py), a device lent over that backend (ntb_lend.py), a host that takes the
+  (ntb_fabric.py), a device lent over that backend (ntb_lend.py), with --guest-data a guest
+  of host b's on that device (ntb_guest.py), a host that takes the
   name of one that is down, refused (ntb_impersonate.py), and the lend again, which ends
   with host a's VM killed under the borrower.
 """
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import ntb_fabric
+import ntb_guest
 import ntb_impersonate
 import ntb_kmod
 import ntb_lend
@@ -206,19 +208,29 @@ def perf(role, mods, bdf):
 
 
 def arguments():
-    """An inner script's command line: (its role, the modules' directory)."""
+    """An inner script's command line: .role, .modules (the modules' directory) and
+    .guest_data."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--modules", required=True)
     ap.add_argument("--role", choices=("a", "b"), required=True)
-    a = ap.parse_args()
-    return a.role, Path(a.modules)
+    ap.add_argument("--guest-data", action="store_true",
+                    help="after the lend, a guest of host b's uses the lent NVMe (ntb_guest.py)")
+    ap.add_argument("--guest-only", action="store_true",
+                    help="only that guest (a quicker run while changing it)")
+    ap.add_argument("--modules", required=True, type=Path)
+    return ap.parse_args()
 
 
 def main():
-    role, mods = arguments()
+    args = arguments()
+    role, mods = args.role, args.modules
     try:
         bdf = find_ntb()
         setup(mods, bdf)
+        if args.guest_only:
+            ntb_kmod.load(mods, bdf)
+            ntb_guest.run(role, bdf, barrier, fact)
+            fact(done=True)
+            return 0
         tool(role, mods, bdf)
         pingpong(role, mods, bdf)
         perf(role, mods, bdf)
@@ -230,6 +242,8 @@ def main():
         ntb_fabric.run(role, bdf, barrier, fact)
         ntb_fabric.daemons(role, bdf, barrier, fact)
         ntb_lend.run(role, bdf, barrier, fact)
+        if args.guest_data:
+            ntb_guest.run(role, bdf, barrier, fact)
         ntb_impersonate.run(role, bdf, barrier, fact)
         ntb_lend.peer_lost(role, bdf, barrier, fact)
     except (OSError, RuntimeError, TimeoutError, subprocess.SubprocessError) as e:

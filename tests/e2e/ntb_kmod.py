@@ -80,6 +80,7 @@ MW_ALLOC = IOW(12, ALLOC_FMT)
 MW_CLEAR = IOW(14, "<I")
 MW_FD = IOW(15, MW_FD_FMT)
 MW_REVOKE = IOW(17, "<I")
+PEER_DB_EVENTFD = IOW(19, DB_EV_FMT)
 
 
 def mmap_offset(kind, index):
@@ -185,6 +186,40 @@ def keep_link(fd, again_s=10):
     return look
 
 
+# The doorbell bit of doorbell_trigger (b's, rung by a's trigger).
+TRIGGER_BIT = 1 << 3
+
+
+def doorbell_trigger(role, fd, barrier, fact):
+    """A peer doorbell trigger (VN_NTB_PEER_DB_EVENTFD): a signal of a's eventfd rings b's
+    doorbell in the kernel (no process of a's reads the eventfd: its count is gone at once);
+    once a removed it, a signal rings nothing."""
+    if role == "b":
+        ev = os.eventfd(0, os.EFD_NONBLOCK)
+        call(fd, DB_EVENTFD, DB_EV_FMT, ev, 0, TRIGGER_BIT)
+        barrier(role, "kmod-trigger-set")
+        barrier(role, "kmod-trigger-signalled")
+        rung = wait_fd(ev, 20)
+        barrier(role, "kmod-trigger-removed")
+        after = wait_fd(ev, 3)
+        call(fd, DB_EVENTFD, DB_EV_FMT, -1, 0, TRIGGER_BIT)
+        os.close(ev)
+        fact(kmod_trigger_rang=rung, kmod_trigger_rang_after_removal=after)
+        return
+    t = os.eventfd(0, os.EFD_NONBLOCK)
+    call(fd, PEER_DB_EVENTFD, DB_EV_FMT, t, 0, TRIGGER_BIT)
+    barrier(role, "kmod-trigger-set")
+    os.eventfd_write(t, 1)
+    taken = not select.select([t], [], [], 0.5)[0]
+    barrier(role, "kmod-trigger-signalled")
+    call(fd, PEER_DB_EVENTFD, DB_EV_FMT, -1, 0, TRIGGER_BIT)
+    os.eventfd_write(t, 1)
+    left = bool(select.select([t], [], [], 0.5)[0])
+    barrier(role, "kmod-trigger-removed")
+    os.close(t)
+    fact(kmod_trigger_taken=taken, kmod_trigger_left_after_removal=left)
+
+
 def bad_arguments(fd, dev, spads, in_max):
     """(what, errno got, errno wanted) for each bad call; the module must refuse each."""
     not_eventfd = os.open("/dev/null", os.O_RDONLY)
@@ -206,6 +241,16 @@ def bad_arguments(fd, dev, spads, in_max):
          lambda: call(fd, DB_EVENTFD, DB_EV_FMT, not_eventfd, 0, 1), errno.EINVAL),
         ("doorbell eventfd removed twice", lambda: call(fd, DB_EVENTFD, DB_EV_FMT, -1, 0, 0x4),
          errno.ENOENT),
+        ("peer doorbell eventfd -5", lambda: call(fd, PEER_DB_EVENTFD, DB_EV_FMT, -5, 0, 1),
+         errno.EINVAL),
+        ("peer doorbell eventfd, two bits",
+         lambda: call(fd, PEER_DB_EVENTFD, DB_EV_FMT, -1, 0, 0x3), errno.EINVAL),
+        ("peer doorbell eventfd, bit 63",
+         lambda: call(fd, PEER_DB_EVENTFD, DB_EV_FMT, -1, 0, 1 << 63), errno.EINVAL),
+        ("peer doorbell eventfd not an eventfd",
+         lambda: call(fd, PEER_DB_EVENTFD, DB_EV_FMT, not_eventfd, 0, 1), errno.EINVAL),
+        ("peer doorbell eventfd removed twice",
+         lambda: call(fd, PEER_DB_EVENTFD, DB_EV_FMT, -1, 0, TRIGGER_BIT), errno.ENOENT),
         ("link 7", lambda: call(fd, LINK, "<I", 7), errno.EINVAL),
         ("link eventfd -2", lambda: call(fd, LINK_EVENTFD, "<i", -2), errno.EINVAL),
         ("export unaligned", lambda: call(fd, MW_EXPORT, EXPORT_FMT, 0, 0, 0x1001, 4096, 0),
@@ -399,6 +444,7 @@ def run(role, mods, bdf, barrier, share, fact):
     fact(kmod_link_s=round(time.monotonic() - t0, 2))
     barrier(role, "kmod-linked", waiting=keep_link(fd))
     window, target, in_max = data_and_doorbells(role, fd, barrier, share, fact)
+    doorbell_trigger(role, fd, barrier, fact)
     if role == "b":
         # Clearing a buffer under its mapping revokes the mapping (its next access would
         # fault) and the buffer cannot be mapped again; then the table of bad calls, with

@@ -102,7 +102,8 @@ def memcpy_rate(size):
 
 
 def main():
-    role, mods = ntb_inner.arguments()
+    args = ntb_inner.arguments()
+    role, mods = args.role, args.modules
     try:
         bdf = ntb_inner.find_ntb()
         ntb_inner.setup(mods, bdf)

@@ -12,7 +12,8 @@ says what each host does).  What a user would check:
   printed its throughput.
 - ntb-kmod: our module (vfio-ntb/kmod/) on the same pair (ntb_kmod.py): each host's window
   mmap'd and written both ways, and seen through a file of that window alone (VN_NTB_MW_FD), one host's target its own pinned pages (export through its
-  IOMMU), the other's a buffer of the module's; doorbells as eventfds; a table of bad
+  IOMMU), the other's a buffer of the module's; doorbells as eventfds, and an eventfd of
+  host a's that rings host b's doorbell in the kernel (and rings nothing once removed); a table of bad
   arguments each refused with its errno; the module unloads once the device is closed; when
   host a's VM is killed (ntb-peer-lost), b's link goes down within 1 s, its window reads all
   ones, and the module unloads there too.
@@ -66,6 +67,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
+import ntb_guest  # noqa: E402
 
 EXPECTED_RESULTS = 10
 # The hosts on the patched QEMU (test_ntb_patched.py sets it).
@@ -75,6 +77,9 @@ TIMEOUT_S = 1200
 NTBSIM = h.REPO / "build" / "vfio-ntb-ntbsim"
 # Each window: room for the consumer's RAM of ntb-lend (ntb_lend.RAM_SIZE) as one segment.
 WINDOW_MIB = 64
+# ntb-guest-data (test_ntb_patched.py sets it): a guest of host b's on the lent NVMe
+# (ntb_guest.py), its RAM through one window of ntb_guest.GUEST_MIB, one more nested boot.
+GUEST_DATA = False
 
 
 def facts(lines):
@@ -182,12 +187,15 @@ def main():
     with h.Procs() as procs:
         try:
             mods = h._script_output("build-ntb-modules")
+            if GUEST_DATA:
+                h.testbed_guest()       # the nested guest's image, built here (read-only there)
         except Exception as e:          # noqa: BLE001 (any failure is this test's)
             return h.failed("ntb-linux-clients", e)
         share = procs.tempdir("vn-ntb-share-")
         run = procs.tempdir("vn-ntbsim-")
         stats = run / "stats.json"
-        sim = start_ntbsim(procs, run, 2, WINDOW_MIB, "--trace", "server_client_dma")
+        window_mib = ntb_guest.GUEST_MIB if GUEST_DATA else WINDOW_MIB
+        sim = start_ntbsim(procs, run, 2, window_mib, "--trace", "server_client_dma")
         if sim is None:
             return h.result("ntb-linux-clients", False, error="ntbsim did not listen")
         # Host a has the NVMe it lends (ntb_lend.py); host b a device whose BAR its module
@@ -195,15 +203,20 @@ def main():
         # The hosts on Debian's QEMU, which traps every window access; on the patched one
         # (test_ntb_patched.py), whose windows ntbsim maps where they reach RAM.
         qemu = h.patched_qemu() if PATCHED else None
-        hosts = {r: LenderHost(procs, "ntb_inner.py", args=("--modules", mods),
+        # VN_NTB_ONLY=guest: that phase alone (a quicker run while changing it).
+        only = GUEST_DATA and os.environ.get("VN_NTB_ONLY") == "guest"
+        args = ("--modules", mods) + (("--guest-data",) if GUEST_DATA else ()) + \
+            (("--guest-only",) if only else ())
+        hosts = {r: LenderHost(procs, "ntb_inner.py", args=args,
                                devices=(NVME,) if r == "a" else ("pci-testdev",),
                                share=share, role=r, raw_devices=[device(run / f"p{i}")],
-                               memfd=True, mem_mib=1024, timeout=900, qemu=qemu)
+                               memfd=True, mem_mib=1024, timeout=900 + GUEST_DATA * 900,
+                               qemu=qemu)
                  for i, r in enumerate("ab")}
         for lh in hosts.values():
             lh.start()
         # Host b asks for host a's VM to be killed (the peer lost, as a crash loses it).
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + 900 + GUEST_DATA * 900
         while not (share / "kill-a").exists() and time.monotonic() < deadline and \
                 all(lh.proc.poll() is None for lh in hosts.values()):
             serve_stats_requests(share, sim, stats)
@@ -227,6 +240,8 @@ def main():
             model_log(run / "ntbsim.log")
     a, b = seen["a"], seen["b"]
     p0, p1 = counters.get("port0", {}), counters.get("port1", {})
+    if only:
+        return guest_data_result(a, b, share / "nv0.img")
 
     def both(key, want="True"):
         return a.get(key) == want and b.get(key) == want
@@ -254,9 +269,14 @@ def main():
     ok &= fence_result(a, b)
     ok &= impersonation_result(a, b)
     ok &= lost_result(b)
+    if GUEST_DATA:
+        ok &= guest_data_result(a, b, share / "nv0.img")
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
+        a.get("kmod_trigger_taken") == "True" and b.get("kmod_trigger_rang") == "True" and
+        a.get("kmod_trigger_left_after_removal") == "True" and
+        b.get("kmod_trigger_rang_after_removal") == "False" and
         both("kmod_window_fd_ok") and int(a.get("kmod_export_bytes", 0)) >= 1 << 20 and
         both("kmod_unloaded") and b.get("kmod_bad_args_wrong") == "none" and
         int(b.get("kmod_bad_args", 0)) >= 20 and down_s != "none" and float(down_s) < 1.0
@@ -267,6 +287,9 @@ def main():
         windows=f"{a.get('kmod_inbound_ok')},{b.get('kmod_inbound_ok')}",
         window_fds=f"{a.get('kmod_window_fd_ok')},{b.get('kmod_window_fd_ok')}",
         doorbells=f"{a.get('kmod_doorbell_ok')},{b.get('kmod_doorbell_ok')}",
+        trigger=f"{a.get('kmod_trigger_taken')},{b.get('kmod_trigger_rang')}",
+        trigger_removed=f"{a.get('kmod_trigger_left_after_removal')},"
+                        f"{b.get('kmod_trigger_rang_after_removal')}",
         bad_args=b.get("kmod_bad_args"), bad_args_wrong=b.get("kmod_bad_args_wrong"),
         unloaded=f"{a.get('kmod_unloaded')},{b.get('kmod_unloaded')}",
         link_down_s=down_s, window_all_ones=b.get("kmod_window_all_ones"),
@@ -358,6 +381,49 @@ def impersonation_result(a, b):
         real_back_up=b.get("imp_back_up"), real_holds=b.get("imp_back_holds"),
         returned=b.get("imp_returned"), free_after=a.get("imp_free_after"),
         error=f"{a.get('imp_error', '-')}|{b.get('imp_error', '-')}")
+
+
+def guest_data_result(a, b, disk):
+    """ntb-guest-data (ntb_guest.py): the guest's driver found the device, its data check
+    passed, what it wrote is on host a's disk, and none of its I/O went through software of
+    ours: no BAR access forwarded or served, no fabric request either way.  Interrupts are
+    counted too: on this fabric the lender's worker relays each as a doorbell."""
+    regions = []
+    for r in b.get("guest_regions", "-").split(";"):
+        off, n, md5 = (r.split(",") + ["", "", ""])[:3]
+        if off.isdigit() and n.isdigit():
+            regions.append((int(off), int(n), md5))
+    try:
+        ver = h.verify_backing(disk, regions) if regions else []
+    except OSError as e:
+        print(f"ntb-guest-data: {disk}: {e}", file=sys.stderr)
+        ver = []
+
+    def n(side, key):
+        v = side.get(key, "none")
+        return int(v) if v.lstrip("-").isdigit() else None
+    software = {"forwarded": (n(b, "guest_borrower_forwarded"), n(a, "guest_lender_forwarded")),
+                "requests": (n(b, "guest_borrower_requests"), n(a, "guest_lender_requests"))}
+    # Its own name, not patched-NAME: only the run on the patched QEMU has it.
+    prefix, h.RESULT_PREFIX = h.RESULT_PREFIX, ""
+    try:
+        return h.result(
+            "ntb-guest-data",
+            b.get("guest_probe") == "PASS" and b.get("guest_serial") == "VN-VFIO-01" and
+            b.get("guest_data") == "PASS" and len(ver) > 0 and all(v["ok"] for v in ver) and
+            all(v == 0 for pair in software.values() for v in pair),
+            probe=b.get("guest_probe"), serial=b.get("guest_serial"),
+            data=b.get("guest_data"), regions_on_disk=f"{sum(v['ok'] for v in ver)}/{len(ver)}",
+            guest_up_s=b.get("guest_up_s"), data_s=b.get("guest_data_s"),
+            bar_forwarded="%s,%s" % software["forwarded"],
+            fabric_requests="%s,%s" % software["requests"],
+            config_accesses=f"{b.get('guest_borrower_config')},{a.get('guest_lender_config')}",
+            irqs_relayed=f"{b.get('guest_borrower_relayed')},{a.get('guest_lender_relayed')}",
+            doorbells=a.get("guest_lender_doorbells"),
+            vfio_user_messages=b.get("guest_borrower_messages"),
+            error=f"{a.get('guest_error', '-')}|{b.get('guest_error', '-')}")
+    finally:
+        h.RESULT_PREFIX = prefix
 
 
 def lost_result(b):

@@ -1569,6 +1569,53 @@ START_TEST(test_ntb_close_cancels_map)
 }
 END_TEST
 
+/* Routes through doorbells: each of a's opens takes a doorbell bit of b's (the pair's 64,
+ * less the backend's), one more is refused, and a route b withdraws gives its bit back; so
+ * does a's restart (the session's end), all of them. */
+START_TEST(test_ntb_route_bits)
+{
+    enum { BITS = 64 - VN_NTB_DB_FIRST_ROUTE };
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint64_t ids[BITS + 1], one = 1, n = 0;
+    Routed r[BITS + 1] = { { 0 } }, again = { 0 }, restarted = { 0 };
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i <= BITS; i++) {
+        ids[i] = vn_fabric_route_export(b->fab, efd, "a", NULL);
+        ck_assert_uint_ne(ids[i], 0);
+        vn_fabric_route_open_async(a->fab, "b", ids[i], on_routed, &r[i]);
+        WAIT_FOR(r[i].done);
+        ck_assert_int_eq(r[i].fd >= 0, i < BITS);
+    }
+    ck_assert_int_eq(r[BITS].fd, -ENOSPC);
+    ck_assert_int_eq(write(r[BITS - 1].fd, &one, sizeof(one)), sizeof(one));
+    ck_assert_int_eq(read(efd, &n, sizeof(n)), sizeof(n));
+
+    vn_fabric_route_unexport(b->fab, ids[0]);
+    vn_fabric_route_open_async(a->fab, "b", ids[BITS], on_routed, &again);
+    WAIT_FOR(again.done);
+    ck_assert_int_ge(again.fd, 0);
+
+    node_close(a);
+    a = node_open("a", false);
+    WAIT_FOR(vn_fabric_link_up(a->fab, "b") && vn_fabric_link_up(b->fab, "a"));
+    vn_fabric_route_open_async(a->fab, "b", ids[1], on_routed, &restarted);
+    WAIT_FOR(restarted.done);
+    ck_assert_int_ge(restarted.fd, 0);
+    for (unsigned i = 0; i <= BITS; i++) {
+        if (r[i].fd >= 0) {
+            close(r[i].fd);
+        }
+        vn_fabric_route_unexport(b->fab, ids[i]);
+    }
+    close(again.fd);
+    close(restarted.fd);
+    close(efd);
+}
+END_TEST
+
 static const struct {
     const char *key, *value, *why;
 } ntb_bad[] = {
@@ -1695,6 +1742,7 @@ static Suite *fabric_suite(void)
             test_map_not_granted, test_window_outlives_link, test_export_errors } },
         { "doorbells",
           { test_doorbells, test_doorbell_beyond_register, test_doorbell_flood_coalesced } },
+        { "routes", { test_route, test_route_open_async, test_route_not_granted } },
     };
 
     for (unsigned i = 0; i < G_N_ELEMENTS(shared); i++) {
@@ -1722,6 +1770,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_send_does_not_wait);
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);
+    tcase_add_test(tc, test_ntb_route_bits);
     tcase_add_test(tc, test_ntb_burst);
     tcase_add_loop_test(tc, test_ntb_params, 0, G_N_ELEMENTS(ntb_bad));
     suite_add_tcase(s, tc);
@@ -1732,10 +1781,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_register);
     tcase_add_test(tc, test_window_limits);
     tcase_add_test(tc, test_export_budget);
-    tcase_add_test(tc, test_route);
-    tcase_add_test(tc, test_route_open_async);
     tcase_add_test(tc, test_fetch_peer_not_accepting);
-    tcase_add_test(tc, test_route_not_granted);
     tcase_add_test(tc, test_route_errors);
     tcase_add_test(tc, test_doorbell_budget);
     tcase_add_test(tc, test_doorbell_rate_param);

@@ -946,6 +946,10 @@ typedef enum RingFault {
     RING_MAP_SIZE,      /* a MAP of the wrong size */
     RING_MAPPED_WINDOW, /* an answer naming window 0 */
     RING_MAPPED_FLAGS,  /* an answer with a flag nobody defined */
+    RING_ROUTE_SIZE,    /* a ROUTE of the wrong size */
+    RING_ROUTED_BIT,    /* a route's answer naming a doorbell of the backend's own */
+    RING_ROUTED_SIZE,   /* a route's answer with a size (a window's answer) */
+    RING_UNROUTE_SIZE,  /* an UNROUTE of the wrong size */
     RING_PROD_AHEAD,    /* prod more than a ring ahead */
     RING_FRAGMENT_HUGE, /* pieces adding up past the largest frame */
     RING_LAST
@@ -988,6 +992,21 @@ static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
     case RING_MAP_SIZE:
         *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_MAP };
         break;
+    case RING_ROUTE_SIZE:
+        *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_ROUTE };
+        break;
+    case RING_UNROUTE_SIZE:
+        *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_UNROUTE };
+        break;
+    case RING_ROUTED_SIZE:
+        mapped.window = VN_NTB_DB_FIRST_ROUTE;
+        /* fall through */
+    case RING_ROUTED_BIT:
+        mapped.window = mapped.window != 0 ? mapped.window : VN_NTB_DB_CTRL;
+        *rec = (VnNtbRec){ .len = sizeof(mapped), .kind = VN_NTB_REC_ROUTED };
+        memcpy(rec + 1, &mapped, sizeof(mapped));
+        *prod = sizeof(*rec) + sizeof(mapped);
+        return 0;
     case RING_MAPPED_FLAGS:
         mapped.window = 1;
         mapped.flags = 0x80;

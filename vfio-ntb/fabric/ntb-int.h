@@ -1,6 +1,7 @@
 /*
  * Inside the `ntb` backend (ntb.h): the node and its links, shared by ntb.c
- * (sessions, rings, links) and ntb-map.c (segments through windows).
+ * (sessions, rings, links) and ntb-map.c (segments through windows, interrupt routes
+ * through doorbells).
  *
  * Threads: all of it belongs to the fabric's GMainContext thread.
  */
@@ -74,6 +75,12 @@ typedef struct VnNtbLink {
      * withheld (vn_fabric_segment_withhold). */
     bool withheld[VN_NTBPORT_MAX_WINDOWS];
     uint64_t map_seq;
+    /* Doorbell bits VN_NTB_DB_FIRST_ROUTE.. that carry interrupt routes: the id of the route
+     * of ours that our bit signals (route_in), of the peer's that we ring its bit for
+     * (route_out); 0: none. */
+    uint64_t route_in[VN_NTBPORT_MAX_DOORBELLS];
+    uint64_t route_out[VN_NTBPORT_MAX_DOORBELLS];
+    uint32_t peer_features; /* its HELLO's VN_NTB_FEATURE_* */
 } VnNtbLink;
 
 struct VnNtb {
@@ -102,6 +109,20 @@ void vn_ntb_session_broken(VnNtbLink *l, const char *why);
 void vn_ntb_report_downs(VnNtb *ntb);
 
 /* ntb-map.c */
+/*
+ * A request of ours waiting for the peer's answer (a map; a route's open, ntb-route.c):
+ * vn_ntb_ask sends @kind (a VnNtbMap of @id) to @l; @done is told once (the answer's fd or
+ * -errno, from the loop), or -ETIMEDOUT after @timeout_ms, or -ECANCELED as the node closes.
+ * vn_ntb_asked: the request of @l the answer @seq is to, or NULL; vn_ntb_ask_finish: its
+ * answer.
+ */
+typedef struct VnNtbMapping VnNtbMapping;
+typedef void (*VnNtbMapDone)(void *opaque, int fd, uint64_t size, uint64_t offset);
+VnNtbMapping *vn_ntb_ask(VnNtb *ntb, VnNtbLink *l, uint16_t kind, uint64_t id, int timeout_ms,
+                         VnNtbMapDone done, void *opaque);
+VnNtbMapping *vn_ntb_asked(VnNtbLink *l, uint16_t kind, uint64_t seq);
+uint64_t vn_ntb_asked_id(const VnNtbMapping *m);
+void vn_ntb_ask_finish(VnNtbMapping *m, int fd, uint64_t size, uint64_t offset);
 void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len);
@@ -116,5 +137,16 @@ void vn_ntb_unexport(void *backend, bool route, uint64_t id);
 int vn_ntb_withhold(void *backend, uint64_t id, bool withhold);
 int vn_ntb_join(void *backend, const char *peer, const uint64_t *ids, uint32_t n, uint64_t chunk,
                 bool device, uint64_t *offset);
+
+/* ntb-route.c */
+void vn_ntb_on_route(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+void vn_ntb_on_routed(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+void vn_ntb_on_unroute(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+/* Every route of @l goes, both ways (its session ended). */
+void vn_ntb_routes_clear(VnNtbLink *l);
+void vn_ntb_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
+                             void (*done)(void *opaque, int fd), void *opaque);
+/* Our route @id is withdrawn: every bit that signals it is given back, and its opener told. */
+void vn_ntb_route_unexport(VnNtb *ntb, uint64_t id);
 
 #endif /* VN_NTB_INT_H */

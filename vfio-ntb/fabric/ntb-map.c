@@ -1,5 +1,6 @@
 /*
- * Segments through windows on the `ntb` backend (ntb.h): the exporter
+ * Segments through windows on the `ntb` backend (ntb.h), and the requests that wait for a
+ * peer's answer (maps here, routes' opens in ntb-route.c): the exporter
  * points one of its inbound windows 1..N-1 at the segment and answers which;
  * the mapper maps its outbound window of that number.  An answer that comes
  * after its map gave up has its window handed back at once, so a slow
@@ -14,15 +15,14 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef void (*VnNtbMapDone)(void *opaque, int fd, uint64_t size, uint64_t offset);
-
 /*
- * A map waiting for the exporter's answer, or for its answer to be told: in the node's list
- * until then, so that closing cancels it.
+ * A map (or a route's open, ntb-route.c) waiting for the exporter's answer, or for its
+ * answer to be told: in the node's list until then, so that closing cancels it.
  */
-typedef struct VnNtbMapping {
+struct VnNtbMapping {
     VnNtb *ntb;
-    VnNtbLink *l; /* NULL: refused before it was asked */
+    VnNtbLink *l;  /* NULL: refused before it was asked */
+    uint16_t kind; /* the request's record: VN_NTB_REC_MAP or _ROUTE */
     uint64_t seq;
     uint64_t id;
     VnNtbMapDone done;
@@ -31,7 +31,7 @@ typedef struct VnNtbMapping {
     bool finished;
     int fd; /* or -errno */
     uint64_t size, offset;
-} VnNtbMapping;
+};
 
 static void mapping_free(VnNtbMapping *m)
 {
@@ -110,27 +110,39 @@ void vn_ntb_maps_end(VnNtb *ntb, VnNtbLink *l, int err)
     }
 }
 
-static VnNtbMapping *mapping_of(VnNtbLink *l, uint64_t seq)
+VnNtbMapping *vn_ntb_asked(VnNtbLink *l, uint16_t kind, uint64_t seq)
 {
     for (GList *it = l->ntb->maps.head; it != NULL; it = it->next) {
         VnNtbMapping *m = it->data;
 
-        if (m->l == l && !m->finished && m->seq == seq) {
+        if (m->l == l && !m->finished && m->seq == seq && m->kind == kind) {
             return m;
         }
     }
     return NULL;
 }
 
-static VnNtbMapping *mapping_start(VnNtb *ntb, VnNtbLink *l, uint64_t id, VnNtbMapDone done,
-                                   void *opaque)
+uint64_t vn_ntb_asked_id(const VnNtbMapping *m)
+{
+    return m->id;
+}
+
+void vn_ntb_ask_finish(VnNtbMapping *m, int fd, uint64_t size, uint64_t offset)
+{
+    mapping_finish(m, fd, size, offset);
+}
+
+VnNtbMapping *vn_ntb_ask(VnNtb *ntb, VnNtbLink *l, uint16_t kind, uint64_t id, int timeout_ms,
+                         VnNtbMapDone done, void *opaque)
 {
     VnNtbMap req = { .id = id };
     VnNtbMapping *m = g_new0(VnNtbMapping, 1);
     unsigned waiting = 0;
     int err = 0;
 
-    *m = (VnNtbMapping){ .ntb = ntb, .id = id, .done = done, .opaque = opaque, .fd = -1 };
+    *m = (VnNtbMapping){
+        .ntb = ntb, .kind = kind, .id = id, .done = done, .opaque = opaque, .fd = -1
+    };
     g_queue_push_tail(&ntb->maps, m);
     for (GList *it = ntb->maps.head; l != NULL && it != NULL; it = it->next) {
         waiting += ((VnNtbMapping *)it->data)->l == l;
@@ -141,7 +153,7 @@ static VnNtbMapping *mapping_start(VnNtb *ntb, VnNtbLink *l, uint64_t id, VnNtbM
         err = -EBUSY;
     } else {
         req.seq = ++l->map_seq;
-        err = vn_ntb_queue(l, VN_NTB_REC_MAP, 0, &req, sizeof(req)) < 0 ? -ENOBUFS : 0;
+        err = vn_ntb_queue(l, kind, 0, &req, sizeof(req)) < 0 ? -ENOBUFS : 0;
     }
     if (err < 0) {
         mapping_finish(m, err, 0, 0);
@@ -150,6 +162,9 @@ static VnNtbMapping *mapping_start(VnNtb *ntb, VnNtbLink *l, uint64_t id, VnNtbM
     m->l = l;
     m->seq = req.seq;
     vn_ntb_flush(l);
+    m->src = g_timeout_source_new((guint)timeout_ms);
+    g_source_set_callback(m->src, mapping_timeout, m, NULL);
+    g_source_attach(m->src, ntb->ctx);
     return m;
 }
 
@@ -157,13 +172,8 @@ void vn_ntb_map_segment_async(void *backend, const char *peer, uint64_t id, int 
                               VnNtbMapDone done, void *opaque)
 {
     VnNtb *ntb = backend;
-    VnNtbMapping *m = mapping_start(ntb, vn_ntb_link_of(ntb, peer), id, done, opaque);
 
-    if (!m->finished) {
-        m->src = g_timeout_source_new((guint)timeout_ms);
-        g_source_set_callback(m->src, mapping_timeout, m, NULL);
-        g_source_attach(m->src, ntb->ctx);
-    }
+    vn_ntb_ask(ntb, vn_ntb_link_of(ntb, peer), VN_NTB_REC_MAP, id, timeout_ms, done, opaque);
 }
 
 /* ---- the exporter's side ------------------------------------------------- */
@@ -248,7 +258,7 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         return;
     }
     memcpy(&a, payload, sizeof(a));
-    m = mapping_of(l, a.seq);
+    m = vn_ntb_asked(l, VN_NTB_REC_MAP, a.seq);
     if (a.status == 0 &&
         (a.window == 0 || a.window >= l->port->info.windows || l->mapped[a.window] != 0 ||
          a.size == 0 || (a.flags & ~VN_NTB_MAPPED_DEVICE) != 0 || a.reserved != 0)) {
@@ -335,7 +345,11 @@ void vn_ntb_unexport(void *backend, bool route, uint64_t id)
 {
     VnNtb *ntb = backend;
 
-    for (guint i = 0; !route && i < ntb->links->len; i++) {
+    if (route) {
+        vn_ntb_route_unexport(ntb, id);
+        return;
+    }
+    for (guint i = 0; i < ntb->links->len; i++) {
         VnNtbLink *l = ntb->links->pdata[i];
 
         for (uint32_t w = 1; w < l->port->info.windows; w++) {

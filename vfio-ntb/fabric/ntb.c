@@ -113,6 +113,8 @@ static void session_clear(VnNtbLink *l)
         l->withheld[w] = false;
         l->mapped[w] = 0;
     }
+    vn_ntb_routes_clear(l);
+    l->peer_features = 0;
     if (l->out != NULL) {
         munmap(l->out, VN_NTB_RING_DATA + l->ring_out);
         l->out = NULL;
@@ -180,7 +182,8 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
 {
     VnNtbPort *p = l->port;
     uint64_t offset = 0, size = 0;
-    VnNtbHello hello = { .version = VN_NTB_VERSION };
+    VnNtbHello hello = { .version = VN_NTB_VERSION,
+                         .features = p->info.doorbell_routes ? VN_NTB_FEATURE_ROUTES : 0 };
     void *m;
     int fd;
 
@@ -493,6 +496,7 @@ static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         }
         g_strlcpy(l->peer, h.node, sizeof(l->peer));
     }
+    l->peer_features = h.features;
     if (l->key != NULL) {
         l->hello_seen = true; /* up once it proves the key (on_proof) */
         return;
@@ -637,6 +641,15 @@ static void receive(VnNtbLink *l, int budget)
             break;
         case VN_NTB_REC_PROOF:
             on_proof(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_ROUTE:
+            vn_ntb_on_route(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_ROUTED:
+            vn_ntb_on_routed(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_UNROUTE:
+            vn_ntb_on_unroute(l, payload, rec.len);
             break;
         default:
             vn_ntb_on_unmap(l, payload, rec.len);
@@ -915,6 +928,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     guint64 v = VN_NTB_DEFAULT_RING;
     uint64_t out_size = UINT64_MAX;
     uint32_t windows = 0;
+    bool routes = true;
     const char *bad;
     VnNtb *ntb;
 
@@ -965,6 +979,13 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
         return NULL;
     }
     vn_fabric_backend_set_limits(fab, &limits);
+    /* Interrupt routes where every port rings doorbells in the kernel (ntb-route.c). */
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbPort *p = ((VnNtbLink *)ntb->links->pdata[i])->port;
+
+        routes &= p->info.doorbell_routes && p->info.doorbells > VN_NTB_DB_FIRST_ROUTE;
+    }
+    vn_fabric_backend_set_caps(fab, routes ? VN_FABRIC_CAP_DIRECT_ROUTES : 0);
     /* Sessions start now where they can (reports made while opening are
      * deferred by the fabric). */
     for (guint i = 0; i < ntb->links->len; i++) {
@@ -976,7 +997,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
 
 const VnFabricOps vn_ntb_ops = {
     .name = "ntb",
-    .caps = 0,
+    .caps = VN_FABRIC_CAP_DIRECT_ROUTES, /* or none: ntb_open */
     .check_params = ntb_check_params,
     .open = ntb_open,
     .close = ntb_close,
@@ -988,5 +1009,6 @@ const VnFabricOps vn_ntb_ops = {
     .unexport = vn_ntb_unexport,
     .withhold = vn_ntb_withhold,
     .join_windows = vn_ntb_join,
+    .open_route_async = vn_ntb_open_route_async,
     .discover = ntb_discover,
 };

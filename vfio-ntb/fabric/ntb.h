@@ -45,8 +45,15 @@
  * record ends its session (it must start a new one).
  *
  * Doorbells of the fabric travel as messages; the adapter's bits 0-2 are the
- * backend's.  Interrupt routes (VN_FABRIC_CAP_DIRECT_ROUTES) are not
- * offered yet.
+ * backend's.  The others carry interrupt routes (VN_FABRIC_CAP_DIRECT_ROUTES,
+ * where every port has info.doorbell_routes): the opener asks the exporter
+ * for route id (ROUTE); the exporter takes a free bit of the link, has it
+ * signal the route's eventfd (a VM's irqfd) and answers which (ROUTED); the
+ * opener gets an eventfd of its port that rings that bit of the peer's.  A
+ * device signalling it then interrupts the VM with no process of either host
+ * on the way.  A route withdrawn is told (UNROUTE) so that the opener stops
+ * ringing its bit; a session's end clears every route of the link both
+ * ways.  A peer's HELLO says whether it knows routes (VN_NTB_FEATURE_ROUTES).
  *
  * Threads: all of it runs in the fabric's GMainContext.
  */
@@ -83,6 +90,10 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_DB_MSG 0u
 #define VN_NTB_DB_SPACE 1u
 #define VN_NTB_DB_CTRL 2u
+/* The first bit that carries an interrupt route. */
+#define VN_NTB_DB_FIRST_ROUTE 3u
+/* It answers ROUTE (HELLO's features). */
+#define VN_NTB_FEATURE_ROUTES 0x1u
 #define VN_NTB_VERSION 1u
 
 /* Where the ring's data start in a buffer. */
@@ -107,6 +118,9 @@ typedef enum VnNtbRecKind {
     VN_NTB_REC_UNMAP,     /* VnNtbMap (seq: the window): that mapping is gone */
     VN_NTB_REC_CHALLENGE, /* VnNtbChallenge (link keys only) */
     VN_NTB_REC_PROOF,     /* VnNtbProof: the answer to the peer's CHALLENGE */
+    VN_NTB_REC_ROUTE,     /* VnNtbMap: open interrupt route id */
+    VN_NTB_REC_ROUTED,    /* VnNtbMapped (window: the doorbell bit, size 0): the answer */
+    VN_NTB_REC_UNROUTE,   /* VnNtbMap (seq: the bit): that route is gone */
     VN_NTB_REC_LAST
 } VnNtbRecKind;
 
@@ -120,7 +134,7 @@ typedef struct VnNtbRec {
 
 typedef struct VnNtbHello {
     uint32_t version;
-    uint32_t reserved;
+    uint32_t features;               /* VN_NTB_FEATURE_*; 0 from a peer older than them */
     char node[VN_MAX_NODE_NAME + 1]; /* NUL-terminated */
 } VnNtbHello;
 

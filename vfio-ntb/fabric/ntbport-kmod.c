@@ -94,6 +94,50 @@ static int kmod_peer_doorbell(VnNtbPort *p, uint64_t bits)
     return kmod_ioctl(p, VN_NTB_PEER_DB_SET, &bits);
 }
 
+/* Our doorbell @bit signals @fd, or its own eventfd again (-1): the module keeps one
+ * eventfd per bit, so registering one replaces the other. */
+static int kmod_doorbell_route(VnNtbPort *p, uint32_t bit, int fd)
+{
+    struct vn_ntb_db_eventfd d = { .fd = fd, .bits = UINT64_C(1) << bit };
+
+    if (bit >= p->info.doorbells || !p->info.doorbell_routes) {
+        return -EINVAL;
+    }
+    if (fd < 0) {
+        d.fd = kmod_port(p)->db_efd[bit];
+    }
+    return kmod_ioctl(p, VN_NTB_DB_EVENTFD, &d);
+}
+
+static int kmod_peer_doorbell_fd(VnNtbPort *p, uint32_t bit)
+{
+    struct vn_ntb_db_eventfd d = { .bits = UINT64_C(1) << bit };
+    int ret;
+
+    if (bit >= p->info.doorbells || !p->info.doorbell_routes) {
+        return -EINVAL;
+    }
+    d.fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (d.fd < 0) {
+        return -errno;
+    }
+    ret = kmod_ioctl(p, VN_NTB_PEER_DB_EVENTFD, &d);
+    if (ret < 0) {
+        close(d.fd);
+        return ret;
+    }
+    return d.fd;
+}
+
+static void kmod_peer_doorbell_drop(VnNtbPort *p, uint32_t bit)
+{
+    struct vn_ntb_db_eventfd d = { .fd = -1, .bits = UINT64_C(1) << bit };
+
+    if (bit < p->info.doorbells && p->info.doorbell_routes) {
+        kmod_ioctl(p, VN_NTB_PEER_DB_EVENTFD, &d);
+    }
+}
+
 static int kmod_spad_read(VnNtbPort *p, uint32_t index, uint32_t *value)
 {
     struct vn_ntb_spad s = { .index = index };
@@ -244,6 +288,9 @@ static const VnNtbPortOps kmod_ops = {
     .link_fd = kmod_link_fd,
     .doorbell_fd = kmod_doorbell_fd,
     .peer_doorbell = kmod_peer_doorbell,
+    .doorbell_route = kmod_doorbell_route,
+    .peer_doorbell_fd = kmod_peer_doorbell_fd,
+    .peer_doorbell_drop = kmod_peer_doorbell_drop,
     .spad_read = kmod_spad_read,
     .peer_spad_write = kmod_peer_spad_write,
     .in_alloc = kmod_in_alloc,
@@ -308,6 +355,13 @@ static int kmod_setup(KmodPort *kp, const char **what)
         ret = kmod_ioctl(&kp->base, VN_NTB_DB_EVENTFD, &d);
     }
     if (ret == 0) {
+        /* A module older than VN_NTB_PEER_DB_EVENTFD answers ENOTTY; ours ENOENT (no
+         * trigger on that bit): interrupts are then relayed as messages. */
+        struct vn_ntb_db_eventfd d = { .fd = -1, .bits = 1 };
+
+        kp->base.info.doorbell_routes =
+            kp->base.info.doorbells > 0 &&
+            kmod_ioctl(&kp->base, VN_NTB_PEER_DB_EVENTFD, &d) == -ENOENT;
         *what = "VN_NTB_LINK";
         ret = kmod_ioctl(&kp->base, VN_NTB_LINK, &enable);
     }

@@ -4,11 +4,12 @@
  *
  * It behaves as an adapter would where the backend can tell: the link is up
  * while both sides are open; a doorbell signals the other side's eventfd of
- * that bit; a scratchpad write lands in the other side's registers (and
- * stays there, as in hardware, across the writer's restarts); an outbound
- * window reaches what the other side set as its inbound target.  What it
- * cannot do: revoke a mapping already made of a target (a memfd stays mapped
- * where it was mapped; the backend clears targets all the same).
+ * that bit (or the one routed there); a scratchpad write lands in the other
+ * side's registers (and stays there, as in hardware, across the writer's
+ * restarts); an outbound window reaches what the other side set as its
+ * inbound target.  What it cannot do: revoke a mapping already made of a
+ * target (a memfd stays mapped where it was mapped; the backend clears
+ * targets all the same), or an eventfd that rings the peer's doorbell.
  *
  * Threads: the two sides of a pair may belong to two threads (the unit
  * suite's threaded nodes); everything shared is under pair_lock (a pthread
@@ -47,7 +48,8 @@ typedef struct PairSide {
     bool open;
     int link_efd;
     int db_efd[PAIR_DOORBELLS];
-    uint32_t spad[PAIR_SPADS]; /* written by the other side */
+    int route_efd[PAIR_DOORBELLS]; /* doorbell_route's (a copy), or -1 */
+    uint32_t spad[PAIR_SPADS];     /* written by the other side */
     PairTarget in[PAIR_WINDOWS];
 } PairSide;
 
@@ -111,6 +113,7 @@ static void pair_close(VnNtbPort *p)
     }
     vn_util_close_fd(&s->link_efd);
     vn_util_close_fds(s->db_efd, PAIR_DOORBELLS);
+    vn_util_close_fds(s->route_efd, PAIR_DOORBELLS);
     link_changed(pp->pair);
     if (!pp->pair->side[!pp->side].open) {
         g_hash_table_remove(pairs, pp->pair->key);
@@ -147,12 +150,56 @@ static int pair_peer_doorbell(VnNtbPort *p, uint64_t bits)
     if (other(p)->open) {
         for (uint32_t b = 0; b < PAIR_DOORBELLS; b++) {
             if (bits & (UINT64_C(1) << b)) {
-                vn_peerfd_signal(other(p)->db_efd[b]);
+                vn_peerfd_signal(other(p)->route_efd[b] >= 0 ? other(p)->route_efd[b]
+                                                             : other(p)->db_efd[b]);
             }
         }
     }
     vn_mutex_unlock(&pair_lock);
     return 0;
+}
+
+static int pair_doorbell_route(VnNtbPort *p, uint32_t bit, int fd)
+{
+    int copy = -1;
+
+    if (bit >= PAIR_DOORBELLS) {
+        return -EINVAL;
+    }
+    if (fd >= 0 && (copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        return -errno;
+    }
+    vn_mutex_lock(&pair_lock);
+    vn_util_close_fd(&me(p)->route_efd[bit]);
+    me(p)->route_efd[bit] = copy;
+    vn_mutex_unlock(&pair_lock);
+    return 0;
+}
+
+/* No kernel here to ring the peer from a signal: the peer's eventfd of that bit itself
+ * (the route's once the peer set one), which a drop cannot take back. */
+static int pair_peer_doorbell_fd(VnNtbPort *p, uint32_t bit)
+{
+    int fd;
+
+    if (bit >= PAIR_DOORBELLS) {
+        return -EINVAL;
+    }
+    vn_mutex_lock(&pair_lock);
+    if (!other(p)->open) {
+        fd = -ENOTCONN;
+    } else {
+        fd = fcntl(other(p)->route_efd[bit] >= 0 ? other(p)->route_efd[bit] : other(p)->db_efd[bit],
+                   F_DUPFD_CLOEXEC, 0);
+        fd = fd < 0 ? -errno : fd;
+    }
+    vn_mutex_unlock(&pair_lock);
+    return fd;
+}
+
+static void pair_peer_doorbell_drop(VnNtbPort *p, uint32_t bit)
+{
+    /* A copy of the peer's eventfd cannot be taken back (pair_peer_doorbell_fd). */
 }
 
 static int pair_spad_read(VnNtbPort *p, uint32_t index, uint32_t *value)
@@ -284,6 +331,9 @@ static const VnNtbPortOps pair_ops = {
     .link_fd = pair_link_fd,
     .doorbell_fd = pair_doorbell_fd,
     .peer_doorbell = pair_peer_doorbell,
+    .doorbell_route = pair_doorbell_route,
+    .peer_doorbell_fd = pair_peer_doorbell_fd,
+    .peer_doorbell_drop = pair_peer_doorbell_drop,
     .spad_read = pair_spad_read,
     .peer_spad_write = pair_peer_spad_write,
     .in_alloc = pair_in_alloc,
@@ -344,6 +394,7 @@ VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
             pair->side[i].link_efd = -1;
             for (unsigned b = 0; b < PAIR_DOORBELLS; b++) {
                 pair->side[i].db_efd[b] = -1;
+                pair->side[i].route_efd[b] = -1;
             }
         }
         g_hash_table_insert(pairs, pair->key, pair);
@@ -367,6 +418,7 @@ VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
     pp->base.info = (VnNtbPortInfo){ .windows = PAIR_WINDOWS,
                                      .spads = PAIR_SPADS,
                                      .doorbells = PAIR_DOORBELLS,
-                                     .out_size = PAIR_WINDOW_SIZE };
+                                     .out_size = PAIR_WINDOW_SIZE,
+                                     .doorbell_routes = true };
     return &pp->base;
 }

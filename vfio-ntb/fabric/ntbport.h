@@ -43,6 +43,9 @@ typedef struct VnNtbPortInfo {
     uint32_t doorbells; /* bits 0..doorbells-1 are valid */
     uint64_t out_size;  /* the smallest outbound window's size, bytes, among those
                          * that carry segments (1.., or 0 when it is the only one) */
+    /* It has doorbell_route and peer_doorbell_fd (the kmod: a module that has
+     * VN_NTB_PEER_DB_EVENTFD). */
+    bool doorbell_routes;
 } VnNtbPortInfo;
 
 typedef struct VnNtbPortOps {
@@ -55,6 +58,18 @@ typedef struct VnNtbPortOps {
     /* An eventfd readable when our doorbell @bit rang (read it to clear). */
     int (*doorbell_fd)(VnNtbPort *p, uint32_t bit);
     int (*peer_doorbell)(VnNtbPort *p, uint64_t bits);
+    /*
+     * Doorbells that reach no process of ours (with info.doorbell_routes):
+     * doorbell_route: our doorbell @bit signals @fd (an eventfd, borrowed: the
+     * port keeps what it needs) instead of doorbell_fd's; -1 gives it back.
+     * peer_doorbell_fd: a new eventfd of ours whose signals ring the peer's
+     * doorbell @bit, whoever signals it (a VFIO device's interrupt), until
+     * peer_doorbell_drop(@bit), after which they ring nothing where the
+     * provider can tell (the kmod; the in-process pair cannot).
+     */
+    int (*doorbell_route)(VnNtbPort *p, uint32_t bit, int fd);
+    int (*peer_doorbell_fd)(VnNtbPort *p, uint32_t bit);
+    void (*peer_doorbell_drop)(VnNtbPort *p, uint32_t bit);
     int (*spad_read)(VnNtbPort *p, uint32_t index, uint32_t *value);
     int (*peer_spad_write)(VnNtbPort *p, uint32_t index, uint32_t value);
     /*

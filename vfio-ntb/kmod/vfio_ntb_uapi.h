@@ -7,7 +7,9 @@
  *   - the device's shape (VN_NTB_INFO, VN_NTB_MW_INFO): windows, scratchpads, doorbells;
  *   - the link: enable/disable, its state, an eventfd signalled at each change;
  *   - scratchpads, ours and the peer's;
- *   - doorbells: ring the peer's; eventfds signalled when ours are rung;
+ *   - doorbells: ring the peer's; eventfds signalled when ours are rung; eventfds whose
+ *     signals ring the peer's (VN_NTB_PEER_DB_EVENTFD: in the kernel, from whatever signals
+ *     them, as a VFIO device's MSI-X vector does, so no process wakes up on the way);
  *   - outbound windows mapped into the caller (mmap at VN_NTB_MW_INFO's offset): device
  *     memory (VM_IO | VM_PFNMAP), so VFIO's type1 IOMMU driver can map it for a device;
  *   - an outbound window as a file of its own (VN_NTB_MW_FD): it can be mmap'd (from 0, the
@@ -101,7 +103,9 @@ struct vn_ntb_spad {
 struct vn_ntb_db_eventfd {
     __s32 fd;               /* an eventfd; -1 removes the registration of @bits */
     __u32 reserved;
-    __u64 bits;             /* signalled (and those bits cleared) when any of them rings */
+    __u64 bits;             /* VN_NTB_DB_EVENTFD: signalled (and those bits cleared) when any
+                             * of them rings.  VN_NTB_PEER_DB_EVENTFD: one bit, the peer's,
+                             * rung at each signal (signals that come together ring once) */
 };
 
 struct vn_ntb_mw_export {
@@ -165,6 +169,9 @@ struct vn_ntb_mw_span_fd {
 /* Returns a new fd (O_CLOEXEC) for several outbound windows as one memory, bound to their
  * current targets: a revoke of any of them kills the file, as VN_NTB_MW_FD's. */
 #define VN_NTB_MW_SPAN_FD _IOW(VN_NTB_TYPE, 18, struct vn_ntb_mw_span_fd)
+/* An eventfd whose signals ring one doorbell bit of the peer's (-1 removes it), at most
+ * VN_NTB_MAX_DB_EVENTFDS of them; the same bit again replaces its eventfd. */
+#define VN_NTB_PEER_DB_EVENTFD _IOW(VN_NTB_TYPE, 19, struct vn_ntb_db_eventfd)
 
 /* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
 #define VN_NTB_WINDOW_FS_MAGIC 0x564e5746

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * vfio_ntb's device, shared by its parts: vn_main.c (the NTB client, the character device and
- * its calls, eventfds), vn_inbound.c (what the peer's windows reach here) and vn_mmap.c
- * (mappings of windows and buffers, window files, revocation).
+ * its calls, eventfds), vn_inbound.c (what the peer's windows reach here), vn_mmap.c
+ * (mappings of windows and buffers, window files, revocation) and vn_trigger.c (eventfds
+ * that ring the peer's doorbells).
  *
  * Locking: vn->lock (a mutex) guards the device's state, the targets and the generations.
  * Order: the caller's mmap_lock, then vn->lock, then the address space's i_mmap lock (taken
@@ -106,6 +107,8 @@ struct vn_dev {
 	spinlock_t ev_lock;     /* the eventfds, which interrupt handlers signal */
 	struct eventfd_ctx *link_ev;
 	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
+	struct list_head triggers;      /* peer doorbell triggers (vn_trigger.c), vn->lock's */
+	unsigned int ntriggers;
 };
 
 /* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (which must not be held
@@ -162,5 +165,9 @@ long vn_mw_span_fd(struct vn_dev *vn, struct vn_ntb_mw_span_fd *a);
 void vn_out_revoke(struct vn_dev *vn, u32 idx);
 void vn_in_zap(struct vn_dev *vn, u32 idx);
 bool vn_is_ours(const struct file *f);
+
+/* vn_trigger.c */
+int vn_trigger_set(struct vn_dev *vn, struct vn_ntb_db_eventfd *a);
+void vn_triggers_release(struct vn_dev *vn);
 
 #endif /* VN_DEV_H */

@@ -222,6 +222,7 @@ static void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
 			ntb_link_disable(vn->ntb);
 	}
 	vn->link_enabled = false;
+	vn_triggers_release(vn);
 	vn_events_release(vn);
 }
 
@@ -354,6 +355,8 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 		return ntb_peer_db_set(vn->ntb, a->u64);
 	case VN_NTB_DB_EVENTFD:
 		return vn_db_eventfd(vn, &a->db_ev);
+	case VN_NTB_PEER_DB_EVENTFD:
+		return vn_trigger_set(vn, &a->db_ev);
 	case VN_NTB_DB_READ:
 		a->u64 = ntb_db_read(vn->ntb) & vn->db_valid;
 		return 0;
@@ -389,6 +392,7 @@ static bool vn_known_cmd(unsigned int cmd)
 	case VN_NTB_PEER_SPAD_WRITE:
 	case VN_NTB_PEER_DB_SET:
 	case VN_NTB_DB_EVENTFD:
+	case VN_NTB_PEER_DB_EVENTFD:
 	case VN_NTB_DB_READ:
 	case VN_NTB_MW_EXPORT:
 	case VN_NTB_MW_ALLOC:
@@ -474,6 +478,7 @@ static int vn_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	kref_init(&vn->ref);
 	mutex_init(&vn->lock);
 	spin_lock_init(&vn->ev_lock);
+	INIT_LIST_HEAD(&vn->triggers);
 	vn->ntb = ntb;
 	vn->dma_dev = ntb_get_dma_dev(ntb);
 	vn->inode = alloc_anon_inode(vn_mnt->mnt_sb);
@@ -541,6 +546,8 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 	if (vn->link_enabled)
 		ntb_link_disable(ntb);
 	vn->link_enabled = false;
+	/* No doorbell rung from here on: the NTB device is going. */
+	vn_triggers_release(vn);
 	/* Every mapping goes now, the device file's and its windows' files', and faults from
 	 * the next access on (SIGBUS): vn->dead is set first, under the lock faults take.
 	 */

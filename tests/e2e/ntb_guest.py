@@ -1,0 +1,160 @@
+"""A real guest driver on a device lent over `fabric = ntb` (run from ntb_inner.py with
+--guest-data, by test_ntb_patched.py): host a lends its NVMe (vfio-pci, its IOMMU real) with
+vfio-ntbd on the simulated NTB; host b borrows it and boots a guest of its own (the test
+guest, TCG inside host b's TCG) with the device as vfio-user-pci.  In the guest, Linux's
+unmodified nvme driver probes it and the data check writes, reads back and verifies a
+seeded pattern with O_DIRECT.
+
+Around the data phase host b stops the guest (QMP) at each of its two pauses and both hosts
+read their counters there, so what they count is the data phase and nothing else:
+- host b: BAR accesses its borrower forwarded, config accesses, fabric requests it sent,
+  interrupts its worker relayed;
+- host a: BAR accesses its lender's backend served (region accesses less config's),
+  requests it answered, interrupts its worker relayed, doorbells its daemon rang.
+
+Facts (guest_*) are host b's but for guest_lender_* (host a's).  The regions the guest
+wrote (guest_regions, offset,length,md5 separated by `;`) are checked against host a's
+disk by test_ntb.py, which holds that file.
+"""
+import subprocess
+import time
+
+import harness as h
+from control import Control, ControlError
+import ntb_lend
+import vfio_inner as vi
+
+# The guest's RAM: one file, exported through one of host b's windows (test_ntb.py gives
+# the patched run windows of this size).
+GUEST_MIB = 256
+# How long the guest's QEMU waits for an answer of our borrower's (QEMU's default: 5 s).  Its
+# first DMA_MAP has host b export the guest's RAM through a window: the module pins it behind
+# host b's IOMMU, which under TCG maps 4 KiB a time, each a map the simulated NTB hears of.
+MSG_TIMEOUT_MS = 120000
+# How long the guest's data check writes (MiB) and its pauses last when nobody stops it.
+DATA_MIB = 4
+PAUSE_S = 5
+PHASES = ("guest-lent", "guest-before", "guest-before-counted", "guest-after",
+          "guest-after-counted", "guest-done", "guest-stopped")
+
+
+def lender_counters(a):
+    """What host a's software did for the lent device until now."""
+    s = a.stats()
+    lent = s["lent"][0]
+    return {"forwarded": lent["region_rw"] - lent["config_rw"], "config": lent["config_rw"],
+            "requests": lent["requests"], "relayed": lent["relayed_irqs"],
+            "doorbells": s["fabric"]["doorbells_sent"]}
+
+
+def borrower_counters(b):
+    """What host b's software did for the borrowed device until now."""
+    bor = b.stats()["borrowed"][0]
+    return {"forwarded": bor["region_forwarded"], "config": bor["config_forwarded"],
+            "requests": bor["fabric_requests"], "relayed": bor["relayed_irqs"],
+            "messages": bor["vfio_user"]["messages"]}
+
+
+def delta(before, after):
+    return {k: after[k] - before[k] for k in after}
+
+
+def lender(procs, bdf, barrier, fact):
+    nvme = vi.find(vi.NVME_ID)
+    if vi.driver_of(nvme) != "vfio-pci":        # run alone (ntb_inner.py --guest-only)
+        h.wait_for(lambda: vi.driver_of(nvme) != "", 60)
+        vi.unbind(nvme)
+        vi.bind_vfio(nvme)
+    a = ntb_lend.daemon(procs, "a", bdf, lends={"nvme0": {"pci": nvme}})
+    try:
+        barrier("a", "guest-lent")
+        barrier("a", "guest-before", timeout=900)       # host b's guest booted and probed
+        before = lender_counters(a)
+        barrier("a", "guest-before-counted")
+        barrier("a", "guest-after", timeout=600)        # its data check done
+        d = delta(before, lender_counters(a))
+        barrier("a", "guest-after-counted")
+        fact(**{f"guest_lender_{k}": v for k, v in d.items()})
+        barrier("a", "guest-done", timeout=600)
+    finally:
+        a.stop()
+    barrier("a", "guest-stopped", timeout=300)
+
+
+def _counted_pause(q, b, barrier, name):
+    """At the guest's next pause: stop it, read host b's counters, let host a read its own,
+    and let the guest go on.  Host b's counters then."""
+    q.wait_line("VNREADY", "pause")
+    q.qmp.execute("stop")
+    try:
+        counters = borrower_counters(b)
+        barrier("b", name)
+        barrier("b", f"{name}-counted")
+    finally:
+        q.qmp.execute("cont")
+    return counters
+
+
+def borrower(procs, bdf, barrier, fact):
+    b = ntb_lend.daemon(procs, "b", bdf)
+    cb = Control(b.control)
+    try:
+        barrier("b", "guest-lent")
+        if not vi.wait_listed(cb, "hosta/nvme0", 120):
+            raise h.HarnessError("hosta/nvme0 was not listed")
+        r = cb.execute("attach", device="hosta/nvme0", domain="vm-ntb-guest")
+        q = h.Qemu(procs, "probe,pause,data,pause",
+                   [h.VfioUserDevice(r["socket"], props={"x-msg-timeout": MSG_TIMEOUT_MS})],
+                   params={"seed": 33, "pause_s": PAUSE_S, "data_mib": DATA_MIB},
+                   memory_mib=GUEST_MIB, workdir=procs.tempdir("vn-ntb-guest-"),
+                   timeout=1200).start()
+        try:
+            t0 = time.monotonic()
+            before = _counted_pause(q, b, barrier, "guest-before")
+            up_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            after = _counted_pause(q, b, barrier, "guest-after")
+            data_s = time.monotonic() - t1
+            run = q.wait_done(timeout=300)
+        finally:
+            # For a person: what the guest and host b's daemon said (test_ntb.py keeps the
+            # share's inner-*.log files).
+            (ntb_lend.SHARE / "inner-b-guest.log").write_text(
+                q.serial_path.read_text(errors="replace")[-60000:] + q.diagnostics() +
+                "\n--- vfio-ntbd\n" + b.log()[-30000:])
+            q.stop()
+        cb.execute("detach", device="hosta/nvme0")
+        cb.execute("return", device="hosta/nvme0")
+        d = delta(before, after)
+        probe = run.results.get("probe", {})
+        data = run.results.get("data", {})
+        fact(guest_probe=probe.get("status", "none"), guest_serial=probe.get("serial", "-"),
+             guest_data=data.get("status", "none"), guest_up_s=round(up_s, 1),
+             guest_data_s=round(data_s, 1),
+             guest_regions=";".join(f"{o},{n},{m}" for o, n, m in run.data) or "-",
+             **{f"guest_borrower_{k}": v for k, v in d.items()})
+    except BaseException:
+        _passed("b", PHASES[:-2])       # host a is not left waiting for a guest that failed
+        raise
+    finally:
+        barrier("b", "guest-done", timeout=600)
+        b.stop()
+    barrier("b", "guest-stopped", timeout=300)
+
+
+def _passed(role, names):
+    """This host's barriers @names passed, without waiting for the other host."""
+    for name in names:
+        (ntb_lend.SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
+
+
+def run(role, bdf, barrier, fact):
+    """Both hosts' part.  A failure is a fact (guest_error), and this host's remaining
+    barriers are passed at once so that the other host is not left waiting for them."""
+    with h.Procs() as procs:
+        try:
+            (lender if role == "a" else borrower)(procs, bdf, barrier, fact)
+        except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
+                subprocess.SubprocessError) as e:
+            fact(guest_error=f"{type(e).__name__}:{str(e)[:160]}")
+            _passed(role, PHASES)
