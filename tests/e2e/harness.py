@@ -421,8 +421,9 @@ class Qemu:
 
     def __init__(self, procs, checks, devices=(), params=None, root_port=False, timeout=300.0,
                  workdir=None, memory_mib=512, kernel=None, echo=False, extra_args=(),
-                 append_extra="", qemu=None):
-        """qemu: the binary (default testbed_qemu(): VN_QEMU picks stock or patched)."""
+                 append_extra="", qemu=None, hugepages=False):
+        """qemu: the binary (default testbed_qemu(): VN_QEMU picks stock or patched);
+        hugepages: guest RAM in 2 MiB huge pages (the host must have them free)."""
         self.procs = procs
         self.qemu = qemu
         self.checks = checks if isinstance(checks, str) else ",".join(checks)
@@ -436,6 +437,7 @@ class Qemu:
         self.echo = echo
         self.extra_args = list(extra_args)
         self.append_extra = append_extra
+        self.hugepages = hugepages
         self.serial_path = self.workdir / "serial.log"
         self.stderr_path = self.workdir / "qemu.err"
         self.qmp_path = self.workdir / "qmp.sock"
@@ -460,7 +462,8 @@ class Qemu:
              "-machine", "q35,accel=tcg,memory-backend=mem", "-cpu", "max", "-smp", "1",
              "-m", f"{m}M",
              # vfio-user needs guest RAM in a shareable fd (DMA_MAP passes it to the server).
-             "-object", f"memory-backend-memfd,id=mem,size={m}M,share=on",
+             "-object", f"memory-backend-memfd,id=mem,size={m}M,share=on" +
+             (",hugetlb=on,hugetlbsize=2M" if self.hugepages else ""),
              "-nodefaults", "-nographic", "-no-reboot",
              "-serial", f"file:{self.serial_path}",
              "-qmp", f"unix:{self.qmp_path},server=on,wait=off",

@@ -18,6 +18,7 @@ disk by test_ntb.py, which holds that file.
 """
 import subprocess
 import time
+from pathlib import Path
 
 import harness as h
 from control import Control, ControlError
@@ -27,10 +28,15 @@ import vfio_inner as vi
 # The guest's RAM: one file, exported through one of host b's windows (test_ntb.py gives
 # the patched run windows of this size).
 GUEST_MIB = 256
-# How long the guest's QEMU waits for an answer of our borrower's (QEMU's default: 5 s).  Its
-# first DMA_MAP has host b export the guest's RAM through a window: the module pins it behind
-# host b's IOMMU, which under TCG maps 4 KiB a time, each a map the simulated NTB hears of.
-MSG_TIMEOUT_MS = 120000
+# The guest's RAM is in huge pages, as a host that lends and borrows gives its VMs: host b's
+# module pins it behind host b's IOMMU when it exports it, and each IOMMU mapping is one the
+# simulated NTB hears of (a message under TCG): 128 of 2 MiB, not 65,536 of 4 KiB (which
+# took longer than the fabric's request timeout), and few enough for ntbsim to map the
+# window onto them (at most 1024 pieces).
+HUGEPAGE_MIB = 2
+# How long the guest's QEMU waits for an answer of our borrower's (QEMU's default: 5 s): its
+# first DMA_MAP waits for that export.
+MSG_TIMEOUT_MS = 60000
 # How long the guest's data check writes (MiB) and its pauses last when nobody stops it.
 DATA_MIB = 4
 PAUSE_S = 5
@@ -77,6 +83,8 @@ def lender(procs, bdf, barrier, fact):
         fact(**{f"guest_lender_{k}": v for k, v in d.items()})
         barrier("a", "guest-done", timeout=600)
     finally:
+        # For a person: what host a's daemon and its lender worker said.
+        (ntb_lend.SHARE / "inner-a-guest.log").write_text(a.log()[-30000:])
         a.stop()
     barrier("a", "guest-stopped", timeout=300)
 
@@ -102,11 +110,12 @@ def borrower(procs, bdf, barrier, fact):
         barrier("b", "guest-lent")
         if not vi.wait_listed(cb, "hosta/nvme0", 120):
             raise h.HarnessError("hosta/nvme0 was not listed")
+        _reserve_hugepages(GUEST_MIB // HUGEPAGE_MIB)
         r = cb.execute("attach", device="hosta/nvme0", domain="vm-ntb-guest")
         q = h.Qemu(procs, "probe,pause,data,pause",
                    [h.VfioUserDevice(r["socket"], props={"x-msg-timeout": MSG_TIMEOUT_MS})],
                    params={"seed": 33, "pause_s": PAUSE_S, "data_mib": DATA_MIB},
-                   memory_mib=GUEST_MIB, workdir=procs.tempdir("vn-ntb-guest-"),
+                   memory_mib=GUEST_MIB, hugepages=True, workdir=procs.tempdir("vn-ntb-guest-"),
                    timeout=1200).start()
         try:
             t0 = time.monotonic()
@@ -140,6 +149,16 @@ def borrower(procs, bdf, barrier, fact):
         barrier("b", "guest-done", timeout=600)
         b.stop()
     barrier("b", "guest-stopped", timeout=300)
+
+
+def _reserve_hugepages(n):
+    """At least @n free 2 MiB pages in this host (its kernel's pool grown to that)."""
+    pool = Path("/proc/sys/vm/nr_hugepages")
+    pool.write_text(str(int(pool.read_text()) + n))
+    free = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                    if ln.startswith("HugePages_Free:")))
+    if free < n:
+        raise h.HarnessError(f"only {free} of {n} huge pages free for the guest's RAM")
 
 
 def _passed(role, names):

@@ -8,7 +8,8 @@ and a qtest QEMU in host b (no guest CPU) uses it through vfio-user-pci:
 - an NVMe Identify through the admin queue in the consumer's RAM: the device DMAs through
   host a's IOMMU into host a's outbound window, which host b's inbound window translates to
   the consumer's RAM (pinned, behind host b's IOMMU); the serial number is host a's NVMe's;
-- an Identify completed by MSI-X vector 0, relayed by the lender as a fabric doorbell;
+- an Identify completed by MSI-X vector 0, through a doorbell route (the device's vector
+  rings host b's doorbell in host a's kernel; nothing relays it);
 - every BAR access of the consumer's went through host b's window onto the device's BAR
   (host a's inbound window translated to it, peer to peer through host a's IOMMU): none
   forwarded by the borrower or served by the lender's backend.

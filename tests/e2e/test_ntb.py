@@ -11,12 +11,13 @@ says what each host does).  What a user would check:
   ntb_pingpong bounced at least 10 times each way; ntb_perf copied through the window and
   printed its throughput.
 - ntb-kmod: our module (vfio-ntb/kmod/) on the same pair (ntb_kmod.py): each host's window
-  mmap'd and written both ways, and seen through a file of that window alone (VN_NTB_MW_FD), one host's target its own pinned pages (export through its
-  IOMMU), the other's a buffer of the module's; doorbells as eventfds, and an eventfd of
-  host a's that rings host b's doorbell in the kernel (and rings nothing once removed); a table of bad
-  arguments each refused with its errno; the module unloads once the device is closed; when
-  host a's VM is killed (ntb-peer-lost), b's link goes down within 1 s, its window reads all
-  ones, and the module unloads there too.
+  mmap'd and written both ways, and seen through a file of that window alone (VN_NTB_MW_FD),
+  one host's target its own pinned pages (export through its IOMMU), the other's a buffer
+  of the module's; doorbells as eventfds, and an eventfd of host a's that rings host b's
+  doorbell in the kernel (and rings nothing once removed); a table of bad arguments each
+  refused with its errno; the module unloads once the device is closed; when host a's VM
+  is killed (ntb-peer-lost), b's link goes down within 1 s, its window reads all ones, and
+  the module unloads there too.
 - ntb-fabric: the `ntb` fabric backend over our module (ntb_fabric.py): host a's fabric
   requests answered by host b through message rings in the simulated NTB's window, in two
   sessions (each a new opening of the device), timed against the `shm` backend between two
@@ -27,7 +28,8 @@ says what each host does).  What a user would check:
 - ntb-lend: host a's NVMe (vfio-pci, host a's IOMMU) lent through the `ntb` backend to
   host b, used there by a qtest QEMU (ntb_lend.py): config space and BAR0's CAP as sysfs
   showed them, Identify (the device's DMA through host a's window into the consumer's RAM
-  behind host b's window), Identify by MSI-X (relayed as a fabric doorbell), no BAR access
+  behind host b's window), Identify by MSI-X (through a doorbell route: host a's device
+  rings host b's doorbell in the kernel, nothing relayed), no BAR access
   forwarded or served by software: the consumer's BAR is host b's window onto the device,
   reached peer to peer (the simulated NTB counts those accesses).
 - mem-disable-under-load, flr-under-load: the BAR guard (ntb_lend.guard_under_load): a
@@ -226,6 +228,9 @@ def main():
             (share / "killed-a").write_text("")
         # Host a is killed: what it printed until then is its part.
         seen = hosts_facts(hosts, killed=("a",) if (share / "kill-a").exists() else ())
+        # What the guest of ntb-guest-data wrote, read back from host a's disk while the
+        # share is still there.
+        disk_check = verify_guest_regions(seen["b"], share / "nv0.img") if GUEST_DATA else []
         os.kill(sim.pid, signal.SIGUSR1)
         h.wait_for(stats.exists, 5)
         counters = json.loads(stats.read_text()) if stats.exists() else {}
@@ -241,7 +246,7 @@ def main():
     a, b = seen["a"], seen["b"]
     p0, p1 = counters.get("port0", {}), counters.get("port1", {})
     if only:
-        return guest_data_result(a, b, share / "nv0.img")
+        return guest_data_result(a, b, disk_check)
 
     def both(key, want="True"):
         return a.get(key) == want and b.get(key) == want
@@ -270,7 +275,7 @@ def main():
     ok &= impersonation_result(a, b)
     ok &= lost_result(b)
     if GUEST_DATA:
-        ok &= guest_data_result(a, b, share / "nv0.img")
+        ok &= guest_data_result(a, b, disk_check)
     return ok & h.result(
         "ntb-kmod",
         both("kmod_readback_ok") and both("kmod_inbound_ok") and both("kmod_doorbell_ok") and
@@ -302,7 +307,8 @@ def lend_result(a, b, p0, p1):
         b.get("lend_config_id") == "0x00101b36" and b.get("lend_cap") is not None and
         b.get("lend_cap") == a.get("lend_cap_sysfs") and b.get("lend_identify_status") == "0"
         and b.get("lend_serial") == "VN-VFIO-01" and b.get("lend_msix_word") == "0xc0ffee" and
-        b.get("lend_forwarded") == "0" and a.get("lend_lender_region_rw") == "0" and p2p > 0,
+        b.get("lend_forwarded") == "0" and a.get("lend_lender_region_rw") == "0" and p2p > 0
+        and b.get("lend_relayed") == "0",
         config_id=b.get("lend_config_id"), cap=b.get("lend_cap"),
         cap_sysfs=a.get("lend_cap_sysfs"), identify=b.get("lend_identify_status"),
         serial=b.get("lend_serial"), identify_s=b.get("lend_identify_s"),
@@ -383,27 +389,35 @@ def impersonation_result(a, b):
         error=f"{a.get('imp_error', '-')}|{b.get('imp_error', '-')}")
 
 
-def guest_data_result(a, b, disk):
-    """ntb-guest-data (ntb_guest.py): the guest's driver found the device, its data check
-    passed, what it wrote is on host a's disk, and none of its I/O went through software of
-    ours: no BAR access forwarded or served, no fabric request either way.  Interrupts are
-    counted too: on this fabric the lender's worker relays each as a doorbell."""
+def verify_guest_regions(b, disk):
+    """h.verify_backing of the regions host b's guest said it wrote (its guest_regions)."""
     regions = []
     for r in b.get("guest_regions", "-").split(";"):
         off, n, md5 = (r.split(",") + ["", "", ""])[:3]
         if off.isdigit() and n.isdigit():
             regions.append((int(off), int(n), md5))
     try:
-        ver = h.verify_backing(disk, regions) if regions else []
+        return h.verify_backing(disk, regions) if regions else []
     except OSError as e:
         print(f"ntb-guest-data: {disk}: {e}", file=sys.stderr)
-        ver = []
+        return []
+
+
+def guest_data_result(a, b, ver):
+    """ntb-guest-data (ntb_guest.py): the guest's driver found the device, its data check
+    passed, what it wrote is on host a's disk (@ver: verify_guest_regions), and none of its
+    I/O went through software of ours: no BAR access forwarded or served, no fabric request
+    either way, no interrupt relayed (each is a doorbell route, rung in host a's kernel) and
+    no doorbell message."""
 
     def n(side, key):
         v = side.get(key, "none")
         return int(v) if v.lstrip("-").isdigit() else None
-    software = {"forwarded": (n(b, "guest_borrower_forwarded"), n(a, "guest_lender_forwarded")),
-                "requests": (n(b, "guest_borrower_requests"), n(a, "guest_lender_requests"))}
+    # What software of ours did over the data phase: host b's, host a's.
+    zero = {"bar_forwarded": (n(b, "guest_borrower_forwarded"), n(a, "guest_lender_forwarded")),
+            "fabric_requests": (n(b, "guest_borrower_requests"), n(a, "guest_lender_requests")),
+            "irqs_relayed": (n(b, "guest_borrower_relayed"), n(a, "guest_lender_relayed")),
+            "doorbell_messages": (n(a, "guest_lender_doorbells"),)}
     # Its own name, not patched-NAME: only the run on the patched QEMU has it.
     prefix, h.RESULT_PREFIX = h.RESULT_PREFIX, ""
     try:
@@ -411,15 +425,12 @@ def guest_data_result(a, b, disk):
             "ntb-guest-data",
             b.get("guest_probe") == "PASS" and b.get("guest_serial") == "VN-VFIO-01" and
             b.get("guest_data") == "PASS" and len(ver) > 0 and all(v["ok"] for v in ver) and
-            all(v == 0 for pair in software.values() for v in pair),
+            all(v == 0 for vs in zero.values() for v in vs),
             probe=b.get("guest_probe"), serial=b.get("guest_serial"),
             data=b.get("guest_data"), regions_on_disk=f"{sum(v['ok'] for v in ver)}/{len(ver)}",
             guest_up_s=b.get("guest_up_s"), data_s=b.get("guest_data_s"),
-            bar_forwarded="%s,%s" % software["forwarded"],
-            fabric_requests="%s,%s" % software["requests"],
+            **{k: ",".join(map(str, vs)) for k, vs in zero.items()},
             config_accesses=f"{b.get('guest_borrower_config')},{a.get('guest_lender_config')}",
-            irqs_relayed=f"{b.get('guest_borrower_relayed')},{a.get('guest_lender_relayed')}",
-            doorbells=a.get("guest_lender_doorbells"),
             vfio_user_messages=b.get("guest_borrower_messages"),
             error=f"{a.get('guest_error', '-')}|{b.get('guest_error', '-')}")
     finally:

@@ -498,6 +498,9 @@ int main(int argc, char **argv)
     if (selected("kmod-release")) {
         case_release();
     }
+    if (selected("kmod-doorbell-trigger")) {
+        case_doorbell_trigger();
+    }
     if (selected("kmod-map-races")) {
         case_map_races();
     }

@@ -118,12 +118,13 @@ int mock_translations(void);
 void *vfio_bar0(struct tcase *t, int fds[3]);
 void vfio_unbind(int fds[3]);
 
-void case_window_revoke(void); /* kmod-selftest.c */
-void case_accounting(void);    /* kmod-selftest.c */
-void case_release(void);       /* kmod-selftest.c */
-void case_refusals(void);      /* kmod-refusals.c */
-void case_window_span(void);   /* kmod-span.c */
-void case_bar_revoke(void);    /* kmod-bar.c */
-void case_map_races(void);     /* kmod-races.c: runs last, it unloads vfio_ntb */
+void case_window_revoke(void);    /* kmod-selftest.c */
+void case_accounting(void);       /* kmod-selftest.c */
+void case_release(void);          /* kmod-selftest.c */
+void case_refusals(void);         /* kmod-refusals.c */
+void case_window_span(void);      /* kmod-span.c */
+void case_bar_revoke(void);       /* kmod-bar.c */
+void case_doorbell_trigger(void); /* kmod-trigger.c */
+void case_map_races(void);        /* kmod-races.c: runs last, it unloads vfio_ntb */
 
 #endif /* KSELFTEST_H */

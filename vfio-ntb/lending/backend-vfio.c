@@ -270,9 +270,11 @@ static int vfio_set_irqs(void *dev, uint32_t flags, uint32_t index, uint32_t sta
                                 .index = index,
                                 .start = start,
                                 .count = count };
-    if ((flags & VFIO_IRQ_SET_DATA_EVENTFD) && fds != NULL) {
+    if (flags & VFIO_IRQ_SET_DATA_EVENTFD) {
+        /* No fds: every vector's eventfd goes (-1).  Zeros would name fd 0, which VFIO
+         * refuses (EINVAL): QEMU enabling MSI-X with every vector masked sends that. */
         for (uint32_t i = 0; i < count; i++) {
-            ((int32_t *)s->data)[i] = fds[i];
+            ((int32_t *)s->data)[i] = fds != NULL ? fds[i] : -1;
         }
     } else if ((flags & VFIO_IRQ_SET_DATA_BOOL) && bools != NULL) {
         memcpy(s->data, bools, count);

@@ -88,7 +88,8 @@ typedef struct VnBackendOps {
                            struct vfio_region_sparse_mmap_area *sparse, uint32_t max_sparse,
                            uint32_t *nr_sparse);
     int (*get_irq_info)(void *dev, uint32_t index, struct vfio_irq_info *info);
-    /* @fds (borrowed): count eventfds for DATA_EVENTFD, else NULL. */
+    /* @fds (borrowed): count eventfds for DATA_EVENTFD (NULL: each vector's goes, as a -1
+     * would say), else NULL. */
     int (*set_irqs)(void *dev, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
                     const uint8_t *bools, const int *fds);
     /* Bytes read or written, or -errno. */

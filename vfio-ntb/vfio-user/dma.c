@@ -75,17 +75,28 @@ static guint lower_bound(VnDma *dma, uint64_t iova)
     return lo;
 }
 
-static int entry_mmap(Entry *e)
+/* The granule @fd maps in: the page size, or its huge page's for a hugetlbfs file (guest
+ * RAM in huge pages), which mmap takes only at offsets and lengths of whole huge pages. */
+static uint64_t map_granule(const struct stat *st)
 {
-    long pg = sysconf(_SC_PAGESIZE);
-    uint64_t aligned = e->m.offset & ~(uint64_t)(pg - 1);
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), blk = (uint64_t)st->st_blksize;
+
+    return blk > pg && blk <= (UINT64_C(1) << 30) && (blk & (blk - 1)) == 0 ? blk : pg;
+}
+
+static int entry_mmap(Entry *e, const struct stat *st)
+{
+    uint64_t granule = map_granule(st);
+    uint64_t aligned = e->m.offset & ~(granule - 1);
     uint64_t delta = e->m.offset - aligned;
     int prot = PROT_READ;
 
     if (e->m.prot & VFIO_DMA_MAP_FLAG_WRITE) {
         prot |= PROT_WRITE;
     }
-    e->map_len = e->m.size + delta;
+    /* Whole granules (the file, sealed, holds them: its size is a multiple of its huge
+     * page's). */
+    e->map_len = (e->m.size + delta + granule - 1) & ~(granule - 1);
     e->map_base = mmap(NULL, e->map_len, prot, MAP_SHARED, e->m.fd, (off_t)aligned);
     if (e->map_base == MAP_FAILED) {
         int err = errno;
@@ -116,15 +127,18 @@ int vn_dma_map(VnDma *dma, uint64_t iova, uint64_t size, uint64_t offset, uint32
             vn_util_close_fd(&e.m.fd);
             return ret;
         }
-        ret = entry_mmap(&e);
+        if (fstat(fd, &st) < 0) {
+            ret = -errno;
+            vn_util_close_fd(&e.m.fd);
+            return ret;
+        }
+        ret = entry_mmap(&e, &st);
         if (ret < 0) {
             vn_util_close_fd(&e.m.fd);
             return ret;
         }
-        if (fstat(fd, &st) == 0) {
-            e.dev = st.st_dev;
-            e.ino = st.st_ino;
-        }
+        e.dev = st.st_dev;
+        e.ino = st.st_ino;
     }
 
     g_rw_lock_writer_lock(&dma->lock);
