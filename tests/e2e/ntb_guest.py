@@ -16,12 +16,11 @@ Facts (guest_*) are host b's but for guest_lender_* (host a's).  The regions the
 wrote (guest_regions, offset,length,md5 separated by `;`) are checked against host a's
 disk by test_ntb.py, which holds that file.
 """
-import subprocess
 import time
 from pathlib import Path
 
 import harness as h
-from control import Control, ControlError
+from control import Control
 import ntb_lend
 import vfio_inner as vi
 
@@ -143,7 +142,7 @@ def borrower(procs, bdf, barrier, fact):
              guest_regions=";".join(f"{o},{n},{m}" for o, n, m in run.data) or "-",
              **{f"guest_borrower_{k}": v for k, v in d.items()})
     except BaseException:
-        _passed("b", PHASES[:-2])       # host a is not left waiting for a guest that failed
+        ntb_lend.passed("b", PHASES[:-2])     # host a is not left waiting for a failed guest
         raise
     finally:
         barrier("b", "guest-done", timeout=600)
@@ -161,19 +160,6 @@ def _reserve_hugepages(n):
         raise h.HarnessError(f"only {free} of {n} huge pages free for the guest's RAM")
 
 
-def _passed(role, names):
-    """This host's barriers @names passed, without waiting for the other host."""
-    for name in names:
-        (ntb_lend.SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
-
-
 def run(role, bdf, barrier, fact):
-    """Both hosts' part.  A failure is a fact (guest_error), and this host's remaining
-    barriers are passed at once so that the other host is not left waiting for them."""
-    with h.Procs() as procs:
-        try:
-            (lender if role == "a" else borrower)(procs, bdf, barrier, fact)
-        except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
-                subprocess.SubprocessError) as e:
-            fact(guest_error=f"{type(e).__name__}:{str(e)[:160]}")
-            _passed(role, PHASES)
+    """Both hosts' part (see the top)."""
+    ntb_lend.run_phase(role, (lender, borrower), bdf, barrier, fact, PHASES, "guest_error")

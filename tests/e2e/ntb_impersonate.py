@@ -114,11 +114,4 @@ PHASES = ("imp-lent", "imp-impostor-up", "imp-checked", "imp-returned", "imp-don
 def run(role, bdf, barrier, fact):
     """This host's part; a failure is a fact, and the other host is not left waiting (the
     phases after this one go on)."""
-    try:
-        with h.Procs() as procs:
-            (lender if role == "a" else borrower)(procs, bdf, barrier, fact)
-    except (OSError, TimeoutError, KeyError, h.HarnessError, ControlError,
-            subprocess.SubprocessError) as e:
-        fact(imp_error=f"{type(e).__name__}:{str(e)[:200]}")
-        for name in PHASES:
-            (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
+    ntb_lend.run_phase(role, (lender, borrower), bdf, barrier, fact, PHASES, "imp_error")

@@ -380,19 +380,32 @@ def fence_new_holder(procs, cb, fact):
 
 
 PHASES = ("lend-lent", "fence-ready", "fence-done", "lend-done", "lend-stopped")
+# What a phase's failure can be: a fact of the host's, not the end of its script.
+PHASE_ERRORS = (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
+                subprocess.SubprocessError)
+
+
+def passed(role, names):
+    """This host's barriers @names passed, without waiting for the other host."""
+    for name in names:
+        (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
+
+
+def run_phase(role, parts, ntb_bdf, barrier, fact, phases, error_key):
+    """One phase, this host's part of it (@parts: host a's function and host b's, each called
+    with procs, ntb_bdf, barrier, fact).  A failure is the fact @error_key, and this host's
+    barriers @phases are passed at once so that the other host is not left waiting."""
+    try:
+        with h.Procs() as procs:
+            parts[role == "b"](procs, ntb_bdf, barrier, fact)
+    except PHASE_ERRORS as e:
+        fact(**{error_key: f"{type(e).__name__}:{str(e)[:160]}"})
+        passed(role, phases)
 
 
 def run(role, ntb_bdf, barrier, fact):
-    """Both hosts' part.  A failure is a fact (lend_error), and this host's remaining
-    barriers are passed at once so that the other host is not left waiting for them."""
-    with h.Procs() as procs:
-        try:
-            (lender if role == "a" else borrower)(procs, ntb_bdf, barrier, fact)
-        except (h.HarnessError, ControlError, TimeoutError, KeyError, OSError,
-                subprocess.SubprocessError) as e:
-            fact(lend_error=f"{type(e).__name__}:{str(e)[:160]}")
-            for name in PHASES:
-                (SHARE / f"sync-{name}-{role}").write_text(str(time.time()))
+    """Both hosts' part (see the top)."""
+    run_phase(role, (lender, borrower), ntb_bdf, barrier, fact, PHASES, "lend_error")
 
 
 # The lease timeout of the last phase: how long host b waits for a lender whose link went
