@@ -13,6 +13,8 @@
 #include "fabric/ntb.h"
 #include "fabric/ntbport.h"
 
+#include <sys/eventfd.h>
+
 /* ---- parameters ---------------------------------------------------------- */
 
 /* Parameters or names vn_fabric_open() must refuse: the node, then key,
@@ -1049,70 +1051,144 @@ static uint64_t ring_hello(uint8_t *ring, uint16_t tag)
     return sizeof(rec);
 }
 
-START_TEST(test_ntb_bad_ring)
+/* A raw peer of node b on an ntb pair port, in a session with it as ntb.h says (a buffer, an
+ * epoch, announced; b's window mapped; its HELLO naming "a" sent): b's link to "a" is up. */
+typedef struct RawPeer {
+    VnNtbPort *port;
+    uint8_t *mine;   /* our ring buffer, which b writes */
+    uint8_t *theirs; /* b's, through our window 0 */
+    uint64_t bytes;
+    uint16_t tag;
+    uint32_t hello; /* b's announcement */
+    uint64_t prod;  /* what we wrote into b's ring */
+    Node *b;
+} RawPeer;
+
+static void raw_peer_open(RawPeer *r)
 {
-    static const char *const small[] = { "ring-size", "65536", NULL }; /* VN_NTB_MIN_RING */
-    g_autoptr(VnNtbPort) raw = NULL;
+    static const char *small[] = { "ring-size", "65536", NULL }; /* VN_NTB_MIN_RING */
     g_autofree char *key = g_strdup_printf("%s/raw", tmpdir);
     g_autofree char *spec = g_strdup_printf("pair:%s/0", key);
     g_autofree char *port = g_strdup_printf("pair:%s/1=a", key);
     const char *kv[] = { "ports", port, small[0], small[1], NULL };
-    const size_t piece_size = vn_ntb_rec_max(VN_NTB_MIN_RING) + 16;
-    uint8_t *mine = NULL, *theirs, *piece = g_malloc0(piece_size);
-    uint64_t offset = 0, size = 0, prod = 0, base, bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING;
-    uint32_t hello = 0, again = 0;
-    size_t repeat;
-    uint16_t tag;
-    Node *b;
+    uint64_t offset = 0, size = 0;
     int fd;
 
-    /* The raw peer's side of a session, as ntb.h says: a buffer, an epoch, announced. */
-    raw = vn_ntbport_open(spec, NULL);
-    ck_assert_ptr_nonnull(raw);
-    ck_assert_int_eq(raw->ops->in_alloc(raw, 0, bytes, &mine), 0);
-    ck_assert_int_eq(raw->ops->peer_spad_write(raw, VN_NTB_SPAD_PAGES, (uint32_t)(bytes / 4096)),
-                     0);
+    *r = (RawPeer){ .bytes = VN_NTB_RING_DATA + VN_NTB_MIN_RING };
+    r->port = vn_ntbport_open(spec, NULL);
+    ck_assert_ptr_nonnull(r->port);
+    ck_assert_int_eq(r->port->ops->in_alloc(r->port, 0, r->bytes, &r->mine), 0);
     ck_assert_int_eq(
-        raw->ops->peer_spad_write(raw, VN_NTB_SPAD_HELLO, VN_NTB_SPAD_MAGIC << 16 | 0x77), 0);
-    b = node_open_kv("b", false, kv);
-    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &hello) == 0 &&
-             hello >> 16 == VN_NTB_SPAD_MAGIC);
-    tag = vn_ntb_tag(0x77, (uint16_t)hello);
-    fd = raw->ops->out_fd(raw, 0, true, &offset, &size);
+        r->port->ops->peer_spad_write(r->port, VN_NTB_SPAD_PAGES, (uint32_t)(r->bytes / 4096)), 0);
+    ck_assert_int_eq(
+        r->port->ops->peer_spad_write(r->port, VN_NTB_SPAD_HELLO, VN_NTB_SPAD_MAGIC << 16 | 0x77),
+        0);
+    r->b = node_open_kv("b", false, kv);
+    WAIT_FOR(r->port->ops->spad_read(r->port, VN_NTB_SPAD_HELLO, &r->hello) == 0 &&
+             r->hello >> 16 == VN_NTB_SPAD_MAGIC);
+    r->tag = vn_ntb_tag(0x77, (uint16_t)r->hello);
+    fd = r->port->ops->out_fd(r->port, 0, true, &offset, &size);
     ck_assert_int_ge(fd, 0);
-    theirs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
+    r->theirs = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     close(fd);
-    ck_assert(theirs != MAP_FAILED);
+    ck_assert(r->theirs != MAP_FAILED);
     /* Its HELLO first, as a node's session starts: b's link is up once it comes. */
-    base = ring_hello(theirs, tag);
-    raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
-    WAIT_FOR(log_has(b, "up:a"));
+    r->prod = ring_hello(r->theirs, r->tag);
+    r->port->ops->peer_doorbell(r->port, UINT64_C(1) << VN_NTB_DB_MSG);
+    WAIT_FOR(log_has(r->b, "up:a"));
+}
 
+static void raw_peer_close(RawPeer *r)
+{
+    munmap(r->theirs, r->bytes);
+    vn_ntbport_close(r->port);
+}
+
+/* One record of ours into b's ring, published and rung. */
+static void raw_peer_send(RawPeer *r, uint16_t kind, const void *payload, uint32_t len)
+{
+    uint8_t rec[sizeof(VnNtbRec) + 64] = { 0 };
+    uint32_t padded = (len + 7) & ~7u;
+
+    ck_assert_uint_le(padded, 64);
+    *(VnNtbRec *)rec = (VnNtbRec){ .len = len, .kind = kind };
+    memcpy(rec + sizeof(VnNtbRec), payload, len);
+    vn_ntb_ring_put(r->theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, r->prod, rec,
+                    sizeof(VnNtbRec) + padded);
+    r->prod += sizeof(VnNtbRec) + padded;
+    __atomic_store_n((uint64_t *)r->theirs, (uint64_t)r->tag << 48 | r->prod, __ATOMIC_RELEASE);
+    r->port->ops->peer_doorbell(r->port, UINT64_C(1) << VN_NTB_DB_MSG);
+}
+
+START_TEST(test_ntb_bad_ring)
+{
+    const size_t piece_size = vn_ntb_rec_max(VN_NTB_MIN_RING) + 16;
+    uint8_t *piece = g_malloc0(piece_size);
+    uint64_t prod = 0, base;
+    uint32_t again = 0;
+    size_t repeat;
+    RawPeer r;
+
+    raw_peer_open(&r);
+    base = r.prod;
     repeat = ring_fault(_i, piece, &prod);
     prod += base;
-    vn_ntb_ring_put(theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, base, piece,
+    vn_ntb_ring_put(r.theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, base, piece,
                     MIN(prod - base, (uint64_t)piece_size));
-    __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
-    raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
-    for (size_t i = 1; i < repeat && !log_has(b, "down:a"); i++) {
+    __atomic_store_n((uint64_t *)r.theirs, (uint64_t)r.tag << 48 | prod, __ATOMIC_RELEASE);
+    r.port->ops->peer_doorbell(r.port, UINT64_C(1) << VN_NTB_DB_MSG);
+    for (size_t i = 1; i < repeat && !log_has(r.b, "down:a"); i++) {
         /* Each piece once b took the last (it says so in our buffer's cons). */
-        uint64_t want = (uint64_t)tag << 48 | prod;
+        uint64_t want = (uint64_t)r.tag << 48 | prod;
 
-        WAIT_FOR(__atomic_load_n(&((VnNtbRingHdr *)mine)->cons, __ATOMIC_ACQUIRE) == want ||
-                 log_has(b, "down:a"));
-        vn_ntb_ring_put(theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, prod, piece,
+        WAIT_FOR(__atomic_load_n(&((VnNtbRingHdr *)r.mine)->cons, __ATOMIC_ACQUIRE) == want ||
+                 log_has(r.b, "down:a"));
+        vn_ntb_ring_put(r.theirs + VN_NTB_RING_DATA, VN_NTB_MIN_RING, prod, piece,
                         sizeof(VnNtbRec) + ((VnNtbRec *)piece)->len);
         prod += sizeof(VnNtbRec) + ((VnNtbRec *)piece)->len;
-        __atomic_store_n((uint64_t *)theirs, (uint64_t)tag << 48 | prod, __ATOMIC_RELEASE);
-        raw->ops->peer_doorbell(raw, UINT64_C(1) << VN_NTB_DB_MSG);
+        __atomic_store_n((uint64_t *)r.theirs, (uint64_t)r.tag << 48 | prod, __ATOMIC_RELEASE);
+        r.port->ops->peer_doorbell(r.port, UINT64_C(1) << VN_NTB_DB_MSG);
     }
-    WAIT_FOR(log_has(b, "down:a"));
-    ck_assert_uint_eq(stats_of(b).bad_messages, 1);
-    ck_assert_uint_eq(stats_of(b).msgs_received, 0);
+    WAIT_FOR(log_has(r.b, "down:a"));
+    ck_assert_uint_eq(stats_of(r.b).bad_messages, 1);
+    ck_assert_uint_eq(stats_of(r.b).msgs_received, 0);
     /* b started over: a new epoch of its own in our scratchpad. */
-    WAIT_FOR(raw->ops->spad_read(raw, VN_NTB_SPAD_HELLO, &again) == 0 && again != hello);
-    munmap(theirs, bytes);
+    WAIT_FOR(r.port->ops->spad_read(r.port, VN_NTB_SPAD_HELLO, &again) == 0 && again != r.hello);
+    raw_peer_close(&r);
     g_free(piece);
+}
+END_TEST
+
+/* A lender that keeps ringing a route's doorbell once the borrower withdrew the route (its
+ * attachment ended) reaches nothing: b's bit no longer signals the VM's eventfd.  A bit b
+ * never routed reaches nothing either. */
+START_TEST(test_ntb_withdrawn_route_rings_nothing)
+{
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    const uint64_t bit = UINT64_C(1) << VN_NTB_DB_FIRST_ROUTE; /* b's lowest: the first route's */
+    VnNtbMap ask = { .seq = 1 };
+    uint64_t n;
+    RawPeer r;
+
+    raw_peer_open(&r);
+    ask.id = vn_fabric_route_export(r.b->fab, efd, "a", NULL);
+    ck_assert_uint_ne(ask.id, 0);
+    raw_peer_send(&r, VN_NTB_REC_ROUTE, &ask, sizeof(ask));
+    /* Routed once b took the ROUTE: its bit signals the VM's eventfd. */
+    WAIT_FOR((r.port->ops->peer_doorbell(r.port, bit), read(efd, &n, sizeof(n)) == sizeof(n)));
+    r.port->ops->peer_doorbell(r.port, bit << 1);
+    spin(100);
+    ck_assert_int_lt(read(efd, &n, sizeof(n)), 0);
+
+    vn_fabric_route_unexport(r.b->fab, ask.id);
+    for (int i = 0; i < 10; i++) {
+        r.port->ops->peer_doorbell(r.port, bit);
+    }
+    spin(100);
+    ck_assert_int_lt(read(efd, &n, sizeof(n)), 0);
+    ck_assert_uint_eq(stats_of(r.b).bad_messages, 0);
+    raw_peer_close(&r);
+    close(efd);
 }
 END_TEST
 
@@ -1159,6 +1235,7 @@ static Suite *fabric_untrusted_suite(void)
     tc = tcase_create("ntb-ring");
     tcase_add_checked_fixture(tc, setup_ntb, teardown);
     tcase_add_loop_test(tc, test_ntb_bad_ring, 0, RING_LAST);
+    tcase_add_test(tc, test_ntb_withdrawn_route_rings_nothing);
     suite_add_tcase(s, tc);
     return s;
 }
