@@ -1616,6 +1616,38 @@ START_TEST(test_ntb_route_bits)
 }
 END_TEST
 
+/* A link has at most VN_NTB_MAX_MAPS_PENDING (48) requests waiting for the peer: one more is
+ * refused (EBUSY) at once, and the others are answered. */
+START_TEST(test_ntb_asks_bounded)
+{
+    enum { ASKS = 49 };
+    Node *a = node_open("a", false);
+    Node *b = node_open("b", false);
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint64_t ids[ASKS];
+    Routed r[ASKS] = { { 0 } };
+    unsigned opened = 0;
+
+    link_nodes(a, b);
+    for (unsigned i = 0; i < ASKS; i++) {
+        ids[i] = vn_fabric_route_export(b->fab, efd, "a", NULL);
+        /* No loop turns between them: every one is still waiting when the next is asked. */
+        vn_fabric_route_open_async(a->fab, "b", ids[i], on_routed, &r[i]);
+    }
+    for (unsigned i = 0; i < ASKS; i++) {
+        WAIT_FOR(r[i].done);
+        opened += r[i].fd >= 0;
+        if (r[i].fd >= 0) {
+            close(r[i].fd);
+        }
+        vn_fabric_route_unexport(b->fab, ids[i]);
+    }
+    ck_assert_uint_eq(opened, ASKS - 1);
+    ck_assert_int_eq(r[ASKS - 1].fd, -EBUSY);
+    close(efd);
+}
+END_TEST
+
 static const struct {
     const char *key, *value, *why;
 } ntb_bad[] = {
@@ -1771,6 +1803,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_fragments);
     tcase_add_test(tc, test_ntb_close_cancels_map);
     tcase_add_test(tc, test_ntb_route_bits);
+    tcase_add_test(tc, test_ntb_asks_bounded);
     tcase_add_test(tc, test_ntb_burst);
     tcase_add_loop_test(tc, test_ntb_params, 0, G_N_ELEMENTS(ntb_bad));
     suite_add_tcase(s, tc);

@@ -12,8 +12,9 @@
 #include "ntb.h"
 #include "ntbport.h"
 
-/* Maps one link may have waiting for the peer's answer. */
-#define VN_NTB_MAX_MAPS_PENDING 16u
+/* Maps and route opens one link may have waiting for the peer's answer: one SET_IRQS's
+ * routes (VN_MAX_MSG_FDS, 16) with room for the maps and routes of other devices beside. */
+#define VN_NTB_MAX_MAPS_PENDING 48u
 
 typedef enum VnNtbLinkState {
     VN_NTB_LINK_DOWN,    /* no buffer of ours announced */
