@@ -118,7 +118,7 @@ $(B)/tests/%: tests/unit/%.c $(B)/libsimdev.a $(B)/libvn-libvirt.a $(B)/libvfio-
 # files hold its cases (kmod-selftest.c: main).
 KMOD_SELFTEST_SRCS := tests/kmod/kmod-selftest.c tests/kmod/kselftest.c \
 	tests/kmod/kmod-refusals.c tests/kmod/kmod-span.c tests/kmod/kmod-bar.c \
-	tests/kmod/kmod-races.c tests/kmod/kmod-trigger.c
+	tests/kmod/kmod-races.c tests/kmod/kmod-trigger.c tests/kmod/kmod-keep.c
 KMOD_SELFTEST_OBJS := $(KMOD_SELFTEST_SRCS:%.c=$(B)/%.o)
 
 $(B)/tests/kmod/%.o: tests/kmod/%.c config.mak

@@ -31,6 +31,11 @@ this test's results, each checked against the module's contract (vfio_ntb_uapi.h
   removal of nothing are refused; removed, and once the device closed, a signal rings
   nothing; set, removed and replaced 5,000 times and the device closed under a thread that
   signals it without pause, with no complaint in the kernel log.
+- kmod-keep: a state kept for the next owner (VN_NTB_KEEP): after the close, translations,
+  link, doorbell eventfds and triggers work on with no owner; the next open says it took it
+  over and finds its stash and buffer as they were; RESET tears it down; a keep nobody takes
+  over is torn down by itself; a close without a keep of its own tears down; too long a
+  keep, too large a stash, a reserved field and too small a buffer are refused.
 - kmod-map-races: >= 10,000 iterations of threads mapping, revoking, clearing and the mock
   removed (PCI unbind) and bound again under them; no mapping reads after its target went;
   then vfio_ntb unloads and the kernel log has no BUG, WARNING or Oops.
@@ -49,11 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from lenderhost import LenderHost  # noqa: E402
 
-EXPECTED_RESULTS = 9
+EXPECTED_RESULTS = 10
 # One TCG boot; the races case is bounded by the suite's --max-seconds (420 s).
 TIMEOUT_S = 900
 CASES = ("kmod-window-revoke", "kmod-refusals", "kmod-window-span", "kmod-bar-revoke",
-         "kmod-accounting", "kmod-release", "kmod-doorbell-trigger", "kmod-map-races",
+         "kmod-accounting", "kmod-release", "kmod-doorbell-trigger", "kmod-keep", "kmod-map-races",
          "kmod-selftest")
 SELFTEST = h.REPO / "build" / "kmod-selftest"
 NTB_MEM = "memory-backend-file,id=ntbmem,size=16M,share=on,mem-path={share}/ntbmem"

@@ -501,6 +501,9 @@ int main(int argc, char **argv)
     if (selected("kmod-doorbell-trigger")) {
         case_doorbell_trigger();
     }
+    if (selected("kmod-keep")) {
+        case_keep();
+    }
     if (selected("kmod-map-races")) {
         case_map_races();
     }

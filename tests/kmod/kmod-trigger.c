@@ -19,33 +19,7 @@
 
 #include "kselftest.h"
 
-#define BIT1 (1ull << 1)
 #define TOGGLES 5000
-
-static bool readable(int fd, int ms)
-{
-    struct pollfd p = { .fd = fd, .events = POLLIN };
-    uint64_t n;
-
-    if (poll(&p, 1, ms) != 1) {
-        return false;
-    }
-    return read(fd, &n, sizeof(n)) == sizeof(n);
-}
-
-static bool signal_once(int fd)
-{
-    uint64_t one = 1;
-
-    return write(fd, &one, sizeof(one)) == sizeof(one);
-}
-
-static int trigger(int dev, int fd, uint64_t bits)
-{
-    struct vn_ntb_db_eventfd d = { .fd = fd, .bits = bits };
-
-    return vn_ioctl(dev, VN_NTB_PEER_DB_EVENTFD, &d);
-}
 
 struct signaller {
     int fd;
@@ -87,40 +61,40 @@ void case_doorbell_trigger(void)
     check(&t, r == 0, "DB_EVENTFD: %s", strerror(-r));
 
     /* A signal rings the bit; the kernel took the count. */
-    r = trigger(dev, sig.fd, BIT1);
+    r = peer_trigger(dev, sig.fd, BIT1);
     check(&t, r == 0, "PEER_DB_EVENTFD: %s", strerror(-r));
-    check(&t, signal_once(sig.fd), "signal: %s", strerror(errno));
-    check(&t, readable(efd, 2000), "a signal of the trigger did not ring the doorbell");
-    check(&t, !readable(sig.fd, 0), "the trigger's count was left for a process to read");
+    check(&t, ev_signal(sig.fd), "signal: %s", strerror(errno));
+    check(&t, ev_readable(efd, 2000), "a signal of the trigger did not ring the doorbell");
+    check(&t, !ev_readable(sig.fd, 0), "the trigger's count was left for a process to read");
 
     /* Its refusals. */
     not_eventfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    check(&t, trigger(dev, sig.fd, 0x3) == -EINVAL, "two bits were taken");
-    check(&t, trigger(dev, sig.fd, 0) == -EINVAL, "no bit was taken");
-    check(&t, trigger(dev, sig.fd, 1ull << 63) == -EINVAL, "a bit beyond the device's was taken");
-    check(&t, trigger(dev, not_eventfd, BIT1) == -EINVAL, "a file that is no eventfd was taken");
-    check(&t, trigger(dev, -5, BIT1) == -EINVAL, "fd -5 was taken");
-    check(&t, trigger(dev, -1, 1ull << 2) == -ENOENT, "a removal of no trigger succeeded");
+    check(&t, peer_trigger(dev, sig.fd, 0x3) == -EINVAL, "two bits were taken");
+    check(&t, peer_trigger(dev, sig.fd, 0) == -EINVAL, "no bit was taken");
+    check(&t, peer_trigger(dev, sig.fd, 1ull << 63) == -EINVAL, "a bit beyond the device's was taken");
+    check(&t, peer_trigger(dev, not_eventfd, BIT1) == -EINVAL, "a file that is no eventfd was taken");
+    check(&t, peer_trigger(dev, -5, BIT1) == -EINVAL, "fd -5 was taken");
+    check(&t, peer_trigger(dev, -1, 1ull << 2) == -ENOENT, "a removal of no trigger succeeded");
 
     /* Removed: a signal rings nothing. */
-    r = trigger(dev, -1, BIT1);
+    r = peer_trigger(dev, -1, BIT1);
     check(&t, r == 0, "removal: %s", strerror(-r));
-    check(&t, signal_once(sig.fd), "signal: %s", strerror(errno));
-    check(&t, !readable(efd, 300), "a removed trigger rang the doorbell");
-    check(&t, readable(sig.fd, 0), "a removed trigger still took the count");
+    check(&t, ev_signal(sig.fd), "signal: %s", strerror(errno));
+    check(&t, !ev_readable(efd, 300), "a removed trigger rang the doorbell");
+    check(&t, ev_readable(sig.fd, 0), "a removed trigger still took the count");
 
     /* Set, removed and replaced under a thread that signals without pause, then the device
      * closed under it. */
     running = pthread_create(&thread, NULL, signal_loop, &sig) == 0;
     check(&t, running, "no signalling thread");
     for (int i = 0; running && i < TOGGLES; i++) {
-        r = trigger(dev, (i % 3) == 2 ? -1 : sig.fd, BIT1);
+        r = peer_trigger(dev, (i % 3) == 2 ? -1 : sig.fd, BIT1);
         if (r != 0 && !((i % 3) == 2 && r == -ENOENT)) {
             check(&t, false, "toggle %d: %s", i, strerror(-r));
             break;
         }
     }
-    r = trigger(dev, sig.fd, BIT1);
+    r = peer_trigger(dev, sig.fd, BIT1);
     check(&t, r == 0, "set again: %s", strerror(-r));
     close(dev);
     dev = -1;
@@ -134,14 +108,14 @@ void case_doorbell_trigger(void)
     /* Closed: the trigger went with the device's owner. */
     dev = open_linked(&t);
     if (dev >= 0) {
-        while (readable(efd, 0)) {
+        while (ev_readable(efd, 0)) {
         }
         r = vn_ioctl(dev, VN_NTB_DB_EVENTFD, &listen);
         check(&t, r == 0, "DB_EVENTFD after reopening: %s", strerror(-r));
-        while (readable(sig.fd, 0)) {
+        while (ev_readable(sig.fd, 0)) {
         }
-        check(&t, signal_once(sig.fd), "signal: %s", strerror(errno));
-        check(&t, !readable(efd, 300), "a trigger of the closed device's rang the doorbell");
+        check(&t, ev_signal(sig.fd), "signal: %s", strerror(errno));
+        check(&t, !ev_readable(efd, 300), "a trigger of the closed device's rang the doorbell");
     }
     r = kmsg_bad(first, sizeof(first));
     check(&t, r == 0, "the kernel log tells of a bug: %s", first);

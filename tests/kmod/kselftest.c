@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -405,6 +406,31 @@ int mock_state(const char *file, char *buf, size_t size)
 }
 
 /* Inbound windows the mock has a translation for, from its `trans`. */
+bool ev_readable(int fd, int ms)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    uint64_t n;
+
+    if (poll(&p, 1, ms) != 1) {
+        return false;
+    }
+    return read(fd, &n, sizeof(n)) == sizeof(n);
+}
+
+bool ev_signal(int fd)
+{
+    uint64_t one = 1;
+
+    return write(fd, &one, sizeof(one)) == sizeof(one);
+}
+
+int peer_trigger(int dev, int fd, uint64_t bits)
+{
+    struct vn_ntb_db_eventfd d = { .fd = fd, .bits = bits };
+
+    return vn_ioctl(dev, VN_NTB_PEER_DB_EVENTFD, &d);
+}
+
 int mock_translations(void)
 {
     char buf[512], *line, *save = NULL;

@@ -6,7 +6,8 @@
  * does.
  *
  * The cases: kmod-selftest.c (main, kmod-window-revoke, kmod-accounting, kmod-release),
- * kmod-refusals.c, kmod-span.c (kmod-window-span), kmod-bar.c (kmod-bar-revoke), kmod-races.c (kmod-map-races).
+ * kmod-refusals.c, kmod-span.c (kmod-window-span), kmod-bar.c (kmod-bar-revoke), kmod-races.c (kmod-map-races),
+ * kmod-trigger.c (kmod-doorbell-trigger), kmod-keep.c (kmod-keep).
  *
  * Threads: the options and the device's names are set by main() before any case runs and only
  * read after; a struct tcase and the pass/fail counts belong to the main thread.  touch() and
@@ -102,6 +103,13 @@ int link_set(int dev, bool on);
 /* The device opened with its link up; -1 (and the case failed) if not. */
 int open_linked(struct tcase *t);
 
+/* Eventfds: whether @fd became readable within @ms (its count read then); one signal. */
+bool ev_readable(int fd, int ms);
+bool ev_signal(int fd);
+/* VN_NTB_PEER_DB_EVENTFD: eventfd @fd rings the peer's @bits (-1: removes that trigger). */
+int peer_trigger(int dev, int fd, uint64_t bits);
+#define BIT1 (1ull << 1)
+
 /* --- the kernel log ----------------------------------------------------------------------- */
 
 /* Kernel log lines since the suite started that tell of a kernel bug; the first in @first. */
@@ -125,6 +133,7 @@ void case_refusals(void);         /* kmod-refusals.c */
 void case_window_span(void);      /* kmod-span.c */
 void case_bar_revoke(void);       /* kmod-bar.c */
 void case_doorbell_trigger(void); /* kmod-trigger.c */
+void case_keep(void);             /* kmod-keep.c */
 void case_map_races(void);        /* kmod-races.c: runs last, it unloads vfio_ntb */
 
 #endif /* KSELFTEST_H */

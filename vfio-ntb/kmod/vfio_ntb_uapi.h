@@ -40,8 +40,9 @@
  * device unmasks its doorbells; closing it masks them again.
  *
  * One process at a time may open a device (a second open is EBUSY).  Everything it set up
- * goes when it closes the file: translations cleared, pages unpinned and uncharged,
- * doorbells masked, eventfds released, the link disabled.  Window files it handed out stay
+ * goes when it closes the file, unless it asked VN_NTB_KEEP to keep it for its successor:
+ * translations cleared, pages unpinned and uncharged, doorbells masked, eventfds released,
+ * the link disabled.  Window files it handed out stay
  * until their window is revoked: whoever opens the device next revokes a window before it
  * gives it a new target.  When the NTB device goes away (hot removal, module
  * unload), every mapping faults and every call answers ENODEV.
@@ -67,6 +68,12 @@
 
 /* Link state in vn_ntb_info.flags. */
 #define VN_NTB_INFO_LINK_UP (1u << 0)
+/* What this open found: everything the last owner set up, kept for it (VN_NTB_KEEP). */
+#define VN_NTB_INFO_KEPT (1u << 1)
+
+/* Longest VN_NTB_KEEP, and the most a stash holds. */
+#define VN_NTB_MAX_KEEP_MS 600000u
+#define VN_NTB_MAX_STASH 4096u
 
 struct vn_ntb_info {
     __u32 argsz;            /* in: sizeof(struct vn_ntb_info) */
@@ -124,6 +131,14 @@ struct vn_ntb_mw_alloc {
     __u64 size;             /* within in_size_max; rounded up to the alignment */
 };
 
+/* VN_NTB_STASH_SET's and _GET's argument. */
+struct vn_ntb_stash {
+    __u64 addr;             /* the caller's buffer */
+    __u32 len;              /* SET: bytes, at most VN_NTB_MAX_STASH; GET: the buffer's size,
+                             * and out: the bytes there were (ENOSPC when more than len) */
+    __u32 reserved;
+};
+
 /* VN_NTB_MW_FD's argument. */
 #define VN_NTB_MW_FD_WC (1u << 0)   /* map write-combining (memory, not registers) */
 
@@ -172,6 +187,20 @@ struct vn_ntb_mw_span_fd {
 /* An eventfd whose signals ring one doorbell bit of the peer's (-1 removes it), at most
  * VN_NTB_MAX_DB_EVENTFDS of them; the same bit again replaces its eventfd. */
 #define VN_NTB_PEER_DB_EVENTFD _IOW(VN_NTB_TYPE, 19, struct vn_ntb_db_eventfd)
+/* Keep everything this owner set up for this many milliseconds after it closes the device
+ * (0: tear it down at close, the default), for the next owner to take over: a daemon that
+ * restarts (or crashes and is restarted) leaves its translations, doorbell eventfds,
+ * triggers, link and stash as they were, so the data paths through them run on.  Not kept
+ * when the device goes.  The next open takes it over (VN_NTB_INFO_KEPT) and starts with no
+ * keep of its own; once the time is out with no open, it is torn down as at close.  While
+ * something is kept the module cannot be unloaded. */
+#define VN_NTB_KEEP _IOW(VN_NTB_TYPE, 20, __u32)
+/* Tear down now everything the owner (or the one before it) set up, as closing would. */
+#define VN_NTB_RESET _IO(VN_NTB_TYPE, 21)
+/* The owner's own bytes, kept with the rest (VN_NTB_KEEP) and gone with it: what its
+ * successor needs to know of the state it takes over.  The peer never sees them. */
+#define VN_NTB_STASH_SET _IOW(VN_NTB_TYPE, 22, struct vn_ntb_stash)
+#define VN_NTB_STASH_GET _IOWR(VN_NTB_TYPE, 23, struct vn_ntb_stash)
 
 /* fstatfs(2) f_type of a VN_NTB_MW_FD file ("VNWF"). */
 #define VN_NTB_WINDOW_FS_MAGIC 0x564e5746

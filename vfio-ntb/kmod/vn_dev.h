@@ -34,6 +34,7 @@
 #include <linux/scatterlist.h>
 #include <linux/spinlock.h>
 #include <linux/version.h>
+#include <linux/workqueue.h>
 
 #include "vfio_ntb_uapi.h"
 
@@ -109,6 +110,13 @@ struct vn_dev {
 	struct vn_db_ev db_ev[VN_NTB_MAX_DB_EVENTFDS];
 	struct list_head triggers;      /* peer doorbell triggers (vn_trigger.c), vn->lock's */
 	unsigned int ntriggers;
+	/* vn_keep.c, under vn->lock */
+	u32 keep_ms;            /* the owner's VN_NTB_KEEP */
+	bool kept;              /* no owner: its state waits for the next (keep_work) */
+	bool took_over;         /* the owner found its predecessor's state (VN_NTB_INFO_KEPT) */
+	struct delayed_work keep_work;
+	void *stash;            /* VN_NTB_STASH_SET's bytes */
+	u32 stash_len;
 };
 
 /* What VN_NTB_MW_EXPORT's memory is, taken hold of before vn->lock (which must not be held
@@ -165,6 +173,22 @@ long vn_mw_span_fd(struct vn_dev *vn, struct vn_ntb_mw_span_fd *a);
 void vn_out_revoke(struct vn_dev *vn, u32 idx);
 void vn_in_zap(struct vn_dev *vn, u32 idx);
 bool vn_is_ours(const struct file *f);
+
+/* vn_main.c: everything the owner set up goes (under vn->lock). */
+void vn_teardown(struct vn_dev *vn, struct vn_charges *ch);
+
+/* vn_keep.c.  Under vn->lock: _release (at close: whether the state is kept rather than
+ * torn down), _take (at open), _set, and vn_stash_clear.  Without it: _end (the device goes;
+ * nothing stays kept), vn_stash_set and _get.
+ */
+void vn_keep_init(struct vn_dev *vn);
+bool vn_keep_release(struct vn_dev *vn);
+void vn_keep_take(struct vn_dev *vn);
+void vn_keep_end(struct vn_dev *vn);
+int vn_keep_set(struct vn_dev *vn, u32 ms);
+long vn_stash_set(struct vn_dev *vn, const struct vn_ntb_stash *a);
+long vn_stash_get(struct vn_dev *vn, struct vn_ntb_stash *a);
+void vn_stash_clear(struct vn_dev *vn);
 
 /* vn_trigger.c */
 int vn_trigger_set(struct vn_dev *vn, struct vn_ntb_db_eventfd *a);

@@ -52,6 +52,7 @@ void vn_free(struct kref *ref)
 
 	if (vn->inode)
 		iput(vn->inode);
+	kfree(vn->stash);
 	kfree(vn);
 }
 
@@ -198,6 +199,7 @@ static int vn_open(struct inode *inode, struct file *f)
 		vn->owner = f;
 		f->f_mapping = vn->inode->i_mapping;
 		kref_get(&vn->ref);
+		vn_keep_take(vn);
 		ntb_db_clear_mask(vn->ntb, vn->db_valid);
 	}
 	mutex_unlock(&vn->lock);
@@ -209,7 +211,7 @@ static int vn_open(struct inode *inode, struct file *f)
  * (a VM's QEMU reads all ones through a window whose link is down, rather than die of
  * SIGBUS) until the window is given a new target: the next owner revokes it first.
  */
-static void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
+void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
 {
 	u32 i;
 
@@ -224,6 +226,8 @@ static void vn_teardown(struct vn_dev *vn, struct vn_charges *ch)
 	vn->link_enabled = false;
 	vn_triggers_release(vn);
 	vn_events_release(vn);
+	vn_stash_clear(vn);
+	vn->took_over = false;
 }
 
 static int vn_release(struct inode *inode, struct file *f)
@@ -232,7 +236,8 @@ static int vn_release(struct inode *inode, struct file *f)
 	struct vn_charges ch = { 0 };
 
 	mutex_lock(&vn->lock);
-	vn_teardown(vn, &ch);
+	if (!vn_keep_release(vn))
+		vn_teardown(vn, &ch);
 	vn->owner = NULL;
 	mutex_unlock(&vn->lock);
 	vn_charges_drop(&ch);
@@ -246,6 +251,7 @@ static int vn_info(struct vn_dev *vn, struct vn_ntb_info *a)
 		return -EINVAL;
 	a->argsz = sizeof(*a);
 	a->flags = ntb_link_is_up(vn->ntb, NULL, NULL) & BIT_ULL(VN_PIDX) ? VN_NTB_INFO_LINK_UP : 0;
+	a->flags |= vn->took_over ? VN_NTB_INFO_KEPT : 0;
 	a->port = ntb_port_number(vn->ntb);
 	a->peer_port = ntb_peer_port_number(vn->ntb, VN_PIDX);
 	a->mw_count = vn->mw_count;
@@ -317,6 +323,7 @@ union vn_args {
 	struct vn_ntb_mw_alloc alloc;
 	struct vn_ntb_mw_fd mw_fd;
 	struct vn_ntb_mw_span_fd span;
+	struct vn_ntb_stash stash;
 	__u64 u64;
 	__u32 u32;
 	__s32 s32;
@@ -371,6 +378,11 @@ static long vn_ioctl_locked(struct vn_dev *vn, unsigned int cmd, union vn_args *
 			return -EINVAL;
 		vn_out_revoke(vn, a->u32);
 		return 0;
+	case VN_NTB_KEEP:
+		return vn_keep_set(vn, a->u32);
+	case VN_NTB_RESET:
+		vn_teardown(vn, ch);
+		return 0;
 	default:
 		return -ENOTTY;
 	}
@@ -400,6 +412,10 @@ static bool vn_known_cmd(unsigned int cmd)
 	case VN_NTB_MW_FD:
 	case VN_NTB_MW_REVOKE:
 	case VN_NTB_MW_SPAN_FD:
+	case VN_NTB_KEEP:
+	case VN_NTB_RESET:
+	case VN_NTB_STASH_SET:
+	case VN_NTB_STASH_GET:
 		return true;
 	default:
 		return false;
@@ -440,6 +456,14 @@ static long vn_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		return vn_mw_fd(vn, &a.mw_fd);
 	if (cmd == VN_NTB_MW_SPAN_FD)
 		return vn_mw_span_fd(vn, &a.span);
+	if (cmd == VN_NTB_STASH_SET)
+		return vn_stash_set(vn, &a.stash);
+	if (cmd == VN_NTB_STASH_GET) {
+		ret = vn_stash_get(vn, &a.stash);
+		if (!ret && copy_to_user(uarg, &a, size))
+			return -EFAULT;
+		return ret;
+	}
 	mutex_lock(&vn->lock);
 	ret = vn->dead ? -ENODEV : vn_ioctl_locked(vn, cmd, &a, &src, &ch);
 	mutex_unlock(&vn->lock);
@@ -479,6 +503,7 @@ static int vn_probe(struct ntb_client *client, struct ntb_dev *ntb)
 	mutex_init(&vn->lock);
 	spin_lock_init(&vn->ev_lock);
 	INIT_LIST_HEAD(&vn->triggers);
+	vn_keep_init(vn);
 	vn->ntb = ntb;
 	vn->dma_dev = ntb_get_dma_dev(ntb);
 	vn->inode = alloc_anon_inode(vn_mnt->mnt_sb);
@@ -538,6 +563,7 @@ static void vn_remove(struct ntb_client *client, struct ntb_dev *ntb)
 	u32 i;
 
 	misc_deregister(&vn->misc);
+	vn_keep_end(vn);
 	mutex_lock(&vn->lock);
 	for (i = 0; i < vn->mw_count; i++)
 		if (vn->in[i].kind != VN_IN_NONE)
