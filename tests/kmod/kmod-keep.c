@@ -6,13 +6,16 @@
  * the state over, finds the stash and the buffer's contents as they were; a close then (its
  * own keep not asked) tears it all down; a keep nobody takes over in time is torn down by
  * itself; RESET tears down what was taken over; the refusals (too long a keep, too large a
- * stash, a reserved field, too small a buffer).
+ * stash, a reserved field, too small a buffer).  With a pci-testdev: a BAR exported (through
+ * VFIO) by an owner that dies with a keep stays translated (its process's exit is no VFIO
+ * zap), and without a keep it does not.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kselftest.h"
@@ -86,6 +89,53 @@ static uint32_t buffer_word(int dev)
     v = buf[0];
     munmap(buf, 64 * KIB);
     return v;
+}
+
+/* A child opens the device, exports the testdev's BAR 0 through VFIO into window 1, asks a
+ * keep of @keep_ms and dies (exit, no close, no munmap: as a daemon that crashes).  Its exit
+ * status: 0 when it got that far. */
+static int bar_owner_dies(uint32_t keep_ms)
+{
+    pid_t c = fork();
+    int st;
+
+    if (c == 0) {
+        struct tcase ct = { .name = "bar-owner", .ok = true };
+        int fds[3] = { -1, -1, -1 }, d = open_linked(&ct);
+        void *vbar = d >= 0 ? vfio_bar0(&ct, fds) : MAP_FAILED;
+
+        if (vbar == MAP_FAILED || mw_export(d, 1, vbar, page) != 0 ||
+            u32_ioctl(d, VN_NTB_KEEP, keep_ms) != 0) {
+            _exit(1);
+        }
+        _exit(0);
+    }
+    st = c > 0 ? reap(c, 20) : -1;
+    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void bar_kept(struct tcase *t)
+{
+    int fds[3] = { -1, -1, -1 }, dev, r;
+
+    r = bar_owner_dies(10000);
+    check(t, r == 0, "the BAR's owner did not get to its keep: %d", r);
+    r = mock_translations();
+    kv(t, "bar_kept_translations=%d", r);
+    check(t, r == 1, "%d translations once the BAR's owner died with a keep, not 1", r);
+    dev = dev_open();
+    if (check(t, dev >= 0, "reopen: %s", strerror(-dev))) {
+        check(t, took_over(dev), "the BAR's owner's state was not taken over");
+        vn_ioctl(dev, VN_NTB_RESET, NULL);
+        check(t, mock_translations() == 0, "the BAR's translation outlived RESET");
+        close(dev);
+    }
+    r = bar_owner_dies(0);
+    check(t, r == 0, "the BAR's second owner did not get that far: %d", r);
+    r = mock_translations();
+    kv(t, "bar_unkept_translations=%d", r);
+    check(t, r == 0, "%d translations once the BAR's owner died with no keep", r);
+    vfio_unbind(fds);
 }
 
 void case_keep(void)
@@ -176,6 +226,13 @@ void case_keep(void)
         check(&t, r == 0, "%d translations left after a close with no keep", r);
         dev = dev_open();
         check(&t, dev >= 0 && !took_over(dev), "a state was kept with no keep");
+    }
+    if (dev >= 0) {
+        close(dev);
+        dev = -1;
+    }
+    if (opt.testdev[0]) {
+        bar_kept(&t);
     }
     r = kmsg_bad(first, sizeof(first));
     check(&t, r == 0, "the kernel log tells of a bug: %s", first);

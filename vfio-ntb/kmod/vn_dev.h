@@ -75,6 +75,7 @@ struct vn_inbound {
 	struct file *mmio_file; /* MMIO: the VFIO device file the BAR was mapped from, held */
 	struct vn_bar_watch *watch; /* MMIO */
 	bool revoked;           /* MMIO: VFIO took the BAR away; the translation is cleared */
+	bool unwatched;         /* MMIO: kept past its exporter's exit (VN_NTB_KEEP) */
 };
 
 /* An outbound window: our way to the peer's memory. */

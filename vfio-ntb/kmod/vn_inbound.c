@@ -54,7 +54,18 @@ static bool vn_bar_invalidate(struct mmu_interval_notifier *mni,
 		return false;
 	mutex_lock(&vn->lock);
 	mmu_interval_set_seq(mni, cur_seq);
-	if (in->kind == VN_IN_MMIO && in->watch == w && !in->revoked) {
+	/* The owner's process is exiting (its mappings go with it, not because VFIO took the
+	 * BAR away) and asked that its state be kept for the next owner: the translation
+	 * stays, unwatched from now on.  VFIO still holds the BAR where it was (the lender's
+	 * worker has the device open), and the daemon withholds it before a reset as ever.
+	 */
+	if (in->kind == VN_IN_MMIO && in->watch == w && !in->revoked && vn->keep_ms &&
+	    !atomic_read(&range->mm->mm_users)) {
+		if (!in->unwatched)
+			dev_info(&vn->ntb->dev, "window %u: kept for the next owner, unwatched\n",
+				 w->idx);
+		in->unwatched = true;
+	} else if (in->kind == VN_IN_MMIO && in->watch == w && !in->revoked) {
 		if (!vn->dead)
 			ntb_mw_clear_trans(vn->ntb, VN_PIDX, w->idx);
 		in->revoked = true;
@@ -156,6 +167,7 @@ static void vn_in_release(struct vn_dev *vn, struct vn_inbound *in, struct vn_ch
 	in->mmio_file = NULL;
 	in->watch = NULL;
 	in->revoked = false;
+	in->unwatched = false;
 }
 
 /* The window reaches nothing from now on: the translation first (the peer's next access
