@@ -1408,6 +1408,60 @@ START_TEST(test_ntb_peer_restart)
 }
 END_TEST
 
+/* A node that restarts on ports that keep its session (keep-ms): the next node takes the
+ * session over.  Its peer sees the link go down and come up (RESUMED) but keeps the windows
+ * it exported (so the budget left is what it was) and carries messages both ways; a node of
+ * another configuration (another ring size) starts a new session instead, which frees them. */
+START_TEST(test_ntb_resume)
+{
+    static const char *const keep[] = { "keep-ms", "60000", NULL };
+    static const char *const other[] = { "keep-ms", "60000", "ring-size", "131072", NULL };
+    Node *b = node_open_kv("b", false, keep);
+    Node *a = node_open_kv("a", false, keep);
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[3] = { NULL };
+    int memfd = memfd_new(4096, NULL);
+    uint64_t seg[4];
+
+    for (unsigned i = 0; i < 4; i++) {
+        seg[i] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+        ck_assert_uint_ne(seg[i], 0);
+    }
+    link_nodes(a, b);
+    for (unsigned i = 0; i < 2; i++) {
+        w[i] = fw_window_map(a->fab, "b", seg[i], &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+    node_close(a); /* its windows go with it, here only */
+    spin(100);
+    ck_assert_int_eq(log_count(b, "down:a"), 0);
+
+    a = node_open_kv("a", false, keep);
+    WAIT_FOR(log_count(b, "up:a") == 2 && log_has(a, "up:b"));
+    ck_assert(log_has(b, "down:a"));
+    w[2] = fw_window_map(a->fab, "b", seg[2], &error);
+    ck_assert_msg(w[2] != NULL, "%s", error ? error->message : "");
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", seg[3], &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    g_clear_error(&error);
+    assert_echo(a, "b", "{\"resumed\":1}");
+    assert_echo(b, "a", "{\"resumed\":2}");
+
+    node_close(a);
+    a = node_open_kv("a", false, other);
+    WAIT_FOR(log_count(b, "up:a") == 3 && log_has(a, "up:b"));
+    for (unsigned i = 0; i < 3; i++) {
+        w[i] = fw_window_map(a->fab, "b", seg[i + 1], &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+    assert_echo(a, "b", "{\"new\":1}");
+    for (unsigned i = 0; i < 3; i++) {
+        vn_fabric_window_unmap(a->fab, w[i]);
+    }
+    close(memfd);
+}
+END_TEST
+
 /* A session on its way is not waited for (the daemon's loop would stall: up to 1 s each); a
  * caller that needs the link is called back once it is up, or at the deadline. */
 START_TEST(test_ntb_connect_does_not_wait)
@@ -1797,6 +1851,7 @@ static Suite *fabric_suite(void)
     tcase_add_checked_fixture(tc, setup_ntb, teardown);
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
+    tcase_add_test(tc, test_ntb_resume);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
     tcase_add_test(tc, test_ntb_connects_bounded);
     tcase_add_test(tc, test_ntb_send_does_not_wait);

@@ -1,7 +1,7 @@
 /*
  * Inside the `ntb` backend (ntb.h): the node and its links, shared by ntb.c
- * (sessions, rings, links) and ntb-map.c (segments through windows, interrupt routes
- * through doorbells).
+ * (sessions, rings, links), ntb-map.c (segments through windows), ntb-route.c (interrupt
+ * routes through doorbells) and ntb-resume.c (sessions taken over after a restart).
  *
  * Threads: all of it belongs to the fabric's GMainContext thread.
  */
@@ -82,6 +82,11 @@ typedef struct VnNtbLink {
     uint64_t route_in[VN_NTBPORT_MAX_DOORBELLS];
     uint64_t route_out[VN_NTBPORT_MAX_DOORBELLS];
     uint32_t peer_features; /* its HELLO's VN_NTB_FEATURE_* */
+    /* ntb-resume.c: how long the port keeps the session past our end (0: not); a failed
+     * save said once; the rest of a frame cut short by the last daemon's end, skipped. */
+    uint32_t keep_ms;
+    bool stash_failed;
+    bool skip_frame;
 } VnNtbLink;
 
 struct VnNtb {
@@ -96,6 +101,7 @@ struct VnNtb {
     uint64_t reports; /* link changes told to the fabric */
     GQueue maps;      /* VnNtbMapping (ntb-map.c): waiting for MAPPED, or to be told */
     bool receiving;   /* a ring is being read: nothing may read one again meanwhile */
+    int64_t keep_ms;  /* "keep-ms", or -1: the provider's default (ntb-resume.c) */
 };
 
 /* ntb.c */
@@ -108,6 +114,14 @@ void vn_ntb_flush(VnNtbLink *l);
 void vn_ntb_session_broken(VnNtbLink *l, const char *why);
 /* Report the link downs queued so far (from a call the fabric defers). */
 void vn_ntb_report_downs(VnNtb *ntb);
+/* The session is up (told to the fabric once), or over (told from the loop). */
+void vn_ntb_link_up(VnNtbLink *l);
+void vn_ntb_link_lost(VnNtbLink *l, const char *why);
+/* Map the peer's buffer of @bytes through outbound window 0 (l->out, l->ring_out): 0,
+ * -EAGAIN when the peer set no target there yet, -EMSGSIZE when it does not fit, -errno. */
+int vn_ntb_peer_ring_map(VnNtbLink *l, uint64_t bytes);
+/* Forget the session without touching the port (which is reset after). */
+void vn_ntb_session_forget(VnNtbLink *l);
 
 /* ntb-map.c */
 /*
@@ -149,5 +163,19 @@ void vn_ntb_open_route_async(void *backend, const char *peer, uint64_t id, int t
                              void (*done)(void *opaque, int fd), void *opaque);
 /* Our route @id is withdrawn: every bit that signals it is given back, and its opener told. */
 void vn_ntb_route_unexport(VnNtb *ntb, uint64_t id);
+
+/* ntb-resume.c */
+/* The session's state into the port's stash (at each change of it, cheap). */
+void vn_ntb_stash_save(VnNtbLink *l);
+/* How far we read, before the record is handled. */
+void vn_ntb_note_rx(VnNtbLink *l, bool in_frame);
+/* At the port's open: ask it to keep; at the link's close: whether it keeps (the stash is
+ * saved; the port is then closed without undoing anything). */
+void vn_ntb_keep_at_open(VnNtbLink *l);
+bool vn_ntb_keep_at_close(VnNtbLink *l);
+/* Take over the session the last daemon kept, at open: true when the link is open again;
+ * false when there was none to take (the port is as new). */
+bool vn_ntb_resume(VnNtbLink *l);
+void vn_ntb_on_resumed(VnNtbLink *l, const uint8_t *payload, uint32_t len);
 
 #endif /* VN_NTB_INT_H */

@@ -213,6 +213,7 @@ void vn_ntb_on_map(VnNtbLink *l, const uint8_t *payload, uint32_t len)
                              .window = w,
                              .size = size,
                              .flags = device ? VN_NTB_MAPPED_DEVICE : 0 };
+        vn_ntb_stash_save(l);
     }
     vn_ntb_queue(l, VN_NTB_REC_MAPPED, 0, &ans, sizeof(ans));
     vn_ntb_flush(l);
@@ -233,6 +234,7 @@ void vn_ntb_on_unmap(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         (m.id == 0 || l->exported[m.seq] == m.id)) {
         l->port->ops->in_clear(l->port, (uint32_t)m.seq);
         l->exported[m.seq] = 0;
+        vn_ntb_stash_save(l);
     }
 }
 
@@ -293,6 +295,7 @@ void vn_ntb_on_mapped(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         return;
     }
     l->mapped[a.window] = m->id;
+    vn_ntb_stash_save(l);
     mapping_finish(m, fd, a.size, offset);
 }
 
@@ -308,6 +311,7 @@ void vn_ntb_unmap_segment(void *backend, const char *peer, uint64_t id)
                 l->port->ops->out_revoke(l->port, w);
             }
             l->mapped[w] = 0;
+            vn_ntb_stash_save(l);
             give_back(l, w, id);
             return;
         }
@@ -359,6 +363,7 @@ void vn_ntb_unexport(void *backend, bool route, uint64_t id)
                 }
                 l->exported[w] = 0;
                 l->withheld[w] = false;
+                vn_ntb_stash_save(l);
             }
         }
     }
@@ -392,6 +397,7 @@ int vn_ntb_withhold(void *backend, uint64_t id, bool withhold)
             }
             if (ret == 0) {
                 l->withheld[w] = withhold;
+                vn_ntb_stash_save(l);
                 changed++;
             }
             g_info("node %s: ntb port %s: window %u onto segment %" PRIu64 " %s: %s", ntb->node,

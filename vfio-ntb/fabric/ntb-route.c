@@ -62,6 +62,7 @@ void vn_ntb_on_route(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         ans.status = -ret;
     } else {
         l->route_in[free_bit] = req.id;
+        vn_ntb_stash_save(l);
         ans = (VnNtbMapped){ .seq = req.seq, .window = free_bit };
     }
     vn_ntb_queue(l, VN_NTB_REC_ROUTED, 0, &ans, sizeof(ans));
@@ -79,6 +80,7 @@ void vn_ntb_route_unexport(VnNtb *ntb, uint64_t id)
 
                 l->port->ops->doorbell_route(l->port, bit, -1);
                 l->route_in[bit] = 0;
+                vn_ntb_stash_save(l);
                 if (l->state == VN_NTB_LINK_OPEN) {
                     vn_ntb_queue(l, VN_NTB_REC_UNROUTE, 0, &gone, sizeof(gone));
                     vn_ntb_flush(l);
@@ -152,6 +154,7 @@ void vn_ntb_on_routed(VnNtbLink *l, const uint8_t *payload, uint32_t len)
                                        : -EOPNOTSUPP;
     if (fd >= 0) {
         l->route_out[a.window] = vn_ntb_asked_id(m);
+        vn_ntb_stash_save(l);
     }
     vn_ntb_ask_finish(m, fd, 0, 0);
 }
@@ -170,6 +173,7 @@ void vn_ntb_on_unroute(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         l->route_out[gone.seq] != 0 && l->route_out[gone.seq] == gone.id) {
         l->port->ops->peer_doorbell_drop(l->port, (uint32_t)gone.seq);
         l->route_out[gone.seq] = 0;
+        vn_ntb_stash_save(l);
     }
 }
 

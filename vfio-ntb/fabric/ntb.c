@@ -69,7 +69,7 @@ static gboolean report_downs(gpointer data)
 
 /* The session with l->peer is over: told from the loop, never from inside
  * the call that ended it (ops->disconnect's rule). */
-static void link_lost(VnNtbLink *l, const char *why)
+void vn_ntb_link_lost(VnNtbLink *l, const char *why)
 {
     VnNtb *ntb = l->ntb;
 
@@ -84,9 +84,10 @@ static void link_lost(VnNtbLink *l, const char *why)
     }
     l->reported = false;
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
+    vn_ntb_stash_save(l); /* no session to take over */
 }
 
-static void link_up(VnNtbLink *l)
+void vn_ntb_link_up(VnNtbLink *l)
 {
     if (!l->reported) {
         /* A down of this peer's last session first, in order. */
@@ -96,6 +97,7 @@ static void link_up(VnNtbLink *l)
         l->ntb->reports++;
         g_info("node %s: ntb port %s: link to %s up", l->ntb->node, l->port->spec, l->peer);
         vn_fabric_backend_link(l->ntb->fab, l->peer, true);
+        vn_ntb_stash_save(l);
     }
 }
 
@@ -109,12 +111,21 @@ static void session_clear(VnNtbLink *l)
         if (l->exported[w] != 0 && !l->withheld[w]) {
             l->port->ops->in_clear(l->port, w);
         }
-        l->exported[w] = 0;
-        l->withheld[w] = false;
-        l->mapped[w] = 0;
     }
     vn_ntb_routes_clear(l);
+    vn_ntb_session_forget(l);
+    vn_ntb_maps_end(l->ntb, l, -ECONNRESET);
+}
+
+void vn_ntb_session_forget(VnNtbLink *l)
+{
+    memset(l->exported, 0, sizeof(l->exported));
+    memset(l->withheld, 0, sizeof(l->withheld));
+    memset(l->mapped, 0, sizeof(l->mapped));
+    memset(l->route_in, 0, sizeof(l->route_in));
+    memset(l->route_out, 0, sizeof(l->route_out));
     l->peer_features = 0;
+    l->skip_frame = false;
     if (l->out != NULL) {
         munmap(l->out, VN_NTB_RING_DATA + l->ring_out);
         l->out = NULL;
@@ -127,7 +138,6 @@ static void session_clear(VnNtbLink *l)
     l->stalled_since = 0;
     l->hello_seen = l->challenged = false;
     memset(l->peer_nonce, 0, sizeof(l->peer_nonce));
-    vn_ntb_maps_end(l->ntb, l, -ECONNRESET);
 }
 
 /* The port's link went down (or we end our side): nothing of the session
@@ -135,7 +145,7 @@ static void session_clear(VnNtbLink *l)
 static void link_down(VnNtbLink *l, const char *why)
 {
     source_drop(&l->reannounce);
-    link_lost(l, why);
+    vn_ntb_link_lost(l, why);
     session_clear(l);
     if (l->in != NULL) {
         l->port->ops->in_clear(l->port, 0); /* unmaps it too */
@@ -177,46 +187,62 @@ static void link_announce(VnNtbLink *l, bool quiet)
     }
 }
 
+int vn_ntb_peer_ring_map(VnNtbLink *l, uint64_t bytes)
+{
+    VnNtbPort *p = l->port;
+    uint64_t offset = 0, size = 0;
+    void *m;
+    int fd, e;
+
+    fd = p->ops->out_fd(p, 0, true, &offset, &size);
+    if (fd < 0) {
+        return -EAGAIN;
+    }
+    l->ring_out = vn_ntb_ring_of(MIN(bytes, size));
+    if (l->ring_out == 0 || bytes > size) {
+        g_warning("node %s: ntb port %s: the peer's ring of %" PRIu64 " bytes does not fit "
+                  "window 0 (%" PRIu64 " bytes)",
+                  l->ntb->node, p->spec, bytes, size);
+        close(fd);
+        return -EMSGSIZE;
+    }
+    m = mmap(NULL, VN_NTB_RING_DATA + l->ring_out, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+             (off_t)offset);
+    e = errno;
+    close(fd);
+    if (m == MAP_FAILED) {
+        g_warning("node %s: ntb port %s: cannot map window 0: %s", l->ntb->node, p->spec,
+                  g_strerror(e));
+        return -e;
+    }
+    l->out = m;
+    return 0;
+}
+
 /* A new epoch in our scratchpads: the peer (re)started its side. */
 static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
 {
     VnNtbPort *p = l->port;
-    uint64_t offset = 0, size = 0;
     VnNtbHello hello = { .version = VN_NTB_VERSION,
-                         .features = p->info.doorbell_routes ? VN_NTB_FEATURE_ROUTES : 0 };
-    void *m;
-    int fd;
+                         .features = (p->info.doorbell_routes ? VN_NTB_FEATURE_ROUTES : 0) |
+                                     VN_NTB_FEATURE_RESUME };
+    int ret;
 
-    link_lost(l, "the peer started a new session");
+    vn_ntb_link_lost(l, "the peer started a new session");
     session_clear(l);
     l->state = VN_NTB_LINK_WAITING;
     /* What was mapped of the last session's ring reaches nothing now. */
     if (p->ops->out_revoke != NULL) {
         p->ops->out_revoke(p, 0);
     }
-    fd = p->ops->out_fd(p, 0, true, &offset, &size);
-    if (fd < 0) {
+    ret = vn_ntb_peer_ring_map(l, bytes);
+    if (ret == -EAGAIN) {
         return; /* not there yet: its CTRL doorbell comes again */
     }
-    l->ring_out = vn_ntb_ring_of(MIN(bytes, size));
-    if (l->ring_out == 0 || bytes > size) {
+    if (ret < 0) {
         l->peer_epoch = epoch; /* said once: not again until it announces anew */
-        g_warning("node %s: ntb port %s: the peer's ring of %" PRIu64 " bytes does not fit "
-                  "window 0 (%" PRIu64 " bytes)",
-                  l->ntb->node, p->spec, bytes, size);
-        close(fd);
         return;
     }
-    m = mmap(NULL, VN_NTB_RING_DATA + l->ring_out, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-             (off_t)offset);
-    close(fd);
-    if (m == MAP_FAILED) {
-        l->peer_epoch = epoch;
-        g_warning("node %s: ntb port %s: cannot map window 0: %s", l->ntb->node, p->spec,
-                  g_strerror(errno));
-        return;
-    }
-    l->out = m;
     l->peer_epoch = epoch;
     l->tag = vn_ntb_tag(l->epoch, epoch);
     l->state = VN_NTB_LINK_OPEN;
@@ -501,7 +527,7 @@ static void on_hello(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         l->hello_seen = true; /* up once it proves the key (on_proof) */
         return;
     }
-    link_up(l);
+    vn_ntb_link_up(l);
 }
 
 /* The peer's nonce: our PROOF answers it. */
@@ -550,7 +576,7 @@ static void on_proof(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         vn_ntb_session_broken(l, "it does not hold the link's key");
         return;
     }
-    link_up(l);
+    vn_ntb_link_up(l);
 }
 
 static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
@@ -560,6 +586,11 @@ static void on_frame(VnNtbLink *l, const VnNtbRec *rec, const uint8_t *payload)
     if (!l->reported) {
         vn_ntb_session_broken(l, l->key != NULL ? "a frame before its PROOF"
                                                 : "a frame before its HELLO");
+        return;
+    }
+    if (l->skip_frame) {
+        /* The rest of a frame the last daemon was reading when it ended. */
+        l->skip_frame = (rec->flags & VN_NTB_REC_MORE) != 0;
         return;
     }
     if ((rec->flags & VN_NTB_REC_MORE) || l->reasm->len > 0) {
@@ -623,6 +654,7 @@ static void receive(VnNtbLink *l, int budget)
         }
         l->rx_cons += (uint64_t)size;
         consumed += (uint64_t)size;
+        vn_ntb_note_rx(l, rec.kind == VN_NTB_REC_FRAME && (rec.flags & VN_NTB_REC_MORE));
         switch (rec.kind) {
         case VN_NTB_REC_HELLO:
             on_hello(l, payload, rec.len);
@@ -650,6 +682,9 @@ static void receive(VnNtbLink *l, int budget)
             break;
         case VN_NTB_REC_UNROUTE:
             vn_ntb_on_unroute(l, payload, rec.len);
+            break;
+        case VN_NTB_REC_RESUMED:
+            vn_ntb_on_resumed(l, payload, rec.len);
             break;
         default:
             vn_ntb_on_unmap(l, payload, rec.len);
@@ -791,8 +826,17 @@ static void link_free(VnNtbLink *l)
         source_drop(&l->sources[k]);
     }
     vn_ntb_maps_end(l->ntb, l, -ECANCELED);
-    l->reported = false; /* nothing is told from close */
-    link_down(l, "closing");
+    if (vn_ntb_keep_at_close(l)) {
+        /* The port keeps it all for the next daemon: nothing is undone. */
+        if (l->out != NULL) {
+            munmap(l->out, VN_NTB_RING_DATA + l->ring_out);
+        }
+        source_drop(&l->retry);
+        source_drop(&l->reannounce);
+    } else {
+        l->reported = false; /* nothing is told from close */
+        link_down(l, "closing");
+    }
     vn_ntbport_close(l->port);
     g_byte_array_unref(l->txq);
     g_byte_array_unref(l->reasm);
@@ -839,6 +883,12 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
     l->key = vn_ntb_keys_get(ntb->keys, l->expected, &l->key_len); /* checked: there */
+    /* An adapter keeps a session for the next daemon unless told otherwise; the in-process
+     * pair (the unit suites') only when told. */
+    l->keep_ms = ntb->keep_ms >= 0                  ? (uint32_t)ntb->keep_ms
+                 : strcmp(p->ops->name, "pair") == 0 ? 0
+                                                    : VN_NTB_DEFAULT_KEEP_MS;
+    vn_ntb_keep_at_open(l);
     g_ptr_array_add(ntb->links, l);
     link_fds(l, fds);
     for (unsigned k = 0; k < VN_NTB_LINK_FDS; k++) {
@@ -853,7 +903,8 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
  * size, and each port's spec and node name. */
 static bool ntb_check_params(GHashTable *params, const char **bad, GError **error)
 {
-    static const char *const known[] = { "ports", "ring-size", "key-file", NULL };
+    static const char *const known[] = { "ports", "ring-size", "key-file", "keep-ms", NULL };
+    const char *keep = g_hash_table_lookup(params, "keep-ms");
     const char *ports = g_hash_table_lookup(params, "ports");
     const char *ring = g_hash_table_lookup(params, "ring-size");
     const char *key_file = g_hash_table_lookup(params, "key-file");
@@ -869,7 +920,8 @@ static bool ntb_check_params(GHashTable *params, const char **bad, GError **erro
         if (!g_strv_contains(known, key)) {
             *bad = key;
             g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size, key-file)",
+                        "ntb fabric: unknown parameter \"%s\" (known: ports, ring-size, key-file, "
+                        "keep-ms)",
                         (char *)key);
             return false;
         }
@@ -883,6 +935,12 @@ static bool ntb_check_params(GHashTable *params, const char **bad, GError **erro
     if ((v & (v - 1)) != 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "ntb fabric: ring-size: %s is not a power of two", ring);
+        return false;
+    }
+    *bad = "keep-ms";
+    if (keep != NULL &&
+        !g_ascii_string_to_unsigned(keep, 10, 0, VN_NTB_MAX_KEEP_MS, NULL, error)) {
+        g_prefix_error(error, "ntb fabric: keep-ms: ");
         return false;
     }
     *bad = "key-file";
@@ -944,6 +1002,9 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     ntb->node = g_strdup(node);
     ntb->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
     ntb->ring = v;
+    ntb->keep_ms = g_hash_table_contains(params, "keep-ms")
+                       ? (int64_t)g_ascii_strtoull(g_hash_table_lookup(params, "keep-ms"), NULL, 10)
+                       : -1; /* checked above */
     ntb->links = g_ptr_array_new_with_free_func((GDestroyNotify)link_free);
     if (g_hash_table_contains(params, "key-file") &&
         (ntb->keys = vn_ntb_keys_load(g_hash_table_lookup(params, "key-file"), error)) == NULL) {
@@ -989,8 +1050,12 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     /* Sessions start now where they can (reports made while opening are
      * deferred by the fabric). */
     for (guint i = 0; i < ntb->links->len; i++) {
-        link_announce(ntb->links->pdata[i], true);
-        link_service(ntb->links->pdata[i], VN_NTB_EV_ALL);
+        VnNtbLink *l = ntb->links->pdata[i];
+
+        if (!vn_ntb_resume(l)) {
+            link_announce(l, true);
+        }
+        link_service(l, VN_NTB_EV_ALL);
     }
     return ntb;
 }

@@ -10,7 +10,10 @@
  * "ring-size" (bytes of each message ring, a power of two from
  * VN_NTB_MIN_RING to VN_NTB_MAX_RING, default VN_NTB_DEFAULT_RING);
  * "key-file" (the link keys, ntb-auth.h: every port must then say =NODE and
- * the file hold that node's key).
+ * the file hold that node's key);
+ * "keep-ms" (how long a port keeps a session past this node's end for the
+ * next daemon to take over, ntb-resume.c; 0 to VN_NTB_MAX_KEEP_MS, default
+ * VN_NTB_DEFAULT_KEEP_MS on adapters, 0 on the in-process pair).
  *
  * Window budget: inbound window 0 of every port holds the message ring the
  * peer writes into; windows 1..N-1 carry segments, one mapping each, so an
@@ -43,6 +46,12 @@
  * A record is a VnNtbRec and its payload padded to 8 bytes; frames longer
  * than a quarter of the ring travel as fragments.  A peer's malformed
  * record ends its session (it must start a new one).
+ *
+ * Restarts: a session outlives its node where the port keeps what the node
+ * set up ("keep-ms"); the next node on that port takes it over where it was
+ * (ntb-resume.c) and tells the peer (RESUMED), whose link then goes down and
+ * up again for its fabric but keeps every window and route.  Only with a peer
+ * whose HELLO says it can (VN_NTB_FEATURE_RESUME); else a new session.
  *
  * Doorbells of the fabric travel as messages; the adapter's bits 0-2 are the
  * backend's.  The others carry interrupt routes (VN_FABRIC_CAP_DIRECT_ROUTES,
@@ -79,6 +88,11 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_MAX_QUEUED (16u * VN_FABRIC_MAX_FRAME)
 /* A peer that takes nothing from its ring for this long loses its link. */
 #define VN_NTB_SEND_TIMEOUT_MS 5000
+/* How long a port keeps a session for the next daemon by default ("keep-ms"): above a
+ * restart's time (systemd restarts a crashed daemon after 1 s), and the time a peer's fabric
+ * waits before it sees the link of a node that stopped for good go down. */
+#define VN_NTB_DEFAULT_KEEP_MS 15000u
+#define VN_NTB_MAX_KEEP_MS 600000u
 /* A peer whose sessions keep breaking gets a new one at most this often. */
 #define VN_NTB_BROKEN_RETRY_MS 1000
 /* Records handled per wake-up, so one busy peer cannot starve the others. */
@@ -94,6 +108,8 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_DB_FIRST_ROUTE 3u
 /* It answers ROUTE (HELLO's features). */
 #define VN_NTB_FEATURE_ROUTES 0x1u
+/* It takes RESUMED (a session taken over by the next daemon of its peer). */
+#define VN_NTB_FEATURE_RESUME 0x2u
 #define VN_NTB_VERSION 1u
 
 /* Where the ring's data start in a buffer. */
@@ -110,6 +126,15 @@ typedef struct VnNtbRingHdr {
 
 #define VN_NTB_COUNT_MASK ((UINT64_C(1) << 48) - 1)
 
+/* Words of our own in our buffer's head, which the peer does not read: how far we read its
+ * ring (tagged as an index word), written before each record is handled, and whether that
+ * was inside a frame cut into records; what the next daemon resumes from (ntb-resume.c). */
+#define VN_NTB_RESUME_OFFSET 2048u
+typedef struct VnNtbResumeWords {
+    uint64_t rx_cons;
+    uint64_t in_frame;
+} VnNtbResumeWords;
+
 typedef enum VnNtbRecKind {
     VN_NTB_REC_HELLO = 1, /* VnNtbHello */
     VN_NTB_REC_FRAME,     /* a fabric frame, or a piece (VN_NTB_REC_MORE) */
@@ -121,6 +146,7 @@ typedef enum VnNtbRecKind {
     VN_NTB_REC_ROUTE,     /* VnNtbMap: open interrupt route id */
     VN_NTB_REC_ROUTED,    /* VnNtbMapped (window: the doorbell bit, size 0): the answer */
     VN_NTB_REC_UNROUTE,   /* VnNtbMap (seq: the bit): that route is gone */
+    VN_NTB_REC_RESUMED,   /* a u64, 0: the sender's next daemon took the session over */
     VN_NTB_REC_LAST
 } VnNtbRecKind;
 

@@ -281,6 +281,72 @@ static int kmod_out_span_fd(VnNtbPort *p, const uint32_t *wins, uint32_t n, uint
     return ret < 0 ? -errno : ret;
 }
 
+static int kmod_keep(VnNtbPort *p, uint32_t ms)
+{
+    return kmod_ioctl(p, VN_NTB_KEEP, &ms);
+}
+
+static int kmod_stash_set(VnNtbPort *p, const void *buf, uint32_t len)
+{
+    struct vn_ntb_stash st = { .addr = (uintptr_t)buf, .len = len };
+
+    return kmod_ioctl(p, VN_NTB_STASH_SET, &st);
+}
+
+static int kmod_stash_get(VnNtbPort *p, void *buf, uint32_t size)
+{
+    struct vn_ntb_stash st = { .addr = (uintptr_t)buf, .len = size };
+    int ret = kmod_ioctl(p, VN_NTB_STASH_GET, &st);
+
+    return ret < 0 ? ret : (int)st.len;
+}
+
+static int kmod_register_doorbells(KmodPort *kp, const char **what);
+
+static int kmod_reset(VnNtbPort *p)
+{
+    KmodPort *kp = kmod_port(p);
+    const char *what;
+    uint32_t enable = 1;
+    int ret;
+
+    for (unsigned w = 0; w < VN_NTBPORT_MAX_WINDOWS; w++) {
+        target_unmap(&kp->in[w]);
+    }
+    ret = kmod_ioctl(p, VN_NTB_RESET, NULL);
+    if (ret == 0) {
+        p->took_over = false;
+        ret = kmod_register_doorbells(kp, &what);
+    }
+    return ret < 0 ? ret : kmod_ioctl(p, VN_NTB_LINK, &enable);
+}
+
+static int kmod_in_take(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
+{
+    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
+    void *m;
+    int ret;
+
+    if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
+        return win >= p->info.windows ? -EINVAL : -EBUSY;
+    }
+    ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
+    if (ret < 0) {
+        return ret;
+    }
+    if (mi.in_mmap_offset == 0 || mi.in_size < size) {
+        return -ENOENT;
+    }
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, kmod_port(p)->fd,
+             (off_t)mi.in_mmap_offset);
+    if (m == MAP_FAILED) {
+        return -errno;
+    }
+    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
+    *map = m;
+    return 0;
+}
+
 static const VnNtbPortOps kmod_ops = {
     .name = "kmod",
     .close = kmod_close,
@@ -299,7 +365,27 @@ static const VnNtbPortOps kmod_ops = {
     .out_fd = kmod_out_fd,
     .out_span_fd = kmod_out_span_fd,
     .out_revoke = kmod_out_revoke,
+    .keep = kmod_keep,
+    .stash_set = kmod_stash_set,
+    .stash_get = kmod_stash_get,
+    .reset = kmod_reset,
+    .in_take = kmod_in_take,
 };
+
+/* Each doorbell bit signals an eventfd of ours. */
+static int kmod_register_doorbells(KmodPort *kp, const char **what)
+{
+    int ret = 0;
+
+    for (uint32_t b = 0; ret == 0 && b < MIN(kp->base.info.doorbells, VN_NTBPORT_MAX_DOORBELLS);
+         b++) {
+        struct vn_ntb_db_eventfd d = { .fd = kp->db_efd[b], .bits = UINT64_C(1) << b };
+
+        *what = "VN_NTB_DB_EVENTFD";
+        ret = kmod_ioctl(&kp->base, VN_NTB_DB_EVENTFD, &d);
+    }
+    return ret;
+}
 
 /* The shape, the link and doorbell eventfds, the link enabled; -errno with
  * what failed in *@what. */
@@ -343,16 +429,17 @@ static int kmod_setup(KmodPort *kp, const char **what)
     ret = kmod_ioctl(&kp->base, VN_NTB_LINK_EVENTFD, &kp->link_efd);
     for (uint32_t b = 0; ret == 0 && b < MIN(kp->base.info.doorbells, VN_NTBPORT_MAX_DOORBELLS);
          b++) {
-        struct vn_ntb_db_eventfd d = { .bits = UINT64_C(1) << b };
-
         kp->db_efd[b] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (kp->db_efd[b] < 0) {
             *what = "eventfd";
             return -errno;
         }
-        d.fd = kp->db_efd[b];
-        *what = "VN_NTB_DB_EVENTFD";
-        ret = kmod_ioctl(&kp->base, VN_NTB_DB_EVENTFD, &d);
+    }
+    /* What we took over keeps its doorbells' eventfds (a VM's, for a route) until the
+     * backend gives each bit of its own back. */
+    kp->base.took_over = (info.flags & VN_NTB_INFO_KEPT) != 0;
+    if (ret == 0 && !kp->base.took_over) {
+        ret = kmod_register_doorbells(kp, what);
     }
     if (ret == 0) {
         /* A module older than VN_NTB_PEER_DB_EVENTFD answers ENOTTY; ours ENOENT (no

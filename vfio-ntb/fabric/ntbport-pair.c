@@ -7,9 +7,11 @@
  * that bit (or the one routed there); a scratchpad write lands in the other
  * side's registers (and stays there, as in hardware, across the writer's
  * restarts); an outbound window reaches what the other side set as its
- * inbound target.  What it cannot do: revoke a mapping already made of a
+ * inbound target; a side closed with a keep stays as it was until it is
+ * opened again.  What it cannot do: revoke a mapping already made of a
  * target (a memfd stays mapped where it was mapped; the backend clears
- * targets all the same), or an eventfd that rings the peer's doorbell.
+ * targets all the same), an eventfd that rings the peer's doorbell, or end
+ * a keep by itself (no timer: it lasts until the next open).
  *
  * Threads: the two sides of a pair may belong to two threads (the unit
  * suite's threaded nodes); everything shared is under pair_lock (a pthread
@@ -45,7 +47,10 @@ typedef struct PairTarget {
 } PairTarget;
 
 typedef struct PairSide {
-    bool open;
+    bool open;     /* or kept: the link stays up, doorbells and windows as they were */
+    bool kept;     /* closed with a keep: the next open of this side takes it over */
+    uint32_t keep; /* the open side's keep (ms; 0: none); no timer here */
+    GBytes *stash;
     int link_efd;
     int db_efd[PAIR_DOORBELLS];
     int route_efd[PAIR_DOORBELLS]; /* doorbell_route's (a copy), or -1 */
@@ -100,6 +105,20 @@ static void link_changed(Pair *pair)
     }
 }
 
+/* Everything a side set up goes, as a close without a keep. */
+static void side_clear(PairSide *s)
+{
+    s->open = s->kept = false;
+    s->keep = 0;
+    for (unsigned w = 0; w < PAIR_WINDOWS; w++) {
+        target_clear(&s->in[w]);
+    }
+    vn_util_close_fd(&s->link_efd);
+    vn_util_close_fds(s->db_efd, PAIR_DOORBELLS);
+    vn_util_close_fds(s->route_efd, PAIR_DOORBELLS);
+    g_clear_pointer(&s->stash, g_bytes_unref);
+}
+
 static void pair_close(VnNtbPort *p)
 {
     PairPort *pp = pair_port(p);
@@ -107,13 +126,14 @@ static void pair_close(VnNtbPort *p)
 
     vn_mutex_lock(&pair_lock);
     s = me(p);
-    s->open = false;
-    for (unsigned w = 0; w < PAIR_WINDOWS; w++) {
-        target_clear(&s->in[w]);
+    if (s->keep > 0) {
+        s->kept = true;
+        s->keep = 0;
+        vn_mutex_unlock(&pair_lock);
+        g_free(pp);
+        return;
     }
-    vn_util_close_fd(&s->link_efd);
-    vn_util_close_fds(s->db_efd, PAIR_DOORBELLS);
-    vn_util_close_fds(s->route_efd, PAIR_DOORBELLS);
+    side_clear(s);
     link_changed(pp->pair);
     if (!pp->pair->side[!pp->side].open) {
         g_hash_table_remove(pairs, pp->pair->key);
@@ -324,6 +344,77 @@ static int pair_out_fd(VnNtbPort *p, uint32_t win, bool memory, uint64_t *offset
     return ret;
 }
 
+static int pair_keep(VnNtbPort *p, uint32_t ms)
+{
+    vn_mutex_lock(&pair_lock);
+    me(p)->keep = ms;
+    vn_mutex_unlock(&pair_lock);
+    return 0;
+}
+
+static int pair_stash_set(VnNtbPort *p, const void *buf, uint32_t len)
+{
+    if (len > VN_NTBPORT_MAX_STASH) {
+        return -EINVAL;
+    }
+    vn_mutex_lock(&pair_lock);
+    g_clear_pointer(&me(p)->stash, g_bytes_unref);
+    me(p)->stash = len > 0 ? g_bytes_new(buf, len) : NULL;
+    vn_mutex_unlock(&pair_lock);
+    return 0;
+}
+
+static int pair_stash_get(VnNtbPort *p, void *buf, uint32_t size)
+{
+    gsize len = 0;
+    const void *data;
+    int ret;
+
+    vn_mutex_lock(&pair_lock);
+    data = me(p)->stash != NULL ? g_bytes_get_data(me(p)->stash, &len) : NULL;
+    ret = len > size ? -ENOSPC : (int)len;
+    if (ret > 0) {
+        memcpy(buf, data, len);
+    }
+    vn_mutex_unlock(&pair_lock);
+    return ret;
+}
+
+static bool side_open(PairSide *s, GError **error);
+
+static int pair_reset(VnNtbPort *p)
+{
+    g_autoptr(GError) error = NULL;
+    int ret = 0;
+
+    vn_mutex_lock(&pair_lock);
+    side_clear(me(p));
+    if (!side_open(me(p), &error)) {
+        ret = -EIO;
+    }
+    p->took_over = false;
+    vn_mutex_unlock(&pair_lock);
+    return ret;
+}
+
+static int pair_in_take(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
+{
+    PairTarget *t;
+    int ret = -ENOENT;
+
+    if (win >= PAIR_WINDOWS) {
+        return -EINVAL;
+    }
+    vn_mutex_lock(&pair_lock);
+    t = &me(p)->in[win];
+    if (t->map != NULL && t->size >= size) {
+        *map = t->map;
+        ret = 0;
+    }
+    vn_mutex_unlock(&pair_lock);
+    return ret;
+}
+
 static const VnNtbPortOps pair_ops = {
     .name = "pair",
     .close = pair_close,
@@ -340,6 +431,11 @@ static const VnNtbPortOps pair_ops = {
     .in_export = pair_in_export,
     .in_clear = pair_in_clear,
     .out_fd = pair_out_fd,
+    .keep = pair_keep,
+    .stash_set = pair_stash_set,
+    .stash_get = pair_stash_get,
+    .reset = pair_reset,
+    .in_take = pair_in_take,
 };
 
 static bool side_open(PairSide *s, GError **error)
@@ -368,6 +464,7 @@ static bool side_open(PairSide *s, GError **error)
 
 VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
 {
+    bool took_over;
     PairPort *pp;
     Pair *pair;
 
@@ -381,7 +478,8 @@ VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
         pairs = g_hash_table_new(g_str_hash, g_str_equal);
     }
     pair = g_hash_table_lookup(pairs, key);
-    if (pair != NULL && pair->side[side].open) {
+    took_over = pair != NULL && pair->side[side].kept;
+    if (pair != NULL && pair->side[side].open && !took_over) {
         vn_mutex_unlock(&pair_lock);
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_BUSY, "ntb port pair:%s/%u: already open", key,
                     side);
@@ -399,7 +497,9 @@ VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
         }
         g_hash_table_insert(pairs, pair->key, pair);
     }
-    if (!side_open(&pair->side[side], error)) {
+    if (took_over) {
+        pair->side[side].kept = false;
+    } else if (!side_open(&pair->side[side], error)) {
         if (!pair->side[!side].open) {
             g_hash_table_remove(pairs, key);
             g_free(pair->key);
@@ -420,5 +520,6 @@ VnNtbPort *vn_ntbport_pair_open(const char *key, unsigned side, GError **error)
                                      .doorbells = PAIR_DOORBELLS,
                                      .out_size = PAIR_WINDOW_SIZE,
                                      .doorbell_routes = true };
+    pp->base.took_over = took_over;
     return &pp->base;
 }

@@ -33,6 +33,8 @@
 #define VN_NTBPORT_MIN_SPADS 2u
 /* A port spec's longest text. */
 #define VN_NTBPORT_MAX_SPEC 256u
+/* Bytes a port keeps for its successor (the kmod's VN_NTB_MAX_STASH). */
+#define VN_NTBPORT_MAX_STASH 4096u
 
 typedef struct VnNtbPort VnNtbPort;
 
@@ -99,12 +101,32 @@ typedef struct VnNtbPortOps {
      * targets now as out_fd's (a revoke of any of them ends it).  Without
      * it (the in-process pair: slices of one memfd) windows are not joined. */
     int (*out_span_fd)(VnNtbPort *p, const uint32_t *wins, uint32_t n, uint64_t chunk, bool memory);
+    /*
+     * Optional, all together: what a port set up outlives it, for the next open of the
+     * same port (a daemon's restart).  keep: targets, doorbell routes, triggers and the link
+     * stay @ms milliseconds after close (0: they go at close; the provider may end them
+     * earlier only with the device), the stash with them.  The next open then has
+     * took_over set, and registers no doorbell eventfd of its own: the backend gives each
+     * bit it does not route back to doorbell_fd's (doorbell_route(bit, -1)), drops the
+     * triggers it does not know of (peer_doorbell_drop) and clears the targets it does not
+     * know of (in_clear: -ENOENT when there is none).  stash_set, stash_get: the backend's
+     * own bytes (at most VN_NTBPORT_MAX_STASH; _get returns their count).  reset: all that
+     * was taken over goes, as at a close without a keep, and the port is as opened anew.
+     * in_take: in_alloc's buffer of window @win (@size bytes), made before the takeover,
+     * mapped in *@map as in_alloc maps it (-ENOENT: no such buffer).
+     */
+    int (*keep)(VnNtbPort *p, uint32_t ms);
+    int (*stash_set)(VnNtbPort *p, const void *buf, uint32_t len);
+    int (*stash_get)(VnNtbPort *p, void *buf, uint32_t size);
+    int (*reset)(VnNtbPort *p);
+    int (*in_take)(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map);
 } VnNtbPortOps;
 
 struct VnNtbPort {
     const VnNtbPortOps *ops;
     VnNtbPortInfo info;
-    char *spec; /* as given */
+    char *spec;     /* as given */
+    bool took_over; /* what the last opener kept is ours (ops->keep) */
 };
 
 /*
