@@ -1462,6 +1462,65 @@ START_TEST(test_ntb_resume)
 }
 END_TEST
 
+/* An exporter that restarts keeps its windows for the workers that still hold the segments:
+ * what a worker claims back (vn_fabric_export_adopt: its own peer's, once) is the new
+ * node's to withdraw again; what nobody claims is withdrawn at vn_fabric_adopt_end, which
+ * frees the peer's windows. */
+START_TEST(test_ntb_resume_adopt)
+{
+    static const char *const keep[] = { "keep-ms", "60000", NULL };
+    Node *a = node_open_kv("a", false, keep);
+    Node *b = node_open_kv("b", false, keep);
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w[4] = { NULL };
+    int memfd = memfd_new(4096, NULL);
+    uint64_t seg[5];
+
+    for (unsigned i = 0; i < 4; i++) {
+        seg[i] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+        ck_assert_uint_ne(seg[i], 0);
+    }
+    link_nodes(a, b);
+    for (unsigned i = 0; i < 3; i++) {
+        w[i] = fw_window_map(a->fab, "b", seg[i], &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+    node_close(b);
+    b = node_open_kv("b", false, keep);
+    WAIT_FOR(log_count(a, "up:b") == 2);
+
+    /* Claims: its own (once), not another peer's, not one never exported. */
+    ck_assert(vn_fabric_export_adopt(b->fab, false, seg[0], "a"));
+    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[0], "a"));
+    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[1], "c"));
+    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[3], "a"));
+    ck_assert(!vn_fabric_export_adopt(b->fab, true, seg[1], "a"));
+    /* All three windows still exported: nothing more fits. */
+    seg[4] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", seg[4], &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE));
+    g_clear_error(&error);
+    /* The adopted segment is withdrawn as any; the two nobody claimed at adopt_end. */
+    vn_fabric_segment_unexport(b->fab, seg[0]);
+    vn_fabric_adopt_end(b->fab);
+    vn_fabric_window_unmap(a->fab, w[0]);
+    for (unsigned i = 1; i < 3; i++) {
+        vn_fabric_window_unmap(a->fab, w[i]);
+    }
+    /* b's segment entries of before are gone with it: export anew, then all three fit. */
+    for (unsigned i = 0; i < 3; i++) {
+        uint64_t id = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+
+        w[i] = fw_window_map(a->fab, "b", id, &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+    for (unsigned i = 0; i < 3; i++) {
+        vn_fabric_window_unmap(a->fab, w[i]);
+    }
+    close(memfd);
+}
+END_TEST
+
 /* A session on its way is not waited for (the daemon's loop would stall: up to 1 s each); a
  * caller that needs the link is called back once it is up, or at the deadline. */
 START_TEST(test_ntb_connect_does_not_wait)
@@ -1852,6 +1911,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_window_budget);
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_resume);
+    tcase_add_test(tc, test_ntb_resume_adopt);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
     tcase_add_test(tc, test_ntb_connects_bounded);
     tcase_add_test(tc, test_ntb_send_does_not_wait);

@@ -952,6 +952,7 @@ typedef enum RingFault {
     RING_ROUTED_BIT,    /* a route's answer naming a doorbell of the backend's own */
     RING_ROUTED_SIZE,   /* a route's answer with a size (a window's answer) */
     RING_UNROUTE_SIZE,  /* an UNROUTE of the wrong size */
+    RING_RESUMED_SIZE,  /* a RESUMED of the wrong size */
     RING_PROD_AHEAD,    /* prod more than a ring ahead */
     RING_FRAGMENT_HUGE, /* pieces adding up past the largest frame */
     RING_LAST
@@ -999,6 +1000,9 @@ static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
         break;
     case RING_UNROUTE_SIZE:
         *rec = (VnNtbRec){ .len = 8, .kind = VN_NTB_REC_UNROUTE };
+        break;
+    case RING_RESUMED_SIZE:
+        *rec = (VnNtbRec){ .len = 16, .kind = VN_NTB_REC_RESUMED };
         break;
     case RING_ROUTED_SIZE:
         mapped.window = VN_NTB_DB_FIRST_ROUTE;

@@ -28,6 +28,7 @@
 #include "common/name.h"
 #include "common/util.h"
 #include "config.h"
+#include "fabric/host.h"
 
 #include <errno.h>
 #include <glib-unix.h>
@@ -268,6 +269,15 @@ static void remote_free(gpointer p)
     g_free(n);
 }
 
+static gboolean on_adopt_end(gpointer data)
+{
+    VnDaemon *d = data;
+
+    d->adopt_timer = 0;
+    vn_fabric_adopt_end(d->fab);
+    return G_SOURCE_REMOVE;
+}
+
 static bool daemon_start(VnDaemon *d, GError **error)
 {
     /* Before anything else: a second daemon on a live one's control socket
@@ -323,6 +333,9 @@ static bool daemon_start(VnDaemon *d, GError **error)
         }
     }
     vn_state_save_or_report(d);
+    /* What our predecessor exported for its workers and the fabric kept for us is theirs
+     * again as they reconnect and claim it; once they all could, the rest is withdrawn. */
+    d->adopt_timer = g_timeout_add(VN_HOST_RECONNECT_MS, on_adopt_end, d);
     d->control = vn_control_new(d, d->conf->control_socket, vn_commands_lookup, error);
     if (d->control == NULL) {
         return false;
@@ -343,6 +356,9 @@ static bool daemon_start(VnDaemon *d, GError **error)
 static void daemon_stop(VnDaemon *d)
 {
     vn_metrics_stop(d); /* its last file, while the devices are there to list */
+    if (d->adopt_timer != 0) {
+        g_source_remove(d->adopt_timer);
+    }
     if (d->heartbeat != 0) {
         g_source_remove(d->heartbeat);
     }
@@ -350,6 +366,15 @@ static void daemon_stop(VnDaemon *d)
         g_source_remove(d->announce_timer);
     }
     g_clear_pointer(&d->announced, g_free);
+    /* Every worker serves on and reconnects to our successor's port: what it exported and
+     * mapped stays as it is (on an NTB adapter, kept for the next daemon), not withdrawn as
+     * at a worker's end. */
+    for (guint i = 0; d->borrowed != NULL && i < d->borrowed->len; i++) {
+        vn_port_leave(g_steal_pointer(&((VnBorrowed *)d->borrowed->pdata[i])->port));
+    }
+    for (guint i = 0; d->local != NULL && i < d->local->len; i++) {
+        vn_port_leave(g_steal_pointer(&((VnLocalDevice *)d->local->pdata[i])->port));
+    }
     /* Borrower workers keep serving their VMs; a restarted daemon adopts
      * them (`ntbctl detach` stops one). */
     g_clear_pointer(&d->borrowed, g_ptr_array_unref);

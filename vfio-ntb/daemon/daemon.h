@@ -65,6 +65,7 @@ typedef struct VnDaemon {
     GMainLoop *loop;
     guint heartbeat;
     guint announce_timer; /* a coalesced announcement is due */
+    guint adopt_timer;    /* the workers' time to claim their exports back (daemon.c) */
     char *announced;      /* the last announcement broadcast, or NULL */
     unsigned beats;
     gint64 started_us;       /* monotonic; restored leases wait from here */

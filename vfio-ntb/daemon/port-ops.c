@@ -83,6 +83,30 @@ void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd)
     vn_port_reply(p, h, 0, id, 0, -1);
 }
 
+/* After our restart: an export the worker says it holds from before (the last daemon's,
+ * for its peer).  Ours to withdraw again once the fabric adopts it: nobody claimed that id
+ * yet, and the backend still holds it for that peer (an NTB's session taken over); what
+ * nobody claims is withdrawn by the fabric later (vn_fabric_adopt_end). */
+void vn_port_op_claim(VnPort *p, const VnHostHdr *h)
+{
+    bool route = h->arg2 == 1;
+    GArray *ids = route ? p->routes : p->segments;
+
+    if (h->arg2 > 1 || ids->len >= VN_PORT_MAX_EXPORTS ||
+        (p->peer != NULL && strcmp(h->peer, p->peer) != 0)) {
+        vn_port_refuse(p, "a claim of %s %" PRIu64 " for %s", route ? "route" : "segment", h->arg,
+                       h->peer);
+        return;
+    }
+    if (!vn_fabric_export_adopt(p->fab, route, h->arg, h->peer)) {
+        g_info("port %s: its worker's %s %" PRIu64 " for %s, from before our start, is not "
+               "there to adopt",
+               p->path, route ? "route" : "segment", h->arg, h->peer);
+        return;
+    }
+    g_array_append_val(ids, h->arg);
+}
+
 static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
 
 /* An op of the worker's (a map, a route open) under way, in p->maps until answered. */

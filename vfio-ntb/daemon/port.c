@@ -436,6 +436,9 @@ static void worker_record(VnPort *p, VnRecord *rec)
     case VN_HOST_WITHHOLD_SEGMENT:
         vn_port_op_withhold(p, &h);
         break;
+    case VN_HOST_CLAIM_EXPORT:
+        vn_port_op_claim(p, &h);
+        break;
     case VN_HOST_JOIN_WINDOWS:
         vn_port_op_join(p, &h, frame, frame_len);
         break;
@@ -735,12 +738,24 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     return p;
 }
 
+static void port_free(VnPort *p, bool unlink_it, bool withdraw);
+
 void vn_port_free_unlinked(VnPort *p)
 {
     vn_port_free(p, true);
 }
 
 void vn_port_free(VnPort *p, bool unlink_it)
+{
+    port_free(p, unlink_it, true);
+}
+
+void vn_port_leave(VnPort *p)
+{
+    port_free(p, false, false);
+}
+
+static void port_free(VnPort *p, bool unlink_it, bool withdraw)
 {
     if (p == NULL) {
         return;
@@ -757,7 +772,9 @@ void vn_port_free(VnPort *p, bool unlink_it)
     for (guint i = 0; i < p->relays->len; i++) {
         ((VnPortRelay *)p->relays->pdata[i])->port = NULL; /* freed when answered */
     }
-    vn_port_withdraw(p, true, "its port closes");
+    if (withdraw) {
+        vn_port_withdraw(p, true, "its port closes");
+    }
     /* After the withdrawal: QEMU sees its connection end once the device cannot reach it. */
     g_clear_pointer(&p->keep, vn_keep_free);
     g_ptr_array_unref(p->ins);

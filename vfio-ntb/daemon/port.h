@@ -57,6 +57,9 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
 void vn_port_free(VnPort *p, bool unlink);
 /* vn_port_free(@p, true): the worker is gone for good. */
 void vn_port_free_unlinked(VnPort *p);
+/* The daemon stops and its worker serves on: what the worker exported and mapped stays as it
+ * is (on an adapter that keeps it, for the next daemon), only our side of the port goes. */
+void vn_port_leave(VnPort *p);
 /* Handle what the worker sent and we have not read yet (it has exited:
  * its last words, its DETACH, are relayed). */
 void vn_port_drain(VnPort *p);

@@ -195,6 +195,12 @@ typedef struct VnFabricOps {
      * whose owner guards it (VFIO revokes its own mappings of a BAR). */
     int (*withhold)(void *backend, uint64_t id, bool withhold);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
+    /* Optional, for a backend that keeps what a node exported past the node's end (an
+     * NTB's session taken over, fabric/ntb-resume.c): adopt: whether it holds segment (or
+     * route) @id for @peer from before, taken over and not adopted yet; adopt_end: what
+     * it took over and nobody adopted is withdrawn (no worker holds it any more). */
+    bool (*adopt)(void *backend, bool route, uint64_t id, const char *peer);
+    void (*adopt_end)(void *backend);
     /* Optional, for a backend whose windows are files of their own (an NTB
      * module's): a new fd whose bytes from *@offset are the windows onto
      * @peer's segments @ids (@n of them, mapped here), @chunk bytes each, in
@@ -389,6 +395,17 @@ int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, 
  */
 uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error);
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id);
+
+/*
+ * After a restart: segment (@route: route) @id, exported for @peer by the node before us
+ * and still held by the worker that asked for it, is ours to unexport (and withhold) again.
+ * Its fd stayed with the worker: the peer cannot map it anew (-ESTALE).  False when the id
+ * is already known, the tables are full, or the backend does not hold it for @peer.  Once
+ * every worker had its chance, vn_fabric_adopt_end(): the backend withdraws what it took
+ * over that no worker adopted.
+ */
+bool vn_fabric_export_adopt(VnFabric *fab, bool route, uint64_t id, const char *peer);
+void vn_fabric_adopt_end(VnFabric *fab);
 /*
  * Open @peer's route @id without waiting (no loop may wait on a peer that may never
  * answer): @done gets a new eventfd of ours that signals it (the callee's to close) or

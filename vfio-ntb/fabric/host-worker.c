@@ -97,24 +97,6 @@ void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque)
     h->greeted_opaque = opaque;
 }
 
-/* An entry of ours for an id the daemon exported for the worker before us (no fd: the
- * daemon's port holds it, and ours is only to give it back). */
-static bool adopt_export(GHashTable *table, uint64_t id, const char *peer, bool route)
-{
-    VnFabricSegment *seg;
-
-    if (id == 0 || g_hash_table_contains(table, &id)) {
-        return false;
-    }
-    seg = g_new0(VnFabricSegment, 1);
-    seg->id = id;
-    seg->fd = -1;
-    seg->size = route ? 0 : 1;
-    seg->peer = g_strdup(peer);
-    g_hash_table_insert(table, &seg->id, seg);
-    return true;
-}
-
 bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
                        const uint64_t *routes, unsigned nroutes, uint64_t doorbells)
 {
@@ -124,10 +106,12 @@ bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments
         return false;
     }
     for (unsigned i = 0; i < nseg; i++) {
-        ok &= adopt_export(fab->segments, segments[i], peer, false);
+        /* The daemon exported them for the worker before us: its port holds the fds, ours
+         * is only to give them back. */
+        ok &= vn_fabric_export_entry_adopt(fab->segments, segments[i], peer, false);
     }
     for (unsigned i = 0; i < nroutes; i++) {
-        ok &= adopt_export(fab->routes, routes[i], peer, true);
+        ok &= vn_fabric_export_entry_adopt(fab->routes, routes[i], peer, true);
     }
     /* Doorbell bits are a port's to give; another backend has none to take over. */
     if (fab->ops == &vn_host_ops) {

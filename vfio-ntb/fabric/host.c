@@ -218,6 +218,20 @@ int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_
     return host_wait_reply(h, seq, rep, fd_in);
 }
 
+static void claim_exports(VnHost *h, GHashTable *table, bool route)
+{
+    GHashTableIter it;
+    gpointer value;
+
+    g_hash_table_iter_init(&it, table);
+    while (g_hash_table_iter_next(&it, NULL, &value) && h->fd >= 0) {
+        VnFabricSegment *seg = value;
+
+        vn_host_send_record(h, VN_HOST_CLAIM_EXPORT, 0, seg->peer, seg->id, route ? 1 : 0, NULL,
+                            0, -1);
+    }
+}
+
 /* HELLO, then our links and doorbell bits again (after a restart). */
 static bool host_greet(VnHost *h, GError **error)
 {
@@ -275,6 +289,10 @@ static bool host_greet(VnHost *h, GError **error)
         }
         first += count;
     }
+    /* What we exported through the daemon before us is ours again (a daemon that took its
+     * node's NTB sessions over holds them for us; fabric.h, vn_fabric_export_adopt). */
+    claim_exports(h, h->fab->segments, false);
+    claim_exports(h, h->fab->routes, true);
     /* A link still up (the daemon was back in time) is asked for with no
      * answer: a LINK follows each change.  One reported down (it was not)
      * is asked for as a connect is, and comes up with the answer. */

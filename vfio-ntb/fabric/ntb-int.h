@@ -87,6 +87,10 @@ typedef struct VnNtbLink {
     uint32_t keep_ms;
     bool stash_failed;
     bool skip_frame;
+    /* Ids of the exports taken over (by window, by route bit) that no worker adopted yet
+     * (vn_fabric_export_adopt); those still there at vn_fabric_adopt_end are withdrawn. */
+    uint64_t orphan_window[VN_NTBPORT_MAX_WINDOWS];
+    uint64_t orphan_route[VN_NTBPORT_MAX_DOORBELLS];
 } VnNtbLink;
 
 struct VnNtb {
@@ -177,5 +181,7 @@ bool vn_ntb_keep_at_close(VnNtbLink *l);
  * false when there was none to take (the port is as new). */
 bool vn_ntb_resume(VnNtbLink *l);
 void vn_ntb_on_resumed(VnNtbLink *l, const uint8_t *payload, uint32_t len);
+bool vn_ntb_adopt(void *backend, bool route, uint64_t id, const char *peer);
+void vn_ntb_adopt_end(void *backend);
 
 #endif /* VN_NTB_INT_H */

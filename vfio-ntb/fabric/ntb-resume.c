@@ -242,6 +242,8 @@ static void take_tables(VnNtbLink *l, const VnNtbStash *st)
     }
     memcpy(l->route_in, st->route_in, sizeof(l->route_in));
     memcpy(l->route_out, st->route_out, sizeof(l->route_out));
+    memcpy(l->orphan_window, l->exported, sizeof(l->orphan_window));
+    memcpy(l->orphan_route, l->route_in, sizeof(l->orphan_route));
 }
 
 static unsigned count_set(const uint64_t *v, unsigned n)
@@ -307,6 +309,67 @@ bool vn_ntb_resume(VnNtbLink *l)
               count_set(l->route_in, VN_NTBPORT_MAX_DOORBELLS),
               count_set(l->route_out, VN_NTBPORT_MAX_DOORBELLS));
     return true;
+}
+
+/* ---- what the workers still hold ------------------------------------------------------ */
+
+bool vn_ntb_adopt(void *backend, bool route, uint64_t id, const char *peer)
+{
+    VnNtbLink *l = vn_ntb_link_of(backend, peer);
+    uint64_t *orphans = l == NULL ? NULL : route ? l->orphan_route : l->orphan_window;
+    unsigned n = route ? VN_NTBPORT_MAX_DOORBELLS : VN_NTBPORT_MAX_WINDOWS;
+    bool found = false;
+
+    for (unsigned k = 0; orphans != NULL && id != 0 && k < n; k++) {
+        if (orphans[k] == id) {
+            orphans[k] = 0;
+            found = true;
+        }
+    }
+    return found;
+}
+
+void vn_ntb_adopt_end(void *backend)
+{
+    VnNtb *ntb = backend;
+
+    for (guint i = 0; i < ntb->links->len; i++) {
+        VnNtbLink *l = ntb->links->pdata[i];
+        unsigned windows = 0, routes = 0;
+
+        /* Still there, and still that export: nobody adopted it. */
+        for (uint32_t w = 1; w < VN_NTBPORT_MAX_WINDOWS; w++) {
+            if (l->orphan_window[w] != 0 && l->exported[w] == l->orphan_window[w]) {
+                if (!l->withheld[w]) {
+                    l->port->ops->in_clear(l->port, w);
+                }
+                l->exported[w] = 0;
+                l->withheld[w] = false;
+                windows++;
+            }
+        }
+        for (uint32_t bit = 0; bit < VN_NTBPORT_MAX_DOORBELLS; bit++) {
+            if (l->orphan_route[bit] != 0 && l->route_in[bit] == l->orphan_route[bit]) {
+                VnNtbMap gone = { .seq = bit, .id = l->route_in[bit] };
+
+                l->port->ops->doorbell_route(l->port, bit, -1);
+                l->route_in[bit] = 0;
+                if (l->state == VN_NTB_LINK_OPEN) {
+                    vn_ntb_queue(l, VN_NTB_REC_UNROUTE, 0, &gone, sizeof(gone));
+                }
+                routes++;
+            }
+        }
+        memset(l->orphan_window, 0, sizeof(l->orphan_window));
+        memset(l->orphan_route, 0, sizeof(l->orphan_route));
+        if (windows + routes > 0) {
+            g_message("node %s: ntb port %s: withdrew %u windows and %u routes to %s that the "
+                      "last daemon's workers no longer hold",
+                      ntb->node, l->port->spec, windows, routes, l->peer);
+            vn_ntb_flush(l);
+            vn_ntb_stash_save(l);
+        }
+    }
 }
 
 /* ---- the peer's side --------------------------------------------------------------- */

@@ -1075,5 +1075,7 @@ const VnFabricOps vn_ntb_ops = {
     .withhold = vn_ntb_withhold,
     .join_windows = vn_ntb_join,
     .open_route_async = vn_ntb_open_route_async,
+    .adopt = vn_ntb_adopt,
+    .adopt_end = vn_ntb_adopt_end,
     .discover = ntb_discover,
 };

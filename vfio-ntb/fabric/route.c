@@ -109,6 +109,9 @@ int vn_fabric_backend_route(VnFabric *fab, const char *peer, uint64_t id)
     if (route == NULL) {
         return err;
     }
+    if (route->fd < 0) {
+        return -ESTALE; /* adopted after a restart: the fd stayed with its worker */
+    }
     trace_fabric_route_given(fab->node, id, peer);
     return route->fd;
 }

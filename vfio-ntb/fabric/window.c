@@ -132,6 +132,44 @@ void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
     vn_fabric_segment_free(seg);
 }
 
+bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *peer, bool route)
+{
+    VnFabricSegment *seg;
+
+    if (id == 0 || g_hash_table_contains(table, &id)) {
+        return false;
+    }
+    seg = g_new0(VnFabricSegment, 1);
+    seg->id = id;
+    seg->fd = -1;
+    seg->size = route ? 0 : 1;
+    seg->peer = g_strdup(peer);
+    g_hash_table_insert(table, &seg->id, seg);
+    return true;
+}
+
+bool vn_fabric_export_adopt(VnFabric *fab, bool route, uint64_t id, const char *peer)
+{
+    GHashTable *table = route ? fab->routes : fab->segments;
+
+    if (peer == NULL || !vn_name_valid(VN_NAME_NODE, peer) || id == 0 ||
+        g_hash_table_contains(table, &id) ||
+        g_hash_table_size(table) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS) ||
+        (fab->ops->adopt != NULL &&
+         (fab->backend == NULL || !fab->ops->adopt(fab->backend, route, id, peer)))) {
+        return false;
+    }
+    trace_fabric_export_adopt(fab->node, route ? "route" : "segment", id, peer);
+    return vn_fabric_export_entry_adopt(table, id, peer, route);
+}
+
+void vn_fabric_adopt_end(VnFabric *fab)
+{
+    if (fab->ops->adopt_end != NULL && fab->backend != NULL) {
+        fab->ops->adopt_end(fab->backend);
+    }
+}
+
 int vn_fabric_segment_withhold(VnFabric *fab, uint64_t id, bool withhold)
 {
     VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
@@ -171,6 +209,9 @@ int vn_fabric_backend_segment(VnFabric *fab, const char *peer, uint64_t id, uint
 
     if (seg == NULL) {
         return err;
+    }
+    if (seg->fd < 0) {
+        return -ESTALE; /* adopted after a restart: the fd stayed with its worker */
     }
     *size = seg->size;
     *offset = seg->offset;
