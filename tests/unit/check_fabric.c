@@ -1463,9 +1463,10 @@ START_TEST(test_ntb_resume)
 END_TEST
 
 /* An exporter that restarts keeps its windows for the workers that still hold the segments:
- * what a worker claims back (vn_fabric_export_adopt: its own peer's, once) is the new
- * node's to withdraw again; what nobody claims is withdrawn at vn_fabric_adopt_end, which
- * frees the peer's windows. */
+ * what a worker claims back (vn_fabric_adopt: its own peer's, once) is the new node's to
+ * withdraw again; what nobody claims is withdrawn at vn_fabric_adopt_end, which frees the
+ * peer's windows.  A mapper that restarts gives back, at vn_fabric_adopt_end, the windows
+ * nobody claimed, and the one claimed at its unmap. */
 START_TEST(test_ntb_resume_adopt)
 {
     static const char *const keep[] = { "keep-ms", "60000", NULL };
@@ -1474,7 +1475,7 @@ START_TEST(test_ntb_resume_adopt)
     g_autoptr(GError) error = NULL;
     VnFabricWindow *w[4] = { NULL };
     int memfd = memfd_new(4096, NULL);
-    uint64_t seg[5];
+    uint64_t seg[5], fresh[3];
 
     for (unsigned i = 0; i < 4; i++) {
         seg[i] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
@@ -1490,11 +1491,13 @@ START_TEST(test_ntb_resume_adopt)
     WAIT_FOR(log_count(a, "up:b") == 2);
 
     /* Claims: its own (once), not another peer's, not one never exported. */
-    ck_assert(vn_fabric_export_adopt(b->fab, false, seg[0], "a"));
-    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[0], "a"));
-    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[1], "c"));
-    ck_assert(!vn_fabric_export_adopt(b->fab, false, seg[3], "a"));
-    ck_assert(!vn_fabric_export_adopt(b->fab, true, seg[1], "a"));
+    ck_assert(vn_fabric_adopt(b->fab, VN_FABRIC_HELD_SEGMENT, seg[0], "a"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_SEGMENT, seg[0], "a"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_SEGMENT, seg[1], "c"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_SEGMENT, seg[3], "a"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_ROUTE, seg[1], "a"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_WINDOW, seg[1], "a"));
+    ck_assert(!vn_fabric_adopt(b->fab, VN_FABRIC_HELD_LAST, seg[1], "a"));
     /* All three windows still exported: nothing more fits. */
     seg[4] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
     ck_assert_ptr_null(fw_window_map(a->fab, "b", seg[4], &error));
@@ -1508,6 +1511,22 @@ START_TEST(test_ntb_resume_adopt)
         vn_fabric_window_unmap(a->fab, w[i]);
     }
     /* b's segment entries of before are gone with it: export anew, then all three fit. */
+    for (unsigned i = 0; i < 3; i++) {
+        fresh[i] = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+        w[i] = fw_window_map(a->fab, "b", fresh[i], &error);
+        ck_assert_msg(w[i] != NULL, "%s", error ? error->message : "");
+    }
+
+    /* Now a restarts, holding those three windows: one claimed back and unmapped, the others
+     * given back at adopt_end; then b has all three windows free again. */
+    node_close(a); /* the rig's windows go with it; the port keeps them */
+    a = node_open_kv("a", false, keep);
+    WAIT_FOR(log_count(b, "up:a") == 2);
+    ck_assert(vn_fabric_adopt(a->fab, VN_FABRIC_HELD_WINDOW, fresh[0], "b"));
+    ck_assert(!vn_fabric_adopt(a->fab, VN_FABRIC_HELD_WINDOW, fresh[0], "b"));
+    ck_assert(!vn_fabric_adopt(a->fab, VN_FABRIC_HELD_WINDOW, seg[4], "b"));
+    vn_fabric_adopted_unmap(a->fab, "b", fresh[0]);
+    vn_fabric_adopt_end(a->fab);
     for (unsigned i = 0; i < 3; i++) {
         uint64_t id = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
 

@@ -890,6 +890,47 @@ static VnHostHdr raw_reply(int sock, int *fd)
     return rep;
 }
 
+/* The daemon restarts and leaves its port (the worker's exports stay); the new daemon's
+ * fabric has no entry of them.  The worker claims its segment back as it reconnects, and its
+ * unexport is then done, not refused.  Claims for another peer than the port's, or of a kind
+ * there is none of, are refused and counted. */
+START_TEST(test_exports_claimed_after_restart)
+{
+    Node *hb = nodes->pdata[1];
+    g_autoptr(GError) error = NULL;
+    g_autofree char *secret = NULL;
+    uint8_t *wmap;
+    int wfd = memfd_new(4096, &wmap);
+    int sock;
+
+    node_start(lender);
+    open_worker(step_open);
+    worker->fd = wfd;
+    in_worker(step_export);
+    secret = vn_port_secret_hex(port);
+    vn_port_leave(port);
+    vn_fabric_segment_unexport(hostb(), worker->id); /* what a new daemon's fabric lacks */
+    port = vn_port_new(hb->fab, worker->port, "hosta", "nvme0", false, ctx, &error);
+    ck_assert_msg(port != NULL, "%s", error ? error->message : "");
+    ck_assert(vn_port_adopt(port, getpid(), secret));
+    in_worker(step_run);
+    in_worker(step_unexport);
+    in_worker(step_echo); /* after the unexport, in order */
+    ck_assert_uint_eq(vn_port_refused(port), 0);
+
+    sock = raw_connect();
+    ck_assert_int_eq(
+        vn_host_send(sock, VN_HOST_CLAIM, 0, 0, "hostc", 77, VN_FABRIC_HELD_SEGMENT, NULL, 0, -1),
+        0);
+    WAIT_FOR(vn_port_refused(port) == 1);
+    ck_assert_int_eq(vn_host_send(sock, VN_HOST_CLAIM, 0, 0, "hosta", 78, 7, NULL, 0, -1), 0);
+    WAIT_FOR(vn_port_refused(port) == 2);
+    close(sock);
+    munmap(wmap, 4096);
+    close(wfd);
+}
+END_TEST
+
 /* A worker that lies: it asks its daemon to withhold (or give back) a segment that is not
  * its own, here one the daemon's node exported itself.  Refused with EACCES, counted, and
  * the segment is left as it was. */
@@ -1535,6 +1576,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_fenced);
     tcase_add_test(tc, test_device_server);
     tcase_add_test(tc, test_withdraw);
+    tcase_add_test(tc, test_exports_claimed_after_restart);
     tcase_add_test(tc, test_withhold_not_its_own);
     tcase_add_test(tc, test_join_not_its_own);
     tcase_add_test(tc, test_keep_for_the_next_worker);

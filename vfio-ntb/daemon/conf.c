@@ -10,6 +10,7 @@
 #include "common/name.h"
 #include "common/util.h"
 #include "fabric/fabric.h"
+#include "fabric/ntb.h"
 #include "lending/backend.h"
 
 #include <errno.h>
@@ -511,6 +512,11 @@ static bool parse_fabric(const ConfRead *p, VnConfig *c, GError **error)
     for (char **k = keys; k != NULL && *k != NULL; k++) {
         g_hash_table_insert(c->fabric_params, g_strdup(*k),
                             g_key_file_get_string(p->kf, "fabric", *k, NULL));
+    }
+    /* A daemon's NTB sessions outlive its restarts (fabric/ntb-resume.c) unless told not. */
+    if (strcmp(c->fabric, "ntb") == 0 && !g_hash_table_contains(c->fabric_params, "keep-ms")) {
+        g_hash_table_insert(c->fabric_params, g_strdup("keep-ms"),
+                            g_strdup_printf("%u", VN_NTB_DEFAULT_KEEP_MS));
     }
     if (vn_fabric_params_check(c->fabric, c->fabric_params, &bad, &local)) {
         return ports_named(p, c, error);

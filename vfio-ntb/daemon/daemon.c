@@ -278,8 +278,24 @@ static gboolean on_adopt_end(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
+/* Workers of our predecessor's that we adopted (they serve on). */
+static unsigned adopted_workers(VnDaemon *d)
+{
+    unsigned n = 0;
+
+    for (guint i = 0; i < d->local->len; i++) {
+        n += ((VnLocalDevice *)d->local->pdata[i])->worker_pid > 0;
+    }
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        n += ((VnBorrowed *)d->borrowed->pdata[i])->worker_pid > 0;
+    }
+    return n;
+}
+
 static bool daemon_start(VnDaemon *d, GError **error)
 {
+    unsigned adopted;
+
     /* Before anything else: a second daemon on a live one's control socket
      * must not join the fabric under its name, nor take the socket over. */
     if (!vn_control_path_free(d->conf->control_socket, error)) {
@@ -317,6 +333,7 @@ static bool daemon_start(VnDaemon *d, GError **error)
     if (!vn_state_load(d, error)) {
         return false;
     }
+    adopted = adopted_workers(d);
     if (d->workers->stop_strays != NULL) {
         d->workers->stop_strays(d);
     }
@@ -334,8 +351,13 @@ static bool daemon_start(VnDaemon *d, GError **error)
     }
     vn_state_save_or_report(d);
     /* What our predecessor exported for its workers and the fabric kept for us is theirs
-     * again as they reconnect and claim it; once they all could, the rest is withdrawn. */
-    d->adopt_timer = g_timeout_add(VN_HOST_RECONNECT_MS, on_adopt_end, d);
+     * again as they reconnect and claim it; once they all could, the rest is withdrawn (at
+     * once when no worker of its runs on: a daemon with no state, or all of them gone). */
+    if (adopted == 0) {
+        vn_fabric_adopt_end(d->fab);
+    } else {
+        d->adopt_timer = g_timeout_add(VN_HOST_RECONNECT_MS, on_adopt_end, d);
+    }
     d->control = vn_control_new(d, d->conf->control_socket, vn_commands_lookup, error);
     if (d->control == NULL) {
         return false;

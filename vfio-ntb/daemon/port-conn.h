@@ -47,6 +47,12 @@ typedef struct VnPortIn {
  * the daemon's loop never waits for it. */
 #define VN_PORT_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
 
+/* A window the worker held before our start, onto @peer's segment @id (vn_fabric_adopt). */
+typedef struct VnPortHeld {
+    uint64_t id;
+    char peer[VN_MAX_NODE_NAME + 1];
+} VnPortHeld;
+
 struct VnPort {
     VnFabric *fab;
     char *path;
@@ -69,6 +75,7 @@ struct VnPort {
     GArray *segments;       /* uint64_t ids exported for it */
     GArray *routes;
     GArray *withdrawn;        /* uint64_t ids of those the daemon withdrew (vn_port_withdraw) */
+    GArray *adopted_windows;  /* VnPortHeld: its windows from before our start (a claim) */
     uint64_t doorbells;       /* bit i: the worker's */
     GPtrArray *relays;        /* VnPortRelay *, in flight */
     VnFabricConnect *connect; /* the worker's CONNECT, answered once its peer's link is up */

@@ -89,22 +89,41 @@ void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd)
  * nobody claims is withdrawn by the fabric later (vn_fabric_adopt_end). */
 void vn_port_op_claim(VnPort *p, const VnHostHdr *h)
 {
-    bool route = h->arg2 == 1;
-    GArray *ids = route ? p->routes : p->segments;
+    static const char *const what[] = { "segment", "route", "window onto segment" };
+    GArray *ids = h->arg2 == VN_FABRIC_HELD_ROUTE    ? p->routes
+                  : h->arg2 == VN_FABRIC_HELD_WINDOW ? p->adopted_windows
+                                                     : p->segments;
+    VnPortHeld held = { .id = h->arg };
 
-    if (h->arg2 > 1 || ids->len >= VN_PORT_MAX_EXPORTS ||
+    if (h->arg2 >= VN_FABRIC_HELD_LAST || ids->len >= VN_PORT_MAX_EXPORTS ||
         (p->peer != NULL && strcmp(h->peer, p->peer) != 0)) {
-        vn_port_refuse(p, "a claim of %s %" PRIu64 " for %s", route ? "route" : "segment", h->arg,
-                       h->peer);
+        vn_port_refuse(p, "a claim of %" PRIu64 " (%" PRIu64 ") of %s", h->arg, h->arg2, h->peer);
         return;
     }
-    if (!vn_fabric_export_adopt(p->fab, route, h->arg, h->peer)) {
-        g_info("port %s: its worker's %s %" PRIu64 " for %s, from before our start, is not "
+    if (!vn_fabric_adopt(p->fab, (VnFabricHeld)h->arg2, h->arg, h->peer)) {
+        g_info("port %s: its worker's %s %" PRIu64 " of %s, from before our start, is not "
                "there to adopt",
-               p->path, route ? "route" : "segment", h->arg, h->peer);
+               p->path, what[h->arg2], h->arg, h->peer);
         return;
     }
-    g_array_append_val(ids, h->arg);
+    if (h->arg2 == VN_FABRIC_HELD_WINDOW) {
+        g_strlcpy(held.peer, h->peer, sizeof(held.peer));
+        g_array_append_val(ids, held);
+    } else {
+        g_array_append_val(ids, h->arg);
+    }
+}
+
+void vn_port_adopted_unmap(VnPort *p, uint64_t id)
+{
+    for (guint i = 0; i < p->adopted_windows->len; i++) {
+        VnPortHeld held = g_array_index(p->adopted_windows, VnPortHeld, i);
+
+        if (id == 0 || held.id == id) {
+            g_array_remove_index_fast(p->adopted_windows, i--);
+            vn_fabric_adopted_unmap(p->fab, held.peer, held.id);
+        }
+    }
 }
 
 static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
@@ -178,6 +197,12 @@ void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
         if (w->segment == h->arg) {
             g_ptr_array_remove_index_fast(p->windows, i);
             vn_fabric_window_unmap(p->fab, w);
+            return;
+        }
+    }
+    for (guint i = 0; h->arg != 0 && i < p->adopted_windows->len; i++) {
+        if (g_array_index(p->adopted_windows, VnPortHeld, i).id == h->arg) {
+            vn_port_adopted_unmap(p, h->arg);
             return;
         }
     }

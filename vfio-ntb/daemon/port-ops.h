@@ -18,6 +18,8 @@ bool vn_port_array_take(GArray *a, uint64_t id);
 void vn_port_op_withhold(VnPort *p, const VnHostHdr *h);
 void vn_port_op_export(VnPort *p, const VnHostHdr *h, int fd);
 void vn_port_op_claim(VnPort *p, const VnHostHdr *h);
+/* The window from before our start onto segment @id (0: every one) is given back. */
+void vn_port_adopted_unmap(VnPort *p, uint64_t id);
 void vn_port_op_map(VnPort *p, const VnHostHdr *h);
 void vn_port_op_unmap(VnPort *p, const VnHostHdr *h);
 void vn_port_op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t len);

@@ -436,7 +436,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
     case VN_HOST_WITHHOLD_SEGMENT:
         vn_port_op_withhold(p, &h);
         break;
-    case VN_HOST_CLAIM_EXPORT:
+    case VN_HOST_CLAIM:
         vn_port_op_claim(p, &h);
         break;
     case VN_HOST_JOIN_WINDOWS:
@@ -656,11 +656,12 @@ void vn_port_withdraw(VnPort *p, bool everything, const char *why)
             ((VnPortMap *)p->maps->pdata[i])->port = NULL; /* freed when answered */
         }
         g_ptr_array_set_size(p->maps, 0);
-        windows = p->windows->len;
+        windows = p->windows->len + p->adopted_windows->len;
         for (guint i = 0; i < p->windows->len; i++) {
             vn_fabric_window_unmap(p->fab, p->windows->pdata[i]);
         }
         g_ptr_array_set_size(p->windows, 0);
+        vn_port_adopted_unmap(p, 0);
         for (uint32_t b = 0; b < VN_FABRIC_MAX_DOORBELLS; b++) {
             if (p->doorbells & (UINT64_C(1) << b)) {
                 vn_fabric_doorbells_free(p->fab, b, 1);
@@ -729,6 +730,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->segments = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->withdrawn = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    p->adopted_windows = g_array_new(FALSE, FALSE, sizeof(VnPortHeld));
     p->relays = g_ptr_array_new();
     p->out = g_byte_array_new();
     if (!port_listen(p, error)) {
@@ -784,6 +786,7 @@ static void port_free(VnPort *p, bool unlink_it, bool withdraw)
     g_array_unref(p->segments);
     g_array_unref(p->routes);
     g_array_unref(p->withdrawn);
+    g_array_unref(p->adopted_windows);
     g_byte_array_unref(p->out);
     g_free(p->path);
     g_free(p->peer);

@@ -188,6 +188,8 @@ void vn_fabric_segment_free(VnFabricSegment *seg);
 /* An entry with no fd for @id (a route's when @route) in @table: what someone else holds
  * (the daemon's port, a worker); false when @id is 0 or there already. */
 bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *peer, bool route);
+/* Whether window slot @w holds a window (not empty, not reserved for a map under way). */
+bool vn_fabric_window_slot_used(const VnFabricWindow *w);
 /* The entry of @table (segments or routes) @peer may take, counting and
  * logging a refusal; @what names the table's kind. */
 VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,

@@ -140,6 +140,14 @@ typedef struct VnFabricHandlers {
 #define VN_FABRIC_CAPS_KNOWN VN_FABRIC_CAP_DIRECT_ROUTES
 
 /* A backend. */
+/* What a worker holds through its daemon (vn_fabric_adopt, after the daemon's restart). */
+typedef enum VnFabricHeld {
+    VN_FABRIC_HELD_SEGMENT, /* a segment it exported */
+    VN_FABRIC_HELD_ROUTE,   /* a route it exported */
+    VN_FABRIC_HELD_WINDOW,  /* a window onto a peer's segment it mapped */
+    VN_FABRIC_HELD_LAST
+} VnFabricHeld;
+
 typedef struct VnFabricOps {
     const char *name;
     uint32_t caps; /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
@@ -195,11 +203,11 @@ typedef struct VnFabricOps {
      * whose owner guards it (VFIO revokes its own mappings of a BAR). */
     int (*withhold)(void *backend, uint64_t id, bool withhold);
     void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
-    /* Optional, for a backend that keeps what a node exported past the node's end (an
-     * NTB's session taken over, fabric/ntb-resume.c): adopt: whether it holds segment (or
-     * route) @id for @peer from before, taken over and not adopted yet; adopt_end: what
-     * it took over and nobody adopted is withdrawn (no worker holds it any more). */
-    bool (*adopt)(void *backend, bool route, uint64_t id, const char *peer);
+    /* Optional, for a backend that keeps what a node set up past the node's end (an NTB's
+     * session taken over, fabric/ntb-resume.c): adopt: whether it holds @kind @id for
+     * @peer from before (a window: onto @peer's segment @id), taken over and not adopted
+     * yet; adopt_end: what it took over and nobody adopted is undone (no worker holds it). */
+    bool (*adopt)(void *backend, VnFabricHeld kind, uint64_t id, const char *peer);
     void (*adopt_end)(void *backend);
     /* Optional, for a backend whose windows are files of their own (an NTB
      * module's): a new fd whose bytes from *@offset are the windows onto
@@ -397,14 +405,16 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id);
 
 /*
- * After a restart: segment (@route: route) @id, exported for @peer by the node before us
- * and still held by the worker that asked for it, is ours to unexport (and withhold) again.
- * Its fd stayed with the worker: the peer cannot map it anew (-ESTALE).  False when the id
- * is already known, the tables are full, or the backend does not hold it for @peer.  Once
- * every worker had its chance, vn_fabric_adopt_end(): the backend withdraws what it took
- * over that no worker adopted.
+ * After a restart: what the node before us set up for a worker that still holds it is ours
+ * again.  A segment or route @id exported for @peer: ours to unexport (and withhold) again;
+ * its fd stayed with the worker, so the peer cannot map it anew (-ESTALE).  A window onto
+ * @peer's segment @id: ours to unmap again (vn_fabric_adopted_unmap).  False when the id is
+ * known already, the tables are full, or the backend does not hold it for @peer.  Once every
+ * worker had its chance, vn_fabric_adopt_end(): the backend undoes what it took over that
+ * no worker adopted.
  */
-bool vn_fabric_export_adopt(VnFabric *fab, bool route, uint64_t id, const char *peer);
+bool vn_fabric_adopt(VnFabric *fab, VnFabricHeld kind, uint64_t id, const char *peer);
+void vn_fabric_adopted_unmap(VnFabric *fab, const char *peer, uint64_t id);
 void vn_fabric_adopt_end(VnFabric *fab);
 /*
  * Open @peer's route @id without waiting (no loop may wait on a peer that may never

@@ -39,7 +39,7 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_KEEP] = "KEEP",
     [VN_HOST_FORGET] = "FORGET",
     [VN_HOST_DIAL_DEVICE] = "DIAL_DEVICE",
-    [VN_HOST_CLAIM_EXPORT] = "CLAIM_EXPORT",
+    [VN_HOST_CLAIM] = "CLAIM",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -53,7 +53,7 @@ static bool op_has_peer(uint32_t op)
     return op == VN_HOST_CONNECT || op == VN_HOST_SEND || op == VN_HOST_MAP ||
            op == VN_HOST_UNMAP || op == VN_HOST_EXPORT_SEGMENT || op == VN_HOST_EXPORT_ROUTE ||
            op == VN_HOST_OPEN_ROUTE || op == VN_HOST_LINK || op == VN_HOST_RECV ||
-           op == VN_HOST_JOIN_WINDOWS || op == VN_HOST_CLAIM_EXPORT;
+           op == VN_HOST_JOIN_WINDOWS || op == VN_HOST_CLAIM;
 }
 
 /* A frame, or (JOIN_WINDOWS) ids: bytes after the header. */
@@ -77,7 +77,7 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
                 hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS ||
                 hdr->op == VN_HOST_DEVICE_SERVER || hdr->op == VN_HOST_KEEP ||
                 hdr->op == VN_HOST_FORGET || hdr->op == VN_HOST_DIAL_DEVICE ||
-                hdr->op == VN_HOST_CLAIM_EXPORT;
+                hdr->op == VN_HOST_CLAIM;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");

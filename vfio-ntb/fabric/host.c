@@ -218,17 +218,35 @@ int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_
     return host_wait_reply(h, seq, rep, fd_in);
 }
 
-static void claim_exports(VnHost *h, GHashTable *table, bool route)
+/* What the daemon before this one set up for us is ours again (a daemon that took its
+ * node's NTB sessions over holds it for us; fabric.h, vn_fabric_adopt). */
+static void claim_held(VnHost *h)
 {
+    GHashTable *tables[] = { h->fab->segments, h->fab->routes };
     GHashTableIter it;
     gpointer value;
 
-    g_hash_table_iter_init(&it, table);
-    while (g_hash_table_iter_next(&it, NULL, &value) && h->fd >= 0) {
-        VnFabricSegment *seg = value;
+    for (unsigned k = 0; k < G_N_ELEMENTS(tables); k++) {
+        if (tables[k] == NULL) {
+            continue;
+        }
+        g_hash_table_iter_init(&it, tables[k]);
+        while (g_hash_table_iter_next(&it, NULL, &value) && h->fd >= 0) {
+            VnFabricSegment *seg = value;
 
-        vn_host_send_record(h, VN_HOST_CLAIM_EXPORT, 0, seg->peer, seg->id, route ? 1 : 0, NULL,
-                            0, -1);
+            vn_host_send_record(h, VN_HOST_CLAIM, 0, seg->peer, seg->id,
+                                k == 0 ? VN_FABRIC_HELD_SEGMENT : VN_FABRIC_HELD_ROUTE, NULL, 0,
+                                -1);
+        }
+    }
+    for (uint32_t i = 0; h->fab->windows != NULL && i < h->fab->limits.max_windows && h->fd >= 0;
+         i++) {
+        VnFabricWindow *w = h->fab->windows[i];
+
+        if (vn_fabric_window_slot_used(w)) {
+            vn_host_send_record(h, VN_HOST_CLAIM, 0, w->peer, w->segment, VN_FABRIC_HELD_WINDOW,
+                                NULL, 0, -1);
+        }
     }
 }
 
@@ -289,10 +307,7 @@ static bool host_greet(VnHost *h, GError **error)
         }
         first += count;
     }
-    /* What we exported through the daemon before us is ours again (a daemon that took its
-     * node's NTB sessions over holds them for us; fabric.h, vn_fabric_export_adopt). */
-    claim_exports(h, h->fab->segments, false);
-    claim_exports(h, h->fab->routes, true);
+    claim_held(h);
     /* A link still up (the daemon was back in time) is asked for with no
      * answer: a LINK follows each change.  One reported down (it was not)
      * is asked for as a connect is, and comes up with the answer. */

@@ -138,8 +138,8 @@ typedef enum VnHostOp {
                                * (key 0, at most VN_HOST_MAX_KEPT_STATE bytes) */
     VN_HOST_FORGET,           /* a borrower's: arg: first key, arg2: last key */
     VN_HOST_DIAL_DEVICE,      /* a lender's -> 1 fd: a new connection to its device server */
-    VN_HOST_CLAIM_EXPORT,     /* peer, arg: id, arg2: 1 a route, 0 a segment; no answer: an
-                               * export of ours from before the daemon's restart, still ours */
+    VN_HOST_CLAIM,            /* peer, arg: id, arg2: VnFabricHeld; no answer: what the
+                               * daemon before this one set up for us, still ours */
     VN_HOST_OP_LAST
 } VnHostOp;
 

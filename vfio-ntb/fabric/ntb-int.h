@@ -88,9 +88,10 @@ typedef struct VnNtbLink {
     bool stash_failed;
     bool skip_frame;
     /* Ids of the exports taken over (by window, by route bit) that no worker adopted yet
-     * (vn_fabric_export_adopt); those still there at vn_fabric_adopt_end are withdrawn. */
+     * (vn_fabric_adopt); those still there at vn_fabric_adopt_end are withdrawn. */
     uint64_t orphan_window[VN_NTBPORT_MAX_WINDOWS];
     uint64_t orphan_route[VN_NTBPORT_MAX_DOORBELLS];
+    uint64_t orphan_mapped[VN_NTBPORT_MAX_WINDOWS];
 } VnNtbLink;
 
 struct VnNtb {
@@ -105,7 +106,7 @@ struct VnNtb {
     uint64_t reports; /* link changes told to the fabric */
     GQueue maps;      /* VnNtbMapping (ntb-map.c): waiting for MAPPED, or to be told */
     bool receiving;   /* a ring is being read: nothing may read one again meanwhile */
-    int64_t keep_ms;  /* "keep-ms", or -1: the provider's default (ntb-resume.c) */
+    int64_t keep_ms;  /* "keep-ms" (ntb-resume.c) */
 };
 
 /* ntb.c */
@@ -181,7 +182,7 @@ bool vn_ntb_keep_at_close(VnNtbLink *l);
  * false when there was none to take (the port is as new). */
 bool vn_ntb_resume(VnNtbLink *l);
 void vn_ntb_on_resumed(VnNtbLink *l, const uint8_t *payload, uint32_t len);
-bool vn_ntb_adopt(void *backend, bool route, uint64_t id, const char *peer);
+bool vn_ntb_adopt(void *backend, VnFabricHeld kind, uint64_t id, const char *peer);
 void vn_ntb_adopt_end(void *backend);
 
 #endif /* VN_NTB_INT_H */

@@ -34,6 +34,21 @@
 #define VN_NTB_STASH_MAGIC 0x564e5354u /* "VNST" */
 #define VN_NTB_STASH_VERSION 1u
 
+/* The SHA-256 of @l's link key, or zeros without one. */
+static void key_digest(VnNtbLink *l, uint8_t out[32])
+{
+    g_autoptr(GChecksum) sum = NULL;
+    gsize len = 32;
+
+    memset(out, 0, 32);
+    if (l->key == NULL) {
+        return;
+    }
+    sum = g_checksum_new(G_CHECKSUM_SHA256);
+    g_checksum_update(sum, l->key, (gssize)l->key_len);
+    g_checksum_get_digest(sum, out, &len);
+}
+
 /* What the port keeps for the daemon after us. */
 typedef struct VnNtbStash {
     uint32_t magic, version;
@@ -46,6 +61,9 @@ typedef struct VnNtbStash {
     uint64_t exported[VN_NTBPORT_MAX_WINDOWS], mapped[VN_NTBPORT_MAX_WINDOWS];
     uint8_t withheld[VN_NTBPORT_MAX_WINDOWS];
     uint64_t route_in[VN_NTBPORT_MAX_DOORBELLS], route_out[VN_NTBPORT_MAX_DOORBELLS];
+    /* The link key's SHA-256 (zeros: none): a session proven with one key is not taken
+     * over by a node that does not hold it. */
+    uint8_t key_digest[32];
 } VnNtbStash;
 G_STATIC_ASSERT(sizeof(VnNtbStash) <= VN_NTBPORT_MAX_STASH);
 
@@ -93,6 +111,7 @@ void vn_ntb_stash_save(VnNtbLink *l)
         }
         memcpy(st.route_in, l->route_in, sizeof(st.route_in));
         memcpy(st.route_out, l->route_out, sizeof(st.route_out));
+        key_digest(l, st.key_digest);
         ret = l->port->ops->stash_set(l->port, &st, sizeof(st));
     }
     if (ret < 0 && !l->stash_failed) {
@@ -148,6 +167,7 @@ bool vn_ntb_keep_at_close(VnNtbLink *l)
 static const char *stash_refused(VnNtbLink *l, const VnNtbStash *st, int n)
 {
     VnNtbPort *p = l->port;
+    uint8_t digest[32];
     uint32_t hello = 0;
 
     if (n != (int)sizeof(*st) || st->magic != VN_NTB_STASH_MAGIC ||
@@ -163,6 +183,10 @@ static const char *stash_refused(VnNtbLink *l, const VnNtbStash *st, int n)
         !vn_name_valid(VN_NAME_NODE, st->peer) ||
         (l->expected[0] != '\0' && strcmp(st->peer, l->expected) != 0)) {
         return "it was with another peer";
+    }
+    key_digest(l, digest);
+    if (memcmp(digest, st->key_digest, sizeof(digest)) != 0) {
+        return "it was proven with another link key";
     }
     if (!(st->peer_features & VN_NTB_FEATURE_RESUME)) {
         return "the peer cannot resume a session";
@@ -244,6 +268,7 @@ static void take_tables(VnNtbLink *l, const VnNtbStash *st)
     memcpy(l->route_out, st->route_out, sizeof(l->route_out));
     memcpy(l->orphan_window, l->exported, sizeof(l->orphan_window));
     memcpy(l->orphan_route, l->route_in, sizeof(l->orphan_route));
+    memcpy(l->orphan_mapped, l->mapped, sizeof(l->orphan_mapped));
 }
 
 static unsigned count_set(const uint64_t *v, unsigned n)
@@ -313,11 +338,14 @@ bool vn_ntb_resume(VnNtbLink *l)
 
 /* ---- what the workers still hold ------------------------------------------------------ */
 
-bool vn_ntb_adopt(void *backend, bool route, uint64_t id, const char *peer)
+bool vn_ntb_adopt(void *backend, VnFabricHeld kind, uint64_t id, const char *peer)
 {
     VnNtbLink *l = vn_ntb_link_of(backend, peer);
-    uint64_t *orphans = l == NULL ? NULL : route ? l->orphan_route : l->orphan_window;
-    unsigned n = route ? VN_NTBPORT_MAX_DOORBELLS : VN_NTBPORT_MAX_WINDOWS;
+    uint64_t *orphans = l == NULL                      ? NULL
+                        : kind == VN_FABRIC_HELD_ROUTE  ? l->orphan_route
+                        : kind == VN_FABRIC_HELD_WINDOW ? l->orphan_mapped
+                                                        : l->orphan_window;
+    unsigned n = kind == VN_FABRIC_HELD_ROUTE ? VN_NTBPORT_MAX_DOORBELLS : VN_NTBPORT_MAX_WINDOWS;
     bool found = false;
 
     for (unsigned k = 0; orphans != NULL && id != 0 && k < n; k++) {
@@ -335,8 +363,15 @@ void vn_ntb_adopt_end(void *backend)
 
     for (guint i = 0; i < ntb->links->len; i++) {
         VnNtbLink *l = ntb->links->pdata[i];
-        unsigned windows = 0, routes = 0;
+        unsigned windows = 0, routes = 0, mapped = 0;
 
+        /* Our windows onto the peer's segments that nobody adopted: given back to it. */
+        for (uint32_t w = 1; w < VN_NTBPORT_MAX_WINDOWS; w++) {
+            if (l->orphan_mapped[w] != 0 && l->mapped[w] == l->orphan_mapped[w]) {
+                vn_ntb_unmap_segment(ntb, l->peer, l->mapped[w]);
+                mapped++;
+            }
+        }
         /* Still there, and still that export: nobody adopted it. */
         for (uint32_t w = 1; w < VN_NTBPORT_MAX_WINDOWS; w++) {
             if (l->orphan_window[w] != 0 && l->exported[w] == l->orphan_window[w]) {
@@ -362,10 +397,12 @@ void vn_ntb_adopt_end(void *backend)
         }
         memset(l->orphan_window, 0, sizeof(l->orphan_window));
         memset(l->orphan_route, 0, sizeof(l->orphan_route));
-        if (windows + routes > 0) {
-            g_message("node %s: ntb port %s: withdrew %u windows and %u routes to %s that the "
-                      "last daemon's workers no longer hold",
-                      ntb->node, l->port->spec, windows, routes, l->peer);
+        memset(l->orphan_mapped, 0, sizeof(l->orphan_mapped));
+        if (windows + routes + mapped > 0) {
+            g_message("node %s: ntb port %s: withdrew %u windows and %u routes to %s, and gave "
+                      "back %u windows onto its segments, that the last daemon's workers no "
+                      "longer hold",
+                      ntb->node, l->port->spec, windows, routes, l->peer, mapped);
             vn_ntb_flush(l);
             vn_ntb_stash_save(l);
         }

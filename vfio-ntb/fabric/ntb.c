@@ -883,11 +883,7 @@ static bool link_add(VnNtb *ntb, const char *entry, GError **error)
     g_strlcpy(l->expected, kv[1] != NULL ? kv[1] : "", sizeof(l->expected));
     g_strlcpy(l->peer, l->expected, sizeof(l->peer));
     l->key = vn_ntb_keys_get(ntb->keys, l->expected, &l->key_len); /* checked: there */
-    /* An adapter keeps a session for the next daemon unless told otherwise; the in-process
-     * pair (the unit suites') only when told. */
-    l->keep_ms = ntb->keep_ms >= 0                  ? (uint32_t)ntb->keep_ms
-                 : strcmp(p->ops->name, "pair") == 0 ? 0
-                                                    : VN_NTB_DEFAULT_KEEP_MS;
+    l->keep_ms = ntb->keep_ms > 0 ? (uint32_t)ntb->keep_ms : 0;
     vn_ntb_keep_at_open(l);
     g_ptr_array_add(ntb->links, l);
     link_fds(l, fds);
@@ -1004,7 +1000,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
     ntb->ring = v;
     ntb->keep_ms = g_hash_table_contains(params, "keep-ms")
                        ? (int64_t)g_ascii_strtoull(g_hash_table_lookup(params, "keep-ms"), NULL, 10)
-                       : -1; /* checked above */
+                       : 0; /* checked above */
     ntb->links = g_ptr_array_new_with_free_func((GDestroyNotify)link_free);
     if (g_hash_table_contains(params, "key-file") &&
         (ntb->keys = vn_ntb_keys_load(g_hash_table_lookup(params, "key-file"), error)) == NULL) {

@@ -12,8 +12,9 @@
  * "key-file" (the link keys, ntb-auth.h: every port must then say =NODE and
  * the file hold that node's key);
  * "keep-ms" (how long a port keeps a session past this node's end for the
- * next daemon to take over, ntb-resume.c; 0 to VN_NTB_MAX_KEEP_MS, default
- * VN_NTB_DEFAULT_KEEP_MS on adapters, 0 on the in-process pair).
+ * next node on it to take over, ntb-resume.c; 0 to VN_NTB_MAX_KEEP_MS,
+ * default 0; vfio-ntbd's is VN_NTB_DEFAULT_KEEP_MS): whoever opens a node
+ * with it calls vn_fabric_adopt_end() once its workers claimed theirs.
  *
  * Window budget: inbound window 0 of every port holds the message ring the
  * peer writes into; windows 1..N-1 carry segments, one mapping each, so an
@@ -88,9 +89,9 @@ extern const VnFabricOps vn_ntb_ops;
 #define VN_NTB_MAX_QUEUED (16u * VN_FABRIC_MAX_FRAME)
 /* A peer that takes nothing from its ring for this long loses its link. */
 #define VN_NTB_SEND_TIMEOUT_MS 5000
-/* How long a port keeps a session for the next daemon by default ("keep-ms"): above a
- * restart's time (systemd restarts a crashed daemon after 1 s), and the time a peer's fabric
- * waits before it sees the link of a node that stopped for good go down. */
+/* How long vfio-ntbd's ports keep a session for the next daemon unless its config says
+ * ("keep-ms"): above a restart's time (systemd restarts a crashed daemon after 1 s); also
+ * what a peer waits before it sees the link of a node that stopped for good go down. */
 #define VN_NTB_DEFAULT_KEEP_MS 15000u
 #define VN_NTB_MAX_KEEP_MS 600000u
 /* A peer whose sessions keep breaking gets a new one at most this often. */

@@ -148,19 +148,30 @@ bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *pe
     return true;
 }
 
-bool vn_fabric_export_adopt(VnFabric *fab, bool route, uint64_t id, const char *peer)
+bool vn_fabric_adopt(VnFabric *fab, VnFabricHeld kind, uint64_t id, const char *peer)
 {
-    GHashTable *table = route ? fab->routes : fab->segments;
+    static const char *const what[] = { "segment", "route", "window onto segment" };
+    GHashTable *table = kind == VN_FABRIC_HELD_ROUTE ? fab->routes : fab->segments;
+    bool window = kind == VN_FABRIC_HELD_WINDOW;
 
-    if (peer == NULL || !vn_name_valid(VN_NAME_NODE, peer) || id == 0 ||
-        g_hash_table_contains(table, &id) ||
-        g_hash_table_size(table) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS) ||
+    if (kind >= VN_FABRIC_HELD_LAST || peer == NULL || !vn_name_valid(VN_NAME_NODE, peer) ||
+        id == 0 ||
+        (!window && (g_hash_table_contains(table, &id) ||
+                     g_hash_table_size(table) >=
+                         MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS))) ||
         (fab->ops->adopt != NULL &&
-         (fab->backend == NULL || !fab->ops->adopt(fab->backend, route, id, peer)))) {
+         (fab->backend == NULL || !fab->ops->adopt(fab->backend, kind, id, peer)))) {
         return false;
     }
-    trace_fabric_export_adopt(fab->node, route ? "route" : "segment", id, peer);
-    return vn_fabric_export_entry_adopt(table, id, peer, route);
+    trace_fabric_adopt(fab->node, what[kind], id, peer);
+    return window || vn_fabric_export_entry_adopt(table, id, peer, kind == VN_FABRIC_HELD_ROUTE);
+}
+
+void vn_fabric_adopted_unmap(VnFabric *fab, const char *peer, uint64_t id)
+{
+    if (fab->ops->unmap_segment != NULL && fab->backend != NULL) {
+        fab->ops->unmap_segment(fab->backend, peer, id);
+    }
 }
 
 void vn_fabric_adopt_end(VnFabric *fab)
@@ -239,6 +250,11 @@ static uint64_t window_size_for(uint64_t size, uint64_t granularity)
 
 /* A slot being filled by an asynchronous map. */
 static VnFabricWindow reserved;
+
+bool vn_fabric_window_slot_used(const VnFabricWindow *w)
+{
+    return w != NULL && w != &reserved;
+}
 
 /* The arguments, the link and a free slot; false with @error. */
 static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *slot, GError **error)
