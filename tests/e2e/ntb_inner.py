@@ -31,6 +31,7 @@ import ntb_guest
 import ntb_impersonate
 import ntb_kmod
 import ntb_lend
+import ntb_restart
 
 SHARE = Path("/tmp/share")
 # ntb_hw_epf's maps: mx8 (one or two windows), j721e (three: test_ntb_bar.py).
@@ -242,6 +243,7 @@ def main():
         ntb_fabric.run(role, bdf, barrier, fact)
         ntb_fabric.daemons(role, bdf, barrier, fact)
         ntb_lend.run(role, bdf, barrier, fact)
+        ntb_restart.run(role, bdf, barrier, fact)
         if args.guest_data:
             ntb_guest.run(role, bdf, barrier, fact)
         ntb_impersonate.run(role, bdf, barrier, fact)

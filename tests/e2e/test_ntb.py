@@ -42,6 +42,13 @@ says what each host does).  What a user would check:
   while that worker is still there, the worker is killed when it does not say it fenced,
   and a new borrow of host b's finds the device reset (CC, enabled when the old holder
   left it, reads 0) and passes Identify on it.
+- ntb-daemon-restart (ntb_restart.py): host a's NVMe lent to host b's consumer, which ran an
+  Identify by MSI-X; host a's daemon killed and started again, then host b's: each took its
+  port's session over (kept by our module, VN_NTB_KEEP) and adopted its worker, the other
+  heard of it (RESUMED) and no new session started; the consumer's Identify by MSI-X passed
+  after each restart with MSI-X as it was (the doorbell route kept), and again once both
+  daemons' workers had had their time to claim what they hold (nothing withdrawn); nothing
+  forwarded or relayed.
 - ntb-impersonation-refused (ntb_impersonate.py; every daemon here holds the link's key,
   [fabric] key-file): host b's daemon borrows host a's NVMe and is killed; a config whose
   port does not name its node is refused by --check-config; a daemon on host b's port that
@@ -71,7 +78,7 @@ import harness as h  # noqa: E402
 from lenderhost import NVME, LenderHost  # noqa: E402
 import ntb_guest  # noqa: E402
 
-EXPECTED_RESULTS = 10
+EXPECTED_RESULTS = 11
 # The hosts on the patched QEMU (test_ntb_patched.py sets it).
 PATCHED = False
 # Two TCG VMs at once, ntb_perf's trapped copy; tests/run-checks reads this.
@@ -272,6 +279,7 @@ def main():
     ok &= lend_result(a, b, p0, p1)
     ok &= guard_results(a, b, p0, p1)
     ok &= fence_result(a, b)
+    ok &= restart_result(a, b)
     ok &= impersonation_result(a, b)
     ok &= lost_result(b)
     if GUEST_DATA:
@@ -369,6 +377,26 @@ def fence_result(a, b):
         old_cc=b.get("fence_old_cc"),
         new_cc=b.get("fence_new_cc"),
         error=f"{a.get('lend_error', '-')}|{b.get('lend_error', '-')}")
+
+
+def restart_result(a, b):
+    ok_word = "0xc0ffee/0"
+    return h.result(
+        "ntb-daemon-restart",
+        b.get("restart_before") == ok_word and a.get("restart_a_took_over") == "True" and
+        b.get("restart_b_heard") == "True" and b.get("restart_after_a") == ok_word and
+        b.get("restart_b_took_over") == "True" and b.get("restart_after_b") == ok_word and
+        b.get("restart_after_claims") == ok_word and a.get("restart_a_withdrew") == "0" and
+        b.get("restart_b_withdrew") == "0" and a.get("restart_a_new_sessions") == "0" and
+        b.get("restart_b_new_sessions") == "0" and b.get("restart_forwarded") == "0" and
+        b.get("restart_relayed") == "0",
+        before=b.get("restart_before"), after_lender=b.get("restart_after_a"),
+        after_borrower=b.get("restart_after_b"), after_claims=b.get("restart_after_claims"),
+        heard=b.get("restart_b_heard"),
+        withdrew=f"{a.get('restart_a_withdrew')},{b.get('restart_b_withdrew')}",
+        new_sessions=f"{a.get('restart_a_new_sessions')},{b.get('restart_b_new_sessions')}",
+        forwarded=b.get("restart_forwarded"), relayed=b.get("restart_relayed"),
+        error=f"{a.get('restart_error', '-')}|{b.get('restart_error', '-')}")
 
 
 def impersonation_result(a, b):

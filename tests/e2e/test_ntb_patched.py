@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 import test_ntb  # noqa: E402
 
-EXPECTED_RESULTS = 11
+EXPECTED_RESULTS = 12
 TIMEOUT_S = 2100
 
 if __name__ == "__main__":
