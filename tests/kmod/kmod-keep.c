@@ -174,8 +174,8 @@ void case_keep(void)
     kv(&t, "kept_translations=%d", r);
     check(&t, r == 2, "%d translations kept, not 2", r);
     check(&t, ev_signal(sig), "signal: %s", strerror(errno));
-    check(&t, ev_readable(efd, 2000), "with no owner, a kept trigger did not reach the kept "
-                                       "doorbell eventfd");
+    check(&t, ev_readable(efd, 2000),
+          "with no owner, a kept trigger did not reach the kept doorbell eventfd");
 
     /* Taken over by the next open, as it was. */
     dev = dev_open();

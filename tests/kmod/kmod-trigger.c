@@ -71,8 +71,10 @@ void case_doorbell_trigger(void)
     not_eventfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     check(&t, peer_trigger(dev, sig.fd, 0x3) == -EINVAL, "two bits were taken");
     check(&t, peer_trigger(dev, sig.fd, 0) == -EINVAL, "no bit was taken");
-    check(&t, peer_trigger(dev, sig.fd, 1ull << 63) == -EINVAL, "a bit beyond the device's was taken");
-    check(&t, peer_trigger(dev, not_eventfd, BIT1) == -EINVAL, "a file that is no eventfd was taken");
+    check(&t, peer_trigger(dev, sig.fd, 1ull << 63) == -EINVAL,
+          "a bit beyond the device's was taken");
+    check(&t, peer_trigger(dev, not_eventfd, BIT1) == -EINVAL,
+          "a file that is no eventfd was taken");
     check(&t, peer_trigger(dev, -5, BIT1) == -EINVAL, "fd -5 was taken");
     check(&t, peer_trigger(dev, -1, 1ull << 2) == -ENOENT, "a removal of no trigger succeeded");
 

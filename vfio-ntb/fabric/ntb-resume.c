@@ -294,8 +294,7 @@ bool vn_ntb_resume(VnNtbLink *l)
     }
     n = p->ops->stash_get(p, &st, sizeof(st));
     why = stash_refused(l, &st, n);
-    if (why == NULL &&
-        p->ops->in_take(p, 0, VN_NTB_RING_DATA + l->ntb->ring, &l->in) < 0) {
+    if (why == NULL && p->ops->in_take(p, 0, VN_NTB_RING_DATA + l->ntb->ring, &l->in) < 0) {
         why = "our ring is gone";
     }
     if (why == NULL && (vn_ntb_peer_ring_map(l, VN_NTB_RING_DATA + st.ring_out) < 0 ||
@@ -341,7 +340,7 @@ bool vn_ntb_resume(VnNtbLink *l)
 bool vn_ntb_adopt(void *backend, VnFabricHeld kind, uint64_t id, const char *peer)
 {
     VnNtbLink *l = vn_ntb_link_of(backend, peer);
-    uint64_t *orphans = l == NULL                      ? NULL
+    uint64_t *orphans = l == NULL                       ? NULL
                         : kind == VN_FABRIC_HELD_ROUTE  ? l->orphan_route
                         : kind == VN_FABRIC_HELD_WINDOW ? l->orphan_mapped
                                                         : l->orphan_window;
@@ -419,8 +418,8 @@ void vn_ntb_on_resumed(VnNtbLink *l, const uint8_t *payload, uint32_t len)
         vn_ntb_session_broken(l, "a bad RESUMED");
         return;
     }
-    g_message("node %s: ntb port %s: %s's daemon restarted and took our session over",
-              l->ntb->node, l->port->spec, l->peer);
+    g_message("node %s: ntb port %s: %s's daemon restarted and took our session over", l->ntb->node,
+              l->port->spec, l->peer);
     /* A frame of its last daemon's, cut short, and answers it will never give. */
     g_byte_array_set_size(l->reasm, 0);
     vn_ntb_maps_end(l->ntb, l, -ECONNRESET);

@@ -934,8 +934,7 @@ static bool ntb_check_params(GHashTable *params, const char **bad, GError **erro
         return false;
     }
     *bad = "keep-ms";
-    if (keep != NULL &&
-        !g_ascii_string_to_unsigned(keep, 10, 0, VN_NTB_MAX_KEEP_MS, NULL, error)) {
+    if (keep != NULL && !g_ascii_string_to_unsigned(keep, 10, 0, VN_NTB_MAX_KEEP_MS, NULL, error)) {
         g_prefix_error(error, "ntb fabric: keep-ms: ");
         return false;
     }

@@ -156,9 +156,9 @@ bool vn_fabric_adopt(VnFabric *fab, VnFabricHeld kind, uint64_t id, const char *
 
     if (kind >= VN_FABRIC_HELD_LAST || peer == NULL || !vn_name_valid(VN_NAME_NODE, peer) ||
         id == 0 ||
-        (!window && (g_hash_table_contains(table, &id) ||
-                     g_hash_table_size(table) >=
-                         MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS))) ||
+        (!window &&
+         (g_hash_table_contains(table, &id) ||
+          g_hash_table_size(table) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS))) ||
         (fab->ops->adopt != NULL &&
          (fab->backend == NULL || !fab->ops->adopt(fab->backend, kind, id, peer)))) {
         return false;
