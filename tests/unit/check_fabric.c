@@ -1462,6 +1462,26 @@ START_TEST(test_ntb_resume)
 }
 END_TEST
 
+/* A session is not taken over once its peer is gone (its link down): the node starts anew,
+ * and its link comes up only with the peer's next session. */
+START_TEST(test_ntb_resume_peer_gone)
+{
+    static const char *const keep[] = { "keep-ms", "60000", NULL };
+    Node *a = node_open_kv("a", false, keep);
+    Node *b = node_open("b", false);
+
+    link_nodes(a, b);
+    node_close(a);
+    node_close(b);
+    a = node_open_kv("a", false, keep);
+    spin(100);
+    ck_assert_int_eq(log_count(a, "up:b"), 0);
+    b = node_open("b", false);
+    WAIT_FOR(log_count(a, "up:b") == 1 && log_count(b, "up:a") == 1);
+    assert_echo(a, "b", "{\"anew\":1}");
+}
+END_TEST
+
 /* An exporter that restarts keeps its windows for the workers that still hold the segments:
  * what a worker claims back (vn_fabric_adopt: its own peer's, once) is the new node's to
  * withdraw again; what nobody claims is withdrawn at vn_fabric_adopt_end, which frees the
@@ -1931,6 +1951,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_peer_restart);
     tcase_add_test(tc, test_ntb_resume);
     tcase_add_test(tc, test_ntb_resume_adopt);
+    tcase_add_test(tc, test_ntb_resume_peer_gone);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
     tcase_add_test(tc, test_ntb_connects_bounded);
     tcase_add_test(tc, test_ntb_send_does_not_wait);

@@ -206,6 +206,9 @@ static const char *stash_refused(VnNtbLink *l, const VnNtbStash *st, int n)
             return "it is malformed";
         }
     }
+    if (!p->ops->link_up(p)) {
+        return "the link is down (the peer is gone)";
+    }
     if (p->ops->spad_read(p, VN_NTB_SPAD_HELLO, &hello) < 0 ||
         hello != ((uint32_t)VN_NTB_SPAD_MAGIC << 16 | st->peer_epoch)) {
         return "the peer started another session since";
