@@ -34,8 +34,9 @@ fence_worker_* (host a's).
 Then peer_lost(), the last phase: the device lent again, in use by host b's consumer, and
 host a's VM killed (by test_ntb.py, when host b asks).  Host b's daemon sees the link go
 down (our module's link event), the consumer's BAR reads all ones and its writes are
-dropped (the window reaches nothing), the borrower reports the lender lost once the lease
-timeout passed, the consumer keeps running, and the device is given back.  Then, with the
+dropped (the window reaches nothing), the borrower reports the lender lost at once (the
+windows and routes went with the NTB session: nothing waits the lease timeout for them),
+the consumer keeps running, and the device is given back.  Then, with the
 daemon stopped, the module on its own: the link reads down, the window all ones, and it
 unloads.
 """
@@ -64,7 +65,7 @@ RAM_SIZE = 64 << 20         # the consumer's: one segment through one window (--
 LINK_KEY = "5a" * 32
 
 
-def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000, key=LINK_KEY):
+def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000, key=LINK_KEY, more=None):
     me, peer = ("hosta", "hostb") if role == "a" else ("hostb", "hosta")
     wd = procs.tempdir(f"vn-lend-{role}-")
     keys = wd / "link.keys"
@@ -72,7 +73,7 @@ def daemon(procs, role, ntb_bdf, lends=None, lease_timeout_ms=20000, key=LINK_KE
     keys.chmod(0o600)
     return Daemon(procs, wd, me, None, fabric="ntb",
                   fabric_params={"ports": f"/dev/vfio-ntb/{ntb_bdf}={peer}",
-                                 "key-file": keys}, lends=lends,
+                                 "key-file": keys, **(more or {})}, lends=lends,
                   lease_timeout_ms=lease_timeout_ms).start()
 
 

@@ -13,9 +13,15 @@ doorbell route rung in host a's kernel).  Then:
   consumer's RAM and the route to its eventfd kept);
 - once both daemons' workers had their time to claim what they hold (the daemons withdraw
   what nobody claimed 30 s after their start), the consumer's Identify by MSI-X passes again:
-  everything the data path needs was claimed, nothing was withdrawn.
+  everything the data path needs was claimed, nothing was withdrawn;
+- then a restart too slow for the keep (restart_slow_*): host a's daemon killed and started
+  again only after its port let the session go (keep-ms here 6 s).  Both hosts agree the
+  device's data path is gone, and say so: host b reports the lender lost once its link went
+  down (the NTB session ended, and the windows and routes with it), without waiting the lease
+  timeout, and the device leaves the consumer's use (its BAR reads all ones); host a's
+  restarted daemon does not keep the lease, and lists the device free.
 
-Facts are host b's (restart_*), but restart_a_took_over and restart_a_withdrew (host a's).
+Facts are host b's (restart_*), but restart_a_* (host a's).
 """
 import time
 
@@ -25,9 +31,13 @@ import ntb_lend
 import vfio_inner as vi
 
 PHASES = ("restart-lent", "restart-baseline", "restart-a-back", "restart-b-back",
-          "restart-done")
+          "restart-slow", "restart-done")
 # The daemons' wait for their workers' claims (VN_HOST_RECONNECT_MS), and a margin.
 CLAIM_WAIT_S = 30 + 5
+# How long the ports keep a session here (keep-ms): above a restart's time under TCG, short
+# enough for the slow restart to outlast it.
+KEEP_MS = 6000
+SLOW_RESTART_S = KEEP_MS / 1000 + 4
 TOOK_OVER = "took over the session"
 NEW_SESSION = "the peer started a new session"
 WITHDREW = "no longer hold"
@@ -54,8 +64,17 @@ def restart(d, what):
                              f"{d.log()[-2000:]}")
 
 
+def daemon(procs, role, ntb_bdf, **kw):
+    return ntb_lend.daemon(procs, role, ntb_bdf, more={"keep-ms": KEEP_MS}, **kw)
+
+
+def borrower_of(control, device):
+    x = [d for d in control.execute("query-devices") if d["device"] == device]
+    return x[0].get("borrower") if x else None
+
+
 def lender(procs, ntb_bdf, barrier, fact):
-    a = ntb_lend.daemon(procs, "a", ntb_bdf, lends={"nvme0": {"pci": vi.find(vi.NVME_ID)}})
+    a = daemon(procs, "a", ntb_bdf, lends={"nvme0": {"pci": vi.find(vi.NVME_ID)}})
     try:
         barrier("a", "restart-lent")
         barrier("a", "restart-baseline", timeout=300)
@@ -66,15 +85,23 @@ def lender(procs, ntb_bdf, barrier, fact):
         fact(restart_a_took_over=TOOK_OVER in a.log()[mark:])
         barrier("a", "restart-a-back", timeout=300)
         barrier("a", "restart-b-back", timeout=600)
-        barrier("a", "restart-done", timeout=600)
         fact(restart_a_withdrew=a.log()[mark:].count(WITHDREW),
              restart_a_new_sessions=a.log()[mark:].count(NEW_SESSION))
+        barrier("a", "restart-slow", timeout=300)
+        slow = len(a.log())
+        a.kill()
+        time.sleep(SLOW_RESTART_S)
+        a.start()
+        fact(restart_a_slow_took_over=TOOK_OVER in a.log()[slow:])
+        fact(restart_a_slow_freed=bool(h.wait_for(
+            lambda: borrower_of(Control(a.control), "nvme0") is None, 60)))
+        barrier("a", "restart-done", timeout=600)
     finally:
         a.stop()
 
 
 def borrower(procs, ntb_bdf, barrier, fact):
-    b = ntb_lend.daemon(procs, "b", ntb_bdf)
+    b = daemon(procs, "b", ntb_bdf)
     cb = Control(b.control)
     barrier("b", "restart-lent")
     try:
@@ -105,11 +132,29 @@ def borrower(procs, ntb_bdf, barrier, fact):
             fact(restart_forwarded=bor["region_forwarded"], restart_relayed=bor["relayed_irqs"],
                  restart_b_withdrew=b.log()[mark:].count(WITHDREW),
                  restart_b_new_sessions=b.log()[mark:].count(NEW_SESSION))
+            slow_restart(b, q, barrier, fact)
         finally:
             procs.stop(q)
     finally:
         barrier("b", "restart-done", timeout=600)
         b.stop()
+
+
+def slow_restart(b, q, barrier, fact):
+    """Host a's daemon away longer than its port keeps the session: host b hears of the
+    session's end with the link's down, and the device is lost at once, not after the lease
+    timeout (ntb_lend's 20 s)."""
+    barrier("b", "restart-slow")
+    t0 = time.monotonic()
+
+    def lost():
+        return bool(b.stats()["borrowed"][0].get("lender_lost"))
+    gone = h.wait_for(lost, 60)
+    fact(restart_slow_lost=bool(gone),
+         restart_slow_lost_s=round(time.monotonic() - t0, 1) if gone else "none",
+         restart_slow_said="the NTB session with its lender hosta ended" in b.log())
+    csts = int(h.qtest_command(q, f"readl {vi.BAR + 0x1c:#x}")[1], 16)
+    fact(restart_slow_bar=f"{csts:#x}")
 
 
 def run(role, ntb_bdf, barrier, fact):

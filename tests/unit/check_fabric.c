@@ -1405,6 +1405,34 @@ START_TEST(test_ntb_peer_restart)
     WAIT_FOR(log_count(a, "up:b") == 2 && log_has(b, "up:a"));
     ck_assert_str_eq(a->log->pdata[a->log->len - 1], "up:b");
     assert_echo(a, "b", "{\"again\":1}");
+    ck_assert_int_eq(log_count(a, "lost:"), 0); /* no window or route went with it */
+}
+END_TEST
+
+/* A session that ends takes its windows and routes with it: once the link is down, the
+ * fabric says so (on_paths_lost), on the side that stays as on the other; a link whose
+ * session is taken over by the peer's next node (keep-ms) flaps with no such word. */
+START_TEST(test_ntb_paths_lost)
+{
+    static const char *const keep[] = { "keep-ms", "60000", NULL };
+    Node *a = node_open("a", false);
+    Node *b = node_open_kv("b", false, keep);
+    g_autoptr(GError) error = NULL;
+    VnFabricWindow *w;
+    int memfd = memfd_new(4096, NULL);
+    uint64_t seg = vn_fabric_segment_export(b->fab, memfd, 4096, "a", NULL);
+
+    link_nodes(a, b);
+    w = fw_window_map(a->fab, "b", seg, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    node_close(b); /* kept */
+    b = node_open_kv("b", false, keep);
+    WAIT_FOR(log_count(a, "up:b") == 2);
+    ck_assert_int_eq(log_count(a, "lost:"), 0);
+    node_close(a); /* not kept: b's window and a's map end with the session */
+    WAIT_FOR(log_has(b, "down:a") && log_has(b, "lost:a"));
+    ck_assert_int_lt(log_index(b, "down:a"), log_index(b, "lost:a"));
+    close(memfd);
 }
 END_TEST
 
@@ -1952,6 +1980,7 @@ static Suite *fabric_suite(void)
     tcase_add_test(tc, test_ntb_resume);
     tcase_add_test(tc, test_ntb_resume_adopt);
     tcase_add_test(tc, test_ntb_resume_peer_gone);
+    tcase_add_test(tc, test_ntb_paths_lost);
     tcase_add_test(tc, test_ntb_connect_does_not_wait);
     tcase_add_test(tc, test_ntb_connects_bounded);
     tcase_add_test(tc, test_ntb_send_does_not_wait);

@@ -97,6 +97,19 @@ static inline bool log_has(Node *n, const char *entry)
     return found;
 }
 
+/* Where @entry first is in @n's log, or -1. */
+static inline int log_index(Node *n, const char *entry)
+{
+    int at = -1;
+
+    vn_mutex_lock(&n->lock);
+    for (guint i = 0; i < n->log->len && at < 0; i++) {
+        at = strcmp(n->log->pdata[i], entry) == 0 ? (int)i : -1;
+    }
+    vn_mutex_unlock(&n->lock);
+    return at;
+}
+
 /* Whether @n's log entry @i is @entry. */
 static inline bool log_at_is(Node *n, guint i, const char *entry)
 {
@@ -234,11 +247,17 @@ static inline void on_doorbell(void *opaque, const char *peer, uint32_t bit)
     log_add(opaque, g_strdup_printf("db:%s:%u", peer, bit));
 }
 
+static inline void on_paths_lost(void *opaque, const char *peer)
+{
+    log_add(opaque, g_strdup_printf("lost:%s", peer));
+}
+
 static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
     .on_event = on_event,
     .on_doorbell = on_doorbell,
+    .on_paths_lost = on_paths_lost,
 };
 
 /* Open node @name; @kv are extra parameters (key, value, ..., NULL). */

@@ -653,6 +653,19 @@ typedef struct Away {
     VnBorrowed *b;
 } Away;
 
+/* @b's lender is lost (@why): the device with it. */
+static void borrowed_lost(VnDaemon *d, VnBorrowed *b, const char *why)
+{
+    b->lost = true;
+    vn_devices_note_loss(d, b->device, b->lease, why);
+    /* Its worker hears of it now: it answers QEMU that the device is gone. */
+    if (b->port != NULL) {
+        vn_port_set_peer(b->port, NULL);
+    }
+    vn_unplug_start(d, b, true, NULL, NULL); /* a dead device is better out of the VM */
+    vn_events_emit(d, "DEVICE_LOST", b->device, b->lease, b->lender, NULL);
+}
+
 /* The lender did not come back in time: its devices are lost. */
 static gboolean on_lender_gone(gpointer data)
 {
@@ -663,15 +676,42 @@ static gboolean on_lender_gone(gpointer data)
                                            aw->d->conf->lease_timeout_ms, in);
 
     b->away_timer = 0;
-    b->lost = true;
-    vn_devices_note_loss(aw->d, b->device, b->lease, why);
-    /* Its worker hears of it now: it answers QEMU that the device is gone. */
-    if (b->port != NULL) {
-        vn_port_set_peer(b->port, NULL);
-    }
-    vn_unplug_start(aw->d, b, true, NULL, NULL); /* a dead device is better out of the VM */
-    vn_events_emit(aw->d, "DEVICE_LOST", b->device, b->lease, b->lender, NULL);
+    borrowed_lost(aw->d, b, why);
     return G_SOURCE_REMOVE;
+}
+
+void vn_cluster_paths_lost(VnDaemon *d, const char *peer)
+{
+    /* Borrowed from @peer: its worker's windows and routes (the VM's RAM, its interrupts) went
+     * with the session, and nothing brings them back under a running QEMU. */
+    for (guint i = 0; i < d->borrowed->len; i++) {
+        VnBorrowed *b = d->borrowed->pdata[i];
+        g_autofree char *in = NULL, *why = NULL;
+
+        if (strcmp(b->lender, peer) != 0 || b->lost || b->port == NULL ||
+            !vn_port_holds_paths(b->port)) {
+            continue;
+        }
+        in = in_domain(b, "was");
+        why = g_strdup_printf("the NTB session with its lender %s ended, and its data path "
+                              "with it%s",
+                              peer, in);
+        if (b->away_timer != 0) {
+            g_source_remove(b->away_timer);
+            b->away_timer = 0;
+        }
+        borrowed_lost(d, b, why);
+    }
+    /* Lent to @peer: its worker's windows onto the holder's RAM and the BAR's window are gone
+     * too; the lease ends now (the device is fenced), not when the holder stops claiming it. */
+    for (guint i = 0; i < d->local->len; i++) {
+        VnLocalDevice *ld = d->local->pdata[i];
+
+        if (vn_lease_lent(ld->lease) && g_strcmp0(ld->lease->holder, peer) == 0 &&
+            ld->port != NULL && vn_port_holds_paths(ld->port)) {
+            vn_leases_end(d->leases, ld->lease, VN_LEASE_END_PATHS_LOST);
+        }
+    }
 }
 
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up)

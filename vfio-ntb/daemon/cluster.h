@@ -30,6 +30,9 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token);
 void vn_cluster_event(VnDaemon *d, VnFabricMsg *msg);
 /* The fabric's link to @peer went @up or down. */
 void vn_cluster_link(VnDaemon *d, const char *peer, bool up);
+/* The windows and routes with @peer are gone for good (fabric.h, on_paths_lost): what was
+ * borrowed from it through them is lost, what was lent to it through them ends. */
+void vn_cluster_paths_lost(VnDaemon *d, const char *peer);
 /* Revoke, asked by @owner (jobs.h: VN_JOB_OWNER_*, or a node), answers @r when the device
  * is free; refused naming the job when the device's job does not allow it. */
 void vn_cluster_revoke(VnDaemon *d, VnLocalDevice *ld, uint32_t grace_ms, const char *owner,

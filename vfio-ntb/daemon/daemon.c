@@ -117,11 +117,17 @@ static void on_doorbell(void *opaque, const char *peer, uint32_t bit)
            "node %s: doorbell %u from %s is no worker's", d->conf->node, bit, peer);
 }
 
+static void on_paths_lost(void *opaque, const char *peer)
+{
+    vn_cluster_paths_lost(opaque, peer);
+}
+
 static const VnFabricHandlers handlers = {
     .on_link = on_link,
     .on_request = on_request,
     .on_event = on_event,
     .on_doorbell = on_doorbell,
+    .on_paths_lost = on_paths_lost,
 };
 
 /* ---- borrows named in the config file ---- */

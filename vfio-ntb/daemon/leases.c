@@ -34,6 +34,7 @@ static const char *const end_names[VN_LEASE_END_LAST] = {
     [VN_LEASE_END_EXPIRED] = "the borrower did not claim it in time",
     [VN_LEASE_END_REVOKED] = "revoked, grace period over",
     [VN_LEASE_END_UNLENT] = "the device is no longer lent",
+    [VN_LEASE_END_PATHS_LOST] = "the NTB session that carried its data path to the holder ended",
 };
 
 const char *vn_lease_state_to_string(VnLeaseState s)

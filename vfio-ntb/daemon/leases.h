@@ -44,11 +44,12 @@ typedef enum VnLeaseState {
 /* Why a lease ended (the change's @end when it went FREE). */
 typedef enum VnLeaseEnd {
     VN_LEASE_END_NONE,
-    VN_LEASE_END_RETURNED, /* its holder gave it back */
-    VN_LEASE_END_DROPPED,  /* its holder's announcement no longer claims it */
-    VN_LEASE_END_EXPIRED,  /* not claimed (again) within the lease timeout */
-    VN_LEASE_END_REVOKED,  /* a revoke's grace period ran out */
-    VN_LEASE_END_UNLENT,   /* the device is no longer lent */
+    VN_LEASE_END_RETURNED,   /* its holder gave it back */
+    VN_LEASE_END_DROPPED,    /* its holder's announcement no longer claims it */
+    VN_LEASE_END_EXPIRED,    /* not claimed (again) within the lease timeout */
+    VN_LEASE_END_REVOKED,    /* a revoke's grace period ran out */
+    VN_LEASE_END_UNLENT,     /* the device is no longer lent */
+    VN_LEASE_END_PATHS_LOST, /* the windows and routes to its holder are gone (an NTB session) */
     VN_LEASE_END_LAST
 } VnLeaseEnd;
 

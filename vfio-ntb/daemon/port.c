@@ -752,6 +752,11 @@ void vn_port_free(VnPort *p, bool unlink_it)
     port_free(p, unlink_it, true);
 }
 
+bool vn_port_holds_paths(const VnPort *p)
+{
+    return p->segments->len + p->routes->len + p->windows->len + p->adopted_windows->len > 0;
+}
+
 void vn_port_leave(VnPort *p)
 {
     port_free(p, false, false);

@@ -60,6 +60,9 @@ void vn_port_free_unlinked(VnPort *p);
 /* The daemon stops and its worker serves on: what the worker exported and mapped stays as it
  * is (on an adapter that keeps it, for the next daemon), only our side of the port goes. */
 void vn_port_leave(VnPort *p);
+/* Whether the worker holds anything through the fabric: segments or routes exported, windows
+ * mapped (its device's data path crosses it). */
+bool vn_port_holds_paths(const VnPort *p);
 /* Handle what the worker sent and we have not read yet (it has exited:
  * its last words, its DETACH, are relayed). */
 void vn_port_drain(VnPort *p);

@@ -128,6 +128,11 @@ typedef struct VnFabricHandlers {
     void (*on_request)(void *opaque, VnFabricMsg *msg, uint64_t token);
     void (*on_event)(void *opaque, VnFabricMsg *msg);
     void (*on_doorbell)(void *opaque, const char *peer, uint32_t bit);
+    /* The backend let go of every window and route it had with @peer, after that link's
+     * down: what they carried cannot come back (an NTB session ended other than by a
+     * restart that took it over: the peer's link lost, a new session of its).  A link
+     * whose windows outlive it (shm: files) never says so. */
+    void (*on_paths_lost)(void *opaque, const char *peer);
 } VnFabricHandlers;
 
 /*
@@ -239,6 +244,8 @@ bool vn_fabric_register(const VnFabricOps *ops, GError **error);
  */
 void vn_fabric_backend_received(VnFabric *fab, const char *peer, const uint8_t *buf, size_t len);
 void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up);
+/* After @peer's link down: the windows and routes with it are gone for good (on_paths_lost). */
+void vn_fabric_backend_paths_lost(VnFabric *fab, const char *peer);
 /* Bytes no frame owns were refused (a bad handshake, an impossible length):
  * counted in stats.bad_messages.  @what names the connection and the fault. */
 void vn_fabric_backend_rejected(VnFabric *fab, const char *what);

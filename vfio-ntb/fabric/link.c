@@ -146,6 +146,7 @@ typedef enum VnFabricDeferredKind {
     VN_FABRIC_DEFERRED_FRAME,
     VN_FABRIC_DEFERRED_LINK_UP,
     VN_FABRIC_DEFERRED_LINK_DOWN,
+    VN_FABRIC_DEFERRED_PATHS_LOST,
     VN_FABRIC_DEFERRED_LAST
 } VnFabricDeferredKind;
 
@@ -200,6 +201,10 @@ static gboolean deferred_dispatch(gpointer data)
         }
         if (d->kind == VN_FABRIC_DEFERRED_FRAME) {
             process_frame(fab, d->peer, d->gen, d->buf, d->len);
+        } else if (d->kind == VN_FABRIC_DEFERRED_PATHS_LOST) {
+            if (fab->handlers.on_paths_lost != NULL) {
+                fab->handlers.on_paths_lost(fab->opaque, d->peer);
+            }
         } else {
             handle_link(fab, d->peer, d->gen, d->kind == VN_FABRIC_DEFERRED_LINK_UP);
         }
@@ -322,6 +327,22 @@ void vn_fabric_backend_link(VnFabric *fab, const char *peer, bool up)
 
         g_strlcpy(name, peer, sizeof(name));
         handle_link(fab, name, gen, up);
+    }
+}
+
+void vn_fabric_backend_paths_lost(VnFabric *fab, const char *peer)
+{
+    char name[VN_MAX_NODE_NAME + 1];
+
+    if (!attached(fab) || !vn_name_valid(VN_NAME_NODE, peer)) {
+        return;
+    }
+    g_info("node %s: the windows and routes with %s are gone", fab->node, peer);
+    if (deferring(fab)) {
+        defer_item(fab, VN_FABRIC_DEFERRED_PATHS_LOST, peer, 0);
+    } else if (fab->handlers.on_paths_lost != NULL) {
+        g_strlcpy(name, peer, sizeof(name));
+        fab->handlers.on_paths_lost(fab->opaque, name);
     }
 }
 

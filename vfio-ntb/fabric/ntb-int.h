@@ -103,6 +103,7 @@ struct VnNtb {
     VnNtbKeys *keys;  /* [fabric] key-file, or NULL */
     GSource *report;  /* link downs not told from inside a call */
     GQueue downs;     /* peer names to report down */
+    GQueue lost;      /* and whose windows and routes went with their session (after) */
     uint64_t reports; /* link changes told to the fabric */
     GQueue maps;      /* VnNtbMapping (ntb-map.c): waiting for MAPPED, or to be told */
     bool receiving;   /* a ring is being read: nothing may read one again meanwhile */

@@ -59,6 +59,10 @@ void vn_ntb_report_downs(VnNtb *ntb)
         ntb->reports++;
         g_free(peer);
     }
+    while ((peer = g_queue_pop_head(&ntb->lost)) != NULL) {
+        vn_fabric_backend_paths_lost(ntb->fab, peer);
+        g_free(peer);
+    }
 }
 
 static gboolean report_downs(gpointer data)
@@ -105,6 +109,28 @@ void vn_ntb_link_up(VnNtbLink *l)
 
 static void link_restart(VnNtbLink *l, const char *why);
 
+static bool any_set(const uint64_t *v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (v[i] != 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The session is over, and what crossed it with it: told after the link's down, when there
+ * was anything (a window, a route). */
+static void paths_lost(VnNtbLink *l)
+{
+    if (l->reported && (any_set(l->exported, VN_NTBPORT_MAX_WINDOWS) ||
+                        any_set(l->mapped, VN_NTBPORT_MAX_WINDOWS) ||
+                        any_set(l->route_in, VN_NTBPORT_MAX_DOORBELLS) ||
+                        any_set(l->route_out, VN_NTBPORT_MAX_DOORBELLS))) {
+        g_queue_push_tail(&l->ntb->lost, g_strdup(l->peer));
+    }
+}
+
 static void session_clear(VnNtbLink *l)
 {
     for (uint32_t w = 1; w < l->port->info.windows; w++) {
@@ -145,6 +171,7 @@ void vn_ntb_session_forget(VnNtbLink *l)
 static void link_down(VnNtbLink *l, const char *why)
 {
     source_drop(&l->reannounce);
+    paths_lost(l);
     vn_ntb_link_lost(l, why);
     session_clear(l);
     if (l->in != NULL) {
@@ -228,6 +255,7 @@ static void session_start(VnNtbLink *l, uint16_t epoch, uint64_t bytes)
                                      VN_NTB_FEATURE_RESUME };
     int ret;
 
+    paths_lost(l);
     vn_ntb_link_lost(l, "the peer started a new session");
     session_clear(l);
     l->state = VN_NTB_LINK_WAITING;
@@ -853,6 +881,7 @@ static void ntb_close(void *backend)
     vn_ntb_keys_free(ntb->keys);
     source_drop(&ntb->report);
     g_queue_clear_full(&ntb->downs, g_free);
+    g_queue_clear_full(&ntb->lost, g_free);
     g_main_context_unref(ntb->ctx);
     g_free(ntb->node);
     g_free(ntb);
@@ -1008,6 +1037,7 @@ static void *ntb_open(VnFabric *fab, const char *node, GHashTable *params, GErro
         return NULL;
     }
     g_queue_init(&ntb->downs);
+    g_queue_init(&ntb->lost);
     g_queue_init(&ntb->maps);
     for (guint i = 0; entries[i] != NULL; i++) {
         if (!link_add(ntb, g_strstrip(entries[i]), error)) {
