@@ -313,9 +313,13 @@ static int kmod_reset(VnNtbPort *p)
     for (unsigned w = 0; w < VN_NTBPORT_MAX_WINDOWS; w++) {
         target_unmap(&kp->in[w]);
     }
+    /* Everything goes, our eventfds' registrations too: they are made again. */
     ret = kmod_ioctl(p, VN_NTB_RESET, NULL);
     if (ret == 0) {
         p->took_over = false;
+        ret = kmod_ioctl(p, VN_NTB_LINK_EVENTFD, &kp->link_efd);
+    }
+    if (ret == 0) {
         ret = kmod_register_doorbells(kp, &what);
     }
     return ret < 0 ? ret : kmod_ioctl(p, VN_NTB_LINK, &enable);
