@@ -154,33 +154,43 @@ static int kmod_peer_spad_write(VnNtbPort *p, uint32_t index, uint32_t value)
     return kmod_ioctl(p, VN_NTB_PEER_SPAD_WRITE, &s);
 }
 
+/* The module's buffer behind inbound window @win, @size bytes of it mapped here (ours until
+ * in_clear); -ENOENT when there is none of that size. */
+static int buffer_map(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
+{
+    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
+    int ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
+    void *m;
+
+    if (ret < 0) {
+        return ret;
+    }
+    if (mi.in_mmap_offset == 0 || mi.in_size < size) {
+        return -ENOENT;
+    }
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, kmod_port(p)->fd,
+             (off_t)mi.in_mmap_offset);
+    if (m == MAP_FAILED) {
+        return -errno;
+    }
+    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
+    *map = m;
+    return 0;
+}
+
 static int kmod_in_alloc(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
 {
     struct vn_ntb_mw_alloc a = { .index = win, .size = size };
-    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
-    void *m;
     int ret;
 
     if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
         return win >= p->info.windows ? -EINVAL : -EBUSY;
     }
     ret = kmod_ioctl(p, VN_NTB_MW_ALLOC, &a);
-    if (ret == 0) {
-        ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
-    }
-    if (ret < 0) {
-        return ret;
-    }
-    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, kmod_port(p)->fd,
-             (off_t)mi.in_mmap_offset);
-    if (m == MAP_FAILED) {
-        ret = -errno;
+    if (ret == 0 && (ret = buffer_map(p, win, size, map)) < 0) {
         kmod_ioctl(p, VN_NTB_MW_CLEAR, &win);
-        return ret;
     }
-    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
-    *map = m;
-    return 0;
+    return ret;
 }
 
 static int kmod_in_export(VnNtbPort *p, uint32_t win, int fd, uint64_t offset, uint64_t size)
@@ -327,28 +337,10 @@ static int kmod_reset(VnNtbPort *p)
 
 static int kmod_in_take(VnNtbPort *p, uint32_t win, uint64_t size, uint8_t **map)
 {
-    struct vn_ntb_mw_info mi = { .argsz = sizeof(mi), .index = win };
-    void *m;
-    int ret;
-
     if (win >= p->info.windows || kmod_port(p)->in[win].map != NULL) {
         return win >= p->info.windows ? -EINVAL : -EBUSY;
     }
-    ret = kmod_ioctl(p, VN_NTB_MW_INFO, &mi);
-    if (ret < 0) {
-        return ret;
-    }
-    if (mi.in_mmap_offset == 0 || mi.in_size < size) {
-        return -ENOENT;
-    }
-    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, kmod_port(p)->fd,
-             (off_t)mi.in_mmap_offset);
-    if (m == MAP_FAILED) {
-        return -errno;
-    }
-    kmod_port(p)->in[win] = (KmodTarget){ .map = m, .size = size };
-    *map = m;
-    return 0;
+    return buffer_map(p, win, size, map);
 }
 
 static const VnNtbPortOps kmod_ops = {
