@@ -1045,7 +1045,7 @@ static size_t ring_fault(RingFault f, uint8_t *buf, uint64_t *prod)
  * published under @tag; the ring's index after it. */
 static uint64_t ring_hello(uint8_t *ring, uint16_t tag)
 {
-    VnNtbHello h = { .version = VN_NTB_VERSION, .node = "a" };
+    VnNtbHello h = { .version = VN_NTB_VERSION, .features = VN_NTB_FEATURE_RESUME, .node = "a" };
     uint8_t rec[sizeof(VnNtbRec) + ((sizeof(h) + 7) & ~7u)] = { 0 };
 
     *(VnNtbRec *)rec = (VnNtbRec){ .len = sizeof(h), .kind = VN_NTB_REC_HELLO };
@@ -1068,13 +1068,21 @@ typedef struct RawPeer {
     Node *b;
 } RawPeer;
 
+/* b's parameters: its port to us, the smallest ring, and keep-ms. */
+static const char **raw_peer_kv(void)
+{
+    static char port[512];
+    static const char *kv[] = { "ports",   port,    "ring-size", "65536", /* VN_NTB_MIN_RING */
+                                "keep-ms", "60000", NULL };
+
+    g_snprintf(port, sizeof(port), "pair:%s/raw/1=a", tmpdir);
+    return kv;
+}
+
 static void raw_peer_open(RawPeer *r)
 {
-    static const char *small[] = { "ring-size", "65536", NULL }; /* VN_NTB_MIN_RING */
-    g_autofree char *key = g_strdup_printf("%s/raw", tmpdir);
-    g_autofree char *spec = g_strdup_printf("pair:%s/0", key);
-    g_autofree char *port = g_strdup_printf("pair:%s/1=a", key);
-    const char *kv[] = { "ports", port, small[0], small[1], NULL };
+    g_autofree char *spec = g_strdup_printf("pair:%s/raw/0", tmpdir);
+    const char **kv = raw_peer_kv();
     uint64_t offset = 0, size = 0;
     int fd;
 
@@ -1163,6 +1171,34 @@ START_TEST(test_ntb_bad_ring)
 }
 END_TEST
 
+/* A peer that writes into the words of b's own buffer that b's next daemon resumes from, while
+ * b is away: another session's tag (_i 0), or this session's with a read position far past
+ * what the peer wrote (_i 1).  The first is not taken over, the second breaks the session at
+ * its first read; either way b starts a new session (a new epoch in our scratchpad), and
+ * nothing of b's reads outside its ring. */
+START_TEST(test_ntb_forged_resume_words)
+{
+    VnNtbResumeWords *w;
+    uint32_t again = 0;
+    RawPeer r;
+
+    raw_peer_open(&r);
+    node_close(r.b); /* kept: the port keeps its session */
+    w = (VnNtbResumeWords *)(r.theirs + VN_NTB_RESUME_OFFSET);
+    w->rx_cons = _i == 0 ? (uint64_t)(uint16_t)(r.tag + 1) << 48
+                         : (uint64_t)r.tag << 48 | (r.prod + 3 * VN_NTB_MIN_RING);
+    r.b = node_open_kv("b", false, raw_peer_kv());
+    WAIT_FOR(r.port->ops->spad_read(r.port, VN_NTB_SPAD_HELLO, &again) == 0 && again != r.hello);
+    if (_i == 1) {
+        WAIT_FOR(log_has(r.b, "down:a"));
+        ck_assert_uint_eq(stats_of(r.b).bad_messages, 1);
+    } else {
+        ck_assert(!log_has(r.b, "up:a"));
+    }
+    raw_peer_close(&r);
+}
+END_TEST
+
 /* A lender that keeps ringing a route's doorbell once the borrower withdrew the route (its
  * attachment ended) reaches nothing: b's bit no longer signals the VM's eventfd.  A bit b
  * never routed reaches nothing either. */
@@ -1240,6 +1276,7 @@ static Suite *fabric_untrusted_suite(void)
     tcase_add_checked_fixture(tc, setup_ntb, teardown);
     tcase_add_loop_test(tc, test_ntb_bad_ring, 0, RING_LAST);
     tcase_add_test(tc, test_ntb_withdrawn_route_rings_nothing);
+    tcase_add_loop_test(tc, test_ntb_forged_resume_words, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
