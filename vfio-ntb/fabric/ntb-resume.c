@@ -315,6 +315,7 @@ bool vn_ntb_resume(VnNtbLink *l)
                   "%s; starting a new one",
                   l->ntb->node, p->spec, why);
         vn_ntb_session_forget(l);
+        l->in = NULL; /* the port's: the reset unmaps it */
         ret = p->ops->reset(p);
         if (ret < 0) {
             g_warning("node %s: ntb port %s: cannot drop what the last daemon kept: %s",
