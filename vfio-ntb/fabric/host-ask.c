@@ -70,16 +70,15 @@ static gboolean on_ask_timeout(gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-/* Send op @op and return at once; @done is told its REPLY later, or why there is none. */
-static void host_ask(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                     const void *data, size_t len, VnHostAnswerFn done, void *opaque)
+void vn_host_ask(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                 const void *data, size_t len, int fd, VnHostAnswerFn done, void *opaque)
 {
     VnHostAsk *ask = g_new0(VnHostAsk, 1);
     int ret = -EAGAIN;
 
     *ask = (VnHostAsk){ .h = h, .seq = ++h->seq, .done = done, .opaque = opaque, .fd = -1 };
     if (g_hash_table_size(h->asked) < VN_HOST_MAX_ASKED) {
-        ret = vn_host_send_record(h, op, ask->seq, peer, arg, arg2, data, len, -1);
+        ret = vn_host_send_record(h, op, ask->seq, peer, arg, arg2, data, len, fd);
     }
     if (ret < 0) {
         vn_host_answer(ask, ret, -1);
@@ -150,7 +149,7 @@ void vn_host_map_segment_async(void *backend, const char *peer, uint64_t id, int
     VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
 
     *a = (VnHostFdAsk){ .mapped = done, .opaque = opaque };
-    host_ask(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, fd_answered, a);
+    vn_host_ask(backend, VN_HOST_MAP, peer, id, 0, NULL, 0, -1, fd_answered, a);
 }
 
 void vn_host_open_route_async(void *backend, const char *peer, uint64_t id, int timeout_ms,
@@ -159,7 +158,7 @@ void vn_host_open_route_async(void *backend, const char *peer, uint64_t id, int 
     VnHostFdAsk *a = g_new0(VnHostFdAsk, 1);
 
     *a = (VnHostFdAsk){ .opened = done, .opaque = opaque };
-    host_ask(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, fd_answered, a);
+    vn_host_ask(backend, VN_HOST_OPEN_ROUTE, peer, id, 0, NULL, 0, -1, fd_answered, a);
 }
 
 /* A connect asked without waiting: the peer whose link it asks for. */
@@ -189,5 +188,5 @@ void vn_host_connect_ask(VnHost *h, const char *peer)
 
     a->h = h;
     g_strlcpy(a->peer, peer, sizeof(a->peer));
-    host_ask(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, link_answered, a);
+    vn_host_ask(h, VN_HOST_CONNECT, peer, 0, 0, NULL, 0, -1, link_answered, a);
 }

@@ -21,6 +21,11 @@ typedef struct VnHost {
     GMainContext *ctx;
     char *path;
     int fd; /* -1 while the daemon is away */
+    /* Greeted on this connection: until then only the HELLO goes (hello_seq: its seq), so
+     * nothing we say reaches a daemon before it knows what we hold. */
+    bool ready;
+    uint64_t hello_seq;
+    gint64 hello_sent_us;
     GSource *src;
     VnRecordOut *out;      /* what goes to the daemon, without waiting (NULL while away) */
     GSource *retry;        /* reconnecting */
@@ -82,7 +87,7 @@ static inline int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, cons
     g_autofree uint8_t *buf = NULL;
     size_t n;
 
-    if (h->fd < 0 || h->out == NULL) {
+    if (h->fd < 0 || h->out == NULL || (!h->ready && op != VN_HOST_HELLO)) {
         return -ENOTCONN;
     }
     buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
@@ -94,11 +99,15 @@ static inline int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, cons
 int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
                  const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in);
 
-/* host-ask.c.  answer: settle @ask (taken out of h->asked) with @status and @fd (taken),
+/* host-ask.c.  ask: send op @op (with @fd, borrowed, unless -1) and return at once; @done
+ * is told its REPLY later (from the loop, never inside this call), or why there is none.
+ * answer: settle @ask (taken out of h->asked) with @status and @fd (taken),
  * told from the loop.  asked_fail: every op still asked gets @status (the daemon went:
  * its answers with it).  asks_close: at the node's close, each is told -ECANCELED now.
  * The backend's map_segment_async and open_route_async; connect_ask: ask the daemon for the
  * link to @peer, reported up when its answer comes. */
+void vn_host_ask(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                 const void *data, size_t len, int fd, VnHostAnswerFn done, void *opaque);
 void vn_host_answer(VnHostAsk *ask, int status, int fd);
 void vn_host_asked_fail(VnHost *h, int status);
 void vn_host_asks_close(VnHost *h);

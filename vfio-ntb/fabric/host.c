@@ -47,6 +47,7 @@ static void on_out_failed(void *opaque, int err)
 /* ---- receiving -------------------------------------------------------- */
 
 static void host_away(VnHost *h);
+static bool host_greeted(VnHost *h, const VnHostHdr *rep, const uint8_t *frame, size_t len);
 
 /* Handle one record from the daemon; false when the connection must go. */
 static bool host_record(VnHost *h, VnRecord *rec)
@@ -63,6 +64,18 @@ static bool host_record(VnHost *h, VnRecord *rec)
 
         vn_util_close_fds(rec->fds, rec->nfds);
         vn_fabric_backend_rejected(h->fab, what);
+        return false;
+    }
+    if (hdr.op == VN_HOST_REPLY && hdr.seq != 0 && hdr.seq == h->hello_seq) {
+        /* Handled before anything after it is read: what the daemon says next (frames it
+         * held for us) finds us greeted, our claims said. */
+        vn_util_close_fds(rec->fds, rec->nfds);
+        h->hello_seq = 0;
+        return host_greeted(h, &hdr, frame, frame_len);
+    }
+    if (!h->ready) {
+        vn_util_close_fds(rec->fds, rec->nfds);
+        vn_fabric_backend_rejected(h->fab, "a record before the daemon greeted us");
         return false;
     }
     switch (hdr.op) {
@@ -85,11 +98,6 @@ static bool host_record(VnHost *h, VnRecord *rec)
         h->wait_hdr = hdr;
         h->wait_fd = rec->nfds == 1 ? rec->fds[0] : -1;
         h->wait_done = true;
-        /* A HELLO's answer carries the secret. */
-        if (h->wait_op == VN_HOST_HELLO && frame_len == VN_HOST_SECRET_LEN && hdr.status == 0) {
-            memcpy(h->secret, frame, VN_HOST_SECRET_LEN);
-            h->has_secret = true;
-        }
         return true;
     case VN_HOST_LINK:
         if (hdr.arg) {
@@ -250,32 +258,43 @@ static void claim_held(VnHost *h)
     }
 }
 
-/* HELLO, then our links and doorbell bits again (after a restart). */
-static bool host_greet(VnHost *h, GError **error)
+/* A DOORBELLS_CLAIM's answer: the bits stay ours here either way (the daemon's port gave
+ * them to someone else meanwhile only if it lost them: it says so, and so do we). */
+static void doorbells_claimed(void *opaque, int status, const VnHostHdr *rep, int fd)
+{
+    vn_util_close_fd(&fd);
+    if (status < 0 && status != -ECANCELED) {
+        g_warning("doorbells %" PRIu64 "+%" PRIu64 " are not ours again: %s", rep->arg, rep->arg2,
+                  g_strerror(-status));
+    }
+}
+
+/* The daemon's answer to our HELLO: the host's limits (from the first daemon), then our
+ * doorbell bits, what it holds for us, our links and our device server again (after a
+ * restart), all said before anything else of ours.  False when it did not greet us. */
+static bool host_greeted(VnHost *h, const VnHostHdr *rep, const uint8_t *frame, size_t len)
 {
     g_autofree gpointer *peers = NULL;
     guint npeers = 0;
     VnFabricLimits limits;
-    VnHostHdr rep;
-    int fd, ret;
 
-    /* Our secret, once we have one: the port takes a reconnection by nothing else. */
-    ret = vn_host_call(h, VN_HOST_HELLO, NULL, 0, 0, h->has_secret ? h->secret : NULL,
-                       h->has_secret ? sizeof(h->secret) : 0, -1, &rep, &fd);
-    vn_util_close_fd(&fd);
-    if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "port %s: the daemon did not greet us: %s", h->path, g_strerror(-ret));
+    if (rep->status != 0) {
+        g_info("port %s: the daemon did not greet us: %s", h->path, g_strerror(rep->status));
         return false;
+    }
+    /* Our secret, once we have one: the port takes a reconnection by nothing else. */
+    if (len == VN_HOST_SECRET_LEN) {
+        memcpy(h->secret, frame, VN_HOST_SECRET_LEN);
+        h->has_secret = true;
     }
     /* The host's limits and capabilities are the daemon's node's, as the
      * first daemon we met had them: our window slots are sized by then. */
     if (!h->greeted) {
         unsigned window_log2 =
-            (unsigned)(rep.arg >> VN_HOST_HELLO_WINDOW_SHIFT) & VN_HOST_HELLO_WINDOW_MASK;
+            (unsigned)(rep->arg >> VN_HOST_HELLO_WINDOW_SHIFT) & VN_HOST_HELLO_WINDOW_MASK;
 
         vn_fabric_limits_default(&limits);
-        limits.max_windows = (uint32_t)MIN(rep.arg2, 256);
+        limits.max_windows = (uint32_t)MIN(rep->arg2, 256);
         /* What a borrower asks its lender to cut BARs to; the daemon's own
          * maps still check it. */
         if (window_log2 >= 12 && window_log2 <= 62) {
@@ -285,10 +304,11 @@ static bool host_greet(VnHost *h, GError **error)
         limits.doorbells = VN_FABRIC_MAX_DOORBELLS;
         limits.max_segments = VN_FABRIC_MAX_SEGMENTS;
         vn_fabric_backend_set_limits(h->fab, &limits);
-        vn_fabric_backend_set_caps(h->fab, (uint32_t)rep.arg & 0xffffffffu);
+        vn_fabric_backend_set_caps(h->fab, (uint32_t)rep->arg & 0xffffffffu);
         vn_fabric_backend_set_max_asked(h->fab, VN_HOST_MAX_RELAYED);
         h->greeted = true;
     }
+    h->ready = true;
     for (uint32_t first = 0; first < VN_FABRIC_MAX_DOORBELLS; first++) {
         uint32_t count = 0;
 
@@ -296,14 +316,9 @@ static bool host_greet(VnHost *h, GError **error)
                (h->doorbells & (UINT64_C(1) << (first + count)))) {
             count++;
         }
-        if (count == 0) {
-            continue;
-        }
-        ret = vn_host_call(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1, &rep, &fd);
-        vn_util_close_fd(&fd);
-        if (ret < 0) {
-            g_warning("port %s: doorbells %u+%u are not ours again: %s", h->path, first, count,
-                      g_strerror(-ret));
+        if (count > 0) {
+            vn_host_ask(h, VN_HOST_DOORBELLS_CLAIM, NULL, first, count, NULL, 0, -1,
+                        doorbells_claimed, NULL);
         }
         first += count;
     }
@@ -312,7 +327,7 @@ static bool host_greet(VnHost *h, GError **error)
      * answer: a LINK follows each change.  One reported down (it was not)
      * is asked for as a connect is, and comes up with the answer. */
     peers = g_hash_table_get_keys_as_array(h->wanted, &npeers);
-    for (guint i = 0; i < npeers && h->fd >= 0; i++) {
+    for (guint i = 0; i < npeers; i++) {
         const char *peer = peers[i];
 
         if (g_hash_table_contains(h->up, peer)) {
@@ -321,31 +336,41 @@ static bool host_greet(VnHost *h, GError **error)
         }
         vn_host_connect_ask(h, peer);
     }
-    if (h->server_said && h->fd >= 0) {
+    if (h->server_said) {
         vn_host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
                             NULL, 0, -1);
     }
-    if (h->fd < 0) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
-                    "port %s: the daemon went while it greeted us", h->path);
-        return false;
+    if (h->retry != NULL) {
+        g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
+               (g_get_monotonic_time() - h->away_since_us) / 1000);
+        g_source_destroy(h->retry);
+        g_clear_pointer(&h->retry, g_source_unref);
     }
+    h->away_since_us = 0;
+    h->links_dropped = false;
     if (h->greeted_fn != NULL) {
         h->greeted_fn(h->greeted_opaque);
     }
     return true;
 }
 
-static bool host_attach_fd(VnHost *h, int fd, GError **error)
+/* Take @fd as the connection to the daemon and say HELLO (with our secret, once we have
+ * one); its answer is host_greeted's.  False when it cannot even be said. */
+static bool host_attach_fd(VnHost *h, int fd)
 {
     h->fd = fd;
+    h->ready = false;
     memset(&h->rx, 0, sizeof(h->rx));
     h->out = vn_record_out_new(fd, h->ctx, VN_HOST_MAX_QUEUED, VN_HOST_SEND_TIMEOUT_S * 1000,
                                on_out_failed, h);
     h->src = vn_util_fd_source_new(fd, G_IO_IN | G_IO_HUP | G_IO_ERR);
     g_source_set_callback(h->src, G_SOURCE_FUNC(on_port), h, NULL);
     g_source_attach(h->src, h->ctx);
-    return host_greet(h, error);
+    h->hello_seq = ++h->seq;
+    h->hello_sent_us = g_get_monotonic_time();
+    return vn_host_send_record(h, VN_HOST_HELLO, h->hello_seq, NULL, 0, 0,
+                               h->has_secret ? h->secret : NULL,
+                               h->has_secret ? sizeof(h->secret) : 0, -1) == 0;
 }
 
 /* Close the connection to the daemon; the links stay as they were. */
@@ -358,6 +383,8 @@ static void host_drop(VnHost *h)
     vn_record_reader_clear(&h->rx);
     g_clear_pointer(&h->out, vn_record_out_free); /* before its socket goes */
     vn_util_close_fd(&h->fd);
+    h->ready = false;
+    h->hello_seq = 0;
     /* Their answers went with the connection. */
     vn_host_asked_fail(h, -ENOTCONN);
 }
@@ -382,27 +409,27 @@ static void host_links_down(VnHost *h)
 }
 
 /* Dial until a daemon greets us.  That never stops: a daemon that starts
- * later adopts this worker (or stops it), however long it took. */
+ * later adopts this worker (or stops it), however long it took.  The greeting is not
+ * waited for: a HELLO not answered in VN_HOST_REPLY_TIMEOUT_MS ends its connection, and
+ * the next tick dials again. */
 static gboolean on_retry(gpointer data)
 {
     VnHost *h = data;
-    g_autoptr(GError) error = NULL;
-    int fd = host_dial(h->path);
+    gint64 now = g_get_monotonic_time();
 
-    if (fd >= 0 && host_attach_fd(h, fd, &error)) {
-        g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
-               (g_get_monotonic_time() - h->away_since_us) / 1000);
-        h->away_since_us = 0;
-        h->links_dropped = false;
-        g_clear_pointer(&h->retry, g_source_unref);
-        return G_SOURCE_REMOVE;
+    if (h->fd >= 0) {
+        if (now - h->hello_sent_us >= (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000) {
+            g_info("port %s: no answer to our HELLO in %d ms", h->path, VN_HOST_REPLY_TIMEOUT_MS);
+            host_drop(h);
+        }
+    } else {
+        int fd = host_dial(h->path);
+
+        if (fd >= 0 && !host_attach_fd(h, fd)) {
+            host_drop(h); /* not even said: try again */
+        }
     }
-    if (fd >= 0) {
-        g_info("%s", error->message);
-        host_drop(h); /* not greeted: try again */
-    }
-    if (!h->links_dropped &&
-        g_get_monotonic_time() - h->away_since_us >= (gint64)h->reconnect_ms * 1000) {
+    if (!h->links_dropped && now - h->away_since_us >= (gint64)h->reconnect_ms * 1000) {
         host_links_down(h);
     }
     return G_SOURCE_CONTINUE;
@@ -415,12 +442,46 @@ static gboolean on_retry(gpointer data)
 static void host_away(VnHost *h)
 {
     host_drop(h);
-    if (h->retry == NULL) {
+    if (h->away_since_us == 0) {
         h->away_since_us = g_get_monotonic_time();
+    }
+    if (h->retry == NULL) {
         h->retry = g_timeout_source_new(VN_HOST_RETRY_MS);
         g_source_set_callback(h->retry, on_retry, h, NULL);
         g_source_attach(h->retry, h->ctx);
     }
+}
+
+/* At open, before the node's loop runs anything of ours: the HELLO's answer is what open
+ * returns with (the host's limits), so it is read here, from this one socket, with nothing
+ * else to serve meanwhile (the daemon says nothing else before it). */
+static bool host_hello_wait(VnHost *h, GError **error)
+{
+    gint64 deadline = g_get_monotonic_time() + (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000;
+
+    while (!h->ready && h->fd >= 0) {
+        bool queued = h->out != NULL && vn_record_out_queued(h->out) > 0;
+        struct pollfd p = { .fd = h->fd, .events = POLLIN | (queued ? POLLOUT : 0) };
+        gint64 left = deadline - g_get_monotonic_time();
+
+        if (left <= 0) {
+            break;
+        }
+        if (poll(&p, 1, (int)((left + 999) / 1000)) > 0) {
+            if ((p.revents & POLLOUT) && h->out != NULL) {
+                vn_record_out_flush(h->out);
+            }
+            if (p.revents & ~POLLOUT) {
+                host_service(h);
+            }
+        }
+    }
+    if (!h->ready) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
+                    "port %s: the daemon did not greet us", h->path);
+        return false;
+    }
+    return true;
 }
 
 /* ---- ops -------------------------------------------------------------- */
@@ -550,7 +611,11 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     h->asked = g_hash_table_new(g_int64_hash, g_int64_equal);
     g_queue_init(&h->answered);
     h->up = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    if (!host_attach_fd(h, fd, error)) {
+    if (!host_attach_fd(h, fd) || !host_hello_wait(h, error)) {
+        if (error != NULL && *error == NULL) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_CONNECTION_CLOSED,
+                        "port %s: the daemon went before it greeted us", path);
+        }
         host_close(h);
         return NULL;
     }
