@@ -66,20 +66,46 @@ static void w_on_doorbell(void *opaque, const char *peer, uint32_t bit)
 }
 
 /* A lender's worker answering its holder: it exports a segment and withholds it first (ops
- * that wait on its port, as a lender's attach and reset do), then echoes the request. */
+ * asked of its port without waiting, as a lender's attach and reset do), then echoes the
+ * request once both were answered. */
+typedef struct Handling {
+    Worker *w;
+    uint64_t token;
+    char *json;
+} Handling;
+
+static void w_withheld(void *opaque, int ret)
+{
+    Handling *h = opaque;
+
+    if (ret >= 0) {
+        h->w->handled++;
+    } else {
+        h->w->handler_failed++;
+    }
+    vn_fabric_reply(h->w->fab, h->token, h->json, NULL, 0);
+    g_free(h->json);
+    g_free(h);
+}
+
+static void w_exported(void *opaque, uint64_t id, const GError *error)
+{
+    Handling *h = opaque;
+
+    if (id == 0) {
+        w_withheld(h, -EIO);
+        return;
+    }
+    vn_fabric_segment_withhold_async(h->w->fab, id, true, w_withheld, h);
+}
+
 static void w_on_request(void *opaque, VnFabricMsg *msg, uint64_t token)
 {
     Worker *w = opaque;
-    g_autoptr(GError) error = NULL;
+    Handling *h = g_new0(Handling, 1);
 
-    uint64_t id = vn_fabric_segment_export(w->fab, w->fd, 4096, "hosta", &error);
-
-    if (id != 0 && vn_fabric_segment_withhold(w->fab, id, true) >= 0) {
-        w->handled++;
-    } else {
-        w->handler_failed++;
-    }
-    vn_fabric_reply(w->fab, token, msg->json, NULL, 0);
+    *h = (Handling){ .w = w, .token = token, .json = g_strdup(msg->json) };
+    vn_fabric_segment_export_async(w->fab, w->fd, 0, 4096, "hosta", w_exported, h);
 }
 
 static const VnFabricHandlers worker_handlers = {
@@ -222,7 +248,7 @@ static void step_export(Worker *w)
 {
     g_autoptr(GError) error = NULL;
 
-    w->id = vn_fabric_segment_export(w->fab, w->fd, 4096, "hosta", &error);
+    w->id = fw_export(w->fab, w->fd, 0, 4096, "hosta", &error);
     ck_assert_msg(w->id != 0, "%s", error ? error->message : "");
 }
 
@@ -245,7 +271,7 @@ static void step_route(Worker *w)
     g_autoptr(VnFabricMsg) reply = NULL;
     uint64_t id, le;
 
-    id = vn_fabric_route_export(w->fab, w->fd, "hosta", &error);
+    id = fw_export(w->fab, w->fd, 0, 0, "hosta", &error);
     ck_assert_msg(id != 0, "%s", error ? error->message : "");
     le = GUINT64_TO_LE(id);
     w->ret = fw_request(w->fab, "hosta", T_SIGNAL_ROUTE, DEVICE_JSON, &le, sizeof(le), &reply);
@@ -253,7 +279,7 @@ static void step_route(Worker *w)
 
 static void step_doorbells(Worker *w)
 {
-    w->ret = vn_fabric_doorbells_alloc(w->fab, 2, NULL);
+    w->ret = fw_doorbells_alloc(w->fab, 2, NULL);
 }
 
 /* Until doorbell @id arrived (or a second went by). */

@@ -20,6 +20,7 @@ typedef struct FwAnswer {
     VnFabricMsg *reply;
     VnFabricWindow *w;
     int fd;
+    uint64_t id; /* an export's; a join's offset */
     GError *error;
 } FwAnswer;
 
@@ -107,6 +108,100 @@ static inline int fw_route_open(VnFabric *fab, const char *peer, uint64_t id, GE
 
     vn_fabric_route_open_async(fab, peer, id, fw_opened, &a);
     fw_until(fab, &a);
+    if (a.error != NULL) {
+        g_propagate_error(error, a.error);
+    }
+    return a.fd;
+}
+
+static inline void fw_exported(void *opaque, uint64_t id, const GError *error)
+{
+    FwAnswer *a = opaque;
+
+    a->done = true;
+    a->id = id;
+    a->error = error != NULL ? g_error_copy(error) : NULL;
+}
+
+/* vn_fabric_segment_export_async() (a route's, @size 0: vn_fabric_route_export_async()),
+ * and its answer: the id, or 0 with @error. */
+static inline uint64_t fw_export(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                 const char *peer, GError **error)
+{
+    FwAnswer a = { 0 };
+
+    if (size > 0) {
+        vn_fabric_segment_export_async(fab, fd, offset, size, peer, fw_exported, &a);
+    } else {
+        vn_fabric_route_export_async(fab, fd, peer, fw_exported, &a);
+    }
+    fw_until(fab, &a);
+    if (a.error != NULL) {
+        g_propagate_error(error, a.error);
+    }
+    return a.id;
+}
+
+static inline void fw_count(void *opaque, int ret)
+{
+    FwAnswer *a = opaque;
+
+    a->done = true;
+    a->err = ret;
+}
+
+/* vn_fabric_segment_withhold_async(), and its answer. */
+static inline int fw_withhold(VnFabric *fab, uint64_t id, bool withhold)
+{
+    FwAnswer a = { .err = -ETIMEDOUT };
+
+    vn_fabric_segment_withhold_async(fab, id, withhold, fw_count, &a);
+    fw_until(fab, &a);
+    return a.err;
+}
+
+static inline void fw_bits(void *opaque, int first, const GError *error)
+{
+    FwAnswer *a = opaque;
+
+    a->done = true;
+    a->err = first;
+    a->error = error != NULL ? g_error_copy(error) : NULL;
+}
+
+/* vn_fabric_doorbells_alloc_async(), and its answer: the first bit, or -errno with @error. */
+static inline int fw_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
+{
+    FwAnswer a = { .err = -ETIMEDOUT };
+
+    vn_fabric_doorbells_alloc_async(fab, count, fw_bits, &a);
+    fw_until(fab, &a);
+    if (a.error != NULL) {
+        g_propagate_error(error, a.error);
+    }
+    return a.err;
+}
+
+static inline void fw_joined(void *opaque, int fd, uint64_t offset, const GError *error)
+{
+    FwAnswer *a = opaque;
+
+    a->done = true;
+    a->fd = fd;
+    a->id = offset;
+    a->error = error != NULL ? g_error_copy(error) : NULL;
+}
+
+/* vn_fabric_windows_join_async(), and its answer: the fd (its offset in *@offset), or
+ * -errno with @error. */
+static inline int fw_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n,
+                                  uint64_t *offset, GError **error)
+{
+    FwAnswer a = { .fd = -ETIMEDOUT };
+
+    vn_fabric_windows_join_async(fab, w, n, fw_joined, &a);
+    fw_until(fab, &a);
+    *offset = a.id;
     if (a.error != NULL) {
         g_propagate_error(error, a.error);
     }

@@ -41,17 +41,15 @@ static char *budget(VnBorrower *b)
                            lim->max_windows, each);
 }
 
-/* Region @i's @n windows as one fd for QEMU: equal slices of the BAR's @size (the last may be
- * shorter), in order, joined by the fabric (or one file already). */
-static bool join_region(VnBorrower *b, uint32_t i, uint64_t size, GError **error)
+/* Whether region @i's @n windows are equal slices of the BAR's @size (the last may be
+ * shorter), in order; false with @error. */
+static bool region_slices(VnBorrower *b, uint32_t i, uint64_t size, GError **error)
 {
     VnFabricWindow *const *w = b->windows[i];
     uint32_t n = b->nr_windows[i];
     uint64_t chunk = w[0]->size;
-    g_autoptr(GError) local = NULL;
     const char *fault = NULL;
     uint32_t k = 0;
-    int fd;
 
     /* n >= 2: every window but the last is full, the last is not empty. */
     if (chunk == 0 || chunk > size / (n - 1) || (uint64_t)(n - 1) * chunk >= size) {
@@ -67,20 +65,13 @@ static bool join_region(VnBorrower *b, uint32_t i, uint64_t size, GError **error
                     "borrower %s: BAR%u: its %u windows %s (window %u)", b->device, i, n, fault, k);
         return false;
     }
-    fd = vn_fabric_windows_join(b->fab, w, n, &b->joined_offset[i], &local);
-    if (fd < 0) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
-                    "borrower %s: BAR%u: its %u windows are not one memory: %s", b->device, i, n,
-                    local->message);
-        return false;
-    }
-    b->joined_fd[i] = fd;
     return true;
 }
 
-/* Region @i's windows all came (none failed): whether they make the BAR; false with
- * @error. */
-static bool region_whole(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GError **error)
+/* Region @i's windows all came (none failed) and were joined when they are several (@joined:
+ * why not, or NULL): whether they make the BAR; false with @error. */
+static bool region_whole(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GError *joined,
+                         GError **error)
 {
     VnFabricWindow **w = b->windows[i];
 
@@ -89,7 +80,11 @@ static bool region_whole(VnBorrower *b, uint32_t i, const VnProtoRegion *pr, GEr
                     "borrower %s: BAR%u window smaller than the BAR", b->device, i);
         return false;
     }
-    return pr->nr_segments == 1 || join_region(b, i, pr->size, error);
+    if (joined != NULL) {
+        g_propagate_error(error, g_error_copy(joined));
+        return false;
+    }
+    return true;
 }
 
 /* Unmap region @i's windows (those that came). */
@@ -147,9 +142,10 @@ struct BarsMap {
     VnBorrower *b;
     VnProtoDevice d;
     uint32_t order[VN_MAX_REGIONS], n;
-    uint32_t owed; /* windows not answered yet, and one while they are being asked */
+    uint32_t owed; /* windows (then joins) not answered yet, and one while being asked */
     GError *failed[VN_MAX_REGIONS]; /* a region's first window that did not come, and which */
     uint32_t failed_k[VN_MAX_REGIONS];
+    GError *unjoined[VN_MAX_REGIONS]; /* why a region's windows are not one fd */
     BarWindow slot[VN_MAX_REGIONS][VN_PROTO_MAX_REGION_SEGMENTS];
     VnBorrowerBarsFn done;
     void *opaque;
@@ -169,7 +165,7 @@ static void bars_settle(BarsMap *bm)
         g_autofree char *limits = NULL;
         g_autofree char *size = NULL;
 
-        if (local == NULL && region_whole(b, i, pr, &error)) {
+        if (local == NULL && region_whole(b, i, pr, bm->unjoined[i], &error)) {
             region_mapped(b, i, pr);
             continue;
         }
@@ -199,9 +195,54 @@ static void bars_settle(BarsMap *bm)
     }
     for (uint32_t i = 0; i < VN_MAX_REGIONS; i++) {
         g_clear_error(&bm->failed[i]);
+        g_clear_error(&bm->unjoined[i]);
     }
     bm->done(b, error, bm->opaque);
     g_free(bm);
+}
+
+static void bar_joined(void *opaque, int fd, uint64_t offset, const GError *error)
+{
+    BarWindow *bw = opaque;
+    BarsMap *bm = bw->bm;
+    VnBorrower *b = bm->b;
+    uint32_t i = bw->region;
+
+    if (fd >= 0) {
+        b->joined_fd[i] = fd;
+        b->joined_offset[i] = offset;
+    } else {
+        g_set_error(&bm->unjoined[i], G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "borrower %s: BAR%u: its %u windows are not one memory: %s", b->device, i,
+                    b->nr_windows[i], error->message);
+    }
+    if (--bm->owed == 0) {
+        bars_settle(bm);
+    }
+}
+
+/* Every window answered: a region of several windows (a BAR larger than a window) becomes
+ * one fd for QEMU, joined by the fabric (or one file already), asked without waiting;
+ * settled once the last join answered. */
+static void bars_join(BarsMap *bm)
+{
+    VnBorrower *b = bm->b;
+
+    bm->owed = 1;
+    for (uint32_t k = 0; k < bm->n; k++) {
+        uint32_t i = bm->order[k];
+
+        if (bm->failed[i] != NULL || bm->d.regions[i].nr_segments < 2 ||
+            !region_slices(b, i, bm->d.regions[i].size, &bm->unjoined[i])) {
+            continue;
+        }
+        bm->owed++;
+        vn_fabric_windows_join_async(b->fab, b->windows[i], b->nr_windows[i], bar_joined,
+                                     &bm->slot[i][0]);
+    }
+    if (--bm->owed == 0) {
+        bars_settle(bm);
+    }
 }
 
 static void bar_window_mapped(void *opaque, VnFabricWindow *w, const GError *error)
@@ -215,7 +256,7 @@ static void bar_window_mapped(void *opaque, VnFabricWindow *w, const GError *err
         bm->failed_k[bw->region] = bw->k;
     }
     if (--bm->owed == 0) {
-        bars_settle(bm);
+        bars_join(bm);
     }
 }
 
@@ -275,7 +316,7 @@ void vn_borrower_bars_map(VnBorrower *b, const VnProtoDevice *d, VnBorrowerBarsF
         }
     }
     if (--bm->owed == 0) {
-        bars_settle(bm);
+        bars_join(bm);
     }
 }
 

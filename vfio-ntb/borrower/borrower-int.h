@@ -115,6 +115,7 @@ struct VnBorrower {
     unsigned linger_ms, linger_max; /* vn_borrower_set_dma_linger() */
     unsigned unmaps_posted;         /* unmaps of lingering mappings on their way */
     GList *asked;                   /* requests QEMU's replies wait for (requests.c) */
+    GList *pending;                 /* VnBorrowerPending: asked of the fabric (requests.c) */
     VnMediate med;
     bool client_leaving; /* QEMU went: its device is quiesced without waiting */
     VnBorrowerStats stats;
@@ -157,6 +158,24 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
 void vn_borrower_asks_forget(VnBorrower *b, const void *opaque);
 /* The borrower goes: answers still on their way find nobody. */
 void vn_borrower_asks_orphan(VnBorrower *b);
+/* vn_borrower_ask_later() for QEMU's reply @reply_id, owed since a command handled before. */
+int vn_borrower_ask_answering(VnBorrower *b, uint64_t reply_id, uint32_t type, const char *json,
+                              const void *data, size_t len, VnBorrowerAnswerFn done, void *opaque,
+                              GDestroyNotify destroy);
+/*
+ * Something the borrower asked of its fabric (a segment's or a route's export, doorbell
+ * bits, windows joined: its daemon's to give, for a worker), answered later.  begin: it is
+ * listed (its @fab set).  end, in the answer: unlisted, and the borrower, or NULL when it
+ * went meanwhile (vn_borrower_pending_orphan, at its end): then the answer undoes what came
+ * alone, through @fab.
+ */
+typedef struct VnBorrowerPending {
+    VnBorrower *b;
+    VnFabric *fab;
+} VnBorrowerPending;
+void vn_borrower_pending_begin(VnBorrower *b, VnBorrowerPending *p);
+VnBorrower *vn_borrower_pending_end(VnBorrowerPending *p);
+void vn_borrower_pending_orphan(VnBorrower *b);
 /* A request nobody's reply waits for: @done (its return ignored) is told the answer, or
  * the error when it could not be sent, which is returned too. */
 int vn_borrower_ask_posted(VnBorrower *b, uint32_t type, const char *json, VnBorrowerAnswerFn done,

@@ -15,6 +15,7 @@
 #include "trace-borrower.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <gio/gio.h>
 #include <json-glib/json-glib.h>
 #include <string.h>
@@ -119,26 +120,6 @@ static void routes_drop(VnBorrower *b, uint32_t index, uint32_t start, uint32_t 
     }
 }
 
-/* fd mode: each of the VM's eventfds becomes an interrupt route of ours
- * that the lender's device signals; their ids (LE) go to @ids. */
-static int routes_export(VnBorrower *b, const int *fds, unsigned nfds, uint64_t *ids)
-{
-    for (unsigned i = 0; i < nfds; i++) {
-        g_autoptr(GError) error = NULL;
-        uint64_t id = vn_fabric_route_export(b->fab, fds[i], b->lender, &error);
-
-        if (id == 0) {
-            g_info("borrower %s: %s", b->device, error->message);
-            for (unsigned j = 0; j < i; j++) {
-                vn_fabric_route_unexport(b->fab, GUINT64_FROM_LE(ids[j]));
-            }
-            return g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? -ENOSPC : -EINVAL;
-        }
-        ids[i] = GUINT64_TO_LE(id);
-    }
-    return 0;
-}
-
 /* A SET_IRQS on its way to the lender: what to undo if it refuses, what goes if not. */
 typedef struct IrqSet {
     uint32_t flags, index, start, count;
@@ -193,16 +174,139 @@ static int on_irqs_set(VnBorrower *b, const VnFabricMsg *reply, int err, void *o
     return 0;
 }
 
+/* Send the SET_IRQS @set (taken) to the lender, answering QEMU's reply @reply_id (0: the
+ * command being handled's, later); @bools: DATA_BOOL's bytes. */
+static int irqs_send(VnBorrower *b, IrqSet *set, const uint8_t *bools, uint64_t reply_id)
+{
+    VnProtoSetIrqs s = { .flags = set->flags,
+                         .index = set->index,
+                         .start = set->start,
+                         .count = set->count,
+                         .relay = set->rung > 0,
+                         .doorbell = set->doorbell };
+    g_autofree char *json = vn_proto_set_irqs_to_json(b->device, &s);
+    const void *data = (set->flags & VFIO_IRQ_SET_DATA_BOOL) ? (const void *)bools
+                       : set->routed > 0                     ? (const void *)set->ids
+                                                             : NULL;
+    size_t len =
+        (set->flags & VFIO_IRQ_SET_DATA_BOOL) ? set->count : set->routed * sizeof(set->ids[0]);
+
+    /* QEMU's reply waits for the lender's: the device signals the new routes from then. */
+    if (reply_id != 0) {
+        return vn_borrower_ask_answering(b, reply_id, VN_PROTO_SET_IRQS, json, data, len,
+                                         on_irqs_set, set, g_free);
+    }
+    return vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, data, len, 0, on_irqs_set, set,
+                                 g_free);
+}
+
+/*
+ * A SET_IRQS whose doorbell bits (relay) or routes (fd mode) are asked of the fabric first
+ * (its daemon's to give, for a worker): QEMU's later commands wait (vn_server_pause) until
+ * they came and the SET_IRQS went to the lender.  Relay: the VM's eventfds (dups) are set
+ * in our table once the bits are ours.
+ */
+typedef struct IrqsAsk {
+    VnBorrowerPending pending;
+    IrqSet *set;
+    uint64_t reply_id, pause;
+    unsigned unanswered; /* routes asked and not answered, and 1 while asking */
+    int err;
+    int fds[VN_MAX_MSG_FDS]; /* relay: the VM's eventfds, ours until set */
+    unsigned nfds;
+} IrqsAsk;
+
+/* One route asked: where its id goes. */
+typedef struct BorrowerRoute {
+    IrqsAsk *q;
+    unsigned i;
+} BorrowerRoute;
+
+/* Everything asked came (or the borrower went): the SET_IRQS goes, or QEMU hears why not. */
+static void irqs_asked(IrqsAsk *q)
+{
+    VnBorrower *b = vn_borrower_pending_end(&q->pending);
+    bool here = b != NULL && b->server != NULL && vn_server_resume(b->server, q->pause);
+    IrqSet *set = q->set;
+    int err = q->err;
+
+    if (here && err == 0 && set->rung > 0) {
+        err = vn_irqs_set(vn_server_irqs(b->server), set->flags, set->index, set->start, set->count,
+                          NULL, q->fds, q->nfds);
+    }
+    if (!here || err < 0) {
+        for (unsigned i = 0; i < set->routed; i++) {
+            vn_fabric_route_unexport(q->pending.fab, GUINT64_FROM_LE(set->ids[i]));
+        }
+        if (set->rung > 0) {
+            vn_fabric_doorbells_free(q->pending.fab, set->doorbell, set->rung);
+        }
+        if (here) {
+            vn_server_complete(b->server, q->reply_id, err);
+        }
+        g_free(set);
+    } else {
+        irqs_send(b, set, NULL, q->reply_id);
+    }
+    vn_util_close_fds(q->fds, q->nfds); /* those vn_irqs_set did not take */
+    g_free(q);
+}
+
+static void irqs_bits(void *opaque, int first, const GError *error)
+{
+    IrqsAsk *q = opaque;
+
+    if (first < 0) {
+        if (q->pending.b != NULL) {
+            g_info("borrower %s: cannot relay %u vectors: %s", q->pending.b->device, q->set->count,
+                   error->message);
+        }
+        q->err = -ENOSPC;
+    } else {
+        q->set->doorbell = (uint32_t)first;
+        q->set->rung = q->set->count;
+    }
+    irqs_asked(q);
+}
+
+static void irqs_route(void *opaque, uint64_t id, const GError *error)
+{
+    BorrowerRoute *r = opaque;
+    IrqsAsk *q = r->q;
+
+    if (id == 0 && q->err == 0) {
+        if (q->pending.b != NULL) {
+            g_info("borrower %s: %s", q->pending.b->device, error->message);
+        }
+        q->err = g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE) ? -ENOSPC : -EINVAL;
+    }
+    q->set->ids[r->i] = GUINT64_TO_LE(id);
+    g_free(r);
+    if (--q->unanswered == 0) {
+        /* Every answer in: the ones that came before a refusal are withdrawn with it. */
+        q->set->routed = q->set->count;
+        irqs_asked(q);
+    }
+}
+
+static IrqsAsk *irqs_ask_new(VnBorrower *b, IrqSet *set)
+{
+    IrqsAsk *q = g_new0(IrqsAsk, 1);
+
+    q->set = set;
+    q->reply_id = vn_server_later(b->server);
+    q->pause = vn_server_pause(b->server);
+    vn_borrower_pending_begin(b, &q->pending);
+    return q;
+}
+
 static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t start, uint32_t count,
                        const uint8_t *bools, int *fds, unsigned nfds)
 {
     VnBorrower *b = opaque;
-    VnProtoSetIrqs s = { .flags = flags, .index = index, .start = start, .count = count };
     bool eventfd = (flags & VFIO_IRQ_SET_DATA_EVENTFD) != 0;
-    uint64_t ids[VN_MAX_MSG_FDS];
-    unsigned routed = 0, rung = 0;
-    g_autofree char *json = NULL;
     IrqSet *set;
+    IrqsAsk *q;
     int ret;
 
     if (index >= b->info.num_irqs || (uint64_t)start + count > b->info.irq_count[index]) {
@@ -217,59 +321,54 @@ static int op_set_irqs(void *opaque, uint32_t flags, uint32_t index, uint32_t st
         return ret;
     }
     if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
-        g_autoptr(GError) error = NULL;
-        int first;
-
         if (index >= VN_BORROWER_RELAY_INDEXES) {
             return -ENOTSUP;
         }
-        if ((uint64_t)start + count > VN_PROTO_RELAY_VECTORS) {
+        if ((uint64_t)start + count > VN_PROTO_RELAY_VECTORS || nfds > VN_MAX_MSG_FDS) {
             return -ENOSPC;
         }
-        /* One doorbell bit of this host per vector, for the lender to ring. */
-        first = vn_fabric_doorbells_alloc(b->fab, count, &error);
-        if (first < 0) {
-            g_info("borrower %s: cannot relay %u vectors: %s", b->device, count, error->message);
-            return -ENOSPC;
-        }
-        /* Keep the VM's eventfds here; the lender's device gets its own. */
-        ret = vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, fds, nfds);
-        if (ret < 0) {
-            vn_fabric_doorbells_free(b->fab, (uint32_t)first, count);
-            return ret;
-        }
-        s.relay = true;
-        s.doorbell = (uint32_t)first;
-        rung = count;
     } else if (b->mode == VN_IRQ_MODE_RELAY && eventfd) {
         vn_irqs_set(vn_server_irqs(b->server), flags, index, start, count, NULL, NULL, 0);
-    } else if (eventfd && nfds > 0) {
-        if (nfds != count || nfds > VN_MAX_MSG_FDS) {
-            return -EINVAL;
-        }
-        ret = routes_export(b, fds, nfds, ids);
-        if (ret < 0) {
-            return ret;
-        }
-        routed = nfds;
+    } else if (eventfd && nfds > 0 && (nfds != count || nfds > VN_MAX_MSG_FDS)) {
+        return -EINVAL;
     }
-    json = vn_proto_set_irqs_to_json(b->device, &s);
     set = g_new0(IrqSet, 1);
-    *set = (IrqSet){ .flags = flags,
-                     .index = index,
-                     .start = start,
-                     .count = count,
-                     .routed = routed,
-                     .rung = rung,
-                     .doorbell = s.doorbell };
-    memcpy(set->ids, ids, routed * sizeof(ids[0]));
-    /* QEMU's reply waits for the lender's: the device signals the new routes from then. */
-    if (flags & VFIO_IRQ_SET_DATA_BOOL) {
-        return vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, bools, count, 0, on_irqs_set, set,
-                                     g_free);
+    *set = (IrqSet){ .flags = flags, .index = index, .start = start, .count = count };
+    if (b->mode == VN_IRQ_MODE_RELAY && eventfd && nfds > 0) {
+        /* One doorbell bit of this host per vector, for the lender to ring; the VM's
+         * eventfds are kept here once they are ours, the lender's device gets its own. */
+        q = irqs_ask_new(b, set);
+        for (unsigned i = 0; i < nfds; i++) {
+            q->fds[q->nfds] = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+            q->nfds += q->fds[q->nfds] >= 0;
+        }
+        q->err = q->nfds == nfds ? 0 : -EMFILE;
+        if (q->err < 0) {
+            irqs_asked(q);
+            return 0;
+        }
+        vn_fabric_doorbells_alloc_async(b->fab, count, irqs_bits, q);
+        return 0;
     }
-    return vn_borrower_ask_later(b, VN_PROTO_SET_IRQS, json, routed > 0 ? ids : NULL,
-                                 routed * sizeof(ids[0]), 0, on_irqs_set, set, g_free);
+    if (eventfd && nfds > 0) {
+        /* fd mode: each of the VM's eventfds becomes an interrupt route of ours that the
+         * lender's device signals; their ids (LE) go with the SET_IRQS. */
+        q = irqs_ask_new(b, set);
+        q->unanswered = 1;
+        for (unsigned i = 0; i < nfds; i++) {
+            BorrowerRoute *r = g_new0(BorrowerRoute, 1);
+
+            *r = (BorrowerRoute){ .q = q, .i = i };
+            q->unanswered++;
+            vn_fabric_route_export_async(b->fab, fds[i], b->lender, irqs_route, r);
+        }
+        if (--q->unanswered == 0) {
+            q->set->routed = q->set->count;
+            irqs_asked(q);
+        }
+        return 0;
+    }
+    return irqs_send(b, set, bools, 0);
 }
 
 static int op_reset(void *opaque)
@@ -413,6 +512,7 @@ void vn_borrower_free(VnBorrower *b)
     }
     vn_borrower_bars_unmap(b);
     vn_borrower_asks_orphan(b);
+    vn_borrower_pending_orphan(b);
     vn_borrower_dma_forget(b);
     for (uint32_t i = 0; i < VN_MAX_IRQ_INDEXES; i++) {
         if (i < b->info.num_irqs) {

@@ -30,34 +30,21 @@ static void segment_put(VnBorrower *b, Segment *seg)
     g_free(seg);
 }
 
-static Segment *segment_for_fd(VnBorrower *b, int fd, int *err)
+/* The segment of @fd's file, exported already, or NULL (*file: what identifies it). */
+static Segment *segment_of(VnBorrower *b, int fd, struct stat *file, int *err)
 {
-    g_autoptr(GError) error = NULL;
-    struct stat st;
-    Segment *seg;
-
-    if (fstat(fd, &st) < 0) {
+    if (fstat(fd, file) < 0) {
         *err = -errno;
         return NULL;
     }
     for (GList *l = b->segments; l != NULL; l = l->next) {
-        seg = l->data;
-        if (seg->dev == st.st_dev && seg->ino == st.st_ino) {
+        Segment *seg = l->data;
+
+        if (seg->dev == file->st_dev && seg->ino == file->st_ino) {
             return seg;
         }
     }
-    seg = g_new0(Segment, 1);
-    seg->dev = st.st_dev;
-    seg->ino = st.st_ino;
-    seg->id = vn_fabric_segment_export(b->fab, fd, (uint64_t)st.st_size, b->lender, &error);
-    if (seg->id == 0) {
-        g_info("borrower %s: cannot export guest memory: %s", b->device, error->message);
-        g_free(seg);
-        *err = -ENOSPC;
-        return NULL;
-    }
-    b->segments = g_list_prepend(b->segments, seg);
-    return seg;
+    return NULL;
 }
 
 static void map_refused(VnBorrower *b, const Mapping *m, int err, const char *why)
@@ -310,7 +297,9 @@ static bool same_mapping(const Mapping *m, const VnDmaMapping *dm, const Segment
            m->prot == dm->prot && m->seg == seg;
 }
 
-int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
+/* Forward QEMU's map @dm of @seg's memory, answering its reply @reply_id (0: the command
+ * being handled, answered later). */
+static int map_send(VnBorrower *b, const VnDmaMapping *dm, Segment *seg, uint64_t reply_id)
 {
     VnProtoDmaMap pm = {
         .iova = dm->iova, .size = dm->size, .offset = dm->offset, .prot = dm->prot
@@ -319,18 +308,7 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     uint64_t first = UINT64_MAX, end = 0;
     unsigned over = 0;
     Mapping *m, *same = NULL;
-    Segment *seg;
-    int ret = 0;
 
-    if (dm->fd < 0) {
-        /* QEMU maps the device's own BARs without an fd (peer-to-peer
-         * offers): nothing the device could reach, nothing to forward. */
-        return 0;
-    }
-    seg = segment_for_fd(b, dm->fd, &ret);
-    if (seg == NULL) {
-        return ret;
-    }
     /* QEMU maps nothing over what it has mapped, so what overlaps this is what it unmapped
      * and still lingers at the lender: the same mapping is taken back here; anything else
      * goes there first, in one unmap before this map (everything between the first and
@@ -344,7 +322,7 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
             end = MAX(end, m->iova + m->size);
         }
     }
-    if (same != NULL && over == 1) {
+    if (same != NULL && over == 1 && reply_id == 0) {
         linger_end(b, same);
         b->stats.dma_maps_here++;
         vn_borrower_keep_state(b, false);
@@ -372,7 +350,78 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     b->mappings = g_list_prepend(b->mappings, m);
     vn_borrower_state_listed(b, m);
     vn_borrower_keep_state(b, false);
-    return vn_borrower_ask_later(b, VN_PROTO_DMA_MAP, json, NULL, 0, 0, on_mapped, m, NULL);
+    return reply_id != 0
+               ? vn_borrower_ask_answering(b, reply_id, VN_PROTO_DMA_MAP, json, NULL, 0, on_mapped,
+                                           m, NULL)
+               : vn_borrower_ask_later(b, VN_PROTO_DMA_MAP, json, NULL, 0, 0, on_mapped, m, NULL);
+}
+
+/* A map of a file not exported yet: its export asked of the fabric (the daemon's, for a
+ * worker), QEMU's commands after it wait (vn_server_pause), and the map goes once the
+ * segment is there. */
+typedef struct Exporting {
+    VnBorrowerPending pending;
+    VnDmaMapping dm; /* its fd not kept: the fabric has its own */
+    dev_t dev;
+    ino_t ino;
+    uint64_t reply_id, pause;
+} Exporting;
+
+static void segment_exported(void *opaque, uint64_t id, const GError *error)
+{
+    Exporting *e = opaque;
+    VnBorrower *b = vn_borrower_pending_end(&e->pending);
+    bool here = b != NULL && b->server != NULL && vn_server_resume(b->server, e->pause);
+    Segment *seg;
+
+    if (!here || id == 0) {
+        if (id != 0) {
+            vn_fabric_segment_unexport(e->pending.fab, id); /* QEMU (or we) went meanwhile */
+        } else if (b != NULL) {
+            g_info("borrower %s: cannot export guest memory: %s", b->device, error->message);
+        }
+        if (here) {
+            vn_server_complete(b->server, e->reply_id, -ENOSPC);
+        }
+        g_free(e);
+        return;
+    }
+    seg = g_new0(Segment, 1);
+    seg->dev = e->dev;
+    seg->ino = e->ino;
+    seg->id = id;
+    b->segments = g_list_prepend(b->segments, seg);
+    map_send(b, &e->dm, seg, e->reply_id);
+    g_free(e);
+}
+
+int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
+{
+    struct stat file;
+    Exporting *e;
+    Segment *seg;
+    int ret = 0;
+
+    if (dm->fd < 0) {
+        /* QEMU maps the device's own BARs without an fd (peer-to-peer
+         * offers): nothing the device could reach, nothing to forward. */
+        return 0;
+    }
+    seg = segment_of(b, dm->fd, &file, &ret);
+    if (seg != NULL || ret < 0) {
+        return seg != NULL ? map_send(b, dm, seg, 0) : ret;
+    }
+    e = g_new0(Exporting, 1);
+    e->dm = *dm;
+    e->dm.fd = -1;
+    e->dev = file.st_dev;
+    e->ino = file.st_ino;
+    e->reply_id = vn_server_later(b->server);
+    e->pause = vn_server_pause(b->server);
+    vn_borrower_pending_begin(b, &e->pending);
+    vn_fabric_segment_export_async(b->fab, dm->fd, 0, (uint64_t)file.st_size, b->lender,
+                                   segment_exported, e);
+    return 0;
 }
 
 void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)

@@ -280,6 +280,39 @@ int vn_borrower_ask_later(VnBorrower *b, uint32_t type, const char *json, const 
     return ask(b, id, type, json, data, len, read_count, done, opaque, destroy);
 }
 
+int vn_borrower_ask_answering(VnBorrower *b, uint64_t reply_id, uint32_t type, const char *json,
+                              const void *data, size_t len, VnBorrowerAnswerFn done, void *opaque,
+                              GDestroyNotify destroy)
+{
+    return ask(b, reply_id, type, json, data, len, 0, done, opaque, destroy);
+}
+
+void vn_borrower_pending_begin(VnBorrower *b, VnBorrowerPending *p)
+{
+    p->b = b;
+    p->fab = b->fab;
+    b->pending = g_list_prepend(b->pending, p);
+}
+
+VnBorrower *vn_borrower_pending_end(VnBorrowerPending *p)
+{
+    VnBorrower *b = p->b;
+
+    if (b != NULL) {
+        b->pending = g_list_remove(b->pending, p);
+        p->b = NULL;
+    }
+    return b;
+}
+
+void vn_borrower_pending_orphan(VnBorrower *b)
+{
+    for (GList *l = b->pending; l != NULL; l = l->next) {
+        ((VnBorrowerPending *)l->data)->b = NULL;
+    }
+    g_clear_pointer(&b->pending, g_list_free);
+}
+
 int vn_borrower_ask_posted(VnBorrower *b, uint32_t type, const char *json, VnBorrowerAnswerFn done,
                            void *opaque, GDestroyNotify destroy)
 {

@@ -188,6 +188,17 @@ void vn_fabric_segment_free(VnFabricSegment *seg);
 /* An entry with no fd for @id (a route's when @route) in @table: what someone else holds
  * (the daemon's port, a worker); false when @id is 0 or there already. */
 bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *peer, bool route);
+/* Segment (or route, @size 0) @id of @copy (taken) for @peer, in its table: its id, or 0
+ * with @error. */
+uint64_t vn_fabric_export_insert(VnFabric *fab, uint64_t id, int copy, uint64_t offset,
+                                 uint64_t size, bool device, const char *peer, GError **error);
+/* Ask the backend (ops->export_async) to export @copy (ours until answered), and tell
+ * @done: the async exports' common half. */
+void vn_fabric_export_ask(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
+                          const char *peer, VnFabricExportFn done, void *opaque);
+/* True, with @error, when @asks (the backend answers @what later): a waiting form is
+ * refused there. */
+bool vn_fabric_waits_refused(VnFabric *fab, bool asks, const char *what, GError **error);
 /* Whether window slot @w holds a window (not empty, not reserved for a map under way). */
 bool vn_fabric_window_slot_used(const VnFabricWindow *w);
 /* The entry of @table (segments or routes) @peer may take, counting and

@@ -153,6 +153,10 @@ typedef enum VnFabricHeld {
     VN_FABRIC_HELD_LAST
 } VnFabricHeld;
 
+/* A backend's answer to an op asked without waiting: 0 or -errno, the op's value(s), an fd
+ * (the callee's to close) or -1. */
+typedef void (*VnFabricBackendDone)(void *opaque, int status, uint64_t value, int fd);
+
 typedef struct VnFabricOps {
     const char *name;
     uint32_t caps; /* VN_FABRIC_CAP_*, within VN_FABRIC_CAPS_KNOWN */
@@ -189,25 +193,35 @@ typedef struct VnFabricOps {
     void (*open_route_async)(void *backend, const char *peer, uint64_t id, int timeout_ms,
                              void (*done)(void *opaque, int fd), void *opaque);
     /*
-     * Optional, for a backend whose node's resources someone else keeps (a
-     * worker's, kept by its daemon; fabric/host.h).  export: publish @size
-     * bytes of @fd (borrowed) from @offset as a segment (a route when @size
-     * is 0) for @peer and return its id, or 0 with @error; unexport
-     * withdraws it.
+     * Optional, for a backend whose node's resources someone else keeps (a worker's, kept
+     * by its daemon; fabric/host.h), each asked without waiting and answered once to @done
+     * (from the backend's sources; from close with -ECANCELED) with 0 or -errno, a value
+     * and maybe an fd (the callee's):
+     * export_async: publish @size bytes of @fd (borrowed) from @offset as a segment (a
+     * route when @size is 0) for @peer; the value is its id.  unexport withdraws it.
+     * withhold_async: as withhold below; the value is how many windows changed.
+     * join_windows_async: as join_windows below; the fd, the value its offset.
+     * doorbells_alloc_async: the host's budget (vn_fabric_doorbells_alloc_async); the
+     * value is the first bit.  doorbells_free gives bits back.
      * unmap_segment: a window onto @peer's segment @id is gone.
-     * doorbells_alloc / _free: the host's budget (see
-     * vn_fabric_doorbells_alloc()).  Without them the fabric does all of it
-     * itself.
+     * Without them the fabric does all of it itself.
      */
-    uint64_t (*export)(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
-                       GError **error);
+    void (*export_async)(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
+                         VnFabricBackendDone done, void *opaque);
     void (*unexport)(void *backend, bool route, uint64_t id);
+    void (*withhold_async)(void *backend, uint64_t id, bool withhold, VnFabricBackendDone done,
+                           void *opaque);
+    void (*join_windows_async)(void *backend, const char *peer, const uint64_t *ids, uint32_t n,
+                               uint64_t chunk, bool device, VnFabricBackendDone done, void *opaque);
+    void (*doorbells_alloc_async)(void *backend, uint32_t count, VnFabricBackendDone done,
+                                  void *opaque);
+    void (*doorbells_free)(void *backend, uint32_t first, uint32_t count);
+    void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
     /* Optional: segment @id's windows reach nothing (@withhold) or it again;
      * once that holds (an NTB's translations cleared or set again), how many
      * windows it changed, or -errno.  Without it the backend's peers map the segment's fd itself,
      * whose owner guards it (VFIO revokes its own mappings of a BAR). */
     int (*withhold)(void *backend, uint64_t id, bool withhold);
-    void (*unmap_segment)(void *backend, const char *peer, uint64_t id);
     /* Optional, for a backend that keeps what a node set up past the node's end (an NTB's
      * session taken over, fabric/ntb-resume.c): adopt: whether it holds @kind @id for
      * @peer from before (a window: onto @peer's segment @id), taken over and not adopted
@@ -221,8 +235,6 @@ typedef struct VnFabricOps {
      * @device: they reach a device's registers (mapped uncached), not memory. */
     int (*join_windows)(void *backend, const char *peer, const uint64_t *ids, uint32_t n,
                         uint64_t chunk, bool device, uint64_t *offset);
-    int (*doorbells_alloc)(void *backend, uint32_t count, GError **error);
-    void (*doorbells_free)(void *backend, uint32_t first, uint32_t count);
     /* Optional: a peer's liveness check beyond the transport's own. */
     int (*ping)(void *backend, const char *peer);
     /* Optional: the names of the nodes attached now (not us), at most
@@ -359,6 +371,32 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
  */
 uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
                                      const char *peer, GError **error);
+/*
+ * The calls a node whose resources its daemon keeps (a worker's: fabric/host.h) makes
+ * without waiting, and every other node may make too: @done runs once, with the answer,
+ * either at once (refused here, or a backend that answers itself) or later from the loop
+ * (after vn_fabric_close() with -ECANCELED, so an @opaque it frees must outlive the
+ * close).  The waiting forms above and below (vn_fabric_segment_export_at,
+ * vn_fabric_route_export, vn_fabric_segment_withhold, vn_fabric_windows_join,
+ * vn_fabric_doorbells_alloc) refuse such a node (-EOPNOTSUPP: no loop waits on another
+ * process).  Export: the id (> 0), or 0 with @error.
+ */
+typedef void (*VnFabricExportFn)(void *opaque, uint64_t id, const GError *error);
+void vn_fabric_segment_export_async(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                    const char *peer, VnFabricExportFn done, void *opaque);
+void vn_fabric_route_export_async(VnFabric *fab, int eventfd, const char *peer,
+                                  VnFabricExportFn done, void *opaque);
+/* vn_fabric_segment_withhold's answer (windows changed, or -errno), told to @done. */
+void vn_fabric_segment_withhold_async(VnFabric *fab, uint64_t id, bool withhold,
+                                      void (*done)(void *opaque, int ret), void *opaque);
+/* vn_fabric_windows_join's answer (an fd and its offset, or -errno with @error). */
+typedef void (*VnFabricJoinFn)(void *opaque, int fd, uint64_t offset, const GError *error);
+void vn_fabric_windows_join_async(VnFabric *fab, VnFabricWindow *const *w, uint32_t n,
+                                  VnFabricJoinFn done, void *opaque);
+/* vn_fabric_doorbells_alloc's answer (the first bit, or -errno with @error). */
+typedef void (*VnFabricBitsFn)(void *opaque, int first, const GError *error);
+void vn_fabric_doorbells_alloc_async(VnFabric *fab, uint32_t count, VnFabricBitsFn done,
+                                     void *opaque);
 /* Withdraw a segment: peers cannot map it any more (existing shm mappings
  * of a memfd cannot be revoked by this backend; see the lender's fencing). */
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);

@@ -29,8 +29,6 @@
 #define VN_HOST_SEND_TIMEOUT_S 5
 /* What may wait for the daemon's socket, as for a shm peer's. */
 #define VN_HOST_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
-/* Windows one withhold may change, as its daemon says: more than any node has. */
-#define VN_HOST_MAX_WITHHELD 1024u
 
 /* The stream to the daemon is lost (it took nothing for too long, or would have too much
  * waiting): the reader sees the connection end and reconnects. */
@@ -663,43 +661,45 @@ static void host_disconnect(void *backend, const char *peer)
     }
 }
 
-/* An op answered with an fd (@peer's segment or route @arg, windows joined): the fd, or
- * -errno. */
-static int host_call_fd(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                        const void *data, size_t len, VnHostHdr *rep)
-{
-    int fd, ret = vn_host_call(h, op, peer, arg, arg2, data, len, -1, rep, &fd);
+/* An op asked for the fabric: whom to tell, and the doorbell bits it asked for. */
+typedef struct VnHostAsked {
+    VnHost *h;
+    uint32_t bits; /* a DOORBELLS_ALLOC's count; 0 for anything else */
+    VnFabricBackendDone done;
+    void *opaque;
+} VnHostAsked;
 
-    if (ret == 0 && fd < 0) {
-        ret = -EPROTO;
+static void asked_answered(void *opaque, int status, const VnHostHdr *rep, int fd)
+{
+    VnHostAsked *a = opaque;
+
+    /* Bits the daemon gave are ours to claim again after its restart (checked against the
+     * register by the fabric; a daemon that answers past it gave us nothing). */
+    if (status == 0 && a->bits > 0 && rep->arg < VN_FABRIC_MAX_DOORBELLS &&
+        a->bits <= VN_FABRIC_MAX_DOORBELLS - rep->arg) {
+        for (uint32_t i = 0; i < a->bits; i++) {
+            a->h->doorbells |= UINT64_C(1) << (rep->arg + i);
+        }
     }
-    if (ret < 0) {
-        vn_util_close_fd(&fd);
-        return ret;
-    }
-    return fd;
+    a->done(a->opaque, status, status == 0 ? rep->arg : 0, fd);
+    g_free(a);
 }
 
-static uint64_t host_export(void *backend, int fd, uint64_t offset, uint64_t size, const char *peer,
-                            GError **error)
+static void host_asked(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
+                       const void *data, size_t len, int fd, uint32_t bits,
+                       VnFabricBackendDone done, void *opaque)
 {
-    VnHost *h = backend;
-    VnHostHdr rep;
-    int got, ret;
+    VnHostAsked *a = g_new0(VnHostAsked, 1);
 
-    ret = vn_host_call(h, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size,
-                       offset, NULL, 0, fd, &rep, &got);
-    vn_util_close_fd(&got);
-    if (ret == 0 && rep.arg == 0) {
-        ret = -EPROTO;
-    }
-    if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "port %s: the daemon did not export the %s for %s: %s", h->path,
-                    size > 0 ? "segment" : "route", peer, g_strerror(-ret));
-        return 0;
-    }
-    return rep.arg;
+    *a = (VnHostAsked){ .h = h, .bits = bits, .done = done, .opaque = opaque };
+    vn_host_ask(h, op, peer, arg, arg2, data, len, fd, asked_answered, a);
+}
+
+static void host_export_async(void *backend, int fd, uint64_t offset, uint64_t size,
+                              const char *peer, VnFabricBackendDone done, void *opaque)
+{
+    host_asked(backend, size > 0 ? VN_HOST_EXPORT_SEGMENT : VN_HOST_EXPORT_ROUTE, peer, size,
+               offset, NULL, 0, fd, 0, done, opaque);
 }
 
 static void host_unexport(void *backend, bool route, uint64_t id)
@@ -709,30 +709,20 @@ static void host_unexport(void *backend, bool route, uint64_t id)
 }
 
 /* Confirmed: the daemon answers once its backend withheld (or gave back) the segment. */
-static int host_withhold(void *backend, uint64_t id, bool withhold)
+static void host_withhold_async(void *backend, uint64_t id, bool withhold, VnFabricBackendDone done,
+                                void *opaque)
 {
-    VnHostHdr rep;
-    int got, ret;
-
-    ret = vn_host_call(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1,
-                       &rep, &got);
-    vn_util_close_fd(&got);
-    /* The REPLY's arg: how many windows changed (a peer: bounded like any count). */
-    return ret < 0 ? ret : (int)MIN(rep.arg, (uint64_t)VN_HOST_MAX_WITHHELD);
+    host_asked(backend, VN_HOST_WITHHOLD_SEGMENT, NULL, id, withhold ? 1 : 0, NULL, 0, -1, 0, done,
+               opaque);
 }
 
 /* The daemon's backend joins the windows it mapped for us (its port checks they are ours). */
-static int host_join_windows(void *backend, const char *peer, const uint64_t *ids, uint32_t n,
-                             uint64_t chunk, bool device, uint64_t *offset)
+static void host_join_windows_async(void *backend, const char *peer, const uint64_t *ids,
+                                    uint32_t n, uint64_t chunk, bool device,
+                                    VnFabricBackendDone done, void *opaque)
 {
-    VnHostHdr rep;
-    int fd = host_call_fd(backend, VN_HOST_JOIN_WINDOWS, peer, chunk, device ? 1 : 0, ids,
-                          n * sizeof(ids[0]), &rep);
-
-    if (fd >= 0) {
-        *offset = rep.arg;
-    }
-    return fd;
+    host_asked(backend, VN_HOST_JOIN_WINDOWS, peer, chunk, device ? 1 : 0, ids, n * sizeof(ids[0]),
+               -1, 0, done, opaque);
 }
 
 static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
@@ -740,28 +730,10 @@ static void host_unmap_segment(void *backend, const char *peer, uint64_t id)
     vn_host_send_record(backend, VN_HOST_UNMAP, 0, peer, id, 0, NULL, 0, -1);
 }
 
-static int host_doorbells_alloc(void *backend, uint32_t count, GError **error)
+static void host_doorbells_alloc_async(void *backend, uint32_t count, VnFabricBackendDone done,
+                                       void *opaque)
 {
-    VnHost *h = backend;
-    VnHostHdr rep;
-    int fd, ret;
-
-    ret = vn_host_call(h, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, &rep, &fd);
-    vn_util_close_fd(&fd);
-    if (ret == 0 &&
-        (rep.arg >= VN_FABRIC_MAX_DOORBELLS || count > VN_FABRIC_MAX_DOORBELLS - rep.arg)) {
-        ret = -EPROTO;
-    }
-    if (ret < 0) {
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "port %s: the host has no %u doorbell bits free%s", h->path, count,
-                    ret == -ENOSPC ? "" : " (the daemon did not answer)");
-        return ret;
-    }
-    for (uint32_t i = 0; i < count; i++) {
-        h->doorbells |= UINT64_C(1) << (rep.arg + i);
-    }
-    return (int)rep.arg;
+    host_asked(backend, VN_HOST_DOORBELLS_ALLOC, NULL, count, 0, NULL, 0, -1, count, done, opaque);
 }
 
 static void host_doorbells_free(void *backend, uint32_t first, uint32_t count)
@@ -786,11 +758,11 @@ const VnFabricOps vn_host_ops = {
     .disconnect = host_disconnect,
     .map_segment_async = vn_host_map_segment_async,
     .open_route_async = vn_host_open_route_async,
-    .export = host_export,
+    .export_async = host_export_async,
     .unexport = host_unexport,
-    .withhold = host_withhold,
+    .withhold_async = host_withhold_async,
     .unmap_segment = host_unmap_segment,
-    .join_windows = host_join_windows,
-    .doorbells_alloc = host_doorbells_alloc,
+    .join_windows_async = host_join_windows_async,
+    .doorbells_alloc_async = host_doorbells_alloc_async,
     .doorbells_free = host_doorbells_free,
 };

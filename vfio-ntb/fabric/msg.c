@@ -487,9 +487,10 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
 {
     uint32_t n = fab->limits.doorbells;
 
-    if (fab->ops->doorbells_alloc != NULL) {
-        return fab->backend != NULL ? fab->ops->doorbells_alloc(fab->backend, count, error)
-                                    : -ESHUTDOWN;
+    if (fab->ops->doorbells_alloc_async != NULL) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "node %s: doorbell bits are asked of its daemon, without waiting", fab->node);
+        return -EOPNOTSUPP;
     }
     if (count == 0 || count > n) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
@@ -511,6 +512,59 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
     return -ENOSPC;
 }
 
+/* Bits asked of the backend. */
+typedef struct VnFabricBits {
+    VnFabric *fab;
+    uint32_t count;
+    VnFabricBitsFn done;
+    void *opaque;
+} VnFabricBits;
+
+static void bits_answered(void *opaque, int status, uint64_t value, int fd)
+{
+    VnFabricBits *b = opaque;
+    g_autoptr(GError) error = NULL;
+
+    vn_util_close_fd(&fd);
+    /* The first bit, as the daemon says: inside the register, or a protocol error. */
+    if (status == 0 &&
+        (value >= VN_FABRIC_MAX_DOORBELLS || b->count > VN_FABRIC_MAX_DOORBELLS - value)) {
+        status = -EPROTO;
+    }
+    if (status < 0) {
+        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-status),
+                    "node %s: the host has no %u doorbell bits free%s", b->fab->node, b->count,
+                    status == -ENOSPC ? "" : " (the daemon did not answer)");
+    }
+    b->done(b->opaque, status < 0 ? status : (int)value, error);
+    g_free(b);
+}
+
+void vn_fabric_doorbells_alloc_async(VnFabric *fab, uint32_t count, VnFabricBitsFn done,
+                                     void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    VnFabricBits *b;
+    int first;
+
+    if (fab->ops->doorbells_alloc_async == NULL || fab->backend == NULL ||
+        count > VN_FABRIC_MAX_DOORBELLS || count == 0) {
+        first = fab->ops->doorbells_alloc_async == NULL
+                    ? vn_fabric_doorbells_alloc(fab, count, &error)
+                    : -EINVAL;
+        if (first == -EINVAL && error == NULL) {
+            g_set_error(&error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                        "node %s: %u doorbell bits asked for%s", fab->node, count,
+                        fab->backend == NULL ? " while closing" : "");
+        }
+        done(opaque, first, error);
+        return;
+    }
+    b = g_new0(VnFabricBits, 1);
+    *b = (VnFabricBits){ .fab = fab, .count = count, .done = done, .opaque = opaque };
+    fab->ops->doorbells_alloc_async(fab->backend, count, bits_answered, b);
+}
+
 void vn_fabric_doorbells_free(VnFabric *fab, uint32_t first, uint32_t count)
 {
     if (count == 0 || first >= VN_FABRIC_MAX_DOORBELLS || count > VN_FABRIC_MAX_DOORBELLS - first) {
@@ -530,7 +584,7 @@ int vn_fabric_doorbells_claim(VnFabric *fab, uint32_t first, uint32_t count)
     uint64_t m;
 
     if (count == 0 || first >= fab->limits.doorbells || count > fab->limits.doorbells - first ||
-        fab->ops->doorbells_alloc != NULL) {
+        fab->ops->doorbells_alloc_async != NULL) {
         return -EINVAL;
     }
     m = doorbell_mask(first, count);

@@ -32,32 +32,32 @@ static bool routes_supported(VnFabric *fab, GError **error)
     return true;
 }
 
-uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error)
+/* What an export of a route takes here: our dup of @eventfd, or -1 with @error. */
+static int route_check(VnFabric *fab, int eventfd, const char *peer, GError **error)
 {
-    VnFabricSegment *route;
     int copy;
 
     if (!routes_supported(fab, error)) {
-        return 0;
+        return -1;
     }
     if (!vn_name_valid(VN_NAME_NODE, peer)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot route interrupts from \"%s\": not a node name", fab->node,
                     peer != NULL ? peer : "(null)");
-        return 0;
+        return -1;
     }
     if (g_hash_table_size(fab->routes) >= VN_FABRIC_MAX_ROUTES) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
                     "node %s: already %u interrupt routes exported", fab->node,
                     (unsigned)VN_FABRIC_MAX_ROUTES);
-        return 0;
+        return -1;
     }
     /* The peer's device signals what we hand out; a pipe or a socket there
      * could wedge it. */
     if (vn_peerfd_eventfd(eventfd) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: fd %d is not an eventfd", fab->node, eventfd);
-        return 0;
+        return -1;
     }
     copy = fcntl(eventfd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {
@@ -65,25 +65,41 @@ uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GE
 
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "node %s: cannot keep fd %d: %s",
                     fab->node, eventfd, g_strerror(e));
+    }
+    return copy;
+}
+
+uint64_t vn_fabric_route_export(VnFabric *fab, int eventfd, const char *peer, GError **error)
+{
+    int copy;
+
+    if (vn_fabric_waits_refused(fab, fab->ops->export_async != NULL, "an export", error)) {
         return 0;
     }
-    route = g_new0(VnFabricSegment, 1);
-    route->id = fab->ops->export != NULL ? fab->ops->export(fab->backend, copy, 0, 0, peer, error)
-                                         : ++fab->last_route;
-    if (route->id == 0 || g_hash_table_contains(fab->routes, &route->id)) {
-        if (route->id != 0) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
-                        "node %s: route id %" PRIu64 " given twice", fab->node, route->id);
+    copy = route_check(fab, eventfd, peer, error);
+    return copy < 0
+               ? 0
+               : vn_fabric_export_insert(fab, ++fab->last_route, copy, 0, 0, false, peer, error);
+}
+
+void vn_fabric_route_export_async(VnFabric *fab, int eventfd, const char *peer,
+                                  VnFabricExportFn done, void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    int copy = route_check(fab, eventfd, peer, &error);
+    uint64_t id = 0;
+
+    if (copy >= 0 && fab->ops->export_async != NULL) {
+        if (fab->backend != NULL) {
+            vn_fabric_export_ask(fab, copy, 0, 0, false, peer, done, opaque);
+            return;
         }
         close(copy);
-        g_free(route);
-        return 0;
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
+    } else if (copy >= 0) {
+        id = vn_fabric_export_insert(fab, ++fab->last_route, copy, 0, 0, false, peer, &error);
     }
-    route->fd = copy;
-    route->peer = g_strdup(peer);
-    g_hash_table_insert(fab->routes, &route->id, route);
-    trace_fabric_route_export(fab->node, route->id, peer);
-    return route->id;
+    done(opaque, id, error);
 }
 
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id)

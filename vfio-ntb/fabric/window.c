@@ -42,24 +42,23 @@ uint64_t vn_fabric_segment_export(VnFabric *fab, int fd, uint64_t size, const ch
     return vn_fabric_segment_export_at(fab, fd, 0, size, peer, error);
 }
 
-uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
-                                     const char *peer, GError **error)
+/* What an export of a segment takes here: our dup of @fd, or -1 with @error. */
+static int segment_check(VnFabric *fab, int fd, uint64_t offset, uint64_t size, const char *peer,
+                         bool *device, GError **error)
 {
-    VnFabricSegment *seg;
     const char *why;
-    bool device;
     int copy;
 
     if (!vn_name_valid(VN_NAME_NODE, peer)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export a segment to \"%s\": not a node name", fab->node,
                     peer != NULL ? peer : "(null)");
-        return 0;
+        return -1;
     }
     if (size == 0 || size > VN_FABRIC_MAX_SEGMENT_SIZE) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: a segment of %" PRIu64 " bytes cannot be exported", fab->node, size);
-        return 0;
+        return -1;
     }
     /* Each export takes an inbound window (a translation) of the host's. */
     if (g_hash_table_size(fab->segments) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS)) {
@@ -67,7 +66,7 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
                     "node %s: all %u inbound windows in use (segments exported; the "
                     "fabric's max-segments)",
                     fab->node, fab->limits.max_segments);
-        return 0;
+        return -1;
     }
     /* Only what the mapper will accept (see fabric.h: sealed memfds, a
      * device's mappable regions). */
@@ -76,13 +75,13 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
                     "node %s: cannot export fd %d from offset 0x%" PRIx64 ": not aligned to "
                     "a window",
                     fab->node, fd, offset);
-        return 0;
+        return -1;
     }
-    if (vn_peerfd_window(fd, offset, size, &device, &why) < 0) {
+    if (vn_peerfd_window(fd, offset, size, device, &why) < 0) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "node %s: cannot export %" PRIu64 " bytes of fd %d: it %s", fab->node, size, fd,
                     why);
-        return 0;
+        return -1;
     }
     copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) {
@@ -90,31 +89,139 @@ uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uin
 
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e), "node %s: cannot keep fd %d: %s",
                     fab->node, fd, g_strerror(e));
+    }
+    return copy;
+}
+
+/* Segment @id (or route, @size 0: in fab->routes) of @copy (taken) for @peer, in its table;
+ * its id, or 0 with @error (an id given twice: the backend's fault). */
+uint64_t vn_fabric_export_insert(VnFabric *fab, uint64_t id, int copy, uint64_t offset,
+                                 uint64_t size, bool device, const char *peer, GError **error)
+{
+    GHashTable *table = size > 0 ? fab->segments : fab->routes;
+    VnFabricSegment *seg;
+
+    if (id == 0 || g_hash_table_contains(table, &id)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS, "node %s: %s id %" PRIu64 " given %s",
+                    fab->node, size > 0 ? "segment" : "route", id, id == 0 ? "as none" : "twice");
+        close(copy);
         return 0;
     }
     seg = g_new0(VnFabricSegment, 1);
-    /* Ids are never reused, so a stale id names nothing rather than the
-     * wrong memory. */
-    seg->id = fab->ops->export != NULL
-                  ? fab->ops->export(fab->backend, copy, offset, size, peer, error)
-                  : ++fab->last_segment;
-    if (seg->id == 0 || g_hash_table_contains(fab->segments, &seg->id)) {
-        if (seg->id != 0) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_EXISTS,
-                        "node %s: segment id %" PRIu64 " given twice", fab->node, seg->id);
-        }
-        close(copy);
-        g_free(seg);
-        return 0;
-    }
+    seg->id = id;
     seg->fd = copy;
     seg->offset = offset;
     seg->size = size;
     seg->device = device;
     seg->peer = g_strdup(peer);
-    g_hash_table_insert(fab->segments, &seg->id, seg);
-    trace_fabric_segment_export(fab->node, seg->id, size, device ? " of a device" : "", peer);
-    return seg->id;
+    g_hash_table_insert(table, &seg->id, seg);
+    if (size > 0) {
+        trace_fabric_segment_export(fab->node, id, size, device ? " of a device" : "", peer);
+    } else {
+        trace_fabric_route_export(fab->node, id, peer);
+    }
+    return id;
+}
+
+/* A waiting form of the fabric's on a node whose backend answers later: refused. */
+bool vn_fabric_waits_refused(VnFabric *fab, bool asks, const char *what, GError **error)
+{
+    if (asks) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
+                    "node %s: %s is asked of its daemon, without waiting (the _async form)",
+                    fab->node, what);
+    }
+    return asks;
+}
+
+uint64_t vn_fabric_segment_export_at(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                     const char *peer, GError **error)
+{
+    bool device = false;
+    int copy;
+
+    if (vn_fabric_waits_refused(fab, fab->ops->export_async != NULL, "an export", error)) {
+        return 0;
+    }
+    copy = segment_check(fab, fd, offset, size, peer, &device, error);
+    /* Ids are never reused, so a stale id names nothing rather than the
+     * wrong memory. */
+    return copy < 0 ? 0
+                    : vn_fabric_export_insert(fab, ++fab->last_segment, copy, offset, size, device,
+                                              peer, error);
+}
+
+/* An export asked of the backend: what to keep once it answers, and whom to tell. */
+typedef struct VnFabricExporting {
+    VnFabric *fab;
+    int copy;
+    uint64_t offset, size;
+    bool device;
+    char peer[VN_MAX_NODE_NAME + 1];
+    VnFabricExportFn done;
+    void *opaque;
+} VnFabricExporting;
+
+static void export_answered(void *opaque, int status, uint64_t value, int fd)
+{
+    VnFabricExporting *e = opaque;
+    VnFabric *fab = e->fab;
+    g_autoptr(GError) error = NULL;
+    uint64_t id = 0;
+
+    vn_util_close_fd(&fd);
+    if (fab->backend == NULL) {
+        status = -ECANCELED; /* closing: the entry would go at once */
+    }
+    if (status < 0) {
+        close(e->copy);
+        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-status),
+                    "node %s: the daemon did not export the %s for %s: %s", fab->node,
+                    e->size > 0 ? "segment" : "route", e->peer, g_strerror(-status));
+    } else {
+        id = vn_fabric_export_insert(fab, value, e->copy, e->offset, e->size, e->device, e->peer,
+                                     &error);
+    }
+    e->done(e->opaque, id, error);
+    g_free(e);
+}
+
+void vn_fabric_export_ask(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
+                          const char *peer, VnFabricExportFn done, void *opaque)
+{
+    VnFabricExporting *e = g_new0(VnFabricExporting, 1);
+
+    *e = (VnFabricExporting){ .fab = fab,
+                              .copy = copy,
+                              .offset = offset,
+                              .size = size,
+                              .device = device,
+                              .done = done,
+                              .opaque = opaque };
+    g_strlcpy(e->peer, peer, sizeof(e->peer));
+    fab->ops->export_async(fab->backend, copy, offset, size, peer, export_answered, e);
+}
+
+void vn_fabric_segment_export_async(VnFabric *fab, int fd, uint64_t offset, uint64_t size,
+                                    const char *peer, VnFabricExportFn done, void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    bool device = false;
+    int copy = segment_check(fab, fd, offset, size, peer, &device, &error);
+    uint64_t id = 0;
+
+    if (copy >= 0 && fab->ops->export_async != NULL) {
+        if (fab->backend != NULL) {
+            vn_fabric_export_ask(fab, copy, offset, size, device, peer, done, opaque);
+            return;
+        }
+        close(copy);
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
+    } else if (copy >= 0) {
+        id = vn_fabric_export_insert(fab, ++fab->last_segment, copy, offset, size, device, peer,
+                                     &error);
+    }
+    done(opaque, id, error);
 }
 
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
@@ -189,12 +296,57 @@ int vn_fabric_segment_withhold(VnFabric *fab, uint64_t id, bool withhold)
     if (seg == NULL) {
         return -ENOENT;
     }
+    if (fab->ops->withhold_async != NULL) {
+        return -EOPNOTSUPP;
+    }
     if (fab->ops->withhold != NULL && fab->backend != NULL) {
         ret = fab->ops->withhold(fab->backend, id, withhold);
     }
     trace_fabric_segment_withhold(fab->node, id, withhold ? "withheld" : "given back", seg->peer,
                                   ret);
     return ret;
+}
+
+/* A withhold asked of the backend: whom to tell. */
+typedef struct VnFabricWithholding {
+    VnFabric *fab;
+    uint64_t id;
+    bool withhold;
+    void (*done)(void *opaque, int ret);
+    void *opaque;
+} VnFabricWithholding;
+
+static void withhold_answered(void *opaque, int status, uint64_t value, int fd)
+{
+    VnFabricWithholding *w = opaque;
+    /* How many windows changed, as the daemon says: bounded like any count of a peer's. */
+    int ret = status < 0 ? status : (int)MIN(value, (uint64_t)VN_FABRIC_MAX_SEGMENTS * 16u);
+
+    vn_util_close_fd(&fd);
+    trace_fabric_segment_withhold(w->fab->node, w->id, w->withhold ? "withheld" : "given back",
+                                  "its daemon", ret);
+    w->done(w->opaque, ret);
+    g_free(w);
+}
+
+void vn_fabric_segment_withhold_async(VnFabric *fab, uint64_t id, bool withhold,
+                                      void (*done)(void *opaque, int ret), void *opaque)
+{
+    VnFabricWithholding *w;
+
+    if (fab->ops->withhold_async == NULL || !g_hash_table_contains(fab->segments, &id) ||
+        fab->backend == NULL) {
+        done(opaque, fab->ops->withhold_async == NULL
+                         ? vn_fabric_segment_withhold(fab, id, withhold)
+                     : fab->backend == NULL ? -ECANCELED
+                                            : -ENOENT);
+        return;
+    }
+    w = g_new0(VnFabricWithholding, 1);
+    *w = (VnFabricWithholding){
+        .fab = fab, .id = id, .withhold = withhold, .done = done, .opaque = opaque
+    };
+    fab->ops->withhold_async(fab->backend, id, withhold, withhold_answered, w);
 }
 
 VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,
@@ -456,13 +608,11 @@ static bool windows_one_file(VnFabricWindow *const *w, uint32_t n, uint64_t chun
     return true;
 }
 
-int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, uint64_t *offset,
-                           GError **error)
+/* Whether windows @w can be joined (@ids: their segments), else -EINVAL with @error. */
+static int join_check(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, uint64_t *ids,
+                      GError **error)
 {
-    uint64_t ids[VN_FABRIC_MAX_JOIN], chunk, total;
-    const char *fault = NULL, *why = NULL;
-    int fd = -EINVAL;
-    bool device;
+    const char *fault = NULL;
 
     if (n < 2 || n > VN_FABRIC_MAX_JOIN) {
         fault = "not 2 to 16 windows";
@@ -484,30 +634,123 @@ int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, 
                     "node %s: cannot join windows: %s", fab->node, fault);
         return -EINVAL;
     }
-    chunk = w[0]->size;
-    total = (uint64_t)(n - 1) * chunk + w[n - 1]->size;
-    if (windows_one_file(w, n, chunk)) {
-        fd = fcntl(w[0]->fd, F_DUPFD_CLOEXEC, 0);
-        fd = fd < 0 ? -errno : fd;
-        *offset = w[0]->offset;
-    } else if (fab->ops->join_windows == NULL || fab->backend == NULL) {
-        fd = -ENOTSUP;
-    } else {
-        fd = fab->ops->join_windows(fab->backend, w[0]->peer, ids, n, chunk, w[0]->device, offset);
-    }
-    /* What a backend gave is a peer's (a daemon's, for a worker): checked as a window's. */
-    if (fd >= 0 && vn_peerfd_window(fd, *offset, total, &device, &why) < 0) {
+    return 0;
+}
+
+/* The joined fd @fd (or -errno) a backend gave for @n windows onto @peer of @total bytes:
+ * a peer's (a daemon's, for a worker), checked as a window's; -errno with @error. */
+static int join_finish(VnFabric *fab, int fd, uint64_t offset, uint32_t n, const char *peer,
+                       uint64_t total, GError **error)
+{
+    const char *why = NULL;
+    bool device;
+
+    if (fd >= 0 && vn_peerfd_window(fd, offset, total, &device, &why) < 0) {
         vn_util_close_fd(&fd);
         fd = -EPROTO;
     }
     if (fd < 0) {
         g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-fd),
-                    "node %s: cannot join %u windows onto %s: %s%s%s", fab->node, n, w[0]->peer,
+                    "node %s: cannot join %u windows onto %s: %s%s%s", fab->node, n, peer,
                     fd == -ENOTSUP ? "they are not one file and the fabric cannot join them"
                                    : g_strerror(-fd),
                     why != NULL ? ": the fd " : "", why != NULL ? why : "");
     }
     return fd;
+}
+
+/* Windows @w as one fd without the backend (slices of one file), or -ENOTSUP. */
+static int join_here(VnFabricWindow *const *w, uint32_t n, uint64_t *offset)
+{
+    int fd;
+
+    if (!windows_one_file(w, n, w[0]->size)) {
+        return -ENOTSUP;
+    }
+    fd = fcntl(w[0]->fd, F_DUPFD_CLOEXEC, 0);
+    *offset = w[0]->offset;
+    return fd < 0 ? -errno : fd;
+}
+
+static uint64_t join_total(VnFabricWindow *const *w, uint32_t n)
+{
+    return (uint64_t)(n - 1) * w[0]->size + w[n - 1]->size;
+}
+
+int vn_fabric_windows_join(VnFabric *fab, VnFabricWindow *const *w, uint32_t n, uint64_t *offset,
+                           GError **error)
+{
+    uint64_t ids[VN_FABRIC_MAX_JOIN];
+    int fd = join_check(fab, w, n, ids, error);
+
+    if (fd < 0) {
+        return fd;
+    }
+    fd = join_here(w, n, offset);
+    if (fd == -ENOTSUP && fab->ops->join_windows_async != NULL) {
+        fd = -EOPNOTSUPP;
+    } else if (fd == -ENOTSUP && fab->ops->join_windows != NULL && fab->backend != NULL) {
+        fd = fab->ops->join_windows(fab->backend, w[0]->peer, ids, n, w[0]->size, w[0]->device,
+                                    offset);
+    }
+    return join_finish(fab, fd, *offset, n, w[0]->peer, join_total(w, n), error);
+}
+
+/* A join asked of the backend. */
+typedef struct VnFabricJoining {
+    VnFabric *fab;
+    uint32_t n;
+    uint64_t total;
+    char peer[VN_MAX_NODE_NAME + 1];
+    VnFabricJoinFn done;
+    void *opaque;
+} VnFabricJoining;
+
+static void join_answered(void *opaque, int status, uint64_t value, int fd)
+{
+    VnFabricJoining *j = opaque;
+    g_autoptr(GError) error = NULL;
+
+    if (status < 0) {
+        vn_util_close_fd(&fd);
+        fd = status;
+    } else if (fd < 0) {
+        fd = -EPROTO; /* an answer without the fd */
+    }
+    fd = join_finish(j->fab, fd, value, j->n, j->peer, j->total, &error);
+    j->done(j->opaque, fd, fd >= 0 ? value : 0, error);
+    g_free(j);
+}
+
+void vn_fabric_windows_join_async(VnFabric *fab, VnFabricWindow *const *w, uint32_t n,
+                                  VnFabricJoinFn done, void *opaque)
+{
+    g_autoptr(GError) error = NULL;
+    uint64_t ids[VN_FABRIC_MAX_JOIN], offset = 0;
+    VnFabricJoining *j;
+    int fd = join_check(fab, w, n, ids, &error);
+
+    if (fd == 0) {
+        fd = join_here(w, n, &offset);
+    }
+    if (fd == -ENOTSUP && fab->ops->join_windows_async != NULL && fab->backend != NULL) {
+        j = g_new0(VnFabricJoining, 1);
+        *j = (VnFabricJoining){
+            .fab = fab, .n = n, .total = join_total(w, n), .done = done, .opaque = opaque
+        };
+        g_strlcpy(j->peer, w[0]->peer, sizeof(j->peer));
+        fab->ops->join_windows_async(fab->backend, w[0]->peer, ids, n, w[0]->size, w[0]->device,
+                                     join_answered, j);
+        return;
+    }
+    if (fd == -ENOTSUP && fab->ops->join_windows != NULL && fab->backend != NULL) {
+        fd = fab->ops->join_windows(fab->backend, w[0]->peer, ids, n, w[0]->size, w[0]->device,
+                                    &offset);
+    }
+    if (error == NULL) {
+        fd = join_finish(fab, fd, offset, n, w[0]->peer, join_total(w, n), &error);
+    }
+    done(opaque, fd, offset, error);
 }
 
 uint32_t vn_fabric_windows_in_use(VnFabric *fab)

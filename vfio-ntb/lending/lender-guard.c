@@ -16,6 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.lending"
 
 #include "lender-int.h"
+#include "trace-lending.h"
 
 #include <errno.h>
 #include <gio/gio.h>
@@ -27,7 +28,7 @@
  * after the header): a device server's loop in its list must not hold us. */
 #define VN_GUARD_MAX_CAPS 48
 /* How long accesses already under way through a window are given to complete once its
- * translation went (see vn_lender_guard_withhold). */
+ * translation went (see guard_withheld). */
 #define VN_GUARD_DRAIN_MS 10
 
 int vn_lender_cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count)
@@ -107,80 +108,215 @@ static const char *write_disables_memory(VnLender *l, uint64_t offset, const uin
     return NULL;
 }
 
-/* Every segment of every region: withheld or given back; how many windows changed, or the
- * first error. */
-static int bars_set(VnLender *l, bool withhold)
-{
-    int first = 0, changed = 0;
+/*
+ * A config write or reset the guard brackets, as one wait of the lender's (lender-queue.c):
+ * the paths withheld (when @why and not yet), the accesses under way drained, the device
+ * command, the paths given back (when it decodes its memory again), then the answer.  The
+ * withholds and give-backs are asked of the fabric without waiting (a worker's are its
+ * daemon's to make); the requests after this one wait meanwhile.
+ */
+typedef struct GuardWait {
+    VnLenderWait wait;
+    const char *why; /* withhold first, for this (a literal); NULL: not needed */
+    bool reset;      /* else a config write of @count bytes of @data at @offset */
+    uint64_t offset;
+    uint32_t count;
+    int ret;          /* the answer: the command's outcome, or why it was not made */
+    bool withholding; /* the segments asked now are withheld (else given back) */
+    unsigned unanswered;
+    int first_err, changed; /* of the segments asked now */
+    GSource *drain;
+    uint8_t data[];
+} GuardWait;
 
+static void guard_withheld(GuardWait *g);
+static void guard_given_back(GuardWait *g);
+
+static void segment_set(void *opaque, int ret)
+{
+    GuardWait *g = opaque;
+
+    if (ret < 0 && g->first_err == 0) {
+        g->first_err = ret;
+    }
+    g->changed += ret > 0 ? ret : 0;
+    if (--g->unanswered > 0) {
+        return;
+    }
+    if (g->withholding) {
+        guard_withheld(g);
+    } else {
+        guard_given_back(g);
+    }
+}
+
+/* Ask every segment of every region to be withheld (or given back); what they say goes to
+ * guard_withheld (guard_given_back) once all answered, maybe at once. */
+static void bars_set(VnLender *l, GuardWait *g, bool withhold)
+{
+    g->withholding = withhold;
+    g->unanswered = 1;
+    g->first_err = 0;
+    g->changed = 0;
     for (uint32_t i = 0; i < l->dev.num_regions; i++) {
         const VnProtoRegion *r = &l->dev.regions[i];
 
         for (uint32_t k = 0; k < r->nr_segments; k++) {
-            int ret = vn_fabric_segment_withhold(l->fab, r->segments[k], withhold);
-
-            if (ret < 0 && first == 0) {
-                first = ret;
-            }
-            changed += ret > 0 ? ret : 0;
+            g->unanswered++;
+            vn_fabric_segment_withhold_async(l->fab, r->segments[k], withhold, segment_set, g);
         }
     }
-    return first < 0 ? first : changed;
+    segment_set(g, 0);
 }
 
-int vn_lender_guard_withhold(VnLender *l, const char *why)
+/* The request is answered (g->ret), and the next one handled. */
+static void guard_end(GuardWait *g)
 {
-    int ret;
+    VnLender *l = vn_lender_wait_end(&g->wait);
 
-    if (l->bars_withheld) {
-        return 0;
+    if (l != NULL && g->ret < 0) {
+        vn_lender_fail(l, g->wait.token, g->ret, "%s failed on the device: %s",
+                       g->reset ? "reset" : "config write", g_strerror(-g->ret));
+    } else if (l != NULL) {
+        l->stats.resets += g->reset ? 1 : 0;
+        vn_fabric_reply(l->fab, g->wait.token, "{}", NULL, 0);
     }
-    ret = bars_set(l, true);
-    if (ret < 0) {
+    if (g->drain != NULL) {
+        g_source_destroy(g->drain);
+        g_source_unref(g->drain);
+    }
+    g_free(g);
+    if (l != NULL) {
+        vn_lender_wait_next(l);
+    }
+}
+
+/* Whether the device decodes its memory: COMMAND.MEM set and in D0, as it says itself (a
+ * reset may restore COMMAND on its own). */
+static bool decodes(VnLender *l)
+{
+    uint16_t cmd = 0, pmcsr = 0;
+
+    if (vn_lender_cfg_read(l, PCI_COMMAND, &cmd, 2) < 0 ||
+        !(GUINT16_FROM_LE(cmd) & PCI_COMMAND_MEMORY)) {
+        return false;
+    }
+    return l->pm_cap == 0 || (vn_lender_cfg_read(l, l->pm_cap + PCI_PM_CTRL, &pmcsr, 2) == 0 &&
+                              (GUINT16_FROM_LE(pmcsr) & PCI_PM_CTRL_STATE_MASK) == 0);
+}
+
+/* The device command, then the paths back if it decodes its memory again. */
+static void guard_act(GuardWait *g)
+{
+    VnLender *l = g->wait.l;
+
+    if (l == NULL || !vn_lender_wait_current(l, &g->wait)) {
+        g->ret = -ENODEV;
+        guard_end(g);
+        return;
+    }
+    g->ret = g->reset ? l->ops->reset(l->device)
+                      : l->ops->region_write(l->device, VFIO_PCI_CONFIG_REGION_INDEX, g->offset,
+                                             g->data, g->count);
+    g->ret = MIN(g->ret, 0);
+    if (!g->reset) {
+        trace_lender_device_rw(l->name, g->wait.corr, "write", VFIO_PCI_CONFIG_REGION_INDEX,
+                               g->offset, g->count, g->ret);
+    }
+    if (l->bars_withheld && decodes(l)) {
+        bars_set(l, g, false);
+        return;
+    }
+    guard_end(g);
+}
+
+static gboolean on_drained(gpointer data)
+{
+    GuardWait *g = data;
+
+    g_clear_pointer(&g->drain, g_source_unref);
+    guard_act(g);
+    return G_SOURCE_REMOVE;
+}
+
+static void guard_withheld(GuardWait *g)
+{
+    VnLender *l = g->wait.l;
+
+    if (l == NULL || !vn_lender_wait_current(l, &g->wait)) {
+        g->ret = -ENODEV;
+        guard_end(g);
+        return;
+    }
+    if (g->first_err < 0) {
         g_warning("lender %s: %s: the paths onto its BARs could not all be withheld: %s", l->name,
-                  why, g_strerror(-ret));
-        return ret;
-    }
-    if (ret > 0) {
-        /* An access the adapter forwarded before its translation went may still be on its
-         * way to the BAR: let it complete before the BAR stops decoding.  A bounded wait of
-         * this worker's (one device's) alone, as its device commands are; PCIe's completion
-         * timeouts are 50 us to 50 ms, the default range's upper end is 10 ms. */
-        g_usleep(VN_GUARD_DRAIN_MS * 1000);
+                  g->why, g_strerror(-g->first_err));
+        g->ret = g->first_err; /* the command is not made */
+        guard_end(g);
+        return;
     }
     l->bars_withheld = true;
     l->stats.bar_withholds++;
-    g_info("lender %s: %s: the paths onto its BARs withheld", l->name, why);
-    return 0;
+    g_info("lender %s: %s: the paths onto its BARs withheld", l->name, g->why);
+    if (g->changed > 0) {
+        /* An access the adapter forwarded before its translation went may still be on its
+         * way to the BAR: let it complete before the BAR stops decoding.  PCIe's completion
+         * timeouts are 50 us to 50 ms, the default range's upper end is 10 ms; the loop
+         * serves everything else meanwhile, and this device's requests wait in order. */
+        g->drain = g_timeout_source_new(VN_GUARD_DRAIN_MS);
+        g_source_set_callback(g->drain, on_drained, g, NULL);
+        g_source_attach(g->drain, l->ctx);
+        return;
+    }
+    guard_act(g);
 }
 
-int vn_lender_guard_before_write(VnLender *l, uint64_t offset, const void *data, uint32_t count)
+static void guard_given_back(GuardWait *g)
+{
+    VnLender *l = g->wait.l;
+
+    if (l != NULL && g->first_err < 0) {
+        g_warning("lender %s: memory decode on again, but the paths onto its BARs could not "
+                  "all be given back: %s",
+                  l->name, g_strerror(-g->first_err));
+    } else if (l != NULL) {
+        l->bars_withheld = false;
+        g_info("lender %s: memory decode on again: the paths onto its BARs given back", l->name);
+    }
+    guard_end(g);
+}
+
+static void guard_begin(VnLender *l, uint64_t token, const char *why, bool reset, uint64_t offset,
+                        const void *data, uint32_t count)
+{
+    GuardWait *g = g_malloc0(sizeof(*g) + count);
+
+    g->why = l->bars_withheld ? NULL : why;
+    g->reset = reset;
+    g->offset = offset;
+    g->count = count;
+    memcpy(g->data, data, count);
+    vn_lender_wait_begin(l, &g->wait, token);
+    if (g->why != NULL) {
+        bars_set(l, g, true);
+    } else {
+        guard_act(g);
+    }
+}
+
+bool vn_lender_guard_write(VnLender *l, uint64_t token, uint64_t offset, const void *data,
+                           uint32_t count)
 {
     const char *why = write_disables_memory(l, offset, data, count);
 
-    return why != NULL ? vn_lender_guard_withhold(l, why) : 0;
+    if (why == NULL && !l->bars_withheld) {
+        return false;
+    }
+    guard_begin(l, token, why, false, offset, data, count);
+    return true;
 }
 
-void vn_lender_guard_settle(VnLender *l)
+void vn_lender_guard_reset(VnLender *l, uint64_t token)
 {
-    uint16_t cmd = 0, pmcsr = 0;
-    int ret;
-
-    if (!l->bars_withheld || l->device == NULL || vn_lender_cfg_read(l, PCI_COMMAND, &cmd, 2) < 0 ||
-        !(GUINT16_FROM_LE(cmd) & PCI_COMMAND_MEMORY)) {
-        return;
-    }
-    if (l->pm_cap != 0 && (vn_lender_cfg_read(l, l->pm_cap + PCI_PM_CTRL, &pmcsr, 2) < 0 ||
-                           (GUINT16_FROM_LE(pmcsr) & PCI_PM_CTRL_STATE_MASK) != 0)) {
-        return;
-    }
-    ret = bars_set(l, false);
-    if (ret < 0) {
-        g_warning("lender %s: memory decode on again, but the paths onto its BARs could not "
-                  "all be given back: %s",
-                  l->name, g_strerror(-ret));
-        return;
-    }
-    l->bars_withheld = false;
-    g_info("lender %s: memory decode on again: the paths onto its BARs given back", l->name);
+    guard_begin(l, token, "reset", true, 0, NULL, 0);
 }

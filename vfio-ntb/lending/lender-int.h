@@ -193,18 +193,37 @@ void vn_lender_request_watch(VnLender *l);
 void vn_lender_request_unwatch(VnLender *l);
 /*
  * lender-guard.c.  probe: find the capabilities the guard reads (at attach).
- * before_write: withhold the paths onto the BARs when a config write of @count bytes at
- * @offset may stop the device decoding its memory; withhold: do so now (before a reset).
- * Both 0 once withheld (or nothing to do), else -errno: then the write must not be made.
- * settle: after each config write or reset, give them back if the device decodes its
- * memory again.
+ * write: a config write of @count bytes of @data at @offset (request @token) that may stop
+ * the device decoding its memory, or made while the paths onto its BARs are withheld, is
+ * the guard's to make and answer (true): the paths withheld first (confirmed, drained),
+ * given back once the device decodes again.  false: an ordinary write, the caller's.
+ * reset: a reset of the device (request @token), made and answered the same way.
  */
 void vn_lender_guard_probe(VnLender *l);
 /* @count bytes of the device's config space at @offset: 0, or -errno (a short read: -EIO). */
 int vn_lender_cfg_read(VnLender *l, uint32_t offset, void *buf, uint32_t count);
-int vn_lender_guard_before_write(VnLender *l, uint64_t offset, const void *data, uint32_t count);
-int vn_lender_guard_withhold(VnLender *l, const char *why);
-void vn_lender_guard_settle(VnLender *l);
+bool vn_lender_guard_write(VnLender *l, uint64_t token, uint64_t offset, const void *data,
+                           uint32_t count);
+void vn_lender_guard_reset(VnLender *l, uint64_t token);
+/*
+ * lender-bars.c: the device's BARs exported for an ATTACH (token @token), asked without
+ * waiting.  begin: the ATTACH waits (lender-queue.c) until @done, which answers it: told
+ * whether the attachment it was made for is still there.  ask: region @i's BAR (@size bytes
+ * of @fd from @offset) as one segment, or past @max_window (the borrower's largest window)
+ * slices of the largest power of two that fits it; 0, or -1 with @error (too many slices).
+ * asked: every region asked (then @done may run, at once or later); @answered: the ATTACH
+ * was refused while asking, and @done is not told.  settle, in @done:
+ * false with @error when a region of several slices lost one; a region whose one segment
+ * was refused stays trapped.
+ */
+typedef struct VnLenderBars VnLenderBars;
+typedef void (*VnLenderBarsDone)(VnLender *l, const VnLenderBars *bars, uint64_t token,
+                                 bool current);
+VnLenderBars *vn_lender_bars_begin(VnLender *l, uint64_t token, VnLenderBarsDone done);
+int vn_lender_bars_ask(VnLenderBars *bars, VnLender *l, uint32_t i, int fd, uint64_t offset,
+                       uint64_t size, const char *peer, uint64_t max_window, GError **error);
+void vn_lender_bars_asked(VnLenderBars *bars, bool answered);
+bool vn_lender_bars_settle(VnLender *l, const VnLenderBars *bars, GError **error);
 /* lender.c: withdraw what an attach set up, without a command to the device (it is gone):
  * the borrower's windows onto it, our windows onto its memory, the relays; the connection
  * is closed.  The borrower stays (its lease does). */

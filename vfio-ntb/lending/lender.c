@@ -348,13 +348,11 @@ static void handle_region_rw(VnLender *l, VnFabricMsg *msg, uint64_t token)
     }
     /* Answered even when the borrower posted the write (a BAR write: borrower-int.h): it
      * counts and logs the ones that failed. */
-    if (r.write && r.region == VFIO_PCI_CONFIG_REGION_INDEX) {
-        ret = vn_lender_guard_before_write(l, r.offset, msg->data, r.count);
-        if (ret == 0) {
-            ret = l->ops->region_write(l->device, r.region, r.offset, msg->data, r.count);
-        }
-        vn_lender_guard_settle(l);
-    } else if (r.write) {
+    if (r.write && r.region == VFIO_PCI_CONFIG_REGION_INDEX &&
+        vn_lender_guard_write(l, token, r.offset, msg->data, r.count)) {
+        return; /* the guard's to make and answer */
+    }
+    if (r.write) {
         ret = l->ops->region_write(l->device, r.region, r.offset, msg->data, r.count);
     } else {
         buf = g_malloc(MAX(r.count, 1));
@@ -528,66 +526,9 @@ void vn_lender_fence(VnLender *l, const char *why)
     g_info("lender %s: free", l->name);
 }
 
-/*
- * Export @size bytes of @fd from @offset for @peer as the segments of @r: one,
- * or, past @max_window (the borrower's largest window; 0: none), slices of
- * the largest power of two that fits it, one window each.  Returns 0, 1 when
- * the one segment could not be exported (@why set: the region stays
- * trapped), or -1 with @error (a region too large for the windows).
- */
-static int export_region(VnLender *l, uint32_t i, int fd, uint64_t offset, uint64_t size,
-                         const char *peer, uint64_t max_window, VnProtoRegion *r, GError **why,
-                         GError **error)
-{
-    g_autofree char *total = vn_util_size_text(size);
-    g_autofree char *each = NULL;
-    uint64_t chunk = size;
-    uint32_t n;
-
-    if (max_window != 0 && size > max_window) {
-        chunk = UINT64_C(1) << (63 - __builtin_clzll(max_window));
-        if (chunk < vn_fabric_limits(l->fab)->window_align) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
-                        "region %u: the borrower's windows (%" PRIu64 " bytes) are smaller "
-                        "than a page",
-                        i, max_window);
-            return -1;
-        }
-    }
-    each = vn_util_size_text(chunk);
-    n = (uint32_t)MIN((size + chunk - 1) / chunk, (uint64_t)VN_PROTO_MAX_REGION_SEGMENTS + 1);
-    if (n > VN_PROTO_MAX_REGION_SEGMENTS) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                    "region %u (%s) needs more than %u of the borrower's %s windows (its "
-                    "max-window-size)",
-                    i, total, VN_PROTO_MAX_REGION_SEGMENTS, each);
-        return -1;
-    }
-    for (uint32_t k = 0; k < n; k++) {
-        uint64_t len = MIN(chunk, size - (uint64_t)k * chunk);
-        g_autoptr(GError) local = NULL;
-        uint64_t id = vn_fabric_segment_export_at(l->fab, fd, offset + (uint64_t)k * chunk, len,
-                                                  peer, &local);
-
-        if (id == 0 && n == 1) {
-            g_propagate_error(why, g_steal_pointer(&local));
-            return 1;
-        }
-        if (id == 0) {
-            g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
-                        "region %u (%s) needs %u windows of %s; slice %u: %s", i, total, n, each, k,
-                        local->message);
-            return -1;
-        }
-        r->segments[r->nr_segments++] = id;
-    }
-    trace_lender_region_export(l->name, i, size, n, n == 1 ? "" : "s", r->segments[0], peer);
-    return 0;
-}
-
-/* Describe region @i and export it when it can be mapped. */
+/* Describe region @i and ask for its export (into @bars) when it can be mapped. */
 static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t max_window,
-                           VnProtoRegion *r, GError **error)
+                           VnLenderBars *bars, VnProtoRegion *r, GError **error)
 {
     struct vfio_region_sparse_mmap_area areas[VN_MAX_SPARSE_AREAS];
     struct vfio_region_info ri;
@@ -623,18 +564,10 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
      * mappable) is no memory a borrower's guest may reach. */
     mappable = i < VFIO_PCI_ROM_REGION_INDEX && (ri.flags & VFIO_REGION_INFO_FLAG_MMAP) &&
                fd >= 0 && ri.size > 0;
-    if (mappable) {
-        g_autoptr(GError) why = NULL;
-
-        ret = export_region(l, i, fd, ri.offset, ri.size, peer, max_window, r, &why, error);
-        if (ret < 0) {
-            vn_util_close_fd(&fd);
-            return -EINVAL;
-        }
-        if (ret > 0) {
-            g_info("lender %s: region %u stays trapped: %s", l->name, i, why->message);
-            mappable = false;
-        }
+    if (mappable &&
+        vn_lender_bars_ask(bars, l, i, fd, ri.offset, ri.size, peer, max_window, error) < 0) {
+        vn_util_close_fd(&fd);
+        return -EINVAL;
     }
     if (!mappable) {
         r->flags &= ~(uint32_t)VFIO_REGION_INFO_FLAG_MMAP;
@@ -644,9 +577,9 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
     return 0;
 }
 
-/* Open the device and describe it for @peer. */
+/* Open the device and describe it for @peer; its BARs' exports asked into @bars. */
 static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_window,
-                   GError **error)
+                   VnLenderBars *bars, GError **error)
 {
     VnWireDeviceInfo info;
     int ret;
@@ -678,7 +611,7 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_w
     for (uint32_t i = 0; i < info.num_regions; i++) {
         /* Counted as we go, so release() withdraws what was exported. */
         l->dev.num_regions = i + 1;
-        if (describe_region(l, i, peer, max_window, &l->dev.regions[i], error) < 0) {
+        if (describe_region(l, i, peer, max_window, bars, &l->dev.regions[i], error) < 0) {
             return false;
         }
     }
@@ -701,11 +634,34 @@ static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_w
     return true;
 }
 
+/* Every BAR export of an ATTACH answered: the ATTACH is. */
+static void attach_exported(VnLender *l, const VnLenderBars *bars, uint64_t token, bool current)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *json = NULL;
+
+    if (!current) {
+        vn_lender_fail(l, token, ENODEV, "ATTACH: the device was taken back meanwhile");
+        return;
+    }
+    if (!vn_lender_bars_settle(l, bars, &error)) {
+        release(l);
+        vn_lender_fail(l, token, errno_of(error), "ATTACH: %s", error->message);
+        return;
+    }
+    g_info("lender %s: lent to %s (%s interrupts)", l->name, l->borrower,
+           vn_irq_mode_to_string(l->irq_mode));
+    json = vn_proto_device_to_json(&l->dev);
+    vn_fabric_reply(l->fab, token, json, NULL, 0);
+}
+
 static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *json = NULL;
+    VnLenderBars *bars;
     VnProtoAttach a;
+    bool ok;
 
     if (!vn_proto_attach_from_json(msg->json, &a, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
@@ -733,15 +689,14 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
         /* The borrower starts over (e.g. its VM restarted): fresh state. */
         vn_lender_fence(l, "attached again");
     }
-    if (!attach(l, msg->peer, a.irq_mode, a.max_window, &error)) {
-        release(l);
+    /* Answered once its BARs' exports are (attach_exported). */
+    bars = vn_lender_bars_begin(l, token, attach_exported);
+    ok = attach(l, msg->peer, a.irq_mode, a.max_window, bars, &error);
+    if (!ok) {
+        release(l); /* what was asked is withdrawn as it is answered */
         vn_lender_fail(l, token, errno_of(error), "ATTACH: %s", error->message);
-        return;
     }
-    g_info("lender %s: lent to %s (%s interrupts)", l->name, l->borrower,
-           vn_irq_mode_to_string(l->irq_mode));
-    json = vn_proto_device_to_json(&l->dev);
-    vn_fabric_reply(l->fab, token, json, NULL, 0);
+    vn_lender_bars_asked(bars, !ok);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
@@ -818,22 +773,9 @@ static void lender_dispatch(VnLender *l, VnFabricMsg *msg, uint64_t token, const
     case VN_PROTO_SET_IRQS:
         vn_lender_set_irqs(l, msg, token);
         break;
-    case VN_PROTO_RESET: {
-        int ret = vn_lender_guard_withhold(l, "reset");
-
-        if (ret == 0) {
-            ret = l->ops->reset(l->device);
-        }
-        vn_lender_guard_settle(l);
-
-        if (ret < 0) {
-            vn_lender_fail(l, token, ret, "reset failed on the device: %s", g_strerror(-ret));
-        } else {
-            l->stats.resets++;
-            reply_ok(l, token);
-        }
+    case VN_PROTO_RESET:
+        vn_lender_guard_reset(l, token);
         break;
-    }
     default:
         vn_lender_fail(l, token, ENOTSUP, "unknown request type %u", msg->type);
         break;

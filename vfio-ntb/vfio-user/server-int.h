@@ -42,6 +42,10 @@ struct VnServer {
     GQueue replies;
     guint deferred;
     bool paused;
+    /* vn_server_pause()s not yet resumed: the client's next commands wait meanwhile; the
+     * client they were for (a count of clients, so one that came after is not resumed). */
+    guint stopped;
+    uint64_t client_gen;
     /* The command being handled (NULL: none) and the id vn_server_later() gave its op
      * (0: the op answers now). */
     const VnWireRequest *handling;

@@ -115,6 +115,7 @@ static void client_drop(VnServer *s, const char *why)
         g_clear_pointer(&s->client_src, g_source_unref);
     }
     s->paused = false;
+    s->stopped = 0;
     s->versioned = false;
     held_clear(s);
     vn_server_replies_clear(s);
@@ -603,9 +604,10 @@ static bool serve_client(VnServer *s)
         VnTransportMsg msg = { 0 };
         int ret;
 
-        if (s->deferred >= VN_SERVER_MAX_DEFERRED && s->held_error == 0) {
-            /* The device owes that many answers: the rest wait in the socket (and
-             * in the client) until one comes (vn_server_complete). */
+        if ((s->deferred >= VN_SERVER_MAX_DEFERRED || s->stopped > 0) && s->held_error == 0) {
+            /* The device owes that many answers, or an op of its waits on something before
+             * the next command may be looked at: the rest wait in the socket (and in the
+             * client) until one comes (vn_server_complete, vn_server_resume). */
             client_watch(s, false);
             return true;
         }
@@ -699,6 +701,7 @@ static void client_src_new(VnServer *s)
 static void client_attach(VnServer *s, int cfd)
 {
     s->client = vn_transport_new(cfd);
+    s->client_gen++;
     client_src_new(s);
 }
 
@@ -721,9 +724,29 @@ static void answered(VnServer *s, int ret)
     if (ret < 0 && s->held_error == 0) {
         s->held_error = ret; /* dropped by the loop (on_held), not inside the device's call */
     }
-    if (ret < 0 || (s->paused && s->deferred < VN_SERVER_MAX_DEFERRED)) {
+    if (ret < 0 || (s->paused && s->deferred < VN_SERVER_MAX_DEFERRED && s->stopped == 0)) {
         client_watch(s, true);
     }
+}
+
+uint64_t vn_server_pause(VnServer *s)
+{
+    if (s->client == NULL) {
+        return 0;
+    }
+    s->stopped++;
+    return s->client_gen;
+}
+
+bool vn_server_resume(VnServer *s, uint64_t pause)
+{
+    if (pause == 0 || pause != s->client_gen || s->client == NULL || s->stopped == 0) {
+        return false;
+    }
+    if (--s->stopped == 0 && s->paused && s->deferred < VN_SERVER_MAX_DEFERRED) {
+        client_watch(s, true);
+    }
+    return true;
 }
 
 void vn_server_complete_read(VnServer *s, uint64_t reply_id, const void *data, uint32_t count)

@@ -164,6 +164,16 @@ bool vn_server_has_client(VnServer *server);
  * send error drops the client from the loop, not from inside the call.
  */
 uint64_t vn_server_later(VnServer *server);
+/*
+ * An op that answers later and must finish something of its own before the client's next
+ * command may be looked at (a DMA_MAP whose memory is first exported: the commands after
+ * it, an UNMAP of it, must find it done) pauses the server's reading until it resumes;
+ * pauses nest.  Its reply still comes with vn_server_complete().  pause returns what resume
+ * takes (0: no client, nothing paused); a client that goes ends every pause of its.  resume:
+ * whether the client paused is still here (false: it went, nothing of its is to be done).
+ */
+uint64_t vn_server_pause(VnServer *server);
+bool vn_server_resume(VnServer *server, uint64_t pause);
 void vn_server_complete(VnServer *server, uint64_t reply_id, int err);
 void vn_server_complete_read(VnServer *server, uint64_t reply_id, const void *data, uint32_t count);
 /* Drop the current client as if it had disconnected. */
