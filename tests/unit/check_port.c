@@ -624,12 +624,24 @@ START_TEST(test_device_request)
 }
 END_TEST
 
+static void w_dialled(void *opaque, int fd, const GError *error)
+{
+    FwAnswer *a = opaque;
+
+    a->done = true;
+    a->fd = fd;
+    a->err = fd >= 0 ? 0 : error->code;
+}
+
+/* The daemon dials the worker's device server for it (asked; waited for here). */
 static void step_dial(Worker *w)
 {
-    g_autoptr(GError) error = NULL;
+    FwAnswer a = { .fd = -1, .err = -ETIMEDOUT };
 
-    w->fd = vn_host_dial_device(w->fab, &error);
-    w->ret = w->fd >= 0 ? 0 : error->code;
+    vn_host_dial_device_async(w->fab, w_dialled, &a);
+    fw_until(w->fab, &a);
+    w->fd = a.fd;
+    w->ret = a.err;
 }
 
 /* A device server's socket for the dial test: listening, in the rig's directory. */

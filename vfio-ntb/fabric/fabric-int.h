@@ -111,7 +111,7 @@ struct VnFabric {
 
     /*
      * Deferral: while > 0 (inside a backend call made from our API: a send, a
-     * connect, a worker's call to its daemon) or while the queue is not empty
+     * connect, an open) or while the queue is not empty
      * (to keep order), what the backend reports is queued and handled from
      * an idle source, never inside the caller's call.
      */

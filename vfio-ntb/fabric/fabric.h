@@ -59,7 +59,7 @@
  * how many it has is VnFabricLimits.doorbells. */
 #define VN_FABRIC_MAX_DOORBELLS 64u
 /* What one peer may have queued for us while we cannot dispatch (inside a
- * backend's call: a send, a connect, a worker's call to its daemon): a few of the
+ * backend's call: a send, a connect, an open): a few of the
  * largest frames, or many small ones.  A peer past either has its link
  * dropped -- else 300 frames of 1 MiB grow a daemon by 300 MiB. */
 #define VN_FABRIC_MAX_DEFERRED_BYTES (4u * VN_FABRIC_MAX_PAYLOAD)
@@ -261,12 +261,6 @@ void vn_fabric_backend_paths_lost(VnFabric *fab, const char *peer);
 /* Bytes no frame owns were refused (a bad handshake, an impossible length):
  * counted in stats.bad_messages.  @what names the connection and the fault. */
 void vn_fabric_backend_rejected(VnFabric *fab, const char *what);
-/* A backend that waits for an answer of its own (not inside one of this API's calls, which
- * hold already) holds what it reports meanwhile: links and frames are queued until the
- * release and handled from the loop after, in order, so no handler runs inside its wait
- * (one that waited there too would take the wait's answer). */
-void vn_fabric_backend_hold(VnFabric *fab);
-void vn_fabric_backend_release(VnFabric *fab);
 /* For ops->open: the context to attach sources to, and the backend's window
  * limits (vn_fabric_limits_default() unless set). */
 GMainContext *vn_fabric_backend_context(VnFabric *fab);

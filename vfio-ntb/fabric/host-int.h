@@ -37,19 +37,13 @@ typedef struct VnHost {
     GHashTable *wanted; /* peers we asked for (asked again after a restart) */
     GHashTable *up;     /* peers the daemon says are up */
     uint64_t doorbells; /* bit i: ours (claimed again after a restart) */
-    /* The one op waiting for its REPLY. */
-    uint64_t wait_seq;
-    uint32_t wait_op;
-    bool wait_done;
-    bool greeted; /* by a daemon once: limits and caps set */
+    bool greeted;       /* by a daemon once: limits and caps set */
     /* A lender's device server, as last said (vn_host_device_server); said again at each
      * greeting.  server_said: there is something to say. */
     bool server_said, server_up;
     uint32_t server_gen;
     VnHostGreetedFn greeted_fn; /* vn_host_on_greeted() */
     void *greeted_opaque;
-    VnHostHdr wait_hdr;
-    int wait_fd;
     /* Ops sent without waiting (host_ask): by seq, then answered, completed from answer_src
      * (never inside a caller's call, nor inside a wait). */
     GHashTable *asked;
@@ -93,11 +87,6 @@ static inline int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, cons
     buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
     return vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd);
 }
-
-/* host.c.  call: an op that gets a REPLY, waited for (the daemon answers at once; what would
- * wait on a peer is asked instead). */
-int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                 const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in);
 
 /* host-ask.c.  ask: send op @op (with @fd, borrowed, unless -1) and return at once; @done
  * is told its REPLY later (from the loop, never inside this call), or why there is none.

@@ -45,26 +45,43 @@ bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen)
                                              NULL, 0, -1) == 0;
 }
 
-int vn_host_dial_device(VnFabric *fab, GError **error)
+/* A dial asked: whom to tell. */
+typedef struct VnHostDialing {
+    VnHostDialedFn done;
+    void *opaque;
+} VnHostDialing;
+
+static void dial_answered(void *opaque, int status, const VnHostHdr *rep, int fd)
 {
-    VnHostHdr rep;
-    int fd, ret;
+    VnHostDialing *d = opaque;
+    g_autoptr(GError) error = NULL;
+
+    if (status == 0 && fd < 0) {
+        status = -EPROTO; /* an answer without the connection */
+    }
+    if (status < 0) {
+        vn_util_close_fd(&fd);
+        g_set_error(&error, G_IO_ERROR, g_io_error_from_errno(-status),
+                    "the daemon could not reach it for us: %s", g_strerror(-status));
+    }
+    d->done(d->opaque, fd, error);
+    g_free(d);
+}
+
+void vn_host_dial_device_async(VnFabric *fab, VnHostDialedFn done, void *opaque)
+{
+    VnHostDialing *d;
 
     if (fab->ops != &vn_host_ops || fab->backend == NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "not a worker's fabric");
-        return -1;
+        g_autoptr(GError) error =
+            g_error_new(G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED, "not a worker's fabric");
+
+        done(opaque, -1, error);
+        return;
     }
-    ret = vn_host_call(fab->backend, VN_HOST_DIAL_DEVICE, NULL, 0, 0, NULL, 0, -1, &rep, &fd);
-    if (ret == 0 && fd < 0) {
-        ret = -EPROTO; /* an answer without the connection */
-    }
-    if (ret < 0) {
-        vn_util_close_fd(&fd);
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(-ret),
-                    "the daemon could not reach it for us: %s", g_strerror(-ret));
-        return -1;
-    }
-    return fd;
+    d = g_new0(VnHostDialing, 1);
+    *d = (VnHostDialing){ .done = done, .opaque = opaque };
+    vn_host_ask(fab->backend, VN_HOST_DIAL_DEVICE, NULL, 0, 0, NULL, 0, -1, dial_answered, d);
 }
 
 bool vn_host_keep(VnFabric *fab, uint64_t key, int fd, const void *data, size_t len)

@@ -1,8 +1,8 @@
 /*
  * The `host` fabric backend (see host.h): a worker speaks through its
  * daemon's port.  One connection; records of a VnHostHdr and maybe a frame;
- * ops that need an answer wait for their REPLY, handing up whatever else
- * comes meanwhile (the fabric queues it: no handler runs inside a wait).
+ * ops that need an answer are asked and answered from the loop when their REPLY
+ * comes (host-ask.c): nothing waits, but open for its first greeting.
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
 
@@ -81,7 +81,7 @@ static bool host_record(VnHost *h, VnRecord *rec)
         if (hdr.seq == 0) {
             return true; /* to an op sent without waiting */
         }
-        if (hdr.seq != h->wait_seq || h->wait_done) {
+        {
             VnHostAsk *ask = NULL;
 
             if (g_hash_table_steal_extended(h->asked, &hdr.seq, NULL, (gpointer *)&ask)) {
@@ -93,10 +93,6 @@ static bool host_record(VnHost *h, VnRecord *rec)
             vn_fabric_backend_rejected(h->fab, "a REPLY to no op of ours");
             return false;
         }
-        h->wait_hdr = hdr;
-        h->wait_fd = rec->nfds == 1 ? rec->fds[0] : -1;
-        h->wait_done = true;
-        return true;
     case VN_HOST_LINK:
         if (hdr.arg) {
             g_hash_table_add(h->up, g_strdup(hdr.peer));
@@ -159,69 +155,6 @@ static int host_dial(const char *path)
         return -e;
     }
     return fd;
-}
-
-/* Wait for the REPLY to op @seq (sent already); its status as -errno, the
- * header in @rep, an fd that came with it in *fd (else -1). */
-static int host_wait_reply(VnHost *h, uint64_t seq, VnHostHdr *rep, int *fd)
-{
-    gint64 deadline = g_get_monotonic_time() + (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000;
-
-    *fd = -1;
-    h->wait_seq = seq;
-    h->wait_done = false;
-    /* The frames and links that come meanwhile (a lender's peer's requests the daemon held
-     * while we were away, right after a HELLO's answer) are handled once we are back: a
-     * handler's own op would wait in here too, and take this wait's answer. */
-    vn_fabric_backend_hold(h->fab);
-    while (!h->wait_done && h->fd >= 0) {
-        /* What waits to go to the daemon (the op itself, maybe) goes from here: the loop's
-         * writable source does not run in this wait. */
-        bool queued = h->out != NULL && vn_record_out_queued(h->out) > 0;
-        struct pollfd p = { .fd = h->fd, .events = POLLIN | (queued ? POLLOUT : 0) };
-        gint64 left = deadline - g_get_monotonic_time();
-
-        if (left <= 0) {
-            h->wait_seq = 0;
-            vn_fabric_backend_release(h->fab);
-            g_info("port %s: no answer in %d ms; the daemon is stuck", h->path,
-                   VN_HOST_REPLY_TIMEOUT_MS);
-            shutdown(h->fd, SHUT_RDWR);
-            return -ETIMEDOUT;
-        }
-        if (poll(&p, 1, (int)((left + 999) / 1000)) > 0) {
-            if ((p.revents & POLLOUT) && h->out != NULL) {
-                vn_record_out_flush(h->out);
-            }
-            if (p.revents & ~POLLOUT) {
-                host_service(h);
-            }
-        }
-    }
-    vn_fabric_backend_release(h->fab);
-    h->wait_seq = 0;
-    if (!h->wait_done) {
-        return -ENOTCONN;
-    }
-    *rep = h->wait_hdr;
-    *fd = h->wait_fd;
-    return -h->wait_hdr.status;
-}
-
-/* An op that gets a REPLY: send, wait. */
-int vn_host_call(VnHost *h, uint32_t op, const char *peer, uint64_t arg, uint64_t arg2,
-                 const void *data, size_t len, int fd_out, VnHostHdr *rep, int *fd_in)
-{
-    uint64_t seq = ++h->seq;
-    int ret;
-
-    *fd_in = -1;
-    h->wait_op = op;
-    ret = vn_host_send_record(h, op, seq, peer, arg, arg2, data, len, fd_out);
-    if (ret < 0) {
-        return ret;
-    }
-    return host_wait_reply(h, seq, rep, fd_in);
 }
 
 /* What the daemon before this one set up for us is ours again (a daemon that took its
@@ -603,7 +536,6 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     h->fab = fab;
     h->ctx = g_main_context_ref(vn_fabric_backend_context(fab));
     h->path = g_strdup(path);
-    h->wait_fd = -1;
     h->reconnect_ms = reconnect_ms;
     h->wanted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     h->asked = g_hash_table_new(g_int64_hash, g_int64_equal);

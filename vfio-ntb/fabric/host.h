@@ -62,9 +62,11 @@ bool vn_host_fenced(VnFabric *fab);
 bool vn_host_device_server(VnFabric *fab, bool up, uint32_t gen);
 /* For a lender worker that cannot reach its device server's socket itself (it gave up its
  * privileges): the daemon dials the one its config names and hands the connection over.
- * A connected fd, or -1 with @error (the daemon away, the server refusing, the daemon
- * refusing a worker that dials too often). */
-int vn_host_dial_device(VnFabric *fab, GError **error);
+ * Asked without waiting: @done gets a connected fd (the callee's), or -1 with @error (the
+ * daemon away, the server refusing, the daemon refusing a worker that dials too often), at
+ * once when it cannot be asked, else from the loop (-ECANCELED's error at the node's close). */
+typedef void (*VnHostDialedFn)(void *opaque, int fd, const GError *error);
+void vn_host_dial_device_async(VnFabric *fab, VnHostDialedFn done, void *opaque);
 
 /*
  * For a borrower worker: the daemon keeps, for whoever serves the device after it, the fds

@@ -1,7 +1,7 @@
 /*
  * A node's links (see fabric.h): what its backend reports -- frames received, links up
  * and down -- checked and handled in order, deferred while the node is inside a call of
- * its own (vn_fabric_backend_hold), and the small things backends and the layers above
+ * its own into the backend (a send, its open), and the small things backends and the layers above
  * ask of a node.  fabric.c opens and closes nodes; msg.c handles the frames' messages.
  */
 #define G_LOG_DOMAIN "vfio-ntb.fabric"
@@ -76,16 +76,6 @@ void vn_fabric_backend_set_max_asked(VnFabric *fab, unsigned n)
 {
     g_return_if_fail(n > 0);
     fab->max_asked = MIN(n, VN_FABRIC_MAX_INFLIGHT);
-}
-
-void vn_fabric_backend_hold(VnFabric *fab)
-{
-    fab->defer++;
-}
-
-void vn_fabric_backend_release(VnFabric *fab)
-{
-    fab->defer--;
 }
 
 void vn_fabric_backend_rejected(VnFabric *fab, const char *what)

@@ -151,6 +151,7 @@ struct VnLender {
     void *on_server_opaque;
     VnLenderDialFn dial; /* vn_lender_set_dialer(), or NULL: ops->open dials */
     void *dial_opaque;
+    void *dialing; /* a background dial asked of it, not answered yet (lender-server.c) */
 
     /* lender-queue.c: the request waiting on the fabric (or NULL), those after it, and
      * whether they are being handled now. */
@@ -230,7 +231,9 @@ bool vn_lender_bars_settle(VnLender *l, const VnLenderBars *bars, GError **error
 void vn_lender_drop_device(VnLender *l, const char *why);
 /*
  * lender-server.c.  start: find the server (a backend that can lose it), at once.
- * take: the connection an attach uses (the spare, or a new one), or NULL with @error.
+ * take: the connection an attach (request @token) uses, told to @then with the lender: the
+ * spare, or a new one (dialled through the dialer without waiting: the request waits
+ * meanwhile, lender-queue.c), or NULL with @error; not told when the lender went first.
  * attached / released: the attach's connection is in use / was closed or kept.  keep: the
  * fenced device's connection becomes the spare (false: close it), so a server that serves
  * one client for its lifetime (libvfio-user's samples) serves every lease (a stall of a
@@ -238,7 +241,8 @@ void vn_lender_drop_device(VnLender *l, const char *why);
  * the device it had is gone (true: answered).  stop: at the lender's end.
  */
 void vn_lender_server_start(VnLender *l);
-void *vn_lender_server_take(VnLender *l, GError **error);
+typedef void (*VnLenderTakenFn)(VnLender *l, void *dev, const GError *error, void *opaque);
+void vn_lender_server_take(VnLender *l, uint64_t token, VnLenderTakenFn then, void *opaque);
 void vn_lender_server_attached(VnLender *l);
 void vn_lender_server_released(VnLender *l);
 bool vn_lender_server_keep(VnLender *l, void *dev);

@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <gio/gio.h>
 #include <glib-unix.h>
+#include <unistd.h>
 
 static bool watchable(VnLender *l)
 {
@@ -91,19 +92,21 @@ static void on_device_stall(void *opaque, VnBackendStall ev, const char *what, u
 }
 
 /* A new connection to the server, every command of which answers within the device
- * timeout; NULL with @error. */
+ * timeout, when the lender dials itself; NULL with @error. */
 static void *server_open(VnLender *l, GError **error)
 {
-    int fd;
+    return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
+}
 
-    if (l->dial == NULL || l->ops->open_fd == NULL) {
-        return l->ops->open(l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
-    }
-    fd = l->dial(l->dial_opaque, error);
-    if (fd < 0) {
-        return NULL;
-    }
+/* The connection over @fd (taken) that the dialer gave, or NULL with @error. */
+static void *server_open_fd(VnLender *l, int fd, GError **error)
+{
     return l->ops->open_fd(fd, l->where, VN_LENDER_DEVICE_TIMEOUT_MS, on_device_stall, l, error);
+}
+
+static bool dials_through(VnLender *l)
+{
+    return l->dial != NULL && l->ops->open_fd != NULL;
 }
 
 void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque)
@@ -112,6 +115,64 @@ void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque)
     l->dial_opaque = opaque;
 }
 
+/*
+ * A dial asked of the dialer (its daemon's to make, for a worker), answered later: for an
+ * ATTACH (@then: it waits meanwhile, as @wait), or in the background (a lost server's, or
+ * the next attach's; @l, NULL once the lender went).
+ */
+typedef struct LenderDial {
+    VnLenderWait wait;
+    VnLender *l;
+    VnLenderTakenFn then;
+    void *opaque;
+} LenderDial;
+
+static void dialled(VnLender *l, void *dev, const GError *error);
+
+static void attach_dialled(void *opaque, int fd, const GError *error)
+{
+    LenderDial *d = opaque;
+    VnLender *l = vn_lender_wait_end(&d->wait);
+    g_autoptr(GError) local = NULL;
+    void *dev = NULL;
+
+    if (l == NULL) {
+        vn_util_close_fd(&fd);
+    } else {
+        dev = fd >= 0 ? server_open_fd(l, fd, &local) : NULL;
+        if (dev != NULL && watchable(l)) {
+            source_clear(&l->dial_src);
+        }
+        d->then(l, dev, dev != NULL ? NULL : local != NULL ? local : error, d->opaque);
+    }
+    g_free(d);
+    if (l != NULL) {
+        vn_lender_wait_next(l); /* unless @then waits again */
+    }
+}
+
+static void background_dialled(void *opaque, int fd, const GError *error)
+{
+    LenderDial *d = opaque;
+    VnLender *l = d->l;
+    g_autoptr(GError) local = NULL;
+    void *dev = NULL;
+
+    g_free(d);
+    if (l == NULL) {
+        vn_util_close_fd(&fd);
+        return;
+    }
+    l->dialing = NULL;
+    if (fd >= 0 && (l->device != NULL || l->spare != NULL)) {
+        close(fd); /* an attach dialled its own meanwhile */
+        return;
+    }
+    dev = fd >= 0 ? server_open_fd(l, fd, &local) : NULL;
+    dialled(l, dev, dev != NULL ? NULL : local != NULL ? local : error);
+}
+
+static gboolean on_dial(gpointer data);
 static gboolean on_dial(gpointer data);
 static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data);
 
@@ -210,25 +271,16 @@ static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data)
     return G_SOURCE_REMOVE;
 }
 
-static gboolean on_dial(gpointer data)
+/* What a background dial gave: the spare, or a failure (and the next dial). */
+static void dialled(VnLender *l, void *dev, const GError *error)
 {
-    VnLender *l = data;
-    g_autoptr(GError) error = NULL;
-    void *dev;
-
-    g_clear_pointer(&l->dial_src, g_source_unref);
-    if (l->device != NULL || l->spare != NULL) {
-        return G_SOURCE_REMOVE;
-    }
-    l->stats.server_dials++;
-    dev = server_open(l, &error);
     if (dev == NULL) {
         bool slow = g_error_matches(error, G_IO_ERROR, G_IO_ERROR_TIMED_OUT);
 
         if (l->server_up) {
             /* It served the last connection and refuses the next. */
             lost(l, error->message);
-            return G_SOURCE_REMOVE;
+            return;
         }
         if (l->server_loss[0] == '\0') {
             /* Never found since the lender started: said once. */
@@ -238,11 +290,34 @@ static gboolean on_dial(gpointer data)
             tell(l, false, error->message);
         }
         dial_later(l, dial_wait_ms(l, slow));
-        return G_SOURCE_REMOVE;
+        return;
     }
     l->spare = dev;
     watch(l, dev);
     came_up(l);
+}
+
+static gboolean on_dial(gpointer data)
+{
+    VnLender *l = data;
+    g_autoptr(GError) error = NULL;
+    LenderDial *d;
+
+    g_clear_pointer(&l->dial_src, g_source_unref);
+    if (l->device != NULL || l->spare != NULL || l->dialing != NULL) {
+        return G_SOURCE_REMOVE;
+    }
+    l->stats.server_dials++;
+    if (!dials_through(l)) {
+        void *dev = server_open(l, &error);
+
+        dialled(l, dev, error);
+        return G_SOURCE_REMOVE;
+    }
+    d = g_new0(LenderDial, 1);
+    d->l = l;
+    l->dialing = d;
+    l->dial(l->dial_opaque, background_dialled, d);
     return G_SOURCE_REMOVE;
 }
 
@@ -298,19 +373,30 @@ void vn_lender_server_start(VnLender *l)
     dial_later(l, 0);
 }
 
-void *vn_lender_server_take(VnLender *l, GError **error)
+void vn_lender_server_take(VnLender *l, uint64_t token, VnLenderTakenFn then, void *opaque)
 {
+    g_autoptr(GError) error = NULL;
+    LenderDial *d;
     void *dev;
 
     if (l->spare != NULL) {
         source_clear(&l->hangup_src);
-        return g_steal_pointer(&l->spare);
+        then(l, g_steal_pointer(&l->spare), NULL, opaque);
+        return;
     }
-    dev = server_open(l, error);
-    if (dev != NULL && watchable(l)) {
-        source_clear(&l->dial_src);
+    if (!dials_through(l)) {
+        dev = server_open(l, &error);
+        if (dev != NULL && watchable(l)) {
+            source_clear(&l->dial_src);
+        }
+        then(l, dev, error, opaque);
+        return;
     }
-    return dev;
+    d = g_new0(LenderDial, 1);
+    d->then = then;
+    d->opaque = opaque;
+    vn_lender_wait_begin(l, &d->wait, token);
+    l->dial(l->dial_opaque, attach_dialled, d);
 }
 
 void vn_lender_server_attached(VnLender *l)
@@ -369,6 +455,10 @@ bool vn_lender_server_refuses(VnLender *l, uint32_t type, uint64_t token)
 
 void vn_lender_server_stop(VnLender *l)
 {
+    if (l->dialing != NULL) {
+        ((LenderDial *)l->dialing)->l = NULL; /* its answer finds nobody */
+        l->dialing = NULL;
+    }
     source_clear(&l->hangup_src);
     source_clear(&l->wedge_src);
     source_clear(&l->dial_src);

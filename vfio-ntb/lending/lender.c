@@ -577,17 +577,15 @@ static int describe_region(VnLender *l, uint32_t i, const char *peer, uint64_t m
     return 0;
 }
 
-/* Open the device and describe it for @peer; its BARs' exports asked into @bars. */
-static bool attach(VnLender *l, const char *peer, VnIrqMode mode, uint64_t max_window,
+/* Take the device's connection @dev and describe it for @peer; its BARs' exports asked
+ * into @bars. */
+static bool attach(VnLender *l, void *dev, const char *peer, VnIrqMode mode, uint64_t max_window,
                    VnLenderBars *bars, GError **error)
 {
     VnWireDeviceInfo info;
     int ret;
 
-    l->device = vn_lender_server_take(l, error);
-    if (l->device == NULL) {
-        return false;
-    }
+    l->device = dev;
     vn_lender_server_attached(l);
     l->borrower = g_strdup(peer);
     l->irq_mode = mode;
@@ -655,13 +653,43 @@ static void attach_exported(VnLender *l, const VnLenderBars *bars, uint64_t toke
     vn_fabric_reply(l->fab, token, json, NULL, 0);
 }
 
+/* An ATTACH's own, kept while its device's connection is dialled. */
+typedef struct AttachArgs {
+    uint64_t token;
+    char peer[VN_MAX_NODE_NAME + 1];
+    VnIrqMode mode;
+    uint64_t max_window;
+} AttachArgs;
+
+/* The ATTACH's connection to the device came (or not): the device is described and its
+ * BARs exported; the ATTACH is answered once they are (attach_exported). */
+static void attach_taken(VnLender *l, void *dev, const GError *why, void *opaque)
+{
+    g_autofree AttachArgs *a = opaque;
+    g_autoptr(GError) error = NULL;
+    VnLenderBars *bars;
+    bool ok;
+
+    if (dev == NULL) {
+        release(l);
+        vn_lender_fail(l, a->token, errno_of(why), "ATTACH: %s", why->message);
+        return;
+    }
+    bars = vn_lender_bars_begin(l, a->token, attach_exported);
+    ok = attach(l, dev, a->peer, a->mode, a->max_window, bars, &error);
+    if (!ok) {
+        release(l); /* what was asked is withdrawn as it is answered */
+        vn_lender_fail(l, a->token, errno_of(error), "ATTACH: %s", error->message);
+    }
+    vn_lender_bars_asked(bars, !ok);
+}
+
 static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
     g_autofree char *json = NULL;
-    VnLenderBars *bars;
     VnProtoAttach a;
-    bool ok;
+    AttachArgs *args;
 
     if (!vn_proto_attach_from_json(msg->json, &a, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
@@ -689,14 +717,10 @@ static void handle_attach(VnLender *l, VnFabricMsg *msg, uint64_t token)
         /* The borrower starts over (e.g. its VM restarted): fresh state. */
         vn_lender_fence(l, "attached again");
     }
-    /* Answered once its BARs' exports are (attach_exported). */
-    bars = vn_lender_bars_begin(l, token, attach_exported);
-    ok = attach(l, msg->peer, a.irq_mode, a.max_window, bars, &error);
-    if (!ok) {
-        release(l); /* what was asked is withdrawn as it is answered */
-        vn_lender_fail(l, token, errno_of(error), "ATTACH: %s", error->message);
-    }
-    vn_lender_bars_asked(bars, !ok);
+    args = g_new0(AttachArgs, 1);
+    *args = (AttachArgs){ .token = token, .mode = a.irq_mode, .max_window = a.max_window };
+    g_strlcpy(args->peer, msg->peer, sizeof(args->peer));
+    vn_lender_server_take(l, token, attach_taken, args);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */

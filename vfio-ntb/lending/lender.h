@@ -100,10 +100,12 @@ typedef void (*VnLenderServerFn)(void *opaque, bool up, uint32_t gen, const char
 void vn_lender_on_server(VnLender *l, VnLenderServerFn fn, void *opaque);
 /*
  * Connections to the device server come from @fn (a worker without the rights to reach the
- * server's socket: its daemon dials for it), for a backend that takes one (open_fd): a
- * connected fd, or -1 with @error.  Without it the lender dials itself.
+ * server's socket: its daemon dials for it), for a backend that takes one (open_fd), asked
+ * without waiting: @fn tells @done (with @done_opaque) a connected fd, or -1 with @error,
+ * once, at once or later.  Without it the lender dials itself.
  */
-typedef int (*VnLenderDialFn)(void *opaque, GError **error);
+typedef void (*VnLenderDialedFn)(void *done_opaque, int fd, const GError *error);
+typedef void (*VnLenderDialFn)(void *opaque, VnLenderDialedFn done, void *done_opaque);
 void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque);
 /* Whether a device server answers now (always true for a backend that cannot lose it),
  * how many times it came back, and its last loss ("HH:MM:SS: why") or NULL. */

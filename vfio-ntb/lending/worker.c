@@ -156,36 +156,55 @@ static void on_server(void *opaque, bool up, uint32_t gen, const char *why)
     }
 }
 
-/* A connection to the device server, made by the daemon (we may not reach its socket). */
-static int dial_through_daemon(void *opaque, GError **error)
-{
-    Worker *w = opaque;
-    int fd = vn_host_dial_device(w->fab, error);
+/* A dial asked of the daemon for the lender: whom to tell, and how to say a refusal. */
+typedef struct Dialing {
+    Worker *w;
+    int group; /* a PCI function's IOMMU group, or -1 for a device server */
+    VnLenderDialedFn done;
+    void *done_opaque;
+} Dialing;
 
-    if (fd < 0) {
-        g_prefix_error(error, "device server %s: ", w->at);
+static void dialled(void *opaque, int fd, const GError *error)
+{
+    g_autofree Dialing *d = opaque;
+    g_autoptr(GError) said = NULL;
+
+    if (fd < 0 && d->group >= 0) {
+        said = g_error_new(G_IO_ERROR, error->code,
+                           "/dev/vfio/%d (IOMMU group of %s): %s (is it bound to vfio-pci, and "
+                           "not in use?)",
+                           d->group, d->w->at, error->message);
+    } else if (fd < 0) {
+        said = g_error_new(error->domain, error->code, "device server %s: %s", d->w->at,
+                           error->message);
     }
-    return fd;
+    d->done(d->done_opaque, fd, said);
+}
+
+/* A connection to the device server, made by the daemon (we may not reach its socket). */
+static void dial_through_daemon(void *opaque, VnLenderDialedFn done, void *done_opaque)
+{
+    Dialing *d = g_new0(Dialing, 1);
+
+    *d = (Dialing){ .w = opaque, .group = -1, .done = done, .done_opaque = done_opaque };
+    vn_host_dial_device_async(d->w->fab, dialled, d);
 }
 
 /* A PCI function's: the daemon opens its IOMMU group; said as an open here would say it. */
-static int open_group_through_daemon(void *opaque, GError **error)
+static void open_group_through_daemon(void *opaque, VnLenderDialedFn done, void *done_opaque)
 {
     Worker *w = opaque;
-    g_autoptr(GError) local = NULL;
-    int n = vn_backend_vfio_group(w->at, error), fd;
+    g_autoptr(GError) error = NULL;
+    int n = vn_backend_vfio_group(w->at, &error);
+    Dialing *d;
 
     if (n < 0) {
-        return -1;
+        done(done_opaque, -1, error);
+        return;
     }
-    fd = vn_host_dial_device(w->fab, &local);
-    if (fd < 0) {
-        g_set_error(error, G_IO_ERROR, local->code,
-                    "/dev/vfio/%d (IOMMU group of %s): %s (is it bound to vfio-pci, and not in "
-                    "use?)",
-                    n, w->at, local->message);
-    }
-    return fd;
+    d = g_new0(Dialing, 1);
+    *d = (Dialing){ .w = w, .group = n, .done = done, .done_opaque = done_opaque };
+    vn_host_dial_device_async(w->fab, dialled, d);
 }
 
 /* "stats": the lender's counters and how its device server is doing. */
