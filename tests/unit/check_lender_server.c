@@ -8,6 +8,9 @@
  */
 #include "lender-rig.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 /* What the lender told of its server (written on the lender's thread). */
 static struct {
     gint downs, ups;
@@ -217,6 +220,73 @@ START_TEST(test_holder_not_attached)
 }
 END_TEST
 
+/* A dialer as a worker's daemon is one: asked, it answers 100 ms later (on the lender's
+ * loop), with a connection to the server or, while dial_refuses, an error. */
+static gint dials_asked, dial_refuses;
+
+typedef struct SlowDial {
+    VnLenderDialedFn done;
+    void *done_opaque;
+} SlowDial;
+
+static gboolean slow_dial_answer(gpointer data)
+{
+    g_autofree SlowDial *d = data;
+    g_autoptr(GError) error = NULL;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    int fd = -1;
+
+    if (g_atomic_int_get(&dial_refuses)) {
+        error = g_error_new(G_IO_ERROR, G_IO_ERROR_CONNECTION_REFUSED, "the daemon said no");
+    } else {
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        g_strlcpy(addr.sun_path, rig.sock, sizeof(addr.sun_path));
+        ck_assert_int_eq(connect(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    }
+    d->done(d->done_opaque, fd, error);
+    return G_SOURCE_REMOVE;
+}
+
+static void slow_dialer(void *opaque, VnLenderDialedFn done, void *done_opaque)
+{
+    SlowDial *d = g_new0(SlowDial, 1);
+    GSource *src = g_timeout_source_new(100);
+
+    *d = (SlowDial){ .done = done, .done_opaque = done_opaque };
+    g_atomic_int_inc(&dials_asked);
+    g_source_set_callback(src, slow_dial_answer, d, NULL);
+    g_source_attach(src, rig.lend.ctx);
+    g_source_unref(src);
+}
+
+static void set_dialer_fn(void *data)
+{
+    vn_lender_set_dialer(rig.lender, slow_dialer, NULL);
+}
+
+/* A worker's lender has its daemon dial the device server, and does not wait for it: an
+ * attach with no connection waits for the dial's answer in the lender's queue (the lender's
+ * loop serves on), and is refused with the dialer's own words when the dial is. */
+START_TEST(test_attach_waits_for_the_dialer)
+{
+    g_autofree char *json = attach_json(VN_IRQ_MODE_FD);
+    g_autofree char *message = NULL;
+    uint8_t cfg[4];
+
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    on_loop(&rig.lend, set_dialer_fn, NULL);
+    server_start();
+    g_atomic_int_set(&dial_refuses, 1);
+    ck_assert_int_lt(req_msg(borrower(0), VN_PROTO_ATTACH, json, NULL, 0, &message), 0);
+    ck_assert_ptr_nonnull(strstr(message, "the daemon said no"));
+    ck_assert_int_ge(g_atomic_int_get(&dials_asked), 1);
+    g_atomic_int_set(&dial_refuses, 0);
+    attach_ok(borrower(0), VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(region_rw(borrower(0), VFIO_PCI_CONFIG_REGION_INDEX, 0, cfg, 4, false), 0);
+}
+END_TEST
+
 static Suite *lender_server_suite(void)
 {
     Suite *s = suite_create("lender-server");
@@ -229,6 +299,7 @@ static Suite *lender_server_suite(void)
     tcase_add_test(tc, test_idle_dials_back_off);
     tcase_add_test(tc, test_detach_keeps_watching);
     tcase_add_test(tc, test_holder_not_attached);
+    tcase_add_test(tc, test_attach_waits_for_the_dialer);
     suite_add_tcase(s, tc);
     return s;
 }

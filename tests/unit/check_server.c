@@ -135,9 +135,19 @@ static void owe(void)
     pthread_mutex_unlock(&deferred_lock);
 }
 
+/* Set: each DMA_MAP also pauses the server (vn_server_pause), as one whose memory is
+ * exported first; the pause's token for the test to resume. */
+static gint pausing;
+static uint64_t pause_token;
+
 static int deferred_map(void *opaque, const VnDmaMapping *m)
 {
     owe();
+    if (g_atomic_int_get(&pausing)) {
+        pthread_mutex_lock(&deferred_lock);
+        pause_token = vn_server_pause(rig_server());
+        pthread_mutex_unlock(&deferred_lock);
+    }
     return 0;
 }
 
@@ -1409,6 +1419,58 @@ START_TEST(test_deferred_replies_keep_order)
 }
 END_TEST
 
+static gboolean resume_on_server(gpointer data)
+{
+    pthread_mutex_lock(&deferred_lock);
+    *(bool *)data = vn_server_resume(rig.server, pause_token);
+    pthread_mutex_unlock(&deferred_lock);
+    return G_SOURCE_REMOVE;
+}
+
+/* A command whose op pauses the server: the client's next command is not looked at until
+ * the op resumes it (so it finds the map done), then is; the replies keep their order, and
+ * a second resume, or one of a client that went, is refused. */
+START_TEST(test_pause_holds_next_command)
+{
+    g_autoptr(VnClient) c = connect_ok();
+    int mem = vn_peerfd_memfd_new("guest", 0x10000);
+    bool resumed = false;
+    uint64_t first, second;
+
+    g_atomic_int_set(&pausing, 1);
+    send_map(c, 101, 0x100000, mem);
+    send_map(c, 102, 0x200000, mem);
+    first = deferred_id(0);
+    g_usleep(100 * 1000);
+    ck_assert_uint_eq(deferred_count(), 1); /* the second waits in the socket */
+    g_atomic_int_set(&pausing, 0);
+    call_on_server(resume_on_server, &resumed);
+    ck_assert(resumed);
+    second = deferred_id(1);
+    answer(second, 0);
+    ck_assert(!something_sent(c, 50));
+    answer(first, 0);
+    ck_assert_uint_eq(reply_of(c, 101, NULL), 0);
+    ck_assert_uint_eq(reply_of(c, 102, NULL), 0);
+    /* A client that goes while paused is seen gone once resumed (its socket is not read
+     * meanwhile); a resume after that is nobody's. */
+    g_atomic_int_set(&pausing, 1);
+    send_map(c, 103, 0x300000, mem);
+    (void)deferred_id(2);
+    g_atomic_int_set(&pausing, 0);
+    g_clear_pointer(&c, vn_client_free);
+    call_on_server(resume_on_server, &resumed);
+    ck_assert(resumed);
+    for (int i = 0; i < 200 && server_has_client(); i++) {
+        g_usleep(5000);
+    }
+    ck_assert(!server_has_client());
+    call_on_server(resume_on_server, &resumed);
+    ck_assert(!resumed);
+    close(mem);
+}
+END_TEST
+
 typedef struct ManyMaps {
     VnClient *c;
     int mem;
@@ -1511,6 +1573,7 @@ static Suite *server_suite(void)
     tc = tcase_create("deferred");
     tcase_add_checked_fixture(tc, setup_deferred, teardown_deferred);
     tcase_add_test(tc, test_deferred_replies_keep_order);
+    tcase_add_test(tc, test_pause_holds_next_command);
     tcase_add_test(tc, test_deferred_replies_bounded);
     tcase_add_test(tc, test_deferred_reply_after_client_left);
     suite_add_tcase(s, tc);

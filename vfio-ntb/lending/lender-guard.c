@@ -295,7 +295,9 @@ static void guard_begin(VnLender *l, uint64_t token, const char *why, bool reset
     g->reset = reset;
     g->offset = offset;
     g->count = count;
-    memcpy(g->data, data, count);
+    if (count > 0) {
+        memcpy(g->data, data, count);
+    }
     vn_lender_wait_begin(l, &g->wait, token);
     if (g->why != NULL) {
         bars_set(l, g, true);
