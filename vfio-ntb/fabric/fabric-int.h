@@ -1,9 +1,10 @@
 /*
  * Inside the fabric layer: the VnFabric struct and the calls between
  * fabric.c (the registry, a node's life), link.c (links, the receive path),
- * msg.c (requests, replies, events, doorbells), window.c (segments and
- * windows) and route.c (interrupt routes); each calls only those after it
- * in that order.  Not for other layers.
+ * msg.c (requests, replies, events, doorbells), window.c (windows onto
+ * peers' segments), route.c (interrupt routes) and segment.c (what a node
+ * exports, routes' bookkeeping too); each calls only those after it in that
+ * order.  Not for other layers.
  *
  * Threads: everything here belongs to the fabric's GMainContext thread.
  */
@@ -183,6 +184,12 @@ void vn_fabric_msgs_close(VnFabric *fab);
 /* window.c */
 void vn_fabric_windows_init(VnFabric *fab);
 void vn_fabric_windows_close(VnFabric *fab);
+/* Whether window slot @w holds a window (not empty, not reserved for a map under way). */
+bool vn_fabric_window_slot_used(const VnFabricWindow *w);
+
+/* segment.c */
+/* Closing: every segment's entry goes (its fd closed). */
+void vn_fabric_segments_close(VnFabric *fab);
 /* An exported segment's or route's entry. */
 void vn_fabric_segment_free(VnFabricSegment *seg);
 /* An entry with no fd for @id (a route's when @route) in @table: what someone else holds
@@ -199,8 +206,6 @@ void vn_fabric_export_ask(VnFabric *fab, int copy, uint64_t offset, uint64_t siz
 /* True, with @error, when @asks (the backend answers @what later): a waiting form is
  * refused there. */
 bool vn_fabric_waits_refused(VnFabric *fab, bool asks, const char *what, GError **error);
-/* Whether window slot @w holds a window (not empty, not reserved for a map under way). */
-bool vn_fabric_window_slot_used(const VnFabricWindow *w);
 /* The entry of @table (segments or routes) @peer may take, counting and
  * logging a refusal; @what names the table's kind. */
 VnFabricSegment *vn_fabric_exported(VnFabric *fab, GHashTable *table, const char *what,
