@@ -15,6 +15,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 typedef struct Rig {
@@ -261,6 +262,67 @@ START_TEST(test_answer_to_nothing_drops_the_daemon)
 }
 END_TEST
 
+/* The daemon restarts: what the worker asks meanwhile waits for it, and goes once the new
+ * daemon greeted it, in the order asked, after the greeting; nothing fails for the restart. */
+START_TEST(test_asked_while_away_goes_after_greeting)
+{
+    g_autofree char *path = g_strdup_printf("%s/port.sock", rig.dir);
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+    Told seg = { 0 }, db = { 0 };
+    VnHostHdr hello, exp, alloc;
+    int lsock, fd = -1;
+
+    /* The daemon goes: the worker sees its connection end. */
+    close(rig.daemon);
+    vn_record_reader_clear(&rig.rx);
+    memset(&rig.rx, 0, sizeof(rig.rx));
+    for (int i = 0; i < 50; i++) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    vn_fabric_segment_export_async(rig.fab, memfd, 0, 4096, "hosta", exported, &seg);
+    vn_fabric_doorbells_alloc_async(rig.fab, 2, bits, &db);
+    for (int i = 0; i < 20; i++) {
+        g_main_context_iteration(NULL, FALSE);
+    }
+    ck_assert(!seg.done && !db.done); /* held, not failed */
+    /* A new daemon's port. */
+    lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    g_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(lsock, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(lsock, 4), 0);
+    for (int i = 0; i < 2000 && fd < 0; i++) {
+        fd = accept4(lsock, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    ck_assert_int_ge(fd, 0);
+    rig.daemon = fd;
+    hello = said(&fd);
+    ck_assert_uint_eq(hello.op, VN_HOST_HELLO); /* with the secret the first one gave */
+    ck_assert_int_eq(vn_host_send(rig.daemon, VN_HOST_REPLY, hello.seq, 0, NULL, 0, 8, NULL, 0, -1),
+                     0);
+    exp = said(&fd);
+    ck_assert_uint_eq(exp.op, VN_HOST_EXPORT_SEGMENT);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    alloc = said(&fd);
+    ck_assert_uint_eq(alloc.op, VN_HOST_DOORBELLS_ALLOC);
+    answer(exp.seq, 0, 9, -1);
+    answer(alloc.seq, 0, 3, -1);
+    until(&seg);
+    until(&db);
+    ck_assert_uint_eq(seg.id, 9);
+    ck_assert_int_eq(db.first, 3);
+    close(lsock);
+    unlink(path);
+    munmap(map, 4096);
+    close(memfd);
+}
+END_TEST
+
 static Suite *host_suite(void)
 {
     Suite *s = suite_create("host");
@@ -270,6 +332,7 @@ static Suite *host_suite(void)
     tcase_add_test(tc, test_stalled_daemon_blocks_nothing);
     tcase_add_test(tc, test_bad_answers_refused);
     tcase_add_test(tc, test_answer_to_nothing_drops_the_daemon);
+    tcase_add_test(tc, test_asked_while_away_goes_after_greeting);
     suite_add_tcase(s, tc);
     return s;
 }

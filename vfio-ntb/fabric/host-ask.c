@@ -64,8 +64,8 @@ static gboolean on_ask_timeout(gpointer data)
            VN_HOST_REPLY_TIMEOUT_MS);
     g_hash_table_steal(h->asked, &ask->seq);
     vn_host_answer(ask, -ETIMEDOUT, -1);
-    if (h->fd >= 0) {
-        shutdown(h->fd, SHUT_RDWR); /* as a wait that times out: the reader reconnects */
+    if (h->fd >= 0 && h->ready) {
+        shutdown(h->fd, SHUT_RDWR); /* a daemon that took it and is stuck: we reconnect */
     }
     return G_SOURCE_REMOVE;
 }

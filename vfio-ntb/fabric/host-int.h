@@ -11,7 +11,12 @@
 #include "record.h"
 
 #include <errno.h>
+#include <fcntl.h>
 
+/* What may wait to go to the daemon: a few of the largest records, or many small ones
+ * (what waits for its socket, or for its return: VnHostHeld). */
+#define VN_HOST_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
+#define VN_HOST_MAX_HELD 4096u
 /* Ops sent without waiting and not yet answered: far more than a worker's maps and route
  * opens in flight (its lender takes one request at a time). */
 #define VN_HOST_MAX_ASKED 256u
@@ -26,6 +31,8 @@ typedef struct VnHost {
     bool ready;
     uint64_t hello_seq;
     gint64 hello_sent_us;
+    GQueue held; /* VnHostHeld: said while the daemon was away (vn_host_send_record) */
+    size_t held_bytes;
     GSource *src;
     VnRecordOut *out;      /* what goes to the daemon, without waiting (NULL while away) */
     GSource *retry;        /* reconnecting */
@@ -70,22 +77,54 @@ typedef struct VnHostAsk {
     int fd;
 } VnHostAsk;
 
+/* A record said while the daemon is away or has not greeted us yet: sent once it has
+ * (host.c), in order, after what the greeting says; its fd a dup of ours. */
+typedef struct VnHostHeld {
+    uint8_t *buf;
+    size_t len;
+    uint64_t seq; /* an ask's: sent only if it is still asked then */
+    int fd;
+} VnHostHeld;
+
 /* One record to the daemon, 0 or -errno.  Never waits: what the daemon's socket does not
  * take now goes from the loop (a daemon that takes nothing for VN_HOST_SEND_TIMEOUT_S
- * loses us, and the reader reconnects).  Inline: host.c and host-ask.c both send, and
- * neither calls up into the other for it. */
+ * loses us, and the reader reconnects).  While the daemon is away (within its bound, not
+ * past it: then -ENOTCONN) it waits in h->held, at most VN_HOST_MAX_HELD records and
+ * VN_HOST_MAX_QUEUED bytes (-ENOBUFS past them).  Inline: host.c and host-ask.c both send,
+ * and neither calls up into the other for it. */
 static inline int vn_host_send_record(VnHost *h, uint32_t op, uint64_t seq, const char *peer,
                                       uint64_t arg, uint64_t arg2, const void *data, size_t len,
                                       int fd)
 {
     g_autofree uint8_t *buf = NULL;
+    VnHostHeld *held;
     size_t n;
 
-    if (h->fd < 0 || h->out == NULL || (!h->ready && op != VN_HOST_HELLO)) {
+    buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
+    if (op == VN_HOST_HELLO || (h->fd >= 0 && h->out != NULL && h->ready)) {
+        return h->out != NULL ? vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd)
+                              : -ENOTCONN;
+    }
+    if (h->links_dropped) {
         return -ENOTCONN;
     }
-    buf = vn_host_record_new(op, seq, 0, peer, arg, arg2, data, len, &n);
-    return vn_record_out_send(h->out, buf, n, VN_HOST_MAX_RECORD, fd);
+    if (h->held.length >= VN_HOST_MAX_HELD || n > VN_HOST_MAX_QUEUED - h->held_bytes) {
+        return -ENOBUFS;
+    }
+    held = g_new0(VnHostHeld, 1);
+    held->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd >= 0 && held->fd < 0) {
+        int e = errno;
+
+        g_free(held);
+        return -e;
+    }
+    held->buf = g_steal_pointer(&buf);
+    held->len = n;
+    held->seq = seq;
+    h->held_bytes += n;
+    g_queue_push_tail(&h->held, held);
+    return 0;
 }
 
 /* host-ask.c.  ask: send op @op (with @fd, borrowed, unless -1) and return at once; @done

@@ -27,8 +27,6 @@
 #define VN_HOST_RETRY_MS 100
 /* A daemon that takes nothing for this long is gone. */
 #define VN_HOST_SEND_TIMEOUT_S 5
-/* What may wait for the daemon's socket, as for a shm peer's. */
-#define VN_HOST_MAX_QUEUED (16u * VN_HOST_MAX_RECORD)
 
 /* The stream to the daemon is lost (it took nothing for too long, or would have too much
  * waiting): the reader sees the connection end and reconnects. */
@@ -189,6 +187,32 @@ static void claim_held(VnHost *h)
     }
 }
 
+/* What was said while the daemon was away: dropped (@h's links went down, or it closes). */
+static void held_clear(VnHost *h)
+{
+    for (VnHostHeld *held; (held = g_queue_pop_head(&h->held)) != NULL;) {
+        vn_util_close_fd(&held->fd);
+        g_free(held->buf);
+        g_free(held);
+    }
+    h->held_bytes = 0;
+}
+
+/* ... or sent now that it greeted us, in order; an ask's only if it is still asked (one that
+ * timed out meanwhile was told so, and its answer would be to nothing). */
+static void held_flush(VnHost *h)
+{
+    for (VnHostHeld *held; (held = g_queue_pop_head(&h->held)) != NULL;) {
+        if (h->out != NULL && (held->seq == 0 || g_hash_table_contains(h->asked, &held->seq))) {
+            vn_record_out_send(h->out, held->buf, held->len, VN_HOST_MAX_RECORD, held->fd);
+        }
+        vn_util_close_fd(&held->fd);
+        g_free(held->buf);
+        g_free(held);
+    }
+    h->held_bytes = 0;
+}
+
 /* A DOORBELLS_CLAIM's answer: the bits stay ours here either way (the daemon's port gave
  * them to someone else meanwhile only if it lost them: it says so, and so do we). */
 static void doorbells_claimed(void *opaque, int status, const VnHostHdr *rep, int fd)
@@ -271,6 +295,9 @@ static bool host_greeted(VnHost *h, const VnHostHdr *rep, const uint8_t *frame, 
         vn_host_send_record(h, VN_HOST_DEVICE_SERVER, 0, NULL, h->server_up ? 1 : 0, h->server_gen,
                             NULL, 0, -1);
     }
+    /* Then what we said meanwhile (after the claims it may depend on), and last what the
+     * greeting's own callback says (the newest kept state). */
+    held_flush(h);
     if (h->retry != NULL) {
         g_info("port %s: the daemon is back after %" G_GINT64_FORMAT " ms", h->path,
                (g_get_monotonic_time() - h->away_since_us) / 1000);
@@ -326,6 +353,7 @@ static void host_links_down(VnHost *h)
     g_warning("port %s: the daemon did not come back in %u ms; every link is down", h->path,
               h->reconnect_ms);
     h->links_dropped = true;
+    held_clear(h);
     while (g_hash_table_size(h->up) > 0) {
         GHashTableIter it;
         gpointer key;
@@ -434,6 +462,7 @@ static void host_close(void *backend)
     vn_util_close_fd(&h->fd);
     /* What was asked is told it is cancelled, now: the fabric ends its waiters as it closes. */
     vn_host_asks_close(h);
+    held_clear(h);
     g_hash_table_unref(h->wanted);
     g_hash_table_unref(h->up);
     g_main_context_unref(h->ctx);
@@ -540,6 +569,7 @@ static void *host_open(VnFabric *fab, const char *node, GHashTable *params, GErr
     h->wanted = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     h->asked = g_hash_table_new(g_int64_hash, g_int64_equal);
     g_queue_init(&h->answered);
+    g_queue_init(&h->held);
     h->up = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     if (!host_attach_fd(h, fd) || !host_hello_wait(h, error)) {
         if (error != NULL && *error == NULL) {
