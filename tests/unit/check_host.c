@@ -138,7 +138,9 @@ static void host_setup(void)
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     rig.daemon = sv[0];
     ck_assert(g_unix_set_fd_nonblocking(rig.daemon, TRUE, NULL));
-    /* The greeting is answered before the worker asks: open reads it, nothing else. */
+    /* A daemon that made our connection may tell the lease holder's link before it answers
+     * our HELLO (its port does); the greeting is answered before the worker asks. */
+    ck_assert_int_eq(vn_host_send(rig.daemon, VN_HOST_LINK, 0, 0, "hosta", 1, 0, NULL, 0, -1), 0);
     ck_assert_int_eq(
         vn_host_send(rig.daemon, VN_HOST_REPLY, 1, 0, NULL,
                      VN_FABRIC_CAP_DIRECT_ROUTES | (UINT64_C(20) << VN_HOST_HELLO_WINDOW_SHIFT), 8,
@@ -207,6 +209,18 @@ START_TEST(test_stalled_daemon_blocks_nothing)
     g_source_unref(tick);
     munmap(map, 4096);
     close(memfd);
+}
+END_TEST
+
+/* What the daemon said before its greeting's answer is heard, not refused: open succeeded
+ * (the fixture), and the link it told is up once the loop ran. */
+START_TEST(test_link_told_before_greeting)
+{
+    for (int i = 0; i < 100 && !vn_fabric_link_up(rig.fab, "hosta"); i++) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    ck_assert(vn_fabric_link_up(rig.fab, "hosta"));
 }
 END_TEST
 
@@ -329,6 +343,7 @@ static Suite *host_suite(void)
     TCase *tc = tcase_create("daemon");
 
     tcase_add_checked_fixture(tc, host_setup, host_teardown);
+    tcase_add_test(tc, test_link_told_before_greeting);
     tcase_add_test(tc, test_stalled_daemon_blocks_nothing);
     tcase_add_test(tc, test_bad_answers_refused);
     tcase_add_test(tc, test_answer_to_nothing_drops_the_daemon);

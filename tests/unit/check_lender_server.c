@@ -220,9 +220,9 @@ START_TEST(test_holder_not_attached)
 }
 END_TEST
 
-/* A dialer as a worker's daemon is one: asked, it answers 100 ms later (on the lender's
- * loop), with a connection to the server or, while dial_refuses, an error. */
-static gint dials_asked, dial_refuses;
+/* A dialer as a worker's daemon is one: asked, it answers dial_ms (100) later (on the
+ * lender's loop), with a connection to the server or, while dial_refuses, an error. */
+static gint dials_asked, dial_refuses, dial_ms = 100;
 
 typedef struct SlowDial {
     VnLenderDialedFn done;
@@ -250,7 +250,7 @@ static gboolean slow_dial_answer(gpointer data)
 static void slow_dialer(void *opaque, VnLenderDialedFn done, void *done_opaque)
 {
     SlowDial *d = g_new0(SlowDial, 1);
-    GSource *src = g_timeout_source_new(100);
+    GSource *src = g_timeout_source_new((guint)g_atomic_int_get(&dial_ms));
 
     *d = (SlowDial){ .done = done, .done_opaque = done_opaque };
     g_atomic_int_inc(&dials_asked);
@@ -287,6 +287,27 @@ START_TEST(test_attach_waits_for_the_dialer)
 }
 END_TEST
 
+/* One dial at a time (a daemon refuses a worker that dials too often): an attach that comes
+ * while the background redial is on its way takes that one's connection, and asks none of
+ * its own. */
+START_TEST(test_attach_joins_the_dial_on_its_way)
+{
+    server_kill();
+    ck_assert(lender_server_wait(false, 2000));
+    g_atomic_int_set(&dial_ms, 1500);
+    on_loop(&rig.lend, set_dialer_fn, NULL);
+    server_start();
+    /* The lender dials a lost server again after VN_LENDER_DIAL_MS. */
+    for (int i = 0; i < 400 && g_atomic_int_get(&dials_asked) == 0; i++) {
+        g_usleep(10 * 1000);
+    }
+    ck_assert_int_eq(g_atomic_int_get(&dials_asked), 1);
+    attach_ok(borrower(0), VN_IRQ_MODE_FD, NULL);
+    ck_assert_int_eq(g_atomic_int_get(&dials_asked), 1);
+    g_atomic_int_set(&dial_ms, 100);
+}
+END_TEST
+
 static Suite *lender_server_suite(void)
 {
     Suite *s = suite_create("lender-server");
@@ -300,6 +321,7 @@ static Suite *lender_server_suite(void)
     tcase_add_test(tc, test_detach_keeps_watching);
     tcase_add_test(tc, test_holder_not_attached);
     tcase_add_test(tc, test_attach_waits_for_the_dialer);
+    tcase_add_test(tc, test_attach_joins_the_dial_on_its_way);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -69,11 +69,6 @@ static bool host_record(VnHost *h, VnRecord *rec)
         h->hello_seq = 0;
         return host_greeted(h, &hdr, frame, frame_len);
     }
-    if (!h->ready) {
-        vn_util_close_fds(rec->fds, rec->nfds);
-        vn_fabric_backend_rejected(h->fab, "a record before the daemon greeted us");
-        return false;
-    }
     switch (hdr.op) {
     case VN_HOST_REPLY:
         if (hdr.seq == 0) {
@@ -412,8 +407,9 @@ static void host_away(VnHost *h)
 }
 
 /* At open, before the node's loop runs anything of ours: the HELLO's answer is what open
- * returns with (the host's limits), so it is read here, from this one socket, with nothing
- * else to serve meanwhile (the daemon says nothing else before it). */
+ * returns with (the host's limits), so it is read here, from this one socket.  What the
+ * daemon says before it (a daemon that made our connection may tell us the lease holder's
+ * link first) is handled as always: the fabric holds its reports until open returns. */
 static bool host_hello_wait(VnHost *h, GError **error)
 {
     gint64 deadline = g_get_monotonic_time() + (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000;

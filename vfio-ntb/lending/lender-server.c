@@ -116,56 +116,63 @@ void vn_lender_set_dialer(VnLender *l, VnLenderDialFn fn, void *opaque)
 }
 
 /*
- * A dial asked of the dialer (its daemon's to make, for a worker), answered later: for an
- * ATTACH (@then: it waits meanwhile, as @wait), or in the background (a lost server's, or
- * the next attach's; @l, NULL once the lender went).
+ * The one dial asked of the dialer at a time (its daemon's to make, for a worker, which
+ * refuses one that dials too often), answered later: in the background (a lost server's, or
+ * the next attach's; @l, NULL once the lender went), or for an ATTACH (@then: it waits
+ * meanwhile, as @wait), which may join a background dial already on its way.
  */
 typedef struct LenderDial {
     VnLenderWait wait;
     VnLender *l;
-    VnLenderTakenFn then;
+    VnLenderTakenFn then; /* NULL: a background dial nobody waits for */
     void *opaque;
+    bool asked; /* of the dialer already */
 } LenderDial;
 
 static void dialled(VnLender *l, void *dev, const GError *error);
 
-static void attach_dialled(void *opaque, int fd, const GError *error)
+/* The dial's answer, for the ATTACH waiting on it. */
+static void attach_dialled(LenderDial *d, int fd, const GError *error)
 {
-    LenderDial *d = opaque;
     VnLender *l = vn_lender_wait_end(&d->wait);
     g_autoptr(GError) local = NULL;
     void *dev = NULL;
 
     if (l == NULL) {
         vn_util_close_fd(&fd);
-    } else {
-        dev = fd >= 0 ? server_open_fd(l, fd, &local) : NULL;
-        if (dev != NULL && watchable(l)) {
-            source_clear(&l->dial_src);
-        }
-        d->then(l, dev, dev != NULL ? NULL : local != NULL ? local : error, d->opaque);
+        g_free(d);
+        return;
     }
+    dev = fd >= 0 ? server_open_fd(l, fd, &local) : NULL;
+    if (dev != NULL && watchable(l)) {
+        source_clear(&l->dial_src);
+    }
+    d->then(l, dev, dev != NULL ? NULL : local != NULL ? local : error, d->opaque);
     g_free(d);
-    if (l != NULL) {
-        vn_lender_wait_next(l); /* unless @then waits again */
-    }
+    vn_lender_wait_next(l); /* unless @then waits again */
 }
 
-static void background_dialled(void *opaque, int fd, const GError *error)
+static void on_dialled(void *opaque, int fd, const GError *error)
 {
     LenderDial *d = opaque;
-    VnLender *l = d->l;
+    VnLender *l = d->then != NULL ? d->wait.l : d->l;
     g_autoptr(GError) local = NULL;
     void *dev = NULL;
 
+    if (l != NULL && l->dialing == d) {
+        l->dialing = NULL;
+    }
+    if (d->then != NULL) {
+        attach_dialled(d, fd, error);
+        return;
+    }
     g_free(d);
     if (l == NULL) {
         vn_util_close_fd(&fd);
         return;
     }
-    l->dialing = NULL;
     if (fd >= 0 && (l->device != NULL || l->spare != NULL)) {
-        close(fd); /* an attach dialled its own meanwhile */
+        close(fd); /* one came meanwhile (a lender that dials itself) */
         return;
     }
     dev = fd >= 0 ? server_open_fd(l, fd, &local) : NULL;
@@ -316,8 +323,9 @@ static gboolean on_dial(gpointer data)
     }
     d = g_new0(LenderDial, 1);
     d->l = l;
+    d->asked = true;
     l->dialing = d;
-    l->dial(l->dial_opaque, background_dialled, d);
+    l->dial(l->dial_opaque, on_dialled, d);
     return G_SOURCE_REMOVE;
 }
 
@@ -392,11 +400,20 @@ void vn_lender_server_take(VnLender *l, uint64_t token, VnLenderTakenFn then, vo
         then(l, dev, error, opaque);
         return;
     }
-    d = g_new0(LenderDial, 1);
+    /* One dial at a time: a background one on its way is this attach's now. */
+    d = l->dialing;
+    if (d == NULL) {
+        d = g_new0(LenderDial, 1);
+        d->l = l;
+        l->dialing = d;
+    }
     d->then = then;
     d->opaque = opaque;
     vn_lender_wait_begin(l, &d->wait, token);
-    l->dial(l->dial_opaque, attach_dialled, d);
+    if (!d->asked) {
+        d->asked = true;
+        l->dial(l->dial_opaque, on_dialled, d); /* @d may be answered and gone on return */
+    }
 }
 
 void vn_lender_server_attached(VnLender *l)
