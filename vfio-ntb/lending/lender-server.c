@@ -180,7 +180,6 @@ static void on_dialled(void *opaque, int fd, const GError *error)
 }
 
 static gboolean on_dial(gpointer data);
-static gboolean on_dial(gpointer data);
 static gboolean on_hangup(gint fd, GIOCondition cond, gpointer data);
 
 static void dial_later(VnLender *l, guint ms)
