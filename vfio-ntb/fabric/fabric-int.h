@@ -199,10 +199,10 @@ bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *pe
  * with @error. */
 uint64_t vn_fabric_export_insert(VnFabric *fab, uint64_t id, int copy, uint64_t offset,
                                  uint64_t size, bool device, const char *peer, GError **error);
-/* Ask the backend (ops->export_async) to export @copy (ours until answered), and tell
- * @done: the async exports' common half. */
-void vn_fabric_export_ask(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
-                          const char *peer, VnFabricExportFn done, void *opaque);
+/* The async exports' common half: @copy (checked, taken) exported here, or asked of the
+ * backend (ops->export_async), and @done told (at once, or once it answers). */
+void vn_fabric_export_start(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
+                            const char *peer, VnFabricExportFn done, void *opaque);
 /* True, with @error, when @asks (the backend answers @what later): a waiting form is
  * refused there. */
 bool vn_fabric_waits_refused(VnFabric *fab, bool asks, const char *what, GError **error);

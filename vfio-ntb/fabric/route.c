@@ -87,19 +87,12 @@ void vn_fabric_route_export_async(VnFabric *fab, int eventfd, const char *peer,
 {
     g_autoptr(GError) error = NULL;
     int copy = route_check(fab, eventfd, peer, &error);
-    uint64_t id = 0;
 
-    if (copy >= 0 && fab->ops->export_async != NULL) {
-        if (fab->backend != NULL) {
-            vn_fabric_export_ask(fab, copy, 0, 0, false, peer, done, opaque);
-            return;
-        }
-        close(copy);
-        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
-    } else if (copy >= 0) {
-        id = vn_fabric_export_insert(fab, ++fab->last_route, copy, 0, 0, false, peer, &error);
+    if (copy < 0) {
+        done(opaque, 0, error);
+        return;
     }
-    done(opaque, id, error);
+    vn_fabric_export_start(fab, copy, 0, 0, false, peer, done, opaque);
 }
 
 void vn_fabric_route_unexport(VnFabric *fab, uint64_t id)

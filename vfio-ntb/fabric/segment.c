@@ -178,11 +178,27 @@ static void export_answered(void *opaque, int status, uint64_t value, int fd)
     g_free(e);
 }
 
-void vn_fabric_export_ask(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
-                          const char *peer, VnFabricExportFn done, void *opaque)
+void vn_fabric_export_start(VnFabric *fab, int copy, uint64_t offset, uint64_t size, bool device,
+                            const char *peer, VnFabricExportFn done, void *opaque)
 {
-    VnFabricExporting *e = g_new0(VnFabricExporting, 1);
+    g_autoptr(GError) error = NULL;
+    VnFabricExporting *e;
+    uint64_t id = 0;
 
+    if (fab->ops->export_async == NULL) {
+        /* Ids are never reused, so a stale id names nothing rather than the wrong memory. */
+        id = vn_fabric_export_insert(fab, size > 0 ? ++fab->last_segment : ++fab->last_route, copy,
+                                     offset, size, device, peer, &error);
+        done(opaque, id, error);
+        return;
+    }
+    if (fab->backend == NULL) {
+        close(copy);
+        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
+        done(opaque, 0, error);
+        return;
+    }
+    e = g_new0(VnFabricExporting, 1);
     *e = (VnFabricExporting){ .fab = fab,
                               .copy = copy,
                               .offset = offset,
@@ -200,20 +216,12 @@ void vn_fabric_segment_export_async(VnFabric *fab, int fd, uint64_t offset, uint
     g_autoptr(GError) error = NULL;
     bool device = false;
     int copy = segment_check(fab, fd, offset, size, peer, &device, &error);
-    uint64_t id = 0;
 
-    if (copy >= 0 && fab->ops->export_async != NULL) {
-        if (fab->backend != NULL) {
-            vn_fabric_export_ask(fab, copy, offset, size, device, peer, done, opaque);
-            return;
-        }
-        close(copy);
-        g_set_error(&error, G_IO_ERROR, G_IO_ERROR_CANCELLED, "node %s: closing", fab->node);
-    } else if (copy >= 0) {
-        id = vn_fabric_export_insert(fab, ++fab->last_segment, copy, offset, size, device, peer,
-                                     &error);
+    if (copy < 0) {
+        done(opaque, 0, error);
+        return;
     }
-    done(opaque, id, error);
+    vn_fabric_export_start(fab, copy, offset, size, device, peer, done, opaque);
 }
 
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
