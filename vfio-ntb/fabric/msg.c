@@ -487,9 +487,8 @@ int vn_fabric_doorbells_alloc(VnFabric *fab, uint32_t count, GError **error)
 {
     uint32_t n = fab->limits.doorbells;
 
-    if (fab->ops->doorbells_alloc_async != NULL) {
-        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_SUPPORTED,
-                    "node %s: doorbell bits are asked of its daemon, without waiting", fab->node);
+    if (vn_fabric_waits_refused(fab, fab->ops->doorbells_alloc_async != NULL, "doorbell bits",
+                                error)) {
         return -EOPNOTSUPP;
     }
     if (count == 0 || count > n) {

@@ -334,12 +334,12 @@ void vn_fabric_segment_withhold_async(VnFabric *fab, uint64_t id, bool withhold,
 {
     VnFabricWithholding *w;
 
-    if (fab->ops->withhold_async == NULL || !g_hash_table_contains(fab->segments, &id) ||
-        fab->backend == NULL) {
-        done(opaque, fab->ops->withhold_async == NULL
-                         ? vn_fabric_segment_withhold(fab, id, withhold)
-                     : fab->backend == NULL ? -ECANCELED
-                                            : -ENOENT);
+    if (fab->ops->withhold_async == NULL) {
+        done(opaque, vn_fabric_segment_withhold(fab, id, withhold)); /* the node's own */
+        return;
+    }
+    if (fab->backend == NULL || !g_hash_table_contains(fab->segments, &id)) {
+        done(opaque, fab->backend == NULL ? -ECANCELED : -ENOENT);
         return;
     }
     w = g_new0(VnFabricWithholding, 1);
