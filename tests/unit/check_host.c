@@ -276,6 +276,39 @@ START_TEST(test_answer_to_nothing_drops_the_daemon)
 }
 END_TEST
 
+/* A daemon that takes an ask and never answers (stuck, or lying by silence): the asker is
+ * told ETIMEDOUT after VN_HOST_REPLY_TIMEOUT_MS, the worker's loop ran all along, and the
+ * connection to that daemon is dropped (the worker dials again). */
+START_TEST(test_unanswered_ask_times_out)
+{
+    uint8_t *map;
+    int memfd = memfd_new(4096, &map);
+    Told seg = { 0 };
+    gint64 t0 = g_get_monotonic_time();
+    char c;
+    int fd;
+
+    vn_fabric_segment_export_async(rig.fab, memfd, 0, 4096, "hosta", exported, &seg);
+    (void)said(&fd);
+    close(fd);
+    while (!seg.done && g_get_monotonic_time() - t0 < (VN_HOST_REPLY_TIMEOUT_MS + 3000) * 1000) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    ck_assert(seg.done);
+    ck_assert_uint_eq(seg.id, 0);
+    ck_assert_msg(strstr(seg.message, "timed out") != NULL, "%s", seg.message);
+    ck_assert_int_ge(g_get_monotonic_time() - t0, (gint64)VN_HOST_REPLY_TIMEOUT_MS * 1000);
+    for (int i = 0; i < 1000 && read(rig.daemon, &c, 1) < 0; i++) {
+        g_main_context_iteration(NULL, FALSE);
+        g_usleep(1000);
+    }
+    ck_assert_int_eq(read(rig.daemon, &c, 1), 0);
+    munmap(map, 4096);
+    close(memfd);
+}
+END_TEST
+
 /* The daemon restarts: what the worker asks meanwhile waits for it, and goes once the new
  * daemon greeted it, in the order asked, after the greeting; nothing fails for the restart. */
 START_TEST(test_asked_while_away_goes_after_greeting)
@@ -343,10 +376,12 @@ static Suite *host_suite(void)
     TCase *tc = tcase_create("daemon");
 
     tcase_add_checked_fixture(tc, host_setup, host_teardown);
+    tcase_set_timeout(tc, 20); /* an ask's timeout is waited for once */
     tcase_add_test(tc, test_link_told_before_greeting);
     tcase_add_test(tc, test_stalled_daemon_blocks_nothing);
     tcase_add_test(tc, test_bad_answers_refused);
     tcase_add_test(tc, test_answer_to_nothing_drops_the_daemon);
+    tcase_add_test(tc, test_unanswered_ask_times_out);
     tcase_add_test(tc, test_asked_while_away_goes_after_greeting);
     suite_add_tcase(s, tc);
     return s;
