@@ -386,6 +386,64 @@ START_TEST(test_dma_isolation)
 }
 END_TEST
 
+/* A DMA_MAP naming another node maps that node's segment (another device's BAR, shared
+ * with the lender: docs/p2p.md): the device's DMA reaches it, not the borrower's memory. */
+START_TEST(test_dma_p2p_target)
+{
+    Borrower *b = borrower(0);
+    Borrower *c = borrower(1);
+    Mem bar = mem_export(c, "lender"); /* c's export, as a target's lender shares it */
+    Mem notours = mem_export(c, "b");
+    VnDma *dma = vn_server_dma(rig.server);
+    VnProtoDmaMap m = { .iova = 0x800000,
+                        .size = 0x2000,
+                        .segment = bar.segment,
+                        .offset = 0x1000,
+                        .prot = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE };
+    g_autofree char *json = NULL;
+    g_autofree char *bad = NULL;
+    g_autofree char *message = NULL;
+    uint8_t buf[4] = { 0 };
+    Snap s;
+
+    attach_ok(b, VN_IRQ_MODE_FD, NULL);
+    g_strlcpy(m.peer, "c", sizeof(m.peer));
+    json = vn_proto_dma_map_to_json(DEV, &m);
+    ck_assert_int_eq(req(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL), 0);
+    ck_assert_int_eq(vn_dma_write(dma, 0x800010, "p2p", 3), 0);
+    ck_assert_int_eq(memcmp(bar.map + 0x1010, "p2p", 3), 0);
+    s = snap();
+    ck_assert_uint_eq(s.st.p2p_maps, 1);
+    ck_assert_uint_eq(s.st.windows, 1);
+    ck_assert_ptr_nonnull(strstr(s.json, "\"p2p_mappings\":[{\"iova\":8388608,\"size\":8192,"
+                                         "\"peer\":\"c\""));
+    snap_clear(&s);
+
+    /* A segment c exported to someone else is not ours to map, whoever asks. */
+    m.iova = 0x900000;
+    m.segment = notours.segment;
+    g_free(json);
+    json = vn_proto_dma_map_to_json(DEV, &m);
+    ck_assert_int_eq(req(b, VN_PROTO_DMA_MAP, json, NULL, 0, NULL), -EACCES);
+    /* A peer that is no node name is refused before anything is tried. */
+    bad = g_strdup_printf("{\"device\":\"%s\",\"iova\":4096,\"size\":4096,\"segment\":1,"
+                          "\"offset\":0,\"prot\":3,\"peer\":\"../x\"}",
+                          DEV);
+    ck_assert_int_eq(req_msg(b, VN_PROTO_DMA_MAP, bad, NULL, 0, &message), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(message, "peer"));
+
+    /* Unmapped like any mapping: the device cannot reach the target any more. */
+    ck_assert_int_eq(dma_unmap(b, 0x800000, 0x2000, false), 0);
+    ck_assert_int_eq(vn_dma_read(dma, 0x800010, buf, 3), -EFAULT);
+    s = snap();
+    ck_assert_uint_eq(s.st.windows, 0);
+    ck_assert_ptr_nonnull(strstr(s.json, "\"p2p_mappings\":[]"));
+    snap_clear(&s);
+    mem_free(&bar);
+    mem_free(&notours);
+}
+END_TEST
+
 START_TEST(test_dma_refused)
 {
     Borrower *b = borrower(0);
@@ -786,6 +844,7 @@ static Suite *lender_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_dma_isolation);
     tcase_add_test(tc, test_dma_refused);
+    tcase_add_test(tc, test_dma_p2p_target);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("irqs");

@@ -59,18 +59,18 @@ typedef struct VnLenderRelay {
     uint32_t bit; /* doorbell bit (proto.h) */
 } VnLenderRelay;
 
-/* A fabric window onto one of the borrower's segments, shared by every DMA
- * mapping into that segment. */
+/* A fabric window onto one of the borrower's segments (or a peer-to-peer target's, another
+ * node's: docs/p2p.md), shared by every DMA mapping into that segment. */
 typedef struct VnLenderWindow {
     VnFabricWindow *w;
     uint32_t refs; /* mappings using it */
 } VnLenderWindow;
 
-/* A DMA mapping the device holds for the borrower. */
+/* A DMA mapping the device holds for the borrower, through @window. */
 typedef struct VnLenderMap {
     uint64_t iova;
     uint64_t size;
-    uint64_t segment;
+    VnLenderWindow *window;
 } VnLenderMap;
 
 /*

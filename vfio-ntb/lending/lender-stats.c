@@ -8,6 +8,7 @@
 #include "lender-int.h"
 
 #include <inttypes.h>
+#include <string.h>
 #include <json-glib/json-glib.h>
 
 /* ---- counters ---------------------------------------------------------- */
@@ -45,6 +46,30 @@ static void add_counter(JsonBuilder *b, const char *name, uint64_t v)
     json_builder_add_int_value(b, (gint64)MIN(v, (uint64_t)G_MAXINT64));
 }
 
+/* The device's mappings onto another node's segment (peer-to-peer targets, docs/p2p.md):
+ * where the device's DMA goes without passing through its borrower. */
+static void p2p_table(VnLender *l, JsonBuilder *b)
+{
+    json_builder_set_member_name(b, "p2p_mappings");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < l->maps->len; i++) {
+        const VnLenderMap *m = &g_array_index(l->maps, VnLenderMap, i);
+        const VnFabricWindow *w = m->window->w;
+
+        if (l->borrower != NULL && strcmp(w->peer, l->borrower) == 0) {
+            continue;
+        }
+        json_builder_begin_object(b);
+        add_counter(b, "iova", m->iova);
+        add_counter(b, "size", m->size);
+        json_builder_set_member_name(b, "peer");
+        json_builder_add_string_value(b, w->peer);
+        add_counter(b, "segment", w->segment);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+}
+
 char *vn_lender_stats_json(VnLender *l)
 {
     g_autoptr(JsonBuilder) b = json_builder_new();
@@ -68,6 +93,7 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "config_rw", st.config_rw);
     add_counter(b, "relayed_irqs", st.relayed_irqs);
     add_counter(b, "dma_maps", st.dma_maps);
+    add_counter(b, "p2p_maps", st.p2p_maps);
     add_counter(b, "dma_unmaps", st.dma_unmaps);
     add_counter(b, "resets", st.resets);
     add_counter(b, "fences", st.fences);
@@ -83,6 +109,7 @@ char *vn_lender_stats_json(VnLender *l)
     add_counter(b, "device_server_generation", l->server_gen);
     json_builder_set_member_name(b, "device_server_up");
     json_builder_add_boolean_value(b, l->server_up);
+    p2p_table(l, b);
     json_builder_end_object(b);
     root = json_builder_get_root(b);
     return json_to_string(root, FALSE);

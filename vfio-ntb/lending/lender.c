@@ -137,12 +137,12 @@ const char *vn_lender_borrower(VnLender *l)
 
 /* ---- windows and DMA mappings ------------------------------------------ */
 
-static VnLenderWindow *window_find(VnLender *l, uint64_t segment)
+static VnLenderWindow *window_find(VnLender *l, const char *peer, uint64_t segment)
 {
     for (guint i = 0; i < l->windows->len; i++) {
         VnLenderWindow *lw = l->windows->pdata[i];
 
-        if (lw->w->segment == segment) {
+        if (lw->w->segment == segment && strcmp(lw->w->peer, peer) == 0) {
             return lw;
         }
     }
@@ -157,11 +157,9 @@ static void window_release(VnLender *l, VnLenderWindow *lw)
 }
 
 /* Drop a reference; the window goes with its last mapping. */
-static void window_unref(VnLender *l, uint64_t segment)
+static void window_unref(VnLender *l, VnLenderWindow *lw)
 {
-    VnLenderWindow *lw = window_find(l, segment);
-
-    if (lw != NULL && --lw->refs == 0) {
+    if (--lw->refs == 0) {
         window_release(l, lw);
     }
 }
@@ -197,10 +195,13 @@ static void dma_map_onto(VnLender *l, VnLenderWindow *lw, const VnProtoDmaMap *m
         goto unused;
     }
     lw->refs++;
-    map = (VnLenderMap){ .iova = m->iova, .size = m->size, .segment = m->segment };
+    map = (VnLenderMap){ .iova = m->iova, .size = m->size, .window = lw };
     g_array_append_val(l->maps, map);
     l->stats.dma_maps++;
-    trace_lender_dma_map(l->name, m->iova, m->size, l->borrower, m->segment, m->offset);
+    if (strcmp(lw->w->peer, l->borrower) != 0) {
+        l->stats.p2p_maps++;
+    }
+    trace_lender_dma_map(l->name, m->iova, m->size, lw->w->peer, m->segment, m->offset);
     reply_ok(l, token);
     return;
 
@@ -249,6 +250,7 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     VnLenderWindow *lw;
     VnProtoDmaMap m;
     DmaMapWait *dw;
+    const char *peer;
 
     if (!vn_proto_dma_map_from_json(msg->json, &m, &error)) {
         vn_lender_fail(l, token, EINVAL, "%s", error->message);
@@ -262,7 +264,10 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
         vn_lender_fail(l, token, ENOSPC, "DMA_MAP: already %u mappings", VN_MAX_DMA_MAPS);
         return;
     }
-    lw = window_find(l, m.segment);
+    /* Another node's segment is a peer-to-peer target the borrower's daemon had shared
+     * with ours (docs/p2p.md): our daemon maps it only when the holder allowed it. */
+    peer = m.peer[0] != '\0' ? m.peer : l->borrower;
+    lw = window_find(l, peer, m.segment);
     if (lw != NULL) {
         dma_map_onto(l, lw, &m, token);
         return;
@@ -272,7 +277,7 @@ static void handle_dma_map(VnLender *l, VnFabricMsg *msg, uint64_t token)
     dw = g_new0(DmaMapWait, 1);
     dw->m = m;
     vn_lender_wait_begin(l, &dw->wait, token);
-    vn_fabric_window_map_async(l->fab, l->borrower, m.segment, dma_window_mapped, dw);
+    vn_fabric_window_map_async(l->fab, peer, m.segment, dma_window_mapped, dw);
 }
 
 /* Forget the mappings the device dropped (all, or those inside the range:
@@ -283,10 +288,10 @@ static void maps_forget(VnLender *l, uint64_t iova, uint64_t size, bool all)
         VnLenderMap *m = &g_array_index(l->maps, VnLenderMap, i);
 
         if (all || (m->iova >= iova && m->size <= size && m->iova - iova <= size - m->size)) {
-            uint64_t segment = m->segment;
+            VnLenderWindow *lw = m->window;
 
             g_array_remove_index_fast(l->maps, i);
-            window_unref(l, segment);
+            window_unref(l, lw);
         }
     }
 }

@@ -53,6 +53,7 @@ typedef struct VnLenderStats {
     uint64_t relayed_irqs; /* device interrupts relayed (one doorbell may carry
                                * several that coalesced in the eventfd) */
     uint64_t dma_maps;
+    uint64_t p2p_maps; /* of those, onto another device's BAR (docs/p2p.md) */
     uint64_t dma_unmaps;
     uint64_t resets;
     uint64_t fences;          /* borrower losses and detaches cleaned up */

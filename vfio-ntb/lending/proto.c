@@ -467,6 +467,10 @@ char *vn_proto_dma_map_to_json(const char *device, const VnProtoDmaMap *m)
     add_uint(b, "segment", m->segment);
     add_uint(b, "offset", m->offset);
     add_uint(b, "prot", m->prot);
+    if (m->peer[0] != '\0') {
+        json_builder_set_member_name(b, "peer");
+        json_builder_add_string_value(b, m->peer);
+    }
     return finish(b);
 }
 
@@ -482,6 +486,20 @@ bool vn_proto_dma_map_from_json(const char *json, VnProtoDmaMap *m, GError **err
         !get_u32(o, "prot", VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, &m->prot, what,
                  error)) {
         return false;
+    }
+    m->peer[0] = '\0';
+    if (json_object_has_member(o, "peer")) {
+        const char *peer = get_string(o, "peer", what, error);
+
+        if (peer == NULL) {
+            return false;
+        }
+        if (!vn_name_valid(VN_NAME_NODE, peer)) {
+            g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: \"peer\": %s", what,
+                        vn_name_rule(VN_NAME_NODE));
+            return false;
+        }
+        g_strlcpy(m->peer, peer, sizeof(m->peer));
     }
     if (m->size == 0 || m->iova + m->size < m->iova || m->offset + m->size < m->offset) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA, "%s: empty or wrapping range",

@@ -14,7 +14,9 @@
  *                  "max_window"}
  *   DETACH        {}
  *   REGION_RW     {"region","offset","count","write"}       write data; reply: read data
- *   DMA_MAP       {"iova","size","segment","offset","prot"} (segment: the borrower's export)
+ *   DMA_MAP       {"iova","size","segment","offset","prot", (segment: the borrower's export,
+ *                  "peer"}                                  or "peer"'s when given: a P2P
+ *                                                           target, docs/p2p.md)
  *   DMA_UNMAP     {"iova","size","all"}
  *   SET_IRQS      {"flags","index","start","count","relay",  DATA_BOOL: a byte per vector;
  *                  "doorbell"}
@@ -118,6 +120,9 @@ typedef struct VnProtoDmaMap {
     uint64_t segment;
     uint64_t offset; /* into the segment */
     uint32_t prot;
+    /* The node that exported the segment: "" for the borrower (its guest memory); another
+     * node for a peer-to-peer target, another device's BAR shared with us (docs/p2p.md). */
+    char peer[VN_MAX_NODE_NAME + 1];
 } VnProtoDmaMap;
 
 typedef struct VnProtoDmaUnmap {
