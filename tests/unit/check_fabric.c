@@ -830,6 +830,80 @@ START_TEST(test_map_not_granted)
 }
 END_TEST
 
+/* A segment shared with another node (docs/p2p.md): that node maps the same memory, the
+ * first holder keeps its own, nobody else gets it, and withdrawing the segment withdraws its
+ * shares.  Shared with the exporter itself, its own workers map it without a window. */
+START_TEST(test_segment_share)
+{
+    Node *b = node_open("b", true);
+    Node *a, *c;
+    g_autoptr(GError) error = NULL;
+    uint8_t *map;
+    int memfd = memfd_new(8192, &map);
+    VnFabricWindow *w, *own;
+    uint64_t seg, share, self, other;
+
+    seg = vn_fabric_segment_export(b->fab, memfd, 8192, "a", &error);
+    ck_assert_uint_ne(seg, 0);
+    share = vn_fabric_segment_share(b->fab, seg, "c", &error);
+    ck_assert_msg(share != 0 && share != seg, "%s", error ? error->message : "");
+    ck_assert_str_eq(vn_fabric_segment_peer(b->fab, share), "c");
+    /* Asked again: the same share; with its own holder: the segment itself. */
+    ck_assert_uint_eq(vn_fabric_segment_share(b->fab, seg, "c", NULL), share);
+    ck_assert_uint_eq(vn_fabric_segment_share(b->fab, seg, "a", NULL), seg);
+    /* No share of a share, of nothing, or with no node. */
+    ck_assert_uint_eq(vn_fabric_segment_share(b->fab, share, "c", &error), 0);
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_segment_share(b->fab, 999, "c", &error), 0);
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
+    g_clear_error(&error);
+    ck_assert_uint_eq(vn_fabric_segment_share(b->fab, seg, "../c", &error), 0);
+    g_clear_error(&error);
+    self = vn_fabric_segment_share(b->fab, seg, "b", &error);
+    ck_assert_uint_ne(self, 0);
+    node_start(b);
+    a = node_open("a", false);
+    c = node_open("c", false);
+    connect_wait(a, "b");
+    connect_wait(c, "b");
+
+    w = fw_window_map(c->fab, "b", share, &error);
+    ck_assert_msg(w != NULL, "%s", error ? error->message : "");
+    memcpy(w->host + 64, "shared", 6);
+    ck_assert_mem_eq(map + 64, "shared", 6);
+    vn_fabric_window_unmap(c->fab, w);
+    /* The share is c's alone: not a's (which holds the segment), c's window onto the
+     * segment itself is refused. */
+    ck_assert_ptr_null(fw_window_map(a->fab, "b", share, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
+    g_clear_error(&error);
+    ck_assert_ptr_null(fw_window_map(c->fab, "b", seg, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_PERMISSION_DENIED));
+    g_clear_error(&error);
+
+    /* The exporter's own share: its memory as it is, no window spent. */
+    own = fw_window_map(b->fab, "b", self, &error);
+    ck_assert_msg(own != NULL, "%s", error ? error->message : "");
+    ck_assert(own->local);
+    ck_assert_mem_eq(own->host + 64, "shared", 6);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(b->fab), 0);
+    vn_fabric_window_unmap(b->fab, own);
+    /* Another node's segment shared with b is not b's own. */
+    other = vn_fabric_segment_export(a->fab, memfd, 4096, "b", NULL);
+    ck_assert_ptr_null(fw_window_map(b->fab, "b", other, &error));
+    g_clear_error(&error);
+
+    /* Withdrawn: its shares go with it. */
+    vn_fabric_segment_unexport(b->fab, seg);
+    ck_assert_ptr_null(vn_fabric_segment_peer(b->fab, share));
+    ck_assert_ptr_null(vn_fabric_segment_peer(b->fab, self));
+    ck_assert_ptr_null(fw_window_map(c->fab, "b", share, &error));
+    ck_assert(g_error_matches(error, G_IO_ERROR, G_IO_ERROR_NOT_FOUND));
+    munmap(map, 8192);
+    close(memfd);
+}
+END_TEST
+
 START_TEST(test_window_limits)
 {
     static const char *const small[] = { "max-windows", "2", "max-window-size", "8192", NULL };
@@ -1951,7 +2025,8 @@ static Suite *fabric_suite(void)
             test_close_cancels } },
         { "windows",
           { test_window_map, test_window_map_at_offset, test_windows_join, test_window_map_async,
-            test_map_not_granted, test_window_outlives_link, test_export_errors } },
+            test_map_not_granted, test_window_outlives_link, test_export_errors,
+            test_segment_share } },
         { "doorbells",
           { test_doorbells, test_doorbell_beyond_register, test_doorbell_flood_coalesced } },
         { "routes", { test_route, test_route_open_async, test_route_not_granted } },

@@ -87,6 +87,7 @@ typedef struct VnFabricSegment {
     uint64_t size;   /* 0 for a route */
     bool device;     /* a device's region (its registers), not memory */
     char *peer;      /* the one peer allowed to map it */
+    uint64_t parent; /* a share of segment @parent (vn_fabric_segment_share), or 0 */
 } VnFabricSegment;
 
 struct VnFabric {

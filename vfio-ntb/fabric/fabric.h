@@ -104,6 +104,9 @@ typedef struct VnFabricWindow {
      * make an access fault (vn_peerfd_device_memory()). */
     uint8_t *host;
     bool device;
+    /* One of this node's own segments (shared with itself: vn_fabric_segment_share), mapped
+     * without a window: its memory is here, nothing crosses the fabric. */
+    bool local;
 } VnFabricWindow;
 
 /* A received message: bytes only. */
@@ -391,9 +394,22 @@ void vn_fabric_windows_join_async(VnFabric *fab, VnFabricWindow *const *w, uint3
 typedef void (*VnFabricBitsFn)(void *opaque, int first, const GError *error);
 void vn_fabric_doorbells_alloc_async(VnFabric *fab, uint32_t count, VnFabricBitsFn done,
                                      void *opaque);
-/* Withdraw a segment: peers cannot map it any more (existing shm mappings
- * of a memfd cannot be revoked by this backend; see the lender's fencing). */
+/* Withdraw a segment, with its shares: peers cannot map it any more (existing shm
+ * mappings of a memfd cannot be revoked by this backend; see the lender's fencing). */
 void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id);
+/*
+ * Share segment @id, which this node exports to one peer, with @peer as well: a new
+ * segment of the same memory that only @peer may map, withdrawn with @id (docs/p2p.md: the
+ * holder of a lent device lets another device of its VM reach the device's BAR).  @peer may
+ * be this node itself (another of its workers maps it: vn_fabric_window_map_async maps
+ * the node's own segments without a link).  Returns the share's id, the one there is when
+ * @id is shared with @peer already, or @id itself when @peer is the one it is exported to;
+ * 0 with @error (no such segment, one adopted without its fd, a share of a share, no
+ * inbound window left).  The daemon's node only: a worker's node refuses (-EOPNOTSUPP).
+ */
+uint64_t vn_fabric_segment_share(VnFabric *fab, uint64_t id, const char *peer, GError **error);
+/* The peer segment @id is exported to, or NULL when it is not ours. */
+const char *vn_fabric_segment_peer(VnFabric *fab, uint64_t id);
 /*
  * Withhold segment @id (@withhold: every window onto it reaches nothing, as
  * on a device whose memory decode is off) or give it back: once that holds,

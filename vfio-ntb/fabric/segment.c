@@ -224,19 +224,108 @@ void vn_fabric_segment_export_async(VnFabric *fab, int fd, uint64_t offset, uint
     vn_fabric_export_start(fab, copy, offset, size, device, peer, done, opaque);
 }
 
-void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
+static void segment_withdraw(VnFabric *fab, VnFabricSegment *seg)
 {
-    VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
+    uint64_t id = seg->id;
 
-    if (seg == NULL) {
-        return;
-    }
     g_hash_table_remove(fab->segments, &id);
     if (fab->ops->unexport != NULL && fab->backend != NULL) {
         fab->ops->unexport(fab->backend, false, id);
     }
     trace_fabric_segment_unexport(fab->node, id, seg->peer);
     vn_fabric_segment_free(seg);
+}
+
+/* The share of segment @parent with @peer, or NULL. */
+static VnFabricSegment *share_find(VnFabric *fab, uint64_t parent, const char *peer)
+{
+    GHashTableIter it;
+    gpointer value;
+
+    g_hash_table_iter_init(&it, fab->segments);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        VnFabricSegment *seg = value;
+
+        if (seg->parent == parent && (peer == NULL || strcmp(seg->peer, peer) == 0)) {
+            return seg;
+        }
+    }
+    return NULL;
+}
+
+void vn_fabric_segment_unexport(VnFabric *fab, uint64_t id)
+{
+    VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
+    VnFabricSegment *share;
+
+    if (seg == NULL) {
+        return;
+    }
+    /* Its shares go first: nobody may reach the memory through them once it is withdrawn. */
+    while ((share = share_find(fab, id, NULL)) != NULL) {
+        segment_withdraw(fab, share);
+    }
+    segment_withdraw(fab, seg);
+}
+
+uint64_t vn_fabric_segment_share(VnFabric *fab, uint64_t id, const char *peer, GError **error)
+{
+    VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
+    VnFabricSegment *share;
+    int copy;
+
+    if (vn_fabric_waits_refused(fab, fab->ops->export_async != NULL, "a share", error)) {
+        return 0;
+    }
+    if (seg == NULL || seg->fd < 0 || seg->parent != 0) {
+        g_set_error(error, G_IO_ERROR, seg == NULL ? G_IO_ERROR_NOT_FOUND : G_IO_ERROR_FAILED,
+                    "node %s: segment %" PRIu64 " cannot be shared: %s", fab->node, id,
+                    seg == NULL   ? "we do not export it"
+                    : seg->fd < 0 ? "its memory stayed with the worker that exported it"
+                                  : "it is a share itself");
+        return 0;
+    }
+    if (peer == NULL || !vn_name_valid(VN_NAME_NODE, peer)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "node %s: cannot share segment %" PRIu64 " with \"%s\": not a node name",
+                    fab->node, id, peer != NULL ? peer : "(null)");
+        return 0;
+    }
+    if (strcmp(seg->peer, peer) == 0) {
+        return id;
+    }
+    share = share_find(fab, id, peer);
+    if (share != NULL) {
+        return share->id;
+    }
+    if (g_hash_table_size(fab->segments) >= MIN(fab->limits.max_segments, VN_FABRIC_MAX_SEGMENTS)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_NO_SPACE,
+                    "node %s: all %u inbound windows in use (segments exported; the fabric's "
+                    "max-segments)",
+                    fab->node, fab->limits.max_segments);
+        return 0;
+    }
+    copy = fcntl(seg->fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) {
+        int e = errno;
+
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
+                    "node %s: cannot share segment %" PRIu64 ": %s", fab->node, id, g_strerror(e));
+        return 0;
+    }
+    id = vn_fabric_export_insert(fab, ++fab->last_segment, copy, seg->offset, seg->size,
+                                 seg->device, peer, error);
+    if (id != 0) {
+        ((VnFabricSegment *)g_hash_table_lookup(fab->segments, &id))->parent = seg->id;
+    }
+    return id;
+}
+
+const char *vn_fabric_segment_peer(VnFabric *fab, uint64_t id)
+{
+    VnFabricSegment *seg = g_hash_table_lookup(fab->segments, &id);
+
+    return seg != NULL ? seg->peer : NULL;
 }
 
 bool vn_fabric_export_entry_adopt(GHashTable *table, uint64_t id, const char *peer, bool route)

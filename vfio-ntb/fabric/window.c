@@ -67,7 +67,9 @@ static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *sl
                     fab->node, peer, id, fab->limits.max_windows);
         return false;
     }
-    if (fab->backend == NULL || vn_fabric_peer(fab, peer) == NULL) {
+    /* Our own node's segment needs no link (a worker's daemon maps it: local_map). */
+    if (fab->backend == NULL ||
+        (strcmp(peer, fab->node) != 0 && vn_fabric_peer(fab, peer) == NULL)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
                     "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node, peer,
                     id);
@@ -177,6 +179,51 @@ static void map_done(void *opaque, int fd, uint64_t size, uint64_t offset)
     g_free(m);
 }
 
+/* One of our own segments, shared with ourselves (a peer-to-peer target on this host:
+ * docs/p2p.md), for one of our workers: its memory as it is, no window taken; NULL with
+ * @error. */
+static VnFabricWindow *local_map(VnFabric *fab, uint64_t id, GError **error)
+{
+    int err = 0;
+    VnFabricSegment *seg = vn_fabric_exported(fab, fab->segments, "segment", fab->node, id, &err);
+    VnFabricWindow *w;
+    void *host = NULL;
+    int fd;
+
+    if (seg == NULL || seg->fd < 0) {
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(seg == NULL ? -err : ESTALE),
+                    "node %s: cannot map our own segment %" PRIu64 ": %s", fab->node, id,
+                    seg == NULL ? "it is not shared with us" : "its memory is not here");
+        return NULL;
+    }
+    fd = fcntl(seg->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd >= 0 && !seg->device) {
+        host = mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)seg->offset);
+    }
+    if (fd < 0 || host == MAP_FAILED) {
+        int e = errno;
+
+        vn_util_close_fd(&fd);
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(e),
+                    "node %s: cannot map our own segment %" PRIu64 ": %s", fab->node, id,
+                    g_strerror(e));
+        return NULL;
+    }
+    w = g_new0(VnFabricWindow, 1);
+    g_strlcpy(w->peer, fab->node, sizeof(w->peer));
+    w->segment = id;
+    w->size = seg->size;
+    w->window_size = seg->size;
+    w->fd = fd;
+    w->offset = seg->offset;
+    w->host = host;
+    w->device = seg->device;
+    w->local = true;
+    trace_fabric_window_map(fab->node, UINT32_MAX, fab->node, id, w->size,
+                            w->device ? " of a device" : "", 0);
+    return w;
+}
+
 void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, VnFabricMapFn done,
                                 void *opaque)
 {
@@ -184,6 +231,12 @@ void vn_fabric_window_map_async(VnFabric *fab, const char *peer, uint64_t id, Vn
     VnFabricMapping *m;
     uint32_t slot;
 
+    if (peer != NULL && strcmp(peer, fab->node) == 0 && fab->ops->export_async == NULL) {
+        VnFabricWindow *w = local_map(fab, id, &error);
+
+        done(opaque, w, error);
+        return;
+    }
     if (!map_check(fab, peer, id, &slot, &error)) {
         done(opaque, NULL, error);
         return;
@@ -209,6 +262,11 @@ void vn_fabric_window_unmap(VnFabric *fab, VnFabricWindow *w)
     uint32_t slot;
 
     if (w == NULL) {
+        return;
+    }
+    if (w->local) {
+        trace_fabric_window_unmap(fab->node, UINT32_MAX, w->peer, w->segment);
+        window_free(w);
         return;
     }
     for (slot = 0; slot < fab->limits.max_windows && (w == &reserved || fab->windows[slot] != w);
