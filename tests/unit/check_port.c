@@ -550,6 +550,86 @@ static void port_inbound(Node *hb)
     ck_assert_msg(port != NULL, "%s", error ? error->message : "");
 }
 
+/* Which node's segment step_map_peer maps (a peer-to-peer target's). */
+static const char *map_peer;
+
+static void step_map_peer(Worker *w)
+{
+    g_autoptr(GError) error = NULL;
+
+    w->win = fw_window_map(w->fab, map_peer, w->id, &error);
+    w->ret = w->win != NULL ? 0 : -(error != NULL ? error->code : 1);
+}
+
+/* A lender's worker maps another node's segment (a peer-to-peer target, docs/p2p.md) only
+ * once the daemon allowed it for the device's holder, and its own host's only so too (mapped
+ * without a window); a new holder starts with nothing allowed. */
+START_TEST(test_p2p_only_what_the_holder_allowed)
+{
+    Node *hb = nodes->pdata[1];
+    Node *hc = node_open("hostc", true);
+    uint8_t *cmap, *bmap;
+    int cfd = memfd_new(4096, &cmap);
+    int bfd = memfd_new(4096, &bmap);
+    uint64_t cseg, bseg;
+    uint64_t refused;
+
+    cseg = vn_fabric_segment_export(hc->fab, cfd, 4096, "hostb", NULL);
+    ck_assert_uint_ne(cseg, 0);
+    bseg = vn_fabric_segment_export(hb->fab, bfd, 4096, "hostb", NULL);
+    ck_assert_uint_ne(bseg, 0);
+    node_start(hc);
+    link_nodes(hb, hc);
+    /* A borrower's port allows nothing of the kind. */
+    ck_assert(!vn_port_p2p_allow(port, "hostc", cseg));
+    port_inbound(hb);
+    open_worker(step_open_inbound);
+
+    /* Not allowed: refused, nothing mapped. */
+    map_peer = "hostc";
+    worker->id = cseg;
+    refused = vn_port_refused(port);
+    in_worker(step_map_peer);
+    ck_assert_int_ne(worker->ret, 0);
+    ck_assert_uint_gt(vn_port_refused(port), refused);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 0);
+
+    /* Allowed: the window reaches hostc's memory. */
+    ck_assert(vn_port_p2p_allow(port, "hostc", cseg));
+    in_worker(step_map_peer);
+    ck_assert_int_eq(worker->ret, 0);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 1);
+    memcpy(worker->win->host + 8, "to-c", 4);
+    ck_assert_mem_eq(cmap + 8, "to-c", 4);
+    in_worker(step_unmap);
+    WAIT_FOR(vn_fabric_windows_in_use(hostb()) == 0);
+
+    /* This host's own segment, allowed: its memory, no window of the host's spent. */
+    map_peer = "hostb";
+    worker->id = bseg;
+    ck_assert(vn_port_p2p_allow(port, "hostb", bseg));
+    in_worker(step_map_peer);
+    ck_assert_int_eq(worker->ret, 0);
+    memcpy(worker->win->host, "local", 5);
+    ck_assert_mem_eq(bmap, "local", 5);
+    ck_assert_uint_eq(vn_fabric_windows_in_use(hostb()), 0);
+    in_worker(step_unmap);
+
+    /* The holder changes: what the old one allowed is not the new one's. */
+    vn_port_set_peer(port, NULL);
+    vn_port_set_peer(port, "hosta");
+    map_peer = "hostc";
+    worker->id = cseg;
+    in_worker(step_map_peer);
+    ck_assert_int_ne(worker->ret, 0);
+    ck_assert(!vn_port_p2p_allow(port, "hostc", 0));
+    munmap(cmap, 4096);
+    munmap(bmap, 4096);
+    close(cfd);
+    close(bfd);
+}
+END_TEST
+
 /* A lender's worker that was away gets its holder's requests right after its daemon's
  * greeting (held by the port, then passed after the HELLO's answer): it handles them once the
  * greeting is over, from its loop, so a handler that waits on the port itself (an export)
@@ -1600,6 +1680,7 @@ static Suite *port_suite(void)
     tcase_add_test(tc, test_pid_without_secret_refused);
     tcase_add_test(tc, test_secret_must_come_first);
     tcase_add_test(tc, test_windows_segments_routes);
+    tcase_add_test(tc, test_p2p_only_what_the_holder_allowed);
     tcase_add_test(tc, test_asks_answered_later);
     tcase_add_test(tc, test_worker_requests_past_relay_bound_wait);
     tcase_add_test(tc, test_worker_that_stops_reading);

@@ -126,7 +126,7 @@ void vn_port_adopted_unmap(VnPort *p, uint64_t id)
     }
 }
 
-static VnFabricWindow *worker_window(VnPort *p, uint64_t id);
+static VnFabricWindow *worker_window(VnPort *p, const char *peer, uint64_t id);
 
 /* An op of the worker's (a map, a route open) under way, in p->maps until answered. */
 static VnPortMap *port_map_new(VnPort *p, const VnHostHdr *h)
@@ -170,7 +170,7 @@ static void on_mapped(void *opaque, VnFabricWindow *w, const GError *error)
 
 void vn_port_op_map(VnPort *p, const VnHostHdr *h)
 {
-    VnFabricWindow *held = worker_window(p, h->arg);
+    VnFabricWindow *held = worker_window(p, h->peer, h->arg);
 
     /* A borrower's worker maps each BAR's segment once; a window it holds already was
      * mapped for the worker it replaced, and QEMU's mappings of the BAR are of that
@@ -185,8 +185,9 @@ void vn_port_op_map(VnPort *p, const VnHostHdr *h)
         vn_port_reply(p, h, ENOSPC, 0, 0, -1);
         return;
     }
-    /* Without waiting: the peer's backend answers on our loop. */
-    vn_fabric_window_map_async(p->fab, p->peer, h->arg, on_mapped, port_map_new(p, h));
+    /* Without waiting: the peer's backend answers on our loop.  The peer, or another node
+     * whose segment the holder allowed (port.c checked which). */
+    vn_fabric_window_map_async(p->fab, h->peer, h->arg, on_mapped, port_map_new(p, h));
 }
 
 void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
@@ -194,7 +195,7 @@ void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
     for (guint i = 0; i < p->windows->len; i++) {
         VnFabricWindow *w = p->windows->pdata[i];
 
-        if (w->segment == h->arg) {
+        if (w->segment == h->arg && strcmp(w->peer, h->peer) == 0) {
             g_ptr_array_remove_index_fast(p->windows, i);
             vn_fabric_window_unmap(p->fab, w);
             return;
@@ -209,13 +210,13 @@ void vn_port_op_unmap(VnPort *p, const VnHostHdr *h)
     vn_port_refuse(p, "an unmap of segment %" PRIu64 ", which it has no window onto", h->arg);
 }
 
-/* The window mapped for the worker onto segment @id, or NULL. */
-static VnFabricWindow *worker_window(VnPort *p, uint64_t id)
+/* The window mapped for the worker onto @peer's segment @id, or NULL. */
+static VnFabricWindow *worker_window(VnPort *p, const char *peer, uint64_t id)
 {
     for (guint i = 0; i < p->windows->len; i++) {
         VnFabricWindow *w = p->windows->pdata[i];
 
-        if (w->segment == id) {
+        if (w->segment == id && strcmp(w->peer, peer) == 0) {
             return w;
         }
     }
@@ -241,7 +242,7 @@ void vn_port_op_join(VnPort *p, const VnHostHdr *h, const uint8_t *ids, size_t l
         uint64_t id;
 
         memcpy(&id, ids + k * sizeof(id), sizeof(id));
-        w[k] = worker_window(p, id);
+        w[k] = worker_window(p, h->peer, id);
         if (w[k] == NULL) {
             vn_port_refuse(p, "a join of segment %" PRIu64 ", which it has no window onto", id);
             vn_port_reply(p, h, EACCES, 0, 0, -1);

@@ -131,6 +131,42 @@ static bool is_peer(VnPort *p, const char *peer)
     return p->peer != NULL && peer != NULL && strcmp(peer, p->peer) == 0;
 }
 
+/* A map or unmap of another node's segment its holder allowed (vn_port_p2p_allow). */
+static bool p2p_allowed(VnPort *p, const VnHostHdr *h)
+{
+    if (h->op != VN_HOST_MAP && h->op != VN_HOST_UNMAP) {
+        return false;
+    }
+    for (guint i = 0; i < p->p2p_allowed->len; i++) {
+        const VnPortHeld *a = &g_array_index(p->p2p_allowed, VnPortHeld, i);
+
+        if (a->id == h->arg && strcmp(a->peer, h->peer) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool vn_port_p2p_allow(VnPort *p, const char *node, uint64_t segment)
+{
+    VnPortHeld a = { .id = segment };
+    VnHostHdr h = { .op = VN_HOST_MAP, .arg = segment };
+
+    if (!p->inbound || segment == 0 || strlen(node) >= sizeof(a.peer)) {
+        return false;
+    }
+    g_strlcpy(h.peer, node, sizeof(h.peer));
+    if (p2p_allowed(p, &h)) {
+        return true;
+    }
+    if (p->p2p_allowed->len >= VN_PORT_MAX_P2P) {
+        return false;
+    }
+    g_strlcpy(a.peer, node, sizeof(a.peer));
+    g_array_append_val(p->p2p_allowed, a);
+    return true;
+}
+
 void vn_port_set_peer(VnPort *p, const char *peer)
 {
     if (p->peer != NULL && (peer == NULL || strcmp(peer, p->peer) != 0)) {
@@ -139,6 +175,7 @@ void vn_port_set_peer(VnPort *p, const char *peer)
         vn_port_to_worker(p, VN_HOST_LINK, 0, 0, p->peer, 0, 0, NULL, 0, -1);
         vn_port_ins_fail(p, ECONNRESET, "the lease ended");
         g_clear_pointer(&p->peer, g_free);
+        g_array_set_size(p->p2p_allowed, 0); /* the holder's word */
     }
     if (peer != NULL && p->peer == NULL) {
         p->peer = g_strdup(peer);
@@ -378,7 +415,7 @@ static void worker_record(VnPort *p, VnRecord *rec)
         p->authed = true;
         g_message("port %s: its worker (pid %d) is back", p->path, (int)p->worker);
     }
-    if (h.peer[0] != '\0' && !is_peer(p, h.peer)) {
+    if (h.peer[0] != '\0' && !is_peer(p, h.peer) && !p2p_allowed(p, &h)) {
         vn_port_refuse(p, "%s for %s, not its peer %s", vn_host_op_to_string(h.op), h.peer,
                        p->peer != NULL ? p->peer : "(none)");
         if (h.op == VN_HOST_MAP || h.op == VN_HOST_EXPORT_SEGMENT || h.op == VN_HOST_EXPORT_ROUTE ||
@@ -731,6 +768,7 @@ VnPort *vn_port_new(VnFabric *fab, const char *path, const char *peer, const cha
     p->routes = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->withdrawn = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     p->adopted_windows = g_array_new(FALSE, FALSE, sizeof(VnPortHeld));
+    p->p2p_allowed = g_array_new(FALSE, FALSE, sizeof(VnPortHeld));
     p->relays = g_ptr_array_new();
     p->out = g_byte_array_new();
     if (!port_listen(p, error)) {
@@ -792,6 +830,7 @@ static void port_free(VnPort *p, bool unlink_it, bool withdraw)
     g_array_unref(p->routes);
     g_array_unref(p->withdrawn);
     g_array_unref(p->adopted_windows);
+    g_array_unref(p->p2p_allowed);
     g_byte_array_unref(p->out);
     g_free(p->path);
     g_free(p->peer);

@@ -86,6 +86,13 @@ bool vn_port_adopt(VnPort *p, GPid pid, const char *secret_hex);
  * that the new one's is up; the old peer's requests at the worker fail. */
 void vn_port_set_peer(VnPort *p, const char *peer);
 const char *vn_port_peer(VnPort *p);
+/*
+ * A lender's worker may map @node's segment @segment too (a peer-to-peer target: another
+ * device's BAR its holder's VM reaches, docs/p2p.md), besides its peer's memory; @node may
+ * be this host.  Said by the daemon for the device's holder; forgotten when the peer
+ * changes.  False when the port holds VN_PORT_MAX_P2P already (or is no lender's).
+ */
+bool vn_port_p2p_allow(VnPort *p, const char *node, uint64_t segment);
 /* A request of the peer's for a lender's worker: false (not taken: answer
  * it yourself) when @msg is not from the peer or this is no lender's port. */
 bool vn_port_request(VnPort *p, VnFabricMsg *msg, uint64_t token);

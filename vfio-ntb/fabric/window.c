@@ -67,9 +67,11 @@ static bool map_check(VnFabric *fab, const char *peer, uint64_t id, uint32_t *sl
                     fab->node, peer, id, fab->limits.max_windows);
         return false;
     }
-    /* Our own node's segment needs no link (a worker's daemon maps it: local_map). */
-    if (fab->backend == NULL ||
-        (strcmp(peer, fab->node) != 0 && vn_fabric_peer(fab, peer) == NULL)) {
+    /* Our own node's segment needs no link (local_map), nor does a worker's map, which its
+     * daemon makes for it: it knows the one peer it speaks with, the daemon every node and
+     * which of their segments (peer-to-peer targets) the worker may map. */
+    if (fab->backend == NULL || (strcmp(peer, fab->node) != 0 && fab->ops->export_async == NULL &&
+                                 vn_fabric_peer(fab, peer) == NULL)) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_NOT_CONNECTED,
                     "node %s: cannot map %s's segment %" PRIu64 ": no link to it", fab->node, peer,
                     id);
