@@ -99,6 +99,9 @@ struct VnPort {
     void *device_server_opaque;
     void (*gone)(void *opaque);
     void *gone_opaque;
+    void (*p2p)(void *opaque, uint32_t op, uint64_t iova, uint64_t size, const VnHostBar *bars,
+                unsigned n);
+    void *p2p_opaque;
     VnKeep *keep;    /* a borrower's worker's fds and state (keep.h); NULL for a lender's */
     char *dial_path; /* a lender's device server's socket (vn_port_set_dial), its PCI
                       * function (vn_port_set_dial_vfio), or NULL */

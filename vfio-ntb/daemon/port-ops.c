@@ -455,3 +455,78 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
     end_dialled(p);
     p->dialled = fd;
 }
+
+/* ---- peer-to-peer targets (docs/p2p.md) ------------------------------- */
+
+void vn_port_on_p2p(VnPort *p, VnPortP2pFn fn, void *opaque)
+{
+    p->p2p = fn;
+    p->p2p_opaque = opaque;
+}
+
+void vn_port_p2p_target(VnPort *p, uint64_t iova, uint64_t size, const char *peer,
+                        const VnHostP2pTarget *t)
+{
+    if (t != NULL) {
+        vn_port_to_worker(p, VN_HOST_P2P_TARGET, 0, 0, peer, iova, size, t, sizeof(*t), -1);
+    } else {
+        vn_port_to_worker(p, VN_HOST_P2P_GONE, 0, 0, NULL, iova, size, NULL, 0, -1);
+    }
+}
+
+/* Whether @bar is a BAR's form: a range, and segments of @chunk that make it (every one
+ * full but the last, which is not empty). */
+static bool bar_well_formed(const VnHostBar *bar)
+{
+    uint32_t n = bar->nr_segments;
+
+    if (bar->size == 0 || bar->gpa + (bar->size - 1) < bar->gpa || n == 0 ||
+        n > VN_HOST_BAR_SEGMENTS || bar->region >= 32) {
+        return false;
+    }
+    if (bar->chunk < bar->size / n + (bar->size % n != 0) ||
+        (n > 1 && bar->chunk > (bar->size - 1) / (n - 1))) {
+        return false;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        if (bar->segments[k] == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void vn_port_op_p2p(VnPort *p, const VnHostHdr *h, const uint8_t *data, size_t len)
+{
+    VnHostBar bars[VN_HOST_MAX_BARS];
+    unsigned n = (unsigned)(len / sizeof(bars[0]));
+
+    if (p->inbound) {
+        vn_port_refuse(p, "%s from a lender's worker", vn_host_op_to_string(h->op));
+        return;
+    }
+    if (h->op != VN_HOST_P2P_PLACE) {
+        if (h->arg2 == 0 || h->arg + (h->arg2 - 1) < h->arg || len > 0) {
+            vn_port_refuse(p, "%s of an empty or wrapping range", vn_host_op_to_string(h->op));
+            return;
+        }
+        if (p->p2p != NULL) {
+            p->p2p(p->p2p_opaque, h->op, h->arg, h->arg2, NULL, 0);
+        }
+        return;
+    }
+    if (len % sizeof(bars[0]) != 0 || n > VN_HOST_MAX_BARS) {
+        vn_port_refuse(p, "a P2P_PLACE of %zu bytes", len);
+        return;
+    }
+    memcpy(bars, data, len);
+    for (unsigned i = 0; i < n; i++) {
+        if (!bar_well_formed(&bars[i])) {
+            vn_port_refuse(p, "a P2P_PLACE whose BAR %u makes no sense", i);
+            return;
+        }
+    }
+    if (p->p2p != NULL) {
+        p->p2p(p->p2p_opaque, h->op, 0, 0, bars, n);
+    }
+}

@@ -27,6 +27,9 @@ void vn_port_op_doorbells(VnPort *p, const VnHostHdr *h);
 void vn_port_op_open_route(VnPort *p, const VnHostHdr *h);
 void vn_port_op_keep(VnPort *p, const VnHostHdr *h, int *fd, const uint8_t *data, size_t len);
 
+/* P2P_PLACE, _OFFER, _WITHDRAW: checked, told to the daemon (port.h: vn_port_on_p2p). */
+void vn_port_op_p2p(VnPort *p, const VnHostHdr *h, const uint8_t *data, size_t len);
+
 /* DIAL_DEVICE: a new connection to the lender's device server, handed over (port.h). */
 void vn_port_op_dial(VnPort *p, const VnHostHdr *h);
 

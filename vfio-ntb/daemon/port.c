@@ -503,6 +503,11 @@ static void worker_record(VnPort *p, VnRecord *rec)
     case VN_HOST_DIAL_DEVICE:
         vn_port_op_dial(p, &h);
         break;
+    case VN_HOST_P2P_PLACE:
+    case VN_HOST_P2P_OFFER:
+    case VN_HOST_P2P_WITHDRAW:
+        vn_port_op_p2p(p, &h, frame, frame_len);
+        break;
     case VN_HOST_DEVICE_REQUEST:
         if (!p->inbound) {
             vn_port_refuse(p, "a device request from a borrower's worker");
@@ -819,6 +824,11 @@ static void port_free(VnPort *p, bool unlink_it, bool withdraw)
     }
     if (withdraw) {
         vn_port_withdraw(p, true, "its port closes");
+    }
+    if (unlink_it && p->p2p != NULL) {
+        /* Its worker is gone for good: its BARs and offers with it (port.h). */
+        p->p2p(p->p2p_opaque, VN_HOST_P2P_PLACE, 0, 0, NULL, 0);
+        p->p2p(p->p2p_opaque, VN_HOST_P2P_WITHDRAW, 0, UINT64_MAX, NULL, 0);
     }
     /* After the withdrawal: QEMU sees its connection end once the device cannot reach it. */
     g_clear_pointer(&p->keep, vn_keep_free);

@@ -34,6 +34,7 @@
 #define VN_PORT_H
 
 #include "fabric/fabric.h"
+#include "fabric/host.h"
 
 #include <glib.h>
 #include <stdbool.h>
@@ -140,6 +141,22 @@ void vn_port_set_dial_vfio(VnPort *p, const char *bdf);
  * own later unexport of a withdrawn id is no refusal.
  */
 void vn_port_withdraw(VnPort *p, bool everything, const char *why);
+
+/*
+ * A borrower's worker says where its guest put its device's BARs and what QEMU mapped for
+ * it without memory (fabric/host.h: VN_HOST_P2P_PLACE, _OFFER, _WITHDRAW): @fn runs, from
+ * the port's context, with the op, its range and, for a PLACE, the BARs (@n, each checked for
+ * its form: a range that does not wrap, 1..VN_HOST_BAR_SEGMENTS segments of @chunk that make
+ * it).  When the port goes for good (vn_port_free_unlinked), a PLACE of none and a WITHDRAW
+ * of everything come last.  A lender's worker says none of it.
+ */
+typedef void (*VnPortP2pFn)(void *opaque, uint32_t op, uint64_t iova, uint64_t size,
+                            const VnHostBar *bars, unsigned n);
+void vn_port_on_p2p(VnPort *p, VnPortP2pFn fn, void *opaque);
+/* Tell a borrower's worker its offer [@iova, +@size) is @peer's memory (@t: docs/p2p.md), or
+ * is not any more (@t NULL). */
+void vn_port_p2p_target(VnPort *p, uint64_t iova, uint64_t size, const char *peer,
+                        const VnHostP2pTarget *t);
 
 /* What a borrower's worker keeps for the worker after it (keep.h); NULL for a lender's.
  * The port's: it goes with the port. */

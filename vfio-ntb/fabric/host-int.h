@@ -51,6 +51,8 @@ typedef struct VnHost {
     uint32_t server_gen;
     VnHostGreetedFn greeted_fn; /* vn_host_on_greeted() */
     void *greeted_opaque;
+    VnHostP2pFn p2p_fn; /* vn_host_on_p2p() */
+    void *p2p_opaque;
     /* Ops sent without waiting (host_ask): by seq, then answered, completed from answer_src
      * (never inside a caller's call, nor inside a wait). */
     GHashTable *asked;

@@ -13,6 +13,8 @@
 #include <string.h>
 
 G_STATIC_ASSERT(sizeof(VnHostHdr) == 64);
+G_STATIC_ASSERT(sizeof(VnHostBar) == 160);
+G_STATIC_ASSERT(sizeof(VnHostP2pTarget) == 152);
 
 static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_HELLO] = "HELLO",
@@ -40,6 +42,11 @@ static const char *const op_names[VN_HOST_OP_LAST] = {
     [VN_HOST_FORGET] = "FORGET",
     [VN_HOST_DIAL_DEVICE] = "DIAL_DEVICE",
     [VN_HOST_CLAIM] = "CLAIM",
+    [VN_HOST_P2P_PLACE] = "P2P_PLACE",
+    [VN_HOST_P2P_OFFER] = "P2P_OFFER",
+    [VN_HOST_P2P_WITHDRAW] = "P2P_WITHDRAW",
+    [VN_HOST_P2P_TARGET] = "P2P_TARGET",
+    [VN_HOST_P2P_GONE] = "P2P_GONE",
 };
 
 const char *vn_host_op_to_string(uint32_t op)
@@ -53,13 +60,14 @@ static bool op_has_peer(uint32_t op)
     return op == VN_HOST_CONNECT || op == VN_HOST_SEND || op == VN_HOST_MAP ||
            op == VN_HOST_UNMAP || op == VN_HOST_EXPORT_SEGMENT || op == VN_HOST_EXPORT_ROUTE ||
            op == VN_HOST_OPEN_ROUTE || op == VN_HOST_LINK || op == VN_HOST_RECV ||
-           op == VN_HOST_JOIN_WINDOWS || op == VN_HOST_CLAIM;
+           op == VN_HOST_JOIN_WINDOWS || op == VN_HOST_CLAIM || op == VN_HOST_P2P_TARGET;
 }
 
-/* A frame, or (JOIN_WINDOWS) ids: bytes after the header. */
+/* A frame, or (JOIN_WINDOWS) ids, (P2P_TARGET) a target: bytes after the header. */
 static bool op_has_frame(uint32_t op)
 {
-    return op == VN_HOST_SEND || op == VN_HOST_RECV || op == VN_HOST_JOIN_WINDOWS;
+    return op == VN_HOST_SEND || op == VN_HOST_RECV || op == VN_HOST_JOIN_WINDOWS ||
+           op == VN_HOST_P2P_TARGET;
 }
 
 char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool overflow,
@@ -77,7 +85,8 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
                 hdr->op == VN_HOST_FENCED || hdr->op == VN_HOST_JOIN_WINDOWS ||
                 hdr->op == VN_HOST_DEVICE_SERVER || hdr->op == VN_HOST_KEEP ||
                 hdr->op == VN_HOST_FORGET || hdr->op == VN_HOST_DIAL_DEVICE ||
-                hdr->op == VN_HOST_CLAIM;
+                hdr->op == VN_HOST_CLAIM || hdr->op == VN_HOST_P2P_PLACE ||
+                hdr->op == VN_HOST_P2P_OFFER || hdr->op == VN_HOST_P2P_WITHDRAW;
     if (hdr->op == VN_HOST_INVALID || hdr->op >= VN_HOST_OP_LAST || worker_op != from_worker) {
         return g_strdup_printf("op %u where %s ops belong", hdr->op,
                                from_worker ? "a worker's" : "a daemon's");
@@ -89,9 +98,9 @@ char *vn_host_record_check(const uint8_t *buf, size_t len, unsigned nfds, bool o
     if (hdr->status < 0 || hdr->status > 4095 || (hdr->op != VN_HOST_REPLY && hdr->status)) {
         return g_strdup_printf("%s with status %d", vn_host_op_to_string(hdr->op), hdr->status);
     }
-    /* KEEP: an fd or a state (bytes), so either. */
+    /* KEEP: an fd or a state (bytes), so either; P2P_PLACE: no BARs, or some. */
     if (op_has_frame(hdr->op) != (len > sizeof(*hdr)) && hdr->op != VN_HOST_HELLO &&
-        hdr->op != VN_HOST_REPLY && hdr->op != VN_HOST_KEEP) {
+        hdr->op != VN_HOST_REPLY && hdr->op != VN_HOST_KEEP && hdr->op != VN_HOST_P2P_PLACE) {
         return g_strdup_printf("%s with %zu bytes after its header", vn_host_op_to_string(hdr->op),
                                len - sizeof(*hdr));
     }

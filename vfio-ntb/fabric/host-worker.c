@@ -102,6 +102,36 @@ bool vn_host_forget(VnFabric *fab, uint64_t first, uint64_t last)
            0;
 }
 
+bool vn_host_p2p_place(VnFabric *fab, const VnHostBar *bars, unsigned n)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL || n > VN_HOST_MAX_BARS) {
+        return false;
+    }
+    return vn_host_send_record(fab->backend, VN_HOST_P2P_PLACE, 0, NULL, 0, 0, bars,
+                               n * sizeof(*bars), -1) == 0;
+}
+
+bool vn_host_p2p_offer(VnFabric *fab, uint64_t iova, uint64_t size, bool withdraw)
+{
+    if (fab->ops != &vn_host_ops || fab->backend == NULL || size == 0) {
+        return false;
+    }
+    return vn_host_send_record(fab->backend, withdraw ? VN_HOST_P2P_WITHDRAW : VN_HOST_P2P_OFFER, 0,
+                               NULL, iova, size, NULL, 0, -1) == 0;
+}
+
+void vn_host_on_p2p(VnFabric *fab, VnHostP2pFn fn, void *opaque)
+{
+    VnHost *h;
+
+    if (fab->ops != &vn_host_ops || fab->backend == NULL) {
+        return;
+    }
+    h = fab->backend;
+    h->p2p_fn = fn;
+    h->p2p_opaque = opaque;
+}
+
 void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque)
 {
     VnHost *h;

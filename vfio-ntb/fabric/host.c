@@ -44,6 +44,7 @@ static void on_out_failed(void *opaque, int err)
 
 static void host_away(VnHost *h);
 static bool host_greeted(VnHost *h, const VnHostHdr *rep, const uint8_t *frame, size_t len);
+static bool host_p2p(VnHost *h, const VnHostHdr *hdr, const uint8_t *frame, size_t len);
 
 /* Handle one record from the daemon; false when the connection must go. */
 static bool host_record(VnHost *h, VnRecord *rec)
@@ -94,6 +95,9 @@ static bool host_record(VnHost *h, VnRecord *rec)
         }
         vn_fabric_backend_link(h->fab, hdr.peer, hdr.arg != 0);
         return true;
+    case VN_HOST_P2P_TARGET:
+    case VN_HOST_P2P_GONE:
+        return host_p2p(h, &hdr, frame, frame_len);
     default: /* VN_HOST_RECV */
         if (!g_hash_table_contains(h->up, hdr.peer)) {
             vn_fabric_backend_rejected(h->fab, "a frame from a peer whose link is down");
@@ -102,6 +106,38 @@ static bool host_record(VnHost *h, VnRecord *rec)
         vn_fabric_backend_received(h->fab, hdr.peer, frame, frame_len);
         return true;
     }
+}
+
+/* A peer-to-peer target found or gone (host.h): the daemon's word, checked for its form; a
+ * malformed one drops the daemon's connection, as any protocol error. */
+static bool host_p2p(VnHost *h, const VnHostHdr *hdr, const uint8_t *frame, size_t len)
+{
+    VnHostP2pTarget t;
+
+    if (hdr->arg2 == 0 || hdr->arg + (hdr->arg2 - 1) < hdr->arg) {
+        vn_fabric_backend_rejected(h->fab, "a peer-to-peer target of an empty or wrapping range");
+        return false;
+    }
+    if (hdr->op == VN_HOST_P2P_GONE) {
+        if (h->p2p_fn != NULL) {
+            h->p2p_fn(h->p2p_opaque, hdr->arg, hdr->arg2, NULL, NULL);
+        }
+        return true;
+    }
+    if (len != sizeof(t)) {
+        vn_fabric_backend_rejected(h->fab, "a peer-to-peer target of the wrong size");
+        return false;
+    }
+    memcpy(&t, frame, sizeof(t));
+    if (t.nr_segments == 0 || t.nr_segments > VN_HOST_BAR_SEGMENTS || t.chunk == 0 ||
+        t.offset >= t.chunk) {
+        vn_fabric_backend_rejected(h->fab, "a peer-to-peer target that makes no sense");
+        return false;
+    }
+    if (h->p2p_fn != NULL) {
+        h->p2p_fn(h->p2p_opaque, hdr->arg, hdr->arg2, hdr->peer, &t);
+    }
+    return true;
 }
 
 /* Read what the port holds; false once the daemon is gone. */

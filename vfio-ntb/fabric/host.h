@@ -101,6 +101,42 @@ void vn_host_on_greeted(VnFabric *fab, VnHostGreetedFn fn, void *opaque);
 bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments, unsigned nseg,
                        const uint64_t *routes, unsigned nroutes, uint64_t doorbells);
 
+/*
+ * Peer-to-peer targets (docs/p2p.md).  A borrower worker says where its guest put its
+ * device's mapped BARs (a BAR: its guest-physical range and the lender's segments that make
+ * it, each @chunk bytes but the last), and which ranges QEMU mapped for its device without
+ * memory (offers).  Its daemon, which knows every device of the VM, matches the two: an
+ * offer inside another device's BAR becomes a target, that device's lender's segments
+ * shared with our lender, which the worker maps for its device (a DMA_MAP naming @peer).
+ */
+#define VN_HOST_MAX_BARS 6u
+#define VN_HOST_BAR_SEGMENTS 16u
+typedef struct VnHostBar {
+    uint64_t gpa;
+    uint64_t size;
+    uint64_t chunk;
+    uint32_t region;
+    uint32_t nr_segments; /* 1..VN_HOST_BAR_SEGMENTS */
+    uint64_t segments[VN_HOST_BAR_SEGMENTS];
+} VnHostBar;
+typedef struct VnHostP2pTarget {
+    uint64_t offset; /* where the offer's first byte lies in segments[0] */
+    uint64_t chunk;  /* each segment's size (the last may be smaller) */
+    uint32_t nr_segments;
+    uint32_t reserved;
+    uint64_t segments[VN_HOST_BAR_SEGMENTS]; /* @peer's, shared with our lender */
+} VnHostP2pTarget;
+/* A borrower worker says where its guest put its BARs (@n of them, 0: none), and what QEMU
+ * mapped without memory (@withdraw: unmapped).  False when the daemon is away (said again
+ * from the greeted callback) or @fab is no `host` node. */
+bool vn_host_p2p_place(VnFabric *fab, const VnHostBar *bars, unsigned n);
+bool vn_host_p2p_offer(VnFabric *fab, uint64_t iova, uint64_t size, bool withdraw);
+/* Its daemon found a target for an offer (@t), or one went (@t NULL): @fn runs from the
+ * loop.  @peer and @t are the daemon's word, checked only for their form. */
+typedef void (*VnHostP2pFn)(void *opaque, uint64_t iova, uint64_t size, const char *peer,
+                            const VnHostP2pTarget *t);
+void vn_host_on_p2p(VnFabric *fab, VnHostP2pFn fn, void *opaque);
+
 /* HELLO's arg: the caps in bits 0-31; in bits 32-39 the log2 of the
  * node's largest window (its max-window-size rounded down to a power of
  * two), 0 from a daemon that predates it (the default then). */
@@ -142,6 +178,16 @@ typedef enum VnHostOp {
     VN_HOST_DIAL_DEVICE,      /* a lender's -> 1 fd: a new connection to its device server */
     VN_HOST_CLAIM,            /* peer, arg: id, arg2: VnFabricHeld; no answer: what the
                                * daemon before this one set up for us, still ours */
+    /* peer-to-peer targets (docs/p2p.md); a borrower's, no answer */
+    VN_HOST_P2P_PLACE,    /* data: VnHostBar[] (0..VN_HOST_MAX_BARS): where its guest put its
+                           * device's mapped BARs, all of them, replacing what it said before */
+    VN_HOST_P2P_OFFER,    /* arg: iova, arg2: size: QEMU mapped [iova, +size) of its VM for
+                           * the device without memory (another device's BAR, maybe) */
+    VN_HOST_P2P_WITHDRAW, /* arg: iova, arg2: size: QEMU unmapped it (the offers inside go) */
+    /* daemon -> borrower worker */
+    VN_HOST_P2P_TARGET, /* peer, arg: iova, arg2: size; data: VnHostP2pTarget: an offer is
+                         * another device's BAR, which @peer shared with our lender */
+    VN_HOST_P2P_GONE,   /* arg: iova, arg2: size: that target is gone */
     VN_HOST_OP_LAST
 } VnHostOp;
 
