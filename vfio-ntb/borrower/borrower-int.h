@@ -6,6 +6,7 @@
 
 #include "borrower.h"
 #include "vfio-user/server.h"
+#include "fabric/host.h"
 
 #include <json-glib/json-glib.h>
 
@@ -21,6 +22,12 @@ typedef struct VnMsixLayout {
 
 /* Config-space mediation state (mediate.c). */
 typedef struct VnMediate {
+    /* What the guest wrote to the BAR registers and Command (the device's own BARs are the
+     * lender's: kept here to know where the guest put ours, p2p.c), and each BAR's type bits
+     * (the device's, read once). */
+    uint32_t bar[6];
+    uint8_t bar_type[6];
+    uint16_t command;
     uint8_t exp_cap;  /* PCI Express capability offset, 0 if none */
     uint8_t int_line; /* virtualized Interrupt Line */
     VnMsixLayout msix;
@@ -127,6 +134,11 @@ struct VnBorrower {
     bool flushing;
     GMainContext *ctx; /* the borrower's (NULL: the default) */
     GBytes *kept;      /* the state the daemon keeps for our successor, as last sent */
+    /* Peer-to-peer targets (p2p.c): what QEMU mapped without memory (offers), the targets
+     * mapped at the lender, and our BARs where the guest put them, as last said. */
+    GArray *p2p_offers, *p2p_targets;
+    VnHostBar p2p_placed[VN_HOST_MAX_BARS];
+    unsigned p2p_nplaced;
     /* Its "mappings" and "lingering" rows, kept as they change (takeover.c; NULL: none). */
     JsonArray *kept_mappings, *kept_lingering;
 };
@@ -258,6 +270,19 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC(VnBorrowerHandoff, vn_borrower_handoff_clear)
 /* Put back what @state (the dead worker's) and @fds (key -> fd, taken) say into @b, whose
  * server took over the sockets. */
 bool vn_borrower_restore(VnBorrower *b, JsonObject *state, GHashTable *fds, GError **error);
+
+/* Peer-to-peer targets (p2p.c; docs/p2p.md).  start: heard from the daemon; stop: no more.
+ * place: our BARs where the guest put them, said to the daemon when they changed (@again:
+ * anyway, for a daemon that restarted, with the offers).  offer: QEMU mapped [@iova, +@size)
+ * without memory.  unmapping: QEMU's DMA_UNMAP; whether a target was inside (then the lender
+ * must unmap the range). */
+#define VN_BORROWER_MAX_OFFERS 64u
+void vn_borrower_p2p_start(VnBorrower *b);
+void vn_borrower_p2p_stop(VnBorrower *b);
+void vn_borrower_p2p_place(VnBorrower *b, bool again);
+void vn_borrower_p2p_again(VnBorrower *b);
+void vn_borrower_p2p_offer(VnBorrower *b, uint64_t iova, uint64_t size);
+bool vn_borrower_p2p_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all);
 
 /* The device's capabilities, from its config space @cfg (PCI_CFG_SPACE_SIZE bytes, read
  * after ATTACH). */

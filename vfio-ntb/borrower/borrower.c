@@ -480,6 +480,7 @@ VnBorrower *vn_borrower_alloc(VnFabric *fab, const char *lender, const char *dev
     b->mode = mode;
     b->linger_ms = VN_BORROWER_LINGER_MS;
     b->linger_max = VN_BORROWER_MAX_LINGERING;
+    vn_borrower_p2p_start(b);
     return b;
 }
 
@@ -496,6 +497,7 @@ void vn_borrower_free(VnBorrower *b)
     /* A worker that ends on purpose leaves nothing to take over: QEMU sees its socket
      * close when we close it, not when the daemon does. */
     vn_host_on_greeted(b->fab, NULL, NULL);
+    vn_borrower_p2p_stop(b);
     if (b->server != NULL) {
         vn_host_forget(b->fab, 0, UINT64_MAX);
     }
@@ -627,6 +629,8 @@ char *vn_borrower_stats_json(VnBorrower *b)
         { "unmaps_missed", b->stats.unmaps_missed },
         { "dma_maps_refused", b->stats.dma_maps_refused },
         { "lender_returns", b->stats.lender_returns },
+        { "p2p_targets", b->stats.p2p_targets },
+        { "p2p_refused", b->stats.p2p_refused },
         { "fabric_requests", b->stats.fabric_requests },
         { "dma_maps", b->stats.dma_maps },
         { "dma_unmaps", b->stats.dma_unmaps },

@@ -52,6 +52,8 @@ typedef struct VnBorrowerStats {
     uint64_t lender_returns;        /* a lost lender came back and serves again */
     uint64_t posted_writes;         /* forwarded BAR writes posted (borrower-int.h) */
     uint64_t posted_write_failures; /* ... that the lender answered with an error */
+    uint64_t p2p_targets;           /* another device's BAR mapped for ours (docs/p2p.md) */
+    uint64_t p2p_refused;           /* ... that our lender did not map */
     bool lender_lost;
 } VnBorrowerStats;
 

@@ -403,8 +403,9 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
     int ret = 0;
 
     if (dm->fd < 0) {
-        /* QEMU maps the device's own BARs without an fd (peer-to-peer
-         * offers): nothing the device could reach, nothing to forward. */
+        /* QEMU maps device BARs without an fd (vfio-user.rst: peer-to-peer offers): told to
+         * the daemon, which knows whether another device of the VM is there (p2p.c). */
+        vn_borrower_p2p_offer(b, dm->iova, dm->size);
         return 0;
     }
     seg = segment_of(b, dm->fd, &file, &ret);
@@ -426,7 +427,8 @@ int vn_borrower_dma_mapped(VnBorrower *b, const VnDmaMapping *dm)
 
 void vn_borrower_dma_unmapping(VnBorrower *b, uint64_t iova, uint64_t size, bool all)
 {
-    bool ours = false, can_linger = !all && b->linger_ms > 0;
+    bool p2p = vn_borrower_p2p_unmapping(b, iova, size, all);
+    bool ours = p2p, can_linger = !p2p && !all && b->linger_ms > 0;
     unsigned more = 0;
 
     /* Lingering needs every mapping inside confirmed (one on its way: the unmap follows

@@ -55,6 +55,11 @@ void vn_mediate_init(VnBorrower *b, const uint8_t *cfg)
         }
     }
     m->int_line = cfg[PCI_INTERRUPT_LINE];
+    for (unsigned i = 0; i < PCI_STD_NUM_BARS; i++) {
+        m->bar[i] = le32(&cfg[PCI_BASE_ADDRESS_0 + 4 * i]);
+        m->bar_type[i] = (uint8_t)(m->bar[i] & 0xf);
+    }
+    m->command = (uint16_t)(cfg[PCI_COMMAND] | cfg[PCI_COMMAND + 1] << 8);
     if (!(cfg[PCI_STATUS] & PCI_STATUS_CAP_LIST)) {
         return;
     }
@@ -253,6 +258,31 @@ static int config_send(VnBorrower *b, ConfigWrite *w, uint32_t type, const char 
     return 0;
 }
 
+/* Keep what the guest writes to the BAR registers and Command (p2p.c); whether it touched
+ * them. */
+static bool shadow(VnBorrower *b, uint64_t offset, const uint8_t *data, uint64_t n)
+{
+    VnMediate *m = &b->med;
+    bool touched = false;
+
+    for (uint64_t a = offset; a < offset + n; a++) {
+        uint8_t v = data[a - offset];
+
+        if (a >= PCI_BASE_ADDRESS_0 && a <= PCI_BASE_ADDRESS_5 + 3) {
+            unsigned i = (unsigned)(a - PCI_BASE_ADDRESS_0) / 4, shift = 8 * ((a - PCI_BASE_ADDRESS_0) % 4);
+
+            m->bar[i] = (m->bar[i] & ~(0xffu << shift)) | (uint32_t)v << shift;
+            touched = true;
+        } else if (a == PCI_COMMAND || a == PCI_COMMAND + 1) {
+            unsigned shift = 8 * (unsigned)(a - PCI_COMMAND);
+
+            m->command = (uint16_t)((m->command & ~(0xffu << shift)) | (unsigned)v << shift);
+            touched = true;
+        }
+    }
+    return touched;
+}
+
 int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t count)
 {
     const VnMediate *m = &b->med;
@@ -261,7 +291,7 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
     uint64_t runs[PCI_CFG_SPACE_SIZE / 2 + 1][2]; /* runs alternate with our bytes */
     unsigned nruns = 0;
     uint64_t run = UINT64_MAX;
-    bool flr = false;
+    bool flr = false, placing;
     ConfigWrite *w;
     int ret = 0;
 
@@ -280,6 +310,7 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
             flr = true;
         }
     }
+    placing = shadow(b, offset, data, end - offset);
     for (uint64_t a = offset; a <= end; a++) {
         Rule r = a < end ? rule_of(m, a) : RULE_ZERO;
 
@@ -304,6 +335,11 @@ int vn_mediate_write(VnBorrower *b, uint64_t offset, const void *buf, uint32_t c
             b->med.rom_bar = (b->med.rom_bar & ~(0xffu << shift)) | (uint32_t)data[a - offset]
                                                                         << shift;
         }
+    }
+    /* Said before the write goes on (and QEMU maps the BAR after its answer): the daemon
+     * knows where the BAR is when another device's offer of it comes. */
+    if (placing) {
+        vn_borrower_p2p_place(b, false);
     }
     if (nruns == 0 && !flr) {
         return 0;

@@ -282,6 +282,7 @@ void vn_borrower_kept_again(void *opaque)
         }
     }
     vn_borrower_keep_state(b, true);
+    vn_borrower_p2p_again(b);
     /* Our daemon was away: the doorbells it would have passed us meanwhile are lost. */
     relay_ring_all(b);
 }

@@ -19,6 +19,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "cluster.h"
+#include "p2p.h"
 
 #include "announce.h"
 #include "cluster-borrow.h"
@@ -484,6 +485,10 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         return;
     }
     switch (msg->type) {
+    case VN_PEERS_P2P_SHARE:
+    case VN_PEERS_P2P_ALLOW:
+        vn_p2p_request(d, ld, msg, token);
+        return;
     case VN_PEERS_BORROW:
         if (!vn_lend_conf_allows(ld->conf, msg->peer)) {
             g_autofree char *acl = g_strjoinv(";", ld->conf->allow);

@@ -8,6 +8,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "devices.h"
+#include "p2p.h"
 
 #include "announce.h"
 #include "control.h"
@@ -54,6 +55,9 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->domain, g_free);
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);
+    /* Its BARs are nobody's target any more, its offers nobody's. */
+    g_clear_pointer(&b->p2p, vn_p2p_dev_free);
+    vn_p2p_changed(d);
 }
 
 void vn_devices_note_loss(VnDaemon *d, const char *device, uint64_t lease, const char *why)
@@ -100,6 +104,8 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     vn_wctl_call_cancel(b->client_call);
     /* A worker that outlives us reconnects to our successor's port. */
     vn_port_free(b->port, false);
+    vn_p2p_dev_free(b->p2p);
+    g_free(b->p2p_watch);
     g_free(b->worker_name);
     g_free(b->channel_path);
     g_free(b->port_path);

@@ -124,6 +124,10 @@ typedef struct VnBorrowed {
      * VN_TAKEOVER_BURST did (monotonic; 0: none). */
     uint64_t takeovers;
     gint64 takeover_us[VN_TAKEOVER_BURST];
+    /* Its BARs and offers, and the targets made of them (p2p.h); NULL until its worker
+     * said any; and what its port's p2p callback is given. */
+    struct VnP2pDev *p2p;
+    void *p2p_watch;
 } VnBorrowed;
 
 /* The device this node lends as @name, or NULL (d->local owns it). */

@@ -20,6 +20,8 @@ static const char *const type_names[] = {
     [VN_PEERS_BORROW - VN_PEERS_ANNOUNCE] = "BORROW",
     [VN_PEERS_RETURN - VN_PEERS_ANNOUNCE] = "RETURN",
     [VN_PEERS_REVOKE - VN_PEERS_ANNOUNCE] = "REVOKE",
+    [VN_PEERS_P2P_SHARE - VN_PEERS_ANNOUNCE] = "P2P_SHARE",
+    [VN_PEERS_P2P_ALLOW - VN_PEERS_ANNOUNCE] = "P2P_ALLOW",
 };
 
 const char *vn_peers_type_to_string(uint32_t type)
@@ -49,6 +51,16 @@ static void add_uint(JsonBuilder *b, const char *name, uint64_t value)
 {
     json_builder_set_member_name(b, name);
     json_builder_add_int_value(b, (gint64)value);
+}
+
+static void add_segments(JsonBuilder *b, const uint64_t *segments, uint32_t n)
+{
+    json_builder_set_member_name(b, "segments");
+    json_builder_begin_array(b);
+    for (uint32_t k = 0; k < n; k++) {
+        json_builder_add_int_value(b, (gint64)segments[k]);
+    }
+    json_builder_end_array(b);
 }
 
 char *vn_peers_announce_to_json(const VnPeersAnnounce *a)
@@ -145,6 +157,20 @@ char *vn_peers_request_to_json(VnPeersType type, const VnPeersRequest *r)
     if (type == VN_PEERS_REVOKE) {
         add_uint(b, "grace_ms", r->grace_ms);
     }
+    if (type == VN_PEERS_P2P_SHARE || type == VN_PEERS_P2P_ALLOW) {
+        add_str(b, "node", r->node);
+        add_segments(b, r->segments, r->nr_segments);
+    }
+    json_builder_end_object(b);
+    return finish(b);
+}
+
+char *vn_peers_segments_to_json(const uint64_t *segments, uint32_t n)
+{
+    g_autoptr(JsonBuilder) b = json_builder_new();
+
+    json_builder_begin_object(b);
+    add_segments(b, segments, n);
     json_builder_end_object(b);
     return finish(b);
 }
@@ -424,6 +450,9 @@ bool vn_peers_announce_from_json(const char *json, const char *from, VnPeersAnno
     return true;
 }
 
+static bool get_segments(JsonObject *o, uint64_t *segments, uint32_t *n, const char *what,
+                         GError **error);
+
 bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersRequest *out,
                                 GError **error)
 {
@@ -453,6 +482,60 @@ bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersReque
         }
         out->grace_ms = (uint32_t)grace;
     }
+    if (type == VN_PEERS_P2P_SHARE || type == VN_PEERS_P2P_ALLOW) {
+        return get_name(o, "node", VN_NAME_NODE, out->node, sizeof(out->node), what, error) &&
+               get_segments(o, out->segments, &out->nr_segments, what, error);
+    }
+    return true;
+}
+
+/* "segments": 1..VN_PEERS_MAX_SEGMENTS ids, each > 0 and a JSON-exact integer. */
+static bool get_segments(JsonObject *o, uint64_t *segments, uint32_t *n, const char *what,
+                         GError **error)
+{
+    JsonNode *node = member(o, "segments");
+    JsonArray *a;
+
+    if (node == NULL || !JSON_NODE_HOLDS_ARRAY(node)) {
+        return bad(error, what, "segments");
+    }
+    a = json_node_get_array(node);
+    *n = json_array_get_length(a);
+    if (*n == 0 || *n > VN_PEERS_MAX_SEGMENTS) {
+        return bad(error, what, "segments");
+    }
+    for (uint32_t k = 0; k < *n; k++) {
+        JsonNode *e = json_array_get_element(a, k);
+
+        if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64 ||
+            json_node_get_int(e) <= 0 || (uint64_t)json_node_get_int(e) > VN_PEERS_MAX_LEASE) {
+            return bad(error, what, "segments");
+        }
+        segments[k] = (uint64_t)json_node_get_int(e);
+    }
+    return true;
+}
+
+bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n,
+                                 GError **error)
+{
+    g_autoptr(JsonObject) o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
+    uint64_t got[VN_PEERS_MAX_SEGMENTS];
+    uint32_t count = 0;
+
+    if (o == NULL) {
+        g_prefix_error(error, "P2P_SHARE reply: ");
+        return false;
+    }
+    if (!get_segments(o, got, &count, "P2P_SHARE reply", error)) {
+        return false;
+    }
+    if (count != n) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_DATA,
+                    "P2P_SHARE reply: %u segments for %u asked", count, n);
+        return false;
+    }
+    memcpy(segments, got, n * sizeof(got[0]));
     return true;
 }
 

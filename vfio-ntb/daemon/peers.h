@@ -11,6 +11,15 @@
  *   BORROW      request   {"device"}                       -> {"lease"}
  *   RETURN      request   {"device", "lease"}              -> {}
  *   REVOKE      event     {"device", "lease", "grace_ms"}
+ *   P2P_SHARE   request   {"device", "lease", "node",       -> {"segments"}
+ *                          "segments"}
+ *   P2P_ALLOW   request   {"device", "lease", "node",       -> {}
+ *                          "segments"}
+ *
+ * Peer-to-peer targets (docs/p2p.md): the holder of a device asks its lender to share the
+ * segments of the device's BAR it exported to the holder with "node" (the lender of another
+ * device of the holder's VM), and that device's lender to let its worker map them ("node":
+ * whose segments they are).  Each lender checks the lease is the sender's.
  *
  * A lease is the host's: the lender lets the holder's node (its one fabric
  * identity) reach the device, whichever of its workers speaks.
@@ -39,6 +48,8 @@ typedef enum VnPeersType {
     VN_PEERS_BORROW,
     VN_PEERS_RETURN,
     VN_PEERS_REVOKE,
+    VN_PEERS_P2P_SHARE,
+    VN_PEERS_P2P_ALLOW,
     VN_PEERS_TYPE_LAST
 } VnPeersType;
 
@@ -83,11 +94,17 @@ typedef struct VnPeersAnnounce {
     bool answer;
 } VnPeersAnnounce;
 
+/* Segments one P2P request names: a BAR's (lending/proto.h cuts one into at most 16). */
+#define VN_PEERS_MAX_SEGMENTS 16u
+
 /* One request or REVOKE: the fields its type uses (0 / "" otherwise). */
 typedef struct VnPeersRequest {
     char device[VN_MAX_DEVICE_NAME + 1]; /* the lender's local name */
-    uint64_t lease;                      /* RETURN, REVOKE */
+    uint64_t lease;                      /* RETURN, REVOKE, P2P_* */
     uint32_t grace_ms;                   /* REVOKE */
+    char node[VN_MAX_NODE_NAME + 1];     /* P2P_SHARE: with whom; P2P_ALLOW: whose */
+    uint32_t nr_segments;                /* P2P_*: 1..VN_PEERS_MAX_SEGMENTS */
+    uint64_t segments[VN_PEERS_MAX_SEGMENTS];
 } VnPeersRequest;
 
 const char *vn_peers_type_to_string(uint32_t type);
@@ -111,6 +128,10 @@ bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersReque
                                 GError **error);
 /* BORROW's reply. */
 bool vn_peers_lease_from_json(const char *json, uint64_t *lease, GError **error);
+/* P2P_SHARE's reply: @n segments (as many as asked for). */
+char *vn_peers_segments_to_json(const uint64_t *segments, uint32_t n);
+bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n,
+                                 GError **error);
 
 /* Does @a claim lease @lease on @lender's device @name? */
 bool vn_peers_announce_holds(const VnPeersAnnounce *a, const char *lender, const char *name,

@@ -23,9 +23,6 @@
 /* Windows, segments and routes one worker may hold through its port. */
 #define VN_PORT_MAX_WINDOWS 16u
 #define VN_PORT_MAX_EXPORTS 256u
-/* Peer-to-peer targets one lender's worker may be allowed to map (vn_port_p2p_allow): a few
- * BARs of the other devices of its holder's VM, each a few segments. */
-#define VN_PORT_MAX_P2P 64u
 /* A worker's secret (port.h: vn_port_pair): what a reconnecting worker says in its HELLO. */
 #define VN_PORT_SECRET_LEN VN_HOST_SECRET_LEN
 

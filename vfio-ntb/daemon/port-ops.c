@@ -458,6 +458,11 @@ void vn_port_op_dial(VnPort *p, const VnHostHdr *h)
 
 /* ---- peer-to-peer targets (docs/p2p.md) ------------------------------- */
 
+bool vn_port_exported(VnPort *p, uint64_t id)
+{
+    return array_find(p->segments, id) >= 0;
+}
+
 void vn_port_on_p2p(VnPort *p, VnPortP2pFn fn, void *opaque)
 {
     p->p2p = fn;

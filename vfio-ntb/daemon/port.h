@@ -87,6 +87,9 @@ bool vn_port_adopt(VnPort *p, GPid pid, const char *secret_hex);
  * that the new one's is up; the old peer's requests at the worker fail. */
 void vn_port_set_peer(VnPort *p, const char *peer);
 const char *vn_port_peer(VnPort *p);
+/* Peer-to-peer targets one lender's worker may be allowed to map (vn_port_p2p_allow): a few
+ * BARs of the other devices of its holder's VM, each a few segments. */
+#define VN_PORT_MAX_P2P 64u
 /*
  * A lender's worker may map @node's segment @segment too (a peer-to-peer target: another
  * device's BAR its holder's VM reaches, docs/p2p.md), besides its peer's memory; @node may
@@ -153,6 +156,8 @@ void vn_port_withdraw(VnPort *p, bool everything, const char *why);
 typedef void (*VnPortP2pFn)(void *opaque, uint32_t op, uint64_t iova, uint64_t size,
                             const VnHostBar *bars, unsigned n);
 void vn_port_on_p2p(VnPort *p, VnPortP2pFn fn, void *opaque);
+/* Whether segment @id is one the worker exported (and the daemon has not withdrawn). */
+bool vn_port_exported(VnPort *p, uint64_t id);
 /* Tell a borrower's worker its offer [@iova, +@size) is @peer's memory (@t: docs/p2p.md), or
  * is not any more (@t NULL). */
 void vn_port_p2p_target(VnPort *p, uint64_t iova, uint64_t size, const char *peer,

@@ -16,6 +16,7 @@
 #define G_LOG_DOMAIN "vfio-ntb.daemon"
 
 #include "spawn.h"
+#include "p2p.h"
 
 #include "daemon.h"
 #include "devices.h"
@@ -524,6 +525,7 @@ static void start_open(Start *st)
         start_finish(st, error);
         return;
     }
+    vn_p2p_watch(st->d, b);
     start_spawn(st);
 }
 
@@ -646,6 +648,7 @@ static bool spawn_adopt(VnDaemon *d, VnBorrowed *b, const char *secret)
     *a = (Adopted){ d, b };
     if (b->port != NULL) {
         vn_port_on_gone(b->port, on_adopted_port_gone, a);
+        vn_p2p_watch(d, b);
     }
     b->adopted_watch = vn_spawn_watch_exit(b->worker_pid, on_adopted_exit, a, g_free);
     if (b->adopted_watch == 0) {
