@@ -324,7 +324,26 @@ uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, const voi
                               uint32_t len);
 uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, void *buf, uint32_t len);
 
-/* nvme-cmb.c: set n->cmbloc/cmbsz from n->cmb and n->cmb_size. */
+/*
+ * nvme-cmb.c: data pointers into the controller's own CMB (NVMe 1.4 4.7).
+ * A range of bus addresses is in the CMB when it lies inside BAR
+ * VN_NVME_CMB_BAR as the host programmed it and memory decoding is on.
+ *
+ * vn_nvme_cmb_setup(): set n->cmbloc/cmbsz from n->cmb and n->cmb_size.
+ * vn_nvme_cmb_find(): 1 with *@host set when [@addr, @addr + @len) is all
+ * in the CMB, 0 when none of it is (host memory), -EFAULT when it is partly
+ * (runs over either end of the CMB) or wraps.
+ * vn_nvme_cmb_read/write(): copy between @buf and the data pointer's
+ * memory, the CMB or guest memory through the DMA table; 0 or -EFAULT.
+ * vn_nvme_cmb_iov(): when all @count segments are in the CMB, fill @iov
+ * with them and return how many; 0 when none touches it; -E2BIG when some
+ * do and some do not (or more than @max_iov); -EFAULT as find.
+ */
 void vn_nvme_cmb_setup(VnNvme *n);
+int vn_nvme_cmb_find(VnNvme *n, uint64_t addr, uint64_t len, uint8_t **host);
+int vn_nvme_cmb_read(VnNvme *n, uint64_t addr, void *buf, size_t len);
+int vn_nvme_cmb_write(VnNvme *n, uint64_t addr, const void *buf, size_t len);
+int vn_nvme_cmb_iov(VnNvme *n, const VnNvmeSeg *segs, unsigned count, struct iovec *iov,
+                    unsigned max_iov);
 
 #endif /* VN_NVME_INT_H */
