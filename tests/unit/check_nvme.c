@@ -2,7 +2,7 @@
  * Unit tests of the simulated NVMe controller (vfio-ntb/simdev/nvme.c,
  * nvme-admin.c): enable/disable and resets, Identify, queue management,
  * interrupts (MSI-X, INTx, MSI) and bus mastering, features, log pages,
- * AERs.  The rig is in
+ * AERs, the CMB's registers and sizes.  The rig is in
  * nvme-rig.h; I/O and PRPs are in check_nvme_io.c.
  */
 #include "check-main.h"
@@ -629,6 +629,95 @@ START_TEST(test_async_events)
 }
 END_TEST
 
+/* --- Controller Memory Buffer registers ------------------------------------ */
+
+/* NVMe 1.4 3.1.11/3.1.12: CMBLOC BIR 2, OFST 0; CMBSZ as CMBSZ_RIG; CAP.CMBS
+ * (bit 57) clear.  Read-only: a guest's write is undone by the next poll,
+ * whether the controller is enabled or not, and a reset keeps them. */
+START_TEST(test_cmb_registers)
+{
+    poll();
+    ck_assert_uint_eq(reg(CMBLOC), 2);
+    ck_assert_uint_eq(reg(CMBSZ), CMBSZ_RIG);
+    ck_assert_uint_eq((reg(CAP + 4) >> (57 - 32)) & 1, 0);
+
+    setreg(CMBLOC, 0xffffffff);
+    setreg(CMBSZ, 0x1f);
+    poll();
+    ck_assert_uint_eq(reg(CMBLOC), 2);
+    ck_assert_uint_eq(reg(CMBSZ), CMBSZ_RIG);
+
+    enable();
+    setreg(CMBLOC, 0);
+    setreg(CMBSZ, 0);
+    poll();
+    ck_assert_uint_eq(reg(CMBLOC), 2);
+    ck_assert_uint_eq(reg(CMBSZ), CMBSZ_RIG);
+
+    vn_nvme_reset(R.n);
+    ck_assert_uint_eq(reg(CMBLOC), 2);
+    ck_assert_uint_eq(reg(CMBSZ), CMBSZ_RIG);
+}
+END_TEST
+
+/* Without a CMB both read 0, and stay 0 when the guest writes them. */
+START_TEST(test_cmb_registers_absent)
+{
+    poll();
+    ck_assert_uint_eq(reg(CMBLOC), 0);
+    ck_assert_uint_eq(reg(CMBSZ), 0);
+    setreg(CMBLOC, 2);
+    setreg(CMBSZ, CMBSZ_RIG);
+    poll();
+    ck_assert_uint_eq(reg(CMBLOC), 0);
+    ck_assert_uint_eq(reg(CMBSZ), 0);
+    vn_nvme_reset(R.n);
+    ck_assert_uint_eq(reg(CMBLOC), 0);
+    ck_assert_uint_eq(reg(CMBSZ), 0);
+}
+END_TEST
+
+/* CMB sizes vn_nvme_new() takes (with memory) and refuses. */
+static const struct {
+    uint32_t mib;
+    bool memory, ok;
+} cmb_params[] = {
+    { 0, false, true },   { 2, true, true },   { 4, true, true },  { 256, true, true },
+    { 1, true, false },   { 3, true, false },  { 6, true, false }, { 257, true, false },
+    { 512, true, false }, { 2, false, false }, { 0, true, false }, { 0xffffffffu, true, false },
+};
+
+START_TEST(test_cmb_params)
+{
+    g_autoptr(GError) error = NULL;
+    g_autofree char *path = g_build_filename(R.dir, rig_files[1], NULL);
+    g_autofree uint8_t *bar0 = g_malloc0(VN_NVME_BAR0_SIZE);
+    /* Reserved, never touched: the constructor only records it. */
+    void *mem = mmap(NULL, 256u << 20, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    VnNvmeParams np = { .backing = path,
+                        .size = 1 << 20,
+                        .serial = "S2",
+                        .vectors = 2,
+                        .io_queues = 1,
+                        .cmb_mib = cmb_params[_i].mib,
+                        .cmb = cmb_params[_i].memory ? mem : NULL };
+    VnNvme *n2;
+
+    ck_assert(mem != MAP_FAILED);
+    n2 = vn_nvme_new(&np, bar0, R.cfg, &error);
+    if (cmb_params[_i].ok) {
+        ck_assert_msg(n2 != NULL, "%u MiB: %s", cmb_params[_i].mib, error ? error->message : "");
+    } else {
+        ck_assert_msg(n2 == NULL, "%u MiB accepted", cmb_params[_i].mib);
+        ck_assert_ptr_nonnull(error);
+    }
+    vn_nvme_free(n2);
+    munmap(mem, 256u << 20);
+    unlink(path);
+}
+END_TEST
+
 static Suite *nvme_suite(void)
 {
     Suite *s = suite_create("nvme");
@@ -667,6 +756,15 @@ static Suite *nvme_suite(void)
     tcase_add_test(tc, test_features);
     tcase_add_test(tc, test_log_pages);
     tcase_add_test(tc, test_async_events);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase_cmb("cmb");
+    tcase_add_test(tc, test_cmb_registers);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase("cmb absent");
+    tcase_add_test(tc, test_cmb_registers_absent);
+    tcase_add_loop_test(tc, test_cmb_params, 0, G_N_ELEMENTS(cmb_params));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,8 +3,8 @@
  * (vfio-ntb/simdev/nvme-io.c): PRPs and PRP lists (chained, unaligned, at
  * MDTS), Read/Write/Flush/Write Zeroes against the backing file, every
  * guest-controlled value that must fail (LBA range, MDTS, namespace, PRP
- * offsets, addresses outside guest memory), and the backing file itself.
- * The rig is in nvme-rig.h.
+ * offsets, addresses outside guest memory), the backing file itself, and
+ * data pointers into the controller's own CMB.  The rig is in nvme-rig.h.
  */
 #include "check-main.h"
 #include "nvme-rig.h"
@@ -227,6 +227,209 @@ START_TEST(test_backing_file)
 }
 END_TEST
 
+/* --- The controller's own CMB as a data buffer (NVMe 1.4 4.7) -------------- */
+
+/* Page addresses of a buffer at @cmb_off in the CMB (BAR2 at CMB_ADDR). */
+static unsigned cmb_pages(uint64_t *pages, uint32_t cmb_off, uint32_t len, uint32_t off)
+{
+    unsigned n = (off + len + PG - 1) / PG;
+
+    for (unsigned i = 0; i < n; i++) {
+        pages[i] = CMB_ADDR + cmb_off + (uint64_t)i * PG;
+    }
+    return n;
+}
+
+static void file_pwrite(const void *buf, size_t len, uint64_t slba)
+{
+    int fd = open(R.backing, O_WRONLY);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pwrite(fd, buf, len, (off_t)slba * 512), (ssize_t)len);
+    close(fd);
+}
+
+static void file_pread(void *buf, size_t len, uint64_t slba)
+{
+    int fd = open(R.backing, O_RDONLY);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, buf, len, (off_t)slba * 512), (ssize_t)len);
+    close(fd);
+}
+
+/*
+ * Data pointers at the address the host gave BAR2 are the CMB: a Read lands
+ * there and not in the guest memory the DMA table has at the same addresses
+ * (the decoy), a Write takes its data from there; a buffer half in host
+ * memory, half in the CMB; a PRP list kept in the CMB; admin data.
+ */
+START_TEST(test_cmb_transfers)
+{
+    static uint8_t data[65536], back[65536];
+    uint64_t pages[17];
+    unsigned np;
+
+    enable();
+    create_io_queues();
+    cmb_place(CMB_ADDR);
+    cmb_decoy();
+    fill(data, sizeof(data), 11);
+    file_pwrite(data, sizeof(data), 0);
+
+    /* 64 KiB read, unaligned start, PRP list in host memory */
+    np = cmb_pages(pages, 0x10000, sizeof(data), 0x200);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 128, pages, np, 0x200, 0)), 0);
+    ck_assert_mem_eq(R.cmb + 0x10200, data, sizeof(data));
+    ck_assert(all_bytes(R.decoy, 3 * CMB_SIZE, 0));
+
+    /* 8 KiB write from the CMB: the file has the CMB's bytes */
+    fill(R.cmb + 0x40000, 8192, 12);
+    np = cmb_pages(pages, 0x40000, 8192, 0);
+    ck_assert_uint_eq(SC(rw(0x01, 200, 16, pages, np, 0, 0)), 0);
+    file_pread(back, 8192, 200);
+    ck_assert_mem_eq(back, R.cmb + 0x40000, 8192);
+
+    /* Mixed: PRP1 a host page, PRP2 a CMB page, both directions */
+    pages[0] = RAM_IOVA + O_RDATA;
+    pages[1] = CMB_ADDR + 0x50000;
+    memset(R.ram + O_RDATA, 0, PG);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, pages, 2, 0, 0)), 0);
+    ck_assert_mem_eq(R.ram + O_RDATA, data, PG);
+    ck_assert_mem_eq(R.cmb + 0x50000, data + PG, PG);
+    fill(R.ram + O_RDATA, PG, 13);
+    fill(R.cmb + 0x50000, PG, 14);
+    ck_assert_uint_eq(SC(rw(0x01, 300, 16, pages, 2, 0, 0)), 0);
+    file_pread(back, 8192, 300);
+    ck_assert_mem_eq(back, R.ram + O_RDATA, PG);
+    ck_assert_mem_eq(back + PG, R.cmb + 0x50000, PG);
+
+    /* A PRP list in the CMB whose entries are host pages */
+    {
+        uint64_t list[2] = { RAM_IOVA + O_RDATA + PG, RAM_IOVA + O_RDATA + 2 * PG };
+        Sqe c = { .opc = 0x02,
+                  .nsid = 1,
+                  .cdw12 = 23,
+                  .prp1 = RAM_IOVA + O_RDATA,
+                  .prp2 = CMB_ADDR + 0x60000 };
+
+        memcpy(R.cmb + 0x60000, list, sizeof(list));
+        memset(R.ram + O_RDATA, 0, 3 * PG);
+        ck_assert_uint_eq(SC(submit(&R.ioq, c)), 0);
+        ck_assert_mem_eq(R.ram + O_RDATA, data, 3 * PG);
+    }
+
+    /* Admin data: Identify Controller into the CMB (VID first) */
+    ck_assert_uint_eq(SC(identify(1, 0, CMB_ADDR + 0x70000, 0)), 0);
+    ck_assert_uint_eq(R.cmb[0x70000] | R.cmb[0x70001] << 8, 0x1de1);
+    ck_assert(all_bytes(R.decoy, 3 * CMB_SIZE, 0));
+}
+END_TEST
+
+/* A buffer that runs over either end of the CMB ends with Data Transfer
+ * Error and moves nothing: not into the CMB, not into the guest memory
+ * around it, not into the file. */
+START_TEST(test_cmb_edges)
+{
+    static uint8_t before[8192], after[8192];
+    uint64_t past[2] = { CMB_ADDR + CMB_SIZE - PG, CMB_ADDR + CMB_SIZE };
+    uint64_t below[2] = { CMB_ADDR - PG, CMB_ADDR };
+
+    enable();
+    create_io_queues();
+    cmb_place(CMB_ADDR);
+    cmb_decoy();
+    fill(before, sizeof(before), 21);
+    file_pwrite(before, sizeof(before), 0);
+    memset(R.cmb, 0x5a, CMB_SIZE);
+
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, past, 2, 0, 0)), 0x04);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 2, past, 2, PG - 512, 0)), 0x04);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, below, 2, 0, 0)), 0x04);
+    ck_assert_uint_eq(SC(rw(0x01, 0, 16, past, 2, 0, 0)), 0x04);
+    ck_assert_uint_eq(SC(rw(0x01, 0, 16, below, 2, 0, 0)), 0x04);
+    ck_assert_uint_eq(SC(identify(1, 0, CMB_ADDR + CMB_SIZE - 2048, CMB_ADDR + CMB_SIZE)), 0x04);
+
+    ck_assert(all_bytes(R.cmb, CMB_SIZE, 0x5a));
+    ck_assert(all_bytes(R.decoy, 3 * CMB_SIZE, 0));
+    file_pread(after, sizeof(after), 0);
+    ck_assert_mem_eq(after, before, sizeof(after));
+    ck_assert_uint_eq(reg(CSTS) & 2, 0);
+}
+END_TEST
+
+/* The CMB answers only at the BAR's address with memory decoding on: before
+ * the BAR is assigned, with Memory Space Enable clear, and at an address
+ * the BAR left, the same addresses are host memory. */
+START_TEST(test_cmb_decoding)
+{
+    static uint8_t data[8192];
+    uint64_t at_addr[2] = { CMB_ADDR, CMB_ADDR + PG };
+    uint64_t moved = CMB_ADDR + CMB_SIZE;
+    uint8_t *decoy_at;
+
+    enable();
+    create_io_queues();
+    cmb_decoy();
+    decoy_at = R.decoy + CMB_SIZE; /* the decoy's bytes at CMB_ADDR */
+    fill(data, sizeof(data), 31);
+    file_pwrite(data, sizeof(data), 0);
+
+    /* BAR2 still 0 */
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, at_addr, 2, 0, 0)), 0);
+    ck_assert_mem_eq(decoy_at, data, sizeof(data));
+    ck_assert(all_bytes(R.cmb, CMB_SIZE, 0));
+
+    /* Assigned, but memory decoding off */
+    memset(decoy_at, 0, sizeof(data));
+    cmb_place(CMB_ADDR);
+    cfg16(PCI_COMMAND, PCI_COMMAND_MASTER);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, at_addr, 2, 0, 0)), 0);
+    ck_assert_mem_eq(decoy_at, data, sizeof(data));
+    ck_assert(all_bytes(R.cmb, CMB_SIZE, 0));
+
+    /* Decoding on: the CMB */
+    memset(decoy_at, 0, sizeof(data));
+    cfg16(PCI_COMMAND, PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, at_addr, 2, 0, 0)), 0);
+    ck_assert_mem_eq(R.cmb, data, sizeof(data));
+    ck_assert(all_bytes(R.decoy, 3 * CMB_SIZE, 0));
+
+    /* Moved up by its size: the old address is host memory again */
+    memset(R.cmb, 0, sizeof(data));
+    cmb_place(moved);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, at_addr, 2, 0, 0)), 0);
+    ck_assert_mem_eq(decoy_at, data, sizeof(data));
+    ck_assert(all_bytes(R.cmb, CMB_SIZE, 0));
+    at_addr[0] = moved;
+    at_addr[1] = moved + PG;
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, at_addr, 2, 0, 0)), 0);
+    ck_assert_mem_eq(R.cmb, data, sizeof(data));
+}
+END_TEST
+
+/* A controller reset (CC.EN 1 -> 0) and a function reset keep the CMB's
+ * contents (nvme.c: NVMe leaves them alone). */
+START_TEST(test_cmb_reset_keeps)
+{
+    static uint8_t data[8192];
+    uint64_t pages[2];
+    unsigned np;
+
+    enable();
+    create_io_queues();
+    cmb_place(CMB_ADDR);
+    fill(data, sizeof(data), 41);
+    file_pwrite(data, sizeof(data), 0);
+    np = cmb_pages(pages, 0x1000, sizeof(data), 0);
+    ck_assert_uint_eq(SC(rw(0x02, 0, 16, pages, np, 0, 0)), 0);
+    disable();
+    ck_assert_mem_eq(R.cmb + 0x1000, data, sizeof(data));
+    vn_nvme_reset(R.n);
+    ck_assert_mem_eq(R.cmb + 0x1000, data, sizeof(data));
+}
+END_TEST
+
 static Suite *nvme_io_suite(void)
 {
     Suite *s = suite_create("nvme_io");
@@ -244,6 +447,13 @@ static Suite *nvme_io_suite(void)
 
     tc = rig_tcase("namespace");
     tcase_add_test(tc, test_backing_file);
+    suite_add_tcase(s, tc);
+
+    tc = rig_tcase_cmb("cmb");
+    tcase_add_test(tc, test_cmb_transfers);
+    tcase_add_test(tc, test_cmb_edges);
+    tcase_add_test(tc, test_cmb_decoding);
+    tcase_add_test(tc, test_cmb_reset_keeps);
     suite_add_tcase(s, tc);
     return s;
 }

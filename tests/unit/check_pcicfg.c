@@ -473,6 +473,33 @@ START_TEST(test_bar_layouts)
 }
 END_TEST
 
+/* The addresses software programs into the BARs, as the engine thread reads
+ * them: a 64-bit BAR's two halves together, the type bits left out, an
+ * unimplemented BAR and a 64-bit BAR's upper half 0, back to 0 on reset. */
+START_TEST(test_bar_addresses)
+{
+    g_autoptr(VnPciCfg) cfg = mk();
+
+    for (unsigned b = 0; b < VN_PCICFG_BARS + 1; b++) {
+        ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, b), 0);
+    }
+    wr(cfg, PCI_BASE_ADDRESS_0, 0xfebf0000, 4);
+    wr(cfg, PCI_BASE_ADDRESS_1, 0x8, 4);
+    wr(cfg, PCI_BASE_ADDRESS_4, 0xfebe1000, 4);
+    wr(cfg, PCI_BASE_ADDRESS_2, 0xfe000000, 4); /* not implemented: ignored */
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 0), 0x8febf0000ull);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 1), 0);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 2), 0);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 4), 0xfebe1000);
+    /* Bits below the size do not stick (BAR0 is 16 KiB) */
+    wr(cfg, PCI_BASE_ADDRESS_0, 0xfebf3000, 4);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 0), 0x8febf0000ull);
+    vn_pcicfg_reset(cfg);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 0), 0);
+    ck_assert_uint_eq(vn_pcicfg_bar_addr(cfg, 4), 0);
+}
+END_TEST
+
 static const struct {
     const char *why;
     unsigned bar;
@@ -512,6 +539,7 @@ static Suite *pcicfg_suite(void)
     tc = tcase_create("writes");
     tcase_add_test(tc, test_write_masks);
     tcase_add_test(tc, test_reset_and_bounds);
+    tcase_add_test(tc, test_bar_addresses);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("msi");

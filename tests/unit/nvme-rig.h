@@ -6,9 +6,11 @@
  * VnDma (so addresses outside it are really unmapped), interrupts are
  * eventfds in a real VnIrqs, and each doorbell write is followed by one
  * vn_nvme_poll_once().  rig_tcase() builds the MSI-X device, rig_tcase_msi()
- * the MSI one (MSI_VECTORS vectors, all enabled).  Commands, completions and register offsets are
- * written out here from the NVMe 1.4 specification, not taken from the
- * model's headers, so the tests check the model against the spec.
+ * the MSI one (MSI_VECTORS vectors, all enabled), rig_tcase_cmb() the MSI-X
+ * one with a CMB_MIB MiB Controller Memory Buffer in BAR2 (not yet assigned
+ * an address: cmb_place() does).  Commands, completions and register
+ * offsets are written out here from the NVMe 1.4 specification, not taken
+ * from the model's headers, so the tests check the model against the spec.
  *
  * Only for inclusion by one test program each (one rig per process; the
  * helpers are static inline so a program need not use them all).
@@ -43,6 +45,8 @@ enum {
     AQA = 0x24,
     ASQ = 0x28,
     ACQ = 0x30,
+    CMBLOC = 0x38,
+    CMBSZ = 0x3c,
     DBS = 0x1000
 };
 #define CC_ENABLE (1u | (6u << 16) | (4u << 20)) /* EN, IOSQES 64, IOCQES 16 */
@@ -79,6 +83,13 @@ G_STATIC_ASSERT(sizeof(Cqe) == 16);
 #define RAM_SIZE (8u << 20)
 #define OUTSIDE 0x10000000ull /* not mapped */
 #define PG 4096u
+#define CMB_MIB 2u
+#define CMB_SIZE (CMB_MIB << 20)
+/* Where the guest puts BAR2: above 4 GiB, so BAR3 holds address bits too. */
+#define CMB_ADDR 0x800000000ull
+/* CMBSZ of the rig's CMB (NVMe 1.4 3.1.12): SZ = 2 units of SZU 1 MiB (2),
+ * WDS (bit 4) and RDS (bit 3). */
+#define CMBSZ_RIG ((CMB_MIB << 12) | (2u << 8) | (1u << 4) | (1u << 3))
 
 /* Guest RAM layout (offsets from RAM_IOVA) */
 enum {
@@ -108,6 +119,8 @@ static struct {
     VnNvme *n;
     int ramfd;
     uint8_t *ram;
+    uint8_t *cmb;         /* rig_tcase_cmb: the CMB's memory (CMB_SIZE) */
+    uint8_t *decoy;       /* cmb_decoy(): guest memory around and at CMB_ADDR */
     int msix[VECTORS];    /* MSI-X mode */
     int msi[MSI_VECTORS]; /* MSI mode */
     int intx;
@@ -203,7 +216,7 @@ static inline void rig_irqs(uint32_t index, int *keep, unsigned n)
                      0);
 }
 
-static inline void rig_setup(VnPciCfgIrqMode mode)
+static inline void rig_setup(VnPciCfgIrqMode mode, bool with_cmb)
 {
     bool msi = mode == VN_PCICFG_IRQ_MSI;
     uint32_t counts[VFIO_PCI_NUM_IRQS] = { 1, msi ? MSI_VECTORS : 0, msi ? 0 : VECTORS, 0, 0 };
@@ -240,6 +253,13 @@ static inline void rig_setup(VnPciCfgIrqMode mode)
     unlink(R.backing); /* left by a test that failed */
     np.backing = R.backing;
     R.bar0 = g_malloc0(VN_NVME_BAR0_SIZE);
+    if (with_cmb) {
+        /* BAR2 as pcidev builds it: 64-bit, prefetchable, the CMB's size. */
+        cp.bars[2] = (VnPciCfgBar){ .size = CMB_SIZE, .is64 = true, .prefetch = true };
+        R.cmb = g_malloc0(CMB_SIZE);
+        np.cmb = R.cmb;
+        np.cmb_mib = CMB_MIB;
+    }
     R.cfg = vn_pcicfg_new(&cp, &error);
     ck_assert_msg(R.cfg != NULL, "%s", error ? error->message : "");
     R.n = vn_nvme_new(&np, R.bar0, R.cfg, &error);
@@ -303,6 +323,10 @@ static inline void teardown(void)
     }
     close(R.intx);
     g_free(R.bar0);
+    g_free(R.cmb);
+    if (R.decoy != NULL) {
+        munmap(R.decoy, 3 * CMB_SIZE);
+    }
     unlink(R.backing);
     g_clear_pointer(&R.backing, g_free);
 }
@@ -529,12 +553,52 @@ static inline void roundtrip(uint64_t slba, uint32_t len, uint32_t off, uint32_t
 
 static inline void setup(void)
 {
-    rig_setup(VN_PCICFG_IRQ_MSIX);
+    rig_setup(VN_PCICFG_IRQ_MSIX, false);
 }
 
 static inline void setup_msi(void)
 {
-    rig_setup(VN_PCICFG_IRQ_MSI);
+    rig_setup(VN_PCICFG_IRQ_MSI, false);
+}
+
+static inline void setup_cmb(void)
+{
+    rig_setup(VN_PCICFG_IRQ_MSIX, true);
+}
+
+/* What the guest's PCI core does: BAR2 (and BAR3, its upper half) at
+ * @addr.  Memory decoding is on from rig_setup. */
+static inline void cmb_place(uint64_t addr)
+{
+    cfg32(PCI_BASE_ADDRESS_2, (uint32_t)addr);
+    cfg32(PCI_BASE_ADDRESS_3, (uint32_t)(addr >> 32));
+}
+
+/* Guest memory (a mapping in the DMA table) over [CMB_ADDR - CMB_SIZE,
+ * CMB_ADDR + 2 * CMB_SIZE): the CMB's addresses and both neighbours, so a
+ * transfer the model wrongly sent to the DMA table would succeed there and
+ * show.  QEMU's own mappings of a BAR carry no memory; this one does. */
+static inline void cmb_decoy(void)
+{
+    int fd = vn_peerfd_memfd_new("decoy", 3 * CMB_SIZE);
+
+    ck_assert_int_ge(fd, 0);
+    R.decoy = mmap(NULL, 3 * CMB_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ck_assert(R.decoy != MAP_FAILED);
+    ck_assert_int_eq(vn_dma_map(R.dma, CMB_ADDR - CMB_SIZE, 3 * CMB_SIZE, 0,
+                                VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE, fd),
+                     0);
+}
+
+/* Whether @len bytes at @p are all @byte. */
+static inline bool all_bytes(const uint8_t *p, size_t len, uint8_t byte)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] != byte) {
+            return false;
+        }
+    }
+    return true;
 }
 
 /* A TCase with the rig: temp dir per TCase (parent), rig per test (child). */
@@ -554,6 +618,16 @@ static inline TCase *rig_tcase_msi(const char *name)
 
     tcase_add_unchecked_fixture(tc, rig_dir_create, rig_dir_remove);
     tcase_add_checked_fixture(tc, setup_msi, teardown);
+    return tc;
+}
+
+/* The same with a CMB (MSI-X). */
+static inline TCase *rig_tcase_cmb(const char *name)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_add_unchecked_fixture(tc, rig_dir_create, rig_dir_remove);
+    tcase_add_checked_fixture(tc, setup_cmb, teardown);
     return tc;
 }
 

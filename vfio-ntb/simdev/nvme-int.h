@@ -74,6 +74,16 @@ enum {
 #define VN_NVME_CSTS_RDY 0x1u
 #define VN_NVME_CSTS_CFS 0x2u
 #define VN_NVME_CSTS_SHST_DONE (0x2u << 2)
+/* CMBLOC (3.1.11): BIR 2:0, OFST 31:12 (in CMBSZ.SZU units) */
+#define VN_NVME_CMBLOC_BIR(bar) (0x7u & (uint32_t)(bar))
+/* CMBSZ (3.1.12): what the CMB may hold, SZU 11:8, SZ 31:12 */
+#define VN_NVME_CMBSZ_SQS (1u << 0)
+#define VN_NVME_CMBSZ_CQS (1u << 1)
+#define VN_NVME_CMBSZ_LISTS (1u << 2)
+#define VN_NVME_CMBSZ_RDS (1u << 3)
+#define VN_NVME_CMBSZ_WDS (1u << 4)
+#define VN_NVME_CMBSZ_SZU_1M (2u << 8)
+#define VN_NVME_CMBSZ_SZ(units) ((uint32_t)(units) << 12)
 /* Entry sizes as powers of two (Identify SQES/CQES, CC.IOSQES/IOCQES). */
 #define VN_NVME_SQE_SHIFT 6
 #define VN_NVME_CQE_SHIFT 4
@@ -228,12 +238,13 @@ typedef struct VnNvmeFeatures {
 } VnNvmeFeatures;
 
 /*
- * Ownership: params, bar0, cfg, fd, nblocks, bounce, segs and iov are set
- * up before the engine starts and not changed afterwards (bounce/segs/iov are
- * scratch used under @lock).  Everything else below @lock is guarded by it;
- * in practice the engine thread holds it while polling and the socket
- * thread only for reset and flush.  dma and irqs are set by attach before
- * polling starts.
+ * Ownership: params, bar0, cfg, fd, nblocks, the cmb fields, bounce, segs
+ * and iov are set up before the engine starts and not changed afterwards
+ * (bounce/segs/iov are scratch used under @lock; the CMB's bytes are shared
+ * with the guest and peers, like BAR0's).  Everything else below @lock is
+ * guarded by it; in practice the engine thread holds it while polling and
+ * the socket thread only for reset and flush.  dma and irqs are set by
+ * attach before polling starts.
  */
 struct VnNvme {
     /* immutable after vn_nvme_new/attach */
@@ -241,6 +252,10 @@ struct VnNvme {
     char serial[VN_NVME_SERIAL_LEN + 1];
     uint8_t nguid[16];
     uint8_t *bar0;
+    uint8_t *cmb;      /* NULL: no CMB */
+    uint64_t cmb_size; /* bytes */
+    uint32_t cmbloc;   /* CMBLOC and CMBSZ as the guest reads them */
+    uint32_t cmbsz;
     VnPciCfg *cfg;
     VnDma *dma;
     VnIrqs *irqs;
@@ -308,5 +323,27 @@ uint16_t vn_nvme_io_exec(VnNvme *n, const VnNvmeSqe *cmd, uint32_t *result);
 uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, const void *buf,
                               uint32_t len);
 uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, void *buf, uint32_t len);
+
+/*
+ * nvme-cmb.c: data pointers into the controller's own CMB (NVMe 1.4 4.7).
+ * A range of bus addresses is in the CMB when it lies inside BAR
+ * VN_NVME_CMB_BAR as the host programmed it and memory decoding is on.
+ *
+ * vn_nvme_cmb_setup(): set n->cmbloc/cmbsz from n->cmb and n->cmb_size.
+ * vn_nvme_cmb_find(): 1 with *@host set when [@addr, @addr + @len) is all
+ * in the CMB, 0 when none of it is (host memory), -EFAULT when it is partly
+ * (runs over either end of the CMB) or wraps.
+ * vn_nvme_cmb_read/write(): copy between @buf and the data pointer's
+ * memory, the CMB or guest memory through the DMA table; 0 or -EFAULT.
+ * vn_nvme_cmb_iov(): when all @count segments are in the CMB, fill @iov
+ * with them and return how many; 0 when none touches it; -E2BIG when some
+ * do and some do not (or more than @max_iov); -EFAULT as find.
+ */
+void vn_nvme_cmb_setup(VnNvme *n);
+int vn_nvme_cmb_find(VnNvme *n, uint64_t addr, uint64_t len, uint8_t **host);
+int vn_nvme_cmb_read(VnNvme *n, uint64_t addr, void *buf, size_t len);
+int vn_nvme_cmb_write(VnNvme *n, uint64_t addr, const void *buf, size_t len);
+int vn_nvme_cmb_iov(VnNvme *n, const VnNvmeSeg *segs, unsigned count, struct iovec *iov,
+                    unsigned max_iov);
 
 #endif /* VN_NVME_INT_H */

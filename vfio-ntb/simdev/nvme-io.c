@@ -10,7 +10,11 @@
  * stand-in for hardware costs one system call per command, not a copy per
  * page.  Only a buffer that needs more than VN_NVME_MAX_IOV pieces goes
  * through the MDTS-sized bounce buffer.  Any segment outside the client's
- * mappings ends the command with Data Transfer Error.
+ * mappings ends the command with Data Transfer Error.  A data pointer into
+ * the controller's own CMB is served from its memory (nvme-cmb.c): zero-copy
+ * when the whole buffer is there, through the bounce buffer when it is
+ * mixed with host memory, Data Transfer Error when a piece runs over the
+ * CMB's edge.
  *
  * Runs in the engine thread with the controller lock held (nvme.c), except
  * vn_nvme_ns_open/close which run at creation and destruction.
@@ -211,7 +215,7 @@ static uint16_t prp_map(VnNvme *n, uint64_t prp1, uint64_t prp2, uint32_t len, u
         need = (rem + VN_NVME_PAGE_SIZE - 1) / VN_NVME_PAGE_SIZE;
         take = MIN(avail, need);
         data = need > avail ? take - 1 : take; /* last slot chains on */
-        if (vn_dma_read(n->dma, list, ents, (size_t)take * 8) < 0) {
+        if (vn_nvme_cmb_read(n, list, ents, (size_t)take * 8) < 0) {
             return VN_NVME_SC_DATA_XFER_ERROR;
         }
         for (uint32_t i = 0; i < data; i++) {
@@ -241,7 +245,7 @@ uint16_t vn_nvme_prp_to_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, const voi
     uint16_t st = prp_map(n, prp1, prp2, len, &count);
 
     for (unsigned i = 0; st == VN_NVME_SUCCESS && i < count; i++) {
-        if (vn_dma_write(n->dma, n->segs[i].iova, p, n->segs[i].len) < 0) {
+        if (vn_nvme_cmb_write(n, n->segs[i].iova, p, n->segs[i].len) < 0) {
             st = VN_NVME_SC_DATA_XFER_ERROR;
         }
         p += n->segs[i].len;
@@ -256,7 +260,7 @@ uint16_t vn_nvme_prp_from_guest(VnNvme *n, uint64_t prp1, uint64_t prp2, void *b
     uint16_t st = prp_map(n, prp1, prp2, len, &count);
 
     for (unsigned i = 0; st == VN_NVME_SUCCESS && i < count; i++) {
-        if (vn_dma_read(n->dma, n->segs[i].iova, p, n->segs[i].len) < 0) {
+        if (vn_nvme_cmb_read(n, n->segs[i].iova, p, n->segs[i].len) < 0) {
             st = VN_NVME_SC_DATA_XFER_ERROR;
         }
         p += n->segs[i].len;
@@ -348,7 +352,9 @@ static int file_iov(const struct iovec *iov_in, int cnt, void *opaque)
     return 0;
 }
 
-/* The old way, for buffers of more than VN_NVME_MAX_IOV pieces. */
+/* The old way, for buffers of more than VN_NVME_MAX_IOV pieces, and for
+ * those partly in our CMB and partly in host memory (each piece is copied
+ * from or to where it lies). */
 static int rw_bounce(VnNvme *n, const VnNvmeSqe *cmd, uint64_t off, uint64_t len, bool write,
                      uint16_t *st)
 {
@@ -388,8 +394,15 @@ static uint16_t cmd_rw(VnNvme *n, const VnNvmeSqe *cmd, bool write)
         return st;
     }
     x.off = off;
-    /* A Read writes guest memory, a Write reads it. */
-    ret = vn_dma_iov_call(n->dma, n->segs, count, !write, n->iov, VN_NVME_MAX_IOV, file_iov, &x);
+    /* A buffer in our own CMB is our memory: straight to it.  A Read
+     * writes guest memory, a Write reads it. */
+    ret = vn_nvme_cmb_iov(n, n->segs, count, n->iov, VN_NVME_MAX_IOV);
+    if (ret > 0) {
+        ret = file_iov(n->iov, ret, &x);
+    } else if (ret == 0) {
+        ret =
+            vn_dma_iov_call(n->dma, n->segs, count, !write, n->iov, VN_NVME_MAX_IOV, file_iov, &x);
+    }
     if (ret == -E2BIG) {
         ret = rw_bounce(n, cmd, off, len, write, &st);
         if (st != VN_NVME_SUCCESS) {

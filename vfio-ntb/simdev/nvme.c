@@ -23,7 +23,13 @@
 /* NVMe 1.4 3.1.1: CAP.  MQES (0's based), CQR = 1 (queues must be
  * physically contiguous: we do not walk PRP lists for queues), TO in 500 ms
  * units, DSTRD = 0, CSS bit 37 = NVM command set, MPSMIN = MPSMAX = 0
- * (4 KiB pages only), no NSSR, no boot partitions, no CMB/PMR. */
+ * (4 KiB pages only), no NSSR, no boot partitions, no PMR.  CMBS (bit 57)
+ * is 0 even with a CMB: set, it would say we implement CMBMSC (3.1.13), and
+ * the host would have to enable the CMB there and tell us its address
+ * before CMBLOC/CMBSZ read anything.  Clear, CMBLOC/CMBSZ describe the CMB
+ * from the start and it lives at the address the host gave its BAR, as in
+ * NVMe 1.3 (Linux's nvme_map_cmb() writes CMBMSC only when CMBS is set;
+ * QEMU's nvme does the same with legacy-cmb=on). */
 #define CAP_TO 20u /* 10 s: the longest we take to set CSTS.RDY */
 static const uint64_t cap_value =
     (uint64_t)VN_NVME_MQES | (1ull << 16) | ((uint64_t)CAP_TO << 24) | (1ull << 37);
@@ -37,6 +43,17 @@ static void reg_assert(VnNvme *n, uint32_t off, uint32_t val)
     if (vn_nvme_reg_load(n, off) != val) {
         vn_nvme_reg_store(n, off, val);
     }
+}
+
+/* The read-only registers that are not zero (or may not be): CAP, VS,
+ * CMBLOC and CMBSZ (3.1.11/3.1.12: RO; 0 without a CMB). */
+static void regs_fixed(VnNvme *n)
+{
+    reg_assert(n, VN_NVME_REG_CAP, (uint32_t)cap_value);
+    reg_assert(n, VN_NVME_REG_CAP + 4, (uint32_t)(cap_value >> 32));
+    reg_assert(n, VN_NVME_REG_VS, VS_VALUE);
+    reg_assert(n, VN_NVME_REG_CMBLOC, n->cmbloc);
+    reg_assert(n, VN_NVME_REG_CMBSZ, n->cmbsz);
 }
 
 static uint64_t reg_load64(VnNvme *n, uint32_t off)
@@ -68,6 +85,9 @@ static void doorbells_zero(VnNvme *n)
  * Controller Level Reset (NVMe 1.4 7.3.2): stop processing, delete every
  * I/O queue, reset the admin queues, drop held commands; AQA, ASQ and ACQ
  * keep their values (they are host-written BAR0 memory we leave alone).
+ * The CMB's contents are kept: neither 7.3.2 nor 4.7 says a reset clears
+ * them (QEMU's nvme keeps them too), and as p2pmem they may be another
+ * device's buffer, which has nothing to do with our queues.
  */
 static void ctrl_reset(VnNvme *n)
 {
@@ -285,9 +305,7 @@ static bool regs_poll(VnNvme *n)
     uint32_t cc;
     bool busy;
 
-    reg_assert(n, VN_NVME_REG_CAP, (uint32_t)cap_value);
-    reg_assert(n, VN_NVME_REG_CAP + 4, (uint32_t)(cap_value >> 32));
-    reg_assert(n, VN_NVME_REG_VS, VS_VALUE);
+    regs_fixed(n);
     reg_assert(n, VN_NVME_REG_NSSR, 0);
     busy = intm_poll(n);
     cc = vn_nvme_reg_load(n, VN_NVME_REG_CC);
@@ -453,15 +471,14 @@ bool vn_nvme_poll_once(VnNvme *n)
     return busy;
 }
 
-/* Every BAR0 register to its reset value (3.1; all zero but CAP and VS). */
+/* Every BAR0 register to its reset value (3.1; all zero but CAP, VS,
+ * CMBLOC and CMBSZ). */
 static void regs_reset(VnNvme *n)
 {
     for (uint32_t off = 0; off < VN_NVME_REG_DBS; off += 4) {
         reg_assert(n, off, 0);
     }
-    reg_assert(n, VN_NVME_REG_CAP, (uint32_t)cap_value);
-    reg_assert(n, VN_NVME_REG_CAP + 4, (uint32_t)(cap_value >> 32));
-    reg_assert(n, VN_NVME_REG_VS, VS_VALUE);
+    regs_fixed(n);
     n->cc = 0;
     n->csts = 0;
 }
@@ -535,9 +552,17 @@ static bool params_valid(const VnNvmeParams *p, GError **error)
         why = "vector count out of range";
     } else if (p->io_queues == 0 || p->io_queues > VN_NVME_MAX_IO_QUEUES) {
         why = "I/O queue count out of range";
+    } else if ((p->cmb_mib != 0) != (p->cmb != NULL)) {
+        why = "a CMB size without CMB memory, or memory without a size";
     }
     if (why != NULL) {
         g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_INVAL, "device nvme: %s", why);
+        return false;
+    }
+    if (!vn_nvme_cmb_mib_valid(p->cmb_mib)) {
+        g_set_error(error, G_FILE_ERROR, G_FILE_ERROR_INVAL,
+                    "device nvme: a CMB of %u MiB (a power of two from %u to %u, or 0 for none)",
+                    p->cmb_mib, VN_NVME_MIN_CMB_MIB, VN_NVME_MAX_CMB_MIB);
         return false;
     }
     return true;
@@ -561,6 +586,9 @@ VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg, GE
     n->params.serial = NULL;
     g_strlcpy(n->serial, params->serial, sizeof(n->serial));
     n->bar0 = bar0;
+    n->cmb = params->cmb;
+    n->cmb_size = (uint64_t)params->cmb_mib << 20;
+    vn_nvme_cmb_setup(n);
     n->cfg = cfg;
     n->bounce = g_malloc(VN_NVME_MAX_XFER);
     n->segs = g_new0(VnNvmeSeg, VN_NVME_MAX_SEGS);
@@ -580,6 +608,9 @@ VnNvme *vn_nvme_new(const VnNvmeParams *params, uint8_t *bar0, VnPciCfg *cfg, GE
     }
     ctrl_reset(n);
     regs_reset(n);
+    if (n->cmb != NULL) {
+        trace_nvme_cmb(n->serial, params->cmb_mib, VN_NVME_CMB_BAR, n->cmbsz);
+    }
     return g_steal_pointer(&n);
 }
 

@@ -2,7 +2,8 @@
  * A simulated NVMe 1.4 controller with one namespace backed by a raw file:
  * the subset of the NVMe Base Specification 1.4 that Linux's nvme driver
  * uses (admin queue, Identify, features, I/O queues, Read/Write/Flush/Write
- * Zeroes with PRPs and PRP lists).
+ * Zeroes with PRPs and PRP lists), and optionally a Controller Memory Buffer
+ * for data (Linux publishes it as p2pmem).
  *
  * The controller registers and doorbells live in BAR0 memory that the guest
  * writes directly (a shared mapping), so nothing announces a doorbell write:
@@ -40,6 +41,21 @@
 #define VN_NVME_MAX_IO_QUEUES 64u
 /* Serial Number field of Identify Controller: 20 ASCII bytes. */
 #define VN_NVME_SERIAL_LEN 20u
+/* Controller Memory Buffer (NVMe 1.4 4.7), in MiB (CMBSZ.SZU = 1 MiB).  At
+ * least 2: Linux publishes a CMB as p2pmem through ZONE_DEVICE pages, which
+ * it maps in 2 MiB subsections, so a smaller BAR backs no page.  At most
+ * 256: the memfd is the device's memory and a lender exports it whole as a
+ * window; more is a mistyped size, not a buffer anyone needs. */
+#define VN_NVME_MIN_CMB_MIB 2u
+#define VN_NVME_MAX_CMB_MIB 256u
+/* The BAR of the CMB (CMBLOC.BIR), where QEMU's nvme puts it: BAR0/1 hold
+ * the registers, BAR4 the MSI-X table. */
+#define VN_NVME_CMB_BAR 2u
+
+/* Whether @mib is a CMB size we offer: 0 (none), or a power of two (a BAR
+ * is one, PCI 3.0 6.2.5.1, and the CMB is all of it) from
+ * VN_NVME_MIN_CMB_MIB to VN_NVME_MAX_CMB_MIB. */
+bool vn_nvme_cmb_mib_valid(int64_t mib);
 
 typedef struct VnNvmeParams {
     const char *backing;    /* namespace file: created or extended */
@@ -49,6 +65,11 @@ typedef struct VnNvmeParams {
     uint32_t io_queues;     /* 1..VN_NVME_MAX_IO_QUEUES */
     uint16_t pci_vendor_id; /* reported in Identify Controller VID/SSVID */
     uint16_t pci_subsys_vendor_id;
+    /* 0: no CMB.  Else a power of two in VN_NVME_MIN_CMB_MIB..
+     * VN_NVME_MAX_CMB_MIB, with @cmb that many MiB (borrowed, shared with the
+     * guest and peers like BAR0): the memory of BAR VN_NVME_CMB_BAR. */
+    uint32_t cmb_mib;
+    uint8_t *cmb;
 } VnNvmeParams;
 
 typedef struct VnNvme VnNvme;
@@ -96,7 +117,7 @@ bool vn_nvme_ready(VnNvme *n);
 
 /* Reset the controller as a function reset does: queues deleted, pending
  * commands dropped, every BAR0 register back to its default and every
- * doorbell zeroed.  The namespace's data is kept. */
+ * doorbell zeroed.  The namespace's data and the CMB's contents are kept. */
 void vn_nvme_reset(VnNvme *n);
 
 /* Write the namespace's data to stable storage (fdatasync).  0 or -errno. */

@@ -67,6 +67,7 @@ struct VnPciCfg {
                                             * the register are filled in on
                                             * read */
     bool flr_pending;                     /* Initiate FLR was written */
+    uint64_t bar_addr[VN_PCICFG_BARS];    /* programmed BAR addresses, atomic */
 };
 
 static const char *const irq_mode_names[VN_PCICFG_IRQ_LAST] = {
@@ -377,6 +378,30 @@ static void msi_clamp(VnPciCfg *cfg)
     }
 }
 
+/* The address each memory BAR holds (PCI 3.0 6.2.5.1: the bits above the
+ * type bits; a 64-bit BAR's upper half in the next register), for the
+ * engine thread to recognise bus addresses of its own memory. */
+static void bars_update(VnPciCfg *cfg)
+{
+    const VnPciCfgParams *p = &cfg->params;
+
+    for (unsigned i = 0; i < VN_PCICFG_BARS; i++) {
+        unsigned reg = PCI_BASE_ADDRESS_0 + 4 * i;
+        uint64_t addr = 0;
+
+        if (p->bars[i].size != 0) {
+            addr = get32(cfg, reg) & (uint32_t)PCI_BASE_ADDRESS_MEM_MASK;
+            if (p->bars[i].is64) {
+                addr |= (uint64_t)get32(cfg, reg + 4) << 32;
+            }
+        }
+        __atomic_store_n(&cfg->bar_addr[i], addr, __ATOMIC_SEQ_CST);
+        if (p->bars[i].is64) {
+            i++; /* the upper half is no BAR of its own */
+        }
+    }
+}
+
 static void state_update(VnPciCfg *cfg)
 {
     uint16_t cmd = get16(cfg, PCI_COMMAND);
@@ -408,6 +433,7 @@ static void state_update(VnPciCfg *cfg)
         }
     }
     g_atomic_int_set(&cfg->state, st);
+    bars_update(cfg);
 }
 
 VnPciCfg *vn_pcicfg_new(const VnPciCfgParams *params, GError **error)
@@ -514,6 +540,11 @@ bool vn_pcicfg_bus_master(VnPciCfg *cfg)
 bool vn_pcicfg_mem_enabled(VnPciCfg *cfg)
 {
     return g_atomic_int_get(&cfg->state) & STATE_MEM_ENABLE;
+}
+
+uint64_t vn_pcicfg_bar_addr(VnPciCfg *cfg, unsigned bar)
+{
+    return bar < VN_PCICFG_BARS ? __atomic_load_n(&cfg->bar_addr[bar], __ATOMIC_SEQ_CST) : 0;
 }
 
 bool vn_pcicfg_intx_disabled(VnPciCfg *cfg)

@@ -10,8 +10,9 @@
  * r5.0 7.6.3 allows a zero header at 100h).
  *
  * Threads: vn_pcicfg_read/write/reset/take_flr run in the socket thread only.  The
- * bits other code acts on (bus master, INTx disable, MSI-X enable and
- * function mask, MSI enable, enabled MSI vectors and mask bits) are
+ * bits other code acts on (bus master, memory space, INTx disable, MSI-X
+ * enable and function mask, MSI enable, enabled MSI vectors and mask bits,
+ * the BAR addresses) are
  * mirrored into atomic words after every write, so the query functions may
  * be called from any thread without a lock.  MSI pending bits are the
  * exception that goes the other way: one signalling thread sets and clears
@@ -121,6 +122,12 @@ bool vn_pcicfg_take_flr(VnPciCfg *cfg);
 bool vn_pcicfg_bus_master(VnPciCfg *cfg);
 /* Any thread: Memory Space Enable. */
 bool vn_pcicfg_mem_enabled(VnPciCfg *cfg);
+/* Any thread: the address software programmed into memory BAR @bar (both
+ * halves of a 64-bit BAR, type bits masked off); 0 for a BAR that is not
+ * implemented, the upper half of a 64-bit one, or one not yet assigned.
+ * While software sizes a BAR (all ones written) it reads as the size mask:
+ * look at it only with Memory Space Enable set, as the device decodes it. */
+uint64_t vn_pcicfg_bar_addr(VnPciCfg *cfg, unsigned bar);
 /* Any thread: Interrupt Disable (INTx may not be asserted). */
 bool vn_pcicfg_intx_disabled(VnPciCfg *cfg);
 /* Any thread: MSI-X Enable and Function Mask (PCIe r5.0 7.7.2.2). */

@@ -6,6 +6,10 @@
  * land in our mapping without a message, and the engine thread polls them.
  * QEMU may still access BAR0 by REGION_READ/WRITE (before it maps, or when
  * mapping failed); those accesses go to the same memory and kick the engine.
+ *
+ * The CMB (BAR2, optional) is a memfd offered the same way: a lender exports
+ * it to borrowers as a window and a peer device DMAs straight into it.
+ * Nothing polls it; its trapped accesses are plain copies of the same bytes.
  */
 #define G_LOG_DOMAIN "vfio-ntb.simdev"
 
@@ -28,6 +32,9 @@ struct VnPciDev {
     VnDeviceInfo info;
     int bar0_fd;
     uint8_t *bar0;                     /* mmap of bar0_fd, shared */
+    int cmb_fd;                        /* -1: no CMB */
+    uint8_t *cmb;                      /* mmap of cmb_fd, shared with the guest and peers */
+    uint64_t cmb_size;                 /* bytes, 0 without a CMB */
     bool trap_bars;                    /* VnPciDevParams.trap_bars */
     uint8_t bar4[VN_PCIDEV_BAR4_SIZE]; /* MSI-X table + PBA storage */
     VnPciCfgIrqMode irq_mode;
@@ -109,6 +116,10 @@ static int op_region_read(void *opaque, uint32_t index, uint64_t offset, void *b
     case VFIO_PCI_BAR0_REGION_INDEX:
         bar0_read(d, offset, buf, count);
         return 0;
+    case VFIO_PCI_BAR2_REGION_INDEX:
+        /* Without a CMB its size is 0: the range check refused already. */
+        memcpy(buf, d->cmb + offset, count);
+        return 0;
     case VFIO_PCI_BAR4_REGION_INDEX:
         /* In MSI mode its size is 0: the range check refused already. */
         memcpy(buf, d->bar4 + offset, count);
@@ -143,6 +154,9 @@ static int op_region_write(void *opaque, uint32_t index, uint64_t offset, const 
     case VFIO_PCI_BAR0_REGION_INDEX:
         bar0_write(d, offset, buf, count);
         kick(d);
+        return 0;
+    case VFIO_PCI_BAR2_REGION_INDEX:
+        memcpy(d->cmb + offset, buf, count);
         return 0;
     case VFIO_PCI_BAR4_REGION_INDEX:
         /* The table is read-write storage; the PBA is read-only (PCIe r5.0
@@ -207,10 +221,24 @@ const VnDeviceOps vn_pcidev_ops = {
     .client_gone = op_client_gone,
 };
 
+/* A BAR of ours in a memfd: READ|WRITE, and MMAP with one sparse area over
+ * all of it unless trap_bars keeps the fd back. */
+static void memory_region(VnPciDev *d, VnRegion *r, int fd, uint64_t size)
+{
+    r->size = size;
+    r->flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+    if (!d->trap_bars) {
+        r->flags |= VFIO_REGION_INFO_FLAG_MMAP;
+        r->mmap_fd = fd;
+        r->mmap_offset = 0;
+        r->nr_sparse = 1;
+        r->sparse[0] = (VnSparseArea){ .offset = 0, .size = size };
+    }
+}
+
 static void info_build(VnPciDev *d)
 {
     VnDeviceInfo *i = &d->info;
-    VnRegion *bar0 = &i->regions[VFIO_PCI_BAR0_REGION_INDEX];
 
     memset(i, 0, sizeof(*i));
     i->flags = VFIO_DEVICE_FLAGS_PCI | VFIO_DEVICE_FLAGS_RESET;
@@ -218,14 +246,9 @@ static void info_build(VnPciDev *d)
     for (uint32_t r = 0; r < VN_MAX_REGIONS; r++) {
         i->regions[r].mmap_fd = -1;
     }
-    bar0->size = VN_NVME_BAR0_SIZE;
-    bar0->flags = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
-    if (!d->trap_bars) {
-        bar0->flags |= VFIO_REGION_INFO_FLAG_MMAP;
-        bar0->mmap_fd = d->bar0_fd;
-        bar0->mmap_offset = 0;
-        bar0->nr_sparse = 1;
-        bar0->sparse[0] = (VnSparseArea){ .offset = 0, .size = VN_NVME_BAR0_SIZE };
+    memory_region(d, &i->regions[VFIO_PCI_BAR0_REGION_INDEX], d->bar0_fd, VN_NVME_BAR0_SIZE);
+    if (d->cmb != NULL) {
+        memory_region(d, &i->regions[VFIO_PCI_BAR2_REGION_INDEX], d->cmb_fd, d->cmb_size);
     }
     if (d->irq_mode == VN_PCICFG_IRQ_MSIX) {
         i->regions[VFIO_PCI_BAR4_REGION_INDEX] = (VnRegion){
@@ -269,27 +292,34 @@ static uint32_t msi_vectors_for(uint32_t vectors)
     return n;
 }
 
-static bool bar0_create(VnPciDev *d, GError **error)
+/* The memory of BAR @bar: a new memfd of @size bytes (zeros) in *fd, mapped
+ * at *map.  On failure *map stays NULL and *fd is -1 or the memfd, which
+ * vn_pcidev_free() closes. */
+static bool bar_memfd(VnPciDev *d, unsigned bar, uint64_t size, int *fd, uint8_t **map,
+                      GError **error)
 {
-    /* Sealed: the lender exports it as a fabric segment, which must be. */
-    d->bar0_fd = vn_peerfd_memfd_new("vfio-ntb-simdev-bar0", VN_NVME_BAR0_SIZE);
-    if (d->bar0_fd < 0) {
-        int err = -d->bar0_fd;
+    g_autofree char *name = g_strdup_printf("vfio-ntb-simdev-bar%u", bar);
+    void *p;
 
-        d->bar0_fd = -1;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "device nvme %s: BAR0 memfd: %s",
-                    d->serial, g_strerror(err));
+    /* Sealed: the lender exports it as a fabric segment, which must be. */
+    *fd = vn_peerfd_memfd_new(name, size);
+    if (*fd < 0) {
+        int err = -*fd;
+
+        *fd = -1;
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err),
+                    "device nvme %s: BAR%u memfd: %s", d->serial, bar, g_strerror(err));
         return false;
     }
-    d->bar0 = mmap(NULL, VN_NVME_BAR0_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, d->bar0_fd, 0);
-    if (d->bar0 == MAP_FAILED) {
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    if (p == MAP_FAILED) {
         int err = errno;
 
-        d->bar0 = NULL;
-        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "device nvme %s: BAR0 mmap: %s",
-                    d->serial, g_strerror(err));
+        g_set_error(error, G_IO_ERROR, g_io_error_from_errno(err), "device nvme %s: BAR%u mmap: %s",
+                    d->serial, bar, g_strerror(err));
         return false;
     }
+    *map = p;
     return true;
 }
 
@@ -321,12 +351,19 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
     };
 
     d->bar0_fd = -1;
+    d->cmb_fd = -1;
     d->trap_bars = params->trap_bars;
     d->serial = g_strdup(params->serial != NULL ? params->serial : "?");
     if (params->vectors < VN_PCIDEV_MIN_VECTORS || params->vectors > VN_PCIDEV_MAX_VECTORS) {
         g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
                     "device nvme %s: %u vectors (%u..%u)", d->serial, params->vectors,
                     VN_PCIDEV_MIN_VECTORS, VN_PCIDEV_MAX_VECTORS);
+        return NULL;
+    }
+    if (!vn_nvme_cmb_mib_valid(params->cmb_mib)) {
+        g_set_error(error, G_IO_ERROR, G_IO_ERROR_INVALID_ARGUMENT,
+                    "device nvme %s: a CMB of %u MiB (a power of two from %u to %u, or 0 for none)",
+                    d->serial, params->cmb_mib, VN_NVME_MIN_CMB_MIB, VN_NVME_MAX_CMB_MIB);
         return NULL;
     }
     if ((unsigned)params->irq_mode >= VN_PCICFG_IRQ_LAST) {
@@ -345,8 +382,22 @@ VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error)
     }
     /* Create I/O CQ checks the IV against the vectors of this mode. */
     np.vectors = d->vectors;
-    if (!bar0_create(d, error)) {
+    if (!bar_memfd(d, 0, VN_NVME_BAR0_SIZE, &d->bar0_fd, &d->bar0, error)) {
         return NULL;
+    }
+    if (params->cmb_mib != 0) {
+        /* BAR2/3 are free: BAR0/1 hold the registers (64-bit), BAR4 the
+         * MSI-X table (32-bit) or nothing in MSI mode.  Prefetchable, as
+         * plain memory is (PCI 3.0 6.2.5.1), so a guest's firmware may put
+         * it above 4 GiB. */
+        d->cmb_size = (uint64_t)params->cmb_mib << 20;
+        if (!bar_memfd(d, VN_NVME_CMB_BAR, d->cmb_size, &d->cmb_fd, &d->cmb, error)) {
+            return NULL;
+        }
+        cp.bars[VN_NVME_CMB_BAR] =
+            (VnPciCfgBar){ .size = d->cmb_size, .is64 = true, .prefetch = true };
+        np.cmb_mib = params->cmb_mib;
+        np.cmb = d->cmb;
     }
     d->cfg = vn_pcicfg_new(&cp, error);
     if (d->cfg == NULL) {
@@ -367,12 +418,16 @@ void vn_pcidev_free(VnPciDev *d)
         return;
     }
     vn_pcidev_stop(d);
-    vn_nvme_free(d->nvme); /* before BAR0 goes: it points into it */
+    vn_nvme_free(d->nvme); /* before BAR0 and the CMB go: it points into them */
     vn_pcicfg_free(d->cfg);
     if (d->bar0 != NULL) {
         munmap(d->bar0, VN_NVME_BAR0_SIZE);
     }
     vn_util_close_fd(&d->bar0_fd);
+    if (d->cmb != NULL) {
+        munmap(d->cmb, d->cmb_size);
+    }
+    vn_util_close_fd(&d->cmb_fd);
     g_free(d->serial);
     g_free(d);
 }

@@ -2,8 +2,9 @@
  * The simulated PCIe NVMe device as the vfio-user server engine sees it:
  * its VnDeviceInfo (regions, irqs) and its VnDeviceOps, tying together the
  * config space (pcicfg.c), the NVMe controller (nvme*.c), BAR0 in a memfd
- * the client maps, BAR4 with the MSI-X table, and the engine thread that
- * polls BAR0 (engine.c).
+ * the client maps, optionally the Controller Memory Buffer in BAR2 (another
+ * memfd), BAR4 with the MSI-X table, and the engine thread that polls BAR0
+ * (engine.c).
  *
  * Two interrupt modes (VnPciDevParams.irq_mode):
  *   MSI-X (default, what NVMe controllers have): an MSI-X capability with
@@ -14,9 +15,12 @@
  *     deletes a subregion QOM already unparented); without MSI-X it can.
  *
  * Regions (linux/vfio.h indexes): BAR0 16 KiB, READ|WRITE|MMAP from a memfd
- * with one sparse area over all of it; BAR4 4 KiB READ|WRITE, trapped (QEMU
+ * with one sparse area over all of it; BAR2 (BAR3 its upper half) the CMB,
+ * @cmb_mib MiB, 64-bit prefetchable, READ|WRITE|MMAP from its own memfd the
+ * same way, size 0 without a CMB; BAR4 4 KiB READ|WRITE, trapped (QEMU
  * emulates the MSI-X table itself and keeps the BAR unmapped), size 0 in
- * MSI mode; CONFIG 4 KiB.
+ * MSI mode; CONFIG 4 KiB.  With trap_bars, BAR0 and BAR2 come without their
+ * memfds (READ|WRITE: every access a message, to the same memory).
  * Irqs: INTx 1, MSI 0 or the MSI vectors, MSI-X @vectors (NORESIZE) or 0,
  * ERR 1 (never signalled, as the kernel's vfio-pci reports it), REQ 0.
  *
@@ -25,6 +29,7 @@
  *   config space   socket thread (the engine reads its atomic state bits)
  *   BAR4 storage   socket thread only (MSI-X mode)
  *   BAR0 memory    shared with the guest; registers by the NVMe controller
+ *   CMB memory     shared with the guest and peers; data by the controller
  *   NVMe state     the controller's own lock (engine polls, socket resets)
  * reset, client_gone and a guest's FLR (Initiate FLR written to config
  * space) take the controller lock, so when they return the controller is
@@ -62,15 +67,20 @@ typedef struct VnPciDevParams {
      * queues = vectors - 1 (<= 64), vectors shared when MSI has fewer. */
     uint32_t vectors;
     VnPciCfgIrqMode irq_mode; /* 0 = MSI-X */
-    /* BAR0 offered without its memfd: every register access is a REGION_READ/WRITE, as a
-     * device's BAR a lender cannot map is (the software path; its benches and tests). */
+    /* BAR0 (and the CMB) offered without its memfd: every register access is a
+     * REGION_READ/WRITE, as a device's BAR a lender cannot map is (the software path; its
+     * benches and tests). */
     bool trap_bars;
+    /* 0: no CMB, BAR2 not implemented.  Else its size in MiB, which
+     * vn_nvme_cmb_mib_valid() must accept. */
+    uint32_t cmb_mib;
 } VnPciDevParams;
 
 typedef struct VnPciDev VnPciDev;
 
-/* Build the device (config space, BAR0 memfd, controller, namespace file).
- * NULL with @error set on a bad parameter or a system error. */
+/* Build the device (config space, BAR0 and CMB memfds, controller,
+ * namespace file).  The CMB starts zeroed (a new memfd).  NULL with @error
+ * set on a bad parameter or a system error. */
 VnPciDev *vn_pcidev_new(const VnPciDevParams *params, GError **error);
 /* Stops the engine if it still runs. */
 void vn_pcidev_free(VnPciDev *d);
@@ -80,8 +90,8 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC(VnPciDev, vn_pcidev_free)
  * largest power of two not above it, at most VN_PCICFG_MAX_MSI_VECTORS). */
 uint32_t vn_pcidev_vectors(VnPciDev *d);
 
-/* What to give vn_server_new() (valid for the device's life; BAR0's memfd
- * stays the device's). */
+/* What to give vn_server_new() (valid for the device's life; the BAR0 and
+ * CMB memfds stay the device's). */
 const VnDeviceInfo *vn_pcidev_info(VnPciDev *d);
 extern const VnDeviceOps vn_pcidev_ops;
 

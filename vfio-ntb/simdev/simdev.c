@@ -3,7 +3,7 @@
  *
  *   vfio-ntb-simdev --socket PATH --backing FILE --size-mib N
  *                   [--serial S] [--vectors N] [--interrupts msix|msi]
- *                   [--trap-bars] [--stats-file PATH] [--verbose]
+ *                   [--cmb-mib N] [--trap-bars] [--stats-file PATH] [--verbose]
  *
  * QEMU's vfio-user-pci client connects to PATH; the guest's stock nvme driver
  * binds to the device and its I/O lands in FILE (created, or extended to N
@@ -13,8 +13,14 @@
  *
  * --interrupts msi replaces MSI-X by MSI (fewer vectors, no BAR4): stock
  * QEMU 11.1 aborts when it hot-unplugs a vfio-user device with MSI-X.
- * --trap-bars offers BAR0 without its memory: every register and doorbell
- * access is a message, as with a device whose BAR a lender cannot map.
+ * --cmb-mib N gives the controller an N MiB Controller Memory Buffer (a
+ * power of two, 2..256; 0 or absent: none) in BAR2, for read and write data
+ * (CMBSZ RDS|WDS): Linux's nvme driver publishes it as p2pmem, a target
+ * another device can DMA into.  Its memory is a memfd the client maps, so a
+ * lender exports it to borrowers as a window.
+ * --trap-bars offers BAR0 (and the CMB) without its memory: every register
+ * and doorbell access is a message, as with a device whose BAR a lender
+ * cannot map.
  *
  * This file only parses arguments and wires the pieces: the device model
  * (pcidev.c) behind the server engine (vfio-user/server.c) in the default
@@ -48,6 +54,7 @@ typedef struct Options {
     gint vectors;
     char *interrupts;
     VnPciCfgIrqMode irq_mode; /* parsed from interrupts */
+    gint cmb_mib;
     gboolean trap_bars;
     gboolean verbose;
     char *stats_file;
@@ -81,8 +88,12 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
         { "interrupts", 0, 0, G_OPTION_ARG_STRING, &o->interrupts,
           "msix (default, as NVMe controllers have) or msi (stock QEMU can hot-unplug it)",
           "MODE" },
+        { "cmb-mib", 0, 0, G_OPTION_ARG_INT, &o->cmb_mib,
+          "Controller Memory Buffer in BAR2 of N MiB (a power of two, 2-256; Linux publishes it "
+          "as p2pmem); 0 (default) for none",
+          "N" },
         { "trap-bars", 0, 0, G_OPTION_ARG_NONE, &o->trap_bars,
-          "offer BAR0 without its memory: every register access is a message", NULL },
+          "offer BAR0 and the CMB without their memory: every access is a message", NULL },
         { "stats-file", 0, 0, G_OPTION_ARG_FILENAME, &o->stats_file,
           "write the server's counters as JSON here on SIGUSR1 and at exit", "PATH" },
         { "verbose", 'v', 0, G_OPTION_ARG_NONE, &o->verbose, "log every message and state change",
@@ -121,6 +132,12 @@ static bool options_parse(Options *o, int *argc, char ***argv, GError **error)
                     VN_PCIDEV_MAX_VECTORS);
         return false;
     }
+    if (!vn_nvme_cmb_mib_valid(o->cmb_mib)) {
+        g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
+                    "--cmb-mib %d is not 0 or a power of two from %u to %u", o->cmb_mib,
+                    VN_NVME_MIN_CMB_MIB, VN_NVME_MAX_CMB_MIB);
+        return false;
+    }
     o->irq_mode = VN_PCICFG_IRQ_MSIX;
     if (o->interrupts != NULL && !vn_pcicfg_irq_mode_from_string(o->interrupts, &o->irq_mode)) {
         g_set_error(error, G_OPTION_ERROR, G_OPTION_ERROR_BAD_VALUE,
@@ -147,6 +164,7 @@ int main(int argc, char **argv)
     g_autoptr(VnPciDev) dev = NULL;
     g_autoptr(VnServer) server = NULL;
     g_autoptr(GMainLoop) loop = NULL;
+    g_autofree char *cmb = NULL;
     VnPciDevParams params;
     VnUtilStatsFile stats;
 
@@ -168,6 +186,7 @@ int main(int argc, char **argv)
         .vectors = (uint32_t)opt.vectors,
         .irq_mode = opt.irq_mode,
         .trap_bars = opt.trap_bars,
+        .cmb_mib = (uint32_t)opt.cmb_mib,
     };
     dev = vn_pcidev_new(&params, &error);
     if (dev == NULL) {
@@ -184,12 +203,14 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    cmb = opt.cmb_mib == 0 ? g_strdup("no CMB")
+                           : g_strdup_printf("CMB %d MiB in BAR%u", opt.cmb_mib, VN_NVME_CMB_BAR);
     loop = g_main_loop_new(NULL, FALSE);
     vn_util_stats_file_start(&stats, opt.stats_file, stats_json, server);
     g_message("simdev %s: serving %s (%" G_GINT64_FORMAT " MiB, serial %s, interrupts %s, "
-              "%u vectors) on %s",
+              "%u vectors, %s) on %s",
               VN_VERSION, opt.backing, opt.size_mib, opt.serial,
-              vn_pcicfg_irq_mode_to_string(opt.irq_mode), vn_pcidev_vectors(dev), opt.socket);
+              vn_pcicfg_irq_mode_to_string(opt.irq_mode), vn_pcidev_vectors(dev), cmb, opt.socket);
     vn_util_run_until_signalled(loop);
 
     /* The engine uses the server's DMA and irq tables: stop it first, then
