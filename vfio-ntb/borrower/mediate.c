@@ -269,7 +269,8 @@ static bool shadow(VnBorrower *b, uint64_t offset, const uint8_t *data, uint64_t
         uint8_t v = data[a - offset];
 
         if (a >= PCI_BASE_ADDRESS_0 && a <= PCI_BASE_ADDRESS_5 + 3) {
-            unsigned i = (unsigned)(a - PCI_BASE_ADDRESS_0) / 4, shift = 8 * ((a - PCI_BASE_ADDRESS_0) % 4);
+            unsigned i = (unsigned)(a - PCI_BASE_ADDRESS_0) / 4,
+                     shift = 8 * ((a - PCI_BASE_ADDRESS_0) % 4);
 
             m->bar[i] = (m->bar[i] & ~(0xffu << shift)) | (uint32_t)v << shift;
             touched = true;

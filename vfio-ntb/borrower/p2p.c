@@ -196,8 +196,7 @@ static bool targets_drop(VnBorrower *b, uint64_t iova, uint64_t size, bool all, 
                 VnProtoDmaUnmap u = { .iova = t->iova, .size = t->size };
                 g_autofree char *json = vn_proto_dma_unmap_to_json(b->device, &u);
 
-                vn_borrower_ask_posted(b, VN_PROTO_DMA_UNMAP, json, on_target_unmapped, NULL,
-                                       NULL);
+                vn_borrower_ask_posted(b, VN_PROTO_DMA_UNMAP, json, on_target_unmapped, NULL, NULL);
             }
             g_array_remove_index_fast(b->p2p_targets, i);
             any = true;

@@ -183,8 +183,8 @@ static void on_shared(void *opaque, VnFabricMsg *reply, int err)
         g_free(m);
         return;
     }
-    if (err == 0 && !vn_peers_segments_from_json(reply != NULL ? reply->json : NULL,
-                                                 o->t.segments, o->t.nr_segments, &error)) {
+    if (err == 0 && !vn_peers_segments_from_json(reply != NULL ? reply->json : NULL, o->t.segments,
+                                                 o->t.nr_segments, &error)) {
         err = -EPROTO;
     }
     if (err < 0) {
@@ -210,7 +210,8 @@ static void on_shared(void *opaque, VnFabricMsg *reply, int err)
 static void offer_make(VnDaemon *d, VnBorrowed *x, Offer *o, VnBorrowed *y, const VnHostBar *bar)
 {
     uint64_t off = o->iova - bar->gpa;
-    uint32_t first = (uint32_t)(off / bar->chunk), last = (uint32_t)((off + o->size - 1) / bar->chunk);
+    uint32_t first = (uint32_t)(off / bar->chunk),
+             last = (uint32_t)((off + o->size - 1) / bar->chunk);
     g_autofree char *json = NULL;
     VnPeersRequest rq = { 0 };
     Making *m;
@@ -403,8 +404,8 @@ void vn_p2p_request(VnDaemon *d, VnLocalDevice *ld, VnFabricMsg *msg, uint64_t t
     if (msg->type == VN_PEERS_P2P_ALLOW) {
         for (uint32_t k = 0; k < rq.nr_segments; k++) {
             if (!vn_port_p2p_allow(ld->port, rq.node, rq.segments[k])) {
-                refuse(d, token, ENOSPC, "%s: %s/%s may map at most %u other nodes' segments",
-                       what, d->conf->node, rq.device, VN_PORT_MAX_P2P);
+                refuse(d, token, ENOSPC, "%s: %s/%s may map at most %u other nodes' segments", what,
+                       d->conf->node, rq.device, VN_PORT_MAX_P2P);
                 return;
             }
         }

@@ -516,8 +516,7 @@ static bool get_segments(JsonObject *o, uint64_t *segments, uint32_t *n, const c
     return true;
 }
 
-bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n,
-                                 GError **error)
+bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n, GError **error)
 {
     g_autoptr(JsonObject) o = vn_json_parse_object(json, -1, VN_FABRIC_MAX_PAYLOAD, error);
     uint64_t got[VN_PEERS_MAX_SEGMENTS];

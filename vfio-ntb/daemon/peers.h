@@ -130,8 +130,7 @@ bool vn_peers_request_from_json(VnPeersType type, const char *json, VnPeersReque
 bool vn_peers_lease_from_json(const char *json, uint64_t *lease, GError **error);
 /* P2P_SHARE's reply: @n segments (as many as asked for). */
 char *vn_peers_segments_to_json(const uint64_t *segments, uint32_t n);
-bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n,
-                                 GError **error);
+bool vn_peers_segments_from_json(const char *json, uint64_t *segments, uint32_t n, GError **error);
 
 /* Does @a claim lease @lease on @lender's device @name? */
 bool vn_peers_announce_holds(const VnPeersAnnounce *a, const char *lender, const char *name,
