@@ -21,7 +21,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
                  fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
-                 args=(), fabric="shm", persist=True, node_keys=None):
+                 args=(), fabric="shm", persist=True, node_keys=None, domain=None):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -36,6 +36,7 @@ class Daemon:
         self.persist = persist              # False: no state-dir (the README quickstart's)
         self.args = [str(a) for a in args]         # more of vfio-ntbd's options (--trace)
         self.node_keys = dict(node_keys or {})      # more [node] keys (qemu-user)
+        self.domain = domain    # every borrow's domain (a name, or {device: name}); None: its own
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
         self.run_dir = self.wd / f"{name}.run"
@@ -64,6 +65,9 @@ class Daemon:
         for dev, (lender, sock, mode) in self.borrows.items():
             lines += ["", f"[borrow {dev}]", f"lender = {lender}", f"socket = {sock}",
                       f"irq-mode = {mode}"]
+            dom = self.domain.get(dev) if isinstance(self.domain, dict) else self.domain
+            if dom:
+                lines.append(f"domain = {dom}")
         return "\n".join(lines) + "\n"
 
     def start(self, wait_sockets=False, timeout=20.0):

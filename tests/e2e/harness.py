@@ -189,10 +189,12 @@ def testbed_qemu():
     return patched_qemu() if kind == "patched" else stock_qemu()
 
 
-def testbed_guest():
-    if "guest" not in _cache:
-        _cache["guest"] = Path(_script_output("testbed-guest"))
-    return _cache["guest"]
+def testbed_guest(flavor=None):
+    """The test guest's directory; flavor "p2p": forky's kernel with CONFIG_PCI_P2PDMA."""
+    key = f"guest-{flavor}" if flavor else "guest"
+    if key not in _cache:
+        _cache[key] = Path(_script_output("testbed-guest", *([f"--{flavor}"] if flavor else [])))
+    return _cache[key]
 
 
 def testbed_qemu_img():
@@ -241,6 +243,22 @@ class VfioUserDevice:
 
     def qemu_args(self):
         return ["-device", json.dumps(self.qmp_args())]
+
+
+class PcieSwitch:
+    """An emulated PCIe switch (x3130 upstream port behind root port rp0, downstream ports
+    dn0..dnN-1): devices behind one switch may DMA to each other's BARs (Linux's P2PDMA
+    allows peers under one switch; q35's host bridge is not on its whitelist)."""
+
+    def __init__(self, ports=2):
+        self.ports = ports
+
+    def qemu_args(self):
+        a = ["-device", "pcie-root-port,id=rp0,bus=pcie.0,chassis=1,slot=1",
+             "-device", "x3130-upstream,id=up0,bus=rp0"]
+        for i in range(self.ports):
+            a += ["-device", f"xio3130-downstream,id=dn{i},bus=up0,chassis={2 + i},slot=0"]
+        return a
 
 
 class BuiltinNvme:
@@ -421,7 +439,7 @@ class Qemu:
 
     def __init__(self, procs, checks, devices=(), params=None, root_port=False, timeout=300.0,
                  workdir=None, memory_mib=512, kernel=None, echo=False, extra_args=(),
-                 append_extra="", qemu=None, hugepages=False):
+                 append_extra="", qemu=None, hugepages=False, guest=None):
         """qemu: the binary (default testbed_qemu(): VN_QEMU picks stock or patched);
         hugepages: guest RAM in 2 MiB huge pages (the host must have them free)."""
         self.procs = procs
@@ -438,6 +456,7 @@ class Qemu:
         self.extra_args = list(extra_args)
         self.append_extra = append_extra
         self.hugepages = hugepages
+        self.guest = guest                  # testbed_guest()'s flavor ("p2p"), or None
         self.serial_path = self.workdir / "serial.log"
         self.stderr_path = self.workdir / "qemu.err"
         self.qmp_path = self.workdir / "qmp.sock"
@@ -448,7 +467,7 @@ class Qemu:
         self._partial = b""
 
     def argv(self):
-        guest = testbed_guest()
+        guest = testbed_guest(self.guest)
         kernel = self.kernel or (guest / "vmlinux" if (guest / "vmlinux").exists()
                                  else guest / "vmlinuz")
         params = {"checks": self.checks, "timeout": max(30, int(self.timeout) - 20)}

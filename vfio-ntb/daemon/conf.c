@@ -138,6 +138,7 @@ static void borrow_free(gpointer p)
     g_free(b->lender);
     g_free(b->device);
     g_free(b->socket);
+    g_free(b->domain);
     g_free(b);
 }
 
@@ -438,7 +439,8 @@ static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError
 
 static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "lender", "device", "socket", "irq-mode", NULL };
+    static const char *const known[] = { "lender", "device", "socket", "irq-mode", "domain",
+                                         NULL };
     g_autofree char *mode = NULL;
     VnBorrowConf *b;
 
@@ -468,6 +470,14 @@ static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GErr
     if (!vn_name_valid(VN_NAME_DEVICE, b->device)) {
         return fail(p, error, group, "device", "[%s]: device \"%.80s\" must be %s", group,
                     b->device, vn_name_rule(VN_NAME_DEVICE));
+    }
+    b->domain = g_key_file_get_string(p->kf, group, "domain", NULL);
+    if (b->domain == NULL) {
+        b->domain = g_strdup(b->name);
+    }
+    if (!vn_name_valid(VN_NAME_DOMAIN, b->domain)) {
+        return fail(p, error, group, "domain", "[%s]: domain \"%.80s\" must be %s", group,
+                    b->domain, vn_name_rule(VN_NAME_DOMAIN));
     }
     mode = g_key_file_get_string(p->kf, group, "irq-mode", NULL);
     if (mode != NULL && !vn_irq_mode_from_string(mode, &b->irq_mode)) {

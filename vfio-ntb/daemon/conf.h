@@ -98,6 +98,9 @@ typedef struct VnBorrowConf {
     char *device;
     char *socket;
     VnIrqMode irq_mode;
+    /* The VM it is served to ("domain = "; the borrow's name by default): devices of one
+     * domain reach each other's BARs (docs/p2p.md). */
+    char *domain;
 } VnBorrowConf;
 
 /* A lease whose borrower's daemon went away (or that was restored from the

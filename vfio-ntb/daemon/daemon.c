@@ -169,7 +169,7 @@ static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned
     g_free(b->socket);
     b->socket = g_strdup(bc->socket);
     g_free(b->domain);
-    b->domain = g_strdup(bc->name);
+    b->domain = g_strdup(bc->domain);
     vn_job_start(&b->job, VN_JOB_ATTACH, VN_JOB_OWNER_CONFIG);
     d->workers->start(d, b, static_started, NULL);
 }

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""End-to-end: device-to-device DMA between two borrowed devices (docs/p2p.md).
+
+Host A lends an NVMe (vfio-ntb-simdev, the disk); host C lends another whose Controller
+Memory Buffer (simdev --cmb-mib) Linux publishes as p2pmem; host B borrows both into one VM
+(one domain), both behind one emulated PCIe switch in a guest whose kernel has
+CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
+- p2p-nvme-to-cmb: a guest program (tests/guest/vn-p2p.c) maps p2pmem from device 2's CMB
+  and O_DIRECT-reads device 1 into it, then writes it back out elsewhere: the data verifies
+  in the guest and on A's backing file; A's lender maps device 2's BAR range to C's segments
+  (its DMA table names hostc); over the transfers no fabric message, forwarded access or
+  relayed interrupt of ours ran for device 2 (whose BAR device 1 reached without us);
+- p2p-needs-composition: the same VM with the two devices declared in different domains: the
+  daemon composes nothing, and the same read into the CMB fails in the guest.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
+from harness import result  # noqa: E402
+from cluster import Daemon, simdev_stats  # noqa: E402
+
+# tests/run-checks counts a result this file did not print as failed.
+EXPECTED_RESULTS = 2
+
+DISK_SERIAL = "VN-P2P-DISK"
+CMB_SERIAL = "VN-P2P-CMB"
+SIZE_MIB = 64
+
+
+def cluster(procs, domains):
+    """A lends the disk, C the CMB device, B borrows both (domains: one name or a dict)."""
+    wd = procs.tempdir()
+    fab = procs.tempdir("vn-fabric-")
+    disk = h.make_backing(wd / "disk.img", SIZE_MIB)
+    cmbdisk = h.make_backing(wd / "cmb-disk.img", SIZE_MIB)
+    sd1 = h.Simdev(procs, wd / "dev1.sock", disk, SIZE_MIB, serial=DISK_SERIAL,
+                   extra_args=["--stats-file", str(wd / "dev1.stats")]).start()
+    sd2 = h.Simdev(procs, wd / "dev2.sock", cmbdisk, SIZE_MIB, serial=CMB_SERIAL,
+                   extra_args=["--cmb-mib", "16", "--stats-file", str(wd / "dev2.stats")]).start()
+    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd1.socket_path}).start()
+    c = Daemon(procs, wd, "hostc", fab, lends={"nvme1": sd2.socket_path}).start()
+    b = Daemon(procs, wd, "hostb", fab, domain=domains,
+               borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", "fd"),
+                        "nvme1": ("hostc", wd / "vm-nvme1.sock", "fd")}).start(wait_sockets=True)
+    return wd, disk, (sd1, sd2), (a, b, c)
+
+
+def guest(procs, wd, b, checks, params):
+    devices = [h.PcieSwitch(2),
+               h.VfioUserDevice(b.borrows["nvme0"][1], id="d0", bus="dn0"),
+               h.VfioUserDevice(b.borrows["nvme1"][1], id="d1", bus="dn1")]
+    return h.Qemu(procs, checks, devices, guest="p2p", workdir=wd, memory_mib=768,
+                  params={"p2p_disk_serial": DISK_SERIAL, "p2p_mem_serial": CMB_SERIAL,
+                          "pause_s": 2, **params}).start()
+
+
+def cmb_device_counters(a, b, c, sd2):
+    """What our software did for device 2 (the CMB's): it must do nothing while device 1
+    DMAs into its BAR."""
+    sb, sc = b.stats(), c.stats()
+    bor = [x for x in sb["borrowed"] if x.get("lender") == "hostc"][0]
+    lent = sc["lent"][0]
+    return {
+        "borrower_vfio_user_messages": bor["vfio_user"]["messages"],
+        "forwarded": bor["region_forwarded"] + lent["region_rw"],
+        "lender_requests": lent["requests"],
+        "relayed_irqs": lent["relayed_irqs"] + bor["relayed_irqs"],
+        "fabric_doorbells": sc["fabric"]["doorbells_sent"],
+        "device_messages": simdev_stats(sd2)["messages"],
+    }
+
+
+def lender_p2p(a):
+    lent = a.stats()["lent"][0]
+    return lent.get("p2p_maps", 0), lent.get("p2p_mappings", [])
+
+
+def test_nvme_to_cmb(procs):
+    wd, disk, (sd1, sd2), (a, b, c) = cluster(procs, "vm1")
+    q = guest(procs, wd, b, "pause,p2p,pause", {})
+    q.wait_line("VNREADY", "pause")
+    before = cmb_device_counters(a, b, c, sd2)
+    q.wait_line("VNREADY", "pause")
+    after = cmb_device_counters(a, b, c, sd2)
+    maps, table = lender_p2p(a)
+    run = q.wait_done()
+    q.stop()
+    p2p = run.results.get("p2p", {})
+    ver = h.verify_backing(disk, run.data)
+    delta = {k: after[k] - before[k] for k in after}
+    to_c = [m for m in table if m.get("peer") == "hostc"]
+    return result("p2p-nvme-to-cmb", p2p.get("status") == "PASS" and len(ver) >= 2
+                  and all(v["ok"] for v in ver) and maps > 0 and len(to_c) > 0
+                  and all(v == 0 for v in delta.values()),
+                  rounds=p2p.get("rounds"), elapsed_ms=p2p.get("elapsed_ms"),
+                  regions=len(ver), lender_p2p_maps=maps, mappings_to_hostc=len(to_c), **delta)
+
+
+def test_needs_composition(procs):
+    wd, _disk, _sds, (a, b, c) = cluster(procs, {"nvme0": "vm1", "nvme1": "vm1-other"})
+    q = guest(procs, wd, b, "p2p", {"p2p_expect": "read-fails", "p2p_rounds": 1})
+    run = q.wait_done()
+    q.stop()
+    maps, _table = lender_p2p(a)
+    p2p = run.results.get("p2p", {})
+    return result("p2p-needs-composition", p2p.get("status") == "PASS" and maps == 0,
+                  errno=p2p.get("errno"), lender_p2p_maps=maps)
+
+
+def main():
+    return h.run_tests([test_nvme_to_cmb, test_needs_composition], sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
