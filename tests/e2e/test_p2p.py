@@ -10,6 +10,7 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
   in the guest and on A's backing file; A's lender maps device 2's BAR range to C's segments
   (its DMA table names hostc); over the transfers no fabric message, forwarded access or
   relayed interrupt of ours ran for device 2 (whose BAR device 1 reached without us);
+- p2p-same-lender-simdev: both devices lent by A (placement 3): the transfer stays inside A;
 - p2p-needs-composition: the same VM with the two devices declared in different domains: the
   daemon composes nothing, and the same read into the CMB fails in the guest.
 """
@@ -22,15 +23,16 @@ from harness import result  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 2
+EXPECTED_RESULTS = 3
 
 DISK_SERIAL = "VN-P2P-DISK"
 CMB_SERIAL = "VN-P2P-CMB"
 SIZE_MIB = 64
 
 
-def cluster(procs, domains):
-    """A lends the disk, C the CMB device, B borrows both (domains: one name or a dict)."""
+def cluster(procs, domains, same_lender=False):
+    """A lends the disk, C the CMB device (A both, @same_lender), B borrows both (domains: one
+    name or a dict)."""
     wd = procs.tempdir()
     fab = procs.tempdir("vn-fabric-")
     disk = h.make_backing(wd / "disk.img", SIZE_MIB)
@@ -39,11 +41,16 @@ def cluster(procs, domains):
                    extra_args=["--stats-file", str(wd / "dev1.stats")]).start()
     sd2 = h.Simdev(procs, wd / "dev2.sock", cmbdisk, SIZE_MIB, serial=CMB_SERIAL,
                    extra_args=["--cmb-mib", "16", "--stats-file", str(wd / "dev2.stats")]).start()
-    a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd1.socket_path}).start()
-    c = Daemon(procs, wd, "hostc", fab, lends={"nvme1": sd2.socket_path}).start()
+    if same_lender:
+        a = Daemon(procs, wd, "hosta", fab,
+                   lends={"nvme0": sd1.socket_path, "nvme1": sd2.socket_path}).start()
+        c = a
+    else:
+        a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd1.socket_path}).start()
+        c = Daemon(procs, wd, "hostc", fab, lends={"nvme1": sd2.socket_path}).start()
     b = Daemon(procs, wd, "hostb", fab, domain=domains,
                borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", "fd"),
-                        "nvme1": ("hostc", wd / "vm-nvme1.sock", "fd")}).start(wait_sockets=True)
+                        "nvme1": (c.name, wd / "vm-nvme1.sock", "fd")}).start(wait_sockets=True)
     return wd, disk, (sd1, sd2), (a, b, c)
 
 
@@ -60,8 +67,8 @@ def cmb_device_counters(a, b, c, sd2):
     """What our software did for device 2 (the CMB's): it must do nothing while device 1
     DMAs into its BAR."""
     sb, sc = b.stats(), c.stats()
-    bor = [x for x in sb["borrowed"] if x.get("lender") == "hostc"][0]
-    lent = sc["lent"][0]
+    bor = [x for x in sb["borrowed"] if x["device"] in ("nvme1", f"{c.name}/nvme1")][0]
+    lent = [x for x in sc["lent"] if x["device"] == "nvme1"][0]
     return {
         "borrower_vfio_user_messages": bor["vfio_user"]["messages"],
         "forwarded": bor["region_forwarded"] + lent["region_rw"],
@@ -73,12 +80,12 @@ def cmb_device_counters(a, b, c, sd2):
 
 
 def lender_p2p(a):
-    lent = a.stats()["lent"][0]
+    lent = [x for x in a.stats()["lent"] if x["device"] == "nvme0"][0]
     return lent.get("p2p_maps", 0), lent.get("p2p_mappings", [])
 
 
-def test_nvme_to_cmb(procs):
-    wd, disk, (sd1, sd2), (a, b, c) = cluster(procs, "vm1")
+def nvme_to_cmb(procs, name, same_lender):
+    wd, disk, (sd1, sd2), (a, b, c) = cluster(procs, "vm1", same_lender)
     q = guest(procs, wd, b, "pause,p2p,pause", {})
     q.wait_line("VNREADY", "pause")
     before = cmb_device_counters(a, b, c, sd2)
@@ -90,12 +97,22 @@ def test_nvme_to_cmb(procs):
     p2p = run.results.get("p2p", {})
     ver = h.verify_backing(disk, run.data)
     delta = {k: after[k] - before[k] for k in after}
-    to_c = [m for m in table if m.get("peer") == "hostc"]
-    return result("p2p-nvme-to-cmb", p2p.get("status") == "PASS" and len(ver) >= 2
+    to_c = [m for m in table if m.get("peer") == c.name]
+    return result(name, p2p.get("status") == "PASS" and len(ver) >= 2
                   and all(v["ok"] for v in ver) and maps > 0 and len(to_c) > 0
                   and all(v == 0 for v in delta.values()),
                   rounds=p2p.get("rounds"), elapsed_ms=p2p.get("elapsed_ms"),
-                  regions=len(ver), lender_p2p_maps=maps, mappings_to_hostc=len(to_c), **delta)
+                  regions=len(ver), lender_p2p_maps=maps, mappings_to_target=len(to_c), **delta)
+
+
+def test_nvme_to_cmb(procs):
+    return nvme_to_cmb(procs, "p2p-nvme-to-cmb", False)
+
+
+def test_same_lender_simdev(procs):
+    """Placement 3 on the emulated fabric: both devices lent by A, whose daemon shares the
+    CMB's BAR with itself; A's lender maps it without a fabric window."""
+    return nvme_to_cmb(procs, "p2p-same-lender-simdev", True)
 
 
 def test_needs_composition(procs):
@@ -110,7 +127,8 @@ def test_needs_composition(procs):
 
 
 def main():
-    return h.run_tests([test_nvme_to_cmb, test_needs_composition], sys.argv[1:])
+    return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_needs_composition],
+                       sys.argv[1:])
 
 
 if __name__ == "__main__":
