@@ -11,6 +11,9 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
   (its DMA table names hostc); over the transfers no fabric message, forwarded access or
   relayed interrupt of ours ran for device 2 (whose BAR device 1 reached without us);
 - p2p-same-lender-simdev: both devices lent by A (placement 3): the transfer stays inside A;
+- p2p-teardown: device 2 detached from the VM while device 1 reads into its CMB again and
+  again: the next such read fails in the guest (A's lender unmapped the range: its DMA table
+  names hostc no more), the guest keeps running and device 1 still reads into its memory;
 - p2p-needs-composition: the same VM with the two devices declared in different domains: the
   daemon composes nothing, and the same read into the CMB fails in the guest.
 """
@@ -21,9 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from harness import result  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
+from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 3
+EXPECTED_RESULTS = 4
 
 DISK_SERIAL = "VN-P2P-DISK"
 CMB_SERIAL = "VN-P2P-CMB"
@@ -115,6 +119,23 @@ def test_same_lender_simdev(procs):
     return nvme_to_cmb(procs, "p2p-same-lender-simdev", True)
 
 
+def test_teardown(procs):
+    wd, _disk, _sds, (a, b, c) = cluster(procs, "vm1")
+    q = guest(procs, wd, b, "p2p", {"p2p_expect": "teardown", "p2p_loop_s": 60})
+    q.wait_line("VNREADY", "p2p-looping")
+    _maps, during = lender_p2p(a)
+    Control(b.control).execute("detach", device="hostc/nvme1")
+    run = q.wait_done()
+    q.stop()
+    _maps, after = lender_p2p(a)
+    p2p = run.results.get("p2p", {})
+    return result("p2p-teardown", p2p.get("status") == "PASS" and run.done is not None
+                  and any(m.get("peer") == "hostc" for m in during)
+                  and not any(m.get("peer") == "hostc" for m in after),
+                  rounds=p2p.get("rounds"), errno=p2p.get("errno"), mappings_during=len(during),
+                  mappings_after=len(after))
+
+
 def test_needs_composition(procs):
     wd, _disk, _sds, (a, b, c) = cluster(procs, {"nvme0": "vm1", "nvme1": "vm1-other"})
     q = guest(procs, wd, b, "p2p", {"p2p_expect": "read-fails", "p2p_rounds": 1})
@@ -127,8 +148,8 @@ def test_needs_composition(procs):
 
 
 def main():
-    return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_needs_composition],
-                       sys.argv[1:])
+    return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_teardown,
+                        test_needs_composition], sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,13 @@
  * With -F only step 2's read is done, and it is expected to FAIL (a peer that Linux or the
  * fabric does not let device 1 reach): the errno is printed, exit 0 if it failed, 1 if not.
  *
- * Usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F] DISK BDF
+ * With -L SECONDS (device 2 is taken away meanwhile): step 1 once, then step 2 again and
+ * again, each checked, until a read fails; "vn-p2p: loop: looping" once the first passed
+ * (the host then takes device 2 away).  The read that failed is printed; then X is read into
+ * ordinary memory and checked (device 1 still works).  Exit 0 when a read failed and device 1
+ * then read X right, 1 when every read succeeded for SECONDS, or a check failed.
+ *
+ * Usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F | -L SECONDS] DISK BDF
  *        (defaults: 131072 bytes, X 0, Y 1 MiB, 3 rounds; sizes and offsets in bytes,
  *        multiples of 4096)
  * Every step prints one line "vn-p2p: ...: ok" or "vn-p2p: ...: FAILED ...".
@@ -39,10 +45,12 @@
 
 static const char *disk, *bdf;
 static size_t size = 131072;
+static int quiet; /* transfers that succeed say nothing (-L's many rounds) */
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F] DISK BDF\n");
+    fprintf(stderr, "usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F | -L SECONDS] DISK "
+                    "BDF\n");
     exit(2);
 }
 
@@ -112,6 +120,16 @@ static int compare(const char *what, const uint8_t *got, uint64_t seed, uint64_t
     return 1;
 }
 
+/* Whether `got` differs from pattern `seed` at `off` anywhere (nothing printed). */
+static int pattern_differs(const uint8_t *got, uint64_t seed, uint64_t off)
+{
+    for (size_t i = 0; i < size; i++) {
+        if (got[i] != pattern_byte(seed, off, i))
+            return 1;
+    }
+    return 0;
+}
+
 /* One O_DIRECT transfer of `size` bytes between `mem` (described as `what`) and the disk at
  * `off`; prints its line.  0, or -errno. */
 static int xfer(int fd, int write, void *mem, uint64_t off, const char *what)
@@ -124,7 +142,8 @@ static int xfer(int fd, int write, void *mem, uint64_t off, const char *what)
     snprintf(line, sizeof(line), "%s %zu bytes %s %s at %llu of %s", write ? "wrote" : "read", size,
              write ? "from" : "into", what, (unsigned long long)off, disk);
     if (r == (ssize_t)size) {
-        printf("vn-p2p: %s: ok (%llu us)\n", line, (unsigned long long)(now_us() - t0));
+        if (!quiet)
+            printf("vn-p2p: %s: ok (%llu us)\n", line, (unsigned long long)(now_us() - t0));
         return 0;
     }
     if (r >= 0) {
@@ -145,14 +164,55 @@ static uint64_t number(const char *s)
     return v;
 }
 
+/* -L: read X into p2pmem until a read fails (device 2 taken away), then X into memory. */
+static int loop(int fd, uint8_t *p2p, uint8_t *buf, uint8_t *copy, uint64_t x, uint64_t secs,
+                const char *where)
+{
+    uint64_t end = now_us() + secs * 1000000, n = 0;
+    int r;
+
+    fill((uint64_t *)buf, 7, x);
+    if (xfer(fd, 1, buf, x, "memory") < 0)
+        return 1;
+    quiet = 1;
+    for (;;) {
+        memset(p2p, 0xa5, size);
+        r = xfer(fd, 0, p2p, x, where);
+        if (r < 0)
+            break;
+        memcpy(copy, p2p, size);
+        if (pattern_differs(copy, 7, x)) {
+            quiet = 0;
+            compare(where, copy, 7, x);
+            return 1;
+        }
+        if (++n == 1) {
+            printf("vn-p2p: loop: looping\n");
+            fflush(stdout);
+        }
+        if (now_us() > end) {
+            printf("vn-p2p: loop: FAILED: %llu reads into %s succeeded for %llu s\n",
+                   (unsigned long long)n, where, (unsigned long long)secs);
+            return 1;
+        }
+    }
+    printf("vn-p2p: loop: the read into %s failed after %llu rounds: %s (errno %d)\n", where,
+           (unsigned long long)n, strerror(-r), -r);
+    quiet = 0;
+    memset(buf, 0x5a, size);
+    if (n == 0 || xfer(fd, 0, buf, x, "memory") < 0)
+        return 1;
+    return compare(disk, buf, 7, x);
+}
+
 int main(int argc, char **argv)
 {
-    uint64_t x = 0, y = 1048576, rounds = 3;
+    uint64_t x = 0, y = 1048576, rounds = 3, loop_s = 0;
     int expect_fail = 0, failed = 0, fd, mfd, c;
     char path[256], pub[32], avail[32], p2p_where[64];
     uint8_t *p2p, *buf, *copy;
 
-    while ((c = getopt(argc, argv, "s:x:y:n:F")) != -1) {
+    while ((c = getopt(argc, argv, "s:x:y:n:FL:")) != -1) {
         switch (c) {
         case 's':
             size = number(optarg);
@@ -168,6 +228,9 @@ int main(int argc, char **argv)
             break;
         case 'F':
             expect_fail = 1;
+            break;
+        case 'L':
+            loop_s = number(optarg);
             break;
         default:
             usage();
@@ -224,6 +287,9 @@ int main(int argc, char **argv)
                p2p_where, changed, size);
         return 1;
     }
+
+    if (loop_s)
+        return loop(fd, p2p, buf, copy, x, loop_s, p2p_where);
 
     for (uint64_t r = 1; r <= rounds && !failed; r++) {
         uint64_t seed_x = r * 2, seed_y = r * 2 + 1;
