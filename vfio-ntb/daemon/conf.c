@@ -439,8 +439,7 @@ static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError
 
 static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "lender", "device", "socket", "irq-mode", "domain",
-                                         NULL };
+    static const char *const known[] = { "lender", "device", "socket", "irq-mode", "domain", NULL };
     g_autofree char *mode = NULL;
     VnBorrowConf *b;
 
