@@ -21,7 +21,12 @@
  * ordinary memory and checked (device 1 still works).  Exit 0 when a read failed and device 1
  * then read X right, 1 when every read succeeded for SECONDS, or a check failed.
  *
- * Usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F | -L SECONDS] DISK BDF
+ * With -B MIB (a bench): ROUNDS rounds (made even), each reading MIB MiB from X on in SIZE
+ * pieces into the p2pmem buffer and the same into ordinary memory, in ABBA order; one line per
+ * round and a last "vn-p2p: bench: p2p_mb_s=.. ram_mb_s=.. ratio=.. bytes=.." (medians; ratio:
+ * the median of the rounds' p2p/ram ratios; bytes: all moved).
+ *
+ * Usage: vn-p2p [-s SIZE] [-x X] [-y Y] [-n ROUNDS] [-F | -L SECONDS | -B MIB] DISK BDF
  *        (defaults: 131072 bytes, X 0, Y 1 MiB, 3 rounds; sizes and offsets in bytes,
  *        multiples of 4096)
  * Every step prints one line "vn-p2p: ...: ok" or "vn-p2p: ...: FAILED ...".
@@ -205,14 +210,71 @@ static int loop(int fd, uint8_t *p2p, uint8_t *buf, uint8_t *copy, uint64_t x, u
     return compare(disk, buf, 7, x);
 }
 
+/* -B: MB/s of reading @mib MiB from @x on into @mem, in `size` pieces; 0 on a failed read. */
+static double read_rate(int fd, uint8_t *mem, uint64_t x, uint64_t mib, const char *where)
+{
+    uint64_t total = mib << 20, t0 = now_us(), us;
+
+    for (uint64_t done = 0; done < total; done += size) {
+        if (xfer(fd, 0, mem, x + done, where) < 0)
+            return 0;
+    }
+    us = now_us() - t0;
+    return (double)total / (double)(us ? us : 1);
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, uint64_t n)
+{
+    qsort(v, n, sizeof(v[0]), by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* -B: reads into p2pmem against reads into memory, ABBA. */
+static int bench(int fd, uint8_t *p2p, uint8_t *buf, uint64_t x, uint64_t mib, uint64_t rounds,
+                 const char *where)
+{
+    double p[64], m[64], ratio[64];
+
+    if (rounds > 64)
+        rounds = 64;
+    quiet = 1;
+    for (uint64_t r = 0; r < rounds; r++) {
+        if (r % 2 == 0) {
+            p[r] = read_rate(fd, p2p, x, mib, where);
+            m[r] = read_rate(fd, buf, x, mib, "memory");
+        } else {
+            m[r] = read_rate(fd, buf, x, mib, "memory");
+            p[r] = read_rate(fd, p2p, x, mib, where);
+        }
+        if (p[r] == 0 || m[r] == 0) {
+            printf("vn-p2p: bench: FAILED in round %llu\n", (unsigned long long)r + 1);
+            return 1;
+        }
+        ratio[r] = p[r] / m[r];
+        printf("vn-p2p: bench: round %llu %s p2p %.1f MB/s ram %.1f MB/s\n",
+               (unsigned long long)r + 1, r % 2 ? "BA" : "AB", p[r], m[r]);
+    }
+    printf("vn-p2p: bench: p2p_mb_s=%.1f ram_mb_s=%.1f ratio=%.3f bytes=%llu\n", median(p, rounds),
+           median(m, rounds), median(ratio, rounds),
+           (unsigned long long)(2 * rounds * (mib << 20)));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    uint64_t x = 0, y = 1048576, rounds = 3, loop_s = 0;
+    uint64_t x = 0, y = 1048576, rounds = 3, loop_s = 0, bench_mib = 0;
     int expect_fail = 0, failed = 0, fd, mfd, c;
     char path[256], pub[32], avail[32], p2p_where[64];
     uint8_t *p2p, *buf, *copy;
 
-    while ((c = getopt(argc, argv, "s:x:y:n:FL:")) != -1) {
+    while ((c = getopt(argc, argv, "s:x:y:n:FL:B:")) != -1) {
         switch (c) {
         case 's':
             size = number(optarg);
@@ -231,6 +293,9 @@ int main(int argc, char **argv)
             break;
         case 'L':
             loop_s = number(optarg);
+            break;
+        case 'B':
+            bench_mib = number(optarg);
             break;
         default:
             usage();
@@ -290,6 +355,8 @@ int main(int argc, char **argv)
 
     if (loop_s)
         return loop(fd, p2p, buf, copy, x, loop_s, p2p_where);
+    if (bench_mib)
+        return bench(fd, p2p, buf, x, bench_mib, rounds + (rounds & 1), p2p_where);
 
     for (uint64_t r = 1; r <= rounds && !failed; r++) {
         uint64_t seed_x = r * 2, seed_y = r * 2 + 1;
