@@ -47,6 +47,11 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     if (b->worker_pid <= 0) {
         return;
     }
+    /* What its worker says on its way out is nobody's business now (its port may outlive
+     * @b, ending.c). */
+    if (b->port != NULL) {
+        vn_port_on_p2p(b->port, NULL, NULL);
+    }
     d->workers->stop(d, b);
     vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, b->lender, b->lease,
            "node %s: %s detached from %s", d->conf->node, b->device, b->domain);
@@ -103,6 +108,9 @@ void vn_devices_borrowed_free(VnBorrowed *b)
     }
     vn_wctl_call_cancel(b->client_call);
     /* A worker that outlives us reconnects to our successor's port. */
+    if (b->port != NULL) {
+        vn_port_on_p2p(b->port, NULL, NULL);
+    }
     vn_port_free(b->port, false);
     vn_p2p_dev_free(b->p2p);
     g_free(b->p2p_watch);
