@@ -417,6 +417,16 @@ START_TEST(test_hostile_peer)
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_TYPE_LAST, ret), -ENOTSUP);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_BORROW, "{\"device\":\"../x\"}"), -EINVAL);
     ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_REVOKE, ret), -ENOTSUP);
+    /* Having hostb's device's BAR shared with itself, or its worker map its segments:
+     * neither is its lease (docs/p2p.md). */
+    {
+        g_autofree char *p2p = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                                               ",\"node\":\"evil\",\"segments\":[1]}",
+                                               lease);
+
+        ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_SHARE, p2p), -EPERM);
+        ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_ALLOW, p2p), -EPERM);
+    }
     spin(300);
     ck_assert_uint_eq(lease_of(a)->state, VN_LEASE_HELD);
     ck_assert_str_eq(lease_of(a)->holder, "hostb");
@@ -428,6 +438,42 @@ START_TEST(test_hostile_peer)
     ck_assert_ptr_nonnull(g_hash_table_lookup(a->nodes, "hostb"));
     ck_assert(((VnRemoteNode *)g_hash_table_lookup(a->nodes, "hostb"))->link_up);
     vn_fabric_close(e.fab);
+    vn_daemon_free(b);
+    vn_daemon_free(a);
+}
+END_TEST
+
+/* The holder itself asks a share (docs/p2p.md): only of what the device's worker exported to
+ * it, and only with a host the device's access list allows; an allowance only for its own
+ * lease. */
+START_TEST(test_p2p_share_refused)
+{
+    VnDaemon *a = daemon_start("hosta"), *b = daemon_start("hostb");
+    uint64_t lease = borrow(a, b);
+    Evil e = { .fab = b->fab }; /* hostb's own node speaks */
+    g_autofree char *outsider = NULL, *notits = NULL, *other = NULL, *allow = NULL;
+
+    outsider = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                               ",\"node\":\"evil\",\"segments\":[1]}",
+                               lease);
+    notits = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                             ",\"node\":\"hoste\",\"segments\":[999]}",
+                             lease);
+    other = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                            ",\"node\":\"hoste\",\"segments\":[1]}",
+                            lease + 1);
+    allow = g_strdup_printf("{\"device\":\"nvme0\",\"lease\":%" G_GUINT64_FORMAT
+                            ",\"node\":\"hoste\",\"segments\":[5,6]}",
+                            lease);
+    /* evil is not on nvme0's access list (hostb;hoste): its device may not reach it. */
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_SHARE, outsider), -EACCES);
+    /* Segment 999 is no export of nvme0's worker to hostb. */
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_SHARE, notits), -EACCES);
+    /* Another lease than hostb's. */
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_SHARE, other), -EPERM);
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_ALLOW, other), -EPERM);
+    /* Its own lease: its device's worker may map hoste's segments 5 and 6. */
+    ck_assert_int_eq(evil_request(&e, "hosta", VN_PEERS_P2P_ALLOW, allow), 0);
     vn_daemon_free(b);
     vn_daemon_free(a);
 }
@@ -957,6 +1003,7 @@ static Suite *daemon_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hostile_peer);
+    tcase_add_test(tc, test_p2p_share_refused);
     tcase_add_test(tc, test_transient_nodes_leave_no_trace);
     tcase_add_test(tc, test_second_daemon_refused);
     suite_add_tcase(s, tc);

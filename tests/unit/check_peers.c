@@ -213,6 +213,38 @@ START_TEST(test_requests_round_trip)
 }
 END_TEST
 
+/* P2P_SHARE and P2P_ALLOW (docs/p2p.md): the node and the segments come back as sent; a
+ * share's reply has as many segments as were asked for, no more, no fewer. */
+START_TEST(test_p2p_round_trip)
+{
+    static const VnPeersType types[] = { VN_PEERS_P2P_SHARE, VN_PEERS_P2P_ALLOW };
+    VnPeersRequest rq = { .lease = 7, .nr_segments = 3, .segments = { 11, 12, 13 } }, got;
+    uint64_t segs[VN_PEERS_MAX_SEGMENTS] = { 0 };
+    g_autofree char *reply = NULL;
+
+    g_strlcpy(rq.device, "nvme1", sizeof(rq.device));
+    g_strlcpy(rq.node, "hosta", sizeof(rq.node));
+    for (unsigned i = 0; i < G_N_ELEMENTS(types); i++) {
+        g_autofree char *json = vn_peers_request_to_json(types[i], &rq);
+        g_autoptr(GError) error = NULL;
+
+        ck_assert_msg(vn_peers_request_from_json(types[i], json, &got, &error), "%s: %s", json,
+                      error ? error->message : "");
+        ck_assert_str_eq(got.node, "hosta");
+        ck_assert_uint_eq(got.lease, 7);
+        ck_assert_uint_eq(got.nr_segments, 3);
+        ck_assert_uint_eq(got.segments[2], 13);
+    }
+    reply = vn_peers_segments_to_json(rq.segments, 3);
+    ck_assert(vn_peers_segments_from_json(reply, segs, 3, NULL));
+    ck_assert_uint_eq(segs[0], 11);
+    ck_assert(!vn_peers_segments_from_json(reply, segs, 2, NULL));
+    ck_assert(!vn_peers_segments_from_json(reply, segs, 4, NULL));
+    ck_assert(!vn_peers_segments_from_json("{\"segments\":[0]}", segs, 1, NULL));
+    ck_assert(!vn_peers_segments_from_json(NULL, segs, 1, NULL));
+}
+END_TEST
+
 static const struct {
     VnPeersType type;
     const char *json;
@@ -232,6 +264,22 @@ static const struct {
     { VN_PEERS_ANNOUNCE, "{\"device\":\"nvme0\"}", "not a request" },
     { VN_PEERS_TYPE_LAST, "{\"device\":\"nvme0\"}", "not a request" },
     { VN_PEERS_BORROW, "nope", "" },
+    { VN_PEERS_P2P_SHARE, "{\"device\":\"nvme0\",\"lease\":3,\"segments\":[1]}", "node" },
+    { VN_PEERS_P2P_SHARE, "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"../x\",\"segments\":[1]}",
+      "node" },
+    { VN_PEERS_P2P_SHARE, "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"a\",\"segments\":[]}",
+      "segments" },
+    { VN_PEERS_P2P_ALLOW, "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"a\",\"segments\":[0]}",
+      "segments" },
+    { VN_PEERS_P2P_ALLOW, "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"a\",\"segments\":[-1]}",
+      "segments" },
+    { VN_PEERS_P2P_ALLOW, "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"a\",\"segments\":\"x\"}",
+      "segments" },
+    { VN_PEERS_P2P_ALLOW,
+      "{\"device\":\"nvme0\",\"lease\":3,\"node\":\"a\",\"segments\":[1,2,3,4,5,6,7,8,9,10,11,12,"
+      "13,14,15,16,17]}",
+      "segments" },
+    { VN_PEERS_P2P_ALLOW, "{\"device\":\"nvme0\",\"node\":\"a\",\"segments\":[1]}", "lease" },
 };
 
 START_TEST(test_requests_refused)
@@ -258,6 +306,7 @@ static Suite *peers_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("requests");
     tcase_add_test(tc, test_requests_round_trip);
+    tcase_add_test(tc, test_p2p_round_trip);
     tcase_add_loop_test(tc, test_requests_refused, 0, G_N_ELEMENTS(bad_requests));
     suite_add_tcase(s, tc);
     return s;
