@@ -21,7 +21,7 @@ VFIO_NTBD = Path(os.environ.get("VN_NTBD", h.REPO / "build" / "vfio-ntbd"))
 class Daemon:
     def __init__(self, procs, workdir, name, fabric_dir, lends=None, borrows=None,
                  fabric_params=None, verbose=False, allow=None, lease_timeout_ms=3000,
-                 args=(), fabric="shm", persist=True, node_keys=None, domain=None):
+                 args=(), fabric="shm", persist=True, node_keys=None, domain=None, p2p=False):
         self.procs = procs
         self.name = name
         self.wd = Path(workdir)
@@ -37,6 +37,7 @@ class Daemon:
         self.args = [str(a) for a in args]         # more of vfio-ntbd's options (--trace)
         self.node_keys = dict(node_keys or {})      # more [node] keys (qemu-user)
         self.domain = domain    # every borrow's domain (a name, or {device: name}); None: its own
+        self.p2p = p2p          # every borrow takes part in its domain's compositions
         self.control = self.wd / f"{name}.control"
         self.state_dir = self.wd / f"{name}.state"
         self.run_dir = self.wd / f"{name}.run"
@@ -68,6 +69,8 @@ class Daemon:
             dom = self.domain.get(dev) if isinstance(self.domain, dict) else self.domain
             if dom:
                 lines.append(f"domain = {dom}")
+            if self.p2p:
+                lines.append("p2p = yes")
         return "\n".join(lines) + "\n"
 
     def start(self, wait_sockets=False, timeout=20.0):

@@ -14,8 +14,8 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
 - p2p-teardown: device 2 detached from the VM while device 1 reads into its CMB again and
   again: the next such read fails in the guest (A's lender unmapped the range: its DMA table
   names hostc no more), the guest keeps running and device 1 still reads into its memory;
-- p2p-needs-composition: the same VM with the two devices declared in different domains: the
-  daemon composes nothing, and the same read into the CMB fails in the guest.
+- p2p-needs-composition: the same VM, the two devices not declared p2p: the daemon composes
+  nothing, and the same read into the CMB fails in the guest.
 """
 import sys
 from pathlib import Path
@@ -34,9 +34,9 @@ CMB_SERIAL = "VN-P2P-CMB"
 SIZE_MIB = 64
 
 
-def cluster(procs, domains, same_lender=False):
-    """A lends the disk, C the CMB device (A both, @same_lender), B borrows both (domains: one
-    name or a dict)."""
+def cluster(procs, domains, same_lender=False, p2p=True):
+    """A lends the disk, C the CMB device (A both, @same_lender), B borrows both into @domain
+    (a name, or {device: name}), both declared p2p (@p2p)."""
     wd = procs.tempdir()
     fab = procs.tempdir("vn-fabric-")
     disk = h.make_backing(wd / "disk.img", SIZE_MIB)
@@ -52,7 +52,7 @@ def cluster(procs, domains, same_lender=False):
     else:
         a = Daemon(procs, wd, "hosta", fab, lends={"nvme0": sd1.socket_path}).start()
         c = Daemon(procs, wd, "hostc", fab, lends={"nvme1": sd2.socket_path}).start()
-    b = Daemon(procs, wd, "hostb", fab, domain=domains,
+    b = Daemon(procs, wd, "hostb", fab, domain=domains, p2p=p2p,
                borrows={"nvme0": ("hosta", wd / "vm-nvme0.sock", "fd"),
                         "nvme1": (c.name, wd / "vm-nvme1.sock", "fd")}).start(wait_sockets=True)
     return wd, disk, (sd1, sd2), (a, b, c)
@@ -137,7 +137,7 @@ def test_teardown(procs):
 
 
 def test_needs_composition(procs):
-    wd, _disk, _sds, (a, b, c) = cluster(procs, {"nvme0": "vm1", "nvme1": "vm1-other"})
+    wd, _disk, _sds, (a, b, c) = cluster(procs, "vm1", p2p=False)
     q = guest(procs, wd, b, "p2p", {"p2p_expect": "read-fails", "p2p_rounds": 1})
     run = q.wait_done()
     q.stop()

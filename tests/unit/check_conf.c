@@ -73,7 +73,7 @@ START_TEST(test_everything)
                  "[lend gpu.0]\nsocket = /run/g.sock\nallow = *\n"
                  "[lend nvme0]\nsocket = /run/n.sock\nallow = hostb ; hostc\n"
                  "[borrow disk]\nlender = hostz\ndevice = nvme9\nsocket = /run/vm.sock\n"
-                 "irq-mode = relay\n"
+                 "irq-mode = relay\ndomain = vm7\np2p = yes\n"
                  "[borrow nvme1]\nlender = hostz\nsocket = /run/vm2.sock\n");
     VnBorrowConf *b;
     VnLendConf *any = NULL, *some = NULL;
@@ -97,6 +97,11 @@ START_TEST(test_everything)
     b = g_ptr_array_index(c->borrows, strcmp(b->name, "disk") == 0 ? 0 : 1);
     ck_assert_int_eq(b->irq_mode, VN_IRQ_MODE_RELAY);
     ck_assert_str_eq(b->lender, "hostz");
+    ck_assert_str_eq(b->domain, "vm7");
+    ck_assert(b->p2p);
+    b = g_ptr_array_index(c->borrows, strcmp(b->name, "disk") == 0 ? 1 : 0);
+    ck_assert_str_eq(b->domain, "nvme1"); /* its own by default, composed with nothing */
+    ck_assert(!b->p2p);
 }
 END_TEST
 
@@ -149,6 +154,9 @@ static const struct {
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\ndevice = a/b\n", "device \"a/b\" must be" },
     { NODE "[borrow b]\nlender = hostz\nsocket = /s\nirq-mode = msi\n",
       "irq-mode must be fd or relay, not \"msi\"" },
+    { NODE "[borrow b]\nlender = hostz\nsocket = /s\np2p = maybe\n", "p2p = \"maybe\": yes or no" },
+    { NODE "[borrow b]\nlender = hostz\nsocket = /s\ndomain = ../vm\n",
+      "domain \"../vm\" must be" },
     { "[node]\nname = hosta\nfabric = ntb\nfabric-dir = /f\n[fabric]\nports = /dev/vfio-ntb/x\n",
       "fabric-dir is the shm fabric's; the ntb fabric has none" },
     { "[node\nname = x\n", "" }, /* GKeyFile's own message */

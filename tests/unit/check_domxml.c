@@ -52,7 +52,7 @@ START_TEST(test_two_devices)
                         "<vn:devices " VN_DECL ">\n"
                         "  <!-- the NVMe drive -->\n"
                         "  <vn:device name='hosta/nvme0' alias='ntb0' irq-mode='relay'/>\n"
-                        "  <vn:device alias='ntb1' name='hostb/gpu.0'/>\n"
+                        "  <vn:device alias='ntb1' name='hostb/gpu.0' p2p='yes'/>\n"
                         "</vn:devices>";
     const char args[] = "<qemu:arg value='-device'/><qemu:arg value='e1000,id=net9'/>" DEVICE_ARG(
         "{\"driver\":\"virtio-net-pci\",\"id\":\"net0\"}") "<qemu:arg value='-device'/><qemu:arg value='{\"driver\":\"vfio-user-pci\","
@@ -82,6 +82,8 @@ START_TEST(test_two_devices)
     ck_assert_ptr_eq(d, g_ptr_array_index(dom->devices, 1));
     ck_assert_str_eq(d->alias, "ntb1");
     ck_assert_ptr_null(d->irq_mode);
+    ck_assert(d->p2p);
+    ck_assert(!((const VnDomDevice *)g_ptr_array_index(dom->devices, 0))->p2p);
     ck_assert_str_eq(d->socket, "/run/vfio-ntb/hostb-gpu.0.sock");
     ck_assert_ptr_null(d->bus);
 
@@ -213,6 +215,8 @@ static const Bad bad[] = {
       .expect = "\"hosta\" names no host" },
     { "bad irq-mode", .meta = DEV("name='hosta/nvme0' alias='ntb0' irq-mode='msi'"),
       .code = INVALID, .expect = "irq-mode is \"msi\", not fd or relay" },
+    { "bad p2p", .meta = DEV("name='hosta/nvme0' alias='ntb0' p2p='sure'"), .code = INVALID,
+      .expect = "p2p is \"sure\", not yes or no" },
     { "unknown attribute", .meta = DEV("name='hosta/nvme0' alias='ntb0' bogus='1'"),
       .code = INVALID, .expect = "unknown attribute \"bogus\"" },
     { "namespaced attribute", .meta = DEV("name='hosta/nvme0' alias='ntb0' vn:alias='x'"),

@@ -47,7 +47,7 @@ static struct {
     char *socket, *timeout, *trace;
     gboolean json, help, version;
     char *grace, *domain, *qmp, *qdev_id, *alias, *bus, *check, *connect, *hosts, *to;
-    gboolean config, serve_only, names, managed, follow, list;
+    gboolean config, serve_only, names, managed, follow, list, p2p;
     char *device_socket, *pci, *allow, *count, *interval;
 } o;
 
@@ -74,6 +74,10 @@ static const GOptionEntry options[] = {
       "PATH" },
     { "qdev-id", 0, 0, G_OPTION_ARG_STRING, &o.qdev_id, "the device's id in that VM (with --qmp)",
       "ID" },
+    { "p2p", 0, 0, G_OPTION_ARG_NONE, &o.p2p,
+      "the device takes part in its VM's compositions: DMA to the BARs of the VM's other "
+      "--p2p devices, lender to lender (docs/p2p.md)",
+      NULL },
     { "alias", 0, 0, G_OPTION_ARG_STRING, &o.alias,
       "the device's id in the domain (default ntb-HOST-NAME)", "A" },
     { "bus", 0, 0, G_OPTION_ARG_STRING, &o.bus, "a spare pcie-root-port (pci.N)", "B" },
@@ -497,6 +501,10 @@ static int run_attach(const Command *cmd, Ntbctl *n, const char *dev)
     if (o.alias != NULL && !vn_name_valid(VN_NAME_QDEV_ID, o.alias)) {
         return ntbctl_usage(n, "--alias is a QEMU id: %s", vn_name_rule(VN_NAME_QDEV_ID));
     }
+    if (!serve_only && o.p2p) {
+        return ntbctl_usage(n, "--p2p serves the device itself (with --serve-only or --qmp); a "
+                               "libvirt domain declares it: <vn:device ... p2p='yes'/>");
+    }
     if (serve_only && (o.config || o.alias != NULL || o.connect != NULL)) {
         return ntbctl_usage(n, "--config, --alias and --connect are for a libvirt domain; "
                                "--serve-only and --qmp only serve the device");
@@ -516,6 +524,9 @@ static int run_attach(const Command *cmd, Ntbctl *n, const char *dev)
     if (o.qmp != NULL) {
         json_object_set_string_member(args, "qmp", o.qmp);
         json_object_set_string_member(args, "qdev-id", o.qdev_id);
+    }
+    if (o.p2p) {
+        json_object_set_boolean_member(args, "p2p", TRUE);
     }
     return request(cmd, n, dev, args);
 }
@@ -715,11 +726,11 @@ static const Command commands[] = {
       fmt_revoke },
     { "attach", ARG_DEV,
       "DEV --domain D [--alias A] [--config] [--connect URI] | DEV --domain D --serve-only "
-      "[--qmp PATH --qdev-id ID]",
+      "[--qmp PATH --qdev-id ID] [--p2p]",
       "borrow DEV and hot-plug it into running libvirt domain D (a free pcie-root-port); with "
       "--serve-only, serve it on a socket for a VM you start yourself (prints the socket)",
       "ntbctl attach " DEV_EXAMPLE " --domain vm1",
-      "domain,alias,config,connect,serve-only,qmp,qdev-id", run_attach, "attach", true,
+      "domain,alias,config,connect,serve-only,qmp,qdev-id,p2p", run_attach, "attach", true,
       fmt_attach },
     { "detach", ARG_DEV, "DEV [--domain D [--config] [--connect URI]]",
       "stop serving DEV (it stays borrowed); with --domain, unplug it from libvirt domain D and "

@@ -221,6 +221,7 @@ typedef struct Attach {
     char *socket; /* NULL: the default name in run-dir */
     bool has_irq_mode;
     VnIrqMode irq_mode;
+    bool p2p;
 } Attach;
 
 static void attach_free(Attach *at)
@@ -263,7 +264,7 @@ static void attach_started(VnDaemon *d, VnBorrowed *b, const GError *error, void
 static bool same_options(const VnBorrowed *b, const Attach *at)
 {
     return g_strcmp0(b->qmp, at->qmp) == 0 && g_strcmp0(b->qdev_id, at->qdev_id) == 0 &&
-           (!at->has_irq_mode || at->irq_mode == b->irq_mode);
+           (!at->has_irq_mode || at->irq_mode == b->irq_mode) && at->p2p == b->p2p;
 }
 
 /* The device is borrowed: serve it to the domain (a worker process). */
@@ -290,9 +291,10 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
     } else if (b->worker_pid > 0 && !same_options(b, at)) {
         vn_control_error(at->r, VN_ERR_BUSY,
                          "%s is attached to %s with other options (qmp %s, qdev-id %s, irq-mode "
-                         "%s); detach it first to change them",
+                         "%s, p2p %s); detach it first to change them",
                          b->device, b->domain, b->qmp ? b->qmp : "none",
-                         b->qdev_id ? b->qdev_id : "none", vn_irq_mode_to_string(b->irq_mode));
+                         b->qdev_id ? b->qdev_id : "none", vn_irq_mode_to_string(b->irq_mode),
+                         b->p2p ? "yes" : "no");
     } else if (b->worker_pid > 0) {
         return_lease(at->r, b->device, b->lease, b->socket, false);
     } else {
@@ -303,6 +305,7 @@ static void attach_borrowed(VnDaemon *d, VnBorrowed *b, const char *klass, const
         if (at->has_irq_mode) {
             b->irq_mode = at->irq_mode;
         }
+        b->p2p = at->p2p;
         g_free(b->domain);
         b->domain = g_strdup(at->domain);
         vn_job_start(&b->job, VN_JOB_ATTACH, VN_JOB_OWNER_CONTROL);
@@ -378,6 +381,12 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
         vn_control_error(r, VN_ERR_PARAM, "\"irq-mode\" is \"fd\" or \"relay\"");
         return;
     }
+    if (json_object_has_member(a, "p2p") &&
+        (!JSON_NODE_HOLDS_VALUE(json_object_get_member(a, "p2p")) ||
+         json_node_get_value_type(json_object_get_member(a, "p2p")) != G_TYPE_BOOLEAN)) {
+        vn_control_error(r, VN_ERR_PARAM, "\"p2p\" is true or false");
+        return;
+    }
     if (!borrowable(d, node, name, r)) {
         return;
     }
@@ -388,7 +397,8 @@ static void cmd_attach(VnDaemon *d, JsonObject *a, VnControlReply *r)
                     .qdev_id = g_strdup(qdev_id),
                     .socket = g_strdup(socket),
                     .has_irq_mode = mode != NULL,
-                    .irq_mode = irq_mode };
+                    .irq_mode = irq_mode,
+                    .p2p = vn_util_json_bool(a, "p2p") };
     if (b != NULL) {
         attach_borrowed(d, b, NULL, NULL, at);
     } else {
@@ -606,7 +616,7 @@ static void cmd_reload(VnDaemon *d, JsonObject *a, VnControlReply *r)
 typedef struct Command {
     const char *name;
     VnCommandFn fn;
-    const char *const args[7];
+    const char *const args[8];
 } Command;
 
 static const Command commands[] = {
@@ -618,7 +628,9 @@ static const Command commands[] = {
     { "borrow", cmd_borrow, { "device", NULL } },
     { "return", cmd_return, { "device", NULL } },
     { "revoke", cmd_revoke, { "device", "grace-ms", NULL } },
-    { "attach", cmd_attach, { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", NULL } },
+    { "attach",
+      cmd_attach,
+      { "device", "domain", "qmp", "qdev-id", "socket", "irq-mode", "p2p", NULL } },
     { "detach", cmd_detach, { "device", NULL } },
     { "unplug", cmd_unplug, { "device", NULL } },
     { "lend", cmd_lend, { "name", "socket", "pci", "managed", "allow", NULL } },

@@ -437,10 +437,23 @@ static bool parse_lend(const ConfRead *p, const char *group, VnConfig *c, GError
     return true;
 }
 
+/* "yes"/"true" or "no"/"false", any case: whether it is one, the answer in @out. */
+static bool yes_or_no(const char *value, bool *out)
+{
+    bool yes = g_ascii_strcasecmp(value, "yes") == 0 || g_ascii_strcasecmp(value, "true") == 0;
+
+    if (!yes && g_ascii_strcasecmp(value, "no") != 0 && g_ascii_strcasecmp(value, "false") != 0) {
+        return false;
+    }
+    *out = yes;
+    return true;
+}
+
 static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GError **error)
 {
-    static const char *const known[] = { "lender", "device", "socket", "irq-mode", "domain", NULL };
-    g_autofree char *mode = NULL;
+    static const char *const known[] = { "lender", "device", "socket", "irq-mode",
+                                         "domain", "p2p",    NULL };
+    g_autofree char *mode = NULL, *p2p = NULL;
     VnBorrowConf *b;
 
     if (!keys_known(p, group, known, error)) {
@@ -477,6 +490,10 @@ static bool parse_borrow(const ConfRead *p, const char *group, VnConfig *c, GErr
     if (!vn_name_valid(VN_NAME_DOMAIN, b->domain)) {
         return fail(p, error, group, "domain", "[%s]: domain \"%.80s\" must be %s", group,
                     b->domain, vn_name_rule(VN_NAME_DOMAIN));
+    }
+    p2p = g_key_file_get_string(p->kf, group, "p2p", NULL);
+    if (p2p != NULL && !yes_or_no(g_strstrip(p2p), &b->p2p)) {
+        return fail(p, error, group, "p2p", "[%s]: p2p = \"%.20s\": yes or no", group, p2p);
     }
     mode = g_key_file_get_string(p->kf, group, "irq-mode", NULL);
     if (mode != NULL && !vn_irq_mode_from_string(mode, &b->irq_mode)) {

@@ -98,9 +98,10 @@ typedef struct VnBorrowConf {
     char *device;
     char *socket;
     VnIrqMode irq_mode;
-    /* The VM it is served to ("domain = "; the borrow's name by default): devices of one
-     * domain reach each other's BARs (docs/p2p.md). */
+    /* The VM it is served to ("domain = "; the borrow's name by default), and whether it
+     * takes part in the domain's compositions ("p2p = yes": docs/p2p.md). */
     char *domain;
+    bool p2p;
 } VnBorrowConf;
 
 /* A lease whose borrower's daemon went away (or that was restored from the

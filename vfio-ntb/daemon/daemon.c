@@ -170,6 +170,7 @@ static void static_attach(VnDaemon *d, VnBorrowed *b, VnBorrowConf *bc, unsigned
     b->socket = g_strdup(bc->socket);
     g_free(b->domain);
     b->domain = g_strdup(bc->domain);
+    b->p2p = bc->p2p;
     vn_job_start(&b->job, VN_JOB_ATTACH, VN_JOB_OWNER_CONFIG);
     d->workers->start(d, b, static_started, NULL);
 }

@@ -61,7 +61,7 @@ void vn_devices_detach(VnDaemon *d, VnBorrowed *b)
     g_clear_pointer(&b->qmp, g_free);
     g_clear_pointer(&b->qdev_id, g_free);
     /* Its BARs are nobody's target any more, its offers nobody's. */
-    g_clear_pointer(&b->p2p, vn_p2p_dev_free);
+    g_clear_pointer(&b->p2p_dev, vn_p2p_dev_free);
     vn_p2p_changed(d);
 }
 
@@ -112,7 +112,7 @@ void vn_devices_borrowed_free(VnBorrowed *b)
         vn_port_on_p2p(b->port, NULL, NULL);
     }
     vn_port_free(b->port, false);
-    vn_p2p_dev_free(b->p2p);
+    vn_p2p_dev_free(b->p2p_dev);
     g_free(b->p2p_watch);
     g_free(b->worker_name);
     g_free(b->channel_path);

@@ -84,6 +84,7 @@ typedef struct VnBorrowed {
     uint64_t lease;
     VnIrqMode irq_mode;
     char *domain; /* set while attached */
+    bool p2p;     /* attached to take part in its domain's compositions (docs/p2p.md) */
     char *socket;
     char *qmp;     /* the VM's QMP socket, optional */
     char *qdev_id; /* the device's id in that VM (with qmp) */
@@ -126,7 +127,7 @@ typedef struct VnBorrowed {
     gint64 takeover_us[VN_TAKEOVER_BURST];
     /* Its BARs and offers, and the targets made of them (p2p.h); NULL until its worker
      * said any; and what its port's p2p callback is given. */
-    struct VnP2pDev *p2p;
+    struct VnP2pDev *p2p_dev;
     void *p2p_watch;
 } VnBorrowed;
 

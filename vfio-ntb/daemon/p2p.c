@@ -56,11 +56,11 @@ void vn_p2p_dev_free(VnP2pDev *p)
 
 static VnP2pDev *dev_of(VnBorrowed *b)
 {
-    if (b->p2p == NULL) {
-        b->p2p = g_new0(VnP2pDev, 1);
-        b->p2p->offers = g_array_new(FALSE, FALSE, sizeof(Offer));
+    if (b->p2p_dev == NULL) {
+        b->p2p_dev = g_new0(VnP2pDev, 1);
+        b->p2p_dev->offers = g_array_new(FALSE, FALSE, sizeof(Offer));
     }
-    return b->p2p;
+    return b->p2p_dev;
 }
 
 /* ---- the borrower's side: matching -------------------------------------- */
@@ -83,17 +83,18 @@ static VnBorrowed *held(VnDaemon *d, const char *device)
 static const VnHostBar *bar_holding(VnDaemon *d, VnBorrowed *x, uint64_t iova, uint64_t size,
                                     VnBorrowed **owner)
 {
-    if (x->domain == NULL) {
-        return NULL; /* no VM named: nothing to compose it with */
+    if (x->domain == NULL || !x->p2p) {
+        return NULL; /* no VM named, or not composed: nothing to compose it with */
     }
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *y = d->borrowed->pdata[i];
 
-        if (y == x || y->p2p == NULL || y->domain == NULL || strcmp(y->domain, x->domain) != 0) {
+        if (y == x || y->p2p_dev == NULL || !y->p2p || y->domain == NULL ||
+            strcmp(y->domain, x->domain) != 0) {
             continue;
         }
-        for (unsigned k = 0; k < y->p2p->nbars; k++) {
-            const VnHostBar *bar = &y->p2p->bars[k];
+        for (unsigned k = 0; k < y->p2p_dev->nbars; k++) {
+            const VnHostBar *bar = &y->p2p_dev->bars[k];
 
             if (iova >= bar->gpa && size <= bar->size && iova - bar->gpa <= bar->size - size) {
                 *owner = y;
@@ -126,11 +127,11 @@ typedef struct Making {
 static Offer *making_offer(Making *m, VnBorrowed **x)
 {
     *x = held(m->d, m->offerer);
-    if (*x == NULL || (*x)->p2p == NULL) {
+    if (*x == NULL || (*x)->p2p_dev == NULL) {
         return NULL;
     }
-    for (guint i = 0; i < (*x)->p2p->offers->len; i++) {
-        Offer *o = &g_array_index((*x)->p2p->offers, Offer, i);
+    for (guint i = 0; i < (*x)->p2p_dev->offers->len; i++) {
+        Offer *o = &g_array_index((*x)->p2p_dev->offers, Offer, i);
 
         if (o->iova == m->iova && o->size == m->size) {
             return o->gen == m->gen && o->state == OFFER_ASKING ? o : NULL;
@@ -256,8 +257,8 @@ static void rematch(VnDaemon *d)
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *x = d->borrowed->pdata[i];
 
-        for (guint k = 0; x->p2p != NULL && k < x->p2p->offers->len; k++) {
-            Offer *o = &g_array_index(x->p2p->offers, Offer, k);
+        for (guint k = 0; x->p2p_dev != NULL && k < x->p2p_dev->offers->len; k++) {
+            Offer *o = &g_array_index(x->p2p_dev->offers, Offer, k);
             VnBorrowed *y = NULL;
             const VnHostBar *bar = bar_holding(d, x, o->iova, o->size, &y);
 
@@ -345,8 +346,8 @@ char *vn_p2p_targets_json(VnBorrowed *b)
     g_autoptr(JsonNode) root = NULL;
 
     json_builder_begin_array(jb);
-    for (guint i = 0; b->p2p != NULL && i < b->p2p->offers->len; i++) {
-        const Offer *o = &g_array_index(b->p2p->offers, Offer, i);
+    for (guint i = 0; b->p2p_dev != NULL && i < b->p2p_dev->offers->len; i++) {
+        const Offer *o = &g_array_index(b->p2p_dev->offers, Offer, i);
 
         if (o->state != OFFER_TOLD) {
             continue;

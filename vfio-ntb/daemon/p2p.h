@@ -25,7 +25,7 @@
  * device of its VM: sparse areas around an MSI-X table). */
 #define VN_P2P_MAX_OFFERS 64u
 
-/* What the daemon keeps of one borrowed device (VnBorrowed.p2p). */
+/* What the daemon keeps of one borrowed device (VnBorrowed.p2p_dev). */
 typedef struct VnP2pDev VnP2pDev;
 void vn_p2p_dev_free(VnP2pDev *p);
 

@@ -295,6 +295,7 @@ bool vn_state_load(VnDaemon *d, GError **error)
         vn_irq_mode_from_string(vn_util_json_string(json_node_get_object(e), "irq_mode"),
                                 &b->irq_mode);
         get_generation(json_node_get_object(e), &b->server_gen, &b->server_gen_known);
+        b->p2p = vn_util_json_bool(json_node_get_object(e), "p2p");
         g_ptr_array_add(d->borrowed, b);
         restore_worker(d, b, json_object_get_member(json_node_get_object(e), "worker"));
         vn_log(G_LOG_LEVEL_MESSAGE, d->conf->node, b->device, lender, lease,

@@ -153,6 +153,10 @@ bool vn_state_save(VnDaemon *d, GError **error)
         json_builder_add_int_value(b, (gint64)bw->lease);
         json_builder_set_member_name(b, "irq_mode");
         json_builder_add_string_value(b, vn_irq_mode_to_string(bw->irq_mode));
+        if (bw->p2p) {
+            json_builder_set_member_name(b, "p2p");
+            json_builder_add_boolean_value(b, TRUE);
+        }
         if (bw->server_gen_known) {
             json_builder_set_member_name(b, "server_generation");
             json_builder_add_int_value(b, bw->server_gen);

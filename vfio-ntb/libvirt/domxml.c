@@ -110,18 +110,19 @@ bool vn_domxml_is_element(const xmlNode *n, const char *ns, const char *name)
 static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **error)
 {
     g_autoptr(GError) local = NULL;
+    g_autofree char *p2p = NULL;
 
     for (const xmlAttr *a = el->properties; a != NULL; a = a->next) {
         const char *an = (const char *)a->name;
 
-        if (a->ns != NULL ||
-            (strcmp(an, "name") != 0 && strcmp(an, "alias") != 0 && strcmp(an, "irq-mode") != 0)) {
+        if (a->ns != NULL || (strcmp(an, "name") != 0 && strcmp(an, "alias") != 0 &&
+                              strcmp(an, "irq-mode") != 0 && strcmp(an, "p2p") != 0)) {
             const char *prefix =
                 a->ns != NULL && a->ns->prefix != NULL ? (const char *)a->ns->prefix : NULL;
 
             return fail(error,
-                        "<vn:device> %u: unknown attribute \"%s%s%.*s\" (name, alias "
-                        "and irq-mode are known)",
+                        "<vn:device> %u: unknown attribute \"%s%s%.*s\" (name, alias, "
+                        "irq-mode and p2p are known)",
                         index, prefix != NULL ? prefix : "", prefix != NULL ? ":" : "",
                         VN_DOMXML_SHOWN, an);
         }
@@ -129,6 +130,7 @@ static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **erro
     d->device = prop(el, "name");
     d->alias = prop(el, "alias");
     d->irq_mode = prop(el, "irq-mode");
+    p2p = prop(el, "p2p");
     if (d->device == NULL) {
         return fail(error, "<vn:device> %u has no name attribute (host/name)", index);
     }
@@ -147,6 +149,11 @@ static bool parse_device(xmlNode *el, guint index, VnDomDevice *d, GError **erro
         return fail(error, "device %s: irq-mode is \"%.*s\", not fd or relay", d->device,
                     VN_DOMXML_SHOWN, d->irq_mode);
     }
+    if (p2p != NULL && strcmp(p2p, "yes") != 0 && strcmp(p2p, "no") != 0) {
+        return fail(error, "device %s: p2p is \"%.*s\", not yes or no", d->device, VN_DOMXML_SHOWN,
+                    p2p);
+    }
+    d->p2p = g_strcmp0(p2p, "yes") == 0;
     return true;
 }
 

@@ -56,6 +56,7 @@ typedef struct VnDomDevice {
     char *device;   /* "host/name" */
     char *alias;    /* the -device id */
     char *irq_mode; /* "fd", "relay", or NULL (the daemon's default) */
+    bool p2p;       /* p2p='yes': in the domain's compositions (docs/p2p.md) */
     char *socket;   /* from the -device argument whose id is alias */
     char *bus;      /* from that argument; NULL when it has none */
 } VnDomDevice;

@@ -63,6 +63,9 @@ static bool attach(VnCtlClient *c, const VnDomain *dom, const VnDomDevice *dev, 
     if (dev->irq_mode != NULL) {
         json_object_set_string_member(a, "irq-mode", dev->irq_mode);
     }
+    if (dev->p2p) {
+        json_object_set_boolean_member(a, "p2p", TRUE);
+    }
     ret = vn_ctl_client_execute(c, "attach", a, error);
     return ret != NULL;
 }
