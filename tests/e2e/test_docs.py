@@ -86,7 +86,7 @@ def help_options(cmd):
     if out.returncode != 0 or "options:" not in out.stdout:
         return set()
     block = out.stdout.split("options:", 1)[1].split("\n\n", 1)[0]
-    return set(re.findall(r"^  (--[a-z-]+)", block, re.M))
+    return set(re.findall(r"^  (--[a-z0-9-]+)", block, re.M))
 
 
 def man_sections():
