@@ -15,6 +15,7 @@ share.
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import time
@@ -40,6 +41,9 @@ def option_rom():
                              bytes(3) + struct.pack("<HHBB", 4096 // 512, 0, 3, 0x80) + bytes(2))
     rom[0x100:0x100 + len(ROM_MARK)] = ROM_MARK
     return bytes(rom)
+# A second QEMU NVMe with a 16 MiB Controller Memory Buffer (BAR2), a peer-to-peer target
+# (docs/p2p.md; tests/e2e/p2p_vfio_inner.py).
+P2P_CMB_NVME = "nvme,serial=VN-VFIO-CMB,drive=nv1,cmb_size_mb=16"
 # Two functions in one IOMMU group (behind a PCIe-to-PCI bridge), bound to the host's
 # virtio-pci driver: what `managed = yes` must refuse to take half of.
 SHARED_GROUP = ("pcie-pci-bridge,id=br1", "virtio-rng-pci,bus=br1,addr=0x1",
@@ -136,9 +140,12 @@ class LenderHost:
             argv += ["-nic", "none"]        # the patched QEMU ships no NIC option ROMs
         if self.memfd:
             argv += ["-object", f"memory-backend-memfd,id=mem,size={self.mem_mib}M,share=on"]
-        if any("drive=nv0" in d for d in self.devices):       # lenderhost.NVME's disk
-            disk = h.make_backing(self.share / "nv0.img", 64)
-            argv += ["-drive", f"if=none,id=nv0,file={disk},format=raw"]
+        # Each drive=nvN a device names (lenderhost.NVME's nv0, P2P_CMB_NVME's nv1) is a disk
+        # of 64 MiB in the share, nvN.img.
+        for drive in sorted({m for d in self.devices for m in re.findall(r"drive=(nv\d+)", d)}):
+            disk = h.make_backing(self.share / f"{drive}.img", 64)
+            argv += ["-drive", f"if=none,id={drive},file={disk},format=raw"]
+        if any("drive=nv0" in d for d in self.devices):
             (self.share / "nvme.rom").write_bytes(option_rom())
         for o in self.objects:
             argv += ["-object", o.format(share=self.share)]

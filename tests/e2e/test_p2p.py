@@ -11,6 +11,9 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
   (its DMA table names hostc); over the transfers no fabric message, forwarded access or
   relayed interrupt of ours ran for device 2 (whose BAR device 1 reached without us);
 - p2p-same-lender-simdev: both devices lent by A (placement 3): the transfer stays inside A;
+- p2p-same-lender: the same with two PCI functions lent through Linux VFIO in the lender host
+  (p2p_vfio_inner.py says what it checks): one QEMU NVMe reads into the other's CMB through
+  its IOMMU mapping of that BAR, no software of ours in between;
 - p2p-teardown: device 2 detached from the VM while device 1 reads into its CMB again and
   again: the next such read fails in the guest (A's lender unmapped the range: its DMA table
   names hostc no more), the guest keeps running and device 1 still reads into its memory;
@@ -24,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from harness import result  # noqa: E402
 from cluster import Daemon, simdev_stats  # noqa: E402
+from lenderhost import NVME, P2P_CMB_NVME, LenderHost  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 4
+EXPECTED_RESULTS = 5
 
 DISK_SERIAL = "VN-P2P-DISK"
 CMB_SERIAL = "VN-P2P-CMB"
@@ -119,6 +123,23 @@ def test_same_lender_simdev(procs):
     return nvme_to_cmb(procs, "p2p-same-lender-simdev", True)
 
 
+def test_same_lender(procs):
+    """Placement 3 with Linux VFIO: in the lender host (a TCG VM with intel-iommu)."""
+    lh = LenderHost(procs, "p2p_vfio_inner.py", devices=(NVME, P2P_CMB_NVME), timeout=600)
+    try:
+        lines = lh.run()
+    except (h.HarnessError, OSError, TimeoutError) as e:
+        return result("p2p-same-lender", False, error=str(e).splitlines()[0][:120])
+    got = [ln for ln in lines if ln.startswith("RESULT p2p-same-lender ")]
+    for ln in lines:
+        if not ln.startswith("RESULT ") and ln.strip():
+            print(f"  [lender host] {ln}", file=sys.stderr)
+    if not got:
+        return result("p2p-same-lender", False, error="the lender host did not report it")
+    print(got[0], flush=True)
+    return got[0].split()[2] == "PASS"
+
+
 def test_teardown(procs):
     wd, _disk, _sds, (a, b, c) = cluster(procs, "vm1")
     q = guest(procs, wd, b, "p2p", {"p2p_expect": "teardown", "p2p_loop_s": 60})
@@ -148,8 +169,8 @@ def test_needs_composition(procs):
 
 
 def main():
-    return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_teardown,
-                        test_needs_composition], sys.argv[1:])
+    return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_same_lender,
+                        test_teardown, test_needs_composition], sys.argv[1:])
 
 
 if __name__ == "__main__":

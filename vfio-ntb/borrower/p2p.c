@@ -112,10 +112,12 @@ void vn_borrower_p2p_offer(VnBorrower *b, uint64_t iova, uint64_t size)
     vn_host_p2p_offer(b->fab, iova, size, false);
 }
 
-/* A P2P mapping at the lender, QEMU's DMA_UNMAP or the daemon's GONE takes back. */
+/* A P2P mapping at the lender, QEMU's DMA_UNMAP or the daemon's GONE takes back: what the
+ * daemon said of it (for a per-segment map's answer, that segment's part only). */
 typedef struct Target {
     uint64_t iova, size;
     char peer[VN_MAX_NODE_NAME + 1];
+    VnHostP2pTarget t;
 } Target;
 
 static bool inside(uint64_t iova, uint64_t size, uint64_t first, uint64_t len)
@@ -173,7 +175,25 @@ static void target_map(VnBorrower *b, uint64_t iova, uint64_t size, const char *
         offset = 0;
     }
     b->stats.p2p_targets++;
-    g_array_append_val(b->p2p_targets, ((Target){ .iova = iova, .size = size }));
+    g_array_append_val(b->p2p_targets, ((Target){ .iova = iova, .size = size, .t = *t }));
+    g_strlcpy(g_array_index(b->p2p_targets, Target, b->p2p_targets->len - 1).peer, peer,
+              VN_MAX_NODE_NAME + 1);
+}
+
+/* Whether [@iova, +@size) is mapped onto @peer's @t already (the daemon says its targets
+ * again after a restart: a mapping in use stays, no gap in the device's reach). */
+static bool target_same(VnBorrower *b, uint64_t iova, uint64_t size, const char *peer,
+                        const VnHostP2pTarget *t)
+{
+    for (guint i = 0; i < b->p2p_targets->len; i++) {
+        const Target *x = &g_array_index(b->p2p_targets, Target, i);
+
+        if (x->iova == iova && x->size == size && strcmp(x->peer, peer) == 0 &&
+            memcmp(&x->t, t, sizeof(*t)) == 0) {
+            return true;
+        }
+    }
+    return false;
 }
 
 static int on_target_unmapped(VnBorrower *b, const VnFabricMsg *reply, int err, void *opaque)
@@ -233,7 +253,10 @@ static void on_p2p(void *opaque, uint64_t iova, uint64_t size, const char *peer,
 {
     VnBorrower *b = opaque;
 
-    /* A target again (the daemon restarted, or the BAR moved): the old one goes first. */
+    if (t != NULL && target_same(b, iova, size, peer, t)) {
+        return;
+    }
+    /* Another target there (the BAR moved, another device's now): the old one goes first. */
     targets_drop(b, iova, size, false, true);
     if (t != NULL && b->attached && !b->stats.lender_lost) {
         target_map(b, iova, size, peer, t);
