@@ -430,31 +430,18 @@ void vn_cluster_on_lease(void *opaque, const VnLeaseChange *ch)
     }
 }
 
-static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
-    G_GNUC_PRINTF(4, 5);
-
-static void reply_err(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
-{
-    g_autofree char *msg = NULL;
-    va_list ap;
-
-    va_start(ap, fmt);
-    msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    vn_fabric_reply_error(d->fab, token, err, msg);
-}
-
 /* A borrow of @ld by @peer, answered with @token: granted, or why not. */
 static void borrow(VnDaemon *d, VnLocalDevice *ld, const char *peer, uint64_t token)
 {
     g_autofree char *json = NULL;
 
     if (!vn_leases_grant(d->leases, ld->lease, peer, g_get_monotonic_time())) {
-        reply_err(d, token, EBUSY,
-                  "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT "); use `ntbctl revoke %s/%s` "
-                  "on %s",
-                  d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id, d->conf->node,
-                  ld->conf->name, d->conf->node);
+        vn_fabric_reply_errorf(d->fab, token, EBUSY,
+                               "%s/%s is lent to %s (lease %" G_GUINT64_FORMAT
+                               "); use `ntbctl revoke %s/%s` "
+                               "on %s",
+                               d->conf->node, ld->conf->name, ld->lease->holder, ld->lease->id,
+                               d->conf->node, ld->conf->name, d->conf->node);
         return;
     }
     json = vn_peers_lease_to_json(ld->lease->id);
@@ -471,17 +458,18 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
 
     if (msg->type == VN_PEERS_REVOKE || msg->type == VN_PEERS_ANNOUNCE ||
         msg->type >= VN_PEERS_TYPE_LAST) {
-        reply_err(d, token, ENOTSUP, "unknown request 0x%x", msg->type);
+        vn_fabric_reply_errorf(d->fab, token, ENOTSUP, "unknown request 0x%x", msg->type);
         return;
     }
     if (!vn_peers_request_from_json(msg->type, msg->json, &rq, &error)) {
-        reply_err(d, token, EINVAL, "%s", error->message);
+        vn_fabric_reply_errorf(d->fab, token, EINVAL, "%s", error->message);
         return;
     }
     name = rq.device;
     ld = vn_devices_local(d, name);
     if (ld == NULL) {
-        reply_err(d, token, ENODEV, "%s lends no device \"%s\"", d->conf->node, name);
+        vn_fabric_reply_errorf(d->fab, token, ENODEV, "%s lends no device \"%s\"", d->conf->node,
+                               name);
         return;
     }
     switch (msg->type) {
@@ -493,28 +481,31 @@ void vn_cluster_request(VnDaemon *d, VnFabricMsg *msg, uint64_t token)
         if (!vn_lend_conf_allows(ld->conf, msg->peer)) {
             g_autofree char *acl = g_strjoinv(";", ld->conf->allow);
 
-            reply_err(d, token, EACCES, "%s/%s may not be borrowed by %s (its access list: %s)",
-                      d->conf->node, name, msg->peer, acl);
+            vn_fabric_reply_errorf(d->fab, token, EACCES,
+                                   "%s/%s may not be borrowed by %s (its access list: %s)",
+                                   d->conf->node, name, msg->peer, acl);
             return;
         }
         /* A device being fenced is lent once it is (a moment: see fence.c). */
         if (!ld->fence.active) {
             borrow(d, ld, msg->peer, token);
         } else if (!vn_fence_defer(ld, borrow, msg->peer, token)) {
-            reply_err(d, token, EBUSY, "%s/%s is being fenced, and another borrow waits",
-                      d->conf->node, name);
+            vn_fabric_reply_errorf(d->fab, token, EBUSY,
+                                   "%s/%s is being fenced, and another borrow waits", d->conf->node,
+                                   name);
         }
         return;
     case VN_PEERS_RETURN:
         if (!vn_leases_return(d->leases, ld->lease, msg->peer, rq.lease)) {
-            reply_err(d, token, EPERM, "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's",
-                      d->conf->node, name, rq.lease, msg->peer);
+            vn_fabric_reply_errorf(d->fab, token, EPERM,
+                                   "%s/%s: lease %" G_GUINT64_FORMAT " is not %s's", d->conf->node,
+                                   name, rq.lease, msg->peer);
             return;
         }
         vn_fabric_reply(d->fab, token, NULL, NULL, 0);
         return;
     default:
-        reply_err(d, token, ENOTSUP, "unknown request 0x%x", msg->type);
+        vn_fabric_reply_errorf(d->fab, token, ENOTSUP, "unknown request 0x%x", msg->type);
     }
 }
 

@@ -370,19 +370,6 @@ char *vn_p2p_targets_json(VnBorrowed *b)
 
 /* ---- the lender's side --------------------------------------------------- */
 
-static void refuse(VnDaemon *d, uint64_t token, int err, const char *fmt, ...) G_GNUC_PRINTF(4, 5);
-
-static void refuse(VnDaemon *d, uint64_t token, int err, const char *fmt, ...)
-{
-    g_autofree char *msg = NULL;
-    va_list ap;
-
-    va_start(ap, fmt);
-    msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    vn_fabric_reply_error(d->fab, token, err, msg);
-}
-
 void vn_p2p_request(VnDaemon *d, VnLocalDevice *ld, VnFabricMsg *msg, uint64_t token)
 {
     g_autoptr(GError) error = NULL;
@@ -392,21 +379,22 @@ void vn_p2p_request(VnDaemon *d, VnLocalDevice *ld, VnFabricMsg *msg, uint64_t t
     const char *what = vn_peers_type_to_string(msg->type);
 
     if (!vn_peers_request_from_json(msg->type, msg->json, &rq, &error)) {
-        refuse(d, token, EINVAL, "%s", error->message);
+        vn_fabric_reply_errorf(d->fab, token, EINVAL, "%s", error->message);
         return;
     }
     /* The holder's word only, about its own lease. */
     if (ld->lease->holder == NULL || strcmp(ld->lease->holder, msg->peer) != 0 ||
         ld->lease->id != rq.lease || ld->port == NULL) {
-        refuse(d, token, EPERM, "%s: %s/%s: lease %" PRIu64 " is not %s's", what, d->conf->node,
-               rq.device, rq.lease, msg->peer);
+        vn_fabric_reply_errorf(d->fab, token, EPERM, "%s: %s/%s: lease %" PRIu64 " is not %s's",
+                               what, d->conf->node, rq.device, rq.lease, msg->peer);
         return;
     }
     if (msg->type == VN_PEERS_P2P_ALLOW) {
         for (uint32_t k = 0; k < rq.nr_segments; k++) {
             if (!vn_port_p2p_allow(ld->port, rq.node, rq.segments[k])) {
-                refuse(d, token, ENOSPC, "%s: %s/%s may map at most %u other nodes' segments", what,
-                       d->conf->node, rq.device, VN_PORT_MAX_P2P);
+                vn_fabric_reply_errorf(d->fab, token, ENOSPC,
+                                       "%s: %s/%s may map at most %u other nodes' segments", what,
+                                       d->conf->node, rq.device, VN_PORT_MAX_P2P);
                 return;
             }
         }
@@ -415,8 +403,9 @@ void vn_p2p_request(VnDaemon *d, VnLocalDevice *ld, VnFabricMsg *msg, uint64_t t
     }
     /* A share reaches the device from another host: one this device may be lent to. */
     if (strcmp(rq.node, d->conf->node) != 0 && !vn_lend_conf_allows(ld->conf, rq.node)) {
-        refuse(d, token, EACCES, "%s: %s/%s may not be reached by %s (its access list)", what,
-               d->conf->node, rq.device, rq.node);
+        vn_fabric_reply_errorf(d->fab, token, EACCES,
+                               "%s: %s/%s may not be reached by %s (its access list)", what,
+                               d->conf->node, rq.device, rq.node);
         return;
     }
     for (uint32_t k = 0; k < rq.nr_segments; k++) {
@@ -424,13 +413,14 @@ void vn_p2p_request(VnDaemon *d, VnLocalDevice *ld, VnFabricMsg *msg, uint64_t t
 
         if (to == NULL || strcmp(to, msg->peer) != 0 ||
             !vn_port_exported(ld->port, rq.segments[k])) {
-            refuse(d, token, EACCES, "%s: segment %" PRIu64 " is not %s/%s's exported to %s", what,
-                   rq.segments[k], d->conf->node, rq.device, msg->peer);
+            vn_fabric_reply_errorf(d->fab, token, EACCES,
+                                   "%s: segment %" PRIu64 " is not %s/%s's exported to %s", what,
+                                   rq.segments[k], d->conf->node, rq.device, msg->peer);
             return;
         }
         shares[k] = vn_fabric_segment_share(d->fab, rq.segments[k], rq.node, &error);
         if (shares[k] == 0) {
-            refuse(d, token, ENOSPC, "%s: %s", what, error->message);
+            vn_fabric_reply_errorf(d->fab, token, ENOSPC, "%s: %s", what, error->message);
             return;
         }
     }

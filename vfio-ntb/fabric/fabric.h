@@ -493,6 +493,9 @@ int vn_fabric_request(VnFabric *fab, const char *peer, uint32_t type, const char
                       const void *data, size_t len, VnFabricReplyFn done, void *opaque);
 int vn_fabric_reply(VnFabric *fab, uint64_t token, const char *json, const void *data, size_t len);
 int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *message);
+/* vn_fabric_reply_error() with the message made of @fmt. */
+int vn_fabric_reply_errorf(VnFabric *fab, uint64_t token, int err, const char *fmt, ...)
+    G_GNUC_PRINTF(4, 5);
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
                     const void *data, size_t len);
 void vn_fabric_msg_free(VnFabricMsg *msg);

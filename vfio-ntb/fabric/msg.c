@@ -441,6 +441,17 @@ int vn_fabric_reply_error(VnFabric *fab, uint64_t token, int err, const char *me
     return ret;
 }
 
+int vn_fabric_reply_errorf(VnFabric *fab, uint64_t token, int err, const char *fmt, ...)
+{
+    g_autofree char *message = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    message = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    return vn_fabric_reply_error(fab, token, err, message);
+}
+
 /* ---- events and doorbells --------------------------------------------- */
 
 int vn_fabric_event(VnFabric *fab, const char *peer, uint32_t type, const char *json,
