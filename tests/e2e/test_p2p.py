@@ -8,8 +8,8 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
 - p2p-nvme-to-cmb: a guest program (tests/guest/vn-p2p.c) maps p2pmem from device 2's CMB
   and O_DIRECT-reads device 1 into it, then writes it back out elsewhere: the data verifies
   in the guest and on A's backing file; A's lender maps device 2's BAR range to C's segments
-  (its DMA table names hostc); over the transfers no fabric message, forwarded access or
-  relayed interrupt of ours ran for device 2 (whose BAR device 1 reached without us);
+  (its DMA table names hostc); over the transfers nothing of ours ran for either device: no
+  vfio-user message, forwarded access, lending request, relayed interrupt or doorbell;
 - p2p-same-lender-simdev: both devices lent by A (placement 3): the transfer stays inside A;
 - p2p-same-lender: the same with two PCI functions lent through Linux VFIO in the lender host
   (p2p_vfio_inner.py says what it checks): one QEMU NVMe reads into the other's CMB through
@@ -71,20 +71,24 @@ def guest(procs, wd, b, checks, params):
                           "pause_s": 2, **params}).start()
 
 
-def cmb_device_counters(a, b, c, sd2):
-    """What our software did for device 2 (the CMB's): it must do nothing while device 1
-    DMAs into its BAR."""
-    sb, sc = b.stats(), c.stats()
-    bor = [x for x in sb["borrowed"] if x["device"] in ("nvme1", f"{c.name}/nvme1")][0]
-    lent = [x for x in sc["lent"] if x["device"] == "nvme1"][0]
-    return {
-        "borrower_vfio_user_messages": bor["vfio_user"]["messages"],
-        "forwarded": bor["region_forwarded"] + lent["region_rw"],
-        "lender_requests": lent["requests"],
-        "relayed_irqs": lent["relayed_irqs"] + bor["relayed_irqs"],
-        "fabric_doorbells": sc["fabric"]["doorbells_sent"],
-        "device_messages": simdev_stats(sd2)["messages"],
-    }
+def device_counters(a, b, c, sds):
+    """What our software did for each device while device 1 moved data to and from device 2's
+    BAR: nothing (d1_*: the disk's, d2_*: the CMB's)."""
+    sa, sb, sc = a.stats(), b.stats(), c.stats()
+    out = {}
+    for i, (lender, stats, name) in enumerate(((a, sa, "nvme0"), (c, sc, "nvme1"))):
+        bor = [x for x in sb["borrowed"] if x["device"] in (name, f"{lender.name}/{name}")][0]
+        lent = [x for x in stats["lent"] if x["device"] == name][0]
+        out.update({
+            f"d{i + 1}_borrower_vfio_user_messages": bor["vfio_user"]["messages"],
+            f"d{i + 1}_forwarded": bor["region_forwarded"] + lent["region_rw"],
+            f"d{i + 1}_lender_requests": lent["requests"],
+            f"d{i + 1}_relayed_irqs": lent["relayed_irqs"] + bor["relayed_irqs"],
+            f"d{i + 1}_device_messages": simdev_stats(sds[i])["messages"],
+        })
+    out["fabric_doorbells"] = sa["fabric"]["doorbells_sent"] + (
+        sc["fabric"]["doorbells_sent"] if c is not a else 0)
+    return out
 
 
 def lender_p2p(a):
@@ -96,9 +100,9 @@ def nvme_to_cmb(procs, name, same_lender):
     wd, disk, (sd1, sd2), (a, b, c) = cluster(procs, "vm1", same_lender)
     q = guest(procs, wd, b, "pause,p2p,pause", {})
     q.wait_line("VNREADY", "pause")
-    before = cmb_device_counters(a, b, c, sd2)
+    before = device_counters(a, b, c, (sd1, sd2))
     q.wait_line("VNREADY", "pause")
-    after = cmb_device_counters(a, b, c, sd2)
+    after = device_counters(a, b, c, (sd1, sd2))
     maps, table = lender_p2p(a)
     run = q.wait_done()
     q.stop()
