@@ -486,7 +486,7 @@ static bool bar_well_formed(const VnHostBar *bar)
     uint32_t n = bar->nr_segments;
 
     if (bar->size == 0 || bar->gpa + (bar->size - 1) < bar->gpa || n == 0 ||
-        n > VN_HOST_BAR_SEGMENTS || bar->region >= 32) {
+        n > VN_HOST_BAR_SEGMENTS || bar->region > VN_HOST_BAR_MAX_REGION) {
         return false;
     }
     if (bar->chunk < bar->size / n + (bar->size % n != 0) ||

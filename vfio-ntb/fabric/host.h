@@ -111,6 +111,8 @@ bool vn_host_take_over(VnFabric *fab, const char *peer, const uint64_t *segments
  */
 #define VN_HOST_MAX_BARS 6u
 #define VN_HOST_BAR_SEGMENTS 16u
+/* A BAR's region index: one of a PCI function's six BARs (VFIO_PCI_BAR0..5_REGION_INDEX). */
+#define VN_HOST_BAR_MAX_REGION 5u
 typedef struct VnHostBar {
     uint64_t gpa;
     uint64_t size;
