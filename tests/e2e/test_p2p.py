@@ -17,6 +17,8 @@ CONFIG_PCI_P2PDMA (scripts/testbed-guest --p2p).  What a user would check:
 - p2p-teardown: device 2 detached from the VM while device 1 reads into its CMB again and
   again: the next such read fails in the guest (A's lender unmapped the range: its DMA table
   names hostc no more), the guest keeps running and device 1 still reads into its memory;
+- p2p-target-lender-lost: the same, device 2's lender (C's daemon) killed instead: once B
+  gives C up, A's lender unmaps the CMB's range (C may lend that memory again);
 - p2p-needs-composition: the same VM, the two devices not declared p2p: the daemon composes
   nothing, and the same read into the CMB fails in the guest.
 """
@@ -31,7 +33,7 @@ from lenderhost import NVME, P2P_CMB_NVME, LenderHost  # noqa: E402
 from control import Control  # noqa: E402
 
 # tests/run-checks counts a result this file did not print as failed.
-EXPECTED_RESULTS = 5
+EXPECTED_RESULTS = 6
 
 DISK_SERIAL = "VN-P2P-DISK"
 CMB_SERIAL = "VN-P2P-CMB"
@@ -144,21 +146,34 @@ def test_same_lender(procs):
     return got[0].split()[2] == "PASS"
 
 
-def test_teardown(procs):
+def teardown(procs, name, take_away):
+    """Device 2 goes while device 1 reads into its CMB again and again (@take_away(b, c))."""
     wd, _disk, _sds, (a, b, c) = cluster(procs, "vm1")
     q = guest(procs, wd, b, "p2p", {"p2p_expect": "teardown", "p2p_loop_s": 60})
     q.wait_line("VNREADY", "p2p-looping")
     _maps, during = lender_p2p(a)
-    Control(b.control).execute("detach", device="hostc/nvme1")
+    take_away(b, c)
     run = q.wait_done()
     q.stop()
     _maps, after = lender_p2p(a)
     p2p = run.results.get("p2p", {})
-    return result("p2p-teardown", p2p.get("status") == "PASS" and run.done is not None
+    return result(name, p2p.get("status") == "PASS" and run.done is not None
                   and any(m.get("peer") == "hostc" for m in during)
                   and not any(m.get("peer") == "hostc" for m in after),
                   rounds=p2p.get("rounds"), errno=p2p.get("errno"), mappings_during=len(during),
                   mappings_after=len(after))
+
+
+def test_teardown(procs):
+    return teardown(procs, "p2p-teardown",
+                    lambda b, c: Control(b.control).execute("detach", device="hostc/nvme1"))
+
+
+def test_target_lender_lost(procs):
+    """C's daemon dies and does not come back: once B gives it up (lease-timeout-ms), the
+    CMB's memory is nobody's to reach (C may lend it again): A's lender unmaps it, though
+    C's worker and the window's memory live on (shm cannot revoke it: the holder must)."""
+    return teardown(procs, "p2p-target-lender-lost", lambda b, c: c.kill())
 
 
 def test_needs_composition(procs):
@@ -174,7 +189,8 @@ def test_needs_composition(procs):
 
 def main():
     return h.run_tests([test_nvme_to_cmb, test_same_lender_simdev, test_same_lender,
-                        test_teardown, test_needs_composition], sys.argv[1:])
+                        test_teardown, test_target_lender_lost, test_needs_composition],
+                       sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ void vn_cluster_start(VnDaemon *d)
 static void lender_back(VnDaemon *d, VnBorrowed *b)
 {
     b->lost = false;
+    vn_p2p_changed(d);
     if (b->worker_pid > 0 && b->qmp != NULL) {
         vn_log(G_LOG_LEVEL_WARNING, d->conf->node, b->device, b->lender, b->lease,
                "node %s: %s is back and still lends us %s, which was asked out of %s when it "
@@ -653,6 +654,7 @@ typedef struct Away {
 static void borrowed_lost(VnDaemon *d, VnBorrowed *b, const char *why)
 {
     b->lost = true;
+    vn_p2p_changed(d); /* the VM's other devices reach it no more */
     vn_devices_note_loss(d, b->device, b->lease, why);
     /* Its worker hears of it now: it answers QEMU that the device is gone. */
     if (b->port != NULL) {

@@ -83,13 +83,15 @@ static VnBorrowed *held(VnDaemon *d, const char *device)
 static const VnHostBar *bar_holding(VnDaemon *d, VnBorrowed *x, uint64_t iova, uint64_t size,
                                     VnBorrowed **owner)
 {
-    if (x->domain == NULL || !x->p2p) {
-        return NULL; /* no VM named, or not composed: nothing to compose it with */
+    if (x->domain == NULL || !x->p2p || x->lost) {
+        return NULL; /* no VM named, not composed, or its lender gone: nothing to compose */
     }
     for (guint i = 0; i < d->borrowed->len; i++) {
         VnBorrowed *y = d->borrowed->pdata[i];
 
-        if (y == x || y->p2p_dev == NULL || !y->p2p || y->domain == NULL ||
+        /* A lost lender's device is reached no more: its memory may be another's by now
+         * (on an NTB its windows are dead already; on shm the holder's unmap ends them). */
+        if (y == x || y->p2p_dev == NULL || !y->p2p || y->lost || y->domain == NULL ||
             strcmp(y->domain, x->domain) != 0) {
             continue;
         }

@@ -33,7 +33,8 @@ void vn_p2p_dev_free(VnP2pDev *p);
  * heard from now on. */
 void vn_p2p_watch(VnDaemon *d, VnBorrowed *b);
 
-/* Something the targets depend on changed (a device detached): they are made again. */
+/* Something the targets depend on changed (a device detached, its lender lost or back):
+ * they are made again. */
 void vn_p2p_changed(VnDaemon *d);
 
 /* A lender's part: P2P_SHARE or P2P_ALLOW from @msg->peer about @ld, answered with @token. */
